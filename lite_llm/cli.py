@@ -1,0 +1,61 @@
+"""`python -m lite_llm` / `lite-llm`: serve, generate, chat, bench, info.
+
+Each command lives in its own module, imported only when that command runs (start-up
+time matters): the module has `add_arguments(parser)` and `run(args) -> int | None`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command -> (module, help)
+COMMANDS = {
+    "serve": ("lite_llm.server.app", "OpenAI-compatible HTTP server"),
+    "generate": ("lite_llm.interactive", "complete one prompt and print the text"),
+    "chat": ("lite_llm.interactive", "chat with the model in the terminal"),
+    "info": ("lite_llm.info", "CPU features, kernel variant, core/NUMA plan, thread binding"),
+}
+BENCH_COMMANDS = {
+    "latency": ("lite_llm.bench.latency", "prefill/decode speed of one batch"),
+    "throughput": ("lite_llm.bench.throughput", "offline throughput of many requests"),
+    "serve": ("lite_llm.bench.serve", "load a running server: TTFT, TPOT, ITL, throughput"),
+}
+
+
+def _add(subparsers, name: str, module: str, help: str) -> None:
+    mod = importlib.import_module(module)
+    p = subparsers.add_parser(name, help=help, description=help)
+    adder = getattr(mod, f"add_{name}_arguments", None) or mod.add_arguments
+    adder(p)
+    p.set_defaults(_run=getattr(mod, f"run_{name}", None) or mod.run)
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lite-llm", description="CPU-only LLM inference and serving")
+    from lite_llm import __version__
+    parser.add_argument("--version", action="version", version=f"lite-llm {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    # Import only the module of the command asked for; `--help` lists them all.
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help) in COMMANDS.items():
+        if wanted in (None, name):
+            _add(sub, name, module, help)
+        else:
+            sub.add_parser(name, help=help)
+    bench = sub.add_parser("bench", help="benchmarks (latency, throughput, serve)")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    for name, (module, help) in BENCH_COMMANDS.items():
+        if wanted in (None, "bench"):
+            _add(bench_sub, name, module, help)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
