@@ -1,0 +1,355 @@
+"""Compiled next-token sampler: one nogil call per engine step, OpenMP over sequences.
+
+Per sequence, in vLLM's order:
+  1. logprobs (when asked) are taken from the RAW logits, before anything below (vLLM v1's
+     default "raw_logprobs"): sampled token's logprob and rank, and the top-k of the row;
+  2. repetition penalty over tokens of prompt + output (logit > 0 ? logit / p : logit * p);
+  3. frequency and presence penalties over output tokens (logit -= f * count + p);
+  4. min_tokens: EOS and stop_token_ids set to -inf while too few tokens were generated;
+  5. greedy (temperature < 1e-5): argmax, first index on ties; otherwise
+  6. temperature, then top_k, top_p (over the top_k-renormalised distribution), min_p,
+     then one draw.
+
+Filtering never sorts the vocabulary: every filter is a threshold on w = exp((x - max) / T)
+(so the best token has w == 1): top_k's is the k-th largest w (quickselect), top_p's the
+smallest w of the shortest descending prefix holding top_p of the mass (quickselect weighted
+by mass), min_p's is min_p itself. Tokens tied with a threshold are all kept.
+
+The draw is an inverse CDF over the kept tokens in token-id order: token = first id whose
+running kept mass exceeds u * (total kept mass). u in [0, 1) is counter-based:
+u = splitmix64(seed ^ splitmix64(step ^ C)) >> 11 over 2^53, with step = number of output
+tokens so far, so a request's tokens depend only on its seed and its own history, never on
+which other requests share the step or in which order.
+
+What does not live here: building the parameter arrays (sampler.py), SamplingParams checks.
+"""
+from cython.parallel cimport prange, threadid
+from libc.math cimport expf, log, INFINITY
+from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.string cimport memcpy
+
+cimport openmp
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    /* splitmix64 finaliser (Steele, Lea, Flood 2014): a bijective 64-bit mixer. */
+    static inline uint64_t ll_splitmix64(uint64_t x) {
+        x += 0x9E3779B97F4A7C15ULL;
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+        return x ^ (x >> 31);
+    }
+    /* u in [0, 1) with 53 random bits, a pure function of (seed, step). */
+    static inline double ll_uniform(uint64_t seed, uint64_t step) {
+        uint64_t h = ll_splitmix64(seed ^ ll_splitmix64(step ^ 0xD1B54A32D192ED03ULL));
+        return (double)(h >> 11) * (1.0 / 9007199254740992.0);
+    }
+    """
+    uint64_t ll_splitmix64(uint64_t x) noexcept nogil
+    double ll_uniform(uint64_t seed, uint64_t step) noexcept nogil
+
+# Columns of the per-sequence parameter arrays (sampler.py builds them).
+cdef enum:
+    F_TEMPERATURE = 0
+    F_TOP_P = 1
+    F_MIN_P = 2
+    F_REPETITION = 3
+    F_FREQUENCY = 4
+    F_PRESENCE = 5
+    NUM_F = 6
+cdef enum:
+    I_TOP_K = 0          # 0 = off
+    I_NUM_LOGPROBS = 1   # -1 = none, 0 = the sampled token only, k = also the top k
+    I_SEED = 2           # uint64 bit pattern stored in an int64
+    I_STEP = 3           # output tokens so far
+    I_TOK_START = 4      # token_ids[start:prompt_end] prompt part, [prompt_end:end] output part
+    I_TOK_PROMPT_END = 5
+    I_TOK_END = 6
+    I_BAN_START = 7      # banned_ids[start:end] are set to -inf (min_tokens not reached)
+    I_BAN_END = 8
+    NUM_I = 9
+cdef enum:
+    COUNT_MASK = 0x3FFFFFFF
+    SEEN_FLAG = 0x40000000  # a bit of the count scratch: repetition penalty already applied
+
+cdef float GREEDY_EPS = 1e-5    # vLLM's threshold: below it the temperature means argmax
+
+
+def max_threads() -> int:
+    """OpenMP's thread count for a parallel region started by the calling thread."""
+    return openmp.omp_get_max_threads()
+
+
+def uniform(uint64_t seed, uint64_t step) -> float:
+    """The draw the sampler uses for (seed, step); exposed for tests."""
+    return ll_uniform(seed, step)
+
+
+def sample(float[:, ::1] logits,               # IN/OUT [S, V] row-wise overwritten
+           const float[:, ::1] fparams,        # IN [S, NUM_F] see F_* columns
+           const int64_t[:, ::1] iparams,      # IN [S, NUM_I] see I_* columns
+           const int32_t[::1] token_ids,       # IN [N] penalty context of every sequence, concatenated
+           const int32_t[::1] banned_ids,      # IN [M] min_tokens bans of every sequence, concatenated
+           int32_t[::1] out_token,             # OUT [S]
+           float[::1] out_logprob,             # OUT [S] raw logprob of the sampled token (if asked)
+           int32_t[::1] out_rank,              # OUT [S] 1 + number of tokens with a higher raw logit
+           int32_t[:, ::1] out_top_ids,        # OUT [S, K] top raw logprobs, best first
+           float[:, ::1] out_top_logprobs,     # OUT [S, K]
+           float[:, ::1] scratch_w,            # SCRATCH [T, V] selection copies
+           int32_t[:, ::1] scratch_count,      # SCRATCH [T, V] must be all zero; left all zero
+           float[:, ::1] scratch_raw,          # SCRATCH [T, V] raw logits kept for logprobs
+           int num_threads):
+    """Sample one token per row of logits; see the module docstring for the order of steps."""
+    cdef Py_ssize_t num_seqs = logits.shape[0], vocab = logits.shape[1], seq, i
+    cdef Py_ssize_t top = out_top_ids.shape[1]
+    if fparams.shape[0] != num_seqs or fparams.shape[1] != NUM_F or iparams.shape[0] != num_seqs \
+            or iparams.shape[1] != NUM_I:
+        raise ValueError(f"sample: params {fparams.shape}, {iparams.shape} for {num_seqs} rows")
+    if out_token.shape[0] < num_seqs or out_logprob.shape[0] < num_seqs or out_rank.shape[0] < num_seqs \
+            or out_top_ids.shape[0] < num_seqs or out_top_logprobs.shape[0] < num_seqs \
+            or out_top_logprobs.shape[1] != top:
+        raise ValueError("sample: output arrays too small")
+    if num_threads < 1 or scratch_w.shape[0] < num_threads or scratch_count.shape[0] < num_threads \
+            or scratch_raw.shape[0] < num_threads or scratch_w.shape[1] != vocab \
+            or scratch_count.shape[1] != vocab or scratch_raw.shape[1] != vocab:
+        raise ValueError(f"sample: scratch must be [>= {num_threads}, {vocab}]")
+    for seq in range(num_seqs):    # ranges are checked once here so the nogil part can trust them
+        if not (0 <= iparams[seq, I_TOK_START] <= iparams[seq, I_TOK_PROMPT_END]
+                <= iparams[seq, I_TOK_END] <= token_ids.shape[0]) \
+                or not (0 <= iparams[seq, I_BAN_START] <= iparams[seq, I_BAN_END] <= banned_ids.shape[0]) \
+                or iparams[seq, I_NUM_LOGPROBS] > top or iparams[seq, I_TOP_K] < 0:
+            raise ValueError(f"sample: bad iparams row {seq}")
+    for i in range(token_ids.shape[0]):     # penalties index x[token]: keep writes in the row
+        if token_ids[i] < 0 or token_ids[i] >= vocab:
+            raise ValueError(f"sample: token id {token_ids[i]} outside vocabulary of {vocab}")
+    if num_seqs == 0:
+        return
+    cdef const int32_t *tok_ptr = &token_ids[0] if token_ids.shape[0] else NULL
+    cdef const int32_t *ban_ptr = &banned_ids[0] if banned_ids.shape[0] else NULL
+    cdef int nt = num_threads if num_threads < num_seqs else <int>num_seqs
+    cdef int tid
+    with nogil:
+        # dynamic: a greedy row costs one pass over V, a top_p row several; keep threads busy
+        for seq in prange(num_seqs, schedule="dynamic", chunksize=1, num_threads=nt):
+            tid = threadid()
+            _sample_one(&logits[seq, 0], vocab, &fparams[seq, 0], &iparams[seq, 0], tok_ptr, ban_ptr,
+                        &out_token[seq], &out_logprob[seq], &out_rank[seq],
+                        &out_top_ids[seq, 0] if top else NULL, &out_top_logprobs[seq, 0] if top else NULL,
+                        &scratch_w[tid, 0], &scratch_count[tid, 0], &scratch_raw[tid, 0])
+
+
+cdef void _sample_one(float *x, Py_ssize_t vocab, const float *fp, const int64_t *ip,
+                      const int32_t *token_ids, const int32_t *banned_ids,
+                      int32_t *out_token, float *out_logprob, int32_t *out_rank,
+                      int32_t *top_ids, float *top_logprobs,
+                      float *w, int32_t *count, float *raw) noexcept nogil:
+    cdef int64_t num_logprobs = ip[I_NUM_LOGPROBS]
+    cdef Py_ssize_t i, tok
+    cdef int32_t t
+    if num_logprobs >= 0:
+        memcpy(raw, x, vocab * sizeof(float))
+    _penalize(x, vocab, token_ids + ip[I_TOK_START], ip[I_TOK_PROMPT_END] - ip[I_TOK_START],
+              ip[I_TOK_END] - ip[I_TOK_START], fp[F_REPETITION], fp[F_FREQUENCY], fp[F_PRESENCE], count)
+    for i in range(ip[I_BAN_START], ip[I_BAN_END]):
+        t = banned_ids[i]
+        if 0 <= t < vocab:
+            x[t] = -INFINITY
+    if fp[F_TEMPERATURE] < GREEDY_EPS:
+        tok = _argmax(x, vocab)
+    else:
+        tok = _sample_filtered(x, vocab, fp[F_TEMPERATURE], ip[I_TOP_K], fp[F_TOP_P], fp[F_MIN_P],
+                               ll_uniform(<uint64_t>ip[I_SEED], <uint64_t>ip[I_STEP]), w)
+    out_token[0] = <int32_t>tok
+    if num_logprobs >= 0:
+        _logprobs(raw, vocab, tok, num_logprobs, out_logprob, out_rank, top_ids, top_logprobs)
+
+
+cdef void _penalize(float *x, Py_ssize_t vocab, const int32_t *ids, Py_ssize_t num_prompt,
+                    Py_ssize_t num_ids, float repetition, float frequency, float presence,
+                    int32_t *count) noexcept nogil:
+    """ids[:num_prompt] prompt tokens, ids[num_prompt:num_ids] output tokens (caller passes an
+    empty prompt part when repetition == 1). count [V] is zero on entry and on return."""
+    cdef const int32_t *out = ids + num_prompt
+    cdef Py_ssize_t j, num_out = num_ids - num_prompt
+    cdef int32_t t, c
+    cdef float v
+    cdef bint has_additive = frequency != 0.0 or presence != 0.0
+    if num_ids == 0:
+        return
+    if has_additive:
+        for j in range(num_out):
+            count[out[j]] += 1
+    if repetition != 1.0:
+        for j in range(num_ids):
+            t = ids[j]
+            if not (count[t] & SEEN_FLAG):
+                count[t] |= SEEN_FLAG
+                v = x[t]
+                x[t] = v / repetition if v > 0 else v * repetition
+    if has_additive:
+        for j in range(num_out):
+            t = out[j]
+            c = count[t] & COUNT_MASK
+            if c:
+                x[t] -= frequency * c + presence
+                count[t] &= SEEN_FLAG      # applied once per distinct token
+    for j in range(num_ids):
+        count[ids[j]] = 0
+
+
+cdef Py_ssize_t _argmax(const float *x, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i, best = 0
+    cdef float m = x[0]
+    for i in range(1, n):
+        if x[i] > m:
+            m = x[i]
+            best = i
+    return best
+
+
+cdef Py_ssize_t _sample_filtered(float *x, Py_ssize_t vocab, float temperature, int64_t top_k,
+                                 float top_p, float min_p, double u, float *w) noexcept nogil:
+    """x [V] becomes w = exp((x - max) / T); returns the drawn token id."""
+    cdef Py_ssize_t i, n, best = _argmax(x, vocab)
+    cdef float m = x[best], inv_t = 1.0 / temperature, thr = 0.0, t2
+    cdef double total, target, acc
+    if m == -INFINITY:          # every token banned: nothing to draw from
+        return best
+    for i in range(vocab):
+        x[i] = expf((x[i] - m) * inv_t)
+    if 0 < top_k < vocab:
+        memcpy(w, x, vocab * sizeof(float))
+        thr = _kth_largest(w, vocab, top_k)
+    if top_p < 1.0:
+        n = 0
+        total = 0.0
+        for i in range(vocab):
+            if x[i] >= thr:
+                w[n] = x[i]
+                total += x[i]
+                n += 1
+        t2 = _top_p_threshold(w, n, top_p * total)
+        if t2 > thr:
+            thr = t2
+    if min_p > thr:             # w of the best token is 1, so min_p * p_max is min_p
+        thr = min_p
+    total = 0.0
+    for i in range(vocab):
+        if x[i] >= thr:
+            total += x[i]
+    target = u * total
+    acc = 0.0
+    for i in range(vocab):
+        if x[i] >= thr:
+            acc += x[i]
+            if acc > target:
+                return i
+    return best                 # only if rounding left target unreached: the mode is kept anyway
+
+
+cdef inline float _median3(float a, float b, float c) noexcept nogil:
+    if a < b:
+        if b < c:
+            return b
+        return c if a < c else a
+    if a < c:
+        return a
+    return c if b < c else b
+
+
+cdef float _kth_largest(float *a, Py_ssize_t n, Py_ssize_t k) noexcept nogil:
+    """The value at index k - 1 of a [n] sorted descending (a is permuted). 1 <= k <= n.
+    Three-way partitions keep long runs of equal values (e.g. underflowed zeros) linear."""
+    cdef Py_ssize_t lo = 0, hi = n, lt, gt, i, want = k - 1
+    cdef float pivot, v
+    while hi - lo > 1:
+        pivot = _median3(a[lo], a[lo + (hi - lo) // 2], a[hi - 1])
+        lt, i, gt = lo, lo, hi      # [lo, lt) > pivot, [lt, i) == pivot, [gt, hi) < pivot
+        while i < gt:
+            v = a[i]
+            if v > pivot:
+                a[i] = a[lt]
+                a[lt] = v
+                lt += 1
+                i += 1
+            elif v < pivot:
+                gt -= 1
+                a[i] = a[gt]
+                a[gt] = v
+            else:
+                i += 1
+        if want < lt:
+            hi = lt
+        elif want < gt:
+            return pivot
+        else:
+            lo = gt
+    return a[lo]
+
+
+cdef float _top_p_threshold(float *a, Py_ssize_t n, double target) noexcept nogil:
+    """Smallest value v such that the descending prefix of a [n] down to v holds >= target
+    mass while the part strictly above v holds < target (a is permuted). Quickselect that
+    steers by mass instead of by count: expected O(n), no sort."""
+    cdef Py_ssize_t lo = 0, hi = n, lt, gt, i
+    cdef double acc = 0.0, mass_above, mass_equal   # acc: mass of [0, lo), all above [lo, hi)
+    cdef float pivot, v, last = 0.0
+    while hi > lo:
+        pivot = _median3(a[lo], a[lo + (hi - lo) // 2], a[hi - 1])
+        lt, i, gt = lo, lo, hi
+        mass_above = 0.0
+        while i < gt:
+            v = a[i]
+            if v > pivot:
+                mass_above += v
+                a[i] = a[lt]
+                a[lt] = v
+                lt += 1
+                i += 1
+            elif v < pivot:
+                gt -= 1
+                a[i] = a[gt]
+                a[gt] = v
+            else:
+                i += 1
+        if acc + mass_above >= target:
+            hi = lt             # the cut lies among the larger values
+            continue
+        mass_equal = <double>pivot * (gt - lt)
+        if acc + mass_above + mass_equal >= target:
+            return pivot
+        acc += mass_above + mass_equal
+        last = pivot
+        lo = gt
+    return last                 # rounding: the whole range was needed, keep down to its least value
+
+
+cdef void _logprobs(const float *raw, Py_ssize_t vocab, Py_ssize_t tok, int64_t k,
+                    float *out_logprob, int32_t *out_rank, int32_t *top_ids,
+                    float *top_logprobs) noexcept nogil:
+    """log_softmax of the raw row: the sampled token's value and rank, and the k best
+    (ties: lower id first), kept sorted by insertion since k <= 20."""
+    cdef Py_ssize_t i, j, rank = 0, filled = 0
+    cdef float m = raw[_argmax(raw, vocab)], v, mine = raw[tok]
+    cdef double s = 0.0, lse
+    for i in range(vocab):
+        v = raw[i]
+        s += expf(v - m)
+        if v >= mine:           # vLLM counts >=: the token itself and any ties
+            rank += 1
+        if k > 0 and (filled < k or v > top_logprobs[k - 1]):
+            j = filled if filled < k else k - 1
+            while j > 0 and top_logprobs[j - 1] < v:
+                top_logprobs[j] = top_logprobs[j - 1]
+                top_ids[j] = top_ids[j - 1]
+                j -= 1
+            top_logprobs[j] = v
+            top_ids[j] = <int32_t>i
+            if filled < k:
+                filled += 1
+    lse = m + log(s)
+    out_logprob[0] = <float>(mine - lse)
+    out_rank[0] = <int32_t>rank
+    for j in range(filled):
+        top_logprobs[j] = <float>(top_logprobs[j] - lse)

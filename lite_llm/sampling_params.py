@@ -1,0 +1,105 @@
+"""SamplingParams: how to pick each next token and when to stop, with vLLM's names and defaults.
+
+Validation happens once, at construction, and raises ValueError naming the offending field.
+What the parameters do lives in lite_llm/engine/sampler.py (token choice) and
+lite_llm/engine/detokenizer.py (stop strings); this module only holds and checks values.
+
+It is a plain (mutable) dataclass because vLLM code assigns fields after construction
+(`params.max_tokens = ...`); the engine takes a `clone()` at submission so a caller's later
+edits never reach a running request.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+
+_SAMPLING_EPS = 1e-5     # temperature below this is greedy (vLLM's threshold)
+MAX_LOGPROBS = 20        # OpenAI's and vLLM's default cap on top logprobs per token
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    best_of: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                        # 0 (or -1, stored as 0) = off
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: list[str] | None = None         # a str is accepted and becomes [str]; None -> []
+    stop_token_ids: list[int] | None = None   # None -> []
+    ignore_eos: bool = False
+    max_tokens: int | None = 16           # None = until max_model_len
+    min_tokens: int = 0
+    logprobs: int | None = None           # top logprobs per generated token; 0 = the sampled one only
+    prompt_logprobs: int | None = None    # not supported yet: must be None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [] if self.stop is None else list(self.stop)
+        self.stop_token_ids = [] if self.stop_token_ids is None else [int(t) for t in self.stop_token_ids]
+        if self.top_k == -1:
+            self.top_k = 0
+        self._verify()
+        if self.temperature < _SAMPLING_EPS:
+            # Greedy takes the argmax: the filters cannot change it, so switch them off (as vLLM).
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+
+    def _verify(self) -> None:
+        def check(ok: bool, name: str, why: str) -> None:
+            if not ok:
+                raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+
+        check(_is_int(self.n) and self.n >= 1, "n", "must be an integer >= 1")
+        check(self.best_of is None or (_is_int(self.best_of) and self.best_of >= self.n),
+              "best_of", f"must be None or an integer >= n ({self.n})")
+        check(_is_num(self.presence_penalty) and -2.0 <= self.presence_penalty <= 2.0,
+              "presence_penalty", "must be in [-2, 2]")
+        check(_is_num(self.frequency_penalty) and -2.0 <= self.frequency_penalty <= 2.0,
+              "frequency_penalty", "must be in [-2, 2]")
+        check(_is_num(self.repetition_penalty) and self.repetition_penalty > 0.0,
+              "repetition_penalty", "must be > 0")
+        check(_is_num(self.temperature) and self.temperature >= 0.0, "temperature", "must be >= 0")
+        check(_is_num(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]")
+        check(_is_int(self.top_k) and self.top_k >= 0, "top_k", "must be 0 or -1 (off), or >= 1")
+        check(_is_num(self.min_p) and 0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]")
+        check(self.seed is None or _is_int(self.seed), "seed", "must be None or an integer")
+        check(all(isinstance(s, str) and s for s in self.stop), "stop",
+              "must be a non-empty string or a list of non-empty strings")
+        check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be token ids >= 0")
+        check(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
+              "max_tokens", "must be None or an integer >= 1")
+        check(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", "must be an integer >= 0")
+        check(self.max_tokens is None or self.min_tokens <= self.max_tokens,
+              "min_tokens", f"must be <= max_tokens ({self.max_tokens})")
+        check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
+              "logprobs", f"must be None or an integer in [0, {MAX_LOGPROBS}]")
+        check(self.prompt_logprobs is None, "prompt_logprobs", "is not supported (must be None)")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < _SAMPLING_EPS
+
+    def clone(self) -> SamplingParams:
+        return copy.deepcopy(self)
+
+    def replace(self, **changes) -> SamplingParams:
+        """A validated copy with some fields changed: params.replace(max_tokens=64)."""
+        return dataclasses.replace(self.clone(), **changes)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)

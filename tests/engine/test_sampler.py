@@ -1,0 +1,290 @@
+"""The compiled sampler against a plain NumPy reference: penalties, min_tokens, greedy,
+temperature + top_k/top_p/min_p filtering, the seeded draw, logprobs, and the distribution."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lite_llm.engine.request import Request
+from lite_llm.engine.sampler import Sampler
+from lite_llm.sampling_params import SamplingParams
+
+EOS = 2
+MASK64 = (1 << 64) - 1
+
+
+# ---------------------------------------------------------------- reference (the spec)
+
+def ref_splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def ref_uniform(seed: int, step: int) -> float:
+    h = ref_splitmix64((seed & MASK64) ^ ref_splitmix64(step ^ 0xD1B54A32D192ED03))
+    return (h >> 11) / 2.0**53
+
+
+def ref_process(x: np.ndarray, p: SamplingParams, prompt: list[int], output: list[int],
+                eos: tuple[int, ...]) -> np.ndarray:
+    """Penalties then min_tokens bans, on a float32 copy of one row [V]."""
+    x = x.astype(np.float32).copy()
+    v = x.shape[0]
+    if p.repetition_penalty != 1.0:
+        seen = np.zeros(v, bool)
+        seen[prompt + output] = True
+        rep = np.float32(p.repetition_penalty)
+        x = np.where(seen, np.where(x > 0, x / rep, x * rep), x).astype(np.float32)
+    counts = np.bincount(np.array(output, dtype=np.int64), minlength=v).astype(np.float32)
+    x = x - (np.float32(p.frequency_penalty) * counts + np.float32(p.presence_penalty) * (counts > 0))
+    if len(output) < p.min_tokens:
+        x[list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos))] = -np.inf
+    return x.astype(np.float32)
+
+
+def ref_kept(x: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """w = exp((x - max) / T) [V] and the mask of tokens top_k, top_p, min_p keep."""
+    w = np.exp((x - x.max()) * np.float32(1.0 / np.float32(p.temperature))).astype(np.float32)
+    thr = np.float32(0.0)
+    if 0 < p.top_k < w.size:
+        thr = np.sort(w)[::-1][p.top_k - 1]
+    if p.top_p < 1.0:
+        vals = np.sort(w[w >= thr])[::-1].astype(np.float64)
+        cum = np.cumsum(vals)
+        cut = int(np.searchsorted(cum, p.top_p * vals.sum()))     # first index with cum >= target
+        thr = max(thr, np.float32(vals[min(cut, vals.size - 1)]))
+    thr = max(thr, np.float32(p.min_p))
+    return w, w >= thr
+
+
+def ref_draw(w: np.ndarray, kept: np.ndarray, u: float) -> int:
+    cdf = np.cumsum(np.where(kept, w, 0).astype(np.float64))
+    return int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+
+
+def ref_sample(x: np.ndarray, p: SamplingParams, prompt, output, seed, eos=(EOS,)) -> int:
+    y = ref_process(x, p, prompt, output, eos)
+    if p.is_greedy:
+        return int(np.argmax(y))
+    w, kept = ref_kept(y, p)
+    return ref_draw(w, kept, ref_uniform(seed, len(output)))
+
+
+def ref_log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max()
+    return x - m - np.log(np.exp(x - m).sum())
+
+
+# ---------------------------------------------------------------- helpers
+
+def make_request(p: SamplingParams, prompt: list[int], output: list[int], seed: int,
+                 name: str = "r") -> Request:
+    req = Request(name, prompt, p, seed, eos_token_ids=(EOS,))
+    for t in output:
+        req.append_output_token(t)
+    return req
+
+
+def random_history(rng, vocab: int, num_prompt: int, num_output: int) -> tuple[list[int], list[int]]:
+    # a small pool of ids so tokens repeat and counts above 1 occur
+    pool = rng.choice(vocab, size=min(vocab, 40), replace=False)
+    return rng.choice(pool, num_prompt).tolist(), rng.choice(pool, num_output).tolist()
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+FILTERS = [
+    dict(temperature=1.0),
+    dict(temperature=0.7, top_k=1),
+    dict(temperature=0.7, top_k=20),
+    dict(temperature=1.3, top_k=700),
+    dict(temperature=0.8, top_p=0.9),
+    dict(temperature=1.0, top_p=0.3),
+    dict(temperature=0.5, top_p=0.999),
+    dict(temperature=1.0, min_p=0.05),
+    dict(temperature=0.9, top_k=50, top_p=0.8),
+    dict(temperature=1.1, top_k=300, top_p=0.95, min_p=0.02),
+    dict(temperature=2.0, top_p=0.7, min_p=0.1),
+]
+PENALTIES = [
+    dict(),
+    dict(repetition_penalty=1.3),
+    dict(repetition_penalty=0.7),
+    dict(frequency_penalty=0.6),
+    dict(presence_penalty=-0.8),
+    dict(repetition_penalty=1.2, frequency_penalty=0.3, presence_penalty=0.5),
+]
+
+
+# ---------------------------------------------------------------- tests
+
+@pytest.mark.parametrize("penalty", PENALTIES)
+def test_greedy_matches_reference_with_penalties(penalty, rng):
+    vocab, num_seqs = 997, 6
+    sampler = Sampler(vocab, (EOS,), num_threads=2)
+    logits = rng.standard_normal((num_seqs, vocab), dtype=np.float32) * 2
+    reqs = []
+    for s in range(num_seqs):
+        prompt, output = random_history(rng, vocab, 12, 3 * s)
+        # make a penalised token the unpenalised winner so the penalty has to change the argmax
+        logits[s, (prompt + output)[0]] = 9.0
+        reqs.append(make_request(SamplingParams(temperature=0.0, **penalty), prompt, output, seed=s))
+    raw = logits.copy()
+    results = sampler.sample(logits, reqs)
+    for s, (req, res) in enumerate(zip(reqs, results)):
+        want = ref_process(raw[s], req.sampling_params, req.prompt_token_ids, req.output_token_ids, (EOS,))
+        # greedy rows are left holding the processed logits
+        np.testing.assert_allclose(logits[s], want, rtol=1e-6, atol=1e-6)
+        assert res.token_id == int(np.argmax(want))
+        assert res.logprob is None and res.top_logprobs is None
+
+
+@pytest.mark.parametrize("filt", FILTERS)
+@pytest.mark.parametrize("penalty", [PENALTIES[0], PENALTIES[5]])
+def test_sampled_tokens_match_reference_draws(filt, penalty, rng):
+    """Same filtered distribution and same draw: the token equals the reference inverse CDF
+    at the same u, for many steps (each step is a different u)."""
+    vocab, num_seqs, num_steps = 4099, 5, 12
+    sampler = Sampler(vocab, (EOS,), num_threads=2)
+    base = rng.standard_normal((num_seqs, vocab), dtype=np.float32) * 2.5
+    hist = [random_history(rng, vocab, 10, 4) for _ in range(num_seqs)]
+    reqs = [make_request(SamplingParams(**filt, **penalty), *hist[s], seed=1000 + s) for s in range(num_seqs)]
+    for _ in range(num_steps):
+        logits = base.copy()
+        results = sampler.sample(logits, reqs)
+        for s, (req, res) in enumerate(zip(reqs, results)):
+            p, prompt, output = req.sampling_params, req.prompt_token_ids, req.output_token_ids
+            y = ref_process(base[s], p, prompt, output, (EOS,))
+            w, kept = ref_kept(y, p)
+            assert kept[res.token_id], "sampled a token the filters remove"
+            assert res.token_id == ref_draw(w, kept, ref_uniform(req.seed, len(output)))
+        for req, res in zip(reqs, results):
+            req.append_output_token(res.token_id)
+
+
+def test_large_vocab_filters_match_reference(rng):
+    vocab = 128_256    # Llama-3 vocabulary size: exercises the selection on long rows
+    sampler = Sampler(vocab, (EOS,), num_threads=2)
+    params = [SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(top_k=40, temperature=0.7),
+              SamplingParams(temperature=1.0, min_p=0.1), SamplingParams(top_k=2000, top_p=0.5)]
+    base = rng.standard_normal((len(params), vocab), dtype=np.float32) * 3
+    reqs = [make_request(p, [5, 6, 7], [], seed=77 + i) for i, p in enumerate(params)]
+    for step in range(3):
+        logits = base.copy()
+        for s, res in enumerate(sampler.sample(logits, reqs)):
+            req = reqs[s]
+            w, kept = ref_kept(ref_process(base[s], req.sampling_params, [5, 6, 7],
+                                           req.output_token_ids, (EOS,)), req.sampling_params)
+            # sampled rows are left holding w = exp((x - max) / T)
+            np.testing.assert_allclose(logits[s], w, rtol=1e-5, atol=1e-30)
+            assert res.token_id == ref_draw(w, kept, ref_uniform(req.seed, step))
+            req.append_output_token(res.token_id)
+
+
+@pytest.mark.parametrize("filt", [dict(), dict(top_k=3), dict(top_p=0.75), dict(min_p=0.2),
+                                  dict(temperature=0.5, top_k=4, top_p=0.9)])
+def test_draws_follow_the_filtered_softmax(filt):
+    """Chi-square over 6000 seeds on an 8-token vocabulary."""
+    vocab, num_seeds = 8, 6000
+    row = np.array([2.0, 1.5, 1.2, 0.3, 0.0, -0.4, -1.0, -3.0], np.float32)
+    p = SamplingParams(**filt)
+    w, kept = ref_kept(row, p)
+    probs = np.where(kept, w, 0).astype(np.float64)
+    probs /= probs.sum()
+    sampler = Sampler(vocab, (EOS,), num_threads=2)
+    reqs = [make_request(p, [1], [], seed=s) for s in range(num_seeds)]
+    tokens = [r.token_id for r in sampler.sample(np.tile(row, (num_seeds, 1)), reqs)]
+    counts = np.bincount(tokens, minlength=vocab)
+    assert counts[~kept].sum() == 0
+    expected = probs[kept] * num_seeds
+    chi2 = float((((counts[kept] - expected) ** 2) / expected).sum())
+    # 99.99th percentile of chi-square with <= 7 degrees of freedom is below 30
+    assert chi2 < 30.0, (counts, expected)
+
+
+def test_seeded_tokens_do_not_depend_on_batch(rng):
+    vocab = 500
+    rows = rng.standard_normal((6, vocab), dtype=np.float32)
+    params = [SamplingParams(temperature=1.0), SamplingParams(top_p=0.8), SamplingParams(top_k=10),
+              SamplingParams(min_p=0.05, temperature=1.5), SamplingParams(temperature=0.0),
+              SamplingParams(presence_penalty=1.0, top_k=30)]
+    sampler = Sampler(vocab, (EOS,), num_threads=2)
+
+    def run(order: list[int]) -> dict[int, int]:
+        reqs = [make_request(params[i], [3, 4], [5, 9][: i % 3], seed=2**63 + 17 * i, name=str(i))
+                for i in order]
+        out = sampler.sample(rows[order].copy(), reqs)
+        return {i: r.token_id for i, r in zip(order, out)}
+
+    alone = {i: run([i])[i] for i in range(6)}
+    assert run(list(range(6))) == alone
+    assert run([5, 3, 1, 0, 4, 2]) == alone
+    assert run([4, 2]) == {4: alone[4], 2: alone[2]}
+    # a different seed changes at least one of many draws
+    reqs_a = [make_request(SamplingParams(), [1], [], seed=s) for s in range(20)]
+    reqs_b = [make_request(SamplingParams(), [1], [], seed=s + 100) for s in range(20)]
+    flat = np.tile(rows[0], (20, 1))
+    assert [r.token_id for r in sampler.sample(flat.copy(), reqs_a)] != \
+        [r.token_id for r in sampler.sample(flat.copy(), reqs_b)]
+
+
+def test_min_tokens_bans_eos_and_stop_tokens():
+    vocab = 64
+    sampler = Sampler(vocab, (EOS,), num_threads=2)
+    row = np.zeros(vocab, np.float32)
+    row[EOS], row[7], row[11] = 10.0, 9.0, 8.0      # EOS best, stop token 7 next, then 11
+
+    def greedy(p: SamplingParams, num_output: int) -> int:
+        req = make_request(p, [1, 2, 3], [20] * num_output, seed=0)
+        return sampler.sample(row[None].copy(), [req])[0].token_id
+
+    p = SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[7])
+    assert [greedy(p, n) for n in range(5)] == [11, 11, 11, EOS, EOS]
+    p = SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[7], ignore_eos=True)
+    assert [greedy(p, n) for n in range(3)] == [EOS, EOS, EOS]
+    # sampling never draws a banned token, however likely
+    reqs = [make_request(SamplingParams(min_tokens=1, stop_token_ids=[7]), [1], [], seed=s) for s in range(300)]
+    tokens = {r.token_id for r in sampler.sample(np.tile(row, (300, 1)), reqs)}
+    assert EOS not in tokens and 7 not in tokens and 11 in tokens
+
+
+@pytest.mark.parametrize("num_logprobs", [0, 1, 5, 20])
+def test_logprobs_are_raw_log_softmax(num_logprobs, rng):
+    vocab = 3001
+    sampler = Sampler(vocab, (EOS,), num_threads=2)
+    params = [SamplingParams(temperature=0.0, logprobs=num_logprobs),
+              SamplingParams(temperature=0.6, top_k=5, repetition_penalty=1.5, logprobs=num_logprobs),
+              SamplingParams(temperature=1.0, logprobs=num_logprobs),
+              SamplingParams(temperature=1.0)]
+    raw = rng.standard_normal((len(params), vocab), dtype=np.float32) * 3
+    raw[1, 100] = raw[1, 200] = raw[1].max() + 1.0       # a tie at the top: lower id ranks first
+    reqs = [make_request(p, [100, 200, 300], [], seed=i) for i, p in enumerate(params)]
+    results = sampler.sample(raw.copy(), reqs)
+    for s, res in enumerate(results[:3]):
+        lsm = ref_log_softmax(raw[s])
+        assert res.logprob == pytest.approx(lsm[res.token_id], abs=2e-5)
+        assert res.rank == int((raw[s] >= raw[s, res.token_id]).sum())
+        want_ids = np.argsort(-raw[s], kind="stable")[:num_logprobs]
+        assert [t for t, _ in res.top_logprobs] == want_ids.tolist()
+        np.testing.assert_allclose([lp for _, lp in res.top_logprobs], lsm[want_ids], atol=2e-5)
+    assert results[0].rank == 1
+    assert results[3].logprob is None and results[3].top_logprobs is None and results[3].rank is None
+
+
+def test_rejects_bad_shapes_and_ids():
+    sampler = Sampler(10, (EOS,), num_threads=1)
+    req = make_request(SamplingParams(repetition_penalty=1.1), [1, 2], [], seed=0)
+    with pytest.raises(ValueError):
+        sampler.sample(np.zeros((1, 11), np.float32), [req])
+    with pytest.raises(ValueError):
+        sampler.sample(np.zeros((1, 10), np.float64), [req])
+    bad = make_request(SamplingParams(repetition_penalty=1.1), [1, 10], [], seed=0)
+    with pytest.raises(ValueError, match="outside vocabulary"):
+        sampler.sample(np.zeros((1, 10), np.float32), [bad])
+    assert sampler.sample(np.zeros((0, 10), np.float32), []) == []
