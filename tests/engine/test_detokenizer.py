@@ -1,0 +1,155 @@
+"""Incremental detokenization with real tokenizers trained in-process (byte-level BPE as in
+GPT-2/SmolLM2, and a Metaspace BPE as in SentencePiece models), and stop-string matching."""
+from __future__ import annotations
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from lite_llm.engine.detokenizer import IncrementalDetokenizer, find_stop, stop_holdback
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello world! Hello there, how are you today?",
+    "def add(a, b):\n    return a + b\n",
+    "Numbers 12345 and symbols #@%&*.",
+    "The weather is nice, the dog is happy.",
+] * 20
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MULTIBYTE = "Grüße 😀 and 東京 🍣 café 🙂!"
+
+
+@pytest.fixture(scope="module")
+def byte_bpe() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    # small vocabulary and no multi-byte characters in the corpus: emoji and CJK characters
+    # are encoded as several single-byte tokens
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    return tok
+
+
+@pytest.fixture(scope="module")
+def metaspace_bpe() -> Tokenizer:
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", *SPECIALS])
+    tok.train_from_iterator(CORPUS, trainer)
+    return tok
+
+
+def stream(tok, prompt_ids, output_ids, **kw) -> tuple[IncrementalDetokenizer, list[str]]:
+    det = IncrementalDetokenizer(tok, prompt_ids, **kw)
+    return det, [det.add(t) for t in output_ids]
+
+
+@pytest.mark.parametrize("prompt,output", [
+    ("Hello world", " and 東京 🍣 café"),
+    ("The dog 😀", "😀🙂 Grüße!"),
+    ("x", MULTIBYTE),
+    ("東", "京"),
+])
+def test_byte_level_deltas_rebuild_the_text_without_broken_characters(byte_bpe, prompt, output):
+    prompt_ids = byte_bpe.encode(prompt).ids
+    output_ids = byte_bpe.encode(output).ids
+    det, deltas = stream(byte_bpe, prompt_ids, output_ids)
+    assert "".join(deltas) == det.text == byte_bpe.decode(output_ids) == output
+    assert all("\ufffd" not in d for d in deltas)
+    # the characters really were split across tokens: some tokens released nothing
+    assert len(output_ids) > len(output.encode("utf-8")) // 2 and "" in deltas
+    assert det.token_ids == output_ids
+
+
+def test_emoji_split_across_tokens_is_held_back_until_complete(byte_bpe):
+    ids = byte_bpe.encode("🍣").ids
+    assert len(ids) == 4          # one token per UTF-8 byte
+    det, deltas = stream(byte_bpe, byte_bpe.encode("I like").ids, ids)
+    assert deltas == ["", "", "", "🍣"]
+
+
+def test_special_tokens_skipped_or_kept(byte_bpe):
+    prompt_ids = byte_bpe.encode("<|im_start|>user Hello<|im_end|>").ids
+    out_ids = byte_bpe.encode("Hi there<|im_end|>").ids
+    assert byte_bpe.token_to_id("<|im_end|>") in out_ids
+    _, deltas = stream(byte_bpe, prompt_ids, out_ids, skip_special_tokens=True)
+    assert "".join(deltas) == "Hi there"
+    _, deltas = stream(byte_bpe, prompt_ids, out_ids, skip_special_tokens=False)
+    assert "".join(deltas) == "Hi there<|im_end|>"
+
+
+def test_metaspace_keeps_the_leading_space_of_a_continuation(metaspace_bpe):
+    prompt_ids = metaspace_bpe.encode("The quick brown").ids
+    out_ids = metaspace_bpe.encode("fox jumps over the dog", add_special_tokens=False).ids
+    det, deltas = stream(metaspace_bpe, prompt_ids, out_ids)
+    full = metaspace_bpe.decode(prompt_ids + out_ids)
+    prefix = metaspace_bpe.decode(prompt_ids)
+    assert det.text == full[len(prefix):] == " fox jumps over the dog"
+    assert sum(1 for d in deltas if d) >= 5      # words arrive as they complete, not at the end
+
+
+def test_long_generation_matches_full_decode(byte_bpe):
+    text = (MULTIBYTE + " The quick brown fox. ") * 30
+    ids = byte_bpe.encode(text).ids
+    det, deltas = stream(byte_bpe, [], ids)
+    assert det.text == text
+    assert len(det._ids) < 64     # the decode window stays short however long the output grows
+
+
+# ---------------------------------------------------------------- stop strings
+
+def test_find_stop_truncates_before_or_after_the_stop_string():
+    assert find_stop("Hello STOP there", 16, ["STOP"], False) == ("STOP", 6)
+    assert find_stop("Hello STOP there", 16, ["STOP"], True) == ("STOP", 10)
+    assert find_stop("Hello world", 11, ["STOP"], False) is None
+
+
+def test_find_stop_only_searches_where_a_new_match_can_end():
+    text = "abc STOP def STO"
+    # "STOP" lies wholly in old text: the search must not find it again
+    assert find_stop(text, 3, ["STOP"], False) is None
+    text += "P"
+    # the match straddles old and new text: found, and truncated at its start
+    assert find_stop(text, 1, ["STOP"], False) == ("STOP", 13)
+    assert find_stop(text, 1, ["STOP"], True) == ("STOP", len(text))
+
+
+def test_find_stop_picks_the_earliest_of_several():
+    text = "one two three"
+    assert find_stop(text, len(text), ["three", "two"], False) == ("two", 4)
+    assert find_stop(text, len(text), ["tw", "two"], False) == ("tw", 4)
+    assert find_stop("x\n\n", 1, ["\n\n", "\n"], False) == ("\n\n", 1)
+
+
+def test_stop_holdback_keeps_possible_beginnings():
+    assert stop_holdback("Hello wor", ["world"]) == 3
+    assert stop_holdback("Hello w", ["world", "xyz"]) == 1
+    assert stop_holdback("Hello", ["world"]) == 0
+    assert stop_holdback("ab", ["abc"]) == 2
+    assert stop_holdback("aab", ["aabx", "bq"]) == 3
+    assert stop_holdback("anything", []) == 0
+    # a full stop string is for find_stop, not held back: only proper prefixes count
+    assert stop_holdback("the end", ["end"]) == 0
+
+
+def test_streaming_with_holdback_emits_exactly_the_truncated_text(byte_bpe):
+    """Engine-style loop: detokenize, look for a stop, emit all but the held-back tail."""
+    stop = ["東京", "STOP"]
+    ids = byte_bpe.encode("Go to 東京 now").ids
+    det = IncrementalDetokenizer(byte_bpe, byte_bpe.encode("Where?").ids)
+    emitted = ""
+    for t in ids:
+        delta = det.add(t)
+        text = det.text
+        hit = find_stop(text, len(delta), stop, False)
+        if hit:
+            emitted += text[len(emitted):hit[1]]
+            break
+        safe = len(text) - stop_holdback(text, stop)
+        assert safe >= len(emitted)
+        emitted += text[len(emitted):safe]
+        assert "東" not in emitted
+    assert hit == ("東京", 6)
+    assert emitted == "Go to "
