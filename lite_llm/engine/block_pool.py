@@ -1,0 +1,186 @@
+"""BlockPool: the KV cache's blocks, their ref counts, free list and prefix-cache map.
+
+A block holds KV for `block_size` consecutive tokens of one sequence. A block is either
+in use (ref_cnt > 0: held by that many block tables) or free (ref_cnt == 0: in the free
+list). A full block may carry a content hash; while it does, it is in `cached` and a new
+request with the same prefix can take it again, even from the free list, until allocation
+evicts it (free list head = least recently freed = evicted first).
+
+    free list (intrusive, doubly linked):  head <-> b5 <-> b1 <-> b8 <-> tail
+                                                  ^ next allocation takes b5 (LRU)
+Block tables per request live in kv_cache.py; token hashing policy lives there too.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+
+def hash_block_tokens(parent_hash: bytes | None, token_ids: Sequence[int]) -> bytes:
+    """Content hash of a full block: blake2b(parent hash, token ids), stable across processes."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(parent_hash if parent_hash is not None else b"\0" * 16)
+    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    return h.digest()
+
+
+class KVBlock:
+    """One KV block: id, ref count, content hash, and its links in the free list."""
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: bytes | None = None
+        self.prev_free: KVBlock | None = None
+        self.next_free: KVBlock | None = None
+
+    def __repr__(self) -> str:
+        return f"KVBlock({self.block_id}, ref={self.ref_cnt}, hashed={self.block_hash is not None})"
+
+
+class FreeBlockQueue:
+    """Doubly linked list through KVBlock.prev_free/next_free: O(1) popleft, append, remove."""
+
+    def __init__(self, blocks: Iterable[KVBlock]):
+        self._head = KVBlock(-1)              # sentinels: no None checks on the hot path
+        self._tail = KVBlock(-1)
+        self._head.next_free, self._tail.prev_free = self._tail, self._head
+        self.num_free_blocks = 0
+        for block in blocks:
+            self.append(block)
+
+    def __len__(self) -> int:
+        return self.num_free_blocks
+
+    def popleft(self) -> KVBlock:
+        block = self._head.next_free
+        assert block is not self._tail, "popleft from an empty free list"
+        self.remove(block)
+        return block
+
+    def remove(self, block: KVBlock) -> None:
+        prev, nxt = block.prev_free, block.next_free
+        assert prev is not None and nxt is not None, f"{block} is not in the free list"
+        prev.next_free, nxt.prev_free = nxt, prev
+        block.prev_free = block.next_free = None
+        self.num_free_blocks -= 1
+
+    def append(self, block: KVBlock) -> None:
+        assert block.prev_free is None and block.next_free is None, f"{block} is already free"
+        last = self._tail.prev_free
+        last.next_free, block.prev_free = block, last
+        block.next_free, self._tail.prev_free = self._tail, block
+        self.num_free_blocks += 1
+
+    def __iter__(self):
+        block = self._head.next_free
+        while block is not self._tail:
+            yield block
+            block = block.next_free
+
+
+class BlockPool:
+    """All KV blocks of the cache: allocate, share (touch), free, and the prefix-cache map."""
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True):
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.cached: dict[bytes, KVBlock] = {}   # content hash -> the block holding that content
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks no table holds (cached ones included: allocation may evict them)."""
+        return self.free_queue.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by at least one request, 0..1."""
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def get_cached_block(self, block_hash: bytes) -> KVBlock | None:
+        return self.cached.get(block_hash)
+
+    def allocate(self, num_blocks: int) -> list[KVBlock]:
+        """num_blocks fresh blocks (ref_cnt 1), evicting the least recently freed first."""
+        assert num_blocks <= self.num_free_blocks, f"{num_blocks} blocks asked, {self.num_free_blocks} free"
+        out = []
+        for _ in range(num_blocks):
+            block = self.free_queue.popleft()
+            self._evict(block)
+            block.ref_cnt = 1
+            out.append(block)
+        return out
+
+    def touch(self, blocks: Iterable[KVBlock]) -> None:
+        """One more table holds each block (prefix-cache hit); a free one leaves the free list."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self.free_queue.remove(block)
+            block.ref_cnt += 1
+
+    def free(self, blocks: Iterable[KVBlock]) -> None:
+        """One table fewer holds each block; pass them tail first so a sequence's last blocks,
+        the least likely to be shared, are evicted before its first ones."""
+        for block in blocks:
+            assert block.ref_cnt > 0, f"double free of {block}"
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_queue.append(block)
+
+    def cache_block(self, block: KVBlock, block_hash: bytes) -> None:
+        """Publish a full block's content hash; the first block with given content wins."""
+        assert block.ref_cnt > 0 and block.block_hash is None, f"cannot cache {block}"
+        if not self.enable_caching or block_hash in self.cached:
+            return                             # a duplicate stays private and unhashed
+        block.block_hash = block_hash
+        self.cached[block_hash] = block
+
+    def uncache_block(self, block: KVBlock) -> None:
+        """Forget a block's content (its KV was never written, e.g. preempted before running)."""
+        self._evict(block)
+
+    def _evict(self, block: KVBlock) -> None:
+        if block.block_hash is not None:
+            assert self.cached.get(block.block_hash) is block, f"{block} hash not in the map"
+            del self.cached[block.block_hash]
+            block.block_hash = None
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached hash; only possible when no block is in use."""
+        if self.num_free_blocks != self.num_blocks:
+            return False
+        for block in self.blocks:
+            block.block_hash = None
+        self.cached.clear()
+        return True
+
+    def check(self) -> None:
+        """Verify every invariant of the pool; raises AssertionError naming the broken one."""
+        free_ids = [b.block_id for b in self.free_queue]
+        assert len(free_ids) == len(set(free_ids)) == self.free_queue.num_free_blocks, \
+            "free list has duplicates or a wrong count"
+        prev = self.free_queue._head
+        for block in self.free_queue:
+            assert block.prev_free is prev, f"broken back link at {block}"
+            prev = block
+        assert self.free_queue._tail.prev_free is prev, "broken tail link"
+        free_set = set(free_ids)
+        for block in self.blocks:
+            assert block.ref_cnt >= 0, f"negative ref count: {block}"
+            in_free = block.block_id in free_set
+            assert in_free == (block.ref_cnt == 0), f"free list membership != (ref_cnt == 0): {block}"
+            if not in_free:
+                assert block.prev_free is None and block.next_free is None, f"stale links: {block}"
+            if block.block_hash is not None:
+                assert self.cached.get(block.block_hash) is block, f"hashed block not in map: {block}"
+        for block_hash, block in self.cached.items():
+            assert block.block_hash == block_hash, f"map entry disagrees with {block}"
+        assert self.enable_caching or not self.cached, "cache map filled with caching off"
+

@@ -1,0 +1,148 @@
+"""KVCacheManager: each request's block table, slot allocation and prefix-cache lookups.
+
+The manager decides WHICH blocks hold a request's KV; the runner owns the KV arrays
+themselves ([num_blocks, block_size, ...] per layer) and only sees block ids.
+
+    block table:  [ b7 | b2 | b9 | b4 ]        block_size = 4
+    tokens:       [0-3 |4-7 |8-11|12-13 . .]   num_computed_tokens = 14
+    slot of token t = table[t // block_size] * block_size + t % block_size
+
+Prefix caching: every full block gets hash(parent block hash, its token ids), prompt and
+output blocks alike, and is published in the pool's map as soon as it is allocated for
+tokens that this step computes. A later request (even one admitted in the same step, which
+then reads KV another sequence of the same step writes) takes such blocks instead of
+computing them. A request preempted before its step ran unpublishes what it never computed.
+"""
+from __future__ import annotations
+
+from lite_llm.engine.block_pool import BlockPool, KVBlock, hash_block_tokens
+from lite_llm.engine.request import Request
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.block_pool = BlockPool(num_blocks, enable_prefix_caching)
+        self._blocks: dict[str, list[KVBlock]] = {}      # request id -> its blocks, in order
+        self.block_tables: dict[str, list[int]] = {}     # request id -> block ids, same order
+        self._num_hashed: dict[str, int] = {}            # leading blocks already published
+        self.prefix_cache_queries = 0                    # tokens looked up
+        self.prefix_cache_hits = 0                       # tokens found
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the KV cache held by requests, 0..1 (cached-but-free blocks count free)."""
+        return self.block_pool.usage
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
+        """Cached blocks holding a prefix of request's tokens, and how many tokens they cover.
+
+        At most (num_tokens - 1) // block_size blocks: the last token is always computed,
+        since its logits give the next token.
+        """
+        if not self.enable_prefix_caching:
+            return [], 0
+        self._hash_full_blocks(request, request.num_tokens)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVBlock] = []
+        for block_hash in request.block_hashes[:max_blocks]:
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Count one admitted request's lookup in the hit-rate stats (failed admissions retry)."""
+        if self.enable_prefix_caching:
+            self.prefix_cache_queries += num_tokens
+            self.prefix_cache_hits += num_hit_tokens
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       new_computed_blocks: list[KVBlock] = ()) -> list[int] | None:
+        """Make room for num_new_tokens more KV entries of request; None if the pool is short.
+
+        new_computed_blocks: prefix-cache hits (from get_computed_blocks) for a request
+        being admitted; they sit before the new tokens. Returns the whole block table (a copy).
+        """
+        rid = request.request_id
+        blocks = self._blocks.get(rid)
+        assert not new_computed_blocks or not blocks, "cache hits only for a request without blocks"
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        end = num_computed + num_new_tokens
+        num_held = (len(blocks) if blocks else 0) + len(new_computed_blocks)
+        num_new_blocks = max(0, -(-end // self.block_size) - num_held)
+        # hits sitting in the free list stop being free once touched
+        num_free_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if num_new_blocks + num_free_hits > self.block_pool.num_free_blocks:
+            return None
+        if blocks is None:
+            blocks = self._blocks[rid] = []
+            self.block_tables[rid] = []
+            self._num_hashed[rid] = 0
+        table = self.block_tables[rid]
+        if new_computed_blocks:
+            self.block_pool.touch(new_computed_blocks)
+            blocks.extend(new_computed_blocks)
+            table.extend(b.block_id for b in new_computed_blocks)
+            self._num_hashed[rid] = len(new_computed_blocks)
+        if num_new_blocks:
+            new_blocks = self.block_pool.allocate(num_new_blocks)
+            blocks.extend(new_blocks)
+            table.extend(b.block_id for b in new_blocks)
+        if self.enable_prefix_caching:
+            self._publish_full_blocks(request, end)
+        return list(table)
+
+    def free(self, request: Request) -> None:
+        """Release request's blocks (tail first). Blocks it published beyond its computed
+        tokens never got their KV written: they are unpublished first."""
+        rid = request.request_id
+        blocks = self._blocks.pop(rid, None)
+        if blocks is None:
+            return
+        del self.block_tables[rid]
+        num_hashed = self._num_hashed.pop(rid)
+        for blk in range(request.num_computed_tokens // self.block_size, num_hashed):
+            block = blocks[blk]
+            if block.block_hash is not None:
+                # published by this request in the step it is leaving: nobody else holds it
+                assert block.ref_cnt == 1, f"unwritten cached {block} is shared"
+                self.block_pool.uncache_block(block)
+        self.block_pool.free(reversed(blocks))
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return self.block_tables.get(request_id, [])
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()
+
+    def _hash_full_blocks(self, request: Request, num_tokens: int) -> None:
+        """Extend request.block_hashes over every full block of its first num_tokens tokens."""
+        hashes = request.block_hashes
+        token_ids = request.all_token_ids
+        bs = self.block_size
+        for blk in range(len(hashes), num_tokens // bs):
+            hashes.append(hash_block_tokens(hashes[-1] if hashes else None,
+                                            token_ids[blk * bs:(blk + 1) * bs]))
+
+    def _publish_full_blocks(self, request: Request, num_tokens: int) -> None:
+        """Publish the blocks that are full once the first num_tokens tokens are computed."""
+        rid = request.request_id
+        num_full = num_tokens // self.block_size
+        start = self._num_hashed[rid]
+        if num_full <= start:
+            return
+        self._hash_full_blocks(request, num_tokens)
+        blocks = self._blocks[rid]
+        for blk in range(start, num_full):
+            self.block_pool.cache_block(blocks[blk], request.block_hashes[blk])
+        self._num_hashed[rid] = num_full

@@ -1,0 +1,115 @@
+"""Request: one sequence the engine generates, from the scheduler's point of view.
+
+A Request holds token ids (prompt + outputs), how many of them already have KV entries
+(`num_computed_tokens`), its sampling parameters and effective seed, its lifecycle status and
+what it produced (logprobs, finish reason). SampleResult is what the model runner returns per
+sampled sequence. Text (detokenization, stop strings) and the user-facing RequestOutput are
+built by the engine, not here; a user request with n > 1 becomes n Requests.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+
+from lite_llm.outputs import Logprob, RequestMetrics
+from lite_llm.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"                  # never scheduled, or preempted (back in the queue)
+    RUNNING = "running"                  # holds KV blocks
+    FINISHED_STOPPED = "stop"            # EOS, stop token or stop string
+    FINISHED_LENGTH = "length"           # max_tokens or max_model_len
+    FINISHED_ABORTED = "abort"           # cancelled, or can never fit the KV cache
+
+    @property
+    def is_finished(self) -> bool:
+        return self.value in ("stop", "length", "abort")
+
+    @property
+    def finish_reason(self) -> str | None:
+        """OpenAI's finish_reason string, None while unfinished."""
+        return self.value if self.is_finished else None
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    """The token the runner sampled for one sequence this step."""
+    token_id: int
+    logprob: float | None = None                           # of token_id, when logprobs were asked
+    top_logprobs: list[tuple[int, float]] | None = None    # [(token_id, logprob)] best first
+    rank: int | None = None                                # 1-based rank of token_id, if known
+
+
+class Request:
+    """One sequence: prompt_token_ids + output_token_ids, and how far its KV is computed.
+
+        all_token_ids:  [ p0 p1 ... p(P-1) | o0 o1 ... o(O-1) ]
+                          computed KV ----------->|            num_computed_tokens
+        A running request has num_computed_tokens <= num_tokens - 1 after each step: the
+        newest token's KV is written when it is fed back in the next step.
+    """
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int],
+                 sampling_params: SamplingParams, seed: int, *,
+                 prompt: str | None = None, arrival_time: float | None = None,
+                 priority: int = 0, eos_token_ids: tuple[int, ...] = (),
+                 max_tokens: int | None = None, parent_id: str | None = None,
+                 index: int = 0):
+        if not prompt_token_ids:
+            raise ValueError(f"request {request_id!r}: the prompt has no tokens")
+        self.request_id = request_id
+        self.parent_id = request_id if parent_id is None else parent_id
+        self.index = index                         # completion index within the parent (n > 1)
+        self.prompt = prompt
+        self.prompt_token_ids: list[int] = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self._all_token_ids: list[int] = list(self.prompt_token_ids)   # kept in step, O(1) append
+        self.sampling_params = sampling_params
+        self.seed = seed                           # effective seed for this sequence's sampling
+        self.eos_token_ids = eos_token_ids         # runner: mask them before min_tokens
+        # max_tokens resolved by the engine (None in params = up to max_model_len)
+        self.max_tokens = max_tokens if max_tokens is not None else sampling_params.max_tokens
+        self.status = RequestStatus.WAITING
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.priority = priority
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1                # prompt tokens from the prefix cache (-1: unset)
+        self.num_preemptions = 0
+        self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+        self.logprobs: list[dict[int, Logprob]] | None = \
+            [] if sampling_params.logprobs is not None else None
+        self.cumulative_logprob: float | None = 0.0 if sampling_params.logprobs is not None else None
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.block_hashes: list[bytes] = []        # content hash per full block, filled by KV manager
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """prompt + outputs; the engine's own list: read it, never modify it."""
+        return self._all_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self._all_token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, status={self.status.name}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens})")
