@@ -10,6 +10,9 @@ cdef extern from "cpu_features.h" nogil:
 cdef extern from "omp_util.h" nogil:
     int ll_pin_self(int cpu)
     int ll_current_cpu()
+    int ll_gettid()
+    double ll_monotonic_seconds()
+    unsigned long long ll_busy_until(double deadline)
 
 
 def has(str feature) -> bool:
@@ -52,3 +55,55 @@ def thread_cpus(int num_threads) -> list:
         if tid < n:
             got[tid] = ll_current_cpu()
     return [got[i] for i in range(n)]
+
+
+def thread_ids(int num_threads) -> list:
+    """The kernel thread id (gettid) of each of num_threads OpenMP threads of the calling
+    thread's pool; libgomp reuses the pool, so later regions of this size run on these."""
+    cdef int n = max(num_threads, 1)
+    cdef int[::1] got = memoryview(bytearray(4 * n)).cast("i")
+    cdef int tid
+    for tid in range(n):
+        got[tid] = -2
+    with nogil, parallel(num_threads=n):
+        tid = openmp.omp_get_thread_num()
+        if tid < n:
+            got[tid] = ll_gettid()
+    return [got[i] for i in range(n)]
+
+
+def omp_max_threads() -> int:
+    """The team size OpenMP uses when no num_threads is given (OMP_NUM_THREADS, else the
+    number of CPUs in the affinity mask)."""
+    return openmp.omp_get_max_threads()
+
+
+def spin(int num_threads, double seconds) -> list:
+    """Keep num_threads OpenMP threads (OpenMP's default team when num_threads <= 0) busy for
+    `seconds` without the GIL; return (gettid, sched_getcpu at the end) per team thread.
+
+    For tests and diagnostics: run it from the thread that bound the pool and read
+    /proc/self/task/<tid>/stat meanwhile to see where each worker really runs."""
+    cdef int n = num_threads if num_threads > 0 else openmp.omp_get_max_threads()
+    cdef int[::1] tids = memoryview(bytearray(4 * n)).cast("i")
+    cdef int[::1] cpus = memoryview(bytearray(4 * n)).cast("i")
+    cdef int tid, team = 0
+    cdef double deadline = ll_monotonic_seconds() + seconds
+    for tid in range(n):
+        tids[tid] = -2
+        cpus[tid] = -2
+    if num_threads > 0:
+        with nogil, parallel(num_threads=n):
+            tid = openmp.omp_get_thread_num()
+            if tid < n:
+                ll_busy_until(deadline)
+                tids[tid] = ll_gettid()
+                cpus[tid] = ll_current_cpu()
+    else:
+        with nogil, parallel():
+            tid = openmp.omp_get_thread_num()
+            if tid < n:
+                ll_busy_until(deadline)
+                tids[tid] = ll_gettid()
+                cpus[tid] = ll_current_cpu()
+    return [(tids[i], cpus[i]) for i in range(n) if tids[i] != -2]
