@@ -1,0 +1,734 @@
+"""`lite-llm serve`: the OpenAI-compatible HTTP server on the stdlib's ThreadingHTTPServer.
+
+Here: command-line flags, routes, auth, body limits, SSE streaming, client-disconnect aborts,
+draining on SIGINT/SIGTERM. Request validation and response shapes live in openai.py,
+metrics text in metrics.py, the OpenAPI document in openapi.py; the engine (its own thread)
+is reached only through AsyncEngine.add_request / abort / stats / shutdown.
+
+Each connection gets a daemon thread (HTTP/1.1 keep-alive). A generation request submits
+one engine request per prompt, then its thread only reads that request's stream of deltas.
+"""
+from __future__ import annotations
+
+import argparse
+import hmac
+import logging
+import os
+import select
+import signal
+import socket
+import socketserver
+import threading
+import time
+from contextlib import contextmanager
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Iterator
+from urllib.parse import urlsplit
+
+from lite_llm import __version__
+from lite_llm.config import env
+from lite_llm.engine.async_engine import EngineDeadError, EngineShutdownError, QueueFullError
+from lite_llm.server import openai
+from lite_llm.server.metrics import RequestTimer, ServerMetrics
+from lite_llm.server.openai import ApiError, Choice, PreparedRequest, ServingContext
+from lite_llm.server.openapi import openapi_document
+
+logger = logging.getLogger("lite_llm.server")
+
+MAX_BODY_BYTES = 32 * 1024 * 1024      # default limit on a request body (413 beyond it)
+_WATCH_INTERVAL = 0.05                 # seconds between polls of a waiting client's socket
+_GEN_CONFIG_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                    "min_p": "min_p", "repetition_penalty": "repetition_penalty",
+                    "max_new_tokens": "max_tokens"}
+
+
+class _ClientGone(Exception):
+    """The client closed its connection or stopped reading; nothing more can be sent."""
+
+
+def generation_defaults(generation_config: dict | None) -> dict:
+    """SamplingParams defaults from a generation_config.json, as vLLM's --generation-config auto."""
+    out = {}
+    for src, dst in _GEN_CONFIG_KEYS.items():
+        v = (generation_config or {}).get(src)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[dst] = int(v) if dst in ("top_k", "max_tokens") else float(v)
+    return out
+
+
+# ---- shared server state ---------------------------------------------------------------------
+
+class ServerState:
+    """What every handler thread shares: engine, model facts, metrics, the draining flag."""
+
+    def __init__(self, engine: Any, ctx: ServingContext, metrics: ServerMetrics, api_key: str | None,
+                 kernel_info: dict, max_body_bytes: int, model_root: str | None, retry_after: int):
+        self.engine, self.ctx, self.metrics = engine, ctx, metrics
+        self.api_key = api_key
+        self.kernel_info = kernel_info
+        self.max_body_bytes = max_body_bytes
+        self.model_root = model_root
+        self.retry_after = retry_after
+        self.started = int(time.time())
+        self.draining = False
+        self._inflight = 0
+        self._idle = threading.Condition()
+
+    def engine_alive(self) -> bool:
+        alive = getattr(self.engine, "is_alive", True)
+        return bool(alive() if callable(alive) else alive)
+
+    def check_serving(self) -> None:
+        if self.draining:
+            raise ApiError(503, "the server is shutting down", code="server_draining")
+        if not self.engine_alive():
+            raise ApiError(503, "the engine is not running", code="engine_dead")
+
+    @contextmanager
+    def inflight(self) -> Iterator[None]:
+        with self._idle:
+            self._inflight += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._inflight -= 1
+                self._idle.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._inflight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+
+class _DisconnectWatch:
+    """Polls a client's socket for EOF while its request runs and calls on_gone once if seen.
+
+    Used for streaming and non-streaming answers alike: a streaming client that vanishes
+    during a long prefill is noticed here before any write would fail.
+    """
+
+    def __init__(self, sock: socket.socket, on_gone: Callable[[], None]):
+        self.sock, self.on_gone = sock, on_gone
+        self.gone = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lite-llm-watch", daemon=True)
+
+    def __enter__(self) -> "_DisconnectWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            try:
+                readable, _, _ = select.select([self.sock], [], [], _WATCH_INTERVAL)
+                if not readable:
+                    continue
+                data = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+            except (OSError, ValueError):     # reset by peer, or closed under us
+                data = b""
+            if data:
+                return      # the client is already sending its next request: it is alive
+            if not self._done.is_set():
+                self.gone = True
+                self.on_gone()
+            return
+
+
+# ---- the handler -------------------------------------------------------------------------------
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = f"lite-llm/{__version__}"
+    sys_version = ""
+    disable_nagle_algorithm = True      # SSE chunks are small and latency matters
+    server: "LiteServer"
+
+    ROUTES: dict[str, dict[str, str]] = {
+        "/v1/models": {"GET": "_models"},
+        "/v1/completions": {"POST": "_completions"},
+        "/v1/chat/completions": {"POST": "_chat"},
+        "/tokenize": {"POST": "_tokenize"},
+        "/detokenize": {"POST": "_detokenize"},
+        "/health": {"GET": "_health"},
+        "/ping": {"GET": "_health"},
+        "/version": {"GET": "_version"},
+        "/metrics": {"GET": "_metrics"},
+        "/openapi.json": {"GET": "_openapi"},
+    }
+
+    def setup(self) -> None:
+        self.timeout = self.server.request_timeout   # idle keep-alive and body reads
+        super().setup()
+
+    # every method goes through one dispatcher so unknown ones get 405, not 501
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_HEAD(self) -> None:
+        self._dispatch("HEAD")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_OPTIONS(self) -> None:
+        self._dispatch("OPTIONS")
+
+    @property
+    def state(self) -> ServerState:
+        return self.server.state
+
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("%s %s", self.address_string(), format % args)
+
+    def _dispatch(self, method: str) -> None:
+        self._body_read = False
+        self._headers_sent = False
+        try:
+            path = urlsplit(self.path).path
+            if len(path) > 1:
+                path = path.rstrip("/")
+            methods = self.ROUTES.get(path)
+            if methods is None:
+                raise ApiError(404, f"Not Found: {method} {path[:200]}", code="not_found")
+            name = methods.get("GET" if method == "HEAD" else method)
+            if name is None:
+                raise ApiError(405, f"Method {method} not allowed for {path}; use {', '.join(methods)}",
+                               headers={"Allow": ", ".join(methods)})
+            if path.startswith("/v1/"):
+                self._check_auth()
+            getattr(self, name)()
+        except ApiError as e:
+            self._send_error(e)
+        except _ClientGone:
+            self.close_connection = True
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True
+        except Exception:
+            logger.exception("internal error on %s %s", method, self.path[:200])
+            self._send_error(ApiError(500, "internal server error"))
+
+    # ---- plumbing ----------------------------------------------------------------------------
+
+    def _check_auth(self) -> None:
+        key = self.state.api_key
+        if key is None:
+            return
+        given = self.headers.get("Authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise ApiError(401, "Incorrect or missing API key: pass 'Authorization: Bearer <key>'",
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    def _read_body(self) -> bytes:
+        limit = self.state.max_body_bytes
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return self._read_chunked(limit)
+        length = self.headers.get("Content-Length")
+        if length is None:
+            raise ApiError(411, "a request body needs a Content-Length header")
+        try:
+            n = int(length.strip())
+        except ValueError:
+            raise ApiError(400, "invalid Content-Length header") from None
+        if n < 0:
+            raise ApiError(400, "invalid Content-Length header")
+        if n > limit:
+            raise ApiError(413, f"request body of {n} bytes is over the limit of {limit} bytes")
+        data = self._read_exact(n)
+        self._body_read = True
+        return data
+
+    def _read_exact(self, n: int) -> bytes:
+        try:
+            data = self.rfile.read(n)
+        except TimeoutError:
+            raise ApiError(408, "timed out reading the request body") from None
+        if len(data) < n:
+            raise _ClientGone()
+        return data
+
+    def _read_chunked(self, limit: int) -> bytes:
+        parts, total = [], 0
+        while True:
+            try:
+                line = self.rfile.readline(1026)
+            except TimeoutError:
+                raise ApiError(408, "timed out reading the request body") from None
+            if not line:
+                raise _ClientGone()
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise ApiError(400, "malformed chunked request body") from None
+            if size < 0:
+                raise ApiError(400, "malformed chunked request body")
+            if size == 0:
+                while self.rfile.readline(1026).strip():    # trailers, then the blank line
+                    pass
+                self._body_read = True
+                return b"".join(parts)
+            total += size
+            if total > limit:
+                raise ApiError(413, f"request body is over the limit of {limit} bytes")
+            parts.append(self._read_exact(size))
+            self._read_exact(2)                               # CRLF after each chunk
+
+    def _has_unread_body(self) -> bool:
+        if getattr(self, "_body_read", False) or not hasattr(self, "headers") or self.headers is None:
+            return False
+        return (self.headers.get("Content-Length", "0").strip() not in ("", "0")
+                or "chunked" in self.headers.get("Transfer-Encoding", "").lower())
+
+    def _send_bytes(self, status: int, data: bytes, content_type: str,
+                    headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        if self.close_connection or self._has_unread_body():
+            self.send_header("Connection", "close")   # also sets close_connection
+        self.end_headers()
+        self._headers_sent = True
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _send_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        self._send_bytes(status, openai.dumps(body), "application/json", headers)
+
+    def _send_error(self, e: ApiError) -> None:
+        if getattr(self, "_headers_sent", False):
+            self.close_connection = True      # mid-answer: the only honest signal left
+            return
+        if e.status in (408, 411, 413):
+            self.close_connection = True
+        try:
+            self._send_json(e.status, e.body(), e.headers)
+        except (ConnectionError, TimeoutError, OSError):
+            self.close_connection = True
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Errors raised by http.server itself (bad request line, too many headers...): JSON too."""
+        self.close_connection = True
+        try:
+            phrase = HTTPStatus(code).phrase
+        except ValueError:
+            phrase = "error"
+        err = ApiError(code, message or phrase)
+        data = openai.dumps(err.body())
+        try:
+            self.send_response(code, message)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            if self.command != "HEAD" and code >= 200 and code not in (204, 304):
+                self.wfile.write(data)
+        except OSError:
+            pass
+
+    def _json_body(self) -> dict:
+        return openai.parse_json(self._read_body())
+
+    # ---- simple routes -----------------------------------------------------------------------
+
+    def _models(self) -> None:
+        st = self.state
+        data = [{"id": name, "object": "model", "created": st.started, "owned_by": "lite-llm",
+                 "root": st.model_root or name, "parent": None, "max_model_len": st.ctx.max_model_len}
+                for name in st.ctx.model_names]
+        self._send_json(200, {"object": "list", "data": data})
+
+    def _health(self) -> None:
+        if self.state.draining:
+            raise ApiError(503, "the server is shutting down", code="server_draining")
+        if not self.state.engine_alive():
+            raise ApiError(503, "the engine is not running", code="engine_dead")
+        self._send_bytes(200, b"", "text/plain")
+
+    def _version(self) -> None:
+        info = self.state.kernel_info
+        self._send_json(200, {"version": __version__, "kernel_variant": info.get("kernel_variant"),
+                              "num_threads": info.get("num_threads")})
+
+    def _metrics(self) -> None:
+        try:
+            stats = self.state.engine.stats()
+        except Exception:         # a dead engine still lets us export what we observed
+            logger.exception("engine.stats() failed")
+            stats = None
+        text = self.state.metrics.render(stats)
+        self._send_bytes(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8")
+
+    def _openapi(self) -> None:
+        self._send_json(200, openapi_document(__version__))
+
+    def _tokenize(self) -> None:
+        self._send_json(200, openai.tokenize(self._json_body(), self.state.ctx))
+
+    def _detokenize(self) -> None:
+        self._send_json(200, openai.detokenize(self._json_body(), self.state.ctx))
+
+    # ---- generation --------------------------------------------------------------------------
+
+    def _completions(self) -> None:
+        self._generate(openai.prepare_completion)
+
+    def _chat(self) -> None:
+        self._generate(openai.prepare_chat)
+
+    def _generate(self, prepare: Callable[[dict, ServingContext], PreparedRequest]) -> None:
+        st = self.state
+        st.check_serving()
+        body = self._json_body()
+        prep = prepare(body, st.ctx)
+        with st.inflight():
+            st.check_serving()
+            submitted = self._submit(prep)
+            aborted = threading.Event()
+
+            def abort_all() -> None:
+                aborted.set()
+                for rid, _, _ in submitted:
+                    st.engine.abort(rid)
+
+            with _DisconnectWatch(self.connection, abort_all) as watch:
+                try:
+                    if prep.stream:
+                        self._stream(prep, submitted)
+                    else:
+                        self._answer(prep, submitted, watch)
+                except BaseException:
+                    if not aborted.is_set():
+                        abort_all()
+                    raise
+
+    def _submit(self, prep: PreparedRequest) -> list[tuple[str, Any, RequestTimer]]:
+        st = self.state
+        submitted: list[tuple[str, Any, RequestTimer]] = []
+        try:
+            for k, p in enumerate(prep.prompts):
+                rid = prep.engine_request_id(k)
+                timer = st.metrics.timer(len(p.token_ids))
+                stream = st.engine.add_request(rid, p.token_ids, prep.params, prompt=p.text)
+                submitted.append((rid, stream, timer))
+        except QueueFullError:
+            for rid, _, _ in submitted:
+                st.engine.abort(rid)
+            raise ApiError(429, "The server is at capacity (request queue full); retry later.",
+                           code="queue_full", headers={"Retry-After": str(st.retry_after)}) from None
+        except ValueError as e:      # the engine's own checks on a request
+            for rid, _, _ in submitted:
+                st.engine.abort(rid)
+            raise ApiError(400, str(e)) from None
+        except (EngineShutdownError, EngineDeadError) as e:
+            for rid, _, _ in submitted:
+                st.engine.abort(rid)
+            raise ApiError(503, f"the engine is not accepting requests: {e}", code="engine_unavailable") from None
+        except Exception:
+            for rid, _, _ in submitted:
+                st.engine.abort(rid)
+            st.check_serving()       # a stopped engine is a 503, anything else a 500
+            raise
+        return submitted
+
+    def _deltas(self, prep: PreparedRequest, submitted: list[tuple[str, Any, RequestTimer]]
+                ) -> Iterator[tuple[int, Any]]:
+        """(prompt index, delta) over every engine request, in order; feeds the metrics."""
+        for k, (_, stream, timer) in enumerate(submitted):
+            for out in stream:
+                timer.on_delta(sum(len(o.token_ids) for o in out.outputs))
+                if out.finished:
+                    timer.on_finish([o.finish_reason for o in out.outputs], out.metrics)
+                yield k, out
+
+    def _answer(self, prep: PreparedRequest, submitted: list, watch: _DisconnectWatch) -> None:
+        tok = self.state.ctx.tokenizer
+        choices: dict[int, Choice] = {}
+        offsets: dict[int, int] = {}
+        try:
+            deltas = list(self._deltas(prep, submitted))
+        except ValueError as e:             # refused by the engine thread
+            raise ApiError(400, str(e)) from None
+        except EngineDeadError as e:
+            raise ApiError(503, f"the engine failed: {e}", code="engine_dead") from None
+        for k, out in deltas:
+            for o in out.outputs:
+                index = k * prep.params.n + o.index
+                c = choices.setdefault(index, Choice())
+                c.text.append(o.text)
+                c.num_tokens += len(o.token_ids)
+                lps, offsets[index] = openai.format_logprobs(prep, tok, o, offsets.get(index, 0))
+                if lps is not None:
+                    c.logprobs.append(lps)
+                if o.finish_reason is not None:
+                    c.finish_reason, c.stop_reason = o.finish_reason, o.stop_reason
+        if watch.gone:
+            raise _ClientGone()
+        if self.state.draining and any(c.finish_reason == "abort" for c in choices.values()):
+            raise ApiError(503, "the server shut down before the request finished", code="server_draining")
+        self._send_json(200, openai.final_response(prep, choices))
+
+    def _write_chunk(self, data: bytes) -> None:
+        """One HTTP/1.1 chunk; a failed write means the client left."""
+        try:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        except (ConnectionError, TimeoutError, OSError):
+            raise _ClientGone() from None
+
+    def _stream(self, prep: PreparedRequest, submitted: list) -> None:
+        tok = self.state.ctx.tokenizer
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self._headers_sent = True
+        n = prep.params.n
+        num_choices = len(prep.prompts) * n
+        if prep.kind == "chat":
+            for index in range(num_choices):
+                self._write_chunk(openai.sse(openai.chunk(prep, [openai.chunk_choice(
+                    prep, index, "", None, None, role=True)])))
+        elif prep.echo:
+            for index in range(num_choices):
+                text = prep.prompts[index // n].text or ""
+                self._write_chunk(openai.sse(openai.chunk(prep, [openai.chunk_choice(
+                    prep, index, text, None, None)])))
+        num_tokens = 0
+        offsets: dict[int, int] = {}
+        try:
+            for k, out in self._deltas(prep, submitted):
+                for o in out.outputs:
+                    if not o.text and not o.token_ids and o.finish_reason is None:
+                        continue
+                    index = k * n + o.index
+                    num_tokens += len(o.token_ids)
+                    lps, offsets[index] = openai.format_logprobs(prep, tok, o, offsets.get(index, 0))
+                    self._write_chunk(openai.sse(openai.chunk(prep, [openai.chunk_choice(
+                        prep, index, o.text, lps, o.finish_reason, o.stop_reason)])))
+        except _ClientGone:
+            raise
+        except Exception as e:     # the engine failed mid-stream: say so in the stream itself
+            logger.exception("stream %s failed", prep.id)
+            err = ApiError(503 if not self.state.engine_alive() else 500, f"generation failed: {e}")
+            self._write_chunk(openai.sse(err.body()))
+        else:
+            if prep.include_usage:
+                num_prompt = sum(len(p.token_ids) for p in prep.prompts)
+                self._write_chunk(openai.sse(openai.chunk(prep, [], openai.usage(num_prompt, num_tokens))))
+        self._write_chunk(openai.sse("[DONE]"))
+        try:
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            raise _ClientGone() from None
+
+
+# ---- the server --------------------------------------------------------------------------------
+
+class LiteServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024          # listen backlog: bursts of clients must not be refused
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], state: ServerState, request_timeout: float):
+        self.state = state
+        self.request_timeout = request_timeout
+        self._serving = threading.Event()
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind does a reverse DNS lookup (getfqdn) that can stall start-up
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), port
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+    @property
+    def url(self) -> str:
+        host = self.server_address[0]
+        return f"http://{'[' + host + ']' if ':' in str(host) else host}:{self.port}"
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        self._serving.set()
+        try:
+            super().serve_forever(poll_interval)
+        finally:
+            self._serving.clear()
+
+    def start(self) -> threading.Thread:
+        """Serve on a daemon thread (tests, embedding); returns the thread."""
+        t = threading.Thread(target=self.serve_forever, name="lite-llm-http", daemon=True)
+        t.start()
+        return t
+
+    def drain(self, grace_seconds: float) -> bool:
+        """Stop accepting, let in-flight requests finish within the grace, stop the engine.
+
+        Returns True if every in-flight request finished on its own.
+        """
+        st = self.state
+        st.draining = True                  # new requests on open connections: 503
+        if self._serving.is_set():
+            self.shutdown()
+        self.server_close()                 # new connections: refused
+        deadline = time.monotonic() + grace_seconds
+        finished = st.wait_idle(grace_seconds)
+        try:
+            st.engine.shutdown(max(0.0, deadline - time.monotonic()))
+        except Exception:
+            logger.exception("engine shutdown failed")
+        st.wait_idle(5.0)                   # handlers write their last (aborted) chunks
+        return finished
+
+
+def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tuple[str, ...],
+                  max_model_len: int, api_key: str | None = None,
+                  generation_config: dict | None = None, kernel_info: dict | None = None, *,
+                  host: str = "127.0.0.1", port: int = 0, chat_template: str | None = None,
+                  vocab_size: int | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+                  request_timeout: float = 10.0, model_root: str | None = None,
+                  retry_after: int = 1) -> LiteServer:
+    """A bound (not yet serving) server for `engine`; `.start()` or `.serve_forever()` it.
+
+    generation_config is the model's generation_config.json dict (empty for
+    --generation-config vllm); kernel_info carries kernel_variant, num_threads, weight_bytes.
+    """
+    names = (model_name,) if isinstance(model_name, str) else tuple(model_name)
+    if not names:
+        raise ValueError("at least one served model name is needed")
+    if vocab_size is None:
+        vocab_size = getattr(tokenizer, "vocab_size", None)
+        if callable(vocab_size):
+            vocab_size = vocab_size()
+    if not vocab_size:
+        raise ValueError("vocab_size unknown: pass vocab_size=")
+    ctx = ServingContext(model_names=names, max_model_len=int(max_model_len), vocab_size=int(vocab_size),
+                         tokenizer=tokenizer, generation_defaults=generation_defaults(generation_config),
+                         chat_template=chat_template)
+    info = dict(kernel_info or {})
+    state = ServerState(engine, ctx, ServerMetrics(names[0], info), api_key, info, max_body_bytes,
+                        model_root, retry_after)
+    return LiteServer((host, port), state, request_timeout)
+
+
+# ---- command line ------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a("model", nargs="?", default=None,
+      help="HF directory, .gguf file or hub id in the local cache (default: embedded SmolLM2-135M-Instruct)")
+    a("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
+    a("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    a("--port", type=int, default=8000)
+    a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16", "half", "float"],
+      help="weight/activation dtype (auto: from the checkpoint)")
+    a("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    a("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    a("--max-num-seqs", type=int, default=128, help="most sequences in one step")
+    a("--max-num-batched-tokens", type=int, default=2048, help="token budget of one step")
+    a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+      help="reuse KV blocks of shared prompt prefixes")
+    a("--kv-cache-space", type=float, default=None,
+      help="GiB of KV cache (default: LITE_LLM_CPU_KVCACHE_SPACE or automatic)")
+    a("--disable-sliding-window", action="store_true", help="attend over the full context")
+    a("--served-model-name", nargs="+", default=None, help="model name(s) the API answers to")
+    a("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 (env LITE_LLM_API_KEY)")
+    a("--chat-template", default=None, help="chat template: a file path or the Jinja text itself")
+    a("--generation-config", default="auto", choices=["auto", "vllm"],
+      help="auto: default sampling from the model's generation_config.json; vllm: vLLM's defaults")
+    a("--seed", type=int, default=0, help="seed of the sampler for requests without one")
+    a("--max-queue", type=int, default=1024, help="waiting requests before answering 429")
+    a("--max-request-bytes", type=int, default=MAX_BODY_BYTES, help="largest request body (413 beyond)")
+    a("--timeout-keep-alive", type=float, default=10.0,
+      help="seconds an idle connection or a half-sent body may wait")
+    a("--shutdown-grace", type=float, default=30.0,
+      help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
+    a("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """--chat-template: a path to a file, or the template text itself."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{" not in value and (os.sep in value or value.endswith((".jinja", ".j2", ".txt"))):
+        raise SystemExit(f"--chat-template: no such file: {value}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    model = args.model or args.model_flag
+    chat_template = load_chat_template(args.chat_template)
+    api_key = args.api_key or env("API_KEY")
+    t0 = time.perf_counter()
+    from lite_llm.llm import build_async_engine
+    engine, tokenizer, info = build_async_engine(
+        model=model, dtype=args.dtype, max_model_len=args.max_model_len, block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=args.enable_prefix_caching, seed=args.seed, max_queue=args.max_queue,
+        kv_cache_space=args.kv_cache_space, disable_sliding_window=args.disable_sliding_window)
+    gen_config = (info.get("generation_config") or {}) if args.generation_config == "auto" else {}
+    names = args.served_model_name or [info.get("model_name") or model or "default"]
+    server = create_server(
+        engine, tokenizer, names, info["max_model_len"], api_key=api_key, generation_config=gen_config,
+        kernel_info=info, host=args.host, port=args.port, chat_template=chat_template,
+        vocab_size=info.get("vocab_size"), max_body_bytes=args.max_request_bytes,
+        request_timeout=args.timeout_keep_alive, model_root=info.get("model_path"))
+    logger.info("lite-llm %s serving %s on %s (ready in %.1f s)", __version__, names[0], server.url,
+                time.perf_counter() - t0)
+    logger.info("model %s, max_model_len %s, dtype %s", info.get("model_path") or model,
+                info["max_model_len"], info.get("dtype", args.dtype))
+    logger.info("kernel variant %s, %s threads, KV cache capacity %s tokens",
+                info.get("kernel_variant"), info.get("num_threads"), info.get("kv_cache_tokens"))
+    if gen_config:
+        logger.info("default sampling from generation_config.json: %s", generation_defaults(gen_config))
+    if api_key:
+        logger.info("API key required on /v1 routes")
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        logger.info("%s: draining (grace %.0f s)", signal.Signals(signum).name, args.shutdown_grace)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.start()
+        while not stop.wait(0.5):
+            pass
+        finished = server.drain(args.shutdown_grace)
+        logger.info("stopped%s", "" if finished else " (some requests were aborted)")
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return 0

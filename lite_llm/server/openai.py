@@ -1,0 +1,602 @@
+"""OpenAI request bodies -> validated engine inputs, and engine outputs -> OpenAI response bodies.
+
+Everything here is pure: JSON-shaped dicts in, dicts out, no sockets and no engine calls
+(app.py owns those). Validation is strict: a wrong type, an out-of-range value or a field this
+server does not implement is an ApiError(400) naming the field, never silently ignored.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from lite_llm.outputs import CompletionOutput, Logprob
+from lite_llm.sampling_params import MAX_LOGPROBS, SamplingParams
+
+MAX_PROMPTS = 256           # prompts in one completions request (each is one engine request)
+MAX_N = 128                 # completions per prompt
+MAX_STOP = 16               # stop strings per request
+MAX_STOP_LEN = 512          # characters per stop string
+_INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+_LOGPROB_FLOOR = -9999.0    # JSON has no -inf; vLLM clamps the same way
+
+# Fields accepted only while they say "not used" (null, false, empty): anything else is a 400.
+_UNSUPPORTED = {"tools", "tool_choice", "functions", "function_call", "response_format",
+                "suffix", "logit_bias", "best_of", "prompt_logprobs", "guided_json",
+                "guided_regex", "guided_choice", "guided_grammar", "chat_template_kwargs",
+                "audio", "modalities", "prediction", "reasoning_effort", "web_search_options",
+                "metadata", "store", "service_tier", "continue_final_message", "documents"}
+_SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p",
+                    "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop",
+                    "stop_token_ids", "ignore_eos", "n", "stream", "stream_options", "user",
+                    "min_tokens", "skip_special_tokens", "include_stop_str_in_output",
+                    "parallel_tool_calls", "request_id"}
+COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "logprobs", "echo", "add_special_tokens"}
+CHAT_FIELDS = _SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
+                                  "add_generation_prompt", "chat_template", "add_special_tokens"}
+_ROLES = {"system", "user", "assistant", "developer"}
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's shape {"error": {"message", "type", "param", "code"}}."""
+
+    _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+              405: "invalid_request_error", 408: "timeout_error", 411: "invalid_request_error",
+              413: "invalid_request_error", 429: "rate_limit_error",
+              500: "internal_server_error", 501: "invalid_request_error",
+              503: "service_unavailable_error"}
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | int | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+        self.code = status if code is None else code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self._TYPES.get(self.status, "error"),
+                          "param": self.param, "code": self.code}}
+
+
+def bad(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param)
+
+
+# ---- JSON and scalar fields ------------------------------------------------------------
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(body: bytes) -> dict:
+    """The request body as a JSON object; anything else (bad UTF-8, NaN, 10^5 digits) is a 400."""
+    try:
+        text = body.decode("utf-8")
+        value = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise bad("request body is nested too deeply") from None
+    except (UnicodeDecodeError, ValueError) as e:   # JSONDecodeError is a ValueError
+        raise bad(f"request body is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise bad("request body must be a JSON object")
+    return value
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: Any) -> bool:
+    return (isinstance(x, int) and not isinstance(x, bool)) or (isinstance(x, float) and math.isfinite(x))
+
+
+def get_int(body: dict, name: str, lo: int, hi: int, default: int | None = None) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not _is_int(v) or not lo <= v <= hi:
+        raise bad(f"'{name}' must be an integer in [{lo}, {hi}], got {_show(v)}", name)
+    return v
+
+
+def get_float(body: dict, name: str, lo: float, hi: float, default: float | None = None,
+              lo_open: bool = False) -> float | None:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not _is_num(v) or not (lo < v if lo_open else lo <= v) or not v <= hi:
+        left = "(" if lo_open else "["
+        raise bad(f"'{name}' must be a number in {left}{lo}, {hi}], got {_show(v)}", name)
+    return float(v)
+
+
+def get_bool(body: dict, name: str, default: bool) -> bool:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad(f"'{name}' must be a boolean, got {_show(v)}", name)
+    return v
+
+
+def _show(v: Any) -> str:
+    s = json.dumps(v) if not isinstance(v, float) or math.isfinite(v) else repr(v)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def check_fields(body: dict, allowed: set[str]) -> None:
+    for name, value in body.items():
+        if name in allowed:
+            continue
+        if name in _UNSUPPORTED:
+            if value in (None, False, [], {}, ""):
+                continue
+            raise bad(f"'{name}' is not supported by this server", name)
+        raise bad(f"unrecognized request argument '{_show(name)[1:-1]}'", name)
+
+
+# ---- the serving context and a prepared request ----------------------------------------
+
+@dataclass(frozen=True)
+class ServingContext:
+    """What validation needs to know about the model being served."""
+    model_names: tuple[str, ...]          # the first is the default and the one reported
+    max_model_len: int
+    vocab_size: int
+    tokenizer: Any                        # encode/decode/convert_ids_to_tokens/apply_chat_template
+    generation_defaults: dict = field(default_factory=dict)  # SamplingParams kwargs (generation_config.json)
+    chat_template: str | None = None      # --chat-template, overriding the model's
+
+    def check_model(self, body: dict) -> str:
+        model = body.get("model")
+        if model is None:
+            return self.model_names[0]
+        if not isinstance(model, str):
+            raise bad("'model' must be a string", "model")
+        if model not in self.model_names:
+            raise ApiError(404, f"The model '{_show(model)[1:-1]}' does not exist.", "model",
+                           code="model_not_found")
+        return model
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str | None
+    token_ids: list[int]
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A validated /v1/completions or /v1/chat/completions call, ready for engine.add_request."""
+    kind: str                         # "completion" | "chat"
+    id: str                           # cmpl-... / chatcmpl-...
+    created: int
+    model: str
+    prompts: list[Prompt]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    echo: bool = False
+    logprobs: int | None = None       # top logprobs asked per token; None = no logprobs in the answer
+
+    def engine_request_id(self, prompt_index: int) -> str:
+        return f"{self.id}-{prompt_index}"
+
+
+def _sampling_kwargs(body: dict, ctx: ServingContext) -> dict:
+    """SamplingParams kwargs from the body, defaults from the model's generation_config."""
+    kw: dict[str, Any] = {}
+    defaults = ctx.generation_defaults
+    vals = {
+        "temperature": get_float(body, "temperature", 0.0, 1e6),
+        "top_p": get_float(body, "top_p", 0.0, 1.0, lo_open=True),
+        "top_k": get_int(body, "top_k", -1, 2 ** 31 - 1),
+        "min_p": get_float(body, "min_p", 0.0, 1.0),
+        "repetition_penalty": get_float(body, "repetition_penalty", 0.0, 1e6, lo_open=True),
+    }
+    for name, v in vals.items():
+        v = defaults.get(name) if v is None else v
+        if v is not None:
+            kw[name] = v
+    if kw.get("top_k") == -1:
+        kw["top_k"] = 0
+    for name in ("presence_penalty", "frequency_penalty"):
+        v = get_float(body, name, -2.0, 2.0)
+        if v is not None:
+            kw[name] = v
+    seed = get_int(body, "seed", _INT64_MIN, _INT64_MAX)
+    if seed is not None:
+        kw["seed"] = seed
+    kw["n"] = get_int(body, "n", 1, MAX_N, 1)
+    stop = body.get("stop")
+    if stop is not None:
+        if isinstance(stop, str):
+            stop = [stop]
+        if (not isinstance(stop, list) or len(stop) > MAX_STOP
+                or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LEN for s in stop)):
+            raise bad(f"'stop' must be a non-empty string or a list of at most {MAX_STOP} "
+                      f"non-empty strings of at most {MAX_STOP_LEN} characters", "stop")
+        if stop:
+            kw["stop"] = stop
+    ids = body.get("stop_token_ids")
+    if ids is not None:
+        kw["stop_token_ids"] = _token_ids(ids, ctx.vocab_size, "stop_token_ids", allow_empty=True)
+    kw["ignore_eos"] = get_bool(body, "ignore_eos", False)
+    kw["min_tokens"] = get_int(body, "min_tokens", 0, ctx.max_model_len, 0)
+    kw["skip_special_tokens"] = get_bool(body, "skip_special_tokens", True)
+    kw["include_stop_str_in_output"] = get_bool(body, "include_stop_str_in_output", False)
+    for name in ("user", "request_id"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise bad(f"'{name}' must be a string", name)
+    if "parallel_tool_calls" in body and body["parallel_tool_calls"] is not None \
+            and not isinstance(body["parallel_tool_calls"], bool):
+        raise bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+    return kw
+
+
+def _token_ids(value: Any, vocab_size: int, name: str, allow_empty: bool = False) -> list[int]:
+    if (not isinstance(value, list) or (not value and not allow_empty)
+            or not all(_is_int(t) and 0 <= t < vocab_size for t in value)):
+        raise bad(f"'{name}' must be a {'' if allow_empty else 'non-empty '}list of token ids "
+                  f"in [0, {vocab_size})", name)
+    return list(value)
+
+
+def _stream_options(body: dict, stream: bool) -> bool:
+    opts = body.get("stream_options")
+    if opts is None:
+        return False
+    if not isinstance(opts, dict) or set(opts) - {"include_usage", "continuous_usage_stats"}:
+        raise bad("'stream_options' must be an object with 'include_usage'", "stream_options")
+    if not stream:
+        raise bad("'stream_options' is only allowed when 'stream' is true", "stream_options")
+    if opts.get("continuous_usage_stats"):
+        raise bad("'stream_options.continuous_usage_stats' is not supported", "stream_options")
+    return get_bool(opts, "include_usage", False)
+
+
+def _max_tokens(requested: int | None, prompt_len: int, ctx: ServingContext,
+                default: int | None) -> int:
+    """max_tokens within the context window; prompt + max_tokens beyond it is a 400 (as vLLM)."""
+    room = ctx.max_model_len - prompt_len
+    if requested is not None:
+        if prompt_len + requested > ctx.max_model_len:
+            raise bad(f"This model's maximum context length is {ctx.max_model_len} tokens. However, "
+                      f"you requested {prompt_len + requested} tokens ({prompt_len} in the prompt, "
+                      f"{requested} in the completion). Please reduce the prompt or max_tokens.",
+                      "max_tokens")
+        return requested
+    if room < 1:
+        raise bad(f"This model's maximum context length is {ctx.max_model_len} tokens; the prompt "
+                  f"has {prompt_len} tokens, which leaves no room for a completion.", "prompt")
+    gen_default = ctx.generation_defaults.get("max_tokens")
+    candidates = [room] + [d for d in (default, gen_default) if d is not None]
+    return min(candidates)
+
+
+def _new_id(prefix: str, body: dict) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+# ---- /v1/completions --------------------------------------------------------------------
+
+def prepare_completion(body: dict, ctx: ServingContext) -> PreparedRequest:
+    check_fields(body, COMPLETION_FIELDS)
+    model = ctx.check_model(body)
+    stream = get_bool(body, "stream", False)
+    include_usage = _stream_options(body, stream)
+    kw = _sampling_kwargs(body, ctx)
+    logprobs = get_int(body, "logprobs", 0, MAX_LOGPROBS)
+    echo = get_bool(body, "echo", False)
+    if echo and logprobs is not None:
+        raise bad("'echo' together with 'logprobs' (prompt logprobs) is not supported", "echo")
+    add_special = get_bool(body, "add_special_tokens", True)
+    prompts = _completion_prompts(body.get("prompt"), ctx, add_special)
+    requested = get_int(body, "max_tokens", 1, 2 ** 31 - 1)
+    # One SamplingParams for every prompt: max_tokens must fit the longest one.
+    longest = max(len(p.token_ids) for p in prompts)
+    kw["max_tokens"] = _max_tokens(requested, longest, ctx, default=16)
+    if logprobs is not None:
+        kw["logprobs"] = logprobs
+    params = _sampling_params(kw)
+    return PreparedRequest("completion", _new_id("cmpl", body), int(time.time()), model, prompts,
+                           params, stream, include_usage, echo=echo, logprobs=logprobs)
+
+
+def _completion_prompts(prompt: Any, ctx: ServingContext, add_special: bool) -> list[Prompt]:
+    """prompt: a string, a list of strings, a list of token ids or a list of lists of ids."""
+    if isinstance(prompt, str):
+        items: list[Any] = [prompt]
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        items = [prompt]
+    elif isinstance(prompt, list) and prompt:
+        items = prompt
+    else:
+        raise bad("'prompt' must be a string, a list of strings, a list of token ids or a list "
+                  "of lists of token ids (non-empty)", "prompt")
+    if len(items) > MAX_PROMPTS:
+        raise bad(f"at most {MAX_PROMPTS} prompts per request", "prompt")
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            ids = ctx.tokenizer.encode(item, add_special_tokens=add_special)
+            text = item
+        elif isinstance(item, list):
+            ids = _token_ids(item, ctx.vocab_size, "prompt")
+            text = None
+        else:
+            raise bad("'prompt' list items must all be strings or all lists of token ids", "prompt")
+        if not ids:
+            raise bad("the prompt is empty (no tokens)", "prompt")
+        if len(ids) >= ctx.max_model_len:
+            raise bad(f"This model's maximum context length is {ctx.max_model_len} tokens; the "
+                      f"prompt has {len(ids)} tokens.", "prompt")
+        out.append(Prompt(text, list(ids)))
+    return out
+
+
+def _sampling_params(kw: dict) -> SamplingParams:
+    try:
+        return SamplingParams(**kw)
+    except (ValueError, TypeError) as e:
+        raise bad(str(e), str(e).split(" ", 1)[0] if str(e) else None) from None
+
+
+# ---- /v1/chat/completions ---------------------------------------------------------------
+
+def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
+    check_fields(body, CHAT_FIELDS)
+    model = ctx.check_model(body)
+    stream = get_bool(body, "stream", False)
+    include_usage = _stream_options(body, stream)
+    kw = _sampling_kwargs(body, ctx)
+    want_logprobs = get_bool(body, "logprobs", False)
+    top = get_int(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if top is not None and top > 0 and not want_logprobs:
+        raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    logprobs = (top or 0) if want_logprobs else None
+    messages = parse_messages(body.get("messages"))
+    add_generation_prompt = get_bool(body, "add_generation_prompt", True)
+    template = body.get("chat_template")
+    if template is not None and not isinstance(template, str):
+        raise bad("'chat_template' must be a string", "chat_template")
+    text = render_chat(ctx, messages, add_generation_prompt, template)
+    # The template already places BOS and friends: no second BOS (vLLM's default for chat).
+    ids = ctx.tokenizer.encode(text, add_special_tokens=get_bool(body, "add_special_tokens", False))
+    if not ids:
+        raise bad("the rendered chat prompt is empty (no tokens)", "messages")
+    if len(ids) >= ctx.max_model_len:
+        raise bad(f"This model's maximum context length is {ctx.max_model_len} tokens; the "
+                  f"messages have {len(ids)} tokens.", "messages")
+    requested = get_int(body, "max_completion_tokens", 1, 2 ** 31 - 1)
+    if requested is None:
+        requested = get_int(body, "max_tokens", 1, 2 ** 31 - 1)
+    kw["max_tokens"] = _max_tokens(requested, len(ids), ctx, default=None)
+    if logprobs is not None:
+        kw["logprobs"] = logprobs
+    params = _sampling_params(kw)
+    return PreparedRequest("chat", _new_id("chatcmpl", body), int(time.time()), model,
+                           [Prompt(text, list(ids))], params, stream, include_usage,
+                           logprobs=logprobs)
+
+
+def parse_messages(messages: Any) -> list[dict]:
+    """messages -> [{"role", "content": str}], text parts joined; anything else is a 400."""
+    if not isinstance(messages, list) or not messages:
+        raise bad("'messages' must be a non-empty list", "messages")
+    if len(messages) > 4096:
+        raise bad("too many messages", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad(f"'{where}' must be an object", where)
+        for key in m:
+            if key not in ("role", "content", "name"):
+                raise bad(f"'{where}.{_show(key)[1:-1]}' is not supported", f"{where}.{key}"[:80])
+        role = m.get("role")
+        if role not in _ROLES:
+            raise bad(f"'{where}.role' must be one of system, user, assistant", f"{where}.role")
+        content = m.get("content")
+        if content is None and role == "assistant":
+            content = ""
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                p = f"{where}.content[{j}]"
+                if not isinstance(part, dict) or part.get("type") != "text" \
+                        or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
+                    kind = part.get("type") if isinstance(part, dict) else None
+                    what = f"content part type '{_show(kind)[1:-1]}' is not supported" \
+                        if isinstance(kind, str) and kind != "text" else "must be {\"type\": \"text\", \"text\": str}"
+                    raise bad(f"'{p}' {what}", p)
+                parts.append(part["text"])
+            content = "\n".join(parts)
+        if not isinstance(content, str):
+            raise bad(f"'{where}.content' must be a string or a list of text parts", f"{where}.content")
+        name = m.get("name")
+        if name is not None and not isinstance(name, str):
+            raise bad(f"'{where}.name' must be a string", f"{where}.name")
+        msg = {"role": "system" if role == "developer" else role, "content": content}
+        if name is not None:
+            msg["name"] = name
+        out.append(msg)
+    return out
+
+
+def render_chat(ctx: ServingContext, messages: list[dict], add_generation_prompt: bool,
+                template: str | None = None) -> str:
+    try:
+        return ctx.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                 chat_template=template or ctx.chat_template)
+    except RecursionError:
+        raise bad("the chat template recursed too deeply", "messages") from None
+    except Exception as e:   # jinja errors (raise_exception in templates), missing template
+        raise bad(f"cannot render the chat template: {e}", "messages") from None
+
+
+# ---- engine outputs -> response bodies ----------------------------------------------------
+
+@dataclass
+class Choice:
+    """One completion accumulated from deltas."""
+    text: list[str] = field(default_factory=list)
+    num_tokens: int = 0
+    logprobs: list = field(default_factory=list)     # entries as formatted for this API kind
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+def token_text(tokenizer: Any, token_id: int, lp: Logprob | None) -> str:
+    if lp is not None and lp.decoded_token is not None:
+        return lp.decoded_token
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _lp(value: float) -> float:
+    return max(float(value), _LOGPROB_FLOOR) if not math.isnan(value) else _LOGPROB_FLOOR
+
+
+def format_logprobs(prep: PreparedRequest, tokenizer: Any, out: CompletionOutput,
+                    text_offset: int) -> tuple[Any, int]:
+    """Logprobs of one delta in this API's shape; returns (value, text offset after it)."""
+    if prep.logprobs is None or out.logprobs is None:
+        return None, text_offset
+    top_n = prep.logprobs
+    if prep.kind == "chat":
+        content = []
+        for tid, lps in zip(out.token_ids, out.logprobs):
+            chosen = lps.get(tid)
+            tok = token_text(tokenizer, tid, chosen)
+            tops = sorted(lps.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else 1 << 30)
+            content.append({
+                "token": tok, "logprob": _lp(chosen.logprob if chosen else -math.inf),
+                "bytes": list(tok.encode("utf-8")),
+                "top_logprobs": [{"token": (t := token_text(tokenizer, i, lp)), "logprob": _lp(lp.logprob),
+                                  "bytes": list(t.encode("utf-8"))} for i, lp in tops[:top_n]],
+            })
+        return {"content": content}, text_offset
+    tokens, token_lps, tops_out, offsets = [], [], [], []
+    for tid, lps in zip(out.token_ids, out.logprobs):
+        chosen = lps.get(tid)
+        tok = token_text(tokenizer, tid, chosen)
+        tokens.append(tok)
+        token_lps.append(_lp(chosen.logprob if chosen else -math.inf))
+        ranked = sorted(lps.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else 1 << 30)
+        top = {token_text(tokenizer, i, lp): _lp(lp.logprob) for i, lp in ranked[:top_n]}
+        if top_n > 0:
+            top.setdefault(tok, token_lps[-1])
+        tops_out.append(top)
+        offsets.append(text_offset)
+        text_offset += len(tok)
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops_out,
+            "text_offset": offsets}, text_offset
+
+
+def merge_logprobs(kind: str, parts: list) -> Any:
+    if not parts:
+        return None
+    if kind == "chat":
+        return {"content": [c for p in parts for c in p["content"]]}
+    return {k: [x for p in parts for x in p[k]] for k in ("tokens", "token_logprobs",
+                                                          "top_logprobs", "text_offset")}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def final_response(prep: PreparedRequest, choices: dict[int, Choice]) -> dict:
+    """The non-streaming body; choices keyed by the response index (prompt * n + i)."""
+    num_gen = sum(c.num_tokens for c in choices.values())
+    num_prompt = sum(len(p.token_ids) for p in prep.prompts)
+    items = []
+    for index in sorted(choices):
+        c = choices[index]
+        text = "".join(c.text)
+        lps = merge_logprobs(prep.kind, c.logprobs) if prep.logprobs is not None else None
+        if prep.kind == "chat":
+            items.append({"index": index, "message": {"role": "assistant", "content": text},
+                          "logprobs": lps, "finish_reason": c.finish_reason,
+                          "stop_reason": c.stop_reason})
+        else:
+            if prep.echo:
+                text = _prompt_text(prep, index) + text
+            items.append({"index": index, "text": text, "logprobs": lps,
+                          "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+    return {"id": prep.id, "object": "chat.completion" if prep.kind == "chat" else "text_completion",
+            "created": prep.created, "model": prep.model, "choices": items,
+            "usage": usage(num_prompt, num_gen)}
+
+
+def _prompt_text(prep: PreparedRequest, index: int) -> str:
+    p = prep.prompts[index // prep.params.n]
+    return p.text if p.text is not None else ""
+
+
+def chunk(prep: PreparedRequest, choices: list[dict], usage_value: dict | None = None) -> dict:
+    body = {"id": prep.id,
+            "object": "chat.completion.chunk" if prep.kind == "chat" else "text_completion",
+            "created": prep.created, "model": prep.model, "choices": choices}
+    if prep.include_usage:
+        body["usage"] = usage_value
+    return body
+
+
+def chunk_choice(prep: PreparedRequest, index: int, text: str, logprobs: Any,
+                 finish_reason: str | None, stop_reason: Any = None, role: bool = False) -> dict:
+    if prep.kind == "chat":
+        delta: dict[str, Any] = {"role": "assistant", "content": text} if role else {"content": text}
+        if finish_reason is not None and not text and not role:
+            delta = {}
+        return {"index": index, "delta": delta, "logprobs": logprobs,
+                "finish_reason": finish_reason, "stop_reason": stop_reason}
+    return {"index": index, "text": text, "logprobs": logprobs,
+            "finish_reason": finish_reason, "stop_reason": stop_reason}
+
+
+def sse(value: dict | str) -> bytes:
+    data = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False,
+                                                            separators=(",", ":"))
+    return f"data: {data}\n\n".encode("utf-8")
+
+
+def dumps(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+# ---- /tokenize and /detokenize ---------------------------------------------------------------
+
+def tokenize(body: dict, ctx: ServingContext) -> dict:
+    check_fields(body, {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
+                        "return_token_strs", "chat_template"})
+    ctx.check_model(body)
+    if ("prompt" in body) == ("messages" in body):
+        raise bad("give exactly one of 'prompt' or 'messages'", "prompt")
+    if "messages" in body:
+        template = body.get("chat_template")
+        if template is not None and not isinstance(template, str):
+            raise bad("'chat_template' must be a string", "chat_template")
+        text = render_chat(ctx, parse_messages(body["messages"]),
+                           get_bool(body, "add_generation_prompt", True), template)
+        ids = ctx.tokenizer.encode(text, add_special_tokens=get_bool(body, "add_special_tokens", False))
+    else:
+        if not isinstance(body["prompt"], str):
+            raise bad("'prompt' must be a string", "prompt")
+        ids = ctx.tokenizer.encode(body["prompt"],
+                                   add_special_tokens=get_bool(body, "add_special_tokens", True))
+    strs = ctx.tokenizer.convert_ids_to_tokens(ids) if get_bool(body, "return_token_strs", False) else None
+    return {"count": len(ids), "max_model_len": ctx.max_model_len, "tokens": list(ids),
+            "token_strs": strs}
+
+
+def detokenize(body: dict, ctx: ServingContext) -> dict:
+    check_fields(body, {"model", "tokens"})
+    ctx.check_model(body)
+    ids = _token_ids(body.get("tokens"), ctx.vocab_size, "tokens", allow_empty=True)
+    return {"prompt": ctx.tokenizer.decode(ids, skip_special_tokens=False)}
+

@@ -1,0 +1,165 @@
+"""GET /openapi.json: an OpenAPI 3.1 document of the routes and bodies this server accepts.
+
+Written by hand from the same field lists openai.py validates against, so a field added
+there without a schema here is caught by tests/server/test_openapi.py.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+_NUM = {"type": "number"}
+_INT = {"type": "integer"}
+_BOOL = {"type": "boolean"}
+_STR = {"type": "string"}
+_NULLABLE_STR = {"type": ["string", "null"]}
+_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+_SAMPLING = {
+    "model": _STR,
+    "max_tokens": {"type": "integer", "minimum": 1},
+    "temperature": {"type": "number", "minimum": 0},
+    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "top_k": {"type": "integer", "minimum": -1},
+    "min_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "repetition_penalty": {"type": "number", "exclusiveMinimum": 0},
+    "seed": _INT,
+    "stop": {"oneOf": [_STR, {"type": "array", "items": _STR}]},
+    "stop_token_ids": _IDS,
+    "ignore_eos": _BOOL,
+    "n": {"type": "integer", "minimum": 1},
+    "stream": _BOOL,
+    "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}},
+    "user": _STR,
+    "min_tokens": {"type": "integer", "minimum": 0},
+    "skip_special_tokens": _BOOL,
+    "include_stop_str_in_output": _BOOL,
+    "parallel_tool_calls": _BOOL,
+    "request_id": _STR,
+    "add_special_tokens": _BOOL,
+}
+
+_USAGE = {"type": "object", "properties": {"prompt_tokens": _INT, "completion_tokens": _INT,
+                                           "total_tokens": _INT}}
+_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type"],
+    "properties": {"message": _STR, "type": _STR, "param": _NULLABLE_STR,
+                   "code": {"type": ["string", "integer", "null"]}}}}}
+_MESSAGE = {"type": "object", "required": ["role"], "properties": {
+    "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
+    "content": {"oneOf": [_STR, {"type": "null"}, {"type": "array", "items": {
+        "type": "object", "required": ["type", "text"],
+        "properties": {"type": {"type": "string", "enum": ["text"]}, "text": _STR}}}]},
+    "name": _STR}}
+
+SCHEMAS: dict[str, Any] = {
+    "CompletionRequest": {"type": "object", "required": ["prompt"], "properties": {
+        **_SAMPLING,
+        "prompt": {"oneOf": [_STR, {"type": "array", "items": _STR}, _IDS,
+                             {"type": "array", "items": _IDS}]},
+        "logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+        "echo": _BOOL}},
+    "ChatCompletionRequest": {"type": "object", "required": ["messages"], "properties": {
+        **_SAMPLING,
+        "messages": {"type": "array", "items": _ref("ChatMessage"), "minItems": 1},
+        "max_completion_tokens": {"type": "integer", "minimum": 1},
+        "logprobs": _BOOL,
+        "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+        "add_generation_prompt": _BOOL,
+        "chat_template": _STR}},
+    "ChatMessage": _MESSAGE,
+    "CompletionResponse": {"type": "object", "properties": {
+        "id": _STR, "object": {"type": "string", "enum": ["text_completion"]}, "created": _INT,
+        "model": _STR, "usage": _USAGE, "choices": {"type": "array", "items": {
+            "type": "object", "properties": {"index": _INT, "text": _STR,
+                                             "finish_reason": _NULLABLE_STR,
+                                             "logprobs": {"type": ["object", "null"]}}}}}},
+    "ChatCompletionResponse": {"type": "object", "properties": {
+        "id": _STR, "object": {"type": "string", "enum": ["chat.completion"]}, "created": _INT,
+        "model": _STR, "usage": _USAGE, "choices": {"type": "array", "items": {
+            "type": "object", "properties": {"index": _INT, "message": _MESSAGE,
+                                             "finish_reason": _NULLABLE_STR,
+                                             "logprobs": {"type": ["object", "null"]}}}}}},
+    "ModelList": {"type": "object", "properties": {"object": _STR, "data": {"type": "array", "items": {
+        "type": "object", "properties": {"id": _STR, "object": _STR, "created": _INT,
+                                         "owned_by": _STR, "max_model_len": _INT}}}}},
+    "TokenizeRequest": {"type": "object", "properties": {
+        "model": _STR, "prompt": _STR, "messages": {"type": "array", "items": _ref("ChatMessage")},
+        "add_special_tokens": _BOOL, "add_generation_prompt": _BOOL, "return_token_strs": _BOOL,
+        "chat_template": _STR}},
+    "TokenizeResponse": {"type": "object", "properties": {
+        "count": _INT, "max_model_len": _INT, "tokens": _IDS,
+        "token_strs": {"type": ["array", "null"], "items": _STR}}},
+    "DetokenizeRequest": {"type": "object", "required": ["tokens"],
+                          "properties": {"model": _STR, "tokens": _IDS}},
+    "DetokenizeResponse": {"type": "object", "properties": {"prompt": _STR}},
+    "Version": {"type": "object", "properties": {"version": _STR, "kernel_variant": _STR}},
+    "Error": _ERROR,
+}
+
+
+def _errors(*statuses: int) -> dict:
+    why = {400: "Invalid request", 401: "Missing or wrong API key", 404: "Unknown model or route",
+           413: "Request body too large", 429: "Queue full (see Retry-After)",
+           503: "Server draining or engine stopped"}
+    return {str(s): {"description": why[s], "content": {"application/json": {"schema": _ref("Error")}}}
+            for s in statuses}
+
+
+def _post(summary: str, request: str, response: str, stream: bool, auth: bool) -> dict:
+    content = {"application/json": {"schema": _ref(response)}}
+    if stream:
+        content["text/event-stream"] = {"schema": {"type": "string", "description":
+                                        "Server-sent events: `data: {chunk}` per delta, then `data: [DONE]`"}}
+    op = {"summary": summary,
+          "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+          "responses": {"200": {"description": "OK", "content": content},
+                        **_errors(*((400, 401, 404, 413, 429, 503) if auth else (400, 404, 413)))}}
+    if auth:
+        op["security"] = [{"bearer": []}]
+    return {"post": op}
+
+
+def _get(summary: str, schema: dict | None, media: str = "application/json", auth: bool = False) -> dict:
+    ok: dict[str, Any] = {"description": "OK"}
+    if schema is not None:
+        ok["content"] = {media: {"schema": schema}}
+    op: dict[str, Any] = {"summary": summary, "responses": {"200": ok}}
+    if auth:
+        op["security"] = [{"bearer": []}]
+        op["responses"].update(_errors(401))
+    return {"get": op}
+
+
+def openapi_document(version: str) -> dict:
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "lite-llm OpenAI-compatible server", "version": version},
+        "paths": {
+            "/v1/models": _get("List the served models", _ref("ModelList"), auth=True),
+            "/v1/completions": _post("Text completion", "CompletionRequest", "CompletionResponse",
+                                     stream=True, auth=True),
+            "/v1/chat/completions": _post("Chat completion", "ChatCompletionRequest",
+                                          "ChatCompletionResponse", stream=True, auth=True),
+            "/tokenize": _post("Text or messages to token ids", "TokenizeRequest", "TokenizeResponse",
+                               stream=False, auth=False),
+            "/detokenize": _post("Token ids to text", "DetokenizeRequest", "DetokenizeResponse",
+                                 stream=False, auth=False),
+            "/health": {"get": {"summary": "200 while serving, 503 when draining or the engine stopped",
+                                "responses": {"200": {"description": "Serving"},
+                                              **_errors(503)}}},
+            "/version": _get("Server version and kernel variant", _ref("Version")),
+            "/metrics": _get("Prometheus metrics", {"type": "string"}, media="text/plain"),
+            "/openapi.json": _get("This document", {"type": "object"}),
+        },
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
