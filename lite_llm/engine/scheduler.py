@@ -1,0 +1,250 @@
+"""Scheduler: which tokens of which requests the next step computes (continuous batching).
+
+Each step lets requests' num_computed_tokens catch up with their num_tokens under a token
+budget (max_num_batched_tokens) and a sequence cap (max_num_seqs): running requests first
+(a decode token, or the next chunk of a long prompt), then waiting ones in FCFS (or
+priority) order. There are no prefill/decode modes and prefill is always chunked. When the
+KV cache runs out, the most recently admitted running request is preempted by recompute:
+its blocks are freed and it goes back to the FRONT of the waiting queue.
+
+Token stops (EOS, stop token ids, max_tokens, max_model_len) are checked here when sampled
+tokens come back; stop strings need text and are the engine's.
+"""
+from __future__ import annotations
+
+import bisect
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from lite_llm.engine.kv_cache import KVCacheManager
+from lite_llm.engine.request import Request, RequestStatus, SampleResult
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """Compute request.all_token_ids[start:start + num_new_tokens] this step."""
+    request: Request
+    start: int                  # num_computed_tokens before this step
+    num_new_tokens: int
+    block_ids: list[int]        # the request's whole block table
+    sample: bool                # all tokens are computed after this chunk: sample the next one
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    chunks: list[ScheduledChunk]
+    num_tokens: int                                   # sum of chunks' num_new_tokens (T)
+    preempted_req_ids: list[str] = field(default_factory=list)
+    finished_req_ids: list[str] = field(default_factory=list)   # freed since the last step
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.chunks)
+
+
+class Scheduler:
+    def __init__(self, kv_cache_manager: KVCacheManager, *, max_num_seqs: int,
+                 max_num_batched_tokens: int, max_model_len: int, policy: str = "fcfs"):
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling policy must be 'fcfs' or 'priority', got {policy!r}")
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        self.kv_cache_manager = kv_cache_manager
+        self.block_size = kv_cache_manager.block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.policy = policy
+        self.requests: dict[str, Request] = {}        # every unfinished request
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []              # admission order (priority order if "priority")
+        self.num_preemptions_total = 0
+        self._finished_req_ids: list[str] = []         # freed since the last schedule()
+        self._finished_in_schedule: list[Request] = []  # requests that can never fit, for the engine
+
+    # ---- queue management ---------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        assert request.request_id not in self.requests, f"duplicate request id {request.request_id!r}"
+        self.requests[request.request_id] = request
+        self._push_waiting(request, front=False)
+
+    def finish_requests(self, request_ids: list[str] | str, status: RequestStatus) -> list[Request]:
+        """Finish unfinished requests with status (e.g. FINISHED_ABORTED); frees blocks at once."""
+        assert status.is_finished
+        out = []
+        for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            self._finish(request, status)
+            out.append(request)
+        return out
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def take_finished_in_schedule(self) -> list[Request]:
+        """Requests schedule() had to abort because they can never fit the KV cache."""
+        out, self._finished_in_schedule = self._finished_in_schedule, []
+        return out
+
+    # ---- one step -----------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        chunks: list[ScheduledChunk] = []
+        preempted: list[str] = []
+        budget = self._schedule_running(chunks, preempted)
+        if not preempted:
+            # after a preemption the cache is full: admitting would only preempt again
+            budget = self._schedule_waiting(chunks, budget)
+        num_tokens = self.max_num_batched_tokens - budget
+        finished = self._finished_req_ids
+        if chunks:           # an empty step is not run: its finished ids wait for the next one
+            self._finished_req_ids = []
+        else:
+            finished = list(finished)
+        return SchedulerOutput(chunks, num_tokens, preempted, finished)
+
+    def _schedule_running(self, chunks: list[ScheduledChunk], preempted: list[str]) -> int:
+        budget = self.max_num_batched_tokens
+        kv = self.kv_cache_manager
+        idx = 0
+        while idx < len(self.running) and budget > 0:
+            request = self.running[idx]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            assert num_new > 0, f"{request} has nothing to compute"
+            while (block_ids := kv.allocate_slots(request, num_new)) is None:
+                # running[-1] is the most recent admission, never one served earlier this step
+                victim = self.running.pop()
+                if victim is request and not self.running:
+                    # alone with the whole cache and still short: it can never fit
+                    self._finish(request, RequestStatus.FINISHED_ABORTED)
+                    self._finished_in_schedule.append(request)
+                    break
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is request:
+                    break
+            if block_ids is None:
+                continue           # request left running; running[idx] is the next one
+            chunks.append(self._chunk(request, num_new, block_ids))
+            budget -= num_new
+            idx += 1
+        return budget
+
+    def _schedule_waiting(self, chunks: list[ScheduledChunk], budget: int) -> int:
+        kv = self.kv_cache_manager
+        now = time.monotonic()
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            hits, num_hit_tokens = kv.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_hit_tokens, budget)
+            block_ids = kv.allocate_slots(request, num_new, hits)
+            if block_ids is None:
+                if not self.running:
+                    # the whole cache is free and the head still does not fit: never will
+                    self.waiting.popleft()
+                    self._finish(request, RequestStatus.FINISHED_ABORTED)
+                    self._finished_in_schedule.append(request)
+                    continue
+                break          # FCFS: later requests wait behind the head
+            self.waiting.popleft()
+            kv.record_prefix_lookup(request.num_tokens, num_hit_tokens)
+            request.num_computed_tokens = num_hit_tokens
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit_tokens
+            if request.metrics.first_scheduled_time is None:
+                request.metrics.first_scheduled_time = now
+            request.status = RequestStatus.RUNNING
+            if self.policy == "priority":
+                bisect.insort(self.running, request, key=_priority_key)
+            else:
+                self.running.append(request)
+            chunks.append(self._chunk(request, num_new, block_ids))
+            budget -= num_new
+        return budget
+
+    def _chunk(self, request: Request, num_new: int, block_ids: list[int]) -> ScheduledChunk:
+        start = request.num_computed_tokens
+        return ScheduledChunk(request, start, num_new, block_ids,
+                              sample=start + num_new == request.num_tokens)
+
+    def _preempt(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)    # before resetting num_computed_tokens: see free()
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.metrics.num_preemptions += 1
+        request.status = RequestStatus.WAITING
+        self.num_preemptions_total += 1
+        self._push_waiting(request, front=True)
+
+    def _push_waiting(self, request: Request, front: bool) -> None:
+        if self.policy == "priority":
+            keys = [_priority_key(r) for r in self.waiting]
+            self.waiting.insert(bisect.bisect_right(keys, _priority_key(request)), request)
+        elif front:
+            self.waiting.appendleft(request)
+        else:
+            self.waiting.append(request)
+
+    # ---- after the runner -----------------------------------------------------------------
+
+    def update_from_output(self, sched_out: SchedulerOutput, results: list[SampleResult | None]
+                           ) -> list[tuple[Request, SampleResult]]:
+        """Advance computed tokens, append sampled tokens, apply token stops (freeing finished
+        requests). Returns the requests that got a token with their sample, in chunk order."""
+        assert len(results) == len(sched_out.chunks), "runner results must align with chunks"
+        sampled: list[tuple[Request, SampleResult]] = []
+        for chunk, result in zip(sched_out.chunks, results):
+            request = chunk.request
+            if request.is_finished:
+                continue
+            request.num_computed_tokens = chunk.start + chunk.num_new_tokens
+            if not chunk.sample:
+                continue
+            assert result is not None, f"no sample for {request}"
+            request.append_output_token(result.token_id)
+            sampled.append((request, result))
+            status = self._check_token_stop(request)
+            if status is not None:
+                self.finish_requests(request.request_id, status)
+        return sampled
+
+    def _check_token_stop(self, request: Request) -> RequestStatus | None:
+        params = request.sampling_params
+        token_id = request.output_token_ids[-1]
+        if request.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token_id in request.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED
+            if token_id in params.stop_token_ids:
+                request.stop_reason = token_id
+                return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        self.kv_cache_manager.free(request)
+        request.status = status
+        request.finish_reason = status.finish_reason
+        request.metrics.finished_time = time.monotonic()
+        del self.requests[request.request_id]
+        self._finished_req_ids.append(request.request_id)
+
+
+def _priority_key(request: Request) -> tuple[int, float]:
+    return request.priority, request.arrival_time
