@@ -8,6 +8,7 @@ fixture, for helpers outside pytest.
 from __future__ import annotations
 
 import atexit
+import copy
 import json
 import shutil
 import sys
@@ -79,7 +80,7 @@ def build_tiny_checkpoint(arch: str, out_dir: Path, std: float = 0.05, seed: int
     from tokenizers import Tokenizer as HFTokenizer
 
     config_cls, model_cls = _model_class(arch)
-    config = config_cls(**{**ARCH_DEFAULTS[arch], **overrides})
+    config = config_cls(**copy.deepcopy({**ARCH_DEFAULTS[arch], **overrides}))   # configs mutate dicts
     torch.manual_seed(seed)
     model = model_cls(config).eval()
     with torch.no_grad():

