@@ -13,7 +13,10 @@ Per sequence, in vLLM's order:
 Filtering never sorts the vocabulary: every filter is a threshold on w = exp((x - max) / T)
 (so the best token has w == 1): top_k's is the k-th largest w (quickselect), top_p's the
 smallest w of the shortest descending prefix holding top_p of the mass (quickselect weighted
-by mass), min_p's is min_p itself. Tokens tied with a threshold are all kept.
+by mass), min_p's is min_p itself. Tokens tied with a threshold are all kept. A histogram of
+w over 1024 order-preserving buckets first narrows each selection to the values near its cut.
+
+Rows are left overwritten: greedy rows hold the penalised, masked logits; sampled rows hold w.
 
 The draw is an inverse CDF over the kept tokens in token-id order: token = first id whose
 running kept mass exceeds u * (total kept mass). u in [0, 1) is counter-based:
@@ -26,12 +29,13 @@ What does not live here: building the parameter arrays (sampler.py), SamplingPar
 from cython.parallel cimport prange, threadid
 from libc.math cimport expf, log, INFINITY
 from libc.stdint cimport int32_t, int64_t, uint64_t
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 cimport openmp
 
 cdef extern from *:
     """
+    #include <stddef.h>
     #include <stdint.h>
     /* splitmix64 finaliser (Steele, Lea, Flood 2014): a bijective 64-bit mixer. */
     static inline uint64_t ll_splitmix64(uint64_t x) {
@@ -39,6 +43,39 @@ cdef extern from *:
         x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
         x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
         return x ^ (x >> 31);
+    }
+    /* exp(x) for the sampler's x <= 0 (any x works): Cody-Waite reduction by ln 2 and Cephes'
+       degree-6 polynomial, within 2 ulp of expf; 0 below -87 instead of denormals. Plain C
+       that the compiler vectorises, unlike a libm call. */
+    static inline float ll_exp_f32(float x) {
+        float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+        float y = xc * 1.44269504088896341f;
+        int32_t n = (int32_t)(y + (y >= 0.0f ? 0.5f : -0.5f));
+        float fn = (float)n;
+        float r = xc - fn * 0.693359375f;
+        r = r - fn * -2.12194440e-4f;
+        float q = 1.9875691500e-4f;
+        q = q * r + 1.3981999507e-3f;
+        q = q * r + 8.3334519073e-3f;
+        q = q * r + 4.1665795894e-2f;
+        q = q * r + 1.6666665459e-1f;
+        q = q * r + 5.0000001201e-1f;
+        q = q * r * r + r + 1.0f;
+        union { uint32_t u; float f; } scale;
+        scale.u = (uint32_t)(n + 127) << 23;
+        return x < -87.0f ? 0.0f : q * scale.f;
+    }
+    /* x[i] = exp((x[i] - m) * inv_t) over a row: the sampler's heaviest loop. */
+    static inline void ll_exp_shift_f32(float *x, ptrdiff_t n, float m, float inv_t) {
+        for (ptrdiff_t i = 0; i < n; i++) x[i] = ll_exp_f32((x[i] - m) * inv_t);
+    }
+    /* Buckets of a value in [0, 1] by its top 12 bits (exponent + 3 mantissa bits): order-
+       preserving, so a bucket's floor bounds every value in it from below. */
+    static inline int ll_bucket(float v) {
+        union { float f; uint32_t u; } b; b.f = v; return (int)(b.u >> 20);
+    }
+    static inline float ll_bucket_floor(int bucket) {
+        union { uint32_t u; float f; } b; b.u = (uint32_t)bucket << 20; return b.f;
     }
     /* u in [0, 1) with 53 random bits, a pure function of (seed, step). */
     static inline double ll_uniform(uint64_t seed, uint64_t step) {
@@ -48,6 +85,10 @@ cdef extern from *:
     """
     uint64_t ll_splitmix64(uint64_t x) noexcept nogil
     double ll_uniform(uint64_t seed, uint64_t step) noexcept nogil
+    float ll_exp_f32(float x) noexcept nogil
+    void ll_exp_shift_f32(float *x, Py_ssize_t n, float m, float inv_t) noexcept nogil
+    int ll_bucket(float v) noexcept nogil
+    float ll_bucket_floor(int bucket) noexcept nogil
 
 # Columns of the per-sequence parameter arrays (sampler.py builds them).
 cdef enum:
@@ -73,6 +114,8 @@ cdef enum:
     COUNT_MASK = 0x3FFFFFFF
     SEEN_FLAG = 0x40000000  # a bit of the count scratch: repetition penalty already applied
 
+cdef enum:
+    NUM_BUCKETS = 1024   # ll_bucket of a value in [0, 1] is at most 0x3F800000 >> 20 = 1016
 cdef float GREEDY_EPS = 1e-5    # vLLM's threshold: below it the temperature means argmax
 
 
@@ -210,42 +253,111 @@ cdef Py_ssize_t _argmax(const float *x, Py_ssize_t n) noexcept nogil:
 
 cdef Py_ssize_t _sample_filtered(float *x, Py_ssize_t vocab, float temperature, int64_t top_k,
                                  float top_p, float min_p, double u, float *w) noexcept nogil:
-    """x [V] becomes w = exp((x - max) / T); returns the drawn token id."""
-    cdef Py_ssize_t i, n, best = _argmax(x, vocab)
-    cdef float m = x[best], inv_t = 1.0 / temperature, thr = 0.0, t2
+    """x [V] becomes w = exp((x - max) / T); returns the drawn token id. w [V] scratch holds
+    the candidates of top_k / top_p: values above a bucket floor that is known to lie below
+    the cut (from a 1024-bucket histogram of the row), so the selections run on few values."""
+    cdef Py_ssize_t i, n = 0, best = _argmax(x, vocab)
+    cdef float m = x[best], inv_t = 1.0 / temperature, thr = 0.0, t2, floor
     cdef double total, target, acc
+    cdef int bucket
+    cdef bint has_candidates = False
+    cdef int32_t counts[NUM_BUCKETS]
+    cdef double masses[NUM_BUCKETS]
     if m == -INFINITY:          # every token banned: nothing to draw from
         return best
-    for i in range(vocab):
-        x[i] = expf((x[i] - m) * inv_t)
+    ll_exp_shift_f32(x, vocab, m, inv_t)
     if 0 < top_k < vocab:
-        memcpy(w, x, vocab * sizeof(float))
-        thr = _kth_largest(w, vocab, top_k)
-    if top_p < 1.0:
-        n = 0
-        total = 0.0
+        memset(counts, 0, sizeof(counts))
         for i in range(vocab):
-            if x[i] >= thr:
-                w[n] = x[i]
-                total += x[i]
-                n += 1
+            counts[ll_bucket(x[i])] += 1
+        n = 0
+        bucket = NUM_BUCKETS - 1
+        while bucket > 0 and n + counts[bucket] < top_k:
+            n += counts[bucket]
+            bucket -= 1
+        n = _gather(x, vocab, ll_bucket_floor(bucket), w)      # >= top_k values
+        thr = _kth_largest(w, n, top_k)
+        n = _gather(w, n, thr, w)                               # ties with the k-th stay
+        has_candidates = True
+    if top_p < 1.0:
+        if has_candidates:
+            total = 0.0
+            for i in range(n):
+                total += w[i]
+        else:
+            memset(masses, 0, sizeof(masses))
+            for i in range(vocab):
+                masses[ll_bucket(x[i])] += x[i]
+            total = 0.0
+            for bucket in range(NUM_BUCKETS):
+                total += masses[bucket]
+            acc = 0.0
+            bucket = NUM_BUCKETS - 1
+            while bucket > 0 and acc + masses[bucket] < top_p * total:
+                acc += masses[bucket]
+                bucket -= 1
+            # one bucket lower than needed: a margin far above any rounding of the sums
+            n = _gather(x, vocab, ll_bucket_floor(bucket - 1 if bucket > 0 else 0), w)
         t2 = _top_p_threshold(w, n, top_p * total)
         if t2 > thr:
             thr = t2
     if min_p > thr:             # w of the best token is 1, so min_p * p_max is min_p
         thr = min_p
-    total = 0.0
-    for i in range(vocab):
-        if x[i] >= thr:
-            total += x[i]
+    return _draw(x, vocab, thr, u, masses, best)
+
+
+cdef Py_ssize_t _draw(const float *w, Py_ssize_t vocab, float thr, double u,
+                      double *block_mass, Py_ssize_t fallback) noexcept nogil:
+    """First id whose running mass over {w >= thr} exceeds u * total. Two passes: block
+    sums (4 independent accumulators, so not one long dependent chain of adds), then a
+    walk over the blocks and inside the block where the running mass crosses the target.
+    block_mass holds NUM_BUCKETS doubles."""
+    cdef Py_ssize_t block = 256, num_blocks, blk, i, start, end
+    cdef double a0, a1, a2, a3, total = 0.0, target, acc = 0.0
+    cdef float v
+    while block * NUM_BUCKETS < vocab:
+        block *= 2
+    num_blocks = (vocab + block - 1) // block
+    for blk in range(num_blocks):
+        start = blk * block
+        end = start + block if start + block < vocab else vocab
+        a0 = a1 = a2 = a3 = 0.0
+        i = start
+        while i + 4 <= end:
+            a0 += w[i] if w[i] >= thr else 0.0
+            a1 += w[i + 1] if w[i + 1] >= thr else 0.0
+            a2 += w[i + 2] if w[i + 2] >= thr else 0.0
+            a3 += w[i + 3] if w[i + 3] >= thr else 0.0
+            i += 4
+        while i < end:
+            a0 += w[i] if w[i] >= thr else 0.0
+            i += 1
+        block_mass[blk] = (a0 + a1) + (a2 + a3)
+        total += block_mass[blk]
     target = u * total
-    acc = 0.0
-    for i in range(vocab):
-        if x[i] >= thr:
-            acc += x[i]
-            if acc > target:
-                return i
-    return best                 # only if rounding left target unreached: the mode is kept anyway
+    for blk in range(num_blocks):
+        if acc + block_mass[blk] <= target:
+            acc += block_mass[blk]
+            continue
+        start = blk * block
+        end = start + block if start + block < vocab else vocab
+        for i in range(start, end):
+            v = w[i]
+            if v >= thr:
+                acc += v
+                if acc > target:
+                    return i
+    return fallback             # only if rounding left target unreached: the mode is kept anyway
+
+
+cdef inline Py_ssize_t _gather(const float *src, Py_ssize_t n, float lower, float *dst) noexcept nogil:
+    """dst <- the values of src [n] that are >= lower, in order; dst may be src."""
+    cdef Py_ssize_t i, k = 0
+    for i in range(n):
+        if src[i] >= lower:
+            dst[k] = src[i]
+            k += 1
+    return k
 
 
 cdef inline float _median3(float a, float b, float c) noexcept nogil:
