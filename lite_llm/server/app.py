@@ -151,6 +151,7 @@ class _DisconnectWatch:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    default_request_version = "HTTP/1.1"   # so even a garbled request line gets a JSON error
     server_version = f"lite-llm/{__version__}"
     sys_version = ""
     disable_nagle_algorithm = True      # SSE chunks are small and latency matters
@@ -194,6 +195,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_OPTIONS(self) -> None:
         self._dispatch("OPTIONS")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("do_"):        # any other method: 405 on a known route, else 404
+            return lambda: self._dispatch(name[3:])
+        raise AttributeError(name)
+
+    def version_string(self) -> str:
+        return self.server_version
 
     @property
     def state(self) -> ServerState:
@@ -583,7 +592,7 @@ class LiteServer(ThreadingHTTPServer):
 
     def start(self) -> threading.Thread:
         """Serve on a daemon thread (tests, embedding); returns the thread."""
-        t = threading.Thread(target=self.serve_forever, name="lite-llm-http", daemon=True)
+        t = threading.Thread(target=self.serve_forever, args=(0.05,), name="lite-llm-http", daemon=True)
         t.start()
         return t
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from lite_llm.sampling_params import MAX_LOGPROBS, SamplingParams
 
 MAX_PROMPTS = 256           # prompts in one completions request (each is one engine request)
 MAX_N = 128                 # completions per prompt
+MAX_COMPLETIONS = 1024      # prompts x n in one request
 MAX_STOP = 16               # stop strings per request
 MAX_STOP_LEN = 512          # characters per stop string
 _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
@@ -82,7 +84,31 @@ def parse_json(body: bytes) -> dict:
         raise bad(f"request body is not valid JSON: {e}") from None
     if not isinstance(value, dict):
         raise bad("request body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(body) and not _all_text_encodable(value):
+        raise bad("request body has a string with an unpaired UTF-16 surrogate (\\uD800-\\uDFFF)")
     return value
+
+
+# Unpaired surrogates can only arrive as \uD8xx-style escapes (raw UTF-8 cannot carry them); the
+# tokenizer and the response encoder both reject them, so they are refused up front.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _all_text_encodable(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return True
 
 
 def _is_int(x: Any) -> bool:
@@ -295,6 +321,8 @@ def prepare_completion(body: dict, ctx: ServingContext) -> PreparedRequest:
         raise bad("'echo' together with 'logprobs' (prompt logprobs) is not supported", "echo")
     add_special = get_bool(body, "add_special_tokens", True)
     prompts = _completion_prompts(body.get("prompt"), ctx, add_special)
+    if len(prompts) * kw["n"] > MAX_COMPLETIONS:
+        raise bad(f"at most {MAX_COMPLETIONS} completions (prompts x n) per request", "n")
     requested = get_int(body, "max_tokens", 1, 2 ** 31 - 1)
     # One SamplingParams for every prompt: max_tokens must fit the longest one.
     longest = max(len(p.token_ids) for p in prompts)
@@ -322,7 +350,7 @@ def _completion_prompts(prompt: Any, ctx: ServingContext, add_special: bool) -> 
     out = []
     for item in items:
         if isinstance(item, str):
-            ids = ctx.tokenizer.encode(item, add_special_tokens=add_special)
+            ids = _encode(ctx, item, add_special_tokens=add_special)
             text = item
         elif isinstance(item, list):
             ids = _token_ids(item, ctx.vocab_size, "prompt")
@@ -336,6 +364,13 @@ def _completion_prompts(prompt: Any, ctx: ServingContext, add_special: bool) -> 
                       f"prompt has {len(ids)} tokens.", "prompt")
         out.append(Prompt(text, list(ids)))
     return out
+
+
+def _encode(ctx: ServingContext, text: str, add_special_tokens: bool) -> list[int]:
+    try:
+        return list(ctx.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+    except Exception as e:        # the tokenizer refusing a text is the text's fault
+        raise bad(f"cannot tokenize the prompt: {e}", "prompt") from None
 
 
 def _sampling_params(kw: dict) -> SamplingParams:
@@ -365,7 +400,7 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
         raise bad("'chat_template' must be a string", "chat_template")
     text = render_chat(ctx, messages, add_generation_prompt, template)
     # The template already places BOS and friends: no second BOS (vLLM's default for chat).
-    ids = ctx.tokenizer.encode(text, add_special_tokens=get_bool(body, "add_special_tokens", False))
+    ids = _encode(ctx, text, add_special_tokens=get_bool(body, "add_special_tokens", False))
     if not ids:
         raise bad("the rendered chat prompt is empty (no tokens)", "messages")
     if len(ids) >= ctx.max_model_len:
@@ -583,11 +618,11 @@ def tokenize(body: dict, ctx: ServingContext) -> dict:
             raise bad("'chat_template' must be a string", "chat_template")
         text = render_chat(ctx, parse_messages(body["messages"]),
                            get_bool(body, "add_generation_prompt", True), template)
-        ids = ctx.tokenizer.encode(text, add_special_tokens=get_bool(body, "add_special_tokens", False))
+        ids = _encode(ctx, text, add_special_tokens=get_bool(body, "add_special_tokens", False))
     else:
         if not isinstance(body["prompt"], str):
             raise bad("'prompt' must be a string", "prompt")
-        ids = ctx.tokenizer.encode(body["prompt"],
+        ids = _encode(ctx, body["prompt"],
                                    add_special_tokens=get_bool(body, "add_special_tokens", True))
     strs = ctx.tokenizer.convert_ids_to_tokens(ids) if get_bool(body, "return_token_strs", False) else None
     return {"count": len(ids), "max_model_len": ctx.max_model_len, "tokens": list(ids),
