@@ -1,0 +1,336 @@
+"""LLMEngine: the synchronous step loop (schedule -> runner -> update -> outputs).
+
+The engine turns user requests into scheduler Requests (n > 1 fans out into n of them),
+runs one scheduler step per step() through the model runner, detokenizes new tokens,
+applies stop strings, and builds vLLM-shaped RequestOutputs. It is not thread-safe: one
+thread owns it (async_engine.py runs it on its engine thread; LLM.generate drives it
+directly). The model math lives in runner.py; KV block bookkeeping in kv_cache.py.
+
+Runner protocol (duck-typed):
+    runner.execute(sched_out: SchedulerOutput) -> list[SampleResult | None]
+        aligned with sched_out.chunks; None where chunk.sample is False. Within one step
+        a chunk may read KV slots another chunk of the same step writes (prefix-cache hit
+        on a block published this step), so all new KV of a layer is written before that
+        layer's attention reads any.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from lite_llm.engine.detokenizer import IncrementalDetokenizer, find_stop, stop_holdback
+from lite_llm.engine.kv_cache import KVCacheManager
+from lite_llm.engine.request import Request, RequestStatus, SampleResult
+from lite_llm.engine.scheduler import Scheduler, SchedulerOutput
+from lite_llm.engine.stats import EngineStats, FinishedRequestRecord, StatsCollector
+from lite_llm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from lite_llm.sampling_params import SamplingParams
+
+_MAX_SEED = 2**63 - 1
+
+
+class ModelRunner(Protocol):
+    def execute(self, sched_out: SchedulerOutput) -> list[SampleResult | None]: ...
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048       # token budget per step (chunked prefill splits prompts)
+    block_size: int = 16                     # tokens per KV block
+    num_blocks: int = 1024                   # KV blocks the runner allocates
+    enable_prefix_caching: bool = True
+    max_model_len: int = 2048                # prompt + output tokens per sequence
+    seed: int = 0                            # draws the seed of requests that give none
+    eos_token_ids: tuple[int, ...] = ()
+    scheduling_policy: str = "fcfs"          # "fcfs" | "priority" (lower value first)
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks",
+                     "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', "
+                             f"got {self.scheduling_policy!r}")
+
+    @property
+    def effective_max_model_len(self) -> int:
+        """max_model_len capped by the KV cache: one sequence alone always fits."""
+        return min(self.max_model_len, self.num_blocks * self.block_size)
+
+
+class _Completion:
+    """Text state of one child request: detokenizer, visible text, what was streamed."""
+
+    def __init__(self, request: Request, tokenizer: Any):
+        params = request.sampling_params
+        self.request = request
+        self.detokenizer = None
+        if tokenizer is not None and params.detokenize:
+            self.detokenizer = IncrementalDetokenizer(
+                tokenizer, request.prompt_token_ids, skip_special_tokens=params.skip_special_tokens)
+        self.text = ""
+        # a stop string may be arriving: keep its possible beginning out of streamed text
+        self.stop_strings = params.stop if not params.include_stop_str_in_output else []
+        self.num_sent_tokens = 0
+        self.num_sent_chars = 0
+        self.sent_finished = False
+
+    def visible_text(self) -> str:
+        if self.request.is_finished or not self.stop_strings:
+            return self.text
+        hold = stop_holdback(self.text, self.stop_strings)
+        return self.text[:max(self.num_sent_chars, len(self.text) - hold)]
+
+
+class _Group:
+    """A user request: its n child Requests and their completions."""
+
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                 children: list[Request], tokenizer: Any):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_token_ids
+        self.children = children
+        self.completions = [_Completion(child, tokenizer) for child in children]
+
+    @property
+    def is_finished(self) -> bool:
+        return all(child.is_finished for child in self.children)
+
+
+class LLMEngine:
+    def __init__(self, runner: ModelRunner, tokenizer: Any, config: EngineConfig):
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.config = config
+        self.max_model_len = config.effective_max_model_len
+        self.kv_cache_manager = KVCacheManager(config.num_blocks, config.block_size,
+                                               config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv_cache_manager, max_num_seqs=config.max_num_seqs,
+                                   max_num_batched_tokens=config.max_num_batched_tokens,
+                                   max_model_len=self.max_model_len,
+                                   policy=config.scheduling_policy)
+        self._rng = np.random.default_rng(config.seed)
+        self._groups: dict[str, _Group] = {}
+        self._stats = StatsCollector()
+
+    # ---- requests in ----------------------------------------------------------------------
+
+    def validate_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams) -> None:
+        """Raise ValueError if the request can never run; reads only config (thread-safe)."""
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        if len(prompt_token_ids) > self.max_model_len:
+            raise ValueError(f"the prompt has {len(prompt_token_ids)} tokens, more than the "
+                             f"maximum model length of {self.max_model_len}")
+        if sampling_params.n > self.config.max_num_seqs:
+            raise ValueError(f"n={sampling_params.n} is more than max_num_seqs="
+                             f"{self.config.max_num_seqs}")
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    sampling_params: SamplingParams, prompt: str | None = None,
+                    arrival_time: float | None = None, priority: int = 0) -> None:
+        """Queue a request. arrival_time is time.monotonic() based (now if None)."""
+        if request_id in self._groups:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self.validate_request(prompt_token_ids, sampling_params)
+        params = sampling_params.clone()     # later edits by the caller must not reach us
+        n = params.n
+        child_ids = [request_id] if n == 1 else [f"{i}_{request_id}" for i in range(n)]
+        for child_id in child_ids:
+            if child_id in self.scheduler.requests:
+                raise ValueError(f"request id {child_id!r} is already in use")
+        base_seed = params.seed if params.seed is not None else int(self._rng.integers(_MAX_SEED))
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        prompt_token_ids = list(prompt_token_ids)
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len
+        children = [Request(child_id, prompt_token_ids, params, base_seed + i, prompt=prompt,
+                            arrival_time=arrival, priority=priority,
+                            eos_token_ids=self.config.eos_token_ids, max_tokens=max_tokens,
+                            parent_id=request_id, index=i)
+                    for i, child_id in enumerate(child_ids)]
+        self._groups[request_id] = _Group(request_id, prompt, prompt_token_ids, children,
+                                          self.tokenizer)
+        for child in children:
+            self.scheduler.add_request(child)
+
+    def abort_request(self, request_ids: str | Iterable[str], delta: bool = False
+                      ) -> list[RequestOutput]:
+        """Finish requests with "abort" now (blocks freed at once); returns their final outputs.
+        Unknown or already finished ids are ignored."""
+        outputs = []
+        for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
+            group = self._groups.get(rid)
+            if group is None:
+                continue
+            live = [c.request_id for c in group.children if not c.is_finished]
+            for request in self.scheduler.finish_requests(live, RequestStatus.FINISHED_ABORTED):
+                self._record_finished(request)
+            outputs.append(self._make_output(group, delta))
+            del self._groups[rid]
+        return outputs
+
+    # ---- one step -------------------------------------------------------------------------
+
+    def step(self, delta: bool = False) -> list[RequestOutput]:
+        """Run one scheduler step. Returns an output for each request that got tokens or
+        finished: cumulative, or (delta=True) only what is new since the last output."""
+        touched: dict[str, _Group] = {}
+        sched_out = self.scheduler.schedule()
+        for request in self.scheduler.take_finished_in_schedule():
+            self._record_finished(request)
+            touched[request.parent_id] = self._groups[request.parent_id]
+        results = self.runner.execute(sched_out) if sched_out.chunks else []
+        now = time.monotonic()
+        for request, result in self.scheduler.update_from_output(sched_out, results):
+            self._process_sample(request, result, now)
+            touched[request.parent_id] = self._groups[request.parent_id]
+        self._stats.num_steps_total += 1
+        outputs = []
+        for rid, group in touched.items():
+            out = self._make_output(group, delta)
+            if out.outputs or out.finished:
+                outputs.append(out)
+            if group.is_finished:
+                del self._groups[rid]
+        return outputs
+
+    def _process_sample(self, request: Request, result: SampleResult, now: float) -> None:
+        params = request.sampling_params
+        metrics = request.metrics
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
+            self._stats.prompt_tokens_total += request.num_prompt_tokens
+        metrics.last_token_time = now
+        self._stats.generation_tokens_total += 1
+        token_id = result.token_id
+        if request.logprobs is not None:
+            request.logprobs.append(self._logprob_entry(result))
+            if result.logprob is not None:
+                request.cumulative_logprob += result.logprob
+        comp = self._groups[request.parent_id].completions[request.index]
+        stopped_by_token = request.status == RequestStatus.FINISHED_STOPPED
+        if comp.detokenizer is not None and not (stopped_by_token
+                                                 and not params.include_stop_str_in_output):
+            new_text = comp.detokenizer.add(token_id)
+            comp.text = comp.detokenizer.text
+            if (params.stop and not request.is_finished and new_text
+                    and request.num_output_tokens > params.min_tokens):
+                match = find_stop(comp.text, len(new_text), params.stop,
+                                  params.include_stop_str_in_output)
+                if match is not None:
+                    stop_str, truncate_to = match
+                    comp.text = comp.text[:truncate_to]
+                    request.stop_reason = stop_str
+                    self.scheduler.finish_requests(request.request_id, RequestStatus.FINISHED_STOPPED)
+        if request.is_finished:
+            self._record_finished(request)
+
+    def _logprob_entry(self, result: SampleResult) -> dict[int, Logprob]:
+        """token id -> Logprob for one generated token: the sampled one first, then the top ones."""
+        top = result.top_logprobs or []
+        rank = result.rank
+        if rank is None:
+            rank = next((r for r, (t, _) in enumerate(top, start=1) if t == result.token_id), None)
+        logprob = result.logprob if result.logprob is not None else float("nan")
+        entry = {result.token_id: Logprob(logprob, rank, self._decode_token(result.token_id))}
+        for r, (token_id, lp) in enumerate(top, start=1):
+            if token_id not in entry:
+                entry[token_id] = Logprob(lp, r, self._decode_token(token_id))
+        return entry
+
+    def _decode_token(self, token_id: int) -> str | None:
+        if self.tokenizer is None:
+            return None
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    # ---- outputs --------------------------------------------------------------------------
+
+    def _make_output(self, group: _Group, delta: bool) -> RequestOutput:
+        completions = []
+        for comp in group.completions:
+            request = comp.request
+            text = comp.visible_text()
+            if not delta:
+                completions.append(CompletionOutput(
+                    request.index, text, list(request.output_token_ids), request.cumulative_logprob,
+                    list(request.logprobs) if request.logprobs is not None else None,
+                    request.finish_reason, request.stop_reason))
+                continue
+            num_tokens = request.num_output_tokens
+            newly_finished = request.is_finished and not comp.sent_finished
+            if num_tokens == comp.num_sent_tokens and len(text) == comp.num_sent_chars \
+                    and not newly_finished:
+                continue
+            completions.append(CompletionOutput(
+                request.index, text[comp.num_sent_chars:],
+                request.output_token_ids[comp.num_sent_tokens:], request.cumulative_logprob,
+                request.logprobs[comp.num_sent_tokens:] if request.logprobs is not None else None,
+                request.finish_reason, request.stop_reason))
+            comp.num_sent_tokens, comp.num_sent_chars = num_tokens, len(text)
+            comp.sent_finished = request.is_finished
+        first = group.children[0]
+        return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, completions,
+                             finished=group.is_finished, metrics=self._group_metrics(group),
+                             num_cached_tokens=max(first.num_cached_tokens, 0))
+
+    @staticmethod
+    def _group_metrics(group: _Group) -> RequestMetrics:
+        if len(group.children) == 1:
+            return dataclasses.replace(group.children[0].metrics)
+        ms = [c.metrics for c in group.children]
+
+        def pick(values, fn):
+            values = [v for v in values if v is not None]
+            return fn(values) if values else None
+
+        finished = [m.finished_time for m in ms]
+        return RequestMetrics(
+            arrival_time=ms[0].arrival_time,
+            first_scheduled_time=pick([m.first_scheduled_time for m in ms], min),
+            first_token_time=pick([m.first_token_time for m in ms], min),
+            last_token_time=pick([m.last_token_time for m in ms], max),
+            finished_time=max(finished) if None not in finished else None,
+            num_preemptions=sum(m.num_preemptions for m in ms))
+
+    # ---- state and stats ------------------------------------------------------------------
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._groups)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self._groups)
+
+    @property
+    def unfinished_request_ids(self) -> list[str]:
+        return list(self._groups)
+
+    def _record_finished(self, request: Request) -> None:
+        m = request.metrics
+        finished = m.finished_time if m.finished_time is not None else time.monotonic()
+        tpot = None
+        if m.first_token_time is not None and request.num_output_tokens > 1:
+            tpot = (m.last_token_time - m.first_token_time) / (request.num_output_tokens - 1)
+        self._stats.record_finished(FinishedRequestRecord(
+            request_id=request.request_id, finish_reason=request.finish_reason,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_generation_tokens=request.num_output_tokens,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            num_preemptions=request.num_preemptions,
+            queue_time=None if m.first_scheduled_time is None else m.first_scheduled_time - m.arrival_time,
+            ttft=None if m.first_token_time is None else m.first_token_time - m.arrival_time,
+            tpot=tpot, e2e=finished - m.arrival_time))
+
+    def stats(self) -> EngineStats:
+        kv = self.kv_cache_manager
+        return self._stats.snapshot(
+            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+            num_preempted_total=self.scheduler.num_preemptions_total, kv_cache_usage=kv.usage,
+            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits)

@@ -1,0 +1,436 @@
+"""LLMEngine and AsyncEngine over the KV-checking FakeRunner.
+
+The fake's next token is a pure function of a sequence's tokens (and seed when sampling),
+so every way of scheduling the same requests (alone, in a batch of 64, under a tiny cache
+that preempts, in 64-token prefill chunks, with prefix-cache hits) must give identical
+outputs, while the fake checks every slot each step.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from fake_runner import FakeRunner, next_token
+
+from lite_llm.engine.async_engine import (AsyncEngine, EngineDeadError, EngineShutdownError,
+                                          QueueFullError)
+from lite_llm.engine.engine import EngineConfig, LLMEngine
+from lite_llm.outputs import RequestOutput
+from lite_llm.sampling_params import SamplingParams
+
+VOCAB = 50
+STREAM_TIMEOUT = 60.0       # only guards against a hang; never reached when the code works
+
+
+def make_engine(tokenizer=None, **overrides) -> tuple[LLMEngine, FakeRunner]:
+    cfg = dict(max_num_seqs=64, max_num_batched_tokens=2048, block_size=4, num_blocks=1024,
+               max_model_len=512, seed=7)
+    cfg.update(overrides)
+    config = EngineConfig(**cfg)
+    runner = FakeRunner(config.num_blocks, config.block_size, VOCAB,
+                        config.max_num_batched_tokens, config.max_num_seqs)
+    return LLMEngine(runner, tokenizer, config), runner
+
+
+def run_all(engine: LLMEngine, max_steps: int = 100_000) -> dict[str, RequestOutput]:
+    final = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests():
+            break
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = out
+    assert not engine.has_unfinished_requests()
+    kv = engine.kv_cache_manager
+    kv.block_pool.check()
+    assert kv.num_free_blocks == kv.num_blocks and not kv.block_tables   # nothing leaked
+    return final
+
+
+def workload(num: int = 64):
+    """Mixed lengths, shared prefixes (prefix-cache hits), greedy and seeded sampling."""
+    rng = np.random.default_rng(0)
+    system = [int(t) for t in rng.integers(1, VOCAB, 24)]
+    reqs = []
+    for i in range(num):
+        own = [int(t) for t in rng.integers(1, VOCAB, int(rng.integers(1, 60)))]
+        prompt = (system + own) if i % 3 else own
+        greedy = i % 2 == 0
+        params = SamplingParams(max_tokens=int(rng.integers(1, 24)), temperature=0.0 if greedy else 0.8,
+                                seed=None if greedy else 1000 + i, logprobs=1 if i % 5 == 0 else None,
+                                ignore_eos=i % 7 == 0)
+        reqs.append((f"req-{i}", prompt, params))
+    return reqs
+
+
+def summarize(out: RequestOutput):
+    c = out.outputs[0]
+    return (c.token_ids, c.finish_reason, c.stop_reason, c.cumulative_logprob,
+            None if c.logprobs is None else [{t: (lp.logprob, lp.rank) for t, lp in d.items()}
+                                              for d in c.logprobs])
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Each request alone in its own engine, prefix caching off."""
+    ref = {}
+    for rid, prompt, params in workload():
+        engine, _ = make_engine(enable_prefix_caching=False, eos_token_ids=(3,))
+        engine.add_request(rid, prompt, params)
+        ref[rid] = summarize(run_all(engine)[rid])
+    return ref
+
+
+@pytest.mark.parametrize("case", ["batch64", "tiny_cache_preempts", "chunked_budget_64",
+                                  "prefix_hits", "no_prefix_cache"])
+def test_same_outputs_however_scheduled(case, reference):
+    overrides = {
+        "batch64": {},
+        "tiny_cache_preempts": {"num_blocks": 48, "max_num_seqs": 16},   # 192 slots, 16 seqs
+        "chunked_budget_64": {"max_num_batched_tokens": 64},
+        "prefix_hits": {"max_num_seqs": 4},
+        "no_prefix_cache": {"enable_prefix_caching": False},
+    }[case]
+    engine, runner = make_engine(eos_token_ids=(3,), **overrides)
+    for rid, prompt, params in workload():
+        engine.add_request(rid, prompt, params)
+    final = run_all(engine)
+    assert {rid: summarize(out) for rid, out in final.items()} == reference
+    stats = engine.stats()
+    assert runner.max_step_seqs <= engine.config.max_num_seqs
+    assert runner.max_step_tokens <= engine.config.max_num_batched_tokens
+    if case == "batch64":
+        assert runner.max_step_seqs == 64
+    if case == "tiny_cache_preempts":
+        assert stats.num_preempted_total > 0
+        assert sum(out.metrics.num_preemptions for out in final.values()) == stats.num_preempted_total
+    if case == "chunked_budget_64":
+        assert runner.num_partial_prefills > 0
+    if case == "prefix_hits":
+        assert stats.prefix_cache_hits > 0
+        assert sum(out.num_cached_tokens for out in final.values()) > 0
+    if case == "no_prefix_cache":
+        assert stats.prefix_cache_queries == 0 and stats.prefix_cache_hits == 0
+    assert stats.kv_cache_usage == 0.0 and stats.num_running == 0 and stats.num_waiting == 0
+    assert sum(stats.request_success_total.values()) == 64 == stats.e2e.count
+    assert stats.generation_tokens_total == sum(len(out.outputs[0].token_ids) for out in final.values())
+    assert stats.prompt_tokens_total == sum(len(p) for _, p, _ in workload())
+
+
+def test_parallel_sampling_fans_out_with_derived_seeds_and_shares_prompt_blocks():
+    prompt = list(range(1, 30))
+    engine, _ = make_engine()
+    engine.add_request("par", prompt, SamplingParams(n=3, temperature=1.0, seed=42, max_tokens=12,
+                                                     ignore_eos=True))
+    out = run_all(engine)["par"]
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    assert engine.stats().prefix_cache_hits >= 2 * 28      # children reuse the prompt's blocks
+    for i, comp in enumerate(out.outputs):
+        alone, _ = make_engine(enable_prefix_caching=False)
+        alone.add_request("one", prompt, SamplingParams(temperature=1.0, seed=42 + i, max_tokens=12,
+                                                        ignore_eos=True))
+        assert comp.token_ids == run_all(alone)["one"].outputs[0].token_ids
+    assert len({tuple(c.token_ids) for c in out.outputs}) == 3
+
+
+def test_unseeded_requests_draw_seeds_from_the_engine_seed():
+    def tokens(engine_seed):
+        engine, _ = make_engine(seed=engine_seed)
+        for i in range(3):
+            engine.add_request(f"r{i}", [5, 6, 7], SamplingParams(temperature=1.0, max_tokens=8,
+                                                                  ignore_eos=True))
+        return [out.outputs[0].token_ids for out in sorted(run_all(engine).values(),
+                                                           key=lambda o: o.request_id)]
+    assert tokens(1) == tokens(1) != tokens(2)
+
+
+def greedy_tokens(prompt, n):
+    ids, out = list(prompt), []
+    for _ in range(n):
+        out.append(next_token(ids, None, VOCAB))
+        ids.append(out[-1])
+    return out
+
+
+def test_stop_conditions():
+    prompt = [11, 12, 13]
+    expected = greedy_tokens(prompt, 40)
+    eos = expected[5]
+    first = expected.index(eos)
+
+    def run(params, **cfg):
+        engine, _ = make_engine(eos_token_ids=(eos,), **cfg)
+        engine.add_request("r", prompt, params)
+        return run_all(engine)["r"].outputs[0]
+
+    out = run(SamplingParams(temperature=0.0, max_tokens=40))
+    assert out.token_ids == expected[:first + 1] and out.finish_reason == "stop"
+    assert out.stop_reason is None
+    out = run(SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    assert out.token_ids == expected and out.finish_reason == "length"
+    later = [i for i, t in enumerate(expected) if t == eos and i >= first + 2]
+    if later:      # min_tokens pushes the stop to the next EOS at or after min_tokens
+        out = run(SamplingParams(temperature=0.0, max_tokens=40, min_tokens=first + 2))
+        assert out.token_ids == expected[:later[0] + 1]
+    stop_tok = expected[3]
+    out = run(SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True,
+                             stop_token_ids=[stop_tok]))
+    assert out.token_ids == expected[:expected.index(stop_tok) + 1]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_tok
+    out = run(SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True), max_model_len=10)
+    assert out.token_ids == expected[:7] and out.finish_reason == "length"   # 3 + 7 = 10
+
+
+def test_invalid_requests_are_rejected():
+    engine, _ = make_engine(max_model_len=16)
+    with pytest.raises(ValueError):
+        engine.add_request("long", list(range(17)), SamplingParams())
+    with pytest.raises(ValueError):
+        engine.add_request("empty", [], SamplingParams())
+    engine.add_request("ok", [1, 2], SamplingParams())
+    with pytest.raises(ValueError):
+        engine.add_request("ok", [1, 2], SamplingParams())
+    # max_model_len is capped by the cache, so a lone request always fits
+    small, _ = make_engine(num_blocks=2, block_size=4, max_model_len=100)
+    with pytest.raises(ValueError):
+        small.add_request("big", list(range(9)), SamplingParams())
+    small.add_request("fits", list(range(1, 8)), SamplingParams(max_tokens=50, ignore_eos=True))
+    assert run_all(small)["fits"].outputs[0].finish_reason == "length"
+
+
+def test_abort_frees_blocks_at_once():
+    engine, _ = make_engine()
+    for i in range(4):
+        engine.add_request(f"r{i}", list(range(1, 40)), SamplingParams(max_tokens=100, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    kv = engine.kv_cache_manager
+    held = set(kv.block_tables["r2"]) - {b for rid, t in kv.block_tables.items() if rid != "r2" for b in t}
+    free_before = kv.num_free_blocks
+    (out,) = engine.abort_request("r2")
+    assert out.finished and out.outputs[0].finish_reason == "abort" and len(out.outputs[0].token_ids) == 3
+    assert "r2" not in kv.block_tables and kv.num_free_blocks == free_before + len(held)
+    assert engine.abort_request(["r2", "unknown"]) == []
+    engine.abort_request(["r0", "r1", "r3"])
+    assert not engine.has_unfinished_requests() and kv.num_free_blocks == kv.num_blocks
+    assert engine.stats().request_success_total == {"abort": 4}
+
+
+class CharTokenizer:
+    """Token t decodes to one letter; EOS (id 0) is special."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join("" if (t == 0 and skip_special_tokens) else chr(ord("a") + t % 26) for t in ids)
+
+
+def text_of(tokens):
+    return CharTokenizer().decode(tokens)
+
+
+def test_stop_strings_truncate_text_and_stream_never_leaks_them():
+    prompt = [1, 2, 3]
+    expected = greedy_tokens(prompt, 30)
+    full = text_of(expected)
+    stop = full[8:11]                         # appears first at index <= 8
+    cut = full.index(stop)
+    for include in (False, True):
+        engine, _ = make_engine(tokenizer=CharTokenizer())
+        engine.add_request("s", prompt, SamplingParams(temperature=0.0, max_tokens=30, stop=[stop],
+                                                       ignore_eos=True,
+                                                       include_stop_str_in_output=include))
+        streamed, final = "", None
+        while engine.has_unfinished_requests():
+            for out in engine.step(delta=True):
+                for comp in out.outputs:
+                    streamed += comp.text
+                    assert stop not in streamed or include
+                if out.finished:
+                    final = out.outputs[0]
+        assert final.finish_reason == "stop" and final.stop_reason == stop
+        want = full[:cut + len(stop)] if include else full[:cut]
+        assert streamed == want
+        assert final.text == want[len(streamed) - len(final.text):]   # last delta is a suffix
+
+
+def test_logprobs_carry_ranks_and_decoded_tokens():
+    engine, _ = make_engine(tokenizer=CharTokenizer())
+    engine.add_request("lp", [4, 5], SamplingParams(temperature=0.0, max_tokens=3, logprobs=1,
+                                                   ignore_eos=True))
+    comp = run_all(engine)["lp"].outputs[0]
+    assert len(comp.logprobs) == 3
+    for tok, entry in zip(comp.token_ids, comp.logprobs):
+        assert list(entry)[0] == tok and entry[tok].rank == 1
+        assert entry[tok].decoded_token == text_of([tok])
+    assert comp.cumulative_logprob == pytest.approx(sum(d[t].logprob for t, d in zip(comp.token_ids,
+                                                                                    comp.logprobs)))
+    assert comp.text == text_of(comp.token_ids)
+
+
+# ---- AsyncEngine --------------------------------------------------------------------------
+
+
+class GatedRunner(FakeRunner):
+    """A FakeRunner whose steps wait for permits, so tests decide when the engine moves on."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._cond = threading.Condition()
+        self._permits = 0          # steps allowed to start; -1: no gate any more
+        self.threads: set[int] = set()
+
+    def execute(self, sched_out):
+        with self._cond:
+            while self._permits == 0:
+                self._cond.wait()
+            if self._permits > 0:
+                self._permits -= 1
+        self.threads.add(threading.get_ident())
+        return super().execute(sched_out)
+
+    def open(self, n: int | None = None):
+        """Let n more steps run (all of them from now on if n is None)."""
+        with self._cond:
+            self._permits = -1 if n is None else self._permits + n
+            self._cond.notify_all()
+
+
+def make_async(gated: bool = False, max_queue=None, hook=None, **overrides):
+    cfg = dict(max_num_seqs=8, max_num_batched_tokens=256, block_size=4, num_blocks=512,
+               max_model_len=2000, seed=3)
+    cfg.update(overrides)
+    config = EngineConfig(**cfg)
+    runner = (GatedRunner if gated else FakeRunner)(config.num_blocks, config.block_size, VOCAB)
+    engine = LLMEngine(runner, CharTokenizer(), config)
+    ae = AsyncEngine(engine, max_queue=max_queue, on_engine_thread_start=hook)
+    ae.start()
+    return ae, runner
+
+
+def collect(stream) -> list[RequestOutput]:
+    stream.timeout = STREAM_TIMEOUT
+    return list(stream)
+
+
+def test_async_streams_deltas_that_add_up_to_the_sync_output():
+    hook_threads = []
+    ae, runner = make_async(gated=True, hook=lambda: hook_threads.append(threading.get_ident()))
+    runner.open()
+    reqs = [(f"a{i}", [i + 1] * (3 + i), SamplingParams(n=1 + i % 2, temperature=0.5, seed=i,
+                                                        max_tokens=5 + 3 * i, ignore_eos=True))
+            for i in range(6)]
+    results: dict[str, list[RequestOutput]] = {}
+
+    def client(rid, prompt, params):
+        results[rid] = collect(ae.add_request(rid, prompt, params))
+
+    threads = [threading.Thread(target=client, args=r) for r in reqs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ae.shutdown(grace_seconds=STREAM_TIMEOUT)
+    assert not ae.is_alive
+    assert runner.threads == set(hook_threads) and len(hook_threads) == 1   # one engine thread
+    sync, _ = make_engine(tokenizer=CharTokenizer(), max_num_seqs=8, num_blocks=512, max_model_len=2000)
+    for rid, prompt, params in reqs:
+        sync.add_request(rid, prompt, params)
+    final = run_all(sync)
+    for rid, prompt, params in reqs:
+        deltas = results[rid]
+        assert deltas[-1].finished and not any(d.finished for d in deltas[:-1])
+        for comp in final[rid].outputs:
+            parts = [c for d in deltas for c in d.outputs if c.index == comp.index]
+            assert sum((c.token_ids for c in parts), []) == comp.token_ids
+            assert "".join(c.text for c in parts) == comp.text == text_of(comp.token_ids)
+            assert parts[-1].finish_reason == "length"
+            assert all(c.finish_reason is None for c in parts[:-1])
+    stats = ae.stats()
+    assert stats.request_success_total == {"length": sum(p.n for _, _, p in reqs)}
+    assert stats.kv_cache_usage == 0.0
+
+
+def test_async_abort_from_another_thread_frees_blocks():
+    ae, runner = make_async(gated=True)
+    stream = ae.add_request("long", [1, 2, 3, 4, 5], SamplingParams(max_tokens=1000, ignore_eos=True))
+    stream.timeout = STREAM_TIMEOUT
+    runner.open(1)
+    first = next(stream)
+    assert len(first.outputs[0].token_ids) == 1 and not first.finished
+    assert ae.stats().kv_cache_usage > 0 and ae.stats().num_running == 1
+    aborter = threading.Thread(target=ae.abort, args=("long",))
+    aborter.start()
+    aborter.join()
+    runner.open()
+    rest = list(stream)
+    assert rest[-1].finished and rest[-1].outputs[0].finish_reason == "abort"
+    assert ae.engine.kv_cache_manager.num_free_blocks == 512    # freed, nothing leaked
+    ae.shutdown()
+    assert ae.stats().request_success_total == {"abort": 1} and ae.stats().kv_cache_usage == 0.0
+
+
+def test_async_queue_limit_and_shutdown_aborts_in_flight():
+    ae, runner = make_async(gated=True, max_queue=2, max_num_seqs=1)
+    first = ae.add_request("r0", [1, 2, 3], SamplingParams(max_tokens=1000, ignore_eos=True))
+    first.timeout = STREAM_TIMEOUT
+    runner.open(1)
+    next(first)                         # r0 runs; the engine now waits inside its next step
+    waiting = [ae.add_request(f"r{i}", [1, 2], SamplingParams(max_tokens=3, ignore_eos=True))
+               for i in (1, 2)]
+    with pytest.raises(QueueFullError):
+        ae.add_request("r3", [1, 2], SamplingParams())
+    with pytest.raises(ValueError):
+        ae.add_request("r1", [1, 2], SamplingParams())          # id in use
+    stopper = threading.Thread(target=ae.shutdown, args=(0.0,))
+    stopper.start()
+    while ae._accepting:    # shutdown() stops accepting before it waits for the engine thread
+        threading.Event().wait(0.001)
+    with pytest.raises(EngineShutdownError):
+        ae.add_request("late", [1], SamplingParams())
+    runner.open()
+    stopper.join()
+    assert not ae.is_alive
+    for stream in [first, *waiting]:
+        stream.timeout = STREAM_TIMEOUT
+        outs = list(stream)
+        assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort"
+    assert ae.engine.kv_cache_manager.num_free_blocks == 512
+
+
+def test_async_shutdown_with_grace_lets_requests_finish():
+    ae, _ = make_async()
+    stream = ae.add_request("g", [7, 8], SamplingParams(max_tokens=20, ignore_eos=True))
+    ae.shutdown(grace_seconds=STREAM_TIMEOUT)
+    stream.timeout = STREAM_TIMEOUT
+    outs = list(stream)
+    assert outs[-1].outputs[0].finish_reason == "length"
+    assert sum(len(c.token_ids) for o in outs for c in o.outputs) == 20
+
+
+def test_async_engine_failure_reaches_streams():
+    class Broken(FakeRunner):
+        def execute(self, sched_out):
+            raise RuntimeError("kernel exploded")
+
+    engine = LLMEngine(Broken(64, 4), None, EngineConfig(num_blocks=64, block_size=4))
+    ae = AsyncEngine(engine)
+    ae.start()
+    stream = ae.add_request("x", [1, 2], SamplingParams())
+    stream.timeout = STREAM_TIMEOUT
+    with pytest.raises(EngineDeadError) as info:
+        next(stream)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert not ae.is_alive
+    with pytest.raises(EngineDeadError):
+        ae.add_request("y", [1, 2], SamplingParams())
+
+
+def test_failing_thread_start_hook_is_reported_by_start():
+    engine, _ = make_engine()
+
+    def hook():
+        raise OSError("cannot bind threads")
+
+    with pytest.raises(EngineDeadError) as info:
+        AsyncEngine(engine, on_engine_thread_start=hook).start()
+    assert isinstance(info.value.__cause__, OSError)
