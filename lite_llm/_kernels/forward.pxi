@@ -1,0 +1,296 @@
+# The whole model for one engine step, in ONE nogil call: every layer, OpenMP inside each op,
+# no Python between ops. Model holds pointers into the packed weights and the KV cache;
+# Workspace holds activations sized once for the largest step.
+
+cdef struct LayerW:
+    const float *attn_norm_w      # [E]
+    const float *attn_norm_b      # [E] LayerNorm only
+    const float *q_norm_w         # [D] qk_norm only
+    const float *k_norm_w         # [D]
+    const float *mlp_norm_w       # [E]
+    const float *mlp_norm_b       # [E]
+    Mat qkv                       # [(H + 2 Hkv) D, E]
+    Mat o                         # [E, H D]
+    Mat up                        # [2F, E] gate then up rows (gated), or [F, E]
+    Mat down                      # [E, F]
+    void *k_cache                 # [num_blocks, Hkv, B, D]
+    void *v_cache
+
+
+cdef struct ModelC:
+    LayerW *layers
+    Mat embed, lm_head
+    const float *pos_embed        # [P, E] learned positions or NULL
+    const float *final_norm_w
+    const float *final_norm_b
+    const float *rope_cos         # [P, D/2]
+    const float *rope_sin
+    int num_layers, dim, ffn_dim, vocab_size, num_heads, num_kv_heads, head_dim
+    int block_size, num_blocks, sliding_window, max_positions
+    int rms, act, gated, use_rope, qk_norm, kv_bf16
+    float eps, scale
+
+
+cdef struct WorkC:
+    float *x        # [T, E] residual stream
+    float *h        # [max(T, R), E] normalised rows
+    float *qkv      # [T, (H + 2 Hkv) D]
+    float *attn     # [T, H D]
+    float *mlp      # [T, 2F or F]
+    float *act      # [T, F]
+    float *scores   # [num_threads, B]
+    uint32_t *xb    # [max(T, R), max_k / 2 + 1] bf16 pairs of the next GEMM input
+
+
+cdef Mat _mat(dict tensors, str name, str dtype, list keep) except *:
+    cdef Mat m
+    w = tensors[name + ".weight"]
+    n, k = tensors[name + ".shape"]
+    m.w = _ptr(w)
+    bias = tensors.get(name + ".bias")
+    m.bias = <const float *>_ptr(bias) if bias is not None else NULL
+    m.n, m.k, m.num_panels, m.wtype = n, k, w.shape[0], WTYPES[dtype]
+    keep.append(w)
+    keep.append(bias)
+    return m
+
+
+cdef const float *_vec(dict tensors, str name, list keep) except? NULL:
+    a = tensors.get(name)
+    if a is None:
+        return NULL
+    if a.dtype != np.float32:
+        raise ValueError(f"{name}: expected float32, got {a.dtype}")
+    keep.append(a)
+    return <const float *>_ptr(a)
+
+
+cdef class Model:
+    """Pointers to one loaded model's packed weights and KV cache, for forward().
+
+    tensors: canonical names (lite_llm/model/__init__.py) with 2-D weights already packed
+    (layout.pack) and their logical [N, K] under "<name>.shape"; "embed" is packed like a
+    weight (the tied lm_head streams it), rows are gathered from the panels."""
+    cdef ModelC c
+    cdef list keep
+
+    def __cinit__(self):
+        self.c.layers = NULL
+
+    def __init__(self, dict cfg, dict tensors, list k_caches, list v_caches, rope_cos, rope_sin):
+        cdef int i
+        cdef str p, dtype = cfg["dtype"]
+        self.keep = []
+        self.c.num_layers, self.c.dim, self.c.ffn_dim = cfg["num_layers"], cfg["dim"], cfg["ffn_dim"]
+        self.c.vocab_size, self.c.num_heads, self.c.num_kv_heads = cfg["vocab_size"], cfg["num_heads"], cfg["num_kv_heads"]
+        self.c.head_dim, self.c.eps = cfg["head_dim"], cfg["norm_eps"]
+        self.c.rms, self.c.act, self.c.gated = cfg["norm"] == "rms", ACTIVATIONS[cfg["act"]], cfg["gated_mlp"]
+        self.c.use_rope, self.c.qk_norm = cfg["rope"], cfg["qk_norm"]
+        self.c.sliding_window = cfg.get("sliding_window") or 0
+        self.c.scale = cfg.get("attn_scale") or self.c.head_dim ** -0.5
+        if self.c.head_dim % 16 or self.c.head_dim > LL_MAX_HEAD_DIM:
+            raise ValueError(f"head_dim {self.c.head_dim} unsupported: must be a multiple of 16, at most {LL_MAX_HEAD_DIM}")
+        if len(k_caches) != self.c.num_layers or len(v_caches) != self.c.num_layers:
+            raise ValueError("one K and one V cache per layer")
+        kc = k_caches[0]
+        self.c.num_blocks, self.c.block_size = kc.shape[0], kc.shape[2]
+        if kc.shape[1] != self.c.num_kv_heads or kc.shape[3] != self.c.head_dim:
+            raise ValueError(f"KV cache {kc.shape} does not fit the model")
+        self.c.kv_bf16 = kc.dtype == np.uint16
+        self.c.layers = <LayerW *>calloc(self.c.num_layers, sizeof(LayerW))
+        for i in range(self.c.num_layers):
+            p = f"layers.{i}."
+            self.c.layers[i].attn_norm_w = _vec(tensors, p + "attn_norm.weight", self.keep)
+            self.c.layers[i].attn_norm_b = _vec(tensors, p + "attn_norm.bias", self.keep)
+            self.c.layers[i].mlp_norm_w = _vec(tensors, p + "mlp_norm.weight", self.keep)
+            self.c.layers[i].mlp_norm_b = _vec(tensors, p + "mlp_norm.bias", self.keep)
+            self.c.layers[i].q_norm_w = _vec(tensors, p + "q_norm.weight", self.keep)
+            self.c.layers[i].k_norm_w = _vec(tensors, p + "k_norm.weight", self.keep)
+            self.c.layers[i].qkv = _mat(tensors, p + "qkv", dtype, self.keep)
+            self.c.layers[i].o = _mat(tensors, p + "o", dtype, self.keep)
+            self.c.layers[i].up = _mat(tensors, p + ("gate_up" if self.c.gated else "up"), dtype, self.keep)
+            self.c.layers[i].down = _mat(tensors, p + "down", dtype, self.keep)
+            if k_caches[i].shape != kc.shape or v_caches[i].shape != kc.shape or k_caches[i].dtype != kc.dtype:
+                raise ValueError("all KV caches must have one shape and dtype")
+            self.c.layers[i].k_cache = <void *>_ptr(k_caches[i])
+            self.c.layers[i].v_cache = <void *>_ptr(v_caches[i])
+            self.keep += [k_caches[i], v_caches[i]]
+        self.c.embed = _mat(tensors, "embed", dtype, self.keep)
+        self.c.lm_head = _mat(tensors, "lm_head" if "lm_head.weight" in tensors else "embed", dtype, self.keep)
+        self.c.pos_embed = _vec(tensors, "pos_embed", self.keep)
+        self.c.final_norm_w = _vec(tensors, "final_norm.weight", self.keep)
+        self.c.final_norm_b = _vec(tensors, "final_norm.bias", self.keep)
+        self.c.max_positions = cfg["max_positions"]
+        self.c.rope_cos = self.c.rope_sin = NULL
+        if self.c.use_rope:
+            if rope_cos.shape != (self.c.max_positions, self.c.head_dim // 2) or rope_sin.shape != rope_cos.shape:
+                raise ValueError(f"rope tables {rope_cos.shape} do not fit")
+            self.c.rope_cos = _vec({"c": rope_cos}, "c", self.keep)
+            self.c.rope_sin = _vec({"s": rope_sin}, "s", self.keep)
+        elif self.c.pos_embed is NULL or tensors["pos_embed"].shape[0] < self.c.max_positions:
+            raise ValueError("a model without rope needs pos_embed with max_positions rows")
+
+    def __dealloc__(self):
+        free(self.c.layers)
+
+
+    @property
+    def num_blocks(self):
+        return self.c.num_blocks
+
+    @property
+    def block_size(self):
+        return self.c.block_size
+
+    @property
+    def vocab_size(self):
+        return self.c.vocab_size
+
+
+cdef class Workspace:
+    """Activation buffers for steps of up to max_tokens tokens and max_rows logits rows."""
+    cdef readonly int max_tokens, max_rows, num_threads
+    cdef WorkC c
+    cdef list keep
+
+    def __init__(self, Model m, int max_tokens, int max_rows, int num_threads):
+        from lite_llm._kernels.layout import aligned_zeros
+        cdef ModelC *mc = &m.c
+        cdef int qkv_n = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
+        cdef int up_n = mc.ffn_dim * (2 if mc.gated else 1)
+        cdef int max_k = max(mc.dim, mc.ffn_dim, mc.num_heads * mc.head_dim)
+        self.max_tokens, self.max_rows, self.num_threads = max_tokens, max_rows, num_threads
+        bufs = [aligned_zeros((max_tokens, mc.dim), np.float32),
+                aligned_zeros((max(max_tokens, max_rows), mc.dim), np.float32),
+                aligned_zeros((max_tokens, qkv_n), np.float32),
+                aligned_zeros((max_tokens, mc.num_heads * mc.head_dim), np.float32),
+                aligned_zeros((max_tokens, up_n), np.float32),
+                aligned_zeros((max_tokens, mc.ffn_dim), np.float32),
+                aligned_zeros((max(num_threads, 1), mc.block_size), np.float32),
+                aligned_zeros((max(max_tokens, max_rows), (max_k + 1) // 2 + 1), np.uint32)]
+        self.keep = bufs
+        self.c.x, self.c.h, self.c.qkv = <float *>_ptr(bufs[0]), <float *>_ptr(bufs[1]), <float *>_ptr(bufs[2])
+        self.c.attn, self.c.mlp, self.c.act = <float *>_ptr(bufs[3]), <float *>_ptr(bufs[4]), <float *>_ptr(bufs[5])
+        self.c.scores, self.c.xb = <float *>_ptr(bufs[6]), <uint32_t *>_ptr(bufs[7])
+
+    @property
+    def hidden(self):
+        """The residual stream [max_tokens, E] after the last forward (tests)."""
+        return self.keep[0]
+
+
+def forward(Model m, Workspace ws,
+            const int32_t[::1] token_ids,      # IN [T]
+            const int32_t[::1] positions,      # IN [T]
+            const int64_t[::1] slot_mapping,   # IN [T] KV slot of each token
+            const int32_t[::1] tok_seq,        # IN [T] sequence index of each token
+            const int32_t[:, ::1] block_tables,  # IN [S, max_blocks]
+            const int32_t[::1] logits_rows,    # IN [R] token indices whose logits are wanted
+            float[:, ::1] logits,              # OUT [R, V]
+            int num_threads):
+    """Run all layers over a flat batch of T tokens from S sequences; the KV of every token is
+    written to its slot first, then each token attends to its sequence's positions <= its own."""
+    cdef Py_ssize_t t, r, T = token_ids.shape[0], R = logits_rows.shape[0]
+    cdef ModelC *mc = &m.c
+    if T > ws.max_tokens or R > ws.max_rows or num_threads > ws.num_threads:
+        raise ValueError(f"step of {T} tokens / {R} rows / {num_threads} threads exceeds the workspace")
+    if positions.shape[0] != T or slot_mapping.shape[0] != T or tok_seq.shape[0] != T:
+        raise ValueError("forward: per-token arrays differ in length")
+    if logits.shape[0] != R or logits.shape[1] != mc.vocab_size:
+        raise ValueError(f"forward: logits {tuple(logits.shape)} != ({R}, {mc.vocab_size})")
+    if T == 0:
+        return
+    for t in range(T):   # the kernels trust these; a bad index must not reach them
+        if token_ids[t] < 0 or token_ids[t] >= mc.vocab_size:
+            raise ValueError(f"token id {token_ids[t]} outside the vocabulary of {mc.vocab_size}")
+        if positions[t] < 0 or positions[t] >= mc.max_positions:
+            raise ValueError(f"position {positions[t]} outside 0..{mc.max_positions - 1}")
+        if slot_mapping[t] < 0 or slot_mapping[t] >= <int64_t>mc.num_blocks * mc.block_size:
+            raise ValueError(f"slot {slot_mapping[t]} outside the KV cache")
+        if tok_seq[t] < 0 or tok_seq[t] >= block_tables.shape[0] or positions[t] // mc.block_size >= block_tables.shape[1]:
+            raise ValueError("token's sequence or position beyond the block tables")
+    for r in range(R):
+        if logits_rows[r] < 0 or logits_rows[r] >= T:
+            raise ValueError(f"logits row {logits_rows[r]} outside the step")
+    with nogil:
+        _forward(mc, &ws.c, T, &token_ids[0], &positions[0], &slot_mapping[0], &tok_seq[0],
+                 &block_tables[0, 0], block_tables.shape[1], R, &logits_rows[0] if R else NULL,
+                 &logits[0, 0] if R else NULL, num_threads)
+
+
+cdef inline void _embed_row(const Mat *e, Py_ssize_t row, float *out) noexcept nogil:
+    """Row `row` of the packed [V, E] embedding, widened to fp32."""
+    cdef Py_ssize_t i, panel = row // 16, lane = row % 16, k = e.k, k2 = (e.k + 1) // 2
+    cdef const float *wf
+    cdef const uint16_t *wh
+    if e.wtype == LL_W_BF16:
+        wh = <const uint16_t *>e.w + panel * k2 * 32 + lane * 2
+        for i in range(k):
+            out[i] = ll_bf16_to_f32(wh[(i // 2) * 32 + (i % 2)])
+    elif e.wtype == LL_W_F32:
+        wf = <const float *>e.w + panel * k * 16 + lane
+        for i in range(k):
+            out[i] = wf[i * 16]
+    else:
+        wh = <const uint16_t *>e.w + panel * k * 16 + lane
+        for i in range(k):
+            out[i] = ll_f16_to_f32(wh[i * 16])
+
+
+cdef inline void _norm(const ModelC *m, const float *w, const float *b, const float *x, float *out) noexcept nogil:
+    if m.rms:
+        ll_rmsnorm_f32(x, w, out, m.dim, m.eps)
+    else:
+        ll_layernorm_f32(x, w, b, out, m.dim, m.eps)
+
+
+cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t *token_ids, const int32_t *positions,
+                   const int64_t *slot_mapping, const int32_t *tok_seq, const int32_t *block_tables,
+                   Py_ssize_t max_blocks, Py_ssize_t R, const int32_t *logits_rows, float *logits,
+                   int nt) noexcept nogil:
+    cdef Py_ssize_t t, r, head, i, l
+    cdef Py_ssize_t E = m.dim, F = m.ffn_dim, H = m.num_heads, Hkv = m.num_kv_heads, D = m.head_dim
+    cdef Py_ssize_t q_n = H * D, qkv_n = (H + 2 * Hkv) * D, up_n = F * (2 if m.gated else 1)
+    cdef float *row
+    cdef const LayerW *L
+
+    for t in prange(T, schedule="static", num_threads=nt):
+        _embed_row(&m.embed, token_ids[t], ws.x + t * E)
+        if m.pos_embed != NULL:
+            for i in range(E):
+                ws.x[t * E + i] += m.pos_embed[positions[t] * E + i]
+
+    for l in range(m.num_layers):
+        L = &m.layers[l]
+        # --- attention block: norm, qkv, (qk norm), rope, KV write, paged attention, o + residual
+        for t in prange(T, schedule="static", num_threads=nt):
+            _norm(m, L.attn_norm_w, L.attn_norm_b, ws.x + t * E, ws.h + t * E)
+        _gemm(ws.h, E, ws.xb, T, &L.qkv, ws.qkv, qkv_n, 0, nt)
+        for t in prange(T, schedule="static", num_threads=nt):
+            row = ws.qkv + t * qkv_n
+            for head in range(H + Hkv):   # q heads then k heads
+                if m.qk_norm:
+                    ll_rmsnorm_f32(row + head * D, L.q_norm_w if head < H else L.k_norm_w, row + head * D, D, m.eps)
+                if m.use_rope:
+                    ll_rope_neox_f32(row + head * D, m.rope_cos + positions[t] * (D // 2),
+                                     m.rope_sin + positions[t] * (D // 2), D)
+            ll_write_kv_row(row + q_n, L.k_cache, m.kv_bf16, slot_mapping[t], m.block_size, Hkv, D)
+            ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_bf16, slot_mapping[t], m.block_size, Hkv, D)
+        _attention(ws.qkv, qkv_n, ws.attn, q_n, T, H, Hkv, D, L.k_cache, L.v_cache, m.kv_bf16,
+                   block_tables, max_blocks, m.block_size, tok_seq, positions, m.scale,
+                   m.sliding_window, ws.scores, nt)
+        _gemm(ws.attn, q_n, ws.xb, T, &L.o, ws.x, E, 1, nt)
+        # --- MLP block: norm, gate/up, act * up, down + residual
+        for t in prange(T, schedule="static", num_threads=nt):
+            _norm(m, L.mlp_norm_w, L.mlp_norm_b, ws.x + t * E, ws.h + t * E)
+        _gemm(ws.h, E, ws.xb, T, &L.up, ws.mlp, up_n, 0, nt)
+        for t in prange(T, schedule="static", num_threads=nt):
+            ll_act_mul_f32(ws.mlp + t * up_n, ws.mlp + t * up_n + F if m.gated else NULL,
+                           ws.act + t * F, F, m.act)
+        _gemm(ws.act, F, ws.xb, T, &L.down, ws.x, E, 1, nt)
+
+    if R == 0:
+        return
+    for r in prange(R, schedule="static", num_threads=nt):
+        _norm(m, m.final_norm_w, m.final_norm_b, ws.x + logits_rows[r] * E, ws.h + r * E)
+    _gemm(ws.h, E, ws.xb, R, &m.lm_head, logits, m.vocab_size, 0, nt)

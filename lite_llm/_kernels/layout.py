@@ -1,0 +1,62 @@
+"""Packed weight layouts the GEMM kernel streams (see src/kernels/gemm.h), built once at load.
+
+Pure NumPy and the same for every ISA variant: a 2-D weight [N, K] (rows = output features)
+becomes 16-row panels so that one vector load yields 16 outputs' weights:
+    float32 / float16: [ceil(N/16), K, 16]
+    bfloat16 (uint16 bits): [ceil(N/16), ceil(K/2), 16, 2]   (pairs feed vdpbf16ps)
+Padding rows/columns are zero.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+W_F32, W_BF16, W_F16 = 0, 1, 2  # must match the LL_W_* enum in gemm.h
+PANEL = 16
+
+
+def wtype_of(dtype: str) -> int:
+    return {"float32": W_F32, "bfloat16": W_BF16, "float16": W_F16}[dtype]
+
+
+def pack(w: np.ndarray, dtype: str) -> np.ndarray:
+    """[N, K] weight (float32, float16, or bf16 bits as uint16) -> packed panels, 64-byte aligned."""
+    if w.ndim != 2:
+        raise ValueError(f"pack: expected a 2-D weight, got shape {w.shape}")
+    n, k = w.shape
+    num_panels = -(-n // PANEL)
+    if dtype == "bfloat16":
+        k2 = -(-k // 2)
+        padded = np.zeros((num_panels * PANEL, k2 * 2), np.uint16)
+        padded[:n, :k] = w
+        src = padded.reshape(num_panels, PANEL, k2, 2).transpose(0, 2, 1, 3)
+    else:
+        padded = np.zeros((num_panels * PANEL, k), np.float32 if dtype == "float32" else np.float16)
+        padded[:n] = w
+        src = padded.reshape(num_panels, PANEL, k).transpose(0, 2, 1)
+    out = aligned_empty(src.shape, src.dtype)
+    out[...] = src
+    return out
+
+
+def unpack(packed: np.ndarray, n: int, k: int, dtype: str) -> np.ndarray:
+    """Inverse of pack (tests and debugging)."""
+    if dtype == "bfloat16":
+        num_panels, k2 = packed.shape[:2]
+        return packed.transpose(0, 2, 1, 3).reshape(num_panels * PANEL, k2 * 2)[:n, :k]
+    num_panels = packed.shape[0]
+    return packed.transpose(0, 2, 1).reshape(num_panels * PANEL, k)[:n]
+
+
+def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
+    """An uninitialised array whose data starts on an `align`-byte boundary (cache lines)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(nbytes + align, np.uint8)
+    start = (-raw.ctypes.data) % align
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def aligned_zeros(shape, dtype, align: int = 64) -> np.ndarray:
+    out = aligned_empty(shape, dtype, align)
+    out.fill(0)
+    return out

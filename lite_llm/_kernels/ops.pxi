@@ -1,0 +1,133 @@
+# Single-op entry points: shape checks, then the same nogil code forward() runs. Tests
+# compare each against tests/ref_ops.py; forward() never goes through these.
+
+def gemm(const float[:, ::1] x,          # IN  [T, K]
+         packed,                         # IN  layout.pack(w [N, K], dtype)
+         str dtype, Py_ssize_t n,
+         float[:, ::1] out,              # OUT [T, N]
+         bias=None,                      # IN  [N] float32 or None
+         bint accumulate=False, int num_threads=1):
+    """out (+)= x @ W.T (+ bias) with W given packed; dtype names W's dtype."""
+    cdef Mat m
+    cdef Py_ssize_t t = x.shape[0], k = x.shape[1]
+    if out.shape[0] != t or out.shape[1] != n:
+        raise ValueError(f"gemm: x {tuple(x.shape)}, n={n} -> out {tuple(out.shape)}")
+    if packed.shape[0] != (n + 15) // 16 or packed.shape[1] != ((k + 1) // 2 if dtype == "bfloat16" else k):
+        raise ValueError(f"gemm: packed weight {packed.shape} does not fit n={n}, k={k}, {dtype}")
+    if bias is not None and (bias.dtype.name != "float32" or bias.shape != (n,)):
+        raise ValueError(f"gemm: bias must be float32 [{n}]")
+    m.w = _ptr(packed)
+    m.bias = <const float *>_ptr(bias) if bias is not None else NULL
+    m.n, m.k, m.num_panels, m.wtype = n, k, packed.shape[0], WTYPES[dtype]
+    xb = np.empty((t, (k + 1) // 2 + 1), np.uint32)
+    cdef uint32_t[:, ::1] xbv = xb
+    with nogil:
+        _gemm(&x[0, 0], k, &xbv[0, 0], t, &m, &out[0, 0], n, accumulate, num_threads)
+
+
+def rmsnorm(const float[:, ::1] x, const float[::1] w, float[:, ::1] out, float eps, int num_threads=1):
+    """out[t] = rmsnorm(x[t]) * w, rows in parallel."""
+    cdef Py_ssize_t t, e = x.shape[1]
+    if w.shape[0] != e or out.shape[0] != x.shape[0] or out.shape[1] != e:
+        raise ValueError("rmsnorm: shape mismatch")
+    for t in prange(x.shape[0], nogil=True, schedule="static", num_threads=num_threads):
+        ll_rmsnorm_f32(&x[t, 0], &w[0], &out[t, 0], e, eps)
+
+
+def layernorm(const float[:, ::1] x, const float[::1] w, const float[::1] b, float[:, ::1] out,
+              float eps, int num_threads=1):
+    cdef Py_ssize_t t, e = x.shape[1]
+    if w.shape[0] != e or b.shape[0] != e or out.shape[0] != x.shape[0] or out.shape[1] != e:
+        raise ValueError("layernorm: shape mismatch")
+    for t in prange(x.shape[0], nogil=True, schedule="static", num_threads=num_threads):
+        ll_layernorm_f32(&x[t, 0], &w[0], &b[0], &out[t, 0], e, eps)
+
+
+def rope(float[:, :, ::1] x,             # IN/OUT [T, num_heads, D]
+         const int32_t[::1] positions,   # IN [T]
+         const float[:, ::1] cos, const float[:, ::1] sin,   # IN [P, D/2]
+         int num_threads=1):
+    cdef Py_ssize_t t, h, d = x.shape[2]
+    if cos.shape[1] * 2 != d or positions.shape[0] != x.shape[0]:
+        raise ValueError("rope: shape mismatch")
+    for t in range(x.shape[0]):
+        if positions[t] < 0 or positions[t] >= cos.shape[0]:
+            raise ValueError(f"rope: position {positions[t]} outside the table of {cos.shape[0]}")
+    for t in prange(x.shape[0], nogil=True, schedule="static", num_threads=num_threads):
+        for h in range(x.shape[1]):
+            ll_rope_neox_f32(&x[t, h, 0], &cos[positions[t], 0], &sin[positions[t], 0], d)
+
+
+def act_mul(const float[:, ::1] gate, up, float[:, ::1] out, str act, int num_threads=1):
+    """out = act(gate) * up, or act(gate) when up is None."""
+    cdef const float[:, ::1] upv
+    cdef const float *upp = NULL
+    cdef Py_ssize_t t, f = gate.shape[1]
+    cdef int a = ACTIVATIONS[act]
+    if up is not None:
+        upv = up
+        if upv.shape[0] != gate.shape[0] or upv.shape[1] != f:
+            raise ValueError("act_mul: shape mismatch")
+    for t in prange(gate.shape[0], nogil=True, schedule="static", num_threads=num_threads):
+        if up is None:
+            ll_act_mul_f32(&gate[t, 0], NULL, &out[t, 0], f, a)
+        else:
+            ll_act_mul_f32(&gate[t, 0], &upv[t, 0], &out[t, 0], f, a)
+
+
+def write_kv(const float[:, :, ::1] src,     # IN [T, Hkv, D]
+             cache,                          # IN/OUT [num_blocks, Hkv, B, D] float32 or bf16 bits (uint16)
+             const int64_t[::1] slot_mapping):  # IN [T]
+    cdef Py_ssize_t t, nb = cache.shape[0], hkv = cache.shape[1], bs = cache.shape[2], d = cache.shape[3]
+    cdef int kv_bf16 = cache.dtype == np.uint16
+    cdef void *cp = <void *>_ptr(cache)
+    if src.shape[1] != hkv or src.shape[2] != d or slot_mapping.shape[0] != src.shape[0]:
+        raise ValueError("write_kv: shape mismatch")
+    for t in range(src.shape[0]):
+        if slot_mapping[t] < 0 or slot_mapping[t] >= nb * bs:
+            raise ValueError(f"write_kv: slot {slot_mapping[t]} outside the cache")
+        ll_write_kv_row(&src[t, 0, 0], cp, kv_bf16, slot_mapping[t], bs, hkv, d)
+
+
+def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
+                    k_cache, v_cache,                  # IN  [num_blocks, Hkv, B, D]
+                    const int32_t[:, ::1] block_tables,  # IN  [S, max_blocks]
+                    const int32_t[::1] tok_seq,        # IN  [T] sequence of each query token
+                    const int32_t[::1] positions,      # IN  [T] position of each query token
+                    float[:, :, ::1] out,              # OUT [T, H, D]
+                    float scale, int sliding_window=0, int num_threads=1):
+    """Causal attention of each query token over its sequence's cached positions <= its own."""
+    cdef Py_ssize_t h = q.shape[1], d = q.shape[2], hkv = k_cache.shape[1], bs = k_cache.shape[2]
+    cdef Py_ssize_t t
+    if d % 16 or d > LL_MAX_HEAD_DIM or h % hkv or k_cache.shape != v_cache.shape or k_cache.shape[3] != d:
+        raise ValueError("paged_attention: shape mismatch (head_dim must be a multiple of 16)")
+    for t in range(q.shape[0]):
+        if (positions[t] // bs) >= block_tables.shape[1] or tok_seq[t] >= block_tables.shape[0]:
+            raise ValueError("paged_attention: position beyond the block table")
+    scores = np.empty((max(num_threads, 1), bs), np.float32)
+    cdef float[:, ::1] sc = scores
+    cdef const void *kp = _ptr(k_cache)
+    cdef const void *vp = _ptr(v_cache)
+    cdef int kv_bf16 = k_cache.dtype == np.uint16
+    with nogil:
+        _attention(&q[0, 0, 0], h * d, &out[0, 0, 0], h * d, q.shape[0], h, hkv, d, kp, vp,
+                   kv_bf16, &block_tables[0, 0], block_tables.shape[1], bs,
+                   &tok_seq[0], &positions[0], scale, sliding_window, &sc[0, 0], num_threads)
+
+
+cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo, Py_ssize_t num_tokens, Py_ssize_t h, Py_ssize_t hkv,
+                     Py_ssize_t d, const void *k_cache, const void *v_cache, int kv_bf16,
+                     const int32_t *block_tables, Py_ssize_t max_blocks, Py_ssize_t bs,
+                     const int32_t *tok_seq, const int32_t *positions, float scale, int window,
+                     float *scores, int num_threads) noexcept nogil:
+    """q [T, H*D] and out [T, H*D] with row strides ldq, ldo; scores is [num_threads, bs] scratch."""
+    cdef Py_ssize_t item, t, head, first, last, group = h // hkv
+    # dynamic: work per (token, head) grows with the token's context length
+    for item in prange(num_tokens * h, schedule="dynamic", chunksize=1, num_threads=num_threads):
+        t = item // h
+        head = item % h
+        last = positions[t]
+        first = last - window + 1 if window > 0 and last - window + 1 > 0 else 0
+        ll_paged_attention_row(q + t * ldq + head * d, out + t * ldo + head * d, k_cache, v_cache, kv_bf16,
+                               block_tables + tok_seq[t] * max_blocks, bs, head // group, hkv, d,
+                               first, last, scale, scores + openmp.omp_get_thread_num() * bs)

@@ -1,0 +1,135 @@
+"""Model runner: loaded weights -> packed kernel model + paged KV cache; a SchedulerOutput ->
+flat step arrays -> ONE forward() call -> the compiled sampler.
+
+    chunks of the step      [ req A: tokens 0..5 (prefill) | req B: token 17 | req C: 9..12 ]
+    token_ids / positions   [ a0 a1 a2 a3 a4 a5 | b17 | c9 c10 c11 c12 ]     T = 11
+    tok_seq                 [ 0  0  0  0  0  0  | 1   | 2  2   2   2   ]
+    slot of token t at pos p = block_ids[p // B] * B + p % B
+    logits_rows             [ 5, 6, 10 ]   last token of each chunk that samples
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from lite_llm import _kernels
+from lite_llm._kernels import layout
+from lite_llm.engine.request import SampleResult
+from lite_llm.engine.sampler import Sampler
+from lite_llm.model.rope import rope_tables
+from lite_llm.model.weights import bf16_to_f32
+
+log = logging.getLogger("lite_llm")
+
+
+def kv_cache_dtype(dtype: str) -> str:
+    """KV cache element type for a model dtype: fp32 stays fp32, 16-bit types store bf16
+    (same bytes as fp16, fp32's exponent range: no overflow in long contexts)."""
+    return "float32" if dtype == "float32" else "bfloat16"
+
+
+def kv_bytes_per_block(config, block_size: int, dtype: str) -> int:
+    itemsize = 4 if kv_cache_dtype(dtype) == "float32" else 2
+    return 2 * config.num_layers * config.num_kv_heads * block_size * config.head_dim * itemsize
+
+
+class ModelRunner:
+    """Owns the packed weights, the KV cache and the activation workspace of one model."""
+
+    def __init__(self, loaded, *, num_blocks: int, block_size: int, max_num_batched_tokens: int,
+                 max_num_seqs: int, num_threads: int, disable_sliding_window: bool = False,
+                 kernels=None):
+        cfg = loaded.config
+        self.config = cfg
+        self.dtype = loaded.dtype
+        self.kernels = kernels or _kernels.kernels
+        self.num_threads = num_threads
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.max_model_len = loaded.max_model_len
+        if cfg.head_dim % 16:
+            raise ValueError(f"head_dim {cfg.head_dim} is not supported: it must be a multiple of 16")
+        if block_size % 16:
+            raise ValueError(f"block_size {block_size} must be a multiple of 16")
+
+        start = time.perf_counter()
+        tensors: dict[str, object] = {}
+        for name, arr in loaded.iter_tensors():
+            if arr.ndim == 2 and name != "pos_embed":
+                base = name[: -len(".weight")] if name.endswith(".weight") else name
+                tensors[base + ".shape"] = arr.shape
+                tensors[base + ".weight"] = layout.pack(arr, self.dtype)
+            elif arr.dtype == np.uint16:   # bf16 bits (pos_embed): widen, the kernel reads fp32
+                tensors[name] = np.ascontiguousarray(bf16_to_f32(arr))
+            else:
+                tensors[name] = np.ascontiguousarray(arr, dtype=np.float32)
+            del arr
+        kv_np = np.float32 if kv_cache_dtype(self.dtype) == "float32" else np.uint16
+        shape = (num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim)
+        self.k_caches = [layout.aligned_zeros(shape, kv_np) for _ in range(cfg.num_layers)]
+        self.v_caches = [layout.aligned_zeros(shape, kv_np) for _ in range(cfg.num_layers)]
+        max_pos = max(self.max_model_len, 1)
+        if cfg.rope:
+            cos, sin = rope_tables(cfg, max_pos)
+            cos, sin = np.ascontiguousarray(cos, np.float32), np.ascontiguousarray(sin, np.float32)
+        else:
+            cos = sin = np.zeros((max_pos, cfg.head_dim // 2), np.float32)
+        kcfg = dict(dtype=self.dtype, num_layers=cfg.num_layers, dim=cfg.dim, ffn_dim=cfg.ffn_dim,
+                    vocab_size=cfg.vocab_size, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                    head_dim=cfg.head_dim, norm_eps=cfg.norm_eps, norm=cfg.norm, act=cfg.act,
+                    gated_mlp=cfg.gated_mlp, rope=cfg.rope, qk_norm=cfg.qk_norm,
+                    sliding_window=None if disable_sliding_window else cfg.sliding_window,
+                    max_positions=max_pos)
+        self.model = self.kernels.Model(kcfg, tensors, self.k_caches, self.v_caches, cos, sin)
+        self.workspace = self.kernels.Workspace(self.model, max_num_batched_tokens, max_num_seqs, num_threads)
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        eos = tuple(cfg.eos_token_ids)
+        self.sampler = Sampler(cfg.vocab_size, eos, num_threads=num_threads)
+        self.weight_bytes = sum(v.nbytes for k, v in tensors.items() if isinstance(v, np.ndarray))
+        self.kv_cache_bytes = sum(c.nbytes for c in self.k_caches + self.v_caches)
+        log.info("model ready in %.2f s: %.1f MB of %s weights, KV cache %.1f MB (%d blocks of %d)",
+                 time.perf_counter() - start, self.weight_bytes / 2**20, self.dtype,
+                 self.kv_cache_bytes / 2**20, num_blocks, block_size)
+
+    # ---- one step ---------------------------------------------------------------------
+
+    def prepare(self, sched_out):
+        """SchedulerOutput -> the flat arrays of forward() (see the module docstring)."""
+        chunks = sched_out.chunks
+        T = sum(c.num_new_tokens for c in chunks)
+        B = self.block_size
+        token_ids = np.empty(T, np.int32)
+        positions = np.empty(T, np.int32)
+        tok_seq = np.empty(T, np.int32)
+        max_blocks = max((len(c.block_ids) for c in chunks), default=1) or 1
+        block_tables = np.zeros((max(len(chunks), 1), max_blocks), np.int32)
+        rows = []
+        t = 0
+        for s, c in enumerate(chunks):
+            n, start = c.num_new_tokens, c.start
+            token_ids[t:t + n] = c.request.all_token_ids[start:start + n]
+            positions[t:t + n] = np.arange(start, start + n, dtype=np.int32)
+            tok_seq[t:t + n] = s
+            block_tables[s, :len(c.block_ids)] = c.block_ids
+            t += n
+            if c.sample:
+                rows.append(t - 1)
+        slot_mapping = (block_tables[tok_seq, positions // B].astype(np.int64) * B + positions % B)
+        return token_ids, positions, slot_mapping, tok_seq, block_tables, np.asarray(rows, np.int32)
+
+    def forward(self, token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows) -> np.ndarray:
+        """One kernel call; returns logits [R, V] of the rows asked for (tests use this directly)."""
+        logits = np.empty((len(logits_rows), self.config.vocab_size), np.float32)
+        self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
+                             block_tables, logits_rows, logits, self.num_threads)
+        return logits
+
+    def execute(self, sched_out) -> list[SampleResult | None]:
+        arrays = self.prepare(sched_out)
+        logits = self.forward(*arrays)
+        sampling = [c.request for c in sched_out.chunks if c.sample]
+        results = iter(self.sampler.sample(logits, sampling) if sampling else ())
+        return [next(results) if c.sample else None for c in sched_out.chunks]

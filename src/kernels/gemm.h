@@ -1,0 +1,160 @@
+/* GEMM on packed weights: out[t, n] = sum_k x[t, k] * W[n, k] (+ bias[n]), for one range of
+ * 16-row panels and all tokens, on one thread. The caller splits panels across threads.
+ *
+ * Packed layouts (built once at load by lite_llm/_kernels/layout.py), N padded to 16:
+ *   LL_W_F32  [N/16][K][16]         float
+ *   LL_W_F16  [N/16][K][16]         IEEE half
+ *   LL_W_BF16 [N/16][ceil(K/2)][16][2]  bf16 pairs: element (n, k) at [n/16][k/2][n%16][k%2]
+ * so the 16 outputs of a panel are one vector, and a panel streams contiguously: decode
+ * (T = 1) reads each weight byte once, prefill reuses a panel from cache for every token tile.
+ *
+ * bf16 weights take activations as bf16 pairs xb [T][ceil(K/2)] (uint32 = 2 bf16, the last
+ * pair zero-padded) when the CPU has bf16 dot products (vdpbf16ps), else fp32 x [T][K].
+ */
+#ifndef LL_GEMM_H
+#define LL_GEMM_H
+#include "../simd/vec.h"
+
+enum { LL_W_F32 = 0, LL_W_BF16 = 1, LL_W_F16 = 2 };
+
+#define LL_TT 4  /* tokens per register tile */
+#define LL_NP 4  /* panels per register tile: 4 x 4 accumulators of 16 lanes */
+
+/* Store one 16-wide accumulator to out row (n0 .. n0+15), adding bias (and the old value when
+ * accumulating: residual connections), clipping at n. */
+LL_INLINE void ll_store_out(float *out, ll_vf32 acc, const float *bias, ptrdiff_t n0, ptrdiff_t n,
+                            int accumulate) {
+    if (n0 + 16 <= n) {
+        if (bias) acc = ll_add(acc, ll_load(bias + n0));
+        if (accumulate) acc = ll_add(acc, ll_load(out + n0));
+        ll_store(out + n0, acc);
+    } else {
+        float tmp[16];
+        ll_store(tmp, acc);
+        for (ptrdiff_t i = 0; n0 + i < n; i++)
+            out[n0 + i] = tmp[i] + (bias ? bias[n0 + i] : 0.f) + (accumulate ? out[n0 + i] : 0.f);
+    }
+}
+
+/* One register tile: tt tokens x np panels; tt, np are constants after inlining. */
+LL_INLINE void ll_gemm_tile(const float *x, const uint32_t *xb, ptrdiff_t ldx, const void *w,
+                            int wtype, ptrdiff_t k, ptrdiff_t panel, float *out, ptrdiff_t ldo,
+                            ptrdiff_t n, const float *bias, int accumulate, const int tt, const int np) {
+    ll_vf32 acc[LL_TT][LL_NP];
+    for (int t = 0; t < tt; t++)
+        for (int p = 0; p < np; p++) acc[t][p] = ll_zero();
+    const ptrdiff_t k2 = (k + 1) / 2;
+    if (wtype == LL_W_F32) {
+        const float *wp = (const float *)w + panel * k * 16;
+        for (ptrdiff_t kk = 0; kk < k; kk++) {
+            ll_vf32 wv[LL_NP];
+            for (int p = 0; p < np; p++) wv[p] = ll_load(wp + (p * k + kk) * 16);
+            for (int t = 0; t < tt; t++) {
+                ll_vf32 xv = ll_set1(x[t * ldx + kk]);
+                for (int p = 0; p < np; p++) acc[t][p] = ll_fma(xv, wv[p], acc[t][p]);
+            }
+        }
+    } else if (wtype == LL_W_F16) {
+        const uint16_t *wp = (const uint16_t *)w + panel * k * 16;
+        for (ptrdiff_t kk = 0; kk < k; kk++) {
+            ll_vf32 wv[LL_NP];
+            for (int p = 0; p < np; p++) wv[p] = ll_load_f16(wp + (p * k + kk) * 16);
+            for (int t = 0; t < tt; t++) {
+                ll_vf32 xv = ll_set1(x[t * ldx + kk]);
+                for (int p = 0; p < np; p++) acc[t][p] = ll_fma(xv, wv[p], acc[t][p]);
+            }
+        }
+    } else {
+        const uint16_t *wp = (const uint16_t *)w + panel * k2 * 32;
+#ifdef LL_HAVE_BF16_DOT
+        (void)x;
+        for (ptrdiff_t kp = 0; kp < k2; kp++) {
+            __m512bh wv[LL_NP];
+            for (int p = 0; p < np; p++) wv[p] = (__m512bh)_mm512_loadu_si512(wp + (p * k2 + kp) * 32);
+            for (int t = 0; t < tt; t++) {
+                __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xb[t * ldx + kp]);
+                for (int p = 0; p < np; p++) acc[t][p] = _mm512_dpbf16_ps(acc[t][p], xv, wv[p]);
+            }
+        }
+#else
+        (void)xb;
+        for (ptrdiff_t kp = 0; kp < k2; kp++) {
+            ll_vf32 we[LL_NP], wo[LL_NP];
+            for (int p = 0; p < np; p++) {
+                we[p] = ll_load_bf16_even(wp + (p * k2 + kp) * 32);
+                wo[p] = ll_load_bf16_odd(wp + (p * k2 + kp) * 32);
+            }
+            for (int t = 0; t < tt; t++) {
+                ll_vf32 x0 = ll_set1(x[t * ldx + 2 * kp]);
+                ll_vf32 x1 = ll_set1(2 * kp + 1 < k ? x[t * ldx + 2 * kp + 1] : 0.f);
+                for (int p = 0; p < np; p++) acc[t][p] = ll_fma(x1, wo[p], ll_fma(x0, we[p], acc[t][p]));
+            }
+        }
+#endif
+    }
+    for (int t = 0; t < tt; t++)
+        for (int p = 0; p < np; p++)
+            ll_store_out(out + t * ldo, acc[t][p], bias, (panel + p) * 16, n, accumulate);
+}
+
+/* Whether bf16 weights want bf16-pair activations (xb) in this build. */
+LL_INLINE int ll_gemm_wants_xb(int wtype) {
+#ifdef LL_HAVE_BF16_DOT
+    return wtype == LL_W_BF16;
+#else
+    (void)wtype; return 0;
+#endif
+}
+
+/* Convert fp32 rows [T][K] (row stride ldx) to bf16 pairs [T][ceil(K/2)], zero-padding. */
+static inline void ll_f32_to_bf16_pairs(const float *x, ptrdiff_t ldx, uint32_t *xb, ptrdiff_t t0,
+                                        ptrdiff_t t1, ptrdiff_t k) {
+    const ptrdiff_t k2 = (k + 1) / 2;
+    for (ptrdiff_t t = t0; t < t1; t++) {
+        uint16_t *dst = (uint16_t *)(xb + t * k2);
+        const float *src = x + t * ldx;
+        ptrdiff_t i = 0;
+#ifdef LL_HAVE_BF16_DOT
+        for (; i + 32 <= k; i += 32) {
+            __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
+            _mm512_storeu_si512(dst + i, (__m512i)v);
+        }
+#endif
+        for (; i < k; i++) dst[i] = ll_f32_to_bf16(src[i]);
+        if (k & 1) dst[k] = 0;
+    }
+}
+
+/* out[t0:t1, panels p0:p1] for all tokens: x [T][ldx] fp32 or xb [T][ceil(K/2)] pairs. */
+static inline void ll_gemm_panels(const float *x, const uint32_t *xb, ptrdiff_t ldx, ptrdiff_t num_tokens,
+                                  const void *w, int wtype, ptrdiff_t k, ptrdiff_t n,
+                                  const float *bias, float *out, ptrdiff_t ldo, int accumulate,
+                                  ptrdiff_t p0, ptrdiff_t p1) {
+    const ptrdiff_t ldxx = ll_gemm_wants_xb(wtype) ? (k + 1) / 2 : ldx;
+    for (ptrdiff_t p = p0; p < p1; p += LL_NP) {
+        const int np = (int)(p1 - p < LL_NP ? p1 - p : LL_NP);
+        for (ptrdiff_t t = 0; t < num_tokens; t += LL_TT) {
+            const int tt = (int)(num_tokens - t < LL_TT ? num_tokens - t : LL_TT);
+            const float *xt = x ? x + t * ldx : 0;
+            const uint32_t *xbt = xb ? xb + t * ldxx : 0;
+            float *ot = out + t * ldo;
+            /* Literal tile shapes so each call is unrolled with registers for accumulators. */
+#define LL_TILE(TT_, NP_) ll_gemm_tile(xt, xbt, ldxx, w, wtype, k, p, ot, ldo, n, bias, accumulate, TT_, NP_)
+            if (np == 4) {
+                if (tt == 4) LL_TILE(4, 4); else if (tt == 3) LL_TILE(3, 4);
+                else if (tt == 2) LL_TILE(2, 4); else LL_TILE(1, 4);
+            } else if (np == 3) {
+                if (tt == 4) LL_TILE(4, 3); else if (tt == 3) LL_TILE(3, 3);
+                else if (tt == 2) LL_TILE(2, 3); else LL_TILE(1, 3);
+            } else if (np == 2) {
+                if (tt == 4) LL_TILE(4, 2); else if (tt == 3) LL_TILE(3, 2);
+                else if (tt == 2) LL_TILE(2, 2); else LL_TILE(1, 2);
+            } else {
+                if (tt == 4) LL_TILE(4, 1); else if (tt == 3) LL_TILE(3, 1);
+                else if (tt == 2) LL_TILE(2, 1); else LL_TILE(1, 1);
+            }
+#undef LL_TILE
+        }
+    }
+}
+#endif

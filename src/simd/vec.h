@@ -1,0 +1,43 @@
+/* The vector API every kernel is written on: ll_vf32 is always 16 float lanes, whatever
+ * the ISA (one zmm, two ymm, four NEON q registers, or a plain array), so kernels and the
+ * packed weight layout (16-row panels) are the same everywhere.
+ *
+ * Exactly one backend is included, chosen by the compiler flags of this build variant:
+ *   vec_avx512.h (AVX-512F/BW/VL/DQ, + BF16 dot products when __AVX512BF16__)
+ *   vec_avx2.h   (AVX2 + FMA + F16C)
+ *   vec_scalar.h (plain C; also the spec of every op)
+ * A NEON or s390x VXE backend is a new vec_<isa>.h with the same ops.
+ *
+ * Ops: ll_zero ll_set1 ll_load ll_store ll_add ll_sub ll_mul ll_div ll_fma ll_max ll_hsum ll_hmax
+ *      ll_exp ll_load_bf16 ll_load_f16 ll_load_bf16_even ll_load_bf16_odd
+ * Scalars: ll_bf16_to_f32 ll_f32_to_bf16 (round to nearest even) ll_f16_to_f32 ll_f32_to_f16
+ */
+#ifndef LL_VEC_H
+#define LL_VEC_H
+#include <stdint.h>
+#include <stddef.h>
+#include <string.h>
+#include <math.h>
+
+#define LL_VF32_LANES 16
+#define LL_INLINE static inline __attribute__((always_inline))
+
+LL_INLINE float ll_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f;
+}
+LL_INLINE uint16_t ll_f32_to_bf16(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                                          /* to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+#if defined(__AVX512F__)
+#include "vec_avx512.h"
+#elif defined(__AVX2__) && defined(__FMA__)
+#include "vec_avx2.h"
+#else
+#include "vec_scalar.h"
+#endif
+
+#endif

@@ -1,0 +1,71 @@
+/* AVX2 + FMA + F16C backend of vec.h: a 16-lane vector is two ymm registers. */
+#ifndef LL_VEC_AVX2_H
+#define LL_VEC_AVX2_H
+#include <immintrin.h>
+#define LL_ISA_NAME "avx2"
+
+typedef struct { __m256 lo, hi; } ll_vf32;
+
+#define LL_PAIR(e_lo, e_hi) do { ll_vf32 r_; r_.lo = (e_lo); r_.hi = (e_hi); return r_; } while (0)
+LL_INLINE ll_vf32 ll_zero(void) { LL_PAIR(_mm256_setzero_ps(), _mm256_setzero_ps()); }
+LL_INLINE ll_vf32 ll_set1(float x) { LL_PAIR(_mm256_set1_ps(x), _mm256_set1_ps(x)); }
+LL_INLINE ll_vf32 ll_load(const float *p) { LL_PAIR(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)); }
+LL_INLINE void ll_store(float *p, ll_vf32 a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
+LL_INLINE ll_vf32 ll_add(ll_vf32 a, ll_vf32 b) { LL_PAIR(_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)); }
+LL_INLINE ll_vf32 ll_sub(ll_vf32 a, ll_vf32 b) { LL_PAIR(_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)); }
+LL_INLINE ll_vf32 ll_mul(ll_vf32 a, ll_vf32 b) { LL_PAIR(_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)); }
+LL_INLINE ll_vf32 ll_div(ll_vf32 a, ll_vf32 b) { LL_PAIR(_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)); }
+LL_INLINE ll_vf32 ll_max(ll_vf32 a, ll_vf32 b) { LL_PAIR(_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)); }
+LL_INLINE ll_vf32 ll_fma(ll_vf32 a, ll_vf32 b, ll_vf32 c) {
+    LL_PAIR(_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi));
+}
+LL_INLINE float ll_hsum(ll_vf32 a) {
+    __m256 h = _mm256_add_ps(a.lo, a.hi);
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+LL_INLINE float ll_hmax(ll_vf32 a) {
+    __m256 h = _mm256_max_ps(a.lo, a.hi);
+    __m128 q = _mm_max_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_max_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+LL_INLINE __m256 ll_exp8(__m256 x) {  /* same method as the AVX-512 ll_exp */
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-87.3365447505531f));
+    __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
+    __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_sub_ps(t, n);
+    __m256 p = _mm256_set1_ps(1.535336188319500e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+LL_INLINE ll_vf32 ll_exp(ll_vf32 a) { LL_PAIR(ll_exp8(a.lo), ll_exp8(a.hi)); }
+
+LL_INLINE float ll_f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+LL_INLINE __m256 ll_bf16x8(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+LL_INLINE ll_vf32 ll_load_bf16(const uint16_t *p) {
+    LL_PAIR(ll_bf16x8(_mm_loadu_si128((const __m128i *)p)), ll_bf16x8(_mm_loadu_si128((const __m128i *)(p + 8))));
+}
+LL_INLINE ll_vf32 ll_load_f16(const uint16_t *p) {
+    LL_PAIR(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8))));
+}
+LL_INLINE ll_vf32 ll_load_bf16_even(const uint16_t *p) {
+    LL_PAIR(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)p), 16)),
+            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(p + 16)), 16)));
+}
+LL_INLINE ll_vf32 ll_load_bf16_odd(const uint16_t *p) {
+    const __m256i m = _mm256_set1_epi32((int)0xffff0000u);
+    LL_PAIR(_mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)p), m)),
+            _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + 16)), m)));
+}
+#undef LL_PAIR
+#endif
