@@ -1,0 +1,1 @@
+"""Benchmarks as programs, not tests: `lite-llm bench {latency,throughput,serve}`."""
