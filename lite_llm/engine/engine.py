@@ -34,7 +34,7 @@ from lite_llm.sampling_params import SamplingParams
 _MAX_SEED = 2**63 - 1
 
 
-class ModelRunner(Protocol):
+class Runner(Protocol):
     def execute(self, sched_out: SchedulerOutput) -> list[SampleResult | None]: ...
 
 
@@ -106,7 +106,7 @@ class _Group:
 
 
 class LLMEngine:
-    def __init__(self, runner: ModelRunner, tokenizer: Any, config: EngineConfig):
+    def __init__(self, runner: Runner, tokenizer: Any, config: EngineConfig):
         self.runner = runner
         self.tokenizer = tokenizer
         self.config = config
@@ -221,15 +221,21 @@ class LLMEngine:
                                                  and not params.include_stop_str_in_output):
             new_text = comp.detokenizer.add(token_id)
             comp.text = comp.detokenizer.text
-            if (params.stop and not request.is_finished and new_text
-                    and request.num_output_tokens > params.min_tokens):
+            # a stop string completed by the token that hit the length limit still wins
+            if (params.stop and new_text and request.num_output_tokens > params.min_tokens
+                    and request.status in (RequestStatus.RUNNING, RequestStatus.FINISHED_LENGTH)):
                 match = find_stop(comp.text, len(new_text), params.stop,
                                   params.include_stop_str_in_output)
                 if match is not None:
                     stop_str, truncate_to = match
                     comp.text = comp.text[:truncate_to]
                     request.stop_reason = stop_str
-                    self.scheduler.finish_requests(request.request_id, RequestStatus.FINISHED_STOPPED)
+                    if request.is_finished:
+                        request.status = RequestStatus.FINISHED_STOPPED
+                        request.finish_reason = request.status.finish_reason
+                    else:
+                        self.scheduler.finish_requests(request.request_id,
+                                                       RequestStatus.FINISHED_STOPPED)
         if request.is_finished:
             self._record_finished(request)
 

@@ -231,6 +231,7 @@ def text_of(tokens):
 def test_stop_strings_truncate_text_and_stream_never_leaks_them():
     prompt = [1, 2, 3]
     expected = greedy_tokens(prompt, 30)
+    assert 0 not in expected      # one character per token: token index = character index
     full = text_of(expected)
     stop = full[8:11]                         # appears first at index <= 8
     cut = full.index(stop)
@@ -251,6 +252,13 @@ def test_stop_strings_truncate_text_and_stream_never_leaks_them():
         want = full[:cut + len(stop)] if include else full[:cut]
         assert streamed == want
         assert final.text == want[len(streamed) - len(final.text):]   # last delta is a suffix
+    # the token that completes the stop string is also the last one max_tokens allows
+    engine, _ = make_engine(tokenizer=CharTokenizer())
+    engine.add_request("s", prompt, SamplingParams(temperature=0.0, max_tokens=cut + len(stop),
+                                                   stop=[stop], ignore_eos=True))
+    final = run_all(engine)["s"].outputs[0]
+    assert final.finish_reason == "stop" and final.text == full[:cut]
+    assert engine.stats().request_success_total == {"stop": 1}
 
 
 def test_logprobs_carry_ranks_and_decoded_tokens():
