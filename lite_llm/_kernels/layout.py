@@ -57,6 +57,10 @@ def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
 
 
 def aligned_zeros(shape, dtype, align: int = 64) -> np.ndarray:
-    out = aligned_empty(shape, dtype, align)
-    out.fill(0)
-    return out
+    """Zeros from calloc: the OS maps zero pages lazily, so a large KV cache costs neither
+    start-up time nor resident memory until blocks are written."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.zeros(nbytes + align, np.uint8)
+    start = (-raw.ctypes.data) % align
+    return raw[start:start + nbytes].view(dtype).reshape(shape)

@@ -1,0 +1,292 @@
+"""The offline API (vLLM's `LLM`) and the one function that builds a running engine from a
+model argument: load -> size the KV cache -> runner -> LLMEngine -> AsyncEngine whose thread
+binds the OpenMP pool to the planned cores. The server uses build_async_engine too.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from lite_llm import cpu
+from lite_llm.config import env
+from lite_llm.outputs import CompletionOutput, RequestOutput
+from lite_llm.sampling_params import SamplingParams
+
+log = logging.getLogger("lite_llm")
+
+GiB = 1 << 30
+DEFAULT_AUTO_KV_GIB = 4.0   # vLLM CPU's default; the pages are touched only as blocks fill
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    num_blocks: int
+    block_size: int
+    bytes_per_block: int
+    max_model_len: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def max_concurrency(self) -> float:
+        return self.num_tokens / self.max_model_len
+
+    def describe(self) -> str:
+        return (f"KV cache: {self.num_blocks} blocks x {self.block_size} tokens = {self.num_tokens} tokens "
+                f"({self.num_blocks * self.bytes_per_block / GiB:.2f} GiB); maximum concurrency for "
+                f"{self.max_model_len} tokens per request: {self.max_concurrency:.2f}x")
+
+
+def _mem_available() -> int:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * GiB
+
+
+def plan_kv_cache(config, dtype: str, block_size: int, max_model_len: int,
+                  kv_cache_space: float | None, weight_bytes: int = 0) -> KVPlan:
+    """Blocks for `kv_cache_space` GiB (argument, else LITE_LLM_CPU_KVCACHE_SPACE /
+    VLLM_CPU_KVCACHE_SPACE, else auto: min(4 GiB, half the memory left after the weights)).
+    Raises ValueError with the numbers when one max_model_len request cannot fit."""
+    from lite_llm.engine.runner import kv_bytes_per_block
+    per_block = kv_bytes_per_block(config, block_size, dtype)
+    source = "argument"
+    if kv_cache_space is None:
+        value = env("CPU_KVCACHE_SPACE")
+        if value is not None:
+            try:
+                kv_cache_space, source = float(value), "LITE_LLM_CPU_KVCACHE_SPACE"
+            except ValueError:
+                raise ValueError(f"LITE_LLM_CPU_KVCACHE_SPACE must be a number of GiB, got {value!r}") from None
+    if kv_cache_space is None or kv_cache_space <= 0:
+        spare = max(_mem_available() - weight_bytes, 0) / 2
+        nbytes, source = min(DEFAULT_AUTO_KV_GIB * GiB, spare), "auto"
+    else:
+        nbytes = kv_cache_space * GiB
+    num_blocks = int(nbytes // per_block)
+    needed = -(-max_model_len // block_size)
+    if num_blocks < needed:
+        need_gib = needed * per_block / GiB
+        raise ValueError(
+            f"the KV cache ({source}: {nbytes / GiB:.3f} GiB = {num_blocks} blocks of {block_size} tokens, "
+            f"{num_blocks * block_size} tokens) cannot hold one request of max_model_len={max_model_len} "
+            f"tokens, which needs {needed} blocks ({need_gib:.3f} GiB). Raise kv_cache_space / "
+            f"LITE_LLM_CPU_KVCACHE_SPACE to at least {need_gib:.3f} or lower max_model_len.")
+    return KVPlan(num_blocks, block_size, per_block, max_model_len)
+
+
+def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len: int | None = None,
+                 block_size: int = 128, kv_cache_space: float | None = None, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = True,
+                 seed: int = 0, disable_sliding_window: bool = False, skip_tokenizer_init: bool = False,
+                 max_queue: int | None = None, serving: bool = False, progress: bool = True):
+    """Everything from a model argument to a started AsyncEngine. Returns (engine, loaded, info)."""
+    t0 = time.perf_counter()
+    cpu.configure_openmp_env()          # before the first OpenMP region in the process
+    plan = cpu.plan_threads(cpu.read_topology(), serving=serving)
+    for line in plan.describe():
+        log.info("%s", line)
+    for note in plan.notes:
+        log.info("note: %s", note)
+
+    from lite_llm import _kernels
+    from lite_llm.engine.async_engine import AsyncEngine
+    from lite_llm.engine.engine import EngineConfig, LLMEngine
+    from lite_llm.engine.runner import ModelRunner
+    from lite_llm.model.loader import load_model
+
+    log.info("kernel variant %s (%s)", _kernels.VARIANT.name, "; ".join(_kernels.explain()))
+    loaded = load_model(model, dtype=dtype, max_model_len=max_model_len,
+                        skip_tokenizer_init=skip_tokenizer_init, progress=progress)
+    cfg = loaded.config
+    if max_num_batched_tokens is None:
+        max_num_batched_tokens = 2048 if serving else 4096
+    weight_estimate = os.path.getsize(loaded.source) if os.path.isfile(loaded.source) else 0
+    kv = plan_kv_cache(cfg, loaded.dtype, block_size, loaded.max_model_len, kv_cache_space, weight_estimate)
+    log.info("%s", kv.describe())
+    num_threads = plan.num_threads
+    runner = ModelRunner(loaded, num_blocks=kv.num_blocks, block_size=block_size,
+                         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                         num_threads=num_threads, disable_sliding_window=disable_sliding_window)
+    eos = tuple(cfg.eos_token_ids)
+    gen_eos = loaded.generation_config.get("eos_token_id")
+    if gen_eos is not None:
+        eos = tuple(dict.fromkeys(eos + tuple(gen_eos if isinstance(gen_eos, list) else [gen_eos])))
+    engine_config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                 block_size=block_size, num_blocks=kv.num_blocks,
+                                 enable_prefix_caching=enable_prefix_caching,
+                                 max_model_len=loaded.max_model_len, seed=seed, eos_token_ids=eos)
+    engine = LLMEngine(runner, loaded.tokenizer, engine_config)
+
+    def bind():
+        report = cpu.apply_plan(plan)
+        for line in report.describe():
+            log.info("%s", line)
+
+    async_engine = AsyncEngine(engine, max_queue=max_queue, on_engine_thread_start=bind)
+    async_engine.start()
+    info = {
+        "model_path": loaded.source, "model_name": model or os.path.basename(loaded.source),
+        "max_model_len": loaded.max_model_len, "dtype": loaded.dtype, "architecture": cfg.architecture,
+        "kernel_variant": _kernels.VARIANT.name, "num_threads": num_threads,
+        "thread_plan": plan.describe(), "kv_cache_tokens": kv.num_tokens, "kv_cache_blocks": kv.num_blocks,
+        "max_concurrency": kv.max_concurrency, "generation_config": loaded.generation_config,
+        "vocab_size": cfg.vocab_size, "weight_bytes": runner.weight_bytes,
+        "startup_seconds": time.perf_counter() - t0,
+    }
+    log.info("engine ready in %.2f s: %s, %d threads, %s", info["startup_seconds"], _kernels.VARIANT.name,
+             num_threads, kv.describe())
+    return async_engine, loaded, info
+
+
+def build_async_engine(model: str | None = None, **kwargs):
+    """For the server: (AsyncEngine, tokenizer, info); serving defaults (2048-token budget)."""
+    kwargs.setdefault("serving", True)
+    engine, loaded, info = build_engine(model, **kwargs)
+    return engine, loaded.tokenizer, info
+
+
+def default_sampling_params(generation_config: dict) -> SamplingParams:
+    """SamplingParams with the model's generation_config.json defaults, as vLLM applies them."""
+    fields = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+              "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+    kwargs = {ours: generation_config[theirs] for theirs, ours in fields.items()
+              if generation_config.get(theirs) is not None}
+    return SamplingParams(**kwargs)
+
+
+class LLM:
+    """Offline batched generation, vLLM-compatible:
+
+        llm = LLM("path/to/model")                       # or a .gguf file; None: SmolLM2-135M
+        outs = llm.generate(["Hello"], SamplingParams(max_tokens=32))
+        outs[0].outputs[0].text
+    """
+
+    def __init__(self, model: str | None = None, dtype: str = "auto", max_model_len: int | None = None,
+                 seed: int = 0, block_size: int = 128, kv_cache_space: float | None = None,
+                 enable_prefix_caching: bool = True, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int | None = None, skip_tokenizer_init: bool = False,
+                 disable_sliding_window: bool = False, tokenizer: str | None = None, **kwargs: Any):
+        if kwargs:
+            log.warning("LLM: ignoring unsupported arguments %s", sorted(kwargs))
+        self._engine, self._loaded, self.info = build_engine(
+            model, dtype=dtype, max_model_len=max_model_len, block_size=block_size,
+            kv_cache_space=kv_cache_space, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
+            seed=seed, disable_sliding_window=disable_sliding_window,
+            skip_tokenizer_init=skip_tokenizer_init, serving=False)
+        self.tokenizer = self._loaded.tokenizer
+        self.config = self._loaded.config
+
+    # ---- public API -------------------------------------------------------------------
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        return default_sampling_params(self._loaded.generation_config)
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """prompts: a str, a {"prompt_token_ids": [...]} dict, or a list of either. Runs them
+        batched; returns one RequestOutput per prompt, in order."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        requests = [self._to_request(p) for p in prompts]
+        streams = []
+        for (text, ids), sp in zip(requests, params):
+            streams.append(self._engine.add_request(f"offline-{uuid.uuid4().hex}", ids, sp, prompt=text))
+        results = []
+        show = use_tqdm and sys.stderr.isatty()
+        for i, stream in enumerate(streams):
+            results.append(_collect(stream))
+            if show:
+                sys.stderr.write(f"\rgenerate: {i + 1}/{len(streams)} requests done")
+        if show:
+            sys.stderr.write("\n")
+        return results
+
+    def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             use_tqdm: bool = True, chat_template: str | None = None,
+             add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """messages: one conversation (list of {"role", "content"}) or a list of them."""
+        if self.tokenizer is None:
+            raise ValueError("chat needs a tokenizer (skip_tokenizer_init=True was given)")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = []
+        for conv in conversations:
+            text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
+                                                      chat_template=chat_template)
+            # the template already holds BOS and special tokens: don't add them twice
+            prompts.append({"prompt": text,
+                            "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def shutdown(self) -> None:
+        self._engine.shutdown(0.0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+    # ---- helpers ----------------------------------------------------------------------
+
+    def _to_request(self, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a tokenizer; pass {'prompt_token_ids': [...]}")
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+        if isinstance(prompt, dict) and "prompt" in prompt:
+            return self._to_request(prompt["prompt"])
+        raise TypeError(f"a prompt is a str or a dict with 'prompt_token_ids', not {type(prompt).__name__}")
+
+
+def _collect(stream) -> RequestOutput:
+    """Fold a stream of delta RequestOutputs into one cumulative RequestOutput."""
+    final: RequestOutput | None = None
+    by_index: dict[int, CompletionOutput] = {}
+    for delta in stream:
+        if final is None:
+            final = delta
+        for out in delta.outputs:
+            acc = by_index.get(out.index)
+            if acc is None:
+                by_index[out.index] = CompletionOutput(
+                    out.index, out.text, list(out.token_ids), out.cumulative_logprob,
+                    list(out.logprobs) if out.logprobs is not None else None, out.finish_reason, out.stop_reason)
+            else:
+                acc.text += out.text
+                acc.token_ids.extend(out.token_ids)
+                if out.logprobs is not None:
+                    acc.logprobs = (acc.logprobs or []) + list(out.logprobs)
+                acc.cumulative_logprob = out.cumulative_logprob
+                acc.finish_reason, acc.stop_reason = out.finish_reason, out.stop_reason
+        final.finished, final.metrics = delta.finished, delta.metrics
+        final.num_cached_tokens = delta.num_cached_tokens
+    if final is None:
+        raise RuntimeError("the engine ended the request without any output")
+    final.outputs = [by_index[i] for i in sorted(by_index)]
+    return final
