@@ -105,12 +105,9 @@ class Tokenizer:
         json_path = os.path.join(path, "tokenizer.json")
         if os.path.exists(json_path):
             backend = tokenizers.Tokenizer.from_file(json_path)
-            tok = cls(backend, add_bos_token=bool(cfg.get("add_bos_token", False)),
-                      add_eos_token=bool(cfg.get("add_eos_token", False)), **kwargs)
-            # tokenizer.json's own post-processor stands unless the config states the flags
-            if "add_bos_token" in cfg or "add_eos_token" in cfg or backend.post_processor is None:
-                tok._set_post_processor()
-            return tok
+            # tokenizer.json's post-processor decides BOS/EOS; transformers (5.x) loads a tokenizer.json
+            # tokenizer without applying tokenizer_config's add_bos_token, and so do we
+            return cls(backend, **kwargs)
         sp_path = os.path.join(path, "tokenizer.model")
         if os.path.exists(sp_path):
             import sentencepiece

@@ -513,10 +513,26 @@ def test_gguf_errors(tiny_checkpoint, tmp_path):
 
 @pytest.fixture(scope="session")
 def smollm2_reference():
-    import torch
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(SMOLLM2.parent, gguf_file=SMOLLM2.name, dtype=torch.float32)
-    return model.config, {k: v.numpy() for k, v in model.state_dict().items()}
+    """transformers' GGUF path, piece by piece (its full model load takes ~30 s of dequantizing):
+    config from load_gguf_checkpoint, tensors from gguf.dequantize + its llama tensor processor."""
+    from transformers import LlamaConfig
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, load_gguf_checkpoint
+    parsed = load_gguf_checkpoint(str(SMOLLM2), return_tensors=False)
+    hf_config = LlamaConfig(**parsed["config"])
+    processor = TENSOR_PROCESSORS["llama"](config=parsed["config"])
+    reader = gguf.GGUFReader(str(SMOLLM2))
+    wanted = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight"}
+    for i in (0, 29):
+        wanted.update({f"blk.{i}.{g}.weight": f"model.layers.{i}.{h}.weight" for g, h in [
+            ("attn_q", "self_attn.q_proj"), ("attn_k", "self_attn.k_proj"), ("attn_v", "self_attn.v_proj"),
+            ("attn_output", "self_attn.o_proj"), ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"),
+            ("ffn_down", "mlp.down_proj"), ("ffn_norm", "post_attention_layernorm")]})
+    sd = {}
+    for t in reader.tensors:
+        if t.name in wanted:
+            w = gguf.quants.dequantize(t.data, t.tensor_type)
+            sd[wanted[t.name]] = processor.process(weights=w, name=t.name).weights
+    return hf_config, sd
 
 
 def test_smollm2_gguf_matches_transformers(smollm2_reference):
@@ -529,12 +545,14 @@ def test_smollm2_gguf_matches_transformers(smollm2_reference):
                                                          hf_config.num_key_value_heads, hf_config.head_dim)
     assert c.max_position_embeddings == hf_config.max_position_embeddings
     assert c.rope_theta == hf_config.rope_parameters["rope_theta"] and c.rope_scaling is None
-    assert c.norm_eps == pytest.approx(hf_config.rms_norm_eps, rel=1e-7)
+    assert c.norm_eps == pytest.approx(hf_config.rms_norm_eps, rel=1e-6)
     assert c.tie_word_embeddings and hf_config.tie_word_embeddings
     assert (c.bos_token_id, c.eos_token_ids) == (1, (2,))
     wanted = {"embed": sd["model.embed_tokens.weight"],
               "layers.0.qkv.weight": np.concatenate([sd[f"model.layers.0.self_attn.{x}_proj.weight"] for x in "qkv"]),
               "layers.0.o.weight": sd["model.layers.0.self_attn.o_proj.weight"],
+              "layers.29.qkv.weight": np.concatenate([sd[f"model.layers.29.self_attn.{x}_proj.weight"]
+                                                      for x in "qkv"]),
               "layers.29.gate_up.weight": np.concatenate([sd["model.layers.29.mlp.gate_proj.weight"],
                                                           sd["model.layers.29.mlp.up_proj.weight"]]),
               "layers.29.down.weight": sd["model.layers.29.mlp.down_proj.weight"],
