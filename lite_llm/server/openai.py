@@ -12,6 +12,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from lite_llm.outputs import CompletionOutput, Logprob
@@ -485,6 +486,41 @@ class Choice:
     stop_reason: int | str | None = None
 
 
+@lru_cache(maxsize=1)
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2 byte-level BPE's printable stand-in character -> the byte it stands for."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = list(printable), 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+_SP_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def token_bytes(tokenizer: Any, token_id: int, text: str) -> list[int]:
+    """The token's raw bytes: a token holding part of a UTF-8 character decodes to U+FFFD, so
+    its bytes come from the vocabulary piece (byte-level BPE or sentencepiece <0xNN>)."""
+    if "\ufffd" not in text:
+        return list(text.encode("utf-8"))
+    try:
+        piece = tokenizer.convert_ids_to_tokens([token_id])[0]
+    except Exception:
+        piece = None
+    if piece:
+        m = _SP_BYTE.fullmatch(piece)
+        if m:
+            return [int(m.group(1), 16)]
+        dec = _byte_level_decoder()
+        if all(ch in dec for ch in piece):
+            return [dec[ch] for ch in piece]
+    return list(text.encode("utf-8"))
+
+
 def token_text(tokenizer: Any, token_id: int, lp: Logprob | None) -> str:
     if lp is not None and lp.decoded_token is not None:
         return lp.decoded_token
@@ -509,9 +545,9 @@ def format_logprobs(prep: PreparedRequest, tokenizer: Any, out: CompletionOutput
             tops = sorted(lps.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else 1 << 30)
             content.append({
                 "token": tok, "logprob": _lp(chosen.logprob if chosen else -math.inf),
-                "bytes": list(tok.encode("utf-8")),
+                "bytes": token_bytes(tokenizer, tid, tok),
                 "top_logprobs": [{"token": (t := token_text(tokenizer, i, lp)), "logprob": _lp(lp.logprob),
-                                  "bytes": list(t.encode("utf-8"))} for i, lp in tops[:top_n]],
+                                  "bytes": token_bytes(tokenizer, i, t)} for i, lp in tops[:top_n]],
             })
         return {"content": content}, text_offset
     tokens, token_lps, tops_out, offsets = [], [], [], []

@@ -66,7 +66,8 @@ def make_engine(tokenizer: Any, **overrides: Any) -> tuple[Any, Any, dict]:
     model = os.environ.get("LITE_LLM_SERVER_TEST_MODEL")
     if model:
         from lite_llm.llm import build_async_engine
-        return build_async_engine(model=None if model == "default" else model, **overrides)
+        real = {k: v for k, v in overrides.items() if k in ("max_queue", "max_num_seqs")}  # no fake knobs
+        return build_async_engine(model=None if model == "default" else model, **real)
     info = {"max_model_len": MAX_MODEL_LEN, "kernel_variant": "fake", "num_threads": 1,
             "weight_bytes": 1 << 20, "model_name": "tiny"}
     return FakeEngine(tokenizer, **overrides), tokenizer, info
@@ -100,7 +101,7 @@ def client(served):
 
 
 def request(port: int, method: str, path: str, body: Any = None, headers: dict | None = None,
-            raw: bytes | None = None, timeout: float = 10.0) -> tuple[int, dict, bytes]:
+            raw: bytes | None = None, timeout: float = 60.0) -> tuple[int, dict, bytes]:
     """One raw HTTP request on its own connection: (status, headers, body bytes)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:

@@ -67,9 +67,11 @@ def test_400_bad_json(served, raw):
     ({"prompt": "a", "best_of": 3}, "best_of"),
     ({"prompt": "a", "frobnicate": 1}, "frobnicate"),
     ({"prompt": "a", "max_tokens": 100000}, "max_tokens"),
-    ({"prompt": "word " * 600}, "prompt"),
+    ({"prompt": "word " * 600}, "prompt"),        # stretched past max_model_len below
 ])
 def test_400_field_errors_name_the_field(served, body, param):
+    if body["prompt"] == "word " * 600:
+        body = {"prompt": "word " * (served.server.state.ctx.max_model_len + 8)}
     status, _, data = request(served.port, "POST", PATH, body)
     err = error_of(data)
     assert status == 400, data
