@@ -1,0 +1,160 @@
+"""Row-wise kernels vs tests/ref_ops.py on every variant: RMSNorm, LayerNorm, neox RoPE,
+activation-and-multiply, and the KV-cache write.
+
+Widths are odd or not multiples of 16 so the vector loops and their scalar tails both run;
+row counts are not multiples of the thread counts.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import ref_ops  # noqa: E402
+from lite_llm import _kernels  # noqa: E402
+
+VARIANTS = _kernels.available()
+THREADS = [1, 2, 3]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("num_tokens,dim", [(1, 64), (5, 37), (7, 200), (3, 15)])
+@pytest.mark.parametrize("num_threads", THREADS)
+def test_rmsnorm(variant, num_tokens, dim, num_threads, rng):
+    mod = _kernels.load(variant)
+    x = (rng.standard_normal((num_tokens, dim)) * 3).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, dim).astype(np.float32)
+    out = np.full_like(x, np.nan)
+    mod.rmsnorm(x, w, out, 1e-5, num_threads=num_threads)
+    # one fp32 sum of squares and a few products per element
+    np.testing.assert_allclose(out, ref_ops.rmsnorm(x, w, 1e-5), rtol=2e-6 * np.sqrt(dim) + 1e-6, atol=1e-6)
+    # in place (out aliases x), as the forward pass uses it
+    y = x.copy()
+    mod.rmsnorm(y, w, y, 1e-5, num_threads=num_threads)
+    np.testing.assert_allclose(y, out, rtol=1e-6, atol=1e-7)
+
+
+def test_rmsnorm_eps_matters():
+    """eps is inside the square root: a zero row gives 0, a tiny row is damped by eps."""
+    for variant in VARIANTS:
+        mod = _kernels.load(variant)
+        x = np.array([[0.0] * 20, [1e-3] * 20], np.float32)
+        out = np.empty_like(x)
+        mod.rmsnorm(x, np.ones(20, np.float32), out, 1e-6)
+        np.testing.assert_allclose(out, ref_ops.rmsnorm(x, np.ones(20), 1e-6), rtol=1e-5, err_msg=variant)
+        assert abs(out[1, 0] - 1e-3 / np.sqrt(1e-6 + 1e-6)) < 1e-4
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("num_tokens,dim", [(1, 64), (5, 37), (7, 200)])
+@pytest.mark.parametrize("num_threads", THREADS)
+def test_layernorm(variant, num_tokens, dim, num_threads, rng):
+    mod = _kernels.load(variant)
+    # an offset mean (5) so a one-pass variance would lose digits; the kernel is two-pass
+    x = (rng.standard_normal((num_tokens, dim)) * 2 + 5).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, dim).astype(np.float32)
+    b = rng.standard_normal(dim).astype(np.float32)
+    out = np.full_like(x, np.nan)
+    mod.layernorm(x, w, b, out, 1e-5, num_threads=num_threads)
+    np.testing.assert_allclose(out, ref_ops.layernorm(x, w, b, 1e-5), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_norms_reject_mismatched_shapes(variant):
+    mod = _kernels.load(variant)
+    x = np.zeros((2, 8), np.float32)
+    with pytest.raises(ValueError):
+        mod.rmsnorm(x, np.ones(7, np.float32), np.empty_like(x), 1e-5)
+    with pytest.raises(ValueError):
+        mod.layernorm(x, np.ones(8, np.float32), np.zeros(8, np.float32), np.empty((3, 8), np.float32), 1e-5)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("head_dim", [24, 64, 80, 128])    # half = 12 (tail only), 32, 40 (32 + tail), 64
+@pytest.mark.parametrize("num_threads", THREADS)
+def test_rope_neox(variant, head_dim, num_threads, rng):
+    mod = _kernels.load(variant)
+    num_tokens, num_heads, max_positions = 7, 3, 300
+    cos, sin = ref_ops.rope_tables(max_positions, head_dim, theta=10000.0)
+    positions = rng.integers(0, max_positions, num_tokens).astype(np.int32)
+    positions[0] = 0                        # identity rotation
+    positions[1] = max_positions - 1        # last table row
+    x = rng.standard_normal((num_tokens, num_heads, head_dim), dtype=np.float32)
+    y = x.copy()
+    mod.rope(y, positions, cos, sin, num_threads=num_threads)
+    np.testing.assert_allclose(y, ref_ops.rope_neox(x, positions, cos, sin), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(y[0], x[0])   # cos 1, sin 0 at position 0
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rope_rejects_positions_outside_the_table(variant, rng):
+    mod = _kernels.load(variant)
+    cos, sin = ref_ops.rope_tables(16, 32)
+    x = rng.standard_normal((2, 1, 32), dtype=np.float32)
+    with pytest.raises(ValueError):
+        mod.rope(x, np.array([3, 16], np.int32), cos, sin)
+    with pytest.raises(ValueError):
+        mod.rope(x, np.array([-1, 0], np.int32), cos, sin)
+    with pytest.raises(ValueError):
+        mod.rope(x, np.array([0], np.int32), cos, sin)       # positions do not match T
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh", "relu"])
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("num_tokens,ffn_dim", [(1, 96), (5, 37), (4, 200)])
+def test_act_mul(variant, act, gated, num_tokens, ffn_dim, rng):
+    mod = _kernels.load(variant)
+    gate = (rng.standard_normal((num_tokens, ffn_dim)) * 4).astype(np.float32)
+    gate[0, :8] = [-100.0, -30.0, -0.0, 0.0, 1e-8, 30.0, 100.0, -1e-8]   # exp over/underflow ends
+    up = rng.standard_normal((num_tokens, ffn_dim), dtype=np.float32) if gated else None
+    out = np.full_like(gate, np.nan)
+    mod.act_mul(gate, up, out, act, num_threads=2)
+    # SiLU's vector exp is a polynomial (rel. error ~2e-7); erf/tanh come from libm
+    np.testing.assert_allclose(out, ref_ops.act_mul(gate, up, act), rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_act_mul_in_place_and_errors(variant, rng):
+    mod = _kernels.load(variant)
+    gate = rng.standard_normal((3, 40), dtype=np.float32)
+    up = rng.standard_normal((3, 40), dtype=np.float32)
+    expected = ref_ops.act_mul(gate, up, "silu")
+    mod.act_mul(gate, up, gate, "silu")                  # out aliases gate
+    np.testing.assert_allclose(gate, expected, rtol=2e-6, atol=1e-6)
+    with pytest.raises(KeyError):
+        mod.act_mul(gate, up, gate, "swish")
+    with pytest.raises(ValueError):
+        mod.act_mul(gate, up[:, :39].copy(), gate, "silu")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("cache_dtype", [np.float32, np.uint16])
+def test_write_kv(variant, cache_dtype, rng):
+    """Rows land at block slot // B, row slot % B of every kv head; nothing else changes;
+    a bf16 cache rounds to nearest even (and keeps NaN a NaN)."""
+    mod = _kernels.load(variant)
+    num_blocks, num_kv_heads, block_size, head_dim = 6, 3, 5, 32
+    cache = rng.integers(0, 2 ** 16, (num_blocks, num_kv_heads, block_size, head_dim)).astype(np.uint16)
+    if cache_dtype == np.float32:
+        cache = rng.standard_normal(cache.shape, dtype=np.float32)
+    slots = np.array([0, 4, 5, 29, 17, 11, 12], np.int64)    # first, block ends, last slot, shuffled
+    src = rng.standard_normal((len(slots), num_kv_heads, head_dim), dtype=np.float32)
+    src[0, 0, :3] = [1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, np.nan]   # a tie, a round-up, a NaN
+    expected = ref_ops.write_kv(cache, src, slots)
+    mod.write_kv(src, cache, slots)
+    if cache_dtype == np.uint16:
+        nan = np.isnan(ref_ops.bf16_bits_to_f32(expected))
+        assert np.isnan(ref_ops.bf16_bits_to_f32(cache))[nan].all()
+        np.testing.assert_array_equal(cache[~nan], expected[~nan])
+    else:
+        np.testing.assert_array_equal(cache, expected)
+    with pytest.raises(ValueError):
+        mod.write_kv(src[:1], cache, np.array([num_blocks * block_size], np.int64))
+    with pytest.raises(ValueError):
+        mod.write_kv(src[:1], cache, np.array([-1], np.int64))

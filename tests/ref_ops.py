@@ -1,0 +1,128 @@
+"""NumPy references: the spec of every kernel in lite_llm/_kernels (ops.pxi), in float64.
+
+Each function states in one or two lines what the compiled kernel must compute; the
+kernel tests compare every ISA variant against these. Low-precision helpers (bf16 as
+uint16 bits, round to nearest even) live here too so tests can build the exact inputs a
+kernel sees (e.g. bf16-rounded weights).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# ---- low-precision numbers -------------------------------------------------------------
+
+
+def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits (uint16), round to nearest even; NaN stays a (quiet) NaN."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), rounded)
+
+
+def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
+    """bf16 bits (uint16) -> float32 (exact)."""
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bf16, as float32."""
+    return bf16_bits_to_f32(f32_to_bf16_bits(x))
+
+
+# ---- kernels ---------------------------------------------------------------------------
+
+
+def gemm(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """x [T, K] @ w [N, K].T (+ bias [N]) -> [T, N]."""
+    out = x.astype(np.float64) @ w.astype(np.float64).T
+    return out if bias is None else out + bias
+
+
+def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x [T, E] / sqrt(mean(x^2) + eps) * w [E]."""
+    x = x.astype(np.float64)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    """(x [T, E] - mean) / sqrt(var + eps) * w [E] + b [E] (biased variance, like torch)."""
+    x = x.astype(np.float64)
+    return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) * w + b
+
+
+def rope_tables(max_positions: int, head_dim: int, theta: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin [P, D/2] float32 for inv_freq_i = theta^(-2i/D), as transformers builds them."""
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def rope_neox(x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate-half RoPE of x [T, H, D] at positions [T]: (a, b) -> (a c - b s, b c + a s)."""
+    half = x.shape[-1] // 2
+    a, b = x[..., :half].astype(np.float64), x[..., half:].astype(np.float64)
+    c, s = cos[positions][:, None, :], sin[positions][:, None, :]
+    return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    from math import erf
+    return np.vectorize(erf, otypes=[np.float64])(x)
+
+
+ACTIVATIONS = {
+    "silu": lambda g: g / (1.0 + np.exp(-g)),
+    "gelu": lambda g: 0.5 * g * (1.0 + _erf(g / np.sqrt(2.0))),
+    "gelu_tanh": lambda g: 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3))),
+    "relu": lambda g: np.maximum(g, 0.0),
+}
+
+
+def act_mul(gate: np.ndarray, up: np.ndarray | None, act: str) -> np.ndarray:
+    """act(gate [T, F]) * up [T, F], or act(gate) when up is None."""
+    with np.errstate(over="ignore"):
+        r = ACTIVATIONS[act](gate.astype(np.float64))
+    return r if up is None else r * up
+
+
+def write_kv(cache: np.ndarray, src: np.ndarray, slot_mapping: np.ndarray) -> np.ndarray:
+    """A copy of cache [num_blocks, Hkv, B, D] with src [T, Hkv, D] stored at each token's slot
+    (block slot // B, row slot % B); a uint16 cache stores bf16 bits rounded to nearest even."""
+    out = cache.copy()
+    block_size = cache.shape[2]
+    rows = f32_to_bf16_bits(src) if cache.dtype == np.uint16 else src
+    for tok, slot in enumerate(slot_mapping):
+        out[slot // block_size, :, slot % block_size, :] = rows[tok]
+    return out
+
+
+def kv_values(cache: np.ndarray) -> np.ndarray:
+    """A KV cache as float64 values (bf16 bits decoded)."""
+    return (bf16_bits_to_f32(cache) if cache.dtype == np.uint16 else cache).astype(np.float64)
+
+
+def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
+                    tok_seq: np.ndarray, positions: np.ndarray, scale: float,
+                    sliding_window: int = 0) -> np.ndarray:
+    """out [T, H, D]: query token t (of sequence tok_seq[t], at positions[t]) attends, per head h,
+    to kv head h // (H / Hkv) at its sequence's positions first..positions[t], where first is
+    positions[t] - sliding_window + 1 (clamped at 0) with a window, else 0: softmax(q.K * scale) @ V."""
+    num_tokens, num_heads, _ = q.shape
+    num_kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    kv, vv = kv_values(k_cache), kv_values(v_cache)
+    out = np.empty(q.shape, np.float64)
+    for t in range(num_tokens):
+        last = int(positions[t])
+        first = max(last - sliding_window + 1, 0) if sliding_window > 0 else 0
+        pos = np.arange(first, last + 1)
+        blocks = block_tables[tok_seq[t]][pos // block_size]
+        rows = pos % block_size
+        for h in range(num_heads):
+            keys = kv[blocks, h // group, rows]          # [L, D]
+            vals = vv[blocks, h // group, rows]          # [L, D]
+            s = keys @ q[t, h].astype(np.float64) * scale
+            p = np.exp(s - s.max())
+            out[t, h] = p @ vals / p.sum()
+    return out
