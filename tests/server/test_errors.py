@@ -191,3 +191,30 @@ def test_http_level_errors_are_json(served):
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and json.loads(body)["error"]["code"] == 400
     _ok(served.port)
+
+
+def test_503_when_the_engine_is_stopped():
+    s = start_server()
+    try:
+        assert request(s.port, "GET", "/health")[0] == 200
+        s.engine.shutdown(0.0)
+        status, _, data = request(s.port, "GET", "/health")
+        assert status == 503 and error_of(data)["type"] == "service_unavailable_error"
+        status, _, data = request(s.port, "POST", PATH, {"prompt": "x", "max_tokens": 2})
+        assert status == 503
+        assert request(s.port, "GET", "/metrics")[0] == 200      # still scrapeable
+    finally:
+        s.server.drain(0.0)
+
+
+def test_chunked_request_body_and_keep_alive(served):
+    conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+    body = json.dumps({"prompt": "Hello", "max_tokens": 3}).encode()
+    conn.request("POST", PATH, body=iter([body[:7], body[7:]]), encode_chunked=True,
+                 headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"})
+    first = conn.getresponse()
+    assert first.status == 200 and json.loads(first.read())["usage"]["completion_tokens"] == 3
+    conn.request("GET", "/v1/models")                     # same connection, kept alive
+    second = conn.getresponse()
+    assert second.status == 200 and json.loads(second.read())["data"]
+    conn.close()
