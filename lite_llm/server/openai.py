@@ -255,9 +255,8 @@ def _sampling_kwargs(body: dict, ctx: ServingContext) -> dict:
     kw["min_tokens"] = get_int(body, "min_tokens", 0, ctx.max_model_len, 0)
     kw["skip_special_tokens"] = get_bool(body, "skip_special_tokens", True)
     kw["include_stop_str_in_output"] = get_bool(body, "include_stop_str_in_output", False)
-    for name in ("user", "request_id"):
-        if body.get(name) is not None and not isinstance(body[name], str):
-            raise bad(f"'{name}' must be a string", name)
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise bad("'user' must be a string", "user")
     if "parallel_tool_calls" in body and body["parallel_tool_calls"] is not None \
             and not isinstance(body["parallel_tool_calls"], bool):
         raise bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
@@ -305,7 +304,13 @@ def _max_tokens(requested: int | None, prompt_len: int, ctx: ServingContext,
 
 
 def _new_id(prefix: str, body: dict) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+    """cmpl-<hex>, or cmpl-<request_id> when the client names its request (as vLLM)."""
+    rid = body.get("request_id")
+    if rid is None:
+        return f"{prefix}-{uuid.uuid4().hex}"
+    if not isinstance(rid, str) or not 0 < len(rid) <= 128 or not rid.isprintable():
+        raise bad("'request_id' must be a printable string of 1 to 128 characters", "request_id")
+    return f"{prefix}-{rid}"
 
 
 # ---- /v1/completions --------------------------------------------------------------------

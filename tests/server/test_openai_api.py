@@ -264,3 +264,12 @@ def test_token_bytes_of_partial_utf8_tokens(served):
         i = tok.token_to_id(stand_in[byte])
         assert tok.decode([i]) == "\ufffd" and token_bytes(tok, i, "\ufffd") == [byte]
     assert token_bytes(tok, ids[0], "abc") == list(b"abc")
+
+
+def test_request_id_names_the_response(served):
+    status, _, data = request(served.port, "POST", "/v1/completions",
+                              {"prompt": "Hi", "max_tokens": 2, "request_id": "job-42"})
+    assert status == 200 and json.loads(data)["id"] == "cmpl-job-42"
+    status, _, data = request(served.port, "POST", "/v1/completions",
+                              {"prompt": "Hi", "max_tokens": 2, "request_id": ""})
+    assert status == 400 and json.loads(data)["error"]["param"] == "request_id"
