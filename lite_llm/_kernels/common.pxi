@@ -81,3 +81,13 @@ cdef void _gemm(const float *x, Py_ssize_t ldx, uint32_t *xb, Py_ssize_t num_tok
         p1 = (tid + 1) * m.num_panels // nt
         ll_gemm_panels(x, xb if use_xb else NULL, ldx, num_tokens, m.w, m.wtype, m.k, m.n, m.bias,
                        out, ldo, accumulate, p0, p1)
+
+cdef extern from "kernels/quant.h" nogil:
+    void ll_dequant_q8_0(const unsigned char *src, float *dst, Py_ssize_t b0, Py_ssize_t b1)
+    void ll_dequant_q4_0(const unsigned char *src, float *dst, Py_ssize_t b0, Py_ssize_t b1)
+    void ll_dequant_q4_1(const unsigned char *src, float *dst, Py_ssize_t b0, Py_ssize_t b1)
+    void ll_dequant_q4_k(const unsigned char *src, float *dst, Py_ssize_t b0, Py_ssize_t b1)
+    void ll_dequant_q6_k(const unsigned char *src, float *dst, Py_ssize_t b0, Py_ssize_t b1)
+    void ll_f32_to_bf16_n(const float *src, uint16_t *dst, Py_ssize_t i0, Py_ssize_t i1)
+    void ll_pack_panels(const void *src, void *dst, Py_ssize_t n, Py_ssize_t k, int wtype,
+                        Py_ssize_t p0, Py_ssize_t p1)

@@ -8,3 +8,4 @@ tests call; `forward` runs a whole engine step in one nogil call.
 include "common.pxi"
 include "ops.pxi"
 include "forward.pxi"
+include "convert.pxi"

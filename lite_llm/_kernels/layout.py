@@ -8,6 +8,8 @@ Padding rows/columns are zero.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 W_F32, W_BF16, W_F16 = 0, 1, 2  # must match the LL_W_* enum in gemm.h
@@ -18,8 +20,31 @@ def wtype_of(dtype: str) -> int:
     return {"float32": W_F32, "bfloat16": W_BF16, "float16": W_F16}[dtype]
 
 
+def load_threads() -> int:
+    """Threads for load-time conversions: every CPU this process may use."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def pack(w: np.ndarray, dtype: str) -> np.ndarray:
-    """[N, K] weight (float32, float16, or bf16 bits as uint16) -> packed panels, 64-byte aligned."""
+    """[N, K] weight (float32, float16, or bf16 bits as uint16) -> packed panels, 64-byte aligned.
+    The compiled packer does the work; pack_reference is the plain NumPy spec of the layout."""
+    from lite_llm._kernels import kernels
+    if w.ndim != 2:
+        raise ValueError(f"pack: expected a 2-D weight, got shape {w.shape}")
+    n, k = w.shape
+    src = np.ascontiguousarray(w, {"bfloat16": np.uint16, "float32": np.float32, "float16": np.float16}[dtype])
+    num_panels = -(-n // PANEL)
+    shape = (num_panels, -(-k // 2), PANEL, 2) if dtype == "bfloat16" else (num_panels, k, PANEL)
+    out = aligned_empty(shape, src.dtype)
+    kernels.pack_into(src, out, dtype, load_threads())
+    return out
+
+
+def pack_reference(w: np.ndarray, dtype: str) -> np.ndarray:
+    """NumPy spec of pack()."""
     if w.ndim != 2:
         raise ValueError(f"pack: expected a 2-D weight, got shape {w.shape}")
     n, k = w.shape

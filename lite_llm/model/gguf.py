@@ -188,9 +188,18 @@ def dequantize(raw: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndar
         return np.frombuffer(raw, dtype="<f2").reshape(shape).astype(np.float32)
     if name == "BF16":
         return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
-    blocks = np.asarray(raw).reshape(-1, block_bytes)          # [num_blocks, block_bytes]
-    out = _DEQUANT[name](blocks)                               # [num_blocks, block]
+    from lite_llm._kernels import kernels       # compiled and parallel; _DEQUANT is its NumPy spec
+    from lite_llm._kernels.layout import load_threads
+    out = np.empty(int(np.prod(shape)), np.float32)
+    kernels.dequantize(np.asarray(raw, np.uint8).reshape(-1), name, out, load_threads())
     return out.reshape(shape)
+
+
+def dequantize_reference(raw: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
+    """NumPy spec of dequantize() for the block types."""
+    name, block, block_bytes = TENSOR_TYPES[type_id]
+    blocks = np.asarray(raw).reshape(-1, block_bytes)          # [num_blocks, block_bytes]
+    return _DEQUANT[name](blocks).reshape(shape)
 
 
 def _f16(blocks: np.ndarray, start: int) -> np.ndarray:

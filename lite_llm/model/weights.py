@@ -16,7 +16,14 @@ def to_bf16(x: np.ndarray) -> np.ndarray:
     NaNs stay NaNs (quiet, sign kept): plain rounding could carry a NaN's low mantissa bits
     into the exponent and turn it into an infinity.
     """
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    src = np.ascontiguousarray(x, dtype=np.float32)
+    if src.size >= 4096:    # large tensors: the compiled, parallel conversion (same rounding)
+        from lite_llm._kernels import kernels
+        from lite_llm._kernels.layout import load_threads
+        out = np.empty(src.shape, np.uint16)
+        kernels.f32_to_bf16(src.reshape(-1), out.reshape(-1), load_threads())
+        return out
+    bits = src.view(np.uint32)
     # round to nearest even: add 0x7FFF plus the lowest kept bit, then truncate
     rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))) >> 16
     out = rounded.astype(np.uint16)

@@ -1,0 +1,102 @@
+"""The offline LLM API end to end: greedy tokens identical to transformers in fp32 for a
+batch of prompts of several lengths, the real SmolLM2 GGUF against transformers loading the
+same file, and LLM.chat answering a question."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_checkpoint_path
+from lite_llm import LLM, SamplingParams
+from lite_llm.model.loader import default_model_path
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """Greedy decoding by full recomputation: the plain definition, no cache involved."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+@pytest.mark.parametrize("arch,overrides", [("llama", {}), ("mistral", {}), ("qwen2", {}),
+                                            ("qwen3", {"head_dim": 32}), ("opt", {})])
+def test_fp32_greedy_tokens_match_transformers_for_a_batch(arch, overrides):
+    from transformers import AutoModelForCausalLM
+    path = tiny_checkpoint_path(arch, **overrides)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(3, 320, n).tolist() for n in (1, 4, 17, 33)]
+    ref_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    want = [hf_greedy(ref_model, p, 12) for p in prompts]
+    # a small block size and token budget: prompts span blocks and prefill in chunks
+    with LLM(str(path), dtype="float32", block_size=16, max_num_batched_tokens=32,
+             kv_cache_space=0.01) as llm:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                            SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert all(o.outputs[0].finish_reason == "length" for o in outs)
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    llm = LLM(None, dtype="float32", max_model_len=1024, kv_cache_space=0.25)
+    yield llm
+    llm.shutdown()
+
+
+def test_default_model_greedy_tokens_match_transformers_on_the_same_gguf(smollm):
+    """transformers dequantizes the same Q4_1 GGUF; fp32 greedy continuations must agree."""
+    import os
+    from transformers import AutoModelForCausalLM
+    path = default_model_path()
+    ref = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                               dtype=torch.float32).eval()
+    tok = smollm.get_tokenizer()
+    prompts = ["The capital of Germany is", "def fibonacci(n):", "Once upon a time"]
+    ids = [tok.encode(p) for p in prompts]
+    want = [hf_greedy(ref, p, 16) for p in ids]
+    outs = smollm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert [o.prompt_token_ids for o in outs] == ids
+
+
+def test_chat_answers_the_capital_of_france(smollm):
+    out = smollm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                      SamplingParams(temperature=0, max_tokens=32))
+    assert "Paris" in out[0].outputs[0].text
+    assert out[0].outputs[0].finish_reason in ("stop", "length")
+
+
+def test_generate_accepts_strings_and_token_dicts_and_keeps_order(smollm):
+    tok = smollm.get_tokenizer()
+    outs = smollm.generate(["Hello", {"prompt_token_ids": tok.encode("Bonjour")}, "One two three"],
+                           SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert [o.prompt for o in outs] == ["Hello", None, "One two three"]
+    assert outs[1].prompt_token_ids == tok.encode("Bonjour")
+    assert all(1 <= len(o.outputs[0].token_ids) <= 4 for o in outs)
+    assert all(o.outputs[0].text == tok.decode(o.outputs[0].token_ids) for o in outs
+               if o.outputs[0].finish_reason == "length")
+
+
+def test_seeded_sampling_is_reproducible_and_n_gives_several(smollm):
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=8, seed=1234, n=3)
+    a = smollm.generate(["Tell me a story"], params)[0]
+    b = smollm.generate(["Tell me a story"], params)[0]
+    assert [o.token_ids for o in a.outputs] == [o.token_ids for o in b.outputs]
+    assert len(a.outputs) == 3 and [o.index for o in a.outputs] == [0, 1, 2]
+
+
+def test_logprobs_are_returned_per_token(smollm):
+    out = smollm.generate(["The sky is"], SamplingParams(temperature=0, max_tokens=3, logprobs=2))[0].outputs[0]
+    assert len(out.logprobs) == len(out.token_ids)
+    for tok_id, entry in zip(out.token_ids, out.logprobs):
+        assert tok_id in entry and entry[tok_id].rank == 1     # greedy picks the most likely
+        assert all(lp.logprob <= 0 for lp in entry.values())
+
+
+def test_a_kv_cache_too_small_for_max_model_len_fails_at_start_with_the_numbers(tmp_path):
+    path = tiny_checkpoint_path("llama")
+    with pytest.raises(ValueError, match=r"cannot hold one request of max_model_len=128.*needs 8 blocks"):
+        LLM(str(path), dtype="float32", block_size=16, kv_cache_space=1e-6)
