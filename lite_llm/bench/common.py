@@ -1,0 +1,290 @@
+"""Shared by `bench latency` and `bench throughput`: engine options, prompts, timing of a set
+of requests through the engine path users run (AsyncEngine streams), peak RSS, output.
+
+Every figure comes from RequestMetrics timestamps (time.monotonic, set by the engine thread
+right after the step that produced the token), so Python-side queue hops add nothing.
+Peers (llama.cpp, transformers) run in a child process (lite_llm.bench.peers) so their
+libraries, threads and memory never mix with ours; deliberately nothing here imports them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+import numpy as np
+
+PEERS = ("llama.cpp", "transformers")
+ORIGINAL_ENVIRON = dict(os.environ)      # before the engine sets its OpenMP policy: peers get the user's
+
+
+# ---- arguments ------------------------------------------------------------------------------
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, *, max_num_batched_tokens: int | None = None) -> None:
+    parser.add_argument("--model", default=None,
+                        help="HF directory, .gguf file or hub id (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"))
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--block-size", type=int, default=128)
+    parser.add_argument("--kv-cache-space", type=float, default=None, help="GiB")
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=max_num_batched_tokens)
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="prompts are random and distinct, so the cache only costs its bookkeeping")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.add_argument("--peers", default="",
+                        help=f"comma-separated peers to run on the same workload: {','.join(PEERS)} "
+                             "(needs `pip install lite-llm[bench]`)")
+
+
+def parse_peers(text: str) -> list[str]:
+    peers = [p.strip() for p in (text or "").split(",") if p.strip()]
+    for p in peers:
+        if p not in PEERS:
+            raise SystemExit(f"--peers: unknown peer {p!r}; known: {', '.join(PEERS)}")
+    return list(dict.fromkeys(peers))
+
+
+def build(args: argparse.Namespace, max_model_len: int | None = None):
+    """(engine, loaded, info) for the benchmark's arguments; info['build_seconds'] is the wall
+    time from the call (imports of the engine included) to a started engine."""
+    t0 = time.perf_counter()
+    from lite_llm.llm import build_engine
+    engine, loaded, info = build_engine(
+        args.model, dtype=args.dtype, max_model_len=args.max_model_len or max_model_len,
+        block_size=args.block_size, kv_cache_space=args.kv_cache_space, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=args.enable_prefix_caching,
+        seed=args.seed, serving=False, progress=sys.stderr.isatty())
+    info = dict(info, build_seconds=time.perf_counter() - t0)
+    return engine, loaded, info
+
+
+# ---- prompts --------------------------------------------------------------------------------
+
+
+def random_prompts(num_prompts: int, input_len: int, vocab_size: int, seed: int) -> list[list[int]]:
+    """num_prompts lists of input_len token ids, uniform over the vocabulary minus its low
+    tenth (capped at 1000 ids), where tokenizers keep control and byte tokens."""
+    rng = np.random.default_rng(seed)
+    low = min(vocab_size // 10, 1000)
+    ids = rng.integers(low, vocab_size, size=(num_prompts, input_len))   # [N, input_len]
+    return ids.tolist()
+
+
+def dataset_prompts(path: str, tokenizer, num_prompts: int, max_len: int | None = None) -> list[list[int]]:
+    """Token ids of the first num_prompts {"prompt": ...} lines of a JSONL file (cycled if
+    the file has fewer), truncated to max_len tokens."""
+    if tokenizer is None:
+        raise SystemExit("--dataset needs a model with a tokenizer")
+    texts = []
+    with open(path, encoding="utf-8") as fh:
+        for num, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                texts.append(str(json.loads(line)["prompt"]))
+            except (ValueError, KeyError, TypeError):
+                raise SystemExit(f"{path}:{num}: expected a JSON object with a \"prompt\" field") from None
+    if not texts:
+        raise SystemExit(f"{path}: no prompts")
+    prompts = []
+    for i in range(num_prompts):
+        ids = tokenizer.encode(texts[i % len(texts)])
+        prompts.append(ids[:max_len] if max_len else ids)
+    return prompts
+
+
+# ---- timing requests through the engine ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    """One request, times in seconds on time.monotonic()."""
+    arrival: float
+    first_token: float
+    last_token: float
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+
+
+def run_requests(engine, prompts: list[list[int]], output_len: int) -> list[RequestTiming]:
+    """Submit every prompt at once (greedy, ignore_eos, exactly output_len tokens each), wait
+    for all; one RequestTiming per prompt, in order."""
+    from lite_llm.sampling_params import SamplingParams
+    # detokenized, as users get their text: the incremental detokenizer is part of the cost
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    tag = uuid.uuid4().hex[:8]
+    streams = [engine.add_request(f"bench-{tag}-{i}", ids, params) for i, ids in enumerate(prompts)]
+    timings = []
+    for ids, stream in zip(prompts, streams):
+        num_tokens, last = 0, None
+        for out in stream:
+            num_tokens += sum(len(o.token_ids) for o in out.outputs)
+            last = out
+        m = last.metrics
+        if m is None or m.first_token_time is None:
+            raise RuntimeError(f"request {stream.request_id} finished without timing metrics")
+        end = m.last_token_time if m.last_token_time is not None else m.finished_time
+        timings.append(RequestTiming(m.arrival_time, m.first_token_time, end, len(ids), num_tokens,
+                                     last.num_cached_tokens))
+    return timings
+
+
+@dataclass(frozen=True)
+class BatchFigures:
+    """One batch of requests submitted together. Rates in tokens/s, times in seconds."""
+    ttft: float            # submission -> every request has its first token (the batch's prefill)
+    prefill_tok_s: float   # prompt tokens of the batch / ttft
+    decode_tok_s: float    # sum over requests of (tokens after the first) / (last - first token)
+    tpot: float            # mean over requests of (last - first token) / (tokens after the first)
+    e2e: float             # submission -> last token of the batch
+    output_tok_s: float    # generated tokens / e2e
+    total_tok_s: float     # (prompt + generated tokens) / e2e
+    requests_per_s: float
+    num_prompt_tokens: int  # computed (prefix-cache hits left out)
+    num_output_tokens: int
+
+
+def batch_figures(timings: list[RequestTiming]) -> BatchFigures:
+    start = min(t.arrival for t in timings)
+    ttft = max(t.first_token for t in timings) - start
+    e2e = max(t.last_token for t in timings) - start
+    num_prompt = sum(t.num_prompt_tokens - t.num_cached_tokens for t in timings)
+    num_output = sum(t.num_output_tokens for t in timings)
+    decode_rates, tpots = [], []
+    for t in timings:
+        if t.num_output_tokens > 1:
+            span = max(t.last_token - t.first_token, 1e-9)
+            decode_rates.append((t.num_output_tokens - 1) / span)
+            tpots.append(span / (t.num_output_tokens - 1))
+    return BatchFigures(ttft=ttft, prefill_tok_s=num_prompt / ttft,
+                        decode_tok_s=sum(decode_rates), tpot=statistics.fmean(tpots) if tpots else 0.0,
+                        e2e=e2e, output_tok_s=num_output / e2e,
+                        total_tok_s=(num_prompt + num_output) / e2e, requests_per_s=len(timings) / e2e,
+                        num_prompt_tokens=num_prompt, num_output_tokens=num_output)
+
+
+def median_figures(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Field-wise median of several runs' figures."""
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+# ---- memory ---------------------------------------------------------------------------------
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set: VmHWM of its address space (Linux), else ru_maxrss,
+    which a child started by fork+exec inherits from its parent's address space at the fork."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # KiB on Linux
+
+
+def process_age_seconds() -> float | None:
+    """Seconds since this process started (Linux /proc), None elsewhere."""
+    try:
+        with open("/proc/self/stat") as fh:
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def kv_bytes_per_token(loaded, block_size: int) -> int:
+    from lite_llm.engine.runner import kv_bytes_per_block
+    return kv_bytes_per_block(loaded.config, block_size, loaded.dtype) // block_size
+
+
+# ---- peers ----------------------------------------------------------------------------------
+
+
+def run_peer(peer: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one peer on spec (see lite_llm.bench.peers.main) in a child process with the
+    user's original environment; its progress goes to our stderr. Returns its result dict,
+    or {"error": ...} when it could not run."""
+    with tempfile.TemporaryDirectory(prefix="lite-llm-bench-") as tmp:
+        spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
+        with open(spec_path, "w") as fh:
+            json.dump(dict(spec, peer=peer), fh)
+        cmd = [sys.executable, "-m", "lite_llm.bench.peers", spec_path, out_path]
+        env = dict(ORIGINAL_ENVIRON)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL)
+        if os.path.exists(out_path):
+            with open(out_path) as fh:
+                return json.load(fh)
+        return {"error": f"the {peer} peer exited with status {proc.returncode} (its stderr is above)"}
+
+
+def ratios(ours: dict[str, float], theirs: dict[str, float], keys: Iterable[str],
+           lower_is_better: Iterable[str] = ()) -> dict[str, float]:
+    """ours / theirs for rates; theirs / ours for times (so > 1 always means we are ahead)."""
+    lower = set(lower_is_better)
+    out = {}
+    for k in keys:
+        a, b = ours.get(k), theirs.get(k)
+        if a and b:
+            out[k] = (b / a) if k in lower else (a / b)
+    return out
+
+
+# ---- output ---------------------------------------------------------------------------------
+
+
+def progress(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+def fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if value == 0:
+            return "0"
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return "-" if value is None else str(value)
+
+
+def print_table(title: str, columns: list[str], rows: list[list[Any]], file=None) -> None:
+    file = file or sys.stdout
+    cells = [columns] + [[fmt(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    print(title, file=file)
+    for n, row in enumerate(cells):
+        print("  " + "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))),
+              file=file)
+        if n == 0:
+            print("  " + "  ".join("-" * w for w in widths), file=file)
+    print(file=file)
+
+
+def dump_json(result: dict[str, Any]) -> None:
+    json.dump(result, sys.stdout, indent=2, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o))
+    sys.stdout.write("\n")
+
+
+def load_average() -> str | None:
+    try:
+        with open("/proc/loadavg") as fh:
+            return " ".join(fh.read().split()[:3])
+    except OSError:
+        return None

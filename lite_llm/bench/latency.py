@@ -1,0 +1,142 @@
+"""`lite-llm bench latency`: prefill and decode speed of one batch of requests, like
+`vllm bench latency`, optionally with llama.cpp / transformers on the same prompts.
+
+Each iteration submits --batch-size random-token prompts of --input-len tokens at once
+(greedy, ignore_eos: exactly --output-len tokens each) through the engine users run, and
+measures (common.BatchFigures): prefill tok/s = prompt tokens of the batch / TTFT, decode
+tok/s = tokens after the first / (last - first token), summed over the batch, TTFT, TPOT;
+medians over --num-iters after --warmup. Also: start to first token (engine build, imports
+included, + TTFT of a first short request) and the process's peak RSS against weights + the
+KV cache the workload needs. Each iteration uses fresh prompts, so the prefix cache never hits.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from typing import Any
+
+from lite_llm.bench import common
+
+FIRST_REQUEST_LEN = 32       # the start-up probe: a short prompt, one token
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    common.add_engine_arguments(parser)
+    parser.add_argument("--input-len", type=int, default=512)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--num-iters", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1, help="iterations run first and not counted")
+
+
+FIGURES = [  # (key, column title, scale, lower is better)
+    ("prefill_tok_s", "prefill tok/s", 1.0, False),
+    ("decode_tok_s", "decode tok/s", 1.0, False),
+    ("ttft", "TTFT ms", 1e3, True),
+    ("tpot", "TPOT ms", 1e3, True),
+    ("output_tok_s", "output tok/s", 1.0, False),
+]
+
+
+def run(args: argparse.Namespace) -> int:
+    if min(args.input_len, args.output_len, args.batch_size, args.num_iters) < 1 or args.warmup < 0:
+        raise SystemExit("--input-len, --output-len, --batch-size and --num-iters must be >= 1, --warmup >= 0")
+    peers = common.parse_peers(args.peers)
+    load_before = common.load_average()
+    age_at_start = common.process_age_seconds()
+    common.progress(f"bench latency: building the engine (load average {load_before})")
+    engine, loaded, info = common.build(args)
+    try:
+        vocab = loaded.config.vocab_size
+        needed = args.input_len + args.output_len
+        if needed > info["max_model_len"]:
+            raise SystemExit(f"--input-len + --output-len = {needed} is more than max_model_len "
+                             f"{info['max_model_len']}")
+        probe = common.random_prompts(1, min(FIRST_REQUEST_LEN, args.input_len), vocab, args.seed + 10_000)
+        (first,) = common.run_requests(engine, probe, 1)
+        first_ttft = first.first_token - first.arrival
+        startup = {"engine_build_seconds": info["build_seconds"], "first_request_ttft_seconds": first_ttft,
+                   "start_to_first_token_seconds": info["build_seconds"] + first_ttft,
+                   "process_start_to_first_token_seconds":
+                       None if age_at_start is None else age_at_start + info["build_seconds"] + first_ttft}
+        total = args.warmup + args.num_iters
+        batches = [common.random_prompts(args.batch_size, args.input_len, vocab, args.seed + i)
+                   for i in range(total)]
+        runs = []
+        num_cached = 0
+        for i, prompts in enumerate(batches):
+            label = "warm-up" if i < args.warmup else f"iteration {i - args.warmup + 1}/{args.num_iters}"
+            common.progress(f"[lite_llm] {label}: {args.batch_size} x {args.input_len} tokens -> {args.output_len}")
+            timings = common.run_requests(engine, prompts, args.output_len)
+            if i >= args.warmup:
+                runs.append(asdict(common.batch_figures(timings)))
+                num_cached += sum(t.num_cached_tokens for t in timings)
+        peak_rss = common.peak_rss_bytes()
+    finally:
+        engine.shutdown()
+    kv_bytes = args.batch_size * needed * common.kv_bytes_per_token(loaded, args.block_size)
+    ours = {"median": common.median_figures(runs), "runs": runs, "startup": startup,
+            "peak_rss_bytes": peak_rss, "weight_bytes": info["weight_bytes"], "kv_cache_bytes_needed": kv_bytes,
+            "peak_rss_over_weights_and_kv": peak_rss / max(info["weight_bytes"] + kv_bytes, 1),
+            "prefix_cache_hit_tokens": num_cached}
+    result: dict[str, Any] = {
+        "benchmark": "latency", "model": info["model_path"], "dtype": info["dtype"],
+        "kernel_variant": info["kernel_variant"], "num_threads": info["num_threads"],
+        "input_len": args.input_len, "output_len": args.output_len, "batch_size": args.batch_size,
+        "num_iters": args.num_iters, "warmup": args.warmup, "load_average_before": load_before,
+        "lite_llm": ours, "peers": {}}
+    spec = {"model_path": info["model_path"], "num_threads": info["num_threads"],
+            "output_len": args.output_len, "warmup": args.warmup, "batches": batches, "probe": probe}
+    for peer in peers:
+        common.progress(f"bench latency: running {peer} on the same prompts")
+        theirs = common.run_peer(peer, spec)
+        if "median" in theirs:
+            theirs["ratio"] = common.ratios(ours["median"], theirs["median"], [k for k, *_ in FIGURES],
+                                            [k for k, _, _, lower in FIGURES if lower])
+        result["peers"][peer] = theirs
+    result["load_average_after"] = common.load_average()
+    if args.json:
+        common.dump_json(result)
+    else:
+        print_report(result)
+    return 0
+
+
+def print_report(result: dict[str, Any]) -> None:
+    r = result
+    print(f"bench latency: {r['model']}\n  {r['dtype']}, kernels {r['kernel_variant']}, {r['num_threads']} threads; "
+          f"batch {r['batch_size']} x {r['input_len']} prompt tokens -> {r['output_len']} tokens; medians of "
+          f"{r['num_iters']} iterations after {r['warmup']} warm-up; load average {r['load_average_before']} "
+          f"before, {r['load_average_after']} after\n")
+    columns = ["engine"] + [title for _, title, _, _ in FIGURES] + ["start->1st tok s", "peak RSS MiB"]
+    ours = r["lite_llm"]
+    rows = [["lite_llm"] + [ours["median"][k] * scale for k, _, scale, _ in FIGURES]
+            + [ours["startup"]["start_to_first_token_seconds"], ours["peak_rss_bytes"] / 2**20]]
+    for name, peer in r["peers"].items():
+        if "median" not in peer:
+            rows.append([name] + ["-"] * (len(columns) - 1))
+            continue
+        rows.append([name] + [peer["median"][k] * scale for k, _, scale, _ in FIGURES]
+                    + [peer.get("start_to_first_token_seconds"), peer["peak_rss_bytes"] / 2**20])
+    for name, peer in r["peers"].items():
+        if "ratio" in peer:
+            rows.append([f"lite_llm / {name}"] + [_ratio(peer["ratio"].get(k)) for k, *_ in FIGURES] + ["", ""])
+    common.print_table("results (ratios > 1: lite_llm ahead; for times the inverse ratio)", columns, rows)
+    s = ours["startup"]
+    print(f"start-up: engine build {s['engine_build_seconds']:.2f} s + first request TTFT "
+          f"{s['first_request_ttft_seconds'] * 1e3:.0f} ms = {s['start_to_first_token_seconds']:.2f} s"
+          + ("" if s["process_start_to_first_token_seconds"] is None
+             else f" ({s['process_start_to_first_token_seconds']:.2f} s from process start)"))
+    print(f"memory: peak RSS {ours['peak_rss_bytes'] / 2**20:.0f} MiB = {ours['peak_rss_over_weights_and_kv']:.2f}x "
+          f"(weights {ours['weight_bytes'] / 2**20:.0f} MiB + KV cache needed "
+          f"{ours['kv_cache_bytes_needed'] / 2**20:.0f} MiB)")
+    for name, peer in r["peers"].items():
+        if "error" in peer:
+            print(f"{name}: not run: {peer['error']}")
+        else:
+            print(f"{name}: {peer['version']}; load {peer['load_seconds']:.2f} s; {peer['config']}"
+                  + "".join(f"; {n}" for n in peer.get("notes", [])))
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"

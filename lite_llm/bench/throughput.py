@@ -1,0 +1,122 @@
+"""`lite-llm bench throughput`: offline throughput of many requests submitted at once, like
+`vllm bench throughput`, optionally with llama.cpp's multi-sequence batching on the same prompts.
+
+--num-prompts random-token prompts of --input-len tokens (or the first --num-prompts
+{"prompt": ...} lines of a --dataset JSONL, tokenized by the model's tokenizer), each asking
+for exactly --output-len tokens (greedy, ignore_eos), all submitted together through the
+engine users run. Reported from submission to the last token: requests/s, total (prompt +
+generated) tokens/s, output tokens/s; medians over --num-iters. One short request runs
+first so the first iteration does not pay for the kernel pool start and first page faults.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from typing import Any
+
+from lite_llm.bench import common
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    common.add_engine_arguments(parser)
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=None,
+                        help="prompt tokens (default 128; with --dataset: truncate prompts to this)")
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--dataset", default=None, help='JSONL file of {"prompt": "..."} lines')
+    parser.add_argument("--num-iters", type=int, default=1)
+
+
+FIGURES = [  # (key, column title, scale, lower is better)
+    ("requests_per_s", "requests/s", 1.0, False),
+    ("total_tok_s", "total tok/s", 1.0, False),
+    ("output_tok_s", "output tok/s", 1.0, False),
+    ("ttft", "last TTFT s", 1.0, True),
+    ("e2e", "elapsed s", 1.0, True),
+]
+
+
+def run(args: argparse.Namespace) -> int:
+    if min(args.num_prompts, args.output_len, args.num_iters) < 1 or (args.input_len or 1) < 1:
+        raise SystemExit("--num-prompts, --input-len, --output-len and --num-iters must be >= 1")
+    peers = common.parse_peers(args.peers)
+    load_before = common.load_average()
+    common.progress(f"bench throughput: building the engine (load average {load_before})")
+    engine, loaded, info = common.build(args)
+    try:
+        limit = info["max_model_len"] - args.output_len
+        if args.dataset:
+            batches = [common.dataset_prompts(args.dataset, loaded.tokenizer, args.num_prompts,
+                                              min(args.input_len or limit, limit))] * args.num_iters
+        else:
+            input_len = args.input_len or 128
+            if input_len > limit:
+                raise SystemExit(f"--input-len + --output-len = {input_len + args.output_len} is more than "
+                                 f"max_model_len {info['max_model_len']}")
+            batches = [common.random_prompts(args.num_prompts, input_len, loaded.config.vocab_size,
+                                             args.seed + i) for i in range(args.num_iters)]
+        warm = [batches[0][0][:32]]
+        common.progress("[lite_llm] warm-up: 1 request")
+        common.run_requests(engine, warm, 2)
+        runs = []
+        for i, prompts in enumerate(batches):
+            common.progress(f"[lite_llm] iteration {i + 1}/{args.num_iters}: {len(prompts)} prompts, "
+                            f"{sum(map(len, prompts))} prompt tokens -> {args.output_len} tokens each")
+            runs.append(asdict(common.batch_figures(common.run_requests(engine, prompts, args.output_len))))
+        stats = engine.stats()
+        peak_rss = common.peak_rss_bytes()
+    finally:
+        engine.shutdown()
+    ours = {"median": common.median_figures(runs), "runs": runs, "peak_rss_bytes": peak_rss,
+            "num_preempted": stats.num_preempted_total,
+            "prefix_cache_hit_rate": stats.prefix_cache_hits / max(stats.prefix_cache_queries, 1)}
+    result: dict[str, Any] = {
+        "benchmark": "throughput", "model": info["model_path"], "dtype": info["dtype"],
+        "kernel_variant": info["kernel_variant"], "num_threads": info["num_threads"],
+        "num_prompts": args.num_prompts, "prompt_tokens": sum(map(len, batches[0])),
+        "output_len": args.output_len, "dataset": args.dataset, "num_iters": args.num_iters,
+        "load_average_before": load_before, "lite_llm": ours, "peers": {}}
+    spec = {"model_path": info["model_path"], "num_threads": info["num_threads"],
+            "output_len": args.output_len, "warmup": 1, "batches": [warm] + batches}
+    for peer in peers:
+        common.progress(f"bench throughput: running {peer} on the same prompts")
+        theirs = common.run_peer(peer, spec)
+        if "median" in theirs:
+            theirs["ratio"] = common.ratios(ours["median"], theirs["median"], [k for k, *_ in FIGURES],
+                                            [k for k, _, _, lower in FIGURES if lower])
+        result["peers"][peer] = theirs
+    result["load_average_after"] = common.load_average()
+    if args.json:
+        common.dump_json(result)
+    else:
+        print_report(result)
+    return 0
+
+
+def print_report(result: dict[str, Any]) -> None:
+    r = result
+    source = f"dataset {r['dataset']}" if r["dataset"] else "random prompts"
+    print(f"bench throughput: {r['model']}\n  {r['dtype']}, kernels {r['kernel_variant']}, {r['num_threads']} "
+          f"threads; {r['num_prompts']} requests ({source}, {r['prompt_tokens']} prompt tokens) -> "
+          f"{r['output_len']} tokens each, all submitted at once; median of {r['num_iters']}; load average "
+          f"{r['load_average_before']} before, {r['load_average_after']} after\n")
+    columns = ["engine"] + [title for _, title, _, _ in FIGURES] + ["peak RSS MiB"]
+    ours = r["lite_llm"]
+    rows = [["lite_llm"] + [ours["median"][k] * scale for k, _, scale, _ in FIGURES] + [ours["peak_rss_bytes"] / 2**20]]
+    for name, peer in r["peers"].items():
+        if "median" not in peer:
+            rows.append([name] + ["-"] * (len(columns) - 1))
+            continue
+        rows.append([name] + [peer["median"][k] * scale for k, _, scale, _ in FIGURES] + [peer["peak_rss_bytes"] / 2**20])
+    for name, peer in r["peers"].items():
+        if "ratio" in peer:
+            rows.append([f"lite_llm / {name}"]
+                        + [f"{peer['ratio'][k]:.2f}x" if k in peer["ratio"] else "-" for k, *_ in FIGURES] + [""])
+    common.print_table("results (ratios > 1: lite_llm ahead; for times the inverse ratio)", columns, rows)
+    print(f"lite_llm: {ours['num_preempted']} preemptions, prefix-cache hit rate {ours['prefix_cache_hit_rate']:.1%}")
+    for name, peer in r["peers"].items():
+        if "error" in peer:
+            print(f"{name}: not run: {peer['error']}")
+        else:
+            print(f"{name}: {peer['version']}; load {peer['load_seconds']:.2f} s; {peer['config']}"
+                  + "".join(f"; {n}" for n in peer.get("notes", [])))

