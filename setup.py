@@ -26,9 +26,12 @@ def _ext(name, source, flags=()):
 ext_modules = []
 for v in variants_for(platform.machine()):
     # Each variant in its own build dir: the generated C embeds the full module name.
-    ext_modules += cythonize([_ext(f"lite_llm._kernels.{v.name}.kernels",
-                                   "lite_llm/_kernels/kernels.pyx", v.flags)],
-                             build_dir=f"build/cython/{v.name}", compiler_directives=CYTHON_DIRECTIVES)
+    (ext,) = cythonize([_ext(f"lite_llm._kernels.{v.name}.kernels", "lite_llm/_kernels/kernels.pyx", v.flags)],
+                       build_dir=f"build/cython/{v.name}", compiler_directives=CYTHON_DIRECTIVES)
+    # cythonize remembers per-source options across calls and would hand this variant every
+    # earlier variant's flags too (an AVX-512 "generic" build): set them again, exactly.
+    ext.extra_compile_args = [*CFLAGS, *OPENMP, *v.flags]
+    ext_modules.append(ext)
 ext_modules += cythonize([_ext("lite_llm._kernels._cpu", "lite_llm/_kernels/_cpu.pyx"),
                           _ext("lite_llm.engine._sampler", "lite_llm/engine/_sampler.pyx")],
                          build_dir="build/cython/base", compiler_directives=CYTHON_DIRECTIVES)
