@@ -658,7 +658,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16", "half", "float"],
       help="weight/activation dtype (auto: from the checkpoint)")
     a("--max-model-len", type=int, default=None, help="context length (default: the model's)")
-    a("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    a("--block-size", type=int, default=None, help="tokens per KV-cache block (a multiple of 16; default 128)")
     a("--max-num-seqs", type=int, default=128, help="most sequences in one step")
     a("--max-num-batched-tokens", type=int, default=2048, help="token budget of one step")
     a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
@@ -701,11 +701,14 @@ def run(args: argparse.Namespace) -> int:
     api_key = args.api_key or env("API_KEY")
     t0 = time.perf_counter()
     from lite_llm.llm import build_async_engine
-    engine, tokenizer, info = build_async_engine(
-        model=model, dtype=args.dtype, max_model_len=args.max_model_len, block_size=args.block_size,
+    engine_kwargs = dict(
+        dtype=args.dtype, max_model_len=args.max_model_len, block_size=args.block_size,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=args.enable_prefix_caching, seed=args.seed, max_queue=args.max_queue,
         kv_cache_space=args.kv_cache_space, disable_sliding_window=args.disable_sliding_window)
+    # flags left unset keep the builder's defaults
+    engine, tokenizer, info = build_async_engine(
+        model=model, **{k: v for k, v in engine_kwargs.items() if v is not None})
     gen_config = (info.get("generation_config") or {}) if args.generation_config == "auto" else {}
     names = args.served_model_name or [info.get("model_name") or model or "default"]
     server = create_server(

@@ -66,7 +66,8 @@ def make_engine(tokenizer: Any, **overrides: Any) -> tuple[Any, Any, dict]:
     model = os.environ.get("LITE_LLM_SERVER_TEST_MODEL")
     if model:
         from lite_llm.llm import build_async_engine
-        real = {k: v for k, v in overrides.items() if k in ("max_queue", "max_num_seqs")}  # no fake knobs
+        real = {"kv_cache_space": 0.25, "max_model_len": 1024, "max_num_seqs": 32,
+                **{k: v for k, v in overrides.items() if k in ("max_queue", "max_num_seqs")}}  # no fake knobs
         return build_async_engine(model=None if model == "default" else model, **real)
     info = {"max_model_len": MAX_MODEL_LEN, "kernel_variant": "fake", "num_threads": 1,
             "weight_bytes": 1 << 20, "model_name": "tiny"}
