@@ -1,7 +1,7 @@
 """GET /openapi.json: an OpenAPI 3.1 document of the routes and bodies this server accepts.
 
 Written by hand from the same field lists openai.py validates against, so a field added
-there without a schema here is caught by tests/server/test_openapi.py.
+there without a schema here is caught by tests/server/test_openai_api.py.
 """
 from __future__ import annotations
 

@@ -273,3 +273,10 @@ def test_request_id_names_the_response(served):
     status, _, data = request(served.port, "POST", "/v1/completions",
                               {"prompt": "Hi", "max_tokens": 2, "request_id": ""})
     assert status == 400 and json.loads(data)["error"]["param"] == "request_id"
+
+
+def test_openapi_schemas_cover_every_accepted_field():
+    from lite_llm.server.openai import CHAT_FIELDS, COMPLETION_FIELDS
+    from lite_llm.server.openapi import SCHEMAS
+    assert COMPLETION_FIELDS == set(SCHEMAS["CompletionRequest"]["properties"])
+    assert CHAT_FIELDS == set(SCHEMAS["ChatCompletionRequest"]["properties"])
