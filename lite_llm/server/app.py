@@ -333,10 +333,30 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if e.status in (408, 411, 413):
             self.close_connection = True
+            self._linger = e.status == 413 and self._has_unread_body()
         try:
             self._send_json(e.status, e.body(), e.headers)
         except (ConnectionError, TimeoutError, OSError):
             self.close_connection = True
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            if getattr(self, "_linger", False):
+                self._linger_close()
+
+    def _linger_close(self) -> None:
+        """Drop what a refused client is still sending (for at most 2 s) before closing, so its
+        send completes and it reads our 413 instead of a connection reset (nginx's lingering close)."""
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(0.5)
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and self.connection.recv(1 << 16):
+                pass
+        except OSError:
+            pass
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """Errors raised by http.server itself (bad request line, too many headers...): JSON too."""
