@@ -15,6 +15,9 @@ static inline void ll_omp_barrier(void) {
 #pragma omp barrier
 }
 
+/* Hand out work items: returns the counter's value before the increment. */
+static inline int ll_atomic_next(int *counter) { return __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED); }
+
 /* Pin the calling thread to one CPU; 0 on success, an errno value otherwise. */
 static inline int ll_pin_self(int cpu) {
     cpu_set_t set;

@@ -82,6 +82,10 @@ cdef void _gemm(const float *x, Py_ssize_t ldx, uint32_t *xb, Py_ssize_t num_tok
         ll_gemm_panels(x, xb if use_xb else NULL, ldx, num_tokens, m.w, m.wtype, m.k, m.n, m.bias,
                        out, ldo, accumulate, p0, p1)
 
+cdef extern from "omp_util.h" nogil:
+    void ll_omp_barrier()
+    int ll_atomic_next(int *counter)
+
 cdef extern from "kernels/quant.h" nogil:
     void ll_dequant_q8_0(const unsigned char *src, float *dst, Py_ssize_t b0, Py_ssize_t b1)
     void ll_dequant_q4_0(const unsigned char *src, float *dst, Py_ssize_t b0, Py_ssize_t b1)

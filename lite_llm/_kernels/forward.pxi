@@ -40,6 +40,7 @@ cdef struct WorkC:
     float *act      # [T, F]
     float *scores   # [num_threads, B]
     uint32_t *xb    # [max(T, R), max_k / 2 + 1] bf16 pairs of the next GEMM input
+    int *counter    # [16] work counter of the dynamic attention phase (own cache line)
 
 
 cdef Mat _mat(dict tensors, str name, str dtype, list keep) except *:
@@ -167,11 +168,13 @@ cdef class Workspace:
                 aligned_zeros((max_tokens, up_n), np.float32),
                 aligned_zeros((max_tokens, mc.ffn_dim), np.float32),
                 aligned_zeros((max(num_threads, 1), mc.block_size), np.float32),
-                aligned_zeros((max(max_tokens, max_rows), (max_k + 1) // 2 + 1), np.uint32)]
+                aligned_zeros((max(max_tokens, max_rows), (max_k + 1) // 2 + 1), np.uint32),
+                aligned_zeros((16,), np.int32)]
         self.keep = bufs
         self.c.x, self.c.h, self.c.qkv = <float *>_ptr(bufs[0]), <float *>_ptr(bufs[1]), <float *>_ptr(bufs[2])
         self.c.attn, self.c.mlp, self.c.act = <float *>_ptr(bufs[3]), <float *>_ptr(bufs[4]), <float *>_ptr(bufs[5])
         self.c.scores, self.c.xb = <float *>_ptr(bufs[6]), <uint32_t *>_ptr(bufs[7])
+        self.c.counter = <int *>_ptr(bufs[8])
 
     @property
     def hidden(self):
@@ -244,53 +247,138 @@ cdef inline void _norm(const ModelC *m, const float *w, const float *b, const fl
         ll_layernorm_f32(x, w, b, out, m.dim, m.eps)
 
 
+cdef struct StepC:
+    # One engine step's flat arrays (see forward()).
+    Py_ssize_t T, R, max_blocks
+    const int32_t *token_ids
+    const int32_t *positions
+    const int64_t *slot_mapping
+    const int32_t *tok_seq
+    const int32_t *block_tables
+    const int32_t *logits_rows
+    float *logits
+
+
 cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t *token_ids, const int32_t *positions,
                    const int64_t *slot_mapping, const int32_t *tok_seq, const int32_t *block_tables,
                    Py_ssize_t max_blocks, Py_ssize_t R, const int32_t *logits_rows, float *logits,
                    int nt) noexcept nogil:
-    cdef Py_ssize_t t, r, head, i, l
-    cdef Py_ssize_t E = m.dim, F = m.ffn_dim, H = m.num_heads, Hkv = m.num_kv_heads, D = m.head_dim
+    """ONE parallel region for the whole step: every thread runs _step over its share of each
+    phase, with a barrier between dependent phases (far cheaper than a fork/join per op)."""
+    cdef StepC s
+    cdef int tid
+    s.T, s.R, s.max_blocks = T, R, max_blocks
+    s.token_ids, s.positions, s.slot_mapping, s.tok_seq = token_ids, positions, slot_mapping, tok_seq
+    s.block_tables, s.logits_rows, s.logits = block_tables, logits_rows, logits
+    ws.counter[0] = 0
+    with parallel(num_threads=nt):
+        tid = openmp.omp_get_thread_num()
+        _step(m, ws, &s, tid, openmp.omp_get_num_threads())
+
+
+cdef inline Py_ssize_t _lo(Py_ssize_t n, int tid, int nth) noexcept nogil:
+    return n * tid // nth
+
+
+cdef inline void _gemm_part(const float *x, Py_ssize_t ldx, const uint32_t *xb, Py_ssize_t num_tokens,
+                            const Mat *w, float *out, Py_ssize_t ldo, int accumulate, int tid,
+                            int nth) noexcept nogil:
+    """This thread's share of out (+)= x @ W.T: a contiguous range of 16-row panels, so decode
+    streams each weight byte once; xb holds x as bf16 pairs where the kernel wants them."""
+    ll_gemm_panels(x, xb if ll_gemm_wants_xb(w.wtype) else NULL, ldx, num_tokens, w.w, w.wtype, w.k,
+                   w.n, w.bias, out, ldo, accumulate, _lo(w.num_panels, tid, nth),
+                   _lo(w.num_panels, tid + 1, nth))
+
+
+cdef inline void _norm_rows(const ModelC *m, const float *w, const float *b, const float *x,
+                            const int32_t *rows, float *out, uint32_t *xb, int xb_wanted,
+                            Py_ssize_t t0, Py_ssize_t t1) noexcept nogil:
+    """out[t] = norm(x[rows[t] or t]) for t in [t0, t1), and its bf16 pairs for the next GEMM."""
+    cdef Py_ssize_t t, E = m.dim
+    for t in range(t0, t1):
+        _norm(m, w, b, x + (rows[t] if rows != NULL else t) * E, out + t * E)
+    if xb_wanted:
+        ll_f32_to_bf16_pairs(out, E, xb, t0, t1, E)
+
+
+cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int nth) noexcept nogil:
+    cdef Py_ssize_t t, r, head, i, l, item, c0, c1, first, last, t0, t1
+    cdef Py_ssize_t T = s.T, E = m.dim, F = m.ffn_dim, H = m.num_heads, Hkv = m.num_kv_heads, D = m.head_dim
     cdef Py_ssize_t q_n = H * D, qkv_n = (H + 2 * Hkv) * D, up_n = F * (2 if m.gated else 1)
+    cdef Py_ssize_t group = H // Hkv, chunks
     cdef float *row
     cdef const LayerW *L
+    cdef int wants = ll_gemm_wants_xb(m.layers[0].qkv.wtype)
+    t0, t1 = _lo(T, tid, nth), _lo(T, tid + 1, nth)
 
-    for t in prange(T, schedule="static", num_threads=nt):
-        _embed_row(&m.embed, token_ids[t], ws.x + t * E)
+    for t in range(t0, t1):
+        _embed_row(&m.embed, s.token_ids[t], ws.x + t * E)
         if m.pos_embed != NULL:
             for i in range(E):
-                ws.x[t * E + i] += m.pos_embed[positions[t] * E + i]
+                ws.x[t * E + i] += m.pos_embed[s.positions[t] * E + i]
+    ll_omp_barrier()
 
     for l in range(m.num_layers):
         L = &m.layers[l]
         # --- attention block: norm, qkv, (qk norm), rope, KV write, paged attention, o + residual
-        for t in prange(T, schedule="static", num_threads=nt):
-            _norm(m, L.attn_norm_w, L.attn_norm_b, ws.x + t * E, ws.h + t * E)
-        _gemm(ws.h, E, ws.xb, T, &L.qkv, ws.qkv, qkv_n, 0, nt)
-        for t in prange(T, schedule="static", num_threads=nt):
+        _norm_rows(m, L.attn_norm_w, L.attn_norm_b, ws.x, NULL, ws.h, ws.xb, wants, t0, t1)
+        ll_omp_barrier()
+        _gemm_part(ws.h, E, ws.xb, T, &L.qkv, ws.qkv, qkv_n, 0, tid, nth)
+        ll_omp_barrier()
+        for t in range(t0, t1):
             row = ws.qkv + t * qkv_n
             for head in range(H + Hkv):   # q heads then k heads
                 if m.qk_norm:
                     ll_rmsnorm_f32(row + head * D, L.q_norm_w if head < H else L.k_norm_w, row + head * D, D, m.eps)
                 if m.use_rope:
-                    ll_rope_neox_f32(row + head * D, m.rope_cos + positions[t] * (D // 2),
-                                     m.rope_sin + positions[t] * (D // 2), D)
-            ll_write_kv_row(row + q_n, L.k_cache, m.kv_bf16, slot_mapping[t], m.block_size, Hkv, D)
-            ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_bf16, slot_mapping[t], m.block_size, Hkv, D)
-        _attention(ws.qkv, qkv_n, ws.attn, q_n, T, H, Hkv, D, L.k_cache, L.v_cache, m.kv_bf16,
-                   block_tables, max_blocks, m.block_size, tok_seq, positions, m.scale,
-                   m.sliding_window, ws.scores, nt)
-        _gemm(ws.attn, q_n, ws.xb, T, &L.o, ws.x, E, 1, nt)
+                    ll_rope_neox_f32(row + head * D, m.rope_cos + s.positions[t] * (D // 2),
+                                     m.rope_sin + s.positions[t] * (D // 2), D)
+            ll_write_kv_row(row + q_n, L.k_cache, m.kv_bf16, s.slot_mapping[t], m.block_size, Hkv, D)
+            ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_bf16, s.slot_mapping[t], m.block_size, Hkv, D)
+        ll_omp_barrier()      # every token's K/V is in the cache before anyone attends
+        # (token, head) items handed out dynamically: work grows with each token's context
+        item = ll_atomic_next(ws.counter)
+        while item < T * H:
+            t = item // H
+            head = item % H
+            last = s.positions[t]
+            first = last - m.sliding_window + 1 if m.sliding_window > 0 and last - m.sliding_window + 1 > 0 else 0
+            ll_paged_attention_row(ws.qkv + t * qkv_n + head * D, ws.attn + t * q_n + head * D, L.k_cache,
+                                   L.v_cache, m.kv_bf16, s.block_tables + s.tok_seq[t] * s.max_blocks,
+                                   m.block_size, head // group, Hkv, D, first, last, m.scale,
+                                   ws.scores + tid * m.block_size)
+            if wants:
+                ll_f32_to_bf16_pairs(ws.attn + t * q_n + head * D, 0, ws.xb + t * (q_n // 2) + head * (D // 2), 0, 1, D)
+            item = ll_atomic_next(ws.counter)
+        ll_omp_barrier()
+        if tid == 0:
+            ws.counter[0] = 0   # for the next layer: nobody reads it before two more barriers
+        _gemm_part(ws.attn, q_n, ws.xb, T, &L.o, ws.x, E, 1, tid, nth)
+        ll_omp_barrier()
         # --- MLP block: norm, gate/up, act * up, down + residual
-        for t in prange(T, schedule="static", num_threads=nt):
-            _norm(m, L.mlp_norm_w, L.mlp_norm_b, ws.x + t * E, ws.h + t * E)
-        _gemm(ws.h, E, ws.xb, T, &L.up, ws.mlp, up_n, 0, nt)
-        for t in prange(T, schedule="static", num_threads=nt):
-            ll_act_mul_f32(ws.mlp + t * up_n, ws.mlp + t * up_n + F if m.gated else NULL,
-                           ws.act + t * F, F, m.act)
-        _gemm(ws.act, F, ws.xb, T, &L.down, ws.x, E, 1, nt)
+        _norm_rows(m, L.mlp_norm_w, L.mlp_norm_b, ws.x, NULL, ws.h, ws.xb, wants, t0, t1)
+        ll_omp_barrier()
+        _gemm_part(ws.h, E, ws.xb, T, &L.up, ws.mlp, up_n, 0, tid, nth)
+        ll_omp_barrier()
+        # act over a slice of every row: all threads busy even for one decode token
+        chunks = (F + 31) // 32
+        c0 = _lo(chunks, tid, nth) * 32
+        c1 = _lo(chunks, tid + 1, nth) * 32
+        if c1 > F:
+            c1 = F
+        if c1 > c0:
+            for t in range(T):
+                ll_act_mul_f32(ws.mlp + t * up_n + c0, ws.mlp + t * up_n + F + c0 if m.gated else NULL,
+                               ws.act + t * F + c0, c1 - c0, m.act)
+                if wants:
+                    ll_f32_to_bf16_pairs(ws.act + t * F + c0, 0, ws.xb + t * ((F + 1) // 2) + c0 // 2, 0, 1, c1 - c0)
+        ll_omp_barrier()
+        _gemm_part(ws.act, F, ws.xb, T, &L.down, ws.x, E, 1, tid, nth)
+        ll_omp_barrier()
 
-    if R == 0:
+    if s.R == 0:
         return
-    for r in prange(R, schedule="static", num_threads=nt):
-        _norm(m, m.final_norm_w, m.final_norm_b, ws.x + logits_rows[r] * E, ws.h + r * E)
-    _gemm(ws.h, E, ws.xb, R, &m.lm_head, logits, m.vocab_size, 0, nt)
+    _norm_rows(m, m.final_norm_w, m.final_norm_b, ws.x, s.logits_rows, ws.h, ws.xb, wants,
+               _lo(s.R, tid, nth), _lo(s.R, tid + 1, nth))
+    ll_omp_barrier()
+    _gemm_part(ws.h, E, ws.xb, s.R, &m.lm_head, s.logits, m.vocab_size, 0, tid, nth)
