@@ -176,6 +176,13 @@ def batch_figures(timings: list[RequestTiming]) -> BatchFigures:
                         num_prompt_tokens=num_prompt, num_output_tokens=num_output)
 
 
+def describe(f: BatchFigures | dict) -> str:
+    """One progress line of figures."""
+    d = f if isinstance(f, dict) else asdict(f)
+    return (f"prefill {d['prefill_tok_s']:.0f} tok/s, decode {d['decode_tok_s']:.1f} tok/s, "
+            f"TTFT {d['ttft'] * 1e3:.0f} ms, {d['output_tok_s']:.1f} output tok/s in {d['e2e']:.2f} s")
+
+
 def median_figures(runs: list[dict[str, float]]) -> dict[str, float]:
     """Field-wise median of several runs' figures."""
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}

@@ -27,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--num-iters", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1, help="iterations run first and not counted")
+    parser.add_argument("--peer-num-iters", type=int, default=None,
+                        help="measured iterations of each peer (default: --num-iters); the first ones of ours")
 
 
 FIGURES = [  # (key, column title, scale, lower is better)
@@ -68,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
             label = "warm-up" if i < args.warmup else f"iteration {i - args.warmup + 1}/{args.num_iters}"
             common.progress(f"[lite_llm] {label}: {args.batch_size} x {args.input_len} tokens -> {args.output_len}")
             timings = common.run_requests(engine, prompts, args.output_len)
+            figures = common.batch_figures(timings)
+            common.progress(f"[lite_llm] {label}: {common.describe(figures)}")
             if i >= args.warmup:
-                runs.append(asdict(common.batch_figures(timings)))
+                runs.append(asdict(figures))
                 num_cached += sum(t.num_cached_tokens for t in timings)
         peak_rss = common.peak_rss_bytes()
     finally:
@@ -85,8 +89,10 @@ def run(args: argparse.Namespace) -> int:
         "input_len": args.input_len, "output_len": args.output_len, "batch_size": args.batch_size,
         "num_iters": args.num_iters, "warmup": args.warmup, "load_average_before": load_before,
         "lite_llm": ours, "peers": {}}
-    spec = {"model_path": info["model_path"], "num_threads": info["num_threads"],
-            "output_len": args.output_len, "warmup": args.warmup, "batches": batches, "probe": probe}
+    peer_iters = args.num_iters if args.peer_num_iters is None else max(1, min(args.peer_num_iters, args.num_iters))
+    result["peer_num_iters"] = peer_iters
+    spec = {"model_path": info["model_path"], "num_threads": info["num_threads"], "output_len": args.output_len,
+            "warmup": args.warmup, "batches": batches[:args.warmup + peer_iters], "probe": probe}
     for peer in peers:
         common.progress(f"bench latency: running {peer} on the same prompts")
         theirs = common.run_peer(peer, spec)
@@ -106,7 +112,8 @@ def print_report(result: dict[str, Any]) -> None:
     r = result
     print(f"bench latency: {r['model']}\n  {r['dtype']}, kernels {r['kernel_variant']}, {r['num_threads']} threads; "
           f"batch {r['batch_size']} x {r['input_len']} prompt tokens -> {r['output_len']} tokens; medians of "
-          f"{r['num_iters']} iterations after {r['warmup']} warm-up; load average {r['load_average_before']} "
+          f"{r['num_iters']} iterations (peers: {r.get('peer_num_iters', r['num_iters'])}) after {r['warmup']} "
+          f"warm-up; load average {r['load_average_before']} "
           f"before, {r['load_average_after']} after\n")
     columns = ["engine"] + [title for _, title, _, _ in FIGURES] + ["start->1st tok s", "peak RSS MiB"]
     ours = r["lite_llm"]

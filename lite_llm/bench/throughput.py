@@ -62,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
         for i, prompts in enumerate(batches):
             common.progress(f"[lite_llm] iteration {i + 1}/{args.num_iters}: {len(prompts)} prompts, "
                             f"{sum(map(len, prompts))} prompt tokens -> {args.output_len} tokens each")
-            runs.append(asdict(common.batch_figures(common.run_requests(engine, prompts, args.output_len))))
+            figures = common.batch_figures(common.run_requests(engine, prompts, args.output_len))
+            common.progress(f"[lite_llm] iteration {i + 1}/{args.num_iters}: {common.describe(figures)}")
+            runs.append(asdict(figures))
         stats = engine.stats()
         peak_rss = common.peak_rss_bytes()
     finally:
