@@ -91,7 +91,7 @@ def test_throughput_with_llama_cpp_peer_on_the_default_model(capsys):
     theirs = r["peers"]["llama.cpp"]
     assert "error" not in theirs, theirs.get("error")
     _check_figures(theirs["median"], 3 * 10, 3 * 3)
-    assert theirs["config"]["n_seq_max"] == 3 and theirs["config"]["kv_unified"]
+    assert theirs["config"]["n_seq_max"] == 3 and theirs["config"]["n_ctx"] == 3 * 256
     assert set(theirs["ratio"]) == {"requests_per_s", "total_tok_s", "output_tok_s", "ttft", "e2e"}
     assert theirs["start_to_first_token_seconds"] > theirs["load_seconds"] > 0
 
@@ -101,7 +101,7 @@ def test_llama_cpp_peer_batches_sequences_on_the_same_weights():
     SmolLM2 still knows the capital of France."""
     tokenizer = load_model(str(SMOLLM2), progress=False).tokenizer
     prompt = tokenizer.encode("The capital of France is")
-    peer = peers.LlamaCppPeer(peers.bf16_gguf_path(str(SMOLLM2)), num_threads=2, num_seqs=2, total_tokens=64)
+    peer = peers.LlamaCppPeer(peers.bf16_gguf_path(str(SMOLLM2)), num_threads=2, num_seqs=2, seq_len=64)
     try:
         timings = peer.run([prompt, prompt], output_len=4)
     finally:
