@@ -20,6 +20,7 @@ BENCH_COMMANDS = {
     "latency": ("lite_llm.bench.latency", "prefill/decode speed of one batch"),
     "throughput": ("lite_llm.bench.throughput", "offline throughput of many requests"),
     "serve": ("lite_llm.bench.serve", "load a running server: TTFT, TPOT, ITL, throughput"),
+    "prefix": ("lite_llm.bench.prefix", "TTFT of a request whose long prefix is already cached"),
 }
 
 

@@ -102,7 +102,7 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
         log.info("note: %s", note)
 
     from lite_llm import _kernels
-    from lite_llm.engine.async_engine import AsyncEngine
+    from lite_llm.engine.async_engine import AsyncEngine, EngineDeadError
     from lite_llm.engine.engine import EngineConfig, LLMEngine
     from lite_llm.engine.runner import ModelRunner
     from lite_llm.model.loader import load_model
@@ -117,9 +117,6 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
     kv = plan_kv_cache(cfg, loaded.dtype, block_size, loaded.max_model_len, kv_cache_space, weight_estimate)
     log.info("%s", kv.describe())
     num_threads = plan.num_threads
-    runner = ModelRunner(loaded, num_blocks=kv.num_blocks, block_size=block_size,
-                         max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                         num_threads=num_threads, disable_sliding_window=disable_sliding_window)
     eos = tuple(cfg.eos_token_ids)
     gen_eos = loaded.generation_config.get("eos_token_id")
     if gen_eos is not None:
@@ -128,15 +125,25 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
                                  block_size=block_size, num_blocks=kv.num_blocks,
                                  enable_prefix_caching=enable_prefix_caching,
                                  max_model_len=loaded.max_model_len, seed=seed, eos_token_ids=eos)
-    engine = LLMEngine(runner, loaded.tokenizer, engine_config)
+    engine = LLMEngine(None, loaded.tokenizer, engine_config)   # the runner is built on the engine thread
 
-    def bind():
+    def start_on_engine_thread():
+        """Bind the OpenMP pool, then load: every OpenMP region of the process runs from this
+        thread. A second thread's pool would make libgomp count more threads than CPUs and
+        drop its barrier spinning to almost nothing: every barrier a sleep and a wake-up."""
         report = cpu.apply_plan(plan)
         for line in report.describe():
             log.info("%s", line)
+        engine.runner = ModelRunner(loaded, num_blocks=kv.num_blocks, block_size=block_size,
+                                    max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                                    num_threads=num_threads, disable_sliding_window=disable_sliding_window)
 
-    async_engine = AsyncEngine(engine, max_queue=max_queue, on_engine_thread_start=bind)
-    async_engine.start()
+    async_engine = AsyncEngine(engine, max_queue=max_queue, on_engine_thread_start=start_on_engine_thread)
+    try:
+        async_engine.start()
+    except EngineDeadError as e:     # a broken checkpoint: raise what the loader said
+        raise (e.__cause__ or e) from None
+    runner = engine.runner
     info = {
         "model_path": loaded.source, "model_name": model or os.path.basename(loaded.source),
         "max_model_len": loaded.max_model_len, "dtype": loaded.dtype, "architecture": cfg.architecture,

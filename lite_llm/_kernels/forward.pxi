@@ -38,7 +38,9 @@ cdef struct WorkC:
     float *attn     # [T, H D]
     float *mlp      # [T, 2F or F]
     float *act      # [T, F]
-    float *scores   # [num_threads, B]
+    float *scores   # [num_threads, scratch_len] attention scratch
+    Py_ssize_t scratch_len
+    int32_t *tiles  # [T + 1] query tiles of the attention phase
     uint32_t *xb    # [max(T, R), max_k / 2 + 1] bf16 pairs of the next GEMM input
     int *counter    # [16] work counter of the dynamic attention phase (own cache line)
 
@@ -167,14 +169,17 @@ cdef class Workspace:
                 aligned_zeros((max_tokens, mc.num_heads * mc.head_dim), np.float32),
                 aligned_zeros((max_tokens, up_n), np.float32),
                 aligned_zeros((max_tokens, mc.ffn_dim), np.float32),
-                aligned_zeros((max(num_threads, 1), mc.block_size), np.float32),
+                aligned_zeros((max(num_threads, 1), ll_attention_scratch(mc.head_dim, mc.num_heads // mc.num_kv_heads)), np.float32),
                 aligned_zeros((max(max_tokens, max_rows), (max_k + 1) // 2 + 1), np.uint32),
-                aligned_zeros((16,), np.int32)]
+                aligned_zeros((16,), np.int32),
+                aligned_zeros((max_tokens + 1,), np.int32)]
         self.keep = bufs
         self.c.x, self.c.h, self.c.qkv = <float *>_ptr(bufs[0]), <float *>_ptr(bufs[1]), <float *>_ptr(bufs[2])
         self.c.attn, self.c.mlp, self.c.act = <float *>_ptr(bufs[3]), <float *>_ptr(bufs[4]), <float *>_ptr(bufs[5])
         self.c.scores, self.c.xb = <float *>_ptr(bufs[6]), <uint32_t *>_ptr(bufs[7])
         self.c.counter = <int *>_ptr(bufs[8])
+        self.c.tiles = <int32_t *>_ptr(bufs[9])
+        self.c.scratch_len = bufs[6].shape[1]
 
     @property
     def hidden(self):
@@ -249,7 +254,7 @@ cdef inline void _norm(const ModelC *m, const float *w, const float *b, const fl
 
 cdef struct StepC:
     # One engine step's flat arrays (see forward()).
-    Py_ssize_t T, R, max_blocks
+    Py_ssize_t T, R, max_blocks, num_tiles
     const int32_t *token_ids
     const int32_t *positions
     const int64_t *slot_mapping
@@ -271,6 +276,7 @@ cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t
     s.token_ids, s.positions, s.slot_mapping, s.tok_seq = token_ids, positions, slot_mapping, tok_seq
     s.block_tables, s.logits_rows, s.logits = block_tables, logits_rows, logits
     ws.counter[0] = 0
+    s.num_tiles = _build_tiles(tok_seq, T, ws.tiles)
     with parallel(num_threads=nt):
         tid = openmp.omp_get_thread_num()
         _step(m, ws, &s, tid, openmp.omp_get_num_threads())
@@ -302,7 +308,7 @@ cdef inline void _norm_rows(const ModelC *m, const float *w, const float *b, con
 
 
 cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int nth) noexcept nogil:
-    cdef Py_ssize_t t, r, head, i, l, item, c0, c1, first, last, t0, t1
+    cdef Py_ssize_t t, r, head, i, l, item, c0, c1, t0, t1
     cdef Py_ssize_t T = s.T, E = m.dim, F = m.ffn_dim, H = m.num_heads, Hkv = m.num_kv_heads, D = m.head_dim
     cdef Py_ssize_t q_n = H * D, qkv_n = (H + 2 * Hkv) * D, up_n = F * (2 if m.gated else 1)
     cdef Py_ssize_t group = H // Hkv, chunks
@@ -336,19 +342,16 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
             ll_write_kv_row(row + q_n, L.k_cache, m.kv_bf16, s.slot_mapping[t], m.block_size, Hkv, D)
             ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_bf16, s.slot_mapping[t], m.block_size, Hkv, D)
         ll_omp_barrier()      # every token's K/V is in the cache before anyone attends
-        # (token, head) items handed out dynamically: work grows with each token's context
+        # (query tile, KV head) items handed out dynamically: work grows with context length
         item = ll_atomic_next(ws.counter)
-        while item < T * H:
-            t = item // H
-            head = item % H
-            last = s.positions[t]
-            first = last - m.sliding_window + 1 if m.sliding_window > 0 and last - m.sliding_window + 1 > 0 else 0
-            ll_paged_attention_row(ws.qkv + t * qkv_n + head * D, ws.attn + t * q_n + head * D, L.k_cache,
-                                   L.v_cache, m.kv_bf16, s.block_tables + s.tok_seq[t] * s.max_blocks,
-                                   m.block_size, head // group, Hkv, D, first, last, m.scale,
-                                   ws.scores + tid * m.block_size)
-            if wants:
-                ll_f32_to_bf16_pairs(ws.attn + t * q_n + head * D, 0, ws.xb + t * (q_n // 2) + head * (D // 2), 0, 1, D)
+        while item < s.num_tiles * Hkv:
+            _attention_item(item, ws.qkv, qkv_n, ws.attn, q_n, ws.tiles, H, Hkv, D, L.k_cache, L.v_cache,
+                            m.kv_bf16, s.block_tables, s.max_blocks, m.block_size, s.tok_seq, s.positions,
+                            m.scale, m.sliding_window, ws.scores + tid * ws.scratch_len)
+            if wants:   # the next GEMM's bf16 input: this item's heads of each of its tokens
+                for t in range(ws.tiles[item // Hkv], ws.tiles[item // Hkv + 1]):
+                    ll_f32_to_bf16_pairs(ws.attn + t * q_n + (item % Hkv) * group * D, 0,
+                                         ws.xb + t * (q_n // 2) + (item % Hkv) * group * (D // 2), 0, 1, group * D)
             item = ll_atomic_next(ws.counter)
         ll_omp_barrier()
         if tid == 0:

@@ -104,30 +104,60 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
     for t in range(q.shape[0]):
         if (positions[t] // bs) >= block_tables.shape[1] or tok_seq[t] >= block_tables.shape[0]:
             raise ValueError("paged_attention: position beyond the block table")
-    scores = np.empty((max(num_threads, 1), bs), np.float32)
-    cdef float[:, ::1] sc = scores
+    scratch = np.empty((max(num_threads, 1), ll_attention_scratch(d, h // hkv)), np.float32)
+    tiles = np.empty(q.shape[0] + 1, np.int32)
+    cdef float[:, ::1] sc = scratch
+    cdef int32_t[::1] tv = tiles
     cdef const void *kp = _ptr(k_cache)
     cdef const void *vp = _ptr(v_cache)
     cdef int kv_bf16 = k_cache.dtype == np.uint16
+    cdef Py_ssize_t ntiles
     with nogil:
-        _attention(&q[0, 0, 0], h * d, &out[0, 0, 0], h * d, q.shape[0], h, hkv, d, kp, vp,
-                   kv_bf16, &block_tables[0, 0], block_tables.shape[1], bs,
-                   &tok_seq[0], &positions[0], scale, sliding_window, &sc[0, 0], num_threads)
+        ntiles = _build_tiles(&tok_seq[0], q.shape[0], &tv[0])
+        _attention(&q[0, 0, 0], h * d, &out[0, 0, 0], h * d, &tv[0], ntiles, h, hkv, d, kp, vp, kv_bf16,
+                   &block_tables[0, 0], block_tables.shape[1], bs, &tok_seq[0], &positions[0], scale,
+                   sliding_window, &sc[0, 0], sc.shape[1], num_threads)
 
 
-cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo, Py_ssize_t num_tokens, Py_ssize_t h, Py_ssize_t hkv,
-                     Py_ssize_t d, const void *k_cache, const void *v_cache, int kv_bf16,
-                     const int32_t *block_tables, Py_ssize_t max_blocks, Py_ssize_t bs,
-                     const int32_t *tok_seq, const int32_t *positions, float scale, int window,
-                     float *scores, int num_threads) noexcept nogil:
-    """q [T, H*D] and out [T, H*D] with row strides ldq, ldo; scores is [num_threads, bs] scratch."""
-    cdef Py_ssize_t item, t, head, first, last, group = h // hkv
-    # dynamic: work per (token, head) grows with the token's context length
-    for item in prange(num_tokens * h, schedule="dynamic", chunksize=1, num_threads=num_threads):
-        t = item // h
-        head = item % h
-        last = positions[t]
-        first = last - window + 1 if window > 0 and last - window + 1 > 0 else 0
-        ll_paged_attention_row(q + t * ldq + head * d, out + t * ldo + head * d, k_cache, v_cache, kv_bf16,
-                               block_tables + tok_seq[t] * max_blocks, bs, head // group, hkv, d,
-                               first, last, scale, scores + openmp.omp_get_thread_num() * bs)
+cdef Py_ssize_t _build_tiles(const int32_t *tok_seq, Py_ssize_t num_tokens, int32_t *tiles) noexcept nogil:
+    """Split the step's tokens into query tiles of at most LL_ATTN_QTILE consecutive tokens of
+    one sequence: tile i is tokens tiles[i] .. tiles[i + 1] - 1. Returns the number of tiles."""
+    cdef Py_ssize_t t, n = 0
+    tiles[0] = 0
+    for t in range(1, num_tokens):
+        if tok_seq[t] != tok_seq[t - 1] or t - tiles[n] == LL_ATTN_QTILE:
+            n += 1
+            tiles[n] = t
+    if num_tokens > 0:
+        n += 1
+        tiles[n] = num_tokens
+    return n
+
+
+cdef inline void _attention_item(Py_ssize_t item, const float *q, Py_ssize_t ldq, float *out,
+                                 Py_ssize_t ldo, const int32_t *tiles, Py_ssize_t h, Py_ssize_t hkv,
+                                 Py_ssize_t d, const void *k_cache, const void *v_cache, int kv_bf16,
+                                 const int32_t *block_tables, Py_ssize_t max_blocks, Py_ssize_t bs,
+                                 const int32_t *tok_seq, const int32_t *positions, float scale,
+                                 int window, float *scratch) noexcept nogil:
+    """Work item = (query tile, KV head): attention of the tile's tokens for the group of query
+    heads that share that KV head."""
+    cdef Py_ssize_t tile = item // hkv, kvh = item % hkv, group = h // hkv
+    cdef Py_ssize_t t0 = tiles[tile]
+    ll_paged_attention_tile(q + t0 * ldq, ldq, out + t0 * ldo, ldo, <int>(tiles[tile + 1] - t0), <int>group,
+                            kvh * group, positions + t0, window, k_cache, v_cache, kv_bf16,
+                            block_tables + tok_seq[t0] * max_blocks, bs, kvh, hkv, d, scale, scratch)
+
+
+cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo, const int32_t *tiles,
+                     Py_ssize_t num_tiles, Py_ssize_t h, Py_ssize_t hkv, Py_ssize_t d, const void *k_cache,
+                     const void *v_cache, int kv_bf16, const int32_t *block_tables, Py_ssize_t max_blocks,
+                     Py_ssize_t bs, const int32_t *tok_seq, const int32_t *positions, float scale, int window,
+                     float *scratch, Py_ssize_t scratch_len, int num_threads) noexcept nogil:
+    """q [T, H*D] and out [T, H*D] with row strides ldq, ldo; scratch is [num_threads, scratch_len]."""
+    cdef Py_ssize_t item
+    # dynamic: a tile's work grows with its tokens' context lengths
+    for item in prange(num_tiles * hkv, schedule="dynamic", chunksize=1, num_threads=num_threads):
+        _attention_item(item, q, ldq, out, ldo, tiles, h, hkv, d, k_cache, v_cache, kv_bf16, block_tables,
+                        max_blocks, bs, tok_seq, positions, scale, window,
+                        scratch + openmp.omp_get_thread_num() * scratch_len)

@@ -1,6 +1,7 @@
-/* Paged attention for one query row of one head, on one thread: online softmax over the
- * KV blocks of its sequence. The same kernel serves decode (one query per sequence) and
- * prefill chunks (each query attends to the cached context plus the chunk up to itself).
+/* Paged attention on one thread: online softmax over the KV blocks of one sequence, for a
+ * tile of its query tokens and the query heads sharing one KV head. The same kernel serves
+ * decode (one query per sequence) and prefill chunks (each query attends to the cached
+ * context plus the chunk up to itself, within the sliding window if any).
  *
  * KV cache of one layer, K and V alike: [num_blocks][num_kv_heads][block_size][head_dim],
  * fp32 or bf16 (kv_bf16). Position p of a sequence lives in block block_table[p / B] at
@@ -14,59 +15,6 @@
 
 LL_INLINE ll_vf32 ll_kv_load(const void *base, ptrdiff_t off, int kv_bf16) {
     return kv_bf16 ? ll_load_bf16((const uint16_t *)base + off) : ll_load((const float *)base + off);
-}
-
-/* out [D] = softmax(q . K[first..last] * scale) @ V[first..last]; scores: scratch [B]. */
-static inline void ll_paged_attention_row(const float *q, float *out, const void *k_cache,
-                                          const void *v_cache, int kv_bf16, const int32_t *block_table,
-                                          ptrdiff_t block_size, ptrdiff_t kv_head, ptrdiff_t num_kv_heads,
-                                          ptrdiff_t head_dim, ptrdiff_t first, ptrdiff_t last, float scale,
-                                          float *scores) {
-    const ptrdiff_t nv = head_dim / 16;
-    ll_vf32 qv[LL_MAX_HEAD_DIM / 16], acc[LL_MAX_HEAD_DIM / 16];
-    const ll_vf32 sv = ll_set1(scale);
-    for (ptrdiff_t i = 0; i < nv; i++) { qv[i] = ll_mul(ll_load(q + 16 * i), sv); acc[i] = ll_zero(); }
-    float m = -INFINITY, l = 0.f;
-    const ptrdiff_t head_stride = block_size * head_dim, block_stride = num_kv_heads * head_stride;
-    for (ptrdiff_t blk = first / block_size; blk <= last / block_size; blk++) {
-        const ptrdiff_t j0 = blk * block_size > first ? blk * block_size : first;
-        const ptrdiff_t j1 = (blk + 1) * block_size - 1 < last ? (blk + 1) * block_size - 1 : last;
-        const ptrdiff_t base = (ptrdiff_t)block_table[blk] * block_stride + kv_head * head_stride;
-        const ptrdiff_t nj = j1 - j0 + 1;
-        float bmax = -INFINITY;
-        for (ptrdiff_t j = 0; j < nj; j++) {
-            const ptrdiff_t off = base + (j0 - blk * block_size + j) * head_dim;
-            ll_vf32 d = ll_mul(qv[0], ll_kv_load(k_cache, off, kv_bf16));
-            for (ptrdiff_t i = 1; i < nv; i++) d = ll_fma(qv[i], ll_kv_load(k_cache, off + 16 * i, kv_bf16), d);
-            float s = ll_hsum(d);
-            scores[j] = s;
-            bmax = s > bmax ? s : bmax;
-        }
-        const float m_new = m > bmax ? m : bmax;
-        const float corr = expf(m - m_new);  /* 0 on the first block (m = -inf) */
-        m = m_new;
-        /* p_j = exp(s_j - m): vectorised over the block */
-        const ll_vf32 mv = ll_set1(m);
-        ll_vf32 lsum = ll_zero();
-        ptrdiff_t j = 0;
-        for (; j + 16 <= nj; j += 16) {
-            ll_vf32 p = ll_exp(ll_sub(ll_load(scores + j), mv));
-            ll_store(scores + j, p);
-            lsum = ll_add(lsum, p);
-        }
-        float bsum = ll_hsum(lsum);
-        for (; j < nj; j++) { scores[j] = expf(scores[j] - m); bsum += scores[j]; }
-        l = l * corr + bsum;
-        const ll_vf32 cv = ll_set1(corr);
-        for (ptrdiff_t i = 0; i < nv; i++) acc[i] = ll_mul(acc[i], cv);
-        for (j = 0; j < nj; j++) {
-            const ptrdiff_t off = base + (j0 - blk * block_size + j) * head_dim;
-            const ll_vf32 pv = ll_set1(scores[j]);
-            for (ptrdiff_t i = 0; i < nv; i++) acc[i] = ll_fma(pv, ll_kv_load(v_cache, off + 16 * i, kv_bf16), acc[i]);
-        }
-    }
-    const ll_vf32 inv = ll_set1(l > 0.f ? 1.0f / l : 0.f);
-    for (ptrdiff_t i = 0; i < nv; i++) ll_store(out + 16 * i, ll_mul(acc[i], inv));
 }
 
 /* Write one token's K or V head rows [num_kv_heads][D] (contiguous, fp32) at `slot`. */
@@ -84,4 +32,123 @@ static inline void ll_write_kv_row(const float *src, void *cache, int kv_bf16, p
         }
     }
 }
+/* Each 16-key chunk of K is transposed once into Kt [D][16] and V widened once into Vf [16][D],
+ * then reused by every row of the tile: a row's 16 scores are D broadcast-FMAs (no horizontal
+ * sums), softmax is vectorised over the chunk. Row r = qi * G + g is query token qi, head h0 + g.
+ */
+#define LL_ATTN_QTILE 8
+
+/* Floats of scratch one call needs. */
+static inline ptrdiff_t ll_attention_scratch(ptrdiff_t head_dim, ptrdiff_t group) {
+    return 32 * head_dim + LL_ATTN_QTILE * group * (head_dim + 2) + 16;
+}
+
+static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
+                                           int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
+                                           const void *k_cache, const void *v_cache, int kv_bf16,
+                                           const int32_t *block_table, ptrdiff_t block_size,
+                                           ptrdiff_t kv_head, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
+                                           float scale, float *scratch) {
+    const ptrdiff_t D = head_dim, nv = head_dim / 16, rows = (ptrdiff_t)nq * group;
+    float *Kt = scratch, *Vf = scratch + 16 * D, *acc = scratch + 32 * D;
+    float *m = acc + rows * D, *l = m + rows, *sc = l + rows;
+    ptrdiff_t kmin = -1, kmax = -1;
+    for (int qi = 0; qi < nq; qi++) {
+        const ptrdiff_t first = window > 0 && pos[qi] - window + 1 > 0 ? pos[qi] - window + 1 : 0;
+        if (kmin < 0 || first < kmin) kmin = first;
+        if (pos[qi] > kmax) kmax = pos[qi];
+    }
+    for (ptrdiff_t r = 0; r < rows; r++) {
+        m[r] = -INFINITY; l[r] = 0.f;
+        for (ptrdiff_t i = 0; i < D; i++) acc[r * D + i] = 0.f;
+    }
+    const ptrdiff_t head_stride = block_size * D, block_stride = num_kv_heads * head_stride;
+    const ll_vf32 sv = ll_set1(scale);
+    for (ptrdiff_t c = kmin - kmin % 16; c <= kmax; c += 16) {
+        const ptrdiff_t j0 = c < kmin ? kmin - c : 0;                  /* first valid key of the chunk */
+        const ptrdiff_t nj = (kmax - c + 1 < 16 ? kmax - c + 1 : 16);  /* keys c .. c + nj - 1 exist */
+        for (ptrdiff_t j = 0; j < 16; j++) {      /* gather: any block size, keys looked up one by one */
+            if (j < j0 || j >= nj) {
+                for (ptrdiff_t d = 0; d < D; d++) Kt[d * 16 + j] = 0.f;
+                for (ptrdiff_t i = 0; i < nv; i++) ll_store(Vf + j * D + 16 * i, ll_zero());
+                continue;
+            }
+            const ptrdiff_t key = c + j;
+            const ptrdiff_t off = (ptrdiff_t)block_table[key / block_size] * block_stride + kv_head * head_stride
+                                  + (key % block_size) * D;
+            for (ptrdiff_t i = 0; i < nv; i++) {
+                float tmp[16];
+                ll_store(tmp, ll_kv_load(k_cache, off + 16 * i, kv_bf16));
+                for (int e = 0; e < 16; e++) Kt[(16 * i + e) * 16 + j] = tmp[e];
+                ll_store(Vf + j * D + 16 * i, ll_kv_load(v_cache, off + 16 * i, kv_bf16));
+            }
+        }
+        /* rows in fours: four independent FMA chains share each Kt load */
+        for (ptrdiff_t r0 = 0; r0 < rows; r0 += 4) {
+            const int nr = rows - r0 < 4 ? (int)(rows - r0) : 4;
+            const float *qp[4];
+            for (int k = 0; k < 4; k++) {
+                const ptrdiff_t r = r0 + (k < nr ? k : 0);
+                qp[k] = q + (r / group) * ldq + (h0 + r % group) * D;
+            }
+            ll_vf32 s4[4] = {ll_zero(), ll_zero(), ll_zero(), ll_zero()};
+            for (ptrdiff_t d = 0; d < D; d++) {
+                const ll_vf32 kv = ll_load(Kt + d * 16);
+                s4[0] = ll_fma(ll_set1(qp[0][d]), kv, s4[0]);
+                s4[1] = ll_fma(ll_set1(qp[1][d]), kv, s4[1]);
+                s4[2] = ll_fma(ll_set1(qp[2][d]), kv, s4[2]);
+                s4[3] = ll_fma(ll_set1(qp[3][d]), kv, s4[3]);
+            }
+            for (int k = 0; k < nr; k++) {
+                const ptrdiff_t r = r0 + k, p = pos[r / group];
+                const ptrdiff_t first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+                if (c > p || c + nj - 1 < first) continue;                /* nothing visible here */
+                ll_vf32 sr = ll_mul(s4[k], sv);
+                if (!(c >= first && c + 15 <= p && j0 == 0 && nj == 16)) {
+                    ll_store(sc, sr);   /* the diagonal / window edge: hide keys outside [first, p] */
+                    for (int j = 0; j < 16; j++)
+                        if (c + j > p || c + j < first || j < j0 || j >= nj) sc[j] = -INFINITY;
+                    sr = ll_load(sc);
+                }
+                const float cmax = ll_hmax(sr);
+                const float m_new = m[r] > cmax ? m[r] : cmax;
+                const ll_vf32 pv = ll_exp(ll_sub(sr, ll_set1(m_new)));
+                const float corr = expf(m[r] - m_new);
+                l[r] = l[r] * corr + ll_hsum(pv);
+                m[r] = m_new;
+                ll_store(sc, pv);
+                float *ar = acc + r * D;
+                const ll_vf32 cv = ll_set1(corr);
+                ptrdiff_t i = 0;
+                for (; i + 4 <= nv; i += 4) {   /* four accumulators in registers across the 16 keys */
+                    ll_vf32 a0 = ll_mul(ll_load(ar + 16 * i), cv), a1 = ll_mul(ll_load(ar + 16 * i + 16), cv);
+                    ll_vf32 a2 = ll_mul(ll_load(ar + 16 * i + 32), cv), a3 = ll_mul(ll_load(ar + 16 * i + 48), cv);
+                    for (int j = 0; j < 16; j++) {
+                        const ll_vf32 pj = ll_set1(sc[j]);
+                        const float *vj = Vf + j * D + 16 * i;
+                        a0 = ll_fma(pj, ll_load(vj), a0);
+                        a1 = ll_fma(pj, ll_load(vj + 16), a1);
+                        a2 = ll_fma(pj, ll_load(vj + 32), a2);
+                        a3 = ll_fma(pj, ll_load(vj + 48), a3);
+                    }
+                    ll_store(ar + 16 * i, a0); ll_store(ar + 16 * i + 16, a1);
+                    ll_store(ar + 16 * i + 32, a2); ll_store(ar + 16 * i + 48, a3);
+                }
+                for (; i < nv; i++) {
+                    ll_vf32 a = ll_mul(ll_load(ar + 16 * i), cv);
+                    for (int j = 0; j < 16; j++) a = ll_fma(ll_set1(sc[j]), ll_load(Vf + j * D + 16 * i), a);
+                    ll_store(ar + 16 * i, a);
+                }
+            }
+        }
+    }
+    for (int qi = 0; qi < nq; qi++)
+        for (int g = 0; g < group; g++) {
+            const ptrdiff_t r = (ptrdiff_t)qi * group + g;
+            const ll_vf32 inv = ll_set1(l[r] > 0.f ? 1.0f / l[r] : 0.f);
+            float *o = out + qi * ldo + (h0 + g) * D;
+            for (ptrdiff_t i = 0; i < nv; i++) ll_store(o + 16 * i, ll_mul(ll_load(acc + r * D + 16 * i), inv));
+        }
+}
+
 #endif
