@@ -311,7 +311,7 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
     cdef Py_ssize_t t, r, head, i, l, item, c0, c1, t0, t1
     cdef Py_ssize_t T = s.T, E = m.dim, F = m.ffn_dim, H = m.num_heads, Hkv = m.num_kv_heads, D = m.head_dim
     cdef Py_ssize_t q_n = H * D, qkv_n = (H + 2 * Hkv) * D, up_n = F * (2 if m.gated else 1)
-    cdef Py_ssize_t group = H // Hkv, chunks
+    cdef Py_ssize_t chunks, hpi = _heads_per_item(s.num_tiles, H, Hkv, nth)
     cdef float *row
     cdef const LayerW *L
     cdef int wants = ll_gemm_wants_xb(m.layers[0].qkv.wtype)
@@ -342,16 +342,16 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
             ll_write_kv_row(row + q_n, L.k_cache, m.kv_bf16, s.slot_mapping[t], m.block_size, Hkv, D)
             ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_bf16, s.slot_mapping[t], m.block_size, Hkv, D)
         ll_omp_barrier()      # every token's K/V is in the cache before anyone attends
-        # (query tile, KV head) items handed out dynamically: work grows with context length
+        # (query tile, head group) items handed out dynamically: work grows with context length
         item = ll_atomic_next(ws.counter)
-        while item < s.num_tiles * Hkv:
-            _attention_item(item, ws.qkv, qkv_n, ws.attn, q_n, ws.tiles, H, Hkv, D, L.k_cache, L.v_cache,
+        while item < s.num_tiles * (H // hpi):
+            _attention_item(item, hpi, ws.qkv, qkv_n, ws.attn, q_n, ws.tiles, H, Hkv, D, L.k_cache, L.v_cache,
                             m.kv_bf16, s.block_tables, s.max_blocks, m.block_size, s.tok_seq, s.positions,
                             m.scale, m.sliding_window, ws.scores + tid * ws.scratch_len)
             if wants:   # the next GEMM's bf16 input: this item's heads of each of its tokens
-                for t in range(ws.tiles[item // Hkv], ws.tiles[item // Hkv + 1]):
-                    ll_f32_to_bf16_pairs(ws.attn + t * q_n + (item % Hkv) * group * D, 0,
-                                         ws.xb + t * (q_n // 2) + (item % Hkv) * group * (D // 2), 0, 1, group * D)
+                for t in range(ws.tiles[item // (H // hpi)], ws.tiles[item // (H // hpi) + 1]):
+                    ll_f32_to_bf16_pairs(ws.attn + t * q_n + (item % (H // hpi)) * hpi * D, 0,
+                                         ws.xb + t * (q_n // 2) + (item % (H // hpi)) * hpi * (D // 2), 0, 1, hpi * D)
             item = ll_atomic_next(ws.counter)
         ll_omp_barrier()
         if tid == 0:

@@ -134,19 +134,26 @@ cdef Py_ssize_t _build_tiles(const int32_t *tok_seq, Py_ssize_t num_tokens, int3
     return n
 
 
-cdef inline void _attention_item(Py_ssize_t item, const float *q, Py_ssize_t ldq, float *out,
+cdef inline Py_ssize_t _heads_per_item(Py_ssize_t num_tiles, Py_ssize_t h, Py_ssize_t hkv, int nth) noexcept nogil:
+    """Query heads per attention work item: the whole group sharing a KV head (each K/V chunk
+    read once for all of them), or one head when that leaves too few items to keep every
+    thread busy (decode of a few sequences)."""
+    return h // hkv if num_tiles * hkv >= 4 * nth else 1
+
+
+cdef inline void _attention_item(Py_ssize_t item, Py_ssize_t hpi, const float *q, Py_ssize_t ldq, float *out,
                                  Py_ssize_t ldo, const int32_t *tiles, Py_ssize_t h, Py_ssize_t hkv,
                                  Py_ssize_t d, const void *k_cache, const void *v_cache, int kv_bf16,
                                  const int32_t *block_tables, Py_ssize_t max_blocks, Py_ssize_t bs,
                                  const int32_t *tok_seq, const int32_t *positions, float scale,
                                  int window, float *scratch) noexcept nogil:
-    """Work item = (query tile, KV head): attention of the tile's tokens for the group of query
-    heads that share that KV head."""
-    cdef Py_ssize_t tile = item // hkv, kvh = item % hkv, group = h // hkv
+    """Work item = (query tile, hpi query heads of one KV group): attention of the tile's
+    tokens for those heads."""
+    cdef Py_ssize_t per_tile = h // hpi, tile = item // per_tile, h0 = (item % per_tile) * hpi
     cdef Py_ssize_t t0 = tiles[tile]
-    ll_paged_attention_tile(q + t0 * ldq, ldq, out + t0 * ldo, ldo, <int>(tiles[tile + 1] - t0), <int>group,
-                            kvh * group, positions + t0, window, k_cache, v_cache, kv_bf16,
-                            block_tables + tok_seq[t0] * max_blocks, bs, kvh, hkv, d, scale, scratch)
+    ll_paged_attention_tile(q + t0 * ldq, ldq, out + t0 * ldo, ldo, <int>(tiles[tile + 1] - t0), <int>hpi,
+                            h0, positions + t0, window, k_cache, v_cache, kv_bf16,
+                            block_tables + tok_seq[t0] * max_blocks, bs, h0 // (h // hkv), hkv, d, scale, scratch)
 
 
 cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo, const int32_t *tiles,
@@ -155,9 +162,9 @@ cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo,
                      Py_ssize_t bs, const int32_t *tok_seq, const int32_t *positions, float scale, int window,
                      float *scratch, Py_ssize_t scratch_len, int num_threads) noexcept nogil:
     """q [T, H*D] and out [T, H*D] with row strides ldq, ldo; scratch is [num_threads, scratch_len]."""
-    cdef Py_ssize_t item
+    cdef Py_ssize_t item, hpi = _heads_per_item(num_tiles, h, hkv, num_threads)
     # dynamic: a tile's work grows with its tokens' context lengths
-    for item in prange(num_tiles * hkv, schedule="dynamic", chunksize=1, num_threads=num_threads):
-        _attention_item(item, q, ldq, out, ldo, tiles, h, hkv, d, k_cache, v_cache, kv_bf16, block_tables,
+    for item in prange(num_tiles * (h // hpi), schedule="dynamic", chunksize=1, num_threads=num_threads):
+        _attention_item(item, hpi, q, ldq, out, ldo, tiles, h, hkv, d, k_cache, v_cache, kv_bf16, block_tables,
                         max_blocks, bs, tok_seq, positions, scale, window,
                         scratch + openmp.omp_get_thread_num() * scratch_len)

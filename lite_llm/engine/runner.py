@@ -85,6 +85,7 @@ class ModelRunner:
         self.model = self.kernels.Model(kcfg, tensors, self.k_caches, self.v_caches, cos, sin)
         self.workspace = self.kernels.Workspace(self.model, max_num_batched_tokens, max_num_seqs, num_threads)
         self.max_num_batched_tokens = max_num_batched_tokens
+        self._logits = np.empty((0, cfg.vocab_size), np.float32)
         self.max_num_seqs = max_num_seqs
         eos = tuple(cfg.eos_token_ids)
         self.sampler = Sampler(cfg.vocab_size, eos, num_threads=num_threads)
@@ -121,8 +122,13 @@ class ModelRunner:
         return token_ids, positions, slot_mapping, tok_seq, block_tables, np.asarray(rows, np.int32)
 
     def forward(self, token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows) -> np.ndarray:
-        """One kernel call; returns logits [R, V] of the rows asked for (tests use this directly)."""
-        logits = np.empty((len(logits_rows), self.config.vocab_size), np.float32)
+        """One kernel call; returns logits [R, V] of the rows asked for (tests use this directly).
+        The array is a view of a buffer reused by the next call (fresh pages every step would
+        cost page faults)."""
+        R = len(logits_rows)
+        if self._logits.shape[0] < R:
+            self._logits = np.empty((R, self.config.vocab_size), np.float32)
+        logits = self._logits[:R]
         self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
                              block_tables, logits_rows, logits, self.num_threads)
         return logits
