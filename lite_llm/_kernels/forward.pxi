@@ -13,8 +13,8 @@ cdef struct LayerW:
     Mat o                         # [E, H D]
     Mat up                        # [2F, E] gate then up rows (gated), or [F, E]
     Mat down                      # [E, F]
-    void *k_cache                 # [num_blocks, Hkv, B, D]
-    void *v_cache
+    void *k_cache                 # [num_blocks, Hkv, D, B] (transposed, see attention.h)
+    void *v_cache                 # [num_blocks, Hkv, B, D]
 
 
 cdef struct ModelC:
@@ -95,10 +95,12 @@ cdef class Model:
             raise ValueError(f"head_dim {self.c.head_dim} unsupported: must be a multiple of 16, at most {LL_MAX_HEAD_DIM}")
         if len(k_caches) != self.c.num_layers or len(v_caches) != self.c.num_layers:
             raise ValueError("one K and one V cache per layer")
-        kc = k_caches[0]
-        self.c.num_blocks, self.c.block_size = kc.shape[0], kc.shape[2]
-        if kc.shape[1] != self.c.num_kv_heads or kc.shape[3] != self.c.head_dim:
-            raise ValueError(f"KV cache {kc.shape} does not fit the model")
+        kc, vc = k_caches[0], v_caches[0]
+        self.c.num_blocks, self.c.block_size = vc.shape[0], vc.shape[2]
+        if (vc.shape[1] != self.c.num_kv_heads or vc.shape[3] != self.c.head_dim or vc.shape[2] % 16
+                or tuple(kc.shape) != (vc.shape[0], vc.shape[1], vc.shape[3], vc.shape[2]) or kc.dtype != vc.dtype):
+            raise ValueError(f"KV cache K {kc.shape} / V {vc.shape} does not fit the model "
+                             "(K [blocks, Hkv, D, B], V [blocks, Hkv, B, D], B a multiple of 16)")
         self.c.kv_bf16 = kc.dtype == np.uint16
         self.c.layers = <LayerW *>calloc(self.c.num_layers, sizeof(LayerW))
         for i in range(self.c.num_layers):
@@ -113,7 +115,7 @@ cdef class Model:
             self.c.layers[i].o = _mat(tensors, p + "o", dtype, self.keep)
             self.c.layers[i].up = _mat(tensors, p + ("gate_up" if self.c.gated else "up"), dtype, self.keep)
             self.c.layers[i].down = _mat(tensors, p + "down", dtype, self.keep)
-            if k_caches[i].shape != kc.shape or v_caches[i].shape != kc.shape or k_caches[i].dtype != kc.dtype:
+            if k_caches[i].shape != kc.shape or v_caches[i].shape != vc.shape or k_caches[i].dtype != kc.dtype:
                 raise ValueError("all KV caches must have one shape and dtype")
             self.c.layers[i].k_cache = <void *>_ptr(k_caches[i])
             self.c.layers[i].v_cache = <void *>_ptr(v_caches[i])
@@ -339,8 +341,8 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                 if m.use_rope:
                     ll_rope_neox_f32(row + head * D, m.rope_cos + s.positions[t] * (D // 2),
                                      m.rope_sin + s.positions[t] * (D // 2), D)
-            ll_write_kv_row(row + q_n, L.k_cache, m.kv_bf16, s.slot_mapping[t], m.block_size, Hkv, D)
-            ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_bf16, s.slot_mapping[t], m.block_size, Hkv, D)
+            ll_write_kv_row(row + q_n, L.k_cache, m.kv_bf16, s.slot_mapping[t], m.block_size, Hkv, D, 1)
+            ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_bf16, s.slot_mapping[t], m.block_size, Hkv, D, 0)
         ll_omp_barrier()      # every token's K/V is in the cache before anyone attends
         # (query tile, head group) items handed out dynamically: work grows with context length
         item = ll_atomic_next(ws.counter)

@@ -67,9 +67,10 @@ class ModelRunner:
                 tensors[name] = np.ascontiguousarray(arr, dtype=np.float32)
             del arr
         kv_np = np.float32 if kv_cache_dtype(self.dtype) == "float32" else np.uint16
-        shape = (num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim)
-        self.k_caches = [layout.aligned_zeros(shape, kv_np) for _ in range(cfg.num_layers)]
-        self.v_caches = [layout.aligned_zeros(shape, kv_np) for _ in range(cfg.num_layers)]
+        v_shape = (num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim)
+        k_shape = (num_blocks, cfg.num_kv_heads, cfg.head_dim, block_size)   # transposed (attention.h)
+        self.k_caches = [layout.aligned_zeros(k_shape, kv_np) for _ in range(cfg.num_layers)]
+        self.v_caches = [layout.aligned_zeros(v_shape, kv_np) for _ in range(cfg.num_layers)]
         max_pos = max(self.max_model_len, 1)
         if cfg.rope:
             cos, sin = rope_tables(cfg, max_pos)

@@ -3,9 +3,12 @@
  * decode (one query per sequence) and prefill chunks (each query attends to the cached
  * context plus the chunk up to itself, within the sliding window if any).
  *
- * KV cache of one layer, K and V alike: [num_blocks][num_kv_heads][block_size][head_dim],
- * fp32 or bf16 (kv_bf16). Position p of a sequence lives in block block_table[p / B] at
- * row p % B. head_dim must be a multiple of 16.
+ * KV cache of one layer, fp32 or bf16 (kv_bf16); position p of a sequence lives in block
+ * block_table[p / B] at offset p % B:
+ *   V [num_blocks][num_kv_heads][block_size][head_dim]   one row per key
+ *   K [num_blocks][num_kv_heads][head_dim][block_size]   transposed: one vector load gives
+ *                                                        component d of 16 consecutive keys
+ * head_dim and block_size must be multiples of 16.
  */
 #ifndef LL_ATTENTION_H
 #define LL_ATTENTION_H
@@ -17,10 +20,23 @@ LL_INLINE ll_vf32 ll_kv_load(const void *base, ptrdiff_t off, int kv_bf16) {
     return kv_bf16 ? ll_load_bf16((const uint16_t *)base + off) : ll_load((const float *)base + off);
 }
 
-/* Write one token's K or V head rows [num_kv_heads][D] (contiguous, fp32) at `slot`. */
+/* Write one token's K or V head rows [num_kv_heads][D] (contiguous, fp32) at `slot`;
+ * transposed: the K layout (the token's D values go down a column of the block). */
 static inline void ll_write_kv_row(const float *src, void *cache, int kv_bf16, ptrdiff_t slot,
-                                   ptrdiff_t block_size, ptrdiff_t num_kv_heads, ptrdiff_t head_dim) {
+                                   ptrdiff_t block_size, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
+                                   int transposed) {
     const ptrdiff_t blk = slot / block_size, row = slot % block_size;
+    if (transposed) {
+        for (ptrdiff_t h = 0; h < num_kv_heads; h++) {
+            const ptrdiff_t base = (blk * num_kv_heads + h) * head_dim * block_size + row;
+            const float *s = src + h * head_dim;
+            for (ptrdiff_t i = 0; i < head_dim; i++) {
+                if (kv_bf16) ((uint16_t *)cache)[base + i * block_size] = ll_f32_to_bf16(s[i]);
+                else ((float *)cache)[base + i * block_size] = s[i];
+            }
+        }
+        return;
+    }
     for (ptrdiff_t h = 0; h < num_kv_heads; h++) {
         const ptrdiff_t off = ((blk * num_kv_heads + h) * block_size + row) * head_dim;
         const float *s = src + h * head_dim;
@@ -32,15 +48,16 @@ static inline void ll_write_kv_row(const float *src, void *cache, int kv_bf16, p
         }
     }
 }
-/* Each 16-key chunk of K is transposed once into Kt [D][16] and V widened once into Vf [16][D],
- * then reused by every row of the tile: a row's 16 scores are D broadcast-FMAs (no horizontal
- * sums), softmax is vectorised over the chunk. Row r = qi * G + g is query token qi, head h0 + g.
+/* Per 16-key chunk: a row's 16 scores are D broadcast-FMAs on K's transposed layout (no
+ * horizontal sums), four rows at a time sharing each K load; softmax is vectorised over the
+ * chunk; V is widened once into Vf [16][D] for all rows of the tile.
+ * Row r = qi * G + g is query token qi, head h0 + g.
  */
 #define LL_ATTN_QTILE 8
 
 /* Floats of scratch one call needs. */
 static inline ptrdiff_t ll_attention_scratch(ptrdiff_t head_dim, ptrdiff_t group) {
-    return 32 * head_dim + LL_ATTN_QTILE * group * (head_dim + 2) + 16;
+    return 16 * head_dim + LL_ATTN_QTILE * group * (head_dim + 2) + 16;
 }
 
 static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
@@ -50,7 +67,7 @@ static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float 
                                            ptrdiff_t kv_head, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
                                            float scale, float *scratch) {
     const ptrdiff_t D = head_dim, nv = head_dim / 16, rows = (ptrdiff_t)nq * group;
-    float *Kt = scratch, *Vf = scratch + 16 * D, *acc = scratch + 32 * D;
+    float *Vf = scratch, *acc = scratch + 16 * D;
     float *m = acc + rows * D, *l = m + rows, *sc = l + rows;
     ptrdiff_t kmin = -1, kmax = -1;
     for (int qi = 0; qi < nq; qi++) {
@@ -62,28 +79,23 @@ static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float 
         m[r] = -INFINITY; l[r] = 0.f;
         for (ptrdiff_t i = 0; i < D; i++) acc[r * D + i] = 0.f;
     }
-    const ptrdiff_t head_stride = block_size * D, block_stride = num_kv_heads * head_stride;
+    const ptrdiff_t head_stride = block_size * D;
     const ll_vf32 sv = ll_set1(scale);
     for (ptrdiff_t c = kmin - kmin % 16; c <= kmax; c += 16) {
         const ptrdiff_t j0 = c < kmin ? kmin - c : 0;                  /* first valid key of the chunk */
         const ptrdiff_t nj = (kmax - c + 1 < 16 ? kmax - c + 1 : 16);  /* keys c .. c + nj - 1 exist */
-        for (ptrdiff_t j = 0; j < 16; j++) {      /* gather: any block size, keys looked up one by one */
-            if (j < j0 || j >= nj) {
-                for (ptrdiff_t d = 0; d < D; d++) Kt[d * 16 + j] = 0.f;
-                for (ptrdiff_t i = 0; i < nv; i++) ll_store(Vf + j * D + 16 * i, ll_zero());
-                continue;
-            }
-            const ptrdiff_t key = c + j;
-            const ptrdiff_t off = (ptrdiff_t)block_table[key / block_size] * block_stride + kv_head * head_stride
-                                  + (key % block_size) * D;
-            for (ptrdiff_t i = 0; i < nv; i++) {
-                float tmp[16];
-                ll_store(tmp, ll_kv_load(k_cache, off + 16 * i, kv_bf16));
-                for (int e = 0; e < 16; e++) Kt[(16 * i + e) * 16 + j] = tmp[e];
-                ll_store(Vf + j * D + 16 * i, ll_kv_load(v_cache, off + 16 * i, kv_bf16));
-            }
+        /* the chunk lies in one block (block_size % 16 == 0) */
+        const ptrdiff_t blk = block_table[c / block_size];
+        const ptrdiff_t kbase = (blk * num_kv_heads + kv_head) * D * block_size + c % block_size;
+        const ptrdiff_t vbase = (blk * num_kv_heads + kv_head) * head_stride + (c % block_size) * D;
+        /* V of the chunk widened once for all rows; keys outside [j0, nj) may hold anything
+         * (NaN included): their V rows are zeroed and their scores masked */
+        for (ptrdiff_t j = 0; j < 16; j++) {
+            const int valid = j >= j0 && j < nj;
+            for (ptrdiff_t i = 0; i < nv; i++)
+                ll_store(Vf + j * D + 16 * i, valid ? ll_kv_load(v_cache, vbase + j * D + 16 * i, kv_bf16) : ll_zero());
         }
-        /* rows in fours: four independent FMA chains share each Kt load */
+        /* rows in fours: four independent FMA chains share each K load */
         for (ptrdiff_t r0 = 0; r0 < rows; r0 += 4) {
             const int nr = rows - r0 < 4 ? (int)(rows - r0) : 4;
             const float *qp[4];
@@ -92,12 +104,19 @@ static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float 
                 qp[k] = q + (r / group) * ldq + (h0 + r % group) * D;
             }
             ll_vf32 s4[4] = {ll_zero(), ll_zero(), ll_zero(), ll_zero()};
-            for (ptrdiff_t d = 0; d < D; d++) {
-                const ll_vf32 kv = ll_load(Kt + d * 16);
-                s4[0] = ll_fma(ll_set1(qp[0][d]), kv, s4[0]);
-                s4[1] = ll_fma(ll_set1(qp[1][d]), kv, s4[1]);
-                s4[2] = ll_fma(ll_set1(qp[2][d]), kv, s4[2]);
-                s4[3] = ll_fma(ll_set1(qp[3][d]), kv, s4[3]);
+            if (nr == 1) {   /* one row (decode, one head): four partial sums over d instead */
+                for (ptrdiff_t d = 0; d < D; d += 4)
+                    for (int e = 0; e < 4; e++)
+                        s4[e] = ll_fma(ll_set1(qp[0][d + e]), ll_kv_load(k_cache, kbase + (d + e) * block_size, kv_bf16), s4[e]);
+                s4[0] = ll_add(ll_add(s4[0], s4[1]), ll_add(s4[2], s4[3]));
+            } else {
+                for (ptrdiff_t d = 0; d < D; d++) {
+                    const ll_vf32 kv = ll_kv_load(k_cache, kbase + d * block_size, kv_bf16);
+                    s4[0] = ll_fma(ll_set1(qp[0][d]), kv, s4[0]);
+                    s4[1] = ll_fma(ll_set1(qp[1][d]), kv, s4[1]);
+                    s4[2] = ll_fma(ll_set1(qp[2][d]), kv, s4[2]);
+                    s4[3] = ll_fma(ll_set1(qp[3][d]), kv, s4[3]);
+                }
             }
             for (int k = 0; k < nr; k++) {
                 const ptrdiff_t r = r0 + k, p = pos[r / group];

@@ -28,7 +28,7 @@ VARIANTS = _kernels.available()
 @dataclass(frozen=True)
 class Step:
     q: np.ndarray             # [T, H, D]
-    k_cache: np.ndarray       # [num_blocks, Hkv, B, D] float32 or bf16 bits
+    k_cache: np.ndarray       # [num_blocks, Hkv, B, D] float32 or bf16 bits (logical; the kernel takes it transposed)
     v_cache: np.ndarray
     block_tables: np.ndarray  # [S, max_blocks] int32
     tok_seq: np.ndarray       # [T] int32
@@ -67,9 +67,14 @@ def make_step(rng: np.random.Generator, *, num_heads: int, num_kv_heads: int, he
     return Step(q, k, v, block_tables, tok_seq, positions)
 
 
+def k_layout(k: np.ndarray) -> np.ndarray:
+    """The kernel's K cache layout [num_blocks, Hkv, D, B] from the logical [num_blocks, Hkv, B, D]."""
+    return np.ascontiguousarray(k.transpose(0, 1, 3, 2))
+
+
 def run(mod, step: Step, scale: float, sliding_window: int = 0, num_threads: int = 1) -> np.ndarray:
     out = np.full(step.q.shape, np.nan, np.float32)
-    mod.paged_attention(step.q, step.k_cache, step.v_cache, step.block_tables, step.tok_seq,
+    mod.paged_attention(step.q, k_layout(step.k_cache), step.v_cache, step.block_tables, step.tok_seq,
                         step.positions, out, scale, sliding_window=sliding_window, num_threads=num_threads)
     return out
 
@@ -102,7 +107,7 @@ def test_mixed_step(variant, num_heads, num_kv_heads, kv_bf16, num_threads, rng)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("block_size", [5, 16, 32])
+@pytest.mark.parametrize("block_size", [16, 32, 48])
 @pytest.mark.parametrize("head_dim", [16, 80])
 def test_block_sizes_and_head_dims(variant, block_size, head_dim, rng):
     """Odd block size (score tails, chunk boundaries inside blocks), blocks longer than the
@@ -120,15 +125,15 @@ def test_sliding_window(variant, window, kv_bf16, rng):
     """Each query sees positions > its own - window: a window of 1 returns V at its own
     position; a window longer than the context changes nothing."""
     mod = _kernels.load(variant)
-    step = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=32, block_size=8,
+    step = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
                      queries=MIXED, kv_bf16=kv_bf16)
     out = run(mod, step, 0.125, sliding_window=window, num_threads=3)
     np.testing.assert_allclose(out, expected(step, 0.125, window), **TOL)
     if window == 1:
         v = ref_ops.kv_values(step.v_cache)
         for t, (seq, pos) in enumerate(zip(step.tok_seq, step.positions)):
-            blk = step.block_tables[seq, pos // 8]
-            np.testing.assert_allclose(out[t], v[blk, np.arange(4) // 2, pos % 8], rtol=1e-6)
+            blk = step.block_tables[seq, pos // 16]
+            np.testing.assert_allclose(out[t], v[blk, np.arange(4) // 2, pos % 16], rtol=1e-6)
     if window == 1000:
         np.testing.assert_allclose(out, expected(step, 0.125), **TOL)
 
@@ -137,11 +142,11 @@ def test_sliding_window(variant, window, kv_bf16, rng):
 def test_chunk_is_causal_and_independent_of_later_cache_rows(variant, rng):
     """A prefill chunk's query at position p must not change when K/V after p change."""
     mod = _kernels.load(variant)
-    step = make_step(rng, num_heads=2, num_kv_heads=1, head_dim=16, block_size=4,
-                     queries=[(10, 6)], kv_bf16=False)
+    step = make_step(rng, num_heads=2, num_kv_heads=1, head_dim=16, block_size=16,
+                     queries=[(26, 6)], kv_bf16=False)
     before = run(mod, step, 0.25)
     k, v = step.k_cache.copy(), step.v_cache.copy()
-    last_blk, row = step.block_tables[0, 15 // 4], 15 % 4          # position 15, the chunk's last
+    last_blk, row = step.block_tables[0, 31 // 16], 31 % 16        # position 31, the chunk's last
     k[last_blk, :, row] += 10.0
     v[last_blk, :, row] -= 10.0
     after = run(mod, Step(step.q, k, v, step.block_tables, step.tok_seq, step.positions), 0.25)
@@ -153,7 +158,7 @@ def test_chunk_is_causal_and_independent_of_later_cache_rows(variant, rng):
 def test_large_scores_do_not_overflow(variant, rng):
     """Online softmax rescaling: scores in the hundreds (exp would overflow without the max)."""
     mod = _kernels.load(variant)
-    step = make_step(rng, num_heads=2, num_kv_heads=2, head_dim=32, block_size=4,
+    step = make_step(rng, num_heads=2, num_kv_heads=2, head_dim=32, block_size=16,
                      queries=[(20, 3)], kv_bf16=False)
     q = step.q * 30
     step = Step(q, step.k_cache, step.v_cache, step.block_tables, step.tok_seq, step.positions)
@@ -177,15 +182,15 @@ def test_write_kv_then_attend(variant, rng):
     """The forward pass's order: write a chunk's K/V through write_kv into a shuffled paged
     cache, then attend; equals attention over the contiguous rows."""
     mod = _kernels.load(variant)
-    num_kv_heads, head_dim, block_size, n = 2, 16, 4, 11
+    num_kv_heads, head_dim, block_size, n = 2, 16, 16, 41
     table = np.array([[5, 1, 3, 0]], np.int32)
     keys = rng.standard_normal((n, num_kv_heads, head_dim), dtype=np.float32)
     vals = rng.standard_normal((n, num_kv_heads, head_dim), dtype=np.float32)
-    k_cache = np.full((6, num_kv_heads, block_size, head_dim), np.nan, np.float32)
-    v_cache = k_cache.copy()
+    v_cache = np.full((6, num_kv_heads, block_size, head_dim), np.nan, np.float32)
+    k_cache = np.full((6, num_kv_heads, head_dim, block_size), np.nan, np.float32)
     pos = np.arange(n)
     slots = (table[0, pos // block_size] * block_size + pos % block_size).astype(np.int64)
-    mod.write_kv(keys, k_cache, slots)
+    mod.write_kv(keys, k_cache, slots, transposed=True)
     mod.write_kv(vals, v_cache, slots)
     q = rng.standard_normal((n, 4, head_dim), dtype=np.float32)
     out = np.empty_like(q)
@@ -201,15 +206,24 @@ def test_write_kv_then_attend(variant, rng):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_rejects_bad_geometry(variant, rng):
     mod = _kernels.load(variant)
-    step = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=16, block_size=4,
+    step = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=16, block_size=16,
                      queries=[(0, 3)], kv_bf16=False)
     out = np.empty_like(step.q)
+    k = k_layout(step.k_cache)
     with pytest.raises(ValueError):      # head_dim not a multiple of 16
-        mod.paged_attention(step.q[:, :, :8].copy(), step.k_cache[..., :8].copy(), step.v_cache[..., :8].copy(),
+        mod.paged_attention(step.q[:, :, :8].copy(), k[:, :, :8].copy(), step.v_cache[..., :8].copy(),
                             step.block_tables, step.tok_seq, step.positions, out[:, :, :8].copy(), 1.0)
     with pytest.raises(ValueError):      # H not a multiple of Hkv
-        mod.paged_attention(step.q[:, :3].copy(), step.k_cache, step.v_cache, step.block_tables,
+        mod.paged_attention(step.q[:, :3].copy(), k, step.v_cache, step.block_tables,
                             step.tok_seq, step.positions, out[:, :3].copy(), 1.0)
     with pytest.raises(ValueError):      # a position beyond the block table
-        mod.paged_attention(step.q, step.k_cache, step.v_cache, step.block_tables, step.tok_seq,
-                            np.array([0, 1, 4 * step.block_tables.shape[1]], np.int32), out, 1.0)
+        mod.paged_attention(step.q, k, step.v_cache, step.block_tables, step.tok_seq,
+                            np.array([0, 1, 16 * step.block_tables.shape[1]], np.int32), out, 1.0)
+    wide = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, queries=[(0, 3)], kv_bf16=False)
+    with pytest.raises(ValueError):      # K given in V's layout
+        mod.paged_attention(wide.q, wide.v_cache, wide.v_cache, wide.block_tables, wide.tok_seq,
+                            wide.positions, np.empty_like(wide.q), 1.0)
+    small = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=16, block_size=8, queries=[(0, 3)], kv_bf16=False)
+    with pytest.raises(ValueError):      # block_size not a multiple of 16
+        mod.paged_attention(small.q, k_layout(small.k_cache), small.v_cache, small.block_tables, small.tok_seq,
+                            small.positions, np.empty_like(small.q), 1.0)

@@ -135,6 +135,23 @@ def test_act_mul_in_place_and_errors(variant, rng):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("cache_dtype", [np.float32, np.uint16])
+def test_write_k_transposed(variant, cache_dtype, rng):
+    """K's layout [blocks, Hkv, D, B]: the same values as V's layout, transposed per block."""
+    mod = _kernels.load(variant)
+    num_blocks, num_kv_heads, block_size, head_dim = 4, 2, 16, 32
+    logical = np.zeros((num_blocks, num_kv_heads, block_size, head_dim), cache_dtype)
+    cache = np.zeros((num_blocks, num_kv_heads, head_dim, block_size), cache_dtype)
+    slots = np.array([0, 15, 16, 63, 33], np.int64)
+    src = rng.standard_normal((len(slots), num_kv_heads, head_dim), dtype=np.float32)
+    mod.write_kv(src, logical, slots)
+    mod.write_kv(src, cache, slots, transposed=True)
+    np.testing.assert_array_equal(cache, logical.transpose(0, 1, 3, 2))
+    with pytest.raises(ValueError):
+        mod.write_kv(src[:1], cache, np.array([num_blocks * block_size], np.int64), transposed=True)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("cache_dtype", [np.float32, np.uint16])
 def test_write_kv(variant, cache_dtype, rng):
     """Rows land at block slot // B, row slot % B of every kv head; nothing else changes;
     a bf16 cache rounds to nearest even (and keeps NaN a NaN)."""
