@@ -118,10 +118,15 @@ static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float 
                     s4[3] = ll_fma(ll_set1(qp[3][d]), kv, s4[3]);
                 }
             }
-            for (int k = 0; k < nr; k++) {
-                const ptrdiff_t r = r0 + k, p = pos[r / group];
+            /* online softmax per row; a row that sees nothing of the chunk gets p = 0, corr = 1 */
+            float pk[4][16], corr[4] = {1.f, 1.f, 1.f, 1.f};
+            for (int k = 0; k < 4; k++) {
+                const ptrdiff_t r = r0 + k, p = k < nr ? pos[r / group] : -1;
                 const ptrdiff_t first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-                if (c > p || c + nj - 1 < first) continue;                /* nothing visible here */
+                if (k >= nr || c > p || c + nj - 1 < first) {
+                    ll_store(pk[k], ll_zero());
+                    continue;
+                }
                 ll_vf32 sr = ll_mul(s4[k], sv);
                 if (!(c >= first && c + 15 <= p && j0 == 0 && nj == 16)) {
                     ll_store(sc, sr);   /* the diagonal / window edge: hide keys outside [first, p] */
@@ -132,31 +137,58 @@ static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float 
                 const float cmax = ll_hmax(sr);
                 const float m_new = m[r] > cmax ? m[r] : cmax;
                 const ll_vf32 pv = ll_exp(ll_sub(sr, ll_set1(m_new)));
-                const float corr = expf(m[r] - m_new);
-                l[r] = l[r] * corr + ll_hsum(pv);
+                corr[k] = expf(m[r] - m_new);
+                l[r] = l[r] * corr[k] + ll_hsum(pv);
                 m[r] = m_new;
-                ll_store(sc, pv);
-                float *ar = acc + r * D;
-                const ll_vf32 cv = ll_set1(corr);
+                ll_store(pk[k], pv);
+            }
+            if (nr == 1) {   /* one row: four accumulators across D, each Vf load used once */
+                float *a1 = acc + r0 * D;
+                const ll_vf32 cv = ll_set1(corr[0]);
                 ptrdiff_t i = 0;
-                for (; i + 4 <= nv; i += 4) {   /* four accumulators in registers across the 16 keys */
-                    ll_vf32 a0 = ll_mul(ll_load(ar + 16 * i), cv), a1 = ll_mul(ll_load(ar + 16 * i + 16), cv);
-                    ll_vf32 a2 = ll_mul(ll_load(ar + 16 * i + 32), cv), a3 = ll_mul(ll_load(ar + 16 * i + 48), cv);
+                for (; i + 4 <= nv; i += 4) {
+                    ll_vf32 b0 = ll_mul(ll_load(a1 + 16 * i), cv), b1 = ll_mul(ll_load(a1 + 16 * i + 16), cv);
+                    ll_vf32 b2 = ll_mul(ll_load(a1 + 16 * i + 32), cv), b3 = ll_mul(ll_load(a1 + 16 * i + 48), cv);
                     for (int j = 0; j < 16; j++) {
-                        const ll_vf32 pj = ll_set1(sc[j]);
+                        const ll_vf32 p = ll_set1(pk[0][j]);
                         const float *vj = Vf + j * D + 16 * i;
-                        a0 = ll_fma(pj, ll_load(vj), a0);
-                        a1 = ll_fma(pj, ll_load(vj + 16), a1);
-                        a2 = ll_fma(pj, ll_load(vj + 32), a2);
-                        a3 = ll_fma(pj, ll_load(vj + 48), a3);
+                        b0 = ll_fma(p, ll_load(vj), b0);
+                        b1 = ll_fma(p, ll_load(vj + 16), b1);
+                        b2 = ll_fma(p, ll_load(vj + 32), b2);
+                        b3 = ll_fma(p, ll_load(vj + 48), b3);
                     }
-                    ll_store(ar + 16 * i, a0); ll_store(ar + 16 * i + 16, a1);
-                    ll_store(ar + 16 * i + 32, a2); ll_store(ar + 16 * i + 48, a3);
+                    ll_store(a1 + 16 * i, b0); ll_store(a1 + 16 * i + 16, b1);
+                    ll_store(a1 + 16 * i + 32, b2); ll_store(a1 + 16 * i + 48, b3);
                 }
                 for (; i < nv; i++) {
-                    ll_vf32 a = ll_mul(ll_load(ar + 16 * i), cv);
-                    for (int j = 0; j < 16; j++) a = ll_fma(ll_set1(sc[j]), ll_load(Vf + j * D + 16 * i), a);
-                    ll_store(ar + 16 * i, a);
+                    ll_vf32 b = ll_mul(ll_load(a1 + 16 * i), cv);
+                    for (int j = 0; j < 16; j++) b = ll_fma(ll_set1(pk[0][j]), ll_load(Vf + j * D + 16 * i), b);
+                    ll_store(a1 + 16 * i, b);
+                }
+                continue;
+            }
+            /* acc[r] = acc[r] * corr + p @ V for the four rows at once: each Vf load feeds 4 FMAs */
+            float *ar[4];
+            for (int k = 0; k < 4; k++) ar[k] = acc + (r0 + (k < nr ? k : 0)) * D;
+            for (ptrdiff_t i = 0; i < nv; i += 2) {
+                const int two = i + 1 < nv;
+                ll_vf32 a[4][2];
+                for (int k = 0; k < 4; k++) {
+                    a[k][0] = ll_mul(ll_load(ar[k] + 16 * i), ll_set1(corr[k]));
+                    a[k][1] = two ? ll_mul(ll_load(ar[k] + 16 * i + 16), ll_set1(corr[k])) : ll_zero();
+                }
+                for (int j = 0; j < 16; j++) {
+                    const ll_vf32 v0 = ll_load(Vf + j * D + 16 * i);
+                    const ll_vf32 v1 = two ? ll_load(Vf + j * D + 16 * i + 16) : ll_zero();
+                    for (int k = 0; k < 4; k++) {
+                        const ll_vf32 p = ll_set1(pk[k][j]);
+                        a[k][0] = ll_fma(p, v0, a[k][0]);
+                        a[k][1] = ll_fma(p, v1, a[k][1]);
+                    }
+                }
+                for (int k = 0; k < nr; k++) {   /* rows past nr alias row r0: never stored */
+                    ll_store(ar[k] + 16 * i, a[k][0]);
+                    if (two) ll_store(ar[k] + 16 * i + 16, a[k][1]);
                 }
             }
         }
