@@ -6,7 +6,7 @@ vocabulary for every supported architecture; the forward pass reads nothing else
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from lite_llm import cpu
 from lite_llm.config import env

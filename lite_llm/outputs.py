@@ -6,7 +6,7 @@ that index; `finished` is True on the last. LLM.generate returns whole (cumulati
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass

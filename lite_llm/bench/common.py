@@ -295,3 +295,19 @@ def load_average() -> str | None:
             return " ".join(fh.read().split()[:3])
     except OSError:
         return None
+
+
+def finish(result: dict, peers: list[str], spec: dict, figures, title: str, as_json: bool, print_report) -> None:
+    """Run each peer on the same spec, add its ratios to ours, then print the result."""
+    for peer in peers:
+        progress(f"{title}: running {peer} on the same prompts")
+        theirs = run_peer(peer, spec)
+        if "median" in theirs:
+            theirs["ratio"] = ratios(result["lite_llm"]["median"], theirs["median"], [k for k, *_ in figures],
+                                     [k for k, _, _, lower in figures if lower])
+        result["peers"][peer] = theirs
+    result["load_average_after"] = load_average()
+    if as_json:
+        dump_json(result)
+    else:
+        print_report(result)

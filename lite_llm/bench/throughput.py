@@ -80,18 +80,7 @@ def run(args: argparse.Namespace) -> int:
         "load_average_before": load_before, "lite_llm": ours, "peers": {}}
     spec = {"model_path": info["model_path"], "num_threads": info["num_threads"],
             "output_len": args.output_len, "warmup": 1, "batches": [warm] + batches}
-    for peer in peers:
-        common.progress(f"bench throughput: running {peer} on the same prompts")
-        theirs = common.run_peer(peer, spec)
-        if "median" in theirs:
-            theirs["ratio"] = common.ratios(ours["median"], theirs["median"], [k for k, *_ in FIGURES],
-                                            [k for k, _, _, lower in FIGURES if lower])
-        result["peers"][peer] = theirs
-    result["load_average_after"] = common.load_average()
-    if args.json:
-        common.dump_json(result)
-    else:
-        print_report(result)
+    common.finish(result, peers, spec, FIGURES, "bench throughput", args.json, print_report)
     return 0
 
 
