@@ -66,6 +66,7 @@ class ModelRunner:
             else:
                 tensors[name] = np.ascontiguousarray(arr, dtype=np.float32)
             del arr
+        loaded.release()
         kv_np = np.float32 if kv_cache_dtype(self.dtype) == "float32" else np.uint16
         v_shape = (num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim)
         k_shape = (num_blocks, cfg.num_kv_heads, cfg.head_dim, block_size)   # transposed (attention.h)

@@ -165,6 +165,11 @@ class GGUFFile:
                                      f"{info.offset}..{info.offset + nbytes}, file has {len(self._map)}")
             self.tensors[name] = info
 
+    def close(self) -> None:
+        """Drop the file mapping (metadata stays); its pages stop counting as resident once no
+        tensor view refers to them."""
+        self._map = np.zeros(0, np.uint8)
+
     # ---- tensor data ----------------------------------------------------------------
 
     def read(self, name: str) -> np.ndarray:

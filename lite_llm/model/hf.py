@@ -196,6 +196,10 @@ class SafetensorsCheckpoint:
         for name in files:
             self._read_header(os.path.join(path, name))
 
+    def close(self) -> None:
+        """Drop the file mappings (headers stay)."""
+        self._maps = {}
+
     def _read_header(self, file: str) -> None:
         if not os.path.exists(file):
             raise ModelLoadError(f"{file}: safetensors shard listed in the index is missing")

@@ -61,6 +61,12 @@ class LoadedModel:
             return _gguf.gguf_tensor_names(self.config)
         return _hf.hf_tensor_names(self.config)
 
+    def release(self) -> None:
+        """Unmap the checkpoint once its tensors are repacked (config and tokenizer stay):
+        touched pages of a mapped file count in the resident set for as long as it is mapped."""
+        if self._reader is not None:
+            self._reader.close()
+
     def iter_tensors(self) -> Iterator[tuple[str, np.ndarray]]:
         """(canonical name, array) one at a time: 2-D in the engine dtype (bf16 as uint16 bits),
         1-D float32. Each array is new memory the caller may keep or drop."""
