@@ -90,7 +90,7 @@ static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float 
         const ptrdiff_t vbase = (blk * num_kv_heads + kv_head) * head_stride + (c % block_size) * D;
         /* V of the chunk widened once for all rows; keys outside [j0, nj) may hold anything
          * (NaN included): their V rows are zeroed and their scores masked */
-        for (ptrdiff_t j = 0; j < 16; j++) {
+        for (ptrdiff_t j = 0; j < 16 && rows > 1; j++) {   /* one row reads V from the cache directly */
             const int valid = j >= j0 && j < nj;
             for (ptrdiff_t i = 0; i < nv; i++)
                 ll_store(Vf + j * D + 16 * i, valid ? ll_kv_load(v_cache, vbase + j * D + 16 * i, kv_bf16) : ll_zero());
@@ -142,27 +142,38 @@ static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float 
                 m[r] = m_new;
                 ll_store(pk[k], pv);
             }
-            if (nr == 1) {   /* one row: four accumulators across D, each Vf load used once */
+            if (nr == 1) {   /* one row: four accumulators across D; V straight from the cache
+                              * (rows == 1) or from Vf, keys j0 .. nj - 1 only (others may be NaN) */
                 float *a1 = acc + r0 * D;
                 const ll_vf32 cv = ll_set1(corr[0]);
                 ptrdiff_t i = 0;
                 for (; i + 4 <= nv; i += 4) {
                     ll_vf32 b0 = ll_mul(ll_load(a1 + 16 * i), cv), b1 = ll_mul(ll_load(a1 + 16 * i + 16), cv);
                     ll_vf32 b2 = ll_mul(ll_load(a1 + 16 * i + 32), cv), b3 = ll_mul(ll_load(a1 + 16 * i + 48), cv);
-                    for (int j = 0; j < 16; j++) {
+                    for (ptrdiff_t j = j0; j < nj; j++) {
                         const ll_vf32 p = ll_set1(pk[0][j]);
-                        const float *vj = Vf + j * D + 16 * i;
-                        b0 = ll_fma(p, ll_load(vj), b0);
-                        b1 = ll_fma(p, ll_load(vj + 16), b1);
-                        b2 = ll_fma(p, ll_load(vj + 32), b2);
-                        b3 = ll_fma(p, ll_load(vj + 48), b3);
+                        if (rows == 1) {
+                            const ptrdiff_t off = vbase + j * D + 16 * i;
+                            b0 = ll_fma(p, ll_kv_load(v_cache, off, kv_bf16), b0);
+                            b1 = ll_fma(p, ll_kv_load(v_cache, off + 16, kv_bf16), b1);
+                            b2 = ll_fma(p, ll_kv_load(v_cache, off + 32, kv_bf16), b2);
+                            b3 = ll_fma(p, ll_kv_load(v_cache, off + 48, kv_bf16), b3);
+                        } else {
+                            const float *vj = Vf + j * D + 16 * i;
+                            b0 = ll_fma(p, ll_load(vj), b0);
+                            b1 = ll_fma(p, ll_load(vj + 16), b1);
+                            b2 = ll_fma(p, ll_load(vj + 32), b2);
+                            b3 = ll_fma(p, ll_load(vj + 48), b3);
+                        }
                     }
                     ll_store(a1 + 16 * i, b0); ll_store(a1 + 16 * i + 16, b1);
                     ll_store(a1 + 16 * i + 32, b2); ll_store(a1 + 16 * i + 48, b3);
                 }
                 for (; i < nv; i++) {
                     ll_vf32 b = ll_mul(ll_load(a1 + 16 * i), cv);
-                    for (int j = 0; j < 16; j++) b = ll_fma(ll_set1(pk[0][j]), ll_load(Vf + j * D + 16 * i), b);
+                    for (ptrdiff_t j = j0; j < nj; j++)
+                        b = ll_fma(ll_set1(pk[0][j]), rows == 1 ? ll_kv_load(v_cache, vbase + j * D + 16 * i, kv_bf16)
+                                                                : ll_load(Vf + j * D + 16 * i), b);
                     ll_store(a1 + 16 * i, b);
                 }
                 continue;
