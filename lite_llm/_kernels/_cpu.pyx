@@ -43,8 +43,9 @@ def bind_threads(cpus) -> list:
     return [got[i] for i in range(n)]
 
 
-def thread_cpus(int num_threads) -> list:
-    """The CPU each of num_threads OpenMP threads runs on right now (sched_getcpu)."""
+cdef list _each_thread(int num_threads, bint want_tid):
+    """One parallel region of num_threads: per thread, sched_getcpu() or (want_tid) gettid();
+    -2 for a thread that never ran."""
     cdef int n = max(num_threads, 1)
     cdef int[::1] got = memoryview(bytearray(4 * n)).cast("i")
     cdef int tid
@@ -53,23 +54,19 @@ def thread_cpus(int num_threads) -> list:
     with nogil, parallel(num_threads=n):
         tid = openmp.omp_get_thread_num()
         if tid < n:
-            got[tid] = ll_current_cpu()
+            got[tid] = ll_gettid() if want_tid else ll_current_cpu()
     return [got[i] for i in range(n)]
+
+
+def thread_cpus(int num_threads) -> list:
+    """The CPU each of num_threads OpenMP threads runs on right now (sched_getcpu)."""
+    return _each_thread(num_threads, False)
 
 
 def thread_ids(int num_threads) -> list:
     """The kernel thread id (gettid) of each of num_threads OpenMP threads of the calling
     thread's pool; libgomp reuses the pool, so later regions of this size run on these."""
-    cdef int n = max(num_threads, 1)
-    cdef int[::1] got = memoryview(bytearray(4 * n)).cast("i")
-    cdef int tid
-    for tid in range(n):
-        got[tid] = -2
-    with nogil, parallel(num_threads=n):
-        tid = openmp.omp_get_thread_num()
-        if tid < n:
-            got[tid] = ll_gettid()
-    return [got[i] for i in range(n)]
+    return _each_thread(num_threads, True)
 
 
 def omp_max_threads() -> int:
