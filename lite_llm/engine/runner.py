@@ -9,6 +9,7 @@ flat step arrays -> ONE forward() call -> the compiled sampler.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 
@@ -22,6 +23,15 @@ from lite_llm.model.rope import rope_tables
 from lite_llm.model.weights import bf16_to_f32
 
 log = logging.getLogger("lite_llm")
+
+
+def _trim_heap() -> None:
+    """Give the load's freed intermediates (fp32 dequantized tensors) back to the OS: glibc
+    keeps freed heap memory resident unless asked."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass   # not glibc: nothing to trim this way
 
 
 def kv_cache_dtype(dtype: str) -> str:
@@ -67,6 +77,7 @@ class ModelRunner:
                 tensors[name] = np.ascontiguousarray(arr, dtype=np.float32)
             del arr
         loaded.release()
+        _trim_heap()
         kv_np = np.float32 if kv_cache_dtype(self.dtype) == "float32" else np.uint16
         v_shape = (num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim)
         k_shape = (num_blocks, cfg.num_kv_heads, cfg.head_dim, block_size)   # transposed (attention.h)

@@ -8,6 +8,7 @@ time, with vectorized numpy (no per-block Python loops).
 """
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -181,7 +182,21 @@ class GGUFFile:
             raise ModelLoadError(f"{self.path}: tensor {name!r} has GGUF type {info.type_name}, which is "
                                  f"not supported (supported: {', '.join(t[0] for t in TENSOR_TYPES.values())})")
         raw = self._map[info.offset:info.offset + info.nbytes]
-        return dequantize(raw, info.type_id, info.shape)
+        out = dequantize(raw, info.type_id, info.shape)      # always new memory
+        self._drop_pages(info.offset, info.nbytes)
+        return out
+
+    def _drop_pages(self, offset: int, nbytes: int) -> None:
+        """Let the kernel take back this range's pages from our resident set (they stay in the
+        page cache): read once, each tensor would otherwise stay resident until the unmap."""
+        mm = getattr(self._map, "_mmap", None)
+        if mm is None or not hasattr(mm, "madvise"):
+            return
+        start = offset - offset % mmap.PAGESIZE
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, start, offset + nbytes - start)
+        except (OSError, ValueError):
+            pass   # only a memory saving: never a reason to fail a load
 
 
 def dequantize(raw: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
