@@ -370,27 +370,40 @@ cdef inline float _median3(float a, float b, float c) noexcept nogil:
     return c if b < c else b
 
 
+cdef inline double _partition3(float *a, Py_ssize_t lo, Py_ssize_t hi, float pivot, Py_ssize_t *lt_out,
+                               Py_ssize_t *gt_out) noexcept nogil:
+    """Three-way partition of a[lo:hi] around pivot: [lo, lt) > pivot, [lt, gt) == pivot,
+    [gt, hi) < pivot. Returns the sum of the values above the pivot."""
+    cdef Py_ssize_t lt = lo, i = lo, gt = hi
+    cdef double above = 0.0
+    cdef float v
+    while i < gt:
+        v = a[i]
+        if v > pivot:
+            above += v
+            a[i] = a[lt]
+            a[lt] = v
+            lt += 1
+            i += 1
+        elif v < pivot:
+            gt -= 1
+            a[i] = a[gt]
+            a[gt] = v
+        else:
+            i += 1
+    lt_out[0] = lt
+    gt_out[0] = gt
+    return above
+
+
 cdef float _kth_largest(float *a, Py_ssize_t n, Py_ssize_t k) noexcept nogil:
     """The value at index k - 1 of a [n] sorted descending (a is permuted). 1 <= k <= n.
     Three-way partitions keep long runs of equal values (e.g. underflowed zeros) linear."""
-    cdef Py_ssize_t lo = 0, hi = n, lt, gt, i, want = k - 1
-    cdef float pivot, v
+    cdef Py_ssize_t lo = 0, hi = n, lt, gt, want = k - 1
+    cdef float pivot
     while hi - lo > 1:
         pivot = _median3(a[lo], a[lo + (hi - lo) // 2], a[hi - 1])
-        lt, i, gt = lo, lo, hi      # [lo, lt) > pivot, [lt, i) == pivot, [gt, hi) < pivot
-        while i < gt:
-            v = a[i]
-            if v > pivot:
-                a[i] = a[lt]
-                a[lt] = v
-                lt += 1
-                i += 1
-            elif v < pivot:
-                gt -= 1
-                a[i] = a[gt]
-                a[gt] = v
-            else:
-                i += 1
+        _partition3(a, lo, hi, pivot, &lt, &gt)
         if want < lt:
             hi = lt
         elif want < gt:
@@ -404,27 +417,12 @@ cdef float _top_p_threshold(float *a, Py_ssize_t n, double target) noexcept nogi
     """Smallest value v such that the descending prefix of a [n] down to v holds >= target
     mass while the part strictly above v holds < target (a is permuted). Quickselect that
     steers by mass instead of by count: expected O(n), no sort."""
-    cdef Py_ssize_t lo = 0, hi = n, lt, gt, i
+    cdef Py_ssize_t lo = 0, hi = n, lt, gt
     cdef double acc = 0.0, mass_above, mass_equal   # acc: mass of [0, lo), all above [lo, hi)
-    cdef float pivot, v, last = 0.0
+    cdef float pivot, last = 0.0
     while hi > lo:
         pivot = _median3(a[lo], a[lo + (hi - lo) // 2], a[hi - 1])
-        lt, i, gt = lo, lo, hi
-        mass_above = 0.0
-        while i < gt:
-            v = a[i]
-            if v > pivot:
-                mass_above += v
-                a[i] = a[lt]
-                a[lt] = v
-                lt += 1
-                i += 1
-            elif v < pivot:
-                gt -= 1
-                a[i] = a[gt]
-                a[gt] = v
-            else:
-                i += 1
+        mass_above = _partition3(a, lo, hi, pivot, &lt, &gt)
         if acc + mass_above >= target:
             hi = lt             # the cut lies among the larger values
             continue
