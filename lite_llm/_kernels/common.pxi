@@ -63,26 +63,36 @@ cdef inline const void *_ptr(object arr) except NULL:
     return <const void *><size_t>arr.ctypes.data
 
 
+cdef inline Py_ssize_t _lo(Py_ssize_t n, int tid, int nth) noexcept nogil:
+    return n * tid // nth
+
+
+cdef inline void _gemm_part(const float *x, Py_ssize_t ldx, const uint32_t *xb, Py_ssize_t num_tokens,
+                            const Mat *w, float *out, Py_ssize_t ldo, int accumulate, int tid,
+                            int nth) noexcept nogil:
+    """This thread's share of out (+)= x @ W.T: a contiguous range of 16-row panels, so decode
+    streams each weight byte once; xb holds x as bf16 pairs where the kernel wants them."""
+    ll_gemm_panels(x, xb if ll_gemm_wants_xb(w.wtype) else NULL, ldx, num_tokens, w.w, w.wtype, w.k,
+                   w.n, w.bias, out, ldo, accumulate, _lo(w.num_panels, tid, nth),
+                   _lo(w.num_panels, tid + 1, nth))
+
+
 cdef void _gemm(const float *x, Py_ssize_t ldx, uint32_t *xb, Py_ssize_t num_tokens, const Mat *m,
                 float *out, Py_ssize_t ldo, int accumulate, int num_threads) noexcept nogil:
-    """out[T, n] (+)= x[T, k] @ W.T + bias. Converts x to bf16 pairs first where the kernel
-    wants them; splits panels evenly across threads (decode reads each weight byte once)."""
-    cdef Py_ssize_t tok, tid, nt = num_threads
-    cdef Py_ssize_t p0, p1
-    cdef int use_xb = ll_gemm_wants_xb(m.wtype)
-    if use_xb:
+    """out[T, n] (+)= x[T, k] @ W.T + bias on its own: converts x to bf16 pairs first where the
+    kernel wants them, then each thread runs _gemm_part (forward() fuses the conversion into
+    the phase that produces x instead)."""
+    cdef Py_ssize_t tid, nt = num_threads
+    if ll_gemm_wants_xb(m.wtype):
         if num_tokens >= 2 * nt:
             for tid in prange(nt, schedule="static", num_threads=num_threads):
-                ll_f32_to_bf16_pairs(x, ldx, xb, tid * num_tokens // nt, (tid + 1) * num_tokens // nt, m.k)
+                ll_f32_to_bf16_pairs(x, ldx, xb, _lo(num_tokens, tid, nt), _lo(num_tokens, tid + 1, nt), m.k)
         else:
             ll_f32_to_bf16_pairs(x, ldx, xb, 0, num_tokens, m.k)
     if nt > m.num_panels:
         nt = m.num_panels
     for tid in prange(nt, schedule="static", num_threads=nt):
-        p0 = tid * m.num_panels // nt
-        p1 = (tid + 1) * m.num_panels // nt
-        ll_gemm_panels(x, xb if use_xb else NULL, ldx, num_tokens, m.w, m.wtype, m.k, m.n, m.bias,
-                       out, ldo, accumulate, p0, p1)
+        _gemm_part(x, ldx, xb, num_tokens, m, out, ldo, accumulate, tid, nt)
 
 cdef extern from "omp_util.h" nogil:
     void ll_omp_barrier()

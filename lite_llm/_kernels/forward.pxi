@@ -284,20 +284,6 @@ cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t
         _step(m, ws, &s, tid, openmp.omp_get_num_threads())
 
 
-cdef inline Py_ssize_t _lo(Py_ssize_t n, int tid, int nth) noexcept nogil:
-    return n * tid // nth
-
-
-cdef inline void _gemm_part(const float *x, Py_ssize_t ldx, const uint32_t *xb, Py_ssize_t num_tokens,
-                            const Mat *w, float *out, Py_ssize_t ldo, int accumulate, int tid,
-                            int nth) noexcept nogil:
-    """This thread's share of out (+)= x @ W.T: a contiguous range of 16-row panels, so decode
-    streams each weight byte once; xb holds x as bf16 pairs where the kernel wants them."""
-    ll_gemm_panels(x, xb if ll_gemm_wants_xb(w.wtype) else NULL, ldx, num_tokens, w.w, w.wtype, w.k,
-                   w.n, w.bias, out, ldo, accumulate, _lo(w.num_panels, tid, nth),
-                   _lo(w.num_panels, tid + 1, nth))
-
-
 cdef inline void _norm_rows(const ModelC *m, const float *w, const float *b, const float *x,
                             const int32_t *rows, float *out, uint32_t *xb, int xb_wanted,
                             Py_ssize_t t0, Py_ssize_t t1) noexcept nogil:
