@@ -1,0 +1,42 @@
+"""Load-time conversions, compiled vs their NumPy specs: ggml dequantization, fp32 -> bf16
+rounding, and packing into the GEMM's panel layout."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ref_ops
+from lite_llm._kernels import layout
+from lite_llm.model import gguf
+from lite_llm.model.weights import to_bf16
+
+# ggml type id, bytes per block, byte offsets of the fp16 scales (kept finite)
+BLOCKS = {"Q8_0": (8, 34, [0]), "Q4_0": (2, 18, [0]), "Q4_1": (3, 20, [0, 2]),
+          "Q4_K": (12, 144, [0, 2]), "Q6_K": (14, 210, [208])}
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_dequantize_matches_the_numpy_spec(name, rng):
+    type_id, nbytes, scales = BLOCKS[name]
+    raw = rng.integers(0, 256, (7, nbytes)).astype(np.uint8)       # 7 blocks: uneven per thread
+    for off in scales:
+        raw[:, off:off + 2] = rng.uniform(-0.1, 0.1, (7, 1)).astype(np.float16).view(np.uint8)
+    per = 256 if name.endswith("_K") else 32
+    got = gguf.dequantize(raw.reshape(-1), type_id, (7 * per,))
+    np.testing.assert_array_equal(got, gguf.dequantize_reference(raw.reshape(-1), type_id, (7 * per,)))
+
+
+def test_bf16_rounding_matches_the_numpy_spec(rng):
+    x = rng.standard_normal(10_001).astype(np.float32)            # large enough for the compiled path
+    x[:4] = [1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, np.inf, -0.0]      # a tie, a round-up, inf, -0
+    np.testing.assert_array_equal(to_bf16(x), ref_ops.f32_to_bf16_bits(x))
+    x[5] = np.nan
+    assert np.isnan(ref_ops.bf16_bits_to_f32(to_bf16(x)[5:6])).all()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(1, 1), (5, 7), (16, 64), (33, 129)])
+def test_pack_matches_the_numpy_spec(dtype, shape, rng):
+    w = rng.standard_normal(shape).astype(np.float32)
+    w = ref_ops.f32_to_bf16_bits(w) if dtype == "bfloat16" else w.astype(dtype)
+    np.testing.assert_array_equal(layout.pack(w, dtype), layout.pack_reference(w, dtype))
