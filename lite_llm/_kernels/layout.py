@@ -8,6 +8,7 @@ Padding rows/columns are zero.
 """
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -40,6 +41,34 @@ def pack(w: np.ndarray, dtype: str) -> np.ndarray:
     shape = (num_panels, -(-k // 2), PANEL, 2) if dtype == "bfloat16" else (num_panels, k, PANEL)
     out = aligned_empty(shape, src.dtype)
     kernels.pack_into(src, out, dtype, load_threads())
+    return out
+
+
+STREAM_ELEMENTS = 1 << 18   # values per slice of pack_rows (1 MiB as float32): a few hundred rows
+
+
+def pack_rows(rows, dtype: str, slice_elements: int | None = None) -> np.ndarray:
+    """pack() of a weight read a slice of rows at a time: `rows` has .shape [N, K], .align and
+    .read(r0, r1) -> rows r0..r1 in dtype (model.weights.StackedRows). Each slice, a multiple of
+    16 rows (and of .align), fills its own panels of the preallocated output, so no full-size
+    unpacked or float32 copy of the weight ever exists. Equals pack(rows.read(0, N), dtype)."""
+    from lite_llm._kernels import kernels
+    n, k = rows.shape
+    np_dtype = {"bfloat16": np.uint16, "float32": np.float32, "float16": np.float16}[dtype]
+    num_panels = -(-n // PANEL)
+    shape = (num_panels, -(-k // 2), PANEL, 2) if dtype == "bfloat16" else (num_panels, k, PANEL)
+    out = aligned_empty(shape, np_dtype)
+    threads = load_threads()
+    step = math.lcm(PANEL, getattr(rows, "align", 1))
+    target = slice_elements or max(STREAM_ELEMENTS, threads * (1 << 14))   # >= 16K values per thread
+    per_slice = max(step, target // max(k, 1) // step * step)
+    for r0 in range(0, n, per_slice):
+        r1 = min(n, r0 + per_slice)
+        src = np.ascontiguousarray(rows.read(r0, r1), np_dtype)     # [r1 - r0, K]
+        if src.shape != (r1 - r0, k):
+            raise ValueError(f"pack_rows: rows {r0}..{r1} came back with shape {src.shape}, want {(r1 - r0, k)}")
+        kernels.pack_into(src, out[r0 // PANEL: -(-r1 // PANEL)], dtype, threads)
+        del src
     return out
 
 

@@ -66,16 +66,18 @@ class ModelRunner:
 
         start = time.perf_counter()
         tensors: dict[str, object] = {}
-        for name, arr in loaded.iter_tensors():
-            if arr.ndim == 2 and name != "pos_embed":
+        for name, t in loaded.iter_tensors(streamed=True):   # 2-D: StackedRows, read a slice at a time
+            if t.ndim == 2 and name != "pos_embed":
                 base = name[: -len(".weight")] if name.endswith(".weight") else name
-                tensors[base + ".shape"] = arr.shape
-                tensors[base + ".weight"] = layout.pack(arr, self.dtype)
-            elif arr.dtype == np.uint16:   # bf16 bits (pos_embed): widen, the kernel reads fp32
+                tensors[base + ".shape"] = t.shape
+                tensors[base + ".weight"] = layout.pack_rows(t, self.dtype)
+                continue
+            arr = t.read(0, t.shape[0]) if t.ndim == 2 else t      # pos_embed: a plain table
+            if arr.dtype == np.uint16:   # bf16 bits (pos_embed): widen, the kernel reads fp32
                 tensors[name] = np.ascontiguousarray(bf16_to_f32(arr))
             else:
                 tensors[name] = np.ascontiguousarray(arr, dtype=np.float32)
-            del arr
+            del t, arr
         loaded.release()
         _trim_heap()
         kv_np = np.float32 if kv_cache_dtype(self.dtype) == "float32" else np.uint16

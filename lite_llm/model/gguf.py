@@ -1,22 +1,26 @@
-"""GGUF reader: header, metadata, tensor infos and dequantization, on numpy.memmap.
+"""GGUF reader: header, metadata, tensor infos and dequantization.
 
 Holds the file format (GGUF v2/v3, llama.cpp's layout) and the mapping of llama.cpp's
 "llama", "qwen2" and "qwen3" graphs onto ModelConfig and canonical tensor names. The
-tokenizer stored in the metadata is rebuilt in tokenizer.py; fusing and dtype conversion of
-the tensors in loader.py. Quantized tensors are dequantized to float32 here, one tensor at a
-time, with vectorized numpy (no per-block Python loops).
+tokenizer stored in the metadata is rebuilt in tokenizer.py; dtype conversion in loader.py.
+The header is parsed from a memory map that is dropped once parsed; tensor bytes are read
+with pread into new buffers, a slice of rows at a time if asked (pages of a mapped file
+would count in the resident set until unmapped), and dequantized to float32 by the
+compiled kernels (dequantize_reference is their NumPy spec).
 """
 from __future__ import annotations
 
-import mmap
+import os
 import struct
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Iterator
 
 import numpy as np
 
 from lite_llm.config import ModelConfig
-from lite_llm.model.loader import ModelLoadError
+from lite_llm.model.loader import ModelLoadError, pread_into
+from lite_llm.model.weights import StackedRows
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32      # general.alignment when the file does not say
@@ -64,7 +68,11 @@ class GGUFFile:
         self._pos = 0
         self.metadata: dict[str, Any] = {}
         self.tensors: dict[str, TensorInfo] = {}
-        self._parse()
+        self._fd: int | None = None
+        try:
+            self._parse()
+        finally:
+            self._map = None        # every value is copied out: unmap the header's pages now
 
     # ---- header parsing -------------------------------------------------------------
 
@@ -167,36 +175,51 @@ class GGUFFile:
             self.tensors[name] = info
 
     def close(self) -> None:
-        """Drop the file mapping (metadata stays); its pages stop counting as resident once no
-        tensor view refers to them."""
-        self._map = np.zeros(0, np.uint8)
+        """Close the file (metadata and tensor infos stay; a later read opens it again)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     # ---- tensor data ----------------------------------------------------------------
 
-    def read(self, name: str) -> np.ndarray:
-        """Tensor `name` dequantized to float32, numpy shape (outermost first)."""
+    def info(self, name: str, shape: tuple[int, ...] | None = None) -> TensorInfo:
+        """TensorInfo of `name`, checked: present, of a type we read, and of `shape` if given."""
         info = self.tensors.get(name)
         if info is None:
             raise ModelLoadError(f"{self.path}: tensor {name!r} is missing")
         if info.type_id not in TENSOR_TYPES:
             raise ModelLoadError(f"{self.path}: tensor {name!r} has GGUF type {info.type_name}, which is "
                                  f"not supported (supported: {', '.join(t[0] for t in TENSOR_TYPES.values())})")
-        raw = self._map[info.offset:info.offset + info.nbytes]
-        out = dequantize(raw, info.type_id, info.shape)      # always new memory
-        self._drop_pages(info.offset, info.nbytes)
-        return out
+        if shape is not None and info.shape != tuple(shape):
+            raise ModelLoadError(f"{self.path}: tensor {name!r} has shape {info.shape}, expected {tuple(shape)}")
+        return info
 
-    def _drop_pages(self, offset: int, nbytes: int) -> None:
-        """Let the kernel take back this range's pages from our resident set (they stay in the
-        page cache): read once, each tensor would otherwise stay resident until the unmap."""
-        mm = getattr(self._map, "_mmap", None)
-        if mm is None or not hasattr(mm, "madvise"):
-            return
-        start = offset - offset % mmap.PAGESIZE
-        try:
-            mm.madvise(mmap.MADV_DONTNEED, start, offset + nbytes - start)
-        except (OSError, ValueError):
-            pass   # only a memory saving: never a reason to fail a load
+    def read(self, name: str) -> np.ndarray:
+        """Tensor `name` dequantized to float32, numpy shape (outermost first); new memory."""
+        info = self.info(name)
+        return dequantize(self._pread(info.offset, info.nbytes), info.type_id, info.shape)
+
+    def read_rows(self, name: str, r0: int, r1: int) -> np.ndarray:
+        """Rows r0..r1 (outermost axis) of tensor `name`, dequantized to float32; new memory.
+        ggml rows are whole blocks, so a slice of rows is a contiguous slice of the bytes."""
+        info = self.info(name)
+        rows = info.shape[0] if info.shape else 1
+        if not 0 <= r0 <= r1 <= rows:
+            raise ValueError(f"{self.path}: rows {r0}..{r1} of tensor {name!r} with {rows} rows")
+        row_bytes = info.nbytes // rows if rows else 0
+        raw = self._pread(info.offset + r0 * row_bytes, (r1 - r0) * row_bytes)
+        return dequantize(raw, info.type_id, (r1 - r0, *info.shape[1:]))
+
+    def _pread(self, offset: int, nbytes: int) -> np.ndarray:
+        """nbytes of the file from offset, as a new uint8 array."""
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            except OSError as e:
+                raise ModelLoadError(f"{self.path}: cannot open GGUF file: {e}") from e
+        out = np.empty(nbytes, np.uint8)
+        pread_into(self._fd, offset, out, self.path)
+        return out
 
 
 def dequantize(raw: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -365,41 +388,46 @@ def gguf_tensor_names(config: ModelConfig) -> list[str]:
     return names
 
 
-def iter_gguf_tensors(f: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
-    """Canonical (name, float32 array) pairs, one at a time, q/k un-permuted for "llama"."""
-    arch = f.metadata.get("general.architecture")
-    permuted = arch == "llama"
-    H, Hkv, D, E = config.num_heads, config.num_kv_heads, config.head_dim, config.dim
+def iter_gguf_tensors(f: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, np.ndarray | StackedRows]]:
+    """Canonical (name, tensor) pairs, one at a time: 1-D tensors as float32 arrays, 2-D ones as
+    StackedRows of float32 (read when asked, a slice of rows at a time), q/k un-permuted for
+    "llama" (a whole head of rows at a time, so qkv slices start on multiples of head_dim)."""
+    permuted = f.metadata.get("general.architecture") == "llama"
+    H, Hkv, D, E, F = config.num_heads, config.num_kv_heads, config.head_dim, config.dim, config.ffn_dim
 
-    def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
-        t = f.read(name)
-        if t.shape != shape:
-            raise ModelLoadError(f"{f.path}: tensor {name!r} has shape {t.shape}, expected {shape}")
-        return t
+    def vec(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        f.info(name, shape)
+        return f.read(name)
 
-    yield "embed", get("token_embd.weight", (config.vocab_size, E))
+    def part(name: str, shape: tuple[int, int], heads: int = 0) -> tuple[int, Any]:
+        f.info(name, shape)      # missing / unsupported / misshapen: fail now, before any reading
+        if heads:
+            return shape[0], lambda a, b: _unpermute(f.read_rows(name, a, b), (b - a) // D)
+        return shape[0], partial(f.read_rows, name)
+
+    def one(name: str, shape: tuple[int, int]) -> StackedRows:
+        return StackedRows((part(name, shape),), shape[1])
+
+    yield "embed", one("token_embd.weight", (config.vocab_size, E))
     for i in range(config.num_layers):
         p = f"blk.{i}."
-        yield f"layers.{i}.attn_norm.weight", get(p + "attn_norm.weight", (E,))
-        q = get(p + "attn_q.weight", (H * D, E))
-        k = get(p + "attn_k.weight", (Hkv * D, E))
-        v = get(p + "attn_v.weight", (Hkv * D, E))
-        if permuted:
-            q, k = _unpermute(q, H), _unpermute(k, Hkv)
-        yield f"layers.{i}.qkv.weight", np.concatenate([q, k, v])
-        del q, k, v
+        yield f"layers.{i}.attn_norm.weight", vec(p + "attn_norm.weight", (E,))
+        yield f"layers.{i}.qkv.weight", StackedRows((part(p + "attn_q.weight", (H * D, E), H if permuted else 0),
+                                                     part(p + "attn_k.weight", (Hkv * D, E), Hkv if permuted else 0),
+                                                     part(p + "attn_v.weight", (Hkv * D, E))),
+                                                    E, align=D if permuted else 1)
         if config.qkv_bias:
-            yield f"layers.{i}.qkv.bias", np.concatenate([get(p + "attn_q.bias", (H * D,)),
-                                                          get(p + "attn_k.bias", (Hkv * D,)),
-                                                          get(p + "attn_v.bias", (Hkv * D,))])
+            yield f"layers.{i}.qkv.bias", np.concatenate([vec(p + "attn_q.bias", (H * D,)),
+                                                          vec(p + "attn_k.bias", (Hkv * D,)),
+                                                          vec(p + "attn_v.bias", (Hkv * D,))])
         if config.qk_norm:
-            yield f"layers.{i}.q_norm.weight", get(p + "attn_q_norm.weight", (D,))
-            yield f"layers.{i}.k_norm.weight", get(p + "attn_k_norm.weight", (D,))
-        yield f"layers.{i}.o.weight", get(p + "attn_output.weight", (E, H * D))
-        yield f"layers.{i}.mlp_norm.weight", get(p + "ffn_norm.weight", (E,))
-        yield f"layers.{i}.gate_up.weight", np.concatenate([get(p + "ffn_gate.weight", (config.ffn_dim, E)),
-                                                            get(p + "ffn_up.weight", (config.ffn_dim, E))])
-        yield f"layers.{i}.down.weight", get(p + "ffn_down.weight", (E, config.ffn_dim))
-    yield "final_norm.weight", get("output_norm.weight", (E,))
+            yield f"layers.{i}.q_norm.weight", vec(p + "attn_q_norm.weight", (D,))
+            yield f"layers.{i}.k_norm.weight", vec(p + "attn_k_norm.weight", (D,))
+        yield f"layers.{i}.o.weight", one(p + "attn_output.weight", (E, H * D))
+        yield f"layers.{i}.mlp_norm.weight", vec(p + "ffn_norm.weight", (E,))
+        yield f"layers.{i}.gate_up.weight", StackedRows((part(p + "ffn_gate.weight", (F, E)),
+                                                         part(p + "ffn_up.weight", (F, E))), E)
+        yield f"layers.{i}.down.weight", one(p + "ffn_down.weight", (E, F))
+    yield "final_norm.weight", vec("output_norm.weight", (E,))
     if not config.tie_word_embeddings:
-        yield "lm_head.weight", get("output.weight", (config.vocab_size, E))
+        yield "lm_head.weight", one("output.weight", (config.vocab_size, E))

@@ -1,5 +1,6 @@
 """Hugging Face checkpoints: config.json -> ModelConfig, and safetensors (single or sharded) read
-with numpy.memmap, mapped onto the canonical tensor names of lite_llm/model/__init__.py.
+with pread into new buffers (a slice of rows at a time if asked), mapped onto the canonical
+tensor names of lite_llm/model/__init__.py.
 
 Tensors come out in the file's own dtype (float32, float16, or bf16 bits as uint16); dtype
 conversion and progress reporting are the loader's. Hub-cache resolution is in loader.py.
@@ -10,12 +11,14 @@ import json
 import os
 import struct
 from dataclasses import dataclass
+from functools import partial
 from typing import Iterator
 
 import numpy as np
 
 from lite_llm.config import ModelConfig
-from lite_llm.model.loader import ModelLoadError
+from lite_llm.model.loader import ModelLoadError, pread_into
+from lite_llm.model.weights import StackedRows
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen3ForCausalLM", "OPTForCausalLM")
@@ -192,13 +195,15 @@ class SafetensorsCheckpoint:
         if not files:
             raise ModelLoadError(f"{path}: no *.safetensors weights found")
         self.entries: dict[str, _Entry] = {}
-        self._maps: dict[str, np.memmap] = {}
+        self._fds: dict[str, int] = {}
         for name in files:
             self._read_header(os.path.join(path, name))
 
     def close(self) -> None:
-        """Drop the file mappings (headers stay)."""
-        self._maps = {}
+        """Close the files (headers stay; a later read opens them again)."""
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
 
     def _read_header(self, file: str) -> None:
         if not os.path.exists(file):
@@ -236,18 +241,41 @@ class SafetensorsCheckpoint:
     def __contains__(self, name: str) -> bool:
         return name in self.entries
 
-    def read(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
-        """Tensor `name` as a read-only memmap view (float32/float16/bf16-as-uint16), shape checked."""
+    def entry(self, name: str, shape: tuple[int, ...] | None = None) -> _Entry:
+        """The entry of tensor `name`, checked: present, and of `shape` if given."""
         e = self.entries.get(name)
         if e is None:
             raise ModelLoadError(f"{self.path}: tensor {name!r} is missing from the safetensors files")
         if shape is not None and e.shape != tuple(shape):
             raise ModelLoadError(f"{e.file}: tensor {name!r} has shape {list(e.shape)}, expected {list(shape)}")
-        m = self._maps.get(e.file)
-        if m is None:
-            m = self._maps[e.file] = np.memmap(e.file, dtype=np.uint8, mode="r")
-        arr = m[e.begin:e.end].view(e.dtype).reshape(e.shape)
-        return arr.astype(np.float32) if e.dtype == np.float64 else arr
+        return e
+
+    def read(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        """Tensor `name` (float32/float16/bf16-as-uint16; float64 narrowed to float32), shape
+        checked; new memory."""
+        e = self.entry(name, shape)
+        return self.read_rows(name, 0, e.shape[0] if e.shape else 1)
+
+    def read_rows(self, name: str, r0: int, r1: int) -> np.ndarray:
+        """Rows r0..r1 (outermost axis) of tensor `name`, as read(); new memory."""
+        e = self.entry(name)
+        rows = e.shape[0] if e.shape else 1
+        if not 0 <= r0 <= r1 <= rows:
+            raise ValueError(f"{e.file}: rows {r0}..{r1} of tensor {name!r} with {rows} rows")
+        row_bytes = (e.end - e.begin) // rows if rows else 0
+        out = np.empty(((r1 - r0) * row_bytes) // e.dtype.itemsize, e.dtype)
+        self._pread(e.file, e.begin + r0 * row_bytes, out)
+        out = out.reshape((r1 - r0, *e.shape[1:]) if e.shape else ())
+        return out.astype(np.float32) if e.dtype == np.float64 else out.astype(e.dtype.newbyteorder("="), copy=False)
+
+    def _pread(self, file: str, offset: int, out: np.ndarray) -> None:
+        fd = self._fds.get(file)
+        if fd is None:
+            try:
+                fd = self._fds[file] = os.open(file, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+            except OSError as e:
+                raise ModelLoadError(f"{file}: cannot open safetensors file: {e}") from e
+        pread_into(fd, offset, out, file)
 
     @property
     def total_bytes(self) -> int:
@@ -278,8 +306,10 @@ def hf_tensor_names(config: ModelConfig) -> list[str]:
     return names
 
 
-def iter_hf_tensors(ckpt: SafetensorsCheckpoint, config: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
-    """Canonical (name, array) pairs in the file dtype, one at a time (q/k/v and gate/up fused)."""
+def iter_hf_tensors(ckpt: SafetensorsCheckpoint,
+                    config: ModelConfig) -> Iterator[tuple[str, np.ndarray | StackedRows]]:
+    """Canonical (name, tensor) pairs in the file dtype, one at a time: 1-D tensors as arrays,
+    2-D ones as StackedRows (read when asked, a slice of rows at a time; q/k/v and gate/up fused)."""
     if config.architecture == "OPTForCausalLM":
         yield from _iter_opt(ckpt, config)
         return
@@ -287,60 +317,77 @@ def iter_hf_tensors(ckpt: SafetensorsCheckpoint, config: ModelConfig) -> Iterato
     q_rows, kv_rows = config.q_size, config.kv_size
     D = config.head_dim
     get = ckpt.read
-    yield "embed", get("model.embed_tokens.weight", (V, E))
+
+    def rows(*parts: tuple[str, tuple[int, int]]) -> StackedRows:
+        return _stacked(ckpt, parts)
+
+    yield "embed", rows(("model.embed_tokens.weight", (V, E)))
     for i in range(config.num_layers):
         h, p = f"model.layers.{i}.", f"layers.{i}."
         yield p + "attn_norm.weight", get(h + "input_layernorm.weight", (E,))
         a = h + "self_attn."
-        yield p + "qkv.weight", _cat(get(a + "q_proj.weight", (q_rows, E)), get(a + "k_proj.weight", (kv_rows, E)),
-                                     get(a + "v_proj.weight", (kv_rows, E)))
+        yield p + "qkv.weight", rows((a + "q_proj.weight", (q_rows, E)), (a + "k_proj.weight", (kv_rows, E)),
+                                     (a + "v_proj.weight", (kv_rows, E)))
         if config.qkv_bias:
             yield p + "qkv.bias", _cat(get(a + "q_proj.bias", (q_rows,)), get(a + "k_proj.bias", (kv_rows,)),
                                        get(a + "v_proj.bias", (kv_rows,)))
         if config.qk_norm:
             yield p + "q_norm.weight", get(a + "q_norm.weight", (D,))
             yield p + "k_norm.weight", get(a + "k_norm.weight", (D,))
-        yield p + "o.weight", get(a + "o_proj.weight", (E, q_rows))
+        yield p + "o.weight", rows((a + "o_proj.weight", (E, q_rows)))
         if config.o_bias:
             yield p + "o.bias", get(a + "o_proj.bias", (E,))
         yield p + "mlp_norm.weight", get(h + "post_attention_layernorm.weight", (E,))
         m = h + "mlp."
-        yield p + "gate_up.weight", _cat(get(m + "gate_proj.weight", (F, E)), get(m + "up_proj.weight", (F, E)))
+        yield p + "gate_up.weight", rows((m + "gate_proj.weight", (F, E)), (m + "up_proj.weight", (F, E)))
         if config.mlp_bias:
             yield p + "gate_up.bias", _cat(get(m + "gate_proj.bias", (F,)), get(m + "up_proj.bias", (F,)))
-        yield p + "down.weight", get(m + "down_proj.weight", (E, F))
+        yield p + "down.weight", rows((m + "down_proj.weight", (E, F)))
         if config.mlp_bias:
             yield p + "down.bias", get(m + "down_proj.bias", (E,))
     yield "final_norm.weight", get("model.norm.weight", (E,))
     if not config.tie_word_embeddings:
-        yield "lm_head.weight", get("lm_head.weight", (V, E))
+        yield "lm_head.weight", rows(("lm_head.weight", (V, E)))
 
 
-def _iter_opt(ckpt: SafetensorsCheckpoint, config: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
+def _iter_opt(ckpt: SafetensorsCheckpoint, config: ModelConfig) -> Iterator[tuple[str, np.ndarray | StackedRows]]:
     E, F, V, P = config.dim, config.ffn_dim, config.vocab_size, config.max_position_embeddings
     get = ckpt.read
+
+    def rows(*parts: tuple[str, tuple[int, int]]) -> StackedRows:
+        return _stacked(ckpt, parts)
+
     d = "model.decoder."
-    yield "embed", get(d + "embed_tokens.weight", (V, E))
-    yield "pos_embed", get(d + "embed_positions.weight", (P + OPT_POSITION_OFFSET, E))[OPT_POSITION_OFFSET:]
+    yield "embed", rows((d + "embed_tokens.weight", (V, E)))
+    ckpt.entry(d + "embed_positions.weight", (P + OPT_POSITION_OFFSET, E))
+    yield "pos_embed", StackedRows(((P, lambda a, b: ckpt.read_rows(d + "embed_positions.weight", a + OPT_POSITION_OFFSET,
+                                                                    b + OPT_POSITION_OFFSET)),), E)
     for i in range(config.num_layers):
         h, p = f"{d}layers.{i}.", f"layers.{i}."
         yield p + "attn_norm.weight", get(h + "self_attn_layer_norm.weight", (E,))
         yield p + "attn_norm.bias", get(h + "self_attn_layer_norm.bias", (E,))
         a = h + "self_attn."
-        yield p + "qkv.weight", _cat(*(get(a + f"{x}_proj.weight", (E, E)) for x in "qkv"))
+        yield p + "qkv.weight", rows(*((a + f"{x}_proj.weight", (E, E)) for x in "qkv"))
         yield p + "qkv.bias", _cat(*(get(a + f"{x}_proj.bias", (E,)) for x in "qkv"))
-        yield p + "o.weight", get(a + "out_proj.weight", (E, E))
+        yield p + "o.weight", rows((a + "out_proj.weight", (E, E)))
         yield p + "o.bias", get(a + "out_proj.bias", (E,))
         yield p + "mlp_norm.weight", get(h + "final_layer_norm.weight", (E,))
         yield p + "mlp_norm.bias", get(h + "final_layer_norm.bias", (E,))
-        yield p + "up.weight", get(h + "fc1.weight", (F, E))
+        yield p + "up.weight", rows((h + "fc1.weight", (F, E)))
         yield p + "up.bias", get(h + "fc1.bias", (F,))
-        yield p + "down.weight", get(h + "fc2.weight", (E, F))
+        yield p + "down.weight", rows((h + "fc2.weight", (E, F)))
         yield p + "down.bias", get(h + "fc2.bias", (E,))
     yield "final_norm.weight", get(d + "final_layer_norm.weight", (E,))
     yield "final_norm.bias", get(d + "final_layer_norm.bias", (E,))
     if not config.tie_word_embeddings:
-        yield "lm_head.weight", get("lm_head.weight", (V, E))
+        yield "lm_head.weight", rows(("lm_head.weight", (V, E)))
+
+
+def _stacked(ckpt: SafetensorsCheckpoint, parts: tuple[tuple[str, tuple[int, int]], ...]) -> StackedRows:
+    """StackedRows of the named 2-D tensors (shapes checked now, rows read when asked)."""
+    for name, shape in parts:
+        ckpt.entry(name, shape)
+    return StackedRows(tuple((shape[0], partial(ckpt.read_rows, name)) for name, shape in parts), parts[0][1][1])
 
 
 def _cat(*parts: np.ndarray) -> np.ndarray:

