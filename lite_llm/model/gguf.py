@@ -35,6 +35,9 @@ _NUMPY_TYPES = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32
 TENSOR_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
                 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210),
                 30: ("BF16", 1, 2)}
+# metadata arrays only the tokenizer reads: ~10 MB of Python objects for a 50k vocabulary
+TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                    "tokenizer.ggml.scores")
 # ids of ggml types we recognise but do not dequantize, for a readable error
 _KNOWN_UNSUPPORTED = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 13: "Q5_K",
                       15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S",
@@ -179,6 +182,12 @@ class GGUFFile:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def drop_tokenizer_arrays(self) -> None:
+        """Forget the vocabulary arrays (TOKENIZER_ARRAYS) once the tokenizer is built from
+        them; scalar keys (special token ids, chat template, ...) stay."""
+        for key in TOKENIZER_ARRAYS:
+            self.metadata.pop(key, None)
 
     # ---- tensor data ----------------------------------------------------------------
 

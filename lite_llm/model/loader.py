@@ -225,6 +225,7 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
                 tokenizer = Tokenizer.from_gguf_metadata(reader.metadata)
             except ValueError as e:
                 raise ModelLoadError(f"{path}: {e}") from e
+        reader.drop_tokenizer_arrays()      # config and tokenizer are built: nothing reads them again
         generation_config: dict = {}
     else:
         config, _ = _hf.read_config(path)

