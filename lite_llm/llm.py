@@ -56,13 +56,16 @@ def _mem_available() -> int:
 
 
 def plan_kv_cache(config, dtype: str, block_size: int, max_model_len: int,
-                  kv_cache_space: float | None, weight_bytes: int = 0) -> KVPlan:
+                  kv_cache_space: float | None, weight_bytes: int = 0, num_blocks: int | None = None) -> KVPlan:
     """Blocks for `kv_cache_space` GiB (argument, else LITE_LLM_CPU_KVCACHE_SPACE /
-    VLLM_CPU_KVCACHE_SPACE, else auto: min(4 GiB, half the memory left after the weights)).
+    VLLM_CPU_KVCACHE_SPACE, else auto: min(4 GiB, half the memory left after the weights)),
+    or exactly `num_blocks` when given (a caller that knows its workload: bench latency).
     Raises ValueError with the numbers when one max_model_len request cannot fit."""
     from lite_llm.engine.runner import kv_bytes_per_block
     per_block = kv_bytes_per_block(config, block_size, dtype)
     source = "argument"
+    if num_blocks is not None:
+        return _checked_plan(num_blocks * per_block, per_block, block_size, max_model_len, "num_blocks")
     if kv_cache_space is None:
         value = env("CPU_KVCACHE_SPACE")
         if value is not None:
@@ -75,6 +78,11 @@ def plan_kv_cache(config, dtype: str, block_size: int, max_model_len: int,
         nbytes, source = min(DEFAULT_AUTO_KV_GIB * GiB, spare), "auto"
     else:
         nbytes = kv_cache_space * GiB
+    return _checked_plan(nbytes, per_block, block_size, max_model_len, source)
+
+
+def _checked_plan(nbytes: float, per_block: int, block_size: int, max_model_len: int, source: str) -> KVPlan:
+    """The plan for nbytes of KV cache, or ValueError when one max_model_len request cannot fit."""
     num_blocks = int(nbytes // per_block)
     needed = -(-max_model_len // block_size)
     if num_blocks < needed:
@@ -91,8 +99,10 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
                  block_size: int = 128, kv_cache_space: float | None = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = True,
                  seed: int = 0, disable_sliding_window: bool = False, skip_tokenizer_init: bool = False,
-                 max_queue: int | None = None, serving: bool = False, progress: bool = True):
-    """Everything from a model argument to a started AsyncEngine. Returns (engine, loaded, info)."""
+                 max_queue: int | None = None, serving: bool = False, progress: bool = True,
+                 num_kv_blocks: int | None = None):
+    """Everything from a model argument to a started AsyncEngine. Returns (engine, loaded, info).
+    num_kv_blocks: exactly this many KV blocks instead of kv_cache_space (see plan_kv_cache)."""
     t0 = time.perf_counter()
     cpu.configure_openmp_env()          # before the first OpenMP region in the process
     plan = cpu.plan_threads(cpu.read_topology(), serving=serving)
@@ -114,7 +124,8 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
     if max_num_batched_tokens is None:
         max_num_batched_tokens = 2048 if serving else 4096
     weight_estimate = os.path.getsize(loaded.source) if os.path.isfile(loaded.source) else 0
-    kv = plan_kv_cache(cfg, loaded.dtype, block_size, loaded.max_model_len, kv_cache_space, weight_estimate)
+    kv = plan_kv_cache(cfg, loaded.dtype, block_size, loaded.max_model_len, kv_cache_space, weight_estimate,
+                       num_blocks=num_kv_blocks)
     log.info("%s", kv.describe())
     num_threads = plan.num_threads
     eos = tuple(cfg.eos_token_ids)
@@ -149,6 +160,7 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
         "max_model_len": loaded.max_model_len, "dtype": loaded.dtype, "architecture": cfg.architecture,
         "kernel_variant": _kernels.VARIANT.name, "num_threads": num_threads,
         "thread_plan": plan.describe(), "kv_cache_tokens": kv.num_tokens, "kv_cache_blocks": kv.num_blocks,
+        "kv_cache_bytes": kv.num_blocks * kv.bytes_per_block,
         "max_concurrency": kv.max_concurrency, "generation_config": loaded.generation_config,
         "vocab_size": cfg.vocab_size, "weight_bytes": runner.weight_bytes,
         "startup_seconds": time.perf_counter() - t0,

@@ -4,6 +4,7 @@ the BF16 GGUF writer. Figures are only checked for shape and sign: speed is meas
 benchmarks themselves, never asserted."""
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 from pathlib import Path
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from lite_llm import cli
-from lite_llm.bench import common, peers
+from lite_llm.bench import common, latency, peers
 from lite_llm.model.loader import load_model
 
 FIGURE_KEYS = {"ttft", "prefill_tok_s", "decode_tok_s", "tpot", "e2e", "output_tok_s", "total_tok_s",
@@ -51,6 +52,12 @@ def test_latency_json_with_transformers_peer(capsys, tiny_checkpoint):
         s["engine_build_seconds"] + s["first_request_ttft_seconds"])
     assert s["process_start_to_first_token_seconds"] > s["start_to_first_token_seconds"]
     assert ours["peak_rss_bytes"] > ours["weight_bytes"] > 0
+    # neither --kv-cache-space nor --max-model-len: the KV cache holds exactly the workload
+    assert ours["kv_cache_sized_to_workload"] and r["max_model_len"] == 12 + 3
+    assert ours["kv_cache_blocks"] == 2                     # 2 sequences x ceil(15 / 128) blocks
+    assert ours["kv_cache_bytes_allocated"] == 2 * 128 * ours["kv_cache_bytes_needed"] // (2 * 15)
+    assert ours["peak_rss_over_weights_and_kv"] == pytest.approx(
+        ours["peak_rss_bytes"] / (ours["weight_bytes"] + ours["kv_cache_bytes_allocated"]))
     theirs = r["peers"]["transformers"]
     assert "error" not in theirs, theirs.get("error")
     assert len(theirs["runs"]) == 2
@@ -68,7 +75,45 @@ def test_latency_table_output(capsys, tiny_checkpoint):
                      "--num-iters", "1", "--warmup", "0"]) == 0
     captured = capsys.readouterr()
     assert "prefill tok/s" in captured.out and "decode tok/s" in captured.out and "start-up:" in captured.out
+    assert "1 block sized to the workload" in captured.out and "max_model_len 10" in captured.out
     assert "[lite_llm] iteration 1/1" in captured.err                 # progress goes to stderr
+
+
+@pytest.mark.parametrize("argv,env,sized", [([], {}, True), (["--kv-cache-space", "0.01"], {}, False),
+                                             ([], {"LITE_LLM_CPU_KVCACHE_SPACE": "0.01"}, False),
+                                             (["--max-model-len", "64"], {}, False)])
+def test_latency_kv_cache_sized_to_the_workload_unless_the_user_sized_it(capsys, tiny_checkpoint, monkeypatch,
+                                                                          argv, env, sized):
+    for key in ("LITE_LLM_CPU_KVCACHE_SPACE", "VLLM_CPU_KVCACHE_SPACE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    r = _run_json(capsys, ["bench", "latency", "--model", str(tiny_checkpoint("llama")), "--input-len", "40",
+                           "--output-len", "3", "--batch-size", "3", "--num-iters", "1", "--block-size", "16",
+                           "--json", *argv])
+    ours = r["lite_llm"]
+    per_block = ours["kv_cache_bytes_needed"] // (3 * 43) * 16
+    assert ours["kv_cache_sized_to_workload"] is sized
+    if sized:
+        assert r["max_model_len"] == 43 and ours["kv_cache_blocks"] == 3 * 3      # ceil(43 / 16) each
+        kv = ours["kv_cache_bytes_allocated"]
+    else:
+        assert r["max_model_len"] == (64 if "--max-model-len" in argv else 128)  # the model's own
+        assert ours["kv_cache_blocks"] > 9
+        kv = ours["kv_cache_bytes_needed"]        # a cache sized by the user fills only as used
+    assert ours["kv_cache_bytes_allocated"] == ours["kv_cache_blocks"] * per_block
+    assert ours["peak_rss_over_weights_and_kv"] == pytest.approx(ours["peak_rss_bytes"] / (ours["weight_bytes"] + kv))
+
+
+def test_workload_kv_cache():
+    def plan(*argv):
+        parser = argparse.ArgumentParser()
+        latency.add_arguments(parser)
+        return latency.workload_kv_cache(parser.parse_args(list(argv)))
+    assert plan() == (640, 5)                                              # 512 + 128 in blocks of 128
+    assert plan("--input-len", "100", "--output-len", "29", "--batch-size", "4") == (129, 8)
+    assert plan("--input-len", "1", "--output-len", "1", "--block-size", "16") == (2, 1)
+    assert plan("--kv-cache-space", "1") == plan("--max-model-len", "640") == (None, None)
 
 
 def test_throughput_json_from_dataset(capsys, tiny_checkpoint, tmp_path):

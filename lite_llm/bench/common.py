@@ -56,16 +56,18 @@ def parse_peers(text: str) -> list[str]:
     return list(dict.fromkeys(peers))
 
 
-def build(args: argparse.Namespace, max_model_len: int | None = None):
+def build(args: argparse.Namespace, max_model_len: int | None = None, num_kv_blocks: int | None = None):
     """(engine, loaded, info) for the benchmark's arguments; info['build_seconds'] is the wall
-    time from the call (imports of the engine included) to a started engine."""
+    time from the call (imports of the engine included) to a started engine. max_model_len and
+    num_kv_blocks apply when the user gave no --max-model-len / --kv-cache-space."""
     t0 = time.perf_counter()
     from lite_llm.llm import build_engine
     engine, loaded, info = build_engine(
         args.model, dtype=args.dtype, max_model_len=args.max_model_len or max_model_len,
         block_size=args.block_size, kv_cache_space=args.kv_cache_space, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=args.enable_prefix_caching,
-        seed=args.seed, serving=False, progress=sys.stderr.isatty())
+        seed=args.seed, serving=False, progress=sys.stderr.isatty(),
+        num_kv_blocks=num_kv_blocks if args.kv_cache_space is None else None)
     info = dict(info, build_seconds=time.perf_counter() - t0)
     return engine, loaded, info
 

@@ -6,8 +6,18 @@ Each iteration submits --batch-size random-token prompts of --input-len tokens a
 measures (common.BatchFigures): prefill tok/s = prompt tokens of the batch / TTFT, decode
 tok/s = tokens after the first / (last - first token), summed over the batch, TTFT, TPOT;
 medians over --num-iters after --warmup. Also: start to first token (engine build, imports
-included, + TTFT of a first short request) and the process's peak RSS against weights + the
-KV cache the workload needs. Each iteration uses fresh prompts, so the prefix cache never hits.
+included, + TTFT of a first short request) and the process's peak RSS against weights + KV
+cache. Each iteration uses fresh prompts, so the prefix cache never hits.
+
+KV cache: unless the user sizes it (--kv-cache-space, LITE_LLM_CPU_KVCACHE_SPACE) or the
+context (--max-model-len), it is sized to the workload, as llama.cpp's n_ctx is:
+max_model_len = input + output tokens, and batch x that many tokens rounded up to whole
+blocks (the start-up probe runs alone before the batches, so those blocks hold it too). An
+engine-sized cache (GiBs, its pages touched only as blocks fill) would not change the speed,
+but the prefix cache hands each new request never-used blocks, so every request would touch
+fresh pages and the peak RSS would grow with the number of iterations. The RSS ratio divides
+by weights + the KV cache allocated when the bench sized it (all of it is used), else by
+weights + the KV cache the workload needs (a user-sized cache is touched only as used).
 """
 from __future__ import annotations
 
@@ -16,6 +26,7 @@ from dataclasses import asdict
 from typing import Any
 
 from lite_llm.bench import common
+from lite_llm.config import env
 
 FIRST_REQUEST_LEN = 32       # the start-up probe: a short prompt, one token
 
@@ -40,6 +51,17 @@ FIGURES = [  # (key, column title, scale, lower is better)
 ]
 
 
+def workload_kv_cache(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """(max_model_len, KV blocks) sized to the workload (see the module docstring), or
+    (None, None) when the user sized the context or the cache: then the engine's own sizing."""
+    if args.max_model_len is not None or args.kv_cache_space is not None or env("CPU_KVCACHE_SPACE") is not None:
+        return None, None
+    seq_len = args.input_len + args.output_len
+    probe_len = min(FIRST_REQUEST_LEN, args.input_len) + 1     # <= seq_len: fits in one sequence's blocks
+    blocks = args.batch_size * -(-seq_len // args.block_size)
+    return seq_len, max(blocks, -(-probe_len // args.block_size))
+
+
 def run(args: argparse.Namespace) -> int:
     if min(args.input_len, args.output_len, args.batch_size, args.num_iters) < 1 or args.warmup < 0:
         raise SystemExit("--input-len, --output-len, --batch-size and --num-iters must be >= 1, --warmup >= 0")
@@ -47,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     load_before = common.load_average()
     age_at_start = common.process_age_seconds()
     common.progress(f"bench latency: building the engine (load average {load_before})")
-    engine, loaded, info = common.build(args)
+    max_model_len, num_kv_blocks = workload_kv_cache(args)
+    engine, loaded, info = common.build(args, max_model_len=max_model_len, num_kv_blocks=num_kv_blocks)
     try:
         vocab = loaded.config.vocab_size
         needed = args.input_len + args.output_len
@@ -79,13 +102,18 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.shutdown()
     kv_bytes = args.batch_size * needed * common.kv_bytes_per_token(loaded, args.block_size)
+    sized_to_workload = num_kv_blocks is not None
+    kv_counted = info["kv_cache_bytes"] if sized_to_workload else kv_bytes
     ours = {"median": common.median_figures(runs), "runs": runs, "startup": startup,
             "peak_rss_bytes": peak_rss, "weight_bytes": info["weight_bytes"], "kv_cache_bytes_needed": kv_bytes,
-            "peak_rss_over_weights_and_kv": peak_rss / max(info["weight_bytes"] + kv_bytes, 1),
+            "kv_cache_bytes_allocated": info["kv_cache_bytes"], "kv_cache_blocks": info["kv_cache_blocks"],
+            "kv_cache_sized_to_workload": sized_to_workload,
+            "peak_rss_over_weights_and_kv": peak_rss / max(info["weight_bytes"] + kv_counted, 1),
             "prefix_cache_hit_tokens": num_cached}
     result: dict[str, Any] = {
         "benchmark": "latency", "model": info["model_path"], "dtype": info["dtype"],
         "kernel_variant": info["kernel_variant"], "num_threads": info["num_threads"],
+        "max_model_len": info["max_model_len"],
         "input_len": args.input_len, "output_len": args.output_len, "batch_size": args.batch_size,
         "num_iters": args.num_iters, "warmup": args.warmup, "load_average_before": load_before,
         "lite_llm": ours, "peers": {}}
@@ -123,9 +151,16 @@ def print_report(result: dict[str, Any]) -> None:
           f"{s['first_request_ttft_seconds'] * 1e3:.0f} ms = {s['start_to_first_token_seconds']:.2f} s"
           + ("" if s["process_start_to_first_token_seconds"] is None
              else f" ({s['process_start_to_first_token_seconds']:.2f} s from process start)"))
-    print(f"memory: peak RSS {ours['peak_rss_bytes'] / 2**20:.0f} MiB = {ours['peak_rss_over_weights_and_kv']:.2f}x "
-          f"(weights {ours['weight_bytes'] / 2**20:.0f} MiB + KV cache needed "
-          f"{ours['kv_cache_bytes_needed'] / 2**20:.0f} MiB)")
+    mib = 2**20
+    if ours["kv_cache_sized_to_workload"]:
+        blocks = ours["kv_cache_blocks"]
+        kv = (f"KV cache {ours['kv_cache_bytes_allocated'] / mib:.0f} MiB: {blocks} block{'s' * (blocks != 1)} "
+              f"sized to the workload, as llama.cpp's n_ctx; max_model_len {r['max_model_len']}")
+    else:
+        kv = (f"KV cache needed {ours['kv_cache_bytes_needed'] / mib:.0f} MiB; "
+              f"{ours['kv_cache_bytes_allocated'] / mib:.0f} MiB allocated, its pages touched as blocks fill")
+    print(f"memory: peak RSS {ours['peak_rss_bytes'] / mib:.0f} MiB = {ours['peak_rss_over_weights_and_kv']:.2f}x "
+          f"(weights {ours['weight_bytes'] / mib:.0f} MiB + {kv})")
     for name, peer in r["peers"].items():
         if "error" in peer:
             print(f"{name}: not run: {peer['error']}")
