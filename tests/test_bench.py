@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import gguf
@@ -114,6 +116,26 @@ def test_workload_kv_cache():
     assert plan("--input-len", "100", "--output-len", "29", "--batch-size", "4") == (129, 8)
     assert plan("--input-len", "1", "--output-len", "1", "--block-size", "16") == (2, 1)
     assert plan("--kv-cache-space", "1") == plan("--max-model-len", "640") == (None, None)
+
+
+def test_random_prompts_are_reproducible_and_skip_the_low_ids():
+    a = common.random_prompts(3, 50, 320, seed=7)
+    assert a == common.random_prompts(3, 50, 320, seed=7) != common.random_prompts(3, 50, 320, seed=8)
+    assert [len(p) for p in a] == [50, 50, 50] and len({tuple(p) for p in a}) == 3
+    assert all(32 <= t < 320 for p in a for t in p)
+    assert min(t for p in common.random_prompts(2, 5000, 50_000, seed=0) for t in p) >= 1000
+
+
+def test_latency_process_loads_neither_numpy_random_nor_openssl(tiny_checkpoint):
+    """Modules nothing on the bench's path needs, resident for the whole run: numpy.random
+    (~6 MiB with the hashlib/OpenSSL its import pulls in), and bench serve's HTTP client."""
+    code = ("import sys; from lite_llm import cli; "
+            f"cli.main(['bench', 'latency', '--model', {str(tiny_checkpoint('llama'))!r}, '--input-len', '8', "
+            "'--output-len', '2', '--num-iters', '1', '--json']); "
+            "print(sorted(m for m in ('numpy.random', '_hashlib', '_ssl', 'http.client') if m in sys.modules))")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_throughput_json_from_dataset(capsys, tiny_checkpoint, tmp_path):

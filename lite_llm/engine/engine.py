@@ -16,12 +16,11 @@ Runner protocol (duck-typed):
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
-
-import numpy as np
 
 from lite_llm.engine.detokenizer import IncrementalDetokenizer, find_stop, stop_holdback
 from lite_llm.engine.kv_cache import KVCacheManager
@@ -117,7 +116,7 @@ class LLMEngine:
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    max_model_len=self.max_model_len,
                                    policy=config.scheduling_policy)
-        self._rng = np.random.default_rng(config.seed)
+        self._rng = random.Random(config.seed)   # not numpy.random: its import costs ~6 MiB resident
         self._groups: dict[str, _Group] = {}
         self._stats = StatsCollector()
 
@@ -147,7 +146,7 @@ class LLMEngine:
         for child_id in child_ids:
             if child_id in self.scheduler.requests:
                 raise ValueError(f"request id {child_id!r} is already in use")
-        base_seed = params.seed if params.seed is not None else int(self._rng.integers(_MAX_SEED))
+        base_seed = params.seed if params.seed is not None else self._rng.randrange(_MAX_SEED)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         prompt_token_ids = list(prompt_token_ids)
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len
