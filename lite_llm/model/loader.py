@@ -31,9 +31,11 @@ def pread_into(fd: int, offset: int, out: np.ndarray, path: str) -> None:
     while done < len(view):         # a read may return less than asked
         if hasattr(os, "preadv"):
             n = os.preadv(fd, [view[done:]], offset + done)
-        else:
+        else:                       # Windows: no preadv; the engine thread is the only reader
             os.lseek(fd, offset + done, os.SEEK_SET)
-            n = os.readv(fd, [view[done:]])
+            chunk = os.read(fd, min(len(view) - done, 1 << 26))
+            n = len(chunk)
+            view[done:done + n] = chunk
         if n <= 0:
             raise ModelLoadError(f"{path}: truncated file: bytes {offset}..{offset + len(view)} cannot be read "
                                  "(did it change since it was opened?)")

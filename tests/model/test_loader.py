@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import os
 import shutil
 import struct
 import sys
@@ -763,3 +764,16 @@ def test_gguf_load_drops_the_vocabulary_arrays(monkeypatch):
     assert sys.getrefcount(tokens) == 2          # our local and getrefcount's argument: nobody else
     skipped = load_model(str(SMOLLM2), dtype="bfloat16", skip_tokenizer_init=True, progress=False)
     assert skipped.tokenizer is None and not set(lgguf.TOKENIZER_ARRAYS) & set(skipped._reader.metadata)
+
+
+def test_reads_without_preadv(tiny_checkpoint, tmp_path, monkeypatch):
+    """Where os.preadv is missing (Windows) tensors are read with lseek + read: same bytes."""
+    path = gguf_from_hf(tiny_checkpoint("llama"), tmp_path / "m.gguf", "llama")
+    want_gguf = dict(load_model(str(path), dtype="float32", progress=False).iter_tensors())
+    want_hf = dict(load_model(str(tiny_checkpoint("qwen2")), dtype="bfloat16", progress=False).iter_tensors())
+    monkeypatch.delattr(os, "preadv")
+    for where, dtype, want in [(path, "float32", want_gguf), (tiny_checkpoint("qwen2"), "bfloat16", want_hf)]:
+        got = dict(load_model(str(where), dtype=dtype, progress=False).iter_tensors())
+        assert list(got) == list(want)
+        for name, x in got.items():
+            np.testing.assert_array_equal(x, want[name], err_msg=name)
