@@ -41,7 +41,7 @@ cdef extern from "kernels/attention.h" nogil:
                                  const int32_t *block_table, Py_ssize_t block_size, Py_ssize_t kv_head,
                                  Py_ssize_t num_kv_heads, Py_ssize_t head_dim, float scale, float *scratch)
     void ll_write_kv_row(const float *src, void *cache, int kv_bf16, Py_ssize_t slot,
-                         Py_ssize_t block_size, Py_ssize_t num_kv_heads, Py_ssize_t head_dim, int transposed)
+                         Py_ssize_t block_size, Py_ssize_t num_kv_heads, Py_ssize_t head_dim, int is_k)
 
 ISA = LL_ISA_NAME.decode()
 ACTIVATIONS = {"silu": LL_ACT_SILU, "gelu": LL_ACT_GELU, "gelu_tanh": LL_ACT_GELU_TANH, "relu": LL_ACT_RELU}

@@ -13,8 +13,8 @@ cdef struct LayerW:
     Mat o                         # [E, H D]
     Mat up                        # [2F, E] gate then up rows (gated), or [F, E]
     Mat down                      # [E, F]
-    void *k_cache                 # [num_blocks, Hkv, D, B] (transposed, see attention.h)
-    void *v_cache                 # [num_blocks, Hkv, B, D]
+    void *k_cache                 # [num_blocks, Hkv, ...] layouts: attention.h, layout.py
+    void *v_cache
 
 
 cdef struct ModelC:
@@ -95,12 +95,15 @@ cdef class Model:
             raise ValueError(f"head_dim {self.c.head_dim} unsupported: must be a multiple of 16, at most {LL_MAX_HEAD_DIM}")
         if len(k_caches) != self.c.num_layers or len(v_caches) != self.c.num_layers:
             raise ValueError("one K and one V cache per layer")
+        from lite_llm._kernels.layout import kv_geometry
         kc, vc = k_caches[0], v_caches[0]
-        self.c.num_blocks, self.c.block_size = vc.shape[0], vc.shape[2]
-        if (vc.shape[1] != self.c.num_kv_heads or vc.shape[3] != self.c.head_dim or vc.shape[2] % 16
-                or tuple(kc.shape) != (vc.shape[0], vc.shape[1], vc.shape[3], vc.shape[2]) or kc.dtype != vc.dtype):
+        geometry = kv_geometry(vc, "v")
+        if (kc.dtype != vc.dtype or kv_geometry(kc, "k") != geometry or geometry[1] != self.c.num_kv_heads
+                or geometry[3] != self.c.head_dim or geometry[2] % 16):
             raise ValueError(f"KV cache K {kc.shape} / V {vc.shape} does not fit the model "
-                             "(K [blocks, Hkv, D, B], V [blocks, Hkv, B, D], B a multiple of 16)")
+                             f"({self.c.num_kv_heads} KV heads of {self.c.head_dim}; block_size a multiple of 16; "
+                             "layouts in lite_llm/_kernels/layout.py)")
+        self.c.num_blocks, self.c.block_size = geometry[0], geometry[2]
         self.c.kv_bf16 = kc.dtype == np.uint16
         self.c.layers = <LayerW *>calloc(self.c.num_layers, sizeof(LayerW))
         for i in range(self.c.num_layers):

@@ -5,10 +5,16 @@ becomes 16-row panels so that one vector load yields 16 outputs' weights:
     float32 / float16: [ceil(N/16), K, 16]
     bfloat16 (uint16 bits): [ceil(N/16), ceil(K/2), 16, 2]   (pairs feed vdpbf16ps)
 Padding rows/columns are zero.
+
+The paged KV cache of one layer, per (block, kv head) (see src/kernels/attention.h):
+    float32: K [D, B] (transposed), V [B, D]
+    bfloat16 (uint16 bits): K [D/2, B, 2] (pairs of components), V [B/2, D, 2] (pairs of keys)
+kv_to_layout / kv_from_layout are the NumPy spec, from and to the logical [blocks, Hkv, B, D].
 """
 from __future__ import annotations
 
 import math
+import mmap
 import os
 
 import numpy as np
@@ -111,10 +117,72 @@ def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
 
 
 def aligned_zeros(shape, dtype, align: int = 64) -> np.ndarray:
-    """Zeros from calloc: the OS maps zero pages lazily, so a large KV cache costs neither
-    start-up time nor resident memory until blocks are written."""
+    """Zeros the OS maps lazily, so a large KV cache costs neither start-up time nor resident
+    memory until blocks are written. Large arrays get their own anonymous mapping with small
+    pages: numpy asks for transparent huge pages on big arrays, and then the first write to a
+    48 KB cache block would make 2 MB resident."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape)) * dtype.itemsize
+    if nbytes >= 1 << 20 and hasattr(mmap, "MAP_PRIVATE"):
+        mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mm, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
+            try:
+                mm.madvise(mmap.MADV_NOHUGEPAGE)
+            except OSError:
+                pass   # only a memory saving
+        return np.frombuffer(mm, dtype).reshape(shape)   # page-aligned; the array keeps mm alive
     raw = np.zeros(nbytes + align, np.uint8)
     start = (-raw.ctypes.data) % align
     return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def kv_cache_shapes(num_blocks: int, num_kv_heads: int, block_size: int, head_dim: int,
+                    bf16: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(K shape, V shape) of one layer's cache in the kernel's layout."""
+    nb, hkv, b, d = num_blocks, num_kv_heads, block_size, head_dim
+    if bf16:
+        if b % 2 or d % 2:
+            raise ValueError(f"a bf16 KV cache needs an even block_size and head_dim, got {b} and {d}")
+        return (nb, hkv, d // 2, b, 2), (nb, hkv, b // 2, d, 2)
+    return (nb, hkv, d, b), (nb, hkv, b, d)
+
+
+def kv_geometry(cache: np.ndarray, which: str) -> tuple[int, int, int, int]:
+    """(num_blocks, num_kv_heads, block_size, head_dim) of a K (which="k") or V cache array."""
+    if which not in ("k", "v"):
+        raise ValueError(f"which must be 'k' or 'v', not {which!r}")
+    if cache.dtype == np.uint16 and cache.ndim == 5 and cache.shape[4] == 2:
+        nb, hkv, a, b = cache.shape[:4]
+        return (nb, hkv, b, 2 * a) if which == "k" else (nb, hkv, 2 * a, b)
+    if cache.dtype == np.float32 and cache.ndim == 4:
+        nb, hkv, a, b = cache.shape
+        return (nb, hkv, b, a) if which == "k" else (nb, hkv, a, b)
+    raise ValueError(f"{which.upper()} cache of shape {cache.shape} and dtype {cache.dtype} is not a KV cache "
+                     "(float32 K [blocks, Hkv, D, B] / V [blocks, Hkv, B, D], or bf16 bits "
+                     "K [blocks, Hkv, D/2, B, 2] / V [blocks, Hkv, B/2, D, 2])")
+
+
+def kv_to_layout(logical: np.ndarray, which: str) -> np.ndarray:
+    """Logical [blocks, Hkv, B, D] (float32 or bf16 bits) -> the kernel's K or V layout."""
+    nb, hkv, b, d = logical.shape
+    if logical.dtype == np.uint16:
+        if which == "k":
+            out = logical.reshape(nb, hkv, b, d // 2, 2).transpose(0, 1, 3, 2, 4)
+        else:
+            out = logical.reshape(nb, hkv, b // 2, 2, d).transpose(0, 1, 2, 4, 3)
+    else:
+        out = logical.transpose(0, 1, 3, 2) if which == "k" else logical
+    return np.ascontiguousarray(out)
+
+
+def kv_from_layout(cache: np.ndarray, which: str) -> np.ndarray:
+    """Inverse of kv_to_layout."""
+    nb, hkv, b, d = kv_geometry(cache, which)
+    if cache.dtype == np.uint16:
+        if which == "k":
+            out = cache.transpose(0, 1, 3, 2, 4).reshape(nb, hkv, b, d)
+        else:
+            out = cache.transpose(0, 1, 2, 4, 3).reshape(nb, hkv, b, d)
+    else:
+        out = cache.transpose(0, 1, 3, 2) if which == "k" else cache
+    return np.ascontiguousarray(out)

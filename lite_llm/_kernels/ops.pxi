@@ -76,12 +76,12 @@ def act_mul(const float[:, ::1] gate, up, float[:, ::1] out, str act, int num_th
 
 
 def write_kv(const float[:, :, ::1] src,     # IN [T, Hkv, D]
-             cache,                          # IN/OUT V [num_blocks, Hkv, B, D] or, transposed, K [num_blocks, Hkv, D, B]
+             cache,                          # IN/OUT K or V cache in the kernel's layout (layout.py)
              const int64_t[::1] slot_mapping,   # IN [T]
-             bint transposed=False):         # float32 or bf16 bits (uint16)
-    cdef Py_ssize_t t, nb = cache.shape[0], hkv = cache.shape[1]
-    cdef Py_ssize_t bs = cache.shape[3] if transposed else cache.shape[2]
-    cdef Py_ssize_t d = cache.shape[2] if transposed else cache.shape[3]
+             str which):                     # "k" or "v"
+    from lite_llm._kernels.layout import kv_geometry
+    cdef Py_ssize_t t, nb, hkv, bs, d
+    nb, hkv, bs, d = kv_geometry(cache, which)
     cdef int kv_bf16 = cache.dtype == np.uint16
     cdef void *cp = <void *>_ptr(cache)
     if src.shape[1] != hkv or src.shape[2] != d or slot_mapping.shape[0] != src.shape[0]:
@@ -89,24 +89,27 @@ def write_kv(const float[:, :, ::1] src,     # IN [T, Hkv, D]
     for t in range(src.shape[0]):
         if slot_mapping[t] < 0 or slot_mapping[t] >= nb * bs:
             raise ValueError(f"write_kv: slot {slot_mapping[t]} outside the cache")
-        ll_write_kv_row(&src[t, 0, 0], cp, kv_bf16, slot_mapping[t], bs, hkv, d, transposed)
+        ll_write_kv_row(&src[t, 0, 0], cp, kv_bf16, slot_mapping[t], bs, hkv, d, which == "k")
 
 
 def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
-                    k_cache,                           # IN  [num_blocks, Hkv, D, B] (transposed)
-                    v_cache,                           # IN  [num_blocks, Hkv, B, D]
+                    k_cache,                           # IN  K cache in the kernel's layout (layout.py)
+                    v_cache,                           # IN  V cache
                     const int32_t[:, ::1] block_tables,  # IN  [S, max_blocks]
                     const int32_t[::1] tok_seq,        # IN  [T] sequence of each query token
                     const int32_t[::1] positions,      # IN  [T] position of each query token
                     float[:, :, ::1] out,              # OUT [T, H, D]
                     float scale, int sliding_window=0, int num_threads=1):
     """Causal attention of each query token over its sequence's cached positions <= its own."""
-    cdef Py_ssize_t h = q.shape[1], d = q.shape[2], hkv = v_cache.shape[1], bs = v_cache.shape[2]
+    from lite_llm._kernels.layout import kv_geometry
+    geometry = kv_geometry(v_cache, "v")
+    if k_cache.dtype != v_cache.dtype or kv_geometry(k_cache, "k") != geometry:
+        raise ValueError(f"paged_attention: K {k_cache.shape} and V {v_cache.shape} are not one cache's layouts")
+    cdef Py_ssize_t h = q.shape[1], d = q.shape[2], hkv = geometry[1], bs = geometry[2]
     cdef Py_ssize_t t
-    if (d % 16 or d > LL_MAX_HEAD_DIM or h % hkv or bs % 16 or v_cache.shape[3] != d or k_cache.dtype != v_cache.dtype
-            or tuple(k_cache.shape) != (v_cache.shape[0], hkv, d, bs)):
-        raise ValueError("paged_attention: shape mismatch (K [blocks, Hkv, D, B], V [blocks, Hkv, B, D]; "
-                         "head_dim and block_size multiples of 16)")
+    if d % 16 or d > LL_MAX_HEAD_DIM or h % hkv or bs % 16 or geometry[3] != d:
+        raise ValueError("paged_attention: shape mismatch (head_dim and block_size multiples of 16, "
+                         "H a multiple of Hkv, the cache's head_dim that of q)")
     for t in range(q.shape[0]):
         if (positions[t] // bs) >= block_tables.shape[1] or tok_seq[t] >= block_tables.shape[0]:
             raise ValueError("paged_attention: position beyond the block table")

@@ -81,8 +81,8 @@ class ModelRunner:
         loaded.release()
         _trim_heap()
         kv_np = np.float32 if kv_cache_dtype(self.dtype) == "float32" else np.uint16
-        v_shape = (num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim)
-        k_shape = (num_blocks, cfg.num_kv_heads, cfg.head_dim, block_size)   # transposed (attention.h)
+        k_shape, v_shape = layout.kv_cache_shapes(num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim,
+                                                  kv_np == np.uint16)
         self.k_caches = [layout.aligned_zeros(k_shape, kv_np) for _ in range(cfg.num_layers)]
         self.v_caches = [layout.aligned_zeros(v_shape, kv_np) for _ in range(cfg.num_layers)]
         max_pos = max(self.max_model_len, 1)

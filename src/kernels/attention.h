@@ -4,10 +4,15 @@
  * context plus the chunk up to itself, within the sliding window if any).
  *
  * KV cache of one layer, fp32 or bf16 (kv_bf16); position p of a sequence lives in block
- * block_table[p / B] at offset p % B:
- *   V [num_blocks][num_kv_heads][block_size][head_dim]   one row per key
- *   K [num_blocks][num_kv_heads][head_dim][block_size]   transposed: one vector load gives
- *                                                        component d of 16 consecutive keys
+ * block_table[p / B] at row p % B. Within one (block, kv head), of D * B elements:
+ *   fp32  K [D][B]        transposed: one vector load = component d of 16 consecutive keys
+ *         V [B][D]        one row per key
+ *   bf16  K [D/2][B][2]   pairs of components: one load = components d, d+1 of 16 keys,
+ *                         one vdpbf16ps against a broadcast pair of q
+ *         V [B/2][D][2]   pairs of keys: one load = 16 components of keys j, j+1, one
+ *                         vdpbf16ps against a broadcast pair of probabilities
+ * With a bf16 cache, q * scale and the probabilities are rounded to bf16 for the dot
+ * products (accumulation stays fp32), as bf16 attention does elsewhere.
  * head_dim and block_size must be multiples of 16.
  */
 #ifndef LL_ATTENTION_H
@@ -16,192 +21,253 @@
 
 #define LL_MAX_HEAD_DIM 512
 
-LL_INLINE ll_vf32 ll_kv_load(const void *base, ptrdiff_t off, int kv_bf16) {
-    return kv_bf16 ? ll_load_bf16((const uint16_t *)base + off) : ll_load((const float *)base + off);
+/* Offset of (key row, component d) within one (block, kv head) of the K or V cache. */
+LL_INLINE ptrdiff_t ll_k_index(int kv_bf16, ptrdiff_t row, ptrdiff_t d, ptrdiff_t block_size) {
+    return kv_bf16 ? ((d >> 1) * block_size + row) * 2 + (d & 1) : d * block_size + row;
+}
+LL_INLINE ptrdiff_t ll_v_index(int kv_bf16, ptrdiff_t row, ptrdiff_t d, ptrdiff_t head_dim) {
+    return kv_bf16 ? ((row >> 1) * head_dim + d) * 2 + (row & 1) : row * head_dim + d;
 }
 
-/* Write one token's K or V head rows [num_kv_heads][D] (contiguous, fp32) at `slot`;
- * transposed: the K layout (the token's D values go down a column of the block). */
+/* Write one token's K (is_k) or V head rows [num_kv_heads][D] (contiguous, fp32) at `slot`. */
 static inline void ll_write_kv_row(const float *src, void *cache, int kv_bf16, ptrdiff_t slot,
                                    ptrdiff_t block_size, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
-                                   int transposed) {
+                                   int is_k) {
     const ptrdiff_t blk = slot / block_size, row = slot % block_size;
-    if (transposed) {
-        for (ptrdiff_t h = 0; h < num_kv_heads; h++) {
-            const ptrdiff_t base = (blk * num_kv_heads + h) * head_dim * block_size + row;
-            const float *s = src + h * head_dim;
-            for (ptrdiff_t i = 0; i < head_dim; i++) {
-                if (kv_bf16) ((uint16_t *)cache)[base + i * block_size] = ll_f32_to_bf16(s[i]);
-                else ((float *)cache)[base + i * block_size] = s[i];
-            }
-        }
-        return;
-    }
     for (ptrdiff_t h = 0; h < num_kv_heads; h++) {
-        const ptrdiff_t off = ((blk * num_kv_heads + h) * block_size + row) * head_dim;
+        const ptrdiff_t base = (blk * num_kv_heads + h) * head_dim * block_size;
         const float *s = src + h * head_dim;
-        if (kv_bf16) {
-            uint16_t *d = (uint16_t *)cache + off;
-            for (ptrdiff_t i = 0; i < head_dim; i++) d[i] = ll_f32_to_bf16(s[i]);
-        } else {
-            memcpy((float *)cache + off, s, (size_t)head_dim * sizeof(float));
+        for (ptrdiff_t d = 0; d < head_dim; d++) {
+            const ptrdiff_t i = base + (is_k ? ll_k_index(kv_bf16, row, d, block_size)
+                                             : ll_v_index(kv_bf16, row, d, head_dim));
+            if (kv_bf16) ((uint16_t *)cache)[i] = ll_f32_to_bf16(s[d]);
+            else ((float *)cache)[i] = s[d];
         }
     }
 }
-/* Per 16-key chunk: a row's 16 scores are D broadcast-FMAs on K's transposed layout (no
- * horizontal sums), four rows at a time sharing each K load; softmax is vectorised over the
- * chunk; V is widened once into Vf [16][D] for all rows of the tile.
- * Row r = qi * G + g is query token qi, head h0 + g.
- */
-#define LL_ATTN_QTILE 8
 
-/* Floats of scratch one call needs. */
+/* Query tiles: up to LL_ATTN_QTILE tokens of one sequence x the `group` heads of one KV
+ * head; row r = qi * group + g is query token qi, head h0 + g. Keys go in spans of up to
+ * LL_ATTN_SPAN, flash-attention style between spans, in three passes per span:
+ *   1. scores S[r][j] = (q * scale) . k_j, 16 keys (one chunk, inside one block) per vector,
+ *      rows in blocks of up to four sharing every K load; keys a row must not see: -inf
+ *   2. per row: the span's max, the running max m, p = exp(S - m) (rounded to bf16 with a
+ *      bf16 cache), l = l * corr + sum p, acc *= corr: once per span, not per chunk
+ *   3. acc += P @ V, rows in blocks of up to four sharing every V load */
+#define LL_ATTN_QTILE 8
+#define LL_ATTN_SPAN 256
+
+/* Floats of scratch one call needs: two edge chunks of V, q, acc, S and P rows, m, l. */
 static inline ptrdiff_t ll_attention_scratch(ptrdiff_t head_dim, ptrdiff_t group) {
-    return 16 * head_dim + LL_ATTN_QTILE * group * (head_dim + 2) + 16;
+    const ptrdiff_t rows = LL_ATTN_QTILE * group;
+    return 2 * 16 * head_dim + rows * (2 * head_dim + 2 * LL_ATTN_SPAN + 2) + 16;
 }
 
-static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
-                                           int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
-                                           const void *k_cache, const void *v_cache, int kv_bf16,
-                                           const int32_t *block_table, ptrdiff_t block_size,
-                                           ptrdiff_t kv_head, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
-                                           float scale, float *scratch) {
+typedef struct {
+    const void *k, *v;               /* the layer's caches */
+    const void *vchunk[LL_ATTN_SPAN / 16];   /* V of each chunk of the span (cache or edge copy) */
+    ptrdiff_t koff[LL_ATTN_SPAN / 16], voff[LL_ATTN_SPAN / 16];
+    ptrdiff_t B, D, c0;              /* block size, head dim, position of the span's first key */
+    int nchunks;
+    float *S, *P;                    /* [rows][LL_ATTN_SPAN] */
+} ll_attn_span;
+
+/* Pass 1 for rows r0 .. r0 + NR - 1 and chunk ch: raw scores (q already scaled). */
+LL_INLINE void ll_attn_scores(const int BF, const int NR, const ll_attn_span *sp, int ch, const void *qrows,
+                              ptrdiff_t r0, ll_vf32 out[4]) {
+    const ptrdiff_t D = sp->D, B = sp->B;
+    const int CH = NR == 1 ? 4 : NR == 2 ? 2 : 1;   /* independent chains per row */
+    ll_vf32 s[4][4];
+    for (int k = 0; k < NR; k++)
+        for (int e = 0; e < CH; e++) s[k][e] = ll_zero();
+    if (BF) {
+        const uint16_t *kp = (const uint16_t *)sp->k + sp->koff[ch];
+        const uint32_t *qb = (const uint32_t *)qrows + r0 * (D / 2);
+        for (ptrdiff_t dp = 0; dp < D / 2; dp += CH)
+            for (int e = 0; e < CH; e++)
+                for (int k = 0; k < NR; k++)
+                    s[k][e] = ll_dot2_bf16(s[k][e], qb[k * (D / 2) + dp + e], kp + (dp + e) * 2 * B);
+    } else {
+        const float *kp = (const float *)sp->k + sp->koff[ch];
+        const float *qf = (const float *)qrows + r0 * D;
+        for (ptrdiff_t d = 0; d < D; d += CH)
+            for (int e = 0; e < CH; e++) {
+                const ll_vf32 kv = ll_load(kp + (d + e) * B);
+                for (int k = 0; k < NR; k++) s[k][e] = ll_fma(ll_set1(qf[k * D + d + e]), kv, s[k][e]);
+            }
+    }
+    for (int k = 0; k < NR; k++) {
+        for (int e = 1; e < CH; e++) s[k][0] = ll_add(s[k][0], s[k][e]);
+        out[k] = s[k][0];
+    }
+}
+
+/* Pass 3 for rows r0 .. r0 + NR - 1, U vectors of 16 components from component 16 * i. */
+LL_INLINE void ll_attn_pv(const int BF, const int NR, const int U, const ll_attn_span *sp, ptrdiff_t r0,
+                          ptrdiff_t i, float *acc) {
+    const ptrdiff_t D = sp->D;
+    ll_vf32 a[4][4];
+    for (int k = 0; k < NR; k++)
+        for (int u = 0; u < U; u++) a[k][u] = ll_load(acc + (r0 + k) * D + 16 * (i + u));
+    for (int ch = 0; ch < sp->nchunks; ch++) {
+        if (BF) {
+            const uint16_t *vp = (const uint16_t *)sp->vchunk[ch] + sp->voff[ch] + 32 * i;
+            const uint32_t *pp = (const uint32_t *)sp->P + r0 * LL_ATTN_SPAN + ch * 8;   /* rows of SPAN floats */
+            for (int jp = 0; jp < 8; jp++)
+                for (int u = 0; u < U; u++)
+                    for (int k = 0; k < NR; k++)
+                        a[k][u] = ll_dot2_bf16(a[k][u], pp[k * LL_ATTN_SPAN + jp], vp + jp * 2 * D + 32 * u);
+        } else {
+            const float *vp = (const float *)sp->vchunk[ch] + sp->voff[ch] + 16 * i;
+            const float *pp = sp->P + r0 * LL_ATTN_SPAN + ch * 16;
+            for (int j = 0; j < 16; j++)
+                for (int u = 0; u < U; u++) {
+                    const ll_vf32 vv = ll_load(vp + j * D + 16 * u);
+                    for (int k = 0; k < NR; k++) a[k][u] = ll_fma(ll_set1(pp[k * LL_ATTN_SPAN + j]), vv, a[k][u]);
+                }
+        }
+    }
+    for (int k = 0; k < NR; k++)
+        for (int u = 0; u < U; u++) ll_store(acc + (r0 + k) * D + 16 * (i + u), a[k][u]);
+}
+
+/* Passes 1 and 3 for one block of NR rows (pass 2 runs between them over all rows). */
+LL_INLINE void ll_attn_pass1(const int BF, const int NR, const ll_attn_span *sp, const void *qrows, ptrdiff_t r0,
+                             const int32_t *pos, int group, int window, int j0, int nj_last) {
+    for (int ch = 0; ch < sp->nchunks; ch++) {
+        ll_vf32 s[4];
+        const ptrdiff_t c = sp->c0 + 16 * ch;
+        const int lo = ch == 0 ? j0 : 0, hi = ch == sp->nchunks - 1 ? nj_last : 16;   /* keys in the cache */
+        ll_attn_scores(BF, NR, sp, ch, qrows, r0, s);
+        for (int k = 0; k < NR; k++) {
+            const ptrdiff_t r = r0 + k, p = pos[r / group];
+            const ptrdiff_t first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+            float *out = sp->S + r * LL_ATTN_SPAN + 16 * ch;
+            ll_store(out, s[k]);
+            if (!(c >= first && c + 15 <= p && lo == 0 && hi == 16))   /* hide keys outside [first, p] */
+                for (int j = 0; j < 16; j++)
+                    if (c + j > p || c + j < first || j < lo || j >= hi) out[j] = -INFINITY;
+        }
+    }
+}
+
+LL_INLINE void ll_attn_pass3(const int BF, const int NR, const ll_attn_span *sp, ptrdiff_t r0, float *acc) {
+    ptrdiff_t i = 0;
+    for (; i + 4 <= sp->D / 16; i += 4) ll_attn_pv(BF, NR, 4, sp, r0, i, acc);
+    for (; i < sp->D / 16; i++) ll_attn_pv(BF, NR, 1, sp, r0, i, acc);
+}
+
+LL_INLINE void ll_attention_tile_impl(const int BF, const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
+                                      int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
+                                      const void *k_cache, const void *v_cache, const int32_t *block_table,
+                                      ptrdiff_t block_size, ptrdiff_t kv_head, ptrdiff_t num_kv_heads,
+                                      ptrdiff_t head_dim, float scale, float *scratch) {
     const ptrdiff_t D = head_dim, nv = head_dim / 16, rows = (ptrdiff_t)nq * group;
-    float *Vf = scratch, *acc = scratch + 16 * D;
-    float *m = acc + rows * D, *l = m + rows, *sc = l + rows;
+    float *edge = scratch, *qrows = edge + 2 * 16 * D, *acc = qrows + rows * D;
+    float *m = acc + rows * D, *l = m + rows;
+    ll_attn_span sp;
+    sp.k = k_cache; sp.v = v_cache; sp.B = block_size; sp.D = D;
+    sp.S = l + rows; sp.P = sp.S + rows * LL_ATTN_SPAN;
     ptrdiff_t kmin = -1, kmax = -1;
     for (int qi = 0; qi < nq; qi++) {
         const ptrdiff_t first = window > 0 && pos[qi] - window + 1 > 0 ? pos[qi] - window + 1 : 0;
         if (kmin < 0 || first < kmin) kmin = first;
         if (pos[qi] > kmax) kmax = pos[qi];
     }
-    for (ptrdiff_t r = 0; r < rows; r++) {
+    const ll_vf32 sv = ll_set1(scale);
+    for (ptrdiff_t r = 0; r < rows; r++) {   /* q * scale, in the dot products' type */
+        const float *qr = q + (r / group) * ldq + (h0 + r % group) * D;
+        for (ptrdiff_t i = 0; i < nv; i++) {
+            const ll_vf32 x = ll_mul(ll_load(qr + 16 * i), sv);
+            if (BF) ll_store_bf16((uint16_t *)qrows + r * D + 16 * i, x);
+            else ll_store(qrows + r * D + 16 * i, x);
+        }
         m[r] = -INFINITY; l[r] = 0.f;
         for (ptrdiff_t i = 0; i < D; i++) acc[r * D + i] = 0.f;
     }
-    const ptrdiff_t head_stride = block_size * D;
-    const ll_vf32 sv = ll_set1(scale);
-    for (ptrdiff_t c = kmin - kmin % 16; c <= kmax; c += 16) {
-        const ptrdiff_t j0 = c < kmin ? kmin - c : 0;                  /* first valid key of the chunk */
-        const ptrdiff_t nj = (kmax - c + 1 < 16 ? kmax - c + 1 : 16);  /* keys c .. c + nj - 1 exist */
-        /* the chunk lies in one block (block_size % 16 == 0) */
-        const ptrdiff_t blk = block_table[c / block_size];
-        const ptrdiff_t kbase = (blk * num_kv_heads + kv_head) * D * block_size + c % block_size;
-        const ptrdiff_t vbase = (blk * num_kv_heads + kv_head) * head_stride + (c % block_size) * D;
-        /* V of the chunk widened once for all rows; keys outside [j0, nj) may hold anything
-         * (NaN included): their V rows are zeroed and their scores masked */
-        for (ptrdiff_t j = 0; j < 16 && rows > 1; j++) {   /* one row reads V from the cache directly */
-            const int valid = j >= j0 && j < nj;
-            for (ptrdiff_t i = 0; i < nv; i++)
-                ll_store(Vf + j * D + 16 * i, valid ? ll_kv_load(v_cache, vbase + j * D + 16 * i, kv_bf16) : ll_zero());
-        }
-        /* rows in fours: four independent FMA chains share each K load */
-        for (ptrdiff_t r0 = 0; r0 < rows; r0 += 4) {
-            const int nr = rows - r0 < 4 ? (int)(rows - r0) : 4;
-            const float *qp[4];
-            for (int k = 0; k < 4; k++) {
-                const ptrdiff_t r = r0 + (k < nr ? k : 0);
-                qp[k] = q + (r / group) * ldq + (h0 + r % group) * D;
-            }
-            ll_vf32 s4[4] = {ll_zero(), ll_zero(), ll_zero(), ll_zero()};
-            if (nr == 1) {   /* one row (decode, one head): four partial sums over d instead */
-                for (ptrdiff_t d = 0; d < D; d += 4)
-                    for (int e = 0; e < 4; e++)
-                        s4[e] = ll_fma(ll_set1(qp[0][d + e]), ll_kv_load(k_cache, kbase + (d + e) * block_size, kv_bf16), s4[e]);
-                s4[0] = ll_add(ll_add(s4[0], s4[1]), ll_add(s4[2], s4[3]));
-            } else {
-                for (ptrdiff_t d = 0; d < D; d++) {
-                    const ll_vf32 kv = ll_kv_load(k_cache, kbase + d * block_size, kv_bf16);
-                    s4[0] = ll_fma(ll_set1(qp[0][d]), kv, s4[0]);
-                    s4[1] = ll_fma(ll_set1(qp[1][d]), kv, s4[1]);
-                    s4[2] = ll_fma(ll_set1(qp[2][d]), kv, s4[2]);
-                    s4[3] = ll_fma(ll_set1(qp[3][d]), kv, s4[3]);
-                }
-            }
-            /* online softmax per row; a row that sees nothing of the chunk gets p = 0, corr = 1 */
-            float pk[4][16], corr[4] = {1.f, 1.f, 1.f, 1.f};
-            for (int k = 0; k < 4; k++) {
-                const ptrdiff_t r = r0 + k, p = k < nr ? pos[r / group] : -1;
-                const ptrdiff_t first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-                if (k >= nr || c > p || c + nj - 1 < first) {
-                    ll_store(pk[k], ll_zero());
-                    continue;
-                }
-                ll_vf32 sr = ll_mul(s4[k], sv);
-                if (!(c >= first && c + 15 <= p && j0 == 0 && nj == 16)) {
-                    ll_store(sc, sr);   /* the diagonal / window edge: hide keys outside [first, p] */
-                    for (int j = 0; j < 16; j++)
-                        if (c + j > p || c + j < first || j < j0 || j >= nj) sc[j] = -INFINITY;
-                    sr = ll_load(sc);
-                }
-                const float cmax = ll_hmax(sr);
-                const float m_new = m[r] > cmax ? m[r] : cmax;
-                const ll_vf32 pv = ll_exp(ll_sub(sr, ll_set1(m_new)));
-                corr[k] = expf(m[r] - m_new);
-                l[r] = l[r] * corr[k] + ll_hsum(pv);
-                m[r] = m_new;
-                ll_store(pk[k], pv);
-            }
-            if (nr == 1) {   /* one row: four accumulators across D; V straight from the cache
-                              * (rows == 1) or from Vf, keys j0 .. nj - 1 only (others may be NaN) */
-                float *a1 = acc + r0 * D;
-                const ll_vf32 cv = ll_set1(corr[0]);
-                ptrdiff_t i = 0;
-                for (; i + 4 <= nv; i += 4) {
-                    ll_vf32 b0 = ll_mul(ll_load(a1 + 16 * i), cv), b1 = ll_mul(ll_load(a1 + 16 * i + 16), cv);
-                    ll_vf32 b2 = ll_mul(ll_load(a1 + 16 * i + 32), cv), b3 = ll_mul(ll_load(a1 + 16 * i + 48), cv);
-                    for (ptrdiff_t j = j0; j < nj; j++) {
-                        const ll_vf32 p = ll_set1(pk[0][j]);
-                        if (rows == 1) {
-                            const ptrdiff_t off = vbase + j * D + 16 * i;
-                            b0 = ll_fma(p, ll_kv_load(v_cache, off, kv_bf16), b0);
-                            b1 = ll_fma(p, ll_kv_load(v_cache, off + 16, kv_bf16), b1);
-                            b2 = ll_fma(p, ll_kv_load(v_cache, off + 32, kv_bf16), b2);
-                            b3 = ll_fma(p, ll_kv_load(v_cache, off + 48, kv_bf16), b3);
-                        } else {
-                            const float *vj = Vf + j * D + 16 * i;
-                            b0 = ll_fma(p, ll_load(vj), b0);
-                            b1 = ll_fma(p, ll_load(vj + 16), b1);
-                            b2 = ll_fma(p, ll_load(vj + 32), b2);
-                            b3 = ll_fma(p, ll_load(vj + 48), b3);
+    const size_t esz = BF ? sizeof(uint16_t) : sizeof(float);
+    const ptrdiff_t cfirst = kmin - kmin % 16;
+    for (ptrdiff_t c0 = cfirst; c0 <= kmax; c0 += LL_ATTN_SPAN) {
+        const ptrdiff_t left = (kmax - c0) / 16 + 1;
+        sp.c0 = c0;
+        sp.nchunks = (int)(left < LL_ATTN_SPAN / 16 ? left : LL_ATTN_SPAN / 16);
+        const int j0 = c0 == cfirst ? (int)(kmin - cfirst) : 0;     /* keys before kmin: not attended */
+        const ptrdiff_t clast = c0 + 16 * (sp.nchunks - 1);
+        const int nj_last = kmax - clast + 1 < 16 ? (int)(kmax - clast + 1) : 16;   /* keys after kmax: not written */
+        int nedge = 0;
+        for (int ch = 0; ch < sp.nchunks; ch++) {
+            const ptrdiff_t c = c0 + 16 * ch, row = c % block_size;
+            const ptrdiff_t base = (block_table[c / block_size] * num_kv_heads + kv_head) * D * block_size;
+            sp.koff[ch] = base + (BF ? 2 * row : row);
+            sp.vchunk[ch] = v_cache;
+            sp.voff[ch] = base + row * D;
+            const int lo = ch == 0 ? j0 : 0, hi = ch == sp.nchunks - 1 ? nj_last : 16;
+            if (lo > 0 || hi < 16) {
+                /* keys outside [lo, hi) may hold anything (NaN included): their scores are
+                 * masked, but V is read in key pairs, so PV reads a copy with them zeroed */
+                float *e = edge + (nedge++) * 16 * D;
+                memcpy(e, (const char *)v_cache + sp.voff[ch] * esz, 16 * D * esz);
+                for (int j = 0; j < 16; j++)
+                    if (j < lo || j >= hi)
+                        for (ptrdiff_t d = 0; d < D; d++) {
+                            if (BF) ((uint16_t *)e)[ll_v_index(1, j, d, D)] = 0;
+                            else e[j * D + d] = 0.f;
                         }
-                    }
-                    ll_store(a1 + 16 * i, b0); ll_store(a1 + 16 * i + 16, b1);
-                    ll_store(a1 + 16 * i + 32, b2); ll_store(a1 + 16 * i + 48, b3);
-                }
-                for (; i < nv; i++) {
-                    ll_vf32 b = ll_mul(ll_load(a1 + 16 * i), cv);
-                    for (ptrdiff_t j = j0; j < nj; j++)
-                        b = ll_fma(ll_set1(pk[0][j]), rows == 1 ? ll_kv_load(v_cache, vbase + j * D + 16 * i, kv_bf16)
-                                                                : ll_load(Vf + j * D + 16 * i), b);
-                    ll_store(a1 + 16 * i, b);
-                }
+                sp.vchunk[ch] = e;
+                sp.voff[ch] = 0;
+            }
+        }
+        /* pass 1 */
+        ptrdiff_t r0 = 0;
+        for (; r0 + 4 <= rows; r0 += 4) ll_attn_pass1(BF, 4, &sp, qrows, r0, pos, group, window, j0, nj_last);
+        switch (rows - r0) {
+            case 3: ll_attn_pass1(BF, 3, &sp, qrows, r0, pos, group, window, j0, nj_last); break;
+            case 2: ll_attn_pass1(BF, 2, &sp, qrows, r0, pos, group, window, j0, nj_last); break;
+            case 1: ll_attn_pass1(BF, 1, &sp, qrows, r0, pos, group, window, j0, nj_last); break;
+            default: break;
+        }
+        /* pass 2: a row that sees nothing of the span gets p = 0 and keeps m, l, acc */
+        const ptrdiff_t n = 16 * (ptrdiff_t)sp.nchunks;
+        for (ptrdiff_t r = 0; r < rows; r++) {
+            const float *S = sp.S + r * LL_ATTN_SPAN;
+            ll_vf32 mx = ll_load(S);
+            for (ptrdiff_t j = 16; j < n; j += 16) mx = ll_max(mx, ll_load(S + j));
+            const float smax = ll_hmax(mx);
+            if (smax == -INFINITY) {
+                if (BF) memset(sp.P + r * LL_ATTN_SPAN, 0, (size_t)n * sizeof(uint16_t));
+                else memset(sp.P + r * LL_ATTN_SPAN, 0, (size_t)n * sizeof(float));
                 continue;
             }
-            /* acc[r] = acc[r] * corr + p @ V for the four rows at once: each Vf load feeds 4 FMAs */
-            float *ar[4];
-            for (int k = 0; k < 4; k++) ar[k] = acc + (r0 + (k < nr ? k : 0)) * D;
-            for (ptrdiff_t i = 0; i < nv; i += 2) {
-                const int two = i + 1 < nv;
-                ll_vf32 a[4][2];
-                for (int k = 0; k < 4; k++) {
-                    a[k][0] = ll_mul(ll_load(ar[k] + 16 * i), ll_set1(corr[k]));
-                    a[k][1] = two ? ll_mul(ll_load(ar[k] + 16 * i + 16), ll_set1(corr[k])) : ll_zero();
+            const float m_new = m[r] > smax ? m[r] : smax;
+            const ll_vf32 mv = ll_set1(m_new);
+            ll_vf32 sum = ll_zero();
+            for (ptrdiff_t j = 0; j < n; j += 16) {
+                ll_vf32 p = ll_exp(ll_sub(ll_load(S + j), mv));
+                if (BF) {   /* l sums the probabilities PV uses: the rounded ones */
+                    uint16_t *pb = (uint16_t *)(sp.P + r * LL_ATTN_SPAN) + j;
+                    ll_store_bf16(pb, p);
+                    p = ll_load_bf16(pb);
+                } else {
+                    ll_store(sp.P + r * LL_ATTN_SPAN + j, p);
                 }
-                for (int j = 0; j < 16; j++) {
-                    const ll_vf32 v0 = ll_load(Vf + j * D + 16 * i);
-                    const ll_vf32 v1 = two ? ll_load(Vf + j * D + 16 * i + 16) : ll_zero();
-                    for (int k = 0; k < 4; k++) {
-                        const ll_vf32 p = ll_set1(pk[k][j]);
-                        a[k][0] = ll_fma(p, v0, a[k][0]);
-                        a[k][1] = ll_fma(p, v1, a[k][1]);
-                    }
-                }
-                for (int k = 0; k < nr; k++) {   /* rows past nr alias row r0: never stored */
-                    ll_store(ar[k] + 16 * i, a[k][0]);
-                    if (two) ll_store(ar[k] + 16 * i + 16, a[k][1]);
-                }
+                sum = ll_add(sum, p);
             }
+            const float corr = expf(m[r] - m_new);
+            l[r] = l[r] * corr + ll_hsum(sum);
+            m[r] = m_new;
+            if (corr != 1.f) {
+                const ll_vf32 cv = ll_set1(corr);
+                for (ptrdiff_t i = 0; i < nv; i++) ll_store(acc + r * D + 16 * i, ll_mul(ll_load(acc + r * D + 16 * i), cv));
+            }
+        }
+        /* pass 3 */
+        r0 = 0;
+        for (; r0 + 4 <= rows; r0 += 4) ll_attn_pass3(BF, 4, &sp, r0, acc);
+        switch (rows - r0) {
+            case 3: ll_attn_pass3(BF, 3, &sp, r0, acc); break;
+            case 2: ll_attn_pass3(BF, 2, &sp, r0, acc); break;
+            case 1: ll_attn_pass3(BF, 1, &sp, r0, acc); break;
+            default: break;
         }
     }
     for (int qi = 0; qi < nq; qi++)
@@ -211,6 +277,20 @@ static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float 
             float *o = out + qi * ldo + (h0 + g) * D;
             for (ptrdiff_t i = 0; i < nv; i++) ll_store(o + 16 * i, ll_mul(ll_load(acc + r * D + 16 * i), inv));
         }
+}
+
+static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
+                                           int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
+                                           const void *k_cache, const void *v_cache, int kv_bf16,
+                                           const int32_t *block_table, ptrdiff_t block_size,
+                                           ptrdiff_t kv_head, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
+                                           float scale, float *scratch) {
+    if (kv_bf16)
+        ll_attention_tile_impl(1, q, ldq, out, ldo, nq, group, h0, pos, window, k_cache, v_cache, block_table,
+                               block_size, kv_head, num_kv_heads, head_dim, scale, scratch);
+    else
+        ll_attention_tile_impl(0, q, ldq, out, ldo, nq, group, h0, pos, window, k_cache, v_cache, block_table,
+                               block_size, kv_head, num_kv_heads, head_dim, scale, scratch);
 }
 
 #endif

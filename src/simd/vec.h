@@ -10,6 +10,7 @@
  *
  * Ops: ll_zero ll_set1 ll_load ll_store ll_add ll_sub ll_mul ll_div ll_fma ll_max ll_hsum ll_hmax
  *      ll_exp ll_load_bf16 ll_load_f16 ll_load_bf16_even ll_load_bf16_odd
+ *      ll_dot2_bf16 ll_store_bf16 (below, on top of the backend)
  * Scalars: ll_bf16_to_f32 ll_f32_to_bf16 (round to nearest even) ll_f16_to_f32 ll_f32_to_f16
  */
 #ifndef LL_VEC_H
@@ -38,6 +39,28 @@ LL_INLINE uint16_t ll_f32_to_bf16(float f) {
 #include "vec_avx2.h"
 #else
 #include "vec_scalar.h"
+#endif
+
+/* bf16 pairs: a uint32 holds two bf16, the first in its low half; 16 pairs are 32 uint16.
+ * ll_dot2_bf16(acc, pair, p) = acc + first(pair) * p[0, 2, .., 30] + second(pair) * p[1, 3, .., 31]
+ * (one vdpbf16ps where the CPU has it); ll_store_bf16 rounds 16 lanes to bf16, nearest even. */
+#ifdef LL_HAVE_BF16_DOT
+LL_INLINE ll_vf32 ll_dot2_bf16(ll_vf32 acc, uint32_t pair, const uint16_t *p) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32((int)pair), (__m512bh)_mm512_loadu_si512(p));
+}
+LL_INLINE void ll_store_bf16(uint16_t *p, ll_vf32 a) {
+    _mm256_storeu_si256((__m256i *)p, (__m256i)_mm512_cvtneps_pbh(a));
+}
+#else
+LL_INLINE ll_vf32 ll_dot2_bf16(ll_vf32 acc, uint32_t pair, const uint16_t *p) {
+    acc = ll_fma(ll_set1(ll_bf16_to_f32((uint16_t)(pair & 0xffffu))), ll_load_bf16_even(p), acc);
+    return ll_fma(ll_set1(ll_bf16_to_f32((uint16_t)(pair >> 16))), ll_load_bf16_odd(p), acc);
+}
+LL_INLINE void ll_store_bf16(uint16_t *p, ll_vf32 a) {
+    float t[16];
+    ll_store(t, a);
+    for (int i = 0; i < 16; i++) p[i] = ll_f32_to_bf16(t[i]);
+}
 #endif
 
 #endif

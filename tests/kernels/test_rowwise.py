@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import ref_ops  # noqa: E402
 from lite_llm import _kernels  # noqa: E402
+from lite_llm._kernels import layout  # noqa: E402
 
 VARIANTS = _kernels.available()
 THREADS = [1, 2, 3]
@@ -133,45 +134,58 @@ def test_act_mul_in_place_and_errors(variant, rng):
         mod.act_mul(gate, up[:, :39].copy(), gate, "silu")
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("cache_dtype", [np.float32, np.uint16])
-def test_write_k_transposed(variant, cache_dtype, rng):
-    """K's layout [blocks, Hkv, D, B]: the same values as V's layout, transposed per block."""
-    mod = _kernels.load(variant)
-    num_blocks, num_kv_heads, block_size, head_dim = 4, 2, 16, 32
-    logical = np.zeros((num_blocks, num_kv_heads, block_size, head_dim), cache_dtype)
-    cache = np.zeros((num_blocks, num_kv_heads, head_dim, block_size), cache_dtype)
-    slots = np.array([0, 15, 16, 63, 33], np.int64)
-    src = rng.standard_normal((len(slots), num_kv_heads, head_dim), dtype=np.float32)
-    mod.write_kv(src, logical, slots)
-    mod.write_kv(src, cache, slots, transposed=True)
-    np.testing.assert_array_equal(cache, logical.transpose(0, 1, 3, 2))
+def test_kv_layouts_round_trip(cache_dtype, rng):
+    """layout.kv_to_layout / kv_from_layout are inverses, with the shapes kv_cache_shapes gives."""
+    logical = rng.integers(0, 2 ** 16, (3, 2, 16, 32)).astype(cache_dtype)
+    k_shape, v_shape = layout.kv_cache_shapes(3, 2, 16, 32, cache_dtype == np.uint16)
+    for which, shape in (("k", k_shape), ("v", v_shape)):
+        cache = layout.kv_to_layout(logical, which)
+        assert cache.shape == shape
+        assert layout.kv_geometry(cache, which) == (3, 2, 16, 32)
+        np.testing.assert_array_equal(layout.kv_from_layout(cache, which), logical)
     with pytest.raises(ValueError):
-        mod.write_kv(src[:1], cache, np.array([num_blocks * block_size], np.int64), transposed=True)
+        layout.kv_geometry(np.zeros(logical.shape, np.float16), "k")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("cache_dtype", [np.float32, np.uint16])
-def test_write_kv(variant, cache_dtype, rng):
-    """Rows land at block slot // B, row slot % B of every kv head; nothing else changes;
-    a bf16 cache rounds to nearest even (and keeps NaN a NaN)."""
+@pytest.mark.parametrize("which", ["k", "v"])
+def test_write_kv(variant, cache_dtype, which, rng):
+    """Rows land at block slot // B, row slot % B of every kv head, in the kernel's K or V
+    layout; nothing else changes; a bf16 cache rounds to nearest even (and keeps NaN a NaN)."""
     mod = _kernels.load(variant)
-    num_blocks, num_kv_heads, block_size, head_dim = 6, 3, 5, 32
-    cache = rng.integers(0, 2 ** 16, (num_blocks, num_kv_heads, block_size, head_dim)).astype(np.uint16)
+    num_blocks, num_kv_heads, block_size, head_dim = 6, 3, 6, 32
+    logical = rng.integers(0, 2 ** 16, (num_blocks, num_kv_heads, block_size, head_dim)).astype(np.uint16)
     if cache_dtype == np.float32:
-        cache = rng.standard_normal(cache.shape, dtype=np.float32)
-    slots = np.array([0, 4, 5, 29, 17, 11, 12], np.int64)    # first, block ends, last slot, shuffled
+        logical = rng.standard_normal(logical.shape, dtype=np.float32)
+    slots = np.array([0, 5, 6, 35, 17, 11, 12], np.int64)    # first, block ends, last slot, shuffled
     src = rng.standard_normal((len(slots), num_kv_heads, head_dim), dtype=np.float32)
     src[0, 0, :3] = [1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, np.nan]   # a tie, a round-up, a NaN
-    expected = ref_ops.write_kv(cache, src, slots)
-    mod.write_kv(src, cache, slots)
+    expected = ref_ops.write_kv(logical, src, slots)
+    cache = layout.kv_to_layout(logical, which)
+    mod.write_kv(src, cache, slots, which)
+    got = layout.kv_from_layout(cache, which)
     if cache_dtype == np.uint16:
         nan = np.isnan(ref_ops.bf16_bits_to_f32(expected))
-        assert np.isnan(ref_ops.bf16_bits_to_f32(cache))[nan].all()
-        np.testing.assert_array_equal(cache[~nan], expected[~nan])
+        assert np.isnan(ref_ops.bf16_bits_to_f32(got))[nan].all()
+        np.testing.assert_array_equal(got[~nan], expected[~nan])
     else:
-        np.testing.assert_array_equal(cache, expected)
+        np.testing.assert_array_equal(got, expected)
     with pytest.raises(ValueError):
-        mod.write_kv(src[:1], cache, np.array([num_blocks * block_size], np.int64))
+        mod.write_kv(src[:1], cache, np.array([num_blocks * block_size], np.int64), which)
     with pytest.raises(ValueError):
-        mod.write_kv(src[:1], cache, np.array([-1], np.int64))
+        mod.write_kv(src[:1], cache, np.array([-1], np.int64), which)
+    with pytest.raises(ValueError):
+        mod.write_kv(src[:1], cache, slots[:1], "q")
+
+
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (64, 3, 64, 128)])   # below and above the own-mapping size
+def test_aligned_zeros(shape):
+    a = layout.aligned_zeros(shape, np.uint16)
+    assert a.shape == shape and a.dtype == np.uint16 and a.ctypes.data % 64 == 0
+    assert a.flags.writeable and a.flags.c_contiguous and not a.any()
+    a[-1] = 7
+    assert a.sum() == 7 * np.prod(shape[1:])
