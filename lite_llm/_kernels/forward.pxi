@@ -36,12 +36,13 @@ cdef struct WorkC:
     float *h        # [max(T, R), E] normalised rows
     float *qkv      # [T, (H + 2 Hkv) D]
     float *attn     # [T, H D]
-    float *mlp      # [T, 2F or F]
+    float *mlp      # [T, F] up projection (not gated; the gated one is fused with its activation)
     float *act      # [T, F]
     float *scores   # [num_threads, scratch_len] attention scratch
     Py_ssize_t scratch_len
     int32_t *tiles  # [T + 1] query tiles of the attention phase
     uint32_t *xb    # [max(T, R), max_k / 2 + 1] bf16 pairs of the next GEMM input
+    uint32_t *xb2   # [T, F / 2 + 1] bf16 pairs of the gated activation (xb holds its input)
     int *counter    # [16] work counter of the dynamic attention phase (own cache line)
 
 
@@ -117,6 +118,8 @@ cdef class Model:
             self.c.layers[i].qkv = _mat(tensors, p + "qkv", dtype, self.keep)
             self.c.layers[i].o = _mat(tensors, p + "o", dtype, self.keep)
             self.c.layers[i].up = _mat(tensors, p + ("gate_up" if self.c.gated else "up"), dtype, self.keep)
+            if self.c.gated and self.c.layers[i].up.num_panels != 2 * ((self.c.ffn_dim + 15) // 16):
+                raise ValueError(f"{p}gate_up: expected layout.pack_gated panels")
             self.c.layers[i].down = _mat(tensors, p + "down", dtype, self.keep)
             if k_caches[i].shape != kc.shape or v_caches[i].shape != vc.shape or k_caches[i].dtype != kc.dtype:
                 raise ValueError("all KV caches must have one shape and dtype")
@@ -165,7 +168,7 @@ cdef class Workspace:
         from lite_llm._kernels.layout import aligned_zeros
         cdef ModelC *mc = &m.c
         cdef int qkv_n = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
-        cdef int up_n = mc.ffn_dim * (2 if mc.gated else 1)
+        cdef int up_n = 0 if mc.gated else mc.ffn_dim
         cdef int max_k = max(mc.dim, mc.ffn_dim, mc.num_heads * mc.head_dim)
         self.max_tokens, self.max_rows, self.num_threads = max_tokens, max_rows, num_threads
         bufs = [aligned_zeros((max_tokens, mc.dim), np.float32),
@@ -177,13 +180,15 @@ cdef class Workspace:
                 aligned_zeros((max(num_threads, 1), ll_attention_scratch(mc.head_dim, mc.num_heads // mc.num_kv_heads)), np.float32),
                 aligned_zeros((max(max_tokens, max_rows), (max_k + 1) // 2 + 1), np.uint32),
                 aligned_zeros((16,), np.int32),
-                aligned_zeros((max_tokens + 1,), np.int32)]
+                aligned_zeros((max_tokens + 1,), np.int32),
+                aligned_zeros((max_tokens, (mc.ffn_dim + 1) // 2 + 1), np.uint32)]
         self.keep = bufs
         self.c.x, self.c.h, self.c.qkv = <float *>_ptr(bufs[0]), <float *>_ptr(bufs[1]), <float *>_ptr(bufs[2])
         self.c.attn, self.c.mlp, self.c.act = <float *>_ptr(bufs[3]), <float *>_ptr(bufs[4]), <float *>_ptr(bufs[5])
         self.c.scores, self.c.xb = <float *>_ptr(bufs[6]), <uint32_t *>_ptr(bufs[7])
         self.c.counter = <int *>_ptr(bufs[8])
         self.c.tiles = <int32_t *>_ptr(bufs[9])
+        self.c.xb2 = <uint32_t *>_ptr(bufs[10])
         self.c.scratch_len = bufs[6].shape[1]
 
     @property
@@ -301,7 +306,7 @@ cdef inline void _norm_rows(const ModelC *m, const float *w, const float *b, con
 cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int nth) noexcept nogil:
     cdef Py_ssize_t t, r, head, i, l, item, c0, c1, t0, t1
     cdef Py_ssize_t T = s.T, E = m.dim, F = m.ffn_dim, H = m.num_heads, Hkv = m.num_kv_heads, D = m.head_dim
-    cdef Py_ssize_t q_n = H * D, qkv_n = (H + 2 * Hkv) * D, up_n = F * (2 if m.gated else 1)
+    cdef Py_ssize_t q_n = H * D, qkv_n = (H + 2 * Hkv) * D, ng
     cdef Py_ssize_t chunks, hpi = _heads_per_item(s.num_tiles, H, Hkv, nth)
     cdef float *row
     cdef const LayerW *L
@@ -349,25 +354,31 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
             ws.counter[0] = 0   # for the next layer: nobody reads it before two more barriers
         _gemm_part(ws.attn, q_n, ws.xb, T, &L.o, ws.x, E, 1, tid, nth)
         ll_omp_barrier()
-        # --- MLP block: norm, gate/up, act * up, down + residual
+        # --- MLP block: norm, gate/up with the activation fused (or up, act), down + residual
         _norm_rows(m, L.mlp_norm_w, L.mlp_norm_b, ws.x, NULL, ws.h, ws.xb, wants, t0, t1)
         ll_omp_barrier()
-        _gemm_part(ws.h, E, ws.xb, T, &L.up, ws.mlp, up_n, 0, tid, nth)
-        ll_omp_barrier()
-        # act over a slice of every row: all threads busy even for one decode token
-        chunks = (F + 31) // 32
-        c0 = _lo(chunks, tid, nth) * 32
-        c1 = _lo(chunks, tid + 1, nth) * 32
-        if c1 > F:
-            c1 = F
-        if c1 > c0:
-            for t in range(T):
-                ll_act_mul_f32(ws.mlp + t * up_n + c0, ws.mlp + t * up_n + F + c0 if m.gated else NULL,
-                               ws.act + t * F + c0, c1 - c0, m.act)
-                if wants:
-                    ll_f32_to_bf16_pairs(ws.act + t * F + c0, 0, ws.xb + t * ((F + 1) // 2) + c0 // 2, 0, 1, c1 - c0)
-        ll_omp_barrier()
-        _gemm_part(ws.act, F, ws.xb, T, &L.down, ws.x, E, 1, tid, nth)
+        if m.gated:
+            ng = (F + 15) // 16
+            ll_gemm_gated(ws.h, ws.xb if wants else NULL, E, T, L.up.w, L.up.wtype, E, F, L.up.bias, m.act,
+                          ws.act, F, ws.xb2 if wants else NULL, _lo(ng, tid, nth), _lo(ng, tid + 1, nth))
+            ll_omp_barrier()
+            _gemm_part(ws.act, F, ws.xb2, T, &L.down, ws.x, E, 1, tid, nth)
+        else:
+            _gemm_part(ws.h, E, ws.xb, T, &L.up, ws.mlp, F, 0, tid, nth)
+            ll_omp_barrier()
+            # act over a slice of every row: all threads busy even for one decode token
+            chunks = (F + 31) // 32
+            c0 = _lo(chunks, tid, nth) * 32
+            c1 = _lo(chunks, tid + 1, nth) * 32
+            if c1 > F:
+                c1 = F
+            if c1 > c0:
+                for t in range(T):
+                    ll_act_mul_f32(ws.mlp + t * F + c0, NULL, ws.act + t * F + c0, c1 - c0, m.act)
+                    if wants:
+                        ll_f32_to_bf16_pairs(ws.act + t * F + c0, 0, ws.xb + t * ((F + 1) // 2) + c0 // 2, 0, 1, c1 - c0)
+            ll_omp_barrier()
+            _gemm_part(ws.act, F, ws.xb, T, &L.down, ws.x, E, 1, tid, nth)
         ll_omp_barrier()
 
     if s.R == 0:

@@ -78,6 +78,36 @@ def pack_rows(rows, dtype: str, slice_elements: int | None = None) -> np.ndarray
     return out
 
 
+
+def pack_gated(w, ffn_dim: int, dtype: str) -> np.ndarray:
+    """A gated MLP's [2F, K] weight (gate rows, then up rows; an array or a row source as
+    pack_rows takes) packed for the fused kernel (gemm.h ll_gemm_gated): the gate half's
+    panels, then the up half's, each padded to 16 rows on its own, so feature panel q is gate
+    panel q and up panel ceil(F/16) + q."""
+    if w.ndim != 2 or w.shape[0] != 2 * ffn_dim:
+        raise ValueError(f"pack_gated: expected [{2 * ffn_dim}, K] (gate then up), got {w.shape}")
+    if isinstance(w, np.ndarray):
+        gate, up = pack(w[:ffn_dim], dtype), pack(w[ffn_dim:], dtype)
+    else:
+        gate, up = (pack_rows(_RowRange(w, start, start + ffn_dim), dtype) for start in (0, ffn_dim))
+    out = aligned_empty((2 * gate.shape[0],) + gate.shape[1:], gate.dtype)
+    out[:gate.shape[0]] = gate
+    out[gate.shape[0]:] = up
+    return out
+
+
+class _RowRange:
+    """Rows start..stop of a row source (pack_rows' interface)."""
+
+    def __init__(self, src, start: int, stop: int):
+        self.src, self.start, self.shape = src, start, (stop - start, src.shape[1])
+        self.align = getattr(src, "align", 1)
+        if start % self.align:
+            raise ValueError(f"rows from {start} of a weight read in steps of {self.align}")
+
+    def read(self, r0: int, r1: int) -> np.ndarray:
+        return self.src.read(self.start + r0, self.start + r1)
+
 def pack_reference(w: np.ndarray, dtype: str) -> np.ndarray:
     """NumPy spec of pack()."""
     if w.ndim != 2:

@@ -25,6 +25,42 @@ def gemm(const float[:, ::1] x,          # IN  [T, K]
         _gemm(&x[0, 0], k, &xbv[0, 0], t, &m, &out[0, 0], n, accumulate, num_threads)
 
 
+
+def gated_mlp(const float[:, ::1] x,     # IN  [T, K]
+              packed,                    # IN  layout.pack_gated(w [2F, K] gate then up rows, F, dtype)
+              str dtype, Py_ssize_t ffn_dim,
+              float[:, ::1] out,         # OUT [T, F]
+              str act, bias=None,        # IN  [2F] float32 or None
+              int num_threads=1):
+    """out = act(x @ Wg.T + bg) * (x @ Wu.T + bu), one fused pass (the activation in the GEMM's
+    epilogue). With bf16 dot products the result is rounded to bf16, as the next GEMM reads it."""
+    cdef Py_ssize_t t = x.shape[0], k = x.shape[1], f = ffn_dim, ng = (ffn_dim + 15) // 16
+    cdef int wtype = WTYPES[dtype], a = ACTIVATIONS[act], nt = num_threads, tid
+    if out.shape[0] != t or out.shape[1] != f:
+        raise ValueError(f"gated_mlp: x {tuple(x.shape)}, F={f} -> out {tuple(out.shape)}")
+    if packed.shape[0] != 2 * ng or packed.shape[1] != ((k + 1) // 2 if dtype == "bfloat16" else k):
+        raise ValueError(f"gated_mlp: packed weight {packed.shape} does not fit F={f}, k={k}, {dtype}")
+    if bias is not None and (bias.dtype.name != "float32" or bias.shape != (2 * f,)):
+        raise ValueError(f"gated_mlp: bias must be float32 [{2 * f}]")
+    cdef const void *w = _ptr(packed)
+    cdef const float *b = <const float *>_ptr(bias) if bias is not None else NULL
+    cdef int wants = ll_gemm_wants_xb(wtype)
+    xb = np.zeros((t, (k + 1) // 2 + 1), np.uint32)
+    ob = np.zeros((t, (f + 1) // 2), np.uint32)
+    cdef uint32_t[:, ::1] xbv = xb
+    cdef uint32_t[:, ::1] obv = ob
+    if wants:
+        ll_f32_to_bf16_pairs(&x[0, 0], k, &xbv[0, 0], 0, t, k)
+    if nt > ng:
+        nt = <int>ng
+    for tid in prange(nt, nogil=True, schedule="static", num_threads=nt):
+        ll_gemm_gated(&x[0, 0], &xbv[0, 0] if wants else NULL, k, t, w, wtype, k, f, b, a,
+                      &out[0, 0], f, &obv[0, 0] if wants else NULL, _lo(ng, tid, nt), _lo(ng, tid + 1, nt))
+    if wants:   # widen the bf16 result: the caller sees what the next GEMM would read
+        out_np = np.asarray(out)
+        out_np[...] = (ob.view(np.uint16)[:, :f].astype(np.uint32) << 16).view(np.float32)
+
+
 def rmsnorm(const float[:, ::1] x, const float[::1] w, float[:, ::1] out, float eps, int num_threads=1):
     """out[t] = rmsnorm(x[t]) * w, rows in parallel."""
     cdef Py_ssize_t t, e = x.shape[1]

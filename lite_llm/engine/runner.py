@@ -70,7 +70,10 @@ class ModelRunner:
             if t.ndim == 2 and name != "pos_embed":
                 base = name[: -len(".weight")] if name.endswith(".weight") else name
                 tensors[base + ".shape"] = t.shape
-                tensors[base + ".weight"] = layout.pack_rows(t, self.dtype)
+                if base.endswith(".gate_up"):   # the fused gated-MLP kernel's layout
+                    tensors[base + ".weight"] = layout.pack_gated(t, cfg.ffn_dim, self.dtype)
+                else:
+                    tensors[base + ".weight"] = layout.pack_rows(t, self.dtype)
                 continue
             arr = t.read(0, t.shape[0]) if t.ndim == 2 else t      # pos_embed: a plain table
             if arr.dtype == np.uint16:   # bf16 bits (pos_embed): widen, the kernel reads fp32

@@ -14,6 +14,7 @@
 #ifndef LL_GEMM_H
 #define LL_GEMM_H
 #include "../simd/vec.h"
+#include "act.h"
 
 enum { LL_W_F32 = 0, LL_W_BF16 = 1, LL_W_F16 = 2 };
 
@@ -36,41 +37,37 @@ LL_INLINE void ll_store_out(float *out, ll_vf32 acc, const float *bias, ptrdiff_
     }
 }
 
-/* One register tile: tt tokens x np panels; tt, np are constants after inlining. */
-LL_INLINE void ll_gemm_tile(const float *x, const uint32_t *xb, ptrdiff_t ldx, const void *w,
-                            int wtype, ptrdiff_t k, ptrdiff_t panel, float *out, ptrdiff_t ldo,
-                            ptrdiff_t n, const float *bias, int accumulate, const int tt, const int np) {
-    ll_vf32 acc[LL_TT][LL_NP];
+/* One register tile's sums: tt tokens x np panels starting at wp[0..np-1] (a panel's packed
+ * weights each); tt, np are constants after inlining. */
+LL_INLINE void ll_gemm_acc(const float *x, const uint32_t *xb, ptrdiff_t ldx, const void *const *wp,
+                           int wtype, ptrdiff_t k, const int tt, const int np, ll_vf32 acc[LL_TT][LL_NP]) {
     for (int t = 0; t < tt; t++)
         for (int p = 0; p < np; p++) acc[t][p] = ll_zero();
     const ptrdiff_t k2 = (k + 1) / 2;
     if (wtype == LL_W_F32) {
-        const float *wp = (const float *)w + panel * k * 16;
         for (ptrdiff_t kk = 0; kk < k; kk++) {
             ll_vf32 wv[LL_NP];
-            for (int p = 0; p < np; p++) wv[p] = ll_load(wp + (p * k + kk) * 16);
+            for (int p = 0; p < np; p++) wv[p] = ll_load((const float *)wp[p] + kk * 16);
             for (int t = 0; t < tt; t++) {
                 ll_vf32 xv = ll_set1(x[t * ldx + kk]);
                 for (int p = 0; p < np; p++) acc[t][p] = ll_fma(xv, wv[p], acc[t][p]);
             }
         }
     } else if (wtype == LL_W_F16) {
-        const uint16_t *wp = (const uint16_t *)w + panel * k * 16;
         for (ptrdiff_t kk = 0; kk < k; kk++) {
             ll_vf32 wv[LL_NP];
-            for (int p = 0; p < np; p++) wv[p] = ll_load_f16(wp + (p * k + kk) * 16);
+            for (int p = 0; p < np; p++) wv[p] = ll_load_f16((const uint16_t *)wp[p] + kk * 16);
             for (int t = 0; t < tt; t++) {
                 ll_vf32 xv = ll_set1(x[t * ldx + kk]);
                 for (int p = 0; p < np; p++) acc[t][p] = ll_fma(xv, wv[p], acc[t][p]);
             }
         }
     } else {
-        const uint16_t *wp = (const uint16_t *)w + panel * k2 * 32;
 #ifdef LL_HAVE_BF16_DOT
         (void)x;
         for (ptrdiff_t kp = 0; kp < k2; kp++) {
             __m512bh wv[LL_NP];
-            for (int p = 0; p < np; p++) wv[p] = (__m512bh)_mm512_loadu_si512(wp + (p * k2 + kp) * 32);
+            for (int p = 0; p < np; p++) wv[p] = (__m512bh)_mm512_loadu_si512((const uint16_t *)wp[p] + kp * 32);
             for (int t = 0; t < tt; t++) {
                 __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xb[t * ldx + kp]);
                 for (int p = 0; p < np; p++) acc[t][p] = _mm512_dpbf16_ps(acc[t][p], xv, wv[p]);
@@ -81,8 +78,8 @@ LL_INLINE void ll_gemm_tile(const float *x, const uint32_t *xb, ptrdiff_t ldx, c
         for (ptrdiff_t kp = 0; kp < k2; kp++) {
             ll_vf32 we[LL_NP], wo[LL_NP];
             for (int p = 0; p < np; p++) {
-                we[p] = ll_load_bf16_even(wp + (p * k2 + kp) * 32);
-                wo[p] = ll_load_bf16_odd(wp + (p * k2 + kp) * 32);
+                we[p] = ll_load_bf16_even((const uint16_t *)wp[p] + kp * 32);
+                wo[p] = ll_load_bf16_odd((const uint16_t *)wp[p] + kp * 32);
             }
             for (int t = 0; t < tt; t++) {
                 ll_vf32 x0 = ll_set1(x[t * ldx + 2 * kp]);
@@ -92,6 +89,21 @@ LL_INLINE void ll_gemm_tile(const float *x, const uint32_t *xb, ptrdiff_t ldx, c
         }
 #endif
     }
+}
+
+/* Bytes of one packed panel. */
+LL_INLINE ptrdiff_t ll_panel_bytes(int wtype, ptrdiff_t k) {
+    return wtype == LL_W_F32 ? k * 16 * 4 : wtype == LL_W_F16 ? k * 16 * 2 : (k + 1) / 2 * 32 * 2;
+}
+
+/* One register tile: tt tokens x np consecutive panels from `panel`, stored to out. */
+LL_INLINE void ll_gemm_tile(const float *x, const uint32_t *xb, ptrdiff_t ldx, const void *w,
+                            int wtype, ptrdiff_t k, ptrdiff_t panel, float *out, ptrdiff_t ldo,
+                            ptrdiff_t n, const float *bias, int accumulate, const int tt, const int np) {
+    const void *wp[LL_NP];
+    for (int p = 0; p < np; p++) wp[p] = (const char *)w + (panel + p) * ll_panel_bytes(wtype, k);
+    ll_vf32 acc[LL_TT][LL_NP];
+    ll_gemm_acc(x, xb, ldx, wp, wtype, k, tt, np, acc);
     for (int t = 0; t < tt; t++)
         for (int p = 0; p < np; p++)
             ll_store_out(out + t * ldo, acc[t][p], bias, (panel + p) * 16, n, accumulate);
@@ -129,40 +141,42 @@ static inline void ll_f32_to_bf16_pairs(const float *x, ptrdiff_t ldx, uint32_t 
  * independent accumulators (the dot-product latency would otherwise bound the loop), so a
  * thread's whole panel range streams from memory in order: ~42 GB/s on 2 Zen 4 cores where
  * the 4-panel register tile reaches ~33 and software prefetching only got in the way (26-30). */
+LL_INLINE ll_vf32 ll_gemv_bf16_panel(const float *x, const uint32_t *xb, const uint16_t *wp, ptrdiff_t k) {
+    const ptrdiff_t k2 = (k + 1) / 2;
+    ll_vf32 a0 = ll_zero(), a1 = ll_zero(), a2 = ll_zero(), a3 = ll_zero();
+    ptrdiff_t kp = 0;
+#ifdef LL_HAVE_BF16_DOT
+    (void)x;
+    for (; kp + 4 <= k2; kp += 4) {
+        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32((int)xb[kp]), (__m512bh)_mm512_loadu_si512(wp + kp * 32));
+        a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_set1_epi32((int)xb[kp + 1]), (__m512bh)_mm512_loadu_si512(wp + (kp + 1) * 32));
+        a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_set1_epi32((int)xb[kp + 2]), (__m512bh)_mm512_loadu_si512(wp + (kp + 2) * 32));
+        a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_set1_epi32((int)xb[kp + 3]), (__m512bh)_mm512_loadu_si512(wp + (kp + 3) * 32));
+    }
+    for (; kp < k2; kp++)
+        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32((int)xb[kp]), (__m512bh)_mm512_loadu_si512(wp + kp * 32));
+#else
+    (void)xb;
+    for (; kp + 2 <= k2; kp += 2) {
+        const float x1 = 2 * kp + 1 < k ? x[2 * kp + 1] : 0.f, x3 = 2 * kp + 3 < k ? x[2 * kp + 3] : 0.f;
+        a0 = ll_fma(ll_set1(x[2 * kp]), ll_load_bf16_even(wp + kp * 32), a0);
+        a1 = ll_fma(ll_set1(x1), ll_load_bf16_odd(wp + kp * 32), a1);
+        a2 = ll_fma(ll_set1(x[2 * kp + 2]), ll_load_bf16_even(wp + (kp + 1) * 32), a2);
+        a3 = ll_fma(ll_set1(x3), ll_load_bf16_odd(wp + (kp + 1) * 32), a3);
+    }
+    for (; kp < k2; kp++) {
+        a0 = ll_fma(ll_set1(x[2 * kp]), ll_load_bf16_even(wp + kp * 32), a0);
+        a1 = ll_fma(ll_set1(2 * kp + 1 < k ? x[2 * kp + 1] : 0.f), ll_load_bf16_odd(wp + kp * 32), a1);
+    }
+#endif
+    return ll_add(ll_add(a0, a1), ll_add(a2, a3));
+}
+
 static inline void ll_gemv_bf16_panels(const float *x, const uint32_t *xb, const uint16_t *w, ptrdiff_t k,
                                        ptrdiff_t n, const float *bias, float *out, int accumulate,
                                        ptrdiff_t p0, ptrdiff_t p1) {
-    const ptrdiff_t k2 = (k + 1) / 2;
-    for (ptrdiff_t p = p0; p < p1; p++) {
-        const uint16_t *wp = w + p * k2 * 32;
-        ll_vf32 a0 = ll_zero(), a1 = ll_zero(), a2 = ll_zero(), a3 = ll_zero();
-        ptrdiff_t kp = 0;
-#ifdef LL_HAVE_BF16_DOT
-        (void)x;
-        for (; kp + 4 <= k2; kp += 4) {
-            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32((int)xb[kp]), (__m512bh)_mm512_loadu_si512(wp + kp * 32));
-            a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_set1_epi32((int)xb[kp + 1]), (__m512bh)_mm512_loadu_si512(wp + (kp + 1) * 32));
-            a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_set1_epi32((int)xb[kp + 2]), (__m512bh)_mm512_loadu_si512(wp + (kp + 2) * 32));
-            a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_set1_epi32((int)xb[kp + 3]), (__m512bh)_mm512_loadu_si512(wp + (kp + 3) * 32));
-        }
-        for (; kp < k2; kp++)
-            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32((int)xb[kp]), (__m512bh)_mm512_loadu_si512(wp + kp * 32));
-#else
-        (void)xb;
-        for (; kp + 2 <= k2; kp += 2) {
-            const float x1 = 2 * kp + 1 < k ? x[2 * kp + 1] : 0.f, x3 = 2 * kp + 3 < k ? x[2 * kp + 3] : 0.f;
-            a0 = ll_fma(ll_set1(x[2 * kp]), ll_load_bf16_even(wp + kp * 32), a0);
-            a1 = ll_fma(ll_set1(x1), ll_load_bf16_odd(wp + kp * 32), a1);
-            a2 = ll_fma(ll_set1(x[2 * kp + 2]), ll_load_bf16_even(wp + (kp + 1) * 32), a2);
-            a3 = ll_fma(ll_set1(x3), ll_load_bf16_odd(wp + (kp + 1) * 32), a3);
-        }
-        for (; kp < k2; kp++) {
-            a0 = ll_fma(ll_set1(x[2 * kp]), ll_load_bf16_even(wp + kp * 32), a0);
-            a1 = ll_fma(ll_set1(2 * kp + 1 < k ? x[2 * kp + 1] : 0.f), ll_load_bf16_odd(wp + kp * 32), a1);
-        }
-#endif
-        ll_store_out(out, ll_add(ll_add(a0, a1), ll_add(a2, a3)), bias, p * 16, n, accumulate);
-    }
+    for (ptrdiff_t p = p0; p < p1; p++)
+        ll_store_out(out, ll_gemv_bf16_panel(x, xb, w + p * ((k + 1) / 2) * 32, k), bias, p * 16, n, accumulate);
 }
 
 /* out[t0:t1, panels p0:p1] for all tokens: x [T][ldx] fp32 or xb [T][ceil(K/2)] pairs. */
@@ -198,6 +212,78 @@ static inline void ll_gemm_panels(const float *x, const uint32_t *xb, ptrdiff_t 
                 else if (tt == 2) LL_TILE(2, 1); else LL_TILE(1, 1);
             }
 #undef LL_TILE
+        }
+    }
+}
+
+/* Gated MLP with the activation fused: a[t, f] = act(x[t] . Wg[f] + bg[f]) * (x[t] . Wu[f] + bu[f])
+ * for features of pair range q0..q1. W is packed as ng = ceil(F/16) gate panels, then ng up
+ * panels (each half padded to 16 rows); feature panel q pairs gate panel q with up panel ng + q.
+ * bias: [2F] (gate then up) or NULL. The result goes where the next GEMM reads it: bf16 pairs
+ * ao_b [T][ceil(F/2)] (ao_b != NULL) or fp32 ao [T][lda]. */
+LL_INLINE void ll_gated_store(ll_vf32 g, ll_vf32 u, const float *bias, ptrdiff_t f0, ptrdiff_t F, int act,
+                              float *ao, uint32_t *ao_b) {
+    float gv[16], uv[16], r[16];
+    if (bias && f0 + 16 <= F) {
+        g = ll_add(g, ll_load(bias + f0));
+        u = ll_add(u, ll_load(bias + F + f0));
+    }
+    ll_store(gv, g);
+    ll_store(uv, u);
+    const ptrdiff_t nf = F - f0 < 16 ? F - f0 : 16;
+    if (bias && nf < 16)
+        for (ptrdiff_t i = 0; i < nf; i++) { gv[i] += bias[f0 + i]; uv[i] += bias[F + f0 + i]; }
+    ll_act_mul_f32(gv, uv, r, 16, act);
+    if (ao_b) {
+        uint16_t *dst = (uint16_t *)ao_b + f0;
+        if (nf == 16) ll_store_bf16(dst, ll_load(r));
+        else {
+            for (ptrdiff_t i = 0; i < nf; i++) dst[i] = ll_f32_to_bf16(r[i]);
+            if (F & 1) dst[nf] = 0;   /* the last pair's padding */
+        }
+    } else {
+        if (nf == 16) ll_store(ao + f0, ll_load(r));
+        else for (ptrdiff_t i = 0; i < nf; i++) ao[f0 + i] = r[i];
+    }
+}
+
+static inline void ll_gemm_gated(const float *x, const uint32_t *xb, ptrdiff_t ldx, ptrdiff_t num_tokens,
+                                 const void *w, int wtype, ptrdiff_t k, ptrdiff_t F, const float *bias, int act,
+                                 float *ao, ptrdiff_t lda, uint32_t *ao_b, ptrdiff_t q0, ptrdiff_t q1) {
+    const ptrdiff_t ng = (F + 15) / 16, pb = ll_panel_bytes(wtype, k), ldb = (F + 1) / 2;
+    const ptrdiff_t ldxx = ll_gemm_wants_xb(wtype) ? (k + 1) / 2 : ldx;
+    const char *wc = (const char *)w;
+    if (num_tokens == 1 && wtype == LL_W_BF16) {   /* decode: stream the gate and up panels */
+        for (ptrdiff_t q = q0; q < q1; q++) {
+            const ll_vf32 g = ll_gemv_bf16_panel(x, xb, (const uint16_t *)(wc + q * pb), k);
+            const ll_vf32 u = ll_gemv_bf16_panel(x, xb, (const uint16_t *)(wc + (ng + q) * pb), k);
+            ll_gated_store(g, u, bias, q * 16, F, act, ao, ao_b);
+        }
+        return;
+    }
+    for (ptrdiff_t q = q0; q < q1; q += 2) {
+        const int two = q + 1 < q1;   /* two features panels: a 4-panel tile */
+        const void *wp[LL_NP] = {wc + q * pb, wc + (ng + q) * pb, wc + (q + 1) * pb, wc + (ng + q + 1) * pb};
+        for (ptrdiff_t t = 0; t < num_tokens; t += LL_TT) {
+            const int tt = (int)(num_tokens - t < LL_TT ? num_tokens - t : LL_TT);
+            const float *xt = x ? x + t * ldx : 0;
+            const uint32_t *xbt = xb ? xb + t * ldxx : 0;
+            ll_vf32 acc[LL_TT][LL_NP];
+#define LL_GTILE(TT_, NP_) ll_gemm_acc(xt, xbt, ldxx, wp, wtype, k, TT_, NP_, acc)
+            if (two) {
+                if (tt == 4) LL_GTILE(4, 4); else if (tt == 3) LL_GTILE(3, 4);
+                else if (tt == 2) LL_GTILE(2, 4); else LL_GTILE(1, 4);
+            } else {
+                if (tt == 4) LL_GTILE(4, 2); else if (tt == 3) LL_GTILE(3, 2);
+                else if (tt == 2) LL_GTILE(2, 2); else LL_GTILE(1, 2);
+            }
+#undef LL_GTILE
+            for (int i = 0; i < tt; i++) {
+                float *a = ao ? ao + (t + i) * lda : 0;
+                uint32_t *ab = ao_b ? ao_b + (t + i) * ldb : 0;
+                ll_gated_store(acc[i][0], acc[i][1], bias, q * 16, F, act, a, ab);
+                if (two) ll_gated_store(acc[i][2], acc[i][3], bias, (q + 1) * 16, F, act, a, ab);
+            }
         }
     }
 }
