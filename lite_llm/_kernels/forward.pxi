@@ -43,7 +43,8 @@ cdef struct WorkC:
     int32_t *tiles  # [T + 1] query tiles of the attention phase
     uint32_t *xb    # [max(T, R), max_k / 2 + 1] bf16 pairs of the next GEMM input
     uint32_t *xb2   # [T, F / 2 + 1] bf16 pairs of the gated activation (xb holds its input)
-    int *counter    # [16] work counter of the dynamic attention phase (own cache line)
+    int *counter    # [6 x 16] work counters, one cache line each: attention, qkv, o, up, down, lm_head
+    float *partials # [_max_split_items, _partial_stride] attention split results (decode of few sequences)
 
 
 cdef Mat _mat(dict tensors, str name, str dtype, list keep) except *:
@@ -179,9 +180,11 @@ cdef class Workspace:
                 aligned_zeros((max_tokens, mc.ffn_dim), np.float32),
                 aligned_zeros((max(num_threads, 1), ll_attention_scratch(mc.head_dim, mc.num_heads // mc.num_kv_heads)), np.float32),
                 aligned_zeros((max(max_tokens, max_rows), (max_k + 1) // 2 + 1), np.uint32),
-                aligned_zeros((16,), np.int32),
+                aligned_zeros((6 * 16,), np.int32),
                 aligned_zeros((max_tokens + 1,), np.int32),
-                aligned_zeros((max_tokens, (mc.ffn_dim + 1) // 2 + 1), np.uint32)]
+                aligned_zeros((max_tokens, (mc.ffn_dim + 1) // 2 + 1), np.uint32),
+                aligned_zeros((_max_split_items(max(num_threads, 1)),
+                               _partial_stride(mc.num_heads // mc.num_kv_heads, mc.head_dim)), np.float32)]
         self.keep = bufs
         self.c.x, self.c.h, self.c.qkv = <float *>_ptr(bufs[0]), <float *>_ptr(bufs[1]), <float *>_ptr(bufs[2])
         self.c.attn, self.c.mlp, self.c.act = <float *>_ptr(bufs[3]), <float *>_ptr(bufs[4]), <float *>_ptr(bufs[5])
@@ -189,6 +192,7 @@ cdef class Workspace:
         self.c.counter = <int *>_ptr(bufs[8])
         self.c.tiles = <int32_t *>_ptr(bufs[9])
         self.c.xb2 = <uint32_t *>_ptr(bufs[10])
+        self.c.partials = <float *>_ptr(bufs[11])
         self.c.scratch_len = bufs[6].shape[1]
 
     @property
@@ -264,7 +268,7 @@ cdef inline void _norm(const ModelC *m, const float *w, const float *b, const fl
 
 cdef struct StepC:
     # One engine step's flat arrays (see forward()).
-    Py_ssize_t T, R, max_blocks, num_tiles
+    Py_ssize_t T, R, max_blocks, num_tiles, max_keys
     const int32_t *token_ids
     const int32_t *positions
     const int64_t *slot_mapping
@@ -281,12 +285,14 @@ cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t
     """ONE parallel region for the whole step: every thread runs _step over its share of each
     phase, with a barrier between dependent phases (far cheaper than a fork/join per op)."""
     cdef StepC s
-    cdef int tid
+    cdef int tid, i
     s.T, s.R, s.max_blocks = T, R, max_blocks
     s.token_ids, s.positions, s.slot_mapping, s.tok_seq = token_ids, positions, slot_mapping, tok_seq
     s.block_tables, s.logits_rows, s.logits = block_tables, logits_rows, logits
-    ws.counter[0] = 0
+    for i in range(6):
+        ws.counter[16 * i] = 0
     s.num_tiles = _build_tiles(tok_seq, T, ws.tiles)
+    s.max_keys = _max_keys(positions, T)
     with parallel(num_threads=nt):
         tid = openmp.omp_get_thread_num()
         _step(m, ws, &s, tid, openmp.omp_get_num_threads())
@@ -303,11 +309,73 @@ cdef inline void _norm_rows(const ModelC *m, const float *w, const float *b, con
         ll_f32_to_bf16_pairs(out, E, xb, t0, t1, E)
 
 
+cdef enum:
+    DYN_MAX_TOKENS = 4   # steps this small stream weights: panels handed out dynamically
+
+
+cdef inline Py_ssize_t _dyn_chunk(Py_ssize_t units, int nth) noexcept nogil:
+    """Panels (or gated feature panels) per dynamically handed-out chunk: ~8 per thread."""
+    cdef Py_ssize_t per = units // (8 * nth)
+    return per if per > 4 else 4
+
+
+cdef inline void _gemm_phase(const float *x, Py_ssize_t ldx, const uint32_t *xb, Py_ssize_t T, const Mat *w,
+                             float *out, Py_ssize_t ldo, int accumulate, int *counter, Py_ssize_t layer,
+                             int tid, int nth) noexcept nogil:
+    """One GEMM phase of the step. Big steps split panels statically (compute-bound, even); small
+    steps stream weights, where one core's slower stream would leave the other waiting at the
+    barrier: chunks of panels from a shared counter instead. Every thread takes exactly one
+    chunk number past the end, so the counter's value at layer l's phase is l * (chunks + nth)."""
+    cdef Py_ssize_t per, nchunks, base, i, p1
+    if T > DYN_MAX_TOKENS:
+        _gemm_part(x, ldx, xb, T, w, out, ldo, accumulate, tid, nth)
+        return
+    per = _dyn_chunk(w.num_panels, nth)
+    nchunks = (w.num_panels + per - 1) // per
+    base = layer * (nchunks + nth)
+    i = ll_atomic_next(counter) - base
+    while i < nchunks:
+        p1 = (i + 1) * per
+        ll_gemm_panels(x, xb if ll_gemm_wants_xb(w.wtype) else NULL, ldx, T, w.w, w.wtype, w.k, w.n, w.bias,
+                       out, ldo, accumulate, i * per, p1 if p1 < w.num_panels else w.num_panels)
+        i = ll_atomic_next(counter) - base
+
+
+cdef inline void _gated_phase(const ModelC *m, const WorkC *ws, const Mat *w, Py_ssize_t T, int wants,
+                              Py_ssize_t layer, int tid, int nth) noexcept nogil:
+    """The gated MLP's fused phase, split like _gemm_phase over feature panels."""
+    cdef Py_ssize_t F = m.ffn_dim, E = m.dim, ng = (m.ffn_dim + 15) // 16, per, nchunks, base, i, q1
+    cdef int *counter = ws.counter + 3 * 16
+    if T > DYN_MAX_TOKENS:
+        ll_gemm_gated(ws.h, ws.xb if wants else NULL, E, T, w.w, w.wtype, E, F, w.bias, m.act,
+                      ws.act, F, ws.xb2 if wants else NULL, _lo(ng, tid, nth), _lo(ng, tid + 1, nth))
+        return
+    per = _dyn_chunk(ng, nth)
+    nchunks = (ng + per - 1) // per
+    base = layer * (nchunks + nth)
+    i = ll_atomic_next(counter) - base
+    while i < nchunks:
+        q1 = (i + 1) * per
+        ll_gemm_gated(ws.h, ws.xb if wants else NULL, E, T, w.w, w.wtype, E, F, w.bias, m.act,
+                      ws.act, F, ws.xb2 if wants else NULL, i * per, q1 if q1 < ng else ng)
+        i = ll_atomic_next(counter) - base
+
+
+cdef inline void _attn_to_xb(const WorkC *ws, Py_ssize_t pair, Py_ssize_t q_n, Py_ssize_t group,
+                             Py_ssize_t D) noexcept nogil:
+    """The o projection's bf16 input for (query tile, KV head) pair `pair` once its rows are final."""
+    cdef Py_ssize_t t, hkv = q_n // (group * D), tile = pair // hkv, kvh = pair % hkv
+    for t in range(ws.tiles[tile], ws.tiles[tile + 1]):
+        ll_f32_to_bf16_pairs(ws.attn + t * q_n + kvh * group * D, 0,
+                             ws.xb + t * (q_n // 2) + kvh * group * (D // 2), 0, 1, group * D)
+
+
 cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int nth) noexcept nogil:
     cdef Py_ssize_t t, r, head, i, l, item, c0, c1, t0, t1
     cdef Py_ssize_t T = s.T, E = m.dim, F = m.ffn_dim, H = m.num_heads, Hkv = m.num_kv_heads, D = m.head_dim
-    cdef Py_ssize_t q_n = H * D, qkv_n = (H + 2 * Hkv) * D, ng
-    cdef Py_ssize_t chunks, hpi = _heads_per_item(s.num_tiles, H, Hkv, nth)
+    cdef Py_ssize_t q_n = H * D, qkv_n = (H + 2 * Hkv) * D
+    cdef Py_ssize_t chunks, group = H // Hkv, pair
+    cdef int nsplit = _num_splits(s.num_tiles, Hkv, nth, s.max_keys)
     cdef float *row
     cdef const LayerW *L
     cdef int wants = ll_gemm_wants_xb(m.layers[0].qkv.wtype)
@@ -325,7 +393,7 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         # --- attention block: norm, qkv, (qk norm), rope, KV write, paged attention, o + residual
         _norm_rows(m, L.attn_norm_w, L.attn_norm_b, ws.x, NULL, ws.h, ws.xb, wants, t0, t1)
         ll_omp_barrier()
-        _gemm_part(ws.h, E, ws.xb, T, &L.qkv, ws.qkv, qkv_n, 0, tid, nth)
+        _gemm_phase(ws.h, E, ws.xb, T, &L.qkv, ws.qkv, qkv_n, 0, ws.counter + 16, l, tid, nth)
         ll_omp_barrier()
         for t in range(t0, t1):
             row = ws.qkv + t * qkv_n
@@ -338,33 +406,35 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
             ll_write_kv_row(row + q_n, L.k_cache, m.kv_bf16, s.slot_mapping[t], m.block_size, Hkv, D, 1)
             ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_bf16, s.slot_mapping[t], m.block_size, Hkv, D, 0)
         ll_omp_barrier()      # every token's K/V is in the cache before anyone attends
-        # (query tile, head group) items handed out dynamically: work grows with context length
+        # (query tile, KV head, key split) items handed out dynamically: work grows with context
         item = ll_atomic_next(ws.counter)
-        while item < s.num_tiles * (H // hpi):
-            _attention_item(item, hpi, ws.qkv, qkv_n, ws.attn, q_n, ws.tiles, H, Hkv, D, L.k_cache, L.v_cache,
+        while item < s.num_tiles * Hkv * nsplit:
+            _attention_item(item, nsplit, ws.qkv, qkv_n, ws.attn, q_n, ws.tiles, H, Hkv, D, L.k_cache, L.v_cache,
                             m.kv_bf16, s.block_tables, s.max_blocks, m.block_size, s.tok_seq, s.positions,
-                            m.scale, m.sliding_window, ws.scores + tid * ws.scratch_len)
-            if wants:   # the next GEMM's bf16 input: this item's heads of each of its tokens
-                for t in range(ws.tiles[item // (H // hpi)], ws.tiles[item // (H // hpi) + 1]):
-                    ll_f32_to_bf16_pairs(ws.attn + t * q_n + (item % (H // hpi)) * hpi * D, 0,
-                                         ws.xb + t * (q_n // 2) + (item % (H // hpi)) * hpi * (D // 2), 0, 1, hpi * D)
+                            m.scale, m.sliding_window, ws.scores + tid * ws.scratch_len, ws.partials)
+            if nsplit == 1 and wants:
+                _attn_to_xb(ws, item, q_n, group, D)
             item = ll_atomic_next(ws.counter)
         ll_omp_barrier()
         if tid == 0:
             ws.counter[0] = 0   # for the next layer: nobody reads it before two more barriers
-        _gemm_part(ws.attn, q_n, ws.xb, T, &L.o, ws.x, E, 1, tid, nth)
+        if nsplit > 1:   # merge each (tile, KV head)'s splits
+            for pair in range(_lo(s.num_tiles * Hkv, tid, nth), _lo(s.num_tiles * Hkv, tid + 1, nth)):
+                _combine_item(pair, nsplit, ws.partials, ws.attn, q_n, ws.tiles, H, Hkv, D)
+                if wants:
+                    _attn_to_xb(ws, pair, q_n, group, D)
+            ll_omp_barrier()
+        _gemm_phase(ws.attn, q_n, ws.xb, T, &L.o, ws.x, E, 1, ws.counter + 2 * 16, l, tid, nth)
         ll_omp_barrier()
         # --- MLP block: norm, gate/up with the activation fused (or up, act), down + residual
         _norm_rows(m, L.mlp_norm_w, L.mlp_norm_b, ws.x, NULL, ws.h, ws.xb, wants, t0, t1)
         ll_omp_barrier()
         if m.gated:
-            ng = (F + 15) // 16
-            ll_gemm_gated(ws.h, ws.xb if wants else NULL, E, T, L.up.w, L.up.wtype, E, F, L.up.bias, m.act,
-                          ws.act, F, ws.xb2 if wants else NULL, _lo(ng, tid, nth), _lo(ng, tid + 1, nth))
+            _gated_phase(m, ws, &L.up, T, wants, l, tid, nth)
             ll_omp_barrier()
-            _gemm_part(ws.act, F, ws.xb2, T, &L.down, ws.x, E, 1, tid, nth)
+            _gemm_phase(ws.act, F, ws.xb2, T, &L.down, ws.x, E, 1, ws.counter + 4 * 16, l, tid, nth)
         else:
-            _gemm_part(ws.h, E, ws.xb, T, &L.up, ws.mlp, F, 0, tid, nth)
+            _gemm_phase(ws.h, E, ws.xb, T, &L.up, ws.mlp, F, 0, ws.counter + 3 * 16, l, tid, nth)
             ll_omp_barrier()
             # act over a slice of every row: all threads busy even for one decode token
             chunks = (F + 31) // 32
@@ -378,7 +448,7 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                     if wants:
                         ll_f32_to_bf16_pairs(ws.act + t * F + c0, 0, ws.xb + t * ((F + 1) // 2) + c0 // 2, 0, 1, c1 - c0)
             ll_omp_barrier()
-            _gemm_part(ws.act, F, ws.xb, T, &L.down, ws.x, E, 1, tid, nth)
+            _gemm_phase(ws.act, F, ws.xb, T, &L.down, ws.x, E, 1, ws.counter + 4 * 16, l, tid, nth)
         ll_omp_barrier()
 
     if s.R == 0:
@@ -386,4 +456,4 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
     _norm_rows(m, m.final_norm_w, m.final_norm_b, ws.x, s.logits_rows, ws.h, ws.xb, wants,
                _lo(s.R, tid, nth), _lo(s.R, tid + 1, nth))
     ll_omp_barrier()
-    _gemm_part(ws.h, E, ws.xb, s.R, &m.lm_head, s.logits, m.vocab_size, 0, tid, nth)
+    _gemm_phase(ws.h, E, ws.xb, s.R, &m.lm_head, s.logits, m.vocab_size, 0, ws.counter + 5 * 16, 0, tid, nth)

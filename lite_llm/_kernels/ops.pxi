@@ -151,17 +151,30 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
             raise ValueError("paged_attention: position beyond the block table")
     scratch = np.empty((max(num_threads, 1), ll_attention_scratch(d, h // hkv)), np.float32)
     tiles = np.empty(q.shape[0] + 1, np.int32)
+    partials = np.empty((_max_split_items(num_threads), _partial_stride(h // hkv, d)), np.float32)
     cdef float[:, ::1] sc = scratch
+    cdef float[:, ::1] pv = partials
     cdef int32_t[::1] tv = tiles
     cdef const void *kp = _ptr(k_cache)
     cdef const void *vp = _ptr(v_cache)
     cdef int kv_bf16 = k_cache.dtype == np.uint16
     cdef Py_ssize_t ntiles
+    cdef int nsplit
     with nogil:
         ntiles = _build_tiles(&tok_seq[0], q.shape[0], &tv[0])
+        nsplit = _num_splits(ntiles, hkv, num_threads, _max_keys(&positions[0], q.shape[0]))
         _attention(&q[0, 0, 0], h * d, &out[0, 0, 0], h * d, &tv[0], ntiles, h, hkv, d, kp, vp, kv_bf16,
                    &block_tables[0, 0], block_tables.shape[1], bs, &tok_seq[0], &positions[0], scale,
-                   sliding_window, &sc[0, 0], sc.shape[1], num_threads)
+                   sliding_window, &sc[0, 0], sc.shape[1], &pv[0, 0], nsplit, num_threads)
+
+
+cdef Py_ssize_t _max_keys(const int32_t *positions, Py_ssize_t num_tokens) noexcept nogil:
+    """Longest context of the step: the largest position + 1."""
+    cdef Py_ssize_t t, m = 0
+    for t in range(num_tokens):
+        if positions[t] + 1 > m:
+            m = positions[t] + 1
+    return m
 
 
 cdef Py_ssize_t _build_tiles(const int32_t *tok_seq, Py_ssize_t num_tokens, int32_t *tiles) noexcept nogil:
@@ -179,37 +192,68 @@ cdef Py_ssize_t _build_tiles(const int32_t *tok_seq, Py_ssize_t num_tokens, int3
     return n
 
 
-cdef inline Py_ssize_t _heads_per_item(Py_ssize_t num_tiles, Py_ssize_t h, Py_ssize_t hkv, int nth) noexcept nogil:
-    """Query heads per attention work item: the whole group sharing a KV head (each K/V chunk
-    read once for all of them), or one head when that leaves too few items to keep every
-    thread busy (decode of a few sequences)."""
-    return h // hkv if num_tiles * hkv >= 4 * nth else 1
+cdef inline int _num_splits(Py_ssize_t num_tiles, Py_ssize_t hkv, int nth, Py_ssize_t max_keys) noexcept nogil:
+    """Key splits per (query tile, KV head) work item: 1 when the step has enough items to keep
+    every thread busy; else (decode of a few sequences) enough splits of at least 64 keys to
+    give each thread about four items, merged afterwards (ll_attention_combine)."""
+    cdef Py_ssize_t items = num_tiles * hkv, want, cap
+    if items == 0 or items >= 4 * nth:
+        return 1
+    want = (4 * nth + items - 1) // items
+    cap = max_keys // 64
+    if want > cap:
+        want = cap
+    return <int>(want if want > 1 else 1)
 
 
-cdef inline void _attention_item(Py_ssize_t item, Py_ssize_t hpi, const float *q, Py_ssize_t ldq, float *out,
+cdef inline Py_ssize_t _partial_stride(Py_ssize_t group, Py_ssize_t d) noexcept nogil:
+    """Floats of one split item's partial result: its rows' acc, m and l."""
+    return LL_ATTN_QTILE * group * (d + 2)
+
+
+cdef inline Py_ssize_t _max_split_items(int nth) noexcept nogil:
+    """Bound on num_tiles * hkv * _num_splits(): splits only happen below 4 * nth items, and
+    then add at most 4 * nth more."""
+    return 8 * nth + 8
+
+
+cdef inline void _attention_item(Py_ssize_t item, int nsplit, const float *q, Py_ssize_t ldq, float *out,
                                  Py_ssize_t ldo, const int32_t *tiles, Py_ssize_t h, Py_ssize_t hkv,
                                  Py_ssize_t d, const void *k_cache, const void *v_cache, int kv_bf16,
                                  const int32_t *block_tables, Py_ssize_t max_blocks, Py_ssize_t bs,
                                  const int32_t *tok_seq, const int32_t *positions, float scale,
-                                 int window, float *scratch) noexcept nogil:
-    """Work item = (query tile, hpi query heads of one KV group): attention of the tile's
-    tokens for those heads."""
-    cdef Py_ssize_t per_tile = h // hpi, tile = item // per_tile, h0 = (item % per_tile) * hpi
-    cdef Py_ssize_t t0 = tiles[tile]
-    ll_paged_attention_tile(q + t0 * ldq, ldq, out + t0 * ldo, ldo, <int>(tiles[tile + 1] - t0), <int>hpi,
-                            h0, positions + t0, window, k_cache, v_cache, kv_bf16,
-                            block_tables + tok_seq[t0] * max_blocks, bs, h0 // (h // hkv), hkv, d, scale, scratch)
+                                 int window, float *scratch, float *partials) noexcept nogil:
+    """Work item = (query tile, KV head, key split): attention of the tile's tokens for the
+    query heads sharing that KV head; with several splits, a partial result for the combine."""
+    cdef Py_ssize_t group = h // hkv, s = item % nsplit, kvh = (item // nsplit) % hkv
+    cdef Py_ssize_t tile = item // (nsplit * hkv), t0 = tiles[tile]
+    ll_paged_attention_tile(q + t0 * ldq, ldq, out + t0 * ldo, ldo, <int>(tiles[tile + 1] - t0), <int>group,
+                            kvh * group, positions + t0, window, k_cache, v_cache, kv_bf16,
+                            block_tables + tok_seq[t0] * max_blocks, bs, kvh, hkv, d, scale, scratch,
+                            <int>s, nsplit, partials + item * _partial_stride(group, d) if nsplit > 1 else NULL)
+
+
+cdef inline void _combine_item(Py_ssize_t pair, int nsplit, const float *partials, float *out, Py_ssize_t ldo,
+                               const int32_t *tiles, Py_ssize_t h, Py_ssize_t hkv, Py_ssize_t d) noexcept nogil:
+    """Merge the splits of (query tile, KV head) pair `pair` into out."""
+    cdef Py_ssize_t group = h // hkv, tile = pair // hkv, kvh = pair % hkv, t0 = tiles[tile]
+    ll_attention_combine(partials + pair * nsplit * _partial_stride(group, d), nsplit, _partial_stride(group, d),
+                         <int>(tiles[tile + 1] - t0), <int>group, kvh * group, out + t0 * ldo, ldo, d)
 
 
 cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo, const int32_t *tiles,
                      Py_ssize_t num_tiles, Py_ssize_t h, Py_ssize_t hkv, Py_ssize_t d, const void *k_cache,
                      const void *v_cache, int kv_bf16, const int32_t *block_tables, Py_ssize_t max_blocks,
                      Py_ssize_t bs, const int32_t *tok_seq, const int32_t *positions, float scale, int window,
-                     float *scratch, Py_ssize_t scratch_len, int num_threads) noexcept nogil:
-    """q [T, H*D] and out [T, H*D] with row strides ldq, ldo; scratch is [num_threads, scratch_len]."""
-    cdef Py_ssize_t item, hpi = _heads_per_item(num_tiles, h, hkv, num_threads)
+                     float *scratch, Py_ssize_t scratch_len, float *partials, int nsplit, int num_threads) noexcept nogil:
+    """q [T, H*D] and out [T, H*D] with row strides ldq, ldo; scratch is [num_threads, scratch_len];
+    partials holds num_tiles * hkv * nsplit partial results when nsplit > 1."""
+    cdef Py_ssize_t item
     # dynamic: a tile's work grows with its tokens' context lengths
-    for item in prange(num_tiles * (h // hpi), schedule="dynamic", chunksize=1, num_threads=num_threads):
-        _attention_item(item, hpi, q, ldq, out, ldo, tiles, h, hkv, d, k_cache, v_cache, kv_bf16, block_tables,
+    for item in prange(num_tiles * hkv * nsplit, schedule="dynamic", chunksize=1, num_threads=num_threads):
+        _attention_item(item, nsplit, q, ldq, out, ldo, tiles, h, hkv, d, k_cache, v_cache, kv_bf16, block_tables,
                         max_blocks, bs, tok_seq, positions, scale, window,
-                        scratch + openmp.omp_get_thread_num() * scratch_len)
+                        scratch + openmp.omp_get_thread_num() * scratch_len, partials)
+    if nsplit > 1:
+        for item in prange(num_tiles * hkv, schedule="static", num_threads=num_threads):
+            _combine_item(item, nsplit, partials, out, ldo, tiles, h, hkv, d)

@@ -157,22 +157,35 @@ LL_INLINE void ll_attn_pass3(const int BF, const int NR, const ll_attn_span *sp,
     for (; i < sp->D / 16; i++) ll_attn_pv(BF, NR, 1, sp, r0, i, acc);
 }
 
+/* Keys a tile attends to: kmin .. kmax, the union of its tokens' windows. */
+static inline void ll_attn_key_range(const int32_t *pos, int nq, int window, ptrdiff_t *kmin, ptrdiff_t *kmax) {
+    *kmin = -1; *kmax = -1;
+    for (int qi = 0; qi < nq; qi++) {
+        const ptrdiff_t first = window > 0 && pos[qi] - window + 1 > 0 ? pos[qi] - window + 1 : 0;
+        if (*kmin < 0 || first < *kmin) *kmin = first;
+        if (pos[qi] > *kmax) *kmax = pos[qi];
+    }
+}
+
 LL_INLINE void ll_attention_tile_impl(const int BF, const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
                                       int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
                                       const void *k_cache, const void *v_cache, const int32_t *block_table,
                                       ptrdiff_t block_size, ptrdiff_t kv_head, ptrdiff_t num_kv_heads,
-                                      ptrdiff_t head_dim, float scale, float *scratch) {
+                                      ptrdiff_t head_dim, float scale, float *scratch,
+                                      int split, int nsplit, float *partial) {
     const ptrdiff_t D = head_dim, nv = head_dim / 16, rows = (ptrdiff_t)nq * group;
     float *edge = scratch, *qrows = edge + 2 * 16 * D, *acc = qrows + rows * D;
     float *m = acc + rows * D, *l = m + rows;
     ll_attn_span sp;
     sp.k = k_cache; sp.v = v_cache; sp.B = block_size; sp.D = D;
     sp.S = l + rows; sp.P = sp.S + rows * LL_ATTN_SPAN;
-    ptrdiff_t kmin = -1, kmax = -1;
-    for (int qi = 0; qi < nq; qi++) {
-        const ptrdiff_t first = window > 0 && pos[qi] - window + 1 > 0 ? pos[qi] - window + 1 : 0;
-        if (kmin < 0 || first < kmin) kmin = first;
-        if (pos[qi] > kmax) kmax = pos[qi];
+    ptrdiff_t kmin, kmax;
+    ll_attn_key_range(pos, nq, window, &kmin, &kmax);
+    if (nsplit > 1) {   /* this split's share of the 16-key chunks: keys kmin' .. kmax' */
+        const ptrdiff_t c_first = kmin - kmin % 16, nc = (kmax - c_first) / 16 + 1;
+        const ptrdiff_t lo = c_first + 16 * (nc * split / nsplit), hi = c_first + 16 * (nc * (split + 1) / nsplit) - 1;
+        if (lo > kmin) kmin = lo;
+        if (hi < kmax) kmax = hi;
     }
     const ll_vf32 sv = ll_set1(scale);
     for (ptrdiff_t r = 0; r < rows; r++) {   /* q * scale, in the dot products' type */
@@ -187,7 +200,7 @@ LL_INLINE void ll_attention_tile_impl(const int BF, const float *q, ptrdiff_t ld
     }
     const size_t esz = BF ? sizeof(uint16_t) : sizeof(float);
     const ptrdiff_t cfirst = kmin - kmin % 16;
-    for (ptrdiff_t c0 = cfirst; c0 <= kmax; c0 += LL_ATTN_SPAN) {
+    for (ptrdiff_t c0 = cfirst; kmin <= kmax && c0 <= kmax; c0 += LL_ATTN_SPAN) {
         const ptrdiff_t left = (kmax - c0) / 16 + 1;
         sp.c0 = c0;
         sp.nchunks = (int)(left < LL_ATTN_SPAN / 16 ? left : LL_ATTN_SPAN / 16);
@@ -270,6 +283,14 @@ LL_INLINE void ll_attention_tile_impl(const int BF, const float *q, ptrdiff_t ld
             default: break;
         }
     }
+    if (partial) {   /* one split of several: unnormalised acc, m, l per row for ll_attention_combine */
+        for (ptrdiff_t r = 0; r < rows; r++) {
+            memcpy(partial + r * (D + 2), acc + r * D, (size_t)D * sizeof(float));
+            partial[r * (D + 2) + D] = m[r];
+            partial[r * (D + 2) + D + 1] = l[r];
+        }
+        return;
+    }
     for (int qi = 0; qi < nq; qi++)
         for (int g = 0; g < group; g++) {
             const ptrdiff_t r = (ptrdiff_t)qi * group + g;
@@ -279,18 +300,49 @@ LL_INLINE void ll_attention_tile_impl(const int BF, const float *q, ptrdiff_t ld
         }
 }
 
+/* Merge nsplit partial results of one tile (each rows x (D + 2): acc, m, l; item stride
+ * `stride` floats) into normalised out rows: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M). */
+static inline void ll_attention_combine(const float *partials, int nsplit, ptrdiff_t stride, int nq, int group,
+                                        ptrdiff_t h0, float *out, ptrdiff_t ldo, ptrdiff_t head_dim) {
+    const ptrdiff_t D = head_dim, nv = head_dim / 16;
+    for (int qi = 0; qi < nq; qi++)
+        for (int g = 0; g < group; g++) {
+            const ptrdiff_t r = (ptrdiff_t)qi * group + g;
+            float mx = -INFINITY, lsum = 0.f;
+            for (int s = 0; s < nsplit; s++) {
+                const float ms = partials[s * stride + r * (D + 2) + D];
+                if (ms > mx) mx = ms;
+            }
+            float *o = out + qi * ldo + (h0 + g) * D;
+            for (ptrdiff_t i = 0; i < nv; i++) ll_store(o + 16 * i, ll_zero());
+            if (mx == -INFINITY) continue;   /* saw no key at all */
+            for (int s = 0; s < nsplit; s++) {
+                const float *ps = partials + s * stride + r * (D + 2);
+                if (ps[D] == -INFINITY) continue;
+                const float w = expf(ps[D] - mx);
+                lsum += w * ps[D + 1];
+                const ll_vf32 wv = ll_set1(w);
+                for (ptrdiff_t i = 0; i < nv; i++) ll_store(o + 16 * i, ll_fma(wv, ll_load(ps + 16 * i), ll_load(o + 16 * i)));
+            }
+            const ll_vf32 inv = ll_set1(lsum > 0.f ? 1.0f / lsum : 0.f);
+            for (ptrdiff_t i = 0; i < nv; i++) ll_store(o + 16 * i, ll_mul(ll_load(o + 16 * i), inv));
+        }
+}
+
+/* One work item: the tile's nq tokens x `group` heads from h0 (one KV head), over all its keys
+ * (nsplit == 1, normalised into out) or over split `split` of nsplit (raw into partial). */
 static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
                                            int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
                                            const void *k_cache, const void *v_cache, int kv_bf16,
                                            const int32_t *block_table, ptrdiff_t block_size,
                                            ptrdiff_t kv_head, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
-                                           float scale, float *scratch) {
+                                           float scale, float *scratch, int split, int nsplit, float *partial) {
     if (kv_bf16)
         ll_attention_tile_impl(1, q, ldq, out, ldo, nq, group, h0, pos, window, k_cache, v_cache, block_table,
-                               block_size, kv_head, num_kv_heads, head_dim, scale, scratch);
+                               block_size, kv_head, num_kv_heads, head_dim, scale, scratch, split, nsplit, partial);
     else
         ll_attention_tile_impl(0, q, ldq, out, ldo, nq, group, h0, pos, window, k_cache, v_cache, block_table,
-                               block_size, kv_head, num_kv_heads, head_dim, scale, scratch);
+                               block_size, kv_head, num_kv_heads, head_dim, scale, scratch, split, nsplit, partial);
 }
 
 #endif

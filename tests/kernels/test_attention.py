@@ -243,3 +243,18 @@ def test_rejects_bad_geometry(variant, rng):
     with pytest.raises(ValueError):      # block_size not a multiple of 16
         mod.paged_attention(small.q, kv_to_layout(small.k_cache, "k"), small.v_cache, small.block_tables, small.tok_seq,
                             small.positions, np.empty_like(small.q), 1.0)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("kv_bf16", [False, True])
+@pytest.mark.parametrize("window", [0, 16, 100])
+@pytest.mark.parametrize("num_threads", [2, 3])
+def test_decode_split_over_keys(variant, kv_bf16, window, num_threads, rng):
+    """Few decode tokens over long contexts: each (token, KV head) is split into key ranges on
+    several threads and merged (ll_attention_combine); equals one pass. Splits of 700 keys
+    start mid-block; a window of 16 leaves two chunks for three splits: one sees no key."""
+    mod = _kernels.load(variant)
+    step = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
+                     queries=[(700, 1), (90, 1)], kv_bf16=kv_bf16)
+    np.testing.assert_allclose(run(mod, step, 0.125, sliding_window=window, num_threads=num_threads),
+                               expected(step, 0.125, window), **tol(kv_bf16))
