@@ -361,19 +361,23 @@ def _k_quant_blocks(rng, rows: int, cols: int, qtype) -> np.ndarray:
     return raw.reshape(rows, -1)
 
 
-@pytest.mark.parametrize("qname", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"])
-def test_gguf_dequantize_matches_gguf_package(tmp_path, rng, qname):
+def _tensor_of_type(rng, rows: int, cols: int, qname: str):
+    """(float32 values, data to write, its ggml type or None) of a random tensor of GGUF type qname."""
     qtype = gguf.GGMLQuantizationType[qname]
-    rows, cols = 6, 512
     x = rng.standard_normal((rows, cols)).astype(np.float32)
     if qname == "F32":
-        data, raw = x, None
-    elif qname == "F16":
-        data, raw = x.astype(np.float16), None
-    elif qname in ("Q4_K", "Q6_K"):
-        data, raw = _k_quant_blocks(rng, rows, cols, qtype), qtype
-    else:
-        data, raw = gguf.quants.quantize(x, qtype), qtype
+        return x, x, None
+    if qname == "F16":
+        return x, x.astype(np.float16), None
+    if qname in ("Q4_K", "Q6_K"):
+        return x, _k_quant_blocks(rng, rows, cols, qtype), qtype
+    return x, gguf.quants.quantize(x, qtype), qtype
+
+
+@pytest.mark.parametrize("qname", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"])
+def test_gguf_dequantize_matches_gguf_package(tmp_path, rng, qname):
+    rows, cols = 6, 512
+    x, data, raw = _tensor_of_type(rng, rows, cols, qname)
     f = lgguf.GGUFFile(str(_write_gguf(tmp_path / "t.gguf", {"w": (data, raw), "v": (x[0], None)})))
     ref_reader = gguf.GGUFReader(str(tmp_path / "t.gguf"))
     ref_t = next(t for t in ref_reader.tensors if t.name == "w")
@@ -589,17 +593,8 @@ def _pack_slices(rows, dtype: str) -> list[np.ndarray]:
 def test_gguf_rows_pack_like_the_whole_tensor(tmp_path, rng, qname, cols, dtype):
     """Every GGUF type, 53 rows (not a multiple of 16), odd K where the type allows: packing slice
     by slice equals pack_reference of the whole tensor converted at once."""
-    qtype = gguf.GGMLQuantizationType[qname]
     rows = 53
-    x = rng.standard_normal((rows, cols)).astype(np.float32)
-    if qname == "F32":
-        data, raw = x, None
-    elif qname == "F16":
-        data, raw = x.astype(np.float16), None
-    elif qname in ("Q4_K", "Q6_K"):
-        data, raw = _k_quant_blocks(rng, rows, cols, qtype), qtype
-    else:
-        data, raw = gguf.quants.quantize(x, qtype), qtype
+    _, data, raw = _tensor_of_type(rng, rows, cols, qname)
     f = lgguf.GGUFFile(str(_write_gguf(tmp_path / "t.gguf", {"w": (data, raw)})))
     assert f.tensors["w"].type_name == qname and f.tensors["w"].shape == (rows, cols)
     stacked = StackedRows(((rows, functools.partial(f.read_rows, "w")),), cols).to(dtype)
