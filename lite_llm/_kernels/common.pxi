@@ -20,6 +20,7 @@ cdef extern from "kernels/gemm.h" nogil:
     void ll_gemm_panels(const float *x, const uint32_t *xb, Py_ssize_t ldx, Py_ssize_t num_tokens,
                         const void *w, int wtype, Py_ssize_t k, Py_ssize_t n, const float *bias,
                         float *out, Py_ssize_t ldo, int accumulate, Py_ssize_t p0, Py_ssize_t p1)
+    void ll_prefetch_panels(const void *w, int wtype, Py_ssize_t k, Py_ssize_t p0, Py_ssize_t p1)
     void ll_gemm_gated(const float *x, const uint32_t *xb, Py_ssize_t ldx, Py_ssize_t num_tokens,
                        const void *w, int wtype, Py_ssize_t k, Py_ssize_t F, const float *bias, int act,
                        float *ao, Py_ssize_t lda, uint32_t *ao_b, Py_ssize_t q0, Py_ssize_t q1)

@@ -415,6 +415,8 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
             if nsplit == 1 and wants:
                 _attn_to_xb(ws, item, q_n, group, D)
             item = ll_atomic_next(ws.counter)
+        if T <= DYN_MAX_TOKENS:   # attention waits on latency: bring this thread's o panels in meanwhile
+            ll_prefetch_panels(L.o.w, L.o.wtype, L.o.k, _lo(L.o.num_panels, tid, nth), _lo(L.o.num_panels, tid + 1, nth))
         ll_omp_barrier()
         if tid == 0:
             ws.counter[0] = 0   # for the next layer: nobody reads it before two more barriers
@@ -424,7 +426,7 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                 if wants:
                     _attn_to_xb(ws, pair, q_n, group, D)
             ll_omp_barrier()
-        _gemm_phase(ws.attn, q_n, ws.xb, T, &L.o, ws.x, E, 1, ws.counter + 2 * 16, l, tid, nth)
+        _gemm_part(ws.attn, q_n, ws.xb, T, &L.o, ws.x, E, 1, tid, nth)   # static: the prefetched panels
         ll_omp_barrier()
         # --- MLP block: norm, gate/up with the activation fused (or up, act), down + residual
         _norm_rows(m, L.mlp_norm_w, L.mlp_norm_b, ws.x, NULL, ws.h, ws.xb, wants, t0, t1)

@@ -96,6 +96,13 @@ LL_INLINE ptrdiff_t ll_panel_bytes(int wtype, ptrdiff_t k) {
     return wtype == LL_W_F32 ? k * 16 * 4 : wtype == LL_W_F16 ? k * 16 * 2 : (k + 1) / 2 * 32 * 2;
 }
 
+/* Pull panels p0..p1 of a packed weight towards this core (L2): a phase that waits on latency
+ * rather than bandwidth can stream the next phase's weights meanwhile. */
+static inline void ll_prefetch_panels(const void *w, int wtype, ptrdiff_t k, ptrdiff_t p0, ptrdiff_t p1) {
+    const char *a = (const char *)w + p0 * ll_panel_bytes(wtype, k), *b = (const char *)w + p1 * ll_panel_bytes(wtype, k);
+    for (; a < b; a += 64) __builtin_prefetch(a, 0, 2);
+}
+
 /* One register tile: tt tokens x np consecutive panels from `panel`, stored to out. */
 LL_INLINE void ll_gemm_tile(const float *x, const uint32_t *xb, ptrdiff_t ldx, const void *w,
                             int wtype, ptrdiff_t k, ptrdiff_t panel, float *out, ptrdiff_t ldo,
