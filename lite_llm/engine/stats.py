@@ -100,8 +100,10 @@ class StatsCollector:
         self.e2e = HistogramAccumulator(LATENCY_BUCKETS)
         self.queue_time = HistogramAccumulator(LATENCY_BUCKETS)
         self.recent: deque[FinishedRequestRecord] = deque(maxlen=NUM_RECENT_REQUESTS)
+        self._finished_part: dict | None = None   # what only record_finished changes, as snapshotted
 
     def record_finished(self, record: FinishedRequestRecord) -> None:
+        self._finished_part = None
         reason = record.finish_reason
         self.request_success_total[reason] = self.request_success_total.get(reason, 0) + 1
         if record.queue_time is not None:
@@ -116,13 +118,15 @@ class StatsCollector:
     def snapshot(self, *, num_running: int, num_waiting: int, num_preempted_total: int,
                  kv_cache_usage: float, prefix_cache_queries: int,
                  prefix_cache_hits: int) -> EngineStats:
+        if self._finished_part is None:   # the engine snapshots every step; requests finish rarely
+            self._finished_part = dict(
+                request_success_total=dict(self.request_success_total),
+                ttft=self.ttft.snapshot(), tpot=self.tpot.snapshot(), e2e=self.e2e.snapshot(),
+                queue_time=self.queue_time.snapshot(), recent_requests=tuple(self.recent))
         return EngineStats(
             num_running=num_running, num_waiting=num_waiting,
             num_preempted_total=num_preempted_total, kv_cache_usage=kv_cache_usage,
             prefix_cache_queries=prefix_cache_queries, prefix_cache_hits=prefix_cache_hits,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
-            request_success_total=dict(self.request_success_total),
-            num_steps_total=self.num_steps_total,
-            ttft=self.ttft.snapshot(), tpot=self.tpot.snapshot(), e2e=self.e2e.snapshot(),
-            queue_time=self.queue_time.snapshot(), recent_requests=tuple(self.recent))
+            num_steps_total=self.num_steps_total, **self._finished_part)
