@@ -66,21 +66,8 @@ class ModelRunner:
 
         start = time.perf_counter()
         tensors: dict[str, object] = {}
-        for name, t in loaded.iter_tensors(streamed=True):   # 2-D: StackedRows, read a slice at a time
-            if t.ndim == 2 and name != "pos_embed":
-                base = name[: -len(".weight")] if name.endswith(".weight") else name
-                tensors[base + ".shape"] = t.shape
-                if base.endswith(".gate_up"):   # the fused gated-MLP kernel's layout
-                    tensors[base + ".weight"] = layout.pack_gated(t, cfg.ffn_dim, self.dtype)
-                else:
-                    tensors[base + ".weight"] = layout.pack_rows(t, self.dtype)
-                continue
-            arr = t.read(0, t.shape[0]) if t.ndim == 2 else t      # pos_embed: a plain table
-            if arr.dtype == np.uint16:   # bf16 bits (pos_embed): widen, the kernel reads fp32
-                tensors[name] = np.ascontiguousarray(bf16_to_f32(arr))
-            else:
-                tensors[name] = np.ascontiguousarray(arr, dtype=np.float32)
-            del t, arr
+        with layout.WeightArena():   # packed weights in huge-page-backed segments
+            self._pack_all(loaded, tensors, cfg)
         loaded.release()
         _trim_heap()
         kv_np = np.float32 if kv_cache_dtype(self.dtype) == "float32" else np.uint16
@@ -112,6 +99,24 @@ class ModelRunner:
         log.info("model ready in %.2f s: %.1f MB of %s weights, KV cache %.1f MB (%d blocks of %d)",
                  time.perf_counter() - start, self.weight_bytes / 2**20, self.dtype,
                  self.kv_cache_bytes / 2**20, num_blocks, block_size)
+
+    def _pack_all(self, loaded, tensors: dict, cfg) -> None:
+        """Every tensor of the checkpoint into `tensors`: 2-D weights packed, vectors as float32."""
+        for name, t in loaded.iter_tensors(streamed=True):   # 2-D: StackedRows, read a slice at a time
+            if t.ndim == 2 and name != "pos_embed":
+                base = name[: -len(".weight")] if name.endswith(".weight") else name
+                tensors[base + ".shape"] = t.shape
+                if base.endswith(".gate_up"):   # the fused gated-MLP kernel's layout
+                    tensors[base + ".weight"] = layout.pack_gated(t, cfg.ffn_dim, self.dtype)
+                else:
+                    tensors[base + ".weight"] = layout.pack_rows(t, self.dtype)
+                continue
+            arr = t.read(0, t.shape[0]) if t.ndim == 2 else t      # pos_embed: a plain table
+            if arr.dtype == np.uint16:   # bf16 bits (pos_embed): widen, the kernel reads fp32
+                tensors[name] = np.ascontiguousarray(bf16_to_f32(arr))
+            else:
+                tensors[name] = np.ascontiguousarray(arr, dtype=np.float32)
+            del t, arr
 
     # ---- one step ---------------------------------------------------------------------
 

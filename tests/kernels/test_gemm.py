@@ -242,3 +242,19 @@ def test_pack_gated_layout(rng):
     np.testing.assert_array_equal(layout.unpack(packed[3:], 37, 5, "float32"), w[37:])
     with pytest.raises(ValueError):
         layout.pack_gated(w, 36, "float32")
+
+
+def test_weight_arena_packs_the_same_into_shared_segments(rng):
+    """Inside a WeightArena packed weights share 2 MB-aligned segments (huge-page backed where
+    the kernel allows), each array 64-byte aligned, none overlapping; the values are pack()'s."""
+    ws = [rng.standard_normal((n, k), dtype=np.float32) for n, k in [(33, 70), (16, 5), (200, 129)]]
+    plain = [layout.pack(w, "float32") for w in ws]
+    with layout.WeightArena():
+        packed = [layout.pack(w, "float32") for w in ws] + [layout.pack_gated(ws[2][:200], 100, "float32")]
+    spans = sorted((p.ctypes.data, p.ctypes.data + p.nbytes) for p in packed)
+    assert all(a % 64 == 0 for a, _ in spans)
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))
+    assert packed[0].base is not None and packed[0].ctypes.data % (2 << 20) == 0   # first in a segment
+    for p, q in zip(packed, plain):
+        np.testing.assert_array_equal(p, q)
+    np.testing.assert_array_equal(packed[3], layout.pack_gated(ws[2][:200], 100, "float32"))
