@@ -313,10 +313,22 @@ cdef enum:
     DYN_MAX_TOKENS = 4   # steps this small stream weights: panels handed out dynamically
 
 
-cdef inline Py_ssize_t _dyn_chunk(Py_ssize_t units, int nth) noexcept nogil:
-    """Panels (or gated feature panels) per dynamically handed-out chunk: ~8 per thread."""
-    cdef Py_ssize_t per = units // (8 * nth)
-    return per if per > 4 else 4
+cdef inline bint _next_chunk(int *counter, Py_ssize_t units, Py_ssize_t layer, int nth,
+                             Py_ssize_t *u0, Py_ssize_t *u1) noexcept nogil:
+    """The next chunk u0..u1 of a phase's `units` (panels, or gated feature panels) handed out
+    from a shared counter, ~8 chunks per thread; False once all are taken. Every thread takes
+    exactly one chunk number past the end, so at layer l the counter starts at
+    l * (chunks + nth): it is never reset within a step."""
+    cdef Py_ssize_t per = units // (8 * nth), nchunks, i
+    if per < 4:
+        per = 4
+    nchunks = (units + per - 1) // per
+    i = ll_atomic_next(counter) - layer * (nchunks + nth)
+    if i >= nchunks:
+        return False
+    u0[0] = i * per
+    u1[0] = (i + 1) * per if (i + 1) * per < units else units
+    return True
 
 
 cdef inline void _gemm_phase(const float *x, Py_ssize_t ldx, const uint32_t *xb, Py_ssize_t T, const Mat *w,
@@ -324,41 +336,31 @@ cdef inline void _gemm_phase(const float *x, Py_ssize_t ldx, const uint32_t *xb,
                              int tid, int nth) noexcept nogil:
     """One GEMM phase of the step. Big steps split panels statically (compute-bound, even); small
     steps stream weights, where one core's slower stream would leave the other waiting at the
-    barrier: chunks of panels from a shared counter instead. Every thread takes exactly one
-    chunk number past the end, so the counter's value at layer l's phase is l * (chunks + nth)."""
-    cdef Py_ssize_t per, nchunks, base, i, p1
+    barrier: chunks of panels from a shared counter instead (_next_chunk)."""
+    cdef Py_ssize_t p0, p1
     if T > DYN_MAX_TOKENS:
         _gemm_part(x, ldx, xb, T, w, out, ldo, accumulate, tid, nth)
         return
-    per = _dyn_chunk(w.num_panels, nth)
-    nchunks = (w.num_panels + per - 1) // per
-    base = layer * (nchunks + nth)
-    i = ll_atomic_next(counter) - base
-    while i < nchunks:
-        p1 = (i + 1) * per
+    while _next_chunk(counter, w.num_panels, layer, nth, &p0, &p1):
         ll_gemm_panels(x, xb if ll_gemm_wants_xb(w.wtype) else NULL, ldx, T, w.w, w.wtype, w.k, w.n, w.bias,
-                       out, ldo, accumulate, i * per, p1 if p1 < w.num_panels else w.num_panels)
-        i = ll_atomic_next(counter) - base
+                       out, ldo, accumulate, p0, p1)
+
+
+cdef inline void _gated_range(const ModelC *m, const WorkC *ws, const Mat *w, Py_ssize_t T, int wants,
+                              Py_ssize_t q0, Py_ssize_t q1) noexcept nogil:
+    ll_gemm_gated(ws.h, ws.xb if wants else NULL, m.dim, T, w.w, w.wtype, m.dim, m.ffn_dim, w.bias, m.act,
+                  ws.act, m.ffn_dim, ws.xb2 if wants else NULL, q0, q1)
 
 
 cdef inline void _gated_phase(const ModelC *m, const WorkC *ws, const Mat *w, Py_ssize_t T, int wants,
                               Py_ssize_t layer, int tid, int nth) noexcept nogil:
     """The gated MLP's fused phase, split like _gemm_phase over feature panels."""
-    cdef Py_ssize_t F = m.ffn_dim, E = m.dim, ng = (m.ffn_dim + 15) // 16, per, nchunks, base, i, q1
-    cdef int *counter = ws.counter + 3 * 16
+    cdef Py_ssize_t ng = (m.ffn_dim + 15) // 16, q0, q1
     if T > DYN_MAX_TOKENS:
-        ll_gemm_gated(ws.h, ws.xb if wants else NULL, E, T, w.w, w.wtype, E, F, w.bias, m.act,
-                      ws.act, F, ws.xb2 if wants else NULL, _lo(ng, tid, nth), _lo(ng, tid + 1, nth))
+        _gated_range(m, ws, w, T, wants, _lo(ng, tid, nth), _lo(ng, tid + 1, nth))
         return
-    per = _dyn_chunk(ng, nth)
-    nchunks = (ng + per - 1) // per
-    base = layer * (nchunks + nth)
-    i = ll_atomic_next(counter) - base
-    while i < nchunks:
-        q1 = (i + 1) * per
-        ll_gemm_gated(ws.h, ws.xb if wants else NULL, E, T, w.w, w.wtype, E, F, w.bias, m.act,
-                      ws.act, F, ws.xb2 if wants else NULL, i * per, q1 if q1 < ng else ng)
-        i = ll_atomic_next(counter) - base
+    while _next_chunk(ws.counter + 3 * 16, ng, layer, nth, &q0, &q1):
+        _gated_range(m, ws, w, T, wants, q0, q1)
 
 
 cdef inline void _attn_to_xb(const WorkC *ws, Py_ssize_t pair, Py_ssize_t q_n, Py_ssize_t group,

@@ -154,6 +154,16 @@ def unpack(packed: np.ndarray, n: int, k: int, dtype: str) -> np.ndarray:
 
 
 _HUGE_PAGE = 2 << 20
+
+
+def _advise(mm: mmap.mmap, advice: str, start: int, length: int) -> None:
+    """madvise(advice) on a range of an anonymous mapping, where the platform has it: page-size
+    hints only, never a reason to fail."""
+    if hasattr(mm, "madvise") and hasattr(mmap, advice):
+        try:
+            mm.madvise(getattr(mmap, advice), start, length)
+        except OSError:
+            pass
 _arena = threading.local()
 
 
@@ -189,11 +199,7 @@ class WeightArena:
             mm = mmap.mmap(-1, size + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             raw = np.frombuffer(mm, np.uint8)
             head = (-raw.ctypes.data) % _HUGE_PAGE    # start the segment on a 2 MB boundary
-            if hasattr(mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
-                try:
-                    mm.madvise(mmap.MADV_HUGEPAGE, head, size)
-                except OSError:
-                    pass   # only a speed-up
+            _advise(mm, "MADV_HUGEPAGE", head, size)
             self._seg, start = raw[head:head + size], 0
         self._off = start + nbytes
         return self._seg[start:start + nbytes]
@@ -221,11 +227,7 @@ def aligned_zeros(shape, dtype, align: int = 64) -> np.ndarray:
     nbytes = int(np.prod(shape)) * dtype.itemsize
     if nbytes >= 1 << 20 and hasattr(mmap, "MAP_PRIVATE"):
         mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if hasattr(mm, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
-            try:
-                mm.madvise(mmap.MADV_NOHUGEPAGE)
-            except OSError:
-                pass   # only a memory saving
+        _advise(mm, "MADV_NOHUGEPAGE", 0, nbytes)
         return np.frombuffer(mm, dtype).reshape(shape)   # page-aligned; the array keeps mm alive
     raw = np.zeros(nbytes + align, np.uint8)
     start = (-raw.ctypes.data) % align
