@@ -23,8 +23,13 @@ def _ext(name, source, flags=()):
                      extra_compile_args=[*CFLAGS, *OPENMP, *flags], extra_link_args=OPENMP)
 
 
+# LITE_LLM_BUILD_VARIANTS=avx512bf16,generic builds only those (a quicker build while developing
+# kernels; the dispatcher chooses among what is built).
+_only = {n for n in os.environ.get("LITE_LLM_BUILD_VARIANTS", "").split(",") if n}
 ext_modules = []
 for v in variants_for(platform.machine()):
+    if _only and v.name not in _only:
+        continue
     # Each variant in its own build dir: the generated C embeds the full module name.
     (ext,) = cythonize([_ext(f"lite_llm._kernels.{v.name}.kernels", "lite_llm/_kernels/kernels.pyx", v.flags)],
                        build_dir=f"build/cython/{v.name}", compiler_directives=CYTHON_DIRECTIVES)

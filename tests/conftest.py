@@ -15,8 +15,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -116,6 +118,97 @@ def tiny_checkpoint_path(arch: str, **overrides) -> Path:
     if key not in _BUILT:
         _BUILT[key] = build_tiny_checkpoint(arch, _CACHE_ROOT / f"{arch}-{len(_BUILT)}", **overrides)
     return _BUILT[key]
+
+
+def ggml_rows(rng: np.random.Generator, rows: int, cols: int, qname: str) -> tuple[np.ndarray, np.ndarray]:
+    """(raw ggml bytes [rows, bytes per row], their float32 values) of a random [rows, cols] tensor
+    in block type qname: quantized by the gguf package where it can, else random K-quant bytes
+    with sane fp16 scales (random bytes may be inf/NaN)."""
+    qtype = gguf.GGMLQuantizationType[qname]
+    if qname in ("Q4_K", "Q6_K"):
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+        scale = rng.uniform(0.001, 0.05, (rows, cols // block, 2)).astype(np.float16).view(np.uint8)
+        if qname == "Q4_K":
+            raw[..., 0:4] = scale.reshape(rows, cols // block, 4)       # d, dmin
+        else:
+            raw[..., 208:210] = scale[..., 0:2]                           # d at the end of Q6_K
+        raw = raw.reshape(rows, -1)
+    else:
+        raw = gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
+    return raw, gguf.quants.dequantize(raw, qtype).astype(np.float32)
+
+
+# ---- GGUF files ------------------------------------------------------------------------
+
+
+def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, object]], arch: str = "llama",
+                meta: dict | None = None) -> Path:
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in (meta or {}).items():
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, value)
+    for name, (data, raw_dtype) in tensors.items():
+        w.add_tensor(name, data, raw_dtype=raw_dtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _permute_qk(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's converter permutation of q/k rows (the inverse of the loader's)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
+    """Write the tiny HF checkpoint as a llama.cpp-style F32 GGUF (q/k permuted for "llama")."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    sd = load_file(str(ckpt / "model.safetensors"))
+    tok = json.loads((ckpt / "tokenizer.json").read_text())
+    H, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // H
+    tensors = {"token_embd.weight": sd["model.embed_tokens.weight"], "output_norm.weight": sd["model.norm.weight"]}
+    if "lm_head.weight" in sd:
+        tensors["output.weight"] = sd["lm_head.weight"]
+    names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+             "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+             "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+    for i in range(cfg["num_hidden_layers"]):
+        for ours, theirs in names.items():
+            for part in ("weight", "bias"):
+                key = f"model.layers.{i}.{theirs}.{part}"
+                if key in sd:
+                    t = sd[key]
+                    if arch == "llama" and ours in ("attn_q", "attn_k"):
+                        t = _permute_qk(t, H if ours == "attn_q" else Hkv)
+                    tensors[f"blk.{i}.{ours}.{part}"] = t
+    vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
+    specials = {a["content"]: a["id"] for a in tok["added_tokens"]}
+    tokens = [t for t, _ in vocab]
+    meta = {f"{arch}.block_count": cfg["num_hidden_layers"], f"{arch}.context_length": cfg["max_position_embeddings"],
+            f"{arch}.embedding_length": cfg["hidden_size"], f"{arch}.feed_forward_length": cfg["intermediate_size"],
+            f"{arch}.attention.head_count": H, f"{arch}.attention.head_count_kv": Hkv,
+            f"{arch}.attention.layer_norm_rms_epsilon": float(cfg["rms_norm_eps"]),
+            f"{arch}.rope.freq_base": float(cfg["rope_parameters"]["rope_theta"]),
+            f"{arch}.attention.key_length": head_dim, f"{arch}.attention.value_length": head_dim,
+            "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2" if arch != "llama" else "smollm",
+            "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": [3 if t in specials else 1 for t in tokens],
+            "tokenizer.ggml.merges": [" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]],
+            "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 2,
+            "tokenizer.chat_template": (ckpt / "chat_template.jinja").read_text()}
+    return write_gguf(out, {k: (np.ascontiguousarray(v), None) for k, v in tensors.items()}, arch, meta)
 
 
 @pytest.fixture

@@ -132,3 +132,33 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, blo
             p = np.exp(s - s.max())
             out[t, h] = p @ vals / p.sum()
     return out
+
+
+# ---- int8 activations of block-quantized GEMMs (src/kernels/qgemm.h) ----------------------
+
+
+def quantize_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x [T, K] float32 in blocks of 32 -> (q int8 [T, K], d [T, K/32], s [T, K/16]), in float32
+    arithmetic as the kernel does it: d = max|x| / 127, q = rint(x * (127 / max|x|)) (0 for an
+    all-zero block), s = d * (sum of q over each half-block of 16)."""
+    t, k = x.shape
+    xb = np.ascontiguousarray(x, np.float32).reshape(t, k // 32, 32)
+    amax = np.abs(xb).max(-1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv[..., None]).astype(np.int8)
+    s = (d[..., None] * q.reshape(t, k // 32, 2, 16).astype(np.int32).sum(-1).astype(np.float32)).astype(np.float32)
+    return q.reshape(t, k), d, s.reshape(t, k // 16)
+
+
+def dequantize_q8(q: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """The values int8 blocks stand for: q [T, K] * d [T, K/32] per block, float64."""
+    t, k = q.shape
+    return (q.reshape(t, k // 32, 32).astype(np.float64) * d[..., None]).reshape(t, k)
+
+
+def qgemm(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """A block-quantized GEMM: x [T, K] quantized to int8 blocks (quantize_q8), times the
+    dequantized weight w [N, K] (+ bias), in float64."""
+    return gemm(dequantize_q8(*quantize_q8(x)[:2]), w, bias)

@@ -1,5 +1,5 @@
 # C declarations shared by ops.pxi and forward.pxi.
-from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t
 from libc.stdlib cimport malloc, free, calloc
 from libc.string cimport memcpy, memset
 from cython.parallel cimport prange, parallel
@@ -17,13 +17,46 @@ cdef extern from "kernels/gemm.h" nogil:
     int ll_gemm_wants_xb(int wtype)
     void ll_f32_to_bf16_pairs(const float *x, Py_ssize_t ldx, uint32_t *xb, Py_ssize_t t0,
                               Py_ssize_t t1, Py_ssize_t k)
-    void ll_gemm_panels(const float *x, const uint32_t *xb, Py_ssize_t ldx, Py_ssize_t num_tokens,
-                        const void *w, int wtype, Py_ssize_t k, Py_ssize_t n, const float *bias,
-                        float *out, Py_ssize_t ldo, int accumulate, Py_ssize_t p0, Py_ssize_t p1)
-    void ll_prefetch_panels(const void *w, int wtype, Py_ssize_t k, Py_ssize_t p0, Py_ssize_t p1)
-    void ll_gemm_gated(const float *x, const uint32_t *xb, Py_ssize_t ldx, Py_ssize_t num_tokens,
-                       const void *w, int wtype, Py_ssize_t k, Py_ssize_t F, const float *bias, int act,
-                       float *ao, Py_ssize_t lda, uint32_t *ao_b, Py_ssize_t q0, Py_ssize_t q1)
+    Py_ssize_t ll_panel_bytes(int wtype, Py_ssize_t k)
+
+cdef extern from "kernels/qgemm.h" nogil:
+    int LL_W_Q8_0, LL_W_Q4_0, LL_W_Q4_1, LL_W_Q4_K, LL_W_Q6_K
+    ctypedef struct ll_qact:
+        const int8_t *q     # [T][ld]
+        const float *d      # [T][ld / 32]
+        const float *s      # [T][ld / 16]
+        Py_ssize_t ld
+    int ll_wtype_is_quant(int wtype)
+    Py_ssize_t ll_qblock(int wtype)
+    Py_ssize_t ll_qpanel_bytes(int wtype, Py_ssize_t k)
+    Py_ssize_t ll_ggml_block_bytes(int wtype)
+    void ll_quantize_rows_q8(const float *x, Py_ssize_t ldx, Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t k,
+                             int8_t *q, float *d, float *s)
+    void ll_quantize_block_q8(const float *x, int8_t *q, float *d, float *s)
+    void ll_qpack_panels(const uint8_t *src, Py_ssize_t rows, Py_ssize_t k, int wtype, uint8_t *dst,
+                         Py_ssize_t p0, Py_ssize_t p1)
+    void ll_qdequant_lane(const uint8_t *wp, int wtype, Py_ssize_t k, int lane, float *out)
+
+cdef extern from "kernels/matmul.h" nogil:
+    int LL_IN_F32, LL_IN_BF16, LL_IN_Q8, LL_MAX_PARTS
+    ctypedef struct ll_part:
+        const void *w
+        int wtype
+        Py_ssize_t p0, p1, n0, n1
+    ctypedef struct ll_mat:
+        ll_part part[3]
+        int num_parts
+        int input
+        Py_ssize_t n, k, num_panels
+        const float *bias
+    int ll_mat_input(const ll_mat *m)
+    Py_ssize_t ll_part_panel_bytes(const ll_part *pt, Py_ssize_t k)
+    void ll_mat_gemm(const float *x, const uint32_t *xb, const ll_qact *xq, Py_ssize_t ldx, Py_ssize_t num_tokens,
+                     const ll_mat *m, float *out, Py_ssize_t ldo, int accumulate, Py_ssize_t p0, Py_ssize_t p1)
+    void ll_mat_prefetch(const ll_mat *m, Py_ssize_t p0, Py_ssize_t p1)
+    void ll_mat_gated(const float *x, const uint32_t *xb, const ll_qact *xq, Py_ssize_t ldx, Py_ssize_t num_tokens,
+                      const ll_mat *m, Py_ssize_t F, int act, float *ao, Py_ssize_t lda, uint32_t *ao_b,
+                      int8_t *aq, float *aqd, float *aqs, Py_ssize_t q0, Py_ssize_t q1)
 
 cdef extern from "kernels/norm.h" nogil:
     void ll_rmsnorm_f32(const float *x, const float *w, float *out, Py_ssize_t n, float eps)
@@ -52,15 +85,13 @@ cdef extern from "kernels/attention.h" nogil:
 
 ISA = LL_ISA_NAME.decode()
 ACTIVATIONS = {"silu": LL_ACT_SILU, "gelu": LL_ACT_GELU, "gelu_tanh": LL_ACT_GELU_TANH, "relu": LL_ACT_RELU}
-WTYPES = {"float32": LL_W_F32, "bfloat16": LL_W_BF16, "float16": LL_W_F16}
+WTYPES = {"float32": LL_W_F32, "bfloat16": LL_W_BF16, "float16": LL_W_F16, "Q8_0": LL_W_Q8_0,
+          "Q4_0": LL_W_Q4_0, "Q4_1": LL_W_Q4_1, "Q4_K": LL_W_Q4_K, "Q6_K": LL_W_Q6_K}
+INPUT_FORMS = {LL_IN_F32: "float32", LL_IN_BF16: "bfloat16 pairs", LL_IN_Q8: "int8 blocks"}
 
-
-cdef struct Mat:
-    # A packed weight (layout.py) and its optional fp32 bias.
-    const void *w
-    const float *bias
-    Py_ssize_t n, k, num_panels
-    int wtype
+# A packed weight (layout.py) in one or more parts of their own formats, with its optional
+# fp32 bias and the activation form its kernels take (src/kernels/matmul.h).
+ctypedef ll_mat Mat
 
 
 cdef inline const void *_ptr(object arr) except NULL:
@@ -74,32 +105,80 @@ cdef inline Py_ssize_t _lo(Py_ssize_t n, int tid, int nth) noexcept nogil:
     return n * tid // nth
 
 
-cdef inline void _gemm_part(const float *x, Py_ssize_t ldx, const uint32_t *xb, Py_ssize_t num_tokens,
-                            const Mat *w, float *out, Py_ssize_t ldo, int accumulate, int tid,
-                            int nth) noexcept nogil:
+cdef Mat _make_mat(object w, list parts, Py_ssize_t n, Py_ssize_t k, object bias, list keep) except *:
+    """Mat over packed buffer w: parts are (type name, first panel, end panel, first column,
+    end column, byte offset in w), at most LL_MAX_PARTS; float formats are one part."""
+    cdef Mat m
+    cdef int i
+    cdef Py_ssize_t off
+    cdef const char *base = <const char *>_ptr(w)
+    if not 1 <= len(parts) <= LL_MAX_PARTS:
+        raise ValueError(f"a matrix has 1..{LL_MAX_PARTS} parts, not {len(parts)}")
+    for i, (tname, p0, p1, n0, n1, offset) in enumerate(parts):
+        off = offset
+        m.part[i].w = base + off
+        m.part[i].wtype = WTYPES[tname]
+        m.part[i].p0, m.part[i].p1, m.part[i].n0, m.part[i].n1 = p0, p1, n0, n1
+        if ll_wtype_is_quant(m.part[i].wtype):
+            if k % ll_qblock(m.part[i].wtype):
+                raise ValueError(f"{tname} rows of {k} values are not whole blocks")
+        elif len(parts) != 1 or p0 != 0:
+            raise ValueError(f"a {tname} matrix is a single part")
+        if off + (p1 - p0) * ll_part_panel_bytes(&m.part[i], k) > w.nbytes:
+            raise ValueError(f"part {i} ({tname}, panels {p0}..{p1}) runs past its buffer of {w.nbytes} bytes")
+    m.num_parts = len(parts)
+    for i in range(1, m.num_parts):
+        if ll_wtype_is_quant(m.part[i].wtype) != ll_wtype_is_quant(m.part[0].wtype):
+            raise ValueError("a matrix mixes float and block-quantized parts")
+    m.n, m.k, m.num_panels = n, k, parts[len(parts) - 1][2]
+    m.bias = <const float *>_ptr(bias) if bias is not None else NULL
+    m.input = ll_mat_input(&m)
+    keep.append(w)
+    keep.append(bias)
+    return m
+
+
+cdef inline void _gemm_part(const float *x, Py_ssize_t ldx, const uint32_t *xb, const ll_qact *xq,
+                            Py_ssize_t num_tokens, const Mat *w, float *out, Py_ssize_t ldo, int accumulate,
+                            int tid, int nth) noexcept nogil:
     """This thread's share of out (+)= x @ W.T: a contiguous range of 16-row panels, so decode
-    streams each weight byte once; xb holds x as bf16 pairs where the kernel wants them."""
-    ll_gemm_panels(x, xb if ll_gemm_wants_xb(w.wtype) else NULL, ldx, num_tokens, w.w, w.wtype, w.k,
-                   w.n, w.bias, out, ldo, accumulate, _lo(w.num_panels, tid, nth),
-                   _lo(w.num_panels, tid + 1, nth))
+    streams each weight byte once; x also as bf16 pairs (xb) or int8 blocks (xq) where the
+    matrix's kernels take those."""
+    ll_mat_gemm(x, xb, xq, ldx, num_tokens, w, out, ldo, accumulate, _lo(w.num_panels, tid, nth),
+                _lo(w.num_panels, tid + 1, nth))
 
 
-cdef void _gemm(const float *x, Py_ssize_t ldx, uint32_t *xb, Py_ssize_t num_tokens, const Mat *m,
-                float *out, Py_ssize_t ldo, int accumulate, int num_threads) noexcept nogil:
-    """out[T, n] (+)= x[T, k] @ W.T + bias on its own: converts x to bf16 pairs first where the
-    kernel wants them, then each thread runs _gemm_part (forward() fuses the conversion into
-    the phase that produces x instead)."""
+cdef inline void _to_input(int form, const float *x, Py_ssize_t ldx, Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t k,
+                           uint32_t *xb, const ll_qact *xq) noexcept nogil:
+    """Rows t0..t1 of fp32 x [T][ldx] (k values) into the input form a matrix takes."""
+    if form == LL_IN_BF16:
+        ll_f32_to_bf16_pairs(x, ldx, xb, t0, t1, k)
+    elif form == LL_IN_Q8:
+        ll_quantize_rows_q8(x, ldx, t0, t1, k, <int8_t *>xq.q, <float *>xq.d, <float *>xq.s)
+
+
+cdef inline ll_qact _qact(int8_t *q, float *d, float *s, Py_ssize_t k) noexcept nogil:
+    cdef ll_qact a
+    a.q, a.d, a.s, a.ld = q, d, s, k
+    return a
+
+
+cdef void _gemm(const float *x, Py_ssize_t ldx, uint32_t *xb, const ll_qact *xq, Py_ssize_t num_tokens,
+                const Mat *m, float *out, Py_ssize_t ldo, int accumulate, int num_threads) noexcept nogil:
+    """out[T, n] (+)= x[T, k] @ W.T + bias on its own: converts x to the matrix's input form
+    first, then each thread runs _gemm_part (forward() fuses the conversion into the phase that
+    produces x instead)."""
     cdef Py_ssize_t tid, nt = num_threads
-    if ll_gemm_wants_xb(m.wtype):
+    if m.input != LL_IN_F32:
         if num_tokens >= 2 * nt:
             for tid in prange(nt, schedule="static", num_threads=num_threads):
-                ll_f32_to_bf16_pairs(x, ldx, xb, _lo(num_tokens, tid, nt), _lo(num_tokens, tid + 1, nt), m.k)
+                _to_input(m.input, x, ldx, _lo(num_tokens, tid, nt), _lo(num_tokens, tid + 1, nt), m.k, xb, xq)
         else:
-            ll_f32_to_bf16_pairs(x, ldx, xb, 0, num_tokens, m.k)
+            _to_input(m.input, x, ldx, 0, num_tokens, m.k, xb, xq)
     if nt > m.num_panels:
         nt = m.num_panels
     for tid in prange(nt, schedule="static", num_threads=nt):
-        _gemm_part(x, ldx, xb, num_tokens, m, out, ldo, accumulate, tid, nt)
+        _gemm_part(x, ldx, xb, xq, num_tokens, m, out, ldo, accumulate, tid, nt)
 
 cdef extern from "omp_util.h" nogil:
     void ll_omp_barrier()

@@ -61,3 +61,43 @@ def pack_into(src, dst, str dtype, int num_threads=1):
         return
     for tid in prange(nt, nogil=True, schedule="static", num_threads=nt):
         ll_pack_panels(sp, dp, n, k, wtype, tid * panels // nt, (tid + 1) * panels // nt)
+
+
+def qpack_into(const unsigned char[:, ::1] raw, dst, str type_name, Py_ssize_t k, int num_threads=1):
+    """Raw ggml rows raw [rows, row bytes] of `type_name` -> dst uint8 [ceil(rows / 16), panel
+    bytes], the interleaved panels of src/kernels/qgemm.h (allocated by the caller)."""
+    cdef int wtype = WTYPES.get(type_name, -1)
+    if wtype < 0 or not ll_wtype_is_quant(wtype):
+        raise ValueError(f"qpack_into: {type_name} is not a block-quantized format")
+    cdef Py_ssize_t rows = raw.shape[0], panels = (rows + 15) // 16, tid, nt = max(num_threads, 1)
+    if k % ll_qblock(wtype) or raw.shape[1] != k // ll_qblock(wtype) * ll_ggml_block_bytes(wtype):
+        raise ValueError(f"qpack_into: rows of {raw.shape[1]} bytes are not {k} values of {type_name}")
+    if (dst.dtype != np.uint8 or not dst.flags.c_contiguous
+            or dst.shape != (panels, ll_qpanel_bytes(wtype, k))):
+        raise ValueError(f"qpack_into: dst {dst.shape} {dst.dtype} is not uint8 [{panels}, {ll_qpanel_bytes(wtype, k)}]")
+    cdef uint8_t *dp = <uint8_t *>_ptr(dst)
+    if panels == 0:
+        return
+    if nt > panels:
+        nt = panels
+    for tid in prange(nt, nogil=True, schedule="static", num_threads=nt):
+        ll_qpack_panels(&raw[0, 0], rows, k, wtype, dp, tid * panels // nt, (tid + 1) * panels // nt)
+
+
+def qpanel_bytes(str type_name, Py_ssize_t k):
+    """Bytes of one packed 16-row panel of rows of k values in ggml block type `type_name`."""
+    return ll_qpanel_bytes(WTYPES[type_name], k)
+
+
+def qdequantize_packed(packed, str type_name, Py_ssize_t n, Py_ssize_t k):
+    """The [n, k] float32 values of panels packed by qpack_into (embedding rows, tests)."""
+    cdef int wtype = WTYPES[type_name]
+    cdef Py_ssize_t r, pb = ll_qpanel_bytes(wtype, k)
+    if packed.dtype != np.uint8 or packed.shape != ((n + 15) // 16, pb):
+        raise ValueError(f"qdequantize_packed: {packed.shape} does not fit n={n}, k={k}, {type_name}")
+    out = np.empty((n, k), np.float32)
+    cdef float[:, ::1] ov = out
+    cdef const uint8_t *wp = <const uint8_t *>_ptr(packed)
+    for r in range(n):
+        ll_qdequant_lane(wp + (r // 16) * pb, wtype, k, <int>(r % 16), &ov[r, 0])
+    return out

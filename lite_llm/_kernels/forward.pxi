@@ -43,21 +43,29 @@ cdef struct WorkC:
     int32_t *tiles  # [T + 1] query tiles of the attention phase
     uint32_t *xb    # [max(T, R), max_k / 2 + 1] bf16 pairs of the next GEMM input
     uint32_t *xb2   # [T, F / 2 + 1] bf16 pairs of the gated activation (xb holds its input)
+    int8_t *xq      # [max(T, R), max_k] int8 blocks of the next GEMM input (quantized weights)
+    float *xqd      # [max(T, R), max_k / 32] their scales
+    float *xqs      # [max(T, R), max_k / 16] scale x sum of each half-block
+    int8_t *xq2     # [T, F] int8 blocks of the MLP activation (the down projection's input)
+    float *xqd2     # [T, F / 32]
+    float *xqs2     # [T, F / 16]
     int *counter    # [6 x 16] work counters, one cache line each: attention, qkv, o, up, down, lm_head
     float *partials # [_max_split_items, _partial_stride] attention split results (decode of few sequences)
 
 
 cdef Mat _mat(dict tensors, str name, str dtype, list keep) except *:
-    cdef Mat m
+    """The Mat of `name`: tensors holds "<name>.weight" (packed), "<name>.shape" ([N, K]) and, for
+    block-quantized or mixed-format weights, "<name>.parts" (see _make_mat); else one part of
+    the engine dtype."""
     w = tensors[name + ".weight"]
     n, k = tensors[name + ".shape"]
-    m.w = _ptr(w)
-    bias = tensors.get(name + ".bias")
-    m.bias = <const float *>_ptr(bias) if bias is not None else NULL
-    m.n, m.k, m.num_panels, m.wtype = n, k, w.shape[0], WTYPES[dtype]
-    keep.append(w)
-    keep.append(bias)
-    return m
+    parts = tensors.get(name + ".parts") or [(dtype, 0, w.shape[0], 0, n, 0)]
+    return _make_mat(w, list(parts), n, k, tensors.get(name + ".bias"), keep)
+
+
+cdef tuple _describe(const Mat *m):
+    names = {v: k for k, v in WTYPES.items()}
+    return tuple(names[m.part[i].wtype] for i in range(m.num_parts)), INPUT_FORMS[m.input]
 
 
 cdef const float *_vec(dict tensors, str name, list keep) except? NULL:
@@ -121,7 +129,13 @@ cdef class Model:
             self.c.layers[i].up = _mat(tensors, p + ("gate_up" if self.c.gated else "up"), dtype, self.keep)
             if self.c.gated and self.c.layers[i].up.num_panels != 2 * ((self.c.ffn_dim + 15) // 16):
                 raise ValueError(f"{p}gate_up: expected layout.pack_gated panels")
+            if self.c.gated and self.c.layers[i].up.input == LL_IN_Q8 and self.c.layers[i].up.num_parts != 2:
+                raise ValueError(f"{p}gate_up: a block-quantized gated MLP is a gate part and an up part")
             self.c.layers[i].down = _mat(tensors, p + "down", dtype, self.keep)
+            if (self.c.layers[i].o.input == LL_IN_Q8
+                    and (self.c.num_heads // self.c.num_kv_heads * self.c.head_dim) % 32):
+                raise ValueError(f"{p}o: int8 inputs need 32-value blocks within a KV group "
+                                 f"({self.c.num_heads // self.c.num_kv_heads} x {self.c.head_dim} values)")
             if k_caches[i].shape != kc.shape or v_caches[i].shape != vc.shape or k_caches[i].dtype != kc.dtype:
                 raise ValueError("all KV caches must have one shape and dtype")
             self.c.layers[i].k_cache = <void *>_ptr(k_caches[i])
@@ -145,6 +159,17 @@ cdef class Model:
     def __dealloc__(self):
         free(self.c.layers)
 
+    def formats(self):
+        """{matrix name: (part types, input form)}: the format each GEMM runs in."""
+        cdef int i
+        out = {"embed": _describe(&self.c.embed), "lm_head": _describe(&self.c.lm_head)}
+        for i in range(self.c.num_layers):
+            out[f"layers.{i}.qkv"] = _describe(&self.c.layers[i].qkv)
+            out[f"layers.{i}.o"] = _describe(&self.c.layers[i].o)
+            out[f"layers.{i}.{'gate_up' if self.c.gated else 'up'}"] = _describe(&self.c.layers[i].up)
+            out[f"layers.{i}.down"] = _describe(&self.c.layers[i].down)
+        return out
+
 
     @property
     def num_blocks(self):
@@ -157,6 +182,17 @@ cdef class Model:
     @property
     def vocab_size(self):
         return self.c.vocab_size
+
+
+cdef bint _any_quantized(const ModelC *mc):
+    cdef int i
+    if mc.embed.input == LL_IN_Q8 or mc.lm_head.input == LL_IN_Q8:
+        return True
+    for i in range(mc.num_layers):
+        if (mc.layers[i].qkv.input == LL_IN_Q8 or mc.layers[i].o.input == LL_IN_Q8
+                or mc.layers[i].up.input == LL_IN_Q8 or mc.layers[i].down.input == LL_IN_Q8):
+            return True
+    return False
 
 
 cdef class Workspace:
@@ -185,6 +221,15 @@ cdef class Workspace:
                 aligned_zeros((max_tokens, (mc.ffn_dim + 1) // 2 + 1), np.uint32),
                 aligned_zeros((_max_split_items(max(num_threads, 1)),
                                _partial_stride(mc.num_heads // mc.num_kv_heads, mc.head_dim)), np.float32)]
+        rows = max(max_tokens, max_rows)
+        if _any_quantized(mc):   # int8 blocks of GEMM inputs, for block-quantized weights
+            bufs += [aligned_zeros((rows, max_k), np.int8), aligned_zeros((rows, max_k // 32 + 1), np.float32),
+                     aligned_zeros((rows, max_k // 16 + 1), np.float32),
+                     aligned_zeros((max_tokens, mc.ffn_dim), np.int8),
+                     aligned_zeros((max_tokens, mc.ffn_dim // 32 + 1), np.float32),
+                     aligned_zeros((max_tokens, mc.ffn_dim // 16 + 1), np.float32)]
+        else:
+            bufs += [None] * 6
         self.keep = bufs
         self.c.x, self.c.h, self.c.qkv = <float *>_ptr(bufs[0]), <float *>_ptr(bufs[1]), <float *>_ptr(bufs[2])
         self.c.attn, self.c.mlp, self.c.act = <float *>_ptr(bufs[3]), <float *>_ptr(bufs[4]), <float *>_ptr(bufs[5])
@@ -193,6 +238,11 @@ cdef class Workspace:
         self.c.tiles = <int32_t *>_ptr(bufs[9])
         self.c.xb2 = <uint32_t *>_ptr(bufs[10])
         self.c.partials = <float *>_ptr(bufs[11])
+        self.c.xq = self.c.xq2 = NULL
+        self.c.xqd = self.c.xqs = self.c.xqd2 = self.c.xqs2 = NULL
+        if bufs[12] is not None:
+            self.c.xq, self.c.xqd, self.c.xqs = <int8_t *>_ptr(bufs[12]), <float *>_ptr(bufs[13]), <float *>_ptr(bufs[14])
+            self.c.xq2, self.c.xqd2, self.c.xqs2 = <int8_t *>_ptr(bufs[15]), <float *>_ptr(bufs[16]), <float *>_ptr(bufs[17])
         self.c.scratch_len = bufs[6].shape[1]
 
     @property
@@ -241,20 +291,23 @@ def forward(Model m, Workspace ws,
 
 
 cdef inline void _embed_row(const Mat *e, Py_ssize_t row, float *out) noexcept nogil:
-    """Row `row` of the packed [V, E] embedding, widened to fp32."""
+    """Row `row` of the packed [V, E] embedding (one part), widened to fp32."""
     cdef Py_ssize_t i, panel = row // 16, lane = row % 16, k = e.k, k2 = (e.k + 1) // 2
     cdef const float *wf
     cdef const uint16_t *wh
-    if e.wtype == LL_W_BF16:
-        wh = <const uint16_t *>e.w + panel * k2 * 32 + lane * 2
+    cdef int wtype = e.part[0].wtype
+    if ll_wtype_is_quant(wtype):
+        ll_qdequant_lane(<const uint8_t *>e.part[0].w + panel * ll_qpanel_bytes(wtype, k), wtype, k, <int>lane, out)
+    elif wtype == LL_W_BF16:
+        wh = <const uint16_t *>e.part[0].w + panel * k2 * 32 + lane * 2
         for i in range(k):
             out[i] = ll_bf16_to_f32(wh[(i // 2) * 32 + (i % 2)])
-    elif e.wtype == LL_W_F32:
-        wf = <const float *>e.w + panel * k * 16 + lane
+    elif wtype == LL_W_F32:
+        wf = <const float *>e.part[0].w + panel * k * 16 + lane
         for i in range(k):
             out[i] = wf[i * 16]
     else:
-        wh = <const uint16_t *>e.w + panel * k * 16 + lane
+        wh = <const uint16_t *>e.part[0].w + panel * k * 16 + lane
         for i in range(k):
             out[i] = ll_f16_to_f32(wh[i * 16])
 
@@ -299,14 +352,13 @@ cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t
 
 
 cdef inline void _norm_rows(const ModelC *m, const float *w, const float *b, const float *x,
-                            const int32_t *rows, float *out, uint32_t *xb, int xb_wanted,
+                            const int32_t *rows, float *out, uint32_t *xb, const ll_qact *xq, int form,
                             Py_ssize_t t0, Py_ssize_t t1) noexcept nogil:
-    """out[t] = norm(x[rows[t] or t]) for t in [t0, t1), and its bf16 pairs for the next GEMM."""
+    """out[t] = norm(x[rows[t] or t]) for t in [t0, t1), and in the input form of the next GEMM."""
     cdef Py_ssize_t t, E = m.dim
     for t in range(t0, t1):
         _norm(m, w, b, x + (rows[t] if rows != NULL else t) * E, out + t * E)
-    if xb_wanted:
-        ll_f32_to_bf16_pairs(out, E, xb, t0, t1, E)
+    _to_input(form, out, E, t0, t1, E, xb, xq)
 
 
 cdef enum:
@@ -331,45 +383,53 @@ cdef inline bint _next_chunk(int *counter, Py_ssize_t units, Py_ssize_t layer, i
     return True
 
 
-cdef inline void _gemm_phase(const float *x, Py_ssize_t ldx, const uint32_t *xb, Py_ssize_t T, const Mat *w,
-                             float *out, Py_ssize_t ldo, int accumulate, int *counter, Py_ssize_t layer,
+cdef inline void _gemm_phase(const float *x, Py_ssize_t ldx, const uint32_t *xb, const ll_qact *xq, Py_ssize_t T,
+                             const Mat *w, float *out, Py_ssize_t ldo, int accumulate, int *counter, Py_ssize_t layer,
                              int tid, int nth) noexcept nogil:
     """One GEMM phase of the step. Big steps split panels statically (compute-bound, even); small
     steps stream weights, where one core's slower stream would leave the other waiting at the
     barrier: chunks of panels from a shared counter instead (_next_chunk)."""
     cdef Py_ssize_t p0, p1
     if T > DYN_MAX_TOKENS:
-        _gemm_part(x, ldx, xb, T, w, out, ldo, accumulate, tid, nth)
+        _gemm_part(x, ldx, xb, xq, T, w, out, ldo, accumulate, tid, nth)
         return
     while _next_chunk(counter, w.num_panels, layer, nth, &p0, &p1):
-        ll_gemm_panels(x, xb if ll_gemm_wants_xb(w.wtype) else NULL, ldx, T, w.w, w.wtype, w.k, w.n, w.bias,
-                       out, ldo, accumulate, p0, p1)
+        ll_mat_gemm(x, xb, xq, ldx, T, w, out, ldo, accumulate, p0, p1)
 
 
-cdef inline void _gated_range(const ModelC *m, const WorkC *ws, const Mat *w, Py_ssize_t T, int wants,
+cdef inline void _gated_range(const ModelC *m, const WorkC *ws, const Mat *w, const Mat *down, Py_ssize_t T,
                               Py_ssize_t q0, Py_ssize_t q1) noexcept nogil:
-    ll_gemm_gated(ws.h, ws.xb if wants else NULL, m.dim, T, w.w, w.wtype, m.dim, m.ffn_dim, w.bias, m.act,
-                  ws.act, m.ffn_dim, ws.xb2 if wants else NULL, q0, q1)
+    cdef ll_qact xq = _qact(ws.xq, ws.xqd, ws.xqs, m.dim)
+    cdef int form = down.input
+    ll_mat_gated(ws.h, ws.xb, &xq, m.dim, T, w, m.ffn_dim, m.act, ws.act, m.ffn_dim,
+                 ws.xb2 if form == LL_IN_BF16 else NULL, ws.xq2 if form == LL_IN_Q8 else NULL, ws.xqd2, ws.xqs2,
+                 q0, q1)
 
 
-cdef inline void _gated_phase(const ModelC *m, const WorkC *ws, const Mat *w, Py_ssize_t T, int wants,
+cdef inline void _gated_phase(const ModelC *m, const WorkC *ws, const Mat *w, const Mat *down, Py_ssize_t T,
                               Py_ssize_t layer, int tid, int nth) noexcept nogil:
-    """The gated MLP's fused phase, split like _gemm_phase over feature panels."""
-    cdef Py_ssize_t ng = (m.ffn_dim + 15) // 16, q0, q1
+    """The gated MLP's fused phase, split like _gemm_phase over pairs of feature panels (32
+    features: an int8 block of the down projection's input is made whole by one thread)."""
+    cdef Py_ssize_t ng = (m.ffn_dim + 15) // 16, units = (ng + 1) // 2, u0, u1
     if T > DYN_MAX_TOKENS:
-        _gated_range(m, ws, w, T, wants, _lo(ng, tid, nth), _lo(ng, tid + 1, nth))
+        _gated_range(m, ws, w, down, T, 2 * _lo(units, tid, nth), min(2 * _lo(units, tid + 1, nth), ng))
         return
-    while _next_chunk(ws.counter + 3 * 16, ng, layer, nth, &q0, &q1):
-        _gated_range(m, ws, w, T, wants, q0, q1)
+    while _next_chunk(ws.counter + 3 * 16, units, layer, nth, &u0, &u1):
+        _gated_range(m, ws, w, down, T, 2 * u0, min(2 * u1, ng))
 
 
-cdef inline void _attn_to_xb(const WorkC *ws, Py_ssize_t pair, Py_ssize_t q_n, Py_ssize_t group,
-                             Py_ssize_t D) noexcept nogil:
-    """The o projection's bf16 input for (query tile, KV head) pair `pair` once its rows are final."""
-    cdef Py_ssize_t t, hkv = q_n // (group * D), tile = pair // hkv, kvh = pair % hkv
+cdef inline void _attn_to_input(const WorkC *ws, const Mat *o, Py_ssize_t pair, Py_ssize_t q_n, Py_ssize_t group,
+                                Py_ssize_t D) noexcept nogil:
+    """The o projection's input (bf16 pairs or int8 blocks) for (query tile, KV head) pair
+    `pair` once its rows are final; a KV group's group x D values are whole int8 blocks
+    (Model checks)."""
+    cdef Py_ssize_t t, hkv = q_n // (group * D), tile = pair // hkv, kvh = pair % hkv, c0 = kvh * group * D
     for t in range(ws.tiles[tile], ws.tiles[tile + 1]):
-        ll_f32_to_bf16_pairs(ws.attn + t * q_n + kvh * group * D, 0,
-                             ws.xb + t * (q_n // 2) + kvh * group * (D // 2), 0, 1, group * D)
+        if o.input == LL_IN_BF16:
+            ll_f32_to_bf16_pairs(ws.attn + t * q_n + c0, 0, ws.xb + t * (q_n // 2) + c0 // 2, 0, 1, group * D)
+        elif o.input == LL_IN_Q8:
+            ll_quantize_rows_q8(ws.attn + t * q_n + c0, 0, 0, 1, group * D, ws.xq + t * q_n + c0,
+                                ws.xqd + t * (q_n // 32) + c0 // 32, ws.xqs + t * (q_n // 16) + c0 // 16)
 
 
 cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int nth) noexcept nogil:
@@ -380,7 +440,10 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
     cdef int nsplit = _num_splits(s.num_tiles, Hkv, nth, s.max_keys)
     cdef float *row
     cdef const LayerW *L
-    cdef int wants = ll_gemm_wants_xb(m.layers[0].qkv.wtype)
+    # int8 blocks of the GEMM inputs: rows of E (qkv, gate/up, lm_head), H D (o) or F (down) values
+    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E)
+    cdef ll_qact xq_o = _qact(ws.xq, ws.xqd, ws.xqs, q_n)
+    cdef ll_qact xq_f = _qact(ws.xq2, ws.xqd2, ws.xqs2, F)
     t0, t1 = _lo(T, tid, nth), _lo(T, tid + 1, nth)
 
     for t in range(t0, t1):
@@ -393,9 +456,9 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
     for l in range(m.num_layers):
         L = &m.layers[l]
         # --- attention block: norm, qkv, (qk norm), rope, KV write, paged attention, o + residual
-        _norm_rows(m, L.attn_norm_w, L.attn_norm_b, ws.x, NULL, ws.h, ws.xb, wants, t0, t1)
+        _norm_rows(m, L.attn_norm_w, L.attn_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, L.qkv.input, t0, t1)
         ll_omp_barrier()
-        _gemm_phase(ws.h, E, ws.xb, T, &L.qkv, ws.qkv, qkv_n, 0, ws.counter + 16, l, tid, nth)
+        _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.qkv, ws.qkv, qkv_n, 0, ws.counter + 16, l, tid, nth)
         ll_omp_barrier()
         for t in range(t0, t1):
             row = ws.qkv + t * qkv_n
@@ -414,31 +477,30 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
             _attention_item(item, nsplit, ws.qkv, qkv_n, ws.attn, q_n, ws.tiles, H, Hkv, D, L.k_cache, L.v_cache,
                             m.kv_bf16, s.block_tables, s.max_blocks, m.block_size, s.tok_seq, s.positions,
                             m.scale, m.sliding_window, ws.scores + tid * ws.scratch_len, ws.partials)
-            if nsplit == 1 and wants:
-                _attn_to_xb(ws, item, q_n, group, D)
+            if nsplit == 1:
+                _attn_to_input(ws, &L.o, item, q_n, group, D)
             item = ll_atomic_next(ws.counter)
         if T <= DYN_MAX_TOKENS:   # attention waits on latency: bring this thread's o panels in meanwhile
-            ll_prefetch_panels(L.o.w, L.o.wtype, L.o.k, _lo(L.o.num_panels, tid, nth), _lo(L.o.num_panels, tid + 1, nth))
+            ll_mat_prefetch(&L.o, _lo(L.o.num_panels, tid, nth), _lo(L.o.num_panels, tid + 1, nth))
         ll_omp_barrier()
         if tid == 0:
             ws.counter[0] = 0   # for the next layer: nobody reads it before two more barriers
         if nsplit > 1:   # merge each (tile, KV head)'s splits
             for pair in range(_lo(s.num_tiles * Hkv, tid, nth), _lo(s.num_tiles * Hkv, tid + 1, nth)):
                 _combine_item(pair, nsplit, ws.partials, ws.attn, q_n, ws.tiles, H, Hkv, D)
-                if wants:
-                    _attn_to_xb(ws, pair, q_n, group, D)
+                _attn_to_input(ws, &L.o, pair, q_n, group, D)
             ll_omp_barrier()
-        _gemm_part(ws.attn, q_n, ws.xb, T, &L.o, ws.x, E, 1, tid, nth)   # static: the prefetched panels
+        _gemm_part(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.x, E, 1, tid, nth)   # static: the prefetched panels
         ll_omp_barrier()
         # --- MLP block: norm, gate/up with the activation fused (or up, act), down + residual
-        _norm_rows(m, L.mlp_norm_w, L.mlp_norm_b, ws.x, NULL, ws.h, ws.xb, wants, t0, t1)
+        _norm_rows(m, L.mlp_norm_w, L.mlp_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, L.up.input, t0, t1)
         ll_omp_barrier()
         if m.gated:
-            _gated_phase(m, ws, &L.up, T, wants, l, tid, nth)
+            _gated_phase(m, ws, &L.up, &L.down, T, l, tid, nth)
             ll_omp_barrier()
-            _gemm_phase(ws.act, F, ws.xb2, T, &L.down, ws.x, E, 1, ws.counter + 4 * 16, l, tid, nth)
+            _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ws.x, E, 1, ws.counter + 4 * 16, l, tid, nth)
         else:
-            _gemm_phase(ws.h, E, ws.xb, T, &L.up, ws.mlp, F, 0, ws.counter + 3 * 16, l, tid, nth)
+            _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.up, ws.mlp, F, 0, ws.counter + 3 * 16, l, tid, nth)
             ll_omp_barrier()
             # act over a slice of every row: all threads busy even for one decode token
             chunks = (F + 31) // 32
@@ -449,15 +511,18 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
             if c1 > c0:
                 for t in range(T):
                     ll_act_mul_f32(ws.mlp + t * F + c0, NULL, ws.act + t * F + c0, c1 - c0, m.act)
-                    if wants:
+                    if L.down.input == LL_IN_BF16:
                         ll_f32_to_bf16_pairs(ws.act + t * F + c0, 0, ws.xb + t * ((F + 1) // 2) + c0 // 2, 0, 1, c1 - c0)
+                    elif L.down.input == LL_IN_Q8:   # F is whole blocks: the down weight's rows are
+                        ll_quantize_rows_q8(ws.act + t * F + c0, 0, 0, 1, c1 - c0, ws.xq2 + t * F + c0,
+                                            ws.xqd2 + t * (F // 32) + c0 // 32, ws.xqs2 + t * (F // 16) + c0 // 16)
             ll_omp_barrier()
-            _gemm_phase(ws.act, F, ws.xb, T, &L.down, ws.x, E, 1, ws.counter + 4 * 16, l, tid, nth)
+            _gemm_phase(ws.act, F, ws.xb, &xq_f, T, &L.down, ws.x, E, 1, ws.counter + 4 * 16, l, tid, nth)
         ll_omp_barrier()
 
     if s.R == 0:
         return
-    _norm_rows(m, m.final_norm_w, m.final_norm_b, ws.x, s.logits_rows, ws.h, ws.xb, wants,
+    _norm_rows(m, m.final_norm_w, m.final_norm_b, ws.x, s.logits_rows, ws.h, ws.xb, &xq_e, m.lm_head.input,
                _lo(s.R, tid, nth), _lo(s.R, tid + 1, nth))
     ll_omp_barrier()
-    _gemm_phase(ws.h, E, ws.xb, s.R, &m.lm_head, s.logits, m.vocab_size, 0, ws.counter + 5 * 16, 0, tid, nth)
+    _gemm_phase(ws.h, E, ws.xb, &xq_e, s.R, &m.lm_head, s.logits, m.vocab_size, 0, ws.counter + 5 * 16, 0, tid, nth)

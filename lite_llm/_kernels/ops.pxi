@@ -1,61 +1,102 @@
 # Single-op entry points: shape checks, then the same nogil code forward() runs. Tests
 # compare each against tests/ref_ops.py; forward() never goes through these.
 
+cdef class _QBufs:
+    """int8 blocks of T rows of K values, for a GEMM whose weights are block-quantized."""
+    cdef object q, d, s
+    cdef ll_qact a
+
+    def __init__(self, Py_ssize_t t, Py_ssize_t k):
+        self.q = np.zeros(t * k + 1, np.int8)      # flat: row strides are K, K / 32 and K / 16
+        self.d = np.zeros(t * (k // 32) + 1, np.float32)
+        self.s = np.zeros(t * (k // 16) + 1, np.float32)
+        self.a = _qact(<int8_t *>_ptr(self.q), <float *>_ptr(self.d), <float *>_ptr(self.s), k)
+
+
+def _parts_of(packed, str dtype, Py_ssize_t n, Py_ssize_t k):
+    if dtype in WTYPES and ll_wtype_is_quant(WTYPES[dtype]):
+        if packed.dtype != np.uint8 or packed.shape != ((n + 15) // 16, ll_qpanel_bytes(WTYPES[dtype], k)):
+            raise ValueError(f"packed {dtype} weight {packed.shape} does not fit n={n}, k={k}")
+    elif packed.shape[0] != (n + 15) // 16 or packed.shape[1] != ((k + 1) // 2 if dtype == "bfloat16" else k):
+        raise ValueError(f"packed weight {packed.shape} does not fit n={n}, k={k}, {dtype}")
+    return [(dtype, 0, packed.shape[0], 0, n, 0)]
+
+
 def gemm(const float[:, ::1] x,          # IN  [T, K]
-         packed,                         # IN  layout.pack(w [N, K], dtype)
+         packed,                         # IN  layout.pack(w [N, K], dtype) or layout.pack_quant(...)
          str dtype, Py_ssize_t n,
          float[:, ::1] out,              # OUT [T, N]
          bias=None,                      # IN  [N] float32 or None
          bint accumulate=False, int num_threads=1):
-    """out (+)= x @ W.T (+ bias) with W given packed; dtype names W's dtype."""
-    cdef Mat m
+    """out (+)= x @ W.T (+ bias) with W given packed; dtype names W's format (a float dtype or
+    a ggml block type, whose kernels quantize x to int8 blocks first)."""
     cdef Py_ssize_t t = x.shape[0], k = x.shape[1]
     if out.shape[0] != t or out.shape[1] != n:
         raise ValueError(f"gemm: x {tuple(x.shape)}, n={n} -> out {tuple(out.shape)}")
-    if packed.shape[0] != (n + 15) // 16 or packed.shape[1] != ((k + 1) // 2 if dtype == "bfloat16" else k):
-        raise ValueError(f"gemm: packed weight {packed.shape} does not fit n={n}, k={k}, {dtype}")
     if bias is not None and (bias.dtype.name != "float32" or bias.shape != (n,)):
         raise ValueError(f"gemm: bias must be float32 [{n}]")
-    m.w = _ptr(packed)
-    m.bias = <const float *>_ptr(bias) if bias is not None else NULL
-    m.n, m.k, m.num_panels, m.wtype = n, k, packed.shape[0], WTYPES[dtype]
+    keep = []
+    cdef Mat m = _make_mat(packed, _parts_of(packed, dtype, n, k), n, k, bias, keep)
     xb = np.empty((t, (k + 1) // 2 + 1), np.uint32)
     cdef uint32_t[:, ::1] xbv = xb
+    cdef _QBufs qb = _QBufs(t, k)
     with nogil:
-        _gemm(&x[0, 0], k, &xbv[0, 0], t, &m, &out[0, 0], n, accumulate, num_threads)
+        _gemm(&x[0, 0], k, &xbv[0, 0], &qb.a, t, &m, &out[0, 0], n, accumulate, num_threads)
 
+
+def quantize_q8(const float[:, ::1] x):
+    """x [T, K] (K a multiple of 32) -> (q int8 [T, K], d [T, K/32], s [T, K/16]): the int8
+    blocks block-quantized GEMMs take (src/kernels/qgemm.h)."""
+    cdef Py_ssize_t t = x.shape[0], k = x.shape[1]
+    if k % 32:
+        raise ValueError(f"quantize_q8: {k} values per row are not whole 32-value blocks")
+    cdef _QBufs qb = _QBufs(t, k)
+    if t:
+        with nogil:
+            ll_quantize_rows_q8(&x[0, 0], k, 0, t, k, <int8_t *>qb.a.q, <float *>qb.a.d, <float *>qb.a.s)
+    return (qb.q[:t * k].reshape(t, k), qb.d[:t * (k // 32)].reshape(t, k // 32),
+            qb.s[:t * (k // 16)].reshape(t, k // 16))
 
 
 def gated_mlp(const float[:, ::1] x,     # IN  [T, K]
-              packed,                    # IN  layout.pack_gated(w [2F, K] gate then up rows, F, dtype)
-              str dtype, Py_ssize_t ffn_dim,
+              packed,                    # IN  layout.pack_gated(w [2F, K] gate then up rows, F, dtype),
+                                         #     or (gate, up) layout.pack_quant panels and (gate type, up type)
+              dtype, Py_ssize_t ffn_dim,
               float[:, ::1] out,         # OUT [T, F]
               str act, bias=None,        # IN  [2F] float32 or None
               int num_threads=1):
     """out = act(x @ Wg.T + bg) * (x @ Wu.T + bu), one fused pass (the activation in the GEMM's
     epilogue). With bf16 dot products the result is rounded to bf16, as the next GEMM reads it."""
     cdef Py_ssize_t t = x.shape[0], k = x.shape[1], f = ffn_dim, ng = (ffn_dim + 15) // 16
-    cdef int wtype = WTYPES[dtype], a = ACTIVATIONS[act], nt = num_threads, tid
+    cdef int a = ACTIVATIONS[act], nt = num_threads, tid
+    cdef Mat m
+    keep = []
     if out.shape[0] != t or out.shape[1] != f:
         raise ValueError(f"gated_mlp: x {tuple(x.shape)}, F={f} -> out {tuple(out.shape)}")
-    if packed.shape[0] != 2 * ng or packed.shape[1] != ((k + 1) // 2 if dtype == "bfloat16" else k):
-        raise ValueError(f"gated_mlp: packed weight {packed.shape} does not fit F={f}, k={k}, {dtype}")
     if bias is not None and (bias.dtype.name != "float32" or bias.shape != (2 * f,)):
         raise ValueError(f"gated_mlp: bias must be float32 [{2 * f}]")
-    cdef const void *w = _ptr(packed)
-    cdef const float *b = <const float *>_ptr(bias) if bias is not None else NULL
-    cdef int wants = ll_gemm_wants_xb(wtype)
+    if isinstance(packed, tuple):     # block-quantized: a gate part and an up part
+        joined = np.concatenate([packed[0].reshape(-1), packed[1].reshape(-1)])
+        parts = [(dtype[0], 0, ng, 0, f, 0), (dtype[1], ng, 2 * ng, f, 2 * f, packed[0].nbytes)]
+        _parts_of(packed[0], dtype[0], f, k), _parts_of(packed[1], dtype[1], f, k)
+        m = _make_mat(joined, parts, 2 * f, k, bias, keep)
+    else:
+        if packed.shape[0] != 2 * ng or packed.shape[1] != ((k + 1) // 2 if dtype == "bfloat16" else k):
+            raise ValueError(f"gated_mlp: packed weight {packed.shape} does not fit F={f}, k={k}, {dtype}")
+        m = _make_mat(packed, [(dtype, 0, 2 * ng, 0, 2 * f, 0)], 2 * f, k, bias, keep)
+    cdef int wants = m.input == LL_IN_BF16
     xb = np.zeros((t, (k + 1) // 2 + 1), np.uint32)
     ob = np.zeros((t, (f + 1) // 2), np.uint32)
     cdef uint32_t[:, ::1] xbv = xb
     cdef uint32_t[:, ::1] obv = ob
-    if wants:
-        ll_f32_to_bf16_pairs(&x[0, 0], k, &xbv[0, 0], 0, t, k)
+    cdef _QBufs qb = _QBufs(t, k)
+    if t:
+        _to_input(m.input, &x[0, 0], k, 0, t, k, &xbv[0, 0], &qb.a)
     if nt > ng:
         nt = <int>ng
     for tid in prange(nt, nogil=True, schedule="static", num_threads=nt):
-        ll_gemm_gated(&x[0, 0], &xbv[0, 0] if wants else NULL, k, t, w, wtype, k, f, b, a,
-                      &out[0, 0], f, &obv[0, 0] if wants else NULL, _lo(ng, tid, nt), _lo(ng, tid + 1, nt))
+        ll_mat_gated(&x[0, 0], &xbv[0, 0], &qb.a, k, t, &m, f, a, &out[0, 0], f, &obv[0, 0] if wants else NULL,
+                     NULL, NULL, NULL, _lo(ng, tid, nt), _lo(ng, tid + 1, nt))
     if wants:   # widen the bf16 result: the caller sees what the next GEMM would read
         out_np = np.asarray(out)
         out_np[...] = (ob.view(np.uint16)[:, :f].astype(np.uint32) << 16).view(np.float32)

@@ -67,5 +67,51 @@ LL_INLINE ll_vf32 ll_load_bf16_odd(const uint16_t *p) {
     LL_PAIR(_mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)p), m)),
             _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + 16)), m)));
 }
+/* int8 blocks: 64 bytes = 16 int32 lanes as two ymm (see vec_avx512.h). */
+typedef struct { __m256i lo, hi; } ll_vi8;
+typedef ll_vi8 ll_vi32;
+#define LL_IPAIR(e_lo, e_hi) do { ll_vi8 r_; r_.lo = (e_lo); r_.hi = (e_hi); return r_; } while (0)
+LL_INLINE ll_vi8 ll_i8_load(const void *p) {
+    LL_IPAIR(_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)((const char *)p + 32)));
+}
+LL_INLINE ll_vi8 ll_i8_bcast4(const void *p) { int v; memcpy(&v, p, 4); LL_IPAIR(_mm256_set1_epi32(v), _mm256_set1_epi32(v)); }
+LL_INLINE ll_vi8 ll_i8_lo4(ll_vi8 a) {
+    const __m256i m = _mm256_set1_epi8(0x0f);
+    LL_IPAIR(_mm256_and_si256(a.lo, m), _mm256_and_si256(a.hi, m));
+}
+LL_INLINE ll_vi8 ll_i8_hi4(ll_vi8 a) {
+    const __m256i m = _mm256_set1_epi8(0x0f);
+    LL_IPAIR(_mm256_and_si256(_mm256_srli_epi16(a.lo, 4), m), _mm256_and_si256(_mm256_srli_epi16(a.hi, 4), m));
+}
+LL_INLINE __m256i ll_hi2_256(__m256i a, int c) {
+    const __m256i m = _mm256_set1_epi8(0x30);
+    return c == 0 ? _mm256_and_si256(_mm256_slli_epi16(a, 4), m) : c == 1 ? _mm256_and_si256(_mm256_slli_epi16(a, 2), m)
+         : c == 2 ? _mm256_and_si256(a, m) : _mm256_and_si256(_mm256_srli_epi16(a, 2), m);
+}
+LL_INLINE ll_vi8 ll_i8_hi2(ll_vi8 a, int c) { LL_IPAIR(ll_hi2_256(a.lo, c), ll_hi2_256(a.hi, c)); }
+LL_INLINE ll_vi8 ll_i8_or(ll_vi8 a, ll_vi8 b) { LL_IPAIR(_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)); }
+LL_INLINE ll_vi32 ll_i32_zero(void) { LL_IPAIR(_mm256_setzero_si256(), _mm256_setzero_si256()); }
+LL_INLINE ll_vi32 ll_i32_add(ll_vi32 a, ll_vi32 b) { LL_IPAIR(_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)); }
+LL_INLINE ll_vf32 ll_i32_to_f32(ll_vi32 a) { LL_PAIR(_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)); }
+/* u < 128 (pairwise int16 sums of vpmaddubsw saturate otherwise) */
+LL_INLINE __m256i ll_dpbusd_256(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+LL_INLINE ll_vi32 ll_dpbusd(ll_vi32 acc, ll_vi8 u, ll_vi8 s) {
+    LL_IPAIR(ll_dpbusd_256(acc.lo, u.lo, s.lo), ll_dpbusd_256(acc.hi, u.hi, s.hi));
+}
+LL_INLINE ll_vi32 ll_dpbssd(ll_vi32 acc, ll_vi8 a, ll_vi8 b) {
+    LL_IPAIR(ll_dpbusd_256(acc.lo, _mm256_abs_epi8(a.lo), _mm256_sign_epi8(b.lo, a.lo)),
+             ll_dpbusd_256(acc.hi, _mm256_abs_epi8(a.hi), _mm256_sign_epi8(b.hi, a.hi)));
+}
+LL_INLINE ll_vf32 ll_load_u8(const uint8_t *p) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)p);
+    LL_PAIR(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))));
+}
+LL_INLINE ll_vf32 ll_load_s8(const int8_t *p) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)p);
+    LL_PAIR(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))));
+}
+#undef LL_IPAIR
 #undef LL_PAIR
 #endif

@@ -57,4 +57,43 @@ LL_INLINE ll_vf32 ll_load_bf16_even(const uint16_t *p) {
 LL_INLINE ll_vf32 ll_load_bf16_odd(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32((int)0xffff0000u)));
 }
+/* int8 blocks (quantized weights x int8 activations): ll_vi8 is 64 bytes = 16 int32 lanes of
+ * 4 bytes each; ll_vi32 the 16 int32 sums. */
+typedef __m512i ll_vi8;
+typedef __m512i ll_vi32;
+LL_INLINE ll_vi8 ll_i8_load(const void *p) { return _mm512_loadu_si512(p); }
+LL_INLINE ll_vi8 ll_i8_bcast4(const void *p) { int v; memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
+LL_INLINE ll_vi8 ll_i8_lo4(ll_vi8 a) { return _mm512_and_si512(a, _mm512_set1_epi8(0x0f)); }
+LL_INLINE ll_vi8 ll_i8_hi4(ll_vi8 a) { return _mm512_and_si512(_mm512_srli_epi16(a, 4), _mm512_set1_epi8(0x0f)); }
+/* bits 2c..2c+1 of every byte moved to bits 4..5 (the high bits of a 6-bit value) */
+LL_INLINE ll_vi8 ll_i8_hi2(ll_vi8 a, int c) {
+    const __m512i m = _mm512_set1_epi8(0x30);
+    return c == 0 ? _mm512_and_si512(_mm512_slli_epi16(a, 4), m) : c == 1 ? _mm512_and_si512(_mm512_slli_epi16(a, 2), m)
+         : c == 2 ? _mm512_and_si512(a, m) : _mm512_and_si512(_mm512_srli_epi16(a, 2), m);
+}
+LL_INLINE ll_vi8 ll_i8_or(ll_vi8 a, ll_vi8 b) { return _mm512_or_si512(a, b); }
+LL_INLINE ll_vi32 ll_i32_zero(void) { return _mm512_setzero_si512(); }
+LL_INLINE ll_vi32 ll_i32_add(ll_vi32 a, ll_vi32 b) { return _mm512_add_epi32(a, b); }
+LL_INLINE ll_vf32 ll_i32_to_f32(ll_vi32 a) { return _mm512_cvtepi32_ps(a); }
+/* acc + sum of 4 products u8 x s8 per lane; u must be < 128 where there are no VNNI dot products
+ * (the pairwise int16 sums would saturate otherwise) */
+LL_INLINE ll_vi32 ll_dpbusd(ll_vi32 acc, ll_vi8 u, ll_vi8 s) {
+#ifdef __AVX512VNNI__
+    return _mm512_dpbusd_epi32(acc, u, s);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+#endif
+}
+/* acc + sum of 4 products s8 x s8 per lane (a >= -128, b > -128): |a| x (b with a's sign) */
+LL_INLINE ll_vi32 ll_dpbssd(ll_vi32 acc, ll_vi8 a, ll_vi8 b) {
+    const __m512i zero = _mm512_setzero_si512();
+    return ll_dpbusd(acc, _mm512_abs_epi8(a), _mm512_mask_sub_epi8(b, _mm512_movepi8_mask(a), zero, b));
+}
+/* 16 uint8 / int8 values widened to float lanes */
+LL_INLINE ll_vf32 ll_load_u8(const uint8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+LL_INLINE ll_vf32 ll_load_s8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
 #endif

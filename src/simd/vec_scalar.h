@@ -55,4 +55,35 @@ LL_INLINE ll_vf32 ll_load_bf16_even(const uint16_t *p) {
 LL_INLINE ll_vf32 ll_load_bf16_odd(const uint16_t *p) {
     ll_vf32 r; for (int i = 0; i < 16; i++) r.v[i] = ll_bf16_to_f32(p[2 * i + 1]); return r;
 }
+/* int8 blocks (quantized weights x int8 activations): ll_vi8 is 64 bytes, byte 4i + j in lane
+ * i; ll_vi32 the 16 int32 lane sums. */
+typedef struct { uint8_t b[64]; } ll_vi8;
+typedef struct { int32_t v[16]; } ll_vi32;
+LL_INLINE ll_vi8 ll_i8_load(const void *p) { ll_vi8 r; memcpy(r.b, p, 64); return r; }
+LL_INLINE ll_vi8 ll_i8_bcast4(const void *p) { ll_vi8 r; for (int i = 0; i < 16; i++) memcpy(r.b + 4 * i, p, 4); return r; }
+LL_INLINE ll_vi8 ll_i8_lo4(ll_vi8 a) { for (int i = 0; i < 64; i++) a.b[i] &= 15; return a; }
+LL_INLINE ll_vi8 ll_i8_hi4(ll_vi8 a) { for (int i = 0; i < 64; i++) a.b[i] >>= 4; return a; }
+/* bits 2c..2c+1 of every byte moved to bits 4..5 (the high bits of a 6-bit value) */
+LL_INLINE ll_vi8 ll_i8_hi2(ll_vi8 a, int c) {
+    for (int i = 0; i < 64; i++) a.b[i] = (uint8_t)(((a.b[i] >> (2 * c)) & 3) << 4);
+    return a;
+}
+LL_INLINE ll_vi8 ll_i8_or(ll_vi8 a, ll_vi8 b) { for (int i = 0; i < 64; i++) a.b[i] |= b.b[i]; return a; }
+LL_INLINE ll_vi32 ll_i32_zero(void) { ll_vi32 r; for (int i = 0; i < 16; i++) r.v[i] = 0; return r; }
+LL_INLINE ll_vi32 ll_i32_add(ll_vi32 a, ll_vi32 b) { for (int i = 0; i < 16; i++) a.v[i] += b.v[i]; return a; }
+LL_INLINE ll_vf32 ll_i32_to_f32(ll_vi32 a) { ll_vf32 r; for (int i = 0; i < 16; i++) r.v[i] = (float)a.v[i]; return r; }
+/* acc + sum over 4 bytes of u (unsigned) x s (signed), per lane */
+LL_INLINE ll_vi32 ll_dpbusd(ll_vi32 acc, ll_vi8 u, ll_vi8 s) {
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 4; j++) acc.v[i] += (int32_t)u.b[4 * i + j] * (int32_t)(int8_t)s.b[4 * i + j];
+    return acc;
+}
+/* acc + sum over 4 bytes of a x b, both signed */
+LL_INLINE ll_vi32 ll_dpbssd(ll_vi32 acc, ll_vi8 a, ll_vi8 b) {
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 4; j++) acc.v[i] += (int32_t)(int8_t)a.b[4 * i + j] * (int32_t)(int8_t)b.b[4 * i + j];
+    return acc;
+}
+LL_INLINE ll_vf32 ll_load_u8(const uint8_t *p) { ll_vf32 r; for (int i = 0; i < 16; i++) r.v[i] = (float)p[i]; return r; }
+LL_INLINE ll_vf32 ll_load_s8(const int8_t *p) { ll_vf32 r; for (int i = 0; i < 16; i++) r.v[i] = (float)p[i]; return r; }
 #endif

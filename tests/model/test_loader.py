@@ -15,6 +15,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from conftest import ggml_rows, gguf_from_hf, write_gguf
 from safetensors.numpy import load_file, save_file
 
 from lite_llm._kernels import layout
@@ -326,41 +327,6 @@ def test_missing_path():
 # ---- GGUF: dequantization ------------------------------------------------------------------
 
 
-def _write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, object]], arch: str = "llama",
-                meta: dict | None = None) -> Path:
-    w = gguf.GGUFWriter(str(path), arch)
-    for key, value in (meta or {}).items():
-        if isinstance(value, bool):
-            w.add_bool(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value)
-        elif isinstance(value, float):
-            w.add_float32(key, value)
-        elif isinstance(value, str):
-            w.add_string(key, value)
-        else:
-            w.add_array(key, value)
-    for name, (data, raw_dtype) in tensors.items():
-        w.add_tensor(name, data, raw_dtype=raw_dtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
-def _k_quant_blocks(rng, rows: int, cols: int, qtype) -> np.ndarray:
-    """Random K-quant bytes [rows, row_bytes] with sane fp16 scales (random bytes may be inf/NaN)."""
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
-    scale = rng.uniform(0.001, 0.05, (rows, cols // block, 2)).astype(np.float16).view(np.uint8)
-    if qtype == gguf.GGMLQuantizationType.Q4_K:
-        raw[..., 0:4] = scale.reshape(rows, cols // block, 4)       # d, dmin
-    else:
-        raw[..., 208:210] = scale[..., 0:2]                           # d at the end of Q6_K
-    return raw.reshape(rows, -1)
-
-
 def _tensor_of_type(rng, rows: int, cols: int, qname: str):
     """(float32 values, data to write, its ggml type or None) of a random tensor of GGUF type qname."""
     qtype = gguf.GGMLQuantizationType[qname]
@@ -370,7 +336,7 @@ def _tensor_of_type(rng, rows: int, cols: int, qname: str):
     if qname == "F16":
         return x, x.astype(np.float16), None
     if qname in ("Q4_K", "Q6_K"):
-        return x, _k_quant_blocks(rng, rows, cols, qtype), qtype
+        return x, ggml_rows(rng, rows, cols, qname)[0], qtype
     return x, gguf.quants.quantize(x, qtype), qtype
 
 
@@ -378,7 +344,7 @@ def _tensor_of_type(rng, rows: int, cols: int, qname: str):
 def test_gguf_dequantize_matches_gguf_package(tmp_path, rng, qname):
     rows, cols = 6, 512
     x, data, raw = _tensor_of_type(rng, rows, cols, qname)
-    f = lgguf.GGUFFile(str(_write_gguf(tmp_path / "t.gguf", {"w": (data, raw), "v": (x[0], None)})))
+    f = lgguf.GGUFFile(str(write_gguf(tmp_path / "t.gguf", {"w": (data, raw), "v": (x[0], None)})))
     ref_reader = gguf.GGUFReader(str(tmp_path / "t.gguf"))
     ref_t = next(t for t in ref_reader.tensors if t.name == "w")
     ref = gguf.quants.dequantize(ref_t.data, ref_t.tensor_type)
@@ -422,7 +388,7 @@ def test_gguf_metadata_types_and_alignment(tmp_path):
 
 def test_gguf_truncated_and_unsupported(tmp_path, rng):
     x = rng.standard_normal((4, 64)).astype(np.float32)
-    path = _write_gguf(tmp_path / "t.gguf", {"w": (x, None)})
+    path = write_gguf(tmp_path / "t.gguf", {"w": (x, None)})
     data = path.read_bytes()
     (tmp_path / "cut.gguf").write_bytes(data[:-10])
     with pytest.raises(ModelLoadError, match=r"cut.gguf: truncated GGUF file: tensor 'w'"):
@@ -434,58 +400,12 @@ def test_gguf_truncated_and_unsupported(tmp_path, rng):
     with pytest.raises(ModelLoadError, match="not a GGUF file"):
         lgguf.GGUFFile(str(tmp_path / "bad.gguf"))
     q5 = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q5_0)
-    path = _write_gguf(tmp_path / "q5.gguf", {"w": (q5, gguf.GGMLQuantizationType.Q5_0)})
+    path = write_gguf(tmp_path / "q5.gguf", {"w": (q5, gguf.GGMLQuantizationType.Q5_0)})
     with pytest.raises(ModelLoadError, match=r"tensor 'w' has GGUF type Q5_0, which is not supported"):
         lgguf.GGUFFile(str(path)).read("w")
 
 
 # ---- GGUF: whole models --------------------------------------------------------------------
-
-
-def _permute(w: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's converter permutation of q/k rows (the inverse of the loader's)."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
-    """Write the tiny HF checkpoint as a llama.cpp-style F32 GGUF (q/k permuted for "llama")."""
-    cfg = json.loads((ckpt / "config.json").read_text())
-    sd = load_file(str(ckpt / "model.safetensors"))
-    tok = json.loads((ckpt / "tokenizer.json").read_text())
-    H, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // H
-    tensors = {"token_embd.weight": sd["model.embed_tokens.weight"], "output_norm.weight": sd["model.norm.weight"]}
-    if "lm_head.weight" in sd:
-        tensors["output.weight"] = sd["lm_head.weight"]
-    names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-             "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-             "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
-    for i in range(cfg["num_hidden_layers"]):
-        for ours, theirs in names.items():
-            for part in ("weight", "bias"):
-                key = f"model.layers.{i}.{theirs}.{part}"
-                if key in sd:
-                    t = sd[key]
-                    if arch == "llama" and ours in ("attn_q", "attn_k"):
-                        t = _permute(t, H if ours == "attn_q" else Hkv)
-                    tensors[f"blk.{i}.{ours}.{part}"] = t
-    vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
-    specials = {a["content"]: a["id"] for a in tok["added_tokens"]}
-    tokens = [t for t, _ in vocab]
-    meta = {f"{arch}.block_count": cfg["num_hidden_layers"], f"{arch}.context_length": cfg["max_position_embeddings"],
-            f"{arch}.embedding_length": cfg["hidden_size"], f"{arch}.feed_forward_length": cfg["intermediate_size"],
-            f"{arch}.attention.head_count": H, f"{arch}.attention.head_count_kv": Hkv,
-            f"{arch}.attention.layer_norm_rms_epsilon": float(cfg["rms_norm_eps"]),
-            f"{arch}.rope.freq_base": float(cfg["rope_parameters"]["rope_theta"]),
-            f"{arch}.attention.key_length": head_dim, f"{arch}.attention.value_length": head_dim,
-            "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2" if arch != "llama" else "smollm",
-            "tokenizer.ggml.tokens": tokens,
-            "tokenizer.ggml.token_type": [3 if t in specials else 1 for t in tokens],
-            "tokenizer.ggml.merges": [" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]],
-            "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 2,
-            "tokenizer.chat_template": (ckpt / "chat_template.jinja").read_text()}
-    return _write_gguf(out, {k: (np.ascontiguousarray(v), None) for k, v in tensors.items()}, arch, meta)
 
 
 @pytest.mark.parametrize("arch,overrides", [("llama", {}), ("llama", {"tie_word_embeddings": True}),
@@ -510,7 +430,7 @@ def test_gguf_model_matches_hf_checkpoint(tiny_checkpoint, tmp_path, arch, overr
 
 
 def test_gguf_errors(tiny_checkpoint, tmp_path):
-    path = _write_gguf(tmp_path / "x.gguf", {"w": (np.zeros(4, np.float32), None)}, arch="falcon")
+    path = write_gguf(tmp_path / "x.gguf", {"w": (np.zeros(4, np.float32), None)}, arch="falcon")
     with pytest.raises(ModelLoadError, match="architecture 'falcon' is not supported.*llama, qwen2, qwen3"):
         load_model(str(path), progress=False)
     full = gguf_from_hf(tiny_checkpoint("llama"), tmp_path / "m.gguf", "llama")
@@ -595,7 +515,7 @@ def test_gguf_rows_pack_like_the_whole_tensor(tmp_path, rng, qname, cols, dtype)
     by slice equals pack_reference of the whole tensor converted at once."""
     rows = 53
     _, data, raw = _tensor_of_type(rng, rows, cols, qname)
-    f = lgguf.GGUFFile(str(_write_gguf(tmp_path / "t.gguf", {"w": (data, raw)})))
+    f = lgguf.GGUFFile(str(write_gguf(tmp_path / "t.gguf", {"w": (data, raw)})))
     assert f.tensors["w"].type_name == qname and f.tensors["w"].shape == (rows, cols)
     stacked = StackedRows(((rows, functools.partial(f.read_rows, "w")),), cols).to(dtype)
     ref = layout.pack_reference(convert(f.read("w"), dtype), dtype)

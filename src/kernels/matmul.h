@@ -1,0 +1,146 @@
+/* A weight matrix as the forward pass sees it: one or more parts, each its own packed format
+ * (a Q4_K_M file stores q and k in Q4_K and v in Q6_K; fused at load, they stay separate
+ * parts of one [N, K] matrix), and the activation form its kernels take. One range of panels
+ * per call, one thread; the caller splits panels across threads.
+ *
+ *   ll_mat  part[i]: panels p0..p1 of the matrix, output columns n0..n1, packed as wtype
+ *           (float formats: gemm.h, a single part; ggml block formats: qgemm.h, any mix)
+ *   input   LL_IN_F32 fp32 rows | LL_IN_BF16 bf16 pairs (vdpbf16ps) | LL_IN_Q8 int8 blocks
+ */
+#ifndef LL_MATMUL_H
+#define LL_MATMUL_H
+#include "gemm.h"
+#include "qgemm.h"
+
+enum { LL_IN_F32 = 0, LL_IN_BF16 = 1, LL_IN_Q8 = 2 };
+#define LL_MAX_PARTS 3
+
+typedef struct {
+    const void *w;          /* packed panels of this part */
+    int wtype;
+    ptrdiff_t p0, p1;       /* its panels in the matrix */
+    ptrdiff_t n0, n1;       /* its output columns */
+} ll_part;
+
+typedef struct {
+    ll_part part[LL_MAX_PARTS];
+    int num_parts;
+    int input;              /* LL_IN_*: what the producer of this matrix's input writes */
+    ptrdiff_t n, k, num_panels;
+    const float *bias;      /* [n] or NULL */
+} ll_mat;
+
+/* The activation form a matrix's kernels take. */
+LL_INLINE int ll_mat_input(const ll_mat *m) {
+    if (ll_wtype_is_quant(m->part[0].wtype)) return LL_IN_Q8;
+    return ll_gemm_wants_xb(m->part[0].wtype) ? LL_IN_BF16 : LL_IN_F32;
+}
+
+LL_INLINE ptrdiff_t ll_part_panel_bytes(const ll_part *pt, ptrdiff_t k) {
+    return ll_wtype_is_quant(pt->wtype) ? ll_qpanel_bytes(pt->wtype, k) : ll_panel_bytes(pt->wtype, k);
+}
+
+/* out[t, columns of panels p0..p1 of quantized part pt] (+)= x[t] . W + bias, for all T tokens. */
+static inline void ll_qgemm_panels(const ll_qact *x, ptrdiff_t num_tokens, const ll_part *pt, ptrdiff_t k,
+                                   const float *bias, float *out, ptrdiff_t ldo, int accumulate,
+                                   ptrdiff_t p0, ptrdiff_t p1) {
+    const ptrdiff_t pb = ll_qpanel_bytes(pt->wtype, k);
+    for (ptrdiff_t p = p0; p < p1; p++) {
+        const uint8_t *wp = (const uint8_t *)pt->w + (p - pt->p0) * pb;
+        const ptrdiff_t col = pt->n0 + (p - pt->p0) * 16;
+        for (ptrdiff_t t = 0; t < num_tokens; t += LL_QT) {
+            const int tt = (int)(num_tokens - t < LL_QT ? num_tokens - t : LL_QT);
+            ll_qact xt = *x;
+            xt.q += t * x->ld; xt.d += t * (x->ld / 32); xt.s += t * (x->ld / 16);
+            ll_vf32 acc[LL_QT];
+            switch (tt) {   /* literal tile heights: accumulators stay in registers */
+            case 8: ll_qpanel_dot(&xt, 8, wp, pt->wtype, k, acc); break;
+            case 7: ll_qpanel_dot(&xt, 7, wp, pt->wtype, k, acc); break;
+            case 6: ll_qpanel_dot(&xt, 6, wp, pt->wtype, k, acc); break;
+            case 5: ll_qpanel_dot(&xt, 5, wp, pt->wtype, k, acc); break;
+            case 4: ll_qpanel_dot(&xt, 4, wp, pt->wtype, k, acc); break;
+            case 3: ll_qpanel_dot(&xt, 3, wp, pt->wtype, k, acc); break;
+            case 2: ll_qpanel_dot(&xt, 2, wp, pt->wtype, k, acc); break;
+            default: ll_qpanel_dot(&xt, 1, wp, pt->wtype, k, acc);
+            }
+            for (int i = 0; i < tt; i++) ll_store_out(out + (t + i) * ldo, acc[i], bias, col, pt->n1, accumulate);
+        }
+    }
+}
+
+/* out[T, columns of panels p0..p1] (+)= x @ W.T + bias; x in the matrix's input form:
+ * fp32 x [T][ldx], bf16 pairs xb [T][ceil(K/2)], or int8 blocks xq. */
+static inline void ll_mat_gemm(const float *x, const uint32_t *xb, const ll_qact *xq, ptrdiff_t ldx,
+                               ptrdiff_t num_tokens, const ll_mat *m, float *out, ptrdiff_t ldo, int accumulate,
+                               ptrdiff_t p0, ptrdiff_t p1) {
+    for (int i = 0; i < m->num_parts; i++) {
+        const ll_part *pt = &m->part[i];
+        const ptrdiff_t a = p0 > pt->p0 ? p0 : pt->p0, b = p1 < pt->p1 ? p1 : pt->p1;
+        if (a >= b) continue;
+        if (ll_wtype_is_quant(pt->wtype))
+            ll_qgemm_panels(xq, num_tokens, pt, m->k, m->bias, out, ldo, accumulate, a, b);
+        else   /* a float matrix is one part from panel 0 */
+            ll_gemm_panels(x, m->input == LL_IN_BF16 ? xb : 0, ldx, num_tokens, pt->w, pt->wtype, m->k, m->n,
+                           m->bias, out, ldo, accumulate, a, b);
+    }
+}
+
+/* Pull panels p0..p1 towards this core (see ll_prefetch_panels). */
+static inline void ll_mat_prefetch(const ll_mat *m, ptrdiff_t p0, ptrdiff_t p1) {
+    for (int i = 0; i < m->num_parts; i++) {
+        const ll_part *pt = &m->part[i];
+        const ptrdiff_t a = p0 > pt->p0 ? p0 : pt->p0, b = p1 < pt->p1 ? p1 : pt->p1;
+        const ptrdiff_t pb = ll_part_panel_bytes(pt, m->k);
+        for (const char *c = (const char *)pt->w + (a - pt->p0) * pb, *e = (const char *)pt->w + (b - pt->p0) * pb;
+             c < e; c += 64)
+            __builtin_prefetch(c, 0, 2);
+    }
+}
+
+/* Gated MLP, feature panels q0..q1 (see ll_gemm_gated): a float matrix is one part of 2 ng
+ * panels; a quantized one has the gate part (panels 0..ng) and the up part (ng..2 ng). With
+ * ao_q the result also goes out as int8 blocks for a quantized down projection: q0 must then
+ * be even and q1 even or ng, so each 32-feature block is whole within the range. */
+static inline void ll_mat_gated(const float *x, const uint32_t *xb, const ll_qact *xq, ptrdiff_t ldx,
+                                ptrdiff_t num_tokens, const ll_mat *m, ptrdiff_t F, int act,
+                                float *ao, ptrdiff_t lda, uint32_t *ao_b, int8_t *aq, float *aqd, float *aqs,
+                                ptrdiff_t q0, ptrdiff_t q1) {
+    const ll_part *gp = &m->part[0];
+    if (!ll_wtype_is_quant(gp->wtype)) {
+        ll_gemm_gated(x, m->input == LL_IN_BF16 ? xb : 0, ldx, num_tokens, gp->w, gp->wtype, m->k, F, m->bias, act,
+                      ao, lda, aq ? 0 : ao_b, q0, q1);
+    } else {
+        const ll_part *up = &m->part[1];
+        const ptrdiff_t pbg = ll_qpanel_bytes(gp->wtype, m->k), pbu = ll_qpanel_bytes(up->wtype, m->k);
+        for (ptrdiff_t q = q0; q < q1; q++) {
+            const uint8_t *wg = (const uint8_t *)gp->w + q * pbg, *wu = (const uint8_t *)up->w + q * pbu;
+            for (ptrdiff_t t = 0; t < num_tokens; t += LL_QT) {
+                const int tt = (int)(num_tokens - t < LL_QT ? num_tokens - t : LL_QT);
+                ll_qact xt = *xq;
+                xt.q += t * xq->ld; xt.d += t * (xq->ld / 32); xt.s += t * (xq->ld / 16);
+                ll_vf32 g[LL_QT], u[LL_QT];
+#define LL_GQ(TT_) do { ll_qpanel_dot(&xt, TT_, wg, gp->wtype, m->k, g); ll_qpanel_dot(&xt, TT_, wu, up->wtype, m->k, u); } while (0)
+                switch (tt) {
+                case 8: LL_GQ(8); break;
+                case 7: LL_GQ(7); break;
+                case 6: LL_GQ(6); break;
+                case 5: LL_GQ(5); break;
+                case 4: LL_GQ(4); break;
+                case 3: LL_GQ(3); break;
+                case 2: LL_GQ(2); break;
+                default: LL_GQ(1);
+                }
+#undef LL_GQ
+                for (int i = 0; i < tt; i++)
+                    ll_gated_store(g[i], u[i], m->bias, q * 16, F, act, ao + (t + i) * lda,
+                                   aq ? 0 : (ao_b ? ao_b + (t + i) * ((F + 1) / 2) : 0));
+            }
+        }
+    }
+    if (aq)   /* the range's whole 32-feature blocks, from the fp32 rows just written */
+        for (ptrdiff_t t = 0; t < num_tokens; t++)
+            for (ptrdiff_t b = q0 / 2; b < (q1 + 1) / 2; b++)
+                ll_quantize_block_q8(ao + t * lda + 32 * b, aq + t * F + 32 * b, aqd + t * (F / 32) + b,
+                                     aqs + t * (F / 16) + 2 * b);
+}
+#endif

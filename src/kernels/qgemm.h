@@ -1,0 +1,349 @@
+/* Quantized weights kept quantized: ggml block formats repacked into interleaved 16-row panels,
+ * int8 activations quantized on the fly, and the GEMM of the two on int8 dot products
+ * (vpdpbusd where the CPU has it). One panel, one token tile, one thread per call; the caller
+ * splits panels across threads (matmul.h).
+ *
+ * Packed panel layouts (built once at load by ll_qpack_panels; lite_llm/_kernels/layout.py
+ * names them). A panel holds 16 rows r of the [N, K] weight, K in blocks of 32 (b) and, for
+ * the K-quants, super-blocks of 256 (8 sub-blocks j of 32). Quants of a 32-block for 16 rows:
+ *   nibbles  [4][16][4] bytes = 256 B: byte (v, r, i) = u[r][4v + i] | u[r][16 + 4v + i] << 4
+ *   bytes    [8][16][4] bytes = 512 B: byte (g, r, i) = u[r][4g + i]
+ *   2 bits   [2][16][4] bytes = 128 B: bits 2c..2c+1 of byte (h, r, i) = u[r][4(4h + c) + i] >> 4
+ * so one 64-byte vector holds 4 consecutive values of each of the 16 rows: vpdpbusd sums them
+ * against 4 broadcast activation bytes into 16 int32 lanes, one per row.
+ *   Q8_0  block 544 B:  int8 bytes, f16 d[16]                       w = d q
+ *   Q4_0  block 288 B:  nibbles, f16 d[16]                          w = d (u - 8)
+ *   Q4_1  block 320 B:  nibbles, f16 d[16], f16 m[16]               w = d u + m
+ *   Q4_K  super 2368 B: f16 d[16], f16 dmin[16], u8 sc[8][16], u8 mn[8][16], 8 x nibbles
+ *                                                                   w = d sc[j] u - dmin mn[j]
+ *   Q6_K  super 3360 B: f16 d[16], i8 sc[16][16] (one per 16 values), 8 x (nibbles, 2 bits)
+ *                                                                   w = d sc[k / 16] (u - 32)
+ * Every byte of the ggml file is kept (sizes equal ggml's, Q4_K's 6-bit scales widened to
+ * bytes: 2.8 % more); f16 values stay in the machine's byte order.
+ *
+ * Activations (ll_qact): each row of K values in blocks of 32 quantized symmetrically,
+ * q = rint(x / d), d = max|x| / 127, with s = d * (sum of q) over each half-block of 16 (the
+ * offset and min terms: d_w (u - 8) . x = d_w (d_x sum u q - 8 s)).
+ */
+#ifndef LL_QGEMM_H
+#define LL_QGEMM_H
+#include "../simd/vec.h"
+
+enum { LL_W_Q8_0 = 3, LL_W_Q4_0 = 4, LL_W_Q4_1 = 5, LL_W_Q4_K = 6, LL_W_Q6_K = 7 };
+#define LL_QT 8   /* tokens per register tile */
+
+LL_INLINE int ll_wtype_is_quant(int wtype) { return wtype >= LL_W_Q8_0 && wtype <= LL_W_Q6_K; }
+
+/* Elements per (super-)block and bytes of one packed (super-)block of a panel. */
+LL_INLINE ptrdiff_t ll_qblock(int wtype) { return wtype == LL_W_Q4_K || wtype == LL_W_Q6_K ? 256 : 32; }
+LL_INLINE ptrdiff_t ll_qblock_bytes(int wtype) {
+    switch (wtype) {
+    case LL_W_Q8_0: return 544;
+    case LL_W_Q4_0: return 288;
+    case LL_W_Q4_1: return 320;
+    case LL_W_Q4_K: return 2368;
+    default: return 3360;
+    }
+}
+LL_INLINE ptrdiff_t ll_qpanel_bytes(int wtype, ptrdiff_t k) { return k / ll_qblock(wtype) * ll_qblock_bytes(wtype); }
+
+typedef struct {
+    const int8_t *q;   /* [T][ld] quantized values */
+    const float *d;    /* [T][ld / 32] scale of each block */
+    const float *s;    /* [T][ld / 16] d x sum of q over each half-block */
+    ptrdiff_t ld;      /* K */
+} ll_qact;
+
+/* ---- activations --------------------------------------------------------------------- */
+
+static inline void ll_quantize_block_q8(const float *x, int8_t *q, float *d, float *s) {
+    float amax = 0.f;
+    for (int i = 0; i < 32; i++) { const float a = fabsf(x[i]); amax = a > amax ? a : amax; }
+    const float dd = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+    int s0 = 0, s1 = 0;
+    for (int i = 0; i < 16; i++) { const int v = (int)nearbyintf(x[i] * id); q[i] = (int8_t)v; s0 += v; }
+    for (int i = 16; i < 32; i++) { const int v = (int)nearbyintf(x[i] * id); q[i] = (int8_t)v; s1 += v; }
+    *d = dd;
+    s[0] = dd * (float)s0;
+    s[1] = dd * (float)s1;
+}
+
+/* Rows t0..t1 of fp32 x [T][ldx] (k values each, k % 32 == 0) into the int8 rows of `a`. */
+static inline void ll_quantize_rows_q8(const float *x, ptrdiff_t ldx, ptrdiff_t t0, ptrdiff_t t1, ptrdiff_t k,
+                                       int8_t *q, float *d, float *s) {
+    for (ptrdiff_t t = t0; t < t1; t++)
+        for (ptrdiff_t b = 0; b < k / 32; b++)
+            ll_quantize_block_q8(x + t * ldx + 32 * b, q + t * k + 32 * b, d + t * (k / 32) + b,
+                                 s + t * (k / 16) + 2 * b);
+}
+
+/* ---- the dot products of one panel ----------------------------------------------------- */
+
+LL_INLINE void ll_unpack_nibbles(const uint8_t *p, ll_vi8 w[8]) {
+    for (int v = 0; v < 4; v++) {
+        const ll_vi8 a = ll_i8_load(p + 64 * v);
+        w[v] = ll_i8_lo4(a);
+        w[v + 4] = ll_i8_hi4(a);
+    }
+}
+
+/* Sums over the 8 groups of 4 values of one 32-block: lo = groups 0..3, hi = groups 4..7. */
+LL_INLINE void ll_dot_u8(const ll_vi8 w[8], const int8_t *x, ll_vi32 *lo, ll_vi32 *hi) {
+    ll_vi32 a = ll_i32_zero(), b = ll_i32_zero();
+    for (int g = 0; g < 4; g++) {
+        a = ll_dpbusd(a, w[g], ll_i8_bcast4(x + 4 * g));
+        b = ll_dpbusd(b, w[g + 4], ll_i8_bcast4(x + 16 + 4 * g));
+    }
+    *lo = a; *hi = b;
+}
+
+/* acc[t] = the 16 rows of panel wp . activation row t, for t < tt (a literal after inlining). */
+LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, int wtype, ptrdiff_t k,
+                             ll_vf32 acc[LL_QT]) {
+    const ptrdiff_t ldd = x->ld / 32, lds = x->ld / 16;
+    for (int t = 0; t < tt; t++) acc[t] = ll_zero();
+    if (wtype == LL_W_Q8_0 || wtype == LL_W_Q4_0 || wtype == LL_W_Q4_1) {
+        const ptrdiff_t bb = ll_qblock_bytes(wtype), qb = wtype == LL_W_Q8_0 ? 512 : 256;
+        for (ptrdiff_t b = 0; b < k / 32; b++, wp += bb) {
+            ll_vi8 w[8];
+            if (wtype == LL_W_Q8_0) for (int g = 0; g < 8; g++) w[g] = ll_i8_load(wp + 64 * g);
+            else ll_unpack_nibbles(wp, w);
+            const ll_vf32 d = ll_load_f16((const uint16_t *)(wp + qb));
+            for (int t = 0; t < tt; t++) {
+                const int8_t *xq = x->q + t * x->ld + 32 * b;
+                const float dx = x->d[t * ldd + b];
+                ll_vi32 lo, hi;
+                if (wtype == LL_W_Q8_0) {
+                    lo = ll_i32_zero(); hi = ll_i32_zero();
+                    for (int g = 0; g < 4; g++) {
+                        lo = ll_dpbssd(lo, w[g], ll_i8_bcast4(xq + 4 * g));
+                        hi = ll_dpbssd(hi, w[g + 4], ll_i8_bcast4(xq + 16 + 4 * g));
+                    }
+                } else {
+                    ll_dot_u8(w, xq, &lo, &hi);
+                }
+                const ll_vf32 f = ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(dx));
+                if (wtype == LL_W_Q8_0) {
+                    acc[t] = ll_fma(d, f, acc[t]);
+                } else if (wtype == LL_W_Q4_0) {
+                    const float sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
+                    acc[t] = ll_fma(d, ll_sub(f, ll_set1(8.f * sx)), acc[t]);
+                } else {
+                    const float sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
+                    acc[t] = ll_fma(ll_load_f16((const uint16_t *)(wp + 288)), ll_set1(sx), ll_fma(d, f, acc[t]));
+                }
+            }
+        }
+    } else if (wtype == LL_W_Q4_K) {
+        for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 2368) {
+            const ll_vf32 dv = ll_load_f16((const uint16_t *)wp), dm = ll_load_f16((const uint16_t *)(wp + 32));
+            for (int j = 0; j < 8; j++) {
+                const ll_vf32 a = ll_mul(dv, ll_load_u8(wp + 64 + 16 * j));
+                const ll_vf32 mn = ll_mul(dm, ll_load_u8(wp + 192 + 16 * j));
+                ll_vi8 w[8];
+                ll_unpack_nibbles(wp + 320 + 256 * j, w);
+                const ptrdiff_t b = 8 * sb + j;
+                for (int t = 0; t < tt; t++) {
+                    ll_vi32 lo, hi;
+                    ll_dot_u8(w, x->q + t * x->ld + 32 * b, &lo, &hi);
+                    const float dx = x->d[t * ldd + b], sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
+                    const ll_vf32 f = ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(dx));
+                    acc[t] = ll_fma(mn, ll_set1(-sx), ll_fma(a, f, acc[t]));
+                }
+            }
+        }
+    } else {   /* Q6_K */
+        for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 3360) {
+            const ll_vf32 dv = ll_load_f16((const uint16_t *)wp);
+            for (int j = 0; j < 8; j++) {
+                const ll_vf32 a0 = ll_mul(dv, ll_load_s8((const int8_t *)(wp + 32 + 32 * j)));
+                const ll_vf32 a1 = ll_mul(dv, ll_load_s8((const int8_t *)(wp + 48 + 32 * j)));
+                const uint8_t *qp = wp + 288 + 384 * j;
+                ll_vi8 w[8];
+                ll_unpack_nibbles(qp, w);
+                const ll_vi8 h0 = ll_i8_load(qp + 256), h1 = ll_i8_load(qp + 320);
+                for (int g = 0; g < 4; g++) {
+                    w[g] = ll_i8_or(w[g], ll_i8_hi2(h0, g));
+                    w[g + 4] = ll_i8_or(w[g + 4], ll_i8_hi2(h1, g));
+                }
+                const ptrdiff_t b = 8 * sb + j;
+                for (int t = 0; t < tt; t++) {
+                    ll_vi32 lo, hi;
+                    ll_dot_u8(w, x->q + t * x->ld + 32 * b, &lo, &hi);
+                    const float dx = x->d[t * ldd + b];
+                    const float s0 = 32.f * x->s[t * lds + 2 * b], s1 = 32.f * x->s[t * lds + 2 * b + 1];
+                    const ll_vf32 f0 = ll_sub(ll_mul(ll_i32_to_f32(lo), ll_set1(dx)), ll_set1(s0));
+                    const ll_vf32 f1 = ll_sub(ll_mul(ll_i32_to_f32(hi), ll_set1(dx)), ll_set1(s1));
+                    acc[t] = ll_fma(a1, f1, ll_fma(a0, f0, acc[t]));
+                }
+            }
+        }
+    }
+}
+
+/* ---- packing and unpacking ------------------------------------------------------------- */
+
+/* bytes of one ggml block of wtype, and its elements */
+LL_INLINE ptrdiff_t ll_ggml_block_bytes(int wtype) {
+    switch (wtype) {
+    case LL_W_Q8_0: return 34;
+    case LL_W_Q4_0: return 18;
+    case LL_W_Q4_1: return 20;
+    case LL_W_Q4_K: return 144;
+    default: return 210;
+    }
+}
+
+#define LL_LE16(p) ((uint16_t)((p)[0] | ((p)[1] << 8)))
+
+/* One ggml (super-)block -> its quant values u (the packed layout's, 0..15, 0..63, or int8
+ * bits for Q8_0) and scale fields: f16 bits h[0..1], 8-bit scales sc[0..15], mins mn[0..7]. */
+static inline void ll_ggml_unpack_block(const uint8_t *blk, int wtype, uint8_t *u, uint16_t *h, uint8_t *sc,
+                                        uint8_t *mn) {
+    int i;
+    switch (wtype) {
+    case LL_W_Q8_0:
+        h[0] = LL_LE16(blk);
+        memcpy(u, blk + 2, 32);
+        break;
+    case LL_W_Q4_0:
+    case LL_W_Q4_1: {
+        const uint8_t *qs = blk + (wtype == LL_W_Q4_0 ? 2 : 4);
+        h[0] = LL_LE16(blk);
+        if (wtype == LL_W_Q4_1) h[1] = LL_LE16(blk + 2);
+        for (i = 0; i < 16; i++) { u[i] = qs[i] & 15; u[i + 16] = qs[i] >> 4; }
+        break;
+    }
+    case LL_W_Q4_K: {
+        const uint8_t *s = blk + 4, *qs = blk + 16;
+        h[0] = LL_LE16(blk);
+        h[1] = LL_LE16(blk + 2);
+        for (int j = 0; j < 8; j++) {
+            if (j < 4) { sc[j] = s[j] & 63; mn[j] = s[j + 4] & 63; }
+            else { sc[j] = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4); mn[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4); }
+            for (i = 0; i < 32; i++) u[32 * j + i] = (j & 1) ? qs[(j / 2) * 32 + i] >> 4 : qs[(j / 2) * 32 + i] & 15;
+        }
+        break;
+    }
+    default: {   /* Q6_K: two halves of 128, each 64 bytes of low nibbles and 32 of 2-bit highs */
+        const uint8_t *ql = blk, *qh = blk + 128;
+        h[0] = LL_LE16(blk + 208);
+        memcpy(sc, blk + 192, 16);
+        for (int half = 0; half < 2; half++) {
+            const uint8_t *l = ql + 64 * half, *hh = qh + 32 * half;
+            uint8_t *o = u + 128 * half;
+            for (i = 0; i < 32; i++) {
+                o[i] = (uint8_t)((l[i] & 15) | ((hh[i] & 3) << 4));
+                o[i + 32] = (uint8_t)((l[i + 32] & 15) | (((hh[i] >> 2) & 3) << 4));
+                o[i + 64] = (uint8_t)((l[i] >> 4) | (((hh[i] >> 4) & 3) << 4));
+                o[i + 96] = (uint8_t)((l[i + 32] >> 4) | (((hh[i] >> 6) & 3) << 4));
+            }
+        }
+    }
+    }
+}
+
+/* Lane r's 32 values u into a packed 32-block's quants (nibbles, bytes and/or 2 bits). */
+LL_INLINE void ll_put_nibbles(uint8_t *dst, int r, const uint8_t *u) {
+    for (int v = 0; v < 4; v++)
+        for (int i = 0; i < 4; i++) dst[64 * v + 4 * r + i] = (uint8_t)((u[4 * v + i] & 15) | ((u[16 + 4 * v + i] & 15) << 4));
+}
+LL_INLINE void ll_put_high2(uint8_t *dst, int r, const uint8_t *u) {
+    for (int hv = 0; hv < 2; hv++)
+        for (int i = 0; i < 4; i++) {
+            uint8_t b = 0;
+            for (int c = 0; c < 4; c++) b |= (uint8_t)(((u[4 * (4 * hv + c) + i] >> 4) & 3) << (2 * c));
+            dst[64 * hv + 4 * r + i] = b;
+        }
+}
+
+/* Panels p0..p1 of raw ggml rows src [rows][k / block * block bytes] into dst (panel 0 first);
+ * rows past `rows` are zero. */
+static inline void ll_qpack_panels(const uint8_t *src, ptrdiff_t rows, ptrdiff_t k, int wtype, uint8_t *dst,
+                                   ptrdiff_t p0, ptrdiff_t p1) {
+    const ptrdiff_t blk = ll_qblock(wtype), nblk = k / blk, bb = ll_qblock_bytes(wtype);
+    const ptrdiff_t gb = ll_ggml_block_bytes(wtype), row_bytes = nblk * gb, pb = nblk * bb;
+    uint8_t u[256], sc[16], mn[8];
+    uint16_t h[2] = {0, 0};
+    for (ptrdiff_t p = p0; p < p1; p++) {
+        uint8_t *pd = dst + p * pb;
+        memset(pd, 0, (size_t)pb);
+        for (int r = 0; r < 16 && p * 16 + r < rows; r++) {
+            const uint8_t *row = src + (p * 16 + r) * row_bytes;
+            for (ptrdiff_t b = 0; b < nblk; b++) {
+                uint8_t *o = pd + b * bb;
+                ll_ggml_unpack_block(row + b * gb, wtype, u, h, sc, mn);
+                switch (wtype) {
+                case LL_W_Q8_0:
+                    for (int g = 0; g < 8; g++) memcpy(o + 64 * g + 4 * r, u + 4 * g, 4);
+                    ((uint16_t *)(o + 512))[r] = h[0];
+                    break;
+                case LL_W_Q4_0:
+                case LL_W_Q4_1:
+                    ll_put_nibbles(o, r, u);
+                    ((uint16_t *)(o + 256))[r] = h[0];
+                    if (wtype == LL_W_Q4_1) ((uint16_t *)(o + 288))[r] = h[1];
+                    break;
+                case LL_W_Q4_K:
+                    ((uint16_t *)o)[r] = h[0];
+                    ((uint16_t *)(o + 32))[r] = h[1];
+                    for (int j = 0; j < 8; j++) {
+                        o[64 + 16 * j + r] = sc[j];
+                        o[192 + 16 * j + r] = mn[j];
+                        ll_put_nibbles(o + 320 + 256 * j, r, u + 32 * j);
+                    }
+                    break;
+                default:
+                    ((uint16_t *)o)[r] = h[0];
+                    for (int j = 0; j < 16; j++) o[32 + 16 * j + r] = sc[j];
+                    for (int j = 0; j < 8; j++) {
+                        ll_put_nibbles(o + 288 + 384 * j, r, u + 32 * j);
+                        ll_put_high2(o + 288 + 384 * j + 256, r, u + 32 * j);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Row `lane` (0..15) of one packed panel, dequantized: out [k]. */
+static inline void ll_qdequant_lane(const uint8_t *wp, int wtype, ptrdiff_t k, int lane, float *out) {
+    const ptrdiff_t bb = ll_qblock_bytes(wtype);
+    for (ptrdiff_t b = 0; b < k / ll_qblock(wtype); b++, wp += bb) {
+        float *o = out + b * ll_qblock(wtype);
+        if (wtype == LL_W_Q8_0) {
+            const float d = ll_f16_to_f32(((const uint16_t *)(wp + 512))[lane]);
+            for (int e = 0; e < 32; e++) o[e] = d * (float)(int8_t)wp[64 * (e / 4) + 4 * lane + e % 4];
+        } else if (wtype == LL_W_Q4_0 || wtype == LL_W_Q4_1) {
+            const float d = ll_f16_to_f32(((const uint16_t *)(wp + 256))[lane]);
+            const float m = wtype == LL_W_Q4_1 ? ll_f16_to_f32(((const uint16_t *)(wp + 288))[lane]) : 0.f;
+            for (int e = 0; e < 32; e++) {
+                const int v = (wp[64 * ((e % 16) / 4) + 4 * lane + e % 4] >> (e < 16 ? 0 : 4)) & 15;
+                o[e] = wtype == LL_W_Q4_0 ? d * (float)(v - 8) : d * (float)v + m;
+            }
+        } else if (wtype == LL_W_Q4_K) {
+            const float d = ll_f16_to_f32(((const uint16_t *)wp)[lane]);
+            const float dmin = ll_f16_to_f32(((const uint16_t *)(wp + 32))[lane]);
+            for (int j = 0; j < 8; j++) {
+                const float ds = d * (float)wp[64 + 16 * j + lane], dm = dmin * (float)wp[192 + 16 * j + lane];
+                const uint8_t *q = wp + 320 + 256 * j;
+                for (int e = 0; e < 32; e++) {
+                    const int v = (q[64 * ((e % 16) / 4) + 4 * lane + e % 4] >> (e < 16 ? 0 : 4)) & 15;
+                    o[32 * j + e] = ds * (float)v - dm;
+                }
+            }
+        } else {
+            const float d = ll_f16_to_f32(((const uint16_t *)wp)[lane]);
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *q = wp + 288 + 384 * j, *hb = q + 256;
+                for (int e = 0; e < 32; e++) {
+                    const int g = e / 4, i = e % 4;
+                    const int lo = (q[64 * (g % 4) + 4 * lane + i] >> (g < 4 ? 0 : 4)) & 15;
+                    const int hi = (hb[64 * (g / 4) + 4 * lane + i] >> (2 * (g % 4))) & 3;
+                    o[32 * j + e] = d * (float)(int8_t)wp[32 + 16 * (2 * j + e / 16) + lane] * (float)((lo | (hi << 4)) - 32);
+                }
+            }
+        }
+    }
+}
+#endif

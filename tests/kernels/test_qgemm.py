@@ -1,0 +1,107 @@
+"""Block-quantized weights kept quantized (src/kernels/qgemm.h, matmul.h): int8 activation
+blocks, the interleaved panels every ggml type is repacked into, and the int8 GEMM / fused
+gated MLP on them, every variant this machine runs vs tests/ref_ops.py.
+
+Shapes hit the tails: N not a multiple of 16 (a partial panel), token counts below, at and
+past the 8-token tile, one token (decode), and 1..3 threads over few panels.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import ref_ops  # noqa: E402
+from conftest import ggml_rows  # noqa: E402
+from lite_llm import _kernels  # noqa: E402
+
+VARIANTS = _kernels.available()
+TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+
+
+def _packed(mod, raw: np.ndarray, qname: str, n: int, k: int) -> np.ndarray:
+    out = np.zeros(((n + 15) // 16, mod.qpanel_bytes(qname, k)), np.uint8)
+    mod.qpack_into(np.ascontiguousarray(raw), out, qname, k, 2)
+    return out
+
+
+def _close(got: np.ndarray, want: np.ndarray, x: np.ndarray, w: np.ndarray) -> None:
+    """fp32 sums of per-block products: errors of a few ulps of sum |x| |w| per output."""
+    scale = np.abs(ref_ops.dequantize_q8(*ref_ops.quantize_q8(x)[:2])) @ np.abs(w.astype(np.float64)).T
+    np.testing.assert_array_less(np.abs(got - want), 2e-6 * scale + 1e-6)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("num_tokens,k", [(1, 32), (3, 96), (9, 512), (0, 64)])
+def test_quantize_q8_matches_reference(variant, num_tokens, k, rng):
+    x = (rng.standard_normal((num_tokens, k)) * rng.uniform(0.01, 10.0, (num_tokens, 1))).astype(np.float32)
+    if num_tokens > 2:
+        x[1, :32] = 0.0                         # an all-zero block: scale 0, quants 0
+        x[2, 5] = 1e4                           # one outlier sets its block's scale
+    q, d, s = _kernels.load(variant).quantize_q8(x)
+    qr, dr, sr = ref_ops.quantize_q8(x)
+    np.testing.assert_array_equal(q, qr)
+    np.testing.assert_array_equal(d, dr)
+    np.testing.assert_array_equal(s, sr)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("qname", TYPES)
+@pytest.mark.parametrize("n", [1, 16, 37])
+def test_packed_panels_dequantize_like_the_gguf_package(variant, qname, n, rng):
+    """Packing keeps every value: the panels read back equal gguf's own dequantization."""
+    mod = _kernels.load(variant)
+    k = 512
+    raw, values = ggml_rows(rng, n, k, qname)
+    np.testing.assert_array_equal(mod.qdequantize_packed(_packed(mod, raw, qname, n, k), qname, n, k), values)
+
+
+def test_packing_refuses_what_does_not_fit(rng):
+    mod = _kernels.kernels
+    raw, _ = ggml_rows(rng, 4, 64, "Q8_0")
+    with pytest.raises(ValueError, match="not 96 values of Q8_0"):
+        mod.qpack_into(raw, np.zeros((1, mod.qpanel_bytes("Q8_0", 96)), np.uint8), "Q8_0", 96)
+    with pytest.raises(ValueError, match=r"dst .* is not uint8 \[1, 1088\]"):
+        mod.qpack_into(raw, np.zeros((2, 1088), np.uint8), "Q8_0", 64)
+    with pytest.raises(ValueError, match="BF16 is not a block-quantized format"):
+        mod.qpack_into(raw, np.zeros((1, 1088), np.uint8), "BF16", 64)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("qname", TYPES)
+@pytest.mark.parametrize("num_tokens,n", [(1, 37), (3, 16), (8, 5), (11, 53), (17, 40)])
+@pytest.mark.parametrize("num_threads", [1, 3])
+def test_qgemm_matches_reference(variant, qname, num_tokens, n, num_threads, rng):
+    mod = _kernels.load(variant)
+    k = 512
+    raw, w = ggml_rows(rng, n, k, qname)
+    x = rng.standard_normal((num_tokens, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    out = rng.standard_normal((num_tokens, n)).astype(np.float32)
+    before = out.copy()
+    mod.gemm(x, _packed(mod, raw, qname, n, k), qname, n, out, bias=bias, accumulate=True, num_threads=num_threads)
+    _close(out, before + ref_ops.qgemm(x, w, bias), x, w)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("gate_type,up_type", [("Q4_K", "Q4_K"), ("Q4_0", "Q8_0"), ("Q6_K", "Q4_1")])
+@pytest.mark.parametrize("num_tokens", [1, 5, 10])
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_quantized_gated_mlp_matches_reference(variant, gate_type, up_type, num_tokens, act, rng):
+    """Gate and up parts of their own types, F not a multiple of 16 (a padded panel in each part)."""
+    mod = _kernels.load(variant)
+    k, f = 256, 40
+    graw, wg = ggml_rows(rng, f, k, gate_type)
+    uraw, wu = ggml_rows(rng, f, k, up_type)
+    x = rng.standard_normal((num_tokens, k)).astype(np.float32)
+    out = np.zeros((num_tokens, f), np.float32)
+    mod.gated_mlp(x, (_packed(mod, graw, gate_type, f, k), _packed(mod, uraw, up_type, f, k)),
+                  (gate_type, up_type), f, out, act, num_threads=2)
+    gate, up = ref_ops.qgemm(x, wg), ref_ops.qgemm(x, wu)
+    want = ref_ops.act_mul(gate, up, act)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
