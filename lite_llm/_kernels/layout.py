@@ -124,6 +124,40 @@ class _RowRange:
     def read(self, r0: int, r1: int) -> np.ndarray:
         return self.src.read(self.start + r0, self.start + r1)
 
+def pack_blocks(rows, slice_rows: int | None = None) -> tuple[np.ndarray, list[tuple]]:
+    """A weight whose parts are all stored in ggml block types (rows.block_types(), a
+    model.weights.StackedRows) repacked as stored into the interleaved panels of
+    src/kernels/qgemm.h: each part gets its own ceil(rows / 16) panels, in order, so a fused
+    matrix may mix types (Q4_K q and k with a Q6_K v) and a gated MLP's gate part is panels
+    0..ng and its up part ng..2 ng. Raw rows are read a slice at a time (a multiple of 16 rows
+    and of rows.align), never the whole tensor.
+
+    Returns (packed uint8 [bytes], parts [(type, first panel, end panel, first column,
+    end column, byte offset)]) as the kernel Model takes them."""
+    from lite_llm._kernels import kernels
+    types = rows.block_types()
+    if types is None:
+        raise ValueError("pack_blocks: every part of the weight must be block-quantized")
+    k = rows.cols
+    sizes = [(-(-n // PANEL), kernels.qpanel_bytes(t, k)) for (n, _), t in zip(rows.parts, types)]
+    out = aligned_empty((sum(p * b for p, b in sizes),), np.uint8, weights=True)
+    threads = load_threads()
+    step = math.lcm(PANEL, getattr(rows, "align", 1))
+    per_slice = slice_rows or max(step, (STREAM_ELEMENTS // max(k, 1)) // step * step)
+    per_slice = max(step, per_slice // step * step)
+    parts, panel, col, off = [], 0, 0, 0
+    for ((n, _), (type_name, read_raw)), (num_panels, panel_bytes) in zip(zip(rows.parts, rows.blocks), sizes):
+        region = out[off:off + num_panels * panel_bytes].reshape(num_panels, panel_bytes)
+        for r0 in range(0, n, per_slice):
+            r1 = min(n, r0 + per_slice)
+            raw = np.ascontiguousarray(read_raw(r0, r1))
+            kernels.qpack_into(raw, region[r0 // PANEL: -(-r1 // PANEL)], type_name, k, threads)
+            del raw
+        parts.append((type_name, panel, panel + num_panels, col, col + n, off))
+        panel, col, off = panel + num_panels, col + n, off + num_panels * panel_bytes
+    return out, parts
+
+
 def pack_reference(w: np.ndarray, dtype: str) -> np.ndarray:
     """NumPy spec of pack()."""
     if w.ndim != 2:

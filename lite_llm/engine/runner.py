@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import time
+from collections import Counter
 
 import numpy as np
 
@@ -43,6 +44,16 @@ def kv_cache_dtype(dtype: str) -> str:
 def kv_bytes_per_block(config, block_size: int, dtype: str) -> int:
     itemsize = 4 if kv_cache_dtype(dtype) == "float32" else 2
     return 2 * config.num_layers * config.num_kv_heads * block_size * config.head_dim * itemsize
+
+
+def describe_formats(formats: dict[str, tuple[tuple[str, ...], str]]) -> str:
+    """"Q4_K+Q4_K+Q6_K x 10, Q4_K x 20 (int8 blocks); bfloat16 x 2 (bfloat16 pairs)": how many
+    matrices run in each combination of part formats, grouped by their activation form."""
+    by_input: dict[str, Counter] = {}
+    for parts, form in formats.values():
+        by_input.setdefault(form, Counter())["+".join(parts)] += 1
+    return "; ".join(", ".join(f"{fmt} x {n}" for fmt, n in counts.most_common()) + f" ({form})"
+                     for form, counts in by_input.items())
 
 
 class ModelRunner:
@@ -95,18 +106,35 @@ class ModelRunner:
         eos = tuple(cfg.eos_token_ids)
         self.sampler = Sampler(cfg.vocab_size, eos, num_threads=num_threads)
         self.weight_bytes = sum(v.nbytes for k, v in tensors.items() if isinstance(v, np.ndarray))
+        # a decode step streams every matrix once; an untied embedding only gives a few rows
+        self.bytes_per_token = self.weight_bytes - (tensors["embed.weight"].nbytes if "lm_head.weight" in tensors else 0)
         self.kv_cache_bytes = sum(c.nbytes for c in self.k_caches + self.v_caches)
-        log.info("model ready in %.2f s: %.1f MB of %s weights, KV cache %.1f MB (%d blocks of %d)",
-                 time.perf_counter() - start, self.weight_bytes / 2**20, self.dtype,
-                 self.kv_cache_bytes / 2**20, num_blocks, block_size)
+        self.formats = self.model.formats()
+        log.info("model ready in %.2f s: %.1f MB of weights (%s), %.1f MB read per decoded token; "
+                 "KV cache %.1f MB (%d blocks of %d)", time.perf_counter() - start, self.weight_bytes / 2**20,
+                 describe_formats(self.formats), self.bytes_per_token / 2**20, self.kv_cache_bytes / 2**20,
+                 num_blocks, block_size)
+
+    def _keeps_blocks(self, base: str, t, cfg) -> bool:
+        """Whether weight `base` runs in its stored block-quantized format(s): every part is a
+        type the kernels take (gguf.NATIVE_TYPES), and the o projection's int8 input blocks of
+        32 values fit within one KV group's attention output."""
+        if t.block_types() is None:
+            return False
+        if base.endswith(".o"):
+            return (cfg.num_heads // cfg.num_kv_heads * cfg.head_dim) % 32 == 0
+        return True
 
     def _pack_all(self, loaded, tensors: dict, cfg) -> None:
-        """Every tensor of the checkpoint into `tensors`: 2-D weights packed, vectors as float32."""
+        """Every tensor of the checkpoint into `tensors`: 2-D weights packed (in their stored
+        block format where the kernels take it, else in the engine dtype), vectors as float32."""
         for name, t in loaded.iter_tensors(streamed=True):   # 2-D: StackedRows, read a slice at a time
             if t.ndim == 2 and name != "pos_embed":
                 base = name[: -len(".weight")] if name.endswith(".weight") else name
                 tensors[base + ".shape"] = t.shape
-                if base.endswith(".gate_up"):   # the fused gated-MLP kernel's layout
+                if self._keeps_blocks(base, t, cfg):
+                    tensors[base + ".weight"], tensors[base + ".parts"] = layout.pack_blocks(t)
+                elif base.endswith(".gate_up"):   # the fused gated-MLP kernel's layout
                     tensors[base + ".weight"] = layout.pack_gated(t, cfg.ffn_dim, self.dtype)
                 else:
                     tensors[base + ".weight"] = layout.pack_rows(t, self.dtype)

