@@ -100,7 +100,7 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
                  max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = True,
                  seed: int = 0, disable_sliding_window: bool = False, skip_tokenizer_init: bool = False,
                  max_queue: int | None = None, serving: bool = False, progress: bool = True,
-                 num_kv_blocks: int | None = None):
+                 num_kv_blocks: int | None = None, quantization: str | None = None):
     """Everything from a model argument to a started AsyncEngine. Returns (engine, loaded, info).
     num_kv_blocks: exactly this many KV blocks instead of kv_cache_space (see plan_kv_cache)."""
     t0 = time.perf_counter()
@@ -114,8 +114,10 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
     from lite_llm import _kernels
     from lite_llm.engine.async_engine import AsyncEngine, EngineDeadError
     from lite_llm.engine.engine import EngineConfig, LLMEngine
-    from lite_llm.engine.runner import ModelRunner
+    from lite_llm.engine.runner import ModelRunner, check_quantization
     from lite_llm.model.loader import load_model
+
+    quantization = check_quantization(quantization)      # a bad value fails before any loading
 
     log.info("kernel variant %s (%s)", _kernels.VARIANT.name, "; ".join(_kernels.explain()))
     loaded = load_model(model, dtype=dtype, max_model_len=max_model_len,
@@ -147,7 +149,8 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
             log.info("%s", line)
         engine.runner = ModelRunner(loaded, num_blocks=kv.num_blocks, block_size=block_size,
                                     max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                                    num_threads=num_threads, disable_sliding_window=disable_sliding_window)
+                                    num_threads=num_threads, disable_sliding_window=disable_sliding_window,
+                                    quantization=quantization)
 
     async_engine = AsyncEngine(engine, max_queue=max_queue, on_engine_thread_start=start_on_engine_thread)
     try:
@@ -198,7 +201,8 @@ class LLM:
                  seed: int = 0, block_size: int = 128, kv_cache_space: float | None = None,
                  enable_prefix_caching: bool = True, max_num_seqs: int = 256,
                  max_num_batched_tokens: int | None = None, skip_tokenizer_init: bool = False,
-                 disable_sliding_window: bool = False, tokenizer: str | None = None, **kwargs: Any):
+                 disable_sliding_window: bool = False, tokenizer: str | None = None,
+                 quantization: str | None = None, **kwargs: Any):
         if kwargs:
             log.warning("LLM: ignoring unsupported arguments %s", sorted(kwargs))
         self._engine, self._loaded, self.info = build_engine(
@@ -206,7 +210,7 @@ class LLM:
             kv_cache_space=kv_cache_space, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
             seed=seed, disable_sliding_window=disable_sliding_window,
-            skip_tokenizer_init=skip_tokenizer_init, serving=False)
+            skip_tokenizer_init=skip_tokenizer_init, serving=False, quantization=quantization)
         self.tokenizer = self._loaded.tokenizer
         self.config = self._loaded.config
 

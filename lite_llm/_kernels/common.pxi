@@ -36,6 +36,7 @@ cdef extern from "kernels/qgemm.h" nogil:
     void ll_qpack_panels(const uint8_t *src, Py_ssize_t rows, Py_ssize_t k, int wtype, uint8_t *dst,
                          Py_ssize_t p0, Py_ssize_t p1)
     void ll_qdequant_lane(const uint8_t *wp, int wtype, Py_ssize_t k, int lane, float *out)
+    void ll_quantize_row_ggml(const float *x, Py_ssize_t k, int wtype, uint8_t *dst)
 
 cdef extern from "kernels/matmul.h" nogil:
     int LL_IN_F32, LL_IN_BF16, LL_IN_Q8, LL_MAX_PARTS

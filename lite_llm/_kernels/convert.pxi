@@ -101,3 +101,20 @@ def qdequantize_packed(packed, str type_name, Py_ssize_t n, Py_ssize_t k):
     for r in range(n):
         ll_qdequant_lane(wp + (r // 16) * pb, wtype, k, <int>(r % 16), &ov[r, 0])
     return out
+
+
+def quantize_ggml(const float[:, ::1] x, str type_name, int num_threads=1):
+    """fp32 rows x [N, K] (K a multiple of 32) -> ggml blocks uint8 [N, bytes per row] of
+    type_name (Q8_0 or Q4_0), as ggml's reference quantizers make them."""
+    cdef int wtype = WTYPES.get(type_name, -1)
+    if wtype not in (LL_W_Q8_0, LL_W_Q4_0):
+        raise ValueError(f"quantize_ggml: quantizing to {type_name} is not supported (Q8_0, Q4_0)")
+    cdef Py_ssize_t n = x.shape[0], k = x.shape[1], row_bytes = k // 32 * ll_ggml_block_bytes(wtype), r
+    if k % 32:
+        raise ValueError(f"quantize_ggml: rows of {k} values are not whole 32-value blocks")
+    out = np.empty((n, row_bytes), np.uint8)
+    cdef uint8_t[:, ::1] ov = out
+    if n and k:
+        for r in prange(n, nogil=True, schedule="static", num_threads=max(num_threads, 1)):
+            ll_quantize_row_ggml(&x[r, 0], k, wtype, &ov[r, 0])
+    return out

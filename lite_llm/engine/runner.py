@@ -46,6 +46,18 @@ def kv_bytes_per_block(config, block_size: int, dtype: str) -> int:
     return 2 * config.num_layers * config.num_kv_heads * block_size * config.head_dim * itemsize
 
 
+QUANTIZATIONS = {"q8_0": "Q8_0", "q4_0": "Q4_0"}   # --quantization: the ggml type float weights become
+
+
+def check_quantization(name: str | None) -> str | None:
+    """None / "none" (weights as stored), or a key of QUANTIZATIONS; else a ValueError listing them."""
+    if name is None or str(name).lower() == "none":
+        return None
+    if str(name).lower() not in QUANTIZATIONS:
+        raise ValueError(f"quantization {name!r} is not supported; choose none, {', '.join(QUANTIZATIONS)}")
+    return str(name).lower()
+
+
 def describe_formats(formats: dict[str, tuple[tuple[str, ...], str]]) -> str:
     """"Q4_K+Q4_K+Q6_K x 10, Q4_K x 20 (int8 blocks); bfloat16 x 2 (bfloat16 pairs)": how many
     matrices run in each combination of part formats, grouped by their activation form."""
@@ -61,7 +73,7 @@ class ModelRunner:
 
     def __init__(self, loaded, *, num_blocks: int, block_size: int, max_num_batched_tokens: int,
                  max_num_seqs: int, num_threads: int, disable_sliding_window: bool = False,
-                 kernels=None):
+                 kernels=None, quantization: str | None = None):
         cfg = loaded.config
         self.config = cfg
         self.dtype = loaded.dtype
@@ -70,6 +82,7 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.max_model_len = loaded.max_model_len
+        self.quantization = check_quantization(quantization)
         if cfg.head_dim % 16:
             raise ValueError(f"head_dim {cfg.head_dim} is not supported: it must be a multiple of 16")
         if block_size % 16:
@@ -115,15 +128,27 @@ class ModelRunner:
                  describe_formats(self.formats), self.bytes_per_token / 2**20, self.kv_cache_bytes / 2**20,
                  num_blocks, block_size)
 
-    def _keeps_blocks(self, base: str, t, cfg) -> bool:
-        """Whether weight `base` runs in its stored block-quantized format(s): every part is a
-        type the kernels take (gguf.NATIVE_TYPES), and the o projection's int8 input blocks of
-        32 values fit within one KV group's attention output."""
-        if t.block_types() is None:
+    @staticmethod
+    def _blocks_fit(base: str, t, cfg) -> bool:
+        """Whether weight `base` can run on block-quantized kernels: rows of whole 32-value
+        blocks, and the o projection's int8 input blocks within one KV group's output."""
+        if t.shape[1] % 32:
             return False
-        if base.endswith(".o"):
-            return (cfg.num_heads // cfg.num_kv_heads * cfg.head_dim) % 32 == 0
-        return True
+        return not base.endswith(".o") or (cfg.num_heads // cfg.num_kv_heads * cfg.head_dim) % 32 == 0
+
+    def _block_form(self, base: str, t, cfg):
+        """The weight as ggml blocks to pack, or None for the engine dtype: as stored where every
+        part is a type the kernels take (gguf.NATIVE_TYPES), else quantized at load when asked
+        (the LM head, and a tied embedding, in Q8_0 for q4_0, as llama.cpp keeps its output
+        layer in more bits)."""
+        if not self._blocks_fit(base, t, cfg):
+            return None
+        if t.block_types() is not None:
+            return t
+        if self.quantization is None:
+            return None
+        head = base == "lm_head" or (base == "embed" and cfg.tie_word_embeddings)
+        return layout.quantized_view(t, "Q8_0" if head else QUANTIZATIONS[self.quantization])
 
     def _pack_all(self, loaded, tensors: dict, cfg) -> None:
         """Every tensor of the checkpoint into `tensors`: 2-D weights packed (in their stored
@@ -132,8 +157,9 @@ class ModelRunner:
             if t.ndim == 2 and name != "pos_embed":
                 base = name[: -len(".weight")] if name.endswith(".weight") else name
                 tensors[base + ".shape"] = t.shape
-                if self._keeps_blocks(base, t, cfg):
-                    tensors[base + ".weight"], tensors[base + ".parts"] = layout.pack_blocks(t)
+                blocks = self._block_form(base, t, cfg)
+                if blocks is not None:
+                    tensors[base + ".weight"], tensors[base + ".parts"] = layout.pack_blocks(blocks)
                 elif base.endswith(".gate_up"):   # the fused gated-MLP kernel's layout
                     tensors[base + ".weight"] = layout.pack_gated(t, cfg.ffn_dim, self.dtype)
                 else:

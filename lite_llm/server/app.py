@@ -677,6 +677,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--port", type=int, default=8000)
     a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16", "half", "float"],
       help="weight/activation dtype (auto: from the checkpoint)")
+    a("--quantization", "-q", default=None, choices=["none", "q8_0", "q4_0"],
+      help="weights as stored (none), or float weights quantized at load to q8_0 / q4_0 (ggml block types)")
     a("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     a("--block-size", type=int, default=None, help="tokens per KV-cache block (a multiple of 16; default 128)")
     a("--max-num-seqs", type=int, default=128, help="most sequences in one step")
@@ -725,7 +727,8 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype, max_model_len=args.max_model_len, block_size=args.block_size,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=args.enable_prefix_caching, seed=args.seed, max_queue=args.max_queue,
-        kv_cache_space=args.kv_cache_space, disable_sliding_window=args.disable_sliding_window)
+        kv_cache_space=args.kv_cache_space, disable_sliding_window=args.disable_sliding_window,
+        quantization=args.quantization)
     # flags left unset keep the builder's defaults
     engine, tokenizer, info = build_async_engine(
         model=model, **{k: v for k, v in engine_kwargs.items() if v is not None})

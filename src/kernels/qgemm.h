@@ -306,6 +306,40 @@ static inline void ll_qpack_panels(const uint8_t *src, ptrdiff_t rows, ptrdiff_t
     }
 }
 
+/* ---- quantize at load: fp32 rows -> ggml blocks (ggml's reference quantizers) --------------
+ * Q8_0: d = max|x| / 127, q = round(x / d) (half away from zero);
+ * Q4_0: m = the value of largest magnitude, d = m / -8, q = min(15, (int)(x / d + 8.5)). */
+
+LL_INLINE void ll_put_f16_le(uint8_t *p, float f) {
+    const uint16_t h = ll_f32_to_f16(f);
+    p[0] = (uint8_t)(h & 0xff); p[1] = (uint8_t)(h >> 8);
+}
+
+static inline void ll_quantize_row_ggml(const float *x, ptrdiff_t k, int wtype, uint8_t *dst) {
+    for (ptrdiff_t b = 0; b < k / 32; b++) {
+        const float *v = x + 32 * b;
+        if (wtype == LL_W_Q8_0) {
+            uint8_t *blk = dst + 34 * b;
+            float amax = 0.f;
+            for (int i = 0; i < 32; i++) amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
+            const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+            ll_put_f16_le(blk, d);
+            for (int i = 0; i < 32; i++) blk[2 + i] = (uint8_t)(int8_t)roundf(v[i] * id);
+        } else {   /* Q4_0 */
+            uint8_t *blk = dst + 18 * b;
+            float amax = 0.f, m = 0.f;
+            for (int i = 0; i < 32; i++)
+                if (fabsf(v[i]) > amax) { amax = fabsf(v[i]); m = v[i]; }
+            const float d = m / -8.f, id = d != 0.f ? 1.f / d : 0.f;
+            ll_put_f16_le(blk, d);
+            for (int i = 0; i < 16; i++) {
+                const int q0 = (int)(v[i] * id + 8.5f), q1 = (int)(v[i + 16] * id + 8.5f);
+                blk[2 + i] = (uint8_t)((q0 < 15 ? q0 : 15) | ((q1 < 15 ? q1 : 15) << 4));
+            }
+        }
+    }
+}
+
 /* Row `lane` (0..15) of one packed panel, dequantized: out [k]. */
 static inline void ll_qdequant_lane(const uint8_t *wp, int wtype, ptrdiff_t k, int lane, float *out) {
     const ptrdiff_t bb = ll_qblock_bytes(wtype);

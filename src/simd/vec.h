@@ -33,6 +33,21 @@ LL_INLINE uint16_t ll_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* IEEE half, round to nearest even (load-time quantizers' scales; not on a hot path). */
+LL_INLINE uint16_t ll_f32_to_f16(float f) {
+    uint32_t x; memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u)); /* inf, NaN */
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);             /* rounds past 65504: inf */
+    if (ax < 0x38800000u) {                                                /* below 2^-14: subnormal */
+        float a; memcpy(&a, &ax, 4);
+        return (uint16_t)(sign | (uint32_t)nearbyintf(a * 16777216.0f));  /* units of 2^-24, exact scaling */
+    }
+    uint32_t r = ax - 0x38000000u;                                         /* exponent bias 127 -> 15 */
+    r += 0x0fffu + ((r >> 13) & 1u);
+    return (uint16_t)(sign | (r >> 13));
+}
+
 #if defined(__AVX512F__)
 #include "vec_avx512.h"
 #elif defined(__AVX2__) && defined(__FMA__)

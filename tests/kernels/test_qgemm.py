@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 
@@ -105,3 +106,24 @@ def test_quantized_gated_mlp_matches_reference(variant, gate_type, up_type, num_
     gate, up = ref_ops.qgemm(x, wg), ref_ops.qgemm(x, wu)
     want = ref_ops.act_mul(gate, up, act)
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("qname", ["Q8_0", "Q4_0"])
+def test_quantizing_at_load_writes_the_gguf_package_bytes(variant, qname, rng):
+    """ggml's reference quantizers, byte for byte (gguf.quants is their NumPy port): zero
+    blocks, outliers, tiny and huge scales."""
+    x = (rng.standard_normal((37, 512)) * rng.uniform(1e-3, 1e2, (37, 1))).astype(np.float32)
+    x[3, :32] = 0.0
+    x[4, 40] = 1e5
+    x[5, 64:96] = 1e-9
+    got = _kernels.load(variant).quantize_ggml(x, qname, 2)
+    np.testing.assert_array_equal(got, gguf.quants.quantize(x, gguf.GGMLQuantizationType[qname]))
+
+
+def test_quantizing_at_load_refuses_other_types(rng):
+    x = rng.standard_normal((2, 48)).astype(np.float32)
+    with pytest.raises(ValueError, match="not whole 32-value blocks"):
+        _kernels.kernels.quantize_ggml(x, "Q8_0")
+    with pytest.raises(ValueError, match="quantizing to Q4_K is not supported"):
+        _kernels.kernels.quantize_ggml(x[:, :32], "Q4_K")

@@ -46,10 +46,10 @@ def hf_logits(path, prompts: list[list[int]], dtype=torch.float32) -> list[np.nd
     return out
 
 
-def make_runner(path, dtype="float32", num_blocks=64, max_tokens=256, kernels=None, **kw):
+def make_runner(path, dtype="float32", num_blocks=64, max_tokens=256, kernels=None, quantization=None, **kw):
     loaded = load_model(str(path), dtype=dtype, progress=False, **kw)
     return ModelRunner(loaded, num_blocks=num_blocks, block_size=BLOCK, max_num_batched_tokens=max_tokens,
-                       max_num_seqs=max_tokens, num_threads=2, kernels=kernels), loaded
+                       max_num_seqs=max_tokens, num_threads=2, kernels=kernels, quantization=quantization), loaded
 
 
 def lite_logits(runner, prompts: list[list[int]], chunk: int | None = None) -> list[np.ndarray]:

@@ -66,3 +66,50 @@ def test_quantized_file_logits_match_the_dequantized_reference(arch, ftype, f32_
             # value; measured: max 1-2.7 %, median ~0.3 % of the logit range (llama.cpp on the
             # same files: max 2-4 %, median 0.3-0.5 %)
             assert err.max() < 0.03 and np.median(err) < 0.005, (ftype, chunk, err.max(), np.median(err))
+
+
+def test_q8_0_at_load_runs_what_llama_cpp_writes(tiny_checkpoint, tmp_path):
+    """A float checkpoint quantized at load to Q8_0 is the Q8_0 file llama.cpp writes from the
+    same weights: the same packed bytes, so the same logits."""
+    ckpt = tiny_checkpoint("llama", **SHAPE, std=0.08)
+    path = quantize_with_llama_cpp(gguf_from_hf(ckpt, tmp_path / "f32.gguf", "llama"), tmp_path / "q8.gguf", "Q8_0")
+    prompts = [[5, 17, 200, 33, 90, 250, 7, 64, 128, 3]]
+    at_load, _ = make_runner(ckpt, quantization="q8_0")
+    as_stored, _ = make_runner(path)
+    assert at_load.formats == as_stored.formats
+    assert {p for parts, _ in at_load.formats.values() for p in parts} == {"Q8_0"}
+    np.testing.assert_array_equal(lite_logits(at_load, prompts)[0], lite_logits(as_stored, prompts)[0])
+
+
+def test_q4_0_at_load_matches_the_dequantized_reference(tiny_checkpoint, tmp_path):
+    """q4_0: the matrices in Q4_0, the LM head in Q8_0; against transformers on a copy of the
+    checkpoint whose weights went through gguf's quantize + dequantize the same way."""
+    import gguf
+    from safetensors.numpy import load_file, save_file
+    ckpt = tiny_checkpoint("llama", **SHAPE, std=0.08)
+    ref_dir = tmp_path / "roundtrip"
+    ref_dir.mkdir()
+    for f in ckpt.iterdir():
+        if f.name != "model.safetensors":
+            (ref_dir / f.name).write_bytes(f.read_bytes())
+    sd = load_file(str(ckpt / "model.safetensors"))
+    for name, w in sd.items():
+        if w.ndim == 2:
+            qtype = gguf.GGMLQuantizationType.Q8_0 if name == "lm_head.weight" else gguf.GGMLQuantizationType.Q4_0
+            sd[name] = gguf.quants.dequantize(gguf.quants.quantize(w.astype(np.float32), qtype), qtype).astype(w.dtype)
+    save_file(sd, str(ref_dir / "model.safetensors"), metadata={"format": "pt"})
+    from transformers import AutoModelForCausalLM
+    ref_model = AutoModelForCausalLM.from_pretrained(str(ref_dir), dtype=torch.float32).eval()
+    ids = [5, 17, 200, 33, 90, 250, 7, 64, 128, 3, 41]
+    with torch.no_grad():
+        want = ref_model(torch.tensor([ids])).logits[0].double().numpy()
+    runner, _ = make_runner(ckpt, quantization="q4_0")
+    assert runner.formats["lm_head"][0] == ("Q8_0",) and runner.formats["layers.0.down"][0] == ("Q4_0",)
+    got = lite_logits(runner, [ids])[0]
+    err = np.abs(got - want) / (want.max(-1, keepdims=True) - want.min(-1, keepdims=True))
+    assert err.max() < 0.03 and np.median(err) < 0.005, (err.max(), np.median(err))
+
+
+def test_bad_quantization_is_refused_with_the_choices(tiny_checkpoint):
+    with pytest.raises(ValueError, match="quantization 'q3_k' is not supported; choose none, q8_0, q4_0"):
+        make_runner(tiny_checkpoint("llama"), quantization="q3_k")
