@@ -37,6 +37,20 @@ static inline double ll_monotonic_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Read n 64-bit words once, start to end, as a decode step reads its weights (prefetching
+ * 4 KB ahead as the block-quantized GEMV does); returns their sum so the reads cannot be
+ * optimised away (a memory-bandwidth probe). */
+static inline unsigned long long ll_stream_sum(const unsigned long long *p, ptrdiff_t n) {
+    unsigned long long a = 0, b = 0, c = 0, d = 0;
+    ptrdiff_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __builtin_prefetch(p + i + 512, 0, 0);
+        a += p[i] + p[i + 4]; b += p[i + 1] + p[i + 5]; c += p[i + 2] + p[i + 6]; d += p[i + 3] + p[i + 7];
+    }
+    for (; i < n; i++) a += p[i];
+    return a + b + c + d;
+}
+
 /* Burn CPU in the calling thread until `deadline` (ll_monotonic_seconds); returns a value
  * that depends on the work so the loop cannot be optimised away. */
 static inline unsigned long long ll_busy_until(double deadline) {

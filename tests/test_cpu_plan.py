@@ -293,11 +293,12 @@ def test_info_cli_prints_plan_binding_and_roofline():
     assert "bandwidth_gbs" not in out
 
 
-def test_bandwidth_copy_splits_the_array_exactly():
+def test_bandwidth_probe_reads_every_word_once():
+    """The read probe's threads split the array exactly: the sum is every word once, whatever
+    the thread count (not a multiple of it, nor of the 8-word unrolled loop)."""
     import numpy as np
-    from lite_llm import info
-    src = np.arange(1001, dtype=np.float64)   # not a multiple of the thread count
+    from lite_llm._kernels import _cpu
+    words = np.arange(1001, dtype=np.uint64)
     for threads in (1, 3, 7):
-        dst = np.zeros_like(src)
-        info._copy_in_threads(src, dst, threads)
-        np.testing.assert_array_equal(dst, src)
+        assert _cpu.stream_read(words, threads) == 1001 * 1000 // 2
+    assert _cpu.stream_read(words[:0], 2) == 0

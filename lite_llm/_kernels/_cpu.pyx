@@ -1,7 +1,7 @@
 # cython: language_level=3
 """CPU feature probing and OpenMP thread binding, built once with baseline flags (so it
 imports on any CPU of the architecture, before a variant is chosen)."""
-from cython.parallel cimport parallel
+from cython.parallel cimport parallel, prange
 cimport openmp
 
 cdef extern from "cpu_features.h" nogil:
@@ -13,6 +13,7 @@ cdef extern from "omp_util.h" nogil:
     int ll_gettid()
     double ll_monotonic_seconds()
     unsigned long long ll_busy_until(double deadline)
+    unsigned long long ll_stream_sum(const unsigned long long *p, Py_ssize_t n)
 
 
 def has(str feature) -> bool:
@@ -104,3 +105,15 @@ def spin(int num_threads, double seconds) -> list:
                 tids[tid] = ll_gettid()
                 cpus[tid] = ll_current_cpu()
     return [(tids[i], cpus[i]) for i in range(n) if tids[i] != -2]
+
+
+def stream_read(const unsigned long long[::1] words, int num_threads) -> int:
+    """Read `words` once with num_threads OpenMP threads, a contiguous slice each (the access
+    pattern of a decode step); returns their sum. Time it to measure read bandwidth."""
+    cdef Py_ssize_t n = words.shape[0], tid, nt = max(num_threads, 1)
+    cdef unsigned long long total = 0
+    if n == 0:
+        return 0
+    for tid in prange(nt, nogil=True, schedule="static", num_threads=nt):
+        total += ll_stream_sum(&words[n * tid // nt], n * (tid + 1) // nt - n * tid // nt)
+    return total

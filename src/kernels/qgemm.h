@@ -97,6 +97,10 @@ LL_INLINE void ll_dot_u8(const ll_vi8 w[8], const int8_t *x, ll_vi32 *lo, ll_vi3
     *lo = a; *hi = b;
 }
 
+/* Decode streams each panel once: ask for the bytes LL_QPF ahead of those being read. */
+#define LL_QPF 4096
+#define LL_QPREFETCH(p, n) do { for (int pf_ = 0; pf_ < (n); pf_ += 64) __builtin_prefetch((p) + LL_QPF + pf_, 0, 0); } while (0)
+
 /* acc[t] = the 16 rows of panel wp . activation row t, for t < tt (a literal after inlining). */
 LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, int wtype, ptrdiff_t k,
                              ll_vf32 acc[LL_QT]) {
@@ -105,6 +109,7 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
     if (wtype == LL_W_Q8_0 || wtype == LL_W_Q4_0 || wtype == LL_W_Q4_1) {
         const ptrdiff_t bb = ll_qblock_bytes(wtype), qb = wtype == LL_W_Q8_0 ? 512 : 256;
         for (ptrdiff_t b = 0; b < k / 32; b++, wp += bb) {
+            if (tt == 1) LL_QPREFETCH(wp, bb);
             ll_vi8 w[8];
             if (wtype == LL_W_Q8_0) for (int g = 0; g < 8; g++) w[g] = ll_i8_load(wp + 64 * g);
             else ll_unpack_nibbles(wp, w);
@@ -138,6 +143,7 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
         for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 2368) {
             const ll_vf32 dv = ll_load_f16((const uint16_t *)wp), dm = ll_load_f16((const uint16_t *)(wp + 32));
             for (int j = 0; j < 8; j++) {
+                if (tt == 1) LL_QPREFETCH(wp + 320 + 256 * j, 256);
                 const ll_vf32 a = ll_mul(dv, ll_load_u8(wp + 64 + 16 * j));
                 const ll_vf32 mn = ll_mul(dm, ll_load_u8(wp + 192 + 16 * j));
                 ll_vi8 w[8];
@@ -156,6 +162,7 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
         for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 3360) {
             const ll_vf32 dv = ll_load_f16((const uint16_t *)wp);
             for (int j = 0; j < 8; j++) {
+                if (tt == 1) LL_QPREFETCH(wp + 288 + 384 * j, 384);
                 const ll_vf32 a0 = ll_mul(dv, ll_load_s8((const int8_t *)(wp + 32 + 32 * j)));
                 const ll_vf32 a1 = ll_mul(dv, ll_load_s8((const int8_t *)(wp + 48 + 32 * j)));
                 const uint8_t *qp = wp + 288 + 384 * j;
