@@ -125,11 +125,11 @@ def ggml_rows(rng: np.random.Generator, rows: int, cols: int, qname: str) -> tup
     in block type qname: quantized by the gguf package where it can, else random K-quant bytes
     with sane fp16 scales (random bytes may be inf/NaN)."""
     qtype = gguf.GGMLQuantizationType[qname]
-    if qname in ("Q4_K", "Q6_K"):
+    if qname in ("Q4_K", "Q5_K", "Q6_K"):
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
         scale = rng.uniform(0.001, 0.05, (rows, cols // block, 2)).astype(np.float16).view(np.uint8)
-        if qname == "Q4_K":
+        if qname in ("Q4_K", "Q5_K"):
             raw[..., 0:4] = scale.reshape(rows, cols // block, 4)       # d, dmin
         else:
             raw[..., 208:210] = scale[..., 0:2]                           # d at the end of Q6_K

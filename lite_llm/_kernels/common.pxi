@@ -20,7 +20,7 @@ cdef extern from "kernels/gemm.h" nogil:
     Py_ssize_t ll_panel_bytes(int wtype, Py_ssize_t k)
 
 cdef extern from "kernels/qgemm.h" nogil:
-    int LL_W_Q8_0, LL_W_Q4_0, LL_W_Q4_1, LL_W_Q4_K, LL_W_Q6_K
+    int LL_W_Q8_0, LL_W_Q4_0, LL_W_Q4_1, LL_W_Q4_K, LL_W_Q6_K, LL_W_Q5_0, LL_W_Q5_1, LL_W_Q5_K
     ctypedef struct ll_qact:
         const int8_t *q     # [T][ld]
         const float *d      # [T][ld / 32]
@@ -37,6 +37,7 @@ cdef extern from "kernels/qgemm.h" nogil:
                          Py_ssize_t p0, Py_ssize_t p1)
     void ll_qdequant_lane(const uint8_t *wp, int wtype, Py_ssize_t k, int lane, float *out)
     void ll_quantize_row_ggml(const float *x, Py_ssize_t k, int wtype, uint8_t *dst)
+    void ll_dequant_ggml(const uint8_t *src, int wtype, float *dst, Py_ssize_t b0, Py_ssize_t b1)
 
 cdef extern from "kernels/matmul.h" nogil:
     int LL_IN_F32, LL_IN_BF16, LL_IN_Q8, LL_MAX_PARTS
@@ -87,7 +88,8 @@ cdef extern from "kernels/attention.h" nogil:
 ISA = LL_ISA_NAME.decode()
 ACTIVATIONS = {"silu": LL_ACT_SILU, "gelu": LL_ACT_GELU, "gelu_tanh": LL_ACT_GELU_TANH, "relu": LL_ACT_RELU}
 WTYPES = {"float32": LL_W_F32, "bfloat16": LL_W_BF16, "float16": LL_W_F16, "Q8_0": LL_W_Q8_0,
-          "Q4_0": LL_W_Q4_0, "Q4_1": LL_W_Q4_1, "Q4_K": LL_W_Q4_K, "Q6_K": LL_W_Q6_K}
+          "Q4_0": LL_W_Q4_0, "Q4_1": LL_W_Q4_1, "Q5_0": LL_W_Q5_0, "Q5_1": LL_W_Q5_1, "Q4_K": LL_W_Q4_K,
+          "Q5_K": LL_W_Q5_K, "Q6_K": LL_W_Q6_K}
 INPUT_FORMS = {LL_IN_F32: "float32", LL_IN_BF16: "bfloat16 pairs", LL_IN_Q8: "int8 blocks"}
 
 # A packed weight (layout.py) in one or more parts of their own formats, with its optional
@@ -186,11 +188,6 @@ cdef extern from "omp_util.h" nogil:
     int ll_atomic_next(int *counter)
 
 cdef extern from "kernels/quant.h" nogil:
-    void ll_dequant_q8_0(const unsigned char *src, float *dst, Py_ssize_t b0, Py_ssize_t b1)
-    void ll_dequant_q4_0(const unsigned char *src, float *dst, Py_ssize_t b0, Py_ssize_t b1)
-    void ll_dequant_q4_1(const unsigned char *src, float *dst, Py_ssize_t b0, Py_ssize_t b1)
-    void ll_dequant_q4_k(const unsigned char *src, float *dst, Py_ssize_t b0, Py_ssize_t b1)
-    void ll_dequant_q6_k(const unsigned char *src, float *dst, Py_ssize_t b0, Py_ssize_t b1)
     void ll_f32_to_bf16_n(const float *src, uint16_t *dst, Py_ssize_t i0, Py_ssize_t i1)
     void ll_pack_panels(const void *src, void *dst, Py_ssize_t n, Py_ssize_t k, int wtype,
                         Py_ssize_t p0, Py_ssize_t p1)

@@ -1,33 +1,20 @@
 # Load-time conversions (ggml blocks -> fp32, fp32 -> bf16, rows -> packed panels), parallel
 # over blocks/panels: the start-up budget is a couple of seconds for the whole model.
 
-# ggml type name -> (elements per block, bytes per block, C function index)
-QUANT_BLOCKS = {"Q8_0": (32, 34, 0), "Q4_0": (32, 18, 1), "Q4_1": (32, 20, 2),
-                "Q4_K": (256, 144, 3), "Q6_K": (256, 210, 4)}
-
-
 def dequantize(const unsigned char[::1] raw, str type_name, float[::1] out, int num_threads=1):
     """ggml blocks `raw` of `type_name` -> out (fp32, one element per dequantized value)."""
-    if type_name not in QUANT_BLOCKS:
+    cdef int wtype = WTYPES.get(type_name, -1)
+    if wtype < 0 or not ll_wtype_is_quant(wtype):
         raise ValueError(f"dequantize: unsupported block type {type_name}")
-    cdef Py_ssize_t per, nbytes, fn, num_blocks, tid, nt = max(num_threads, 1)
-    per, nbytes, fn = QUANT_BLOCKS[type_name]
+    cdef Py_ssize_t per = ll_qblock(wtype), nbytes = ll_ggml_block_bytes(wtype), num_blocks, tid
+    cdef Py_ssize_t nt = max(num_threads, 1)
     if raw.shape[0] % nbytes or out.shape[0] != raw.shape[0] // nbytes * per:
         raise ValueError(f"dequantize: {raw.shape[0]} bytes of {type_name} do not make {out.shape[0]} values")
     num_blocks = raw.shape[0] // nbytes
     if num_blocks == 0:
         return
     for tid in prange(nt, nogil=True, schedule="static", num_threads=nt):
-        if fn == 0:
-            ll_dequant_q8_0(&raw[0], &out[0], tid * num_blocks // nt, (tid + 1) * num_blocks // nt)
-        elif fn == 1:
-            ll_dequant_q4_0(&raw[0], &out[0], tid * num_blocks // nt, (tid + 1) * num_blocks // nt)
-        elif fn == 2:
-            ll_dequant_q4_1(&raw[0], &out[0], tid * num_blocks // nt, (tid + 1) * num_blocks // nt)
-        elif fn == 3:
-            ll_dequant_q4_k(&raw[0], &out[0], tid * num_blocks // nt, (tid + 1) * num_blocks // nt)
-        else:
-            ll_dequant_q6_k(&raw[0], &out[0], tid * num_blocks // nt, (tid + 1) * num_blocks // nt)
+        ll_dequant_ggml(&raw[0], wtype, &out[0], tid * num_blocks // nt, (tid + 1) * num_blocks // nt)
 
 
 def f32_to_bf16(const float[::1] src, uint16_t[::1] dst, int num_threads=1):

@@ -6,7 +6,7 @@ tokenizer stored in the metadata is rebuilt in tokenizer.py; dtype conversion in
 The header is parsed from a memory map that is dropped once parsed; tensor bytes are read
 with pread into new buffers, a slice of rows at a time if asked (pages of a mapped file
 would count in the resident set until unmapped), and dequantized to float32 by the
-compiled kernels (dequantize_reference is their NumPy spec).
+compiled kernels (the gguf package's quants.dequantize is their spec, in the tests).
 """
 from __future__ import annotations
 
@@ -33,16 +33,15 @@ _NUMPY_TYPES = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32
 
 # ggml tensor types we read: id -> (name, elements per block, bytes per block)
 TENSOR_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-                8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210),
-                30: ("BF16", 1, 2)}
+                6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144),
+                13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2)}
 # block types the kernels run as stored (src/kernels/qgemm.h); other types are dequantized
-NATIVE_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+NATIVE_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 # metadata arrays only the tokenizer reads: ~10 MB of Python objects for a 50k vocabulary
 TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
                     "tokenizer.ggml.scores")
 # ids of ggml types we recognise but do not dequantize, for a readable error
-_KNOWN_UNSUPPORTED = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 13: "Q5_K",
-                      15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S",
+_KNOWN_UNSUPPORTED = {9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S",
                       20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16",
                       26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 34: "TQ1_0", 35: "TQ2_0",
                       39: "MXFP4"}
@@ -251,73 +250,11 @@ def dequantize(raw: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndar
         return np.frombuffer(raw, dtype="<f2").reshape(shape).astype(np.float32)
     if name == "BF16":
         return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
-    from lite_llm._kernels import kernels       # compiled and parallel; _DEQUANT is its NumPy spec
+    from lite_llm._kernels import kernels       # compiled and parallel; tests hold it to gguf.quants
     from lite_llm._kernels.layout import load_threads
     out = np.empty(int(np.prod(shape)), np.float32)
     kernels.dequantize(np.asarray(raw, np.uint8).reshape(-1), name, out, load_threads())
     return out.reshape(shape)
-
-
-def dequantize_reference(raw: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:
-    """NumPy spec of dequantize() for the block types."""
-    name, block, block_bytes = TENSOR_TYPES[type_id]
-    blocks = np.asarray(raw).reshape(-1, block_bytes)          # [num_blocks, block_bytes]
-    return _DEQUANT[name](blocks).reshape(shape)
-
-
-def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
-    """[N, bytes] -> [N, 1] float32 of the little-endian fp16 at byte `start` of each block."""
-    return blocks[:, start:start + 2].copy().view("<f2").astype(np.float32)
-
-
-def _nibbles(qs: np.ndarray) -> np.ndarray:
-    """[N, 16] packed bytes -> [N, 32]: low nibbles are elements 0..15, high nibbles 16..31."""
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
-
-
-def _q8_0(blocks: np.ndarray) -> np.ndarray:
-    return _f16(blocks, 0) * blocks[:, 2:].view(np.int8).astype(np.float32)
-
-
-def _q4_0(blocks: np.ndarray) -> np.ndarray:
-    return _f16(blocks, 0) * (_nibbles(blocks[:, 2:]).astype(np.float32) - 8.0)
-
-
-def _q4_1(blocks: np.ndarray) -> np.ndarray:
-    return _f16(blocks, 0) * _nibbles(blocks[:, 4:]).astype(np.float32) + _f16(blocks, 2)
-
-
-def _q4_k(blocks: np.ndarray) -> np.ndarray:
-    # super-block of 256 = 8 sub-blocks of 32; each has a 6-bit scale and a 6-bit min packed in 12 bytes
-    n = len(blocks)
-    d, dmin = _f16(blocks, 0), _f16(blocks, 2)
-    sc = blocks[:, 4:16].astype(np.uint8)                      # [N, 12]
-    scales = np.empty((n, 8), np.uint8)
-    mins = np.empty((n, 8), np.uint8)
-    scales[:, :4] = sc[:, 0:4] & 63
-    mins[:, :4] = sc[:, 4:8] & 63
-    scales[:, 4:] = (sc[:, 8:12] & 0x0F) | ((sc[:, 0:4] >> 6) << 4)
-    mins[:, 4:] = (sc[:, 8:12] >> 4) | ((sc[:, 4:8] >> 6) << 4)
-    qs = blocks[:, 16:].reshape(n, 4, 32)                      # 4 chunks of 64 values, 32 bytes each
-    q = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(n, 8, 32).astype(np.float32)  # [N, 8 sub, 32]
-    return (d * scales.astype(np.float32))[:, :, None] * q - (dmin * mins.astype(np.float32))[:, :, None]
-
-
-def _q6_k(blocks: np.ndarray) -> np.ndarray:
-    # 256 = 2 halves of 128; each half: 64 bytes of low nibbles, 32 bytes of 2-bit highs
-    n = len(blocks)
-    ql = blocks[:, 0:128].reshape(n, 2, 64)
-    qh = blocks[:, 128:192].reshape(n, 2, 32)
-    scales = blocks[:, 192:208].view(np.int8).astype(np.float32)    # [N, 16], one per 16 values
-    d = _f16(blocks, 208)
-    low = np.concatenate([ql[:, :, :32] & 0x0F, ql[:, :, 32:] & 0x0F,
-                          ql[:, :, :32] >> 4, ql[:, :, 32:] >> 4], axis=2)          # [N, 2, 128]
-    high = np.concatenate([qh & 3, (qh >> 2) & 3, (qh >> 4) & 3, (qh >> 6) & 3], axis=2)
-    q = (low | (high << 4)).astype(np.float32) - 32.0                              # [N, 2, 128]
-    return (d * scales)[:, :, None] * q.reshape(n, 16, 16)
-
-
-_DEQUANT = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k, "Q6_K": _q6_k}
 
 
 # ---- llama.cpp graph -> ModelConfig and canonical tensors ------------------------------

@@ -9,6 +9,7 @@
  *   nibbles  [4][16][4] bytes = 256 B: byte (v, r, i) = u[r][4v + i] | u[r][16 + 4v + i] << 4
  *   bytes    [8][16][4] bytes = 512 B: byte (g, r, i) = u[r][4g + i]
  *   2 bits   [2][16][4] bytes = 128 B: bits 2c..2c+1 of byte (h, r, i) = u[r][4(4h + c) + i] >> 4
+ *   1 bit    [16][4] bytes = 64 B:     bit g of byte (r, i) = u[r][4g + i] >> 4
  * so one 64-byte vector holds 4 consecutive values of each of the 16 rows: vpdpbusd sums them
  * against 4 broadcast activation bytes into 16 int32 lanes, one per row.
  *   Q8_0  block 544 B:  int8 bytes, f16 d[16]                       w = d q
@@ -18,8 +19,11 @@
  *                                                                   w = d sc[j] u - dmin mn[j]
  *   Q6_K  super 3360 B: f16 d[16], i8 sc[16][16] (one per 16 values), 8 x (nibbles, 2 bits)
  *                                                                   w = d sc[k / 16] (u - 32)
- * Every byte of the ggml file is kept (sizes equal ggml's, Q4_K's 6-bit scales widened to
- * bytes: 2.8 % more); f16 values stay in the machine's byte order.
+ *   Q5_0  block 352 B:  nibbles, 1 bit, f16 d[16]                   w = d (u - 16)
+ *   Q5_1  block 384 B:  nibbles, 1 bit, f16 d[16], f16 m[16]        w = d u + m
+ *   Q5_K  super 2880 B: as Q4_K, with 8 x (nibbles, 1 bit)          w = d sc[j] u - dmin mn[j]
+ * Every byte of the ggml file is kept (sizes equal ggml's, Q4_K's and Q5_K's 6-bit scales
+ * widened to bytes: 2.8 % and 2.3 % more); f16 values stay in the machine's byte order.
  *
  * Activations (ll_qact): each row of K values in blocks of 32 quantized symmetrically,
  * q = rint(x / d), d = max|x| / 127, with s = d * (sum of q) over each half-block of 16 (the
@@ -29,19 +33,25 @@
 #define LL_QGEMM_H
 #include "../simd/vec.h"
 
-enum { LL_W_Q8_0 = 3, LL_W_Q4_0 = 4, LL_W_Q4_1 = 5, LL_W_Q4_K = 6, LL_W_Q6_K = 7 };
+enum { LL_W_Q8_0 = 3, LL_W_Q4_0 = 4, LL_W_Q4_1 = 5, LL_W_Q4_K = 6, LL_W_Q6_K = 7, LL_W_Q5_0 = 8,
+       LL_W_Q5_1 = 9, LL_W_Q5_K = 10 };
 #define LL_QT 8   /* tokens per register tile */
 
-LL_INLINE int ll_wtype_is_quant(int wtype) { return wtype >= LL_W_Q8_0 && wtype <= LL_W_Q6_K; }
+LL_INLINE int ll_wtype_is_quant(int wtype) { return wtype >= LL_W_Q8_0 && wtype <= LL_W_Q5_K; }
 
 /* Elements per (super-)block and bytes of one packed (super-)block of a panel. */
-LL_INLINE ptrdiff_t ll_qblock(int wtype) { return wtype == LL_W_Q4_K || wtype == LL_W_Q6_K ? 256 : 32; }
+LL_INLINE ptrdiff_t ll_qblock(int wtype) {
+    return wtype == LL_W_Q4_K || wtype == LL_W_Q6_K || wtype == LL_W_Q5_K ? 256 : 32;
+}
 LL_INLINE ptrdiff_t ll_qblock_bytes(int wtype) {
     switch (wtype) {
     case LL_W_Q8_0: return 544;
     case LL_W_Q4_0: return 288;
     case LL_W_Q4_1: return 320;
     case LL_W_Q4_K: return 2368;
+    case LL_W_Q5_0: return 352;
+    case LL_W_Q5_1: return 384;
+    case LL_W_Q5_K: return 2880;
     default: return 3360;
     }
 }
@@ -87,6 +97,13 @@ LL_INLINE void ll_unpack_nibbles(const uint8_t *p, ll_vi8 w[8]) {
     }
 }
 
+/* nibbles and the 1-bit plane after them: 5-bit values */
+LL_INLINE void ll_unpack_5bit(const uint8_t *p, ll_vi8 w[8]) {
+    ll_unpack_nibbles(p, w);
+    const ll_vi8 h = ll_i8_load(p + 256);
+    for (int g = 0; g < 8; g++) w[g] = ll_i8_or(w[g], ll_i8_hi1(h, g));
+}
+
 /* Sums over the 8 groups of 4 values of one 32-block: lo = groups 0..3, hi = groups 4..7. */
 LL_INLINE void ll_dot_u8(const ll_vi8 w[8], const int8_t *x, ll_vi32 *lo, ll_vi32 *hi) {
     ll_vi32 a = ll_i32_zero(), b = ll_i32_zero();
@@ -106,12 +123,15 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                              ll_vf32 acc[LL_QT]) {
     const ptrdiff_t ldd = x->ld / 32, lds = x->ld / 16;
     for (int t = 0; t < tt; t++) acc[t] = ll_zero();
-    if (wtype == LL_W_Q8_0 || wtype == LL_W_Q4_0 || wtype == LL_W_Q4_1) {
-        const ptrdiff_t bb = ll_qblock_bytes(wtype), qb = wtype == LL_W_Q8_0 ? 512 : 256;
+    if (wtype == LL_W_Q8_0 || wtype == LL_W_Q4_0 || wtype == LL_W_Q4_1 || wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1) {
+        const int five = wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1;
+        const ptrdiff_t bb = ll_qblock_bytes(wtype), qb = wtype == LL_W_Q8_0 ? 512 : five ? 320 : 256;
+        const float offset = wtype == LL_W_Q4_0 ? 8.f : 16.f;   /* Q4_0, Q5_0: w = d (u - offset) */
         for (ptrdiff_t b = 0; b < k / 32; b++, wp += bb) {
             if (tt == 1) LL_QPREFETCH(wp, bb);
             ll_vi8 w[8];
             if (wtype == LL_W_Q8_0) for (int g = 0; g < 8; g++) w[g] = ll_i8_load(wp + 64 * g);
+            else if (five) ll_unpack_5bit(wp, w);
             else ll_unpack_nibbles(wp, w);
             const ll_vf32 d = ll_load_f16((const uint16_t *)(wp + qb));
             for (int t = 0; t < tt; t++) {
@@ -130,24 +150,27 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                 const ll_vf32 f = ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(dx));
                 if (wtype == LL_W_Q8_0) {
                     acc[t] = ll_fma(d, f, acc[t]);
-                } else if (wtype == LL_W_Q4_0) {
+                } else if (wtype == LL_W_Q4_0 || wtype == LL_W_Q5_0) {
                     const float sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
-                    acc[t] = ll_fma(d, ll_sub(f, ll_set1(8.f * sx)), acc[t]);
-                } else {
+                    acc[t] = ll_fma(d, ll_sub(f, ll_set1(offset * sx)), acc[t]);
+                } else {   /* Q4_1, Q5_1: the mins follow the scales */
                     const float sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
-                    acc[t] = ll_fma(ll_load_f16((const uint16_t *)(wp + 288)), ll_set1(sx), ll_fma(d, f, acc[t]));
+                    acc[t] = ll_fma(ll_load_f16((const uint16_t *)(wp + qb + 32)), ll_set1(sx), ll_fma(d, f, acc[t]));
                 }
             }
         }
-    } else if (wtype == LL_W_Q4_K) {
-        for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 2368) {
+    } else if (wtype == LL_W_Q4_K || wtype == LL_W_Q5_K) {
+        const int five = wtype == LL_W_Q5_K;
+        const ptrdiff_t sbb = five ? 320 : 256;   /* bytes of a sub-block's quants */
+        for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += ll_qblock_bytes(wtype)) {
             const ll_vf32 dv = ll_load_f16((const uint16_t *)wp), dm = ll_load_f16((const uint16_t *)(wp + 32));
             for (int j = 0; j < 8; j++) {
-                if (tt == 1) LL_QPREFETCH(wp + 320 + 256 * j, 256);
+                if (tt == 1) LL_QPREFETCH(wp + 320 + sbb * j, sbb);
                 const ll_vf32 a = ll_mul(dv, ll_load_u8(wp + 64 + 16 * j));
                 const ll_vf32 mn = ll_mul(dm, ll_load_u8(wp + 192 + 16 * j));
                 ll_vi8 w[8];
-                ll_unpack_nibbles(wp + 320 + 256 * j, w);
+                if (five) ll_unpack_5bit(wp + 320 + sbb * j, w);
+                else ll_unpack_nibbles(wp + 320 + sbb * j, w);
                 const ptrdiff_t b = 8 * sb + j;
                 for (int t = 0; t < tt; t++) {
                     ll_vi32 lo, hi;
@@ -197,6 +220,9 @@ LL_INLINE ptrdiff_t ll_ggml_block_bytes(int wtype) {
     case LL_W_Q4_0: return 18;
     case LL_W_Q4_1: return 20;
     case LL_W_Q4_K: return 144;
+    case LL_W_Q5_0: return 22;
+    case LL_W_Q5_1: return 24;
+    case LL_W_Q5_K: return 176;
     default: return 210;
     }
 }
@@ -221,14 +247,30 @@ static inline void ll_ggml_unpack_block(const uint8_t *blk, int wtype, uint8_t *
         for (i = 0; i < 16; i++) { u[i] = qs[i] & 15; u[i + 16] = qs[i] >> 4; }
         break;
     }
-    case LL_W_Q4_K: {
-        const uint8_t *s = blk + 4, *qs = blk + 16;
+    case LL_W_Q5_0:
+    case LL_W_Q5_1: {   /* f16 d, (f16 m,) u32 qh (bit i: high bit of value i), u8 qs[16] */
+        const uint8_t *q = blk + (wtype == LL_W_Q5_0 ? 2 : 4);
+        const uint32_t qh = (uint32_t)q[0] | ((uint32_t)q[1] << 8) | ((uint32_t)q[2] << 16) | ((uint32_t)q[3] << 24);
+        h[0] = LL_LE16(blk);
+        if (wtype == LL_W_Q5_1) h[1] = LL_LE16(blk + 2);
+        for (i = 0; i < 16; i++) {
+            u[i] = (uint8_t)((q[4 + i] & 15) | (((qh >> i) & 1) << 4));
+            u[i + 16] = (uint8_t)((q[4 + i] >> 4) | (((qh >> (i + 16)) & 1) << 4));
+        }
+        break;
+    }
+    case LL_W_Q4_K:
+    case LL_W_Q5_K: {   /* f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, (qh[32],) qs[128] */
+        const uint8_t *s = blk + 4, *qh = blk + 16, *qs = blk + (wtype == LL_W_Q5_K ? 48 : 16);
         h[0] = LL_LE16(blk);
         h[1] = LL_LE16(blk + 2);
         for (int j = 0; j < 8; j++) {
             if (j < 4) { sc[j] = s[j] & 63; mn[j] = s[j + 4] & 63; }
             else { sc[j] = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4); mn[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4); }
-            for (i = 0; i < 32; i++) u[32 * j + i] = (j & 1) ? qs[(j / 2) * 32 + i] >> 4 : qs[(j / 2) * 32 + i] & 15;
+            for (i = 0; i < 32; i++) {
+                u[32 * j + i] = (j & 1) ? qs[(j / 2) * 32 + i] >> 4 : qs[(j / 2) * 32 + i] & 15;
+                if (wtype == LL_W_Q5_K) u[32 * j + i] |= (uint8_t)(((qh[i] >> j) & 1) << 4);
+            }
         }
         break;
     }
@@ -250,6 +292,30 @@ static inline void ll_ggml_unpack_block(const uint8_t *blk, int wtype, uint8_t *
     }
 }
 
+/* Blocks b0..b1 of raw ggml data of wtype dequantized into dst (block b at b * elements), in
+ * gguf.quants' order of operations (the same floats). */
+static inline void ll_dequant_ggml(const uint8_t *src, int wtype, float *dst, ptrdiff_t b0, ptrdiff_t b1) {
+    const ptrdiff_t per = ll_qblock(wtype), gb = ll_ggml_block_bytes(wtype);
+    uint8_t u[256], sc[16], mn[8];
+    uint16_t h[2] = {0, 0};
+    for (ptrdiff_t b = b0; b < b1; b++) {
+        float *o = dst + b * per;
+        ll_ggml_unpack_block(src + b * gb, wtype, u, h, sc, mn);
+        const float d = ll_f16_to_f32(h[0]), m = ll_f16_to_f32(h[1]);
+        for (ptrdiff_t e = 0; e < per; e++) {
+            switch (wtype) {
+            case LL_W_Q8_0: o[e] = d * (float)(int8_t)u[e]; break;
+            case LL_W_Q4_0: o[e] = d * (float)(u[e] - 8); break;
+            case LL_W_Q5_0: o[e] = d * (float)(u[e] - 16); break;
+            case LL_W_Q4_1: case LL_W_Q5_1: o[e] = d * (float)u[e] + m; break;
+            case LL_W_Q4_K: case LL_W_Q5_K:
+                o[e] = d * (float)sc[e / 32] * (float)u[e] - m * (float)mn[e / 32]; break;
+            default: o[e] = d * (float)(int8_t)sc[e / 16] * (float)(u[e] - 32);
+            }
+        }
+    }
+}
+
 /* Lane r's 32 values u into a packed 32-block's quants (nibbles, bytes and/or 2 bits). */
 LL_INLINE void ll_put_nibbles(uint8_t *dst, int r, const uint8_t *u) {
     for (int v = 0; v < 4; v++)
@@ -262,6 +328,14 @@ LL_INLINE void ll_put_high2(uint8_t *dst, int r, const uint8_t *u) {
             for (int c = 0; c < 4; c++) b |= (uint8_t)(((u[4 * (4 * hv + c) + i] >> 4) & 3) << (2 * c));
             dst[64 * hv + 4 * r + i] = b;
         }
+}
+
+LL_INLINE void ll_put_high1(uint8_t *dst, int r, const uint8_t *u) {
+    for (int i = 0; i < 4; i++) {
+        uint8_t b = 0;
+        for (int g = 0; g < 8; g++) b |= (uint8_t)(((u[4 * g + i] >> 4) & 1) << g);
+        dst[4 * r + i] = b;
+    }
 }
 
 /* Panels p0..p1 of raw ggml rows src [rows][k / block * block bytes] into dst (panel 0 first);
@@ -291,15 +365,26 @@ static inline void ll_qpack_panels(const uint8_t *src, ptrdiff_t rows, ptrdiff_t
                     ((uint16_t *)(o + 256))[r] = h[0];
                     if (wtype == LL_W_Q4_1) ((uint16_t *)(o + 288))[r] = h[1];
                     break;
+                case LL_W_Q5_0:
+                case LL_W_Q5_1:
+                    ll_put_nibbles(o, r, u);
+                    ll_put_high1(o + 256, r, u);
+                    ((uint16_t *)(o + 320))[r] = h[0];
+                    if (wtype == LL_W_Q5_1) ((uint16_t *)(o + 352))[r] = h[1];
+                    break;
                 case LL_W_Q4_K:
+                case LL_W_Q5_K: {
+                    const ptrdiff_t sbb = wtype == LL_W_Q5_K ? 320 : 256;
                     ((uint16_t *)o)[r] = h[0];
                     ((uint16_t *)(o + 32))[r] = h[1];
                     for (int j = 0; j < 8; j++) {
                         o[64 + 16 * j + r] = sc[j];
                         o[192 + 16 * j + r] = mn[j];
-                        ll_put_nibbles(o + 320 + 256 * j, r, u + 32 * j);
+                        ll_put_nibbles(o + 320 + sbb * j, r, u + 32 * j);
+                        if (wtype == LL_W_Q5_K) ll_put_high1(o + 320 + sbb * j + 256, r, u + 32 * j);
                     }
                     break;
+                }
                 default:
                     ((uint16_t *)o)[r] = h[0];
                     for (int j = 0; j < 16; j++) o[32 + 16 * j + r] = sc[j];
@@ -355,21 +440,25 @@ static inline void ll_qdequant_lane(const uint8_t *wp, int wtype, ptrdiff_t k, i
         if (wtype == LL_W_Q8_0) {
             const float d = ll_f16_to_f32(((const uint16_t *)(wp + 512))[lane]);
             for (int e = 0; e < 32; e++) o[e] = d * (float)(int8_t)wp[64 * (e / 4) + 4 * lane + e % 4];
-        } else if (wtype == LL_W_Q4_0 || wtype == LL_W_Q4_1) {
-            const float d = ll_f16_to_f32(((const uint16_t *)(wp + 256))[lane]);
-            const float m = wtype == LL_W_Q4_1 ? ll_f16_to_f32(((const uint16_t *)(wp + 288))[lane]) : 0.f;
+        } else if (wtype == LL_W_Q4_0 || wtype == LL_W_Q4_1 || wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1) {
+            const int five = wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1, qb = five ? 320 : 256;
+            const float d = ll_f16_to_f32(((const uint16_t *)(wp + qb))[lane]);
+            const float m = wtype == LL_W_Q4_1 || wtype == LL_W_Q5_1 ? ll_f16_to_f32(((const uint16_t *)(wp + qb + 32))[lane]) : 0.f;
             for (int e = 0; e < 32; e++) {
-                const int v = (wp[64 * ((e % 16) / 4) + 4 * lane + e % 4] >> (e < 16 ? 0 : 4)) & 15;
-                o[e] = wtype == LL_W_Q4_0 ? d * (float)(v - 8) : d * (float)v + m;
+                int v = (wp[64 * ((e % 16) / 4) + 4 * lane + e % 4] >> (e < 16 ? 0 : 4)) & 15;
+                if (five) v |= ((wp[256 + 4 * lane + e % 4] >> (e / 4)) & 1) << 4;
+                o[e] = wtype == LL_W_Q4_0 ? d * (float)(v - 8) : wtype == LL_W_Q5_0 ? d * (float)(v - 16) : d * (float)v + m;
             }
-        } else if (wtype == LL_W_Q4_K) {
+        } else if (wtype == LL_W_Q4_K || wtype == LL_W_Q5_K) {
+            const ptrdiff_t sbb = wtype == LL_W_Q5_K ? 320 : 256;
             const float d = ll_f16_to_f32(((const uint16_t *)wp)[lane]);
             const float dmin = ll_f16_to_f32(((const uint16_t *)(wp + 32))[lane]);
             for (int j = 0; j < 8; j++) {
                 const float ds = d * (float)wp[64 + 16 * j + lane], dm = dmin * (float)wp[192 + 16 * j + lane];
-                const uint8_t *q = wp + 320 + 256 * j;
+                const uint8_t *q = wp + 320 + sbb * j;
                 for (int e = 0; e < 32; e++) {
-                    const int v = (q[64 * ((e % 16) / 4) + 4 * lane + e % 4] >> (e < 16 ? 0 : 4)) & 15;
+                    int v = (q[64 * ((e % 16) / 4) + 4 * lane + e % 4] >> (e < 16 ? 0 : 4)) & 15;
+                    if (wtype == LL_W_Q5_K) v |= ((q[256 + 4 * lane + e % 4] >> (e / 4)) & 1) << 4;
                     o[32 * j + e] = ds * (float)v - dm;
                 }
             }

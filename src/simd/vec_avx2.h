@@ -89,6 +89,11 @@ LL_INLINE __m256i ll_hi2_256(__m256i a, int c) {
          : c == 2 ? _mm256_and_si256(a, m) : _mm256_and_si256(_mm256_srli_epi16(a, 2), m);
 }
 LL_INLINE ll_vi8 ll_i8_hi2(ll_vi8 a, int c) { LL_IPAIR(ll_hi2_256(a.lo, c), ll_hi2_256(a.hi, c)); }
+LL_INLINE __m256i ll_hi1_256(__m256i a, int g) {
+    const __m256i m = _mm256_set1_epi8(0x10);
+    return g < 4 ? _mm256_and_si256(_mm256_slli_epi16(a, 4 - g), m) : _mm256_and_si256(_mm256_srli_epi16(a, g - 4), m);
+}
+LL_INLINE ll_vi8 ll_i8_hi1(ll_vi8 a, int g) { LL_IPAIR(ll_hi1_256(a.lo, g), ll_hi1_256(a.hi, g)); }
 LL_INLINE ll_vi8 ll_i8_or(ll_vi8 a, ll_vi8 b) { LL_IPAIR(_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)); }
 LL_INLINE ll_vi32 ll_i32_zero(void) { LL_IPAIR(_mm256_setzero_si256(), _mm256_setzero_si256()); }
 LL_INLINE ll_vi32 ll_i32_add(ll_vi32 a, ll_vi32 b) { LL_IPAIR(_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)); }

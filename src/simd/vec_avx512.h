@@ -71,6 +71,12 @@ LL_INLINE ll_vi8 ll_i8_hi2(ll_vi8 a, int c) {
     return c == 0 ? _mm512_and_si512(_mm512_slli_epi16(a, 4), m) : c == 1 ? _mm512_and_si512(_mm512_slli_epi16(a, 2), m)
          : c == 2 ? _mm512_and_si512(a, m) : _mm512_and_si512(_mm512_srli_epi16(a, 2), m);
 }
+/* bit g of every byte moved to bit 4 (the high bit of a 5-bit value) */
+LL_INLINE ll_vi8 ll_i8_hi1(ll_vi8 a, int g) {
+    const __m512i m = _mm512_set1_epi8(0x10);
+    return g < 4 ? _mm512_and_si512(_mm512_slli_epi16(a, 4 - g), m)
+                 : _mm512_and_si512(_mm512_srli_epi16(a, g - 4), m);
+}
 LL_INLINE ll_vi8 ll_i8_or(ll_vi8 a, ll_vi8 b) { return _mm512_or_si512(a, b); }
 LL_INLINE ll_vi32 ll_i32_zero(void) { return _mm512_setzero_si512(); }
 LL_INLINE ll_vi32 ll_i32_add(ll_vi32 a, ll_vi32 b) { return _mm512_add_epi32(a, b); }

@@ -68,6 +68,11 @@ LL_INLINE ll_vi8 ll_i8_hi2(ll_vi8 a, int c) {
     for (int i = 0; i < 64; i++) a.b[i] = (uint8_t)(((a.b[i] >> (2 * c)) & 3) << 4);
     return a;
 }
+/* bit g of every byte moved to bit 4 (the high bit of a 5-bit value) */
+LL_INLINE ll_vi8 ll_i8_hi1(ll_vi8 a, int g) {
+    for (int i = 0; i < 64; i++) a.b[i] = (uint8_t)(((a.b[i] >> g) & 1) << 4);
+    return a;
+}
 LL_INLINE ll_vi8 ll_i8_or(ll_vi8 a, ll_vi8 b) { for (int i = 0; i < 64; i++) a.b[i] |= b.b[i]; return a; }
 LL_INLINE ll_vi32 ll_i32_zero(void) { ll_vi32 r; for (int i = 0; i < 16; i++) r.v[i] = 0; return r; }
 LL_INLINE ll_vi32 ll_i32_add(ll_vi32 a, ll_vi32 b) { for (int i = 0; i < 16; i++) a.v[i] += b.v[i]; return a; }

@@ -335,12 +335,13 @@ def _tensor_of_type(rng, rows: int, cols: int, qname: str):
         return x, x, None
     if qname == "F16":
         return x, x.astype(np.float16), None
-    if qname in ("Q4_K", "Q6_K"):
+    if qname in ("Q4_K", "Q5_K", "Q6_K"):
         return x, ggml_rows(rng, rows, cols, qname)[0], qtype
     return x, gguf.quants.quantize(x, qtype), qtype
 
 
-@pytest.mark.parametrize("qname", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qname", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K",
+                                   "Q6_K"])
 def test_gguf_dequantize_matches_gguf_package(tmp_path, rng, qname):
     rows, cols = 6, 512
     x, data, raw = _tensor_of_type(rng, rows, cols, qname)
@@ -399,9 +400,10 @@ def test_gguf_truncated_and_unsupported(tmp_path, rng):
     (tmp_path / "bad.gguf").write_bytes(b"NOPE" + data[4:])
     with pytest.raises(ModelLoadError, match="not a GGUF file"):
         lgguf.GGUFFile(str(tmp_path / "bad.gguf"))
-    q5 = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q5_0)
-    path = write_gguf(tmp_path / "q5.gguf", {"w": (q5, gguf.GGMLQuantizationType.Q5_0)})
-    with pytest.raises(ModelLoadError, match=r"tensor 'w' has GGUF type Q5_0, which is not supported"):
+    q2 = rng.integers(0, 256, (4, 84), dtype=np.uint8)     # 4 rows of one 256-value Q2_K block
+    path = write_gguf(tmp_path / "q2.gguf", {"w": (q2, gguf.GGMLQuantizationType.Q2_K)})
+    with pytest.raises(ModelLoadError, match=r"tensor 'w' has GGUF type Q2_K, which is not supported "
+                                             r"\(supported: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K"):
         lgguf.GGUFFile(str(path)).read("w")
 
 
@@ -509,7 +511,8 @@ def _pack_slices(rows, dtype: str) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("dtype", ENGINE_DTYPES)
 @pytest.mark.parametrize("qname,cols", [("F32", 33), ("F16", 33), ("BF16", 33), ("Q8_0", 64), ("Q4_0", 96),
-                                        ("Q4_1", 64), ("Q4_K", 256), ("Q6_K", 256)])
+                                        ("Q4_1", 64), ("Q5_0", 32), ("Q5_1", 64), ("Q4_K", 256), ("Q5_K", 256),
+                                        ("Q6_K", 256)])
 def test_gguf_rows_pack_like_the_whole_tensor(tmp_path, rng, qname, cols, dtype):
     """Every GGUF type, 53 rows (not a multiple of 16), odd K where the type allows: packing slice
     by slice equals pack_reference of the whole tensor converted at once."""
