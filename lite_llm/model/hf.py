@@ -17,13 +17,14 @@ from typing import Iterator
 import numpy as np
 
 from lite_llm.config import ModelConfig
+from lite_llm.model import hfquant
 from lite_llm.model.loader import ModelLoadError, pread_into
 from lite_llm.model.weights import StackedRows
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen3ForCausalLM", "OPTForCausalLM")
 _SAFETENSORS_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
-                       "F64": np.dtype("<f8")}
+                       "F64": np.dtype("<f8"), "I32": np.dtype("<i4")}   # I32: AWQ / GPTQ packed values
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                 "gelu_new": "gelu_tanh", "relu": "relu"}
 OPT_POSITION_OFFSET = 2     # OPT's learned position table keeps 2 unused rows before position 0
@@ -196,6 +197,7 @@ class SafetensorsCheckpoint:
             raise ModelLoadError(f"{path}: no *.safetensors weights found")
         self.entries: dict[str, _Entry] = {}
         self._fds: dict[str, int] = {}
+        self.quant = None       # hfquant.QuantSpec of an AWQ / GPTQ checkpoint (the loader sets it)
         for name in files:
             self._read_header(os.path.join(path, name))
 
@@ -230,8 +232,8 @@ class SafetensorsCheckpoint:
                                      f"{begin}..{end}, file has {size}")
             dt = _SAFETENSORS_DTYPES.get(meta["dtype"])
             if dt is None:
-                raise ModelLoadError(f"{file}: tensor {name!r} has dtype {meta['dtype']}, not a float type "
-                                     f"this loader reads (F32, F16, BF16, F64)")
+                raise ModelLoadError(f"{file}: tensor {name!r} has dtype {meta['dtype']}, not a type "
+                                     f"this loader reads (F32, F16, BF16, F64; I32 for AWQ / GPTQ values)")
             shape = tuple(int(s) for s in meta["shape"])
             if (end - begin) != int(np.prod(shape, dtype=np.int64)) * dt.itemsize:
                 raise ModelLoadError(f"{file}: tensor {name!r}: {end - begin} bytes do not hold "
@@ -384,10 +386,20 @@ def _iter_opt(ckpt: SafetensorsCheckpoint, config: ModelConfig) -> Iterator[tupl
 
 
 def _stacked(ckpt: SafetensorsCheckpoint, parts: tuple[tuple[str, tuple[int, int]], ...]) -> StackedRows:
-    """StackedRows of the named 2-D tensors (shapes checked now, rows read when asked)."""
+    """StackedRows of the named 2-D tensors (shapes checked now, rows read when asked); a linear
+    of an AWQ / GPTQ checkpoint (X.qweight beside no X.weight) comes as ggml blocks."""
+    rows, blocks = [], []
     for name, shape in parts:
-        ckpt.entry(name, shape)
-    return StackedRows(tuple((shape[0], partial(ckpt.read_rows, name)) for name, shape in parts), parts[0][1][1])
+        prefix = name[: -len(".weight")]
+        if ckpt.quant is not None and name not in ckpt and f"{prefix}.qweight" in ckpt:
+            q = hfquant.QuantLinear(ckpt, prefix, ckpt.quant, shape)
+            rows.append((shape[0], q.read_rows))
+            blocks.append((q.type_name, q.read_blocks))
+        else:
+            ckpt.entry(name, shape)
+            rows.append((shape[0], partial(ckpt.read_rows, name)))
+            blocks.append(None)
+    return StackedRows(tuple(rows), parts[0][1][1], blocks=tuple(blocks))
 
 
 def _cat(*parts: np.ndarray) -> np.ndarray:

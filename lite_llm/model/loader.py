@@ -46,6 +46,7 @@ def pread_into(fd: int, offset: int, out: np.ndarray, path: str) -> None:
 from lite_llm.config import ModelConfig  # noqa: E402
 from lite_llm.model import gguf as _gguf  # noqa: E402
 from lite_llm.model import hf as _hf  # noqa: E402
+from lite_llm.model import hfquant as _hfquant  # noqa: E402
 from lite_llm.model.tokenizer import Tokenizer  # noqa: E402
 from lite_llm.model.weights import StackedRows, convert  # noqa: E402
 
@@ -230,8 +231,9 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
         reader.drop_tokenizer_arrays()      # config and tokenizer are built: nothing reads them again
         generation_config: dict = {}
     else:
-        config, _ = _hf.read_config(path)
+        config, raw_config = _hf.read_config(path)
         reader = _hf.SafetensorsCheckpoint(path)
+        reader.quant = _hfquant.quant_spec(raw_config, os.path.join(path, "config.json"))
         tokenizer = None
         if not skip_tokenizer_init:
             try:

@@ -1,0 +1,164 @@
+"""Hugging Face int4 / int8 checkpoints (AWQ, GPTQ) read as ggml blocks, so they run on the
+same block-quantized kernels as GGUF files.
+
+A quantized linear `X` is stored as X.qweight (int32, 4- or 8-bit values packed), X.qzeros
+(int32, packed zero points), X.scales (fp16) with one scale and zero per group of
+`group_size` input features:  W[o, i] = (q[i, o] - z[i // group, o]) * s[i // group, o].
+
+    AWQ  (quant_method "awq", version "gemm", 4-bit): qweight [K, N/8], values packed along
+         the output features in the order 0 2 4 6 1 3 5 7; qzeros [K/group, N/8] alike.
+    GPTQ (quant_method "gptq", 4- or 8-bit, desc_act false): qweight [K*bits/32, N], values
+         packed along the input features, low bits first; qzeros [K/group, N*bits/32] packed
+         along the outputs, stored minus one (checkpoint_format "gptq"; "gptq_v2" stores them
+         as they are).
+
+Every 32-value block of a row lies in one group, so it becomes one ggml block exactly: Q4_0
+(d = s) where the zero point is 8, else Q4_1 (d = s, m = -z s rounded to fp16: 2^-11 of
+the zero's offset); 8-bit with the zero point 128 becomes Q8_0 (d = s). 8-bit with other
+zero points, desc_act (activation-order groups) and groups that do not divide into 32-value
+blocks are refused with a ModelLoadError that says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lite_llm.model.loader import ModelLoadError
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)      # output column of each packed nibble, per 8
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    method: str          # "awq" | "gptq"
+    bits: int
+    group_size: int      # -1 for AWQ/GPTQ "one group per column" is taken as K
+    zeros_plus_one: bool  # GPTQ v1 stores zero points minus one
+
+
+def quant_spec(raw: dict, where: str) -> QuantSpec | None:
+    """The quantization of config.json's quantization_config, or None for a float checkpoint."""
+    qc = raw.get("quantization_config")
+    if not qc:
+        return None
+    method = str(qc.get("quant_method", "")).lower()
+    if method not in ("awq", "gptq"):
+        raise ModelLoadError(f"{where}: quantization method {method!r} is not supported "
+                             "(supported: awq, gptq; or a GGUF file)")
+    bits = int(qc.get("bits", qc.get("w_bit", 4)))
+    group = int(qc.get("group_size", qc.get("q_group_size", 128)))
+    if method == "awq":
+        version = str(qc.get("version", "gemm")).lower()
+        if version != "gemm" or bits != 4:
+            raise ModelLoadError(f"{where}: AWQ {version!r} with {bits} bits is not supported (4-bit GEMM layout)")
+        return QuantSpec("awq", 4, group, False)
+    if qc.get("desc_act"):
+        raise ModelLoadError(f"{where}: GPTQ with desc_act=true (activation-order groups) is not supported; "
+                             "use a checkpoint quantized with desc_act=false")
+    if bits not in (4, 8):
+        raise ModelLoadError(f"{where}: GPTQ with {bits} bits is not supported (4 or 8)")
+    return QuantSpec("gptq", bits, group, str(qc.get("checkpoint_format", "gptq")).lower() != "gptq_v2")
+
+
+def _unpack(packed: np.ndarray, bits: int, axis: int) -> np.ndarray:
+    """int32 words -> their 32 / bits values (low bits first), laid out along `axis`."""
+    per = 32 // bits
+    words = packed.astype(np.uint32)
+    vals = (words[..., None] >> (np.arange(per, dtype=np.uint32) * bits)) & np.uint32((1 << bits) - 1)
+    vals = vals.astype(np.uint8)                                    # [..., words, per]
+    if axis == 1:
+        return vals.reshape(packed.shape[0], -1)
+    return np.moveaxis(vals, -1, 1).reshape(-1, packed.shape[1])    # values along rows
+
+
+class QuantLinear:
+    """One quantized linear `prefix` of a checkpoint: its shape and its rows as ggml blocks."""
+
+    def __init__(self, ckpt, prefix: str, spec: QuantSpec, shape: tuple[int, int]):
+        self.ckpt, self.prefix, self.spec = ckpt, prefix, spec
+        n, k = shape
+        self.shape = shape
+        group = k if spec.group_size in (-1, 0) else spec.group_size
+        if group % 32 or k % group:
+            raise ModelLoadError(f"{ckpt.path}: {prefix}: group size {group} does not split {k} input features "
+                                 "into whole 32-value blocks")
+        self.group = group
+        bits, per = spec.bits, 32 // spec.bits
+        if spec.method == "awq":
+            want = {"qweight": (k, n // per), "qzeros": (k // group, n // per), "scales": (k // group, n)}
+        else:
+            want = {"qweight": (k // per, n), "qzeros": (k // group, n // per), "scales": (k // group, n)}
+        for part, wshape in want.items():
+            name = f"{prefix}.{part}"
+            if name not in ckpt:
+                raise ModelLoadError(f"{ckpt.path}: {spec.method.upper()} tensor {name!r} is missing")
+            got = ckpt.entry(name).shape
+            if got != wshape:
+                raise ModelLoadError(f"{ckpt.path}: {name!r} has shape {list(got)}, expected {list(wshape)} for a "
+                                     f"[{n}, {k}] weight with {bits}-bit values in groups of {group} "
+                                     "(is group_size right?)")
+        self._rows: np.ndarray | None = None
+        self.type_name = ""
+        zeros = self._zeros()
+        center = 1 << (bits - 1)
+        if bits == 8 and not (zeros == center).all():
+            raise ModelLoadError(f"{ckpt.path}: {prefix}: 8-bit GPTQ with zero points other than 128 "
+                                 "(asymmetric) is not supported")
+        self.type_name = "Q8_0" if bits == 8 else "Q4_0" if (zeros == center).all() else "Q4_1"
+
+    def _zeros(self) -> np.ndarray:
+        """Zero points z [K / group, N]."""
+        spec = self.spec
+        z = _unpack(self.ckpt.read(f"{self.prefix}.qzeros"), spec.bits, axis=1)
+        if spec.method == "awq":
+            z = z.reshape(z.shape[0], -1, 8)[:, :, np.argsort(AWQ_ORDER)].reshape(z.shape[0], -1)
+        elif spec.zeros_plus_one:
+            z = (z.astype(np.int16) + 1).astype(np.int16)
+        return z.astype(np.int16)
+
+    def _values(self) -> np.ndarray:
+        """Quantized values q [N, K] (rows are output features)."""
+        spec = self.spec
+        packed = self.ckpt.read(f"{self.prefix}.qweight")
+        if spec.method == "awq":
+            q = _unpack(packed, 4, axis=1)                                  # [K, N] in AWQ order
+            q = q.reshape(q.shape[0], -1, 8)[:, :, np.argsort(AWQ_ORDER)].reshape(q.shape[0], -1)
+        else:
+            q = _unpack(packed, spec.bits, axis=0)                          # [K, N]
+        return np.ascontiguousarray(q.T)
+
+    def blocks(self) -> np.ndarray:
+        """All rows as ggml blocks: uint8 [N, K / 32 * block bytes] (built once, then kept)."""
+        if self._rows is None:
+            n, k = self.shape
+            q = self._values().reshape(n, k // 32, 32)                       # [N, blocks, 32]
+            g = np.arange(k // 32) * 32 // self.group                       # group of each block
+            s = self.ckpt.read(f"{self.prefix}.scales")                      # fp16 [K / group, N]
+            s = np.asarray(s).view(np.float16) if s.dtype != np.float16 else s
+            d = s.T[:, g]                                                    # [N, blocks] fp16
+            if self.type_name == "Q8_0":
+                out = np.empty((n, k // 32, 34), np.uint8)
+                out[..., 0:2] = d.astype("<f2")[..., None].view(np.uint8)
+                out[..., 2:] = (q.astype(np.int16) - 128).astype(np.int8).view(np.uint8)
+            else:
+                head = 2 if self.type_name == "Q4_0" else 4
+                out = np.empty((n, k // 32, head + 16), np.uint8)
+                out[..., 0:2] = d.astype("<f2")[..., None].view(np.uint8)
+                if self.type_name == "Q4_1":
+                    z = self._zeros().T[:, g].astype(np.float32)                 # [N, blocks]
+                    m = (-z * d.astype(np.float32)).astype("<f2")
+                    out[..., 2:4] = m[..., None].view(np.uint8)
+                out[..., head:] = q[..., :16] | (q[..., 16:] << 4)
+            self._rows = out.reshape(n, -1)
+        return self._rows
+
+    def read_blocks(self, r0: int, r1: int) -> np.ndarray:
+        return self.blocks()[r0:r1].copy()
+
+    def read_rows(self, r0: int, r1: int) -> np.ndarray:
+        """Rows r0..r1 dequantized to float32 (for a weight that cannot stay in blocks)."""
+        from lite_llm.model.gguf import TENSOR_TYPES, dequantize
+        type_id = next(i for i, t in TENSOR_TYPES.items() if t[0] == self.type_name)
+        raw = self.read_blocks(r0, r1)
+        return dequantize(raw.reshape(-1), type_id, (r1 - r0, self.shape[1]))
