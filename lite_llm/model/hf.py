@@ -24,7 +24,8 @@ from lite_llm.model.weights import StackedRows
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen3ForCausalLM", "OPTForCausalLM")
 _SAFETENSORS_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
-                       "F64": np.dtype("<f8"), "I32": np.dtype("<i4")}   # I32: AWQ / GPTQ packed values
+                       "F64": np.dtype("<f8"), "I32": np.dtype("<i4"),   # I32: AWQ / GPTQ packed values
+                       "I8": np.dtype("i1")}                              # I8: W8A8 weights
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                 "gelu_new": "gelu_tanh", "relu": "relu"}
 OPT_POSITION_OFFSET = 2     # OPT's learned position table keeps 2 unused rows before position 0
@@ -233,7 +234,7 @@ class SafetensorsCheckpoint:
             dt = _SAFETENSORS_DTYPES.get(meta["dtype"])
             if dt is None:
                 raise ModelLoadError(f"{file}: tensor {name!r} has dtype {meta['dtype']}, not a type "
-                                     f"this loader reads (F32, F16, BF16, F64; I32 for AWQ / GPTQ values)")
+                                     f"this loader reads (F32, F16, BF16, F64; I32 / I8 for AWQ, GPTQ, W8A8 values)")
             shape = tuple(int(s) for s in meta["shape"])
             if (end - begin) != int(np.prod(shape, dtype=np.int64)) * dt.itemsize:
                 raise ModelLoadError(f"{file}: tensor {name!r}: {end - begin} bytes do not hold "
@@ -391,7 +392,7 @@ def _stacked(ckpt: SafetensorsCheckpoint, parts: tuple[tuple[str, tuple[int, int
     rows, blocks = [], []
     for name, shape in parts:
         prefix = name[: -len(".weight")]
-        if ckpt.quant is not None and name not in ckpt and f"{prefix}.qweight" in ckpt:
+        if hfquant.is_quantized_linear(ckpt, prefix):
             q = hfquant.QuantLinear(ckpt, prefix, ckpt.quant, shape)
             rows.append((shape[0], q.read_rows))
             blocks.append((q.type_name, q.read_blocks))

@@ -12,9 +12,14 @@ A quantized linear `X` is stored as X.qweight (int32, 4- or 8-bit values packed)
          along the outputs, stored minus one (checkpoint_format "gptq"; "gptq_v2" stores them
          as they are).
 
+    W8A8 (quant_method "compressed-tensors", format "int-quantized", 8-bit symmetric weights
+         per output channel): X.weight int8 [N, K], X.weight_scale [N, 1]; activations are
+         quantized dynamically (per token there; per 32-value block here, finer).
+
 Every 32-value block of a row lies in one group, so it becomes one ggml block exactly: Q4_0
 (d = s) where the zero point is 8, else Q4_1 (d = s, m = -z s rounded to fp16: 2^-11 of
-the zero's offset); 8-bit with the zero point 128 becomes Q8_0 (d = s). 8-bit with other
+the zero's offset); 8-bit with the zero point 128 becomes Q8_0 (d = s), and so does W8A8
+(d = the channel's scale rounded to fp16: 2^-11 relative). 8-bit with other
 zero points, desc_act (activation-order groups) and groups that do not divide into 32-value
 blocks are refused with a ModelLoadError that says so.
 """
@@ -31,7 +36,7 @@ AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)      # output column of each packed nibble,
 
 @dataclass(frozen=True)
 class QuantSpec:
-    method: str          # "awq" | "gptq"
+    method: str          # "awq" | "gptq" | "w8a8"
     bits: int
     group_size: int      # -1 for AWQ/GPTQ "one group per column" is taken as K
     zeros_plus_one: bool  # GPTQ v1 stores zero points minus one
@@ -43,9 +48,11 @@ def quant_spec(raw: dict, where: str) -> QuantSpec | None:
     if not qc:
         return None
     method = str(qc.get("quant_method", "")).lower()
+    if method == "compressed-tensors":
+        return _w8a8_spec(qc, where)
     if method not in ("awq", "gptq"):
         raise ModelLoadError(f"{where}: quantization method {method!r} is not supported "
-                             "(supported: awq, gptq; or a GGUF file)")
+                             "(supported: awq, gptq, compressed-tensors W8A8; or a GGUF file)")
     bits = int(qc.get("bits", qc.get("w_bit", 4)))
     group = int(qc.get("group_size", qc.get("q_group_size", 128)))
     if method == "awq":
@@ -61,6 +68,19 @@ def quant_spec(raw: dict, where: str) -> QuantSpec | None:
     return QuantSpec("gptq", bits, group, str(qc.get("checkpoint_format", "gptq")).lower() != "gptq_v2")
 
 
+def _w8a8_spec(qc: dict, where: str) -> QuantSpec:
+    fmt = str(qc.get("format", "")).lower()
+    groups = list((qc.get("config_groups") or {}).values())
+    weights = [g.get("weights") or {} for g in groups]
+    ok = fmt in ("int-quantized", "") and weights and all(
+        w.get("num_bits") == 8 and w.get("type", "int") == "int" and w.get("symmetric", True)
+        and w.get("strategy", "channel") in ("channel", "tensor") for w in weights)
+    if not ok:
+        raise ModelLoadError(f"{where}: compressed-tensors format {fmt!r} with weights {weights} is not supported "
+                             "(supported: int-quantized, 8-bit symmetric int weights per channel or tensor)")
+    return QuantSpec("w8a8", 8, -1, False)
+
+
 def _unpack(packed: np.ndarray, bits: int, axis: int) -> np.ndarray:
     """int32 words -> their 32 / bits values (low bits first), laid out along `axis`."""
     per = 32 // bits
@@ -72,6 +92,15 @@ def _unpack(packed: np.ndarray, bits: int, axis: int) -> np.ndarray:
     return np.moveaxis(vals, -1, 1).reshape(-1, packed.shape[1])    # values along rows
 
 
+def is_quantized_linear(ckpt, prefix: str) -> bool:
+    """Whether `prefix` is stored quantized in checkpoint ckpt (of quantization ckpt.quant)."""
+    if ckpt.quant is None:
+        return False
+    if ckpt.quant.method == "w8a8":
+        return f"{prefix}.weight_scale" in ckpt
+    return f"{prefix}.weight" not in ckpt and f"{prefix}.qweight" in ckpt
+
+
 class QuantLinear:
     """One quantized linear `prefix` of a checkpoint: its shape and its rows as ggml blocks."""
 
@@ -79,6 +108,18 @@ class QuantLinear:
         self.ckpt, self.prefix, self.spec = ckpt, prefix, spec
         n, k = shape
         self.shape = shape
+        self._rows: np.ndarray | None = None
+        if spec.method == "w8a8":
+            ckpt.entry(f"{prefix}.weight", shape)
+            if ckpt.entry(f"{prefix}.weight").dtype != np.int8:
+                raise ModelLoadError(f"{ckpt.path}: {prefix}.weight is not int8 in a W8A8 checkpoint")
+            if k % 32:
+                raise ModelLoadError(f"{ckpt.path}: {prefix}: {k} input features are not whole 32-value blocks")
+            if int(np.prod(ckpt.entry(f"{prefix}.weight_scale").shape)) not in (1, n):
+                raise ModelLoadError(f"{ckpt.path}: {prefix}.weight_scale has shape "
+                                     f"{list(ckpt.entry(f'{prefix}.weight_scale').shape)}, expected [{n}, 1] or [1]")
+            self.type_name = "Q8_0"
+            return
         group = k if spec.group_size in (-1, 0) else spec.group_size
         if group % 32 or k % group:
             raise ModelLoadError(f"{ckpt.path}: {prefix}: group size {group} does not split {k} input features "
@@ -98,7 +139,6 @@ class QuantLinear:
                 raise ModelLoadError(f"{ckpt.path}: {name!r} has shape {list(got)}, expected {list(wshape)} for a "
                                      f"[{n}, {k}] weight with {bits}-bit values in groups of {group} "
                                      "(is group_size right?)")
-        self._rows: np.ndarray | None = None
         self.type_name = ""
         zeros = self._zeros()
         center = 1 << (bits - 1)
@@ -130,6 +170,14 @@ class QuantLinear:
 
     def blocks(self) -> np.ndarray:
         """All rows as ggml blocks: uint8 [N, K / 32 * block bytes] (built once, then kept)."""
+        if self._rows is None and self.spec.method == "w8a8":
+            n, k = self.shape
+            from lite_llm.model.weights import convert
+            scale = convert(np.asarray(self.ckpt.read(f"{self.prefix}.weight_scale")), "float32").reshape(-1)
+            out = np.empty((n, k // 32, 34), np.uint8)
+            out[..., 0:2] = np.broadcast_to(scale, (n,)).astype("<f2")[:, None, None].view(np.uint8)
+            out[..., 2:] = self.ckpt.read(f"{self.prefix}.weight").reshape(n, k // 32, 32).view(np.uint8)
+            self._rows = out.reshape(n, -1)
         if self._rows is None:
             n, k = self.shape
             q = self._values().reshape(n, k // 32, 32)                       # [N, blocks, 32]

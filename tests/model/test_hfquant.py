@@ -130,3 +130,44 @@ def test_unsupported_and_broken_checkpoints_are_refused_clearly(tiny_checkpoint,
     write_quantized(ckpt, tmp_path / "bnb", "awq", group=128, config_extra={"quant_method": "bitsandbytes"})
     with pytest.raises(ModelLoadError, match="quantization method 'bitsandbytes' is not supported"):
         make_runner(tmp_path / "bnb")
+
+
+def test_w8a8_compressed_tensors_logits_match_the_dequantized_weights(tiny_checkpoint, tmp_path):
+    """int8 weights with a float32 scale per output channel (as llm-compressor writes W8A8)."""
+    from transformers import AutoModelForCausalLM
+    ckpt = tiny_checkpoint("llama", **SHAPE, std=0.08)
+    out, ref = tmp_path / "w8a8", tmp_path / "w8a8-dequantized"
+    for d in (out, ref):
+        shutil.copytree(ckpt, d)
+    sd = load_file(str(ckpt / "model.safetensors"))
+    q_sd, ref_sd = dict(sd), dict(sd)
+    for name, w in sd.items():
+        prefix = name[: -len(".weight")]
+        if name.endswith(".weight") and prefix.split("layers.")[-1].split(".", 1)[-1] in LINEARS:
+            scale = (np.abs(w).max(1, keepdims=True) / 127).astype(np.float32)
+            q = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
+            q_sd[name], q_sd[prefix + ".weight_scale"] = q, scale
+            ref_sd[name] = (q * scale).astype(w.dtype)
+    save_file(q_sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(ref_sd, str(ref / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "format": "int-quantized", "ignore": ["lm_head"],
+                                  "config_groups": {"group_0": {
+                                      "targets": ["Linear"],
+                                      "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
+                                      "input_activations": {"num_bits": 8, "type": "int", "dynamic": True,
+                                                            "strategy": "token"}}}}
+    (out / "config.json").write_text(json.dumps(cfg))
+    ids = [5, 17, 200, 33, 90, 250, 7, 64, 128, 3, 41, 300]
+    model = AutoModelForCausalLM.from_pretrained(str(ref), dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0].double().numpy()
+    runner, _ = make_runner(out)
+    assert runner.formats["layers.0.gate_up"][0] == ("Q8_0", "Q8_0") and runner.formats["lm_head"][0] == ("float32",)
+    got = lite_logits(runner, [ids])[0]
+    err = np.abs(got - want) / (want.max(-1, keepdims=True) - want.min(-1, keepdims=True))
+    assert err.max() < 0.04 and np.median(err) < 0.005, (err.max(), np.median(err))
+    cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 4
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="compressed-tensors format 'int-quantized' .* is not supported"):
+        make_runner(out)
