@@ -166,6 +166,7 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
         "kv_cache_bytes": kv.num_blocks * kv.bytes_per_block,
         "max_concurrency": kv.max_concurrency, "generation_config": loaded.generation_config,
         "vocab_size": cfg.vocab_size, "weight_bytes": runner.weight_bytes,
+        "bytes_per_token": runner.bytes_per_token, "weight_formats": runner.formats,
         "startup_seconds": time.perf_counter() - t0,
     }
     log.info("engine ready in %.2f s: %s, %d threads, %s", info["startup_seconds"], _kernels.VARIANT.name,

@@ -1,5 +1,5 @@
 """`bench latency` and `bench throughput` end to end (tiny checkpoint, a few tokens, --json),
-the peers (transformers on the tiny checkpoint, llama.cpp on the real model's BF16 copy) and
+the peers (transformers on the tiny checkpoint, llama.cpp on the real model's file and its BF16 copy) and
 the BF16 GGUF writer. Figures are only checked for shape and sign: speed is measured by the
 benchmarks themselves, never asserted."""
 from __future__ import annotations
@@ -161,6 +161,22 @@ def test_throughput_with_llama_cpp_peer_on_the_default_model(capsys):
     assert theirs["config"]["n_seq_max"] == 3 and theirs["config"]["n_ctx"] == 3 * 256
     assert set(theirs["ratio"]) == {"requests_per_s", "total_tok_s", "output_tok_s", "ttft", "e2e"}
     assert theirs["start_to_first_token_seconds"] > theirs["load_seconds"] > 0
+    assert theirs["notes"][0] == f"the same file {r['model']}"       # the Q4_1 file itself, not a copy
+
+
+def test_llama_cpp_peer_runs_the_bf16_copy_when_asked(capsys, tmp_path):
+    """--peer-weights bf16: llama.cpp gets the BF16 copy of the dequantized weights."""
+    r = _run_json(capsys, ["bench", "latency", "--input-len", "8", "--output-len", "2", "--num-iters", "1",
+                           "--json", "--peers", "llama.cpp", "--peer-weights", "bf16"])
+    theirs = r["peers"]["llama.cpp"]
+    assert "error" not in theirs, theirs.get("error")
+    assert theirs["notes"][0] == f"BF16 GGUF {peers.bf16_gguf_path(r['model'])}"
+
+
+def test_quantization_at_load_in_the_bench(capsys, tiny_checkpoint):
+    r = _run_json(capsys, ["bench", "latency", "--model", str(tiny_checkpoint("llama")), "--input-len", "8",
+                           "--output-len", "2", "--num-iters", "1", "--json", "--quantization", "q8_0"])
+    _check_figures(r["lite_llm"]["median"], 8, 2)
 
 
 def test_llama_cpp_peer_batches_sequences_on_the_same_weights():

@@ -33,6 +33,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, max_num_batched_tok
     parser.add_argument("--model", default=None,
                         help="HF directory, .gguf file or hub id (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"))
+    parser.add_argument("--quantization", "-q", default=None, choices=("none", "q8_0", "q4_0"),
+                        help="weights as stored (none), or float weights quantized at load to q8_0 / q4_0")
+    parser.add_argument("--peer-weights", default="same", choices=("same", "bf16"),
+                        help="llama.cpp runs the same GGUF file (same, the default: quantized files run "
+                             "quantized in both engines) or a BF16 copy of its dequantized weights (bf16)")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--kv-cache-space", type=float, default=None, help="GiB")
@@ -66,7 +71,7 @@ def build(args: argparse.Namespace, max_model_len: int | None = None, num_kv_blo
         block_size=args.block_size, kv_cache_space=args.kv_cache_space, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=args.enable_prefix_caching,
         seed=args.seed, serving=False, progress=sys.stderr.isatty(),
-        num_kv_blocks=num_kv_blocks if args.kv_cache_space is None else None)
+        num_kv_blocks=num_kv_blocks if args.kv_cache_space is None else None, quantization=args.quantization)
     info = dict(info, build_seconds=time.perf_counter() - t0)
     return engine, loaded, info
 
@@ -214,6 +219,17 @@ def process_age_seconds() -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def read_bandwidth(num_threads: int) -> float | None:
+    """Read bandwidth in GB/s (info.measure_bandwidth) measured in a child process: an OpenMP
+    pool on this process's main thread would change how the engine thread's pool spins."""
+    code = f"from lite_llm import info; print(info.measure_bandwidth({int(num_threads)}))"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+        return float(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, OSError, ValueError, IndexError):
+        return None
 
 
 def kv_bytes_per_token(loaded, block_size: int) -> int:

@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         peak_rss = common.peak_rss_bytes()
     finally:
         engine.shutdown()
+    bandwidth = common.read_bandwidth(info["num_threads"])    # right after our runs: the same conditions
     kv_bytes = args.batch_size * needed * common.kv_bytes_per_token(loaded, args.block_size)
     sized_to_workload = num_kv_blocks is not None
     kv_counted = info["kv_cache_bytes"] if sized_to_workload else kv_bytes
@@ -109,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
             "kv_cache_bytes_allocated": info["kv_cache_bytes"], "kv_cache_blocks": info["kv_cache_blocks"],
             "kv_cache_sized_to_workload": sized_to_workload,
             "peak_rss_over_weights_and_kv": peak_rss / max(info["weight_bytes"] + kv_counted, 1),
-            "prefix_cache_hit_tokens": num_cached}
+            "prefix_cache_hit_tokens": num_cached,
+            "bytes_per_token": info["bytes_per_token"], "read_bandwidth_gbs": bandwidth,
+            "decode_roofline_tok_s": bandwidth * 1e9 / info["bytes_per_token"] if bandwidth else None}
     result: dict[str, Any] = {
         "benchmark": "latency", "model": info["model_path"], "dtype": info["dtype"],
         "kernel_variant": info["kernel_variant"], "num_threads": info["num_threads"],
@@ -120,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
     peer_iters = args.num_iters if args.peer_num_iters is None else max(1, min(args.peer_num_iters, args.num_iters))
     result["peer_num_iters"] = peer_iters
     spec = {"model_path": info["model_path"], "num_threads": info["num_threads"], "output_len": args.output_len,
-            "warmup": args.warmup, "batches": batches[:args.warmup + peer_iters], "probe": probe}
+            "warmup": args.warmup, "batches": batches[:args.warmup + peer_iters], "probe": probe,
+            "peer_weights": args.peer_weights}
     common.finish(result, peers, spec, FIGURES, "bench latency", args.json, print_report)
     return 0
 
@@ -161,6 +165,11 @@ def print_report(result: dict[str, Any]) -> None:
               f"{ours['kv_cache_bytes_allocated'] / mib:.0f} MiB allocated, its pages touched as blocks fill")
     print(f"memory: peak RSS {ours['peak_rss_bytes'] / mib:.0f} MiB = {ours['peak_rss_over_weights_and_kv']:.2f}x "
           f"(weights {ours['weight_bytes'] / mib:.0f} MiB + {kv})")
+    if ours.get("decode_roofline_tok_s"):
+        roof = ours["decode_roofline_tok_s"]
+        print(f"decode roofline: {ours['read_bandwidth_gbs']:.1f} GB/s read (measured after the runs) / "
+              f"{ours['bytes_per_token'] / mib:.0f} MiB of weights per token = {roof:.1f} tok/s; lite_llm decodes at "
+              f"{ours['median']['decode_tok_s'] / roof:.0%} of it")
     for name, peer in r["peers"].items():
         if "error" in peer:
             print(f"{name}: not run: {peer['error']}")

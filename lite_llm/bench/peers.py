@@ -5,12 +5,14 @@ Runs as a child process (`python -m lite_llm.bench.peers SPEC.json RESULT.json`,
 common.run_peer) so the peers' OpenMP pools, allocations and imports never touch the lite_llm
 process being measured. Optional extras (`pip install lite-llm[bench]`); imported only here.
 
-Fair comparison means the same weights: llama.cpp gets a BF16 GGUF written once from the
-source GGUF (every metadata field and tokenizer field copied, each quantized tensor
-dequantized to float32 then rounded to BF16, F32 tensors kept; llama.cpp's own tensor layout
-untouched), cached under ~/.cache/lite_llm/. transformers loads an HF directory as it is
-and a GGUF source through that same BF16 copy (a quantized GGUF may stay packed in
-transformers and be unpacked in every forward), in bf16. Both use our thread count.
+Fair comparison means the same weights: llama.cpp runs the same GGUF file lite_llm runs (a
+quantized file stays quantized in both engines); with --peer-weights bf16 it gets a BF16
+GGUF written once from the source instead (every metadata field and tokenizer field copied,
+each quantized tensor dequantized to float32 then rounded to BF16, F32 tensors kept;
+llama.cpp's own tensor layout untouched), cached under ~/.cache/lite_llm/: the comparison
+for lite_llm running such a file dequantized. transformers loads an HF directory as it is
+and a GGUF source through that BF16 copy (a quantized GGUF may stay packed in transformers
+and be unpacked in every forward), in bf16. Both use our thread count.
 
 Timing, per batch of prompts (all starting together, greedy, exactly output_len tokens):
 - llama.cpp: prefill = llama_decode over the prompt tokens of every sequence, packed into
@@ -291,7 +293,8 @@ class _TimingStreamer:
 def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """spec: peer, model_path, num_threads, output_len, probe (optional prompts run first for one
     token: start to first token), warmup (how many leading batches are
-    warm-up), batches (list of lists of prompt token ids). Returns figures per measured batch,
+    warm-up), batches (list of lists of prompt token ids), peer_weights ("same": llama.cpp runs
+    model_path itself; "bf16": a BF16 copy of its dequantized weights). Returns figures per measured batch,
     their medians, load time, first-token time after load, peak RSS and notes."""
     peer_name, batches, output_len = spec["peer"], spec["batches"], spec["output_len"]
     warmup = spec.get("warmup", 0)
@@ -301,12 +304,16 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
         source = spec["model_path"]
         if not source.endswith(".gguf"):
             raise RuntimeError("the llama.cpp peer needs a GGUF model (llama.cpp reads no HF directories)")
-        weights = bf16_gguf_path(source, spec.get("cache_dir") or CACHE_DIR)
+        if spec.get("peer_weights", "same") == "bf16":
+            weights = bf16_gguf_path(source, spec.get("cache_dir") or CACHE_DIR)
+            notes.append(f"BF16 GGUF {weights}")
+        else:
+            weights = source
+            notes.append(f"the same file {weights}")
         num_seqs = max(len(b) for b in batches)
         seq_len = max(len(p) for b in batches for p in b) + output_len
         t0 = time.monotonic()
         peer = LlamaCppPeer(weights, spec["num_threads"], num_seqs, seq_len)
-        notes.append(f"BF16 GGUF {weights}")
         if num_seqs > 1:
             notes.append("multi-sequence batching: one llama_batch per step with every sequence's token")
     elif peer_name == "transformers":

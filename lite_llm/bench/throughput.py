@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         "output_len": args.output_len, "dataset": args.dataset, "num_iters": args.num_iters,
         "load_average_before": load_before, "lite_llm": ours, "peers": {}}
     spec = {"model_path": info["model_path"], "num_threads": info["num_threads"],
-            "output_len": args.output_len, "warmup": 1, "batches": [warm] + batches}
+            "output_len": args.output_len, "warmup": 1, "batches": [warm] + batches,
+            "peer_weights": args.peer_weights}
     common.finish(result, peers, spec, FIGURES, "bench throughput", args.json, print_report)
     return 0
 
