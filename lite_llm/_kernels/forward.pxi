@@ -185,8 +185,9 @@ cdef class Model:
 
 
 cdef bint _any_quantized(const ModelC *mc):
+    """Whether some GEMM takes int8 inputs (the embedding is only gathered: not a GEMM)."""
     cdef int i
-    if mc.embed.input == LL_IN_Q8 or mc.lm_head.input == LL_IN_Q8:
+    if mc.lm_head.input == LL_IN_Q8:
         return True
     for i in range(mc.num_layers):
         if (mc.layers[i].qkv.input == LL_IN_Q8 or mc.layers[i].o.input == LL_IN_Q8

@@ -4,7 +4,9 @@ Pure NumPy and the same for every ISA variant: a 2-D weight [N, K] (rows = outpu
 becomes 16-row panels so that one vector load yields 16 outputs' weights:
     float32 / float16: [ceil(N/16), K, 16]
     bfloat16 (uint16 bits): [ceil(N/16), ceil(K/2), 16, 2]   (pairs feed vdpbf16ps)
-Padding rows/columns are zero.
+Padding rows/columns are zero. Weights stored in ggml block types keep them: pack_blocks
+repacks each part into the interleaved panels of src/kernels/qgemm.h (one part per stored
+tensor, each its own type).
 
 The paged KV cache of one layer, per (block, kv head) (see src/kernels/attention.h):
     float32: K [D, B] (transposed), V [B, D]
@@ -124,7 +126,8 @@ class _RowRange:
     def read(self, r0: int, r1: int) -> np.ndarray:
         return self.src.read(self.start + r0, self.start + r1)
 
-def pack_blocks(rows, slice_rows: int | None = None) -> tuple[np.ndarray, list[tuple]]:
+
+def pack_blocks(rows) -> tuple[np.ndarray, list[tuple]]:
     """A weight whose parts are all stored in ggml block types (rows.block_types(), a
     model.weights.StackedRows) repacked as stored into the interleaved panels of
     src/kernels/qgemm.h: each part gets its own ceil(rows / 16) panels, in order, so a fused
@@ -143,8 +146,7 @@ def pack_blocks(rows, slice_rows: int | None = None) -> tuple[np.ndarray, list[t
     out = aligned_empty((sum(p * b for p, b in sizes),), np.uint8, weights=True)
     threads = load_threads()
     step = math.lcm(PANEL, getattr(rows, "align", 1))
-    per_slice = slice_rows or max(step, (STREAM_ELEMENTS // max(k, 1)) // step * step)
-    per_slice = max(step, per_slice // step * step)
+    per_slice = max(step, STREAM_ELEMENTS // max(k, 1) // step * step)
     parts, panel, col, off = [], 0, 0, 0
     for ((n, _), (type_name, read_raw)), (num_panels, panel_bytes) in zip(zip(rows.parts, rows.blocks), sizes):
         region = out[off:off + num_panels * panel_bytes].reshape(num_panels, panel_bytes)
