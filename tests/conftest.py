@@ -122,15 +122,17 @@ def tiny_checkpoint_path(arch: str, **overrides) -> Path:
 
 def ggml_rows(rng: np.random.Generator, rows: int, cols: int, qname: str) -> tuple[np.ndarray, np.ndarray]:
     """(raw ggml bytes [rows, bytes per row], their float32 values) of a random [rows, cols] tensor
-    in block type qname: quantized by the gguf package where it can, else random K-quant bytes
-    with sane fp16 scales (random bytes may be inf/NaN)."""
+    in block type qname: quantized by the gguf package where it can, else random block bytes
+    (K-quants, IQ4) with sane fp16 scales (random bytes may be inf/NaN)."""
     qtype = gguf.GGMLQuantizationType[qname]
-    if qname in ("Q4_K", "Q5_K", "Q6_K"):
+    if qname in ("Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"):
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
         scale = rng.uniform(0.001, 0.05, (rows, cols // block, 2)).astype(np.float16).view(np.uint8)
         if qname in ("Q4_K", "Q5_K"):
             raw[..., 0:4] = scale.reshape(rows, cols // block, 4)       # d, dmin
+        elif qname.startswith("IQ4"):
+            raw[..., 0:2] = scale[..., 0:2]                               # d first
         else:
             raw[..., 208:210] = scale[..., 0:2]                           # d at the end of Q6_K
         raw = raw.reshape(rows, -1)

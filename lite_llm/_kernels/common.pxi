@@ -20,7 +20,8 @@ cdef extern from "kernels/gemm.h" nogil:
     Py_ssize_t ll_panel_bytes(int wtype, Py_ssize_t k)
 
 cdef extern from "kernels/qgemm.h" nogil:
-    int LL_W_Q8_0, LL_W_Q4_0, LL_W_Q4_1, LL_W_Q4_K, LL_W_Q6_K, LL_W_Q5_0, LL_W_Q5_1, LL_W_Q5_K
+    int LL_W_Q8_0, LL_W_Q4_0, LL_W_Q4_1, LL_W_Q4_K, LL_W_Q6_K, LL_W_Q5_0, LL_W_Q5_1, LL_W_Q5_K, LL_W_IQ4_NL
+    int LL_W_IQ4_XS
     ctypedef struct ll_qact:
         const int8_t *q     # [T][ld]
         const float *d      # [T][ld / 32]
@@ -89,7 +90,7 @@ ISA = LL_ISA_NAME.decode()
 ACTIVATIONS = {"silu": LL_ACT_SILU, "gelu": LL_ACT_GELU, "gelu_tanh": LL_ACT_GELU_TANH, "relu": LL_ACT_RELU}
 WTYPES = {"float32": LL_W_F32, "bfloat16": LL_W_BF16, "float16": LL_W_F16, "Q8_0": LL_W_Q8_0,
           "Q4_0": LL_W_Q4_0, "Q4_1": LL_W_Q4_1, "Q5_0": LL_W_Q5_0, "Q5_1": LL_W_Q5_1, "Q4_K": LL_W_Q4_K,
-          "Q5_K": LL_W_Q5_K, "Q6_K": LL_W_Q6_K}
+          "Q5_K": LL_W_Q5_K, "Q6_K": LL_W_Q6_K, "IQ4_NL": LL_W_IQ4_NL, "IQ4_XS": LL_W_IQ4_XS}
 INPUT_FORMS = {LL_IN_F32: "float32", LL_IN_BF16: "bfloat16 pairs", LL_IN_Q8: "int8 blocks"}
 
 # A packed weight (layout.py) in one or more parts of their own formats, with its optional

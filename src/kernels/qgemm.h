@@ -22,6 +22,9 @@
  *   Q5_0  block 352 B:  nibbles, 1 bit, f16 d[16]                   w = d (u - 16)
  *   Q5_1  block 384 B:  nibbles, 1 bit, f16 d[16], f16 m[16]        w = d u + m
  *   Q5_K  super 2880 B: as Q4_K, with 8 x (nibbles, 1 bit)          w = d sc[j] u - dmin mn[j]
+ *   IQ4_NL block 288 B: nibbles, f16 d[16]                          w = d kv[u]
+ *   IQ4_XS super 2208 B: f16 d[16], i8 sc[8][16], 8 x nibbles        w = d sc[j] kv[u]
+ * (kv: the 16-value non-linear codebook of IQ4_NL/IQ4_XS.)
  * Every byte of the ggml file is kept (sizes equal ggml's, Q4_K's and Q5_K's 6-bit scales
  * widened to bytes: 2.8 % and 2.3 % more); f16 values stay in the machine's byte order.
  *
@@ -34,14 +37,15 @@
 #include "../simd/vec.h"
 
 enum { LL_W_Q8_0 = 3, LL_W_Q4_0 = 4, LL_W_Q4_1 = 5, LL_W_Q4_K = 6, LL_W_Q6_K = 7, LL_W_Q5_0 = 8,
-       LL_W_Q5_1 = 9, LL_W_Q5_K = 10 };
+       LL_W_Q5_1 = 9, LL_W_Q5_K = 10, LL_W_IQ4_NL = 11, LL_W_IQ4_XS = 12 };
+static const int8_t ll_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 #define LL_QT 8   /* tokens per register tile */
 
-LL_INLINE int ll_wtype_is_quant(int wtype) { return wtype >= LL_W_Q8_0 && wtype <= LL_W_Q5_K; }
+LL_INLINE int ll_wtype_is_quant(int wtype) { return wtype >= LL_W_Q8_0 && wtype <= LL_W_IQ4_XS; }
 
 /* Elements per (super-)block and bytes of one packed (super-)block of a panel. */
 LL_INLINE ptrdiff_t ll_qblock(int wtype) {
-    return wtype == LL_W_Q4_K || wtype == LL_W_Q6_K || wtype == LL_W_Q5_K ? 256 : 32;
+    return wtype == LL_W_Q4_K || wtype == LL_W_Q6_K || wtype == LL_W_Q5_K || wtype == LL_W_IQ4_XS ? 256 : 32;
 }
 LL_INLINE ptrdiff_t ll_qblock_bytes(int wtype) {
     switch (wtype) {
@@ -52,6 +56,8 @@ LL_INLINE ptrdiff_t ll_qblock_bytes(int wtype) {
     case LL_W_Q5_0: return 352;
     case LL_W_Q5_1: return 384;
     case LL_W_Q5_K: return 2880;
+    case LL_W_IQ4_NL: return 288;
+    case LL_W_IQ4_XS: return 2208;
     default: return 3360;
     }
 }
@@ -123,8 +129,10 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                              ll_vf32 acc[LL_QT]) {
     const ptrdiff_t ldd = x->ld / 32, lds = x->ld / 16;
     for (int t = 0; t < tt; t++) acc[t] = ll_zero();
-    if (wtype == LL_W_Q8_0 || wtype == LL_W_Q4_0 || wtype == LL_W_Q4_1 || wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1) {
+    if (wtype == LL_W_Q8_0 || wtype == LL_W_Q4_0 || wtype == LL_W_Q4_1 || wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1
+            || wtype == LL_W_IQ4_NL) {
         const int five = wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1;
+        const int signed_w = wtype == LL_W_Q8_0 || wtype == LL_W_IQ4_NL;   /* signed weights: dpbssd */
         const ptrdiff_t bb = ll_qblock_bytes(wtype), qb = wtype == LL_W_Q8_0 ? 512 : five ? 320 : 256;
         const float offset = wtype == LL_W_Q4_0 ? 8.f : 16.f;   /* Q4_0, Q5_0: w = d (u - offset) */
         for (ptrdiff_t b = 0; b < k / 32; b++, wp += bb) {
@@ -133,12 +141,13 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
             if (wtype == LL_W_Q8_0) for (int g = 0; g < 8; g++) w[g] = ll_i8_load(wp + 64 * g);
             else if (five) ll_unpack_5bit(wp, w);
             else ll_unpack_nibbles(wp, w);
+            if (wtype == LL_W_IQ4_NL) for (int g = 0; g < 8; g++) w[g] = ll_i8_lut16(w[g], ll_iq4_values);
             const ll_vf32 d = ll_load_f16((const uint16_t *)(wp + qb));
             for (int t = 0; t < tt; t++) {
                 const int8_t *xq = x->q + t * x->ld + 32 * b;
                 const float dx = x->d[t * ldd + b];
                 ll_vi32 lo, hi;
-                if (wtype == LL_W_Q8_0) {
+                if (signed_w) {
                     lo = ll_i32_zero(); hi = ll_i32_zero();
                     for (int g = 0; g < 4; g++) {
                         lo = ll_dpbssd(lo, w[g], ll_i8_bcast4(xq + 4 * g));
@@ -148,7 +157,7 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                     ll_dot_u8(w, xq, &lo, &hi);
                 }
                 const ll_vf32 f = ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(dx));
-                if (wtype == LL_W_Q8_0) {
+                if (signed_w) {
                     acc[t] = ll_fma(d, f, acc[t]);
                 } else if (wtype == LL_W_Q4_0 || wtype == LL_W_Q5_0) {
                     const float sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
@@ -178,6 +187,27 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                     const float dx = x->d[t * ldd + b], sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
                     const ll_vf32 f = ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(dx));
                     acc[t] = ll_fma(mn, ll_set1(-sx), ll_fma(a, f, acc[t]));
+                }
+            }
+        }
+    } else if (wtype == LL_W_IQ4_XS) {
+        for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 2208) {
+            const ll_vf32 dv = ll_load_f16((const uint16_t *)wp);
+            for (int j = 0; j < 8; j++) {
+                if (tt == 1) LL_QPREFETCH(wp + 160 + 256 * j, 256);
+                const ll_vf32 a = ll_mul(dv, ll_load_s8((const int8_t *)(wp + 32 + 16 * j)));
+                ll_vi8 w[8];
+                ll_unpack_nibbles(wp + 160 + 256 * j, w);
+                for (int g = 0; g < 8; g++) w[g] = ll_i8_lut16(w[g], ll_iq4_values);
+                const ptrdiff_t b = 8 * sb + j;
+                for (int t = 0; t < tt; t++) {
+                    const int8_t *xq = x->q + t * x->ld + 32 * b;
+                    ll_vi32 lo = ll_i32_zero(), hi = ll_i32_zero();
+                    for (int g = 0; g < 4; g++) {
+                        lo = ll_dpbssd(lo, w[g], ll_i8_bcast4(xq + 4 * g));
+                        hi = ll_dpbssd(hi, w[g + 4], ll_i8_bcast4(xq + 16 + 4 * g));
+                    }
+                    acc[t] = ll_fma(a, ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])), acc[t]);
                 }
             }
         }
@@ -223,6 +253,8 @@ LL_INLINE ptrdiff_t ll_ggml_block_bytes(int wtype) {
     case LL_W_Q5_0: return 22;
     case LL_W_Q5_1: return 24;
     case LL_W_Q5_K: return 176;
+    case LL_W_IQ4_NL: return 18;
+    case LL_W_IQ4_XS: return 136;
     default: return 210;
     }
 }
@@ -239,9 +271,20 @@ static inline void ll_ggml_unpack_block(const uint8_t *blk, int wtype, uint8_t *
         h[0] = LL_LE16(blk);
         memcpy(u, blk + 2, 32);
         break;
+    case LL_W_IQ4_XS: {   /* f16 d, u16 scales_h, u8 scales_l[4], qs[128] (16 per 32-value sub-block) */
+        const uint16_t sh = LL_LE16(blk + 2);
+        h[0] = LL_LE16(blk);
+        for (int j = 0; j < 8; j++) {
+            const int ls = ((blk[4 + j / 2] >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4);
+            sc[j] = (uint8_t)(int8_t)(ls - 32);
+            for (i = 0; i < 16; i++) { u[32 * j + i] = blk[8 + 16 * j + i] & 15; u[32 * j + i + 16] = blk[8 + 16 * j + i] >> 4; }
+        }
+        break;
+    }
     case LL_W_Q4_0:
+    case LL_W_IQ4_NL:
     case LL_W_Q4_1: {
-        const uint8_t *qs = blk + (wtype == LL_W_Q4_0 ? 2 : 4);
+        const uint8_t *qs = blk + (wtype == LL_W_Q4_1 ? 4 : 2);
         h[0] = LL_LE16(blk);
         if (wtype == LL_W_Q4_1) h[1] = LL_LE16(blk + 2);
         for (i = 0; i < 16; i++) { u[i] = qs[i] & 15; u[i + 16] = qs[i] >> 4; }
@@ -310,6 +353,8 @@ static inline void ll_dequant_ggml(const uint8_t *src, int wtype, float *dst, pt
             case LL_W_Q4_1: case LL_W_Q5_1: o[e] = d * (float)u[e] + m; break;
             case LL_W_Q4_K: case LL_W_Q5_K:
                 o[e] = d * (float)sc[e / 32] * (float)u[e] - m * (float)mn[e / 32]; break;
+            case LL_W_IQ4_NL: o[e] = d * (float)ll_iq4_values[u[e]]; break;
+            case LL_W_IQ4_XS: o[e] = d * (float)(int8_t)sc[e / 32] * (float)ll_iq4_values[u[e]]; break;
             default: o[e] = d * (float)(int8_t)sc[e / 16] * (float)(u[e] - 32);
             }
         }
@@ -359,7 +404,15 @@ static inline void ll_qpack_panels(const uint8_t *src, ptrdiff_t rows, ptrdiff_t
                     for (int g = 0; g < 8; g++) memcpy(o + 64 * g + 4 * r, u + 4 * g, 4);
                     ((uint16_t *)(o + 512))[r] = h[0];
                     break;
+                case LL_W_IQ4_XS:
+                    ((uint16_t *)o)[r] = h[0];
+                    for (int j = 0; j < 8; j++) {
+                        o[32 + 16 * j + r] = sc[j];
+                        ll_put_nibbles(o + 160 + 256 * j, r, u + 32 * j);
+                    }
+                    break;
                 case LL_W_Q4_0:
+                case LL_W_IQ4_NL:
                 case LL_W_Q4_1:
                     ll_put_nibbles(o, r, u);
                     ((uint16_t *)(o + 256))[r] = h[0];
@@ -440,6 +493,15 @@ static inline void ll_qdequant_lane(const uint8_t *wp, int wtype, ptrdiff_t k, i
         if (wtype == LL_W_Q8_0) {
             const float d = ll_f16_to_f32(((const uint16_t *)(wp + 512))[lane]);
             for (int e = 0; e < 32; e++) o[e] = d * (float)(int8_t)wp[64 * (e / 4) + 4 * lane + e % 4];
+        } else if (wtype == LL_W_IQ4_NL || wtype == LL_W_IQ4_XS) {
+            const int xs = wtype == LL_W_IQ4_XS;
+            const float d = ll_f16_to_f32(((const uint16_t *)(wp + (xs ? 0 : 256)))[lane]);
+            for (int j = 0; j < (xs ? 8 : 1); j++) {
+                const uint8_t *q = wp + (xs ? 160 + 256 * j : 0);
+                const float ds = xs ? d * (float)(int8_t)wp[32 + 16 * j + lane] : d;
+                for (int e = 0; e < 32; e++)
+                    o[32 * j + e] = ds * (float)ll_iq4_values[(q[64 * ((e % 16) / 4) + 4 * lane + e % 4] >> (e < 16 ? 0 : 4)) & 15];
+            }
         } else if (wtype == LL_W_Q4_0 || wtype == LL_W_Q4_1 || wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1) {
             const int five = wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1, qb = five ? 320 : 256;
             const float d = ll_f16_to_f32(((const uint16_t *)(wp + qb))[lane]);

@@ -95,6 +95,10 @@ LL_INLINE __m256i ll_hi1_256(__m256i a, int g) {
 }
 LL_INLINE ll_vi8 ll_i8_hi1(ll_vi8 a, int g) { LL_IPAIR(ll_hi1_256(a.lo, g), ll_hi1_256(a.hi, g)); }
 LL_INLINE ll_vi8 ll_i8_or(ll_vi8 a, ll_vi8 b) { LL_IPAIR(_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)); }
+LL_INLINE ll_vi8 ll_i8_lut16(ll_vi8 a, const int8_t *table) {
+    const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)table));
+    LL_IPAIR(_mm256_shuffle_epi8(t, a.lo), _mm256_shuffle_epi8(t, a.hi));
+}
 LL_INLINE ll_vi32 ll_i32_zero(void) { LL_IPAIR(_mm256_setzero_si256(), _mm256_setzero_si256()); }
 LL_INLINE ll_vi32 ll_i32_add(ll_vi32 a, ll_vi32 b) { LL_IPAIR(_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)); }
 LL_INLINE ll_vf32 ll_i32_to_f32(ll_vi32 a) { LL_PAIR(_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)); }

@@ -78,6 +78,10 @@ LL_INLINE ll_vi8 ll_i8_hi1(ll_vi8 a, int g) {
                  : _mm512_and_si512(_mm512_srli_epi16(a, g - 4), m);
 }
 LL_INLINE ll_vi8 ll_i8_or(ll_vi8 a, ll_vi8 b) { return _mm512_or_si512(a, b); }
+/* table[a] for every byte a in 0..15 (a 16-entry lookup: non-linear 4-bit codebooks) */
+LL_INLINE ll_vi8 ll_i8_lut16(ll_vi8 a, const int8_t *table) {
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)table)), a);
+}
 LL_INLINE ll_vi32 ll_i32_zero(void) { return _mm512_setzero_si512(); }
 LL_INLINE ll_vi32 ll_i32_add(ll_vi32 a, ll_vi32 b) { return _mm512_add_epi32(a, b); }
 LL_INLINE ll_vf32 ll_i32_to_f32(ll_vi32 a) { return _mm512_cvtepi32_ps(a); }

@@ -74,6 +74,11 @@ LL_INLINE ll_vi8 ll_i8_hi1(ll_vi8 a, int g) {
     return a;
 }
 LL_INLINE ll_vi8 ll_i8_or(ll_vi8 a, ll_vi8 b) { for (int i = 0; i < 64; i++) a.b[i] |= b.b[i]; return a; }
+/* table[a] for every byte a in 0..15 (a 16-entry lookup: non-linear 4-bit codebooks) */
+LL_INLINE ll_vi8 ll_i8_lut16(ll_vi8 a, const int8_t *table) {
+    for (int i = 0; i < 64; i++) a.b[i] = (uint8_t)table[a.b[i] & 15];
+    return a;
+}
 LL_INLINE ll_vi32 ll_i32_zero(void) { ll_vi32 r; for (int i = 0; i < 16; i++) r.v[i] = 0; return r; }
 LL_INLINE ll_vi32 ll_i32_add(ll_vi32 a, ll_vi32 b) { for (int i = 0; i < 16; i++) a.v[i] += b.v[i]; return a; }
 LL_INLINE ll_vf32 ll_i32_to_f32(ll_vi32 a) { ll_vf32 r; for (int i = 0; i < 16; i++) r.v[i] = (float)a.v[i]; return r; }

@@ -12,7 +12,8 @@ from lite_llm.model.weights import to_bf16
 
 # ggml type id, bytes per block, byte offsets of the fp16 scales (kept finite)
 BLOCKS = {"Q8_0": (8, 34, [0]), "Q4_0": (2, 18, [0]), "Q4_1": (3, 20, [0, 2]), "Q5_0": (6, 22, [0]),
-          "Q5_1": (7, 24, [0, 2]), "Q4_K": (12, 144, [0, 2]), "Q5_K": (13, 176, [0, 2]), "Q6_K": (14, 210, [208])}
+          "Q5_1": (7, 24, [0, 2]), "Q4_K": (12, 144, [0, 2]), "Q5_K": (13, 176, [0, 2]), "Q6_K": (14, 210, [208]),
+          "IQ4_NL": (20, 18, [0]), "IQ4_XS": (23, 136, [0])}
 
 
 @pytest.mark.parametrize("name", sorted(BLOCKS))
@@ -24,7 +25,7 @@ def test_dequantize_matches_the_gguf_package(name, rng):
     raw = rng.integers(0, 256, (7, nbytes)).astype(np.uint8)       # 7 blocks: uneven per thread
     for off in scales:
         raw[:, off:off + 2] = rng.uniform(-0.1, 0.1, (7, 1)).astype(np.float16).view(np.uint8)
-    per = 256 if name.endswith("_K") else 32
+    per = 256 if name.endswith(("_K", "_XS")) else 32
     got = gguf.dequantize(raw.reshape(-1), type_id, (7 * per,))
     want = gguf_package.quants.dequantize(raw, gguf_package.GGMLQuantizationType[name]).reshape(-1)
     np.testing.assert_array_equal(got, want.astype(np.float32))

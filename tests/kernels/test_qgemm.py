@@ -22,7 +22,7 @@ from conftest import ggml_rows  # noqa: E402
 from lite_llm import _kernels  # noqa: E402
 
 VARIANTS = _kernels.available()
-TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 
 
 def _packed(mod, raw: np.ndarray, qname: str, n: int, k: int) -> np.ndarray:
@@ -91,7 +91,7 @@ def test_qgemm_matches_reference(variant, qname, num_tokens, n, num_threads, rng
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("gate_type,up_type", [("Q4_K", "Q4_K"), ("Q4_0", "Q8_0"), ("Q6_K", "Q4_1"),
-                                               ("Q5_K", "Q5_0"), ("Q5_1", "Q4_K")])
+                                               ("Q5_K", "Q5_0"), ("Q5_1", "Q4_K"), ("IQ4_XS", "IQ4_NL")])
 @pytest.mark.parametrize("num_tokens", [1, 5, 10])
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
 def test_quantized_gated_mlp_matches_reference(variant, gate_type, up_type, num_tokens, act, rng):

@@ -19,8 +19,9 @@ SHAPE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_
 FTYPES = {"Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
           "Q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1", "Q5_0": "LLAMA_FTYPE_MOSTLY_Q5_0", "Q5_1": "LLAMA_FTYPE_MOSTLY_Q5_1",
           "Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "Q5_K_M": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
-          "Q6_K": "LLAMA_FTYPE_MOSTLY_Q6_K"}
-NATIVE = {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}
+          "Q6_K": "LLAMA_FTYPE_MOSTLY_Q6_K", "IQ4_NL": "LLAMA_FTYPE_MOSTLY_IQ4_NL",
+          "IQ4_XS": "LLAMA_FTYPE_MOSTLY_IQ4_XS"}
+NATIVE = {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"}
 
 
 def quantize_with_llama_cpp(src, dst, ftype: str):
