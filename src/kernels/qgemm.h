@@ -110,12 +110,14 @@ LL_INLINE void ll_unpack_5bit(const uint8_t *p, ll_vi8 w[8]) {
     for (int g = 0; g < 8; g++) w[g] = ll_i8_or(w[g], ll_i8_hi1(h, g));
 }
 
-/* Sums over the 8 groups of 4 values of one 32-block: lo = groups 0..3, hi = groups 4..7. */
-LL_INLINE void ll_dot_u8(const ll_vi8 w[8], const int8_t *x, ll_vi32 *lo, ll_vi32 *hi) {
+/* Sums over the 8 groups of 4 values of one 32-block: lo = groups 0..3, hi = groups 4..7.
+ * is_signed: the weights are signed bytes (Q8_0, the IQ4 codebook values), else unsigned. */
+LL_INLINE void ll_dot_block(const ll_vi8 w[8], const int8_t *x, const int is_signed, ll_vi32 *lo, ll_vi32 *hi) {
     ll_vi32 a = ll_i32_zero(), b = ll_i32_zero();
     for (int g = 0; g < 4; g++) {
-        a = ll_dpbusd(a, w[g], ll_i8_bcast4(x + 4 * g));
-        b = ll_dpbusd(b, w[g + 4], ll_i8_bcast4(x + 16 + 4 * g));
+        const ll_vi8 x0 = ll_i8_bcast4(x + 4 * g), x1 = ll_i8_bcast4(x + 16 + 4 * g);
+        a = is_signed ? ll_dpbssd(a, w[g], x0) : ll_dpbusd(a, w[g], x0);
+        b = is_signed ? ll_dpbssd(b, w[g + 4], x1) : ll_dpbusd(b, w[g + 4], x1);
     }
     *lo = a; *hi = b;
 }
@@ -147,15 +149,7 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                 const int8_t *xq = x->q + t * x->ld + 32 * b;
                 const float dx = x->d[t * ldd + b];
                 ll_vi32 lo, hi;
-                if (signed_w) {
-                    lo = ll_i32_zero(); hi = ll_i32_zero();
-                    for (int g = 0; g < 4; g++) {
-                        lo = ll_dpbssd(lo, w[g], ll_i8_bcast4(xq + 4 * g));
-                        hi = ll_dpbssd(hi, w[g + 4], ll_i8_bcast4(xq + 16 + 4 * g));
-                    }
-                } else {
-                    ll_dot_u8(w, xq, &lo, &hi);
-                }
+                ll_dot_block(w, xq, signed_w, &lo, &hi);
                 const ll_vf32 f = ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(dx));
                 if (signed_w) {
                     acc[t] = ll_fma(d, f, acc[t]);
@@ -183,7 +177,7 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                 const ptrdiff_t b = 8 * sb + j;
                 for (int t = 0; t < tt; t++) {
                     ll_vi32 lo, hi;
-                    ll_dot_u8(w, x->q + t * x->ld + 32 * b, &lo, &hi);
+                    ll_dot_block(w, x->q + t * x->ld + 32 * b, 0, &lo, &hi);
                     const float dx = x->d[t * ldd + b], sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
                     const ll_vf32 f = ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(dx));
                     acc[t] = ll_fma(mn, ll_set1(-sx), ll_fma(a, f, acc[t]));
@@ -201,12 +195,8 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                 for (int g = 0; g < 8; g++) w[g] = ll_i8_lut16(w[g], ll_iq4_values);
                 const ptrdiff_t b = 8 * sb + j;
                 for (int t = 0; t < tt; t++) {
-                    const int8_t *xq = x->q + t * x->ld + 32 * b;
-                    ll_vi32 lo = ll_i32_zero(), hi = ll_i32_zero();
-                    for (int g = 0; g < 4; g++) {
-                        lo = ll_dpbssd(lo, w[g], ll_i8_bcast4(xq + 4 * g));
-                        hi = ll_dpbssd(hi, w[g + 4], ll_i8_bcast4(xq + 16 + 4 * g));
-                    }
+                    ll_vi32 lo, hi;
+                    ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
                     acc[t] = ll_fma(a, ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])), acc[t]);
                 }
             }
@@ -229,7 +219,7 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                 const ptrdiff_t b = 8 * sb + j;
                 for (int t = 0; t < tt; t++) {
                     ll_vi32 lo, hi;
-                    ll_dot_u8(w, x->q + t * x->ld + 32 * b, &lo, &hi);
+                    ll_dot_block(w, x->q + t * x->ld + 32 * b, 0, &lo, &hi);
                     const float dx = x->d[t * ldd + b];
                     const float s0 = 32.f * x->s[t * lds + 2 * b], s1 = 32.f * x->s[t * lds + 2 * b + 1];
                     const ll_vf32 f0 = ll_sub(ll_mul(ll_i32_to_f32(lo), ll_set1(dx)), ll_set1(s0));
@@ -485,6 +475,11 @@ static inline void ll_quantize_row_ggml(const float *x, ptrdiff_t k, int wtype, 
     }
 }
 
+/* Value e (0..31) of row `lane` in a packed 32-block of nibbles (the layout above). */
+LL_INLINE int ll_lane_nibble(const uint8_t *q, int lane, int e) {
+    return (q[64 * ((e % 16) / 4) + 4 * lane + e % 4] >> (e < 16 ? 0 : 4)) & 15;
+}
+
 /* Row `lane` (0..15) of one packed panel, dequantized: out [k]. */
 static inline void ll_qdequant_lane(const uint8_t *wp, int wtype, ptrdiff_t k, int lane, float *out) {
     const ptrdiff_t bb = ll_qblock_bytes(wtype);
@@ -500,14 +495,14 @@ static inline void ll_qdequant_lane(const uint8_t *wp, int wtype, ptrdiff_t k, i
                 const uint8_t *q = wp + (xs ? 160 + 256 * j : 0);
                 const float ds = xs ? d * (float)(int8_t)wp[32 + 16 * j + lane] : d;
                 for (int e = 0; e < 32; e++)
-                    o[32 * j + e] = ds * (float)ll_iq4_values[(q[64 * ((e % 16) / 4) + 4 * lane + e % 4] >> (e < 16 ? 0 : 4)) & 15];
+                    o[32 * j + e] = ds * (float)ll_iq4_values[ll_lane_nibble(q, lane, e)];
             }
         } else if (wtype == LL_W_Q4_0 || wtype == LL_W_Q4_1 || wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1) {
             const int five = wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1, qb = five ? 320 : 256;
             const float d = ll_f16_to_f32(((const uint16_t *)(wp + qb))[lane]);
             const float m = wtype == LL_W_Q4_1 || wtype == LL_W_Q5_1 ? ll_f16_to_f32(((const uint16_t *)(wp + qb + 32))[lane]) : 0.f;
             for (int e = 0; e < 32; e++) {
-                int v = (wp[64 * ((e % 16) / 4) + 4 * lane + e % 4] >> (e < 16 ? 0 : 4)) & 15;
+                int v = ll_lane_nibble(wp, lane, e);
                 if (five) v |= ((wp[256 + 4 * lane + e % 4] >> (e / 4)) & 1) << 4;
                 o[e] = wtype == LL_W_Q4_0 ? d * (float)(v - 8) : wtype == LL_W_Q5_0 ? d * (float)(v - 16) : d * (float)v + m;
             }
@@ -519,7 +514,7 @@ static inline void ll_qdequant_lane(const uint8_t *wp, int wtype, ptrdiff_t k, i
                 const float ds = d * (float)wp[64 + 16 * j + lane], dm = dmin * (float)wp[192 + 16 * j + lane];
                 const uint8_t *q = wp + 320 + sbb * j;
                 for (int e = 0; e < 32; e++) {
-                    int v = (q[64 * ((e % 16) / 4) + 4 * lane + e % 4] >> (e < 16 ? 0 : 4)) & 15;
+                    int v = ll_lane_nibble(q, lane, e);
                     if (wtype == LL_W_Q5_K) v |= ((q[256 + 4 * lane + e % 4] >> (e / 4)) & 1) << 4;
                     o[32 * j + e] = ds * (float)v - dm;
                 }
@@ -530,7 +525,7 @@ static inline void ll_qdequant_lane(const uint8_t *wp, int wtype, ptrdiff_t k, i
                 const uint8_t *q = wp + 288 + 384 * j, *hb = q + 256;
                 for (int e = 0; e < 32; e++) {
                     const int g = e / 4, i = e % 4;
-                    const int lo = (q[64 * (g % 4) + 4 * lane + i] >> (g < 4 ? 0 : 4)) & 15;
+                    const int lo = ll_lane_nibble(q, lane, e);
                     const int hi = (hb[64 * (g / 4) + 4 * lane + i] >> (2 * (g % 4))) & 3;
                     o[32 * j + e] = d * (float)(int8_t)wp[32 + 16 * (2 * j + e / 16) + lane] * (float)((lo | (hi << 4)) - 32);
                 }
