@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -261,3 +262,27 @@ def test_peer_names_are_checked():
     assert common.parse_peers("llama.cpp, transformers,llama.cpp") == ["llama.cpp", "transformers"]
     with pytest.raises(SystemExit, match="unknown peer 'vllm'"):
         common.parse_peers("vllm")
+
+
+def test_make_gguf_writes_a_random_model_llama_cpp_quantizes_and_we_load(tmp_path, monkeypatch, capsys):
+    """bench make-gguf: the tiny shape as F16, then quantized by llama.cpp to Q8_0 and Q4_0;
+    the tensor types are llama.cpp's, the file loads here with the shape's config, a second
+    call reuses the cached file."""
+    import gguf
+
+    from lite_llm.bench import models
+    from lite_llm.cli import main
+    monkeypatch.setattr(models, "CACHE_DIR", str(tmp_path))
+    assert main(["bench", "make-gguf", "--shape", "tiny", "--type", "Q8_0"]) == 0
+    path = capsys.readouterr().out.strip().splitlines()[-1]
+    assert path == str(tmp_path / "models" / "tiny.seed0.Q8_0.gguf")
+    q4 = models.make_gguf("tiny", "Q4_0", str(tmp_path / "q4.gguf"))
+    shape = models.SHAPES["tiny"]
+    for p, qtype in ((path, gguf.GGMLQuantizationType.Q8_0), (q4, gguf.GGMLQuantizationType.Q4_0)):
+        types = {t.name: t.tensor_type for t in gguf.GGUFReader(p).tensors}
+        assert types["blk.0.ffn_up.weight"] == qtype and types["blk.1.attn_q.weight"] == qtype
+        cfg = load_model(p, progress=False).config
+        assert (cfg.dim, cfg.num_layers, cfg.ffn_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size) == \
+            (shape.dim, shape.num_layers, shape.ffn_dim, shape.num_heads, shape.num_kv_heads, shape.head_dim, 49152)
+    mtime = os.path.getmtime(path)
+    assert models.make_gguf("tiny", "Q8_0") == path and os.path.getmtime(path) == mtime   # cached

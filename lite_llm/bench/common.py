@@ -274,6 +274,9 @@ def ratios(ours: dict[str, float], theirs: dict[str, float], keys: Iterable[str]
 # ---- output ---------------------------------------------------------------------------------
 
 
+CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "lite_llm")   # peers' BF16 copies, random models
+
+
 def progress(message: str) -> None:
     sys.stderr.write(message + "\n")
     sys.stderr.flush()

@@ -37,10 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from lite_llm.bench.common import (RequestTiming, batch_figures, describe, median_figures,
+from lite_llm.bench.common import (CACHE_DIR, RequestTiming, batch_figures, describe, median_figures,
                                    peak_rss_bytes, progress)
 
-CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "lite_llm")
 LLAMA_CPP_N_BATCH = 512
 
 

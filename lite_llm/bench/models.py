@@ -1,0 +1,163 @@
+"""`bench make-gguf`: random-weight GGUF checkpoints of real model shapes, so benchmarks of
+sizes past the shipped model need no downloads.
+
+The weights are random normal (std 0.02; norms 1), written as an F16 GGUF with the embedded
+default model's tokenizer (SmolLM2's 49152-token vocabulary and chat template), then
+quantized by llama.cpp's own quantizer (`llama_model_quantize`, the benchmark extra
+llama-cpp-python) to the type asked for: the same file llama.cpp users download, bit for bit
+in layout. Files are cached under ~/.cache/lite_llm/models/ by shape and type.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+from lite_llm.bench.common import CACHE_DIR, progress
+
+
+@dataclass(frozen=True)
+class Shape:
+    arch: str                 # GGUF architecture: "llama" | "qwen3"
+    dim: int
+    num_layers: int
+    ffn_dim: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    context: int
+    rope_theta: float
+    tied: bool = False
+
+
+SHAPES = {
+    "llama-1.1b": Shape("llama", 2048, 16, 8192, 32, 8, 64, 4096, 500000.0),
+    "llama-3.2-1b": Shape("llama", 2048, 16, 8192, 32, 8, 64, 8192, 500000.0, tied=True),
+    "llama-3.1-8b": Shape("llama", 4096, 32, 14336, 32, 8, 128, 8192, 500000.0),
+    "qwen3-8b": Shape("qwen3", 4096, 36, 12288, 32, 8, 128, 8192, 1000000.0),
+    "tiny": Shape("llama", 256, 2, 512, 4, 2, 64, 512, 10000.0),      # for tests
+}
+TYPES = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K",
+         "IQ4_NL", "IQ4_XS")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shape", default="llama-1.1b", choices=sorted(SHAPES))
+    parser.add_argument("--type", default="Q4_K_M", choices=TYPES, help="llama.cpp file type")
+    parser.add_argument("--output", "-o", default=None, help="path (default: the cache, reused when present)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    print(make_gguf(args.shape, args.type, args.output, args.seed))
+    return 0
+
+
+def make_gguf(shape_name: str, type_name: str, output: str | None = None, seed: int = 0) -> str:
+    """Path of a random-weight GGUF of SHAPES[shape_name] in llama.cpp file type type_name."""
+    cache = os.path.join(CACHE_DIR, "models")
+    f16 = os.path.join(cache, f"{shape_name}.seed{seed}.F16.gguf")
+    dest = output or os.path.join(cache, f"{shape_name}.seed{seed}.{type_name}.gguf")
+    if output is None and os.path.exists(dest):
+        return dest
+    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    os.makedirs(cache, exist_ok=True)
+    if not os.path.exists(f16):
+        _write_f16(SHAPES[shape_name], f16, seed)
+    if type_name == "F16":
+        if output is not None:
+            import shutil
+            shutil.copyfile(f16, dest)
+        return dest if output is not None else f16
+    _quantize(f16, dest, type_name)
+    return dest
+
+
+def _write_f16(shape: Shape, path: str, seed: int) -> None:
+    import gguf
+    import numpy as np
+
+    from lite_llm.model.loader import default_model_path
+    progress(f"make-gguf: writing random F16 weights to {path}")
+    start = time.perf_counter()
+    src = gguf.GGUFReader(default_model_path())
+    tmp = f"{path}.{os.getpid()}.tmp"
+    w = gguf.GGUFWriter(tmp, shape.arch)
+    for key, field in src.fields.items():
+        if key.startswith("tokenizer."):
+            vtype = field.types[0]
+            if vtype == gguf.GGUFValueType.ARRAY:
+                w.add_key_value(key, field.contents(), vtype, sub_type=field.types[-1])
+            else:
+                w.add_key_value(key, field.contents(), vtype)
+    a = shape.arch
+    w.add_uint32(f"{a}.block_count", shape.num_layers)
+    w.add_uint32(f"{a}.context_length", shape.context)
+    w.add_uint32(f"{a}.embedding_length", shape.dim)
+    w.add_uint32(f"{a}.feed_forward_length", shape.ffn_dim)
+    w.add_uint32(f"{a}.attention.head_count", shape.num_heads)
+    w.add_uint32(f"{a}.attention.head_count_kv", shape.num_kv_heads)
+    w.add_uint32(f"{a}.attention.key_length", shape.head_dim)
+    w.add_uint32(f"{a}.attention.value_length", shape.head_dim)
+    w.add_uint32(f"{a}.rope.dimension_count", shape.head_dim)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-5 if a == "llama" else 1e-6)
+    w.add_float32(f"{a}.rope.freq_base", shape.rope_theta)
+    rng = np.random.default_rng(seed)
+    vocab = len(src.fields["tokenizer.ggml.tokens"].data)
+    E, H, Hkv, D, F = shape.dim, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.ffn_dim
+
+    def rand(*dims):
+        return (rng.standard_normal(dims, dtype=np.float32) * 0.02).astype(np.float16)
+
+    w.add_tensor("token_embd.weight", rand(vocab, E))
+    for i in range(shape.num_layers):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(E, np.float32))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(E, np.float32))
+        w.add_tensor(p + "attn_q.weight", rand(H * D, E))
+        w.add_tensor(p + "attn_k.weight", rand(Hkv * D, E))
+        w.add_tensor(p + "attn_v.weight", rand(Hkv * D, E))
+        w.add_tensor(p + "attn_output.weight", rand(E, H * D))
+        if a == "qwen3":
+            w.add_tensor(p + "attn_q_norm.weight", np.ones(D, np.float32))
+            w.add_tensor(p + "attn_k_norm.weight", np.ones(D, np.float32))
+        w.add_tensor(p + "ffn_gate.weight", rand(F, E))
+        w.add_tensor(p + "ffn_up.weight", rand(F, E))
+        w.add_tensor(p + "ffn_down.weight", rand(E, F))
+        progress(f"make-gguf: layer {i + 1}/{shape.num_layers}")
+    w.add_tensor("output_norm.weight", np.ones(E, np.float32))
+    if not shape.tied:
+        w.add_tensor("output.weight", rand(vocab, E))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, path)
+    progress(f"make-gguf: {os.path.getsize(path) / 2**30:.2f} GiB in {time.perf_counter() - start:.1f} s")
+
+
+def _quantize(src: str, dest: str, type_name: str) -> None:
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise SystemExit(f"make-gguf: quantizing needs llama.cpp's quantizer: pip install 'lite-llm[bench]' ({e})")
+    progress(f"make-gguf: quantizing to {type_name} with llama.cpp -> {dest}")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{type_name}")
+    params.nthread = os.cpu_count() or 1
+    tmp = f"{dest}.{os.getpid()}.tmp"
+    start = time.perf_counter()
+    rc = llama_cpp.llama_model_quantize(src.encode(), tmp.encode(), ctypes.byref(params))
+    if rc != 0:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise SystemExit(f"make-gguf: llama_model_quantize returned {rc}")
+    os.replace(tmp, dest)
+    progress(f"make-gguf: quantized in {time.perf_counter() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(run(argparse.ArgumentParser().parse_args()))
