@@ -129,16 +129,20 @@ def model_weight_bytes(model: str | None) -> dict[str, Any]:
            "note": "weights read per token: every matrix once, in bf16"
                    + ("; the embedding table is gathered, not read" if gathered else "")}
     if path.endswith(".gguf"):
-        out.update(_gguf_formats(path, skip=embed if gathered else None))
+        try:
+            out.update(_gguf_formats(path, skip=embed if gathered else None))
+        except ImportError:     # no kernel build: the formats are the kernels' to say
+            pass
     return out
 
 
 def _gguf_formats(path: str, skip: str | None) -> dict[str, Any]:
     """How a GGUF file's matrices run: block types the kernels take stay as stored (repacked
-    at the same size; Q4_K's packed scales take 2.8 % more), other 2-D tensors in bf16; and
-    so the bytes a decoded token reads as run (`skip`: the gathered embedding)."""
+    into panels the kernels size: the same bytes, K-quant scales widened a little), other 2-D
+    tensors in bf16; and so the bytes a decoded token reads as run (`skip`: the gathered
+    embedding)."""
+    from lite_llm._kernels import kernels
     from lite_llm.model.gguf import NATIVE_TYPES, GGUFFile
-    growth = {"Q4_K": 2368 / 2304}
     formats: dict[str, int] = {}
     per_token = 0
     for name, t in GGUFFile(path).tensors.items():
@@ -148,7 +152,8 @@ def _gguf_formats(path: str, skip: str | None) -> dict[str, Any]:
         key = f"{t.type_name} (as stored)" if kept else f"{t.type_name} -> bf16"
         formats[key] = formats.get(key, 0) + 1
         if name != skip:
-            per_token += int(t.nbytes * growth.get(t.type_name, 1.0)) if kept else math.prod(t.shape) * 2
+            rows, cols = t.shape
+            per_token += -(-rows // 16) * kernels.qpanel_bytes(t.type_name, cols) if kept else rows * cols * 2
     return {"formats": formats, "bytes_per_token_as_run": per_token}
 
 

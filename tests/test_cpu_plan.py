@@ -272,6 +272,14 @@ def test_model_bytes_per_token_match_an_independent_reader():
     assert w["params"] == params and w["file_bytes"] == os.path.getsize(path)
     # SmolLM2 ties its embeddings: the table is the LM head, read in full every token
     assert "output.weight" not in names and w["bytes_per_token_bf16"] == 2 * params
+    # as run: every 2-D tensor stays in its block type, the packed matrices the runner builds
+    assert w["formats"] == {"Q4_1 (as stored)": 210, "Q8_0 (as stored)": 1}
+    from lite_llm.engine.runner import ModelRunner
+    from lite_llm.model.loader import load_model
+    runner = ModelRunner(load_model(path, progress=False, skip_tokenizer_init=True), num_blocks=2, block_size=16,
+                         max_num_batched_tokens=16, max_num_seqs=1, num_threads=1)
+    vectors = sum(4 * int(t.n_elements) for t in reader.tensors if len(t.shape) == 1)   # norms, in fp32
+    assert runner.bytes_per_token == w["bytes_per_token_as_run"] + vectors
 
 
 def test_info_cli_prints_plan_binding_and_roofline():

@@ -160,9 +160,12 @@ cdef class Model:
         free(self.c.layers)
 
     def formats(self):
-        """{matrix name: (part types, input form)}: the format each GEMM runs in."""
+        """{matrix name: (part types, input form)}: the format each matrix runs in (a tied
+        embedding is the LM head: listed once, as "lm_head")."""
         cdef int i
-        out = {"embed": _describe(&self.c.embed), "lm_head": _describe(&self.c.lm_head)}
+        out = {"lm_head": _describe(&self.c.lm_head)}
+        if self.c.embed.part[0].w != self.c.lm_head.part[0].w:
+            out["embed"] = _describe(&self.c.embed)
         for i in range(self.c.num_layers):
             out[f"layers.{i}.qkv"] = _describe(&self.c.layers[i].qkv)
             out[f"layers.{i}.o"] = _describe(&self.c.layers[i].o)

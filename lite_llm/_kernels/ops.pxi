@@ -23,7 +23,7 @@ def _parts_of(packed, str dtype, Py_ssize_t n, Py_ssize_t k):
 
 
 def gemm(const float[:, ::1] x,          # IN  [T, K]
-         packed,                         # IN  layout.pack(w [N, K], dtype) or layout.pack_quant(...)
+         packed,                         # IN  layout.pack(w [N, K], dtype), or panels of qpack_into
          str dtype, Py_ssize_t n,
          float[:, ::1] out,              # OUT [T, N]
          bias=None,                      # IN  [N] float32 or None
@@ -60,7 +60,7 @@ def quantize_q8(const float[:, ::1] x):
 
 def gated_mlp(const float[:, ::1] x,     # IN  [T, K]
               packed,                    # IN  layout.pack_gated(w [2F, K] gate then up rows, F, dtype),
-                                         #     or (gate, up) layout.pack_quant panels and (gate type, up type)
+                                         #     or (gate, up) panels of qpack_into and (gate type, up type)
               dtype, Py_ssize_t ffn_dim,
               float[:, ::1] out,         # OUT [T, F]
               str act, bias=None,        # IN  [2F] float32 or None
@@ -78,7 +78,8 @@ def gated_mlp(const float[:, ::1] x,     # IN  [T, K]
     if isinstance(packed, tuple):     # block-quantized: a gate part and an up part
         joined = np.concatenate([packed[0].reshape(-1), packed[1].reshape(-1)])
         parts = [(dtype[0], 0, ng, 0, f, 0), (dtype[1], ng, 2 * ng, f, 2 * f, packed[0].nbytes)]
-        _parts_of(packed[0], dtype[0], f, k), _parts_of(packed[1], dtype[1], f, k)
+        _parts_of(packed[0], dtype[0], f, k)       # shape checks
+        _parts_of(packed[1], dtype[1], f, k)
         m = _make_mat(joined, parts, 2 * f, k, bias, keep)
     else:
         if packed.shape[0] != 2 * ng or packed.shape[1] != ((k + 1) // 2 if dtype == "bfloat16" else k):
