@@ -108,32 +108,34 @@ def _write_f16(shape: Shape, path: str, seed: int) -> None:
     rng = np.random.default_rng(seed)
     vocab = len(src.fields["tokenizer.ggml.tokens"].data)
     E, H, Hkv, D, F = shape.dim, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.ffn_dim
-
-    def rand(*dims):
-        return (rng.standard_normal(dims, dtype=np.float32) * 0.02).astype(np.float16)
-
-    w.add_tensor("token_embd.weight", rand(vocab, E))
+    # (name, shape, float16 random or float32 ones), in file order; tensors are announced first and
+    # written one at a time, so an 8B shape (16 GB of F16) never sits in memory whole
+    specs = [("token_embd.weight", (vocab, E), True)]
     for i in range(shape.num_layers):
         p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", np.ones(E, np.float32))
-        w.add_tensor(p + "ffn_norm.weight", np.ones(E, np.float32))
-        w.add_tensor(p + "attn_q.weight", rand(H * D, E))
-        w.add_tensor(p + "attn_k.weight", rand(Hkv * D, E))
-        w.add_tensor(p + "attn_v.weight", rand(Hkv * D, E))
-        w.add_tensor(p + "attn_output.weight", rand(E, H * D))
+        specs += [(p + "attn_norm.weight", (E,), False), (p + "ffn_norm.weight", (E,), False),
+                  (p + "attn_q.weight", (H * D, E), True), (p + "attn_k.weight", (Hkv * D, E), True),
+                  (p + "attn_v.weight", (Hkv * D, E), True), (p + "attn_output.weight", (E, H * D), True)]
         if a == "qwen3":
-            w.add_tensor(p + "attn_q_norm.weight", np.ones(D, np.float32))
-            w.add_tensor(p + "attn_k_norm.weight", np.ones(D, np.float32))
-        w.add_tensor(p + "ffn_gate.weight", rand(F, E))
-        w.add_tensor(p + "ffn_up.weight", rand(F, E))
-        w.add_tensor(p + "ffn_down.weight", rand(E, F))
-        progress(f"make-gguf: layer {i + 1}/{shape.num_layers}")
-    w.add_tensor("output_norm.weight", np.ones(E, np.float32))
+            specs += [(p + "attn_q_norm.weight", (D,), False), (p + "attn_k_norm.weight", (D,), False)]
+        specs += [(p + "ffn_gate.weight", (F, E), True), (p + "ffn_up.weight", (F, E), True),
+                  (p + "ffn_down.weight", (E, F), True)]
+    specs.append(("output_norm.weight", (E,), False))
     if not shape.tied:
-        w.add_tensor("output.weight", rand(vocab, E))
+        specs.append(("output.weight", (vocab, E), True))
+    for name, dims, random in specs:
+        dtype = np.dtype(np.float16 if random else np.float32)
+        w.add_tensor_info(name, dims, dtype, int(np.prod(dims)) * dtype.itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+    w.write_ti_data_to_file()
+    for n, (name, dims, random) in enumerate(specs, 1):
+        if random:
+            w.write_tensor_data((rng.standard_normal(dims, dtype=np.float32) * 0.02).astype(np.float16))
+        else:
+            w.write_tensor_data(np.ones(dims, np.float32))
+        if name.endswith("ffn_down.weight") or n == len(specs):
+            progress(f"make-gguf: {n}/{len(specs)} tensors")
     w.close()
     os.replace(tmp, path)
     progress(f"make-gguf: {os.path.getsize(path) / 2**30:.2f} GiB in {time.perf_counter() - start:.1f} s")
