@@ -34,6 +34,7 @@ cdef extern from "kernels/qgemm.h" nogil:
     void ll_quantize_rows_q8(const float *x, Py_ssize_t ldx, Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t k,
                              int8_t *q, float *d, float *s)
     void ll_quantize_block_q8(const float *x, int8_t *q, float *d, float *s)
+    void ll_qpack_panel(const uint8_t *const *rows, int nrows, Py_ssize_t k, int wtype, uint8_t *pd)
     void ll_qpack_panels(const uint8_t *src, Py_ssize_t rows, Py_ssize_t k, int wtype, uint8_t *dst,
                          Py_ssize_t p0, Py_ssize_t p1)
     void ll_qdequant_lane(const uint8_t *wp, int wtype, Py_ssize_t k, int lane, float *out)
@@ -190,5 +191,9 @@ cdef extern from "omp_util.h" nogil:
 
 cdef extern from "kernels/quant.h" nogil:
     void ll_f32_to_bf16_n(const float *src, uint16_t *dst, Py_ssize_t i0, Py_ssize_t i1)
+    void ll_pack_panel_rows(const void *const *rows, int nrows, int stype, Py_ssize_t k, int wtype, void *dst)
     void ll_pack_panels(const void *src, void *dst, Py_ssize_t n, Py_ssize_t k, int wtype,
                         Py_ssize_t p0, Py_ssize_t p1)
+
+cdef extern from "populate.h" nogil:
+    void ll_populate_read(const void *p, size_t length)

@@ -105,3 +105,114 @@ def quantize_ggml(const float[:, ::1] x, str type_name, int num_threads=1):
         for r in prange(n, nogil=True, schedule="static", num_threads=max(num_threads, 1)):
             ll_quantize_row_ggml(&x[r, 0], k, wtype, &ov[r, 0])
     return out
+
+
+# ---- stored rows -> packed panels in one pass (the loader) ------------------------------------
+
+STORED_FLOATS = {"F32": LL_W_F32, "BF16": LL_W_BF16, "F16": LL_W_F16}
+
+
+cdef struct LoadSeg:
+    const uint8_t *base       # the part's first row as stored
+    Py_ssize_t rows, row_bytes
+    Py_ssize_t perm           # > 0: llama.cpp's q/k order, pairs interleaved within heads of perm rows
+
+
+cdef inline const uint8_t *_seg_row(const LoadSeg *segs, int nseg, Py_ssize_t r) noexcept nogil:
+    """Stored row of logical row r of the stacked parts (HF order: gguf._unpermute's spec)."""
+    cdef int s
+    cdef Py_ssize_t j, half
+    for s in range(nseg):
+        if r < segs[s].rows:
+            if segs[s].perm:
+                half = segs[s].perm // 2
+                j = r % segs[s].perm
+                r = r - j + (j % half) * 2 + j // half
+            return segs[s].base + r * segs[s].row_bytes
+        r -= segs[s].rows
+    return NULL
+
+
+cdef void _load_range(const LoadSeg *segs, int nseg, Py_ssize_t n, Py_ssize_t k, int stype, int wtype,
+                      uint8_t *dst, Py_ssize_t panel_bytes, Py_ssize_t p0, Py_ssize_t p1) noexcept nogil:
+    """Panels p0..p1: their stored rows brought in (one batch per part), then packed."""
+    cdef const uint8_t *rows[16]
+    cdef Py_ssize_t p, r0 = p0 * 16, r1 = min(p1 * 16, n), start = 0, a, b
+    cdef int s, r, nrows
+    for s in range(nseg):      # the stored bytes of rows r0..r1 (whole heads where permuted)
+        a, b = max(r0 - start, 0), min(r1 - start, segs[s].rows)
+        if a < b:
+            if segs[s].perm:
+                a, b = a - a % segs[s].perm, min(b + (-b) % segs[s].perm, segs[s].rows)
+            ll_populate_read(segs[s].base + a * segs[s].row_bytes, (b - a) * segs[s].row_bytes)
+        start += segs[s].rows
+    for p in range(p0, p1):
+        nrows = <int>min(16, n - p * 16)
+        for r in range(nrows):
+            rows[r] = _seg_row(segs, nseg, p * 16 + r)
+        if ll_wtype_is_quant(wtype):
+            ll_qpack_panel(rows, nrows, k, wtype, dst + p * panel_bytes)
+        else:
+            ll_pack_panel_rows(<const void **>rows, nrows, stype, k, wtype, dst + p * panel_bytes)
+
+
+def load_panels(list segments, dst, str dst_type, Py_ssize_t k, int num_threads=1):
+    """The parts of an [N, K] weight, as they lie in the checkpoint (a mapped file), straight into
+    packed panels: one pass, parallel over panels, no intermediate copy. Equals packing the rows
+    read, un-permuted and converted first (layout.pack / qpack_into), byte for byte.
+
+    segments  [(data, rows, stored type, perm)] in row order: data a uint8 view of the part's
+              rows [rows * row bytes]; stored type "F32" / "F16" / "BF16" or a ggml block type;
+              perm > 0 for llama.cpp's q/k rows (see gguf._unpermute) in heads of perm rows
+    dst_type  "float32" / "bfloat16" / "float16": float parts (all of one stored type) converted
+              with rounding to nearest even; or the ggml block type every part is stored in
+    dst       the packed layout, C-contiguous"""
+    cdef int wtype = WTYPES.get(dst_type, -1), stype = -1, nseg = len(segments), i, tid, nt
+    if wtype < 0:
+        raise ValueError(f"load_panels: unknown packed type {dst_type!r}")
+    cdef bint quant = ll_wtype_is_quant(wtype)
+    cdef Py_ssize_t n = 0, row_bytes, panels, panel_bytes
+    cdef uint8_t *dp
+    cdef const uint8_t[::1] data
+    segs = <LoadSeg *>calloc(max(nseg, 1), sizeof(LoadSeg))
+    keep = []
+    try:
+        for i, (arr, rows, stored, perm) in enumerate(segments):
+            if quant:
+                if stored != dst_type:
+                    raise ValueError(f"load_panels: a {stored} part cannot be packed as {dst_type}")
+                if k % ll_qblock(wtype):
+                    raise ValueError(f"load_panels: {k} values are not whole {dst_type} blocks")
+                row_bytes = k // ll_qblock(wtype) * ll_ggml_block_bytes(wtype)
+            else:
+                if stored not in STORED_FLOATS or (stype >= 0 and STORED_FLOATS[stored] != stype):
+                    raise ValueError(f"load_panels: parts stored as {[s[2] for s in segments]} cannot be packed "
+                                     f"as {dst_type} (float parts of one type)")
+                stype = STORED_FLOATS[stored]
+                row_bytes = k * (4 if stype == LL_W_F32 else 2)
+            data = arr
+            keep.append(data)
+            if data.shape[0] != rows * row_bytes:
+                raise ValueError(f"load_panels: part {i} has {data.shape[0]} bytes, {rows} rows of {k} "
+                                 f"{stored} values take {rows * row_bytes}")
+            if perm and (perm % 2 or rows % perm):
+                raise ValueError(f"load_panels: {rows} rows are not whole heads of {perm}")
+            segs[i].base = &data[0] if rows else NULL
+            segs[i].rows, segs[i].row_bytes, segs[i].perm = rows, row_bytes, perm
+            n += rows
+        panels = (n + 15) // 16
+        if quant:
+            panel_bytes = ll_qpanel_bytes(wtype, k)
+        else:
+            panel_bytes = 16 * (((k + 1) // 2) * 2 if wtype == LL_W_BF16 else k) * (4 if wtype == LL_W_F32 else 2)
+        if not dst.flags.c_contiguous or dst.nbytes != panels * panel_bytes:
+            raise ValueError(f"load_panels: dst of {dst.nbytes} bytes is not {panels} panels of {panel_bytes}")
+        if panels == 0:
+            return
+        dp = <uint8_t *>_ptr(dst)
+        nt = <int>min(max(num_threads, 1), panels)
+        with nogil, parallel(num_threads=nt):
+            tid = openmp.omp_get_thread_num()
+            _load_range(segs, nseg, n, k, stype, wtype, dp, panel_bytes, tid * panels // nt, (tid + 1) * panels // nt)
+    finally:
+        free(segs)

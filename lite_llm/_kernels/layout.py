@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import sys
 import threading
 
 import numpy as np
@@ -73,16 +74,43 @@ def pack(w: np.ndarray, dtype: str, out: np.ndarray | None = None) -> np.ndarray
 STREAM_ELEMENTS = 1 << 18   # values per slice of pack_rows (1 MiB as float32): a few hundred rows
 
 
-def pack_rows(rows, dtype: str, slice_elements: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
-    """pack() of a weight read a slice of rows at a time: `rows` has .shape [N, K], .align and
-    .read(r0, r1) -> rows r0..r1 in dtype (model.weights.StackedRows). Each slice, a multiple of
-    16 rows (and of .align), fills its own panels of the preallocated output, so no full-size
-    unpacked or float32 copy of the weight ever exists. Equals pack(rows.read(0, N), dtype)."""
+def _as_stored(rows, types) -> list[tuple] | None:
+    """kernels.load_panels' segments for a weight whose every part lies in the file as stored in
+    one of `types` (model.weights.StackedRows.stored_parts), else None."""
+    stored = rows.stored_parts() if hasattr(rows, "stored_parts") else None
+    if stored is None or any(s.type_name not in types for s in stored):
+        return None
+    return [(s.view(), n, s.type_name, s.perm) for (n, _), s in zip(rows.parts, stored)]
+
+
+def _release(rows) -> None:
+    for s in rows.stored_parts():
+        s.release()
+
+
+# float types the packer converts straight from the file (little-endian files, as it reads them)
+_STORED_FLOATS = ("F32", "F16", "BF16") if sys.byteorder == "little" else ()
+
+
+def pack_rows(rows, dtype: str, slice_elements: int | None = None, out: np.ndarray | None = None,
+              threads: int | None = None) -> np.ndarray:
+    """pack() of a weight not read yet: `rows` has .shape [N, K], .align and .read(r0, r1) ->
+    rows r0..r1 in dtype (model.weights.StackedRows). Where its parts lie in the file as stored
+    (float parts of one type), they are packed straight from the mapped file in one parallel
+    pass; else a slice of rows at a time (a multiple of 16 rows and of .align) is read and fills
+    its own panels of the preallocated output. Either way no full-size unpacked or float32 copy
+    of the weight ever exists. Equals pack(rows.read(0, N), dtype)."""
     from lite_llm._kernels import kernels
     n, k = rows.shape
     np_dtype = _NP_DTYPES[dtype]
     out = _packed_out(n, k, dtype, out)
-    threads = load_threads()
+    threads = threads or load_threads()
+    segments = None if slice_elements else _as_stored(rows, _STORED_FLOATS)
+    if segments is not None and len({s[2] for s in segments}) == 1:
+        kernels.load_panels(segments, out, dtype, k, threads)
+        del segments
+        _release(rows)
+        return out
     step = math.lcm(PANEL, getattr(rows, "align", 1))
     target = slice_elements or max(STREAM_ELEMENTS, threads * (1 << 14))   # >= 16K values per thread
     per_slice = max(step, target // max(k, 1) // step * step)
@@ -96,7 +124,7 @@ def pack_rows(rows, dtype: str, slice_elements: int | None = None, out: np.ndarr
     return out
 
 
-def pack_gated(w, ffn_dim: int, dtype: str) -> np.ndarray:
+def pack_gated(w, ffn_dim: int, dtype: str, threads: int | None = None) -> np.ndarray:
     """A gated MLP's [2F, K] weight (gate rows, then up rows; an array or a row source as
     pack_rows takes) packed for the fused kernel (gemm.h ll_gemm_gated): the gate half's
     panels, then the up half's, each padded to 16 rows on its own, so feature panel q is gate
@@ -105,12 +133,14 @@ def pack_gated(w, ffn_dim: int, dtype: str) -> np.ndarray:
         raise ValueError(f"pack_gated: expected [{2 * ffn_dim}, K] (gate then up), got {w.shape}")
     half = packed_shape(ffn_dim, w.shape[1], dtype)
     out = aligned_empty((2 * half[0],) + half[1:], _NP_DTYPES[dtype], weights=True)
+    two_parts = hasattr(w, "part") and [n for n, _ in w.parts] == [ffn_dim, ffn_dim]
     for i, start in enumerate((0, ffn_dim)):
         part = out[i * half[0]:(i + 1) * half[0]]
         if isinstance(w, np.ndarray):
             pack(w[start:start + ffn_dim], dtype, out=part)
         else:
-            pack_rows(_RowRange(w, start, start + ffn_dim), dtype, out=part)
+            pack_rows(w.part(i) if two_parts else _RowRange(w, start, start + ffn_dim), dtype, out=part,
+                      threads=threads)
     return out
 
 
@@ -127,13 +157,15 @@ class _RowRange:
         return self.src.read(self.start + r0, self.start + r1)
 
 
-def pack_blocks(rows) -> tuple[np.ndarray, list[tuple]]:
+def pack_blocks(rows, threads: int | None = None) -> tuple[np.ndarray, list[tuple]]:
     """A weight whose parts are all stored in ggml block types (rows.block_types(), a
     model.weights.StackedRows) repacked as stored into the interleaved panels of
     src/kernels/qgemm.h: each part gets its own ceil(rows / 16) panels, in order, so a fused
     matrix may mix types (Q4_K q and k with a Q6_K v) and a gated MLP's gate part is panels
-    0..ng and its up part ng..2 ng. Raw rows are read a slice at a time (a multiple of 16 rows
-    and of rows.align), never the whole tensor.
+    0..ng and its up part ng..2 ng. A part that lies in the file as stored is packed straight
+    from the mapped file in one parallel pass; others (quantized at load, converted from HF
+    layouts) are read a slice at a time (a multiple of 16 rows and of rows.align), never the
+    whole tensor.
 
     Returns (packed uint8 [bytes], parts [(type, first panel, end panel, first column,
     end column, byte offset)]) as the kernel Model takes them."""
@@ -144,17 +176,25 @@ def pack_blocks(rows) -> tuple[np.ndarray, list[tuple]]:
     k = rows.cols
     sizes = [(-(-n // PANEL), kernels.qpanel_bytes(t, k)) for (n, _), t in zip(rows.parts, types)]
     out = aligned_empty((sum(p * b for p, b in sizes),), np.uint8, weights=True)
-    threads = load_threads()
+    threads = threads or load_threads()
     step = math.lcm(PANEL, getattr(rows, "align", 1))
     per_slice = max(step, STREAM_ELEMENTS // max(k, 1) // step * step)
     parts, panel, col, off = [], 0, 0, 0
-    for ((n, _), (type_name, read_raw)), (num_panels, panel_bytes) in zip(zip(rows.parts, rows.blocks), sizes):
+    for i, (((n, _), (type_name, read_raw)), (num_panels, panel_bytes)) in enumerate(zip(zip(rows.parts, rows.blocks),
+                                                                                         sizes)):
         region = out[off:off + num_panels * panel_bytes].reshape(num_panels, panel_bytes)
-        for r0 in range(0, n, per_slice):
-            r1 = min(n, r0 + per_slice)
-            raw = np.ascontiguousarray(read_raw(r0, r1))
-            kernels.qpack_into(raw, region[r0 // PANEL: -(-r1 // PANEL)], type_name, k, threads)
-            del raw
+        one = rows.part(i) if hasattr(rows, "part") else None
+        segments = None if one is None else _as_stored(one, (type_name,))
+        if segments is not None:
+            kernels.load_panels(segments, region, type_name, k, threads)
+            del segments
+            _release(one)
+        else:
+            for r0 in range(0, n, per_slice):
+                r1 = min(n, r0 + per_slice)
+                raw = np.ascontiguousarray(read_raw(r0, r1))
+                kernels.qpack_into(raw, region[r0 // PANEL: -(-r1 // PANEL)], type_name, k, threads)
+                del raw
         parts.append((type_name, panel, panel + num_panels, col, col + n, off))
         panel, col, off = panel + num_panels, col + n, off + num_panels * panel_bytes
     return out, parts

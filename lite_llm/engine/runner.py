@@ -68,6 +68,59 @@ def describe_formats(formats: dict[str, tuple[tuple[str, ...], str]]) -> str:
                      for form, counts in by_input.items())
 
 
+def _blocks_fit(base: str, t, cfg) -> bool:
+    """Whether weight `base` can run on block-quantized kernels: rows of whole 32-value
+    blocks, and the o projection's int8 input blocks within one KV group's output."""
+    if t.shape[1] % 32:
+        return False
+    return not base.endswith(".o") or (cfg.num_heads // cfg.num_kv_heads * cfg.head_dim) % 32 == 0
+
+
+def _block_form(base: str, t, cfg, quantization: str | None):
+    """The weight as ggml blocks to pack, or None for the engine dtype: as stored where every
+    part is a type the kernels take (gguf.NATIVE_TYPES), else quantized at load when asked
+    (the LM head, and a tied embedding, in Q8_0 for q4_0, as llama.cpp keeps its output
+    layer in more bits)."""
+    if not _blocks_fit(base, t, cfg):
+        return None
+    if t.block_types() is not None:
+        return t
+    if quantization is None:
+        return None
+    head = base == "lm_head" or (base == "embed" and cfg.tie_word_embeddings)
+    return layout.quantized_view(t, "Q8_0" if head else QUANTIZATIONS[quantization])
+
+
+def pack_checkpoint(loaded, dtype: str, threads: int, quantization: str | None = None) -> dict[str, object]:
+    """Every tensor of the checkpoint, for the kernel Model: 2-D weights packed (in their stored
+    block format where the kernels take it, else in the engine dtype `dtype`; straight from the
+    mapped file where it is stored as the packer takes it), with "<name>.shape" and, for block
+    formats, "<name>.parts"; vectors as float32. Runs its parallel loops on `threads` threads of
+    the calling thread's OpenMP pool (the engine thread's), into huge-page-backed segments."""
+    cfg = loaded.config
+    tensors: dict[str, object] = {}
+    with layout.WeightArena():
+        for name, t in loaded.iter_tensors(streamed=True):   # 2-D: StackedRows, not read yet
+            if t.ndim == 2 and name != "pos_embed":
+                base = name[: -len(".weight")] if name.endswith(".weight") else name
+                tensors[base + ".shape"] = t.shape
+                blocks = _block_form(base, t, cfg, quantization)
+                if blocks is not None:
+                    tensors[base + ".weight"], tensors[base + ".parts"] = layout.pack_blocks(blocks, threads)
+                elif base.endswith(".gate_up"):   # the fused gated-MLP kernel's layout
+                    tensors[base + ".weight"] = layout.pack_gated(t, cfg.ffn_dim, dtype, threads)
+                else:
+                    tensors[base + ".weight"] = layout.pack_rows(t, dtype, threads=threads)
+                continue
+            arr = t.read(0, t.shape[0]) if t.ndim == 2 else t      # pos_embed: a plain table
+            if arr.dtype == np.uint16:   # bf16 bits (pos_embed): widen, the kernel reads fp32
+                tensors[name] = np.ascontiguousarray(bf16_to_f32(arr))
+            else:
+                tensors[name] = np.ascontiguousarray(arr, dtype=np.float32)
+            del t, arr
+    return tensors
+
+
 class ModelRunner:
     """Owns the packed weights, the KV cache and the activation workspace of one model."""
 
@@ -89,9 +142,7 @@ class ModelRunner:
             raise ValueError(f"block_size {block_size} must be a multiple of 16")
 
         start = time.perf_counter()
-        tensors: dict[str, object] = {}
-        with layout.WeightArena():   # packed weights in huge-page-backed segments
-            self._pack_all(loaded, tensors, cfg)
+        tensors = pack_checkpoint(loaded, self.dtype, num_threads, self.quantization)
         loaded.release()
         _trim_heap()
         kv_np = np.float32 if kv_cache_dtype(self.dtype) == "float32" else np.uint16
@@ -127,50 +178,6 @@ class ModelRunner:
                  "KV cache %.1f MB (%d blocks of %d)", time.perf_counter() - start, self.weight_bytes / 2**20,
                  describe_formats(self.formats), self.bytes_per_token / 2**20, self.kv_cache_bytes / 2**20,
                  num_blocks, block_size)
-
-    @staticmethod
-    def _blocks_fit(base: str, t, cfg) -> bool:
-        """Whether weight `base` can run on block-quantized kernels: rows of whole 32-value
-        blocks, and the o projection's int8 input blocks within one KV group's output."""
-        if t.shape[1] % 32:
-            return False
-        return not base.endswith(".o") or (cfg.num_heads // cfg.num_kv_heads * cfg.head_dim) % 32 == 0
-
-    def _block_form(self, base: str, t, cfg):
-        """The weight as ggml blocks to pack, or None for the engine dtype: as stored where every
-        part is a type the kernels take (gguf.NATIVE_TYPES), else quantized at load when asked
-        (the LM head, and a tied embedding, in Q8_0 for q4_0, as llama.cpp keeps its output
-        layer in more bits)."""
-        if not self._blocks_fit(base, t, cfg):
-            return None
-        if t.block_types() is not None:
-            return t
-        if self.quantization is None:
-            return None
-        head = base == "lm_head" or (base == "embed" and cfg.tie_word_embeddings)
-        return layout.quantized_view(t, "Q8_0" if head else QUANTIZATIONS[self.quantization])
-
-    def _pack_all(self, loaded, tensors: dict, cfg) -> None:
-        """Every tensor of the checkpoint into `tensors`: 2-D weights packed (in their stored
-        block format where the kernels take it, else in the engine dtype), vectors as float32."""
-        for name, t in loaded.iter_tensors(streamed=True):   # 2-D: StackedRows, read a slice at a time
-            if t.ndim == 2 and name != "pos_embed":
-                base = name[: -len(".weight")] if name.endswith(".weight") else name
-                tensors[base + ".shape"] = t.shape
-                blocks = self._block_form(base, t, cfg)
-                if blocks is not None:
-                    tensors[base + ".weight"], tensors[base + ".parts"] = layout.pack_blocks(blocks)
-                elif base.endswith(".gate_up"):   # the fused gated-MLP kernel's layout
-                    tensors[base + ".weight"] = layout.pack_gated(t, cfg.ffn_dim, self.dtype)
-                else:
-                    tensors[base + ".weight"] = layout.pack_rows(t, self.dtype)
-                continue
-            arr = t.read(0, t.shape[0]) if t.ndim == 2 else t      # pos_embed: a plain table
-            if arr.dtype == np.uint16:   # bf16 bits (pos_embed): widen, the kernel reads fp32
-                tensors[name] = np.ascontiguousarray(bf16_to_f32(arr))
-            else:
-                tensors[name] = np.ascontiguousarray(arr, dtype=np.float32)
-            del t, arr
 
     # ---- one step ---------------------------------------------------------------------
 

@@ -19,8 +19,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from lite_llm.config import ModelConfig
-from lite_llm.model.loader import ModelLoadError, pread_into
-from lite_llm.model.weights import StackedRows
+from lite_llm.model.loader import MappedFile, ModelLoadError, pread_into
+from lite_llm.model.weights import StackedRows, StoredPart
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32      # general.alignment when the file does not say
@@ -74,6 +74,7 @@ class GGUFFile:
         self.metadata: dict[str, Any] = {}
         self.tensors: dict[str, TensorInfo] = {}
         self._fd: int | None = None
+        self.mapped = MappedFile(self.path)
         try:
             self._parse()
         finally:
@@ -184,6 +185,13 @@ class GGUFFile:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        self.mapped.close()
+
+    def stored(self, name: str, perm: int = 0) -> StoredPart:
+        """Where tensor `name`'s bytes lie, for packing straight from the mapped file."""
+        info = self.info(name)
+        return StoredPart(view=partial(self.mapped.view, info.offset, info.nbytes), type_name=info.type_name,
+                          perm=perm, release=partial(self.mapped.release, info.offset, info.nbytes))
 
     def drop_tokenizer_arrays(self) -> None:
         """Forget the vocabulary arrays (TOKENIZER_ARRAYS) once the tokenizer is built from
@@ -374,7 +382,8 @@ def iter_gguf_tensors(f: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, n
 
     def stacked(specs: list[tuple[str, tuple[int, int], int]], align: int = 1) -> StackedRows:
         return StackedRows(tuple(part(n, s, h) for n, s, h in specs), specs[0][1][1], align=align,
-                           blocks=tuple(blocks(n, h) for n, _, h in specs))
+                           blocks=tuple(blocks(n, h) for n, _, h in specs),
+                           stored=tuple(f.stored(n, D if h else 0) for n, _, h in specs))
 
     def one(name: str, shape: tuple[int, int]) -> StackedRows:
         return stacked([(name, shape, 0)])

@@ -18,14 +18,15 @@ import numpy as np
 
 from lite_llm.config import ModelConfig
 from lite_llm.model import hfquant
-from lite_llm.model.loader import ModelLoadError, pread_into
-from lite_llm.model.weights import StackedRows
+from lite_llm.model.loader import MappedFile, ModelLoadError, pread_into
+from lite_llm.model.weights import StackedRows, StoredPart
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen3ForCausalLM", "OPTForCausalLM")
 _SAFETENSORS_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
                        "F64": np.dtype("<f8"), "I32": np.dtype("<i4"),   # I32: AWQ / GPTQ packed values
                        "I8": np.dtype("i1")}                              # I8: W8A8 weights
+_STORED_TYPES = {"<f4": "F32", "<f2": "F16", "<u2": "BF16"}     # numpy dtype str -> type the packer takes
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                 "gelu_new": "gelu_tanh", "relu": "relu"}
 OPT_POSITION_OFFSET = 2     # OPT's learned position table keeps 2 unused rows before position 0
@@ -198,6 +199,7 @@ class SafetensorsCheckpoint:
             raise ModelLoadError(f"{path}: no *.safetensors weights found")
         self.entries: dict[str, _Entry] = {}
         self._fds: dict[str, int] = {}
+        self._maps: dict[str, MappedFile] = {}
         self.quant = None       # hfquant.QuantSpec of an AWQ / GPTQ checkpoint (the loader sets it)
         for name in files:
             self._read_header(os.path.join(path, name))
@@ -207,6 +209,20 @@ class SafetensorsCheckpoint:
         fds, self._fds = self._fds, {}
         for fd in fds.values():
             os.close(fd)
+        maps, self._maps = self._maps, {}
+        for m in maps.values():
+            m.close()
+
+    def stored(self, name: str) -> StoredPart | None:
+        """Where tensor `name`'s bytes lie, for packing straight from the mapped file; None for a
+        type the packer does not take as stored (float64, integers)."""
+        e = self.entry(name)
+        type_name = _STORED_TYPES.get(e.dtype.str)
+        if type_name is None:
+            return None
+        mapped = self._maps.get(e.file) or self._maps.setdefault(e.file, MappedFile(e.file))
+        return StoredPart(view=partial(mapped.view, e.begin, e.end - e.begin), type_name=type_name,
+                          release=partial(mapped.release, e.begin, e.end - e.begin))
 
     def _read_header(self, file: str) -> None:
         if not os.path.exists(file):
@@ -389,18 +405,20 @@ def _iter_opt(ckpt: SafetensorsCheckpoint, config: ModelConfig) -> Iterator[tupl
 def _stacked(ckpt: SafetensorsCheckpoint, parts: tuple[tuple[str, tuple[int, int]], ...]) -> StackedRows:
     """StackedRows of the named 2-D tensors (shapes checked now, rows read when asked); a linear
     of an AWQ / GPTQ checkpoint (X.qweight beside no X.weight) comes as ggml blocks."""
-    rows, blocks = [], []
+    rows, blocks, stored = [], [], []
     for name, shape in parts:
         prefix = name[: -len(".weight")]
         if hfquant.is_quantized_linear(ckpt, prefix):
             q = hfquant.QuantLinear(ckpt, prefix, ckpt.quant, shape)
             rows.append((shape[0], q.read_rows))
             blocks.append((q.type_name, q.read_blocks))
+            stored.append(None)
         else:
             ckpt.entry(name, shape)
             rows.append((shape[0], partial(ckpt.read_rows, name)))
             blocks.append(None)
-    return StackedRows(tuple(rows), parts[0][1][1], blocks=tuple(blocks))
+            stored.append(ckpt.stored(name))
+    return StackedRows(tuple(rows), parts[0][1][1], blocks=tuple(blocks), stored=tuple(stored))
 
 
 def _cat(*parts: np.ndarray) -> np.ndarray:

@@ -11,6 +11,7 @@ import glob
 import importlib.util
 import json
 import logging
+import mmap
 import os
 import sys
 import time
@@ -42,7 +43,49 @@ def pread_into(fd: int, offset: int, out: np.ndarray, path: str) -> None:
         done += n
 
 
-# hf.py and gguf.py import ModelLoadError and pread_into from here, so they come after them
+class MappedFile:
+    """A checkpoint file mapped read-only for the loader's one-pass packing: kernels.load_panels
+    reads a tensor's bytes where they lie in the page cache. Once a tensor is packed, release()
+    drops its pages from the resident set, so mapping costs no more memory than reading did."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._mm: mmap.mmap | None = None
+
+    def view(self, offset: int, nbytes: int) -> np.ndarray:
+        """Bytes offset..offset + nbytes as a read-only uint8 array (mapping the file if needed)."""
+        if self._mm is None:
+            try:
+                with open(self.path, "rb") as fh:
+                    self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as e:
+                raise ModelLoadError(f"{self.path}: cannot map the file: {e}") from e
+        if offset + nbytes > len(self._mm):
+            raise ModelLoadError(f"{self.path}: truncated file: bytes {offset}..{offset + nbytes} are past its end "
+                                 f"({len(self._mm)} bytes; did it change since it was opened?)")
+        return np.frombuffer(self._mm, np.uint8, count=nbytes, offset=offset)
+
+    def release(self, offset: int, nbytes: int) -> None:
+        """Drop the mapped pages of bytes offset..offset + nbytes from the resident set (the page
+        cache keeps them)."""
+        if self._mm is None or not hasattr(self._mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = offset // mmap.PAGESIZE * mmap.PAGESIZE
+        try:
+            self._mm.madvise(mmap.MADV_DONTNEED, start, min(offset + nbytes, len(self._mm)) - start)
+        except (OSError, ValueError):
+            pass    # a hint only
+
+    def close(self) -> None:
+        mm, self._mm = self._mm, None
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                pass    # a view still lives somewhere: the mapping goes when it does
+
+
+# hf.py and gguf.py import ModelLoadError, pread_into and MappedFile from here, so they come after them
 from lite_llm.config import ModelConfig  # noqa: E402
 from lite_llm.model import gguf as _gguf  # noqa: E402
 from lite_llm.model import hf as _hf  # noqa: E402
@@ -101,7 +144,9 @@ class LoadedModel:
         for count, (name, x) in enumerate(raw, 1):
             if isinstance(x, StackedRows):
                 out = x.to(self.dtype) if streamed else x.to(self.dtype).read(0, x.shape[0])
-                nbytes = x.shape[0] * x.shape[1] * np.dtype(_NUMPY_DTYPES[self.dtype]).itemsize
+                stored = x.stored_parts()
+                nbytes = (sum(s.view().nbytes for s in stored) if stored is not None     # bytes in the file
+                          else x.shape[0] * x.shape[1] * np.dtype(_NUMPY_DTYPES[self.dtype]).itemsize)
             else:
                 out = convert(x, "float32")
                 nbytes = out.nbytes
@@ -116,8 +161,8 @@ class LoadedModel:
         if show:
             sys.stderr.write("\n")
         elapsed = time.perf_counter() - start
-        log.info("loaded %d tensors (%.1f MB, %s) from %s in %.2f s", count, done_bytes / 2**20,
-                 self.dtype, self.source, elapsed)
+        log.info("loaded %d tensors (%.1f MB) from %s in %.2f s: %.2f GB/s", count, done_bytes / 2**20,
+                 self.source, elapsed, done_bytes / max(elapsed, 1e-9) / 1e9)
 
 
 # ---- model argument -> file ------------------------------------------------------------

@@ -63,6 +63,22 @@ RowReader = Callable[[int, int], np.ndarray]   # (r0, r1) -> rows r0..r1 [r1 - r
 
 
 @dataclass(frozen=True)
+class StoredPart:
+    """Where a part's rows lie in the checkpoint, untouched: the loader packs them straight from
+    there (kernels.load_panels) instead of reading, converting and packing slices.
+
+        view       () -> the part's bytes as a read-only uint8 array (a view of the mapped file)
+        type_name  "F32" | "F16" | "BF16" (little-endian), or the ggml block type of the rows
+        perm       > 0: llama.cpp's q/k row order, pairs interleaved within heads of perm rows
+        release    () -> None: drop the part's mapped pages from the resident set once packed
+    """
+    view: Callable[[], np.ndarray]
+    type_name: str
+    perm: int = 0
+    release: Callable[[], None] = lambda: None
+
+
+@dataclass(frozen=True)
 class StackedRows:
     """A canonical 2-D weight [N, K] not read yet: the rows of its stored parts stacked in order
     (q, k, v; gate, up; or one part), so a slice of rows can be read without the rest.
@@ -75,12 +91,26 @@ class StackedRows:
         blocks per part, None or (ggml block type, reader of its raw rows): a part stored in
                a block-quantized format, which the kernels can run as it is stored; the raw
                reader gives uint8 [r1 - r0, bytes per row] (rows in the same order as `parts`)
+        stored per part, None or where its rows lie in the file as stored (StoredPart)
     """
     parts: tuple[tuple[int, RowReader], ...]
     cols: int
     align: int = 1
     dtype: str | None = None
     blocks: tuple[tuple[str, RowReader] | None, ...] | None = None
+    stored: tuple[StoredPart | None, ...] | None = None
+
+    def stored_parts(self) -> tuple[StoredPart, ...] | None:
+        """Every part's StoredPart, or None unless all parts have one."""
+        if not self.stored or any(p is None for p in self.stored):
+            return None
+        return self.stored
+
+    def part(self, i: int) -> "StackedRows":
+        """Part i alone, as a weight of its own."""
+        def one(seq):
+            return None if seq is None else (seq[i],)
+        return replace(self, parts=(self.parts[i],), blocks=one(self.blocks), stored=one(self.stored))
 
     def block_types(self) -> tuple[str, ...] | None:
         """The ggml block type of every part, or None unless every part is block-quantized."""

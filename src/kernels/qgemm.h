@@ -253,6 +253,20 @@ LL_INLINE ptrdiff_t ll_ggml_block_bytes(int wtype) {
 
 /* One ggml (super-)block -> its quant values u (the packed layout's, 0..15, 0..63, or int8
  * bits for Q8_0) and scale fields: f16 bits h[0..1], 8-bit scales sc[0..15], mins mn[0..7]. */
+/* IQ4_XS: the signed 6-bit scale of sub-block j (low 4 bits in scales_l, high 2 in scales_h). */
+LL_INLINE uint8_t ll_iq4xs_scale(const uint8_t *blk, int j) {
+    const int ls = ((blk[4 + j / 2] >> (4 * (j % 2))) & 15) | (((LL_LE16(blk + 2) >> (2 * j)) & 3) << 4);
+    return (uint8_t)(int8_t)(ls - 32);
+}
+
+/* Q4_K / Q5_K: the 8 six-bit scales and mins packed in 12 bytes s. */
+LL_INLINE void ll_qk_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) { sc[j] = s[j] & 63; mn[j] = s[j + 4] & 63; }
+        else { sc[j] = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4); mn[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4); }
+    }
+}
+
 static inline void ll_ggml_unpack_block(const uint8_t *blk, int wtype, uint8_t *u, uint16_t *h, uint8_t *sc,
                                         uint8_t *mn) {
     int i;
@@ -262,11 +276,9 @@ static inline void ll_ggml_unpack_block(const uint8_t *blk, int wtype, uint8_t *
         memcpy(u, blk + 2, 32);
         break;
     case LL_W_IQ4_XS: {   /* f16 d, u16 scales_h, u8 scales_l[4], qs[128] (16 per 32-value sub-block) */
-        const uint16_t sh = LL_LE16(blk + 2);
         h[0] = LL_LE16(blk);
         for (int j = 0; j < 8; j++) {
-            const int ls = ((blk[4 + j / 2] >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4);
-            sc[j] = (uint8_t)(int8_t)(ls - 32);
+            sc[j] = ll_iq4xs_scale(blk, j);
             for (i = 0; i < 16; i++) { u[32 * j + i] = blk[8 + 16 * j + i] & 15; u[32 * j + i + 16] = blk[8 + 16 * j + i] >> 4; }
         }
         break;
@@ -297,9 +309,8 @@ static inline void ll_ggml_unpack_block(const uint8_t *blk, int wtype, uint8_t *
         const uint8_t *s = blk + 4, *qh = blk + 16, *qs = blk + (wtype == LL_W_Q5_K ? 48 : 16);
         h[0] = LL_LE16(blk);
         h[1] = LL_LE16(blk + 2);
+        ll_qk_scales(s, sc, mn);
         for (int j = 0; j < 8; j++) {
-            if (j < 4) { sc[j] = s[j] & 63; mn[j] = s[j + 4] & 63; }
-            else { sc[j] = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4); mn[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4); }
             for (i = 0; i < 32; i++) {
                 u[32 * j + i] = (j & 1) ? qs[(j / 2) * 32 + i] >> 4 : qs[(j / 2) * 32 + i] & 15;
                 if (wtype == LL_W_Q5_K) u[32 * j + i] |= (uint8_t)(((qh[i] >> j) & 1) << 4);
@@ -373,71 +384,180 @@ LL_INLINE void ll_put_high1(uint8_t *dst, int r, const uint8_t *u) {
     }
 }
 
+LL_INLINE uint32_t ll_ld32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+LL_INLINE uint32_t ll_le32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+/* Lane r's nibble quants of a 32-value sub-block whose values are the low (hi = 0) or high
+ * (hi = 1) nibbles of the 32 stored bytes q: byte (v, r, i) = u[4v + i] | u[16 + 4v + i] << 4. */
+LL_INLINE void ll_put_nibble_words(uint8_t *dst, int r, const uint8_t *q, int hi) {
+    for (int v = 0; v < 4; v++) {
+        const uint32_t a = ll_ld32(q + 4 * v), b = ll_ld32(q + 16 + 4 * v);
+        const uint32_t w = hi ? ((a >> 4) & 0x0f0f0f0fu) | (b & 0xf0f0f0f0u) : (a & 0x0f0f0f0fu) | ((b & 0x0f0f0f0fu) << 4);
+        memcpy(dst + 64 * v + 4 * r, &w, 4);
+    }
+}
+
+/* Lane r of a packed block straight from the stored block, a word (4 values of a row) at a time:
+ * the packed quants are the stored bytes (Q8_0, Q4_0, Q4_1, IQ4_NL, IQ4_XS, and the nibbles of
+ * Q5_0/Q5_1), or word-wide nibble and bit shuffles of them (the K-quants: a byte's low and high
+ * nibbles belong to two sub-blocks). Equals the unpack-and-put path of ll_qpack_panel; 0
+ * (nothing written) for a format it does not know. The masks act within bytes: any byte order. */
+LL_INLINE int ll_qpack_direct(const uint8_t *blk, int wtype, uint8_t *o, int r) {
+    switch (wtype) {
+    case LL_W_Q8_0:
+        for (int g = 0; g < 8; g++) memcpy(o + 64 * g + 4 * r, blk + 2 + 4 * g, 4);
+        ((uint16_t *)(o + 512))[r] = LL_LE16(blk);
+        return 1;
+    case LL_W_Q4_0:
+    case LL_W_IQ4_NL:
+    case LL_W_Q4_1: {
+        const int q1 = wtype == LL_W_Q4_1;
+        for (int v = 0; v < 4; v++) memcpy(o + 64 * v + 4 * r, blk + (q1 ? 4 : 2) + 4 * v, 4);
+        ((uint16_t *)(o + 256))[r] = LL_LE16(blk);
+        if (q1) ((uint16_t *)(o + 288))[r] = LL_LE16(blk + 2);
+        return 1;
+    }
+    case LL_W_IQ4_XS:
+        ((uint16_t *)o)[r] = LL_LE16(blk);
+        for (int j = 0; j < 8; j++) {
+            o[32 + 16 * j + r] = ll_iq4xs_scale(blk, j);
+            for (int v = 0; v < 4; v++) memcpy(o + 160 + 256 * j + 64 * v + 4 * r, blk + 8 + 16 * j + 4 * v, 4);
+        }
+        return 1;
+    case LL_W_Q5_0:
+    case LL_W_Q5_1: {
+        const uint8_t *q = blk + (wtype == LL_W_Q5_0 ? 2 : 4);
+        const uint32_t qh = ll_le32(q);
+        for (int v = 0; v < 4; v++) memcpy(o + 64 * v + 4 * r, q + 4 + 4 * v, 4);
+        for (int i = 0; i < 4; i++) {
+            uint8_t b = 0;
+            for (int g = 0; g < 8; g++) b |= (uint8_t)(((qh >> (4 * g + i)) & 1) << g);
+            o[256 + 4 * r + i] = b;
+        }
+        ((uint16_t *)(o + 320))[r] = LL_LE16(blk);
+        if (wtype == LL_W_Q5_1) ((uint16_t *)(o + 352))[r] = LL_LE16(blk + 2);
+        return 1;
+    }
+    case LL_W_Q4_K:
+    case LL_W_Q5_K: {
+        const int k5 = wtype == LL_W_Q5_K;
+        const ptrdiff_t sbb = k5 ? 320 : 256;
+        uint8_t sc[8], mn[8];
+        ll_qk_scales(blk + 4, sc, mn);
+        ((uint16_t *)o)[r] = LL_LE16(blk);
+        ((uint16_t *)(o + 32))[r] = LL_LE16(blk + 2);
+        for (int j = 0; j < 8; j++) {
+            uint8_t *d = o + 320 + sbb * j;
+            o[64 + 16 * j + r] = sc[j];
+            o[192 + 16 * j + r] = mn[j];
+            ll_put_nibble_words(d, r, blk + (k5 ? 48 : 16) + 32 * (j / 2), j & 1);
+            if (k5) {   /* bit j of qh[i] is value i's high bit */
+                uint32_t w = 0;
+                for (int g = 0; g < 8; g++) w |= ((ll_ld32(blk + 16 + 4 * g) >> j) & 0x01010101u) << g;
+                memcpy(d + 256 + 4 * r, &w, 4);
+            }
+        }
+        return 1;
+    }
+    case LL_W_Q6_K:   /* sub-block j = 4 half + q: nibbles of ql, 2 bits of qh at shift 2q */
+        ((uint16_t *)o)[r] = LL_LE16(blk + 208);
+        for (int j = 0; j < 16; j++) o[32 + 16 * j + r] = blk[192 + j];
+        for (int j = 0; j < 8; j++) {
+            const int half = j / 4, q = j % 4;
+            const uint8_t *hh = blk + 128 + 32 * half;
+            uint8_t *d = o + 288 + 384 * j;
+            ll_put_nibble_words(d, r, blk + 64 * half + 32 * (q & 1), q >> 1);
+            for (int hv = 0; hv < 2; hv++) {
+                uint32_t w = 0;
+                for (int c = 0; c < 4; c++) w |= ((ll_ld32(hh + 16 * hv + 4 * c) >> (2 * q)) & 0x03030303u) << (2 * c);
+                memcpy(d + 256 + 64 * hv + 4 * r, &w, 4);
+            }
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* One packed panel pd from up to 16 raw ggml rows of k values (rows[r] for r < nrows; rows
+ * past them are zero). */
+static inline void ll_qpack_panel(const uint8_t *const *rows, int nrows, ptrdiff_t k, int wtype, uint8_t *pd) {
+    const ptrdiff_t blk = ll_qblock(wtype), nblk = k / blk, bb = ll_qblock_bytes(wtype);
+    const ptrdiff_t gb = ll_ggml_block_bytes(wtype), pb = nblk * bb;
+    uint8_t u[256], sc[16], mn[8];
+    uint16_t h[2] = {0, 0};
+    const ptrdiff_t span = bb >= 16384 ? 1 : 16384 / bb;   /* blocks of ~16 KB of panel: it stays in L1 */
+    memset(pd, 0, (size_t)pb);
+    for (ptrdiff_t b0 = 0; b0 < nblk; b0 += span)
+    for (int r = 0; r < nrows; r++) {
+        const uint8_t *row = rows[r];
+        for (ptrdiff_t b = b0; b < b0 + span && b < nblk; b++) {
+            uint8_t *o = pd + b * bb;
+            if (ll_qpack_direct(row + b * gb, wtype, o, r)) continue;
+            ll_ggml_unpack_block(row + b * gb, wtype, u, h, sc, mn);
+            switch (wtype) {
+            case LL_W_Q8_0:
+                for (int g = 0; g < 8; g++) memcpy(o + 64 * g + 4 * r, u + 4 * g, 4);
+                ((uint16_t *)(o + 512))[r] = h[0];
+                break;
+            case LL_W_IQ4_XS:
+                ((uint16_t *)o)[r] = h[0];
+                for (int j = 0; j < 8; j++) {
+                    o[32 + 16 * j + r] = sc[j];
+                    ll_put_nibbles(o + 160 + 256 * j, r, u + 32 * j);
+                }
+                break;
+            case LL_W_Q4_0:
+            case LL_W_IQ4_NL:
+            case LL_W_Q4_1:
+                ll_put_nibbles(o, r, u);
+                ((uint16_t *)(o + 256))[r] = h[0];
+                if (wtype == LL_W_Q4_1) ((uint16_t *)(o + 288))[r] = h[1];
+                break;
+            case LL_W_Q5_0:
+            case LL_W_Q5_1:
+                ll_put_nibbles(o, r, u);
+                ll_put_high1(o + 256, r, u);
+                ((uint16_t *)(o + 320))[r] = h[0];
+                if (wtype == LL_W_Q5_1) ((uint16_t *)(o + 352))[r] = h[1];
+                break;
+            case LL_W_Q4_K:
+            case LL_W_Q5_K: {
+                const ptrdiff_t sbb = wtype == LL_W_Q5_K ? 320 : 256;
+                ((uint16_t *)o)[r] = h[0];
+                ((uint16_t *)(o + 32))[r] = h[1];
+                for (int j = 0; j < 8; j++) {
+                    o[64 + 16 * j + r] = sc[j];
+                    o[192 + 16 * j + r] = mn[j];
+                    ll_put_nibbles(o + 320 + sbb * j, r, u + 32 * j);
+                    if (wtype == LL_W_Q5_K) ll_put_high1(o + 320 + sbb * j + 256, r, u + 32 * j);
+                }
+                break;
+            }
+            default:
+                ((uint16_t *)o)[r] = h[0];
+                for (int j = 0; j < 16; j++) o[32 + 16 * j + r] = sc[j];
+                for (int j = 0; j < 8; j++) {
+                    ll_put_nibbles(o + 288 + 384 * j, r, u + 32 * j);
+                    ll_put_high2(o + 288 + 384 * j + 256, r, u + 32 * j);
+                }
+            }
+        }
+    }
+}
+
 /* Panels p0..p1 of raw ggml rows src [rows][k / block * block bytes] into dst (panel 0 first);
  * rows past `rows` are zero. */
 static inline void ll_qpack_panels(const uint8_t *src, ptrdiff_t rows, ptrdiff_t k, int wtype, uint8_t *dst,
                                    ptrdiff_t p0, ptrdiff_t p1) {
-    const ptrdiff_t blk = ll_qblock(wtype), nblk = k / blk, bb = ll_qblock_bytes(wtype);
-    const ptrdiff_t gb = ll_ggml_block_bytes(wtype), row_bytes = nblk * gb, pb = nblk * bb;
-    uint8_t u[256], sc[16], mn[8];
-    uint16_t h[2] = {0, 0};
+    const ptrdiff_t row_bytes = k / ll_qblock(wtype) * ll_ggml_block_bytes(wtype);
+    const ptrdiff_t pb = k / ll_qblock(wtype) * ll_qblock_bytes(wtype);
     for (ptrdiff_t p = p0; p < p1; p++) {
-        uint8_t *pd = dst + p * pb;
-        memset(pd, 0, (size_t)pb);
-        for (int r = 0; r < 16 && p * 16 + r < rows; r++) {
-            const uint8_t *row = src + (p * 16 + r) * row_bytes;
-            for (ptrdiff_t b = 0; b < nblk; b++) {
-                uint8_t *o = pd + b * bb;
-                ll_ggml_unpack_block(row + b * gb, wtype, u, h, sc, mn);
-                switch (wtype) {
-                case LL_W_Q8_0:
-                    for (int g = 0; g < 8; g++) memcpy(o + 64 * g + 4 * r, u + 4 * g, 4);
-                    ((uint16_t *)(o + 512))[r] = h[0];
-                    break;
-                case LL_W_IQ4_XS:
-                    ((uint16_t *)o)[r] = h[0];
-                    for (int j = 0; j < 8; j++) {
-                        o[32 + 16 * j + r] = sc[j];
-                        ll_put_nibbles(o + 160 + 256 * j, r, u + 32 * j);
-                    }
-                    break;
-                case LL_W_Q4_0:
-                case LL_W_IQ4_NL:
-                case LL_W_Q4_1:
-                    ll_put_nibbles(o, r, u);
-                    ((uint16_t *)(o + 256))[r] = h[0];
-                    if (wtype == LL_W_Q4_1) ((uint16_t *)(o + 288))[r] = h[1];
-                    break;
-                case LL_W_Q5_0:
-                case LL_W_Q5_1:
-                    ll_put_nibbles(o, r, u);
-                    ll_put_high1(o + 256, r, u);
-                    ((uint16_t *)(o + 320))[r] = h[0];
-                    if (wtype == LL_W_Q5_1) ((uint16_t *)(o + 352))[r] = h[1];
-                    break;
-                case LL_W_Q4_K:
-                case LL_W_Q5_K: {
-                    const ptrdiff_t sbb = wtype == LL_W_Q5_K ? 320 : 256;
-                    ((uint16_t *)o)[r] = h[0];
-                    ((uint16_t *)(o + 32))[r] = h[1];
-                    for (int j = 0; j < 8; j++) {
-                        o[64 + 16 * j + r] = sc[j];
-                        o[192 + 16 * j + r] = mn[j];
-                        ll_put_nibbles(o + 320 + sbb * j, r, u + 32 * j);
-                        if (wtype == LL_W_Q5_K) ll_put_high1(o + 320 + sbb * j + 256, r, u + 32 * j);
-                    }
-                    break;
-                }
-                default:
-                    ((uint16_t *)o)[r] = h[0];
-                    for (int j = 0; j < 16; j++) o[32 + 16 * j + r] = sc[j];
-                    for (int j = 0; j < 8; j++) {
-                        ll_put_nibbles(o + 288 + 384 * j, r, u + 32 * j);
-                        ll_put_high2(o + 288 + 384 * j + 256, r, u + 32 * j);
-                    }
-                }
-            }
-        }
+        const uint8_t *rp[16];
+        const int nrows = (int)(rows - p * 16 < 16 ? rows - p * 16 : 16);
+        for (int r = 0; r < nrows; r++) rp[r] = src + (p * 16 + r) * row_bytes;
+        ll_qpack_panel(rp, nrows, k, wtype, dst + p * pb);
     }
 }
 

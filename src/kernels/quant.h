@@ -8,45 +8,72 @@ static inline void ll_f32_to_bf16_n(const float *src, uint16_t *dst, ptrdiff_t i
     for (ptrdiff_t i = i0; i < i1; i++) dst[i] = ll_f32_to_bf16(src[i]);
 }
 
-/* Rows [N, K] of 2- or 4-byte elements -> packed panels p0..p1 (gemm.h layouts). Writes are
- * sequential; reads walk the panel's 16 rows side by side. */
+/* n values of one stored row from column k0 (type stype: LL_W_F32 / BF16 / F16) in the element
+ * type of wtype (float, or bf16 / f16 bits; rounding to nearest even), into out. */
+static inline void ll_convert_row(const void *row, int stype, ptrdiff_t k0, ptrdiff_t n, int wtype, void *out) {
+    const float *sf = (const float *)row + k0;
+    const uint16_t *sh = (const uint16_t *)row + k0;
+    if (stype == wtype) { memcpy(out, (const char *)row + k0 * (stype == 0 ? 4 : 2), (size_t)n * (stype == 0 ? 4 : 2)); return; }
+    if (wtype == 0) {              /* fp32 */
+        float *o = (float *)out;
+        if (stype == 1) for (ptrdiff_t i = 0; i < n; i++) o[i] = ll_bf16_to_f32(sh[i]);
+        else            for (ptrdiff_t i = 0; i < n; i++) o[i] = ll_f16_to_f32(sh[i]);
+    } else if (wtype == 1) {       /* bf16 */
+        uint16_t *o = (uint16_t *)out;
+        if (stype == 0) for (ptrdiff_t i = 0; i < n; i++) o[i] = ll_f32_to_bf16(sf[i]);
+        else            for (ptrdiff_t i = 0; i < n; i++) o[i] = ll_f32_to_bf16(ll_f16_to_f32(sh[i]));
+    } else {                       /* fp16 */
+        uint16_t *o = (uint16_t *)out;
+        if (stype == 0) for (ptrdiff_t i = 0; i < n; i++) o[i] = ll_f32_to_f16(sf[i]);
+        else            for (ptrdiff_t i = 0; i < n; i++) o[i] = ll_f32_to_f16(ll_bf16_to_f32(sh[i]));
+    }
+}
+
+#define LL_PACK_KC 64   /* columns converted per row before they are interleaved (even: bf16 pairs) */
+
+/* One packed panel (gemm.h layouts) of type wtype from up to 16 stored rows of k values of type
+ * stype: rows[r] for r < nrows, zeros past them (and past k in the last bf16 pair). */
+static inline void ll_pack_panel_rows(const void *const *rows, int nrows, int stype, ptrdiff_t k, int wtype,
+                                      void *dst) {
+    float tf[16][LL_PACK_KC];
+    uint16_t th[16][LL_PACK_KC];
+    for (ptrdiff_t k0 = 0; k0 < k; k0 += LL_PACK_KC) {
+        const ptrdiff_t n = k - k0 < LL_PACK_KC ? k - k0 : LL_PACK_KC;
+        for (int r = 0; r < 16; r++) {
+            void *t = wtype == 0 ? (void *)tf[r] : (void *)th[r];
+            if (r < nrows) ll_convert_row(rows[r], stype, k0, n, wtype, t);
+            else memset(t, 0, (size_t)n * (wtype == 0 ? 4 : 2));
+            if (wtype == 1 && (n & 1)) th[r][n] = 0;
+        }
+        if (wtype == 1) {          /* bf16 pairs: [k/2][16][2] */
+            uint16_t *d = (uint16_t *)dst + k0 * 16;
+            for (ptrdiff_t kp = 0; kp < (n + 1) / 2; kp++, d += 32)
+                for (int lane = 0; lane < 16; lane++) {
+                    d[2 * lane] = th[lane][2 * kp];
+                    d[2 * lane + 1] = th[lane][2 * kp + 1];
+                }
+        } else if (wtype == 0) {   /* fp32 [k][16] */
+            float *d = (float *)dst + k0 * 16;
+            for (ptrdiff_t kk = 0; kk < n; kk++, d += 16)
+                for (int lane = 0; lane < 16; lane++) d[lane] = tf[lane][kk];
+        } else {                   /* fp16 [k][16] */
+            uint16_t *d = (uint16_t *)dst + k0 * 16;
+            for (ptrdiff_t kk = 0; kk < n; kk++, d += 16)
+                for (int lane = 0; lane < 16; lane++) d[lane] = th[lane][kk];
+        }
+    }
+}
+
+/* Rows [N, K] of 2- or 4-byte elements of type wtype -> packed panels p0..p1 (gemm.h layouts). */
 static inline void ll_pack_panels(const void *src, void *dst, ptrdiff_t n, ptrdiff_t k, int wtype,
                                   ptrdiff_t p0, ptrdiff_t p1) {
+    const size_t es = wtype == 0 ? 4 : 2;
+    const ptrdiff_t panel = 16 * (wtype == 1 ? 2 * ((k + 1) / 2) : k);   /* elements */
     for (ptrdiff_t p = p0; p < p1; p++) {
-        const int rows = (int)(n - p * 16 < 16 ? n - p * 16 : 16);
-        if (wtype == 1) {   /* bf16 pairs: [p][k/2][16][2] */
-            const ptrdiff_t k2 = (k + 1) / 2;
-            const uint16_t *s = (const uint16_t *)src + p * 16 * k;
-            uint16_t *d = (uint16_t *)dst + p * k2 * 32;
-            for (ptrdiff_t kp = 0; kp < k2; kp++, d += 32) {
-                const ptrdiff_t k0 = 2 * kp;
-                int lane = 0;
-                if (k0 + 1 < k)
-                    for (; lane < rows; lane++) {
-                        d[2 * lane] = s[lane * k + k0];
-                        d[2 * lane + 1] = s[lane * k + k0 + 1];
-                    }
-                else
-                    for (; lane < rows; lane++) { d[2 * lane] = s[lane * k + k0]; d[2 * lane + 1] = 0; }
-                for (; lane < 16; lane++) d[2 * lane] = d[2 * lane + 1] = 0;
-            }
-        } else if (wtype == 0) {   /* fp32 [p][k][16] */
-            const float *s = (const float *)src + p * 16 * k;
-            float *d = (float *)dst + p * k * 16;
-            for (ptrdiff_t kk = 0; kk < k; kk++, d += 16) {
-                int lane = 0;
-                for (; lane < rows; lane++) d[lane] = s[lane * k + kk];
-                for (; lane < 16; lane++) d[lane] = 0.f;
-            }
-        } else {                   /* fp16 [p][k][16] */
-            const uint16_t *s = (const uint16_t *)src + p * 16 * k;
-            uint16_t *d = (uint16_t *)dst + p * k * 16;
-            for (ptrdiff_t kk = 0; kk < k; kk++, d += 16) {
-                int lane = 0;
-                for (; lane < rows; lane++) d[lane] = s[lane * k + kk];
-                for (; lane < 16; lane++) d[lane] = 0;
-            }
-        }
+        const void *rows[16];
+        const int nrows = (int)(n - p * 16 < 16 ? n - p * 16 : 16);
+        for (int r = 0; r < nrows; r++) rows[r] = (const char *)src + (size_t)(p * 16 + r) * (size_t)k * es;
+        ll_pack_panel_rows(rows, nrows, wtype, k, wtype, (char *)dst + (size_t)(p * panel) * es);
     }
 }
 #endif

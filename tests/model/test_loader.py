@@ -506,7 +506,9 @@ SLICES = [1, 40 * 64, 10**9]       # values per slice of pack_rows: 16 rows, a f
 
 
 def _pack_slices(rows, dtype: str) -> list[np.ndarray]:
-    return [layout.pack_rows(rows, dtype, slice_elements=n) for n in SLICES]
+    """pack_rows read slice by slice at each SLICES size, and as it runs by default (straight from
+    the mapped file, where the rows are stored as the packer takes them)."""
+    return [layout.pack_rows(rows, dtype, slice_elements=n) for n in SLICES] + [layout.pack_rows(rows, dtype)]
 
 
 @pytest.mark.parametrize("dtype", ENGINE_DTYPES)
@@ -648,17 +650,108 @@ def _mappings_of(path: Path) -> int:
         return sum(line.rstrip().endswith(str(path)) for line in fh)
 
 
-def test_gguf_tensors_are_read_not_mapped():
-    """Tensors are read, never mapped, so no page of the file is in our address space (other
-    tests' readers may map it: count ours only)."""
+def _mapped_rss_kb(path: Path) -> int:
+    """Resident KB of our mappings of `path` (/proc/self/smaps)."""
+    total, ours = 0, False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            if "-" in line.split(" ", 1)[0]:
+                ours = line.rstrip().endswith(str(path))
+            elif ours and line.startswith("Rss:"):
+                total += int(line.split()[1])
+    return total
+
+
+def test_packing_leaves_no_page_of_the_file_resident():
+    """Weights are packed straight from the mapped file, each tensor's pages dropped from our
+    resident set once it is packed, and the mapping gone once the checkpoint is released (other
+    tests' readers may map it too: count ours only)."""
+    from lite_llm.engine.runner import pack_checkpoint
     before = _mappings_of(SMOLLM2)
-    m = load_model(str(SMOLLM2), dtype="bfloat16", progress=False)
-    assert _mappings_of(SMOLLM2) <= before
-    for name, t in m.iter_tensors(streamed=True):
-        if name == "layers.3.gate_up.weight":
-            assert t.read(0, 64).shape == (64, m.config.dim)
-            assert _mappings_of(SMOLLM2) <= before
+    m = load_model(str(SMOLLM2), dtype="bfloat16", skip_tokenizer_init=True, progress=False)
+    rss_before = _mapped_rss_kb(SMOLLM2)
+    tensors = pack_checkpoint(m, "bfloat16", 2)
+    assert _mappings_of(SMOLLM2) == before + 1             # mapped, once
+    # yet at most what the kernel's fault-around maps beside each packed tensor (the small
+    # vectors between them, read with pread) stays resident: not the file's ~100 MB
+    assert _mapped_rss_kb(SMOLLM2) - rss_before < os.path.getsize(SMOLLM2) // 1024 // 10
     m.release()
+    assert _mappings_of(SMOLLM2) == before
+    assert tensors["layers.0.qkv.weight"].nbytes > 0
+
+
+# every type llama.cpp writes that the kernels run as stored, and float files in each engine dtype
+_LOAD_CASES = [("llama", ft, "bfloat16") for ft in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_M",
+                                                     "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS")]
+_LOAD_CASES += [("qwen2", "Q4_K_M", "bfloat16"), ("llama", "F16", "bfloat16"), ("llama", "BF16", "float32"),
+                ("llama", "F32", "float16"), ("qwen2", "F32", "bfloat16"), ("hf-qwen2", None, "bfloat16"),
+                ("hf-llama-bf16", None, "float32"), ("hf-llama-bf16", None, "bfloat16")]
+
+
+@pytest.mark.parametrize("source,ftype,dtype", _LOAD_CASES)
+def test_one_pass_loader_packs_byte_for_byte_like_the_slice_reader(tiny_checkpoint, tmp_path, monkeypatch,
+                                                                  source, ftype, dtype):
+    """The packed arena built straight from the mapped file (kernels.load_panels: q/k un-permuted
+    and floats converted on the fly, block types repacked as stored) equals the one the slice
+    reader builds (read, un-permute, convert, pack a few rows at a time), byte for byte, for
+    every tensor of whole tiny models: llama.cpp's files of every native type (K-quant files mix
+    Q4_K/Q5_K with Q6_K), F16/BF16/F32 files, HF safetensors in fp32 and bf16."""
+    from test_quantized import FTYPES, quantize_with_llama_cpp
+
+    from lite_llm.engine.runner import pack_checkpoint
+    kind = source.split("-")
+    arch = kind[1] if kind[0] == "hf" else kind[0]
+    shape = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
+    ckpt = tiny_checkpoint(arch, **shape)
+    if kind[0] == "hf":
+        path = ckpt
+        if kind[-1] == "bf16":      # the same checkpoint saved in bf16
+            path = tmp_path / "bf16"
+            shutil.copytree(ckpt, path)
+            sd = load_file(str(path / "model.safetensors"))
+            _write_safetensors(path / "model.safetensors", {k: ("BF16", to_bf16(v)) for k, v in sd.items()})
+    else:
+        path = gguf_from_hf(ckpt, tmp_path / "f32.gguf", arch)
+        if ftype != "F32":
+            import ctypes
+
+            import llama_cpp
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+            if ftype in FTYPES:
+                quantize_with_llama_cpp(path, tmp_path / "q.gguf", ftype)
+            else:
+                assert llama_cpp.llama_model_quantize(str(path).encode(), str(tmp_path / "q.gguf").encode(),
+                                                      ctypes.byref(params)) == 0
+            path = tmp_path / "q.gguf"
+    calls = []
+    real = layout_kernels().load_panels
+    monkeypatch.setattr(layout_kernels(), "load_panels", lambda *a: (calls.append(a[2]), real(*a))[1])
+
+    def pack():
+        loaded = load_model(str(path), dtype=dtype, progress=False, skip_tokenizer_init=True)
+        out = pack_checkpoint(loaded, dtype, 2)
+        loaded.release()
+        return out
+    fast = pack()
+    assert len(calls) >= 4 * 2 + 1      # every matrix of both layers and the embedding, in one pass each
+    monkeypatch.setattr(StackedRows, "stored_parts", lambda self: None)
+    n_fast = len(calls)
+    slow = pack()
+    assert len(calls) == n_fast         # the slice reader never takes the one-pass path
+    assert fast.keys() == slow.keys()
+    for name in fast:
+        if isinstance(fast[name], np.ndarray):
+            np.testing.assert_array_equal(fast[name], slow[name], err_msg=name)
+        else:
+            assert fast[name] == slow[name], name
+    if ftype and ftype not in ("F16", "BF16", "F32"):   # block types were packed as stored, not widened
+        assert any(t in calls for t in ("Q4_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q6_K", "IQ4_NL", "IQ4_XS"))
+
+
+def layout_kernels():
+    from lite_llm._kernels import kernels
+    return kernels
 
 
 def test_gguf_load_drops_the_vocabulary_arrays(monkeypatch):
