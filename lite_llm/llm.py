@@ -29,6 +29,7 @@ class KVPlan:
     block_size: int
     bytes_per_block: int
     max_model_len: int
+    reason: str = ""            # why this size (the bound an automatic size met)
 
     @property
     def num_tokens(self) -> int:
@@ -41,7 +42,8 @@ class KVPlan:
     def describe(self) -> str:
         return (f"KV cache: {self.num_blocks} blocks x {self.block_size} tokens = {self.num_tokens} tokens "
                 f"({self.num_blocks * self.bytes_per_block / GiB:.2f} GiB); maximum concurrency for "
-                f"{self.max_model_len} tokens per request: {self.max_concurrency:.2f}x")
+                f"{self.max_model_len} tokens per request: {self.max_concurrency:.2f}x"
+                + (f" ({self.reason})" if self.reason else ""))
 
 
 def _mem_available() -> int:
@@ -56,11 +58,14 @@ def _mem_available() -> int:
 
 
 def plan_kv_cache(config, dtype: str, block_size: int, max_model_len: int,
-                  kv_cache_space: float | None, weight_bytes: int = 0, num_blocks: int | None = None) -> KVPlan:
+                  kv_cache_space: float | None, weight_bytes: int = 0, num_blocks: int | None = None,
+                  max_num_seqs: int | None = None) -> KVPlan:
     """Blocks for `kv_cache_space` GiB (argument, else LITE_LLM_CPU_KVCACHE_SPACE /
-    VLLM_CPU_KVCACHE_SPACE, else auto: min(4 GiB, half the memory left after the weights)),
-    or exactly `num_blocks` when given (a caller that knows its workload: bench latency).
-    Raises ValueError with the numbers when one max_model_len request cannot fit."""
+    VLLM_CPU_KVCACHE_SPACE, else auto: the least of 4 GiB, half the memory available after the
+    weights, and what max_num_seqs sequences of max_model_len tokens can ever hold), or exactly
+    `num_blocks` when given (a caller that knows its workload: bench latency). The cache's
+    pages become resident only as blocks are first written (see block_pool). Raises ValueError
+    with the numbers when one max_model_len request cannot fit."""
     from lite_llm.engine.runner import kv_bytes_per_block
     per_block = kv_bytes_per_block(config, block_size, dtype)
     source = "argument"
@@ -74,14 +79,19 @@ def plan_kv_cache(config, dtype: str, block_size: int, max_model_len: int,
             except ValueError:
                 raise ValueError(f"LITE_LLM_CPU_KVCACHE_SPACE must be a number of GiB, got {value!r}") from None
     if kv_cache_space is None or kv_cache_space <= 0:
-        spare = max(_mem_available() - weight_bytes, 0) / 2
-        nbytes, source = min(DEFAULT_AUTO_KV_GIB * GiB, spare), "auto"
-    else:
-        nbytes = kv_cache_space * GiB
-    return _checked_plan(nbytes, per_block, block_size, max_model_len, source)
+        bounds = {f"{DEFAULT_AUTO_KV_GIB:g} GiB, vLLM's default": DEFAULT_AUTO_KV_GIB * GiB,
+                  f"half of the {_mem_available() / GiB:.1f} GiB available after the weights":
+                      max(_mem_available() - weight_bytes, 0) / 2}
+        if max_num_seqs:
+            bounds[f"all that {max_num_seqs} sequences of {max_model_len} tokens can hold"] = \
+                max_num_seqs * -(-max_model_len // block_size) * per_block
+        reason, nbytes = min(bounds.items(), key=lambda kv: kv[1])
+        return _checked_plan(nbytes, per_block, block_size, max_model_len, "auto", f"auto-sized: {reason}")
+    return _checked_plan(kv_cache_space * GiB, per_block, block_size, max_model_len, source)
 
 
-def _checked_plan(nbytes: float, per_block: int, block_size: int, max_model_len: int, source: str) -> KVPlan:
+def _checked_plan(nbytes: float, per_block: int, block_size: int, max_model_len: int, source: str,
+                  reason: str = "") -> KVPlan:
     """The plan for nbytes of KV cache, or ValueError when one max_model_len request cannot fit."""
     num_blocks = int(nbytes // per_block)
     needed = -(-max_model_len // block_size)
@@ -92,7 +102,7 @@ def _checked_plan(nbytes: float, per_block: int, block_size: int, max_model_len:
             f"{num_blocks * block_size} tokens) cannot hold one request of max_model_len={max_model_len} "
             f"tokens, which needs {needed} blocks ({need_gib:.3f} GiB). Raise kv_cache_space / "
             f"LITE_LLM_CPU_KVCACHE_SPACE to at least {need_gib:.3f} or lower max_model_len.")
-    return KVPlan(num_blocks, block_size, per_block, max_model_len)
+    return KVPlan(num_blocks, block_size, per_block, max_model_len, reason)
 
 
 def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len: int | None = None,
@@ -127,7 +137,7 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
         max_num_batched_tokens = 2048 if serving else 4096
     weight_estimate = os.path.getsize(loaded.source) if os.path.isfile(loaded.source) else 0
     kv = plan_kv_cache(cfg, loaded.dtype, block_size, loaded.max_model_len, kv_cache_space, weight_estimate,
-                       num_blocks=num_kv_blocks)
+                       num_blocks=num_kv_blocks, max_num_seqs=max_num_seqs)
     log.info("%s", kv.describe())
     num_threads = plan.num_threads
     eos = tuple(cfg.eos_token_ids)

@@ -2,12 +2,18 @@
 
 A block holds KV for `block_size` consecutive tokens of one sequence. A block is either
 in use (ref_cnt > 0: held by that many block tables) or free (ref_cnt == 0: in the free
-list). A full block may carry a content hash; while it does, it is in `cached` and a new
-request with the same prefix can take it again, even from the free list, until allocation
-evicts it (free list head = least recently freed = evicted first).
+list, or never used yet). A full block may carry a content hash; while it does, it is in
+`cached` and a new request with the same prefix can take it again, even from the free list,
+until allocation evicts it (free list head = least recently freed = evicted first).
 
     free list (intrusive, doubly linked):  head <-> b5 <-> b1 <-> b8 <-> tail
                                                   ^ next allocation takes b5 (LRU)
+    never used:                            b9 b10 b11 ...   taken only when the list is empty
+
+Allocation takes a block some request used before whenever there is one: the cache's pages
+are only made resident as blocks are first written, so the resident KV memory follows the
+peak of concurrent use instead of growing to the whole cache over a server's life (prefix-
+cache hits live in what that peak touched).
 Block tables per request live in kv_cache.py; token hashing policy lives there too.
 """
 from __future__ import annotations
@@ -95,13 +101,19 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        self.free_queue = FreeBlockQueue(self.blocks)
+        self.free_queue = FreeBlockQueue(())
+        self.never_used = self.blocks[::-1]      # a stack: block 0 is taken first
         self.cached: dict[bytes, KVBlock] = {}   # content hash -> the block holding that content
 
     @property
     def num_free_blocks(self) -> int:
         """Blocks no table holds (cached ones included: allocation may evict them)."""
-        return self.free_queue.num_free_blocks
+        return self.free_queue.num_free_blocks + len(self.never_used)
+
+    @property
+    def num_touched_blocks(self) -> int:
+        """Blocks some request has used: the high-water mark of the cache's resident memory."""
+        return self.num_blocks - len(self.never_used)
 
     @property
     def usage(self) -> float:
@@ -112,11 +124,12 @@ class BlockPool:
         return self.cached.get(block_hash)
 
     def allocate(self, num_blocks: int) -> list[KVBlock]:
-        """num_blocks fresh blocks (ref_cnt 1), evicting the least recently freed first."""
+        """num_blocks fresh blocks (ref_cnt 1): freed ones first, evicting the least recently freed
+        first, then never-used ones."""
         assert num_blocks <= self.num_free_blocks, f"{num_blocks} blocks asked, {self.num_free_blocks} free"
         out = []
         for _ in range(num_blocks):
-            block = self.free_queue.popleft()
+            block = self.free_queue.popleft() if self.free_queue.num_free_blocks else self.never_used.pop()
             self._evict(block)
             block.ref_cnt = 1
             out.append(block)
@@ -170,6 +183,10 @@ class BlockPool:
         free_ids = [b.block_id for b in self.free_queue]
         assert len(free_ids) == len(set(free_ids)) == self.free_queue.num_free_blocks, \
             "free list has duplicates or a wrong count"
+        fresh = [b.block_id for b in self.never_used]
+        assert not set(fresh) & set(free_ids), "a never-used block is in the free list"
+        assert all(b.ref_cnt == 0 and b.block_hash is None for b in self.never_used), "a never-used block was used"
+        free_ids += fresh
         prev = self.free_queue._head
         for block in self.free_queue:
             assert block.prev_free is prev, f"broken back link at {block}"

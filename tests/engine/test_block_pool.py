@@ -35,6 +35,27 @@ def test_free_list_is_lru_and_cached_blocks_survive_until_evicted():
     pool.check()
 
 
+def test_freed_blocks_are_reused_before_never_used_ones():
+    """The cache's pages become resident as blocks are first written: allocation takes a freed
+    block (evicting its cached content) before a never-used one, so the blocks ever used (the
+    resident KV memory) follow the peak of concurrent use, not the number of requests served."""
+    pool = BlockPool(100)
+    assert pool.num_touched_blocks == 0 and pool.num_free_blocks == 100
+    peak = 0
+    for i in range(50):                           # 50 requests, at most 3 blocks each at once
+        blocks = pool.allocate(3)
+        pool.cache_block(blocks[0], f"req-{i}".encode())
+        peak = max(peak, pool.num_touched_blocks)
+        pool.free(blocks[::-1])
+        pool.check()
+    assert peak == pool.num_touched_blocks == 3 and pool.num_free_blocks == 100
+    freed = [b.block_id for b in pool.free_queue]
+    assert sorted(freed) == [0, 1, 2]
+    assert [b.block_id for b in pool.allocate(5)] == freed + [3, 4]   # freed (LRU) first, then new ones
+    assert pool.num_touched_blocks == 5
+    pool.check()
+
+
 def test_duplicate_content_stays_private_and_double_free_is_caught():
     pool = BlockPool(3)
     a, b = pool.allocate(2)

@@ -130,3 +130,26 @@ def test_a_kv_cache_too_small_for_max_model_len_fails_at_start_with_the_numbers(
     path = tiny_checkpoint_path("llama")
     with pytest.raises(ValueError, match=r"cannot hold one request of max_model_len=128.*needs 8 blocks"):
         LLM(str(path), dtype="float32", block_size=16, kv_cache_space=1e-6)
+
+
+def test_auto_kv_cache_is_sized_by_what_the_engine_can_use_and_says_why(tiny_checkpoint, monkeypatch):
+    """No size given: the least of 4 GiB, half the memory available after the weights, and all
+    that max_num_seqs sequences of max_model_len tokens can hold; the plan says which bound won."""
+    from lite_llm import llm as llm_mod
+    from lite_llm.engine.runner import kv_bytes_per_block
+    from lite_llm.model.loader import load_model
+    monkeypatch.delenv("LITE_LLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    cfg = load_model(str(tiny_checkpoint("llama")), dtype="float32", progress=False).config
+    per_block = kv_bytes_per_block(cfg, 16, "float32")
+    monkeypatch.setattr(llm_mod, "_mem_available", lambda: 64 * llm_mod.GiB)
+    small = llm_mod.plan_kv_cache(cfg, "float32", 16, 256, None, max_num_seqs=4)
+    assert small.num_blocks == 4 * 256 // 16 and small.bytes_per_block == per_block
+    assert "4 sequences of 256 tokens" in small.describe()
+    big = llm_mod.plan_kv_cache(cfg, "float32", 16, 256, None, max_num_seqs=10**9)
+    assert big.num_blocks == 4 * llm_mod.GiB // per_block and "4 GiB, vLLM's default" in big.describe()
+    monkeypatch.setattr(llm_mod, "_mem_available", lambda: 2 * llm_mod.GiB)
+    tight = llm_mod.plan_kv_cache(cfg, "float32", 16, 256, None, weight_bytes=llm_mod.GiB, max_num_seqs=10**9)
+    assert tight.num_blocks == llm_mod.GiB // 2 // per_block and "half of the 2.0 GiB" in tight.describe()
+    given = llm_mod.plan_kv_cache(cfg, "float32", 16, 256, 0.01, max_num_seqs=4)
+    assert given.num_blocks == int(0.01 * llm_mod.GiB // per_block) and not given.reason
