@@ -128,3 +128,28 @@ def test_every_variant_gives_the_same_logits(variant):
     other, _ = make_runner(path, kernels=_kernels.load(variant))
     for a, b in zip(lite_logits(base, prompts), lite_logits(other, prompts)):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4 * np.abs(a).max())
+
+
+@pytest.mark.slow
+def test_a_32k_token_sequence_through_chunked_prefill_matches_transformers(tiny_checkpoint):
+    """Long context: one 32768-token sequence of a tiny Llama (rope_theta 1e6, 32k positions)
+    prefilled in chunks of 2048 over its paged cache gives transformers' logits at the end of
+    every chunk (each chunk attends to all the keys before it)."""
+    n, chunk = 32768, 2048
+    path = tiny_checkpoint("llama", max_position_embeddings=n, rope_theta=1e6, num_hidden_layers=2,
+                           hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
+    ids = np.random.default_rng(3).integers(3, 300, n).tolist()
+    want = hf_logits(path, [ids])[0][chunk - 1::chunk]
+    runner, _ = make_runner(path, num_blocks=n // BLOCK, max_tokens=chunk)
+    table = np.arange(n // BLOCK, dtype=np.int32)[None, :]
+    got = []
+    for start in range(0, n, chunk):
+        pos = np.arange(start, start + chunk, dtype=np.int32)
+        slots = (table[0, pos // BLOCK].astype(np.int64) * BLOCK + pos % BLOCK)
+        logits = runner.forward(np.asarray(ids[start:start + chunk], np.int32), pos, slots,
+                                np.zeros(chunk, np.int32), table, np.array([chunk - 1], np.int32))
+        got.append(logits[0].copy())
+    got = np.stack(got)
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() <= 2e-4 * scale, np.abs(got - want).max() / scale
+    assert (got.argmax(1) == want.argmax(1)).all()
