@@ -25,7 +25,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--kv-cache-space", type=float, default=None, help="GiB")
     p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
-                   help="KV cache element type: auto (the model's: fp32, else bf16), bfloat16, int8 or fp8 (= fp8_e4m3), fp8_e5m2: a byte per value and a scale per row, about twice the tokens per GiB")
+                   help="KV cache element type: auto (the model's: fp32, else bf16), bfloat16, int8, fp8 (= fp8_e4m3), "
+                   "fp8_e5m2 (8-bit: a byte per value and a scale per row, ~2x the tokens per GiB)")
     p.add_argument("--verbose", "-v", action="store_true", help="log what the engine decided")
 
 

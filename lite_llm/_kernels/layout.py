@@ -319,7 +319,7 @@ def kv_type(cache: np.ndarray, kv_dtype: str | None = None) -> int:
         names = [n for n in KV_DTYPES if KV_NUMPY[n] == cache.dtype]
         if len(names) != 1:
             raise ValueError(f"a KV cache of dtype {cache.dtype} needs its format named: "
-                             f"kv_dtype one of {', '.join(n for n in KV_DTYPES if KV_NUMPY[n] == cache.dtype) or KV_DTYPES}")
+                             f"kv_dtype one of {', '.join(names or KV_DTYPES)}")
         kv_dtype = names[0]
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"KV cache dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")

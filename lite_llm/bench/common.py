@@ -44,7 +44,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, max_num_batched_tok
     parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--kv-cache-space", type=float, default=None, help="GiB")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
-                        help="KV cache element type: auto (the model's: fp32, else bf16), bfloat16, int8 or fp8 (= fp8_e4m3), fp8_e5m2: a byte per value and a scale per row, about twice the tokens per GiB")
+                        help="KV cache element type: auto (the model's: fp32, else bf16), bfloat16, int8, fp8 (= fp8_e4m3), "
+                        "fp8_e5m2 (8-bit: a byte per value and a scale per row, ~2x the tokens per GiB)")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=max_num_batched_tokens)
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,

@@ -688,7 +688,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--kv-cache-space", type=float, default=None,
       help="GiB of KV cache (default: LITE_LLM_CPU_KVCACHE_SPACE or automatic)")
     a("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
-      help="KV cache element type: auto (the model's: fp32, else bf16), bfloat16, int8 or fp8 (= fp8_e4m3), fp8_e5m2: a byte per value and a scale per row, about twice the tokens per GiB")
+      help="KV cache element type: auto (the model's: fp32, else bf16), bfloat16, int8, fp8 (= fp8_e4m3), "
+      "fp8_e5m2 (8-bit: a byte per value and a scale per row, ~2x the tokens per GiB)")
     a("--disable-sliding-window", action="store_true", help="attend over the full context")
     a("--served-model-name", nargs="+", default=None, help="model name(s) the API answers to")
     a("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 (env LITE_LLM_API_KEY)")
