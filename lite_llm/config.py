@@ -47,6 +47,12 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
 
+# --kv-cache-dtype (vLLM's names) -> the cache format (lite_llm/_kernels/layout.py KV_DTYPES);
+# auto: float32 for fp32 models, bfloat16 for 16-bit ones; fp8 is e4m3, as in vLLM
+KV_CACHE_DTYPES = {"auto": None, "bfloat16": "bfloat16", "fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3",
+                   "fp8_e5m2": "fp8_e5m2", "int8": "int8"}
+
+
 def env(name: str, default: str | None = None) -> str | None:
     """LITE_LLM_<name>, else its vLLM alias VLLM_<name>, else default."""
     for key in (f"LITE_LLM_{name}", f"VLLM_{name}"):

@@ -29,7 +29,8 @@ class KVPlan:
     block_size: int
     bytes_per_block: int
     max_model_len: int
-    reason: str = ""            # why this size (the bound an automatic size met)
+    kv_cache_dtype: str = ""     # the cache's format (layout.KV_DTYPES), for messages
+    reason: str = ""             # why this size (the bound an automatic size met)
 
     @property
     def num_tokens(self) -> int:
@@ -40,8 +41,9 @@ class KVPlan:
         return self.num_tokens / self.max_model_len
 
     def describe(self) -> str:
+        dtype = f" {self.kv_cache_dtype}" if self.kv_cache_dtype else ""
         return (f"KV cache: {self.num_blocks} blocks x {self.block_size} tokens = {self.num_tokens} tokens "
-                f"({self.num_blocks * self.bytes_per_block / GiB:.2f} GiB); maximum concurrency for "
+                f"({self.num_blocks * self.bytes_per_block / GiB:.2f} GiB{dtype}); maximum concurrency for "
                 f"{self.max_model_len} tokens per request: {self.max_concurrency:.2f}x"
                 + (f" ({self.reason})" if self.reason else ""))
 
@@ -59,18 +61,20 @@ def _mem_available() -> int:
 
 def plan_kv_cache(config, dtype: str, block_size: int, max_model_len: int,
                   kv_cache_space: float | None, weight_bytes: int = 0, num_blocks: int | None = None,
-                  max_num_seqs: int | None = None) -> KVPlan:
+                  max_num_seqs: int | None = None, kv_cache_dtype: str | None = "auto") -> KVPlan:
     """Blocks for `kv_cache_space` GiB (argument, else LITE_LLM_CPU_KVCACHE_SPACE /
     VLLM_CPU_KVCACHE_SPACE, else auto: the least of 4 GiB, half the memory available after the
     weights, and what max_num_seqs sequences of max_model_len tokens can ever hold), or exactly
-    `num_blocks` when given (a caller that knows its workload: bench latency). The cache's
-    pages become resident only as blocks are first written (see block_pool). Raises ValueError
-    with the numbers when one max_model_len request cannot fit."""
-    from lite_llm.engine.runner import kv_bytes_per_block
-    per_block = kv_bytes_per_block(config, block_size, dtype)
+    `num_blocks` when given (a caller that knows its workload: bench latency), each block as
+    many bytes as kv_cache_dtype makes it (int8 / fp8: about half of bf16). The cache's pages
+    become resident only as blocks are first written (see block_pool). Raises ValueError with
+    the numbers when one max_model_len request cannot fit."""
+    from lite_llm.engine.runner import kv_bytes_per_block, kv_cache_format
+    per_block = kv_bytes_per_block(config, block_size, dtype, kv_cache_dtype)
+    fmt = kv_cache_format(dtype, kv_cache_dtype)
     source = "argument"
     if num_blocks is not None:
-        return _checked_plan(num_blocks * per_block, per_block, block_size, max_model_len, "num_blocks")
+        return _checked_plan(num_blocks * per_block, per_block, block_size, max_model_len, "num_blocks", fmt)
     if kv_cache_space is None:
         value = env("CPU_KVCACHE_SPACE")
         if value is not None:
@@ -86,12 +90,12 @@ def plan_kv_cache(config, dtype: str, block_size: int, max_model_len: int,
             bounds[f"all that {max_num_seqs} sequences of {max_model_len} tokens can hold"] = \
                 max_num_seqs * -(-max_model_len // block_size) * per_block
         reason, nbytes = min(bounds.items(), key=lambda kv: kv[1])
-        return _checked_plan(nbytes, per_block, block_size, max_model_len, "auto", f"auto-sized: {reason}")
-    return _checked_plan(kv_cache_space * GiB, per_block, block_size, max_model_len, source)
+        return _checked_plan(nbytes, per_block, block_size, max_model_len, "auto", fmt, f"auto-sized: {reason}")
+    return _checked_plan(kv_cache_space * GiB, per_block, block_size, max_model_len, source, fmt)
 
 
 def _checked_plan(nbytes: float, per_block: int, block_size: int, max_model_len: int, source: str,
-                  reason: str = "") -> KVPlan:
+                  kv_cache_dtype: str = "", reason: str = "") -> KVPlan:
     """The plan for nbytes of KV cache, or ValueError when one max_model_len request cannot fit."""
     num_blocks = int(nbytes // per_block)
     needed = -(-max_model_len // block_size)
@@ -102,7 +106,7 @@ def _checked_plan(nbytes: float, per_block: int, block_size: int, max_model_len:
             f"{num_blocks * block_size} tokens) cannot hold one request of max_model_len={max_model_len} "
             f"tokens, which needs {needed} blocks ({need_gib:.3f} GiB). Raise kv_cache_space / "
             f"LITE_LLM_CPU_KVCACHE_SPACE to at least {need_gib:.3f} or lower max_model_len.")
-    return KVPlan(num_blocks, block_size, per_block, max_model_len, reason)
+    return KVPlan(num_blocks, block_size, per_block, max_model_len, kv_cache_dtype, reason)
 
 
 def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len: int | None = None,
@@ -110,7 +114,8 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
                  max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = True,
                  seed: int = 0, disable_sliding_window: bool = False, skip_tokenizer_init: bool = False,
                  max_queue: int | None = None, serving: bool = False, progress: bool = True,
-                 num_kv_blocks: int | None = None, quantization: str | None = None):
+                 num_kv_blocks: int | None = None, quantization: str | None = None,
+                 kv_cache_dtype: str | None = "auto"):
     """Everything from a model argument to a started AsyncEngine. Returns (engine, loaded, info).
     num_kv_blocks: exactly this many KV blocks instead of kv_cache_space (see plan_kv_cache)."""
     t0 = time.perf_counter()
@@ -124,10 +129,11 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
     from lite_llm import _kernels
     from lite_llm.engine.async_engine import AsyncEngine, EngineDeadError
     from lite_llm.engine.engine import EngineConfig, LLMEngine
-    from lite_llm.engine.runner import ModelRunner, check_quantization
+    from lite_llm.engine.runner import ModelRunner, check_kv_cache_dtype, check_quantization
     from lite_llm.model.loader import load_model
 
     quantization = check_quantization(quantization)      # a bad value fails before any loading
+    kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype)
 
     log.info("kernel variant %s (%s)", _kernels.VARIANT.name, "; ".join(_kernels.explain()))
     loaded = load_model(model, dtype=dtype, max_model_len=max_model_len,
@@ -137,7 +143,7 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
         max_num_batched_tokens = 2048 if serving else 4096
     weight_estimate = os.path.getsize(loaded.source) if os.path.isfile(loaded.source) else 0
     kv = plan_kv_cache(cfg, loaded.dtype, block_size, loaded.max_model_len, kv_cache_space, weight_estimate,
-                       num_blocks=num_kv_blocks, max_num_seqs=max_num_seqs)
+                       num_blocks=num_kv_blocks, max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype)
     log.info("%s", kv.describe())
     num_threads = plan.num_threads
     eos = tuple(cfg.eos_token_ids)
@@ -160,7 +166,7 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
         engine.runner = ModelRunner(loaded, num_blocks=kv.num_blocks, block_size=block_size,
                                     max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                     num_threads=num_threads, disable_sliding_window=disable_sliding_window,
-                                    quantization=quantization)
+                                    quantization=quantization, kv_cache_dtype=kv_cache_dtype)
 
     async_engine = AsyncEngine(engine, max_queue=max_queue, on_engine_thread_start=start_on_engine_thread)
     try:
@@ -173,7 +179,7 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
         "max_model_len": loaded.max_model_len, "dtype": loaded.dtype, "architecture": cfg.architecture,
         "kernel_variant": _kernels.VARIANT.name, "num_threads": num_threads,
         "thread_plan": plan.describe(), "kv_cache_tokens": kv.num_tokens, "kv_cache_blocks": kv.num_blocks,
-        "kv_cache_bytes": kv.num_blocks * kv.bytes_per_block,
+        "kv_cache_bytes": kv.num_blocks * kv.bytes_per_block, "kv_cache_dtype": kv.kv_cache_dtype,
         "max_concurrency": kv.max_concurrency, "generation_config": loaded.generation_config,
         "vocab_size": cfg.vocab_size, "weight_bytes": runner.weight_bytes,
         "bytes_per_token": runner.bytes_per_token, "weight_formats": runner.formats,
@@ -213,7 +219,7 @@ class LLM:
                  enable_prefix_caching: bool = True, max_num_seqs: int = 256,
                  max_num_batched_tokens: int | None = None, skip_tokenizer_init: bool = False,
                  disable_sliding_window: bool = False, tokenizer: str | None = None,
-                 quantization: str | None = None, **kwargs: Any):
+                 quantization: str | None = None, kv_cache_dtype: str = "auto", **kwargs: Any):
         if kwargs:
             log.warning("LLM: ignoring unsupported arguments %s", sorted(kwargs))
         self._engine, self._loaded, self.info = build_engine(
@@ -221,7 +227,8 @@ class LLM:
             kv_cache_space=kv_cache_space, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
             seed=seed, disable_sliding_window=disable_sliding_window,
-            skip_tokenizer_init=skip_tokenizer_init, serving=False, quantization=quantization)
+            skip_tokenizer_init=skip_tokenizer_init, serving=False, quantization=quantization,
+            kv_cache_dtype=kv_cache_dtype)
         self.tokenizer = self._loaded.tokenizer
         self.config = self._loaded.config
 

@@ -30,6 +30,66 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
     return bf16_bits_to_f32(f32_to_bf16_bits(x))
 
 
+# fp8 (OCP): (mantissa bits, exponent bias, largest finite value); e4m3 is the "fn" variant
+FP8 = {"fp8_e4m3": (3, 7, 448.0), "fp8_e5m2": (2, 15, 57344.0)}
+
+
+def fp8_round(x: np.ndarray, fmt: str) -> np.ndarray:
+    """float values rounded to the nearest fp8 value (ties to even), saturating at the largest
+    finite one, as float64 (exact)."""
+    mant, bias, top = FP8[fmt]
+    x = np.asarray(x, np.float64)
+    _, e = np.frexp(np.abs(x))                            # |x| = m 2^e, m in [0.5, 1)
+    exp = np.maximum(e - 1, 1 - bias)                     # subnormals share the smallest normal's quantum
+    quantum = np.ldexp(1.0, exp - mant)
+    return np.copysign(np.minimum(np.rint(np.abs(x) / quantum) * quantum, top), x)
+
+
+def f32_to_fp8_bits(x: np.ndarray, fmt: str) -> np.ndarray:
+    """float -> fp8 bits (uint8), rounded by fp8_round."""
+    mant, bias, _ = FP8[fmt]
+    r = fp8_round(x, fmt)
+    a = np.abs(r)
+    _, e = np.frexp(a)
+    normal = (e - 1 >= 1 - bias) & (a > 0)
+    field = np.where(normal, e - 1 + bias, 0)
+    m = np.where(normal, a / np.ldexp(1.0, e - 1 - mant) - (1 << mant), a / np.ldexp(1.0, 1 - bias - mant))
+    sign = np.signbit(r).astype(np.int64) << 7
+    return (sign | (field.astype(np.int64) << mant) | m.astype(np.int64)).astype(np.uint8)
+
+
+def fp8_bits_to_f32(bits: np.ndarray, fmt: str) -> np.ndarray:
+    """fp8 bits (uint8) -> float64 (exact; NaN / infinity codes are never written)."""
+    mant, bias, _ = FP8[fmt]
+    b = np.asarray(bits, np.uint8).astype(np.int64)
+    field, m = (b >> mant) & ((1 << (7 - mant)) - 1), b & ((1 << mant) - 1)
+    mag = np.where(field == 0, np.ldexp(m.astype(np.float64), 1 - bias - mant),
+                   np.ldexp(1.0 + m / (1 << mant), field - bias))
+    return np.where(b & 0x80, -mag, mag)
+
+
+KV8_MAX = {"int8": 127.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
+
+
+def quantize_kv(x: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
+    """Rows x [..., D] float32 -> (codes [..., D], scales [...] float32) of an 8-bit KV cache:
+    scale = max |x| / KV8_MAX (float32), code = x / scale (float32) rounded to nearest even,
+    int8 clamped to +-127, fp8 by f32_to_fp8_bits; a zero row has scale 0 and codes 0."""
+    x = np.asarray(x, np.float32)
+    scale = (np.abs(x).max(axis=-1) / np.float32(KV8_MAX[fmt])).astype(np.float32)
+    safe = np.where(scale > 0, scale, np.float32(1))[..., None]
+    y = np.where(scale[..., None] > 0, x / safe, np.float32(0)).astype(np.float32)
+    if fmt == "int8":
+        return np.clip(np.rint(y), -127, 127).astype(np.int8), scale
+    return f32_to_fp8_bits(y, fmt), scale
+
+
+def dequantize_kv(codes: np.ndarray, scales: np.ndarray, fmt: str) -> np.ndarray:
+    """(codes [..., D], scales [...]) -> values [..., D] float64."""
+    vals = codes.astype(np.float64) if fmt == "int8" else fp8_bits_to_f32(codes, fmt)
+    return vals * scales[..., None].astype(np.float64)
+
+
 # ---- kernels ---------------------------------------------------------------------------
 
 
@@ -95,6 +155,19 @@ def write_kv(cache: np.ndarray, src: np.ndarray, slot_mapping: np.ndarray) -> np
     for tok, slot in enumerate(slot_mapping):
         out[slot // block_size, :, slot % block_size, :] = rows[tok]
     return out
+
+
+def write_kv8(codes: np.ndarray, scales: np.ndarray, src: np.ndarray, slot_mapping: np.ndarray,
+              fmt: str) -> tuple[np.ndarray, np.ndarray]:
+    """write_kv for an 8-bit cache (codes [num_blocks, Hkv, B, D], scales [num_blocks, Hkv, B]):
+    each written row quantized by quantize_kv."""
+    codes, scales = codes.copy(), scales.copy()
+    block_size = codes.shape[2]
+    q, d = quantize_kv(src, fmt)
+    for tok, slot in enumerate(slot_mapping):
+        codes[slot // block_size, :, slot % block_size, :] = q[tok]
+        scales[slot // block_size, :, slot % block_size] = d[tok]
+    return codes, scales
 
 
 def kv_values(cache: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ cdef struct ModelC:
     const float *rope_sin
     int num_layers, dim, ffn_dim, vocab_size, num_heads, num_kv_heads, head_dim
     int block_size, num_blocks, sliding_window, max_positions
-    int rms, act, gated, use_rope, qk_norm, kv_bf16
+    int rms, act, gated, use_rope, qk_norm, kv_type   # kv_type: LL_KV_* (attention.h)
     float eps, scale
 
 
@@ -105,7 +105,7 @@ cdef class Model:
             raise ValueError(f"head_dim {self.c.head_dim} unsupported: must be a multiple of 16, at most {LL_MAX_HEAD_DIM}")
         if len(k_caches) != self.c.num_layers or len(v_caches) != self.c.num_layers:
             raise ValueError("one K and one V cache per layer")
-        from lite_llm._kernels.layout import kv_geometry
+        from lite_llm._kernels.layout import kv_geometry, kv_type
         kc, vc = k_caches[0], v_caches[0]
         geometry = kv_geometry(vc, "v")
         if (kc.dtype != vc.dtype or kv_geometry(kc, "k") != geometry or geometry[1] != self.c.num_kv_heads
@@ -114,7 +114,7 @@ cdef class Model:
                              f"({self.c.num_kv_heads} KV heads of {self.c.head_dim}; block_size a multiple of 16; "
                              "layouts in lite_llm/_kernels/layout.py)")
         self.c.num_blocks, self.c.block_size = geometry[0], geometry[2]
-        self.c.kv_bf16 = kc.dtype == np.uint16
+        self.c.kv_type = kv_type(kc, cfg.get("kv_cache_dtype"))
         self.c.layers = <LayerW *>calloc(self.c.num_layers, sizeof(LayerW))
         for i in range(self.c.num_layers):
             p = f"layers.{i}."
@@ -472,14 +472,14 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                 if m.use_rope:
                     ll_rope_neox_f32(row + head * D, m.rope_cos + s.positions[t] * (D // 2),
                                      m.rope_sin + s.positions[t] * (D // 2), D)
-            ll_write_kv_row(row + q_n, L.k_cache, m.kv_bf16, s.slot_mapping[t], m.block_size, Hkv, D, 1)
-            ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_bf16, s.slot_mapping[t], m.block_size, Hkv, D, 0)
+            ll_write_kv_row(row + q_n, L.k_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, 1)
+            ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, 0)
         ll_omp_barrier()      # every token's K/V is in the cache before anyone attends
         # (query tile, KV head, key split) items handed out dynamically: work grows with context
         item = ll_atomic_next(ws.counter)
         while item < s.num_tiles * Hkv * nsplit:
             _attention_item(item, nsplit, ws.qkv, qkv_n, ws.attn, q_n, ws.tiles, H, Hkv, D, L.k_cache, L.v_cache,
-                            m.kv_bf16, s.block_tables, s.max_blocks, m.block_size, s.tok_seq, s.positions,
+                            m.kv_type, s.block_tables, s.max_blocks, m.block_size, s.tok_seq, s.positions,
                             m.scale, m.sliding_window, ws.scores + tid * ws.scratch_len, ws.partials)
             if nsplit == 1:
                 _attn_to_input(ws, &L.o, item, q_n, group, D)

@@ -156,18 +156,19 @@ def act_mul(const float[:, ::1] gate, up, float[:, ::1] out, str act, int num_th
 def write_kv(const float[:, :, ::1] src,     # IN [T, Hkv, D]
              cache,                          # IN/OUT K or V cache in the kernel's layout (layout.py)
              const int64_t[::1] slot_mapping,   # IN [T]
-             str which):                     # "k" or "v"
-    from lite_llm._kernels.layout import kv_geometry
+             str which,                      # "k" or "v"
+             str kv_dtype=None):             # layout.KV_DTYPES name; None: from the array's dtype
+    from lite_llm._kernels.layout import kv_geometry, kv_type
     cdef Py_ssize_t t, nb, hkv, bs, d
     nb, hkv, bs, d = kv_geometry(cache, which)
-    cdef int kv_bf16 = cache.dtype == np.uint16
+    cdef int kt = kv_type(cache, kv_dtype)
     cdef void *cp = <void *>_ptr(cache)
     if src.shape[1] != hkv or src.shape[2] != d or slot_mapping.shape[0] != src.shape[0]:
         raise ValueError("write_kv: shape mismatch")
     for t in range(src.shape[0]):
         if slot_mapping[t] < 0 or slot_mapping[t] >= nb * bs:
             raise ValueError(f"write_kv: slot {slot_mapping[t]} outside the cache")
-        ll_write_kv_row(&src[t, 0, 0], cp, kv_bf16, slot_mapping[t], bs, hkv, d, which == "k")
+        ll_write_kv_row(&src[t, 0, 0], cp, kt, slot_mapping[t], bs, hkv, d, which == "k")
 
 
 def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
@@ -177,9 +178,10 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
                     const int32_t[::1] tok_seq,        # IN  [T] sequence of each query token
                     const int32_t[::1] positions,      # IN  [T] position of each query token
                     float[:, :, ::1] out,              # OUT [T, H, D]
-                    float scale, int sliding_window=0, int num_threads=1):
+                    float scale, int sliding_window=0, int num_threads=1,
+                    str kv_dtype=None):               # layout.KV_DTYPES name; None: from the arrays' dtype
     """Causal attention of each query token over its sequence's cached positions <= its own."""
-    from lite_llm._kernels.layout import kv_geometry
+    from lite_llm._kernels.layout import kv_geometry, kv_type
     geometry = kv_geometry(v_cache, "v")
     if k_cache.dtype != v_cache.dtype or kv_geometry(k_cache, "k") != geometry:
         raise ValueError(f"paged_attention: K {k_cache.shape} and V {v_cache.shape} are not one cache's layouts")
@@ -199,13 +201,13 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
     cdef int32_t[::1] tv = tiles
     cdef const void *kp = _ptr(k_cache)
     cdef const void *vp = _ptr(v_cache)
-    cdef int kv_bf16 = k_cache.dtype == np.uint16
+    cdef int kt = kv_type(k_cache, kv_dtype)
     cdef Py_ssize_t ntiles
     cdef int nsplit
     with nogil:
         ntiles = _build_tiles(&tok_seq[0], q.shape[0], &tv[0])
         nsplit = _num_splits(ntiles, hkv, num_threads, _max_keys(&positions[0], q.shape[0]))
-        _attention(&q[0, 0, 0], h * d, &out[0, 0, 0], h * d, &tv[0], ntiles, h, hkv, d, kp, vp, kv_bf16,
+        _attention(&q[0, 0, 0], h * d, &out[0, 0, 0], h * d, &tv[0], ntiles, h, hkv, d, kp, vp, kt,
                    &block_tables[0, 0], block_tables.shape[1], bs, &tok_seq[0], &positions[0], scale,
                    sliding_window, &sc[0, 0], sc.shape[1], &pv[0, 0], nsplit, num_threads)
 
@@ -261,7 +263,7 @@ cdef inline Py_ssize_t _max_split_items(int nth) noexcept nogil:
 
 cdef inline void _attention_item(Py_ssize_t item, int nsplit, const float *q, Py_ssize_t ldq, float *out,
                                  Py_ssize_t ldo, const int32_t *tiles, Py_ssize_t h, Py_ssize_t hkv,
-                                 Py_ssize_t d, const void *k_cache, const void *v_cache, int kv_bf16,
+                                 Py_ssize_t d, const void *k_cache, const void *v_cache, int kv_type,
                                  const int32_t *block_tables, Py_ssize_t max_blocks, Py_ssize_t bs,
                                  const int32_t *tok_seq, const int32_t *positions, float scale,
                                  int window, float *scratch, float *partials) noexcept nogil:
@@ -270,7 +272,7 @@ cdef inline void _attention_item(Py_ssize_t item, int nsplit, const float *q, Py
     cdef Py_ssize_t group = h // hkv, s = item % nsplit, kvh = (item // nsplit) % hkv
     cdef Py_ssize_t tile = item // (nsplit * hkv), t0 = tiles[tile]
     ll_paged_attention_tile(q + t0 * ldq, ldq, out + t0 * ldo, ldo, <int>(tiles[tile + 1] - t0), <int>group,
-                            kvh * group, positions + t0, window, k_cache, v_cache, kv_bf16,
+                            kvh * group, positions + t0, window, k_cache, v_cache, kv_type,
                             block_tables + tok_seq[t0] * max_blocks, bs, kvh, hkv, d, scale, scratch,
                             <int>s, nsplit, partials + item * _partial_stride(group, d) if nsplit > 1 else NULL)
 
@@ -285,7 +287,7 @@ cdef inline void _combine_item(Py_ssize_t pair, int nsplit, const float *partial
 
 cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo, const int32_t *tiles,
                      Py_ssize_t num_tiles, Py_ssize_t h, Py_ssize_t hkv, Py_ssize_t d, const void *k_cache,
-                     const void *v_cache, int kv_bf16, const int32_t *block_tables, Py_ssize_t max_blocks,
+                     const void *v_cache, int kv_type, const int32_t *block_tables, Py_ssize_t max_blocks,
                      Py_ssize_t bs, const int32_t *tok_seq, const int32_t *positions, float scale, int window,
                      float *scratch, Py_ssize_t scratch_len, float *partials, int nsplit, int num_threads) noexcept nogil:
     """q [T, H*D] and out [T, H*D] with row strides ldq, ldo; scratch is [num_threads, scratch_len];
@@ -293,7 +295,7 @@ cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo,
     cdef Py_ssize_t item
     # dynamic: a tile's work grows with its tokens' context lengths
     for item in prange(num_tiles * hkv * nsplit, schedule="dynamic", chunksize=1, num_threads=num_threads):
-        _attention_item(item, nsplit, q, ldq, out, ldo, tiles, h, hkv, d, k_cache, v_cache, kv_bf16, block_tables,
+        _attention_item(item, nsplit, q, ldq, out, ldo, tiles, h, hkv, d, k_cache, v_cache, kv_type, block_tables,
                         max_blocks, bs, tok_seq, positions, scale, window,
                         scratch + openmp.omp_get_thread_num() * scratch_len, partials)
     if nsplit > 1:

@@ -22,6 +22,8 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
+from lite_llm.config import KV_CACHE_DTYPES
+
 PEERS = ("llama.cpp", "transformers")
 ORIGINAL_ENVIRON = dict(os.environ)      # before the engine sets its OpenMP policy: peers get the user's
 
@@ -41,6 +43,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, max_num_batched_tok
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--kv-cache-space", type=float, default=None, help="GiB")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
+                        help="KV cache element type: auto (the model's: fp32, else bf16), bfloat16, int8, fp8 (= fp8_e4m3), "
+                        "fp8_e5m2 (8-bit: a byte per value and a scale per row, ~2x the tokens per GiB)")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=max_num_batched_tokens)
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
@@ -71,7 +76,8 @@ def build(args: argparse.Namespace, max_model_len: int | None = None, num_kv_blo
         block_size=args.block_size, kv_cache_space=args.kv_cache_space, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=args.enable_prefix_caching,
         seed=args.seed, serving=False, progress=sys.stderr.isatty(),
-        num_kv_blocks=num_kv_blocks if args.kv_cache_space is None else None, quantization=args.quantization)
+        num_kv_blocks=num_kv_blocks if args.kv_cache_space is None else None, quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype)
     info = dict(info, build_seconds=time.perf_counter() - t0)
     return engine, loaded, info
 
@@ -232,9 +238,9 @@ def read_bandwidth(num_threads: int) -> float | None:
         return None
 
 
-def kv_bytes_per_token(loaded, block_size: int) -> int:
+def kv_bytes_per_token(loaded, block_size: int, kv_cache_dtype: str = "auto") -> int:
     from lite_llm.engine.runner import kv_bytes_per_block
-    return kv_bytes_per_block(loaded.config, block_size, loaded.dtype) // block_size
+    return kv_bytes_per_block(loaded.config, block_size, loaded.dtype, kv_cache_dtype) // block_size
 
 
 # ---- peers ----------------------------------------------------------------------------------

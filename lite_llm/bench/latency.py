@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.shutdown()
     bandwidth = common.read_bandwidth(info["num_threads"])    # right after our runs: the same conditions
-    kv_bytes = args.batch_size * needed * common.kv_bytes_per_token(loaded, args.block_size)
+    kv_bytes = args.batch_size * needed * common.kv_bytes_per_token(loaded, args.block_size, args.kv_cache_dtype)
     sized_to_workload = num_kv_blocks is not None
     kv_counted = info["kv_cache_bytes"] if sized_to_workload else kv_bytes
     ours = {"median": common.median_figures(runs), "runs": runs, "startup": startup,

@@ -18,6 +18,7 @@ import numpy as np
 
 from lite_llm import _kernels
 from lite_llm._kernels import layout
+from lite_llm.config import KV_CACHE_DTYPES
 from lite_llm.engine.request import SampleResult
 from lite_llm.engine.sampler import Sampler
 from lite_llm.model.rope import rope_tables
@@ -35,15 +36,28 @@ def _trim_heap() -> None:
         pass   # not glibc: nothing to trim this way
 
 
-def kv_cache_dtype(dtype: str) -> str:
-    """KV cache element type for a model dtype: fp32 stays fp32, 16-bit types store bf16
-    (same bytes as fp16, fp32's exponent range: no overflow in long contexts)."""
-    return "float32" if dtype == "float32" else "bfloat16"
+def check_kv_cache_dtype(name: str | None) -> str:
+    """A key of KV_CACHE_DTYPES (None: "auto"), else a ValueError listing them."""
+    key = "auto" if name is None else str(name).lower()
+    if key not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype {name!r} is not supported; choose one of {', '.join(KV_CACHE_DTYPES)}")
+    return key
 
 
-def kv_bytes_per_block(config, block_size: int, dtype: str) -> int:
-    itemsize = 4 if kv_cache_dtype(dtype) == "float32" else 2
-    return 2 * config.num_layers * config.num_kv_heads * block_size * config.head_dim * itemsize
+def kv_cache_format(dtype: str, requested: str | None = "auto") -> str:
+    """KV cache format (layout.KV_DTYPES) for a model dtype and a --kv-cache-dtype. auto: fp32
+    stays fp32, 16-bit types store bf16 (same bytes as fp16, fp32's exponent range: no overflow
+    in long contexts); int8 / fp8 store a byte per value and a scale per row (layout.py)."""
+    chosen = KV_CACHE_DTYPES[check_kv_cache_dtype(requested)]
+    if chosen is None:
+        return "float32" if dtype == "float32" else "bfloat16"
+    return chosen
+
+
+def kv_bytes_per_block(config, block_size: int, dtype: str, requested: str | None = "auto") -> int:
+    """Bytes of one block over all layers, K and V."""
+    region = layout.kv_region_bytes(kv_cache_format(dtype, requested), block_size, config.head_dim)
+    return 2 * config.num_layers * config.num_kv_heads * region
 
 
 QUANTIZATIONS = {"q8_0": "Q8_0", "q4_0": "Q4_0"}   # --quantization: the ggml type float weights become
@@ -126,7 +140,7 @@ class ModelRunner:
 
     def __init__(self, loaded, *, num_blocks: int, block_size: int, max_num_batched_tokens: int,
                  max_num_seqs: int, num_threads: int, disable_sliding_window: bool = False,
-                 kernels=None, quantization: str | None = None):
+                 kernels=None, quantization: str | None = None, kv_cache_dtype: str | None = "auto"):
         cfg = loaded.config
         self.config = cfg
         self.dtype = loaded.dtype
@@ -136,6 +150,7 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.max_model_len = loaded.max_model_len
         self.quantization = check_quantization(quantization)
+        self.kv_cache_dtype = kv_cache_format(self.dtype, kv_cache_dtype)
         if cfg.head_dim % 16:
             raise ValueError(f"head_dim {cfg.head_dim} is not supported: it must be a multiple of 16")
         if block_size % 16:
@@ -145,9 +160,9 @@ class ModelRunner:
         tensors = pack_checkpoint(loaded, self.dtype, num_threads, self.quantization)
         loaded.release()
         _trim_heap()
-        kv_np = np.float32 if kv_cache_dtype(self.dtype) == "float32" else np.uint16
+        kv_np = layout.KV_NUMPY[self.kv_cache_dtype]
         k_shape, v_shape = layout.kv_cache_shapes(num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim,
-                                                  kv_np == np.uint16)
+                                                  self.kv_cache_dtype)
         self.k_caches = [layout.aligned_zeros(k_shape, kv_np) for _ in range(cfg.num_layers)]
         self.v_caches = [layout.aligned_zeros(v_shape, kv_np) for _ in range(cfg.num_layers)]
         max_pos = max(self.max_model_len, 1)
@@ -161,7 +176,7 @@ class ModelRunner:
                     head_dim=cfg.head_dim, norm_eps=cfg.norm_eps, norm=cfg.norm, act=cfg.act,
                     gated_mlp=cfg.gated_mlp, rope=cfg.rope, qk_norm=cfg.qk_norm,
                     sliding_window=None if disable_sliding_window else cfg.sliding_window,
-                    max_positions=max_pos)
+                    max_positions=max_pos, kv_cache_dtype=self.kv_cache_dtype)
         self.model = self.kernels.Model(kcfg, tensors, self.k_caches, self.v_caches, cos, sin)
         self.workspace = self.kernels.Workspace(self.model, max_num_batched_tokens, max_num_seqs, num_threads)
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -175,9 +190,9 @@ class ModelRunner:
         self.kv_cache_bytes = sum(c.nbytes for c in self.k_caches + self.v_caches)
         self.formats = self.model.formats()
         log.info("model ready in %.2f s: %.1f MB of weights (%s), %.1f MB read per decoded token; "
-                 "KV cache %.1f MB (%d blocks of %d)", time.perf_counter() - start, self.weight_bytes / 2**20,
+                 "KV cache %.1f MB (%d blocks of %d, %s)", time.perf_counter() - start, self.weight_bytes / 2**20,
                  describe_formats(self.formats), self.bytes_per_token / 2**20, self.kv_cache_bytes / 2**20,
-                 num_blocks, block_size)
+                 num_blocks, block_size, self.kv_cache_dtype)
 
     # ---- one step ---------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
 from lite_llm import __version__
-from lite_llm.config import env
+from lite_llm.config import KV_CACHE_DTYPES, env
 from lite_llm.engine.async_engine import EngineDeadError, EngineShutdownError, QueueFullError
 from lite_llm.server import openai
 from lite_llm.server.metrics import RequestTimer, ServerMetrics
@@ -687,6 +687,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="reuse KV blocks of shared prompt prefixes")
     a("--kv-cache-space", type=float, default=None,
       help="GiB of KV cache (default: LITE_LLM_CPU_KVCACHE_SPACE or automatic)")
+    a("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
+      help="KV cache element type: auto (the model's: fp32, else bf16), bfloat16, int8, fp8 (= fp8_e4m3), "
+      "fp8_e5m2 (8-bit: a byte per value and a scale per row, ~2x the tokens per GiB)")
     a("--disable-sliding-window", action="store_true", help="attend over the full context")
     a("--served-model-name", nargs="+", default=None, help="model name(s) the API answers to")
     a("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 (env LITE_LLM_API_KEY)")
@@ -728,7 +731,7 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=args.enable_prefix_caching, seed=args.seed, max_queue=args.max_queue,
         kv_cache_space=args.kv_cache_space, disable_sliding_window=args.disable_sliding_window,
-        quantization=args.quantization)
+        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
     # flags left unset keep the builder's defaults
     engine, tokenizer, info = build_async_engine(
         model=model, **{k: v for k, v in engine_kwargs.items() if v is not None})

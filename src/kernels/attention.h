@@ -3,7 +3,7 @@
  * decode (one query per sequence) and prefill chunks (each query attends to the cached
  * context plus the chunk up to itself, within the sliding window if any).
  *
- * KV cache of one layer, fp32 or bf16 (kv_bf16); position p of a sequence lives in block
+ * KV cache of one layer, of type kv_type (LL_KV_*); position p of a sequence lives in block
  * block_table[p / B] at row p % B. Within one (block, kv head), of D * B elements:
  *   fp32  K [D][B]        transposed: one vector load = component d of 16 consecutive keys
  *         V [B][D]        one row per key
@@ -11,9 +11,15 @@
  *                         one vdpbf16ps against a broadcast pair of q
  *         V [B/2][D][2]   pairs of keys: one load = 16 components of keys j, j+1, one
  *                         vdpbf16ps against a broadcast pair of probabilities
+ *   int8, fp8 e4m3, fp8 e5m2: one byte per value, then one fp32 scale per (key, kv head):
+ *         K [D][B] codes, then scale [B]     value = decode(code) * scale
+ *         V [B][D] codes, then scale [B]     ((D + 4) * B bytes per (block, kv head))
+ *         Each row is scaled when written: scale = max |x| / (127, 448 or 57344), codes
+ *         x / scale rounded to nearest even. The tiles decode 16 codes per vector load in
+ *         registers; K scales multiply the 16 scores of a chunk, V scales the probabilities.
  * With a bf16 cache, q * scale and the probabilities are rounded to bf16 for the dot
- * products (accumulation stays fp32), as bf16 attention does elsewhere.
- * head_dim and block_size must be multiples of 16.
+ * products (accumulation stays fp32), as bf16 attention does elsewhere; with 8-bit caches
+ * they stay fp32. head_dim and block_size must be multiples of 16.
  */
 #ifndef LL_ATTENTION_H
 #define LL_ATTENTION_H
@@ -21,27 +27,67 @@
 
 #define LL_MAX_HEAD_DIM 512
 
-/* Offset of (key row, component d) within one (block, kv head) of the K or V cache. */
-LL_INLINE ptrdiff_t ll_k_index(int kv_bf16, ptrdiff_t row, ptrdiff_t d, ptrdiff_t block_size) {
-    return kv_bf16 ? ((d >> 1) * block_size + row) * 2 + (d & 1) : d * block_size + row;
-}
-LL_INLINE ptrdiff_t ll_v_index(int kv_bf16, ptrdiff_t row, ptrdiff_t d, ptrdiff_t head_dim) {
-    return kv_bf16 ? ((row >> 1) * head_dim + d) * 2 + (row & 1) : row * head_dim + d;
+/* KV cache element types: must match KV_DTYPES in lite_llm/_kernels/layout.py */
+enum { LL_KV_F32 = 0, LL_KV_BF16 = 1, LL_KV_I8 = 2, LL_KV_E4M3 = 3, LL_KV_E5M2 = 4 };
+#define LL_KV_IS_8BIT(t) ((t) >= LL_KV_I8)
+
+/* Bytes of one (block, kv head) of a K or V cache. */
+LL_INLINE ptrdiff_t ll_kv_region_bytes(int kv_type, ptrdiff_t block_size, ptrdiff_t head_dim) {
+    return LL_KV_IS_8BIT(kv_type) ? (head_dim + 4) * block_size
+                                  : head_dim * block_size * (kv_type == LL_KV_BF16 ? 2 : 4);
 }
 
-/* Write one token's K (is_k) or V head rows [num_kv_heads][D] (contiguous, fp32) at `slot`. */
-static inline void ll_write_kv_row(const float *src, void *cache, int kv_bf16, ptrdiff_t slot,
+/* Offset (in elements) of (key row, component d) within one (block, kv head) of the K or V cache. */
+LL_INLINE ptrdiff_t ll_k_index(int kv_type, ptrdiff_t row, ptrdiff_t d, ptrdiff_t block_size) {
+    return kv_type == LL_KV_BF16 ? ((d >> 1) * block_size + row) * 2 + (d & 1) : d * block_size + row;
+}
+LL_INLINE ptrdiff_t ll_v_index(int kv_type, ptrdiff_t row, ptrdiff_t d, ptrdiff_t head_dim) {
+    return kv_type == LL_KV_BF16 ? ((row >> 1) * head_dim + d) * 2 + (row & 1) : row * head_dim + d;
+}
+
+/* 8-bit caches: the largest code's value, one code from x (already divided by the row's
+ * scale), 16 codes as floats, and what those floats must be multiplied by besides the scale
+ * (ll_load_e4m3 gives value x 2^-8). */
+LL_INLINE float ll_kv8_max(int kv_type) {
+    return kv_type == LL_KV_I8 ? 127.f : kv_type == LL_KV_E4M3 ? 448.f : 57344.f;
+}
+LL_INLINE uint8_t ll_kv8_encode(int kv_type, float x) {
+    if (kv_type == LL_KV_I8) {
+        const float r = nearbyintf(x);            /* nearest even */
+        return (uint8_t)(int8_t)(r > 127.f ? 127 : r < -127.f ? -127 : (int)r);
+    }
+    return kv_type == LL_KV_E4M3 ? ll_f32_to_e4m3(x) : ll_f32_to_e5m2(x);
+}
+LL_INLINE ll_vf32 ll_load_kv8(const int KT, const uint8_t *p) {
+    return KT == LL_KV_I8 ? ll_load_s8((const int8_t *)p) : KT == LL_KV_E4M3 ? ll_load_e4m3(p) : ll_load_e5m2(p);
+}
+LL_INLINE float ll_kv8_unit(const int KT) { return KT == LL_KV_E4M3 ? 256.f : 1.f; }
+
+/* Write one token's K (is_k) or V head rows [num_kv_heads][D] (contiguous, fp32) at `slot`;
+ * an 8-bit cache stores each head row's codes and its scale. */
+static inline void ll_write_kv_row(const float *src, void *cache, int kv_type, ptrdiff_t slot,
                                    ptrdiff_t block_size, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
                                    int is_k) {
     const ptrdiff_t blk = slot / block_size, row = slot % block_size;
+    const ptrdiff_t region = ll_kv_region_bytes(kv_type, block_size, head_dim);
     for (ptrdiff_t h = 0; h < num_kv_heads; h++) {
-        const ptrdiff_t base = (blk * num_kv_heads + h) * head_dim * block_size;
+        char *base = (char *)cache + (blk * num_kv_heads + h) * region;
         const float *s = src + h * head_dim;
+        if (LL_KV_IS_8BIT(kv_type)) {
+            uint8_t *codes = (uint8_t *)base;
+            float amax = 0.f;
+            for (ptrdiff_t d = 0; d < head_dim; d++) amax = fabsf(s[d]) > amax ? fabsf(s[d]) : amax;
+            const float scale = amax / ll_kv8_max(kv_type);     /* 0 for a zero row: codes 0 */
+            ((float *)(base + head_dim * block_size))[row] = scale;
+            for (ptrdiff_t d = 0; d < head_dim; d++)
+                codes[is_k ? d * block_size + row : row * head_dim + d] =
+                    ll_kv8_encode(kv_type, scale > 0.f ? s[d] / scale : 0.f);
+            continue;
+        }
         for (ptrdiff_t d = 0; d < head_dim; d++) {
-            const ptrdiff_t i = base + (is_k ? ll_k_index(kv_bf16, row, d, block_size)
-                                             : ll_v_index(kv_bf16, row, d, head_dim));
-            if (kv_bf16) ((uint16_t *)cache)[i] = ll_f32_to_bf16(s[d]);
-            else ((float *)cache)[i] = s[d];
+            const ptrdiff_t i = is_k ? ll_k_index(kv_type, row, d, block_size) : ll_v_index(kv_type, row, d, head_dim);
+            if (kv_type == LL_KV_BF16) ((uint16_t *)base)[i] = ll_f32_to_bf16(s[d]);
+            else ((float *)base)[i] = s[d];
         }
     }
 }
@@ -67,20 +113,29 @@ typedef struct {
     const void *k, *v;               /* the layer's caches */
     const void *vchunk[LL_ATTN_SPAN / 16];   /* V of each chunk of the span (cache or edge copy) */
     ptrdiff_t koff[LL_ATTN_SPAN / 16], voff[LL_ATTN_SPAN / 16];
+    const float *kscale[LL_ATTN_SPAN / 16], *vscale[LL_ATTN_SPAN / 16];   /* 8-bit caches: 16 keys' scales */
     ptrdiff_t B, D, c0;              /* block size, head dim, position of the span's first key */
     int nchunks;
     float *S, *P;                    /* [rows][LL_ATTN_SPAN] */
 } ll_attn_span;
 
 /* Pass 1 for rows r0 .. r0 + NR - 1 and chunk ch: raw scores (q already scaled). */
-LL_INLINE void ll_attn_scores(const int BF, const int NR, const ll_attn_span *sp, int ch, const void *qrows,
+LL_INLINE void ll_attn_scores(const int KT, const int NR, const ll_attn_span *sp, int ch, const void *qrows,
                               ptrdiff_t r0, ll_vf32 out[4]) {
     const ptrdiff_t D = sp->D, B = sp->B;
     const int CH = NR == 1 ? 4 : NR == 2 ? 2 : 1;   /* independent chains per row */
     ll_vf32 s[4][4];
     for (int k = 0; k < NR; k++)
         for (int e = 0; e < CH; e++) s[k][e] = ll_zero();
-    if (BF) {
+    if (LL_KV_IS_8BIT(KT)) {   /* codes decoded in registers; the keys' scales applied once below */
+        const uint8_t *kp = (const uint8_t *)sp->k + sp->koff[ch];
+        const float *qf = (const float *)qrows + r0 * D;
+        for (ptrdiff_t d = 0; d < D; d += CH)
+            for (int e = 0; e < CH; e++) {
+                const ll_vf32 kv = ll_load_kv8(KT, kp + (d + e) * B);
+                for (int k = 0; k < NR; k++) s[k][e] = ll_fma(ll_set1(qf[k * D + d + e]), kv, s[k][e]);
+            }
+    } else if (KT == LL_KV_BF16) {
         const uint16_t *kp = (const uint16_t *)sp->k + sp->koff[ch];
         const uint32_t *qb = (const uint32_t *)qrows + r0 * (D / 2);
         for (ptrdiff_t dp = 0; dp < D / 2; dp += CH)
@@ -96,21 +151,30 @@ LL_INLINE void ll_attn_scores(const int BF, const int NR, const ll_attn_span *sp
                 for (int k = 0; k < NR; k++) s[k][e] = ll_fma(ll_set1(qf[k * D + d + e]), kv, s[k][e]);
             }
     }
+    const ll_vf32 ks = LL_KV_IS_8BIT(KT) ? ll_mul(ll_load(sp->kscale[ch]), ll_set1(ll_kv8_unit(KT))) : ll_zero();
     for (int k = 0; k < NR; k++) {
         for (int e = 1; e < CH; e++) s[k][0] = ll_add(s[k][0], s[k][e]);
-        out[k] = s[k][0];
+        out[k] = LL_KV_IS_8BIT(KT) ? ll_mul(s[k][0], ks) : s[k][0];
     }
 }
 
 /* Pass 3 for rows r0 .. r0 + NR - 1, U vectors of 16 components from component 16 * i. */
-LL_INLINE void ll_attn_pv(const int BF, const int NR, const int U, const ll_attn_span *sp, ptrdiff_t r0,
+LL_INLINE void ll_attn_pv(const int KT, const int NR, const int U, const ll_attn_span *sp, ptrdiff_t r0,
                           ptrdiff_t i, float *acc) {
     const ptrdiff_t D = sp->D;
     ll_vf32 a[4][4];
     for (int k = 0; k < NR; k++)
         for (int u = 0; u < U; u++) a[k][u] = ll_load(acc + (r0 + k) * D + 16 * (i + u));
     for (int ch = 0; ch < sp->nchunks; ch++) {
-        if (BF) {
+        if (LL_KV_IS_8BIT(KT)) {   /* P already holds p x the keys' V scales */
+            const uint8_t *vp = (const uint8_t *)sp->vchunk[ch] + sp->voff[ch] + 16 * i;
+            const float *pp = sp->P + r0 * LL_ATTN_SPAN + ch * 16;
+            for (int j = 0; j < 16; j++)
+                for (int u = 0; u < U; u++) {
+                    const ll_vf32 vv = ll_load_kv8(KT, vp + j * D + 16 * u);
+                    for (int k = 0; k < NR; k++) a[k][u] = ll_fma(ll_set1(pp[k * LL_ATTN_SPAN + j]), vv, a[k][u]);
+                }
+        } else if (KT == LL_KV_BF16) {
             const uint16_t *vp = (const uint16_t *)sp->vchunk[ch] + sp->voff[ch] + 32 * i;
             const uint32_t *pp = (const uint32_t *)sp->P + r0 * LL_ATTN_SPAN + ch * 8;   /* rows of SPAN floats */
             for (int jp = 0; jp < 8; jp++)
@@ -132,13 +196,13 @@ LL_INLINE void ll_attn_pv(const int BF, const int NR, const int U, const ll_attn
 }
 
 /* Passes 1 and 3 for one block of NR rows (pass 2 runs between them over all rows). */
-LL_INLINE void ll_attn_pass1(const int BF, const int NR, const ll_attn_span *sp, const void *qrows, ptrdiff_t r0,
+LL_INLINE void ll_attn_pass1(const int KT, const int NR, const ll_attn_span *sp, const void *qrows, ptrdiff_t r0,
                              const int32_t *pos, int group, int window, int j0, int nj_last) {
     for (int ch = 0; ch < sp->nchunks; ch++) {
         ll_vf32 s[4];
         const ptrdiff_t c = sp->c0 + 16 * ch;
         const int lo = ch == 0 ? j0 : 0, hi = ch == sp->nchunks - 1 ? nj_last : 16;   /* keys in the cache */
-        ll_attn_scores(BF, NR, sp, ch, qrows, r0, s);
+        ll_attn_scores(KT, NR, sp, ch, qrows, r0, s);
         for (int k = 0; k < NR; k++) {
             const ptrdiff_t r = r0 + k, p = pos[r / group];
             const ptrdiff_t first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
@@ -151,10 +215,10 @@ LL_INLINE void ll_attn_pass1(const int BF, const int NR, const ll_attn_span *sp,
     }
 }
 
-LL_INLINE void ll_attn_pass3(const int BF, const int NR, const ll_attn_span *sp, ptrdiff_t r0, float *acc) {
+LL_INLINE void ll_attn_pass3(const int KT, const int NR, const ll_attn_span *sp, ptrdiff_t r0, float *acc) {
     ptrdiff_t i = 0;
-    for (; i + 4 <= sp->D / 16; i += 4) ll_attn_pv(BF, NR, 4, sp, r0, i, acc);
-    for (; i < sp->D / 16; i++) ll_attn_pv(BF, NR, 1, sp, r0, i, acc);
+    for (; i + 4 <= sp->D / 16; i += 4) ll_attn_pv(KT, NR, 4, sp, r0, i, acc);
+    for (; i < sp->D / 16; i++) ll_attn_pv(KT, NR, 1, sp, r0, i, acc);
 }
 
 /* Keys a tile attends to: kmin .. kmax, the union of its tokens' windows. */
@@ -167,12 +231,13 @@ static inline void ll_attn_key_range(const int32_t *pos, int nq, int window, ptr
     }
 }
 
-LL_INLINE void ll_attention_tile_impl(const int BF, const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
+LL_INLINE void ll_attention_tile_impl(const int KT, const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
                                       int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
                                       const void *k_cache, const void *v_cache, const int32_t *block_table,
                                       ptrdiff_t block_size, ptrdiff_t kv_head, ptrdiff_t num_kv_heads,
                                       ptrdiff_t head_dim, float scale, float *scratch,
                                       int split, int nsplit, float *partial) {
+    const int BF = KT == LL_KV_BF16, Q8 = LL_KV_IS_8BIT(KT);
     const ptrdiff_t D = head_dim, nv = head_dim / 16, rows = (ptrdiff_t)nq * group;
     float *edge = scratch, *qrows = edge + 2 * 16 * D, *acc = qrows + rows * D;
     float *m = acc + rows * D, *l = m + rows;
@@ -198,7 +263,8 @@ LL_INLINE void ll_attention_tile_impl(const int BF, const float *q, ptrdiff_t ld
         m[r] = -INFINITY; l[r] = 0.f;
         for (ptrdiff_t i = 0; i < D; i++) acc[r * D + i] = 0.f;
     }
-    const size_t esz = BF ? sizeof(uint16_t) : sizeof(float);
+    const size_t esz = Q8 ? 1 : BF ? sizeof(uint16_t) : sizeof(float);
+    const ptrdiff_t region = ll_kv_region_bytes(KT, block_size, D) / (ptrdiff_t)esz;   /* in elements */
     const ptrdiff_t cfirst = kmin - kmin % 16;
     for (ptrdiff_t c0 = cfirst; kmin <= kmax && c0 <= kmax; c0 += LL_ATTN_SPAN) {
         const ptrdiff_t left = (kmax - c0) / 16 + 1;
@@ -210,33 +276,43 @@ LL_INLINE void ll_attention_tile_impl(const int BF, const float *q, ptrdiff_t ld
         int nedge = 0;
         for (int ch = 0; ch < sp.nchunks; ch++) {
             const ptrdiff_t c = c0 + 16 * ch, row = c % block_size;
-            const ptrdiff_t base = (block_table[c / block_size] * num_kv_heads + kv_head) * D * block_size;
+            const ptrdiff_t base = (block_table[c / block_size] * num_kv_heads + kv_head) * region;
             sp.koff[ch] = base + (BF ? 2 * row : row);
             sp.vchunk[ch] = v_cache;
             sp.voff[ch] = base + row * D;
+            if (Q8) {   /* scales follow the block's D x B codes */
+                sp.kscale[ch] = (const float *)((const uint8_t *)k_cache + base + D * block_size) + row;
+                sp.vscale[ch] = (const float *)((const uint8_t *)v_cache + base + D * block_size) + row;
+            }
             const int lo = ch == 0 ? j0 : 0, hi = ch == sp.nchunks - 1 ? nj_last : 16;
             if (lo > 0 || hi < 16) {
                 /* keys outside [lo, hi) may hold anything (NaN included): their scores are
                  * masked, but V is read in key pairs, so PV reads a copy with them zeroed */
                 float *e = edge + (nedge++) * 16 * D;
                 memcpy(e, (const char *)v_cache + sp.voff[ch] * esz, 16 * D * esz);
+                float *es = (float *)((char *)e + 16 * D);   /* 8-bit: the 16 scales after the codes */
+                if (Q8) memcpy(es, sp.vscale[ch], 16 * sizeof(float));
                 for (int j = 0; j < 16; j++)
-                    if (j < lo || j >= hi)
+                    if (j < lo || j >= hi) {
+                        if (Q8) es[j] = 0.f;
                         for (ptrdiff_t d = 0; d < D; d++) {
-                            if (BF) ((uint16_t *)e)[ll_v_index(1, j, d, D)] = 0;
+                            if (Q8) ((uint8_t *)e)[j * D + d] = 0;
+                            else if (BF) ((uint16_t *)e)[ll_v_index(LL_KV_BF16, j, d, D)] = 0;
                             else e[j * D + d] = 0.f;
                         }
+                    }
                 sp.vchunk[ch] = e;
                 sp.voff[ch] = 0;
+                if (Q8) sp.vscale[ch] = es;
             }
         }
         /* pass 1 */
         ptrdiff_t r0 = 0;
-        for (; r0 + 4 <= rows; r0 += 4) ll_attn_pass1(BF, 4, &sp, qrows, r0, pos, group, window, j0, nj_last);
+        for (; r0 + 4 <= rows; r0 += 4) ll_attn_pass1(KT, 4, &sp, qrows, r0, pos, group, window, j0, nj_last);
         switch (rows - r0) {
-            case 3: ll_attn_pass1(BF, 3, &sp, qrows, r0, pos, group, window, j0, nj_last); break;
-            case 2: ll_attn_pass1(BF, 2, &sp, qrows, r0, pos, group, window, j0, nj_last); break;
-            case 1: ll_attn_pass1(BF, 1, &sp, qrows, r0, pos, group, window, j0, nj_last); break;
+            case 3: ll_attn_pass1(KT, 3, &sp, qrows, r0, pos, group, window, j0, nj_last); break;
+            case 2: ll_attn_pass1(KT, 2, &sp, qrows, r0, pos, group, window, j0, nj_last); break;
+            case 1: ll_attn_pass1(KT, 1, &sp, qrows, r0, pos, group, window, j0, nj_last); break;
             default: break;
         }
         /* pass 2: a row that sees nothing of the span gets p = 0 and keeps m, l, acc */
@@ -273,13 +349,19 @@ LL_INLINE void ll_attention_tile_impl(const int BF, const float *q, ptrdiff_t ld
                 for (ptrdiff_t i = 0; i < nv; i++) ll_store(acc + r * D + 16 * i, ll_mul(ll_load(acc + r * D + 16 * i), cv));
             }
         }
+        if (Q8)   /* fold the V scales into the probabilities: P @ V then reads codes only */
+            for (ptrdiff_t r = 0; r < rows; r++)
+                for (int ch = 0; ch < sp.nchunks; ch++) {
+                    float *p = sp.P + r * LL_ATTN_SPAN + 16 * ch;
+                    ll_store(p, ll_mul(ll_load(p), ll_mul(ll_load(sp.vscale[ch]), ll_set1(ll_kv8_unit(KT)))));
+                }
         /* pass 3 */
         r0 = 0;
-        for (; r0 + 4 <= rows; r0 += 4) ll_attn_pass3(BF, 4, &sp, r0, acc);
+        for (; r0 + 4 <= rows; r0 += 4) ll_attn_pass3(KT, 4, &sp, r0, acc);
         switch (rows - r0) {
-            case 3: ll_attn_pass3(BF, 3, &sp, r0, acc); break;
-            case 2: ll_attn_pass3(BF, 2, &sp, r0, acc); break;
-            case 1: ll_attn_pass3(BF, 1, &sp, r0, acc); break;
+            case 3: ll_attn_pass3(KT, 3, &sp, r0, acc); break;
+            case 2: ll_attn_pass3(KT, 2, &sp, r0, acc); break;
+            case 1: ll_attn_pass3(KT, 1, &sp, r0, acc); break;
             default: break;
         }
     }
@@ -333,16 +415,20 @@ static inline void ll_attention_combine(const float *partials, int nsplit, ptrdi
  * (nsplit == 1, normalised into out) or over split `split` of nsplit (raw into partial). */
 static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
                                            int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
-                                           const void *k_cache, const void *v_cache, int kv_bf16,
+                                           const void *k_cache, const void *v_cache, int kv_type,
                                            const int32_t *block_table, ptrdiff_t block_size,
                                            ptrdiff_t kv_head, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
                                            float scale, float *scratch, int split, int nsplit, float *partial) {
-    if (kv_bf16)
-        ll_attention_tile_impl(1, q, ldq, out, ldo, nq, group, h0, pos, window, k_cache, v_cache, block_table,
-                               block_size, kv_head, num_kv_heads, head_dim, scale, scratch, split, nsplit, partial);
-    else
-        ll_attention_tile_impl(0, q, ldq, out, ldo, nq, group, h0, pos, window, k_cache, v_cache, block_table,
-                               block_size, kv_head, num_kv_heads, head_dim, scale, scratch, split, nsplit, partial);
+#define LL_ATTN_TILE(KT) ll_attention_tile_impl(KT, q, ldq, out, ldo, nq, group, h0, pos, window, k_cache, v_cache, \
+        block_table, block_size, kv_head, num_kv_heads, head_dim, scale, scratch, split, nsplit, partial)
+    switch (kv_type) {   /* one specialised copy per cache type */
+        case LL_KV_BF16: LL_ATTN_TILE(LL_KV_BF16); break;
+        case LL_KV_I8: LL_ATTN_TILE(LL_KV_I8); break;
+        case LL_KV_E4M3: LL_ATTN_TILE(LL_KV_E4M3); break;
+        case LL_KV_E5M2: LL_ATTN_TILE(LL_KV_E5M2); break;
+        default: LL_ATTN_TILE(LL_KV_F32); break;
+    }
+#undef LL_ATTN_TILE
 }
 
 #endif

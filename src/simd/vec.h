@@ -11,7 +11,9 @@
  * Ops: ll_zero ll_set1 ll_load ll_store ll_add ll_sub ll_mul ll_div ll_fma ll_max ll_hsum ll_hmax
  *      ll_exp ll_load_bf16 ll_load_f16 ll_load_bf16_even ll_load_bf16_odd
  *      ll_dot2_bf16 ll_store_bf16 (below, on top of the backend)
+ *      ll_load_s8 ll_load_u8 ll_load_e4m3 (x 2^-8) ll_load_e5m2: 16 bytes widened to floats
  * Scalars: ll_bf16_to_f32 ll_f32_to_bf16 (round to nearest even) ll_f16_to_f32 ll_f32_to_f16
+ *          ll_f32_to_e4m3 ll_f32_to_e5m2 (nearest even, saturating)
  */
 #ifndef LL_VEC_H
 #define LL_VEC_H
@@ -46,6 +48,36 @@ LL_INLINE uint16_t ll_f32_to_f16(float f) {
     uint32_t r = ax - 0x38000000u;                                         /* exponent bias 127 -> 15 */
     r += 0x0fffu + ((r >> 13) & 1u);
     return (uint16_t)(sign | (r >> 13));
+}
+
+/* fp8 (OCP): e4m3 "fn" (bias 7, max 448, no infinities, 0x7f NaN) and e5m2 (bias 15, max
+ * 57344), round to nearest even; finite values beyond the largest saturate to it (the KV
+ * cache writer scales rows into range, so only rounding can step past it). */
+LL_INLINE uint8_t ll_f32_to_e4m3(float f) {
+    uint32_t x; memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 24) & 0x80u, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (uint8_t)(sign | 0x7fu);                   /* NaN */
+    if (ax >= 0x43e00000u) return (uint8_t)(sign | 0x7eu);                  /* >= 448: saturate */
+    if (ax < 0x3c800000u) {                                                 /* below 2^-6: subnormal */
+        float a; memcpy(&a, &ax, 4);
+        return (uint8_t)(sign | (uint32_t)nearbyintf(a * 512.0f));         /* units of 2^-9 (8 -> 2^-6) */
+    }
+    uint32_t r = ax - 0x3c000000u;                                          /* exponent bias 127 -> 7 */
+    r += 0x7ffffu + ((r >> 20) & 1u);
+    return (uint8_t)(sign | (r >> 20));
+}
+LL_INLINE uint8_t ll_f32_to_e5m2(float f) {
+    uint32_t x; memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 24) & 0x80u, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (uint8_t)(sign | 0x7fu);                   /* NaN */
+    if (ax >= 0x47600000u) return (uint8_t)(sign | 0x7bu);                  /* >= 57344: saturate */
+    if (ax < 0x38800000u) {                                                 /* below 2^-14: subnormal */
+        float a; memcpy(&a, &ax, 4);
+        return (uint8_t)(sign | (uint32_t)nearbyintf(a * 65536.0f));       /* units of 2^-16 */
+    }
+    uint32_t r = ax - 0x38000000u;                                          /* exponent bias 127 -> 15 */
+    r += 0xfffffu + ((r >> 21) & 1u);
+    return (uint8_t)(sign | (r >> 21));
 }
 
 #if defined(__AVX512F__)

@@ -96,4 +96,15 @@ LL_INLINE ll_vi32 ll_dpbssd(ll_vi32 acc, ll_vi8 a, ll_vi8 b) {
 }
 LL_INLINE ll_vf32 ll_load_u8(const uint8_t *p) { ll_vf32 r; for (int i = 0; i < 16; i++) r.v[i] = (float)p[i]; return r; }
 LL_INLINE ll_vf32 ll_load_s8(const int8_t *p) { ll_vf32 r; for (int i = 0; i < 16; i++) r.v[i] = (float)p[i]; return r; }
+/* 16 fp8 values widened to float lanes. e5m2 is the top byte of an IEEE half; e4m3 (the "fn"
+ * variant: no infinities) placed as half bits sign << 8 | (bits & 0x7f) << 7 reads as its value
+ * times 2^-8, subnormals included: ll_load_e4m3 returns that, callers fold the 256 into a scale. */
+LL_INLINE ll_vf32 ll_load_e5m2(const uint8_t *p) {
+    ll_vf32 r; for (int i = 0; i < 16; i++) r.v[i] = ll_f16_to_f32((uint16_t)(p[i] << 8)); return r;
+}
+LL_INLINE ll_vf32 ll_load_e4m3(const uint8_t *p) {
+    ll_vf32 r;
+    for (int i = 0; i < 16; i++) r.v[i] = ll_f16_to_f32((uint16_t)(((p[i] & 0x80) << 8) | ((p[i] & 0x7f) << 7)));
+    return r;
+}
 #endif

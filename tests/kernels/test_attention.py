@@ -5,7 +5,12 @@ One call mixes what an engine step holds: a decode token deep in a long context,
 one-token sequence, and a prefill chunk in the middle of a sequence (attending to its cached
 context plus itself causally). Block tables are shuffled, non-contiguous block ids; every
 cache row a query must not see (beyond its sequence, unused table entries, a poison block)
-holds NaN, so any read out of bounds or past the causal limit shows up as NaN.
+holds NaN, so any read out of bounds or past the causal limit shows up as NaN (8-bit caches:
+random codes and a NaN scale).
+
+Every test runs on each KV cache format: float32, bfloat16 and the 8-bit ones (int8, fp8 e4m3,
+fp8 e5m2: codes and a scale per row), the 8-bit ones against the reference on the dequantized
+cache: the kernel decodes codes in registers, so only fp32 rounding separates the two.
 """
 from __future__ import annotations
 
@@ -21,23 +26,64 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import ref_ops  # noqa: E402
 from lite_llm import _kernels  # noqa: E402
+from lite_llm._kernels import layout  # noqa: E402
 from lite_llm._kernels.layout import kv_to_layout  # noqa: E402
 
 VARIANTS = _kernels.available()
 
 
+KV_DTYPES = ["float32", "bfloat16", "int8", "fp8_e4m3", "fp8_e5m2"]
+KV8 = ["int8", "fp8_e4m3", "fp8_e5m2"]
+
+
 @dataclass(frozen=True)
 class Step:
     q: np.ndarray             # [T, H, D]
-    k_cache: np.ndarray       # [num_blocks, Hkv, B, D] float32 or bf16 bits (logical; the kernel takes it transposed)
+    k_cache: np.ndarray       # [num_blocks, Hkv, B, D] float32, bf16 bits or 8-bit codes (logical)
     v_cache: np.ndarray
     block_tables: np.ndarray  # [S, max_blocks] int32
     tok_seq: np.ndarray       # [T] int32
     positions: np.ndarray     # [T] int32
+    kv_dtype: str = "float32"
+    k_scales: np.ndarray | None = None   # [num_blocks, Hkv, B] float32: 8-bit caches only
+    v_scales: np.ndarray | None = None
+
+    def values(self, which: str) -> np.ndarray:
+        """The logical cache as the reference reads it: bf16 bits as they are (the reference
+        rounds q like the kernel), 8-bit codes dequantized to float64."""
+        cache, scales = (self.k_cache, self.k_scales) if which == "k" else (self.v_cache, self.v_scales)
+        return cache if scales is None else ref_ops.dequantize_kv(cache, scales, self.kv_dtype)
+
+    def layout(self, which: str) -> np.ndarray:
+        cache, scales = (self.k_cache, self.k_scales) if which == "k" else (self.v_cache, self.v_scales)
+        return kv_to_layout(cache, which, scales)
+
+    def with_kv(self, k: np.ndarray, v: np.ndarray, kv_dtype: str) -> Step:
+        """The same queries over float32 logical caches k, v (NaN rows unwritten), stored as kv_dtype."""
+        k_cache, v_cache, _, k_scales, v_scales = _store(k, v, kv_dtype, np.random.default_rng(0))
+        return Step(self.q, k_cache, v_cache, self.block_tables, self.tok_seq, self.positions, kv_dtype,
+                    k_scales, v_scales)
+
+
+def _store(k: np.ndarray, v: np.ndarray, kv_dtype: str, rng: np.random.Generator) -> tuple:
+    """(k_cache, v_cache, kv_dtype, k_scales, v_scales) of float32 logical caches with NaN rows
+    unwritten: 8-bit rows quantized, unwritten ones random codes with a NaN scale."""
+    if kv_dtype == "float32":
+        return k, v, kv_dtype, None, None
+    if kv_dtype == "bfloat16":
+        return ref_ops.f32_to_bf16_bits(k), ref_ops.f32_to_bf16_bits(v), kv_dtype, None, None
+    out = []
+    for x in (k, v):
+        unwritten = np.isnan(x).any(axis=-1)
+        codes, scales = ref_ops.quantize_kv(np.nan_to_num(x), kv_dtype)
+        codes[unwritten] = rng.integers(0, 256, (int(unwritten.sum()), x.shape[-1])).astype(codes.dtype)
+        scales[unwritten] = np.nan
+        out.append((codes, scales))
+    return out[0][0], out[1][0], kv_dtype, out[0][1], out[1][1]
 
 
 def make_step(rng: np.random.Generator, *, num_heads: int, num_kv_heads: int, head_dim: int,
-              block_size: int, queries: list[tuple[int, int]], kv_bf16: bool) -> Step:
+              block_size: int, queries: list[tuple[int, int]], kv_dtype: str = "float32") -> Step:
     """queries: per sequence (first query position, number of query tokens); the sequence's
     cache holds positions 0 .. first + count - 1 (its own chunk already written, as the forward
     pass writes K/V before attending)."""
@@ -63,21 +109,20 @@ def make_step(rng: np.random.Generator, *, num_heads: int, num_kv_heads: int, he
     tok_seq = np.concatenate([np.full(count, seq, np.int32) for seq, (_, count) in enumerate(queries)])
     positions = np.concatenate([np.arange(first, first + count, dtype=np.int32) for first, count in queries])
     q = (rng.standard_normal((len(positions), num_heads, head_dim)) * 2).astype(np.float32)
-    if kv_bf16:
-        k, v = ref_ops.f32_to_bf16_bits(k), ref_ops.f32_to_bf16_bits(v)
-    return Step(q, k, v, block_tables, tok_seq, positions)
+    k_cache, v_cache, kv_dtype, k_scales, v_scales = _store(k, v, kv_dtype, rng)
+    return Step(q, k_cache, v_cache, block_tables, tok_seq, positions, kv_dtype, k_scales, v_scales)
 
 
 def run(mod, step: Step, scale: float, sliding_window: int = 0, num_threads: int = 1) -> np.ndarray:
     out = np.full(step.q.shape, np.nan, np.float32)
-    mod.paged_attention(step.q, kv_to_layout(step.k_cache, "k"), kv_to_layout(step.v_cache, "v"),
+    mod.paged_attention(step.q, step.layout("k"), step.layout("v"),
                         step.block_tables, step.tok_seq, step.positions, out, scale,
-                        sliding_window=sliding_window, num_threads=num_threads)
+                        sliding_window=sliding_window, num_threads=num_threads, kv_dtype=step.kv_dtype)
     return out
 
 
 def expected(step: Step, scale: float, sliding_window: int = 0) -> np.ndarray:
-    return ref_ops.paged_attention(step.q, step.k_cache, step.v_cache, step.block_tables,
+    return ref_ops.paged_attention(step.q, step.values("k"), step.values("v"), step.block_tables,
                                    step.tok_seq, step.positions, scale, sliding_window)
 
 
@@ -89,72 +134,80 @@ MIXED = [(36, 1), (0, 1), (50, 13)]
 # (rel. error ~2e-7). A bf16 cache is compared against its own decoded values and q * scale
 # rounded as the kernel rounds it; its probabilities are rounded to bf16 (rel. 2^-9 each)
 # before P @ V, which the reference cannot repeat: a looser bound.
+# 8-bit caches: the kernel's scores are (q . codes) x scale in fp32, the reference's q . (codes
+# x scale) in float64; codes reach 448 (e4m3) or 57344 (e5m2), so partial sums are larger
+# than the fp32 cache's, by the code range over the values' range: a little looser.
 TOL = dict(rtol=2e-5, atol=2e-5)
 TOL_BF16 = dict(rtol=5e-3, atol=5e-3)
+TOL_KV8 = dict(rtol=5e-5, atol=5e-5)
 
 
-def tol(kv_bf16: bool) -> dict:
-    return TOL_BF16 if kv_bf16 else TOL
+def tol(kv_dtype: str) -> dict:
+    return TOL_BF16 if kv_dtype == "bfloat16" else TOL_KV8 if kv_dtype in KV8 else TOL
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("num_heads,num_kv_heads", GEOMETRIES)
-@pytest.mark.parametrize("kv_bf16", [False, True])
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 @pytest.mark.parametrize("num_threads", [1, 2, 3])
-def test_mixed_step(variant, num_heads, num_kv_heads, kv_bf16, num_threads, rng):
+def test_mixed_step(variant, num_heads, num_kv_heads, kv_dtype, num_threads, rng):
     mod = _kernels.load(variant)
     head_dim = 32
     step = make_step(rng, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                     block_size=16, queries=MIXED, kv_bf16=kv_bf16)
+                     block_size=16, queries=MIXED, kv_dtype=kv_dtype)
     scale = head_dim ** -0.5
     np.testing.assert_allclose(run(mod, step, scale, num_threads=num_threads), expected(step, scale),
-                               **tol(kv_bf16))
+                               **tol(kv_dtype))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("block_size", [16, 32, 48])
 @pytest.mark.parametrize("head_dim", [16, 80])
-def test_block_sizes_and_head_dims(variant, block_size, head_dim, rng):
+@pytest.mark.parametrize("kv_dtype", ["float32", "int8", "fp8_e4m3"])
+def test_block_sizes_and_head_dims(variant, block_size, head_dim, kv_dtype, rng):
     """Odd block size (score tails, chunk boundaries inside blocks), blocks longer than the
-    16-lane exp loop, and head_dim 80 (5 vectors)."""
+    16-lane exp loop, and head_dim 80 (5 vectors; 8-bit regions of 84 x B bytes)."""
     mod = _kernels.load(variant)
     step = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=head_dim, block_size=block_size,
-                     queries=[(3, 9), (70, 1), (0, 4)], kv_bf16=False)
-    np.testing.assert_allclose(run(mod, step, 0.2, num_threads=2), expected(step, 0.2), **TOL)
+                     queries=[(3, 9), (70, 1), (0, 4)], kv_dtype=kv_dtype)
+    np.testing.assert_allclose(run(mod, step, 0.2, num_threads=2), expected(step, 0.2), **tol(kv_dtype))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("window", [1, 8, 17, 1000])
-@pytest.mark.parametrize("kv_bf16", [False, True])
-def test_sliding_window(variant, window, kv_bf16, rng):
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_sliding_window(variant, window, kv_dtype, rng):
     """Each query sees positions > its own - window: a window of 1 returns V at its own
     position; a window longer than the context changes nothing."""
     mod = _kernels.load(variant)
     step = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
-                     queries=MIXED, kv_bf16=kv_bf16)
+                     queries=MIXED, kv_dtype=kv_dtype)
     out = run(mod, step, 0.125, sliding_window=window, num_threads=3)
-    np.testing.assert_allclose(out, expected(step, 0.125, window), **tol(kv_bf16))
+    np.testing.assert_allclose(out, expected(step, 0.125, window), **tol(kv_dtype))
     if window == 1:
-        v = ref_ops.kv_values(step.v_cache)
+        v = ref_ops.kv_values(step.values("v"))
         for t, (seq, pos) in enumerate(zip(step.tok_seq, step.positions)):
             blk = step.block_tables[seq, pos // 16]
-            np.testing.assert_allclose(out[t], v[blk, np.arange(4) // 2, pos % 16], rtol=1e-6)
+            # atol: hidden keys get exp(-87.3) ~ 1e-38, not 0 (ll_exp clamps its input); where an
+            # int8 code 0 makes the expected value exactly 0, their share shows
+            np.testing.assert_allclose(out[t], v[blk, np.arange(4) // 2, pos % 16], rtol=1e-6, atol=1e-30)
     if window == 1000:
-        np.testing.assert_allclose(out, expected(step, 0.125), **tol(kv_bf16))
+        np.testing.assert_allclose(out, expected(step, 0.125), **tol(kv_dtype))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_chunk_is_causal_and_independent_of_later_cache_rows(variant, rng):
+@pytest.mark.parametrize("kv_dtype", ["float32", "int8", "fp8_e5m2"])
+def test_chunk_is_causal_and_independent_of_later_cache_rows(variant, kv_dtype, rng):
     """A prefill chunk's query at position p must not change when K/V after p change."""
     mod = _kernels.load(variant)
     step = make_step(rng, num_heads=2, num_kv_heads=1, head_dim=16, block_size=16,
-                     queries=[(26, 6)], kv_bf16=False)
-    before = run(mod, step, 0.25)
-    k, v = step.k_cache.copy(), step.v_cache.copy()
+                     queries=[(26, 6)])
+    k, v = step.k_cache.copy(), step.v_cache.copy()                # float32, NaN where unwritten
+    before = run(mod, step.with_kv(k, v, kv_dtype), 0.25)
     last_blk, row = step.block_tables[0, 31 // 16], 31 % 16        # position 31, the chunk's last
     k[last_blk, :, row] += 10.0
     v[last_blk, :, row] -= 10.0
-    after = run(mod, Step(step.q, k, v, step.block_tables, step.tok_seq, step.positions), 0.25)
+    after = run(mod, step.with_kv(k, v, kv_dtype), 0.25)
     np.testing.assert_array_equal(after[:-1], before[:-1])
     assert not np.allclose(after[-1], before[-1])
 
@@ -164,7 +217,7 @@ def test_large_scores_do_not_overflow(variant, rng):
     """Online softmax rescaling: scores in the hundreds (exp would overflow without the max)."""
     mod = _kernels.load(variant)
     step = make_step(rng, num_heads=2, num_kv_heads=2, head_dim=32, block_size=16,
-                     queries=[(20, 3)], kv_bf16=False)
+                     queries=[(20, 3)])
     q = step.q * 30
     step = Step(q, step.k_cache, step.v_cache, step.block_tables, step.tok_seq, step.positions)
     out = run(mod, step, 1.0)
@@ -173,57 +226,62 @@ def test_large_scores_do_not_overflow(variant, rng):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("kv_bf16", [False, True])
-def test_variants_agree(variant, kv_bf16, rng):
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_variants_agree(variant, kv_dtype, rng):
     """Same step on this variant and on the generic build: summation order differs, and with
     a bf16 cache a probability may round to a neighbouring bf16 value."""
     generic = _kernels.load("generic")
     step = make_step(rng, num_heads=8, num_kv_heads=2, head_dim=64, block_size=16,
-                     queries=MIXED, kv_bf16=kv_bf16)
+                     queries=MIXED, kv_dtype=kv_dtype)
     np.testing.assert_allclose(run(_kernels.load(variant), step, 0.125, num_threads=2),
-                               run(generic, step, 0.125), **tol(kv_bf16))
+                               run(generic, step, 0.125), **tol(kv_dtype))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("kv_bf16", [False, True])
-def test_write_kv_then_attend(variant, kv_bf16, rng):
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_write_kv_then_attend(variant, kv_dtype, rng):
     """The forward pass's order: write a chunk's K/V through write_kv into a shuffled paged
-    cache (NaN everywhere else), then attend; equals attention over the contiguous rows."""
+    cache (NaN everywhere else), then attend; equals attention over the contiguous rows (as
+    stored: rounded to bf16, or quantized and dequantized by the 8-bit spec)."""
     mod = _kernels.load(variant)
     num_kv_heads, head_dim, block_size, n = 2, 16, 16, 41
     table = np.array([[5, 1, 3, 0]], np.int32)
     keys = rng.standard_normal((n, num_kv_heads, head_dim), dtype=np.float32)
     vals = rng.standard_normal((n, num_kv_heads, head_dim), dtype=np.float32)
-    logical = np.full((6, num_kv_heads, block_size, head_dim), np.nan, np.float32)
-    if kv_bf16:
-        logical = ref_ops.f32_to_bf16_bits(logical)
+    nan = np.full((6, num_kv_heads, block_size, head_dim), np.nan, np.float32)
+    _, _, _, k_scales, v_scales = _store(nan, nan, kv_dtype, rng)
+    if kv_dtype == "bfloat16":
+        logical = ref_ops.f32_to_bf16_bits(nan)
         keys_seen, vals_seen = (ref_ops.bf16_bits_to_f32(ref_ops.f32_to_bf16_bits(x)) for x in (keys, vals))
+    elif kv_dtype in KV8:
+        logical = rng.integers(0, 256, nan.shape).astype(layout.KV_NUMPY[kv_dtype])
+        keys_seen, vals_seen = (ref_ops.dequantize_kv(*ref_ops.quantize_kv(x, kv_dtype), kv_dtype) for x in (keys, vals))
     else:
-        keys_seen, vals_seen = keys, vals
-    k_cache, v_cache = kv_to_layout(logical, "k"), kv_to_layout(logical, "v")
+        logical, keys_seen, vals_seen = nan, keys, vals
+    k_cache, v_cache = kv_to_layout(logical, "k", k_scales), kv_to_layout(logical, "v", v_scales)
     pos = np.arange(n)
     slots = (table[0, pos // block_size] * block_size + pos % block_size).astype(np.int64)
-    mod.write_kv(keys, k_cache, slots, "k")
-    mod.write_kv(vals, v_cache, slots, "v")
+    mod.write_kv(keys, k_cache, slots, "k", kv_dtype=kv_dtype)
+    mod.write_kv(vals, v_cache, slots, "v", kv_dtype=kv_dtype)
     q = rng.standard_normal((n, 4, head_dim), dtype=np.float32)
     out = np.empty_like(q)
     mod.paged_attention(q, k_cache, v_cache, table, np.zeros(n, np.int32), pos.astype(np.int32), out, 0.25,
-                        num_threads=2)
+                        num_threads=2, kv_dtype=kv_dtype)
     for t in range(n):
         for h in range(4):
             qs = q[t, h] * np.float32(0.25)
-            if kv_bf16:
+            if kv_dtype == "bfloat16":
                 qs = ref_ops.bf16_bits_to_f32(ref_ops.f32_to_bf16_bits(qs))
             s = keys_seen[:t + 1, h // 2].astype(np.float64) @ qs
             p = np.exp(s - s.max())
-            np.testing.assert_allclose(out[t, h], p @ vals_seen[:t + 1, h // 2] / p.sum(), **tol(kv_bf16))
+            np.testing.assert_allclose(out[t, h], p @ vals_seen[:t + 1, h // 2] / p.sum(), **tol(kv_dtype))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_rejects_bad_geometry(variant, rng):
     mod = _kernels.load(variant)
     step = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=16, block_size=16,
-                     queries=[(0, 3)], kv_bf16=False)
+                     queries=[(0, 3)])
     out = np.empty_like(step.q)
     k, v = kv_to_layout(step.k_cache, "k"), step.v_cache
     with pytest.raises(ValueError):      # head_dim not a multiple of 16
@@ -235,26 +293,54 @@ def test_rejects_bad_geometry(variant, rng):
     with pytest.raises(ValueError):      # a position beyond the block table
         mod.paged_attention(step.q, k, v, step.block_tables, step.tok_seq,
                             np.array([0, 1, 16 * step.block_tables.shape[1]], np.int32), out, 1.0)
-    wide = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, queries=[(0, 3)], kv_bf16=False)
+    wide = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, queries=[(0, 3)])
     with pytest.raises(ValueError):      # K given in V's layout
         mod.paged_attention(wide.q, wide.v_cache, wide.v_cache, wide.block_tables, wide.tok_seq,
                             wide.positions, np.empty_like(wide.q), 1.0)
-    small = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=16, block_size=8, queries=[(0, 3)], kv_bf16=False)
+    small = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=16, block_size=8, queries=[(0, 3)])
     with pytest.raises(ValueError):      # block_size not a multiple of 16
         mod.paged_attention(small.q, kv_to_layout(small.k_cache, "k"), small.v_cache, small.block_tables, small.tok_seq,
                             small.positions, np.empty_like(small.q), 1.0)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("kv_bf16", [False, True])
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 @pytest.mark.parametrize("window", [0, 16, 100])
 @pytest.mark.parametrize("num_threads", [2, 3])
-def test_decode_split_over_keys(variant, kv_bf16, window, num_threads, rng):
+def test_decode_split_over_keys(variant, kv_dtype, window, num_threads, rng):
     """Few decode tokens over long contexts: each (token, KV head) is split into key ranges on
     several threads and merged (ll_attention_combine); equals one pass. Splits of 700 keys
     start mid-block; a window of 16 leaves two chunks for three splits: one sees no key."""
     mod = _kernels.load(variant)
     step = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
-                     queries=[(700, 1), (90, 1)], kv_bf16=kv_bf16)
+                     queries=[(700, 1), (90, 1)], kv_dtype=kv_dtype)
     np.testing.assert_allclose(run(mod, step, 0.125, sliding_window=window, num_threads=num_threads),
-                               expected(step, 0.125, window), **tol(kv_bf16))
+                               expected(step, 0.125, window), **tol(kv_dtype))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("kv_dtype", KV8)
+def test_prefill_chunk_across_spans(variant, kv_dtype, rng):
+    """8-bit caches: a prefill chunk whose keys cross the 256-key span boundary (two spans, an
+    edge chunk at each end of the window), beside a first chunk of another sequence."""
+    mod = _kernels.load(variant)
+    step = make_step(rng, num_heads=6, num_kv_heads=2, head_dim=48, block_size=32,
+                     queries=[(250, 19), (0, 20)], kv_dtype=kv_dtype)
+    for window in (0, 40):
+        np.testing.assert_allclose(run(mod, step, 0.15, sliding_window=window, num_threads=3),
+                                   expected(step, 0.15, window), **tol(kv_dtype))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fp8_cache_needs_its_format_named(variant, rng):
+    """A uint8 cache is e4m3 or e5m2: the array cannot say which, so the call must."""
+    mod = _kernels.load(variant)
+    step = make_step(rng, num_heads=2, num_kv_heads=1, head_dim=16, block_size=16, queries=[(0, 3)],
+                     kv_dtype="fp8_e4m3")
+    out = np.empty_like(step.q)
+    with pytest.raises(ValueError, match="fp8_e4m3, fp8_e5m2"):
+        mod.paged_attention(step.q, step.layout("k"), step.layout("v"), step.block_tables, step.tok_seq,
+                            step.positions, out, 1.0)
+    with pytest.raises(ValueError, match="int8"):      # the name must match the array's dtype
+        mod.paged_attention(step.q, step.layout("k"), step.layout("v"), step.block_tables, step.tok_seq,
+                            step.positions, out, 1.0, kv_dtype="int8")

@@ -180,6 +180,75 @@ def test_write_kv(variant, cache_dtype, which, rng):
         mod.write_kv(src[:1], cache, slots[:1], "q")
 
 
+KV8 = ["int8", "fp8_e4m3", "fp8_e5m2"]
+
+
+@pytest.mark.parametrize("kv_dtype", KV8)
+def test_kv8_layouts_round_trip(kv_dtype, rng):
+    """8-bit caches: codes and scales in, the same codes and scales out, in the shapes
+    kv_cache_shapes gives; a region is (D + 4) B bytes, the scales after the codes."""
+    codes = rng.integers(0, 256, (3, 2, 16, 32)).astype(layout.KV_NUMPY[kv_dtype])
+    scales = rng.random((3, 2, 16), dtype=np.float32)
+    k_shape, v_shape = layout.kv_cache_shapes(3, 2, 16, 32, kv_dtype)
+    assert layout.kv_region_bytes(kv_dtype, 16, 32) == 36 * 16
+    for which, shape in (("k", k_shape), ("v", v_shape)):
+        cache = layout.kv_to_layout(codes, which, scales)
+        assert cache.shape == shape and cache.dtype == codes.dtype
+        assert layout.kv_geometry(cache, which) == (3, 2, 16, 32)
+        got_codes, got_scales = layout.kv_from_layout(cache, which)
+        np.testing.assert_array_equal(got_codes, codes)
+        np.testing.assert_array_equal(got_scales, scales)
+        flat = cache.reshape(3, 2, -1)
+        np.testing.assert_array_equal(flat[1, 0, 32 * 16:].view(np.float32), scales[1, 0])
+    np.testing.assert_array_equal(layout.kv_to_layout(codes, "k", scales).reshape(3, 2, -1)[2, 1, :32 * 16],
+                                  codes[2, 1].T.ravel())          # K codes transposed: [D][B]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("kv_dtype", KV8)
+@pytest.mark.parametrize("which", ["k", "v"])
+def test_write_kv_8bit(variant, kv_dtype, which, rng):
+    """8-bit caches: each written (token, kv head) row gets exactly the codes and scale of
+    ref_ops.quantize_kv (round to nearest even, ties included; saturation; a zero row);
+    rows not written keep their bytes."""
+    mod = _kernels.load(variant)
+    num_blocks, num_kv_heads, block_size, head_dim = 6, 3, 6, 32
+    codes = rng.integers(0, 256, (num_blocks, num_kv_heads, block_size, head_dim)).astype(layout.KV_NUMPY[kv_dtype])
+    scales = rng.random((num_blocks, num_kv_heads, block_size), dtype=np.float32)
+    slots = np.array([0, 5, 6, 35, 17, 11, 12], np.int64)
+    src = (rng.standard_normal((len(slots), num_kv_heads, head_dim)) *
+           10.0 ** rng.uniform(-4, 4, (len(slots), num_kv_heads, 1))).astype(np.float32)
+    top = np.float32(ref_ops.KV8_MAX[kv_dtype])
+    # a row whose scale is exactly 1: its values are the codes' own, so ties are real ties
+    ties = {"int8": [2.5, -2.5, 3.5, 0.5, 126.5, -126.49],
+            "fp8_e4m3": [1.0625, 1.1875, -2 ** -10, 3 * 2 ** -11, 2 ** -6 * 0.999, 440.0],
+            "fp8_e5m2": [1.125, 1.375, -2 ** -17, 3 * 2 ** -18, 2 ** -14 * 0.999, 53248.0]}[kv_dtype]
+    src[1, 1] = 0.0
+    src[1, 1, :len(ties)] = ties
+    src[1, 1, -1] = top
+    src[2, 0] = 0.0                                              # a zero row: scale 0, codes 0
+    exp_codes, exp_scales = ref_ops.write_kv8(codes, scales, src, slots, kv_dtype)
+    cache = layout.kv_to_layout(codes, which, scales)
+    mod.write_kv(src, cache, slots, which, kv_dtype=kv_dtype)
+    got_codes, got_scales = layout.kv_from_layout(cache, which)
+    np.testing.assert_array_equal(got_scales, exp_scales)
+    np.testing.assert_array_equal(got_codes, exp_codes)
+    assert exp_scales[slots[1] // block_size, 1, slots[1] % block_size] == 1.0
+    assert exp_scales[slots[2] // block_size, 0, slots[2] % block_size] == 0.0
+    # round trip: every value back within half a code step of its row's scale
+    deq = ref_ops.dequantize_kv(got_codes, got_scales, kv_dtype)
+    for tok, slot in enumerate(slots):
+        row = deq[slot // block_size, :, slot % block_size]
+        x = src[tok].astype(np.float64)
+        scale = got_scales[slot // block_size, :, slot % block_size, None].astype(np.float64)
+        if kv_dtype == "int8":
+            bound = 0.5 * scale * (1 + 1e-6)
+        else:
+            mant = 3 if kv_dtype == "fp8_e4m3" else 2
+            bound = np.abs(x) * 2.0 ** -(mant + 1) + scale * 2.0 ** (-(ref_ops.FP8[kv_dtype][1] - 1) - mant - 1)
+        assert (np.abs(row - x) <= bound * (1 + 1e-6)).all(), (tok, np.abs(row - x).max())
+
+
 
 
 @pytest.mark.parametrize("shape", [(3, 5), (64, 3, 64, 128)])   # below and above the own-mapping size
