@@ -63,7 +63,7 @@ def test_400_bad_json(served, raw):
     ({"prompt": "a", "tools": [{"type": "function"}]}, "tools"),
     ({"prompt": "a", "response_format": {"type": "json_object"}}, "response_format"),
     ({"prompt": "a", "suffix": "end"}, "suffix"),
-    ({"prompt": "a", "logit_bias": {"5": 10}}, "logit_bias"),
+    ({"prompt": "a", "logit_bias": {"5": 1000}}, "logit_bias"),
     ({"prompt": "a", "best_of": 3}, "best_of"),
     ({"prompt": "a", "frobnicate": 1}, "frobnicate"),
     ({"prompt": "a", "max_tokens": 100000}, "max_tokens"),
