@@ -724,6 +724,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._tokens = (num_prompt, 0)
         offsets: dict[int, int] = {}
         splitters: dict[int, openai.ReasoningSplitter] = {}
+        tool_parsers: dict[int, openai.HermesToolParser] = {}
         aborted = False
         try:
             for k, out in self._deltas(prep, submitted):
@@ -734,14 +735,20 @@ class _Handler(BaseHTTPRequestHandler):
                     num_tokens += len(o.token_ids)
                     self._tokens = (num_prompt, num_tokens)
                     lps, offsets[index] = openai.format_logprobs(prep, tok, o, offsets.get(index, 0))
-                    text, reasoning = o.text, ""
+                    text, reasoning, calls = o.text, "", None
+                    final = o.finish_reason is not None
+                    finish = openai.wire_finish_reason(o.finish_reason)
                     if prep.reasoning_parser:
                         splitter = splitters.setdefault(index, openai.ReasoningSplitter(prep.reasoning_parser))
-                        reasoning, text = splitter.feed(o.text, final=o.finish_reason is not None)
-                    finish = openai.wire_finish_reason(o.finish_reason)
-                    if text or reasoning or lps is not None or finish is not None:
+                        reasoning, text = splitter.feed(o.text, final=final)
+                    if prep.tool_parser:
+                        parser = tool_parsers.setdefault(index, openai.HermesToolParser())
+                        text, calls = parser.feed(text, final=final)
+                        finish = openai.tool_finish_reason(finish, parser.num_calls)
+                    if text or reasoning or calls or lps is not None or finish is not None:
                         self._write_chunk(openai.sse(openai.chunk(prep, [openai.chunk_choice(
-                            prep, index, text, lps, finish, o.stop_reason, reasoning=reasoning)])))
+                            prep, index, text, lps, finish, o.stop_reason, reasoning=reasoning,
+                            tool_calls=calls)])))
                     if o.finish_reason == "abort":
                         aborted = True
             if aborted:
@@ -947,7 +954,7 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                   retry_after: int = 1, header_timeout: float = 10.0, body_timeout: float = 30.0,
                   max_connections: int = MAX_CONNECTIONS, metrics_no_auth: bool = False,
                   log_requests: bool = True, max_tokenizing: int | None = None,
-                  reasoning_parser: str | None = None) -> LiteServer:
+                  reasoning_parser: str | None = None, tool_call_parser: str | None = None) -> LiteServer:
     """A bound (not yet serving) server for `engine`; `.start()` or `.serve_forever()` it.
 
     generation_config is the model's generation_config.json dict (empty for
@@ -972,7 +979,7 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                          max_token_bytes=max_token_bytes(tokenizer),
                          tokenize_slots=TokenizeSlots(max_tokenizing or max(1, (os.cpu_count() or 2) // 2),
                                                       retry_after),
-                         reasoning_parser=reasoning_parser,
+                         reasoning_parser=reasoning_parser, tool_parser=tool_call_parser,
                          system_fingerprint=system_fingerprint(info))
     state = ServerState(engine, ctx, ServerMetrics(names[0], info), api_key, info, max_body_bytes,
                         model_root, retry_after)
@@ -1025,6 +1032,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--disable-log-requests", action="store_true",
       help="no access log line (method, route, status, tokens, ms) per request")
     a("--metrics-no-auth", action="store_true", help="serve /metrics without the API key")
+    a("--tool-call-parser", default=None, choices=["hermes"],
+      help="how the model writes tool calls (hermes: <tool_call>{json}</tool_call>, as Qwen2.5/Qwen3); "
+           "default: chosen from the chat template where unambiguous")
     a("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
       help="split <think>...</think> from the answer into reasoning_content (deepseek_r1: the "
            "output starts inside the thinking; qwen3: only when it opens with <think>)")
@@ -1071,7 +1081,8 @@ def run(args: argparse.Namespace) -> int:
         request_timeout=args.timeout_keep_alive, model_root=info.get("model_path"),
         header_timeout=args.header_timeout, body_timeout=args.body_timeout,
         max_connections=args.max_connections, metrics_no_auth=args.metrics_no_auth,
-        log_requests=not args.disable_log_requests, reasoning_parser=args.reasoning_parser)
+        log_requests=not args.disable_log_requests, reasoning_parser=args.reasoning_parser,
+        tool_call_parser=args.tool_call_parser)
     logger.info("lite-llm %s serving %s on %s (ready in %.1f s)", __version__, names[0], server.url,
                 time.perf_counter() - t0)
     logger.info("model %s, max_model_len %s, dtype %s", info.get("model_path") or model,

@@ -29,7 +29,7 @@ _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 _LOGPROB_FLOOR = -9999.0    # JSON has no -inf; vLLM clamps the same way
 
 # Fields accepted only while they say "not used" (null, false, empty): anything else is a 400.
-_UNSUPPORTED = {"tools", "tool_choice", "functions", "function_call", "response_format",
+_UNSUPPORTED = {"functions", "function_call", "response_format",
                 "suffix", "best_of", "prompt_logprobs", "guided_json",
                 "guided_regex", "guided_choice", "guided_grammar",
                 "audio", "modalities", "prediction", "reasoning_effort", "web_search_options",
@@ -49,11 +49,17 @@ _SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "min
 COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "logprobs", "echo", "add_special_tokens"}
 CHAT_FIELDS = _SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
                                   "add_generation_prompt", "chat_template", "add_special_tokens",
-                                  "chat_template_kwargs"}
+                                  "chat_template_kwargs", "tools", "tool_choice"}
 # Names a chat template receives from the server itself: chat_template_kwargs cannot set them.
 _TEMPLATE_RESERVED = {"messages", "tools", "documents", "add_generation_prompt", "chat_template",
                       "bos_token", "eos_token", "pad_token", "unk_token"}
-_ROLES = {"system", "user", "assistant", "developer"}
+_ROLES = {"system", "user", "assistant", "developer", "tool"}
+_MESSAGE_KEYS = {"system": {"role", "content", "name"}, "developer": {"role", "content", "name"},
+                 "user": {"role", "content", "name"},
+                 "assistant": {"role", "content", "name", "tool_calls", "reasoning_content"},
+                 "tool": {"role", "content", "tool_call_id", "name"}}
+MAX_TOOLS = 128
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
 class ApiError(Exception):
@@ -233,6 +239,7 @@ class ServingContext:
     max_token_bytes: int | None = None    # bytes of text one token can stand for (None: unbounded)
     tokenize_slots: Any = None            # TokenizeSlots, or None for no cap
     reasoning_parser: str | None = None   # --reasoning-parser: "deepseek_r1" | "qwen3" | None
+    tool_parser: str | None = None        # --tool-call-parser: "hermes" | None
     system_fingerprint: str | None = None
 
     def check_model(self, body: dict) -> str:
@@ -267,6 +274,7 @@ class PreparedRequest:
     echo: bool = False
     logprobs: int | None = None       # top logprobs asked per token; None = no logprobs in the answer
     reasoning_parser: str | None = None   # chat only: split <think>...</think> into reasoning_content
+    tool_parser: str | None = None        # chat with tools: parse <tool_call> blocks into tool_calls
     system_fingerprint: str | None = None
 
     def engine_request_id(self, prompt_index: int) -> str:
@@ -517,6 +525,15 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
     if template is not None and not isinstance(template, str):
         raise bad("'chat_template' must be a string", "chat_template")
     template_kwargs = _template_kwargs(body)
+    tools, tool_choice = _tools(body)
+    tool_parser = None
+    if tools and tool_choice != "none":
+        tool_parser = ctx.tool_parser or tool_parser_for(template or ctx.chat_template
+                                                         or getattr(ctx.tokenizer, "chat_template", None))
+        if tool_parser is None:
+            raise bad("'tools' need a tool call parser: start the server with --tool-call-parser "
+                      "(this model's chat template shows no known tool call format)", "tools")
+        template_kwargs = {**template_kwargs, "tools": tools}
     text = render_chat(ctx, messages, add_generation_prompt, template, template_kwargs)
     # The template already places BOS and friends: no second BOS (vLLM's default for chat).
     ids = _encode(ctx, text, add_special_tokens=get_bool(body, "add_special_tokens", False),
@@ -536,7 +553,74 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
     return PreparedRequest("chat", _new_id("chatcmpl", body), int(time.time()), model,
                            [Prompt(text, list(ids))], params, stream, include_usage,
                            logprobs=logprobs, reasoning_parser=ctx.reasoning_parser,
-                           system_fingerprint=ctx.system_fingerprint)
+                           tool_parser=tool_parser, system_fingerprint=ctx.system_fingerprint)
+
+
+def _tools(body: dict) -> tuple[list[dict] | None, str]:
+    """tools (OpenAI function tools) and tool_choice ("auto" | "none"; "required" and a named
+    function need constrained decoding, which this server does not do yet)."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if tools is None or tools == []:
+        if choice is not None:
+            raise bad("'tool_choice' is only allowed when 'tools' are given", "tool_choice")
+        return None, "none"
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise bad(f"'tools' must be a list of at most {MAX_TOOLS} tools", "tools")
+    out = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict) \
+                or set(t) - {"type", "function"} or set(fn) - {"name", "description", "parameters", "strict"}:
+            raise bad(f"'tools[{i}]' must be {{\"type\": \"function\", \"function\": {{\"name\", "
+                      f"\"description\", \"parameters\"}}}}", f"tools[{i}]")
+        if not isinstance(fn.get("name"), str) or not _TOOL_NAME.fullmatch(fn["name"]):
+            raise bad(f"'tools[{i}].function.name' must be 1 to 64 letters, digits, _ . or -",
+                      f"tools[{i}].function.name")
+        if fn.get("description") is not None and not isinstance(fn["description"], str):
+            raise bad(f"'tools[{i}].function.description' must be a string", f"tools[{i}].function.description")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise bad(f"'tools[{i}].function.parameters' must be a JSON schema object",
+                      f"tools[{i}].function.parameters")
+        out.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
+    if choice is None:
+        choice = "auto"
+    if choice not in ("auto", "none"):
+        if choice == "required" or isinstance(choice, dict):
+            raise bad("'tool_choice' \"required\" or a named function is not supported yet (it needs "
+                      "constrained decoding); use \"auto\" or \"none\"", "tool_choice")
+        raise bad("'tool_choice' must be \"auto\" or \"none\"", "tool_choice")
+    return out, choice
+
+
+def tool_parser_for(template: str | None) -> str | None:
+    """The tool call format a chat template teaches its model, where unambiguous."""
+    if template and "<tool_call>" in template:
+        return "hermes"          # Hermes, Qwen2.5, Qwen3: <tool_call>{"name", "arguments"}</tool_call>
+    return None
+
+
+def _tool_calls_in(where: str, calls: Any) -> list[dict]:
+    """An assistant message's tool_calls, arguments as objects (what chat templates expect)."""
+    if not isinstance(calls, list) or not calls:
+        raise bad(f"'{where}.tool_calls' must be a non-empty list", f"{where}.tool_calls")
+    out = []
+    for j, c in enumerate(calls):
+        p = f"{where}.tool_calls[{j}]"
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                or not isinstance(fn.get("arguments"), (str, dict)):
+            raise bad(f"'{p}' must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
+                      f"\"arguments\"}}}}", p)
+        args = fn["arguments"]
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                raise bad(f"'{p}.function.arguments' is not valid JSON", f"{p}.function.arguments") from None
+        out.append({"id": c.get("id"), "type": "function",
+                    "function": {"name": fn["name"], "arguments": args}})
+    return out
 
 
 def parse_messages(messages: Any) -> list[dict]:
@@ -550,12 +634,13 @@ def parse_messages(messages: Any) -> list[dict]:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise bad(f"'{where}' must be an object", where)
-        for key in m:
-            if key not in ("role", "content", "name"):
-                raise bad(f"'{where}.{_show(key)[1:-1]}' is not supported", f"{where}.{key}"[:80])
         role = m.get("role")
         if role not in _ROLES:
-            raise bad(f"'{where}.role' must be one of system, user, assistant", f"{where}.role")
+            raise bad(f"'{where}.role' must be one of system, developer, user, assistant, tool",
+                      f"{where}.role")
+        for key in m:
+            if key not in _MESSAGE_KEYS[role]:
+                raise bad(f"'{where}.{_show(key)[1:-1]}' is not supported", f"{where}.{key}"[:80])
         content = m.get("content")
         if content is None and role == "assistant":
             content = ""
@@ -579,6 +664,17 @@ def parse_messages(messages: Any) -> list[dict]:
         msg = {"role": "system" if role == "developer" else role, "content": content}
         if name is not None:
             msg["name"] = name
+        if m.get("tool_calls") is not None:
+            msg["tool_calls"] = _tool_calls_in(where, m["tool_calls"])
+        if role == "tool":
+            if not isinstance(m.get("tool_call_id", ""), str):
+                raise bad(f"'{where}.tool_call_id' must be a string", f"{where}.tool_call_id")
+            if "tool_call_id" in m:
+                msg["tool_call_id"] = m["tool_call_id"]
+        if m.get("reasoning_content") is not None:
+            if not isinstance(m["reasoning_content"], str):
+                raise bad(f"'{where}.reasoning_content' must be a string", f"{where}.reasoning_content")
+            msg["reasoning_content"] = m["reasoning_content"]
         out.append(msg)
     return out
 
@@ -656,6 +752,74 @@ def _partial_suffix(text: str, tag: str) -> int:
         if tag.startswith(text[-k:]):
             return k
     return 0
+
+
+class HermesToolParser:
+    """<tool_call>{"name": ..., "arguments": {...}}</tool_call> blocks (Hermes, Qwen2.5, Qwen3)
+    -> OpenAI tool calls, delta by delta: text outside the blocks is content (whitespace between
+    calls dropped), a tag split across deltas is held back, a block that is not a JSON call stays
+    content as it was written."""
+    START, END = "<tool_call>", "</tool_call>"
+
+    def __init__(self) -> None:
+        self.buf = ""
+        self.inside = False
+        self.num_calls = 0
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
+        self.buf += text
+        content, calls = "", []
+
+        def say(piece: str) -> None:
+            nonlocal content
+            if piece.strip() or not (self.num_calls or calls):    # whitespace between calls: dropped
+                content += piece
+
+        while True:
+            if not self.inside:
+                at = self.buf.find(self.START)
+                if at >= 0:
+                    say(self.buf[:at])
+                    self.buf, self.inside = self.buf[at + len(self.START):], True
+                    continue
+                keep = 0 if final else _partial_suffix(self.buf, self.START)
+                say(self.buf[:len(self.buf) - keep])
+                self.buf = self.buf[len(self.buf) - keep:]
+                break
+            end = self.buf.find(self.END)
+            if end < 0 and not final:
+                break
+            block = self.buf if end < 0 else self.buf[:end]
+            self.buf = "" if end < 0 else self.buf[end + len(self.END):]
+            self.inside = False
+            call = _parse_tool_call(block)
+            if call is None:
+                say(self.START + block + ("" if end < 0 else self.END))
+            else:
+                call["index"] = self.num_calls + len(calls)
+                calls.append(call)
+            if end < 0:
+                break
+        self.num_calls += len(calls)
+        return content, calls
+
+
+def _parse_tool_call(block: str) -> dict | None:
+    try:
+        value = json.loads(block.strip())
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    args = value.get("arguments", value.get("parameters", {}))
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": value["name"],
+                         "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}}
+
+
+def tool_finish_reason(reason: str | None, num_calls: int) -> str | None:
+    """"tool_calls" when the model stopped after calling tools."""
+    return "tool_calls" if num_calls and reason == "stop" else reason
 
 
 def wire_finish_reason(reason: str | None) -> str | None:
@@ -778,12 +942,21 @@ def final_response(prep: PreparedRequest, choices: dict[int, Choice]) -> dict:
         text = "".join(c.text)
         lps = merge_logprobs(prep.kind, c.logprobs) if prep.logprobs is not None else None
         if prep.kind == "chat":
-            message = {"role": "assistant", "content": text}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            finish = c.finish_reason
             if prep.reasoning_parser:
-                reasoning, content = ReasoningSplitter(prep.reasoning_parser).feed(text, final=True)
-                message = {"role": "assistant", "content": content, "reasoning_content": reasoning or None}
+                reasoning, text = ReasoningSplitter(prep.reasoning_parser).feed(text, final=True)
+                message = {"role": "assistant", "content": text, "reasoning_content": reasoning or None}
+            if prep.tool_parser:
+                content, calls = HermesToolParser().feed(text, final=True)
+                for call in calls:
+                    del call["index"]
+                message["content"] = content.strip() or None if calls else content
+                if calls:
+                    message["tool_calls"] = calls
+                finish = tool_finish_reason(finish, len(calls))
             items.append({"index": index, "message": message,
-                          "logprobs": lps, "finish_reason": c.finish_reason,
+                          "logprobs": lps, "finish_reason": finish,
                           "stop_reason": c.stop_reason})
         else:
             if prep.echo:
@@ -812,11 +985,13 @@ def chunk(prep: PreparedRequest, choices: list[dict], usage_value: dict | None =
 
 def chunk_choice(prep: PreparedRequest, index: int, text: str, logprobs: Any,
                  finish_reason: str | None, stop_reason: Any = None, role: bool = False,
-                 reasoning: str = "") -> dict:
+                 reasoning: str = "", tool_calls: list[dict] | None = None) -> dict:
     if prep.kind == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": text} if role else {"content": text}
-        if reasoning:
-            delta = {"reasoning_content": reasoning, **({"content": text} if text else {})}
+        if reasoning or tool_calls:
+            delta = {**({"reasoning_content": reasoning} if reasoning else {}),
+                     **({"content": text} if text else {}),
+                     **({"tool_calls": tool_calls} if tool_calls else {})}
         elif finish_reason is not None and not text and not role:
             delta = {}
         return {"index": index, "delta": delta, "logprobs": logprobs,
@@ -839,7 +1014,7 @@ def dumps(value: Any) -> bytes:
 
 def tokenize(body: dict, ctx: ServingContext) -> dict:
     check_fields(body, {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
-                        "return_token_strs", "chat_template", "chat_template_kwargs"})
+                        "return_token_strs", "chat_template", "chat_template_kwargs", "tools"})
     ctx.check_model(body)
     if ("prompt" in body) == ("messages" in body):
         raise bad("give exactly one of 'prompt' or 'messages'", "prompt")
@@ -847,8 +1022,10 @@ def tokenize(body: dict, ctx: ServingContext) -> dict:
         template = body.get("chat_template")
         if template is not None and not isinstance(template, str):
             raise bad("'chat_template' must be a string", "chat_template")
+        tools, _ = _tools({"tools": body.get("tools")})
+        kwargs = {**_template_kwargs(body), **({"tools": tools} if tools else {})}
         text = render_chat(ctx, parse_messages(body["messages"]),
-                           get_bool(body, "add_generation_prompt", True), template, _template_kwargs(body))
+                           get_bool(body, "add_generation_prompt", True), template, kwargs)
         ids = _encode(ctx, text, add_special_tokens=get_bool(body, "add_special_tokens", False))
     else:
         if not isinstance(body["prompt"], str):

@@ -54,16 +54,30 @@ _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type"],
     "properties": {"message": _STR, "type": _STR, "param": _NULLABLE_STR,
                    "code": {"type": ["string", "integer", "null"]}}}}}
+_TOOL_CALL = {"type": "object", "required": ["function"], "properties": {
+    "id": _STR, "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name", "arguments"], "properties": {
+        "name": _STR, "arguments": {"oneOf": [_STR, {"type": "object"}],
+                                    "description": "JSON text (or an object) of the arguments"}}}}}
 _MESSAGE = {"type": "object", "required": ["role"], "properties": {
-    "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
+    "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
     "content": {"oneOf": [_STR, {"type": "null"}, {"type": "array", "items": {
         "type": "object", "required": ["type", "text"],
         "properties": {"type": {"type": "string", "enum": ["text"]}, "text": _STR}}}]},
-    "name": _STR}}
+    "name": _STR,
+    "tool_calls": {"type": "array", "items": _TOOL_CALL, "description": "assistant messages only"},
+    "tool_call_id": {**_STR, "description": "tool messages only"},
+    "reasoning_content": {**_STR, "description": "assistant messages only"}}}
 _ANSWER = {"type": "object", "properties": {
     "role": {"type": "string", "enum": ["assistant"]}, "content": _NULLABLE_STR,
-    "reasoning_content": {**_NULLABLE_STR, "description": "the <think> part, with --reasoning-parser"}}}
-_FINISH = {"type": ["string", "null"], "enum": ["stop", "length", None]}
+    "reasoning_content": {**_NULLABLE_STR, "description": "the <think> part, with --reasoning-parser"},
+    "tool_calls": {"type": "array", "items": _TOOL_CALL}}}
+_FINISH = {"type": ["string", "null"], "enum": ["stop", "length", "tool_calls", None]}
+_TOOL = {"type": "object", "required": ["type", "function"], "properties": {
+    "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "pattern": "^[A-Za-z0-9_.\\-]{1,64}$"}, "description": _STR,
+        "parameters": {"type": "object"}, "strict": _BOOL}}}}
 _TEMPLATE_KWARGS = {"type": "object", "description": "extra chat template variables, e.g. "
                     "{\"enable_thinking\": false} for Qwen3", "additionalProperties": True}
 _MODEL = {"type": "object", "properties": {"id": _STR, "object": _STR, "created": _INT,
@@ -84,7 +98,11 @@ SCHEMAS: dict[str, Any] = {
         "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
         "add_generation_prompt": _BOOL,
         "chat_template": _STR,
-        "chat_template_kwargs": _TEMPLATE_KWARGS}},
+        "chat_template_kwargs": _TEMPLATE_KWARGS,
+        "tools": {"type": "array", "items": _TOOL, "maxItems": 128,
+                  "description": "rendered through the chat template; calls parsed with --tool-call-parser"},
+        "tool_choice": {"type": "string", "enum": ["auto", "none"],
+                        "description": "\"required\" and named functions are not supported yet"}}},
     "ChatMessage": _MESSAGE,
     "CompletionResponse": {"type": "object", "properties": {
         "id": _STR, "object": {"type": "string", "enum": ["text_completion"]}, "created": _INT,
@@ -106,7 +124,8 @@ SCHEMAS: dict[str, Any] = {
     "TokenizeRequest": {"type": "object", "properties": {
         "model": _STR, "prompt": _STR, "messages": {"type": "array", "items": _ref("ChatMessage")},
         "add_special_tokens": _BOOL, "add_generation_prompt": _BOOL, "return_token_strs": _BOOL,
-        "chat_template": _STR, "chat_template_kwargs": _TEMPLATE_KWARGS}},
+        "chat_template": _STR, "chat_template_kwargs": _TEMPLATE_KWARGS,
+        "tools": {"type": "array", "items": _TOOL, "maxItems": 128}}},
     "TokenizeResponse": {"type": "object", "properties": {
         "count": _INT, "max_model_len": _INT, "tokens": _IDS,
         "token_strs": {"type": ["array", "null"], "items": _STR}}},
