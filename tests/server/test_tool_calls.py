@@ -149,3 +149,27 @@ def test_tools_need_a_known_format():
         assert status == 400 and "--tool-call-parser" in error_of(data)["message"]
     finally:
         server.drain(2.0)
+
+
+def test_hostile_values_in_the_new_fields_are_never_5xx(tool_server):
+    from .test_bad_input_sweep import HOSTILE_VALUES
+    server, _ = tool_server
+    extra = [[{"type": "function", "function": {"name": "f", "parameters": v}}] for v in (1, "x", [], None)] + [
+        [{"type": "function", "function": {"name": "f"}}] * 129, {"type": "function"}, "required",
+        {"enable_thinking": None, "tools": 1}, {"messages": 1}, {"x" * 10000: 1}, {"1": 1e308}, {"1": -1e-320}]
+    user = {"role": "user", "content": "x"}
+    cases = []
+    for value in HOSTILE_VALUES + extra:
+        for name in ("tools", "tool_choice", "chat_template_kwargs", "logit_bias"):
+            cases.append({"messages": [user], "tools": TOOLS, name: value})
+        cases.append({"messages": [user, {"role": "assistant", "content": None, "tool_calls": value}]})
+        cases.append({"messages": [user, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": value}}]}]})
+        cases.append({"messages": [user, {"role": "tool", "tool_call_id": value, "content": "r"}]})
+        cases.append({"messages": [user, {"role": "assistant", "content": "a", "reasoning_content": value}]})
+    for body in cases:
+        status, _, data = request(server.port, "POST", "/v1/chat/completions", {**body, "max_tokens": 2})
+        assert status in (200, 400), (body, data[:300])
+        status, _, data = request(server.port, "POST", "/tokenize",
+                                  {k: v for k, v in body.items() if k != "tool_choice" and k != "logit_bias"})
+        assert status in (200, 400), (body, data[:300])
