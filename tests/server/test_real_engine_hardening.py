@@ -223,3 +223,34 @@ def test_reasoning_content_split_on_a_think_template(real):
             streamed_r += getattr(c.delta, "reasoning_content", None) or ""
             streamed_c += c.delta.content or ""
     assert (streamed_r, streamed_c) == (reasoning, content)
+
+
+def test_tool_call_and_result_round_trip_on_a_qwen3_checkpoint(tiny_checkpoint):
+    """A tiny Qwen3 model behind a Qwen-style tool template: tools and a tool call + result are
+    rendered into the prompt the real engine runs (the random weights will not call a tool:
+    parsing is covered by test_tool_calls.py)."""
+    from lite_llm.llm import build_async_engine
+
+    from .test_tool_calls import TOOL_TEMPLATE, TOOLS
+    engine, tokenizer, info = build_async_engine(model=str(tiny_checkpoint("qwen3", head_dim=16, max_position_embeddings=512)),
+                                                 max_model_len=512,
+                                                 kv_cache_space=0.05, max_num_seqs=4, dtype="float32")
+    server = create_server(engine, tokenizer, "tiny-qwen3", info["max_model_len"], kernel_info=info,
+                           vocab_size=info.get("vocab_size"), chat_template=TOOL_TEMPLATE)
+    server.start()
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        messages = [{"role": "user", "content": "Weather?"},
+                    {"role": "assistant", "content": None, "tool_calls": [{
+                        "id": "call_1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "21 C"}]
+        out = client.chat.completions.create(model="tiny-qwen3", messages=messages, tools=TOOLS,
+                                             max_tokens=4, temperature=0)
+        assert out.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        ids = json.loads(request(server.port, "POST", "/tokenize", {"messages": messages, "tools": TOOLS})[2])["tokens"]
+        assert out.usage.prompt_tokens == len(ids)
+        text = tokenizer.decode(ids, skip_special_tokens=False)
+        assert '"name": "get_weather"' in text and "<tool_response>\n21 C\n</tool_response>" in text
+    finally:
+        server.drain(5.0)
