@@ -189,7 +189,8 @@ def test_logit_bias_changes_greedy_output(real, engine_parts):
               temperature=0, logprobs=True, extra_body={"ignore_eos": True})
     plain = client.chat.completions.create(**kw)
     first = plain.choices[0].logprobs.content[0].bytes
-    greedy = [i for i in range(tok.vocab_size) if token_bytes(tok, i, tok.decode([i], skip_special_tokens=False)) == first]
+    greedy = [i for i in range(tok.vocab_size)
+              if token_bytes(tok, i, tok.decode([i], skip_special_tokens=False)) == first]
     assert greedy
     banned = client.chat.completions.create(**kw, logit_bias={str(i): -100 for i in greedy})
     assert banned.choices[0].logprobs.content[0].bytes != first
@@ -232,9 +233,9 @@ def test_tool_call_and_result_round_trip_on_a_qwen3_checkpoint(tiny_checkpoint):
     from lite_llm.llm import build_async_engine
 
     from .test_tool_calls import TOOL_TEMPLATE, TOOLS
-    engine, tokenizer, info = build_async_engine(model=str(tiny_checkpoint("qwen3", head_dim=16, max_position_embeddings=512)),
-                                                 max_model_len=512,
-                                                 kv_cache_space=0.05, max_num_seqs=4, dtype="float32")
+    path = tiny_checkpoint("qwen3", head_dim=16, max_position_embeddings=512)
+    engine, tokenizer, info = build_async_engine(model=str(path), max_model_len=512, kv_cache_space=0.05,
+                                                 max_num_seqs=4, dtype="float32")
     server = create_server(engine, tokenizer, "tiny-qwen3", info["max_model_len"], kernel_info=info,
                            vocab_size=info.get("vocab_size"), chat_template=TOOL_TEMPLATE)
     server.start()
