@@ -130,10 +130,10 @@ class _Conn:
     phase: "idle" (waiting for a request), "headers", "body" (reading one) or "busy"
     (dispatched). Connections not busy can be evicted when the server is full.
     """
-    __slots__ = ("sock", "phase", "since")
+    __slots__ = ("sock", "client", "phase", "since")
 
-    def __init__(self, sock: socket.socket):
-        self.sock, self.phase, self.since = sock, "idle", time.monotonic()
+    def __init__(self, sock: socket.socket, client: str = ""):
+        self.sock, self.client, self.phase, self.since = sock, client, "idle", time.monotonic()
 
     def enter(self, phase: str) -> None:
         self.phase, self.since = phase, time.monotonic()
@@ -780,14 +780,15 @@ class LiteServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], state: ServerState, request_timeout: float, *,
                  header_timeout: float = 10.0, body_timeout: float = 30.0, write_timeout: float | None = None,
-                 max_connections: int = MAX_CONNECTIONS, metrics_no_auth: bool = False,
-                 log_requests: bool = True):
+                 max_connections: int = MAX_CONNECTIONS, max_connections_per_client: int = 0,
+                 metrics_no_auth: bool = False, log_requests: bool = True):
         self.state = state
         self.request_timeout = request_timeout          # idle keep-alive: first byte of a request
         self.header_timeout = header_timeout            # request line + headers, in total
         self.body_timeout = body_timeout                # the whole body, in total
         self.write_timeout = request_timeout if write_timeout is None else write_timeout
         self.max_connections = max_connections
+        self.max_connections_per_client = max_connections_per_client    # 0: no per-address cap
         self.metrics_no_auth = metrics_no_auth
         self.log_requests = log_requests
         self._conns: dict[socket.socket, _Conn] = {}
@@ -800,15 +801,20 @@ class LiteServer(ThreadingHTTPServer):
     # ---- capacity: one thread per connection, at most max_connections of them ---------------
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """On the accepting thread. When full, the connection that has been idle or reading its
-        request the longest makes room (keep-alive idlers and slow senders are the cheap ones to
-        drop); if every connection is busy with a dispatched request, the newcomer gets a 503."""
+        """On the accepting thread. When full (in all, or for this client address), the connection
+        that has been idle or reading its request the longest makes room (keep-alive idlers and
+        slow senders are the cheap ones to drop); if every one is busy with a dispatched request,
+        the newcomer gets a 503."""
+        client = str(client_address[0]) if isinstance(client_address, tuple) else ""
         with self._conns_lock:
-            if len(self._conns) >= self.max_connections and not self._evict_locked():
-                full = True
-            else:
-                full = False
-                self._conns[request] = _Conn(request)
+            full = False
+            if self.max_connections_per_client:
+                own = [c for c in self._conns.values() if c.client == client]
+                full = len(own) >= self.max_connections_per_client and not self._evict_locked(own)
+            if not full and len(self._conns) >= self.max_connections:
+                full = not self._evict_locked(self._conns.values())
+            if not full:
+                self._conns[request] = _Conn(request, client)
         if full:
             self._refuse(request)
             return
@@ -819,8 +825,8 @@ class LiteServer(ThreadingHTTPServer):
                 self._conns.pop(request, None)
             raise
 
-    def _evict_locked(self) -> bool:
-        idle = [c for c in self._conns.values() if c.phase != "busy"]
+    def _evict_locked(self, among: Any) -> bool:
+        idle = [c for c in among if c.phase != "busy"]
         if not idle:
             return False
         victim = min(idle, key=lambda c: c.since)
@@ -952,7 +958,8 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                   vocab_size: int | None = None, max_body_bytes: int | None = None,
                   request_timeout: float = 10.0, model_root: str | None = None,
                   retry_after: int = 1, header_timeout: float = 10.0, body_timeout: float = 30.0,
-                  max_connections: int = MAX_CONNECTIONS, metrics_no_auth: bool = False,
+                  max_connections: int = MAX_CONNECTIONS, max_connections_per_client: int = 0,
+                  metrics_no_auth: bool = False,
                   log_requests: bool = True, max_tokenizing: int | None = None,
                   reasoning_parser: str | None = None, tool_call_parser: str | None = None) -> LiteServer:
     """A bound (not yet serving) server for `engine`; `.start()` or `.serve_forever()` it.
@@ -985,6 +992,7 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                         model_root, retry_after)
     return LiteServer((host, port), state, request_timeout, header_timeout=header_timeout,
                       body_timeout=body_timeout, max_connections=max_connections,
+                      max_connections_per_client=max_connections_per_client,
                       metrics_no_auth=metrics_no_auth, log_requests=log_requests)
 
 
@@ -1029,6 +1037,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--max-connections", type=int, default=MAX_CONNECTIONS,
       help="open connections at most; when full, the longest idle or slowest-sending one is closed, "
            "or the newcomer gets 503 if all are busy")
+    a("--max-connections-per-client", type=int, default=0,
+      help="open connections per client address at most, enforced like --max-connections "
+           "(default 0: no cap; behind a proxy every client has the proxy's address)")
     a("--disable-log-requests", action="store_true",
       help="no access log line (method, route, status, tokens, ms) per request")
     a("--metrics-no-auth", action="store_true", help="serve /metrics without the API key")
@@ -1080,7 +1091,8 @@ def run(args: argparse.Namespace) -> int:
         vocab_size=info.get("vocab_size"), max_body_bytes=args.max_request_bytes,
         request_timeout=args.timeout_keep_alive, model_root=info.get("model_path"),
         header_timeout=args.header_timeout, body_timeout=args.body_timeout,
-        max_connections=args.max_connections, metrics_no_auth=args.metrics_no_auth,
+        max_connections=args.max_connections, max_connections_per_client=args.max_connections_per_client,
+        metrics_no_auth=args.metrics_no_auth,
         log_requests=not args.disable_log_requests, reasoning_parser=args.reasoning_parser,
         tool_call_parser=args.tool_call_parser)
     logger.info("lite-llm %s serving %s on %s (ready in %.1f s)", __version__, names[0], server.url,

@@ -580,3 +580,24 @@ def test_tokenize_slots_turn_waiting_into_503():
     assert e.value.status == 503 and e.value.headers == {"Retry-After": "2"}
     with slots:                                  # released again
         pass
+
+
+def test_per_client_cap():
+    s = start_server(max_connections_per_client=3, engine_overrides={"step_seconds": 0.05})
+    try:
+        slow = [socket.create_connection(("127.0.0.1", s.port), timeout=5) for _ in range(6)]
+        for sock in slow:
+            sock.sendall(b"GET /health HTTP/1.1\r\n")
+        time.sleep(0.1)
+        assert s.server.num_connections <= 3
+        assert request(s.port, "GET", "/health")[0] == 200        # a slow one made room
+        streams = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(3)]
+        for sock in streams:
+            sock.sendall(post_bytes("/v1/completions", {"prompt": "Hi", "max_tokens": 100, "stream": True}))
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        status, headers, _ = request(s.port, "GET", "/health")    # three busy: no room for a fourth
+        assert status == 503 and "retry-after" in headers
+        for sock in slow + streams:
+            sock.close()
+    finally:
+        stop_server(s)
