@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from dataclasses import dataclass
 
 _SAMPLING_EPS = 1e-5     # temperature below this is greedy (vLLM's threshold)
@@ -41,12 +42,15 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None   # token id -> added to its logit before sampling
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = [] if self.stop is None else list(self.stop)
         self.stop_token_ids = [] if self.stop_token_ids is None else [int(t) for t in self.stop_token_ids]
+        if self.logit_bias is not None:
+            self.logit_bias = {int(t): float(b) for t, b in self.logit_bias.items()} or None
         if self.top_k == -1:
             self.top_k = 0
         self._verify()
@@ -84,6 +88,8 @@ class SamplingParams:
         check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
               "logprobs", f"must be None or an integer in [0, {MAX_LOGPROBS}]")
         check(self.prompt_logprobs is None, "prompt_logprobs", "is not supported (must be None)")
+        check(self.logit_bias is None or all(t >= 0 and math.isfinite(b) for t, b in self.logit_bias.items()),
+              "logit_bias", "must map token ids >= 0 to finite numbers")
 
     @property
     def is_greedy(self) -> bool:

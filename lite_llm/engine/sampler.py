@@ -3,7 +3,8 @@
 Python only gathers each request's parameters and penalty context into a few flat arrays;
 the work (penalties, min_tokens bans, temperature, top_k/top_p/min_p, the seeded draw and
 raw logprobs) is one nogil call into lite_llm.engine._sampler, parallel over sequences.
-The order of operations and the random draw are documented there.
+The order of operations and the random draw are documented there. A request's logit_bias is
+added to its row here, first, so its logprobs are those of the biased distribution.
 """
 from __future__ import annotations
 
@@ -81,6 +82,12 @@ class Sampler:
         out_rank = np.empty(num_seqs, np.int32)
         out_top_ids = np.empty((num_seqs, k), np.int32)
         out_top_logprobs = np.empty((num_seqs, k), np.float32)
+        for row, req in enumerate(requests):
+            bias = req.sampling_params.logit_bias
+            if bias:                    # before penalties and filters, as OpenAI and vLLM apply it
+                ids = np.fromiter(bias.keys(), np.int64, len(bias))
+                keep = ids < self.vocab_size
+                logits[row, ids[keep]] += np.fromiter(bias.values(), np.float32, len(bias))[keep]
         threads = min(self.num_threads, max(num_seqs, 1))
         _sampler.sample(logits, fparams, iparams, token_ids, banned_ids, out_token, out_logprob,
                         out_rank, out_top_ids, out_top_logprobs, *self._scratch(threads), threads)

@@ -187,6 +187,24 @@ class Tokenizer:
             return None if i == self._sp.unk_id() and token != self._sp.id_to_piece(i) else i
         return self._backend.token_to_id(token)
 
+    def max_bytes_per_token(self) -> int | None:
+        """The most bytes of input text one token can stand for, or None if unbounded.
+
+        So a text of B bytes yields at least ceil(B / this) tokens, which lets a server refuse
+        a text too long for its context without tokenizing it. The bound is the longest
+        vocabulary or added token, counted in the bytes it is spelled with (a byte-level BPE
+        piece: one character a byte), times 4 when a Unicode normalizer may shrink text first
+        (NFKC maps a 4-byte mathematical letter to one ASCII byte). There is no bound when the
+        pipeline can drop or merge text of any length: sentencepiece (collapses whitespace),
+        WordPiece and fused unknown tokens (a word of any length -> one [UNK]), a normalizer or
+        pre-tokenizer that removes characters, added tokens that swallow nearby whitespace.
+        """
+        if self._backend is None:
+            return None
+        if not hasattr(self, "_max_token_bytes"):
+            self._max_token_bytes = _max_bytes_per_token(self._backend.to_str())
+        return self._max_token_bytes
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self._sp is not None:
             ids = list(self._sp.encode(text))
@@ -196,7 +214,10 @@ class Tokenizer:
                 if self.add_eos_token and self.eos_token_id is not None:
                     ids.append(self.eos_token_id)
             return ids
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        if len(text) < _GIL_FREE_CHARS:
+            return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch runs without the GIL (encode holds it): other threads keep serving
+        return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         ids = [int(i) for i in ids]
@@ -227,6 +248,57 @@ class Tokenizer:
         messages = [_alias_reasoning(dict(m)) for m in messages]
         return _compile(template).render(messages=messages, tools=tools, documents=None,
                                          add_generation_prompt=add_generation_prompt, **variables)
+
+
+_GIL_FREE_CHARS = 4096     # longer texts are tokenized with the GIL released
+_SAFE_NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Prepend", "Replace", "Sequence"}
+_SAFE_PRE_TOKENIZERS = {"ByteLevel", "Metaspace", "Digits", "Punctuation", "Split", "Sequence",
+                        "UnicodeScripts"}
+
+
+def _max_bytes_per_token(spec: str) -> int | None:
+    """max_bytes_per_token from a tokenizers JSON document (see Tokenizer.max_bytes_per_token)."""
+    cfg = json.loads(spec)
+    model = cfg.get("model") or {}
+    if model.get("type") != "BPE":
+        return None
+    if model.get("unk_token") is not None and model.get("fuse_unk") and not model.get("byte_fallback"):
+        return None
+    shrink = 1
+
+    def walk(node: Any, kinds: set[str], key: str) -> bool:
+        nonlocal shrink
+        if node is None:
+            return True
+        kind = node.get("type")
+        if kind not in kinds:
+            return False
+        if kind == "Sequence":
+            return all(walk(n, kinds, key) for n in node.get(key) or [])
+        if kind in ("NFC", "NFD", "NFKC", "NFKD", "Lowercase"):
+            shrink = max(shrink, 4)
+        if kind == "Replace":
+            pattern, content = (node.get("pattern") or {}).get("String"), node.get("content") or ""
+            if pattern is None or not content:
+                return False
+            shrink = max(shrink, -(-len(pattern.encode()) // len(content.encode())))
+        if str(node.get("behavior", "")).lower() == "removed":
+            return False
+        return True
+
+    if not walk(cfg.get("normalizer"), _SAFE_NORMALIZERS, "normalizers"):
+        return None
+    pre = cfg.get("pre_tokenizer")
+    if not walk(pre, _SAFE_PRE_TOKENIZERS, "pretokenizers"):
+        return None
+    added = cfg.get("added_tokens") or []
+    if any(a.get("lstrip") or a.get("rstrip") for a in added):
+        return None
+    byte_level = '"ByteLevel"' in json.dumps(pre)
+    vocab = model.get("vocab") or {}
+    longest = max((len(t) if byte_level else len(t.encode("utf-8")) for t in vocab), default=1)
+    longest = max([longest, *(len(a.get("content", "").encode("utf-8")) for a in added)])
+    return max(1, longest) * shrink
 
 
 def _token_str(value: Any) -> str | None:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import hmac
+import io
 import logging
 import os
+import re
 import select
 import signal
 import socket
@@ -24,19 +26,26 @@ from contextlib import contextmanager
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterator
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from lite_llm import __version__
 from lite_llm.config import KV_CACHE_DTYPES, env
 from lite_llm.engine.async_engine import EngineDeadError, EngineShutdownError, QueueFullError
 from lite_llm.server import openai
 from lite_llm.server.metrics import RequestTimer, ServerMetrics
-from lite_llm.server.openai import ApiError, Choice, PreparedRequest, ServingContext
+from lite_llm.server.openai import (ApiError, Choice, PreparedRequest, ServingContext, TokenizeSlots,
+                                    max_token_bytes, system_fingerprint)
 from lite_llm.server.openapi import openapi_document
 
 logger = logging.getLogger("lite_llm.server")
+access_logger = logging.getLogger("lite_llm.server.access")
 
-MAX_BODY_BYTES = 32 * 1024 * 1024      # default limit on a request body (413 beyond it)
+MAX_BODY_BYTES = 32 * 1024 * 1024      # largest derived body limit (413 beyond it)
+MIN_BODY_BYTES = 1 << 20
+BODY_BYTES_PER_TOKEN = 64   # a full-context prompt as JSON: ~4 bytes of text a token, x6 when
+                            # every character is a \uXXXX escape, and room for a few prompts
+MAX_CONNECTIONS = 512
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
 _WATCH_INTERVAL = 0.05                 # seconds between polls of a waiting client's socket
 _GEN_CONFIG_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
                     "min_p": "min_p", "repetition_penalty": "repetition_penalty",
@@ -45,6 +54,13 @@ _GEN_CONFIG_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "to
 
 class _ClientGone(Exception):
     """The client closed its connection or stopped reading; nothing more can be sent."""
+
+
+def default_body_limit(max_model_len: int) -> int:
+    """The request body limit when none is set: room for a full-context prompt in its most
+    escaped JSON form (and a few of them), so a body cannot carry far more text than the
+    model could ever read, between 1 MiB and 32 MiB."""
+    return max(MIN_BODY_BYTES, min(MAX_BODY_BYTES, BODY_BYTES_PER_TOKEN * int(max_model_len)))
 
 
 def generation_defaults(generation_config: dict | None) -> dict:
@@ -68,7 +84,8 @@ class ServerState:
         self.api_key = api_key
         self.kernel_info = kernel_info
         self.max_body_bytes = max_body_bytes
-        self.model_root = model_root
+        # /v1/models shows a model's name, never where it sits on this machine
+        self.model_root = os.path.basename(model_root.rstrip("/\\")) if model_root else None
         self.retry_after = retry_after
         self.started = int(time.time())
         self.draining = False
@@ -107,16 +124,73 @@ class ServerState:
         return True
 
 
+class _Conn:
+    """One open connection as the server's capacity accounting sees it.
+
+    phase: "idle" (waiting for a request), "headers", "body" (reading one) or "busy"
+    (dispatched). Connections not busy can be evicted when the server is full.
+    """
+    __slots__ = ("sock", "client", "phase", "since")
+
+    def __init__(self, sock: socket.socket, client: str = ""):
+        self.sock, self.client, self.phase, self.since = sock, client, "idle", time.monotonic()
+
+    def enter(self, phase: str) -> None:
+        self.phase, self.since = phase, time.monotonic()
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket's read side with one total deadline per phase instead of a per-recv timeout:
+    a client that sends a byte every few seconds cannot stretch its headers or body forever.
+
+    While idle (between requests) the deadline is the keep-alive timeout; the first byte of a
+    request starts the header deadline; _read_body sets the body deadline. Writes keep the
+    socket's own timeout (write_timeout)."""
+
+    def __init__(self, sock: socket.socket, conn: _Conn, header_timeout: float, write_timeout: float):
+        self.sock, self.conn = sock, conn
+        self.header_timeout, self.write_timeout = header_timeout, write_timeout
+        self.deadline = time.monotonic() + write_timeout
+
+    def readable(self) -> bool:
+        return True
+
+    def wait_request(self, idle_timeout: float) -> None:
+        self.conn.enter("idle")
+        self.deadline = time.monotonic() + idle_timeout
+
+    def set_deadline(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+
+    def readinto(self, buf: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        self.sock.settimeout(left)
+        try:
+            n = self.sock.recv_into(buf)
+        finally:
+            self.sock.settimeout(self.write_timeout)
+        if n and self.conn.phase == "idle":
+            self.conn.enter("headers")
+            self.deadline = time.monotonic() + self.header_timeout
+        return n
+
+
 class _DisconnectWatch:
-    """Polls a client's socket for EOF while its request runs and calls on_gone once if seen.
+    """Polls a client's socket while its request runs and calls on_gone once if it was reset.
 
     Used for streaming and non-streaming answers alike: a streaming client that vanishes
-    during a long prefill is noticed here before any write would fail.
+    during a long prefill is noticed here before any write would fail. An end of stream (FIN)
+    is not a departure: the client may have half-closed after sending its request and still
+    read the answer, so only a reset (or, in streams, a failed write) aborts. A client that
+    closes its socket politely is noticed by the next write that fails.
     """
 
     def __init__(self, sock: socket.socket, on_gone: Callable[[], None]):
         self.sock, self.on_gone = sock, on_gone
         self.gone = False
+        self.half_closed = False
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lite-llm-watch", daemon=True)
 
@@ -131,20 +205,25 @@ class _DisconnectWatch:
     def _run(self) -> None:
         while not self._done.is_set():
             try:
-                readable, _, _ = select.select([self.sock], [], [], _WATCH_INTERVAL)
-                if not readable:
-                    continue
+                if self.half_closed:          # readable for ever now: poll slowly for a reset
+                    self._done.wait(_WATCH_INTERVAL * 4)
+                    if self._done.is_set():
+                        return
+                else:
+                    readable, _, _ = select.select([self.sock], [], [], _WATCH_INTERVAL)
+                    if not readable:
+                        continue
                 data = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
             except BlockingIOError:
                 continue
             except (OSError, ValueError):     # reset by peer, or closed under us
-                data = b""
+                if not self._done.is_set():
+                    self.gone = True
+                    self.on_gone()
+                return
             if data:
                 return      # the client is already sending its next request: it is alive
-            if not self._done.is_set():
-                self.gone = True
-                self.on_gone()
-            return
+            self.half_closed = True
 
 
 # ---- the handler -------------------------------------------------------------------------------
@@ -170,9 +249,25 @@ class _Handler(BaseHTTPRequestHandler):
         "/openapi.json": {"GET": "_openapi"},
     }
 
+    # Routes anyone may call when an API key is set (/metrics too with --metrics-no-auth).
+    OPEN_ROUTES = ("/health", "/ping")
+
     def setup(self) -> None:
-        self.timeout = self.server.request_timeout   # idle keep-alive and body reads
+        srv = self.server
+        self.timeout = srv.write_timeout             # writes; reads go through _DeadlineReader
         super().setup()
+        self._conn = srv.connection_of(self.connection)
+        self._reader = _DeadlineReader(self.connection, self._conn, srv.header_timeout, srv.write_timeout)
+        self.rfile = io.BufferedReader(self._reader, 1 << 16)
+
+    def handle_one_request(self) -> None:
+        self._reader.wait_request(self.server.request_timeout)
+        self._status, self._tokens, self._started = None, None, None
+        super().handle_one_request()
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self._status = code
+        super().send_response(code, message)
 
     # every method goes through one dispatcher so unknown ones get 405, not 501
     def do_GET(self) -> None:
@@ -214,19 +309,26 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         self._body_read = False
         self._headers_sent = False
+        self._conn.enter("busy")
+        self._started = time.monotonic()
+        path = "?"
         try:
             path = urlsplit(self.path).path
             if len(path) > 1:
                 path = path.rstrip("/")
+            self._check_framing()
+            if path not in self.OPEN_ROUTES and not (path == "/metrics" and self.server.metrics_no_auth):
+                self._check_auth()
             methods = self.ROUTES.get(path)
+            self._route_arg = None
+            if methods is None and path.startswith("/v1/models/"):
+                methods, self._route_arg = {"GET": "_model"}, unquote(path[len("/v1/models/"):])
             if methods is None:
                 raise ApiError(404, f"Not Found: {method} {path[:200]}", code="not_found")
             name = methods.get("GET" if method == "HEAD" else method)
             if name is None:
                 raise ApiError(405, f"Method {method} not allowed for {path}; use {', '.join(methods)}",
                                headers={"Allow": ", ".join(methods)})
-            if path.startswith("/v1/"):
-                self._check_auth()
             getattr(self, name)()
         except ApiError as e:
             self._send_error(e)
@@ -237,8 +339,40 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception:
             logger.exception("internal error on %s %s", method, self.path[:200])
             self._send_error(ApiError(500, "internal server error"))
+        finally:
+            self._log_access(method, path)
+
+    def _log_access(self, method: str, path: str) -> None:
+        if not self.server.log_requests or not access_logger.isEnabledFor(logging.INFO):
+            return
+        route = path if path in self.ROUTES else ("/v1/models/{id}" if path.startswith("/v1/models/")
+                                                  else path[:100])
+        tokens = "-" if self._tokens is None else "%d+%d" % self._tokens
+        access_logger.info('%s "%s %s" %s tokens=%s %.0fms', self.client_address[0], method, route,
+                           self._status or "-", tokens, (time.monotonic() - self._started) * 1e3)
 
     # ---- plumbing ----------------------------------------------------------------------------
+
+    def _check_framing(self) -> None:
+        """One unambiguous body length or none: a duplicate Content-Length or one beside a
+        Transfer-Encoding is how requests are smuggled past a proxy (RFC 9112 6.3), so 400 and close."""
+        lengths = self.headers.get_all("Content-Length") or []
+        codings = self.headers.get_all("Transfer-Encoding") or []
+        problem = None
+        if len(lengths) > 1:
+            problem = "more than one Content-Length header"
+        elif lengths and codings:
+            problem = "both Content-Length and Transfer-Encoding headers"
+        elif lengths and not _CONTENT_LENGTH.fullmatch(lengths[0].strip()):
+            problem = "invalid Content-Length header"
+        elif codings and (len(codings) > 1 or codings[0].strip().lower() != "chunked"):
+            problem = "Transfer-Encoding other than 'chunked'"
+        elif codings and self.request_version == "HTTP/1.0":
+            problem = "Transfer-Encoding in an HTTP/1.0 request"
+        if problem:
+            self.close_connection = True
+            self._body_read = True        # its length is unknowable: nothing more is read
+            raise ApiError(400, f"ambiguous request framing: {problem}", code="bad_framing")
 
     def _check_auth(self) -> None:
         key = self.state.api_key
@@ -250,10 +384,18 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(401, "Incorrect or missing API key: pass 'Authorization: Bearer <key>'",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
+    def _start_body(self) -> None:
+        self._conn.enter("body")
+        self._reader.set_deadline(self.server.body_timeout)
+
     def _read_body(self) -> bytes:
         limit = self.state.max_body_bytes
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            return self._read_chunked(limit)
+            self._start_body()
+            try:
+                return self._read_chunked(limit)
+            finally:
+                self._conn.enter("busy")
         length = self.headers.get("Content-Length")
         if length is None:
             raise ApiError(411, "a request body needs a Content-Length header")
@@ -265,7 +407,9 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(400, "invalid Content-Length header")
         if n > limit:
             raise ApiError(413, f"request body of {n} bytes is over the limit of {limit} bytes")
+        self._start_body()
         data = self._read_exact(n)
+        self._conn.enter("busy")
         self._body_read = True
         return data
 
@@ -294,8 +438,11 @@ class _Handler(BaseHTTPRequestHandler):
             if size < 0:
                 raise ApiError(400, "malformed chunked request body")
             if size == 0:
-                while self.rfile.readline(1026).strip():    # trailers, then the blank line
-                    pass
+                try:
+                    while self.rfile.readline(1026).strip():    # trailers, then the blank line
+                        pass
+                except TimeoutError:
+                    raise ApiError(408, "timed out reading the request body") from None
                 self._body_read = True
                 return b"".join(parts)
             total += size
@@ -383,12 +530,23 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ---- simple routes -----------------------------------------------------------------------
 
-    def _models(self) -> None:
+    def _model_card(self, name: str) -> dict:
+        # root names the model, never a filesystem path of this machine
         st = self.state
-        data = [{"id": name, "object": "model", "created": st.started, "owned_by": "lite-llm",
-                 "root": st.model_root or name, "parent": None, "max_model_len": st.ctx.max_model_len}
-                for name in st.ctx.model_names]
-        self._send_json(200, {"object": "list", "data": data})
+        return {"id": name, "object": "model", "created": st.started, "owned_by": "lite-llm",
+                "root": st.model_root or st.ctx.model_names[0], "parent": None,
+                "max_model_len": st.ctx.max_model_len}
+
+    def _models(self) -> None:
+        self._send_json(200, {"object": "list",
+                              "data": [self._model_card(name) for name in self.state.ctx.model_names]})
+
+    def _model(self) -> None:
+        name = self._route_arg
+        if name not in self.state.ctx.model_names:
+            raise ApiError(404, f"The model '{openai.show(name)[1:-1]}' does not exist.", "model",
+                           code="model_not_found")
+        self._send_json(200, self._model_card(name))
 
     def _health(self) -> None:
         if self.state.draining:
@@ -412,7 +570,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_bytes(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8")
 
     def _openapi(self) -> None:
-        self._send_json(200, openapi_document(__version__))
+        self._send_json(200, openapi_document(__version__, metrics_auth=not self.server.metrics_no_auth))
 
     def _tokenize(self) -> None:
         self._send_json(200, openai.tokenize(self._json_body(), self.state.ctx))
@@ -516,23 +674,38 @@ class _Handler(BaseHTTPRequestHandler):
                     c.finish_reason, c.stop_reason = o.finish_reason, o.stop_reason
         if watch.gone:
             raise _ClientGone()
-        if self.state.draining and any(c.finish_reason == "abort" for c in choices.values()):
-            raise ApiError(503, "the server shut down before the request finished", code="server_draining")
-        self._send_json(200, openai.final_response(prep, choices))
+        if any(c.finish_reason == "abort" for c in choices.values()):
+            raise self._aborted()
+        body = openai.final_response(prep, choices)
+        self._tokens = (body["usage"]["prompt_tokens"], body["usage"]["completion_tokens"])
+        self._send_json(200, body)
+
+    def _aborted(self) -> ApiError:
+        """An engine request that ended with "abort" (never a finish reason on the wire)."""
+        if self.state.draining:
+            return ApiError(503, "the server shut down before the request finished", code="server_draining")
+        return ApiError(503, "the engine aborted the request (it cannot fit the KV cache, or the "
+                             "engine is stopping)", code="request_aborted")
 
     def _write_chunk(self, data: bytes) -> None:
-        """One HTTP/1.1 chunk; a failed write means the client left."""
+        """One HTTP/1.1 chunk (or the bare bytes to an HTTP/1.0 client); a failed write means
+        the client left."""
         try:
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if self._chunked else data)
         except (ConnectionError, TimeoutError, OSError):
             raise _ClientGone() from None
 
     def _stream(self, prep: PreparedRequest, submitted: list) -> None:
         tok = self.state.ctx.tokenizer
+        # HTTP/1.0 has no chunked encoding: the end of the stream is the end of the connection
+        self._chunked = self.request_version != "HTTP/1.0"
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
+        if self._chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Connection", "close")
         self.end_headers()
         self._headers_sent = True
         n = prep.params.n
@@ -547,7 +720,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self._write_chunk(openai.sse(openai.chunk(prep, [openai.chunk_choice(
                     prep, index, text, None, None)])))
         num_tokens = 0
+        num_prompt = sum(len(p.token_ids) for p in prep.prompts)
+        self._tokens = (num_prompt, 0)
         offsets: dict[int, int] = {}
+        splitters: dict[int, openai.ReasoningSplitter] = {}
+        tool_parsers: dict[int, openai.HermesToolParser] = {}
+        aborted = False
         try:
             for k, out in self._deltas(prep, submitted):
                 for o in out.outputs:
@@ -555,9 +733,26 @@ class _Handler(BaseHTTPRequestHandler):
                         continue
                     index = k * n + o.index
                     num_tokens += len(o.token_ids)
+                    self._tokens = (num_prompt, num_tokens)
                     lps, offsets[index] = openai.format_logprobs(prep, tok, o, offsets.get(index, 0))
-                    self._write_chunk(openai.sse(openai.chunk(prep, [openai.chunk_choice(
-                        prep, index, o.text, lps, o.finish_reason, o.stop_reason)])))
+                    text, reasoning, calls = o.text, "", None
+                    final = o.finish_reason is not None
+                    finish = openai.wire_finish_reason(o.finish_reason)
+                    if prep.reasoning_parser:
+                        splitter = splitters.setdefault(index, openai.ReasoningSplitter(prep.reasoning_parser))
+                        reasoning, text = splitter.feed(o.text, final=final)
+                    if prep.tool_parser:
+                        parser = tool_parsers.setdefault(index, openai.HermesToolParser())
+                        text, calls = parser.feed(text, final=final)
+                        finish = openai.tool_finish_reason(finish, parser.num_calls)
+                    if text or reasoning or calls or lps is not None or finish is not None:
+                        self._write_chunk(openai.sse(openai.chunk(prep, [openai.chunk_choice(
+                            prep, index, text, lps, finish, o.stop_reason, reasoning=reasoning,
+                            tool_calls=calls)])))
+                    if o.finish_reason == "abort":
+                        aborted = True
+            if aborted:
+                self._write_chunk(openai.sse(self._aborted().body()))
         except _ClientGone:
             raise
         except Exception as e:     # the engine failed mid-stream: say so in the stream itself
@@ -565,10 +760,11 @@ class _Handler(BaseHTTPRequestHandler):
             err = ApiError(503 if not self.state.engine_alive() else 500, f"generation failed: {e}")
             self._write_chunk(openai.sse(err.body()))
         else:
-            if prep.include_usage:
-                num_prompt = sum(len(p.token_ids) for p in prep.prompts)
+            if prep.include_usage and not aborted:
                 self._write_chunk(openai.sse(openai.chunk(prep, [], openai.usage(num_prompt, num_tokens))))
         self._write_chunk(openai.sse("[DONE]"))
+        if not self._chunked:
+            return
         try:
             self.wfile.write(b"0\r\n\r\n")
         except OSError:
@@ -582,11 +778,130 @@ class LiteServer(ThreadingHTTPServer):
     request_queue_size = 1024          # listen backlog: bursts of clients must not be refused
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], state: ServerState, request_timeout: float):
+    def __init__(self, address: tuple[str, int], state: ServerState, request_timeout: float, *,
+                 header_timeout: float = 10.0, body_timeout: float = 30.0, write_timeout: float | None = None,
+                 max_connections: int = MAX_CONNECTIONS, max_connections_per_client: int = 0,
+                 metrics_no_auth: bool = False, log_requests: bool = True):
         self.state = state
-        self.request_timeout = request_timeout
+        self.request_timeout = request_timeout          # idle keep-alive: first byte of a request
+        self.header_timeout = header_timeout            # request line + headers, in total
+        self.body_timeout = body_timeout                # the whole body, in total
+        self.write_timeout = request_timeout if write_timeout is None else write_timeout
+        self.max_connections = max_connections
+        self.max_connections_per_client = max_connections_per_client    # 0: no per-address cap
+        self.metrics_no_auth = metrics_no_auth
+        self.log_requests = log_requests
+        self._conns: dict[socket.socket, _Conn] = {}
+        self._refused: dict[socket.socket, float] = {}      # refused socket -> when to close it
+        self._refuser: threading.Thread | None = None
+        self._conns_lock = threading.Lock()
         self._serving = threading.Event()
         super().__init__(address, _Handler)
+
+    # ---- capacity: one thread per connection, at most max_connections of them ---------------
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """On the accepting thread. When full (in all, or for this client address), the connection
+        that has been idle or reading its request the longest makes room (keep-alive idlers and
+        slow senders are the cheap ones to drop); if every one is busy with a dispatched request,
+        the newcomer gets a 503."""
+        client = str(client_address[0]) if isinstance(client_address, tuple) else ""
+        with self._conns_lock:
+            full = False
+            if self.max_connections_per_client:
+                own = [c for c in self._conns.values() if c.client == client]
+                full = len(own) >= self.max_connections_per_client and not self._evict_locked(own)
+            if not full and len(self._conns) >= self.max_connections:
+                full = not self._evict_locked(self._conns.values())
+            if not full:
+                self._conns[request] = _Conn(request, client)
+        if full:
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            with self._conns_lock:
+                self._conns.pop(request, None)
+            raise
+
+    def _evict_locked(self, among: Any) -> bool:
+        idle = [c for c in among if c.phase != "busy"]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda c: c.since)
+        del self._conns[victim.sock]
+        try:
+            victim.sock.shutdown(socket.SHUT_RDWR)    # its thread's read returns: it closes
+        except OSError:
+            pass
+        return True
+
+    def _refuse(self, sock: socket.socket) -> None:
+        body = openai.dumps(ApiError(503, "the server is at its connection limit; retry later",
+                                     code="too_many_connections").body())
+        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nRetry-After: {self.state.retry_after}\r\n"
+                f"Connection: close\r\n\r\n").encode()
+        try:
+            sock.send(head + body, socket.MSG_DONTWAIT)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self.close_request(sock)
+            return
+        # Closing now, with the client's request unread, would reset the connection before the
+        # client reads the 503: one thread drains refused sockets for a second, then closes them.
+        with self._conns_lock:
+            if len(self._refused) >= self.max_connections:
+                self.close_request(sock)
+                return
+            self._refused[sock] = time.monotonic() + 1.0
+            if self._refuser is None or not self._refuser.is_alive():
+                self._refuser = threading.Thread(target=self._drain_refused, name="lite-llm-refused",
+                                                 daemon=True)
+                self._refuser.start()
+
+    def _drain_refused(self) -> None:
+        while True:
+            with self._conns_lock:
+                now = time.monotonic()
+                for sock in [k for k, t in self._refused.items() if t <= now]:
+                    del self._refused[sock]
+                    self.close_request(sock)
+                socks = list(self._refused)
+                if not socks:
+                    self._refuser = None
+                    return
+            try:
+                readable, _, _ = select.select(socks, [], [], 0.05)
+            except (OSError, ValueError):
+                readable = socks
+            for sock in readable:
+                try:
+                    data = sock.recv(65536, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    with self._conns_lock:
+                        if self._refused.pop(sock, None) is not None:
+                            self.close_request(sock)
+
+    def connection_of(self, sock: socket.socket) -> _Conn:
+        with self._conns_lock:
+            conn = self._conns.get(sock)
+        return conn if conn is not None else _Conn(sock)    # evicted already: untracked
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._conns_lock:
+            self._conns.pop(request, None)
+        super().shutdown_request(request)
+
+    @property
+    def num_connections(self) -> int:
+        with self._conns_lock:
+            return len(self._conns)
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind does a reverse DNS lookup (getfqdn) that can stall start-up
@@ -640,13 +955,18 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                   max_model_len: int, api_key: str | None = None,
                   generation_config: dict | None = None, kernel_info: dict | None = None, *,
                   host: str = "127.0.0.1", port: int = 0, chat_template: str | None = None,
-                  vocab_size: int | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+                  vocab_size: int | None = None, max_body_bytes: int | None = None,
                   request_timeout: float = 10.0, model_root: str | None = None,
-                  retry_after: int = 1) -> LiteServer:
+                  retry_after: int = 1, header_timeout: float = 10.0, body_timeout: float = 30.0,
+                  max_connections: int = MAX_CONNECTIONS, max_connections_per_client: int = 0,
+                  metrics_no_auth: bool = False,
+                  log_requests: bool = True, max_tokenizing: int | None = None,
+                  reasoning_parser: str | None = None, tool_call_parser: str | None = None) -> LiteServer:
     """A bound (not yet serving) server for `engine`; `.start()` or `.serve_forever()` it.
 
     generation_config is the model's generation_config.json dict (empty for
     --generation-config vllm); kernel_info carries kernel_variant, num_threads, weight_bytes.
+    max_body_bytes None derives the limit from max_model_len (default_body_limit).
     """
     names = (model_name,) if isinstance(model_name, str) else tuple(model_name)
     if not names:
@@ -657,13 +977,23 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
             vocab_size = vocab_size()
     if not vocab_size:
         raise ValueError("vocab_size unknown: pass vocab_size=")
+    if max_body_bytes is None:
+        max_body_bytes = default_body_limit(max_model_len)
+    info = dict(kernel_info or {})
     ctx = ServingContext(model_names=names, max_model_len=int(max_model_len), vocab_size=int(vocab_size),
                          tokenizer=tokenizer, generation_defaults=generation_defaults(generation_config),
-                         chat_template=chat_template)
-    info = dict(kernel_info or {})
+                         chat_template=chat_template,
+                         max_token_bytes=max_token_bytes(tokenizer),
+                         tokenize_slots=TokenizeSlots(max_tokenizing or max(1, (os.cpu_count() or 2) // 2),
+                                                      retry_after),
+                         reasoning_parser=reasoning_parser, tool_parser=tool_call_parser,
+                         system_fingerprint=system_fingerprint(info))
     state = ServerState(engine, ctx, ServerMetrics(names[0], info), api_key, info, max_body_bytes,
                         model_root, retry_after)
-    return LiteServer((host, port), state, request_timeout)
+    return LiteServer((host, port), state, request_timeout, header_timeout=header_timeout,
+                      body_timeout=body_timeout, max_connections=max_connections,
+                      max_connections_per_client=max_connections_per_client,
+                      metrics_no_auth=metrics_no_auth, log_requests=log_requests)
 
 
 # ---- command line ------------------------------------------------------------------------------
@@ -692,15 +1022,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       "fp8_e5m2 (8-bit: a byte per value and a scale per row, ~2x the tokens per GiB)")
     a("--disable-sliding-window", action="store_true", help="attend over the full context")
     a("--served-model-name", nargs="+", default=None, help="model name(s) the API answers to")
-    a("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 (env LITE_LLM_API_KEY)")
+    a("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health "
+                                      "and /ping (env LITE_LLM_API_KEY)")
     a("--chat-template", default=None, help="chat template: a file path or the Jinja text itself")
     a("--generation-config", default="auto", choices=["auto", "vllm"],
       help="auto: default sampling from the model's generation_config.json; vllm: vLLM's defaults")
     a("--seed", type=int, default=0, help="seed of the sampler for requests without one")
     a("--max-queue", type=int, default=1024, help="waiting requests before answering 429")
-    a("--max-request-bytes", type=int, default=MAX_BODY_BYTES, help="largest request body (413 beyond)")
+    a("--max-request-bytes", type=int, default=None,
+      help=f"largest request body, 413 beyond (default: {BODY_BYTES_PER_TOKEN} bytes per token of "
+           f"--max-model-len, between 1 MiB and 32 MiB)")
     a("--timeout-keep-alive", type=float, default=10.0,
-      help="seconds an idle connection or a half-sent body may wait")
+      help="seconds an idle connection may wait for its next request")
+    a("--header-timeout", type=float, default=10.0,
+      help="seconds a client has to send a request's line and headers, in total")
+    a("--body-timeout", type=float, default=30.0, help="seconds a client has to send a request body, in total")
+    a("--max-connections", type=int, default=MAX_CONNECTIONS,
+      help="open connections at most; when full, the longest idle or slowest-sending one is closed, "
+           "or the newcomer gets 503 if all are busy")
+    a("--max-connections-per-client", type=int, default=0,
+      help="open connections per client address at most, enforced like --max-connections "
+           "(default 0: no cap; behind a proxy every client has the proxy's address)")
+    a("--disable-log-requests", action="store_true",
+      help="no access log line (method, route, status, tokens, ms) per request")
+    a("--metrics-no-auth", action="store_true", help="serve /metrics without the API key")
+    a("--tool-call-parser", default=None, choices=["hermes"],
+      help="how the model writes tool calls (hermes: <tool_call>{json}</tool_call>, as Qwen2.5/Qwen3); "
+           "default: chosen from the chat template where unambiguous")
+    a("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
+      help="split <think>...</think> from the answer into reasoning_content (deepseek_r1: the "
+           "output starts inside the thinking; qwen3: only when it opens with <think>)")
     a("--shutdown-grace", type=float, default=30.0,
       help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
     a("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
@@ -741,7 +1092,12 @@ def run(args: argparse.Namespace) -> int:
         engine, tokenizer, names, info["max_model_len"], api_key=api_key, generation_config=gen_config,
         kernel_info=info, host=args.host, port=args.port, chat_template=chat_template,
         vocab_size=info.get("vocab_size"), max_body_bytes=args.max_request_bytes,
-        request_timeout=args.timeout_keep_alive, model_root=info.get("model_path"))
+        request_timeout=args.timeout_keep_alive, model_root=info.get("model_path"),
+        header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+        max_connections=args.max_connections, max_connections_per_client=args.max_connections_per_client,
+        metrics_no_auth=args.metrics_no_auth,
+        log_requests=not args.disable_log_requests, reasoning_parser=args.reasoning_parser,
+        tool_call_parser=args.tool_call_parser)
     logger.info("lite-llm %s serving %s on %s (ready in %.1f s)", __version__, names[0], server.url,
                 time.perf_counter() - t0)
     logger.info("model %s, max_model_len %s, dtype %s", info.get("model_path") or model,
@@ -751,7 +1107,8 @@ def run(args: argparse.Namespace) -> int:
     if gen_config:
         logger.info("default sampling from generation_config.json: %s", generation_defaults(gen_config))
     if api_key:
-        logger.info("API key required on /v1 routes")
+        logger.info("API key required on every route but /health, /ping%s",
+                    " and /metrics" if args.metrics_no_auth else "")
 
     stop = threading.Event()
 

@@ -6,9 +6,11 @@ server does not implement is an ApiError(400) naming the field, never silently i
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -27,20 +29,37 @@ _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 _LOGPROB_FLOOR = -9999.0    # JSON has no -inf; vLLM clamps the same way
 
 # Fields accepted only while they say "not used" (null, false, empty): anything else is a 400.
-_UNSUPPORTED = {"tools", "tool_choice", "functions", "function_call", "response_format",
-                "suffix", "logit_bias", "best_of", "prompt_logprobs", "guided_json",
-                "guided_regex", "guided_choice", "guided_grammar", "chat_template_kwargs",
+_UNSUPPORTED = {"functions", "function_call", "response_format",
+                "suffix", "best_of", "prompt_logprobs", "guided_json",
+                "guided_regex", "guided_choice", "guided_grammar",
                 "audio", "modalities", "prediction", "reasoning_effort", "web_search_options",
                 "metadata", "store", "service_tier", "continue_final_message", "documents"}
+_WHY_UNSUPPORTED = {
+    "suffix": "'suffix' (fill-in-the-middle insertion) is not supported by this server; put the "
+              "whole text in 'prompt'",
+    "prompt_logprobs": "'prompt_logprobs' is not supported by this server (logprobs of generated "
+                       "tokens are: 'logprobs')",
+}
+MAX_LOGIT_BIAS = 300        # entries of logit_bias (OpenAI's limit)
 _SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p",
                     "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop",
                     "stop_token_ids", "ignore_eos", "n", "stream", "stream_options", "user",
                     "min_tokens", "skip_special_tokens", "include_stop_str_in_output",
-                    "parallel_tool_calls", "request_id"}
+                    "parallel_tool_calls", "request_id", "logit_bias"}
 COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "logprobs", "echo", "add_special_tokens"}
 CHAT_FIELDS = _SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
-                                  "add_generation_prompt", "chat_template", "add_special_tokens"}
-_ROLES = {"system", "user", "assistant", "developer"}
+                                  "add_generation_prompt", "chat_template", "add_special_tokens",
+                                  "chat_template_kwargs", "tools", "tool_choice"}
+# Names a chat template receives from the server itself: chat_template_kwargs cannot set them.
+_TEMPLATE_RESERVED = {"messages", "tools", "documents", "add_generation_prompt", "chat_template",
+                      "bos_token", "eos_token", "pad_token", "unk_token"}
+_ROLES = {"system", "user", "assistant", "developer", "tool"}
+_MESSAGE_KEYS = {"system": {"role", "content", "name"}, "developer": {"role", "content", "name"},
+                 "user": {"role", "content", "name"},
+                 "assistant": {"role", "content", "name", "tool_calls", "reasoning_content"},
+                 "tool": {"role", "content", "tool_call_id", "name"}}
+MAX_TOOLS = 128
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
 class ApiError(Exception):
@@ -154,6 +173,9 @@ def _show(v: Any) -> str:
     return s if len(s) <= 40 else s[:37] + "..."
 
 
+show = _show
+
+
 def check_fields(body: dict, allowed: set[str]) -> None:
     for name, value in body.items():
         if name in allowed:
@@ -161,11 +183,49 @@ def check_fields(body: dict, allowed: set[str]) -> None:
         if name in _UNSUPPORTED:
             if value in (None, False, [], {}, ""):
                 continue
-            raise bad(f"'{name}' is not supported by this server", name)
+            raise bad(_WHY_UNSUPPORTED.get(name, f"'{name}' is not supported by this server"), name)
         raise bad(f"unrecognized request argument '{_show(name)[1:-1]}'", name)
 
 
 # ---- the serving context and a prepared request ----------------------------------------
+
+class TokenizeSlots:
+    """At most `limit` long texts tokenized at once (the tokenizer runs off the GIL but on a
+    core): a caller waits up to `wait` seconds for a slot, then gets a 503 with Retry-After."""
+
+    LONG_TEXT = 1 << 16      # characters; shorter texts take no slot (microseconds of work)
+
+    def __init__(self, limit: int, retry_after: int = 1, wait: float = 5.0):
+        self._sem = threading.BoundedSemaphore(max(1, limit))
+        self.retry_after, self.wait = retry_after, wait
+
+    def __enter__(self) -> "TokenizeSlots":
+        if not self._sem.acquire(timeout=self.wait):
+            raise ApiError(503, "the server is busy tokenizing other long prompts; retry later",
+                           code="tokenizer_busy", headers={"Retry-After": str(self.retry_after)})
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._sem.release()
+
+
+def max_token_bytes(tokenizer: Any) -> int | None:
+    """The most bytes of text one token can stand for, or None when no such bound holds
+    (see Tokenizer.max_bytes_per_token)."""
+    fn = getattr(tokenizer, "max_bytes_per_token", None)
+    try:
+        return fn() if callable(fn) else None
+    except Exception:
+        return None
+
+
+def system_fingerprint(info: dict) -> str:
+    """fp_<10 hex>: changes when the server version, model, dtype or kernel variant does."""
+    from lite_llm import __version__
+    key = "|".join(str(x) for x in (__version__, info.get("model_name"), info.get("dtype"),
+                                    info.get("kernel_variant"), info.get("weight_bytes")))
+    return "fp_" + hashlib.sha256(key.encode()).hexdigest()[:10]
+
 
 @dataclass(frozen=True)
 class ServingContext:
@@ -176,6 +236,11 @@ class ServingContext:
     tokenizer: Any                        # encode/decode/convert_ids_to_tokens/apply_chat_template
     generation_defaults: dict = field(default_factory=dict)  # SamplingParams kwargs (generation_config.json)
     chat_template: str | None = None      # --chat-template, overriding the model's
+    max_token_bytes: int | None = None    # bytes of text one token can stand for (None: unbounded)
+    tokenize_slots: Any = None            # TokenizeSlots, or None for no cap
+    reasoning_parser: str | None = None   # --reasoning-parser: "deepseek_r1" | "qwen3" | None
+    tool_parser: str | None = None        # --tool-call-parser: "hermes" | None
+    system_fingerprint: str | None = None
 
     def check_model(self, body: dict) -> str:
         model = body.get("model")
@@ -208,6 +273,9 @@ class PreparedRequest:
     include_usage: bool
     echo: bool = False
     logprobs: int | None = None       # top logprobs asked per token; None = no logprobs in the answer
+    reasoning_parser: str | None = None   # chat only: split <think>...</think> into reasoning_content
+    tool_parser: str | None = None        # chat with tools: parse <tool_call> blocks into tool_calls
+    system_fingerprint: str | None = None
 
     def engine_request_id(self, prompt_index: int) -> str:
         return f"{self.id}-{prompt_index}"
@@ -255,12 +323,33 @@ def _sampling_kwargs(body: dict, ctx: ServingContext) -> dict:
     kw["min_tokens"] = get_int(body, "min_tokens", 0, ctx.max_model_len, 0)
     kw["skip_special_tokens"] = get_bool(body, "skip_special_tokens", True)
     kw["include_stop_str_in_output"] = get_bool(body, "include_stop_str_in_output", False)
+    bias = body.get("logit_bias")
+    if bias is not None:
+        kw["logit_bias"] = _logit_bias(bias, ctx.vocab_size)
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise bad("'user' must be a string", "user")
     if "parallel_tool_calls" in body and body["parallel_tool_calls"] is not None \
             and not isinstance(body["parallel_tool_calls"], bool):
         raise bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
     return kw
+
+
+def _logit_bias(value: Any, vocab_size: int) -> dict[int, float]:
+    """{"token id": bias in [-100, 100]} (JSON keys are strings) -> {id: bias}."""
+    if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
+        raise bad(f"'logit_bias' must be an object of at most {MAX_LOGIT_BIAS} token ids -> numbers",
+                  "logit_bias")
+    out = {}
+    for key, v in value.items():
+        if not (isinstance(key, str) and 0 < len(key) <= 10 and key.isascii() and key.isdigit()
+                and int(key) < vocab_size):
+            raise bad(f"'logit_bias' keys must be token ids in [0, {vocab_size}), got {_show(key)}",
+                      "logit_bias")
+        if not _is_num(v) or not -100 <= v <= 100:
+            raise bad(f"'logit_bias' values must be numbers in [-100, 100], got {_show(v)}", "logit_bias")
+        if v:
+            out[int(key)] = float(v)
+    return out
 
 
 def _token_ids(value: Any, vocab_size: int, name: str, allow_empty: bool = False) -> list[int]:
@@ -337,7 +426,8 @@ def prepare_completion(body: dict, ctx: ServingContext) -> PreparedRequest:
         kw["logprobs"] = logprobs
     params = _sampling_params(kw)
     return PreparedRequest("completion", _new_id("cmpl", body), int(time.time()), model, prompts,
-                           params, stream, include_usage, echo=echo, logprobs=logprobs)
+                           params, stream, include_usage, echo=echo, logprobs=logprobs,
+                           system_fingerprint=ctx.system_fingerprint)
 
 
 def _completion_prompts(prompt: Any, ctx: ServingContext, add_special: bool) -> list[Prompt]:
@@ -372,11 +462,41 @@ def _completion_prompts(prompt: Any, ctx: ServingContext, add_special: bool) -> 
     return out
 
 
-def _encode(ctx: ServingContext, text: str, add_special_tokens: bool) -> list[int]:
+def check_prompt_size(ctx: ServingContext, text: str, param: str = "prompt") -> None:
+    """Refuse, before tokenizing it, a text that cannot fit the context window.
+
+    A token stands for at most ctx.max_token_bytes bytes of text, so a text of B bytes yields
+    at least ceil(B / max_token_bytes) tokens: beyond max_model_len - 1 of them (the prompt must
+    leave room for one generated token) it is refused without the tokenizer seeing it. The
+    character count is a free lower bound on the byte count, checked first."""
+    per_token = ctx.max_token_bytes
+    if not per_token:
+        return
+    limit = per_token * (ctx.max_model_len - 1)     # the most bytes a prompt that fits can have
+    size = len(text)
+    if size <= limit // 4:                          # 4 bytes a character at most: fits for sure
+        return
+    if size <= limit:
+        size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        at_least = -(-size // per_token)
+        raise bad(f"This model's maximum context length is {ctx.max_model_len} tokens; the "
+                  f"{'prompt' if param == 'prompt' else 'rendered messages'} of {size} bytes has at "
+                  f"least {at_least} tokens (a token is at most {per_token} bytes).", param)
+
+
+def _encode(ctx: ServingContext, text: str, add_special_tokens: bool, param: str = "prompt") -> list[int]:
+    check_prompt_size(ctx, text, param)
+    slots = ctx.tokenize_slots if len(text) >= TokenizeSlots.LONG_TEXT else None
     try:
-        return list(ctx.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        if slots is None:
+            return list(ctx.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        with slots:
+            return list(ctx.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+    except ApiError:
+        raise
     except Exception as e:        # the tokenizer refusing a text is the text's fault
-        raise bad(f"cannot tokenize the prompt: {e}", "prompt") from None
+        raise bad(f"cannot tokenize the prompt: {e}", param) from None
 
 
 def _sampling_params(kw: dict) -> SamplingParams:
@@ -404,9 +524,20 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
     template = body.get("chat_template")
     if template is not None and not isinstance(template, str):
         raise bad("'chat_template' must be a string", "chat_template")
-    text = render_chat(ctx, messages, add_generation_prompt, template)
+    template_kwargs = _template_kwargs(body)
+    tools, tool_choice = _tools(body)
+    tool_parser = None
+    if tools and tool_choice != "none":
+        tool_parser = ctx.tool_parser or tool_parser_for(template or ctx.chat_template
+                                                         or getattr(ctx.tokenizer, "chat_template", None))
+        if tool_parser is None:
+            raise bad("'tools' need a tool call parser: start the server with --tool-call-parser "
+                      "(this model's chat template shows no known tool call format)", "tools")
+        template_kwargs = {**template_kwargs, "tools": tools}
+    text = render_chat(ctx, messages, add_generation_prompt, template, template_kwargs)
     # The template already places BOS and friends: no second BOS (vLLM's default for chat).
-    ids = _encode(ctx, text, add_special_tokens=get_bool(body, "add_special_tokens", False))
+    ids = _encode(ctx, text, add_special_tokens=get_bool(body, "add_special_tokens", False),
+                  param="messages")
     if not ids:
         raise bad("the rendered chat prompt is empty (no tokens)", "messages")
     if len(ids) >= ctx.max_model_len:
@@ -421,7 +552,75 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
     params = _sampling_params(kw)
     return PreparedRequest("chat", _new_id("chatcmpl", body), int(time.time()), model,
                            [Prompt(text, list(ids))], params, stream, include_usage,
-                           logprobs=logprobs)
+                           logprobs=logprobs, reasoning_parser=ctx.reasoning_parser,
+                           tool_parser=tool_parser, system_fingerprint=ctx.system_fingerprint)
+
+
+def _tools(body: dict) -> tuple[list[dict] | None, str]:
+    """tools (OpenAI function tools) and tool_choice ("auto" | "none"; "required" and a named
+    function need constrained decoding, which this server does not do yet)."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if tools is None or tools == []:
+        if choice is not None:
+            raise bad("'tool_choice' is only allowed when 'tools' are given", "tool_choice")
+        return None, "none"
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise bad(f"'tools' must be a list of at most {MAX_TOOLS} tools", "tools")
+    out = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict) \
+                or set(t) - {"type", "function"} or set(fn) - {"name", "description", "parameters", "strict"}:
+            raise bad(f"'tools[{i}]' must be {{\"type\": \"function\", \"function\": {{\"name\", "
+                      f"\"description\", \"parameters\"}}}}", f"tools[{i}]")
+        if not isinstance(fn.get("name"), str) or not _TOOL_NAME.fullmatch(fn["name"]):
+            raise bad(f"'tools[{i}].function.name' must be 1 to 64 letters, digits, _ . or -",
+                      f"tools[{i}].function.name")
+        if fn.get("description") is not None and not isinstance(fn["description"], str):
+            raise bad(f"'tools[{i}].function.description' must be a string", f"tools[{i}].function.description")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise bad(f"'tools[{i}].function.parameters' must be a JSON schema object",
+                      f"tools[{i}].function.parameters")
+        out.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
+    if choice is None:
+        choice = "auto"
+    if choice not in ("auto", "none"):
+        if choice == "required" or isinstance(choice, dict):
+            raise bad("'tool_choice' \"required\" or a named function is not supported yet (it needs "
+                      "constrained decoding); use \"auto\" or \"none\"", "tool_choice")
+        raise bad("'tool_choice' must be \"auto\" or \"none\"", "tool_choice")
+    return out, choice
+
+
+def tool_parser_for(template: str | None) -> str | None:
+    """The tool call format a chat template teaches its model, where unambiguous."""
+    if template and "<tool_call>" in template:
+        return "hermes"          # Hermes, Qwen2.5, Qwen3: <tool_call>{"name", "arguments"}</tool_call>
+    return None
+
+
+def _tool_calls_in(where: str, calls: Any) -> list[dict]:
+    """An assistant message's tool_calls, arguments as objects (what chat templates expect)."""
+    if not isinstance(calls, list) or not calls:
+        raise bad(f"'{where}.tool_calls' must be a non-empty list", f"{where}.tool_calls")
+    out = []
+    for j, c in enumerate(calls):
+        p = f"{where}.tool_calls[{j}]"
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                or not isinstance(fn.get("arguments"), (str, dict)):
+            raise bad(f"'{p}' must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
+                      f"\"arguments\"}}}}", p)
+        args = fn["arguments"]
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                raise bad(f"'{p}.function.arguments' is not valid JSON", f"{p}.function.arguments") from None
+        out.append({"id": c.get("id"), "type": "function",
+                    "function": {"name": fn["name"], "arguments": args}})
+    return out
 
 
 def parse_messages(messages: Any) -> list[dict]:
@@ -435,12 +634,13 @@ def parse_messages(messages: Any) -> list[dict]:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise bad(f"'{where}' must be an object", where)
-        for key in m:
-            if key not in ("role", "content", "name"):
-                raise bad(f"'{where}.{_show(key)[1:-1]}' is not supported", f"{where}.{key}"[:80])
         role = m.get("role")
         if role not in _ROLES:
-            raise bad(f"'{where}.role' must be one of system, user, assistant", f"{where}.role")
+            raise bad(f"'{where}.role' must be one of system, developer, user, assistant, tool",
+                      f"{where}.role")
+        for key in m:
+            if key not in _MESSAGE_KEYS[role]:
+                raise bad(f"'{where}.{_show(key)[1:-1]}' is not supported", f"{where}.{key}"[:80])
         content = m.get("content")
         if content is None and role == "assistant":
             content = ""
@@ -464,15 +664,41 @@ def parse_messages(messages: Any) -> list[dict]:
         msg = {"role": "system" if role == "developer" else role, "content": content}
         if name is not None:
             msg["name"] = name
+        if m.get("tool_calls") is not None:
+            msg["tool_calls"] = _tool_calls_in(where, m["tool_calls"])
+        if role == "tool":
+            if not isinstance(m.get("tool_call_id", ""), str):
+                raise bad(f"'{where}.tool_call_id' must be a string", f"{where}.tool_call_id")
+            if "tool_call_id" in m:
+                msg["tool_call_id"] = m["tool_call_id"]
+        if m.get("reasoning_content") is not None:
+            if not isinstance(m["reasoning_content"], str):
+                raise bad(f"'{where}.reasoning_content' must be a string", f"{where}.reasoning_content")
+            msg["reasoning_content"] = m["reasoning_content"]
         out.append(msg)
     return out
 
 
+def _template_kwargs(body: dict) -> dict:
+    """chat_template_kwargs: extra variables for the chat template (Qwen3's enable_thinking...)."""
+    kw = body.get("chat_template_kwargs")
+    if kw is None:
+        return {}
+    if not isinstance(kw, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kw):
+        raise bad("'chat_template_kwargs' must be an object whose keys are identifiers",
+                  "chat_template_kwargs")
+    reserved = sorted(_TEMPLATE_RESERVED & set(kw))
+    if reserved:
+        raise bad(f"'chat_template_kwargs' cannot set {', '.join(reserved)}", "chat_template_kwargs")
+    return kw
+
+
 def render_chat(ctx: ServingContext, messages: list[dict], add_generation_prompt: bool,
-                template: str | None = None) -> str:
+                template: str | None = None, template_kwargs: dict | None = None) -> str:
     try:
         return ctx.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                 chat_template=template or ctx.chat_template)
+                                                 chat_template=template or ctx.chat_template,
+                                                 **(template_kwargs or {}))
     except RecursionError:
         raise bad("the chat template recursed too deeply", "messages") from None
     except Exception as e:   # jinja errors (raise_exception in templates), missing template
@@ -480,6 +706,126 @@ def render_chat(ctx: ServingContext, messages: list[dict], add_generation_prompt
 
 
 # ---- engine outputs -> response bodies ----------------------------------------------------
+
+class ReasoningSplitter:
+    """Splits a chat answer's text, delta by delta, into (reasoning, content) at <think> tags.
+
+    deepseek_r1: the template opened the thinking, so the output starts inside it (an opening
+    <think> is dropped) until </think>; without a </think> it is all reasoning. qwen3: the
+    output is thinking only when it opens with <think> (Qwen3 with enable_thinking=False
+    answers directly). A tag split across deltas is held back until it is whole.
+    """
+    START, END = "<think>", "</think>"
+
+    def __init__(self, parser: str):
+        self.starts_inside = parser == "deepseek_r1"
+        self.state = "start"      # -> "reasoning" -> "content"
+        self.buf = ""
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, str]:
+        self.buf += text
+        reasoning = content = ""
+        if self.state == "start":
+            head = self.buf.lstrip()
+            if head.startswith(self.START):
+                self.buf, self.state = head[len(self.START):], "reasoning"
+            elif self.START.startswith(head) and not final:
+                return "", ""       # may still become <think>
+            else:
+                self.state = "reasoning" if self.starts_inside else "content"
+        if self.state == "reasoning":
+            end = self.buf.find(self.END)
+            if end >= 0:
+                reasoning, self.buf = self.buf[:end], self.buf[end + len(self.END):]
+                self.state = "content"
+            else:
+                keep = 0 if final else _partial_suffix(self.buf, self.END)
+                reasoning, self.buf = self.buf[:len(self.buf) - keep], self.buf[len(self.buf) - keep:]
+        if self.state == "content":
+            content, self.buf = self.buf, ""
+        return reasoning, content
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest end of text that begins tag (and so may complete it later)."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-k:]):
+            return k
+    return 0
+
+
+class HermesToolParser:
+    """<tool_call>{"name": ..., "arguments": {...}}</tool_call> blocks (Hermes, Qwen2.5, Qwen3)
+    -> OpenAI tool calls, delta by delta: text outside the blocks is content (whitespace between
+    calls dropped), a tag split across deltas is held back, a block that is not a JSON call stays
+    content as it was written."""
+    START, END = "<tool_call>", "</tool_call>"
+
+    def __init__(self) -> None:
+        self.buf = ""
+        self.inside = False
+        self.num_calls = 0
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
+        self.buf += text
+        content, calls = "", []
+
+        def say(piece: str) -> None:
+            nonlocal content
+            if piece.strip() or not (self.num_calls or calls):    # whitespace between calls: dropped
+                content += piece
+
+        while True:
+            if not self.inside:
+                at = self.buf.find(self.START)
+                if at >= 0:
+                    say(self.buf[:at])
+                    self.buf, self.inside = self.buf[at + len(self.START):], True
+                    continue
+                keep = 0 if final else _partial_suffix(self.buf, self.START)
+                say(self.buf[:len(self.buf) - keep])
+                self.buf = self.buf[len(self.buf) - keep:]
+                break
+            end = self.buf.find(self.END)
+            if end < 0 and not final:
+                break
+            block = self.buf if end < 0 else self.buf[:end]
+            self.buf = "" if end < 0 else self.buf[end + len(self.END):]
+            self.inside = False
+            call = _parse_tool_call(block)
+            if call is None:
+                say(self.START + block + ("" if end < 0 else self.END))
+            else:
+                call["index"] = self.num_calls + len(calls)
+                calls.append(call)
+            if end < 0:
+                break
+        self.num_calls += len(calls)
+        return content, calls
+
+
+def _parse_tool_call(block: str) -> dict | None:
+    try:
+        value = json.loads(block.strip())
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    args = value.get("arguments", value.get("parameters", {}))
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": value["name"],
+                         "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}}
+
+
+def tool_finish_reason(reason: str | None, num_calls: int) -> str | None:
+    """"tool_calls" when the model stopped after calling tools."""
+    return "tool_calls" if num_calls and reason == "stop" else reason
+
+
+def wire_finish_reason(reason: str | None) -> str | None:
+    """OpenAI's finish reasons only: an aborted request is answered with an error instead."""
+    return None if reason == "abort" else reason
+
 
 @dataclass
 class Choice:
@@ -596,8 +942,21 @@ def final_response(prep: PreparedRequest, choices: dict[int, Choice]) -> dict:
         text = "".join(c.text)
         lps = merge_logprobs(prep.kind, c.logprobs) if prep.logprobs is not None else None
         if prep.kind == "chat":
-            items.append({"index": index, "message": {"role": "assistant", "content": text},
-                          "logprobs": lps, "finish_reason": c.finish_reason,
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            finish = c.finish_reason
+            if prep.reasoning_parser:
+                reasoning, text = ReasoningSplitter(prep.reasoning_parser).feed(text, final=True)
+                message = {"role": "assistant", "content": text, "reasoning_content": reasoning or None}
+            if prep.tool_parser:
+                content, calls = HermesToolParser().feed(text, final=True)
+                for call in calls:
+                    del call["index"]
+                message["content"] = content.strip() or None if calls else content
+                if calls:
+                    message["tool_calls"] = calls
+                finish = tool_finish_reason(finish, len(calls))
+            items.append({"index": index, "message": message,
+                          "logprobs": lps, "finish_reason": finish,
                           "stop_reason": c.stop_reason})
         else:
             if prep.echo:
@@ -605,8 +964,8 @@ def final_response(prep: PreparedRequest, choices: dict[int, Choice]) -> dict:
             items.append({"index": index, "text": text, "logprobs": lps,
                           "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
     return {"id": prep.id, "object": "chat.completion" if prep.kind == "chat" else "text_completion",
-            "created": prep.created, "model": prep.model, "choices": items,
-            "usage": usage(num_prompt, num_gen)}
+            "created": prep.created, "model": prep.model, "system_fingerprint": prep.system_fingerprint,
+            "choices": items, "usage": usage(num_prompt, num_gen)}
 
 
 def _prompt_text(prep: PreparedRequest, index: int) -> str:
@@ -617,17 +976,23 @@ def _prompt_text(prep: PreparedRequest, index: int) -> str:
 def chunk(prep: PreparedRequest, choices: list[dict], usage_value: dict | None = None) -> dict:
     body = {"id": prep.id,
             "object": "chat.completion.chunk" if prep.kind == "chat" else "text_completion",
-            "created": prep.created, "model": prep.model, "choices": choices}
+            "created": prep.created, "model": prep.model, "system_fingerprint": prep.system_fingerprint,
+            "choices": choices}
     if prep.include_usage:
         body["usage"] = usage_value
     return body
 
 
 def chunk_choice(prep: PreparedRequest, index: int, text: str, logprobs: Any,
-                 finish_reason: str | None, stop_reason: Any = None, role: bool = False) -> dict:
+                 finish_reason: str | None, stop_reason: Any = None, role: bool = False,
+                 reasoning: str = "", tool_calls: list[dict] | None = None) -> dict:
     if prep.kind == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": text} if role else {"content": text}
-        if finish_reason is not None and not text and not role:
+        if reasoning or tool_calls:
+            delta = {**({"reasoning_content": reasoning} if reasoning else {}),
+                     **({"content": text} if text else {}),
+                     **({"tool_calls": tool_calls} if tool_calls else {})}
+        elif finish_reason is not None and not text and not role:
             delta = {}
         return {"index": index, "delta": delta, "logprobs": logprobs,
                 "finish_reason": finish_reason, "stop_reason": stop_reason}
@@ -649,7 +1014,7 @@ def dumps(value: Any) -> bytes:
 
 def tokenize(body: dict, ctx: ServingContext) -> dict:
     check_fields(body, {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
-                        "return_token_strs", "chat_template"})
+                        "return_token_strs", "chat_template", "chat_template_kwargs", "tools"})
     ctx.check_model(body)
     if ("prompt" in body) == ("messages" in body):
         raise bad("give exactly one of 'prompt' or 'messages'", "prompt")
@@ -657,8 +1022,10 @@ def tokenize(body: dict, ctx: ServingContext) -> dict:
         template = body.get("chat_template")
         if template is not None and not isinstance(template, str):
             raise bad("'chat_template' must be a string", "chat_template")
+        tools, _ = _tools({"tools": body.get("tools")})
+        kwargs = {**_template_kwargs(body), **({"tools": tools} if tools else {})}
         text = render_chat(ctx, parse_messages(body["messages"]),
-                           get_bool(body, "add_generation_prompt", True), template)
+                           get_bool(body, "add_generation_prompt", True), template, kwargs)
         ids = _encode(ctx, text, add_special_tokens=get_bool(body, "add_special_tokens", False))
     else:
         if not isinstance(body["prompt"], str):

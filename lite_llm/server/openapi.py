@@ -43,6 +43,9 @@ _SAMPLING = {
     "parallel_tool_calls": _BOOL,
     "request_id": _STR,
     "add_special_tokens": _BOOL,
+    "logit_bias": {"type": "object", "maxProperties": 300,
+                   "propertyNames": {"pattern": "^[0-9]{1,10}$"},
+                   "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
 }
 
 _USAGE = {"type": "object", "properties": {"prompt_tokens": _INT, "completion_tokens": _INT,
@@ -51,12 +54,34 @@ _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type"],
     "properties": {"message": _STR, "type": _STR, "param": _NULLABLE_STR,
                    "code": {"type": ["string", "integer", "null"]}}}}}
+_TOOL_CALL = {"type": "object", "required": ["function"], "properties": {
+    "id": _STR, "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name", "arguments"], "properties": {
+        "name": _STR, "arguments": {"oneOf": [_STR, {"type": "object"}],
+                                    "description": "JSON text (or an object) of the arguments"}}}}}
 _MESSAGE = {"type": "object", "required": ["role"], "properties": {
-    "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
+    "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
     "content": {"oneOf": [_STR, {"type": "null"}, {"type": "array", "items": {
         "type": "object", "required": ["type", "text"],
         "properties": {"type": {"type": "string", "enum": ["text"]}, "text": _STR}}}]},
-    "name": _STR}}
+    "name": _STR,
+    "tool_calls": {"type": "array", "items": _TOOL_CALL, "description": "assistant messages only"},
+    "tool_call_id": {**_STR, "description": "tool messages only"},
+    "reasoning_content": {**_STR, "description": "assistant messages only"}}}
+_ANSWER = {"type": "object", "properties": {
+    "role": {"type": "string", "enum": ["assistant"]}, "content": _NULLABLE_STR,
+    "reasoning_content": {**_NULLABLE_STR, "description": "the <think> part, with --reasoning-parser"},
+    "tool_calls": {"type": "array", "items": _TOOL_CALL}}}
+_FINISH = {"type": ["string", "null"], "enum": ["stop", "length", "tool_calls", None]}
+_TOOL = {"type": "object", "required": ["type", "function"], "properties": {
+    "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "pattern": "^[A-Za-z0-9_.\\-]{1,64}$"}, "description": _STR,
+        "parameters": {"type": "object"}, "strict": _BOOL}}}}
+_TEMPLATE_KWARGS = {"type": "object", "description": "extra chat template variables, e.g. "
+                    "{\"enable_thinking\": false} for Qwen3", "additionalProperties": True}
+_MODEL = {"type": "object", "properties": {"id": _STR, "object": _STR, "created": _INT,
+                                           "owned_by": _STR, "root": _STR, "max_model_len": _INT}}
 
 SCHEMAS: dict[str, Any] = {
     "CompletionRequest": {"type": "object", "required": ["prompt"], "properties": {
@@ -72,27 +97,35 @@ SCHEMAS: dict[str, Any] = {
         "logprobs": _BOOL,
         "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
         "add_generation_prompt": _BOOL,
-        "chat_template": _STR}},
+        "chat_template": _STR,
+        "chat_template_kwargs": _TEMPLATE_KWARGS,
+        "tools": {"type": "array", "items": _TOOL, "maxItems": 128,
+                  "description": "rendered through the chat template; calls parsed with --tool-call-parser"},
+        "tool_choice": {"type": "string", "enum": ["auto", "none"],
+                        "description": "\"required\" and named functions are not supported yet"}}},
     "ChatMessage": _MESSAGE,
     "CompletionResponse": {"type": "object", "properties": {
         "id": _STR, "object": {"type": "string", "enum": ["text_completion"]}, "created": _INT,
         "model": _STR, "usage": _USAGE, "choices": {"type": "array", "items": {
             "type": "object", "properties": {"index": _INT, "text": _STR,
-                                             "finish_reason": _NULLABLE_STR,
-                                             "logprobs": {"type": ["object", "null"]}}}}}},
+                                             "finish_reason": _FINISH,
+                                             "logprobs": {"type": ["object", "null"]}}}},
+        "system_fingerprint": _STR}},
     "ChatCompletionResponse": {"type": "object", "properties": {
         "id": _STR, "object": {"type": "string", "enum": ["chat.completion"]}, "created": _INT,
         "model": _STR, "usage": _USAGE, "choices": {"type": "array", "items": {
-            "type": "object", "properties": {"index": _INT, "message": _MESSAGE,
-                                             "finish_reason": _NULLABLE_STR,
-                                             "logprobs": {"type": ["object", "null"]}}}}}},
-    "ModelList": {"type": "object", "properties": {"object": _STR, "data": {"type": "array", "items": {
-        "type": "object", "properties": {"id": _STR, "object": _STR, "created": _INT,
-                                         "owned_by": _STR, "max_model_len": _INT}}}}},
+            "type": "object", "properties": {"index": _INT, "message": _ANSWER,
+                                             "finish_reason": _FINISH,
+                                             "logprobs": {"type": ["object", "null"]}}}},
+        "system_fingerprint": _STR}},
+    "Model": _MODEL,
+    "ModelList": {"type": "object", "properties": {"object": _STR, "data": {"type": "array",
+                                                                            "items": _ref("Model")}}},
     "TokenizeRequest": {"type": "object", "properties": {
         "model": _STR, "prompt": _STR, "messages": {"type": "array", "items": _ref("ChatMessage")},
         "add_special_tokens": _BOOL, "add_generation_prompt": _BOOL, "return_token_strs": _BOOL,
-        "chat_template": _STR}},
+        "chat_template": _STR, "chat_template_kwargs": _TEMPLATE_KWARGS,
+        "tools": {"type": "array", "items": _TOOL, "maxItems": 128}}},
     "TokenizeResponse": {"type": "object", "properties": {
         "count": _INT, "max_model_len": _INT, "tokens": _IDS,
         "token_strs": {"type": ["array", "null"], "items": _STR}}},
@@ -107,7 +140,7 @@ SCHEMAS: dict[str, Any] = {
 def _errors(*statuses: int) -> dict:
     why = {400: "Invalid request", 401: "Missing or wrong API key", 404: "Unknown model or route",
            413: "Request body too large", 429: "Queue full (see Retry-After)",
-           503: "Server draining or engine stopped"}
+           503: "Server draining, engine stopped, or at capacity (see Retry-After)"}
     return {str(s): {"description": why[s], "content": {"application/json": {"schema": _ref("Error")}}}
             for s in statuses}
 
@@ -120,7 +153,7 @@ def _post(summary: str, request: str, response: str, stream: bool, auth: bool) -
     op = {"summary": summary,
           "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
           "responses": {"200": {"description": "OK", "content": content},
-                        **_errors(*((400, 401, 404, 413, 429, 503) if auth else (400, 404, 413)))}}
+                        **_errors(*((400, 401, 404, 413, 429, 503) if auth else (400, 404, 413, 503)))}}
     if auth:
         op["security"] = [{"bearer": []}]
     return {"post": op}
@@ -137,26 +170,32 @@ def _get(summary: str, schema: dict | None, media: str = "application/json", aut
     return {"get": op}
 
 
-def openapi_document(version: str) -> dict:
+def openapi_document(version: str, metrics_auth: bool = True) -> dict:
+    """Every route but /health and /ping (and /metrics with --metrics-no-auth) takes the API
+    key when the server has one: the `security` of each operation says which."""
+    model = _get("One served model", _ref("Model"), auth=True)
+    model["get"]["parameters"] = [{"name": "model", "in": "path", "required": True, "schema": _STR}]
+    model["get"]["responses"].update(_errors(404))
     return {
         "openapi": "3.1.0",
         "info": {"title": "lite-llm OpenAI-compatible server", "version": version},
         "paths": {
             "/v1/models": _get("List the served models", _ref("ModelList"), auth=True),
+            "/v1/models/{model}": model,
             "/v1/completions": _post("Text completion", "CompletionRequest", "CompletionResponse",
                                      stream=True, auth=True),
             "/v1/chat/completions": _post("Chat completion", "ChatCompletionRequest",
                                           "ChatCompletionResponse", stream=True, auth=True),
             "/tokenize": _post("Text or messages to token ids", "TokenizeRequest", "TokenizeResponse",
-                               stream=False, auth=False),
+                               stream=False, auth=True),
             "/detokenize": _post("Token ids to text", "DetokenizeRequest", "DetokenizeResponse",
-                                 stream=False, auth=False),
+                                 stream=False, auth=True),
             "/health": {"get": {"summary": "200 while serving, 503 when draining or the engine stopped",
                                 "responses": {"200": {"description": "Serving"},
                                               **_errors(503)}}},
-            "/version": _get("Server version and kernel variant", _ref("Version")),
-            "/metrics": _get("Prometheus metrics", {"type": "string"}, media="text/plain"),
-            "/openapi.json": _get("This document", {"type": "object"}),
+            "/version": _get("Server version and kernel variant", _ref("Version"), auth=True),
+            "/metrics": _get("Prometheus metrics", {"type": "string"}, media="text/plain", auth=metrics_auth),
+            "/openapi.json": _get("This document", {"type": "object"}, auth=True),
         },
         "components": {
             "schemas": SCHEMAS,

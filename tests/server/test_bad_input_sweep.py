@@ -53,7 +53,7 @@ def _bodies(rng: random.Random) -> list[tuple[str, bytes]]:
 
 @pytest.fixture(scope="module")
 def sweep_server():
-    s = start_server(max_body_bytes=1 << 20, request_timeout=1.0,
+    s = start_server(max_body_bytes=1 << 20, request_timeout=1.0, header_timeout=1.0, body_timeout=1.0,
                      engine_overrides={"step_seconds": 0.0005})
     yield s
     stop_server(s)

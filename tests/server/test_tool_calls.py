@@ -1,0 +1,175 @@
+"""Tool calling: tools rendered through the chat template, Hermes/Qwen <tool_call> blocks parsed
+into OpenAI tool_calls (whole and streamed), tool results sent back as role "tool" messages."""
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from lite_llm.server.app import create_server
+from lite_llm.server.openai import HermesToolParser
+
+from .conftest import MAX_MODEL_LEN, error_of, make_tokenizer, request
+from .test_hardening import ScriptedEngine
+
+# Qwen2.5's tool template, cut down: tools listed in a system turn, calls as <tool_call> JSON,
+# results as <tool_response> in a user turn
+TOOL_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nTools:\n<tools>{% for tool in tools %}\n{{ tool | tojson }}"
+    "{% endfor %}\n</tools><|im_end|>\n{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant"
+    "{% for tc in m.tool_calls %}\n<tool_call>\n{\"name\": \"{{ tc.function.name }}\", \"arguments\": "
+    "{{ tc.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{%- endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                          "required": ["city"]}}}]
+
+
+class ToolEngine(ScriptedEngine):
+    script = "Let me check.\n" + CALL + "<|im_end|>"
+
+
+@pytest.fixture(scope="module")
+def tool_server():
+    tok = make_tokenizer()
+    engine = ToolEngine(tok, step_seconds=0.0005)
+    server = create_server(engine, tok, "tiny", MAX_MODEL_LEN, chat_template=TOOL_TEMPLATE)
+    server.start()
+    yield server, tok
+    server.drain(2.0)
+
+
+def _ask(server, tok, **kw):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=20)
+    n = len(tok.encode(ToolEngine.script, add_special_tokens=False))
+    end = tok.token_to_id("<|im_end|>")
+    return client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Weather in Paris?"}], max_tokens=n + 4,
+        temperature=0, extra_body={"stop_token_ids": [end]}, **kw)
+
+
+@pytest.mark.parametrize("text,content,calls", [
+    ("Let me check.\n" + CALL, "Let me check.\n", [("get_weather", {"city": "Paris"})]),
+    (CALL + "\n" + CALL.replace("Paris", "Rome"), "",
+     [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]),
+    ("no call <tool_cal", "no call <tool_cal", []),
+    ("<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
+    ('<tool_call>{"name": "f", "arguments": "{}"}', "", [("f", {})]),        # unterminated at the end
+])
+def test_hermes_parser_at_every_delta_boundary(text, content, calls):
+    for cut in range(len(text) + 1):
+        p = HermesToolParser()
+        a, ca = p.feed(text[:cut])
+        b, cb = p.feed(text[cut:], final=True)
+        got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in ca + cb]
+        assert (a + b, got) == (content, calls), cut
+        assert [c["index"] for c in ca + cb] == list(range(len(calls)))
+
+
+def test_tool_call_parsed_from_the_answer(tool_server):
+    server, tok = tool_server
+    out = _ask(server, tok, tools=TOOLS)
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Let me check."
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+def test_tool_call_streamed_as_deltas(tool_server):
+    server, tok = tool_server
+    content, calls, finish = "", {}, None
+    for chunk in _ask(server, tok, tools=TOOLS, stream=True):
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            for tc in c.delta.tool_calls or []:
+                entry = calls.setdefault(tc.index, {"name": "", "arguments": "", "id": tc.id})
+                entry["name"] += tc.function.name or ""
+                entry["arguments"] += tc.function.arguments or ""
+            finish = c.finish_reason or finish
+    assert content == "Let me check.\n" and finish == "tool_calls"
+    assert len(calls) == 1 and calls[0]["name"] == "get_weather" and calls[0]["id"].startswith("call_")
+    assert json.loads(calls[0]["arguments"]) == {"city": "Paris"}
+
+
+def test_tool_choice_none_leaves_the_text_alone(tool_server):
+    server, tok = tool_server
+    choice = _ask(server, tok, tools=TOOLS, tool_choice="none").choices[0]
+    assert choice.finish_reason == "stop" and not choice.message.tool_calls
+    assert CALL in choice.message.content
+
+
+def test_tool_call_and_result_round_trip_through_the_template(tool_server):
+    server, tok = tool_server
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [{
+                    "id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 21}'}]
+    status, _, data = request(server.port, "POST", "/tokenize", {"messages": messages})
+    assert status == 200
+    text = json.loads(request(server.port, "POST", "/detokenize", {"tokens": json.loads(data)["tokens"]})[2])["prompt"]
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    assert '<tool_response>\n{"temp_c": 21}\n</tool_response>' in text
+    with_tools = json.loads(request(server.port, "POST", "/tokenize", {"messages": messages, "tools": TOOLS})[2])
+    assert with_tools["count"] > json.loads(data)["count"]       # the tools' system turn comes first
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=20)
+    answer = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, max_tokens=4)
+    assert answer.usage.prompt_tokens == with_tools["count"]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
+    ({"tools": "x"}, "tools"),
+])
+def test_bad_tool_requests_are_400(tool_server, body, param):
+    server, _ = tool_server
+    status, _, data = request(server.port, "POST", "/v1/chat/completions",
+                              {"messages": [{"role": "user", "content": "x"}], **body})
+    assert status == 400 and error_of(data)["param"] == param
+
+
+def test_tools_need_a_known_format():
+    tok = make_tokenizer()                    # its ChatML template shows no tool call format
+    server = create_server(ScriptedEngine(tok), tok, "tiny", MAX_MODEL_LEN)
+    server.start()
+    try:
+        status, _, data = request(server.port, "POST", "/v1/chat/completions",
+                                  {"messages": [{"role": "user", "content": "x"}], "tools": TOOLS})
+        assert status == 400 and "--tool-call-parser" in error_of(data)["message"]
+    finally:
+        server.drain(2.0)
+
+
+def test_hostile_values_in_the_new_fields_are_never_5xx(tool_server):
+    from .test_bad_input_sweep import HOSTILE_VALUES
+    server, _ = tool_server
+    extra = [[{"type": "function", "function": {"name": "f", "parameters": v}}] for v in (1, "x", [], None)] + [
+        [{"type": "function", "function": {"name": "f"}}] * 129, {"type": "function"}, "required",
+        {"enable_thinking": None, "tools": 1}, {"messages": 1}, {"x" * 10000: 1}, {"1": 1e308}, {"1": -1e-320}]
+    user = {"role": "user", "content": "x"}
+    cases = []
+    for value in HOSTILE_VALUES + extra:
+        for name in ("tools", "tool_choice", "chat_template_kwargs", "logit_bias"):
+            cases.append({"messages": [user], "tools": TOOLS, name: value})
+        cases.append({"messages": [user, {"role": "assistant", "content": None, "tool_calls": value}]})
+        cases.append({"messages": [user, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": value}}]}]})
+        cases.append({"messages": [user, {"role": "tool", "tool_call_id": value, "content": "r"}]})
+        cases.append({"messages": [user, {"role": "assistant", "content": "a", "reasoning_content": value}]})
+    for body in cases:
+        status, _, data = request(server.port, "POST", "/v1/chat/completions", {**body, "max_tokens": 2})
+        assert status in (200, 400), (body, data[:300])
+        status, _, data = request(server.port, "POST", "/tokenize",
+                                  {k: v for k, v in body.items() if k != "tool_choice" and k != "logit_bias"})
+        assert status in (200, 400), (body, data[:300])
