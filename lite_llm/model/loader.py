@@ -26,8 +26,8 @@ class ModelLoadError(ValueError):
 
 
 def pread_into(fd: int, offset: int, out: np.ndarray, path: str) -> None:
-    """Fill the contiguous array `out` with the bytes of open file `fd` from `offset`. Checkpoints
-    are read, not mapped: a mapped file's touched pages count in the resident set until unmapped."""
+    """Fill the contiguous array `out` with the bytes of open file `fd` from `offset`: vectors,
+    and weights the packer cannot take as stored (MappedFile serves those it can)."""
     view, done = memoryview(out.reshape(-1).view(np.uint8)), 0
     while done < len(view):         # a read may return less than asked
         if hasattr(os, "preadv"):
