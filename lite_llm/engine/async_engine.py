@@ -198,7 +198,8 @@ class AsyncEngine:
                     outputs += engine.abort_request(engine.unfinished_request_ids, delta=True)
                 if engine.has_unfinished_requests():
                     outputs += engine.step(delta=True)
-                self._stats = engine.stats()     # before the outputs: a reader never sees older
+                # before the outputs: a reader never sees older; fresh once idle
+                self._stats = engine.stats(fresh=not engine.has_unfinished_requests())
                 self._dispatch(outputs)
                 if stopping and not engine.has_unfinished_requests():
                     with self._cond:
@@ -241,7 +242,7 @@ class AsyncEngine:
             # both at once under the lock: add_request's queue count must never see a
             # request twice (in the inbox and in the published waiting count)
             with self._cond:
-                self._stats = engine.stats()
+                self._stats = engine.stats(fresh=False)
                 self._num_inbox_adds -= num_adds
         return outputs
 

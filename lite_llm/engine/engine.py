@@ -12,6 +12,8 @@ Runner protocol (duck-typed):
         a chunk may read KV slots another chunk of the same step writes (prefix-cache hit
         on a block published this step), so all new KV of a layer is written before that
         layer's attention reads any.
+    runner.last_step_cost -> (kernel seconds, bytes read) of the latest execute(), optional:
+        the step's Python time is its wall time minus those kernel seconds.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from lite_llm.engine.detokenizer import IncrementalDetokenizer, find_stop, stop_
 from lite_llm.engine.kv_cache import KVCacheManager
 from lite_llm.engine.request import Request, RequestStatus, SampleResult
 from lite_llm.engine.scheduler import Scheduler, SchedulerOutput
-from lite_llm.engine.stats import EngineStats, FinishedRequestRecord, StatsCollector
+from lite_llm.engine.stats import EngineStats, FinishedRequestRecord, StatsCollector, StepRecord
 from lite_llm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from lite_llm.sampling_params import SamplingParams
 
@@ -181,6 +183,7 @@ class LLMEngine:
     def step(self, delta: bool = False) -> list[RequestOutput]:
         """Run one scheduler step. Returns an output for each request that got tokens or
         finished: cumulative, or (delta=True) only what is new since the last output."""
+        start = time.perf_counter()
         touched: dict[str, _Group] = {}
         sched_out = self.scheduler.schedule()
         for request in self.scheduler.take_finished_in_schedule():
@@ -191,7 +194,6 @@ class LLMEngine:
         for request, result in self.scheduler.update_from_output(sched_out, results):
             self._process_sample(request, result, now)
             touched[request.parent_id] = self._groups[request.parent_id]
-        self._stats.num_steps_total += 1
         outputs = []
         for rid, group in touched.items():
             out = self._make_output(group, delta)
@@ -199,6 +201,11 @@ class LLMEngine:
                 outputs.append(out)
             if group.is_finished:
                 del self._groups[rid]
+        if sched_out.chunks:
+            kernel_seconds, bytes_read = getattr(self.runner, "last_step_cost", (0.0, 0))
+            self._stats.record_step(StepRecord(
+                sched_out.num_seqs, sched_out.num_tokens,
+                time.perf_counter() - start - kernel_seconds, kernel_seconds, bytes_read))
         return outputs
 
     def _process_sample(self, request: Request, result: SampleResult, now: float) -> None:
@@ -207,6 +214,8 @@ class LLMEngine:
         if metrics.first_token_time is None:
             metrics.first_token_time = now
             self._stats.prompt_tokens_total += request.num_prompt_tokens
+        else:
+            self._stats.itl.observe(now - metrics.last_token_time)
         metrics.last_token_time = now
         self._stats.generation_tokens_total += 1
         token_id = result.token_id
@@ -333,9 +342,12 @@ class LLMEngine:
             ttft=None if m.first_token_time is None else m.first_token_time - m.arrival_time,
             tpot=tpot, e2e=finished - m.arrival_time))
 
-    def stats(self) -> EngineStats:
+    def stats(self, fresh: bool = True) -> EngineStats:
+        """A snapshot; fresh=False lets per-step figures lag by up to a fraction of a second
+        (cheap enough to call after every step)."""
         kv = self.kv_cache_manager
         return self._stats.snapshot(
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             num_preempted_total=self.scheduler.num_preemptions_total, kv_cache_usage=kv.usage,
-            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits)
+            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
+            fresh=fresh)
