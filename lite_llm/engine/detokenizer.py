@@ -1,7 +1,7 @@
 """Token ids -> text, one token at a time, and stop-string matching on the growing text.
 
 IncrementalDetokenizer decodes a short window of recent ids instead of the whole output
-(vLLM's prefix_offset/read_offset scheme): the window starts a few tokens back so that
+(vLLM's prefix_offset/read_offset scheme), so a token costs the same at any output length: the window starts a few tokens back so that
 tokenizers which decide spacing from context (SentencePiece's leading "▁", byte-level BPE's
 merged bytes) render the new token as they would inside the full text. A delta is only
 released once the window decodes without a trailing U+FFFD, so a character split across
@@ -36,13 +36,8 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
         self._prefix_text = self._decode(self._ids)
-        self._pieces: list[str] = []
+        self.text = ""                     # all output text released so far, grown by each delta
         self.token_ids: list[int] = []     # output ids seen so far
-
-    @property
-    def text(self) -> str:
-        """All output text released so far."""
-        return "".join(self._pieces)
 
     def add(self, token_id: int) -> str:
         """Feed one output token; returns the text it completes (possibly "")."""
@@ -60,7 +55,7 @@ class IncrementalDetokenizer:
             del self._ids[:self._prefix_offset]
             self._read_offset -= self._prefix_offset
             self._prefix_offset = 0
-        self._pieces.append(delta)
+        self.text += delta
         return delta
 
     def _decode(self, ids: list[int]) -> str:
