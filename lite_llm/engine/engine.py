@@ -17,7 +17,6 @@ Runner protocol (duck-typed):
 """
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from collections.abc import Iterable
@@ -103,7 +102,10 @@ class _Group:
 
     @property
     def is_finished(self) -> bool:
-        return all(child.is_finished for child in self.children)
+        children = self.children
+        if len(children) == 1:
+            return children[0].is_finished
+        return all(child.is_finished for child in children)
 
 
 class LLMEngine:
@@ -297,8 +299,10 @@ class LLMEngine:
 
     @staticmethod
     def _group_metrics(group: _Group) -> RequestMetrics:
-        if len(group.children) == 1:
-            return dataclasses.replace(group.children[0].metrics)
+        if len(group.children) == 1:   # a copy: the engine thread goes on updating its own
+            m = group.children[0].metrics
+            return RequestMetrics(m.arrival_time, m.first_scheduled_time, m.first_token_time,
+                                  m.last_token_time, m.finished_time, m.num_preemptions)
         ms = [c.metrics for c in group.children]
 
         def pick(values, fn):

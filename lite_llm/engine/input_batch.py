@@ -11,8 +11,9 @@ each array:
                                                  forward() reads this very array
     num_tokens, num_prompt_tokens, num_blocks    [max_num_seqs]
     fparams       [max_num_seqs, NUM_F]          sampling floats (_sampler F_* columns)
-    iparams       [max_num_seqs, NUM_I]          top_k, num_logprobs, seed (the _sampler
-                                                 I_* columns that never change)
+    iparams       [max_num_seqs, NUM_I]          the _sampler I_* columns: top_k, num_logprobs,
+                                                 seed, and the step / penalty-context offsets
+                                                 into token_ids, advanced per appended token
 
 KVCacheManager owns which blocks a request holds; block_table is the runner's copy of those
 lists, grown by the ids each step appends, never rebuilt. A step's arrays are gathered with
@@ -31,6 +32,7 @@ sampling arithmetic (_sampler.pyx).
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +57,7 @@ class StepArrays:
     block_tables: np.ndarray   # [max_num_seqs, max_blocks] int32, the persistent table itself
     logits_rows: np.ndarray    # [R] int32 token index of each sampling chunk's last token
     sample_slots: np.ndarray   # [R] int32 batch slot of each sampling chunk
+    sample_slots_are_prefix: bool   # sample_slots == 0..R-1: parameter rows are views
     num_context_tokens: int    # keys attention reads over all sequences (bandwidth figures)
 
 
@@ -80,22 +83,24 @@ class InputBatch:
         self.block_size = block_size
         self.max_blocks = -(-max_model_len // block_size)
         self.eos_token_ids = tuple(eos_token_ids)
-        # np.zeros: pages of rows never used are never touched (calloc)
-        self.token_ids = np.zeros((max_num_seqs, max_model_len), np.int32)
+        # np.zeros: pages of rows never used are never touched (calloc). One column more than
+        # max_model_len: a prompt of max_model_len tokens still gets its sampled token appended.
+        row_len = max_model_len + 1
+        self.token_ids = np.zeros((max_num_seqs, row_len), np.int32)
         self.num_tokens = np.zeros(max_num_seqs, np.int32)
         self.num_prompt_tokens = np.zeros(max_num_seqs, np.int32)
         self.block_table = np.zeros((max_num_seqs, self.max_blocks), np.int32)
         self.num_blocks = [0] * max_num_seqs
+        # sampler rows, kept current: I_STEP and I_TOK_END advance with each appended token
         self.fparams = np.zeros((max_num_seqs, NUM_F), np.float32)
         self.iparams = np.zeros((max_num_seqs, NUM_I), np.int64)
-        # penalty context of a slot: token_ids[slot, ctx_start:...] (0: prompt + output, P: output only)
-        self.ctx_from_prompt = np.zeros(max_num_seqs, bool)     # repetition penalty: prompt too
-        self.ctx_outputs = np.zeros(max_num_seqs, bool)         # any penalty: the outputs
-        self.min_tokens = np.zeros(max_num_seqs, np.int32)
+        self.ctx_outputs = np.zeros(max_num_seqs, np.int64)    # 1: outputs are penalty context
+        self.min_tokens = [0] * max_num_seqs
         self._ban_ids: list[list[int]] = [[] for _ in range(max_num_seqs)]
-        self.slot_of: dict[str, int] = {}                       # request id -> slot
-        self._free_slots = list(range(max_num_seqs - 1, -1, -1))   # pop() takes the lowest
-        self._row_offsets = np.arange(max_num_seqs, dtype=np.int64) * max_model_len
+        self._banning: set[int] = set()          # slots still short of min_tokens
+        self.slot_of: dict[str, int] = {}        # request id -> slot
+        self._free_slots = list(range(max_num_seqs))   # a heap: the lowest free slot first
+        self._row_len = row_len
 
     @property
     def num_reqs(self) -> int:
@@ -108,30 +113,38 @@ class InputBatch:
         slot = self.slot_of.pop(request_id, None)
         if slot is not None:
             self.num_blocks[slot] = 0
-            self._free_slots.append(slot)
+            self._banning.discard(slot)
+            heapq.heappush(self._free_slots, slot)
 
     def add(self, request, block_ids: list[int]) -> int:
-        """Give request a slot holding its tokens, block table and sampling parameters."""
+        """Give request the lowest free slot, holding its tokens, block table and sampling
+        parameters (low slots first keep a steady batch in slots 0..S-1: see prepare)."""
         assert request.request_id not in self.slot_of, f"{request.request_id!r} is already in the batch"
-        slot = self._free_slots.pop()
+        slot = heapq.heappop(self._free_slots)
         self.slot_of[request.request_id] = slot
         tokens = request.all_token_ids
         n = len(tokens)
+        num_prompt = request.num_prompt_tokens
         assert n <= self.max_model_len, f"{request} is longer than max_model_len {self.max_model_len}"
         self.token_ids[slot, :n] = tokens
         self.num_tokens[slot] = n
-        self.num_prompt_tokens[slot] = request.num_prompt_tokens
+        self.num_prompt_tokens[slot] = num_prompt
         self.num_blocks[slot] = 0
         self.append_blocks(slot, block_ids)
         p = request.sampling_params
         self.fparams[slot], (top_k, num_logprobs, seed) = sampling_row(p, request.seed)
-        self.iparams[slot, I_TOP_K], self.iparams[slot, I_NUM_LOGPROBS] = top_k, num_logprobs
-        self.iparams[slot, I_SEED] = seed
-        self.ctx_from_prompt[slot] = p.repetition_penalty != 1.0
-        self.ctx_outputs[slot] = (p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
-                                  or p.presence_penalty != 0.0)
+        # penalty context: token_ids[slot, start:prompt_end] prompt part, [prompt_end:end] outputs
+        base = slot * self._row_len
+        rep = p.repetition_penalty != 1.0
+        outputs = rep or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+        self.ctx_outputs[slot] = outputs
+        self.iparams[slot] = (top_k, num_logprobs, seed, n - num_prompt,
+                              base + (0 if rep else num_prompt), base + num_prompt,
+                              base + (n if outputs else num_prompt), 0, 0)
         self.min_tokens[slot] = p.min_tokens
-        self._ban_ids[slot] = ban_ids(p, getattr(request, "eos_token_ids", None) or self.eos_token_ids)
+        if n - num_prompt < p.min_tokens:
+            self._ban_ids[slot] = ban_ids(p, getattr(request, "eos_token_ids", None) or self.eos_token_ids)
+            self._banning.add(slot)
         return slot
 
     def append_blocks(self, slot: int, block_ids: list[int]) -> None:
@@ -143,11 +156,11 @@ class InputBatch:
     def append_sampled(self, slots: np.ndarray, token_ids: np.ndarray) -> None:
         """Each slot's newly sampled token joins its row (the scheduler appends the same
         token to the request, unless the request stopped and leaves the batch)."""
-        if len(slots):
-            ends = self.num_tokens[slots]
-            room = ends < self.max_model_len      # a request at max_model_len has finished
-            self.token_ids[slots[room], ends[room]] = token_ids[room]
-            self.num_tokens[slots[room]] = ends[room] + 1
+        ends = self.num_tokens[slots]
+        self.token_ids[slots, ends] = token_ids
+        self.num_tokens[slots] = ends + 1
+        self.iparams[slots, I_STEP] += 1
+        self.iparams[slots, I_TOK_END] += self.ctx_outputs[slots]
 
     # ---- one step -------------------------------------------------------------------------
 
@@ -159,7 +172,8 @@ class InputBatch:
             self.remove(rid)
         slot_of = self.slot_of
         chunks = sched_out.chunks
-        slots, starts, counts, samples = [], [], [], []
+        slots, starts = [], []
+        all_sample = is_prefix = True
         for c in chunks:
             if c.is_new:
                 slot = self.add(c.request, c.new_block_ids)
@@ -167,54 +181,63 @@ class InputBatch:
                 slot = slot_of[c.request.request_id]
                 if c.new_block_ids:
                     self.append_blocks(slot, c.new_block_ids)
+            is_prefix = is_prefix and slot == len(slots)
             slots.append(slot)
             starts.append(c.start)
-            counts.append(c.num_new_tokens)
-            samples.append(c.sample)
+            all_sample = all_sample and c.sample
         seq_slot = np.array(slots, np.int32)
         start = np.array(starts, np.int32)
         B = self.block_size
         num_tokens = sched_out.num_tokens
-        if num_tokens == len(chunks):           # one token per sequence (decode)
+        num_seqs = len(chunks)
+        if num_tokens == num_seqs:               # one token per sequence (decode)
             tok_seq, positions = seq_slot, start
             last = np.arange(num_tokens, dtype=np.int32)
-            num_context = int(start.sum()) + num_tokens
         else:
-            count = np.array(counts, np.int32)
+            count = np.array([c.num_new_tokens for c in chunks], np.int32)
             last = np.cumsum(count, dtype=np.int32) - 1
             tok_seq = np.repeat(seq_slot, count)
             # position of token t = start of its chunk + (t - index of the chunk's first token)
             positions = np.arange(num_tokens, dtype=np.int32) + np.repeat(start - (last + 1 - count), count)
-            num_context = int(start.sum()) + num_tokens
-        sample = np.array(samples, bool)
+        if all_sample:
+            logits_rows, sample_slots = last, seq_slot
+        else:
+            sample = np.array([c.sample for c in chunks], bool)
+            logits_rows, sample_slots = last[sample], seq_slot[sample]
         return StepArrays(
             token_ids=self.token_ids[tok_seq, positions],
             positions=positions,
-            slot_mapping=self.block_table[tok_seq, positions // B].astype(np.int64) * B + positions % B,
+            slot_mapping=self.block_table[tok_seq, positions // B] * np.int64(B) + positions % B,
             tok_seq=tok_seq, block_tables=self.block_table,
-            logits_rows=last[sample], sample_slots=seq_slot[sample], num_context_tokens=num_context)
+            logits_rows=logits_rows, sample_slots=sample_slots, sample_slots_are_prefix=all_sample and is_prefix,
+            num_context_tokens=sum(starts) + num_tokens)
 
-    def sampling_arrays(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def sampling_arrays(self, slots: np.ndarray, is_prefix: bool = False
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(fparams [R, NUM_F], iparams [R, NUM_I], context token ids, banned ids) for
-        _sampler.sample over the given slots. The penalty context is the flat view of
-        token_ids itself; each row's offsets pick its part of its slot's row."""
-        fparams = self.fparams[slots]
-        iparams = self.iparams[slots]
-        n = self.num_tokens[slots]
-        prompt = self.num_prompt_tokens[slots]
-        base = self._row_offsets[slots]
-        steps = n - prompt
-        iparams[:, I_STEP] = steps
-        iparams[:, I_TOK_START] = base + np.where(self.ctx_from_prompt[slots], 0, prompt)
-        iparams[:, I_TOK_PROMPT_END] = base + prompt
-        iparams[:, I_TOK_END] = base + np.where(self.ctx_outputs[slots], n, prompt)
+        _sampler.sample over the given slots: their rows of the kept parameter arrays (views
+        when is_prefix: the slots are 0..R-1), and the flat view of token_ids as the penalty
+        context."""
+        if is_prefix:
+            fparams, iparams = self.fparams[:len(slots)], self.iparams[:len(slots)]
+        else:
+            fparams, iparams = self.fparams[slots], self.iparams[slots]
         banned_ids = _NO_IDS
-        banning = steps < self.min_tokens[slots]
-        if banning.any():
+        if self._banning:
             banned: list[int] = []
-            for row in np.flatnonzero(banning).tolist():
-                iparams[row, I_BAN_START] = len(banned)
-                banned.extend(self._ban_ids[int(slots[row])])
-                iparams[row, I_BAN_END] = len(banned)
-            banned_ids = np.array(banned, np.int32) if banned else _NO_IDS
+            bans = []
+            for row, slot in enumerate(slots.tolist()):
+                if slot in self._banning:
+                    if self.iparams[slot, I_STEP] >= self.min_tokens[slot]:
+                        self._banning.discard(slot)
+                        continue
+                    bans.append((row, len(banned)))
+                    banned.extend(self._ban_ids[slot])
+                    bans[-1] += (len(banned),)
+            if bans:
+                if iparams.base is self.iparams:
+                    iparams = iparams.copy()      # the ranges are this step's, not the slot's
+                for row, lo, hi in bans:
+                    iparams[row, I_BAN_START], iparams[row, I_BAN_END] = lo, hi
+                banned_ids = np.array(banned, np.int32) if banned else _NO_IDS
         return fparams, iparams, self.token_ids.reshape(-1), banned_ids

@@ -76,6 +76,12 @@ class KVCacheManager:
         """
         rid = request.request_id
         blocks = self._blocks.get(rid)
+        if blocks and not new_computed_blocks:
+            # a running request whose blocks already hold the new tokens (most decode steps)
+            end = request.num_computed_tokens + num_new_tokens
+            if end <= len(blocks) * self.block_size and (
+                    not self.enable_prefix_caching or end // self.block_size <= self._num_hashed[rid]):
+                return []
         assert not new_computed_blocks or not blocks, "cache hits only for a request without blocks"
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         end = num_computed + num_new_tokens

@@ -104,7 +104,10 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.is_finished
+        # identity tests: asked per request several times a step, and an enum's properties
+        # go through its descriptors
+        status = self.status
+        return status is not RequestStatus.RUNNING and status is not RequestStatus.WAITING
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

@@ -204,7 +204,7 @@ class ModelRunner:
         kernel_seconds = time.perf_counter() - start
         sampled = []
         if len(a.sample_slots):
-            sampled = self.sampler.run(logits, *batch.sampling_arrays(a.sample_slots))
+            sampled = self.sampler.run(logits, *batch.sampling_arrays(a.sample_slots, a.sample_slots_are_prefix))
             kernel_seconds += self.sampler.last_kernel_seconds
             batch.append_sampled(a.sample_slots, self.sampler.last_tokens)
         # weights stream once per step; attention reads each sequence's context once

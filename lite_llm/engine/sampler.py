@@ -33,6 +33,7 @@ class Sampler:
         self._scratch_w = self._scratch_count = self._scratch_raw = None
         self.last_kernel_seconds = 0.0     # of the latest run(): the compiled part alone
         self.last_tokens = _NO_IDS         # [S] int32 tokens of the latest run()
+        self._out_token, self._out_logprob, self._out_rank = _NO_IDS, np.zeros(0, np.float32), _NO_IDS
 
     def _scratch(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if rows > self._rows:
@@ -41,6 +42,17 @@ class Sampler:
             self._scratch_raw = np.empty((rows, self.vocab_size), np.float32)
             self._rows = rows
         return self._scratch_w, self._scratch_count, self._scratch_raw
+
+    def _outputs(self, rows: int, k: int) -> tuple[np.ndarray, ...]:
+        """Output arrays for rows sequences and k top logprobs: views of buffers kept across
+        steps (the caller reads them before the next run)."""
+        if rows > len(self._out_token):
+            size = max(rows, 2 * len(self._out_token))
+            self._out_token = np.empty(size, np.int32)
+            self._out_logprob = np.empty(size, np.float32)
+            self._out_rank = np.empty(size, np.int32)
+        return (self._out_token[:rows], self._out_logprob[:rows], self._out_rank[:rows],
+                np.empty((rows, k), np.int32), np.empty((rows, k), np.float32))
 
     def sample(self, logits: np.ndarray,    # IN/OUT [S, V] float32, overwritten
                requests: list) -> list[SampleResult]:
@@ -93,11 +105,7 @@ class Sampler:
                              f"want C-contiguous float32 {(num_seqs, self.vocab_size)}")
         num_logprobs = iparams[:, I_NUM_LOGPROBS]
         k = max(int(num_logprobs.max()), 0) if num_seqs else 0
-        out_token = np.empty(num_seqs, np.int32)
-        out_logprob = np.empty(num_seqs, np.float32)
-        out_rank = np.empty(num_seqs, np.int32)
-        out_top_ids = np.empty((num_seqs, k), np.int32)
-        out_top_logprobs = np.empty((num_seqs, k), np.float32)
+        out_token, out_logprob, out_rank, out_top_ids, out_top_logprobs = self._outputs(num_seqs, k)
         threads = min(self.num_threads, max(num_seqs, 1))
         scratch = self._scratch(threads)
         start = time.perf_counter()
@@ -106,7 +114,7 @@ class Sampler:
         self.last_kernel_seconds = time.perf_counter() - start
         self.last_tokens = out_token
         tokens = out_token.tolist()
-        if k == 0 and not (num_logprobs >= 0).any():
+        if k == 0 and (not num_seqs or num_logprobs.max() < 0):
             return [SampleResult(t) for t in tokens]
         results = []
         for row, n in enumerate(num_logprobs.tolist()):

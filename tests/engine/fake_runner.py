@@ -110,7 +110,10 @@ class FakeRunner:
             top = [(token, logprob), ((token + 1) % self.vocab_size, logprob - 1.0)]
             results.append(SampleResult(token, logprob, top if params.logprobs else None))
             sampled_tokens.append(token)
-        self.last_sampling = self.batch.sampling_arrays(a.sample_slots)   # what the sampler would get
+        # what the sampler would get (parameter copies: the batch's rows move on when tokens are
+        # appended; the context ranges keep reading the same tokens)
+        fp, ip, ctx, banned = self.batch.sampling_arrays(a.sample_slots, a.sample_slots_are_prefix)
+        self.last_sampling = (fp.copy(), ip.copy(), ctx, banned)
         self.batch.append_sampled(a.sample_slots, np.array(sampled_tokens, np.int32))
         return results
 
@@ -164,6 +167,8 @@ def check_step_arrays(batch: InputBatch, a: StepArrays, sampling_arrays: tuple, 
     assert len(set(chunk_slots)) == len(chunk_slots)
     sampling = [c.request for c in sched_out.chunks if c.sample]
     np.testing.assert_array_equal(a.sample_slots, [batch.slot_of[r.request_id] for r in sampling])
+    if a.sample_slots_are_prefix:
+        np.testing.assert_array_equal(a.sample_slots, np.arange(len(sampling)))
     fp, ip, ctx, banned = sampling_arrays
     ref = Sampler(50, batch.eos_token_ids, num_threads=1).build_params(sampling)
     np.testing.assert_array_equal(fp, ref[0])
