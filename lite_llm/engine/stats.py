@@ -111,9 +111,12 @@ class EngineStats:
 
     @property
     def achieved_bandwidth(self) -> float | None:
-        """Bytes read per second of kernel time over the recent steps (None before any)."""
-        kernel = sum(s.kernel_seconds for s in self.recent_steps)
-        return sum(s.bytes_read for s in self.recent_steps) / kernel if kernel > 0 else None
+        """Bytes read per second of kernel time over the recent decode steps (one token per
+        sequence: memory-bound, so this is the figure to hold against the machine's bandwidth);
+        None before any."""
+        decode = [s for s in self.recent_steps if s.num_tokens == s.num_seqs]
+        kernel = sum(s.kernel_seconds for s in decode)
+        return sum(s.bytes_read for s in decode) / kernel if kernel > 0 else None
 
 
 class StatsCollector:

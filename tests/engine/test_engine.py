@@ -442,3 +442,32 @@ def test_failing_thread_start_hook_is_reported_by_start():
     with pytest.raises(EngineDeadError) as info:
         AsyncEngine(engine, on_engine_thread_start=hook).start()
     assert isinstance(info.value.__cause__, OSError)
+
+
+def test_step_and_latency_stats_live_in_the_engine_and_metrics_render_them():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from lite_llm.server.metrics import ServerMetrics
+    engine, runner = make_engine()
+    runner.last_step_cost = (1e-6, 1000)           # the runner's kernel seconds and bytes per step
+    for i in range(3):
+        engine.add_request(f"r{i}", [5, 6, 7 + i], SamplingParams(max_tokens=4, ignore_eos=True))
+    run_all(engine)
+    stats = engine.stats()
+    assert stats.num_steps_total == runner.num_steps == stats.step_python.count == stats.step_kernel.count
+    assert len(stats.recent_steps) == runner.num_steps
+    assert all(s.kernel_seconds == 1e-6 and s.python_seconds > 0 for s in stats.recent_steps)
+    assert stats.itl.count == 3 * (4 - 1)           # every token after a request's first
+    assert stats.queue_time.count == stats.ttft.count == 3
+    assert stats.step_bytes_read_total == 1000 * runner.num_steps
+    assert stats.achieved_bandwidth == pytest.approx(1000 / 1e-6)
+    text = ServerMetrics("m", {"num_threads": 2}).render(stats)
+    samples = {(s.name, s.labels.get("le")): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert samples[("lite_llm:inter_token_latency_seconds_count", None)] == 9
+    assert samples[("lite_llm:step_python_seconds_count", None)] == runner.num_steps
+    assert samples[("lite_llm:step_kernel_seconds_bucket", "1e-05")] == runner.num_steps
+    assert samples[("lite_llm:request_queue_time_seconds_count", None)] == 3
+    assert samples[("lite_llm:decode_memory_bandwidth_bytes_per_second", None)] == pytest.approx(1e9)
+    assert "lite_llm:num_threads" in {fam.name for fam in text_string_to_metric_families(text)}
+    assert "lite_llm:kernel_info" in ServerMetrics("m").render(None)   # a failed engine still scrapes
