@@ -16,9 +16,10 @@ each array:
                                                  into token_ids, advanced per appended token
 
 KVCacheManager owns which blocks a request holds; block_table is the runner's copy of those
-lists, grown by the ids each step appends, never rebuilt. A step's arrays are gathered with
-numpy from these rows, with each token's sequence index being its SLOT (forward() looks
-block tables up by it), so nothing is rebuilt per token in Python:
+lists, grown by the ids each step appends, never rebuilt. A step's arrays are gathered from
+these rows by one compiled call (_batch.pyx) into buffers kept across steps, with each
+token's sequence index being its SLOT (forward() looks block tables up by it), so nothing
+is rebuilt per token in Python:
 
     chunks            [ A (slot 2): tokens 0..3 | B (slot 0): token 9 ]
     tok_seq           [ 2 2 2 2 | 0 ]
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lite_llm.engine import _batch
 from lite_llm.engine.scheduler import SchedulerOutput
 
 # _sampler.pyx columns (kept equal there)
@@ -77,7 +79,7 @@ def ban_ids(params, eos_token_ids) -> list[int]:
 
 class InputBatch:
     def __init__(self, max_num_seqs: int, max_model_len: int, block_size: int,
-                 eos_token_ids: tuple[int, ...] = ()):
+                 eos_token_ids: tuple[int, ...] = (), max_num_batched_tokens: int | None = None):
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.block_size = block_size
@@ -101,6 +103,16 @@ class InputBatch:
         self.slot_of: dict[str, int] = {}        # request id -> slot
         self._free_slots = list(range(max_num_seqs))   # a heap: the lowest free slot first
         self._row_len = row_len
+        # step arrays, filled in place each step (forward() and the sampler get views)
+        max_tokens = max_num_batched_tokens or max_num_seqs * row_len
+        self._token_ids = np.zeros(max_tokens, np.int32)
+        self._positions = np.zeros(max_tokens, np.int32)
+        self._slot_mapping = np.zeros(max_tokens, np.int64)
+        self._tok_seq = np.zeros(max_tokens, np.int32)
+        self._logits_rows = np.zeros(max_num_seqs, np.int32)
+        self._sample_slots = np.zeros(max_num_seqs, np.int32)
+        self._fparams_step = np.zeros((max_num_seqs, NUM_F), np.float32)
+        self._iparams_step = np.zeros((max_num_seqs, NUM_I), np.int64)
 
     @property
     def num_reqs(self) -> int:
@@ -156,11 +168,8 @@ class InputBatch:
     def append_sampled(self, slots: np.ndarray, token_ids: np.ndarray) -> None:
         """Each slot's newly sampled token joins its row (the scheduler appends the same
         token to the request, unless the request stopped and leaves the batch)."""
-        ends = self.num_tokens[slots]
-        self.token_ids[slots, ends] = token_ids
-        self.num_tokens[slots] = ends + 1
-        self.iparams[slots, I_STEP] += 1
-        self.iparams[slots, I_TOK_END] += self.ctx_outputs[slots]
+        _batch.append_sampled(self.token_ids, self.num_tokens, self.iparams, self.ctx_outputs,
+                              slots, token_ids, I_STEP, I_TOK_END)
 
     # ---- one step -------------------------------------------------------------------------
 
@@ -172,8 +181,8 @@ class InputBatch:
             self.remove(rid)
         slot_of = self.slot_of
         chunks = sched_out.chunks
-        slots, starts = [], []
-        all_sample = is_prefix = True
+        slots, starts, counts, samples = [], [], [], []
+        is_prefix = True
         for c in chunks:
             if c.is_new:
                 slot = self.add(c.request, c.new_block_ids)
@@ -184,33 +193,20 @@ class InputBatch:
             is_prefix = is_prefix and slot == len(slots)
             slots.append(slot)
             starts.append(c.start)
-            all_sample = all_sample and c.sample
-        seq_slot = np.array(slots, np.int32)
-        start = np.array(starts, np.int32)
-        B = self.block_size
-        num_tokens = sched_out.num_tokens
-        num_seqs = len(chunks)
-        if num_tokens == num_seqs:               # one token per sequence (decode)
-            tok_seq, positions = seq_slot, start
-            last = np.arange(num_tokens, dtype=np.int32)
-        else:
-            count = np.array([c.num_new_tokens for c in chunks], np.int32)
-            last = np.cumsum(count, dtype=np.int32) - 1
-            tok_seq = np.repeat(seq_slot, count)
-            # position of token t = start of its chunk + (t - index of the chunk's first token)
-            positions = np.arange(num_tokens, dtype=np.int32) + np.repeat(start - (last + 1 - count), count)
-        if all_sample:
-            logits_rows, sample_slots = last, seq_slot
-        else:
-            sample = np.array([c.sample for c in chunks], bool)
-            logits_rows, sample_slots = last[sample], seq_slot[sample]
+            counts.append(c.num_new_tokens)
+            samples.append(c.sample)
+        num_tokens, num_rows, num_context = _batch.gather_step(
+            self.token_ids, self.block_table, slots, starts, counts, samples, self.block_size,
+            self._token_ids, self._positions, self._slot_mapping, self._tok_seq,
+            self._logits_rows, self._sample_slots)
+        assert num_tokens == sched_out.num_tokens, "SchedulerOutput.num_tokens disagrees with its chunks"
         return StepArrays(
-            token_ids=self.token_ids[tok_seq, positions],
-            positions=positions,
-            slot_mapping=self.block_table[tok_seq, positions // B] * np.int64(B) + positions % B,
-            tok_seq=tok_seq, block_tables=self.block_table,
-            logits_rows=logits_rows, sample_slots=sample_slots, sample_slots_are_prefix=all_sample and is_prefix,
-            num_context_tokens=sum(starts) + num_tokens)
+            token_ids=self._token_ids[:num_tokens], positions=self._positions[:num_tokens],
+            slot_mapping=self._slot_mapping[:num_tokens], tok_seq=self._tok_seq[:num_tokens],
+            block_tables=self.block_table, logits_rows=self._logits_rows[:num_rows],
+            sample_slots=self._sample_slots[:num_rows],
+            sample_slots_are_prefix=is_prefix and num_rows == len(chunks),
+            num_context_tokens=num_context)
 
     def sampling_arrays(self, slots: np.ndarray, is_prefix: bool = False
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -218,10 +214,13 @@ class InputBatch:
         _sampler.sample over the given slots: their rows of the kept parameter arrays (views
         when is_prefix: the slots are 0..R-1), and the flat view of token_ids as the penalty
         context."""
+        num_rows = len(slots)
         if is_prefix:
-            fparams, iparams = self.fparams[:len(slots)], self.iparams[:len(slots)]
+            fparams, iparams = self.fparams[:num_rows], self.iparams[:num_rows]
         else:
-            fparams, iparams = self.fparams[slots], self.iparams[slots]
+            fparams, iparams = self._fparams_step[:num_rows], self._iparams_step[:num_rows]
+            _batch.gather_rows_f32(self.fparams, slots, fparams)
+            _batch.gather_rows_i64(self.iparams, slots, iparams)
         banned_ids = _NO_IDS
         if self._banning:
             banned: list[int] = []
@@ -235,8 +234,9 @@ class InputBatch:
                     banned.extend(self._ban_ids[slot])
                     bans[-1] += (len(banned),)
             if bans:
-                if iparams.base is self.iparams:
-                    iparams = iparams.copy()      # the ranges are this step's, not the slot's
+                if iparams.base is self.iparams:   # the ranges are this step's, not the slot's
+                    iparams = self._iparams_step[:num_rows]
+                    iparams[:] = self.iparams[:num_rows]
                 for row, lo, hi in bans:
                     iparams[row, I_BAN_START], iparams[row, I_BAN_END] = lo, hi
                 banned_ids = np.array(banned, np.int32) if banned else _NO_IDS

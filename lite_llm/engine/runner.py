@@ -120,7 +120,7 @@ class ModelRunner:
         self.max_num_seqs = max_num_seqs
         eos = tuple(cfg.eos_token_ids)
         self.sampler = Sampler(cfg.vocab_size, eos, num_threads=num_threads)
-        self.input_batch = InputBatch(max_num_seqs, max_pos, block_size, eos)
+        self.input_batch = InputBatch(max_num_seqs, max_pos, block_size, eos, max_num_batched_tokens)
         self.weight_bytes = sum(v.nbytes for k, v in tensors.items() if isinstance(v, np.ndarray))
         # a decode step streams every matrix once; an untied embedding only gives a few rows
         self.bytes_per_token = self.weight_bytes - (tensors["embed.weight"].nbytes if "lm_head.weight" in tensors else 0)

@@ -44,7 +44,8 @@ class FakeRunner:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         # the real runner's persistent batch: its deltas and step arrays are what is checked here
-        self.batch = InputBatch(max_num_seqs or 256, max_model_len or num_blocks * block_size, block_size)
+        self.batch = InputBatch(max_num_seqs or 256, max_model_len or num_blocks * block_size, block_size,
+                                max_num_batched_tokens=max_num_batched_tokens)
         self.last_arrays: StepArrays | None = None
         self.last_sampling: tuple | None = None
         self.kv_token = np.full(num_blocks * block_size, -1, np.int64)   # [num_blocks * B]
