@@ -27,14 +27,15 @@ import bisect
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from lite_llm.engine.kv_cache import KVCacheManager
 from lite_llm.engine.request import Request, RequestStatus, SampleResult
 
 
-@dataclass(frozen=True)
-class ScheduledChunk:
-    """Compute request.all_token_ids[start:start + num_new_tokens] this step."""
+class ScheduledChunk(NamedTuple):
+    """Compute request.all_token_ids[start:start + num_new_tokens] this step. (A NamedTuple:
+    one per running request per step, and a frozen dataclass costs ~1 us to build.)"""
     request: Request
     start: int                  # num_computed_tokens before this step
     num_new_tokens: int
