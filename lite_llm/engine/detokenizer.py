@@ -30,9 +30,11 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True,
                  spaces_between_special_tokens: bool = True):
         self.tokenizer = tokenizer
+        # the project's Tokenizer takes our ids (Python ints) without converting them again
+        self._decode_ints = getattr(tokenizer, "decode_ints", tokenizer.decode)
         self.skip_special_tokens = skip_special_tokens
         self.spaces_between_special_tokens = spaces_between_special_tokens
-        self._ids: list[int] = list(prompt_token_ids[-_INITIAL_CONTEXT:])
+        self._ids: list[int] = [int(t) for t in prompt_token_ids[-_INITIAL_CONTEXT:]]
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
         self._prefix_text = self._decode(self._ids)
@@ -59,7 +61,7 @@ class IncrementalDetokenizer:
         return delta
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens) if ids else ""
+        return self._decode_ints(ids, skip_special_tokens=self.skip_special_tokens) if ids else ""
 
 
 def find_stop(text: str, num_new_chars: int, stop: list[str],
