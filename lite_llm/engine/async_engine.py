@@ -195,9 +195,9 @@ class AsyncEngine:
                     stopping, deadline = self._stopping, self._deadline
                 outputs = self._handle_inbox(items)
                 if stopping and engine.has_unfinished_requests() and time.monotonic() >= deadline:
-                    outputs += engine.abort_request(engine.unfinished_request_ids, delta=True)
+                    outputs += engine.abort_request(engine.unfinished_request_ids)
                 if engine.has_unfinished_requests():
-                    outputs += engine.step(delta=True)
+                    outputs += engine.step()
                 # before the outputs: a reader never sees older; fresh once idle
                 self._stats = engine.stats(fresh=not engine.has_unfinished_requests())
                 self._dispatch(outputs)
@@ -237,7 +237,7 @@ class AsyncEngine:
                     continue
                 self._streams[stream.request_id] = stream
             else:
-                outputs += engine.abort_request(item[1], delta=True)
+                outputs += engine.abort_request(item[1])
         if num_adds:
             # both at once under the lock: add_request's queue count must never see a
             # request twice (in the inbox and in the published waiting count)

@@ -164,10 +164,9 @@ class LLMEngine:
         for child in children:
             self.scheduler.add_request(child)
 
-    def abort_request(self, request_ids: str | Iterable[str], delta: bool = False
-                      ) -> list[RequestOutput]:
-        """Finish requests with "abort" now (blocks freed at once); returns their final outputs.
-        Unknown or already finished ids are ignored."""
+    def abort_request(self, request_ids: str | Iterable[str]) -> list[RequestOutput]:
+        """Finish requests with "abort" now (blocks freed at once); returns their last delta
+        outputs. Unknown or already finished ids are ignored."""
         outputs = []
         for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
             group = self._groups.get(rid)
@@ -176,15 +175,16 @@ class LLMEngine:
             live = [c.request_id for c in group.children if not c.is_finished]
             for request in self.scheduler.finish_requests(live, RequestStatus.FINISHED_ABORTED):
                 self._record_finished(request)
-            outputs.append(self._make_output(group, delta))
+            outputs.append(self._make_output(group))
             del self._groups[rid]
         return outputs
 
     # ---- one step -------------------------------------------------------------------------
 
-    def step(self, delta: bool = False) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput]:
         """Run one scheduler step. Returns an output for each request that got tokens or
-        finished: cumulative, or (delta=True) only what is new since the last output."""
+        finished, holding only what is new since its previous output (outputs.fold adds
+        a request's deltas up)."""
         start = time.perf_counter()
         touched: dict[str, _Group] = {}
         sched_out = self.scheduler.schedule()
@@ -198,7 +198,7 @@ class LLMEngine:
             touched[request.parent_id] = self._groups[request.parent_id]
         outputs = []
         for rid, group in touched.items():
-            out = self._make_output(group, delta)
+            out = self._make_output(group)
             if out.outputs or out.finished:
                 outputs.append(out)
             if group.is_finished:
@@ -269,17 +269,12 @@ class LLMEngine:
 
     # ---- outputs --------------------------------------------------------------------------
 
-    def _make_output(self, group: _Group, delta: bool) -> RequestOutput:
+    def _make_output(self, group: _Group) -> RequestOutput:
+        """The group's delta: per completion, what was produced since its previous output."""
         completions = []
         for comp in group.completions:
             request = comp.request
             text = comp.visible_text()
-            if not delta:
-                completions.append(CompletionOutput(
-                    request.index, text, list(request.output_token_ids), request.cumulative_logprob,
-                    list(request.logprobs) if request.logprobs is not None else None,
-                    request.finish_reason, request.stop_reason))
-                continue
             num_tokens = request.num_output_tokens
             newly_finished = request.is_finished and not comp.sent_finished
             if num_tokens == comp.num_sent_tokens and len(text) == comp.num_sent_chars \
