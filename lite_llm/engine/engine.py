@@ -199,10 +199,11 @@ class LLMEngine:
         outputs = []
         for rid, group in touched.items():
             out = self._make_output(group)
-            if out.outputs or out.finished:
-                outputs.append(out)
-            if group.is_finished:
+            if out.finished:
                 del self._groups[rid]
+                outputs.append(out)
+            elif out.outputs:
+                outputs.append(out)
         if sched_out.chunks:
             kernel_seconds, bytes_read = getattr(self.runner, "last_step_cost", (0.0, 0))
             self._stats.record_step(StepRecord(
@@ -274,11 +275,11 @@ class LLMEngine:
         completions = []
         for comp in group.completions:
             request = comp.request
-            text = comp.visible_text()
-            num_tokens = request.num_output_tokens
-            newly_finished = request.is_finished and not comp.sent_finished
+            is_finished = request.is_finished
+            text = comp.text if is_finished or not comp.stop_strings else comp.visible_text()
+            num_tokens = len(request.output_token_ids)
             if num_tokens == comp.num_sent_tokens and len(text) == comp.num_sent_chars \
-                    and not newly_finished:
+                    and (comp.sent_finished or not is_finished):
                 continue
             completions.append(CompletionOutput(
                 request.index, text[comp.num_sent_chars:],
@@ -286,7 +287,7 @@ class LLMEngine:
                 request.logprobs[comp.num_sent_tokens:] if request.logprobs is not None else None,
                 request.finish_reason, request.stop_reason))
             comp.num_sent_tokens, comp.num_sent_chars = num_tokens, len(text)
-            comp.sent_finished = request.is_finished
+            comp.sent_finished = is_finished
         first = group.children[0]
         return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, completions,
                              finished=group.is_finished, metrics=self._group_metrics(group),
