@@ -104,7 +104,8 @@ class Sampler:
             raise ValueError(f"Sampler.sample: logits {logits.dtype} {logits.shape}, "
                              f"want C-contiguous float32 {(num_seqs, self.vocab_size)}")
         num_logprobs = iparams[:, I_NUM_LOGPROBS]
-        k = max(int(num_logprobs.max()), 0) if num_seqs else 0
+        max_logprobs = int(num_logprobs.max()) if num_seqs else -1    # -1: no row wants logprobs
+        k = max(max_logprobs, 0)
         out_token, out_logprob, out_rank, out_top_ids, out_top_logprobs = self._outputs(num_seqs, k)
         threads = min(self.num_threads, max(num_seqs, 1))
         scratch = self._scratch(threads)
@@ -114,7 +115,7 @@ class Sampler:
         self.last_kernel_seconds = time.perf_counter() - start
         self.last_tokens = out_token
         tokens = out_token.tolist()
-        if k == 0 and (not num_seqs or num_logprobs.max() < 0):
+        if max_logprobs < 0:
             return [SampleResult(t) for t in tokens]
         results = []
         for row, n in enumerate(num_logprobs.tolist()):
