@@ -2,13 +2,16 @@
 
 The engine turns user requests into scheduler Requests (n > 1 fans out into n of them),
 runs one scheduler step per step() through the model runner, detokenizes new tokens,
-applies stop strings, and builds vLLM-shaped RequestOutputs. It is not thread-safe: one
-thread owns it (async_engine.py runs it on its engine thread; LLM.generate drives it
-directly). The model math lives in runner.py; KV block bookkeeping in kv_cache.py.
+applies stop strings, and builds vLLM-shaped delta RequestOutputs (outputs.fold adds them
+up). It is not thread-safe: one thread owns it (async_engine.py runs it on its engine
+thread, for the server and LLM.generate alike). The model math lives in runner.py; KV block
+bookkeeping in kv_cache.py; every figure /metrics shows in stats.py.
 
 Runner protocol (duck-typed):
     runner.execute(sched_out: SchedulerOutput) -> list[SampleResult | None]
-        aligned with sched_out.chunks; None where chunk.sample is False. Within one step
+        aligned with sched_out.chunks; None where chunk.sample is False. Every SchedulerOutput
+        that has chunks reaches execute() in order: its chunks and removed ids are deltas
+        to the runner's persistent batch (see scheduler.py, input_batch.py). Within one step
         a chunk may read KV slots another chunk of the same step writes (prefix-cache hit
         on a block published this step), so all new KV of a layer is written before that
         layer's attention reads any.
