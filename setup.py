@@ -1,5 +1,5 @@
 """Build: the kernel module once per ISA variant (lite_llm/_kernels/variants.py), plus the
-CPU probe and the sampler built once with baseline flags. All with OpenMP."""
+CPU probe, the sampler and the step-batch helpers built once with baseline flags. All with OpenMP."""
 import os
 import platform
 import sys
@@ -38,7 +38,8 @@ for v in variants_for(platform.machine()):
     ext.extra_compile_args = [*CFLAGS, *OPENMP, *v.flags]
     ext_modules.append(ext)
 ext_modules += cythonize([_ext("lite_llm._kernels._cpu", "lite_llm/_kernels/_cpu.pyx"),
-                          _ext("lite_llm.engine._sampler", "lite_llm/engine/_sampler.pyx")],
+                          _ext("lite_llm.engine._sampler", "lite_llm/engine/_sampler.pyx"),
+                          _ext("lite_llm.engine._batch", "lite_llm/engine/_batch.pyx")],
                          build_dir="build/cython/base", compiler_directives=CYTHON_DIRECTIVES)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from lite_llm import cpu
 from lite_llm.config import env
-from lite_llm.outputs import CompletionOutput, RequestOutput
+from lite_llm.outputs import RequestOutput, fold
 from lite_llm.sampling_params import SamplingParams
 
 log = logging.getLogger("lite_llm")
@@ -259,7 +259,7 @@ class LLM:
         results = []
         show = use_tqdm and sys.stderr.isatty()
         for i, stream in enumerate(streams):
-            results.append(_collect(stream))
+            results.append(fold(stream))
             if show:
                 sys.stderr.write(f"\rgenerate: {i + 1}/{len(streams)} requests done")
         if show:
@@ -303,31 +303,3 @@ class LLM:
         if isinstance(prompt, dict) and "prompt" in prompt:
             return self._to_request(prompt["prompt"])
         raise TypeError(f"a prompt is a str or a dict with 'prompt_token_ids', not {type(prompt).__name__}")
-
-
-def _collect(stream) -> RequestOutput:
-    """Fold a stream of delta RequestOutputs into one cumulative RequestOutput."""
-    final: RequestOutput | None = None
-    by_index: dict[int, CompletionOutput] = {}
-    for delta in stream:
-        if final is None:
-            final = delta
-        for out in delta.outputs:
-            acc = by_index.get(out.index)
-            if acc is None:
-                by_index[out.index] = CompletionOutput(
-                    out.index, out.text, list(out.token_ids), out.cumulative_logprob,
-                    list(out.logprobs) if out.logprobs is not None else None, out.finish_reason, out.stop_reason)
-            else:
-                acc.text += out.text
-                acc.token_ids.extend(out.token_ids)
-                if out.logprobs is not None:
-                    acc.logprobs = (acc.logprobs or []) + list(out.logprobs)
-                acc.cumulative_logprob = out.cumulative_logprob
-                acc.finish_reason, acc.stop_reason = out.finish_reason, out.stop_reason
-        final.finished, final.metrics = delta.finished, delta.metrics
-        final.num_cached_tokens = delta.num_cached_tokens
-    if final is None:
-        raise RuntimeError("the engine ended the request without any output")
-    final.outputs = [by_index[i] for i in sorted(by_index)]
-    return final

@@ -1,11 +1,13 @@
 """What the engine hands back: vLLM's RequestOutput / CompletionOutput shapes.
 
-Streams (the async front, server) carry DELTAS: each RequestOutput yielded holds, per
-completion index, only the token ids, text and logprobs produced since the previous one for
-that index; `finished` is True on the last. LLM.generate returns whole (cumulative) outputs.
+The engine produces DELTAS only (one output mode for the server and the offline API): each
+RequestOutput holds, per completion index, only the token ids, text and logprobs produced
+since the previous one for that index; `finished` is True on the last. fold() turns a
+request's deltas into the whole (cumulative) output LLM.generate returns.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -49,3 +51,35 @@ class RequestOutput:
     finished: bool = False
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0         # prompt tokens served from the prefix cache
+
+
+def fold(deltas: Iterable[RequestOutput]) -> RequestOutput:
+    """One request's delta RequestOutputs, in order, folded into its cumulative output."""
+    final: RequestOutput | None = None
+    by_index: dict[int, CompletionOutput] = {}
+    texts: dict[int, list[str]] = {}
+    for delta in deltas:
+        if final is None:
+            final = RequestOutput(delta.request_id, delta.prompt, delta.prompt_token_ids, [])
+        for out in delta.outputs:
+            acc = by_index.get(out.index)
+            if acc is None:
+                acc = by_index[out.index] = CompletionOutput(
+                    out.index, "", [], None, [] if out.logprobs is not None else None)
+                texts[out.index] = []
+            texts[out.index].append(out.text)
+            acc.token_ids.extend(out.token_ids)
+            if out.logprobs is not None:
+                if acc.logprobs is None:
+                    acc.logprobs = []
+                acc.logprobs.extend(out.logprobs)
+            acc.cumulative_logprob = out.cumulative_logprob
+            acc.finish_reason, acc.stop_reason = out.finish_reason, out.stop_reason
+        final.finished, final.metrics = delta.finished, delta.metrics
+        final.num_cached_tokens = delta.num_cached_tokens
+    if final is None:
+        raise RuntimeError("the engine ended the request without any output")
+    for index, acc in by_index.items():
+        acc.text = "".join(texts[index])
+    final.outputs = [by_index[i] for i in sorted(by_index)]
+    return final

@@ -52,6 +52,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, max_num_batched_tok
                         help="prompts are random and distinct, so the cache only costs its bookkeeping")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.add_argument("--profile-step", action="store_true",
+                        help="report the engine's Python time per step beside its kernel time, per batch size")
     parser.add_argument("--peers", default="",
                         help=f"comma-separated peers to run on the same workload: {','.join(PEERS)} "
                              "(needs `pip install lite-llm[bench]`)")
@@ -312,6 +314,33 @@ def print_table(title: str, columns: list[str], rows: list[list[Any]], file=None
 def dump_json(result: dict[str, Any]) -> None:
     json.dump(result, sys.stdout, indent=2, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o))
     sys.stdout.write("\n")
+
+
+def step_profile(stats) -> list[dict[str, float]]:
+    """Per batch size (number of sequences), medians over the engine's recent pure decode steps
+    (one token per sequence): Python us per step (scheduler, step arrays, sampler parameters,
+    outputs, text), kernel ms per step, and Python us per sequence."""
+    by_seqs: dict[int, list] = {}
+    for s in stats.recent_steps:
+        if s.num_tokens == s.num_seqs:
+            by_seqs.setdefault(s.num_seqs, []).append(s)
+    rows = []
+    for num_seqs, steps in sorted(by_seqs.items()):
+        python_us = statistics.median(s.python_seconds for s in steps) * 1e6
+        rows.append({"num_seqs": num_seqs, "num_steps": len(steps), "python_us": python_us,
+                     "python_us_per_seq": python_us / num_seqs,
+                     "kernel_ms": statistics.median(s.kernel_seconds for s in steps) * 1e3})
+    return rows
+
+
+def print_step_profile(rows: list[dict[str, float]], min_steps: int = 8) -> None:
+    """The step_profile rows with at least min_steps steps (batch sizes passed through while a
+    batch drains are noise)."""
+    shown = [r for r in rows if r["num_steps"] >= min_steps] or rows
+    print_table("Python per decode step (medians; everything in a step but the forward and sampler kernels)",
+                ["seqs", "steps", "Python us/step", "Python us/seq", "kernel ms/step"],
+                [[r["num_seqs"], r["num_steps"], r["python_us"], r["python_us_per_seq"], r["kernel_ms"]]
+                 for r in shown])
 
 
 def load_average() -> str | None:

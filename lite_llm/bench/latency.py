@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
                 runs.append(asdict(figures))
                 num_cached += sum(t.num_cached_tokens for t in timings)
         peak_rss = common.peak_rss_bytes()
+        profile = common.step_profile(engine.stats()) if args.profile_step else None
     finally:
         engine.shutdown()
     bandwidth = common.read_bandwidth(info["num_threads"])    # right after our runs: the same conditions
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
             "kv_cache_bytes_allocated": info["kv_cache_bytes"], "kv_cache_blocks": info["kv_cache_blocks"],
             "kv_cache_sized_to_workload": sized_to_workload,
             "peak_rss_over_weights_and_kv": peak_rss / max(info["weight_bytes"] + kv_counted, 1),
-            "prefix_cache_hit_tokens": num_cached,
+            "prefix_cache_hit_tokens": num_cached, "step_profile": profile,
             "bytes_per_token": info["bytes_per_token"], "read_bandwidth_gbs": bandwidth,
             "decode_roofline_tok_s": bandwidth * 1e9 / info["bytes_per_token"] if bandwidth else None}
     result: dict[str, Any] = {
@@ -170,6 +171,8 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"decode roofline: {ours['read_bandwidth_gbs']:.1f} GB/s read (measured after the runs) / "
               f"{ours['bytes_per_token'] / mib:.0f} MiB of weights per token = {roof:.1f} tok/s; lite_llm decodes at "
               f"{ours['median']['decode_tok_s'] / roof:.0%} of it")
+    if ours.get("step_profile"):
+        common.print_step_profile(ours["step_profile"])
     for name, peer in r["peers"].items():
         if "error" in peer:
             print(f"{name}: not run: {peer['error']}")

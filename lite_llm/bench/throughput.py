@@ -66,11 +66,12 @@ def run(args: argparse.Namespace) -> int:
             common.progress(f"[lite_llm] iteration {i + 1}/{args.num_iters}: {common.describe(figures)}")
             runs.append(asdict(figures))
         stats = engine.stats()
+        profile = common.step_profile(stats) if args.profile_step else None
         peak_rss = common.peak_rss_bytes()
     finally:
         engine.shutdown()
     ours = {"median": common.median_figures(runs), "runs": runs, "peak_rss_bytes": peak_rss,
-            "num_preempted": stats.num_preempted_total,
+            "num_preempted": stats.num_preempted_total, "step_profile": profile,
             "prefix_cache_hit_rate": stats.prefix_cache_hits / max(stats.prefix_cache_queries, 1)}
     result: dict[str, Any] = {
         "benchmark": "throughput", "model": info["model_path"], "dtype": info["dtype"],
@@ -106,6 +107,8 @@ def print_report(result: dict[str, Any]) -> None:
                         + [f"{peer['ratio'][k]:.2f}x" if k in peer["ratio"] else "-" for k, *_ in FIGURES] + [""])
     common.print_table("results (ratios > 1: lite_llm ahead; for times the inverse ratio)", columns, rows)
     print(f"lite_llm: {ours['num_preempted']} preemptions, prefix-cache hit rate {ours['prefix_cache_hit_rate']:.1%}")
+    if ours.get("step_profile"):
+        common.print_step_profile(ours["step_profile"])
     for name, peer in r["peers"].items():
         if "error" in peer:
             print(f"{name}: not run: {peer['error']}")

@@ -132,7 +132,7 @@ def uniform(uint64_t seed, uint64_t step) -> float:
 def sample(float[:, ::1] logits,               # IN/OUT [S, V] row-wise overwritten
            const float[:, ::1] fparams,        # IN [S, NUM_F] see F_* columns
            const int64_t[:, ::1] iparams,      # IN [S, NUM_I] see I_* columns
-           const int32_t[::1] token_ids,       # IN [N] penalty context of every sequence, concatenated
+           const int32_t[::1] token_ids,       # IN [N] penalty contexts: each row's ranges (I_TOK_*) in it
            const int32_t[::1] banned_ids,      # IN [M] min_tokens bans of every sequence, concatenated
            int32_t[::1] out_token,             # OUT [S]
            float[::1] out_logprob,             # OUT [S] raw logprob of the sampled token (if asked)
@@ -163,9 +163,10 @@ def sample(float[:, ::1] logits,               # IN/OUT [S, V] row-wise overwrit
                 or not (0 <= iparams[seq, I_BAN_START] <= iparams[seq, I_BAN_END] <= banned_ids.shape[0]) \
                 or iparams[seq, I_NUM_LOGPROBS] > top or iparams[seq, I_TOP_K] < 0:
             raise ValueError(f"sample: bad iparams row {seq}")
-    for i in range(token_ids.shape[0]):     # penalties index x[token]: keep writes in the row
-        if token_ids[i] < 0 or token_ids[i] >= vocab:
-            raise ValueError(f"sample: token id {token_ids[i]} outside vocabulary of {vocab}")
+    for seq in range(num_seqs):    # penalties index x[token]: keep writes in the row
+        for i in range(iparams[seq, I_TOK_START], iparams[seq, I_TOK_END]):
+            if token_ids[i] < 0 or token_ids[i] >= vocab:
+                raise ValueError(f"sample: token id {token_ids[i]} outside vocabulary of {vocab}")
     if num_seqs == 0:
         return
     cdef const int32_t *tok_ptr = &token_ids[0] if token_ids.shape[0] else NULL

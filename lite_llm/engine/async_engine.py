@@ -195,10 +195,11 @@ class AsyncEngine:
                     stopping, deadline = self._stopping, self._deadline
                 outputs = self._handle_inbox(items)
                 if stopping and engine.has_unfinished_requests() and time.monotonic() >= deadline:
-                    outputs += engine.abort_request(engine.unfinished_request_ids, delta=True)
+                    outputs += engine.abort_request(engine.unfinished_request_ids)
                 if engine.has_unfinished_requests():
-                    outputs += engine.step(delta=True)
-                self._stats = engine.stats()     # before the outputs: a reader never sees older
+                    outputs += engine.step()
+                # before the outputs: a reader never sees older; fresh once idle
+                self._stats = engine.stats(fresh=not engine.has_unfinished_requests())
                 self._dispatch(outputs)
                 if stopping and not engine.has_unfinished_requests():
                     with self._cond:
@@ -236,12 +237,12 @@ class AsyncEngine:
                     continue
                 self._streams[stream.request_id] = stream
             else:
-                outputs += engine.abort_request(item[1], delta=True)
+                outputs += engine.abort_request(item[1])
         if num_adds:
             # both at once under the lock: add_request's queue count must never see a
             # request twice (in the inbox and in the published waiting count)
             with self._cond:
-                self._stats = engine.stats()
+                self._stats = engine.stats(fresh=False)
                 self._num_inbox_adds -= num_adds
         return outputs
 

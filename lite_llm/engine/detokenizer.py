@@ -1,7 +1,7 @@
 """Token ids -> text, one token at a time, and stop-string matching on the growing text.
 
 IncrementalDetokenizer decodes a short window of recent ids instead of the whole output
-(vLLM's prefix_offset/read_offset scheme): the window starts a few tokens back so that
+(vLLM's prefix_offset/read_offset scheme), so a token costs the same at any output length: the window starts a few tokens back so that
 tokenizers which decide spacing from context (SentencePiece's leading "▁", byte-level BPE's
 merged bytes) render the new token as they would inside the full text. A delta is only
 released once the window decodes without a trailing U+FFFD, so a character split across
@@ -30,19 +30,16 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True,
                  spaces_between_special_tokens: bool = True):
         self.tokenizer = tokenizer
+        # the project's Tokenizer takes our ids (Python ints) without converting them again
+        self._decode_ints = getattr(tokenizer, "decode_ints", tokenizer.decode)
         self.skip_special_tokens = skip_special_tokens
         self.spaces_between_special_tokens = spaces_between_special_tokens
-        self._ids: list[int] = list(prompt_token_ids[-_INITIAL_CONTEXT:])
+        self._ids: list[int] = [int(t) for t in prompt_token_ids[-_INITIAL_CONTEXT:]]
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
         self._prefix_text = self._decode(self._ids)
-        self._pieces: list[str] = []
+        self.text = ""                     # all output text released so far, grown by each delta
         self.token_ids: list[int] = []     # output ids seen so far
-
-    @property
-    def text(self) -> str:
-        """All output text released so far."""
-        return "".join(self._pieces)
 
     def add(self, token_id: int) -> str:
         """Feed one output token; returns the text it completes (possibly "")."""
@@ -60,11 +57,11 @@ class IncrementalDetokenizer:
             del self._ids[:self._prefix_offset]
             self._read_offset -= self._prefix_offset
             self._prefix_offset = 0
-        self._pieces.append(delta)
+        self.text += delta
         return delta
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens) if ids else ""
+        return self._decode_ints(ids, skip_special_tokens=self.skip_special_tokens) if ids else ""
 
 
 def find_stop(text: str, num_new_chars: int, stop: list[str],

@@ -2,20 +2,24 @@
 
 The engine turns user requests into scheduler Requests (n > 1 fans out into n of them),
 runs one scheduler step per step() through the model runner, detokenizes new tokens,
-applies stop strings, and builds vLLM-shaped RequestOutputs. It is not thread-safe: one
-thread owns it (async_engine.py runs it on its engine thread; LLM.generate drives it
-directly). The model math lives in runner.py; KV block bookkeeping in kv_cache.py.
+applies stop strings, and builds vLLM-shaped delta RequestOutputs (outputs.fold adds them
+up). It is not thread-safe: one thread owns it (async_engine.py runs it on its engine
+thread, for the server and LLM.generate alike). The model math lives in runner.py; KV block
+bookkeeping in kv_cache.py; every figure /metrics shows in stats.py.
 
 Runner protocol (duck-typed):
     runner.execute(sched_out: SchedulerOutput) -> list[SampleResult | None]
-        aligned with sched_out.chunks; None where chunk.sample is False. Within one step
+        aligned with sched_out.chunks; None where chunk.sample is False. Every SchedulerOutput
+        that has chunks reaches execute() in order: its chunks and removed ids are deltas
+        to the runner's persistent batch (see scheduler.py, input_batch.py). Within one step
         a chunk may read KV slots another chunk of the same step writes (prefix-cache hit
         on a block published this step), so all new KV of a layer is written before that
         layer's attention reads any.
+    runner.last_step_cost -> (kernel seconds, bytes read) of the latest execute(), optional:
+        the step's Python time is its wall time minus those kernel seconds.
 """
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from collections.abc import Iterable
@@ -26,7 +30,7 @@ from lite_llm.engine.detokenizer import IncrementalDetokenizer, find_stop, stop_
 from lite_llm.engine.kv_cache import KVCacheManager
 from lite_llm.engine.request import Request, RequestStatus, SampleResult
 from lite_llm.engine.scheduler import Scheduler, SchedulerOutput
-from lite_llm.engine.stats import EngineStats, FinishedRequestRecord, StatsCollector
+from lite_llm.engine.stats import EngineStats, FinishedRequestRecord, StatsCollector, StepRecord
 from lite_llm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from lite_llm.sampling_params import SamplingParams
 
@@ -101,7 +105,10 @@ class _Group:
 
     @property
     def is_finished(self) -> bool:
-        return all(child.is_finished for child in self.children)
+        children = self.children
+        if len(children) == 1:
+            return children[0].is_finished
+        return all(child.is_finished for child in children)
 
 
 class LLMEngine:
@@ -160,10 +167,9 @@ class LLMEngine:
         for child in children:
             self.scheduler.add_request(child)
 
-    def abort_request(self, request_ids: str | Iterable[str], delta: bool = False
-                      ) -> list[RequestOutput]:
-        """Finish requests with "abort" now (blocks freed at once); returns their final outputs.
-        Unknown or already finished ids are ignored."""
+    def abort_request(self, request_ids: str | Iterable[str]) -> list[RequestOutput]:
+        """Finish requests with "abort" now (blocks freed at once); returns their last delta
+        outputs. Unknown or already finished ids are ignored."""
         outputs = []
         for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
             group = self._groups.get(rid)
@@ -172,15 +178,17 @@ class LLMEngine:
             live = [c.request_id for c in group.children if not c.is_finished]
             for request in self.scheduler.finish_requests(live, RequestStatus.FINISHED_ABORTED):
                 self._record_finished(request)
-            outputs.append(self._make_output(group, delta))
+            outputs.append(self._make_output(group))
             del self._groups[rid]
         return outputs
 
     # ---- one step -------------------------------------------------------------------------
 
-    def step(self, delta: bool = False) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput]:
         """Run one scheduler step. Returns an output for each request that got tokens or
-        finished: cumulative, or (delta=True) only what is new since the last output."""
+        finished, holding only what is new since its previous output (outputs.fold adds
+        a request's deltas up)."""
+        start = time.perf_counter()
         touched: dict[str, _Group] = {}
         sched_out = self.scheduler.schedule()
         for request in self.scheduler.take_finished_in_schedule():
@@ -191,14 +199,19 @@ class LLMEngine:
         for request, result in self.scheduler.update_from_output(sched_out, results):
             self._process_sample(request, result, now)
             touched[request.parent_id] = self._groups[request.parent_id]
-        self._stats.num_steps_total += 1
         outputs = []
         for rid, group in touched.items():
-            out = self._make_output(group, delta)
-            if out.outputs or out.finished:
-                outputs.append(out)
-            if group.is_finished:
+            out = self._make_output(group)
+            if out.finished:
                 del self._groups[rid]
+                outputs.append(out)
+            elif out.outputs:
+                outputs.append(out)
+        if sched_out.chunks:
+            kernel_seconds, bytes_read = getattr(self.runner, "last_step_cost", (0.0, 0))
+            self._stats.record_step(StepRecord(
+                sched_out.num_seqs, sched_out.num_tokens,
+                time.perf_counter() - start - kernel_seconds, kernel_seconds, bytes_read))
         return outputs
 
     def _process_sample(self, request: Request, result: SampleResult, now: float) -> None:
@@ -207,6 +220,8 @@ class LLMEngine:
         if metrics.first_token_time is None:
             metrics.first_token_time = now
             self._stats.prompt_tokens_total += request.num_prompt_tokens
+        else:
+            self._stats.itl.observe(now - metrics.last_token_time)
         metrics.last_token_time = now
         self._stats.generation_tokens_total += 1
         token_id = result.token_id
@@ -258,21 +273,16 @@ class LLMEngine:
 
     # ---- outputs --------------------------------------------------------------------------
 
-    def _make_output(self, group: _Group, delta: bool) -> RequestOutput:
+    def _make_output(self, group: _Group) -> RequestOutput:
+        """The group's delta: per completion, what was produced since its previous output."""
         completions = []
         for comp in group.completions:
             request = comp.request
-            text = comp.visible_text()
-            if not delta:
-                completions.append(CompletionOutput(
-                    request.index, text, list(request.output_token_ids), request.cumulative_logprob,
-                    list(request.logprobs) if request.logprobs is not None else None,
-                    request.finish_reason, request.stop_reason))
-                continue
-            num_tokens = request.num_output_tokens
-            newly_finished = request.is_finished and not comp.sent_finished
+            is_finished = request.is_finished
+            text = comp.text if is_finished or not comp.stop_strings else comp.visible_text()
+            num_tokens = len(request.output_token_ids)
             if num_tokens == comp.num_sent_tokens and len(text) == comp.num_sent_chars \
-                    and not newly_finished:
+                    and (comp.sent_finished or not is_finished):
                 continue
             completions.append(CompletionOutput(
                 request.index, text[comp.num_sent_chars:],
@@ -280,7 +290,7 @@ class LLMEngine:
                 request.logprobs[comp.num_sent_tokens:] if request.logprobs is not None else None,
                 request.finish_reason, request.stop_reason))
             comp.num_sent_tokens, comp.num_sent_chars = num_tokens, len(text)
-            comp.sent_finished = request.is_finished
+            comp.sent_finished = is_finished
         first = group.children[0]
         return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, completions,
                              finished=group.is_finished, metrics=self._group_metrics(group),
@@ -288,8 +298,10 @@ class LLMEngine:
 
     @staticmethod
     def _group_metrics(group: _Group) -> RequestMetrics:
-        if len(group.children) == 1:
-            return dataclasses.replace(group.children[0].metrics)
+        if len(group.children) == 1:   # a copy: the engine thread goes on updating its own
+            m = group.children[0].metrics
+            return RequestMetrics(m.arrival_time, m.first_scheduled_time, m.first_token_time,
+                                  m.last_token_time, m.finished_time, m.num_preemptions)
         ms = [c.metrics for c in group.children]
 
         def pick(values, fn):
@@ -333,9 +345,12 @@ class LLMEngine:
             ttft=None if m.first_token_time is None else m.first_token_time - m.arrival_time,
             tpot=tpot, e2e=finished - m.arrival_time))
 
-    def stats(self) -> EngineStats:
+    def stats(self, fresh: bool = True) -> EngineStats:
+        """A snapshot; fresh=False lets per-step figures lag by up to a fraction of a second
+        (cheap enough to call after every step)."""
         kv = self.kv_cache_manager
         return self._stats.snapshot(
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             num_preempted_total=self.scheduler.num_preemptions_total, kv_cache_usage=kv.usage,
-            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits)
+            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
+            fresh=fresh)

@@ -71,10 +71,17 @@ class KVCacheManager:
         """Make room for num_new_tokens more KV entries of request; None if the pool is short.
 
         new_computed_blocks: prefix-cache hits (from get_computed_blocks) for a request
-        being admitted; they sit before the new tokens. Returns the whole block table (a copy).
+        being admitted; they sit before the new tokens. Returns the ids appended to the
+        request's block table (hits first): the delta the runner applies to its copy.
         """
         rid = request.request_id
         blocks = self._blocks.get(rid)
+        if blocks and not new_computed_blocks:
+            # a running request whose blocks already hold the new tokens (most decode steps)
+            end = request.num_computed_tokens + num_new_tokens
+            if end <= len(blocks) * self.block_size and (
+                    not self.enable_prefix_caching or end // self.block_size <= self._num_hashed[rid]):
+                return []
         assert not new_computed_blocks or not blocks, "cache hits only for a request without blocks"
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         end = num_computed + num_new_tokens
@@ -89,6 +96,7 @@ class KVCacheManager:
             self.block_tables[rid] = []
             self._num_hashed[rid] = 0
         table = self.block_tables[rid]
+        num_before = len(table)
         if new_computed_blocks:
             self.block_pool.touch(new_computed_blocks)
             blocks.extend(new_computed_blocks)
@@ -98,9 +106,9 @@ class KVCacheManager:
             new_blocks = self.block_pool.allocate(num_new_blocks)
             blocks.extend(new_blocks)
             table.extend(b.block_id for b in new_blocks)
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and end // self.block_size > self._num_hashed[rid]:
             self._publish_full_blocks(request, end)
-        return list(table)
+        return table[num_before:] if len(table) > num_before else []
 
     def free(self, request: Request) -> None:
         """Release request's blocks (tail first). Blocks it published beyond its computed

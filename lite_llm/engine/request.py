@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from lite_llm.outputs import Logprob, RequestMetrics
 from lite_llm.sampling_params import SamplingParams
@@ -33,9 +33,9 @@ class RequestStatus(enum.Enum):
         return self.value if self.is_finished else None
 
 
-@dataclass(frozen=True)
-class SampleResult:
-    """The token the runner sampled for one sequence this step."""
+class SampleResult(NamedTuple):
+    """The token the runner sampled for one sequence this step (a NamedTuple: one per
+    sequence per step, and a frozen dataclass costs ~1 us to build)."""
     token_id: int
     logprob: float | None = None                           # of token_id, when logprobs were asked
     top_logprobs: list[tuple[int, float]] | None = None    # [(token_id, logprob)] best first
@@ -104,7 +104,10 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.is_finished
+        # identity tests: asked per request several times a step, and an enum's properties
+        # go through its descriptors
+        status = self.status
+        return status is not RequestStatus.RUNNING and status is not RequestStatus.WAITING
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

@@ -1,10 +1,11 @@
 """Model runner: loaded weights -> packed kernel model + paged KV cache; a SchedulerOutput ->
-flat step arrays -> ONE forward() call -> the compiled sampler.
+the persistent batch's step arrays (input_batch.py) -> ONE forward() call -> the compiled
+sampler, whose tokens join the batch's rows in place.
 
     chunks of the step      [ req A: tokens 0..5 (prefill) | req B: token 17 | req C: 9..12 ]
     token_ids / positions   [ a0 a1 a2 a3 a4 a5 | b17 | c9 c10 c11 c12 ]     T = 11
-    tok_seq                 [ 0  0  0  0  0  0  | 1   | 2  2   2   2   ]
-    slot of token t at pos p = block_ids[p // B] * B + p % B
+    tok_seq                 [ 3  3  3  3  3  3  | 0   | 1  1   1   1   ]   batch slot of each token
+    slot of token t at pos p = block_table[tok_seq[t], p // B] * B + p % B
     logits_rows             [ 5, 6, 10 ]   last token of each chunk that samples
 """
 from __future__ import annotations
@@ -19,8 +20,9 @@ import numpy as np
 from lite_llm import _kernels
 from lite_llm._kernels import layout
 from lite_llm.config import KV_CACHE_DTYPES
+from lite_llm.engine.input_batch import InputBatch, StepArrays
 from lite_llm.engine.request import SampleResult
-from lite_llm.engine.sampler import Sampler
+from lite_llm.engine.sampler import Sampler, add_logit_bias
 from lite_llm.model.rope import rope_tables
 from lite_llm.model.weights import bf16_to_f32
 
@@ -184,10 +186,13 @@ class ModelRunner:
         self.max_num_seqs = max_num_seqs
         eos = tuple(cfg.eos_token_ids)
         self.sampler = Sampler(cfg.vocab_size, eos, num_threads=num_threads)
+        self.input_batch = InputBatch(max_num_seqs, max_pos, block_size, eos, max_num_batched_tokens)
         self.weight_bytes = sum(v.nbytes for k, v in tensors.items() if isinstance(v, np.ndarray))
         # a decode step streams every matrix once; an untied embedding only gives a few rows
         self.bytes_per_token = self.weight_bytes - (tensors["embed.weight"].nbytes if "lm_head.weight" in tensors else 0)
         self.kv_cache_bytes = sum(c.nbytes for c in self.k_caches + self.v_caches)
+        self.kv_bytes_per_token = self.kv_cache_bytes // (num_blocks * block_size)   # all layers, K and V
+        self.last_step_cost = (0.0, 0)    # (kernel seconds, bytes read) of the latest execute()
         self.formats = self.model.formats()
         log.info("model ready in %.2f s: %.1f MB of weights (%s), %.1f MB read per decoded token; "
                  "KV cache %.1f MB (%d blocks of %d, %s)", time.perf_counter() - start, self.weight_bytes / 2**20,
@@ -196,29 +201,9 @@ class ModelRunner:
 
     # ---- one step ---------------------------------------------------------------------
 
-    def prepare(self, sched_out):
-        """SchedulerOutput -> the flat arrays of forward() (see the module docstring)."""
-        chunks = sched_out.chunks
-        T = sum(c.num_new_tokens for c in chunks)
-        B = self.block_size
-        token_ids = np.empty(T, np.int32)
-        positions = np.empty(T, np.int32)
-        tok_seq = np.empty(T, np.int32)
-        max_blocks = max((len(c.block_ids) for c in chunks), default=1) or 1
-        block_tables = np.zeros((max(len(chunks), 1), max_blocks), np.int32)
-        rows = []
-        t = 0
-        for s, c in enumerate(chunks):
-            n, start = c.num_new_tokens, c.start
-            token_ids[t:t + n] = c.request.all_token_ids[start:start + n]
-            positions[t:t + n] = np.arange(start, start + n, dtype=np.int32)
-            tok_seq[t:t + n] = s
-            block_tables[s, :len(c.block_ids)] = c.block_ids
-            t += n
-            if c.sample:
-                rows.append(t - 1)
-        slot_mapping = (block_tables[tok_seq, positions // B].astype(np.int64) * B + positions % B)
-        return token_ids, positions, slot_mapping, tok_seq, block_tables, np.asarray(rows, np.int32)
+    def prepare(self, sched_out) -> StepArrays:
+        """Apply sched_out's deltas to the persistent batch; the step's flat arrays."""
+        return self.input_batch.prepare(sched_out)
 
     def forward(self, token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows) -> np.ndarray:
         """One kernel call; returns logits [R, V] of the rows asked for (tests use this directly).
@@ -233,8 +218,23 @@ class ModelRunner:
         return logits
 
     def execute(self, sched_out) -> list[SampleResult | None]:
-        arrays = self.prepare(sched_out)
-        logits = self.forward(*arrays)
-        sampling = [c.request for c in sched_out.chunks if c.sample]
-        results = iter(self.sampler.sample(logits, sampling) if sampling else ())
+        batch = self.input_batch
+        a = batch.prepare(sched_out)
+        start = time.perf_counter()
+        logits = self.forward(a.token_ids, a.positions, a.slot_mapping, a.tok_seq, a.block_tables,
+                              a.logits_rows)
+        kernel_seconds = time.perf_counter() - start
+        sampled = []
+        if len(a.sample_slots):
+            if batch.any_logit_bias:
+                add_logit_bias(logits, [c.request for c in sched_out.chunks if c.sample])
+            sampled = self.sampler.run(logits, *batch.sampling_arrays(a.sample_slots, a.sample_slots_are_prefix))
+            kernel_seconds += self.sampler.last_kernel_seconds
+            batch.append_sampled(a.sample_slots, self.sampler.last_tokens)
+        # weights stream once per step; attention reads each sequence's context once
+        self.last_step_cost = (kernel_seconds,
+                               self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token)
+        if len(sampled) == len(sched_out.chunks):
+            return sampled
+        results = iter(sampled)
         return [next(results) if c.sample else None for c in sched_out.chunks]

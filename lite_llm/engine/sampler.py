@@ -1,21 +1,27 @@
 """Sampler: last-position logits of a step -> one SampleResult per sequence.
 
-Python only gathers each request's parameters and penalty context into a few flat arrays;
-the work (penalties, min_tokens bans, temperature, top_k/top_p/min_p, the seeded draw and
-raw logprobs) is one nogil call into lite_llm.engine._sampler, parallel over sequences.
-The order of operations and the random draw are documented there. A request's logit_bias is
-added to its row here, first, so its logprobs are those of the biased distribution.
+Python only hands over a few flat parameter arrays; the work (penalties, min_tokens bans,
+temperature, top_k/top_p/min_p, the seeded draw and raw logprobs) is one nogil call into
+lite_llm.engine._sampler, parallel over sequences. The order of operations and the random
+draw are documented there.
+
+The engine's runner takes those arrays from its persistent batch (input_batch.py, updated in
+place, and run()); sample() builds them from scratch out of a list of requests: the plain
+reference the persistent path is tested against, and the way tests drive the kernel.
+A request's logit_bias is added to its row first (add_logit_bias), so its logprobs are those
+of the biased distribution.
 """
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
 from lite_llm.engine import _sampler
+from lite_llm.engine.input_batch import I_NUM_LOGPROBS, NUM_F, NUM_I, ban_ids, sampling_row
 from lite_llm.engine.request import SampleResult
 
 _NO_IDS = np.zeros(0, np.int32)
-_MASK64 = (1 << 64) - 1
-_SIGN64 = 1 << 63
 
 
 class Sampler:
@@ -27,6 +33,9 @@ class Sampler:
         self.num_threads = max(1, num_threads or _sampler.max_threads())
         self._rows = 0
         self._scratch_w = self._scratch_count = self._scratch_raw = None
+        self.last_kernel_seconds = 0.0     # of the latest run(): the compiled part alone
+        self.last_tokens = _NO_IDS         # [S] int32 tokens of the latest run()
+        self._out_token, self._out_logprob, self._out_rank = _NO_IDS, np.zeros(0, np.float32), _NO_IDS
 
     def _scratch(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if rows > self._rows:
@@ -36,28 +45,37 @@ class Sampler:
             self._rows = rows
         return self._scratch_w, self._scratch_count, self._scratch_raw
 
+    def _outputs(self, rows: int, k: int) -> tuple[np.ndarray, ...]:
+        """Output arrays for rows sequences and k top logprobs: views of buffers kept across
+        steps (the caller reads them before the next run)."""
+        if rows > len(self._out_token):
+            size = max(rows, 2 * len(self._out_token))
+            self._out_token = np.empty(size, np.int32)
+            self._out_logprob = np.empty(size, np.float32)
+            self._out_rank = np.empty(size, np.int32)
+        return (self._out_token[:rows], self._out_logprob[:rows], self._out_rank[:rows],
+                np.empty((rows, k), np.int32), np.empty((rows, k), np.float32))
+
     def sample(self, logits: np.ndarray,    # IN/OUT [S, V] float32, overwritten
                requests: list) -> list[SampleResult]:
         """One token per request; request i owns logits[i]. Each request has .sampling_params,
         .prompt_token_ids, .output_token_ids and .seed."""
+        add_logit_bias(logits, requests)
+        return self.run(logits, *self.build_params(requests))
+
+    def build_params(self, requests: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(fparams [S, NUM_F], iparams [S, NUM_I], context token ids, banned ids) of requests,
+        from scratch: contexts and bans concatenated in request order."""
         num_seqs = len(requests)
-        if logits.dtype != np.float32 or logits.ndim != 2 or logits.shape != (num_seqs, self.vocab_size) \
-                or not logits.flags.c_contiguous:
-            raise ValueError(f"Sampler.sample: logits {logits.dtype} {logits.shape}, "
-                             f"want C-contiguous float32 {(num_seqs, self.vocab_size)}")
-        fparams = np.empty((num_seqs, 6), np.float32)   # columns: see _sampler F_*
-        iparams = np.zeros((num_seqs, 9), np.int64)     # columns: see _sampler I_*
-        context: list[list[int]] = []                   # penalty context, concatenated below
+        fparams = np.empty((num_seqs, NUM_F), np.float32)   # columns: see _sampler F_*
+        iparams = np.zeros((num_seqs, NUM_I), np.int64)     # columns: see _sampler I_*
+        context: list[list[int]] = []                       # penalty context, concatenated below
         banned: list[int] = []
-        num_context = max_logprobs = 0
+        num_context = 0
         for row, req in enumerate(requests):
             p = req.sampling_params
             out = req.output_token_ids
-            fparams[row] = (p.temperature, p.top_p, p.min_p, p.repetition_penalty,
-                            p.frequency_penalty, p.presence_penalty)
-            num_logprobs = -1 if p.logprobs is None else p.logprobs
-            max_logprobs = max(max_logprobs, num_logprobs)
-            seed = req.seed & _MASK64
+            fparams[row], (top_k, num_logprobs, seed) = sampling_row(p, req.seed)
             start = num_context
             if p.repetition_penalty != 1.0:
                 context.append(req.prompt_token_ids)
@@ -68,37 +86,56 @@ class Sampler:
                 num_context += len(out)
             ban_start = len(banned)
             if len(out) < p.min_tokens:
-                eos = () if p.ignore_eos else (getattr(req, "eos_token_ids", None) or self.eos_token_ids)
-                banned.extend(eos)
-                banned.extend(p.stop_token_ids)
-            iparams[row] = (p.top_k, num_logprobs, seed - (1 << 64) if seed & _SIGN64 else seed,
-                            len(out), start, prompt_end, num_context, ban_start, len(banned))
+                banned.extend(ban_ids(p, getattr(req, "eos_token_ids", None) or self.eos_token_ids))
+            iparams[row] = (top_k, num_logprobs, seed, len(out), start, prompt_end, num_context,
+                            ban_start, len(banned))
         token_ids = np.fromiter((t for ids in context for t in ids), np.int32, num_context) \
             if num_context else _NO_IDS
         banned_ids = np.array(banned, np.int32) if banned else _NO_IDS
-        k = max(max_logprobs, 0)
-        out_token = np.empty(num_seqs, np.int32)
-        out_logprob = np.empty(num_seqs, np.float32)
-        out_rank = np.empty(num_seqs, np.int32)
-        out_top_ids = np.empty((num_seqs, k), np.int32)
-        out_top_logprobs = np.empty((num_seqs, k), np.float32)
-        for row, req in enumerate(requests):
-            bias = req.sampling_params.logit_bias
-            if bias:                    # before penalties and filters, as OpenAI and vLLM apply it
-                ids = np.fromiter(bias.keys(), np.int64, len(bias))
-                keep = ids < self.vocab_size
-                logits[row, ids[keep]] += np.fromiter(bias.values(), np.float32, len(bias))[keep]
-        threads = min(self.num_threads, max(num_seqs, 1))
-        _sampler.sample(logits, fparams, iparams, token_ids, banned_ids, out_token, out_logprob,
-                        out_rank, out_top_ids, out_top_logprobs, *self._scratch(threads), threads)
+        return fparams, iparams, token_ids, banned_ids
 
-        results = []
+    def run(self, logits: np.ndarray,       # IN/OUT [S, V] float32, overwritten
+            fparams: np.ndarray,            # IN [S, NUM_F]
+            iparams: np.ndarray,            # IN [S, NUM_I]
+            token_ids: np.ndarray,          # IN [N] int32 penalty contexts (ranges in iparams)
+            banned_ids: np.ndarray,         # IN [M] int32 min_tokens bans (ranges in iparams)
+            ) -> list[SampleResult]:
+        """The compiled sampler over ready parameter arrays; one SampleResult per row."""
+        num_seqs = fparams.shape[0]
+        if logits.dtype != np.float32 or logits.ndim != 2 or logits.shape != (num_seqs, self.vocab_size) \
+                or not logits.flags.c_contiguous:
+            raise ValueError(f"Sampler.sample: logits {logits.dtype} {logits.shape}, "
+                             f"want C-contiguous float32 {(num_seqs, self.vocab_size)}")
+        num_logprobs = iparams[:, I_NUM_LOGPROBS]
+        max_logprobs = int(num_logprobs.max()) if num_seqs else -1    # -1: no row wants logprobs
+        k = max(max_logprobs, 0)
+        out_token, out_logprob, out_rank, out_top_ids, out_top_logprobs = self._outputs(num_seqs, k)
+        threads = min(self.num_threads, max(num_seqs, 1))
+        scratch = self._scratch(threads)
+        start = time.perf_counter()
+        _sampler.sample(logits, fparams, iparams, token_ids, banned_ids, out_token, out_logprob,
+                        out_rank, out_top_ids, out_top_logprobs, *scratch, threads)
+        self.last_kernel_seconds = time.perf_counter() - start
+        self.last_tokens = out_token
         tokens = out_token.tolist()
-        for row, req in enumerate(requests):
-            n = req.sampling_params.logprobs
-            if n is None:
+        if max_logprobs < 0:
+            return [SampleResult(t) for t in tokens]
+        results = []
+        for row, n in enumerate(num_logprobs.tolist()):
+            if n < 0:
                 results.append(SampleResult(tokens[row]))
             else:
                 top = list(zip(out_top_ids[row, :n].tolist(), out_top_logprobs[row, :n].tolist()))
                 results.append(SampleResult(tokens[row], float(out_logprob[row]), top, int(out_rank[row])))
         return results
+
+
+def add_logit_bias(logits: np.ndarray, requests) -> None:
+    """Each request's logit_bias added to its row of logits ([S, V], row i is requests[i]):
+    before penalties and filters, as OpenAI and vLLM apply it; ids past the vocabulary ignored."""
+    for row, req in enumerate(requests):
+        bias = req.sampling_params.logit_bias
+        if bias:
+            ids = np.fromiter(bias.keys(), np.int64, len(bias))
+            keep = ids < logits.shape[1]
+            logits[row, ids[keep]] += np.fromiter(bias.values(), np.float32, len(bias))[keep]

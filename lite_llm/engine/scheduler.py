@@ -9,6 +9,17 @@ its blocks are freed and it goes back to the FRONT of the waiting queue.
 
 Token stops (EOS, stop token ids, max_tokens, max_model_len) are checked here when sampled
 tokens come back; stop strings need text and are the engine's.
+
+The SchedulerOutput speaks in deltas to a runner that keeps its per-sequence arrays from
+step to step (vLLM v1's SchedulerOutput / CachedRequestData): a chunk with is_new enters the
+runner's batch with its whole block table; any other chunk belongs to a request the runner
+already holds and brings only the block ids appended since its previous step. Requests
+leave the batch through finished_req_ids and preempted_req_ids, which reach the runner with
+the next step that runs (before that step's new requests, which may reuse a request id).
+
+    step k:   chunks [A new, blocks 3 7] [B new, blocks 1]
+    step k+1: chunks [A, blocks +()] [B, blocks +(4)]          preempted_req_ids [ ]
+    step k+2: chunks [A, blocks +(9)]                          preempted_req_ids [B]
 """
 from __future__ import annotations
 
@@ -16,26 +27,28 @@ import bisect
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from lite_llm.engine.kv_cache import KVCacheManager
 from lite_llm.engine.request import Request, RequestStatus, SampleResult
 
 
-@dataclass(frozen=True)
-class ScheduledChunk:
-    """Compute request.all_token_ids[start:start + num_new_tokens] this step."""
+class ScheduledChunk(NamedTuple):
+    """Compute request.all_token_ids[start:start + num_new_tokens] this step. (A NamedTuple:
+    one per running request per step, and a frozen dataclass costs ~1 us to build.)"""
     request: Request
     start: int                  # num_computed_tokens before this step
     num_new_tokens: int
-    block_ids: list[int]        # the request's whole block table
+    new_block_ids: list[int]    # is_new: the whole block table; else the ids appended this step
     sample: bool                # all tokens are computed after this chunk: sample the next one
+    is_new: bool = False        # enters the runner's batch (admitted, or resumed after preemption)
 
 
 @dataclass(frozen=True)
 class SchedulerOutput:
     chunks: list[ScheduledChunk]
     num_tokens: int                                   # sum of chunks' num_new_tokens (T)
-    preempted_req_ids: list[str] = field(default_factory=list)
+    preempted_req_ids: list[str] = field(default_factory=list)  # left the batch since the last step
     finished_req_ids: list[str] = field(default_factory=list)   # freed since the last step
 
     @property
@@ -60,7 +73,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []              # admission order (priority order if "priority")
         self.num_preemptions_total = 0
-        self._finished_req_ids: list[str] = []         # freed since the last schedule()
+        self._finished_req_ids: list[str] = []         # freed since the last step that ran
+        self._preempted_req_ids: list[str] = []        # preempted since the last step that ran
         self._finished_in_schedule: list[Request] = []  # requests that can never fit, for the engine
 
     # ---- queue management ---------------------------------------------------------------
@@ -106,17 +120,18 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         chunks: list[ScheduledChunk] = []
-        preempted: list[str] = []
+        preempted = self._preempted_req_ids
+        num_preempted = len(preempted)
         budget = self._schedule_running(chunks, preempted)
-        if not preempted:
+        if len(preempted) == num_preempted:
             # after a preemption the cache is full: admitting would only preempt again
             budget = self._schedule_waiting(chunks, budget)
         num_tokens = self.max_num_batched_tokens - budget
         finished = self._finished_req_ids
-        if chunks:           # an empty step is not run: its finished ids wait for the next one
-            self._finished_req_ids = []
+        if chunks:           # an empty step is not run: its removals wait for the next one
+            self._finished_req_ids, self._preempted_req_ids = [], []
         else:
-            finished = list(finished)
+            finished, preempted = list(finished), list(preempted)
         return SchedulerOutput(chunks, num_tokens, preempted, finished)
 
     def _schedule_running(self, chunks: list[ScheduledChunk], preempted: list[str]) -> int:
@@ -141,7 +156,9 @@ class Scheduler:
                     break
             if block_ids is None:
                 continue           # request left running; running[idx] is the next one
-            chunks.append(self._chunk(request, num_new, block_ids))
+            start = request.num_computed_tokens
+            chunks.append(ScheduledChunk(request, start, num_new, block_ids,
+                                         start + num_new == request.num_tokens))
             budget -= num_new
             idx += 1
         return budget
@@ -174,14 +191,10 @@ class Scheduler:
                 bisect.insort(self.running, request, key=_priority_key)
             else:
                 self.running.append(request)
-            chunks.append(self._chunk(request, num_new, block_ids))
+            chunks.append(ScheduledChunk(request, num_hit_tokens, num_new, block_ids,
+                                         num_hit_tokens + num_new == request.num_tokens, is_new=True))
             budget -= num_new
         return budget
-
-    def _chunk(self, request: Request, num_new: int, block_ids: list[int]) -> ScheduledChunk:
-        start = request.num_computed_tokens
-        return ScheduledChunk(request, start, num_new, block_ids,
-                              sample=start + num_new == request.num_tokens)
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request)    # before resetting num_computed_tokens: see free()

@@ -2,15 +2,19 @@
 
 The engine thread updates counters and latency histograms as requests progress and
 publishes an EngineStats value; readers (the Prometheus exporter in server/metrics.py,
-benchmarks, logs) only ever see immutable snapshots. Histograms are cumulative like
+benchmarks, logs) only ever see immutable snapshots. This is the one home of every engine
+figure /metrics shows: request latencies (TTFT, ITL, TPOT, queue, end to end) and per-step
+costs (Python time vs kernel time, bytes read). Histograms are cumulative like
 Prometheus' (never drained), so any number of readers can scrape them. Bucket bounds follow
 vLLM's metrics of the same names.
 """
 from __future__ import annotations
 
 import bisect
+import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -18,7 +22,12 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 7.5, 10.0, 20.0, 40.0, 80.0)
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# Per engine step: seconds of Python (scheduler, step arrays, outputs, text) and of kernels
+STEP_BUCKETS = (1e-5, 2.5e-5, 5e-5, 7.5e-5, 1e-4, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 2.5e-3, 5e-3,
+                7.5e-3, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
 NUM_RECENT_REQUESTS = 256      # finished-request records kept for logs and benchmarks
+NUM_RECENT_STEPS = 4096        # StepRecords kept for `bench --profile-step` and the bandwidth gauge
+STEP_SNAPSHOT_SECONDS = 0.25   # how stale per-step figures in a non-fresh snapshot may be
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,15 @@ class FinishedRequestRecord:
     e2e: float                    # arrival -> finished
 
 
+class StepRecord(NamedTuple):
+    """One engine step: how big it was and where its time went (seconds)."""
+    num_seqs: int
+    num_tokens: int
+    python_seconds: float      # wall time of step() minus kernel_seconds
+    kernel_seconds: float      # the compiled forward pass and sampler
+    bytes_read: int            # weights streamed + KV read by attention
+
+
 @dataclass(frozen=True)
 class EngineStats:
     num_running: int = 0
@@ -80,11 +98,25 @@ class EngineStats:
     e2e: Histogram = field(default_factory=lambda: HistogramAccumulator(LATENCY_BUCKETS).snapshot())
     queue_time: Histogram = field(
         default_factory=lambda: HistogramAccumulator(LATENCY_BUCKETS).snapshot())
+    itl: Histogram = field(default_factory=lambda: HistogramAccumulator(TPOT_BUCKETS).snapshot())
+    step_python: Histogram = field(default_factory=lambda: HistogramAccumulator(STEP_BUCKETS).snapshot())
+    step_kernel: Histogram = field(default_factory=lambda: HistogramAccumulator(STEP_BUCKETS).snapshot())
+    step_bytes_read_total: int = 0
     recent_requests: tuple[FinishedRequestRecord, ...] = ()   # newest last
+    recent_steps: tuple[StepRecord, ...] = ()                 # newest last
 
     @property
     def prefix_cache_hit_rate(self) -> float:
         return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+    @property
+    def achieved_bandwidth(self) -> float | None:
+        """Bytes read per second of kernel time over the recent decode steps (one token per
+        sequence: memory-bound, so this is the figure to hold against the machine's bandwidth);
+        None before any."""
+        decode = [s for s in self.recent_steps if s.num_tokens == s.num_seqs]
+        kernel = sum(s.kernel_seconds for s in decode)
+        return sum(s.bytes_read for s in decode) / kernel if kernel > 0 else None
 
 
 class StatsCollector:
@@ -99,8 +131,22 @@ class StatsCollector:
         self.tpot = HistogramAccumulator(TPOT_BUCKETS)
         self.e2e = HistogramAccumulator(LATENCY_BUCKETS)
         self.queue_time = HistogramAccumulator(LATENCY_BUCKETS)
+        self.itl = HistogramAccumulator(TPOT_BUCKETS)
+        self.step_python = HistogramAccumulator(STEP_BUCKETS)
+        self.step_kernel = HistogramAccumulator(STEP_BUCKETS)
+        self.step_bytes_read_total = 0
         self.recent: deque[FinishedRequestRecord] = deque(maxlen=NUM_RECENT_REQUESTS)
+        self.recent_steps: deque[StepRecord] = deque(maxlen=NUM_RECENT_STEPS)
         self._finished_part: dict | None = None   # what only record_finished changes, as snapshotted
+        self._step_part: dict | None = None       # the per-step histograms, as snapshotted
+        self._step_part_time = 0.0
+
+    def record_step(self, record: StepRecord) -> None:
+        self.num_steps_total += 1
+        self.step_python.observe(record.python_seconds)
+        self.step_kernel.observe(record.kernel_seconds)
+        self.step_bytes_read_total += record.bytes_read
+        self.recent_steps.append(record)
 
     def record_finished(self, record: FinishedRequestRecord) -> None:
         self._finished_part = None
@@ -117,16 +163,26 @@ class StatsCollector:
 
     def snapshot(self, *, num_running: int, num_waiting: int, num_preempted_total: int,
                  kv_cache_usage: float, prefix_cache_queries: int,
-                 prefix_cache_hits: int) -> EngineStats:
+                 prefix_cache_hits: int, fresh: bool = True) -> EngineStats:
+        """fresh=False may reuse per-step figures up to STEP_SNAPSHOT_SECONDS old: the async
+        engine snapshots after every step, and copying 4096 step records each time would cost
+        more than the step's own Python."""
         if self._finished_part is None:   # the engine snapshots every step; requests finish rarely
             self._finished_part = dict(
                 request_success_total=dict(self.request_success_total),
                 ttft=self.ttft.snapshot(), tpot=self.tpot.snapshot(), e2e=self.e2e.snapshot(),
                 queue_time=self.queue_time.snapshot(), recent_requests=tuple(self.recent))
+        now = time.monotonic()
+        if fresh or self._step_part is None or now - self._step_part_time > STEP_SNAPSHOT_SECONDS:
+            self._step_part = dict(
+                itl=self.itl.snapshot(), step_python=self.step_python.snapshot(),
+                step_kernel=self.step_kernel.snapshot(), step_bytes_read_total=self.step_bytes_read_total,
+                recent_steps=tuple(self.recent_steps))
+            self._step_part_time = now
         return EngineStats(
             num_running=num_running, num_waiting=num_waiting,
             num_preempted_total=num_preempted_total, kv_cache_usage=kv_cache_usage,
             prefix_cache_queries=prefix_cache_queries, prefix_cache_hits=prefix_cache_hits,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
-            num_steps_total=self.num_steps_total, **self._finished_part)
+            num_steps_total=self.num_steps_total, **self._finished_part, **self._step_part)

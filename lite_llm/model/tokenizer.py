@@ -220,7 +220,11 @@ class Tokenizer:
         return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        ids = [int(i) for i in ids]
+        return self.decode_ints([int(i) for i in ids], skip_special_tokens)
+
+    def decode_ints(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """decode() of a list of Python ints as they are (the incremental detokenizer calls
+        this twice per generated token; converting each id again would cost a third)."""
         if self._sp is not None:
             if skip_special_tokens:
                 ids = [i for i in ids if i not in self.all_special_ids]

@@ -32,7 +32,7 @@ from lite_llm import __version__
 from lite_llm.config import KV_CACHE_DTYPES, env
 from lite_llm.engine.async_engine import EngineDeadError, EngineShutdownError, QueueFullError
 from lite_llm.server import openai
-from lite_llm.server.metrics import RequestTimer, ServerMetrics
+from lite_llm.server.metrics import ServerMetrics
 from lite_llm.server.openai import (ApiError, Choice, PreparedRequest, ServingContext, TokenizeSlots,
                                     max_token_bytes, system_fingerprint)
 from lite_llm.server.openapi import openapi_document
@@ -598,7 +598,7 @@ class _Handler(BaseHTTPRequestHandler):
 
             def abort_all() -> None:
                 aborted.set()
-                for rid, _, _ in submitted:
+                for rid, _ in submitted:
                     st.engine.abort(rid)
 
             with _DisconnectWatch(self.connection, abort_all) as watch:
@@ -612,43 +612,39 @@ class _Handler(BaseHTTPRequestHandler):
                         abort_all()
                     raise
 
-    def _submit(self, prep: PreparedRequest) -> list[tuple[str, Any, RequestTimer]]:
+    def _submit(self, prep: PreparedRequest) -> list[tuple[str, Any]]:
         st = self.state
-        submitted: list[tuple[str, Any, RequestTimer]] = []
+        submitted: list[tuple[str, Any]] = []
         try:
             for k, p in enumerate(prep.prompts):
                 rid = prep.engine_request_id(k)
-                timer = st.metrics.timer(len(p.token_ids))
                 stream = st.engine.add_request(rid, p.token_ids, prep.params, prompt=p.text)
-                submitted.append((rid, stream, timer))
+                submitted.append((rid, stream))
         except QueueFullError:
-            for rid, _, _ in submitted:
+            for rid, _ in submitted:
                 st.engine.abort(rid)
             raise ApiError(429, "The server is at capacity (request queue full); retry later.",
                            code="queue_full", headers={"Retry-After": str(st.retry_after)}) from None
         except ValueError as e:      # the engine's own checks on a request
-            for rid, _, _ in submitted:
+            for rid, _ in submitted:
                 st.engine.abort(rid)
             raise ApiError(400, str(e)) from None
         except (EngineShutdownError, EngineDeadError) as e:
-            for rid, _, _ in submitted:
+            for rid, _ in submitted:
                 st.engine.abort(rid)
             raise ApiError(503, f"the engine is not accepting requests: {e}", code="engine_unavailable") from None
         except Exception:
-            for rid, _, _ in submitted:
+            for rid, _ in submitted:
                 st.engine.abort(rid)
             st.check_serving()       # a stopped engine is a 503, anything else a 500
             raise
         return submitted
 
-    def _deltas(self, prep: PreparedRequest, submitted: list[tuple[str, Any, RequestTimer]]
+    def _deltas(self, prep: PreparedRequest, submitted: list[tuple[str, Any]]
                 ) -> Iterator[tuple[int, Any]]:
-        """(prompt index, delta) over every engine request, in order; feeds the metrics."""
-        for k, (_, stream, timer) in enumerate(submitted):
+        """(prompt index, delta) over every engine request, in order."""
+        for k, (_, stream) in enumerate(submitted):
             for out in stream:
-                timer.on_delta(sum(len(o.token_ids) for o in out.outputs))
-                if out.finished:
-                    timer.on_finish([o.finish_reason for o in out.outputs], out.metrics)
                 yield k, out
 
     def _answer(self, prep: PreparedRequest, submitted: list, watch: _DisconnectWatch) -> None:

@@ -96,8 +96,8 @@ def test_prefix_hit_never_covers_the_last_prompt_token():
     longer = make_request("c", list(range(9)))
     hits, num_hit = mgr.get_computed_blocks(longer)
     assert num_hit == 8
-    table = mgr.allocate_slots(longer, 1, hits)
-    assert table[:2] == mgr.block_tables["c"][:2] and len(table) == 3
+    table = mgr.allocate_slots(longer, 1, hits)   # a request without blocks: its whole table
+    assert table == mgr.block_tables["c"] and table[:2] == [b.block_id for b in hits] and len(table) == 3
     assert all(mgr.block_pool.blocks[b].ref_cnt == 1 for b in table)
     mgr.block_pool.check()
 
@@ -155,17 +155,21 @@ def test_random_allocations_keep_ref_counts_and_never_leak(ops, prefix_len):
             hits, num_hit = mgr.get_computed_blocks(req)
             table = mgr.allocate_slots(req, req.num_tokens - num_hit, hits)
             if table is not None:
+                assert table == mgr.block_tables[req.request_id]   # new: the delta is the whole table
                 req.num_computed_tokens = req.num_tokens   # as if its step ran
                 live[slot] = req
         elif kind == "grow" and req is not None:
             for i in range(amount):
                 req.append_output_token((slot * 31 + i) % 5)
-            table = mgr.allocate_slots(req, amount)
-            if table is None:
+            before = list(mgr.block_tables[req.request_id])
+            new_ids = mgr.allocate_slots(req, amount)
+            if new_ids is None:
+                assert mgr.block_tables[req.request_id] == before   # a failed allocation changes nothing
                 del live[slot]
                 mgr.free(req)                     # preempted
             else:
-                assert len(table) * bs >= req.num_tokens
+                assert mgr.block_tables[req.request_id] == before + new_ids   # the delta appends
+                assert len(before + new_ids) * bs >= req.num_tokens
                 req.num_computed_tokens = req.num_tokens
         elif kind == "free" and req is not None:
             del live[slot]

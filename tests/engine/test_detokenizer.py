@@ -98,6 +98,48 @@ def test_long_generation_matches_full_decode(byte_bpe):
     assert len(det._ids) < 64     # the decode window stays short however long the output grows
 
 
+@pytest.fixture(scope="module")
+def byte_fallback_bpe() -> Tokenizer:
+    """Llama/SentencePiece style: "▁" word pieces, and characters outside the vocabulary as
+    <0xNN> byte tokens that the ByteFallback decoder joins back into UTF-8."""
+    pieces = ["<unk>", *SPECIALS, *(f"<0x{b:02X}>" for b in range(256)), "▁", "▁The", "▁quick", "▁brown",
+              "▁fox", "▁and", "▁caf", "▁G", "r", "e", "!", "T", "h"]
+    tok = Tokenizer(models.BPE({p: i for i, p in enumerate(pieces)}, [], unk_token="<unk>", byte_fallback=True))
+    tok.add_special_tokens(SPECIALS)
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    return tok
+
+
+@pytest.mark.parametrize("output", ["The quick brown fox and 東京 🍣 café Grüße!", MULTIBYTE, "🙂"])
+def test_byte_fallback_tokens_release_whole_characters(byte_fallback_bpe, output):
+    tok = byte_fallback_bpe
+    prompt_ids = tok.encode("The quick").ids
+    out_ids = tok.encode(output).ids
+    assert any(tok.id_to_token(i).startswith("<0x") for i in out_ids)   # bytes really fell back
+    det, deltas = stream(tok, prompt_ids, out_ids)
+    full, prefix = tok.decode(prompt_ids + out_ids), tok.decode(prompt_ids)
+    assert det.text == "".join(deltas) == full[len(prefix):]
+    assert all("\ufffd" not in d for d in deltas)
+
+
+def test_long_generation_is_incremental_with_the_project_tokenizer(byte_bpe):
+    """The engine's Tokenizer (decode_ints: no per-call id conversion) gives the same text,
+    and each token decodes a window of a few ids however long the output grows."""
+    from lite_llm.model.tokenizer import Tokenizer as ProjectTokenizer
+    project = ProjectTokenizer(byte_bpe)
+    text = (MULTIBYTE + " The quick brown fox. ") * 60
+    ids = byte_bpe.encode(text).ids
+    calls = []
+    det = IncrementalDetokenizer(project, byte_bpe.encode("Hello").ids)
+    decode = det._decode_ints
+    det._decode_ints = lambda window, **kw: (calls.append(len(window)), decode(window, **kw))[1]
+    deltas = [det.add(t) for t in ids]
+    assert "".join(deltas) == det.text == text
+    assert len(calls) <= 2 * len(ids) + 1 and max(calls) < 16
+
+
 # ---------------------------------------------------------------- stop strings
 
 def test_find_stop_truncates_before_or_after_the_stop_string():

@@ -16,7 +16,7 @@ from fake_runner import FakeRunner, next_token
 from lite_llm.engine.async_engine import (AsyncEngine, EngineDeadError, EngineShutdownError,
                                           QueueFullError)
 from lite_llm.engine.engine import EngineConfig, LLMEngine
-from lite_llm.outputs import RequestOutput
+from lite_llm.outputs import RequestOutput, fold
 from lite_llm.sampling_params import SamplingParams
 
 VOCAB = 50
@@ -34,14 +34,16 @@ def make_engine(tokenizer=None, **overrides) -> tuple[LLMEngine, FakeRunner]:
 
 
 def run_all(engine: LLMEngine, max_steps: int = 100_000) -> dict[str, RequestOutput]:
-    final = {}
+    """Step until every request finished; each request's deltas folded into its whole output."""
+    deltas: dict[str, list[RequestOutput]] = {}
     for _ in range(max_steps):
         if not engine.has_unfinished_requests():
             break
         for out in engine.step():
-            if out.finished:
-                final[out.request_id] = out
+            deltas.setdefault(out.request_id, []).append(out)
     assert not engine.has_unfinished_requests()
+    assert all(outs[-1].finished and not any(o.finished for o in outs[:-1]) for outs in deltas.values())
+    final = {rid: fold(outs) for rid, outs in deltas.items()}
     kv = engine.kv_cache_manager
     kv.block_pool.check()
     assert kv.num_free_blocks == kv.num_blocks and not kv.block_tables   # nothing leaked
@@ -203,13 +205,16 @@ def test_abort_frees_blocks_at_once():
     engine, _ = make_engine()
     for i in range(4):
         engine.add_request(f"r{i}", list(range(1, 40)), SamplingParams(max_tokens=100, ignore_eos=True))
+    deltas = []
     for _ in range(3):
-        engine.step()
+        deltas += [out for out in engine.step() if out.request_id == "r2"]
     kv = engine.kv_cache_manager
     held = set(kv.block_tables["r2"]) - {b for rid, t in kv.block_tables.items() if rid != "r2" for b in t}
     free_before = kv.num_free_blocks
     (out,) = engine.abort_request("r2")
-    assert out.finished and out.outputs[0].finish_reason == "abort" and len(out.outputs[0].token_ids) == 3
+    assert out.finished and out.outputs[0].finish_reason == "abort" and out.outputs[0].token_ids == []
+    whole = fold(deltas + [out])
+    assert whole.finished and len(whole.outputs[0].token_ids) == 3
     assert "r2" not in kv.block_tables and kv.num_free_blocks == free_before + len(held)
     assert engine.abort_request(["r2", "unknown"]) == []
     engine.abort_request(["r0", "r1", "r3"])
@@ -242,7 +247,7 @@ def test_stop_strings_truncate_text_and_stream_never_leaks_them():
                                                        include_stop_str_in_output=include))
         streamed, final = "", None
         while engine.has_unfinished_requests():
-            for out in engine.step(delta=True):
+            for out in engine.step():
                 for comp in out.outputs:
                     streamed += comp.text
                     assert stop not in streamed or include
@@ -442,3 +447,32 @@ def test_failing_thread_start_hook_is_reported_by_start():
     with pytest.raises(EngineDeadError) as info:
         AsyncEngine(engine, on_engine_thread_start=hook).start()
     assert isinstance(info.value.__cause__, OSError)
+
+
+def test_step_and_latency_stats_live_in_the_engine_and_metrics_render_them():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from lite_llm.server.metrics import ServerMetrics
+    engine, runner = make_engine()
+    runner.last_step_cost = (1e-6, 1000)           # the runner's kernel seconds and bytes per step
+    for i in range(3):
+        engine.add_request(f"r{i}", [5, 6, 7 + i], SamplingParams(max_tokens=4, ignore_eos=True))
+    run_all(engine)
+    stats = engine.stats()
+    assert stats.num_steps_total == runner.num_steps == stats.step_python.count == stats.step_kernel.count
+    assert len(stats.recent_steps) == runner.num_steps
+    assert all(s.kernel_seconds == 1e-6 and s.python_seconds > 0 for s in stats.recent_steps)
+    assert stats.itl.count == 3 * (4 - 1)           # every token after a request's first
+    assert stats.queue_time.count == stats.ttft.count == 3
+    assert stats.step_bytes_read_total == 1000 * runner.num_steps
+    assert stats.achieved_bandwidth == pytest.approx(1000 / 1e-6)
+    text = ServerMetrics("m", {"num_threads": 2}).render(stats)
+    samples = {(s.name, s.labels.get("le")): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert samples[("lite_llm:inter_token_latency_seconds_count", None)] == 9
+    assert samples[("lite_llm:step_python_seconds_count", None)] == runner.num_steps
+    assert samples[("lite_llm:step_kernel_seconds_bucket", "1e-05")] == runner.num_steps
+    assert samples[("lite_llm:request_queue_time_seconds_count", None)] == 3
+    assert samples[("lite_llm:decode_memory_bandwidth_bytes_per_second", None)] == pytest.approx(1e9)
+    assert "lite_llm:num_threads" in {fam.name for fam in text_string_to_metric_families(text)}
+    assert "lite_llm:kernel_info" in ServerMetrics("m").render(None)   # a failed engine still scrapes

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fake_runner import FakeRunner
+from fake_runner import FakeRunner, check_batch_rows, check_step_arrays
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -49,10 +49,22 @@ def run_step(sched: Scheduler, runner: FakeRunner) -> list[Request]:
     out = sched.schedule()
     assert out.num_tokens <= sched.max_num_batched_tokens
     assert len(out.chunks) <= sched.max_num_seqs
+    kv = sched.kv_cache_manager
     for chunk in out.chunks:
-        assert chunk.block_ids == sched.kv_cache_manager.block_tables[chunk.request.request_id]
+        table = kv.block_tables[chunk.request.request_id]
+        if chunk.is_new:
+            assert chunk.new_block_ids == table
+        else:
+            assert table[len(table) - len(chunk.new_block_ids):] == chunk.new_block_ids
     results = runner.execute(out) if out.chunks else []
+    if out.chunks:
+        check_step_arrays(runner.batch, runner.last_arrays, runner.last_sampling, out, kv.block_tables)
     sampled = sched.update_from_output(out, results)
+    # the batch holds every running request (and finished ones until the next step runs)
+    assert {r.request_id for r in sched.running} <= set(runner.batch.slot_of)
+    assert set(runner.batch.slot_of) - {r.request_id for r in sched.running} <= \
+        set(sched._finished_req_ids) | set(sched._preempted_req_ids)
+    check_batch_rows(runner.batch, [r for r in sched.running if r.request_id in runner.batch.slot_of])
     return [r for r, _ in sampled]
 
 
@@ -70,7 +82,14 @@ op = st.one_of(
     st.tuples(st.just("add"), st.integers(1, 40), st.integers(1, 30), st.integers(0, 3)),
     st.tuples(st.just("step"), st.integers(1, 3)),
     st.tuples(st.just("abort"), st.integers(0, 100)),
+    st.tuples(st.just("reuse"), st.integers(0, 100)),     # a new request under a finished one's id
 )
+
+# sampling parameters the runner's per-slot sampler arrays must carry (picked by prefix_kind)
+PARAMS = [dict(temperature=0.0),
+          dict(temperature=0.8, top_k=5, repetition_penalty=1.2, frequency_penalty=0.5),
+          dict(temperature=0.0, min_tokens=4, stop_token_ids=[3], presence_penalty=0.3),
+          dict(temperature=1.0, top_p=0.9, logprobs=2, ignore_eos=True, min_tokens=2)]
 
 
 @settings(max_examples=120, deadline=None)
@@ -94,10 +113,21 @@ def run_random_ops(ops, num_blocks, block_size, budget, max_seqs, caching, polic
             prompt = [prefix_kind + 1] * min(prompt_len, 12) + list(range(5, 5 + prompt_len))[12:]
             prompt = prompt[:min(prompt_len, sched.max_model_len)]
             req = Request(f"r{len(all_requests)}", prompt,
-                          SamplingParams(max_tokens=max_tokens, temperature=0.0), seed=0,
-                          eos_token_ids=(EOS,), priority=prefix_kind, max_tokens=max_tokens)
+                          SamplingParams(max_tokens=max_tokens, **{
+                              **PARAMS[prefix_kind],
+                              "min_tokens": min(PARAMS[prefix_kind].get("min_tokens", 0), max_tokens)}),
+                          seed=len(all_requests) * 7919, eos_token_ids=(EOS,), priority=prefix_kind,
+                          max_tokens=max_tokens)
             all_requests.append(req)
             sched.add_request(req)
+        elif item[0] == "reuse":
+            old = all_requests[item[1] % len(all_requests)] if all_requests else None
+            if old is not None and old.request_id not in sched.requests:
+                req = Request(old.request_id, (old.prompt_token_ids[::-1] + [1])[:sched.max_model_len],
+                              SamplingParams(max_tokens=3, temperature=0.0), seed=1,
+                              eos_token_ids=(EOS,), max_tokens=3)
+                all_requests.append(req)
+                sched.add_request(req)
         elif item[0] == "step":
             for _ in range(item[1]):
                 run_step(sched, runner)
@@ -173,7 +203,7 @@ def test_request_that_can_never_fit_is_aborted_not_hung():
     # a scheduler whose max_model_len exceeds the cache (the engine caps it; this one not)
     kv = KVCacheManager(num_blocks=2, block_size=2)
     sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=16, max_model_len=100)
-    runner = FakeRunner(2, 2)
+    runner = FakeRunner(2, 2, max_model_len=100)
     big = Request("big", list(range(1, 8)), SamplingParams(max_tokens=5), seed=0, max_tokens=5)
     sched.add_request(big)
     out = sched.schedule()
