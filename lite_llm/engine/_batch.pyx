@@ -84,27 +84,19 @@ def append_sampled(int32_t[:, ::1] token_rows,        # IN/OUT [max_num_seqs, L]
         iparams[slot, end_col] += ctx_outputs[slot]
 
 
-def gather_rows_f32(const float[:, ::1] src, const int32_t[::1] rows, float[:, ::1] out):
+ctypedef fused param_t:   # the sampler's float and integer parameter rows
+    float
+    int64_t
+
+
+def gather_rows(const param_t[:, ::1] src, const int32_t[::1] rows, param_t[:, ::1] out):
     """out[i] = src[rows[i]] for i < len(rows)."""
     cdef Py_ssize_t i, j, row
     if out.shape[0] < rows.shape[0] or out.shape[1] != src.shape[1]:
-        raise ValueError("gather_rows_f32: out too small")
+        raise ValueError("gather_rows: out too small")
     for i in range(rows.shape[0]):
         row = rows[i]
         if row < 0 or row >= src.shape[0]:
-            raise ValueError(f"gather_rows_f32: row {row} outside {src.shape[0]}")
-        for j in range(src.shape[1]):
-            out[i, j] = src[row, j]
-
-
-def gather_rows_i64(const int64_t[:, ::1] src, const int32_t[::1] rows, int64_t[:, ::1] out):
-    """out[i] = src[rows[i]] for i < len(rows)."""
-    cdef Py_ssize_t i, j, row
-    if out.shape[0] < rows.shape[0] or out.shape[1] != src.shape[1]:
-        raise ValueError("gather_rows_i64: out too small")
-    for i in range(rows.shape[0]):
-        row = rows[i]
-        if row < 0 or row >= src.shape[0]:
-            raise ValueError(f"gather_rows_i64: row {row} outside {src.shape[0]}")
+            raise ValueError(f"gather_rows: row {row} outside {src.shape[0]}")
         for j in range(src.shape[1]):
             out[i, j] = src[row, j]

@@ -228,8 +228,8 @@ class InputBatch:
             fparams, iparams = self.fparams[:num_rows], self.iparams[:num_rows]
         else:
             fparams, iparams = self._fparams_step[:num_rows], self._iparams_step[:num_rows]
-            _batch.gather_rows_f32(self.fparams, slots, fparams)
-            _batch.gather_rows_i64(self.iparams, slots, iparams)
+            _batch.gather_rows(self.fparams, slots, fparams)
+            _batch.gather_rows(self.iparams, slots, iparams)
         banned_ids = _NO_IDS
         if self._banning:
             banned: list[int] = []
