@@ -72,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
     ours = {"median": common.median_figures(runs), "runs": runs, "peak_rss_bytes": peak_rss,
             "num_preempted": stats.num_preempted_total,
             "prefix_cache_hit_rate": stats.prefix_cache_hits / max(stats.prefix_cache_queries, 1)}
+    macs = sum(common.request_macs(info, len(p), args.output_len) for p in batches[0])
+    ours["batch_peak_share"] = common.peak_share(info, macs, ours["median"]["e2e"])
     result: dict[str, Any] = {
         "benchmark": "throughput", "model": info["model_path"], "dtype": info["dtype"],
         "kernel_variant": info["kernel_variant"], "num_threads": info["num_threads"],
@@ -106,6 +108,10 @@ def print_report(result: dict[str, Any]) -> None:
                         + [f"{peer['ratio'][k]:.2f}x" if k in peer["ratio"] else "-" for k, *_ in FIGURES] + [""])
     common.print_table("results (ratios > 1: lite_llm ahead; for times the inverse ratio)", columns, rows)
     print(f"lite_llm: {ours['num_preempted']} preemptions, prefix-cache hit rate {ours['prefix_cache_hit_rate']:.1%}")
+    share = common.describe_share("batch (prefill and decode, start to last token)", ours.get("batch_peak_share"),
+                                  r["num_threads"])
+    if share:
+        print(share)
     for name, peer in r["peers"].items():
         if "error" in peer:
             print(f"{name}: not run: {peer['error']}")

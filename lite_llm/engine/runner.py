@@ -17,7 +17,7 @@ from collections import Counter
 import numpy as np
 
 from lite_llm import _kernels
-from lite_llm._kernels import layout
+from lite_llm._kernels import gemm_path, layout
 from lite_llm.engine.request import SampleResult
 from lite_llm.engine.sampler import Sampler
 from lite_llm.model.rope import rope_tables
@@ -111,6 +111,9 @@ class ModelRunner:
                     gated_mlp=cfg.gated_mlp, rope=cfg.rope, qk_norm=cfg.qk_norm,
                     sliding_window=None if disable_sliding_window else cfg.sliding_window,
                     max_positions=max_pos)
+        # how bf16 weights run prefill and batches on this machine: measured once, cached
+        self.gemm_paths = gemm_path.choose(self.kernels)
+        kcfg["bf16_path"] = self.gemm_paths.chosen["bf16"]
         self.model = self.kernels.Model(kcfg, tensors, self.k_caches, self.v_caches, cos, sin)
         self.workspace = self.kernels.Workspace(self.model, max_num_batched_tokens, max_num_seqs, num_threads)
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -122,11 +125,18 @@ class ModelRunner:
         # a decode step streams every matrix once; an untied embedding only gives a few rows
         self.bytes_per_token = self.weight_bytes - (tensors["embed.weight"].nbytes if "lm_head.weight" in tensors else 0)
         self.kv_cache_bytes = sum(c.nbytes for c in self.k_caches + self.v_caches)
+        # multiply-adds per token of the layers' matrices, and per logits row (the benchmarks'
+        # share of peak; attention's grow with the context: bench/common.py)
+        shapes = {name[:-len(".shape")]: tensors[name] for name in tensors if name.endswith(".shape")}
+        self.layer_macs_per_token = sum(int(n) * int(k) for name, (n, k) in shapes.items() if name.startswith("layers."))
+        head = shapes.get("lm_head", shapes["embed"])
+        self.head_macs_per_row = int(head[0]) * int(head[1])
         self.formats = self.model.formats()
         log.info("model ready in %.2f s: %.1f MB of weights (%s), %.1f MB read per decoded token; "
                  "KV cache %.1f MB (%d blocks of %d)", time.perf_counter() - start, self.weight_bytes / 2**20,
                  describe_formats(self.formats), self.bytes_per_token / 2**20, self.kv_cache_bytes / 2**20,
                  num_blocks, block_size)
+        log.info("GEMM paths (%s kernels): %s", self.gemm_paths.variant, "; ".join(self.gemm_paths.describe()))
 
     @staticmethod
     def _blocks_fit(base: str, t, cfg) -> bool:
