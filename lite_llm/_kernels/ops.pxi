@@ -307,7 +307,7 @@ cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo,
 # --- the start-up micro-benchmark's timed loops (lite_llm/_kernels/gemm_path.py): one core,
 # the calling thread, no OpenMP
 
-def instruction_peak(str name, Py_ssize_t rounds=4096, int repeats=5):
+def instruction_peak(str name, Py_ssize_t rounds=16384, int repeats=5):
     """GMAC/s of instruction `name` (PEAK_KINDS) on the calling core: the best of `repeats`
     runs of `rounds` rounds of independent accumulations (src/kernels/peak.h)."""
     import time
@@ -323,16 +323,17 @@ def instruction_peak(str name, Py_ssize_t rounds=4096, int repeats=5):
     return macs / max(best, 1e-9) / 1e9
 
 
-def gemm_tile_rate(str path, Py_ssize_t num_tokens=64, Py_ssize_t k=576, Py_ssize_t n=192, int repeats=5):
+def gemm_tile_rate(str path, Py_ssize_t num_tokens=64, Py_ssize_t k=576, Py_ssize_t n=192, int repeats=3):
     """GMAC/s of the bf16 GEMM of `path` (BF16_PATHS) on the calling core, over weights that
     stay in this core's L2 ([n, k] bf16, prefill-shaped: many tokens per panel): the rate the
     register tiles reach when memory is not the limit; the best of `repeats` calls."""
     import time
-    from lite_llm._kernels.layout import pack
     cdef Py_ssize_t t = num_tokens
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((n, k), dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
-    packed = pack(w, "bfloat16")
+    packed = np.zeros(((n + 15) // 16, (k + 1) // 2 * 32), np.uint16)   # layout.pack without its thread pool
+    ll_pack_panels(_ptr(w), <void *>_ptr(packed), n, k, LL_W_BF16, 0, packed.shape[0])
+    packed = packed.reshape(packed.shape[0], (k + 1) // 2, 32)
     x = np.ascontiguousarray(rng.standard_normal((t, k), dtype=np.float32))
     out = np.zeros((t, n), np.float32)
     keep = []

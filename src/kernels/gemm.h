@@ -8,8 +8,11 @@
  * so the 16 outputs of a panel are one vector, and a panel streams contiguously: decode
  * (T = 1) reads each weight byte once, prefill reuses a panel from cache for every token tile.
  *
- * bf16 weights take activations as bf16 pairs xb [T][ceil(K/2)] (uint32 = 2 bf16, the last
- * pair zero-padded) when the CPU has bf16 dot products (vdpbf16ps), else fp32 x [T][K].
+ * bf16 weights run one of two paths, chosen per call by the activations given: bf16 pairs
+ * xb [T][ceil(K/2)] (uint32 = 2 bf16, the last pair zero-padded) run vdpbf16ps (builds with
+ * bf16 dot products); fp32 x [T][K] (xb NULL) run the weights widened to fp32 in registers
+ * and FMA, like fp32 and fp16 weights. Which one a matrix takes is measured per machine
+ * (lite_llm/_kernels/gemm_path.py; matmul.h ll_mat_form).
  */
 #ifndef LL_GEMM_H
 #define LL_GEMM_H
@@ -352,6 +355,7 @@ static inline void ll_gemm_gated(const float *x, const uint32_t *xb, ptrdiff_t l
 #undef LL_GDOT
 #endif
             {
+                (void)xbt;
 #define LL_GFMA(TT_, NP_) ll_gemm_acc_fma(xt, ldxx, wp, wtype, k, TT_, NP_, acc)
                 LL_TILES_TT(LL_GFMA, 2)
 #undef LL_GFMA
