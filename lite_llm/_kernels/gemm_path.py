@@ -25,12 +25,12 @@ environment variables (config.py).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import platform
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -102,7 +102,7 @@ def machine_key() -> dict[str, str]:
     flags = fields.get("flags") or fields.get("Features") or ""
     return {"cpu_model": fields.get("model name") or platform.processor() or platform.machine(),
             "microcode": fields.get("microcode", ""),
-            "flags": hashlib.sha256(" ".join(sorted(flags.split())).encode()).hexdigest()[:16],
+            "flags": f"{zlib.crc32(' '.join(sorted(flags.split())).encode()):08x}",   # hashlib would load OpenSSL
             "format": str(CACHE_FORMAT)}
 
 

@@ -1,5 +1,5 @@
 /* Peak throughput of each inner-product instruction this build can issue, on one core: rounds
- * of 12 independent accumulators (more than latency x ports on any x86 core, so issue rate is
+ * of LL_PEAK_ACC independent accumulators (more than latency x ports on any x86 core, so issue rate is
  * the only limit), all operands in registers. The start-up micro-benchmark
  * (lite_llm/_kernels/gemm_path.py) times these and the real GEMM tiles to choose a path.
  * What does not live here: the GEMM tiles themselves (gemm.h, qgemm.h), any timing.
@@ -15,7 +15,11 @@
 
 enum { LL_PEAK_FMA = 0, LL_PEAK_DPBF16 = 1, LL_PEAK_DPBUSD = 2, LL_PEAK_MADDUBS = 3 };
 
+#if defined(__AVX512F__)
 #define LL_PEAK_ACC 12
+#else
+#define LL_PEAK_ACC 6   /* a vector is two ymm (AVX2): 12 of the 16 registers, 2 x latency 4 x 2 ports */
+#endif
 
 /* The instruction this build's int8-block kernels multiply with (ll_dpbusd in vec_*.h). */
 #if defined(__AVX512VNNI__)
