@@ -60,3 +60,34 @@ def env(name: str, default: str | None = None) -> str | None:
         if value not in (None, ""):
             return value
     return default
+
+
+# Inner-product paths of the GEMMs, by the operation they serve (lite_llm/_kernels/gemm_path.py):
+# bf16 weights in steps of several tokens, and int8 blocks (block-quantized weights).
+GEMM_PATHS = {"dpbf16": "bf16", "fma": "bf16", "vpdpbusd": "int8", "vpmaddubsw": "int8", "scalar": "int8"}
+
+
+def gemm_path_override(value: str | None = None) -> dict[str, str]:
+    """LITE_LLM_GEMM_PATH (or `value`): unset or "auto" measures and chooses; else paths to force,
+    comma-separated, at most one per operation: "fma", "dpbf16", "fma,vpdpbusd",
+    "bf16=fma". -> {operation: path}; a ValueError naming the valid values otherwise."""
+    text = os.environ.get("LITE_LLM_GEMM_PATH", "") if value is None else value
+    text = text.strip().lower()
+    if text in ("", "auto"):
+        return {}
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        op, _, path = item.strip().rpartition("=")
+        if path not in GEMM_PATHS or (op and op != GEMM_PATHS[path]) or GEMM_PATHS[path] in out:
+            raise ValueError(f"LITE_LLM_GEMM_PATH={text!r}: expected 'auto' or a comma-separated list of "
+                             f"paths, at most one per operation: bf16: dpbf16 | fma; int8: vpdpbusd | "
+                             f"vpmaddubsw | scalar (optionally as op=path, e.g. bf16=fma)")
+        out[GEMM_PATHS[path]] = path
+    return out
+
+
+def user_cache_dir() -> str:
+    """Where lite_llm keeps per-machine measurements: $XDG_CACHE_HOME/lite_llm, else
+    ~/.cache/lite_llm."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "lite_llm")

@@ -25,7 +25,7 @@ from lite_llm import cpu
 # Features each architecture's kernels may use (names as lite_llm._kernels._cpu.has knows them).
 ISA_FLAGS = {
     "x86_64": ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
-               "avx512dq", "avx512vnni", "avx512bf16", "amx_bf16"),
+               "avx512dq", "avx512vnni", "avx512bf16", "amx_tile", "amx_bf16", "amx_int8"),
     "aarch64": ("neon", "dotprod", "sve", "bf16", "i8mm"),
     "s390x": ("vx", "vxe", "vxe2"),
 }
@@ -102,6 +102,23 @@ def measure_bandwidth(num_threads: int = 1, nbytes: int = BANDWIDTH_BYTES,
         if time.perf_counter() >= deadline:
             break
     return words.nbytes / best / 1e9
+
+
+def gemm_paths() -> dict[str, Any]:
+    """Each GEMM operation's chosen inner-product path and the measured peaks (GMAC/s per core)
+    of the chosen kernel variant (lite_llm._kernels.gemm_path: measured once, cached), and AMX."""
+    try:
+        from lite_llm._kernels import gemm_path, kernels
+    except ImportError as e:
+        return {"error": f"kernels not importable: {e}"}
+    amx = gemm_path.amx()
+    amx_line = ("AMX: " + (", ".join(f for f, ok in amx.items() if ok) + " usable; not used (no AMX kernels yet)"
+                           if any(amx.values()) else "absent (or not enabled by the OS)"))
+    try:
+        paths = gemm_path.choose(kernels)
+    except ValueError as e:       # a bad LITE_LLM_GEMM_PATH
+        return {"error": str(e), "amx": amx, "lines": [amx_line]}
+    return {**paths.as_dict(), "amx": amx, "lines": paths.describe() + [amx_line]}
 
 
 def model_weight_bytes(model: str | None) -> dict[str, Any]:
@@ -198,6 +215,7 @@ def collect(model: str | None = None, bandwidth: bool = True) -> dict[str, Any]:
                           "total_gib": round(n.mem_total / 2**30, 2),
                           "free_gib": round(n.mem_free / 2**30, 2)} for n in topo.nodes],
     }
+    info["gemm_paths"] = gemm_paths()
     try:
         plan = cpu.plan_threads(topo, serving=True)
         info["plan"] = {"mode": plan.mode, "ranks": plan.describe(), "notes": list(plan.notes)}
@@ -247,6 +265,11 @@ def format_text(info: dict[str, Any]) -> list[str]:
     kv = info["kernel_variant"]
     lines.append(f"kernel variant: {kv['name'] or 'none (not built)'}")
     lines += [f"                {why}" for why in kv["why"]]
+    gp = info.get("gemm_paths") or {}
+    if "error" in gp:
+        lines.append(f"GEMM paths:     {gp['error']}")
+    lines += [("GEMM paths:     " if i == 0 and "error" not in gp else "                ") + line
+              for i, line in enumerate(gp.get("lines", []))]
     omp = ", ".join(f"{k}={v}" for k, v in info["openmp_env"].items() if v is not None) or "defaults"
     by_us = info["openmp_env_set_by_lite_llm"]
     lines.append(f"OpenMP env:     {omp}" + (f" ({', '.join(by_us)} set by lite_llm)" if by_us else ""))

@@ -183,6 +183,8 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
         "max_concurrency": kv.max_concurrency, "generation_config": loaded.generation_config,
         "vocab_size": cfg.vocab_size, "weight_bytes": runner.weight_bytes,
         "bytes_per_token": runner.bytes_per_token, "weight_formats": runner.formats,
+        "gemm_paths": runner.gemm_paths.as_dict(), "layer_macs_per_token": runner.layer_macs_per_token,
+        "head_macs_per_row": runner.head_macs_per_row, "num_layers": cfg.num_layers, "q_size": cfg.q_size,
         "startup_seconds": time.perf_counter() - t0,
     }
     log.info("engine ready in %.2f s: %s, %d threads, %s", info["startup_seconds"], _kernels.VARIANT.name,

@@ -37,7 +37,12 @@ static inline int ll_cpu_has(const char *name) {
     if (!strcmp(name, "avx512vl")) return os_avx512 && ((b7 >> 31) & 1);
     if (!strcmp(name, "avx512vnni")) return os_avx512 && ((c7 >> 11) & 1);
     if (!strcmp(name, "avx512bf16")) return os_avx512 && ((a71 >> 5) & 1);
-    if (!strcmp(name, "amx_bf16")) return (d7 >> 22) & 1;
+    /* AMX: the CPU's bit and the OS's tile state (XCR0 bits 17, 18); a process must still ask
+     * Linux for the tile data permission before using it. Reported only: no AMX kernels yet. */
+    int os_amx = (xcr0 & 0x60000) == 0x60000;
+    if (!strcmp(name, "amx_bf16")) return os_amx && ((d7 >> 22) & 1);
+    if (!strcmp(name, "amx_tile")) return os_amx && ((d7 >> 24) & 1);
+    if (!strcmp(name, "amx_int8")) return os_amx && ((d7 >> 25) & 1);
     return -1;
 }
 

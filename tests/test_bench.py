@@ -79,6 +79,7 @@ def test_latency_table_output(capsys, tiny_checkpoint):
     captured = capsys.readouterr()
     assert "prefill tok/s" in captured.out and "decode tok/s" in captured.out and "start-up:" in captured.out
     assert "1 block sized to the workload" in captured.out and "max_model_len 10" in captured.out
+    assert "path's measured peak" in captured.out                     # prefill against the chosen path's peak
     assert "[lite_llm] iteration 1/1" in captured.err                 # progress goes to stderr
 
 
@@ -151,6 +152,8 @@ def test_throughput_json_from_dataset(capsys, tiny_checkpoint, tmp_path):
     assert (r["benchmark"], r["num_prompts"], r["prompt_tokens"]) == ("throughput", 5, expected_prompt_tokens)
     _check_figures(r["lite_llm"]["median"], expected_prompt_tokens, 5 * 4)
     assert r["lite_llm"]["median"]["requests_per_s"] == pytest.approx(5 / r["lite_llm"]["median"]["e2e"])
+    share = r["lite_llm"]["batch_peak_share"]
+    assert share["path"] in ("dpbf16", "fma") and 0 < share["share"] < 1 and share["peak_gmac_s_per_core"] > 0
 
 
 def test_throughput_with_llama_cpp_peer_on_the_default_model(capsys):

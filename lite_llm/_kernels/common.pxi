@@ -51,9 +51,11 @@ cdef extern from "kernels/matmul.h" nogil:
         ll_part part[3]
         int num_parts
         int input
+        int fma
         Py_ssize_t n, k, num_panels
         const float *bias
     int ll_mat_input(const ll_mat *m)
+    int ll_mat_form(const ll_mat *m, Py_ssize_t num_tokens)
     Py_ssize_t ll_part_panel_bytes(const ll_part *pt, Py_ssize_t k)
     void ll_mat_gemm(const float *x, const uint32_t *xb, const ll_qact *xq, Py_ssize_t ldx, Py_ssize_t num_tokens,
                      const ll_mat *m, float *out, Py_ssize_t ldo, int accumulate, Py_ssize_t p0, Py_ssize_t p1)
@@ -93,6 +95,9 @@ WTYPES = {"float32": LL_W_F32, "bfloat16": LL_W_BF16, "float16": LL_W_F16, "Q8_0
           "Q4_0": LL_W_Q4_0, "Q4_1": LL_W_Q4_1, "Q5_0": LL_W_Q5_0, "Q5_1": LL_W_Q5_1, "Q4_K": LL_W_Q4_K,
           "Q5_K": LL_W_Q5_K, "Q6_K": LL_W_Q6_K, "IQ4_NL": LL_W_IQ4_NL, "IQ4_XS": LL_W_IQ4_XS}
 INPUT_FORMS = {LL_IN_F32: "float32", LL_IN_BF16: "bfloat16 pairs", LL_IN_Q8: "int8 blocks"}
+# How this build can multiply bf16 weights in steps of several tokens (decode streams with the
+# first): vdpbf16ps on bf16 pairs, or the weights widened to fp32 in registers and FMA.
+BF16_PATHS = ("dpbf16", "fma") if ll_gemm_wants_xb(LL_W_BF16) else ("fma",)
 
 # A packed weight (layout.py) in one or more parts of their own formats, with its optional
 # fp32 bias and the activation form its kernels take (src/kernels/matmul.h).
@@ -110,9 +115,12 @@ cdef inline Py_ssize_t _lo(Py_ssize_t n, int tid, int nth) noexcept nogil:
     return n * tid // nth
 
 
-cdef Mat _make_mat(object w, list parts, Py_ssize_t n, Py_ssize_t k, object bias, list keep) except *:
+cdef Mat _make_mat(object w, list parts, Py_ssize_t n, Py_ssize_t k, object bias, list keep,
+                   bint fma=False) except *:
     """Mat over packed buffer w: parts are (type name, first panel, end panel, first column,
-    end column, byte offset in w), at most LL_MAX_PARTS; float formats are one part."""
+    end column, byte offset in w), at most LL_MAX_PARTS; float formats are one part. fma: bf16
+    weights run steps of several tokens on the fp32-FMA path (matmul.h), where the build also
+    has vdpbf16ps."""
     cdef Mat m
     cdef int i
     cdef Py_ssize_t off
@@ -138,6 +146,7 @@ cdef Mat _make_mat(object w, list parts, Py_ssize_t n, Py_ssize_t k, object bias
     m.n, m.k, m.num_panels = n, k, parts[len(parts) - 1][2]
     m.bias = <const float *>_ptr(bias) if bias is not None else NULL
     m.input = ll_mat_input(&m)
+    m.fma = fma and m.input == LL_IN_BF16
     keep.append(w)
     keep.append(bias)
     return m
@@ -174,12 +183,13 @@ cdef void _gemm(const float *x, Py_ssize_t ldx, uint32_t *xb, const ll_qact *xq,
     first, then each thread runs _gemm_part (forward() fuses the conversion into the phase that
     produces x instead)."""
     cdef Py_ssize_t tid, nt = num_threads
-    if m.input != LL_IN_F32:
+    cdef int form = ll_mat_form(m, num_tokens)
+    if form != LL_IN_F32:
         if num_tokens >= 2 * nt:
             for tid in prange(nt, schedule="static", num_threads=num_threads):
-                _to_input(m.input, x, ldx, _lo(num_tokens, tid, nt), _lo(num_tokens, tid + 1, nt), m.k, xb, xq)
+                _to_input(form, x, ldx, _lo(num_tokens, tid, nt), _lo(num_tokens, tid + 1, nt), m.k, xb, xq)
         else:
-            _to_input(m.input, x, ldx, 0, num_tokens, m.k, xb, xq)
+            _to_input(form, x, ldx, 0, num_tokens, m.k, xb, xq)
     if nt > m.num_panels:
         nt = m.num_panels
     for tid in prange(nt, schedule="static", num_threads=nt):
@@ -197,3 +207,16 @@ cdef extern from "kernels/quant.h" nogil:
 
 cdef extern from "populate.h" nogil:
     void ll_populate_read(const void *p, size_t length)
+
+cdef extern from "kernels/peak.h" nogil:
+    int LL_PEAK_FMA, LL_PEAK_DPBF16, LL_PEAK_DPBUSD, LL_PEAK_MADDUBS
+    const char *LL_INT8_PATH_NAME
+    int ll_peak_has(int kind)
+    double ll_peak_run(int kind, Py_ssize_t rounds, float seed, float *sink)
+
+# Inner-product instructions the start-up micro-benchmark can time in this build (peak.h), and
+# the one this build's int8-block kernels run (qgemm.h through ll_dpbusd).
+PEAK_KINDS = {name: kind for name, kind in (("fma", LL_PEAK_FMA), ("dpbf16", LL_PEAK_DPBF16),
+                                            ("vpdpbusd", LL_PEAK_DPBUSD), ("vpmaddubsw", LL_PEAK_MADDUBS))
+              if ll_peak_has(kind)}
+INT8_PATH = LL_INT8_PATH_NAME.decode()

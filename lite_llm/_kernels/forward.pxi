@@ -53,19 +53,29 @@ cdef struct WorkC:
     float *partials # [_max_split_items, _partial_stride] attention split results (decode of few sequences)
 
 
-cdef Mat _mat(dict tensors, str name, str dtype, list keep) except *:
+cdef Mat _mat(dict tensors, str name, str dtype, list keep, bint fma) except *:
     """The Mat of `name`: tensors holds "<name>.weight" (packed), "<name>.shape" ([N, K]) and, for
     block-quantized or mixed-format weights, "<name>.parts" (see _make_mat); else one part of
-    the engine dtype."""
+    the engine dtype. fma: bf16 weights run bigger steps on the fp32-FMA path."""
     w = tensors[name + ".weight"]
     n, k = tensors[name + ".shape"]
     parts = tensors.get(name + ".parts") or [(dtype, 0, w.shape[0], 0, n, 0)]
-    return _make_mat(w, list(parts), n, k, tensors.get(name + ".bias"), keep)
+    return _make_mat(w, list(parts), n, k, tensors.get(name + ".bias"), keep, fma)
+
+
+def _bf16_fma(path):
+    """Whether bf16 path name `path` (None: this build's default) is the fp32-FMA path."""
+    if path is None:
+        return not ll_gemm_wants_xb(LL_W_BF16)
+    if path not in BF16_PATHS:
+        raise ValueError(f"bf16 GEMM path {path!r}: this {ISA} build runs {', '.join(BF16_PATHS)}")
+    return path == "fma"
 
 
 cdef tuple _describe(const Mat *m):
     names = {v: k for k, v in WTYPES.items()}
-    return tuple(names[m.part[i].wtype] for i in range(m.num_parts)), INPUT_FORMS[m.input]
+    form = INPUT_FORMS[m.input] + (" at 1 token, float32 rows (FMA) above" if m.fma else "")
+    return tuple(names[m.part[i].wtype] for i in range(m.num_parts)), form
 
 
 cdef const float *_vec(dict tensors, str name, list keep) except? NULL:
@@ -83,7 +93,9 @@ cdef class Model:
 
     tensors: canonical names (lite_llm/model/__init__.py) with 2-D weights already packed
     (layout.pack) and their logical [N, K] under "<name>.shape"; "embed" is packed like a
-    weight (the tied lm_head streams it), rows are gathered from the panels."""
+    weight (the tied lm_head streams it), rows are gathered from the panels. cfg["bf16_path"]:
+    how bf16 weights run steps of more than one token, "dpbf16" (vdpbf16ps, the default where
+    the build has it) or "fma" (widened to fp32, FMA); see lite_llm/_kernels/gemm_path.py."""
     cdef ModelC c
     cdef list keep
 
@@ -93,6 +105,7 @@ cdef class Model:
     def __init__(self, dict cfg, dict tensors, list k_caches, list v_caches, rope_cos, rope_sin):
         cdef int i
         cdef str p, dtype = cfg["dtype"]
+        cdef bint fma = _bf16_fma(cfg.get("bf16_path"))
         self.keep = []
         self.c.num_layers, self.c.dim, self.c.ffn_dim = cfg["num_layers"], cfg["dim"], cfg["ffn_dim"]
         self.c.vocab_size, self.c.num_heads, self.c.num_kv_heads = cfg["vocab_size"], cfg["num_heads"], cfg["num_kv_heads"]
@@ -124,14 +137,14 @@ cdef class Model:
             self.c.layers[i].mlp_norm_b = _vec(tensors, p + "mlp_norm.bias", self.keep)
             self.c.layers[i].q_norm_w = _vec(tensors, p + "q_norm.weight", self.keep)
             self.c.layers[i].k_norm_w = _vec(tensors, p + "k_norm.weight", self.keep)
-            self.c.layers[i].qkv = _mat(tensors, p + "qkv", dtype, self.keep)
-            self.c.layers[i].o = _mat(tensors, p + "o", dtype, self.keep)
-            self.c.layers[i].up = _mat(tensors, p + ("gate_up" if self.c.gated else "up"), dtype, self.keep)
+            self.c.layers[i].qkv = _mat(tensors, p + "qkv", dtype, self.keep, fma)
+            self.c.layers[i].o = _mat(tensors, p + "o", dtype, self.keep, fma)
+            self.c.layers[i].up = _mat(tensors, p + ("gate_up" if self.c.gated else "up"), dtype, self.keep, fma)
             if self.c.gated and self.c.layers[i].up.num_panels != 2 * ((self.c.ffn_dim + 15) // 16):
                 raise ValueError(f"{p}gate_up: expected layout.pack_gated panels")
             if self.c.gated and self.c.layers[i].up.input == LL_IN_Q8 and self.c.layers[i].up.num_parts != 2:
                 raise ValueError(f"{p}gate_up: a block-quantized gated MLP is a gate part and an up part")
-            self.c.layers[i].down = _mat(tensors, p + "down", dtype, self.keep)
+            self.c.layers[i].down = _mat(tensors, p + "down", dtype, self.keep, fma)
             if (self.c.layers[i].o.input == LL_IN_Q8
                     and (self.c.num_heads // self.c.num_kv_heads * self.c.head_dim) % 32):
                 raise ValueError(f"{p}o: int8 inputs need 32-value blocks within a KV group "
@@ -141,8 +154,8 @@ cdef class Model:
             self.c.layers[i].k_cache = <void *>_ptr(k_caches[i])
             self.c.layers[i].v_cache = <void *>_ptr(v_caches[i])
             self.keep += [k_caches[i], v_caches[i]]
-        self.c.embed = _mat(tensors, "embed", dtype, self.keep)
-        self.c.lm_head = _mat(tensors, "lm_head" if "lm_head.weight" in tensors else "embed", dtype, self.keep)
+        self.c.embed = _mat(tensors, "embed", dtype, self.keep, fma)
+        self.c.lm_head = _mat(tensors, "lm_head" if "lm_head.weight" in tensors else "embed", dtype, self.keep, fma)
         self.c.pos_embed = _vec(tensors, "pos_embed", self.keep)
         self.c.final_norm_w = _vec(tensors, "final_norm.weight", self.keep)
         self.c.final_norm_b = _vec(tensors, "final_norm.bias", self.keep)
@@ -404,7 +417,7 @@ cdef inline void _gemm_phase(const float *x, Py_ssize_t ldx, const uint32_t *xb,
 cdef inline void _gated_range(const ModelC *m, const WorkC *ws, const Mat *w, const Mat *down, Py_ssize_t T,
                               Py_ssize_t q0, Py_ssize_t q1) noexcept nogil:
     cdef ll_qact xq = _qact(ws.xq, ws.xqd, ws.xqs, m.dim)
-    cdef int form = down.input
+    cdef int form = ll_mat_form(down, T)
     ll_mat_gated(ws.h, ws.xb, &xq, m.dim, T, w, m.ffn_dim, m.act, ws.act, m.ffn_dim,
                  ws.xb2 if form == LL_IN_BF16 else NULL, ws.xq2 if form == LL_IN_Q8 else NULL, ws.xqd2, ws.xqs2,
                  q0, q1)
@@ -422,16 +435,16 @@ cdef inline void _gated_phase(const ModelC *m, const WorkC *ws, const Mat *w, co
         _gated_range(m, ws, w, down, T, 2 * u0, min(2 * u1, ng))
 
 
-cdef inline void _attn_to_input(const WorkC *ws, const Mat *o, Py_ssize_t pair, Py_ssize_t q_n, Py_ssize_t group,
+cdef inline void _attn_to_input(const WorkC *ws, int form, Py_ssize_t pair, Py_ssize_t q_n, Py_ssize_t group,
                                 Py_ssize_t D) noexcept nogil:
     """The o projection's input (bf16 pairs or int8 blocks) for (query tile, KV head) pair
     `pair` once its rows are final; a KV group's group x D values are whole int8 blocks
     (Model checks)."""
     cdef Py_ssize_t t, hkv = q_n // (group * D), tile = pair // hkv, kvh = pair % hkv, c0 = kvh * group * D
     for t in range(ws.tiles[tile], ws.tiles[tile + 1]):
-        if o.input == LL_IN_BF16:
+        if form == LL_IN_BF16:
             ll_f32_to_bf16_pairs(ws.attn + t * q_n + c0, 0, ws.xb + t * (q_n // 2) + c0 // 2, 0, 1, group * D)
-        elif o.input == LL_IN_Q8:
+        elif form == LL_IN_Q8:
             ll_quantize_rows_q8(ws.attn + t * q_n + c0, 0, 0, 1, group * D, ws.xq + t * q_n + c0,
                                 ws.xqd + t * (q_n // 32) + c0 // 32, ws.xqs + t * (q_n // 16) + c0 // 16)
 
@@ -460,7 +473,7 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
     for l in range(m.num_layers):
         L = &m.layers[l]
         # --- attention block: norm, qkv, (qk norm), rope, KV write, paged attention, o + residual
-        _norm_rows(m, L.attn_norm_w, L.attn_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, L.qkv.input, t0, t1)
+        _norm_rows(m, L.attn_norm_w, L.attn_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, ll_mat_form(&L.qkv, T), t0, t1)
         ll_omp_barrier()
         _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.qkv, ws.qkv, qkv_n, 0, ws.counter + 16, l, tid, nth)
         ll_omp_barrier()
@@ -482,7 +495,7 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                             m.kv_type, s.block_tables, s.max_blocks, m.block_size, s.tok_seq, s.positions,
                             m.scale, m.sliding_window, ws.scores + tid * ws.scratch_len, ws.partials)
             if nsplit == 1:
-                _attn_to_input(ws, &L.o, item, q_n, group, D)
+                _attn_to_input(ws, ll_mat_form(&L.o, T), item, q_n, group, D)
             item = ll_atomic_next(ws.counter)
         if T <= DYN_MAX_TOKENS:   # attention waits on latency: bring this thread's o panels in meanwhile
             ll_mat_prefetch(&L.o, _lo(L.o.num_panels, tid, nth), _lo(L.o.num_panels, tid + 1, nth))
@@ -492,12 +505,12 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         if nsplit > 1:   # merge each (tile, KV head)'s splits
             for pair in range(_lo(s.num_tiles * Hkv, tid, nth), _lo(s.num_tiles * Hkv, tid + 1, nth)):
                 _combine_item(pair, nsplit, ws.partials, ws.attn, q_n, ws.tiles, H, Hkv, D)
-                _attn_to_input(ws, &L.o, pair, q_n, group, D)
+                _attn_to_input(ws, ll_mat_form(&L.o, T), pair, q_n, group, D)
             ll_omp_barrier()
         _gemm_part(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.x, E, 1, tid, nth)   # static: the prefetched panels
         ll_omp_barrier()
         # --- MLP block: norm, gate/up with the activation fused (or up, act), down + residual
-        _norm_rows(m, L.mlp_norm_w, L.mlp_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, L.up.input, t0, t1)
+        _norm_rows(m, L.mlp_norm_w, L.mlp_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, ll_mat_form(&L.up, T), t0, t1)
         ll_omp_barrier()
         if m.gated:
             _gated_phase(m, ws, &L.up, &L.down, T, l, tid, nth)
@@ -515,9 +528,9 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
             if c1 > c0:
                 for t in range(T):
                     ll_act_mul_f32(ws.mlp + t * F + c0, NULL, ws.act + t * F + c0, c1 - c0, m.act)
-                    if L.down.input == LL_IN_BF16:
+                    if ll_mat_form(&L.down, T) == LL_IN_BF16:
                         ll_f32_to_bf16_pairs(ws.act + t * F + c0, 0, ws.xb + t * ((F + 1) // 2) + c0 // 2, 0, 1, c1 - c0)
-                    elif L.down.input == LL_IN_Q8:   # F is whole blocks: the down weight's rows are
+                    elif ll_mat_form(&L.down, T) == LL_IN_Q8:   # F is whole blocks: the down weight's rows are
                         ll_quantize_rows_q8(ws.act + t * F + c0, 0, 0, 1, c1 - c0, ws.xq2 + t * F + c0,
                                             ws.xqd2 + t * (F // 32) + c0 // 32, ws.xqs2 + t * (F // 16) + c0 // 16)
             ll_omp_barrier()
@@ -526,7 +539,7 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
 
     if s.R == 0:
         return
-    _norm_rows(m, m.final_norm_w, m.final_norm_b, ws.x, s.logits_rows, ws.h, ws.xb, &xq_e, m.lm_head.input,
+    _norm_rows(m, m.final_norm_w, m.final_norm_b, ws.x, s.logits_rows, ws.h, ws.xb, &xq_e, ll_mat_form(&m.lm_head, s.R),
                _lo(s.R, tid, nth), _lo(s.R, tid + 1, nth))
     ll_omp_barrier()
     _gemm_phase(ws.h, E, ws.xb, &xq_e, s.R, &m.lm_head, s.logits, m.vocab_size, 0, ws.counter + 5 * 16, 0, tid, nth)

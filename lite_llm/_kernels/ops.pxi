@@ -27,16 +27,17 @@ def gemm(const float[:, ::1] x,          # IN  [T, K]
          str dtype, Py_ssize_t n,
          float[:, ::1] out,              # OUT [T, N]
          bias=None,                      # IN  [N] float32 or None
-         bint accumulate=False, int num_threads=1):
+         bint accumulate=False, int num_threads=1, str path=None):
     """out (+)= x @ W.T (+ bias) with W given packed; dtype names W's format (a float dtype or
-    a ggml block type, whose kernels quantize x to int8 blocks first)."""
+    a ggml block type, whose kernels quantize x to int8 blocks first). path: how bf16 weights
+    run more than one token (BF16_PATHS; None: this build's default)."""
     cdef Py_ssize_t t = x.shape[0], k = x.shape[1]
     if out.shape[0] != t or out.shape[1] != n:
         raise ValueError(f"gemm: x {tuple(x.shape)}, n={n} -> out {tuple(out.shape)}")
     if bias is not None and (bias.dtype.name != "float32" or bias.shape != (n,)):
         raise ValueError(f"gemm: bias must be float32 [{n}]")
     keep = []
-    cdef Mat m = _make_mat(packed, _parts_of(packed, dtype, n, k), n, k, bias, keep)
+    cdef Mat m = _make_mat(packed, _parts_of(packed, dtype, n, k), n, k, bias, keep, _bf16_fma(path))
     xb = np.empty((t, (k + 1) // 2 + 1), np.uint32)
     cdef uint32_t[:, ::1] xbv = xb
     cdef _QBufs qb = _QBufs(t, k)
@@ -64,9 +65,10 @@ def gated_mlp(const float[:, ::1] x,     # IN  [T, K]
               dtype, Py_ssize_t ffn_dim,
               float[:, ::1] out,         # OUT [T, F]
               str act, bias=None,        # IN  [2F] float32 or None
-              int num_threads=1):
+              int num_threads=1, str path=None):
     """out = act(x @ Wg.T + bg) * (x @ Wu.T + bu), one fused pass (the activation in the GEMM's
-    epilogue). With bf16 dot products the result is rounded to bf16, as the next GEMM reads it."""
+    epilogue). With bf16 dot products the result is rounded to bf16, as the next GEMM reads it;
+    path as for gemm."""
     cdef Py_ssize_t t = x.shape[0], k = x.shape[1], f = ffn_dim, ng = (ffn_dim + 15) // 16
     cdef int a = ACTIVATIONS[act], nt = num_threads, tid
     cdef Mat m
@@ -84,15 +86,16 @@ def gated_mlp(const float[:, ::1] x,     # IN  [T, K]
     else:
         if packed.shape[0] != 2 * ng or packed.shape[1] != ((k + 1) // 2 if dtype == "bfloat16" else k):
             raise ValueError(f"gated_mlp: packed weight {packed.shape} does not fit F={f}, k={k}, {dtype}")
-        m = _make_mat(packed, [(dtype, 0, 2 * ng, 0, 2 * f, 0)], 2 * f, k, bias, keep)
-    cdef int wants = m.input == LL_IN_BF16
+        m = _make_mat(packed, [(dtype, 0, 2 * ng, 0, 2 * f, 0)], 2 * f, k, bias, keep, _bf16_fma(path))
+    cdef int form = ll_mat_form(&m, t)
+    cdef int wants = form == LL_IN_BF16
     xb = np.zeros((t, (k + 1) // 2 + 1), np.uint32)
     ob = np.zeros((t, (f + 1) // 2), np.uint32)
     cdef uint32_t[:, ::1] xbv = xb
     cdef uint32_t[:, ::1] obv = ob
     cdef _QBufs qb = _QBufs(t, k)
     if t:
-        _to_input(m.input, &x[0, 0], k, 0, t, k, &xbv[0, 0], &qb.a)
+        _to_input(form, &x[0, 0], k, 0, t, k, &xbv[0, 0], &qb.a)
     if nt > ng:
         nt = <int>ng
     for tid in prange(nt, nogil=True, schedule="static", num_threads=nt):
@@ -301,3 +304,53 @@ cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo,
     if nsplit > 1:
         for item in prange(num_tiles * hkv, schedule="static", num_threads=num_threads):
             _combine_item(item, nsplit, partials, out, ldo, tiles, h, hkv, d)
+
+
+# --- the start-up micro-benchmark's timed loops (lite_llm/_kernels/gemm_path.py): one core,
+# the calling thread, no OpenMP
+
+def instruction_peak(str name, Py_ssize_t rounds=16384, int repeats=5):
+    """GMAC/s of instruction `name` (PEAK_KINDS) on the calling core: the best of `repeats`
+    runs of `rounds` rounds of independent accumulations (src/kernels/peak.h)."""
+    import time
+    cdef int kind = PEAK_KINDS[name]
+    cdef double macs = 0.0
+    cdef float sink = 0.0
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        with nogil:
+            macs = ll_peak_run(kind, rounds, 1.0, &sink)
+        best = min(best, time.perf_counter() - start)
+    return macs / max(best, 1e-9) / 1e9
+
+
+def gemm_tile_rate(str path, Py_ssize_t num_tokens=64, Py_ssize_t k=576, Py_ssize_t n=192, int repeats=3):
+    """GMAC/s of the bf16 GEMM of `path` (BF16_PATHS) on the calling core, over weights that
+    stay in this core's L2 ([n, k] bf16, prefill-shaped: many tokens per panel): the rate the
+    register tiles reach when memory is not the limit; the best of `repeats` calls."""
+    import time
+    cdef Py_ssize_t t = num_tokens
+    # values in [-1, 1) from a fixed pattern (numpy.random would stay loaded for the whole run)
+    w = (((np.arange(n * k, dtype=np.float32) * 0.618034) % 2 - 1).view(np.uint32) >> 16).astype(np.uint16).reshape(n, k)
+    packed = np.zeros(((n + 15) // 16, (k + 1) // 2 * 32), np.uint16)   # layout.pack without its thread pool
+    ll_pack_panels(_ptr(w), <void *>_ptr(packed), n, k, LL_W_BF16, 0, packed.shape[0])
+    packed = packed.reshape(packed.shape[0], (k + 1) // 2, 32)
+    x = ((np.arange(t * k, dtype=np.float32) * 0.381966) % 2 - 1).reshape(t, k)
+    out = np.zeros((t, n), np.float32)
+    keep = []
+    cdef Mat m = _make_mat(packed, _parts_of(packed, "bfloat16", n, k), n, k, None, keep, _bf16_fma(path))
+    cdef int form = ll_mat_form(&m, t)
+    xb = np.zeros((t, (k + 1) // 2 + 1), np.uint32)
+    cdef float[:, ::1] xv = x
+    cdef float[:, ::1] ov = out
+    cdef uint32_t[:, ::1] xbv = xb
+    cdef _QBufs qb = _QBufs(1, 32)
+    best = float("inf")
+    for _ in range(repeats + 1):   # the first call brings the weights into cache
+        start = time.perf_counter()
+        with nogil:
+            _to_input(form, &xv[0, 0], k, 0, t, k, &xbv[0, 0], &qb.a)
+            ll_mat_gemm(&xv[0, 0], &xbv[0, 0], &qb.a, k, t, &m, &ov[0, 0], n, 0, 0, m.num_panels)
+        best = min(best, time.perf_counter() - start)
+    return t * k * n / best / 1e9

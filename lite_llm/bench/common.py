@@ -84,6 +84,45 @@ def build(args: argparse.Namespace, max_model_len: int | None = None, num_kv_blo
     return engine, loaded, info
 
 
+# ---- share of the measured peak -------------------------------------------------------------
+
+
+def request_macs(info: dict, prompt_len: int, output_len: int) -> float:
+    """Multiply-adds of one request: every token through the layers' matrices, causal attention
+    (q.k and p.v over the positions up to each token's own), and one logits row per generated
+    token. output_len 1: its prefill."""
+    tokens = prompt_len + output_len - 1            # the last generated token is not fed back
+    attention = info["num_layers"] * info["q_size"] * tokens * (tokens + 1)
+    return tokens * info["layer_macs_per_token"] + attention + output_len * info["head_macs_per_row"]
+
+
+def peak_share(info: dict, macs: float, seconds: float) -> dict[str, Any] | None:
+    """macs done in seconds against the peak of the instruction the model's GEMMs run (measured
+    at start-up, lite_llm/_kernels/gemm_path.py) times the threads: {"gmac_s", "path",
+    "peak_gmac_s_per_core", "share"}; None without the figures."""
+    paths = info.get("gemm_paths")
+    if not paths or seconds <= 0:
+        return None
+    forms = [form for _, form in (info.get("weight_formats") or {}).values()]
+    if any(f.startswith("int8") for f in forms):
+        path = paths["chosen"]["int8"]
+    elif info.get("dtype") == "bfloat16":
+        path = paths["chosen"]["bf16"]
+    else:
+        path = "fma"
+    peak = paths["peaks"].get(path)
+    gmac_s = macs / seconds / 1e9
+    return {"gmac_s": gmac_s, "path": path, "peak_gmac_s_per_core": peak,
+            "share": gmac_s / (peak * info["num_threads"]) if peak else None}
+
+
+def describe_share(what: str, share: dict[str, Any] | None, num_threads: int) -> str | None:
+    if not share or share["share"] is None:
+        return None
+    return (f"{what}: {share['gmac_s']:.1f} GMAC/s = {share['share']:.0%} of the {share['path']} path's measured peak "
+            f"({share['peak_gmac_s_per_core']:.1f} GMAC/s per core x {num_threads} threads)")
+
+
 # ---- prompts --------------------------------------------------------------------------------
 
 

@@ -113,7 +113,11 @@ def run(args: argparse.Namespace) -> int:
             "peak_rss_over_weights_and_kv": peak_rss / max(info["weight_bytes"] + kv_counted, 1),
             "prefix_cache_hit_tokens": num_cached, "step_profile": profile,
             "bytes_per_token": info["bytes_per_token"], "read_bandwidth_gbs": bandwidth,
-            "decode_roofline_tok_s": bandwidth * 1e9 / info["bytes_per_token"] if bandwidth else None}
+            "decode_roofline_tok_s": bandwidth * 1e9 / info["bytes_per_token"] if bandwidth else None,
+            "gemm_paths": info.get("gemm_paths")}
+    med = ours["median"]
+    ours["prefill_peak_share"] = common.peak_share(
+        info, args.batch_size * common.request_macs(info, args.input_len, 1), med["ttft"])
     result: dict[str, Any] = {
         "benchmark": "latency", "model": info["model_path"], "dtype": info["dtype"],
         "kernel_variant": info["kernel_variant"], "num_threads": info["num_threads"],
@@ -173,6 +177,9 @@ def print_report(result: dict[str, Any]) -> None:
               f"{ours['median']['decode_tok_s'] / roof:.0%} of it")
     if ours.get("step_profile"):
         common.print_step_profile(ours["step_profile"])
+    share = common.describe_share("prefill", ours.get("prefill_peak_share"), r["num_threads"])
+    if share:
+        print(share + " (layers' matrices, attention and the logits rows)")
     for name, peer in r["peers"].items():
         if "error" in peer:
             print(f"{name}: not run: {peer['error']}")

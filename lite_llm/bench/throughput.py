@@ -73,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     ours = {"median": common.median_figures(runs), "runs": runs, "peak_rss_bytes": peak_rss,
             "num_preempted": stats.num_preempted_total, "step_profile": profile,
             "prefix_cache_hit_rate": stats.prefix_cache_hits / max(stats.prefix_cache_queries, 1)}
+    macs = sum(common.request_macs(info, len(p), args.output_len) for p in batches[0])
+    ours["batch_peak_share"] = common.peak_share(info, macs, ours["median"]["e2e"])
     result: dict[str, Any] = {
         "benchmark": "throughput", "model": info["model_path"], "dtype": info["dtype"],
         "kernel_variant": info["kernel_variant"], "num_threads": info["num_threads"],
@@ -109,6 +111,10 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"lite_llm: {ours['num_preempted']} preemptions, prefix-cache hit rate {ours['prefix_cache_hit_rate']:.1%}")
     if ours.get("step_profile"):
         common.print_step_profile(ours["step_profile"])
+    share = common.describe_share("batch (prefill and decode, start to last token)", ours.get("batch_peak_share"),
+                                  r["num_threads"])
+    if share:
+        print(share)
     for name, peer in r["peers"].items():
         if "error" in peer:
             print(f"{name}: not run: {peer['error']}")

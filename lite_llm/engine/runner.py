@@ -18,7 +18,7 @@ from collections import Counter
 import numpy as np
 
 from lite_llm import _kernels
-from lite_llm._kernels import layout
+from lite_llm._kernels import gemm_path, layout
 from lite_llm.config import KV_CACHE_DTYPES
 from lite_llm.engine.input_batch import InputBatch, StepArrays
 from lite_llm.engine.request import SampleResult
@@ -179,6 +179,9 @@ class ModelRunner:
                     gated_mlp=cfg.gated_mlp, rope=cfg.rope, qk_norm=cfg.qk_norm,
                     sliding_window=None if disable_sliding_window else cfg.sliding_window,
                     max_positions=max_pos, kv_cache_dtype=self.kv_cache_dtype)
+        # how bf16 weights run prefill and batches on this machine: measured once, cached
+        self.gemm_paths = gemm_path.choose(self.kernels)
+        kcfg["bf16_path"] = self.gemm_paths.chosen["bf16"]
         self.model = self.kernels.Model(kcfg, tensors, self.k_caches, self.v_caches, cos, sin)
         self.workspace = self.kernels.Workspace(self.model, max_num_batched_tokens, max_num_seqs, num_threads)
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -193,11 +196,18 @@ class ModelRunner:
         self.kv_cache_bytes = sum(c.nbytes for c in self.k_caches + self.v_caches)
         self.kv_bytes_per_token = self.kv_cache_bytes // (num_blocks * block_size)   # all layers, K and V
         self.last_step_cost = (0.0, 0)    # (kernel seconds, bytes read) of the latest execute()
+        # multiply-adds per token of the layers' matrices, and per logits row (the benchmarks'
+        # share of peak; attention's grow with the context: bench/common.py)
+        shapes = {name[:-len(".shape")]: tensors[name] for name in tensors if name.endswith(".shape")}
+        self.layer_macs_per_token = sum(int(n) * int(k) for name, (n, k) in shapes.items() if name.startswith("layers."))
+        head = shapes.get("lm_head", shapes["embed"])
+        self.head_macs_per_row = int(head[0]) * int(head[1])
         self.formats = self.model.formats()
         log.info("model ready in %.2f s: %.1f MB of weights (%s), %.1f MB read per decoded token; "
                  "KV cache %.1f MB (%d blocks of %d, %s)", time.perf_counter() - start, self.weight_bytes / 2**20,
                  describe_formats(self.formats), self.bytes_per_token / 2**20, self.kv_cache_bytes / 2**20,
                  num_blocks, block_size, self.kv_cache_dtype)
+        log.info("GEMM paths (%s kernels): %s", self.gemm_paths.variant, "; ".join(self.gemm_paths.describe()))
 
     # ---- one step ---------------------------------------------------------------------
 

@@ -8,8 +8,11 @@
  * so the 16 outputs of a panel are one vector, and a panel streams contiguously: decode
  * (T = 1) reads each weight byte once, prefill reuses a panel from cache for every token tile.
  *
- * bf16 weights take activations as bf16 pairs xb [T][ceil(K/2)] (uint32 = 2 bf16, the last
- * pair zero-padded) when the CPU has bf16 dot products (vdpbf16ps), else fp32 x [T][K].
+ * bf16 weights run one of two paths, chosen per call by the activations given: bf16 pairs
+ * xb [T][ceil(K/2)] (uint32 = 2 bf16, the last pair zero-padded) run vdpbf16ps (builds with
+ * bf16 dot products); fp32 x [T][K] (xb NULL) run the weights widened to fp32 in registers
+ * and FMA, like fp32 and fp16 weights. Which one a matrix takes is measured per machine
+ * (lite_llm/_kernels/gemm_path.py; matmul.h ll_mat_form).
  */
 #ifndef LL_GEMM_H
 #define LL_GEMM_H
@@ -18,8 +21,23 @@
 
 enum { LL_W_F32 = 0, LL_W_BF16 = 1, LL_W_F16 = 2 };
 
-#define LL_TT 4  /* tokens per register tile */
-#define LL_NP 4  /* panels per register tile: 4 x 4 accumulators of 16 lanes */
+#define LL_TT 4  /* tokens per vdpbf16ps register tile */
+#define LL_NP 4  /* panels per vdpbf16ps register tile: 4 x 4 accumulators of 16 lanes */
+/* Tiles of the fp32-FMA paths (fp32 and fp16 weights, and bf16 weights widened to fp32 in
+ * registers). With AVX-512, 8 tokens x 3 panels: 24 of the 32 zmm registers accumulate, the
+ * activations are broadcast straight from memory into the FMA, and each widened weight
+ * register feeds 8 FMAs, so the two widening ops (shift, mask) per pair of bf16 columns cost
+ * 2 / 16 of the FMA slots instead of 2 / 8 with 4 tokens. AVX2 (16 ymm, a vector is two) and
+ * the scalar build keep 4 x 4. */
+#if defined(__AVX512F__)
+#define LL_TT_FMA 8
+#define LL_NP_FMA 3
+#else
+#define LL_TT_FMA 4
+#define LL_NP_FMA 4
+#endif
+#define LL_TT_MAX (LL_TT_FMA > LL_TT ? LL_TT_FMA : LL_TT)
+#define LL_NP_MAX 4
 
 /* Store one 16-wide accumulator to out row (n0 .. n0+15), adding bias (and the old value when
  * accumulating: residual connections), clipping at n. */
@@ -37,59 +55,87 @@ LL_INLINE void ll_store_out(float *out, ll_vf32 acc, const float *bias, ptrdiff_
     }
 }
 
-/* One register tile's sums: tt tokens x np panels starting at wp[0..np-1] (a panel's packed
- * weights each); tt, np are constants after inlining. */
-LL_INLINE void ll_gemm_acc(const float *x, const uint32_t *xb, ptrdiff_t ldx, const void *const *wp,
-                           int wtype, ptrdiff_t k, const int tt, const int np, ll_vf32 acc[LL_TT][LL_NP]) {
+/* acc + x[row t][off] * w for row t (0..7) of a token tile: rows 0-3 at b, b + s, b + 2 s,
+ * b + s3 (bytes; s3 = 3 s), rows 4-7 the same from b4. With AVX-512 the broadcast is folded
+ * into the FMA as a memory operand, written as asm: compilers otherwise either hoist the 16
+ * broadcasts of a tile into registers of their own or keep a pointer per row, and spill
+ * accumulators either way (35-50 instead of ~55 GMAC/s per Zen 4 core). */
+LL_INLINE ll_vf32 ll_fma_row(ll_vf32 acc, ll_vf32 w, const float *b, const float *b4, ptrdiff_t s, ptrdiff_t s3,
+                             const int t, const int off) {
+#if defined(__AVX512F__)
+    const float *base = t < 4 ? b : b4;
+    switch (t & 3) {
+    case 0: __asm__("vfmadd231ps %c[o](%[p])%{1to16%}, %[w], %[a]" : [a] "+v"(acc) : [w] "v"(w), [p] "r"(base), [o] "i"(4 * off)); break;
+    case 1: __asm__("vfmadd231ps %c[o](%[p],%[s],1)%{1to16%}, %[w], %[a]" : [a] "+v"(acc) : [w] "v"(w), [p] "r"(base), [s] "r"(s), [o] "i"(4 * off)); break;
+    case 2: __asm__("vfmadd231ps %c[o](%[p],%[s],2)%{1to16%}, %[w], %[a]" : [a] "+v"(acc) : [w] "v"(w), [p] "r"(base), [s] "r"(s), [o] "i"(4 * off)); break;
+    default: __asm__("vfmadd231ps %c[o](%[p],%[s],1)%{1to16%}, %[w], %[a]" : [a] "+v"(acc) : [w] "v"(w), [p] "r"(base), [s] "r"(s3), [o] "i"(4 * off));
+    }
+    return acc;
+#else
+    (void)s3;
+    const char *row = (const char *)(t < 4 ? b : b4) + (t & 3) * s;
+    return ll_fma(ll_set1(((const float *)row)[off]), w, acc);
+#endif
+}
+
+/* One fp32-FMA register tile's sums: tt tokens of fp32 x [tt][ldx] times np panels starting at
+ * wp[0..np-1], each F32, F16 or BF16 (widened: even columns by a shift, odd ones by a mask);
+ * tt, np are constants after inlining. */
+LL_INLINE void ll_gemm_acc_fma(const float *x, ptrdiff_t ldx, const void *const *wp, int wtype, ptrdiff_t k,
+                               const int tt, const int np, ll_vf32 acc[LL_TT_MAX][LL_NP_MAX]) {
     for (int t = 0; t < tt; t++)
         for (int p = 0; p < np; p++) acc[t][p] = ll_zero();
-    const ptrdiff_t k2 = (k + 1) / 2;
-    if (wtype == LL_W_F32) {
+    const ptrdiff_t s = ldx * (ptrdiff_t)sizeof(float), s3 = 3 * s;
+    /* the asm FMAs read x without telling the compiler: keep them after every earlier write
+     * (they also wait on weight loads, which this orders) */
+    __asm__ __volatile__("" ::: "memory");
+    if (wtype == LL_W_F32 || wtype == LL_W_F16) {
         for (ptrdiff_t kk = 0; kk < k; kk++) {
-            ll_vf32 wv[LL_NP];
-            for (int p = 0; p < np; p++) wv[p] = ll_load((const float *)wp[p] + kk * 16);
-            for (int t = 0; t < tt; t++) {
-                ll_vf32 xv = ll_set1(x[t * ldx + kk]);
-                for (int p = 0; p < np; p++) acc[t][p] = ll_fma(xv, wv[p], acc[t][p]);
-            }
-        }
-    } else if (wtype == LL_W_F16) {
-        for (ptrdiff_t kk = 0; kk < k; kk++) {
-            ll_vf32 wv[LL_NP];
-            for (int p = 0; p < np; p++) wv[p] = ll_load_f16((const uint16_t *)wp[p] + kk * 16);
-            for (int t = 0; t < tt; t++) {
-                ll_vf32 xv = ll_set1(x[t * ldx + kk]);
-                for (int p = 0; p < np; p++) acc[t][p] = ll_fma(xv, wv[p], acc[t][p]);
+            const float *b = x + kk, *b4 = b + 4 * ldx;
+            for (int p = 0; p < np; p++) {
+                const ll_vf32 wv = wtype == LL_W_F32 ? ll_load((const float *)wp[p] + kk * 16)
+                                                     : ll_load_f16((const uint16_t *)wp[p] + kk * 16);
+                for (int t = 0; t < tt; t++) acc[t][p] = ll_fma_row(acc[t][p], wv, b, b4, s, s3, t, 0);
             }
         }
     } else {
-#ifdef LL_HAVE_BF16_DOT
-        (void)x;
-        for (ptrdiff_t kp = 0; kp < k2; kp++) {
-            __m512bh wv[LL_NP];
-            for (int p = 0; p < np; p++) wv[p] = (__m512bh)_mm512_loadu_si512((const uint16_t *)wp[p] + kp * 32);
-            for (int t = 0; t < tt; t++) {
-                __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xb[t * ldx + kp]);
-                for (int p = 0; p < np; p++) acc[t][p] = _mm512_dpbf16_ps(acc[t][p], xv, wv[p]);
-            }
-        }
-#else
-        (void)xb;
-        for (ptrdiff_t kp = 0; kp < k2; kp++) {
-            ll_vf32 we[LL_NP], wo[LL_NP];
+        const ptrdiff_t kfull = k / 2;   /* whole pairs; an odd K leaves one even column */
+        for (ptrdiff_t kp = 0; kp < kfull; kp++) {
+            const float *b = x + 2 * kp, *b4 = b + 4 * ldx;
             for (int p = 0; p < np; p++) {
-                we[p] = ll_load_bf16_even((const uint16_t *)wp[p] + kp * 32);
-                wo[p] = ll_load_bf16_odd((const uint16_t *)wp[p] + kp * 32);
-            }
-            for (int t = 0; t < tt; t++) {
-                ll_vf32 x0 = ll_set1(x[t * ldx + 2 * kp]);
-                ll_vf32 x1 = ll_set1(2 * kp + 1 < k ? x[t * ldx + 2 * kp + 1] : 0.f);
-                for (int p = 0; p < np; p++) acc[t][p] = ll_fma(x1, wo[p], ll_fma(x0, we[p], acc[t][p]));
+                const ll_vf32 we = ll_load_bf16_even((const uint16_t *)wp[p] + kp * 32);
+                const ll_vf32 wo = ll_load_bf16_odd((const uint16_t *)wp[p] + kp * 32);
+                for (int t = 0; t < tt; t++)
+                    acc[t][p] = ll_fma_row(ll_fma_row(acc[t][p], we, b, b4, s, s3, t, 0), wo, b, b4, s, s3, t, 1);
             }
         }
-#endif
+        if (k & 1) {
+            const float *b = x + k - 1, *b4 = b + 4 * ldx;
+            for (int p = 0; p < np; p++) {
+                const ll_vf32 we = ll_load_bf16_even((const uint16_t *)wp[p] + kfull * 32);
+                for (int t = 0; t < tt; t++) acc[t][p] = ll_fma_row(acc[t][p], we, b, b4, s, s3, t, 0);
+            }
+        }
     }
 }
+
+#ifdef LL_HAVE_BF16_DOT
+/* One vdpbf16ps register tile's sums: tt tokens of bf16 pairs xb [tt][ldx] times np bf16 panels. */
+LL_INLINE void ll_gemm_acc_dot(const uint32_t *xb, ptrdiff_t ldx, const void *const *wp, ptrdiff_t k,
+                               const int tt, const int np, ll_vf32 acc[LL_TT_MAX][LL_NP_MAX]) {
+    for (int t = 0; t < tt; t++)
+        for (int p = 0; p < np; p++) acc[t][p] = ll_zero();
+    const ptrdiff_t k2 = (k + 1) / 2;
+    for (ptrdiff_t kp = 0; kp < k2; kp++) {
+        __m512bh wv[LL_NP];
+        for (int p = 0; p < np; p++) wv[p] = (__m512bh)_mm512_loadu_si512((const uint16_t *)wp[p] + kp * 32);
+        for (int t = 0; t < tt; t++) {
+            __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xb[t * ldx + kp]);
+            for (int p = 0; p < np; p++) acc[t][p] = _mm512_dpbf16_ps(acc[t][p], xv, wv[p]);
+        }
+    }
+}
+#endif
 
 /* Bytes of one packed panel. */
 LL_INLINE ptrdiff_t ll_panel_bytes(int wtype, ptrdiff_t k) {
@@ -103,20 +149,26 @@ static inline void ll_prefetch_panels(const void *w, int wtype, ptrdiff_t k, ptr
     for (; a < b; a += 64) __builtin_prefetch(a, 0, 2);
 }
 
-/* One register tile: tt tokens x np consecutive panels from `panel`, stored to out. */
+/* One register tile: tt tokens x np consecutive panels from `panel`, stored to out; bf16
+ * weights with bf16 pairs xb run vdpbf16ps, everything else the fp32-FMA tile on x. */
 LL_INLINE void ll_gemm_tile(const float *x, const uint32_t *xb, ptrdiff_t ldx, const void *w,
                             int wtype, ptrdiff_t k, ptrdiff_t panel, float *out, ptrdiff_t ldo,
                             ptrdiff_t n, const float *bias, int accumulate, const int tt, const int np) {
-    const void *wp[LL_NP];
+    const void *wp[LL_NP_MAX];
     for (int p = 0; p < np; p++) wp[p] = (const char *)w + (panel + p) * ll_panel_bytes(wtype, k);
-    ll_vf32 acc[LL_TT][LL_NP];
-    ll_gemm_acc(x, xb, ldx, wp, wtype, k, tt, np, acc);
+    ll_vf32 acc[LL_TT_MAX][LL_NP_MAX];
+#ifdef LL_HAVE_BF16_DOT
+    if (xb) ll_gemm_acc_dot(xb, ldx, wp, k, tt, np, acc);
+    else
+#endif
+    ll_gemm_acc_fma(x, ldx, wp, wtype, k, tt, np, acc);
     for (int t = 0; t < tt; t++)
         for (int p = 0; p < np; p++)
             ll_store_out(out + t * ldo, acc[t][p], bias, (panel + p) * 16, n, accumulate);
 }
 
-/* Whether bf16 weights want bf16-pair activations (xb) in this build. */
+/* Whether bf16 weights can take bf16-pair activations (xb, vdpbf16ps) in this build: the form
+ * decode always uses; a matrix on the FMA path takes fp32 rows in bigger steps (matmul.h). */
 LL_INLINE int ll_gemm_wants_xb(int wtype) {
 #ifdef LL_HAVE_BF16_DOT
     return wtype == LL_W_BF16;
@@ -124,6 +176,19 @@ LL_INLINE int ll_gemm_wants_xb(int wtype) {
     (void)wtype; return 0;
 #endif
 }
+
+/* Literal tile shapes, so each call is unrolled with its accumulators in registers:
+ * LL_TILES_TT(F, np) calls F(tt, np) for the runtime tt in 1..LL_TT_FMA. */
+#if LL_TT_FMA == 8
+#define LL_TILES_TT(F, NP_) switch (tt) { \
+    case 8: F(8, NP_); break; case 7: F(7, NP_); break; case 6: F(6, NP_); break; case 5: F(5, NP_); break; \
+    case 4: F(4, NP_); break; case 3: F(3, NP_); break; case 2: F(2, NP_); break; default: F(1, NP_); }
+#else
+#define LL_TILES_TT(F, NP_) switch (tt) { \
+    case 4: F(4, NP_); break; case 3: F(3, NP_); break; case 2: F(2, NP_); break; default: F(1, NP_); }
+#endif
+#define LL_TILES_TT4(F, NP_) switch (tt) { \
+    case 4: F(4, NP_); break; case 3: F(3, NP_); break; case 2: F(2, NP_); break; default: F(1, NP_); }
 
 /* Convert fp32 rows [T][K] (row stride ldx) to bf16 pairs [T][ceil(K/2)], zero-padding. */
 static inline void ll_f32_to_bf16_pairs(const float *x, ptrdiff_t ldx, uint32_t *xb, ptrdiff_t t0,
@@ -153,17 +218,20 @@ LL_INLINE ll_vf32 ll_gemv_bf16_panel(const float *x, const uint32_t *xb, const u
     ll_vf32 a0 = ll_zero(), a1 = ll_zero(), a2 = ll_zero(), a3 = ll_zero();
     ptrdiff_t kp = 0;
 #ifdef LL_HAVE_BF16_DOT
-    (void)x;
-    for (; kp + 4 <= k2; kp += 4) {
-        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32((int)xb[kp]), (__m512bh)_mm512_loadu_si512(wp + kp * 32));
-        a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_set1_epi32((int)xb[kp + 1]), (__m512bh)_mm512_loadu_si512(wp + (kp + 1) * 32));
-        a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_set1_epi32((int)xb[kp + 2]), (__m512bh)_mm512_loadu_si512(wp + (kp + 2) * 32));
-        a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_set1_epi32((int)xb[kp + 3]), (__m512bh)_mm512_loadu_si512(wp + (kp + 3) * 32));
+    if (xb) {
+        for (; kp + 4 <= k2; kp += 4) {
+            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32((int)xb[kp]), (__m512bh)_mm512_loadu_si512(wp + kp * 32));
+            a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_set1_epi32((int)xb[kp + 1]), (__m512bh)_mm512_loadu_si512(wp + (kp + 1) * 32));
+            a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_set1_epi32((int)xb[kp + 2]), (__m512bh)_mm512_loadu_si512(wp + (kp + 2) * 32));
+            a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_set1_epi32((int)xb[kp + 3]), (__m512bh)_mm512_loadu_si512(wp + (kp + 3) * 32));
+        }
+        for (; kp < k2; kp++)
+            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32((int)xb[kp]), (__m512bh)_mm512_loadu_si512(wp + kp * 32));
+        return ll_add(ll_add(a0, a1), ll_add(a2, a3));
     }
-    for (; kp < k2; kp++)
-        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32((int)xb[kp]), (__m512bh)_mm512_loadu_si512(wp + kp * 32));
 #else
     (void)xb;
+#endif
     for (; kp + 2 <= k2; kp += 2) {
         const float x1 = 2 * kp + 1 < k ? x[2 * kp + 1] : 0.f, x3 = 2 * kp + 3 < k ? x[2 * kp + 3] : 0.f;
         a0 = ll_fma(ll_set1(x[2 * kp]), ll_load_bf16_even(wp + kp * 32), a0);
@@ -175,7 +243,6 @@ LL_INLINE ll_vf32 ll_gemv_bf16_panel(const float *x, const uint32_t *xb, const u
         a0 = ll_fma(ll_set1(x[2 * kp]), ll_load_bf16_even(wp + kp * 32), a0);
         a1 = ll_fma(ll_set1(2 * kp + 1 < k ? x[2 * kp + 1] : 0.f), ll_load_bf16_odd(wp + kp * 32), a1);
     }
-#endif
     return ll_add(ll_add(a0, a1), ll_add(a2, a3));
 }
 
@@ -186,37 +253,37 @@ static inline void ll_gemv_bf16_panels(const float *x, const uint32_t *xb, const
         ll_store_out(out, ll_gemv_bf16_panel(x, xb, w + p * ((k + 1) / 2) * 32, k), bias, p * 16, n, accumulate);
 }
 
-/* out[t0:t1, panels p0:p1] for all tokens: x [T][ldx] fp32 or xb [T][ceil(K/2)] pairs. */
+/* out[t0:t1, panels p0:p1] for all tokens: bf16 weights with xb [T][ceil(K/2)] pairs run
+ * vdpbf16ps (LL_TT x LL_NP tiles); without xb, and every other format, the fp32-FMA tiles on
+ * x [T][ldx] (LL_TT_FMA x LL_NP_FMA). One token streams each panel once (decode). */
 static inline void ll_gemm_panels(const float *x, const uint32_t *xb, ptrdiff_t ldx, ptrdiff_t num_tokens,
                                   const void *w, int wtype, ptrdiff_t k, ptrdiff_t n,
                                   const float *bias, float *out, ptrdiff_t ldo, int accumulate,
                                   ptrdiff_t p0, ptrdiff_t p1) {
-    const ptrdiff_t ldxx = ll_gemm_wants_xb(wtype) ? (k + 1) / 2 : ldx;
+    if (wtype != LL_W_BF16 || !ll_gemm_wants_xb(wtype)) xb = 0;
     if (num_tokens == 1 && wtype == LL_W_BF16) {
         ll_gemv_bf16_panels(x, xb, (const uint16_t *)w, k, n, bias, out, accumulate, p0, p1);
         return;
     }
-    for (ptrdiff_t p = p0; p < p1; p += LL_NP) {
-        const int np = (int)(p1 - p < LL_NP ? p1 - p : LL_NP);
-        for (ptrdiff_t t = 0; t < num_tokens; t += LL_TT) {
-            const int tt = (int)(num_tokens - t < LL_TT ? num_tokens - t : LL_TT);
+    const ptrdiff_t ldxx = xb ? (k + 1) / 2 : ldx;
+    const int ttile = xb ? LL_TT : LL_TT_FMA, ptile = xb ? LL_NP : LL_NP_FMA;
+    for (ptrdiff_t p = p0; p < p1; p += ptile) {
+        const int np = (int)(p1 - p < ptile ? p1 - p : ptile);
+        for (ptrdiff_t t = 0; t < num_tokens; t += ttile) {
+            const int tt = (int)(num_tokens - t < ttile ? num_tokens - t : ttile);
             const float *xt = x ? x + t * ldx : 0;
             const uint32_t *xbt = xb ? xb + t * ldxx : 0;
             float *ot = out + t * ldo;
-            /* Literal tile shapes so each call is unrolled with registers for accumulators. */
 #define LL_TILE(TT_, NP_) ll_gemm_tile(xt, xbt, ldxx, w, wtype, k, p, ot, ldo, n, bias, accumulate, TT_, NP_)
-            if (np == 4) {
-                if (tt == 4) LL_TILE(4, 4); else if (tt == 3) LL_TILE(3, 4);
-                else if (tt == 2) LL_TILE(2, 4); else LL_TILE(1, 4);
-            } else if (np == 3) {
-                if (tt == 4) LL_TILE(4, 3); else if (tt == 3) LL_TILE(3, 3);
-                else if (tt == 2) LL_TILE(2, 3); else LL_TILE(1, 3);
-            } else if (np == 2) {
-                if (tt == 4) LL_TILE(4, 2); else if (tt == 3) LL_TILE(3, 2);
-                else if (tt == 2) LL_TILE(2, 2); else LL_TILE(1, 2);
+            if (xb) {
+                if (np == 4) { LL_TILES_TT4(LL_TILE, 4) } else if (np == 3) { LL_TILES_TT4(LL_TILE, 3) }
+                else if (np == 2) { LL_TILES_TT4(LL_TILE, 2) } else { LL_TILES_TT4(LL_TILE, 1) }
             } else {
-                if (tt == 4) LL_TILE(4, 1); else if (tt == 3) LL_TILE(3, 1);
-                else if (tt == 2) LL_TILE(2, 1); else LL_TILE(1, 1);
+#if LL_NP_FMA == 4
+                if (np == 4) { LL_TILES_TT(LL_TILE, 4) } else
+#endif
+                if (np == 3) { LL_TILES_TT(LL_TILE, 3) }
+                else if (np == 2) { LL_TILES_TT(LL_TILE, 2) } else { LL_TILES_TT(LL_TILE, 1) }
             }
 #undef LL_TILE
         }
@@ -258,7 +325,8 @@ static inline void ll_gemm_gated(const float *x, const uint32_t *xb, ptrdiff_t l
                                  const void *w, int wtype, ptrdiff_t k, ptrdiff_t F, const float *bias, int act,
                                  float *ao, ptrdiff_t lda, uint32_t *ao_b, ptrdiff_t q0, ptrdiff_t q1) {
     const ptrdiff_t ng = (F + 15) / 16, pb = ll_panel_bytes(wtype, k), ldb = (F + 1) / 2;
-    const ptrdiff_t ldxx = ll_gemm_wants_xb(wtype) ? (k + 1) / 2 : ldx;
+    if (wtype != LL_W_BF16 || !ll_gemm_wants_xb(wtype)) xb = 0;
+    const ptrdiff_t ldxx = xb ? (k + 1) / 2 : ldx;
     const char *wc = (const char *)w;
     if (num_tokens == 1 && wtype == LL_W_BF16) {   /* decode: stream the gate and up panels */
         for (ptrdiff_t q = q0; q < q1; q++) {
@@ -268,23 +336,30 @@ static inline void ll_gemm_gated(const float *x, const uint32_t *xb, ptrdiff_t l
         }
         return;
     }
-    for (ptrdiff_t q = q0; q < q1; q += 2) {
-        const int two = q + 1 < q1;   /* two features panels: a 4-panel tile */
-        const void *wp[LL_NP] = {wc + q * pb, wc + (ng + q) * pb, wc + (q + 1) * pb, wc + (ng + q + 1) * pb};
-        for (ptrdiff_t t = 0; t < num_tokens; t += LL_TT) {
-            const int tt = (int)(num_tokens - t < LL_TT ? num_tokens - t : LL_TT);
+    /* vdpbf16ps: two feature panels (4 weight panels) x LL_TT tokens; fp32 FMA: one feature
+     * panel (gate, up) x LL_TT_FMA tokens */
+    const int qtile = xb ? 2 : 1, ttile = xb ? LL_TT : LL_TT_FMA;
+    for (ptrdiff_t q = q0; q < q1; q += qtile) {
+        const int two = xb && q + 1 < q1;   /* two feature panels: a 4-panel tile */
+        const void *wp[LL_NP_MAX] = {wc + q * pb, wc + (ng + q) * pb, wc + (q + 1) * pb, wc + (ng + q + 1) * pb};
+        for (ptrdiff_t t = 0; t < num_tokens; t += ttile) {
+            const int tt = (int)(num_tokens - t < ttile ? num_tokens - t : ttile);
             const float *xt = x ? x + t * ldx : 0;
             const uint32_t *xbt = xb ? xb + t * ldxx : 0;
-            ll_vf32 acc[LL_TT][LL_NP];
-#define LL_GTILE(TT_, NP_) ll_gemm_acc(xt, xbt, ldxx, wp, wtype, k, TT_, NP_, acc)
-            if (two) {
-                if (tt == 4) LL_GTILE(4, 4); else if (tt == 3) LL_GTILE(3, 4);
-                else if (tt == 2) LL_GTILE(2, 4); else LL_GTILE(1, 4);
-            } else {
-                if (tt == 4) LL_GTILE(4, 2); else if (tt == 3) LL_GTILE(3, 2);
-                else if (tt == 2) LL_GTILE(2, 2); else LL_GTILE(1, 2);
+            ll_vf32 acc[LL_TT_MAX][LL_NP_MAX];
+#ifdef LL_HAVE_BF16_DOT
+#define LL_GDOT(TT_, NP_) ll_gemm_acc_dot(xbt, ldxx, wp, k, TT_, NP_, acc)
+            if (xb) {
+                if (two) { LL_TILES_TT4(LL_GDOT, 4) } else { LL_TILES_TT4(LL_GDOT, 2) }
+            } else
+#undef LL_GDOT
+#endif
+            {
+                (void)xbt;
+#define LL_GFMA(TT_, NP_) ll_gemm_acc_fma(xt, ldxx, wp, wtype, k, TT_, NP_, acc)
+                LL_TILES_TT(LL_GFMA, 2)
+#undef LL_GFMA
             }
-#undef LL_GTILE
             for (int i = 0; i < tt; i++) {
                 float *a = ao ? ao + (t + i) * lda : 0;
                 uint32_t *ab = ao_b ? ao_b + (t + i) * ldb : 0;

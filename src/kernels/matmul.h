@@ -6,6 +6,10 @@
  *   ll_mat  part[i]: panels p0..p1 of the matrix, output columns n0..n1, packed as wtype
  *           (float formats: gemm.h, a single part; ggml block formats: qgemm.h, any mix)
  *   input   LL_IN_F32 fp32 rows | LL_IN_BF16 bf16 pairs (vdpbf16ps) | LL_IN_Q8 int8 blocks
+ *   fma     bf16 weights where the build has vdpbf16ps: steps of more than one token widen the
+ *           weights to fp32 in registers and FMA on fp32 rows instead (chosen per machine by
+ *           measurement, lite_llm/_kernels/gemm_path.py); one token keeps vdpbf16ps, the
+ *           fastest stream (decode is bound by bandwidth, not by the instruction)
  */
 #ifndef LL_MATMUL_H
 #define LL_MATMUL_H
@@ -25,7 +29,8 @@ typedef struct {
 typedef struct {
     ll_part part[LL_MAX_PARTS];
     int num_parts;
-    int input;              /* LL_IN_*: what the producer of this matrix's input writes */
+    int input;              /* LL_IN_*: the input form of a one-token step (decode) */
+    int fma;                /* bf16 weights: bigger steps run the fp32-FMA path on fp32 rows */
     ptrdiff_t n, k, num_panels;
     const float *bias;      /* [n] or NULL */
 } ll_mat;
@@ -34,6 +39,12 @@ typedef struct {
 LL_INLINE int ll_mat_input(const ll_mat *m) {
     if (ll_wtype_is_quant(m->part[0].wtype)) return LL_IN_Q8;
     return ll_gemm_wants_xb(m->part[0].wtype) ? LL_IN_BF16 : LL_IN_F32;
+}
+
+/* The activation form matrix m takes in a step of num_tokens rows: what the producer of its
+ * input writes for that step. */
+LL_INLINE int ll_mat_form(const ll_mat *m, ptrdiff_t num_tokens) {
+    return m->input == LL_IN_BF16 && m->fma && num_tokens > 1 ? LL_IN_F32 : m->input;
 }
 
 LL_INLINE ptrdiff_t ll_part_panel_bytes(const ll_part *pt, ptrdiff_t k) {
@@ -80,7 +91,7 @@ static inline void ll_mat_gemm(const float *x, const uint32_t *xb, const ll_qact
         if (ll_wtype_is_quant(pt->wtype))
             ll_qgemm_panels(xq, num_tokens, pt, m->k, m->bias, out, ldo, accumulate, a, b);
         else   /* a float matrix is one part from panel 0 */
-            ll_gemm_panels(x, m->input == LL_IN_BF16 ? xb : 0, ldx, num_tokens, pt->w, pt->wtype, m->k, m->n,
+            ll_gemm_panels(x, ll_mat_form(m, num_tokens) == LL_IN_BF16 ? xb : 0, ldx, num_tokens, pt->w, pt->wtype, m->k, m->n,
                            m->bias, out, ldo, accumulate, a, b);
     }
 }
@@ -107,7 +118,7 @@ static inline void ll_mat_gated(const float *x, const uint32_t *xb, const ll_qac
                                 ptrdiff_t q0, ptrdiff_t q1) {
     const ll_part *gp = &m->part[0];
     if (!ll_wtype_is_quant(gp->wtype)) {
-        ll_gemm_gated(x, m->input == LL_IN_BF16 ? xb : 0, ldx, num_tokens, gp->w, gp->wtype, m->k, F, m->bias, act,
+        ll_gemm_gated(x, ll_mat_form(m, num_tokens) == LL_IN_BF16 ? xb : 0, ldx, num_tokens, gp->w, gp->wtype, m->k, F, m->bias, act,
                       ao, lda, aq ? 0 : ao_b, q0, q1);
     } else {
         const ll_part *up = &m->part[1];
