@@ -16,12 +16,20 @@ static inline void ll_convert_row(const void *row, int stype, ptrdiff_t k0, ptrd
     if (stype == wtype) { memcpy(out, (const char *)row + k0 * (stype == 0 ? 4 : 2), (size_t)n * (stype == 0 ? 4 : 2)); return; }
     if (wtype == 0) {              /* fp32 */
         float *o = (float *)out;
-        if (stype == 1) for (ptrdiff_t i = 0; i < n; i++) o[i] = ll_bf16_to_f32(sh[i]);
-        else            for (ptrdiff_t i = 0; i < n; i++) o[i] = ll_f16_to_f32(sh[i]);
+        ptrdiff_t i = 0;
+        if (stype == 1) for (; i < n; i++) o[i] = ll_bf16_to_f32(sh[i]);
+        else {
+            for (; i + LL_VF32_LANES <= n; i += LL_VF32_LANES) ll_store(o + i, ll_load_f16(sh + i));
+            for (; i < n; i++) o[i] = ll_f16_to_f32(sh[i]);
+        }
     } else if (wtype == 1) {       /* bf16 */
         uint16_t *o = (uint16_t *)out;
-        if (stype == 0) for (ptrdiff_t i = 0; i < n; i++) o[i] = ll_f32_to_bf16(sf[i]);
-        else            for (ptrdiff_t i = 0; i < n; i++) o[i] = ll_f32_to_bf16(ll_f16_to_f32(sh[i]));
+        ptrdiff_t i = 0;
+        if (stype == 0) for (; i < n; i++) o[i] = ll_f32_to_bf16(sf[i]);
+        else {   /* a half is never an fp32 denormal, which a vector rounding may flush: 16 at a time */
+            for (; i + LL_VF32_LANES <= n; i += LL_VF32_LANES) ll_store_bf16(o + i, ll_load_f16(sh + i));
+            for (; i < n; i++) o[i] = ll_f32_to_bf16(ll_f16_to_f32(sh[i]));
+        }
     } else {                       /* fp16 */
         uint16_t *o = (uint16_t *)out;
         if (stype == 0) for (ptrdiff_t i = 0; i < n; i++) o[i] = ll_f32_to_f16(sf[i]);
