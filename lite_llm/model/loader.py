@@ -67,12 +67,15 @@ class MappedFile:
 
     def release(self, offset: int, nbytes: int) -> None:
         """Drop the mapped pages of bytes offset..offset + nbytes from the resident set (the page
-        cache keeps them)."""
+        cache keeps them), widened to whole 2 MB: the kernel maps the file a folio or a
+        fault-around window at a time, so a tensor's pages reach into its neighbours' (those
+        not packed yet simply fault in again)."""
         if self._mm is None or not hasattr(self._mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
             return
-        start = offset // mmap.PAGESIZE * mmap.PAGESIZE
+        span = 2 << 20
+        start, end = offset // span * span, min(-(-(offset + nbytes) // span) * span, len(self._mm))
         try:
-            self._mm.madvise(mmap.MADV_DONTNEED, start, min(offset + nbytes, len(self._mm)) - start)
+            self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
         except (OSError, ValueError):
             pass    # a hint only
 
