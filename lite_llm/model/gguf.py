@@ -190,7 +190,8 @@ class GGUFFile:
     def stored(self, name: str, perm: int = 0) -> StoredPart:
         """Where tensor `name`'s bytes lie, for packing straight from the mapped file."""
         info = self.info(name)
-        return StoredPart(view=partial(self.mapped.view, info.offset, info.nbytes), type_name=info.type_name,
+        return StoredPart(view=partial(self.mapped.view, info.offset, info.nbytes), nbytes=info.nbytes,
+                          type_name=info.type_name,
                           perm=perm, release=partial(self.mapped.release, info.offset, info.nbytes))
 
     def drop_tokenizer_arrays(self) -> None:

@@ -221,7 +221,8 @@ class SafetensorsCheckpoint:
         if type_name is None:
             return None
         mapped = self._maps.get(e.file) or self._maps.setdefault(e.file, MappedFile(e.file))
-        return StoredPart(view=partial(mapped.view, e.begin, e.end - e.begin), type_name=type_name,
+        return StoredPart(view=partial(mapped.view, e.begin, e.end - e.begin), nbytes=e.end - e.begin,
+                          type_name=type_name,
                           release=partial(mapped.release, e.begin, e.end - e.begin))
 
     def _read_header(self, file: str) -> None:

@@ -148,7 +148,7 @@ class LoadedModel:
             if isinstance(x, StackedRows):
                 out = x.to(self.dtype) if streamed else x.to(self.dtype).read(0, x.shape[0])
                 stored = x.stored_parts()
-                nbytes = (sum(s.view().nbytes for s in stored) if stored is not None     # bytes in the file
+                nbytes = (sum(s.nbytes for s in stored) if stored is not None           # bytes in the file
                           else x.shape[0] * x.shape[1] * np.dtype(_NUMPY_DTYPES[self.dtype]).itemsize)
             else:
                 out = convert(x, "float32")

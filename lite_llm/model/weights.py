@@ -68,11 +68,13 @@ class StoredPart:
     there (kernels.load_panels) instead of reading, converting and packing slices.
 
         view       () -> the part's bytes as a read-only uint8 array (a view of the mapped file)
+        nbytes     how many bytes that is
         type_name  "F32" | "F16" | "BF16" (little-endian), or the ggml block type of the rows
         perm       > 0: llama.cpp's q/k row order, pairs interleaved within heads of perm rows
         release    () -> None: drop the part's mapped pages from the resident set once packed
     """
     view: Callable[[], np.ndarray]
+    nbytes: int
     type_name: str
     perm: int = 0
     release: Callable[[], None] = lambda: None

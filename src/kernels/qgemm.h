@@ -362,28 +362,6 @@ static inline void ll_dequant_ggml(const uint8_t *src, int wtype, float *dst, pt
     }
 }
 
-/* Lane r's 32 values u into a packed 32-block's quants (nibbles, bytes and/or 2 bits). */
-LL_INLINE void ll_put_nibbles(uint8_t *dst, int r, const uint8_t *u) {
-    for (int v = 0; v < 4; v++)
-        for (int i = 0; i < 4; i++) dst[64 * v + 4 * r + i] = (uint8_t)((u[4 * v + i] & 15) | ((u[16 + 4 * v + i] & 15) << 4));
-}
-LL_INLINE void ll_put_high2(uint8_t *dst, int r, const uint8_t *u) {
-    for (int hv = 0; hv < 2; hv++)
-        for (int i = 0; i < 4; i++) {
-            uint8_t b = 0;
-            for (int c = 0; c < 4; c++) b |= (uint8_t)(((u[4 * (4 * hv + c) + i] >> 4) & 3) << (2 * c));
-            dst[64 * hv + 4 * r + i] = b;
-        }
-}
-
-LL_INLINE void ll_put_high1(uint8_t *dst, int r, const uint8_t *u) {
-    for (int i = 0; i < 4; i++) {
-        uint8_t b = 0;
-        for (int g = 0; g < 8; g++) b |= (uint8_t)(((u[4 * g + i] >> 4) & 1) << g);
-        dst[4 * r + i] = b;
-    }
-}
-
 LL_INLINE uint32_t ll_ld32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 LL_INLINE uint32_t ll_le32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
@@ -399,17 +377,17 @@ LL_INLINE void ll_put_nibble_words(uint8_t *dst, int r, const uint8_t *q, int hi
     }
 }
 
-/* Lane r of a packed block straight from the stored block, a word (4 values of a row) at a time:
- * the packed quants are the stored bytes (Q8_0, Q4_0, Q4_1, IQ4_NL, IQ4_XS, and the nibbles of
- * Q5_0/Q5_1), or word-wide nibble and bit shuffles of them (the K-quants: a byte's low and high
- * nibbles belong to two sub-blocks). Equals the unpack-and-put path of ll_qpack_panel; 0
- * (nothing written) for a format it does not know. The masks act within bytes: any byte order. */
-LL_INLINE int ll_qpack_direct(const uint8_t *blk, int wtype, uint8_t *o, int r) {
+/* Lane r of a packed block (the layouts at the top) from one stored ggml block, a word (4 values
+ * of a row) at a time: the packed quants are the stored bytes (Q8_0, Q4_0, Q4_1, IQ4_NL, IQ4_XS,
+ * and the nibbles of Q5_0/Q5_1), or word-wide nibble and bit shuffles of them (the K-quants: a
+ * byte's low and high nibbles belong to two sub-blocks). No value is unpacked; the masks act
+ * within bytes, so any byte order. The tests hold the result to gguf's dequantizer. */
+LL_INLINE void ll_qpack_lane(const uint8_t *blk, int wtype, uint8_t *o, int r) {
     switch (wtype) {
     case LL_W_Q8_0:
         for (int g = 0; g < 8; g++) memcpy(o + 64 * g + 4 * r, blk + 2 + 4 * g, 4);
         ((uint16_t *)(o + 512))[r] = LL_LE16(blk);
-        return 1;
+        return;
     case LL_W_Q4_0:
     case LL_W_IQ4_NL:
     case LL_W_Q4_1: {
@@ -417,7 +395,7 @@ LL_INLINE int ll_qpack_direct(const uint8_t *blk, int wtype, uint8_t *o, int r) 
         for (int v = 0; v < 4; v++) memcpy(o + 64 * v + 4 * r, blk + (q1 ? 4 : 2) + 4 * v, 4);
         ((uint16_t *)(o + 256))[r] = LL_LE16(blk);
         if (q1) ((uint16_t *)(o + 288))[r] = LL_LE16(blk + 2);
-        return 1;
+        return;
     }
     case LL_W_IQ4_XS:
         ((uint16_t *)o)[r] = LL_LE16(blk);
@@ -425,7 +403,7 @@ LL_INLINE int ll_qpack_direct(const uint8_t *blk, int wtype, uint8_t *o, int r) 
             o[32 + 16 * j + r] = ll_iq4xs_scale(blk, j);
             for (int v = 0; v < 4; v++) memcpy(o + 160 + 256 * j + 64 * v + 4 * r, blk + 8 + 16 * j + 4 * v, 4);
         }
-        return 1;
+        return;
     case LL_W_Q5_0:
     case LL_W_Q5_1: {
         const uint8_t *q = blk + (wtype == LL_W_Q5_0 ? 2 : 4);
@@ -438,7 +416,7 @@ LL_INLINE int ll_qpack_direct(const uint8_t *blk, int wtype, uint8_t *o, int r) 
         }
         ((uint16_t *)(o + 320))[r] = LL_LE16(blk);
         if (wtype == LL_W_Q5_1) ((uint16_t *)(o + 352))[r] = LL_LE16(blk + 2);
-        return 1;
+        return;
     }
     case LL_W_Q4_K:
     case LL_W_Q5_K: {
@@ -459,7 +437,7 @@ LL_INLINE int ll_qpack_direct(const uint8_t *blk, int wtype, uint8_t *o, int r) 
                 memcpy(d + 256 + 4 * r, &w, 4);
             }
         }
-        return 1;
+        return;
     }
     case LL_W_Q6_K:   /* sub-block j = 4 half + q: nibbles of ql, 2 bits of qh at shift 2q */
         ((uint16_t *)o)[r] = LL_LE16(blk + 208);
@@ -475,76 +453,20 @@ LL_INLINE int ll_qpack_direct(const uint8_t *blk, int wtype, uint8_t *o, int r) 
                 memcpy(d + 256 + 64 * hv + 4 * r, &w, 4);
             }
         }
-        return 1;
+        return;
     }
-    return 0;
 }
 
 /* One packed panel pd from up to 16 raw ggml rows of k values (rows[r] for r < nrows; rows
  * past them are zero). */
 static inline void ll_qpack_panel(const uint8_t *const *rows, int nrows, ptrdiff_t k, int wtype, uint8_t *pd) {
-    const ptrdiff_t blk = ll_qblock(wtype), nblk = k / blk, bb = ll_qblock_bytes(wtype);
-    const ptrdiff_t gb = ll_ggml_block_bytes(wtype), pb = nblk * bb;
-    uint8_t u[256], sc[16], mn[8];
-    uint16_t h[2] = {0, 0};
+    const ptrdiff_t nblk = k / ll_qblock(wtype), bb = ll_qblock_bytes(wtype), gb = ll_ggml_block_bytes(wtype);
     const ptrdiff_t span = bb >= 16384 ? 1 : 16384 / bb;   /* blocks of ~16 KB of panel: it stays in L1 */
-    memset(pd, 0, (size_t)pb);
+    memset(pd, 0, (size_t)(nblk * bb));
     for (ptrdiff_t b0 = 0; b0 < nblk; b0 += span)
-    for (int r = 0; r < nrows; r++) {
-        const uint8_t *row = rows[r];
-        for (ptrdiff_t b = b0; b < b0 + span && b < nblk; b++) {
-            uint8_t *o = pd + b * bb;
-            if (ll_qpack_direct(row + b * gb, wtype, o, r)) continue;
-            ll_ggml_unpack_block(row + b * gb, wtype, u, h, sc, mn);
-            switch (wtype) {
-            case LL_W_Q8_0:
-                for (int g = 0; g < 8; g++) memcpy(o + 64 * g + 4 * r, u + 4 * g, 4);
-                ((uint16_t *)(o + 512))[r] = h[0];
-                break;
-            case LL_W_IQ4_XS:
-                ((uint16_t *)o)[r] = h[0];
-                for (int j = 0; j < 8; j++) {
-                    o[32 + 16 * j + r] = sc[j];
-                    ll_put_nibbles(o + 160 + 256 * j, r, u + 32 * j);
-                }
-                break;
-            case LL_W_Q4_0:
-            case LL_W_IQ4_NL:
-            case LL_W_Q4_1:
-                ll_put_nibbles(o, r, u);
-                ((uint16_t *)(o + 256))[r] = h[0];
-                if (wtype == LL_W_Q4_1) ((uint16_t *)(o + 288))[r] = h[1];
-                break;
-            case LL_W_Q5_0:
-            case LL_W_Q5_1:
-                ll_put_nibbles(o, r, u);
-                ll_put_high1(o + 256, r, u);
-                ((uint16_t *)(o + 320))[r] = h[0];
-                if (wtype == LL_W_Q5_1) ((uint16_t *)(o + 352))[r] = h[1];
-                break;
-            case LL_W_Q4_K:
-            case LL_W_Q5_K: {
-                const ptrdiff_t sbb = wtype == LL_W_Q5_K ? 320 : 256;
-                ((uint16_t *)o)[r] = h[0];
-                ((uint16_t *)(o + 32))[r] = h[1];
-                for (int j = 0; j < 8; j++) {
-                    o[64 + 16 * j + r] = sc[j];
-                    o[192 + 16 * j + r] = mn[j];
-                    ll_put_nibbles(o + 320 + sbb * j, r, u + 32 * j);
-                    if (wtype == LL_W_Q5_K) ll_put_high1(o + 320 + sbb * j + 256, r, u + 32 * j);
-                }
-                break;
-            }
-            default:
-                ((uint16_t *)o)[r] = h[0];
-                for (int j = 0; j < 16; j++) o[32 + 16 * j + r] = sc[j];
-                for (int j = 0; j < 8; j++) {
-                    ll_put_nibbles(o + 288 + 384 * j, r, u + 32 * j);
-                    ll_put_high2(o + 288 + 384 * j + 256, r, u + 32 * j);
-                }
-            }
-        }
-    }
+        for (int r = 0; r < nrows; r++)
+            for (ptrdiff_t b = b0; b < b0 + span && b < nblk; b++)
+                ll_qpack_lane(rows[r] + b * gb, wtype, pd + b * bb, r);
 }
 
 /* Panels p0..p1 of raw ggml rows src [rows][k / block * block bytes] into dst (panel 0 first);
