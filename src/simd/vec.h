@@ -10,7 +10,7 @@
  *
  * Ops: ll_zero ll_set1 ll_load ll_store ll_add ll_sub ll_mul ll_div ll_fma ll_max ll_hsum ll_hmax
  *      ll_exp ll_load_bf16 ll_load_f16 ll_load_bf16_even ll_load_bf16_odd
- *      ll_dot2_bf16 ll_store_bf16 (below, on top of the backend)
+ *      ll_dot2_bf16 ll_store_bf16 ll_store_bf16_pairs (below, on top of the backend)
  *      ll_load_s8 ll_load_u8 ll_load_e4m3 (x 2^-8) ll_load_e5m2: 16 bytes widened to floats
  * Scalars: ll_bf16_to_f32 ll_f32_to_bf16 (round to nearest even) ll_f16_to_f32 ll_f32_to_f16
  *          ll_f32_to_e4m3 ll_f32_to_e5m2 (nearest even, saturating)
@@ -90,13 +90,19 @@ LL_INLINE uint8_t ll_f32_to_e5m2(float f) {
 
 /* bf16 pairs: a uint32 holds two bf16, the first in its low half; 16 pairs are 32 uint16.
  * ll_dot2_bf16(acc, pair, p) = acc + first(pair) * p[0, 2, .., 30] + second(pair) * p[1, 3, .., 31]
- * (one vdpbf16ps where the CPU has it); ll_store_bf16 rounds 16 lanes to bf16, nearest even. */
+ * (one vdpbf16ps where the CPU has it); ll_store_bf16 rounds 16 lanes to bf16, nearest even;
+ * ll_store_bf16_pairs(p, a, b) rounds a into p[0, 2, .., 30] and b into p[1, 3, .., 31]. */
 #ifdef LL_HAVE_BF16_DOT
 LL_INLINE ll_vf32 ll_dot2_bf16(ll_vf32 acc, uint32_t pair, const uint16_t *p) {
     return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32((int)pair), (__m512bh)_mm512_loadu_si512(p));
 }
 LL_INLINE void ll_store_bf16(uint16_t *p, ll_vf32 a) {
     _mm256_storeu_si256((__m256i *)p, (__m256i)_mm512_cvtneps_pbh(a));
+}
+LL_INLINE void ll_store_bf16_pairs(uint16_t *p, ll_vf32 a, ll_vf32 b) {
+    const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(a));
+    const __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(b));
+    _mm512_storeu_si512(p, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
 }
 #else
 LL_INLINE ll_vf32 ll_dot2_bf16(ll_vf32 acc, uint32_t pair, const uint16_t *p) {
@@ -107,6 +113,12 @@ LL_INLINE void ll_store_bf16(uint16_t *p, ll_vf32 a) {
     float t[16];
     ll_store(t, a);
     for (int i = 0; i < 16; i++) p[i] = ll_f32_to_bf16(t[i]);
+}
+LL_INLINE void ll_store_bf16_pairs(uint16_t *p, ll_vf32 a, ll_vf32 b) {
+    float ta[16], tb[16];
+    ll_store(ta, a);
+    ll_store(tb, b);
+    for (int i = 0; i < 16; i++) { p[2 * i] = ll_f32_to_bf16(ta[i]); p[2 * i + 1] = ll_f32_to_bf16(tb[i]); }
 }
 #endif
 
