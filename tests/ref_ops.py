@@ -139,6 +139,11 @@ ACTIVATIONS = {
 }
 
 
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    """Soft-capped logits (Gemma 2): cap * tanh(x / cap)."""
+    return cap * np.tanh(x.astype(np.float64) / cap)
+
+
 def act_mul(gate: np.ndarray, up: np.ndarray | None, act: str) -> np.ndarray:
     """act(gate [T, F]) * up [T, F], or act(gate) when up is None."""
     with np.errstate(over="ignore"):

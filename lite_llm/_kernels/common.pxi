@@ -74,6 +74,7 @@ cdef extern from "kernels/rope.h" nogil:
 cdef extern from "kernels/act.h" nogil:
     int LL_ACT_SILU, LL_ACT_GELU, LL_ACT_GELU_TANH, LL_ACT_RELU
     void ll_act_mul_f32(const float *gate, const float *up, float *out, Py_ssize_t n, int act)
+    void ll_softcap_f32(float *x, Py_ssize_t n, float cap)
 
 cdef extern from "kernels/attention.h" nogil:
     int LL_MAX_HEAD_DIM, LL_ATTN_QTILE

@@ -156,6 +156,15 @@ def act_mul(const float[:, ::1] gate, up, float[:, ::1] out, str act, int num_th
             ll_act_mul_f32(&gate[t, 0], &upv[t, 0], &out[t, 0], f, a)
 
 
+def softcap(float[:, ::1] x, float cap):   # IN/OUT [R, V]
+    """x = cap * tanh(x / cap) in place (soft-capped logits), row by row as forward runs it."""
+    cdef Py_ssize_t r
+    if not cap > 0:
+        raise ValueError(f"softcap: cap must be positive, got {cap}")
+    for r in range(x.shape[0]):
+        ll_softcap_f32(&x[r, 0], x.shape[1], cap)
+
+
 def write_kv(const float[:, :, ::1] src,     # IN [T, Hkv, D]
              cache,                          # IN/OUT K or V cache in the kernel's layout (layout.py)
              const int64_t[::1] slot_mapping,   # IN [T]
