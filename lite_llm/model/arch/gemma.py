@@ -79,7 +79,15 @@ def gguf_config(f, arch: str) -> ModelConfig:
         return meta.get(f"{arch}.{name}", default)
 
     num_layers = int(value("block_count", 0))
-    pattern = int(value("attention.sliding_window_pattern", _SLIDING_PATTERN[arch]))
+    # llama.cpp: a period (every n-th layer global) or one flag per layer (non-zero: sliding)
+    pattern = value("attention.sliding_window_pattern", _SLIDING_PATTERN[arch])
+    if isinstance(pattern, list):
+        if len(pattern) != num_layers:
+            raise ModelLoadError(f"{f.path}: {arch}.attention.sliding_window_pattern has {len(pattern)} "
+                                 f"entries for {num_layers} layers")
+        layer_types = tuple("sliding_attention" if p else "full_attention" for p in pattern)
+    else:
+        layer_types = _layer_types(num_layers, int(pattern))
     attn_cap = value("attn_logit_softcapping")
     if attn_cap:
         raise ModelLoadError(f"{f.path}: attention logit soft-capping ({attn_cap}) is not supported yet")
@@ -88,8 +96,8 @@ def gguf_config(f, arch: str) -> ModelConfig:
     return llama.gguf_decoder_config(
         f, arch, GGUF_ARCHITECTURES[arch], act="gelu_tanh",
         sliding_window=int(window) if window else None,
-        layer_types=_layer_types(num_layers, pattern),
-        rope_local_theta=10000.0 if arch == "gemma3" else None,   # llama.cpp: fixed for gemma3's SWA layers
+        layer_types=layer_types,
+        rope_local_theta=float(value("rope.freq_base_swa", 10000.0)) if arch == "gemma3" else None,
         embed_scale=True, post_norms=True,
         final_softcap=float(final_cap) if final_cap else None)
 

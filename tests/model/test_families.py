@@ -1,0 +1,103 @@
+"""Parity with transformers for the families built on the architecture recipes beyond the
+first four (lite_llm/model/arch/): Gemma 2 and Gemma 3 (text). Built like test_parity.py: tiny
+random checkpoints saved with transformers, fp32 logits and greedy tokens, bf16 logits,
+chunked prefill and paged decode against one shot, and a GGUF of the same weights.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import gguf_from_hf, tiny_checkpoint_path
+from test_parity import hf_logits, lite_logits, make_runner, prompts_for
+
+# (arch, overrides): each variant that changes the math
+CASES = [
+    ("gemma2", {}),                                              # sliding + global, four norms, GeGLU
+    ("gemma2", {"final_logit_softcapping": 0.5}),                # final soft-capping that bites
+    ("gemma3", {}),                                              # sliding layers (window 8 < prompt), q/k norm
+    ("gemma3", {"tie_word_embeddings": False, "num_key_value_heads": 1}),
+]
+PROMPT_LENS = [1, 5, 23, 40]     # 23 and 40 > the sliding window of 8
+
+
+def _ids(case) -> str:
+    arch, ov = case
+    return arch + ("-" + "-".join(f"{k}={v}" for k, v in ov.items()) if ov else "")
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_fp32_logits_match_transformers_in_a_mixed_batch(case):
+    arch, overrides = case
+    path = tiny_checkpoint_path(arch, **overrides)
+    runner, loaded = make_runner(path)
+    prompts = prompts_for(loaded.config.vocab_size, PROMPT_LENS)
+    for r, g in zip(hf_logits(path, prompts), lite_logits(runner, prompts)):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
+
+
+@pytest.mark.parametrize("case", CASES[::2], ids=_ids)
+def test_fp32_greedy_tokens_match_transformers(case):
+    """Greedy generation through the paged cache, token for token (transformers' generate)."""
+    from transformers import AutoModelForCausalLM
+    arch, overrides = case
+    path = tiny_checkpoint_path(arch, **overrides)
+    runner, loaded = make_runner(path)
+    prompt = prompts_for(loaded.config.vocab_size, [12])[0]
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, min_new_tokens=20,
+                              eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    table = np.arange(runner.num_blocks, dtype=np.int32)[None, :]
+    got, ids = [], list(prompt)
+    pos = np.arange(len(ids), dtype=np.int32)
+    toks = np.array(ids, np.int32)
+    while len(got) < 20:
+        slots = table[0, pos // 16].astype(np.int64) * 16 + pos % 16
+        logits = runner.forward(toks, pos, slots, np.zeros(len(toks), np.int32), table,
+                                np.array([len(toks) - 1], np.int32))
+        nxt = int(np.argmax(logits[0]))
+        got.append(nxt)
+        toks, pos = np.array([nxt], np.int32), np.array([pos[-1] + 1], np.int32)
+    assert got == want
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.parametrize("chunk", [1, 7])
+def test_chunked_prefill_and_paged_decode_match_one_shot(case, chunk):
+    arch, overrides = case
+    runner, loaded = make_runner(tiny_checkpoint_path(arch, **overrides))
+    prompts = prompts_for(loaded.config.vocab_size, lens=[3, 20, 37])
+    whole = lite_logits(runner, prompts)
+    parts = lite_logits(runner, prompts, chunk=chunk)
+    for w, p in zip(whole, parts):
+        np.testing.assert_allclose(p, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
+
+
+@pytest.mark.parametrize("case", CASES[::2], ids=_ids)
+def test_bf16_logits_close_to_transformers(case):
+    """Within test_parity.py's bf16 tolerance of the fp32 reference."""
+    arch, overrides = case
+    path = tiny_checkpoint_path(arch, **overrides)
+    runner, loaded = make_runner(path, dtype="bfloat16")
+    prompts = prompts_for(loaded.config.vocab_size, PROMPT_LENS)
+    for r, g in zip(hf_logits(path, prompts), lite_logits(runner, prompts)):
+        assert np.abs(g - r).max() <= 0.03 * np.abs(r).max()
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
+    """llama.cpp's gemma2 / gemma3 names and metadata (norms stored with their + 1). llama.cpp
+    scales attention by head_dim ** -0.5 (no metadata key carries query_pre_attn_scalar), as
+    the released models' query_pre_attn_scalar = head_dim does."""
+    arch, overrides = case
+    ckpt = tiny_checkpoint_path(arch, **{**overrides, "query_pre_attn_scalar": 16})
+    g_runner, g = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", arch))
+    h_runner, h = make_runner(ckpt)
+    for field in ("architecture", "layer_types", "sliding_window", "rope_theta", "rope_scaling", "rope_local_theta",
+                  "final_softcap", "tie_word_embeddings", "qk_norm", "post_norms", "embed_scale"):
+        assert getattr(g.config, field) == getattr(h.config, field), field
+    prompts = prompts_for(h.config.vocab_size, [7, 30])
+    for a, b in zip(lite_logits(h_runner, prompts), lite_logits(g_runner, prompts)):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
