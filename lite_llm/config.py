@@ -90,6 +90,7 @@ class KernelConfig:
     post_norms: bool
     attn_scale: float            # multiplies q . k
     embed_scale: float           # multiplies the embedding rows (1.0: none)
+    attn_softcap: float          # scaled scores -> cap * tanh(scores / cap); 0: none
     final_softcap: float         # logits -> cap * tanh(logits / cap); 0: none
     kv_cache_dtype: str          # lite_llm/_kernels/layout.py KV_DTYPES
     bf16_path: str | None        # lite_llm/_kernels/gemm_path.py; None: the build's default
@@ -114,8 +115,8 @@ class KernelConfig:
             raise ValueError("a sliding window cannot be negative")
         if self.post_norms and (self.norm != "rms" or not self.gated_mlp):
             raise ValueError("post-sub-layer norms are RMSNorm around a gated MLP (Gemma)")
-        if self.final_softcap < 0:
-            raise ValueError(f"final_softcap {self.final_softcap} cannot be negative")
+        if self.attn_softcap < 0 or self.final_softcap < 0:
+            raise ValueError(f"soft-caps {self.attn_softcap} / {self.final_softcap} cannot be negative")
 
     @property
     def num_rope_tables(self) -> int:

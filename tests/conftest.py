@@ -47,8 +47,9 @@ ARCH_DEFAULTS: dict[str, dict] = {
     "qwen2": dict(_BASE, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=1000000.0),
     "qwen3": dict(_BASE, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=1000000.0, head_dim=24),
     # Gemma: head_dim 16, an attention scale of query_pre_attn_scalar ** -0.5 != head_dim ** -0.5
+    # Gemma 2: soft-caps small enough to bite on these weights (scores ~0.1, logits ~3)
     "gemma2": dict(_BASE, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0, sliding_window=8,
-                   query_pre_attn_scalar=24, final_logit_softcapping=None, attn_logit_softcapping=None,
+                   query_pre_attn_scalar=24, final_logit_softcapping=2.0, attn_logit_softcapping=0.1,
                    hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True),
     # Gemma 3: sliding layers (window 8, RoPE base 10k) between global ones (1M, linear x 8), q/k norm
     "gemma3": dict(_BASE, head_dim=16, num_hidden_layers=4, rms_norm_eps=1e-6, sliding_window=8,

@@ -182,10 +182,11 @@ def kv_values(cache: np.ndarray) -> np.ndarray:
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
                     tok_seq: np.ndarray, positions: np.ndarray, scale: float,
-                    sliding_window: int = 0) -> np.ndarray:
+                    sliding_window: int = 0, softcap: float = 0.0) -> np.ndarray:
     """out [T, H, D]: query token t (of sequence tok_seq[t], at positions[t]) attends, per head h,
     to kv head h // (H / Hkv) at its sequence's positions first..positions[t], where first is
-    positions[t] - sliding_window + 1 (clamped at 0) with a window, else 0: softmax(q.K * scale) @ V.
+    positions[t] - sliding_window + 1 (clamped at 0) with a window, else 0: softmax(q.K * scale) @ V,
+    the scaled scores soft-capped first (softcap(s) = softcap * tanh(s / softcap)) when softcap > 0.
     Caches are logical [num_blocks, Hkv, B, D]. With a bf16 cache, q * scale is rounded to bf16
     first, as the kernel's dot products take it (its probabilities are rounded too: tolerance)."""
     num_tokens, num_heads, _ = q.shape
@@ -207,6 +208,8 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, blo
                 s = keys @ qs
             else:
                 s = keys @ q[t, h].astype(np.float64) * scale
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
             p = np.exp(s - s.max())
             out[t, h] = p @ vals / p.sum()
     return out

@@ -85,6 +85,12 @@ cdef extern from "kernels/attention.h" nogil:
                                  const int32_t *block_table, Py_ssize_t block_size, Py_ssize_t kv_head,
                                  Py_ssize_t num_kv_heads, Py_ssize_t head_dim, float scale, float *scratch,
                                  int split, int nsplit, float *partial)
+    void ll_paged_attention_tile_capped(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo, int nq,
+                                        int group, Py_ssize_t h0, const int32_t *pos, int window,
+                                        const void *k_cache, const void *v_cache, int kv_type,
+                                        const int32_t *block_table, Py_ssize_t block_size, Py_ssize_t kv_head,
+                                        Py_ssize_t num_kv_heads, Py_ssize_t head_dim, float scale, float softcap,
+                                        float *scratch, int split, int nsplit, float *partial)
     void ll_attention_combine(const float *partials, int nsplit, Py_ssize_t stride, int nq, int group,
                               Py_ssize_t h0, float *out, Py_ssize_t ldo, Py_ssize_t head_dim)
     void ll_write_kv_row(const float *src, void *cache, int kv_type, Py_ssize_t slot,

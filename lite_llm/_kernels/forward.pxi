@@ -31,7 +31,7 @@ cdef struct ModelC:
     int num_layers, dim, ffn_dim, vocab_size, num_heads, num_kv_heads, head_dim
     int block_size, num_blocks, max_positions
     int rms, act, gated, use_rope, qk_norm, post_norms, kv_type   # kv_type: LL_KV_* (attention.h)
-    float eps, scale, embed_scale, final_softcap   # final_softcap 0: none
+    float eps, scale, embed_scale, attn_softcap, final_softcap   # softcaps 0: none
 
 
 cdef struct WorkC:
@@ -117,7 +117,8 @@ cdef class Model:
         self.c.head_dim, self.c.eps = cfg.head_dim, cfg.norm_eps
         self.c.rms, self.c.act, self.c.gated = cfg.norm == "rms", ACTIVATIONS[cfg.act], cfg.gated_mlp
         self.c.use_rope, self.c.qk_norm, self.c.post_norms = cfg.rope, cfg.qk_norm, cfg.post_norms
-        self.c.scale, self.c.embed_scale, self.c.final_softcap = cfg.attn_scale, cfg.embed_scale, cfg.final_softcap
+        self.c.scale, self.c.embed_scale = cfg.attn_scale, cfg.embed_scale
+        self.c.attn_softcap, self.c.final_softcap = cfg.attn_softcap, cfg.final_softcap
         self.c.max_positions = cfg.max_positions
         if self.c.head_dim > LL_MAX_HEAD_DIM:   # KernelConfig checks the same bound: keep them one
             raise ValueError(f"head_dim {self.c.head_dim} is above this build's LL_MAX_HEAD_DIM {LL_MAX_HEAD_DIM}")
@@ -522,7 +523,7 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         while item < s.num_tiles * Hkv * nsplit:
             _attention_item(item, nsplit, ws.qkv, qkv_n, ws.attn, q_n, ws.tiles, H, Hkv, D, L.k_cache, L.v_cache,
                             m.kv_type, s.block_tables, s.max_blocks, m.block_size, s.tok_seq, s.positions,
-                            m.scale, L.window, ws.scores + tid * ws.scratch_len, ws.partials)
+                            m.scale, m.attn_softcap, L.window, ws.scores + tid * ws.scratch_len, ws.partials)
             if nsplit == 1:
                 _attn_to_input(ws, ll_mat_form(&L.o, T), item, q_n, group, D)
             item = ll_atomic_next(ws.counter)

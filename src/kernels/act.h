@@ -45,14 +45,16 @@ static inline void ll_act_mul_f32(const float *gate, const float *up, float *out
         out[i] = up ? r * up[i] : r;
     }
 }
-/* x[i] = cap * tanh(x[i] / cap) (soft-capped logits), tanh(y) = 1 - 2 / (1 + exp(2y)). */
+/* cap * tanh(x / cap) of 16 values (soft-capped scores or logits), tanh(y) = 1 - 2 / (1 + exp(2y)). */
+LL_INLINE ll_vf32 ll_softcap_v(ll_vf32 x, float cap) {
+    const ll_vf32 one = ll_set1(1.0f), e = ll_exp(ll_mul(x, ll_set1(2.0f / cap)));
+    return ll_mul(ll_set1(cap), ll_sub(one, ll_div(ll_set1(2.0f), ll_add(one, e))));
+}
+
+/* x[i] = cap * tanh(x[i] / cap). */
 static inline void ll_softcap_f32(float *x, ptrdiff_t n, float cap) {
     ptrdiff_t i = 0;
-    const ll_vf32 one = ll_set1(1.0f), two = ll_set1(2.0f), c = ll_set1(cap), inv2 = ll_set1(2.0f / cap);
-    for (; i + 16 <= n; i += 16) {
-        ll_vf32 e = ll_exp(ll_mul(ll_load(x + i), inv2));
-        ll_store(x + i, ll_mul(c, ll_sub(one, ll_div(two, ll_add(one, e)))));
-    }
+    for (; i + 16 <= n; i += 16) ll_store(x + i, ll_softcap_v(ll_load(x + i), cap));
     for (; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
 }
 #endif

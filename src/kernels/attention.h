@@ -25,6 +25,8 @@
 #define LL_ATTENTION_H
 #include "../simd/vec.h"
 
+#include "act.h"   /* ll_softcap_v */
+
 #define LL_MAX_HEAD_DIM 512
 
 /* KV cache element types: must match KV_DTYPES in lite_llm/_kernels/layout.py */
@@ -116,6 +118,7 @@ typedef struct {
     const float *kscale[LL_ATTN_SPAN / 16], *vscale[LL_ATTN_SPAN / 16];   /* 8-bit caches: 16 keys' scales */
     ptrdiff_t B, D, c0;              /* block size, head dim, position of the span's first key */
     int nchunks;
+    float softcap;                   /* > 0: scores -> softcap * tanh(scores / softcap) (Gemma 2) */
     float *S, *P;                    /* [rows][LL_ATTN_SPAN] */
 } ll_attn_span;
 
@@ -203,6 +206,8 @@ LL_INLINE void ll_attn_pass1(const int KT, const int NR, const ll_attn_span *sp,
         const ptrdiff_t c = sp->c0 + 16 * ch;
         const int lo = ch == 0 ? j0 : 0, hi = ch == sp->nchunks - 1 ? nj_last : 16;   /* keys in the cache */
         ll_attn_scores(KT, NR, sp, ch, qrows, r0, s);
+        if (sp->softcap > 0.f)
+            for (int k = 0; k < NR; k++) s[k] = ll_softcap_v(s[k], sp->softcap);
         for (int k = 0; k < NR; k++) {
             const ptrdiff_t r = r0 + k, p = pos[r / group];
             const ptrdiff_t first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
@@ -235,14 +240,14 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const float *q, ptrdiff_t ld
                                       int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
                                       const void *k_cache, const void *v_cache, const int32_t *block_table,
                                       ptrdiff_t block_size, ptrdiff_t kv_head, ptrdiff_t num_kv_heads,
-                                      ptrdiff_t head_dim, float scale, float *scratch,
+                                      ptrdiff_t head_dim, float scale, float softcap, float *scratch,
                                       int split, int nsplit, float *partial) {
     const int BF = KT == LL_KV_BF16, Q8 = LL_KV_IS_8BIT(KT);
     const ptrdiff_t D = head_dim, nv = head_dim / 16, rows = (ptrdiff_t)nq * group;
     float *edge = scratch, *qrows = edge + 2 * 16 * D, *acc = qrows + rows * D;
     float *m = acc + rows * D, *l = m + rows;
     ll_attn_span sp;
-    sp.k = k_cache; sp.v = v_cache; sp.B = block_size; sp.D = D;
+    sp.k = k_cache; sp.v = v_cache; sp.B = block_size; sp.D = D; sp.softcap = softcap;
     sp.S = l + rows; sp.P = sp.S + rows * LL_ATTN_SPAN;
     ptrdiff_t kmin, kmax;
     ll_attn_key_range(pos, nq, window, &kmin, &kmax);
@@ -412,15 +417,17 @@ static inline void ll_attention_combine(const float *partials, int nsplit, ptrdi
 }
 
 /* One work item: the tile's nq tokens x `group` heads from h0 (one KV head), over all its keys
- * (nsplit == 1, normalised into out) or over split `split` of nsplit (raw into partial). */
-static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
-                                           int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
-                                           const void *k_cache, const void *v_cache, int kv_type,
-                                           const int32_t *block_table, ptrdiff_t block_size,
-                                           ptrdiff_t kv_head, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
-                                           float scale, float *scratch, int split, int nsplit, float *partial) {
+ * (nsplit == 1, normalised into out) or over split `split` of nsplit (raw into partial);
+ * softcap > 0 caps the scaled scores at softcap * tanh(score / softcap) (Gemma 2). */
+static inline void ll_paged_attention_tile_capped(const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
+                                                  int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
+                                                  const void *k_cache, const void *v_cache, int kv_type,
+                                                  const int32_t *block_table, ptrdiff_t block_size,
+                                                  ptrdiff_t kv_head, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
+                                                  float scale, float softcap, float *scratch, int split, int nsplit,
+                                                  float *partial) {
 #define LL_ATTN_TILE(KT) ll_attention_tile_impl(KT, q, ldq, out, ldo, nq, group, h0, pos, window, k_cache, v_cache, \
-        block_table, block_size, kv_head, num_kv_heads, head_dim, scale, scratch, split, nsplit, partial)
+        block_table, block_size, kv_head, num_kv_heads, head_dim, scale, softcap, scratch, split, nsplit, partial)
     switch (kv_type) {   /* one specialised copy per cache type */
         case LL_KV_BF16: LL_ATTN_TILE(LL_KV_BF16); break;
         case LL_KV_I8: LL_ATTN_TILE(LL_KV_I8); break;
@@ -429,6 +436,18 @@ static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float 
         default: LL_ATTN_TILE(LL_KV_F32); break;
     }
 #undef LL_ATTN_TILE
+}
+
+/* ll_paged_attention_tile_capped without soft-capping. */
+static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
+                                           int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
+                                           const void *k_cache, const void *v_cache, int kv_type,
+                                           const int32_t *block_table, ptrdiff_t block_size,
+                                           ptrdiff_t kv_head, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
+                                           float scale, float *scratch, int split, int nsplit, float *partial) {
+    ll_paged_attention_tile_capped(q, ldq, out, ldo, nq, group, h0, pos, window, k_cache, v_cache, kv_type,
+                                   block_table, block_size, kv_head, num_kv_heads, head_dim, scale, 0.f, scratch,
+                                   split, nsplit, partial);
 }
 
 #endif

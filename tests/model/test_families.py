@@ -10,16 +10,25 @@ import pytest
 import torch
 
 from conftest import gguf_from_hf, tiny_checkpoint_path
-from test_parity import hf_logits, lite_logits, make_runner, prompts_for
+from test_parity import lite_logits, make_runner, prompts_for
 
 # (arch, overrides): each variant that changes the math
 CASES = [
-    ("gemma2", {}),                                              # sliding + global, four norms, GeGLU
-    ("gemma2", {"final_logit_softcapping": 0.5}),                # final soft-capping that bites
+    ("gemma2", {}),                                              # soft-capped scores and logits, sliding +
+                                                                 # global layers, four norms, GeGLU
+    ("gemma2", {"final_logit_softcapping": None, "attn_logit_softcapping": None}),
     ("gemma3", {}),                                              # sliding layers (window 8 < prompt), q/k norm
     ("gemma3", {"tie_word_embeddings": False, "num_key_value_heads": 1}),
 ]
 PROMPT_LENS = [1, 5, 23, 40]     # 23 and 40 > the sliding window of 8
+
+
+def hf_logits(path, prompts: list[list[int]], dtype=torch.float32) -> list[np.ndarray]:
+    """transformers' logits with its eager attention: the one that applies Gemma 2's soft-capping."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
+    with torch.no_grad():
+        return [model(torch.tensor([p])).logits[0].float().numpy() for p in prompts]
 
 
 def _ids(case) -> str:
@@ -45,7 +54,7 @@ def test_fp32_greedy_tokens_match_transformers(case):
     path = tiny_checkpoint_path(arch, **overrides)
     runner, loaded = make_runner(path)
     prompt = prompts_for(loaded.config.vocab_size, [12])[0]
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         want = model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, min_new_tokens=20,
                               eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()

@@ -116,7 +116,8 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
         head_dim=config.head_dim, block_size=block_size, max_positions=max_positions, norm=config.norm,
         norm_eps=config.norm_eps, act=config.act, gated_mlp=config.gated_mlp, rope=config.rope,
         qk_norm=config.qk_norm, post_norms=config.post_norms, attn_scale=float(scale),
-        embed_scale=_embed_scale(config, dtype), final_softcap=float(config.final_softcap or 0.0),
+        embed_scale=_embed_scale(config, dtype), attn_softcap=float(config.attn_softcap or 0.0),
+        final_softcap=float(config.final_softcap or 0.0),
         kv_cache_dtype=kv_cache_dtype, bf16_path=bf16_path, layers=tuple(layers))
 
 

@@ -50,8 +50,6 @@ def config(raw: dict, arch: str, where: str) -> ModelConfig:
         if local_scaling is not None and "rope_local_base_freq" not in raw:
             raise ModelLoadError(f"{where}: rope scaling of Gemma 3's sliding layers is not supported")
     attn_cap = raw.get("attn_logit_softcapping")
-    if attn_cap:
-        raise ModelLoadError(f"{where}: attention logit soft-capping ({attn_cap}) is not supported yet")
     return llama.decoder_config(
         raw, arch, where,
         act=llama.activation(raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh", where),
@@ -89,8 +87,6 @@ def gguf_config(f, arch: str) -> ModelConfig:
     else:
         layer_types = _layer_types(num_layers, int(pattern))
     attn_cap = value("attn_logit_softcapping")
-    if attn_cap:
-        raise ModelLoadError(f"{f.path}: attention logit soft-capping ({attn_cap}) is not supported yet")
     final_cap = value("final_logit_softcapping")
     window = value("attention.sliding_window")
     return llama.gguf_decoder_config(
@@ -99,6 +95,7 @@ def gguf_config(f, arch: str) -> ModelConfig:
         layer_types=layer_types,
         rope_local_theta=float(value("rope.freq_base_swa", 10000.0)) if arch == "gemma3" else None,
         embed_scale=True, post_norms=True,
+        attn_softcap=float(attn_cap) if attn_cap else None,
         final_softcap=float(final_cap) if final_cap else None)
 
 
