@@ -46,6 +46,7 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None   # attention scale = this ** -0.5 (Gemma), else head_dim ** -0.5
     attn_softcap: float | None = None    # Gemma 2: scores -> cap * tanh(scores / cap)
     final_softcap: float | None = None   # Gemma 2: logits -> cap * tanh(logits / cap)
+    partial_rotary_factor: float = 1.0   # RoPE rotates the first head_dim x this components (Phi-4-mini)
 
     @property
     def q_size(self) -> int:
@@ -86,6 +87,7 @@ class KernelConfig:
     act: str                     # KERNEL_ACTIVATIONS
     gated_mlp: bool
     rope: bool
+    rope_dim: int                # components of each head RoPE rotates (the first ones; partial rotary)
     qk_norm: bool
     post_norms: bool
     attn_scale: float            # multiplies q . k
@@ -109,6 +111,8 @@ class KernelConfig:
         if self.norm not in KERNEL_NORMS or self.act not in KERNEL_ACTIVATIONS:
             raise ValueError(f"norm {self.norm!r} / activation {self.act!r}: the kernels run "
                              f"{', '.join(KERNEL_NORMS)} / {', '.join(KERNEL_ACTIVATIONS)}")
+        if self.rope and (self.rope_dim % 2 or not 0 < self.rope_dim <= self.head_dim):
+            raise ValueError(f"RoPE over {self.rope_dim} of {self.head_dim} components: an even count, at most head_dim")
         if len(self.layers) != self.num_layers:
             raise ValueError(f"{len(self.layers)} layer configs for {self.num_layers} layers")
         if any(layer.sliding_window < 0 for layer in self.layers):

@@ -58,6 +58,11 @@ ARCH_DEFAULTS: dict[str, dict] = {
                                     "full_attention": {"rope_type": "linear", "factor": 8.0,
                                                        "rope_theta": 1000000.0}},
                    query_pre_attn_scalar=24, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True),
+    # Phi-3: LongRoPE with a short context of 32 (prompts run past it), distinct short / long factors
+    "phi3": dict(_BASE, rms_norm_eps=1e-5, tie_word_embeddings=False, original_max_position_embeddings=32,
+                 rope_scaling={"rope_type": "longrope", "rope_theta": 10000.0,
+                               "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                               "long_factor": [1.0, 1.5, 2.2, 3.4, 5.0, 7.5, 11.0, 16.0]}),
     "opt": dict(vocab_size=TINY_VOCAB, hidden_size=64, ffn_dim=96, num_hidden_layers=2, num_attention_heads=4,
                 max_position_embeddings=128, word_embed_proj_dim=64, do_layer_norm_before=True,
                 activation_function="relu", bos_token_id=0, eos_token_id=2, pad_token_id=1,
@@ -86,7 +91,8 @@ def _model_class(arch: str):
             "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
             "opt": (transformers.OPTConfig, transformers.OPTForCausalLM),
             "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
-            "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM)}[arch]
+            "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
+            "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM)}[arch]
 
 
 def build_tiny_checkpoint(arch: str, out_dir: Path, std: float = 0.05, seed: int = 0, **overrides) -> Path:

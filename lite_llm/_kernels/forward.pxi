@@ -11,8 +11,8 @@ cdef struct LayerW:
     const float *mlp_norm_w       # [E]
     const float *mlp_norm_b       # [E]
     const float *post_mlp_norm_w  # [E] post_norms only: norm of the MLP output before the residual add
-    const float *rope_cos         # [P, D/2] this layer's RoPE table (LayerConfig.rope_table)
-    const float *rope_sin         # [P, D/2]
+    const float *rope_cos         # [P, R/2] this layer's RoPE table (LayerConfig.rope_table), R = rope_dim
+    const float *rope_sin         # [P, R/2]
     int window                    # sliding window (LayerConfig.sliding_window); 0: global
     Mat qkv                       # [(H + 2 Hkv) D, E]
     Mat o                         # [E, H D]
@@ -28,7 +28,7 @@ cdef struct ModelC:
     const float *pos_embed        # [P, E] learned positions or NULL
     const float *final_norm_w
     const float *final_norm_b
-    int num_layers, dim, ffn_dim, vocab_size, num_heads, num_kv_heads, head_dim
+    int num_layers, dim, ffn_dim, vocab_size, num_heads, num_kv_heads, head_dim, rope_dim
     int block_size, num_blocks, max_positions
     int rms, act, gated, use_rope, qk_norm, post_norms, kv_type   # kv_type: LL_KV_* (attention.h)
     float eps, scale, embed_scale, attn_softcap, final_softcap   # softcaps 0: none
@@ -114,7 +114,7 @@ cdef class Model:
         self.keep = []
         self.c.num_layers, self.c.dim, self.c.ffn_dim = cfg.num_layers, cfg.dim, cfg.ffn_dim
         self.c.vocab_size, self.c.num_heads, self.c.num_kv_heads = cfg.vocab_size, cfg.num_heads, cfg.num_kv_heads
-        self.c.head_dim, self.c.eps = cfg.head_dim, cfg.norm_eps
+        self.c.head_dim, self.c.rope_dim, self.c.eps = cfg.head_dim, cfg.rope_dim, cfg.norm_eps
         self.c.rms, self.c.act, self.c.gated = cfg.norm == "rms", ACTIVATIONS[cfg.act], cfg.gated_mlp
         self.c.use_rope, self.c.qk_norm, self.c.post_norms = cfg.rope, cfg.qk_norm, cfg.post_norms
         self.c.scale, self.c.embed_scale = cfg.attn_scale, cfg.embed_scale
@@ -137,9 +137,9 @@ cdef class Model:
         self.c.num_blocks, self.c.block_size = geometry[0], geometry[2]
         self.c.kv_type = kv_type(kc, cfg.kv_cache_dtype)
         for table in (rope_tables if cfg.rope else ()):
-            if (len(table) != 2 or table[0].shape != (self.c.max_positions, self.c.head_dim // 2)
+            if (len(table) != 2 or table[0].shape != (self.c.max_positions, self.c.rope_dim // 2)
                     or table[1].shape != table[0].shape):
-                raise ValueError(f"a RoPE table must be (cos, sin) of [{self.c.max_positions}, {self.c.head_dim // 2}]")
+                raise ValueError(f"a RoPE table must be (cos, sin) of [{self.c.max_positions}, {self.c.rope_dim // 2}]")
         self.c.layers = <LayerW *>calloc(self.c.num_layers, sizeof(LayerW))
         for i in range(self.c.num_layers):
             p = f"layers.{i}."
@@ -513,8 +513,8 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                 if m.qk_norm:
                     ll_rmsnorm_f32(row + head * D, L.q_norm_w if head < H else L.k_norm_w, row + head * D, D, m.eps)
                 if m.use_rope:
-                    ll_rope_neox_f32(row + head * D, L.rope_cos + s.positions[t] * (D // 2),
-                                     L.rope_sin + s.positions[t] * (D // 2), D)
+                    ll_rope_neox_f32(row + head * D, L.rope_cos + s.positions[t] * (m.rope_dim // 2),
+                                     L.rope_sin + s.positions[t] * (m.rope_dim // 2), m.rope_dim)
             ll_write_kv_row(row + q_n, L.k_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, 1)
             ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, 0)
         ll_omp_barrier()      # every token's K/V is in the cache before anyone attends

@@ -86,17 +86,19 @@ class SafetensorsCheckpoint:
         for m in maps.values():
             m.close()
 
-    def stored(self, name: str) -> StoredPart | None:
-        """Where tensor `name`'s bytes lie, for packing straight from the mapped file; None for a
-        type the packer does not take as stored (float64, integers)."""
+    def stored(self, name: str, r0: int = 0, r1: int | None = None) -> StoredPart | None:
+        """Where rows r0..r1 (default: all) of tensor `name` lie, for packing straight from the
+        mapped file; None for a type the packer does not take as stored (float64, integers)."""
         e = self.entry(name)
         type_name = _STORED_TYPES.get(e.dtype.str)
         if type_name is None:
             return None
+        rows = e.shape[0] if e.shape else 1
+        row_bytes = (e.end - e.begin) // rows if rows else 0
+        begin, nbytes = e.begin + r0 * row_bytes, ((rows if r1 is None else r1) - r0) * row_bytes
         mapped = self._maps.get(e.file) or self._maps.setdefault(e.file, MappedFile(e.file))
-        return StoredPart(view=partial(mapped.view, e.begin, e.end - e.begin), nbytes=e.end - e.begin,
-                          type_name=type_name,
-                          release=partial(mapped.release, e.begin, e.end - e.begin))
+        return StoredPart(view=partial(mapped.view, begin, nbytes), nbytes=nbytes, type_name=type_name,
+                          release=partial(mapped.release, begin, nbytes))
 
     def _read_header(self, file: str) -> None:
         if not os.path.exists(file):
@@ -195,6 +197,21 @@ def stacked(ckpt: SafetensorsCheckpoint, parts: tuple[tuple[str, tuple[int, int]
             blocks.append(None)
             stored.append(ckpt.stored(name))
     return StackedRows(tuple(rows), parts[0][1][1], blocks=tuple(blocks), stored=tuple(stored))
+
+
+def split(ckpt: SafetensorsCheckpoint, name: str, sizes: tuple[int, ...], cols: int) -> StackedRows:
+    """StackedRows of the fused 2-D tensor `name` [sum(sizes), cols] cut into parts of `sizes`
+    rows (Phi-3's qkv_proj into q, k, v; gate_up_proj into gate, up): the same parts as
+    separate tensors would give, each read or packed where it lies."""
+    if hfquant.is_quantized_linear(ckpt, name[: -len(".weight")]):
+        raise ModelLoadError(f"{ckpt.path}: {name}: a fused projection in AWQ / GPTQ form is not supported")
+    ckpt.entry(name, (sum(sizes), cols))
+    rows, stored, r0 = [], [], 0
+    for n in sizes:
+        rows.append((n, lambda a, b, r0=r0: ckpt.read_rows(name, r0 + a, r0 + b)))
+        stored.append(ckpt.stored(name, r0, r0 + n))
+        r0 += n
+    return StackedRows(tuple(rows), cols, blocks=(None,) * len(sizes), stored=tuple(stored))
 
 
 def concat(*parts: np.ndarray) -> np.ndarray:

@@ -5,7 +5,8 @@ properties of the kernel model.
     llama.py   LlamaForCausalLM, MistralForCausalLM (and the "llama" GGUF graph)
     qwen.py    Qwen2ForCausalLM, Qwen3ForCausalLM ("qwen2", "qwen3")
     opt.py     OPTForCausalLM
-    gemma.py   Gemma2ForCausalLM, Gemma3ForCausalLM / Gemma3ForConditionalGeneration's text model
+    gemma.py   Gemma2ForCausalLM, Gemma3ForCausalLM ("gemma2", "gemma3")
+    phi3.py    Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4-mini)
 
 A recipe module defines HF_ARCHITECTURES (the config.json names it reads), GGUF_ARCHITECTURES
 (llama.cpp's general.architecture -> HF name), config(raw, arch, where) -> ModelConfig,
@@ -19,10 +20,11 @@ import dataclasses
 from types import ModuleType
 
 from lite_llm.config import KernelConfig, LayerConfig, ModelConfig
-from lite_llm.model.arch import gemma, llama, opt, qwen
+from lite_llm.model.arch import gemma, llama, opt, phi3, qwen
 from lite_llm.model.loader import ModelLoadError
+from lite_llm.model.rope import rope_dim
 
-RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma)
+RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma, phi3)
 _BY_HF = {name: r for r in RECIPES for name in r.HF_ARCHITECTURES}
 _BY_GGUF = {name: r for r in RECIPES for name in getattr(r, "GGUF_ARCHITECTURES", {})}
 SUPPORTED_ARCHITECTURES = tuple(_BY_HF)
@@ -115,6 +117,7 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
         vocab_size=config.vocab_size, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
         head_dim=config.head_dim, block_size=block_size, max_positions=max_positions, norm=config.norm,
         norm_eps=config.norm_eps, act=config.act, gated_mlp=config.gated_mlp, rope=config.rope,
+        rope_dim=rope_dim(config),
         qk_norm=config.qk_norm, post_norms=config.post_norms, attn_scale=float(scale),
         embed_scale=_embed_scale(config, dtype), attn_softcap=float(config.attn_softcap or 0.0),
         final_softcap=float(config.final_softcap or 0.0),

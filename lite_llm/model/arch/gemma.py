@@ -31,7 +31,7 @@ def _layer_types(num_layers: int, pattern: int) -> tuple[str, ...]:
 
 
 def config(raw: dict, arch: str, where: str) -> ModelConfig:
-    if arch == "Gemma3ForConditionalGeneration":     # the multimodal checkpoint: its text model only
+    if arch == "Gemma3ForConditionalGeneration":     # the multimodal checkpoint: named, to say why not
         raise ModelLoadError(f"{where}: Gemma3ForConditionalGeneration (vision + text) is not supported; "
                              "load a text-only Gemma3ForCausalLM checkpoint")
     gemma3 = arch == "Gemma3ForCausalLM"

@@ -52,14 +52,15 @@ def activation(name: str, where: str) -> str:
     return ACTIVATIONS[name]
 
 
-def decoder_config(raw: dict, arch: str, where: str, **fields: Any) -> ModelConfig:
+def decoder_config(raw: dict, arch: str, where: str, rope_types: tuple[str, ...] = ROPE_TYPES,
+                   **fields: Any) -> ModelConfig:
     """The RMSNorm + RoPE + gated-MLP decoder's ModelConfig; `fields` override or add to it."""
     num_heads = int(raw["num_attention_heads"])
     dim = int(raw["hidden_size"])
     theta, scaling = rope(raw)
-    if scaling is not None and scaling["rope_type"] not in ROPE_TYPES:
+    if scaling is not None and scaling["rope_type"] not in rope_types:
         raise ModelLoadError(f"{where}: rope scaling {scaling['rope_type']!r} is not supported "
-                             f"(supported: {', '.join(ROPE_TYPES)})")
+                             f"(supported: {', '.join(rope_types)})")
     attention_bias = bool(raw.get("attention_bias", False))
     values = dict(
         architecture=arch,
@@ -99,12 +100,13 @@ def config(raw: dict, arch: str, where: str) -> ModelConfig:
 
 
 def decoder_hf_tensors(ckpt, config: ModelConfig, prefix: str = "model.", norm_offset: float = 0.0,
-                       extra_norms: tuple[tuple[str, str], ...] = ()) -> Iterator[tuple[str, Any]]:
+                       extra_norms: tuple[tuple[str, str], ...] = (), fused: bool = False) -> Iterator[tuple[str, Any]]:
     """Canonical (name, tensor) pairs of a Llama-layout HF checkpoint: 1-D tensors as arrays,
     2-D ones as StackedRows (q/k/v and gate/up fused). norm_offset is added to every norm
     weight (Gemma's (1 + w)); extra_norms: (canonical, HF) names of further per-layer norms,
-    yielded after the attention block (post_attn_norm) or the MLP (post_mlp_norm)."""
-    from lite_llm.model.hf import stacked, concat
+    yielded after the attention block (post_attn_norm) or the MLP (post_mlp_norm); fused: the
+    checkpoint stores qkv_proj and gate_up_proj (Phi-3), split into their parts here."""
+    from lite_llm.model.hf import concat, split, stacked
     E, F, V = config.dim, config.ffn_dim, config.vocab_size
     q_rows, kv_rows, D = config.q_size, config.kv_size, config.head_dim
     get = ckpt.read
@@ -122,8 +124,11 @@ def decoder_hf_tensors(ckpt, config: ModelConfig, prefix: str = "model.", norm_o
         h, p = f"{prefix}layers.{i}.", f"layers.{i}."
         yield p + "attn_norm.weight", norm(h + "input_layernorm.weight", E)
         a = h + "self_attn."
-        yield p + "qkv.weight", rows((a + "q_proj.weight", (q_rows, E)), (a + "k_proj.weight", (kv_rows, E)),
-                                     (a + "v_proj.weight", (kv_rows, E)))
+        if fused:
+            yield p + "qkv.weight", split(ckpt, a + "qkv_proj.weight", (q_rows, kv_rows, kv_rows), E)
+        else:
+            yield p + "qkv.weight", rows((a + "q_proj.weight", (q_rows, E)), (a + "k_proj.weight", (kv_rows, E)),
+                                         (a + "v_proj.weight", (kv_rows, E)))
         if config.qkv_bias:
             yield p + "qkv.bias", concat(get(a + "q_proj.bias", (q_rows,)), get(a + "k_proj.bias", (kv_rows,)),
                                          get(a + "v_proj.bias", (kv_rows,)))
@@ -137,7 +142,10 @@ def decoder_hf_tensors(ckpt, config: ModelConfig, prefix: str = "model.", norm_o
             yield p + "post_attn_norm.weight", norm(h + extra["post_attn_norm"] + ".weight", E)
         yield p + "mlp_norm.weight", norm(h + extra.get("mlp_norm", "post_attention_layernorm") + ".weight", E)
         m = h + "mlp."
-        yield p + "gate_up.weight", rows((m + "gate_proj.weight", (F, E)), (m + "up_proj.weight", (F, E)))
+        if fused:
+            yield p + "gate_up.weight", split(ckpt, m + "gate_up_proj.weight", (F, F), E)
+        else:
+            yield p + "gate_up.weight", rows((m + "gate_proj.weight", (F, E)), (m + "up_proj.weight", (F, E)))
         if config.mlp_bias:
             yield p + "gate_up.bias", concat(get(m + "gate_proj.bias", (F,)), get(m + "up_proj.bias", (F,)))
         yield p + "down.weight", rows((m + "down_proj.weight", (E, F)))
