@@ -210,6 +210,8 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
              "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
              "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
     gemma = arch.startswith("gemma")
+    if arch == "phi3":   # fused projections, as llama.cpp keeps them
+        names.update(attn_qkv="self_attn.qkv_proj", ffn_up="mlp.gate_up_proj")
     if gemma:
         names.update(post_attention_norm="post_attention_layernorm", ffn_norm="pre_feedforward_layernorm",
                      post_ffw_norm="post_feedforward_layernorm")
@@ -241,6 +243,15 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
             "tokenizer.ggml.merges": [" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]],
             "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 2,
             "tokenizer.chat_template": (ckpt / "chat_template.jinja").read_text()}
+    if rope.get("rope_type") == "longrope":   # llama.cpp: the factors as tensors, rot dims as dimension_count
+        tensors["rope_factors_long.weight"] = np.asarray(rope["long_factor"], np.float32)
+        tensors["rope_factors_short.weight"] = np.asarray(rope["short_factor"], np.float32)
+        original = rope["original_max_position_embeddings"]
+        factor = cfg["max_position_embeddings"] / original
+        meta.update({f"{arch}.rope.scaling.original_context_length": original,
+                     f"{arch}.rope.scaling.attn_factor": float(np.sqrt(1 + np.log(factor) / np.log(original))),
+                     f"{arch}.rope.dimension_count": int(head_dim * rope.get("partial_rotary_factor", 1.0))})
+        del meta[f"{arch}.attention.key_length"], meta[f"{arch}.attention.value_length"]
     if rope.get("rope_type") == "linear":
         meta.update({f"{arch}.rope.scaling.type": "linear", f"{arch}.rope.scaling.factor": float(rope["factor"])})
     if gemma:

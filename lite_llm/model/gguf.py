@@ -186,12 +186,15 @@ class GGUFFile:
             self._fd = None
         self.mapped.close()
 
-    def stored(self, name: str, perm: int = 0) -> StoredPart:
-        """Where tensor `name`'s bytes lie, for packing straight from the mapped file."""
+    def stored(self, name: str, perm: int = 0, r0: int = 0, r1: int | None = None) -> StoredPart:
+        """Where rows r0..r1 (default: all) of tensor `name` lie, for packing straight from the
+        mapped file (ggml rows are whole blocks: a row range is a byte range)."""
         info = self.info(name)
-        return StoredPart(view=partial(self.mapped.view, info.offset, info.nbytes), nbytes=info.nbytes,
-                          type_name=info.type_name,
-                          perm=perm, release=partial(self.mapped.release, info.offset, info.nbytes))
+        rows = info.shape[0] if info.shape else 1
+        row_bytes = info.nbytes // rows if rows else 0
+        begin, nbytes = info.offset + r0 * row_bytes, ((rows if r1 is None else r1) - r0) * row_bytes
+        return StoredPart(view=partial(self.mapped.view, begin, nbytes), nbytes=nbytes, type_name=info.type_name,
+                          perm=perm, release=partial(self.mapped.release, begin, nbytes))
 
     def drop_tokenizer_arrays(self) -> None:
         """Forget the vocabulary arrays (TOKENIZER_ARRAYS) once the tokenizer is built from

@@ -175,3 +175,18 @@ def test_phi3_bf16_logits_close_to_transformers():
     prompts = prompts_for(loaded.config.vocab_size, PHI3_LONG_LENS)
     for r, g in zip(hf_logits(path, prompts), lite_logits(runner, prompts)):
         assert np.abs(g - r).max() <= 0.03 * np.abs(r).max()
+
+
+@pytest.mark.parametrize("case", PHI3_CASES, ids=_ids)
+def test_phi3_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
+    """llama.cpp's phi3 graph: attn_qkv and a [2F, E] ffn_up split at load, the LongRoPE
+    factors as tensors, rope.dimension_count for partial rotary."""
+    arch, overrides = case
+    ckpt = tiny_checkpoint_path(arch, **overrides)
+    g_runner, g = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", arch))
+    h_runner, h = make_runner(ckpt)
+    for field in ("architecture", "head_dim", "partial_rotary_factor", "tie_word_embeddings", "sliding_window"):
+        assert getattr(g.config, field) == getattr(h.config, field), field
+    prompts = prompts_for(h.config.vocab_size, [7, 40])
+    for a, b in zip(lite_logits(h_runner, prompts), lite_logits(g_runner, prompts)):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())

@@ -234,13 +234,14 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, d_half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def decoder_gguf_tensors(f, config: ModelConfig, permuted: bool,
-                         extra_norms: tuple[tuple[str, str], ...] = ()) -> Iterator[tuple[str, Any]]:
+def decoder_gguf_tensors(f, config: ModelConfig, permuted: bool, extra_norms: tuple[tuple[str, str], ...] = (),
+                         fused: bool = False) -> Iterator[tuple[str, Any]]:
     """Canonical (name, tensor) pairs of llama.cpp's decoder tensor names, one at a time: 1-D
     tensors as float32 arrays, 2-D ones as StackedRows (read when asked, a slice of rows at a
     time), q/k un-permuted when `permuted` (the "llama" graph; a whole head of rows at a time,
     so qkv slices start on multiples of head_dim). extra_norms as in decoder_hf_tensors, with
-    llama.cpp names."""
+    llama.cpp names; fused: attn_qkv and a [2F, E] ffn_up (gate rows, then up) in place of
+    attn_q/k/v and ffn_gate/up (the "phi3" graph), split into row ranges."""
     from lite_llm.model.gguf import NATIVE_TYPES
     H, Hkv, D, E, F = config.num_heads, config.num_kv_heads, config.head_dim, config.dim, config.ffn_dim
     extra = dict(extra_norms)
@@ -272,13 +273,28 @@ def decoder_gguf_tensors(f, config: ModelConfig, permuted: bool,
     def one(name: str, shape: tuple[int, int]) -> StackedRows:
         return stacked([(name, shape, 0)])
 
+    def split(name: str, sizes: tuple[int, ...], cols: int) -> StackedRows:
+        f.info(name, (sum(sizes), cols))
+        native = f.tensors[name].type_name in NATIVE_TYPES
+        rows, raw, stored, r0 = [], [], [], 0
+        for n in sizes:
+            rows.append((n, lambda a, b, r0=r0: f.read_rows(name, r0 + a, r0 + b)))
+            raw.append((f.tensors[name].type_name, lambda a, b, r0=r0: f.read_raw_rows(name, r0 + a, r0 + b))
+                       if native else None)
+            stored.append(f.stored(name, 0, r0, r0 + n))
+            r0 += n
+        return StackedRows(tuple(rows), cols, blocks=tuple(raw), stored=tuple(stored))
+
     yield "embed", one("token_embd.weight", (config.vocab_size, E))
     for i in range(config.num_layers):
         p = f"blk.{i}."
         yield f"layers.{i}.attn_norm.weight", vec(p + "attn_norm.weight", (E,))
-        yield f"layers.{i}.qkv.weight", stacked([(p + "attn_q.weight", (H * D, E), H if permuted else 0),
-                                                 (p + "attn_k.weight", (Hkv * D, E), Hkv if permuted else 0),
-                                                 (p + "attn_v.weight", (Hkv * D, E), 0)], align=D if permuted else 1)
+        if fused:
+            yield f"layers.{i}.qkv.weight", split(p + "attn_qkv.weight", (H * D, Hkv * D, Hkv * D), E)
+        else:
+            yield f"layers.{i}.qkv.weight", stacked([(p + "attn_q.weight", (H * D, E), H if permuted else 0),
+                                                     (p + "attn_k.weight", (Hkv * D, E), Hkv if permuted else 0),
+                                                     (p + "attn_v.weight", (Hkv * D, E), 0)], align=D if permuted else 1)
         if config.qkv_bias:
             yield f"layers.{i}.qkv.bias", np.concatenate([vec(p + "attn_q.bias", (H * D,)),
                                                           vec(p + "attn_k.bias", (Hkv * D,)),
@@ -290,8 +306,11 @@ def decoder_gguf_tensors(f, config: ModelConfig, permuted: bool,
         if "post_attn_norm" in extra:
             yield f"layers.{i}.post_attn_norm.weight", vec(p + extra["post_attn_norm"] + ".weight", (E,))
         yield f"layers.{i}.mlp_norm.weight", vec(p + "ffn_norm.weight", (E,))
-        yield f"layers.{i}.gate_up.weight", stacked([(p + "ffn_gate.weight", (F, E), 0),
-                                                     (p + "ffn_up.weight", (F, E), 0)])
+        if fused:
+            yield f"layers.{i}.gate_up.weight", split(p + "ffn_up.weight", (F, F), E)
+        else:
+            yield f"layers.{i}.gate_up.weight", stacked([(p + "ffn_gate.weight", (F, E), 0),
+                                                         (p + "ffn_up.weight", (F, E), 0)])
         yield f"layers.{i}.down.weight", one(p + "ffn_down.weight", (E, F))
         if "post_mlp_norm" in extra:
             yield f"layers.{i}.post_mlp_norm.weight", vec(p + extra["post_mlp_norm"] + ".weight", (E,))

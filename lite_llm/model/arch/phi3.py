@@ -9,8 +9,10 @@ from typing import Any, Iterator
 
 from lite_llm.config import ModelConfig
 from lite_llm.model.arch import llama
+from lite_llm.model.loader import ModelLoadError
 
 HF_ARCHITECTURES = ("Phi3ForCausalLM",)
+GGUF_ARCHITECTURES = {"phi3": "Phi3ForCausalLM"}
 
 
 def config(raw: dict, arch: str, where: str) -> ModelConfig:
@@ -29,3 +31,31 @@ def config(raw: dict, arch: str, where: str) -> ModelConfig:
 
 def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, Any]]:
     return llama.decoder_hf_tensors(ckpt, config, fused=True)
+
+
+def gguf_config(f, arch: str) -> ModelConfig:
+    """llama.cpp's "phi3" graph: LongRoPE factors as the tensors rope_factors_long / _short,
+    phi3.rope.scaling.original_context_length and .attn_factor; rope.dimension_count < head_dim
+    for partial rotary."""
+    meta = f.metadata
+    dim, heads = int(meta.get(f"{arch}.embedding_length", 0)), int(meta.get(f"{arch}.attention.head_count", 1))
+    head_dim = int(meta.get(f"{arch}.attention.key_length", 0)) or dim // heads
+    rot = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    scaling = None
+    if "rope_factors_long.weight" in f.tensors:
+        original = meta.get(f"{arch}.rope.scaling.original_context_length")
+        if original is None:
+            raise ModelLoadError(f"{f.path}: LongRoPE factors without {arch}.rope.scaling.original_context_length")
+        scaling = {"rope_type": "longrope", "original_max_position_embeddings": int(original),
+                   "long_factor": f.read("rope_factors_long.weight").tolist(),
+                   "short_factor": f.read("rope_factors_short.weight").tolist()}
+        if meta.get(f"{arch}.rope.scaling.attn_factor") is not None:
+            scaling["attention_factor"] = float(meta[f"{arch}.rope.scaling.attn_factor"])
+    window = meta.get(f"{arch}.attention.sliding_window")
+    return llama.gguf_decoder_config(f, arch, GGUF_ARCHITECTURES[arch], head_dim=head_dim,
+                                     partial_rotary_factor=rot / head_dim, rope_scaling=scaling,
+                                     sliding_window=int(window) if window else None)
+
+
+def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
+    return llama.decoder_gguf_tensors(f, config, permuted=False, fused=True)
