@@ -47,6 +47,12 @@ class ModelConfig:
     attn_softcap: float | None = None    # Gemma 2: scores -> cap * tanh(scores / cap)
     final_softcap: float | None = None   # Gemma 2: logits -> cap * tanh(logits / cap)
     partial_rotary_factor: float = 1.0   # RoPE rotates the first head_dim x this components (Phi-4-mini)
+    # Granite: embeddings x embedding_multiplier, each sub-layer's output x residual_multiplier
+    # before its residual add, attention scale attention_multiplier, logits / logits_scaling
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None
+    logits_scaling: float = 1.0
 
     @property
     def q_size(self) -> int:
@@ -92,6 +98,8 @@ class KernelConfig:
     post_norms: bool
     attn_scale: float            # multiplies q . k
     embed_scale: float           # multiplies the embedding rows (1.0: none)
+    residual_scale: float        # multiplies each sub-layer's output before its residual add (1.0: none)
+    logit_scale: float           # multiplies the logits, before final_softcap (1.0: none)
     attn_softcap: float          # scaled scores -> cap * tanh(scores / cap); 0: none
     final_softcap: float         # logits -> cap * tanh(logits / cap); 0: none
     kv_cache_dtype: str          # lite_llm/_kernels/layout.py KV_DTYPES
@@ -117,8 +125,9 @@ class KernelConfig:
             raise ValueError(f"{len(self.layers)} layer configs for {self.num_layers} layers")
         if any(layer.sliding_window < 0 for layer in self.layers):
             raise ValueError("a sliding window cannot be negative")
-        if self.post_norms and (self.norm != "rms" or not self.gated_mlp):
-            raise ValueError("post-sub-layer norms are RMSNorm around a gated MLP (Gemma)")
+        if (self.post_norms or self.residual_scale != 1.0) and (self.norm != "rms" or not self.gated_mlp):
+            raise ValueError("post-sub-layer norms and residual scales are RMSNorm models' with a gated MLP "
+                             "(Gemma, Granite)")
         if self.attn_softcap < 0 or self.final_softcap < 0:
             raise ValueError(f"soft-caps {self.attn_softcap} / {self.final_softcap} cannot be negative")
 

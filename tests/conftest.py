@@ -63,6 +63,9 @@ ARCH_DEFAULTS: dict[str, dict] = {
                  rope_scaling={"rope_type": "longrope", "rope_theta": 10000.0,
                                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
                                "long_factor": [1.0, 1.5, 2.2, 3.4, 5.0, 7.5, 11.0, 16.0]}),
+    # Granite: its four multipliers, none of them 1
+    "granite": dict(_BASE, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True, embedding_multiplier=6.0,
+                    residual_multiplier=0.4, attention_multiplier=0.09, logits_scaling=3.0),
     "opt": dict(vocab_size=TINY_VOCAB, hidden_size=64, ffn_dim=96, num_hidden_layers=2, num_attention_heads=4,
                 max_position_embeddings=128, word_embed_proj_dim=64, do_layer_norm_before=True,
                 activation_function="relu", bos_token_id=0, eos_token_id=2, pad_token_id=1,
@@ -92,7 +95,8 @@ def _model_class(arch: str):
             "opt": (transformers.OPTConfig, transformers.OPTForCausalLM),
             "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
             "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
-            "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM)}[arch]
+            "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+            "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM)}[arch]
 
 
 def build_tiny_checkpoint(arch: str, out_dir: Path, std: float = 0.05, seed: int = 0, **overrides) -> Path:
@@ -222,7 +226,7 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
                 key = f"model.layers.{i}.{theirs}.{part}"
                 if key in sd:
                     t = sd[key]
-                    if arch == "llama" and ours in ("attn_q", "attn_k"):
+                    if arch in ("llama", "granite") and ours in ("attn_q", "attn_k"):
                         t = _permute_qk(t, H if ours == "attn_q" else Hkv)
                     if gemma and ours.endswith("norm"):
                         t = t + 1
@@ -254,6 +258,11 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
         del meta[f"{arch}.attention.key_length"], meta[f"{arch}.attention.value_length"]
     if rope.get("rope_type") == "linear":
         meta.update({f"{arch}.rope.scaling.type": "linear", f"{arch}.rope.scaling.factor": float(rope["factor"])})
+    if arch == "granite":   # llama.cpp's names of the four multipliers
+        meta.update({f"{arch}.embedding_scale": float(cfg["embedding_multiplier"]),
+                     f"{arch}.residual_scale": float(cfg["residual_multiplier"]),
+                     f"{arch}.attention.scale": float(cfg["attention_multiplier"]),
+                     f"{arch}.logit_scale": float(cfg["logits_scaling"])})
     if gemma:
         meta[f"{arch}.attention.sliding_window"] = cfg["sliding_window"]
         meta[f"{arch}.attention.sliding_window_pattern"] = [int(t == "sliding_attention") for t in cfg["layer_types"]]

@@ -31,7 +31,7 @@ cdef struct ModelC:
     int num_layers, dim, ffn_dim, vocab_size, num_heads, num_kv_heads, head_dim, rope_dim
     int block_size, num_blocks, max_positions
     int rms, act, gated, use_rope, qk_norm, post_norms, kv_type   # kv_type: LL_KV_* (attention.h)
-    float eps, scale, embed_scale, attn_softcap, final_softcap   # softcaps 0: none
+    float eps, scale, embed_scale, residual_scale, logit_scale, attn_softcap, final_softcap   # softcaps 0: none
 
 
 cdef struct WorkC:
@@ -118,6 +118,7 @@ cdef class Model:
         self.c.rms, self.c.act, self.c.gated = cfg.norm == "rms", ACTIVATIONS[cfg.act], cfg.gated_mlp
         self.c.use_rope, self.c.qk_norm, self.c.post_norms = cfg.rope, cfg.qk_norm, cfg.post_norms
         self.c.scale, self.c.embed_scale = cfg.attn_scale, cfg.embed_scale
+        self.c.residual_scale, self.c.logit_scale = cfg.residual_scale, cfg.logit_scale
         self.c.attn_softcap, self.c.final_softcap = cfg.attn_softcap, cfg.final_softcap
         self.c.max_positions = cfg.max_positions
         if self.c.head_dim > LL_MAX_HEAD_DIM:   # KernelConfig checks the same bound: keep them one
@@ -394,15 +395,18 @@ cdef inline void _norm_rows(const ModelC *m, const float *w, const float *b, con
     _to_input(form, out, E, t0, t1, E, xb, xq)
 
 
-cdef inline void _post_norm_add(const ModelC *m, const float *w, float *h, float *x,
+cdef inline void _residual_add(const ModelC *m, const float *w, float *h, float *x,
                                Py_ssize_t t0, Py_ssize_t t1) noexcept nogil:
-    """x[t] += rmsnorm(h[t]) * w for t in [t0, t1): a sub-layer's output normed before its
-    residual add (Gemma's post-attention and post-MLP norms); h is overwritten."""
+    """x[t] += residual_scale * (rmsnorm(h[t]) * w, or h[t] when w is NULL) for t in [t0, t1):
+    a sub-layer's output normed (Gemma's post-attention and post-MLP norms) or scaled
+    (Granite's residual multiplier) before its residual add; h is overwritten."""
     cdef Py_ssize_t t, i, E = m.dim
+    cdef float r = m.residual_scale
     for t in range(t0, t1):
-        ll_rmsnorm_f32(h + t * E, w, h + t * E, E, m.eps)
+        if w != NULL:
+            ll_rmsnorm_f32(h + t * E, w, h + t * E, E, m.eps)
         for i in range(E):
-            x[t * E + i] += h[t * E + i]
+            x[t * E + i] += r * h[t * E + i]
 
 
 cdef enum:
@@ -537,10 +541,10 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                 _combine_item(pair, nsplit, ws.partials, ws.attn, q_n, ws.tiles, H, Hkv, D)
                 _attn_to_input(ws, ll_mat_form(&L.o, T), pair, q_n, group, D)
             ll_omp_barrier()
-        if m.post_norms:   # o into h (free: qkv has read it), then x += norm(h)
+        if m.post_norms or m.residual_scale != 1.0:   # o into h (free: qkv has read it), then x += norm(h)
             _gemm_part(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.h, E, 0, tid, nth)
             ll_omp_barrier()
-            _post_norm_add(m, L.post_attn_norm_w, ws.h, ws.x, t0, t1)
+            _residual_add(m, L.post_attn_norm_w, ws.h, ws.x, t0, t1)
         else:
             _gemm_part(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.x, E, 1, tid, nth)   # static: the prefetched panels
         ll_omp_barrier()
@@ -550,10 +554,10 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         if m.gated:
             _gated_phase(m, ws, &L.up, &L.down, T, l, tid, nth)
             ll_omp_barrier()
-            if m.post_norms:   # down into h (the gated phase has read it), then x += norm(h)
+            if m.post_norms or m.residual_scale != 1.0:   # down into h (the gated phase has read it)
                 _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ws.h, E, 0, ws.counter + 4 * 16, l, tid, nth)
                 ll_omp_barrier()
-                _post_norm_add(m, L.post_mlp_norm_w, ws.h, ws.x, t0, t1)
+                _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, t0, t1)
             else:
                 _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ws.x, E, 1, ws.counter + 4 * 16, l, tid, nth)
         else:
@@ -583,7 +587,11 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                _lo(s.R, tid, nth), _lo(s.R, tid + 1, nth))
     ll_omp_barrier()
     _gemm_phase(ws.h, E, ws.xb, &xq_e, s.R, &m.lm_head, s.logits, m.vocab_size, 0, ws.counter + 5 * 16, 0, tid, nth)
-    if m.final_softcap > 0:
+    if m.final_softcap > 0 or m.logit_scale != 1.0:
         ll_omp_barrier()
         for r in range(_lo(s.R, tid, nth), _lo(s.R, tid + 1, nth)):
-            ll_softcap_f32(s.logits + r * m.vocab_size, m.vocab_size, m.final_softcap)
+            if m.logit_scale != 1.0:
+                for i in range(m.vocab_size):
+                    s.logits[r * m.vocab_size + i] *= m.logit_scale
+            if m.final_softcap > 0:
+                ll_softcap_f32(s.logits + r * m.vocab_size, m.vocab_size, m.final_softcap)

@@ -1,5 +1,5 @@
 """Parity with transformers for the families built on the architecture recipes beyond the
-first four (lite_llm/model/arch/): Gemma 2, Gemma 3 (text) and Phi-3. Built like
+first four (lite_llm/model/arch/): Gemma 2, Gemma 3 (text), Phi-3 and Granite. Built like
 test_parity.py: tiny random checkpoints saved with transformers, fp32 logits and greedy tokens,
 bf16 logits, chunked prefill and paged decode against one shot, and a GGUF of the same weights.
 """
@@ -188,5 +188,49 @@ def test_phi3_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
     for field in ("architecture", "head_dim", "partial_rotary_factor", "tie_word_embeddings", "sliding_window"):
         assert getattr(g.config, field) == getattr(h.config, field), field
     prompts = prompts_for(h.config.vocab_size, [7, 40])
+    for a, b in zip(lite_logits(h_runner, prompts), lite_logits(g_runner, prompts)):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+
+
+# ---- Granite -----------------------------------------------------------------------------
+
+GRANITE_CASES = [("granite", {}), ("granite", {"tie_word_embeddings": False, "num_key_value_heads": 1})]
+
+
+@pytest.mark.parametrize("case", GRANITE_CASES, ids=_ids)
+def test_granite_fp32_logits_match_transformers_in_a_mixed_batch(case):
+    """Embedding, residual, attention and logit multipliers (none of them 1)."""
+    arch, overrides = case
+    path = tiny_checkpoint_path(arch, **overrides)
+    runner, loaded = make_runner(path)
+    prompts = prompts_for(loaded.config.vocab_size, PROMPT_LENS)
+    for r, g in zip(hf_logits(path, prompts), lite_logits(runner, prompts)):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
+
+
+def test_granite_greedy_tokens_and_bf16_logits_match_transformers():
+    _greedy(GRANITE_CASES[0], prompt_len=12)
+    path = tiny_checkpoint_path(*GRANITE_CASES[0][:1], **GRANITE_CASES[0][1])
+    runner, loaded = make_runner(path, dtype="bfloat16")
+    prompts = prompts_for(loaded.config.vocab_size, PROMPT_LENS)
+    for r, g in zip(hf_logits(path, prompts), lite_logits(runner, prompts)):
+        assert np.abs(g - r).max() <= 0.03 * np.abs(r).max()
+
+
+@pytest.mark.parametrize("chunk", [1, 7])
+def test_granite_chunked_prefill_and_paged_decode_match_one_shot(chunk):
+    test_chunked_prefill_and_paged_decode_match_one_shot(GRANITE_CASES[0], chunk)
+
+
+@pytest.mark.parametrize("case", GRANITE_CASES, ids=_ids)
+def test_granite_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
+    """llama.cpp's granite graph: q/k permuted as for llama, the multipliers under its names."""
+    arch, overrides = case
+    ckpt = tiny_checkpoint_path(arch, **overrides)
+    g_runner, g = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", arch))
+    h_runner, h = make_runner(ckpt)
+    for field in ("architecture", "embedding_multiplier", "residual_multiplier", "logits_scaling"):
+        assert getattr(g.config, field) == pytest.approx(getattr(h.config, field)), field
+    prompts = prompts_for(h.config.vocab_size, [7, 30])
     for a, b in zip(lite_logits(h_runner, prompts), lite_logits(g_runner, prompts)):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())

@@ -6,7 +6,8 @@ properties of the kernel model.
     qwen.py    Qwen2ForCausalLM, Qwen3ForCausalLM ("qwen2", "qwen3")
     opt.py     OPTForCausalLM
     gemma.py   Gemma2ForCausalLM, Gemma3ForCausalLM ("gemma2", "gemma3")
-    phi3.py    Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4-mini)
+    phi3.py    Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4-mini; "phi3")
+    granite.py GraniteForCausalLM ("granite")
 
 A recipe module defines HF_ARCHITECTURES (the config.json names it reads), GGUF_ARCHITECTURES
 (llama.cpp's general.architecture -> HF name), config(raw, arch, where) -> ModelConfig,
@@ -20,11 +21,11 @@ import dataclasses
 from types import ModuleType
 
 from lite_llm.config import KernelConfig, LayerConfig, ModelConfig
-from lite_llm.model.arch import gemma, llama, opt, phi3, qwen
+from lite_llm.model.arch import gemma, granite, llama, opt, phi3, qwen
 from lite_llm.model.loader import ModelLoadError
 from lite_llm.model.rope import rope_dim
 
-RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma, phi3)
+RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma, phi3, granite)
 _BY_HF = {name: r for r in RECIPES for name in r.HF_ARCHITECTURES}
 _BY_GGUF = {name: r for r in RECIPES for name in getattr(r, "GGUF_ARCHITECTURES", {})}
 SUPPORTED_ARCHITECTURES = tuple(_BY_HF)
@@ -112,6 +113,8 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
         layers.append(LayerConfig(sliding_window=int(config.sliding_window) if sliding else 0,
                                   rope_table=local_rope if layer_is_sliding(config, i) else 0))
     scale = (config.query_pre_attn_scalar if config.query_pre_attn_scalar else config.head_dim) ** -0.5
+    if config.attention_multiplier is not None:
+        scale = config.attention_multiplier
     return KernelConfig(
         dtype=dtype, num_layers=config.num_layers, dim=config.dim, ffn_dim=config.ffn_dim,
         vocab_size=config.vocab_size, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
@@ -119,7 +122,8 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
         norm_eps=config.norm_eps, act=config.act, gated_mlp=config.gated_mlp, rope=config.rope,
         rope_dim=rope_dim(config),
         qk_norm=config.qk_norm, post_norms=config.post_norms, attn_scale=float(scale),
-        embed_scale=_embed_scale(config, dtype), attn_softcap=float(config.attn_softcap or 0.0),
+        embed_scale=_embed_scale(config, dtype) * config.embedding_multiplier,
+        residual_scale=float(config.residual_multiplier), logit_scale=1.0 / config.logits_scaling, attn_softcap=float(config.attn_softcap or 0.0),
         final_softcap=float(config.final_softcap or 0.0),
         kv_cache_dtype=kv_cache_dtype, bf16_path=bf16_path, layers=tuple(layers))
 
