@@ -98,7 +98,7 @@ cdef class Model:
     cfg.layers. tensors: canonical names (lite_llm/model/__init__.py) with 2-D weights already
     packed (layout.pack) and their logical [N, K] under "<name>.shape"; "embed" is packed like a
     weight (the tied lm_head streams it), rows are gathered from the panels. rope_tables:
-    [(cos, sin) float32 [max_positions, D/2], ...], indexed by LayerConfig.rope_table.
+    [(cos, sin) float32 [max_positions, rope_dim / 2], ...], indexed by LayerConfig.rope_table.
     cfg.bf16_path: how bf16 weights run steps of more than one token, "dpbf16" (vdpbf16ps, the
     default where the build has it) or "fma" (widened to fp32, FMA); see gemm_path.py."""
     cdef ModelC c
