@@ -37,6 +37,22 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str | None = None     # what the checkpoint says, for dtype="auto" hints only
+    # per-layer attention: "sliding_attention" | "full_attention" per layer; () = every layer
+    # alike (sliding when sliding_window is set: Mistral)
+    layer_types: tuple[str, ...] = ()
+    rope_local_theta: float | None = None   # RoPE base of the sliding layers (Gemma 3; no scaling)
+    embed_scale: bool = False    # Gemma: embeddings x sqrt(dim) in the model dtype
+    post_norms: bool = False     # Gemma 2/3: a norm after attention and after the MLP, before each residual add
+    query_pre_attn_scalar: float | None = None   # attention scale = this ** -0.5 (Gemma), else head_dim ** -0.5
+    attn_softcap: float | None = None    # Gemma 2: scores -> cap * tanh(scores / cap)
+    final_softcap: float | None = None   # Gemma 2: logits -> cap * tanh(logits / cap)
+    partial_rotary_factor: float = 1.0   # RoPE rotates the first head_dim x this components (Phi-4-mini)
+    # Granite: embeddings x embedding_multiplier, each sub-layer's output x residual_multiplier
+    # before its residual add, attention scale attention_multiplier, logits / logits_scaling
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None
+    logits_scaling: float = 1.0
 
     @property
     def q_size(self) -> int:
@@ -45,6 +61,82 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class LayerConfig:
+    """What differs between the layers of one model (the kernel's LayerW)."""
+    sliding_window: int = 0      # attend to the last W positions (incl. self); 0: every earlier position
+    rope_table: int = 0          # which of the Model's RoPE tables rotates q and k (Gemma 3: 1 = local)
+
+
+KERNEL_NORMS = ("rms", "layer")
+KERNEL_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """The kernel model's configuration (lite_llm/_kernels/forward.pxi Model), filled by
+    lite_llm/model/arch.kernel_config and checked here, once."""
+    dtype: str                   # engine dtype of the weights: "float32" | "bfloat16" | "float16"
+    num_layers: int
+    dim: int                     # E
+    ffn_dim: int                 # F
+    vocab_size: int              # V
+    num_heads: int               # H
+    num_kv_heads: int            # Hkv
+    head_dim: int                # D
+    block_size: int              # B, tokens per KV block
+    max_positions: int           # rows of the RoPE tables / learned positions the step may use
+    norm: str                    # KERNEL_NORMS
+    norm_eps: float
+    act: str                     # KERNEL_ACTIVATIONS
+    gated_mlp: bool
+    rope: bool
+    rope_dim: int                # components of each head RoPE rotates (the first ones; partial rotary)
+    qk_norm: bool
+    post_norms: bool
+    attn_scale: float            # multiplies q . k
+    embed_scale: float           # multiplies the embedding rows (1.0: none)
+    residual_scale: float        # multiplies each sub-layer's output before its residual add (1.0: none)
+    logit_scale: float           # multiplies the logits, before final_softcap (1.0: none)
+    attn_softcap: float          # scaled scores -> cap * tanh(scores / cap); 0: none
+    final_softcap: float         # logits -> cap * tanh(logits / cap); 0: none
+    kv_cache_dtype: str          # lite_llm/_kernels/layout.py KV_DTYPES
+    bf16_path: str | None        # lite_llm/_kernels/gemm_path.py; None: the build's default
+    layers: tuple[LayerConfig, ...]
+    attn_path: str = "auto"      # ATTENTION_PATHS: how attention tiles compute (src/kernels/attention.h)
+
+    MAX_HEAD_DIM = 512           # LL_MAX_HEAD_DIM, src/kernels/attention.h
+
+    def __post_init__(self):
+        if self.head_dim % 16 or not 0 < self.head_dim <= self.MAX_HEAD_DIM:
+            raise ValueError(f"head_dim {self.head_dim} is not supported: it must be a multiple of 16, "
+                             f"at most {self.MAX_HEAD_DIM}")
+        if self.block_size <= 0 or self.block_size % 16:
+            raise ValueError(f"block_size {self.block_size} must be a positive multiple of 16")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"{self.num_heads} query heads do not share {self.num_kv_heads} KV heads evenly")
+        if self.norm not in KERNEL_NORMS or self.act not in KERNEL_ACTIVATIONS:
+            raise ValueError(f"norm {self.norm!r} / activation {self.act!r}: the kernels run "
+                             f"{', '.join(KERNEL_NORMS)} / {', '.join(KERNEL_ACTIVATIONS)}")
+        if self.rope and (self.rope_dim % 2 or not 0 < self.rope_dim <= self.head_dim):
+            raise ValueError(f"RoPE over {self.rope_dim} of {self.head_dim} components: an even count, at most head_dim")
+        if len(self.layers) != self.num_layers:
+            raise ValueError(f"{len(self.layers)} layer configs for {self.num_layers} layers")
+        if any(layer.sliding_window < 0 for layer in self.layers):
+            raise ValueError("a sliding window cannot be negative")
+        if (self.post_norms or self.residual_scale != 1.0) and (self.norm != "rms" or not self.gated_mlp):
+            raise ValueError("post-sub-layer norms and residual scales are RMSNorm models' with a gated MLP "
+                             "(Gemma, Granite)")
+        if self.attn_path not in ATTENTION_PATHS:
+            raise ValueError(f"attention path {self.attn_path!r}: expected one of {', '.join(ATTENTION_PATHS)}")
+        if self.attn_softcap < 0 or self.final_softcap < 0:
+            raise ValueError(f"soft-caps {self.attn_softcap} / {self.final_softcap} cannot be negative")
+
+    @property
+    def num_rope_tables(self) -> int:
+        return 1 + max((layer.rope_table for layer in self.layers), default=0)
 
 
 # --kv-cache-dtype (vLLM's names) -> the cache format (lite_llm/_kernels/layout.py KV_DTYPES);

@@ -46,6 +46,26 @@ ARCH_DEFAULTS: dict[str, dict] = {
     "mistral": dict(_BASE, tie_word_embeddings=False, rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=8),
     "qwen2": dict(_BASE, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=1000000.0),
     "qwen3": dict(_BASE, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=1000000.0, head_dim=24),
+    # Gemma: head_dim 16, an attention scale of query_pre_attn_scalar ** -0.5 != head_dim ** -0.5
+    # Gemma 2: soft-caps small enough to bite on these weights (scores ~0.1, logits ~3)
+    "gemma2": dict(_BASE, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0, sliding_window=8,
+                   query_pre_attn_scalar=24, final_logit_softcapping=2.0, attn_logit_softcapping=0.1,
+                   hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True),
+    # Gemma 3: sliding layers (window 8, RoPE base 10k) between global ones (1M, linear x 8), q/k norm
+    "gemma3": dict(_BASE, head_dim=16, num_hidden_layers=4, rms_norm_eps=1e-6, sliding_window=8,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                   rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                    "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                       "rope_theta": 1000000.0}},
+                   query_pre_attn_scalar=24, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True),
+    # Phi-3: LongRoPE with a short context of 32 (prompts run past it), distinct short / long factors
+    "phi3": dict(_BASE, rms_norm_eps=1e-5, tie_word_embeddings=False, original_max_position_embeddings=32,
+                 rope_scaling={"rope_type": "longrope", "rope_theta": 10000.0,
+                               "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                               "long_factor": [1.0, 1.5, 2.2, 3.4, 5.0, 7.5, 11.0, 16.0]}),
+    # Granite: its four multipliers, none of them 1
+    "granite": dict(_BASE, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True, embedding_multiplier=6.0,
+                    residual_multiplier=0.4, attention_multiplier=0.09, logits_scaling=3.0),
     "opt": dict(vocab_size=TINY_VOCAB, hidden_size=64, ffn_dim=96, num_hidden_layers=2, num_attention_heads=4,
                 max_position_embeddings=128, word_embed_proj_dim=64, do_layer_norm_before=True,
                 activation_function="relu", bos_token_id=0, eos_token_id=2, pad_token_id=1,
@@ -72,7 +92,11 @@ def _model_class(arch: str):
             "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
             "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
             "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-            "opt": (transformers.OPTConfig, transformers.OPTForCausalLM)}[arch]
+            "opt": (transformers.OPTConfig, transformers.OPTForCausalLM),
+            "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
+            "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
+            "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+            "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM)}[arch]
 
 
 def build_tiny_checkpoint(arch: str, out_dir: Path, std: float = 0.05, seed: int = 0, **overrides) -> Path:
@@ -85,13 +109,15 @@ def build_tiny_checkpoint(arch: str, out_dir: Path, std: float = 0.05, seed: int
     config = config_cls(**copy.deepcopy({**ARCH_DEFAULTS[arch], **overrides}))   # configs mutate dicts
     torch.manual_seed(seed)
     model = model_cls(config).eval()
+    # Gemma's norms scale by (1 + w): w around 0 gives the other families' effective scales
+    norm_low = -0.5 if arch.startswith("gemma") else 0.5
     with torch.no_grad():
         # non-trivial weights: norms and biases off their 1/0 init so every tensor matters
         for name, p in model.named_parameters():
             if p.ndim >= 2:
                 p.normal_(0.0, std)
             elif "norm" in name and name.endswith("weight"):
-                p.uniform_(0.5, 1.5)
+                p.uniform_(norm_low, norm_low + 1.0)
             else:
                 p.normal_(0.0, std)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -173,7 +199,8 @@ def _permute_qk(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
-    """Write the tiny HF checkpoint as a llama.cpp-style F32 GGUF (q/k permuted for "llama")."""
+    """Write the tiny HF checkpoint as a llama.cpp-style F32 GGUF (q/k permuted for "llama";
+    Gemma's norm weights stored with their + 1, as llama.cpp's converter writes them)."""
     cfg = json.loads((ckpt / "config.json").read_text())
     sd = load_file(str(ckpt / "model.safetensors"))
     tok = json.loads((ckpt / "tokenizer.json").read_text())
@@ -186,15 +213,25 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
              "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
              "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
              "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+    gemma = arch.startswith("gemma")
+    if arch == "phi3":   # fused projections, as llama.cpp keeps them
+        names.update(attn_qkv="self_attn.qkv_proj", ffn_up="mlp.gate_up_proj")
+    if gemma:
+        names.update(post_attention_norm="post_attention_layernorm", ffn_norm="pre_feedforward_layernorm",
+                     post_ffw_norm="post_feedforward_layernorm")
+        tensors["output_norm.weight"] = tensors["output_norm.weight"] + 1
     for i in range(cfg["num_hidden_layers"]):
         for ours, theirs in names.items():
             for part in ("weight", "bias"):
                 key = f"model.layers.{i}.{theirs}.{part}"
                 if key in sd:
                     t = sd[key]
-                    if arch == "llama" and ours in ("attn_q", "attn_k"):
+                    if arch in ("llama", "granite") and ours in ("attn_q", "attn_k"):
                         t = _permute_qk(t, H if ours == "attn_q" else Hkv)
+                    if gemma and ours.endswith("norm"):
+                        t = t + 1
                     tensors[f"blk.{i}.{ours}.{part}"] = t
+    rope = cfg["rope_parameters"].get("full_attention", cfg["rope_parameters"])
     vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
     specials = {a["content"]: a["id"] for a in tok["added_tokens"]}
     tokens = [t for t, _ in vocab]
@@ -202,7 +239,7 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
             f"{arch}.embedding_length": cfg["hidden_size"], f"{arch}.feed_forward_length": cfg["intermediate_size"],
             f"{arch}.attention.head_count": H, f"{arch}.attention.head_count_kv": Hkv,
             f"{arch}.attention.layer_norm_rms_epsilon": float(cfg["rms_norm_eps"]),
-            f"{arch}.rope.freq_base": float(cfg["rope_parameters"]["rope_theta"]),
+            f"{arch}.rope.freq_base": float(rope["rope_theta"]),
             f"{arch}.attention.key_length": head_dim, f"{arch}.attention.value_length": head_dim,
             "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2" if arch != "llama" else "smollm",
             "tokenizer.ggml.tokens": tokens,
@@ -210,6 +247,30 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
             "tokenizer.ggml.merges": [" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]],
             "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 2,
             "tokenizer.chat_template": (ckpt / "chat_template.jinja").read_text()}
+    if rope.get("rope_type") == "longrope":   # llama.cpp: the factors as tensors, rot dims as dimension_count
+        tensors["rope_factors_long.weight"] = np.asarray(rope["long_factor"], np.float32)
+        tensors["rope_factors_short.weight"] = np.asarray(rope["short_factor"], np.float32)
+        original = rope["original_max_position_embeddings"]
+        factor = cfg["max_position_embeddings"] / original
+        meta.update({f"{arch}.rope.scaling.original_context_length": original,
+                     f"{arch}.rope.scaling.attn_factor": float(np.sqrt(1 + np.log(factor) / np.log(original))),
+                     f"{arch}.rope.dimension_count": int(head_dim * rope.get("partial_rotary_factor", 1.0))})
+        del meta[f"{arch}.attention.key_length"], meta[f"{arch}.attention.value_length"]
+    if rope.get("rope_type") == "linear":
+        meta.update({f"{arch}.rope.scaling.type": "linear", f"{arch}.rope.scaling.factor": float(rope["factor"])})
+    if arch == "granite":   # llama.cpp's names of the four multipliers
+        meta.update({f"{arch}.embedding_scale": float(cfg["embedding_multiplier"]),
+                     f"{arch}.residual_scale": float(cfg["residual_multiplier"]),
+                     f"{arch}.attention.scale": float(cfg["attention_multiplier"]),
+                     f"{arch}.logit_scale": float(cfg["logits_scaling"])})
+    if gemma:
+        meta[f"{arch}.attention.sliding_window"] = cfg["sliding_window"]
+        meta[f"{arch}.attention.sliding_window_pattern"] = [int(t == "sliding_attention") for t in cfg["layer_types"]]
+        if "sliding_attention" in cfg["rope_parameters"]:
+            meta[f"{arch}.rope.freq_base_swa"] = float(cfg["rope_parameters"]["sliding_attention"]["rope_theta"])
+        for cap in ("final_logit_softcapping", "attn_logit_softcapping"):
+            if cfg.get(cap):
+                meta[f"{arch}.{cap}"] = float(cfg[cap])
     return write_gguf(out, {k: (np.ascontiguousarray(v), None) for k, v in tensors.items()}, arch, meta)
 
 

@@ -139,6 +139,11 @@ ACTIVATIONS = {
 }
 
 
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    """Soft-capped logits (Gemma 2): cap * tanh(x / cap)."""
+    return cap * np.tanh(x.astype(np.float64) / cap)
+
+
 def act_mul(gate: np.ndarray, up: np.ndarray | None, act: str) -> np.ndarray:
     """act(gate [T, F]) * up [T, F], or act(gate) when up is None."""
     with np.errstate(over="ignore"):
@@ -177,10 +182,11 @@ def kv_values(cache: np.ndarray) -> np.ndarray:
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
                     tok_seq: np.ndarray, positions: np.ndarray, scale: float,
-                    sliding_window: int = 0, round_q: bool | None = None) -> np.ndarray:
+                    sliding_window: int = 0, softcap: float = 0.0, round_q: bool | None = None) -> np.ndarray:
     """out [T, H, D]: query token t (of sequence tok_seq[t], at positions[t]) attends, per head h,
     to kv head h // (H / Hkv) at its sequence's positions first..positions[t], where first is
-    positions[t] - sliding_window + 1 (clamped at 0) with a window, else 0: softmax(q.K * scale) @ V.
+    positions[t] - sliding_window + 1 (clamped at 0) with a window, else 0: softmax(q.K * scale) @ V,
+    the scaled scores soft-capped first (softcap(s) = softcap * tanh(s / softcap)) when softcap > 0.
     Caches are logical [num_blocks, Hkv, B, D]. round_q (default: with a bf16 cache): q * scale
     is rounded to bf16 first, as the kernel's bf16 dot products take it (its probabilities are
     rounded too: tolerance)."""
@@ -205,6 +211,8 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, blo
                 s = keys @ qs
             else:
                 s = keys @ q[t, h].astype(np.float64) * scale
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
             p = np.exp(s - s.max())
             out[t, h] = p @ vals / p.sum()
     return out

@@ -74,6 +74,7 @@ cdef extern from "kernels/rope.h" nogil:
 cdef extern from "kernels/act.h" nogil:
     int LL_ACT_SILU, LL_ACT_GELU, LL_ACT_GELU_TANH, LL_ACT_RELU
     void ll_act_mul_f32(const float *gate, const float *up, float *out, Py_ssize_t n, int act)
+    void ll_softcap_f32(float *x, Py_ssize_t n, float cap)
 
 cdef extern from "kernels/attention.h" nogil:
     int LL_MAX_HEAD_DIM, LL_ATTN_QTILE, LL_ATTN_STAGE_ROWS
@@ -84,7 +85,8 @@ cdef extern from "kernels/attention.h" nogil:
                                  const void *k_cache, const void *v_cache, int kv_type,
                                  const int32_t *block_table, Py_ssize_t block_size, Py_ssize_t kv_head,
                                  Py_ssize_t num_kv_heads, Py_ssize_t head_dim, float scale, float *scratch,
-                                 int split, int nsplit, float *partial, int path)
+                                 Py_ssize_t num_kv_heads, Py_ssize_t head_dim, float scale, float softcap,
+                                 float *scratch, int split, int nsplit, float *partial, int path)
     void ll_attention_combine(const float *partials, int nsplit, Py_ssize_t stride, int nq, int group,
                               Py_ssize_t h0, float *out, Py_ssize_t ldo, Py_ssize_t head_dim)
     void ll_write_kv_row(const float *src, void *cache, int kv_type, Py_ssize_t slot,

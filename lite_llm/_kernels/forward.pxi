@@ -7,8 +7,13 @@ cdef struct LayerW:
     const float *attn_norm_b      # [E] LayerNorm only
     const float *q_norm_w         # [D] qk_norm only
     const float *k_norm_w         # [D]
+    const float *post_attn_norm_w # [E] post_norms only: norm of the attention output before the residual add
     const float *mlp_norm_w       # [E]
     const float *mlp_norm_b       # [E]
+    const float *post_mlp_norm_w  # [E] post_norms only: norm of the MLP output before the residual add
+    const float *rope_cos         # [P, R/2] this layer's RoPE table (LayerConfig.rope_table), R = rope_dim
+    const float *rope_sin         # [P, R/2]
+    int window                    # sliding window (LayerConfig.sliding_window); 0: global
     Mat qkv                       # [(H + 2 Hkv) D, E]
     Mat o                         # [E, H D]
     Mat up                        # [2F, E] gate then up rows (gated), or [F, E]
@@ -23,13 +28,11 @@ cdef struct ModelC:
     const float *pos_embed        # [P, E] learned positions or NULL
     const float *final_norm_w
     const float *final_norm_b
-    const float *rope_cos         # [P, D/2]
-    const float *rope_sin
-    int num_layers, dim, ffn_dim, vocab_size, num_heads, num_kv_heads, head_dim
-    int block_size, num_blocks, sliding_window, max_positions
-    int rms, act, gated, use_rope, qk_norm, kv_type   # kv_type: LL_KV_* (attention.h)
+    int num_layers, dim, ffn_dim, vocab_size, num_heads, num_kv_heads, head_dim, rope_dim
+    int block_size, num_blocks, max_positions
+    int rms, act, gated, use_rope, qk_norm, post_norms, kv_type   # kv_type: LL_KV_* (attention.h)
     int attn_path                  # LL_ATTN_* (attention.h): direct or staged dot products
-    float eps, scale
+    float eps, scale, embed_scale, residual_scale, logit_scale, attn_softcap, final_softcap   # softcaps 0: none
 
 
 cdef struct WorkC:
@@ -92,55 +95,76 @@ cdef const float *_vec(dict tensors, str name, list keep) except? NULL:
 cdef class Model:
     """Pointers to one loaded model's packed weights and KV cache, for forward().
 
-    tensors: canonical names (lite_llm/model/__init__.py) with 2-D weights already packed
-    (layout.pack) and their logical [N, K] under "<name>.shape"; "embed" is packed like a
-    weight (the tied lm_head streams it), rows are gathered from the panels. cfg["bf16_path"]:
-    how bf16 weights run steps of more than one token, "dpbf16" (vdpbf16ps, the default where
-    the build has it) or "fma" (widened to fp32, FMA); see lite_llm/_kernels/gemm_path.py.
-    cfg["attn_path"]: how attention tiles compute (config.ATTENTION_PATHS; default "auto")."""
+    cfg: the typed KernelConfig (lite_llm/config.py, checked there), per-layer properties in
+    cfg.layers. tensors: canonical names (lite_llm/model/__init__.py) with 2-D weights already
+    packed (layout.pack) and their logical [N, K] under "<name>.shape"; "embed" is packed like a
+    weight (the tied lm_head streams it), rows are gathered from the panels. rope_tables:
+    [(cos, sin) float32 [max_positions, rope_dim / 2], ...], indexed by LayerConfig.rope_table.
+    cfg.bf16_path: how bf16 weights run steps of more than one token, "dpbf16" (vdpbf16ps, the
+    default where the build has it) or "fma" (widened to fp32, FMA); see gemm_path.py.
+    cfg.attn_path: how attention tiles compute (config.ATTENTION_PATHS)."""
     cdef ModelC c
     cdef list keep
 
     def __cinit__(self):
         self.c.layers = NULL
 
-    def __init__(self, dict cfg, dict tensors, list k_caches, list v_caches, rope_cos, rope_sin):
+    def __init__(self, cfg, dict tensors, list k_caches, list v_caches, list rope_tables):
         cdef int i
-        cdef str p, dtype = cfg["dtype"]
-        cdef bint fma = _bf16_fma(cfg.get("bf16_path"))
+        cdef str p, dtype = cfg.dtype
+        cdef bint fma = _bf16_fma(cfg.bf16_path)
         self.keep = []
-        self.c.num_layers, self.c.dim, self.c.ffn_dim = cfg["num_layers"], cfg["dim"], cfg["ffn_dim"]
-        self.c.vocab_size, self.c.num_heads, self.c.num_kv_heads = cfg["vocab_size"], cfg["num_heads"], cfg["num_kv_heads"]
-        self.c.head_dim, self.c.eps = cfg["head_dim"], cfg["norm_eps"]
-        self.c.rms, self.c.act, self.c.gated = cfg["norm"] == "rms", ACTIVATIONS[cfg["act"]], cfg["gated_mlp"]
-        self.c.use_rope, self.c.qk_norm = cfg["rope"], cfg["qk_norm"]
-        self.c.sliding_window = cfg.get("sliding_window") or 0
-        self.c.scale = cfg.get("attn_scale") or self.c.head_dim ** -0.5
-        if self.c.head_dim % 16 or self.c.head_dim > LL_MAX_HEAD_DIM:
-            raise ValueError(f"head_dim {self.c.head_dim} unsupported: must be a multiple of 16, at most {LL_MAX_HEAD_DIM}")
+        self.c.num_layers, self.c.dim, self.c.ffn_dim = cfg.num_layers, cfg.dim, cfg.ffn_dim
+        self.c.vocab_size, self.c.num_heads, self.c.num_kv_heads = cfg.vocab_size, cfg.num_heads, cfg.num_kv_heads
+        self.c.head_dim, self.c.rope_dim, self.c.eps = cfg.head_dim, cfg.rope_dim, cfg.norm_eps
+        self.c.rms, self.c.act, self.c.gated = cfg.norm == "rms", ACTIVATIONS[cfg.act], cfg.gated_mlp
+        self.c.use_rope, self.c.qk_norm, self.c.post_norms = cfg.rope, cfg.qk_norm, cfg.post_norms
+        self.c.scale, self.c.embed_scale = cfg.attn_scale, cfg.embed_scale
+        self.c.residual_scale, self.c.logit_scale = cfg.residual_scale, cfg.logit_scale
+        self.c.attn_softcap, self.c.final_softcap = cfg.attn_softcap, cfg.final_softcap
+        self.c.max_positions = cfg.max_positions
+        if self.c.head_dim > LL_MAX_HEAD_DIM:   # KernelConfig checks the same bound: keep them one
+            raise ValueError(f"head_dim {self.c.head_dim} is above this build's LL_MAX_HEAD_DIM {LL_MAX_HEAD_DIM}")
         if len(k_caches) != self.c.num_layers or len(v_caches) != self.c.num_layers:
             raise ValueError("one K and one V cache per layer")
+        if cfg.rope and len(rope_tables) != cfg.num_rope_tables:
+            raise ValueError(f"{len(rope_tables)} RoPE tables for layers that use {cfg.num_rope_tables}")
         from lite_llm._kernels.layout import kv_geometry, kv_type
         kc, vc = k_caches[0], v_caches[0]
         geometry = kv_geometry(vc, "v")
         if (kc.dtype != vc.dtype or kv_geometry(kc, "k") != geometry or geometry[1] != self.c.num_kv_heads
-                or geometry[3] != self.c.head_dim or geometry[2] % 16):
+                or geometry[3] != self.c.head_dim or geometry[2] != cfg.block_size):
             raise ValueError(f"KV cache K {kc.shape} / V {vc.shape} does not fit the model "
-                             f"({self.c.num_kv_heads} KV heads of {self.c.head_dim}; block_size a multiple of 16; "
+                             f"({self.c.num_kv_heads} KV heads of {self.c.head_dim}, blocks of {cfg.block_size}; "
                              "layouts in lite_llm/_kernels/layout.py)")
         self.c.num_blocks, self.c.block_size = geometry[0], geometry[2]
-        self.c.kv_type = kv_type(kc, cfg.get("kv_cache_dtype"))
+        self.c.kv_type = kv_type(kc, cfg.kv_cache_dtype)
         # fp32 models stage into fp32 (an 8-bit cache's tiles keep fp32 q and probabilities)
-        self.c.attn_path = attention_path(cfg.get("attn_path"), fma or dtype == "float32")
+        self.c.attn_path = attention_path(cfg.attn_path, fma or dtype == "float32")
+        for table in (rope_tables if cfg.rope else ()):
+            if (len(table) != 2 or table[0].shape != (self.c.max_positions, self.c.rope_dim // 2)
+                    or table[1].shape != table[0].shape):
+                raise ValueError(f"a RoPE table must be (cos, sin) of [{self.c.max_positions}, {self.c.rope_dim // 2}]")
         self.c.layers = <LayerW *>calloc(self.c.num_layers, sizeof(LayerW))
         for i in range(self.c.num_layers):
             p = f"layers.{i}."
+            lc = cfg.layers[i]
             self.c.layers[i].attn_norm_w = _vec(tensors, p + "attn_norm.weight", self.keep)
             self.c.layers[i].attn_norm_b = _vec(tensors, p + "attn_norm.bias", self.keep)
             self.c.layers[i].mlp_norm_w = _vec(tensors, p + "mlp_norm.weight", self.keep)
             self.c.layers[i].mlp_norm_b = _vec(tensors, p + "mlp_norm.bias", self.keep)
             self.c.layers[i].q_norm_w = _vec(tensors, p + "q_norm.weight", self.keep)
             self.c.layers[i].k_norm_w = _vec(tensors, p + "k_norm.weight", self.keep)
+            self.c.layers[i].post_attn_norm_w = _vec(tensors, p + "post_attn_norm.weight", self.keep)
+            self.c.layers[i].post_mlp_norm_w = _vec(tensors, p + "post_mlp_norm.weight", self.keep)
+            if self.c.qk_norm and (self.c.layers[i].q_norm_w is NULL or self.c.layers[i].k_norm_w is NULL):
+                raise ValueError(f"{p}: qk_norm needs q_norm.weight and k_norm.weight")
+            if self.c.post_norms and (self.c.layers[i].post_attn_norm_w is NULL or self.c.layers[i].post_mlp_norm_w is NULL):
+                raise ValueError(f"{p}: post_norms needs post_attn_norm.weight and post_mlp_norm.weight")
+            self.c.layers[i].window = lc.sliding_window
+            if cfg.rope:
+                self.c.layers[i].rope_cos = _vec({"c": rope_tables[lc.rope_table][0]}, "c", self.keep)
+                self.c.layers[i].rope_sin = _vec({"s": rope_tables[lc.rope_table][1]}, "s", self.keep)
             self.c.layers[i].qkv = _mat(tensors, p + "qkv", dtype, self.keep, fma)
             self.c.layers[i].o = _mat(tensors, p + "o", dtype, self.keep, fma)
             self.c.layers[i].up = _mat(tensors, p + ("gate_up" if self.c.gated else "up"), dtype, self.keep, fma)
@@ -163,14 +187,7 @@ cdef class Model:
         self.c.pos_embed = _vec(tensors, "pos_embed", self.keep)
         self.c.final_norm_w = _vec(tensors, "final_norm.weight", self.keep)
         self.c.final_norm_b = _vec(tensors, "final_norm.bias", self.keep)
-        self.c.max_positions = cfg["max_positions"]
-        self.c.rope_cos = self.c.rope_sin = NULL
-        if self.c.use_rope:
-            if rope_cos.shape != (self.c.max_positions, self.c.head_dim // 2) or rope_sin.shape != rope_cos.shape:
-                raise ValueError(f"rope tables {rope_cos.shape} do not fit")
-            self.c.rope_cos = _vec({"c": rope_cos}, "c", self.keep)
-            self.c.rope_sin = _vec({"s": rope_sin}, "s", self.keep)
-        elif self.c.pos_embed is NULL or tensors["pos_embed"].shape[0] < self.c.max_positions:
+        if not self.c.use_rope and (self.c.pos_embed is NULL or tensors["pos_embed"].shape[0] < self.c.max_positions):
             raise ValueError("a model without rope needs pos_embed with max_positions rows")
 
     def __dealloc__(self):
@@ -382,6 +399,20 @@ cdef inline void _norm_rows(const ModelC *m, const float *w, const float *b, con
     _to_input(form, out, E, t0, t1, E, xb, xq)
 
 
+cdef inline void _residual_add(const ModelC *m, const float *w, float *h, float *x,
+                               Py_ssize_t t0, Py_ssize_t t1) noexcept nogil:
+    """x[t] += residual_scale * (rmsnorm(h[t]) * w, or h[t] when w is NULL) for t in [t0, t1):
+    a sub-layer's output normed (Gemma's post-attention and post-MLP norms) or scaled
+    (Granite's residual multiplier) before its residual add; h is overwritten."""
+    cdef Py_ssize_t t, i, E = m.dim
+    cdef float r = m.residual_scale
+    for t in range(t0, t1):
+        if w != NULL:
+            ll_rmsnorm_f32(h + t * E, w, h + t * E, E, m.eps)
+        for i in range(E):
+            x[t * E + i] += r * h[t * E + i]
+
+
 cdef enum:
     DYN_MAX_TOKENS = 4   # steps this small stream weights: panels handed out dynamically
 
@@ -469,6 +500,9 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
 
     for t in range(t0, t1):
         _embed_row(&m.embed, s.token_ids[t], ws.x + t * E)
+        if m.embed_scale != 1.0:
+            for i in range(E):
+                ws.x[t * E + i] *= m.embed_scale
         if m.pos_embed != NULL:
             for i in range(E):
                 ws.x[t * E + i] += m.pos_embed[s.positions[t] * E + i]
@@ -487,8 +521,8 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                 if m.qk_norm:
                     ll_rmsnorm_f32(row + head * D, L.q_norm_w if head < H else L.k_norm_w, row + head * D, D, m.eps)
                 if m.use_rope:
-                    ll_rope_neox_f32(row + head * D, m.rope_cos + s.positions[t] * (D // 2),
-                                     m.rope_sin + s.positions[t] * (D // 2), D)
+                    ll_rope_neox_f32(row + head * D, L.rope_cos + s.positions[t] * (m.rope_dim // 2),
+                                     L.rope_sin + s.positions[t] * (m.rope_dim // 2), m.rope_dim)
             ll_write_kv_row(row + q_n, L.k_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, 1)
             ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, 0)
         ll_omp_barrier()      # every token's K/V is in the cache before anyone attends
@@ -497,7 +531,7 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         while item < s.num_tiles * Hkv * nsplit:
             _attention_item(item, nsplit, ws.qkv, qkv_n, ws.attn, q_n, ws.tiles, H, Hkv, D, L.k_cache, L.v_cache,
                             m.kv_type, s.block_tables, s.max_blocks, m.block_size, s.tok_seq, s.positions,
-                            m.scale, m.sliding_window, ws.scores + tid * ws.scratch_len, ws.partials,
+                            m.scale, m.attn_softcap, L.window, ws.scores + tid * ws.scratch_len, ws.partials,
                             m.attn_path)
             if nsplit == 1:
                 _attn_to_input(ws, ll_mat_form(&L.o, T), item, q_n, group, D)
@@ -512,7 +546,12 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                 _combine_item(pair, nsplit, ws.partials, ws.attn, q_n, ws.tiles, H, Hkv, D)
                 _attn_to_input(ws, ll_mat_form(&L.o, T), pair, q_n, group, D)
             ll_omp_barrier()
-        _gemm_part(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.x, E, 1, tid, nth)   # static: the prefetched panels
+        if m.post_norms or m.residual_scale != 1.0:   # o into h (free: qkv has read it), then x += norm(h)
+            _gemm_part(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.h, E, 0, tid, nth)
+            ll_omp_barrier()
+            _residual_add(m, L.post_attn_norm_w, ws.h, ws.x, t0, t1)
+        else:
+            _gemm_part(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.x, E, 1, tid, nth)   # static: the prefetched panels
         ll_omp_barrier()
         # --- MLP block: norm, gate/up with the activation fused (or up, act), down + residual
         _norm_rows(m, L.mlp_norm_w, L.mlp_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, ll_mat_form(&L.up, T), t0, t1)
@@ -520,7 +559,12 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         if m.gated:
             _gated_phase(m, ws, &L.up, &L.down, T, l, tid, nth)
             ll_omp_barrier()
-            _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ws.x, E, 1, ws.counter + 4 * 16, l, tid, nth)
+            if m.post_norms or m.residual_scale != 1.0:   # down into h (the gated phase has read it)
+                _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ws.h, E, 0, ws.counter + 4 * 16, l, tid, nth)
+                ll_omp_barrier()
+                _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, t0, t1)
+            else:
+                _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ws.x, E, 1, ws.counter + 4 * 16, l, tid, nth)
         else:
             _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.up, ws.mlp, F, 0, ws.counter + 3 * 16, l, tid, nth)
             ll_omp_barrier()
@@ -548,3 +592,11 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                _lo(s.R, tid, nth), _lo(s.R, tid + 1, nth))
     ll_omp_barrier()
     _gemm_phase(ws.h, E, ws.xb, &xq_e, s.R, &m.lm_head, s.logits, m.vocab_size, 0, ws.counter + 5 * 16, 0, tid, nth)
+    if m.final_softcap > 0 or m.logit_scale != 1.0:
+        ll_omp_barrier()
+        for r in range(_lo(s.R, tid, nth), _lo(s.R, tid + 1, nth)):
+            if m.logit_scale != 1.0:
+                for i in range(m.vocab_size):
+                    s.logits[r * m.vocab_size + i] *= m.logit_scale
+            if m.final_softcap > 0:
+                ll_softcap_f32(s.logits + r * m.vocab_size, m.vocab_size, m.final_softcap)

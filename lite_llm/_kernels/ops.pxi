@@ -156,6 +156,15 @@ def act_mul(const float[:, ::1] gate, up, float[:, ::1] out, str act, int num_th
             ll_act_mul_f32(&gate[t, 0], &upv[t, 0], &out[t, 0], f, a)
 
 
+def softcap(float[:, ::1] x, float cap):   # IN/OUT [R, V]
+    """x = cap * tanh(x / cap) in place (soft-capped logits), row by row as forward runs it."""
+    cdef Py_ssize_t r
+    if not cap > 0:
+        raise ValueError(f"softcap: cap must be positive, got {cap}")
+    for r in range(x.shape[0]):
+        ll_softcap_f32(&x[r, 0], x.shape[1], cap)
+
+
 def write_kv(const float[:, :, ::1] src,     # IN [T, Hkv, D]
              cache,                          # IN/OUT K or V cache in the kernel's layout (layout.py)
              const int64_t[::1] slot_mapping,   # IN [T]
@@ -183,7 +192,8 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
                     float[:, :, ::1] out,              # OUT [T, H, D]
                     float scale, int sliding_window=0, int num_threads=1,
                     str kv_dtype=None,                # layout.KV_DTYPES name; None: from the arrays' dtype
-                    str path=None):                   # ATTENTION_PATHS name; None: this build's default
+                    str path=None,                    # ATTENTION_PATHS name; None: this build's default
+                    float softcap=0.0):               # > 0: scores capped at softcap * tanh(score / softcap)
     """Causal attention of each query token over its sequence's cached positions <= its own."""
     from lite_llm._kernels.layout import kv_geometry, kv_type
     geometry = kv_geometry(v_cache, "v")
@@ -214,7 +224,7 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
         nsplit = _num_splits(ntiles, hkv, num_threads, _max_keys(&positions[0], q.shape[0]))
         _attention(&q[0, 0, 0], h * d, &out[0, 0, 0], h * d, &tv[0], ntiles, h, hkv, d, kp, vp, kt,
                    &block_tables[0, 0], block_tables.shape[1], bs, &tok_seq[0], &positions[0], scale,
-                   sliding_window, &sc[0, 0], sc.shape[1], &pv[0, 0], nsplit, num_threads, ap)
+                   softcap, sliding_window, &sc[0, 0], sc.shape[1], &pv[0, 0], nsplit, num_threads, ap)
 
 
 # Query tiles: up to ATTENTION_QTILE consecutive tokens of one sequence; under the "auto" path a
@@ -290,14 +300,14 @@ cdef inline void _attention_item(Py_ssize_t item, int nsplit, const float *q, Py
                                  Py_ssize_t d, const void *k_cache, const void *v_cache, int kv_type,
                                  const int32_t *block_tables, Py_ssize_t max_blocks, Py_ssize_t bs,
                                  const int32_t *tok_seq, const int32_t *positions, float scale,
-                                 int window, float *scratch, float *partials, int path) noexcept nogil:
+                                 float softcap, int window, float *scratch, float *partials, int path) noexcept nogil:
     """Work item = (query tile, KV head, key split): attention of the tile's tokens for the
     query heads sharing that KV head; with several splits, a partial result for the combine."""
     cdef Py_ssize_t group = h // hkv, s = item % nsplit, kvh = (item // nsplit) % hkv
     cdef Py_ssize_t tile = item // (nsplit * hkv), t0 = tiles[tile]
     ll_paged_attention_tile(q + t0 * ldq, ldq, out + t0 * ldo, ldo, <int>(tiles[tile + 1] - t0), <int>group,
                             kvh * group, positions + t0, window, k_cache, v_cache, kv_type,
-                            block_tables + tok_seq[t0] * max_blocks, bs, kvh, hkv, d, scale, scratch,
+                            block_tables + tok_seq[t0] * max_blocks, bs, kvh, hkv, d, scale, softcap, scratch,
                             <int>s, nsplit, partials + item * _partial_stride(group, d) if nsplit > 1 else NULL, path)
 
 
@@ -312,8 +322,8 @@ cdef inline void _combine_item(Py_ssize_t pair, int nsplit, const float *partial
 cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo, const int32_t *tiles,
                      Py_ssize_t num_tiles, Py_ssize_t h, Py_ssize_t hkv, Py_ssize_t d, const void *k_cache,
                      const void *v_cache, int kv_type, const int32_t *block_tables, Py_ssize_t max_blocks,
-                     Py_ssize_t bs, const int32_t *tok_seq, const int32_t *positions, float scale, int window,
-                     float *scratch, Py_ssize_t scratch_len, float *partials, int nsplit, int num_threads,
+                     Py_ssize_t bs, const int32_t *tok_seq, const int32_t *positions, float scale, float softcap,
+                     int window, float *scratch, Py_ssize_t scratch_len, float *partials, int nsplit, int num_threads,
                      int path) noexcept nogil:
     """q [T, H*D] and out [T, H*D] with row strides ldq, ldo; scratch is [num_threads, scratch_len];
     partials holds num_tiles * hkv * nsplit partial results when nsplit > 1."""
@@ -321,7 +331,7 @@ cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo,
     # dynamic: a tile's work grows with its tokens' context lengths
     for item in prange(num_tiles * hkv * nsplit, schedule="dynamic", chunksize=1, num_threads=num_threads):
         _attention_item(item, nsplit, q, ldq, out, ldo, tiles, h, hkv, d, k_cache, v_cache, kv_type, block_tables,
-                        max_blocks, bs, tok_seq, positions, scale, window,
+                        max_blocks, bs, tok_seq, positions, scale, softcap, window,
                         scratch + openmp.omp_get_thread_num() * scratch_len, partials, path)
     if nsplit > 1:
         for item in prange(num_tiles * hkv, schedule="static", num_threads=num_threads):

@@ -23,6 +23,7 @@ from lite_llm.config import KV_CACHE_DTYPES, attention_path_override
 from lite_llm.engine.input_batch import InputBatch, StepArrays
 from lite_llm.engine.request import SampleResult
 from lite_llm.engine.sampler import Sampler, add_logit_bias
+from lite_llm.model import arch
 from lite_llm.model.rope import rope_tables
 from lite_llm.model.weights import bf16_to_f32
 
@@ -163,10 +164,16 @@ class ModelRunner:
         self.max_model_len = loaded.max_model_len
         self.quantization = check_quantization(quantization)
         self.kv_cache_dtype = kv_cache_format(self.dtype, kv_cache_dtype)
-        if cfg.head_dim % 16:
-            raise ValueError(f"head_dim {cfg.head_dim} is not supported: it must be a multiple of 16")
-        if block_size % 16:
-            raise ValueError(f"block_size {block_size} must be a multiple of 16")
+        max_pos = max(self.max_model_len, 1)
+        # how bf16 weights run prefill and batches on this machine: measured once, cached
+        self.gemm_paths = gemm_path.choose(self.kernels)
+        # the kernel model's typed configuration, checked here before anything is packed
+        self.kernel_config = arch.kernel_config(cfg, dtype=self.dtype, block_size=block_size, max_positions=max_pos,
+                                                kv_cache_dtype=self.kv_cache_dtype,
+                                                bf16_path=self.gemm_paths.chosen["bf16"],
+                                                attn_path=attention_path_override(),
+                                                disable_sliding_window=disable_sliding_window)
+        self.attention_path = self.kernel_config.attn_path
 
         start = time.perf_counter()
         tensors = pack_checkpoint(loaded, self.dtype, num_threads, self.quantization)
@@ -177,23 +184,9 @@ class ModelRunner:
                                                   self.kv_cache_dtype)
         self.k_caches = [layout.aligned_zeros(k_shape, kv_np) for _ in range(cfg.num_layers)]
         self.v_caches = [layout.aligned_zeros(v_shape, kv_np) for _ in range(cfg.num_layers)]
-        max_pos = max(self.max_model_len, 1)
-        if cfg.rope:
-            cos, sin = rope_tables(cfg, max_pos)
-            cos, sin = np.ascontiguousarray(cos, np.float32), np.ascontiguousarray(sin, np.float32)
-        else:
-            cos = sin = np.zeros((max_pos, cfg.head_dim // 2), np.float32)
-        kcfg = dict(dtype=self.dtype, num_layers=cfg.num_layers, dim=cfg.dim, ffn_dim=cfg.ffn_dim,
-                    vocab_size=cfg.vocab_size, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-                    head_dim=cfg.head_dim, norm_eps=cfg.norm_eps, norm=cfg.norm, act=cfg.act,
-                    gated_mlp=cfg.gated_mlp, rope=cfg.rope, qk_norm=cfg.qk_norm,
-                    sliding_window=None if disable_sliding_window else cfg.sliding_window,
-                    max_positions=max_pos, kv_cache_dtype=self.kv_cache_dtype)
-        # how bf16 weights run prefill and batches on this machine: measured once, cached
-        self.gemm_paths = gemm_path.choose(self.kernels)
-        kcfg["bf16_path"] = self.gemm_paths.chosen["bf16"]
-        kcfg["attn_path"] = self.attention_path = attention_path_override()
-        self.model = self.kernels.Model(kcfg, tensors, self.k_caches, self.v_caches, cos, sin)
+        tables = [tuple(np.ascontiguousarray(a, np.float32) for a in rope_tables(c, max_pos))
+                  for c in arch.rope_configs(cfg)] if cfg.rope else []
+        self.model = self.kernels.Model(self.kernel_config, tensors, self.k_caches, self.v_caches, tables)
         self.workspace = self.kernels.Workspace(self.model, max_num_batched_tokens, max_num_seqs, num_threads)
         self.max_num_batched_tokens = max_num_batched_tokens
         self._logits = np.empty((0, cfg.vocab_size), np.float32)

@@ -9,13 +9,17 @@ Canonical tensor names (i = layer), rows are output features as in HF ([out, in]
     layers.{i}.qkv.bias       [(H + 2*Hkv)*D]     when config.qkv_bias
     layers.{i}.q_norm.weight / k_norm.weight  [D] when config.qk_norm
     layers.{i}.o.weight       [E, H*D]      (.bias [E] when config.o_bias)
+    layers.{i}.post_attn_norm.weight [E]    norm of the attention output, when config.post_norms (Gemma)
     layers.{i}.mlp_norm.weight / .bias     [E]
     layers.{i}.gate_up.weight [2F, E]       gate rows then up rows, when config.gated_mlp
     layers.{i}.up.weight      [F, E]        when not gated (OPT fc1); .bias when config.mlp_bias
     layers.{i}.down.weight    [E, F]        (.bias [E] when config.mlp_bias)
+    layers.{i}.post_mlp_norm.weight  [E]    norm of the MLP output, when config.post_norms
     final_norm.weight / .bias [E]
     lm_head.weight            [V, E]        absent when config.tie_word_embeddings
 dtypes: 2-D tensors in the engine dtype (np.float32, np.float16, or bf16 bits as np.uint16);
 1-D tensors (norm weights, biases) always np.float32. GGUF llama q/k weights are un-permuted
-back to HF's rotate-half order, so one RoPE kernel (neox style) serves every source.
+back to HF's rotate-half order, so one RoPE kernel (neox style) serves every source. Each
+family's mapping onto these names is its recipe in lite_llm/model/arch/ (fused projections
+split into parts, Gemma's (1 + w) norms folded at load).
 """

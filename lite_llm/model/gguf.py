@@ -1,7 +1,7 @@
 """GGUF reader: header, metadata, tensor infos and dequantization.
 
-Holds the file format (GGUF v2/v3, llama.cpp's layout) and the mapping of llama.cpp's
-"llama", "qwen2" and "qwen3" graphs onto ModelConfig and canonical tensor names. The
+Holds the file format (GGUF v2/v3, llama.cpp's layout); the mapping of llama.cpp's graphs
+onto ModelConfig and canonical tensor names is each architecture's recipe (lite_llm/model/arch/). The
 tokenizer stored in the metadata is rebuilt in tokenizer.py; dtype conversion in loader.py.
 The header is parsed from a memory map that is dropped once parsed; tensor bytes are read
 with pread into new buffers, a slice of rows at a time if asked (pages of a mapped file
@@ -14,13 +14,12 @@ import os
 import struct
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
-from lite_llm.config import ModelConfig
 from lite_llm.model.loader import MappedFile, ModelLoadError, pread_into
-from lite_llm.model.weights import StackedRows, StoredPart
+from lite_llm.model.weights import StoredPart
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32      # general.alignment when the file does not say
@@ -187,12 +186,15 @@ class GGUFFile:
             self._fd = None
         self.mapped.close()
 
-    def stored(self, name: str, perm: int = 0) -> StoredPart:
-        """Where tensor `name`'s bytes lie, for packing straight from the mapped file."""
+    def stored(self, name: str, perm: int = 0, r0: int = 0, r1: int | None = None) -> StoredPart:
+        """Where rows r0..r1 (default: all) of tensor `name` lie, for packing straight from the
+        mapped file (ggml rows are whole blocks: a row range is a byte range)."""
         info = self.info(name)
-        return StoredPart(view=partial(self.mapped.view, info.offset, info.nbytes), nbytes=info.nbytes,
-                          type_name=info.type_name,
-                          perm=perm, release=partial(self.mapped.release, info.offset, info.nbytes))
+        rows = info.shape[0] if info.shape else 1
+        row_bytes = info.nbytes // rows if rows else 0
+        begin, nbytes = info.offset + r0 * row_bytes, ((rows if r1 is None else r1) - r0) * row_bytes
+        return StoredPart(view=partial(self.mapped.view, begin, nbytes), nbytes=nbytes, type_name=info.type_name,
+                          perm=perm, release=partial(self.mapped.release, begin, nbytes))
 
     def drop_tokenizer_arrays(self) -> None:
         """Forget the vocabulary arrays (TOKENIZER_ARRAYS) once the tokenizer is built from
@@ -265,149 +267,3 @@ def dequantize(raw: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndar
     out = np.empty(int(np.prod(shape)), np.float32)
     kernels.dequantize(np.asarray(raw, np.uint8).reshape(-1), name, out, load_threads())
     return out.reshape(shape)
-
-
-# ---- llama.cpp graph -> ModelConfig and canonical tensors ------------------------------
-
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-
-
-def gguf_config(f: GGUFFile) -> ModelConfig:
-    """ModelConfig from a GGUF file's metadata (as transformers' GGUF loader reads it)."""
-    meta = f.metadata
-    arch = meta.get("general.architecture")
-    if arch not in GGUF_ARCHITECTURES:
-        raise ModelLoadError(f"{f.path}: GGUF architecture {arch!r} is not supported "
-                             f"(supported: {', '.join(GGUF_ARCHITECTURES)})")
-
-    def key(name: str, default: Any = None) -> Any:
-        value = meta.get(f"{arch}.{name}", default)
-        if value is None:
-            raise ModelLoadError(f"{f.path}: metadata {arch}.{name} is missing")
-        return value
-
-    dim = int(key("embedding_length"))
-    num_heads = int(key("attention.head_count"))
-    num_kv_heads = int(key("attention.head_count_kv", num_heads))
-    head_dim = (int(meta.get(f"{arch}.attention.key_length", 0))
-                or int(meta.get(f"{arch}.rope.dimension_count", 0)) or dim // num_heads)
-    vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
-    if not vocab:
-        raise ModelLoadError(f"{f.path}: neither {arch}.vocab_size nor tokenizer.ggml.tokens gives the vocabulary size")
-    rope_scaling = None
-    scaling_type = meta.get(f"{arch}.rope.scaling.type")
-    if scaling_type == "linear":
-        rope_scaling = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
-    elif scaling_type == "yarn":
-        rope_scaling = {"rope_type": "yarn", "factor": float(key("rope.scaling.factor")),
-                        "original_max_position_embeddings": int(key("rope.scaling.original_context_length"))}
-    elif scaling_type not in (None, "none"):
-        raise ModelLoadError(f"{f.path}: GGUF rope scaling {scaling_type!r} is not supported")
-    eos = meta.get("tokenizer.ggml.eos_token_id")
-    architecture = GGUF_ARCHITECTURES[arch]
-    if arch == "llama" and "mistral" in str(meta.get("general.name", "")).lower():
-        architecture = "MistralForCausalLM"     # llama.cpp files Mistral under "llama"; transformers too
-    return ModelConfig(
-        architecture=architecture,
-        vocab_size=int(vocab),
-        dim=dim,
-        ffn_dim=int(key("feed_forward_length")),
-        num_layers=int(key("block_count")),
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        max_position_embeddings=int(key("context_length")),
-        norm_eps=float(key("attention.layer_norm_rms_epsilon")),
-        qkv_bias="blk.0.attn_q.bias" in f.tensors,
-        qk_norm="blk.0.attn_q_norm.weight" in f.tensors,
-        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-        rope_scaling=rope_scaling,
-        tie_word_embeddings="output.weight" not in f.tensors,
-        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_ids=(int(eos),) if eos is not None else (),
-        torch_dtype=None,
-    )
-
-
-def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
-    """Undo llama.cpp's q/k row permutation (interleaved-pair rope) -> HF rotate-half order.
-
-    w: [heads * D, ...]; within each head llama.cpp stores rows as (D/2, 2) pairs, HF as (2, D/2).
-    """
-    d_half = w.shape[0] // heads // 2
-    return w.reshape(heads, d_half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def gguf_tensor_names(config: ModelConfig) -> list[str]:
-    """Every canonical tensor a GGUF checkpoint yields for config, in load order."""
-    names = ["embed"]
-    for i in range(config.num_layers):
-        names += [f"layers.{i}.attn_norm.weight", f"layers.{i}.qkv.weight"]
-        if config.qkv_bias:
-            names.append(f"layers.{i}.qkv.bias")
-        if config.qk_norm:
-            names += [f"layers.{i}.q_norm.weight", f"layers.{i}.k_norm.weight"]
-        names += [f"layers.{i}.o.weight", f"layers.{i}.mlp_norm.weight",
-                  f"layers.{i}.gate_up.weight", f"layers.{i}.down.weight"]
-    names.append("final_norm.weight")
-    if not config.tie_word_embeddings:
-        names.append("lm_head.weight")
-    return names
-
-
-def iter_gguf_tensors(f: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, np.ndarray | StackedRows]]:
-    """Canonical (name, tensor) pairs, one at a time: 1-D tensors as float32 arrays, 2-D ones as
-    StackedRows of float32 (read when asked, a slice of rows at a time), q/k un-permuted for
-    "llama" (a whole head of rows at a time, so qkv slices start on multiples of head_dim)."""
-    permuted = f.metadata.get("general.architecture") == "llama"
-    H, Hkv, D, E, F = config.num_heads, config.num_kv_heads, config.head_dim, config.dim, config.ffn_dim
-
-    def vec(name: str, shape: tuple[int, ...]) -> np.ndarray:
-        f.info(name, shape)
-        return f.read(name)
-
-    def part(name: str, shape: tuple[int, int], heads: int = 0) -> tuple[int, Any]:
-        f.info(name, shape)      # missing / unsupported / misshapen: fail now, before any reading
-        if heads:
-            return shape[0], lambda a, b: _unpermute(f.read_rows(name, a, b), (b - a) // D)
-        return shape[0], partial(f.read_rows, name)
-
-    def blocks(name: str, heads: int = 0) -> tuple[str, Any] | None:
-        """(block type, raw row reader) of a tensor stored in a type the kernels run natively."""
-        type_name = f.tensors[name].type_name
-        if type_name not in NATIVE_TYPES:
-            return None
-        if heads:   # whole rows move: un-permuting raw block rows is the same permutation
-            return type_name, lambda a, b: _unpermute(f.read_raw_rows(name, a, b), (b - a) // D)
-        return type_name, partial(f.read_raw_rows, name)
-
-    def stacked(specs: list[tuple[str, tuple[int, int], int]], align: int = 1) -> StackedRows:
-        return StackedRows(tuple(part(n, s, h) for n, s, h in specs), specs[0][1][1], align=align,
-                           blocks=tuple(blocks(n, h) for n, _, h in specs),
-                           stored=tuple(f.stored(n, D if h else 0) for n, _, h in specs))
-
-    def one(name: str, shape: tuple[int, int]) -> StackedRows:
-        return stacked([(name, shape, 0)])
-
-    yield "embed", one("token_embd.weight", (config.vocab_size, E))
-    for i in range(config.num_layers):
-        p = f"blk.{i}."
-        yield f"layers.{i}.attn_norm.weight", vec(p + "attn_norm.weight", (E,))
-        yield f"layers.{i}.qkv.weight", stacked([(p + "attn_q.weight", (H * D, E), H if permuted else 0),
-                                                 (p + "attn_k.weight", (Hkv * D, E), Hkv if permuted else 0),
-                                                 (p + "attn_v.weight", (Hkv * D, E), 0)], align=D if permuted else 1)
-        if config.qkv_bias:
-            yield f"layers.{i}.qkv.bias", np.concatenate([vec(p + "attn_q.bias", (H * D,)),
-                                                          vec(p + "attn_k.bias", (Hkv * D,)),
-                                                          vec(p + "attn_v.bias", (Hkv * D,))])
-        if config.qk_norm:
-            yield f"layers.{i}.q_norm.weight", vec(p + "attn_q_norm.weight", (D,))
-            yield f"layers.{i}.k_norm.weight", vec(p + "attn_k_norm.weight", (D,))
-        yield f"layers.{i}.o.weight", one(p + "attn_output.weight", (E, H * D))
-        yield f"layers.{i}.mlp_norm.weight", vec(p + "ffn_norm.weight", (E,))
-        yield f"layers.{i}.gate_up.weight", stacked([(p + "ffn_gate.weight", (F, E), 0),
-                                                     (p + "ffn_up.weight", (F, E), 0)])
-        yield f"layers.{i}.down.weight", one(p + "ffn_down.weight", (E, F))
-    yield "final_norm.weight", vec("output_norm.weight", (E,))
-    if not config.tie_word_embeddings:
-        yield "lm_head.weight", one("output.weight", (config.vocab_size, E))

@@ -93,6 +93,7 @@ from lite_llm.config import ModelConfig, allow_long_max_model_len  # noqa: E402
 from lite_llm.model import gguf as _gguf  # noqa: E402
 from lite_llm.model import hf as _hf  # noqa: E402
 from lite_llm.model import hfquant as _hfquant  # noqa: E402
+from lite_llm.model import arch as _arch  # noqa: E402
 from lite_llm.model.tokenizer import Tokenizer  # noqa: E402
 from lite_llm.model.weights import StackedRows, convert  # noqa: E402
 
@@ -123,9 +124,7 @@ class LoadedModel:
 
     def tensor_names(self) -> list[str]:
         """Canonical names iter_tensors() yields, in order."""
-        if self.is_gguf:
-            return _gguf.gguf_tensor_names(self.config)
-        return _hf.hf_tensor_names(self.config)
+        return _arch.tensor_names(self.config)
 
     def release(self) -> None:
         """Close the checkpoint's files once its tensors are repacked (config and tokenizer stay)."""
@@ -138,8 +137,11 @@ class LoadedModel:
         gives a slice of rows, so the caller can repack a large tensor without a full-size copy
         of it. Arrays are new memory the caller may keep or drop."""
         total = len(self.tensor_names())
-        raw = (_gguf.iter_gguf_tensors(self._reader, self.config) if self.is_gguf
-               else _hf.iter_hf_tensors(self._reader, self.config))
+        if self.is_gguf:
+            raw = _arch.for_gguf(self._reader.metadata.get("general.architecture"), self.source).gguf_tensors(
+                self._reader, self.config)
+        else:
+            raw = _arch.for_hf(self.config.architecture, self.source).hf_tensors(self._reader, self.config)
         show = self.progress and sys.stderr.isatty()
         start = time.perf_counter()
         done_bytes = 0
@@ -269,7 +271,8 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
                     raise ModelLoadError(f"{path}: a model file must be GGUF (.gguf); "
                                          "otherwise pass a Hugging Face model directory")
         reader = _gguf.GGUFFile(path)
-        config = _gguf.gguf_config(reader)
+        gguf_arch = reader.metadata.get("general.architecture")
+        config = _arch.for_gguf(gguf_arch, path).gguf_config(reader, gguf_arch)
         tokenizer = None
         if not skip_tokenizer_init:
             try:

@@ -1,8 +1,15 @@
 """Rotary position tables: cos/sin per position for neox-style (rotate-half) RoPE.
 
-Frequencies follow transformers' ROPE_INIT_FUNCTIONS (default, linear, llama3, yarn) and its
-rotary-embedding modules: freqs = position * inv_freq in float32, and yarn's attention factor
-multiplies cos and sin. Applying the rotation is the kernels' job.
+Frequencies follow transformers' ROPE_INIT_FUNCTIONS (default, linear, llama3, yarn, longrope)
+and its rotary-embedding modules: freqs = position * inv_freq in float32, and yarn's / longrope's
+attention factor multiplies cos and sin. With partial rotary (Phi-4-mini) the tables cover the
+first rope_dim(config) components of each head. Applying the rotation is the kernels' job.
+
+LongRoPE (Phi-3) has short and long factors; transformers picks them per call by the longest
+position it sees. A paged cache keeps keys rotated once, so the choice here is per engine, by
+the longest sequence it serves (max_positions > original_max_position_embeddings: long), as
+llama.cpp picks them by its context size; a sequence past the short context then matches
+transformers on the whole sequence.
 """
 from __future__ import annotations
 
@@ -12,19 +19,39 @@ import numpy as np
 
 from lite_llm.config import ModelConfig
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
-def inv_freq(config: ModelConfig) -> tuple[np.ndarray, float]:
-    """(inv_freq float32 [D/2], attention_factor) for config's rope type."""
+def rope_dim(config: ModelConfig) -> int:
+    """Components of each head that rotate: all, or the first head_dim x partial_rotary_factor."""
+    factor = float((config.rope_scaling or {}).get("partial_rotary_factor", config.partial_rotary_factor))
+    return int(config.head_dim * factor)
+
+
+def inv_freq(config: ModelConfig, max_positions: int | None = None) -> tuple[np.ndarray, float]:
+    """(inv_freq float32 [rope_dim/2], attention_factor) for config's rope type; max_positions:
+    the longest sequence served (LongRoPE's choice of factors)."""
     scaling = dict(config.rope_scaling or {})
     kind = scaling.get("rope_type", scaling.get("type", "default"))
-    dim = int(config.head_dim * float(scaling.get("partial_rotary_factor", 1.0)))
+    dim = rope_dim(config)
     base = float(config.rope_theta)
     exponents = np.arange(0, dim, 2, dtype=np.float64) / dim                    # [D/2]
     freq = 1.0 / base ** exponents                                              # [D/2], float64
     if kind == "default":
         return freq.astype(np.float32), 1.0
+    if kind in ("longrope", "su"):
+        original = int(scaling["original_max_position_embeddings"])
+        factor = scaling.get("factor") or config.max_position_embeddings / original
+        attention_factor = scaling.get("attention_factor")
+        if attention_factor is None:
+            attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        long = max_positions is not None and max_positions > original
+        ext = np.asarray(scaling["long_factor" if long else "short_factor"], np.float32)
+        if ext.shape != (dim // 2,):
+            raise ValueError(f"longrope: {ext.shape[0]} factors for {dim // 2} frequencies")
+        # transformers: 1 / (ext * base ** (arange / dim)) in float32
+        powers = np.float32(base) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+        return (np.float32(1.0) / (ext * powers)).astype(np.float32), float(attention_factor)
     if kind == "linear":
         return (freq.astype(np.float32) / np.float32(scaling["factor"])).astype(np.float32), 1.0
     original = int(scaling.get("original_max_position_embeddings") or config.max_position_embeddings)
@@ -75,11 +102,12 @@ def inv_freq(config: ModelConfig) -> tuple[np.ndarray, float]:
 
 
 def rope_tables(config: ModelConfig, max_positions: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin float32 [max_positions, D/2]: angle of position p for frequency pair i.
+    """cos, sin float32 [max_positions, R/2] (R = rope_dim(config)): angle of position p for
+    frequency pair i.
 
-    Rotate-half layout: pair i rotates elements (i, i + D/2) of each head.
+    Rotate-half layout: pair i rotates elements (i, i + R/2) of each head.
     """
-    freq, attention_factor = inv_freq(config)
+    freq, attention_factor = inv_freq(config, max_positions)
     positions = np.arange(max_positions, dtype=np.float32)
     angles = positions[:, None] * freq[None, :]                                 # [P, D/2] float32
     cos = (np.cos(angles.astype(np.float64)) * attention_factor).astype(np.float32)

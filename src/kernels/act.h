@@ -24,6 +24,15 @@ static inline void ll_act_mul_f32(const float *gate, const float *up, float *out
             ll_vf32 r = ll_div(g, ll_add(one, ll_exp(ll_sub(zero, g))));
             ll_store(out + i, up ? ll_mul(r, ll_load(up + i)) : r);
         }
+    } else if (act == LL_ACT_GELU_TANH) {   /* 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)) */
+        const ll_vf32 one = ll_set1(1.0f), zero = ll_zero(), c1 = ll_set1(2.0f * 0.7978845608028654f);
+        const ll_vf32 c3 = ll_set1(2.0f * 0.7978845608028654f * 0.044715f);
+        for (; i + 16 <= n; i += 16) {
+            ll_vf32 g = ll_load(gate + i);
+            ll_vf32 two_u = ll_mul(g, ll_fma(ll_mul(g, g), c3, c1));
+            ll_vf32 r = ll_div(g, ll_add(one, ll_exp(ll_sub(zero, two_u))));
+            ll_store(out + i, up ? ll_mul(r, ll_load(up + i)) : r);
+        }
     } else if (act == LL_ACT_RELU) {
         const ll_vf32 zero = ll_zero();
         for (; i + 16 <= n; i += 16) {
@@ -35,5 +44,17 @@ static inline void ll_act_mul_f32(const float *gate, const float *up, float *out
         float r = ll_act_scalar(gate[i], act);
         out[i] = up ? r * up[i] : r;
     }
+}
+/* cap * tanh(x / cap) of 16 values (soft-capped scores or logits), tanh(y) = 1 - 2 / (1 + exp(2y)). */
+LL_INLINE ll_vf32 ll_softcap_v(ll_vf32 x, float cap) {
+    const ll_vf32 one = ll_set1(1.0f), e = ll_exp(ll_mul(x, ll_set1(2.0f / cap)));
+    return ll_mul(ll_set1(cap), ll_sub(one, ll_div(ll_set1(2.0f), ll_add(one, e))));
+}
+
+/* x[i] = cap * tanh(x[i] / cap). */
+static inline void ll_softcap_f32(float *x, ptrdiff_t n, float cap) {
+    ptrdiff_t i = 0;
+    for (; i + 16 <= n; i += 16) ll_store(x + i, ll_softcap_v(ll_load(x + i), cap));
+    for (; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
 }
 #endif

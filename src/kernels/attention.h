@@ -30,6 +30,8 @@
 #define LL_ATTENTION_H
 #include "../simd/vec.h"
 
+#include "act.h"   /* ll_softcap_v */
+
 #define LL_MAX_HEAD_DIM 512
 
 /* KV cache element types: must match KV_DTYPES in lite_llm/_kernels/layout.py */
@@ -139,6 +141,7 @@ typedef struct {
     ptrdiff_t kb, D, c0;             /* K's key stride (block size, or 16 when staged), head dim,
                                         position of the span's first key */
     int nchunks;
+    float softcap;                   /* > 0: scores -> softcap * tanh(scores / softcap) (Gemma 2) */
     float *S, *P;                    /* [rows][LL_ATTN_SPAN] */
 } ll_attn_span;
 
@@ -227,6 +230,8 @@ LL_INLINE void ll_attn_pass1(const int KT, const int KS, const int NR, const ll_
         const ptrdiff_t c = sp->c0 + 16 * ch;
         const int lo = ch == 0 ? j0 : 0, hi = ch == sp->nchunks - 1 ? nj_last : 16;   /* keys in the cache */
         ll_attn_scores(KT, KS, NR, sp, ch, qrows, r0, s);
+        if (sp->softcap > 0.f)
+            for (int k = 0; k < NR; k++) s[k] = ll_softcap_v(s[k], sp->softcap);
         for (int k = 0; k < NR; k++) {
             const ptrdiff_t r = r0 + k, p = pos[r / group];
             const ptrdiff_t first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
@@ -317,7 +322,7 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const int CT, const float *q
                                       ptrdiff_t ldo, int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
                                       const void *k_cache, const void *v_cache, const int32_t *block_table,
                                       ptrdiff_t block_size, ptrdiff_t kv_head, ptrdiff_t num_kv_heads,
-                                      ptrdiff_t head_dim, float scale, float *scratch,
+                                      ptrdiff_t head_dim, float scale, float softcap, float *scratch,
                                       int split, int nsplit, float *partial) {
     /* KT: the cache's type; CT: the dot products' (== KT: direct, else staged) */
     const int ST = CT != KT, Q8 = LL_KV_IS_8BIT(KT);
@@ -327,7 +332,7 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const int CT, const float *q
     float *edge = scratch, *qrows = edge + 2 * 16 * D, *acc = qrows + rows * D;
     float *m = acc + rows * D, *l = m + rows;
     ll_attn_span sp;
-    sp.k = k_cache; sp.v = v_cache; sp.kb = ST ? 16 : block_size; sp.D = D;
+    sp.k = k_cache; sp.v = v_cache; sp.kb = ST ? 16 : block_size; sp.D = D; sp.softcap = softcap;
     sp.S = l + rows; sp.P = sp.S + rows * LL_ATTN_SPAN;
     float *kst = sp.P + rows * LL_ATTN_SPAN, *vst = kst + LL_ATTN_SPAN * D, *vsc = vst + LL_ATTN_SPAN * D;
     const size_t cesz = CT == LL_KV_BF16 ? sizeof(uint16_t) : sizeof(float);   /* staged element */
@@ -517,17 +522,19 @@ static inline void ll_attention_combine(const float *partials, int nsplit, ptrdi
 }
 
 /* One work item: the tile's nq tokens x `group` heads from h0 (one KV head), over all its keys
- * (nsplit == 1, normalised into out) or over split `split` of nsplit (raw into partial); `path`
- * one of LL_ATTN_* (above). */
+ * (nsplit == 1, normalised into out) or over split `split` of nsplit (raw into partial);
+ * softcap > 0 caps the scaled scores at softcap * tanh(score / softcap) (Gemma 2); `path` one
+ * of LL_ATTN_* (above). */
 static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
                                            int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
                                            const void *k_cache, const void *v_cache, int kv_type,
                                            const int32_t *block_table, ptrdiff_t block_size,
                                            ptrdiff_t kv_head, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
-                                           float scale, float *scratch, int split, int nsplit, float *partial,
-                                           int path) {
+                                           float scale, float softcap, float *scratch, int split, int nsplit,
+                                           float *partial, int path) {
 #define LL_ATTN_TILE(KT, CT) ll_attention_tile_impl(KT, CT, q, ldq, out, ldo, nq, group, h0, pos, window, k_cache, \
-        v_cache, block_table, block_size, kv_head, num_kv_heads, head_dim, scale, scratch, split, nsplit, partial)
+        v_cache, block_table, block_size, kv_head, num_kv_heads, head_dim, scale, softcap, scratch, split, nsplit, \
+        partial)
 #define LL_ATTN_8BIT(KT) \
     if (stage == LL_KV_F32) LL_ATTN_TILE(KT, LL_KV_F32); else if (stage == LL_KV_BF16) LL_ATTN_TILE(KT, LL_KV_BF16); \
     else LL_ATTN_TILE(KT, KT)
@@ -547,6 +554,18 @@ static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float 
     }
 #undef LL_ATTN_8BIT
 #undef LL_ATTN_TILE
+}
+
+/* ll_paged_attention_tile_capped without soft-capping. */
+static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
+                                           int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
+                                           const void *k_cache, const void *v_cache, int kv_type,
+                                           const int32_t *block_table, ptrdiff_t block_size,
+                                           ptrdiff_t kv_head, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
+                                           float scale, float *scratch, int split, int nsplit, float *partial) {
+    ll_paged_attention_tile_capped(q, ldq, out, ldo, nq, group, h0, pos, window, k_cache, v_cache, kv_type,
+                                   block_table, block_size, kv_head, num_kv_heads, head_dim, scale, 0.f, scratch,
+                                   split, nsplit, partial);
 }
 
 #endif

@@ -127,7 +127,7 @@ def run(mod, step: Step, scale: float, sliding_window: int = 0, num_threads: int
 
 def expected(step: Step, scale: float, sliding_window: int = 0, round_q: bool | None = None) -> np.ndarray:
     return ref_ops.paged_attention(step.q, step.values("k"), step.values("v"), step.block_tables,
-                                   step.tok_seq, step.positions, scale, sliding_window, round_q)
+                                   step.tok_seq, step.positions, scale, sliding_window, round_q=round_q)
 
 
 # (H, Hkv): multi-head, grouped-query, multi-query
@@ -175,6 +175,26 @@ def test_block_sizes_and_head_dims(variant, block_size, head_dim, kv_dtype, rng)
     step = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=head_dim, block_size=block_size,
                      queries=[(3, 9), (70, 1), (0, 4)], kv_dtype=kv_dtype)
     np.testing.assert_allclose(run(mod, step, 0.2, num_threads=2), expected(step, 0.2), **tol(kv_dtype))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+@pytest.mark.parametrize("softcap,window", [(2.0, 0), (50.0, 0), (3.0, 17)])
+def test_softcapped_scores(variant, kv_dtype, softcap, window, rng):
+    """Gemma 2's attention soft-capping: scaled scores -> cap * tanh(score / cap) before the
+    softmax, in the split path of a long decode too; a cap of 2 changes the result."""
+    mod = _kernels.load(variant)
+    step = make_step(rng, num_heads=8, num_kv_heads=2, head_dim=32, block_size=16,
+                     queries=MIXED + [(600, 1)], kv_dtype=kv_dtype)
+    out = np.full(step.q.shape, np.nan, np.float32)
+    mod.paged_attention(step.q, step.layout("k"), step.layout("v"), step.block_tables, step.tok_seq,
+                        step.positions, out, 0.5, sliding_window=window, num_threads=3, kv_dtype=step.kv_dtype,
+                        softcap=softcap, path="direct")
+    want = ref_ops.paged_attention(step.q, step.values("k"), step.values("v"), step.block_tables, step.tok_seq,
+                                   step.positions, 0.5, window, softcap=softcap)
+    np.testing.assert_allclose(out, want, **tol(kv_dtype))
+    if softcap == 2.0:
+        assert np.abs(want - expected(step, 0.5, window)).max() > 0.1
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

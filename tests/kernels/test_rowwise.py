@@ -1,5 +1,5 @@
 """Row-wise kernels vs tests/ref_ops.py on every variant: RMSNorm, LayerNorm, neox RoPE,
-activation-and-multiply, and the KV-cache write.
+activation-and-multiply, logit soft-capping, and the KV-cache write.
 
 Widths are odd or not multiples of 16 so the vector loops and their scalar tails both run;
 row counts are not multiples of the thread counts.
@@ -118,6 +118,20 @@ def test_act_mul(variant, act, gated, num_tokens, ffn_dim, rng):
     mod.act_mul(gate, up, out, act, num_threads=2)
     # SiLU's vector exp is a polynomial (rel. error ~2e-7); erf/tanh come from libm
     np.testing.assert_allclose(out, ref_ops.act_mul(gate, up, act), rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("rows,vocab,cap", [(1, 320, 30.0), (3, 37, 5.0), (2, 15, 50.0)])
+def test_softcap(variant, rows, vocab, cap, rng):
+    mod = _kernels.load(variant)
+    x = (rng.standard_normal((rows, vocab)) * 3 * cap).astype(np.float32)
+    x[0, :6] = [0.0, 1e-6, -1e-6, 1e4, -1e4, cap]      # tanh's flat ends and its linear middle
+    want = ref_ops.softcap(x, cap)
+    mod.softcap(x, cap)
+    # the vector tanh is 1 - 2 / (1 + exp(2y)): absolute error ~1e-7 of the cap near 0
+    np.testing.assert_allclose(x, want, rtol=2e-6, atol=2e-7 * cap)
+    with pytest.raises(ValueError):
+        mod.softcap(x, 0.0)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

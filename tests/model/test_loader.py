@@ -569,7 +569,7 @@ def test_safetensors_rows_pack_like_the_whole_tensor(tmp_path, rng, sources, dty
                               "F64": x.astype(np.float64)}[src])
     _write_safetensors(tmp_path / "model.safetensors", stored)
     ckpt = hf.SafetensorsCheckpoint(str(tmp_path))
-    stacked = hf._stacked(ckpt, (("a", (21, 33)), ("b", (19, 33)))).to(dtype)
+    stacked = hf.stacked(ckpt, (("a", (21, 33)), ("b", (19, 33)))).to(dtype)
     assert stacked.shape == (40, 33)
     whole = np.concatenate([convert(ckpt.read("a"), "float32"), convert(ckpt.read("b"), "float32")])
     ref = layout.pack_reference(convert(whole, dtype), dtype)

@@ -1,0 +1,144 @@
+"""Architecture recipes, one module per family: how a checkpoint's config and tensors map onto
+ModelConfig, the canonical tensor names (lite_llm/model/__init__.py) and the per-layer
+properties of the kernel model.
+
+    llama.py   LlamaForCausalLM, MistralForCausalLM (and the "llama" GGUF graph)
+    qwen.py    Qwen2ForCausalLM, Qwen3ForCausalLM ("qwen2", "qwen3")
+    opt.py     OPTForCausalLM
+    gemma.py   Gemma2ForCausalLM, Gemma3ForCausalLM ("gemma2", "gemma3")
+    phi3.py    Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4-mini; "phi3")
+    granite.py GraniteForCausalLM ("granite")
+
+A recipe module defines HF_ARCHITECTURES (the config.json names it reads), GGUF_ARCHITECTURES
+(llama.cpp's general.architecture -> HF name), config(raw, arch, where) -> ModelConfig,
+hf_tensors(ckpt, config), and, where GGUF is supported, gguf_config(f, arch) and
+gguf_tensors(f, config). File formats stay in hf.py / gguf.py; what the layers compute is
+lite_llm/_kernels/forward.pxi, driven by the KernelConfig built here.
+"""
+from __future__ import annotations
+
+import dataclasses
+from types import ModuleType
+
+from lite_llm.config import KernelConfig, LayerConfig, ModelConfig
+from lite_llm.model.arch import gemma, granite, llama, opt, phi3, qwen
+from lite_llm.model.loader import ModelLoadError
+from lite_llm.model.rope import rope_dim
+
+RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma, phi3, granite)
+_BY_HF = {name: r for r in RECIPES for name in r.HF_ARCHITECTURES}
+_BY_GGUF = {name: r for r in RECIPES for name in getattr(r, "GGUF_ARCHITECTURES", {})}
+SUPPORTED_ARCHITECTURES = tuple(_BY_HF)
+SUPPORTED_GGUF_ARCHITECTURES = tuple(_BY_GGUF)
+
+
+def for_hf(arch: str | None, where: str) -> ModuleType:
+    """The recipe of HF architecture name `arch`, else a ModelLoadError listing the supported ones."""
+    recipe = _BY_HF.get(arch)
+    if recipe is None:
+        raise ModelLoadError(f"{where}: architecture {arch!r} is not supported "
+                             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    return recipe
+
+
+def for_gguf(arch: str | None, where: str) -> ModuleType:
+    """The recipe of llama.cpp graph name `arch` (general.architecture)."""
+    recipe = _BY_GGUF.get(arch)
+    if recipe is None:
+        raise ModelLoadError(f"{where}: GGUF architecture {arch!r} is not supported "
+                             f"(supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)})")
+    return recipe
+
+
+def config_from_dict(raw: dict, where: str = "config.json") -> ModelConfig:
+    """ModelConfig of an HF config.json dict."""
+    archs = raw.get("architectures") or []
+    arch = archs[0] if archs else None
+    recipe = for_hf(arch, where)
+    try:
+        return recipe.config(raw, arch, where)
+    except KeyError as e:
+        raise ModelLoadError(f"{where}: {arch} config lacks field {e.args[0]!r}") from None
+
+
+def tensor_names(config: ModelConfig) -> list[str]:
+    """Every canonical tensor a checkpoint of `config` yields, in load order (any source)."""
+    names = ["embed"] + (["pos_embed"] if not config.rope else [])
+    layer_norm = config.norm == "layer"
+    for i in range(config.num_layers):
+        p = f"layers.{i}."
+        names += [p + "attn_norm.weight"] + ([p + "attn_norm.bias"] if layer_norm else [])
+        names += [p + "qkv.weight"] + ([p + "qkv.bias"] if config.qkv_bias else [])
+        if config.qk_norm:
+            names += [p + "q_norm.weight", p + "k_norm.weight"]
+        names += [p + "o.weight"] + ([p + "o.bias"] if config.o_bias else [])
+        if config.post_norms:
+            names.append(p + "post_attn_norm.weight")
+        names += [p + "mlp_norm.weight"] + ([p + "mlp_norm.bias"] if layer_norm else [])
+        mlp_in = "gate_up" if config.gated_mlp else "up"
+        names += [p + f"{mlp_in}.weight"] + ([p + f"{mlp_in}.bias"] if config.mlp_bias else [])
+        names += [p + "down.weight"] + ([p + "down.bias"] if config.mlp_bias else [])
+        if config.post_norms:
+            names.append(p + "post_mlp_norm.weight")
+    names += ["final_norm.weight"] + (["final_norm.bias"] if layer_norm else [])
+    if not config.tie_word_embeddings:
+        names.append("lm_head.weight")
+    return names
+
+
+def layer_is_sliding(config: ModelConfig, layer: int) -> bool:
+    """Whether `layer` attends within config.sliding_window (every layer when layer_types is
+    empty and a window is set: Mistral, Qwen2 with use_sliding_window)."""
+    if not config.sliding_window:
+        return False
+    return not config.layer_types or config.layer_types[layer] == "sliding_attention"
+
+
+def rope_configs(config: ModelConfig) -> list[ModelConfig]:
+    """The distinct RoPE setups of the model's layers, as configs rope.rope_tables() takes:
+    [global] or [global, sliding] when sliding layers have their own base (Gemma 3)."""
+    tables = [config]
+    if config.rope_local_theta is not None and any(layer_is_sliding(config, i) for i in range(config.num_layers)):
+        tables.append(dataclasses.replace(config, rope_theta=config.rope_local_theta, rope_scaling=None))
+    return tables
+
+
+def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_positions: int, kv_cache_dtype: str,
+                  bf16_path: str | None = None, attn_path: str = "auto",
+                  disable_sliding_window: bool = False) -> KernelConfig:
+    """The typed configuration of the kernel model (checked once, in KernelConfig)."""
+    local_rope = 1 if len(rope_configs(config)) > 1 else 0
+    layers = []
+    for i in range(config.num_layers):
+        sliding = layer_is_sliding(config, i) and not disable_sliding_window
+        layers.append(LayerConfig(sliding_window=int(config.sliding_window) if sliding else 0,
+                                  rope_table=local_rope if layer_is_sliding(config, i) else 0))
+    scale = (config.query_pre_attn_scalar if config.query_pre_attn_scalar else config.head_dim) ** -0.5
+    if config.attention_multiplier is not None:
+        scale = config.attention_multiplier
+    return KernelConfig(
+        dtype=dtype, num_layers=config.num_layers, dim=config.dim, ffn_dim=config.ffn_dim,
+        vocab_size=config.vocab_size, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim, block_size=block_size, max_positions=max_positions, norm=config.norm,
+        norm_eps=config.norm_eps, act=config.act, gated_mlp=config.gated_mlp, rope=config.rope,
+        rope_dim=rope_dim(config),
+        qk_norm=config.qk_norm, post_norms=config.post_norms, attn_scale=float(scale),
+        embed_scale=_embed_scale(config, dtype) * config.embedding_multiplier,
+        residual_scale=float(config.residual_multiplier), logit_scale=1.0 / config.logits_scaling, attn_softcap=float(config.attn_softcap or 0.0),
+        final_softcap=float(config.final_softcap or 0.0),
+        kv_cache_dtype=kv_cache_dtype, bf16_path=bf16_path, layers=tuple(layers), attn_path=attn_path)
+
+
+def _embed_scale(config: ModelConfig, dtype: str) -> float:
+    """sqrt(dim) rounded to the model dtype, as transformers multiplies Gemma's embeddings by a
+    tensor of that dtype (1.0: no scaling)."""
+    if not config.embed_scale:
+        return 1.0
+    import numpy as np
+    from lite_llm.model.weights import bf16_to_f32, to_bf16
+    value = np.array([config.dim ** 0.5], np.float32)
+    if dtype == "bfloat16":
+        value = bf16_to_f32(to_bf16(value))
+    elif dtype == "float16":
+        value = value.astype(np.float16).astype(np.float32)
+    return float(value[0])
