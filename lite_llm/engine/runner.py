@@ -227,18 +227,24 @@ class ModelRunner:
                              block_tables, logits_rows, logits, self.num_threads)
         return logits
 
-    def execute(self, sched_out) -> list[SampleResult | None]:
+    def execute(self, sched_out, masks=None) -> list[SampleResult | None]:
+        """One step. masks: the step's structured-output MaskJob (structured.py), being computed
+        while forward() runs; waited for before sampling."""
         batch = self.input_batch
         a = batch.prepare(sched_out)
         start = time.perf_counter()
-        logits = self.forward(a.token_ids, a.positions, a.slot_mapping, a.tok_seq, a.block_tables,
-                              a.logits_rows)
-        kernel_seconds = time.perf_counter() - start
+        try:
+            logits = self.forward(a.token_ids, a.positions, a.slot_mapping, a.tok_seq, a.block_tables,
+                                  a.logits_rows)
+            kernel_seconds = time.perf_counter() - start
+        finally:        # the mask's buffer is reused next step: never leave its work running
+            bitmask, mask_rows = masks.wait() if masks is not None else (None, None)
         sampled = []
         if len(a.sample_slots):
             if batch.any_logit_bias:
                 add_logit_bias(logits, [c.request for c in sched_out.chunks if c.sample])
-            sampled = self.sampler.run(logits, *batch.sampling_arrays(a.sample_slots, a.sample_slots_are_prefix))
+            sampled = self.sampler.run(logits, *batch.sampling_arrays(a.sample_slots, a.sample_slots_are_prefix),
+                                       bitmask=bitmask, mask_rows=mask_rows)
             kernel_seconds += self.sampler.last_kernel_seconds
             batch.append_sampled(a.sample_slots, self.sampler.last_tokens)
         # weights stream once per step; attention reads each sequence's context once

@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from lite_llm.outputs import CompletionOutput, Logprob
-from lite_llm.sampling_params import MAX_LOGPROBS, SamplingParams
+from lite_llm.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutputsParams
 
 MAX_PROMPTS = 256           # prompts in one completions request (each is one engine request)
 MAX_N = 128                 # completions per prompt
@@ -29,9 +29,8 @@ _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 _LOGPROB_FLOOR = -9999.0    # JSON has no -inf; vLLM clamps the same way
 
 # Fields accepted only while they say "not used" (null, false, empty): anything else is a 400.
-_UNSUPPORTED = {"functions", "function_call", "response_format",
-                "suffix", "best_of", "prompt_logprobs", "guided_json",
-                "guided_regex", "guided_choice", "guided_grammar",
+_UNSUPPORTED = {"functions", "function_call",
+                "suffix", "best_of", "prompt_logprobs", "guided_decoding_backend",
                 "audio", "modalities", "prediction", "reasoning_effort", "web_search_options",
                 "metadata", "store", "service_tier", "continue_final_message", "documents"}
 _WHY_UNSUPPORTED = {
@@ -45,7 +44,9 @@ _SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "min
                     "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop",
                     "stop_token_ids", "ignore_eos", "n", "stream", "stream_options", "user",
                     "min_tokens", "skip_special_tokens", "include_stop_str_in_output",
-                    "parallel_tool_calls", "request_id", "logit_bias"}
+                    "parallel_tool_calls", "request_id", "logit_bias", "response_format",
+                    "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                    "guided_whitespace_pattern", "structured_outputs"}
 COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "logprobs", "echo", "add_special_tokens"}
 CHAT_FIELDS = _SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
                                   "add_generation_prompt", "chat_template", "add_special_tokens",
@@ -331,7 +332,70 @@ def _sampling_kwargs(body: dict, ctx: ServingContext) -> dict:
     if "parallel_tool_calls" in body and body["parallel_tool_calls"] is not None \
             and not isinstance(body["parallel_tool_calls"], bool):
         raise bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+    structured = structured_outputs(body)
+    if structured is not None:
+        kw["structured_outputs"] = structured
     return kw
+
+
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+           "guided_grammar": "grammar"}
+_STRUCTURED_KEYS = {"json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace",
+                    "disable_additional_properties", "whitespace_pattern"}
+
+
+def structured_outputs(body: dict) -> StructuredOutputsParams | None:
+    """The output constraint of a body: OpenAI's response_format (json_object, json_schema),
+    vLLM's guided_json / guided_regex / guided_choice / guided_grammar, or its
+    structured_outputs object. At most one of them; the grammar itself is compiled and checked
+    by the engine (a bad one is a 400 there)."""
+    found: list[tuple[str, dict]] = []
+    rf = body.get("response_format")
+    if rf is not None:
+        kind = rf.get("type") if isinstance(rf, dict) else None
+        if kind == "text" and set(rf) == {"type"}:
+            pass
+        elif kind == "json_object" and set(rf) == {"type"}:
+            found.append(("response_format", {"json_object": True}))
+        elif kind == "json_schema" and set(rf) <= {"type", "json_schema"}:
+            js = rf.get("json_schema")
+            if not isinstance(js, dict) or set(js) - {"name", "schema", "strict", "description"} \
+                    or not isinstance(js.get("name", ""), str) \
+                    or js.get("strict") not in (None, True, False):
+                raise bad("'response_format.json_schema' must be {\"name\": str, \"schema\": object, "
+                          "\"strict\": bool, \"description\": str}", "response_format.json_schema")
+            schema = js.get("schema", {})
+            if not isinstance(schema, (dict, bool)):
+                raise bad("'response_format.json_schema.schema' must be a JSON schema object",
+                          "response_format.json_schema.schema")
+            found.append(("response_format", {"json": schema}))
+        else:
+            raise bad("'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                      "{\"type\": \"json_schema\", \"json_schema\": {...}}", "response_format")
+    for name, key in _GUIDED.items():
+        value = body.get(name)
+        if value is not None:
+            found.append((name, {key: value}))
+    so = body.get("structured_outputs")
+    if so is not None:
+        if not isinstance(so, dict) or set(so) - _STRUCTURED_KEYS:
+            raise bad(f"'structured_outputs' must be an object with keys among "
+                      f"{', '.join(sorted(_STRUCTURED_KEYS))}", "structured_outputs")
+        found.append(("structured_outputs", dict(so)))
+    if not found:
+        return None
+    if len(found) > 1:
+        raise bad(f"give at most one output constraint; got {', '.join(n for n, _ in found)}", found[1][0])
+    name, kwargs = found[0]
+    pattern = body.get("guided_whitespace_pattern")
+    if pattern is not None:
+        if not isinstance(pattern, str):
+            raise bad("'guided_whitespace_pattern' must be a string", "guided_whitespace_pattern")
+        kwargs.setdefault("whitespace_pattern", pattern)
+    try:
+        return StructuredOutputsParams(**kwargs)
+    except (ValueError, TypeError) as e:
+        raise bad(f"'{name}': {e}", name) from None
 
 
 def _logit_bias(value: Any, vocab_size: int) -> dict[int, float]:
