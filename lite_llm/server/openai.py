@@ -240,7 +240,7 @@ class ServingContext:
     max_token_bytes: int | None = None    # bytes of text one token can stand for (None: unbounded)
     tokenize_slots: Any = None            # TokenizeSlots, or None for no cap
     reasoning_parser: str | None = None   # --reasoning-parser: "deepseek_r1" | "qwen3" | None
-    tool_parser: str | None = None        # --tool-call-parser: "hermes" | None
+    tool_parser: str | None = None        # --tool-call-parser: one of TOOL_PARSERS | None
     system_fingerprint: str | None = None
 
     def check_model(self, body: dict) -> str:
@@ -275,7 +275,8 @@ class PreparedRequest:
     echo: bool = False
     logprobs: int | None = None       # top logprobs asked per token; None = no logprobs in the answer
     reasoning_parser: str | None = None   # chat only: split <think>...</think> into reasoning_content
-    tool_parser: str | None = None        # chat with tools: parse <tool_call> blocks into tool_calls
+    tool_parser: str | None = None        # chat with tools: a TOOL_PARSERS name (make_tool_parser)
+    max_tool_calls: int | None = None     # parallel_tool_calls false: 1 (later calls dropped)
     system_fingerprint: str | None = None
 
     def engine_request_id(self, prompt_index: int) -> str:
@@ -591,6 +592,7 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
     template_kwargs = _template_kwargs(body)
     tools, tool_choice = _tools(body)
     tool_parser = None
+    parallel = body.get("parallel_tool_calls") is not False
     if tools and tool_choice != "none":
         tool_parser = ctx.tool_parser or tool_parser_for(template or ctx.chat_template
                                                          or getattr(ctx.tokenizer, "chat_template", None))
@@ -598,6 +600,11 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
             raise bad("'tools' need a tool call parser: start the server with --tool-call-parser "
                       "(this model's chat template shows no known tool call format)", "tools")
         template_kwargs = {**template_kwargs, "tools": tools}
+        if tool_choice == "required" or isinstance(tool_choice, dict):
+            if "structured_outputs" in kw:
+                raise bad("'tool_choice' \"required\" or a named function cannot be combined with an "
+                          "output constraint (response_format, guided_*)", "tool_choice")
+            kw["structured_outputs"] = forced_tool_calls(tool_parser, tools, tool_choice, parallel, ctx.tokenizer)
     text = render_chat(ctx, messages, add_generation_prompt, template, template_kwargs)
     # The template already places BOS and friends: no second BOS (vLLM's default for chat).
     ids = _encode(ctx, text, add_special_tokens=get_bool(body, "add_special_tokens", False),
@@ -617,12 +624,13 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
     return PreparedRequest("chat", _new_id("chatcmpl", body), int(time.time()), model,
                            [Prompt(text, list(ids))], params, stream, include_usage,
                            logprobs=logprobs, reasoning_parser=ctx.reasoning_parser,
-                           tool_parser=tool_parser, system_fingerprint=ctx.system_fingerprint)
+                           tool_parser=tool_parser, max_tool_calls=None if parallel else 1,
+                           system_fingerprint=ctx.system_fingerprint)
 
 
-def _tools(body: dict) -> tuple[list[dict] | None, str]:
-    """tools (OpenAI function tools) and tool_choice ("auto" | "none"; "required" and a named
-    function need constrained decoding, which this server does not do yet)."""
+def _tools(body: dict) -> tuple[list[dict] | None, str | dict]:
+    """tools (OpenAI function tools) and tool_choice: "auto", "none", "required" or
+    {"name": function} (the last two are forced by a grammar: forced_tool_calls)."""
     tools = body.get("tools")
     choice = body.get("tool_choice")
     if tools is None or tools == []:
@@ -649,19 +657,70 @@ def _tools(body: dict) -> tuple[list[dict] | None, str]:
         out.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
     if choice is None:
         choice = "auto"
-    if choice not in ("auto", "none"):
-        if choice == "required" or isinstance(choice, dict):
-            raise bad("'tool_choice' \"required\" or a named function is not supported yet (it needs "
-                      "constrained decoding); use \"auto\" or \"none\"", "tool_choice")
-        raise bad("'tool_choice' must be \"auto\" or \"none\"", "tool_choice")
+    names = [t["function"]["name"] for t in out]
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        if choice.get("type") != "function" or not isinstance(fn, dict) or set(fn) != {"name"} \
+                or set(choice) != {"type", "function"} or not isinstance(fn.get("name"), str):
+            raise bad("'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                      "\"function\": {\"name\": ...}}", "tool_choice")
+        if fn["name"] not in names:
+            raise bad(f"'tool_choice' names the function '{_show(fn['name'])[1:-1]}', which is not in 'tools'",
+                      "tool_choice")
+        return out, {"name": fn["name"]}
+    if choice not in ("auto", "none", "required"):
+        raise bad("'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                  "\"function\": {\"name\": ...}}", "tool_choice")
     return out, choice
+
+
+TOOL_PARSERS = ("hermes", "llama3_json", "mistral")
+MAX_FORCED_CALLS = 8        # calls a forced answer may hold: a model repeating calls ends there
 
 
 def tool_parser_for(template: str | None) -> str | None:
     """The tool call format a chat template teaches its model, where unambiguous."""
-    if template and "<tool_call>" in template:
-        return "hermes"          # Hermes, Qwen2.5, Qwen3: <tool_call>{"name", "arguments"}</tool_call>
-    return None
+    if not template:
+        return None
+    found = [name for name, marks in (("hermes", ("<tool_call>",)),              # Hermes, Qwen2.5, Qwen3
+                                      ("mistral", ("[TOOL_CALLS]",)),            # Mistral
+                                      ("llama3_json", ("<|python_tag|>", "ipython")))   # Llama 3.1-3.3
+             if any(m in template for m in marks)]
+    return found[0] if len(found) == 1 else None
+
+
+def _call_schema(fn: dict, arguments_key: str) -> dict:
+    return {"type": "object", "properties": {"name": {"const": fn["name"]},
+                                             arguments_key: fn.get("parameters") or {"type": "object"}},
+            "required": ["name", arguments_key], "additionalProperties": False}
+
+
+def forced_tool_calls(parser: str, tools: list[dict], choice: str | dict, parallel: bool,
+                      tokenizer: Any = None) -> StructuredOutputsParams:
+    """A grammar whose every output is one (or, if parallel, 1 to MAX_FORCED_CALLS) call(s) of
+    the tools (of the named one) in the parser's format, arguments valid against the
+    function's parameters schema."""
+    fns = [t["function"] for t in tools if not isinstance(choice, dict) or t["function"]["name"] == choice["name"]]
+    key = "parameters" if parser == "llama3_json" else "arguments"
+    schemas = [_call_schema(fn, key) for fn in fns]
+    schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    schema = {**schema, "x-guidance": {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}}
+    body = "%json " + json.dumps(schema)
+
+    def calls(one: str, sep: str) -> str:
+        return f'{one} ({sep} {one}){{0,{MAX_FORCED_CALLS - 1}}}' if parallel else one
+
+    if parser == "hermes":
+        rules = ["start: " + calls("call", '"\\n"'),
+                 'call: "<tool_call>\\n" body "\\n</tool_call>"']
+    elif parser == "llama3_json":
+        rules = ["start: " + calls("body", '"; "')]
+    else:
+        # [TOOL_CALLS] is a special token in Mistral's vocabularies: named by id, text cannot make it
+        tid = tokenizer.token_to_id("[TOOL_CALLS]") if tokenizer is not None else None
+        head = f"<[{tid}]>" if tid is not None else '"[TOOL_CALLS]"'
+        rules = [f'start: {head} "[" ' + calls("body", '", "') + ' "]"']
+    return StructuredOutputsParams(grammar="\n".join(rules + ["body: " + body]) + "\n")
 
 
 def _tool_calls_in(where: str, calls: Any) -> list[dict]:
@@ -868,17 +927,116 @@ class HermesToolParser:
         return content, calls
 
 
-def _parse_tool_call(block: str) -> dict | None:
-    try:
-        value = json.loads(block.strip())
-    except ValueError:
-        return None
+class JsonToolParser:
+    """Tool calls written as bare JSON at the start of the answer, delta by delta:
+    llama3_json: [<|python_tag|>]{"name": ..., "parameters": {...}} (several joined by "; ");
+    mistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] (the special token is dropped
+    from the text unless skip_special_tokens is false, so a leading JSON list counts too).
+    An answer that opens that way is held back until it ends and then parsed; if it is not
+    valid calls it is content as written. Any other answer streams as content."""
+    PREFIXES = {"llama3_json": ("<|python_tag|>",), "mistral": ("[TOOL_CALLS]",)}
+
+    def __init__(self, parser: str) -> None:
+        self.parser = parser
+        self.buf = ""
+        self.mode: str | None = None       # None: undecided, "calls": held, "content": streaming
+        self.num_calls = 0
+
+    def _opens_calls(self, text: str) -> bool | None:
+        """Whether text (stripped of leading whitespace) opens tool calls; None: too short to tell."""
+        for prefix in self.PREFIXES[self.parser] + (("[",) if self.parser == "mistral" else ("{",)):
+            if text.startswith(prefix):
+                return True
+            if prefix.startswith(text):
+                return None
+        return False
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
+        if self.mode == "content":
+            return text, []
+        self.buf += text
+        if self.mode is None:
+            opens = self._opens_calls(self.buf.lstrip())
+            if opens is None and not final:
+                return "", []
+            self.mode = "calls" if opens else "content"
+            if self.mode == "content":
+                out, self.buf = self.buf, ""
+                return out, []
+        if not final:
+            return "", []
+        calls = self._parse(self.buf.strip())
+        if calls is None:
+            return self.buf, []
+        for i, call in enumerate(calls):
+            call["index"] = i
+        self.num_calls = len(calls)
+        return "", calls
+
+    def _parse(self, text: str) -> list[dict] | None:
+        for prefix in self.PREFIXES[self.parser]:
+            if text.startswith(prefix):
+                text = text[len(prefix):].strip()
+        if self.parser == "mistral":
+            try:
+                items = json.loads(text)
+            except ValueError:
+                return None
+            items = items if isinstance(items, list) else [items]
+        else:
+            items = []
+            decoder = json.JSONDecoder()
+            at = 0
+            while at < len(text):
+                try:
+                    value, at = decoder.raw_decode(text, at)
+                except ValueError:
+                    return None
+                items.append(value)
+                rest = text[at:].lstrip()
+                if rest.startswith(";"):
+                    rest = rest[1:].lstrip()
+                at = len(text) - len(rest)
+        calls = [_call_from(item) for item in items]
+        return calls if calls and all(c is not None for c in calls) else None
+
+
+class _MaxCalls:
+    """Keeps the first max_calls calls of a parser's output (parallel_tool_calls false)."""
+
+    def __init__(self, parser: Any, max_calls: int) -> None:
+        self.parser, self.max_calls = parser, max_calls
+
+    @property
+    def num_calls(self) -> int:
+        return min(self.parser.num_calls, self.max_calls)
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
+        content, calls = self.parser.feed(text, final)
+        return content, [c for c in calls if c["index"] < self.max_calls]
+
+
+def make_tool_parser(prep: PreparedRequest):
+    """The streaming tool call parser of a prepared chat request."""
+    parser = HermesToolParser() if prep.tool_parser == "hermes" else JsonToolParser(prep.tool_parser)
+    return parser if prep.max_tool_calls is None else _MaxCalls(parser, prep.max_tool_calls)
+
+
+def _call_from(value: Any) -> dict | None:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     args = value.get("arguments", value.get("parameters", {}))
     return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": value["name"],
                          "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}}
+
+
+def _parse_tool_call(block: str) -> dict | None:
+    try:
+        value = json.loads(block.strip())
+    except ValueError:
+        return None
+    return _call_from(value)
 
 
 def tool_finish_reason(reason: str | None, num_calls: int) -> str | None:
@@ -1012,7 +1170,7 @@ def final_response(prep: PreparedRequest, choices: dict[int, Choice]) -> dict:
                 reasoning, text = ReasoningSplitter(prep.reasoning_parser).feed(text, final=True)
                 message = {"role": "assistant", "content": text, "reasoning_content": reasoning or None}
             if prep.tool_parser:
-                content, calls = HermesToolParser().feed(text, final=True)
+                content, calls = make_tool_parser(prep).feed(text, final=True)
                 for call in calls:
                     del call["index"]
                 message["content"] = content.strip() or None if calls else content

@@ -122,8 +122,13 @@ SCHEMAS: dict[str, Any] = {
         "chat_template_kwargs": _TEMPLATE_KWARGS,
         "tools": {"type": "array", "items": _TOOL, "maxItems": 128,
                   "description": "rendered through the chat template; calls parsed with --tool-call-parser"},
-        "tool_choice": {"type": "string", "enum": ["auto", "none"],
-                        "description": "\"required\" and named functions are not supported yet"}}},
+        "tool_choice": {"oneOf": [
+            {"type": "string", "enum": ["auto", "none", "required"]},
+            {"type": "object", "required": ["type", "function"], "additionalProperties": False,
+             "properties": {"type": {"type": "string", "enum": ["function"]},
+                            "function": {"type": "object", "required": ["name"], "additionalProperties": False,
+                                         "properties": {"name": _STR}}}}],
+            "description": "\"required\" and a named function are forced with a grammar"}}},
     "ChatMessage": _MESSAGE,
     "CompletionResponse": {"type": "object", "properties": {
         "id": _STR, "object": {"type": "string", "enum": ["text_completion"]}, "created": _INT,
