@@ -96,7 +96,7 @@ class SamplingParams:
     max_tokens: int | None = 16           # None = until max_model_len
     min_tokens: int = 0
     logprobs: int | None = None           # top logprobs per generated token; 0 = the sampled one only
-    prompt_logprobs: int | None = None    # not supported yet: must be None
+    prompt_logprobs: int | None = None    # top logprobs per prompt token (and the token's own)
     detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -161,7 +161,9 @@ class SamplingParams:
               "min_tokens", f"must be <= max_tokens ({self.max_tokens})")
         check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
               "logprobs", f"must be None or an integer in [0, {MAX_LOGPROBS}]")
-        check(self.prompt_logprobs is None, "prompt_logprobs", "is not supported (must be None)")
+        check(self.prompt_logprobs is None
+              or (_is_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
+              "prompt_logprobs", f"must be None or an integer in [0, {MAX_LOGPROBS}]")
         check(self.logit_bias is None or all(t >= 0 and math.isfinite(b) for t, b in self.logit_bias.items()),
               "logit_bias", "must map token ids >= 0 to finite numbers")
 

@@ -498,3 +498,28 @@ cdef void _logprobs(const float *raw, Py_ssize_t vocab, Py_ssize_t tok, int64_t 
     out_rank[0] = <int32_t>rank
     for j in range(filled):
         top_logprobs[j] = <float>(top_logprobs[j] - lse)
+
+
+def prompt_logprobs(const float[:, ::1] logits,        # IN [N, V] raw logits of prompt positions
+                    const int32_t[::1] targets,         # IN [N] the prompt token each row predicts
+                    int32_t[::1] out_rank,              # OUT [N] 1 + tokens with a higher logit
+                    float[::1] out_logprob,             # OUT [N] log_softmax of the target
+                    int32_t[:, ::1] out_top_ids,        # OUT [N, K] top logprobs, best first
+                    float[:, ::1] out_top_logprobs,     # OUT [N, K]
+                    int num_threads):
+    """Logprobs of prompt tokens (vLLM's prompt_logprobs): per row, the log_softmax of the raw
+    logits at the target token, its rank and the K best, exactly as the sampler reports a
+    sampled token's (_logprobs)."""
+    cdef Py_ssize_t n = logits.shape[0], vocab = logits.shape[1], k = out_top_ids.shape[1], row
+    if targets.shape[0] != n or out_rank.shape[0] < n or out_logprob.shape[0] < n \
+            or out_top_ids.shape[0] < n or out_top_logprobs.shape[0] < n or out_top_logprobs.shape[1] != k:
+        raise ValueError("prompt_logprobs: output arrays do not match the logits")
+    for row in range(n):
+        if not 0 <= targets[row] < vocab:
+            raise ValueError(f"prompt_logprobs: token id {targets[row]} outside vocabulary of {vocab}")
+    if n == 0:
+        return
+    with nogil:
+        for row in prange(n, schedule="static", num_threads=num_threads):
+            _logprobs(&logits[row, 0], vocab, targets[row], k, &out_logprob[row], &out_rank[row],
+                      &out_top_ids[row, 0] if k else NULL, &out_top_logprobs[row, 0] if k else NULL)

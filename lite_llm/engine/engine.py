@@ -107,6 +107,7 @@ class _Group:
         self.prompt_token_ids = prompt_token_ids
         self.children = children
         self.completions = [_Completion(child, tokenizer) for child in children]
+        self.sent_prompt_logprobs = False     # prompt_logprobs go out once, in one delta
 
     @property
     def is_finished(self) -> bool:
@@ -211,6 +212,8 @@ class LLMEngine:
             masks = self.structured.start_step(sched_out)
             results = self.runner.execute(sched_out, masks) if masks is not None \
                 else self.runner.execute(sched_out)
+            for entry in getattr(self.runner, "last_prompt_logprobs", ()):
+                self._add_prompt_logprobs(*entry)
         now = time.monotonic()
         matchers = self.structured.matchers
         for request, result in self.scheduler.update_from_output(sched_out, results):
@@ -272,6 +275,16 @@ class LLMEngine:
         if request.is_finished:
             self._record_finished(request)
 
+    def _add_prompt_logprobs(self, request: Request, first: int, logprobs, ranks, top_ids, top_logprobs) -> None:
+        """Prompt tokens first.. first + n - 1 get their Logprob entries (prompt_logprobs)."""
+        have = request.prompt_logprobs
+        if have is None or len(have) != first:       # a duplicate (recomputed) range: keep the first
+            return
+        targets = request.prompt_token_ids[first:first + len(logprobs)]
+        for target, lp, rank, ids, lps in zip(targets, logprobs.tolist(), ranks.tolist(), top_ids.tolist(),
+                                              top_logprobs.tolist()):
+            have.append(self._logprob_entry(SampleResult(target, lp, list(zip(ids, lps)), rank)))
+
     def _advance_grammar(self, request: Request, token_id: int) -> None:
         """The request's matcher takes its new token; a grammar that has ended stops it (after
         _process_sample, so the token's text is part of the output)."""
@@ -319,9 +332,14 @@ class LLMEngine:
             comp.num_sent_tokens, comp.num_sent_chars = num_tokens, len(text)
             comp.sent_finished = is_finished
         first = group.children[0]
+        prompt_logprobs = None
+        if first.prompt_logprobs is not None and not group.sent_prompt_logprobs \
+                and len(first.prompt_logprobs) == first.num_prompt_tokens:
+            prompt_logprobs, group.sent_prompt_logprobs = first.prompt_logprobs, True
         return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, completions,
                              finished=group.is_finished, metrics=self._group_metrics(group),
-                             num_cached_tokens=max(first.num_cached_tokens, 0))
+                             num_cached_tokens=max(first.num_cached_tokens, 0),
+                             prompt_logprobs=prompt_logprobs)
 
     @staticmethod
     def _group_metrics(group: _Group) -> RequestMetrics:

@@ -658,6 +658,9 @@ class _Handler(BaseHTTPRequestHandler):
         except EngineDeadError as e:
             raise ApiError(503, f"the engine failed: {e}", code="engine_dead") from None
         for k, out in deltas:
+            if out.prompt_logprobs is not None:
+                for i in range(prep.params.n):
+                    choices.setdefault(k * prep.params.n + i, Choice()).prompt_logprobs = out.prompt_logprobs
             for o in out.outputs:
                 index = k * prep.params.n + o.index
                 c = choices.setdefault(index, Choice())
@@ -672,7 +675,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise _ClientGone()
         if any(c.finish_reason == "abort" for c in choices.values()):
             raise self._aborted()
-        body = openai.final_response(prep, choices)
+        body = openai.final_response(prep, choices, tok)
         self._tokens = (body["usage"]["prompt_tokens"], body["usage"]["completion_tokens"])
         self._send_json(200, body)
 

@@ -30,14 +30,12 @@ _LOGPROB_FLOOR = -9999.0    # JSON has no -inf; vLLM clamps the same way
 
 # Fields accepted only while they say "not used" (null, false, empty): anything else is a 400.
 _UNSUPPORTED = {"functions", "function_call",
-                "suffix", "best_of", "prompt_logprobs", "guided_decoding_backend",
+                "suffix", "best_of", "guided_decoding_backend",
                 "audio", "modalities", "prediction", "reasoning_effort", "web_search_options",
                 "metadata", "store", "service_tier", "continue_final_message", "documents"}
 _WHY_UNSUPPORTED = {
     "suffix": "'suffix' (fill-in-the-middle insertion) is not supported by this server; put the "
               "whole text in 'prompt'",
-    "prompt_logprobs": "'prompt_logprobs' is not supported by this server (logprobs of generated "
-                       "tokens are: 'logprobs')",
 }
 MAX_LOGIT_BIAS = 300        # entries of logit_bias (OpenAI's limit)
 _SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p",
@@ -46,7 +44,7 @@ _SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "min
                     "min_tokens", "skip_special_tokens", "include_stop_str_in_output",
                     "parallel_tool_calls", "request_id", "logit_bias", "response_format",
                     "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                    "guided_whitespace_pattern", "structured_outputs"}
+                    "guided_whitespace_pattern", "structured_outputs", "prompt_logprobs"}
 COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "logprobs", "echo", "add_special_tokens"}
 CHAT_FIELDS = _SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
                                   "add_generation_prompt", "chat_template", "add_special_tokens",
@@ -273,6 +271,7 @@ class PreparedRequest:
     stream: bool
     include_usage: bool
     echo: bool = False
+    prompt_logprobs: int | None = None    # vLLM's prompt_logprobs field: returned beside the choices
     logprobs: int | None = None       # top logprobs asked per token; None = no logprobs in the answer
     reasoning_parser: str | None = None   # chat only: split <think>...</think> into reasoning_content
     tool_parser: str | None = None        # chat with tools: a TOOL_PARSERS name (make_tool_parser)
@@ -328,6 +327,12 @@ def _sampling_kwargs(body: dict, ctx: ServingContext) -> dict:
     bias = body.get("logit_bias")
     if bias is not None:
         kw["logit_bias"] = _logit_bias(bias, ctx.vocab_size)
+    prompt_logprobs = get_int(body, "prompt_logprobs", 0, MAX_LOGPROBS)
+    if prompt_logprobs is not None:
+        if get_bool(body, "stream", False):
+            raise bad("'prompt_logprobs' is not supported when streaming; ask without 'stream'",
+                      "prompt_logprobs")
+        kw["prompt_logprobs"] = prompt_logprobs
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise bad("'user' must be a string", "user")
     if "parallel_tool_calls" in body and body["parallel_tool_calls"] is not None \
@@ -477,8 +482,11 @@ def prepare_completion(body: dict, ctx: ServingContext) -> PreparedRequest:
     kw = _sampling_kwargs(body, ctx)
     logprobs = get_int(body, "logprobs", 0, MAX_LOGPROBS)
     echo = get_bool(body, "echo", False)
-    if echo and logprobs is not None:
-        raise bad("'echo' together with 'logprobs' (prompt logprobs) is not supported", "echo")
+    if echo and logprobs is not None:      # the prompt's tokens come with their logprobs too
+        kw["prompt_logprobs"] = max(logprobs, kw.get("prompt_logprobs") or 0)
+        if stream:
+            raise bad("'echo' with 'logprobs' is not supported when streaming (the prompt's logprobs "
+                      "come after its prefill); ask without 'stream'", "echo")
     add_special = get_bool(body, "add_special_tokens", True)
     prompts = _completion_prompts(body.get("prompt"), ctx, add_special)
     if len(prompts) * kw["n"] > MAX_COMPLETIONS:
@@ -492,6 +500,7 @@ def prepare_completion(body: dict, ctx: ServingContext) -> PreparedRequest:
     params = _sampling_params(kw)
     return PreparedRequest("completion", _new_id("cmpl", body), int(time.time()), model, prompts,
                            params, stream, include_usage, echo=echo, logprobs=logprobs,
+                           prompt_logprobs=get_int(body, "prompt_logprobs", 0, MAX_LOGPROBS),
                            system_fingerprint=ctx.system_fingerprint)
 
 
@@ -625,6 +634,7 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
                            [Prompt(text, list(ids))], params, stream, include_usage,
                            logprobs=logprobs, reasoning_parser=ctx.reasoning_parser,
                            tool_parser=tool_parser, max_tool_calls=None if parallel else 1,
+                           prompt_logprobs=get_int(body, "prompt_logprobs", 0, MAX_LOGPROBS),
                            system_fingerprint=ctx.system_fingerprint)
 
 
@@ -1057,6 +1067,7 @@ class Choice:
     logprobs: list = field(default_factory=list)     # entries as formatted for this API kind
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: list | None = None   # the engine's, for its prompt (RequestOutput.prompt_logprobs)
 
 
 @lru_cache(maxsize=1)
@@ -1154,7 +1165,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def final_response(prep: PreparedRequest, choices: dict[int, Choice]) -> dict:
+def final_response(prep: PreparedRequest, choices: dict[int, Choice], tokenizer: Any = None) -> dict:
     """The non-streaming body; choices keyed by the response index (prompt * n + i)."""
     num_gen = sum(c.num_tokens for c in choices.values())
     num_prompt = sum(len(p.token_ids) for p in prep.prompts)
@@ -1182,12 +1193,58 @@ def final_response(prep: PreparedRequest, choices: dict[int, Choice]) -> dict:
                           "stop_reason": c.stop_reason})
         else:
             if prep.echo:
-                text = _prompt_text(prep, index) + text
-            items.append({"index": index, "text": text, "logprobs": lps,
-                          "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
-    return {"id": prep.id, "object": "chat.completion" if prep.kind == "chat" else "text_completion",
+                prompt = _prompt_text(prep, index)
+                if lps is not None and c.prompt_logprobs is not None:
+                    lps = _echo_logprobs(prep, tokenizer, index, c.prompt_logprobs, lps, len(prompt))
+                text = prompt + text
+            item = {"index": index, "text": text, "logprobs": lps,
+                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+            if prep.prompt_logprobs is not None:
+                item["prompt_logprobs"] = wire_prompt_logprobs(c.prompt_logprobs)
+            items.append(item)
+    body = {"id": prep.id, "object": "chat.completion" if prep.kind == "chat" else "text_completion",
             "created": prep.created, "model": prep.model, "system_fingerprint": prep.system_fingerprint,
             "choices": items, "usage": usage(num_prompt, num_gen)}
+    if prep.kind == "chat" and prep.prompt_logprobs is not None:     # vLLM: beside the choices
+        body["prompt_logprobs"] = wire_prompt_logprobs(choices[min(choices)].prompt_logprobs if choices else None)
+    return body
+
+
+def wire_prompt_logprobs(entries: list | None) -> list | None:
+    """vLLM's prompt_logprobs: per prompt token null (the first) or {"<id>": {"logprob", "rank",
+    "decoded_token"}}."""
+    if entries is None:
+        return None
+    return [None if e is None else {str(t): {"logprob": _lp(lp.logprob), "rank": lp.rank,
+                                             "decoded_token": lp.decoded_token} for t, lp in e.items()}
+            for e in entries]
+
+
+def _echo_logprobs(prep: PreparedRequest, tokenizer: Any, index: int, entries: list, generated: dict,
+                   prompt_chars: int) -> dict:
+    """Completions' logprobs with echo: the prompt's tokens first (the first has no logprob),
+    then the generated ones, text offsets running over the whole echoed text."""
+    ids = prep.prompts[index // prep.params.n].token_ids
+    tokens, token_lps, tops, offsets, at = [], [], [], [], 0
+    for tid, entry in zip(ids, entries):
+        chosen = entry.get(tid) if entry else None
+        tok = token_text(tokenizer, tid, chosen)
+        tokens.append(tok)
+        offsets.append(at)
+        at += len(tok)
+        if entry is None:
+            token_lps.append(None)
+            tops.append(None)
+            continue
+        token_lps.append(_lp(chosen.logprob))
+        ranked = sorted(entry.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else 1 << 30)
+        top = {token_text(tokenizer, i, lp): _lp(lp.logprob) for i, lp in ranked[:prep.logprobs]}
+        if prep.logprobs:
+            top.setdefault(tok, token_lps[-1])
+        tops.append(top)
+    return {"tokens": tokens + generated["tokens"], "token_logprobs": token_lps + generated["token_logprobs"],
+            "top_logprobs": tops + generated["top_logprobs"],
+            "text_offset": offsets + [prompt_chars + o for o in generated["text_offset"]]}
 
 
 def _prompt_text(prep: PreparedRequest, index: int) -> str:

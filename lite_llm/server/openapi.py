@@ -67,6 +67,8 @@ _SAMPLING = {
         "json_object": _BOOL, "disable_any_whitespace": _BOOL,
         "disable_additional_properties": _BOOL, "whitespace_pattern": _STR},
         "description": "vLLM's structured outputs: exactly one of json, json_object, regex, choice, grammar"},
+    "prompt_logprobs": {"type": "integer", "minimum": 0, "maximum": 20,
+                        "description": "vLLM's: per prompt token, its logprob and the top ones (not with stream)"},
 }
 
 _USAGE = {"type": "object", "properties": {"prompt_tokens": _INT, "completion_tokens": _INT,
