@@ -28,7 +28,6 @@ import numpy as np
 
 from lite_llm.sampling_params import StructuredOutputsParams
 
-_NO_ROWS = np.zeros(0, np.int32)
 _JSON_SEPARATORS = {False: (", ", ": "), True: (",", ":")}   # by disable_any_whitespace
 
 
