@@ -153,7 +153,8 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
     engine_config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                  block_size=block_size, num_blocks=kv.num_blocks,
                                  enable_prefix_caching=enable_prefix_caching,
-                                 max_model_len=loaded.max_model_len, seed=seed, eos_token_ids=eos)
+                                 max_model_len=loaded.max_model_len, seed=seed, eos_token_ids=eos,
+                                 vocab_size=cfg.vocab_size)
     engine = LLMEngine(None, loaded.tokenizer, engine_config)   # the runner is built on the engine thread
 
     def start_on_engine_thread():

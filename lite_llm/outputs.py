@@ -51,6 +51,9 @@ class RequestOutput:
     finished: bool = False
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0         # prompt tokens served from the prefix cache
+    # per prompt token (None for the first): token id -> Logprob, when prompt_logprobs was asked;
+    # in one delta only (the first after the prompt is done)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 def fold(deltas: Iterable[RequestOutput]) -> RequestOutput:
@@ -77,6 +80,8 @@ def fold(deltas: Iterable[RequestOutput]) -> RequestOutput:
             acc.finish_reason, acc.stop_reason = out.finish_reason, out.stop_reason
         final.finished, final.metrics = delta.finished, delta.metrics
         final.num_cached_tokens = delta.num_cached_tokens
+        if delta.prompt_logprobs is not None:
+            final.prompt_logprobs = delta.prompt_logprobs
     if final is None:
         raise RuntimeError("the engine ended the request without any output")
     for index, acc in by_index.items():

@@ -1,8 +1,9 @@
 """SamplingParams: how to pick each next token and when to stop, with vLLM's names and defaults.
 
 Validation happens once, at construction, and raises ValueError naming the offending field.
-What the parameters do lives in lite_llm/engine/sampler.py (token choice) and
-lite_llm/engine/detokenizer.py (stop strings); this module only holds and checks values.
+What the parameters do lives in lite_llm/engine/sampler.py (token choice),
+lite_llm/engine/structured.py (grammars) and lite_llm/engine/detokenizer.py (stop strings);
+this module only holds and checks values.
 
 It is a plain (mutable) dataclass because vLLM code assigns fields after construction
 (`params.max_tokens = ...`); the engine takes a `clone()` at submission so a caller's later
@@ -15,8 +16,66 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+import json as _json
+
 _SAMPLING_EPS = 1e-5     # temperature below this is greedy (vLLM's threshold)
 MAX_LOGPROBS = 20        # OpenAI's and vLLM's default cap on top logprobs per token
+
+
+@dataclass
+class StructuredOutputsParams:
+    """Constrain a request's output, token by token (vLLM's StructuredOutputsParams): exactly
+    one of a JSON schema (`json`, a dict or its JSON text), any JSON object (`json_object`), a
+    regular expression (`regex`), one of some strings (`choice`), or a grammar (`grammar`: Lark
+    as llguidance reads it, or llama.cpp's GBNF).
+
+    JSON is written with json.dumps' separators (", " and ": ") and no other whitespace;
+    disable_any_whitespace drops the spaces too; whitespace_pattern (a regex) allows that
+    whitespace between tokens instead. disable_additional_properties treats every object that
+    does not say otherwise as "additionalProperties": false.
+    """
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+    def __post_init__(self) -> None:
+        kinds = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        if self.json_object:
+            kinds.append("json_object")
+        if len(kinds) != 1:
+            raise ValueError("structured_outputs needs exactly one of json, json_object, regex, choice, "
+                             f"grammar; got {', '.join(kinds) if kinds else 'none'}")
+        if isinstance(self.json, str):
+            try:
+                self.json = _json.loads(self.json)
+            except ValueError as e:
+                raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
+        if self.json is not None and not isinstance(self.json, (dict, bool)):
+            raise ValueError("structured_outputs.json must be a JSON schema (an object)")
+        for name in ("regex", "grammar", "whitespace_pattern"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or (not v and name != "whitespace_pattern")):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string")
+        if self.choice is not None:
+            if isinstance(self.choice, (str, bytes)) or not isinstance(self.choice, (list, tuple)) \
+                    or not self.choice or not all(isinstance(c, str) and c for c in self.choice):
+                raise ValueError("structured_outputs.choice must be a non-empty list of non-empty strings")
+            self.choice = list(self.choice)
+
+    @property
+    def kind(self) -> str:
+        """What constrains the output: "json", "json_object", "regex", "choice" or "grammar"."""
+        if self.json_object and self.json is None:
+            return "json_object"
+        return next(k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None)
+
+
+GuidedDecodingParams = StructuredOutputsParams    # vLLM's older name
 
 
 @dataclass
@@ -37,12 +96,14 @@ class SamplingParams:
     max_tokens: int | None = 16           # None = until max_model_len
     min_tokens: int = 0
     logprobs: int | None = None           # top logprobs per generated token; 0 = the sampled one only
-    prompt_logprobs: int | None = None    # not supported yet: must be None
+    prompt_logprobs: int | None = None    # top logprobs per prompt token (and the token's own)
     detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None   # token id -> added to its logit before sampling
+    structured_outputs: StructuredOutputsParams | None = None   # a grammar the output must follow
+    guided_decoding: StructuredOutputsParams | None = None      # vLLM's older name: moved to the above
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -53,6 +114,19 @@ class SamplingParams:
             self.logit_bias = {int(t): float(b) for t, b in self.logit_bias.items()} or None
         if self.top_k == -1:
             self.top_k = 0
+        if self.guided_decoding is not None:
+            if self.structured_outputs is not None:
+                raise ValueError("give structured_outputs or guided_decoding, not both")
+            self.structured_outputs, self.guided_decoding = self.guided_decoding, None
+        if isinstance(self.structured_outputs, dict):
+            try:
+                self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+            except TypeError as e:       # an unknown key
+                raise ValueError(f"structured_outputs: {e}") from None
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs,
+                                                                  StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams, "
+                             f"got {type(self.structured_outputs).__name__}")
         self._verify()
         if self.temperature < _SAMPLING_EPS:
             # Greedy takes the argmax: the filters cannot change it, so switch them off (as vLLM).
@@ -87,7 +161,9 @@ class SamplingParams:
               "min_tokens", f"must be <= max_tokens ({self.max_tokens})")
         check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
               "logprobs", f"must be None or an integer in [0, {MAX_LOGPROBS}]")
-        check(self.prompt_logprobs is None, "prompt_logprobs", "is not supported (must be None)")
+        check(self.prompt_logprobs is None
+              or (_is_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
+              "prompt_logprobs", f"must be None or an integer in [0, {MAX_LOGPROBS}]")
         check(self.logit_bias is None or all(t >= 0 and math.isfinite(b) for t, b in self.logit_bias.items()),
               "logit_bias", "must map token ids >= 0 to finite numbers")
 

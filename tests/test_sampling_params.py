@@ -31,7 +31,7 @@ def test_normalisation():
     ("repetition_penalty", 0.0), ("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.01),
     ("top_k", -2), ("min_p", 1.5), ("seed", 1.5), ("stop", [""]), ("stop", [1]),
     ("stop_token_ids", [-1]), ("max_tokens", 0), ("min_tokens", -1), ("logprobs", 21),
-    ("logprobs", -1), ("prompt_logprobs", 1), ("prompt_logprobs", 0), ("n", True),
+    ("logprobs", -1), ("prompt_logprobs", -1), ("prompt_logprobs", 21), ("n", True),
 ])
 def test_out_of_range_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):

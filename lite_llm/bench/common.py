@@ -171,12 +171,14 @@ class RequestTiming:
     num_cached_tokens: int
 
 
-def run_requests(engine, prompts: list[list[int]], output_len: int) -> list[RequestTiming]:
+def run_requests(engine, prompts: list[list[int]], output_len: int, structured=None) -> list[RequestTiming]:
     """Submit every prompt at once (greedy, ignore_eos, exactly output_len tokens each), wait
-    for all; one RequestTiming per prompt, in order."""
+    for all; one RequestTiming per prompt, in order. structured: a StructuredOutputsParams every
+    request follows (it must not end before output_len tokens: see BENCH_JSON_SCHEMA)."""
     from lite_llm.sampling_params import SamplingParams
     # detokenized, as users get their text: the incremental detokenizer is part of the cost
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True,
+                            structured_outputs=structured)
     tag = uuid.uuid4().hex[:8]
     streams = [engine.add_request(f"bench-{tag}-{i}", ids, params) for i, ids in enumerate(prompts)]
     timings = []
@@ -192,6 +194,32 @@ def run_requests(engine, prompts: list[list[int]], output_len: int) -> list[Requ
         timings.append(RequestTiming(m.arrival_time, m.first_token_time, end, len(ids), num_tokens,
                                      last.num_cached_tokens))
     return timings
+
+
+# A JSON schema of nested objects, enums and arrays whose shortest instance is far longer than
+# a benchmark's output (60 items of >= 10 tokens): every request decodes exactly --output-len
+# tokens under it, so its decode speed compares with unconstrained decoding of the same length.
+BENCH_JSON_SCHEMA = {
+    "type": "object",
+    "properties": {"records": {"type": "array", "minItems": 60, "items": {
+        "type": "object",
+        "properties": {"id": {"type": "integer", "minimum": 0},
+                       "kind": {"type": "string", "enum": ["alpha", "beta", "gamma"]},
+                       "name": {"type": "string", "maxLength": 16},
+                       "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3}},
+        "required": ["id", "kind", "name", "tags"], "additionalProperties": False}}},
+    "required": ["records"], "additionalProperties": False}
+
+
+def structured_from_arg(value: str | None):
+    """--json-schema: None, "builtin" (BENCH_JSON_SCHEMA) or a path to a JSON schema file."""
+    if value is None:
+        return None
+    from lite_llm.sampling_params import StructuredOutputsParams
+    if value == "builtin":
+        return StructuredOutputsParams(json=BENCH_JSON_SCHEMA)
+    with open(value, encoding="utf-8") as fh:
+        return StructuredOutputsParams(json=json.load(fh))
 
 
 @dataclass(frozen=True)

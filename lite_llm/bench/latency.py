@@ -38,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--num-iters", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1, help="iterations run first and not counted")
+    parser.add_argument("--json-schema", default=None, metavar="builtin|PATH",
+                        help="every request's output follows this JSON schema (structured outputs; "
+                             "builtin: nested records that outlast the output, see common.BENCH_JSON_SCHEMA); "
+                             "run once with and once without to see what the grammar costs")
     parser.add_argument("--peer-num-iters", type=int, default=None,
                         help="measured iterations of each peer (default: --num-iters); the first ones of ours")
 
@@ -66,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
     if min(args.input_len, args.output_len, args.batch_size, args.num_iters) < 1 or args.warmup < 0:
         raise SystemExit("--input-len, --output-len, --batch-size and --num-iters must be >= 1, --warmup >= 0")
     peers = common.parse_peers(args.peers)
+    structured = common.structured_from_arg(args.json_schema)
+    if structured is not None and peers:
+        raise SystemExit("--json-schema runs lite_llm alone: the peers would decode without the grammar")
     load_before = common.load_average()
     age_at_start = common.process_age_seconds()
     common.progress(f"bench latency: building the engine (load average {load_before})")
@@ -92,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         for i, prompts in enumerate(batches):
             label = "warm-up" if i < args.warmup else f"iteration {i - args.warmup + 1}/{args.num_iters}"
             common.progress(f"[lite_llm] {label}: {args.batch_size} x {args.input_len} tokens -> {args.output_len}")
-            timings = common.run_requests(engine, prompts, args.output_len)
+            timings = common.run_requests(engine, prompts, args.output_len, structured)
             figures = common.batch_figures(timings)
             common.progress(f"[lite_llm] {label}: {common.describe(figures)}")
             if i >= args.warmup:
@@ -124,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         "max_model_len": info["max_model_len"],
         "input_len": args.input_len, "output_len": args.output_len, "batch_size": args.batch_size,
         "num_iters": args.num_iters, "warmup": args.warmup, "load_average_before": load_before,
+        "json_schema": args.json_schema,
         "lite_llm": ours, "peers": {}}
     peer_iters = args.num_iters if args.peer_num_iters is None else max(1, min(args.peer_num_iters, args.num_iters))
     result["peer_num_iters"] = peer_iters
@@ -140,7 +148,9 @@ def print_report(result: dict[str, Any]) -> None:
           f"batch {r['batch_size']} x {r['input_len']} prompt tokens -> {r['output_len']} tokens; medians of "
           f"{r['num_iters']} iterations (peers: {r.get('peer_num_iters', r['num_iters'])}) after {r['warmup']} "
           f"warm-up; load average {r['load_average_before']} "
-          f"before, {r['load_average_after']} after\n")
+          f"before, {r['load_average_after']} after\n"
+          + (f"  every output follows the JSON schema {r['json_schema']} (structured outputs)\n"
+             if r.get("json_schema") else ""))
     columns = ["engine"] + [title for _, title, _, _ in FIGURES] + ["start->1st tok s", "peak RSS MiB"]
     ours = r["lite_llm"]
     rows = [["lite_llm"] + [ours["median"][k] * scale for k, _, scale, _ in FIGURES]

@@ -1,6 +1,8 @@
 """Compiled next-token sampler: one nogil call per engine step, OpenMP over sequences.
 
 Per sequence, in vLLM's order:
+  0. the grammar mask (structured outputs), when the row has one: every token whose bit is 0
+     becomes -inf, so logprobs and everything below see only what the grammar allows;
   1. logprobs (when asked) are taken from the RAW logits, before anything below (vLLM v1's
      default "raw_logprobs"): sampled token's logprob and rank, and the top-k of the row;
   2. repetition penalty over tokens of prompt + output (logit > 0 ? logit / p : logit * p);
@@ -28,7 +30,7 @@ What does not live here: building the parameter arrays (sampler.py), SamplingPar
 """
 from cython.parallel cimport prange, threadid
 from libc.math cimport expf, log, INFINITY
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
 cimport openmp
@@ -142,10 +144,21 @@ def sample(float[:, ::1] logits,               # IN/OUT [S, V] row-wise overwrit
            float[:, ::1] scratch_w,            # SCRATCH [T, V] selection copies
            int32_t[:, ::1] scratch_count,      # SCRATCH [T, V] must be all zero; left all zero
            float[:, ::1] scratch_raw,          # SCRATCH [T, V] raw logits kept for logprobs
-           int num_threads):
-    """Sample one token per row of logits; see the module docstring for the order of steps."""
+           int num_threads,
+           const int32_t[:, ::1] bitmask=None,  # IN [M, ceil(V / 32)] allowed tokens: bit t % 32 of word t // 32
+           const int32_t[::1] mask_rows=None):  # IN [S] bitmask row of each row, -1 = unconstrained
+    """Sample one token per row of logits; see the module docstring for the order of steps.
+    With no bitmask (None, or no rows) no row is masked and nothing is spent on masks."""
     cdef Py_ssize_t num_seqs = logits.shape[0], vocab = logits.shape[1], seq, i
     cdef Py_ssize_t top = out_top_ids.shape[1]
+    cdef bint masked = bitmask is not None and mask_rows is not None and bitmask.shape[0] > 0
+    if masked:
+        if mask_rows.shape[0] != num_seqs or bitmask.shape[1] * 32 < vocab:
+            raise ValueError(f"sample: bitmask {bitmask.shape} / mask_rows {mask_rows.shape[0]} "
+                             f"for {num_seqs} rows of {vocab} tokens")
+        for seq in range(num_seqs):
+            if not -1 <= mask_rows[seq] < bitmask.shape[0]:
+                raise ValueError(f"sample: mask_rows[{seq}] = {mask_rows[seq]} outside [-1, {bitmask.shape[0]})")
     if fparams.shape[0] != num_seqs or fparams.shape[1] != NUM_F or iparams.shape[0] != num_seqs \
             or iparams.shape[1] != NUM_I:
         raise ValueError(f"sample: params {fparams.shape}, {iparams.shape} for {num_seqs} rows")
@@ -173,17 +186,21 @@ def sample(float[:, ::1] logits,               # IN/OUT [S, V] row-wise overwrit
     cdef const int32_t *ban_ptr = &banned_ids[0] if banned_ids.shape[0] else NULL
     cdef int nt = num_threads if num_threads < num_seqs else <int>num_seqs
     cdef int tid
+    cdef const int32_t *mask
     with nogil:
         # dynamic: a greedy row costs one pass over V, a top_p row several; keep threads busy
         for seq in prange(num_seqs, schedule="dynamic", chunksize=1, num_threads=nt):
             tid = threadid()
-            _sample_one(&logits[seq, 0], vocab, &fparams[seq, 0], &iparams[seq, 0], tok_ptr, ban_ptr,
+            mask = NULL
+            if masked and mask_rows[seq] >= 0:
+                mask = &bitmask[mask_rows[seq], 0]
+            _sample_one(&logits[seq, 0], vocab, mask, &fparams[seq, 0], &iparams[seq, 0], tok_ptr, ban_ptr,
                         &out_token[seq], &out_logprob[seq], &out_rank[seq],
                         &out_top_ids[seq, 0] if top else NULL, &out_top_logprobs[seq, 0] if top else NULL,
                         &scratch_w[tid, 0], &scratch_count[tid, 0], &scratch_raw[tid, 0])
 
 
-cdef void _sample_one(float *x, Py_ssize_t vocab, const float *fp, const int64_t *ip,
+cdef void _sample_one(float *x, Py_ssize_t vocab, const int32_t *mask, const float *fp, const int64_t *ip,
                       const int32_t *token_ids, const int32_t *banned_ids,
                       int32_t *out_token, float *out_logprob, int32_t *out_rank,
                       int32_t *top_ids, float *top_logprobs,
@@ -191,6 +208,8 @@ cdef void _sample_one(float *x, Py_ssize_t vocab, const float *fp, const int64_t
     cdef int64_t num_logprobs = ip[I_NUM_LOGPROBS]
     cdef Py_ssize_t i, tok
     cdef int32_t t
+    if mask != NULL:
+        _apply_mask(x, vocab, mask)
     if num_logprobs >= 0:
         memcpy(raw, x, vocab * sizeof(float))
     _penalize(x, vocab, token_ids + ip[I_TOK_START], ip[I_TOK_PROMPT_END] - ip[I_TOK_START],
@@ -207,6 +226,21 @@ cdef void _sample_one(float *x, Py_ssize_t vocab, const float *fp, const int64_t
     out_token[0] = <int32_t>tok
     if num_logprobs >= 0:
         _logprobs(raw, vocab, tok, num_logprobs, out_logprob, out_rank, top_ids, top_logprobs)
+
+
+cdef void _apply_mask(float *x, Py_ssize_t vocab, const int32_t *mask) noexcept nogil:
+    """x[t] = -inf for every token t whose bit in mask [ceil(V / 32)] is 0."""
+    cdef Py_ssize_t word, i, base, end
+    cdef uint32_t bits, all_ones = <uint32_t>0xFFFFFFFF
+    for word in range((vocab + 31) // 32):
+        bits = <uint32_t>mask[word]
+        if bits == all_ones:
+            continue
+        base = word * 32
+        end = base + 32 if base + 32 < vocab else vocab
+        for i in range(base, end):
+            if not (bits >> (i - base)) & 1:
+                x[i] = -INFINITY
 
 
 cdef void _penalize(float *x, Py_ssize_t vocab, const int32_t *ids, Py_ssize_t num_prompt,
@@ -464,3 +498,28 @@ cdef void _logprobs(const float *raw, Py_ssize_t vocab, Py_ssize_t tok, int64_t 
     out_rank[0] = <int32_t>rank
     for j in range(filled):
         top_logprobs[j] = <float>(top_logprobs[j] - lse)
+
+
+def prompt_logprobs(const float[:, ::1] logits,        # IN [N, V] raw logits of prompt positions
+                    const int32_t[::1] targets,         # IN [N] the prompt token each row predicts
+                    int32_t[::1] out_rank,              # OUT [N] 1 + tokens with a higher logit
+                    float[::1] out_logprob,             # OUT [N] log_softmax of the target
+                    int32_t[:, ::1] out_top_ids,        # OUT [N, K] top logprobs, best first
+                    float[:, ::1] out_top_logprobs,     # OUT [N, K]
+                    int num_threads):
+    """Logprobs of prompt tokens (vLLM's prompt_logprobs): per row, the log_softmax of the raw
+    logits at the target token, its rank and the K best, exactly as the sampler reports a
+    sampled token's (_logprobs)."""
+    cdef Py_ssize_t n = logits.shape[0], vocab = logits.shape[1], k = out_top_ids.shape[1], row
+    if targets.shape[0] != n or out_rank.shape[0] < n or out_logprob.shape[0] < n \
+            or out_top_ids.shape[0] < n or out_top_logprobs.shape[0] < n or out_top_logprobs.shape[1] != k:
+        raise ValueError("prompt_logprobs: output arrays do not match the logits")
+    for row in range(n):
+        if not 0 <= targets[row] < vocab:
+            raise ValueError(f"prompt_logprobs: token id {targets[row]} outside vocabulary of {vocab}")
+    if n == 0:
+        return
+    with nogil:
+        for row in prange(n, schedule="static", num_threads=num_threads):
+            _logprobs(&logits[row, 0], vocab, targets[row], k, &out_logprob[row], &out_rank[row],
+                      &out_top_ids[row, 0] if k else NULL, &out_top_logprobs[row, 0] if k else NULL)

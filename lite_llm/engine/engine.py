@@ -8,8 +8,10 @@ thread, for the server and LLM.generate alike). The model math lives in runner.p
 bookkeeping in kv_cache.py; every figure /metrics shows in stats.py.
 
 Runner protocol (duck-typed):
-    runner.execute(sched_out: SchedulerOutput) -> list[SampleResult | None]
-        aligned with sched_out.chunks; None where chunk.sample is False. Every SchedulerOutput
+    runner.execute(sched_out: SchedulerOutput[, masks]) -> list[SampleResult | None]
+        aligned with sched_out.chunks; None where chunk.sample is False. masks, passed only
+        when some sampling row of the step follows a grammar, is structured.MaskJob: its
+        wait() gives the bitmask the sampler applies. Every SchedulerOutput
         that has chunks reaches execute() in order: its chunks and removed ids are deltas
         to the runner's persistent batch (see scheduler.py, input_batch.py). Within one step
         a chunk may read KV slots another chunk of the same step writes (prefix-cache hit
@@ -31,6 +33,7 @@ from lite_llm.engine.kv_cache import KVCacheManager
 from lite_llm.engine.request import Request, RequestStatus, SampleResult
 from lite_llm.engine.scheduler import Scheduler, SchedulerOutput
 from lite_llm.engine.stats import EngineStats, FinishedRequestRecord, StatsCollector, StepRecord
+from lite_llm.engine.structured import Grammars, StructuredOutputs
 from lite_llm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from lite_llm.sampling_params import SamplingParams
 
@@ -52,6 +55,8 @@ class EngineConfig:
     seed: int = 0                            # draws the seed of requests that give none
     eos_token_ids: tuple[int, ...] = ()
     scheduling_policy: str = "fcfs"          # "fcfs" | "priority" (lower value first)
+    vocab_size: int | None = None            # the model's (logits width); None: the tokenizer's
+    overlap_grammar_masks: bool = True       # structured outputs' masks computed during forward()
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks",
@@ -102,6 +107,7 @@ class _Group:
         self.prompt_token_ids = prompt_token_ids
         self.children = children
         self.completions = [_Completion(child, tokenizer) for child in children]
+        self.sent_prompt_logprobs = False     # prompt_logprobs go out once, in one delta
 
     @property
     def is_finished(self) -> bool:
@@ -124,6 +130,9 @@ class LLMEngine:
                                    max_model_len=self.max_model_len,
                                    policy=config.scheduling_policy)
         self._rng = random.Random(config.seed)   # not numpy.random: its import costs ~6 MiB resident
+        vocab_size = config.vocab_size or getattr(tokenizer, "vocab_size", 0)
+        self.grammars = Grammars(tokenizer, vocab_size, config.eos_token_ids)   # thread-safe
+        self.structured = StructuredOutputs(self.grammars, overlap=config.overlap_grammar_masks)
         self._groups: dict[str, _Group] = {}
         self._stats = StatsCollector()
 
@@ -139,6 +148,8 @@ class LLMEngine:
         if sampling_params.n > self.config.max_num_seqs:
             raise ValueError(f"n={sampling_params.n} is more than max_num_seqs="
                              f"{self.config.max_num_seqs}")
+        if sampling_params.structured_outputs is not None:   # compiles (and caches) the grammar
+            self.grammars.template(sampling_params.structured_outputs)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     sampling_params: SamplingParams, prompt: str | None = None,
@@ -162,6 +173,8 @@ class LLMEngine:
                             eos_token_ids=self.config.eos_token_ids, max_tokens=max_tokens,
                             parent_id=request_id, index=i)
                     for i, child_id in enumerate(child_ids)]
+        for child in children:
+            self.structured.add(child)
         self._groups[request_id] = _Group(request_id, prompt, prompt_token_ids, children,
                                           self.tokenizer)
         for child in children:
@@ -194,10 +207,19 @@ class LLMEngine:
         for request in self.scheduler.take_finished_in_schedule():
             self._record_finished(request)
             touched[request.parent_id] = self._groups[request.parent_id]
-        results = self.runner.execute(sched_out) if sched_out.chunks else []
+        results = []
+        if sched_out.chunks:
+            masks = self.structured.start_step(sched_out)
+            results = self.runner.execute(sched_out, masks) if masks is not None \
+                else self.runner.execute(sched_out)
+            for entry in getattr(self.runner, "last_prompt_logprobs", ()):
+                self._add_prompt_logprobs(*entry)
         now = time.monotonic()
+        matchers = self.structured.matchers
         for request, result in self.scheduler.update_from_output(sched_out, results):
             self._process_sample(request, result, now)
+            if matchers and request.request_id in matchers:
+                self._advance_grammar(request, result.token_id)
             touched[request.parent_id] = self._groups[request.parent_id]
         outputs = []
         for rid, group in touched.items():
@@ -253,6 +275,24 @@ class LLMEngine:
         if request.is_finished:
             self._record_finished(request)
 
+    def _add_prompt_logprobs(self, request: Request, first: int, logprobs, ranks, top_ids, top_logprobs) -> None:
+        """Prompt tokens first.. first + n - 1 get their Logprob entries (prompt_logprobs)."""
+        have = request.prompt_logprobs
+        if have is None or len(have) != first:       # a duplicate (recomputed) range: keep the first
+            return
+        targets = request.prompt_token_ids[first:first + len(logprobs)]
+        for target, lp, rank, ids, lps in zip(targets, logprobs.tolist(), ranks.tolist(), top_ids.tolist(),
+                                              top_logprobs.tolist()):
+            have.append(self._logprob_entry(SampleResult(target, lp, list(zip(ids, lps)), rank)))
+
+    def _advance_grammar(self, request: Request, token_id: int) -> None:
+        """The request's matcher takes its new token; a grammar that has ended stops it (after
+        _process_sample, so the token's text is part of the output)."""
+        if self.structured.accept(request.request_id, token_id) and not request.is_finished:
+            self.scheduler.finish_requests(request.request_id, RequestStatus.FINISHED_STOPPED)
+            if request.is_finished:
+                self._record_finished(request)
+
     def _logprob_entry(self, result: SampleResult) -> dict[int, Logprob]:
         """token id -> Logprob for one generated token: the sampled one first, then the top ones."""
         top = result.top_logprobs or []
@@ -292,9 +332,14 @@ class LLMEngine:
             comp.num_sent_tokens, comp.num_sent_chars = num_tokens, len(text)
             comp.sent_finished = is_finished
         first = group.children[0]
+        prompt_logprobs = None
+        if first.prompt_logprobs is not None and not group.sent_prompt_logprobs \
+                and len(first.prompt_logprobs) == first.num_prompt_tokens:
+            prompt_logprobs, group.sent_prompt_logprobs = first.prompt_logprobs, True
         return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, completions,
                              finished=group.is_finished, metrics=self._group_metrics(group),
-                             num_cached_tokens=max(first.num_cached_tokens, 0))
+                             num_cached_tokens=max(first.num_cached_tokens, 0),
+                             prompt_logprobs=prompt_logprobs)
 
     @staticmethod
     def _group_metrics(group: _Group) -> RequestMetrics:
@@ -330,6 +375,7 @@ class LLMEngine:
         return list(self._groups)
 
     def _record_finished(self, request: Request) -> None:
+        self.structured.remove(request.request_id)
         m = request.metrics
         finished = m.finished_time if m.finished_time is not None else time.monotonic()
         tpot = None

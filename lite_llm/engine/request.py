@@ -24,6 +24,12 @@ class RequestStatus(enum.Enum):
     FINISHED_ABORTED = "abort"           # cancelled, or can never fit the KV cache
 
     @property
+    def wants_prompt_logits(self) -> bool:
+        """Asked for prompt logprobs and does not have them all yet: its prefill must compute
+        every prompt position (no prefix cache hits) and hand over their logits."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
+
+    @property
     def is_finished(self) -> bool:
         return self.value in ("stop", "length", "abort")
 
@@ -81,6 +87,9 @@ class Request:
         self.logprobs: list[dict[int, Logprob]] | None = \
             [] if sampling_params.logprobs is not None else None
         self.cumulative_logprob: float | None = 0.0 if sampling_params.logprobs is not None else None
+        # per prompt token (None for the first, which nothing predicts), filled during prefill
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = \
+            [None] if sampling_params.prompt_logprobs is not None else None
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.block_hashes: list[bytes] = []        # content hash per full block, filled by KV manager
@@ -101,6 +110,12 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    @property
+    def wants_prompt_logits(self) -> bool:
+        """Asked for prompt logprobs and does not have them all yet: its prefill must compute
+        every prompt position (no prefix cache hits) and hand over their logits."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
 
     @property
     def is_finished(self) -> bool:

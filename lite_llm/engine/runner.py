@@ -20,6 +20,7 @@ import numpy as np
 from lite_llm import _kernels
 from lite_llm._kernels import gemm_path, layout
 from lite_llm.config import KV_CACHE_DTYPES, attention_path_override
+from lite_llm.engine import _sampler
 from lite_llm.engine.input_batch import InputBatch, StepArrays
 from lite_llm.engine.request import SampleResult
 from lite_llm.engine.sampler import Sampler, add_logit_bias
@@ -147,6 +148,25 @@ def _attention_plan(path: str, kv_cache_dtype: str, bf16_path: str, dtype: str) 
     if stage == "fma":
         return "are staged to fp32 (FMA)"
     return "run direct (vdpbf16ps)" if kv_cache_dtype == "bfloat16" else "are staged to bf16 pairs (vdpbf16ps)"
+def _prompt_rows(sched_out) -> list[tuple]:
+    """(request, first prompt index, token indices [n] of the step, target ids [n]) for each
+    chunk whose request still wants prompt logprobs. Position p's logits predict token p + 1:
+    prompt tokens done .. num_prompt - 1 are wanted (done = len(request.prompt_logprobs), the
+    first having none); the last prompt position predicts the first output (a sampling row)."""
+    out = []
+    offset = 0
+    for c in sched_out.chunks:
+        req = c.request
+        if req.wants_prompt_logits:
+            lo = max(c.start, len(req.prompt_logprobs) - 1)
+            hi = min(c.start + c.num_new_tokens, req.num_prompt_tokens - 1)
+            if hi > lo:
+                rows = np.arange(offset + lo - c.start, offset + hi - c.start, dtype=np.int32)
+                targets = np.asarray(req.prompt_token_ids[lo + 1:hi + 1], np.int32)
+                out.append((req, lo + 1, rows, targets))
+        offset += c.num_new_tokens
+    return out
+
 
 class ModelRunner:
     """Owns the packed weights, the KV cache and the activation workspace of one model."""
@@ -187,7 +207,10 @@ class ModelRunner:
         tables = [tuple(np.ascontiguousarray(a, np.float32) for a in rope_tables(c, max_pos))
                   for c in arch.rope_configs(cfg)] if cfg.rope else []
         self.model = self.kernels.Model(self.kernel_config, tensors, self.k_caches, self.v_caches, tables)
-        self.workspace = self.kernels.Workspace(self.model, max_num_batched_tokens, max_num_seqs, num_threads)
+        # rows: the sampling rows, plus every prompt position of requests asking prompt logprobs
+        # (at most one per token of the step; the buffers are max(tokens, rows) long anyway)
+        self.workspace = self.kernels.Workspace(self.model, max_num_batched_tokens,
+                                                max(max_num_seqs, max_num_batched_tokens), num_threads)
         self.max_num_batched_tokens = max_num_batched_tokens
         self._logits = np.empty((0, cfg.vocab_size), np.float32)
         self.max_num_seqs = max_num_seqs
@@ -200,6 +223,7 @@ class ModelRunner:
         self.kv_cache_bytes = sum(c.nbytes for c in self.k_caches + self.v_caches)
         self.kv_bytes_per_token = self.kv_cache_bytes // (num_blocks * block_size)   # all layers, K and V
         self.last_step_cost = (0.0, 0)    # (kernel seconds, bytes read) of the latest execute()
+        self.last_prompt_logprobs: list[tuple] = []    # of the latest execute(): _prompt_logprobs
         # multiply-adds per token of the layers' matrices, and per logits row (the benchmarks'
         # share of peak; attention's grow with the context: bench/common.py)
         shapes = {name[:-len(".shape")]: tensors[name] for name in tensors if name.endswith(".shape")}
@@ -218,6 +242,23 @@ class ModelRunner:
 
     # ---- one step ---------------------------------------------------------------------
 
+    def _prompt_logprobs(self, logits: np.ndarray, prompt_rows: list) -> list[tuple]:
+        """(request, first prompt index, logprobs [n], ranks [n], top ids [n, k], top logprobs
+        [n, k]) per chunk of prompt rows, from their raw logits (one compiled call)."""
+        targets = np.concatenate([r[3] for r in prompt_rows])
+        n = len(targets)
+        k = max(r[0].sampling_params.prompt_logprobs for r in prompt_rows)
+        ranks, lps = np.empty(n, np.int32), np.empty(n, np.float32)
+        top_ids, top_lps = np.empty((n, k), np.int32), np.empty((n, k), np.float32)
+        _sampler.prompt_logprobs(logits, targets, ranks, lps, top_ids, top_lps, self.num_threads)
+        out, at = [], 0
+        for request, first, rows, _ in prompt_rows:
+            m, kk = len(rows), request.sampling_params.prompt_logprobs
+            out.append((request, first, lps[at:at + m], ranks[at:at + m], top_ids[at:at + m, :kk],
+                        top_lps[at:at + m, :kk]))
+            at += m
+        return out
+
     def prepare(self, sched_out) -> StepArrays:
         """Apply sched_out's deltas to the persistent batch; the step's flat arrays."""
         return self.input_batch.prepare(sched_out)
@@ -234,20 +275,36 @@ class ModelRunner:
                              block_tables, logits_rows, logits, self.num_threads)
         return logits
 
-    def execute(self, sched_out) -> list[SampleResult | None]:
+    def execute(self, sched_out, masks=None) -> list[SampleResult | None]:
+        """One step. masks: the step's structured-output MaskJob (structured.py), being computed
+        while forward() runs; waited for before sampling. Prompt logprobs computed this step
+        are left in last_prompt_logprobs."""
         batch = self.input_batch
         a = batch.prepare(sched_out)
+        logits_rows, prompt_rows = a.logits_rows, None
+        if any(c.request.prompt_logprobs is not None for c in sched_out.chunks):
+            prompt_rows = _prompt_rows(sched_out)
+            if prompt_rows:
+                logits_rows = np.concatenate([logits_rows, np.concatenate([r[2] for r in prompt_rows])])
+        self.last_prompt_logprobs = []
         start = time.perf_counter()
-        logits = self.forward(a.token_ids, a.positions, a.slot_mapping, a.tok_seq, a.block_tables,
-                              a.logits_rows)
-        kernel_seconds = time.perf_counter() - start
+        try:
+            all_logits = self.forward(a.token_ids, a.positions, a.slot_mapping, a.tok_seq, a.block_tables,
+                                      logits_rows)
+            logits = all_logits[:len(a.logits_rows)]
+            kernel_seconds = time.perf_counter() - start
+        finally:        # the mask's buffer is reused next step: never leave its work running
+            bitmask, mask_rows = masks.wait() if masks is not None else (None, None)
         sampled = []
         if len(a.sample_slots):
             if batch.any_logit_bias:
                 add_logit_bias(logits, [c.request for c in sched_out.chunks if c.sample])
-            sampled = self.sampler.run(logits, *batch.sampling_arrays(a.sample_slots, a.sample_slots_are_prefix))
+            sampled = self.sampler.run(logits, *batch.sampling_arrays(a.sample_slots, a.sample_slots_are_prefix),
+                                       bitmask=bitmask, mask_rows=mask_rows)
             kernel_seconds += self.sampler.last_kernel_seconds
             batch.append_sampled(a.sample_slots, self.sampler.last_tokens)
+        if prompt_rows:
+            self.last_prompt_logprobs = self._prompt_logprobs(all_logits[len(a.logits_rows):], prompt_rows)
         # weights stream once per step; attention reads each sequence's context once
         self.last_step_cost = (kernel_seconds,
                                self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token)

@@ -9,7 +9,8 @@ The engine's runner takes those arrays from its persistent batch (input_batch.py
 place, and run()); sample() builds them from scratch out of a list of requests: the plain
 reference the persistent path is tested against, and the way tests drive the kernel.
 A request's logit_bias is added to its row first (add_logit_bias), so its logprobs are those
-of the biased distribution.
+of the biased distribution. A structured-output row's grammar bitmask (structured.py) is
+applied inside the compiled call, before everything else.
 """
 from __future__ import annotations
 
@@ -57,11 +58,14 @@ class Sampler:
                 np.empty((rows, k), np.int32), np.empty((rows, k), np.float32))
 
     def sample(self, logits: np.ndarray,    # IN/OUT [S, V] float32, overwritten
-               requests: list) -> list[SampleResult]:
+               requests: list,
+               bitmask: np.ndarray | None = None,     # IN [M, ceil(V / 32)] int32 grammar masks
+               mask_rows: np.ndarray | None = None,   # IN [S] int32 row of bitmask per request, -1 none
+               ) -> list[SampleResult]:
         """One token per request; request i owns logits[i]. Each request has .sampling_params,
         .prompt_token_ids, .output_token_ids and .seed."""
         add_logit_bias(logits, requests)
-        return self.run(logits, *self.build_params(requests))
+        return self.run(logits, *self.build_params(requests), bitmask=bitmask, mask_rows=mask_rows)
 
     def build_params(self, requests: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(fparams [S, NUM_F], iparams [S, NUM_I], context token ids, banned ids) of requests,
@@ -99,6 +103,8 @@ class Sampler:
             iparams: np.ndarray,            # IN [S, NUM_I]
             token_ids: np.ndarray,          # IN [N] int32 penalty contexts (ranges in iparams)
             banned_ids: np.ndarray,         # IN [M] int32 min_tokens bans (ranges in iparams)
+            bitmask: np.ndarray | None = None,     # IN [M, ceil(V / 32)] int32 allowed-token bits
+            mask_rows: np.ndarray | None = None,   # IN [S] int32 bitmask row of each row, -1 = none
             ) -> list[SampleResult]:
         """The compiled sampler over ready parameter arrays; one SampleResult per row."""
         num_seqs = fparams.shape[0]
@@ -114,7 +120,7 @@ class Sampler:
         scratch = self._scratch(threads)
         start = time.perf_counter()
         _sampler.sample(logits, fparams, iparams, token_ids, banned_ids, out_token, out_logprob,
-                        out_rank, out_top_ids, out_top_logprobs, *scratch, threads)
+                        out_rank, out_top_ids, out_top_logprobs, *scratch, threads, bitmask, mask_rows)
         self.last_kernel_seconds = time.perf_counter() - start
         self.last_tokens = out_token
         tokens = out_token.tolist()

@@ -10,6 +10,10 @@ its blocks are freed and it goes back to the FRONT of the waiting queue.
 Token stops (EOS, stop token ids, max_tokens, max_model_len) are checked here when sampled
 tokens come back; stop strings need text and are the engine's.
 
+A request that asks for prompt logprobs needs the logits of every prompt position: it takes
+no prefix cache hits, and its prefill chunks share a per-step cap of PROMPT_LOGITS_ROWS
+tokens (each is a [V] row of logits the runner keeps for the step).
+
 The SchedulerOutput speaks in deltas to a runner that keeps its per-sequence arrays from
 step to step (vLLM v1's SchedulerOutput / CachedRequestData): a chunk with is_new enters the
 runner's batch with its whole block table; any other chunk belongs to a request the runner
@@ -31,6 +35,9 @@ from typing import NamedTuple
 
 from lite_llm.engine.kv_cache import KVCacheManager
 from lite_llm.engine.request import Request, RequestStatus, SampleResult
+
+
+PROMPT_LOGITS_ROWS = 256     # prompt positions whose logits one step keeps (prompt logprobs)
 
 
 class ScheduledChunk(NamedTuple):
@@ -76,6 +83,7 @@ class Scheduler:
         self._finished_req_ids: list[str] = []         # freed since the last step that ran
         self._preempted_req_ids: list[str] = []        # preempted since the last step that ran
         self._finished_in_schedule: list[Request] = []  # requests that can never fit, for the engine
+        self._rows_budget = PROMPT_LOGITS_ROWS            # this step's prompt-logits rows left
 
     # ---- queue management ---------------------------------------------------------------
 
@@ -136,11 +144,18 @@ class Scheduler:
 
     def _schedule_running(self, chunks: list[ScheduledChunk], preempted: list[str]) -> int:
         budget = self.max_num_batched_tokens
+        self._rows_budget = PROMPT_LOGITS_ROWS
         kv = self.kv_cache_manager
         idx = 0
         while idx < len(self.running) and budget > 0:
             request = self.running[idx]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if request.wants_prompt_logits:
+                num_new = min(num_new, self._rows_budget)
+                if num_new == 0:        # its prompt rows wait for the next step
+                    idx += 1
+                    continue
+                self._rows_budget -= num_new
             assert num_new > 0, f"{request} has nothing to compute"
             while (block_ids := kv.allocate_slots(request, num_new)) is None:
                 # running[-1] is the most recent admission, never one served earlier this step
@@ -168,8 +183,13 @@ class Scheduler:
         now = time.monotonic()
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            hits, num_hit_tokens = kv.get_computed_blocks(request)
+            wants_rows = request.wants_prompt_logits
+            hits, num_hit_tokens = kv.get_computed_blocks(request) if not wants_rows else ([], 0)
             num_new = min(request.num_tokens - num_hit_tokens, budget)
+            if wants_rows:
+                num_new = min(num_new, self._rows_budget)
+                if num_new == 0:
+                    break
             block_ids = kv.allocate_slots(request, num_new, hits)
             if block_ids is None:
                 if not self.running:
@@ -180,6 +200,8 @@ class Scheduler:
                     continue
                 break          # FCFS: later requests wait behind the head
             self.waiting.popleft()
+            if wants_rows:
+                self._rows_budget -= num_new
             kv.record_prefix_lookup(request.num_tokens, num_hit_tokens)
             request.num_computed_tokens = num_hit_tokens
             if request.num_cached_tokens < 0:

@@ -205,6 +205,11 @@ class Tokenizer:
             self._max_token_bytes = _max_bytes_per_token(self._backend.to_str())
         return self._max_token_bytes
 
+    def backend_json(self) -> str | None:
+        """The tokenizers pipeline as its tokenizer.json text (the grammar engine builds its
+        token trie from it); None for a sentencepiece model."""
+        return None if self._backend is None else self._backend.to_str()
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self._sp is not None:
             ids = list(self._sp.encode(text))

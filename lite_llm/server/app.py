@@ -658,6 +658,9 @@ class _Handler(BaseHTTPRequestHandler):
         except EngineDeadError as e:
             raise ApiError(503, f"the engine failed: {e}", code="engine_dead") from None
         for k, out in deltas:
+            if out.prompt_logprobs is not None:
+                for i in range(prep.params.n):
+                    choices.setdefault(k * prep.params.n + i, Choice()).prompt_logprobs = out.prompt_logprobs
             for o in out.outputs:
                 index = k * prep.params.n + o.index
                 c = choices.setdefault(index, Choice())
@@ -672,7 +675,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise _ClientGone()
         if any(c.finish_reason == "abort" for c in choices.values()):
             raise self._aborted()
-        body = openai.final_response(prep, choices)
+        body = openai.final_response(prep, choices, tok)
         self._tokens = (body["usage"]["prompt_tokens"], body["usage"]["completion_tokens"])
         self._send_json(200, body)
 
@@ -720,7 +723,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._tokens = (num_prompt, 0)
         offsets: dict[int, int] = {}
         splitters: dict[int, openai.ReasoningSplitter] = {}
-        tool_parsers: dict[int, openai.HermesToolParser] = {}
+        tool_parsers: dict[int, Any] = {}
         aborted = False
         try:
             for k, out in self._deltas(prep, submitted):
@@ -738,7 +741,7 @@ class _Handler(BaseHTTPRequestHandler):
                         splitter = splitters.setdefault(index, openai.ReasoningSplitter(prep.reasoning_parser))
                         reasoning, text = splitter.feed(o.text, final=final)
                     if prep.tool_parser:
-                        parser = tool_parsers.setdefault(index, openai.HermesToolParser())
+                        parser = tool_parsers.get(index) or tool_parsers.setdefault(index, openai.make_tool_parser(prep))
                         text, calls = parser.feed(text, final=final)
                         finish = openai.tool_finish_reason(finish, parser.num_calls)
                     if text or reasoning or calls or lps is not None or finish is not None:
@@ -1042,8 +1045,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--disable-log-requests", action="store_true",
       help="no access log line (method, route, status, tokens, ms) per request")
     a("--metrics-no-auth", action="store_true", help="serve /metrics without the API key")
-    a("--tool-call-parser", default=None, choices=["hermes"],
-      help="how the model writes tool calls (hermes: <tool_call>{json}</tool_call>, as Qwen2.5/Qwen3); "
+    a("--tool-call-parser", default=None, choices=list(openai.TOOL_PARSERS),
+      help="how the model writes tool calls (hermes: <tool_call>{json}</tool_call>, as Qwen2.5/Qwen3; "
+           "llama3_json: {\"name\", \"parameters\"} as Llama 3.x; mistral: [TOOL_CALLS][{...}]); "
            "default: chosen from the chat template where unambiguous")
     a("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
       help="split <think>...</think> from the answer into reasoning_content (deepseek_r1: the "

@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from lite_llm.outputs import CompletionOutput, Logprob
-from lite_llm.sampling_params import MAX_LOGPROBS, SamplingParams
+from lite_llm.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutputsParams
 
 MAX_PROMPTS = 256           # prompts in one completions request (each is one engine request)
 MAX_N = 128                 # completions per prompt
@@ -29,23 +29,22 @@ _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 _LOGPROB_FLOOR = -9999.0    # JSON has no -inf; vLLM clamps the same way
 
 # Fields accepted only while they say "not used" (null, false, empty): anything else is a 400.
-_UNSUPPORTED = {"functions", "function_call", "response_format",
-                "suffix", "best_of", "prompt_logprobs", "guided_json",
-                "guided_regex", "guided_choice", "guided_grammar",
+_UNSUPPORTED = {"functions", "function_call",
+                "suffix", "best_of", "guided_decoding_backend",
                 "audio", "modalities", "prediction", "reasoning_effort", "web_search_options",
                 "metadata", "store", "service_tier", "continue_final_message", "documents"}
 _WHY_UNSUPPORTED = {
     "suffix": "'suffix' (fill-in-the-middle insertion) is not supported by this server; put the "
               "whole text in 'prompt'",
-    "prompt_logprobs": "'prompt_logprobs' is not supported by this server (logprobs of generated "
-                       "tokens are: 'logprobs')",
 }
 MAX_LOGIT_BIAS = 300        # entries of logit_bias (OpenAI's limit)
 _SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p",
                     "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop",
                     "stop_token_ids", "ignore_eos", "n", "stream", "stream_options", "user",
                     "min_tokens", "skip_special_tokens", "include_stop_str_in_output",
-                    "parallel_tool_calls", "request_id", "logit_bias"}
+                    "parallel_tool_calls", "request_id", "logit_bias", "response_format",
+                    "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                    "guided_whitespace_pattern", "structured_outputs", "prompt_logprobs"}
 COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "logprobs", "echo", "add_special_tokens"}
 CHAT_FIELDS = _SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
                                   "add_generation_prompt", "chat_template", "add_special_tokens",
@@ -239,7 +238,7 @@ class ServingContext:
     max_token_bytes: int | None = None    # bytes of text one token can stand for (None: unbounded)
     tokenize_slots: Any = None            # TokenizeSlots, or None for no cap
     reasoning_parser: str | None = None   # --reasoning-parser: "deepseek_r1" | "qwen3" | None
-    tool_parser: str | None = None        # --tool-call-parser: "hermes" | None
+    tool_parser: str | None = None        # --tool-call-parser: one of TOOL_PARSERS | None
     system_fingerprint: str | None = None
 
     def check_model(self, body: dict) -> str:
@@ -272,9 +271,11 @@ class PreparedRequest:
     stream: bool
     include_usage: bool
     echo: bool = False
+    prompt_logprobs: int | None = None    # vLLM's prompt_logprobs field: returned beside the choices
     logprobs: int | None = None       # top logprobs asked per token; None = no logprobs in the answer
     reasoning_parser: str | None = None   # chat only: split <think>...</think> into reasoning_content
-    tool_parser: str | None = None        # chat with tools: parse <tool_call> blocks into tool_calls
+    tool_parser: str | None = None        # chat with tools: a TOOL_PARSERS name (make_tool_parser)
+    max_tool_calls: int | None = None     # parallel_tool_calls false: 1 (later calls dropped)
     system_fingerprint: str | None = None
 
     def engine_request_id(self, prompt_index: int) -> str:
@@ -326,12 +327,81 @@ def _sampling_kwargs(body: dict, ctx: ServingContext) -> dict:
     bias = body.get("logit_bias")
     if bias is not None:
         kw["logit_bias"] = _logit_bias(bias, ctx.vocab_size)
+    prompt_logprobs = get_int(body, "prompt_logprobs", 0, MAX_LOGPROBS)
+    if prompt_logprobs is not None:
+        if get_bool(body, "stream", False):
+            raise bad("'prompt_logprobs' is not supported when streaming; ask without 'stream'",
+                      "prompt_logprobs")
+        kw["prompt_logprobs"] = prompt_logprobs
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise bad("'user' must be a string", "user")
     if "parallel_tool_calls" in body and body["parallel_tool_calls"] is not None \
             and not isinstance(body["parallel_tool_calls"], bool):
         raise bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+    structured = structured_outputs(body)
+    if structured is not None:
+        kw["structured_outputs"] = structured
     return kw
+
+
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+           "guided_grammar": "grammar"}
+_STRUCTURED_KEYS = {"json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace",
+                    "disable_additional_properties", "whitespace_pattern"}
+
+
+def structured_outputs(body: dict) -> StructuredOutputsParams | None:
+    """The output constraint of a body: OpenAI's response_format (json_object, json_schema),
+    vLLM's guided_json / guided_regex / guided_choice / guided_grammar, or its
+    structured_outputs object. At most one of them; the grammar itself is compiled and checked
+    by the engine (a bad one is a 400 there)."""
+    found: list[tuple[str, dict]] = []
+    rf = body.get("response_format")
+    if rf is not None:
+        kind = rf.get("type") if isinstance(rf, dict) else None
+        if kind == "text" and set(rf) == {"type"}:
+            pass
+        elif kind == "json_object" and set(rf) == {"type"}:
+            found.append(("response_format", {"json_object": True}))
+        elif kind == "json_schema" and set(rf) <= {"type", "json_schema"}:
+            js = rf.get("json_schema")
+            if not isinstance(js, dict) or set(js) - {"name", "schema", "strict", "description"} \
+                    or not isinstance(js.get("name", ""), str) \
+                    or js.get("strict") not in (None, True, False):
+                raise bad("'response_format.json_schema' must be {\"name\": str, \"schema\": object, "
+                          "\"strict\": bool, \"description\": str}", "response_format.json_schema")
+            schema = js.get("schema", {})
+            if not isinstance(schema, (dict, bool)):
+                raise bad("'response_format.json_schema.schema' must be a JSON schema object",
+                          "response_format.json_schema.schema")
+            found.append(("response_format", {"json": schema}))
+        else:
+            raise bad("'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                      "{\"type\": \"json_schema\", \"json_schema\": {...}}", "response_format")
+    for name, key in _GUIDED.items():
+        value = body.get(name)
+        if value is not None:
+            found.append((name, {key: value}))
+    so = body.get("structured_outputs")
+    if so is not None:
+        if not isinstance(so, dict) or set(so) - _STRUCTURED_KEYS:
+            raise bad(f"'structured_outputs' must be an object with keys among "
+                      f"{', '.join(sorted(_STRUCTURED_KEYS))}", "structured_outputs")
+        found.append(("structured_outputs", dict(so)))
+    if not found:
+        return None
+    if len(found) > 1:
+        raise bad(f"give at most one output constraint; got {', '.join(n for n, _ in found)}", found[1][0])
+    name, kwargs = found[0]
+    pattern = body.get("guided_whitespace_pattern")
+    if pattern is not None:
+        if not isinstance(pattern, str):
+            raise bad("'guided_whitespace_pattern' must be a string", "guided_whitespace_pattern")
+        kwargs.setdefault("whitespace_pattern", pattern)
+    try:
+        return StructuredOutputsParams(**kwargs)
+    except (ValueError, TypeError) as e:
+        raise bad(f"'{name}': {e}", name) from None
 
 
 def _logit_bias(value: Any, vocab_size: int) -> dict[int, float]:
@@ -412,8 +482,11 @@ def prepare_completion(body: dict, ctx: ServingContext) -> PreparedRequest:
     kw = _sampling_kwargs(body, ctx)
     logprobs = get_int(body, "logprobs", 0, MAX_LOGPROBS)
     echo = get_bool(body, "echo", False)
-    if echo and logprobs is not None:
-        raise bad("'echo' together with 'logprobs' (prompt logprobs) is not supported", "echo")
+    if echo and logprobs is not None:      # the prompt's tokens come with their logprobs too
+        kw["prompt_logprobs"] = max(logprobs, kw.get("prompt_logprobs") or 0)
+        if stream:
+            raise bad("'echo' with 'logprobs' is not supported when streaming (the prompt's logprobs "
+                      "come after its prefill); ask without 'stream'", "echo")
     add_special = get_bool(body, "add_special_tokens", True)
     prompts = _completion_prompts(body.get("prompt"), ctx, add_special)
     if len(prompts) * kw["n"] > MAX_COMPLETIONS:
@@ -427,6 +500,7 @@ def prepare_completion(body: dict, ctx: ServingContext) -> PreparedRequest:
     params = _sampling_params(kw)
     return PreparedRequest("completion", _new_id("cmpl", body), int(time.time()), model, prompts,
                            params, stream, include_usage, echo=echo, logprobs=logprobs,
+                           prompt_logprobs=get_int(body, "prompt_logprobs", 0, MAX_LOGPROBS),
                            system_fingerprint=ctx.system_fingerprint)
 
 
@@ -527,6 +601,7 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
     template_kwargs = _template_kwargs(body)
     tools, tool_choice = _tools(body)
     tool_parser = None
+    parallel = body.get("parallel_tool_calls") is not False
     if tools and tool_choice != "none":
         tool_parser = ctx.tool_parser or tool_parser_for(template or ctx.chat_template
                                                          or getattr(ctx.tokenizer, "chat_template", None))
@@ -534,6 +609,11 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
             raise bad("'tools' need a tool call parser: start the server with --tool-call-parser "
                       "(this model's chat template shows no known tool call format)", "tools")
         template_kwargs = {**template_kwargs, "tools": tools}
+        if tool_choice == "required" or isinstance(tool_choice, dict):
+            if "structured_outputs" in kw:
+                raise bad("'tool_choice' \"required\" or a named function cannot be combined with an "
+                          "output constraint (response_format, guided_*)", "tool_choice")
+            kw["structured_outputs"] = forced_tool_calls(tool_parser, tools, tool_choice, parallel, ctx.tokenizer)
     text = render_chat(ctx, messages, add_generation_prompt, template, template_kwargs)
     # The template already places BOS and friends: no second BOS (vLLM's default for chat).
     ids = _encode(ctx, text, add_special_tokens=get_bool(body, "add_special_tokens", False),
@@ -553,12 +633,14 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
     return PreparedRequest("chat", _new_id("chatcmpl", body), int(time.time()), model,
                            [Prompt(text, list(ids))], params, stream, include_usage,
                            logprobs=logprobs, reasoning_parser=ctx.reasoning_parser,
-                           tool_parser=tool_parser, system_fingerprint=ctx.system_fingerprint)
+                           tool_parser=tool_parser, max_tool_calls=None if parallel else 1,
+                           prompt_logprobs=get_int(body, "prompt_logprobs", 0, MAX_LOGPROBS),
+                           system_fingerprint=ctx.system_fingerprint)
 
 
-def _tools(body: dict) -> tuple[list[dict] | None, str]:
-    """tools (OpenAI function tools) and tool_choice ("auto" | "none"; "required" and a named
-    function need constrained decoding, which this server does not do yet)."""
+def _tools(body: dict) -> tuple[list[dict] | None, str | dict]:
+    """tools (OpenAI function tools) and tool_choice: "auto", "none", "required" or
+    {"name": function} (the last two are forced by a grammar: forced_tool_calls)."""
     tools = body.get("tools")
     choice = body.get("tool_choice")
     if tools is None or tools == []:
@@ -585,19 +667,70 @@ def _tools(body: dict) -> tuple[list[dict] | None, str]:
         out.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
     if choice is None:
         choice = "auto"
-    if choice not in ("auto", "none"):
-        if choice == "required" or isinstance(choice, dict):
-            raise bad("'tool_choice' \"required\" or a named function is not supported yet (it needs "
-                      "constrained decoding); use \"auto\" or \"none\"", "tool_choice")
-        raise bad("'tool_choice' must be \"auto\" or \"none\"", "tool_choice")
+    names = [t["function"]["name"] for t in out]
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        if choice.get("type") != "function" or not isinstance(fn, dict) or set(fn) != {"name"} \
+                or set(choice) != {"type", "function"} or not isinstance(fn.get("name"), str):
+            raise bad("'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                      "\"function\": {\"name\": ...}}", "tool_choice")
+        if fn["name"] not in names:
+            raise bad(f"'tool_choice' names the function '{_show(fn['name'])[1:-1]}', which is not in 'tools'",
+                      "tool_choice")
+        return out, {"name": fn["name"]}
+    if choice not in ("auto", "none", "required"):
+        raise bad("'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                  "\"function\": {\"name\": ...}}", "tool_choice")
     return out, choice
+
+
+TOOL_PARSERS = ("hermes", "llama3_json", "mistral")
+MAX_FORCED_CALLS = 8        # calls a forced answer may hold: a model repeating calls ends there
 
 
 def tool_parser_for(template: str | None) -> str | None:
     """The tool call format a chat template teaches its model, where unambiguous."""
-    if template and "<tool_call>" in template:
-        return "hermes"          # Hermes, Qwen2.5, Qwen3: <tool_call>{"name", "arguments"}</tool_call>
-    return None
+    if not template:
+        return None
+    found = [name for name, marks in (("hermes", ("<tool_call>",)),              # Hermes, Qwen2.5, Qwen3
+                                      ("mistral", ("[TOOL_CALLS]",)),            # Mistral
+                                      ("llama3_json", ("<|python_tag|>", "ipython")))   # Llama 3.1-3.3
+             if any(m in template for m in marks)]
+    return found[0] if len(found) == 1 else None
+
+
+def _call_schema(fn: dict, arguments_key: str) -> dict:
+    return {"type": "object", "properties": {"name": {"const": fn["name"]},
+                                             arguments_key: fn.get("parameters") or {"type": "object"}},
+            "required": ["name", arguments_key], "additionalProperties": False}
+
+
+def forced_tool_calls(parser: str, tools: list[dict], choice: str | dict, parallel: bool,
+                      tokenizer: Any = None) -> StructuredOutputsParams:
+    """A grammar whose every output is one (or, if parallel, 1 to MAX_FORCED_CALLS) call(s) of
+    the tools (of the named one) in the parser's format, arguments valid against the
+    function's parameters schema."""
+    fns = [t["function"] for t in tools if not isinstance(choice, dict) or t["function"]["name"] == choice["name"]]
+    key = "parameters" if parser == "llama3_json" else "arguments"
+    schemas = [_call_schema(fn, key) for fn in fns]
+    schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    schema = {**schema, "x-guidance": {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}}
+    body = "%json " + json.dumps(schema)
+
+    def calls(one: str, sep: str) -> str:
+        return f'{one} ({sep} {one}){{0,{MAX_FORCED_CALLS - 1}}}' if parallel else one
+
+    if parser == "hermes":
+        rules = ["start: " + calls("call", '"\\n"'),
+                 'call: "<tool_call>\\n" body "\\n</tool_call>"']
+    elif parser == "llama3_json":
+        rules = ["start: " + calls("body", '"; "')]
+    else:
+        # [TOOL_CALLS] is a special token in Mistral's vocabularies: named by id, text cannot make it
+        tid = tokenizer.token_to_id("[TOOL_CALLS]") if tokenizer is not None else None
+        head = f"<[{tid}]>" if tid is not None else '"[TOOL_CALLS]"'
+        rules = [f'start: {head} "[" ' + calls("body", '", "') + ' "]"']
+    return StructuredOutputsParams(grammar="\n".join(rules + ["body: " + body]) + "\n")
 
 
 def _tool_calls_in(where: str, calls: Any) -> list[dict]:
@@ -804,17 +937,116 @@ class HermesToolParser:
         return content, calls
 
 
-def _parse_tool_call(block: str) -> dict | None:
-    try:
-        value = json.loads(block.strip())
-    except ValueError:
-        return None
+class JsonToolParser:
+    """Tool calls written as bare JSON at the start of the answer, delta by delta:
+    llama3_json: [<|python_tag|>]{"name": ..., "parameters": {...}} (several joined by "; ");
+    mistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] (the special token is dropped
+    from the text unless skip_special_tokens is false, so a leading JSON list counts too).
+    An answer that opens that way is held back until it ends and then parsed; if it is not
+    valid calls it is content as written. Any other answer streams as content."""
+    PREFIXES = {"llama3_json": ("<|python_tag|>",), "mistral": ("[TOOL_CALLS]",)}
+
+    def __init__(self, parser: str) -> None:
+        self.parser = parser
+        self.buf = ""
+        self.mode: str | None = None       # None: undecided, "calls": held, "content": streaming
+        self.num_calls = 0
+
+    def _opens_calls(self, text: str) -> bool | None:
+        """Whether text (stripped of leading whitespace) opens tool calls; None: too short to tell."""
+        for prefix in self.PREFIXES[self.parser] + (("[",) if self.parser == "mistral" else ("{",)):
+            if text.startswith(prefix):
+                return True
+            if prefix.startswith(text):
+                return None
+        return False
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
+        if self.mode == "content":
+            return text, []
+        self.buf += text
+        if self.mode is None:
+            opens = self._opens_calls(self.buf.lstrip())
+            if opens is None and not final:
+                return "", []
+            self.mode = "calls" if opens else "content"
+            if self.mode == "content":
+                out, self.buf = self.buf, ""
+                return out, []
+        if not final:
+            return "", []
+        calls = self._parse(self.buf.strip())
+        if calls is None:
+            return self.buf, []
+        for i, call in enumerate(calls):
+            call["index"] = i
+        self.num_calls = len(calls)
+        return "", calls
+
+    def _parse(self, text: str) -> list[dict] | None:
+        for prefix in self.PREFIXES[self.parser]:
+            if text.startswith(prefix):
+                text = text[len(prefix):].strip()
+        if self.parser == "mistral":
+            try:
+                items = json.loads(text)
+            except ValueError:
+                return None
+            items = items if isinstance(items, list) else [items]
+        else:
+            items = []
+            decoder = json.JSONDecoder()
+            at = 0
+            while at < len(text):
+                try:
+                    value, at = decoder.raw_decode(text, at)
+                except ValueError:
+                    return None
+                items.append(value)
+                rest = text[at:].lstrip()
+                if rest.startswith(";"):
+                    rest = rest[1:].lstrip()
+                at = len(text) - len(rest)
+        calls = [_call_from(item) for item in items]
+        return calls if calls and all(c is not None for c in calls) else None
+
+
+class _MaxCalls:
+    """Keeps the first max_calls calls of a parser's output (parallel_tool_calls false)."""
+
+    def __init__(self, parser: Any, max_calls: int) -> None:
+        self.parser, self.max_calls = parser, max_calls
+
+    @property
+    def num_calls(self) -> int:
+        return min(self.parser.num_calls, self.max_calls)
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
+        content, calls = self.parser.feed(text, final)
+        return content, [c for c in calls if c["index"] < self.max_calls]
+
+
+def make_tool_parser(prep: PreparedRequest):
+    """The streaming tool call parser of a prepared chat request."""
+    parser = HermesToolParser() if prep.tool_parser == "hermes" else JsonToolParser(prep.tool_parser)
+    return parser if prep.max_tool_calls is None else _MaxCalls(parser, prep.max_tool_calls)
+
+
+def _call_from(value: Any) -> dict | None:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     args = value.get("arguments", value.get("parameters", {}))
     return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": value["name"],
                          "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}}
+
+
+def _parse_tool_call(block: str) -> dict | None:
+    try:
+        value = json.loads(block.strip())
+    except ValueError:
+        return None
+    return _call_from(value)
 
 
 def tool_finish_reason(reason: str | None, num_calls: int) -> str | None:
@@ -835,6 +1067,7 @@ class Choice:
     logprobs: list = field(default_factory=list)     # entries as formatted for this API kind
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: list | None = None   # the engine's, for its prompt (RequestOutput.prompt_logprobs)
 
 
 @lru_cache(maxsize=1)
@@ -932,7 +1165,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def final_response(prep: PreparedRequest, choices: dict[int, Choice]) -> dict:
+def final_response(prep: PreparedRequest, choices: dict[int, Choice], tokenizer: Any = None) -> dict:
     """The non-streaming body; choices keyed by the response index (prompt * n + i)."""
     num_gen = sum(c.num_tokens for c in choices.values())
     num_prompt = sum(len(p.token_ids) for p in prep.prompts)
@@ -948,7 +1181,7 @@ def final_response(prep: PreparedRequest, choices: dict[int, Choice]) -> dict:
                 reasoning, text = ReasoningSplitter(prep.reasoning_parser).feed(text, final=True)
                 message = {"role": "assistant", "content": text, "reasoning_content": reasoning or None}
             if prep.tool_parser:
-                content, calls = HermesToolParser().feed(text, final=True)
+                content, calls = make_tool_parser(prep).feed(text, final=True)
                 for call in calls:
                     del call["index"]
                 message["content"] = content.strip() or None if calls else content
@@ -960,12 +1193,58 @@ def final_response(prep: PreparedRequest, choices: dict[int, Choice]) -> dict:
                           "stop_reason": c.stop_reason})
         else:
             if prep.echo:
-                text = _prompt_text(prep, index) + text
-            items.append({"index": index, "text": text, "logprobs": lps,
-                          "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
-    return {"id": prep.id, "object": "chat.completion" if prep.kind == "chat" else "text_completion",
+                prompt = _prompt_text(prep, index)
+                if lps is not None and c.prompt_logprobs is not None:
+                    lps = _echo_logprobs(prep, tokenizer, index, c.prompt_logprobs, lps, len(prompt))
+                text = prompt + text
+            item = {"index": index, "text": text, "logprobs": lps,
+                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+            if prep.prompt_logprobs is not None:
+                item["prompt_logprobs"] = wire_prompt_logprobs(c.prompt_logprobs)
+            items.append(item)
+    body = {"id": prep.id, "object": "chat.completion" if prep.kind == "chat" else "text_completion",
             "created": prep.created, "model": prep.model, "system_fingerprint": prep.system_fingerprint,
             "choices": items, "usage": usage(num_prompt, num_gen)}
+    if prep.kind == "chat" and prep.prompt_logprobs is not None:     # vLLM: beside the choices
+        body["prompt_logprobs"] = wire_prompt_logprobs(choices[min(choices)].prompt_logprobs if choices else None)
+    return body
+
+
+def wire_prompt_logprobs(entries: list | None) -> list | None:
+    """vLLM's prompt_logprobs: per prompt token null (the first) or {"<id>": {"logprob", "rank",
+    "decoded_token"}}."""
+    if entries is None:
+        return None
+    return [None if e is None else {str(t): {"logprob": _lp(lp.logprob), "rank": lp.rank,
+                                             "decoded_token": lp.decoded_token} for t, lp in e.items()}
+            for e in entries]
+
+
+def _echo_logprobs(prep: PreparedRequest, tokenizer: Any, index: int, entries: list, generated: dict,
+                   prompt_chars: int) -> dict:
+    """Completions' logprobs with echo: the prompt's tokens first (the first has no logprob),
+    then the generated ones, text offsets running over the whole echoed text."""
+    ids = prep.prompts[index // prep.params.n].token_ids
+    tokens, token_lps, tops, offsets, at = [], [], [], [], 0
+    for tid, entry in zip(ids, entries):
+        chosen = entry.get(tid) if entry else None
+        tok = token_text(tokenizer, tid, chosen)
+        tokens.append(tok)
+        offsets.append(at)
+        at += len(tok)
+        if entry is None:
+            token_lps.append(None)
+            tops.append(None)
+            continue
+        token_lps.append(_lp(chosen.logprob))
+        ranked = sorted(entry.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else 1 << 30)
+        top = {token_text(tokenizer, i, lp): _lp(lp.logprob) for i, lp in ranked[:prep.logprobs]}
+        if prep.logprobs:
+            top.setdefault(tok, token_lps[-1])
+        tops.append(top)
+    return {"tokens": tokens + generated["tokens"], "token_logprobs": token_lps + generated["token_logprobs"],
+            "top_logprobs": tops + generated["top_logprobs"],
+            "text_offset": offsets + [prompt_chars + o for o in generated["text_offset"]]}
 
 
 def _prompt_text(prep: PreparedRequest, index: int) -> str:

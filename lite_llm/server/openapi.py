@@ -46,6 +46,29 @@ _SAMPLING = {
     "logit_bias": {"type": "object", "maxProperties": 300,
                    "propertyNames": {"pattern": "^[0-9]{1,10}$"},
                    "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
+    "response_format": {"oneOf": [
+        {"type": "object", "required": ["type"], "additionalProperties": False,
+         "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}}},
+        {"type": "object", "required": ["type", "json_schema"], "additionalProperties": False,
+         "properties": {"type": {"type": "string", "enum": ["json_schema"]},
+                        "json_schema": {"type": "object", "additionalProperties": False, "properties": {
+                            "name": _STR, "description": _STR, "strict": _BOOL,
+                            "schema": {"type": ["object", "boolean"]}}}}}],
+        "description": "the output follows a JSON schema (or is any JSON object), enforced token by token"},
+    "guided_json": {"type": ["object", "string"], "description": "a JSON schema the output follows"},
+    "guided_regex": {**_STR, "description": "a regular expression the output matches"},
+    "guided_choice": {"type": "array", "items": _STR, "minItems": 1,
+                      "description": "the output is one of these strings"},
+    "guided_grammar": {**_STR, "description": "a Lark (or GBNF) grammar the output follows"},
+    "guided_whitespace_pattern": {**_STR, "description": "regex of the whitespace JSON output may use"},
+    "structured_outputs": {"type": "object", "additionalProperties": False, "properties": {
+        "json": {"type": ["object", "string", "boolean"]}, "regex": _STR,
+        "choice": {"type": "array", "items": _STR, "minItems": 1}, "grammar": _STR,
+        "json_object": _BOOL, "disable_any_whitespace": _BOOL,
+        "disable_additional_properties": _BOOL, "whitespace_pattern": _STR},
+        "description": "vLLM's structured outputs: exactly one of json, json_object, regex, choice, grammar"},
+    "prompt_logprobs": {"type": "integer", "minimum": 0, "maximum": 20,
+                        "description": "vLLM's: per prompt token, its logprob and the top ones (not with stream)"},
 }
 
 _USAGE = {"type": "object", "properties": {"prompt_tokens": _INT, "completion_tokens": _INT,
@@ -101,8 +124,13 @@ SCHEMAS: dict[str, Any] = {
         "chat_template_kwargs": _TEMPLATE_KWARGS,
         "tools": {"type": "array", "items": _TOOL, "maxItems": 128,
                   "description": "rendered through the chat template; calls parsed with --tool-call-parser"},
-        "tool_choice": {"type": "string", "enum": ["auto", "none"],
-                        "description": "\"required\" and named functions are not supported yet"}}},
+        "tool_choice": {"oneOf": [
+            {"type": "string", "enum": ["auto", "none", "required"]},
+            {"type": "object", "required": ["type", "function"], "additionalProperties": False,
+             "properties": {"type": {"type": "string", "enum": ["function"]},
+                            "function": {"type": "object", "required": ["name"], "additionalProperties": False,
+                                         "properties": {"name": _STR}}}}],
+            "description": "\"required\" and a named function are forced with a grammar"}}},
     "ChatMessage": _MESSAGE,
     "CompletionResponse": {"type": "object", "properties": {
         "id": _STR, "object": {"type": "string", "enum": ["text_completion"]}, "created": _INT,

@@ -288,3 +288,58 @@ def test_rejects_bad_shapes_and_ids():
     with pytest.raises(ValueError, match="outside vocabulary"):
         sampler.sample(np.zeros((1, 10), np.float32), [bad])
     assert sampler.sample(np.zeros((0, 10), np.float32), []) == []
+
+
+# ---------------------------------------------------------------- grammar bitmask
+
+def ref_apply_bitmask(x: np.ndarray, words: np.ndarray) -> np.ndarray:
+    """x [V] with every token whose bit (t % 32 of word t // 32) is 0 set to -inf."""
+    bits = np.unpackbits(words.astype("<i4").view(np.uint8), bitorder="little")[:x.shape[0]]
+    return np.where(bits.astype(bool), x, -np.inf).astype(np.float32)
+
+
+def random_bitmask(rng, rows: int, vocab: int, density: float) -> np.ndarray:
+    """[rows, ceil(V / 32)] int32 with about `density` of the tokens allowed (at least one)."""
+    allowed = rng.random((rows, vocab)) < density
+    allowed[np.arange(rows), rng.integers(0, vocab, rows)] = True
+    padded = np.zeros((rows, -(-vocab // 32) * 32), bool)
+    padded[:, :vocab] = allowed
+    return np.packbits(padded, axis=1, bitorder="little").view("<i4").astype(np.int32)
+
+
+@pytest.mark.parametrize("density", [0.001, 0.3, 0.97])
+def test_bitmask_rows_sample_what_the_masked_reference_samples(density, rng):
+    """Masked rows draw from the masked distribution (the reference: -inf outside the mask,
+    then the usual steps), greedy and sampled alike; logprobs are those of the masked row;
+    unmasked rows (-1) of the same step are untouched by the mask."""
+    vocab = 4099                       # not a multiple of 32: the last word is partial
+    params = [SamplingParams(temperature=0.0, logprobs=3),
+              SamplingParams(temperature=1.0, top_p=0.9, logprobs=2),
+              SamplingParams(temperature=0.8, top_k=7, repetition_penalty=1.3),
+              SamplingParams(temperature=1.0)]
+    mask_rows = np.array([1, -1, 0, 2], np.int32)
+    bitmask = random_bitmask(rng, 3, vocab, density)
+    sampler = Sampler(vocab, (EOS,), num_threads=2)
+    for step in range(6):
+        raw = rng.standard_normal((len(params), vocab), dtype=np.float32) * 3
+        reqs = [make_request(p, [5, 6, 7], [8] * step, seed=50 + i) for i, p in enumerate(params)]
+        results = sampler.sample(raw.copy(), reqs, bitmask=bitmask, mask_rows=mask_rows)
+        for s, (req, res) in enumerate(zip(reqs, results)):
+            x = raw[s] if mask_rows[s] < 0 else ref_apply_bitmask(raw[s], bitmask[mask_rows[s]])
+            assert np.isfinite(x[res.token_id]), "sampled a token the mask forbids"
+            assert res.token_id == ref_sample(x, req.sampling_params, req.prompt_token_ids,
+                                              req.output_token_ids, req.seed)
+            if req.sampling_params.logprobs is not None:
+                assert res.logprob == pytest.approx(ref_log_softmax(x)[res.token_id], abs=2e-5)
+
+
+def test_bitmask_shapes_are_checked(rng):
+    vocab = 100
+    sampler = Sampler(vocab, (EOS,), num_threads=1)
+    reqs = [make_request(SamplingParams(temperature=0.0), [1], [], seed=0)]
+    with pytest.raises(ValueError, match="bitmask"):     # 3 words hold only 96 tokens
+        sampler.sample(rng.standard_normal((1, vocab), dtype=np.float32), reqs,
+                       bitmask=np.full((1, 3), -1, np.int32), mask_rows=np.zeros(1, np.int32))
+    with pytest.raises(ValueError, match="mask_rows"):
+        sampler.sample(rng.standard_normal((1, vocab), dtype=np.float32), reqs,
+                       bitmask=np.full((1, 4), -1, np.int32), mask_rows=np.array([1], np.int32))

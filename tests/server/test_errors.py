@@ -61,7 +61,7 @@ def test_400_bad_json(served, raw):
     ({"prompt": "a", "min_tokens": 5, "max_tokens": 2}, "min_tokens"),
     ({"prompt": "a", "model": 7}, "model"),
     ({"prompt": "a", "tools": [{"type": "function"}]}, "tools"),
-    ({"prompt": "a", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": "a", "response_format": {"type": "xml"}}, "response_format"),
     ({"prompt": "a", "suffix": "end"}, "suffix"),
     ({"prompt": "a", "logit_bias": {"5": 1000}}, "logit_bias"),
     ({"prompt": "a", "best_of": 3}, "best_of"),

@@ -126,8 +126,10 @@ def test_tool_call_and_result_round_trip_through_the_template(tool_server):
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice"),
-    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function"}}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
     ({"tool_choice": "auto"}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
     ({"tools": "x"}, "tools"),
