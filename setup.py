@@ -9,8 +9,8 @@ then the test command) or a rebuild of unchanged sources copies the cached modul
 compiling again. Cache: $LITE_LLM_BUILD_CACHE, else $XDG_CACHE_HOME/lite_llm/build, else
 ~/.cache/lite_llm/build; LITE_LLM_BUILD_CACHE=off disables it.
 
-Cross builds (the emulated aarch64 / s390x tier, .ci/cross.sh): LITE_LLM_BUILD_MACHINE names
-the target machine whose variant table to build, CC the cross compiler.
+LITE_LLM_BUILD_MACHINE=aarch64 builds another machine's variant table (with CC a cross compiler);
+the emulated tier (.ci/emulated.py) cross-compiles with the same flags.
 """
 import hashlib
 import os
@@ -26,13 +26,8 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "lite_llm" / "_kernels"))
-from variants import variants_for  # noqa: E402  (the one variant table, shared with the dispatcher)
-
-CFLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast", "-std=gnu11",
-          "-Wno-unused-function", "-Wno-unreachable-code"]
-OPENMP = ["-fopenmp"]
-CYTHON_DIRECTIVES = {"language_level": 3, "boundscheck": False, "wraparound": False,
-                     "cdivision": True, "initializedcheck": False, "embedsignature": True}
+# the one variant table, shared with the dispatcher, and the flags every module is built with
+from variants import CFLAGS, CYTHON_DIRECTIVES, OPENMP, variants_for  # noqa: E402
 MACHINE = os.environ.get("LITE_LLM_BUILD_MACHINE") or platform.machine()
 
 
@@ -41,12 +36,18 @@ MACHINE = os.environ.get("LITE_LLM_BUILD_MACHINE") or platform.machine()
 _DEPENDS = sorted(str(p.relative_to(ROOT)) for p in [*ROOT.glob("src/**/*.h"), *ROOT.glob("lite_llm/**/*.pxi")])
 
 
+if sys.platform == "darwin":   # Apple clang: OpenMP from Homebrew's libomp (wheels/cibuildwheel.toml)
+    OPENMP_COMPILE, OPENMP_LINK = ["-Xpreprocessor", "-fopenmp"], ["-lomp"]
+else:
+    OPENMP_COMPILE, OPENMP_LINK = list(OPENMP), list(OPENMP)
+
+
 class _Ext(Extension):
     """An extension from one .pyx, cythonized only when the build cache lacks it."""
 
     def __init__(self, name, pyx, flags=(), cython_dir="base"):
         super().__init__(name, [pyx], include_dirs=["src"], depends=_DEPENDS,
-                         extra_compile_args=[*CFLAGS, *OPENMP, *flags], extra_link_args=OPENMP)
+                         extra_compile_args=[*CFLAGS, *OPENMP_COMPILE, *flags], extra_link_args=OPENMP_LINK)
         self.pyx, self.cython_dir, self.flags = pyx, cython_dir, tuple(flags)
 
 
