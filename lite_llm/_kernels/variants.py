@@ -34,8 +34,10 @@ X86 = (
 )
 # aarch64 (src/simd/vec_neon.h): ASIMD is baseline, so `neon` is the floor.
 AARCH64 = (
-    Variant("neon_bf16_i8mm", flags=("-march=armv8.6-a+bf16+i8mm",),
-            needs=("asimd", "dotprod", "bf16", "i8mm")),              # Graviton3/4, Neoverse V1/V2/N2, Apple M2+
+    # +fp16: gcc 12 emits half-precision moves (fmov .8h) for bf16 code; every CPU with bf16
+    # and i8mm has FEAT_FP16 too
+    Variant("neon_bf16_i8mm", flags=("-march=armv8.6-a+bf16+i8mm+fp16",),
+            needs=("asimd", "asimdhp", "dotprod", "bf16", "i8mm")),   # Graviton3/4, Neoverse V1/V2/N2, Apple M2+
     Variant("neon_dotprod", flags=("-march=armv8.2-a+dotprod",), needs=("asimd", "dotprod")),  # Graviton2, Ampere Altra
     Variant("neon", flags=("-march=armv8-a",), needs=("asimd",)),     # Cortex-A72 (Raspberry Pi 4, Graviton1)
 )
