@@ -120,8 +120,9 @@ def _compile(cmd: list[str], what: str) -> None:
         raise SystemExit(f"cross compile of {what} failed:\n{proc.stderr[-4000:]}")
 
 
-def cross_build(arch: str, sysroot: Path, jobs: int) -> list[str]:
-    """Every variant of `arch` and the baseline modules, next to the host's in the tree."""
+def cross_build(arch: str, sysroot: Path, jobs: int, only: set[str] | None = None) -> list[str]:
+    """Every variant of `arch` (or those named in `only`) and the baseline modules, next to the
+    host's in the tree."""
     from Cython.Build import cythonize
     from setuptools import Extension
 
@@ -131,7 +132,7 @@ def cross_build(arch: str, sysroot: Path, jobs: int) -> list[str]:
     suffix = f".cpython-311-{t['triplet']}.so"
     jobs_list = []
     mods = [(f"lite_llm._kernels.{v.name}.kernels", "lite_llm/_kernels/kernels.pyx", v.flags, v.name)
-            for v in variants_for(arch)]
+            for v in variants_for(arch) if not only or v.name in only]
     mods += [("lite_llm._kernels._cpu", "lite_llm/_kernels/_cpu.pyx", (), "base"),
              ("lite_llm.engine._sampler", "lite_llm/engine/_sampler.pyx", (), "base"),
              ("lite_llm.engine._batch", "lite_llm/engine/_batch.pyx", (), "base")]

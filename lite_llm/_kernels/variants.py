@@ -32,7 +32,7 @@ X86 = (
     Variant("avx2", flags=("-mavx2", "-mfma", "-mf16c"), needs=("avx2", "fma", "f16c")),
     Variant("generic", flags=(), needs=()),
 )
-# aarch64 (src/simd/vec_neon.h): ASIMD is baseline, so `neon` is the floor.
+# aarch64 (src/simd/vec_neon.h): ASIMD is baseline, so `neon` is the floor in practice.
 AARCH64 = (
     # +fp16: gcc 12 emits half-precision moves (fmov .8h) for bf16 code; every CPU with bf16
     # and i8mm has FEAT_FP16 too
@@ -40,6 +40,8 @@ AARCH64 = (
             needs=("asimd", "asimdhp", "dotprod", "bf16", "i8mm")),   # Graviton3/4, Neoverse V1/V2/N2, Apple M2+
     Variant("neon_dotprod", flags=("-march=armv8.2-a+dotprod",), needs=("asimd", "dotprod")),  # Graviton2, Ampere Altra
     Variant("neon", flags=("-march=armv8-a",), needs=("asimd",)),     # Cortex-A72 (Raspberry Pi 4, Graviton1)
+    # the plain-C spec (vec_scalar.h), never chosen over neon: the reference the tests compare with
+    Variant("generic", flags=("-march=armv8-a", "-DLL_FORCE_SCALAR"), needs=()),
 )
 # s390x (src/simd/vec_vxe.h): z14 vector enhancements for single precision, else plain C.
 S390X = (
