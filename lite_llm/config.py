@@ -89,6 +89,12 @@ def gemm_path_override(value: str | None = None) -> dict[str, str]:
     return out
 
 
+def allow_long_max_model_len() -> bool:
+    """LITE_LLM_ALLOW_LONG_MAX_MODEL_LEN=1 (vLLM: VLLM_ALLOW_LONG_MAX_MODEL_LEN): a max_model_len
+    past the model's max_position_embeddings is run (with a warning) instead of refused."""
+    return (env("ALLOW_LONG_MAX_MODEL_LEN", "0") or "0").strip().lower() in ("1", "true", "yes")
+
+
 def user_cache_dir() -> str:
     """Where lite_llm keeps per-machine measurements: $XDG_CACHE_HOME/lite_llm, else
     ~/.cache/lite_llm."""

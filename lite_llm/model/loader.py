@@ -89,7 +89,7 @@ class MappedFile:
 
 
 # hf.py and gguf.py import ModelLoadError, pread_into and MappedFile from here, so they come after them
-from lite_llm.config import ModelConfig  # noqa: E402
+from lite_llm.config import ModelConfig, allow_long_max_model_len  # noqa: E402
 from lite_llm.model import gguf as _gguf  # noqa: E402
 from lite_llm.model import hf as _hf  # noqa: E402
 from lite_llm.model import hfquant as _hfquant  # noqa: E402
@@ -294,8 +294,13 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
     elif max_model_len <= 0:
         raise ModelLoadError(f"max_model_len must be positive, got {max_model_len}")
     elif max_model_len > config.max_position_embeddings:
-        raise ModelLoadError(f"{path}: max_model_len {max_model_len} is larger than the model's "
-                             f"max_position_embeddings {config.max_position_embeddings}")
+        if not allow_long_max_model_len():
+            raise ModelLoadError(f"{path}: max_model_len {max_model_len} is larger than the model's "
+                                 f"max_position_embeddings {config.max_position_embeddings} (set "
+                                 f"LITE_LLM_ALLOW_LONG_MAX_MODEL_LEN=1 to run past it anyway)")
+        log.warning("max_model_len %d is past the model's max_position_embeddings %d "
+                    "(LITE_LLM_ALLOW_LONG_MAX_MODEL_LEN): outputs past %d tokens may be wrong",
+                    max_model_len, config.max_position_embeddings, config.max_position_embeddings)
     return LoadedModel(config=config, tokenizer=tokenizer, generation_config=generation_config,
                        dtype=resolved_dtype, source=path, max_model_len=int(max_model_len),
                        progress=progress, _reader=reader)

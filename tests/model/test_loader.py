@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import struct
@@ -304,6 +305,17 @@ def test_truncated_safetensors(tiny_checkpoint, tmp_path):
 def test_max_model_len_beyond_positions(tiny_checkpoint):
     with pytest.raises(ModelLoadError, match="max_model_len 4096.*max_position_embeddings 128"):
         load_model(str(tiny_checkpoint("llama")), max_model_len=4096, progress=False)
+
+
+def test_max_model_len_beyond_positions_allowed(tiny_checkpoint, monkeypatch, caplog):
+    """vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN (or ours): the length is taken, with a warning,
+    and the RoPE tables reach it."""
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    with caplog.at_level(logging.WARNING, logger="lite_llm"):
+        loaded = load_model(str(tiny_checkpoint("llama")), max_model_len=4096, progress=False)
+    assert loaded.max_model_len == 4096
+    assert "past the model's max_position_embeddings 128" in caplog.text
+    loaded.release()
 
 
 @pytest.mark.parametrize("change,message", [
