@@ -89,6 +89,19 @@ def gemm_path_override(value: str | None = None) -> dict[str, str]:
     return out
 
 
+ATTENTION_PATHS = ("auto", "direct", "bf16", "fma")
+
+
+def attention_path_override(value: str | None = None) -> str:
+    """LITE_LLM_ATTENTION_PATH (or `value`): how attention tiles compute (src/kernels/attention.h):
+    "auto" (the default: prefill tiles of bf16 and 8-bit caches staged into the bf16 GEMM path's
+    type, decode direct), "direct", "bf16" or "fma" for every tile; a ValueError otherwise."""
+    text = (os.environ.get("LITE_LLM_ATTENTION_PATH", "") if value is None else value).strip().lower() or "auto"
+    if text not in ATTENTION_PATHS:
+        raise ValueError(f"LITE_LLM_ATTENTION_PATH={text!r}: expected one of {', '.join(ATTENTION_PATHS)}")
+    return text
+
+
 def allow_long_max_model_len() -> bool:
     """LITE_LLM_ALLOW_LONG_MAX_MODEL_LEN=1 (vLLM: VLLM_ALLOW_LONG_MAX_MODEL_LEN): a max_model_len
     past the model's max_position_embeddings is run (with a warning) instead of refused."""

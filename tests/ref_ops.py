@@ -177,12 +177,15 @@ def kv_values(cache: np.ndarray) -> np.ndarray:
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
                     tok_seq: np.ndarray, positions: np.ndarray, scale: float,
-                    sliding_window: int = 0) -> np.ndarray:
+                    sliding_window: int = 0, round_q: bool | None = None) -> np.ndarray:
     """out [T, H, D]: query token t (of sequence tok_seq[t], at positions[t]) attends, per head h,
     to kv head h // (H / Hkv) at its sequence's positions first..positions[t], where first is
     positions[t] - sliding_window + 1 (clamped at 0) with a window, else 0: softmax(q.K * scale) @ V.
-    Caches are logical [num_blocks, Hkv, B, D]. With a bf16 cache, q * scale is rounded to bf16
-    first, as the kernel's dot products take it (its probabilities are rounded too: tolerance)."""
+    Caches are logical [num_blocks, Hkv, B, D]. round_q (default: with a bf16 cache): q * scale
+    is rounded to bf16 first, as the kernel's bf16 dot products take it (its probabilities are
+    rounded too: tolerance)."""
+    if round_q is None:
+        round_q = k_cache.dtype == np.uint16
     num_tokens, num_heads, _ = q.shape
     num_kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -197,7 +200,7 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, blo
         for h in range(num_heads):
             keys = kv[blocks, h // group, rows]          # [L, D]
             vals = vv[blocks, h // group, rows]          # [L, D]
-            if k_cache.dtype == np.uint16:
+            if round_q:
                 qs = bf16_bits_to_f32(f32_to_bf16_bits(q[t, h] * np.float32(scale))).astype(np.float64)
                 s = keys @ qs
             else:

@@ -76,14 +76,15 @@ cdef extern from "kernels/act.h" nogil:
     void ll_act_mul_f32(const float *gate, const float *up, float *out, Py_ssize_t n, int act)
 
 cdef extern from "kernels/attention.h" nogil:
-    int LL_MAX_HEAD_DIM, LL_ATTN_QTILE
+    int LL_MAX_HEAD_DIM, LL_ATTN_QTILE, LL_ATTN_STAGE_ROWS
+    int LL_ATTN_AUTO, LL_ATTN_AUTO_FMA, LL_ATTN_DIRECT, LL_ATTN_BF16, LL_ATTN_F32
     Py_ssize_t ll_attention_scratch(Py_ssize_t head_dim, Py_ssize_t group)
     void ll_paged_attention_tile(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo, int nq,
                                  int group, Py_ssize_t h0, const int32_t *pos, int window,
                                  const void *k_cache, const void *v_cache, int kv_type,
                                  const int32_t *block_table, Py_ssize_t block_size, Py_ssize_t kv_head,
                                  Py_ssize_t num_kv_heads, Py_ssize_t head_dim, float scale, float *scratch,
-                                 int split, int nsplit, float *partial)
+                                 int split, int nsplit, float *partial, int path)
     void ll_attention_combine(const float *partials, int nsplit, Py_ssize_t stride, int nq, int group,
                               Py_ssize_t h0, float *out, Py_ssize_t ldo, Py_ssize_t head_dim)
     void ll_write_kv_row(const float *src, void *cache, int kv_type, Py_ssize_t slot,

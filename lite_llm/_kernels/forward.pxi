@@ -28,6 +28,7 @@ cdef struct ModelC:
     int num_layers, dim, ffn_dim, vocab_size, num_heads, num_kv_heads, head_dim
     int block_size, num_blocks, sliding_window, max_positions
     int rms, act, gated, use_rope, qk_norm, kv_type   # kv_type: LL_KV_* (attention.h)
+    int attn_path                  # LL_ATTN_* (attention.h): direct or staged dot products
     float eps, scale
 
 
@@ -95,7 +96,8 @@ cdef class Model:
     (layout.pack) and their logical [N, K] under "<name>.shape"; "embed" is packed like a
     weight (the tied lm_head streams it), rows are gathered from the panels. cfg["bf16_path"]:
     how bf16 weights run steps of more than one token, "dpbf16" (vdpbf16ps, the default where
-    the build has it) or "fma" (widened to fp32, FMA); see lite_llm/_kernels/gemm_path.py."""
+    the build has it) or "fma" (widened to fp32, FMA); see lite_llm/_kernels/gemm_path.py.
+    cfg["attn_path"]: how attention tiles compute (config.ATTENTION_PATHS; default "auto")."""
     cdef ModelC c
     cdef list keep
 
@@ -128,6 +130,8 @@ cdef class Model:
                              "layouts in lite_llm/_kernels/layout.py)")
         self.c.num_blocks, self.c.block_size = geometry[0], geometry[2]
         self.c.kv_type = kv_type(kc, cfg.get("kv_cache_dtype"))
+        # fp32 models stage into fp32 (an 8-bit cache's tiles keep fp32 q and probabilities)
+        self.c.attn_path = attention_path(cfg.get("attn_path"), fma or dtype == "float32")
         self.c.layers = <LayerW *>calloc(self.c.num_layers, sizeof(LayerW))
         for i in range(self.c.num_layers):
             p = f"layers.{i}."
@@ -493,7 +497,8 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         while item < s.num_tiles * Hkv * nsplit:
             _attention_item(item, nsplit, ws.qkv, qkv_n, ws.attn, q_n, ws.tiles, H, Hkv, D, L.k_cache, L.v_cache,
                             m.kv_type, s.block_tables, s.max_blocks, m.block_size, s.tok_seq, s.positions,
-                            m.scale, m.sliding_window, ws.scores + tid * ws.scratch_len, ws.partials)
+                            m.scale, m.sliding_window, ws.scores + tid * ws.scratch_len, ws.partials,
+                            m.attn_path)
             if nsplit == 1:
                 _attn_to_input(ws, ll_mat_form(&L.o, T), item, q_n, group, D)
             item = ll_atomic_next(ws.counter)

@@ -182,7 +182,8 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
                     const int32_t[::1] positions,      # IN  [T] position of each query token
                     float[:, :, ::1] out,              # OUT [T, H, D]
                     float scale, int sliding_window=0, int num_threads=1,
-                    str kv_dtype=None):               # layout.KV_DTYPES name; None: from the arrays' dtype
+                    str kv_dtype=None,                # layout.KV_DTYPES name; None: from the arrays' dtype
+                    str path=None):                   # ATTENTION_PATHS name; None: this build's default
     """Causal attention of each query token over its sequence's cached positions <= its own."""
     from lite_llm._kernels.layout import kv_geometry, kv_type
     geometry = kv_geometry(v_cache, "v")
@@ -205,6 +206,7 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
     cdef const void *kp = _ptr(k_cache)
     cdef const void *vp = _ptr(v_cache)
     cdef int kt = kv_type(k_cache, kv_dtype)
+    cdef int ap = attention_path(path, _bf16_fma(None))
     cdef Py_ssize_t ntiles
     cdef int nsplit
     with nogil:
@@ -212,7 +214,26 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
         nsplit = _num_splits(ntiles, hkv, num_threads, _max_keys(&positions[0], q.shape[0]))
         _attention(&q[0, 0, 0], h * d, &out[0, 0, 0], h * d, &tv[0], ntiles, h, hkv, d, kp, vp, kt,
                    &block_tables[0, 0], block_tables.shape[1], bs, &tok_seq[0], &positions[0], scale,
-                   sliding_window, &sc[0, 0], sc.shape[1], &pv[0, 0], nsplit, num_threads)
+                   sliding_window, &sc[0, 0], sc.shape[1], &pv[0, 0], nsplit, num_threads, ap)
+
+
+# Query tiles: up to ATTENTION_QTILE consecutive tokens of one sequence; under the "auto" path a
+# tile of at least ATTENTION_STAGE_ROWS rows (tokens x query heads per KV head) is staged.
+ATTENTION_QTILE = LL_ATTN_QTILE
+ATTENTION_STAGE_ROWS = LL_ATTN_STAGE_ROWS
+
+
+def attention_path(str name, bint fma):
+    """LL_ATTN_* for path `name` (config.ATTENTION_PATHS; None: "auto", which stages prefill
+    tiles of bf16 and 8-bit caches into the bf16 GEMM path's type, vdpbf16ps pairs or fp32 for
+    the FMA path, and runs decode direct; the others force one way for every tile). fma: the
+    bf16 GEMM path is the fp32-FMA one."""
+    from lite_llm.config import ATTENTION_PATHS
+    if name is None or name == "auto":
+        return LL_ATTN_AUTO_FMA if fma else LL_ATTN_AUTO
+    if name not in ATTENTION_PATHS:
+        raise ValueError(f"attention path {name!r}: expected one of {', '.join(ATTENTION_PATHS)}")
+    return {"direct": LL_ATTN_DIRECT, "bf16": LL_ATTN_BF16, "fma": LL_ATTN_F32}[name]
 
 
 cdef Py_ssize_t _max_keys(const int32_t *positions, Py_ssize_t num_tokens) noexcept nogil:
@@ -269,7 +290,7 @@ cdef inline void _attention_item(Py_ssize_t item, int nsplit, const float *q, Py
                                  Py_ssize_t d, const void *k_cache, const void *v_cache, int kv_type,
                                  const int32_t *block_tables, Py_ssize_t max_blocks, Py_ssize_t bs,
                                  const int32_t *tok_seq, const int32_t *positions, float scale,
-                                 int window, float *scratch, float *partials) noexcept nogil:
+                                 int window, float *scratch, float *partials, int path) noexcept nogil:
     """Work item = (query tile, KV head, key split): attention of the tile's tokens for the
     query heads sharing that KV head; with several splits, a partial result for the combine."""
     cdef Py_ssize_t group = h // hkv, s = item % nsplit, kvh = (item // nsplit) % hkv
@@ -277,7 +298,7 @@ cdef inline void _attention_item(Py_ssize_t item, int nsplit, const float *q, Py
     ll_paged_attention_tile(q + t0 * ldq, ldq, out + t0 * ldo, ldo, <int>(tiles[tile + 1] - t0), <int>group,
                             kvh * group, positions + t0, window, k_cache, v_cache, kv_type,
                             block_tables + tok_seq[t0] * max_blocks, bs, kvh, hkv, d, scale, scratch,
-                            <int>s, nsplit, partials + item * _partial_stride(group, d) if nsplit > 1 else NULL)
+                            <int>s, nsplit, partials + item * _partial_stride(group, d) if nsplit > 1 else NULL, path)
 
 
 cdef inline void _combine_item(Py_ssize_t pair, int nsplit, const float *partials, float *out, Py_ssize_t ldo,
@@ -292,7 +313,8 @@ cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo,
                      Py_ssize_t num_tiles, Py_ssize_t h, Py_ssize_t hkv, Py_ssize_t d, const void *k_cache,
                      const void *v_cache, int kv_type, const int32_t *block_tables, Py_ssize_t max_blocks,
                      Py_ssize_t bs, const int32_t *tok_seq, const int32_t *positions, float scale, int window,
-                     float *scratch, Py_ssize_t scratch_len, float *partials, int nsplit, int num_threads) noexcept nogil:
+                     float *scratch, Py_ssize_t scratch_len, float *partials, int nsplit, int num_threads,
+                     int path) noexcept nogil:
     """q [T, H*D] and out [T, H*D] with row strides ldq, ldo; scratch is [num_threads, scratch_len];
     partials holds num_tiles * hkv * nsplit partial results when nsplit > 1."""
     cdef Py_ssize_t item
@@ -300,7 +322,7 @@ cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo,
     for item in prange(num_tiles * hkv * nsplit, schedule="dynamic", chunksize=1, num_threads=num_threads):
         _attention_item(item, nsplit, q, ldq, out, ldo, tiles, h, hkv, d, k_cache, v_cache, kv_type, block_tables,
                         max_blocks, bs, tok_seq, positions, scale, window,
-                        scratch + openmp.omp_get_thread_num() * scratch_len, partials)
+                        scratch + openmp.omp_get_thread_num() * scratch_len, partials, path)
     if nsplit > 1:
         for item in prange(num_tiles * hkv, schedule="static", num_threads=num_threads):
             _combine_item(item, nsplit, partials, out, ldo, tiles, h, hkv, d)

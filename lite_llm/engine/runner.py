@@ -19,7 +19,7 @@ import numpy as np
 
 from lite_llm import _kernels
 from lite_llm._kernels import gemm_path, layout
-from lite_llm.config import KV_CACHE_DTYPES
+from lite_llm.config import KV_CACHE_DTYPES, attention_path_override
 from lite_llm.engine.input_batch import InputBatch, StepArrays
 from lite_llm.engine.request import SampleResult
 from lite_llm.engine.sampler import Sampler, add_logit_bias
@@ -137,6 +137,16 @@ def pack_checkpoint(loaded, dtype: str, threads: int, quantization: str | None =
     return tensors
 
 
+
+def _attention_plan(path: str, kv_cache_dtype: str, bf16_path: str, dtype: str) -> str:
+    """What prefill tiles do under attention path `path` (src/kernels/attention.h LL_ATTN_*)."""
+    if kv_cache_dtype == "float32" or path == "direct":
+        return "run direct"
+    stage = {"bf16": "bf16", "fma": "fma"}.get(path, "fma" if bf16_path == "fma" or dtype == "float32" else "bf16")
+    if stage == "fma":
+        return "are staged to fp32 (FMA)"
+    return "run direct (vdpbf16ps)" if kv_cache_dtype == "bfloat16" else "are staged to bf16 pairs (vdpbf16ps)"
+
 class ModelRunner:
     """Owns the packed weights, the KV cache and the activation workspace of one model."""
 
@@ -182,6 +192,7 @@ class ModelRunner:
         # how bf16 weights run prefill and batches on this machine: measured once, cached
         self.gemm_paths = gemm_path.choose(self.kernels)
         kcfg["bf16_path"] = self.gemm_paths.chosen["bf16"]
+        kcfg["attn_path"] = self.attention_path = attention_path_override()
         self.model = self.kernels.Model(kcfg, tensors, self.k_caches, self.v_caches, cos, sin)
         self.workspace = self.kernels.Workspace(self.model, max_num_batched_tokens, max_num_seqs, num_threads)
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -208,6 +219,9 @@ class ModelRunner:
                  describe_formats(self.formats), self.bytes_per_token / 2**20, self.kv_cache_bytes / 2**20,
                  num_blocks, block_size, self.kv_cache_dtype)
         log.info("GEMM paths (%s kernels): %s", self.gemm_paths.variant, "; ".join(self.gemm_paths.describe()))
+        log.info("attention: %s (prefill tiles of a %s cache %s)", self.attention_path, self.kv_cache_dtype,
+                 _attention_plan(self.attention_path, self.kv_cache_dtype, self.gemm_paths.chosen["bf16"],
+                                 self.dtype))
 
     # ---- one step ---------------------------------------------------------------------
 

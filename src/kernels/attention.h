@@ -17,9 +17,14 @@
  *         Each row is scaled when written: scale = max |x| / (127, 448 or 57344), codes
  *         x / scale rounded to nearest even. The tiles decode 16 codes per vector load in
  *         registers; K scales multiply the 16 scores of a chunk, V scales the probabilities.
- * With a bf16 cache, q * scale and the probabilities are rounded to bf16 for the dot
- * products (accumulation stays fp32), as bf16 attention does elsewhere; with 8-bit caches
- * they stay fp32. head_dim and block_size must be multiples of 16.
+ * Dot products run direct, on the cache's own elements, or staged: each span of K and V is
+ * converted once (exactly) into fp32 or bf16 pairs and every row block of the tile reads the
+ * copy (LL_ATTN_* below: prefill tiles of many rows, where the per-load conversion of 8-bit
+ * codes, or vdpbf16ps on a CPU where FMA is faster, would otherwise be paid per row block).
+ * Whenever the dot products are bf16 (a bf16 cache direct, or any cache staged to bf16),
+ * q * scale and the probabilities are rounded to bf16 (accumulation stays fp32), as bf16
+ * attention does elsewhere; in fp32 they stay fp32. head_dim and block_size must be
+ * multiples of 16.
  */
 #ifndef LL_ATTENTION_H
 #define LL_ATTENTION_H
@@ -103,26 +108,45 @@ static inline void ll_write_kv_row(const float *src, void *cache, int kv_type, p
 #define LL_ATTN_QTILE 8
 #define LL_ATTN_SPAN 256
 
-/* Floats of scratch one call needs: two edge chunks of V, q, acc, S and P rows, m, l. */
+/* Floats of scratch one call needs: two edge chunks of V, q, acc, S and P rows, m, l, then a
+ * span of K and of V staged in the compute type and the span's V scales. */
 static inline ptrdiff_t ll_attention_scratch(ptrdiff_t head_dim, ptrdiff_t group) {
     const ptrdiff_t rows = LL_ATTN_QTILE * group;
-    return 2 * 16 * head_dim + rows * (2 * head_dim + 2 * LL_ATTN_SPAN + 2) + 16;
+    return 2 * 16 * head_dim + rows * (2 * head_dim + 2 * LL_ATTN_SPAN + 2) + 2 * LL_ATTN_SPAN * head_dim
+           + LL_ATTN_SPAN + 16;
 }
+
+/* How a tile computes (ll_paged_attention_tile's `path`). Direct: dot products on the cache's
+ * own elements (bf16: vdpbf16ps; 8-bit: codes widened to fp32 in registers, FMA). Staged: each
+ * span's K and V are first converted once into the compute type (exactly: 8-bit codes and bf16
+ * are bf16- and fp32-exact), then every row block of the tile runs that type's dot products on
+ * the copy, so a prefill tile of many rows pays the conversion once instead of per row block.
+ *   LL_ATTN_DIRECT     always direct
+ *   LL_ATTN_BF16       8-bit caches staged to bf16 pairs (vdpbf16ps); a bf16 cache: direct
+ *   LL_ATTN_F32        bf16 and 8-bit caches staged to fp32 (FMA)
+ *   LL_ATTN_AUTO       tiles of >= LL_ATTN_STAGE_ROWS rows: as LL_ATTN_BF16, else direct
+ *   LL_ATTN_AUTO_FMA   tiles of >= LL_ATTN_STAGE_ROWS rows: as LL_ATTN_F32, else direct
+ * (the AUTO pair follows the bf16 GEMM path measured on this CPU: lite_llm/_kernels/gemm_path.py).
+ * An fp32 cache is always direct. */
+enum { LL_ATTN_AUTO = 0, LL_ATTN_AUTO_FMA = 1, LL_ATTN_DIRECT = 2, LL_ATTN_BF16 = 3, LL_ATTN_F32 = 4 };
+#define LL_ATTN_STAGE_ROWS 8
 
 typedef struct {
     const void *k, *v;               /* the layer's caches */
     const void *vchunk[LL_ATTN_SPAN / 16];   /* V of each chunk of the span (cache or edge copy) */
     ptrdiff_t koff[LL_ATTN_SPAN / 16], voff[LL_ATTN_SPAN / 16];
     const float *kscale[LL_ATTN_SPAN / 16], *vscale[LL_ATTN_SPAN / 16];   /* 8-bit caches: 16 keys' scales */
-    ptrdiff_t B, D, c0;              /* block size, head dim, position of the span's first key */
+    ptrdiff_t kb, D, c0;             /* K's key stride (block size, or 16 when staged), head dim,
+                                        position of the span's first key */
     int nchunks;
     float *S, *P;                    /* [rows][LL_ATTN_SPAN] */
 } ll_attn_span;
 
-/* Pass 1 for rows r0 .. r0 + NR - 1 and chunk ch: raw scores (q already scaled). */
-LL_INLINE void ll_attn_scores(const int KT, const int NR, const ll_attn_span *sp, int ch, const void *qrows,
-                              ptrdiff_t r0, ll_vf32 out[4]) {
-    const ptrdiff_t D = sp->D, B = sp->B;
+/* Pass 1 for rows r0 .. r0 + NR - 1 and chunk ch: raw scores (q already scaled). K is read as
+ * KT (fp32, bf16 pairs or 8-bit codes); KS: 8-bit storage, the keys' scales multiply the scores. */
+LL_INLINE void ll_attn_scores(const int KT, const int KS, const int NR, const ll_attn_span *sp, int ch,
+                              const void *qrows, ptrdiff_t r0, ll_vf32 out[4]) {
+    const ptrdiff_t D = sp->D, B = sp->kb;
     const int CH = NR == 1 ? 4 : NR == 2 ? 2 : 1;   /* independent chains per row */
     ll_vf32 s[4][4];
     for (int k = 0; k < NR; k++)
@@ -151,10 +175,10 @@ LL_INLINE void ll_attn_scores(const int KT, const int NR, const ll_attn_span *sp
                 for (int k = 0; k < NR; k++) s[k][e] = ll_fma(ll_set1(qf[k * D + d + e]), kv, s[k][e]);
             }
     }
-    const ll_vf32 ks = LL_KV_IS_8BIT(KT) ? ll_mul(ll_load(sp->kscale[ch]), ll_set1(ll_kv8_unit(KT))) : ll_zero();
+    const ll_vf32 ks = KS ? ll_mul(ll_load(sp->kscale[ch]), ll_set1(ll_kv8_unit(KT))) : ll_zero();
     for (int k = 0; k < NR; k++) {
         for (int e = 1; e < CH; e++) s[k][0] = ll_add(s[k][0], s[k][e]);
-        out[k] = LL_KV_IS_8BIT(KT) ? ll_mul(s[k][0], ks) : s[k][0];
+        out[k] = KS ? ll_mul(s[k][0], ks) : s[k][0];
     }
 }
 
@@ -196,13 +220,13 @@ LL_INLINE void ll_attn_pv(const int KT, const int NR, const int U, const ll_attn
 }
 
 /* Passes 1 and 3 for one block of NR rows (pass 2 runs between them over all rows). */
-LL_INLINE void ll_attn_pass1(const int KT, const int NR, const ll_attn_span *sp, const void *qrows, ptrdiff_t r0,
-                             const int32_t *pos, int group, int window, int j0, int nj_last) {
+LL_INLINE void ll_attn_pass1(const int KT, const int KS, const int NR, const ll_attn_span *sp, const void *qrows,
+                             ptrdiff_t r0, const int32_t *pos, int group, int window, int j0, int nj_last) {
     for (int ch = 0; ch < sp->nchunks; ch++) {
         ll_vf32 s[4];
         const ptrdiff_t c = sp->c0 + 16 * ch;
         const int lo = ch == 0 ? j0 : 0, hi = ch == sp->nchunks - 1 ? nj_last : 16;   /* keys in the cache */
-        ll_attn_scores(KT, NR, sp, ch, qrows, r0, s);
+        ll_attn_scores(KT, KS, NR, sp, ch, qrows, r0, s);
         for (int k = 0; k < NR; k++) {
             const ptrdiff_t r = r0 + k, p = pos[r / group];
             const ptrdiff_t first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
@@ -221,6 +245,64 @@ LL_INLINE void ll_attn_pass3(const int KT, const int NR, const ll_attn_span *sp,
     for (; i < sp->D / 16; i++) ll_attn_pv(KT, NR, 1, sp, r0, i, acc);
 }
 
+/* Staging one 16-key chunk from a cache of type KT into compute type CT, chunk-local:
+ *   K: src at the chunk's first key (key stride B) -> fp32 [D][16] or bf16 pairs [D/2][16][2]
+ *   V: src at the chunk's first key row -> fp32 [16][D] or bf16 pairs [8][D][2]; keys outside
+ *      [lo, hi) (not in the cache: anything, NaN included) become 0
+ * 8-bit codes are decoded exactly (value / scale; the scales stay outside). */
+LL_INLINE void ll_attn_stage_k(const int KT, const int CT, const void *src, ptrdiff_t B, ptrdiff_t D, void *dst) {
+    if (KT == LL_KV_BF16) {   /* CT is fp32 */
+        const uint16_t *sp = (const uint16_t *)src;
+        float *d = (float *)dst;
+        for (ptrdiff_t dp = 0; dp < D / 2; dp++) {
+            ll_store(d + 2 * dp * 16, ll_load_bf16_even(sp + dp * 2 * B));
+            ll_store(d + (2 * dp + 1) * 16, ll_load_bf16_odd(sp + dp * 2 * B));
+        }
+        return;
+    }
+    const uint8_t *sp = (const uint8_t *)src;
+    const ll_vf32 u = ll_set1(ll_kv8_unit(KT));
+    if (CT == LL_KV_F32)
+        for (ptrdiff_t d = 0; d < D; d++) ll_store((float *)dst + d * 16, ll_mul(ll_load_kv8(KT, sp + d * B), u));
+    else
+        for (ptrdiff_t dp = 0; dp < D / 2; dp++)
+            ll_store_bf16_pairs((uint16_t *)dst + dp * 32, ll_mul(ll_load_kv8(KT, sp + 2 * dp * B), u),
+                                ll_mul(ll_load_kv8(KT, sp + (2 * dp + 1) * B), u));
+}
+
+LL_INLINE void ll_attn_stage_v(const int KT, const int CT, const void *src, ptrdiff_t D, int lo, int hi, void *dst) {
+    const ll_vf32 z = ll_zero();
+    if (KT == LL_KV_BF16) {   /* CT is fp32 */
+        const uint16_t *sp = (const uint16_t *)src;
+        float *d = (float *)dst;
+        for (int jp = 0; jp < 8; jp++)
+            for (ptrdiff_t i = 0; i < D / 16; i++) {
+                const int j = 2 * jp;
+                const uint16_t *p = sp + jp * 2 * D + 32 * i;
+                ll_store(d + j * D + 16 * i, j >= lo && j < hi ? ll_load_bf16_even(p) : z);
+                ll_store(d + (j + 1) * D + 16 * i, j + 1 >= lo && j + 1 < hi ? ll_load_bf16_odd(p) : z);
+            }
+        return;
+    }
+    const uint8_t *sp = (const uint8_t *)src;
+    const ll_vf32 u = ll_set1(ll_kv8_unit(KT));
+    if (CT == LL_KV_F32) {
+        for (int j = 0; j < 16; j++)
+            for (ptrdiff_t i = 0; i < D / 16; i++)
+                ll_store((float *)dst + j * D + 16 * i,
+                         j >= lo && j < hi ? ll_mul(ll_load_kv8(KT, sp + j * D + 16 * i), u) : z);
+        return;
+    }
+    for (int jp = 0; jp < 8; jp++) {
+        const int j = 2 * jp;
+        for (ptrdiff_t i = 0; i < D / 16; i++) {
+            const ll_vf32 a = j >= lo && j < hi ? ll_mul(ll_load_kv8(KT, sp + j * D + 16 * i), u) : z;
+            const ll_vf32 b = j + 1 >= lo && j + 1 < hi ? ll_mul(ll_load_kv8(KT, sp + (j + 1) * D + 16 * i), u) : z;
+            ll_store_bf16_pairs((uint16_t *)dst + jp * 2 * D + 32 * i, a, b);
+        }
+    }
+}
+
 /* Keys a tile attends to: kmin .. kmax, the union of its tokens' windows. */
 static inline void ll_attn_key_range(const int32_t *pos, int nq, int window, ptrdiff_t *kmin, ptrdiff_t *kmax) {
     *kmin = -1; *kmax = -1;
@@ -231,19 +313,25 @@ static inline void ll_attn_key_range(const int32_t *pos, int nq, int window, ptr
     }
 }
 
-LL_INLINE void ll_attention_tile_impl(const int KT, const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
-                                      int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
+LL_INLINE void ll_attention_tile_impl(const int KT, const int CT, const float *q, ptrdiff_t ldq, float *out,
+                                      ptrdiff_t ldo, int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
                                       const void *k_cache, const void *v_cache, const int32_t *block_table,
                                       ptrdiff_t block_size, ptrdiff_t kv_head, ptrdiff_t num_kv_heads,
                                       ptrdiff_t head_dim, float scale, float *scratch,
                                       int split, int nsplit, float *partial) {
-    const int BF = KT == LL_KV_BF16, Q8 = LL_KV_IS_8BIT(KT);
+    /* KT: the cache's type; CT: the dot products' (== KT: direct, else staged) */
+    const int ST = CT != KT, Q8 = LL_KV_IS_8BIT(KT);
+    const int BFQ = CT == LL_KV_BF16;          /* q (and P) rounded to bf16 for vdpbf16ps */
+    const int BFP = BFQ && !Q8;                /* pass 2 rounds P (8-bit: after the V scales) */
     const ptrdiff_t D = head_dim, nv = head_dim / 16, rows = (ptrdiff_t)nq * group;
     float *edge = scratch, *qrows = edge + 2 * 16 * D, *acc = qrows + rows * D;
     float *m = acc + rows * D, *l = m + rows;
     ll_attn_span sp;
-    sp.k = k_cache; sp.v = v_cache; sp.B = block_size; sp.D = D;
+    sp.k = k_cache; sp.v = v_cache; sp.kb = ST ? 16 : block_size; sp.D = D;
     sp.S = l + rows; sp.P = sp.S + rows * LL_ATTN_SPAN;
+    float *kst = sp.P + rows * LL_ATTN_SPAN, *vst = kst + LL_ATTN_SPAN * D, *vsc = vst + LL_ATTN_SPAN * D;
+    const size_t cesz = CT == LL_KV_BF16 ? sizeof(uint16_t) : sizeof(float);   /* staged element */
+    if (ST) sp.k = kst;
     ptrdiff_t kmin, kmax;
     ll_attn_key_range(pos, nq, window, &kmin, &kmax);
     if (nsplit > 1) {   /* this split's share of the 16-key chunks: keys kmin' .. kmax' */
@@ -257,13 +345,13 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const float *q, ptrdiff_t ld
         const float *qr = q + (r / group) * ldq + (h0 + r % group) * D;
         for (ptrdiff_t i = 0; i < nv; i++) {
             const ll_vf32 x = ll_mul(ll_load(qr + 16 * i), sv);
-            if (BF) ll_store_bf16((uint16_t *)qrows + r * D + 16 * i, x);
+            if (BFQ) ll_store_bf16((uint16_t *)qrows + r * D + 16 * i, x);
             else ll_store(qrows + r * D + 16 * i, x);
         }
         m[r] = -INFINITY; l[r] = 0.f;
         for (ptrdiff_t i = 0; i < D; i++) acc[r * D + i] = 0.f;
     }
-    const size_t esz = Q8 ? 1 : BF ? sizeof(uint16_t) : sizeof(float);
+    const size_t esz = Q8 ? 1 : KT == LL_KV_BF16 ? sizeof(uint16_t) : sizeof(float);
     const ptrdiff_t region = ll_kv_region_bytes(KT, block_size, D) / (ptrdiff_t)esz;   /* in elements */
     const ptrdiff_t cfirst = kmin - kmin % 16;
     for (ptrdiff_t c0 = cfirst; kmin <= kmax && c0 <= kmax; c0 += LL_ATTN_SPAN) {
@@ -277,15 +365,27 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const float *q, ptrdiff_t ld
         for (int ch = 0; ch < sp.nchunks; ch++) {
             const ptrdiff_t c = c0 + 16 * ch, row = c % block_size;
             const ptrdiff_t base = (block_table[c / block_size] * num_kv_heads + kv_head) * region;
-            sp.koff[ch] = base + (BF ? 2 * row : row);
+            const int lo = ch == 0 ? j0 : 0, hi = ch == sp.nchunks - 1 ? nj_last : 16;
+            sp.koff[ch] = base + (KT == LL_KV_BF16 ? 2 * row : row);
             sp.vchunk[ch] = v_cache;
             sp.voff[ch] = base + row * D;
             if (Q8) {   /* scales follow the block's D x B codes */
                 sp.kscale[ch] = (const float *)((const uint8_t *)k_cache + base + D * block_size) + row;
                 sp.vscale[ch] = (const float *)((const uint8_t *)v_cache + base + D * block_size) + row;
             }
-            const int lo = ch == 0 ? j0 : 0, hi = ch == sp.nchunks - 1 ? nj_last : 16;
-            if (lo > 0 || hi < 16) {
+            if (ST) {   /* this chunk converted once for every row block; V outside [lo, hi) zeroed */
+                ll_attn_stage_k(KT, CT, (const char *)k_cache + sp.koff[ch] * esz, block_size, D,
+                                (char *)kst + ch * 16 * D * cesz);
+                ll_attn_stage_v(KT, CT, (const char *)v_cache + sp.voff[ch] * esz, D, lo, hi,
+                                (char *)vst + ch * 16 * D * cesz);
+                sp.koff[ch] = ch * 16 * D;
+                sp.vchunk[ch] = vst;
+                sp.voff[ch] = ch * 16 * D;
+                if (Q8) {
+                    for (int j = 0; j < 16; j++) vsc[16 * ch + j] = j >= lo && j < hi ? sp.vscale[ch][j] : 0.f;
+                    sp.vscale[ch] = vsc + 16 * ch;
+                }
+            } else if (lo > 0 || hi < 16) {
                 /* keys outside [lo, hi) may hold anything (NaN included): their scores are
                  * masked, but V is read in key pairs, so PV reads a copy with them zeroed */
                 float *e = edge + (nedge++) * 16 * D;
@@ -297,7 +397,7 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const float *q, ptrdiff_t ld
                         if (Q8) es[j] = 0.f;
                         for (ptrdiff_t d = 0; d < D; d++) {
                             if (Q8) ((uint8_t *)e)[j * D + d] = 0;
-                            else if (BF) ((uint16_t *)e)[ll_v_index(LL_KV_BF16, j, d, D)] = 0;
+                            else if (KT == LL_KV_BF16) ((uint16_t *)e)[ll_v_index(LL_KV_BF16, j, d, D)] = 0;
                             else e[j * D + d] = 0.f;
                         }
                     }
@@ -308,11 +408,11 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const float *q, ptrdiff_t ld
         }
         /* pass 1 */
         ptrdiff_t r0 = 0;
-        for (; r0 + 4 <= rows; r0 += 4) ll_attn_pass1(KT, 4, &sp, qrows, r0, pos, group, window, j0, nj_last);
+        for (; r0 + 4 <= rows; r0 += 4) ll_attn_pass1(CT, Q8, 4, &sp, qrows, r0, pos, group, window, j0, nj_last);
         switch (rows - r0) {
-            case 3: ll_attn_pass1(KT, 3, &sp, qrows, r0, pos, group, window, j0, nj_last); break;
-            case 2: ll_attn_pass1(KT, 2, &sp, qrows, r0, pos, group, window, j0, nj_last); break;
-            case 1: ll_attn_pass1(KT, 1, &sp, qrows, r0, pos, group, window, j0, nj_last); break;
+            case 3: ll_attn_pass1(CT, Q8, 3, &sp, qrows, r0, pos, group, window, j0, nj_last); break;
+            case 2: ll_attn_pass1(CT, Q8, 2, &sp, qrows, r0, pos, group, window, j0, nj_last); break;
+            case 1: ll_attn_pass1(CT, Q8, 1, &sp, qrows, r0, pos, group, window, j0, nj_last); break;
             default: break;
         }
         /* pass 2: a row that sees nothing of the span gets p = 0 and keeps m, l, acc */
@@ -323,8 +423,7 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const float *q, ptrdiff_t ld
             for (ptrdiff_t j = 16; j < n; j += 16) mx = ll_max(mx, ll_load(S + j));
             const float smax = ll_hmax(mx);
             if (smax == -INFINITY) {
-                if (BF) memset(sp.P + r * LL_ATTN_SPAN, 0, (size_t)n * sizeof(uint16_t));
-                else memset(sp.P + r * LL_ATTN_SPAN, 0, (size_t)n * sizeof(float));
+                memset(sp.P + r * LL_ATTN_SPAN, 0, (size_t)n * sizeof(float));
                 continue;
             }
             const float m_new = m[r] > smax ? m[r] : smax;
@@ -332,7 +431,7 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const float *q, ptrdiff_t ld
             ll_vf32 sum = ll_zero();
             for (ptrdiff_t j = 0; j < n; j += 16) {
                 ll_vf32 p = ll_exp(ll_sub(ll_load(S + j), mv));
-                if (BF) {   /* l sums the probabilities PV uses: the rounded ones */
+                if (BFP) {   /* l sums the probabilities PV uses: the rounded ones */
                     uint16_t *pb = (uint16_t *)(sp.P + r * LL_ATTN_SPAN) + j;
                     ll_store_bf16(pb, p);
                     p = ll_load_bf16(pb);
@@ -349,19 +448,25 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const float *q, ptrdiff_t ld
                 for (ptrdiff_t i = 0; i < nv; i++) ll_store(acc + r * D + 16 * i, ll_mul(ll_load(acc + r * D + 16 * i), cv));
             }
         }
-        if (Q8)   /* fold the V scales into the probabilities: P @ V then reads codes only */
+        if (Q8) {   /* fold the V scales into the probabilities: P @ V then reads codes only
+                     * (direct: decoded e4m3 is value x 2^-8, staged: exact); staged to bf16:
+                     * rounded in place, chunk ch's 16 bf16 over bytes already read */
+            const ll_vf32 unit = ll_set1(ST ? 1.f : ll_kv8_unit(KT));
             for (ptrdiff_t r = 0; r < rows; r++)
                 for (int ch = 0; ch < sp.nchunks; ch++) {
                     float *p = sp.P + r * LL_ATTN_SPAN + 16 * ch;
-                    ll_store(p, ll_mul(ll_load(p), ll_mul(ll_load(sp.vscale[ch]), ll_set1(ll_kv8_unit(KT)))));
+                    const ll_vf32 x = ll_mul(ll_load(p), ll_mul(ll_load(sp.vscale[ch]), unit));
+                    if (BFQ) ll_store_bf16((uint16_t *)(sp.P + r * LL_ATTN_SPAN) + 16 * ch, x);
+                    else ll_store(p, x);
                 }
+        }
         /* pass 3 */
         r0 = 0;
-        for (; r0 + 4 <= rows; r0 += 4) ll_attn_pass3(KT, 4, &sp, r0, acc);
+        for (; r0 + 4 <= rows; r0 += 4) ll_attn_pass3(CT, 4, &sp, r0, acc);
         switch (rows - r0) {
-            case 3: ll_attn_pass3(KT, 3, &sp, r0, acc); break;
-            case 2: ll_attn_pass3(KT, 2, &sp, r0, acc); break;
-            case 1: ll_attn_pass3(KT, 1, &sp, r0, acc); break;
+            case 3: ll_attn_pass3(CT, 3, &sp, r0, acc); break;
+            case 2: ll_attn_pass3(CT, 2, &sp, r0, acc); break;
+            case 1: ll_attn_pass3(CT, 1, &sp, r0, acc); break;
             default: break;
         }
     }
@@ -412,22 +517,35 @@ static inline void ll_attention_combine(const float *partials, int nsplit, ptrdi
 }
 
 /* One work item: the tile's nq tokens x `group` heads from h0 (one KV head), over all its keys
- * (nsplit == 1, normalised into out) or over split `split` of nsplit (raw into partial). */
+ * (nsplit == 1, normalised into out) or over split `split` of nsplit (raw into partial); `path`
+ * one of LL_ATTN_* (above). */
 static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
                                            int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
                                            const void *k_cache, const void *v_cache, int kv_type,
                                            const int32_t *block_table, ptrdiff_t block_size,
                                            ptrdiff_t kv_head, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
-                                           float scale, float *scratch, int split, int nsplit, float *partial) {
-#define LL_ATTN_TILE(KT) ll_attention_tile_impl(KT, q, ldq, out, ldo, nq, group, h0, pos, window, k_cache, v_cache, \
-        block_table, block_size, kv_head, num_kv_heads, head_dim, scale, scratch, split, nsplit, partial)
-    switch (kv_type) {   /* one specialised copy per cache type */
-        case LL_KV_BF16: LL_ATTN_TILE(LL_KV_BF16); break;
-        case LL_KV_I8: LL_ATTN_TILE(LL_KV_I8); break;
-        case LL_KV_E4M3: LL_ATTN_TILE(LL_KV_E4M3); break;
-        case LL_KV_E5M2: LL_ATTN_TILE(LL_KV_E5M2); break;
-        default: LL_ATTN_TILE(LL_KV_F32); break;
+                                           float scale, float *scratch, int split, int nsplit, float *partial,
+                                           int path) {
+#define LL_ATTN_TILE(KT, CT) ll_attention_tile_impl(KT, CT, q, ldq, out, ldo, nq, group, h0, pos, window, k_cache, \
+        v_cache, block_table, block_size, kv_head, num_kv_heads, head_dim, scale, scratch, split, nsplit, partial)
+#define LL_ATTN_8BIT(KT) \
+    if (stage == LL_KV_F32) LL_ATTN_TILE(KT, LL_KV_F32); else if (stage == LL_KV_BF16) LL_ATTN_TILE(KT, LL_KV_BF16); \
+    else LL_ATTN_TILE(KT, KT)
+    const int big = nq * group >= LL_ATTN_STAGE_ROWS;
+    /* the compute type a staged tile would use, or -1: direct */
+    const int stage = path == LL_ATTN_F32 || (path == LL_ATTN_AUTO_FMA && big) ? LL_KV_F32
+                    : path == LL_ATTN_BF16 || (path == LL_ATTN_AUTO && big) ? LL_KV_BF16 : -1;
+    switch (kv_type) {   /* one specialised copy per cache type and compute type */
+        case LL_KV_BF16:
+            if (stage == LL_KV_F32) LL_ATTN_TILE(LL_KV_BF16, LL_KV_F32);
+            else LL_ATTN_TILE(LL_KV_BF16, LL_KV_BF16);
+            break;
+        case LL_KV_I8: LL_ATTN_8BIT(LL_KV_I8); break;
+        case LL_KV_E4M3: LL_ATTN_8BIT(LL_KV_E4M3); break;
+        case LL_KV_E5M2: LL_ATTN_8BIT(LL_KV_E5M2); break;
+        default: LL_ATTN_TILE(LL_KV_F32, LL_KV_F32); break;
     }
+#undef LL_ATTN_8BIT
 #undef LL_ATTN_TILE
 }
 

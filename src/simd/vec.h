@@ -16,8 +16,8 @@
  *
  * Ops: ll_zero ll_set1 ll_load ll_store ll_add ll_sub ll_mul ll_div ll_fma ll_max ll_hsum ll_hmax
  *      ll_exp ll_load_bf16 ll_load_f16 ll_load_bf16_even ll_load_bf16_odd
- *      ll_bcast_bf16x2 ll_load_bf16x2 ll_dot2_bf16 ll_dot2_bf16_at ll_store_bf16 ll_fma_row
- *      (defaults below, on top of the backend, where it has no better one)
+ *      ll_bcast_bf16x2 ll_load_bf16x2 ll_dot2_bf16 ll_dot2_bf16_at ll_store_bf16
+ *      ll_store_bf16_pairs ll_fma_row (defaults below, on top of the backend, where it has no better one)
  *      ll_load_s8 ll_load_u8 ll_load_e4m3 (x 2^-8) ll_load_e5m2: 16 bytes widened to floats
  * Scalars: ll_bf16_to_f32 ll_f32_to_bf16 (round to nearest even) ll_f16_to_f32 ll_f32_to_f16
  *          ll_f32_to_e4m3 ll_f32_to_e5m2 (nearest even, saturating)
@@ -107,7 +107,8 @@ LL_INLINE uint8_t ll_f32_to_e5m2(float f) {
  *   ll_vbf16x2  16 pairs, one per lane                    ll_load_bf16x2(const uint16_t *p)
  *   ll_dot2_bf16(acc, x, w): lane i of acc + first(x) * first(w_i) + second(x) * second(w_i)
  *   (vdpbf16ps / bfdot where the backend has them: LL_HAVE_BF16_DOT; two FMAs elsewhere).
- * ll_store_bf16 rounds 16 lanes to bf16, nearest even (ll_f32_to_bf16 is its spec). */
+ * ll_store_bf16 rounds 16 lanes to bf16, nearest even (ll_f32_to_bf16 is its spec);
+ * ll_store_bf16_pairs(p, a, b) rounds a into p[0, 2, .., 30] and b into p[1, 3, .., 31]. */
 #ifndef LL_HAVE_BF16_DOT
 typedef struct { ll_vf32 first, second; } ll_bf16x2;
 typedef struct { ll_vf32 even, odd; } ll_vbf16x2;
@@ -127,6 +128,14 @@ LL_INLINE void ll_store_bf16(uint16_t *p, ll_vf32 a) {
     float t[16];
     ll_store(t, a);
     for (int i = 0; i < 16; i++) p[i] = ll_f32_to_bf16(t[i]);
+}
+#endif
+#ifndef LL_HAVE_BF16_STORE_PAIRS
+LL_INLINE void ll_store_bf16_pairs(uint16_t *p, ll_vf32 a, ll_vf32 b) {
+    uint16_t ta[16], tb[16];
+    ll_store_bf16(ta, a);
+    ll_store_bf16(tb, b);
+    for (int i = 0; i < 16; i++) { p[2 * i] = ta[i]; p[2 * i + 1] = tb[i]; }
 }
 #endif
 /* acc + (x at pair pointer) . (16 pairs at p): attention's form, straight from memory */

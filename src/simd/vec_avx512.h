@@ -147,6 +147,13 @@ LL_INLINE ll_vf32 ll_dot2_bf16(ll_vf32 acc, ll_bf16x2 x, ll_vbf16x2 w) { return 
 LL_INLINE void ll_store_bf16(uint16_t *p, ll_vf32 a) {
     _mm256_storeu_si256((__m256i *)p, (__m256i)_mm512_cvtneps_pbh(a));
 }
+/* a into the first of each pair (the low half of a little-endian word), b into the second */
+#define LL_HAVE_BF16_STORE_PAIRS 1
+LL_INLINE void ll_store_bf16_pairs(uint16_t *p, ll_vf32 a, ll_vf32 b) {
+    const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(a));
+    const __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(b));
+    _mm512_storeu_si512(p, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+}
 #endif
 
 /* acc + x[row t][off] * w (vec.h). The broadcast is folded into the FMA as a memory operand,

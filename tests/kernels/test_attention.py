@@ -113,17 +113,21 @@ def make_step(rng: np.random.Generator, *, num_heads: int, num_kv_heads: int, he
     return Step(q, k_cache, v_cache, block_tables, tok_seq, positions, kv_dtype, k_scales, v_scales)
 
 
-def run(mod, step: Step, scale: float, sliding_window: int = 0, num_threads: int = 1) -> np.ndarray:
+def run(mod, step: Step, scale: float, sliding_window: int = 0, num_threads: int = 1,
+        path: str = "direct") -> np.ndarray:
+    """The kernel's output; path "direct" unless named (attention.h LL_ATTN_*: the dot products
+    on the cache's own elements, which the tests below hold to the tightest tolerances)."""
     out = np.full(step.q.shape, np.nan, np.float32)
     mod.paged_attention(step.q, step.layout("k"), step.layout("v"),
                         step.block_tables, step.tok_seq, step.positions, out, scale,
-                        sliding_window=sliding_window, num_threads=num_threads, kv_dtype=step.kv_dtype)
+                        sliding_window=sliding_window, num_threads=num_threads, kv_dtype=step.kv_dtype,
+                        path=path)
     return out
 
 
-def expected(step: Step, scale: float, sliding_window: int = 0) -> np.ndarray:
+def expected(step: Step, scale: float, sliding_window: int = 0, round_q: bool | None = None) -> np.ndarray:
     return ref_ops.paged_attention(step.q, step.values("k"), step.values("v"), step.block_tables,
-                                   step.tok_seq, step.positions, scale, sliding_window)
+                                   step.tok_seq, step.positions, scale, sliding_window, round_q)
 
 
 # (H, Hkv): multi-head, grouped-query, multi-query
@@ -266,7 +270,7 @@ def test_write_kv_then_attend(variant, kv_dtype, rng):
     q = rng.standard_normal((n, 4, head_dim), dtype=np.float32)
     out = np.empty_like(q)
     mod.paged_attention(q, k_cache, v_cache, table, np.zeros(n, np.int32), pos.astype(np.int32), out, 0.25,
-                        num_threads=2, kv_dtype=kv_dtype)
+                        num_threads=2, kv_dtype=kv_dtype, path="direct")
     for t in range(n):
         for h in range(4):
             qs = q[t, h] * np.float32(0.25)
@@ -344,3 +348,72 @@ def test_fp8_cache_needs_its_format_named(variant, rng):
     with pytest.raises(ValueError, match="int8"):      # the name must match the array's dtype
         mod.paged_attention(step.q, step.layout("k"), step.layout("v"), step.block_tables, step.tok_seq,
                             step.positions, out, 1.0, kv_dtype="int8")
+
+
+# Staged tiles (attention.h): a span of K and V converted once into the compute type, then
+# every row block's dot products on the copy. "bf16" stages 8-bit caches into bf16 pairs (q
+# and the probabilities rounded to bf16, as with a bf16 cache: the reference rounds q too);
+# "fma" stages bf16 and 8-bit caches into fp32 (nothing rounded: the fp32 tolerances, with the
+# reference on unrounded q); "auto" stages tiles of at least ATTENTION_STAGE_ROWS rows into
+# the bf16 GEMM path's type and runs the others direct.
+def _tile_paths(mod, step: Step, path: str) -> list[str]:
+    """The path each query token's tile runs ("direct", "bf16" or "fma")."""
+    if path != "auto":
+        return [path] * len(step.positions)
+    group = step.q.shape[1] // step.k_cache.shape[1]
+    staged = "fma" if mod._bf16_fma(None) else "bf16"
+    out, t = [], 0
+    while t < len(step.positions):   # tiles: consecutive tokens of one sequence, at most QTILE
+        n = 1
+        while (t + n < len(step.positions) and step.tok_seq[t + n] == step.tok_seq[t]
+               and n < mod.ATTENTION_QTILE):
+            n += 1
+        out += [staged if n * group >= mod.ATTENTION_STAGE_ROWS else "direct"] * n
+        t += n
+    return out
+
+
+def _path_reference(kv_dtype: str, path: str) -> tuple[bool, dict]:
+    """(round_q for the reference, tolerance) of a tile run on `path` over a kv_dtype cache."""
+    if kv_dtype == "float32":
+        return False, TOL
+    if path == "fma":
+        return False, TOL_KV8
+    if path == "bf16" or kv_dtype == "bfloat16":
+        return True, TOL_BF16
+    return False, TOL_KV8
+
+
+def _check_paths(mod, step: Step, scale: float, window: int, num_threads: int, path: str) -> None:
+    out = run(mod, step, scale, sliding_window=window, num_threads=num_threads, path=path)
+    refs = {}
+    for t, tile_path in enumerate(_tile_paths(mod, step, path)):
+        round_q, tolerance = _path_reference(step.kv_dtype, tile_path)
+        if round_q not in refs:
+            refs[round_q] = expected(step, scale, window, round_q=round_q)
+        np.testing.assert_allclose(out[t], refs[round_q][t], **tolerance)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+@pytest.mark.parametrize("path", ["auto", "direct", "bf16", "fma"])
+def test_every_path(variant, kv_dtype, path, rng):
+    """Each path on each cache type: a mixed step (decode tiles, a lone token, prefill tiles of
+    8 and 5 tokens x 4 heads) and a chunk across the 256-key span with an edge chunk at each end
+    of a window; unwritten rows are NaN (8-bit: a NaN scale), which staging must not let in."""
+    mod = _kernels.load(variant)
+    step = make_step(rng, num_heads=8, num_kv_heads=2, head_dim=32, block_size=16, queries=MIXED,
+                     kv_dtype=kv_dtype)
+    _check_paths(mod, step, 0.2, 0, 2, path)
+    step = make_step(rng, num_heads=6, num_kv_heads=2, head_dim=48, block_size=32,
+                     queries=[(250, 19), (0, 20)], kv_dtype=kv_dtype)
+    for window in (0, 40):
+        _check_paths(mod, step, 0.15, window, 3, path)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_unknown_path_refused(variant, rng):
+    mod = _kernels.load(variant)
+    step = make_step(rng, num_heads=2, num_kv_heads=1, head_dim=16, block_size=16, queries=[(0, 3)])
+    with pytest.raises(ValueError, match="auto, direct, bf16, fma"):
+        run(mod, step, 1.0, path="fastest")
