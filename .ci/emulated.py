@@ -197,7 +197,7 @@ def main() -> int:
     # the x86 reference: the tiny checkpoint's greedy tokens, the same from every x86 variant here
     run([sys.executable, str(GREEDY), "--make", str(model), "--out", str(expected)], cwd=ROOT)
     k = ["-k", args.k] if args.k else []
-    pytest_args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *k, "tests/kernels"]
+    pytest_args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", *k, "tests/kernels"]
     for arch in arches:
         if arch == "haswell":
             check_run("x86_64 -cpu Haswell", ["qemu-x86_64", "-cpu", "Haswell", sys.executable, str(DISPATCH),
@@ -216,7 +216,16 @@ def main() -> int:
         else:
             check_run("s390x: dispatcher", [*py, str(DISPATCH), "--expect", "vxe", "--model", str(model),
                                             "--tokens", str(expected)], env, failures)
-        check_run(f"{arch}: kernel tests", [*py, *pytest_args], env, failures, timeout=3600)
+        args_arch = pytest_args
+        if arch == "s390x":
+            # The gguf package quantizes and dequantizes ggml blocks in the machine's byte order, so on
+            # a big-endian machine its bytes are not GGUF's (little-endian) and cannot be the reference
+            # for kernels that read files as GGUF stores them; the model test above covers loading.
+            args_arch = [*pytest_args[:-1], "--deselect", "tests/kernels/test_convert.py::test_dequantize_matches_the_gguf_package",
+                         "-k", " and ".join(filter(None, [args.k and f"({args.k})", "not gguf_package",
+                                                          "not qgemm_matches_reference", "not quantized_gated_mlp"])),
+                         pytest_args[-1]]
+        check_run(f"{arch}: kernel tests", [*py, *args_arch], env, failures, timeout=3600)
     if failures:
         log(f"FAILED: {', '.join(failures)}")
         return 1
