@@ -1,55 +1,157 @@
 """Build: the kernel module once per ISA variant (lite_llm/_kernels/variants.py), plus the
-CPU probe, the sampler and the step-batch helpers built once with baseline flags. All with OpenMP."""
+CPU probe, the sampler and the step-batch helpers built once with baseline flags. All with OpenMP.
+
+Each variant is a whole optimised C module (~2.8 MB of generated C), so a first build takes
+minutes of CPU. Extensions compile side by side, and every compiled module is kept in a build
+cache keyed by the hash of its sources (the .pyx, every .pxi/.pxd and src/ header), its flags,
+the compiler, Cython and the Python ABI: a second `pip install -e` (README: the serve command,
+then the test command) or a rebuild of unchanged sources copies the cached module instead of
+compiling again. Cache: $LITE_LLM_BUILD_CACHE, else $XDG_CACHE_HOME/lite_llm/build, else
+~/.cache/lite_llm/build; LITE_LLM_BUILD_CACHE=off disables it.
+
+LITE_LLM_BUILD_MACHINE=aarch64 builds another machine's variant table (with CC a cross compiler);
+the emulated tier (.ci/emulated.py) cross-compiles with the same flags.
+"""
+import hashlib
 import os
 import platform
+import shutil
+import subprocess
 import sys
+import sysconfig
+from pathlib import Path
 
-from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lite_llm", "_kernels"))
-from variants import variants_for  # noqa: E402  (the one variant table, shared with the dispatcher)
-
-CFLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast", "-std=gnu11",
-          "-Wno-unused-function", "-Wno-unreachable-code"]
-OPENMP = ["-fopenmp"]
-CYTHON_DIRECTIVES = {"language_level": 3, "boundscheck": False, "wraparound": False,
-                     "cdivision": True, "initializedcheck": False, "embedsignature": True}
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "lite_llm" / "_kernels"))
+# the one variant table, shared with the dispatcher, and the flags every module is built with
+from variants import CFLAGS, CYTHON_DIRECTIVES, OPENMP, variants_for  # noqa: E402
+MACHINE = os.environ.get("LITE_LLM_BUILD_MACHINE") or platform.machine()
 
 
-def _ext(name, source, flags=()):
-    return Extension(name, [source], include_dirs=["src"],
-                     extra_compile_args=[*CFLAGS, *OPENMP, *flags], extra_link_args=OPENMP)
+# Headers included by headers are invisible to Cython's dependency tracking: list them all, so
+# a change to any of them rebuilds every module.
+_DEPENDS = sorted(str(p.relative_to(ROOT)) for p in [*ROOT.glob("src/**/*.h"), *ROOT.glob("lite_llm/**/*.pxi")])
+
+
+if sys.platform == "darwin":   # Apple clang: OpenMP from Homebrew's libomp (wheels/cibuildwheel.toml)
+    OPENMP_COMPILE, OPENMP_LINK = ["-Xpreprocessor", "-fopenmp"], ["-lomp"]
+else:
+    OPENMP_COMPILE, OPENMP_LINK = list(OPENMP), list(OPENMP)
+
+
+class _Ext(Extension):
+    """An extension from one .pyx, cythonized only when the build cache lacks it."""
+
+    def __init__(self, name, pyx, flags=(), cython_dir="base"):
+        super().__init__(name, [pyx], include_dirs=["src"], depends=_DEPENDS,
+                         extra_compile_args=[*CFLAGS, *OPENMP_COMPILE, *flags], extra_link_args=OPENMP_LINK)
+        self.pyx, self.cython_dir, self.flags = pyx, cython_dir, tuple(flags)
 
 
 # LITE_LLM_BUILD_VARIANTS=avx512bf16,generic builds only those (a quicker build while developing
 # kernels; the dispatcher chooses among what is built).
 _only = {n for n in os.environ.get("LITE_LLM_BUILD_VARIANTS", "").split(",") if n}
-ext_modules = []
-for v in variants_for(platform.machine()):
-    if _only and v.name not in _only:
-        continue
-    # Each variant in its own build dir: the generated C embeds the full module name.
-    (ext,) = cythonize([_ext(f"lite_llm._kernels.{v.name}.kernels", "lite_llm/_kernels/kernels.pyx", v.flags)],
-                       build_dir=f"build/cython/{v.name}", compiler_directives=CYTHON_DIRECTIVES)
-    # cythonize remembers per-source options across calls and would hand this variant every
-    # earlier variant's flags too (an AVX-512 "generic" build): set them again, exactly.
-    ext.extra_compile_args = [*CFLAGS, *OPENMP, *v.flags]
-    ext_modules.append(ext)
-ext_modules += cythonize([_ext("lite_llm._kernels._cpu", "lite_llm/_kernels/_cpu.pyx"),
-                          _ext("lite_llm.engine._sampler", "lite_llm/engine/_sampler.pyx"),
-                          _ext("lite_llm.engine._batch", "lite_llm/engine/_batch.pyx")],
-                         build_dir="build/cython/base", compiler_directives=CYTHON_DIRECTIVES)
+ext_modules = [_Ext(f"lite_llm._kernels.{v.name}.kernels", "lite_llm/_kernels/kernels.pyx", v.flags, v.name)
+               for v in variants_for(MACHINE) if not _only or v.name in _only]
+ext_modules += [_Ext("lite_llm._kernels._cpu", "lite_llm/_kernels/_cpu.pyx"),
+                _Ext("lite_llm.engine._sampler", "lite_llm/engine/_sampler.pyx"),
+                _Ext("lite_llm.engine._batch", "lite_llm/engine/_batch.pyx")]
 
 
-class ParallelBuildExt(build_ext):
-    """Compile the variants side by side: they are independent and each takes a while."""
+def _cache_dir() -> Path | None:
+    where = os.environ.get("LITE_LLM_BUILD_CACHE", "")
+    if where.lower() in ("off", "0", "none"):
+        return None
+    if where:
+        return Path(where)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lite_llm" / "build"
+
+
+def _source_digest() -> str:
+    """Hash of every file a module's C can depend on: .pyx/.pxi/.pxd under lite_llm, .h/.c under src."""
+    h = hashlib.sha256()
+    files = sorted([*ROOT.glob("lite_llm/**/*.pyx"), *ROOT.glob("lite_llm/**/*.pxi"), *ROOT.glob("lite_llm/**/*.pxd"),
+                    *ROOT.glob("src/**/*.h"), *ROOT.glob("src/**/*.c")])
+    for f in files:
+        h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+class CachedParallelBuildExt(build_ext):
+    """Compile the extensions side by side (they are independent and each takes a while), each
+    taken from the build cache when its sources, flags and tools are unchanged."""
 
     def finalize_options(self):
         super().finalize_options()
         if not self.parallel:
             self.parallel = os.cpu_count() or 1
 
+    def build_extensions(self):
+        # Python's own CFLAGS carry -g: debug info for megabytes of inlined kernels costs build
+        # time and wheel size and serves nobody; the kernels' flags are the variants' own.
+        for attr in ("compiler_so", "compiler", "linker_so"):
+            if hasattr(self.compiler, attr):
+                setattr(self.compiler, attr, [a for a in getattr(self.compiler, attr) if a != "-g"])
+        self._cache = _cache_dir()
+        self._digest = _source_digest()
+        cc = self.compiler.compiler_so[0]
+        try:
+            self._cc_version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+        except OSError:
+            self._cc_version = cc
+        todo = [e.name for e in self.extensions if not self._cached(e)]
+        if todo:
+            print(f"lite-llm: compiling {len(todo)} modules, {self.parallel} at a time: "
+                  f"{', '.join(todo)}. The kernels are compiled once per instruction set so one "
+                  f"install runs the fastest code each CPU has; each is a large optimised C module "
+                  f"(about a minute of CPU), and the result is cached for later installs"
+                  + (f" in {self._cache}" if self._cache else "") + ".", file=sys.stderr, flush=True)
+        super().build_extensions()
 
-setup(ext_modules=ext_modules, cmdclass={"build_ext": ParallelBuildExt})
+    def _key(self, ext) -> str:
+        import Cython
+        h = hashlib.sha256()
+        for part in (self._digest, ext.name, ext.pyx, repr(ext.extra_compile_args), repr(ext.extra_link_args),
+                     repr(self.compiler.compiler_so), self._cc_version, Cython.__version__,
+                     sysconfig.get_config_var("EXT_SUFFIX") or "", sys.version, repr(CYTHON_DIRECTIVES)):
+            h.update(part.encode() + b"\0")
+        return h.hexdigest()[:32]
+
+    def _cached(self, ext) -> Path | None:
+        if self._cache is None:
+            return None
+        path = self._cache / self._key(ext) / Path(self.get_ext_filename(ext.name)).name
+        return path if path.is_file() else None
+
+    def build_extension(self, ext):
+        out = Path(self.get_ext_fullpath(ext.name))
+        hit = self._cached(ext)
+        if hit is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(hit, out)
+            print(f"lite-llm: {ext.name} unchanged, reused from the build cache", file=sys.stderr)
+            return
+        from Cython.Build import cythonize
+        (cext,) = cythonize([Extension(ext.name, [ext.pyx], include_dirs=ext.include_dirs)],
+                            build_dir=f"build/cython/{ext.cython_dir}", compiler_directives=CYTHON_DIRECTIVES,
+                            quiet=True)
+        # cythonize remembers per-source options across calls and would hand this variant every
+        # earlier variant's flags too (an AVX-512 "generic" build): set them here, exactly.
+        ext.sources = cext.sources
+        super().build_extension(ext)
+        ext.sources = [ext.pyx]
+        if self._cache is not None:
+            dest = self._cache / self._key(ext)
+            try:
+                dest.mkdir(parents=True, exist_ok=True)
+                tmp = dest / f".{out.name}.{os.getpid()}"
+                shutil.copyfile(out, tmp)
+                os.replace(tmp, dest / out.name)   # atomic: a concurrent build never sees half a file
+            except OSError as e:                    # a read-only cache only costs the next build
+                print(f"lite-llm: build cache not written ({e})", file=sys.stderr)
+
+
+setup(ext_modules=ext_modules, cmdclass={"build_ext": CachedParallelBuildExt})

@@ -156,7 +156,10 @@ def env(name: str, default: str | None = None) -> str | None:
 
 # Inner-product paths of the GEMMs, by the operation they serve (lite_llm/_kernels/gemm_path.py):
 # bf16 weights in steps of several tokens, and int8 blocks (block-quantized weights).
-GEMM_PATHS = {"dpbf16": "bf16", "fma": "bf16", "vpdpbusd": "int8", "vpmaddubsw": "int8", "scalar": "int8"}
+# int8 paths by instruction (src/simd LL_I8DOT_NAME): x86 vpdpbusd / vpmaddubsw, aarch64 usdot /
+# sdot / smull (ARMv8.0 widening multiplies), s390x vxe, plain C scalar
+GEMM_PATHS = {"dpbf16": "bf16", "fma": "bf16", "vpdpbusd": "int8", "vpmaddubsw": "int8", "usdot": "int8",
+              "sdot": "int8", "smull": "int8", "vxe": "int8", "scalar": "int8"}
 
 
 def gemm_path_override(value: str | None = None) -> dict[str, str]:
@@ -173,7 +176,7 @@ def gemm_path_override(value: str | None = None) -> dict[str, str]:
         if path not in GEMM_PATHS or (op and op != GEMM_PATHS[path]) or GEMM_PATHS[path] in out:
             raise ValueError(f"LITE_LLM_GEMM_PATH={text!r}: expected 'auto' or a comma-separated list of "
                              f"paths, at most one per operation: bf16: dpbf16 | fma; int8: vpdpbusd | "
-                             f"vpmaddubsw | scalar (optionally as op=path, e.g. bf16=fma)")
+                             f"vpmaddubsw | usdot | sdot | smull | vxe | scalar (optionally as op=path, e.g. bf16=fma)")
         out[GEMM_PATHS[path]] = path
     return out
 

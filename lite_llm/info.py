@@ -26,7 +26,7 @@ from lite_llm import cpu
 ISA_FLAGS = {
     "x86_64": ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
                "avx512dq", "avx512vnni", "avx512bf16", "amx_tile", "amx_bf16", "amx_int8"),
-    "aarch64": ("neon", "dotprod", "sve", "bf16", "i8mm"),
+    "aarch64": ("neon", "asimdhp", "dotprod", "sve", "bf16", "i8mm"),
     "s390x": ("vx", "vxe", "vxe2"),
 }
 BANDWIDTH_BYTES = 256 << 20      # source array of the copy test: well past any cache

@@ -46,11 +46,28 @@ static inline int ll_cpu_has(const char *name) {
     return -1;
 }
 
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+static inline int ll_sysctl_flag(const char *key) {
+    int v = 0; size_t n = sizeof v;
+    return sysctlbyname(key, &v, &n, NULL, 0) == 0 && v;
+}
+static inline int ll_cpu_has(const char *name) {
+    if (!strcmp(name, "neon") || !strcmp(name, "asimd")) return 1;
+    if (!strcmp(name, "asimdhp")) return ll_sysctl_flag("hw.optional.arm.FEAT_FP16");
+    if (!strcmp(name, "dotprod")) return ll_sysctl_flag("hw.optional.arm.FEAT_DotProd");
+    if (!strcmp(name, "bf16")) return ll_sysctl_flag("hw.optional.arm.FEAT_BF16");
+    if (!strcmp(name, "i8mm")) return ll_sysctl_flag("hw.optional.arm.FEAT_I8MM");
+    if (!strcmp(name, "sve")) return 0;
+    return -1;
+}
+
 #elif defined(__aarch64__)
 #include <sys/auxv.h>
 static inline int ll_cpu_has(const char *name) {
     unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
     if (!strcmp(name, "neon") || !strcmp(name, "asimd")) return (hw >> 1) & 1;
+    if (!strcmp(name, "asimdhp")) return (hw >> 10) & 1;   /* half-precision arithmetic (FEAT_FP16) */
     if (!strcmp(name, "dotprod")) return (hw >> 20) & 1;
     if (!strcmp(name, "sve")) return (hw >> 22) & 1;
     if (!strcmp(name, "bf16")) return (hw2 >> 14) & 1;

@@ -9,6 +9,7 @@ its machine code holds no instruction of a wider ISA.
 """
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import platform
 import shutil
@@ -49,8 +50,9 @@ def _cpu_really_has(feature: str) -> bool:
 
 
 def _is_built(name: str) -> bool:
+    """A module of this interpreter's ABI (cross builds for other machines may sit beside it)."""
     pkg = ROOT / "lite_llm" / "_kernels" / name
-    return any(pkg.glob("kernels.*.so")) or any(pkg.glob("kernels.*.pyd"))
+    return any((pkg / f"kernels{suffix}").is_file() for suffix in importlib.machinery.EXTENSION_SUFFIXES)
 
 
 def _expected_choice(hidden: frozenset[str] = frozenset()) -> str:
@@ -117,7 +119,7 @@ def _child(isa: str | None = None, hide: tuple[str, ...] = ()) -> tuple[int, dic
         env["LITE_LLM_ISA"] = isa
     if hide:
         env["HIDE"] = json.dumps(list(hide))
-        env["CPU_SO"] = str(next((ROOT / "lite_llm" / "_kernels").glob("_cpu.*.so")))
+        env["CPU_SO"] = _cpu.__file__      # this interpreter's build, not a cross build beside it
     proc = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True,
                           timeout=120, cwd=str(ROOT))
     lines = proc.stdout.strip().splitlines()

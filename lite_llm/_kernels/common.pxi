@@ -203,6 +203,7 @@ cdef extern from "omp_util.h" nogil:
     int ll_atomic_next(int *counter)
 
 cdef extern from "kernels/quant.h" nogil:
+    int LL_STORED_LE
     void ll_f32_to_bf16_n(const float *src, uint16_t *dst, Py_ssize_t i0, Py_ssize_t i1)
     void ll_pack_panel_rows(const void *const *rows, int nrows, int stype, Py_ssize_t k, int wtype, void *dst)
     void ll_pack_panels(const void *src, void *dst, Py_ssize_t n, Py_ssize_t k, int wtype,
@@ -215,11 +216,11 @@ cdef extern from "kernels/peak.h" nogil:
     int LL_PEAK_FMA, LL_PEAK_DPBF16, LL_PEAK_DPBUSD, LL_PEAK_MADDUBS
     const char *LL_INT8_PATH_NAME
     int ll_peak_has(int kind)
+    const char *ll_peak_name(int kind)
     double ll_peak_run(int kind, Py_ssize_t rounds, float seed, float *sink)
 
 # Inner-product instructions the start-up micro-benchmark can time in this build (peak.h), and
 # the one this build's int8-block kernels run (qgemm.h through ll_dpbusd).
-PEAK_KINDS = {name: kind for name, kind in (("fma", LL_PEAK_FMA), ("dpbf16", LL_PEAK_DPBF16),
-                                            ("vpdpbusd", LL_PEAK_DPBUSD), ("vpmaddubsw", LL_PEAK_MADDUBS))
-              if ll_peak_has(kind)}
+PEAK_KINDS = {ll_peak_name(kind).decode(): kind
+              for kind in (LL_PEAK_FMA, LL_PEAK_DPBF16, LL_PEAK_DPBUSD, LL_PEAK_MADDUBS) if ll_peak_has(kind)}
 INT8_PATH = LL_INT8_PATH_NAME.decode()

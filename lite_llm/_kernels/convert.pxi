@@ -153,7 +153,7 @@ cdef void _load_range(const LoadSeg *segs, int nseg, Py_ssize_t n, Py_ssize_t k,
         if ll_wtype_is_quant(wtype):
             ll_qpack_panel(rows, nrows, k, wtype, dst + p * panel_bytes)
         else:
-            ll_pack_panel_rows(<const void **>rows, nrows, stype, k, wtype, dst + p * panel_bytes)
+            ll_pack_panel_rows(<const void **>rows, nrows, stype | LL_STORED_LE, k, wtype, dst + p * panel_bytes)
 
 
 def load_panels(list segments, dst, str dst_type, Py_ssize_t k, int num_threads=1):

@@ -42,7 +42,8 @@ CACHE_FILE = "gemm_paths.json"
 CACHE_FORMAT = 1        # bump when a tile changes what its measured rate means
 OPS = ("bf16", "int8")
 # the instruction whose peak bounds each path
-PATH_INSTRUCTION = {"dpbf16": "dpbf16", "fma": "fma", "vpdpbusd": "vpdpbusd", "vpmaddubsw": "vpmaddubsw"}
+PATH_INSTRUCTION = {"dpbf16": "dpbf16", "fma": "fma", "vpdpbusd": "vpdpbusd", "vpmaddubsw": "vpmaddubsw",
+                    "usdot": "usdot", "sdot": "sdot", "smull": "smull", "vxe": "vxe"}
 
 
 @dataclass(frozen=True)

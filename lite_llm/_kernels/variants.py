@@ -16,6 +16,13 @@ class Variant:
     needs: tuple[str, ...]  # CPU features (as lite_llm._kernels._cpu.has names them)
 
 
+# Compiler settings of every kernel module (setup.py, and the cross builds of .ci/emulated.py).
+CFLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast", "-std=gnu11",
+          "-Wno-unused-function", "-Wno-unreachable-code")
+OPENMP = ("-fopenmp",)
+CYTHON_DIRECTIVES = {"language_level": 3, "boundscheck": False, "wraparound": False,
+                     "cdivision": True, "initializedcheck": False, "embedsignature": True}
+
 _AVX512 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c", "-mavx2")
 
 X86 = (
@@ -25,12 +32,32 @@ X86 = (
     Variant("avx2", flags=("-mavx2", "-mfma", "-mf16c"), needs=("avx2", "fma", "f16c")),
     Variant("generic", flags=(), needs=()),
 )
-# NEON and s390x VXE variants slot in here when src/simd grows vec_neon.h / vec_vxe.h.
+# aarch64 (src/simd/vec_neon.h): ASIMD is baseline, so `neon` is the floor in practice.
+AARCH64 = (
+    # +fp16: gcc 12 emits half-precision moves (fmov .8h) for bf16 code; every CPU with bf16
+    # and i8mm has FEAT_FP16 too
+    Variant("neon_bf16_i8mm", flags=("-march=armv8.6-a+bf16+i8mm+fp16",),
+            needs=("asimd", "asimdhp", "dotprod", "bf16", "i8mm")),   # Graviton3/4, Neoverse V1/V2/N2, Apple M2+
+    Variant("neon_dotprod", flags=("-march=armv8.2-a+dotprod",), needs=("asimd", "dotprod")),  # Graviton2, Ampere Altra
+    Variant("neon", flags=("-march=armv8-a",), needs=("asimd",)),     # Cortex-A72 (Raspberry Pi 4, Graviton1)
+    # the plain-C spec (vec_scalar.h), never chosen over neon: the reference the tests compare with
+    Variant("generic", flags=("-march=armv8-a", "-DLL_FORCE_SCALAR"), needs=()),
+)
+# s390x (src/simd/vec_vxe.h): z14 vector enhancements for single precision, else plain C.
+S390X = (
+    Variant("vxe", flags=("-march=z14", "-mzvector"), needs=("vx", "vxe")),   # z14 and later
+    Variant("generic", flags=(), needs=()),
+)
 OTHER = (Variant("generic", flags=(), needs=()),)
 
 
 def variants_for(machine: str) -> tuple[Variant, ...]:
     """Variants a build for `machine` (platform.machine()) contains, best first."""
-    if machine.lower() in ("x86_64", "amd64"):
+    machine = machine.lower()
+    if machine in ("x86_64", "amd64"):
         return X86
+    if machine in ("aarch64", "arm64"):
+        return AARCH64
+    if machine == "s390x":
+        return S390X
     return OTHER

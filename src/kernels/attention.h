@@ -168,7 +168,7 @@ LL_INLINE void ll_attn_scores(const int KT, const int KS, const int NR, const ll
         for (ptrdiff_t dp = 0; dp < D / 2; dp += CH)
             for (int e = 0; e < CH; e++)
                 for (int k = 0; k < NR; k++)
-                    s[k][e] = ll_dot2_bf16(s[k][e], qb[k * (D / 2) + dp + e], kp + (dp + e) * 2 * B);
+                    s[k][e] = ll_dot2_bf16_at(s[k][e], qb + k * (D / 2) + dp + e, kp + (dp + e) * 2 * B);
     } else {
         const float *kp = (const float *)sp->k + sp->koff[ch];
         const float *qf = (const float *)qrows + r0 * D;
@@ -207,7 +207,7 @@ LL_INLINE void ll_attn_pv(const int KT, const int NR, const int U, const ll_attn
             for (int jp = 0; jp < 8; jp++)
                 for (int u = 0; u < U; u++)
                     for (int k = 0; k < NR; k++)
-                        a[k][u] = ll_dot2_bf16(a[k][u], pp[k * LL_ATTN_SPAN + jp], vp + jp * 2 * D + 32 * u);
+                        a[k][u] = ll_dot2_bf16_at(a[k][u], pp + k * LL_ATTN_SPAN + jp, vp + jp * 2 * D + 32 * u);
         } else {
             const float *vp = (const float *)sp->vchunk[ch] + sp->voff[ch] + 16 * i;
             const float *pp = sp->P + r0 * LL_ATTN_SPAN + ch * 16;

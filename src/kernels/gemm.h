@@ -21,22 +21,10 @@
 
 enum { LL_W_F32 = 0, LL_W_BF16 = 1, LL_W_F16 = 2 };
 
-#define LL_TT 4  /* tokens per vdpbf16ps register tile */
-#define LL_NP 4  /* panels per vdpbf16ps register tile: 4 x 4 accumulators of 16 lanes */
-/* Tiles of the fp32-FMA paths (fp32 and fp16 weights, and bf16 weights widened to fp32 in
- * registers). With AVX-512, 8 tokens x 3 panels: 24 of the 32 zmm registers accumulate, the
- * activations are broadcast straight from memory into the FMA, and each widened weight
- * register feeds 8 FMAs, so the two widening ops (shift, mask) per pair of bf16 columns cost
- * 2 / 16 of the FMA slots instead of 2 / 8 with 4 tokens. AVX2 (16 ymm, a vector is two) and
- * the scalar build keep 4 x 4. */
-#if defined(__AVX512F__)
-#define LL_TT_FMA 8
-#define LL_NP_FMA 3
-#else
-#define LL_TT_FMA 4
-#define LL_NP_FMA 4
-#endif
-#define LL_TT_MAX (LL_TT_FMA > LL_TT ? LL_TT_FMA : LL_TT)
+/* Register tiles (tokens x panels) come from the vec.h backend, sized to its registers:
+ * LL_TT_FMA x LL_NP_FMA for the fp32-FMA paths (fp32 and fp16 weights, and bf16 weights widened
+ * to fp32 in registers), LL_TT_DOT x LL_NP_DOT for bf16 dot products (LL_HAVE_BF16_DOT). */
+#define LL_TT_MAX (LL_TT_FMA > LL_TT_DOT ? LL_TT_FMA : LL_TT_DOT)
 #define LL_NP_MAX 4
 
 /* Store one 16-wide accumulator to out row (n0 .. n0+15), adding bias (and the old value when
@@ -53,29 +41,6 @@ LL_INLINE void ll_store_out(float *out, ll_vf32 acc, const float *bias, ptrdiff_
         for (ptrdiff_t i = 0; n0 + i < n; i++)
             out[n0 + i] = tmp[i] + (bias ? bias[n0 + i] : 0.f) + (accumulate ? out[n0 + i] : 0.f);
     }
-}
-
-/* acc + x[row t][off] * w for row t (0..7) of a token tile: rows 0-3 at b, b + s, b + 2 s,
- * b + s3 (bytes; s3 = 3 s), rows 4-7 the same from b4. With AVX-512 the broadcast is folded
- * into the FMA as a memory operand, written as asm: compilers otherwise either hoist the 16
- * broadcasts of a tile into registers of their own or keep a pointer per row, and spill
- * accumulators either way (35-50 instead of ~55 GMAC/s per Zen 4 core). */
-LL_INLINE ll_vf32 ll_fma_row(ll_vf32 acc, ll_vf32 w, const float *b, const float *b4, ptrdiff_t s, ptrdiff_t s3,
-                             const int t, const int off) {
-#if defined(__AVX512F__)
-    const float *base = t < 4 ? b : b4;
-    switch (t & 3) {
-    case 0: __asm__("vfmadd231ps %c[o](%[p])%{1to16%}, %[w], %[a]" : [a] "+v"(acc) : [w] "v"(w), [p] "r"(base), [o] "i"(4 * off)); break;
-    case 1: __asm__("vfmadd231ps %c[o](%[p],%[s],1)%{1to16%}, %[w], %[a]" : [a] "+v"(acc) : [w] "v"(w), [p] "r"(base), [s] "r"(s), [o] "i"(4 * off)); break;
-    case 2: __asm__("vfmadd231ps %c[o](%[p],%[s],2)%{1to16%}, %[w], %[a]" : [a] "+v"(acc) : [w] "v"(w), [p] "r"(base), [s] "r"(s), [o] "i"(4 * off)); break;
-    default: __asm__("vfmadd231ps %c[o](%[p],%[s],1)%{1to16%}, %[w], %[a]" : [a] "+v"(acc) : [w] "v"(w), [p] "r"(base), [s] "r"(s3), [o] "i"(4 * off));
-    }
-    return acc;
-#else
-    (void)s3;
-    const char *row = (const char *)(t < 4 ? b : b4) + (t & 3) * s;
-    return ll_fma(ll_set1(((const float *)row)[off]), w, acc);
-#endif
 }
 
 /* One fp32-FMA register tile's sums: tt tokens of fp32 x [tt][ldx] times np panels starting at
@@ -120,18 +85,18 @@ LL_INLINE void ll_gemm_acc_fma(const float *x, ptrdiff_t ldx, const void *const 
 }
 
 #ifdef LL_HAVE_BF16_DOT
-/* One vdpbf16ps register tile's sums: tt tokens of bf16 pairs xb [tt][ldx] times np bf16 panels. */
+/* One bf16 dot-product register tile's sums: tt tokens of bf16 pairs xb [tt][ldx] times np bf16 panels. */
 LL_INLINE void ll_gemm_acc_dot(const uint32_t *xb, ptrdiff_t ldx, const void *const *wp, ptrdiff_t k,
                                const int tt, const int np, ll_vf32 acc[LL_TT_MAX][LL_NP_MAX]) {
     for (int t = 0; t < tt; t++)
         for (int p = 0; p < np; p++) acc[t][p] = ll_zero();
     const ptrdiff_t k2 = (k + 1) / 2;
     for (ptrdiff_t kp = 0; kp < k2; kp++) {
-        __m512bh wv[LL_NP];
-        for (int p = 0; p < np; p++) wv[p] = (__m512bh)_mm512_loadu_si512((const uint16_t *)wp[p] + kp * 32);
+        ll_vbf16x2 wv[LL_NP_DOT];
+        for (int p = 0; p < np; p++) wv[p] = ll_load_bf16x2((const uint16_t *)wp[p] + kp * 32);
         for (int t = 0; t < tt; t++) {
-            __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xb[t * ldx + kp]);
-            for (int p = 0; p < np; p++) acc[t][p] = _mm512_dpbf16_ps(acc[t][p], xv, wv[p]);
+            const ll_bf16x2 xv = ll_bcast_bf16x2(xb + t * ldx + kp);
+            for (int p = 0; p < np; p++) acc[t][p] = ll_dot2_bf16(acc[t][p], xv, wv[p]);
         }
     }
 }
@@ -150,7 +115,7 @@ static inline void ll_prefetch_panels(const void *w, int wtype, ptrdiff_t k, ptr
 }
 
 /* One register tile: tt tokens x np consecutive panels from `panel`, stored to out; bf16
- * weights with bf16 pairs xb run vdpbf16ps, everything else the fp32-FMA tile on x. */
+ * weights with bf16 pairs xb run bf16 dot products, everything else the fp32-FMA tile on x. */
 LL_INLINE void ll_gemm_tile(const float *x, const uint32_t *xb, ptrdiff_t ldx, const void *w,
                             int wtype, ptrdiff_t k, ptrdiff_t panel, float *out, ptrdiff_t ldo,
                             ptrdiff_t n, const float *bias, int accumulate, const int tt, const int np) {
@@ -178,17 +143,17 @@ LL_INLINE int ll_gemm_wants_xb(int wtype) {
 }
 
 /* Literal tile shapes, so each call is unrolled with its accumulators in registers:
- * LL_TILES_TT(F, np) calls F(tt, np) for the runtime tt in 1..LL_TT_FMA. */
-#if LL_TT_FMA == 8
-#define LL_TILES_TT(F, NP_) switch (tt) { \
-    case 8: F(8, NP_); break; case 7: F(7, NP_); break; case 6: F(6, NP_); break; case 5: F(5, NP_); break; \
-    case 4: F(4, NP_); break; case 3: F(3, NP_); break; case 2: F(2, NP_); break; default: F(1, NP_); }
-#else
-#define LL_TILES_TT(F, NP_) switch (tt) { \
-    case 4: F(4, NP_); break; case 3: F(3, NP_); break; case 2: F(2, NP_); break; default: F(1, NP_); }
-#endif
-#define LL_TILES_TT4(F, NP_) switch (tt) { \
-    case 4: F(4, NP_); break; case 3: F(3, NP_); break; case 2: F(2, NP_); break; default: F(1, NP_); }
+ * LL_TILES_TT(F, np) calls F(tt, np) for the runtime tt in 1..LL_TT_FMA, LL_TILES_TT_DOT for
+ * tt in 1..LL_TT_DOT (the backend's tile heights: 2, 3, 4 or 8). */
+#define LL_TCASES_8(F, NP_) case 8: F(8, NP_); break; case 7: F(7, NP_); break; case 6: F(6, NP_); break; \
+    case 5: F(5, NP_); break; LL_TCASES_4(F, NP_)
+#define LL_TCASES_4(F, NP_) case 4: F(4, NP_); break; LL_TCASES_3(F, NP_)
+#define LL_TCASES_3(F, NP_) case 3: F(3, NP_); break; LL_TCASES_2(F, NP_)
+#define LL_TCASES_2(F, NP_) case 2: F(2, NP_); break;
+#define LL_TCASES__(N) LL_TCASES_##N
+#define LL_TCASES_(N) LL_TCASES__(N)
+#define LL_TILES_TT(F, NP_) switch (tt) { LL_TCASES_(LL_TT_FMA)(F, NP_) default: F(1, NP_); }
+#define LL_TILES_TT_DOT(F, NP_) switch (tt) { LL_TCASES_(LL_TT_DOT)(F, NP_) default: F(1, NP_); }
 
 /* Convert fp32 rows [T][K] (row stride ldx) to bf16 pairs [T][ceil(K/2)], zero-padding. */
 static inline void ll_f32_to_bf16_pairs(const float *x, ptrdiff_t ldx, uint32_t *xb, ptrdiff_t t0,
@@ -200,8 +165,8 @@ static inline void ll_f32_to_bf16_pairs(const float *x, ptrdiff_t ldx, uint32_t 
         ptrdiff_t i = 0;
 #ifdef LL_HAVE_BF16_DOT
         for (; i + 32 <= k; i += 32) {
-            __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
-            _mm512_storeu_si512(dst + i, (__m512i)v);
+            ll_store_bf16(dst + i, ll_load(src + i));
+            ll_store_bf16(dst + i + 16, ll_load(src + i + 16));
         }
 #endif
         for (; i < k; i++) dst[i] = ll_f32_to_bf16(src[i]);
@@ -220,13 +185,12 @@ LL_INLINE ll_vf32 ll_gemv_bf16_panel(const float *x, const uint32_t *xb, const u
 #ifdef LL_HAVE_BF16_DOT
     if (xb) {
         for (; kp + 4 <= k2; kp += 4) {
-            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32((int)xb[kp]), (__m512bh)_mm512_loadu_si512(wp + kp * 32));
-            a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_set1_epi32((int)xb[kp + 1]), (__m512bh)_mm512_loadu_si512(wp + (kp + 1) * 32));
-            a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_set1_epi32((int)xb[kp + 2]), (__m512bh)_mm512_loadu_si512(wp + (kp + 2) * 32));
-            a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_set1_epi32((int)xb[kp + 3]), (__m512bh)_mm512_loadu_si512(wp + (kp + 3) * 32));
+            a0 = ll_dot2_bf16_at(a0, xb + kp, wp + kp * 32);
+            a1 = ll_dot2_bf16_at(a1, xb + kp + 1, wp + (kp + 1) * 32);
+            a2 = ll_dot2_bf16_at(a2, xb + kp + 2, wp + (kp + 2) * 32);
+            a3 = ll_dot2_bf16_at(a3, xb + kp + 3, wp + (kp + 3) * 32);
         }
-        for (; kp < k2; kp++)
-            a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32((int)xb[kp]), (__m512bh)_mm512_loadu_si512(wp + kp * 32));
+        for (; kp < k2; kp++) a0 = ll_dot2_bf16_at(a0, xb + kp, wp + kp * 32);
         return ll_add(ll_add(a0, a1), ll_add(a2, a3));
     }
 #else
@@ -254,7 +218,7 @@ static inline void ll_gemv_bf16_panels(const float *x, const uint32_t *xb, const
 }
 
 /* out[t0:t1, panels p0:p1] for all tokens: bf16 weights with xb [T][ceil(K/2)] pairs run
- * vdpbf16ps (LL_TT x LL_NP tiles); without xb, and every other format, the fp32-FMA tiles on
+ * bf16 dot products (LL_TT_DOT x LL_NP_DOT tiles); without xb, and every other format, the fp32-FMA tiles on
  * x [T][ldx] (LL_TT_FMA x LL_NP_FMA). One token streams each panel once (decode). */
 static inline void ll_gemm_panels(const float *x, const uint32_t *xb, ptrdiff_t ldx, ptrdiff_t num_tokens,
                                   const void *w, int wtype, ptrdiff_t k, ptrdiff_t n,
@@ -266,7 +230,7 @@ static inline void ll_gemm_panels(const float *x, const uint32_t *xb, ptrdiff_t 
         return;
     }
     const ptrdiff_t ldxx = xb ? (k + 1) / 2 : ldx;
-    const int ttile = xb ? LL_TT : LL_TT_FMA, ptile = xb ? LL_NP : LL_NP_FMA;
+    const int ttile = xb ? LL_TT_DOT : LL_TT_FMA, ptile = xb ? LL_NP_DOT : LL_NP_FMA;
     for (ptrdiff_t p = p0; p < p1; p += ptile) {
         const int np = (int)(p1 - p < ptile ? p1 - p : ptile);
         for (ptrdiff_t t = 0; t < num_tokens; t += ttile) {
@@ -276,14 +240,23 @@ static inline void ll_gemm_panels(const float *x, const uint32_t *xb, ptrdiff_t 
             float *ot = out + t * ldo;
 #define LL_TILE(TT_, NP_) ll_gemm_tile(xt, xbt, ldxx, w, wtype, k, p, ot, ldo, n, bias, accumulate, TT_, NP_)
             if (xb) {
-                if (np == 4) { LL_TILES_TT4(LL_TILE, 4) } else if (np == 3) { LL_TILES_TT4(LL_TILE, 3) }
-                else if (np == 2) { LL_TILES_TT4(LL_TILE, 2) } else { LL_TILES_TT4(LL_TILE, 1) }
+#ifdef LL_HAVE_BF16_DOT
+#if LL_NP_DOT >= 4
+                if (np == 4) { LL_TILES_TT_DOT(LL_TILE, 4) } else
+#endif
+#if LL_NP_DOT >= 3
+                if (np == 3) { LL_TILES_TT_DOT(LL_TILE, 3) } else
+#endif
+                if (np == 2) { LL_TILES_TT_DOT(LL_TILE, 2) } else { LL_TILES_TT_DOT(LL_TILE, 1) }
+#endif
             } else {
-#if LL_NP_FMA == 4
+#if LL_NP_FMA >= 4
                 if (np == 4) { LL_TILES_TT(LL_TILE, 4) } else
 #endif
-                if (np == 3) { LL_TILES_TT(LL_TILE, 3) }
-                else if (np == 2) { LL_TILES_TT(LL_TILE, 2) } else { LL_TILES_TT(LL_TILE, 1) }
+#if LL_NP_FMA >= 3
+                if (np == 3) { LL_TILES_TT(LL_TILE, 3) } else
+#endif
+                if (np == 2) { LL_TILES_TT(LL_TILE, 2) } else { LL_TILES_TT(LL_TILE, 1) }
             }
 #undef LL_TILE
         }
@@ -336,11 +309,11 @@ static inline void ll_gemm_gated(const float *x, const uint32_t *xb, ptrdiff_t l
         }
         return;
     }
-    /* vdpbf16ps: two feature panels (4 weight panels) x LL_TT tokens; fp32 FMA: one feature
-     * panel (gate, up) x LL_TT_FMA tokens */
-    const int qtile = xb ? 2 : 1, ttile = xb ? LL_TT : LL_TT_FMA;
+    /* bf16 dot products: LL_NP_DOT / 2 feature panels (LL_NP_DOT weight panels) x LL_TT_DOT
+     * tokens; fp32 FMA: one feature panel (gate, up) x LL_TT_FMA tokens */
+    const int qtile = xb ? LL_NP_DOT / 2 : 1, ttile = xb ? LL_TT_DOT : LL_TT_FMA;
     for (ptrdiff_t q = q0; q < q1; q += qtile) {
-        const int two = xb && q + 1 < q1;   /* two feature panels: a 4-panel tile */
+        const int two = qtile == 2 && q + 1 < q1;   /* two feature panels: a 4-panel tile */
         const void *wp[LL_NP_MAX] = {wc + q * pb, wc + (ng + q) * pb, wc + (q + 1) * pb, wc + (ng + q + 1) * pb};
         for (ptrdiff_t t = 0; t < num_tokens; t += ttile) {
             const int tt = (int)(num_tokens - t < ttile ? num_tokens - t : ttile);
@@ -350,7 +323,10 @@ static inline void ll_gemm_gated(const float *x, const uint32_t *xb, ptrdiff_t l
 #ifdef LL_HAVE_BF16_DOT
 #define LL_GDOT(TT_, NP_) ll_gemm_acc_dot(xbt, ldxx, wp, k, TT_, NP_, acc)
             if (xb) {
-                if (two) { LL_TILES_TT4(LL_GDOT, 4) } else { LL_TILES_TT4(LL_GDOT, 2) }
+#if LL_NP_DOT >= 4
+                if (two) { LL_TILES_TT_DOT(LL_GDOT, 4) } else
+#endif
+                { LL_TILES_TT_DOT(LL_GDOT, 2) }
             } else
 #undef LL_GDOT
 #endif

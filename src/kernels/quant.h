@@ -8,9 +8,30 @@ static inline void ll_f32_to_bf16_n(const float *src, uint16_t *dst, ptrdiff_t i
     for (ptrdiff_t i = i0; i < i1; i++) dst[i] = ll_f32_to_bf16(src[i]);
 }
 
-/* n values of one stored row from column k0 (type stype: LL_W_F32 / BF16 / F16) in the element
- * type of wtype (float, or bf16 / f16 bits; rounding to nearest even), into out. */
+/* A stored type | LL_STORED_LE: the row's bytes are little-endian, as in every weight file
+ * (safetensors, GGUF); a big-endian machine (s390x) swaps them as it reads them. */
+#define LL_STORED_LE 0x100
+#define LL_BIG_ENDIAN (__BYTE_ORDER__ == __ORDER_BIG_ENDIAN__)
+
+/* n values of one stored row from column k0 (type stype: LL_W_F32 / BF16 / F16, | LL_STORED_LE
+ * for file bytes) in the element type of wtype (float, or bf16 / f16 bits; rounding to nearest
+ * even), into out. n <= LL_PACK_KC where the bytes need swapping. */
+#define LL_PACK_KC 64   /* columns converted per row before they are interleaved (even: bf16 pairs) */
 static inline void ll_convert_row(const void *row, int stype, ptrdiff_t k0, ptrdiff_t n, int wtype, void *out) {
+    const int le = stype & LL_STORED_LE;
+    stype &= ~LL_STORED_LE;
+    uint32_t swapped[LL_PACK_KC];
+    if (LL_BIG_ENDIAN && le) {   /* native copies of the n values, read from k0 */
+        if (stype == 0) {
+            const uint32_t *s = (const uint32_t *)row + k0;
+            for (ptrdiff_t i = 0; i < n; i++) swapped[i] = __builtin_bswap32(s[i]);
+        } else {
+            const uint16_t *s = (const uint16_t *)row + k0;
+            for (ptrdiff_t i = 0; i < n; i++) ((uint16_t *)swapped)[i] = __builtin_bswap16(s[i]);
+        }
+        row = swapped;
+        k0 = 0;
+    }
     const float *sf = (const float *)row + k0;
     const uint16_t *sh = (const uint16_t *)row + k0;
     if (stype == wtype) { memcpy(out, (const char *)row + k0 * (stype == 0 ? 4 : 2), (size_t)n * (stype == 0 ? 4 : 2)); return; }
@@ -36,8 +57,6 @@ static inline void ll_convert_row(const void *row, int stype, ptrdiff_t k0, ptrd
         else            for (ptrdiff_t i = 0; i < n; i++) o[i] = ll_f32_to_f16(ll_bf16_to_f32(sh[i]));
     }
 }
-
-#define LL_PACK_KC 64   /* columns converted per row before they are interleaved (even: bf16 pairs) */
 
 /* One packed panel (gemm.h layouts) of type wtype from up to 16 stored rows of k values of type
  * stype: rows[r] for r < nrows, zeros past them (and past k in the last bf16 pair). */

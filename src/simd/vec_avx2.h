@@ -6,6 +6,16 @@
 
 typedef struct { __m256 lo, hi; } ll_vf32;
 
+/* GEMM register tiles (gemm.h), sized to the 16 ymm registers, a vector being two of them:
+ * fp32 FMA 2 tokens x 2 panels = 8 accumulators + 4 weight registers (bf16 weights: the even
+ * and odd columns widened) + 1 broadcast; the gated MLP's tile is the same 2 x (gate, up).
+ * 3 x 2 spills with bf16 weights, the 4 x 4 of AVX-512 spills 60-70 registers a step
+ * (tests/kernels/test_register_tiles.py reads the compiled tiles). No bf16 dot products. */
+#define LL_TT_FMA 2
+#define LL_NP_FMA 2
+#define LL_TT_DOT 2
+#define LL_NP_DOT 2
+
 #define LL_PAIR(e_lo, e_hi) do { ll_vf32 r_; r_.lo = (e_lo); r_.hi = (e_hi); return r_; } while (0)
 LL_INLINE ll_vf32 ll_zero(void) { LL_PAIR(_mm256_setzero_ps(), _mm256_setzero_ps()); }
 LL_INLINE ll_vf32 ll_set1(float x) { LL_PAIR(_mm256_set1_ps(x), _mm256_set1_ps(x)); }
@@ -106,6 +116,9 @@ LL_INLINE ll_vf32 ll_i32_to_f32(ll_vi32 a) { LL_PAIR(_mm256_cvtepi32_ps(a.lo), _
 LL_INLINE __m256i ll_dpbusd_256(__m256i acc, __m256i u, __m256i s) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
+#define LL_HAVE_I8DOT 1
+#define LL_I8DOT_NAME "vpmaddubsw"
+LL_INLINE void ll_i8_opaque(ll_vi8 *a) { __asm__("" : "+x"(a->lo), "+x"(a->hi)); }
 LL_INLINE ll_vi32 ll_dpbusd(ll_vi32 acc, ll_vi8 u, ll_vi8 s) {
     LL_IPAIR(ll_dpbusd_256(acc.lo, u.lo, s.lo), ll_dpbusd_256(acc.hi, u.hi, s.hi));
 }

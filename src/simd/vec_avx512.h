@@ -7,9 +7,20 @@ typedef __m512 ll_vf32;
 #ifdef __AVX512BF16__
 #define LL_ISA_NAME "avx512bf16"
 #define LL_HAVE_BF16_DOT 1
+#define LL_HAVE_BF16_STORE 1
 #else
 #define LL_ISA_NAME "avx512"
 #endif
+
+/* GEMM register tiles (gemm.h). fp32 FMA: 8 tokens x 3 panels, 24 of the 32 zmm registers
+ * accumulate, the activations are broadcast straight from memory into the FMA (ll_fma_row),
+ * and each widened bf16 weight register feeds 8 FMAs, so the two widening ops (shift, mask)
+ * per pair of bf16 columns cost 2 / 16 of the FMA slots instead of 2 / 8 with 4 tokens.
+ * vdpbf16ps: 4 tokens x 4 panels, 16 accumulators + 4 weights + 1 broadcast pair. */
+#define LL_TT_FMA 8
+#define LL_NP_FMA 3
+#define LL_TT_DOT 4
+#define LL_NP_DOT 4
 
 LL_INLINE ll_vf32 ll_zero(void) { return _mm512_setzero_ps(); }
 LL_INLINE ll_vf32 ll_set1(float x) { return _mm512_set1_ps(x); }
@@ -87,13 +98,22 @@ LL_INLINE ll_vi32 ll_i32_add(ll_vi32 a, ll_vi32 b) { return _mm512_add_epi32(a, 
 LL_INLINE ll_vf32 ll_i32_to_f32(ll_vi32 a) { return _mm512_cvtepi32_ps(a); }
 /* acc + sum of 4 products u8 x s8 per lane; u must be < 128 where there are no VNNI dot products
  * (the pairwise int16 sums would saturate otherwise) */
-LL_INLINE ll_vi32 ll_dpbusd(ll_vi32 acc, ll_vi8 u, ll_vi8 s) {
-#ifdef __AVX512VNNI__
-    return _mm512_dpbusd_epi32(acc, u, s);
-#else
+LL_INLINE ll_vi32 ll_dpbusd_pairwise(ll_vi32 acc, ll_vi8 u, ll_vi8 s) {
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
-#endif
 }
+#define LL_HAVE_I8DOT 1
+#ifdef __AVX512VNNI__
+#define LL_I8DOT_NAME "vpdpbusd"
+#define LL_HAVE_I8_PAIRWISE 1            /* the other path, for the start-up peak measurement */
+#define LL_I8_PAIRWISE_NAME "vpmaddubsw"
+LL_INLINE ll_vi32 ll_dpbusd(ll_vi32 acc, ll_vi8 u, ll_vi8 s) { return _mm512_dpbusd_epi32(acc, u, s); }
+#else
+#define LL_I8DOT_NAME "vpmaddubsw"
+LL_INLINE ll_vi32 ll_dpbusd(ll_vi32 acc, ll_vi8 u, ll_vi8 s) { return ll_dpbusd_pairwise(acc, u, s); }
+#endif
+/* a register the compiler must treat as changed (peak timing: no hoisting of products) */
+LL_INLINE void ll_i8_opaque(ll_vi8 *a) { __asm__("" : "+v"(*a)); }
+
 /* acc + sum of 4 products s8 x s8 per lane (a >= -128, b > -128): |a| x (b with a's sign) */
 LL_INLINE ll_vi32 ll_dpbssd(ll_vi32 acc, ll_vi8 a, ll_vi8 b) {
     const __m512i zero = _mm512_setzero_si512();
@@ -115,5 +135,41 @@ LL_INLINE ll_vf32 ll_load_e4m3(const uint8_t *p) {   /* value x 2^-8 */
     const __m256i h = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(b, 8), _mm256_set1_epi16((short)0x8000)),
                                       _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(0x3f80)));
     return _mm512_cvtph_ps(h);
+}
+/* bf16 pairs (vec.h): vdpbf16ps on a broadcast pair; the pair is read as a 32-bit word, which
+ * holds the first element in its low half on this little-endian machine */
+#ifdef LL_HAVE_BF16_DOT
+typedef __m512bh ll_bf16x2;
+typedef __m512bh ll_vbf16x2;
+LL_INLINE ll_bf16x2 ll_bcast_bf16x2(const void *p) { int v; memcpy(&v, p, 4); return (__m512bh)_mm512_set1_epi32(v); }
+LL_INLINE ll_vbf16x2 ll_load_bf16x2(const uint16_t *p) { return (__m512bh)_mm512_loadu_si512(p); }
+LL_INLINE ll_vf32 ll_dot2_bf16(ll_vf32 acc, ll_bf16x2 x, ll_vbf16x2 w) { return _mm512_dpbf16_ps(acc, x, w); }
+LL_INLINE void ll_store_bf16(uint16_t *p, ll_vf32 a) {
+    _mm256_storeu_si256((__m256i *)p, (__m256i)_mm512_cvtneps_pbh(a));
+}
+/* a into the first of each pair (the low half of a little-endian word), b into the second */
+#define LL_HAVE_BF16_STORE_PAIRS 1
+LL_INLINE void ll_store_bf16_pairs(uint16_t *p, ll_vf32 a, ll_vf32 b) {
+    const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(a));
+    const __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(b));
+    _mm512_storeu_si512(p, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+}
+#endif
+
+/* acc + x[row t][off] * w (vec.h). The broadcast is folded into the FMA as a memory operand,
+ * written as asm: compilers otherwise either hoist the 16 broadcasts of a tile into registers
+ * of their own or keep a pointer per row, and spill accumulators either way (35-50 instead of
+ * ~55 GMAC/s per Zen 4 core). */
+#define LL_HAVE_FMA_ROW 1
+LL_INLINE ll_vf32 ll_fma_row(ll_vf32 acc, ll_vf32 w, const float *b, const float *b4, ptrdiff_t s, ptrdiff_t s3,
+                             const int t, const int off) {
+    const float *base = t < 4 ? b : b4;
+    switch (t & 3) {
+    case 0: __asm__("vfmadd231ps %c[o](%[p])%{1to16%}, %[w], %[a]" : [a] "+v"(acc) : [w] "v"(w), [p] "r"(base), [o] "i"(4 * off)); break;
+    case 1: __asm__("vfmadd231ps %c[o](%[p],%[s],1)%{1to16%}, %[w], %[a]" : [a] "+v"(acc) : [w] "v"(w), [p] "r"(base), [s] "r"(s), [o] "i"(4 * off)); break;
+    case 2: __asm__("vfmadd231ps %c[o](%[p],%[s],2)%{1to16%}, %[w], %[a]" : [a] "+v"(acc) : [w] "v"(w), [p] "r"(base), [s] "r"(s), [o] "i"(4 * off)); break;
+    default: __asm__("vfmadd231ps %c[o](%[p],%[s],1)%{1to16%}, %[w], %[a]" : [a] "+v"(acc) : [w] "v"(w), [p] "r"(base), [s] "r"(s3), [o] "i"(4 * off));
+    }
+    return acc;
 }
 #endif

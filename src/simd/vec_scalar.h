@@ -6,6 +6,13 @@
 
 typedef struct { float v[16]; } ll_vf32;
 
+/* GEMM register tiles (gemm.h): whatever the compiler makes of 16-float arrays */
+#define LL_TT_FMA 4
+#define LL_NP_FMA 4
+#define LL_TT_DOT 4
+#define LL_NP_DOT 4
+#define LL_I8DOT_NAME "scalar"
+
 LL_INLINE ll_vf32 ll_zero(void) { ll_vf32 r; for (int i = 0; i < 16; i++) r.v[i] = 0.f; return r; }
 LL_INLINE ll_vf32 ll_set1(float x) { ll_vf32 r; for (int i = 0; i < 16; i++) r.v[i] = x; return r; }
 LL_INLINE ll_vf32 ll_load(const float *p) { ll_vf32 r; memcpy(r.v, p, sizeof r.v); return r; }
@@ -94,6 +101,7 @@ LL_INLINE ll_vi32 ll_dpbssd(ll_vi32 acc, ll_vi8 a, ll_vi8 b) {
         for (int j = 0; j < 4; j++) acc.v[i] += (int32_t)(int8_t)a.b[4 * i + j] * (int32_t)(int8_t)b.b[4 * i + j];
     return acc;
 }
+LL_INLINE void ll_i8_opaque(ll_vi8 *a) { __asm__("" : "+m"(*a)); }
 LL_INLINE ll_vf32 ll_load_u8(const uint8_t *p) { ll_vf32 r; for (int i = 0; i < 16; i++) r.v[i] = (float)p[i]; return r; }
 LL_INLINE ll_vf32 ll_load_s8(const int8_t *p) { ll_vf32 r; for (int i = 0; i < 16; i++) r.v[i] = (float)p[i]; return r; }
 /* 16 fp8 values widened to float lanes. e5m2 is the top byte of an IEEE half; e4m3 (the "fn"

@@ -41,9 +41,14 @@ def _weight(rng: np.random.Generator, n: int, k: int, dtype: str) -> tuple[np.nd
 
 
 def _activations_seen(mod, x: np.ndarray, dtype: str) -> np.ndarray:
-    """The activations the kernel actually multiplies: with bf16 dot products (vdpbf16ps) the
-    avx512bf16 build rounds x to bf16 before a bf16-weight GEMM; every other path uses fp32 x."""
-    return ref_ops.bf16_round(x) if dtype == "bfloat16" and mod.ISA == "avx512bf16" else x
+    """The activations the kernel actually multiplies: builds with bf16 dot products (vdpbf16ps,
+    bfdot) round x to bf16 before a bf16-weight GEMM; every other path uses fp32 x."""
+    return ref_ops.bf16_round(x) if dtype == "bfloat16" and _has_bf16_dot(mod) else x
+
+
+def _has_bf16_dot(mod) -> bool:
+    """The build multiplies bf16 pairs with a dot-product instruction (avx512bf16, neon_bf16_i8mm)."""
+    return "dpbf16" in mod.BF16_PATHS
 
 
 def _tolerance(k: int) -> dict:
@@ -105,7 +110,7 @@ def test_variants_agree_with_each_other(dtype, rng):
     results = {}
     for variant in VARIANTS:
         mod = _kernels.load(variant)
-        if dtype == "bfloat16" and mod.ISA == "avx512bf16":
+        if dtype == "bfloat16" and _has_bf16_dot(mod):
             continue
         out = np.empty((num_tokens, n), np.float32)
         mod.gemm(x, packed, dtype, n, out, num_threads=2)
@@ -128,7 +133,7 @@ def test_bf16_activation_rounding_is_round_to_nearest_even(rng):
         bits = ref_ops.f32_to_bf16_bits(w)
         out = np.empty((1, k), np.float32)
         mod.gemm(x, layout.pack(bits, "bfloat16"), "bfloat16", k, out)
-        expected = ref_ops.bf16_round(x) if mod.ISA == "avx512bf16" else x
+        expected = ref_ops.bf16_round(x) if _has_bf16_dot(mod) else x
         np.testing.assert_array_equal(out, expected, err_msg=variant)
 
 
@@ -189,15 +194,15 @@ def test_pack_rejects_non_matrix():
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_every_16_bit_weight_code_decodes_exactly(variant, dtype):
     """All 65536 codes as a [65536, 1] weight times x = 1: out is each decoded value, exactly
-    (subnormals, infinities, NaN and both zeros included). vdpbf16ps treats bf16 subnormals as
-    zero by design, so the avx512bf16 build is held to that for them."""
+    (subnormals, infinities, NaN and both zeros included). vdpbf16ps and bfdot treat bf16
+    subnormals as zero by design, so builds with bf16 dot products are held to that for them."""
     mod = _kernels.load(variant)
     codes = np.arange(2 ** 16, dtype=np.uint16)
     if dtype == "float16":
         w, values = codes.view(np.float16)[:, None], codes.view(np.float16).astype(np.float32)
     else:
         w, values = codes[:, None], ref_ops.bf16_bits_to_f32(codes)
-        if mod.ISA == "avx512bf16":
+        if _has_bf16_dot(mod):
             values = np.where((codes & 0x7F80) == 0, np.float32(0), values)
     out = np.empty((1, codes.size), np.float32)
     mod.gemm(np.ones((1, 1), np.float32), layout.pack(w, dtype), dtype, codes.size, out, num_threads=2)
@@ -227,7 +232,7 @@ def test_gated_mlp_matches_reference(variant, dtype, num_tokens, k, ffn_dim, num
             h = ref_ops.gemm(_activations_seen(mod, x, dtype), w_values, bias)
             expected = ref_ops.act_mul(h[:, :ffn_dim], h[:, ffn_dim:], act)
             tol = _tolerance(k)
-            if dtype == "bfloat16" and mod.ISA == "avx512bf16":   # handed on as bf16, as the next GEMM reads it
+            if dtype == "bfloat16" and _has_bf16_dot(mod):   # handed on as bf16, as the next GEMM reads it
                 expected = ref_ops.bf16_round(expected.astype(np.float32))
                 tol = dict(rtol=8e-3, atol=tol["atol"] * 4)
             np.testing.assert_allclose(out, expected, **tol, err_msg=f"{act}, bias {bias is not None}")

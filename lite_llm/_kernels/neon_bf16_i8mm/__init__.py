@@ -1,0 +1,1 @@
+"""Holds the kernels module built for this ISA variant (see ../variants.py)."""
