@@ -84,7 +84,6 @@ cdef extern from "kernels/attention.h" nogil:
                                  int group, Py_ssize_t h0, const int32_t *pos, int window,
                                  const void *k_cache, const void *v_cache, int kv_type,
                                  const int32_t *block_table, Py_ssize_t block_size, Py_ssize_t kv_head,
-                                 Py_ssize_t num_kv_heads, Py_ssize_t head_dim, float scale, float *scratch,
                                  Py_ssize_t num_kv_heads, Py_ssize_t head_dim, float scale, float softcap,
                                  float *scratch, int split, int nsplit, float *partial, int path)
     void ll_attention_combine(const float *partials, int nsplit, Py_ssize_t stride, int nq, int group,
