@@ -556,16 +556,4 @@ static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float 
 #undef LL_ATTN_TILE
 }
 
-/* ll_paged_attention_tile_capped without soft-capping. */
-static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
-                                           int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
-                                           const void *k_cache, const void *v_cache, int kv_type,
-                                           const int32_t *block_table, ptrdiff_t block_size,
-                                           ptrdiff_t kv_head, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
-                                           float scale, float *scratch, int split, int nsplit, float *partial) {
-    ll_paged_attention_tile_capped(q, ldq, out, ldo, nq, group, h0, pos, window, k_cache, v_cache, kv_type,
-                                   block_table, block_size, kv_head, num_kv_heads, head_dim, scale, 0.f, scratch,
-                                   split, nsplit, partial);
-}
-
 #endif
