@@ -743,7 +743,7 @@ class _Handler(BaseHTTPRequestHandler):
                     if prep.tool_parser:
                         parser = tool_parsers.get(index) or tool_parsers.setdefault(index, openai.make_tool_parser(prep))
                         text, calls = parser.feed(text, final=final)
-                        finish = openai.tool_finish_reason(finish, parser.num_calls)
+                        finish = openai.tool_finish_reason(finish, parser.num_calls, prep.named_tool)
                     if text or reasoning or calls or lps is not None or finish is not None:
                         self._write_chunk(openai.sse(openai.chunk(prep, [openai.chunk_choice(
                             prep, index, text, lps, finish, o.stop_reason, reasoning=reasoning,

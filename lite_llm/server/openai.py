@@ -276,6 +276,7 @@ class PreparedRequest:
     reasoning_parser: str | None = None   # chat only: split <think>...</think> into reasoning_content
     tool_parser: str | None = None        # chat with tools: a TOOL_PARSERS name (make_tool_parser)
     max_tool_calls: int | None = None     # parallel_tool_calls false: 1 (later calls dropped)
+    named_tool: bool = False              # tool_choice named a function: OpenAI finishes with "stop"
     system_fingerprint: str | None = None
 
     def engine_request_id(self, prompt_index: int) -> str:
@@ -634,6 +635,7 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
                            [Prompt(text, list(ids))], params, stream, include_usage,
                            logprobs=logprobs, reasoning_parser=ctx.reasoning_parser,
                            tool_parser=tool_parser, max_tool_calls=None if parallel else 1,
+                           named_tool=isinstance(tool_choice, dict) and tool_parser is not None,
                            prompt_logprobs=get_int(body, "prompt_logprobs", 0, MAX_LOGPROBS),
                            system_fingerprint=ctx.system_fingerprint)
 
@@ -1049,9 +1051,10 @@ def _parse_tool_call(block: str) -> dict | None:
     return _call_from(value)
 
 
-def tool_finish_reason(reason: str | None, num_calls: int) -> str | None:
-    """"tool_calls" when the model stopped after calling tools."""
-    return "tool_calls" if num_calls and reason == "stop" else reason
+def tool_finish_reason(reason: str | None, num_calls: int, named: bool = False) -> str | None:
+    """"tool_calls" when the model stopped after calling tools, except under a named tool_choice,
+    where OpenAI answers "stop"."""
+    return "tool_calls" if num_calls and reason == "stop" and not named else reason
 
 
 def wire_finish_reason(reason: str | None) -> str | None:
@@ -1187,7 +1190,7 @@ def final_response(prep: PreparedRequest, choices: dict[int, Choice], tokenizer:
                 message["content"] = content.strip() or None if calls else content
                 if calls:
                     message["tool_calls"] = calls
-                finish = tool_finish_reason(finish, len(calls))
+                finish = tool_finish_reason(finish, len(calls), prep.named_tool)
             items.append({"index": index, "message": message,
                           "logprobs": lps, "finish_reason": finish,
                           "stop_reason": c.stop_reason})

@@ -164,6 +164,7 @@ def test_named_tool_choice_and_no_parallel_calls(default_server):
         calls = answer.choices[0].message.tool_calls
         assert len(calls) == 1
         _check_call(calls[0], names=("get_time",))
+        assert answer.choices[0].finish_reason == "stop"     # as OpenAI answers a named tool_choice
     stream = client.chat.completions.create(
         model="smollm2", temperature=1.0, seed=5, max_tokens=600, tools=TOOLS, tool_choice="required", stream=True,
         messages=[{"role": "user", "content": "Weather in Rome?"}])
