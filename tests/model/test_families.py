@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import gguf_from_hf, tiny_checkpoint_path
-from test_parity import lite_logits, make_runner, prompts_for
+from test_parity import check_chunked_matches_one_shot, lite_logits, make_runner, prompts_for
 
 # (arch, overrides): each variant that changes the math
 CASES = [
@@ -90,13 +90,7 @@ def _greedy(case, prompt_len: int) -> None:
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 @pytest.mark.parametrize("chunk", [1, 7])
 def test_chunked_prefill_and_paged_decode_match_one_shot(case, chunk):
-    arch, overrides = case
-    runner, loaded = make_runner(tiny_checkpoint_path(arch, **overrides))
-    prompts = prompts_for(loaded.config.vocab_size, lens=[3, 20, 37])
-    whole = lite_logits(runner, prompts)
-    parts = lite_logits(runner, prompts, chunk=chunk)
-    for w, p in zip(whole, parts):
-        np.testing.assert_allclose(p, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
+    check_chunked_matches_one_shot(*case, chunk)
 
 
 @pytest.mark.parametrize("case", CASES[::2], ids=_ids)

@@ -96,7 +96,11 @@ def test_fp32_logits_match_transformers_in_a_mixed_batch(case):
 @pytest.mark.parametrize("chunk", [1, 7])
 def test_chunked_prefill_and_paged_decode_match_one_shot(case, chunk):
     """chunk=1 is token-by-token decode through the paged cache."""
-    arch, overrides = case
+    check_chunked_matches_one_shot(*case, chunk)
+
+
+def check_chunked_matches_one_shot(arch: str, overrides: dict, chunk: int) -> None:
+    """Prompts of 3, 20 and 37 tokens prefilled `chunk` at a time give the one-shot logits."""
     runner, loaded = make_runner(tiny_checkpoint_path(arch, **overrides))
     prompts = prompts_for(loaded.config.vocab_size, lens=[3, 20, 37])
     whole = lite_logits(runner, prompts)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +83,22 @@ def start_server(api_key: str | None = None, generation_config: dict | None = No
                            generation_config=generation_config, kernel_info=info, **kwargs)
     server.start()
     return Served(server, engine, tokenizer, "tiny")
+
+
+@contextlib.contextmanager
+def serving(engine: Any, tokenizer: Any, info: dict, name: str, **server_kwargs: Any):
+    """A server over a real engine (build_async_engine's triple) for the block's duration; then
+    the HTTP side stops and the engine shuts down."""
+    server = create_server(engine, tokenizer, name, info["max_model_len"], kernel_info=info,
+                           vocab_size=info.get("vocab_size"), **server_kwargs)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.state.draining = True
+        server.shutdown()
+        server.server_close()
+        engine.shutdown(5.0)
 
 
 def stop_server(served: Served) -> None:

@@ -7,9 +7,8 @@ import openai
 import pytest
 import torch
 
-from lite_llm.server.app import create_server
 
-from .conftest import error_of, request
+from .conftest import error_of, request, serving
 
 
 @pytest.fixture(scope="module")
@@ -19,15 +18,9 @@ def served(tiny_checkpoint):
     path = tiny_checkpoint("llama", max_position_embeddings=256)
     engine, tokenizer, info = build_async_engine(model=str(path), max_model_len=256, kv_cache_space=0.05,
                                                  max_num_seqs=8, dtype="float32", max_num_batched_tokens=16)
-    server = create_server(engine, tokenizer, "tiny", info["max_model_len"], kernel_info=info,
-                           vocab_size=info.get("vocab_size"))
-    server.start()
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    yield server, tokenizer, ref
-    server.state.draining = True
-    server.shutdown()
-    server.server_close()
-    engine.shutdown(5.0)
+    with serving(engine, tokenizer, info, "tiny") as server:
+        yield server, tokenizer, ref
 
 
 def _ref_logprobs(ref, ids: list[int]) -> np.ndarray:

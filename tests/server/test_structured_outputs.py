@@ -11,7 +11,8 @@ import jsonschema
 import openai
 import pytest
 
-from lite_llm.server.app import create_server
+from .conftest import serving
+
 
 PERSON = {
     "type": "object",
@@ -37,14 +38,8 @@ MESSAGES = [{"role": "user", "content": "Invent a person and describe them as JS
 def server():
     from lite_llm.llm import build_async_engine
     engine, tokenizer, info = build_async_engine(None, max_model_len=1024, kv_cache_space=0.25, max_num_seqs=32)
-    server = create_server(engine, tokenizer, "smollm2", info["max_model_len"], kernel_info=info,
-                           vocab_size=info.get("vocab_size"))
-    server.start()
-    yield server
-    server.state.draining = True
-    server.shutdown()
-    server.server_close()
-    engine.shutdown(5.0)
+    with serving(engine, tokenizer, info, "smollm2") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,9 @@ import pytest
 
 from lite_llm.engine.structured import Grammars
 from lite_llm.model.tokenizer import Tokenizer
-from lite_llm.server.app import create_server
 from lite_llm.server.openai import MAX_FORCED_CALLS, JsonToolParser, forced_tool_calls, make_tool_parser, tool_parser_for
 
-from .conftest import request
+from .conftest import request, serving
 from .test_tool_calls import TOOL_TEMPLATE
 
 WEATHER = {"type": "function", "function": {
@@ -123,14 +122,8 @@ def test_forced_grammar_admits_exactly_valid_calls(grammars, parser, good, bad):
 def default_server():
     from lite_llm.llm import build_async_engine
     engine, tokenizer, info = build_async_engine(None, max_model_len=1024, kv_cache_space=0.25, max_num_seqs=16)
-    server = create_server(engine, tokenizer, "smollm2", info["max_model_len"], kernel_info=info,
-                           vocab_size=info.get("vocab_size"), tool_call_parser="hermes")
-    server.start()
-    yield server
-    server.state.draining = True
-    server.shutdown()
-    server.server_close()
-    engine.shutdown(5.0)
+    with serving(engine, tokenizer, info, "smollm2", tool_call_parser="hermes") as server:
+        yield server
 
 
 def _client(server):
@@ -186,14 +179,8 @@ def qwen_server(tiny_checkpoint):
     path = tiny_checkpoint("qwen2", max_position_embeddings=1024)
     engine, tokenizer, info = build_async_engine(model=str(path), max_model_len=1024, kv_cache_space=0.05,
                                                  max_num_seqs=4, dtype="float32")
-    server = create_server(engine, tokenizer, "tiny-qwen", info["max_model_len"], kernel_info=info,
-                           vocab_size=info.get("vocab_size"), chat_template=TOOL_TEMPLATE)
-    server.start()
-    yield server
-    server.state.draining = True
-    server.shutdown()
-    server.server_close()
-    engine.shutdown(5.0)
+    with serving(engine, tokenizer, info, "tiny-qwen", chat_template=TOOL_TEMPLATE) as server:
+        yield server
 
 
 def test_qwen_style_template_round_trips_a_call_and_its_result(qwen_server):
