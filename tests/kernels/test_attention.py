@@ -437,3 +437,68 @@ def test_unknown_path_refused(variant, rng):
     step = make_step(rng, num_heads=2, num_kv_heads=1, head_dim=16, block_size=16, queries=[(0, 3)])
     with pytest.raises(ValueError, match="auto, direct, bf16, fma"):
         run(mod, step, 1.0, path="fastest")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_block_major_arena_equals_contiguous_caches(variant, kv_dtype, rng):
+    """The engine's caches (layout.kv_cache_arena): every layer's K and V in one mapping, the
+    blocks of all layers interleaved, each layer's array a view whose blocks lie a whole
+    block-of-every-layer apart. Writing and attending through those views gives what
+    contiguous per-layer arrays give, and a layer's writes land in its own bytes only."""
+    mod = _kernels.load(variant)
+    layers, num_blocks, hkv, bs, d = 3, 6, 2, 16, 32
+    k_views, v_views = layout.kv_cache_arena(layers, num_blocks, hkv, bs, d, kv_dtype)
+    k_shape, v_shape = layout.kv_cache_shapes(num_blocks, hkv, bs, d, kv_dtype)
+    assert [a.shape for a in k_views] == [k_shape] * layers and [a.shape for a in v_views] == [v_shape] * layers
+    block = k_views[0][0].nbytes + v_views[0][0].nbytes
+    assert all(a.strides[0] == layers * block for a in k_views + v_views)
+    # distinct bytes: the views tile the mapping without overlap
+    starts = sorted(a.ctypes.data for a in k_views + v_views)
+    assert all(b - a == k_views[0][0].nbytes for a, b in zip(starts, starts[1:]))
+    table = np.array([[4, 0, 2]], np.int32)
+    n = 37
+    pos = np.arange(n)
+    slots = (table[0, pos // bs] * bs + pos % bs).astype(np.int64)
+    q = rng.standard_normal((n, 4, d), dtype=np.float32)
+    for layer in range(layers):   # each layer its own keys; the contiguous twin gets the same writes
+        keys = rng.standard_normal((n, hkv, d), dtype=np.float32)
+        vals = rng.standard_normal((n, hkv, d), dtype=np.float32)
+        twin_k, twin_v = np.zeros(k_shape, k_views[0].dtype), np.zeros(v_shape, v_views[0].dtype)
+        for cache, twin, x, which in ((k_views[layer], twin_k, keys, "k"), (v_views[layer], twin_v, vals, "v")):
+            mod.write_kv(x, cache, slots, which, kv_dtype=kv_dtype)
+            mod.write_kv(x, twin, slots, which, kv_dtype=kv_dtype)
+            np.testing.assert_array_equal(cache, twin)
+        out, want = np.empty_like(q), np.empty_like(q)
+        for caches, o in (((k_views[layer], v_views[layer]), out), ((twin_k, twin_v), want)):
+            mod.paged_attention(q, *caches, table, np.zeros(n, np.int32), pos.astype(np.int32), o, 0.2,
+                                num_threads=2, kv_dtype=kv_dtype)
+        np.testing.assert_array_equal(out, want)
+    for layer in range(layers):   # earlier layers' bytes survived the later layers' writes
+        assert np.any(k_views[layer] != 0) and np.any(v_views[layer] != 0)
+    unused = [b for b in range(num_blocks) if b not in table[0]]
+    assert not any(np.any(a[unused] != 0) for a in k_views + v_views)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cache_views_that_break_a_block_are_refused(variant, rng):
+    """A cache must be contiguous within each block with blocks at least a block apart: a view
+    that interleaves heads of two blocks is refused, not read wrongly."""
+    mod = _kernels.load(variant)
+    k = np.zeros((4, 2, 16, 16), np.float32)    # fp32 K: [nb, Hkv, D, B]
+    v = np.zeros((4, 2, 16, 16), np.float32)
+    q = np.zeros((1, 2, 16), np.float32)
+    args = (np.zeros((1, 4), np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32), np.empty_like(q), 1.0)
+    gappy = np.zeros((4, 2, 16, 32), np.float32)[..., :16]     # each key row padded: not one block's bytes
+    with pytest.raises(ValueError, match="contiguous within each block"):
+        mod.paged_attention(q, gappy, gappy, *args)
+    with pytest.raises(ValueError, match="contiguous within each block"):
+        mod.write_kv(np.zeros((1, 2, 16), np.float32), gappy, np.zeros(1, np.int64), "k")
+    overlapping = np.lib.stride_tricks.as_strided(k, strides=(1024, *k.strides[1:]))   # blocks 2 KB apart
+    with pytest.raises(ValueError, match="contiguous within each block"):
+        mod.paged_attention(q, overlapping, overlapping, *args)
+    spaced_k = np.zeros((4, 3, 2, 16, 16), np.float32)[:, 0]   # blocks further apart than a block: fine,
+    spaced_v = np.zeros((4, 3, 2, 16, 16), np.float32)[:, 1]   # as long as K's and V's are alike
+    mod.paged_attention(q, spaced_k, spaced_v, *args)
+    with pytest.raises(ValueError, match="apart"):
+        mod.paged_attention(q, spaced_k, v, *args)
