@@ -104,7 +104,7 @@ class PrefixRouter:
 
     def record(self, hashes: list[bytes], replica: int) -> None:
         now = self.clock()
-        for h in hashes:
+        for h in reversed(hashes):      # the leading blocks most recent: the LRU drops tails first
             self._owner[h] = (replica, now)
             self._owner.move_to_end(h)
         while self._owner:
