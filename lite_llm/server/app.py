@@ -1081,13 +1081,10 @@ def load_chat_template(value: str | None) -> str | None:
     return value
 
 
-def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
+    """The engine `serve` flags ask for: (engine, tokenizer, info); one AsyncEngine, or the
+    data-parallel front end over --data-parallel-size replicas."""
     model = args.model or args.model_flag
-    chat_template = load_chat_template(args.chat_template)
-    api_key = args.api_key or env("API_KEY")
-    t0 = time.perf_counter()
     engine_kwargs = dict(
         dtype=args.dtype, max_model_len=args.max_model_len, block_size=args.block_size,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -1100,15 +1097,21 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
     if args.data_parallel_size > 1:
         from lite_llm.engine.data_parallel import build_data_parallel_engine
-        engine, tokenizer, info = build_data_parallel_engine(model, args.data_parallel_size, **engine_kwargs)
-    else:
-        from lite_llm.llm import build_async_engine
-        engine, tokenizer, info = build_async_engine(model=model, **engine_kwargs)
+        return build_data_parallel_engine(model, args.data_parallel_size, **engine_kwargs)
+    from lite_llm.llm import build_async_engine
+    return build_async_engine(model=model, **engine_kwargs)
+
+
+def build_server(args: argparse.Namespace, engine: Any, tokenizer: Any, info: dict, *,
+                 host: str | None = None, port: int | None = None) -> LiteServer:
+    """The server `serve` flags ask for over a started engine (host/port override the flags)."""
+    model = args.model or args.model_flag
     gen_config = (info.get("generation_config") or {}) if args.generation_config == "auto" else {}
     names = args.served_model_name or [info.get("model_name") or model or "default"]
-    server = create_server(
-        engine, tokenizer, names, info["max_model_len"], api_key=api_key, generation_config=gen_config,
-        kernel_info=info, host=args.host, port=args.port, chat_template=chat_template,
+    return create_server(
+        engine, tokenizer, names, info["max_model_len"], api_key=args.api_key or env("API_KEY"),
+        generation_config=gen_config, kernel_info=info, host=args.host if host is None else host,
+        port=args.port if port is None else port, chat_template=load_chat_template(args.chat_template),
         vocab_size=info.get("vocab_size"), max_body_bytes=args.max_request_bytes,
         request_timeout=args.timeout_keep_alive, model_root=info.get("model_path"),
         header_timeout=args.header_timeout, body_timeout=args.body_timeout,
@@ -1116,6 +1119,19 @@ def run(args: argparse.Namespace) -> int:
         metrics_no_auth=args.metrics_no_auth,
         log_requests=not args.disable_log_requests, reasoning_parser=args.reasoning_parser,
         tool_call_parser=args.tool_call_parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    model = args.model or args.model_flag
+    load_chat_template(args.chat_template)          # a missing file fails before the model loads
+    api_key = args.api_key or env("API_KEY")
+    t0 = time.perf_counter()
+    engine, tokenizer, info = start_engine(args)
+    server = build_server(args, engine, tokenizer, info)
+    gen_config = server.state.ctx.generation_defaults
+    names = server.state.ctx.model_names
     logger.info("lite-llm %s serving %s on %s (ready in %.1f s)", __version__, names[0], server.url,
                 time.perf_counter() - t0)
     logger.info("model %s, max_model_len %s, dtype %s", info.get("model_path") or model,
@@ -1123,7 +1139,7 @@ def run(args: argparse.Namespace) -> int:
     logger.info("kernel variant %s, %s threads, KV cache capacity %s tokens",
                 info.get("kernel_variant"), info.get("num_threads"), info.get("kv_cache_tokens"))
     if gen_config:
-        logger.info("default sampling from generation_config.json: %s", generation_defaults(gen_config))
+        logger.info("default sampling from generation_config.json: %s", gen_config)
     if api_key:
         logger.info("API key required on every route but /health, /ping%s",
                     " and /metrics" if args.metrics_no_auth else "")
