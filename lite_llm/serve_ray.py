@@ -150,7 +150,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if action.dest == "data_parallel_size":
             action.help = argparse.SUPPRESS
     a = parser.add_argument
-    a("--num-replicas", type=int, default=1, help="Ray Serve replicas, each one engine")
+    a("--num-replicas", type=int, default=None, help="Ray Serve replicas, each one engine (default 1)")
     a("--num-cpus-per-replica", type=float, default=1, help="CPUs Ray reserves for each replica (its threads)")
     a("--autoscaling-config", default=None,
       help="Ray Serve autoscaling config as JSON or a path to a JSON file "
@@ -191,14 +191,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         ray.init(num_cpus=args.ray_num_cpus, include_dashboard=False)
     serve.start(http_options={"host": args.host, "port": args.port})
-    app = build_app(name=args.app_name, num_replicas=args.num_replicas,
+    if args.num_replicas is not None and args.autoscaling_config is not None:
+        raise SystemExit("serve-ray: --autoscaling-config sets the replica count: drop --num-replicas")
+    app = build_app(name=args.app_name, num_replicas=args.num_replicas or 1,
                     num_cpus_per_replica=args.num_cpus_per_replica,
                     autoscaling_config=_autoscaling(args.autoscaling_config),
                     max_ongoing_requests=args.max_ongoing_requests, **options)
     serve.run(app, name=args.app_name, route_prefix="/")
     log.info("lite-llm serving on http://%s:%d through Ray Serve (%s)", args.host, args.port,
              f"autoscaling {args.autoscaling_config}" if args.autoscaling_config
-             else f"{args.num_replicas} replica(s) of {args.num_cpus_per_replica:g} CPU(s)")
+             else f"{args.num_replicas or 1} replica(s) of {args.num_cpus_per_replica:g} CPU(s)")
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
