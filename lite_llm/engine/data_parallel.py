@@ -209,6 +209,7 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
     out_thread = threading.Thread(target=sender, name="lite-llm-replica-out", daemon=True)
     out_thread.start()
     grace = 0.0
+    failed = False
     try:
         while True:
             try:
@@ -222,6 +223,10 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
                     engine.add_request(rid, token_ids, params, prompt, priority=priority, sink=sink_for(rid))
                 except (ValueError, RuntimeError) as e:
                     sink_for(rid)(e)
+                if not engine.is_alive:     # its thread failed (logged there): the front end must know
+                    send(("failed", "its engine thread failed; see the replica's log"))
+                    failed = True
+                    break
             elif kind == "abort":
                 engine.abort(msg[1])
             elif kind == "stats":
@@ -239,6 +244,8 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
             send(("bye",))
         except OSError:
             pass
+    if failed:
+        os._exit(1)          # the front end reports the exit with the reason sent above
 
 
 # ---- the front end -----------------------------------------------------------------------------
@@ -254,6 +261,7 @@ class _Replica:
         self.stopping = False
         self.stats: EngineStats | None = None
         self.stats_seq = 0                  # of the latest snapshot received
+        self.failure: str | None = None     # what the replica said before it exited
         self.reader: threading.Thread | None = None
 
     def describe(self) -> str:
@@ -402,6 +410,8 @@ class DataParallelEngine:
                 with self._lock:
                     rep.stats, rep.stats_seq = msg[2], max(rep.stats_seq, msg[1])
                     self._lock.notify_all()
+            elif kind == "failed":
+                rep.failure = msg[1]
             elif kind == "bye":
                 break
         self._lost(rep)
@@ -430,7 +440,7 @@ class DataParallelEngine:
 
     def _lost(self, rep: _Replica) -> None:
         """The replica's pipe closed: a requested stop, or a death every open request hears of."""
-        rep.process.join(2.0)
+        rep.process.join(5.0)
         code = rep.process.exitcode
         with self._lock:
             rep.alive = False
@@ -446,6 +456,8 @@ class DataParallelEngine:
                     how = f"was killed by signal {-code} ({signal.Signals(-code).name})"
                 else:
                     how = f"exited with code {code}"
+                if rep.failure:
+                    how += f" ({rep.failure})"
                 self.failure = self.failure or (f"data-parallel {rep.describe()} {how}; the server "
                                                 f"stops accepting requests")
                 log.error("%s", self.failure)

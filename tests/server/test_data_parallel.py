@@ -133,6 +133,10 @@ def test_streaming_structured_outputs_and_tools_through_the_front_end(dp_server)
         tool_choice={"type": "function", "function": {"name": "get_weather"}}, temperature=0)
     call = called.choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
+    several = c.completions.create(model=NAME, prompt="The sky is", max_tokens=4, n=2, logprobs=2, seed=3,
+                                   temperature=1.0)
+    assert sorted(ch.index for ch in several.choices) == [0, 1]
+    assert all(len(ch.logprobs.tokens) == len(ch.logprobs.top_logprobs) == 4 for ch in several.choices)
     with pytest.raises(openai.BadRequestError, match="n=17 is more than max_num_seqs=16"):   # before routing
         c.completions.create(model=NAME, prompt="Hi", max_tokens=1, n=17)
 
