@@ -148,6 +148,16 @@ def _slim(stats: EngineStats) -> EngineStats:
     return replace(stats, recent_steps=stats.recent_steps[-STATS_RECENT_STEPS:])
 
 
+_ERRORS = {"invalid": ValueError, "shutdown": EngineShutdownError, "dead": EngineDeadError}
+
+
+def _error_wire(e: BaseException) -> tuple[str, str]:
+    """A request's failure as (kind, message): any exception pickles this way, causes included."""
+    kind = "invalid" if isinstance(e, ValueError) else "shutdown" if isinstance(e, EngineShutdownError) else "dead"
+    cause = e.__cause__
+    return kind, str(e) + (f": {type(cause).__name__}: {cause}" if cause is not None else "")
+
+
 def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | None, log_level: int,
                   model: str | None, kwargs: dict, requests: Any, replies: Any) -> None:
     """One replica: an AsyncEngine fed from the `requests` pipe, its deltas batched onto `replies`."""
@@ -198,7 +208,7 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
                 outbox.clear()
             if not items and closing.is_set():
                 return
-            batch = [(rid, item) if isinstance(item, BaseException) else
+            batch = [(rid, _error_wire(item)) if isinstance(item, BaseException) else
                      (rid, (item.outputs, item.finished, item.metrics, item.num_cached_tokens,
                             item.prompt_logprobs)) for rid, item in items]
             try:
@@ -422,8 +432,8 @@ class DataParallelEngine:
         if entry is None:
             return
         stream, prompt, token_ids = entry
-        if isinstance(item, BaseException):
-            stream._put(item)
+        if len(item) == 2:                      # (kind, message): the request failed there
+            stream._put(_ERRORS[item[0]](item[1]))
             self._finish(rep, rid)
             return
         outputs, finished, metrics, num_cached, prompt_logprobs = item

@@ -155,3 +155,17 @@ def test_metrics_show_one_series_per_live_replica_under_the_engine_label():
     assert text.count("# TYPE lite_llm:num_requests_running gauge") == 1
     single = ServerMetrics("m").render(a)               # one engine: no engine label at all
     assert 'engine="' not in single and "lite_llm:num_requests_running{" in single
+
+
+def test_a_replicas_request_failures_cross_the_pipe_as_their_kind():
+    import pickle
+    from lite_llm.engine.async_engine import EngineShutdownError
+    from lite_llm.engine.data_parallel import _ERRORS, _error_wire
+    dead = EngineDeadError("the engine thread failed")
+    dead.__cause__ = MemoryError("out of memory")
+    for error, kind, message in [(ValueError("bad grammar"), "invalid", "bad grammar"),
+                                 (EngineShutdownError("not accepting"), "shutdown", "not accepting"),
+                                 (dead, "dead", "the engine thread failed: MemoryError: out of memory")]:
+        wire = pickle.loads(pickle.dumps(_error_wire(error)))
+        assert wire == (kind, message)
+        assert type(_ERRORS[wire[0]](wire[1])) is type(error)
