@@ -1,4 +1,4 @@
-"""`--data-parallel-size 2` on the default model, 1 core per replica (CPUs 0|1), over real HTTP on
+"""`--data-parallel-size 2` on the default model, 1 core per replica, over real HTTP on
 127.0.0.1: every concurrent request answered once with both replicas busy, a repeated long prefix
 routed back to the replica that cached it (per-replica prefix-cache hits in /metrics), the
 server's features through the front end, and a killed replica stopping `serve` with its name."""
@@ -24,15 +24,16 @@ from .conftest import request, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "smollm2"
-pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
-                                reason="data parallel over 1 core per replica needs 2 CPUs")
+CPUS = sorted(os.sched_getaffinity(0))[:2]         # one per replica
+BIND = "|".join(map(str, CPUS))
+pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="data parallel over 1 core per replica needs 2 CPUs")
 
 
 @pytest.fixture(scope="module")
 def dp_server():
     from lite_llm.engine.data_parallel import build_data_parallel_engine
     old = os.environ.get("LITE_LLM_CPU_OMP_THREADS_BIND")
-    os.environ["LITE_LLM_CPU_OMP_THREADS_BIND"] = "0|1"
+    os.environ["LITE_LLM_CPU_OMP_THREADS_BIND"] = BIND
     try:
         engine, tokenizer, info = build_data_parallel_engine(None, 2, max_model_len=1024, kv_cache_space=0.25,
                                                              max_num_seqs=16)
@@ -41,7 +42,10 @@ def dp_server():
             del os.environ["LITE_LLM_CPU_OMP_THREADS_BIND"]
         else:
             os.environ["LITE_LLM_CPU_OMP_THREADS_BIND"] = old
-    assert [r["cpus"] for r in info["replicas"]] == ["0", "1"]
+    assert [r["cpus"] for r in info["replicas"]] == [str(c) for c in CPUS]
+    for replica, want in zip(info["replicas"], CPUS):       # each process on its own core
+        assert os.sched_getaffinity(replica["pid"]) == {want}
+        assert replica["num_threads"] == 1
     with serving(engine, tokenizer, info, NAME, tool_call_parser="hermes") as server:
         yield server
 
@@ -167,7 +171,7 @@ def test_a_client_that_disconnects_aborts_its_request_on_its_replica(dp_server):
 # ---- a killed replica ---------------------------------------------------------------------------
 
 def test_a_killed_replica_stops_the_server_with_its_name():
-    env = {**os.environ, "LITE_LLM_CPU_OMP_THREADS_BIND": "0|1"}
+    env = {**os.environ, "LITE_LLM_CPU_OMP_THREADS_BIND": BIND}
     proc = subprocess.Popen([sys.executable, "-m", "lite_llm", "serve", "-dp", "2", "--port", "0",
                              "--max-model-len", "1024", "--kv-cache-space", "0.25"],
                             cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
@@ -203,7 +207,7 @@ def test_a_killed_replica_stops_the_server_with_its_name():
         victim = next(e for e in ("0", "1") if running[("lite_llm:num_requests_running", e)] == 1)
         os.kill(pids[int(victim)], signal.SIGKILL)
         rest = head + resp.read().decode()               # ends: no hang
-        assert f"replica {victim} (pid {pids[int(victim)]}, CPUs {victim}) was killed by signal 9" in rest
+        assert f"replica {victim} (pid {pids[int(victim)]}, CPUs {CPUS[int(victim)]}) was killed by signal 9" in rest
         assert rest.rstrip().endswith("data: [DONE]")
         assert proc.wait(timeout=120) == 1
         log = "".join(lines)
