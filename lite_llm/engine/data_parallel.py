@@ -134,7 +134,10 @@ def replica_plans(data_parallel_size: int, topology: cpu.Topology | None = None,
                 f"LITE_LLM_CPU_OMP_THREADS_BIND={bind!r} lists {len(lists)} CPU list(s) but "
                 f"--data-parallel-size is {data_parallel_size}: give one list per replica separated "
                 f"by '|' (such as {example!r}), set --data-parallel-size {len(lists)}, or use 'auto'")
-    return cpu.plan_threads(topology, bind=bind, serving=True, world_size=data_parallel_size)
+    try:
+        return cpu.plan_threads(topology, bind=bind, serving=True, world_size=data_parallel_size)
+    except ValueError as e:
+        raise ValueError(f"--data-parallel-size {data_parallel_size}: {e}") from None
 
 
 def _deal(cpus: tuple[int, ...], n: int) -> list[list[int]]:

@@ -112,7 +112,7 @@ def test_a_bind_list_count_other_than_the_replica_count_is_refused_with_the_fix(
     assert "'0-1|2-3'" in msg and "--data-parallel-size 1" in msg
     with pytest.raises(ValueError, match="lists 3 CPU list"):
         replica_plans(2, topo, bind="0|1|2")
-    with pytest.raises(ValueError, match="5 ranks need at least 5 physical cores"):
+    with pytest.raises(ValueError, match="--data-parallel-size 5: .*5 ranks need at least 5 physical cores"):
         replica_plans(5, topo, bind="auto")
 
 
