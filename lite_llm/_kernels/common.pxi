@@ -84,13 +84,12 @@ cdef extern from "kernels/attention.h" nogil:
                                  int group, Py_ssize_t h0, const int32_t *pos, int window,
                                  const void *k_cache, const void *v_cache, int kv_type,
                                  const int32_t *block_table, Py_ssize_t block_size, Py_ssize_t kv_head,
-                                 Py_ssize_t block_stride, Py_ssize_t head_dim, float scale, float softcap,
+                                 Py_ssize_t num_kv_heads, Py_ssize_t head_dim, float scale, float softcap,
                                  float *scratch, int split, int nsplit, float *partial, int path)
     void ll_attention_combine(const float *partials, int nsplit, Py_ssize_t stride, int nq, int group,
                               Py_ssize_t h0, float *out, Py_ssize_t ldo, Py_ssize_t head_dim)
     void ll_write_kv_row(const float *src, void *cache, int kv_type, Py_ssize_t slot,
-                         Py_ssize_t block_size, Py_ssize_t num_kv_heads, Py_ssize_t head_dim,
-                         Py_ssize_t block_stride, int is_k)
+                         Py_ssize_t block_size, Py_ssize_t num_kv_heads, Py_ssize_t head_dim, int is_k)
 
 ISA = LL_ISA_NAME.decode()
 ACTIVATIONS = {"silu": LL_ACT_SILU, "gelu": LL_ACT_GELU, "gelu_tanh": LL_ACT_GELU_TANH, "relu": LL_ACT_RELU}
@@ -112,22 +111,6 @@ cdef inline const void *_ptr(object arr) except NULL:
     if not arr.flags.c_contiguous:
         raise ValueError("array must be C-contiguous")
     return <const void *><size_t>arr.ctypes.data
-
-
-cdef inline Py_ssize_t _kv_stride(object cache) except -1:
-    """Bytes from one block of a K or V cache array (layout.py) to the next: the array is
-    C-contiguous within a block, and its blocks may be interleaved with other layers' blocks
-    (layout.kv_cache_arena), never overlap."""
-    if cache.ndim < 2 or not cache[0].flags.c_contiguous or cache.strides[0] < cache[0].nbytes:
-        raise ValueError(f"a KV cache must be contiguous within each block, blocks at least a block apart "
-                         f"(shape {cache.shape}, strides {cache.strides})")
-    return cache.strides[0]
-
-
-cdef inline const void *_kv_ptr(object cache) except NULL:
-    """Data pointer of a K or V cache array (_kv_stride checks its layout)."""
-    _kv_stride(cache)
-    return <const void *><size_t>cache.ctypes.data
 
 
 cdef inline Py_ssize_t _lo(Py_ssize_t n, int tid, int nth) noexcept nogil:

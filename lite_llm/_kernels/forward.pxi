@@ -18,8 +18,8 @@ cdef struct LayerW:
     Mat o                         # [E, H D]
     Mat up                        # [2F, E] gate then up rows (gated), or [F, E]
     Mat down                      # [E, F]
-    void *k_cache                 # [num_blocks, Hkv, ...] layouts: attention.h, layout.py; blocks
-    void *v_cache                 # ModelC.kv_stride bytes apart
+    void *k_cache                 # [num_blocks, Hkv, ...] layouts: attention.h, layout.py
+    void *v_cache
 
 
 cdef struct ModelC:
@@ -30,7 +30,6 @@ cdef struct ModelC:
     const float *final_norm_b
     int num_layers, dim, ffn_dim, vocab_size, num_heads, num_kv_heads, head_dim, rope_dim
     int block_size, num_blocks, max_positions
-    Py_ssize_t kv_stride           # bytes from one block of a layer's K or V cache to the next
     int rms, act, gated, use_rope, qk_norm, post_norms, kv_type   # kv_type: LL_KV_* (attention.h)
     int attn_path                  # LL_ATTN_* (attention.h): direct or staged dot products
     float eps, scale, embed_scale, residual_scale, logit_scale, attn_softcap, final_softcap   # softcaps 0: none
@@ -139,7 +138,6 @@ cdef class Model:
                              f"({self.c.num_kv_heads} KV heads of {self.c.head_dim}, blocks of {cfg.block_size}; "
                              "layouts in lite_llm/_kernels/layout.py)")
         self.c.num_blocks, self.c.block_size = geometry[0], geometry[2]
-        self.c.kv_stride = _kv_stride(kc)
         self.c.kv_type = kv_type(kc, cfg.kv_cache_dtype)
         # fp32 models stage into fp32 (an 8-bit cache's tiles keep fp32 q and probabilities)
         self.c.attn_path = attention_path(cfg.attn_path, fma or dtype == "float32")
@@ -179,11 +177,10 @@ cdef class Model:
                     and (self.c.num_heads // self.c.num_kv_heads * self.c.head_dim) % 32):
                 raise ValueError(f"{p}o: int8 inputs need 32-value blocks within a KV group "
                                  f"({self.c.num_heads // self.c.num_kv_heads} x {self.c.head_dim} values)")
-            if (k_caches[i].shape != kc.shape or v_caches[i].shape != vc.shape or k_caches[i].dtype != kc.dtype
-                    or _kv_stride(k_caches[i]) != self.c.kv_stride or _kv_stride(v_caches[i]) != self.c.kv_stride):
-                raise ValueError("all KV caches must have one shape, dtype and block stride")
-            self.c.layers[i].k_cache = <void *>_kv_ptr(k_caches[i])
-            self.c.layers[i].v_cache = <void *>_kv_ptr(v_caches[i])
+            if k_caches[i].shape != kc.shape or v_caches[i].shape != vc.shape or k_caches[i].dtype != kc.dtype:
+                raise ValueError("all KV caches must have one shape and dtype")
+            self.c.layers[i].k_cache = <void *>_ptr(k_caches[i])
+            self.c.layers[i].v_cache = <void *>_ptr(v_caches[i])
             self.keep += [k_caches[i], v_caches[i]]
         self.c.embed = _mat(tensors, "embed", dtype, self.keep, fma)
         self.c.lm_head = _mat(tensors, "lm_head" if "lm_head.weight" in tensors else "embed", dtype, self.keep, fma)
@@ -526,15 +523,14 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                 if m.use_rope:
                     ll_rope_neox_f32(row + head * D, L.rope_cos + s.positions[t] * (m.rope_dim // 2),
                                      L.rope_sin + s.positions[t] * (m.rope_dim // 2), m.rope_dim)
-            ll_write_kv_row(row + q_n, L.k_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, m.kv_stride, 1)
-            ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D,
-                            m.kv_stride, 0)
+            ll_write_kv_row(row + q_n, L.k_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, 1)
+            ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, 0)
         ll_omp_barrier()      # every token's K/V is in the cache before anyone attends
         # (query tile, KV head, key split) items handed out dynamically: work grows with context
         item = ll_atomic_next(ws.counter)
         while item < s.num_tiles * Hkv * nsplit:
             _attention_item(item, nsplit, ws.qkv, qkv_n, ws.attn, q_n, ws.tiles, H, Hkv, D, L.k_cache, L.v_cache,
-                            m.kv_type, m.kv_stride, s.block_tables, s.max_blocks, m.block_size, s.tok_seq, s.positions,
+                            m.kv_type, s.block_tables, s.max_blocks, m.block_size, s.tok_seq, s.positions,
                             m.scale, m.attn_softcap, L.window, ws.scores + tid * ws.scratch_len, ws.partials,
                             m.attn_path)
             if nsplit == 1:

@@ -321,10 +321,10 @@ def aligned_empty(shape, dtype, align: int = 64, weights: bool = False) -> np.nd
 
 
 def aligned_zeros(shape, dtype, align: int = 64) -> np.ndarray:
-    """Zeros the OS maps lazily, so a large buffer (a workspace sized for the largest step)
-    costs neither start-up time nor resident memory until it is written. Large arrays get
-    their own anonymous mapping with small pages: numpy asks for transparent huge pages on big
-    arrays, and then the first write to a few rows would make 2 MB resident."""
+    """Zeros the OS maps lazily, so a large KV cache costs neither start-up time nor resident
+    memory until blocks are written. Large arrays get their own anonymous mapping with small
+    pages: numpy asks for transparent huge pages on big arrays, and then the first write to a
+    48 KB cache block would make 2 MB resident."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape)) * dtype.itemsize
     if nbytes >= 1 << 20 and hasattr(mmap, "MAP_PRIVATE"):
@@ -382,44 +382,6 @@ def kv_cache_shapes(num_blocks: int, num_kv_heads: int, block_size: int, head_di
             raise ValueError(f"a bf16 KV cache needs an even block_size and head_dim, got {b} and {d}")
         return (nb, hkv, d // 2, b, 2), (nb, hkv, b // 2, d, 2)
     return (nb, hkv, d, b), (nb, hkv, b, d)
-
-
-def kv_cache_arena(num_layers: int, num_blocks: int, num_kv_heads: int, block_size: int, head_dim: int,
-                   kv_dtype: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Every layer's K and V cache (kv_cache_shapes each) in one mapping, block-major:
-
-        block b:  [layer 0 K | layer 0 V | layer 1 K | ... ]   each Hkv regions (kv_region_bytes)
-
-    so each layer's array is a view whose blocks lie num_layers x 2 x Hkv regions apart
-    (attention.h takes that stride). Why one block-major mapping: the block pool hands out
-    the lowest free blocks first, so the written part of the cache is one growing prefix, and
-    that lets it sit on 2 MB pages at the cost of at most one partly used huge page. A decode
-    step walks every block of its context in every layer; on 4 KB pages each 2 KB block region
-    is a TLB miss, and once the page tables outgrow the caches (a context of ~16k tokens on the
-    default model) the walk waits on memory twice per block. Pages stay lazy: a block costs
-    memory when first written."""
-    k_shape, v_shape = kv_cache_shapes(num_blocks, num_kv_heads, block_size, head_dim, kv_dtype)
-    dtype = np.dtype(KV_NUMPY[kv_dtype])
-    k_bytes = int(np.prod(k_shape[1:])) * dtype.itemsize   # one block of one layer's K
-    v_bytes = int(np.prod(v_shape[1:])) * dtype.itemsize
-    stride = num_layers * (k_bytes + v_bytes)               # one block of every layer
-    nbytes = max(num_blocks * stride, 1)
-    if hasattr(mmap, "MAP_PRIVATE"):
-        mm = mmap.mmap(-1, nbytes + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        raw = np.frombuffer(mm, np.uint8)
-        head = (-raw.ctypes.data) % _HUGE_PAGE
-        _advise(mm, "MADV_HUGEPAGE", head, nbytes)
-        raw = raw[head:head + nbytes]
-    else:
-        raw = np.zeros(nbytes, np.uint8)
-
-    def view(shape, offset):
-        inner = np.empty(shape[1:], dtype).strides    # C order within a block
-        return np.ndarray(shape, dtype, buffer=raw, offset=offset, strides=(stride, *inner))
-
-    k = [view(k_shape, layer * (k_bytes + v_bytes)) for layer in range(num_layers)]
-    v = [view(v_shape, layer * (k_bytes + v_bytes) + k_bytes) for layer in range(num_layers)]
-    return k, v
 
 
 def kv_geometry(cache: np.ndarray, which: str) -> tuple[int, int, int, int]:

@@ -174,14 +174,13 @@ def write_kv(const float[:, :, ::1] src,     # IN [T, Hkv, D]
     cdef Py_ssize_t t, nb, hkv, bs, d
     nb, hkv, bs, d = kv_geometry(cache, which)
     cdef int kt = kv_type(cache, kv_dtype)
-    cdef void *cp = <void *>_kv_ptr(cache)
-    cdef Py_ssize_t stride = _kv_stride(cache)
+    cdef void *cp = <void *>_ptr(cache)
     if src.shape[1] != hkv or src.shape[2] != d or slot_mapping.shape[0] != src.shape[0]:
         raise ValueError("write_kv: shape mismatch")
     for t in range(src.shape[0]):
         if slot_mapping[t] < 0 or slot_mapping[t] >= nb * bs:
             raise ValueError(f"write_kv: slot {slot_mapping[t]} outside the cache")
-        ll_write_kv_row(&src[t, 0, 0], cp, kt, slot_mapping[t], bs, hkv, d, stride, which == "k")
+        ll_write_kv_row(&src[t, 0, 0], cp, kt, slot_mapping[t], bs, hkv, d, which == "k")
 
 
 def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
@@ -214,11 +213,8 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
     cdef float[:, ::1] sc = scratch
     cdef float[:, ::1] pv = partials
     cdef int32_t[::1] tv = tiles
-    cdef const void *kp = _kv_ptr(k_cache)
-    cdef const void *vp = _kv_ptr(v_cache)
-    cdef Py_ssize_t kv_stride = _kv_stride(k_cache)
-    if _kv_stride(v_cache) != kv_stride:
-        raise ValueError(f"paged_attention: K and V blocks are {k_cache.strides[0]} and {v_cache.strides[0]} bytes apart")
+    cdef const void *kp = _ptr(k_cache)
+    cdef const void *vp = _ptr(v_cache)
     cdef int kt = kv_type(k_cache, kv_dtype)
     cdef int ap = attention_path(path, _bf16_fma(None))
     cdef Py_ssize_t ntiles
@@ -226,7 +222,7 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
     with nogil:
         ntiles = _build_tiles(&tok_seq[0], q.shape[0], &tv[0])
         nsplit = _num_splits(ntiles, hkv, num_threads, _max_keys(&positions[0], q.shape[0]))
-        _attention(&q[0, 0, 0], h * d, &out[0, 0, 0], h * d, &tv[0], ntiles, h, hkv, d, kp, vp, kt, kv_stride,
+        _attention(&q[0, 0, 0], h * d, &out[0, 0, 0], h * d, &tv[0], ntiles, h, hkv, d, kp, vp, kt,
                    &block_tables[0, 0], block_tables.shape[1], bs, &tok_seq[0], &positions[0], scale,
                    softcap, sliding_window, &sc[0, 0], sc.shape[1], &pv[0, 0], nsplit, num_threads, ap)
 
@@ -302,8 +298,7 @@ cdef inline Py_ssize_t _max_split_items(int nth) noexcept nogil:
 cdef inline void _attention_item(Py_ssize_t item, int nsplit, const float *q, Py_ssize_t ldq, float *out,
                                  Py_ssize_t ldo, const int32_t *tiles, Py_ssize_t h, Py_ssize_t hkv,
                                  Py_ssize_t d, const void *k_cache, const void *v_cache, int kv_type,
-                                 Py_ssize_t kv_stride, const int32_t *block_tables, Py_ssize_t max_blocks,
-                                 Py_ssize_t bs,
+                                 const int32_t *block_tables, Py_ssize_t max_blocks, Py_ssize_t bs,
                                  const int32_t *tok_seq, const int32_t *positions, float scale,
                                  float softcap, int window, float *scratch, float *partials, int path) noexcept nogil:
     """Work item = (query tile, KV head, key split): attention of the tile's tokens for the
@@ -312,7 +307,7 @@ cdef inline void _attention_item(Py_ssize_t item, int nsplit, const float *q, Py
     cdef Py_ssize_t tile = item // (nsplit * hkv), t0 = tiles[tile]
     ll_paged_attention_tile(q + t0 * ldq, ldq, out + t0 * ldo, ldo, <int>(tiles[tile + 1] - t0), <int>group,
                             kvh * group, positions + t0, window, k_cache, v_cache, kv_type,
-                            block_tables + tok_seq[t0] * max_blocks, bs, kvh, kv_stride, d, scale, softcap, scratch,
+                            block_tables + tok_seq[t0] * max_blocks, bs, kvh, hkv, d, scale, softcap, scratch,
                             <int>s, nsplit, partials + item * _partial_stride(group, d) if nsplit > 1 else NULL, path)
 
 
@@ -326,8 +321,8 @@ cdef inline void _combine_item(Py_ssize_t pair, int nsplit, const float *partial
 
 cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo, const int32_t *tiles,
                      Py_ssize_t num_tiles, Py_ssize_t h, Py_ssize_t hkv, Py_ssize_t d, const void *k_cache,
-                     const void *v_cache, int kv_type, Py_ssize_t kv_stride, const int32_t *block_tables,
-                     Py_ssize_t max_blocks, Py_ssize_t bs, const int32_t *tok_seq, const int32_t *positions, float scale, float softcap,
+                     const void *v_cache, int kv_type, const int32_t *block_tables, Py_ssize_t max_blocks,
+                     Py_ssize_t bs, const int32_t *tok_seq, const int32_t *positions, float scale, float softcap,
                      int window, float *scratch, Py_ssize_t scratch_len, float *partials, int nsplit, int num_threads,
                      int path) noexcept nogil:
     """q [T, H*D] and out [T, H*D] with row strides ldq, ldo; scratch is [num_threads, scratch_len];
@@ -335,8 +330,8 @@ cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo,
     cdef Py_ssize_t item
     # dynamic: a tile's work grows with its tokens' context lengths
     for item in prange(num_tiles * hkv * nsplit, schedule="dynamic", chunksize=1, num_threads=num_threads):
-        _attention_item(item, nsplit, q, ldq, out, ldo, tiles, h, hkv, d, k_cache, v_cache, kv_type, kv_stride,
-                        block_tables, max_blocks, bs, tok_seq, positions, scale, softcap, window,
+        _attention_item(item, nsplit, q, ldq, out, ldo, tiles, h, hkv, d, k_cache, v_cache, kv_type, block_tables,
+                        max_blocks, bs, tok_seq, positions, scale, softcap, window,
                         scratch + openmp.omp_get_thread_num() * scratch_len, partials, path)
     if nsplit > 1:
         for item in prange(num_tiles * hkv, schedule="static", num_threads=num_threads):

@@ -199,8 +199,11 @@ class ModelRunner:
         tensors = pack_checkpoint(loaded, self.dtype, num_threads, self.quantization)
         loaded.release()
         _trim_heap()
-        self.k_caches, self.v_caches = layout.kv_cache_arena(cfg.num_layers, num_blocks, cfg.num_kv_heads,
-                                                             block_size, cfg.head_dim, self.kv_cache_dtype)
+        kv_np = layout.KV_NUMPY[self.kv_cache_dtype]
+        k_shape, v_shape = layout.kv_cache_shapes(num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim,
+                                                  self.kv_cache_dtype)
+        self.k_caches = [layout.aligned_zeros(k_shape, kv_np) for _ in range(cfg.num_layers)]
+        self.v_caches = [layout.aligned_zeros(v_shape, kv_np) for _ in range(cfg.num_layers)]
         tables = [tuple(np.ascontiguousarray(a, np.float32) for a in rope_tables(c, max_pos))
                   for c in arch.rope_configs(cfg)] if cfg.rope else []
         self.model = self.kernels.Model(self.kernel_config, tensors, self.k_caches, self.v_caches, tables)

@@ -71,16 +71,14 @@ LL_INLINE ll_vf32 ll_load_kv8(const int KT, const uint8_t *p) {
 LL_INLINE float ll_kv8_unit(const int KT) { return KT == LL_KV_E4M3 ? 256.f : 1.f; }
 
 /* Write one token's K (is_k) or V head rows [num_kv_heads][D] (contiguous, fp32) at `slot`;
- * an 8-bit cache stores each head row's codes and its scale. Block b of the cache starts
- * b * block_stride bytes after `cache` (>= num_kv_heads regions: the engine interleaves the
- * blocks of every layer's K and V, layout.kv_cache_arena). */
+ * an 8-bit cache stores each head row's codes and its scale. */
 static inline void ll_write_kv_row(const float *src, void *cache, int kv_type, ptrdiff_t slot,
                                    ptrdiff_t block_size, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
-                                   ptrdiff_t block_stride, int is_k) {
+                                   int is_k) {
     const ptrdiff_t blk = slot / block_size, row = slot % block_size;
     const ptrdiff_t region = ll_kv_region_bytes(kv_type, block_size, head_dim);
     for (ptrdiff_t h = 0; h < num_kv_heads; h++) {
-        char *base = (char *)cache + blk * block_stride + h * region;
+        char *base = (char *)cache + (blk * num_kv_heads + h) * region;
         const float *s = src + h * head_dim;
         if (LL_KV_IS_8BIT(kv_type)) {
             uint8_t *codes = (uint8_t *)base;
@@ -323,7 +321,7 @@ static inline void ll_attn_key_range(const int32_t *pos, int nq, int window, ptr
 LL_INLINE void ll_attention_tile_impl(const int KT, const int CT, const float *q, ptrdiff_t ldq, float *out,
                                       ptrdiff_t ldo, int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
                                       const void *k_cache, const void *v_cache, const int32_t *block_table,
-                                      ptrdiff_t block_size, ptrdiff_t kv_head, ptrdiff_t block_stride,
+                                      ptrdiff_t block_size, ptrdiff_t kv_head, ptrdiff_t num_kv_heads,
                                       ptrdiff_t head_dim, float scale, float softcap, float *scratch,
                                       int split, int nsplit, float *partial) {
     /* KT: the cache's type; CT: the dot products' (== KT: direct, else staged) */
@@ -360,7 +358,6 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const int CT, const float *q
     }
     const size_t esz = Q8 ? 1 : KT == LL_KV_BF16 ? sizeof(uint16_t) : sizeof(float);
     const ptrdiff_t region = ll_kv_region_bytes(KT, block_size, D) / (ptrdiff_t)esz;   /* in elements */
-    const ptrdiff_t bstride = block_stride / (ptrdiff_t)esz;
     const ptrdiff_t cfirst = kmin - kmin % 16;
     for (ptrdiff_t c0 = cfirst; kmin <= kmax && c0 <= kmax; c0 += LL_ATTN_SPAN) {
         const ptrdiff_t left = (kmax - c0) / 16 + 1;
@@ -372,7 +369,7 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const int CT, const float *q
         int nedge = 0;
         for (int ch = 0; ch < sp.nchunks; ch++) {
             const ptrdiff_t c = c0 + 16 * ch, row = c % block_size;
-            const ptrdiff_t base = block_table[c / block_size] * bstride + kv_head * region;
+            const ptrdiff_t base = (block_table[c / block_size] * num_kv_heads + kv_head) * region;
             const int lo = ch == 0 ? j0 : 0, hi = ch == sp.nchunks - 1 ? nj_last : 16;
             sp.koff[ch] = base + (KT == LL_KV_BF16 ? 2 * row : row);
             sp.vchunk[ch] = v_cache;
@@ -532,11 +529,11 @@ static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float 
                                            int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
                                            const void *k_cache, const void *v_cache, int kv_type,
                                            const int32_t *block_table, ptrdiff_t block_size,
-                                           ptrdiff_t kv_head, ptrdiff_t block_stride, ptrdiff_t head_dim,
+                                           ptrdiff_t kv_head, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
                                            float scale, float softcap, float *scratch, int split, int nsplit,
                                            float *partial, int path) {
 #define LL_ATTN_TILE(KT, CT) ll_attention_tile_impl(KT, CT, q, ldq, out, ldo, nq, group, h0, pos, window, k_cache, \
-        v_cache, block_table, block_size, kv_head, block_stride, head_dim, scale, softcap, scratch, split, nsplit, \
+        v_cache, block_table, block_size, kv_head, num_kv_heads, head_dim, scale, softcap, scratch, split, nsplit, \
         partial)
 #define LL_ATTN_8BIT(KT) \
     if (stage == LL_KV_F32) LL_ATTN_TILE(KT, LL_KV_F32); else if (stage == LL_KV_BF16) LL_ATTN_TILE(KT, LL_KV_BF16); \
