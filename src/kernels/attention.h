@@ -318,6 +318,36 @@ static inline void ll_attn_key_range(const int32_t *pos, int nq, int window, ptr
     }
 }
 
+/* Offset (elements) of the (block, kv head) region that holds key position c of a sequence. */
+LL_INLINE ptrdiff_t ll_kv_region_of(const int32_t *block_table, ptrdiff_t c, ptrdiff_t block_size,
+                                    ptrdiff_t num_kv_heads, ptrdiff_t kv_head, ptrdiff_t region) {
+    return (block_table[c / block_size] * num_kv_heads + kv_head) * region;
+}
+
+/* Bring the K and V of the 16-key chunk at key position c towards this core. A decode walk
+ * reads a 2 KB region per block and KV head, each a block apart: the hardware prefetchers
+ * learn each region too late, so the walk waits on memory unless a span's chunks are asked
+ * for before it is computed (a 32k-token decode over 30 layers: -15 % of the time). */
+LL_INLINE void ll_attn_prefetch_chunk(const int KT, const void *k_cache, const void *v_cache,
+                                      const int32_t *block_table, ptrdiff_t c, ptrdiff_t block_size,
+                                      ptrdiff_t num_kv_heads, ptrdiff_t kv_head, ptrdiff_t region, ptrdiff_t D) {
+    const ptrdiff_t esz = LL_KV_IS_8BIT(KT) ? 1 : KT == LL_KV_BF16 ? 2 : 4, row = c % block_size;
+    const ptrdiff_t base = ll_kv_region_of(block_table, c, block_size, num_kv_heads, kv_head, region);
+    const char *k = (const char *)k_cache + base * esz, *v = (const char *)v_cache + base * esz;
+    /* K: per component (a pair for bf16) the chunk's 16 keys are one 64-byte run (8-bit: 16
+     * bytes, four components to a line when blocks are 16 keys) */
+    const ptrdiff_t kstep = KT == LL_KV_BF16 ? 2 : LL_KV_IS_8BIT(KT) && block_size == 16 ? 4 : 1;
+    for (ptrdiff_t d = 0; d < D; d += kstep)
+        __builtin_prefetch(k + (d * block_size + (KT == LL_KV_BF16 ? 2 * row : row)) * esz, 0, 3);
+    /* V: the chunk's 16 keys are one contiguous run of 16 x D values */
+    const char *vr = v + row * D * esz;
+    for (ptrdiff_t off = 0; off < 16 * D * esz; off += 64) __builtin_prefetch(vr + off, 0, 3);
+    if (LL_KV_IS_8BIT(KT)) {   /* the chunk's 16 scales, after the block's codes */
+        __builtin_prefetch(k + (D * block_size + 4 * row), 0, 3);
+        __builtin_prefetch(v + (D * block_size + 4 * row), 0, 3);
+    }
+}
+
 LL_INLINE void ll_attention_tile_impl(const int KT, const int CT, const float *q, ptrdiff_t ldq, float *out,
                                       ptrdiff_t ldo, int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
                                       const void *k_cache, const void *v_cache, const int32_t *block_table,
@@ -359,6 +389,8 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const int CT, const float *q
     const size_t esz = Q8 ? 1 : KT == LL_KV_BF16 ? sizeof(uint16_t) : sizeof(float);
     const ptrdiff_t region = ll_kv_region_bytes(KT, block_size, D) / (ptrdiff_t)esz;   /* in elements */
     const ptrdiff_t cfirst = kmin - kmin % 16;
+    for (ptrdiff_t c = cfirst; kmin <= kmax && c <= kmax && c < cfirst + LL_ATTN_SPAN; c += 16)   /* the first span */
+        ll_attn_prefetch_chunk(KT, k_cache, v_cache, block_table, c, block_size, num_kv_heads, kv_head, region, D);
     for (ptrdiff_t c0 = cfirst; kmin <= kmax && c0 <= kmax; c0 += LL_ATTN_SPAN) {
         const ptrdiff_t left = (kmax - c0) / 16 + 1;
         sp.c0 = c0;
@@ -369,8 +401,11 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const int CT, const float *q
         int nedge = 0;
         for (int ch = 0; ch < sp.nchunks; ch++) {
             const ptrdiff_t c = c0 + 16 * ch, row = c % block_size;
-            const ptrdiff_t base = (block_table[c / block_size] * num_kv_heads + kv_head) * region;
+            const ptrdiff_t base = ll_kv_region_of(block_table, c, block_size, num_kv_heads, kv_head, region);
             const int lo = ch == 0 ? j0 : 0, hi = ch == sp.nchunks - 1 ? nj_last : 16;
+            if (c + LL_ATTN_SPAN <= kmax)   /* the next span's chunk, while this span computes */
+                ll_attn_prefetch_chunk(KT, k_cache, v_cache, block_table, c + LL_ATTN_SPAN, block_size, num_kv_heads,
+                                       kv_head, region, D);
             sp.koff[ch] = base + (KT == LL_KV_BF16 ? 2 * row : row);
             sp.vchunk[ch] = v_cache;
             sp.voff[ch] = base + row * D;
