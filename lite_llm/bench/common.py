@@ -46,6 +46,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, max_num_batched_tok
     parser.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
                         help="KV cache element type: auto (the model's: fp32, else bf16), bfloat16, int8, fp8 (= fp8_e4m3), "
                         "fp8_e5m2 (8-bit: a byte per value and a scale per row, ~2x the tokens per GiB)")
+    parser.add_argument("--speculative-config", default=None, help='speculative decoding, as vLLM spells it: \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}\' (drafts looked up in the sequence) or \'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' (a small model of the same vocabulary)')
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=max_num_batched_tokens)
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
@@ -79,7 +80,7 @@ def build(args: argparse.Namespace, max_model_len: int | None = None, num_kv_blo
         max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=args.enable_prefix_caching,
         seed=args.seed, serving=False, progress=sys.stderr.isatty(),
         num_kv_blocks=num_kv_blocks if args.kv_cache_space is None else None, quantization=args.quantization,
-        kv_cache_dtype=args.kv_cache_dtype)
+        kv_cache_dtype=args.kv_cache_dtype, speculative_config=getattr(args, "speculative_config", None))
     info = dict(info, build_seconds=time.perf_counter() - t0)
     return engine, loaded, info
 

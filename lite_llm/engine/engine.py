@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -57,6 +58,7 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"          # "fcfs" | "priority" (lower value first)
     vocab_size: int | None = None            # the model's (logits width); None: the tokenizer's
     overlap_grammar_masks: bool = True       # structured outputs' masks computed during forward()
+    num_lookahead_tokens: int = 0            # KV slots a draft model writes past each sampling chunk
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks",
@@ -128,13 +130,15 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv_cache_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    max_model_len=self.max_model_len,
-                                   policy=config.scheduling_policy)
+                                   policy=config.scheduling_policy,
+                                   num_lookahead_tokens=config.num_lookahead_tokens)
         self._rng = random.Random(config.seed)   # not numpy.random: its import costs ~6 MiB resident
         vocab_size = config.vocab_size or getattr(tokenizer, "vocab_size", 0)
         self.grammars = Grammars(tokenizer, vocab_size, config.eos_token_ids)   # thread-safe
         self.structured = StructuredOutputs(self.grammars, overlap=config.overlap_grammar_masks)
         self._groups: dict[str, _Group] = {}
         self._stats = StatsCollector()
+        self._stopped_in_step: set[str] = set()   # finished by a stop string before its last token
 
     # ---- requests in ----------------------------------------------------------------------
 
@@ -216,11 +220,25 @@ class LLMEngine:
                 self._add_prompt_logprobs(*entry)
         now = time.monotonic()
         matchers = self.structured.matchers
-        for request, result in self.scheduler.update_from_output(sched_out, results):
+        spec_ids = getattr(self.runner, "last_spec_token_ids", None)
+        if spec_ids is not None:
+            self._record_drafts(sched_out, results)
+        sampled = self.scheduler.update_from_output(sched_out, results, spec_ids)
+        # a request may get several tokens (accepted drafts): tokens after a stop string go
+        left = Counter(r.request_id for r, _ in sampled) if len(sampled) > sched_out.num_seqs else None
+        for request, result in sampled:
+            if left is not None:
+                left[request.request_id] -= 1
+                if request.is_finished and request.request_id in self._stopped_in_step:
+                    continue
             self._process_sample(request, result, now)
             if matchers and request.request_id in matchers:
                 self._advance_grammar(request, result.token_id)
             touched[request.parent_id] = self._groups[request.parent_id]
+            if left is not None and left[request.request_id] and request.is_finished:
+                request.truncate_outputs(left[request.request_id])
+                self._stopped_in_step.add(request.request_id)
+        self._stopped_in_step.clear()
         outputs = []
         for rid, group in touched.items():
             out = self._make_output(group)
@@ -235,6 +253,12 @@ class LLMEngine:
                 sched_out.num_seqs, sched_out.num_tokens,
                 time.perf_counter() - start - kernel_seconds, kernel_seconds, bytes_read))
         return outputs
+
+    def _record_drafts(self, sched_out: SchedulerOutput, results: list) -> None:
+        """Speculative decoding's acceptance counts (vLLM's spec_decode_* metrics)."""
+        for chunk, result in zip(sched_out.chunks, results):
+            if chunk.spec_token_ids:
+                self._stats.record_drafts(len(chunk.spec_token_ids), len(result) - 1)
 
     def _process_sample(self, request: Request, result: SampleResult, now: float) -> None:
         params = request.sampling_params

@@ -102,6 +102,17 @@ class ServerMetrics:
             for attr, hname, help in HISTOGRAMS:
                 h = getattr(stats, attr)
                 lines += render_histogram(hname, help, tuple(h.bounds), list(h.counts), h.sum, h.count, labels)
+            if stats.spec_decode_num_drafts:
+                metric("spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.",
+                       stats.spec_decode_num_drafts)
+                metric("spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.",
+                       stats.spec_decode_num_draft_tokens)
+                metric("spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.",
+                       stats.spec_decode_num_accepted_tokens)
+                name = PREFIX + "spec_decode_num_accepted_tokens_per_pos"
+                lines += [f"# HELP {name} Accepted tokens per draft position.", f"# TYPE {name} counter"]
+                for pos, count in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
+                    lines.append(f"{name}_total{_labels({**labels, 'position': str(pos)})} {count}")
             metric("num_steps_total", "counter", "Engine steps run.", stats.num_steps_total)
             metric("step_bytes_read_total", "counter",
                    "Bytes the kernels read (weights once per step + KV cache read by attention).",
