@@ -227,17 +227,21 @@ class LLMEngine:
         # a request may get several tokens (accepted drafts): tokens after a stop string go
         left = Counter(r.request_id for r, _ in sampled) if len(sampled) > sched_out.num_seqs else None
         for request, result in sampled:
+            remaining = 0
             if left is not None:
                 left[request.request_id] -= 1
-                if request.is_finished and request.request_id in self._stopped_in_step:
+                remaining = left[request.request_id]
+                if request.request_id in self._stopped_in_step:
                     continue
-            self._process_sample(request, result, now)
+            self._process_sample(request, result, now, remaining)
             if matchers and request.request_id in matchers:
                 self._advance_grammar(request, result.token_id)
             touched[request.parent_id] = self._groups[request.parent_id]
-            if left is not None and left[request.request_id] and request.is_finished:
-                request.truncate_outputs(left[request.request_id])
+            if remaining and isinstance(request.stop_reason, str) and request.is_finished:
+                # a stop string ended it before this step's later tokens: they are dropped
+                request.truncate_outputs(remaining)
                 self._stopped_in_step.add(request.request_id)
+                self._record_finished(request)
         self._stopped_in_step.clear()
         outputs = []
         for rid, group in touched.items():
@@ -260,7 +264,9 @@ class LLMEngine:
             if chunk.spec_token_ids:
                 self._stats.record_drafts(len(chunk.spec_token_ids), len(result) - 1)
 
-    def _process_sample(self, request: Request, result: SampleResult, now: float) -> None:
+    def _process_sample(self, request: Request, result: SampleResult, now: float, remaining: int = 0) -> None:
+        """One new token of request; remaining: how many of its tokens this step come after
+        this one (accepted drafts), whose stops the request's status already reflects."""
         params = request.sampling_params
         metrics = request.metrics
         if metrics.first_token_time is None:
@@ -276,14 +282,15 @@ class LLMEngine:
             if result.logprob is not None:
                 request.cumulative_logprob += result.logprob
         comp = self._groups[request.parent_id].completions[request.index]
-        stopped_by_token = request.status == RequestStatus.FINISHED_STOPPED
+        status = request.status if not remaining else RequestStatus.RUNNING   # as of this token
+        stopped_by_token = status == RequestStatus.FINISHED_STOPPED
         if comp.detokenizer is not None and not (stopped_by_token
                                                  and not params.include_stop_str_in_output):
             new_text = comp.detokenizer.add(token_id)
             comp.text = comp.detokenizer.text
             # a stop string completed by the token that hit the length limit still wins
-            if (params.stop and new_text and request.num_output_tokens > params.min_tokens
-                    and request.status in (RequestStatus.RUNNING, RequestStatus.FINISHED_LENGTH)):
+            if (params.stop and new_text and request.num_output_tokens - remaining > params.min_tokens
+                    and status in (RequestStatus.RUNNING, RequestStatus.FINISHED_LENGTH)):
                 match = find_stop(comp.text, len(new_text), params.stop,
                                   params.include_stop_str_in_output)
                 if match is not None:
@@ -296,7 +303,9 @@ class LLMEngine:
                     else:
                         self.scheduler.finish_requests(request.request_id,
                                                        RequestStatus.FINISHED_STOPPED)
-        if request.is_finished:
+                    if remaining:
+                        return           # step() drops the later tokens and records the finish
+        if request.is_finished and not remaining:
             self._record_finished(request)
 
     def _add_prompt_logprobs(self, request: Request, first: int, logprobs, ranks, top_ids, top_logprobs) -> None:
