@@ -172,6 +172,68 @@ class RequestTiming:
     num_cached_tokens: int
 
 
+# `bench latency --prompt-file builtin`: an edit whose answer repeats most of the prompt's code
+# (what n-gram prompt lookup drafts well; a summary of a given text behaves alike)
+BUILTIN_PROMPT = """Rename the function `area` to `rectangle_area` everywhere in this Python module and \
+return the whole module, unchanged otherwise, in a code block.
+
+```python
+import math
+
+
+def area(width, height):
+    \"\"\"The area of a width x height rectangle.\"\"\"
+    if width < 0 or height < 0:
+        raise ValueError("width and height must not be negative")
+    return width * height
+
+
+def perimeter(width, height):
+    \"\"\"The perimeter of a width x height rectangle.\"\"\"
+    if width < 0 or height < 0:
+        raise ValueError("width and height must not be negative")
+    return 2 * (width + height)
+
+
+def diagonal(width, height):
+    \"\"\"The length of the diagonal of a width x height rectangle.\"\"\"
+    return math.sqrt(width * width + height * height)
+
+
+def describe(width, height):
+    print("area:", area(width, height))
+    print("perimeter:", perimeter(width, height))
+    print("diagonal:", diagonal(width, height))
+
+
+if __name__ == "__main__":
+    describe(3, 4)
+```
+"""
+
+
+def prompt_text(arg: str) -> str:
+    """--prompt-file: "builtin" (BUILTIN_PROMPT) or the text of a file."""
+    if arg == "builtin":
+        return BUILTIN_PROMPT
+    try:
+        with open(arg, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as e:
+        raise SystemExit(f"--prompt-file: {e}") from None
+
+
+def chat_prompt_ids(tokenizer, text: str) -> list[int]:
+    """text as a user message in the model's chat template (plain text if it has none)."""
+    if tokenizer is None:
+        raise SystemExit("--prompt-file needs a model with a tokenizer")
+    try:
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    except (ValueError, AttributeError):
+        return tokenizer.encode(text)
+    return tokenizer.encode(rendered, add_special_tokens=False)
+
+
 def run_requests(engine, prompts: list[list[int]], output_len: int, structured=None) -> list[RequestTiming]:
     """Submit every prompt at once (greedy, ignore_eos, exactly output_len tokens each), wait
     for all; one RequestTiming per prompt, in order. structured: a StructuredOutputsParams every
