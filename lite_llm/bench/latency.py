@@ -5,7 +5,9 @@ Each iteration submits --batch-size random-token prompts of --input-len tokens a
 (greedy, ignore_eos: exactly --output-len tokens each) through the engine users run, and
 measures (common.BatchFigures): prefill tok/s = prompt tokens of the batch / TTFT, decode
 tok/s = tokens after the first / (last - first token), summed over the batch, TTFT, TPOT;
-medians over --num-iters after --warmup. Also: start to first token (engine build, imports
+medians over --num-iters after --warmup. --prompt-file gives every request one text prompt
+instead (builtin: a code edit that repeats its prompt, where --speculative-config's n-gram
+drafts pay; the acceptance counts are reported). Also: start to first token (engine build, imports
 included, + TTFT of a first short request) and the process's peak RSS against weights + KV
 cache. Each iteration uses fresh prompts, so the prefix cache never hits.
 

@@ -225,7 +225,9 @@ class LLMEngine:
             self._record_drafts(sched_out, results)
         sampled = self.scheduler.update_from_output(sched_out, results, spec_ids)
         # a request may get several tokens (accepted drafts): tokens after a stop string go
-        left = Counter(r.request_id for r, _ in sampled) if len(sampled) > sched_out.num_seqs else None
+        left = None
+        if spec_ids is not None and any(c.spec_token_ids for c in sched_out.chunks):
+            left = Counter(r.request_id for r, _ in sampled)
         for request, result in sampled:
             remaining = 0
             if left is not None:

@@ -93,19 +93,26 @@ def run_blocks(path, spec, prompts, params, kwargs):
     return [list(o.outputs[0].token_ids) for o in outs], outs, stats
 
 
-def test_stop_string_inside_accepted_drafts_cuts_the_output(default_model):
+def test_stops_inside_accepted_drafts_cut_the_output(default_model):
+    """A stop string, and a stop token, met in the middle of the run: the same text, tokens
+    and finish reason as without drafts (the drafts after the stop are dropped)."""
     params = SamplingParams(temperature=0.0, max_tokens=48)
     prompt = DEFAULT_PROMPTS[1]
     (want,), (base,), _ = run(None, None, [prompt], params, max_model_len=512)
     text = base.outputs[0].text
     stop = text[len(text) // 2:len(text) // 2 + 6]
     assert stop.strip()
-    params = SamplingParams(temperature=0.0, max_tokens=48, stop=[stop])
-    _, (b,), _ = run(None, None, [prompt], params, max_model_len=512)
-    _, (o,), stats = run(None, NGRAM, [prompt], params, max_model_len=512)
-    assert stats.spec_decode_num_accepted_tokens > 0
-    assert (o.outputs[0].text, o.outputs[0].token_ids, o.outputs[0].finish_reason, o.outputs[0].stop_reason) == \
-        (b.outputs[0].text, b.outputs[0].token_ids, b.outputs[0].finish_reason, b.outputs[0].stop_reason)
+    stop_token = want[len(want) * 2 // 3]
+    for params in (SamplingParams(temperature=0.0, max_tokens=48, stop=[stop]),
+                   SamplingParams(temperature=0.0, max_tokens=48, stop_token_ids=[stop_token]),
+                   SamplingParams(temperature=0.0, max_tokens=48, stop=[stop], include_stop_str_in_output=True)):
+        _, (b,), _ = run(None, None, [prompt], params, max_model_len=512)
+        _, (o,), stats = run(None, NGRAM, [prompt], params, max_model_len=512)
+        assert stats.spec_decode_num_accepted_tokens > 0
+        assert len(b.outputs[0].token_ids) < len(want)
+        assert (o.outputs[0].text, o.outputs[0].token_ids, o.outputs[0].finish_reason,
+                o.outputs[0].stop_reason) == \
+            (b.outputs[0].text, b.outputs[0].token_ids, b.outputs[0].finish_reason, b.outputs[0].stop_reason)
 
 
 def test_draft_model_with_another_vocabulary_is_refused():
