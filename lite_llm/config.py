@@ -270,3 +270,12 @@ class SpeculativeConfig:
         if value.get("method") == "ngram" and "prompt_lookup_max" in value and "prompt_lookup_min" not in value:
             value["prompt_lookup_min"] = min(1, value["prompt_lookup_max"])
         return cls(**value)
+
+
+def speculative_config_arg(text: str) -> SpeculativeConfig:
+    """argparse type of --speculative-config: a bad value is a usage error naming the problem."""
+    import argparse
+    try:
+        return SpeculativeConfig.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

@@ -7,7 +7,7 @@ import logging
 import sys
 import uuid
 
-from lite_llm.config import KV_CACHE_DTYPES
+from lite_llm.config import KV_CACHE_DTYPES, speculative_config_arg
 from lite_llm.sampling_params import SamplingParams
 
 
@@ -27,7 +27,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
                    help="KV cache element type: auto (the model's: fp32, else bf16), bfloat16, int8, fp8 (= fp8_e4m3), "
                    "fp8_e5m2 (8-bit: a byte per value and a scale per row, ~2x the tokens per GiB)")
-    p.add_argument("--speculative-config", default=None, help='speculative decoding, as vLLM spells it: \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}\' (drafts looked up in the sequence) or \'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' (a small model of the same vocabulary)')
+    p.add_argument("--speculative-config", default=None, type=speculative_config_arg, help='speculative decoding, as vLLM spells it: \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}\' (drafts looked up in the sequence) or \'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' (a small model of the same vocabulary)')
     p.add_argument("--verbose", "-v", action="store_true", help="log what the engine decided")
 
 

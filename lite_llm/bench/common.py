@@ -22,7 +22,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
-from lite_llm.config import KV_CACHE_DTYPES
+from lite_llm.config import KV_CACHE_DTYPES, speculative_config_arg
 
 PEERS = ("llama.cpp", "transformers")
 ORIGINAL_ENVIRON = dict(os.environ)      # before the engine sets its OpenMP policy: peers get the user's
@@ -46,7 +46,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, max_num_batched_tok
     parser.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
                         help="KV cache element type: auto (the model's: fp32, else bf16), bfloat16, int8, fp8 (= fp8_e4m3), "
                         "fp8_e5m2 (8-bit: a byte per value and a scale per row, ~2x the tokens per GiB)")
-    parser.add_argument("--speculative-config", default=None, help='speculative decoding, as vLLM spells it: \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}\' (drafts looked up in the sequence) or \'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' (a small model of the same vocabulary)')
+    parser.add_argument("--speculative-config", default=None, type=speculative_config_arg, help='speculative decoding, as vLLM spells it: \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}\' (drafts looked up in the sequence) or \'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' (a small model of the same vocabulary)')
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=max_num_batched_tokens)
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,

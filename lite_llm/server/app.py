@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import unquote, urlsplit
 
 from lite_llm import __version__
-from lite_llm.config import KV_CACHE_DTYPES, env
+from lite_llm.config import KV_CACHE_DTYPES, env, speculative_config_arg
 from lite_llm.engine.async_engine import EngineDeadError, EngineShutdownError, QueueFullError
 from lite_llm.server import openai
 from lite_llm.server.metrics import ServerMetrics
@@ -1020,7 +1020,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="KV cache element type: auto (the model's: fp32, else bf16), bfloat16, int8, fp8 (= fp8_e4m3), "
       "fp8_e5m2 (8-bit: a byte per value and a scale per row, ~2x the tokens per GiB)")
     a("--disable-sliding-window", action="store_true", help="attend over the full context")
-    a("--speculative-config", default=None, help='speculative decoding, as vLLM spells it: \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}\' (drafts looked up in the sequence) or \'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' (a small model of the same vocabulary)')
+    a("--speculative-config", default=None, type=speculative_config_arg, help='speculative decoding, as vLLM spells it: \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}\' (drafts looked up in the sequence) or \'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' (a small model of the same vocabulary)')
     a("--served-model-name", nargs="+", default=None, help="model name(s) the API answers to")
     a("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health "
                                       "and /ping (env LITE_LLM_API_KEY)")

@@ -214,3 +214,14 @@ def test_verified_tokens_follow_the_target_distribution(filt):
     for tokens, want in ((first, probs[0]), (second, probs[1])):
         stat, df = chi2_goodness(np.bincount(tokens, minlength=vocab), want)
         assert stat < chi2_critical(max(df, 1)), (stat, df)
+
+
+@pytest.mark.parametrize("command", [["serve"], ["generate", "-p", "x"], ["bench", "latency"]])
+def test_cli_refuses_a_bad_speculative_config_before_loading(command):
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "lite_llm", *command, "--speculative-config",
+                          '{"method": "ngram", "num_speculative_tokens": -1}'], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2
+    assert "--speculative-config: speculative_config: num_speculative_tokens must be an integer >= 1" in out.stderr
