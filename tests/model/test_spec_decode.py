@@ -67,13 +67,22 @@ def test_tiny_model_greedy_identical_with_preemption_prefix_cache_and_stops():
     motif = rng.integers(3, 300, 6).tolist()
     prompts = [{"prompt_token_ids": (motif * 4)[:n] + rng.integers(3, 300, 3).tolist()} for n in (5, 9, 13, 24)]
     prompts += prompts[:2]                        # the same prompts again: prefix-cache hits
-    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (40, 7, 33, 1, 40, 25)]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, logprobs=1 if m == 33 else None,
+                             prompt_logprobs=2 if m == 25 else None) for m in (40, 7, 33, 1, 40, 25)]
     # 6 KV blocks of 16 for six sequences of up to 4 blocks: they must preempt one another
     kwargs = dict(dtype="float32", block_size=16, max_num_batched_tokens=64, num_kv_blocks=6, max_model_len=64)
-    want, _, base_stats = run_blocks(path, None, prompts, params, kwargs)
+    want, base, _ = run_blocks(path, None, prompts, params, kwargs)
     got, outs, stats = run_blocks(path, NGRAM, prompts, params, kwargs)
     assert got == want
     assert [len(t) for t in got] == [p.max_tokens for p in params]
+    assert base[5].prompt_logprobs and outs[5].prompt_logprobs and outs[2].outputs[0].logprobs
+    for o, b in zip(outs, base):        # fp32: the k + 1 token forward gives the same logprobs
+        assert (o.prompt_logprobs is None) == (b.prompt_logprobs is None)
+        for lp, blp in zip(o.prompt_logprobs or [], b.prompt_logprobs or []):
+            assert (lp is None and blp is None) or {t: round(v.logprob, 4) for t, v in lp.items()} == \
+                {t: round(v.logprob, 4) for t, v in blp.items()}
+        for lp, blp in zip(o.outputs[0].logprobs or [], b.outputs[0].logprobs or []):
+            assert list(lp) == list(blp) and all(abs(lp[t].logprob - blp[t].logprob) < 1e-4 for t in lp)
     assert stats.spec_decode_num_accepted_tokens > 0
     assert stats.num_preempted_total > 0 and stats.prefix_cache_hits > 0
 
