@@ -205,3 +205,77 @@ def user_cache_dir() -> str:
     ~/.cache/lite_llm."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "lite_llm")
+
+
+SPEC_METHODS = ("ngram", "draft_model")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """--speculative-config, as vLLM spells it: {"method": "ngram", "num_speculative_tokens": k,
+    "prompt_lookup_max": 4, "prompt_lookup_min": 1} (drafts looked up in the sequence itself)
+    or {"method": "draft_model", "model": PATH, "num_speculative_tokens": k} (a small model of
+    the same vocabulary drafts greedily)."""
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_max: int = 4        # ngram: longest suffix looked up
+    prompt_lookup_min: int = 1        # ngram: shortest
+    model: str | None = None          # draft_model: HF directory or .gguf of the draft
+
+    def __post_init__(self) -> None:
+        if self.method not in SPEC_METHODS:
+            raise ValueError(f"speculative_config: unknown method {self.method!r}; "
+                             f"choose one of {', '.join(SPEC_METHODS)}")
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"speculative_config: num_speculative_tokens must be an integer >= 1, got {k!r}")
+        if self.method == "ngram":
+            lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) or lo < 1 or hi < lo:
+                raise ValueError(f"speculative_config: need 1 <= prompt_lookup_min <= prompt_lookup_max, "
+                                 f"got {lo!r}, {hi!r}")
+            if self.model is not None:
+                raise ValueError("speculative_config: method 'ngram' takes no draft 'model'")
+        elif not self.model or not isinstance(self.model, str):
+            raise ValueError("speculative_config: method 'draft_model' needs 'model' (the draft's path)")
+
+    @classmethod
+    def parse(cls, value) -> SpeculativeConfig | None:
+        """From a JSON string, a dict, a SpeculativeConfig or None; a ValueError naming what is wrong."""
+        import json
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"speculative_config is not valid JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a JSON object, got {type(value).__name__}")
+        value = dict(value)
+        if "method" not in value and "model" in value:        # vLLM: a model alone means a draft model
+            value["method"] = "ngram" if value["model"] in ("ngram", "[ngram]") else "draft_model"
+            if value["method"] == "ngram":
+                del value["model"]
+        if value.get("method") == "[ngram]":
+            value["method"] = "ngram"
+        if "num_speculative_tokens" not in value:
+            raise ValueError("speculative_config: num_speculative_tokens is required")
+        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model"}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"speculative_config: unsupported keys {unknown}; known: {sorted(known)}")
+        if "method" not in value:
+            raise ValueError("speculative_config: method is required ('ngram' or 'draft_model')")
+        if value.get("method") == "ngram" and "prompt_lookup_max" in value and "prompt_lookup_min" not in value:
+            value["prompt_lookup_min"] = min(1, value["prompt_lookup_max"])
+        return cls(**value)
+
+
+def speculative_config_arg(text: str) -> SpeculativeConfig:
+    """argparse type of --speculative-config: a bad value is a usage error naming the problem."""
+    import argparse
+    try:
+        return SpeculativeConfig.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

@@ -7,7 +7,7 @@ import logging
 import sys
 import uuid
 
-from lite_llm.config import KV_CACHE_DTYPES
+from lite_llm.config import KV_CACHE_DTYPES, speculative_config_arg
 from lite_llm.sampling_params import SamplingParams
 
 
@@ -27,6 +27,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
                    help="KV cache element type: auto (the model's: fp32, else bf16), bfloat16, int8, fp8 (= fp8_e4m3), "
                    "fp8_e5m2 (8-bit: a byte per value and a scale per row, ~2x the tokens per GiB)")
+    p.add_argument("--speculative-config", default=None, type=speculative_config_arg, help='speculative decoding, as vLLM spells it: \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}\' (drafts looked up in the sequence) or \'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' (a small model of the same vocabulary)')
     p.add_argument("--verbose", "-v", action="store_true", help="log what the engine decided")
 
 
@@ -47,7 +48,8 @@ def _start(args):
     from lite_llm.llm import build_engine, default_sampling_params
     engine, loaded, info = build_engine(args.model, dtype=args.dtype, max_model_len=args.max_model_len,
                                         kv_cache_space=args.kv_cache_space, serving=False,
-                                        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
+                                        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+                                        speculative_config=args.speculative_config)
     params = default_sampling_params(loaded.generation_config)
     overrides = {k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p),
                                    ("top_k", args.top_k), ("seed", args.seed)) if v is not None}

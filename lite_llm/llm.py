@@ -8,12 +8,13 @@ import logging
 import os
 import sys
 import time
+import dataclasses
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from lite_llm import cpu
-from lite_llm.config import env
+from lite_llm.config import SpeculativeConfig, env
 from lite_llm.outputs import RequestOutput, fold
 from lite_llm.sampling_params import SamplingParams
 
@@ -115,9 +116,10 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
                  seed: int = 0, disable_sliding_window: bool = False, skip_tokenizer_init: bool = False,
                  max_queue: int | None = None, serving: bool = False, progress: bool = True,
                  num_kv_blocks: int | None = None, quantization: str | None = None,
-                 kv_cache_dtype: str | None = "auto"):
+                 kv_cache_dtype: str | None = "auto", speculative_config=None):
     """Everything from a model argument to a started AsyncEngine. Returns (engine, loaded, info).
-    num_kv_blocks: exactly this many KV blocks instead of kv_cache_space (see plan_kv_cache)."""
+    num_kv_blocks: exactly this many KV blocks instead of kv_cache_space (see plan_kv_cache).
+    speculative_config: config.SpeculativeConfig, its dict or JSON text (vLLM's keys)."""
     t0 = time.perf_counter()
     cpu.configure_openmp_env()          # before the first OpenMP region in the process
     plan = cpu.plan_threads(cpu.read_topology(), serving=serving)
@@ -130,10 +132,12 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
     from lite_llm.engine.async_engine import AsyncEngine, EngineDeadError
     from lite_llm.engine.engine import EngineConfig, LLMEngine
     from lite_llm.engine.runner import ModelRunner, check_kv_cache_dtype, check_quantization
+    from lite_llm.engine.spec_decode import make_proposer
     from lite_llm.model.loader import load_model
 
     quantization = check_quantization(quantization)      # a bad value fails before any loading
     kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype)
+    spec = SpeculativeConfig.parse(speculative_config)
 
     log.info("kernel variant %s (%s)", _kernels.VARIANT.name, "; ".join(_kernels.explain()))
     loaded = load_model(model, dtype=dtype, max_model_len=max_model_len,
@@ -154,7 +158,9 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
                                  block_size=block_size, num_blocks=kv.num_blocks,
                                  enable_prefix_caching=enable_prefix_caching,
                                  max_model_len=loaded.max_model_len, seed=seed, eos_token_ids=eos,
-                                 vocab_size=cfg.vocab_size)
+                                 vocab_size=cfg.vocab_size,
+                                 num_lookahead_tokens=spec.num_speculative_tokens
+                                 if spec is not None and spec.method == "draft_model" else 0)
     engine = LLMEngine(None, loaded.tokenizer, engine_config)   # the runner is built on the engine thread
 
     def start_on_engine_thread():
@@ -164,10 +170,16 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
         report = cpu.apply_plan(plan)
         for line in report.describe():
             log.info("%s", line)
+        proposer = None
+        if spec is not None:
+            proposer = make_proposer(spec, loaded.config, dtype=loaded.dtype, num_blocks=kv.num_blocks,
+                                     block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
+                                     max_num_seqs=max_num_seqs, num_threads=num_threads,
+                                     max_model_len=loaded.max_model_len, kv_cache_dtype=kv_cache_dtype)
         engine.runner = ModelRunner(loaded, num_blocks=kv.num_blocks, block_size=block_size,
                                     max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                     num_threads=num_threads, disable_sliding_window=disable_sliding_window,
-                                    quantization=quantization, kv_cache_dtype=kv_cache_dtype)
+                                    quantization=quantization, kv_cache_dtype=kv_cache_dtype, proposer=proposer)
 
     async_engine = AsyncEngine(engine, max_queue=max_queue, on_engine_thread_start=start_on_engine_thread)
     try:
@@ -187,6 +199,7 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
         "gemm_paths": runner.gemm_paths.as_dict(), "layer_macs_per_token": runner.layer_macs_per_token,
         "head_macs_per_row": runner.head_macs_per_row, "num_layers": cfg.num_layers, "q_size": cfg.q_size,
         "startup_seconds": time.perf_counter() - t0,
+        "speculative_config": None if spec is None else dataclasses.asdict(spec),
     }
     log.info("engine ready in %.2f s: %s, %d threads, %s", info["startup_seconds"], _kernels.VARIANT.name,
              num_threads, kv.describe())
@@ -222,7 +235,8 @@ class LLM:
                  enable_prefix_caching: bool = True, max_num_seqs: int = 256,
                  max_num_batched_tokens: int | None = None, skip_tokenizer_init: bool = False,
                  disable_sliding_window: bool = False, tokenizer: str | None = None,
-                 quantization: str | None = None, kv_cache_dtype: str = "auto", **kwargs: Any):
+                 quantization: str | None = None, kv_cache_dtype: str = "auto",
+                 speculative_config: dict | str | None = None, **kwargs: Any):
         if kwargs:
             log.warning("LLM: ignoring unsupported arguments %s", sorted(kwargs))
         self._engine, self._loaded, self.info = build_engine(
@@ -231,7 +245,7 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
             seed=seed, disable_sliding_window=disable_sliding_window,
             skip_tokenizer_init=skip_tokenizer_init, serving=False, quantization=quantization,
-            kv_cache_dtype=kv_cache_dtype)
+            kv_cache_dtype=kv_cache_dtype, speculative_config=speculative_config)
         self.tokenizer = self._loaded.tokenizer
         self.config = self._loaded.config
 

@@ -22,7 +22,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
-from lite_llm.config import KV_CACHE_DTYPES
+from lite_llm.config import KV_CACHE_DTYPES, speculative_config_arg
 
 PEERS = ("llama.cpp", "transformers")
 ORIGINAL_ENVIRON = dict(os.environ)      # before the engine sets its OpenMP policy: peers get the user's
@@ -46,6 +46,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, max_num_batched_tok
     parser.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
                         help="KV cache element type: auto (the model's: fp32, else bf16), bfloat16, int8, fp8 (= fp8_e4m3), "
                         "fp8_e5m2 (8-bit: a byte per value and a scale per row, ~2x the tokens per GiB)")
+    parser.add_argument("--speculative-config", default=None, type=speculative_config_arg, help='speculative decoding, as vLLM spells it: \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}\' (drafts looked up in the sequence) or \'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' (a small model of the same vocabulary)')
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=max_num_batched_tokens)
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
@@ -79,7 +80,7 @@ def build(args: argparse.Namespace, max_model_len: int | None = None, num_kv_blo
         max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=args.enable_prefix_caching,
         seed=args.seed, serving=False, progress=sys.stderr.isatty(),
         num_kv_blocks=num_kv_blocks if args.kv_cache_space is None else None, quantization=args.quantization,
-        kv_cache_dtype=args.kv_cache_dtype)
+        kv_cache_dtype=args.kv_cache_dtype, speculative_config=getattr(args, "speculative_config", None))
     info = dict(info, build_seconds=time.perf_counter() - t0)
     return engine, loaded, info
 
@@ -169,6 +170,68 @@ class RequestTiming:
     num_prompt_tokens: int
     num_output_tokens: int
     num_cached_tokens: int
+
+
+# `bench latency --prompt-file builtin`: an edit whose answer repeats most of the prompt's code
+# (what n-gram prompt lookup drafts well; a summary of a given text behaves alike)
+BUILTIN_PROMPT = """Rename the function `area` to `rectangle_area` everywhere in this Python module and \
+return the whole module, unchanged otherwise, in a code block.
+
+```python
+import math
+
+
+def area(width, height):
+    \"\"\"The area of a width x height rectangle.\"\"\"
+    if width < 0 or height < 0:
+        raise ValueError("width and height must not be negative")
+    return width * height
+
+
+def perimeter(width, height):
+    \"\"\"The perimeter of a width x height rectangle.\"\"\"
+    if width < 0 or height < 0:
+        raise ValueError("width and height must not be negative")
+    return 2 * (width + height)
+
+
+def diagonal(width, height):
+    \"\"\"The length of the diagonal of a width x height rectangle.\"\"\"
+    return math.sqrt(width * width + height * height)
+
+
+def describe(width, height):
+    print("area:", area(width, height))
+    print("perimeter:", perimeter(width, height))
+    print("diagonal:", diagonal(width, height))
+
+
+if __name__ == "__main__":
+    describe(3, 4)
+```
+"""
+
+
+def prompt_text(arg: str) -> str:
+    """--prompt-file: "builtin" (BUILTIN_PROMPT) or the text of a file."""
+    if arg == "builtin":
+        return BUILTIN_PROMPT
+    try:
+        with open(arg, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as e:
+        raise SystemExit(f"--prompt-file: {e}") from None
+
+
+def chat_prompt_ids(tokenizer, text: str) -> list[int]:
+    """text as a user message in the model's chat template (plain text if it has none)."""
+    if tokenizer is None:
+        raise SystemExit("--prompt-file needs a model with a tokenizer")
+    try:
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    except (ValueError, AttributeError):
+        return tokenizer.encode(text)
+    return tokenizer.encode(rendered, add_special_tokens=False)
 
 
 def run_requests(engine, prompts: list[list[int]], output_len: int, structured=None) -> list[RequestTiming]:

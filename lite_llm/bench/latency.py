@@ -5,7 +5,9 @@ Each iteration submits --batch-size random-token prompts of --input-len tokens a
 (greedy, ignore_eos: exactly --output-len tokens each) through the engine users run, and
 measures (common.BatchFigures): prefill tok/s = prompt tokens of the batch / TTFT, decode
 tok/s = tokens after the first / (last - first token), summed over the batch, TTFT, TPOT;
-medians over --num-iters after --warmup. Also: start to first token (engine build, imports
+medians over --num-iters after --warmup. --prompt-file gives every request one text prompt
+instead (builtin: a code edit that repeats its prompt, where --speculative-config's n-gram
+drafts pay; the acceptance counts are reported). Also: start to first token (engine build, imports
 included, + TTFT of a first short request) and the process's peak RSS against weights + KV
 cache. Each iteration uses fresh prompts, so the prefix cache never hits.
 
@@ -42,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="every request's output follows this JSON schema (structured outputs; "
                              "builtin: nested records that outlast the output, see common.BENCH_JSON_SCHEMA); "
                              "run once with and once without to see what the grammar costs")
+    parser.add_argument("--prompt-file", default=None, metavar="builtin|PATH",
+                        help="every request's prompt is this text (a user message, in the chat template when "
+                             "the model has one) instead of --input-len random tokens; builtin: a code-editing "
+                             "request whose answer repeats most of its prompt (the case n-gram speculative "
+                             "decoding is for). Turns prefix caching off, so iterations do not hit each other")
     parser.add_argument("--peer-num-iters", type=int, default=None,
                         help="measured iterations of each peer (default: --num-iters); the first ones of ours")
 
@@ -76,10 +83,17 @@ def run(args: argparse.Namespace) -> int:
     load_before = common.load_average()
     age_at_start = common.process_age_seconds()
     common.progress(f"bench latency: building the engine (load average {load_before})")
+    text_prompt = common.prompt_text(args.prompt_file) if args.prompt_file else None
+    if text_prompt is not None:
+        args.enable_prefix_caching = False
+        args.input_len = max(args.input_len, 2048 - args.output_len)   # an upper bound until tokenized
     max_model_len, num_kv_blocks = workload_kv_cache(args)
     engine, loaded, info = common.build(args, max_model_len=max_model_len, num_kv_blocks=num_kv_blocks)
     try:
         vocab = loaded.config.vocab_size
+        if text_prompt is not None:
+            prompt_ids = common.chat_prompt_ids(loaded.tokenizer, text_prompt)
+            args.input_len = len(prompt_ids)
         needed = args.input_len + args.output_len
         if needed > info["max_model_len"]:
             raise SystemExit(f"--input-len + --output-len = {needed} is more than max_model_len "
@@ -93,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
                        None if age_at_start is None else age_at_start + info["build_seconds"] + first_ttft}
         total = args.warmup + args.num_iters
         batches = [common.random_prompts(args.batch_size, args.input_len, vocab, args.seed + i)
-                   for i in range(total)]
+                   if text_prompt is None else [list(prompt_ids)] * args.batch_size for i in range(total)]
         runs = []
         num_cached = 0
         for i, prompts in enumerate(batches):
@@ -106,7 +120,15 @@ def run(args: argparse.Namespace) -> int:
                 runs.append(asdict(figures))
                 num_cached += sum(t.num_cached_tokens for t in timings)
         peak_rss = common.peak_rss_bytes()
-        profile = common.step_profile(engine.stats()) if args.profile_step else None
+        stats = engine.stats()
+        profile = common.step_profile(stats) if args.profile_step else None
+        speculative = None
+        if info.get("speculative_config"):
+            speculative = {"config": info["speculative_config"], "num_drafts": stats.spec_decode_num_drafts,
+                           "num_draft_tokens": stats.spec_decode_num_draft_tokens,
+                           "num_accepted_tokens": stats.spec_decode_num_accepted_tokens,
+                           "num_accepted_tokens_per_pos": list(stats.spec_decode_num_accepted_tokens_per_pos),
+                           "acceptance_rate": stats.spec_decode_acceptance_rate}
     finally:
         engine.shutdown()
     bandwidth = common.read_bandwidth(info["num_threads"])    # right after our runs: the same conditions
@@ -121,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
             "prefix_cache_hit_tokens": num_cached, "step_profile": profile,
             "bytes_per_token": info["bytes_per_token"], "read_bandwidth_gbs": bandwidth,
             "decode_roofline_tok_s": bandwidth * 1e9 / info["bytes_per_token"] if bandwidth else None,
-            "gemm_paths": info.get("gemm_paths")}
+            "gemm_paths": info.get("gemm_paths"), "speculative": speculative}
     med = ours["median"]
     ours["prefill_peak_share"] = common.peak_share(
         info, args.batch_size * common.request_macs(info, args.input_len, 1), med["ttft"])
@@ -131,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         "max_model_len": info["max_model_len"],
         "input_len": args.input_len, "output_len": args.output_len, "batch_size": args.batch_size,
         "num_iters": args.num_iters, "warmup": args.warmup, "load_average_before": load_before,
-        "json_schema": args.json_schema,
+        "json_schema": args.json_schema, "prompt_file": args.prompt_file,
         "lite_llm": ours, "peers": {}}
     peer_iters = args.num_iters if args.peer_num_iters is None else max(1, min(args.peer_num_iters, args.num_iters))
     result["peer_num_iters"] = peer_iters
@@ -150,7 +172,8 @@ def print_report(result: dict[str, Any]) -> None:
           f"warm-up; load average {r['load_average_before']} "
           f"before, {r['load_average_after']} after\n"
           + (f"  every output follows the JSON schema {r['json_schema']} (structured outputs)\n"
-             if r.get("json_schema") else ""))
+             if r.get("json_schema") else "")
+          + (f"  prompt: {r['prompt_file']} (prefix caching off)\n" if r.get("prompt_file") else ""))
     columns = ["engine"] + [title for _, title, _, _ in FIGURES] + ["start->1st tok s", "peak RSS MiB"]
     ours = r["lite_llm"]
     rows = [["lite_llm"] + [ours["median"][k] * scale for k, _, scale, _ in FIGURES]
@@ -187,6 +210,14 @@ def print_report(result: dict[str, Any]) -> None:
               f"{ours['median']['decode_tok_s'] / roof:.0%} of it")
     if ours.get("step_profile"):
         common.print_step_profile(ours["step_profile"])
+    spec = ours.get("speculative")
+    if spec:
+        c = spec["config"]
+        rate = spec["acceptance_rate"]
+        print(f"speculative decoding ({c['method']}, k={c['num_speculative_tokens']}): {spec['num_accepted_tokens']} "
+              f"of {spec['num_draft_tokens']} drafted tokens accepted ({'-' if rate is None else f'{rate:.0%}'}) "
+              f"over {spec['num_drafts']} drafts; accepted per position {spec['num_accepted_tokens_per_pos']} "
+              "(all iterations and the start-up probe)")
     share = common.describe_share("prefill", ours.get("prefill_peak_share"), r["num_threads"])
     if share:
         print(share + " (layers' matrices, attention and the logits rows)")

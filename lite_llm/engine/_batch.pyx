@@ -100,3 +100,53 @@ def gather_rows(const param_t[:, ::1] src, const int32_t[::1] rows, param_t[:, :
             raise ValueError(f"gather_rows: row {row} outside {src.shape[0]}")
         for j in range(src.shape[1]):
             out[i, j] = src[row, j]
+
+
+def ngram_propose(const int32_t[:, ::1] token_rows,   # IN  [max_num_seqs, L] token ids per slot
+                  const int32_t[::1] num_tokens,      # IN  [max_num_seqs] tokens in each row
+                  const int32_t[::1] slots,           # IN  [S] rows to propose for
+                  const int32_t[::1] max_drafts,      # IN  [S] at most this many drafts per row
+                  int min_n, int max_n,
+                  int32_t[:, ::1] drafts,             # OUT [>= S, >= max(max_drafts)]
+                  int32_t[::1] num_drafts):           # OUT [>= S]
+    """Prompt lookup (vLLM's "ngram" method): for n from max_n down to min_n, find the latest
+    earlier occurrence of the row's last n tokens; the tokens that followed it are the drafts
+    (up to max_drafts[s], never past the row's end). No match: no drafts."""
+    cdef Py_ssize_t s, slot, n, g, i, j, k, found
+    if min_n < 1 or max_n < min_n:
+        raise ValueError(f"ngram_propose: need 1 <= min_n <= max_n, got {min_n}, {max_n}")
+    if max_drafts.shape[0] != slots.shape[0] or drafts.shape[0] < slots.shape[0] \
+            or num_drafts.shape[0] < slots.shape[0]:
+        raise ValueError("ngram_propose: per-row arrays differ in length")
+    for s in range(slots.shape[0]):
+        slot = slots[s]
+        if slot < 0 or slot >= token_rows.shape[0] or slot >= num_tokens.shape[0] \
+                or num_tokens[slot] > token_rows.shape[1] or max_drafts[s] > drafts.shape[1]:
+            raise ValueError(f"ngram_propose: slot {slot} outside the batch")
+    with nogil:
+        for s in range(slots.shape[0]):
+            slot = slots[s]
+            n = num_tokens[slot]
+            num_drafts[s] = 0
+            if max_drafts[s] <= 0:
+                continue
+            found = -1
+            g = max_n if max_n < n else n - 1
+            while g >= min_n and found < 0:
+                i = n - g - 1              # latest start of an earlier occurrence
+                while i >= 0:
+                    j = 0
+                    while j < g and token_rows[slot, i + j] == token_rows[slot, n - g + j]:
+                        j += 1
+                    if j == g:
+                        found = i + g      # the token after the occurrence
+                        break
+                    i -= 1
+                g -= 1
+            if found < 0:
+                continue
+            k = 0
+            while k < max_drafts[s] and found + k < n:
+                drafts[s, k] = token_rows[slot, found + k]
+                k += 1
+            num_drafts[s] = <int32_t>k

@@ -239,18 +239,31 @@ cdef Py_ssize_t _argmax(const float *x, Py_ssize_t n) noexcept nogil:
 
 cdef Py_ssize_t _sample_filtered(float *x, Py_ssize_t vocab, float temperature, int64_t top_k,
                                  float top_p, float min_p, double u, float *w) noexcept nogil:
-    """x [V] becomes w = exp((x - max) / T); returns the drawn token id. w [V] scratch holds
-    the candidates of top_k / top_p: values above a bucket floor that is known to lie below
-    the cut (from a 1024-bucket histogram of the row), so the selections run on few values."""
+    """x [V] becomes w = exp((x - max) / T); returns the drawn token id (see _filter)."""
+    cdef Py_ssize_t best
+    cdef double masses[NUM_BUCKETS]
+    cdef float thr = _filter(x, vocab, temperature, top_k, top_p, min_p, w, masses, &best)
+    if thr < 0:                 # every token banned: nothing to draw from
+        return best
+    return _draw(x, vocab, thr, u, masses, best)
+
+
+cdef float _filter(float *x, Py_ssize_t vocab, float temperature, int64_t top_k, float top_p,
+                   float min_p, float *w, double *masses, Py_ssize_t *best_out) noexcept nogil:
+    """x [V] becomes w = exp((x - max) / T); returns the threshold of the kept tokens
+    ({w >= thr}), -1 if every token is banned, and the best token in best_out. w [V] scratch
+    holds the candidates of top_k / top_p: values above a bucket floor that is known to lie
+    below the cut (from a 1024-bucket histogram of the row), so the selections run on few
+    values. masses: NUM_BUCKETS doubles of scratch."""
     cdef Py_ssize_t i, n = 0, best = _argmax(x, vocab)
     cdef float m = x[best], inv_t = 1.0 / temperature, thr = 0.0, t2, floor
     cdef double total, target, acc
     cdef int bucket
     cdef bint has_candidates = False
     cdef int32_t counts[NUM_BUCKETS]
-    cdef double masses[NUM_BUCKETS]
-    if m == -INFINITY:          # every token banned: nothing to draw from
-        return best
+    best_out[0] = best
+    if m == -INFINITY:
+        return -1.0
     ll_exp_shift_f32(x, vocab, m, inv_t)
     if 0 < top_k < vocab:
         memset(counts, 0, sizeof(counts))
@@ -271,7 +284,7 @@ cdef Py_ssize_t _sample_filtered(float *x, Py_ssize_t vocab, float temperature, 
             for i in range(n):
                 total += w[i]
         else:
-            memset(masses, 0, sizeof(masses))
+            memset(masses, 0, NUM_BUCKETS * sizeof(double))
             for i in range(vocab):
                 masses[ll_bucket(x[i])] += x[i]
             total = 0.0
@@ -289,7 +302,7 @@ cdef Py_ssize_t _sample_filtered(float *x, Py_ssize_t vocab, float temperature, 
             thr = t2
     if min_p > thr:             # w of the best token is 1, so min_p * p_max is min_p
         thr = min_p
-    return _draw(x, vocab, thr, u, masses, best)
+    return thr
 
 
 cdef Py_ssize_t _draw(const float *w, Py_ssize_t vocab, float thr, double u,
@@ -474,3 +487,173 @@ def prompt_logprobs(const float[:, ::1] logits,        # IN [N, V] raw logits of
         for row in prange(n, schedule="static", num_threads=num_threads):
             _logprobs(&logits[row, 0], vocab, targets[row], k, &out_logprob[row], &out_rank[row],
                       &out_top_ids[row, 0] if k else NULL, &out_top_logprobs[row, 0] if k else NULL)
+
+
+# ---- speculative decoding: verify drafted tokens --------------------------------------------
+#
+# A sequence with k drafted tokens d_0 .. d_{k-1} brings k + 1 rows of target logits: row j
+# is the distribution p_j of the token after d_{j-1} (row 0: after the sequence's last token).
+# Row j < k accepts d_j with probability min(1, p_j(d_j) / q_j(d_j)); the proposers here are
+# deterministic (n-gram lookup, greedy draft model), so q_j is a point mass and the test is
+# u < p_j(d_j). On rejection the token is drawn from the residual max(0, p_j - q_j),
+# normalised: p_j without d_j. When every draft is accepted, row k gives a bonus token drawn
+# from p_k as the sampler draws any token. Each output token is distributed exactly as the
+# non-speculative sampler's (Leviathan et al. 2023); a greedy row accepts d_j iff it is the
+# argmax, so greedy outputs are the non-speculative ones.
+#
+# Draws stay counter-based: the token at output index i uses u = uniform(seed, i) like the
+# sampler, the acceptance test at index i uniform(seed ^ SPEC_SALT, i), so every decision at
+# an index has its own independent draw whatever was drafted.
+
+cdef uint64_t SPEC_SALT = 0x5BEC5BEC0DDC0FFE
+
+
+def verify(float[:, ::1] logits,               # IN/OUT [R, V] each sequence's rows in turn, overwritten
+           const int32_t[::1] seq_rows,        # IN [S + 1] sequence s owns rows seq_rows[s] .. seq_rows[s+1]-1
+           const int32_t[::1] draft_ids,       # IN [R] the drafted token row r verifies (a sequence's last row: unused)
+           const float[:, ::1] fparams,        # IN [S, NUM_F]
+           const int64_t[:, ::1] iparams,      # IN [S, NUM_I] I_STEP: output tokens before row 0
+           const int32_t[::1] token_ids,       # IN [N] penalty contexts (sequences without drafts only)
+           const int32_t[::1] banned_ids,      # IN [M] min_tokens bans (sequences without drafts only)
+           int32_t[::1] out_token,             # OUT [R] sequence s's tokens from row seq_rows[s] on
+           int32_t[::1] out_num,               # OUT [S] tokens out per sequence: accepted drafts + 1
+           float[::1] out_logprob,             # OUT [R] raw logprob of each output token (if asked)
+           int32_t[::1] out_rank,              # OUT [R]
+           int32_t[:, ::1] out_top_ids,        # OUT [R, K]
+           float[:, ::1] out_top_logprobs,     # OUT [R, K]
+           float[:, ::1] scratch_w,            # SCRATCH [T, V]
+           int32_t[:, ::1] scratch_count,      # SCRATCH [T, V] all zero
+           float[:, ::1] scratch_raw,          # SCRATCH [T, V]
+           int num_threads,
+           const int32_t[:, ::1] bitmask=None,  # IN [M, ceil(V / 32)] (sequences without drafts only)
+           const int32_t[::1] mask_rows=None):  # IN [S] bitmask row per sequence, -1 = none
+    """Accept or reject each sequence's drafted tokens (see above) and draw the token that
+    follows the accepted ones: one nogil call for the whole step, OpenMP over sequences.
+    A sequence with a single row is sampled exactly as sample() does; one with drafts must
+    not use penalties, min_tokens bans or a grammar mask (the engine does not draft for them)."""
+    cdef Py_ssize_t num_rows = logits.shape[0], vocab = logits.shape[1], seq, i, lo, hi
+    cdef Py_ssize_t num_seqs = seq_rows.shape[0] - 1, top = out_top_ids.shape[1]
+    cdef bint masked = bitmask is not None and mask_rows is not None and bitmask.shape[0] > 0
+    if num_seqs < 0 or fparams.shape[0] != num_seqs or fparams.shape[1] != NUM_F \
+            or iparams.shape[0] != num_seqs or iparams.shape[1] != NUM_I:
+        raise ValueError(f"verify: params {fparams.shape}, {iparams.shape} for {num_seqs} sequences")
+    if draft_ids.shape[0] < num_rows or out_token.shape[0] < num_rows or out_num.shape[0] < num_seqs \
+            or out_logprob.shape[0] < num_rows or out_rank.shape[0] < num_rows \
+            or out_top_ids.shape[0] < num_rows or out_top_logprobs.shape[0] < num_rows \
+            or out_top_logprobs.shape[1] != top:
+        raise ValueError("verify: row arrays too small")
+    if num_threads < 1 or scratch_w.shape[0] < num_threads or scratch_count.shape[0] < num_threads \
+            or scratch_raw.shape[0] < num_threads or scratch_w.shape[1] != vocab \
+            or scratch_count.shape[1] != vocab or scratch_raw.shape[1] != vocab:
+        raise ValueError(f"verify: scratch must be [>= {num_threads}, {vocab}]")
+    if masked and (mask_rows.shape[0] != num_seqs or bitmask.shape[1] * 32 < vocab):
+        raise ValueError(f"verify: bitmask {bitmask.shape} / mask_rows for {num_seqs} sequences of {vocab} tokens")
+    if num_seqs >= 0 and (seq_rows[0] != 0 or seq_rows[num_seqs] != num_rows):
+        raise ValueError(f"verify: seq_rows must run from 0 to {num_rows}")
+    for seq in range(num_seqs):
+        lo, hi = seq_rows[seq], seq_rows[seq + 1]
+        if hi <= lo:
+            raise ValueError(f"verify: sequence {seq} has no rows")
+        if not (0 <= iparams[seq, I_TOK_START] <= iparams[seq, I_TOK_PROMPT_END]
+                <= iparams[seq, I_TOK_END] <= token_ids.shape[0]) \
+                or not (0 <= iparams[seq, I_BAN_START] <= iparams[seq, I_BAN_END] <= banned_ids.shape[0]) \
+                or iparams[seq, I_NUM_LOGPROBS] > top or iparams[seq, I_TOP_K] < 0:
+            raise ValueError(f"verify: bad iparams row {seq}")
+        if masked and not -1 <= mask_rows[seq] < bitmask.shape[0]:
+            raise ValueError(f"verify: mask_rows[{seq}] = {mask_rows[seq]} outside [-1, {bitmask.shape[0]})")
+        for i in range(iparams[seq, I_TOK_START], iparams[seq, I_TOK_END]):
+            if token_ids[i] < 0 or token_ids[i] >= vocab:
+                raise ValueError(f"verify: token id {token_ids[i]} outside vocabulary of {vocab}")
+        if hi - lo > 1:
+            if fparams[seq, F_REPETITION] != 1.0 or fparams[seq, F_FREQUENCY] != 0.0 \
+                    or fparams[seq, F_PRESENCE] != 0.0 or iparams[seq, I_BAN_END] > iparams[seq, I_BAN_START] \
+                    or (masked and mask_rows[seq] >= 0):
+                raise ValueError(f"verify: sequence {seq} has drafts and penalties, bans or a grammar mask")
+            for i in range(lo, hi - 1):
+                if draft_ids[i] < 0 or draft_ids[i] >= vocab:
+                    raise ValueError(f"verify: drafted token {draft_ids[i]} outside vocabulary of {vocab}")
+    if num_seqs <= 0:
+        return
+    cdef const int32_t *tok_ptr = &token_ids[0] if token_ids.shape[0] else NULL
+    cdef const int32_t *ban_ptr = &banned_ids[0] if banned_ids.shape[0] else NULL
+    cdef int nt = num_threads if num_threads < num_seqs else <int>num_seqs
+    cdef int tid
+    cdef const int32_t *mask
+    with nogil:
+        # dynamic: sequences bring 1 to k + 1 rows
+        for seq in prange(num_seqs, schedule="dynamic", chunksize=1, num_threads=nt):
+            tid = threadid()
+            mask = NULL
+            if masked and mask_rows[seq] >= 0:
+                mask = &bitmask[mask_rows[seq], 0]
+            lo = seq_rows[seq]
+            out_num[seq] = <int32_t>_verify_seq(
+                &logits[lo, 0], seq_rows[seq + 1] - lo, vocab, &draft_ids[lo], mask, &fparams[seq, 0],
+                &iparams[seq, 0], tok_ptr, ban_ptr, &out_token[lo], &out_logprob[lo], &out_rank[lo],
+                &out_top_ids[lo, 0] if top else NULL, &out_top_logprobs[lo, 0] if top else NULL, top,
+                &scratch_w[tid, 0], &scratch_count[tid, 0], &scratch_raw[tid, 0])
+
+
+cdef Py_ssize_t _verify_seq(float *x, Py_ssize_t num_rows, Py_ssize_t vocab, const int32_t *drafts,
+                            const int32_t *mask, const float *fp, const int64_t *ip,
+                            const int32_t *token_ids, const int32_t *banned_ids,
+                            int32_t *out_token, float *out_logprob, int32_t *out_rank,
+                            int32_t *top_ids, float *top_logprobs, Py_ssize_t top,
+                            float *w, int32_t *count, float *raw) noexcept nogil:
+    """One sequence's rows x [num_rows, V]; returns how many tokens it outputs."""
+    cdef int64_t ipl[NUM_I]
+    cdef Py_ssize_t row
+    memcpy(ipl, ip, NUM_I * sizeof(int64_t))
+    for row in range(num_rows):
+        ipl[I_STEP] = ip[I_STEP] + row
+        if row == num_rows - 1:        # the bonus token (or a sequence without drafts)
+            _sample_one(x + row * vocab, vocab, mask, fp, ipl, token_ids, banned_ids,
+                        out_token + row, out_logprob + row, out_rank + row,
+                        top_ids + row * top if top else NULL, top_logprobs + row * top if top else NULL,
+                        w, count, raw)
+            return num_rows
+        if not _verify_one(x + row * vocab, vocab, drafts[row], fp, ipl, out_token + row,
+                           out_logprob + row, out_rank + row,
+                           top_ids + row * top if top else NULL, top_logprobs + row * top if top else NULL,
+                           w, raw):
+            return row + 1
+    return num_rows
+
+
+cdef bint _verify_one(float *x, Py_ssize_t vocab, Py_ssize_t draft, const float *fp, const int64_t *ip,
+                      int32_t *out_token, float *out_logprob, int32_t *out_rank,
+                      int32_t *top_ids, float *top_logprobs, float *w, float *raw) noexcept nogil:
+    """Row x [V] against drafted token `draft`: writes the output token (draft if accepted,
+    else the residual's draw); returns whether the draft was accepted."""
+    cdef int64_t num_logprobs = ip[I_NUM_LOGPROBS]
+    cdef Py_ssize_t tok, best, i
+    cdef double masses[NUM_BUCKETS]
+    cdef double total = 0.0, p_draft
+    cdef float thr
+    cdef bint accepted
+    if num_logprobs >= 0:
+        memcpy(raw, x, vocab * sizeof(float))
+    if fp[F_TEMPERATURE] < GREEDY_EPS:
+        tok = _argmax(x, vocab)
+        accepted = tok == draft
+    else:
+        thr = _filter(x, vocab, fp[F_TEMPERATURE], ip[I_TOP_K], fp[F_TOP_P], fp[F_MIN_P], w, masses, &best)
+        if thr < 0:
+            tok = best
+            accepted = tok == draft
+        else:
+            for i in range(vocab):
+                if x[i] >= thr:
+                    total += x[i]
+            p_draft = x[draft] / total if x[draft] >= thr else 0.0
+            if ll_uniform(<uint64_t>ip[I_SEED] ^ SPEC_SALT, <uint64_t>ip[I_STEP]) < p_draft:
+                tok = draft
+                accepted = True
+            else:
+                x[draft] = -1.0        # below any threshold (w >= 0): the residual is p without draft
+                tok = _draw(x, vocab, thr, ll_uniform(<uint64_t>ip[I_SEED], <uint64_t>ip[I_STEP]), masses, best)
+                accepted = False
+    out_token[0] = <int32_t>tok
+    if num_logprobs >= 0:
+        _logprobs(raw, vocab, tok, num_logprobs, out_logprob, out_rank, top_ids, top_logprobs)
+    return accepted

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -57,6 +58,7 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"          # "fcfs" | "priority" (lower value first)
     vocab_size: int | None = None            # the model's (logits width); None: the tokenizer's
     overlap_grammar_masks: bool = True       # structured outputs' masks computed during forward()
+    num_lookahead_tokens: int = 0            # KV slots a draft model writes past each sampling chunk
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks",
@@ -128,13 +130,15 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv_cache_manager, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens,
                                    max_model_len=self.max_model_len,
-                                   policy=config.scheduling_policy)
+                                   policy=config.scheduling_policy,
+                                   num_lookahead_tokens=config.num_lookahead_tokens)
         self._rng = random.Random(config.seed)   # not numpy.random: its import costs ~6 MiB resident
         vocab_size = config.vocab_size or getattr(tokenizer, "vocab_size", 0)
         self.grammars = Grammars(tokenizer, vocab_size, config.eos_token_ids)   # thread-safe
         self.structured = StructuredOutputs(self.grammars, overlap=config.overlap_grammar_masks)
         self._groups: dict[str, _Group] = {}
         self._stats = StatsCollector()
+        self._stopped_in_step: set[str] = set()   # finished by a stop string before its last token
 
     # ---- requests in ----------------------------------------------------------------------
 
@@ -216,11 +220,31 @@ class LLMEngine:
                 self._add_prompt_logprobs(*entry)
         now = time.monotonic()
         matchers = self.structured.matchers
-        for request, result in self.scheduler.update_from_output(sched_out, results):
-            self._process_sample(request, result, now)
+        spec_ids = getattr(self.runner, "last_spec_token_ids", None)
+        if spec_ids is not None:
+            self._record_drafts(sched_out, results)
+        sampled = self.scheduler.update_from_output(sched_out, results, spec_ids)
+        # a request may get several tokens (accepted drafts): tokens after a stop string go
+        left = None
+        if spec_ids is not None and any(c.spec_token_ids for c in sched_out.chunks):
+            left = Counter(r.request_id for r, _ in sampled)
+        for request, result in sampled:
+            remaining = 0
+            if left is not None:
+                left[request.request_id] -= 1
+                remaining = left[request.request_id]
+                if request.request_id in self._stopped_in_step:
+                    continue
+            self._process_sample(request, result, now, remaining)
             if matchers and request.request_id in matchers:
                 self._advance_grammar(request, result.token_id)
             touched[request.parent_id] = self._groups[request.parent_id]
+            if remaining and isinstance(request.stop_reason, str) and request.is_finished:
+                # a stop string ended it before this step's later tokens: they are dropped
+                request.truncate_outputs(remaining)
+                self._stopped_in_step.add(request.request_id)
+                self._record_finished(request)
+        self._stopped_in_step.clear()
         outputs = []
         for rid, group in touched.items():
             out = self._make_output(group)
@@ -236,7 +260,15 @@ class LLMEngine:
                 time.perf_counter() - start - kernel_seconds, kernel_seconds, bytes_read))
         return outputs
 
-    def _process_sample(self, request: Request, result: SampleResult, now: float) -> None:
+    def _record_drafts(self, sched_out: SchedulerOutput, results: list) -> None:
+        """Speculative decoding's acceptance counts (vLLM's spec_decode_* metrics)."""
+        for chunk, result in zip(sched_out.chunks, results):
+            if chunk.spec_token_ids:
+                self._stats.record_drafts(len(chunk.spec_token_ids), len(result) - 1)
+
+    def _process_sample(self, request: Request, result: SampleResult, now: float, remaining: int = 0) -> None:
+        """One new token of request; remaining: how many of its tokens this step come after
+        this one (accepted drafts), whose stops the request's status already reflects."""
         params = request.sampling_params
         metrics = request.metrics
         if metrics.first_token_time is None:
@@ -252,14 +284,15 @@ class LLMEngine:
             if result.logprob is not None:
                 request.cumulative_logprob += result.logprob
         comp = self._groups[request.parent_id].completions[request.index]
-        stopped_by_token = request.status == RequestStatus.FINISHED_STOPPED
+        status = request.status if not remaining else RequestStatus.RUNNING   # as of this token
+        stopped_by_token = status == RequestStatus.FINISHED_STOPPED
         if comp.detokenizer is not None and not (stopped_by_token
                                                  and not params.include_stop_str_in_output):
             new_text = comp.detokenizer.add(token_id)
             comp.text = comp.detokenizer.text
             # a stop string completed by the token that hit the length limit still wins
-            if (params.stop and new_text and request.num_output_tokens > params.min_tokens
-                    and request.status in (RequestStatus.RUNNING, RequestStatus.FINISHED_LENGTH)):
+            if (params.stop and new_text and request.num_output_tokens - remaining > params.min_tokens
+                    and status in (RequestStatus.RUNNING, RequestStatus.FINISHED_LENGTH)):
                 match = find_stop(comp.text, len(new_text), params.stop,
                                   params.include_stop_str_in_output)
                 if match is not None:
@@ -272,7 +305,9 @@ class LLMEngine:
                     else:
                         self.scheduler.finish_requests(request.request_id,
                                                        RequestStatus.FINISHED_STOPPED)
-        if request.is_finished:
+                    if remaining:
+                        return           # step() drops the later tokens and records the finish
+        if request.is_finished and not remaining:
             self._record_finished(request)
 
     def _add_prompt_logprobs(self, request: Request, first: int, logprobs, ranks, top_ids, top_logprobs) -> None:

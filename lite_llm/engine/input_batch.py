@@ -199,6 +199,10 @@ class InputBatch:
                 slot = slot_of[c.request.request_id]
                 if c.new_block_ids:
                     self.append_blocks(slot, c.new_block_ids)
+                if c.spec_token_ids:
+                    # drafts sit past the row's tokens (the verified ones are appended over them)
+                    n = int(self.num_tokens[slot])
+                    self.token_ids[slot, n:n + len(c.spec_token_ids)] = c.spec_token_ids
             is_prefix = is_prefix and slot == len(slots)
             slots.append(slot)
             starts.append(c.start)

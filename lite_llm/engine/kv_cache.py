@@ -67,26 +67,31 @@ class KVCacheManager:
             self.prefix_cache_hits += num_hit_tokens
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
-                       new_computed_blocks: list[KVBlock] = ()) -> list[int] | None:
+                       new_computed_blocks: list[KVBlock] = (), num_lookahead_tokens: int = 0
+                       ) -> list[int] | None:
         """Make room for num_new_tokens more KV entries of request; None if the pool is short.
 
         new_computed_blocks: prefix-cache hits (from get_computed_blocks) for a request
-        being admitted; they sit before the new tokens. Returns the ids appended to the
-        request's block table (hits first): the delta the runner applies to its copy.
+        being admitted; they sit before the new tokens. num_lookahead_tokens: slots past the
+        new tokens for speculative tokens (drafts the step verifies, a draft model's next
+        drafts); they are never published for prefix caching (their tokens are not the
+        request's yet), and what a rejected draft wrote there is overwritten when the real
+        token at that position is computed. Returns the ids appended to the request's block
+        table (hits first): the delta the runner applies to its copy.
         """
         rid = request.request_id
         blocks = self._blocks.get(rid)
         if blocks and not new_computed_blocks:
             # a running request whose blocks already hold the new tokens (most decode steps)
             end = request.num_computed_tokens + num_new_tokens
-            if end <= len(blocks) * self.block_size and (
+            if end + num_lookahead_tokens <= len(blocks) * self.block_size and (
                     not self.enable_prefix_caching or end // self.block_size <= self._num_hashed[rid]):
                 return []
         assert not new_computed_blocks or not blocks, "cache hits only for a request without blocks"
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         end = num_computed + num_new_tokens
         num_held = (len(blocks) if blocks else 0) + len(new_computed_blocks)
-        num_new_blocks = max(0, -(-end // self.block_size) - num_held)
+        num_new_blocks = max(0, -(-(end + num_lookahead_tokens) // self.block_size) - num_held)
         # hits sitting in the free list stop being free once touched
         num_free_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
         if num_new_blocks + num_free_hits > self.block_pool.num_free_blocks:

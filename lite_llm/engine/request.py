@@ -93,6 +93,8 @@ class Request:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.block_hashes: list[bytes] = []        # content hash per full block, filled by KV manager
+        # speculative decoding: tokens drafted after the newest one, verified by the next step
+        self.spec_token_ids: list[int] = []
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -127,6 +129,12 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self._all_token_ids.append(token_id)
+
+    def truncate_outputs(self, num: int) -> None:
+        """Drop the newest num output tokens (accepted drafts after a stop string)."""
+        if num > 0:
+            del self.output_token_ids[-num:]
+            del self._all_token_ids[-num:]
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, status={self.status.name}, tokens={self.num_tokens}, "

@@ -173,7 +173,8 @@ class ModelRunner:
 
     def __init__(self, loaded, *, num_blocks: int, block_size: int, max_num_batched_tokens: int,
                  max_num_seqs: int, num_threads: int, disable_sliding_window: bool = False,
-                 kernels=None, quantization: str | None = None, kv_cache_dtype: str | None = "auto"):
+                 kernels=None, quantization: str | None = None, kv_cache_dtype: str | None = "auto",
+                 proposer=None):
         cfg = loaded.config
         self.config = cfg
         self.dtype = loaded.dtype
@@ -224,6 +225,10 @@ class ModelRunner:
         self.kv_bytes_per_token = self.kv_cache_bytes // (num_blocks * block_size)   # all layers, K and V
         self.last_step_cost = (0.0, 0)    # (kernel seconds, bytes read) of the latest execute()
         self.last_prompt_logprobs: list[tuple] = []    # of the latest execute(): _prompt_logprobs
+        # speculative decoding (spec_decode.py): drafts for the next step, by request id, of
+        # the latest execute()
+        self.proposer = proposer
+        self.last_spec_token_ids: dict[str, list[int]] = {}
         # multiply-adds per token of the layers' matrices, and per logits row (the benchmarks'
         # share of peak; attention's grow with the context: bench/common.py)
         shapes = {name[:-len(".shape")]: tensors[name] for name in tensors if name.endswith(".shape")}
@@ -281,6 +286,8 @@ class ModelRunner:
         are left in last_prompt_logprobs."""
         batch = self.input_batch
         a = batch.prepare(sched_out)
+        if self.proposer is not None:
+            return self._execute_speculative(sched_out, a, masks)
         logits_rows, prompt_rows = a.logits_rows, None
         if any(c.request.prompt_logprobs is not None for c in sched_out.chunks):
             prompt_rows = _prompt_rows(sched_out)
@@ -312,3 +319,67 @@ class ModelRunner:
             return sampled
         results = iter(sampled)
         return [next(results) if c.sample else None for c in sched_out.chunks]
+
+    # ---- speculative decoding -------------------------------------------------------------
+
+    def _execute_speculative(self, sched_out, a: StepArrays, masks) -> list:
+        """execute() with drafts: each sampling chunk with s drafts brings its last s + 1
+        logits rows to the compiled verifier (_sampler.verify); its result is then a list of
+        SampleResults (accepted drafts, then one more token). Afterwards the proposer drafts
+        for the next step (last_spec_token_ids)."""
+        batch = self.input_batch
+        sampling = [c for c in sched_out.chunks if c.sample]
+        num_rows = [1 + len(c.spec_token_ids) for c in sampling]
+        seq_rows = np.zeros(len(sampling) + 1, np.int32)          # [S + 1]
+        np.cumsum(num_rows, out=seq_rows[1:])
+        R = int(seq_rows[-1])
+        # row r of sequence i is token logits_rows[i] - (num_rows[i] - 1) + (r - seq_rows[i])
+        logits_rows = (np.repeat(a.logits_rows - np.asarray(num_rows, np.int32) + 1, num_rows)
+                       + np.arange(R, dtype=np.int32) - np.repeat(seq_rows[:-1], num_rows)).astype(np.int32)
+        draft_ids = np.zeros(R, np.int32)
+        for i, c in enumerate(sampling):
+            if c.spec_token_ids:
+                draft_ids[seq_rows[i]:seq_rows[i + 1] - 1] = c.spec_token_ids
+        prompt_rows = None
+        if any(c.request.prompt_logprobs is not None for c in sched_out.chunks):
+            prompt_rows = _prompt_rows(sched_out)
+            if prompt_rows:
+                logits_rows = np.concatenate([logits_rows, np.concatenate([r[2] for r in prompt_rows])])
+        self.last_prompt_logprobs = []
+        start = time.perf_counter()
+        try:
+            all_logits = self.forward(a.token_ids, a.positions, a.slot_mapping, a.tok_seq, a.block_tables,
+                                      logits_rows)
+            logits = all_logits[:R]
+            kernel_seconds = time.perf_counter() - start
+        finally:
+            bitmask, mask_rows = masks.wait() if masks is not None else (None, None)
+        results: list = []
+        if sampling:
+            if batch.any_logit_bias:       # a biased request has no drafts: its one row
+                for i, c in enumerate(sampling):
+                    if c.request.sampling_params.logit_bias:
+                        add_logit_bias(logits[seq_rows[i]:seq_rows[i] + 1], [c.request])
+            results = self.sampler.verify(logits, seq_rows, draft_ids,
+                                          *batch.sampling_arrays(a.sample_slots, a.sample_slots_are_prefix),
+                                          bitmask=bitmask, mask_rows=mask_rows)
+            kernel_seconds += self.sampler.last_kernel_seconds
+            counts = self.sampler.last_counts
+            tokens = self.sampler.last_tokens
+            keep = np.repeat(seq_rows[:-1], counts) + (np.arange(int(counts.sum()), dtype=np.int32)
+                                                       - np.repeat(np.cumsum(counts) - counts, counts))
+            batch.append_sampled(np.repeat(a.sample_slots, counts).astype(np.int32), tokens[keep])
+            spec_start = time.perf_counter()
+            self.last_spec_token_ids = self.proposer.propose(batch, [c.request for c in sampling],
+                                                             a.sample_slots, sched_out)
+            kernel_seconds += time.perf_counter() - spec_start
+        else:
+            self.last_spec_token_ids = {}
+        if prompt_rows:
+            self.last_prompt_logprobs = self._prompt_logprobs(all_logits[R:], prompt_rows)
+        self.last_step_cost = (kernel_seconds,
+                               self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token)
+        if len(results) == len(sched_out.chunks):
+            return results
+        it = iter(results)
+        return [next(it) if c.sample else None for c in sched_out.chunks]

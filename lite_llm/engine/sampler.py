@@ -135,6 +135,45 @@ class Sampler:
                 results.append(SampleResult(tokens[row], float(out_logprob[row]), top, int(out_rank[row])))
         return results
 
+    def verify(self, logits: np.ndarray,     # IN/OUT [R, V] float32, overwritten
+               seq_rows: np.ndarray,         # IN [S + 1] int32 sequence s owns rows seq_rows[s]..seq_rows[s+1]-1
+               draft_ids: np.ndarray,        # IN [R] int32 the drafted token each row verifies
+               fparams: np.ndarray, iparams: np.ndarray, token_ids: np.ndarray, banned_ids: np.ndarray,
+               bitmask: np.ndarray | None = None, mask_rows: np.ndarray | None = None) -> list:
+        """Speculative decoding's compiled verifier (_sampler.verify) over ready parameter
+        arrays: per sequence a SampleResult if it has one row, else a list of them (the
+        accepted drafts, then the token drawn after them). last_counts [S] holds how many
+        tokens each sequence got, last_tokens [R] the tokens from each sequence's first row."""
+        num_rows, num_seqs = logits.shape[0], fparams.shape[0]
+        if logits.dtype != np.float32 or logits.ndim != 2 or logits.shape[1] != self.vocab_size \
+                or not logits.flags.c_contiguous or len(seq_rows) != num_seqs + 1:
+            raise ValueError(f"Sampler.verify: logits {logits.dtype} {logits.shape} for {num_seqs} "
+                             f"sequences, want C-contiguous float32 [R, {self.vocab_size}]")
+        num_logprobs = iparams[:, I_NUM_LOGPROBS]
+        max_logprobs = int(num_logprobs.max()) if num_seqs else -1
+        k = max(max_logprobs, 0)
+        out_token, out_logprob, out_rank, out_top_ids, out_top_logprobs = self._outputs(num_rows, k)
+        out_num = np.zeros(num_seqs, np.int32)
+        threads = min(self.num_threads, max(num_seqs, 1))
+        scratch = self._scratch(threads)
+        start = time.perf_counter()
+        _sampler.verify(logits, seq_rows, draft_ids, fparams, iparams, token_ids, banned_ids, out_token, out_num,
+                        out_logprob, out_rank, out_top_ids, out_top_logprobs, *scratch, threads, bitmask, mask_rows)
+        self.last_kernel_seconds = time.perf_counter() - start
+        self.last_tokens, self.last_counts = out_token, out_num
+        tokens = out_token.tolist()
+        results: list = []
+        for seq, (lo, hi, n) in enumerate(zip(seq_rows[:-1].tolist(), seq_rows[1:].tolist(), out_num.tolist())):
+            lp = int(num_logprobs[seq])
+            if lp < 0:
+                one = [SampleResult(t) for t in tokens[lo:lo + n]]
+            else:
+                one = [SampleResult(tokens[r], float(out_logprob[r]),
+                                    list(zip(out_top_ids[r, :lp].tolist(), out_top_logprobs[r, :lp].tolist())),
+                                    int(out_rank[r])) for r in range(lo, lo + n)]
+            results.append(one if hi - lo > 1 else one[0])
+        return results
+
 
 def add_logit_bias(logits: np.ndarray, requests) -> None:
     """Each request's logit_bias added to its row of logits ([S, V], row i is requests[i]):

@@ -24,6 +24,16 @@ the next step that runs (before that step's new requests, which may reuse a requ
     step k:   chunks [A new, blocks 3 7] [B new, blocks 1]
     step k+1: chunks [A, blocks +()] [B, blocks +(4)]          preempted_req_ids [ ]
     step k+2: chunks [A, blocks +(9)]                          preempted_req_ids [B]
+
+Speculative decoding: a decoding request with drafted tokens (request.spec_token_ids, set
+from the runner's proposals after each step) is scheduled as one chunk of 1 + s tokens,
+the last real token then the s drafts, all at consecutive positions; their slots are
+allocated as lookahead (never published for prefix caching). The runner verifies the drafts
+and returns the accepted ones plus one more token; num_computed_tokens then counts the
+real token and the accepted drafts, so a rejected draft's slot is simply written again
+later. s is capped so no token can pass max_tokens or max_model_len; when the cache is
+short the drafts are dropped before anyone is preempted. A draft model writes its next
+drafts' KV after the step: num_lookahead_tokens more slots per sampling chunk.
 """
 from __future__ import annotations
 
@@ -49,6 +59,7 @@ class ScheduledChunk(NamedTuple):
     new_block_ids: list[int]    # is_new: the whole block table; else the ids appended this step
     sample: bool                # all tokens are computed after this chunk: sample the next one
     is_new: bool = False        # enters the runner's batch (admitted, or resumed after preemption)
+    spec_token_ids: list[int] | tuple = ()   # drafts: the chunk's last len() tokens (not the request's yet)
 
 
 @dataclass(frozen=True)
@@ -65,7 +76,8 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv_cache_manager: KVCacheManager, *, max_num_seqs: int,
-                 max_num_batched_tokens: int, max_model_len: int, policy: str = "fcfs"):
+                 max_num_batched_tokens: int, max_model_len: int, policy: str = "fcfs",
+                 num_lookahead_tokens: int = 0):
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling policy must be 'fcfs' or 'priority', got {policy!r}")
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
@@ -76,6 +88,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.policy = policy
+        self.num_lookahead_tokens = num_lookahead_tokens   # per sampling chunk (draft model: k)
         self.requests: dict[str, Request] = {}        # every unfinished request
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []              # admission order (priority order if "priority")
@@ -157,7 +170,12 @@ class Scheduler:
                     continue
                 self._rows_budget -= num_new
             assert num_new > 0, f"{request} has nothing to compute"
-            while (block_ids := kv.allocate_slots(request, num_new)) is None:
+            spec = self._drafts(request, num_new, budget)
+            lookahead = self._lookahead(request, num_new, len(spec))
+            while (block_ids := kv.allocate_slots(request, num_new, (), len(spec) + lookahead)) is None:
+                if spec or lookahead:       # drop the speculation before preempting anyone
+                    spec, lookahead = (), 0
+                    continue
                 # running[-1] is the most recent admission, never one served earlier this step
                 victim = self.running.pop()
                 if victim is request and not self.running:
@@ -172,11 +190,28 @@ class Scheduler:
             if block_ids is None:
                 continue           # request left running; running[idx] is the next one
             start = request.num_computed_tokens
-            chunks.append(ScheduledChunk(request, start, num_new, block_ids,
-                                         start + num_new == request.num_tokens))
-            budget -= num_new
+            chunks.append(ScheduledChunk(request, start, num_new + len(spec), block_ids,
+                                         start + num_new == request.num_tokens, spec_token_ids=spec))
+            budget -= num_new + len(spec)
             idx += 1
         return budget
+
+    def _drafts(self, request: Request, num_new: int, budget: int) -> list[int] | tuple:
+        """The drafts this step verifies for request: none unless it decodes one token, at most
+        what the budget leaves, and never more than the tokens it may still produce."""
+        spec = request.spec_token_ids
+        if not spec or num_new != 1 or request.num_tokens - request.num_computed_tokens != 1:
+            return ()
+        room = min(budget - 1, request.max_tokens - request.num_output_tokens - 1,
+                   self.max_model_len - request.num_tokens - 1)
+        return spec if len(spec) <= room else spec[:max(room, 0)]
+
+    def _lookahead(self, request: Request, num_new: int, num_spec: int) -> int:
+        """Slots past this step's tokens a draft model writes after the step (0 without one)."""
+        if not self.num_lookahead_tokens or request.num_computed_tokens + num_new != request.num_tokens:
+            return 0
+        end = request.num_tokens + num_spec
+        return max(0, min(self.num_lookahead_tokens, self.max_model_len - end))
 
     def _schedule_waiting(self, chunks: list[ScheduledChunk], budget: int) -> int:
         kv = self.kv_cache_manager
@@ -221,6 +256,7 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request)    # before resetting num_computed_tokens: see free()
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         request.metrics.num_preemptions += 1
         request.status = RequestStatus.WAITING
@@ -238,15 +274,30 @@ class Scheduler:
 
     # ---- after the runner -----------------------------------------------------------------
 
-    def update_from_output(self, sched_out: SchedulerOutput, results: list[SampleResult | None]
+    def update_from_output(self, sched_out: SchedulerOutput, results: list,
+                           spec_token_ids: dict[str, list[int]] | None = None
                            ) -> list[tuple[Request, SampleResult]]:
         """Advance computed tokens, append sampled tokens, apply token stops (freeing finished
-        requests). Returns the requests that got a token with their sample, in chunk order."""
+        requests). Returns the requests that got a token with their sample, in chunk order.
+        A chunk with drafts has a list of SampleResults (accepted drafts, then one more):
+        they are appended one at a time, each checked for stops, and tokens after a stop
+        are dropped. spec_token_ids: the runner's drafts for the next step, by request id."""
         assert len(results) == len(sched_out.chunks), "runner results must align with chunks"
         sampled: list[tuple[Request, SampleResult]] = []
         for chunk, result in zip(sched_out.chunks, results):
             request = chunk.request
             if request.is_finished:
+                continue
+            if chunk.spec_token_ids:
+                # the last real token and the accepted drafts now have their KV
+                request.num_computed_tokens = chunk.start + len(result)
+                for one in result:
+                    request.append_output_token(one.token_id)
+                    sampled.append((request, one))
+                    status = self._check_token_stop(request)
+                    if status is not None:
+                        self.finish_requests(request.request_id, status)
+                        break
                 continue
             request.num_computed_tokens = chunk.start + chunk.num_new_tokens
             if not chunk.sample:
@@ -257,6 +308,11 @@ class Scheduler:
             status = self._check_token_stop(request)
             if status is not None:
                 self.finish_requests(request.request_id, status)
+        if spec_token_ids is not None:
+            for chunk in sched_out.chunks:
+                request = chunk.request
+                if chunk.sample and not request.is_finished:
+                    request.spec_token_ids = spec_token_ids.get(request.request_id, [])
         return sampled
 
     def _check_token_stop(self, request: Request) -> RequestStatus | None:

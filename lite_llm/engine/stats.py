@@ -11,6 +11,7 @@ vLLM's metrics of the same names.
 from __future__ import annotations
 
 import bisect
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -104,6 +105,18 @@ class EngineStats:
     step_bytes_read_total: int = 0
     recent_requests: tuple[FinishedRequestRecord, ...] = ()   # newest last
     recent_steps: tuple[StepRecord, ...] = ()                 # newest last
+    # speculative decoding: verified draft runs, drafted tokens, accepted ones (and per position)
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
+
+    @property
+    def spec_decode_acceptance_rate(self) -> float | None:
+        """Accepted / drafted tokens; None before any draft."""
+        if not self.spec_decode_num_draft_tokens:
+            return None
+        return self.spec_decode_num_accepted_tokens / self.spec_decode_num_draft_tokens
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -140,6 +153,21 @@ class StatsCollector:
         self._finished_part: dict | None = None   # what only record_finished changes, as snapshotted
         self._step_part: dict | None = None       # the per-step histograms, as snapshotted
         self._step_part_time = 0.0
+        self.spec_num_drafts = 0
+        self.spec_num_draft_tokens = 0
+        self.spec_num_accepted_tokens = 0
+        self.spec_accepted_per_pos: list[int] = []
+
+    def record_drafts(self, num_drafted: int, num_accepted: int) -> None:
+        """One sequence's verified drafts: num_accepted of num_drafted, a prefix of them."""
+        self.spec_num_drafts += 1
+        self.spec_num_draft_tokens += num_drafted
+        self.spec_num_accepted_tokens += num_accepted
+        per_pos = self.spec_accepted_per_pos
+        if len(per_pos) < num_drafted:
+            per_pos.extend([0] * (num_drafted - len(per_pos)))
+        for pos in range(num_accepted):
+            per_pos[pos] += 1
 
     def record_step(self, record: StepRecord) -> None:
         self.num_steps_total += 1
@@ -185,7 +213,11 @@ class StatsCollector:
             prefix_cache_queries=prefix_cache_queries, prefix_cache_hits=prefix_cache_hits,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
-            num_steps_total=self.num_steps_total, **self._finished_part, **self._step_part)
+            num_steps_total=self.num_steps_total, spec_decode_num_drafts=self.spec_num_drafts,
+            spec_decode_num_draft_tokens=self.spec_num_draft_tokens,
+            spec_decode_num_accepted_tokens=self.spec_num_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos=tuple(self.spec_accepted_per_pos),
+            **self._finished_part, **self._step_part)
 
 
 def merge_stats(parts: list[EngineStats]) -> EngineStats:
@@ -212,6 +244,11 @@ def merge_stats(parts: list[EngineStats]) -> EngineStats:
         prompt_tokens_total=total("prompt_tokens_total"),
         generation_tokens_total=total("generation_tokens_total"),
         request_success_total=success, num_steps_total=total("num_steps_total"),
+        spec_decode_num_drafts=total("spec_decode_num_drafts"),
+        spec_decode_num_draft_tokens=total("spec_decode_num_draft_tokens"),
+        spec_decode_num_accepted_tokens=total("spec_decode_num_accepted_tokens"),
+        spec_decode_num_accepted_tokens_per_pos=tuple(
+            map(sum, itertools.zip_longest(*(p.spec_decode_num_accepted_tokens_per_pos for p in parts), fillvalue=0))),
         step_bytes_read_total=total("step_bytes_read_total"),
         recent_requests=tuple(r for p in parts for r in p.recent_requests),
         recent_steps=tuple(s for p in parts for s in p.recent_steps),

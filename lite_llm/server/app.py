@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import unquote, urlsplit
 
 from lite_llm import __version__
-from lite_llm.config import KV_CACHE_DTYPES, env
+from lite_llm.config import KV_CACHE_DTYPES, env, speculative_config_arg
 from lite_llm.engine.async_engine import EngineDeadError, EngineShutdownError, QueueFullError
 from lite_llm.server import openai
 from lite_llm.server.metrics import ServerMetrics
@@ -1027,6 +1027,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="KV cache element type: auto (the model's: fp32, else bf16), bfloat16, int8, fp8 (= fp8_e4m3), "
       "fp8_e5m2 (8-bit: a byte per value and a scale per row, ~2x the tokens per GiB)")
     a("--disable-sliding-window", action="store_true", help="attend over the full context")
+    a("--speculative-config", default=None, type=speculative_config_arg, help='speculative decoding, as vLLM spells it: \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}\' (drafts looked up in the sequence) or \'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' (a small model of the same vocabulary)')
     a("--served-model-name", nargs="+", default=None, help="model name(s) the API answers to")
     a("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health "
                                       "and /ping (env LITE_LLM_API_KEY)")
@@ -1090,7 +1091,8 @@ def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=args.enable_prefix_caching, seed=args.seed, max_queue=args.max_queue,
         kv_cache_space=args.kv_cache_space, disable_sliding_window=args.disable_sliding_window,
-        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
+        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+        speculative_config=args.speculative_config)
     # flags left unset keep the builder's defaults
     engine_kwargs = {k: v for k, v in engine_kwargs.items() if v is not None}
     if args.data_parallel_size < 1:

@@ -126,6 +126,18 @@ class ServerMetrics:
                                              {**labels, **engine})
                     lines += block if first else block[2:]      # HELP and TYPE once per family
                     first = False
+        if any(st.spec_decode_num_drafts for _, st in series):
+            metric("spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.",
+                   lambda st: st.spec_decode_num_drafts)
+            metric("spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.",
+                   lambda st: st.spec_decode_num_draft_tokens)
+            metric("spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.",
+                   lambda st: st.spec_decode_num_accepted_tokens)
+            sample = family("spec_decode_num_accepted_tokens_per_pos_total", "counter",
+                            "Accepted tokens per draft position.")
+            for engine, st in series:
+                for pos, count in enumerate(st.spec_decode_num_accepted_tokens_per_pos):
+                    lines.append(f"{sample}{_labels({**labels, **engine, 'position': str(pos)})} {count}")
         metric("num_steps_total", "counter", "Engine steps run.", lambda st: st.num_steps_total)
         metric("step_bytes_read_total", "counter",
                "Bytes the kernels read (weights once per step + KV cache read by attention).",
