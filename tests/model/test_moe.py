@@ -164,3 +164,66 @@ def test_bytes_per_token_count_only_the_active_experts(tmp_path):
     g = info.model_weight_bytes(str(gguf_from_hf(ckpt, tmp_path / "m.gguf", GGUF_ARCH[arch])))
     assert g["bytes_per_token_bf16"] == hf["bytes_per_token_bf16"]
     assert g["formats"]["F32 -> bf16"] >= L * X * 3
+
+
+def test_fused_3d_expert_tensors_in_safetensors_give_the_same_logits(tmp_path):
+    """Experts stored as transformers 5 keeps them in memory, experts.gate_up_proj [X, 2F, E] and
+    experts.down_proj [X, E, F], are cut into one row range per expert and packed where they
+    lie in the mapped file: the same logits as the per-expert tensors."""
+    from safetensors.numpy import load_file, save_file
+    from lite_llm.model.loader import load_model
+    ckpt = tiny_checkpoint_path("qwen3_moe")
+    fused = tmp_path / "fused"
+    fused.mkdir()
+    for f in ckpt.iterdir():
+        if f.name != "model.safetensors":
+            (fused / f.name).write_bytes(f.read_bytes())
+    sd = load_file(str(ckpt / "model.safetensors"))
+    X = 16
+    for i in range(2):
+        m = f"model.layers.{i}.mlp.experts."
+        sd[m + "gate_up_proj"] = np.stack([np.concatenate([sd.pop(f"{m}{j}.gate_proj.weight"),
+                                                           sd.pop(f"{m}{j}.up_proj.weight")]) for j in range(X)])
+        sd[m + "down_proj"] = np.stack([sd.pop(f"{m}{j}.down_proj.weight") for j in range(X)])
+    save_file(sd, str(fused / "model.safetensors"), metadata={"format": "pt"})
+    expert = dict(load_model(str(fused), dtype="float32", progress=False).iter_tensors(streamed=True))[
+        "layers.1.experts.5.gate_up.weight"]
+    assert expert.stored_parts() is not None and [s.nbytes for s in expert.stored_parts()] == [32 * 64 * 4] * 2
+    prompts = prompts_for(320, [7, 30])
+    a_runner, _ = make_runner(ckpt)
+    b_runner, _ = make_runner(fused)
+    for a, b in zip(lite_logits(a_runner, prompts), lite_logits(b_runner, prompts)):
+        np.testing.assert_array_equal(b, a)
+
+
+def test_gguf_experts_are_packed_from_the_mapped_file(tmp_path):
+    """Each expert of a 3-D ffn_*_exps tensor is a byte range of the file (the one-pass loader
+    packs it where it lies: no full-size copy of the 3-D tensor)."""
+    from lite_llm.model.loader import load_model
+    path = gguf_from_hf(tiny_checkpoint_path("mixtral"), tmp_path / "m.gguf", "llama")
+    loaded = load_model(str(path), dtype="float32", progress=False)
+    seen = 0
+    for name, t in loaded.iter_tensors(streamed=True):
+        if ".experts." in name:
+            parts = t.stored_parts()
+            assert parts is not None and all(p.type_name == "F32" for p in parts), name
+            assert sum(p.nbytes for p in parts) == t.shape[0] * t.shape[1] * 4, name
+            seen += 1
+    assert seen == 2 * 2 * 4
+
+
+def test_a_bad_expert_configuration_is_refused_naming_it(tmp_path):
+    import json
+    from lite_llm.model.loader import ModelLoadError, load_model
+    ckpt = tiny_checkpoint_path("qwen2_moe")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in ckpt.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "mlp_only_layers": [1]}))
+    with pytest.raises(ModelLoadError, match="mlp_only_layers"):
+        load_model(str(bad), progress=False)
+    (bad / "config.json").write_text(json.dumps({**cfg, "num_experts_per_tok": 9}))
+    with pytest.raises(ModelLoadError, match="num_experts_per_tok 9 of 4 experts"):
+        load_model(str(bad), progress=False)
