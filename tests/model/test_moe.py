@@ -227,3 +227,69 @@ def test_a_bad_expert_configuration_is_refused_naming_it(tmp_path):
     (bad / "config.json").write_text(json.dumps({**cfg, "num_experts_per_tok": 9}))
     with pytest.raises(ModelLoadError, match="num_experts_per_tok 9 of 4 experts"):
         load_model(str(bad), progress=False)
+
+
+# Qwen3-MoE with rows of whole 256-value super-blocks, so llama.cpp's K-quant files hold Q4_K /
+# Q6_K experts and not its fallback types for odd row lengths
+QUANT_SHAPE = dict(hidden_size=256, moe_intermediate_size=256, intermediate_size=512, head_dim=64)
+_HF_OF_GGUF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+               "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+               "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "ffn_gate_inp": "mlp.gate"}
+
+
+def _dequantized_checkpoint(ckpt, path, out_dir):
+    """A copy of the Qwen3-MoE checkpoint `ckpt` holding the weights of the GGUF file `path`
+    dequantized by the gguf package (3-D expert tensors split back per expert)."""
+    import gguf
+    from safetensors.numpy import save_file
+    out_dir.mkdir()
+    for f in ckpt.iterdir():
+        if f.name != "model.safetensors":
+            (out_dir / f.name).write_bytes(f.read_bytes())
+    sd = {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        w = w.reshape([int(n) for n in reversed(t.shape)])
+        name = t.name[: -len(".weight")]
+        if name == "token_embd":
+            sd["model.embed_tokens.weight"] = w
+        elif name == "output":
+            sd["lm_head.weight"] = w
+        elif name == "output_norm":
+            sd["model.norm.weight"] = w
+        else:
+            _, i, kind = name.split(".")
+            m = f"model.layers.{i}."
+            if kind.endswith("_exps"):
+                proj = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}[kind]
+                for j in range(w.shape[0]):
+                    sd[f"{m}mlp.experts.{j}.{proj}.weight"] = np.ascontiguousarray(w[j])
+            else:
+                sd[f"{m}{_HF_OF_GGUF[kind]}.weight"] = w
+    save_file(sd, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    return out_dir
+
+
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
+def test_llama_cpp_quantized_experts_match_the_dequantized_reference(ftype, tmp_path):
+    """A Qwen3-MoE GGUF quantized by llama.cpp's own quantizer (Q4_K_M: Q4_K gate/up experts,
+    Q6_K or Q4_K down experts) runs its experts as stored; against transformers on the same
+    file's weights dequantized, within test_quantized.py's tolerance (_check_routed)."""
+    from test_quantized import NATIVE, quantize_with_llama_cpp
+    from transformers import AutoModelForCausalLM
+    ckpt = tiny_checkpoint_path("qwen3_moe", **QUANT_SHAPE, std=0.08)
+    path = quantize_with_llama_cpp(gguf_from_hf(ckpt, tmp_path / "f32.gguf", "qwen3moe"), tmp_path / "q.gguf", ftype)
+    runner, _ = make_runner(path)
+    kinds = {p for name, (parts, _) in runner.formats.items() if ".experts." in name for p in parts}
+    assert kinds and kinds <= NATIVE, kinds
+    model = AutoModelForCausalLM.from_pretrained(str(_dequantized_checkpoint(ckpt, path, tmp_path / "deq")),
+                                                 dtype=torch.float32).eval()
+    prompts = [[5, 17, 200, 33, 90, 250, 7, 64, 128, 3, 41, 300, 12, 9, 77], [8, 1, 99]]
+    with torch.no_grad():
+        want = [model(torch.tensor([p])).logits[0].double().numpy() for p in prompts]
+    for chunk in (None, 1):
+        got = lite_logits(runner, prompts, chunk)
+        _check_routed(_position_errors(got, want, lambda r: r.max(-1) - r.min(-1)), 0.04, 0.02)
+        err = np.concatenate([np.abs(g - r) / (r.max(-1, keepdims=True) - r.min(-1, keepdims=True))
+                              for g, r in zip(got, want)])
+        assert np.median(err) < 0.005, (ftype, chunk, np.median(err))
