@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import gguf_from_hf, tiny_checkpoint_path
+from lite_llm import _kernels
 from test_families import _greedy, hf_logits
 from test_parity import check_chunked_matches_one_shot, lite_logits, make_runner, prompts_for
 
@@ -293,3 +294,45 @@ def test_llama_cpp_quantized_experts_match_the_dequantized_reference(ftype, tmp_
         err = np.concatenate([np.abs(g - r) / (r.max(-1, keepdims=True) - r.min(-1, keepdims=True))
                               for g, r in zip(got, want)])
         assert np.median(err) < 0.005, (ftype, chunk, np.median(err))
+
+
+@pytest.mark.parametrize("variant", _kernels.available())
+def test_every_variant_gives_the_same_moe_logits(variant):
+    """Each kernel build this CPU runs (generic: the plain-C vector ops) routes and sums alike."""
+    path = tiny_checkpoint_path("qwen2_moe")
+    prompts = prompts_for(320, lens=[9, 30])
+    base, _ = make_runner(path)
+    other, _ = make_runner(path, kernels=_kernels.load(variant))
+    for a, b in zip(lite_logits(base, prompts), lite_logits(other, prompts)):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4 * np.abs(a).max())
+
+
+def test_a_decoded_token_reads_only_its_chosen_experts(tmp_path):
+    """The experts a one-token step is not routed to are filled with NaN: its logits stay finite
+    and unchanged (a weight of zero would not do: 0 x NaN is NaN), so their weights are never read."""
+    from safetensors.numpy import load_file, save_file
+    from transformers import AutoModelForCausalLM
+    ckpt = tiny_checkpoint_path("mixtral")
+    prompt = [[77]]
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    with torch.no_grad():
+        routers = model(torch.tensor(prompt), output_router_logits=True).router_logits
+    poisoned = tmp_path / "poisoned"
+    poisoned.mkdir()
+    for f in ckpt.iterdir():
+        if f.name != "model.safetensors":
+            (poisoned / f.name).write_bytes(f.read_bytes())
+    sd = load_file(str(ckpt / "model.safetensors"))
+    unused = 0
+    for i, logits in enumerate(routers):
+        chosen = set(torch.topk(logits[0], 2).indices.tolist())
+        for j in set(range(4)) - chosen:
+            for w in ("w1", "w2", "w3"):
+                sd[f"model.layers.{i}.block_sparse_moe.experts.{j}.{w}.weight"][:] = np.nan
+            unused += 1
+    assert unused == 2 * 2
+    save_file(sd, str(poisoned / "model.safetensors"), metadata={"format": "pt"})
+    want = lite_logits(make_runner(ckpt)[0], prompt)[0]
+    got = lite_logits(make_runner(poisoned)[0], prompt)[0]
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got, want)
