@@ -53,6 +53,19 @@ class ModelConfig:
     residual_multiplier: float = 1.0
     attention_multiplier: float | None = None
     logits_scaling: float = 1.0
+    # Mixture of experts (Mixtral, Qwen2-MoE, Qwen3-MoE): every layer's MLP is num_experts
+    # gated MLPs of ffn_dim features each, of which a router (softmax over experts, top
+    # num_experts_per_tok) runs num_experts_per_tok per token, weighted by their probabilities
+    # (renormalised over the chosen ones when norm_topk_prob); plus, with shared_ffn_dim, a
+    # shared gated MLP every token runs, scaled by sigmoid(shared_gate . x) (Qwen2-MoE)
+    num_experts: int = 0         # X; 0: a dense MLP
+    num_experts_per_tok: int = 0     # K
+    norm_topk_prob: bool = False
+    shared_ffn_dim: int = 0      # Fs; 0: no shared expert
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def q_size(self) -> int:
@@ -106,6 +119,11 @@ class KernelConfig:
     bf16_path: str | None        # lite_llm/_kernels/gemm_path.py; None: the build's default
     layers: tuple[LayerConfig, ...]
     attn_path: str = "auto"      # ATTENTION_PATHS: how attention tiles compute (src/kernels/attention.h)
+    # mixture of experts (ModelConfig's fields): ffn_dim is then each expert's width
+    num_experts: int = 0         # X; 0: dense MLP
+    num_experts_per_tok: int = 0     # K
+    norm_topk_prob: bool = False
+    shared_ffn_dim: int = 0      # Fs: the shared expert's width (Qwen2-MoE); 0: none
 
     MAX_HEAD_DIM = 512           # LL_MAX_HEAD_DIM, src/kernels/attention.h
 
@@ -131,6 +149,12 @@ class KernelConfig:
                              "(Gemma, Granite)")
         if self.attn_path not in ATTENTION_PATHS:
             raise ValueError(f"attention path {self.attn_path!r}: expected one of {', '.join(ATTENTION_PATHS)}")
+        if self.num_experts and not (0 < self.num_experts_per_tok <= self.num_experts):
+            raise ValueError(f"top-{self.num_experts_per_tok} of {self.num_experts} experts: expected 1..{self.num_experts}")
+        if self.num_experts and (not self.gated_mlp or self.post_norms or self.residual_scale != 1.0):
+            raise ValueError("experts are gated MLPs without post-MLP norms or residual scales")
+        if self.shared_ffn_dim and not self.num_experts:
+            raise ValueError("a shared expert belongs to a mixture-of-experts model")
         if self.attn_softcap < 0 or self.final_softcap < 0:
             raise ValueError(f"soft-caps {self.attn_softcap} / {self.final_softcap} cannot be negative")
 

@@ -137,40 +137,69 @@ def model_weight_bytes(model: str | None) -> dict[str, Any]:
                 "bytes_per_token_bf16": file_bytes,
                 "note": "parameter count unavailable: estimated from the file size"}
     params = sum(math.prod(s) for s in shapes.values())
+    share = _active_expert_share(path)
+    # a mixture of experts reads, of its experts, the top-k of X a token is routed to
+    active = sum(math.prod(s) * (share if _is_expert(n) else 1.0) for n, s in shapes.items())
     embed = next((n for n in shapes if n in ("token_embd.weight", "model.embed_tokens.weight",
                                              "model.decoder.embed_tokens.weight")), None)
     has_head = any(n in shapes for n in ("output.weight", "lm_head.weight"))
     gathered = math.prod(shapes[embed]) if embed and has_head else 0
     out = {"path": path, "params": params, "file_bytes": file_bytes,
-           "bytes_per_token_bf16": (params - gathered) * 2,
+           "bytes_per_token_bf16": int(active - gathered) * 2,
            "note": "weights read per token: every matrix once, in bf16"
-                   + ("; the embedding table is gathered, not read" if gathered else "")}
+                   + ("; the embedding table is gathered, not read" if gathered else "")
+                   + (f"; of the experts, the {share:.3g} share a token is routed to" if share < 1 else "")}
+    if share < 1:
+        out["active_params"] = int(active)
     if path.endswith(".gguf"):
         try:
-            out.update(_gguf_formats(path, skip=embed if gathered else None))
+            out.update(_gguf_formats(path, skip=embed if gathered else None, share=share))
         except ImportError:     # no kernel build: the formats are the kernels' to say
             pass
     return out
 
 
-def _gguf_formats(path: str, skip: str | None) -> dict[str, Any]:
+def _is_expert(name: str) -> bool:
+    """A routed expert's weight: HF mlp.experts.{j}.* / experts.gate_up_proj, GGUF ffn_*_exps."""
+    return ".experts." in name or "_exps." in name
+
+
+def _active_expert_share(path: str) -> float:
+    """num_experts_per_tok / num_experts of a mixture-of-experts model, else 1."""
+    from lite_llm.model import arch, gguf, hf
+    from lite_llm.model.loader import ModelLoadError
+    try:
+        if os.path.isdir(path):
+            config = hf.read_config(path)[0]
+        else:
+            f = gguf.GGUFFile(path)
+            name = f.metadata.get("general.architecture")
+            config = arch.for_gguf(name, path).gguf_config(f, name)
+    except (ModelLoadError, OSError):
+        return 1.0
+    return config.num_experts_per_tok / config.num_experts if config.is_moe else 1.0
+
+
+def _gguf_formats(path: str, skip: str | None, share: float = 1.0) -> dict[str, Any]:
     """How a GGUF file's matrices run: block types the kernels take stay as stored (repacked
     into panels the kernels size: the same bytes, K-quant scales widened a little), other 2-D
     tensors in bf16; and so the bytes a decoded token reads as run (`skip`: the gathered
-    embedding)."""
+    embedding; 3-D expert tensors [X, F, E] count as X matrices, `share` of them read)."""
     from lite_llm._kernels import kernels
     from lite_llm.model.gguf import NATIVE_TYPES, GGUFFile
     formats: dict[str, int] = {}
     per_token = 0
     for name, t in GGUFFile(path).tensors.items():
-        if len(t.shape) != 2:
+        if len(t.shape) not in (2, 3):
             continue
         kept = t.type_name in NATIVE_TYPES
         key = f"{t.type_name} (as stored)" if kept else f"{t.type_name} -> bf16"
-        formats[key] = formats.get(key, 0) + 1
+        count = t.shape[0] if len(t.shape) == 3 else 1
+        formats[key] = formats.get(key, 0) + count
         if name != skip:
-            rows, cols = t.shape
-            per_token += -(-rows // 16) * kernels.qpanel_bytes(t.type_name, cols) if kept else rows * cols * 2
+            rows, cols = t.shape[-2:]
+            one = -(-rows // 16) * kernels.qpanel_bytes(t.type_name, cols) if kept else rows * cols * 2
+            per_token += int(one * count * (share if _is_expert(name) else 1.0))
     return {"formats": formats, "bytes_per_token_as_run": per_token}
 
 

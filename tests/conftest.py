@@ -66,6 +66,16 @@ ARCH_DEFAULTS: dict[str, dict] = {
     # Granite: its four multipliers, none of them 1
     "granite": dict(_BASE, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True, embedding_multiplier=6.0,
                     residual_multiplier=0.4, attention_multiplier=0.09, logits_scaling=3.0),
+    # mixtures of experts: Qwen3-MoE top-8 of 16 (renormalised, as the released models),
+    # Mixtral top-2 of 4 (always renormalised), Qwen2-MoE top-2 of 4 (not) with its shared expert
+    "qwen3_moe": dict(_BASE, head_dim=16, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                      num_experts=16, num_experts_per_tok=8, moe_intermediate_size=32, norm_topk_prob=True,
+                      decoder_sparse_step=1, mlp_only_layers=[]),
+    "mixtral": dict(_BASE, intermediate_size=64, tie_word_embeddings=False, rms_norm_eps=1e-5, rope_theta=1000000.0,
+                    num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+    "qwen2_moe": dict(_BASE, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=1000000.0, num_experts=4,
+                      num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                      norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[]),
     "opt": dict(vocab_size=TINY_VOCAB, hidden_size=64, ffn_dim=96, num_hidden_layers=2, num_attention_heads=4,
                 max_position_embeddings=128, word_embed_proj_dim=64, do_layer_norm_before=True,
                 activation_function="relu", bos_token_id=0, eos_token_id=2, pad_token_id=1,
@@ -96,7 +106,10 @@ def _model_class(arch: str):
             "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
             "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
             "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
-            "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM)}[arch]
+            "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM),
+            "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
+            "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
+            "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM)}[arch]
 
 
 def build_tiny_checkpoint(arch: str, out_dir: Path, std: float = 0.05, seed: int = 0, **overrides) -> Path:
@@ -198,9 +211,36 @@ def _permute_qk(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _moe_gguf(cfg: dict, sd: dict, arch: str, tensors: dict, meta: dict) -> None:
+    """A mixture of experts' llama.cpp tensors and metadata: each layer's experts stacked into
+    ffn_gate_exps / ffn_up_exps [X, F, E] and ffn_down_exps [X, E, F], the router as
+    ffn_gate_inp, the shared expert as ffn_*_shexp with ffn_gate_inp_shexp [E]."""
+    num = cfg.get("num_experts") or cfg["num_local_experts"]
+    mixtral = cfg["architectures"][0] == "MixtralForCausalLM"
+    block, (g, u, d) = ("block_sparse_moe", ("w1", "w3", "w2")) if mixtral else ("mlp", ("gate_proj", "up_proj", "down_proj"))
+    for i in range(cfg["num_hidden_layers"]):
+        m = f"model.layers.{i}.{block}."
+        tensors[f"blk.{i}.ffn_gate_inp.weight"] = sd[m + "gate.weight"]
+        for ours, theirs in (("ffn_gate_exps", g), ("ffn_up_exps", u), ("ffn_down_exps", d)):
+            tensors[f"blk.{i}.{ours}.weight"] = np.stack([sd[f"{m}experts.{j}.{theirs}.weight"] for j in range(num)])
+        if cfg.get("shared_expert_intermediate_size"):
+            for ours, theirs in (("ffn_gate_shexp", "gate_proj"), ("ffn_up_shexp", "up_proj"),
+                                 ("ffn_down_shexp", "down_proj")):
+                tensors[f"blk.{i}.{ours}.weight"] = sd[f"{m}shared_expert.{theirs}.weight"]
+            tensors[f"blk.{i}.ffn_gate_inp_shexp.weight"] = sd[m + "shared_expert_gate.weight"].reshape(-1)
+    meta.update({f"{arch}.expert_count": num, f"{arch}.expert_used_count": cfg["num_experts_per_tok"]})
+    if not mixtral:
+        meta[f"{arch}.expert_feed_forward_length"] = cfg["moe_intermediate_size"]
+        meta[f"{arch}.expert_weights_norm"] = bool(cfg["norm_topk_prob"])
+    if cfg.get("shared_expert_intermediate_size"):
+        meta[f"{arch}.expert_shared_feed_forward_length"] = cfg["shared_expert_intermediate_size"]
+
+
 def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
     """Write the tiny HF checkpoint as a llama.cpp-style F32 GGUF (q/k permuted for "llama";
-    Gemma's norm weights stored with their + 1, as llama.cpp's converter writes them)."""
+    Gemma's norm weights stored with their + 1, as llama.cpp's converter writes them; a
+    mixture of experts with 3-D expert tensors: arch "qwen3moe", "qwen2moe", or "llama" for
+    Mixtral)."""
     cfg = json.loads((ckpt / "config.json").read_text())
     sd = load_file(str(ckpt / "model.safetensors"))
     tok = json.loads((ckpt / "tokenizer.json").read_text())
@@ -263,6 +303,8 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
                      f"{arch}.residual_scale": float(cfg["residual_multiplier"]),
                      f"{arch}.attention.scale": float(cfg["attention_multiplier"]),
                      f"{arch}.logit_scale": float(cfg["logits_scaling"])})
+    if cfg.get("num_experts") or cfg.get("num_local_experts"):
+        _moe_gguf(cfg, sd, arch, tensors, meta)
     if gemma:
         meta[f"{arch}.attention.sliding_window"] = cfg["sliding_window"]
         meta[f"{arch}.attention.sliding_window_pattern"] = [int(t == "sliding_attention") for t in cfg["layer_types"]]

@@ -289,3 +289,28 @@ def test_make_gguf_writes_a_random_model_llama_cpp_quantizes_and_we_load(tmp_pat
             (shape.dim, shape.num_layers, shape.ffn_dim, shape.num_heads, shape.num_kv_heads, shape.head_dim, 49152)
     mtime = os.path.getmtime(path)
     assert models.make_gguf("tiny", "Q8_0") == path and os.path.getmtime(path) == mtime   # cached
+
+
+def test_make_gguf_writes_a_mixture_of_experts_llama_cpp_quantizes_and_we_run(tmp_path, monkeypatch):
+    """The MoE shapes: qwen3moe with 3-D expert tensors, quantized by llama.cpp to Q4_K_M (experts
+    in Q4_K / Q6_K), loaded with the shape's experts and run as stored; info --model counts
+    the active experts' bytes only."""
+    import gguf
+
+    from lite_llm import info
+    from lite_llm.bench import models
+    monkeypatch.setattr(models, "CACHE_DIR", str(tmp_path))
+    path = models.make_gguf("tiny-moe", "Q4_K_M")
+    shape = models.SHAPES["tiny-moe"]
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    assert types["blk.0.ffn_gate_exps.weight"] == "Q4_K" and types["blk.0.ffn_down_exps.weight"] in ("Q4_K", "Q6_K")
+    cfg = load_model(path, progress=False).config
+    assert (cfg.architecture, cfg.num_experts, cfg.num_experts_per_tok, cfg.ffn_dim) == \
+        ("Qwen3MoeForCausalLM", shape.num_experts, shape.experts_used, shape.ffn_dim)
+    m = info.model_weight_bytes(path)
+    expert_params = shape.num_layers * shape.num_experts * 3 * shape.ffn_dim * shape.dim
+    assert m["params"] - m["active_params"] == expert_params * (shape.num_experts - shape.experts_used) // shape.num_experts
+    from lite_llm import LLM, SamplingParams
+    llm = LLM(path, max_model_len=64, dtype="float32")
+    out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4

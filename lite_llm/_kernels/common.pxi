@@ -2,6 +2,7 @@
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t
 from libc.stdlib cimport malloc, free, calloc
 from libc.string cimport memcpy, memset
+from libc.math cimport expf
 from cython.parallel cimport prange, parallel
 cimport openmp
 import numpy as np
@@ -196,6 +197,11 @@ cdef void _gemm(const float *x, Py_ssize_t ldx, uint32_t *xb, const ll_qact *xq,
         nt = m.num_panels
     for tid in prange(nt, schedule="static", num_threads=nt):
         _gemm_part(x, ldx, xb, xq, num_tokens, m, out, ldo, accumulate, tid, nt)
+
+cdef extern from "kernels/moe.h" nogil:
+    float ll_dot_f32(const float *a, const float *b, Py_ssize_t n)
+    void ll_moe_topk(const float *logits, int num_experts, int k, int renorm, int32_t *sel, float *weight)
+    void ll_axpy_f32(float a, const float *x, float *y, Py_ssize_t n)
 
 cdef extern from "omp_util.h" nogil:
     void ll_omp_barrier()

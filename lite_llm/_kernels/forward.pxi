@@ -16,8 +16,11 @@ cdef struct LayerW:
     int window                    # sliding window (LayerConfig.sliding_window); 0: global
     Mat qkv                       # [(H + 2 Hkv) D, E]
     Mat o                         # [E, H D]
-    Mat up                        # [2F, E] gate then up rows (gated), or [F, E]
-    Mat down                      # [E, F]
+    Mat up                        # [2F, E] gate then up rows (gated), or [F, E]; MoE: the shared expert's [2Fs, E]
+    Mat down                      # [E, F]; MoE: the shared expert's [E, Fs] (both zero without one)
+    const float *router           # [X, E] MoE only: router logits = router . h
+    const float *shared_gate_w    # [E] MoE with a shared expert: its scale sigmoid(shared_gate_w . h)
+    Mat *experts                  # [2 X] MoE only: expert j's gate_up [2F, E] at j, its down [E, F] at X + j
     void *k_cache                 # [num_blocks, Hkv, ...] layouts: attention.h, layout.py
     void *v_cache
 
@@ -32,6 +35,7 @@ cdef struct ModelC:
     int block_size, num_blocks, max_positions
     int rms, act, gated, use_rope, qk_norm, post_norms, kv_type   # kv_type: LL_KV_* (attention.h)
     int attn_path                  # LL_ATTN_* (attention.h): direct or staged dot products
+    int num_experts, top_k, norm_topk, shared_dim   # MoE (X, K, renormalise, Fs); num_experts 0: dense MLP
     float eps, scale, embed_scale, residual_scale, logit_scale, attn_softcap, final_softcap   # softcaps 0: none
 
 
@@ -53,7 +57,29 @@ cdef struct WorkC:
     int8_t *xq2     # [T, F] int8 blocks of the MLP activation (the down projection's input)
     float *xqd2     # [T, F / 32]
     float *xqs2     # [T, F / 16]
-    int *counter    # [6 x 16] work counters, one cache line each: attention, qkv, o, up, down, lm_head
+    int *counter    # [8 x 16] work counters, one cache line each: attention, qkv, o, up, down, lm_head,
+                    # MoE gated, MoE down
+    # mixture of experts (A = T K routed rows, grouped by expert): NULL for dense models
+    float *router   # [T, X + 1] router logits, the shared gate's at X (then its sigmoid)
+    float *moe_wt   # [T, K] weight of each token's k-th expert
+    int32_t *moe_sel    # [T, K] each token's experts
+    int32_t *moe_slot   # [T, K] the grouped row of (token, k)
+    int32_t *moe_tok    # [A] token of each grouped row
+    int32_t *moe_exp    # [A] expert of each grouped row
+    int32_t *moe_off    # [X + 1] first grouped row of each expert
+    int32_t *moe_cur    # [X] fill cursor while grouping
+    int32_t *moe_active # [X + 1] experts with rows, their count at X
+    float *gx       # [A, E] gathered normed rows
+    uint32_t *gxb   # [A, E / 2 + 1] as bf16 pairs
+    int8_t *gxq     # [A, E] as int8 blocks, scales gxqd [A, E / 32 + 1], gxqs [A, E / 16 + 1]
+    float *gxqd
+    float *gxqs
+    float *gact     # [A, F] experts' gated activations, and their forms:
+    uint32_t *gactb # [A, F / 2 + 1]
+    int8_t *gactq   # [A, F], gactqd [A, F / 32 + 1], gactqs [A, F / 16 + 1]
+    float *gactqd
+    float *gactqs
+    float *gout     # [A, E] experts' outputs, before their weighted sum
     float *partials # [_max_split_items, _partial_stride] attention split results (decode of few sequences)
 
 
@@ -123,6 +149,10 @@ cdef class Model:
         self.c.residual_scale, self.c.logit_scale = cfg.residual_scale, cfg.logit_scale
         self.c.attn_softcap, self.c.final_softcap = cfg.attn_softcap, cfg.final_softcap
         self.c.max_positions = cfg.max_positions
+        self.c.num_experts, self.c.top_k = cfg.num_experts, cfg.num_experts_per_tok
+        self.c.norm_topk, self.c.shared_dim = cfg.norm_topk_prob, cfg.shared_ffn_dim
+        if self.c.num_experts and not self.c.gated:
+            raise ValueError("experts are gated MLPs")
         if self.c.head_dim > LL_MAX_HEAD_DIM:   # KernelConfig checks the same bound: keep them one
             raise ValueError(f"head_dim {self.c.head_dim} is above this build's LL_MAX_HEAD_DIM {LL_MAX_HEAD_DIM}")
         if len(k_caches) != self.c.num_layers or len(v_caches) != self.c.num_layers:
@@ -167,12 +197,12 @@ cdef class Model:
                 self.c.layers[i].rope_sin = _vec({"s": rope_tables[lc.rope_table][1]}, "s", self.keep)
             self.c.layers[i].qkv = _mat(tensors, p + "qkv", dtype, self.keep, fma)
             self.c.layers[i].o = _mat(tensors, p + "o", dtype, self.keep, fma)
-            self.c.layers[i].up = _mat(tensors, p + ("gate_up" if self.c.gated else "up"), dtype, self.keep, fma)
-            if self.c.gated and self.c.layers[i].up.num_panels != 2 * ((self.c.ffn_dim + 15) // 16):
-                raise ValueError(f"{p}gate_up: expected layout.pack_gated panels")
-            if self.c.gated and self.c.layers[i].up.input == LL_IN_Q8 and self.c.layers[i].up.num_parts != 2:
-                raise ValueError(f"{p}gate_up: a block-quantized gated MLP is a gate part and an up part")
-            self.c.layers[i].down = _mat(tensors, p + "down", dtype, self.keep, fma)
+            if self.c.num_experts:
+                self._load_experts(i, tensors, dtype, fma)
+            else:
+                self.c.layers[i].up = _mat(tensors, p + ("gate_up" if self.c.gated else "up"), dtype, self.keep, fma)
+                _check_gated(&self.c.layers[i].up, self.c.gated, self.c.ffn_dim, p + "gate_up")
+                self.c.layers[i].down = _mat(tensors, p + "down", dtype, self.keep, fma)
             if (self.c.layers[i].o.input == LL_IN_Q8
                     and (self.c.num_heads // self.c.num_kv_heads * self.c.head_dim) % 32):
                 raise ValueError(f"{p}o: int8 inputs need 32-value blocks within a KV group "
@@ -190,7 +220,37 @@ cdef class Model:
         if not self.c.use_rope and (self.c.pos_embed is NULL or tensors["pos_embed"].shape[0] < self.c.max_positions):
             raise ValueError("a model without rope needs pos_embed with max_positions rows")
 
+    cdef _load_experts(self, int i, dict tensors, str dtype, bint fma):
+        """Layer i's router, experts and shared expert (see LayerW); every expert of a layer in
+        one format (one 3-D tensor in a file), so the gathered rows have one input form."""
+        cdef str p = f"layers.{i}."
+        cdef int j, X = self.c.num_experts
+        cdef LayerW *L = &self.c.layers[i]
+        router = tensors.get(p + "router.weight")
+        if router is None or router.shape != (X, self.c.dim):
+            raise ValueError(f"{p}router.weight: expected [{X}, {self.c.dim}] float32")
+        L.router = _vec(tensors, p + "router.weight", self.keep)
+        L.experts = <Mat *>calloc(2 * X, sizeof(Mat))
+        for j in range(X):
+            L.experts[j] = _mat(tensors, p + f"experts.{j}.gate_up", dtype, self.keep, fma)
+            _check_gated(&L.experts[j], True, self.c.ffn_dim, p + f"experts.{j}.gate_up")
+            L.experts[X + j] = _mat(tensors, p + f"experts.{j}.down", dtype, self.keep, fma)
+            if (_describe(&L.experts[j]) != _describe(&L.experts[0])
+                    or _describe(&L.experts[X + j]) != _describe(&L.experts[X])):
+                raise ValueError(f"{p}experts.{j}: its format differs from expert 0's")
+        if self.c.shared_dim:
+            L.up = _mat(tensors, p + "shared.gate_up", dtype, self.keep, fma)
+            _check_gated(&L.up, True, self.c.shared_dim, p + "shared.gate_up")
+            L.down = _mat(tensors, p + "shared.down", dtype, self.keep, fma)
+            L.shared_gate_w = _vec(tensors, p + "shared_gate.weight", self.keep)
+            if L.shared_gate_w is NULL or tensors[p + "shared_gate.weight"].shape != (self.c.dim,):
+                raise ValueError(f"{p}shared_gate.weight: expected [{self.c.dim}] float32")
+
     def __dealloc__(self):
+        cdef int i
+        if self.c.layers != NULL:
+            for i in range(self.c.num_layers):
+                free(self.c.layers[i].experts)
         free(self.c.layers)
 
     def formats(self):
@@ -203,6 +263,13 @@ cdef class Model:
         for i in range(self.c.num_layers):
             out[f"layers.{i}.qkv"] = _describe(&self.c.layers[i].qkv)
             out[f"layers.{i}.o"] = _describe(&self.c.layers[i].o)
+            if self.c.num_experts:   # one entry for all of a layer's experts: they share a format
+                out[f"layers.{i}.experts.gate_up"] = _describe(&self.c.layers[i].experts[0])
+                out[f"layers.{i}.experts.down"] = _describe(&self.c.layers[i].experts[self.c.num_experts])
+                if self.c.shared_dim:
+                    out[f"layers.{i}.shared.gate_up"] = _describe(&self.c.layers[i].up)
+                    out[f"layers.{i}.shared.down"] = _describe(&self.c.layers[i].down)
+                continue
             out[f"layers.{i}.{'gate_up' if self.c.gated else 'up'}"] = _describe(&self.c.layers[i].up)
             out[f"layers.{i}.down"] = _describe(&self.c.layers[i].down)
         return out
@@ -219,6 +286,24 @@ cdef class Model:
     @property
     def vocab_size(self):
         return self.c.vocab_size
+
+
+cdef _check_gated(const Mat *w, bint gated, int ffn_dim, str name):
+    """A gated MLP's [2F, E] weight in layout.pack_gated's panels: a quantized one is a gate
+    part and an up part."""
+    if gated and w.num_panels != 2 * ((ffn_dim + 15) // 16):
+        raise ValueError(f"{name}: expected layout.pack_gated panels")
+    if gated and w.input == LL_IN_Q8 and w.num_parts != 2:
+        raise ValueError(f"{name}: a block-quantized gated MLP is a gate part and an up part")
+
+
+cdef bint _experts_quantized(const ModelC *mc):
+    """Whether some layer's experts take int8 inputs (they share a format within a layer)."""
+    cdef int i
+    for i in range(mc.num_layers if mc.num_experts else 0):
+        if mc.layers[i].experts[0].input == LL_IN_Q8 or mc.layers[i].experts[mc.num_experts].input == LL_IN_Q8:
+            return True
+    return False
 
 
 cdef bint _any_quantized(const ModelC *mc):
@@ -244,28 +329,29 @@ cdef class Workspace:
         cdef ModelC *mc = &m.c
         cdef int qkv_n = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
         cdef int up_n = 0 if mc.gated else mc.ffn_dim
-        cdef int max_k = max(mc.dim, mc.ffn_dim, mc.num_heads * mc.head_dim)
+        cdef int ffn = max(mc.ffn_dim, mc.shared_dim)   # MoE: act / xb2 / xq2 hold the shared expert's
+        cdef int max_k = max(mc.dim, ffn, mc.num_heads * mc.head_dim)
         self.max_tokens, self.max_rows, self.num_threads = max_tokens, max_rows, num_threads
         bufs = [aligned_zeros((max_tokens, mc.dim), np.float32),
                 aligned_zeros((max(max_tokens, max_rows), mc.dim), np.float32),
                 aligned_zeros((max_tokens, qkv_n), np.float32),
                 aligned_zeros((max_tokens, mc.num_heads * mc.head_dim), np.float32),
                 aligned_zeros((max_tokens, up_n), np.float32),
-                aligned_zeros((max_tokens, mc.ffn_dim), np.float32),
+                aligned_zeros((max_tokens, ffn), np.float32),
                 aligned_zeros((max(num_threads, 1), ll_attention_scratch(mc.head_dim, mc.num_heads // mc.num_kv_heads)), np.float32),
                 aligned_zeros((max(max_tokens, max_rows), (max_k + 1) // 2 + 1), np.uint32),
-                aligned_zeros((6 * 16,), np.int32),
+                aligned_zeros((8 * 16,), np.int32),
                 aligned_zeros((max_tokens + 1,), np.int32),
-                aligned_zeros((max_tokens, (mc.ffn_dim + 1) // 2 + 1), np.uint32),
+                aligned_zeros((max_tokens, (ffn + 1) // 2 + 1), np.uint32),
                 aligned_zeros((_max_split_items(max(num_threads, 1)),
                                _partial_stride(mc.num_heads // mc.num_kv_heads, mc.head_dim)), np.float32)]
         rows = max(max_tokens, max_rows)
-        if _any_quantized(mc):   # int8 blocks of GEMM inputs, for block-quantized weights
+        if _any_quantized(mc) or _experts_quantized(mc):   # int8 blocks of GEMM inputs, for block-quantized weights
             bufs += [aligned_zeros((rows, max_k), np.int8), aligned_zeros((rows, max_k // 32 + 1), np.float32),
                      aligned_zeros((rows, max_k // 16 + 1), np.float32),
-                     aligned_zeros((max_tokens, mc.ffn_dim), np.int8),
-                     aligned_zeros((max_tokens, mc.ffn_dim // 32 + 1), np.float32),
-                     aligned_zeros((max_tokens, mc.ffn_dim // 16 + 1), np.float32)]
+                     aligned_zeros((max_tokens, ffn), np.int8),
+                     aligned_zeros((max_tokens, ffn // 32 + 1), np.float32),
+                     aligned_zeros((max_tokens, ffn // 16 + 1), np.float32)]
         else:
             bufs += [None] * 6
         self.keep = bufs
@@ -282,6 +368,41 @@ cdef class Workspace:
             self.c.xq, self.c.xqd, self.c.xqs = <int8_t *>_ptr(bufs[12]), <float *>_ptr(bufs[13]), <float *>_ptr(bufs[14])
             self.c.xq2, self.c.xqd2, self.c.xqs2 = <int8_t *>_ptr(bufs[15]), <float *>_ptr(bufs[16]), <float *>_ptr(bufs[17])
         self.c.scratch_len = bufs[6].shape[1]
+        self._moe_buffers(mc, max_tokens)
+
+    cdef _moe_buffers(self, const ModelC *mc, int max_tokens):
+        """The MoE phase's buffers (WorkC), sized for A = max_tokens x K routed rows."""
+        cdef Py_ssize_t X = mc.num_experts, K = mc.top_k, A = max_tokens * mc.top_k, E = mc.dim, F = mc.ffn_dim
+        self.c.router = self.c.moe_wt = self.c.gx = self.c.gxqd = self.c.gxqs = self.c.gact = NULL
+        self.c.gactqd = self.c.gactqs = self.c.gout = NULL
+        self.c.moe_sel = self.c.moe_slot = self.c.moe_tok = self.c.moe_exp = NULL
+        self.c.moe_off = self.c.moe_cur = self.c.moe_active = NULL
+        self.c.gxb = self.c.gactb = NULL
+        self.c.gxq = self.c.gactq = NULL
+        if not X:
+            return
+        from lite_llm._kernels.layout import aligned_zeros
+        idx = aligned_zeros((2 * A + 2 * A + 3 * (X + 1),), np.int32)
+        bufs = {"router": aligned_zeros((max_tokens, X + 1), np.float32), "wt": aligned_zeros((A,), np.float32),
+                "gx": aligned_zeros((A, E), np.float32), "gxb": aligned_zeros((A, (E + 1) // 2 + 1), np.uint32),
+                "gact": aligned_zeros((A, F), np.float32), "gactb": aligned_zeros((A, (F + 1) // 2 + 1), np.uint32),
+                "gout": aligned_zeros((A, E), np.float32), "idx": idx}
+        self.keep.append(bufs)
+        self.c.router, self.c.moe_wt = <float *>_ptr(bufs["router"]), <float *>_ptr(bufs["wt"])
+        self.c.gx, self.c.gxb = <float *>_ptr(bufs["gx"]), <uint32_t *>_ptr(bufs["gxb"])
+        self.c.gact, self.c.gactb = <float *>_ptr(bufs["gact"]), <uint32_t *>_ptr(bufs["gactb"])
+        self.c.gout = <float *>_ptr(bufs["gout"])
+        cdef int32_t *base = <int32_t *>_ptr(idx)
+        self.c.moe_sel, self.c.moe_slot = base, base + A
+        self.c.moe_tok, self.c.moe_exp = base + 2 * A, base + 3 * A
+        self.c.moe_off, self.c.moe_cur, self.c.moe_active = base + 4 * A, base + 4 * A + X + 1, base + 4 * A + 2 * (X + 1)
+        if _experts_quantized(mc):
+            q = [aligned_zeros((A, E), np.int8), aligned_zeros((A, E // 32 + 1), np.float32),
+                 aligned_zeros((A, E // 16 + 1), np.float32), aligned_zeros((A, F), np.int8),
+                 aligned_zeros((A, F // 32 + 1), np.float32), aligned_zeros((A, F // 16 + 1), np.float32)]
+            self.keep.append(q)
+            self.c.gxq, self.c.gxqd, self.c.gxqs = <int8_t *>_ptr(q[0]), <float *>_ptr(q[1]), <float *>_ptr(q[2])
+            self.c.gactq, self.c.gactqd, self.c.gactqs = <int8_t *>_ptr(q[3]), <float *>_ptr(q[4]), <float *>_ptr(q[5])
 
     @property
     def hidden(self):
@@ -484,6 +605,145 @@ cdef inline void _attn_to_input(const WorkC *ws, int form, Py_ssize_t pair, Py_s
                                 ws.xqd + t * (q_n // 32) + c0 // 32, ws.xqs + t * (q_n // 16) + c0 // 16)
 
 
+# ---- mixture of experts -------------------------------------------------------------------
+
+cdef enum:
+    MOE_DOWN_PANELS = 4   # output panels per work unit of the experts' down projections
+
+
+cdef inline ll_qact _qrows(int8_t *q, float *d, float *s, Py_ssize_t k, Py_ssize_t row) noexcept nogil:
+    """The int8 blocks of rows from `row` of a [rows, k] buffer (NULL where it has none)."""
+    if q == NULL:
+        return _qact(NULL, NULL, NULL, k)
+    return _qact(q + row * k, d + row * (k // 32), s + row * (k // 16), k)
+
+
+cdef inline void _expert_gated(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize_t e,
+                               Py_ssize_t q0, Py_ssize_t q1) noexcept nogil:
+    """Expert e's fused gate/up + activation over feature panels q0..q1 of its grouped rows."""
+    cdef Py_ssize_t E = m.dim, F = m.ffn_dim, r = ws.moe_off[e], n = ws.moe_off[e + 1] - ws.moe_off[e]
+    cdef ll_qact xq = _qrows(ws.gxq, ws.gxqd, ws.gxqs, E, r)
+    cdef int form = ll_mat_form(&L.experts[m.num_experts + e], n)
+    ll_mat_gated(ws.gx + r * E, ws.gxb + r * ((E + 1) // 2), &xq, E, n, &L.experts[e], F, m.act, ws.gact + r * F, F,
+                 ws.gactb + r * ((F + 1) // 2) if form == LL_IN_BF16 else NULL,
+                 ws.gactq + r * F if form == LL_IN_Q8 else NULL,
+                 ws.gactqd + r * (F // 32) if form == LL_IN_Q8 else NULL,
+                 ws.gactqs + r * (F // 16) if form == LL_IN_Q8 else NULL, q0, q1)
+
+
+cdef inline void _expert_down(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize_t e,
+                              Py_ssize_t p0, Py_ssize_t p1) noexcept nogil:
+    """Expert e's down projection, output panels p0..p1, of its grouped rows into gout."""
+    cdef Py_ssize_t E = m.dim, F = m.ffn_dim, r = ws.moe_off[e], n = ws.moe_off[e + 1] - ws.moe_off[e]
+    cdef ll_qact aq = _qrows(ws.gactq, ws.gactqd, ws.gactqs, F, r)
+    ll_mat_gemm(ws.gact + r * F, ws.gactb + r * ((F + 1) // 2), &aq, F, n, &L.experts[m.num_experts + e],
+                ws.gout + r * E, E, 0, p0, p1)
+
+
+cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize_t T, int tid, int nth) noexcept nogil:
+    """x += the MoE MLP of the normed rows h [T, E] (ws.h; in L.up's input form for a shared
+    expert), inside _step's parallel region:
+
+      router    logits [T, X] = h . router (and the shared gate's), split over (token, expert)
+      top-k     each token's K experts and weights (ll_moe_topk)
+      group     one thread: rows by expert, A = T K of them (moe_off, moe_tok, moe_slot)
+      gather    each routed row copied to gx in its expert's input form
+      gated     (expert with rows, pair of feature panels) units, then the shared expert's,
+                from a shared counter: one GEMM per expert over its rows (decode: K GEMVs)
+      down      (expert, MOE_DOWN_PANELS output panels) units likewise, into gout [A, E]
+                (the shared expert's into h, which nobody reads any more)
+      combine   x[t] += sum_k w[t, k] gout[slot[t, k]] (+ sigmoid gate x shared), split by columns
+    Only the chosen experts' weights are read."""
+    cdef Py_ssize_t E = m.dim, F = m.ffn_dim, Fs = m.shared_dim, X = m.num_experts, K = m.top_k
+    cdef Py_ssize_t Xp = X + 1, A = T * K, t, k, e, a, r, item, n_items, c0, c1
+    cdef Py_ssize_t ng = (F + 15) // 16, pairs = (ng + 1) // 2, ngs = (Fs + 15) // 16, spairs = (ngs + 1) // 2
+    cdef Py_ssize_t npd = (E + 15) // 16, chunks = (npd + MOE_DOWN_PANELS - 1) // MOE_DOWN_PANELS
+    cdef Py_ssize_t n_active, routed
+    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E), gq = _qact(ws.gxq, ws.gxqd, ws.gxqs, E)
+    cdef ll_qact xq_s = _qact(ws.xq2, ws.xqd2, ws.xqs2, Fs)
+    cdef int form
+    cdef float *logit
+
+    n_items = T * Xp
+    for item in range(_lo(n_items, tid, nth), _lo(n_items, tid + 1, nth)):
+        t, e = item // Xp, item % Xp
+        if e < X:
+            ws.router[item] = ll_dot_f32(ws.h + t * E, L.router + e * E, E)
+        elif L.shared_gate_w != NULL:
+            ws.router[item] = ll_dot_f32(ws.h + t * E, L.shared_gate_w, E)
+    ll_omp_barrier()
+    for t in range(_lo(T, tid, nth), _lo(T, tid + 1, nth)):
+        logit = ws.router + t * Xp
+        ll_moe_topk(logit, <int>X, <int>K, m.norm_topk, ws.moe_sel + t * K, ws.moe_wt + t * K)
+        if L.shared_gate_w != NULL:
+            logit[X] = 1.0 / (1.0 + expf(-logit[X]))
+    ll_omp_barrier()
+    if tid == 0:   # group the T K (token, expert) pairs by expert, tokens in order within each
+        for e in range(Xp):
+            ws.moe_off[e] = 0
+        for a in range(A):
+            ws.moe_off[ws.moe_sel[a] + 1] += 1
+        n_active = 0
+        for e in range(X):
+            if ws.moe_off[e + 1]:
+                ws.moe_active[n_active] = <int32_t>e
+                n_active += 1
+            ws.moe_off[e + 1] += ws.moe_off[e]
+            ws.moe_cur[e] = ws.moe_off[e]
+        ws.moe_active[X] = <int32_t>n_active
+        for a in range(A):
+            e = ws.moe_sel[a]
+            r = ws.moe_cur[e]
+            ws.moe_cur[e] += 1
+            ws.moe_slot[a], ws.moe_tok[r], ws.moe_exp[r] = <int32_t>r, <int32_t>(a // K), <int32_t>e
+        ws.counter[6 * 16] = 0   # this layer's gated and down units: last used before two barriers
+        ws.counter[7 * 16] = 0
+    ll_omp_barrier()
+    n_active = ws.moe_active[X]
+    for r in range(_lo(A, tid, nth), _lo(A, tid + 1, nth)):
+        e = ws.moe_exp[r]
+        memcpy(ws.gx + r * E, ws.h + ws.moe_tok[r] * E, E * sizeof(float))
+        form = ll_mat_form(&L.experts[e], ws.moe_off[e + 1] - ws.moe_off[e])
+        _to_input(form, ws.gx, E, r, r + 1, E, ws.gxb, &gq)
+    ll_omp_barrier()
+    # experts hold unequal numbers of rows: units handed out dynamically
+    routed = n_active * pairs
+    n_items = routed + (spairs if Fs else 0)
+    item = ll_atomic_next(ws.counter + 6 * 16)
+    while item < n_items:
+        if item < routed:
+            _expert_gated(m, ws, L, ws.moe_active[item // pairs], 2 * (item % pairs), min(2 * (item % pairs) + 2, ng))
+        else:
+            r = item - routed
+            form = ll_mat_form(&L.down, T)
+            ll_mat_gated(ws.h, ws.xb, &xq_e, E, T, &L.up, Fs, m.act, ws.act, Fs,
+                         ws.xb2 if form == LL_IN_BF16 else NULL, ws.xq2 if form == LL_IN_Q8 else NULL, ws.xqd2,
+                         ws.xqs2, 2 * r, min(2 * r + 2, ngs))
+        item = ll_atomic_next(ws.counter + 6 * 16)
+    ll_omp_barrier()
+    routed = n_active * chunks
+    n_items = routed + (chunks if Fs else 0)
+    item = ll_atomic_next(ws.counter + 7 * 16)
+    while item < n_items:
+        r = item % chunks
+        if item < routed:
+            _expert_down(m, ws, L, ws.moe_active[item // chunks], r * MOE_DOWN_PANELS,
+                         min((r + 1) * MOE_DOWN_PANELS, npd))
+        else:
+            ll_mat_gemm(ws.act, ws.xb2, &xq_s, Fs, T, &L.down, ws.h, E, 0, r * MOE_DOWN_PANELS,
+                        min((r + 1) * MOE_DOWN_PANELS, npd))
+        item = ll_atomic_next(ws.counter + 7 * 16)
+    ll_omp_barrier()
+    c0 = _lo(npd, tid, nth) * 16
+    c1 = min(_lo(npd, tid + 1, nth) * 16, E)
+    if c1 > c0:
+        for t in range(T):
+            for k in range(K):
+                ll_axpy_f32(ws.moe_wt[t * K + k], ws.gout + ws.moe_slot[t * K + k] * E + c0, ws.x + t * E + c0, c1 - c0)
+            if Fs:
+                ll_axpy_f32(ws.router[t * Xp + X], ws.h + t * E + c0, ws.x + t * E + c0, c1 - c0)
+
+
 cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int nth) noexcept nogil:
     cdef Py_ssize_t t, r, head, i, l, item, c0, c1, t0, t1
     cdef Py_ssize_t T = s.T, E = m.dim, F = m.ffn_dim, H = m.num_heads, Hkv = m.num_kv_heads, D = m.head_dim
@@ -556,7 +816,9 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         # --- MLP block: norm, gate/up with the activation fused (or up, act), down + residual
         _norm_rows(m, L.mlp_norm_w, L.mlp_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, ll_mat_form(&L.up, T), t0, t1)
         ll_omp_barrier()
-        if m.gated:
+        if m.num_experts:
+            _moe_block(m, ws, L, T, tid, nth)
+        elif m.gated:
             _gated_phase(m, ws, &L.up, &L.down, T, l, tid, nth)
             ll_omp_barrier()
             if m.post_norms or m.residual_scale != 1.0:   # down into h (the gated phase has read it)

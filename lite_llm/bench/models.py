@@ -21,7 +21,7 @@ from lite_llm.bench.common import CACHE_DIR, progress
 
 @dataclass(frozen=True)
 class Shape:
-    arch: str                 # GGUF architecture: "llama" | "qwen3"
+    arch: str                 # GGUF architecture: "llama" | "qwen3" | "qwen3moe"
     dim: int
     num_layers: int
     ffn_dim: int
@@ -31,6 +31,8 @@ class Shape:
     context: int
     rope_theta: float
     tied: bool = False
+    num_experts: int = 0      # qwen3moe: experts per layer (ffn_dim is each expert's width)
+    experts_used: int = 0     # top-k
 
 
 SHAPES = {
@@ -38,7 +40,13 @@ SHAPES = {
     "llama-3.2-1b": Shape("llama", 2048, 16, 8192, 32, 8, 64, 8192, 500000.0, tied=True),
     "llama-3.1-8b": Shape("llama", 4096, 32, 14336, 32, 8, 128, 8192, 500000.0),
     "qwen3-8b": Shape("qwen3", 4096, 36, 12288, 32, 8, 128, 8192, 1000000.0),
+    # Qwen3-30B-A3B's layer (width 2048, 32 q / 4 kv heads of 128, experts of 768, top-8) with
+    # 48 experts instead of 128 and 12 layers instead of 48: 3.0 B parameters (3.3 GB in Q8_0,
+    # 1.9 GB in Q4_K_M), 0.8 B of them read per token
+    "qwen3-30b-a3b-scaled": Shape("qwen3moe", 2048, 12, 768, 32, 4, 128, 8192, 1000000.0,
+                                  num_experts=48, experts_used=8),
     "tiny": Shape("llama", 256, 2, 512, 4, 2, 64, 512, 10000.0),      # for tests
+    "tiny-moe": Shape("qwen3moe", 256, 2, 256, 4, 2, 64, 512, 10000.0, num_experts=8, experts_used=2),
 }
 TYPES = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K",
          "IQ4_NL", "IQ4_XS")
@@ -103,6 +111,10 @@ def _write_f16(shape: Shape, path: str, seed: int) -> None:
     w.add_uint32(f"{a}.attention.key_length", shape.head_dim)
     w.add_uint32(f"{a}.attention.value_length", shape.head_dim)
     w.add_uint32(f"{a}.rope.dimension_count", shape.head_dim)
+    if shape.num_experts:
+        w.add_uint32(f"{a}.expert_count", shape.num_experts)
+        w.add_uint32(f"{a}.expert_used_count", shape.experts_used)
+        w.add_uint32(f"{a}.expert_feed_forward_length", shape.ffn_dim)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-5 if a == "llama" else 1e-6)
     w.add_float32(f"{a}.rope.freq_base", shape.rope_theta)
     rng = np.random.default_rng(seed)
@@ -116,10 +128,15 @@ def _write_f16(shape: Shape, path: str, seed: int) -> None:
         specs += [(p + "attn_norm.weight", (E,), False), (p + "ffn_norm.weight", (E,), False),
                   (p + "attn_q.weight", (H * D, E), True), (p + "attn_k.weight", (Hkv * D, E), True),
                   (p + "attn_v.weight", (Hkv * D, E), True), (p + "attn_output.weight", (E, H * D), True)]
-        if a == "qwen3":
+        if a in ("qwen3", "qwen3moe"):
             specs += [(p + "attn_q_norm.weight", (D,), False), (p + "attn_k_norm.weight", (D,), False)]
-        specs += [(p + "ffn_gate.weight", (F, E), True), (p + "ffn_up.weight", (F, E), True),
-                  (p + "ffn_down.weight", (E, F), True)]
+        if shape.num_experts:   # the router, and every expert's matrices as one 3-D tensor
+            X = shape.num_experts
+            specs += [(p + "ffn_gate_inp.weight", (X, E), True), (p + "ffn_gate_exps.weight", (X, F, E), True),
+                      (p + "ffn_up_exps.weight", (X, F, E), True), (p + "ffn_down_exps.weight", (X, E, F), True)]
+        else:
+            specs += [(p + "ffn_gate.weight", (F, E), True), (p + "ffn_up.weight", (F, E), True),
+                      (p + "ffn_down.weight", (E, F), True)]
     specs.append(("output_norm.weight", (E,), False))
     if not shape.tied:
         specs.append(("output.weight", (vocab, E), True))
@@ -134,7 +151,7 @@ def _write_f16(shape: Shape, path: str, seed: int) -> None:
             w.write_tensor_data((rng.standard_normal(dims, dtype=np.float32) * 0.02).astype(np.float16))
         else:
             w.write_tensor_data(np.ones(dims, np.float32))
-        if name.endswith("ffn_down.weight") or n == len(specs):
+        if name.endswith(("ffn_down.weight", "ffn_down_exps.weight")) or n == len(specs):
             progress(f"make-gguf: {n}/{len(specs)} tensors")
     w.close()
     os.replace(tmp, path)

@@ -119,19 +119,20 @@ def pack_checkpoint(loaded, dtype: str, threads: int, quantization: str | None =
     tensors: dict[str, object] = {}
     with layout.WeightArena():
         for name, t in loaded.iter_tensors(streamed=True):   # 2-D: StackedRows, not read yet
-            if t.ndim == 2 and name != "pos_embed":
+            # pos_embed and a router are plain fp32 tables (the router's logits pick experts)
+            if t.ndim == 2 and name != "pos_embed" and not name.endswith(".router.weight"):
                 base = name[: -len(".weight")] if name.endswith(".weight") else name
                 tensors[base + ".shape"] = t.shape
                 blocks = _block_form(base, t, cfg, quantization)
                 if blocks is not None:
                     tensors[base + ".weight"], tensors[base + ".parts"] = layout.pack_blocks(blocks, threads)
-                elif base.endswith(".gate_up"):   # the fused gated-MLP kernel's layout
-                    tensors[base + ".weight"] = layout.pack_gated(t, cfg.ffn_dim, dtype, threads)
+                elif base.endswith(".gate_up"):   # the fused gated-MLP kernel's layout (an expert's too)
+                    tensors[base + ".weight"] = layout.pack_gated(t, t.shape[0] // 2, dtype, threads)
                 else:
                     tensors[base + ".weight"] = layout.pack_rows(t, dtype, threads=threads)
                 continue
-            arr = t.read(0, t.shape[0]) if t.ndim == 2 else t      # pos_embed: a plain table
-            if arr.dtype == np.uint16:   # bf16 bits (pos_embed): widen, the kernel reads fp32
+            arr = t.read(0, t.shape[0]) if t.ndim == 2 else t      # pos_embed, router: plain tables
+            if arr.dtype == np.uint16:   # bf16 bits (pos_embed, router): widen, the kernel reads fp32
                 tensors[name] = np.ascontiguousarray(bf16_to_f32(arr))
             else:
                 tensors[name] = np.ascontiguousarray(arr, dtype=np.float32)
@@ -219,8 +220,11 @@ class ModelRunner:
         self.sampler = Sampler(cfg.vocab_size, eos, num_threads=num_threads)
         self.input_batch = InputBatch(max_num_seqs, max_pos, block_size, eos, max_num_batched_tokens)
         self.weight_bytes = sum(v.nbytes for k, v in tensors.items() if isinstance(v, np.ndarray))
-        # a decode step streams every matrix once; an untied embedding only gives a few rows
-        self.bytes_per_token = self.weight_bytes - (tensors["embed.weight"].nbytes if "lm_head.weight" in tensors else 0)
+        # a decode step streams every matrix once (of the experts, the top-k of X a token runs);
+        # an untied embedding only gives a few rows
+        self.bytes_per_token = int(sum(v.nbytes * arch.moe.active_fraction(k, cfg) for k, v in tensors.items()
+                                       if isinstance(v, np.ndarray))
+                                   - (tensors["embed.weight"].nbytes if "lm_head.weight" in tensors else 0))
         self.kv_cache_bytes = sum(c.nbytes for c in self.k_caches + self.v_caches)
         self.kv_bytes_per_token = self.kv_cache_bytes // (num_blocks * block_size)   # all layers, K and V
         self.last_step_cost = (0.0, 0)    # (kernel seconds, bytes read) of the latest execute()
@@ -232,7 +236,8 @@ class ModelRunner:
         # multiply-adds per token of the layers' matrices, and per logits row (the benchmarks'
         # share of peak; attention's grow with the context: bench/common.py)
         shapes = {name[:-len(".shape")]: tensors[name] for name in tensors if name.endswith(".shape")}
-        self.layer_macs_per_token = sum(int(n) * int(k) for name, (n, k) in shapes.items() if name.startswith("layers."))
+        self.layer_macs_per_token = int(sum(int(n) * int(k) * arch.moe.active_fraction(name, cfg)
+                                            for name, (n, k) in shapes.items() if name.startswith("layers.")))
         head = shapes.get("lm_head", shapes["embed"])
         self.head_macs_per_row = int(head[0]) * int(head[1])
         self.formats = self.model.formats()

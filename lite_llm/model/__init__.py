@@ -15,6 +15,11 @@ Canonical tensor names (i = layer), rows are output features as in HF ([out, in]
     layers.{i}.up.weight      [F, E]        when not gated (OPT fc1); .bias when config.mlp_bias
     layers.{i}.down.weight    [E, F]        (.bias [E] when config.mlp_bias)
     layers.{i}.post_mlp_norm.weight  [E]    norm of the MLP output, when config.post_norms
+  a mixture of experts (config.num_experts X > 0) has, in place of gate_up / down:
+    layers.{i}.router.weight  [X, E]        router logits (kept float32)
+    layers.{i}.experts.{j}.gate_up.weight [2F, E] / .down.weight [E, F]   expert j, F = config.ffn_dim
+    layers.{i}.shared.gate_up.weight [2Fs, E] / shared.down.weight [E, Fs] / shared_gate.weight [E]
+                                            the shared expert, when config.shared_ffn_dim Fs (Qwen2-MoE)
     final_norm.weight / .bias [E]
     lm_head.weight            [V, E]        absent when config.tie_word_embeddings
 dtypes: 2-D tensors in the engine dtype (np.float32, np.float16, or bf16 bits as np.uint16);

@@ -186,11 +186,12 @@ class GGUFFile:
             self._fd = None
         self.mapped.close()
 
-    def stored(self, name: str, perm: int = 0, r0: int = 0, r1: int | None = None) -> StoredPart:
+    def stored(self, name: str, perm: int = 0, r0: int = 0, r1: int | None = None, flat: bool = False) -> StoredPart:
         """Where rows r0..r1 (default: all) of tensor `name` lie, for packing straight from the
-        mapped file (ggml rows are whole blocks: a row range is a byte range)."""
+        mapped file (ggml rows are whole blocks: a row range is a byte range). flat: rows of
+        the tensor seen as 2-D [prod(shape[:-1]), shape[-1]] (3-D expert tensors)."""
         info = self.info(name)
-        rows = info.shape[0] if info.shape else 1
+        rows = _num_rows(info.shape, flat)
         row_bytes = info.nbytes // rows if rows else 0
         begin, nbytes = info.offset + r0 * row_bytes, ((rows if r1 is None else r1) - r0) * row_bytes
         return StoredPart(view=partial(self.mapped.view, begin, nbytes), nbytes=nbytes, type_name=info.type_name,
@@ -221,22 +222,24 @@ class GGUFFile:
         info = self.info(name)
         return dequantize(self._pread(info.offset, info.nbytes), info.type_id, info.shape)
 
-    def read_rows(self, name: str, r0: int, r1: int) -> np.ndarray:
-        """Rows r0..r1 (outermost axis) of tensor `name`, dequantized to float32; new memory.
-        ggml rows are whole blocks, so a slice of rows is a contiguous slice of the bytes."""
+    def read_rows(self, name: str, r0: int, r1: int, flat: bool = False) -> np.ndarray:
+        """Rows r0..r1 (outermost axis; flat: as stored() says) of tensor `name`, dequantized to
+        float32; new memory. ggml rows are whole blocks, so a slice of rows is a contiguous
+        slice of the bytes."""
         info = self.info(name)
-        rows = info.shape[0] if info.shape else 1
+        rows = _num_rows(info.shape, flat)
         if not 0 <= r0 <= r1 <= rows:
             raise ValueError(f"{self.path}: rows {r0}..{r1} of tensor {name!r} with {rows} rows")
         row_bytes = info.nbytes // rows if rows else 0
         raw = self._pread(info.offset + r0 * row_bytes, (r1 - r0) * row_bytes)
-        return dequantize(raw, info.type_id, (r1 - r0, *info.shape[1:]))
+        return dequantize(raw, info.type_id, (r1 - r0, *(info.shape[-1:] if flat else info.shape[1:])))
 
-    def read_raw_rows(self, name: str, r0: int, r1: int) -> np.ndarray:
-        """Rows r0..r1 of 2-D tensor `name` as stored: uint8 [r1 - r0, bytes per row]; new memory."""
+    def read_raw_rows(self, name: str, r0: int, r1: int, flat: bool = False) -> np.ndarray:
+        """Rows r0..r1 of 2-D tensor `name` (flat: of any tensor seen as 2-D) as stored:
+        uint8 [r1 - r0, bytes per row]; new memory."""
         info = self.info(name)
-        rows = info.shape[0]
-        if len(info.shape) != 2 or not 0 <= r0 <= r1 <= rows:
+        rows = _num_rows(info.shape, flat)
+        if (len(info.shape) != 2 and not flat) or not 0 <= r0 <= r1 <= rows:
             raise ValueError(f"{self.path}: rows {r0}..{r1} of tensor {name!r} of shape {info.shape}")
         row_bytes = info.nbytes // rows if rows else 0
         return self._pread(info.offset + r0 * row_bytes, (r1 - r0) * row_bytes).reshape(r1 - r0, row_bytes)
@@ -251,6 +254,13 @@ class GGUFFile:
         out = np.empty(nbytes, np.uint8)
         pread_into(self._fd, offset, out, self.path)
         return out
+
+
+def _num_rows(shape: tuple[int, ...], flat: bool) -> int:
+    """Rows of a tensor of `shape`: its outermost axis, or (flat) all but its innermost."""
+    if not shape:
+        return 1
+    return int(np.prod(shape[:-1], dtype=np.int64)) if flat else shape[0]
 
 
 def dequantize(raw: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndarray:

@@ -47,6 +47,13 @@ def read_config(path: str) -> tuple[ModelConfig, dict]:
 # ---- safetensors ---------------------------------------------------------------------------
 
 
+def _num_rows(shape: tuple[int, ...], flat: bool) -> int:
+    """Rows of a tensor of `shape`: its outermost axis, or (flat) all but its innermost."""
+    if not shape:
+        return 1
+    return int(np.prod(shape[:-1], dtype=np.int64)) if flat else shape[0]
+
+
 @dataclass(frozen=True)
 class _Entry:
     file: str
@@ -86,14 +93,15 @@ class SafetensorsCheckpoint:
         for m in maps.values():
             m.close()
 
-    def stored(self, name: str, r0: int = 0, r1: int | None = None) -> StoredPart | None:
+    def stored(self, name: str, r0: int = 0, r1: int | None = None, flat: bool = False) -> StoredPart | None:
         """Where rows r0..r1 (default: all) of tensor `name` lie, for packing straight from the
-        mapped file; None for a type the packer does not take as stored (float64, integers)."""
+        mapped file; None for a type the packer does not take as stored (float64, integers).
+        flat: rows of the tensor seen as 2-D [prod(shape[:-1]), shape[-1]] (3-D expert tensors)."""
         e = self.entry(name)
         type_name = _STORED_TYPES.get(e.dtype.str)
         if type_name is None:
             return None
-        rows = e.shape[0] if e.shape else 1
+        rows = _num_rows(e.shape, flat)
         row_bytes = (e.end - e.begin) // rows if rows else 0
         begin, nbytes = e.begin + r0 * row_bytes, ((rows if r1 is None else r1) - r0) * row_bytes
         mapped = self._maps.get(e.file) or self._maps.setdefault(e.file, MappedFile(e.file))
@@ -151,16 +159,17 @@ class SafetensorsCheckpoint:
         e = self.entry(name, shape)
         return self.read_rows(name, 0, e.shape[0] if e.shape else 1)
 
-    def read_rows(self, name: str, r0: int, r1: int) -> np.ndarray:
-        """Rows r0..r1 (outermost axis) of tensor `name`, as read(); new memory."""
+    def read_rows(self, name: str, r0: int, r1: int, flat: bool = False) -> np.ndarray:
+        """Rows r0..r1 (outermost axis; flat: of the tensor seen as 2-D, as stored() says) of
+        tensor `name`, as read(); new memory."""
         e = self.entry(name)
-        rows = e.shape[0] if e.shape else 1
+        rows = _num_rows(e.shape, flat)
         if not 0 <= r0 <= r1 <= rows:
             raise ValueError(f"{e.file}: rows {r0}..{r1} of tensor {name!r} with {rows} rows")
         row_bytes = (e.end - e.begin) // rows if rows else 0
         out = np.empty(((r1 - r0) * row_bytes) // e.dtype.itemsize, e.dtype)
         self._pread(e.file, e.begin + r0 * row_bytes, out)
-        out = out.reshape((r1 - r0, *e.shape[1:]) if e.shape else ())
+        out = out.reshape((r1 - r0, *(e.shape[-1:] if flat else e.shape[1:])) if e.shape else ())
         return out.astype(np.float32) if e.dtype == np.float64 else out.astype(e.dtype.newbyteorder("="), copy=False)
 
     def _pread(self, file: str, offset: int, out: np.ndarray) -> None:
@@ -199,17 +208,20 @@ def stacked(ckpt: SafetensorsCheckpoint, parts: tuple[tuple[str, tuple[int, int]
     return StackedRows(tuple(rows), parts[0][1][1], blocks=tuple(blocks), stored=tuple(stored))
 
 
-def split(ckpt: SafetensorsCheckpoint, name: str, sizes: tuple[int, ...], cols: int) -> StackedRows:
+def split(ckpt: SafetensorsCheckpoint, name: str, sizes: tuple[int, ...], cols: int, first: int | None = None) -> StackedRows:
     """StackedRows of the fused 2-D tensor `name` [sum(sizes), cols] cut into parts of `sizes`
     rows (Phi-3's qkv_proj into q, k, v; gate_up_proj into gate, up): the same parts as
-    separate tensors would give, each read or packed where it lies."""
+    separate tensors would give, each read or packed where it lies. first: the parts start at
+    row `first` of a 3-D tensor seen as 2-D (one expert of experts.gate_up_proj [X, 2F, E])."""
     if hfquant.is_quantized_linear(ckpt, name[: -len(".weight")]):
         raise ModelLoadError(f"{ckpt.path}: {name}: a fused projection in AWQ / GPTQ form is not supported")
-    ckpt.entry(name, (sum(sizes), cols))
-    rows, stored, r0 = [], [], 0
+    flat = first is not None
+    if not flat:
+        ckpt.entry(name, (sum(sizes), cols))
+    rows, stored, r0 = [], [], first or 0
     for n in sizes:
-        rows.append((n, lambda a, b, r0=r0: ckpt.read_rows(name, r0 + a, r0 + b)))
-        stored.append(ckpt.stored(name, r0, r0 + n))
+        rows.append((n, lambda a, b, r0=r0: ckpt.read_rows(name, r0 + a, r0 + b, flat=flat)))
+        stored.append(ckpt.stored(name, r0, r0 + n, flat=flat))
         r0 += n
     return StackedRows(tuple(rows), cols, blocks=(None,) * len(sizes), stored=tuple(stored))
 

@@ -8,6 +8,10 @@ properties of the kernel model.
     gemma.py   Gemma2ForCausalLM, Gemma3ForCausalLM ("gemma2", "gemma3")
     phi3.py    Phi3ForCausalLM (Phi-3, Phi-3.5, Phi-4-mini; "phi3")
     granite.py GraniteForCausalLM ("granite")
+    mixtral.py MixtralForCausalLM (llama.cpp files it under "llama", with experts)
+    qwen2_moe.py  Qwen2MoeForCausalLM ("qwen2moe": routed experts and a gated shared expert)
+    qwen3_moe.py  Qwen3MoeForCausalLM ("qwen3moe")
+    moe.py     the mixture-of-experts MLP's config fields and tensors (HF and GGUF), for the above
 
 A recipe module defines HF_ARCHITECTURES (the config.json names it reads), GGUF_ARCHITECTURES
 (llama.cpp's general.architecture -> HF name), config(raw, arch, where) -> ModelConfig,
@@ -21,11 +25,11 @@ import dataclasses
 from types import ModuleType
 
 from lite_llm.config import KernelConfig, LayerConfig, ModelConfig
-from lite_llm.model.arch import gemma, granite, llama, opt, phi3, qwen
+from lite_llm.model.arch import gemma, granite, llama, mixtral, opt, phi3, qwen, qwen2_moe, qwen3_moe
 from lite_llm.model.loader import ModelLoadError
 from lite_llm.model.rope import rope_dim
 
-RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma, phi3, granite)
+RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma, phi3, granite, mixtral, qwen2_moe, qwen3_moe)
 _BY_HF = {name: r for r in RECIPES for name in r.HF_ARCHITECTURES}
 _BY_GGUF = {name: r for r in RECIPES for name in getattr(r, "GGUF_ARCHITECTURES", {})}
 SUPPORTED_ARCHITECTURES = tuple(_BY_HF)
@@ -75,14 +79,29 @@ def tensor_names(config: ModelConfig) -> list[str]:
         if config.post_norms:
             names.append(p + "post_attn_norm.weight")
         names += [p + "mlp_norm.weight"] + ([p + "mlp_norm.bias"] if layer_norm else [])
-        mlp_in = "gate_up" if config.gated_mlp else "up"
-        names += [p + f"{mlp_in}.weight"] + ([p + f"{mlp_in}.bias"] if config.mlp_bias else [])
-        names += [p + "down.weight"] + ([p + "down.bias"] if config.mlp_bias else [])
+        if config.is_moe:
+            names += moe_tensor_names(config, p)
+        else:
+            mlp_in = "gate_up" if config.gated_mlp else "up"
+            names += [p + f"{mlp_in}.weight"] + ([p + f"{mlp_in}.bias"] if config.mlp_bias else [])
+            names += [p + "down.weight"] + ([p + "down.bias"] if config.mlp_bias else [])
         if config.post_norms:
             names.append(p + "post_mlp_norm.weight")
     names += ["final_norm.weight"] + (["final_norm.bias"] if layer_norm else [])
     if not config.tie_word_embeddings:
         names.append("lm_head.weight")
+    return names
+
+
+def moe_tensor_names(config: ModelConfig, p: str) -> list[str]:
+    """A mixture-of-experts MLP's canonical tensors under layer prefix p: the router [X, E]
+    (run in fp32), each expert's gate_up [2F, E] and down [E, F], and the shared expert with
+    its gate vector [E] where the model has one."""
+    names = [p + "router.weight"]
+    for j in range(config.num_experts):
+        names += [p + f"experts.{j}.gate_up.weight", p + f"experts.{j}.down.weight"]
+    if config.shared_ffn_dim:
+        names += [p + "shared.gate_up.weight", p + "shared.down.weight", p + "shared_gate.weight"]
     return names
 
 
@@ -126,7 +145,9 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
         embed_scale=_embed_scale(config, dtype) * config.embedding_multiplier,
         residual_scale=float(config.residual_multiplier), logit_scale=1.0 / config.logits_scaling, attn_softcap=float(config.attn_softcap or 0.0),
         final_softcap=float(config.final_softcap or 0.0),
-        kv_cache_dtype=kv_cache_dtype, bf16_path=bf16_path, layers=tuple(layers), attn_path=attn_path)
+        kv_cache_dtype=kv_cache_dtype, bf16_path=bf16_path, layers=tuple(layers), attn_path=attn_path,
+        num_experts=config.num_experts, num_experts_per_tok=config.num_experts_per_tok,
+        norm_topk_prob=config.norm_topk_prob, shared_ffn_dim=config.shared_ffn_dim)
 
 
 def _embed_scale(config: ModelConfig, dtype: str) -> float:

@@ -5,7 +5,7 @@ HF tensor names (model.layers.{i}.self_attn.q_proj, ...) and GGUF names (blk.{i}
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -100,12 +100,15 @@ def config(raw: dict, arch: str, where: str) -> ModelConfig:
 
 
 def decoder_hf_tensors(ckpt, config: ModelConfig, prefix: str = "model.", norm_offset: float = 0.0,
-                       extra_norms: tuple[tuple[str, str], ...] = (), fused: bool = False) -> Iterator[tuple[str, Any]]:
+                       extra_norms: tuple[tuple[str, str], ...] = (), fused: bool = False,
+                       mlp: Callable | None = None) -> Iterator[tuple[str, Any]]:
     """Canonical (name, tensor) pairs of a Llama-layout HF checkpoint: 1-D tensors as arrays,
     2-D ones as StackedRows (q/k/v and gate/up fused). norm_offset is added to every norm
     weight (Gemma's (1 + w)); extra_norms: (canonical, HF) names of further per-layer norms,
     yielded after the attention block (post_attn_norm) or the MLP (post_mlp_norm); fused: the
-    checkpoint stores qkv_proj and gate_up_proj (Phi-3), split into their parts here."""
+    checkpoint stores qkv_proj and gate_up_proj (Phi-3), split into their parts here; mlp:
+    (ckpt, config, HF layer prefix, canonical prefix) -> the MLP's tensors in place of the dense
+    one (mixture of experts, moe.py)."""
     from lite_llm.model.hf import concat, split, stacked
     E, F, V = config.dim, config.ffn_dim, config.vocab_size
     q_rows, kv_rows, D = config.q_size, config.kv_size, config.head_dim
@@ -142,15 +145,18 @@ def decoder_hf_tensors(ckpt, config: ModelConfig, prefix: str = "model.", norm_o
             yield p + "post_attn_norm.weight", norm(h + extra["post_attn_norm"] + ".weight", E)
         yield p + "mlp_norm.weight", norm(h + extra.get("mlp_norm", "post_attention_layernorm") + ".weight", E)
         m = h + "mlp."
-        if fused:
-            yield p + "gate_up.weight", split(ckpt, m + "gate_up_proj.weight", (F, F), E)
+        if mlp is not None:
+            yield from mlp(ckpt, config, h, p)
         else:
-            yield p + "gate_up.weight", rows((m + "gate_proj.weight", (F, E)), (m + "up_proj.weight", (F, E)))
-        if config.mlp_bias:
-            yield p + "gate_up.bias", concat(get(m + "gate_proj.bias", (F,)), get(m + "up_proj.bias", (F,)))
-        yield p + "down.weight", rows((m + "down_proj.weight", (E, F)))
-        if config.mlp_bias:
-            yield p + "down.bias", get(m + "down_proj.bias", (E,))
+            if fused:
+                yield p + "gate_up.weight", split(ckpt, m + "gate_up_proj.weight", (F, F), E)
+            else:
+                yield p + "gate_up.weight", rows((m + "gate_proj.weight", (F, E)), (m + "up_proj.weight", (F, E)))
+            if config.mlp_bias:
+                yield p + "gate_up.bias", concat(get(m + "gate_proj.bias", (F,)), get(m + "up_proj.bias", (F,)))
+            yield p + "down.weight", rows((m + "down_proj.weight", (E, F)))
+            if config.mlp_bias:
+                yield p + "down.bias", get(m + "down_proj.bias", (E,))
         if "post_mlp_norm" in extra:
             yield p + "post_mlp_norm.weight", norm(h + extra["post_mlp_norm"] + ".weight", E)
     yield "final_norm.weight", norm(prefix + "norm.weight", E)
@@ -219,6 +225,9 @@ def gguf_decoder_config(f, arch: str, architecture: str, **fields: Any) -> Model
 
 
 def gguf_config(f, arch: str) -> ModelConfig:
+    if f.metadata.get(f"{arch}.expert_count"):   # llama.cpp files Mixtral under "llama"
+        from lite_llm.model.arch import mixtral
+        return mixtral.gguf_config(f, arch)
     architecture = GGUF_ARCHITECTURES[arch]
     if "mistral" in str(f.metadata.get("general.name", "")).lower():
         architecture = "MistralForCausalLM"     # llama.cpp files Mistral under "llama"; transformers too
@@ -235,13 +244,14 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def decoder_gguf_tensors(f, config: ModelConfig, permuted: bool, extra_norms: tuple[tuple[str, str], ...] = (),
-                         fused: bool = False) -> Iterator[tuple[str, Any]]:
+                         fused: bool = False, mlp: Callable | None = None) -> Iterator[tuple[str, Any]]:
     """Canonical (name, tensor) pairs of llama.cpp's decoder tensor names, one at a time: 1-D
     tensors as float32 arrays, 2-D ones as StackedRows (read when asked, a slice of rows at a
     time), q/k un-permuted when `permuted` (the "llama" graph; a whole head of rows at a time,
     so qkv slices start on multiples of head_dim). extra_norms as in decoder_hf_tensors, with
     llama.cpp names; fused: attn_qkv and a [2F, E] ffn_up (gate rows, then up) in place of
-    attn_q/k/v and ffn_gate/up (the "phi3" graph), split into row ranges."""
+    attn_q/k/v and ffn_gate/up (the "phi3" graph), split into row ranges; mlp: (f, config,
+    block prefix, canonical prefix) -> the MLP's tensors in place of the dense one (moe.py)."""
     from lite_llm.model.gguf import NATIVE_TYPES
     H, Hkv, D, E, F = config.num_heads, config.num_kv_heads, config.head_dim, config.dim, config.ffn_dim
     extra = dict(extra_norms)
@@ -306,12 +316,15 @@ def decoder_gguf_tensors(f, config: ModelConfig, permuted: bool, extra_norms: tu
         if "post_attn_norm" in extra:
             yield f"layers.{i}.post_attn_norm.weight", vec(p + extra["post_attn_norm"] + ".weight", (E,))
         yield f"layers.{i}.mlp_norm.weight", vec(p + "ffn_norm.weight", (E,))
-        if fused:
+        if mlp is not None:
+            yield from mlp(f, config, p, f"layers.{i}.")
+        elif fused:
             yield f"layers.{i}.gate_up.weight", split(p + "ffn_up.weight", (F, F), E)
         else:
             yield f"layers.{i}.gate_up.weight", stacked([(p + "ffn_gate.weight", (F, E), 0),
                                                          (p + "ffn_up.weight", (F, E), 0)])
-        yield f"layers.{i}.down.weight", one(p + "ffn_down.weight", (E, F))
+        if mlp is None:   # (the MoE's yields its own down projections)
+            yield f"layers.{i}.down.weight", one(p + "ffn_down.weight", (E, F))
         if "post_mlp_norm" in extra:
             yield f"layers.{i}.post_mlp_norm.weight", vec(p + extra["post_mlp_norm"] + ".weight", (E,))
     yield "final_norm.weight", vec("output_norm.weight", (E,))
@@ -320,4 +333,7 @@ def decoder_gguf_tensors(f, config: ModelConfig, permuted: bool, extra_norms: tu
 
 
 def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
+    if config.is_moe:
+        from lite_llm.model.arch import mixtral
+        return mixtral.gguf_tensors(f, config)
     return decoder_gguf_tensors(f, config, permuted=True)

@@ -1,0 +1,51 @@
+/* Mixture-of-experts pieces of one token (or one column range), one thread: the router's
+ * logits and its top-k choice, and the weighted sum of the chosen experts' outputs. The expert
+ * MLPs themselves are ordinary matrices (matmul.h ll_mat_gated / ll_mat_gemm over the rows
+ * routed to them); grouping the step's tokens by expert and the parallel loops are the
+ * caller's (lite_llm/_kernels/forward.pxi _moe_block).
+ */
+#ifndef LL_MOE_H
+#define LL_MOE_H
+#include "../simd/vec.h"
+
+/* a . b over n values. */
+static inline float ll_dot_f32(const float *a, const float *b, ptrdiff_t n) {
+    ll_vf32 acc = ll_zero();
+    ptrdiff_t i = 0;
+    for (; i + LL_VF32_LANES <= n; i += LL_VF32_LANES) acc = ll_fma(ll_load(a + i), ll_load(b + i), acc);
+    float sum = ll_hsum(acc);
+    for (; i < n; i++) sum += a[i] * b[i];   /* tail: n need not be a multiple of the lanes */
+    return sum;
+}
+
+/* The router of one token: softmax over the X logits, the k largest probabilities (the lower
+ * expert index first among equals, as a stable sort would), divided by their sum when renorm
+ * (Mixtral; Qwen's norm_topk_prob). sel [k] expert ids, weight [k]. */
+static inline void ll_moe_topk(const float *logits, int num_experts, int k, int renorm, int32_t *sel,
+                               float *weight) {
+    float mx = logits[0], total = 0.f, chosen = 0.f;
+    for (int e = 1; e < num_experts; e++) mx = logits[e] > mx ? logits[e] : mx;
+    for (int e = 0; e < num_experts; e++) total += expf(logits[e] - mx);
+    for (int i = 0; i < k; i++) {   /* k passes: k and X are small (8 of 128) */
+        int best = -1;
+        for (int e = 0; e < num_experts; e++) {
+            int taken = 0;
+            for (int j = 0; j < i; j++) taken |= sel[j] == e;
+            if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+        }
+        sel[i] = best;
+        weight[i] = expf(logits[best] - mx) / total;
+        chosen += weight[i];
+    }
+    if (renorm)
+        for (int i = 0; i < k; i++) weight[i] /= chosen;
+}
+
+/* y[0..n) += a * x[0..n). */
+static inline void ll_axpy_f32(float a, const float *x, float *y, ptrdiff_t n) {
+    const ll_vf32 va = ll_set1(a);
+    ptrdiff_t i = 0;
+    for (; i + LL_VF32_LANES <= n; i += LL_VF32_LANES) ll_store(y + i, ll_fma(va, ll_load(x + i), ll_load(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+#endif
