@@ -159,15 +159,38 @@ def tiny_checkpoint_path(arch: str, **overrides) -> Path:
     return _BUILT[key]
 
 
+# The multi-byte fields of each ggml block, (byte offset, size): the fp16 scales, Q5_0/Q5_1's
+# 32-bit mask of high bits and IQ4_XS's 16-bit high scale bits; every other byte is a byte.
+GGML_WIDE_FIELDS = {
+    "Q8_0": ((0, 2),), "Q4_0": ((0, 2),), "Q4_1": ((0, 2), (2, 2)), "Q5_0": ((0, 2), (2, 4)),
+    "Q5_1": ((0, 2), (2, 2), (4, 4)), "Q4_K": ((0, 2), (2, 2)), "Q5_K": ((0, 2), (2, 2)),
+    "Q6_K": ((208, 2),), "IQ4_NL": ((0, 2),), "IQ4_XS": ((0, 2), (2, 2)),
+}
+
+
+def ggml_file_order(raw: np.ndarray, qname: str, byteorder: str = sys.byteorder) -> np.ndarray:
+    """Block bytes as the gguf package makes and reads them (the machine's byte order) <-> as a
+    GGUF file stores them (little-endian). The identity on a little-endian machine; on a big-endian
+    one (s390x) every multi-byte field of every block is byte-swapped. Its own inverse."""
+    if byteorder == "little":
+        return raw
+    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qname]][1]
+    blocks = np.array(raw, dtype=np.uint8, copy=True).reshape(-1, block)
+    for off, size in GGML_WIDE_FIELDS[qname]:
+        blocks[:, off:off + size] = blocks[:, off:off + size][:, ::-1]
+    return blocks.reshape(raw.shape)
+
+
 def ggml_rows(rng: np.random.Generator, rows: int, cols: int, qname: str) -> tuple[np.ndarray, np.ndarray]:
-    """(raw ggml bytes [rows, bytes per row], their float32 values) of a random [rows, cols] tensor
-    in block type qname: quantized by the gguf package where it can, else random block bytes
-    (K-quants, IQ4) with sane fp16 scales (random bytes may be inf/NaN)."""
+    """(raw ggml bytes [rows, bytes per row] as a GGUF file stores them, their float32 values) of a
+    random [rows, cols] tensor in block type qname: quantized by the gguf package where it can, else
+    random block bytes (K-quants, IQ4) with sane fp16 scales (random bytes may be inf/NaN). The same
+    bytes on every host: the gguf package's are put in file order (ggml_file_order)."""
     qtype = gguf.GGMLQuantizationType[qname]
     if qname in ("Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"):
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
-        scale = rng.uniform(0.001, 0.05, (rows, cols // block, 2)).astype(np.float16).view(np.uint8)
+        scale = rng.uniform(0.001, 0.05, (rows, cols // block, 2)).astype("<f2").view(np.uint8)
         if qname in ("Q4_K", "Q5_K"):
             raw[..., 0:4] = scale.reshape(rows, cols // block, 4)       # d, dmin
         elif qname.startswith("IQ4"):
@@ -176,8 +199,8 @@ def ggml_rows(rng: np.random.Generator, rows: int, cols: int, qname: str) -> tup
             raw[..., 208:210] = scale[..., 0:2]                           # d at the end of Q6_K
         raw = raw.reshape(rows, -1)
     else:
-        raw = gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
-    return raw, gguf.quants.dequantize(raw, qtype).astype(np.float32)
+        raw = ggml_file_order(gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype), qname)
+    return raw, gguf.quants.dequantize(ggml_file_order(raw, qname), qtype).astype(np.float32)
 
 
 # ---- GGUF files ------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import ref_ops
+from conftest import GGML_WIDE_FIELDS, ggml_file_order
 from lite_llm._kernels import layout
 from lite_llm.model import gguf
 from lite_llm.model.weights import to_bf16
@@ -24,11 +25,30 @@ def test_dequantize_matches_the_gguf_package(name, rng):
     type_id, nbytes, scales = BLOCKS[name]
     raw = rng.integers(0, 256, (7, nbytes)).astype(np.uint8)       # 7 blocks: uneven per thread
     for off in scales:
-        raw[:, off:off + 2] = rng.uniform(-0.1, 0.1, (7, 1)).astype(np.float16).view(np.uint8)
+        raw[:, off:off + 2] = rng.uniform(-0.1, 0.1, (7, 1)).astype("<f2").view(np.uint8)   # as files store them
     per = 256 if name.endswith(("_K", "_XS")) else 32
     got = gguf.dequantize(raw.reshape(-1), type_id, (7 * per,))
-    want = gguf_package.quants.dequantize(raw, gguf_package.GGMLQuantizationType[name]).reshape(-1)
+    want = gguf_package.quants.dequantize(ggml_file_order(raw, name), gguf_package.GGMLQuantizationType[name]).reshape(-1)
     np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_file_order_of_the_gguf_package_bytes(name, rng):
+    """What lets the gguf package be the reference on big-endian hosts (s390x): put in file order
+    for a big-endian host, each fp16 scale and wide mask reads back, big-endian, as the same
+    number the little-endian file holds; single bytes stay; the swap is its own inverse."""
+    type_id, nbytes, scales = BLOCKS[name]
+    raw = rng.integers(0, 256, (5, nbytes)).astype(np.uint8)
+    assert ggml_file_order(raw, name, "little") is raw
+    big = ggml_file_order(raw, name, "big")
+    np.testing.assert_array_equal(ggml_file_order(big, name, "big"), raw)
+    wide = np.zeros(nbytes, bool)
+    for off, size in GGML_WIDE_FIELDS[name]:
+        wide[off:off + size] = True
+        np.testing.assert_array_equal(big[:, off:off + size].copy().view(f">u{size}"),
+                                      raw[:, off:off + size].copy().view(f"<u{size}"))
+    assert set(scales) <= {off for off, size in GGML_WIDE_FIELDS[name] if size == 2}
+    np.testing.assert_array_equal(big[:, ~wide], raw[:, ~wide])
 
 
 def test_bf16_rounding_matches_the_numpy_spec(rng):
