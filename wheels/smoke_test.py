@@ -43,6 +43,15 @@ def check(generate: bool = True) -> None:
     for line in _kernels.explain():
         print(f"  {line}")
 
+    import importlib.util
+    import platform
+
+    from lite_llm._kernels.variants import variants_for
+    missing = [v.name for v in variants_for(platform.machine())
+               if importlib.util.find_spec(f"lite_llm._kernels.{v.name}.kernels") is None]
+    if missing:   # a wheel carries every variant of its architecture (setup.py: editable installs need not)
+        raise SystemExit(f"the wheel lacks the kernel variants {', '.join(missing)}")
+
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 37), dtype=np.float32)        # T = 3, K = 37 (odd: tails)
     w = rng.standard_normal((21, 37), dtype=np.float32)       # N = 21: one partial panel
