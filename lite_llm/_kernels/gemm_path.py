@@ -109,13 +109,19 @@ def machine_key() -> dict[str, str]:
 
 # ----------------------------------------------------------------------------- measuring
 
+def _rate(value: float) -> float:
+    """Three significant digits: a slow core's rate (an emulated one: under 0.005 GMAC/s) must
+    not round to 0, which the cache would take for a malformed entry and measure again."""
+    return float(f"{value:.3g}")
+
+
 def measure(kernels: ModuleType) -> dict:
     """Time every path and instruction of this kernel build on the calling core (a few ms)."""
-    tile_rates = {path: round(kernels.gemm_tile_rate(path), 2) for path in kernels.BF16_PATHS}
+    tile_rates = {path: _rate(kernels.gemm_tile_rate(path)) for path in kernels.BF16_PATHS}
     if len(tile_rates) > 1:   # again, in the other order: a frequency ramp must not favour one
         for path in reversed(kernels.BF16_PATHS):
-            tile_rates[path] = max(tile_rates[path], round(kernels.gemm_tile_rate(path), 2))
-    peaks = {name: round(kernels.instruction_peak(name), 2) for name in kernels.PEAK_KINDS}
+            tile_rates[path] = max(tile_rates[path], _rate(kernels.gemm_tile_rate(path)))
+    peaks = {name: _rate(kernels.instruction_peak(name)) for name in kernels.PEAK_KINDS}
     return {"tile_rates": tile_rates, "peaks": peaks}
 
 
