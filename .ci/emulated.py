@@ -18,7 +18,9 @@ Runs (each a fresh interpreter under qemu, from the source tree):
   aarch64 (qemu's default CPU: NEON, dotprod, bf16, i8mm): tests/kernels for neon_bf16_i8mm,
       neon_dotprod and neon; the dispatcher's choice; greedy tokens of the tiny model;
   aarch64 -cpu cortex-a72 (ARMv8.0): the dispatcher picks neon and says why; greedy tokens;
-  s390x (z14-class, big-endian): tests/kernels for vxe and generic; dispatcher; greedy tokens;
+  s390x (z14-class, big-endian): tests/kernels for vxe and generic, the quantized kernels too (the
+      gguf package's blocks, made in the host's byte order, put in file order: tests/conftest.py
+      ggml_file_order); dispatcher; greedy tokens;
   haswell: the host's own build under qemu-x86_64 -cpu Haswell picks avx2, generates, no SIGILL.
 """
 from __future__ import annotations
@@ -216,16 +218,7 @@ def main() -> int:
         else:
             check_run("s390x: dispatcher", [*py, str(DISPATCH), "--expect", "vxe", "--model", str(model),
                                             "--tokens", str(expected)], env, failures)
-        args_arch = pytest_args
-        if arch == "s390x":
-            # The gguf package quantizes and dequantizes ggml blocks in the machine's byte order, so on
-            # a big-endian machine its bytes are not GGUF's (little-endian) and cannot be the reference
-            # for kernels that read files as GGUF stores them; the model test above covers loading.
-            args_arch = [*pytest_args[:-1], "--deselect", "tests/kernels/test_convert.py::test_dequantize_matches_the_gguf_package",
-                         "-k", " and ".join(filter(None, [args.k and f"({args.k})", "not gguf_package",
-                                                          "not qgemm_matches_reference", "not quantized_gated_mlp"])),
-                         pytest_args[-1]]
-        check_run(f"{arch}: kernel tests", [*py, *args_arch], env, failures, timeout=3600)
+        check_run(f"{arch}: kernel tests", [*py, *pytest_args], env, failures, timeout=3600)
     if failures:
         log(f"FAILED: {', '.join(failures)}")
         return 1
