@@ -1008,6 +1008,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="weight/activation dtype (auto: from the checkpoint)")
     a("--quantization", "-q", default=None, choices=["none", "q8_0", "q4_0"],
       help="weights as stored (none), or float weights quantized at load to q8_0 / q4_0 (ggml block types)")
+    a("--tensor-parallel-size", "-tp", type=int, default=1,
+      help="ranks of tensor parallelism, one process each (default 1): one per CPU list of LITE_LLM_CPU_OMP_THREADS_BIND (0-47|48-95), or per NUMA node under auto")
     a("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     a("--block-size", type=int, default=None, help="tokens per KV-cache block (a multiple of 16; default 128)")
     a("--max-num-seqs", type=int, default=128, help="most sequences in one step")
@@ -1082,7 +1084,8 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=args.enable_prefix_caching, seed=args.seed, max_queue=args.max_queue,
         kv_cache_space=args.kv_cache_space, disable_sliding_window=args.disable_sliding_window,
-        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)
+        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+        tensor_parallel_size=args.tensor_parallel_size)
     # flags left unset keep the builder's defaults
     engine, tokenizer, info = build_async_engine(
         model=model, **{k: v for k, v in engine_kwargs.items() if v is not None})
