@@ -1129,4 +1129,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+    failure = getattr(getattr(engine, "tp_group", None), "failure", None)
+    if failure:     # a tensor-parallel rank died: the stop was not asked for
+        logger.critical("exiting: %s", failure)
+        return 1
     return 0

@@ -234,3 +234,37 @@ def test_allreduce_gives_up_on_abort_and_on_timeout():
     with pytest.raises(RuntimeError, match="aborted"):
         comm.allreduce(np.ones(64, np.float32))
     assert comm.failed == "aborted"
+
+
+def test_a_killed_rank_stops_the_server_with_a_clear_message():
+    """`serve -tp 2`: kill rank 1 and the server exits (code 1) saying which rank died."""
+    import http.client
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, LITE_LLM_CPU_OMP_THREADS_BIND="0|1")
+    proc = subprocess.Popen([sys.executable, "-m", "lite_llm", "serve", str(tiny_checkpoint_path("llama")),
+                             "--port", "0", "--dtype", "float32", "--kv-cache-space", "0.01", "-tp", "2"],
+                            cwd=root, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        port, lines = None, []
+        while port is None:
+            line = proc.stderr.readline()
+            assert line, "server exited early:\n" + "".join(lines)
+            lines.append(line)
+            if " on http://127.0.0.1:" in line:
+                port = int(line.split(" on http://127.0.0.1:")[1].split()[0])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 200
+        workers = [int(p) for tid in os.listdir(f"/proc/{proc.pid}/task")     # spawned by the engine thread
+                   for p in open(f"/proc/{proc.pid}/task/{tid}/children").read().split()]
+        assert len(workers) == 1
+        os.kill(workers[0], signal.SIGKILL)
+        assert proc.wait(timeout=60) == 1        # a hang fails here instead of blocking the suite
+        tail = proc.stderr.read()
+        assert f"tensor parallel rank 1 (pid {workers[0]}) exited (killed by SIGKILL)" in tail
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
