@@ -62,6 +62,21 @@ def test_fp32_two_ranks_give_one_ranks_logits(case):
         group.close()
 
 
+def test_fp32_two_ranks_of_a_gguf_file_give_one_ranks_logits(tmp_path):
+    """A llama.cpp-style GGUF (q/k rows in llama.cpp's order, undone when read): the shards are
+    cut from the rows as the model uses them."""
+    from conftest import gguf_from_hf
+    path = gguf_from_hf(tiny_checkpoint_path("llama"), tmp_path / "tiny.gguf", "llama")
+    one, loaded = make_runner(path)
+    two, group = tp_runner(path)
+    try:
+        prompts = prompts_for(loaded.config.vocab_size)
+        for a, b in zip(lite_logits(one, prompts), lite_logits(two, prompts)):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    finally:
+        group.close()
+
+
 @pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[4]], ids=[IDS[0], IDS[2], IDS[4]])
 def test_bf16_two_ranks_within_tolerance(case):
     """bf16 weights and KV cache: every logit within 0.03 x max |logit| of transformers' fp32
@@ -268,3 +283,13 @@ def test_a_killed_rank_stops_the_server_with_a_clear_message():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_bench_allreduce_runs_on_the_planned_cpus(monkeypatch, capsys):
+    import json
+    from lite_llm import cli
+    monkeypatch.setenv("LITE_LLM_CPU_OMP_THREADS_BIND", "0|1")
+    assert cli.main(["bench", "allreduce", "--iters", "20", "--repeats", "1", "--tokens", "1,3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ranks"] == 2 and out["cpus"] == [0, 1]
+    assert sorted(out["us_per_allreduce"]) == ["1", "3"] and all(v > 0 for v in out["us_per_allreduce"].values())
