@@ -12,6 +12,8 @@ import sys
 # command -> (module, help)
 COMMANDS = {
     "serve": ("lite_llm.server.app", "OpenAI-compatible HTTP server"),
+    "serve-ray": ("lite_llm.serve_ray", "the OpenAI server as a Ray Serve application of engine replicas "
+                                        "(pip install \"lite-llm[ray]\")"),
     "generate": ("lite_llm.interactive", "complete one prompt and print the text"),
     "chat": ("lite_llm.interactive", "chat with the model in the terminal"),
     "info": ("lite_llm.info", "CPU features, kernel variant, core/NUMA plan, thread binding"),

@@ -43,15 +43,20 @@ class RequestStream:
     TimeoutError). The engine's failure is raised from the iteration.
     """
 
-    def __init__(self, request_id: str, owner: AsyncEngine, timeout: float | None = None):
+    def __init__(self, request_id: str, owner: AsyncEngine, timeout: float | None = None,
+                 sink: Callable[[RequestOutput | BaseException], None] | None = None):
         self.request_id = request_id
         self.timeout = timeout
         self._owner = owner
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._sink = sink
         self._done = False
 
     def _put(self, item: RequestOutput | BaseException) -> None:
-        self._queue.put(item)
+        if self._sink is not None:      # forwarded as produced (a data-parallel replica's pipe)
+            self._sink(item)
+        else:
+            self._queue.put(item)
 
     def get(self, timeout: float | None = None) -> RequestOutput | None:
         """The next delta; None once the stream has ended. TimeoutError after timeout seconds."""
@@ -124,8 +129,11 @@ class AsyncEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     sampling_params: SamplingParams, prompt: str | None = None, *,
-                    priority: int = 0, timeout: float | None = None) -> RequestStream:
-        """Submit a request; raises ValueError (invalid), QueueFullError, EngineShutdownError."""
+                    priority: int = 0, timeout: float | None = None,
+                    sink: Callable[[RequestOutput | BaseException], None] | None = None) -> RequestStream:
+        """Submit a request; raises ValueError (invalid), QueueFullError, EngineShutdownError.
+        sink: called on the engine thread with each delta (and a failure) instead of queueing
+        them for iteration; it must not block."""
         self.engine.validate_request(prompt_token_ids, sampling_params)
         params = sampling_params.clone()
         arrival = time.monotonic()
@@ -139,7 +147,7 @@ class AsyncEngine:
             if self.max_queue is not None and \
                     self._stats.num_waiting + self._num_inbox_adds >= self.max_queue:
                 raise QueueFullError(f"more than {self.max_queue} requests are waiting")
-            stream = RequestStream(request_id, self, timeout)
+            stream = RequestStream(request_id, self, timeout, sink)
             self._active_ids.add(request_id)
             self._inbox.append(("add", stream, (request_id, list(prompt_token_ids), params,
                                                 prompt, arrival, priority)))

@@ -186,3 +186,34 @@ class StatsCollector:
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             num_steps_total=self.num_steps_total, **self._finished_part, **self._step_part)
+
+
+def merge_stats(parts: list[EngineStats]) -> EngineStats:
+    """Several engines' snapshots as one (data-parallel replicas): gauges and counters summed,
+    KV usage averaged, histograms added bucket by bucket, recent records concatenated."""
+    if not parts:
+        return EngineStats()
+
+    def hist(name: str) -> Histogram:
+        hs = [getattr(p, name) for p in parts]
+        return Histogram(hs[0].bounds, tuple(map(sum, zip(*(h.counts for h in hs)))),
+                         sum(h.sum for h in hs), sum(h.count for h in hs))
+
+    success: dict[str, int] = {}
+    for p in parts:
+        for reason, count in p.request_success_total.items():
+            success[reason] = success.get(reason, 0) + count
+    total = lambda name: sum(getattr(p, name) for p in parts)   # noqa: E731
+    return EngineStats(
+        num_running=total("num_running"), num_waiting=total("num_waiting"),
+        num_preempted_total=total("num_preempted_total"),
+        kv_cache_usage=total("kv_cache_usage") / len(parts),
+        prefix_cache_queries=total("prefix_cache_queries"), prefix_cache_hits=total("prefix_cache_hits"),
+        prompt_tokens_total=total("prompt_tokens_total"),
+        generation_tokens_total=total("generation_tokens_total"),
+        request_success_total=success, num_steps_total=total("num_steps_total"),
+        step_bytes_read_total=total("step_bytes_read_total"),
+        recent_requests=tuple(r for p in parts for r in p.recent_requests),
+        recent_steps=tuple(s for p in parts for s in p.recent_steps),
+        **{name: hist(name) for name in ("ttft", "tpot", "e2e", "queue_time", "itl",
+                                         "step_python", "step_kernel")})

@@ -100,7 +100,11 @@ class ServerState:
         if self.draining:
             raise ApiError(503, "the server is shutting down", code="server_draining")
         if not self.engine_alive():
-            raise ApiError(503, "the engine is not running", code="engine_dead")
+            raise ApiError(503, self.engine_dead_message(), code="engine_dead")
+
+    def engine_dead_message(self) -> str:
+        why = getattr(self.engine, "failure", None)     # a data-parallel replica names itself
+        return f"the engine is not running: {why}" if why else "the engine is not running"
 
     @contextmanager
     def inflight(self) -> Iterator[None]:
@@ -552,7 +556,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.state.draining:
             raise ApiError(503, "the server is shutting down", code="server_draining")
         if not self.state.engine_alive():
-            raise ApiError(503, "the engine is not running", code="engine_dead")
+            raise ApiError(503, self.state.engine_dead_message(), code="engine_dead")
         self._send_bytes(200, b"", "text/plain")
 
     def _version(self) -> None:
@@ -561,12 +565,15 @@ class _Handler(BaseHTTPRequestHandler):
                               "num_threads": info.get("num_threads")})
 
     def _metrics(self) -> None:
+        engine, stats, replicas = self.state.engine, None, None
         try:
-            stats = self.state.engine.stats()
+            if hasattr(engine, "replica_stats"):      # data parallel: a series per replica
+                replicas = engine.replica_stats()
+            else:
+                stats = engine.stats()
         except Exception:         # a dead engine still lets us export what we observed
             logger.exception("engine.stats() failed")
-            stats = None
-        text = self.state.metrics.render(stats)
+        text = self.state.metrics.render(stats, replicas)
         self._send_bytes(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8")
 
     def _openapi(self) -> None:
@@ -1054,6 +1061,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
       help="split <think>...</think> from the answer into reasoning_content (deepseek_r1: the "
            "output starts inside the thinking; qwen3: only when it opens with <think>)")
+    a("--data-parallel-size", "-dp", type=int, default=1,
+      help="independent engine replicas, each a process on its own cores (the thread plan split N ways, "
+           "or one CPU list per replica in LITE_LLM_CPU_OMP_THREADS_BIND: '0-15|16-31'), behind this one "
+           "server, which routes each request to the replica holding its prompt's prefix, else the least "
+           "loaded; each replica has its own --kv-cache-space")
     a("--shutdown-grace", type=float, default=30.0,
       help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
     a("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
@@ -1071,14 +1083,10 @@ def load_chat_template(value: str | None) -> str | None:
     return value
 
 
-def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
+    """The engine `serve` flags ask for: (engine, tokenizer, info); one AsyncEngine, or the
+    data-parallel front end over --data-parallel-size replicas."""
     model = args.model or args.model_flag
-    chat_template = load_chat_template(args.chat_template)
-    api_key = args.api_key or env("API_KEY")
-    t0 = time.perf_counter()
-    from lite_llm.llm import build_async_engine
     engine_kwargs = dict(
         dtype=args.dtype, max_model_len=args.max_model_len, block_size=args.block_size,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -1087,13 +1095,28 @@ def run(args: argparse.Namespace) -> int:
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         tensor_parallel_size=args.tensor_parallel_size)
     # flags left unset keep the builder's defaults
-    engine, tokenizer, info = build_async_engine(
-        model=model, **{k: v for k, v in engine_kwargs.items() if v is not None})
+    engine_kwargs = {k: v for k, v in engine_kwargs.items() if v is not None}
+    if args.data_parallel_size < 1:
+        raise SystemExit(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
+    if args.data_parallel_size > 1 and args.tensor_parallel_size > 1:
+        raise SystemExit("--data-parallel-size with --tensor-parallel-size is not supported yet: choose one")
+    if args.data_parallel_size > 1:
+        from lite_llm.engine.data_parallel import build_data_parallel_engine
+        return build_data_parallel_engine(model, args.data_parallel_size, **engine_kwargs)
+    from lite_llm.llm import build_async_engine
+    return build_async_engine(model=model, **engine_kwargs)
+
+
+def build_server(args: argparse.Namespace, engine: Any, tokenizer: Any, info: dict, *,
+                 host: str | None = None, port: int | None = None) -> LiteServer:
+    """The server `serve` flags ask for over a started engine (host/port override the flags)."""
+    model = args.model or args.model_flag
     gen_config = (info.get("generation_config") or {}) if args.generation_config == "auto" else {}
     names = args.served_model_name or [info.get("model_name") or model or "default"]
-    server = create_server(
-        engine, tokenizer, names, info["max_model_len"], api_key=api_key, generation_config=gen_config,
-        kernel_info=info, host=args.host, port=args.port, chat_template=chat_template,
+    return create_server(
+        engine, tokenizer, names, info["max_model_len"], api_key=args.api_key or env("API_KEY"),
+        generation_config=gen_config, kernel_info=info, host=args.host if host is None else host,
+        port=args.port if port is None else port, chat_template=load_chat_template(args.chat_template),
         vocab_size=info.get("vocab_size"), max_body_bytes=args.max_request_bytes,
         request_timeout=args.timeout_keep_alive, model_root=info.get("model_path"),
         header_timeout=args.header_timeout, body_timeout=args.body_timeout,
@@ -1101,6 +1124,19 @@ def run(args: argparse.Namespace) -> int:
         metrics_no_auth=args.metrics_no_auth,
         log_requests=not args.disable_log_requests, reasoning_parser=args.reasoning_parser,
         tool_call_parser=args.tool_call_parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    model = args.model or args.model_flag
+    load_chat_template(args.chat_template)          # a missing file fails before the model loads
+    api_key = args.api_key or env("API_KEY")
+    t0 = time.perf_counter()
+    engine, tokenizer, info = start_engine(args)
+    server = build_server(args, engine, tokenizer, info)
+    gen_config = server.state.ctx.generation_defaults
+    names = server.state.ctx.model_names
     logger.info("lite-llm %s serving %s on %s (ready in %.1f s)", __version__, names[0], server.url,
                 time.perf_counter() - t0)
     logger.info("model %s, max_model_len %s, dtype %s", info.get("model_path") or model,
@@ -1108,7 +1144,7 @@ def run(args: argparse.Namespace) -> int:
     logger.info("kernel variant %s, %s threads, KV cache capacity %s tokens",
                 info.get("kernel_variant"), info.get("num_threads"), info.get("kv_cache_tokens"))
     if gen_config:
-        logger.info("default sampling from generation_config.json: %s", generation_defaults(gen_config))
+        logger.info("default sampling from generation_config.json: %s", gen_config)
     if api_key:
         logger.info("API key required on every route but /health, /ping%s",
                     " and /metrics" if args.metrics_no_auth else "")
@@ -1120,10 +1156,15 @@ def run(args: argparse.Namespace) -> int:
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    failed = False
     try:
         server.start()
         while not stop.wait(0.5):
-            pass
+            if not server.state.engine_alive():     # answering 503 for ever helps nobody
+                failed = True
+                logger.error("stopping: the engine is not running (%s)",
+                             getattr(engine, "failure", None) or "its thread failed; see the error above")
+                break
         finished = server.drain(args.shutdown_grace)
         logger.info("stopped%s", "" if finished else " (some requests were aborted)")
     finally:
@@ -1133,4 +1174,4 @@ def run(args: argparse.Namespace) -> int:
     if failure:     # a tensor-parallel rank died: the stop was not asked for
         logger.critical("exiting: %s", failure)
         return 1
-    return 0
+    return 1 if failed else 0

@@ -61,54 +61,79 @@ class ServerMetrics:
         self.model_name = model_name
         self.kernel_info = dict(kernel_info or {})
 
-    def render(self, stats: EngineStats | None) -> str:
-        """stats None (the engine failed): only the CPU facts, so a scrape still succeeds."""
+    def render(self, stats: EngineStats | None,
+               replicas: list[EngineStats | None] | None = None) -> str:
+        """stats None (the engine failed): only the CPU facts, so a scrape still succeeds.
+        replicas (data parallel): one series per replica, labelled engine="<index>" as vLLM
+        labels its engines; a replica whose stats are None (dead) is left out."""
         labels = {"model_name": self.model_name}
+        if replicas is None:
+            series = [] if stats is None else [({}, stats)]
+        else:
+            series = [({"engine": str(i)}, s) for i, s in enumerate(replicas) if s is not None]
         lines: list[str] = []
 
-        def metric(name: str, kind: str, help: str, value: float | None,
-                   extra: dict[str, str] | None = None) -> None:
+        def family(name: str, kind: str, help: str) -> str:
+            full = PREFIX + name
+            fam = full[:-len("_total")] if kind == "counter" and full.endswith("_total") else full
+            lines.append(f"# HELP {fam} {help}")
+            lines.append(f"# TYPE {fam} {kind}")
+            return fam + "_total" if kind == "counter" else fam
+
+        def metric(name: str, kind: str, help: str, value: Any, extra: dict[str, str] | None = None) -> None:
+            """value: a number (None: left out) or a function of one engine's stats."""
             if value is None:
                 return
-            full = PREFIX + name
-            family = full[:-len("_total")] if kind == "counter" and full.endswith("_total") else full
-            lines.append(f"# HELP {family} {help}")
-            lines.append(f"# TYPE {family} {kind}")
-            sample = family + "_total" if kind == "counter" else family
-            lines.append(f"{sample}{_labels({**labels, **(extra or {})})} {_num(value)}")
+            if not callable(value):
+                sample = family(name, kind, help)
+                lines.append(f"{sample}{_labels({**labels, **(extra or {})})} {_num(value)}")
+                return
+            if not series:
+                return
+            sample = family(name, kind, help)
+            for engine, st in series:
+                v = value(st)
+                if v is not None:
+                    lines.append(f"{sample}{_labels({**labels, **engine, **(extra or {})})} {_num(v)}")
 
-        if stats is not None:
-            metric("num_requests_running", "gauge", "Number of requests in model execution batches.",
-                   stats.num_running)
-            metric("num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-                   stats.num_waiting)
-            metric("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
-                   float(stats.kv_cache_usage))
-            metric("num_preemptions_total", "counter", "Cumulative number of preemptions.",
-                   stats.num_preempted_total)
-            metric("prefix_cache_queries_total", "counter",
-                   "Prefix cache queries, in terms of number of queried tokens.", stats.prefix_cache_queries)
-            metric("prefix_cache_hits_total", "counter",
-                   "Prefix cache hits, in terms of number of cached tokens.", stats.prefix_cache_hits)
-            metric("prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-                   stats.prompt_tokens_total)
-            metric("generation_tokens_total", "counter", "Number of generation tokens processed.",
-                   stats.generation_tokens_total)
-            name = PREFIX + "request_success"
-            lines += [f"# HELP {name} Count of successfully processed requests.", f"# TYPE {name} counter"]
-            success = {"stop": 0, "length": 0, "abort": 0, **stats.request_success_total}
-            for reason, count in sorted(success.items()):
-                lines.append(f"{name}_total{_labels({**labels, 'finished_reason': reason})} {count}")
+        metric("num_requests_running", "gauge", "Number of requests in model execution batches.",
+               lambda st: st.num_running)
+        metric("num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+               lambda st: st.num_waiting)
+        metric("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+               lambda st: float(st.kv_cache_usage))
+        metric("num_preemptions_total", "counter", "Cumulative number of preemptions.",
+               lambda st: st.num_preempted_total)
+        metric("prefix_cache_queries_total", "counter",
+               "Prefix cache queries, in terms of number of queried tokens.", lambda st: st.prefix_cache_queries)
+        metric("prefix_cache_hits_total", "counter",
+               "Prefix cache hits, in terms of number of cached tokens.", lambda st: st.prefix_cache_hits)
+        metric("prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+               lambda st: st.prompt_tokens_total)
+        metric("generation_tokens_total", "counter", "Number of generation tokens processed.",
+               lambda st: st.generation_tokens_total)
+        if series:
+            sample = family("request_success_total", "counter", "Count of successfully processed requests.")
+            for engine, st in series:
+                success = {"stop": 0, "length": 0, "abort": 0, **st.request_success_total}
+                for reason, count in sorted(success.items()):
+                    lines.append(f"{sample}{_labels({**labels, **engine, 'finished_reason': reason})} {count}")
             for attr, hname, help in HISTOGRAMS:
-                h = getattr(stats, attr)
-                lines += render_histogram(hname, help, tuple(h.bounds), list(h.counts), h.sum, h.count, labels)
-            metric("num_steps_total", "counter", "Engine steps run.", stats.num_steps_total)
-            metric("step_bytes_read_total", "counter",
-                   "Bytes the kernels read (weights once per step + KV cache read by attention).",
-                   stats.step_bytes_read_total)
+                first = True
+                for engine, st in series:
+                    h = getattr(st, attr)
+                    block = render_histogram(hname, help, tuple(h.bounds), list(h.counts), h.sum, h.count,
+                                             {**labels, **engine})
+                    lines += block if first else block[2:]      # HELP and TYPE once per family
+                    first = False
+        metric("num_steps_total", "counter", "Engine steps run.", lambda st: st.num_steps_total)
+        metric("step_bytes_read_total", "counter",
+               "Bytes the kernels read (weights once per step + KV cache read by attention).",
+               lambda st: st.step_bytes_read_total)
+        if any(st.achieved_bandwidth is not None for _, st in series):
             metric("decode_memory_bandwidth_bytes_per_second", "gauge",
                    "Achieved read bandwidth of recent decode steps (bytes read / kernel time).",
-                   stats.achieved_bandwidth)
+                   lambda st: st.achieved_bandwidth)
         # CPU facts nobody else exports
         info = {k: str(v) for k, v in self.kernel_info.items()
                 if k in ("kernel_variant", "num_threads", "isa", "cpu")}

@@ -136,10 +136,12 @@ def run_random_ops(ops, num_blocks, block_size, budget, max_seqs, caching, polic
             if all_requests:
                 victim = all_requests[item[1] % len(all_requests)]
                 free_before = sched.kv_cache_manager.num_free_blocks
-                held = len(sched.kv_cache_manager.block_tables.get(victim.request_id, []))
+                # blocks come back at once, but shared ones (a prefix-cache hit of another
+                # running request) stay with their other owners
+                kv = sched.kv_cache_manager
+                own = sum(kv.block_pool.blocks[b].ref_cnt == 1 for b in kv.block_tables.get(victim.request_id, []))
                 sched.finish_requests(victim.request_id, RequestStatus.FINISHED_ABORTED)
-                if held:     # blocks come back at once (shared ones stay with their other owners)
-                    assert sched.kv_cache_manager.num_free_blocks > free_before
+                assert sched.kv_cache_manager.num_free_blocks == free_before + own
         check_invariants(sched)
     for _ in range(2000):                      # drain: everything must finish on its own
         if not sched.has_unfinished_requests():

@@ -1,0 +1,549 @@
+"""Data parallel on one machine: N engine replicas, each its own process on its own cores,
+behind one front end that speaks AsyncEngine's interface (add_request / abort / stats /
+is_alive / shutdown), so the HTTP server (server/app.py) serves over it unchanged.
+
+    HTTP threads --add/abort--> DataParallelEngine --pipe--> replica 0 process (AsyncEngine, CPUs 0-15)
+                 <--deltas----   (routes, streams)  --pipe--> replica 1 process (AsyncEngine, CPUs 16-31)
+
+Routing (PrefixRouter): a request whose prompt's leading full KV blocks were last sent to a
+replica goes there, so that replica's prefix cache serves them, unless that replica has more
+than PREFIX_MAX_IMBALANCE requests in flight beyond the least loaded one; otherwise the least
+loaded replica (in-flight requests: its running + waiting as the front end counts them, ties
+taken in turn). Blocks are keyed by the prefix cache's own content hash (block_pool.
+hash_block_tokens, chained over blocks of the replicas' block_size); entries age out after
+PREFIX_TTL_SECONDS and the map keeps at most PREFIX_MAP_SIZE of them.
+
+Wire: two one-way pipes per replica carry small pickled tuples: a request's token ids and
+SamplingParams once, then per engine step one message with that step's deltas (token ids and
+text, without the prompt). Metrics are asked for at scrape time. Nothing per layer, no arrays.
+
+Failure: a replica process that exits unasked (killed, crashed) fails its open requests with
+EngineDeadError naming it, and the front end stops accepting (503; `serve` then exits). The
+replica processes are daemons and also stop when the front end's pipe closes.
+
+What is not here: the engine itself (engine.py, async_engine.py), thread plans (cpu.py), HTTP.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import replace
+from typing import Any
+
+from lite_llm import cpu
+from lite_llm.config import env
+from lite_llm.engine.async_engine import (EngineDeadError, EngineShutdownError, QueueFullError,
+                                          RequestStream)
+from lite_llm.engine.block_pool import hash_block_tokens
+from lite_llm.engine.stats import EngineStats, merge_stats
+from lite_llm.outputs import RequestOutput
+from lite_llm.sampling_params import SamplingParams
+
+log = logging.getLogger("lite_llm.data_parallel")
+
+PREFIX_MAX_BLOCKS = 64          # leading blocks of a prompt the router hashes and remembers
+PREFIX_MAP_SIZE = 1 << 16       # remembered blocks over all replicas (LRU beyond)
+PREFIX_TTL_SECONDS = 600.0      # a replica's cache turns over; an old entry is a guess
+PREFIX_MAX_IMBALANCE = 4        # in-flight requests a prefix hit may add over the least loaded replica
+STATS_TIMEOUT = 5.0             # seconds a /metrics scrape waits for a busy replica's snapshot
+STATS_RECENT_STEPS = 256        # step records a replica sends per snapshot (not its 4096)
+
+
+# ---- routing -----------------------------------------------------------------------------------
+
+class PrefixRouter:
+    """Which replica gets a request: prefix affinity first, load second (module docstring).
+
+    Not thread-safe: the caller holds its lock around choose() + record()."""
+
+    def __init__(self, num_replicas: int, block_size: int, *, max_blocks: int = PREFIX_MAX_BLOCKS,
+                 capacity: int = PREFIX_MAP_SIZE, ttl: float = PREFIX_TTL_SECONDS,
+                 max_imbalance: int = PREFIX_MAX_IMBALANCE, clock: Any = time.monotonic):
+        self.num_replicas, self.block_size = num_replicas, block_size
+        self.max_blocks, self.capacity, self.ttl = max_blocks, capacity, ttl
+        self.max_imbalance, self.clock = max_imbalance, clock
+        self._owner: OrderedDict[bytes, tuple[int, float]] = OrderedDict()   # hash -> (replica, when)
+        self._next = 0                      # where the next tie-break starts
+
+    def block_hashes(self, token_ids: list[int]) -> list[bytes]:
+        """Content hashes of the prompt's leading full blocks, as the replicas' prefix cache keys them."""
+        bs, out, parent = self.block_size, [], None
+        for blk in range(min(len(token_ids) // bs, self.max_blocks)):
+            parent = hash_block_tokens(parent, token_ids[blk * bs:(blk + 1) * bs])
+            out.append(parent)
+        return out
+
+    def cached_on(self, hashes: list[bytes]) -> tuple[int | None, int]:
+        """(replica that got the longest remembered prefix, its length in blocks)."""
+        now, replica, depth = self.clock(), None, 0
+        for i, h in enumerate(hashes):
+            entry = self._owner.get(h)
+            if entry is None or now - entry[1] > self.ttl:
+                break
+            replica, depth = entry[0], i + 1
+        return replica, depth
+
+    def choose(self, hashes: list[bytes], loads: list[int | None]) -> int:
+        """loads[i]: requests in flight on replica i, None when it cannot take any."""
+        alive = [i for i, load in enumerate(loads) if load is not None]
+        if not alive:
+            raise EngineDeadError("no data-parallel replica is running")
+        least = min(loads[i] for i in alive)
+        replica, _ = self.cached_on(hashes)
+        if replica is not None and loads[replica] is not None and loads[replica] - least <= self.max_imbalance:
+            return replica
+        ties = [i for i in alive if loads[i] == least]
+        pick = next((i for i in ties if i >= self._next), ties[0])
+        self._next = (pick + 1) % self.num_replicas
+        return pick
+
+    def record(self, hashes: list[bytes], replica: int) -> None:
+        now = self.clock()
+        for h in reversed(hashes):      # the leading blocks most recent: the LRU drops tails first
+            self._owner[h] = (replica, now)
+            self._owner.move_to_end(h)
+        while self._owner:
+            oldest = next(iter(self._owner.values()))
+            if len(self._owner) <= self.capacity and now - oldest[1] <= self.ttl:
+                break
+            self._owner.popitem(last=False)
+
+    def forget(self, replica: int) -> None:
+        for h in [h for h, (r, _) in self._owner.items() if r == replica]:
+            del self._owner[h]
+
+
+# ---- thread plans per replica ------------------------------------------------------------------
+
+def replica_plans(data_parallel_size: int, topology: cpu.Topology | None = None,
+                  bind: str | None = None) -> cpu.ThreadPlan:
+    """The thread plan split into one rank per replica: auto deals NUMA nodes / cores out;
+    an explicit LITE_LLM_CPU_OMP_THREADS_BIND must list exactly one CPU list per replica."""
+    topology = cpu.read_topology() if topology is None else topology
+    bind = (env("CPU_OMP_THREADS_BIND", "auto") if bind is None else bind).strip()
+    if bind not in ("auto", "nobind"):
+        lists = bind.split("|")
+        if len(lists) != data_parallel_size:
+            example = "|".join(cpu.format_cpulist(g) for g in _deal(topology.allowed, data_parallel_size))
+            raise ValueError(
+                f"LITE_LLM_CPU_OMP_THREADS_BIND={bind!r} lists {len(lists)} CPU list(s) but "
+                f"--data-parallel-size is {data_parallel_size}: give one list per replica separated "
+                f"by '|' (such as {example!r}), set --data-parallel-size {len(lists)}, or use 'auto'")
+    try:
+        return cpu.plan_threads(topology, bind=bind, serving=True, world_size=data_parallel_size)
+    except ValueError as e:
+        raise ValueError(f"--data-parallel-size {data_parallel_size}: {e}") from None
+
+
+def _deal(cpus: tuple[int, ...], n: int) -> list[list[int]]:
+    size = max(1, len(cpus) // n)
+    return [list(cpus[i * size:(i + 1) * size]) or list(cpus[-1:]) for i in range(n)]
+
+
+# ---- the replica process -----------------------------------------------------------------------
+
+def _slim(stats: EngineStats) -> EngineStats:
+    return replace(stats, recent_steps=stats.recent_steps[-STATS_RECENT_STEPS:])
+
+
+_ERRORS = {"invalid": ValueError, "shutdown": EngineShutdownError, "dead": EngineDeadError}
+
+
+def _error_wire(e: BaseException) -> tuple[str, str]:
+    """A request's failure as (kind, message): any exception pickles this way, causes included."""
+    kind = "invalid" if isinstance(e, ValueError) else "shutdown" if isinstance(e, EngineShutdownError) else "dead"
+    cause = e.__cause__
+    return kind, str(e) + (f": {type(cause).__name__}: {cause}" if cause is not None else "")
+
+
+def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | None, log_level: int,
+                  model: str | None, kwargs: dict, requests: Any, replies: Any) -> None:
+    """One replica: an AsyncEngine fed from the `requests` pipe, its deltas batched onto `replies`."""
+    os.environ.update(environ)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)       # the front end decides when replicas stop
+    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s replica {index} %(name)s: %(message)s")
+    if affinity:
+        os.sched_setaffinity(0, affinity)
+    send_lock = threading.Lock()
+
+    def send(msg: tuple) -> None:
+        with send_lock:
+            replies.send(msg)
+
+    from lite_llm.llm import build_engine
+    try:
+        engine, loaded, info = build_engine(model, serving=True, progress=False, **kwargs)
+    except BaseException as e:  # noqa: BLE001 - the front end reports it
+        send(("failed", f"{type(e).__name__}: {e}"))
+        return
+    config = engine.engine.config
+    keep = ("model_path", "model_name", "max_model_len", "dtype", "architecture", "kernel_variant",
+            "num_threads", "thread_plan", "kv_cache_tokens", "kv_cache_blocks", "kv_cache_bytes",
+            "kv_cache_dtype", "max_concurrency", "generation_config", "vocab_size", "weight_bytes",
+            "bytes_per_token", "num_layers", "startup_seconds")
+    send(("ready", {**{k: info[k] for k in keep if k in info}, "pid": os.getpid(),
+                    "block_size": config.block_size, "max_num_seqs": config.max_num_seqs,
+                    "eos_token_ids": tuple(config.eos_token_ids)}))
+
+    outbox: deque = deque()
+    wake = threading.Condition()
+    closing = threading.Event()
+
+    def sink_for(rid: str):
+        def sink(item: Any) -> None:        # on the engine thread: never blocks
+            with wake:
+                outbox.append((rid, item))
+                wake.notify()
+        return sink
+
+    def sender() -> None:
+        """One message per batch of deltas (an engine step's, usually), prompt left out."""
+        while True:
+            with wake:
+                while not outbox and not closing.is_set():
+                    wake.wait()
+                items = list(outbox)
+                outbox.clear()
+            if not items and closing.is_set():
+                return
+            batch = [(rid, _error_wire(item)) if isinstance(item, BaseException) else
+                     (rid, (item.outputs, item.finished, item.metrics, item.num_cached_tokens,
+                            item.prompt_logprobs)) for rid, item in items]
+            try:
+                send(("out", batch))
+            except OSError:
+                return
+
+    out_thread = threading.Thread(target=sender, name="lite-llm-replica-out", daemon=True)
+    out_thread.start()
+    grace = 0.0
+    failed = False
+    try:
+        while True:
+            try:
+                msg = requests.recv()
+            except (EOFError, OSError):         # the front end is gone: stop at once
+                break
+            kind = msg[0]
+            if kind == "add":
+                _, rid, token_ids, params, prompt, priority = msg
+                try:
+                    engine.add_request(rid, token_ids, params, prompt, priority=priority, sink=sink_for(rid))
+                except (ValueError, RuntimeError) as e:
+                    sink_for(rid)(e)
+                if not engine.is_alive:     # its thread failed (logged there): the front end must know
+                    send(("failed", "its engine thread failed; see the replica's log"))
+                    failed = True
+                    break
+            elif kind == "abort":
+                engine.abort(msg[1])
+            elif kind == "stats":
+                send(("stats", msg[1], _slim(engine.stats())))
+            elif kind == "shutdown":
+                grace = msg[1]
+                break
+    finally:
+        engine.shutdown(grace)                  # aborted requests' last deltas go through the sinks
+        closing.set()
+        with wake:
+            wake.notify()
+        out_thread.join()
+        try:
+            send(("bye",))
+        except OSError:
+            pass
+    if failed:
+        os._exit(1)          # the front end reports the exit with the reason sent above
+
+
+# ---- the front end -----------------------------------------------------------------------------
+
+class _Replica:
+    def __init__(self, index: int, cpus: tuple[int, ...], process: Any, requests: Any, replies: Any):
+        self.index, self.cpus, self.process = index, cpus, process
+        self.requests, self.replies = requests, replies     # our ends: we send on one, read the other
+        self.send_lock = threading.Lock()
+        self.inflight: dict[str, tuple[RequestStream, str | None, list[int]]] = {}
+        self.info: dict = {}
+        self.alive = True
+        self.stopping = False
+        self.stats: EngineStats | None = None
+        self.stats_seq = 0                  # of the latest snapshot received
+        self.failure: str | None = None     # what the replica said before it exited
+        self.reader: threading.Thread | None = None
+
+    def describe(self) -> str:
+        return f"replica {self.index} (pid {self.process.pid}, CPUs {cpu.format_cpulist(self.cpus) or 'any'})"
+
+    def send(self, msg: tuple) -> None:
+        with self.send_lock:
+            self.requests.send(msg)
+
+
+class DataParallelEngine:
+    """AsyncEngine's interface over N replica processes (module docstring)."""
+
+    def __init__(self, replicas: list[_Replica], tokenizer: Any, *, max_model_len: int,
+                 max_num_seqs: int, block_size: int, vocab_size: int, eos_token_ids: tuple[int, ...],
+                 max_queue: int | None = None):
+        from lite_llm.engine.structured import Grammars
+        self.replicas = replicas
+        self.max_model_len, self.max_num_seqs, self.max_queue = max_model_len, max_num_seqs, max_queue
+        self.router = PrefixRouter(len(replicas), block_size)
+        self.grammars = Grammars(tokenizer, vocab_size, eos_token_ids)    # 400s before routing
+        self._lock = threading.Condition()
+        self._owner: dict[str, _Replica] = {}
+        self._accepting = True
+        self.failure: str | None = None     # why the engine stopped serving, when a replica died
+        for rep in replicas:
+            rep.reader = threading.Thread(target=self._read, args=(rep,), name=f"lite-llm-dp-{rep.index}",
+                                          daemon=True)
+            rep.reader.start()
+
+    # ---- AsyncEngine's interface ----------------------------------------------------------
+
+    def validate_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams) -> None:
+        """The engine's own checks (LLMEngine.validate_request), before a replica is chosen."""
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        if len(prompt_token_ids) > self.max_model_len:
+            raise ValueError(f"the prompt has {len(prompt_token_ids)} tokens, more than the "
+                             f"maximum model length of {self.max_model_len}")
+        if sampling_params.n > self.max_num_seqs:
+            raise ValueError(f"n={sampling_params.n} is more than max_num_seqs={self.max_num_seqs}")
+        if sampling_params.structured_outputs is not None:
+            self.grammars.template(sampling_params.structured_outputs)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
+                    prompt: str | None = None, *, priority: int = 0,
+                    timeout: float | None = None) -> RequestStream:
+        self.validate_request(prompt_token_ids, sampling_params)
+        token_ids = list(prompt_token_ids)
+        hashes = self.router.block_hashes(token_ids)
+        with self._lock:
+            if self.failure is not None:
+                raise EngineDeadError(self.failure)
+            if not self._accepting:
+                raise EngineShutdownError("the engine is not accepting requests")
+            if request_id in self._owner:
+                raise ValueError(f"request id {request_id!r} is already in use")
+            loads = [len(r.inflight) if r.alive else None for r in self.replicas]
+            if self.max_queue is not None:
+                waiting = sum(max(0, n - self.max_num_seqs) for n in loads if n is not None)
+                if waiting >= self.max_queue:
+                    raise QueueFullError(f"more than {self.max_queue} requests are waiting")
+            rep = self.replicas[self.router.choose(hashes, loads)]
+            self.router.record(hashes, rep.index)
+            stream = RequestStream(request_id, self, timeout)
+            rep.inflight[request_id] = (stream, prompt, token_ids)
+            self._owner[request_id] = rep
+        try:
+            rep.send(("add", request_id, token_ids, sampling_params, prompt, priority))
+        except (OSError, ValueError) as e:      # its pipe is closed: the reader reports the death
+            self._finish(rep, request_id)
+            raise EngineDeadError(f"{rep.describe()} is not running") from e
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            rep = self._owner.get(request_id)
+        if rep is not None and rep.alive:
+            try:
+                rep.send(("abort", request_id))
+            except (OSError, ValueError):
+                pass
+
+    def stats(self) -> EngineStats:
+        return merge_stats([s for s in self.replica_stats() if s is not None])
+
+    def replica_stats(self, timeout: float = STATS_TIMEOUT) -> list[EngineStats | None]:
+        """A fresh snapshot of each live replica (None for a dead one); a replica too busy to
+        answer within timeout gives its previous one."""
+        asked = {}
+        for rep in self.replicas:
+            if rep.alive:
+                seq = rep.stats_seq + 1
+                try:
+                    rep.send(("stats", seq))
+                    asked[rep.index] = seq
+                except (OSError, ValueError):
+                    pass
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while any(self.replicas[i].alive and self.replicas[i].stats_seq < seq for i, seq in asked.items()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._lock.wait(left)
+            return [r.stats if r.alive else None for r in self.replicas]
+
+    @property
+    def is_alive(self) -> bool:
+        return self.failure is None and all(r.alive for r in self.replicas)
+
+    def shutdown(self, grace_seconds: float = 0.0) -> None:
+        """Stop accepting; each replica finishes its requests within the grace, aborts the rest
+        (their streams end with "abort"), and exits."""
+        with self._lock:
+            self._accepting = False
+        for rep in self.replicas:
+            rep.stopping = True
+            if rep.alive:
+                try:
+                    rep.send(("shutdown", grace_seconds))
+                except (OSError, ValueError):
+                    pass
+        for rep in self.replicas:
+            if rep.reader is not None:
+                rep.reader.join(grace_seconds + 30.0)
+            rep.process.join(10.0)
+            if rep.process.is_alive():
+                log.warning("%s did not stop: terminating it", rep.describe())
+                rep.process.terminate()
+                rep.process.join(5.0)
+
+    # ---- the reader thread of each replica ------------------------------------------------
+
+    def _read(self, rep: _Replica) -> None:
+        while True:
+            try:
+                msg = rep.replies.recv()
+            except (EOFError, OSError):
+                break
+            kind = msg[0]
+            if kind == "out":
+                for rid, item in msg[1]:
+                    self._deliver(rep, rid, item)
+            elif kind == "stats":
+                with self._lock:
+                    rep.stats, rep.stats_seq = msg[2], max(rep.stats_seq, msg[1])
+                    self._lock.notify_all()
+            elif kind == "failed":
+                rep.failure = msg[1]
+            elif kind == "bye":
+                break
+        self._lost(rep)
+
+    def _deliver(self, rep: _Replica, rid: str, item: Any) -> None:
+        with self._lock:
+            entry = rep.inflight.get(rid)
+        if entry is None:
+            return
+        stream, prompt, token_ids = entry
+        if len(item) == 2:                      # (kind, message): the request failed there
+            stream._put(_ERRORS[item[0]](item[1]))
+            self._finish(rep, rid)
+            return
+        outputs, finished, metrics, num_cached, prompt_logprobs = item
+        stream._put(RequestOutput(rid, prompt, token_ids, outputs, finished=finished, metrics=metrics,
+                                  num_cached_tokens=num_cached, prompt_logprobs=prompt_logprobs))
+        if finished:
+            self._finish(rep, rid)
+
+    def _finish(self, rep: _Replica, rid: str) -> None:
+        with self._lock:
+            rep.inflight.pop(rid, None)
+            if self._owner.get(rid) is rep:
+                del self._owner[rid]
+
+    def _lost(self, rep: _Replica) -> None:
+        """The replica's pipe closed: a requested stop, or a death every open request hears of."""
+        rep.process.join(5.0)
+        code = rep.process.exitcode
+        with self._lock:
+            rep.alive = False
+            self.router.forget(rep.index)
+            orphans = list(rep.inflight.items())
+            rep.inflight.clear()
+            for rid, _ in orphans:
+                self._owner.pop(rid, None)
+            if not rep.stopping:
+                if code is None:
+                    how = "closed its pipe"
+                elif code < 0:
+                    how = f"was killed by signal {-code} ({signal.Signals(-code).name})"
+                else:
+                    how = f"exited with code {code}"
+                if rep.failure:
+                    how += f" ({rep.failure})"
+                self.failure = self.failure or (f"data-parallel {rep.describe()} {how}; the server "
+                                                f"stops accepting requests")
+                log.error("%s", self.failure)
+            self._lock.notify_all()
+        reason = self.failure or f"{rep.describe()} stopped"
+        for _, (stream, _, _) in orphans:
+            stream._put(EngineDeadError(reason))
+
+
+# ---- building it -------------------------------------------------------------------------------
+
+def build_data_parallel_engine(model: str | None, data_parallel_size: int, *, max_queue: int | None = None,
+                               **kwargs: Any) -> tuple[DataParallelEngine, Any, dict]:
+    """Start data_parallel_size replica processes (build_engine's keyword arguments, each on its
+    share of the thread plan) and the front end over them: (engine, tokenizer, info) like
+    llm.build_async_engine."""
+    if data_parallel_size < 1:
+        raise ValueError(f"data_parallel_size must be >= 1, got {data_parallel_size}")
+    plan = replica_plans(data_parallel_size)
+    for line in plan.describe():
+        log.info("data parallel %s", line.replace("rank ", "replica ", 1))
+    for note in plan.notes:
+        log.info("note: %s", note)
+    ctx = multiprocessing.get_context("spawn")     # a fresh interpreter: no OpenMP pool, no locks held
+    replicas = []
+    for i, rank in enumerate(plan.ranks):
+        environ = {"LITE_LLM_CPU_OMP_THREADS_BIND": "nobind" if plan.mode == "nobind"
+                   else cpu.format_cpulist(rank.cpus)}
+        affinity = None if plan.mode == "nobind" else sorted(set(rank.cpus) | set(rank.reserved))
+        req_read, req_write = ctx.Pipe(duplex=False)
+        rep_read, rep_write = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_replica_main, name=f"lite-llm-replica-{i}", daemon=True,
+                           args=(i, environ, affinity, logging.getLogger().getEffectiveLevel(), model,
+                                 kwargs, req_read, rep_write))
+        proc.start()
+        req_read.close()
+        rep_write.close()
+        replicas.append(_Replica(i, tuple(rank.cpus) if plan.mode != "nobind" else (), proc, req_write, rep_read))
+        log.info("data parallel replica %d: pid %d, CPUs %s", i, proc.pid,
+                 cpu.format_cpulist(rank.cpus) if plan.mode != "nobind" else "not bound")
+
+    def stop_all() -> None:
+        for rep in replicas:
+            if rep.process.is_alive():
+                rep.process.terminate()
+            rep.process.join(5.0)
+
+    try:
+        from lite_llm.model.loader import load_model      # config and tokenizer only: weights stay mapped
+        loaded = load_model(model, dtype=kwargs.get("dtype", "auto"), max_model_len=kwargs.get("max_model_len"),
+                            progress=False)
+        loaded.release()
+        for rep in replicas:
+            try:
+                msg = rep.replies.recv()
+            except (EOFError, OSError):
+                raise RuntimeError(f"data-parallel {rep.describe()} exited while starting "
+                                   f"(code {rep.process.exitcode}); see its log above") from None
+            if msg[0] != "ready":
+                raise RuntimeError(f"data-parallel {rep.describe()} failed to start: {msg[1]}")
+            rep.info = msg[1]
+    except BaseException:
+        stop_all()
+        raise
+    first = replicas[0].info
+    engine = DataParallelEngine(replicas, loaded.tokenizer, max_model_len=first["max_model_len"],
+                                max_num_seqs=first["max_num_seqs"], block_size=first["block_size"],
+                                vocab_size=first["vocab_size"], eos_token_ids=first["eos_token_ids"],
+                                max_queue=max_queue)
+    info = {**first, "data_parallel_size": data_parallel_size,
+            "num_threads": sum(r.info["num_threads"] for r in replicas),
+            "kv_cache_tokens": sum(r.info["kv_cache_tokens"] for r in replicas),
+            "replicas": [{"pid": r.info["pid"], "cpus": cpu.format_cpulist(r.cpus),
+                          "num_threads": r.info["num_threads"]} for r in replicas],
+            "generation_config": loaded.generation_config or first.get("generation_config") or {}}
+    return engine, loaded.tokenizer, info
