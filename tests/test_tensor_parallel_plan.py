@@ -74,3 +74,15 @@ def test_vllm_alias_is_checked_too(quad, monkeypatch):
 def test_bad_size(quad):
     with pytest.raises(ValueError, match="tensor_parallel_size=0"):
         plan_ranks(0, serving=False, topology=quad)
+
+
+def test_allreduce_timeout_setting(monkeypatch):
+    from lite_llm.engine import tp
+    monkeypatch.delenv("LITE_LLM_TP_TIMEOUT", raising=False)
+    assert tp.allreduce_timeout() == 60.0
+    monkeypatch.setenv("LITE_LLM_TP_TIMEOUT", "2.5")
+    assert tp.allreduce_timeout() == 2.5
+    for bad in ("0", "-1", "soon"):
+        monkeypatch.setenv("LITE_LLM_TP_TIMEOUT", bad)
+        with pytest.raises(ValueError, match="LITE_LLM_TP_TIMEOUT"):
+            tp.allreduce_timeout()

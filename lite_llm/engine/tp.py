@@ -55,7 +55,7 @@ log = logging.getLogger("lite_llm")
 ABORT_RANK_DIED, ABORT_SHUTDOWN = 1, 2
 _STEP_WORD, _ABORT_WORD = 64 * 8, 65 * 8       # uint64 index of the header's step and abort lines
 _NUM_PARAMS = 8                                # T, num block-table rows, max_blocks
-ALLREDUCE_TIMEOUT = float(os.environ.get("LITE_LLM_TP_TIMEOUT", "60"))   # seconds one all-reduce may wait
+DEFAULT_TIMEOUT = 60.0         # seconds one all-reduce may wait for the other ranks (LITE_LLM_TP_TIMEOUT)
 START_TIMEOUT = 600.0
 
 
@@ -175,10 +175,23 @@ class SegmentLayout:
         return out
 
 
+def allreduce_timeout() -> float:
+    """LITE_LLM_TP_TIMEOUT seconds (default 60), checked."""
+    from lite_llm.config import env
+    text = env("TP_TIMEOUT", str(DEFAULT_TIMEOUT))
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"LITE_LLM_TP_TIMEOUT={text!r}: a positive number of seconds")
+    return value
+
+
 def _comm(buf, layout: SegmentLayout, rank: int, parent: int = 0):
     from lite_llm._kernels import kernels
     return kernels.TPComm(buf, rank, layout.size, layout.max_tokens * layout.dim, layout.slots_offset,
-                          ALLREDUCE_TIMEOUT, parent)
+                          allreduce_timeout(), parent)
 
 
 # ----------------------------------------------------------------------------- rank 0
