@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model (directory, .gguf file or hub id; alone: the embedded "
                              "default model): print its decode roofline")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                        help="plan (and check the binding of) this many tensor-parallel ranks; with --model, "
+                             "what each rank would hold")
     parser.add_argument("--no-bandwidth", action="store_true",
                         help="skip the memory bandwidth test (and so the roofline)")
 
@@ -224,7 +227,7 @@ def _tensor_shapes(path: str) -> dict[str, tuple[int, ...]] | None:
 
 # ----------------------------------------------------------------------------- report
 
-def collect(model: str | None = None, bandwidth: bool = True) -> dict[str, Any]:
+def collect(model: str | None = None, bandwidth: bool = True, tensor_parallel_size: int = 1) -> dict[str, Any]:
     """Everything `info` prints, as plain data."""
     set_env = cpu.configure_openmp_env()
     topo = cpu.read_topology()
@@ -246,7 +249,8 @@ def collect(model: str | None = None, bandwidth: bool = True) -> dict[str, Any]:
     }
     info["gemm_paths"] = gemm_paths()
     try:
-        plan = cpu.plan_threads(topo, serving=True)
+        from lite_llm.llm import plan_ranks
+        plan = plan_ranks(tensor_parallel_size, serving=True, topology=topo)
         info["plan"] = {"mode": plan.mode, "ranks": plan.describe(), "notes": list(plan.notes)}
         info["binding"] = _check_binding(plan)
         threads = plan.num_threads
@@ -263,6 +267,8 @@ def collect(model: str | None = None, bandwidth: bool = True) -> dict[str, Any]:
         except (ValueError, OSError) as e:      # ModelLoadError is a ValueError
             weights = {"error": str(e)}
         info["model"] = weights
+        if tensor_parallel_size > 1 and "error" not in weights:
+            info["tensor_parallel"] = _rank_shards(model, tensor_parallel_size)
         if bandwidth and "error" not in weights:
             per_tok = weights["bytes_per_token_bf16"]
             weights["roofline_tok_s_bf16"] = round(info["bandwidth_gbs"] * 1e9 / per_tok, 1)
@@ -275,12 +281,30 @@ def collect(model: str | None = None, bandwidth: bool = True) -> dict[str, Any]:
 
 
 def _check_binding(plan: cpu.ThreadPlan) -> list[str]:
-    """Apply the plan in a short-lived thread (its OpenMP pool dies with it) and report."""
-    out: list[cpu.BindReport] = []
-    t = threading.Thread(target=lambda: out.append(cpu.apply_plan(plan)), name="lite_llm-info-bind")
-    t.start()
-    t.join()
-    return out[0].describe() if out else ["binding check did not run"]
+    """Apply each rank's plan in a short-lived thread (its OpenMP pool dies with it) and report
+    (a worker process binds the same way)."""
+    lines = []
+    for rank in range(len(plan.ranks)):
+        out: list[cpu.BindReport] = []
+        t = threading.Thread(target=lambda: out.append(cpu.apply_plan(plan, rank)), name="lite_llm-info-bind")
+        t.start()
+        t.join()
+        found = out[0].describe() if out else ["binding check did not run"]
+        lines += found if len(plan.ranks) == 1 else [f"rank {rank} {line}" for line in found]
+    return lines
+
+
+def _rank_shards(model: str | None, size: int) -> list[str]:
+    """What each tensor-parallel rank holds of `model`, or why it cannot be split."""
+    from lite_llm.engine import tp
+    from lite_llm.model.loader import load_model
+    loaded = load_model(model or None, skip_tokenizer_init=True, progress=False)
+    loaded.release()
+    try:
+        tp.check_tensor_parallel(loaded.config, size)
+    except ValueError as e:
+        return [str(e)]
+    return [f"rank {r}: {tp.describe_rank(loaded.config, r, size)}" for r in range(size)]
 
 
 def format_text(info: dict[str, Any]) -> list[str]:
@@ -312,6 +336,9 @@ def format_text(info: dict[str, Any]) -> list[str]:
     if "bandwidth_gbs" in info:
         lines.append(f"bandwidth:      {info['bandwidth_gbs']:.1f} GB/s (read of 256 MB, "
                      f"{info['bandwidth_threads']} threads)")
+    if info.get("tensor_parallel"):
+        lines.append("tensor parallel:")
+        lines += [f"  {line}" for line in info["tensor_parallel"]]
     m = info.get("model")
     if m and "error" in m:
         lines.append(f"model:          {m['error']}")
@@ -334,7 +361,8 @@ def format_text(info: dict[str, Any]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    info = collect(model=args.model, bandwidth=not args.no_bandwidth)
+    info = collect(model=args.model, bandwidth=not args.no_bandwidth,
+                   tensor_parallel_size=args.tensor_parallel_size)
     if args.json:
         print(json.dumps(info, indent=2))
     else:

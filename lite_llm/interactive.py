@@ -17,6 +17,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     p.add_argument("--quantization", "-q", default=None, choices=["none", "q8_0", "q4_0"],
                    help="weights as stored (none), or float weights quantized at load to q8_0 / q4_0 (ggml block types)")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="ranks of tensor parallelism, one process each (default 1): one per CPU list of LITE_LLM_CPU_OMP_THREADS_BIND (0-47|48-95), or per NUMA node under auto")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=None, help="default: the model's generation_config")
@@ -49,7 +51,8 @@ def _start(args):
     engine, loaded, info = build_engine(args.model, dtype=args.dtype, max_model_len=args.max_model_len,
                                         kv_cache_space=args.kv_cache_space, serving=False,
                                         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-                                        speculative_config=args.speculative_config)
+                                        speculative_config=args.speculative_config,
+                                        tensor_parallel_size=args.tensor_parallel_size)
     params = default_sampling_params(loaded.generation_config)
     overrides = {k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p),
                                    ("top_k", args.top_k), ("seed", args.seed)) if v is not None}

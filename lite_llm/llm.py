@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 import dataclasses
@@ -116,13 +117,14 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
                  seed: int = 0, disable_sliding_window: bool = False, skip_tokenizer_init: bool = False,
                  max_queue: int | None = None, serving: bool = False, progress: bool = True,
                  num_kv_blocks: int | None = None, quantization: str | None = None,
-                 kv_cache_dtype: str | None = "auto", speculative_config=None):
+                 kv_cache_dtype: str | None = "auto", speculative_config=None, tensor_parallel_size: int = 1):
     """Everything from a model argument to a started AsyncEngine. Returns (engine, loaded, info).
     num_kv_blocks: exactly this many KV blocks instead of kv_cache_space (see plan_kv_cache).
-    speculative_config: config.SpeculativeConfig, its dict or JSON text (vLLM's keys)."""
+    speculative_config: config.SpeculativeConfig, its dict or JSON text (vLLM's keys).
+    tensor_parallel_size: ranks (engine/tp.py): from the bind spec's lists, or NUMA nodes under auto."""
     t0 = time.perf_counter()
     cpu.configure_openmp_env()          # before the first OpenMP region in the process
-    plan = cpu.plan_threads(cpu.read_topology(), serving=serving)
+    plan = plan_ranks(tensor_parallel_size, serving)
     for line in plan.describe():
         log.info("%s", line)
     for note in plan.notes:
@@ -162,24 +164,45 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
                                  num_lookahead_tokens=spec.num_speculative_tokens
                                  if spec is not None and spec.method == "draft_model" else 0)
     engine = LLMEngine(None, loaded.tokenizer, engine_config)   # the runner is built on the engine thread
+    group = None
 
     def start_on_engine_thread():
         """Bind the OpenMP pool, then load: every OpenMP region of the process runs from this
         thread. A second thread's pool would make libgomp count more threads than CPUs and
         drop its barrier spinning to almost nothing: every barrier a sleep and a wake-up."""
-        report = cpu.apply_plan(plan)
-        for line in report.describe():
-            log.info("%s", line)
-        proposer = None
-        if spec is not None:
-            proposer = make_proposer(spec, loaded.config, dtype=loaded.dtype, num_blocks=kv.num_blocks,
-                                     block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
-                                     max_num_seqs=max_num_seqs, num_threads=num_threads,
-                                     max_model_len=loaded.max_model_len, kv_cache_dtype=kv_cache_dtype)
-        engine.runner = ModelRunner(loaded, num_blocks=kv.num_blocks, block_size=block_size,
-                                    max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                                    num_threads=num_threads, disable_sliding_window=disable_sliding_window,
-                                    quantization=quantization, kv_cache_dtype=kv_cache_dtype, proposer=proposer)
+        nonlocal group
+        if tensor_parallel_size > 1:   # workers load their shards while this rank loads its own
+            from lite_llm.engine import tp
+            group = tp.start_group(loaded, plan, num_blocks=kv.num_blocks, block_size=block_size,
+                                   max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                                   kv_cache_dtype=kv_cache_dtype, disable_sliding_window=disable_sliding_window,
+                                   on_failure=_exit_server if serving else None)
+        try:
+            report = cpu.apply_plan(plan)
+            for line in report.describe():
+                log.info("%s", line)
+            proposer = None
+            if spec is not None:
+                proposer = make_proposer(spec, loaded.config, dtype=loaded.dtype, num_blocks=kv.num_blocks,
+                                         block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
+                                         max_num_seqs=max_num_seqs, num_threads=num_threads,
+                                         max_model_len=loaded.max_model_len, kv_cache_dtype=kv_cache_dtype)
+            engine.runner = ModelRunner(loaded, num_blocks=kv.num_blocks, block_size=block_size,
+                                        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                                        num_threads=num_threads, disable_sliding_window=disable_sliding_window,
+                                        quantization=quantization, kv_cache_dtype=kv_cache_dtype,
+                                        proposer=proposer, tp_rank=0, tp_size=tensor_parallel_size,
+                                        tp_group=group)
+            if group is not None:
+                group.wait_ready()
+                group.ranks[0].update(binding="; ".join(report.describe()), cpus=list(report.planned),
+                                      observed=list(report.observed), ok=report.ok)
+                for line in group.describe():
+                    log.info("%s", line)
+        except BaseException:
+            if group is not None:
+                group.close()
+            raise
 
     async_engine = AsyncEngine(engine, max_queue=max_queue, on_engine_thread_start=start_on_engine_thread)
     try:
@@ -200,10 +223,37 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
         "head_macs_per_row": runner.head_macs_per_row, "num_layers": cfg.num_layers, "q_size": cfg.q_size,
         "startup_seconds": time.perf_counter() - t0,
         "speculative_config": None if spec is None else dataclasses.asdict(spec),
+        "tensor_parallel_size": tensor_parallel_size,
+        "tensor_parallel_ranks": group.ranks if group is not None else [],
     }
+    if group is not None:
+        async_engine.tp_group = group      # closed with the engine (LLM.shutdown, server exit)
     log.info("engine ready in %.2f s: %s, %d threads, %s", info["startup_seconds"], _kernels.VARIANT.name,
              num_threads, kv.describe())
     return async_engine, loaded, info
+
+
+def plan_ranks(tensor_parallel_size: int, serving: bool, topology: cpu.Topology | None = None) -> cpu.ThreadPlan:
+    """The thread plan for `tensor_parallel_size` ranks on `topology` (None: this machine's):
+    auto deals NUMA nodes (or slices of one) to them; an explicit bind spec must list exactly
+    that many CPU lists."""
+    from lite_llm.engine import tp
+    if tensor_parallel_size < 1:
+        raise ValueError(f"tensor_parallel_size={tensor_parallel_size}: must be >= 1")
+    bind = env("CPU_OMP_THREADS_BIND", "auto").strip()
+    topo = topology or cpu.read_topology()
+    if bind in ("auto", "nobind"):
+        return cpu.plan_threads(topo, serving=serving, world_size=tensor_parallel_size)
+    plan = cpu.plan_threads(topo, serving=serving)
+    tp.check_plan(plan, tensor_parallel_size, bind)
+    return plan
+
+
+def _exit_server(message: str) -> None:
+    """A tensor-parallel rank died under a server: nothing can run; say so and stop the process
+    (SIGTERM: the server's own shutdown, whose drain ends at once as every request fails)."""
+    log.critical("%s: stopping the server", message)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def build_async_engine(model: str | None = None, **kwargs):
@@ -236,7 +286,7 @@ class LLM:
                  max_num_batched_tokens: int | None = None, skip_tokenizer_init: bool = False,
                  disable_sliding_window: bool = False, tokenizer: str | None = None,
                  quantization: str | None = None, kv_cache_dtype: str = "auto",
-                 speculative_config: dict | str | None = None, **kwargs: Any):
+                 speculative_config: dict | str | None = None, tensor_parallel_size: int = 1, **kwargs: Any):
         if kwargs:
             log.warning("LLM: ignoring unsupported arguments %s", sorted(kwargs))
         self._engine, self._loaded, self.info = build_engine(
@@ -245,7 +295,8 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=enable_prefix_caching,
             seed=seed, disable_sliding_window=disable_sliding_window,
             skip_tokenizer_init=skip_tokenizer_init, serving=False, quantization=quantization,
-            kv_cache_dtype=kv_cache_dtype, speculative_config=speculative_config)
+            kv_cache_dtype=kv_cache_dtype, speculative_config=speculative_config,
+            tensor_parallel_size=tensor_parallel_size)
         self.tokenizer = self._loaded.tokenizer
         self.config = self._loaded.config
 

@@ -418,7 +418,7 @@ def forward(Model m, Workspace ws,
             const int32_t[:, ::1] block_tables,  # IN [S, max_blocks]
             const int32_t[::1] logits_rows,    # IN [R] token indices whose logits are wanted
             float[:, ::1] logits,              # OUT [R, V]
-            int num_threads):
+            int num_threads, TPComm tp=None):
     """Run all layers over a flat batch of T tokens from S sequences; the KV of every token is
     written to its slot first, then each token attends to its sequence's positions <= its own."""
     cdef Py_ssize_t t, r, T = token_ids.shape[0], R = logits_rows.shape[0]
@@ -429,6 +429,8 @@ def forward(Model m, Workspace ws,
         raise ValueError("forward: per-token arrays differ in length")
     if logits.shape[0] != R or logits.shape[1] != mc.vocab_size:
         raise ValueError(f"forward: logits {tuple(logits.shape)} != ({R}, {mc.vocab_size})")
+    if tp is not None and T * mc.dim > tp.c.cap:
+        raise ValueError(f"step of {T} tokens: the tensor-parallel slots hold {tp.c.cap // mc.dim}")
     if T == 0:
         return
     for t in range(T):   # the kernels trust these; a bad index must not reach them
@@ -446,7 +448,10 @@ def forward(Model m, Workspace ws,
     with nogil:
         _forward(mc, &ws.c, T, &token_ids[0], &positions[0], &slot_mapping[0], &tok_seq[0],
                  &block_tables[0, 0], block_tables.shape[1], R, &logits_rows[0] if R else NULL,
-                 &logits[0, 0] if R else NULL, num_threads)
+                 &logits[0, 0] if R else NULL, num_threads, &tp.c if tp is not None else NULL)
+    if tp is not None and tp.c.failed:
+        raise RuntimeError(f"tensor parallel rank {tp.c.rank}: an all-reduce {TP_FAILURES[tp.c.failed]} "
+                           "(another rank died or stopped)")
 
 
 cdef inline void _embed_row(const Mat *e, Py_ssize_t row, float *out) noexcept nogil:
@@ -488,12 +493,14 @@ cdef struct StepC:
     const int32_t *block_tables
     const int32_t *logits_rows
     float *logits
+    ll_tp *tp                     # tensor parallel: this rank's group, or NULL
+    uint64_t gen0                 # all-reduces the group did before this step
 
 
 cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t *token_ids, const int32_t *positions,
                    const int64_t *slot_mapping, const int32_t *tok_seq, const int32_t *block_tables,
                    Py_ssize_t max_blocks, Py_ssize_t R, const int32_t *logits_rows, float *logits,
-                   int nt) noexcept nogil:
+                   int nt, ll_tp *tp) noexcept nogil:
     """ONE parallel region for the whole step: every thread runs _step over its share of each
     phase, with a barrier between dependent phases (far cheaper than a fork/join per op)."""
     cdef StepC s
@@ -501,6 +508,7 @@ cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t
     s.T, s.R, s.max_blocks = T, R, max_blocks
     s.token_ids, s.positions, s.slot_mapping, s.tok_seq = token_ids, positions, slot_mapping, tok_seq
     s.block_tables, s.logits_rows, s.logits = block_tables, logits_rows, logits
+    s.tp, s.gen0 = tp, tp.gen if tp != NULL else 0
     for i in range(6):
         ws.counter[16 * i] = 0
     s.num_tiles = _build_tiles(tok_seq, T, ws.tiles)
@@ -508,6 +516,8 @@ cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t
     with parallel(num_threads=nt):
         tid = openmp.omp_get_thread_num()
         _step(m, ws, &s, tid, openmp.omp_get_num_threads())
+    if tp != NULL:   # two all-reduces per layer, the same count on every rank
+        tp.gen = s.gen0 + 2 * m.num_layers
 
 
 cdef inline void _norm_rows(const ModelC *m, const float *w, const float *b, const float *x,
@@ -806,7 +816,12 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                 _combine_item(pair, nsplit, ws.partials, ws.attn, q_n, ws.tiles, H, Hkv, D)
                 _attn_to_input(ws, ll_mat_form(&L.o, T), pair, q_n, group, D)
             ll_omp_barrier()
-        if m.post_norms or m.residual_scale != 1.0:   # o into h (free: qkv has read it), then x += norm(h)
+        if s.tp != NULL:   # this rank's heads' share of o into its slot; the sum over ranks into h
+            _gemm_part(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ll_tp_slot(s.tp, s.gen0 + 2 * l + 1, s.tp.rank),
+                       E, 0, tid, nth)
+            _tp_reduce(s.tp, s.gen0 + 2 * l + 1, ws.h, T * E, tid, nth)
+            _residual_add(m, L.post_attn_norm_w, ws.h, ws.x, t0, t1)
+        elif m.post_norms or m.residual_scale != 1.0:   # o into h (free: qkv has read it), then x += norm(h)
             _gemm_part(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.h, E, 0, tid, nth)
             ll_omp_barrier()
             _residual_add(m, L.post_attn_norm_w, ws.h, ws.x, t0, t1)
@@ -821,7 +836,12 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         elif m.gated:
             _gated_phase(m, ws, &L.up, &L.down, T, l, tid, nth)
             ll_omp_barrier()
-            if m.post_norms or m.residual_scale != 1.0:   # down into h (the gated phase has read it)
+            if s.tp != NULL:   # this rank's features' share of down into its slot; the sum into h
+                _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ll_tp_slot(s.tp, s.gen0 + 2 * l + 2, s.tp.rank),
+                            E, 0, ws.counter + 4 * 16, l, tid, nth)
+                _tp_reduce(s.tp, s.gen0 + 2 * l + 2, ws.h, T * E, tid, nth)
+                _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, t0, t1)
+            elif m.post_norms or m.residual_scale != 1.0:   # down into h (the gated phase has read it)
                 _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ws.h, E, 0, ws.counter + 4 * 16, l, tid, nth)
                 ll_omp_barrier()
                 _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, t0, t1)
@@ -845,7 +865,13 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                         ll_quantize_rows_q8(ws.act + t * F + c0, 0, 0, 1, c1 - c0, ws.xq2 + t * F + c0,
                                             ws.xqd2 + t * (F // 32) + c0 // 32, ws.xqs2 + t * (F // 16) + c0 // 16)
             ll_omp_barrier()
-            _gemm_phase(ws.act, F, ws.xb, &xq_f, T, &L.down, ws.x, E, 1, ws.counter + 4 * 16, l, tid, nth)
+            if s.tp != NULL:
+                _gemm_phase(ws.act, F, ws.xb, &xq_f, T, &L.down, ll_tp_slot(s.tp, s.gen0 + 2 * l + 2, s.tp.rank),
+                            E, 0, ws.counter + 4 * 16, l, tid, nth)
+                _tp_reduce(s.tp, s.gen0 + 2 * l + 2, ws.h, T * E, tid, nth)
+                _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, t0, t1)
+            else:
+                _gemm_phase(ws.act, F, ws.xb, &xq_f, T, &L.down, ws.x, E, 1, ws.counter + 4 * 16, l, tid, nth)
         ll_omp_barrier()
 
     if s.R == 0:

@@ -37,6 +37,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, max_num_batched_tok
     parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"))
     parser.add_argument("--quantization", "-q", default=None, choices=("none", "q8_0", "q4_0"),
                         help="weights as stored (none), or float weights quantized at load to q8_0 / q4_0")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                        help="ranks of tensor parallelism, one process each (default 1): one per CPU list of LITE_LLM_CPU_OMP_THREADS_BIND (0-47|48-95), or per NUMA node under auto")
     parser.add_argument("--peer-weights", default="same", choices=("same", "bf16"),
                         help="llama.cpp runs the same GGUF file (same, the default: quantized files run "
                              "quantized in both engines) or a BF16 copy of its dequantized weights (bf16)")
@@ -80,7 +82,8 @@ def build(args: argparse.Namespace, max_model_len: int | None = None, num_kv_blo
         max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=args.enable_prefix_caching,
         seed=args.seed, serving=False, progress=sys.stderr.isatty(),
         num_kv_blocks=num_kv_blocks if args.kv_cache_space is None else None, quantization=args.quantization,
-        kv_cache_dtype=args.kv_cache_dtype, speculative_config=getattr(args, "speculative_config", None))
+        kv_cache_dtype=args.kv_cache_dtype, speculative_config=getattr(args, "speculative_config", None),
+        tensor_parallel_size=args.tensor_parallel_size)
     info = dict(info, build_seconds=time.perf_counter() - t0)
     return engine, loaded, info
 

@@ -180,6 +180,9 @@ class AsyncEngine:
             self._cond.notify()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
+        group = getattr(self, "tp_group", None)   # tensor-parallel workers (llm.build_engine)
+        if group is not None:
+            group.close()
 
     # ---- engine thread --------------------------------------------------------------------
 

@@ -109,16 +109,38 @@ def _block_form(base: str, t, cfg, quantization: str | None):
     return layout.quantized_view(t, "Q8_0" if head else QUANTIZATIONS[quantization])
 
 
-def pack_checkpoint(loaded, dtype: str, threads: int, quantization: str | None = None) -> dict[str, object]:
+def pack_checkpoint(loaded, dtype: str, threads: int, quantization: str | None = None,
+                    shard=None) -> dict[str, object]:
     """Every tensor of the checkpoint, for the kernel Model: 2-D weights packed (in their stored
     block format where the kernels take it, else in the engine dtype `dtype`; straight from the
     mapped file where it is stored as the packer takes it), with "<name>.shape" and, for block
     formats, "<name>.parts"; vectors as float32. Runs its parallel loops on `threads` threads of
-    the calling thread's OpenMP pool (the engine thread's), into huge-page-backed segments."""
+    the calling thread's OpenMP pool (the engine thread's), into huge-page-backed segments.
+    shard(name, array) -> array or None: a tensor-parallel rank's part of each tensor (tp.py),
+    applied to whole tensors read in the engine dtype (no block formats: float weights only);
+    the gated MLP's width is then the shard's."""
     cfg = loaded.config
     tensors: dict[str, object] = {}
     with layout.WeightArena():
         for name, t in loaded.iter_tensors(streamed=True):   # 2-D: StackedRows, not read yet
+            if shard is not None:
+                full = t.read(0, t.shape[0]) if t.ndim == 2 and not isinstance(t, np.ndarray) else t
+                part = shard(name, full)
+                del t, full
+                if part is None:
+                    continue
+                if part.ndim == 2 and name != "pos_embed":
+                    base = name[: -len(".weight")] if name.endswith(".weight") else name
+                    tensors[base + ".shape"] = part.shape
+                    if base.endswith(".gate_up"):
+                        tensors[base + ".weight"] = layout.pack_gated(part, part.shape[0] // 2, dtype, threads)
+                    else:
+                        tensors[base + ".weight"] = layout.pack(part, dtype)
+                elif part.dtype == np.uint16:
+                    tensors[name] = np.ascontiguousarray(bf16_to_f32(part))
+                else:
+                    tensors[name] = np.ascontiguousarray(part, dtype=np.float32)
+                continue
             # pos_embed and a router are plain fp32 tables (the router's logits pick experts)
             if t.ndim == 2 and name != "pos_embed" and not name.endswith(".router.weight"):
                 base = name[: -len(".weight")] if name.endswith(".weight") else name
@@ -175,8 +197,22 @@ class ModelRunner:
     def __init__(self, loaded, *, num_blocks: int, block_size: int, max_num_batched_tokens: int,
                  max_num_seqs: int, num_threads: int, disable_sliding_window: bool = False,
                  kernels=None, quantization: str | None = None, kv_cache_dtype: str | None = "auto",
-                 proposer=None):
+                 proposer=None, tp_rank: int = 0, tp_size: int = 1, tp_group=None):
+        """proposer: speculative decoding's draft proposer (spec_decode.py), or None.
+        tp_rank / tp_size: this process's rank of a tensor-parallel group (engine/tp.py): it
+        packs and caches only its shard. tp_group: rank 0's TPGroup (workers get None)."""
         cfg = loaded.config
+        self.tp_rank, self.tp_size, self.tp_group = tp_rank, tp_size, tp_group
+        shard = None
+        if tp_size > 1:
+            from lite_llm.engine import tp
+            tp.check_tensor_parallel(cfg, tp_size)
+            if check_quantization(quantization) is not None:
+                raise ValueError("tensor parallel runs float weights: --quantization is not supported with it")
+            local = tp.rank_config(cfg, tp_rank, tp_size)
+            shard = lambda name, a: tp.shard_tensor(name, a, cfg, tp_rank, tp_size)   # noqa: E731
+        else:
+            local = cfg
         self.config = cfg
         self.dtype = loaded.dtype
         self.kernels = kernels or _kernels.kernels
@@ -190,7 +226,7 @@ class ModelRunner:
         # how bf16 weights run prefill and batches on this machine: measured once, cached
         self.gemm_paths = gemm_path.choose(self.kernels)
         # the kernel model's typed configuration, checked here before anything is packed
-        self.kernel_config = arch.kernel_config(cfg, dtype=self.dtype, block_size=block_size, max_positions=max_pos,
+        self.kernel_config = arch.kernel_config(local, dtype=self.dtype, block_size=block_size, max_positions=max_pos,
                                                 kv_cache_dtype=self.kv_cache_dtype,
                                                 bf16_path=self.gemm_paths.chosen["bf16"],
                                                 attn_path=attention_path_override(),
@@ -198,11 +234,11 @@ class ModelRunner:
         self.attention_path = self.kernel_config.attn_path
 
         start = time.perf_counter()
-        tensors = pack_checkpoint(loaded, self.dtype, num_threads, self.quantization)
+        tensors = pack_checkpoint(loaded, self.dtype, num_threads, self.quantization, shard)
         loaded.release()
         _trim_heap()
         kv_np = layout.KV_NUMPY[self.kv_cache_dtype]
-        k_shape, v_shape = layout.kv_cache_shapes(num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim,
+        k_shape, v_shape = layout.kv_cache_shapes(num_blocks, local.num_kv_heads, block_size, cfg.head_dim,
                                                   self.kv_cache_dtype)
         self.k_caches = [layout.aligned_zeros(k_shape, kv_np) for _ in range(cfg.num_layers)]
         self.v_caches = [layout.aligned_zeros(v_shape, kv_np) for _ in range(cfg.num_layers)]
@@ -281,8 +317,17 @@ class ModelRunner:
         if self._logits.shape[0] < R:
             self._logits = np.empty((R, self.config.vocab_size), np.float32)
         logits = self._logits[:R]
-        self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
-                             block_tables, logits_rows, logits, self.num_threads)
+        group = self.tp_group
+        if group is None:
+            self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
+                                 block_tables, logits_rows, logits, self.num_threads)
+            return logits
+        group.broadcast(token_ids, positions, slot_mapping, tok_seq, block_tables)
+        try:
+            self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
+                                 block_tables, logits_rows, logits, self.num_threads, tp=group.comm)
+        except RuntimeError as e:
+            group.raise_failure(e)
         return logits
 
     def execute(self, sched_out, masks=None) -> list[SampleResult | None]:

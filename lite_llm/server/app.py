@@ -1015,6 +1015,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="weight/activation dtype (auto: from the checkpoint)")
     a("--quantization", "-q", default=None, choices=["none", "q8_0", "q4_0"],
       help="weights as stored (none), or float weights quantized at load to q8_0 / q4_0 (ggml block types)")
+    a("--tensor-parallel-size", "-tp", type=int, default=1,
+      help="ranks of tensor parallelism, one process each (default 1): one per CPU list of LITE_LLM_CPU_OMP_THREADS_BIND (0-47|48-95), or per NUMA node under auto")
     a("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     a("--block-size", type=int, default=None, help="tokens per KV-cache block (a multiple of 16; default 128)")
     a("--max-num-seqs", type=int, default=128, help="most sequences in one step")
@@ -1092,11 +1094,14 @@ def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
         enable_prefix_caching=args.enable_prefix_caching, seed=args.seed, max_queue=args.max_queue,
         kv_cache_space=args.kv_cache_space, disable_sliding_window=args.disable_sliding_window,
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-        speculative_config=args.speculative_config)
+        speculative_config=args.speculative_config,
+        tensor_parallel_size=args.tensor_parallel_size)
     # flags left unset keep the builder's defaults
     engine_kwargs = {k: v for k, v in engine_kwargs.items() if v is not None}
     if args.data_parallel_size < 1:
         raise SystemExit(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
+    if args.data_parallel_size > 1 and args.tensor_parallel_size > 1:
+        raise SystemExit("--data-parallel-size with --tensor-parallel-size is not supported yet: choose one")
     if args.data_parallel_size > 1:
         from lite_llm.engine.data_parallel import build_data_parallel_engine
         return build_data_parallel_engine(model, args.data_parallel_size, **engine_kwargs)
@@ -1167,4 +1172,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+    failure = getattr(getattr(engine, "tp_group", None), "failure", None)
+    if failure:     # a tensor-parallel rank died: the stop was not asked for
+        logger.critical("exiting: %s", failure)
+        return 1
     return 1 if failed else 0

@@ -1,0 +1,462 @@
+"""Tensor parallel over the ranks of one machine (one rank per NUMA node, or per bind list).
+
+Rank 0 is the engine's own process: the scheduler, the sampler and the LM head stay there.
+Every other rank is a worker process (`python -m lite_llm.engine.tp`) started by TPGroup,
+bound to its rank's cores (and its node's memory where libnuma is present), holding its shard:
+
+    attention   query heads split evenly; KV heads split evenly, or, when there are fewer KV
+                heads than ranks, each rank holds the one KV head its query heads use
+                (replicated, as vLLM does); qkv rows (and bias) of those heads, o columns
+    MLP         gate/up (or fc1) rows of features f0..f1 of ffn_dim, down (fc2) columns
+    row-split   o and down biases on rank 0 only (the all-reduce adds every rank's share)
+    KV cache    its KV heads, same blocks as rank 0 (the block tables are rank 0's)
+    embedding   the whole table on every rank (each rank gathers its tokens' rows)
+    LM head     rank 0 only (computed there after the last all-reduce): the logits and the
+                sampler never leave rank 0
+
+One step: rank 0 copies the step's flat arrays into the segment's step area and bumps the
+step number; each worker, waiting on it, runs the same ONE compiled forward() call with its
+shard. Inside it, the outputs of o and down are summed over ranks through the segment's slots
+(src/tp_shm.h): two all-reduces per layer, no Python between them.
+
+    segment:  header (arrive flags, step number, abort word) | step area | slots [2][N][T E]
+    step area: params int64[8] | token_ids [T] | positions [T] | slot_mapping [T] int64 |
+               tok_seq [T] | block_tables [max_num_seqs, max_blocks]
+
+A worker that dies is seen by rank 0's monitor thread (it waits on the process): it sets the
+abort word, so every spinning wait returns, and the engine raises naming the rank. Workers
+stop when rank 0 does (they watch their parent) or when it sets the abort word at close().
+
+What does not live here: the plan of cores per rank (lite_llm/cpu.py), the all-reduce
+(src/tp_shm.h, _kernels/tp.pxi), packing (runner.py).
+"""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import logging
+import mmap
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from lite_llm import cpu
+
+log = logging.getLogger("lite_llm")
+
+ABORT_RANK_DIED, ABORT_SHUTDOWN = 1, 2
+_STEP_WORD, _ABORT_WORD = 64 * 8, 65 * 8       # uint64 index of the header's step and abort lines
+_NUM_PARAMS = 8                                # T, num block-table rows, max_blocks
+DEFAULT_TIMEOUT = 60.0         # seconds one all-reduce may wait for the other ranks (LITE_LLM_TP_TIMEOUT)
+START_TIMEOUT = 600.0
+
+
+# ----------------------------------------------------------------------------- sharding
+
+def check_tensor_parallel(cfg, size: int) -> None:
+    """A clear ValueError unless a model of config `cfg` splits over `size` ranks."""
+    if size < 1:
+        raise ValueError(f"tensor_parallel_size={size}: must be >= 1")
+    if size == 1:
+        return
+    problems = []
+    if cfg.num_heads % size:
+        problems.append(f"{cfg.num_heads} attention heads do not split over {size} ranks")
+    hkv = cfg.num_kv_heads
+    if hkv % size and size % hkv:
+        problems.append(f"{hkv} KV heads neither split over {size} ranks nor divide them (to be replicated)")
+    if cfg.ffn_dim % size:
+        problems.append(f"MLP width {cfg.ffn_dim} does not split over {size} ranks")
+    if getattr(cfg, "num_experts", 0):
+        problems.append("mixture-of-experts layers are not split across ranks (run it on one rank, "
+                        "or as --data-parallel-size replicas)")
+    if problems:
+        raise ValueError(f"{cfg.architecture}: tensor_parallel_size={size} is not possible: "
+                         + "; ".join(problems) + " (choose a size that divides them)")
+
+
+def _heads(cfg, rank: int, size: int) -> tuple[int, int, int, int, int, int]:
+    """(h0, h1, kv0, kv1, f0, f1): the query heads, KV heads and MLP features rank `rank` holds."""
+    hq = cfg.num_heads // size
+    hkv = cfg.num_kv_heads
+    if hkv >= size:
+        kv0, kv1 = rank * (hkv // size), (rank + 1) * (hkv // size)
+    else:                       # replicated: the one KV head this rank's query heads read
+        kv0 = rank * hkv // size
+        kv1 = kv0 + 1
+    f = cfg.ffn_dim // size
+    return rank * hq, (rank + 1) * hq, kv0, kv1, rank * f, (rank + 1) * f
+
+
+def rank_config(cfg, rank: int, size: int):
+    """The ModelConfig of rank `rank`'s shard: its heads, KV heads and MLP width."""
+    h0, h1, kv0, kv1, f0, f1 = _heads(cfg, rank, size)
+    return dataclasses.replace(cfg, num_heads=h1 - h0, num_kv_heads=kv1 - kv0, ffn_dim=f1 - f0)
+
+
+def describe_rank(cfg, rank: int, size: int) -> str:
+    """What rank `rank` holds, for the start-up log and info."""
+    h0, h1, kv0, kv1, f0, f1 = _heads(cfg, rank, size)
+    rep = " (replicated)" if cfg.num_kv_heads < size else ""
+    return (f"query heads {h0}-{h1 - 1} of {cfg.num_heads}, KV heads {kv0}-{kv1 - 1} of "
+            f"{cfg.num_kv_heads}{rep}, MLP features {f0}-{f1 - 1} of {cfg.ffn_dim}, "
+            + ("embedding + LM head" if rank == 0 else "embedding"))
+
+
+def shard_tensor(name: str, arr: np.ndarray, cfg, rank: int, size: int) -> np.ndarray | None:
+    """Rank `rank`'s part of canonical tensor `name` (a whole [N, K] weight or a vector), or
+    None when the rank holds none of it (the LM head off rank 0, row-split biases off rank 0)."""
+    if size == 1:
+        return arr
+    h0, h1, kv0, kv1, f0, f1 = _heads(cfg, rank, size)
+    D, H, Hkv, F = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.ffn_dim
+    base = name.rsplit(".", 1)[0] if name.endswith((".weight", ".bias")) else name
+    kind = base.rsplit(".", 1)[-1]
+    if name == "lm_head.weight":
+        return arr if rank == 0 else None
+    if not base.startswith("layers."):
+        return arr
+    if kind == "qkv":          # rows: q heads, then k heads, then v heads
+        rows = np.r_[h0 * D:h1 * D, (H + kv0) * D:(H + kv1) * D, (H + Hkv + kv0) * D:(H + Hkv + kv1) * D]
+        return np.ascontiguousarray(arr[rows])
+    if kind == "gate_up":      # rows: gate then up
+        rows = np.r_[f0:f1, F + f0:F + f1]
+        return np.ascontiguousarray(arr[rows])
+    if kind == "up":
+        return np.ascontiguousarray(arr[f0:f1])
+    if kind in ("o", "down"):  # row-parallel: columns of the input; the bias once, on rank 0
+        if name.endswith(".bias"):
+            return arr if rank == 0 else None
+        c0, c1 = (h0 * D, h1 * D) if kind == "o" else (f0, f1)
+        return np.ascontiguousarray(arr[:, c0:c1])
+    return arr
+
+
+# ----------------------------------------------------------------------------- segment
+
+@dataclasses.dataclass(frozen=True)
+class SegmentLayout:
+    size: int
+    max_tokens: int
+    max_rows: int               # block-table rows (max_num_seqs)
+    max_blocks: int
+    dim: int
+
+    def _offsets(self):
+        from lite_llm._kernels import kernels
+        header, slot_bytes = kernels.tp_segment_bytes(self.size, self.max_tokens * self.dim)
+        at, out = header, {}
+        for key, dtype, count in (("params", np.int64, _NUM_PARAMS), ("token_ids", np.int32, self.max_tokens),
+                                  ("positions", np.int32, self.max_tokens),
+                                  ("slot_mapping", np.int64, self.max_tokens),
+                                  ("tok_seq", np.int32, self.max_tokens),
+                                  ("block_tables", np.int32, self.max_rows * self.max_blocks)):
+            out[key] = (at, dtype, count)
+            at = -(-(at + count * np.dtype(dtype).itemsize) // 64) * 64
+        return out, at, at + slot_bytes
+
+    @property
+    def slots_offset(self) -> int:
+        return self._offsets()[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self._offsets()[2]
+
+    def views(self, buf) -> dict[str, np.ndarray]:
+        offsets = self._offsets()[0]
+        out = {k: np.frombuffer(buf, dtype, count, at) for k, (at, dtype, count) in offsets.items()}
+        out["header"] = np.frombuffer(buf, np.uint64, offsets["params"][0] // 8, 0)
+        return out
+
+
+def allreduce_timeout() -> float:
+    """LITE_LLM_TP_TIMEOUT seconds (default 60), checked."""
+    from lite_llm.config import env
+    text = env("TP_TIMEOUT", str(DEFAULT_TIMEOUT))
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"LITE_LLM_TP_TIMEOUT={text!r}: a positive number of seconds")
+    return value
+
+
+def _comm(buf, layout: SegmentLayout, rank: int, parent: int = 0):
+    from lite_llm._kernels import kernels
+    return kernels.TPComm(buf, rank, layout.size, layout.max_tokens * layout.dim, layout.slots_offset,
+                          allreduce_timeout(), parent)
+
+
+# ----------------------------------------------------------------------------- rank 0
+
+class TensorParallelError(RuntimeError):
+    """A rank failed: the message names it and why."""
+
+
+class TPGroup:
+    """Rank 0's side: the shared segment, the worker processes and their monitor.
+
+    plan: the ThreadPlan with one RankPlan per rank. worker_args: what a worker needs to load
+    its shard and size its buffers like rank 0 (model source, dtype, max_model_len, num_blocks,
+    block_size, max_num_batched_tokens, max_num_seqs, kv_cache_dtype, disable_sliding_window).
+    on_failure(message): called from the monitor thread when a worker dies unasked."""
+
+    def __init__(self, plan: cpu.ThreadPlan, cfg, worker_args: dict, max_blocks: int, on_failure=None):
+        self.size = len(plan.ranks)
+        self.layout = SegmentLayout(self.size, worker_args["max_num_batched_tokens"], worker_args["max_num_seqs"],
+                                    max_blocks, cfg.dim)
+        fd, self.path = tempfile.mkstemp(prefix="lite_llm_tp_", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        try:
+            os.ftruncate(fd, self.layout.nbytes)
+            self._mm = mmap.mmap(fd, self.layout.nbytes)
+        finally:
+            os.close(fd)
+        self.views = self.layout.views(self._mm)
+        self.comm = _comm(self._mm, self.layout, 0)
+        self.failure: str | None = None
+        self.on_failure = on_failure
+        self._closing = False
+        self._step = 0
+        self.ranks: list[dict] = [{"rank": 0, "pid": os.getpid(), "holds": describe_rank(cfg, 0, self.size)}]
+        self.procs: list[subprocess.Popen] = []
+        self._pipes: list[int] = []
+        atexit.register(self.close)
+        try:
+            for rank in range(1, self.size):
+                self._spawn(rank, plan, worker_args)
+        except BaseException:
+            self.close()
+            raise
+
+    def _spawn(self, rank: int, plan: cpu.ThreadPlan, worker_args: dict) -> None:
+        r = plan.ranks[rank]
+        read_fd, write_fd = os.pipe()
+        args = dict(worker_args, rank=rank, size=self.size, segment=self.path, hello_fd=write_fd,
+                    parent=os.getpid(), layout=dataclasses.asdict(self.layout),
+                    plan={"mode": plan.mode, "machine_nodes": list(plan.machine_nodes),
+                          "cpus": list(r.cpus), "node": r.node, "num_threads": r.num_threads,
+                          "reserved": list(r.reserved), "memory_nodes": list(r.memory_nodes)})
+        proc = subprocess.Popen([sys.executable, "-m", "lite_llm.engine.tp", json.dumps(args)],
+                                pass_fds=(write_fd,), stdin=subprocess.DEVNULL)
+        os.close(write_fd)
+        self.procs.append(proc)
+        self._pipes.append(read_fd)
+
+    def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
+        """Each worker's hello (binding report, what it holds) or a TensorParallelError; then the
+        segment's name is unlinked (every rank has it mapped) and the monitor starts."""
+        deadline = time.monotonic() + timeout
+        for i, (proc, fd) in enumerate(zip(self.procs, self._pipes)):
+            rank, data = i + 1, b""
+            while not data.endswith(b"\n"):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TensorParallelError(f"tensor parallel rank {rank} (pid {proc.pid}) did not start "
+                                              f"within {timeout:.0f} s")
+                ready, _, _ = select.select([fd], [], [], min(left, 0.5))
+                if ready:
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        code = proc.wait()
+                        raise TensorParallelError(f"tensor parallel rank {rank} (pid {proc.pid}) failed to start "
+                                                  f"({_exit_text(code)}); its error is printed above")
+                    data += chunk
+            self.ranks.append(json.loads(data))
+            os.close(fd)
+        self._pipes = []
+        os.unlink(self.path)
+        self.path = None
+        for rank, proc in enumerate(self.procs, 1):
+            threading.Thread(target=self._watch, args=(rank, proc), name=f"lite_llm-tp-watch-{rank}",
+                             daemon=True).start()
+
+    def _watch(self, rank: int, proc: subprocess.Popen) -> None:
+        code = proc.wait()
+        if self._closing:
+            return
+        self.failure = (f"tensor parallel rank {rank} (pid {proc.pid}) exited ({_exit_text(code)}); "
+                        f"the engine cannot run without it")
+        self.comm.set_abort(ABORT_RANK_DIED)
+        log.error("%s", self.failure)
+        if self.on_failure is not None:
+            self.on_failure(self.failure)
+
+    def broadcast(self, token_ids, positions, slot_mapping, tok_seq, block_tables) -> None:
+        """Put one step's arrays in the step area and release the workers on it."""
+        if self.failure:
+            raise TensorParallelError(self.failure)
+        T = len(token_ids)
+        rows = int(tok_seq.max()) + 1 if T else 0      # the block-table rows the step reads
+        mb = block_tables.shape[1]
+        v = self.views
+        v["params"][:3] = (T, rows, mb)
+        v["token_ids"][:T] = token_ids
+        v["positions"][:T] = positions
+        v["slot_mapping"][:T] = slot_mapping
+        v["tok_seq"][:T] = tok_seq
+        v["block_tables"][:rows * mb] = block_tables[:rows].reshape(-1)
+        self._step += 1
+        self.comm.publish_step(self._step)
+
+    def raise_failure(self, error: BaseException) -> None:
+        """Re-raise a failed forward() with the rank that caused it, when known."""
+        deadline = time.monotonic() + 2.0     # the monitor may be a moment behind the spin
+        while self.failure is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise TensorParallelError(self.failure or str(error)) from error
+
+    def close(self) -> None:
+        """Stop the workers (abort word: their waits return) and drop the segment."""
+        if self._closing:
+            return
+        self._closing = True
+        self.comm.set_abort(ABORT_SHUTDOWN)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for fd in self._pipes:
+            os.close(fd)
+        self._pipes = []
+        if self.path:
+            os.unlink(self.path)
+            self.path = None
+
+    def describe(self) -> list[str]:
+        """One line per rank: pid, cores, binding and what it holds."""
+        lines = []
+        for r in self.ranks:
+            where = f", {r['binding']}" if r.get("binding") else ""
+            lines.append(f"tensor parallel rank {r['rank']} (pid {r['pid']}{where}): {r['holds']}")
+        return lines
+
+
+def start_group(loaded, plan: cpu.ThreadPlan, *, num_blocks: int, block_size: int, max_num_batched_tokens: int,
+                max_num_seqs: int, kv_cache_dtype: str | None = "auto", disable_sliding_window: bool = False,
+                on_failure=None) -> TPGroup:
+    """Check the model splits over the plan's ranks, then start the workers (they load their
+    shards while rank 0 loads its own; TPGroup.wait_ready() once rank 0 is loaded)."""
+    check_tensor_parallel(loaded.config, len(plan.ranks))
+    args = {"source": loaded.source, "dtype": loaded.dtype, "max_model_len": loaded.max_model_len,
+            "num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_num_batched_tokens,
+            "max_num_seqs": max_num_seqs, "kv_cache_dtype": kv_cache_dtype,
+            "disable_sliding_window": disable_sliding_window}
+    return TPGroup(plan, loaded.config, args, -(-max(loaded.max_model_len, 1) // block_size), on_failure)
+
+
+def check_plan(plan: cpu.ThreadPlan, tensor_parallel_size: int, bind: str) -> None:
+    """A bind spec must list exactly one CPU list per rank: never a silently idle half-machine."""
+    n = len(plan.ranks)
+    if n == tensor_parallel_size:
+        return
+    if n > tensor_parallel_size:
+        fix = (f"pass --tensor-parallel-size {n} (tensor_parallel_size={n}) to use every listed rank, or list "
+               f"{tensor_parallel_size} rank(s) in LITE_LLM_CPU_OMP_THREADS_BIND")
+    else:
+        fix = (f"list {tensor_parallel_size} CPU lists separated by '|' in LITE_LLM_CPU_OMP_THREADS_BIND "
+               f"(e.g. 0-47|48-95), or pass --tensor-parallel-size {n}")
+    raise ValueError(f"LITE_LLM_CPU_OMP_THREADS_BIND={bind!r} plans {n} rank(s) but tensor_parallel_size is "
+                     f"{tensor_parallel_size}: {fix}")
+
+
+def _exit_text(code: int) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+# ----------------------------------------------------------------------------- worker
+
+def _worker(args: dict) -> int:
+    rank, size = args["rank"], args["size"]
+    p = args["plan"]
+    plan = cpu.ThreadPlan(p["mode"], (cpu.RankPlan(cpus=tuple(p["cpus"]), node=p["node"],
+                                                   num_threads=p["num_threads"], reserved=tuple(p["reserved"]),
+                                                   memory_nodes=tuple(p["memory_nodes"])),),
+                          (), tuple(p["machine_nodes"]))
+    if plan.mode != "nobind":   # every thread so far (imports start some) off rank 0's CPUs
+        for tid in map(int, os.listdir("/proc/self/task")):
+            try:
+                os.sched_setaffinity(tid, set(p["cpus"]) | set(p["reserved"]))
+            except OSError:
+                pass    # a thread that ended meanwhile
+    cpu.configure_openmp_env()
+    layout = SegmentLayout(**args["layout"])
+    with open(args["segment"], "r+b") as fh:
+        mm = mmap.mmap(fh.fileno(), layout.nbytes)
+    views = layout.views(mm)
+    comm = _comm(mm, layout, rank, parent=args["parent"])
+    result: dict = {}
+
+    def run():   # on its own thread: binding from the main thread would be reported as a problem
+        try:
+            result["code"] = _serve(args, plan, comm, views)
+        except BaseException as e:  # noqa: BLE001 - told to rank 0 through the abort word
+            log.exception("tensor parallel rank %d failed", rank)
+            comm.set_abort(ABORT_RANK_DIED)
+            result["code"] = 1
+            result["error"] = e
+
+    t = threading.Thread(target=run, name=f"lite_llm-tp-rank-{rank}")
+    t.start()
+    t.join()
+    return result["code"]
+
+
+def _serve(args: dict, plan: cpu.ThreadPlan, comm, views: dict) -> int:
+    from lite_llm import _kernels
+    from lite_llm.engine.runner import ModelRunner
+    from lite_llm.model.loader import load_model
+
+    rank, size = args["rank"], args["size"]
+    report = cpu.apply_plan(plan)
+    loaded = load_model(args["source"], dtype=args["dtype"], max_model_len=args["max_model_len"],
+                        skip_tokenizer_init=True, progress=False)
+    runner = ModelRunner(loaded, num_blocks=args["num_blocks"], block_size=args["block_size"],
+                         max_num_batched_tokens=args["max_num_batched_tokens"], max_num_seqs=args["max_num_seqs"],
+                         num_threads=plan.num_threads, disable_sliding_window=args["disable_sliding_window"],
+                         kv_cache_dtype=args["kv_cache_dtype"], tp_rank=rank, tp_size=size)
+    hello = {"rank": rank, "pid": os.getpid(), "cpus": list(report.planned), "observed": list(report.observed),
+             "ok": report.ok, "memory": report.memory, "binding": "; ".join(report.describe()),
+             "holds": describe_rank(loaded.config, rank, size) + f"; {runner.weight_bytes / 2**20:.1f} MB of "
+                      f"weights, KV cache {runner.kv_cache_bytes / 2**20:.1f} MB",
+             "weight_bytes": runner.weight_bytes, "kv_cache_bytes": runner.kv_cache_bytes}
+    os.write(args["hello_fd"], (json.dumps(hello) + "\n").encode())
+    os.close(args["hello_fd"])
+    kernels, model, ws, nt = runner.kernels, runner.model, runner.workspace, runner.num_threads
+    no_rows = np.zeros(0, np.int32)
+    no_logits = np.zeros((0, loaded.config.vocab_size), np.float32)
+    last = 0
+    while True:
+        step = comm.wait_step(last)
+        if step < 0:
+            if int(views["header"][_ABORT_WORD]) == ABORT_SHUTDOWN:
+                return 0
+            why = _kernels.kernels.TP_FAILURES.get(-step, "stopped")
+            sys.stderr.write(f"tensor parallel rank {rank}: the group stopped ({why})\n")
+            return 1
+        last = step
+        T, rows, mb = (int(x) for x in views["params"][:3])
+        kernels.forward(model, ws, views["token_ids"][:T], views["positions"][:T], views["slot_mapping"][:T],
+                        views["tok_seq"][:T], views["block_tables"][:rows * mb].reshape(rows, mb), no_rows,
+                        no_logits, nt, tp=comm)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s lite_llm tp: %(message)s")
+    sys.exit(_worker(json.loads(sys.argv[1])))

@@ -1,0 +1,295 @@
+"""Tensor parallel over 2 ranks (bind 0|1: one core each) against one rank, on the tiny random
+checkpoints of the parity tests: GQA, MQA (its one KV head replicated on both ranks), qkv bias,
+q/k norm, OPT (biases, LayerNorm, no gate). fp32: the same logits up to summation order and the
+same greedy tokens; bf16: within the parity tests' tolerance of transformers. Also: each
+rank's threads run on its own CPU, a killed rank is an error naming it (no hang), and the
+shared-memory all-reduce on its own."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import tiny_checkpoint_path
+from lite_llm import LLM, SamplingParams, _kernels, cpu
+from lite_llm.engine import tp
+from lite_llm.engine.runner import ModelRunner
+from lite_llm.model.loader import load_model
+from model.test_parity import BLOCK, hf_logits, lite_logits, make_runner, prompts_for
+
+pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0),
+                                reason="tensor parallel tests bind rank 0 to CPU 0 and rank 1 to CPU 1")
+
+CASES = [("llama", {}),                             # GQA: 4 heads, 2 KV heads -> 2 + 1 per rank
+         ("llama", {"num_key_value_heads": 1}),     # MQA: the KV head replicated
+         ("qwen2", {}),                             # qkv bias
+         ("qwen3", {"head_dim": 32}),               # q/k norm
+         ("opt", {})]                               # o / fc2 biases once, LayerNorm, ReLU MLP
+IDS = ["gqa", "mqa", "qkv_bias", "qk_norm", "opt"]
+
+
+def tp_runner(path, dtype="float32", num_blocks=64, max_tokens=256):
+    """Rank 0's runner of a 2-rank group bound by "0|1" (the worker on CPU 1), and its group."""
+    loaded = load_model(str(path), dtype=dtype, progress=False)
+    plan = cpu.plan_threads(cpu.read_topology(), bind="0|1")
+    group = tp.start_group(loaded, plan, num_blocks=num_blocks, block_size=BLOCK,
+                           max_num_batched_tokens=max_tokens, max_num_seqs=max_tokens)
+    try:
+        runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=BLOCK, max_num_batched_tokens=max_tokens,
+                             max_num_seqs=max_tokens, num_threads=1, tp_size=2, tp_group=group)
+        group.wait_ready()
+    except BaseException:
+        group.close()
+        raise
+    return runner, group
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_fp32_two_ranks_give_one_ranks_logits(case):
+    """A mixed batch in one shot, then token by token through the paged cache (decode)."""
+    path = tiny_checkpoint_path(case[0], **case[1])
+    one, loaded = make_runner(path)
+    two, group = tp_runner(path)
+    try:
+        prompts = prompts_for(loaded.config.vocab_size)
+        for chunk in (None, 1):
+            for a, b in zip(lite_logits(one, prompts, chunk), lite_logits(two, prompts, chunk)):
+                np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    finally:
+        group.close()
+
+
+def test_fp32_two_ranks_of_a_gguf_file_give_one_ranks_logits(tmp_path):
+    """A llama.cpp-style GGUF (q/k rows in llama.cpp's order, undone when read): the shards are
+    cut from the rows as the model uses them."""
+    from conftest import gguf_from_hf
+    path = gguf_from_hf(tiny_checkpoint_path("llama"), tmp_path / "tiny.gguf", "llama")
+    one, loaded = make_runner(path)
+    two, group = tp_runner(path)
+    try:
+        prompts = prompts_for(loaded.config.vocab_size)
+        for a, b in zip(lite_logits(one, prompts), lite_logits(two, prompts)):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    finally:
+        group.close()
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[4]], ids=[IDS[0], IDS[2], IDS[4]])
+def test_bf16_two_ranks_within_tolerance(case):
+    """bf16 weights and KV cache: every logit within 0.03 x max |logit| of transformers' fp32
+    (the single-rank parity tolerance), and within 0.005 x max of one rank's bf16 logits (the
+    ranks' partial sums are rounded nowhere: only the order of fp32 additions differs)."""
+    path = tiny_checkpoint_path(case[0], **case[1])
+    one, loaded = make_runner(path, dtype="bfloat16")
+    two, group = tp_runner(path, dtype="bfloat16")
+    try:
+        prompts = prompts_for(loaded.config.vocab_size)
+        ref = hf_logits(path, prompts)
+        for r, a, b in zip(ref, lite_logits(one, prompts), lite_logits(two, prompts)):
+            assert np.abs(b - r).max() <= 0.03 * np.abs(r).max()
+            assert np.abs(b - a).max() <= 0.005 * np.abs(a).max()
+    finally:
+        group.close()
+
+
+def _greedy(path, **kw) -> list[list[int]]:
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(3, 320, n).tolist() for n in (1, 4, 17, 33)]
+    with LLM(str(path), dtype="float32", block_size=16, max_num_batched_tokens=32, kv_cache_space=0.01, **kw) as llm:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                            SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_fp32_greedy_tokens_identical_to_one_rank(case, monkeypatch):
+    path = tiny_checkpoint_path(case[0], **case[1])
+    monkeypatch.setenv("LITE_LLM_CPU_OMP_THREADS_BIND", "0-1")
+    want = _greedy(path)
+    monkeypatch.setenv("LITE_LLM_CPU_OMP_THREADS_BIND", "0|1")
+    assert _greedy(path, tensor_parallel_size=2) == want
+
+
+def _threads(pid: int) -> dict[int, tuple[str, int]]:
+    """tid -> (Cpus_allowed_list, CPU it last ran on) of every thread of process pid."""
+    out = {}
+    for tid in map(int, os.listdir(f"/proc/{pid}/task")):
+        allowed = next(line.split()[1] for line in open(f"/proc/{pid}/task/{tid}/status")
+                       if line.startswith("Cpus_allowed_list:"))
+        text = open(f"/proc/{pid}/task/{tid}/stat").read()
+        out[tid] = (allowed, int(text[text.rindex(")") + 2:].split()[39 - 3]))
+    return out
+
+
+def test_each_rank_runs_on_its_own_cpu_and_info_shows_the_ranks(monkeypatch):
+    monkeypatch.setenv("LITE_LLM_CPU_OMP_THREADS_BIND", "0|1")
+    with LLM(str(tiny_checkpoint_path("llama")), dtype="float32", kv_cache_space=0.01,
+             tensor_parallel_size=2) as llm:
+        llm.generate([{"prompt_token_ids": list(range(3, 60))}], SamplingParams(max_tokens=8))
+        ranks = llm.info["tensor_parallel_ranks"]
+        assert [r["rank"] for r in ranks] == [0, 1]
+        assert [(r["cpus"], r["observed"], r["ok"]) for r in ranks] == [([0], [0], True), ([1], [1], True)]
+        assert "query heads 2-3 of 4, KV heads 1-1 of 2, MLP features 48-95 of 96" in ranks[1]["holds"]
+        assert "LM head" in ranks[0]["holds"] and "LM head" not in ranks[1]["holds"]
+        # seen from outside: every thread of the worker may only run on CPU 1 (its OpenMP team
+        # reported above where it ran; idle threads started at import last ran before binding)
+        worker = _threads(ranks[1]["pid"])
+        assert worker and all(allowed == "1" for allowed, _ in worker.values())
+        # rank 0's compute thread (the engine thread, OpenMP's master) is pinned to CPU 0
+        engine = [t for t in threading.enumerate() if t.name == "lite-llm-engine"]
+        assert engine and _threads(os.getpid())[engine[0].native_id] == ("0", 0)
+
+
+def test_a_killed_rank_is_an_error_naming_it(monkeypatch):
+    """No hang: the monitor sees the worker die and every wait returns."""
+    monkeypatch.setenv("LITE_LLM_CPU_OMP_THREADS_BIND", "0|1")
+    llm = LLM(str(tiny_checkpoint_path("llama")), dtype="float32", kv_cache_space=0.01, tensor_parallel_size=2)
+    try:
+        pid = llm.info["tensor_parallel_ranks"][1]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(Exception) as e:
+            llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=4))
+        chain, err = [], e.value
+        while err is not None:
+            chain.append(str(err))
+            err = err.__cause__
+        assert any(f"tensor parallel rank 1 (pid {pid}) exited (killed by SIGKILL)" in m for m in chain), chain
+    finally:
+        llm.shutdown()
+
+
+def test_a_rank_killed_mid_step_ends_the_others_wait():
+    """Rank 0 inside forward(), spinning in an all-reduce, gives up when the worker dies."""
+    path = tiny_checkpoint_path("llama")
+    runner, group = tp_runner(path)
+    try:
+        os.kill(group.procs[0].pid, signal.SIGSTOP)      # the worker stops before its all-reduce
+        killer = threading.Timer(0.5, lambda: os.kill(group.procs[0].pid, signal.SIGKILL))
+        killer.start()
+        with pytest.raises(tp.TensorParallelError, match=r"rank 1 \(pid \d+\) exited \(killed by SIGKILL\)"):
+            lite_logits(runner, [[5, 6, 7]])
+        killer.join()
+    finally:
+        group.close()
+
+
+def test_model_that_does_not_split_is_refused():
+    cfg = load_model(str(tiny_checkpoint_path("llama")), dtype="float32", progress=False).config
+    with pytest.raises(ValueError, match="4 attention heads do not split over 3 ranks"):
+        tp.check_tensor_parallel(cfg, 3)
+    tp.check_tensor_parallel(cfg, 4)         # 2 KV heads replicated over 4 ranks
+
+
+@pytest.mark.parametrize("size,kv_heads", [(2, 2), (2, 1), (4, 2), (4, 4)])
+def test_shards_put_back_together_are_the_weights(size, kv_heads):
+    """Column-split rows and row-split columns of every rank reassemble the full matrices; the
+    replicated KV heads are the ones their query heads read."""
+    from dataclasses import replace
+    cfg = load_model(str(tiny_checkpoint_path("llama")), dtype="float32", progress=False).config
+    cfg = replace(cfg, num_heads=4, num_kv_heads=kv_heads, head_dim=16, ffn_dim=96, dim=64)
+    H, Hkv, D, F, E = 4, kv_heads, 16, 96, 64
+    rng = np.random.default_rng(0)
+    qkv = rng.standard_normal(((H + 2 * Hkv) * D, E)).astype(np.float32)
+    o = rng.standard_normal((E, H * D)).astype(np.float32)
+    gate_up = rng.standard_normal((2 * F, E)).astype(np.float32)
+    parts = [(tp.shard_tensor("layers.0.qkv.weight", qkv, cfg, r, size),
+              tp.shard_tensor("layers.0.o.weight", o, cfg, r, size),
+              tp.shard_tensor("layers.0.gate_up.weight", gate_up, cfg, r, size)) for r in range(size)]
+    hq = H // size
+    assert np.array_equal(np.concatenate([p[0][:hq * D] for p in parts]), qkv[:H * D])
+    assert np.array_equal(np.concatenate([p[1] for p in parts], axis=1), o)
+    f = F // size
+    assert np.array_equal(np.concatenate([p[2][:f] for p in parts]), gate_up[:F])
+    assert np.array_equal(np.concatenate([p[2][f:] for p in parts]), gate_up[F:])
+    for r, p in enumerate(parts):
+        local = tp.rank_config(cfg, r, size)
+        kv_of_first_q = (r * hq) // (H // Hkv)
+        k = p[0][hq * D:(hq + local.num_kv_heads) * D]
+        assert np.array_equal(k[:D], qkv[(H + kv_of_first_q) * D:(H + kv_of_first_q + 1) * D])
+    assert tp.shard_tensor("layers.0.o.bias", np.ones(E, np.float32), cfg, 1, size) is None
+    assert tp.shard_tensor("lm_head.weight", o, cfg, 1, size) is None
+
+
+def _segment(size, cap):
+    import mmap
+    header, slots = _kernels.kernels.tp_segment_bytes(size, cap)
+    return mmap.mmap(-1, header + slots), header
+
+
+def test_allreduce_sums_in_rank_order_on_every_rank():
+    size, n = 3, 1000
+    buf, offset = _segment(size, 1024)
+    comms = [_kernels.kernels.TPComm(buf, r, size, 1024, offset, 10.0) for r in range(size)]
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(n).astype(np.float32) for _ in range(size)]
+    want = (xs[0] + xs[1]) + xs[2]
+    for _ in range(3):          # generations alternate the slots
+        outs = [x.copy() for x in xs]
+        threads = [threading.Thread(target=comms[r].allreduce, args=(outs[r], 1)) for r in range(1, size)]
+        for t in threads:
+            t.start()
+        comms[0].allreduce(outs[0], 2)
+        for t in threads:
+            t.join()
+        for out in outs:
+            assert np.array_equal(out, want)
+
+
+def test_allreduce_gives_up_on_abort_and_on_timeout():
+    buf, offset = _segment(2, 64)
+    lonely = _kernels.kernels.TPComm(buf, 0, 2, 64, offset, 0.2)     # rank 1 never comes
+    with pytest.raises(RuntimeError, match="timed out"):
+        lonely.allreduce(np.ones(64, np.float32))
+    buf, offset = _segment(2, 64)
+    comm = _kernels.kernels.TPComm(buf, 0, 2, 64, offset, 3600.0)
+    threading.Timer(0.2, comm.set_abort, args=(1,)).start()
+    with pytest.raises(RuntimeError, match="aborted"):
+        comm.allreduce(np.ones(64, np.float32))
+    assert comm.failed == "aborted"
+
+
+def test_a_killed_rank_stops_the_server_with_a_clear_message():
+    """`serve -tp 2`: kill rank 1 and the server exits (code 1) saying which rank died."""
+    import http.client
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, LITE_LLM_CPU_OMP_THREADS_BIND="0|1")
+    proc = subprocess.Popen([sys.executable, "-m", "lite_llm", "serve", str(tiny_checkpoint_path("llama")),
+                             "--port", "0", "--dtype", "float32", "--kv-cache-space", "0.01", "-tp", "2"],
+                            cwd=root, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        port, lines = None, []
+        while port is None:
+            line = proc.stderr.readline()
+            assert line, "server exited early:\n" + "".join(lines)
+            lines.append(line)
+            if " on http://127.0.0.1:" in line:
+                port = int(line.split(" on http://127.0.0.1:")[1].split()[0])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 200
+        workers = [int(p) for tid in os.listdir(f"/proc/{proc.pid}/task")     # spawned by the engine thread
+                   for p in open(f"/proc/{proc.pid}/task/{tid}/children").read().split()]
+        assert len(workers) == 1
+        os.kill(workers[0], signal.SIGKILL)
+        assert proc.wait(timeout=60) == 1        # a hang fails here instead of blocking the suite
+        tail = proc.stderr.read()
+        assert f"tensor parallel rank 1 (pid {workers[0]}) exited (killed by SIGKILL)" in tail
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_bench_allreduce_runs_on_the_planned_cpus(monkeypatch, capsys):
+    import json
+    from lite_llm import cli
+    monkeypatch.setenv("LITE_LLM_CPU_OMP_THREADS_BIND", "0|1")
+    assert cli.main(["bench", "allreduce", "--iters", "20", "--repeats", "1", "--tokens", "1,3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ranks"] == 2 and out["cpus"] == [0, 1]
+    assert sorted(out["us_per_allreduce"]) == ["1", "3"] and all(v > 0 for v in out["us_per_allreduce"].values())
