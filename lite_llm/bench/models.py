@@ -2,10 +2,11 @@
 sizes past the shipped model need no downloads.
 
 The weights are random normal (std 0.02; norms 1), written as an F16 GGUF with the embedded
-default model's tokenizer (SmolLM2's 49152-token vocabulary and chat template), then
-quantized by llama.cpp's own quantizer (`llama_model_quantize`, the benchmark extra
-llama-cpp-python) to the type asked for: the same file llama.cpp users download, bit for bit
-in layout. Files are cached under ~/.cache/lite_llm/models/ by shape and type.
+default model's tokenizer (SmolLM2's 49152-token vocabulary and chat template; a shape with a
+larger vocabulary, Gemma 3's 262144, gets unused tokens appended so the embedding and output
+matrices have the real size), then quantized by llama.cpp's own quantizer
+(`llama_model_quantize`, the benchmark extra llama-cpp-python) to the type asked for: the same
+file llama.cpp users download, bit for bit in layout. Files are cached under ~/.cache/lite_llm/models/ by shape and type.
 """
 from __future__ import annotations
 
