@@ -314,3 +314,39 @@ def test_make_gguf_writes_a_mixture_of_experts_llama_cpp_quantizes_and_we_run(tm
     llm = LLM(path, max_model_len=64, dtype="float32")
     out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 4
+
+
+def test_make_gguf_writes_a_gemma3_llama_cpp_runs_and_we_agree(tmp_path, monkeypatch):
+    """The Gemma 3 shapes: gemma3 metadata and tensors (q/k norms, four norms a layer, tied,
+    a window of 8 with the sixth layer global, a vocabulary padded past the tokenizer's), written
+    in F16: llama.cpp loads it as gemma3 with its sliding layers, we load the same config, and
+    the two engines' logits over a 24-token prompt (three windows) agree as F16 weights allow."""
+    import llama_cpp
+
+    from lite_llm.bench import models
+    monkeypatch.setattr(models, "CACHE_DIR", str(tmp_path))
+    path = models.make_gguf("tiny-gemma3", "F16")
+    shape = models.SHAPES["tiny-gemma3"]
+    reader = gguf.GGUFReader(path)
+    names = {t.name for t in reader.tensors}
+    assert {"blk.5.post_attention_norm.weight", "blk.5.post_ffw_norm.weight", "blk.0.attn_q_norm.weight"} <= names
+    assert "output.weight" not in names
+    cfg = load_model(path, progress=False).config
+    assert (cfg.architecture, cfg.dim, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size) == \
+        ("Gemma3ForCausalLM", shape.dim, shape.num_layers, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.vocab)
+    assert cfg.layer_types == ("sliding_attention",) * 5 + ("full_attention",)
+    assert (cfg.sliding_window, cfg.rope_theta, cfg.rope_local_theta) == (8, 1e6, 1e4)
+    ids = [int(i) for i in np.random.default_rng(1).integers(300, 49152, 24)]
+    theirs = llama_cpp.Llama(path, n_ctx=32, n_threads=2, logits_all=True, verbose=False)
+    theirs.eval(ids)
+    want = np.asarray(theirs.scores[:len(ids)], np.float32)
+    theirs.close()
+    from model.test_parity import lite_logits, make_runner
+    runner, _ = make_runner(path)
+    got = lite_logits(runner, [ids])[0]
+    assert want.shape == got.shape == (24, shape.vocab)
+    scale = np.abs(want).max()
+    # measured 0.12 % of the largest logit (llama.cpp rounds activations to F16); a window of 16,
+    # the local RoPE base at 1M or no global layer each put lite_llm 28-80 % away
+    np.testing.assert_allclose(got, want, atol=0.01 * scale)
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9

@@ -2,10 +2,11 @@
 sizes past the shipped model need no downloads.
 
 The weights are random normal (std 0.02; norms 1), written as an F16 GGUF with the embedded
-default model's tokenizer (SmolLM2's 49152-token vocabulary and chat template), then
-quantized by llama.cpp's own quantizer (`llama_model_quantize`, the benchmark extra
-llama-cpp-python) to the type asked for: the same file llama.cpp users download, bit for bit
-in layout. Files are cached under ~/.cache/lite_llm/models/ by shape and type.
+default model's tokenizer (SmolLM2's 49152-token vocabulary and chat template; a shape with a
+larger vocabulary, Gemma 3's 262144, gets unused tokens appended so the embedding and output
+matrices have the real size), then quantized by llama.cpp's own quantizer
+(`llama_model_quantize`, the benchmark extra llama-cpp-python) to the type asked for: the same
+file llama.cpp users download, bit for bit in layout. Files are cached under ~/.cache/lite_llm/models/ by shape and type.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from lite_llm.bench.common import CACHE_DIR, progress
 
 @dataclass(frozen=True)
 class Shape:
-    arch: str                 # GGUF architecture: "llama" | "qwen3" | "qwen3moe"
+    arch: str                 # GGUF architecture: "llama" | "qwen3" | "qwen3moe" | "gemma3"
     dim: int
     num_layers: int
     ffn_dim: int
@@ -33,6 +34,9 @@ class Shape:
     tied: bool = False
     num_experts: int = 0      # qwen3moe: experts per layer (ffn_dim is each expert's width)
     experts_used: int = 0     # top-k
+    vocab: int = 0            # 0: the embedded tokenizer's 49152; more: padded with unused tokens
+    sliding_window: int = 0   # gemma3: the window of the sliding layers (every 6th layer is global)
+    rope_local_theta: float = 0.0   # gemma3: the sliding layers' RoPE base
 
 
 SHAPES = {
@@ -45,8 +49,17 @@ SHAPES = {
     # 1.9 GB in Q4_K_M), 0.8 B of them read per token
     "qwen3-30b-a3b-scaled": Shape("qwen3moe", 2048, 12, 768, 32, 4, 128, 8192, 1000000.0,
                                   num_experts=48, experts_used=8),
+    # Gemma 3 1B (google/gemma-3-1b-pt's config.json): 26 layers of width 1152, 4 q / 1 kv heads of
+    # 256 (query_pre_attn_scalar 256 = head_dim, llama.cpp's scale for every size but 27B), GeGLU of
+    # 6912, 262144-token vocabulary, tied; sliding window 512 with every 6th layer global, RoPE base
+    # 1M global / 10k local, no rope scaling (the 4B-27B use linear x8); q/k norms, four norms a layer
+    "gemma3-1b": Shape("gemma3", 1152, 26, 6912, 4, 1, 256, 32768, 1000000.0, tied=True, vocab=262144,
+                       sliding_window=512, rope_local_theta=10000.0),
     "tiny": Shape("llama", 256, 2, 512, 4, 2, 64, 512, 10000.0),      # for tests
     "tiny-moe": Shape("qwen3moe", 256, 2, 256, 4, 2, 64, 512, 10000.0, num_experts=8, experts_used=2),
+    # six layers (the sixth global) with a window of 8, a padded vocabulary
+    "tiny-gemma3": Shape("gemma3", 256, 6, 512, 4, 1, 64, 512, 1000000.0, tied=True, vocab=49408,
+                         sliding_window=8, rope_local_theta=10000.0),
 }
 TYPES = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K",
          "IQ4_NL", "IQ4_XS")
@@ -94,13 +107,23 @@ def _write_f16(shape: Shape, path: str, seed: int) -> None:
     src = gguf.GGUFReader(default_model_path())
     tmp = f"{path}.{os.getpid()}.tmp"
     w = gguf.GGUFWriter(tmp, shape.arch)
+    vocab = len(src.fields["tokenizer.ggml.tokens"].data)
+    pad = max(shape.vocab - vocab, 0)    # a larger vocabulary (Gemma's 262144): unused tokens appended
     for key, field in src.fields.items():
         if key.startswith("tokenizer."):
             vtype = field.types[0]
             if vtype == gguf.GGUFValueType.ARRAY:
-                w.add_key_value(key, field.contents(), vtype, sub_type=field.types[-1])
+                value = field.contents()
+                if pad and key == "tokenizer.ggml.tokens":
+                    value = value + [f"<unused_{i}>" for i in range(pad)]
+                elif pad and key == "tokenizer.ggml.token_type":
+                    value = value + [int(gguf.TokenType.UNUSED)] * pad
+                elif pad and key == "tokenizer.ggml.scores":
+                    value = value + [0.0] * pad
+                w.add_key_value(key, value, vtype, sub_type=field.types[-1])
             else:
                 w.add_key_value(key, field.contents(), vtype)
+    vocab += pad
     a = shape.arch
     w.add_uint32(f"{a}.block_count", shape.num_layers)
     w.add_uint32(f"{a}.context_length", shape.context)
@@ -115,10 +138,12 @@ def _write_f16(shape: Shape, path: str, seed: int) -> None:
         w.add_uint32(f"{a}.expert_count", shape.num_experts)
         w.add_uint32(f"{a}.expert_used_count", shape.experts_used)
         w.add_uint32(f"{a}.expert_feed_forward_length", shape.ffn_dim)
+    if shape.sliding_window:      # llama.cpp's gemma3 fixes the period (6) and the local base (10k)
+        w.add_uint32(f"{a}.attention.sliding_window", shape.sliding_window)
+        w.add_float32(f"{a}.rope.freq_base_swa", shape.rope_local_theta)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-5 if a == "llama" else 1e-6)
     w.add_float32(f"{a}.rope.freq_base", shape.rope_theta)
     rng = np.random.default_rng(seed)
-    vocab = len(src.fields["tokenizer.ggml.tokens"].data)
     E, H, Hkv, D, F = shape.dim, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.ffn_dim
     # (name, shape, float16 random or float32 ones), in file order; tensors are announced first and
     # written one at a time, so an 8B shape (16 GB of F16) never sits in memory whole
@@ -128,8 +153,10 @@ def _write_f16(shape: Shape, path: str, seed: int) -> None:
         specs += [(p + "attn_norm.weight", (E,), False), (p + "ffn_norm.weight", (E,), False),
                   (p + "attn_q.weight", (H * D, E), True), (p + "attn_k.weight", (Hkv * D, E), True),
                   (p + "attn_v.weight", (Hkv * D, E), True), (p + "attn_output.weight", (E, H * D), True)]
-        if a in ("qwen3", "qwen3moe"):
+        if a in ("qwen3", "qwen3moe", "gemma3"):
             specs += [(p + "attn_q_norm.weight", (D,), False), (p + "attn_k_norm.weight", (D,), False)]
+        if a == "gemma3":    # the norms after attention and after the MLP (stored with Gemma's + 1)
+            specs += [(p + "post_attention_norm.weight", (E,), False), (p + "post_ffw_norm.weight", (E,), False)]
         if shape.num_experts:   # the router, and every expert's matrices as one 3-D tensor
             X = shape.num_experts
             specs += [(p + "ffn_gate_inp.weight", (X, E), True), (p + "ffn_gate_exps.weight", (X, F, E), True),
