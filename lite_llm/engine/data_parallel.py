@@ -40,6 +40,7 @@ from lite_llm.config import env
 from lite_llm.engine.async_engine import (EngineDeadError, EngineShutdownError, QueueFullError,
                                           RequestStream)
 from lite_llm.engine.block_pool import hash_block_tokens
+from lite_llm.engine.engine import check_request
 from lite_llm.engine.stats import EngineStats, merge_stats
 from lite_llm.outputs import RequestOutput
 from lite_llm.sampling_params import SamplingParams
@@ -309,15 +310,7 @@ class DataParallelEngine:
 
     def validate_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams) -> None:
         """The engine's own checks (LLMEngine.validate_request), before a replica is chosen."""
-        if not prompt_token_ids:
-            raise ValueError("the prompt is empty: at least one token is needed")
-        if len(prompt_token_ids) > self.max_model_len:
-            raise ValueError(f"the prompt has {len(prompt_token_ids)} tokens, more than the "
-                             f"maximum model length of {self.max_model_len}")
-        if sampling_params.n > self.max_num_seqs:
-            raise ValueError(f"n={sampling_params.n} is more than max_num_seqs={self.max_num_seqs}")
-        if sampling_params.structured_outputs is not None:
-            self.grammars.template(sampling_params.structured_outputs)
+        check_request(prompt_token_ids, sampling_params, self.max_model_len, self.max_num_seqs, self.grammars)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                     prompt: str | None = None, *, priority: int = 0,

@@ -119,6 +119,22 @@ class _Group:
         return all(child.is_finished for child in children)
 
 
+def check_request(prompt_token_ids: list[int], sampling_params: SamplingParams, max_model_len: int,
+                  max_num_seqs: int, grammars) -> None:
+    """ValueError if a request can never run on an engine of these limits (an LLMEngine, or the
+    data-parallel front end before it picks a replica); grammars compiles (and caches) a
+    structured-output grammar, so a bad one fails here."""
+    if not prompt_token_ids:
+        raise ValueError("the prompt is empty: at least one token is needed")
+    if len(prompt_token_ids) > max_model_len:
+        raise ValueError(f"the prompt has {len(prompt_token_ids)} tokens, more than the "
+                         f"maximum model length of {max_model_len}")
+    if sampling_params.n > max_num_seqs:
+        raise ValueError(f"n={sampling_params.n} is more than max_num_seqs={max_num_seqs}")
+    if sampling_params.structured_outputs is not None:
+        grammars.template(sampling_params.structured_outputs)
+
+
 class LLMEngine:
     def __init__(self, runner: Runner, tokenizer: Any, config: EngineConfig):
         self.runner = runner
@@ -144,16 +160,8 @@ class LLMEngine:
 
     def validate_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams) -> None:
         """Raise ValueError if the request can never run; reads only config (thread-safe)."""
-        if not prompt_token_ids:
-            raise ValueError("the prompt is empty: at least one token is needed")
-        if len(prompt_token_ids) > self.max_model_len:
-            raise ValueError(f"the prompt has {len(prompt_token_ids)} tokens, more than the "
-                             f"maximum model length of {self.max_model_len}")
-        if sampling_params.n > self.config.max_num_seqs:
-            raise ValueError(f"n={sampling_params.n} is more than max_num_seqs="
-                             f"{self.config.max_num_seqs}")
-        if sampling_params.structured_outputs is not None:   # compiles (and caches) the grammar
-            self.grammars.template(sampling_params.structured_outputs)
+        check_request(prompt_token_ids, sampling_params, self.max_model_len, self.config.max_num_seqs,
+                      self.grammars)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     sampling_params: SamplingParams, prompt: str | None = None,
