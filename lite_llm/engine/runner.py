@@ -330,15 +330,11 @@ class ModelRunner:
             group.raise_failure(e)
         return logits
 
-    def execute(self, sched_out, masks=None) -> list[SampleResult | None]:
-        """One step. masks: the step's structured-output MaskJob (structured.py), being computed
-        while forward() runs; waited for before sampling. Prompt logprobs computed this step
-        are left in last_prompt_logprobs."""
-        batch = self.input_batch
-        a = batch.prepare(sched_out)
-        if self.proposer is not None:
-            return self._execute_speculative(sched_out, a, masks)
-        logits_rows, prompt_rows = a.logits_rows, None
+    def _forward_step(self, sched_out, a: StepArrays, logits_rows: np.ndarray, masks):
+        """The step's one forward call over logits_rows (the rows that sample) plus the rows of
+        prompt logprobs the step's chunks want; waits for the structured-output masks either way.
+        Returns (all logits, prompt rows or None, kernel seconds, bitmask, mask rows)."""
+        prompt_rows = None
         if any(c.request.prompt_logprobs is not None for c in sched_out.chunks):
             prompt_rows = _prompt_rows(sched_out)
             if prompt_rows:
@@ -348,10 +344,22 @@ class ModelRunner:
         try:
             all_logits = self.forward(a.token_ids, a.positions, a.slot_mapping, a.tok_seq, a.block_tables,
                                       logits_rows)
-            logits = all_logits[:len(a.logits_rows)]
             kernel_seconds = time.perf_counter() - start
         finally:        # the mask's buffer is reused next step: never leave its work running
             bitmask, mask_rows = masks.wait() if masks is not None else (None, None)
+        return all_logits, prompt_rows, kernel_seconds, bitmask, mask_rows
+
+    def execute(self, sched_out, masks=None) -> list[SampleResult | None]:
+        """One step. masks: the step's structured-output MaskJob (structured.py), being computed
+        while forward() runs; waited for before sampling. Prompt logprobs computed this step
+        are left in last_prompt_logprobs."""
+        batch = self.input_batch
+        a = batch.prepare(sched_out)
+        if self.proposer is not None:
+            return self._execute_speculative(sched_out, a, masks)
+        all_logits, prompt_rows, kernel_seconds, bitmask, mask_rows = self._forward_step(
+            sched_out, a, a.logits_rows, masks)
+        logits = all_logits[:len(a.logits_rows)]
         sampled = []
         if len(a.sample_slots):
             if batch.any_logit_bias:
@@ -390,20 +398,9 @@ class ModelRunner:
         for i, c in enumerate(sampling):
             if c.spec_token_ids:
                 draft_ids[seq_rows[i]:seq_rows[i + 1] - 1] = c.spec_token_ids
-        prompt_rows = None
-        if any(c.request.prompt_logprobs is not None for c in sched_out.chunks):
-            prompt_rows = _prompt_rows(sched_out)
-            if prompt_rows:
-                logits_rows = np.concatenate([logits_rows, np.concatenate([r[2] for r in prompt_rows])])
-        self.last_prompt_logprobs = []
-        start = time.perf_counter()
-        try:
-            all_logits = self.forward(a.token_ids, a.positions, a.slot_mapping, a.tok_seq, a.block_tables,
-                                      logits_rows)
-            logits = all_logits[:R]
-            kernel_seconds = time.perf_counter() - start
-        finally:
-            bitmask, mask_rows = masks.wait() if masks is not None else (None, None)
+        all_logits, prompt_rows, kernel_seconds, bitmask, mask_rows = self._forward_step(
+            sched_out, a, logits_rows, masks)
+        logits = all_logits[:R]
         results: list = []
         if sampling:
             if batch.any_logit_bias:       # a biased request has no drafts: its one row
