@@ -176,7 +176,7 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
             group = tp.start_group(loaded, plan, num_blocks=kv.num_blocks, block_size=block_size,
                                    max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                    kv_cache_dtype=kv_cache_dtype, disable_sliding_window=disable_sliding_window,
-                                   on_failure=_exit_server if serving else None)
+                                   quantization=quantization, on_failure=_exit_server if serving else None)
         try:
             report = cpu.apply_plan(plan)
             for line in report.describe():

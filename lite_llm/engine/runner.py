@@ -116,31 +116,17 @@ def pack_checkpoint(loaded, dtype: str, threads: int, quantization: str | None =
     mapped file where it is stored as the packer takes it), with "<name>.shape" and, for block
     formats, "<name>.parts"; vectors as float32. Runs its parallel loops on `threads` threads of
     the calling thread's OpenMP pool (the engine thread's), into huge-page-backed segments.
-    shard(name, array) -> array or None: a tensor-parallel rank's part of each tensor (tp.py),
-    applied to whole tensors read in the engine dtype (no block formats: float weights only);
-    the gated MLP's width is then the shard's."""
-    cfg = loaded.config
+    shard: a tensor-parallel rank's RankShard (tp.py), or None: each tensor is cut to the
+    rank's part before it is read (block formats stay blocks), and the block-format checks use
+    the rank's config."""
+    cfg = loaded.config if shard is None else shard.config
     tensors: dict[str, object] = {}
     with layout.WeightArena():
         for name, t in loaded.iter_tensors(streamed=True):   # 2-D: StackedRows, not read yet
             if shard is not None:
-                full = t.read(0, t.shape[0]) if t.ndim == 2 and not isinstance(t, np.ndarray) else t
-                part = shard(name, full)
-                del t, full
-                if part is None:
+                t = shard.weight(name, t) if t.ndim == 2 else shard.tensor(name, t)
+                if t is None:
                     continue
-                if part.ndim == 2 and name != "pos_embed":
-                    base = name[: -len(".weight")] if name.endswith(".weight") else name
-                    tensors[base + ".shape"] = part.shape
-                    if base.endswith(".gate_up"):
-                        tensors[base + ".weight"] = layout.pack_gated(part, part.shape[0] // 2, dtype, threads)
-                    else:
-                        tensors[base + ".weight"] = layout.pack(part, dtype)
-                elif part.dtype == np.uint16:
-                    tensors[name] = np.ascontiguousarray(bf16_to_f32(part))
-                else:
-                    tensors[name] = np.ascontiguousarray(part, dtype=np.float32)
-                continue
             # pos_embed and a router are plain fp32 tables (the router's logits pick experts)
             if t.ndim == 2 and name != "pos_embed" and not name.endswith(".router.weight"):
                 base = name[: -len(".weight")] if name.endswith(".weight") else name
@@ -206,11 +192,8 @@ class ModelRunner:
         shard = None
         if tp_size > 1:
             from lite_llm.engine import tp
-            tp.check_tensor_parallel(cfg, tp_size)
-            if check_quantization(quantization) is not None:
-                raise ValueError("tensor parallel runs float weights: --quantization is not supported with it")
-            local = tp.rank_config(cfg, tp_rank, tp_size)
-            shard = lambda name, a: tp.shard_tensor(name, a, cfg, tp_rank, tp_size)   # noqa: E731
+            shard = tp.RankShard(cfg, tp_rank, tp_size)
+            local = shard.config
         else:
             local = cfg
         self.config = cfg

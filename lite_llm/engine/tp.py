@@ -111,33 +111,137 @@ def describe_rank(cfg, rank: int, size: int) -> str:
             + ("embedding + LM head" if rank == 0 else "embedding"))
 
 
+def _cut(name: str, cfg, rank: int, size: int):
+    """How rank `rank` cuts tensor `name`: "all", "none", ("rows", [(r0, r1), ...]) or
+    ("cols", c0, c1) (of a 2-D weight; its bias is on rank 0 only)."""
+    if size == 1:
+        return "all"
+    base = name[: -len(".weight")] if name.endswith(".weight") else name
+    base = base[: -len(".bias")] if base.endswith(".bias") else base
+    kind = base.rsplit(".", 1)[-1]
+    if name == "lm_head.weight":
+        return "all" if rank == 0 else "none"
+    if not base.startswith("layers."):
+        return "all"
+    h0, h1, kv0, kv1, f0, f1 = _heads(cfg, rank, size)
+    D, H, Hkv, F = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.ffn_dim
+    if kind == "qkv":          # rows: q heads, then k heads, then v heads
+        return "rows", [(h0 * D, h1 * D), ((H + kv0) * D, (H + kv1) * D), ((H + Hkv + kv0) * D, (H + Hkv + kv1) * D)]
+    if kind == "gate_up":      # rows: gate then up
+        return "rows", [(f0, f1), (F + f0, F + f1)]
+    if kind == "up":
+        return "rows", [(f0, f1)]
+    if kind in ("o", "down"):  # row-parallel: columns of the input
+        return ("cols", h0 * D, h1 * D) if kind == "o" else ("cols", f0, f1)
+    return "all"
+
+
 def shard_tensor(name: str, arr: np.ndarray, cfg, rank: int, size: int) -> np.ndarray | None:
     """Rank `rank`'s part of canonical tensor `name` (a whole [N, K] weight or a vector), or
     None when the rank holds none of it (the LM head off rank 0, row-split biases off rank 0)."""
-    if size == 1:
+    cut = _cut(name, cfg, rank, size)
+    if cut == "all":
         return arr
-    h0, h1, kv0, kv1, f0, f1 = _heads(cfg, rank, size)
-    D, H, Hkv, F = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.ffn_dim
-    base = name.rsplit(".", 1)[0] if name.endswith((".weight", ".bias")) else name
-    kind = base.rsplit(".", 1)[-1]
-    if name == "lm_head.weight":
+    if cut == "none":
+        return None
+    if cut[0] == "rows":
+        return np.ascontiguousarray(np.concatenate([arr[r0:r1] for r0, r1 in cut[1]]))
+    if arr.ndim == 1:          # a row-split bias: once, on rank 0 (the all-reduce adds every share)
         return arr if rank == 0 else None
-    if not base.startswith("layers."):
-        return arr
-    if kind == "qkv":          # rows: q heads, then k heads, then v heads
-        rows = np.r_[h0 * D:h1 * D, (H + kv0) * D:(H + kv1) * D, (H + Hkv + kv0) * D:(H + Hkv + kv1) * D]
-        return np.ascontiguousarray(arr[rows])
-    if kind == "gate_up":      # rows: gate then up
-        rows = np.r_[f0:f1, F + f0:F + f1]
-        return np.ascontiguousarray(arr[rows])
-    if kind == "up":
-        return np.ascontiguousarray(arr[f0:f1])
-    if kind in ("o", "down"):  # row-parallel: columns of the input; the bias once, on rank 0
-        if name.endswith(".bias"):
-            return arr if rank == 0 else None
-        c0, c1 = (h0 * D, h1 * D) if kind == "o" else (f0, f1)
-        return np.ascontiguousarray(arr[:, c0:c1])
-    return arr
+    return np.ascontiguousarray(arr[:, cut[1]:cut[2]])
+
+
+def shard_rows(name: str, t, cfg, rank: int, size: int):
+    """Rank `rank`'s part of 2-D weight `name` not read yet (a model.weights.StackedRows), as a
+    StackedRows over the same stored rows, or None (the LM head off rank 0), cut as
+    shard_tensor cuts a whole array. Block-quantized parts stay blocks: a column-parallel weight
+    (qkv, gate/up) keeps whole rows; a row-parallel one (o, down) keeps whole blocks of each row
+    when its column range falls on block boundaries, else it is read dequantized. Rows kept
+    whole keep their place in the file (StoredPart), so the shard packs straight from the
+    mapping as a whole weight does."""
+    cut = _cut(name, cfg, rank, size)
+    if cut == "all":
+        return t
+    if cut == "none":
+        return None
+    if cut[0] == "rows":
+        return _row_ranges(t, cut[1])
+    return _column_range(t, cut[1], cut[2])
+
+
+def _row_ranges(t, ranges: list[tuple[int, int]]):
+    """StackedRows `t` cut to the given row ranges, in order: one part per piece of a stored
+    part a range covers (a fused gate/up part becomes its gate piece and its up piece)."""
+    from dataclasses import replace
+
+    from lite_llm.model.weights import StoredPart
+
+    def cut(reader, a0):
+        return lambda r0, r1: reader(a0 + r0, a0 + r1)
+
+    def cut_stored(sp, a0, a1, rows):
+        if sp is None:
+            return None
+        row_bytes = sp.nbytes // rows
+        return StoredPart(view=lambda: sp.view()[a0 * row_bytes:a1 * row_bytes], nbytes=(a1 - a0) * row_bytes,
+                          type_name=sp.type_name, perm=sp.perm, release=sp.release)
+
+    parts, blocks, stored = [], [], []
+    for r0, r1 in ranges:
+        start = 0
+        for i, (rows, reader) in enumerate(t.parts):
+            a0, a1 = max(r0, start) - start, min(r1, start + rows) - start
+            if a0 < a1:
+                parts.append((a1 - a0, cut(reader, a0)))
+                b = t.blocks[i] if t.blocks else None
+                blocks.append(None if b is None else (b[0], cut(b[1], a0)))
+                stored.append(cut_stored(t.stored[i] if t.stored else None, a0, a1, rows))
+            start += rows
+    return replace(t, parts=tuple(parts), blocks=tuple(blocks), stored=tuple(stored))
+
+
+def _column_range(t, c0: int, c1: int):
+    """StackedRows `t` cut to columns c0..c1 of every row; a block-quantized part stays in
+    blocks when c0 and c1 are whole blocks of its type."""
+    from dataclasses import replace
+
+    from lite_llm.model.gguf import TENSOR_TYPES
+    per_type = {name: (elements, nbytes) for name, elements, nbytes in TENSOR_TYPES.values()}
+
+    def cut(reader):
+        return lambda r0, r1: np.ascontiguousarray(reader(r0, r1)[:, c0:c1])
+
+    def cut_blocks(b):
+        if b is None:
+            return None
+        elements, nbytes = per_type[b[0]]
+        if c0 % elements or c1 % elements:
+            return None
+        lo, hi = c0 // elements * nbytes, c1 // elements * nbytes
+        return b[0], lambda r0, r1: np.ascontiguousarray(b[1](r0, r1)[:, lo:hi])
+
+    blocks = tuple(cut_blocks(b) for b in t.blocks) if t.blocks else None
+    if blocks is not None and any(b is None for b in blocks):
+        blocks = None          # one dequantized part: the whole weight runs in the engine dtype
+    return replace(t, parts=tuple((rows, cut(reader)) for rows, reader in t.parts), cols=c1 - c0,
+                   blocks=blocks, stored=None)
+
+
+class RankShard:
+    """What pack_checkpoint needs of a tensor-parallel rank: its config and each tensor's part."""
+
+    def __init__(self, cfg, rank: int, size: int):
+        check_tensor_parallel(cfg, size)
+        self.full, self.rank, self.size = cfg, rank, size
+        self.config = rank_config(cfg, rank, size)
+
+    def weight(self, name: str, t):
+        """A 2-D weight not read yet (StackedRows): shard_rows."""
+        return shard_rows(name, t, self.full, self.rank, self.size)
+
+    def tensor(self, name: str, arr: np.ndarray):
+        """A vector (or a table read whole): shard_tensor."""
+        return shard_tensor(name, arr, self.full, self.rank, self.size)
 
 
 # ----------------------------------------------------------------------------- segment
@@ -345,14 +449,14 @@ class TPGroup:
 
 def start_group(loaded, plan: cpu.ThreadPlan, *, num_blocks: int, block_size: int, max_num_batched_tokens: int,
                 max_num_seqs: int, kv_cache_dtype: str | None = "auto", disable_sliding_window: bool = False,
-                on_failure=None) -> TPGroup:
+                quantization: str | None = None, on_failure=None) -> TPGroup:
     """Check the model splits over the plan's ranks, then start the workers (they load their
     shards while rank 0 loads its own; TPGroup.wait_ready() once rank 0 is loaded)."""
     check_tensor_parallel(loaded.config, len(plan.ranks))
     args = {"source": loaded.source, "dtype": loaded.dtype, "max_model_len": loaded.max_model_len,
             "num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_num_batched_tokens,
             "max_num_seqs": max_num_seqs, "kv_cache_dtype": kv_cache_dtype,
-            "disable_sliding_window": disable_sliding_window}
+            "disable_sliding_window": disable_sliding_window, "quantization": quantization}
     return TPGroup(plan, loaded.config, args, -(-max(loaded.max_model_len, 1) // block_size), on_failure)
 
 
@@ -430,7 +534,8 @@ def _serve(args: dict, plan: cpu.ThreadPlan, comm, views: dict) -> int:
     runner = ModelRunner(loaded, num_blocks=args["num_blocks"], block_size=args["block_size"],
                          max_num_batched_tokens=args["max_num_batched_tokens"], max_num_seqs=args["max_num_seqs"],
                          num_threads=plan.num_threads, disable_sliding_window=args["disable_sliding_window"],
-                         kv_cache_dtype=args["kv_cache_dtype"], tp_rank=rank, tp_size=size)
+                         kv_cache_dtype=args["kv_cache_dtype"], quantization=args["quantization"],
+                         tp_rank=rank, tp_size=size)
     hello = {"rank": rank, "pid": os.getpid(), "cpus": list(report.planned), "observed": list(report.observed),
              "ok": report.ok, "memory": report.memory, "binding": "; ".join(report.describe()),
              "holds": describe_rank(loaded.config, rank, size) + f"; {runner.weight_bytes / 2**20:.1f} MB of "
