@@ -269,6 +269,14 @@ def test_shards_put_back_together_are_the_weights(size, kv_heads):
         kv_of_first_q = (r * hq) // (H // Hkv)
         k = p[0][hq * D:(hq + local.num_kv_heads) * D]
         assert np.array_equal(k[:D], qkv[(H + kv_of_first_q) * D:(H + kv_of_first_q + 1) * D])
+    from lite_llm.model.weights import StackedRows    # the loader's path: cut before reading
+    for r, p in enumerate(parts):
+        for name, full, want in (("layers.0.qkv.weight", qkv, p[0]), ("layers.0.o.weight", o, p[1]),
+                                 ("layers.0.gate_up.weight", gate_up, p[2])):
+            halves = np.split(full, 2)     # two stored parts, as gate and up are
+            t = StackedRows(parts=tuple((len(h), lambda a, b, h=h: h[a:b].copy()) for h in halves), cols=full.shape[1])
+            cut = tp.shard_rows(name, t, cfg, r, size)
+            assert np.array_equal(cut.read(0, cut.shape[0]), want)
     assert tp.shard_tensor("layers.0.o.bias", np.ones(E, np.float32), cfg, 1, size) is None
     assert tp.shard_tensor("lm_head.weight", o, cfg, 1, size) is None
 
