@@ -10,13 +10,16 @@
  *
  * Waits never hang: they give up when the header's abort word is set (rank 0's monitor sets
  * it when a worker dies; close() sets it to stop the workers), when rank 0 (a worker's parent)
- * is gone, or after `timeout` seconds. A rank that gave up marks itself failed and skips every
+ * is gone, or after `timeout` seconds. A wait spins (the other ranks are normally a few
+ * microseconds behind), then yields its CPU between checks (a rank that is not running,
+ * as on an oversubscribed machine, gets it sooner). A rank that gave up marks itself failed and skips every
  * later wait of the step (its results are garbage; the caller raises).
  *
  * What does not live here: the threads' split of a phase (forward.pxi), the step's arrays and
  * the processes (tp.py). */
 #ifndef LL_TP_SHM_H
 #define LL_TP_SHM_H
+#include <sched.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -27,6 +30,7 @@
 #include "simd/vec.h"
 
 #define LL_TP_MAX_RANKS 64
+#define LL_TP_SPINS_BEFORE_YIELD (1u << 16)   /* ~50-100 us of spinning on one flag */
 
 typedef struct { uint64_t v; char pad[56]; } ll_tp_line;   /* one cache line per writer */
 
@@ -76,6 +80,9 @@ static inline int ll_tp_arrive_and_wait(ll_tp *tp, uint64_t gen) {
         while (__atomic_load_n(&tp->hdr->arrive[r].v, __ATOMIC_ACQUIRE) < gen) {
             int why = ll_tp_check(tp, deadline, (++spins & 4095) == 0);
             if (why) { tp->failed = why; return why; }
+            /* a rank late by more than ~50 us is not running: on a machine with fewer free
+             * cores than ranks' threads, give it this CPU instead of spinning it away */
+            if (spins > LL_TP_SPINS_BEFORE_YIELD && (spins & 63) == 0) sched_yield();
         }
     }
     return LL_TP_OK;

@@ -82,6 +82,38 @@ def uniform(uint64_t seed, uint64_t step) -> float:
     return ll_uniform(seed, step)
 
 
+cdef _check_rows(str fn, const float[:, ::1] fparams, const int64_t[:, ::1] iparams,
+                 const int32_t[::1] token_ids, const int32_t[::1] banned_ids, Py_ssize_t num_seqs,
+                 Py_ssize_t vocab, Py_ssize_t top, float[:, ::1] scratch_w, int32_t[:, ::1] scratch_count,
+                 float[:, ::1] scratch_raw, int num_threads, const int32_t[:, ::1] bitmask,
+                 const int32_t[::1] mask_rows, bint masked):
+    """The checks sample() and verify() share, once before their nogil parts, so those can
+    trust every row: parameter and scratch shapes, the grammar mask's rows, each row's ranges
+    of penalty tokens and bans, and that every penalty token is in the vocabulary."""
+    cdef Py_ssize_t seq, i
+    if fparams.shape[0] != num_seqs or fparams.shape[1] != NUM_F or iparams.shape[0] != num_seqs \
+            or iparams.shape[1] != NUM_I:
+        raise ValueError(f"{fn}: params {fparams.shape}, {iparams.shape} for {num_seqs} rows")
+    if num_threads < 1 or scratch_w.shape[0] < num_threads or scratch_count.shape[0] < num_threads \
+            or scratch_raw.shape[0] < num_threads or scratch_w.shape[1] != vocab \
+            or scratch_count.shape[1] != vocab or scratch_raw.shape[1] != vocab:
+        raise ValueError(f"{fn}: scratch must be [>= {num_threads}, {vocab}]")
+    if masked and (mask_rows.shape[0] != num_seqs or bitmask.shape[1] * 32 < vocab):
+        raise ValueError(f"{fn}: bitmask {bitmask.shape} / mask_rows {mask_rows.shape[0]} "
+                         f"for {num_seqs} rows of {vocab} tokens")
+    for seq in range(num_seqs):
+        if masked and not -1 <= mask_rows[seq] < bitmask.shape[0]:
+            raise ValueError(f"{fn}: mask_rows[{seq}] = {mask_rows[seq]} outside [-1, {bitmask.shape[0]})")
+        if not (0 <= iparams[seq, I_TOK_START] <= iparams[seq, I_TOK_PROMPT_END]
+                <= iparams[seq, I_TOK_END] <= token_ids.shape[0]) \
+                or not (0 <= iparams[seq, I_BAN_START] <= iparams[seq, I_BAN_END] <= banned_ids.shape[0]) \
+                or iparams[seq, I_NUM_LOGPROBS] > top or iparams[seq, I_TOP_K] < 0:
+            raise ValueError(f"{fn}: bad iparams row {seq}")
+        for i in range(iparams[seq, I_TOK_START], iparams[seq, I_TOK_END]):   # penalties index x[token]
+            if token_ids[i] < 0 or token_ids[i] >= vocab:
+                raise ValueError(f"{fn}: token id {token_ids[i]} outside vocabulary of {vocab}")
+
+
 def sample(float[:, ::1] logits,               # IN/OUT [S, V] row-wise overwritten
            const float[:, ::1] fparams,        # IN [S, NUM_F] see F_* columns
            const int64_t[:, ::1] iparams,      # IN [S, NUM_I] see I_* columns
@@ -103,34 +135,12 @@ def sample(float[:, ::1] logits,               # IN/OUT [S, V] row-wise overwrit
     cdef Py_ssize_t num_seqs = logits.shape[0], vocab = logits.shape[1], seq, i
     cdef Py_ssize_t top = out_top_ids.shape[1]
     cdef bint masked = bitmask is not None and mask_rows is not None and bitmask.shape[0] > 0
-    if masked:
-        if mask_rows.shape[0] != num_seqs or bitmask.shape[1] * 32 < vocab:
-            raise ValueError(f"sample: bitmask {bitmask.shape} / mask_rows {mask_rows.shape[0]} "
-                             f"for {num_seqs} rows of {vocab} tokens")
-        for seq in range(num_seqs):
-            if not -1 <= mask_rows[seq] < bitmask.shape[0]:
-                raise ValueError(f"sample: mask_rows[{seq}] = {mask_rows[seq]} outside [-1, {bitmask.shape[0]})")
-    if fparams.shape[0] != num_seqs or fparams.shape[1] != NUM_F or iparams.shape[0] != num_seqs \
-            or iparams.shape[1] != NUM_I:
-        raise ValueError(f"sample: params {fparams.shape}, {iparams.shape} for {num_seqs} rows")
     if out_token.shape[0] < num_seqs or out_logprob.shape[0] < num_seqs or out_rank.shape[0] < num_seqs \
             or out_top_ids.shape[0] < num_seqs or out_top_logprobs.shape[0] < num_seqs \
             or out_top_logprobs.shape[1] != top:
         raise ValueError("sample: output arrays too small")
-    if num_threads < 1 or scratch_w.shape[0] < num_threads or scratch_count.shape[0] < num_threads \
-            or scratch_raw.shape[0] < num_threads or scratch_w.shape[1] != vocab \
-            or scratch_count.shape[1] != vocab or scratch_raw.shape[1] != vocab:
-        raise ValueError(f"sample: scratch must be [>= {num_threads}, {vocab}]")
-    for seq in range(num_seqs):    # ranges are checked once here so the nogil part can trust them
-        if not (0 <= iparams[seq, I_TOK_START] <= iparams[seq, I_TOK_PROMPT_END]
-                <= iparams[seq, I_TOK_END] <= token_ids.shape[0]) \
-                or not (0 <= iparams[seq, I_BAN_START] <= iparams[seq, I_BAN_END] <= banned_ids.shape[0]) \
-                or iparams[seq, I_NUM_LOGPROBS] > top or iparams[seq, I_TOP_K] < 0:
-            raise ValueError(f"sample: bad iparams row {seq}")
-    for seq in range(num_seqs):    # penalties index x[token]: keep writes in the row
-        for i in range(iparams[seq, I_TOK_START], iparams[seq, I_TOK_END]):
-            if token_ids[i] < 0 or token_ids[i] >= vocab:
-                raise ValueError(f"sample: token id {token_ids[i]} outside vocabulary of {vocab}")
+    _check_rows("sample", fparams, iparams, token_ids, banned_ids, num_seqs, vocab, top, scratch_w, scratch_count,
+                scratch_raw, num_threads, bitmask, mask_rows, masked)
     if num_seqs == 0:
         return
     cdef const int32_t *tok_ptr = &token_ids[0] if token_ids.shape[0] else NULL
@@ -534,36 +544,21 @@ def verify(float[:, ::1] logits,               # IN/OUT [R, V] each sequence's r
     cdef Py_ssize_t num_rows = logits.shape[0], vocab = logits.shape[1], seq, i, lo, hi
     cdef Py_ssize_t num_seqs = seq_rows.shape[0] - 1, top = out_top_ids.shape[1]
     cdef bint masked = bitmask is not None and mask_rows is not None and bitmask.shape[0] > 0
-    if num_seqs < 0 or fparams.shape[0] != num_seqs or fparams.shape[1] != NUM_F \
-            or iparams.shape[0] != num_seqs or iparams.shape[1] != NUM_I:
-        raise ValueError(f"verify: params {fparams.shape}, {iparams.shape} for {num_seqs} sequences")
+    if num_seqs < 0:
+        raise ValueError("verify: seq_rows must hold at least one offset")
     if draft_ids.shape[0] < num_rows or out_token.shape[0] < num_rows or out_num.shape[0] < num_seqs \
             or out_logprob.shape[0] < num_rows or out_rank.shape[0] < num_rows \
             or out_top_ids.shape[0] < num_rows or out_top_logprobs.shape[0] < num_rows \
             or out_top_logprobs.shape[1] != top:
         raise ValueError("verify: row arrays too small")
-    if num_threads < 1 or scratch_w.shape[0] < num_threads or scratch_count.shape[0] < num_threads \
-            or scratch_raw.shape[0] < num_threads or scratch_w.shape[1] != vocab \
-            or scratch_count.shape[1] != vocab or scratch_raw.shape[1] != vocab:
-        raise ValueError(f"verify: scratch must be [>= {num_threads}, {vocab}]")
-    if masked and (mask_rows.shape[0] != num_seqs or bitmask.shape[1] * 32 < vocab):
-        raise ValueError(f"verify: bitmask {bitmask.shape} / mask_rows for {num_seqs} sequences of {vocab} tokens")
-    if num_seqs >= 0 and (seq_rows[0] != 0 or seq_rows[num_seqs] != num_rows):
+    _check_rows("verify", fparams, iparams, token_ids, banned_ids, num_seqs, vocab, top, scratch_w, scratch_count,
+                scratch_raw, num_threads, bitmask, mask_rows, masked)
+    if seq_rows[0] != 0 or seq_rows[num_seqs] != num_rows:
         raise ValueError(f"verify: seq_rows must run from 0 to {num_rows}")
     for seq in range(num_seqs):
         lo, hi = seq_rows[seq], seq_rows[seq + 1]
         if hi <= lo:
             raise ValueError(f"verify: sequence {seq} has no rows")
-        if not (0 <= iparams[seq, I_TOK_START] <= iparams[seq, I_TOK_PROMPT_END]
-                <= iparams[seq, I_TOK_END] <= token_ids.shape[0]) \
-                or not (0 <= iparams[seq, I_BAN_START] <= iparams[seq, I_BAN_END] <= banned_ids.shape[0]) \
-                or iparams[seq, I_NUM_LOGPROBS] > top or iparams[seq, I_TOP_K] < 0:
-            raise ValueError(f"verify: bad iparams row {seq}")
-        if masked and not -1 <= mask_rows[seq] < bitmask.shape[0]:
-            raise ValueError(f"verify: mask_rows[{seq}] = {mask_rows[seq]} outside [-1, {bitmask.shape[0]})")
-        for i in range(iparams[seq, I_TOK_START], iparams[seq, I_TOK_END]):
-            if token_ids[i] < 0 or token_ids[i] >= vocab:
-                raise ValueError(f"verify: token id {token_ids[i]} outside vocabulary of {vocab}")
         if hi - lo > 1:
             if fparams[seq, F_REPETITION] != 1.0 or fparams[seq, F_FREQUENCY] != 0.0 \
                     or fparams[seq, F_PRESENCE] != 0.0 or iparams[seq, I_BAN_END] > iparams[seq, I_BAN_START] \

@@ -122,23 +122,41 @@ class PrefixRouter:
 # ---- thread plans per replica ------------------------------------------------------------------
 
 def replica_plans(data_parallel_size: int, topology: cpu.Topology | None = None,
-                  bind: str | None = None) -> cpu.ThreadPlan:
-    """The thread plan split into one rank per replica: auto deals NUMA nodes / cores out;
-    an explicit LITE_LLM_CPU_OMP_THREADS_BIND must list exactly one CPU list per replica."""
+                  bind: str | None = None, tensor_parallel_size: int = 1) -> cpu.ThreadPlan:
+    """The thread plan split into one rank per replica (or, with tensor_parallel_size N, N
+    consecutive ranks per replica: its tensor-parallel ranks): auto deals NUMA nodes / cores
+    out; an explicit LITE_LLM_CPU_OMP_THREADS_BIND must list exactly one CPU list per rank."""
     topology = cpu.read_topology() if topology is None else topology
     bind = (env("CPU_OMP_THREADS_BIND", "auto") if bind is None else bind).strip()
+    world = data_parallel_size * tensor_parallel_size
+    what = (f"--data-parallel-size is {data_parallel_size}" if tensor_parallel_size == 1 else
+            f"--data-parallel-size {data_parallel_size} x --tensor-parallel-size {tensor_parallel_size} "
+            f"is {world} ranks")
     if bind not in ("auto", "nobind"):
         lists = bind.split("|")
-        if len(lists) != data_parallel_size:
-            example = "|".join(cpu.format_cpulist(g) for g in _deal(topology.allowed, data_parallel_size))
+        if len(lists) != world:
+            example = "|".join(cpu.format_cpulist(g) for g in _deal(topology.allowed, world))
+            fix = (f"set --data-parallel-size {len(lists)}" if tensor_parallel_size == 1 else
+                   f"list {tensor_parallel_size} per replica, replica after replica")
             raise ValueError(
-                f"LITE_LLM_CPU_OMP_THREADS_BIND={bind!r} lists {len(lists)} CPU list(s) but "
-                f"--data-parallel-size is {data_parallel_size}: give one list per replica separated "
-                f"by '|' (such as {example!r}), set --data-parallel-size {len(lists)}, or use 'auto'")
+                f"LITE_LLM_CPU_OMP_THREADS_BIND={bind!r} lists {len(lists)} CPU list(s) but {what}: give one "
+                f"list per rank separated by '|' (such as {example!r}), {fix}, or use 'auto'")
     try:
-        return cpu.plan_threads(topology, bind=bind, serving=True, world_size=data_parallel_size)
+        return cpu.plan_threads(topology, bind=bind, serving=True, world_size=world)
     except ValueError as e:
-        raise ValueError(f"--data-parallel-size {data_parallel_size}: {e}") from None
+        raise ValueError(f"--data-parallel-size {data_parallel_size}"
+                         + (f" x --tensor-parallel-size {tensor_parallel_size}" if tensor_parallel_size > 1 else "")
+                         + f": {e}") from None
+
+
+def replica_bind(plan: cpu.ThreadPlan, replica: int, tensor_parallel_size: int = 1) -> tuple[str, list[int] | None]:
+    """(LITE_LLM_CPU_OMP_THREADS_BIND of replica `replica`'s process, its CPU affinity or None):
+    its ranks' CPU lists, '|'-separated for its own tensor-parallel plan."""
+    ranks = plan.ranks[replica * tensor_parallel_size:(replica + 1) * tensor_parallel_size]
+    if plan.mode == "nobind":
+        return "nobind", None
+    return ("|".join(cpu.format_cpulist(r.cpus) for r in ranks),
+            sorted({c for r in ranks for c in (*r.cpus, *r.reserved)}))
 
 
 def _deal(cpus: tuple[int, ...], n: int) -> list[list[int]]:
@@ -186,7 +204,7 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
     keep = ("model_path", "model_name", "max_model_len", "dtype", "architecture", "kernel_variant",
             "num_threads", "thread_plan", "kv_cache_tokens", "kv_cache_blocks", "kv_cache_bytes",
             "kv_cache_dtype", "max_concurrency", "generation_config", "vocab_size", "weight_bytes",
-            "bytes_per_token", "num_layers", "startup_seconds")
+            "bytes_per_token", "num_layers", "startup_seconds", "tensor_parallel_size")
     send(("ready", {**{k: info[k] for k in keep if k in info}, "pid": os.getpid(),
                     "block_size": config.block_size, "max_num_seqs": config.max_num_seqs,
                     "eos_token_ids": tuple(config.eos_token_ids)}))
@@ -482,17 +500,17 @@ def build_data_parallel_engine(model: str | None, data_parallel_size: int, *, ma
     llm.build_async_engine."""
     if data_parallel_size < 1:
         raise ValueError(f"data_parallel_size must be >= 1, got {data_parallel_size}")
-    plan = replica_plans(data_parallel_size)
+    tp_size = int(kwargs.get("tensor_parallel_size") or 1)
+    plan = replica_plans(data_parallel_size, tensor_parallel_size=tp_size)
     for line in plan.describe():
-        log.info("data parallel %s", line.replace("rank ", "replica ", 1))
+        log.info("data parallel %s", line if tp_size > 1 else line.replace("rank ", "replica ", 1))
     for note in plan.notes:
         log.info("note: %s", note)
     ctx = multiprocessing.get_context("spawn")     # a fresh interpreter: no OpenMP pool, no locks held
     replicas = []
-    for i, rank in enumerate(plan.ranks):
-        environ = {"LITE_LLM_CPU_OMP_THREADS_BIND": "nobind" if plan.mode == "nobind"
-                   else cpu.format_cpulist(rank.cpus)}
-        affinity = None if plan.mode == "nobind" else sorted(set(rank.cpus) | set(rank.reserved))
+    for i in range(data_parallel_size):
+        bind, affinity = replica_bind(plan, i, tp_size)
+        environ = {"LITE_LLM_CPU_OMP_THREADS_BIND": bind}
         req_read, req_write = ctx.Pipe(duplex=False)
         rep_read, rep_write = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_replica_main, name=f"lite-llm-replica-{i}", daemon=True,
@@ -501,9 +519,9 @@ def build_data_parallel_engine(model: str | None, data_parallel_size: int, *, ma
         proc.start()
         req_read.close()
         rep_write.close()
-        replicas.append(_Replica(i, tuple(rank.cpus) if plan.mode != "nobind" else (), proc, req_write, rep_read))
-        log.info("data parallel replica %d: pid %d, CPUs %s", i, proc.pid,
-                 cpu.format_cpulist(rank.cpus) if plan.mode != "nobind" else "not bound")
+        cpus = () if affinity is None else tuple(c for r in plan.ranks[i * tp_size:(i + 1) * tp_size] for c in r.cpus)
+        replicas.append(_Replica(i, cpus, proc, req_write, rep_read))
+        log.info("data parallel replica %d: pid %d, CPUs %s", i, proc.pid, bind if affinity else "not bound")
 
     def stop_all() -> None:
         for rep in replicas:

@@ -1100,8 +1100,6 @@ def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
     engine_kwargs = {k: v for k, v in engine_kwargs.items() if v is not None}
     if args.data_parallel_size < 1:
         raise SystemExit(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
-    if args.data_parallel_size > 1 and args.tensor_parallel_size > 1:
-        raise SystemExit("--data-parallel-size with --tensor-parallel-size is not supported yet: choose one")
     if args.data_parallel_size > 1:
         from lite_llm.engine.data_parallel import build_data_parallel_engine
         return build_data_parallel_engine(model, args.data_parallel_size, **engine_kwargs)

@@ -116,6 +116,20 @@ def test_a_bind_list_count_other_than_the_replica_count_is_refused_with_the_fix(
         replica_plans(5, topo, bind="auto")
 
 
+def test_replicas_of_tensor_parallel_groups_get_their_ranks_lists():
+    from lite_llm.engine.data_parallel import replica_bind
+    topo = two_node_topology()
+    plan = replica_plans(2, topo, bind="auto", tensor_parallel_size=2)
+    assert [r.cpus for r in plan.ranks] == [(0,), (1,), (2,), (3,)]
+    assert [replica_bind(plan, i, 2) for i in range(2)] == [("0|1", [0, 1]), ("2|3", [2, 3])]
+    plan = replica_plans(2, topo, bind="3|2|1|0", tensor_parallel_size=2)
+    assert replica_bind(plan, 1, 2) == ("1|0", [0, 1])
+    with pytest.raises(ValueError, match=r"lists 2 CPU list\(s\) but --data-parallel-size 2 x "
+                                         r"--tensor-parallel-size 2 is 4 ranks.*'0\|1\|2\|3'"):
+        replica_plans(2, topo, bind="0-1|2-3", tensor_parallel_size=2)
+    assert replica_bind(replica_plans(2, topo, bind="nobind", tensor_parallel_size=2), 1, 2) == ("nobind", None)
+
+
 def stats_with(**kw) -> EngineStats:
     ttft = HistogramAccumulator(TTFT_BUCKETS)
     for v in kw.pop("ttfts", ()):

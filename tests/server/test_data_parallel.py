@@ -216,3 +216,43 @@ def test_a_killed_replica_stops_the_server_with_its_name():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def test_two_replicas_of_two_tensor_parallel_ranks_answer_as_one_engine(monkeypatch):
+    """-dp 2 -tp 2: each replica is a tensor-parallel group of its own (a worker process beside
+    it), and every greedy answer is the one engine's."""
+    from conftest import tiny_checkpoint_path
+    from lite_llm import LLM, SamplingParams
+    from lite_llm.engine.data_parallel import build_data_parallel_engine
+    path = str(tiny_checkpoint_path("llama"))
+    prompts = [[5, 17, 200, 33], [8, 1, 99, 4, 71, 12], [3] * 9, [250, 251]]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    monkeypatch.setenv("LITE_LLM_CPU_OMP_THREADS_BIND", "nobind")     # 4 ranks on 2 CPUs
+    with LLM(path, dtype="float32", kv_cache_space=0.01) as llm:
+        want = [o.outputs[0].text for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+    engine, tokenizer, info = build_data_parallel_engine(path, 2, dtype="float32", kv_cache_space=0.01,
+                                                         max_num_seqs=8, tensor_parallel_size=2)
+    assert info["tensor_parallel_size"] == 2
+    for replica in info["replicas"]:       # its rank-1 worker: python -m lite_llm.engine.tp
+        cmdlines = [Path(f"/proc/{c}/cmdline").read_bytes() for c in _children(replica["pid"])]
+        assert sum(b"lite_llm.engine.tp" in c for c in cmdlines) == 1, cmdlines
+    with serving(engine, tokenizer, info, "tiny") as server:
+        c = client(server)
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda p: c.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0,
+                                                               extra_body={"ignore_eos": True}).choices[0].text,
+                                prompts * 2))
+    assert got == want * 2
