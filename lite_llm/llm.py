@@ -63,16 +63,29 @@ def _mem_available() -> int:
 
 def plan_kv_cache(config, dtype: str, block_size: int, max_model_len: int,
                   kv_cache_space: float | None, weight_bytes: int = 0, num_blocks: int | None = None,
-                  max_num_seqs: int | None = None, kv_cache_dtype: str | None = "auto") -> KVPlan:
+                  max_num_seqs: int | None = None, kv_cache_dtype: str | None = "auto",
+                  tensor_parallel_size: int = 1) -> KVPlan:
     """Blocks for `kv_cache_space` GiB (argument, else LITE_LLM_CPU_KVCACHE_SPACE /
     VLLM_CPU_KVCACHE_SPACE, else auto: the least of 4 GiB, half the memory available after the
     weights, and what max_num_seqs sequences of max_model_len tokens can ever hold), or exactly
     `num_blocks` when given (a caller that knows its workload: bench latency), each block as
     many bytes as kv_cache_dtype makes it (int8 / fp8: about half of bf16). The cache's pages
     become resident only as blocks are first written (see block_pool). Raises ValueError with
-    the numbers when one max_model_len request cannot fit."""
+    the numbers when one max_model_len request cannot fit.
+    With tensor_parallel_size N, a space in GiB (given, or the 4 GiB default) is each rank's,
+    as vLLM's VLLM_CPU_KVCACHE_SPACE is each worker's: every rank holds the same blocks of its
+    own KV heads, so the block count is the space over the largest rank's block. The memory
+    available bounds all ranks together; bytes_per_block is then every rank's block summed."""
     from lite_llm.engine.runner import kv_bytes_per_block, kv_cache_format
     per_block = kv_bytes_per_block(config, block_size, dtype, kv_cache_dtype)
+    per_rank = per_block
+    if tensor_parallel_size > 1:
+        from lite_llm.engine.tp import check_tensor_parallel, rank_config
+        check_tensor_parallel(config, tensor_parallel_size)
+        ranks = [kv_bytes_per_block(rank_config(config, r, tensor_parallel_size), block_size, dtype, kv_cache_dtype)
+                 for r in range(tensor_parallel_size)]
+        per_block, per_rank = sum(ranks), max(ranks)
+    each = per_block / per_rank          # a per-rank byte budget in bytes of every rank's blocks
     fmt = kv_cache_format(dtype, kv_cache_dtype)
     source = "argument"
     if num_blocks is not None:
@@ -85,7 +98,8 @@ def plan_kv_cache(config, dtype: str, block_size: int, max_model_len: int,
             except ValueError:
                 raise ValueError(f"LITE_LLM_CPU_KVCACHE_SPACE must be a number of GiB, got {value!r}") from None
     if kv_cache_space is None or kv_cache_space <= 0:
-        bounds = {f"{DEFAULT_AUTO_KV_GIB:g} GiB, vLLM's default": DEFAULT_AUTO_KV_GIB * GiB,
+        per = f" per rank of {tensor_parallel_size}" if tensor_parallel_size > 1 else ""
+        bounds = {f"{DEFAULT_AUTO_KV_GIB:g} GiB{per}, vLLM's default": DEFAULT_AUTO_KV_GIB * GiB * each,
                   f"half of the {_mem_available() / GiB:.1f} GiB available after the weights":
                       max(_mem_available() - weight_bytes, 0) / 2}
         if max_num_seqs:
@@ -93,7 +107,9 @@ def plan_kv_cache(config, dtype: str, block_size: int, max_model_len: int,
                 max_num_seqs * -(-max_model_len // block_size) * per_block
         reason, nbytes = min(bounds.items(), key=lambda kv: kv[1])
         return _checked_plan(nbytes, per_block, block_size, max_model_len, "auto", fmt, f"auto-sized: {reason}")
-    return _checked_plan(kv_cache_space * GiB, per_block, block_size, max_model_len, source, fmt)
+    return _checked_plan(kv_cache_space * GiB * each, per_block, block_size, max_model_len, source, fmt,
+                         f"{kv_cache_space:g} GiB for each of {tensor_parallel_size} ranks"
+                         if tensor_parallel_size > 1 else "")
 
 
 def _checked_plan(nbytes: float, per_block: int, block_size: int, max_model_len: int, source: str,
@@ -149,7 +165,8 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
         max_num_batched_tokens = 2048 if serving else 4096
     weight_estimate = os.path.getsize(loaded.source) if os.path.isfile(loaded.source) else 0
     kv = plan_kv_cache(cfg, loaded.dtype, block_size, loaded.max_model_len, kv_cache_space, weight_estimate,
-                       num_blocks=num_kv_blocks, max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype)
+                       num_blocks=num_kv_blocks, max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype,
+                       tensor_parallel_size=tensor_parallel_size)
     log.info("%s", kv.describe())
     num_threads = plan.num_threads
     eos = tuple(cfg.eos_token_ids)

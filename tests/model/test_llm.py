@@ -153,3 +153,30 @@ def test_auto_kv_cache_is_sized_by_what_the_engine_can_use_and_says_why(tiny_che
     assert tight.num_blocks == llm_mod.GiB // 2 // per_block and "half of the 2.0 GiB" in tight.describe()
     given = llm_mod.plan_kv_cache(cfg, "float32", 16, 256, 0.01, max_num_seqs=4)
     assert given.num_blocks == int(0.01 * llm_mod.GiB // per_block) and not given.reason
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_a_kv_cache_space_is_each_tensor_parallel_ranks(tiny_checkpoint, monkeypatch, kv_heads):
+    """-tp 2: a size in GiB is every rank's (vLLM's per-worker VLLM_CPU_KVCACHE_SPACE). With 2
+    KV heads each rank's block is half of one rank's, so twice the blocks; with 1 KV head it
+    is replicated, so the same blocks, each held twice. The memory available bounds all ranks."""
+    from lite_llm import llm as llm_mod
+    from lite_llm.engine.runner import kv_bytes_per_block
+    from lite_llm.model.loader import load_model
+    monkeypatch.delenv("LITE_LLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    cfg = load_model(str(tiny_checkpoint("llama", num_key_value_heads=kv_heads)), dtype="float32",
+                     progress=False).config
+    whole = kv_bytes_per_block(cfg, 16, "float32")
+    one = llm_mod.plan_kv_cache(cfg, "float32", 16, 256, 0.01)
+    two = llm_mod.plan_kv_cache(cfg, "float32", 16, 256, 0.01, tensor_parallel_size=2)
+    assert two.num_blocks == int(0.01 * llm_mod.GiB // (whole // 2 if kv_heads == 2 else whole))
+    assert two.num_blocks >= one.num_blocks * (2 if kv_heads == 2 else 1)
+    assert two.bytes_per_block == whole * (1 if kv_heads == 2 else 2)
+    assert "0.01 GiB for each of 2 ranks" in two.describe()
+    monkeypatch.setattr(llm_mod, "_mem_available", lambda: 2 * llm_mod.GiB)
+    tight = llm_mod.plan_kv_cache(cfg, "float32", 16, 256, None, weight_bytes=llm_mod.GiB, max_num_seqs=10**9,
+                                  tensor_parallel_size=2)
+    assert tight.num_blocks * tight.bytes_per_block <= llm_mod.GiB // 2
+    with pytest.raises(ValueError, match="do not split over 3 ranks"):
+        llm_mod.plan_kv_cache(cfg, "float32", 16, 256, 0.01, tensor_parallel_size=3)
