@@ -650,9 +650,11 @@ cdef inline void _expert_down(const ModelC *m, const WorkC *ws, const LayerW *L,
                 ws.gout + r * E, E, 0, p0, p1)
 
 
-cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize_t T, int tid, int nth) noexcept nogil:
-    """x += the MoE MLP of the normed rows h [T, E] (ws.h; in L.up's input form for a shared
-    expert), inside _step's parallel region:
+cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize_t T, float *out, int accumulate,
+                     int tid, int nth) noexcept nogil:
+    """out (+)= the MoE MLP of the normed rows h [T, E] (ws.h; in L.up's input form for a
+    shared expert), inside _step's parallel region; out is x (accumulate 1), or a tensor-
+    parallel rank's slot (accumulate 0: its features' share of every expert):
 
       router    logits [T, X] = h . router (and the shared gate's), split over (token, expert)
       top-k     each token's K experts and weights (ll_moe_topk)
@@ -662,7 +664,7 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
                 from a shared counter: one GEMM per expert over its rows (decode: K GEMVs)
       down      (expert, MOE_DOWN_PANELS output panels) units likewise, into gout [A, E]
                 (the shared expert's into h, which nobody reads any more)
-      combine   x[t] += sum_k w[t, k] gout[slot[t, k]] (+ sigmoid gate x shared), split by columns
+      combine   out[t] (+)= sum_k w[t, k] gout[slot[t, k]] (+ sigmoid gate x shared), split by columns
     Only the chosen experts' weights are read."""
     cdef Py_ssize_t E = m.dim, F = m.ffn_dim, Fs = m.shared_dim, X = m.num_experts, K = m.top_k
     cdef Py_ssize_t Xp = X + 1, A = T * K, t, k, e, a, r, item, n_items, c0, c1
@@ -748,10 +750,12 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
     c1 = min(_lo(npd, tid + 1, nth) * 16, E)
     if c1 > c0:
         for t in range(T):
+            if not accumulate:
+                memset(out + t * E + c0, 0, (c1 - c0) * sizeof(float))
             for k in range(K):
-                ll_axpy_f32(ws.moe_wt[t * K + k], ws.gout + ws.moe_slot[t * K + k] * E + c0, ws.x + t * E + c0, c1 - c0)
+                ll_axpy_f32(ws.moe_wt[t * K + k], ws.gout + ws.moe_slot[t * K + k] * E + c0, out + t * E + c0, c1 - c0)
             if Fs:
-                ll_axpy_f32(ws.router[t * Xp + X], ws.h + t * E + c0, ws.x + t * E + c0, c1 - c0)
+                ll_axpy_f32(ws.router[t * Xp + X], ws.h + t * E + c0, out + t * E + c0, c1 - c0)
 
 
 cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int nth) noexcept nogil:
@@ -831,8 +835,12 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         # --- MLP block: norm, gate/up with the activation fused (or up, act), down + residual
         _norm_rows(m, L.mlp_norm_w, L.mlp_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, ll_mat_form(&L.up, T), t0, t1)
         ll_omp_barrier()
-        if m.num_experts:
-            _moe_block(m, ws, L, T, tid, nth)
+        if m.num_experts and s.tp != NULL:   # this rank's features of every expert into its slot; the sum into h
+            _moe_block(m, ws, L, T, ll_tp_slot(s.tp, s.gen0 + 2 * l + 2, s.tp.rank), 0, tid, nth)
+            _tp_reduce(s.tp, s.gen0 + 2 * l + 2, ws.h, T * E, tid, nth)
+            _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, t0, t1)
+        elif m.num_experts:
+            _moe_block(m, ws, L, T, ws.x, 1, tid, nth)
         elif m.gated:
             _gated_phase(m, ws, &L.up, &L.down, T, l, tid, nth)
             ll_omp_barrier()

@@ -7,7 +7,9 @@ bound to its rank's cores (and its node's memory where libnuma is present), hold
     attention   query heads split evenly; KV heads split evenly, or, when there are fewer KV
                 heads than ranks, each rank holds the one KV head its query heads use
                 (replicated, as vLLM does); qkv rows (and bias) of those heads, o columns
-    MLP         gate/up (or fc1) rows of features f0..f1 of ffn_dim, down (fc2) columns
+    MLP         gate/up (or fc1) rows of features f0..f1 of ffn_dim, down (fc2) columns;
+                a mixture of experts: the same cut of every expert (and of a shared expert's
+                own width), the router on every rank (each routes its tokens alike)
     row-split   o and down biases on rank 0 only (the all-reduce adds every rank's share)
     KV cache    its KV heads, same blocks as rank 0 (the block tables are rank 0's)
     embedding   the whole table on every rank (each rank gathers its tokens' rows)
@@ -74,10 +76,10 @@ def check_tensor_parallel(cfg, size: int) -> None:
     if hkv % size and size % hkv:
         problems.append(f"{hkv} KV heads neither split over {size} ranks nor divide them (to be replicated)")
     if cfg.ffn_dim % size:
-        problems.append(f"MLP width {cfg.ffn_dim} does not split over {size} ranks")
-    if getattr(cfg, "num_experts", 0):
-        problems.append("mixture-of-experts layers are not split across ranks (run it on one rank, "
-                        "or as --data-parallel-size replicas)")
+        what = "each expert's MLP width" if getattr(cfg, "num_experts", 0) else "MLP width"
+        problems.append(f"{what} {cfg.ffn_dim} does not split over {size} ranks")
+    if getattr(cfg, "shared_ffn_dim", 0) % size:
+        problems.append(f"shared expert width {cfg.shared_ffn_dim} does not split over {size} ranks")
     if problems:
         raise ValueError(f"{cfg.architecture}: tensor_parallel_size={size} is not possible: "
                          + "; ".join(problems) + " (choose a size that divides them)")
@@ -97,9 +99,11 @@ def _heads(cfg, rank: int, size: int) -> tuple[int, int, int, int, int, int]:
 
 
 def rank_config(cfg, rank: int, size: int):
-    """The ModelConfig of rank `rank`'s shard: its heads, KV heads and MLP width."""
+    """The ModelConfig of rank `rank`'s shard: its heads, KV heads and MLP width (of every
+    expert, and of a shared expert)."""
     h0, h1, kv0, kv1, f0, f1 = _heads(cfg, rank, size)
-    return dataclasses.replace(cfg, num_heads=h1 - h0, num_kv_heads=kv1 - kv0, ffn_dim=f1 - f0)
+    extra = {"shared_ffn_dim": cfg.shared_ffn_dim // size} if getattr(cfg, "shared_ffn_dim", 0) else {}
+    return dataclasses.replace(cfg, num_heads=h1 - h0, num_kv_heads=kv1 - kv0, ffn_dim=f1 - f0, **extra)
 
 
 def describe_rank(cfg, rank: int, size: int) -> str:
@@ -125,6 +129,9 @@ def _cut(name: str, cfg, rank: int, size: int):
         return "all"
     h0, h1, kv0, kv1, f0, f1 = _heads(cfg, rank, size)
     D, H, Hkv, F = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.ffn_dim
+    if ".shared." in base:     # a shared expert: features of its own width (an expert's: F)
+        F = cfg.shared_ffn_dim
+        f0, f1 = rank * F // size, (rank + 1) * F // size
     if kind == "qkv":          # rows: q heads, then k heads, then v heads
         return "rows", [(h0 * D, h1 * D), ((H + kv0) * D, (H + kv1) * D), ((H + Hkv + kv0) * D, (H + Hkv + kv1) * D)]
     if kind == "gate_up":      # rows: gate then up

@@ -236,6 +236,22 @@ def test_a_rank_killed_mid_step_ends_the_others_wait():
         group.close()
 
 
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe"])
+def test_a_mixture_of_experts_on_two_ranks_gives_one_ranks_logits(arch):
+    """Every expert (and Qwen2-MoE's shared expert) cut like a dense MLP, the router on both
+    ranks: the routed sum of each rank's features summed over ranks is one rank's."""
+    path = tiny_checkpoint_path(arch)
+    one, loaded = make_runner(path)
+    two, group = tp_runner(path)
+    try:
+        prompts = prompts_for(loaded.config.vocab_size)
+        for chunk in (None, 1):
+            for a, b in zip(lite_logits(one, prompts, chunk), lite_logits(two, prompts, chunk)):
+                np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    finally:
+        group.close()
+
+
 def test_model_that_does_not_split_is_refused():
     cfg = load_model(str(tiny_checkpoint_path("llama")), dtype="float32", progress=False).config
     with pytest.raises(ValueError, match="4 attention heads do not split over 3 ranks"):
