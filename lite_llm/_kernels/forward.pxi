@@ -36,6 +36,7 @@ cdef struct ModelC:
     int rms, act, gated, use_rope, qk_norm, post_norms, kv_type   # kv_type: LL_KV_* (attention.h)
     int attn_path                  # LL_ATTN_* (attention.h): direct or staged dot products
     int num_experts, top_k, norm_topk, shared_dim   # MoE (X, K, renormalise, Fs); num_experts 0: dense MLP
+    int vocab0                     # lm_head's rows are vocabulary entries vocab0.. (a tensor-parallel rank's share)
     float eps, scale, embed_scale, residual_scale, logit_scale, attn_softcap, final_softcap   # softcaps 0: none
 
 
@@ -214,6 +215,11 @@ cdef class Model:
             self.keep += [k_caches[i], v_caches[i]]
         self.c.embed = _mat(tensors, "embed", dtype, self.keep, fma)
         self.c.lm_head = _mat(tensors, "lm_head" if "lm_head.weight" in tensors else "embed", dtype, self.keep, fma)
+        # a tensor-parallel rank's LM head: vocabulary rows vocab0 .. vocab0 + n (tp.py); else all
+        self.c.vocab0 = tensors.get("lm_head.first_row", 0)
+        if self.c.vocab0 < 0 or self.c.vocab0 + self.c.lm_head.n > self.c.vocab_size:
+            raise ValueError(f"lm_head rows {self.c.vocab0}..{self.c.vocab0 + self.c.lm_head.n} outside the "
+                             f"vocabulary of {self.c.vocab_size}")
         self.c.pos_embed = _vec(tensors, "pos_embed", self.keep)
         self.c.final_norm_w = _vec(tensors, "final_norm.weight", self.keep)
         self.c.final_norm_b = _vec(tensors, "final_norm.bias", self.keep)
@@ -516,8 +522,8 @@ cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t
     with parallel(num_threads=nt):
         tid = openmp.omp_get_thread_num()
         _step(m, ws, &s, tid, openmp.omp_get_num_threads())
-    if tp != NULL:   # two all-reduces per layer, the same count on every rank
-        tp.gen = s.gen0 + 2 * m.num_layers
+    if tp != NULL:   # two all-reduces per layer and the logits' wait: the same count on every rank
+        tp.gen = s.gen0 + 2 * m.num_layers + (1 if R > 0 else 0)
 
 
 cdef inline void _norm_rows(const ModelC *m, const float *w, const float *b, const float *x,
@@ -884,15 +890,23 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
 
     if s.R == 0:
         return
+    # the LM head: this rank's vocabulary columns vocab0.. of each logits row (all of them on
+    # one rank); under tensor parallel every rank writes its columns of the shared logits rows
     _norm_rows(m, m.final_norm_w, m.final_norm_b, ws.x, s.logits_rows, ws.h, ws.xb, &xq_e, ll_mat_form(&m.lm_head, s.R),
                _lo(s.R, tid, nth), _lo(s.R, tid + 1, nth))
     ll_omp_barrier()
-    _gemm_phase(ws.h, E, ws.xb, &xq_e, s.R, &m.lm_head, s.logits, m.vocab_size, 0, ws.counter + 5 * 16, 0, tid, nth)
+    _gemm_phase(ws.h, E, ws.xb, &xq_e, s.R, &m.lm_head, s.logits + m.vocab0, m.vocab_size, 0, ws.counter + 5 * 16, 0,
+                tid, nth)
     if m.final_softcap > 0 or m.logit_scale != 1.0:
         ll_omp_barrier()
         for r in range(_lo(s.R, tid, nth), _lo(s.R, tid + 1, nth)):
+            row = s.logits + r * m.vocab_size + m.vocab0
             if m.logit_scale != 1.0:
-                for i in range(m.vocab_size):
-                    s.logits[r * m.vocab_size + i] *= m.logit_scale
+                for i in range(m.lm_head.n):
+                    row[i] *= m.logit_scale
             if m.final_softcap > 0:
-                ll_softcap_f32(s.logits + r * m.vocab_size, m.vocab_size, m.final_softcap)
+                ll_softcap_f32(row, m.lm_head.n, m.final_softcap)
+    if s.tp != NULL:   # rank 0 samples once every rank's columns are in
+        ll_omp_barrier()
+        if tid == 0:
+            ll_tp_arrive_and_wait(s.tp, s.gen0 + 2 * m.num_layers + 1)

@@ -109,6 +109,19 @@ def _block_form(base: str, t, cfg, quantization: str | None):
     return layout.quantized_view(t, "Q8_0" if head else QUANTIZATIONS[quantization])
 
 
+def _pack_weight(tensors: dict, base: str, t, cfg, dtype: str, threads: int, quantization: str | None) -> None:
+    """Weight `base` (a StackedRows) packed into tensors: "<base>.shape", "<base>.weight" and,
+    in a block format, "<base>.parts"."""
+    tensors[base + ".shape"] = t.shape
+    blocks = _block_form(base, t, cfg, quantization)
+    if blocks is not None:
+        tensors[base + ".weight"], tensors[base + ".parts"] = layout.pack_blocks(blocks, threads)
+    elif base.endswith(".gate_up"):   # the fused gated-MLP kernel's layout (an expert's too)
+        tensors[base + ".weight"] = layout.pack_gated(t, t.shape[0] // 2, dtype, threads)
+    else:
+        tensors[base + ".weight"] = layout.pack_rows(t, dtype, threads=threads)
+
+
 def pack_checkpoint(loaded, dtype: str, threads: int, quantization: str | None = None,
                     shard=None) -> dict[str, object]:
     """Every tensor of the checkpoint, for the kernel Model: 2-D weights packed (in their stored
@@ -122,22 +135,18 @@ def pack_checkpoint(loaded, dtype: str, threads: int, quantization: str | None =
     cfg = loaded.config if shard is None else shard.config
     tensors: dict[str, object] = {}
     with layout.WeightArena():
+        embedding = None
         for name, t in loaded.iter_tensors(streamed=True):   # 2-D: StackedRows, not read yet
             if shard is not None:
+                if name in ("embed", "embed.weight"):
+                    embedding = t
                 t = shard.weight(name, t) if t.ndim == 2 else shard.tensor(name, t)
                 if t is None:
                     continue
             # pos_embed and a router are plain fp32 tables (the router's logits pick experts)
             if t.ndim == 2 and name != "pos_embed" and not name.endswith(".router.weight"):
-                base = name[: -len(".weight")] if name.endswith(".weight") else name
-                tensors[base + ".shape"] = t.shape
-                blocks = _block_form(base, t, cfg, quantization)
-                if blocks is not None:
-                    tensors[base + ".weight"], tensors[base + ".parts"] = layout.pack_blocks(blocks, threads)
-                elif base.endswith(".gate_up"):   # the fused gated-MLP kernel's layout (an expert's too)
-                    tensors[base + ".weight"] = layout.pack_gated(t, t.shape[0] // 2, dtype, threads)
-                else:
-                    tensors[base + ".weight"] = layout.pack_rows(t, dtype, threads=threads)
+                _pack_weight(tensors, name[: -len(".weight")] if name.endswith(".weight") else name, t, cfg, dtype,
+                             threads, quantization)
                 continue
             arr = t.read(0, t.shape[0]) if t.ndim == 2 else t      # pos_embed, router: plain tables
             if arr.dtype == np.uint16:   # bf16 bits (pos_embed, router): widen, the kernel reads fp32
@@ -145,6 +154,10 @@ def pack_checkpoint(loaded, dtype: str, threads: int, quantization: str | None =
             else:
                 tensors[name] = np.ascontiguousarray(arr, dtype=np.float32)
             del t, arr
+        if shard is not None:     # a vocabulary-parallel LM head; of a tied embedding, its rows
+            tensors.update(shard.meta())
+            if "lm_head.weight" not in tensors and embedding is not None:
+                _pack_weight(tensors, "lm_head", shard.head_of_embedding(embedding), cfg, dtype, threads, quantization)
     return tensors
 
 
@@ -296,16 +309,17 @@ class ModelRunner:
         """One kernel call; returns logits [R, V] of the rows asked for (tests use this directly).
         The array is a view of a buffer reused by the next call (fresh pages every step would
         cost page faults)."""
-        R = len(logits_rows)
-        if self._logits.shape[0] < R:
-            self._logits = np.empty((R, self.config.vocab_size), np.float32)
-        logits = self._logits[:R]
         group = self.tp_group
         if group is None:
+            R = len(logits_rows)
+            if self._logits.shape[0] < R:
+                self._logits = np.empty((R, self.config.vocab_size), np.float32)
+            logits = self._logits[:R]
             self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
                                  block_tables, logits_rows, logits, self.num_threads)
             return logits
-        group.broadcast(token_ids, positions, slot_mapping, tok_seq, block_tables)
+        # tensor parallel: every rank writes its vocabulary columns into the segment's rows
+        logits = group.broadcast(token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows)
         try:
             self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
                                  block_tables, logits_rows, logits, self.num_threads, tp=group.comm)

@@ -13,17 +13,20 @@ bound to its rank's cores (and its node's memory where libnuma is present), hold
     row-split   o and down biases on rank 0 only (the all-reduce adds every rank's share)
     KV cache    its KV heads, same blocks as rank 0 (the block tables are rank 0's)
     embedding   the whole table on every rank (each rank gathers its tokens' rows)
-    LM head     rank 0 only (computed there after the last all-reduce): the logits and the
-                sampler never leave rank 0
+    LM head     vocabulary-parallel: rows v0..v1 of V/N on each rank (cut from the embedding
+                when they are tied); each rank writes its columns of the step's logits rows
+                into the segment's logits area, which is rank 0's logits array: the sampler
+                runs on rank 0 once every rank has arrived
 
 One step: rank 0 copies the step's flat arrays into the segment's step area and bumps the
 step number; each worker, waiting on it, runs the same ONE compiled forward() call with its
 shard. Inside it, the outputs of o and down are summed over ranks through the segment's slots
 (src/tp_shm.h): two all-reduces per layer, no Python between them.
 
-    segment:  header (arrive flags, step number, abort word) | step area | slots [2][N][T E]
+    segment:  header (arrive flags, step number, abort word) | step area | slots [2][N][T E] |
+              logits [R, V]
     step area: params int64[8] | token_ids [T] | positions [T] | slot_mapping [T] int64 |
-               tok_seq [T] | block_tables [max_num_seqs, max_blocks]
+               tok_seq [T] | block_tables [max_num_seqs, max_blocks] | logits_rows [R]
 
 A worker that dies is seen by rank 0's monitor thread (it waits on the process): it sets the
 abort word, so every spinning wait returns, and the engine raises naming the rank. Workers
@@ -56,7 +59,7 @@ log = logging.getLogger("lite_llm")
 
 ABORT_RANK_DIED, ABORT_SHUTDOWN = 1, 2
 _STEP_WORD, _ABORT_WORD = 64 * 8, 65 * 8       # uint64 index of the header's step and abort lines
-_NUM_PARAMS = 8                                # T, num block-table rows, max_blocks
+_NUM_PARAMS = 8                                # T, num block-table rows, max_blocks, R
 DEFAULT_TIMEOUT = 60.0         # seconds one all-reduce may wait for the other ranks (LITE_LLM_TP_TIMEOUT)
 START_TIMEOUT = 600.0
 
@@ -106,13 +109,19 @@ def rank_config(cfg, rank: int, size: int):
     return dataclasses.replace(cfg, num_heads=h1 - h0, num_kv_heads=kv1 - kv0, ffn_dim=f1 - f0, **extra)
 
 
+def vocab_range(cfg, rank: int, size: int) -> tuple[int, int]:
+    """The vocabulary rows (v0, v1) of the LM head rank `rank` holds."""
+    return rank * cfg.vocab_size // size, (rank + 1) * cfg.vocab_size // size
+
+
 def describe_rank(cfg, rank: int, size: int) -> str:
     """What rank `rank` holds, for the start-up log and info."""
     h0, h1, kv0, kv1, f0, f1 = _heads(cfg, rank, size)
+    v0, v1 = vocab_range(cfg, rank, size)
     rep = " (replicated)" if cfg.num_kv_heads < size else ""
     return (f"query heads {h0}-{h1 - 1} of {cfg.num_heads}, KV heads {kv0}-{kv1 - 1} of "
             f"{cfg.num_kv_heads}{rep}, MLP features {f0}-{f1 - 1} of {cfg.ffn_dim}, "
-            + ("embedding + LM head" if rank == 0 else "embedding"))
+            f"embedding, LM head rows {v0}-{v1 - 1} of {cfg.vocab_size}")
 
 
 def _cut(name: str, cfg, rank: int, size: int):
@@ -123,8 +132,8 @@ def _cut(name: str, cfg, rank: int, size: int):
     base = name[: -len(".weight")] if name.endswith(".weight") else name
     base = base[: -len(".bias")] if base.endswith(".bias") else base
     kind = base.rsplit(".", 1)[-1]
-    if name == "lm_head.weight":
-        return "all" if rank == 0 else "none"
+    if base == "lm_head" and not name.endswith(".bias"):
+        return "rows", [vocab_range(cfg, rank, size)]
     if not base.startswith("layers."):
         return "all"
     h0, h1, kv0, kv1, f0, f1 = _heads(cfg, rank, size)
@@ -250,6 +259,15 @@ class RankShard:
         """A vector (or a table read whole): shard_tensor."""
         return shard_tensor(name, arr, self.full, self.rank, self.size)
 
+    def head_of_embedding(self, t):
+        """This rank's LM head rows cut from the embedding (StackedRows) the two share: the
+        whole table stays for gathering the tokens' rows."""
+        return _row_ranges(t, [vocab_range(self.full, self.rank, self.size)])
+
+    def meta(self) -> dict[str, int]:
+        """Entries for the kernel Model: the first vocabulary row of this rank's LM head."""
+        return {"lm_head.first_row": vocab_range(self.full, self.rank, self.size)[0]}
+
 
 # ----------------------------------------------------------------------------- segment
 
@@ -260,6 +278,8 @@ class SegmentLayout:
     max_rows: int               # block-table rows (max_num_seqs)
     max_blocks: int
     dim: int
+    max_logit_rows: int = 0     # logits rows a step may ask for (the workspace's max_rows)
+    vocab: int = 0
 
     def _offsets(self):
         from lite_llm._kernels import kernels
@@ -269,10 +289,13 @@ class SegmentLayout:
                                   ("positions", np.int32, self.max_tokens),
                                   ("slot_mapping", np.int64, self.max_tokens),
                                   ("tok_seq", np.int32, self.max_tokens),
-                                  ("block_tables", np.int32, self.max_rows * self.max_blocks)):
+                                  ("block_tables", np.int32, self.max_rows * self.max_blocks),
+                                  ("logits_rows", np.int32, self.max_logit_rows)):
             out[key] = (at, dtype, count)
             at = -(-(at + count * np.dtype(dtype).itemsize) // 64) * 64
-        return out, at, at + slot_bytes
+        logits_at = -(-(at + slot_bytes) // 4096) * 4096
+        out["logits"] = (logits_at, np.float32, self.max_logit_rows * self.vocab)
+        return out, at, logits_at + self.max_logit_rows * self.vocab * 4
 
     @property
     def slots_offset(self) -> int:
@@ -286,6 +309,7 @@ class SegmentLayout:
         offsets = self._offsets()[0]
         out = {k: np.frombuffer(buf, dtype, count, at) for k, (at, dtype, count) in offsets.items()}
         out["header"] = np.frombuffer(buf, np.uint64, offsets["params"][0] // 8, 0)
+        out["logits"] = out["logits"].reshape(self.max_logit_rows, self.vocab)
         return out
 
 
@@ -325,7 +349,7 @@ class TPGroup:
     def __init__(self, plan: cpu.ThreadPlan, cfg, worker_args: dict, max_blocks: int, on_failure=None):
         self.size = len(plan.ranks)
         self.layout = SegmentLayout(self.size, worker_args["max_num_batched_tokens"], worker_args["max_num_seqs"],
-                                    max_blocks, cfg.dim)
+                                    max_blocks, cfg.dim, logit_rows(worker_args), cfg.vocab_size)
         fd, self.path = tempfile.mkstemp(prefix="lite_llm_tp_", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         try:
             os.ftruncate(fd, self.layout.nbytes)
@@ -402,15 +426,19 @@ class TPGroup:
         if self.on_failure is not None:
             self.on_failure(self.failure)
 
-    def broadcast(self, token_ids, positions, slot_mapping, tok_seq, block_tables) -> None:
-        """Put one step's arrays in the step area and release the workers on it."""
+    def broadcast(self, token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows) -> np.ndarray:
+        """Put one step's arrays in the step area and release the workers on it. Returns the
+        step's logits array [R, V]: the segment's, where every rank writes its columns."""
         if self.failure:
             raise TensorParallelError(self.failure)
-        T = len(token_ids)
+        T, R = len(token_ids), len(logits_rows)
         rows = int(tok_seq.max()) + 1 if T else 0      # the block-table rows the step reads
         mb = block_tables.shape[1]
         v = self.views
-        v["params"][:3] = (T, rows, mb)
+        if R > self.layout.max_logit_rows:
+            raise ValueError(f"{R} logits rows: the tensor-parallel segment holds {self.layout.max_logit_rows}")
+        v["params"][:4] = (T, rows, mb, R)
+        v["logits_rows"][:R] = logits_rows
         v["token_ids"][:T] = token_ids
         v["positions"][:T] = positions
         v["slot_mapping"][:T] = slot_mapping
@@ -418,6 +446,7 @@ class TPGroup:
         v["block_tables"][:rows * mb] = block_tables[:rows].reshape(-1)
         self._step += 1
         self.comm.publish_step(self._step)
+        return v["logits"][:R]
 
     def raise_failure(self, error: BaseException) -> None:
         """Re-raise a failed forward() with the rank that caused it, when known."""
@@ -465,6 +494,11 @@ def start_group(loaded, plan: cpu.ThreadPlan, *, num_blocks: int, block_size: in
             "max_num_seqs": max_num_seqs, "kv_cache_dtype": kv_cache_dtype,
             "disable_sliding_window": disable_sliding_window, "quantization": quantization}
     return TPGroup(plan, loaded.config, args, -(-max(loaded.max_model_len, 1) // block_size), on_failure)
+
+
+def logit_rows(args: dict) -> int:
+    """Logits rows one step may ask for: the runner's workspace rows (runner.py)."""
+    return max(args["max_num_seqs"], args["max_num_batched_tokens"])
 
 
 def check_plan(plan: cpu.ThreadPlan, tensor_parallel_size: int, bind: str) -> None:
@@ -551,8 +585,6 @@ def _serve(args: dict, plan: cpu.ThreadPlan, comm, views: dict) -> int:
     os.write(args["hello_fd"], (json.dumps(hello) + "\n").encode())
     os.close(args["hello_fd"])
     kernels, model, ws, nt = runner.kernels, runner.model, runner.workspace, runner.num_threads
-    no_rows = np.zeros(0, np.int32)
-    no_logits = np.zeros((0, loaded.config.vocab_size), np.float32)
     last = 0
     while True:
         step = comm.wait_step(last)
@@ -563,10 +595,10 @@ def _serve(args: dict, plan: cpu.ThreadPlan, comm, views: dict) -> int:
             sys.stderr.write(f"tensor parallel rank {rank}: the group stopped ({why})\n")
             return 1
         last = step
-        T, rows, mb = (int(x) for x in views["params"][:3])
+        T, rows, mb, R = (int(x) for x in views["params"][:4])
         kernels.forward(model, ws, views["token_ids"][:T], views["positions"][:T], views["slot_mapping"][:T],
-                        views["tok_seq"][:T], views["block_tables"][:rows * mb].reshape(rows, mb), no_rows,
-                        no_logits, nt, tp=comm)
+                        views["tok_seq"][:T], views["block_tables"][:rows * mb].reshape(rows, mb),
+                        views["logits_rows"][:R], views["logits"][:R], nt, tp=comm)
 
 
 if __name__ == "__main__":

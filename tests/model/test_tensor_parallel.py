@@ -63,6 +63,22 @@ def test_fp32_two_ranks_give_one_ranks_logits(case):
         group.close()
 
 
+@pytest.mark.parametrize("case", [("llama", {"tie_word_embeddings": True}), ("gemma2", {})], ids=["tied", "softcap"])
+def test_vocabulary_parallel_lm_head_of_a_tied_embedding_and_a_softcap(case):
+    """The LM head's rows cut from a tied embedding on each rank (the whole table kept for the
+    tokens' rows); Gemma 2's final soft-cap applied to each rank's own columns."""
+    path = tiny_checkpoint_path(case[0], **case[1])
+    one, loaded = make_runner(path)
+    two, group = tp_runner(path)
+    try:
+        assert loaded.config.tie_word_embeddings
+        prompts = prompts_for(loaded.config.vocab_size)
+        for a, b in zip(lite_logits(one, prompts), lite_logits(two, prompts)):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    finally:
+        group.close()
+
+
 def test_fp32_two_ranks_of_a_gguf_file_give_one_ranks_logits(tmp_path):
     """A llama.cpp-style GGUF (q/k rows in llama.cpp's order, undone when read): the shards are
     cut from the rows as the model uses them."""
@@ -193,7 +209,7 @@ def test_each_rank_runs_on_its_own_cpu_and_info_shows_the_ranks(monkeypatch):
         assert [r["rank"] for r in ranks] == [0, 1]
         assert [(r["cpus"], r["observed"], r["ok"]) for r in ranks] == [([0], [0], True), ([1], [1], True)]
         assert "query heads 2-3 of 4, KV heads 1-1 of 2, MLP features 48-95 of 96" in ranks[1]["holds"]
-        assert "LM head" in ranks[0]["holds"] and "LM head" not in ranks[1]["holds"]
+        assert "LM head rows 0-159 of 320" in ranks[0]["holds"] and "LM head rows 160-319 of 320" in ranks[1]["holds"]
         # seen from outside: every thread of the worker may only run on CPU 1 (its OpenMP team
         # reported above where it ran; idle threads started at import last ran before binding)
         worker = _threads(ranks[1]["pid"])
@@ -294,7 +310,9 @@ def test_shards_put_back_together_are_the_weights(size, kv_heads):
             cut = tp.shard_rows(name, t, cfg, r, size)
             assert np.array_equal(cut.read(0, cut.shape[0]), want)
     assert tp.shard_tensor("layers.0.o.bias", np.ones(E, np.float32), cfg, 1, size) is None
-    assert tp.shard_tensor("lm_head.weight", o, cfg, 1, size) is None
+    head = rng.standard_normal((cfg.vocab_size, E)).astype(np.float32)     # vocabulary-parallel rows
+    assert np.array_equal(np.concatenate([tp.shard_tensor("lm_head.weight", head, cfg, r, size)
+                                          for r in range(size)]), head)
 
 
 def _segment(size, cap):
