@@ -105,6 +105,10 @@ class Tokenizer:
         json_path = os.path.join(path, "tokenizer.json")
         if os.path.exists(json_path):
             backend = tokenizers.Tokenizer.from_file(json_path)
+            # a tokenizer.json saved for training may pad and truncate every encoding (BERT
+            # checkpoints: to 128): lengths are the engine's business
+            backend.no_padding()
+            backend.no_truncation()
             # tokenizer.json's post-processor decides BOS/EOS; transformers (5.x) loads a tokenizer.json
             # tokenizer without applying tokenizer_config's add_bos_token, and so do we
             return cls(backend, **kwargs)
