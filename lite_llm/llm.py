@@ -366,19 +366,19 @@ class LLM:
               truncate_prompt_tokens: int | None = None, use_tqdm: bool = True):
         """One PoolingRequestOutput per prompt, .outputs.embedding (vLLM's LLM.embed)."""
         from lite_llm import pooling
-        return pooling.embed(self._need("pooling"), self._loaded, prompts, dimensions=dimensions,
+        return pooling.embed(self._need("pooling"), prompts, dimensions=dimensions,
                              normalize=normalize, truncate_prompt_tokens=truncate_prompt_tokens)
 
     def classify(self, prompts, *, truncate_prompt_tokens: int | None = None, use_tqdm: bool = True):
         """One PoolingRequestOutput per prompt, .outputs.probs (a classifier head's)."""
         from lite_llm import pooling
-        return pooling.classify(self._need("pooling"), self._loaded, prompts,
+        return pooling.classify(self._need("pooling"), prompts,
                                 truncate_prompt_tokens=truncate_prompt_tokens)
 
     def score(self, text_1, text_2, *, truncate_prompt_tokens: int | None = None, use_tqdm: bool = True):
         """text_1 against each of text_2: one PoolingRequestOutput per pair, .outputs.score."""
         from lite_llm import pooling
-        return pooling.score(self._need("pooling"), self._loaded, text_1, text_2,
+        return pooling.score(self._need("pooling"), text_1, text_2,
                              truncate_prompt_tokens=truncate_prompt_tokens)
 
     def _need(self, runner: str):

@@ -327,8 +327,9 @@ class PoolingEngine:
     """One thread owns the runner; submit() from any thread. All jobs waiting when a step is
     formed are packed together (a server's concurrent requests share steps)."""
 
-    def __init__(self, build_runner, tokenizer, *, on_start=None):
+    def __init__(self, build_runner, tokenizer, *, on_start=None, name: str = "model"):
         self.tokenizer = tokenizer
+        self.name = name
         self.runner: PoolingRunner | None = None
         self._build = build_runner
         self._on_start = on_start
@@ -342,6 +343,9 @@ class PoolingEngine:
         self.num_prompt_tokens = 0
         self.num_steps = 0
         self.queue_seconds = 0.0
+        from lite_llm.engine.stats import LATENCY_BUCKETS, HistogramAccumulator
+        self.queue_hist = HistogramAccumulator(LATENCY_BUCKETS)
+        self.e2e_hist = HistogramAccumulator(LATENCY_BUCKETS)
         self.thread = threading.Thread(target=self._loop, name="lite_llm-pooling", daemon=True)
 
     def start(self) -> None:
@@ -396,7 +400,10 @@ class PoolingEngine:
             at += len(j.items)
             self.num_requests += 1
             self.num_prompt_tokens += sum(len(it.token_ids) for it in j.items)
-            self.queue_seconds += sum(now - it.arrival for it in j.items) / max(len(j.items), 1)
+            queued = sum(now - it.arrival for it in j.items) / max(len(j.items), 1)
+            self.queue_seconds += queued
+            self.queue_hist.observe(queued)
+            self.e2e_hist.observe(time.monotonic() - min(it.arrival for it in j.items))
             j.done.set()
 
     def pool(self, items: list[PoolItem]) -> list[np.ndarray]:
@@ -409,6 +416,18 @@ class PoolingEngine:
         if job.error is not None:
             raise job.error
         return job.result
+
+    def is_alive(self) -> bool:
+        return self.thread.is_alive() and self._error is None
+
+    @property
+    def failure(self) -> str | None:
+        return None if self._error is None else repr(self._error)
+
+    def stats(self):
+        """An EngineStats for /metrics: requests, prompt tokens, queue time (of finished requests)."""
+        from lite_llm.engine.stats import EngineStats
+        return pooling_stats(EngineStats, self)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         with self._lock:
@@ -452,7 +471,7 @@ def build_pooling_engine(model: str | None, *, dtype: str = "auto", max_model_le
         for line in report.describe():
             log.info("%s", line)
 
-    engine = PoolingEngine(build, loaded.tokenizer, on_start=bind)
+    engine = PoolingEngine(build, loaded.tokenizer, on_start=bind, name=model or os.path.basename(loaded.source))
     engine.start()
     runner = engine.runner
     info = {"model_path": loaded.source, "model_name": model or os.path.basename(loaded.source),
@@ -519,7 +538,7 @@ def scores_from_logits(logits: np.ndarray, activation: bool = True) -> np.ndarra
 # ---- the offline API's work (LLM.embed / classify / score) ----------------------------------
 
 
-def _prompt_items(engine: PoolingEngine, loaded, prompts, truncate_prompt_tokens=None) -> tuple[list, list]:
+def _prompt_items(engine: PoolingEngine, prompts, truncate_prompt_tokens=None) -> tuple[list, list]:
     """prompts (a str, {"prompt_token_ids": [...]}, or a list of either) -> (token id lists, items)."""
     if isinstance(prompts, (str, dict)):
         prompts = [prompts]
@@ -536,24 +555,24 @@ def _prompt_items(engine: PoolingEngine, loaded, prompts, truncate_prompt_tokens
         else:
             raise TypeError(f"a prompt is a str or a dict with 'prompt_token_ids', not {type(p).__name__}")
         ids_list.append(ids)
-        items.append(make_item(ids, None, vocab_size=loaded.config.vocab_size, max_model_len=loaded.max_model_len,
-                               truncate_prompt_tokens=truncate_prompt_tokens))
+        items.append(make_item(ids, None, vocab_size=engine.runner.config.vocab_size,
+                               max_model_len=engine.runner.max_model_len, truncate_prompt_tokens=truncate_prompt_tokens))
     return ids_list, items
 
 
-def embed(engine: PoolingEngine, loaded, prompts, *, dimensions: int | None = None, normalize: bool | None = None,
+def embed(engine: PoolingEngine, prompts, *, dimensions: int | None = None, normalize: bool | None = None,
           truncate_prompt_tokens: int | None = None) -> list[PoolingRequestOutput]:
     pooler = engine.runner.pooler
-    dimensions = check_dimensions(dimensions, pooler, loaded.config.dim, loaded.source)
-    ids_list, items = _prompt_items(engine, loaded, prompts, truncate_prompt_tokens)
+    dimensions = check_dimensions(dimensions, pooler, engine.runner.config.dim, engine.name)
+    ids_list, items = _prompt_items(engine, prompts, truncate_prompt_tokens)
     rows = engine.pool(items)
     return [PoolingRequestOutput(f"embd-{i}", ids, EmbeddingOutput(
         finish_embedding(r, pooler, dimensions, normalize).tolist())) for i, (ids, r) in enumerate(zip(ids_list, rows))]
 
 
-def classify(engine: PoolingEngine, loaded, prompts, *, truncate_prompt_tokens: int | None = None
+def classify(engine: PoolingEngine, prompts, *, truncate_prompt_tokens: int | None = None
              ) -> list[PoolingRequestOutput]:
-    ids_list, items = _prompt_items(engine, loaded, prompts, truncate_prompt_tokens)
+    ids_list, items = _prompt_items(engine, prompts, truncate_prompt_tokens)
     logits = engine.runner.classify(np.stack(engine.pool(items)))
     probs = scores_from_logits(logits, engine.runner.pooler.activation)
     probs = probs[:, None] if probs.ndim == 1 else probs
@@ -561,7 +580,7 @@ def classify(engine: PoolingEngine, loaded, prompts, *, truncate_prompt_tokens: 
             for i, (ids, p) in enumerate(zip(ids_list, probs))]
 
 
-def score_pairs(engine: PoolingEngine, loaded, text_1, text_2, *, truncate_prompt_tokens: int | None = None
+def score_pairs(engine: PoolingEngine, text_1, text_2, *, truncate_prompt_tokens: int | None = None
                 ) -> list[tuple[list[int], float]]:
     """(token ids, score) of text_1 against each of text_2 (one text_1: it is paired with every
     text_2; else pairwise): a cross-encoder's classifier score, or the cosine similarity of the
@@ -577,8 +596,9 @@ def score_pairs(engine: PoolingEngine, loaded, text_1, text_2, *, truncate_promp
     for t in t1 + t2:
         if not isinstance(t, str) or not t:
             raise PoolingInputError("score texts must be non-empty strings")
-    cfg, runner = loaded.config, engine.runner
-    kw = dict(vocab_size=cfg.vocab_size, max_model_len=loaded.max_model_len,
+    runner = engine.runner
+    cfg = runner.config
+    kw = dict(vocab_size=cfg.vocab_size, max_model_len=runner.max_model_len,
               truncate_prompt_tokens=truncate_prompt_tokens)
     if runner.head:
         encoded = [encode_text(engine.tokenizer, a, b) for a, b in zip(t1, t2)]
@@ -603,10 +623,10 @@ def score_pairs(engine: PoolingEngine, loaded, text_1, text_2, *, truncate_promp
     return out
 
 
-def score(engine: PoolingEngine, loaded, text_1, text_2, *, truncate_prompt_tokens: int | None = None
+def score(engine: PoolingEngine, text_1, text_2, *, truncate_prompt_tokens: int | None = None
           ) -> list[PoolingRequestOutput]:
     return [PoolingRequestOutput(f"score-{i}", ids, ScoringOutput(s)) for i, (ids, s) in
-            enumerate(score_pairs(engine, loaded, text_1, text_2, truncate_prompt_tokens=truncate_prompt_tokens))]
+            enumerate(score_pairs(engine, text_1, text_2, truncate_prompt_tokens=truncate_prompt_tokens))]
 
 
 def runner_for_model(model: str | None, requested: str = "auto") -> str:
@@ -623,3 +643,12 @@ def runner_for_model(model: str | None, requested: str = "auto") -> str:
         config, _ = hf.read_config(path)
         return choose_runner(path, config)
     return "generate"
+
+
+def pooling_stats(stats_cls, engine: PoolingEngine):
+    """The engine figures /metrics shows (vLLM's names): finished requests, prompt tokens,
+    steps, queue time and end-to-end latency."""
+    return stats_cls(prompt_tokens_total=engine.num_prompt_tokens,
+                     request_success_total={"stop": engine.num_requests} if engine.num_requests else {},
+                     num_steps_total=engine.num_steps, queue_time=engine.queue_hist.snapshot(),
+                     e2e=engine.e2e_hist.snapshot())
