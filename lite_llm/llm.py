@@ -287,17 +287,19 @@ class LLM:
                  disable_sliding_window: bool = False, tokenizer: str | None = None,
                  quantization: str | None = None, kv_cache_dtype: str = "auto",
                  speculative_config: dict | str | None = None, tensor_parallel_size: int = 1,
-                 runner: str = "auto", pooler_config: dict | str | None = None, **kwargs: Any):
+                 runner: str = "auto", pooler_config: dict | str | None = None,
+                 hf_overrides: dict | str | None = None, **kwargs: Any):
         if kwargs:
             log.warning("LLM: ignoring unsupported arguments %s", sorted(kwargs))
         from lite_llm import pooling   # runner="pooling": embeddings, classification, scores
-        self.runner_type = pooling.runner_for_model(model, runner)
+        self.runner_type = pooling.runner_for_model(model, runner, hf_overrides)
         self._pooling = None
         if self.runner_type == "pooling":
             self._engine = None
             self._pooling, self._loaded, self.info = pooling.build_pooling_engine(
                 model, dtype=dtype, max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
-                max_num_seqs=max_num_seqs, quantization=quantization, pooler_config=pooler_config)
+                max_num_seqs=max_num_seqs, quantization=quantization, pooler_config=pooler_config,
+                hf_overrides=hf_overrides)
             self.tokenizer, self.config = self._loaded.tokenizer, self._loaded.config
             return
         self._engine, self._loaded, self.info = build_engine(

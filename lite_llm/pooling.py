@@ -117,6 +117,29 @@ def pooler_config(path: str, config, overrides: dict | str | None = None) -> Poo
     return PoolerConfig(**values)
 
 
+def token_head(path: str, config, tokenizer, tokens) -> dict[str, np.ndarray]:
+    """vLLM's classifier_from_token: a one-label head from the LM head's rows of `tokens`
+    (["no", "yes"]: logit(yes) - logit(no), as Qwen3-Reranker is scored; one token: its logit)."""
+    from lite_llm.model.hf import SafetensorsCheckpoint
+    from lite_llm.model.weights import convert
+    if not isinstance(tokens, (list, tuple)) or not 1 <= len(tokens) <= 2:
+        raise ValueError(f"classifier_from_token must list one or two tokens, got {tokens!r}")
+    ids = []
+    for t in tokens:
+        i = tokenizer.token_to_id(t) if tokenizer is not None else None
+        if i is None:
+            raise ValueError(f"classifier_from_token: {t!r} is not a token of the vocabulary")
+        ids.append(i)
+    ckpt = SafetensorsCheckpoint(path)
+    try:
+        name = next(n for n in ("lm_head.weight", "model.embed_tokens.weight", "embed_tokens.weight") if n in ckpt)
+        rows = [convert(ckpt.read_rows(name, i, i + 1), "float32")[0] for i in ids]
+    finally:
+        ckpt.close()
+    w = rows[-1] - rows[0] if len(rows) == 2 else rows[0]
+    return {"out.weight": w[None, :].astype(np.float32), "out.bias": np.zeros(1, np.float32)}
+
+
 def choose_runner(path: str, config, requested: str = "auto", hf_overrides: dict | None = None) -> str:
     """"pooling" or "generate": what `requested` says, else what the checkpoint says (an encoder,
     a *ForSequenceClassification head, a sentence-transformers directory, an embedding model)."""
@@ -279,10 +302,13 @@ class PoolingRunner:
         return out.copy()
 
     def classify(self, pooled: np.ndarray) -> np.ndarray:
-        """A cross-encoder's head over pooled first-token rows [S, E] -> logits [S, L]."""
+        """The classifier head over pooled rows [S, E] -> logits [S, L]: a cross-encoder's
+        dense + tanh then out, or (a reranker scored from two tokens) out alone."""
         if not self.head:
             raise PoolingInputError(f"{self.config.architecture} has no classifier head: it embeds, it does not score")
-        h = np.tanh(pooled @ self.head["dense.weight"].T + self.head["dense.bias"])
+        h = pooled
+        if "dense.weight" in self.head:
+            h = np.tanh(h @ self.head["dense.weight"].T + self.head["dense.bias"])
         return h @ self.head["out.weight"].T + self.head["out.bias"]
 
 
@@ -441,9 +467,12 @@ class PoolingEngine:
 
 def build_pooling_engine(model: str | None, *, dtype: str = "auto", max_model_len: int | None = None,
                          max_num_batched_tokens: int | None = None, max_num_seqs: int = 256,
-                         quantization: str | None = None, pooler_config=None, hf_overrides: dict | None = None,
+                         quantization: str | None = None, pooler_config=None, hf_overrides=None,
                          serving: bool = False, progress: bool = True, loaded=None):
-    """Load a pooling model and start its engine thread -> (PoolingEngine, loaded, info)."""
+    """Load a pooling model and start its engine thread -> (PoolingEngine, loaded, info).
+    hf_overrides (vLLM's): {"architectures": ["Qwen3ForSequenceClassification"],
+    "classifier_from_token": ["no", "yes"], ...} scores a decoder from two tokens' logits."""
+    hf_overrides = parse_overrides(hf_overrides)
     from lite_llm import _kernels, cpu
     from lite_llm.llm import plan_ranks
     from lite_llm.model.arch import bert
@@ -459,6 +488,12 @@ def build_pooling_engine(model: str | None, *, dtype: str = "auto", max_model_le
     if max_model_len is None and limit != loaded.max_model_len:
         loaded = replace(loaded, max_model_len=limit)
     head = bert.head_tensors(loaded.source, cfg.architecture, cfg.dim) if os.path.isdir(loaded.source) else {}
+    if hf_overrides.get("classifier_from_token"):
+        if not os.path.isdir(loaded.source):
+            raise ValueError("classifier_from_token needs a Hugging Face directory (its LM head rows)")
+        head = token_head(loaded.source, cfg, loaded.tokenizer, hf_overrides["classifier_from_token"])
+        if pooler_config is None:
+            pooler = replace(pooler, pooling_type="LAST", normalize=False)
     if max_num_batched_tokens is None:
         max_num_batched_tokens = 2048 if serving else 4096
 
@@ -629,7 +664,18 @@ def score(engine: PoolingEngine, text_1, text_2, *, truncate_prompt_tokens: int 
             enumerate(score_pairs(engine, text_1, text_2, truncate_prompt_tokens=truncate_prompt_tokens))]
 
 
-def runner_for_model(model: str | None, requested: str = "auto") -> str:
+def parse_overrides(value) -> dict:
+    """--hf-overrides: a dict, JSON text or None -> dict."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        value = json.loads(value)
+    if not isinstance(value, dict):
+        raise ValueError(f"hf_overrides must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def runner_for_model(model: str | None, requested: str = "auto", hf_overrides=None) -> str:
     """The runner of model argument `model` (loader.resolve_model's forms): `requested`, or
     what the checkpoint's config says under "auto"."""
     if requested not in RUNNERS:
@@ -641,7 +687,7 @@ def runner_for_model(model: str | None, requested: str = "auto") -> str:
     path = resolve_model(model)
     if os.path.isdir(path):
         config, _ = hf.read_config(path)
-        return choose_runner(path, config)
+        return choose_runner(path, config, hf_overrides=parse_overrides(hf_overrides))
     return "generate"
 
 

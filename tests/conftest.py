@@ -94,6 +94,7 @@ ARCH_DEFAULTS.update({
                             num_labels=1),
 })
 ENCODER_ARCHS = ("bert", "bert_cls", "xlm_roberta", "xlm_roberta_cls")
+ARCH_DEFAULTS["qwen3_base"] = ARCH_DEFAULTS["qwen3"]     # a bare Qwen3Model (Qwen3-Embedding's layout)
 
 
 def tiny_tokenizer_json() -> str:
@@ -123,6 +124,7 @@ def _model_class(arch: str):
             "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
             "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
             "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
+            "qwen3_base": (transformers.Qwen3Config, transformers.Qwen3Model),
             "bert": (transformers.BertConfig, transformers.BertModel),
             "bert_cls": (transformers.BertConfig, transformers.BertForSequenceClassification),
             "xlm_roberta": (transformers.XLMRobertaConfig, transformers.XLMRobertaModel),

@@ -1078,6 +1078,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            "checkpoint (an encoder, a sentence-transformers directory or a classifier head pools)")
     a("--pooler-config", default=None,
       help='pooling models: \'{"pooling_type": "MEAN"|"CLS"|"LAST", "normalize": true}\' over the checkpoint\'s own')
+    a("--hf-overrides", default=None,
+      help='JSON over config.json, as vLLM: \'{"architectures": ["Qwen3ForSequenceClassification"], '
+           '"classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true}\' scores a Qwen3-Reranker')
     a("--shutdown-grace", type=float, default=30.0,
       help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
     a("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
@@ -1114,11 +1117,12 @@ def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
     if args.data_parallel_size > 1 and args.tensor_parallel_size > 1:
         raise SystemExit("--data-parallel-size with --tensor-parallel-size is not supported yet: choose one")
     from lite_llm import pooling
-    if pooling.runner_for_model(model, getattr(args, "runner", "auto")) == "pooling":
+    hf_overrides = getattr(args, "hf_overrides", None)
+    if pooling.runner_for_model(model, getattr(args, "runner", "auto"), hf_overrides) == "pooling":
         engine, loaded, info = pooling.build_pooling_engine(
             model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, quantization=args.quantization,
-            pooler_config=getattr(args, "pooler_config", None), serving=True)
+            pooler_config=getattr(args, "pooler_config", None), hf_overrides=hf_overrides, serving=True)
         return engine, loaded.tokenizer, info
     if args.data_parallel_size > 1:
         from lite_llm.engine.data_parallel import build_data_parallel_engine

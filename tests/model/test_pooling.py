@@ -186,3 +186,65 @@ def test_all_minilm_l6_v2_matches_sentence_transformers(minilm_reference, dtype,
         cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
         assert cos.min() >= min_cos, (dtype, cos.min(), int(cos.argmin()))
         np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)   # the Normalize module
+
+
+# ---- decoder embedders and rerankers ---------------------------------------------------------
+
+
+def _sentence_transformers_dir(path, pooling: str) -> None:
+    """modules.json, 1_Pooling and 2_Normalize as sentence-transformers saves them."""
+    import json
+    (path / "1_Pooling").mkdir(exist_ok=True)
+    with open(path / "modules.json", "w") as fh:
+        json.dump([{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                   {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}],
+                  fh)
+    with open(path / "1_Pooling" / "config.json", "w") as fh:
+        json.dump({"word_embedding_dimension": 64, "pooling_mode_cls_token": False,
+                   "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_lasttoken": pooling == "last"}, fh)
+
+
+def test_qwen3_embedding_style_last_token_matches_transformers(tiny_checkpoint):
+    """A bare Qwen3Model with sentence-transformers' last-token pooling and Normalize: causal
+    attention, the final norm's last row, L2-normalized."""
+    from transformers import AutoModel
+    path = tiny_checkpoint("qwen3_base", head_dim=16)
+    _sentence_transformers_dir(path, "last")
+    llm = LLM(str(path), dtype="float32")
+    try:
+        assert llm.runner_type == "pooling" and llm._pooling.runner.pooler.pooling_type == "LAST"
+        outs = llm.embed([{"prompt_token_ids": p} for p in PROMPTS])
+    finally:
+        llm.shutdown()
+    model = AutoModel.from_pretrained(path, torch_dtype=torch.float32).eval()
+    for p, out in zip(PROMPTS, outs):
+        with torch.no_grad():
+            h = model(torch.tensor([p])).last_hidden_state[0, -1].numpy()
+        np.testing.assert_allclose(out.outputs.embedding, h / np.linalg.norm(h), atol=1e-5, rtol=0)
+
+
+def test_qwen3_reranker_style_scores_from_yes_no_logits(tiny_checkpoint):
+    """A Qwen3ForCausalLM selected as a reranker with vLLM's hf_overrides: score =
+    sigmoid(logit(yes) - logit(no)) at the pair's last token, as transformers computes it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = tiny_checkpoint("qwen3", head_dim=16)
+    tok = AutoTokenizer.from_pretrained(path)
+    no, yes = "the", "Hello"          # two tokens of the tiny vocabulary stand for "no" / "yes"
+    overrides = {"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": [no, yes],
+                 "is_original_qwen3_reranker": True}
+    query, docs = "the cat sat on the mat", ["the dog ate the bone", "hello world", "def main():"]
+    llm = LLM(str(path), dtype="float32", hf_overrides=overrides)
+    try:
+        assert llm.runner_type == "pooling"
+        got = [o.outputs.score for o in llm.score(query, docs)]
+    finally:
+        llm.shutdown()
+    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    ids_no, ids_yes = tok.convert_tokens_to_ids(no), tok.convert_tokens_to_ids(yes)
+    for d, g in zip(docs, got):
+        ids = tok(query, d)["input_ids"]
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, -1]
+        want = torch.sigmoid(logits[ids_yes] - logits[ids_no]).item()
+        assert abs(g - want) < 1e-5, (d, g, want)
