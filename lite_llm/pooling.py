@@ -97,6 +97,15 @@ def pooler_config(path: str, config, overrides: dict | str | None = None) -> Poo
         sb = _read_json(os.path.join(path, "sentence_bert_config.json")) or {}
         if sb.get("max_seq_length"):
             values["max_seq_length"] = int(sb["max_seq_length"])
+    elif os.path.isfile(path) and _gguf_arch(path) is not None:   # llama.cpp's {arch}.pooling_type
+        from lite_llm.model.gguf import GGUFFile
+        f = GGUFFile(path)
+        try:
+            kind = f.metadata.get(f"{_gguf_arch(path)}.pooling_type")
+        finally:
+            f.close()
+        values.update(pooling_type={1: "MEAN", 2: "CLS", 3: "LAST"}.get(kind, "CLS" if not config.causal else "LAST"),
+                      normalize=True)
     elif config.causal:
         values.update(pooling_type="LAST", normalize=True)        # decoder embedders (Qwen3-Embedding)
     else:
@@ -688,7 +697,23 @@ def runner_for_model(model: str | None, requested: str = "auto", hf_overrides=No
     if os.path.isdir(path):
         config, _ = hf.read_config(path)
         return choose_runner(path, config, hf_overrides=parse_overrides(hf_overrides))
-    return "generate"
+    return "pooling" if _gguf_arch(path) in ("bert",) else "generate"
+
+
+def _gguf_arch(path: str) -> str | None:
+    """general.architecture of a GGUF file (None for anything else)."""
+    from lite_llm.model.gguf import GGUF_MAGIC, GGUFFile
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(4) != GGUF_MAGIC:
+                return None
+    except OSError:
+        return None
+    f = GGUFFile(path)
+    try:
+        return f.metadata.get("general.architecture")
+    finally:
+        f.close()
 
 
 def pooling_stats(stats_cls, engine: PoolingEngine):

@@ -248,3 +248,38 @@ def test_qwen3_reranker_style_scores_from_yes_no_logits(tiny_checkpoint):
             logits = model(torch.tensor([ids])).logits[0, -1]
         want = torch.sigmoid(logits[ids_yes] - logits[ids_no]).item()
         assert abs(g - want) < 1e-5, (d, g, want)
+
+
+def test_all_minilm_l6_v2_quantized_at_load_to_q8_0(minilm_reference):
+    """A quantized embedder: every matrix in Q8_0 blocks on the int8 kernels."""
+    path, want = minilm_reference
+    llm = LLM(path, quantization="q8_0")
+    try:
+        assert llm.info["weight_formats"]["layers.0.qkv"][0] == ("Q8_0",) * 3
+        got = np.array([o.outputs.embedding for o in llm.embed(SENTENCES)])
+    finally:
+        llm.shutdown()
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cos.min() >= 0.995, cos.min()
+
+
+def test_all_minilm_l6_v2_from_a_llama_cpp_bert_gguf(minilm_reference, tmp_path):
+    """The same weights as llama.cpp's `bert` GGUF (written by bench embed's writer): its
+    WordPiece vocabulary, mean pooling from the metadata, the same embeddings."""
+    from lite_llm.bench.embed import write_bert_gguf
+    path, want = minilm_reference
+    gguf_path = write_bert_gguf(path, str(tmp_path / "minilm-f32.gguf"))
+    llm = LLM(gguf_path, dtype="float32")
+    try:
+        assert llm.runner_type == "pooling" and llm._pooling.runner.pooler.pooling_type == "MEAN"
+        from tokenizers import Tokenizer
+        hf = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+        hf.no_padding()
+        hf.no_truncation()
+        for s in SENTENCES:
+            assert llm.tokenizer.encode(s) == hf.encode(s).ids, s
+        got = np.array([o.outputs.embedding for o in llm.embed(SENTENCES)])
+    finally:
+        llm.shutdown()
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cos.min() >= 0.9999, cos.min()

@@ -23,6 +23,7 @@ from lite_llm.model.weights import StackedRows
 
 HF_ARCHITECTURES = ("BertModel", "BertForSequenceClassification", "XLMRobertaModel",
                     "XLMRobertaForSequenceClassification", "RobertaModel", "RobertaForSequenceClassification")
+GGUF_ARCHITECTURES = {"bert": "BertModel"}
 CLASSIFIERS = ("BertForSequenceClassification", "XLMRobertaForSequenceClassification",
                "RobertaForSequenceClassification")
 
@@ -149,3 +150,70 @@ def head_tensors(path: str, arch: str, dim: int) -> dict[str, np.ndarray]:
         return out
     finally:
         ckpt.close()
+
+
+# ---- GGUF (llama.cpp's "bert" graph) ------------------------------------------------------
+
+
+def gguf_config(f, arch: str) -> ModelConfig:
+    meta = f.metadata
+
+    def key(name: str, default=None):
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ModelLoadError(f"{f.path}: metadata {arch}.{name} is missing")
+        return value
+
+    dim, heads = int(key("embedding_length")), int(key("attention.head_count"))
+    types = f.tensors.get("token_types.weight")
+    return ModelConfig(
+        architecture="BertModel", vocab_size=int(f.tensors["token_embd.weight"].shape[0]), dim=dim,
+        ffn_dim=int(key("feed_forward_length")), num_layers=int(key("block_count")), num_heads=heads,
+        num_kv_heads=heads, head_dim=dim // heads, max_position_embeddings=int(key("context_length")),
+        norm_eps=float(key("attention.layer_norm_epsilon", 1e-12)), norm="layer", act="gelu", gated_mlp=False,
+        qkv_bias=True, o_bias=True, mlp_bias=True, rope=False, tie_word_embeddings=True, post_ln=True,
+        type_vocab_size=int(types.shape[0]) if types is not None else 0, causal=False)
+
+
+def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, np.ndarray | StackedRows]]:
+    from functools import partial
+    from lite_llm.model.gguf import NATIVE_TYPES
+    E, F, V, P = config.dim, config.ffn_dim, config.vocab_size, config.max_position_embeddings
+
+    def one(name: str, shape: tuple[int, int]) -> StackedRows:
+        f.info(name, shape)
+        t = f.tensors[name].type_name
+        blocks = (t, partial(f.read_raw_rows, name)) if t in NATIVE_TYPES else None
+        return StackedRows(((shape[0], partial(f.read_rows, name)),), shape[1], blocks=(blocks,),
+                           stored=(f.stored(name),))
+
+    def parts(*specs: tuple[str, tuple[int, int]]) -> StackedRows:
+        rows = [one(n, s) for n, s in specs]
+        return StackedRows(tuple(r.parts[0] for r in rows), E, blocks=tuple(r.blocks[0] for r in rows),
+                           stored=tuple(r.stored[0] for r in rows))
+
+    def vec(name: str, n: int) -> np.ndarray:
+        f.info(name, (n,))
+        return f.read(name)
+
+    yield "embed", one("token_embd.weight", (V, E))
+    f.info("position_embd.weight", (P, E))
+    yield "pos_embed", f.read("position_embd.weight")
+    if config.type_vocab_size:
+        yield "type_embed", f.read("token_types.weight")
+    yield "embed_norm.weight", vec("token_embd_norm.weight", E)
+    yield "embed_norm.bias", vec("token_embd_norm.bias", E)
+    for i in range(config.num_layers):
+        b, p = f"blk.{i}.", f"layers.{i}."
+        yield p + "qkv.weight", parts(*((b + f"attn_{x}.weight", (E, E)) for x in "qkv"))
+        yield p + "qkv.bias", np.concatenate([vec(b + f"attn_{x}.bias", E) for x in "qkv"])
+        yield p + "o.weight", one(b + "attn_output.weight", (E, E))
+        yield p + "o.bias", vec(b + "attn_output.bias", E)
+        yield p + "attn_norm.weight", vec(b + "attn_output_norm.weight", E)
+        yield p + "attn_norm.bias", vec(b + "attn_output_norm.bias", E)
+        yield p + "up.weight", one(b + "ffn_up.weight", (F, E))
+        yield p + "up.bias", vec(b + "ffn_up.bias", F)
+        yield p + "down.weight", one(b + "ffn_down.weight", (E, F))
+        yield p + "down.bias", vec(b + "ffn_down.bias", E)
+        yield p + "mlp_norm.weight", vec(b + "layer_output_norm.weight", E)
+        yield p + "mlp_norm.bias", vec(b + "layer_output_norm.bias", E)
