@@ -1119,6 +1119,9 @@ def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
     from lite_llm import pooling
     hf_overrides = getattr(args, "hf_overrides", None)
     if pooling.runner_for_model(model, getattr(args, "runner", "auto"), hf_overrides) == "pooling":
+        if args.data_parallel_size > 1 or args.tensor_parallel_size > 1:
+            raise SystemExit("the pooling runner serves one engine: --data-parallel-size and "
+                             "--tensor-parallel-size are not supported with it yet")
         engine, loaded, info = pooling.build_pooling_engine(
             model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, quantization=args.quantization,
