@@ -22,6 +22,7 @@ BENCH_COMMANDS = {
     "latency": ("lite_llm.bench.latency", "prefill/decode speed of one batch"),
     "throughput": ("lite_llm.bench.throughput", "offline throughput of many requests"),
     "serve": ("lite_llm.bench.serve", "load a running server: TTFT, TPOT, ITL, throughput"),
+    "embed": ("lite_llm.bench.embed", "embedding throughput vs sentence-transformers and llama.cpp (all-MiniLM-L6-v2)"),
     "prefix": ("lite_llm.bench.prefix", "TTFT of a request whose long prefix is already cached"),
     "allreduce": ("lite_llm.bench.allreduce", "microseconds per tensor-parallel all-reduce (shared memory)"),
     "make-gguf": ("lite_llm.bench.models", "write a random-weight GGUF of a real model shape, quantized by llama.cpp"),

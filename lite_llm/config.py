@@ -62,6 +62,11 @@ class ModelConfig:
     num_experts_per_tok: int = 0     # K
     norm_topk_prob: bool = False
     shared_ffn_dim: int = 0      # Fs; 0: no shared expert
+    # Encoders (BERT family): x = LayerNorm(x + sub-layer(x)) after each sub-layer, the embeddings
+    # normed too; token-type rows added to the embeddings; attention over the whole sequence
+    post_ln: bool = False
+    type_vocab_size: int = 0
+    causal: bool = True
 
     @property
     def is_moe(self) -> bool:
@@ -124,6 +129,7 @@ class KernelConfig:
     num_experts_per_tok: int = 0     # K
     norm_topk_prob: bool = False
     shared_ffn_dim: int = 0      # Fs: the shared expert's width (Qwen2-MoE); 0: none
+    post_ln: bool = False        # BERT: LayerNorm after each residual add (ModelConfig.post_ln)
 
     MAX_HEAD_DIM = 512           # LL_MAX_HEAD_DIM, src/kernels/attention.h
 
@@ -155,6 +161,8 @@ class KernelConfig:
             raise ValueError("experts are gated MLPs without post-MLP norms or residual scales")
         if self.shared_ffn_dim and not self.num_experts:
             raise ValueError("a shared expert belongs to a mixture-of-experts model")
+        if self.post_ln and (self.norm != "layer" or self.post_norms or self.residual_scale != 1.0 or self.num_experts):
+            raise ValueError("post-LayerNorm (BERT) models are dense LayerNorm models without other sub-layer norms")
         if self.attn_softcap < 0 or self.final_softcap < 0:
             raise ValueError(f"soft-caps {self.attn_softcap} / {self.final_softcap} cannot be negative")
 

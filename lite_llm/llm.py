@@ -303,9 +303,22 @@ class LLM:
                  max_num_batched_tokens: int | None = None, skip_tokenizer_init: bool = False,
                  disable_sliding_window: bool = False, tokenizer: str | None = None,
                  quantization: str | None = None, kv_cache_dtype: str = "auto",
-                 speculative_config: dict | str | None = None, tensor_parallel_size: int = 1, **kwargs: Any):
+                 speculative_config: dict | str | None = None, tensor_parallel_size: int = 1,
+                 runner: str = "auto", pooler_config: dict | str | None = None,
+                 hf_overrides: dict | str | None = None, **kwargs: Any):
         if kwargs:
             log.warning("LLM: ignoring unsupported arguments %s", sorted(kwargs))
+        from lite_llm import pooling   # runner="pooling": embeddings, classification, scores
+        self.runner_type = pooling.runner_for_model(model, runner, hf_overrides)
+        self._pooling = None
+        if self.runner_type == "pooling":
+            self._engine = None
+            self._pooling, self._loaded, self.info = pooling.build_pooling_engine(
+                model, dtype=dtype, max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
+                max_num_seqs=max_num_seqs, quantization=quantization, pooler_config=pooler_config,
+                hf_overrides=hf_overrides)
+            self.tokenizer, self.config = self._loaded.tokenizer, self._loaded.config
+            return
         self._engine, self._loaded, self.info = build_engine(
             model, dtype=dtype, max_model_len=max_model_len, block_size=block_size,
             kv_cache_space=kv_cache_space, max_num_seqs=max_num_seqs,
@@ -329,6 +342,7 @@ class LLM:
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """prompts: a str, a {"prompt_token_ids": [...]} dict, or a list of either. Runs them
         batched; returns one RequestOutput per prompt, in order."""
+        self._need("generate")
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -367,7 +381,37 @@ class LLM:
                             "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
+    def embed(self, prompts, *, dimensions: int | None = None, normalize: bool | None = None,
+              truncate_prompt_tokens: int | None = None, use_tqdm: bool = True):
+        """One PoolingRequestOutput per prompt, .outputs.embedding (vLLM's LLM.embed)."""
+        from lite_llm import pooling
+        return pooling.embed(self._need("pooling"), prompts, dimensions=dimensions,
+                             normalize=normalize, truncate_prompt_tokens=truncate_prompt_tokens)
+
+    def classify(self, prompts, *, truncate_prompt_tokens: int | None = None, use_tqdm: bool = True):
+        """One PoolingRequestOutput per prompt, .outputs.probs (a classifier head's)."""
+        from lite_llm import pooling
+        return pooling.classify(self._need("pooling"), prompts,
+                                truncate_prompt_tokens=truncate_prompt_tokens)
+
+    def score(self, text_1, text_2, *, truncate_prompt_tokens: int | None = None, use_tqdm: bool = True):
+        """text_1 against each of text_2: one PoolingRequestOutput per pair, .outputs.score."""
+        from lite_llm import pooling
+        return pooling.score(self._need("pooling"), text_1, text_2,
+                             truncate_prompt_tokens=truncate_prompt_tokens)
+
+    def _need(self, runner: str):
+        """The pooling engine (runner "pooling"), or a ValueError naming this model's runner."""
+        if self.runner_type != runner:
+            what = "generate text" if runner == "generate" else "embed, classify or score"
+            raise ValueError(f"this model runs the {self.runner_type!r} runner: it cannot {what} "
+                             f"(LLM(model, runner={runner!r}) for a model that supports it)")
+        return self._pooling
+
     def shutdown(self) -> None:
+        if self._pooling is not None:
+            self._pooling.shutdown()
+            return
         self._engine.shutdown(0.0)
 
     def __enter__(self):

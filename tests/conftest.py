@@ -81,6 +81,20 @@ ARCH_DEFAULTS: dict[str, dict] = {
                 activation_function="relu", bos_token_id=0, eos_token_id=2, pad_token_id=1,
                 tie_word_embeddings=True, dropout=0.0, attention_dropout=0.0),
 }
+# encoders (pooling models): hidden 64, 2 layers, 4 heads of 16, post-norm LayerNorm, erf-GELU;
+# XLM-R numbers positions from pad_token_id + 1; the *_cls variants carry a one-label head
+_ENCODER = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=4, max_position_embeddings=130, hidden_act="gelu", layer_norm_eps=1e-12,
+                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+ARCH_DEFAULTS.update({
+    "bert": dict(_ENCODER, type_vocab_size=2, pad_token_id=0),
+    "bert_cls": dict(_ENCODER, type_vocab_size=2, pad_token_id=0, num_labels=1),
+    "xlm_roberta": dict(_ENCODER, type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2),
+    "xlm_roberta_cls": dict(_ENCODER, type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                            num_labels=1),
+})
+ENCODER_ARCHS = ("bert", "bert_cls", "xlm_roberta", "xlm_roberta_cls")
+ARCH_DEFAULTS["qwen3_base"] = ARCH_DEFAULTS["qwen3"]     # a bare Qwen3Model (Qwen3-Embedding's layout)
 
 
 def tiny_tokenizer_json() -> str:
@@ -109,7 +123,12 @@ def _model_class(arch: str):
             "granite": (transformers.GraniteConfig, transformers.GraniteForCausalLM),
             "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
             "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
-            "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM)}[arch]
+            "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
+            "qwen3_base": (transformers.Qwen3Config, transformers.Qwen3Model),
+            "bert": (transformers.BertConfig, transformers.BertModel),
+            "bert_cls": (transformers.BertConfig, transformers.BertForSequenceClassification),
+            "xlm_roberta": (transformers.XLMRobertaConfig, transformers.XLMRobertaModel),
+            "xlm_roberta_cls": (transformers.XLMRobertaConfig, transformers.XLMRobertaForSequenceClassification)}[arch]
 
 
 def build_tiny_checkpoint(arch: str, out_dir: Path, std: float = 0.05, seed: int = 0, **overrides) -> Path:
@@ -135,10 +154,22 @@ def build_tiny_checkpoint(arch: str, out_dir: Path, std: float = 0.05, seed: int
                 p.normal_(0.0, std)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
-    tok = PreTrainedTokenizerFast(tokenizer_object=HFTokenizer.from_str(tiny_tokenizer_json()),
+    backend = HFTokenizer.from_str(tiny_tokenizer_json())
+    if arch in ENCODER_ARCHS:   # BERT's [CLS] A [SEP] (B [SEP]) with token types, on the tiny vocabulary
+        from tokenizers.processors import TemplateProcessing
+        specials = [("<|endoftext|>", backend.token_to_id("<|endoftext|>")), ("<|im_end|>", backend.token_to_id("<|im_end|>"))]
+        backend.post_processor = TemplateProcessing(single="<|endoftext|> $A <|im_end|>",
+                                                    pair="<|endoftext|> $A <|im_end|> $B:1 <|im_end|>:1",
+                                                    special_tokens=specials)
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend,
                                   bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  unk_token=None)
-    tok.chat_template = TINY_CHAT_TEMPLATE
+                                  unk_token=None,
+                                  # encoders take token types; a chat template would make
+                                  # sentence-transformers' CrossEncoder format pairs as messages
+                                  **({"model_input_names": ["input_ids", "token_type_ids", "attention_mask"]}
+                                     if arch.startswith("bert") else {}))
+    if arch not in ENCODER_ARCHS:
+        tok.chat_template = TINY_CHAT_TEMPLATE
     tok.save_pretrained(out_dir)
     with open(out_dir / "generation_config.json", "w") as fh:
         json.dump({"bos_token_id": 0, "eos_token_id": [2], "temperature": 0.7, "top_p": 0.9,

@@ -29,11 +29,16 @@ cdef struct ModelC:
     LayerW *layers
     Mat embed, lm_head
     const float *pos_embed        # [P, E] learned positions or NULL
+    const float *type_embed       # [num_types, E] token-type rows (BERT) or NULL
+    const float *embed_norm_w     # [E] post_ln: LayerNorm of the embeddings (BERT)
+    const float *embed_norm_b     # [E]
     const float *final_norm_w
     const float *final_norm_b
     int num_layers, dim, ffn_dim, vocab_size, num_heads, num_kv_heads, head_dim, rope_dim
     int block_size, num_blocks, max_positions
     int rms, act, gated, use_rope, qk_norm, post_norms, kv_type   # kv_type: LL_KV_* (attention.h)
+    int post_ln                    # BERT: x = LN(x + sub-layer(x)); attn_norm / mlp_norm are the LNs after
+    int num_types                  # rows of type_embed
     int attn_path                  # LL_ATTN_* (attention.h): direct or staged dot products
     int num_experts, top_k, norm_topk, shared_dim   # MoE (X, K, renormalise, Fs); num_experts 0: dense MLP
     int vocab0                     # lm_head's rows are vocabulary entries vocab0.. (a tensor-parallel rank's share)
@@ -221,6 +226,15 @@ cdef class Model:
             raise ValueError(f"lm_head rows {self.c.vocab0}..{self.c.vocab0 + self.c.lm_head.n} outside the "
                              f"vocabulary of {self.c.vocab_size}")
         self.c.pos_embed = _vec(tensors, "pos_embed", self.keep)
+        self.c.post_ln = cfg.post_ln
+        self.c.type_embed = _vec(tensors, "type_embed", self.keep)
+        self.c.num_types = tensors["type_embed"].shape[0] if "type_embed" in tensors else 0
+        if self.c.type_embed != NULL and tensors["type_embed"].shape != (self.c.num_types, self.c.dim):
+            raise ValueError(f"type_embed: expected [types, {self.c.dim}], got {tensors['type_embed'].shape}")
+        self.c.embed_norm_w = _vec(tensors, "embed_norm.weight", self.keep)
+        self.c.embed_norm_b = _vec(tensors, "embed_norm.bias", self.keep)
+        if self.c.post_ln and (self.c.embed_norm_w is NULL or self.c.embed_norm_b is NULL or self.c.rms):
+            raise ValueError("a post-LayerNorm model needs embed_norm.weight and embed_norm.bias")
         self.c.final_norm_w = _vec(tensors, "final_norm.weight", self.keep)
         self.c.final_norm_b = _vec(tensors, "final_norm.bias", self.keep)
         if not self.c.use_rope and (self.c.pos_embed is NULL or tensors["pos_embed"].shape[0] < self.c.max_positions):
@@ -423,18 +437,29 @@ def forward(Model m, Workspace ws,
             const int32_t[::1] tok_seq,        # IN [T] sequence index of each token
             const int32_t[:, ::1] block_tables,  # IN [S, max_blocks]
             const int32_t[::1] logits_rows,    # IN [R] token indices whose logits are wanted
-            float[:, ::1] logits,              # OUT [R, V]
-            int num_threads, TPComm tp=None):
+            float[:, ::1] logits,              # OUT [R, V], or [R, E] with hidden
+            int num_threads, TPComm tp=None,
+            const int32_t[::1] attn_positions=None,   # IN [T] last position each token attends to; None: its own
+            const int32_t[::1] token_types=None,      # IN [T] token-type rows (type_embed); None: row 0
+            bint hidden=False):
     """Run all layers over a flat batch of T tokens from S sequences; the KV of every token is
-    written to its slot first, then each token attends to its sequence's positions <= its own."""
+    written to its slot first, then each token attends to its sequence's positions <= its own
+    (causal), or <= attn_positions[t] (an encoder: the sequence's last position, every token of
+    it in this step). hidden: logits gets the rows' final hidden states (after the final norm,
+    if any) instead of the LM head's logits (pooling models)."""
     cdef Py_ssize_t t, r, T = token_ids.shape[0], R = logits_rows.shape[0]
     cdef ModelC *mc = &m.c
+    cdef const int32_t *apos = &positions[0] if T else NULL
     if T > ws.max_tokens or R > ws.max_rows or num_threads > ws.num_threads:
         raise ValueError(f"step of {T} tokens / {R} rows / {num_threads} threads exceeds the workspace")
     if positions.shape[0] != T or slot_mapping.shape[0] != T or tok_seq.shape[0] != T:
         raise ValueError("forward: per-token arrays differ in length")
-    if logits.shape[0] != R or logits.shape[1] != mc.vocab_size:
-        raise ValueError(f"forward: logits {tuple(logits.shape)} != ({R}, {mc.vocab_size})")
+    if logits.shape[0] != R or logits.shape[1] != (mc.dim if hidden else mc.vocab_size):
+        raise ValueError(f"forward: logits {tuple(logits.shape)} != ({R}, {mc.dim if hidden else mc.vocab_size})")
+    if (attn_positions is not None and attn_positions.shape[0] != T) or (token_types is not None and token_types.shape[0] != T):
+        raise ValueError("forward: attn_positions / token_types differ in length from the tokens")
+    if hidden and tp is not None:
+        raise ValueError("forward: hidden rows are not computed under tensor parallel")
     if tp is not None and T * mc.dim > tp.c.cap:
         raise ValueError(f"step of {T} tokens: the tensor-parallel slots hold {tp.c.cap // mc.dim}")
     if T == 0:
@@ -448,13 +473,21 @@ def forward(Model m, Workspace ws,
             raise ValueError(f"slot {slot_mapping[t]} outside the KV cache")
         if tok_seq[t] < 0 or tok_seq[t] >= block_tables.shape[0] or positions[t] // mc.block_size >= block_tables.shape[1]:
             raise ValueError("token's sequence or position beyond the block tables")
+        if attn_positions is not None and (attn_positions[t] < 0 or attn_positions[t] >= mc.max_positions
+                                           or attn_positions[t] // mc.block_size >= block_tables.shape[1]):
+            raise ValueError(f"attention position {attn_positions[t]} beyond the block tables")
+        if token_types is not None and (token_types[t] < 0 or token_types[t] >= max(mc.num_types, 1)):
+            raise ValueError(f"token type {token_types[t]} outside 0..{max(mc.num_types, 1) - 1}")
+    if attn_positions is not None:
+        apos = &attn_positions[0]
     for r in range(R):
         if logits_rows[r] < 0 or logits_rows[r] >= T:
             raise ValueError(f"logits row {logits_rows[r]} outside the step")
     with nogil:
         _forward(mc, &ws.c, T, &token_ids[0], &positions[0], &slot_mapping[0], &tok_seq[0],
                  &block_tables[0, 0], block_tables.shape[1], R, &logits_rows[0] if R else NULL,
-                 &logits[0, 0] if R else NULL, num_threads, &tp.c if tp is not None else NULL)
+                 &logits[0, 0] if R else NULL, num_threads, &tp.c if tp is not None else NULL,
+                 apos, &token_types[0] if token_types is not None else NULL, hidden)
     if tp is not None and tp.c.failed:
         raise RuntimeError(f"tensor parallel rank {tp.c.rank}: an all-reduce {TP_FAILURES[tp.c.failed]} "
                            "(another rank died or stopped)")
@@ -499,6 +532,9 @@ cdef struct StepC:
     const int32_t *block_tables
     const int32_t *logits_rows
     float *logits
+    const int32_t *attn_pos       # [T] last position each token attends to (positions: causal)
+    const int32_t *token_types    # [T] or NULL
+    int hidden                    # logits gets [R, E] hidden rows
     ll_tp *tp                     # tensor parallel: this rank's group, or NULL
     uint64_t gen0                 # all-reduces the group did before this step
 
@@ -506,7 +542,7 @@ cdef struct StepC:
 cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t *token_ids, const int32_t *positions,
                    const int64_t *slot_mapping, const int32_t *tok_seq, const int32_t *block_tables,
                    Py_ssize_t max_blocks, Py_ssize_t R, const int32_t *logits_rows, float *logits,
-                   int nt, ll_tp *tp) noexcept nogil:
+                   int nt, ll_tp *tp, const int32_t *attn_pos, const int32_t *token_types, int hidden) noexcept nogil:
     """ONE parallel region for the whole step: every thread runs _step over its share of each
     phase, with a barrier between dependent phases (far cheaper than a fork/join per op)."""
     cdef StepC s
@@ -515,10 +551,11 @@ cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t
     s.token_ids, s.positions, s.slot_mapping, s.tok_seq = token_ids, positions, slot_mapping, tok_seq
     s.block_tables, s.logits_rows, s.logits = block_tables, logits_rows, logits
     s.tp, s.gen0 = tp, tp.gen if tp != NULL else 0
+    s.attn_pos, s.token_types, s.hidden = attn_pos, token_types, hidden
     for i in range(6):
         ws.counter[16 * i] = 0
     s.num_tiles = _build_tiles(tok_seq, T, ws.tiles)
-    s.max_keys = _max_keys(positions, T)
+    s.max_keys = _max_keys(attn_pos, T)
     with parallel(num_threads=nt):
         tid = openmp.omp_get_thread_num()
         _step(m, ws, &s, tid, openmp.omp_get_num_threads())
@@ -534,6 +571,16 @@ cdef inline void _norm_rows(const ModelC *m, const float *w, const float *b, con
     for t in range(t0, t1):
         _norm(m, w, b, x + (rows[t] if rows != NULL else t) * E, out + t * E)
     _to_input(form, out, E, t0, t1, E, xb, xq)
+
+
+cdef inline void _post_ln_rows(const ModelC *m, const float *w, const float *b, float *x, float *h, uint32_t *xb,
+                               const ll_qact *xq, int form, Py_ssize_t t0, Py_ssize_t t1) noexcept nogil:
+    """Post-norm models (BERT): x[t] = LN(x[t]) (the previous sub-layer's norm, after its residual
+    add), and h[t] the same rows in the next GEMM's input form."""
+    cdef Py_ssize_t t
+    _norm_rows(m, w, b, x, NULL, h, xb, xq, form, t0, t1)
+    for t in range(t0, t1):
+        memcpy(x + t * m.dim, h + t * m.dim, m.dim * sizeof(float))
 
 
 cdef inline void _residual_add(const ModelC *m, const float *w, float *h, float *x,
@@ -771,6 +818,7 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
     cdef Py_ssize_t chunks, group = H // Hkv, pair
     cdef int nsplit = _num_splits(s.num_tiles, Hkv, nth, s.max_keys)
     cdef float *row
+    cdef const float *trow
     cdef const LayerW *L
     # int8 blocks of the GEMM inputs: rows of E (qkv, gate/up, lm_head), H D (o) or F (down) values
     cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E)
@@ -786,12 +834,21 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         if m.pos_embed != NULL:
             for i in range(E):
                 ws.x[t * E + i] += m.pos_embed[s.positions[t] * E + i]
+        if m.type_embed != NULL:
+            trow = m.type_embed + (s.token_types[t] if s.token_types != NULL else 0) * E
+            for i in range(E):
+                ws.x[t * E + i] += trow[i]
     ll_omp_barrier()
 
     for l in range(m.num_layers):
         L = &m.layers[l]
         # --- attention block: norm, qkv, (qk norm), rope, KV write, paged attention, o + residual
-        _norm_rows(m, L.attn_norm_w, L.attn_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, ll_mat_form(&L.qkv, T), t0, t1)
+        if m.post_ln:   # the embeddings' LayerNorm, or the previous layer's after its MLP
+            _post_ln_rows(m, m.embed_norm_w if l == 0 else m.layers[l - 1].mlp_norm_w,
+                          m.embed_norm_b if l == 0 else m.layers[l - 1].mlp_norm_b, ws.x, ws.h, ws.xb, &xq_e,
+                          ll_mat_form(&L.qkv, T), t0, t1)
+        else:
+            _norm_rows(m, L.attn_norm_w, L.attn_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, ll_mat_form(&L.qkv, T), t0, t1)
         ll_omp_barrier()
         _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.qkv, ws.qkv, qkv_n, 0, ws.counter + 16, l, tid, nth)
         ll_omp_barrier()
@@ -810,7 +867,7 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         item = ll_atomic_next(ws.counter)
         while item < s.num_tiles * Hkv * nsplit:
             _attention_item(item, nsplit, ws.qkv, qkv_n, ws.attn, q_n, ws.tiles, H, Hkv, D, L.k_cache, L.v_cache,
-                            m.kv_type, s.block_tables, s.max_blocks, m.block_size, s.tok_seq, s.positions,
+                            m.kv_type, s.block_tables, s.max_blocks, m.block_size, s.tok_seq, s.attn_pos,
                             m.scale, m.attn_softcap, L.window, ws.scores + tid * ws.scratch_len, ws.partials,
                             m.attn_path)
             if nsplit == 1:
@@ -839,7 +896,10 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
             _gemm_part(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.x, E, 1, tid, nth)   # static: the prefetched panels
         ll_omp_barrier()
         # --- MLP block: norm, gate/up with the activation fused (or up, act), down + residual
-        _norm_rows(m, L.mlp_norm_w, L.mlp_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, ll_mat_form(&L.up, T), t0, t1)
+        if m.post_ln:   # BERT: x = LN(x + attention), the MLP's input
+            _post_ln_rows(m, L.attn_norm_w, L.attn_norm_b, ws.x, ws.h, ws.xb, &xq_e, ll_mat_form(&L.up, T), t0, t1)
+        else:
+            _norm_rows(m, L.mlp_norm_w, L.mlp_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, ll_mat_form(&L.up, T), t0, t1)
         ll_omp_barrier()
         if m.num_experts and s.tp != NULL:   # this rank's features of every expert into its slot; the sum into h
             _moe_block(m, ws, L, T, ll_tp_slot(s.tp, s.gen0 + 2 * l + 2, s.tp.rank), 0, tid, nth)
@@ -888,7 +948,19 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                 _gemm_phase(ws.act, F, ws.xb, &xq_f, T, &L.down, ws.x, E, 1, ws.counter + 4 * 16, l, tid, nth)
         ll_omp_barrier()
 
+    if m.post_ln:   # the last layer's LayerNorm after its MLP: x is the encoder's output
+        for t in range(t0, t1):
+            _norm(m, m.layers[m.num_layers - 1].mlp_norm_w, m.layers[m.num_layers - 1].mlp_norm_b, ws.x + t * E,
+                  ws.x + t * E)
+        ll_omp_barrier()
     if s.R == 0:
+        return
+    if s.hidden:   # pooling: the rows' final hidden states, no LM head
+        for r in range(_lo(s.R, tid, nth), _lo(s.R, tid + 1, nth)):
+            if m.final_norm_w != NULL:
+                _norm(m, m.final_norm_w, m.final_norm_b, ws.x + s.logits_rows[r] * E, s.logits + r * E)
+            else:
+                memcpy(s.logits + r * E, ws.x + s.logits_rows[r] * E, E * sizeof(float))
         return
     # the LM head: this rank's vocabulary columns vocab0.. of each logits row (all of them on
     # one rank); under tensor parallel every rank writes its columns of the shared logits rows

@@ -144,11 +144,12 @@ def pack_checkpoint(loaded, dtype: str, threads: int, quantization: str | None =
                 if t is None:
                     continue
             # pos_embed and a router are plain fp32 tables (the router's logits pick experts)
-            if t.ndim == 2 and name != "pos_embed" and not name.endswith(".router.weight"):
+            if t.ndim == 2 and not isinstance(t, np.ndarray) and name != "pos_embed" \
+                    and not name.endswith(".router.weight"):
                 _pack_weight(tensors, name[: -len(".weight")] if name.endswith(".weight") else name, t, cfg, dtype,
                              threads, quantization)
                 continue
-            arr = t.read(0, t.shape[0]) if t.ndim == 2 else t      # pos_embed, router: plain tables
+            arr = t.read(0, t.shape[0]) if t.ndim == 2 and not isinstance(t, np.ndarray) else t   # plain tables
             if arr.dtype == np.uint16:   # bf16 bits (pos_embed, router): widen, the kernel reads fp32
                 tensors[name] = np.ascontiguousarray(bf16_to_f32(arr))
             else:

@@ -23,7 +23,8 @@ from lite_llm.model.weights import StackedRows, StoredPart
 
 _SAFETENSORS_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
                        "F64": np.dtype("<f8"), "I32": np.dtype("<i4"),   # I32: AWQ / GPTQ packed values
-                       "I8": np.dtype("i1")}                              # I8: W8A8 weights
+                       "I8": np.dtype("i1"),                              # I8: W8A8 weights
+                       "I64": np.dtype("<i8")}        # I64: buffers saved beside weights (BERT's position_ids)
 _STORED_TYPES = {"<f4": "F32", "<f2": "F16", "<u2": "BF16"}     # numpy dtype str -> type the packer takes
 
 

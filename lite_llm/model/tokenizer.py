@@ -105,6 +105,10 @@ class Tokenizer:
         json_path = os.path.join(path, "tokenizer.json")
         if os.path.exists(json_path):
             backend = tokenizers.Tokenizer.from_file(json_path)
+            # a tokenizer.json saved for training may pad and truncate every encoding (BERT
+            # checkpoints: to 128): lengths are the engine's business
+            backend.no_padding()
+            backend.no_truncation()
             # tokenizer.json's post-processor decides BOS/EOS; transformers (5.x) loads a tokenizer.json
             # tokenizer without applying tokenizer_config's add_bos_token, and so do we
             return cls(backend, **kwargs)
@@ -128,6 +132,9 @@ class Tokenizer:
         if not tokens:
             raise ValueError("GGUF metadata has no tokenizer.ggml.tokens")
         byte_level = kind == "gpt2"
+        if kind == "bert":   # llama.cpp's WordPiece: its own [CLS] A [SEP] template, nothing else to add
+            return cls(_wordpiece_backend(meta, tokens), unk_token="[UNK]" if "[UNK]" in tokens else None,
+                       pad_token="[PAD]" if "[PAD]" in tokens else None)
         if kind == "gpt2":
             backend, add_bos_default = _byte_level_backend(meta, tokens), False
         elif kind == "llama":
@@ -365,6 +372,33 @@ def _merges(meta: dict, tokens: list[str]) -> list[tuple[str, str]]:
         found.extend(sorted(local, key=lambda x: (vocab[x[0]], vocab[x[1]])))
     found.sort(key=lambda x: (x[2], len(x[0]), len(x[1])), reverse=True)
     return [(a, b) for a, b, _ in found]
+
+
+def _wordpiece_backend(meta: dict, tokens: list[str]) -> tokenizers.Tokenizer:
+    """BERT's WordPiece from llama.cpp's spelling of it (its converter writes a word-initial piece
+    as "\u2581x" and a continuation "##x" as "x"): lower-cased, [CLS] A [SEP] (B [SEP])."""
+    from tokenizers import normalizers
+    vocab = {}
+    for i, t in enumerate(tokens):
+        if t.startswith("[") and t.endswith("]"):
+            piece = t
+        elif t.startswith("\u2581"):
+            piece = t[1:]
+        else:
+            piece = "##" + t
+        vocab.setdefault(piece, i)
+    backend = tokenizers.Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+    backend.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece()
+    cls_id, sep_id = vocab.get("[CLS]"), vocab.get("[SEP]")
+    if cls_id is not None and sep_id is not None:
+        backend.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens
+                                if t.startswith("[") and t.endswith("]")])
+    return backend
 
 
 def _byte_level_backend(meta: dict, tokens: list[str]) -> tokenizers.Tokenizer:

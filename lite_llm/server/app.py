@@ -32,6 +32,7 @@ from lite_llm import __version__
 from lite_llm.config import KV_CACHE_DTYPES, env, speculative_config_arg
 from lite_llm.engine.async_engine import EngineDeadError, EngineShutdownError, QueueFullError
 from lite_llm.server import openai
+from lite_llm.server import pooling as pooling_routes
 from lite_llm.server.metrics import ServerMetrics
 from lite_llm.server.openai import (ApiError, Choice, PreparedRequest, ServingContext, TokenizeSlots,
                                     max_token_bytes, system_fingerprint)
@@ -251,6 +252,7 @@ class _Handler(BaseHTTPRequestHandler):
         "/version": {"GET": "_version"},
         "/metrics": {"GET": "_metrics"},
         "/openapi.json": {"GET": "_openapi"},
+        **{route: {"POST": "_pooling"} for route in pooling_routes.ROUTES},   # embeddings, score, rerank
     }
 
     # Routes anyone may call when an API key is set (/metrics too with --metrics-no-auth).
@@ -579,6 +581,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _openapi(self) -> None:
         self._send_json(200, openapi_document(__version__, metrics_auth=not self.server.metrics_no_auth))
 
+    def _pooling(self) -> None:
+        pooling_routes.handle(self, urlsplit(self.path).path.rstrip("/"))
+
     def _tokenize(self) -> None:
         self._send_json(200, openai.tokenize(self._json_body(), self.state.ctx))
 
@@ -596,6 +601,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _generate(self, prepare: Callable[[dict, ServingContext], PreparedRequest]) -> None:
         st = self.state
         st.check_serving()
+        pooling_routes.refuse_generation(st.engine)
         body = self._json_body()
         prep = prepare(body, st.ctx)
         with st.inflight():
@@ -1067,6 +1073,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            "or one CPU list per replica in LITE_LLM_CPU_OMP_THREADS_BIND: '0-15|16-31'), behind this one "
            "server, which routes each request to the replica holding its prompt's prefix, else the least "
            "loaded; each replica has its own --kv-cache-space")
+    a("--runner", default="auto", choices=["auto", "generate", "pooling"],
+      help="generate text, or pool (embeddings /v1/embeddings, scores /score and /rerank); auto: from the "
+           "checkpoint (an encoder, a sentence-transformers directory or a classifier head pools)")
+    a("--pooler-config", default=None,
+      help='pooling models: \'{"pooling_type": "MEAN"|"CLS"|"LAST", "normalize": true}\' over the checkpoint\'s own')
+    a("--hf-overrides", default=None,
+      help='JSON over config.json, as vLLM: \'{"architectures": ["Qwen3ForSequenceClassification"], '
+           '"classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true}\' scores a Qwen3-Reranker')
     a("--shutdown-grace", type=float, default=30.0,
       help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
     a("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
@@ -1100,6 +1114,17 @@ def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
     engine_kwargs = {k: v for k, v in engine_kwargs.items() if v is not None}
     if args.data_parallel_size < 1:
         raise SystemExit(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
+    from lite_llm import pooling
+    hf_overrides = getattr(args, "hf_overrides", None)
+    if pooling.runner_for_model(model, getattr(args, "runner", "auto"), hf_overrides) == "pooling":
+        if args.data_parallel_size > 1 or args.tensor_parallel_size > 1:
+            raise SystemExit("the pooling runner serves one engine: --data-parallel-size and "
+                             "--tensor-parallel-size are not supported with it yet")
+        engine, loaded, info = pooling.build_pooling_engine(
+            model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens, quantization=args.quantization,
+            pooler_config=getattr(args, "pooler_config", None), hf_overrides=hf_overrides, serving=True)
+        return engine, loaded.tokenizer, info
     if args.data_parallel_size > 1:
         from lite_llm.engine.data_parallel import build_data_parallel_engine
         return build_data_parallel_engine(model, args.data_parallel_size, **engine_kwargs)

@@ -33,6 +33,21 @@ static inline void ll_act_mul_f32(const float *gate, const float *up, float *out
             ll_vf32 r = ll_div(g, ll_add(one, ll_exp(ll_sub(zero, two_u))));
             ll_store(out + i, up ? ll_mul(r, ll_load(up + i)) : r);
         }
+    } else if (act == LL_ACT_GELU) {
+        /* x Phi(x) = (x + |x|) / 2 - |x| q with q = Phi(-|x|) = erfc(|x| / sqrt 2) / 2, erfc by
+         * Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7): the sign needs no select. */
+        const ll_vf32 zero = ll_zero(), one = ll_set1(1.0f), half = ll_set1(0.5f);
+        const ll_vf32 p = ll_set1(0.3275911f * 0.70710678118654752f), mhalf = ll_set1(-0.5f);
+        const ll_vf32 a1 = ll_set1(0.254829592f), a2 = ll_set1(-0.284496736f), a3 = ll_set1(1.421413741f);
+        const ll_vf32 a4 = ll_set1(-1.453152027f), a5 = ll_set1(1.061405429f);
+        for (; i + 16 <= n; i += 16) {
+            ll_vf32 g = ll_load(gate + i), ax = ll_max(g, ll_sub(zero, g));
+            ll_vf32 t = ll_div(one, ll_fma(p, ax, one));
+            ll_vf32 poly = ll_mul(t, ll_fma(t, ll_fma(t, ll_fma(t, ll_fma(t, a5, a4), a3), a2), a1));
+            ll_vf32 q = ll_mul(ll_mul(half, poly), ll_exp(ll_mul(mhalf, ll_mul(g, g))));
+            ll_vf32 r = ll_sub(ll_mul(half, ll_add(g, ax)), ll_mul(ax, q));
+            ll_store(out + i, up ? ll_mul(r, ll_load(up + i)) : r);
+        }
     } else if (act == LL_ACT_RELU) {
         const ll_vf32 zero = ll_zero();
         for (; i + 16 <= n; i += 16) {

@@ -104,7 +104,7 @@ def test_400_chat_errors(served, body, param):
 def test_404_unknown_model_and_route(served):
     status, _, data = request(served.port, "POST", PATH, {"model": "gpt-4", "prompt": "x"})
     assert status == 404 and error_of(data)["code"] == "model_not_found"
-    for method, path in (("GET", "/nope"), ("POST", "/v1/embeddings"), ("GET", "/v1/models/x/y")):
+    for method, path in (("GET", "/nope"), ("POST", "/v1/audio/speech"), ("GET", "/v1/models/x/y")):
         status, _, data = request(served.port, method, path, {"a": 1} if method == "POST" else None)
         assert status == 404 and error_of(data)["type"] == "not_found_error"
     _ok(served.port)

@@ -1,0 +1,219 @@
+"""BERT-family encoders (HF BertModel: all-MiniLM, bge, e5, gte; XLMRobertaModel; and their
+*ForSequenceClassification cross-encoders): learned absolute positions and token-type rows
+added to the word embeddings, LayerNorm after the embeddings and after each residual add
+(post-norm), bidirectional attention, an ungated erf-GELU MLP. HF safetensors only.
+
+Canonical names beyond lite_llm/model/__init__.py's: type_embed [types, E] (fp32 table),
+embed_norm.weight / .bias [E]; layers.{i}.attn_norm is the LayerNorm after the attention's
+residual add, layers.{i}.mlp_norm the one after the MLP's; no final norm, no LM head (the
+tied embedding stands in for one nobody calls). A classifier head (pooler dense + tanh, then
+classifier [num_labels, E]) is read by the pooling runner itself (lite_llm/pooling.py), not
+the kernel model: head_tensors() below.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from lite_llm.config import ModelConfig
+from lite_llm.model.arch import llama
+from lite_llm.model.loader import ModelLoadError
+from lite_llm.model.weights import StackedRows
+
+HF_ARCHITECTURES = ("BertModel", "BertForSequenceClassification", "XLMRobertaModel",
+                    "XLMRobertaForSequenceClassification", "RobertaModel", "RobertaForSequenceClassification")
+GGUF_ARCHITECTURES = {"bert": "BertModel"}
+CLASSIFIERS = ("BertForSequenceClassification", "XLMRobertaForSequenceClassification",
+               "RobertaForSequenceClassification")
+
+
+def is_roberta(arch: str) -> bool:
+    return "Roberta" in arch
+
+
+def config(raw: dict, arch: str, where: str) -> ModelConfig:
+    dim = int(raw["hidden_size"])
+    num_heads = int(raw["num_attention_heads"])
+    if raw.get("position_embedding_type", "absolute") != "absolute":
+        raise ModelLoadError(f"{where}: position_embedding_type {raw['position_embedding_type']!r} "
+                             "is not supported (absolute only)")
+    if raw.get("is_decoder") or raw.get("add_cross_attention"):
+        raise ModelLoadError(f"{where}: a BERT decoder / cross-attention model is not supported")
+    positions = int(raw["max_position_embeddings"])
+    # RoBERTa numbers positions from padding_idx + 1: those rows are dropped at load
+    offset = int(raw.get("pad_token_id", 1)) + 1 if is_roberta(arch) else 0
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=int(raw["vocab_size"]),
+        dim=dim,
+        ffn_dim=int(raw["intermediate_size"]),
+        num_layers=int(raw["num_hidden_layers"]),
+        num_heads=num_heads,
+        num_kv_heads=num_heads,
+        head_dim=dim // num_heads,
+        max_position_embeddings=positions - offset,
+        norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
+        norm="layer",
+        act=llama.activation(raw.get("hidden_act", "gelu"), where),
+        gated_mlp=False,
+        qkv_bias=True,
+        o_bias=True,
+        mlp_bias=True,
+        rope=False,
+        pos_offset=offset,
+        tie_word_embeddings=True,
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=(),
+        torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+        post_ln=True,
+        type_vocab_size=int(raw.get("type_vocab_size", 2)),
+        causal=False,
+    )
+
+
+def prefix(ckpt, arch: str) -> str:
+    """The base model's tensor prefix: "" (a BertModel saved alone), "bert." / "roberta."."""
+    for p in ("", "bert.", "roberta.", "model."):
+        if p + "embeddings.word_embeddings.weight" in ckpt:
+            return p
+    raise ModelLoadError(f"{ckpt.path}: no embeddings.word_embeddings.weight under '', 'bert.' or 'roberta.'")
+
+
+def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, np.ndarray | StackedRows]]:
+    from lite_llm.model.hf import concat, stacked
+    E, F, V, P = config.dim, config.ffn_dim, config.vocab_size, config.max_position_embeddings
+    get = ckpt.read
+    d = prefix(ckpt, config.architecture)
+    off = config.pos_offset
+
+    def rows(*parts: tuple[str, tuple[int, int]]) -> StackedRows:
+        return stacked(ckpt, parts)
+
+    e = d + "embeddings."
+    yield "embed", rows((e + "word_embeddings.weight", (V, E)))
+    ckpt.entry(e + "position_embeddings.weight", (P + off, E))
+    yield "pos_embed", StackedRows(((P, lambda a, b: ckpt.read_rows(e + "position_embeddings.weight", a + off,
+                                                                    b + off)),), E)
+    yield "type_embed", get(e + "token_type_embeddings.weight", (config.type_vocab_size, E))
+    yield "embed_norm.weight", get(e + "LayerNorm.weight", (E,))
+    yield "embed_norm.bias", get(e + "LayerNorm.bias", (E,))
+    for i in range(config.num_layers):
+        h, p = f"{d}encoder.layer.{i}.", f"layers.{i}."
+        a = h + "attention.self."
+        yield p + "qkv.weight", rows(*((a + f"{x}.weight", (E, E)) for x in ("query", "key", "value")))
+        yield p + "qkv.bias", concat(*(get(a + f"{x}.bias", (E,)) for x in ("query", "key", "value")))
+        yield p + "o.weight", rows((h + "attention.output.dense.weight", (E, E)))
+        yield p + "o.bias", get(h + "attention.output.dense.bias", (E,))
+        yield p + "attn_norm.weight", get(h + "attention.output.LayerNorm.weight", (E,))
+        yield p + "attn_norm.bias", get(h + "attention.output.LayerNorm.bias", (E,))
+        yield p + "up.weight", rows((h + "intermediate.dense.weight", (F, E)))
+        yield p + "up.bias", get(h + "intermediate.dense.bias", (F,))
+        yield p + "down.weight", rows((h + "output.dense.weight", (E, F)))
+        yield p + "down.bias", get(h + "output.dense.bias", (E,))
+        yield p + "mlp_norm.weight", get(h + "output.LayerNorm.weight", (E,))
+        yield p + "mlp_norm.bias", get(h + "output.LayerNorm.bias", (E,))
+
+
+def tensor_names(config: ModelConfig) -> list[str]:
+    names = ["embed", "pos_embed", "type_embed", "embed_norm.weight", "embed_norm.bias"]
+    for i in range(config.num_layers):
+        p = f"layers.{i}."
+        names += [p + n for n in ("qkv.weight", "qkv.bias", "o.weight", "o.bias", "attn_norm.weight",
+                                  "attn_norm.bias", "up.weight", "up.bias", "down.weight", "down.bias",
+                                  "mlp_norm.weight", "mlp_norm.bias")]
+    return names
+
+
+def head_tensors(path: str, arch: str, dim: int) -> dict[str, np.ndarray]:
+    """A cross-encoder's classifier head as float32 arrays: BERT's pooler.dense [E, E] (+ bias)
+    then classifier [L, E]; RoBERTa's classifier.dense [E, E] then classifier.out_proj [L, E].
+    {} for a bare encoder."""
+    if arch not in CLASSIFIERS:
+        return {}
+    from lite_llm.model.hf import SafetensorsCheckpoint
+    from lite_llm.model.weights import convert
+    ckpt = SafetensorsCheckpoint(path)
+    try:
+        d = prefix(ckpt, arch)
+        if is_roberta(arch):
+            names = {"dense": "classifier.dense", "out": "classifier.out_proj"}
+        else:
+            names = {"dense": d + "pooler.dense", "out": "classifier"}
+        out = {}
+        for key, name in names.items():
+            out[key + ".weight"] = convert(ckpt.read(name + ".weight"), "float32")
+            out[key + ".bias"] = convert(ckpt.read(name + ".bias"), "float32")
+        if out["dense.weight"].shape != (dim, dim) or out["out.weight"].shape[1] != dim:
+            raise ModelLoadError(f"{path}: classifier head shapes {out['dense.weight'].shape} / "
+                                 f"{out['out.weight'].shape} do not fit width {dim}")
+        return out
+    finally:
+        ckpt.close()
+
+
+# ---- GGUF (llama.cpp's "bert" graph) ------------------------------------------------------
+
+
+def gguf_config(f, arch: str) -> ModelConfig:
+    meta = f.metadata
+
+    def key(name: str, default=None):
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ModelLoadError(f"{f.path}: metadata {arch}.{name} is missing")
+        return value
+
+    dim, heads = int(key("embedding_length")), int(key("attention.head_count"))
+    types = f.tensors.get("token_types.weight")
+    return ModelConfig(
+        architecture="BertModel", vocab_size=int(f.tensors["token_embd.weight"].shape[0]), dim=dim,
+        ffn_dim=int(key("feed_forward_length")), num_layers=int(key("block_count")), num_heads=heads,
+        num_kv_heads=heads, head_dim=dim // heads, max_position_embeddings=int(key("context_length")),
+        norm_eps=float(key("attention.layer_norm_epsilon", 1e-12)), norm="layer", act="gelu", gated_mlp=False,
+        qkv_bias=True, o_bias=True, mlp_bias=True, rope=False, tie_word_embeddings=True, post_ln=True,
+        type_vocab_size=int(types.shape[0]) if types is not None else 0, causal=False)
+
+
+def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, np.ndarray | StackedRows]]:
+    from functools import partial
+    from lite_llm.model.gguf import NATIVE_TYPES
+    E, F, V, P = config.dim, config.ffn_dim, config.vocab_size, config.max_position_embeddings
+
+    def one(name: str, shape: tuple[int, int]) -> StackedRows:
+        f.info(name, shape)
+        t = f.tensors[name].type_name
+        blocks = (t, partial(f.read_raw_rows, name)) if t in NATIVE_TYPES else None
+        return StackedRows(((shape[0], partial(f.read_rows, name)),), shape[1], blocks=(blocks,),
+                           stored=(f.stored(name),))
+
+    def parts(*specs: tuple[str, tuple[int, int]]) -> StackedRows:
+        rows = [one(n, s) for n, s in specs]
+        return StackedRows(tuple(r.parts[0] for r in rows), E, blocks=tuple(r.blocks[0] for r in rows),
+                           stored=tuple(r.stored[0] for r in rows))
+
+    def vec(name: str, n: int) -> np.ndarray:
+        f.info(name, (n,))
+        return f.read(name)
+
+    yield "embed", one("token_embd.weight", (V, E))
+    f.info("position_embd.weight", (P, E))
+    yield "pos_embed", f.read("position_embd.weight")
+    if config.type_vocab_size:
+        yield "type_embed", f.read("token_types.weight")
+    yield "embed_norm.weight", vec("token_embd_norm.weight", E)
+    yield "embed_norm.bias", vec("token_embd_norm.bias", E)
+    for i in range(config.num_layers):
+        b, p = f"blk.{i}.", f"layers.{i}."
+        yield p + "qkv.weight", parts(*((b + f"attn_{x}.weight", (E, E)) for x in "qkv"))
+        yield p + "qkv.bias", np.concatenate([vec(b + f"attn_{x}.bias", E) for x in "qkv"])
+        yield p + "o.weight", one(b + "attn_output.weight", (E, E))
+        yield p + "o.bias", vec(b + "attn_output.bias", E)
+        yield p + "attn_norm.weight", vec(b + "attn_output_norm.weight", E)
+        yield p + "attn_norm.bias", vec(b + "attn_output_norm.bias", E)
+        yield p + "up.weight", one(b + "ffn_up.weight", (F, E))
+        yield p + "up.bias", vec(b + "ffn_up.bias", F)
+        yield p + "down.weight", one(b + "ffn_down.weight", (E, F))
+        yield p + "down.bias", vec(b + "ffn_down.bias", E)
+        yield p + "mlp_norm.weight", vec(b + "layer_output_norm.weight", E)
+        yield p + "mlp_norm.bias", vec(b + "layer_output_norm.bias", E)
