@@ -191,7 +191,9 @@ SCHEMAS: dict[str, Any] = {
         "store": {**_BOOL, "description": "keep the response (default true) for GET and previous_response_id"},
         "previous_response_id": _STR, "background": _BOOL, "stream": _BOOL,
         "metadata": {"type": "object", "additionalProperties": _STR}, "user": _STR,
-        "truncation": {"type": "string", "enum": ["disabled"]}}},
+        "truncation": {"type": "string", "enum": ["disabled"]}, "safety_identifier": _STR,
+        "prompt_cache_key": _STR, "service_tier": {"type": "string", "enum": ["auto", "default"]},
+        "stream_options": {"type": "object", "properties": {"include_obfuscation": _BOOL}}}},
     "Response": {"type": "object", "required": ["id", "object", "status", "output"], "properties": {
         "id": _STR, "object": {"type": "string", "enum": ["response"]}, "created_at": _INT,
         "status": {"type": "string", "enum": ["queued", "in_progress", "completed", "incomplete", "failed",
@@ -210,10 +212,13 @@ SCHEMAS: dict[str, Any] = {
         "top_p": {"type": "number", "minimum": 0, "maximum": 1},
         "tools": {"type": "array", "items": {"type": "object", "required": ["name", "input_schema"]}},
         "tool_choice": {"type": "object"}, "thinking": {"type": "object"}, "stream": _BOOL,
-        "metadata": {"type": "object"}, "output_config": {"type": "object"}}},
+        "metadata": {"type": "object"}, "output_config": {"type": "object"},
+        "service_tier": {"type": "string", "enum": ["auto", "standard_only"]},
+        "cache_control": {"type": "object", "description": "a hint: prefix caching is automatic"}}},
     "CountTokensRequest": {"type": "object", "required": ["model", "messages"], "properties": {
         "model": _STR, "messages": {"type": "array", "minItems": 1}, "system": {"oneOf": [_STR, {"type": "array"}]},
-        "tools": {"type": "array"}, "tool_choice": {"type": "object"}, "thinking": {"type": "object"}}},
+        "tools": {"type": "array"}, "tool_choice": {"type": "object"}, "thinking": {"type": "object"},
+        "output_config": {"type": "object"}, "cache_control": {"type": "object"}}},
     "Message": {"type": "object", "required": ["id", "type", "role", "content"], "properties": {
         "id": _STR, "type": {"type": "string", "enum": ["message"]}, "role": {"type": "string", "enum": ["assistant"]},
         "content": {"type": "array", "items": {"type": "object"}}, "model": _STR,

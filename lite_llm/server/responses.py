@@ -563,6 +563,9 @@ def create(handler: Any) -> None:
     body = handler._json_body()
     store = store_of(handler)
     req = parse_request(body, store)
+    if req.background and not store.max_entries:
+        raise bad("'background' responses need the response store: the server runs with "
+                  "--responses-store-max 0", "background")
     prep = prepare(req, st.ctx)
     status = "queued" if req.background else "in_progress"
     response = new_response(prep.id, prep.model, req.echo, store=req.store, background=req.background,

@@ -294,3 +294,25 @@ def test_key_is_required_on_every_responses_route():
         assert ok.responses.retrieve(rid).id == rid
     finally:
         stop_server(s)
+
+
+def test_openapi_schemas_cover_every_accepted_field():
+    from lite_llm.server import anthropic as messages_api
+    from lite_llm.server import responses
+    from lite_llm.server.openapi import SCHEMAS
+    assert responses.FIELDS - responses._UNSUPPORTED == set(SCHEMAS["ResponsesRequest"]["properties"])
+    assert messages_api.FIELDS == set(SCHEMAS["MessagesRequest"]["properties"])
+    assert messages_api.COUNT_FIELDS == set(SCHEMAS["CountTokensRequest"]["properties"])
+
+
+def test_background_needs_the_store():
+    s = start_server(responses_store_max=0)
+    try:
+        client = _client(s)
+        with pytest.raises(openai.BadRequestError):
+            client.responses.create(model="tiny", input="Hi", background=True)
+        rid = client.responses.create(model="tiny", input="Hi", max_output_tokens=2).id     # store: kept nowhere
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(rid)
+    finally:
+        stop_server(s)
