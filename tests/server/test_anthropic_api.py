@@ -242,3 +242,22 @@ def test_key_from_x_api_key_or_authorization():
                 assert status == 401 and _anthropic_error(data)["type"] == "authentication_error"
     finally:
         stop_server(s)
+
+
+def test_text_then_a_parsed_tool_use_whole_and_streamed():
+    from .test_tool_calls import ToolEngine
+    tok = make_tokenizer()
+    server = create_server(ToolEngine(tok, step_seconds=0.0005), tok, "tiny", MAX_MODEL_LEN, chat_template=TOOL_TEMPLATE)
+    server.start()
+    try:
+        client = _client(server)
+        kw = dict(model="tiny", messages=[{"role": "user", "content": "Weather in Paris?"}], extra_body=GREEDY,
+                  tools=[TOOL], max_tokens=len(tok.encode(ToolEngine.script, add_special_tokens=False)) - 1)
+        m = client.messages.create(**kw)           # tool_choice auto: the call is parsed from the text
+        assert [b.type for b in m.content] == ["text", "tool_use"] and m.stop_reason == "tool_use"
+        assert m.content[0].text.strip() == "Let me check." and m.content[1].input == {"city": "Paris"}
+        _, got = _streamed(client.messages.create(**kw, stream=True))
+        assert [b["type"] for b in got["blocks"]] == ["text", "tool_use"] and got["stop"][0] == "tool_use"
+        assert json.loads(got["blocks"][1]["partial"]) == {"city": "Paris"}
+    finally:
+        server.drain(2.0)

@@ -316,3 +316,26 @@ def test_background_needs_the_store():
             client.responses.retrieve(rid)
     finally:
         stop_server(s)
+
+
+def test_text_then_a_parsed_call_whole_and_streamed():
+    from .test_tool_calls import TOOLS as CHAT_TOOLS
+    from .test_tool_calls import ToolEngine
+    tok = make_tokenizer()
+    server = create_server(ToolEngine(tok, step_seconds=0.0005), tok, "tiny", MAX_MODEL_LEN, chat_template=TOOL_TEMPLATE)
+    server.start()
+    try:
+        client = _client(server)
+        kw = dict(model="tiny", input="Weather in Paris?", tools=[{"type": "function", **CHAT_TOOLS[0]["function"]}],
+                  temperature=0, max_output_tokens=len(tok.encode(ToolEngine.script, add_special_tokens=False)) - 1)
+        r = client.responses.create(**kw)          # tool_choice auto: the call is parsed from the text
+        assert [o.type for o in r.output] == ["message", "function_call"]
+        assert r.output[0].content[0].text.strip() == "Let me check."
+        assert (r.output[1].name, json.loads(r.output[1].arguments)) == ("get_weather", {"city": "Paris"})
+        events, final = _collect(client.responses.create(**kw, stream=True))
+        assert [e.item.type for e in events if e.type == "response.output_item.added"] == ["message", "function_call"]
+        assert json.loads("".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")) \
+            == {"city": "Paris"}
+        assert [o.type for o in final.output] == ["message", "function_call"]
+    finally:
+        server.drain(2.0)
