@@ -1,7 +1,8 @@
 """`lite-llm serve`: the OpenAI-compatible HTTP server on the stdlib's ThreadingHTTPServer.
 
 Here: command-line flags, routes, auth, body limits, SSE streaming, client-disconnect aborts,
-draining on SIGINT/SIGTERM. Request validation and response shapes live in openai.py,
+draining on SIGINT/SIGTERM. Request validation and response shapes live in openai.py (the
+other APIs, answered through run_prepared: responses.py, anthropic.py, vllm_routes.py),
 metrics text in metrics.py, the OpenAPI document in openapi.py; the engine (its own thread)
 is reached only through AsyncEngine.add_request / abort / stats / shutdown.
 
@@ -1138,6 +1139,8 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model = args.model or args.model_flag
     load_chat_template(args.chat_template)          # a missing file fails before the model loads
+    if args.responses_store_max < 0 or not args.responses_store_ttl > 0:
+        raise SystemExit("--responses-store-max must be >= 0 and --responses-store-ttl > 0")
     api_key = args.api_key or env("API_KEY")
     t0 = time.perf_counter()
     engine, tokenizer, info = start_engine(args)

@@ -339,3 +339,12 @@ def test_text_then_a_parsed_call_whole_and_streamed():
         assert [o.type for o in final.output] == ["message", "function_call"]
     finally:
         server.drain(2.0)
+
+
+@pytest.mark.parametrize("flag", [["--responses-store-max", "-1"], ["--responses-store-ttl", "0"]])
+def test_bad_store_flags_stop_serve_before_loading(flag):
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "lite_llm", "serve", "--port", "0", *flag], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode != 0 and "--responses-store-max must be >= 0" in proc.stderr
