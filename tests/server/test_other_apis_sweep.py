@@ -1,5 +1,6 @@
 """Malformed and hostile bodies on the Responses, Messages, count_tokens, chat batch and
-/invocations routes: never a 5xx, each error in its API's shape, the server serving throughout."""
+/invocations routes: never a 5xx, each error in its API's shape, the server serving throughout;
+a client that leaves a Responses or Messages request has it aborted."""
 from __future__ import annotations
 
 import http.client
@@ -84,3 +85,34 @@ def test_hostile_bodies_never_5xx_and_errors_keep_each_apis_shape(sweep_server):
     assert request(port, "GET", "/health")[0] == 200
     for path, (base, _) in ROUTES.items():
         assert request(port, "POST", path, base)[0] == 200, path
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/responses", {"model": "tiny", "input": "Hello", "max_output_tokens": 400, "stream": True}),
+    ("/v1/messages", {"model": "tiny", "max_tokens": 400, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}),
+    ("/v1/messages", {"model": "tiny", "max_tokens": 400, "messages": [{"role": "user", "content": "Hi"}]}),
+])
+def test_a_client_leaving_aborts_its_request(path, body):
+    import socket
+    import struct
+    import time
+    s = start_server(engine_overrides={"step_seconds": 0.01})        # 400 tokens: seconds unless aborted
+    try:
+        data = json.dumps(body).encode()
+        sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        sock.sendall(b"POST %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (path.encode(), len(data), data))
+        if body.get("stream"):
+            got = b""
+            while b"delta" not in got:         # text deltas are flowing
+                got += sock.recv(4096)
+        else:
+            time.sleep(0.2)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))   # a reset
+        sock.close()
+        deadline = time.monotonic() + 10
+        while not s.engine.aborted and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(s.engine.aborted) == 1 and s.engine.stats().num_running == 0
+    finally:
+        stop_server(s)
