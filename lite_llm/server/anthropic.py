@@ -316,9 +316,9 @@ class MessageBuilder:
                      "input": args if isinstance(args, dict) else {}}
             index = len(self.content)
             self.content.append(block)
+            partial = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
             events += [("content_block_start", {"index": index, "content_block": {**block, "input": {}}}),
-                       ("content_block_delta", {"index": index, "delta": {"type": "input_json_delta",
-                                                                           "partial_json": json.dumps(block["input"])}}),
+                       ("content_block_delta", {"index": index, "delta": partial}),
                        ("content_block_stop", {"index": index})]
         return events
 

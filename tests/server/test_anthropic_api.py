@@ -230,7 +230,8 @@ def test_key_from_x_api_key_or_authorization():
     s = start_server(api_key="sekret")
     try:
         msg = [{"role": "user", "content": "Hi"}]
-        assert _client(s, api_key="sekret").messages.create(model="tiny", max_tokens=2, messages=msg).usage.output_tokens == 2
+        ok = _client(s, api_key="sekret").messages.create(model="tiny", max_tokens=2, messages=msg)
+        assert ok.usage.output_tokens == 2
         bearer = anthropic.Anthropic(base_url=s.url, auth_token="sekret", max_retries=0)
         assert bearer.messages.count_tokens(model="tiny", messages=msg).input_tokens > 0
         with pytest.raises(anthropic.AuthenticationError):
@@ -247,7 +248,8 @@ def test_key_from_x_api_key_or_authorization():
 def test_text_then_a_parsed_tool_use_whole_and_streamed():
     from .test_tool_calls import ToolEngine
     tok = make_tokenizer()
-    server = create_server(ToolEngine(tok, step_seconds=0.0005), tok, "tiny", MAX_MODEL_LEN, chat_template=TOOL_TEMPLATE)
+    server = create_server(ToolEngine(tok, step_seconds=0.0005), tok, "tiny", MAX_MODEL_LEN,
+                           chat_template=TOOL_TEMPLATE)
     server.start()
     try:
         client = _client(server)

@@ -61,7 +61,8 @@ def test_batch_refuses_what_vllm_refuses(served, body, param):
 
 def test_invocations_route_by_the_body_shape(served):
     chat = {"messages": CONVERSATIONS[1], "max_tokens": 5, "temperature": 0}
-    assert _post(served, "/invocations", chat)[1]["choices"] == _post(served, "/v1/chat/completions", chat)[1]["choices"]
+    assert _post(served, "/invocations", chat)[1]["choices"] == \
+        _post(served, "/v1/chat/completions", chat)[1]["choices"]
     completion = {"prompt": "Once upon", "max_tokens": 5, "temperature": 0}
     got = _post(served, "/invocations", completion)[1]
     assert got["object"] == "text_completion"

@@ -89,7 +89,8 @@ def test_hostile_bodies_never_5xx_and_errors_keep_each_apis_shape(sweep_server):
 
 @pytest.mark.parametrize("path,body", [
     ("/v1/responses", {"model": "tiny", "input": "Hello", "max_output_tokens": 400, "stream": True}),
-    ("/v1/messages", {"model": "tiny", "max_tokens": 400, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}),
+    ("/v1/messages", {"model": "tiny", "max_tokens": 400, "stream": True,
+                      "messages": [{"role": "user", "content": "Hi"}]}),
     ("/v1/messages", {"model": "tiny", "max_tokens": 400, "messages": [{"role": "user", "content": "Hi"}]}),
 ])
 def test_a_client_leaving_aborts_its_request(path, body):

@@ -69,7 +69,8 @@ def test_text_streamed_and_not_agree(qwen):
     whole = client.responses.create(**kw)
     assert whole.object == "response" and whole.status in ("completed", "incomplete")
     assert whole.output[0].type == "message" and whole.output_text
-    assert whole.usage.output_tokens <= 12 and whole.usage.total_tokens == whole.usage.input_tokens + whole.usage.output_tokens
+    usage = whole.usage
+    assert usage.output_tokens <= 12 and usage.total_tokens == usage.input_tokens + usage.output_tokens
     assert (whole.status == "incomplete") == (whole.usage.output_tokens == 12)
     events, final = _collect(client.responses.create(**kw, stream=True))
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
@@ -98,7 +99,8 @@ def test_forced_function_call_round_trips_through_previous_response_id(qwen):
     assert second.previous_response_id == first.id and second.status in ("completed", "incomplete")
     prompt = engine.prompts[-1]
     assert "<|im_start|>user\nWeather in Oslo?<|im_end|>" in prompt
-    assert f'<tool_call>\n{{"name": "get_weather", "arguments": {json.dumps(args, ensure_ascii=False)}}}\n</tool_call>' in prompt
+    call = json.dumps(args, ensure_ascii=False)
+    assert f'<tool_call>\n{{"name": "get_weather", "arguments": {call}}}\n</tool_call>' in prompt
     assert prompt.index("Weather in Oslo?") < prompt.index("<tool_call>") < prompt.index(
         '<tool_response>\n{"temp_c": 4}\n</tool_response>')
     # the same call streamed: its arguments arrive as deltas of the function_call item
@@ -275,7 +277,8 @@ def test_unknown_model_and_routes(fake):
     status, _, data = request(fake.port, "POST", "/v1/responses", raw=b"{not json")
     assert status == 400 and error_of(data)["type"] == "invalid_request_error"
     assert request(fake.port, "GET", "/health")[0] == 200
-    assert _client(fake).responses.create(model="tiny", input="still serving", max_output_tokens=2).status == "incomplete"
+    again = _client(fake).responses.create(model="tiny", input="still serving", max_output_tokens=2)
+    assert again.status == "incomplete"
 
 
 def test_key_is_required_on_every_responses_route():
@@ -322,7 +325,8 @@ def test_text_then_a_parsed_call_whole_and_streamed():
     from .test_tool_calls import TOOLS as CHAT_TOOLS
     from .test_tool_calls import ToolEngine
     tok = make_tokenizer()
-    server = create_server(ToolEngine(tok, step_seconds=0.0005), tok, "tiny", MAX_MODEL_LEN, chat_template=TOOL_TEMPLATE)
+    server = create_server(ToolEngine(tok, step_seconds=0.0005), tok, "tiny", MAX_MODEL_LEN,
+                           chat_template=TOOL_TEMPLATE)
     server.start()
     try:
         client = _client(server)
