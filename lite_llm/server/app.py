@@ -1,7 +1,8 @@
 """`lite-llm serve`: the OpenAI-compatible HTTP server on the stdlib's ThreadingHTTPServer.
 
 Here: command-line flags, routes, auth, body limits, SSE streaming, client-disconnect aborts,
-draining on SIGINT/SIGTERM. Request validation and response shapes live in openai.py,
+draining on SIGINT/SIGTERM. Request validation and response shapes live in openai.py (the
+other APIs, answered through run_prepared: responses.py, anthropic.py, vllm_routes.py),
 metrics text in metrics.py, the OpenAPI document in openapi.py; the engine (its own thread)
 is reached only through AsyncEngine.add_request / abort / stats / shutdown.
 
@@ -31,7 +32,7 @@ from urllib.parse import unquote, urlsplit
 from lite_llm import __version__
 from lite_llm.config import KV_CACHE_DTYPES, env, speculative_config_arg
 from lite_llm.engine.async_engine import EngineDeadError, EngineShutdownError, QueueFullError
-from lite_llm.server import openai
+from lite_llm.server import anthropic, openai, responses, vllm_routes
 from lite_llm.server import pooling as pooling_routes
 from lite_llm.server.metrics import ServerMetrics
 from lite_llm.server.openai import (ApiError, Choice, PreparedRequest, ServingContext, TokenizeSlots,
@@ -248,12 +249,25 @@ class _Handler(BaseHTTPRequestHandler):
         "/tokenize": {"POST": "_tokenize"},
         "/detokenize": {"POST": "_detokenize"},
         "/health": {"GET": "_health"},
-        "/ping": {"GET": "_health"},
+        "/ping": {"GET": "_health", "POST": "_health"},
         "/version": {"GET": "_version"},
         "/metrics": {"GET": "_metrics"},
         "/openapi.json": {"GET": "_openapi"},
         **{route: {"POST": "_pooling"} for route in pooling_routes.ROUTES},   # embeddings, score, rerank
+        "/v1/responses": {"POST": responses.create},
+        "/v1/messages": {"POST": anthropic.messages},
+        "/v1/messages/count_tokens": {"POST": anthropic.count_tokens},
+        "/v1/chat/completions/batch": {"POST": vllm_routes.chat_batch},
+        "/invocations": {"POST": vllm_routes.invocations},
     }
+    # (path pattern, its name in the access log, methods): the pattern's group is _route_arg
+    PATTERN_ROUTES = (
+        (re.compile(r"/v1/responses/([^/]+)"), "/v1/responses/{id}",
+         {"GET": responses.retrieve, "DELETE": responses.delete}),
+        (re.compile(r"/v1/responses/([^/]+)/cancel"), "/v1/responses/{id}/cancel", {"POST": responses.cancel}),
+    )
+    # routes whose errors have another API's shape than OpenAI's
+    ERROR_SHAPES = {"/v1/messages": anthropic.error_body, "/v1/messages/count_tokens": anthropic.error_body}
 
     # Routes anyone may call when an API key is set (/metrics too with --metrics-no-auth).
     OPEN_ROUTES = ("/health", "/ping")
@@ -322,6 +336,7 @@ class _Handler(BaseHTTPRequestHandler):
             path = urlsplit(self.path).path
             if len(path) > 1:
                 path = path.rstrip("/")
+            self._error_body = self.ERROR_SHAPES.get(path)
             self._check_framing()
             if path not in self.OPEN_ROUTES and not (path == "/metrics" and self.server.metrics_no_auth):
                 self._check_auth()
@@ -329,13 +344,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._route_arg = None
             if methods is None and path.startswith("/v1/models/"):
                 methods, self._route_arg = {"GET": "_model"}, unquote(path[len("/v1/models/"):])
+            for pattern, _, routes in self.PATTERN_ROUTES if methods is None else ():
+                m = pattern.fullmatch(path)
+                if m:
+                    methods, self._route_arg = routes, unquote(m.group(1))
+                    break
             if methods is None:
                 raise ApiError(404, f"Not Found: {method} {path[:200]}", code="not_found")
             name = methods.get("GET" if method == "HEAD" else method)
             if name is None:
                 raise ApiError(405, f"Method {method} not allowed for {path}; use {', '.join(methods)}",
                                headers={"Allow": ", ".join(methods)})
-            getattr(self, name)()
+            name(self) if callable(name) else getattr(self, name)()
         except ApiError as e:
             self._send_error(e)
         except _ClientGone:
@@ -352,7 +372,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not self.server.log_requests or not access_logger.isEnabledFor(logging.INFO):
             return
         route = path if path in self.ROUTES else ("/v1/models/{id}" if path.startswith("/v1/models/")
-                                                  else path[:100])
+                                                  else next((label for pattern, label, _ in self.PATTERN_ROUTES
+                                                             if pattern.fullmatch(path)), path[:100]))
         tokens = "-" if self._tokens is None else "%d+%d" % self._tokens
         access_logger.info('%s "%s %s" %s tokens=%s %.0fms', self.client_address[0], method, route,
                            self._status or "-", tokens, (time.monotonic() - self._started) * 1e3)
@@ -386,9 +407,14 @@ class _Handler(BaseHTTPRequestHandler):
             return
         given = self.headers.get("Authorization", "")
         scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise ApiError(401, "Incorrect or missing API key: pass 'Authorization: Bearer <key>'",
-                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode()):
+            return
+        other = self.headers.get("x-api-key")      # Anthropic's SDKs send the key here
+        if other is not None and hmac.compare_digest(other.strip().encode(), key.encode()):
+            return
+        raise ApiError(401, "Incorrect or missing API key: pass 'Authorization: Bearer <key>' "
+                            "(or 'x-api-key: <key>')",
+                       code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
     def _start_body(self) -> None:
         self._conn.enter("body")
@@ -487,8 +513,9 @@ class _Handler(BaseHTTPRequestHandler):
         if e.status in (408, 411, 413):
             self.close_connection = True
             self._linger = e.status == 413 and self._has_unread_body()
+        shape = getattr(self, "_error_body", None)
         try:
-            self._send_json(e.status, e.body(), e.headers)
+            self._send_json(e.status, e.body() if shape is None else shape(e), e.headers)
         except (ConnectionError, TimeoutError, OSError):
             self.close_connection = True
 
@@ -598,15 +625,22 @@ class _Handler(BaseHTTPRequestHandler):
     def _chat(self) -> None:
         self._generate(openai.prepare_chat)
 
-    def _generate(self, prepare: Callable[[dict, ServingContext], PreparedRequest]) -> None:
+    def _generate(self, prepare: Callable[[dict, ServingContext], PreparedRequest], api: Any = None) -> None:
         st = self.state
         st.check_serving()
         pooling_routes.refuse_generation(st.engine)
         body = self._json_body()
-        prep = prepare(body, st.ctx)
+        self.run_prepared(prepare(body, st.ctx), api)
+
+    def run_prepared(self, prep: PreparedRequest, api: Any = None) -> None:
+        """Submit a prepared (chat or completion) request and answer it: in OpenAI's shape, or,
+        given api, in that API's (api.answer(prep, chat_body) -> body for a whole answer,
+        api.stream(prep, chunks) -> SSE bytes for a stream; chunks are openai.stream_chunks'
+        dicts, an ApiError last if the request failed)."""
+        st = self.state
         with st.inflight():
             st.check_serving()
-            submitted = self._submit(prep)
+            submitted = self.submit(prep)
             aborted = threading.Event()
 
             def abort_all() -> None:
@@ -617,15 +651,15 @@ class _Handler(BaseHTTPRequestHandler):
             with _DisconnectWatch(self.connection, abort_all) as watch:
                 try:
                     if prep.stream:
-                        self._stream(prep, submitted)
+                        self._stream(prep, submitted, api)
                     else:
-                        self._answer(prep, submitted, watch)
+                        self._answer(prep, submitted, watch, api)
                 except BaseException:
                     if not aborted.is_set():
                         abort_all()
                     raise
 
-    def _submit(self, prep: PreparedRequest) -> list[tuple[str, Any]]:
+    def submit(self, prep: PreparedRequest) -> list[tuple[str, Any]]:
         st = self.state
         submitted: list[tuple[str, Any]] = []
         try:
@@ -653,19 +687,12 @@ class _Handler(BaseHTTPRequestHandler):
             raise
         return submitted
 
-    def _deltas(self, prep: PreparedRequest, submitted: list[tuple[str, Any]]
-                ) -> Iterator[tuple[int, Any]]:
-        """(prompt index, delta) over every engine request, in order."""
-        for k, (_, stream) in enumerate(submitted):
-            for out in stream:
-                yield k, out
-
-    def _answer(self, prep: PreparedRequest, submitted: list, watch: _DisconnectWatch) -> None:
+    def _answer(self, prep: PreparedRequest, submitted: list, watch: _DisconnectWatch, api: Any = None) -> None:
         tok = self.state.ctx.tokenizer
         choices: dict[int, Choice] = {}
         offsets: dict[int, int] = {}
         try:
-            deltas = list(self._deltas(prep, submitted))
+            deltas = list(openai.iter_deltas(submitted))
         except ValueError as e:             # refused by the engine thread
             raise ApiError(400, str(e)) from None
         except EngineDeadError as e:
@@ -690,7 +717,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise self._aborted()
         body = openai.final_response(prep, choices, tok)
         self._tokens = (body["usage"]["prompt_tokens"], body["usage"]["completion_tokens"])
-        self._send_json(200, body)
+        self._send_json(200, body if api is None else api.answer(prep, body))
 
     def _aborted(self) -> ApiError:
         """An engine request that ended with "abort" (never a finish reason on the wire)."""
@@ -707,8 +734,7 @@ class _Handler(BaseHTTPRequestHandler):
         except (ConnectionError, TimeoutError, OSError):
             raise _ClientGone() from None
 
-    def _stream(self, prep: PreparedRequest, submitted: list) -> None:
-        tok = self.state.ctx.tokenizer
+    def _stream(self, prep: PreparedRequest, submitted: list, api: Any = None) -> None:
         # HTTP/1.0 has no chunked encoding: the end of the stream is the end of the connection
         self._chunked = self.request_version != "HTTP/1.0"
         self.send_response(200)
@@ -720,67 +746,38 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
         self.end_headers()
         self._headers_sent = True
-        n = prep.params.n
-        num_choices = len(prep.prompts) * n
-        if prep.kind == "chat":
-            for index in range(num_choices):
-                self._write_chunk(openai.sse(openai.chunk(prep, [openai.chunk_choice(
-                    prep, index, "", None, None, role=True)])))
-        elif prep.echo:
-            for index in range(num_choices):
-                text = prep.prompts[index // n].text or ""
-                self._write_chunk(openai.sse(openai.chunk(prep, [openai.chunk_choice(
-                    prep, index, text, None, None)])))
-        num_tokens = 0
-        num_prompt = sum(len(p.token_ids) for p in prep.prompts)
-        self._tokens = (num_prompt, 0)
-        offsets: dict[int, int] = {}
-        splitters: dict[int, openai.ReasoningSplitter] = {}
-        tool_parsers: dict[int, Any] = {}
-        aborted = False
+        tally = openai.StreamTally(sum(len(p.token_ids) for p in prep.prompts))
+        self._tokens = (tally.num_prompt, 0)
+        items = self._chunk_items(prep, submitted, tally)
         try:
-            for k, out in self._deltas(prep, submitted):
-                for o in out.outputs:
-                    if not o.text and not o.token_ids and o.finish_reason is None:
-                        continue
-                    index = k * n + o.index
-                    num_tokens += len(o.token_ids)
-                    self._tokens = (num_prompt, num_tokens)
-                    lps, offsets[index] = openai.format_logprobs(prep, tok, o, offsets.get(index, 0))
-                    text, reasoning, calls = o.text, "", None
-                    final = o.finish_reason is not None
-                    finish = openai.wire_finish_reason(o.finish_reason)
-                    if prep.reasoning_parser:
-                        splitter = splitters.setdefault(index, openai.ReasoningSplitter(prep.reasoning_parser))
-                        reasoning, text = splitter.feed(o.text, final=final)
-                    if prep.tool_parser:
-                        parser = tool_parsers.get(index) or tool_parsers.setdefault(index, openai.make_tool_parser(prep))
-                        text, calls = parser.feed(text, final=final)
-                        finish = openai.tool_finish_reason(finish, parser.num_calls, prep.named_tool)
-                    if text or reasoning or calls or lps is not None or finish is not None:
-                        self._write_chunk(openai.sse(openai.chunk(prep, [openai.chunk_choice(
-                            prep, index, text, lps, finish, o.stop_reason, reasoning=reasoning,
-                            tool_calls=calls)])))
-                    if o.finish_reason == "abort":
-                        aborted = True
-            if aborted:
-                self._write_chunk(openai.sse(self._aborted().body()))
-        except _ClientGone:
-            raise
-        except Exception as e:     # the engine failed mid-stream: say so in the stream itself
-            logger.exception("stream %s failed", prep.id)
-            err = ApiError(503 if not self.state.engine_alive() else 500, f"generation failed: {e}")
-            self._write_chunk(openai.sse(err.body()))
-        else:
-            if prep.include_usage and not aborted:
-                self._write_chunk(openai.sse(openai.chunk(prep, [], openai.usage(num_prompt, num_tokens))))
-        self._write_chunk(openai.sse("[DONE]"))
+            for data in (api.stream(prep, items) if api is not None else self._openai_events(items)):
+                self._write_chunk(data)
+        finally:
+            self._tokens = (tally.num_prompt, tally.num_tokens)
         if not self._chunked:
             return
         try:
             self.wfile.write(b"0\r\n\r\n")
         except OSError:
             raise _ClientGone() from None
+
+    def _chunk_items(self, prep: PreparedRequest, submitted: list, tally: openai.StreamTally
+                     ) -> Iterator[dict | ApiError]:
+        """The request's chunks (openai.stream_chunks), then an ApiError if it was aborted or the
+        engine failed mid-stream: each API says so in its own stream."""
+        try:
+            yield from openai.stream_chunks(prep, openai.iter_deltas(submitted), self.state.ctx.tokenizer, tally)
+            if tally.aborted:
+                yield self._aborted()
+        except Exception as e:     # the engine failed mid-stream: say so in the stream itself
+            logger.exception("stream %s failed", prep.id)
+            yield ApiError(503 if not self.state.engine_alive() else 500, f"generation failed: {e}")
+
+    @staticmethod
+    def _openai_events(items: Iterator[dict | ApiError]) -> Iterator[bytes]:
+        for item in items:
+            yield openai.sse(item.body() if isinstance(item, ApiError) else item)
+        yield openai.sse("[DONE]")
 
 
 # ---- the server --------------------------------------------------------------------------------
@@ -973,7 +970,9 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                   max_connections: int = MAX_CONNECTIONS, max_connections_per_client: int = 0,
                   metrics_no_auth: bool = False,
                   log_requests: bool = True, max_tokenizing: int | None = None,
-                  reasoning_parser: str | None = None, tool_call_parser: str | None = None) -> LiteServer:
+                  reasoning_parser: str | None = None, tool_call_parser: str | None = None,
+                  responses_store_max: int = responses.DEFAULT_STORE_MAX,
+                  responses_store_ttl: float = responses.DEFAULT_STORE_TTL) -> LiteServer:
     """A bound (not yet serving) server for `engine`; `.start()` or `.serve_forever()` it.
 
     generation_config is the model's generation_config.json dict (empty for
@@ -1002,6 +1001,7 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                          system_fingerprint=system_fingerprint(info))
     state = ServerState(engine, ctx, ServerMetrics(names[0], info), api_key, info, max_body_bytes,
                         model_root, retry_after)
+    state.responses = responses.ResponseStore(responses_store_max, responses_store_ttl)
     return LiteServer((host, port), state, request_timeout, header_timeout=header_timeout,
                       body_timeout=body_timeout, max_connections=max_connections,
                       max_connections_per_client=max_connections_per_client,
@@ -1037,8 +1037,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--disable-sliding-window", action="store_true", help="attend over the full context")
     a("--speculative-config", default=None, type=speculative_config_arg, help='speculative decoding, as vLLM spells it: \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}\' (drafts looked up in the sequence) or \'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' (a small model of the same vocabulary)')
     a("--served-model-name", nargs="+", default=None, help="model name(s) the API answers to")
-    a("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health "
-                                      "and /ping (env LITE_LLM_API_KEY)")
+    a("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every "
+                                      "route but /health and /ping (env LITE_LLM_API_KEY)")
     a("--chat-template", default=None, help="chat template: a file path or the Jinja text itself")
     a("--generation-config", default="auto", choices=["auto", "vllm"],
       help="auto: default sampling from the model's generation_config.json; vllm: vLLM's defaults")
@@ -1068,6 +1068,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
       help="split <think>...</think> from the answer into reasoning_content (deepseek_r1: the "
            "output starts inside the thinking; qwen3: only when it opens with <think>)")
+    a("--responses-store-max", type=int, default=responses.DEFAULT_STORE_MAX,
+      help="responses of /v1/responses kept in memory for previous_response_id and GET (the oldest go "
+           "first; 0: none kept)")
+    a("--responses-store-ttl", type=float, default=responses.DEFAULT_STORE_TTL,
+      help="seconds a stored response is kept")
     a("--data-parallel-size", "-dp", type=int, default=1,
       help="independent engine replicas, each a process on its own cores (the thread plan split N ways, "
            "or one CPU list per replica in LITE_LLM_CPU_OMP_THREADS_BIND: '0-15|16-31'), behind this one "
@@ -1148,7 +1153,8 @@ def build_server(args: argparse.Namespace, engine: Any, tokenizer: Any, info: di
         max_connections=args.max_connections, max_connections_per_client=args.max_connections_per_client,
         metrics_no_auth=args.metrics_no_auth,
         log_requests=not args.disable_log_requests, reasoning_parser=args.reasoning_parser,
-        tool_call_parser=args.tool_call_parser)
+        tool_call_parser=args.tool_call_parser, responses_store_max=args.responses_store_max,
+        responses_store_ttl=args.responses_store_ttl)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -1156,6 +1162,8 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model = args.model or args.model_flag
     load_chat_template(args.chat_template)          # a missing file fails before the model loads
+    if args.responses_store_max < 0 or not args.responses_store_ttl > 0:
+        raise SystemExit("--responses-store-max must be >= 0 and --responses-store-ttl > 0")
     api_key = args.api_key or env("API_KEY")
     t0 = time.perf_counter()
     engine, tokenizer, info = start_engine(args)

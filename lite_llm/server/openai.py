@@ -1282,6 +1282,64 @@ def chunk_choice(prep: PreparedRequest, index: int, text: str, logprobs: Any,
             "finish_reason": finish_reason, "stop_reason": stop_reason}
 
 
+@dataclass
+class StreamTally:
+    """What a stream of chunks has counted so far (the access log and usage read it)."""
+    num_prompt: int
+    num_tokens: int = 0
+    aborted: bool = False       # an engine request ended with "abort": the caller says why
+
+
+def iter_deltas(submitted: list[tuple[str, Any]]) -> Any:
+    """(prompt index, delta RequestOutput) over every submitted engine request, in order."""
+    for k, (_, stream) in enumerate(submitted):
+        for out in stream:
+            yield k, out
+
+
+def stream_chunks(prep: PreparedRequest, deltas: Any, tokenizer: Any, tally: StreamTally) -> Any:
+    """The chat.completion.chunk / text_completion chunks (dicts) of a prepared request, from
+    its engine deltas: the role (or echo) chunks, a chunk per delta with reasoning split off and
+    tool calls parsed, the usage chunk when asked for. Every API that answers from the chat
+    machinery (Responses, Anthropic Messages) reads these chunks; an aborted engine request
+    sets tally.aborted and ends the chunks without usage."""
+    n = prep.params.n
+    num_choices = len(prep.prompts) * n
+    if prep.kind == "chat":
+        for index in range(num_choices):
+            yield chunk(prep, [chunk_choice(prep, index, "", None, None, role=True)])
+    elif prep.echo:
+        for index in range(num_choices):
+            yield chunk(prep, [chunk_choice(prep, index, prep.prompts[index // n].text or "", None, None)])
+    offsets: dict[int, int] = {}
+    splitters: dict[int, ReasoningSplitter] = {}
+    tool_parsers: dict[int, Any] = {}
+    for k, out in deltas:
+        for o in out.outputs:
+            if not o.text and not o.token_ids and o.finish_reason is None:
+                continue
+            index = k * n + o.index
+            tally.num_tokens += len(o.token_ids)
+            lps, offsets[index] = format_logprobs(prep, tokenizer, o, offsets.get(index, 0))
+            text, reasoning, calls = o.text, "", None
+            final = o.finish_reason is not None
+            finish = wire_finish_reason(o.finish_reason)
+            if prep.reasoning_parser:
+                splitter = splitters.setdefault(index, ReasoningSplitter(prep.reasoning_parser))
+                reasoning, text = splitter.feed(o.text, final=final)
+            if prep.tool_parser:
+                parser = tool_parsers.get(index) or tool_parsers.setdefault(index, make_tool_parser(prep))
+                text, calls = parser.feed(text, final=final)
+                finish = tool_finish_reason(finish, parser.num_calls, prep.named_tool)
+            if text or reasoning or calls or lps is not None or finish is not None:
+                yield chunk(prep, [chunk_choice(prep, index, text, lps, finish, o.stop_reason,
+                                                reasoning=reasoning, tool_calls=calls)])
+            if o.finish_reason == "abort":
+                tally.aborted = True
+    if prep.include_usage and not tally.aborted:
+        yield chunk(prep, [], usage(tally.num_prompt, tally.num_tokens))
+
+
 def sse(value: dict | str) -> bytes:
     data = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False,
                                                             separators=(",", ":"))

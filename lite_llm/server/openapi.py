@@ -162,26 +162,93 @@ SCHEMAS: dict[str, Any] = {
     "DetokenizeResponse": {"type": "object", "properties": {"prompt": _STR}},
     "Version": {"type": "object", "properties": {"version": _STR, "kernel_variant": _STR}},
     "Error": _ERROR,
+    "ChatCompletionBatchRequest": {"type": "object", "required": ["messages"], "properties": {
+        **{k: v for k, v in _SAMPLING.items() if k not in ("stream", "stream_options", "n", "parallel_tool_calls")},
+        "messages": {"type": "array", "minItems": 1, "description": "one conversation per choice",
+                     "items": {"type": "array", "items": _ref("ChatMessage"), "minItems": 1}},
+        "max_completion_tokens": {"type": "integer", "minimum": 1}, "logprobs": _BOOL,
+        "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20}, "add_generation_prompt": _BOOL,
+        "chat_template": _STR, "chat_template_kwargs": _TEMPLATE_KWARGS}},
+    "InvocationsRequest": {"type": "object", "description": "a chat body ('messages'; a list of "
+                           "conversations for a batch) or a completion body ('prompt')"},
+    "ResponsesRequest": {"type": "object", "required": ["input"], "properties": {
+        "model": _STR,
+        "input": {"oneOf": [_STR, {"type": "array", "minItems": 1, "items": {"type": "object"}}],
+                  "description": "a string, or message / function_call / function_call_output / reasoning items"},
+        "instructions": _STR, "max_output_tokens": {"type": "integer", "minimum": 1},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "tools": {"type": "array", "items": {"type": "object", "required": ["type", "name"], "properties": {
+            "type": {"type": "string", "enum": ["function"]}, "name": _STR, "description": _STR,
+            "parameters": {"type": "object"}, "strict": _BOOL}}},
+        "tool_choice": {"oneOf": [{"type": "string", "enum": ["auto", "none", "required"]},
+                                  {"type": "object", "required": ["type", "name"],
+                                   "properties": {"type": {"type": "string", "enum": ["function"]}, "name": _STR}}]},
+        "parallel_tool_calls": _BOOL,
+        "text": {"type": "object", "properties": {"format": {"type": "object"}, "verbosity": _STR},
+                 "description": "format json_schema is enforced token by token"},
+        "reasoning": {"type": "object", "properties": {"effort": _NULLABLE_STR, "summary": _NULLABLE_STR}},
+        "store": {**_BOOL, "description": "keep the response (default true) for GET and previous_response_id"},
+        "previous_response_id": _STR, "background": _BOOL, "stream": _BOOL,
+        "metadata": {"type": "object", "additionalProperties": _STR}, "user": _STR,
+        "truncation": {"type": "string", "enum": ["disabled"]}, "safety_identifier": _STR,
+        "prompt_cache_key": _STR, "service_tier": {"type": "string", "enum": ["auto", "default"]},
+        "stream_options": {"type": "object", "properties": {"include_obfuscation": _BOOL}}}},
+    "Response": {"type": "object", "required": ["id", "object", "status", "output"], "properties": {
+        "id": _STR, "object": {"type": "string", "enum": ["response"]}, "created_at": _INT,
+        "status": {"type": "string", "enum": ["queued", "in_progress", "completed", "incomplete", "failed",
+                                              "cancelled"]},
+        "model": _STR, "output": {"type": "array", "items": {"type": "object"}},
+        "usage": {"type": ["object", "null"]}, "error": {"type": ["object", "null"]},
+        "incomplete_details": {"type": ["object", "null"]}}},
+    "DeletedResponse": {"type": "object", "properties": {"id": _STR, "object": _STR, "deleted": _BOOL}},
+    "MessagesRequest": {"type": "object", "required": ["model", "messages", "max_tokens"], "properties": {
+        "model": _STR, "max_tokens": {"type": "integer", "minimum": 1},
+        "messages": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["role", "content"],
+                                                                "properties": {"role": {"type": "string", "enum": ["user", "assistant"]},
+                                                                               "content": {"oneOf": [_STR, {"type": "array"}]}}}},
+        "system": {"oneOf": [_STR, {"type": "array"}]}, "stop_sequences": {"type": "array", "items": _STR},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 1}, "top_k": {"type": "integer", "minimum": 0},
+        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+        "tools": {"type": "array", "items": {"type": "object", "required": ["name", "input_schema"]}},
+        "tool_choice": {"type": "object"}, "thinking": {"type": "object"}, "stream": _BOOL,
+        "metadata": {"type": "object"}, "output_config": {"type": "object"},
+        "service_tier": {"type": "string", "enum": ["auto", "standard_only"]},
+        "cache_control": {"type": "object", "description": "a hint: prefix caching is automatic"}}},
+    "CountTokensRequest": {"type": "object", "required": ["model", "messages"], "properties": {
+        "model": _STR, "messages": {"type": "array", "minItems": 1}, "system": {"oneOf": [_STR, {"type": "array"}]},
+        "tools": {"type": "array"}, "tool_choice": {"type": "object"}, "thinking": {"type": "object"},
+        "output_config": {"type": "object"}, "cache_control": {"type": "object"}}},
+    "Message": {"type": "object", "required": ["id", "type", "role", "content"], "properties": {
+        "id": _STR, "type": {"type": "string", "enum": ["message"]}, "role": {"type": "string", "enum": ["assistant"]},
+        "content": {"type": "array", "items": {"type": "object"}}, "model": _STR,
+        "stop_reason": {"type": ["string", "null"], "enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use", None]},
+        "stop_sequence": _NULLABLE_STR, "usage": {"type": "object"}}},
+    "TokenCount": {"type": "object", "required": ["input_tokens"], "properties": {"input_tokens": _INT}},
+    "AnthropicError": {"type": "object", "required": ["type", "error"], "properties": {
+        "type": {"type": "string", "enum": ["error"]},
+        "error": {"type": "object", "required": ["type", "message"], "properties": {"type": _STR, "message": _STR}}}},
 }
 
 
-def _errors(*statuses: int) -> dict:
-    why = {400: "Invalid request", 401: "Missing or wrong API key", 404: "Unknown model or route",
+def _errors(*statuses: int, shape: str = "Error") -> dict:
+    why = {400: "Invalid request", 401: "Missing or wrong API key", 404: "Unknown model, response or route",
            413: "Request body too large", 429: "Queue full (see Retry-After)",
            503: "Server draining, engine stopped, or at capacity (see Retry-After)"}
-    return {str(s): {"description": why[s], "content": {"application/json": {"schema": _ref("Error")}}}
+    return {str(s): {"description": why[s], "content": {"application/json": {"schema": _ref(shape)}}}
             for s in statuses}
 
 
-def _post(summary: str, request: str, response: str, stream: bool, auth: bool) -> dict:
+def _post(summary: str, request: str, response: str, stream: bool, auth: bool, shape: str = "Error",
+          events: str = "`data: {chunk}` per delta, then `data: [DONE]`") -> dict:
     content = {"application/json": {"schema": _ref(response)}}
     if stream:
         content["text/event-stream"] = {"schema": {"type": "string", "description":
-                                        "Server-sent events: `data: {chunk}` per delta, then `data: [DONE]`"}}
+                                        "Server-sent events: " + events}}
     op = {"summary": summary,
           "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
           "responses": {"200": {"description": "OK", "content": content},
-                        **_errors(*((400, 401, 404, 413, 429, 503) if auth else (400, 404, 413, 503)))}}
+                        **_errors(*((400, 401, 404, 413, 429, 503) if auth else (400, 404, 413, 503)), shape=shape)}}
     if auth:
         op["security"] = [{"bearer": []}]
     return {"post": op}
@@ -196,6 +263,13 @@ def _get(summary: str, schema: dict | None, media: str = "application/json", aut
         op["security"] = [{"bearer": []}]
         op["responses"].update(_errors(401))
     return {"get": op}
+
+
+def _response_op(method: str, summary: str, schema: str, errors: tuple[int, ...]) -> dict:
+    return {method: {"summary": summary, "security": [{"bearer": []}],
+                     "parameters": [{"name": "response_id", "in": "path", "required": True, "schema": _STR}],
+                     "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": _ref(schema)}}},
+                                   **_errors(*errors)}}}
 
 
 def openapi_document(version: str, metrics_auth: bool = True) -> dict:
@@ -218,6 +292,27 @@ def openapi_document(version: str, metrics_auth: bool = True) -> dict:
                                stream=False, auth=True),
             "/detokenize": _post("Token ids to text", "DetokenizeRequest", "DetokenizeResponse",
                                  stream=False, auth=True),
+            "/v1/chat/completions/batch": _post("vLLM's batch: one choice per conversation", "ChatCompletionBatchRequest",
+                                                "ChatCompletionResponse", stream=False, auth=True),
+            "/invocations": _post("SageMaker: a chat or completion body, told apart by its shape",
+                                  "InvocationsRequest", "ChatCompletionResponse", stream=True, auth=True),
+            "/v1/responses": _post("OpenAI Responses", "ResponsesRequest", "Response", stream=True, auth=True,
+                                   events="`event: response.created` ... `event: response.completed`, typed events"),
+            "/v1/responses/{response_id}": {
+                **_response_op("get", "A stored response", "Response", (401, 404)),
+                **_response_op("delete", "Forget a stored response", "DeletedResponse", (401, 404))},
+            "/v1/responses/{response_id}/cancel": _response_op("post", "Cancel a background response", "Response",
+                                                               (400, 401, 404)),
+            "/v1/messages": _post("Anthropic Messages", "MessagesRequest", "Message", stream=True, auth=True,
+                                  shape="AnthropicError",
+                                  events="`event: message_start` ... `event: message_stop` (Anthropic's)"),
+            "/v1/messages/count_tokens": _post("Anthropic: tokens a Messages request's input takes",
+                                               "CountTokensRequest", "TokenCount", stream=False, auth=True,
+                                               shape="AnthropicError"),
+            "/ping": {"get": {"summary": "SageMaker's health check: as /health",
+                              "responses": {"200": {"description": "Serving"}, **_errors(503)}},
+                      "post": {"summary": "As GET /ping", "responses": {"200": {"description": "Serving"},
+                                                                         **_errors(503)}}},
             "/health": {"get": {"summary": "200 while serving, 503 when draining or the engine stopped",
                                 "responses": {"200": {"description": "Serving"},
                                               **_errors(503)}}},

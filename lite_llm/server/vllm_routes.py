@@ -1,0 +1,67 @@
+"""vLLM's extra generation routes: POST /v1/chat/completions/batch (several conversations in one
+body, one choice per conversation) and SageMaker's POST /invocations (a chat, batch or
+completion body, told apart by its shape). Both run through openai.prepare_chat /
+prepare_completion and app.run_prepared like the OpenAI routes; /ping (GET and POST, no key)
+is app.py's health route.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from lite_llm.server import openai
+from lite_llm.server.openai import PreparedRequest, ServingContext, bad
+
+MAX_CONVERSATIONS = openai.MAX_PROMPTS
+
+
+def prepare_chat_batch(body: dict, ctx: ServingContext) -> PreparedRequest:
+    """vLLM's BatchChatCompletionRequest: the chat fields with 'messages' a list of conversations;
+    not streamed, no tools, n = 1. Each conversation is prepared as its own chat request; the
+    batch shares their sampling parameters, max_tokens fitting the longest prompt."""
+    conversations = body.get("messages")
+    if not isinstance(conversations, list) or not conversations \
+            or not all(isinstance(c, list) and c for c in conversations):
+        raise bad("'messages' must be a non-empty list of conversations (each a non-empty list of messages)",
+                  "messages")
+    if len(conversations) > MAX_CONVERSATIONS:
+        raise bad(f"at most {MAX_CONVERSATIONS} conversations per request", "messages")
+    if openai.get_bool(body, "stream", False):
+        raise bad("Batch chat completions do not support streaming: drop 'stream'", "stream")
+    if body.get("tools") or body.get("tool_choice") not in (None, "none"):
+        raise bad("Batch chat completions do not support tools", "tools")
+    if body.get("n") not in (None, 1):
+        raise bad("Batch chat completions do not support n > 1", "n")
+    preps = []
+    for i, conversation in enumerate(conversations):
+        try:
+            preps.append(openai.prepare_chat({**body, "messages": conversation}, ctx))
+        except openai.ApiError as e:
+            if e.param and e.param.startswith("messages"):
+                e.param = f"messages[{i}]" + e.param[len("messages"):]
+            raise
+    first = preps[0]
+    params = dataclasses.replace(first.params, max_tokens=min(p.params.max_tokens for p in preps))
+    return dataclasses.replace(first, prompts=[p.prompts[0] for p in preps], params=params)
+
+
+def chat_batch(handler: Any) -> None:
+    """POST /v1/chat/completions/batch."""
+    handler._generate(prepare_chat_batch)
+
+
+def invocations(handler: Any) -> None:
+    """POST /invocations (SageMaker): 'messages' -> chat (a list of conversations -> batch),
+    'prompt' -> completion."""
+    st = handler.state
+    st.check_serving()
+    body = handler._json_body()
+    messages = body.get("messages")
+    if messages is not None and "prompt" not in body:
+        batch = isinstance(messages, list) and bool(messages) and isinstance(messages[0], list)
+        prepare = prepare_chat_batch if batch else openai.prepare_chat
+    elif "prompt" in body and messages is None:
+        prepare = openai.prepare_completion
+    else:
+        raise bad("/invocations takes a chat body ('messages') or a completion body ('prompt')", "messages")
+    handler.run_prepared(prepare(body, st.ctx))
