@@ -9,7 +9,10 @@ const Dash = (() => {
   const POLL_MS = 1000;
   const HISTORY_S = 300;          // charts show the last 5 minutes
   const LATENCY_WINDOW_S = 30;    // percentiles and hit rates over the last 30 s
-  const IDLE_BUSY = 0.10;         // a planned core under 10 % busy while requests run is idle
+  // A planned core is idle when, while requests run, its thread got under a fifth of the busiest
+  // engine thread's share (and under 1 % at all): relative, because on a shared machine other
+  // processes cap what every thread gets, while a thread left without work gets nothing.
+  const IDLE_SHARE = 0.2, IDLE_FLOOR = 0.01;
   const MAX_THREAD_LINES = 4;     // more threads: their min / mean / max instead of a line each
   const $ = (id) => document.getElementById(id);
   const history = [];             // [{t (s), s (snapshot)}], oldest first
@@ -131,11 +134,13 @@ const Dash = (() => {
     let idle = [];
     const threads = live ? live.threads : [];
     const multi = threads.some((t) => t.engine > 0);
+    const busiest = Math.max(0, ...threads.map((t) => t.busy || 0));
+    const idleBelow = Math.max(IDLE_FLOOR, IDLE_SHARE * busiest);
     for (const t of threads) {
       const tr = document.createElement("tr");
       const running = s.requests.running > 0;
       const gone = t.cpu_seconds_total === null;
-      const isIdle = !gone && running && t.busy !== null && t.busy < IDLE_BUSY;
+      const isIdle = !gone && running && t.busy !== null && t.busy < idleBelow;
       if (isIdle) idle.push(t);
       tr.className = isIdle || gone ? "idle" : "";
       tr.dataset.thread = String(t.thread);
@@ -268,5 +273,5 @@ const Dash = (() => {
     poll();
   });
 
-  return {histogramQuantile, ingest, history, last: () => last, IDLE_BUSY};
+  return {histogramQuantile, ingest, history, last: () => last, IDLE_SHARE, IDLE_FLOOR};
 })();
