@@ -120,7 +120,7 @@
     const body = {
       model: $("model").value || undefined, messages, stream: true,
       stream_options: {include_usage: true},
-      temperature: numberOf("temperature", 0.7), top_p: numberOf("top-p", 1),
+      temperature: numberOf("temperature", undefined), top_p: numberOf("top-p", undefined),
       max_tokens: Math.max(1, Math.round(numberOf("max-tokens", 512))),
     };
     controller = new AbortController();
