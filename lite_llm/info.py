@@ -86,7 +86,7 @@ def _variant_table() -> list[str]:
 
 
 def measure_bandwidth(num_threads: int = 1, nbytes: int = BANDWIDTH_BYTES,
-                      seconds: float = BANDWIDTH_SECONDS) -> float:
+                      seconds: float = BANDWIDTH_SECONDS, max_threads: int = 64) -> float:
     """Read bandwidth in GB/s (1e9 B/s): num_threads OpenMP threads each read a contiguous slice
     of an nbytes array once, as a decode step streams its weights; the best of repeated reads
     over about `seconds`. (A copy also writes, and counting both streams overstates what a
@@ -95,7 +95,7 @@ def measure_bandwidth(num_threads: int = 1, nbytes: int = BANDWIDTH_BYTES,
 
     from lite_llm._kernels import _cpu
     words = np.ones(nbytes // 8, dtype=np.uint64)   # written once: every page is resident
-    num_threads = max(1, min(num_threads, 64))
+    num_threads = max(1, min(num_threads, max_threads))
     best = math.inf
     deadline = time.perf_counter() + seconds
     while True:

@@ -149,6 +149,7 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
     from lite_llm import _kernels
     from lite_llm.engine.async_engine import AsyncEngine, EngineDeadError
     from lite_llm.engine.engine import EngineConfig, LLMEngine
+    from lite_llm.engine.live import attach_engine_threads
     from lite_llm.engine.runner import ModelRunner, check_kv_cache_dtype, check_quantization
     from lite_llm.engine.spec_decode import make_proposer
     from lite_llm.model.loader import load_model
@@ -198,6 +199,7 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
             report = cpu.apply_plan(plan)
             for line in report.describe():
                 log.info("%s", line)
+            attach_engine_threads(async_engine.live, num_threads, report.planned, measure_bandwidth=serving)
             proposer = None
             if spec is not None:
                 proposer = make_proposer(spec, loaded.config, dtype=loaded.dtype, num_blocks=kv.num_blocks,

@@ -15,8 +15,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 from lite_llm.engine.engine import LLMEngine
+from lite_llm.engine.live import LiveMeter
 from lite_llm.engine.stats import EngineStats
 from lite_llm.outputs import RequestOutput
 from lite_llm.sampling_params import SamplingParams
@@ -108,6 +110,7 @@ class AsyncEngine:
         self._deadline = 0.0
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self.live = LiveMeter()    # thread ids attached on the engine thread (llm.build_engine)
 
     # ---- any thread -----------------------------------------------------------------------
 
@@ -162,8 +165,10 @@ class AsyncEngine:
             self._cond.notify()
 
     def stats(self) -> EngineStats:
-        """The snapshot published after the latest step."""
-        return self._stats
+        """The snapshot published after the latest step, with the live window's rates and
+        thread loads (shared by every reader within one window)."""
+        st = self._stats
+        return replace(st, live=self.live.sample(st.prompt_tokens_total, st.generation_tokens_total))
 
     @property
     def is_alive(self) -> bool:

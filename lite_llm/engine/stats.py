@@ -17,6 +17,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from lite_llm.engine.live import LiveStats, merge_live
+
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -110,6 +112,8 @@ class EngineStats:
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()
+    # rates and per-thread busy over the latest window (engine/live.py), added by AsyncEngine.stats()
+    live: LiveStats | None = None
 
     @property
     def spec_decode_acceptance_rate(self) -> float | None:
@@ -130,6 +134,14 @@ class EngineStats:
         decode = [s for s in self.recent_steps if s.num_tokens == s.num_seqs]
         kernel = sum(s.kernel_seconds for s in decode)
         return sum(s.bytes_read for s in decode) / kernel if kernel > 0 else None
+
+    @property
+    def roofline_ratio(self) -> float | None:
+        """achieved_bandwidth / the read bandwidth the engine's threads measured at start-up:
+        how close recent decode steps ran to the memory-bandwidth limit; None without both."""
+        achieved = self.achieved_bandwidth
+        measured = self.live.measured_bandwidth if self.live is not None else None
+        return achieved / measured if achieved is not None and measured else None
 
 
 class StatsCollector:
@@ -252,5 +264,6 @@ def merge_stats(parts: list[EngineStats]) -> EngineStats:
         step_bytes_read_total=total("step_bytes_read_total"),
         recent_requests=tuple(r for p in parts for r in p.recent_requests),
         recent_steps=tuple(s for p in parts for s in p.recent_steps),
+        live=merge_live([p.live for p in parts]),
         **{name: hist(name) for name in ("ttft", "tpot", "e2e", "queue_time", "itl",
                                          "step_python", "step_kernel")})

@@ -32,7 +32,7 @@ from urllib.parse import unquote, urlsplit
 from lite_llm import __version__
 from lite_llm.config import KV_CACHE_DTYPES, env, speculative_config_arg
 from lite_llm.engine.async_engine import EngineDeadError, EngineShutdownError, QueueFullError
-from lite_llm.server import anthropic, openai, responses, vllm_routes
+from lite_llm.server import anthropic, openai, responses, vllm_routes, webui
 from lite_llm.server import pooling as pooling_routes
 from lite_llm.server.metrics import ServerMetrics
 from lite_llm.server.openai import (ApiError, Choice, PreparedRequest, ServingContext, TokenizeSlots,
@@ -259,6 +259,8 @@ class _Handler(BaseHTTPRequestHandler):
         "/v1/messages/count_tokens": {"POST": anthropic.count_tokens},
         "/v1/chat/completions/batch": {"POST": vllm_routes.chat_batch},
         "/invocations": {"POST": vllm_routes.invocations},
+        "/v1/engine/stats": {"GET": "_engine_stats"},
+        "/": {"GET": "_web"}, "/dashboard": {"GET": "_web"},     # the web UI (server/webui.py)
     }
     # (path pattern, its name in the access log, methods): the pattern's group is _route_arg
     PATTERN_ROUTES = (
@@ -338,10 +340,14 @@ class _Handler(BaseHTTPRequestHandler):
                 path = path.rstrip("/")
             self._error_body = self.ERROR_SHAPES.get(path)
             self._check_framing()
-            if path not in self.OPEN_ROUTES and not (path == "/metrics" and self.server.metrics_no_auth):
+            is_page = self.server.web_ui and webui.is_page_route(path)
+            if not is_page and path not in self.OPEN_ROUTES and not (
+                    path == "/metrics" and self.server.metrics_no_auth):
                 self._check_auth()
-            methods = self.ROUTES.get(path)
-            self._route_arg = None
+            methods = self.ROUTES.get(path) if is_page or not webui.is_page_route(path) else None
+            if is_page and methods is None:
+                methods = {"GET": "_web"}
+            self._route_arg = path if is_page else None
             if methods is None and path.startswith("/v1/models/"):
                 methods, self._route_arg = {"GET": "_model"}, unquote(path[len("/v1/models/"):])
             for pattern, _, routes in self.PATTERN_ROUTES if methods is None else ():
@@ -605,6 +611,20 @@ class _Handler(BaseHTTPRequestHandler):
         text = self.state.metrics.render(stats, replicas)
         self._send_bytes(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8")
 
+    def _web(self) -> None:
+        found = webui.web_file(self._route_arg)
+        if found is None:
+            raise ApiError(404, f"Not Found: {self.command} {self._route_arg[:200]}", code="not_found")
+        self._send_bytes(200, found[0], found[1], webui.HEADERS)
+
+    def _engine_stats(self) -> None:
+        engine, stats = self.state.engine, None
+        try:
+            stats = engine.stats()
+        except Exception:
+            logger.exception("engine.stats() failed")
+        self._send_json(200, webui.engine_stats(stats, self.state.kernel_info, self.state.ctx.model_names))
+
     def _openapi(self) -> None:
         self._send_json(200, openapi_document(__version__, metrics_auth=not self.server.metrics_no_auth))
 
@@ -790,8 +810,9 @@ class LiteServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], state: ServerState, request_timeout: float, *,
                  header_timeout: float = 10.0, body_timeout: float = 30.0, write_timeout: float | None = None,
                  max_connections: int = MAX_CONNECTIONS, max_connections_per_client: int = 0,
-                 metrics_no_auth: bool = False, log_requests: bool = True):
+                 metrics_no_auth: bool = False, log_requests: bool = True, web_ui: bool = True):
         self.state = state
+        self.web_ui = web_ui                            # / and /dashboard (server/webui.py)
         self.request_timeout = request_timeout          # idle keep-alive: first byte of a request
         self.header_timeout = header_timeout            # request line + headers, in total
         self.body_timeout = body_timeout                # the whole body, in total
@@ -968,7 +989,7 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                   request_timeout: float = 10.0, model_root: str | None = None,
                   retry_after: int = 1, header_timeout: float = 10.0, body_timeout: float = 30.0,
                   max_connections: int = MAX_CONNECTIONS, max_connections_per_client: int = 0,
-                  metrics_no_auth: bool = False,
+                  metrics_no_auth: bool = False, web_ui: bool = True,
                   log_requests: bool = True, max_tokenizing: int | None = None,
                   reasoning_parser: str | None = None, tool_call_parser: str | None = None,
                   responses_store_max: int = responses.DEFAULT_STORE_MAX,
@@ -1005,7 +1026,7 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
     return LiteServer((host, port), state, request_timeout, header_timeout=header_timeout,
                       body_timeout=body_timeout, max_connections=max_connections,
                       max_connections_per_client=max_connections_per_client,
-                      metrics_no_auth=metrics_no_auth, log_requests=log_requests)
+                      metrics_no_auth=metrics_no_auth, log_requests=log_requests, web_ui=web_ui)
 
 
 # ---- command line ------------------------------------------------------------------------------
@@ -1061,6 +1082,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--disable-log-requests", action="store_true",
       help="no access log line (method, route, status, tokens, ms) per request")
     a("--metrics-no-auth", action="store_true", help="serve /metrics without the API key")
+    a("--disable-web-ui", action="store_true",
+      help="no web pages: the chat playground at / and the live engine dashboard at /dashboard "
+           "(both open without the key, every call they make sends the key typed into them)")
     a("--tool-call-parser", default=None, choices=list(openai.TOOL_PARSERS),
       help="how the model writes tool calls (hermes: <tool_call>{json}</tool_call>, as Qwen2.5/Qwen3; "
            "llama3_json: {\"name\", \"parameters\"} as Llama 3.x; mistral: [TOOL_CALLS][{...}]); "
@@ -1151,7 +1175,7 @@ def build_server(args: argparse.Namespace, engine: Any, tokenizer: Any, info: di
         request_timeout=args.timeout_keep_alive, model_root=info.get("model_path"),
         header_timeout=args.header_timeout, body_timeout=args.body_timeout,
         max_connections=args.max_connections, max_connections_per_client=args.max_connections_per_client,
-        metrics_no_auth=args.metrics_no_auth,
+        metrics_no_auth=args.metrics_no_auth, web_ui=not getattr(args, "disable_web_ui", False),
         log_requests=not args.disable_log_requests, reasoning_parser=args.reasoning_parser,
         tool_call_parser=args.tool_call_parser, responses_store_max=args.responses_store_max,
         responses_store_ttl=args.responses_store_ttl)
@@ -1179,8 +1203,11 @@ def run(args: argparse.Namespace) -> int:
     if gen_config:
         logger.info("default sampling from generation_config.json: %s", gen_config)
     if api_key:
-        logger.info("API key required on every route but /health, /ping%s",
-                    " and /metrics" if args.metrics_no_auth else "")
+        logger.info("API key required on every route but /health, /ping%s%s",
+                    " and /metrics" if args.metrics_no_auth else "",
+                    "" if args.disable_web_ui else " and the web pages (their calls send the key typed in)")
+    if not args.disable_web_ui:
+        logger.info("chat playground at %s/, engine dashboard at %s/dashboard", server.url, server.url)
 
     stop = threading.Event()
 

@@ -54,6 +54,41 @@ def render_histogram(name: str, help: str, bounds: tuple[float, ...], cumulative
     return lines
 
 
+def _live_metrics(series, labels, family, lines, metric) -> None:
+    """The latest live window (engine/live.py): the same LiveStats object /v1/engine/stats shows."""
+    live = lambda f: (lambda st: None if st.live is None else f(st.live))   # noqa: E731
+    metric("stats_window_end_timestamp_seconds", "gauge",
+           "Unix time at which the latest live window (the rates and busy ratios below) ended.",
+           live(lambda lv: lv.time))
+    metric("stats_window_seconds", "gauge", "Length of the latest live window in seconds.",
+           live(lambda lv: lv.window_seconds))
+    metric("prompt_tokens_per_second", "gauge", "Prefill tokens per second over the latest live window.",
+           live(lambda lv: lv.prompt_tokens_per_second))
+    metric("generation_tokens_per_second", "gauge",
+           "Generation tokens per second over the latest live window.",
+           live(lambda lv: lv.generation_tokens_per_second))
+    metric("memory_bandwidth_measured_bytes_per_second", "gauge",
+           "Read bandwidth the engine's threads reached at start-up (the decode roofline).",
+           live(lambda lv: lv.measured_bandwidth))
+    metric("decode_memory_bandwidth_roofline_ratio", "gauge",
+           "Achieved decode bandwidth / measured read bandwidth (1 = at the memory-bandwidth limit).",
+           lambda st: st.roofline_ratio)
+    for name, kind, help, value in (
+            ("engine_thread_busy_ratio", "gauge",
+             "Share of one CPU each engine thread ran in the latest live window "
+             "(/proc/self/task/<tid>/stat), labelled with its planned CPU.", lambda t: t.busy),
+            ("engine_thread_cpu_seconds_total", "counter",
+             "CPU seconds (user + system) each engine thread has run.", lambda t: t.cpu_seconds)):
+        rows = [(engine, t) for engine, st in series if st.live is not None for t in st.live.threads
+                if value(t) is not None]
+        if not rows:
+            continue
+        sample = family(name, kind, help)
+        for engine, t in rows:
+            extra = {"thread": str(t.thread), "cpu": "unbound" if t.cpu is None else str(t.cpu)}
+            lines.append(f"{sample}{_labels({**labels, **engine, **extra})} {_num(float(value(t)))}")
+
+
 class ServerMetrics:
     """Renders GET /metrics from the engine's stats, with this server's labels and CPU facts."""
 
@@ -146,6 +181,8 @@ class ServerMetrics:
             metric("decode_memory_bandwidth_bytes_per_second", "gauge",
                    "Achieved read bandwidth of recent decode steps (bytes read / kernel time).",
                    lambda st: st.achieved_bandwidth)
+        if any(st.live is not None for _, st in series):
+            _live_metrics(series, labels, family, lines, metric)
         # CPU facts nobody else exports
         info = {k: str(v) for k, v in self.kernel_info.items()
                 if k in ("kernel_variant", "num_threads", "isa", "cpu")}

@@ -319,6 +319,8 @@ def openapi_document(version: str, metrics_auth: bool = True) -> dict:
             "/version": _get("Server version and kernel variant", _ref("Version"), auth=True),
             "/metrics": _get("Prometheus metrics", {"type": "string"}, media="text/plain", auth=metrics_auth),
             "/openapi.json": _get("This document", {"type": "object"}, auth=True),
+            "/v1/engine/stats": _get("Engine counters, histograms and the live window (rates, per-thread "
+                                     "busy, bandwidth) the dashboard charts", {"type": "object"}, auth=True),
         },
         "components": {
             "schemas": SCHEMAS,

@@ -350,6 +350,7 @@ AUTHED = [("GET", "/v1/models", None), ("GET", "/v1/models/tiny", None),
           ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}]}),
           ("POST", "/tokenize", {"prompt": "a"}), ("POST", "/detokenize", {"tokens": [1]}),
           ("GET", "/version", None), ("GET", "/metrics", None), ("GET", "/openapi.json", None),
+          ("GET", "/v1/engine/stats", None),
           ("GET", "/no/such/route", None)]
 
 
