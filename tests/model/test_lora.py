@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import _permute_qk, write_gguf
+from conftest import _permute_qk, make_peft_adapter, write_gguf
 from test_parity import BLOCK, lite_logits
 
 from lite_llm import LoRARequest, SamplingParams
@@ -19,24 +19,6 @@ from lite_llm.lora import LoRAManager, load_adapter
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = [[5, 17, 200, 33, 90, 250, 7, 64, 128, 3, 41, 300, 12], [8, 1, 99, 40], [60, 61, 62, 63, 64, 65, 66]]
-
-
-def make_peft_adapter(base, out, r: int, alpha: float, targets, seed: int, rslora: bool = False):
-    """A PEFT adapter of `base` with random A and B, saved to out (adapter_config.json +
-    adapter_model.safetensors)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
-    torch.manual_seed(seed)
-    cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), init_lora_weights=False,
-                     use_rslora=rslora, lora_dropout=0.0)
-    model = get_peft_model(model, cfg)
-    with torch.no_grad():   # B of the size of A's effect, so an adapter moves logits clearly, not wildly
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.normal_(0.0, 0.1)
-    model.save_pretrained(str(out))
-    return out
 
 
 def peft_logits(base, adapter, prompts) -> list[np.ndarray]:
