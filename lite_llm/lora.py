@@ -280,7 +280,13 @@ class LoRAManager:
         """Read the adapter at path and give it a slot under `name`. ValueError: a bad adapter,
         the name taken, or every slot busy (evict: drop the least recently loaded adapter no
         request uses, as an offline LoRARequest may)."""
-        adapter = load_adapter(path, self.config, self.max_rank, name)    # outside the lock: reads files
+        self.add(load_adapter(path, self.config, self.max_rank, name), int_id, evict)   # reads files unlocked
+
+    def add(self, adapter: LoRAAdapter, int_id: int | None = None, evict: bool = False) -> None:
+        """Give an adapter already read (and checked against this base model) a slot."""
+        name, path = adapter.name, adapter.path
+        if adapter.rank > self.max_rank:
+            raise ValueError(f"LoRA adapter {name!r} has rank {adapter.rank}, above --max-lora-rank {self.max_rank}")
         with self._lock:
             if name in self._by_name:
                 raise ValueError(f"LoRA adapter {name!r} is already loaded")
