@@ -13,6 +13,8 @@
 
 cdef extern from "kernels/lora.h" nogil:
     void ll_lora_shrink_f32(const float *a, Py_ssize_t lda, int nrows, const float *x, Py_ssize_t k, float *out)
+    void ll_lora_shrink2_f32(const float *a, Py_ssize_t lda, int nrows, const float *x0, const float *x1,
+                             Py_ssize_t k, float *out0, float *out1)
     void ll_lora_expand_f32(const float *t, const float *bt, Py_ssize_t ldb, int r, float *y, Py_ssize_t n)
 
 cdef enum:
@@ -153,32 +155,60 @@ cdef Py_ssize_t _lora_group(LoraWeights lw, const int32_t *seq_lora, const int32
     return nl
 
 
+cdef enum:
+    LORA_COLS = 256    # expand: columns of Bt per pass over an adapter's rows (r x 256 fp32 stay in L1)
+
+
 cdef void _lora_shrink(const LoraStep *s, const LoraG *g, const float *x, Py_ssize_t ldx,
                        int tid, int nth) noexcept nogil:
-    """s.tmp[t, i r + j] = A_i[slot(t), j] . x[t] for each row t with an adapter: items of
-    (adapter, target i, 4 rank rows) split across threads, each A row reused over the rows of
-    its adapter."""
-    cdef Py_ssize_t nb = (g.r + 3) // 4, per = g.nt * nb, R = g.nt * g.r, item, gi, j0, i, t
+    """s.tmp[t, i r + j] = A_i[slot(t), j] . x[t] for each row t with an adapter (vLLM's punica
+    shrink). An adapter with many rows splits them across threads, each row (two at a time)
+    against all of the adapter's rank rows (A stays in cache); one with few rows (decode)
+    splits its (target, 4 rank rows) items instead, so every thread has work."""
+    cdef Py_ssize_t nb = (g.r + 3) // 4, per = g.nt * nb, R = g.nt * g.r, item, gi, j0, i, t, t1, n, lo, hi
     cdef int slot, ti, rk, nrows
-    for item in range(_lo(s.nl * per, tid, nth), _lo(s.nl * per, tid + 1, nth)):
-        gi = item // per
-        ti = <int>((item % per) // nb)
-        j0 = ((item % per) % nb) * 4
+    cdef const float *a
+    for gi in range(s.nl):
         slot = s.lslot[gi]
-        rk = g.rank[slot * g.nt + ti]
-        if j0 >= rk:
+        n = s.loff[gi + 1] - s.loff[gi]
+        if n >= 4 * nth:
+            lo, hi = s.loff[gi] + _lo(n, tid, nth), s.loff[gi] + _lo(n, tid + 1, nth)
+            i = lo
+            while i < hi:   # two rows at a time against every rank row: A from cache, x rows from L1
+                t = s.lrows[i]
+                t1 = s.lrows[i + 1] if i + 1 < hi else -1
+                for ti in range(g.nt):
+                    rk = g.rank[slot * g.nt + ti]
+                    j0 = 0
+                    while j0 < rk:
+                        nrows = <int>min(4, rk - j0)
+                        a = g.a + (slot * R + ti * g.r + j0) * g.k
+                        if t1 >= 0:
+                            ll_lora_shrink2_f32(a, g.k, nrows, x + t * ldx, x + t1 * ldx, g.k,
+                                                s.tmp + t * s.ldt + ti * g.r + j0, s.tmp + t1 * s.ldt + ti * g.r + j0)
+                        else:
+                            ll_lora_shrink_f32(a, g.k, nrows, x + t * ldx, g.k, s.tmp + t * s.ldt + ti * g.r + j0)
+                        j0 += 4
+                i += 2
             continue
-        nrows = <int>min(4, rk - j0)
-        for i in range(s.loff[gi], s.loff[gi + 1]):
-            t = s.lrows[i]
-            ll_lora_shrink_f32(g.a + (slot * R + ti * g.r + j0) * g.k, g.k, nrows, x + t * ldx, g.k,
-                               s.tmp + t * s.ldt + ti * g.r + j0)
+        for item in range(_lo(per, tid, nth), _lo(per, tid + 1, nth)):
+            ti = <int>(item // nb)
+            j0 = (item % nb) * 4
+            rk = g.rank[slot * g.nt + ti]
+            if j0 >= rk:
+                continue
+            nrows = <int>min(4, rk - j0)
+            for i in range(s.loff[gi], s.loff[gi + 1]):
+                t = s.lrows[i]
+                ll_lora_shrink_f32(g.a + (slot * R + ti * g.r + j0) * g.k, g.k, nrows, x + t * ldx, g.k,
+                                   s.tmp + t * s.ldt + ti * g.r + j0)
 
 
 cdef void _lora_expand(const LoraStep *s, const LoraG *g, float *out, Py_ssize_t ldo, int tid, int nth) noexcept nogil:
     """out[t, col_i + c] += s.tmp[t, i r:(i + 1) r] . Bt_i[slot(t), :, c] for each row t with an
-    adapter: each thread a slice of every target's columns, over all adapters' rows."""
-    cdef Py_ssize_t n, nch, c0, c1, gi, i, t
+    adapter (vLLM's punica expand): each thread a slice of every target's columns, LORA_COLS at
+    a time over all adapters' rows."""
+    cdef Py_ssize_t n, nch, c0, c1, cb, w, gi, i, t
     cdef int slot, ti, rk
     cdef const float *b
     for ti in range(g.nt):
@@ -186,17 +216,19 @@ cdef void _lora_expand(const LoraStep *s, const LoraG *g, float *out, Py_ssize_t
         nch = (n + 15) // 16
         c0 = _lo(nch, tid, nth) * 16
         c1 = min(_lo(nch, tid + 1, nth) * 16, n)
-        if c1 <= c0:
-            continue
-        for gi in range(s.nl):
-            slot = s.lslot[gi]
-            rk = g.rank[slot * g.nt + ti]
-            if rk == 0:
-                continue
-            b = g.bt[ti] + slot * g.r * n + c0
-            for i in range(s.loff[gi], s.loff[gi + 1]):
-                t = s.lrows[i]
-                ll_lora_expand_f32(s.tmp + t * s.ldt + ti * g.r, b, n, rk, out + t * ldo + g.col[ti] + c0, c1 - c0)
+        cb = c0
+        while cb < c1:
+            w = min(LORA_COLS, c1 - cb)
+            for gi in range(s.nl):
+                slot = s.lslot[gi]
+                rk = g.rank[slot * g.nt + ti]
+                if rk == 0:
+                    continue
+                b = g.bt[ti] + slot * g.r * n + cb
+                for i in range(s.loff[gi], s.loff[gi + 1]):
+                    t = s.lrows[i]
+                    ll_lora_expand_f32(s.tmp + t * s.ldt + ti * g.r, b, n, rk, out + t * ldo + g.col[ti] + cb, w)
+            cb += LORA_COLS
 
 
 def lora_apply(LoraWeights lw, int layer, int group,

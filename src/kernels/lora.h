@@ -32,6 +32,36 @@ static inline void ll_lora_shrink_f32(const float *a /* [nrows][lda] */, ptrdiff
     for (int j = 0; j < nrows; j++) out[j] = s[j];
 }
 
+/* out0[j] = a[j * lda] . x0 and out1[j] = a[j * lda] . x1 over k values, for nrows <= 4 rows of a:
+ * two rows of a step against the same rank rows, each A lane group loaded once for both. */
+static inline void ll_lora_shrink2_f32(const float *a /* [nrows][lda] */, ptrdiff_t lda, int nrows,
+                                       const float *x0 /* [k] */, const float *x1 /* [k] */, ptrdiff_t k,
+                                       float *out0 /* [nrows] */, float *out1 /* [nrows] */) {
+    ll_vf32 p0 = ll_zero(), p1 = ll_zero(), p2 = ll_zero(), p3 = ll_zero();
+    ll_vf32 q0 = ll_zero(), q1 = ll_zero(), q2 = ll_zero(), q3 = ll_zero();
+    const float *a0 = a, *a1 = a + (nrows > 1 ? lda : 0), *a2 = a + (nrows > 2 ? 2 * lda : 0),
+                *a3 = a + (nrows > 3 ? 3 * lda : 0);
+    ptrdiff_t i = 0;
+    for (; i + LL_VF32_LANES <= k; i += LL_VF32_LANES) {
+        const ll_vf32 u = ll_load(x0 + i), v = ll_load(x1 + i);
+        ll_vf32 w = ll_load(a0 + i);
+        p0 = ll_fma(w, u, p0); q0 = ll_fma(w, v, q0);
+        w = ll_load(a1 + i);
+        p1 = ll_fma(w, u, p1); q1 = ll_fma(w, v, q1);
+        w = ll_load(a2 + i);
+        p2 = ll_fma(w, u, p2); q2 = ll_fma(w, v, q2);
+        w = ll_load(a3 + i);
+        p3 = ll_fma(w, u, p3); q3 = ll_fma(w, v, q3);
+    }
+    float s[4] = {ll_hsum(p0), ll_hsum(p1), ll_hsum(p2), ll_hsum(p3)};
+    float t[4] = {ll_hsum(q0), ll_hsum(q1), ll_hsum(q2), ll_hsum(q3)};
+    for (; i < k; i++) {
+        s[0] += a0[i] * x0[i]; s[1] += a1[i] * x0[i]; s[2] += a2[i] * x0[i]; s[3] += a3[i] * x0[i];
+        t[0] += a0[i] * x1[i]; t[1] += a1[i] * x1[i]; t[2] += a2[i] * x1[i]; t[3] += a3[i] * x1[i];
+    }
+    for (int j = 0; j < nrows; j++) { out0[j] = s[j]; out1[j] = t[j]; }
+}
+
 /* y[0..n) += sum_j t[j] * bt[j * ldb + 0..n) over j < r: each lane group of y read and
  * written once, the r rows of Bt streamed. */
 static inline void ll_lora_expand_f32(const float *t /* [r] */, const float *bt /* [r][ldb] */, ptrdiff_t ldb,

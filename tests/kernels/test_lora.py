@@ -19,9 +19,17 @@ class _Cfg:
 GROUP_TARGETS = {0: ("q", "k", "v"), 1: ("o",), 2: ("gate", "up"), 3: ("down",)}
 
 
+# few rows per adapter (decode: rank rows split across threads) and many (prefill: rows split,
+# two at a time, an odd count left over)
+SLOTS = {"few": [2, -1, 0, 0, 1, -1, 2, 0, 1, 1, -1],
+         "many": np.random.default_rng(7).integers(-1, 3, 61).tolist()}
+
+
 @pytest.mark.parametrize("variant", _kernels.available())
 @pytest.mark.parametrize("group", [0, 1, 2, 3])
-def test_grouped_lora_matches_numpy(variant, group, rng):
+@pytest.mark.parametrize("rows", sorted(SLOTS))
+@pytest.mark.parametrize("threads", [2, 3])
+def test_grouped_lora_matches_numpy(variant, group, rows, threads, rng):
     k = _kernels.load(variant)
     cfg = _Cfg()
     E, F, HD, KD = cfg.dim, cfg.ffn_dim, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
@@ -41,11 +49,11 @@ def test_grouped_lora_matches_numpy(variant, group, rng):
             lw.set_target(slot, 1, target, a, np.ascontiguousarray((b * scale).T))
     kk = shapes[GROUP_TARGETS[group][0]][1]
     widths = [shapes[t][0] for t in GROUP_TARGETS[group]]
-    slots = np.array([2, -1, 0, 0, 1, -1, 2, 0, 1, 1, -1], np.int32)
+    slots = np.array(SLOTS[rows], np.int32)
     x = rng.standard_normal((len(slots), kk)).astype(np.float32)
     out0 = rng.standard_normal((len(slots), sum(widths))).astype(np.float32)
     out = out0.copy()
-    k.lora_apply(lw, 1, group, x, slots, out, 2)
+    k.lora_apply(lw, 1, group, x, slots, out, threads)
     want = out0.astype(np.float64)
     for t, slot in enumerate(slots):
         col = 0
@@ -58,7 +66,7 @@ def test_grouped_lora_matches_numpy(variant, group, rng):
     assert not np.array_equal(out, out0)
     # layer 0 holds no adapter: nothing changes
     out2 = out0.copy()
-    k.lora_apply(lw, 0, group, x, slots, out2, 2)
+    k.lora_apply(lw, 0, group, x, slots, out2, threads)
     np.testing.assert_array_equal(out2, out0)
 
 
