@@ -133,11 +133,15 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
                  seed: int = 0, disable_sliding_window: bool = False, skip_tokenizer_init: bool = False,
                  max_queue: int | None = None, serving: bool = False, progress: bool = True,
                  num_kv_blocks: int | None = None, quantization: str | None = None,
-                 kv_cache_dtype: str | None = "auto", speculative_config=None, tensor_parallel_size: int = 1):
+                 kv_cache_dtype: str | None = "auto", speculative_config=None, tensor_parallel_size: int = 1,
+                 enable_lora: bool = False, max_loras: int = 1, max_lora_rank: int = 16,
+                 lora_modules: list[tuple[str, str]] | None = None):
     """Everything from a model argument to a started AsyncEngine. Returns (engine, loaded, info).
     num_kv_blocks: exactly this many KV blocks instead of kv_cache_space (see plan_kv_cache).
     speculative_config: config.SpeculativeConfig, its dict or JSON text (vLLM's keys).
-    tensor_parallel_size: ranks (engine/tp.py): from the bind spec's lists, or NUMA nodes under auto."""
+    tensor_parallel_size: ranks (engine/tp.py): from the bind spec's lists, or NUMA nodes under auto.
+    enable_lora: room for max_loras LoRA adapters of rank <= max_lora_rank, served per request
+    (lora.py); lora_modules: (name, path) adapters loaded at start."""
     t0 = time.perf_counter()
     cpu.configure_openmp_env()          # before the first OpenMP region in the process
     plan = plan_ranks(tensor_parallel_size, serving)
@@ -211,7 +215,11 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
                                         num_threads=num_threads, disable_sliding_window=disable_sliding_window,
                                         quantization=quantization, kv_cache_dtype=kv_cache_dtype,
                                         proposer=proposer, tp_rank=0, tp_size=tensor_parallel_size,
-                                        tp_group=group)
+                                        tp_group=group, max_loras=max_loras if enable_lora else 0,
+                                        max_lora_rank=max_lora_rank)
+            if enable_lora:
+                from lite_llm.lora import LoRAManager
+                engine.lora = LoRAManager(loaded.config, engine.runner.lora_weights, max_loras, max_lora_rank)
             if group is not None:
                 group.wait_ready()
                 group.ranks[0].update(binding="; ".join(report.describe()), cpus=list(report.planned),
@@ -229,6 +237,14 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
     except EngineDeadError as e:     # a broken checkpoint: raise what the loader said
         raise (e.__cause__ or e) from None
     runner = engine.runner
+    if lora_modules and not enable_lora:
+        raise ValueError("--lora-modules needs --enable-lora")
+    for name, path in lora_modules or ():
+        try:
+            engine.lora.load(name, path)
+        except ValueError:
+            async_engine.shutdown(0.0)
+            raise
     info = {
         "model_path": loaded.source, "model_name": model or os.path.basename(loaded.source),
         "max_model_len": loaded.max_model_len, "dtype": loaded.dtype, "architecture": cfg.architecture,
@@ -243,6 +259,7 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
         "startup_seconds": time.perf_counter() - t0,
         "speculative_config": None if spec is None else dataclasses.asdict(spec),
         "tensor_parallel_size": tensor_parallel_size,
+        "enable_lora": enable_lora, "max_loras": max_loras if enable_lora else 0, "max_lora_rank": max_lora_rank,
         "tensor_parallel_ranks": group.ranks if group is not None else [],
     }
     if group is not None:
@@ -307,7 +324,8 @@ class LLM:
                  quantization: str | None = None, kv_cache_dtype: str = "auto",
                  speculative_config: dict | str | None = None, tensor_parallel_size: int = 1,
                  runner: str = "auto", pooler_config: dict | str | None = None,
-                 hf_overrides: dict | str | None = None, **kwargs: Any):
+                 hf_overrides: dict | str | None = None, enable_lora: bool = False, max_loras: int = 1,
+                 max_lora_rank: int = 16, **kwargs: Any):
         if kwargs:
             log.warning("LLM: ignoring unsupported arguments %s", sorted(kwargs))
         from lite_llm import pooling   # runner="pooling": embeddings, classification, scores
@@ -328,7 +346,8 @@ class LLM:
             seed=seed, disable_sliding_window=disable_sliding_window,
             skip_tokenizer_init=skip_tokenizer_init, serving=False, quantization=quantization,
             kv_cache_dtype=kv_cache_dtype, speculative_config=speculative_config,
-            tensor_parallel_size=tensor_parallel_size)
+            tensor_parallel_size=tensor_parallel_size, enable_lora=enable_lora, max_loras=max_loras,
+            max_lora_rank=max_lora_rank)
         self.tokenizer = self._loaded.tokenizer
         self.config = self._loaded.config
 
@@ -341,9 +360,10 @@ class LLM:
         return default_sampling_params(self._loaded.generation_config)
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, lora_request=None) -> list[RequestOutput]:
         """prompts: a str, a {"prompt_token_ids": [...]} dict, or a list of either. Runs them
-        batched; returns one RequestOutput per prompt, in order."""
+        batched; returns one RequestOutput per prompt, in order. lora_request: a LoRARequest
+        (or None: the base model) for every prompt, or a list of them, one per prompt."""
         self._need("generate")
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
@@ -353,10 +373,14 @@ class LLM:
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError(f"{len(loras)} LoRA requests for {len(prompts)} prompts")
         requests = [self._to_request(p) for p in prompts]
         streams = []
-        for (text, ids), sp in zip(requests, params):
-            streams.append(self._engine.add_request(f"offline-{uuid.uuid4().hex}", ids, sp, prompt=text))
+        for (text, ids), sp, lora in zip(requests, params, loras):
+            streams.append(self._engine.add_request(f"offline-{uuid.uuid4().hex}", ids, sp, prompt=text,
+                                                    lora_request=lora))
         results = []
         show = use_tqdm and sys.stderr.isatty()
         for i, stream in enumerate(streams):

@@ -370,6 +370,28 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
     return write_gguf(out, {k: (np.ascontiguousarray(v), None) for k, v in tensors.items()}, arch, meta)
 
 
+# ---- LoRA adapters --------------------------------------------------------------------
+
+
+def make_peft_adapter(base, out, r: int, alpha: float, targets, seed: int, rslora: bool = False):
+    """A PEFT adapter of `base` with random A and B, saved to out (adapter_config.json +
+    adapter_model.safetensors)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    torch.manual_seed(seed)
+    cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), init_lora_weights=False,
+                     use_rslora=rslora, lora_dropout=0.0)
+    model = get_peft_model(model, cfg)
+    with torch.no_grad():   # B of the size of A's effect, so an adapter moves logits clearly, not wildly
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.normal_(0.0, 0.1)
+    model.save_pretrained(str(out))
+    return out
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)

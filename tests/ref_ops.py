@@ -246,3 +246,9 @@ def qgemm(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.nd
     """A block-quantized GEMM: x [T, K] quantized to int8 blocks (quantize_q8), times the
     dequantized weight w [N, K] (+ bias), in float64."""
     return gemm(dequantize_q8(*quantize_q8(x)[:2]), w, bias)
+
+
+def lora(x: np.ndarray, a: np.ndarray, b: np.ndarray, scale: float) -> np.ndarray:
+    """A LoRA adapter's addition to a projection: (x [T, K] @ A [r, K]^T) @ B [N, r]^T * scale,
+    in float64."""
+    return (x.astype(np.float64) @ a.astype(np.float64).T) @ b.astype(np.float64).T * scale

@@ -63,8 +63,8 @@ cdef struct WorkC:
     int8_t *xq2     # [T, F] int8 blocks of the MLP activation (the down projection's input)
     float *xqd2     # [T, F / 32]
     float *xqs2     # [T, F / 16]
-    int *counter    # [8 x 16] work counters, one cache line each: attention, qkv, o, up, down, lm_head,
-                    # MoE gated, MoE down
+    int *counter    # [9 x 16] work counters, one cache line each: attention, qkv, o, up, down, lm_head,
+                    # MoE gated, MoE down, LoRA steps' unfused gate/up
     # mixture of experts (A = T K routed rows, grouped by expert): NULL for dense models
     float *router   # [T, X + 1] router logits, the shared gate's at X (then its sigmoid)
     float *moe_wt   # [T, K] weight of each token's k-th expert
@@ -87,6 +87,10 @@ cdef struct WorkC:
     float *gactqs
     float *gout     # [A, E] experts' outputs, before their weighted sum
     float *partials # [_max_split_items, _partial_stride] attention split results (decode of few sequences)
+    # LoRA (lora.pxi): NULL without adapters
+    float *ltmp     # [T, 3 r] shrink results
+    float *lgu      # [T, 2F] raw gate then up rows of a step with adapters (the unfused gated MLP)
+    int32_t *lgrp   # [3 T + 1] rows grouped by adapter: slots [T], offsets [T + 1], rows [T]
 
 
 cdef Mat _mat(dict tensors, str name, str dtype, list keep, bint fma) except *:
@@ -339,12 +343,13 @@ cdef bint _any_quantized(const ModelC *mc):
 
 
 cdef class Workspace:
-    """Activation buffers for steps of up to max_tokens tokens and max_rows logits rows."""
-    cdef readonly int max_tokens, max_rows, num_threads
+    """Activation buffers for steps of up to max_tokens tokens and max_rows logits rows
+    (lora_rank > 0: and for LoRA adapters of up to that rank, lora.pxi)."""
+    cdef readonly int max_tokens, max_rows, num_threads, lora_rank
     cdef WorkC c
     cdef list keep
 
-    def __init__(self, Model m, int max_tokens, int max_rows, int num_threads):
+    def __init__(self, Model m, int max_tokens, int max_rows, int num_threads, int lora_rank=0):
         from lite_llm._kernels.layout import aligned_zeros
         cdef ModelC *mc = &m.c
         cdef int qkv_n = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
@@ -360,7 +365,7 @@ cdef class Workspace:
                 aligned_zeros((max_tokens, ffn), np.float32),
                 aligned_zeros((max(num_threads, 1), ll_attention_scratch(mc.head_dim, mc.num_heads // mc.num_kv_heads)), np.float32),
                 aligned_zeros((max(max_tokens, max_rows), (max_k + 1) // 2 + 1), np.uint32),
-                aligned_zeros((8 * 16,), np.int32),
+                aligned_zeros((9 * 16,), np.int32),
                 aligned_zeros((max_tokens + 1,), np.int32),
                 aligned_zeros((max_tokens, (ffn + 1) // 2 + 1), np.uint32),
                 aligned_zeros((_max_split_items(max(num_threads, 1)),
@@ -389,6 +394,14 @@ cdef class Workspace:
             self.c.xq2, self.c.xqd2, self.c.xqs2 = <int8_t *>_ptr(bufs[15]), <float *>_ptr(bufs[16]), <float *>_ptr(bufs[17])
         self.c.scratch_len = bufs[6].shape[1]
         self._moe_buffers(mc, max_tokens)
+        self.c.ltmp = self.c.lgu = NULL
+        self.c.lgrp = NULL
+        if lora_rank > 0:
+            lb = [aligned_zeros((max_tokens, 3 * lora_rank), np.float32),
+                  aligned_zeros((max_tokens, 2 * mc.ffn_dim), np.float32), aligned_zeros((3 * max_tokens + 1,), np.int32)]
+            self.keep.append(lb)
+            self.c.ltmp, self.c.lgu, self.c.lgrp = <float *>_ptr(lb[0]), <float *>_ptr(lb[1]), <int32_t *>_ptr(lb[2])
+        self.lora_rank = lora_rank
 
     cdef _moe_buffers(self, const ModelC *mc, int max_tokens):
         """The MoE phase's buffers (WorkC), sized for A = max_tokens x K routed rows."""
@@ -441,15 +454,19 @@ def forward(Model m, Workspace ws,
             int num_threads, TPComm tp=None,
             const int32_t[::1] attn_positions=None,   # IN [T] last position each token attends to; None: its own
             const int32_t[::1] token_types=None,      # IN [T] token-type rows (type_embed); None: row 0
-            bint hidden=False):
+            bint hidden=False, LoraWeights lora=None,
+            const int32_t[::1] seq_lora=None):  # IN [S] adapter slot of each sequence (block table row), -1: none
     """Run all layers over a flat batch of T tokens from S sequences; the KV of every token is
     written to its slot first, then each token attends to its sequence's positions <= its own
     (causal), or <= attn_positions[t] (an encoder: the sequence's last position, every token of
     it in this step). hidden: logits gets the rows' final hidden states (after the final norm,
-    if any) instead of the LM head's logits (pooling models)."""
+    if any) instead of the LM head's logits (pooling models). lora / seq_lora: the adapters'
+    stacked weights and each sequence's slot in them (lora.pxi)."""
     cdef Py_ssize_t t, r, T = token_ids.shape[0], R = logits_rows.shape[0]
     cdef ModelC *mc = &m.c
     cdef const int32_t *apos = &positions[0] if T else NULL
+    cdef LoraStep ls
+    ls.nl, ls.groups, ls.tmp, ls.ldt = 0, NULL, NULL, 0
     if T > ws.max_tokens or R > ws.max_rows or num_threads > ws.num_threads:
         raise ValueError(f"step of {T} tokens / {R} rows / {num_threads} threads exceeds the workspace")
     if positions.shape[0] != T or slot_mapping.shape[0] != T or tok_seq.shape[0] != T:
@@ -483,11 +500,23 @@ def forward(Model m, Workspace ws,
     for r in range(R):
         if logits_rows[r] < 0 or logits_rows[r] >= T:
             raise ValueError(f"logits row {logits_rows[r]} outside the step")
+    if lora is not None and seq_lora is not None:
+        if tp is not None or ws.c.ltmp == NULL or lora.max_rank > ws.lora_rank or lora.num_layers != mc.num_layers \
+                or lora.dim != mc.dim or lora.ffn_dim != mc.ffn_dim:
+            raise ValueError("forward: LoRA weights that do not fit this model and workspace (or tensor parallel)")
+        if seq_lora.shape[0] < block_tables.shape[0]:
+            raise ValueError(f"forward: seq_lora [{seq_lora.shape[0]}] shorter than the {block_tables.shape[0]} block tables")
+        for t in range(block_tables.shape[0]):
+            if seq_lora[t] < -1 or seq_lora[t] >= lora.max_loras:
+                raise ValueError(f"adapter slot {seq_lora[t]} outside -1..{lora.max_loras - 1}")
+        ls.groups, ls.tmp, ls.ldt = lora.g, ws.c.ltmp, 3 * ws.lora_rank
+        ls.lslot, ls.loff, ls.lrows = ws.c.lgrp, ws.c.lgrp + T, ws.c.lgrp + 2 * T + 1
+        ls.nl = _lora_group(lora, &seq_lora[0], &tok_seq[0], T, ws.c.lgrp, ws.c.lgrp + T, ws.c.lgrp + 2 * T + 1)
     with nogil:
         _forward(mc, &ws.c, T, &token_ids[0], &positions[0], &slot_mapping[0], &tok_seq[0],
                  &block_tables[0, 0], block_tables.shape[1], R, &logits_rows[0] if R else NULL,
                  &logits[0, 0] if R else NULL, num_threads, &tp.c if tp is not None else NULL,
-                 apos, &token_types[0] if token_types is not None else NULL, hidden)
+                 apos, &token_types[0] if token_types is not None else NULL, hidden, &ls)
     if tp is not None and tp.c.failed:
         raise RuntimeError(f"tensor parallel rank {tp.c.rank}: an all-reduce {TP_FAILURES[tp.c.failed]} "
                            "(another rank died or stopped)")
@@ -537,12 +566,14 @@ cdef struct StepC:
     int hidden                    # logits gets [R, E] hidden rows
     ll_tp *tp                     # tensor parallel: this rank's group, or NULL
     uint64_t gen0                 # all-reduces the group did before this step
+    LoraStep lora                 # the step's adapters (lora.nl 0: none)
 
 
 cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t *token_ids, const int32_t *positions,
                    const int64_t *slot_mapping, const int32_t *tok_seq, const int32_t *block_tables,
                    Py_ssize_t max_blocks, Py_ssize_t R, const int32_t *logits_rows, float *logits,
-                   int nt, ll_tp *tp, const int32_t *attn_pos, const int32_t *token_types, int hidden) noexcept nogil:
+                   int nt, ll_tp *tp, const int32_t *attn_pos, const int32_t *token_types, int hidden,
+                   const LoraStep *lora) noexcept nogil:
     """ONE parallel region for the whole step: every thread runs _step over its share of each
     phase, with a barrier between dependent phases (far cheaper than a fork/join per op)."""
     cdef StepC s
@@ -552,7 +583,8 @@ cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t
     s.block_tables, s.logits_rows, s.logits = block_tables, logits_rows, logits
     s.tp, s.gen0 = tp, tp.gen if tp != NULL else 0
     s.attn_pos, s.token_types, s.hidden = attn_pos, token_types, hidden
-    for i in range(6):
+    s.lora = lora[0]
+    for i in range(9):
         ws.counter[16 * i] = 0
     s.num_tiles = _build_tiles(tok_seq, T, ws.tiles)
     s.max_keys = _max_keys(attn_pos, T)
@@ -652,6 +684,48 @@ cdef inline void _gated_phase(const ModelC *m, const WorkC *ws, const Mat *w, co
         return
     while _next_chunk(ws.counter + 3 * 16, units, layer, nth, &u0, &u1):
         _gated_range(m, ws, w, down, T, 2 * u0, min(2 * u1, ng))
+
+
+cdef void _lora_mlp(const ModelC *m, const WorkC *ws, const StepC *s, const LayerW *L, const LoraG *G,
+                    Py_ssize_t layer, int tid, int nth) noexcept nogil:
+    """x += the gated MLP of the normed rows h with the step's adapters (lora.pxi), inside
+    _step's parallel region. The gate/up GEMM runs unfused, raw gate and up rows into lgu, so
+    the adapters' gate / up products join them before the activation:
+
+      gate/up   lgu [T, 2F] = h . W_gate_up (dynamic panels when small), adapters' shrink beside it
+      expand    lgu += adapters' gate / up products
+      act       act = act(gate) * up, in the down projection's input form, split by columns
+      down      x (or h, then the post norm) += act . W_down, adapters' shrink before, expand after"""
+    cdef Py_ssize_t t, T = s.T, E = m.dim, F = m.ffn_dim, chunks, c0, c1
+    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E)
+    cdef ll_qact xq_f = _qact(ws.xq2, ws.xqd2, ws.xqs2, F)
+    cdef int form = ll_mat_form(&L.down, T)
+    cdef bint via_h = m.post_norms or m.residual_scale != 1.0
+    _lora_shrink(&s.lora, G + LORA_GATE_UP, ws.h, E, tid, nth)
+    _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.up, ws.lgu, 2 * F, 0, ws.counter + 8 * 16, layer, tid, nth)
+    ll_omp_barrier()
+    _lora_expand(&s.lora, G + LORA_GATE_UP, ws.lgu, 2 * F, tid, nth)
+    ll_omp_barrier()
+    chunks = (F + 31) // 32     # whole 32-value blocks per thread: an int8 block is made by one
+    c0 = _lo(chunks, tid, nth) * 32
+    c1 = min(_lo(chunks, tid + 1, nth) * 32, F)
+    if c1 > c0:
+        for t in range(T):
+            ll_act_mul_f32(ws.lgu + t * 2 * F + c0, ws.lgu + t * 2 * F + F + c0, ws.act + t * F + c0, c1 - c0, m.act)
+            if form == LL_IN_BF16:
+                ll_f32_to_bf16_pairs(ws.act + t * F + c0, 0, ws.xb2 + t * ((F + 1) // 2) + c0 // 2, 0, 1, c1 - c0)
+            elif form == LL_IN_Q8:
+                ll_quantize_rows_q8(ws.act + t * F + c0, 0, 0, 1, c1 - c0, ws.xq2 + t * F + c0,
+                                    ws.xqd2 + t * (F // 32) + c0 // 32, ws.xqs2 + t * (F // 16) + c0 // 16)
+    ll_omp_barrier()
+    _lora_shrink(&s.lora, G + LORA_DOWN, ws.act, F, tid, nth)
+    _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ws.h if via_h else ws.x, E, 0 if via_h else 1,
+                ws.counter + 4 * 16, layer, tid, nth)
+    ll_omp_barrier()
+    _lora_expand(&s.lora, G + LORA_DOWN, ws.h if via_h else ws.x, E, tid, nth)
+    if via_h:
+        ll_omp_barrier()
+        _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, _lo(T, tid, nth), _lo(T, tid + 1, nth))
 
 
 cdef inline void _attn_to_input(const WorkC *ws, int form, Py_ssize_t pair, Py_ssize_t q_n, Py_ssize_t group,
@@ -820,6 +894,7 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
     cdef float *row
     cdef const float *trow
     cdef const LayerW *L
+    cdef const LoraG *G = NULL
     # int8 blocks of the GEMM inputs: rows of E (qkv, gate/up, lm_head), H D (o) or F (down) values
     cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E)
     cdef ll_qact xq_o = _qact(ws.xq, ws.xqd, ws.xqs, q_n)
@@ -850,8 +925,14 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         else:
             _norm_rows(m, L.attn_norm_w, L.attn_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, ll_mat_form(&L.qkv, T), t0, t1)
         ll_omp_barrier()
+        if s.lora.nl:   # adapters' q/k/v shrink beside the base GEMM (both only read h)
+            G = s.lora.groups + l * LORA_GROUPS
+            _lora_shrink(&s.lora, G + LORA_QKV, ws.h, E, tid, nth)
         _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.qkv, ws.qkv, qkv_n, 0, ws.counter + 16, l, tid, nth)
         ll_omp_barrier()
+        if s.lora.nl:
+            _lora_expand(&s.lora, G + LORA_QKV, ws.qkv, qkv_n, tid, nth)
+            ll_omp_barrier()
         for t in range(t0, t1):
             row = ws.qkv + t * qkv_n
             for head in range(H + Hkv):   # q heads then k heads
@@ -883,6 +964,8 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                 _combine_item(pair, nsplit, ws.partials, ws.attn, q_n, ws.tiles, H, Hkv, D)
                 _attn_to_input(ws, ll_mat_form(&L.o, T), pair, q_n, group, D)
             ll_omp_barrier()
+        if s.lora.nl:   # reads the final attention rows; expanded once the o GEMM is done
+            _lora_shrink(&s.lora, G + LORA_O, ws.attn, q_n, tid, nth)
         if s.tp != NULL:   # this rank's heads' share of o into its slot; the sum over ranks into h
             _gemm_part(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ll_tp_slot(s.tp, s.gen0 + 2 * l + 1, s.tp.rank),
                        E, 0, tid, nth)
@@ -891,9 +974,15 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         elif m.post_norms or m.residual_scale != 1.0:   # o into h (free: qkv has read it), then x += norm(h)
             _gemm_part(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.h, E, 0, tid, nth)
             ll_omp_barrier()
+            if s.lora.nl:
+                _lora_expand(&s.lora, G + LORA_O, ws.h, E, tid, nth)
+                ll_omp_barrier()
             _residual_add(m, L.post_attn_norm_w, ws.h, ws.x, t0, t1)
         else:
             _gemm_part(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.x, E, 1, tid, nth)   # static: the prefetched panels
+            if s.lora.nl:
+                ll_omp_barrier()
+                _lora_expand(&s.lora, G + LORA_O, ws.x, E, tid, nth)
         ll_omp_barrier()
         # --- MLP block: norm, gate/up with the activation fused (or up, act), down + residual
         if m.post_ln:   # BERT: x = LN(x + attention), the MLP's input
@@ -907,6 +996,8 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
             _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, t0, t1)
         elif m.num_experts:
             _moe_block(m, ws, L, T, ws.x, 1, tid, nth)
+        elif s.lora.nl:
+            _lora_mlp(m, ws, s, L, G, l, tid, nth)
         elif m.gated:
             _gated_phase(m, ws, &L.up, &L.down, T, l, tid, nth)
             ll_omp_barrier()

@@ -8,5 +8,6 @@ tests call; `forward` runs a whole engine step in one nogil call.
 include "common.pxi"
 include "ops.pxi"
 include "tp.pxi"
+include "lora.pxi"
 include "forward.pxi"
 include "convert.pxi"

@@ -237,16 +237,20 @@ def chat_prompt_ids(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(rendered, add_special_tokens=False)
 
 
-def run_requests(engine, prompts: list[list[int]], output_len: int, structured=None) -> list[RequestTiming]:
+def run_requests(engine, prompts: list[list[int]], output_len: int, structured=None,
+                 loras: list | None = None) -> list[RequestTiming]:
     """Submit every prompt at once (greedy, ignore_eos, exactly output_len tokens each), wait
     for all; one RequestTiming per prompt, in order. structured: a StructuredOutputsParams every
-    request follows (it must not end before output_len tokens: see BENCH_JSON_SCHEMA)."""
+    request follows (it must not end before output_len tokens: see BENCH_JSON_SCHEMA). loras:
+    each prompt's LoRA adapter name (None: the base model)."""
     from lite_llm.sampling_params import SamplingParams
     # detokenized, as users get their text: the incremental detokenizer is part of the cost
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True,
                             structured_outputs=structured)
     tag = uuid.uuid4().hex[:8]
-    streams = [engine.add_request(f"bench-{tag}-{i}", ids, params) for i, ids in enumerate(prompts)]
+    streams = [engine.add_request(f"bench-{tag}-{i}", ids, params,
+                                  **({"lora_request": loras[i]} if loras and loras[i] else {}))
+               for i, ids in enumerate(prompts)]
     timings = []
     for ids, stream in zip(prompts, streams):
         num_tokens, last = 0, None

@@ -133,13 +133,27 @@ class AsyncEngine:
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     sampling_params: SamplingParams, prompt: str | None = None, *,
                     priority: int = 0, timeout: float | None = None,
-                    sink: Callable[[RequestOutput | BaseException], None] | None = None) -> RequestStream:
+                    sink: Callable[[RequestOutput | BaseException], None] | None = None,
+                    lora_request=None) -> RequestStream:
         """Submit a request; raises ValueError (invalid), QueueFullError, EngineShutdownError.
         sink: called on the engine thread with each delta (and a failure) instead of queueing
         them for iteration; it must not block."""
         self.engine.validate_request(prompt_token_ids, sampling_params)
         params = sampling_params.clone()
         arrival = time.monotonic()
+        lora = None
+        if lora_request is not None:   # a LoRARequest or an adapter's name (lite_llm/lora.py)
+            if self.engine.lora is None:
+                raise ValueError("a LoRA adapter was asked for, but LoRA is not enabled (--enable-lora)")
+            lora = self.engine.lora.acquire(lora_request)    # this reference is the inbox's
+        try:
+            return self._submit(request_id, prompt_token_ids, params, prompt, arrival, priority, timeout, sink, lora)
+        except BaseException:
+            if lora is not None:
+                self.engine.lora.release(lora[0])
+            raise
+
+    def _submit(self, request_id, prompt_token_ids, params, prompt, arrival, priority, timeout, sink, lora):
         with self._cond:
             if self._error is not None:
                 raise EngineDeadError("the engine thread failed") from self._error
@@ -153,7 +167,7 @@ class AsyncEngine:
             stream = RequestStream(request_id, self, timeout, sink)
             self._active_ids.add(request_id)
             self._inbox.append(("add", stream, (request_id, list(prompt_token_ids), params,
-                                                prompt, arrival, priority)))
+                                                prompt, arrival, priority, lora)))
             self._num_inbox_adds += 1
             self._cond.notify()
         return stream
@@ -251,6 +265,9 @@ class AsyncEngine:
                         self._active_ids.discard(stream.request_id)
                     stream._put(e)
                     continue
+                finally:    # the sequences took references of their own
+                    if args[-1] is not None:
+                        engine.lora.release(args[-1][0])
                 self._streams[stream.request_id] = stream
             else:
                 outputs += engine.abort_request(item[1])

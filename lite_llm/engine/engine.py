@@ -155,6 +155,7 @@ class LLMEngine:
         self._groups: dict[str, _Group] = {}
         self._stats = StatsCollector()
         self._stopped_in_step: set[str] = set()   # finished by a stop string before its last token
+        self.lora = None     # lora.LoRAManager when adapters are enabled (llm.build_engine)
 
     # ---- requests in ----------------------------------------------------------------------
 
@@ -165,8 +166,11 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     sampling_params: SamplingParams, prompt: str | None = None,
-                    arrival_time: float | None = None, priority: int = 0) -> None:
-        """Queue a request. arrival_time is time.monotonic() based (now if None)."""
+                    arrival_time: float | None = None, priority: int = 0,
+                    lora: tuple[int, bytes] | None = None) -> None:
+        """Queue a request. arrival_time is time.monotonic() based (now if None). lora: the
+        (slot, salt) of its adapter from self.lora.acquire(): each sequence takes a reference
+        of its own, given back when it finishes."""
         if request_id in self._groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.validate_request(prompt_token_ids, sampling_params)
@@ -187,6 +191,9 @@ class LLMEngine:
                     for i, child_id in enumerate(child_ids)]
         for child in children:
             self.structured.add(child)
+            if lora is not None:
+                child.lora_slot, child.lora_salt = lora
+                self.lora.retain(child.lora_slot)
         self._groups[request_id] = _Group(request_id, prompt, prompt_token_ids, children,
                                           self.tokenizer)
         for child in children:
@@ -419,6 +426,9 @@ class LLMEngine:
 
     def _record_finished(self, request: Request) -> None:
         self.structured.remove(request.request_id)
+        if request.lora_slot >= 0:
+            self.lora.release(request.lora_slot)
+            request.lora_slot = -1
         m = request.metrics
         finished = m.finished_time if m.finished_time is not None else time.monotonic()
         tpot = None

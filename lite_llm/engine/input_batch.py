@@ -92,6 +92,7 @@ class InputBatch:
         self.num_tokens = np.zeros(max_num_seqs, np.int32)
         self.num_prompt_tokens = np.zeros(max_num_seqs, np.int32)
         self.block_table = np.zeros((max_num_seqs, self.max_blocks), np.int32)
+        self.seq_lora = np.full(max_num_seqs, -1, np.int32)   # LoRA slot of each row's request, -1: none
         self.num_blocks = [0] * max_num_seqs
         # sampler rows, kept current: I_STEP and I_TOK_END advance with each appended token
         self.fparams = np.zeros((max_num_seqs, NUM_F), np.float32)
@@ -148,6 +149,7 @@ class InputBatch:
         self.token_ids[slot, :n] = tokens
         self.num_tokens[slot] = n
         self.num_prompt_tokens[slot] = num_prompt
+        self.seq_lora[slot] = getattr(request, "lora_slot", -1)
         self.num_blocks[slot] = 0
         self.append_blocks(slot, block_ids)
         p = request.sampling_params

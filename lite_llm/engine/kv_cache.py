@@ -144,7 +144,7 @@ class KVCacheManager:
         token_ids = request.all_token_ids
         bs = self.block_size
         for blk in range(len(hashes), num_tokens // bs):
-            hashes.append(hash_block_tokens(hashes[-1] if hashes else None,
+            hashes.append(hash_block_tokens(hashes[-1] if hashes else request.lora_salt,
                                             token_ids[blk * bs:(blk + 1) * bs]))
 
     def _publish_full_blocks(self, request: Request, num_tokens: int) -> None:

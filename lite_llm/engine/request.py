@@ -95,6 +95,10 @@ class Request:
         self.block_hashes: list[bytes] = []        # content hash per full block, filled by KV manager
         # speculative decoding: tokens drafted after the newest one, verified by the next step
         self.spec_token_ids: list[int] = []
+        # LoRA (lite_llm/lora.py): the adapter's slot in the stacked weights (-1: the base model
+        # alone) and its prefix-cache salt (no cached block is shared across adapters)
+        self.lora_slot = -1
+        self.lora_salt: bytes | None = None
 
     @property
     def all_token_ids(self) -> list[int]:

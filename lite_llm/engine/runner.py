@@ -197,8 +197,10 @@ class ModelRunner:
     def __init__(self, loaded, *, num_blocks: int, block_size: int, max_num_batched_tokens: int,
                  max_num_seqs: int, num_threads: int, disable_sliding_window: bool = False,
                  kernels=None, quantization: str | None = None, kv_cache_dtype: str | None = "auto",
-                 proposer=None, tp_rank: int = 0, tp_size: int = 1, tp_group=None):
+                 proposer=None, tp_rank: int = 0, tp_size: int = 1, tp_group=None,
+                 max_loras: int = 0, max_lora_rank: int = 16):
         """proposer: speculative decoding's draft proposer (spec_decode.py), or None.
+        max_loras > 0: room for that many LoRA adapters of rank <= max_lora_rank (lora.py).
         tp_rank / tp_size: this process's rank of a tensor-parallel group (engine/tp.py): it
         packs and caches only its shard. tp_group: rank 0's TPGroup (workers get None)."""
         cfg = loaded.config
@@ -244,8 +246,14 @@ class ModelRunner:
         self.model = self.kernels.Model(self.kernel_config, tensors, self.k_caches, self.v_caches, tables)
         # rows: the sampling rows, plus every prompt position of requests asking prompt logprobs
         # (at most one per token of the step; the buffers are max(tokens, rows) long anyway)
+        self.lora_weights = None    # the kernel's LoraWeights: adapters stacked per slot
+        if max_loras > 0:
+            if tp_size > 1:
+                raise ValueError("LoRA adapters are not supported with tensor parallel yet")
+            self.lora_weights = self.kernels.LoraWeights(self.kernel_config, max_loras, max_lora_rank)
         self.workspace = self.kernels.Workspace(self.model, max_num_batched_tokens,
-                                                max(max_num_seqs, max_num_batched_tokens), num_threads)
+                                                max(max_num_seqs, max_num_batched_tokens), num_threads,
+                                                lora_rank=max_lora_rank if max_loras > 0 else 0)
         self.max_num_batched_tokens = max_num_batched_tokens
         self._logits = np.empty((0, cfg.vocab_size), np.float32)
         self.max_num_seqs = max_num_seqs
@@ -316,6 +324,11 @@ class ModelRunner:
             if self._logits.shape[0] < R:
                 self._logits = np.empty((R, self.config.vocab_size), np.float32)
             logits = self._logits[:R]
+            if self.lora_weights is not None:   # each sequence's adapter slot: its batch row's
+                self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
+                                     block_tables, logits_rows, logits, self.num_threads, lora=self.lora_weights,
+                                     seq_lora=self.input_batch.seq_lora)
+                return logits
             self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
                                  block_tables, logits_rows, logits, self.num_threads)
             return logits

@@ -32,7 +32,7 @@ from urllib.parse import unquote, urlsplit
 from lite_llm import __version__
 from lite_llm.config import KV_CACHE_DTYPES, env, speculative_config_arg
 from lite_llm.engine.async_engine import EngineDeadError, EngineShutdownError, QueueFullError
-from lite_llm.server import anthropic, openai, responses, vllm_routes, webui
+from lite_llm.server import anthropic, lora_routes, openai, responses, vllm_routes, webui
 from lite_llm.server import pooling as pooling_routes
 from lite_llm.server.metrics import ServerMetrics
 from lite_llm.server.openai import (ApiError, Choice, PreparedRequest, ServingContext, TokenizeSlots,
@@ -261,7 +261,10 @@ class _Handler(BaseHTTPRequestHandler):
         "/invocations": {"POST": vllm_routes.invocations},
         "/v1/engine/stats": {"GET": "_engine_stats"},
         "/": {"GET": "_web"}, "/dashboard": {"GET": "_web"},     # the web UI (server/webui.py)
+        "/v1/load_lora_adapter": {"POST": "_load_lora_adapter"},
+        "/v1/unload_lora_adapter": {"POST": "_unload_lora_adapter"},
     }
+    _load_lora_adapter, _unload_lora_adapter = lora_routes.load_adapter, lora_routes.unload_adapter
     # (path pattern, its name in the access log, methods): the pattern's group is _route_arg
     PATTERN_ROUTES = (
         (re.compile(r"/v1/responses/([^/]+)"), "/v1/responses/{id}",
@@ -578,10 +581,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _models(self) -> None:
         self._send_json(200, {"object": "list",
-                              "data": [self._model_card(name) for name in self.state.ctx.model_names]})
+                              "data": [self._model_card(name) for name in self.state.ctx.model_names]
+                              + lora_routes.model_cards(self)})
 
     def _model(self) -> None:
         name = self._route_arg
+        card = next((c for c in lora_routes.model_cards(self) if c["id"] == name), None)
+        if card is not None:
+            return self._send_json(200, card)
         if name not in self.state.ctx.model_names:
             raise ApiError(404, f"The model '{openai.show(name)[1:-1]}' does not exist.", "model",
                            code="model_not_found")
@@ -685,7 +692,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             for k, p in enumerate(prep.prompts):
                 rid = prep.engine_request_id(k)
-                stream = st.engine.add_request(rid, p.token_ids, prep.params, prompt=p.text)
+                lora = {} if prep.model in st.ctx.model_names else {"lora_request": prep.model}   # an adapter's name
+                stream = st.engine.add_request(rid, p.token_ids, prep.params, prompt=p.text, **lora)
                 submitted.append((rid, stream))
         except QueueFullError:
             for rid, _ in submitted:
@@ -1019,7 +1027,7 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                          tokenize_slots=TokenizeSlots(max_tokenizing or max(1, (os.cpu_count() or 2) // 2),
                                                       retry_after),
                          reasoning_parser=reasoning_parser, tool_parser=tool_call_parser,
-                         system_fingerprint=system_fingerprint(info))
+                         system_fingerprint=system_fingerprint(info), loras=lora_routes.manager(engine))
     state = ServerState(engine, ctx, ServerMetrics(names[0], info), api_key, info, max_body_bytes,
                         model_root, retry_after)
     state.responses = responses.ResponseStore(responses_store_max, responses_store_ttl)
@@ -1033,6 +1041,7 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
+    lora_routes.add_arguments(parser)
     a("model", nargs="?", default=None,
       help="HF directory, .gguf file or hub id in the local cache (default: embedded SmolLM2-135M-Instruct)")
     a("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
@@ -1138,7 +1147,7 @@ def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
         kv_cache_space=args.kv_cache_space, disable_sliding_window=args.disable_sliding_window,
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         speculative_config=args.speculative_config,
-        tensor_parallel_size=args.tensor_parallel_size)
+        tensor_parallel_size=args.tensor_parallel_size, **lora_routes.engine_kwargs(args))
     # flags left unset keep the builder's defaults
     engine_kwargs = {k: v for k, v in engine_kwargs.items() if v is not None}
     if args.data_parallel_size < 1:

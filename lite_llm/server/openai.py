@@ -240,6 +240,7 @@ class ServingContext:
     reasoning_parser: str | None = None   # --reasoning-parser: "deepseek_r1" | "qwen3" | None
     tool_parser: str | None = None        # --tool-call-parser: one of TOOL_PARSERS | None
     system_fingerprint: str | None = None
+    loras: Any = None                     # lora.LoRAManager (`name in loras`) under --enable-lora
 
     def check_model(self, body: dict) -> str:
         model = body.get("model")
@@ -247,7 +248,7 @@ class ServingContext:
             return self.model_names[0]
         if not isinstance(model, str):
             raise bad("'model' must be a string", "model")
-        if model not in self.model_names:
+        if model not in self.model_names and not (self.loras is not None and model in self.loras):
             raise ApiError(404, f"The model '{_show(model)[1:-1]}' does not exist.", "model",
                            code="model_not_found")
         return model

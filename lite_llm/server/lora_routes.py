@@ -1,0 +1,104 @@
+"""LoRA adapters in the server: the `serve` flags (vLLM's names), the adapters' /v1/models
+cards (with their `parent`), and vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter.
+
+A request picks an adapter by its `model` name (openai.ServingContext.check_model accepts the
+loaded adapters' names; app.py hands the name to the engine as its lora_request). The routes
+are handlers of app.py's request handler (`self` is one), behind the API key like every route,
+and answer 404 unless the server runs with --enable-lora. What is not here: reading adapters
+and their slots (lite_llm/lora.py), the arithmetic (lite_llm/_kernels/lora.pxi).
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from lite_llm.server.openai import ApiError, bad
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a("--enable-lora", action="store_true",
+      help="serve LoRA adapters: a request picks one by its `model` name; /v1/load_lora_adapter and "
+           "/v1/unload_lora_adapter change them at run time")
+    a("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+      help="adapters to load at start: name=path (a PEFT directory with adapter_config.json + "
+           "adapter_model.safetensors, or a llama.cpp GGUF LoRA file), or vLLM's JSON "
+           "'{\"name\": ..., \"path\": ...}'")
+    a("--max-loras", type=int, default=1,
+      help="adapters loaded at once (slots of stacked weights; one batch mixes all of them)")
+    a("--max-lora-rank", type=int, default=16, help="the largest adapter rank accepted")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    """build_engine's LoRA arguments from the flags (none without --enable-lora)."""
+    from lite_llm.lora import parse_lora_modules
+    modules = parse_lora_modules(getattr(args, "lora_modules", None))
+    if not getattr(args, "enable_lora", False):
+        if modules:
+            raise SystemExit("--lora-modules needs --enable-lora")
+        return {}
+    if getattr(args, "data_parallel_size", 1) > 1:
+        raise SystemExit("--enable-lora with --data-parallel-size is not supported yet")
+    return dict(enable_lora=True, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
+                lora_modules=modules)
+
+
+def manager(engine: Any):
+    """The engine's LoRAManager, or None when LoRA is not enabled."""
+    return getattr(getattr(engine, "engine", None), "lora", None)
+
+
+def model_cards(handler) -> list[dict]:
+    """/v1/models entries of the loaded adapters: parent is the base model's served name."""
+    st = handler.state
+    m = manager(st.engine)
+    if m is None:
+        return []
+    parent = st.ctx.model_names[0]
+    return [{"id": name, "object": "model", "created": st.started, "owned_by": "lite-llm", "root": name,
+             "parent": parent, "max_model_len": st.ctx.max_model_len} for name, _ in m.names()]
+
+
+def _request(handler) -> tuple[Any, str, dict]:
+    m = manager(handler.state.engine)
+    if m is None:
+        raise ApiError(404, "LoRA adapters are not enabled on this server (start it with --enable-lora)",
+                       code="not_found")
+    body = handler._json_body()
+    if not isinstance(body, dict):
+        raise bad("the body must be a JSON object")
+    name = body.get("lora_name")
+    if not isinstance(name, str) or not name:
+        raise bad("'lora_name' must be a non-empty string", "lora_name")
+    if name in handler.state.ctx.model_names:
+        raise bad(f"'{name}' is the base model's name", "lora_name")
+    return m, name, body
+
+
+def load_adapter(handler) -> None:
+    """POST /v1/load_lora_adapter {"lora_name", "lora_path"}: read the adapter into a free slot."""
+    m, name, body = _request(handler)
+    path = body.get("lora_path")
+    if not isinstance(path, str) or not path:
+        raise bad("'lora_path' must be a non-empty string", "lora_path")
+    if name in m:
+        raise bad(f"The lora adapter '{name}' has already been loaded.", "lora_name")
+    try:
+        m.load(name, path)
+    except ValueError as e:
+        raise bad(str(e), "lora_path") from None
+    handler._send_json(200, {"object": "lora_adapter", "id": name, "status": "loaded",
+                             "message": f"Success: LoRA adapter '{name}' added successfully."})
+
+
+def unload_adapter(handler) -> None:
+    """POST /v1/unload_lora_adapter {"lora_name"}: new requests can no longer pick it; running
+    ones finish with it, then its slot is free."""
+    m, name, _ = _request(handler)
+    try:
+        m.unload(name)
+    except KeyError:
+        raise ApiError(404, f"The lora adapter '{name}' cannot be found.", "lora_name",
+                       code="model_not_found") from None
+    handler._send_json(200, {"object": "lora_adapter", "id": name, "status": "unloaded",
+                             "message": f"Success: LoRA adapter '{name}' removed successfully."})
