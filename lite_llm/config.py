@@ -62,6 +62,9 @@ class ModelConfig:
     num_experts_per_tok: int = 0     # K
     norm_topk_prob: bool = False
     shared_ffn_dim: int = 0      # Fs; 0: no shared expert
+    # multimodal RoPE (Qwen2-VL, Qwen2.5-VL): the RoPE frequency pairs turned by each token's
+    # temporal, height and width position, in that order (lite_llm/multimodal); (): one position
+    mrope_section: tuple[int, ...] = ()
 
     @property
     def is_moe(self) -> bool:
@@ -124,6 +127,7 @@ class KernelConfig:
     num_experts_per_tok: int = 0     # K
     norm_topk_prob: bool = False
     shared_ffn_dim: int = 0      # Fs: the shared expert's width (Qwen2-MoE); 0: none
+    mrope_section: tuple[int, ...] = ()   # multimodal RoPE (Qwen2-VL): frequency pairs per (t, h, w) position
 
     MAX_HEAD_DIM = 512           # LL_MAX_HEAD_DIM, src/kernels/attention.h
 

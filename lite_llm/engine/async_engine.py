@@ -130,11 +130,12 @@ class AsyncEngine:
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     sampling_params: SamplingParams, prompt: str | None = None, *,
                     priority: int = 0, timeout: float | None = None,
-                    sink: Callable[[RequestOutput | BaseException], None] | None = None) -> RequestStream:
+                    sink: Callable[[RequestOutput | BaseException], None] | None = None,
+                    mm=None) -> RequestStream:
         """Submit a request; raises ValueError (invalid), QueueFullError, EngineShutdownError.
         sink: called on the engine thread with each delta (and a failure) instead of queueing
-        them for iteration; it must not block."""
-        self.engine.validate_request(prompt_token_ids, sampling_params)
+        them for iteration; it must not block. mm: the prompt's images (multimodal.MMPrompt)."""
+        self.engine.validate_request(prompt_token_ids, sampling_params, mm)
         params = sampling_params.clone()
         arrival = time.monotonic()
         with self._cond:
@@ -150,7 +151,7 @@ class AsyncEngine:
             stream = RequestStream(request_id, self, timeout, sink)
             self._active_ids.add(request_id)
             self._inbox.append(("add", stream, (request_id, list(prompt_token_ids), params,
-                                                prompt, arrival, priority)))
+                                                prompt, arrival, priority, mm)))
             self._num_inbox_adds += 1
             self._cond.notify()
         return stream

@@ -95,6 +95,7 @@ class Request:
         self.block_hashes: list[bytes] = []        # content hash per full block, filled by KV manager
         # speculative decoding: tokens drafted after the newest one, verified by the next step
         self.spec_token_ids: list[int] = []
+        self.mm = None      # the prompt's images (multimodal.MMPrompt), set by the engine
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -234,6 +234,8 @@ class ModelRunner:
         self.attention_path = self.kernel_config.attn_path
 
         start = time.perf_counter()
+        from lite_llm.multimodal import load_vision
+        self.vision = load_vision(loaded)   # the image encoder of a vision-language model, else None
         tensors = pack_checkpoint(loaded, self.dtype, num_threads, self.quantization, shard)
         loaded.release()
         _trim_heap()
@@ -309,10 +311,12 @@ class ModelRunner:
         """Apply sched_out's deltas to the persistent batch; the step's flat arrays."""
         return self.input_batch.prepare(sched_out)
 
-    def forward(self, token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows) -> np.ndarray:
+    def forward(self, token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows,
+                mm: tuple = (None, None, None)) -> np.ndarray:
         """One kernel call; returns logits [R, V] of the rows asked for (tests use this directly).
         The array is a view of a buffer reused by the next call (fresh pages every step would
-        cost page faults)."""
+        cost page faults). mm: (image rows [M, E], embed_src [T], rope_pos [T, 3]) of a
+        vision-language model's step (multimodal.VisionRunner.step_inputs), Nones otherwise."""
         R = len(logits_rows)
         if self._logits.shape[0] < R:
             self._logits = np.empty((R, self.config.vocab_size), np.float32)
@@ -320,7 +324,7 @@ class ModelRunner:
         group = self.tp_group
         if group is None:
             self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
-                                 block_tables, logits_rows, logits, self.num_threads)
+                                 block_tables, logits_rows, logits, self.num_threads, None, *mm)
             return logits
         group.broadcast(token_ids, positions, slot_mapping, tok_seq, block_tables)
         try:
@@ -341,9 +345,12 @@ class ModelRunner:
                 logits_rows = np.concatenate([logits_rows, np.concatenate([r[2] for r in prompt_rows])])
         self.last_prompt_logprobs = []
         start = time.perf_counter()
+        mm = (None, None, None)
         try:
+            if self.vision is not None:   # the step's images encoded (or from the cache) before its forward
+                mm = self.vision.step_inputs(sched_out.chunks, len(a.token_ids), a.positions)
             all_logits = self.forward(a.token_ids, a.positions, a.slot_mapping, a.tok_seq, a.block_tables,
-                                      logits_rows)
+                                      logits_rows, mm)
             kernel_seconds = time.perf_counter() - start
         finally:        # the mask's buffer is reused next step: never leave its work running
             bitmask, mask_rows = masks.wait() if masks is not None else (None, None)

@@ -11,6 +11,7 @@ properties of the kernel model.
     mixtral.py MixtralForCausalLM (llama.cpp files it under "llama", with experts)
     qwen2_moe.py  Qwen2MoeForCausalLM ("qwen2moe": routed experts and a gated shared expert)
     qwen3_moe.py  Qwen3MoeForCausalLM ("qwen3moe")
+    qwen2_vl.py   Qwen2_5_VLForConditionalGeneration's language model (multimodal RoPE)
     moe.py     the mixture-of-experts MLP's config fields and tensors (HF and GGUF), for the above
 
 A recipe module defines HF_ARCHITECTURES (the config.json names it reads), GGUF_ARCHITECTURES
@@ -25,11 +26,12 @@ import dataclasses
 from types import ModuleType
 
 from lite_llm.config import KernelConfig, LayerConfig, ModelConfig
-from lite_llm.model.arch import gemma, granite, llama, mixtral, opt, phi3, qwen, qwen2_moe, qwen3_moe
+from lite_llm.model.arch import gemma, granite, llama, mixtral, opt, phi3, qwen, qwen2_moe, qwen2_vl, qwen3_moe
 from lite_llm.model.loader import ModelLoadError
 from lite_llm.model.rope import rope_dim
 
-RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma, phi3, granite, mixtral, qwen2_moe, qwen3_moe)
+RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma, phi3, granite, mixtral, qwen2_moe, qwen3_moe,
+                                   qwen2_vl)
 _BY_HF = {name: r for r in RECIPES for name in r.HF_ARCHITECTURES}
 _BY_GGUF = {name: r for r in RECIPES for name in getattr(r, "GGUF_ARCHITECTURES", {})}
 SUPPORTED_ARCHITECTURES = tuple(_BY_HF)
@@ -147,7 +149,8 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
         final_softcap=float(config.final_softcap or 0.0),
         kv_cache_dtype=kv_cache_dtype, bf16_path=bf16_path, layers=tuple(layers), attn_path=attn_path,
         num_experts=config.num_experts, num_experts_per_tok=config.num_experts_per_tok,
-        norm_topk_prob=config.norm_topk_prob, shared_ffn_dim=config.shared_ffn_dim)
+        norm_topk_prob=config.norm_topk_prob, shared_ffn_dim=config.shared_ffn_dim,
+        mrope_section=tuple(config.mrope_section))
 
 
 def _embed_scale(config: ModelConfig, dtype: str) -> float:
