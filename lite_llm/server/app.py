@@ -625,7 +625,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             for k, p in enumerate(prep.prompts):
                 rid = prep.engine_request_id(k)
-                stream = st.engine.add_request(rid, p.token_ids, prep.params, prompt=p.text)
+                stream = st.engine.add_request(rid, p.token_ids, prep.params, prompt=p.text,
+                                               **({"mm": p.mm} if p.mm is not None else {}))
                 submitted.append((rid, stream))
         except QueueFullError:
             for rid, _ in submitted:
@@ -967,7 +968,8 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                   max_connections: int = MAX_CONNECTIONS, max_connections_per_client: int = 0,
                   metrics_no_auth: bool = False,
                   log_requests: bool = True, max_tokenizing: int | None = None,
-                  reasoning_parser: str | None = None, tool_call_parser: str | None = None) -> LiteServer:
+                  reasoning_parser: str | None = None, tool_call_parser: str | None = None,
+                  media: Any = None) -> LiteServer:
     """A bound (not yet serving) server for `engine`; `.start()` or `.serve_forever()` it.
 
     generation_config is the model's generation_config.json dict (empty for
@@ -993,7 +995,8 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                          tokenize_slots=TokenizeSlots(max_tokenizing or max(1, (os.cpu_count() or 2) // 2),
                                                       retry_after),
                          reasoning_parser=reasoning_parser, tool_parser=tool_call_parser,
-                         system_fingerprint=system_fingerprint(info))
+                         system_fingerprint=system_fingerprint(info),
+                         mm_processor=_mm_processor(model_root), media=media or _default_media())
     state = ServerState(engine, ctx, ServerMetrics(names[0], info), api_key, info, max_body_bytes,
                         model_root, retry_after)
     return LiteServer((host, port), state, request_timeout, header_timeout=header_timeout,
@@ -1062,6 +1065,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
       help="split <think>...</think> from the answer into reasoning_content (deepseek_r1: the "
            "output starts inside the thinking; qwen3: only when it opens with <think>)")
+    a("--limit-mm-per-prompt", default=None,
+      help='images one prompt may carry, as vLLM\'s JSON: \'{"image": 4}\' (the default)')
+    a("--mm-processor-kwargs", default=None,
+      help='image preprocessing overrides as JSON: \'{"max_pixels": 1003520}\' caps the pixels an image is '
+           "resized to (fewer image tokens)")
+    a("--allowed-media-domains", nargs="*", default=None,
+      help="hosts whose http(s) image URLs the server may fetch (redirects re-checked; default: none, "
+           "only data: URLs)")
     a("--data-parallel-size", "-dp", type=int, default=1,
       help="independent engine replicas, each a process on its own cores (the thread plan split N ways, "
            "or one CPU list per replica in LITE_LLM_CPU_OMP_THREADS_BIND: '0-15|16-31'), behind this one "
@@ -1070,6 +1081,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--shutdown-grace", type=float, default=30.0,
       help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
     a("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
+
+
+def _mm_processor(model_root: str | None):
+    from lite_llm.multimodal import Processor
+    return Processor.for_model(model_root) if model_root else None
+
+
+def _default_media():
+    from lite_llm.multimodal import MediaConfig
+    return MediaConfig()
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -1125,7 +1146,17 @@ def build_server(args: argparse.Namespace, engine: Any, tokenizer: Any, info: di
         max_connections=args.max_connections, max_connections_per_client=args.max_connections_per_client,
         metrics_no_auth=args.metrics_no_auth,
         log_requests=not args.disable_log_requests, reasoning_parser=args.reasoning_parser,
-        tool_call_parser=args.tool_call_parser)
+        tool_call_parser=args.tool_call_parser, media=_media_config(args))
+
+
+def _media_config(args: argparse.Namespace):
+    """Image input settings from --limit-mm-per-prompt, --mm-processor-kwargs, --allowed-media-domains."""
+    from lite_llm.multimodal import media_config
+    try:
+        return media_config(getattr(args, "limit_mm_per_prompt", None), getattr(args, "mm_processor_kwargs", None),
+                            getattr(args, "allowed_media_domains", None))
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def run(args: argparse.Namespace) -> int:
