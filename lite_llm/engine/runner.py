@@ -235,7 +235,8 @@ class ModelRunner:
 
         start = time.perf_counter()
         from lite_llm.multimodal import load_vision
-        self.vision = load_vision(loaded)   # the image encoder of a vision-language model, else None
+        # the image encoder of a vision-language model (its own compiled call per image), else None
+        self.vision = load_vision(loaded, self.kernels, num_threads, self.gemm_paths.chosen["bf16"])
         tensors = pack_checkpoint(loaded, self.dtype, num_threads, self.quantization, shard)
         loaded.release()
         _trim_heap()

@@ -129,7 +129,8 @@ class Processor:
 class VisionRunner:
     """The engine-thread half: the vision encoder, its output cache, and each step's arrays."""
 
-    def __init__(self, source: str, config, max_cached_rows: int = 1 << 16):
+    def __init__(self, source: str, config, max_cached_rows: int = 1 << 16, kernels=None, dtype: str = "float32",
+                 num_threads: int = 1, bf16_path: str | None = None):
         from lite_llm.model.hf import SafetensorsCheckpoint
         from lite_llm.multimodal import qwen2_5_vl
         raw = _read_json(os.path.join(source, "config.json"))
@@ -143,7 +144,8 @@ class VisionRunner:
                     tensors[name.removeprefix("model.")] = _bf16(a) if a.dtype == np.uint16 else a.astype(np.float32)
         finally:
             ckpt.close()
-        self.encoder = qwen2_5_vl.VisionEncoder(self.vision, tensors)
+        self.encoder = qwen2_5_vl.VisionEncoder(self.vision, tensors, kernels, dtype, num_threads, bf16_path)
+        del tensors
         self.mrope = bool(config.mrope_section)
         self.dim = config.dim
         self.cache: OrderedDict[bytes, np.ndarray] = OrderedDict()   # image hash -> [n, E], LRU order
@@ -206,11 +208,14 @@ def _bf16(bits: np.ndarray) -> np.ndarray:
     return bf16_to_f32(bits)
 
 
-def load_vision(loaded) -> VisionRunner | None:
-    """The VisionRunner of a loaded checkpoint that takes images, else None."""
+def load_vision(loaded, kernels=None, num_threads: int = 1, bf16_path: str | None = None) -> VisionRunner | None:
+    """The VisionRunner of a loaded checkpoint that takes images, else None; its tower runs on
+    `kernels` in the checkpoint's engine dtype (float16 weights run as bfloat16)."""
     if loaded.config.architecture not in VISION_ARCHITECTURES or loaded.is_gguf:
         return None
-    return VisionRunner(loaded.source, loaded.config)
+    dtype = "float32" if loaded.dtype == "float32" else "bfloat16"
+    return VisionRunner(loaded.source, loaded.config, kernels=kernels, dtype=dtype, num_threads=num_threads,
+                        bf16_path=bf16_path)
 
 
 # ---- front-end helpers (LLM.generate / LLM.chat, the server) -----------------------------------

@@ -8,8 +8,10 @@ a prompt's tokens. What the language model computes is the kernel forward (arch/
     depth x [x += attn(rms(x)) (window or full), x += swiglu(rms(x))]
     merger: rms, 2x2 units -> [N/4, 4C] -> Linear, GELU, Linear -> [N/4, E], original order
 
-The encoder here is NumPy in float32 (one GEMM per matrix over all of an image's patches):
-the plain reference of the image side.
+VisionEncoder.encode runs the tower as one compiled call per image (kernels.vision_forward,
+lite_llm/_kernels/vision.pxi) on the packed-weight GEMMs of the language model, in the
+engine's dtype; encode_reference is the same in NumPy float32, the plain reference it is
+tested against.
 """
 from __future__ import annotations
 
@@ -206,10 +208,15 @@ def window_index(grid: tuple[int, int, int], cfg: VisionConfig) -> tuple[np.ndar
 
 
 class VisionEncoder:
-    """Qwen2.5-VL's vision tower with its weights (float32), image by image."""
+    """Qwen2.5-VL's vision tower with its weights, image by image. tensors: the checkpoint's
+    "visual.*" as float32 arrays. kernels: the kernel module to run it on (None: NumPy only);
+    dtype: the packed weights' format there; num_threads: its OpenMP threads."""
 
-    def __init__(self, cfg: VisionConfig, tensors: dict[str, np.ndarray]):
+    def __init__(self, cfg: VisionConfig, tensors: dict[str, np.ndarray], kernels=None, dtype: str = "float32",
+                 num_threads: int = 1, bf16_path: str | None = None):
         self.cfg = cfg
+        self.kernels, self.num_threads = kernels, num_threads
+        self.model = None if kernels is None else self._pack(tensors, kernels, dtype, bf16_path)
         C = cfg.hidden_size
         self.patch_w = np.ascontiguousarray(tensors["visual.patch_embed.proj.weight"].reshape(C, -1).T)   # [K, C]
         self.blocks = []
@@ -247,8 +254,55 @@ class VisionEncoder:
         emb = np.concatenate([emb, emb], axis=-1)
         return np.cos(emb), np.sin(emb)
 
+    def _pack(self, tensors: dict[str, np.ndarray], kernels, dtype: str, bf16_path: str | None):
+        from lite_llm._kernels import layout
+        from lite_llm.model.weights import to_bf16
+        cfg, C = self.cfg, self.cfg.hidden_size
+        packed: dict[str, object] = {}
+
+        def mat(name: str, w: np.ndarray, bias: np.ndarray | None = None) -> None:
+            w = np.ascontiguousarray(w, np.float32)
+            packed[name + ".shape"] = w.shape
+            packed[name + ".weight"] = layout.pack(to_bf16(w) if dtype == "bfloat16" else w, dtype)
+            if bias is not None:
+                packed[name + ".bias"] = np.ascontiguousarray(bias, np.float32)
+
+        mat("patch_embed", tensors["visual.patch_embed.proj.weight"].reshape(C, -1))
+        for i in range(cfg.depth):
+            p, q = f"visual.blocks.{i}.", f"blocks.{i}."
+            packed[q + "norm1"], packed[q + "norm2"] = tensors[p + "norm1.weight"], tensors[p + "norm2.weight"]
+            mat(q + "qkv", tensors[p + "attn.qkv.weight"], tensors[p + "attn.qkv.bias"])
+            mat(q + "proj", tensors[p + "attn.proj.weight"], tensors[p + "attn.proj.bias"])
+            for part in ("gate", "up", "down"):
+                mat(q + part, tensors[p + f"mlp.{part}_proj.weight"], tensors[p + f"mlp.{part}_proj.bias"])
+        packed["merger.ln_q"] = tensors["visual.merger.ln_q.weight"]
+        mat("merger.0", tensors["visual.merger.mlp.0.weight"], tensors["visual.merger.mlp.0.bias"])
+        mat("merger.2", tensors["visual.merger.mlp.2.weight"], tensors["visual.merger.mlp.2.bias"])
+        return kernels.VisionModel(packed, dtype, cfg.depth, cfg.num_heads, cfg.spatial_merge_size ** 2, bf16_path)
+
     def encode(self, pixel_values: np.ndarray, grid: tuple[int, int, int]) -> np.ndarray:
-        """One image's pixel_values [N, K] -> its language-model rows [N / 4, E]."""
+        """One image's pixel_values [N, K] -> its language-model rows [N / 4, E]: one compiled
+        call (the NumPy reference without kernels)."""
+        if self.model is None:
+            return self.encode_reference(pixel_values, grid)
+        cfg = self.cfg
+        unit = cfg.spatial_merge_size ** 2
+        order, win_bounds = window_index(grid, cfg)
+        perm = (order[:, None] * unit + np.arange(unit)).reshape(-1)
+        cos, sin = self._rotary(grid)
+        half = cos.shape[1] // 2             # cos = [angles, angles]: the kernel takes one half
+        x = np.ascontiguousarray(pixel_values[perm], np.float32)
+        full = np.array([i in cfg.fullatt_block_indexes for i in range(cfg.depth)], np.uint8)
+        merged = np.empty((x.shape[0] // unit, cfg.out_hidden_size), np.float32)
+        self.kernels.vision_forward(self.model, x, np.ascontiguousarray(cos[perm, :half]),
+                                    np.ascontiguousarray(sin[perm, :half]), np.asarray(win_bounds, np.int32), full,
+                                    merged, self.num_threads)
+        out = np.empty_like(merged)
+        out[order] = merged                  # back to raster order
+        return out
+
+    def encode_reference(self, pixel_values: np.ndarray, grid: tuple[int, int, int]) -> np.ndarray:
+        """encode() in NumPy float32: the plain reference."""
         cfg = self.cfg
         unit = cfg.spatial_merge_size ** 2
         N = pixel_values.shape[0]
