@@ -107,12 +107,12 @@ class Processor:
         at = [i for i, t in enumerate(prompt_token_ids) if t == vc.image_token_id]
         if len(at) != len(images):
             raise MediaError(f"the prompt has {len(at)} image placeholders for {len(images)} images")
-        max_pixels = cfg.processor_kwargs.get("max_pixels")
+        max_pixels, min_pixels = cfg.processor_kwargs.get("max_pixels"), cfg.processor_kwargs.get("min_pixels")
         ids: list[int] = []
         items = []
         prev = 0
         for k, (pos, image) in enumerate(zip(at, images)):
-            pixels, grid = self.module.preprocess(image, vc, max_pixels=max_pixels)
+            pixels, grid = self.module.preprocess(image, vc, max_pixels=max_pixels, min_pixels=min_pixels)
             n = self.module.num_image_tokens(grid, vc)
             ids.extend(prompt_token_ids[prev:pos])
             h = blake2b(digest_size=16)

@@ -27,7 +27,7 @@ class MediaConfig:
     fetch_timeout: float = 10.0             # seconds for one remote image, redirects included
     max_redirects: int = 3
     limit_per_prompt: dict = field(default_factory=lambda: {"image": 4})   # --limit-mm-per-prompt
-    max_pixels: int | None = None           # --mm-processor-kwargs max_pixels: decoded width x height cap
+    max_pixels: int | None = 50_000_000     # decoded width x height at most (a decompression bomb is refused)
     processor_kwargs: dict = field(default_factory=dict)
 
     @property

@@ -89,12 +89,14 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h_bar, w_bar
 
 
-def preprocess(image, cfg: VisionConfig, max_pixels: int | None = None) -> tuple[np.ndarray, tuple[int, int, int]]:
-    """PIL image -> (pixel_values float32 [gh*gw, 3*T*P*P], grid (1, gh, gw)), as the HF processor."""
+def preprocess(image, cfg: VisionConfig, max_pixels: int | None = None, min_pixels: int | None = None
+               ) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """PIL image -> (pixel_values float32 [gh*gw, 3*T*P*P], grid (1, gh, gw)), as the HF processor;
+    max_pixels / min_pixels override the checkpoint's (--mm-processor-kwargs)."""
     from PIL import Image
     image = image.convert("RGB")
     width, height = image.size
-    h, w = smart_resize(height, width, cfg.factor, cfg.min_pixels, max_pixels or cfg.max_pixels)
+    h, w = smart_resize(height, width, cfg.factor, min_pixels or cfg.min_pixels, max_pixels or cfg.max_pixels)
     if (h, w) != (height, width):
         image = image.resize((w, h), resample=Image.BICUBIC)
     x = np.asarray(image, dtype=np.float32).transpose(2, 0, 1)          # [3, h, w]

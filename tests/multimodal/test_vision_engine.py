@@ -84,3 +84,16 @@ def test_a_chunk_never_ends_inside_an_image():
     assert whole_images(R, 10, 15) == 0          # cannot hold the image: wait for room
     assert whole_images(R, 10, 20) == 20 and whole_images(R, 0, 40) == 40 and whole_images(R, 0, 8) == 8
     assert whole_images(R, 15, 10) == 0 and whole_images(R, 15, 15) == 15   # resumed mid-image (prefix hit)
+
+
+def test_mm_processor_kwargs_max_pixels_caps_the_image_tokens():
+    from lite_llm.multimodal import MediaConfig, Processor, media_config
+    proc = Processor.for_model(str(qwen2_5_vl_checkpoint()))
+    ids = [1, 3, IMAGE_PAD, 4, 2]
+    full, _ = proc.process(ids, [image(280, 280, seed=1)], MediaConfig())
+    capped, _ = proc.process(ids, [image(280, 280, seed=1)], media_config(mm_processor_kwargs='{"max_pixels": 12544}'))
+    assert full.count(IMAGE_PAD) == 100 and capped.count(IMAGE_PAD) == 16       # 112 x 112: 4 x 4 merged
+    with pytest.raises(ValueError, match="--limit-mm-per-prompt"):
+        media_config(limit_mm_per_prompt='{"video": 1}')
+    with pytest.raises(ValueError, match="--mm-processor-kwargs"):
+        media_config(mm_processor_kwargs="[1]")
