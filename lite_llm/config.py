@@ -67,6 +67,9 @@ class ModelConfig:
     post_ln: bool = False
     type_vocab_size: int = 0
     causal: bool = True
+    # multimodal RoPE (Qwen2-VL, Qwen2.5-VL): the RoPE frequency pairs turned by each token's
+    # temporal, height and width position, in that order (lite_llm/multimodal); (): one position
+    mrope_section: tuple[int, ...] = ()
 
     @property
     def is_moe(self) -> bool:
@@ -130,6 +133,7 @@ class KernelConfig:
     norm_topk_prob: bool = False
     shared_ffn_dim: int = 0      # Fs: the shared expert's width (Qwen2-MoE); 0: none
     post_ln: bool = False        # BERT: LayerNorm after each residual add (ModelConfig.post_ln)
+    mrope_section: tuple[int, ...] = ()   # multimodal RoPE (Qwen2-VL): frequency pairs per (t, h, w) position
 
     MAX_HEAD_DIM = 512           # LL_MAX_HEAD_DIM, src/kernels/attention.h
 

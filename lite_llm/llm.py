@@ -326,6 +326,10 @@ class LLM:
                  runner: str = "auto", pooler_config: dict | str | None = None,
                  hf_overrides: dict | str | None = None, enable_lora: bool = False, max_loras: int = 1,
                  max_lora_rank: int = 16, **kwargs: Any):
+        from lite_llm import multimodal
+        self._media = multimodal.media_config(kwargs.pop("limit_mm_per_prompt", None),   # image inputs
+                                              kwargs.pop("mm_processor_kwargs", None),
+                                              kwargs.pop("allowed_media_domains", None))
         if kwargs:
             log.warning("LLM: ignoring unsupported arguments %s", sorted(kwargs))
         from lite_llm import pooling   # runner="pooling": embeddings, classification, scores
@@ -350,6 +354,7 @@ class LLM:
             max_lora_rank=max_lora_rank)
         self.tokenizer = self._loaded.tokenizer
         self.config = self._loaded.config
+        self._mm_processor = multimodal.Processor.for_model(self._loaded.source)
 
     # ---- public API -------------------------------------------------------------------
 
@@ -376,11 +381,14 @@ class LLM:
         loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
         if len(loras) != len(prompts):
             raise ValueError(f"{len(loras)} LoRA requests for {len(prompts)} prompts")
-        requests = [self._to_request(p) for p in prompts]
+        requests = [self._to_request(p) + (self._images(p),) for p in prompts]
         streams = []
-        for (text, ids), sp, lora in zip(requests, params, loras):
+        for (text, ids, images), sp, lora in zip(requests, params, loras):
+            mm = None
+            if images is not None:   # vLLM's {"prompt", "multi_modal_data": {"image": PIL or [PIL]}}
+                ids, mm = self._mm_processor.process(ids, images, self._media)
             streams.append(self._engine.add_request(f"offline-{uuid.uuid4().hex}", ids, sp, prompt=text,
-                                                    lora_request=lora))
+                                                    lora_request=lora, mm=mm))
         results = []
         show = use_tqdm and sys.stderr.isatty()
         for i, stream in enumerate(streams):
@@ -399,12 +407,16 @@ class LLM:
             raise ValueError("chat needs a tokenizer (skip_tokenizer_init=True was given)")
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = []
+        from lite_llm.multimodal import flatten_chat
         for conv in conversations:
+            conv, images = flatten_chat(conv, self._mm_processor, self._media)   # image parts -> placeholders
             text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
                                                       chat_template=chat_template)
             # the template already holds BOS and special tokens: don't add them twice
             prompts.append({"prompt": text,
                             "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
+            if images:
+                prompts[-1]["multi_modal_data"] = {"image": images}
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def embed(self, prompts, *, dimensions: int | None = None, normalize: bool | None = None,
@@ -447,6 +459,19 @@ class LLM:
         self.shutdown()
 
     # ---- helpers ----------------------------------------------------------------------
+
+    def _images(self, prompt) -> list | None:
+        """The PIL images of a prompt dict's multi_modal_data (None: a text prompt)."""
+        data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+        if not data:
+            return None
+        from lite_llm import multimodal
+        if self._mm_processor is None:
+            raise multimodal.MediaError(f"{self._loaded.source} does not take images")
+        if set(data) != {"image"}:
+            raise multimodal.MediaError(f"multi_modal_data takes \"image\" only, not {sorted(set(data) - {'image'})}")
+        images = data["image"] if isinstance(data["image"], (list, tuple)) else [data["image"]]
+        return [multimodal.check_image(im, f"image {k}", self._media) for k, im in enumerate(images)]
 
     def _to_request(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):

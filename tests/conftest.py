@@ -97,14 +97,15 @@ ENCODER_ARCHS = ("bert", "bert_cls", "xlm_roberta", "xlm_roberta_cls")
 ARCH_DEFAULTS["qwen3_base"] = ARCH_DEFAULTS["qwen3"]     # a bare Qwen3Model (Qwen3-Embedding's layout)
 
 
-def tiny_tokenizer_json() -> str:
-    """A byte-level BPE tokenizer.json (TINY_VOCAB entries) trained in-process."""
+def tiny_tokenizer_json(special: list[str] = TINY_SPECIAL) -> str:
+    """A byte-level BPE tokenizer.json (TINY_VOCAB entries) trained in-process; `special` take
+    ids 0, 1, ... in order."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=TINY_VOCAB, special_tokens=TINY_SPECIAL, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=TINY_VOCAB, special_tokens=list(special), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(_CORPUS, trainer=trainer)
     return tok.to_str()

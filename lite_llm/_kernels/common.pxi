@@ -2,7 +2,7 @@
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t
 from libc.stdlib cimport malloc, free, calloc
 from libc.string cimport memcpy, memset
-from libc.math cimport expf
+from libc.math cimport expf, sqrt
 from cython.parallel cimport prange, parallel
 cimport openmp
 import numpy as np

@@ -2,6 +2,10 @@
 # no Python between ops. Model holds pointers into the packed weights and the KV cache;
 # Workspace holds activations sized once for the largest step.
 
+cdef enum:
+    MROPE_MAX_PAIRS = 256   # multimodal RoPE's per-token angle rows live on the stack: rope_dim <= 512
+
+
 cdef struct LayerW:
     const float *attn_norm_w      # [E]
     const float *attn_norm_b      # [E] LayerNorm only
@@ -42,6 +46,9 @@ cdef struct ModelC:
     int attn_path                  # LL_ATTN_* (attention.h): direct or staged dot products
     int num_experts, top_k, norm_topk, shared_dim   # MoE (X, K, renormalise, Fs); num_experts 0: dense MLP
     int vocab0                     # lm_head's rows are vocabulary entries vocab0.. (a tensor-parallel rank's share)
+    int mrope_t, mrope_h          # multimodal RoPE: frequency pairs [0, mrope_t) turn by the temporal
+                                  # position, [mrope_t, mrope_h) by the height one, the rest by the width
+                                  # one (Qwen2-VL's mrope_section, summed); 0: one position per token
     float eps, scale, embed_scale, residual_scale, logit_scale, attn_softcap, final_softcap   # softcaps 0: none
 
 
@@ -161,6 +168,13 @@ cdef class Model:
         self.c.max_positions = cfg.max_positions
         self.c.num_experts, self.c.top_k = cfg.num_experts, cfg.num_experts_per_tok
         self.c.norm_topk, self.c.shared_dim = cfg.norm_topk_prob, cfg.shared_ffn_dim
+        sections = tuple(getattr(cfg, "mrope_section", ()) or ())
+        self.c.mrope_t = self.c.mrope_h = 0
+        if sections:
+            if len(sections) != 3 or sum(sections) != cfg.rope_dim // 2 or cfg.rope_dim // 2 > MROPE_MAX_PAIRS:
+                raise ValueError(f"mrope_section {sections}: three sections of the {cfg.rope_dim // 2} "
+                                 f"frequency pairs (at most {MROPE_MAX_PAIRS})")
+            self.c.mrope_t, self.c.mrope_h = sections[0], sections[0] + sections[1]
         if self.c.num_experts and not self.c.gated:
             raise ValueError("experts are gated MLPs")
         if self.c.head_dim > LL_MAX_HEAD_DIM:   # KernelConfig checks the same bound: keep them one
@@ -455,18 +469,27 @@ def forward(Model m, Workspace ws,
             const int32_t[::1] attn_positions=None,   # IN [T] last position each token attends to; None: its own
             const int32_t[::1] token_types=None,      # IN [T] token-type rows (type_embed); None: row 0
             bint hidden=False, LoraWeights lora=None,
-            const int32_t[::1] seq_lora=None):  # IN [S] adapter slot of each sequence (block table row), -1: none
+            const int32_t[::1] seq_lora=None,   # IN [S] adapter slot of each sequence (block table row), -1: none
+            const float[:, ::1] mm_embeds=None,  # IN [M, E] rows of encoded images (multimodal.py)
+            const int32_t[::1] embed_src=None,   # IN [T] row of mm_embeds token t takes in place of its
+                                                 #    token's embedding; -1: its token's
+            const int32_t[:, ::1] rope_pos=None):  # IN [T, 3] multimodal RoPE (temporal, height, width)
     """Run all layers over a flat batch of T tokens from S sequences; the KV of every token is
     written to its slot first, then each token attends to its sequence's positions <= its own
     (causal), or <= attn_positions[t] (an encoder: the sequence's last position, every token of
     it in this step). hidden: logits gets the rows' final hidden states (after the final norm,
     if any) instead of the LM head's logits (pooling models). lora / seq_lora: the adapters'
-    stacked weights and each sequence's slot in them (lora.pxi)."""
+    stacked weights and each sequence's slot in them (lora.pxi). An image's tokens take their
+    rows of mm_embeds (embed_src); a model with mrope_section turns q and k by rope_pos
+    (positions then only order the cache and the mask)."""
     cdef Py_ssize_t t, r, T = token_ids.shape[0], R = logits_rows.shape[0]
     cdef ModelC *mc = &m.c
     cdef const int32_t *apos = &positions[0] if T else NULL
     cdef LoraStep ls
     ls.nl, ls.groups, ls.tmp, ls.ldt = 0, NULL, NULL, 0
+    cdef const float *mm_ptr = NULL
+    cdef const int32_t *src_ptr = NULL
+    cdef const int32_t *rpos_ptr = NULL
     if T > ws.max_tokens or R > ws.max_rows or num_threads > ws.num_threads:
         raise ValueError(f"step of {T} tokens / {R} rows / {num_threads} threads exceeds the workspace")
     if positions.shape[0] != T or slot_mapping.shape[0] != T or tok_seq.shape[0] != T:
@@ -512,11 +535,30 @@ def forward(Model m, Workspace ws,
         ls.groups, ls.tmp, ls.ldt = lora.g, ws.c.ltmp, 3 * ws.lora_rank
         ls.lslot, ls.loff, ls.lrows = ws.c.lgrp, ws.c.lgrp + T, ws.c.lgrp + 2 * T + 1
         ls.nl = _lora_group(lora, &seq_lora[0], &tok_seq[0], T, ws.c.lgrp, ws.c.lgrp + T, ws.c.lgrp + 2 * T + 1)
+    if tp is not None and (embed_src is not None or mc.mrope_t):
+        raise ValueError("tensor parallel does not take image inputs yet")
+    if embed_src is not None:
+        if embed_src.shape[0] != T or mm_embeds is None or mm_embeds.shape[1] != mc.dim:
+            raise ValueError(f"forward: embed_src needs [T] entries and mm_embeds [M, {mc.dim}]")
+        for t in range(T):
+            if embed_src[t] < -1 or embed_src[t] >= mm_embeds.shape[0]:
+                raise ValueError(f"embed_src {embed_src[t]} outside the {mm_embeds.shape[0]} image rows")
+        src_ptr = &embed_src[0]
+        mm_ptr = &mm_embeds[0, 0] if mm_embeds.shape[0] else NULL
+    if mc.mrope_t:
+        if rope_pos is None or rope_pos.shape[0] != T or rope_pos.shape[1] != 3:
+            raise ValueError("forward: a multimodal-RoPE model needs rope_pos [T, 3]")
+        for t in range(T):
+            for r in range(3):
+                if rope_pos[t, r] < 0 or rope_pos[t, r] >= mc.max_positions:
+                    raise ValueError(f"rope position {rope_pos[t, r]} outside 0..{mc.max_positions - 1}")
+        rpos_ptr = &rope_pos[0, 0]
     with nogil:
         _forward(mc, &ws.c, T, &token_ids[0], &positions[0], &slot_mapping[0], &tok_seq[0],
                  &block_tables[0, 0], block_tables.shape[1], R, &logits_rows[0] if R else NULL,
                  &logits[0, 0] if R else NULL, num_threads, &tp.c if tp is not None else NULL,
-                 apos, &token_types[0] if token_types is not None else NULL, hidden, &ls)
+                 apos, &token_types[0] if token_types is not None else NULL, hidden, &ls,
+                 mm_ptr, src_ptr, rpos_ptr)
     if tp is not None and tp.c.failed:
         raise RuntimeError(f"tensor parallel rank {tp.c.rank}: an all-reduce {TP_FAILURES[tp.c.failed]} "
                            "(another rank died or stopped)")
@@ -567,13 +609,17 @@ cdef struct StepC:
     ll_tp *tp                     # tensor parallel: this rank's group, or NULL
     uint64_t gen0                 # all-reduces the group did before this step
     LoraStep lora                 # the step's adapters (lora.nl 0: none)
+    const float *mm_embeds        # [M, E] image rows, or NULL
+    const int32_t *embed_src      # [T] row of mm_embeds per token, -1: the token's embedding; or NULL
+    const int32_t *rope_pos       # [T, 3] multimodal RoPE positions, or NULL
 
 
 cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t *token_ids, const int32_t *positions,
                    const int64_t *slot_mapping, const int32_t *tok_seq, const int32_t *block_tables,
                    Py_ssize_t max_blocks, Py_ssize_t R, const int32_t *logits_rows, float *logits,
                    int nt, ll_tp *tp, const int32_t *attn_pos, const int32_t *token_types, int hidden,
-                   const LoraStep *lora) noexcept nogil:
+                   const LoraStep *lora, const float *mm_embeds=NULL, const int32_t *embed_src=NULL,
+                   const int32_t *rope_pos=NULL) noexcept nogil:
     """ONE parallel region for the whole step: every thread runs _step over its share of each
     phase, with a barrier between dependent phases (far cheaper than a fork/join per op)."""
     cdef StepC s
@@ -584,6 +630,7 @@ cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t
     s.tp, s.gen0 = tp, tp.gen if tp != NULL else 0
     s.attn_pos, s.token_types, s.hidden = attn_pos, token_types, hidden
     s.lora = lora[0]
+    s.mm_embeds, s.embed_src, s.rope_pos = mm_embeds, embed_src, rope_pos
     for i in range(9):
         ws.counter[16 * i] = 0
     s.num_tiles = _build_tiles(tok_seq, T, ws.tiles)
@@ -895,6 +942,11 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
     cdef const float *trow
     cdef const LayerW *L
     cdef const LoraG *G = NULL
+    cdef float mcos[MROPE_MAX_PAIRS]   # multimodal RoPE: this token's angles, gathered per section
+    cdef float msin[MROPE_MAX_PAIRS]
+    cdef const float *cos_row
+    cdef const float *sin_row
+    cdef Py_ssize_t half = m.rope_dim // 2, sec
     # int8 blocks of the GEMM inputs: rows of E (qkv, gate/up, lm_head), H D (o) or F (down) values
     cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E)
     cdef ll_qact xq_o = _qact(ws.xq, ws.xqd, ws.xqs, q_n)
@@ -902,6 +954,10 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
     t0, t1 = _lo(T, tid, nth), _lo(T, tid + 1, nth)
 
     for t in range(t0, t1):
+        if s.embed_src != NULL and s.embed_src[t] >= 0:   # an image's token: its encoder row, unscaled
+            for i in range(E):
+                ws.x[t * E + i] = s.mm_embeds[s.embed_src[t] * E + i]
+            continue
         _embed_row(&m.embed, s.token_ids[t], ws.x + t * E)
         if m.embed_scale != 1.0:
             for i in range(E):
@@ -935,12 +991,19 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
             ll_omp_barrier()
         for t in range(t0, t1):
             row = ws.qkv + t * qkv_n
+            cos_row = L.rope_cos + s.positions[t] * half
+            sin_row = L.rope_sin + s.positions[t] * half
+            if m.use_rope and m.mrope_t:   # angle of pair i from the table row of its section's position
+                for i in range(half):
+                    sec = 0 if i < m.mrope_t else (1 if i < m.mrope_h else 2)
+                    mcos[i] = L.rope_cos[s.rope_pos[t * 3 + sec] * half + i]
+                    msin[i] = L.rope_sin[s.rope_pos[t * 3 + sec] * half + i]
+                cos_row, sin_row = mcos, msin
             for head in range(H + Hkv):   # q heads then k heads
                 if m.qk_norm:
                     ll_rmsnorm_f32(row + head * D, L.q_norm_w if head < H else L.k_norm_w, row + head * D, D, m.eps)
                 if m.use_rope:
-                    ll_rope_neox_f32(row + head * D, L.rope_cos + s.positions[t] * (m.rope_dim // 2),
-                                     L.rope_sin + s.positions[t] * (m.rope_dim // 2), m.rope_dim)
+                    ll_rope_neox_f32(row + head * D, cos_row, sin_row, m.rope_dim)
             ll_write_kv_row(row + q_n, L.k_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, 1)
             ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, 0)
         ll_omp_barrier()      # every token's K/V is in the cache before anyone attends

@@ -134,11 +134,11 @@ class AsyncEngine:
                     sampling_params: SamplingParams, prompt: str | None = None, *,
                     priority: int = 0, timeout: float | None = None,
                     sink: Callable[[RequestOutput | BaseException], None] | None = None,
-                    lora_request=None) -> RequestStream:
+                    lora_request=None, mm=None) -> RequestStream:
         """Submit a request; raises ValueError (invalid), QueueFullError, EngineShutdownError.
         sink: called on the engine thread with each delta (and a failure) instead of queueing
-        them for iteration; it must not block."""
-        self.engine.validate_request(prompt_token_ids, sampling_params)
+        them for iteration; it must not block. mm: the prompt's images (multimodal.MMPrompt)."""
+        self.engine.validate_request(prompt_token_ids, sampling_params, mm)
         params = sampling_params.clone()
         arrival = time.monotonic()
         lora = None
@@ -147,13 +147,14 @@ class AsyncEngine:
                 raise ValueError("a LoRA adapter was asked for, but LoRA is not enabled (--enable-lora)")
             lora = self.engine.lora.acquire(lora_request)    # this reference is the inbox's
         try:
-            return self._submit(request_id, prompt_token_ids, params, prompt, arrival, priority, timeout, sink, lora)
+            return self._submit(request_id, prompt_token_ids, params, prompt, arrival, priority, timeout, sink, lora,
+                                mm)
         except BaseException:
             if lora is not None:
                 self.engine.lora.release(lora[0])
             raise
 
-    def _submit(self, request_id, prompt_token_ids, params, prompt, arrival, priority, timeout, sink, lora):
+    def _submit(self, request_id, prompt_token_ids, params, prompt, arrival, priority, timeout, sink, lora, mm):
         with self._cond:
             if self._error is not None:
                 raise EngineDeadError("the engine thread failed") from self._error
@@ -167,7 +168,7 @@ class AsyncEngine:
             stream = RequestStream(request_id, self, timeout, sink)
             self._active_ids.add(request_id)
             self._inbox.append(("add", stream, (request_id, list(prompt_token_ids), params,
-                                                prompt, arrival, priority, lora)))
+                                               prompt, arrival, priority, lora, mm)))
             self._num_inbox_adds += 1
             self._cond.notify()
         return stream
@@ -266,8 +267,9 @@ class AsyncEngine:
                     stream._put(e)
                     continue
                 finally:    # the sequences took references of their own
-                    if args[-1] is not None:
-                        engine.lora.release(args[-1][0])
+                    lora = args[6]      # (request_id, ids, params, prompt, arrival, priority, lora, mm)
+                    if lora is not None:
+                        engine.lora.release(lora[0])
                 self._streams[stream.request_id] = stream
             else:
                 outputs += engine.abort_request(item[1])

@@ -28,11 +28,14 @@ except ImportError:                      # a Python built without it: hashlib's 
     from hashlib import blake2b
 
 
-def hash_block_tokens(parent_hash: bytes | None, token_ids: Sequence[int]) -> bytes:
-    """Content hash of a full block: blake2b(parent hash, token ids), stable across processes."""
+def hash_block_tokens(parent_hash: bytes | None, token_ids: Sequence[int], extra: bytes = b"") -> bytes:
+    """Content hash of a full block: blake2b(parent hash, token ids, extra), stable across
+    processes. extra: the hashes of the images whose placeholder tokens the block holds."""
     h = blake2b(digest_size=16)
     h.update(parent_hash if parent_hash is not None else b"\0" * 16)
     h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    if extra:
+        h.update(extra)
     return h.digest()
 
 

@@ -159,21 +159,26 @@ class LLMEngine:
 
     # ---- requests in ----------------------------------------------------------------------
 
-    def validate_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams) -> None:
+    def validate_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams, mm=None) -> None:
         """Raise ValueError if the request can never run; reads only config (thread-safe)."""
         check_request(prompt_token_ids, sampling_params, self.max_model_len, self.config.max_num_seqs,
                       self.grammars)
+        for k, item in enumerate(mm.items if mm is not None else ()):   # a chunk holds an image whole
+            if item.length > self.config.max_num_batched_tokens:
+                raise ValueError(f"image {k} takes {item.length} tokens, more than max_num_batched_tokens "
+                                 f"{self.config.max_num_batched_tokens}: send a smaller image or lower max_pixels")
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     sampling_params: SamplingParams, prompt: str | None = None,
                     arrival_time: float | None = None, priority: int = 0,
-                    lora: tuple[int, bytes] | None = None) -> None:
+                    lora: tuple[int, bytes] | None = None, mm=None) -> None:
         """Queue a request. arrival_time is time.monotonic() based (now if None). lora: the
         (slot, salt) of its adapter from self.lora.acquire(): each sequence takes a reference
-        of its own, given back when it finishes."""
+        of its own, given back when it finishes. mm: the prompt's images (multimodal.MMPrompt),
+        its placeholders already expanded in the ids."""
         if request_id in self._groups:
             raise ValueError(f"request id {request_id!r} is already in use")
-        self.validate_request(prompt_token_ids, sampling_params)
+        self.validate_request(prompt_token_ids, sampling_params, mm)
         params = sampling_params.clone()     # later edits by the caller must not reach us
         n = params.n
         child_ids = [request_id] if n == 1 else [f"{i}_{request_id}" for i in range(n)]
@@ -190,6 +195,7 @@ class LLMEngine:
                             parent_id=request_id, index=i)
                     for i, child_id in enumerate(child_ids)]
         for child in children:
+            child.mm = mm
             self.structured.add(child)
             if lora is not None:
                 child.lora_slot, child.lora_salt = lora

@@ -143,9 +143,11 @@ class KVCacheManager:
         hashes = request.block_hashes
         token_ids = request.all_token_ids
         bs = self.block_size
+        mm = request.mm     # image placeholders are keyed on their image, not on their ids alone
         for blk in range(len(hashes), num_tokens // bs):
             hashes.append(hash_block_tokens(hashes[-1] if hashes else request.lora_salt,
-                                            token_ids[blk * bs:(blk + 1) * bs]))
+                                            token_ids[blk * bs:(blk + 1) * bs],
+                                            mm.block_key(blk * bs, (blk + 1) * bs) if mm is not None else b""))
 
     def _publish_full_blocks(self, request: Request, num_tokens: int) -> None:
         """Publish the blocks that are full once the first num_tokens tokens are computed."""

@@ -99,6 +99,7 @@ class Request:
         # alone) and its prefix-cache salt (no cached block is shared across adapters)
         self.lora_slot = -1
         self.lora_salt: bytes | None = None
+        self.mm = None      # the prompt's images (multimodal.MMPrompt), set by the engine
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -233,6 +233,9 @@ class ModelRunner:
         self.attention_path = self.kernel_config.attn_path
 
         start = time.perf_counter()
+        from lite_llm.multimodal import load_vision
+        # the image encoder of a vision-language model (its own compiled call per image), else None
+        self.vision = load_vision(loaded, self.kernels, num_threads, self.gemm_paths.chosen["bf16"])
         tensors = pack_checkpoint(loaded, self.dtype, num_threads, self.quantization, shard)
         loaded.release()
         _trim_heap()
@@ -314,23 +317,25 @@ class ModelRunner:
         """Apply sched_out's deltas to the persistent batch; the step's flat arrays."""
         return self.input_batch.prepare(sched_out)
 
-    def forward(self, token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows) -> np.ndarray:
+    def forward(self, token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows,
+                mm: tuple = (None, None, None)) -> np.ndarray:
         """One kernel call; returns logits [R, V] of the rows asked for (tests use this directly).
         The array is a view of a buffer reused by the next call (fresh pages every step would
-        cost page faults)."""
+        cost page faults). mm: (image rows [M, E], embed_src [T], rope_pos [T, 3]) of a
+        vision-language model's step (multimodal.VisionRunner.step_inputs), Nones otherwise."""
         group = self.tp_group
         if group is None:
             R = len(logits_rows)
             if self._logits.shape[0] < R:
                 self._logits = np.empty((R, self.config.vocab_size), np.float32)
             logits = self._logits[:R]
-            if self.lora_weights is not None:   # each sequence's adapter slot: its batch row's
-                self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
-                                     block_tables, logits_rows, logits, self.num_threads, lora=self.lora_weights,
-                                     seq_lora=self.input_batch.seq_lora)
-                return logits
+            # each sequence's adapter slot: its batch row's
+            adapters = {} if self.lora_weights is None else {"lora": self.lora_weights,
+                                                             "seq_lora": self.input_batch.seq_lora}
+            mm_embeds, embed_src, rope_pos = mm
             self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
-                                 block_tables, logits_rows, logits, self.num_threads)
+                                 block_tables, logits_rows, logits, self.num_threads, mm_embeds=mm_embeds,
+                                 embed_src=embed_src, rope_pos=rope_pos, **adapters)
             return logits
         # tensor parallel: every rank writes its vocabulary columns into the segment's rows
         logits = group.broadcast(token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows)
@@ -352,9 +357,12 @@ class ModelRunner:
                 logits_rows = np.concatenate([logits_rows, np.concatenate([r[2] for r in prompt_rows])])
         self.last_prompt_logprobs = []
         start = time.perf_counter()
+        mm = (None, None, None)
         try:
+            if self.vision is not None:   # the step's images encoded (or from the cache) before its forward
+                mm = self.vision.step_inputs(sched_out.chunks, len(a.token_ids), a.positions)
             all_logits = self.forward(a.token_ids, a.positions, a.slot_mapping, a.tok_seq, a.block_tables,
-                                      logits_rows)
+                                      logits_rows, mm)
             kernel_seconds = time.perf_counter() - start
         finally:        # the mask's buffer is reused next step: never leave its work running
             bitmask, mask_rows = masks.wait() if masks is not None else (None, None)

@@ -45,6 +45,7 @@ from typing import NamedTuple
 
 from lite_llm.engine.kv_cache import KVCacheManager
 from lite_llm.engine.request import Request, RequestStatus, SampleResult
+from lite_llm.multimodal import whole_images
 
 
 PROMPT_LOGITS_ROWS = 256     # prompt positions whose logits one step keeps (prompt logprobs)
@@ -163,6 +164,11 @@ class Scheduler:
         while idx < len(self.running) and budget > 0:
             request = self.running[idx]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if request.mm is not None:      # never end a chunk inside an image
+                num_new = whole_images(request, request.num_computed_tokens, num_new)
+                if num_new == 0:
+                    idx += 1
+                    continue
             if request.wants_prompt_logits:
                 num_new = min(num_new, self._rows_budget)
                 if num_new == 0:        # its prompt rows wait for the next step
@@ -221,6 +227,10 @@ class Scheduler:
             wants_rows = request.wants_prompt_logits
             hits, num_hit_tokens = kv.get_computed_blocks(request) if not wants_rows else ([], 0)
             num_new = min(request.num_tokens - num_hit_tokens, budget)
+            if request.mm is not None:      # never end a chunk inside an image
+                num_new = whole_images(request, num_hit_tokens, num_new)
+                if num_new == 0:
+                    break
             if wants_rows:
                 num_new = min(num_new, self._rows_budget)
                 if num_new == 0:

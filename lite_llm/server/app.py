@@ -692,8 +692,10 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             for k, p in enumerate(prep.prompts):
                 rid = prep.engine_request_id(k)
-                lora = {} if prep.model in st.ctx.model_names else {"lora_request": prep.model}   # an adapter's name
-                stream = st.engine.add_request(rid, p.token_ids, prep.params, prompt=p.text, **lora)
+                extra = {} if prep.model in st.ctx.model_names else {"lora_request": prep.model}   # an adapter's name
+                if p.mm is not None:
+                    extra["mm"] = p.mm
+                stream = st.engine.add_request(rid, p.token_ids, prep.params, prompt=p.text, **extra)
                 submitted.append((rid, stream))
         except QueueFullError:
             for rid, _ in submitted:
@@ -1001,7 +1003,7 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                   log_requests: bool = True, max_tokenizing: int | None = None,
                   reasoning_parser: str | None = None, tool_call_parser: str | None = None,
                   responses_store_max: int = responses.DEFAULT_STORE_MAX,
-                  responses_store_ttl: float = responses.DEFAULT_STORE_TTL) -> LiteServer:
+                  responses_store_ttl: float = responses.DEFAULT_STORE_TTL, media: Any = None) -> LiteServer:
     """A bound (not yet serving) server for `engine`; `.start()` or `.serve_forever()` it.
 
     generation_config is the model's generation_config.json dict (empty for
@@ -1027,7 +1029,8 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                          tokenize_slots=TokenizeSlots(max_tokenizing or max(1, (os.cpu_count() or 2) // 2),
                                                       retry_after),
                          reasoning_parser=reasoning_parser, tool_parser=tool_call_parser,
-                         system_fingerprint=system_fingerprint(info), loras=lora_routes.manager(engine))
+                         system_fingerprint=system_fingerprint(info), loras=lora_routes.manager(engine),
+                         mm_processor=_mm_processor(model_root), media=media or _default_media())
     state = ServerState(engine, ctx, ServerMetrics(names[0], info), api_key, info, max_body_bytes,
                         model_root, retry_after)
     state.responses = responses.ResponseStore(responses_store_max, responses_store_ttl)
@@ -1106,6 +1109,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            "first; 0: none kept)")
     a("--responses-store-ttl", type=float, default=responses.DEFAULT_STORE_TTL,
       help="seconds a stored response is kept")
+    a("--limit-mm-per-prompt", default=None,
+      help='images one prompt may carry, as vLLM\'s JSON: \'{"image": 4}\' (the default)')
+    a("--mm-processor-kwargs", default=None,
+      help='image preprocessing overrides as JSON: \'{"max_pixels": 1003520}\' caps the pixels an image is '
+           "resized to (fewer image tokens)")
+    a("--allowed-media-domains", nargs="*", default=None,
+      help="hosts whose http(s) image URLs the server may fetch (redirects re-checked; default: none, "
+           "only data: URLs)")
     a("--data-parallel-size", "-dp", type=int, default=1,
       help="independent engine replicas, each a process on its own cores (the thread plan split N ways, "
            "or one CPU list per replica in LITE_LLM_CPU_OMP_THREADS_BIND: '0-15|16-31'), behind this one "
@@ -1122,6 +1133,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--shutdown-grace", type=float, default=30.0,
       help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
     a("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
+
+
+def _mm_processor(model_root: str | None):
+    from lite_llm.multimodal import Processor
+    return Processor.for_model(model_root) if model_root else None
+
+
+def _default_media():
+    from lite_llm.multimodal import MediaConfig
+    return MediaConfig()
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -1187,7 +1208,17 @@ def build_server(args: argparse.Namespace, engine: Any, tokenizer: Any, info: di
         metrics_no_auth=args.metrics_no_auth, web_ui=not getattr(args, "disable_web_ui", False),
         log_requests=not args.disable_log_requests, reasoning_parser=args.reasoning_parser,
         tool_call_parser=args.tool_call_parser, responses_store_max=args.responses_store_max,
-        responses_store_ttl=args.responses_store_ttl)
+        responses_store_ttl=args.responses_store_ttl, media=_media_config(args))
+
+
+def _media_config(args: argparse.Namespace):
+    """Image input settings from --limit-mm-per-prompt, --mm-processor-kwargs, --allowed-media-domains."""
+    from lite_llm.multimodal import media_config
+    try:
+        return media_config(getattr(args, "limit_mm_per_prompt", None), getattr(args, "mm_processor_kwargs", None),
+                            getattr(args, "allowed_media_domains", None))
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -241,6 +241,8 @@ class ServingContext:
     tool_parser: str | None = None        # --tool-call-parser: one of TOOL_PARSERS | None
     system_fingerprint: str | None = None
     loras: Any = None                     # lora.LoRAManager (`name in loras`) under --enable-lora
+    mm_processor: Any = None              # multimodal.Processor of a model that takes images, else None
+    media: Any = None                     # multimodal.MediaConfig: image limits and allowed hosts
 
     def check_model(self, body: dict) -> str:
         model = body.get("model")
@@ -258,6 +260,7 @@ class ServingContext:
 class Prompt:
     text: str | None
     token_ids: list[int]
+    mm: Any = None                    # the prompt's images (multimodal.MMPrompt), placeholders expanded
 
 
 @dataclass(frozen=True)
@@ -595,7 +598,8 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
     if top is not None and top > 0 and not want_logprobs:
         raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     logprobs = (top or 0) if want_logprobs else None
-    messages = parse_messages(body.get("messages"))
+    images: list = []
+    messages = parse_messages(body.get("messages"), images, ctx)
     add_generation_prompt = get_bool(body, "add_generation_prompt", True)
     template = body.get("chat_template")
     if template is not None and not isinstance(template, str):
@@ -622,6 +626,13 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
                   param="messages")
     if not ids:
         raise bad("the rendered chat prompt is empty (no tokens)", "messages")
+    mm = None
+    if images:   # each image's placeholder becomes its encoder output's length of tokens
+        from lite_llm.multimodal import MediaError
+        try:
+            ids, mm = ctx.mm_processor.process(list(ids), images, ctx.media)
+        except (MediaError, ValueError) as e:
+            raise bad(str(e), "messages") from None
     if len(ids) >= ctx.max_model_len:
         raise bad(f"This model's maximum context length is {ctx.max_model_len} tokens; the "
                   f"messages have {len(ids)} tokens.", "messages")
@@ -633,7 +644,7 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
         kw["logprobs"] = logprobs
     params = _sampling_params(kw)
     return PreparedRequest("chat", _new_id("chatcmpl", body), int(time.time()), model,
-                           [Prompt(text, list(ids))], params, stream, include_usage,
+                           [Prompt(text, list(ids), mm)], params, stream, include_usage,
                            logprobs=logprobs, reasoning_parser=ctx.reasoning_parser,
                            tool_parser=tool_parser, max_tool_calls=None if parallel else 1,
                            named_tool=isinstance(tool_choice, dict) and tool_parser is not None,
@@ -759,8 +770,10 @@ def _tool_calls_in(where: str, calls: Any) -> list[dict]:
     return out
 
 
-def parse_messages(messages: Any) -> list[dict]:
-    """messages -> [{"role", "content": str}], text parts joined; anything else is a 400."""
+def parse_messages(messages: Any, images: list | None = None, ctx: ServingContext | None = None) -> list[dict]:
+    """messages -> [{"role", "content": str}], text parts joined; anything else is a 400.
+    images: where image_url parts' decoded images go (each part becomes the model's image
+    placeholder text), for a model that takes images (ctx.mm_processor); None: refused."""
     if not isinstance(messages, list) or not messages:
         raise bad("'messages' must be a non-empty list", "messages")
     if len(messages) > 4096:
@@ -782,8 +795,13 @@ def parse_messages(messages: Any) -> list[dict]:
             content = ""
         if isinstance(content, list):
             parts = []
+            sep = "\n"
             for j, part in enumerate(content):
                 p = f"{where}.content[{j}]"
+                if isinstance(part, dict) and part.get("type") == "image_url":
+                    parts.append(_image_part(part, p, images, ctx))
+                    sep = ""       # as the models' templates put an image between texts
+                    continue
                 if not isinstance(part, dict) or part.get("type") != "text" \
                         or not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
                     kind = part.get("type") if isinstance(part, dict) else None
@@ -791,7 +809,7 @@ def parse_messages(messages: Any) -> list[dict]:
                         if isinstance(kind, str) and kind != "text" else "must be {\"type\": \"text\", \"text\": str}"
                     raise bad(f"'{p}' {what}", p)
                 parts.append(part["text"])
-            content = "\n".join(parts)
+            content = sep.join(parts)
         if not isinstance(content, str):
             raise bad(f"'{where}.content' must be a string or a list of text parts", f"{where}.content")
         name = m.get("name")
@@ -813,6 +831,22 @@ def parse_messages(messages: Any) -> list[dict]:
             msg["reasoning_content"] = m["reasoning_content"]
         out.append(msg)
     return out
+
+
+def _image_part(part: dict, where: str, images: list | None, ctx: ServingContext | None) -> str:
+    """An image_url part: its image decoded into images; the placeholder text in its place."""
+    from lite_llm.multimodal import MediaError, image_of_part
+    if images is None or ctx is None or ctx.mm_processor is None:
+        raise bad(f"'{where}': this model does not take image inputs", where)
+    if set(part) - {"type", "image_url"} or not isinstance(part.get("image_url"), (dict, str)):
+        raise bad(f"'{where}' must be {{\"type\": \"image_url\", \"image_url\": {{\"url\": str}}}}", where)
+    if len(images) >= ctx.media.max_images:
+        raise bad(f"'{where}': more than {ctx.media.max_images} images in one request (--limit-mm-per-prompt)", where)
+    try:
+        images.append(image_of_part(part, f"image {len(images)} ('{where}')", ctx.media))
+    except MediaError as e:
+        raise bad(str(e), where) from None
+    return ctx.mm_processor.placeholder
 
 
 def _template_kwargs(body: dict) -> dict:

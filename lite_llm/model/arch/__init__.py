@@ -12,6 +12,7 @@ properties of the kernel model.
     qwen2_moe.py  Qwen2MoeForCausalLM ("qwen2moe": routed experts and a gated shared expert)
     qwen3_moe.py  Qwen3MoeForCausalLM ("qwen3moe")
     bert.py    BertModel, XLMRobertaModel and their *ForSequenceClassification (encoders, post-norm)
+    qwen2_vl.py   Qwen2_5_VLForConditionalGeneration's language model (multimodal RoPE)
     moe.py     the mixture-of-experts MLP's config fields and tensors (HF and GGUF), for the above
 
 A recipe module defines HF_ARCHITECTURES (the config.json names it reads), GGUF_ARCHITECTURES
@@ -26,11 +27,13 @@ import dataclasses
 from types import ModuleType
 
 from lite_llm.config import KernelConfig, LayerConfig, ModelConfig
-from lite_llm.model.arch import bert, gemma, granite, llama, mixtral, opt, phi3, qwen, qwen2_moe, qwen3_moe
+from lite_llm.model.arch import (bert, gemma, granite, llama, mixtral, opt, phi3, qwen, qwen2_moe, qwen2_vl,
+                                 qwen3_moe)
 from lite_llm.model.loader import ModelLoadError
 from lite_llm.model.rope import rope_dim
 
-RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma, phi3, granite, mixtral, qwen2_moe, qwen3_moe, bert)
+RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma, phi3, granite, mixtral, qwen2_moe, qwen3_moe, bert,
+                                   qwen2_vl)
 _BY_HF = {name: r for r in RECIPES for name in r.HF_ARCHITECTURES}
 _BY_GGUF = {name: r for r in RECIPES for name in getattr(r, "GGUF_ARCHITECTURES", {})}
 SUPPORTED_ARCHITECTURES = tuple(_BY_HF)
@@ -150,7 +153,8 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
         final_softcap=float(config.final_softcap or 0.0),
         kv_cache_dtype=kv_cache_dtype, bf16_path=bf16_path, layers=tuple(layers), attn_path=attn_path,
         num_experts=config.num_experts, num_experts_per_tok=config.num_experts_per_tok,
-        norm_topk_prob=config.norm_topk_prob, shared_ffn_dim=config.shared_ffn_dim, post_ln=config.post_ln)
+        norm_topk_prob=config.norm_topk_prob, shared_ffn_dim=config.shared_ffn_dim, post_ln=config.post_ln,
+        mrope_section=tuple(config.mrope_section))
 
 
 def _embed_scale(config: ModelConfig, dtype: str) -> float:

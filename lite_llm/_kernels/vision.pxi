@@ -1,0 +1,190 @@
+# A vision transformer over one image in ONE nogil call (Qwen2.5-VL's tower: RMSNorm, 2-D
+# rotary, window / full bidirectional attention, SwiGLU, the 2x2 patch merger), on the same
+# packed-weight GEMMs as the language model. What an image's rows mean (preprocessing, window
+# order, rotary angles) is Python's: lite_llm/multimodal/qwen2_5_vl.py; the plain reference of
+# this forward is VisionEncoder.encode_reference there.
+
+cdef struct VisionBlockW:
+    const float *norm1_w          # [C]
+    const float *norm2_w          # [C]
+    Mat qkv                       # [3C, C] with bias
+    Mat proj                      # [C, C] with bias
+    Mat gate                      # [I, C] with bias
+    Mat up                        # [I, C] with bias
+    Mat down                      # [C, I] with bias
+
+
+cdef class VisionModel:
+    """Packed weights of a Qwen2.5-VL vision tower. tensors: "patch_embed", "blocks.{i}.qkv",
+    ".proj", ".gate", ".up", ".down", "merger.0", "merger.2" packed (layout.pack) in `dtype`
+    with "<name>.bias" (float32, not for patch_embed) and "<name>.shape" [N, K]; norms
+    "blocks.{i}.norm1" / ".norm2" and "merger.ln_q" as float32 vectors."""
+    cdef VisionBlockW *blocks
+    cdef Mat patch, m0, m2
+    cdef const float *ln_q
+    cdef readonly int depth, dim, inter, num_heads, head_dim, out_dim, patch_k, unit
+    cdef list keep
+
+    def __cinit__(self):
+        self.blocks = NULL
+
+    def __init__(self, dict tensors, str dtype, int depth, int num_heads, int unit, str bf16_path=None):
+        cdef int i
+        cdef bint fma = _bf16_fma(bf16_path)
+        self.keep = []
+        self.depth, self.num_heads, self.unit = depth, num_heads, unit
+        self.patch = self._mat(tensors, "patch_embed", dtype, fma, False)
+        self.dim, self.patch_k = self.patch.n, self.patch.k
+        if self.dim % num_heads or (self.dim // num_heads) % 2:
+            raise ValueError(f"vision width {self.dim} is not num_heads {num_heads} heads of an even size")
+        self.head_dim = self.dim // num_heads
+        self.blocks = <VisionBlockW *>calloc(depth, sizeof(VisionBlockW))
+        if self.blocks == NULL:
+            raise MemoryError()
+        for i in range(depth):
+            p = f"blocks.{i}."
+            self.blocks[i].norm1_w = self._vec(tensors, p + "norm1", self.dim)
+            self.blocks[i].norm2_w = self._vec(tensors, p + "norm2", self.dim)
+            self.blocks[i].qkv = self._mat(tensors, p + "qkv", dtype, fma, True)
+            self.blocks[i].proj = self._mat(tensors, p + "proj", dtype, fma, True)
+            self.blocks[i].gate = self._mat(tensors, p + "gate", dtype, fma, True)
+            self.blocks[i].up = self._mat(tensors, p + "up", dtype, fma, True)
+            self.blocks[i].down = self._mat(tensors, p + "down", dtype, fma, True)
+            if (self.blocks[i].qkv.n != 3 * self.dim or self.blocks[i].qkv.k != self.dim
+                    or self.blocks[i].proj.n != self.dim or self.blocks[i].gate.k != self.dim
+                    or self.blocks[i].up.n != self.blocks[i].gate.n or self.blocks[i].down.k != self.blocks[i].gate.n
+                    or self.blocks[i].down.n != self.dim):
+                raise ValueError(f"vision block {i}: matrix shapes do not fit width {self.dim}")
+        self.inter = self.blocks[0].gate.n if depth else 0
+        self.ln_q = self._vec(tensors, "merger.ln_q", self.dim)
+        self.m0 = self._mat(tensors, "merger.0", dtype, fma, True)
+        self.m2 = self._mat(tensors, "merger.2", dtype, fma, True)
+        if self.m0.k != unit * self.dim or self.m2.k != self.m0.n:
+            raise ValueError("vision merger: matrix shapes do not fit the merge unit")
+        self.out_dim = self.m2.n
+
+    cdef Mat _mat(self, dict tensors, str name, str dtype, bint fma, bint has_bias) except *:
+        n, k = tensors[name + ".shape"]
+        bias = None
+        if has_bias:
+            bias = np.ascontiguousarray(tensors[name + ".bias"], np.float32)
+            if bias.shape != (n,):
+                raise ValueError(f"{name}.bias: expected [{n}]")
+        packed = tensors[name + ".weight"]
+        return _make_mat(packed, _parts_of(packed, dtype, n, k), n, k, bias, self.keep, fma)
+
+    cdef const float *_vec(self, dict tensors, str name, int n) except NULL:
+        a = np.ascontiguousarray(tensors[name], np.float32)
+        if a.shape != (n,):
+            raise ValueError(f"{name}: expected [{n}]")
+        self.keep.append(a)
+        return <const float *>_ptr(a)
+
+    def __dealloc__(self):
+        free(self.blocks)
+
+
+def vision_forward(VisionModel vm,
+                   const float[:, ::1] pixels,       # IN [N, K] patches in window order
+                   const float[:, ::1] cos,          # IN [N, D / 2] rotary angles of each patch (h, then w)
+                   const float[:, ::1] sin,          # IN [N, D / 2]
+                   const int32_t[::1] win_bounds,    # IN [W + 1] window boundaries (patches), 0 .. N
+                   const uint8_t[::1] full_layer,    # IN [depth] 1: the block attends over the whole image
+                   float[:, ::1] out,                # OUT [N / unit, E] merged rows, in window order
+                   int num_threads):
+    """The vision tower over one image's N patches (rows of each merge unit adjacent)."""
+    cdef Py_ssize_t N = pixels.shape[0], C = vm.dim, I = vm.inter, D = vm.head_dim, U = vm.unit
+    cdef Py_ssize_t W = win_bounds.shape[0] - 1, t
+    if pixels.shape[1] != vm.patch_k or N % U or N == 0:
+        raise ValueError(f"vision_forward: pixels {tuple(pixels.shape)}: expected [N, {vm.patch_k}], N a multiple of {U}")
+    if cos.shape[0] != N or cos.shape[1] != D // 2 or sin.shape[0] != N or sin.shape[1] != D // 2:
+        raise ValueError(f"vision_forward: cos / sin must be [{N}, {D // 2}]")
+    if out.shape[0] != N // U or out.shape[1] != vm.out_dim or full_layer.shape[0] != vm.depth:
+        raise ValueError("vision_forward: out must be [N / unit, E] and full_layer [depth]")
+    if W < 1 or win_bounds[0] != 0 or win_bounds[W] != N:
+        raise ValueError("vision_forward: window bounds must run from 0 to N")
+    for t in range(W):
+        if win_bounds[t + 1] <= win_bounds[t]:
+            raise ValueError("vision_forward: window bounds must increase")
+    # activations, sized for this image (an image is large work: allocation is not its cost)
+    cdef Py_ssize_t max_k = max(vm.patch_k, 3 * C, I, U * C, vm.m0.n)
+    x = np.empty((N, C), np.float32)
+    h = np.empty((N, max(C, I)), np.float32)
+    qkv = np.empty((N, 3 * C), np.float32)
+    attn = np.empty((N, C), np.float32)
+    g = np.empty((N, max(I, vm.m0.n)), np.float32)
+    xb = np.empty((N, max_k // 2 + 2), np.uint32)
+    seg = np.empty((N, 2), np.int32)             # each patch's window [start, end)
+    scores = np.empty((num_threads, N), np.float32)
+    cdef _QBufs qb = _QBufs(N, max_k)
+    cdef float[:, ::1] xv = x, hv = h, qv = qkv, av = attn, gv = g, sv = scores
+    cdef uint32_t[:, ::1] xbv = xb
+    cdef int32_t[:, ::1] segv = seg
+    cdef Py_ssize_t w0
+    for w0 in range(W):
+        seg[win_bounds[w0]:win_bounds[w0 + 1], 0] = win_bounds[w0]
+        seg[win_bounds[w0]:win_bounds[w0 + 1], 1] = win_bounds[w0 + 1]
+    with nogil:
+        _vision(vm, &pixels[0, 0], N, &cos[0, 0], &sin[0, 0], &segv[0, 0], &full_layer[0], &xv[0, 0], &hv[0, 0],
+                hv.shape[1], &qv[0, 0], &av[0, 0], &gv[0, 0], gv.shape[1], &xbv[0, 0], &qb.a, &sv[0, 0],
+                &out[0, 0], num_threads)
+
+
+cdef void _vision(VisionModel vm, const float *pixels, Py_ssize_t N, const float *cos, const float *sin,
+                  const int32_t *seg, const uint8_t *full_layer, float *x, float *h, Py_ssize_t ldh,
+                  float *qkv, float *attn, float *g, Py_ssize_t ldg, uint32_t *xb, const ll_qact *xq,
+                  float *scores, float *out, int nt) noexcept nogil:
+    cdef Py_ssize_t C = vm.dim, I = vm.inter, D = vm.head_dim, H = vm.num_heads, U = vm.unit
+    cdef Py_ssize_t t, item, head, j, s0, s1, l
+    cdef float scale = 1.0 / sqrt(<double>D), m, total
+    cdef const VisionBlockW *B
+    cdef float *sc
+    cdef float *o
+    cdef const float *q
+    _gemm(pixels, vm.patch_k, xb, xq, N, &vm.patch, x, C, 0, nt)           # patch embedding
+    for l in range(vm.depth):
+        B = &vm.blocks[l]
+        for t in prange(N, schedule="static", num_threads=nt):
+            ll_rmsnorm_f32(x + t * C, B.norm1_w, h + t * C, C, 1e-6)
+        _gemm(h, C, xb, xq, N, &B.qkv, qkv, 3 * C, 0, nt)
+        for t in prange(N, schedule="static", num_threads=nt):           # rotary on q and k heads
+            for head in range(2 * H):
+                ll_rope_neox_f32(qkv + t * 3 * C + head * D, cos + t * (D // 2), sin + t * (D // 2), D)
+        # bidirectional attention within each patch's window (or the whole image); dynamic:
+        # windows at the image's edges are smaller
+        for item in prange(N * H, schedule="dynamic", num_threads=nt):
+            t = item // H
+            head = item % H
+            s0 = 0 if full_layer[l] else seg[2 * t]
+            s1 = N if full_layer[l] else seg[2 * t + 1]
+            sc = scores + openmp.omp_get_thread_num() * N
+            q = qkv + t * 3 * C + head * D
+            m = -1e30
+            for j in range(s0, s1):
+                sc[j] = ll_dot_f32(q, qkv + j * 3 * C + C + head * D, D) * scale
+                if sc[j] > m:
+                    m = sc[j]
+            total = 0
+            for j in range(s0, s1):
+                sc[j] = expf(sc[j] - m)
+                total = total + sc[j]
+            o = attn + t * C + head * D
+            for j in range(D):
+                o[j] = 0
+            for j in range(s0, s1):
+                ll_axpy_f32(sc[j] / total, qkv + j * 3 * C + 2 * C + head * D, o, D)
+        _gemm(attn, C, xb, xq, N, &B.proj, x, C, 1, nt)                    # x += proj(attn)
+        for t in prange(N, schedule="static", num_threads=nt):
+            ll_rmsnorm_f32(x + t * C, B.norm2_w, h + t * C, C, 1e-6)
+        _gemm(h, C, xb, xq, N, &B.gate, g, ldg, 0, nt)
+        _gemm(h, C, xb, xq, N, &B.up, qkv, 3 * C, 0, nt)                   # qkv is free: up's rows there
+        for t in prange(N, schedule="static", num_threads=nt):
+            ll_act_mul_f32(g + t * ldg, qkv + t * 3 * C, h + t * ldh, I, LL_ACT_SILU)
+        _gemm(h, ldh, xb, xq, N, &B.down, x, C, 1, nt)                     # x += down(silu(gate) * up)
+    # merger: RMSNorm per patch, each merge unit's U rows as one row of U C, Linear, GELU, Linear
+    for t in prange(N, schedule="static", num_threads=nt):
+        ll_rmsnorm_f32(x + t * C, vm.ln_q, attn + t * C, C, 1e-6)
+    _gemm(attn, U * C, xb, xq, N // U, &vm.m0, g, ldg, 0, nt)
+    for t in prange(N // U, schedule="static", num_threads=nt):
+        ll_act_mul_f32(g + t * ldg, NULL, g + t * ldg, vm.m0.n, LL_ACT_GELU)
+    _gemm(g, ldg, xb, xq, N // U, &vm.m2, out, vm.out_dim, 0, nt)

@@ -1,0 +1,288 @@
+"""Images in, text out: what a vision-language model adds around the text engine.
+
+    front end (HTTP thread, LLM.generate)         engine thread (runner)
+    images -> Processor.process(prompt ids) ----> VisionRunner.step_inputs(step)
+      preprocess, expand each image placeholder     encode the step's images not cached yet
+      to the encoder's output length, M-RoPE        (by image hash), -> mm_embeds [M, E],
+      positions, an image hash -> MMPrompt          embed_src [T], rope_pos [T, 3] for the
+                                                    step's ONE forward call
+
+The scheduler never ends a prefill chunk inside an image's tokens (whole_images) and prefix-cache
+block hashes include the hashes of the images a block holds (MMPrompt.block_key), so two
+different images never share cached blocks.
+
+Supported: Qwen2.5-VL (qwen2_5_vl.py). Model-specific code lives in its module; this one is
+the model-neutral plumbing.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from lite_llm.multimodal.media import MediaConfig, MediaError, check_image, load_image_url  # noqa: F401
+
+try:
+    from _blake2 import blake2b
+except ImportError:
+    from hashlib import blake2b
+
+VISION_ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration",)
+
+
+@dataclass(frozen=True)
+class MMItem:
+    """One image of a prompt: its placeholder tokens [offset, offset + length) and its input."""
+    offset: int
+    length: int
+    hash: bytes                     # of the preprocessed pixels and grid: the encoder cache key
+    pixel_values: np.ndarray        # float32 [patches, K]
+    grid: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class MMPrompt:
+    """The images of one prompt and, for multimodal RoPE, every prompt token's positions."""
+    items: tuple[MMItem, ...]
+    rope_pos: np.ndarray | None     # int32 [num_prompt_tokens, 3]; None: positions are 1-D
+    delta: int = 0                  # past the prompt, position p turns as p + delta
+
+    @property
+    def ranges(self) -> tuple[tuple[int, int], ...]:
+        return tuple((it.offset, it.length) for it in self.items)
+
+    def block_key(self, start: int, end: int) -> bytes:
+        """Hashes of the images with tokens in [start, end), for that block's prefix-cache hash."""
+        return b"".join(it.hash for it in self.items if it.offset < end and start < it.offset + it.length)
+
+
+def whole_images(request, start: int, num_new: int) -> int:
+    """num_new cut back so tokens [start, start + num_new) do not end inside an image; 0 when the
+    chunk would start inside one it cannot finish (it waits for a step with room)."""
+    mm = getattr(request, "mm", None)
+    if mm is None or not mm.items:
+        return num_new
+    end = start + num_new
+    for off, n in mm.ranges:
+        if off < end < off + n:
+            return off - start if off > start else 0
+    return num_new
+
+
+def _read_json(path: str) -> dict:
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+class Processor:
+    """A vision model's front-end half: images + prompt ids -> expanded ids and an MMPrompt."""
+
+    def __init__(self, source: str, raw: dict):
+        from lite_llm.multimodal import qwen2_5_vl
+        self.module = qwen2_5_vl
+        self.vision = qwen2_5_vl.VisionConfig.from_hf(raw, _read_json(os.path.join(source, "preprocessor_config.json")))
+        self.placeholder = "<|vision_start|><|image_pad|><|vision_end|>"   # one image in a prompt's text
+
+    @classmethod
+    def for_model(cls, source: str) -> "Processor | None":
+        """The processor of the checkpoint at source, None when it takes no images."""
+        if not os.path.isdir(source):
+            return None
+        raw = _read_json(os.path.join(source, "config.json"))
+        if (raw.get("architectures") or [None])[0] not in VISION_ARCHITECTURES:
+            return None
+        return cls(source, raw)
+
+    def process(self, prompt_token_ids: list[int], images: list, cfg: MediaConfig) -> tuple[list[int], MMPrompt]:
+        """Each image placeholder token of the prompt becomes the image's output length of them."""
+        vc = self.vision
+        if len(images) > cfg.max_images:
+            raise MediaError(f"{len(images)} images in one prompt, more than the limit of {cfg.max_images} "
+                             "(--limit-mm-per-prompt)")
+        at = [i for i, t in enumerate(prompt_token_ids) if t == vc.image_token_id]
+        if len(at) != len(images):
+            raise MediaError(f"the prompt has {len(at)} image placeholders for {len(images)} images")
+        max_pixels, min_pixels = cfg.processor_kwargs.get("max_pixels"), cfg.processor_kwargs.get("min_pixels")
+        ids: list[int] = []
+        items = []
+        prev = 0
+        for k, (pos, image) in enumerate(zip(at, images)):
+            pixels, grid = self.module.preprocess(image, vc, max_pixels=max_pixels, min_pixels=min_pixels)
+            n = self.module.num_image_tokens(grid, vc)
+            ids.extend(prompt_token_ids[prev:pos])
+            h = blake2b(digest_size=16)
+            h.update(np.asarray(grid, np.int64).tobytes())
+            h.update(pixels.tobytes())
+            items.append(MMItem(len(ids), n, h.digest(), pixels, grid))
+            ids.extend([vc.image_token_id] * n)
+            prev = pos + 1
+        ids.extend(prompt_token_ids[prev:])
+        rope_pos, delta = self.module.mrope_positions(ids, [it.grid for it in items], vc)
+        return ids, MMPrompt(tuple(items), rope_pos, delta)
+
+
+class VisionRunner:
+    """The engine-thread half: the vision encoder, its output cache, and each step's arrays."""
+
+    def __init__(self, source: str, config, max_cached_rows: int = 1 << 16, kernels=None, dtype: str = "float32",
+                 num_threads: int = 1, bf16_path: str | None = None):
+        from lite_llm.model.hf import SafetensorsCheckpoint
+        from lite_llm.multimodal import qwen2_5_vl
+        raw = _read_json(os.path.join(source, "config.json"))
+        self.vision = qwen2_5_vl.VisionConfig.from_hf(raw, _read_json(os.path.join(source, "preprocessor_config.json")))
+        ckpt = SafetensorsCheckpoint(source)
+        try:
+            tensors = {}
+            for name in ckpt.entries:
+                if name.startswith(("visual.", "model.visual.")):
+                    a = ckpt.read(name)
+                    tensors[name.removeprefix("model.")] = _bf16(a) if a.dtype == np.uint16 else a.astype(np.float32)
+        finally:
+            ckpt.close()
+        self.encoder = qwen2_5_vl.VisionEncoder(self.vision, tensors, kernels, dtype, num_threads, bf16_path)
+        del tensors
+        self.mrope = bool(config.mrope_section)
+        self.dim = config.dim
+        self.cache: OrderedDict[bytes, np.ndarray] = OrderedDict()   # image hash -> [n, E], LRU order
+        self.cached_rows = 0
+        self.max_cached_rows = max_cached_rows
+        self.num_encoded = 0            # images run through the encoder (tests, metrics)
+        self.encode_seconds = 0.0
+
+    def _embeddings(self, item: MMItem) -> np.ndarray:
+        rows = self.cache.get(item.hash)
+        if rows is not None:
+            self.cache.move_to_end(item.hash)
+            return rows
+        import time
+        t0 = time.perf_counter()
+        rows = self.encoder.encode(item.pixel_values, item.grid)
+        self.encode_seconds += time.perf_counter() - t0
+        self.num_encoded += 1
+        self.cache[item.hash] = rows
+        self.cached_rows += rows.shape[0]
+        while self.cached_rows > self.max_cached_rows and len(self.cache) > 1:
+            _, old = self.cache.popitem(last=False)
+            self.cached_rows -= old.shape[0]
+        return rows
+
+    def step_inputs(self, chunks, num_tokens: int, positions: np.ndarray):
+        """(mm_embeds [M, E] or None, embed_src [T] or None, rope_pos [T, 3] or None) of a step
+        whose chunks lay their tokens out in order (input_batch.py)."""
+        rope_pos = np.repeat(positions[:, None], 3, axis=1).astype(np.int32) if self.mrope else None
+        parts, src = [], None
+        num_rows = 0
+        offset = 0
+        for c in chunks:
+            mm = getattr(c.request, "mm", None)
+            start, n = c.start, c.num_new_tokens
+            if mm is not None:
+                if rope_pos is not None and mm.rope_pos is not None:
+                    p = np.arange(start, start + n)
+                    in_prompt = p < mm.rope_pos.shape[0]
+                    rows = rope_pos[offset:offset + n]
+                    rows[in_prompt] = mm.rope_pos[p[in_prompt]]
+                    rows[~in_prompt] += mm.delta
+                for it in mm.items:
+                    lo, hi = max(start, it.offset), min(start + n, it.offset + it.length)
+                    if lo >= hi:
+                        continue
+                    emb = self._embeddings(it)
+                    if src is None:
+                        src = np.full(num_tokens, -1, np.int32)
+                    src[offset + lo - start:offset + hi - start] = num_rows + np.arange(lo - it.offset, hi - it.offset)
+                    parts.append(emb)
+                    num_rows += emb.shape[0]
+            offset += n
+        mm_embeds = np.ascontiguousarray(np.concatenate(parts), np.float32) if parts else None
+        return mm_embeds, src, rope_pos
+
+
+def _bf16(bits: np.ndarray) -> np.ndarray:
+    from lite_llm.model.weights import bf16_to_f32
+    return bf16_to_f32(bits)
+
+
+def load_vision(loaded, kernels=None, num_threads: int = 1, bf16_path: str | None = None) -> VisionRunner | None:
+    """The VisionRunner of a loaded checkpoint that takes images, else None; its tower runs on
+    `kernels` in the checkpoint's engine dtype (float16 weights run as bfloat16)."""
+    if loaded.config.architecture not in VISION_ARCHITECTURES or loaded.is_gguf:
+        return None
+    dtype = "float32" if loaded.dtype == "float32" else "bfloat16"
+    return VisionRunner(loaded.source, loaded.config, kernels=kernels, dtype=dtype, num_threads=num_threads,
+                        bf16_path=bf16_path)
+
+
+# ---- front-end helpers (LLM.generate / LLM.chat, the server) -----------------------------------
+
+
+def media_config(limit_mm_per_prompt=None, mm_processor_kwargs=None, allowed_media_domains=None) -> MediaConfig:
+    """MediaConfig from vLLM-style options: dicts or their JSON text; domains a list or a
+    comma/space separated string. A bad value is a ValueError naming the option."""
+    def as_dict(value, name):
+        if value is None:
+            return {}
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError(f"{name} must be a JSON object, got {value!r}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"{name} must be a JSON object")
+        return value
+    limits = as_dict(limit_mm_per_prompt, "--limit-mm-per-prompt")
+    for key, n in limits.items():
+        if key != "image" or not isinstance(n, int) or n < 0:
+            raise ValueError(f"--limit-mm-per-prompt: {key!r}: only \"image\" with a count >= 0 is supported")
+    kwargs = as_dict(mm_processor_kwargs, "--mm-processor-kwargs")
+    for key, n in kwargs.items():
+        if key not in ("max_pixels", "min_pixels") or not isinstance(n, int) or n <= 0:
+            raise ValueError(f"--mm-processor-kwargs: {key!r}: max_pixels / min_pixels take a positive count")
+    if isinstance(allowed_media_domains, str):
+        allowed_media_domains = allowed_media_domains.replace(",", " ").split()
+    return MediaConfig(allowed_domains=tuple(allowed_media_domains or ()),
+                       limit_per_prompt={"image": limits.get("image", 4)},
+                       max_pixels=None, processor_kwargs=kwargs)
+
+
+def image_of_part(part: dict, what: str, cfg: MediaConfig):
+    """An OpenAI content part {"type": "image_url", "image_url": {"url": ...}} (or a bare url
+    string) -> a PIL image; vLLM's offline {"type": "image_pil", "image_pil": PIL} too."""
+    kind = part.get("type")
+    if kind == "image_pil":
+        return check_image(part.get("image_pil"), what, cfg)
+    spec = part.get("image_url")
+    url = spec.get("url") if isinstance(spec, dict) else spec
+    return load_image_url(url, what, cfg)
+
+
+def flatten_chat(conversation: list[dict], processor: Processor | None, cfg: MediaConfig) -> tuple[list[dict], list]:
+    """Messages whose content is a list of parts -> (messages with text content, their images in
+    order): each image part becomes the model's placeholder text where it stood."""
+    out, images = [], []
+    for i, m in enumerate(conversation):
+        content = m.get("content")
+        if not isinstance(content, list):
+            out.append(m)
+            continue
+        text = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text":
+                text.append(part.get("text", ""))
+            elif kind in ("image_url", "image_pil"):
+                where = f"messages[{i}].content[{j}]"
+                if processor is None:
+                    raise MediaError(f"'{where}': this model does not take images")
+                images.append(image_of_part(part, f"image {len(images)} ({where})", cfg))
+                text.append(processor.placeholder)
+            else:
+                raise MediaError(f"messages[{i}].content[{j}]: content part type {kind!r} is not supported")
+        out.append({**m, "content": "".join(text) if any(p.get("type") != "text" for p in content)
+                    else "\n".join(text)})
+    return out, images

@@ -1,0 +1,74 @@
+"""A tiny random Qwen2.5-VL checkpoint built by transformers, with a tokenizer holding the
+model's vision special tokens, and a few test images (PIL)."""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from conftest import TINY_CHAT_TEMPLATE, TINY_SPECIAL, TINY_VOCAB, tiny_tokenizer_json
+
+VISION_SPECIAL = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+SPECIAL = TINY_SPECIAL + VISION_SPECIAL
+VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = (SPECIAL.index(t) for t in VISION_SPECIAL)
+PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+
+QWEN2_5_VL = dict(
+    text_config=dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                     rms_norm_eps=1e-6, rope_theta=10000.0, bos_token_id=0, eos_token_id=2,
+                     rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
+    # window 56 px = 2x2 merge units per window: 28x84 and 84x56 images have several windows
+    vision_config=dict(depth=4, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64,
+                       patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                       fullatt_block_indexes=[1, 3]),
+    image_token_id=IMAGE_PAD, video_token_id=VIDEO_PAD, vision_start_token_id=VISION_START,
+    vision_end_token_id=VISION_END, tie_word_embeddings=False)
+
+_BUILT: dict[str, Path] = {}
+
+
+def qwen2_5_vl_checkpoint(std: float = 0.05, seed: int = 0) -> Path:
+    key = f"{std}-{seed}"
+    if key in _BUILT:
+        return _BUILT[key]
+    import torch
+    from tokenizers import Tokenizer as HFTokenizer
+    from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    out = Path(tempfile.mkdtemp(prefix="lite_llm_qwen2_5_vl_"))
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**json.loads(json.dumps(QWEN2_5_VL)))).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim >= 2:
+                p.normal_(0.0, std if "patch_embed" not in name else 0.02)
+            elif "norm" in name or "ln_q" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, std)
+    model.save_pretrained(out, safe_serialization=True)
+    tok = PreTrainedTokenizerFast(tokenizer_object=HFTokenizer.from_str(tiny_tokenizer_json(SPECIAL)),
+                                  bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                  unk_token=None)
+    tok.chat_template = TINY_CHAT_TEMPLATE
+    tok.save_pretrained(out)
+    with open(out / "preprocessor_config.json", "w") as fh:   # the released model's processor settings
+        json.dump({"image_processor_type": "Qwen2VLImageProcessor", "min_pixels": 56 * 56,
+                   "max_pixels": 28 * 28 * 1280, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
+                   "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                   "image_std": [0.26862954, 0.26130258, 0.27577711]}, fh)
+    _BUILT[key] = out
+    return out
+
+
+def image(width: int, height: int, seed: int):
+    """A smooth random RGB picture (gradients and noise: resizing has work to do)."""
+    from PIL import Image
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 / max(width - 1, 1), y * 255 / max(height - 1, 1), (x + y) % 256], axis=-1)
+    pixels = np.clip(base + rng.normal(0, 40, base.shape), 0, 255).astype(np.uint8)
+    return Image.fromarray(pixels, "RGB")
