@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 SAMPLE_SECONDS = 0.9     # readers within this share one sample: the dashboard polls every second
@@ -156,7 +156,6 @@ def merge_live(parts: list[LiveStats | None]) -> LiveStats | None:
         vals = [getattr(p, name) for _, p in live]
         return None if any(v is None for v in vals) else sum(vals)
 
-    from dataclasses import replace
     return LiveStats(max(p.time for _, p in live), max(p.window_seconds for _, p in live),
                      total("prompt_tokens_per_second"), total("generation_tokens_per_second"),
                      tuple(replace(t, engine=i) for i, p in live for t in p.threads),

@@ -43,13 +43,17 @@ def metric(m: dict, name: str, **labels) -> float:
     return m[(name, tuple(sorted(labels.items())))]
 
 
-def wait_for(cond, timeout: float, what: str, step: float = 0.2):
+def wait_for(cond, timeout: float, what: str, step: float = 0.2, page=None):
+    """page: wait in Playwright's own loop, so its event handlers (page.on) run meanwhile."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         v = cond()
         if v:
             return v
-        time.sleep(step)
+        if page is not None:
+            page.wait_for_timeout(step * 1000)
+        else:
+            time.sleep(step)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
@@ -264,10 +268,10 @@ def test_with_an_api_key_the_pages_say_401_until_the_key_is_typed(keyed, page, p
     wait_for(lambda: "401" in page.inner_text("#status"), 10, "the 401 message")
     status = page.locator("#status")
     assert "error" in status.get_attribute("class") and status.get_attribute("role") == "alert"
-    assert (call, 401, None) in answers
+    wait_for(lambda: (call, 401, None) in answers, 10, "the 401 answer", page=page)
     page.fill("#api-key", KEY)
     page.press("#api-key", "Enter")
-    wait_for(lambda: (call, 200, f"Bearer {KEY}") in answers, 10, "the call with the key")
+    wait_for(lambda: (call, 200, f"Bearer {KEY}") in answers, 10, "the call with the key", page=page)
     wait_for(lambda: "error" not in (status.get_attribute("class") or ""), 10, "the error to clear")
     if path == "/":
         assert page.input_value("#model")
