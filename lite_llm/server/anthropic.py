@@ -10,7 +10,8 @@ deltas into content blocks, the Message object and Anthropic's SSE events. Error
 routes have Anthropic's shape ({"type": "error", "error": {"type", "message"}}; error_body),
 and the API key is also read from x-api-key (app.py).
 
-Not here: generation, tool call and reasoning parsing (openai.py, app.py); images (text only).
+Not here: generation, tool call and reasoning parsing (openai.py, app.py); decoding images (image
+blocks become chat image_url parts: multimodal.py decodes them for a model that takes images).
 """
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def messages_of(body: dict) -> list[dict]:
         where = f"messages[{i}]"
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") or set(m) - {"role", "content"}:
             raise bad(f"'{where}' must be {{\"role\": \"user\" | \"assistant\", \"content\": ...}}", where)
-        text: list[str] = []
+        text: list[Any] = []          # strings, and image_url parts of a user message
         calls: list[dict] = []
         thinking: list[str] = []
         for j, block in enumerate(_blocks(m.get("content"), f"{where}.content")):
@@ -108,7 +109,7 @@ def messages_of(body: dict) -> list[dict]:
                     raise bad(f"'{w}.is_error' must be a boolean", f"{w}.is_error")
                 result = _text_blocks(block.get("content", ""), f"{w}.content")
                 if text:        # text before a result stays before it
-                    out.append({"role": "user", "content": "".join(text)})
+                    out.append({"role": "user", "content": _content(text)})
                     text = []
                 out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": result})
             elif kind == "thinking" and m["role"] == "assistant":
@@ -116,12 +117,12 @@ def messages_of(body: dict) -> list[dict]:
                 if not isinstance(block.get("thinking"), str):
                     raise bad(f"'{w}.thinking' must be a string", f"{w}.thinking")
                 thinking.append(block["thinking"])
+            elif kind == "image" and m["role"] == "user":
+                text.append(_image(block, w))
             elif kind == "redacted_thinking" and m["role"] == "assistant":
                 _keys(block, {"data"}, w)
             else:
-                raise bad(f"'{w}': a {show(kind)} block is not supported in a {m['role']} message"
-                          f"{' (text only: no images or documents)' if kind in ('image', 'document') else ''}",
-                          f"{w}.type")
+                raise bad(f"'{w}': a {show(kind)} block is not supported in a {m['role']} message", f"{w}.type")
         if m["role"] == "assistant":
             msg: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
             if calls:
@@ -130,8 +131,32 @@ def messages_of(body: dict) -> list[dict]:
                 msg["reasoning_content"] = "".join(thinking)
             out.append(msg)
         elif text or not out or out[-1]["role"] != "tool":
-            out.append({"role": "user", "content": "".join(text)})
+            out.append({"role": "user", "content": _content(text)})
     return out
+
+
+def _image(block: dict, where: str) -> dict:
+    """An image block -> a chat image_url part (base64 -> a data: URL); the chat machinery
+    decodes it for a model that takes images, else refuses it."""
+    _keys(block, {"source"}, where)
+    src = block.get("source")
+    kind = src.get("type") if isinstance(src, dict) else None
+    if kind == "base64" and isinstance(src.get("media_type"), str) and isinstance(src.get("data"), str) \
+            and set(src) == {"type", "media_type", "data"}:
+        url = f"data:{src['media_type']};base64,{src['data']}"
+    elif kind == "url" and isinstance(src.get("url"), str) and set(src) == {"type", "url"}:
+        url = src["url"]
+    else:
+        raise bad(f"'{where}.source' must be {{\"type\": \"base64\", \"media_type\", \"data\"}} or "
+                  f"{{\"type\": \"url\", \"url\"}}", f"{where}.source")
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _content(pieces: list[Any]) -> str | list[dict]:
+    """Text pieces as one string; with images among them, chat content parts."""
+    if all(isinstance(p, str) for p in pieces):
+        return "".join(pieces)
+    return [p if isinstance(p, dict) else {"type": "text", "text": p} for p in pieces]
 
 
 def _tools(body: dict) -> tuple[list[dict] | None, Any, bool | None]:

@@ -133,6 +133,25 @@ def _text_of(content: Any, where: str, kinds: tuple[str, ...]) -> str:
     return "".join(texts)
 
 
+def _user_content(content: Any, where: str) -> str | list[dict]:
+    """A user message's content: its text, or, with input_image parts, chat parts (text and
+    image_url: the chat machinery decodes the image for a model that takes images, else refuses it)."""
+    if not isinstance(content, list) or not any(isinstance(p, dict) and p.get("type") == "input_image"
+                                                for p in content):
+        return _text_of(content, where, ("input_text",))
+    parts: list[dict] = []
+    for j, part in enumerate(content):
+        p = f"{where}[{j}]"
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            _check_keys(part, {"type", "image_url", "detail"}, p)
+            if not isinstance(part.get("image_url"), str):
+                raise bad(f"'{p}.image_url' must be a URL or a data: URL (file_id is not supported)", f"{p}.image_url")
+            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+        else:
+            parts.append({"type": "text", "text": _text_of([part], where, ("input_text",))})
+    return parts
+
+
 def _check_keys(item: dict, allowed: set[str], where: str) -> None:
     for key in item:
         if key not in allowed:
@@ -164,8 +183,10 @@ def messages_from_items(items: list, where: str = "input") -> list[dict]:
             role = it.get("role")
             if role not in ("user", "system", "developer", "assistant"):
                 raise bad(f"'{w}.role' must be one of user, system, developer, assistant", f"{w}.role")
-            text = _text_of(it.get("content"), f"{w}.content",
-                            ("output_text", "refusal") if role == "assistant" else ("input_text",))
+            if role == "assistant":
+                text: Any = _text_of(it.get("content"), f"{w}.content", ("output_text", "refusal"))
+            else:
+                text = _user_content(it.get("content"), f"{w}.content")
             if role == "assistant":
                 assistant()["content"] = text
             else:
