@@ -122,12 +122,18 @@ def test_a_different_image_gives_different_logits(ckpt, runner):
     assert np.abs(la - lb).max() > 1e-3
 
 
+def _variants():
+    from lite_llm import _kernels
+    return _kernels.available()
+
+
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 2e-2)])
 @pytest.mark.parametrize("size", [(56, 56), (140, 84)])
-def test_compiled_tower_matches_the_numpy_reference(ckpt, runner, dtype, tol, size):
+@pytest.mark.parametrize("variant", _variants())
+def test_compiled_tower_matches_the_numpy_reference(ckpt, runner, dtype, tol, size, variant):
     from lite_llm import _kernels
     from lite_llm.multimodal import VisionRunner
-    vr = VisionRunner(str(ckpt), runner.config, kernels=_kernels.kernels, dtype=dtype, num_threads=2)
+    vr = VisionRunner(str(ckpt), runner.config, kernels=_kernels.load(variant), dtype=dtype, num_threads=2)
     pixels, grid = qwen2_5_vl.preprocess(image(*size, seed=7), vr.vision)
     ref = vr.encoder.encode_reference(pixels, grid)
     ours = vr.encoder.encode(pixels, grid)
