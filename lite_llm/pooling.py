@@ -117,12 +117,12 @@ def pooler_config(path: str, config, overrides: dict | str | None = None) -> Poo
             values["matryoshka_dimensions"] = tuple(int(d) for d in dims or ())
     if isinstance(overrides, str):
         overrides = json.loads(overrides)
+    known = {"pooling_type": "pooling_type", "normalize": "normalize", "softmax": "activation",
+             "activation": "activation"}
     for key, value in (overrides or {}).items():
-        key = {"pooling_type": "pooling_type", "normalize": "normalize", "dimensions": "matryoshka_dimensions",
-               "softmax": "activation", "activation": "activation"}.get(key)
-        if key is None:
-            continue
-        values[key] = value.upper() if key == "pooling_type" else value
+        if key not in known:
+            raise ValueError(f"pooler_config: unknown key {key!r} (known: {', '.join(known)})")
+        values[known[key]] = value.upper() if key == "pooling_type" and isinstance(value, str) else value
     return PoolerConfig(**values)
 
 

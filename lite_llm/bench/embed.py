@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtypes", default="float32,bfloat16", help="lite_llm's dtypes to run (default float32,bfloat16)")
     p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated: {', '.join(PEERS)} (or none)")
     p.add_argument("--gguf", default=None, help="llama.cpp's file (default: written from --model, F32)")
+    p.add_argument("--llama-batch", type=int, default=512,
+                   help="llama.cpp's n_ctx = n_batch = n_ubatch (default 512, its BERT context: one decode per 512 "
+                        "tokens; a larger batch puts more sequences in one masked, quadratic attention)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the results here too")
 
@@ -165,13 +168,14 @@ def run_engine(spec: dict) -> dict:
         embed = None
     elif engine == "llama.cpp":
         import llama_cpp
+        n = spec.get("llama_batch", 512)
         llm = llama_cpp.Llama(spec["gguf"], embedding=True, n_threads=threads, n_threads_batch=threads,
-                              n_ctx=4096, n_batch=4096, n_ubatch=4096, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+                              n_ctx=n, n_batch=n, n_ubatch=n, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
                               verbose=False)
 
         def embed(batch):
             return llm.embed(batch, normalize=True)
-        version = f"llama-cpp-python {llama_cpp.__version__} (F32 GGUF)"
+        version = f"llama-cpp-python {llama_cpp.__version__} (F32 GGUF, batch {n})"
     else:
         raise ValueError(engine)
     load = time.perf_counter() - t0
@@ -233,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
           f"(mean {num_tokens / len(texts):.1f}), batch sizes {batch_sizes}, {args.num_threads} threads; "
           f"load {' '.join(load_before)}", file=sys.stderr)
     base = dict(model=model, sentences=texts, batch_sizes=batch_sizes, num_threads=args.num_threads,
-                num_tokens=num_tokens, dtype="float32")
+                num_tokens=num_tokens, dtype="float32", llama_batch=args.llama_batch)
     results = []
     with tempfile.TemporaryDirectory(prefix="lite-llm-embed-gguf-") as tmp:
         gguf_path = args.gguf
