@@ -1044,7 +1044,6 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
-    lora_routes.add_arguments(parser)
     a("model", nargs="?", default=None,
       help="HF directory, .gguf file or hub id in the local cache (default: embedded SmolLM2-135M-Instruct)")
     a("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
@@ -1132,6 +1131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            '"classifier_from_token": ["no", "yes"], "is_original_qwen3_reranker": true}\' scores a Qwen3-Reranker')
     a("--shutdown-grace", type=float, default=30.0,
       help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
+    lora_routes.add_arguments(parser)
     a("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
 
 
