@@ -48,50 +48,38 @@ def tp_runner(path, dtype="float32", num_blocks=64, max_tokens=256, quantization
     return runner, group
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_fp32_two_ranks_give_one_ranks_logits(case):
-    """A mixed batch in one shot, then token by token through the paged cache (decode)."""
-    path = tiny_checkpoint_path(case[0], **case[1])
+def two_ranks_match_one(path, chunks=(None, 1)):
+    """fp32 logits of two ranks equal one rank's up to summation order: a mixed batch in one
+    shot, then (chunk 1) token by token through the paged cache (decode). Returns the config."""
     one, loaded = make_runner(path)
     two, group = tp_runner(path)
     try:
         prompts = prompts_for(loaded.config.vocab_size)
-        for chunk in (None, 1):
+        for chunk in chunks:
             for a, b in zip(lite_logits(one, prompts, chunk), lite_logits(two, prompts, chunk)):
                 np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
     finally:
         group.close()
+    return loaded.config
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_fp32_two_ranks_give_one_ranks_logits(case):
+    two_ranks_match_one(tiny_checkpoint_path(case[0], **case[1]))
 
 
 @pytest.mark.parametrize("case", [("llama", {"tie_word_embeddings": True}), ("gemma2", {})], ids=["tied", "softcap"])
 def test_vocabulary_parallel_lm_head_of_a_tied_embedding_and_a_softcap(case):
     """The LM head's rows cut from a tied embedding on each rank (the whole table kept for the
     tokens' rows); Gemma 2's final soft-cap applied to each rank's own columns."""
-    path = tiny_checkpoint_path(case[0], **case[1])
-    one, loaded = make_runner(path)
-    two, group = tp_runner(path)
-    try:
-        assert loaded.config.tie_word_embeddings
-        prompts = prompts_for(loaded.config.vocab_size)
-        for a, b in zip(lite_logits(one, prompts), lite_logits(two, prompts)):
-            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
-    finally:
-        group.close()
+    assert two_ranks_match_one(tiny_checkpoint_path(case[0], **case[1]), chunks=(None,)).tie_word_embeddings
 
 
 def test_fp32_two_ranks_of_a_gguf_file_give_one_ranks_logits(tmp_path):
     """A llama.cpp-style GGUF (q/k rows in llama.cpp's order, undone when read): the shards are
     cut from the rows as the model uses them."""
     from conftest import gguf_from_hf
-    path = gguf_from_hf(tiny_checkpoint_path("llama"), tmp_path / "tiny.gguf", "llama")
-    one, loaded = make_runner(path)
-    two, group = tp_runner(path)
-    try:
-        prompts = prompts_for(loaded.config.vocab_size)
-        for a, b in zip(lite_logits(one, prompts), lite_logits(two, prompts)):
-            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
-    finally:
-        group.close()
+    two_ranks_match_one(gguf_from_hf(tiny_checkpoint_path("llama"), tmp_path / "tiny.gguf", "llama"), chunks=(None,))
 
 
 @pytest.mark.parametrize("ftype", ["Q8_0", "Q4_0", "Q4_K_M"])
@@ -256,16 +244,7 @@ def test_a_rank_killed_mid_step_ends_the_others_wait():
 def test_a_mixture_of_experts_on_two_ranks_gives_one_ranks_logits(arch):
     """Every expert (and Qwen2-MoE's shared expert) cut like a dense MLP, the router on both
     ranks: the routed sum of each rank's features summed over ranks is one rank's."""
-    path = tiny_checkpoint_path(arch)
-    one, loaded = make_runner(path)
-    two, group = tp_runner(path)
-    try:
-        prompts = prompts_for(loaded.config.vocab_size)
-        for chunk in (None, 1):
-            for a, b in zip(lite_logits(one, prompts, chunk), lite_logits(two, prompts, chunk)):
-                np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
-    finally:
-        group.close()
+    two_ranks_match_one(tiny_checkpoint_path(arch))
 
 
 def test_model_that_does_not_split_is_refused():
