@@ -59,10 +59,9 @@ def sweep_server():
     stop_server(s)
 
 
-def test_bad_json_bodies_never_5xx(sweep_server):
-    port = sweep_server.port
-    bodies = _bodies(random.Random(0))
-    assert len(bodies) > 300
+def post_all(port: int, bodies: list[tuple[str, bytes]], check_error) -> dict[int, int]:
+    """POST every (path, body) over keep-alive connections: never a 5xx, each error body passed
+    to check_error(path, data), /health answering every 25 bodies. Returns {status: count}."""
     statuses: dict[int, int] = {}
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     for i, (path, body) in enumerate(bodies):
@@ -77,13 +76,25 @@ def test_bad_json_bodies_never_5xx(sweep_server):
         statuses[resp.status] = statuses.get(resp.status, 0) + 1
         assert resp.status < 500, (path, body[:200], data[:300])
         if resp.status != 200:
-            assert "error" in json.loads(data), data[:200]
+            check_error(path, data)
         if resp.will_close:
             conn.close()
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         if i % 25 == 0:
             assert request(port, "GET", "/health")[0] == 200
     conn.close()
+    return statuses
+
+
+def test_bad_json_bodies_never_5xx(sweep_server):
+    port = sweep_server.port
+    bodies = _bodies(random.Random(0))
+    assert len(bodies) > 300
+
+    def check_error(path: str, data: bytes) -> None:
+        assert "error" in json.loads(data), data[:200]
+
+    statuses = post_all(port, bodies, check_error)
     assert statuses.get(400, 0) > 200
     assert request(port, "GET", "/health")[0] == 200
     assert request(port, "POST", "/v1/completions", {"prompt": "ok", "max_tokens": 2})[0] == 200

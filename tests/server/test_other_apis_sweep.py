@@ -3,14 +3,13 @@
 a client that leaves a Responses or Messages request has it aborted."""
 from __future__ import annotations
 
-import http.client
 import json
 import random
 
 import pytest
 
 from .conftest import request, start_server, stop_server
-from .test_bad_input_sweep import HOSTILE_VALUES, RAW_BODIES
+from .test_bad_input_sweep import HOSTILE_VALUES, RAW_BODIES, post_all, sweep_server  # noqa: F401 (a fixture)
 
 ROUTES = {
     "/v1/responses": ({"model": "tiny", "input": "Hello", "max_output_tokens": 2},
@@ -44,43 +43,19 @@ def _bodies(rng: random.Random) -> list[tuple[str, bytes]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def sweep_server():
-    s = start_server(max_body_bytes=1 << 20, request_timeout=1.0, header_timeout=1.0, body_timeout=1.0,
-                     engine_overrides={"step_seconds": 0.0005})
-    yield s
-    stop_server(s)
-
-
 def test_hostile_bodies_never_5xx_and_errors_keep_each_apis_shape(sweep_server):
     port = sweep_server.port
     bodies = _bodies(random.Random(1))
     assert len(bodies) > 400
-    statuses: dict[int, int] = {}
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    for i, (path, body) in enumerate(bodies):
-        try:
-            conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            data = resp.read()
-        except (ConnectionError, http.client.HTTPException):
-            conn.close()
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            continue
-        statuses[resp.status] = statuses.get(resp.status, 0) + 1
-        assert resp.status < 500, (path, body[:200], data[:300])
-        if resp.status != 200:
-            err = json.loads(data)
-            if path.startswith("/v1/messages"):
-                assert err["type"] == "error" and set(err["error"]) == {"type", "message"}, data[:200]
-            else:
-                assert set(err["error"]) >= {"message", "type", "param", "code"}, data[:200]
-        if resp.will_close:
-            conn.close()
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        if i % 25 == 0:
-            assert request(port, "GET", "/health")[0] == 200
-    conn.close()
+
+    def check_error(path: str, data: bytes) -> None:
+        err = json.loads(data)
+        if path.startswith("/v1/messages"):
+            assert err["type"] == "error" and set(err["error"]) == {"type", "message"}, data[:200]
+        else:
+            assert set(err["error"]) >= {"message", "type", "param", "code"}, data[:200]
+
+    statuses = post_all(port, bodies, check_error)
     assert statuses.get(400, 0) > 300 and statuses.get(200, 0) > 10
     assert request(port, "GET", "/health")[0] == 200
     for path, (base, _) in ROUTES.items():
