@@ -2,7 +2,9 @@
 and the JSON the dashboard polls (GET /v1/engine/stats).
 
 The pages are static files shipped in the package (lite_llm/server/web/: plain HTML, CSS and
-JavaScript, no build step, nothing from a CDN). They and their files are the only routes
+JavaScript, no build step, nothing from a CDN). Each page is its body (web/<name>.body.html) in
+the one shell every page shares (web/page.html: head, styles, scripts, the header and its
+navigation), put together when it is served. They and their files are the only routes
 besides /health and /ping that answer without the API key: they hold no data; every call
 they make (/v1/models, /v1/chat/completions, /v1/engine/stats) carries the key the user
 typed, which the page keeps in memory only. `--disable-web-ui` turns the pages off (404);
@@ -18,12 +20,27 @@ from __future__ import annotations
 import os
 import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from lite_llm.engine.stats import EngineStats, Histogram
 
 WEB_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "web")
-PAGES = {"/": "index.html", "/dashboard": "dashboard.html"}
+
+
+@dataclass(frozen=True)
+class Page:
+    title: str        # <title>
+    heading: str      # the header's <h1>
+    script: str       # the page's own script in web/ (common.js comes first on every page)
+    body: str         # web/<body>: everything after the header
+
+
+# route -> page; the navigation lists them in this order
+PAGES = {"/": Page("lite-llm playground", "lite-llm playground", "chat.js", "index.body.html"),
+         "/dashboard": Page("lite-llm dashboard", "lite-llm engine dashboard", "dashboard.js",
+                            "dashboard.body.html")}
+_NAV_LABELS = {"/": "Playground", "/dashboard": "Dashboard"}
 STATIC_PREFIX = "/web/"
 _TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8",
           ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml", ".txt": "text/plain; charset=utf-8"}
@@ -41,19 +58,36 @@ def is_page_route(path: str) -> bool:
     return path in PAGES or path.startswith(STATIC_PREFIX)
 
 
+def _read(name: str) -> bytes | None:
+    try:
+        with open(os.path.join(WEB_DIR, name), "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def render_page(route: str) -> bytes:
+    """The page at `route`: its body in the shared shell, its own entry of the navigation marked."""
+    page = PAGES[route]
+    current = ' aria-current="page"'
+    nav = "".join(f'<a href="{r}"{current if r == route else ""}>{_NAV_LABELS[r]}</a>' for r in PAGES)
+    html = _read("page.html").decode()
+    for key, value in (("title", page.title), ("heading", page.heading), ("script", page.script), ("nav", nav),
+                       ("body", _read(page.body).decode())):
+        html = html.replace("{{" + key + "}}", value)
+    return html.encode()
+
+
 def web_file(path: str) -> tuple[bytes, str] | None:
     """(content, content type) of a page or static file; None if there is no such file. Only
     plain names directly in WEB_DIR are served (no subdirectories, no dot files)."""
-    name = PAGES.get(path)
-    if name is None and path.startswith(STATIC_PREFIX):
-        name = path[len(STATIC_PREFIX):]
+    if path in PAGES:
+        return render_page(path), _TYPES[".html"]
+    name = path[len(STATIC_PREFIX):] if path.startswith(STATIC_PREFIX) else None
     if name is None or not _NAME.fullmatch(name):
         return None
-    try:
-        with open(os.path.join(WEB_DIR, name), "rb") as f:
-            return f.read(), _TYPES[os.path.splitext(name)[1]]
-    except FileNotFoundError:
-        return None
+    content = _read(name)
+    return None if content is None else (content, _TYPES[os.path.splitext(name)[1]])
 
 
 def _hist(h: Histogram) -> dict:

@@ -48,14 +48,24 @@ def test_pages_and_their_files_need_no_key(keyed, path, ctype):
 
 
 def test_pages_load_nothing_from_elsewhere():
-    """No CDN, no inline script or style (the CSP would block them): every reference is /web/."""
-    for name in FILES:
-        text = (Path(webui.WEB_DIR) / name).read_text()
+    """No CDN, no inline script or style (the CSP would block them): every reference is /web/.
+    Pages are checked as served (their body in the shared shell)."""
+    texts = {name: (Path(webui.WEB_DIR) / name).read_text() for name in FILES if not name.endswith(".html")}
+    texts.update({route: webui.render_page(route).decode() for route in webui.PAGES})
+    for name, text in texts.items():
         assert not re.search(r"https?://", text.replace("http://www.w3.org/2000/svg", "")), name
-        if name.endswith(".html"):
+        if name in webui.PAGES:
+            assert "{{" not in text, name      # every placeholder of the shell filled
             assert not re.search(r"<script(?![^>]*\bsrc=)", text) and " style=" not in text, name
             for ref in re.findall(r'(?:src|href)="([^"]+)"', text):
                 assert ref in ("/", "/dashboard", "data:,") or (ref.startswith("/web/") and ref[5:] in FILES), ref
+
+
+def test_each_page_marks_itself_in_the_navigation():
+    for route in webui.PAGES:
+        nav = re.search(r"<nav[^>]*>(.*?)</nav>", webui.render_page(route).decode()).group(1)
+        assert re.findall(r'<a href="([^"]+)" aria-current="page">', nav) == [route]
+        assert re.findall(r'<a href="([^"]+)"', nav) == list(webui.PAGES)
 
 
 @pytest.mark.parametrize("path", ["/web/nope.js", "/web/../app.py", "/web/.hidden.js", "/web/sub/x.js",
