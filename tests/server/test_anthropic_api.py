@@ -13,10 +13,9 @@ import pytest
 
 from lite_llm.server.app import create_server
 
-from .conftest import MAX_MODEL_LEN, make_tokenizer, request, serving, start_server, stop_server
+from .conftest import MAX_MODEL_LEN, make_tokenizer, request, start_server, stop_server
 from .test_hardening import ScriptedEngine
-from .test_responses_api import ANSWER, Recording
-from .test_tool_calls import TOOL_TEMPLATE
+from .test_responses_api import ANSWER, recording_qwen_server
 from .test_tool_choice import WEATHER
 
 TOOL = {"name": "get_weather", "description": WEATHER["function"]["description"],
@@ -26,13 +25,8 @@ GREEDY = {"temperature": 0}         # this SDK no longer sends sampling fields i
 
 @pytest.fixture(scope="module")
 def qwen(tiny_checkpoint):
-    from lite_llm.llm import build_async_engine
-    path = tiny_checkpoint("qwen2", max_position_embeddings=1024)
-    engine, tokenizer, info = build_async_engine(model=str(path), max_model_len=1024, kv_cache_space=0.05,
-                                                 max_num_seqs=4, dtype="float32")
-    engine = Recording(engine)
-    with serving(engine, tokenizer, info, "tiny-qwen", chat_template=TOOL_TEMPLATE) as server:
-        yield server, engine
+    with recording_qwen_server(tiny_checkpoint) as served:
+        yield served
 
 
 def _client(server, **kw) -> anthropic.Anthropic:
@@ -246,12 +240,8 @@ def test_key_from_x_api_key_or_authorization():
 
 
 def test_text_then_a_parsed_tool_use_whole_and_streamed():
-    from .test_tool_calls import ToolEngine
-    tok = make_tokenizer()
-    server = create_server(ToolEngine(tok, step_seconds=0.0005), tok, "tiny", MAX_MODEL_LEN,
-                           chat_template=TOOL_TEMPLATE)
-    server.start()
-    try:
+    from .test_tool_calls import ToolEngine, scripted_tool_server
+    with scripted_tool_server() as (server, tok):
         client = _client(server)
         kw = dict(model="tiny", messages=[{"role": "user", "content": "Weather in Paris?"}], extra_body=GREEDY,
                   tools=[TOOL], max_tokens=len(tok.encode(ToolEngine.script, add_special_tokens=False)) - 1)
@@ -261,5 +251,3 @@ def test_text_then_a_parsed_tool_use_whole_and_streamed():
         _, got = _streamed(client.messages.create(**kw, stream=True))
         assert [b["type"] for b in got["blocks"]] == ["text", "tool_use"] and got["stop"][0] == "tool_use"
         assert json.loads(got["blocks"][1]["partial"]) == {"city": "Paris"}
-    finally:
-        server.drain(2.0)

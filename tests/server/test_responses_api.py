@@ -5,6 +5,7 @@ json_schema text format), and the FakeEngine for the store (bounds, ttl, store f
 background polling and cancel, reasoning items, malformed bodies and the API key."""
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -39,8 +40,10 @@ class Recording:
         return getattr(self.engine, name)
 
 
-@pytest.fixture(scope="module")
-def qwen(tiny_checkpoint):
+@contextlib.contextmanager
+def recording_qwen_server(tiny_checkpoint):
+    """(server, Recording engine): a tiny random Qwen2 checkpoint on the real engine (fp32), served
+    with the Qwen-style tool template; every prompt the server renders is kept."""
     from lite_llm.llm import build_async_engine
     path = tiny_checkpoint("qwen2", max_position_embeddings=1024)
     engine, tokenizer, info = build_async_engine(model=str(path), max_model_len=1024, kv_cache_space=0.05,
@@ -48,6 +51,12 @@ def qwen(tiny_checkpoint):
     engine = Recording(engine)
     with serving(engine, tokenizer, info, "tiny-qwen", chat_template=TOOL_TEMPLATE) as server:
         yield server, engine
+
+
+@pytest.fixture(scope="module")
+def qwen(tiny_checkpoint):
+    with recording_qwen_server(tiny_checkpoint) as served:
+        yield served
 
 
 def _client(server) -> openai.OpenAI:
@@ -323,12 +332,8 @@ def test_background_needs_the_store():
 
 def test_text_then_a_parsed_call_whole_and_streamed():
     from .test_tool_calls import TOOLS as CHAT_TOOLS
-    from .test_tool_calls import ToolEngine
-    tok = make_tokenizer()
-    server = create_server(ToolEngine(tok, step_seconds=0.0005), tok, "tiny", MAX_MODEL_LEN,
-                           chat_template=TOOL_TEMPLATE)
-    server.start()
-    try:
+    from .test_tool_calls import ToolEngine, scripted_tool_server
+    with scripted_tool_server() as (server, tok):
         client = _client(server)
         kw = dict(model="tiny", input="Weather in Paris?", tools=[{"type": "function", **CHAT_TOOLS[0]["function"]}],
                   temperature=0, max_output_tokens=len(tok.encode(ToolEngine.script, add_special_tokens=False)) - 1)
@@ -341,8 +346,6 @@ def test_text_then_a_parsed_call_whole_and_streamed():
         assert json.loads("".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")) \
             == {"city": "Paris"}
         assert [o.type for o in final.output] == ["message", "function_call"]
-    finally:
-        server.drain(2.0)
 
 
 @pytest.mark.parametrize("flag", [["--responses-store-max", "-1"], ["--responses-store-ttl", "0"]])

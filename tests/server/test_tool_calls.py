@@ -2,6 +2,7 @@
 into OpenAI tool_calls (whole and streamed), tool results sent back as role "tool" messages."""
 from __future__ import annotations
 
+import contextlib
 import json
 
 import openai
@@ -35,14 +36,24 @@ class ToolEngine(ScriptedEngine):
     script = "Let me check.\n" + CALL + "<|im_end|>"
 
 
+@contextlib.contextmanager
+def scripted_tool_server():
+    """(server, tokenizer): a server whose engine always answers ToolEngine.script (text, then a
+    hermes call), with the Qwen-style tool template; drained at the end of the block."""
+    tok = make_tokenizer()
+    server = create_server(ToolEngine(tok, step_seconds=0.0005), tok, "tiny", MAX_MODEL_LEN,
+                           chat_template=TOOL_TEMPLATE)
+    server.start()
+    try:
+        yield server, tok
+    finally:
+        server.drain(2.0)
+
+
 @pytest.fixture(scope="module")
 def tool_server():
-    tok = make_tokenizer()
-    engine = ToolEngine(tok, step_seconds=0.0005)
-    server = create_server(engine, tok, "tiny", MAX_MODEL_LEN, chat_template=TOOL_TEMPLATE)
-    server.start()
-    yield server, tok
-    server.drain(2.0)
+    with scripted_tool_server() as served:
+        yield served
 
 
 def _ask(server, tok, **kw):
