@@ -47,14 +47,38 @@ def _ids(case) -> str:
                                   for k, v in ov.items()) if ov else "")
 
 
-@pytest.mark.parametrize("case", CASES, ids=_ids)
-def test_fp32_logits_match_transformers_in_a_mixed_batch(case):
+def check_against_transformers(case, lens: list[int], dtype: str = "float32", **runner_kw) -> list[np.ndarray]:
+    """Prompts of `lens` through one runner of `case` in a mixed batch against transformers' fp32
+    logits: within 1e-4 (fp32), or test_parity.py's bf16 tolerance; returns the reference."""
     arch, overrides = case
     path = tiny_checkpoint_path(arch, **overrides)
-    runner, loaded = make_runner(path)
-    prompts = prompts_for(loaded.config.vocab_size, PROMPT_LENS)
-    for r, g in zip(hf_logits(path, prompts), lite_logits(runner, prompts)):
-        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
+    runner, loaded = make_runner(path, dtype=dtype, **runner_kw)
+    prompts = prompts_for(loaded.config.vocab_size, lens)
+    ref = hf_logits(path, prompts)
+    for r, g in zip(ref, lite_logits(runner, prompts)):
+        if dtype == "float32":
+            np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
+        else:
+            assert np.abs(g - r).max() <= 0.03 * np.abs(r).max()
+    return ref
+
+
+def check_gguf_matches_hf(case, tmp_path, fields: tuple[str, ...], lens: list[int], **extra_overrides) -> None:
+    """A GGUF written from the same checkpoint loads to the same config `fields` and logits (1e-5)."""
+    arch, overrides = case
+    ckpt = tiny_checkpoint_path(arch, **{**overrides, **extra_overrides})
+    g_runner, g = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", arch))
+    h_runner, h = make_runner(ckpt)
+    for field in fields:
+        assert getattr(g.config, field) == pytest.approx(getattr(h.config, field)), field
+    prompts = prompts_for(h.config.vocab_size, lens)
+    for a, b in zip(lite_logits(h_runner, prompts), lite_logits(g_runner, prompts)):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_fp32_logits_match_transformers_in_a_mixed_batch(case):
+    check_against_transformers(case, PROMPT_LENS)
 
 
 @pytest.mark.parametrize("case", CASES[::2], ids=_ids)
@@ -96,12 +120,7 @@ def test_chunked_prefill_and_paged_decode_match_one_shot(case, chunk):
 @pytest.mark.parametrize("case", CASES[::2], ids=_ids)
 def test_bf16_logits_close_to_transformers(case):
     """Within test_parity.py's bf16 tolerance of the fp32 reference."""
-    arch, overrides = case
-    path = tiny_checkpoint_path(arch, **overrides)
-    runner, loaded = make_runner(path, dtype="bfloat16")
-    prompts = prompts_for(loaded.config.vocab_size, PROMPT_LENS)
-    for r, g in zip(hf_logits(path, prompts), lite_logits(runner, prompts)):
-        assert np.abs(g - r).max() <= 0.03 * np.abs(r).max()
+    check_against_transformers(case, PROMPT_LENS, dtype="bfloat16")
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
@@ -109,16 +128,9 @@ def test_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
     """llama.cpp's gemma2 / gemma3 names and metadata (norms stored with their + 1). llama.cpp
     scales attention by head_dim ** -0.5 (no metadata key carries query_pre_attn_scalar), as
     the released models' query_pre_attn_scalar = head_dim does."""
-    arch, overrides = case
-    ckpt = tiny_checkpoint_path(arch, **{**overrides, "query_pre_attn_scalar": 16})
-    g_runner, g = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", arch))
-    h_runner, h = make_runner(ckpt)
-    for field in ("architecture", "layer_types", "sliding_window", "rope_theta", "rope_scaling", "rope_local_theta",
-                  "final_softcap", "tie_word_embeddings", "qk_norm", "post_norms", "embed_scale"):
-        assert getattr(g.config, field) == getattr(h.config, field), field
-    prompts = prompts_for(h.config.vocab_size, [7, 30])
-    for a, b in zip(lite_logits(h_runner, prompts), lite_logits(g_runner, prompts)):
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    check_gguf_matches_hf(case, tmp_path, ("architecture", "layer_types", "sliding_window", "rope_theta",
+                                           "rope_scaling", "rope_local_theta", "final_softcap", "tie_word_embeddings",
+                                           "qk_norm", "post_norms", "embed_scale"), [7, 30], query_pre_attn_scalar=16)
 
 
 # ---- Phi-3 -------------------------------------------------------------------------------
@@ -128,26 +140,17 @@ def test_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
 def test_phi3_fp32_logits_past_the_short_context_match_transformers(case):
     """Fused qkv_proj / gate_up_proj split at load; LongRoPE's long factors (and the attention
     factor) for sequences past original_max_position_embeddings."""
-    arch, overrides = case
-    path = tiny_checkpoint_path(arch, **overrides)
-    runner, loaded = make_runner(path)
-    prompts = prompts_for(loaded.config.vocab_size, PHI3_LONG_LENS)
-    for r, g in zip(hf_logits(path, prompts), lite_logits(runner, prompts)):
-        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
+    check_against_transformers(case, PHI3_LONG_LENS)
 
 
 @pytest.mark.parametrize("case", PHI3_CASES, ids=_ids)
 def test_phi3_within_the_short_context_uses_the_short_factors(case):
     """An engine whose max_model_len is the short context rotates with the short factors, as
     transformers does for every sequence that fits it; the two sets of factors differ."""
-    arch, overrides = case
-    path = tiny_checkpoint_path(arch, **overrides)
-    runner, loaded = make_runner(path, max_model_len=32)
+    ref = check_against_transformers(case, [1, 5, 23, 32], max_model_len=32)
+    path = tiny_checkpoint_path(case[0], **case[1])
+    long_runner, loaded = make_runner(path)
     prompts = prompts_for(loaded.config.vocab_size, [1, 5, 23, 32])
-    ref = hf_logits(path, prompts)
-    for r, g in zip(ref, lite_logits(runner, prompts)):
-        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
-    long_runner, _ = make_runner(path)
     assert np.abs(lite_logits(long_runner, prompts[-1:])[0] - ref[-1]).max() > 1e-2 * np.abs(ref[-1]).max()
 
 
@@ -164,26 +167,15 @@ def test_phi3_chunked_prefill_and_paged_decode_match_one_shot(case, chunk):
 
 
 def test_phi3_bf16_logits_close_to_transformers():
-    path = tiny_checkpoint_path(*PHI3_CASES[0][:1], **PHI3_CASES[0][1])
-    runner, loaded = make_runner(path, dtype="bfloat16")
-    prompts = prompts_for(loaded.config.vocab_size, PHI3_LONG_LENS)
-    for r, g in zip(hf_logits(path, prompts), lite_logits(runner, prompts)):
-        assert np.abs(g - r).max() <= 0.03 * np.abs(r).max()
+    check_against_transformers(PHI3_CASES[0], PHI3_LONG_LENS, dtype="bfloat16")
 
 
 @pytest.mark.parametrize("case", PHI3_CASES, ids=_ids)
 def test_phi3_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
     """llama.cpp's phi3 graph: attn_qkv and a [2F, E] ffn_up split at load, the LongRoPE
     factors as tensors, rope.dimension_count for partial rotary."""
-    arch, overrides = case
-    ckpt = tiny_checkpoint_path(arch, **overrides)
-    g_runner, g = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", arch))
-    h_runner, h = make_runner(ckpt)
-    for field in ("architecture", "head_dim", "partial_rotary_factor", "tie_word_embeddings", "sliding_window"):
-        assert getattr(g.config, field) == getattr(h.config, field), field
-    prompts = prompts_for(h.config.vocab_size, [7, 40])
-    for a, b in zip(lite_logits(h_runner, prompts), lite_logits(g_runner, prompts)):
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    check_gguf_matches_hf(case, tmp_path, ("architecture", "head_dim", "partial_rotary_factor", "tie_word_embeddings",
+                                           "sliding_window"), [7, 40])
 
 
 # ---- Granite -----------------------------------------------------------------------------
@@ -194,21 +186,12 @@ GRANITE_CASES = [("granite", {}), ("granite", {"tie_word_embeddings": False, "nu
 @pytest.mark.parametrize("case", GRANITE_CASES, ids=_ids)
 def test_granite_fp32_logits_match_transformers_in_a_mixed_batch(case):
     """Embedding, residual, attention and logit multipliers (none of them 1)."""
-    arch, overrides = case
-    path = tiny_checkpoint_path(arch, **overrides)
-    runner, loaded = make_runner(path)
-    prompts = prompts_for(loaded.config.vocab_size, PROMPT_LENS)
-    for r, g in zip(hf_logits(path, prompts), lite_logits(runner, prompts)):
-        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
+    check_against_transformers(case, PROMPT_LENS)
 
 
 def test_granite_greedy_tokens_and_bf16_logits_match_transformers():
     _greedy(GRANITE_CASES[0], prompt_len=12)
-    path = tiny_checkpoint_path(*GRANITE_CASES[0][:1], **GRANITE_CASES[0][1])
-    runner, loaded = make_runner(path, dtype="bfloat16")
-    prompts = prompts_for(loaded.config.vocab_size, PROMPT_LENS)
-    for r, g in zip(hf_logits(path, prompts), lite_logits(runner, prompts)):
-        assert np.abs(g - r).max() <= 0.03 * np.abs(r).max()
+    check_against_transformers(GRANITE_CASES[0], PROMPT_LENS, dtype="bfloat16")
 
 
 @pytest.mark.parametrize("chunk", [1, 7])
@@ -219,12 +202,5 @@ def test_granite_chunked_prefill_and_paged_decode_match_one_shot(chunk):
 @pytest.mark.parametrize("case", GRANITE_CASES, ids=_ids)
 def test_granite_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
     """llama.cpp's granite graph: q/k permuted as for llama, the multipliers under its names."""
-    arch, overrides = case
-    ckpt = tiny_checkpoint_path(arch, **overrides)
-    g_runner, g = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", arch))
-    h_runner, h = make_runner(ckpt)
-    for field in ("architecture", "embedding_multiplier", "residual_multiplier", "logits_scaling"):
-        assert getattr(g.config, field) == pytest.approx(getattr(h.config, field)), field
-    prompts = prompts_for(h.config.vocab_size, [7, 30])
-    for a, b in zip(lite_logits(h_runner, prompts), lite_logits(g_runner, prompts)):
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    check_gguf_matches_hf(case, tmp_path, ("architecture", "embedding_multiplier", "residual_multiplier",
+                                           "logits_scaling"), [7, 30])
