@@ -12,7 +12,7 @@ import torch
 from conftest import gguf_from_hf, tiny_checkpoint_path
 from lite_llm import _kernels
 from test_families import _greedy, hf_logits
-from test_parity import check_chunked_matches_one_shot, lite_logits, make_runner, prompts_for
+from test_parity import check_chunked_matches_one_shot, check_variant_matches_default, lite_logits, make_runner, prompts_for
 
 CASES = [("qwen3_moe", {}), ("mixtral", {}), ("qwen2_moe", {}),
          ("qwen3_moe", {"norm_topk_prob": False, "num_key_value_heads": 1})]
@@ -52,6 +52,21 @@ def test_chunked_prefill_and_paged_decode_match_one_shot(case, chunk):
 def _position_errors(got: list[np.ndarray], want: list[np.ndarray], scale) -> np.ndarray:
     """Each position's largest |logit error| / scale(reference logits of its prompt)."""
     return np.concatenate([np.abs(g - r).max(-1) / scale(r) for g, r in zip(got, want)])
+
+
+def _check_quantized_moe(runner, model, label) -> None:
+    """A quantized MoE runner against a torch model of the weights it should compute with, whole
+    and in 1-token chunks: test_quantized.py's bound on the logit range at the positions no
+    near-tied routing flips, and a median error under 0.5 % of the range."""
+    prompts = [[5, 17, 200, 33, 90, 250, 7, 64, 128, 3, 41, 300, 12, 9, 77], [8, 1, 99]]
+    with torch.no_grad():
+        want = [model(torch.tensor([p])).logits[0].double().numpy() for p in prompts]
+    for chunk in (None, 1):
+        got = lite_logits(runner, prompts, chunk)
+        _check_routed(_position_errors(got, want, lambda r: r.max(-1) - r.min(-1)), 0.04, 0.02)
+        err = np.concatenate([np.abs(g - r) / (r.max(-1, keepdims=True) - r.min(-1, keepdims=True))
+                              for g, r in zip(got, want)])
+        assert np.median(err) < 0.005, (label, chunk, np.median(err))
 
 
 def _check_routed(err: np.ndarray, tol: float, median: float) -> None:
@@ -132,16 +147,7 @@ def test_quantized_experts_match_the_dequantized_reference(arch, quantization, t
     runner, _ = make_runner(ckpt, quantization=quantization)
     assert runner.formats["layers.0.experts.gate_up"][0] == (quantization.upper(),) * 2
     assert runner.formats["layers.0.experts.down"][0] == (quantization.upper(),)
-    prompts = [[5, 17, 200, 33, 90, 250, 7, 64, 128, 3, 41, 300, 12, 9, 77], [8, 1, 99]]
-    with torch.no_grad():
-        want = [model(torch.tensor([p])).logits[0].double().numpy() for p in prompts]
-    for chunk in (None, 1):
-        got = lite_logits(runner, prompts, chunk)
-        # test_quantized.py's bound on the logit range, at the positions no near-tied routing flips
-        _check_routed(_position_errors(got, want, lambda r: r.max(-1) - r.min(-1)), 0.04, 0.02)
-        err = np.concatenate([np.abs(g - r) / (r.max(-1, keepdims=True) - r.min(-1, keepdims=True))
-                              for g, r in zip(got, want)])
-        assert np.median(err) < 0.005, (quantization, chunk, np.median(err))
+    _check_quantized_moe(runner, model, quantization)
 
 
 def test_bytes_per_token_count_only_the_active_experts(tmp_path):
@@ -285,26 +291,13 @@ def test_llama_cpp_quantized_experts_match_the_dequantized_reference(ftype, tmp_
     assert kinds and kinds <= NATIVE, kinds
     model = AutoModelForCausalLM.from_pretrained(str(_dequantized_checkpoint(ckpt, path, tmp_path / "deq")),
                                                  dtype=torch.float32).eval()
-    prompts = [[5, 17, 200, 33, 90, 250, 7, 64, 128, 3, 41, 300, 12, 9, 77], [8, 1, 99]]
-    with torch.no_grad():
-        want = [model(torch.tensor([p])).logits[0].double().numpy() for p in prompts]
-    for chunk in (None, 1):
-        got = lite_logits(runner, prompts, chunk)
-        _check_routed(_position_errors(got, want, lambda r: r.max(-1) - r.min(-1)), 0.04, 0.02)
-        err = np.concatenate([np.abs(g - r) / (r.max(-1, keepdims=True) - r.min(-1, keepdims=True))
-                              for g, r in zip(got, want)])
-        assert np.median(err) < 0.005, (ftype, chunk, np.median(err))
+    _check_quantized_moe(runner, model, ftype)
 
 
 @pytest.mark.parametrize("variant", _kernels.available())
 def test_every_variant_gives_the_same_moe_logits(variant):
     """Each kernel build this CPU runs (generic: the plain-C vector ops) routes and sums alike."""
-    path = tiny_checkpoint_path("qwen2_moe")
-    prompts = prompts_for(320, lens=[9, 30])
-    base, _ = make_runner(path)
-    other, _ = make_runner(path, kernels=_kernels.load(variant))
-    for a, b in zip(lite_logits(base, prompts), lite_logits(other, prompts)):
-        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4 * np.abs(a).max())
+    check_variant_matches_default(tiny_checkpoint_path("qwen2_moe"), variant)
 
 
 def test_a_decoded_token_reads_only_its_chosen_experts(tmp_path):

@@ -124,14 +124,18 @@ def test_half_precision_logits_close_to_transformers(case, dtype, tol):
         assert np.abs(g - r).max() <= tol * np.abs(r).max()
 
 
-@pytest.mark.parametrize("variant", _kernels.available())
-def test_every_variant_gives_the_same_logits(variant):
-    path = tiny_checkpoint_path("qwen2")
+def check_variant_matches_default(path, variant: str) -> None:
+    """fp32 logits of kernel build `variant` within 1e-4 of the default build's, two prompts."""
     prompts = prompts_for(320, lens=[9, 30])
     base, _ = make_runner(path)
     other, _ = make_runner(path, kernels=_kernels.load(variant))
     for a, b in zip(lite_logits(base, prompts), lite_logits(other, prompts)):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4 * np.abs(a).max())
+
+
+@pytest.mark.parametrize("variant", _kernels.available())
+def test_every_variant_gives_the_same_logits(variant):
+    check_variant_matches_default(tiny_checkpoint_path("qwen2"), variant)
 
 
 @pytest.mark.slow
