@@ -97,6 +97,20 @@ ENCODER_ARCHS = ("bert", "bert_cls", "xlm_roberta", "xlm_roberta_cls")
 ARCH_DEFAULTS["qwen3_base"] = ARCH_DEFAULTS["qwen3"]     # a bare Qwen3Model (Qwen3-Embedding's layout)
 
 
+def wait_until_serving(proc, timeout: float | None = None) -> tuple[str, list[str]]:
+    """Read a `serve` subprocess's stderr (text mode) up to the line that says where it serves:
+    (its http://127.0.0.1:PORT url, the lines so far). A server that exits first fails the test
+    with everything it printed."""
+    lines: list[str] = []
+    while True:
+        line = proc.stderr.readline()
+        if not line:
+            raise AssertionError("server exited early:\n" + "".join(lines))
+        lines.append(line)
+        if " on http://127.0.0.1:" in line:
+            return "http://127.0.0.1:" + line.split(" on http://127.0.0.1:")[1].split()[0], lines
+
+
 def tiny_tokenizer_json(special: list[str] = TINY_SPECIAL) -> str:
     """A byte-level BPE tokenizer.json (TINY_VOCAB entries) trained in-process; `special` take
     ids 0, 1, ... in order."""

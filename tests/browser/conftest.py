@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import wait_until_serving
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("LITE_LLM_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -59,15 +60,7 @@ class Server:
                                       "--max-model-len", "1024", "--kv-cache-space", "0.1",
                                       "--disable-log-requests", *args],
                                      cwd=ROOT, stderr=subprocess.PIPE, text=True)
-        lines = []
-        while True:
-            line = self.proc.stderr.readline()
-            if not line:
-                raise RuntimeError("server exited early:\n" + "".join(lines))
-            lines.append(line)
-            if " on http://127.0.0.1:" in line:
-                self.url = "http://127.0.0.1:" + line.split(" on http://127.0.0.1:")[1].split()[0]
-                break
+        self.url, lines = wait_until_serving(self.proc)
         self.log = "".join(lines)
         threading.Thread(target=self.proc.stderr.read, daemon=True).start()   # keep the pipe drained
         self.pid = self.proc.pid

@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import tiny_checkpoint_path
+from conftest import tiny_checkpoint_path, wait_until_serving
 from lite_llm import LLM, SamplingParams, _kernels, cpu
 from lite_llm.engine import tp
 from lite_llm.engine.runner import ModelRunner
@@ -343,13 +343,8 @@ def test_a_killed_rank_stops_the_server_with_a_clear_message():
                              "--port", "0", "--dtype", "float32", "--kv-cache-space", "0.01", "-tp", "2"],
                             cwd=root, env=env, stderr=subprocess.PIPE, text=True)
     try:
-        port, lines = None, []
-        while port is None:
-            line = proc.stderr.readline()
-            assert line, "server exited early:\n" + "".join(lines)
-            lines.append(line)
-            if " on http://127.0.0.1:" in line:
-                port = int(line.split(" on http://127.0.0.1:")[1].split()[0])
+        url, _ = wait_until_serving(proc)
+        port = int(url.rsplit(":", 1)[1])
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         conn.request("GET", "/health")
         assert conn.getresponse().status == 200
@@ -368,6 +363,7 @@ def test_a_killed_rank_stops_the_server_with_a_clear_message():
 
 def test_bench_allreduce_runs_on_the_planned_cpus(monkeypatch, capsys):
     import json
+
     from lite_llm import cli
     monkeypatch.setenv("LITE_LLM_CPU_OMP_THREADS_BIND", "0|1")
     assert cli.main(["bench", "allreduce", "--iters", "20", "--repeats", "1", "--tokens", "1,3", "--json"]) == 0

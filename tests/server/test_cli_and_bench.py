@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import wait_until_serving
 
 from lite_llm.bench import serve as bench_serve
 from lite_llm.server import app
@@ -78,13 +79,8 @@ def test_sigterm_drains_in_flight_and_exits_0():
     proc = subprocess.Popen([sys.executable, "-c", SERVE_SCRIPT.format(root=ROOT)], cwd=ROOT,
                             stderr=subprocess.PIPE, text=True)
     try:
-        port, lines = None, []
-        while port is None:
-            line = proc.stderr.readline()
-            assert line, "server exited early:\n" + "".join(lines)
-            lines.append(line)
-            if " on http://127.0.0.1:" in line:
-                port = int(line.split(" on http://127.0.0.1:")[1].split()[0])
+        url, lines = wait_until_serving(proc)
+        port = int(url.rsplit(":", 1)[1])
         log = "".join(lines)
         assert "BUILD " in log and "max_num_seqs" in log and "enable_prefix_caching" in log
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)

@@ -8,6 +8,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import wait_until_serving
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -18,15 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def server():
     proc = subprocess.Popen([sys.executable, "-m", "lite_llm", "serve", "--port", "0", "--max-model-len", "1024",
                              "--kv-cache-space", "0.25"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    lines = []
     try:
-        while True:
-            line = proc.stderr.readline()
-            assert line, "server exited early:\n" + "".join(lines)
-            lines.append(line)
-            if " on http://127.0.0.1:" in line:
-                url = "http://127.0.0.1:" + line.split(" on http://127.0.0.1:")[1].split()[0]
-                break
+        url, lines = wait_until_serving(proc)
         yield url, "".join(lines)
     finally:
         proc.terminate()
