@@ -477,14 +477,19 @@ def _new_id(prefix: str, body: dict) -> str:
     return f"{prefix}-{rid}"
 
 
+def _common_fields(body: dict, ctx: ServingContext, allowed) -> tuple[str, bool, bool, dict]:
+    """What completions and chat read alike: (model, stream, include_usage, sampling kwargs),
+    after checking that every field of the body is one of `allowed`."""
+    check_fields(body, allowed)
+    model = ctx.check_model(body)
+    stream = get_bool(body, "stream", False)
+    return model, stream, _stream_options(body, stream), _sampling_kwargs(body, ctx)
+
+
 # ---- /v1/completions --------------------------------------------------------------------
 
 def prepare_completion(body: dict, ctx: ServingContext) -> PreparedRequest:
-    check_fields(body, COMPLETION_FIELDS)
-    model = ctx.check_model(body)
-    stream = get_bool(body, "stream", False)
-    include_usage = _stream_options(body, stream)
-    kw = _sampling_kwargs(body, ctx)
+    model, stream, include_usage, kw = _common_fields(body, ctx, COMPLETION_FIELDS)
     logprobs = get_int(body, "logprobs", 0, MAX_LOGPROBS)
     echo = get_bool(body, "echo", False)
     if echo and logprobs is not None:      # the prompt's tokens come with their logprobs too
@@ -588,11 +593,7 @@ def _sampling_params(kw: dict) -> SamplingParams:
 # ---- /v1/chat/completions ---------------------------------------------------------------
 
 def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
-    check_fields(body, CHAT_FIELDS)
-    model = ctx.check_model(body)
-    stream = get_bool(body, "stream", False)
-    include_usage = _stream_options(body, stream)
-    kw = _sampling_kwargs(body, ctx)
+    model, stream, include_usage, kw = _common_fields(body, ctx, CHAT_FIELDS)
     want_logprobs = get_bool(body, "logprobs", False)
     top = get_int(body, "top_logprobs", 0, MAX_LOGPROBS)
     if top is not None and top > 0 and not want_logprobs:

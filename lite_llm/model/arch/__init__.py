@@ -40,22 +40,22 @@ SUPPORTED_ARCHITECTURES = tuple(_BY_HF)
 SUPPORTED_GGUF_ARCHITECTURES = tuple(_BY_GGUF)
 
 
+def _recipe(table: dict, arch: str | None, where: str, kind: str, supported: tuple[str, ...]) -> ModuleType:
+    recipe = table.get(arch)
+    if recipe is None:
+        raise ModelLoadError(f"{where}: {kind}architecture {arch!r} is not supported "
+                             f"(supported: {', '.join(supported)})")
+    return recipe
+
+
 def for_hf(arch: str | None, where: str) -> ModuleType:
     """The recipe of HF architecture name `arch`, else a ModelLoadError listing the supported ones."""
-    recipe = _BY_HF.get(arch)
-    if recipe is None:
-        raise ModelLoadError(f"{where}: architecture {arch!r} is not supported "
-                             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-    return recipe
+    return _recipe(_BY_HF, arch, where, "", SUPPORTED_ARCHITECTURES)
 
 
 def for_gguf(arch: str | None, where: str) -> ModuleType:
     """The recipe of llama.cpp graph name `arch` (general.architecture)."""
-    recipe = _BY_GGUF.get(arch)
-    if recipe is None:
-        raise ModelLoadError(f"{where}: GGUF architecture {arch!r} is not supported "
-                             f"(supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)})")
-    return recipe
+    return _recipe(_BY_GGUF, arch, where, "GGUF ", SUPPORTED_GGUF_ARCHITECTURES)
 
 
 def config_from_dict(raw: dict, where: str = "config.json") -> ModelConfig:
