@@ -86,11 +86,18 @@ cdef _check_rows(str fn, const float[:, ::1] fparams, const int64_t[:, ::1] ipar
                  const int32_t[::1] token_ids, const int32_t[::1] banned_ids, Py_ssize_t num_seqs,
                  Py_ssize_t vocab, Py_ssize_t top, float[:, ::1] scratch_w, int32_t[:, ::1] scratch_count,
                  float[:, ::1] scratch_raw, int num_threads, const int32_t[:, ::1] bitmask,
-                 const int32_t[::1] mask_rows, bint masked):
+                 const int32_t[::1] mask_rows, bint masked, Py_ssize_t num_rows, int32_t[::1] out_token,
+                 float[::1] out_logprob, int32_t[::1] out_rank, int32_t[:, ::1] out_top_ids,
+                 float[:, ::1] out_top_logprobs):
     """The checks sample() and verify() share, once before their nogil parts, so those can
-    trust every row: parameter and scratch shapes, the grammar mask's rows, each row's ranges
-    of penalty tokens and bans, and that every penalty token is in the vocabulary."""
+    trust every row: output, parameter and scratch shapes (num_rows output rows), the grammar
+    mask's rows, each row's ranges of penalty tokens and bans, and that every penalty token is
+    in the vocabulary."""
     cdef Py_ssize_t seq, i
+    if out_token.shape[0] < num_rows or out_logprob.shape[0] < num_rows or out_rank.shape[0] < num_rows \
+            or out_top_ids.shape[0] < num_rows or out_top_logprobs.shape[0] < num_rows \
+            or out_top_logprobs.shape[1] != top:
+        raise ValueError(f"{fn}: output arrays too small for {num_rows} rows of top {top}")
     if fparams.shape[0] != num_seqs or fparams.shape[1] != NUM_F or iparams.shape[0] != num_seqs \
             or iparams.shape[1] != NUM_I:
         raise ValueError(f"{fn}: params {fparams.shape}, {iparams.shape} for {num_seqs} rows")
@@ -135,12 +142,9 @@ def sample(float[:, ::1] logits,               # IN/OUT [S, V] row-wise overwrit
     cdef Py_ssize_t num_seqs = logits.shape[0], vocab = logits.shape[1], seq, i
     cdef Py_ssize_t top = out_top_ids.shape[1]
     cdef bint masked = bitmask is not None and mask_rows is not None and bitmask.shape[0] > 0
-    if out_token.shape[0] < num_seqs or out_logprob.shape[0] < num_seqs or out_rank.shape[0] < num_seqs \
-            or out_top_ids.shape[0] < num_seqs or out_top_logprobs.shape[0] < num_seqs \
-            or out_top_logprobs.shape[1] != top:
-        raise ValueError("sample: output arrays too small")
     _check_rows("sample", fparams, iparams, token_ids, banned_ids, num_seqs, vocab, top, scratch_w, scratch_count,
-                scratch_raw, num_threads, bitmask, mask_rows, masked)
+                scratch_raw, num_threads, bitmask, mask_rows, masked, num_seqs, out_token, out_logprob, out_rank,
+                out_top_ids, out_top_logprobs)
     if num_seqs == 0:
         return
     cdef const int32_t *tok_ptr = &token_ids[0] if token_ids.shape[0] else NULL
@@ -546,13 +550,12 @@ def verify(float[:, ::1] logits,               # IN/OUT [R, V] each sequence's r
     cdef bint masked = bitmask is not None and mask_rows is not None and bitmask.shape[0] > 0
     if num_seqs < 0:
         raise ValueError("verify: seq_rows must hold at least one offset")
-    if draft_ids.shape[0] < num_rows or out_token.shape[0] < num_rows or out_num.shape[0] < num_seqs \
-            or out_logprob.shape[0] < num_rows or out_rank.shape[0] < num_rows \
-            or out_top_ids.shape[0] < num_rows or out_top_logprobs.shape[0] < num_rows \
-            or out_top_logprobs.shape[1] != top:
-        raise ValueError("verify: row arrays too small")
+    if draft_ids.shape[0] < num_rows or out_num.shape[0] < num_seqs:
+        raise ValueError(f"verify: draft_ids {draft_ids.shape[0]} / out_num {out_num.shape[0]} too small "
+                         f"for {num_rows} rows of {num_seqs} sequences")
     _check_rows("verify", fparams, iparams, token_ids, banned_ids, num_seqs, vocab, top, scratch_w, scratch_count,
-                scratch_raw, num_threads, bitmask, mask_rows, masked)
+                scratch_raw, num_threads, bitmask, mask_rows, masked, num_rows, out_token, out_logprob, out_rank,
+                out_top_ids, out_top_logprobs)
     if seq_rows[0] != 0 or seq_rows[num_seqs] != num_rows:
         raise ValueError(f"verify: seq_rows must run from 0 to {num_rows}")
     for seq in range(num_seqs):
