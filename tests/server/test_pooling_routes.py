@@ -181,3 +181,67 @@ def test_metrics_count_pooling_requests(embedder):
     prompt = [line for line in text.splitlines() if line.startswith("lite_llm:prompt_tokens_total")]
     assert prompt and float(prompt[0].split()[-1]) > 0
     assert "lite_llm:request_queue_time_seconds_count" in text
+
+
+def _validator(doc: dict, name: str):
+    """A JSON Schema validator of one of the document's component schemas ($refs resolved in it)."""
+    from jsonschema import Draft202012Validator
+    from referencing import Registry, Resource
+    from referencing.jsonschema import DRAFT202012
+    registry = Registry().with_resource("urn:doc", Resource(contents=doc, specification=DRAFT202012))
+    return Draft202012Validator({"$ref": f"urn:doc#/components/schemas/{name}"}, registry=registry)
+
+
+def test_openapi_documents_every_route_and_the_pooling_bodies(embedder, reranker):
+    """/openapi.json lists every route the server answers (pooling, LoRA, the rest) with its
+    methods; the pooling schemas name exactly the fields the handlers read, and real answers
+    (and the bodies that produced them) validate against them."""
+    import json
+
+    from openapi_spec_validator import validate
+
+    from lite_llm.server import pooling as pooling_routes
+    from lite_llm.server import webui
+    from lite_llm.server.app import _Handler
+    from lite_llm.server.openapi import SCHEMAS
+    server, _ = embedder
+    status, _, data = request(server.port, "GET", "/openapi.json", headers=AUTH)
+    assert status == 200
+    doc = json.loads(data)
+    validate(doc)
+    paths = doc["paths"]
+    for route, methods in _Handler.ROUTES.items():
+        if webui.is_page_route(route):
+            continue
+        assert route in paths, f"{route} is served but not in /openapi.json"
+        assert {m.lower() for m in methods} <= set(paths[route]), route
+    for pattern, label, methods in _Handler.PATTERN_ROUTES:
+        documented = [p for p in paths if pattern.fullmatch(p.replace("{response_id}", "x"))]
+        assert documented, label
+        assert {m.lower() for m in methods} <= set(paths[documented[0]]), label
+    for route in pooling_routes.ROUTES:
+        op = paths[route]["post"]
+        assert op["security"] == [{"bearer": []}] and {"200", "400", "401"} <= set(op["responses"])
+    kinds = {"embeddings": "EmbeddingRequest", "pooling": "PoolingRequest", "score": "ScoreRequest",
+             "rerank": "RerankRequest"}
+    for kind, schema in kinds.items():
+        assert set(SCHEMAS[schema]["properties"]) == pooling_routes.FIELDS[kind], kind
+    image = SCHEMAS["ChatMessage"]["properties"]["content"]["oneOf"][2]["items"]["oneOf"]
+    assert {p["properties"]["type"]["enum"][0] for p in image} == {"text", "image_url"}
+
+    asks = [(embedder[0], "/v1/embeddings", {"input": ["a b", "c"], "encoding_format": "float"},
+             "EmbeddingRequest", "EmbeddingResponse"),
+            (embedder[0], "/v1/embeddings", {"input": [[5, 6, 7]], "encoding_format": "base64"},
+             "EmbeddingRequest", "EmbeddingResponse"),
+            (embedder[0], "/pooling", {"input": "a b"}, "PoolingRequest", "PoolingResponse"),
+            (reranker[0], "/score", {"text_1": "q", "text_2": ["a", "b"]}, "ScoreRequest", "ScoreResponse"),
+            (reranker[0], "/v2/rerank", {"query": "q", "documents": ["a", {"text": "b"}], "top_n": 1},
+             "RerankRequest", "RerankResponse")]
+    for srv, route, body, req_schema, resp_schema in asks:
+        _validator(doc, req_schema).validate(body)
+        status, answer = _post(srv, route, body)
+        assert status == 200, (route, answer)
+        _validator(doc, resp_schema).validate(answer)
+    for bad_body, schema in (({"input": []}, "EmbeddingRequest"), ({"query": "q", "documents": []}, "RerankRequest"),
+                             ({"input": "x", "truncate_prompt_tokens": 0}, "EmbeddingRequest")):
+        assert not _validator(doc, schema).is_valid(bad_body), bad_body
