@@ -108,6 +108,8 @@ def pooler_config(path: str, config, overrides: dict | str | None = None) -> Poo
                       normalize=True)
     elif config.causal:
         values.update(pooling_type="LAST", normalize=True)        # decoder embedders (Qwen3-Embedding)
+    elif config.architecture == "NomicBertModel":
+        values.update(pooling_type="MEAN", normalize=True)        # nomic-embed-text's sentence-transformers set-up
     else:
         values.update(pooling_type="CLS", normalize=True)         # bge and most bare encoders
     if raw:
@@ -697,7 +699,7 @@ def runner_for_model(model: str | None, requested: str = "auto", hf_overrides=No
     if os.path.isdir(path):
         config, _ = hf.read_config(path)
         return choose_runner(path, config, hf_overrides=parse_overrides(hf_overrides))
-    return "pooling" if _gguf_arch(path) in ("bert",) else "generate"
+    return "pooling" if _gguf_arch(path) in ("bert", "nomic-bert") else "generate"
 
 
 def _gguf_arch(path: str) -> str | None:
