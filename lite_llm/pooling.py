@@ -774,6 +774,16 @@ def runner_for_model(model: str | None, requested: str = "auto", hf_overrides=No
     return "pooling" if _gguf_arch(path) in ("bert", "nomic-bert") else "generate"
 
 
+def check_parallel(tensor_parallel_size: int, model: str | None) -> None:
+    """Tensor parallelism is refused for pooling models, by name and with what to do instead."""
+    if tensor_parallel_size and tensor_parallel_size > 1:
+        raise ValueError(
+            f"--tensor-parallel-size {tensor_parallel_size}: tensor parallelism is not supported for pooling "
+            f"models ({model or 'this model'} runs the 'pooling' runner, whose model runs whole in one process). "
+            "An embedding or reranking model fits one NUMA node: drop --tensor-parallel-size, and use "
+            "--data-parallel-size N for N replicas (serve) when one is not enough")
+
+
 def _gguf_arch(path: str) -> str | None:
     """general.architecture of a GGUF file (None for anything else)."""
     from lite_llm.model.gguf import GGUF_MAGIC, GGUFFile

@@ -29,7 +29,8 @@ FIELDS = {
 
 
 def is_pooling(engine: Any) -> bool:
-    return isinstance(engine, pooling.PoolingEngine)
+    from lite_llm.pooling_dp import PoolingReplicas
+    return isinstance(engine, (pooling.PoolingEngine, PoolingReplicas))
 
 
 def refuse_generation(engine: Any) -> None:
