@@ -1120,7 +1120,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="independent engine replicas, each a process on its own cores (the thread plan split N ways, "
            "or one CPU list per replica in LITE_LLM_CPU_OMP_THREADS_BIND: '0-15|16-31'), behind this one "
            "server, which routes each request to the replica holding its prompt's prefix, else the least "
-           "loaded; each replica has its own --kv-cache-space")
+           "loaded; each replica has its own --kv-cache-space (pooling models: to the replica with the fewest "
+           "input tokens in flight)")
     a("--runner", default="auto", choices=["auto", "generate", "pooling"],
       help="generate text, or pool (embeddings /v1/embeddings, scores /score and /rerank); auto: from the "
            "checkpoint (an encoder, a sentence-transformers directory or a classifier head pools)")
