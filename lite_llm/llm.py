@@ -337,6 +337,7 @@ class LLM:
         self._pooling = None
         if self.runner_type == "pooling":
             self._engine = None
+            pooling.check_parallel(tensor_parallel_size, model)
             self._pooling, self._loaded, self.info = pooling.build_pooling_engine(
                 model, dtype=dtype, max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
                 max_num_seqs=max_num_seqs, quantization=quantization, pooler_config=pooler_config,

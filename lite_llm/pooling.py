@@ -6,8 +6,12 @@
     PoolingRunner     the packed kernel model with a KV cache for ONE step: prefill-only
                       steps of whole sequences, one forward() call each, nothing kept after
     PoolingEngine     one engine thread owns the runner (OpenMP's pool is bound to it);
-                      callers submit sequences and wait; all pending work is packed into
-                      steps under the token budget
+                      callers submit sequences and wait; each sequence is a Request of the
+                      generation engine's Scheduler (lite_llm/engine/scheduler.py), which
+                      packs steps under the token budget and max_num_seqs, takes a pooling
+                      request's whole prompt or none of it, and hands out KV blocks from the
+                      same KVCacheManager; every request of a step is finished (its blocks
+                      freed) when the step ends; requests arriving meanwhile join the next step
     choose_runner     "pooling" or "generate" from a checkpoint
 
 A step packs whole sequences (T tokens of S sequences) into the same flat arrays the decoder
@@ -108,6 +112,8 @@ def pooler_config(path: str, config, overrides: dict | str | None = None) -> Poo
                       normalize=True)
     elif config.causal:
         values.update(pooling_type="LAST", normalize=True)        # decoder embedders (Qwen3-Embedding)
+    elif config.architecture == "NomicBertModel":
+        values.update(pooling_type="MEAN", normalize=True)        # nomic-embed-text's sentence-transformers set-up
     else:
         values.update(pooling_type="CLS", normalize=True)         # bge and most bare encoders
     if raw:
@@ -231,7 +237,12 @@ class PoolingRunner:
         self.num_threads = num_threads
         self.block_size = block_size
         self.max_model_len = loaded.max_model_len
+        # the step's token budget: an input is never split across steps, so the longest one
+        # the model takes must fit a step of its own (vLLM's rule without chunked prefill)
         self.max_tokens = max(int(max_num_batched_tokens), self.max_model_len)
+        if self.max_tokens > max_num_batched_tokens:
+            log.info("pooling: max_num_batched_tokens %d raised to max_model_len %d (a pooling input is never "
+                     "split across steps)", max_num_batched_tokens, self.max_model_len)
         self.max_seqs = max(1, int(max_num_seqs))
         kv_dtype = kv_cache_format(self.dtype, "auto")
         self.gemm_paths = gemm_path.choose(self.kernels)
@@ -244,7 +255,7 @@ class PoolingRunner:
         loaded.release()
         _trim_heap()
         # every sequence of a step wastes at most one partial block
-        num_blocks = self.max_tokens // block_size + self.max_seqs + 1
+        self.num_blocks = num_blocks = self.max_tokens // block_size + self.max_seqs + 1
         k_shape, v_shape = layout.kv_cache_shapes(num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim, kv_dtype)
         kv_np = layout.KV_NUMPY[kv_dtype]
         self.k_caches = [layout.aligned_zeros(k_shape, kv_np) for _ in range(cfg.num_layers)]
@@ -263,23 +274,10 @@ class PoolingRunner:
                  time.perf_counter() - start, self.weight_bytes / 2**20, pooler.pooling_type,
                  " + normalize" if pooler.normalize else "", self.max_tokens)
 
-    def steps(self, items: list[PoolItem]) -> list[list[int]]:
-        """Indices of items, packed in order into steps of at most max_tokens tokens / max_seqs."""
-        out, cur, used = [], [], 0
-        for i, it in enumerate(items):
-            n = len(it.token_ids)
-            if cur and (used + n > self.max_tokens or len(cur) >= self.max_seqs):
-                out.append(cur)
-                cur, used = [], 0
-            cur.append(i)
-            used += n
-        if cur:
-            out.append(cur)
-        return out
-
-    def run_step(self, items: list[PoolItem]) -> np.ndarray:
-        """ONE forward() over whole sequences -> pooled rows [S, E] (before the classifier head,
-        normalization and truncation, which are per request)."""
+    def run_step(self, items: list[PoolItem], block_tables: list[list[int]]) -> np.ndarray:
+        """ONE forward() over whole sequences, item i's KV in blocks block_tables[i] (the
+        scheduler's) -> pooled rows [S, E] (before the classifier head, normalization and
+        truncation, which are per request)."""
         lens = np.array([len(it.token_ids) for it in items], np.int64)
         S, T, B = len(items), int(lens.sum()), self.block_size
         starts = np.zeros(S, np.int64)
@@ -287,12 +285,11 @@ class PoolingRunner:
         token_ids = np.concatenate([it.token_ids for it in items]).astype(np.int32, copy=False)
         tok_seq = np.repeat(np.arange(S, dtype=np.int32), lens)
         positions = (np.arange(T, dtype=np.int64) - starts[tok_seq]).astype(np.int32)
-        nblocks = -(-lens // B)
-        first_block = np.zeros(S, np.int64)
-        np.cumsum(nblocks[:-1], out=first_block[1:])
-        width = int(nblocks.max())
-        block_tables = (first_block[:, None] + np.arange(width)[None, :]).astype(np.int32)
-        slot_mapping = (first_block[tok_seq] * B + positions).astype(np.int64)
+        block_tables_np = np.zeros((S, max(len(t) for t in block_tables)), np.int32)   # [S, max blocks]
+        for seq, table in enumerate(block_tables):
+            assert len(table) * B >= lens[seq], f"sequence {seq}: {len(table)} blocks for {lens[seq]} tokens"
+            block_tables_np[seq, :len(table)] = table
+        slot_mapping = block_tables_np[tok_seq, positions // B].astype(np.int64) * B + positions % B
         attn_positions = None if self.config.causal else (lens - 1)[tok_seq].astype(np.int32)
         token_types = None
         if self.config.type_vocab_size and any(it.token_types is not None for it in items):
@@ -303,8 +300,8 @@ class PoolingRunner:
                 else starts.astype(np.int32) if kind == "CLS" else (starts + lens - 1).astype(np.int32))
         out = self.hidden[:len(rows)]
         t0 = time.perf_counter()
-        self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq, block_tables,
-                             rows, out, self.num_threads, None, attn_positions, token_types, True)
+        self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
+                             block_tables_np, rows, out, self.num_threads, None, attn_positions, token_types, True)
         self.last_step_seconds = time.perf_counter() - t0
         if kind == "MEAN":
             return np.add.reduceat(out, starts, axis=0) / lens[:, None].astype(np.float32)
@@ -356,16 +353,24 @@ class _Job:
     done: threading.Event = field(default_factory=threading.Event)
     result: list[np.ndarray] | None = None
     error: BaseException | None = None
+    requests: list = field(default_factory=list)     # its Requests in the scheduler, item order
+    remaining: int = 0
+
+
+_STOP = object()    # the inbox's shutdown mark
 
 
 class PoolingEngine:
-    """One thread owns the runner; submit() from any thread. All jobs waiting when a step is
-    formed are packed together (a server's concurrent requests share steps)."""
+    """One thread owns the runner and the scheduler; submit() from any thread. Each item is a
+    Request of the generation Scheduler: a step takes whole inputs under the token budget
+    (first come, first served), concurrent requests share steps, and a request arriving while
+    a step runs joins the next one."""
 
     def __init__(self, build_runner, tokenizer, *, on_start=None, name: str = "model"):
         self.tokenizer = tokenizer
         self.name = name
         self.runner: PoolingRunner | None = None
+        self.scheduler = None
         self._build = build_runner
         self._on_start = on_start
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -373,6 +378,8 @@ class PoolingEngine:
         self._error: BaseException | None = None
         self._stopping = False
         self._lock = threading.Lock()
+        self._pending: dict[str, tuple[_Job, int]] = {}   # request id -> (its job, item index)
+        self._next_id = 0
         # counters for /metrics and the logs (engine thread writes, others read)
         self.num_requests = 0
         self.num_prompt_tokens = 0
@@ -390,56 +397,123 @@ class PoolingEngine:
             raise self._error
 
     def _loop(self) -> None:
+        from lite_llm.engine.kv_cache import KVCacheManager
+        from lite_llm.engine.scheduler import Scheduler
+        from lite_llm.sampling_params import SamplingParams
+        self._params = SamplingParams(max_tokens=1)    # unused by pooling; a Request carries one
         try:
             if self._on_start is not None:
                 self._on_start()
-            self.runner = self._build()
+            self.runner = r = self._build()
+            # no prefix caching: an encoder's KV of a prefix depends on the tokens after it
+            self.scheduler = Scheduler(KVCacheManager(r.num_blocks, r.block_size, enable_prefix_caching=False),
+                                       max_num_seqs=r.max_seqs, max_num_batched_tokens=r.max_tokens,
+                                       max_model_len=r.max_model_len)
         except BaseException as e:   # noqa: BLE001: raised to start()'s caller
             self._error = e
             self._ready.set()
             return
         self._ready.set()
         while True:
-            jobs = [self._inbox.get()]
-            while True:
-                try:
-                    jobs.append(self._inbox.get_nowait())
-                except queue.Empty:
-                    break
-            if any(j is None for j in jobs):
-                for j in jobs:
-                    if j is not None:
-                        j.error = RuntimeError("the pooling engine is shutting down")
-                        j.done.set()
-                return
-            self._run(jobs)
+            job = self._inbox.get() if not self.scheduler.has_unfinished_requests() else self._next_job()
+            while job is not None:
+                if job is _STOP:
+                    self._stop_all()
+                    return
+                self._admit(job)
+                job = self._next_job()
+            if self.scheduler.has_unfinished_requests():
+                self._step()
 
-    def _run(self, jobs: list[_Job]) -> None:
-        items = [it for j in jobs for it in j.items]
-        now = time.monotonic()
-        results: list[np.ndarray | None] = [None] * len(items)
+    def _next_job(self):
         try:
-            for step in self.runner.steps(items):
-                pooled = self.runner.run_step([items[i] for i in step])
-                for row, i in enumerate(step):
-                    results[i] = pooled[row]
-                self.num_steps += 1
-        except BaseException as e:   # noqa: BLE001: every waiting caller gets the failure
-            for j in jobs:
-                j.error = e
-                j.done.set()
+            return self._inbox.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _admit(self, job: _Job) -> None:
+        """Each item of job becomes a waiting pooling Request."""
+        from lite_llm.engine.request import Request
+        job.result = [None] * len(job.items)
+        job.remaining = len(job.items)
+        if not job.items:
+            job.done.set()
             return
-        at = 0
-        for j in jobs:
-            j.result = results[at:at + len(j.items)]
-            at += len(j.items)
-            self.num_requests += 1
-            self.num_prompt_tokens += sum(len(it.token_ids) for it in j.items)
-            queued = sum(now - it.arrival for it in j.items) / max(len(j.items), 1)
-            self.queue_seconds += queued
-            self.queue_hist.observe(queued)
-            self.e2e_hist.observe(time.monotonic() - min(it.arrival for it in j.items))
-            j.done.set()
+        for i, it in enumerate(job.items):
+            n = len(it.token_ids)
+            if not 0 < n <= self.runner.max_model_len:
+                self._fail(job, PoolingInputError(f"an input of {n} tokens: the model takes 1 to "
+                                                  f"{self.runner.max_model_len}"))
+                return
+            rid = f"pool-{self._next_id}"
+            self._next_id += 1
+            request = Request(rid, it.token_ids.tolist(), self._params, 0, arrival_time=it.arrival, max_tokens=0)
+            request.pooling = True
+            job.requests.append(request)
+            self._pending[rid] = (job, i)
+            self.scheduler.add_request(request)
+
+    def _step(self) -> None:
+        """One scheduler step: its whole inputs through ONE forward(), then every request of it
+        finished (its KV blocks freed) and its row handed to its job."""
+        from lite_llm.engine.request import RequestStatus
+        sched = self.scheduler
+        out = sched.schedule()
+        for request in sched.take_finished_in_schedule():   # cannot happen with an empty cache at each step
+            self._fail(self._pending[request.request_id][0], RuntimeError(
+                f"a pooling input of {request.num_tokens} tokens does not fit the KV cache"))
+        if not out.chunks:
+            if sched.has_unfinished_requests():   # nothing fits an empty cache: never will
+                for job in {id(j): j for j, _ in self._pending.values()}.values():
+                    self._fail(job, RuntimeError("the pooling scheduler could not place any waiting input"))
+            return
+        requests = [c.request for c in out.chunks]
+        assert all(c.start == 0 and c.num_new_tokens == r.num_tokens for c, r in zip(out.chunks, requests)), \
+            "a pooling input was split across steps"
+        items = [self._pending[r.request_id][0].items[self._pending[r.request_id][1]] for r in requests]
+        tables = [sched.kv_cache_manager.block_tables[r.request_id] for r in requests]
+        try:
+            pooled = self.runner.run_step(items, tables)
+        except BaseException as e:   # noqa: BLE001: the jobs of this step get the failure
+            for job in {id(j): j for j, _ in (self._pending[r.request_id] for r in requests)}.values():
+                self._fail(job, e)
+            return
+        sched.finish_requests([r.request_id for r in requests], RequestStatus.FINISHED_STOPPED)
+        self.num_steps += 1
+        for row, request in enumerate(requests):
+            job, i = self._pending.pop(request.request_id)
+            job.result[i] = pooled[row]
+            job.remaining -= 1
+            if job.remaining == 0:
+                self._complete(job)
+
+    def _complete(self, job: _Job) -> None:
+        self.num_requests += 1
+        self.num_prompt_tokens += sum(len(it.token_ids) for it in job.items)
+        queued = sum(r.metrics.first_scheduled_time - r.arrival_time for r in job.requests) / len(job.requests)
+        self.queue_seconds += queued
+        self.queue_hist.observe(queued)
+        self.e2e_hist.observe(time.monotonic() - min(r.arrival_time for r in job.requests))
+        job.done.set()
+
+    def _fail(self, job: _Job, error: BaseException) -> None:
+        """job gets error; its requests still in the scheduler are aborted (blocks freed)."""
+        from lite_llm.engine.request import RequestStatus
+        ids = [r.request_id for r in job.requests if r.request_id in self._pending]
+        self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
+        for rid in ids:
+            del self._pending[rid]
+        job.error = error
+        job.done.set()
+
+    def _stop_all(self) -> None:
+        error = RuntimeError("the pooling engine is shutting down")
+        for job in {id(j): j for j, _ in self._pending.values()}.values():
+            self._fail(job, error)
+        while (job := self._next_job()) is not None:
+            if job is not _STOP:
+                job.error = error
+                job.done.set()
 
     def pool(self, items: list[PoolItem]) -> list[np.ndarray]:
         """Pooled rows [E] of each item (blocks until done); raises the step's error."""
@@ -469,7 +543,7 @@ class PoolingEngine:
             if self._stopping:
                 return
             self._stopping = True
-        self._inbox.put(None)
+        self._inbox.put(_STOP)
         if self.thread.is_alive():
             self.thread.join(timeout)
 
@@ -697,7 +771,17 @@ def runner_for_model(model: str | None, requested: str = "auto", hf_overrides=No
     if os.path.isdir(path):
         config, _ = hf.read_config(path)
         return choose_runner(path, config, hf_overrides=parse_overrides(hf_overrides))
-    return "pooling" if _gguf_arch(path) in ("bert",) else "generate"
+    return "pooling" if _gguf_arch(path) in ("bert", "nomic-bert") else "generate"
+
+
+def check_parallel(tensor_parallel_size: int, model: str | None) -> None:
+    """Tensor parallelism is refused for pooling models, by name and with what to do instead."""
+    if tensor_parallel_size and tensor_parallel_size > 1:
+        raise ValueError(
+            f"--tensor-parallel-size {tensor_parallel_size}: tensor parallelism is not supported for pooling "
+            f"models ({model or 'this model'} runs the 'pooling' runner, whose model runs whole in one process). "
+            "An embedding or reranking model fits one NUMA node: drop --tensor-parallel-size, and use "
+            "--data-parallel-size N for N replicas (serve) when one is not enough")
 
 
 def _gguf_arch(path: str) -> str | None:

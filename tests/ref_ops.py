@@ -252,3 +252,33 @@ def lora(x: np.ndarray, a: np.ndarray, b: np.ndarray, scale: float) -> np.ndarra
     """A LoRA adapter's addition to a projection: (x [T, K] @ A [r, K]^T) @ B [N, r]^T * scale,
     in float64."""
     return (x.astype(np.float64) @ a.astype(np.float64).T) @ b.astype(np.float64).T * scale
+
+
+def nomic_bert(w: dict, ids: np.ndarray, num_heads: int, eps: float, theta: float) -> np.ndarray:
+    """NomicBert's (nomic-embed-text) final hidden states [T, E] of one sequence ids [T], from
+    nomic's state dict w (token type 0): embeddings -> LayerNorm; per layer, bidirectional
+    attention with rotate-half RoPE on q and k (fused Wqkv, no biases), + residual, LayerNorm
+    (norm1); SwiGLU silu(fc12 x) * fc11 x, fc2, + residual, LayerNorm (norm2)."""
+    T = len(ids)
+    E = w["emb_ln.weight"].shape[0]
+    D = E // num_heads
+    x = w["embeddings.word_embeddings.weight"][ids].astype(np.float64)
+    if "embeddings.token_type_embeddings.weight" in w:
+        x = x + w["embeddings.token_type_embeddings.weight"][0]
+    x = layernorm(x, w["emb_ln.weight"], w["emb_ln.bias"], eps)
+    cos, sin = rope_tables(T, D, theta)
+    pos = np.arange(T)
+    num_layers = len({k.split(".")[2] for k in w if k.startswith("encoder.layers.")})
+    for i in range(num_layers):
+        p = f"encoder.layers.{i}."
+        q, k, v = np.split(gemm(x, w[p + "attn.Wqkv.weight"]), 3, axis=-1)
+        q = rope_neox(q.reshape(T, num_heads, D), pos, cos, sin)
+        k = rope_neox(k.reshape(T, num_heads, D), pos, cos, sin)
+        s = np.einsum("thd,shd->hts", q, k) / np.sqrt(D)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        attn = np.einsum("hts,shd->thd", s, v.reshape(T, num_heads, D)).reshape(T, E)
+        x = layernorm(x + gemm(attn, w[p + "attn.out_proj.weight"]), w[p + "norm1.weight"], w[p + "norm1.bias"], eps)
+        h = act_mul(gemm(x, w[p + "mlp.fc12.weight"]), gemm(x, w[p + "mlp.fc11.weight"]), "silu")
+        x = layernorm(x + gemm(h, w[p + "mlp.fc2.weight"]), w[p + "norm2.weight"], w[p + "norm2.bias"], eps)
+    return x

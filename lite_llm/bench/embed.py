@@ -74,6 +74,35 @@ def make_sentences(model: str, n: int, lo: int, hi: int, seed: int) -> list[str]
 # ---- the GGUF --------------------------------------------------------------------------------
 
 
+def add_wordpiece_vocab(w, vocab_path: str, vocab_size: int, type_vocab_size: int) -> None:
+    """A BERT vocab.txt into GGUF writer w as llama.cpp's converter spells a WordPiece
+    vocabulary ("bert" tokenizer model): "##x" -> "x", other pieces get a leading phantom space,
+    [SPECIAL] tokens stay; rows past the vocabulary up to vocab_size are unused [PADi]."""
+    import gguf
+    with open(vocab_path, encoding="utf-8") as fh:
+        vocab = [line.rstrip("\n") for line in fh]
+    tokens, types = [], []
+    for t in vocab:
+        special = t.startswith("[") and t.endswith("]")
+        tokens.append(t if special else t[2:] if t.startswith("##") else "\u2581" + t)
+        types.append(gguf.TokenType.CONTROL if special else gguf.TokenType.NORMAL)
+    tokens += [f"[PAD{i}]" for i in range(len(tokens), vocab_size)]
+    types += [gguf.TokenType.UNUSED] * (vocab_size - len(types))
+    w.add_tokenizer_model("bert")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_type_count(type_vocab_size)
+    ids = {t: i for i, t in enumerate(vocab)}
+    w.add_bos_token_id(ids["[CLS]"])
+    w.add_sep_token_id(ids["[SEP]"])
+    w.add_pad_token_id(ids["[PAD]"])
+    w.add_unk_token_id(ids["[UNK]"])
+    w.add_uint32("tokenizer.ggml.cls_token_id", ids["[CLS]"])
+    w.add_uint32("tokenizer.ggml.mask_token_id", ids["[MASK]"])
+    w.add_add_bos_token(True)
+    w.add_add_sep_token(True) if hasattr(w, "add_add_sep_token") else None
+
+
 def write_bert_gguf(model: str, out: str) -> str:
     """The BERT checkpoint at `model` as a llama.cpp `bert` GGUF (F32) with mean pooling."""
     import gguf
@@ -94,30 +123,7 @@ def write_bert_gguf(model: str, out: str) -> str:
     w.add_causal_attention(False)
     w.add_pooling_type(gguf.PoolingType.MEAN)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    # WordPiece vocabulary as llama.cpp's converter spells it: "##x" -> "x", other pieces get a
-    # leading phantom space, [SPECIAL] tokens stay
-    with open(os.path.join(model, "vocab.txt"), encoding="utf-8") as fh:
-        vocab = [line.rstrip("\n") for line in fh]
-    tokens, types = [], []
-    for t in vocab:
-        special = t.startswith("[") and t.endswith("]")
-        tokens.append(t if special else t[2:] if t.startswith("##") else "\u2581" + t)
-        types.append(gguf.TokenType.CONTROL if special else gguf.TokenType.NORMAL)
-    tokens += [f"[PAD{i}]" for i in range(len(tokens), cfg.vocab_size)]
-    types += [gguf.TokenType.UNUSED] * (cfg.vocab_size - len(types))
-    w.add_tokenizer_model("bert")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_type_count(cfg.type_vocab_size)
-    ids = {t: i for i, t in enumerate(vocab)}
-    w.add_bos_token_id(ids["[CLS]"])
-    w.add_sep_token_id(ids["[SEP]"])
-    w.add_pad_token_id(ids["[PAD]"])
-    w.add_unk_token_id(ids["[UNK]"])
-    w.add_uint32("tokenizer.ggml.cls_token_id", ids["[CLS]"])
-    w.add_uint32("tokenizer.ggml.mask_token_id", ids["[MASK]"])
-    w.add_add_bos_token(True)
-    w.add_add_sep_token(True) if hasattr(w, "add_add_sep_token") else None
+    add_wordpiece_vocab(w, os.path.join(model, "vocab.txt"), cfg.vocab_size, cfg.type_vocab_size)
 
     def t(name: str) -> np.ndarray:
         return np.ascontiguousarray(convert(ckpt.read(d + name), "float32"))

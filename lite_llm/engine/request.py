@@ -100,6 +100,9 @@ class Request:
         self.lora_slot = -1
         self.lora_salt: bytes | None = None
         self.mm = None      # the prompt's images (multimodal.MMPrompt), set by the engine
+        # a pooling model's input (lite_llm/pooling.py): its whole prompt in one step, never
+        # split across steps; no output token; its blocks freed when that step ends
+        self.pooling = False
 
     @property
     def all_token_ids(self) -> list[int]:

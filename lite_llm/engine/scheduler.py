@@ -235,6 +235,8 @@ class Scheduler:
                 num_new = min(num_new, self._rows_budget)
                 if num_new == 0:
                     break
+            if request.pooling and num_new < request.num_tokens - num_hit_tokens:
+                break          # a pooling input is never split: it waits for a step with room
             block_ids = kv.allocate_slots(request, num_new, hits)
             if block_ids is None:
                 if not self.running:

@@ -1120,7 +1120,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="independent engine replicas, each a process on its own cores (the thread plan split N ways, "
            "or one CPU list per replica in LITE_LLM_CPU_OMP_THREADS_BIND: '0-15|16-31'), behind this one "
            "server, which routes each request to the replica holding its prompt's prefix, else the least "
-           "loaded; each replica has its own --kv-cache-space")
+           "loaded; each replica has its own --kv-cache-space (pooling models: to the replica with the fewest "
+           "input tokens in flight)")
     a("--runner", default="auto", choices=["auto", "generate", "pooling"],
       help="generate text, or pool (embeddings /v1/embeddings, scores /score and /rerank); auto: from the "
            "checkpoint (an encoder, a sentence-transformers directory or a classifier head pools)")
@@ -1176,13 +1177,17 @@ def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
     from lite_llm import pooling
     hf_overrides = getattr(args, "hf_overrides", None)
     if pooling.runner_for_model(model, getattr(args, "runner", "auto"), hf_overrides) == "pooling":
-        if args.data_parallel_size > 1 or args.tensor_parallel_size > 1:
-            raise SystemExit("the pooling runner serves one engine: --data-parallel-size and "
-                             "--tensor-parallel-size are not supported with it yet")
-        engine, loaded, info = pooling.build_pooling_engine(
-            model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens, quantization=args.quantization,
-            pooler_config=getattr(args, "pooler_config", None), hf_overrides=hf_overrides, serving=True)
+        try:
+            pooling.check_parallel(args.tensor_parallel_size, model)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        pool_kwargs = dict(dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                           max_num_batched_tokens=args.max_num_batched_tokens, quantization=args.quantization,
+                           pooler_config=getattr(args, "pooler_config", None), hf_overrides=hf_overrides)
+        if args.data_parallel_size > 1:     # replicas, each a pooling engine (lite_llm/pooling_dp.py)
+            from lite_llm.pooling_dp import build_pooling_replicas
+            return build_pooling_replicas(model, args.data_parallel_size, **pool_kwargs)
+        engine, loaded, info = pooling.build_pooling_engine(model, serving=True, **pool_kwargs)
         return engine, loaded.tokenizer, info
     if args.data_parallel_size > 1:
         from lite_llm.engine.data_parallel import build_data_parallel_engine

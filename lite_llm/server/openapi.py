@@ -82,11 +82,17 @@ _TOOL_CALL = {"type": "object", "required": ["function"], "properties": {
     "function": {"type": "object", "required": ["name", "arguments"], "properties": {
         "name": _STR, "arguments": {"oneOf": [_STR, {"type": "object"}],
                                     "description": "JSON text (or an object) of the arguments"}}}}}
+_TEXT_PART = {"type": "object", "required": ["type", "text"], "additionalProperties": False,
+              "properties": {"type": {"type": "string", "enum": ["text"]}, "text": _STR}}
+_IMAGE_PART = {"type": "object", "required": ["type", "image_url"], "additionalProperties": False,
+               "description": "models that take images only (a vision checkpoint); --limit-mm-per-prompt caps them",
+               "properties": {"type": {"type": "string", "enum": ["image_url"]},
+                              "image_url": {"oneOf": [_STR, {"type": "object", "required": ["url"], "properties": {
+                                  "url": {**_STR, "description": "a data: URL (base64), or http(s) from "
+                                          "--allowed-media-domains"}, "detail": _STR}}]}}}
 _MESSAGE = {"type": "object", "required": ["role"], "properties": {
     "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
-    "content": {"oneOf": [_STR, {"type": "null"}, {"type": "array", "items": {
-        "type": "object", "required": ["type", "text"],
-        "properties": {"type": {"type": "string", "enum": ["text"]}, "text": _STR}}}]},
+    "content": {"oneOf": [_STR, {"type": "null"}, {"type": "array", "items": {"oneOf": [_TEXT_PART, _IMAGE_PART]}}]},
     "name": _STR,
     "tool_calls": {"type": "array", "items": _TOOL_CALL, "description": "assistant messages only"},
     "tool_call_id": {**_STR, "description": "tool messages only"},
@@ -106,7 +112,65 @@ _TEMPLATE_KWARGS = {"type": "object", "description": "extra chat template variab
 _MODEL = {"type": "object", "properties": {"id": _STR, "object": _STR, "created": _INT,
                                            "owned_by": _STR, "root": _STR, "max_model_len": _INT}}
 
+_POOL_INPUT = {"oneOf": [{**_STR, "minLength": 1}, {"type": "array", "minItems": 1, "items": {**_STR, "minLength": 1}},
+                         {**_IDS, "minItems": 1}, {"type": "array", "minItems": 1, "items": {**_IDS, "minItems": 1}}],
+               "description": "a string, a list of strings, token ids, or a list of lists of token ids"}
+_TRUNCATE = {"type": "integer", "minimum": -1, "not": {"const": 0},
+             "description": "keep the last N tokens of each input (-1: the model's limit); without it a "
+                            "longer input is a 400"}
+_ENCODING = {"type": "string", "enum": ["float", "base64"], "description": "base64: little-endian float32 bytes"}
+_TEXTS = {"oneOf": [{**_STR, "minLength": 1}, {"type": "array", "minItems": 1, "items": {**_STR, "minLength": 1}}]}
+_POOL_USAGE = {"type": "object", "properties": {"prompt_tokens": _INT, "total_tokens": _INT}}
+_VECTOR = {"oneOf": [{"type": "array", "items": _NUM}, _STR], "description": "floats, or base64 text"}
+
+
+def _pool_list(item: dict) -> dict:
+    return {"type": "object", "properties": {"id": _STR, "object": {"type": "string", "enum": ["list"]},
+                                             "created": _INT, "model": _STR, "usage": _POOL_USAGE,
+                                             "data": {"type": "array", "items": item}}}
+
+
+_POOL_SCHEMAS: dict[str, Any] = {
+    "EmbeddingRequest": {"type": "object", "required": ["input"], "properties": {
+        "model": _STR, "input": _POOL_INPUT, "encoding_format": _ENCODING,
+        "dimensions": {"type": "integer", "minimum": 1,
+                       "description": "Matryoshka models only: the first N components, renormalized"},
+        "normalize": {**_BOOL, "description": "vLLM's: override the model's own normalization"},
+        "truncate_prompt_tokens": _TRUNCATE, "user": _STR}},
+    "EmbeddingResponse": _pool_list({"type": "object", "properties": {
+        "object": {"type": "string", "enum": ["embedding"]}, "index": _INT, "embedding": _VECTOR}}),
+    "PoolingRequest": {"type": "object", "properties": {
+        "model": _STR, "input": _POOL_INPUT, "prompt": {**_POOL_INPUT, "description": "as input"},
+        "encoding_format": _ENCODING, "truncate_prompt_tokens": _TRUNCATE}},
+    "PoolingResponse": _pool_list({"type": "object", "properties": {
+        "object": {"type": "string", "enum": ["pooling"]}, "index": _INT, "data": _VECTOR}}),
+    "ScoreRequest": {"type": "object", "required": ["text_1", "text_2"], "properties": {
+        "model": _STR, "text_1": {**_TEXTS, "description": "one text, or as many as text_2 (pairwise)"},
+        "text_2": _TEXTS, "truncate_prompt_tokens": _TRUNCATE}},
+    "ScoreResponse": _pool_list({"type": "object", "properties": {
+        "object": {"type": "string", "enum": ["score"]}, "index": _INT, "score": _NUM}}),
+    "RerankRequest": {"type": "object", "required": ["query", "documents"], "properties": {
+        "model": _STR, "query": {**_STR, "minLength": 1},
+        "documents": {"type": "array", "minItems": 1, "items": {"oneOf": [
+            {**_STR, "minLength": 1},
+            {"type": "object", "required": ["text"], "properties": {"text": {**_STR, "minLength": 1}}}]}},
+        "top_n": {"type": "integer", "minimum": 0, "description": "0 or absent: every document"},
+        "return_documents": _BOOL, "truncate_prompt_tokens": _TRUNCATE}},
+    "RerankResponse": {"type": "object", "properties": {
+        "id": _STR, "model": _STR, "usage": _POOL_USAGE, "results": {"type": "array", "items": {
+            "type": "object", "properties": {"index": _INT, "relevance_score": _NUM,
+                                             "document": {"type": "object", "properties": {"text": _STR}}}}}}},
+    "LoadLoraAdapterRequest": {"type": "object", "required": ["lora_name", "lora_path"], "properties": {
+        "lora_name": {**_STR, "minLength": 1},
+        "lora_path": {**_STR, "minLength": 1, "description": "a PEFT directory or a llama.cpp GGUF LoRA file"}}},
+    "UnloadLoraAdapterRequest": {"type": "object", "required": ["lora_name"], "properties": {
+        "lora_name": {**_STR, "minLength": 1}}},
+    "LoraAdapterResponse": {"type": "object", "properties": {
+        "object": _STR, "id": _STR, "status": {"type": "string", "enum": ["loaded", "unloaded"]}, "message": _STR}},
+}
+
 SCHEMAS: dict[str, Any] = {
+    **_POOL_SCHEMAS,
     "CompletionRequest": {"type": "object", "required": ["prompt"], "properties": {
         **_SAMPLING,
         "prompt": {"oneOf": [_STR, {"type": "array", "items": _STR}, _IDS,
@@ -309,6 +373,18 @@ def openapi_document(version: str, metrics_auth: bool = True) -> dict:
             "/v1/messages/count_tokens": _post("Anthropic: tokens a Messages request's input takes",
                                                "CountTokensRequest", "TokenCount", stream=False, auth=True,
                                                shape="AnthropicError"),
+            "/v1/embeddings": _post("OpenAI embeddings (pooling models)", "EmbeddingRequest", "EmbeddingResponse",
+                                    stream=False, auth=True),
+            "/pooling": _post("vLLM's pooling: each input's pooled row, unnormalized", "PoolingRequest",
+                              "PoolingResponse", stream=False, auth=True),
+            **{route: _post("vLLM's score: text_1 against each text_2 (a cross-encoder, or cosine of embeddings)",
+                            "ScoreRequest", "ScoreResponse", stream=False, auth=True) for route in ("/score", "/v1/score")},
+            **{route: _post("Jina / Cohere rerank: documents by relevance to the query", "RerankRequest",
+                            "RerankResponse", stream=False, auth=True) for route in ("/rerank", "/v1/rerank", "/v2/rerank")},
+            "/v1/load_lora_adapter": _post("vLLM's: load a LoRA adapter (with --enable-lora; 404 without)",
+                                           "LoadLoraAdapterRequest", "LoraAdapterResponse", stream=False, auth=True),
+            "/v1/unload_lora_adapter": _post("vLLM's: unload a LoRA adapter (running requests finish with it)",
+                                             "UnloadLoraAdapterRequest", "LoraAdapterResponse", stream=False, auth=True),
             "/ping": {"get": {"summary": "SageMaker's health check: as /health",
                               "responses": {"200": {"description": "Serving"}, **_errors(503)}},
                       "post": {"summary": "As GET /ping", "responses": {"200": {"description": "Serving"},

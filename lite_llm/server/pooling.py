@@ -19,10 +19,18 @@ from lite_llm import pooling
 from lite_llm.server.openai import ApiError, bad
 
 ROUTES = ("/v1/embeddings", "/pooling", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank")
+# the body fields each kind of route reads (server/openapi.py documents exactly these; others are ignored)
+FIELDS = {
+    "embeddings": {"model", "input", "encoding_format", "dimensions", "normalize", "truncate_prompt_tokens", "user"},
+    "pooling": {"model", "input", "prompt", "encoding_format", "truncate_prompt_tokens"},
+    "score": {"model", "text_1", "text_2", "truncate_prompt_tokens"},
+    "rerank": {"model", "query", "documents", "top_n", "return_documents", "truncate_prompt_tokens"},
+}
 
 
 def is_pooling(engine: Any) -> bool:
-    return isinstance(engine, pooling.PoolingEngine)
+    from lite_llm.pooling_dp import PoolingReplicas
+    return isinstance(engine, (pooling.PoolingEngine, PoolingReplicas))
 
 
 def refuse_generation(engine: Any) -> None:

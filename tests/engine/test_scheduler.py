@@ -246,3 +246,36 @@ def test_admission_order(policy):
     while sched.has_unfinished_requests():
         order += [r.request_id for r in run_step(sched, runner)]
     assert order == (["r0", "r1", "r2"] if policy == "fcfs" else ["r1", "r2", "r0"])
+
+
+def test_pooling_requests_are_never_split_across_steps():
+    """A pooling request (lite_llm/pooling.py) takes its whole prompt in one step or waits for
+    a step with room (FCFS: later ones wait behind it); a generation prompt in the same spot
+    would be chunked. Finishing a step's requests frees every block."""
+    sched = Scheduler(KVCacheManager(num_blocks=32, block_size=4, enable_prefix_caching=False), max_num_seqs=8,
+                      max_num_batched_tokens=10, max_model_len=10)
+
+    def pool(rid: str, n: int) -> Request:
+        r = Request(rid, list(range(1, n + 1)), SamplingParams(max_tokens=1), 0, max_tokens=0)
+        r.pooling = True
+        sched.add_request(r)
+        return r
+
+    steps = []
+    for rid, n in (("a", 6), ("b", 6), ("c", 3), ("d", 10)):
+        pool(rid, n)
+    while sched.has_unfinished_requests():
+        out = sched.schedule()
+        assert out.chunks, "a waiting pooling request never fit"
+        assert all(c.start == 0 and c.num_new_tokens == c.request.num_tokens for c in out.chunks)
+        assert out.num_tokens <= 10
+        steps.append([c.request.request_id for c in out.chunks])
+        check_invariants(sched)
+        sched.finish_requests([c.request.request_id for c in out.chunks], RequestStatus.FINISHED_STOPPED)
+        assert sched.kv_cache_manager.num_free_blocks == 32
+    assert steps == [["a"], ["b", "c"], ["d"]]
+    # the same spot for a generation prompt: chunked to the budget's 4 remaining tokens
+    pool("e", 6)
+    sched.add_request(Request("f", list(range(1, 7)), SamplingParams(max_tokens=1), 0))
+    out = sched.schedule()
+    assert [(c.request.request_id, c.num_new_tokens) for c in out.chunks] == [("e", 6), ("f", 4)]

@@ -283,3 +283,42 @@ def test_all_minilm_l6_v2_from_a_llama_cpp_bert_gguf(minilm_reference, tmp_path)
         llm.shutdown()
     cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
     assert cos.min() >= 0.9999, cos.min()
+
+
+def test_steps_go_through_the_scheduler_under_the_token_budget(bert):
+    """Pooling inputs are the generation Scheduler's requests: steps of whole inputs under
+    max_num_batched_tokens and max_num_seqs (FCFS), every KV block free after each step, and the
+    same rows as one input at a time against transformers. A budget below max_model_len is
+    raised to it (an input is never split); an input past max_model_len is refused by name."""
+    from lite_llm.pooling import PoolItem
+    lens = [30, 30, 15, 40, 5, 5, 5, 5]
+    prompts = [[(7 * i + 3 * t) % 300 + 3 for t in range(n)] for i, n in enumerate(lens)]
+    llm = LLM(str(bert), dtype="float32", runner="pooling", max_model_len=40, max_num_batched_tokens=32,
+              max_num_seqs=3, pooler_config={"pooling_type": "MEAN", "normalize": False})
+    try:
+        engine = llm._pooling
+        assert engine.runner.max_tokens == 40 and engine.scheduler.max_num_batched_tokens == 40
+        kv = engine.scheduler.kv_cache_manager
+        steps, free_before = [], []
+        run_step = engine.runner.run_step
+
+        def spy(items, tables):
+            steps.append([len(it.token_ids) for it in items])
+            free_before.append(kv.num_free_blocks)
+            return run_step(items, tables)
+
+        engine.runner.run_step = spy
+        rows = engine.pool([PoolItem(np.array(p, np.int32)) for p in prompts])
+        assert steps == [[30], [30], [15], [40], [5, 5, 5], [5]]
+        # during a step only its own inputs hold blocks: every earlier step's were freed
+        B = engine.runner.block_size
+        assert free_before == [kv.num_blocks - sum(-(-n // B) for n in step) for step in steps]
+        assert kv.num_free_blocks == kv.num_blocks
+        assert not engine.scheduler.has_unfinished_requests()
+        for p, row in zip(prompts, rows):
+            np.testing.assert_allclose(row, _hf_hidden(bert, p).mean(0), atol=1e-4, rtol=0)
+        with pytest.raises(PoolingInputError, match="41 tokens"):
+            engine.pool([PoolItem(np.arange(3, 44, dtype=np.int32))])
+        assert kv.num_free_blocks == kv.num_blocks and engine.is_alive()
+    finally:
+        llm.shutdown()

@@ -181,3 +181,132 @@ def test_metrics_count_pooling_requests(embedder):
     prompt = [line for line in text.splitlines() if line.startswith("lite_llm:prompt_tokens_total")]
     assert prompt and float(prompt[0].split()[-1]) > 0
     assert "lite_llm:request_queue_time_seconds_count" in text
+
+
+def _validator(doc: dict, name: str):
+    """A JSON Schema validator of one of the document's component schemas ($refs resolved in it)."""
+    from jsonschema import Draft202012Validator
+    from referencing import Registry, Resource
+    from referencing.jsonschema import DRAFT202012
+    registry = Registry().with_resource("urn:doc", Resource(contents=doc, specification=DRAFT202012))
+    return Draft202012Validator({"$ref": f"urn:doc#/components/schemas/{name}"}, registry=registry)
+
+
+def test_openapi_documents_every_route_and_the_pooling_bodies(embedder, reranker):
+    """/openapi.json lists every route the server answers (pooling, LoRA, the rest) with its
+    methods; the pooling schemas name exactly the fields the handlers read, and real answers
+    (and the bodies that produced them) validate against them."""
+    import json
+
+    from openapi_spec_validator import validate
+
+    from lite_llm.server import pooling as pooling_routes
+    from lite_llm.server import webui
+    from lite_llm.server.app import _Handler
+    from lite_llm.server.openapi import SCHEMAS
+    server, _ = embedder
+    status, _, data = request(server.port, "GET", "/openapi.json", headers=AUTH)
+    assert status == 200
+    doc = json.loads(data)
+    validate(doc)
+    paths = doc["paths"]
+    for route, methods in _Handler.ROUTES.items():
+        if webui.is_page_route(route):
+            continue
+        assert route in paths, f"{route} is served but not in /openapi.json"
+        assert {m.lower() for m in methods} <= set(paths[route]), route
+    for pattern, label, methods in _Handler.PATTERN_ROUTES:
+        documented = [p for p in paths if pattern.fullmatch(p.replace("{response_id}", "x"))]
+        assert documented, label
+        assert {m.lower() for m in methods} <= set(paths[documented[0]]), label
+    for route in pooling_routes.ROUTES:
+        op = paths[route]["post"]
+        assert op["security"] == [{"bearer": []}] and {"200", "400", "401"} <= set(op["responses"])
+    kinds = {"embeddings": "EmbeddingRequest", "pooling": "PoolingRequest", "score": "ScoreRequest",
+             "rerank": "RerankRequest"}
+    for kind, schema in kinds.items():
+        assert set(SCHEMAS[schema]["properties"]) == pooling_routes.FIELDS[kind], kind
+    image = SCHEMAS["ChatMessage"]["properties"]["content"]["oneOf"][2]["items"]["oneOf"]
+    assert {p["properties"]["type"]["enum"][0] for p in image} == {"text", "image_url"}
+
+    asks = [(embedder[0], "/v1/embeddings", {"input": ["a b", "c"], "encoding_format": "float"},
+             "EmbeddingRequest", "EmbeddingResponse"),
+            (embedder[0], "/v1/embeddings", {"input": [[5, 6, 7]], "encoding_format": "base64"},
+             "EmbeddingRequest", "EmbeddingResponse"),
+            (embedder[0], "/pooling", {"input": "a b"}, "PoolingRequest", "PoolingResponse"),
+            (reranker[0], "/score", {"text_1": "q", "text_2": ["a", "b"]}, "ScoreRequest", "ScoreResponse"),
+            (reranker[0], "/v2/rerank", {"query": "q", "documents": ["a", {"text": "b"}], "top_n": 1},
+             "RerankRequest", "RerankResponse")]
+    for srv, route, body, req_schema, resp_schema in asks:
+        _validator(doc, req_schema).validate(body)
+        status, answer = _post(srv, route, body)
+        assert status == 200, (route, answer)
+        _validator(doc, resp_schema).validate(answer)
+    for bad_body, schema in (({"input": []}, "EmbeddingRequest"), ({"query": "q", "documents": []}, "RerankRequest"),
+                             ({"input": "x", "truncate_prompt_tokens": 0}, "EmbeddingRequest")):
+        assert not _validator(doc, schema).is_valid(bad_body), bad_body
+
+
+def _serve_args(*argv: str):
+    import argparse
+    from lite_llm.server import app
+    p = argparse.ArgumentParser()
+    app.add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_tensor_parallel_is_refused_for_pooling_models_by_name():
+    from lite_llm import LLM
+    from lite_llm.server.app import start_engine
+    path = str(tiny_checkpoint_path("bert"))
+    with pytest.raises(SystemExit, match="tensor parallelism is not supported for pooling models.*--data-parallel-size"):
+        start_engine(_serve_args(path, "--tensor-parallel-size", "2"))
+    with pytest.raises(ValueError, match="--tensor-parallel-size 2: tensor parallelism is not supported for pooling"):
+        LLM(path, tensor_parallel_size=2)
+
+
+def test_data_parallel_pooling_replicas(embedder):
+    """serve --data-parallel-size 2 on a pooling model: two replica processes, one core each;
+    requests alternate between them (and run concurrently), every answer equal to one engine's,
+    /metrics the replicas' sum, bad input still a 400."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lite_llm.server.app import start_engine
+
+    from .conftest import serving
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    if len(cpus) < 2:
+        pytest.skip("data parallel over 1 core per replica needs 2 CPUs")
+    old = os.environ.get("LITE_LLM_CPU_OMP_THREADS_BIND")
+    os.environ["LITE_LLM_CPU_OMP_THREADS_BIND"] = "|".join(map(str, cpus))
+    try:
+        engine, tokenizer, info = start_engine(_serve_args(str(tiny_checkpoint_path("bert")), "--dtype", "float32",
+                                                           "--data-parallel-size", "2"))
+    finally:
+        if old is None:
+            del os.environ["LITE_LLM_CPU_OMP_THREADS_BIND"]
+        else:
+            os.environ["LITE_LLM_CPU_OMP_THREADS_BIND"] = old
+    for replica, want in zip(info["replicas"], cpus):
+        assert os.sched_getaffinity(replica["pid"]) == {want}
+    single, _ = embedder
+    texts = [f"sentence number {i} " + "word " * (i % 7) for i in range(12)]
+    with serving(engine, tokenizer, info, "bert", api_key=KEY) as server:
+        def ask(text):
+            return _post(server, "/v1/embeddings", {"input": text})
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(ask, texts))
+        for text, (status, body) in zip(texts, answers):
+            assert status == 200
+            _, want = _post(single, "/v1/embeddings", {"input": text})
+            np.testing.assert_allclose(body["data"][0]["embedding"], want["data"][0]["embedding"], atol=1e-5)
+        status, body = _post(server, "/v1/embeddings", {"input": []})
+        assert status == 400 and body["error"]["param"] == "input"
+        status, body = _post(server, "/v1/embeddings", {"input": [[1] * 5000]})
+        assert status == 400
+        per_replica = [s.request_success_total.get("stop", 0) for s in engine._replica_stats()]
+        assert sum(per_replica) == len(texts) and min(per_replica) > 0, per_replica
+        status, _, data = request(server.port, "GET", "/metrics", headers=AUTH)
+        assert status == 200 and "lite_llm:prompt_tokens_total" in data.decode()
+    assert all(not r.process.is_alive() for r in engine.replicas)     # shut down with the server

@@ -1,7 +1,14 @@
 """BERT-family encoders (HF BertModel: all-MiniLM, bge, e5, gte; XLMRobertaModel; and their
 *ForSequenceClassification cross-encoders): learned absolute positions and token-type rows
 added to the word embeddings, LayerNorm after the embeddings and after each residual add
-(post-norm), bidirectional attention, an ungated erf-GELU MLP. HF safetensors only.
+(post-norm), bidirectional attention, an ungated erf-GELU MLP. HF safetensors and llama.cpp's
+"bert" GGUF.
+
+NomicBert (nomic-embed-text v1 / v1.5; nomic's remote code, llama.cpp's "nomic-bert"): the
+same post-norm encoder with RoPE (rotate-half, base rotary_emb_base) in place of learned
+positions, a SwiGLU MLP (silu(fc12 x) * fc11 x, then fc2) and no biases but the LayerNorms'.
+HF directories as nomic's config.json spells them (n_embd, n_head, n_inner, n_layer, ...)
+and GGUF files of arch "nomic-bert".
 
 Canonical names beyond lite_llm/model/__init__.py's: type_embed [types, E] (fp32 table),
 embed_norm.weight / .bias [E]; layers.{i}.attn_norm is the LayerNorm after the attention's
@@ -22,8 +29,9 @@ from lite_llm.model.loader import ModelLoadError
 from lite_llm.model.weights import StackedRows
 
 HF_ARCHITECTURES = ("BertModel", "BertForSequenceClassification", "XLMRobertaModel",
-                    "XLMRobertaForSequenceClassification", "RobertaModel", "RobertaForSequenceClassification")
-GGUF_ARCHITECTURES = {"bert": "BertModel"}
+                    "XLMRobertaForSequenceClassification", "RobertaModel", "RobertaForSequenceClassification",
+                    "NomicBertModel")
+GGUF_ARCHITECTURES = {"bert": "BertModel", "nomic-bert": "NomicBertModel"}
 CLASSIFIERS = ("BertForSequenceClassification", "XLMRobertaForSequenceClassification",
                "RobertaForSequenceClassification")
 
@@ -32,7 +40,13 @@ def is_roberta(arch: str) -> bool:
     return "Roberta" in arch
 
 
+def is_nomic(arch: str) -> bool:
+    return arch == "NomicBertModel"
+
+
 def config(raw: dict, arch: str, where: str) -> ModelConfig:
+    if is_nomic(arch):
+        return nomic_config(raw, where)
     dim = int(raw["hidden_size"])
     num_heads = int(raw["num_attention_heads"])
     if raw.get("position_embedding_type", "absolute") != "absolute":
@@ -81,6 +95,9 @@ def prefix(ckpt, arch: str) -> str:
 
 
 def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, np.ndarray | StackedRows]]:
+    if is_nomic(config.architecture):
+        yield from nomic_hf_tensors(ckpt, config)
+        return
     from lite_llm.model.hf import concat, stacked
     E, F, V, P = config.dim, config.ffn_dim, config.vocab_size, config.max_position_embeddings
     get = ckpt.read
@@ -116,6 +133,8 @@ def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, np.ndarray | St
 
 
 def tensor_names(config: ModelConfig) -> list[str]:
+    if is_nomic(config.architecture):
+        return nomic_tensor_names(config)
     names = ["embed", "pos_embed", "type_embed", "embed_norm.weight", "embed_norm.bias"]
     for i in range(config.num_layers):
         p = f"layers.{i}."
@@ -156,6 +175,8 @@ def head_tensors(path: str, arch: str, dim: int) -> dict[str, np.ndarray]:
 
 
 def gguf_config(f, arch: str) -> ModelConfig:
+    if arch == "nomic-bert":
+        return nomic_gguf_config(f, arch)
     meta = f.metadata
 
     def key(name: str, default=None):
@@ -176,6 +197,9 @@ def gguf_config(f, arch: str) -> ModelConfig:
 
 
 def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, np.ndarray | StackedRows]]:
+    if is_nomic(config.architecture):
+        yield from nomic_gguf_tensors(f, config)
+        return
     from functools import partial
     from lite_llm.model.gguf import NATIVE_TYPES
     E, F, V, P = config.dim, config.ffn_dim, config.vocab_size, config.max_position_embeddings
@@ -215,5 +239,144 @@ def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, np.ndarray | Sta
         yield p + "up.bias", vec(b + "ffn_up.bias", F)
         yield p + "down.weight", one(b + "ffn_down.weight", (E, F))
         yield p + "down.bias", vec(b + "ffn_down.bias", E)
+        yield p + "mlp_norm.weight", vec(b + "layer_output_norm.weight", E)
+        yield p + "mlp_norm.bias", vec(b + "layer_output_norm.bias", E)
+
+
+def _gguf_rows(f, name: str, shape: tuple[int, int], r0: int = 0) -> StackedRows:
+    """Rows r0 .. r0 + shape[0] of a GGUF matrix, read when asked (in its stored blocks where the
+    kernels run that type natively)."""
+    from lite_llm.model.gguf import NATIVE_TYPES
+    t = f.tensors[name].type_name
+    blocks = (t, lambda a, b: f.read_raw_rows(name, r0 + a, r0 + b)) if t in NATIVE_TYPES else None
+    return StackedRows(((shape[0], lambda a, b: f.read_rows(name, r0 + a, r0 + b)),), shape[1], blocks=(blocks,),
+                       stored=(f.stored(name, 0, r0, r0 + shape[0]),))
+
+
+def _join(*parts: StackedRows) -> StackedRows:
+    return StackedRows(tuple(p.parts[0] for p in parts), parts[0].cols, blocks=tuple(p.blocks[0] for p in parts),
+                       stored=tuple(p.stored[0] for p in parts))
+
+
+# ---- NomicBert ------------------------------------------------------------------------------
+
+
+def _nomic(dim: int, heads: int, ffn: int, layers: int, vocab: int, positions: int, eps: float, theta: float,
+           types: int, torch_dtype=None) -> ModelConfig:
+    return ModelConfig(
+        architecture="NomicBertModel", vocab_size=vocab, dim=dim, ffn_dim=ffn, num_layers=layers, num_heads=heads,
+        num_kv_heads=heads, head_dim=dim // heads, max_position_embeddings=positions, norm_eps=eps, norm="layer",
+        act="silu", gated_mlp=True, qkv_bias=False, o_bias=False, mlp_bias=False, rope=True, rope_theta=theta,
+        tie_word_embeddings=True, eos_token_ids=(), torch_dtype=torch_dtype, post_ln=True, type_vocab_size=types,
+        causal=False)
+
+
+def nomic_config(raw: dict, where: str) -> ModelConfig:
+    """nomic's config.json (GPT-2 style names): n_embd, n_head, n_inner, n_layer, n_positions,
+    rotary_emb_base, layer_norm_epsilon. What nomic-embed-text v1 / v1.5 set is supported; any
+    other variant of their code (biases, rotary scaling, interleaved rotary, pre-norm, GELU) is
+    refused by name rather than computed wrongly."""
+    unsupported = {"qkv_proj_bias": False, "mlp_fc1_bias": False, "mlp_fc2_bias": False, "prenorm": False,
+                   "rotary_emb_interleaved": False, "rotary_scaling_factor": None, "parallel_block": False,
+                   "use_rms_norm": False, "causal": False, "rotary_emb_fraction": 1.0}
+    for key, want in unsupported.items():
+        if raw.get(key, want) != want:
+            raise ModelLoadError(f"{where}: NomicBert with {key}={raw[key]!r} is not supported (only {want!r})")
+    if raw.get("activation_function", "swiglu") != "swiglu":
+        raise ModelLoadError(f"{where}: NomicBert activation_function {raw['activation_function']!r} is not "
+                             "supported (swiglu only)")
+    if raw.get("num_experts"):
+        raise ModelLoadError(f"{where}: NomicBert with experts (nomic-embed-text v2 MoE) is not supported")
+    dim = int(raw["n_embd"])
+    return _nomic(dim, int(raw["n_head"]), int(raw.get("n_inner") or 4 * dim), int(raw["n_layer"]),
+                  int(raw["vocab_size"]), int(raw.get("n_positions", 2048)),
+                  float(raw.get("layer_norm_epsilon", 1e-12)), float(raw.get("rotary_emb_base", 10000.0)),
+                  int(raw.get("type_vocab_size", 2)), raw.get("torch_dtype"))
+
+
+def nomic_tensor_names(config: ModelConfig) -> list[str]:
+    names = ["embed"] + (["type_embed"] if config.type_vocab_size else []) + ["embed_norm.weight",
+                                                                                "embed_norm.bias"]
+    for i in range(config.num_layers):
+        p = f"layers.{i}."
+        names += [p + n for n in ("qkv.weight", "o.weight", "attn_norm.weight", "attn_norm.bias", "gate_up.weight",
+                                  "down.weight", "mlp_norm.weight", "mlp_norm.bias")]
+    return names
+
+
+def nomic_hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, np.ndarray | StackedRows]]:
+    """nomic's state dict: embeddings.word_embeddings / token_type_embeddings, emb_ln, and per
+    layer attn.Wqkv [3E, E] (q, k, v rows), attn.out_proj, norm1 (after attention), mlp.fc11
+    (up), mlp.fc12 (gate), mlp.fc2 (down), norm2 (after the MLP)."""
+    from lite_llm.model.hf import stacked
+    E, F, V = config.dim, config.ffn_dim, config.vocab_size
+    get = ckpt.read
+    d = next((p for p in ("", "model.", "bert.") if p + "embeddings.word_embeddings.weight" in ckpt), None)
+    if d is None:
+        raise ModelLoadError(f"{ckpt.path}: no embeddings.word_embeddings.weight under '', 'model.' or 'bert.'")
+    yield "embed", stacked(ckpt, ((d + "embeddings.word_embeddings.weight", (V, E)),))
+    if config.type_vocab_size:
+        yield "type_embed", get(d + "embeddings.token_type_embeddings.weight", (config.type_vocab_size, E))
+    yield "embed_norm.weight", get(d + "emb_ln.weight", (E,))
+    yield "embed_norm.bias", get(d + "emb_ln.bias", (E,))
+    for i in range(config.num_layers):
+        h, p = f"{d}encoder.layers.{i}.", f"layers.{i}."
+        yield p + "qkv.weight", stacked(ckpt, ((h + "attn.Wqkv.weight", (3 * E, E)),))
+        yield p + "o.weight", stacked(ckpt, ((h + "attn.out_proj.weight", (E, E)),))
+        yield p + "attn_norm.weight", get(h + "norm1.weight", (E,))
+        yield p + "attn_norm.bias", get(h + "norm1.bias", (E,))
+        yield p + "gate_up.weight", stacked(ckpt, ((h + "mlp.fc12.weight", (F, E)), (h + "mlp.fc11.weight", (F, E))))
+        yield p + "down.weight", stacked(ckpt, ((h + "mlp.fc2.weight", (E, F)),))
+        yield p + "mlp_norm.weight", get(h + "norm2.weight", (E,))
+        yield p + "mlp_norm.bias", get(h + "norm2.bias", (E,))
+
+
+def nomic_gguf_config(f, arch: str) -> ModelConfig:
+    meta = f.metadata
+
+    def key(name: str, default=None):
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ModelLoadError(f"{f.path}: metadata {arch}.{name} is missing")
+        return value
+
+    if "blk.0.ffn_gate.weight" not in f.tensors or "blk.0.attn_qkv.weight" not in f.tensors:
+        raise ModelLoadError(f"{f.path}: a nomic-bert GGUF without blk.0.attn_qkv / blk.0.ffn_gate is not "
+                             "supported (experts or split q/k/v)")
+    types = f.tensors.get("token_types.weight")
+    return _nomic(int(key("embedding_length")), int(key("attention.head_count")), int(key("feed_forward_length")),
+                  int(key("block_count")), int(f.tensors["token_embd.weight"].shape[0]), int(key("context_length")),
+                  float(key("attention.layer_norm_epsilon", 1e-12)), float(key("rope.freq_base", 10000.0)),
+                  int(types.shape[0]) if types is not None else 0)
+
+
+def nomic_gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, np.ndarray | StackedRows]]:
+    """llama.cpp's "nomic-bert" names: token_embd, token_types, token_embd_norm; per block
+    attn_qkv [3E, E], attn_output, attn_output_norm, ffn_up (fc11), ffn_gate (fc12), ffn_down,
+    layer_output_norm."""
+    E, F, V = config.dim, config.ffn_dim, config.vocab_size
+
+    def mat(name: str, shape: tuple[int, int]) -> StackedRows:
+        f.info(name, shape)
+        return _gguf_rows(f, name, shape)
+
+    def vec(name: str, n: int) -> np.ndarray:
+        f.info(name, (n,))
+        return f.read(name)
+
+    yield "embed", mat("token_embd.weight", (V, E))
+    if config.type_vocab_size:
+        f.info("token_types.weight", (config.type_vocab_size, E))
+        yield "type_embed", f.read("token_types.weight")
+    yield "embed_norm.weight", vec("token_embd_norm.weight", E)
+    yield "embed_norm.bias", vec("token_embd_norm.bias", E)
+    for i in range(config.num_layers):
+        b, p = f"blk.{i}.", f"layers.{i}."
+        yield p + "qkv.weight", mat(b + "attn_qkv.weight", (3 * E, E))
+        yield p + "o.weight", mat(b + "attn_output.weight", (E, E))
+        yield p + "attn_norm.weight", vec(b + "attn_output_norm.weight", E)
+        yield p + "attn_norm.bias", vec(b + "attn_output_norm.bias", E)
+        yield p + "gate_up.weight", _join(mat(b + "ffn_gate.weight", (F, E)), mat(b + "ffn_up.weight", (F, E)))
+        yield p + "down.weight", mat(b + "ffn_down.weight", (E, F))
         yield p + "mlp_norm.weight", vec(b + "layer_output_norm.weight", E)
         yield p + "mlp_norm.bias", vec(b + "layer_output_norm.bias", E)
