@@ -70,6 +70,9 @@ development VM, 200 tiny regions + 0.5 ms serial gap per step, median step time 
 shared and noisy): passive/spin 0: 6.3-8.7 ms; spin 1000-30000: 4.3-6.1 ms; spin 100000:
 4.4-5.7 ms; default: 5.8-14.8 ms; active: 6.5-8.0 ms, with outliers of 30-180 ms for long
 spins when the cores were oversubscribed. No LD_PRELOAD is needed for any of this.
+Inside a step the phases meet at the engine's own barrier (src/omp_util.h: spin
+LITE_LLM_BARRIER_SPINS iterations, then sched_yield between checks), not libgomp's, so a
+thread whose partner was preempted gives its core back instead of spinning or sleeping.
 """
 from __future__ import annotations
 

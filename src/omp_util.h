@@ -10,9 +10,72 @@
 #include <time.h>
 #include <unistd.h>
 
-/* A barrier callable from inside a Cython `with parallel():` block. */
+/* One busy-wait iteration: the CPU's spin-loop hint where it has one. */
+static inline void ll_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* The step's barrier. forward()'s one parallel region separates its phases with ~8 barriers
+ * per layer. libgomp's barrier spins GOMP_SPINCOUNT iterations, then sleeps on a futex: when a
+ * partner thread has been preempted (a shared machine, more runnable threads than cores), the
+ * spinner holds a core the partner needs, and each sleep adds a wake-up's latency. This one
+ * spins ll_barrier_spins iterations (a microsecond or two: a balanced phase's stragglers), then calls
+ * sched_yield() between checks: a waiter whose partner is not running gives its core away,
+ * and on an idle core the yield returns at once, so a quiet machine keeps spinning and never
+ * pays a wake-up. Sense-reversing: count and sense live in the caller's memory (two ints on
+ * their own cache lines), set up by ll_barrier_enter in every thread of the region.
+ * ll_barrier_spins < 0 selects libgomp's barrier instead (LITE_LLM_BARRIER_SPINS=-1). */
+static int ll_barrier_spins = 64;
+static __thread int *ll_bar_count = 0, *ll_bar_sense = 0;
+static __thread int ll_bar_local = 0, ll_bar_nth = 1;
+
+static inline void ll_set_barrier_spins(int spins) { ll_barrier_spins = spins; }
+
+/* Before the region: both words zero (one thread). */
+static inline void ll_barrier_reset(int *count, int *sense) {
+    __atomic_store_n(count, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(sense, 0, __ATOMIC_RELAXED);
+}
+
+/* In every thread of the region, before its first ll_omp_barrier(); ll_barrier_leave() after the last. */
+static inline void ll_barrier_enter(int *count, int *sense, int nth) {
+    ll_bar_count = ll_barrier_spins >= 0 ? count : 0;
+    ll_bar_sense = sense;
+    ll_bar_local = 0;
+    ll_bar_nth = nth;
+}
+
+static inline void ll_barrier_leave(void) { ll_bar_count = 0; }
+
+/* A barrier callable from inside a Cython `with parallel():` block: the step's own between
+ * ll_barrier_enter and ll_barrier_leave, libgomp's elsewhere. */
 static inline void ll_omp_barrier(void) {
+    if (ll_bar_count == 0) {
 #pragma omp barrier
+        return;
+    }
+    if (ll_bar_nth <= 1) return;
+    int s = !ll_bar_local;
+    ll_bar_local = s;
+    if (__atomic_add_fetch(ll_bar_count, 1, __ATOMIC_ACQ_REL) == ll_bar_nth) {
+        /* the last to arrive: nobody touches count again before they see the new sense */
+        __atomic_store_n(ll_bar_count, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(ll_bar_sense, s, __ATOMIC_RELEASE);
+        return;
+    }
+    int spins = 0;
+    while (__atomic_load_n(ll_bar_sense, __ATOMIC_ACQUIRE) != s) {
+        if (spins < ll_barrier_spins) {
+            spins++;
+            ll_cpu_relax();
+        } else {
+            sched_yield();
+        }
+    }
 }
 
 /* Hand out work items: returns the counter's value before the increment. */

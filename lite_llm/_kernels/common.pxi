@@ -5,6 +5,9 @@ from libc.string cimport memcpy, memset
 from libc.math cimport expf, sqrt
 from cython.parallel cimport prange, parallel
 cimport openmp
+
+import os
+
 import numpy as np
 
 cdef extern from "simd/vec.h" nogil:
@@ -205,6 +208,10 @@ cdef extern from "kernels/moe.h" nogil:
 
 cdef extern from "omp_util.h" nogil:
     void ll_omp_barrier()
+    void ll_barrier_reset(int *count, int *sense)
+    void ll_barrier_enter(int *count, int *sense, int nth)
+    void ll_barrier_leave()
+    void ll_set_barrier_spins(int spins)
     int ll_atomic_next(int *counter)
 
 cdef extern from "kernels/quant.h" nogil:

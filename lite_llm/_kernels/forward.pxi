@@ -70,8 +70,9 @@ cdef struct WorkC:
     int8_t *xq2     # [T, F] int8 blocks of the MLP activation (the down projection's input)
     float *xqd2     # [T, F / 32]
     float *xqs2     # [T, F / 16]
-    int *counter    # [9 x 16] work counters, one cache line each: attention, qkv, o, up, down, lm_head,
-                    # MoE gated, MoE down, LoRA steps' unfused gate/up
+    int *counter    # [11 x 16] work counters, one cache line each: attention, qkv, o, up, down, lm_head,
+                    # MoE gated, MoE down, LoRA steps' unfused gate/up; then the step barrier's count
+                    # and sense (omp_util.h)
     # mixture of experts (A = T K routed rows, grouped by expert): NULL for dense models
     float *router   # [T, X + 1] router logits, the shared gate's at X (then its sigmoid)
     float *moe_wt   # [T, K] weight of each token's k-th expert
@@ -356,6 +357,20 @@ cdef bint _any_quantized(const ModelC *mc):
     return False
 
 
+def barrier_spins() -> int:
+    """Busy-wait iterations of the step barrier before it yields its CPU between checks
+    (omp_util.h): LITE_LLM_BARRIER_SPINS, default 64 (a microsecond or two); -1 selects
+    libgomp's barrier (spin GOMP_SPINCOUNT, then sleep)."""
+    raw = os.environ.get("LITE_LLM_BARRIER_SPINS", "64")
+    try:
+        spins = int(raw)
+    except ValueError:
+        spins = -2
+    if spins < -1:
+        raise ValueError(f"LITE_LLM_BARRIER_SPINS={raw!r}: want an integer >= 0, or -1 for libgomp's barrier")
+    return spins
+
+
 cdef class Workspace:
     """Activation buffers for steps of up to max_tokens tokens and max_rows logits rows
     (lora_rank > 0: and for LoRA adapters of up to that rank, lora.pxi)."""
@@ -365,6 +380,7 @@ cdef class Workspace:
 
     def __init__(self, Model m, int max_tokens, int max_rows, int num_threads, int lora_rank=0):
         from lite_llm._kernels.layout import aligned_zeros
+        ll_set_barrier_spins(barrier_spins())
         cdef ModelC *mc = &m.c
         cdef int qkv_n = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
         cdef int up_n = 0 if mc.gated else mc.ffn_dim
@@ -379,7 +395,7 @@ cdef class Workspace:
                 aligned_zeros((max_tokens, ffn), np.float32),
                 aligned_zeros((max(num_threads, 1), ll_attention_scratch(mc.head_dim, mc.num_heads // mc.num_kv_heads)), np.float32),
                 aligned_zeros((max(max_tokens, max_rows), (max_k + 1) // 2 + 1), np.uint32),
-                aligned_zeros((9 * 16,), np.int32),
+                aligned_zeros((11 * 16,), np.int32),
                 aligned_zeros((max_tokens + 1,), np.int32),
                 aligned_zeros((max_tokens, (ffn + 1) // 2 + 1), np.uint32),
                 aligned_zeros((_max_split_items(max(num_threads, 1)),
@@ -633,11 +649,14 @@ cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t
     s.mm_embeds, s.embed_src, s.rope_pos = mm_embeds, embed_src, rope_pos
     for i in range(9):
         ws.counter[16 * i] = 0
+    ll_barrier_reset(ws.counter + 9 * 16, ws.counter + 10 * 16)
     s.num_tiles = _build_tiles(tok_seq, T, ws.tiles)
     s.max_keys = _max_keys(attn_pos, T)
     with parallel(num_threads=nt):
         tid = openmp.omp_get_thread_num()
+        ll_barrier_enter(ws.counter + 9 * 16, ws.counter + 10 * 16, openmp.omp_get_num_threads())
         _step(m, ws, &s, tid, openmp.omp_get_num_threads())
+        ll_barrier_leave()
     if tp != NULL:   # two all-reduces per layer and the logits' wait: the same count on every rank
         tp.gen = s.gen0 + 2 * m.num_layers + (1 if R > 0 else 0)
 
