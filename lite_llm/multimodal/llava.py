@@ -300,8 +300,7 @@ class ClipEncoder:
                  num_threads: int = 1, bf16_path: str | None = None):
         self.cfg, self.t = cfg, tensors
         self.kernels, self.num_threads = kernels, num_threads
-        self.model = None if kernels is None or not hasattr(kernels, "ClipModel") else \
-            self._pack(kernels, dtype, bf16_path)
+        self.model = None if kernels is None else self._pack(kernels, dtype, bf16_path)
 
     def _pack(self, kernels, dtype: str, bf16_path: str | None):
         from lite_llm._kernels import layout

@@ -74,15 +74,15 @@ def llava_checkpoint(std: float = 0.05, seed: int = 0) -> tuple[Path, Path, Path
 
 def write_mmproj(hf: Path, path: Path) -> Path:
     """The vision tower and projector as llama.cpp's mmproj GGUF (F32), every stored block kept:
-    clip.cpp runs block_count - 1 of them for a llava projector, as vision_feature_layer -2."""
+    clip.cpp runs block_count - 1 of them for a llava projector, as vision_feature_layer -2; no
+    v.post_ln (llama.cpp's LLaVA converter leaves it out: clip.cpp would apply it)."""
     from safetensors.numpy import load_file
     sd = load_file(str(hf / "model.safetensors"))
     v = "vision_tower."          # as transformers 5 saves it (the hub's files add "vision_model.")
     t = {"v.patch_embd.weight": sd[v + "embeddings.patch_embedding.weight"],
          "v.class_embd": sd[v + "embeddings.class_embedding"],
          "v.position_embd.weight": sd[v + "embeddings.position_embedding.weight"],
-         "v.pre_ln.weight": sd[v + "pre_layrnorm.weight"], "v.pre_ln.bias": sd[v + "pre_layrnorm.bias"],
-         "v.post_ln.weight": sd[v + "post_layernorm.weight"], "v.post_ln.bias": sd[v + "post_layernorm.bias"]}
+         "v.pre_ln.weight": sd[v + "pre_layrnorm.weight"], "v.pre_ln.bias": sd[v + "pre_layrnorm.bias"]}
     for i in range(VISION["num_hidden_layers"]):
         p = f"{v}encoder.layers.{i}."
         for ours, theirs in (("ln1", "layer_norm1"), ("ln2", "layer_norm2"), ("attn_q", "self_attn.q_proj"),

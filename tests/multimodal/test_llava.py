@@ -112,3 +112,24 @@ def test_bad_mmproj_files_are_refused_naming_the_problem(files, tmp_path):
                        "clip", {"clip.projector_type": "resampler"})
     with pytest.raises(llava.LlavaError, match="projector type 'resampler'"):
         llava.read_mmproj(str(other))
+
+
+def _variants():
+    from lite_llm import _kernels
+    return _kernels.available()
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 2e-2)])
+@pytest.mark.parametrize("keep_class", [False, True])
+@pytest.mark.parametrize("variant", _variants())
+def test_compiled_tower_matches_the_numpy_reference(files, dtype, tol, keep_class, variant):
+    import dataclasses
+    from lite_llm import _kernels
+    cfg, tensors = llava.read_mmproj(str(files[2]))
+    cfg = dataclasses.replace(cfg, keep_class=keep_class)
+    enc = llava.ClipEncoder(cfg, tensors, kernels=_kernels.load(variant), dtype=dtype, num_threads=2)
+    pixels = llava.preprocess(image(61, 45, seed=7), cfg)
+    ref = enc.encode_reference(pixels)
+    ours = enc.encode(pixels)
+    assert ours.shape == ref.shape == (9 + keep_class, 64)
+    assert np.abs(ours - ref).max() <= tol * np.abs(ref).max()
