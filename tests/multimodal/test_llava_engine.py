@@ -87,3 +87,12 @@ def test_the_openai_client_gets_an_answer_streaming_and_not():
             ask("data:image/png;base64," + base64.b64encode(b"not a png").decode())
     finally:
         server.drain(5.0)
+
+
+def test_bench_llava_runs_all_three_engines_on_the_tiny_shape(capsys, tmp_path):
+    pytest.importorskip("llama_cpp")
+    from lite_llm.bench import llava as bench
+    assert bench.main(["--shape", "tiny", "--repeats", "1", "--image", "64", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "16 image tokens" in out and "transformers" in out and "llama.cpp" in out
+    assert out.count("x") >= 4 and "encode (s)" in out and "TTFT (s)" in out
