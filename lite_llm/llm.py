@@ -135,7 +135,7 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
                  num_kv_blocks: int | None = None, quantization: str | None = None,
                  kv_cache_dtype: str | None = "auto", speculative_config=None, tensor_parallel_size: int = 1,
                  enable_lora: bool = False, max_loras: int = 1, max_lora_rank: int = 16,
-                 lora_modules: list[tuple[str, str]] | None = None):
+                 lora_modules: list[tuple[str, str]] | None = None, mmproj: str | None = None):
     """Everything from a model argument to a started AsyncEngine. Returns (engine, loaded, info).
     num_kv_blocks: exactly this many KV blocks instead of kv_cache_space (see plan_kv_cache).
     speculative_config: config.SpeculativeConfig, its dict or JSON text (vLLM's keys).
@@ -164,7 +164,7 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
 
     log.info("kernel variant %s (%s)", _kernels.VARIANT.name, "; ".join(_kernels.explain()))
     loaded = load_model(model, dtype=dtype, max_model_len=max_model_len,
-                        skip_tokenizer_init=skip_tokenizer_init, progress=progress)
+                        skip_tokenizer_init=skip_tokenizer_init, progress=progress, mmproj=mmproj)
     cfg = loaded.config
     if max_num_batched_tokens is None:
         max_num_batched_tokens = 2048 if serving else 4096
@@ -261,6 +261,7 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
         "tensor_parallel_size": tensor_parallel_size,
         "enable_lora": enable_lora, "max_loras": max_loras if enable_lora else 0, "max_lora_rank": max_lora_rank,
         "tensor_parallel_ranks": group.ranks if group is not None else [],
+        "mmproj": mmproj,
     }
     if group is not None:
         async_engine.tp_group = group      # closed with the engine (LLM.shutdown, server exit)
@@ -330,6 +331,7 @@ class LLM:
         self._media = multimodal.media_config(kwargs.pop("limit_mm_per_prompt", None),   # image inputs
                                               kwargs.pop("mm_processor_kwargs", None),
                                               kwargs.pop("allowed_media_domains", None))
+        mmproj = kwargs.pop("mmproj", None)     # llama.cpp's image encoder file beside a GGUF model
         if kwargs:
             log.warning("LLM: ignoring unsupported arguments %s", sorted(kwargs))
         from lite_llm import pooling   # runner="pooling": embeddings, classification, scores
@@ -352,10 +354,10 @@ class LLM:
             skip_tokenizer_init=skip_tokenizer_init, serving=False, quantization=quantization,
             kv_cache_dtype=kv_cache_dtype, speculative_config=speculative_config,
             tensor_parallel_size=tensor_parallel_size, enable_lora=enable_lora, max_loras=max_loras,
-            max_lora_rank=max_lora_rank)
+            max_lora_rank=max_lora_rank, mmproj=mmproj)
         self.tokenizer = self._loaded.tokenizer
         self.config = self._loaded.config
-        self._mm_processor = multimodal.Processor.for_model(self._loaded.source)
+        self._mm_processor = multimodal.Processor.for_model(self._loaded.source, mmproj)
 
     # ---- public API -------------------------------------------------------------------
 

@@ -188,3 +188,187 @@ cdef void _vision(VisionModel vm, const float *pixels, Py_ssize_t N, const float
     for t in prange(N // U, schedule="static", num_threads=nt):
         ll_act_mul_f32(g + t * ldg, NULL, g + t * ldg, vm.m0.n, LL_ACT_GELU)
     _gemm(g, ldg, xb, xq, N // U, &vm.m2, out, vm.out_dim, 0, nt)
+
+
+# ---- CLIP ViT + MLP projector (LLaVA-1.5: lite_llm/multimodal/llava.py) ----------------------
+# class row, position embeddings, pre-LayerNorm, L pre-norm blocks of full bidirectional
+# attention and fc1 / act / fc2, then the projector (Linear, GELU, Linear) over the patch rows
+# (and the class row under keep_class); the NumPy reference is ClipEncoder.encode_reference.
+
+cdef struct ClipBlockW:
+    const float *ln1_w            # [C]
+    const float *ln1_b            # [C]
+    const float *ln2_w            # [C]
+    const float *ln2_b            # [C]
+    Mat qkv                       # [3C, C] with bias
+    Mat o                         # [C, C] with bias
+    Mat up                        # [F, C] with bias (fc1)
+    Mat down                      # [C, F] with bias (fc2)
+
+
+cdef class ClipModel:
+    """Packed weights of a CLIP vision tower and LLaVA projector. tensors: "patch" (no bias),
+    "blk.{i}.qkv", ".o", ".up", ".down", "mm0", "mm2" packed (layout.pack) in `dtype` with
+    "<name>.bias" and "<name>.shape" [N, K]; float32 "class" [C], "pos" [N + 1, C], "pre_ln.w",
+    "pre_ln.b", "blk.{i}.ln1.w" / ".b", ".ln2.w" / ".b"."""
+    cdef ClipBlockW *blocks
+    cdef Mat patch, m0, m2
+    cdef const float *cls
+    cdef const float *pos
+    cdef const float *pre_w
+    cdef const float *pre_b
+    cdef readonly int depth, dim, inter, num_heads, head_dim, out_dim, patch_k, num_pos, act
+    cdef readonly bint keep_class
+    cdef readonly float eps
+    cdef list keep
+
+    def __cinit__(self):
+        self.blocks = NULL
+
+    def __init__(self, dict tensors, str dtype, int depth, int num_heads, float eps, bint quick_gelu,
+                 bint keep_class, str bf16_path=None):
+        cdef int i
+        cdef bint fma = _bf16_fma(bf16_path)
+        self.keep = []
+        self.depth, self.num_heads, self.eps, self.keep_class = depth, num_heads, eps, keep_class
+        self.act = LL_ACT_QUICK_GELU if quick_gelu else LL_ACT_GELU
+        self.patch = self._mat(tensors, "patch", dtype, fma, False)
+        self.dim, self.patch_k = self.patch.n, self.patch.k
+        if self.dim % num_heads:
+            raise ValueError(f"vision width {self.dim} is not {num_heads} heads")
+        self.head_dim = self.dim // num_heads
+        pos = np.ascontiguousarray(tensors["pos"], np.float32)
+        if pos.ndim != 2 or pos.shape[1] != self.dim:
+            raise ValueError(f"pos: expected [N + 1, {self.dim}]")
+        self.keep.append(pos)
+        self.pos, self.num_pos = <const float *>_ptr(pos), pos.shape[0]
+        self.cls = self._vec(tensors, "class", self.dim)
+        self.pre_w, self.pre_b = self._vec(tensors, "pre_ln.w", self.dim), self._vec(tensors, "pre_ln.b", self.dim)
+        self.blocks = <ClipBlockW *>calloc(max(depth, 1), sizeof(ClipBlockW))
+        if self.blocks == NULL:
+            raise MemoryError()
+        for i in range(depth):
+            p = f"blk.{i}."
+            self.blocks[i].ln1_w, self.blocks[i].ln1_b = self._vec(tensors, p + "ln1.w", self.dim), \
+                self._vec(tensors, p + "ln1.b", self.dim)
+            self.blocks[i].ln2_w, self.blocks[i].ln2_b = self._vec(tensors, p + "ln2.w", self.dim), \
+                self._vec(tensors, p + "ln2.b", self.dim)
+            self.blocks[i].qkv = self._mat(tensors, p + "qkv", dtype, fma, True)
+            self.blocks[i].o = self._mat(tensors, p + "o", dtype, fma, True)
+            self.blocks[i].up = self._mat(tensors, p + "up", dtype, fma, True)
+            self.blocks[i].down = self._mat(tensors, p + "down", dtype, fma, True)
+            if (self.blocks[i].qkv.n != 3 * self.dim or self.blocks[i].qkv.k != self.dim
+                    or self.blocks[i].o.n != self.dim or self.blocks[i].o.k != self.dim
+                    or self.blocks[i].up.k != self.dim or self.blocks[i].down.k != self.blocks[i].up.n
+                    or self.blocks[i].down.n != self.dim):
+                raise ValueError(f"vision block {i}: matrix shapes do not fit width {self.dim}")
+        self.inter = self.blocks[0].up.n if depth else 0
+        self.m0 = self._mat(tensors, "mm0", dtype, fma, True)
+        self.m2 = self._mat(tensors, "mm2", dtype, fma, True)
+        if self.m0.k != self.dim or self.m2.k != self.m0.n:
+            raise ValueError("projector: matrix shapes do not fit the vision width")
+        self.out_dim = self.m2.n
+
+    cdef Mat _mat(self, dict tensors, str name, str dtype, bint fma, bint has_bias) except *:
+        n, k = tensors[name + ".shape"]
+        bias = None
+        if has_bias:
+            bias = np.ascontiguousarray(tensors[name + ".bias"], np.float32)
+            if bias.shape != (n,):
+                raise ValueError(f"{name}.bias: expected [{n}]")
+        packed = tensors[name + ".weight"]
+        return _make_mat(packed, _parts_of(packed, dtype, n, k), n, k, bias, self.keep, fma)
+
+    cdef const float *_vec(self, dict tensors, str name, int n) except NULL:
+        a = np.ascontiguousarray(tensors[name], np.float32)
+        if a.shape != (n,):
+            raise ValueError(f"{name}: expected [{n}]")
+        self.keep.append(a)
+        return <const float *>_ptr(a)
+
+    def __dealloc__(self):
+        free(self.blocks)
+
+
+def clip_forward(ClipModel cm,
+                 const float[:, ::1] pixels,       # IN [N, 3 P P] patches, row-major grid
+                 float[:, ::1] out,                # OUT [N (+ 1 under keep_class), E] projected rows
+                 int num_threads):
+    """The CLIP tower and projector over one image's N patches."""
+    cdef Py_ssize_t N = pixels.shape[0], C = cm.dim, n = N + 1, first = 0 if cm.keep_class else 1
+    if pixels.shape[1] != cm.patch_k or N == 0 or n != cm.num_pos:
+        raise ValueError(f"clip_forward: pixels {tuple(pixels.shape)}: expected [{cm.num_pos - 1}, {cm.patch_k}]")
+    if out.shape[0] != n - first or out.shape[1] != cm.out_dim:
+        raise ValueError(f"clip_forward: out must be [{n - first}, {cm.out_dim}]")
+    # activations, sized for this image (an image is large work: allocation is not its cost)
+    cdef Py_ssize_t max_k = max(cm.patch_k, C, cm.inter, cm.m0.n)
+    x = np.empty((n, C), np.float32)
+    h = np.empty((n, C), np.float32)
+    qkv = np.empty((n, 3 * C), np.float32)
+    attn = np.empty((n, C), np.float32)
+    g = np.empty((n, max(cm.inter, cm.m0.n)), np.float32)
+    xb = np.empty((n, max_k // 2 + 2), np.uint32)
+    scores = np.empty((num_threads, n), np.float32)
+    cdef _QBufs qb = _QBufs(n, max_k)
+    cdef float[:, ::1] xv = x, hv = h, qv = qkv, av = attn, gv = g, sv = scores
+    cdef uint32_t[:, ::1] xbv = xb
+    with nogil:
+        _clip(cm, &pixels[0, 0], N, &xv[0, 0], &hv[0, 0], &qv[0, 0], &av[0, 0], &gv[0, 0], gv.shape[1],
+              &xbv[0, 0], &qb.a, &sv[0, 0], &out[0, 0], num_threads)
+
+
+cdef void _clip(ClipModel cm, const float *pixels, Py_ssize_t N, float *x, float *h, float *qkv, float *attn,
+                float *g, Py_ssize_t ldg, uint32_t *xb, const ll_qact *xq, float *scores, float *out,
+                int nt) noexcept nogil:
+    cdef Py_ssize_t C = cm.dim, D = cm.head_dim, H = cm.num_heads, n = N + 1, F = cm.inter
+    cdef Py_ssize_t first = 0 if cm.keep_class else 1
+    cdef Py_ssize_t t, item, head, j, l
+    cdef float scale = 1.0 / sqrt(<double>D), m, total
+    cdef const ClipBlockW *B
+    cdef float *sc
+    cdef float *o
+    cdef const float *q
+    _gemm(pixels, cm.patch_k, xb, xq, N, &cm.patch, x + C, C, 0, nt)      # patch embedding, rows 1..N
+    for t in prange(n, schedule="static", num_threads=nt):                # class row, positions, pre_ln
+        if t == 0:
+            for j in range(C):
+                x[j] = cm.cls[j]
+        ll_axpy_f32(1.0, cm.pos + t * C, x + t * C, C)
+        ll_layernorm_f32(x + t * C, cm.pre_w, cm.pre_b, x + t * C, C, cm.eps)
+    for l in range(cm.depth):
+        B = &cm.blocks[l]
+        for t in prange(n, schedule="static", num_threads=nt):
+            ll_layernorm_f32(x + t * C, B.ln1_w, B.ln1_b, h + t * C, C, cm.eps)
+        _gemm(h, C, xb, xq, n, &B.qkv, qkv, 3 * C, 0, nt)
+        # bidirectional attention over all n rows, one (row, head) per item
+        for item in prange(n * H, schedule="static", num_threads=nt):
+            t = item // H
+            head = item % H
+            sc = scores + openmp.omp_get_thread_num() * n
+            q = qkv + t * 3 * C + head * D
+            m = -1e30
+            for j in range(n):
+                sc[j] = ll_dot_f32(q, qkv + j * 3 * C + C + head * D, D) * scale
+                if sc[j] > m:
+                    m = sc[j]
+            total = 0
+            for j in range(n):
+                sc[j] = expf(sc[j] - m)
+                total = total + sc[j]
+            o = attn + t * C + head * D
+            for j in range(D):
+                o[j] = 0
+            for j in range(n):
+                ll_axpy_f32(sc[j] / total, qkv + j * 3 * C + 2 * C + head * D, o, D)
+        _gemm(attn, C, xb, xq, n, &B.o, x, C, 1, nt)                       # x += out_proj(attn)
+        for t in prange(n, schedule="static", num_threads=nt):
+            ll_layernorm_f32(x + t * C, B.ln2_w, B.ln2_b, h + t * C, C, cm.eps)
+        _gemm(h, C, xb, xq, n, &B.up, g, ldg, 0, nt)
+        for t in prange(n, schedule="static", num_threads=nt):
+            ll_act_mul_f32(g + t * ldg, NULL, g + t * ldg, F, cm.act)
+        _gemm(g, ldg, xb, xq, n, &B.down, x, C, 1, nt)                     # x += fc2(act(fc1(ln2(x))))
+    # projector over the patch rows (the class row too under keep_class): Linear, GELU, Linear
+    _gemm(x + first * C, C, xb, xq, n - first, &cm.m0, g, ldg, 0, nt)
+    for t in prange(n - first, schedule="static", num_threads=nt):
+        ll_act_mul_f32(g + t * ldg, NULL, g + t * ldg, cm.m0.n, LL_ACT_GELU)
+    _gemm(g, ldg, xb, xq, n - first, &cm.m2, out, cm.out_dim, 0, nt)

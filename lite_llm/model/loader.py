@@ -117,6 +117,7 @@ class LoadedModel:
     max_model_len: int
     progress: bool = True
     _reader: Any = field(default=None, repr=False, compare=False)
+    mmproj: str | None = None       # a llama.cpp mmproj file: the image encoder beside a GGUF model
 
     @property
     def is_gguf(self) -> bool:
@@ -260,9 +261,12 @@ def resolve_dtype(dtype: str) -> str:
 
 
 def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None = None,
-               skip_tokenizer_init: bool = False, progress: bool = True) -> LoadedModel:
-    """Open a checkpoint: reads config, tokenizer and tensor index; weights stream from iter_tensors()."""
+               skip_tokenizer_init: bool = False, progress: bool = True, mmproj: str | None = None) -> LoadedModel:
+    """Open a checkpoint: reads config, tokenizer and tensor index; weights stream from iter_tensors().
+    mmproj: a llama.cpp mmproj file whose image encoder feeds the model (multimodal/llava.py)."""
     path = resolve_model(model)
+    if mmproj is not None and not os.path.isfile(mmproj):
+        raise ModelLoadError(f"--mmproj {mmproj}: no such file")
     resolved_dtype = resolve_dtype(dtype)
     if os.path.isfile(path):
         if not path.endswith(".gguf"):
@@ -306,7 +310,7 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
                     max_model_len, config.max_position_embeddings, config.max_position_embeddings)
     return LoadedModel(config=config, tokenizer=tokenizer, generation_config=generation_config,
                        dtype=resolved_dtype, source=path, max_model_len=int(max_model_len),
-                       progress=progress, _reader=reader)
+                       progress=progress, _reader=reader, mmproj=mmproj)
 
 
 def _read_generation_config(path: str) -> dict:

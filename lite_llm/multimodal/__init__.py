@@ -11,11 +11,13 @@ The scheduler never ends a prefill chunk inside an image's tokens (whole_images)
 block hashes include the hashes of the images a block holds (MMPrompt.block_key), so two
 different images never share cached blocks.
 
-Supported: Qwen2.5-VL (qwen2_5_vl.py). Model-specific code lives in its module; this one is
+Supported: Qwen2.5-VL (qwen2_5_vl.py); LLaVA-1.5 (llava.py: an HF directory, or a GGUF language
+model with its llama.cpp mmproj file). Model-specific code lives in its module; this one is
 the model-neutral plumbing.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections import OrderedDict
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lite_llm.multimodal import llava
 from lite_llm.multimodal.media import MediaConfig, MediaError, check_image, load_image_url  # noqa: F401
 
 try:
@@ -30,7 +33,7 @@ try:
 except ImportError:
     from hashlib import blake2b
 
-VISION_ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration",)
+VISION_ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration", "LlavaForConditionalGeneration")
 
 
 @dataclass(frozen=True)
@@ -82,15 +85,30 @@ def _read_json(path: str) -> dict:
 class Processor:
     """A vision model's front-end half: images + prompt ids -> expanded ids and an MMPrompt."""
 
-    def __init__(self, source: str, raw: dict):
+    def __init__(self, source: str, raw: dict, mmproj: str | None = None):
+        if mmproj is not None or (raw.get("architectures") or [None])[0] in llava.HF_ARCHITECTURES:
+            self.module = llava
+            if mmproj is not None:
+                cfg, _ = llava.read_mmproj(mmproj, with_tensors=False)
+                token = llava.gguf_image_token_id(source) if os.path.isfile(source) else \
+                    int(raw.get("image_token_id", raw.get("image_token_index", -1)))
+                self.vision = dataclasses.replace(cfg, image_token_id=token)
+            else:
+                self.vision = llava.hf_config(source, raw)
+            self.placeholder = "<image>"
+            return
         from lite_llm.multimodal import qwen2_5_vl
         self.module = qwen2_5_vl
         self.vision = qwen2_5_vl.VisionConfig.from_hf(raw, _read_json(os.path.join(source, "preprocessor_config.json")))
         self.placeholder = "<|vision_start|><|image_pad|><|vision_end|>"   # one image in a prompt's text
 
     @classmethod
-    def for_model(cls, source: str) -> "Processor | None":
-        """The processor of the checkpoint at source, None when it takes no images."""
+    def for_model(cls, source: str, mmproj: str | None = None) -> "Processor | None":
+        """The processor of the checkpoint at source (with its mmproj file beside a GGUF
+        language model), None when it takes no images."""
+        if mmproj is not None:
+            return cls(source, _read_json(os.path.join(source, "config.json")) if os.path.isdir(source) else {},
+                       mmproj)
         if not os.path.isdir(source):
             return None
         raw = _read_json(os.path.join(source, "config.json"))
@@ -112,8 +130,13 @@ class Processor:
         items = []
         prev = 0
         for k, (pos, image) in enumerate(zip(at, images)):
-            pixels, grid = self.module.preprocess(image, vc, max_pixels=max_pixels, min_pixels=min_pixels)
-            n = self.module.num_image_tokens(grid, vc)
+            if self.module is llava:      # a fixed square: max_pixels / min_pixels do not apply
+                pixels = llava.preprocess(image, vc)
+                side = vc.image_size // vc.patch_size
+                grid, n = (1, side, side), vc.num_image_tokens
+            else:
+                pixels, grid = self.module.preprocess(image, vc, max_pixels=max_pixels, min_pixels=min_pixels)
+                n = self.module.num_image_tokens(grid, vc)
             ids.extend(prompt_token_ids[prev:pos])
             h = blake2b(digest_size=16)
             h.update(np.asarray(grid, np.int64).tobytes())
@@ -122,6 +145,8 @@ class Processor:
             ids.extend([vc.image_token_id] * n)
             prev = pos + 1
         ids.extend(prompt_token_ids[prev:])
+        if self.module is llava:          # 1-D positions: image rows count like tokens
+            return ids, MMPrompt(tuple(items), None, 0)
         rope_pos, delta = self.module.mrope_positions(ids, [it.grid for it in items], vc)
         return ids, MMPrompt(tuple(items), rope_pos, delta)
 
@@ -130,7 +155,25 @@ class VisionRunner:
     """The engine-thread half: the vision encoder, its output cache, and each step's arrays."""
 
     def __init__(self, source: str, config, max_cached_rows: int = 1 << 16, kernels=None, dtype: str = "float32",
-                 num_threads: int = 1, bf16_path: str | None = None):
+                 num_threads: int = 1, bf16_path: str | None = None, mmproj: str | None = None):
+        self.mrope = bool(config.mrope_section)
+        self.dim = config.dim
+        self.cache: OrderedDict[bytes, np.ndarray] = OrderedDict()   # image hash -> [n, E], LRU order
+        self.cached_rows = 0
+        self.max_cached_rows = max_cached_rows
+        self.num_encoded = 0            # images run through the encoder (tests, metrics)
+        self.encode_seconds = 0.0
+        if mmproj is not None or config.architecture in llava.HF_ARCHITECTURES:
+            if mmproj is not None:
+                self.vision, tensors = llava.read_mmproj(mmproj)
+            else:
+                self.vision = llava.hf_config(source, _read_json(os.path.join(source, "config.json")))
+                tensors = llava.read_hf(source, self.vision)
+            if self.vision.out_dim != config.dim:
+                raise llava.LlavaError(f"the projector gives rows of {self.vision.out_dim}, the language model "
+                                       f"takes {config.dim}: mmproj and model do not belong together")
+            self.encoder = llava.ClipEncoder(self.vision, tensors, kernels, dtype, num_threads, bf16_path)
+            return
         from lite_llm.model.hf import SafetensorsCheckpoint
         from lite_llm.multimodal import qwen2_5_vl
         raw = _read_json(os.path.join(source, "config.json"))
@@ -146,13 +189,6 @@ class VisionRunner:
             ckpt.close()
         self.encoder = qwen2_5_vl.VisionEncoder(self.vision, tensors, kernels, dtype, num_threads, bf16_path)
         del tensors
-        self.mrope = bool(config.mrope_section)
-        self.dim = config.dim
-        self.cache: OrderedDict[bytes, np.ndarray] = OrderedDict()   # image hash -> [n, E], LRU order
-        self.cached_rows = 0
-        self.max_cached_rows = max_cached_rows
-        self.num_encoded = 0            # images run through the encoder (tests, metrics)
-        self.encode_seconds = 0.0
 
     def _embeddings(self, item: MMItem) -> np.ndarray:
         rows = self.cache.get(item.hash)
@@ -211,11 +247,12 @@ def _bf16(bits: np.ndarray) -> np.ndarray:
 def load_vision(loaded, kernels=None, num_threads: int = 1, bf16_path: str | None = None) -> VisionRunner | None:
     """The VisionRunner of a loaded checkpoint that takes images, else None; its tower runs on
     `kernels` in the checkpoint's engine dtype (float16 weights run as bfloat16)."""
-    if loaded.config.architecture not in VISION_ARCHITECTURES or loaded.is_gguf:
+    mmproj = getattr(loaded, "mmproj", None)
+    if mmproj is None and (loaded.config.architecture not in VISION_ARCHITECTURES or loaded.is_gguf):
         return None
     dtype = "float32" if loaded.dtype == "float32" else "bfloat16"
     return VisionRunner(loaded.source, loaded.config, kernels=kernels, dtype=dtype, num_threads=num_threads,
-                        bf16_path=bf16_path)
+                        bf16_path=bf16_path, mmproj=mmproj)
 
 
 # ---- front-end helpers (LLM.generate / LLM.chat, the server) -----------------------------------

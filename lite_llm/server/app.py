@@ -1030,7 +1030,7 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                                                       retry_after),
                          reasoning_parser=reasoning_parser, tool_parser=tool_call_parser,
                          system_fingerprint=system_fingerprint(info), loras=lora_routes.manager(engine),
-                         mm_processor=_mm_processor(model_root), media=media or _default_media())
+                         mm_processor=_mm_processor(model_root, info.get("mmproj")), media=media or _default_media())
     state = ServerState(engine, ctx, ServerMetrics(names[0], info), api_key, info, max_body_bytes,
                         model_root, retry_after)
     state.responses = responses.ResponseStore(responses_store_max, responses_store_ttl)
@@ -1108,6 +1108,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            "first; 0: none kept)")
     a("--responses-store-ttl", type=float, default=responses.DEFAULT_STORE_TTL,
       help="seconds a stored response is kept")
+    a("--mmproj", default=None, metavar="FILE",
+      help="llama.cpp's multimodal projector GGUF (a LLaVA-1.5 CLIP encoder + MLP) beside a GGUF model: "
+           "the model then takes images")
     a("--limit-mm-per-prompt", default=None,
       help='images one prompt may carry, as vLLM\'s JSON: \'{"image": 4}\' (the default)')
     a("--mm-processor-kwargs", default=None,
@@ -1136,9 +1139,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
 
 
-def _mm_processor(model_root: str | None):
+def _mm_processor(model_root: str | None, mmproj: str | None = None):
     from lite_llm.multimodal import Processor
-    return Processor.for_model(model_root) if model_root else None
+    return Processor.for_model(model_root, mmproj) if model_root else None
 
 
 def _default_media():
@@ -1169,7 +1172,8 @@ def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
         kv_cache_space=args.kv_cache_space, disable_sliding_window=args.disable_sliding_window,
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         speculative_config=args.speculative_config,
-        tensor_parallel_size=args.tensor_parallel_size, **lora_routes.engine_kwargs(args))
+        tensor_parallel_size=args.tensor_parallel_size, mmproj=getattr(args, "mmproj", None),
+        **lora_routes.engine_kwargs(args))
     # flags left unset keep the builder's defaults
     engine_kwargs = {k: v for k, v in engine_kwargs.items() if v is not None}
     if args.data_parallel_size < 1:

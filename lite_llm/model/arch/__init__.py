@@ -13,6 +13,7 @@ properties of the kernel model.
     qwen3_moe.py  Qwen3MoeForCausalLM ("qwen3moe")
     bert.py    BertModel, XLMRobertaModel and their *ForSequenceClassification (encoders, post-norm)
     qwen2_vl.py   Qwen2_5_VLForConditionalGeneration's language model (multimodal RoPE)
+    llava.py   LlavaForConditionalGeneration's language model (a Llama; the GGUF is a "llama" file)
     moe.py     the mixture-of-experts MLP's config fields and tensors (HF and GGUF), for the above
 
 A recipe module defines HF_ARCHITECTURES (the config.json names it reads), GGUF_ARCHITECTURES
@@ -27,13 +28,13 @@ import dataclasses
 from types import ModuleType
 
 from lite_llm.config import KernelConfig, LayerConfig, ModelConfig
-from lite_llm.model.arch import (bert, gemma, granite, llama, mixtral, opt, phi3, qwen, qwen2_moe, qwen2_vl,
-                                 qwen3_moe)
+from lite_llm.model.arch import (bert, gemma, granite, llama, llava, mixtral, opt, phi3, qwen, qwen2_moe,
+                                 qwen2_vl, qwen3_moe)
 from lite_llm.model.loader import ModelLoadError
 from lite_llm.model.rope import rope_dim
 
 RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma, phi3, granite, mixtral, qwen2_moe, qwen3_moe, bert,
-                                   qwen2_vl)
+                                   qwen2_vl, llava)
 _BY_HF = {name: r for r in RECIPES for name in r.HF_ARCHITECTURES}
 _BY_GGUF = {name: r for r in RECIPES for name in getattr(r, "GGUF_ARCHITECTURES", {})}
 SUPPORTED_ARCHITECTURES = tuple(_BY_HF)

@@ -101,14 +101,14 @@ def config(raw: dict, arch: str, where: str) -> ModelConfig:
 
 def decoder_hf_tensors(ckpt, config: ModelConfig, prefix: str = "model.", norm_offset: float = 0.0,
                        extra_norms: tuple[tuple[str, str], ...] = (), fused: bool = False,
-                       mlp: Callable | None = None) -> Iterator[tuple[str, Any]]:
+                       mlp: Callable | None = None, lm_head: str = "lm_head.weight") -> Iterator[tuple[str, Any]]:
     """Canonical (name, tensor) pairs of a Llama-layout HF checkpoint: 1-D tensors as arrays,
     2-D ones as StackedRows (q/k/v and gate/up fused). norm_offset is added to every norm
     weight (Gemma's (1 + w)); extra_norms: (canonical, HF) names of further per-layer norms,
     yielded after the attention block (post_attn_norm) or the MLP (post_mlp_norm); fused: the
     checkpoint stores qkv_proj and gate_up_proj (Phi-3), split into their parts here; mlp:
     (ckpt, config, HF layer prefix, canonical prefix) -> the MLP's tensors in place of the dense
-    one (mixture of experts, moe.py)."""
+    one (mixture of experts, moe.py); lm_head: the output matrix's name."""
     from lite_llm.model.hf import concat, split, stacked
     E, F, V = config.dim, config.ffn_dim, config.vocab_size
     q_rows, kv_rows, D = config.q_size, config.kv_size, config.head_dim
@@ -161,7 +161,7 @@ def decoder_hf_tensors(ckpt, config: ModelConfig, prefix: str = "model.", norm_o
             yield p + "post_mlp_norm.weight", norm(h + extra["post_mlp_norm"] + ".weight", E)
     yield "final_norm.weight", norm(prefix + "norm.weight", E)
     if not config.tie_word_embeddings:
-        yield "lm_head.weight", rows(("lm_head.weight", (V, E)))
+        yield "lm_head.weight", rows((lm_head, (V, E)))
 
 
 def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, Any]]:

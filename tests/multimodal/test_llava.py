@@ -1,0 +1,135 @@
+"""LLaVA-1.5 against transformers on a tiny random checkpoint, as an HF directory and as a GGUF
+language model + llama.cpp mmproj file: CLIP's pixel values, the vision tower + projector, and
+the language model's logits with images in the prompt (one shot and through chunked prefill)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lite_llm.multimodal import MediaConfig, Processor, llava
+from llava_checkpoint import IMAGE, llava_checkpoint
+from test_qwen2_5_vl import BLOCK, _lite_logits
+from vl_checkpoint import image
+
+pytest.importorskip("PIL")
+
+SIZES = [(42, 42), (100, 70), (30, 80), (61, 45)]
+
+
+@pytest.fixture(scope="module")
+def files():
+    return llava_checkpoint()
+
+
+@pytest.fixture(scope="module")
+def hf_model(files):
+    from transformers import LlavaForConditionalGeneration
+    return LlavaForConditionalGeneration.from_pretrained(files[0], dtype=torch.float32).eval()
+
+
+def _runner(model: str, mmproj: str | None):
+    from lite_llm.engine.runner import ModelRunner
+    from lite_llm.model.loader import load_model
+    loaded = load_model(model, dtype="float32", progress=False, mmproj=mmproj)
+    return ModelRunner(loaded, num_blocks=64, block_size=BLOCK, max_num_batched_tokens=256, max_num_seqs=8,
+                       num_threads=2)
+
+
+@pytest.fixture(scope="module", params=["gguf+mmproj", "hf"])
+def source(request, files):
+    """(model, mmproj) of each way LLaVA is given, with its runner."""
+    hf, lm, mm = files
+    model, mmproj = (str(lm), str(mm)) if request.param == "gguf+mmproj" else (str(hf), None)
+    return model, mmproj, _runner(model, mmproj)
+
+
+def _hf_pixels(files, images):
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+    return CLIPImageProcessorPil.from_pretrained(files[0])(images=images, return_tensors="np")["pixel_values"]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_pixel_values_match_the_hf_slow_processor(files, size):
+    img = image(*size, seed=sum(size))
+    ref = _hf_pixels(files, [img])[0]
+    for proc in (Processor.for_model(str(files[0])), Processor.for_model(str(files[1]), str(files[2]))):
+        patches = llava.preprocess(img, proc.vision)
+        np.testing.assert_allclose(llava.pixel_values_of(patches, proc.vision), ref, rtol=0, atol=1e-5)
+
+
+def test_vision_tower_and_projector_match_transformers(files, hf_model, source):
+    model, mmproj, runner = source
+    img = image(100, 70, seed=1)
+    with torch.no_grad():
+        ref = hf_model.model.get_image_features(pixel_values=torch.from_numpy(_hf_pixels(files, [img])),
+                                                vision_feature_layer=-2,
+                                                vision_feature_select_strategy="default").pooler_output[0]
+    proc = Processor.for_model(model, mmproj)
+    ours = runner.vision.encoder.encode(llava.preprocess(img, proc.vision))
+    assert ours.shape == tuple(ref.shape) == (9, 64)
+    np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def _prompt(model, mmproj, images, text_ids=((40, 41, 42), (50, 51), (60, 61, 62, 63))):
+    """[text, <image>, text, ...] expanded by the processor."""
+    ids = list(text_ids[0])
+    for k, _ in enumerate(images):
+        ids += [IMAGE] + list(text_ids[1 + k % 2])
+    return Processor.for_model(model, mmproj).process(ids, images, MediaConfig())
+
+
+@pytest.mark.parametrize("sizes", [[(100, 70)], [(56, 112), (84, 56)]], ids=["one-image", "two-images"])
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_fp32_logits_match_transformers(files, hf_model, source, sizes, chunk):
+    model, mmproj, runner = source
+    images = [image(*s, seed=i + 3) for i, s in enumerate(sizes)]
+    ids, mm = _prompt(model, mmproj, images)
+    assert ids.count(IMAGE) == 9 * len(images) and mm.rope_pos is None
+    with torch.no_grad():
+        ref = hf_model(input_ids=torch.tensor([ids]),
+                       pixel_values=torch.from_numpy(_hf_pixels(files, images))).logits[0].numpy()
+    np.testing.assert_allclose(_lite_logits(runner, ids, mm, chunk), ref, rtol=1e-4, atol=2e-4)
+
+
+def test_a_different_image_gives_different_logits(source):
+    model, mmproj, runner = source
+    ids_a, mm_a = _prompt(model, mmproj, [image(100, 70, seed=1)])
+    ids_b, mm_b = _prompt(model, mmproj, [image(100, 70, seed=2)])
+    assert ids_a == ids_b and mm_a.items[0].hash != mm_b.items[0].hash
+    la, lb = _lite_logits(runner, ids_a, mm_a)[-1], _lite_logits(runner, ids_b, mm_b)[-1]
+    assert np.abs(la - lb).max() > 1e-3
+
+
+def test_bad_mmproj_files_are_refused_naming_the_problem(files, tmp_path):
+    from conftest import write_gguf
+    from lite_llm.model.loader import ModelLoadError, load_model
+    with pytest.raises(ModelLoadError, match="no such file"):
+        load_model(str(files[1]), mmproj=str(tmp_path / "missing.gguf"))
+    with pytest.raises(llava.LlavaError, match="not an mmproj"):
+        llava.read_mmproj(str(files[1]))
+    other = write_gguf(tmp_path / "other.gguf", {"v.patch_embd.weight": (np.zeros((4, 3, 2, 2), np.float32), None)},
+                       "clip", {"clip.projector_type": "resampler"})
+    with pytest.raises(llava.LlavaError, match="projector type 'resampler'"):
+        llava.read_mmproj(str(other))
+
+
+def _variants():
+    from lite_llm import _kernels
+    return _kernels.available()
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 2e-2)])
+@pytest.mark.parametrize("keep_class", [False, True])
+@pytest.mark.parametrize("variant", _variants())
+def test_compiled_tower_matches_the_numpy_reference(files, dtype, tol, keep_class, variant):
+    import dataclasses
+    from lite_llm import _kernels
+    cfg, tensors = llava.read_mmproj(str(files[2]))
+    cfg = dataclasses.replace(cfg, keep_class=keep_class)
+    enc = llava.ClipEncoder(cfg, tensors, kernels=_kernels.load(variant), dtype=dtype, num_threads=2)
+    pixels = llava.preprocess(image(61, 45, seed=7), cfg)
+    ref = enc.encode_reference(pixels)
+    ours = enc.encode(pixels)
+    assert ours.shape == ref.shape == (9 + keep_class, 64)
+    assert np.abs(ours - ref).max() <= tol * np.abs(ref).max()
