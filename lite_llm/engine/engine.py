@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from lite_llm.engine.detokenizer import IncrementalDetokenizer, find_stop, stop_holdback
+from lite_llm.engine.detokenizer import find_stop, make_detokenizer, stop_holdback
 from lite_llm.engine.kv_cache import KVCacheManager
 from lite_llm.engine.request import Request, RequestStatus, SampleResult
 from lite_llm.engine.scheduler import Scheduler, SchedulerOutput
@@ -83,8 +83,8 @@ class _Completion:
         self.request = request
         self.detokenizer = None
         if tokenizer is not None and params.detokenize:
-            self.detokenizer = IncrementalDetokenizer(
-                tokenizer, request.prompt_token_ids, skip_special_tokens=params.skip_special_tokens)
+            self.detokenizer = make_detokenizer(tokenizer, request.prompt_token_ids,
+                                                params.skip_special_tokens)
         self.text = ""
         # a stop string may be arriving: keep its possible beginning out of streamed text
         self.stop_strings = params.stop if not params.include_stop_str_in_output else []
@@ -153,6 +153,8 @@ class LLMEngine:
         self.grammars = Grammars(tokenizer, vocab_size, config.eos_token_ids)   # thread-safe
         self.structured = StructuredOutputs(self.grammars, overlap=config.overlap_grammar_masks)
         self._groups: dict[str, _Group] = {}
+        if hasattr(tokenizer, "byte_table"):
+            tokenizer.byte_table()     # built once now, not in the first request's time to first token
         self._stats = StatsCollector()
         self._stopped_in_step: set[str] = set()   # finished by a stop string before its last token
         self.lora = None     # lora.LoRAManager when adapters are enabled (llm.build_engine)
