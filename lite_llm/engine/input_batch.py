@@ -102,6 +102,7 @@ class InputBatch:
         self._ban_ids: list[list[int]] = [[] for _ in range(max_num_seqs)]
         self._banning: set[int] = set()          # slots still short of min_tokens
         self._biased: set[int] = set()           # slots whose request has a logit_bias
+        self._logprobs: set[int] = set()         # slots whose request wants logprobs
         self.slot_of: dict[str, int] = {}        # request id -> slot
         self._free_slots = list(range(max_num_seqs))   # a heap: the lowest free slot first
         self._row_len = row_len
@@ -125,6 +126,12 @@ class InputBatch:
         """Whether some request in the batch has a logit_bias (sampler.add_logit_bias)."""
         return bool(self._biased)
 
+    @property
+    def any_logprobs(self) -> bool:
+        """Whether some request in the batch wants sample logprobs (else the sampler skips its
+        reduction over the rows' num_logprobs)."""
+        return bool(self._logprobs)
+
     # ---- deltas ---------------------------------------------------------------------------
 
     def remove(self, request_id: str) -> None:
@@ -134,6 +141,7 @@ class InputBatch:
             self.num_blocks[slot] = 0
             self._banning.discard(slot)
             self._biased.discard(slot)
+            self._logprobs.discard(slot)
             heapq.heappush(self._free_slots, slot)
 
     def add(self, request, block_ids: list[int]) -> int:
@@ -165,6 +173,8 @@ class InputBatch:
         self.min_tokens[slot] = p.min_tokens
         if getattr(p, "logit_bias", None):
             self._biased.add(slot)
+        if num_logprobs >= 0:
+            self._logprobs.add(slot)
         if n - num_prompt < p.min_tokens:
             self._ban_ids[slot] = ban_ids(p, getattr(request, "eos_token_ids", None) or self.eos_token_ids)
             self._banning.add(slot)
