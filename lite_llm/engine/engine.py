@@ -36,7 +36,7 @@ from lite_llm.engine.scheduler import Scheduler, SchedulerOutput
 from lite_llm.engine.stats import EngineStats, FinishedRequestRecord, StatsCollector, StepRecord
 from lite_llm.engine.structured import Grammars, StructuredOutputs
 from lite_llm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from lite_llm.sampling_params import SamplingParams
+from lite_llm.sampling_params import RequestOutputKind, SamplingParams
 
 _MAX_SEED = 2**63 - 1
 
@@ -110,6 +110,8 @@ class _Group:
         self.children = children
         self.completions = [_Completion(child, tokenizer) for child in children]
         self.sent_prompt_logprobs = False     # prompt_logprobs go out once, in one delta
+        # FINAL_ONLY: no output until the request finishes, then one delta holding it all
+        self.final_only = children[0].sampling_params.output_kind is RequestOutputKind.FINAL_ONLY
 
     @property
     def is_finished(self) -> bool:
@@ -270,6 +272,8 @@ class LLMEngine:
         self._stopped_in_step.clear()
         outputs = []
         for rid, group in touched.items():
+            if group.final_only and not group.is_finished:
+                continue
             out = self._make_output(group)
             if out.finished:
                 del self._groups[rid]
