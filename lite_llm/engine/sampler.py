@@ -23,6 +23,7 @@ from lite_llm.engine.input_batch import I_NUM_LOGPROBS, NUM_F, NUM_I, ban_ids, s
 from lite_llm.engine.request import SampleResult
 
 _NO_IDS = np.zeros(0, np.int32)
+_new_tuple = tuple.__new__
 
 
 class Sampler:
@@ -132,7 +133,8 @@ class Sampler:
         self.last_tokens = out_token
         tokens = out_token.tolist()
         if max_logprobs < 0:
-            return [SampleResult(t) for t in tokens]
+            # tuple.__new__ skips the NamedTuple's Python-level __new__ (a frame per row)
+            return [_new_tuple(SampleResult, (t, None, None, None)) for t in tokens]
         results = []
         for row, n in enumerate(num_logprobs.tolist()):
             if n < 0:
