@@ -39,6 +39,7 @@ class Sampler:
         self.last_tokens = _NO_IDS         # [S] int32 tokens of the latest run()
         self._out_token, self._out_logprob, self._out_rank = _NO_IDS, np.zeros(0, np.float32), _NO_IDS
         self._no_top = (np.empty((0, 0), np.int32), np.empty((0, 0), np.float32))
+        self._plain: tuple = (-1, ())      # (rows, output views) of the latest run without top logprobs
 
     def _scratch(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if rows > self._rows:
@@ -57,11 +58,17 @@ class Sampler:
             self._out_logprob = np.empty(size, np.float32)
             self._out_rank = np.empty(size, np.int32)
             self._no_top = (np.empty((size, 0), np.int32), np.empty((size, 0), np.float32))
-        if k == 0:       # no top logprobs (most steps): views of kept empty arrays
-            top_ids, top_logprobs = self._no_top[0][:rows], self._no_top[1][:rows]
-        else:
-            top_ids, top_logprobs = np.empty((rows, k), np.int32), np.empty((rows, k), np.float32)
-        return self._out_token[:rows], self._out_logprob[:rows], self._out_rank[:rows], top_ids, top_logprobs
+            self._plain = (-1, ())
+        if k:
+            return (self._out_token[:rows], self._out_logprob[:rows], self._out_rank[:rows],
+                    np.empty((rows, k), np.int32), np.empty((rows, k), np.float32))
+        # no top logprobs (most steps): the latest row count's views, kept
+        num, views = self._plain
+        if num != rows:
+            views = (self._out_token[:rows], self._out_logprob[:rows], self._out_rank[:rows],
+                     self._no_top[0][:rows], self._no_top[1][:rows])
+            self._plain = rows, views
+        return views
 
     def sample(self, logits: np.ndarray,    # IN/OUT [S, V] float32, overwritten
                requests: list,
@@ -119,9 +126,10 @@ class Sampler:
                 or not logits.flags.c_contiguous:
             raise ValueError(f"Sampler.sample: logits {logits.dtype} {logits.shape}, "
                              f"want C-contiguous float32 {(num_seqs, self.vocab_size)}")
-        num_logprobs = iparams[:, I_NUM_LOGPROBS]
-        # -1: no row wants logprobs
-        max_logprobs = int(num_logprobs.max()) if num_seqs and any_logprobs else -1
+        max_logprobs = -1          # no row wants logprobs
+        if num_seqs and any_logprobs:
+            num_logprobs = iparams[:, I_NUM_LOGPROBS]
+            max_logprobs = int(num_logprobs.max())
         k = max(max_logprobs, 0)
         out_token, out_logprob, out_rank, out_top_ids, out_top_logprobs = self._outputs(num_seqs, k)
         threads = min(self.num_threads, max(num_seqs, 1))
