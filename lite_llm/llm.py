@@ -17,7 +17,7 @@ from typing import Any
 from lite_llm import cpu
 from lite_llm.config import SpeculativeConfig, env
 from lite_llm.outputs import RequestOutput, fold
-from lite_llm.sampling_params import SamplingParams
+from lite_llm.sampling_params import RequestOutputKind, SamplingParams
 
 log = logging.getLogger("lite_llm")
 
@@ -381,6 +381,9 @@ class LLM:
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        # folded below: the engine needs to hand each request over only once, finished
+        final = {id(sp): sp.replace(output_kind=RequestOutputKind.FINAL_ONLY) for sp in params}
+        params = [final[id(sp)] for sp in params]
         loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
         if len(loras) != len(prompts):
             raise ValueError(f"{len(loras)} LoRA requests for {len(prompts)} prompts")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import math
 from dataclasses import dataclass
 
@@ -20,6 +21,16 @@ import json as _json
 
 _SAMPLING_EPS = 1e-5     # temperature below this is greedy (vLLM's threshold)
 MAX_LOGPROBS = 20        # OpenAI's and vLLM's default cap on top logprobs per token
+
+
+class RequestOutputKind(enum.Enum):
+    """When the engine hands over a request's output (vLLM's names; its CUMULATIVE mode is what
+    outputs.fold builds from the deltas). DELTA: after every step that produced something,
+    only what is new (streaming). FINAL_ONLY: once, when the request finishes, one delta holding
+    everything (what LLM.generate and non-streaming HTTP answers need: no output objects and no
+    queue hop per token)."""
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclass
@@ -104,6 +115,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None   # token id -> added to its logit before sampling
     structured_outputs: StructuredOutputsParams | None = None   # a grammar the output must follow
     guided_decoding: StructuredOutputsParams | None = None      # vLLM's older name: moved to the above
+    output_kind: RequestOutputKind = RequestOutputKind.DELTA    # outputs every step, or once at the end
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -164,6 +176,7 @@ class SamplingParams:
         check(self.prompt_logprobs is None
               or (_is_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
               "prompt_logprobs", f"must be None or an integer in [0, {MAX_LOGPROBS}]")
+        check(isinstance(self.output_kind, RequestOutputKind), "output_kind", "must be a RequestOutputKind")
         check(self.logit_bias is None or all(t >= 0 and math.isfinite(b) for t, b in self.logit_bias.items()),
               "logit_bias", "must map token ids >= 0 to finite numbers")
 

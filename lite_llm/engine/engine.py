@@ -29,14 +29,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from lite_llm.engine.detokenizer import IncrementalDetokenizer, find_stop, stop_holdback
+from lite_llm.engine.detokenizer import find_stop, make_detokenizer, stop_holdback
 from lite_llm.engine.kv_cache import KVCacheManager
 from lite_llm.engine.request import Request, RequestStatus, SampleResult
 from lite_llm.engine.scheduler import Scheduler, SchedulerOutput
 from lite_llm.engine.stats import EngineStats, FinishedRequestRecord, StatsCollector, StepRecord
 from lite_llm.engine.structured import Grammars, StructuredOutputs
 from lite_llm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from lite_llm.sampling_params import SamplingParams
+from lite_llm.sampling_params import RequestOutputKind, SamplingParams
 
 _MAX_SEED = 2**63 - 1
 
@@ -83,8 +83,8 @@ class _Completion:
         self.request = request
         self.detokenizer = None
         if tokenizer is not None and params.detokenize:
-            self.detokenizer = IncrementalDetokenizer(
-                tokenizer, request.prompt_token_ids, skip_special_tokens=params.skip_special_tokens)
+            self.detokenizer = make_detokenizer(tokenizer, request.prompt_token_ids,
+                                                params.skip_special_tokens)
         self.text = ""
         # a stop string may be arriving: keep its possible beginning out of streamed text
         self.stop_strings = params.stop if not params.include_stop_str_in_output else []
@@ -110,6 +110,8 @@ class _Group:
         self.children = children
         self.completions = [_Completion(child, tokenizer) for child in children]
         self.sent_prompt_logprobs = False     # prompt_logprobs go out once, in one delta
+        # FINAL_ONLY: no output until the request finishes, then one delta holding it all
+        self.final_only = children[0].sampling_params.output_kind is RequestOutputKind.FINAL_ONLY
 
     @property
     def is_finished(self) -> bool:
@@ -153,6 +155,8 @@ class LLMEngine:
         self.grammars = Grammars(tokenizer, vocab_size, config.eos_token_ids)   # thread-safe
         self.structured = StructuredOutputs(self.grammars, overlap=config.overlap_grammar_masks)
         self._groups: dict[str, _Group] = {}
+        if hasattr(tokenizer, "byte_table"):
+            tokenizer.byte_table()     # built once now, not in the first request's time to first token
         self._stats = StatsCollector()
         self._stopped_in_step: set[str] = set()   # finished by a stop string before its last token
         self.lora = None     # lora.LoRAManager when adapters are enabled (llm.build_engine)
@@ -268,6 +272,8 @@ class LLMEngine:
         self._stopped_in_step.clear()
         outputs = []
         for rid, group in touched.items():
+            if group.final_only and not group.is_finished:
+                continue
             out = self._make_output(group)
             if out.finished:
                 del self._groups[rid]

@@ -34,7 +34,7 @@ sampling arithmetic (_sampler.pyx).
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,9 +49,9 @@ _SIGN64 = 1 << 63
 _NO_IDS = np.zeros(0, np.int32)
 
 
-@dataclass(frozen=True)
-class StepArrays:
-    """The arguments of one forward() call and what the sampler needs beside them."""
+class StepArrays(NamedTuple):
+    """The arguments of one forward() call and what the sampler needs beside them (a NamedTuple:
+    one per step, and a frozen dataclass sets each field through object.__setattr__)."""
     token_ids: np.ndarray      # [T] int32
     positions: np.ndarray      # [T] int32
     slot_mapping: np.ndarray   # [T] int64 KV slot of each token
@@ -102,6 +102,7 @@ class InputBatch:
         self._ban_ids: list[list[int]] = [[] for _ in range(max_num_seqs)]
         self._banning: set[int] = set()          # slots still short of min_tokens
         self._biased: set[int] = set()           # slots whose request has a logit_bias
+        self._logprobs: set[int] = set()         # slots whose request wants logprobs
         self.slot_of: dict[str, int] = {}        # request id -> slot
         self._free_slots = list(range(max_num_seqs))   # a heap: the lowest free slot first
         self._row_len = row_len
@@ -115,6 +116,11 @@ class InputBatch:
         self._sample_slots = np.zeros(max_num_seqs, np.int32)
         self._fparams_step = np.zeros((max_num_seqs, NUM_F), np.float32)
         self._iparams_step = np.zeros((max_num_seqs, NUM_I), np.int64)
+        self._flat_token_ids = self.token_ids.reshape(-1)      # the sampler's penalty context
+        # views of the step arrays for the latest (T, R), and of the parameter rows for the
+        # latest R: a steady decode batch reuses them instead of slicing again every step
+        self._step_views: tuple = ((-1, -1), ())
+        self._param_views: tuple = (-1, ())
 
     @property
     def num_reqs(self) -> int:
@@ -125,6 +131,12 @@ class InputBatch:
         """Whether some request in the batch has a logit_bias (sampler.add_logit_bias)."""
         return bool(self._biased)
 
+    @property
+    def any_logprobs(self) -> bool:
+        """Whether some request in the batch wants sample logprobs (else the sampler skips its
+        reduction over the rows' num_logprobs)."""
+        return bool(self._logprobs)
+
     # ---- deltas ---------------------------------------------------------------------------
 
     def remove(self, request_id: str) -> None:
@@ -134,6 +146,7 @@ class InputBatch:
             self.num_blocks[slot] = 0
             self._banning.discard(slot)
             self._biased.discard(slot)
+            self._logprobs.discard(slot)
             heapq.heappush(self._free_slots, slot)
 
     def add(self, request, block_ids: list[int]) -> int:
@@ -165,6 +178,8 @@ class InputBatch:
         self.min_tokens[slot] = p.min_tokens
         if getattr(p, "logit_bias", None):
             self._biased.add(slot)
+        if num_logprobs >= 0:
+            self._logprobs.add(slot)
         if n - num_prompt < p.min_tokens:
             self._ban_ids[slot] = ban_ids(p, getattr(request, "eos_token_ids", None) or self.eos_token_ids)
             self._banning.add(slot)
@@ -215,13 +230,14 @@ class InputBatch:
             self._token_ids, self._positions, self._slot_mapping, self._tok_seq,
             self._logits_rows, self._sample_slots)
         assert num_tokens == sched_out.num_tokens, "SchedulerOutput.num_tokens disagrees with its chunks"
-        return StepArrays(
-            token_ids=self._token_ids[:num_tokens], positions=self._positions[:num_tokens],
-            slot_mapping=self._slot_mapping[:num_tokens], tok_seq=self._tok_seq[:num_tokens],
-            block_tables=self.block_table, logits_rows=self._logits_rows[:num_rows],
-            sample_slots=self._sample_slots[:num_rows],
-            sample_slots_are_prefix=is_prefix and num_rows == len(chunks),
-            num_context_tokens=num_context)
+        key, views = self._step_views
+        if key != (num_tokens, num_rows):
+            views = (self._token_ids[:num_tokens], self._positions[:num_tokens],
+                     self._slot_mapping[:num_tokens], self._tok_seq[:num_tokens],
+                     self._logits_rows[:num_rows], self._sample_slots[:num_rows])
+            self._step_views = (num_tokens, num_rows), views
+        return StepArrays(views[0], views[1], views[2], views[3], self.block_table, views[4], views[5],
+                          is_prefix and num_rows == len(chunks), num_context)
 
     def sampling_arrays(self, slots: np.ndarray, is_prefix: bool = False
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -231,7 +247,11 @@ class InputBatch:
         context."""
         num_rows = len(slots)
         if is_prefix:
-            fparams, iparams = self.fparams[:num_rows], self.iparams[:num_rows]
+            rows, views = self._param_views
+            if rows != num_rows:
+                views = self.fparams[:num_rows], self.iparams[:num_rows]
+                self._param_views = num_rows, views
+            fparams, iparams = views
         else:
             fparams, iparams = self._fparams_step[:num_rows], self._iparams_step[:num_rows]
             _batch.gather_rows(self.fparams, slots, fparams)
@@ -255,4 +275,4 @@ class InputBatch:
                 for row, lo, hi in bans:
                     iparams[row, I_BAN_START], iparams[row, I_BAN_END] = lo, hi
                 banned_ids = np.array(banned, np.int32) if banned else _NO_IDS
-        return fparams, iparams, self.token_ids.reshape(-1), banned_ids
+        return fparams, iparams, self._flat_token_ids, banned_ids

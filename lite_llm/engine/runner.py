@@ -384,7 +384,7 @@ class ModelRunner:
             if batch.any_logit_bias:
                 add_logit_bias(logits, [c.request for c in sched_out.chunks if c.sample])
             sampled = self.sampler.run(logits, *batch.sampling_arrays(a.sample_slots, a.sample_slots_are_prefix),
-                                       bitmask=bitmask, mask_rows=mask_rows)
+                                       bitmask=bitmask, mask_rows=mask_rows, any_logprobs=batch.any_logprobs)
             kernel_seconds += self.sampler.last_kernel_seconds
             batch.append_sampled(a.sample_slots, self.sampler.last_tokens)
         if prompt_rows:

@@ -23,6 +23,7 @@ from lite_llm.engine.input_batch import I_NUM_LOGPROBS, NUM_F, NUM_I, ban_ids, s
 from lite_llm.engine.request import SampleResult
 
 _NO_IDS = np.zeros(0, np.int32)
+_new_tuple = tuple.__new__
 
 
 class Sampler:
@@ -37,6 +38,8 @@ class Sampler:
         self.last_kernel_seconds = 0.0     # of the latest run(): the compiled part alone
         self.last_tokens = _NO_IDS         # [S] int32 tokens of the latest run()
         self._out_token, self._out_logprob, self._out_rank = _NO_IDS, np.zeros(0, np.float32), _NO_IDS
+        self._no_top = (np.empty((0, 0), np.int32), np.empty((0, 0), np.float32))
+        self._plain: tuple = (-1, ())      # (rows, output views) of the latest run without top logprobs
 
     def _scratch(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if rows > self._rows:
@@ -54,8 +57,18 @@ class Sampler:
             self._out_token = np.empty(size, np.int32)
             self._out_logprob = np.empty(size, np.float32)
             self._out_rank = np.empty(size, np.int32)
-        return (self._out_token[:rows], self._out_logprob[:rows], self._out_rank[:rows],
-                np.empty((rows, k), np.int32), np.empty((rows, k), np.float32))
+            self._no_top = (np.empty((size, 0), np.int32), np.empty((size, 0), np.float32))
+            self._plain = (-1, ())
+        if k:
+            return (self._out_token[:rows], self._out_logprob[:rows], self._out_rank[:rows],
+                    np.empty((rows, k), np.int32), np.empty((rows, k), np.float32))
+        # no top logprobs (most steps): the latest row count's views, kept
+        num, views = self._plain
+        if num != rows:
+            views = (self._out_token[:rows], self._out_logprob[:rows], self._out_rank[:rows],
+                     self._no_top[0][:rows], self._no_top[1][:rows])
+            self._plain = rows, views
+        return views
 
     def sample(self, logits: np.ndarray,    # IN/OUT [S, V] float32, overwritten
                requests: list,
@@ -105,6 +118,7 @@ class Sampler:
             banned_ids: np.ndarray,         # IN [M] int32 min_tokens bans (ranges in iparams)
             bitmask: np.ndarray | None = None,     # IN [M, ceil(V / 32)] int32 allowed-token bits
             mask_rows: np.ndarray | None = None,   # IN [S] int32 bitmask row of each row, -1 = none
+            any_logprobs: bool = True,      # False: the caller knows no row wants logprobs
             ) -> list[SampleResult]:
         """The compiled sampler over ready parameter arrays; one SampleResult per row."""
         num_seqs = fparams.shape[0]
@@ -112,8 +126,10 @@ class Sampler:
                 or not logits.flags.c_contiguous:
             raise ValueError(f"Sampler.sample: logits {logits.dtype} {logits.shape}, "
                              f"want C-contiguous float32 {(num_seqs, self.vocab_size)}")
-        num_logprobs = iparams[:, I_NUM_LOGPROBS]
-        max_logprobs = int(num_logprobs.max()) if num_seqs else -1    # -1: no row wants logprobs
+        max_logprobs = -1          # no row wants logprobs
+        if num_seqs and any_logprobs:
+            num_logprobs = iparams[:, I_NUM_LOGPROBS]
+            max_logprobs = int(num_logprobs.max())
         k = max(max_logprobs, 0)
         out_token, out_logprob, out_rank, out_top_ids, out_top_logprobs = self._outputs(num_seqs, k)
         threads = min(self.num_threads, max(num_seqs, 1))
@@ -125,7 +141,8 @@ class Sampler:
         self.last_tokens = out_token
         tokens = out_token.tolist()
         if max_logprobs < 0:
-            return [SampleResult(t) for t in tokens]
+            # tuple.__new__ skips the NamedTuple's Python-level __new__ (a frame per row)
+            return [_new_tuple(SampleResult, (t, None, None, None)) for t in tokens]
         results = []
         for row, n in enumerate(num_logprobs.tolist()):
             if n < 0:

@@ -329,14 +329,16 @@ class Scheduler:
 
     def _check_token_stop(self, request: Request) -> RequestStatus | None:
         params = request.sampling_params
-        token_id = request.output_token_ids[-1]
-        if request.num_output_tokens >= params.min_tokens:
-            if not params.ignore_eos and token_id in request.eos_token_ids:
+        outputs = request.output_token_ids      # read directly: once per sequence per step
+        num_outputs = len(outputs)
+        if num_outputs >= params.min_tokens:
+            token_id = outputs[-1]
+            if token_id in request.eos_token_ids and not params.ignore_eos:
                 return RequestStatus.FINISHED_STOPPED
-            if token_id in params.stop_token_ids:
+            if params.stop_token_ids and token_id in params.stop_token_ids:
                 request.stop_reason = token_id
                 return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
+        if num_outputs >= request.max_tokens or len(request.all_token_ids) >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
 

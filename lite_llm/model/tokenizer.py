@@ -243,6 +243,19 @@ class Tokenizer:
             return self._sp.decode(ids)
         return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def byte_table(self, skip_special_tokens: bool = True) -> list[bytes] | None:
+        """The bytes each token id decodes to, when decode(ids) is exactly the UTF-8 of their
+        concatenation (a lossy decode: U+FFFD for invalid bytes), else None. That holds for a
+        byte-level BPE (GPT-2, SmolLM2, Llama 3, Qwen): the ByteLevel decoder maps each token's
+        characters back through the byte alphabet (a token with a character outside it gives
+        its own UTF-8), ids unknown to the vocabulary give nothing, and skipped special tokens
+        give nothing. Not for sentencepiece-style decoders (their leading-space strip and
+        per-byte fallback depend on the neighbours). Built once per tokenizer (~30 ms)."""
+        tables = getattr(self, "_byte_tables", None)
+        if tables is None:
+            tables = self._byte_tables = _byte_tables(self._backend, self.all_special_ids)
+        return tables[skip_special_tokens] if tables else None
+
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
         if self._sp is not None:
             return [self._sp.id_to_piece(int(i)) for i in ids]
@@ -315,6 +328,31 @@ def _max_bytes_per_token(spec: str) -> int | None:
     longest = max((len(t) if byte_level else len(t.encode("utf-8")) for t in vocab), default=1)
     longest = max([longest, *(len(a.get("content", "").encode("utf-8")) for a in added)])
     return max(1, longest) * shrink
+
+
+def _byte_tables(backend: tokenizers.Tokenizer | None, special_ids: set[int]
+                 ) -> tuple[list[bytes], list[bytes]] | None:
+    """(table keeping special tokens, table skipping them) for Tokenizer.byte_table, or None
+    when the backend's decode is not a byte-level one."""
+    if backend is None or not isinstance(backend.decoder, decoders.ByteLevel):
+        return None
+    # alphabet character -> its byte; a latin-1 character outside the alphabet -> U+FFFF, so
+    # that encode("latin-1") fails and the token falls back to its own UTF-8 as the decoder does
+    trans = {ord(c): b for b, c in _byte_alphabet().items()}
+    for x in range(256):
+        trans.setdefault(x, 0xFFFF)
+    vocab = backend.get_vocab(with_added_tokens=True)
+    table = [b""] * (max(vocab.values(), default=-1) + 1)
+    for token, i in vocab.items():
+        try:
+            table[i] = token.translate(trans).encode("latin-1")
+        except UnicodeEncodeError:
+            table[i] = token.encode("utf-8")
+    skipping = list(table)
+    for i in special_ids | {i for i, a in backend.get_added_tokens_decoder().items() if a.special}:
+        if i < len(skipping):
+            skipping[i] = b""
+    return table, skipping
 
 
 def _token_str(value: Any) -> str | None:

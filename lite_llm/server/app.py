@@ -32,6 +32,7 @@ from urllib.parse import unquote, urlsplit
 from lite_llm import __version__
 from lite_llm.config import KV_CACHE_DTYPES, env, speculative_config_arg
 from lite_llm.engine.async_engine import EngineDeadError, EngineShutdownError, QueueFullError
+from lite_llm.sampling_params import RequestOutputKind
 from lite_llm.server import anthropic, lora_routes, openai, responses, vllm_routes, webui
 from lite_llm.server import pooling as pooling_routes
 from lite_llm.server.metrics import ServerMetrics
@@ -667,7 +668,7 @@ class _Handler(BaseHTTPRequestHandler):
         st = self.state
         with st.inflight():
             st.check_serving()
-            submitted = self.submit(prep)
+            submitted = self.submit(prep, final_only=not prep.stream)
             aborted = threading.Event()
 
             def abort_all() -> None:
@@ -686,16 +687,18 @@ class _Handler(BaseHTTPRequestHandler):
                         abort_all()
                     raise
 
-    def submit(self, prep: PreparedRequest) -> list[tuple[str, Any]]:
+    def submit(self, prep: PreparedRequest, final_only: bool = False) -> list[tuple[str, Any]]:
+        """final_only: the answer is whole, so each engine request hands its output over once."""
         st = self.state
         submitted: list[tuple[str, Any]] = []
+        params = prep.params.replace(output_kind=RequestOutputKind.FINAL_ONLY) if final_only else prep.params
         try:
             for k, p in enumerate(prep.prompts):
                 rid = prep.engine_request_id(k)
                 extra = {} if prep.model in st.ctx.model_names else {"lora_request": prep.model}   # an adapter's name
                 if p.mm is not None:
                     extra["mm"] = p.mm
-                stream = st.engine.add_request(rid, p.token_ids, prep.params, prompt=p.text, **extra)
+                stream = st.engine.add_request(rid, p.token_ids, params, prompt=p.text, **extra)
                 submitted.append((rid, stream))
         except QueueFullError:
             for rid, _ in submitted:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from lite_llm.engine.detokenizer import IncrementalDetokenizer, find_stop, stop_holdback
+from lite_llm.engine.detokenizer import (ByteDetokenizer, IncrementalDetokenizer, find_stop, make_detokenizer,
+                                         stop_holdback)
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -138,6 +139,89 @@ def test_long_generation_is_incremental_with_the_project_tokenizer(byte_bpe):
     deltas = [det.add(t) for t in ids]
     assert "".join(deltas) == det.text == text
     assert len(calls) <= 2 * len(ids) + 1 and max(calls) < 16
+
+
+# ---------------------------------------------------------------- byte table
+
+def _project(tok):
+    from lite_llm.model.tokenizer import Tokenizer as ProjectTokenizer
+    return ProjectTokenizer(tok)
+
+
+def _smollm2():
+    """The default model's tokenizer (byte-level BPE, 49152 ids, added special tokens)."""
+    from lite_llm.model.gguf import GGUFFile
+    from lite_llm.model.loader import default_model_path
+    from lite_llm.model.tokenizer import Tokenizer as ProjectTokenizer
+    return ProjectTokenizer.from_gguf_metadata(GGUFFile(default_model_path()).metadata)
+
+
+def _random_ids(rng, tok, vocab_size: int, num: int) -> list[int]:
+    """Mostly random ids (single-byte tokens split characters, so invalid UTF-8 is common), some
+    ids past the vocabulary, and some real text with multibyte characters and special tokens."""
+    kind = rng.randrange(4)
+    if kind == 0:
+        return tok.encode(rng.choice([MULTIBYTE, "<|im_start|>user 東京<|im_end|>", "🍣🙂 é"])).ids[:num] or [0]
+    return [rng.randrange(vocab_size + (8 if kind == 1 else 0)) for _ in range(num)]
+
+
+@pytest.mark.parametrize("which", ["trained", "smollm2"])
+def test_byte_table_decodes_as_the_tokenizer_does(byte_bpe, which):
+    """decode(ids) == the lossy UTF-8 of the table's bytes joined, with special tokens kept or
+    skipped, on many random id sequences (torn multibyte characters, unknown ids included)."""
+    import random
+    tok = _project(byte_bpe) if which == "trained" else _smollm2()
+    backend = tok._backend
+    vocab_size = backend.get_vocab_size(with_added_tokens=True)
+    rng = random.Random(0)
+    num_replaced = 0
+    for _ in range(1500):
+        ids = _random_ids(rng, backend, vocab_size, rng.randrange(1, 14))
+        for skip in (True, False):
+            table = tok.byte_table(skip)
+            ours = b"".join(table[i] if i < len(table) else b"" for i in ids).decode("utf-8", "replace")
+            assert ours == tok.decode(ids, skip_special_tokens=skip), (ids, skip)
+            num_replaced += "\ufffd" in ours
+    assert num_replaced > 100        # invalid and torn sequences really were exercised
+
+
+def test_sentencepiece_style_tokenizers_have_no_byte_table(metaspace_bpe, byte_fallback_bpe):
+    """Their decoders strip a leading space and turn each bad byte into its own U+FFFD: decode is
+    not a plain concatenation, so they keep the tokenizer-driven detokenizer."""
+    for tok in (metaspace_bpe, byte_fallback_bpe):
+        project = _project(tok)
+        assert project.byte_table() is None
+        assert isinstance(make_detokenizer(project, tok.encode("The quick").ids), IncrementalDetokenizer)
+
+
+@pytest.mark.parametrize("which", ["trained", "smollm2"])
+def test_byte_detokenizer_gives_the_reference_deltas(byte_bpe, which):
+    """make_detokenizer's ByteDetokenizer releases exactly IncrementalDetokenizer's deltas, token by
+    token, on random prompts and outputs; a prompt context ending inside a character keeps the
+    reference detokenizer."""
+    import random
+    tok = _project(byte_bpe) if which == "trained" else _smollm2()
+    backend = tok._backend
+    vocab_size = backend.get_vocab_size(with_added_tokens=True)
+    rng = random.Random(1)
+    kinds = set()
+    for _ in range(400):
+        prompt = _random_ids(rng, backend, vocab_size, rng.randrange(1, 8))
+        output = _random_ids(rng, backend, vocab_size, rng.randrange(1, 40))
+        skip = rng.random() < 0.7
+        fast = make_detokenizer(tok, prompt, skip)
+        ref = IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip)
+        kinds.add(type(fast))
+        assert [fast.add(t) for t in output] == [ref.add(t) for t in output], (prompt, output, skip)
+        assert fast.text == ref.text and fast.token_ids == ref.token_ids == output
+    assert kinds == {ByteDetokenizer, IncrementalDetokenizer}
+
+
+def test_byte_detokenizer_holds_a_split_emoji_until_complete(byte_bpe):
+    ids = byte_bpe.encode("🍣").ids
+    det = make_detokenizer(_project(byte_bpe), byte_bpe.encode("I like").ids)
+    assert isinstance(det, ByteDetokenizer)
+    assert [det.add(t) for t in ids] == ["", "", "", "🍣"]
 
 
 # ---------------------------------------------------------------- stop strings

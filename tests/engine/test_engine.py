@@ -266,6 +266,47 @@ def test_stop_strings_truncate_text_and_stream_never_leaks_them():
     assert engine.stats().request_success_total == {"stop": 1}
 
 
+def test_final_only_requests_get_one_output_equal_to_their_folded_deltas():
+    """RequestOutputKind.FINAL_ONLY: nothing while a request runs, then one output holding what
+    the DELTA run's deltas fold into (n > 1, stop strings, logprobs, length and EOS stops); an
+    aborted one also ends with its single output."""
+    from lite_llm.sampling_params import RequestOutputKind
+    expected = greedy_tokens([1, 2, 3], 30)
+    stop = text_of(expected)[8:11]
+    cases = [("stop", [1, 2, 3], SamplingParams(temperature=0.0, max_tokens=30, stop=[stop], ignore_eos=True)),
+             ("n3", [4, 5, 6, 7], SamplingParams(temperature=0.9, n=3, seed=5, max_tokens=12, logprobs=2)),
+             ("eos", [9, 8], SamplingParams(temperature=0.0, max_tokens=40)),
+             ("len", [2, 2, 2], SamplingParams(temperature=0.7, seed=1, max_tokens=7, stop=["zz"]))]
+    results = {}
+    for kind in (RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY):
+        engine, _ = make_engine(tokenizer=CharTokenizer(), eos_token_ids=(3,))
+        for rid, prompt, params in cases:
+            engine.add_request(rid, prompt, params.replace(output_kind=kind))
+        deltas: dict[str, list[RequestOutput]] = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                deltas.setdefault(out.request_id, []).append(out)
+        results[kind] = {rid: fold(outs) for rid, outs in deltas.items()}
+        if kind is RequestOutputKind.FINAL_ONLY:
+            assert all(len(outs) == 1 and outs[0].finished for outs in deltas.values())
+        else:
+            assert max(len(outs) for outs in deltas.values()) > 1
+    delta, final = results[RequestOutputKind.DELTA], results[RequestOutputKind.FINAL_ONLY]
+    assert delta.keys() == final.keys() == {rid for rid, _, _ in cases}
+    for rid in delta:
+        assert final[rid].outputs == delta[rid].outputs, rid
+        assert final[rid].finished and final[rid].metrics.finished_time is not None
+    assert delta["stop"].outputs[0].stop_reason == stop and len(delta["n3"].outputs) == 3
+    engine, _ = make_engine(tokenizer=CharTokenizer())
+    engine.add_request("a", [1, 2], SamplingParams(max_tokens=50, ignore_eos=True,
+                                                   output_kind=RequestOutputKind.FINAL_ONLY))
+    assert [engine.step() for _ in range(4)] == [[]] * 4
+    (out,) = engine.abort_request("a")
+    assert out.finished and out.outputs[0].finish_reason == "abort" and len(out.outputs[0].token_ids) == 4
+    with pytest.raises(ValueError, match="output_kind"):
+        SamplingParams(output_kind="final")
+
+
 def test_logprobs_carry_ranks_and_decoded_tokens():
     engine, _ = make_engine(tokenizer=CharTokenizer())
     engine.add_request("lp", [4, 5], SamplingParams(temperature=0.0, max_tokens=3, logprobs=1,
