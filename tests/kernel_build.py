@@ -61,7 +61,7 @@ def complete(say=print) -> list[str]:
         return []
     say(f"lite-llm tests: compiling kernel variant{'s' * (len(missing) > 1)} {', '.join(missing)} before "
         f"the tests compare every variant this CPU can run (the editable install built only the one it "
-        f"runs); about a minute of CPU each, once: the build cache keeps them.")
+        f"runs): one to four minutes of CPU each, once: the build cache keeps them.")
     cmd = [sys.executable, "setup.py", "build_ext", "--inplace"]
     env = {**os.environ, "LITE_LLM_BUILD_VARIANTS": ",".join(missing)}
     if subprocess.run(cmd, cwd=ROOT, env=env).returncode != 0:
