@@ -146,9 +146,8 @@ class CachedParallelBuildExt(build_ext):
                    "variants they compare; LITE_LLM_BUILD_VARIANTS=all builds every one)" if HOST_ONLY else
                    "the kernels are compiled once per instruction set so one install runs the fastest code each CPU has")
             _say(f"lite-llm: compiling {len(todo)} modules ({', '.join(e.name for e in todo)}), {self.parallel} at a time"
-                 + (f", kernel variant{'s' * (len(kernels) > 1)} {', '.join(kernels)}: one to four minutes of CPU each "
-                    f"(generic, plain C, the most); "
-                    f"{why}" if kernels else "")
+                 + (f", kernel variant{'s' * (len(kernels) > 1)} {', '.join(kernels)}: one to two minutes of CPU each"
+                    + (" (generic, plain C: four)" if "generic" in kernels else "") + f"; {why}" if kernels else "")
                  + "; the result is cached for later installs" + (f" in {self._cache}" if self._cache else "") + ".")
         super().build_extensions()
 
