@@ -9,6 +9,14 @@ then the test command) or a rebuild of unchanged sources copies the cached modul
 compiling again. Cache: $LITE_LLM_BUILD_CACHE, else $XDG_CACHE_HOME/lite_llm/build, else
 ~/.cache/lite_llm/build; LITE_LLM_BUILD_CACHE=off disables it.
 
+Which variants: every variant of the architecture for a wheel or a plain build (a wheel must run on
+every CPU of its architecture); an editable install (`pip install -e .`, README's serve command)
+compiles only the variant this CPU runs, so serve is ready in about a minute, and the test suite
+(tests/kernel_build.py, README's test command) compiles the other variants this CPU can run, which
+the tests compare. LITE_LLM_BUILD_VARIANTS=avx2,generic builds exactly those, =all every variant.
+With gcc, a kernel module is compiled for link-time optimisation so its code generation, almost all
+of its build, runs in parallel partitions (-flto=auto): one variant uses both cores of a small VM.
+
 LITE_LLM_BUILD_MACHINE=aarch64 builds another machine's variant table (with CC a cross compiler);
 the emulated tier (.ci/emulated.py) cross-compiles with the same flags.
 """
@@ -49,16 +57,35 @@ class _Ext(Extension):
         super().__init__(name, [pyx], include_dirs=["src"], depends=_DEPENDS,
                          extra_compile_args=[*CFLAGS, *OPENMP_COMPILE, *flags], extra_link_args=OPENMP_LINK)
         self.pyx, self.cython_dir, self.flags = pyx, cython_dir, tuple(flags)
+        self.variant = cython_dir if name.endswith(".kernels") else None
 
 
 # LITE_LLM_BUILD_VARIANTS=avx512bf16,generic builds only those (a quicker build while developing
-# kernels; the dispatcher chooses among what is built).
-_only = {n for n in os.environ.get("LITE_LLM_BUILD_VARIANTS", "").split(",") if n}
+# kernels; the dispatcher chooses among what is built), =all every variant of the architecture.
+# Unset: every variant, except in an editable install for this machine (`pip install -e .`: this
+# checkout, run here), which builds the variant the dispatcher picks on this CPU only; the test
+# suite builds the others this CPU can run before it compares them (tests/kernel_build.py).
+_wanted = os.environ.get("LITE_LLM_BUILD_VARIANTS", "").strip()
+_only = {n for n in _wanted.split(",") if n and n != "all"}
+_EDITABLE = any(a in ("editable_wheel", "develop") for a in sys.argv[1:])
+HOST_ONLY = not _wanted and _EDITABLE and not os.environ.get("LITE_LLM_BUILD_MACHINE")
 ext_modules = [_Ext(f"lite_llm._kernels.{v.name}.kernels", "lite_llm/_kernels/kernels.pyx", v.flags, v.name)
                for v in variants_for(MACHINE) if not _only or v.name in _only]
 ext_modules += [_Ext("lite_llm._kernels._cpu", "lite_llm/_kernels/_cpu.pyx"),
                 _Ext("lite_llm.engine._sampler", "lite_llm/engine/_sampler.pyx"),
                 _Ext("lite_llm.engine._batch", "lite_llm/engine/_batch.pyx")]
+
+
+def _say(line: str) -> None:
+    """A progress line on stderr, and on the terminal too when pip captures stderr (it shows a
+    build's output only with -v), so a first install says what it compiles and why it takes a while."""
+    print(line, file=sys.stderr, flush=True)
+    if not sys.stderr.isatty():
+        try:
+            with open("/dev/tty", "w") as tty:
+                tty.write(line + "\n")
+        except OSError:
+            pass
 
 
 def _cache_dir() -> Path | None:
@@ -102,14 +129,40 @@ class CachedParallelBuildExt(build_ext):
             self._cc_version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
         except OSError:
             self._cc_version = cc
-        todo = [e.name for e in self.extensions if not self._cached(e)]
+        if "Free Software Foundation" in self._cc_version and sys.platform.startswith("linux"):
+            # gcc: a kernel module's code generation (nearly all of its build: a few functions of
+            # 100-200 KB of machine code each) in parallel link-time partitions, one per core
+            for e in self.extensions:
+                if e.variant:
+                    e.extra_compile_args = [*e.extra_compile_args, "-flto"]
+                    e.extra_link_args = [*e.extra_link_args, *e.extra_compile_args, "-flto=auto"]
+        self._early = set()
+        if HOST_ONLY:
+            self.extensions = self._host_variant_only()
+        todo = [e for e in self.extensions if not self._cached(e) and e.name not in self._early]
         if todo:
-            print(f"lite-llm: compiling {len(todo)} modules, {self.parallel} at a time: "
-                  f"{', '.join(todo)}. The kernels are compiled once per instruction set so one "
-                  f"install runs the fastest code each CPU has; each is a large optimised C module "
-                  f"(about a minute of CPU), and the result is cached for later installs"
-                  + (f" in {self._cache}" if self._cache else "") + ".", file=sys.stderr, flush=True)
+            kernels = [e.variant for e in todo if e.variant]
+            why = ("an editable install compiles the kernels for this CPU only (the tests build the other "
+                   "variants they compare; LITE_LLM_BUILD_VARIANTS=all builds every one)" if HOST_ONLY else
+                   "the kernels are compiled once per instruction set so one install runs the fastest code each CPU has")
+            _say(f"lite-llm: compiling {len(todo)} modules ({', '.join(e.name for e in todo)}), {self.parallel} at a time"
+                 + (f", kernel variant{'s' * (len(kernels) > 1)} {', '.join(kernels)}: one to two minutes of CPU each"
+                    + (" (generic, plain C: four)" if "generic" in kernels else "") + f"; {why}" if kernels else "")
+                 + "; the result is cached for later installs" + (f" in {self._cache}" if self._cache else "") + ".")
         super().build_extensions()
+
+    def _host_variant_only(self) -> list:
+        """The extensions minus every kernel variant but the one the dispatcher picks on this CPU:
+        the CPU probe is built first and asked, as lite_llm._kernels asks it at import."""
+        import importlib.util
+        (cpu_ext,) = [e for e in self.extensions if e.name == "lite_llm._kernels._cpu"]
+        self.build_extension(cpu_ext)
+        self._early = {cpu_ext.name}
+        spec = importlib.util.spec_from_file_location(cpu_ext.name, self.get_ext_fullpath(cpu_ext.name))
+        cpu = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(cpu)
+        pick = next(v.name for v in variants_for(MACHINE) if all(cpu.has(f) for f in v.needs))
+        return [e for e in self.extensions if e.variant in (None, pick)]
 
     def _key(self, ext) -> str:
         import Cython
@@ -127,6 +180,8 @@ class CachedParallelBuildExt(build_ext):
         return path if path.is_file() else None
 
     def build_extension(self, ext):
+        if ext.name in self._early:          # the CPU probe, built before the variant was chosen
+            return
         out = Path(self.get_ext_fullpath(ext.name))
         hit = self._cached(ext)
         if hit is not None:

@@ -8,6 +8,7 @@ fixture, for helpers outside pytest.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import json
 import shutil
@@ -21,6 +22,19 @@ import pytest
 from safetensors.numpy import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def pytest_configure(config):
+    """README's test command after its serve command: build the kernel variants this CPU can run
+    that the editable install left out (kernel_build.py) before a test module lists them."""
+    import kernel_build
+    capman = config.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+        try:
+            kernel_build.complete()
+        except RuntimeError as e:
+            pytest.exit(str(e), returncode=pytest.ExitCode.INTERNAL_ERROR)
+
 
 TINY_VOCAB = 320            # 256 byte symbols + learned merges + special tokens
 TINY_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -1,0 +1,55 @@
+"""README's test command completes what its serve command's editable install left out: every kernel
+variant this CPU can run, built before collection (kernel_build.py, conftest's pytest_configure)."""
+from __future__ import annotations
+
+import shutil
+import sysconfig
+
+import kernel_build
+import pytest
+
+from lite_llm import _kernels
+
+SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+
+
+def _tree(root, built):
+    """A checkout at `root` with the real CPU probe and variant table, and stand-in files for the
+    kernel variants in `built`."""
+    k = root / "lite_llm" / "_kernels"
+    k.mkdir(parents=True)
+    shutil.copy(kernel_build.ROOT / "lite_llm" / "_kernels" / "variants.py", k)
+    shutil.copy(kernel_build.ROOT / "lite_llm" / "_kernels" / f"_cpu{SUFFIX}", k)
+    for name in built:
+        (k / name).mkdir()
+        (k / name / f"kernels{SUFFIX}").write_bytes(b"")
+    return root
+
+
+def test_after_configure_every_runnable_variant_is_built():
+    assert kernel_build.missing_variants() == []
+    assert "generic" in _kernels.available()
+
+
+def test_an_editable_install_misses_the_runnable_variants_but_its_own(tmp_path):
+    runnable = _kernels.available()
+    assert kernel_build.missing_variants(_tree(tmp_path, runnable[:1])) == runnable[1:]
+
+
+def test_nothing_to_complete_where_nothing_is_installed(tmp_path):
+    (tmp_path / "lite_llm" / "_kernels").mkdir(parents=True)
+    assert kernel_build.missing_variants(tmp_path) == []
+
+
+def test_a_developers_variant_choice_is_left_alone(monkeypatch):
+    monkeypatch.setenv("LITE_LLM_BUILD_VARIANTS", "generic")
+    monkeypatch.setattr(kernel_build, "missing_variants", lambda root=None: pytest.fail("looked for variants"))
+    assert kernel_build.complete() == []
+
+
+def test_a_failed_build_names_its_command(monkeypatch):
+    monkeypatch.delenv("LITE_LLM_BUILD_VARIANTS", raising=False)
+    monkeypatch.setattr(kernel_build, "missing_variants", lambda root=None: ["no_such_variant"])
+    monkeypatch.setattr(kernel_build.subprocess, "run", lambda *a, **k: type("R", (), {"returncode": 1})())
+    with pytest.raises(RuntimeError, match="LITE_LLM_BUILD_VARIANTS=no_such_variant .*setup.py build_ext --inplace"):
+        kernel_build.complete(say=lambda line: None)
