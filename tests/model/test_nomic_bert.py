@@ -72,8 +72,9 @@ def _hf_dir(out: Path, w: dict, vocab: list[str]) -> Path:
     return out
 
 
-def _gguf(out: Path, w: dict, hf_dir: Path, vocab_size: int) -> Path:
-    """The same weights as llama.cpp's "nomic-bert" GGUF (F32, mean pooling)."""
+def _gguf(out: Path, w: dict, hf_dir: Path, vocab_size: int, qtype: str = "F32") -> Path:
+    """The same weights as llama.cpp's "nomic-bert" GGUF (mean pooling): F32, or the layers'
+    matrices in block type qtype (quantized by the gguf package; embeddings and norms F32)."""
     import gguf
     from lite_llm.bench.embed import add_wordpiece_vocab
     g = gguf.GGUFWriter(str(out), "nomic-bert")
@@ -86,7 +87,15 @@ def _gguf(out: Path, w: dict, hf_dir: Path, vocab_size: int) -> Path:
     g.add_rope_freq_base(THETA)
     g.add_causal_attention(False)
     g.add_pooling_type(gguf.PoolingType.MEAN)
-    g.add_file_type(gguf.LlamaFileType.ALL_F32)
+    g.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == "F32" else getattr(gguf.LlamaFileType, f"MOSTLY_{qtype}"))
+
+    def matrix(name: str, a: np.ndarray) -> None:
+        if qtype == "F32":
+            g.add_tensor(name, a)
+        else:
+            t = gguf.GGMLQuantizationType[qtype]
+            g.add_tensor(name, gguf.quants.quantize(a, t), raw_dtype=t)
+
     add_wordpiece_vocab(g, str(hf_dir / "vocab.txt"), vocab_size, TYPES)
     g.add_tensor("token_embd.weight", w["embeddings.word_embeddings.weight"])
     g.add_tensor("token_types.weight", w["embeddings.token_type_embeddings.weight"])
@@ -96,7 +105,7 @@ def _gguf(out: Path, w: dict, hf_dir: Path, vocab_size: int) -> Path:
         p, b = f"encoder.layers.{i}.", f"blk.{i}."
         for ours, theirs in (("attn_qkv", "attn.Wqkv"), ("attn_output", "attn.out_proj"), ("ffn_up", "mlp.fc11"),
                              ("ffn_gate", "mlp.fc12"), ("ffn_down", "mlp.fc2")):
-            g.add_tensor(b + ours + ".weight", w[p + theirs + ".weight"])
+            matrix(b + ours + ".weight", w[p + theirs + ".weight"])
         for ours, theirs in (("attn_output_norm", "norm1"), ("layer_output_norm", "norm2")):
             g.add_tensor(b + ours + ".weight", w[p + theirs + ".weight"])
             g.add_tensor(b + ours + ".bias", w[p + theirs + ".bias"])
@@ -114,6 +123,18 @@ def nomic(tmp_path_factory):
     w = _weights(len(vocab))
     hf_dir = _hf_dir(root / "hf", w, vocab)
     return w, hf_dir, _gguf(root / "nomic-f32.gguf", w, hf_dir, len(vocab))
+
+
+def _llama_cpp_embeddings(path: Path) -> tuple[list[list[int]], list[np.ndarray]]:
+    """llama.cpp's token ids and embeddings (mean pooling, normalized) of SENTENCES from the file."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    theirs = llama_cpp.Llama(str(path), embedding=True, n_ctx=512, n_batch=512, n_ubatch=512, n_threads=2,
+                             pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, verbose=False)
+    try:
+        return ([theirs.tokenize(s.encode(), add_bos=True, special=False) for s in SENTENCES],
+                [np.array(theirs.embed(s, normalize=True), np.float64) for s in SENTENCES])
+    finally:
+        theirs.close()
 
 
 def _spec_embedding(w: dict, ids: list[int]) -> np.ndarray:
@@ -157,15 +178,8 @@ def test_hf_layout_nomic_bert_in_bf16(nomic):
 def test_nomic_bert_gguf_matches_llama_cpp(nomic):
     """The "nomic-bert" GGUF: llama.cpp's WordPiece token ids and its embedding mode's vectors
     (mean pooling, normalized) within cosine 0.9999 in fp32; the same vectors as the HF layout."""
-    llama_cpp = pytest.importorskip("llama_cpp")
     w, hf_dir, gguf_path = nomic
-    theirs = llama_cpp.Llama(str(gguf_path), embedding=True, n_ctx=512, n_batch=512, n_ubatch=512, n_threads=2,
-                             pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, verbose=False)
-    try:
-        their_ids = [theirs.tokenize(s.encode(), add_bos=True, special=False) for s in SENTENCES]
-        their_vecs = [np.array(theirs.embed(s, normalize=True), np.float64) for s in SENTENCES]
-    finally:
-        theirs.close()
+    their_ids, their_vecs = _llama_cpp_embeddings(gguf_path)
     llm = LLM(str(gguf_path), dtype="float32")
     try:
         assert llm.runner_type == "pooling" and llm._pooling.runner.pooler.pooling_type == "MEAN"
@@ -178,6 +192,24 @@ def test_nomic_bert_gguf_matches_llama_cpp(nomic):
         cos = float(got @ v / np.linalg.norm(got) / np.linalg.norm(v))
         assert cos >= 0.9999, (s, cos)
         np.testing.assert_allclose(got, _spec_embedding(w, ids), atol=1e-4, err_msg=s)
+
+
+def test_quantized_nomic_bert_gguf_matches_llama_cpp(nomic, tmp_path):
+    """A Q8_0 nomic-bert GGUF (a quantized embedder): its blocks run as stored on the int8
+    kernels; within cosine 0.999 of llama.cpp's embeddings from the same file."""
+    w, hf_dir, _ = nomic
+    path = _gguf(tmp_path / "nomic-q8_0.gguf", w, hf_dir, len(_vocab()), "Q8_0")
+    _, their_vecs = _llama_cpp_embeddings(path)
+    llm = LLM(str(path), dtype="float32")
+    try:
+        assert llm.info["weight_formats"]["layers.0.qkv"][0] == ("Q8_0",)
+        ours = llm.embed(SENTENCES)
+    finally:
+        llm.shutdown()
+    for s, o, v in zip(SENTENCES, ours, their_vecs):
+        got = np.array(o.outputs.embedding)
+        cos = float(got @ v / np.linalg.norm(got) / np.linalg.norm(v))
+        assert cos >= 0.999, (s, cos)
 
 
 def test_nomic_bert_variants_we_do_not_compute_are_refused(nomic, tmp_path):
