@@ -123,6 +123,10 @@ class CachedParallelBuildExt(build_ext):
             if hasattr(self.compiler, attr):
                 setattr(self.compiler, attr, [a for a in getattr(self.compiler, attr) if a != "-g"])
         self._cache = _cache_dir()
+        if self._cache is not None:
+            # a miss must compile: distutils would skip a module whose build/ output is newer than
+            # its sources (say the empty file a killed link leaves) and the cache would keep it
+            self.force = True
         self._digest = _source_digest()
         cc = self.compiler.compiler_so[0]
         try:
@@ -177,7 +181,7 @@ class CachedParallelBuildExt(build_ext):
         if self._cache is None:
             return None
         path = self._cache / self._key(ext) / Path(self.get_ext_filename(ext.name)).name
-        return path if path.is_file() else None
+        return path if path.is_file() and path.stat().st_size > 0 else None
 
     def build_extension(self, ext):
         if ext.name in self._early:          # the CPU probe, built before the variant was chosen
@@ -198,7 +202,7 @@ class CachedParallelBuildExt(build_ext):
         ext.sources = cext.sources
         super().build_extension(ext)
         ext.sources = [ext.pyx]
-        if self._cache is not None:
+        if self._cache is not None and out.stat().st_size > 0:
             dest = self._cache / self._key(ext)
             try:
                 dest.mkdir(parents=True, exist_ok=True)
