@@ -19,13 +19,13 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import signal
 import threading
 import time
 from typing import Any
 
 import numpy as np
 
+from lite_llm.engine.data_parallel import replica_process_setup
 from lite_llm.pooling import PoolingInputError, PoolingRunner, PoolItem
 
 log = logging.getLogger("lite_llm.data_parallel")
@@ -44,17 +44,7 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
                   model: str | None, kwargs: dict, requests: Any, replies: Any) -> None:
     """One replica: a PoolingEngine; each ("pool", job id, items) is pooled on a thread of its
     own (so concurrent jobs share the engine's steps) and answered ("done", job id, rows, error)."""
-    os.environ.update(environ)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)       # the front end decides when replicas stop
-    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s replica {index} %(name)s: %(message)s")
-    if affinity:
-        os.sched_setaffinity(0, affinity)
-    lock = threading.Lock()
-
-    def send(msg: tuple) -> None:
-        with lock:
-            replies.send(msg)
-
+    send = replica_process_setup(index, environ, affinity, log_level, replies)
     from lite_llm.pooling import build_pooling_engine
     try:
         engine, _, info = build_pooling_engine(model, serving=True, progress=False, **kwargs)

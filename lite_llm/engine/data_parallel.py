@@ -33,7 +33,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from lite_llm import cpu
 from lite_llm.config import env
@@ -180,20 +180,28 @@ def _error_wire(e: BaseException) -> tuple[str, str]:
     return kind, str(e) + (f": {type(cause).__name__}: {cause}" if cause is not None else "")
 
 
-def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | None, log_level: int,
-                  model: str | None, kwargs: dict, requests: Any, replies: Any) -> None:
-    """One replica: an AsyncEngine fed from the `requests` pipe, its deltas batched onto `replies`."""
+def replica_process_setup(index: int, environ: dict[str, str], affinity: list[int] | None, log_level: int,
+                          replies: Any) -> Callable[[tuple], None]:
+    """The start of a replica process (generation here, pooling in pooling_dp.py): the front end's
+    environment, SIGINT left to the front end, log lines tagged with the replica, its CPUs.
+    Returns a sender of messages on `replies` that threads may share."""
     os.environ.update(environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # the front end decides when replicas stop
     logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s replica {index} %(name)s: %(message)s")
     if affinity:
         os.sched_setaffinity(0, affinity)
-    send_lock = threading.Lock()
+    lock = threading.Lock()
 
     def send(msg: tuple) -> None:
-        with send_lock:
+        with lock:
             replies.send(msg)
+    return send
 
+
+def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | None, log_level: int,
+                  model: str | None, kwargs: dict, requests: Any, replies: Any) -> None:
+    """One replica: an AsyncEngine fed from the `requests` pipe, its deltas batched onto `replies`."""
+    send = replica_process_setup(index, environ, affinity, log_level, replies)
     from lite_llm.llm import build_engine
     try:
         engine, loaded, info = build_engine(model, serving=True, progress=False, **kwargs)

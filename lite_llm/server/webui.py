@@ -4,7 +4,7 @@ and the JSON the dashboard polls (GET /v1/engine/stats).
 The pages are static files shipped in the package (lite_llm/server/web/: plain HTML, CSS and
 JavaScript, no build step, nothing from a CDN). Each page is its body (web/<name>.body.html) in
 the one shell every page shares (web/page.html: head, styles, scripts, the header and its
-navigation), put together when it is served. They and their files are the only routes
+navigation, the API-key bar and the status line), put together when it is served. They and their files are the only routes
 besides /health and /ping that answer without the API key: they hold no data; every call
 they make (/v1/models, /v1/chat/completions, /v1/engine/stats) carries the key the user
 typed, which the page keeps in memory only. `--disable-web-ui` turns the pages off (404);
@@ -33,13 +33,15 @@ class Page:
     title: str        # <title>
     heading: str      # the header's <h1>
     script: str       # the page's own script in web/ (common.js comes first on every page)
-    body: str         # web/<body>: everything after the header
+    body: str         # web/<body>: the page's part of <main>, after the key bar and status line
+    key_bar_extra: str = ""   # the page's own controls in the shared key bar
 
 
+_PAUSE_BUTTON = '    <button type="button" id="pause" class="secondary" aria-pressed="false">Pause</button>\n'
 # route -> page; the navigation lists them in this order
 PAGES = {"/": Page("lite-llm playground", "lite-llm playground", "chat.js", "index.body.html"),
          "/dashboard": Page("lite-llm dashboard", "lite-llm engine dashboard", "dashboard.js",
-                            "dashboard.body.html")}
+                            "dashboard.body.html", key_bar_extra=_PAUSE_BUTTON)}
 _NAV_LABELS = {"/": "Playground", "/dashboard": "Dashboard"}
 STATIC_PREFIX = "/web/"
 _TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8",
@@ -73,7 +75,7 @@ def render_page(route: str) -> bytes:
     nav = "".join(f'<a href="{r}"{current if r == route else ""}>{_NAV_LABELS[r]}</a>' for r in PAGES)
     html = _read("page.html").decode()
     for key, value in (("title", page.title), ("heading", page.heading), ("script", page.script), ("nav", nav),
-                       ("body", _read(page.body).decode())):
+                       ("key_bar_extra", page.key_bar_extra), ("body", _read(page.body).decode())):
         html = html.replace("{{" + key + "}}", value)
     return html.encode()
 
