@@ -23,13 +23,13 @@ static inline void ll_cpu_relax(void) {
  * per layer. libgomp's barrier spins GOMP_SPINCOUNT iterations, then sleeps on a futex: when a
  * partner thread has been preempted (a shared machine, more runnable threads than cores), the
  * spinner holds a core the partner needs, and each sleep adds a wake-up's latency. This one
- * spins ll_barrier_spins iterations (a microsecond or two: a balanced phase's stragglers), then calls
+ * spins ll_barrier_spins iterations (tens of microseconds: a balanced phase's stragglers), then calls
  * sched_yield() between checks: a waiter whose partner is not running gives its core away,
  * and on an idle core the yield returns at once, so a quiet machine keeps spinning and never
  * pays a wake-up. Sense-reversing: count and sense live in the caller's memory (two ints on
  * their own cache lines), set up by ll_barrier_enter in every thread of the region.
  * ll_barrier_spins < 0 selects libgomp's barrier instead (LITE_LLM_BARRIER_SPINS=-1). */
-static int ll_barrier_spins = 64;
+static int ll_barrier_spins = 2000;
 static __thread int *ll_bar_count = 0, *ll_bar_sense = 0;
 static __thread int ll_bar_local = 0, ll_bar_nth = 1;
 

@@ -359,9 +359,9 @@ cdef bint _any_quantized(const ModelC *mc):
 
 def barrier_spins() -> int:
     """Busy-wait iterations of the step barrier before it yields its CPU between checks
-    (omp_util.h): LITE_LLM_BARRIER_SPINS, default 64 (a microsecond or two); -1 selects
+    (omp_util.h): LITE_LLM_BARRIER_SPINS, default 2000 (tens of microseconds); -1 selects
     libgomp's barrier (spin GOMP_SPINCOUNT, then sleep)."""
-    raw = os.environ.get("LITE_LLM_BARRIER_SPINS", "64")
+    raw = os.environ.get("LITE_LLM_BARRIER_SPINS", "2000")
     try:
         spins = int(raw)
     except ValueError:

@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 
+from lite_llm.bench.vision import test_image, time_images
+
 IMAGE_TOKEN = 32000      # "<image>", as llava-hf's vocabulary has it
 
 SHAPES = {
@@ -197,37 +199,19 @@ def prompt_ids(text_len: int, seed: int) -> list[int]:
     return [1] + text[:text_len // 2] + [IMAGE_TOKEN] + text[text_len // 2:]
 
 
-def test_image(size: int, seed: int):
-    import numpy as np
-    from PIL import Image
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8), "RGB")
-
-
 def run_lite(files, args) -> dict:
-    from lite_llm import LLM, SamplingParams
+    from lite_llm import LLM
     from lite_llm.multimodal import llava
     _, lm, mm = files
     llm = LLM(lm, mmproj=mm, dtype=args.dtype, skip_tokenizer_init=True, max_model_len=2048,
               max_num_batched_tokens=2048, kv_cache_space=1, enable_prefix_caching=False)
     vision = llm._engine.engine.runner.vision
-    encode = []
-    for r in range(args.repeats):
-        pixels = llava.preprocess(test_image(args.image, 100 + r), vision.vision)
-        t0 = time.perf_counter()
-        vision.encoder.encode(pixels)
-        encode.append(time.perf_counter() - t0)
-    ttft = []
-    params = SamplingParams(temperature=0, max_tokens=1)
-    for r in range(args.repeats):
-        img = test_image(args.image, 200 + r)
-        t0 = time.perf_counter()
-        out = llm.generate({"prompt_token_ids": prompt_ids(args.text_len, r), "multi_modal_data": {"image": img}},
-                           params, use_tqdm=False)[0]
-        ttft.append(time.perf_counter() - t0)
-    llm.shutdown()
-    return {"encode_s": min(encode), "ttft_s": min(ttft), "prompt_tokens": len(out.prompt_token_ids),
-            "image_tokens": vision.vision.num_image_tokens}
+
+    def prepare(img):
+        pixels = llava.preprocess(img, vision.vision)
+        return lambda: vision.encoder.encode(pixels)
+    out = time_images(llm, args, prepare, prompt_ids)
+    return {**out, "image_tokens": vision.vision.num_image_tokens}
 
 
 def run_transformers(files, args) -> dict:
