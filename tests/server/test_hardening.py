@@ -406,8 +406,10 @@ def test_access_log_line_per_request(srv, caplog):
     with caplog.at_level(logging.INFO, logger="lite_llm.server.access"):
         request(srv.port, "POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 3})
         request(srv.port, "GET", "/v1/models/nope")
-        deadline = time.monotonic() + 2          # the line is written once the answer is sent
-        while time.monotonic() < deadline and not any("{id}" in r.getMessage() for r in caplog.records):
+        deadline = time.monotonic() + 30         # each line is written once its answer is sent
+        while time.monotonic() < deadline and not ({"{id}", "/v1/completions"}
+                                                   <= {k for r in caplog.records for k in ("{id}", "/v1/completions")
+                                                       if k in r.getMessage()}):
             time.sleep(0.01)
     lines = [r.getMessage() for r in caplog.records if r.name == "lite_llm.server.access"]
     assert any('"POST /v1/completions" 200 tokens=' in x and "+3 " in x and x.endswith("ms") for x in lines)
