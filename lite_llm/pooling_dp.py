@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from lite_llm.engine.data_parallel import replica_process_setup
+from lite_llm.engine.data_parallel import replica_process_setup, wait_ready
 from lite_llm.pooling import PoolingInputError, PoolingRunner, PoolItem
 
 log = logging.getLogger("lite_llm.data_parallel")
@@ -247,15 +247,7 @@ def build_pooling_replicas(model: str | None, data_parallel_size: int, **kwargs:
         loaded = load_model(model, dtype=kwargs.get("dtype", "auto"), max_model_len=kwargs.get("max_model_len"),
                             progress=False)
         loaded.release()
-        for rep in replicas:
-            try:
-                msg = rep.replies.recv()
-            except (EOFError, OSError):
-                raise RuntimeError(f"data-parallel {rep.describe()} exited while starting "
-                                   f"(code {rep.process.exitcode}); see its log above") from None
-            if msg[0] != "ready":
-                raise RuntimeError(f"data-parallel {rep.describe()} failed to start: {msg[1]}")
-            rep.info = msg[1]
+        wait_ready(replicas)
     except BaseException:
         for rep in replicas:
             if rep.process.is_alive():

@@ -198,6 +198,20 @@ def replica_process_setup(index: int, environ: dict[str, str], affinity: list[in
     return send
 
 
+def wait_ready(replicas: list) -> None:
+    """Each replica's ("ready", info) into its .info; a RuntimeError naming the replica that
+    exited or failed while starting (generation replicas here, pooling ones in pooling_dp.py)."""
+    for rep in replicas:
+        try:
+            msg = rep.replies.recv()
+        except (EOFError, OSError):
+            raise RuntimeError(f"data-parallel {rep.describe()} exited while starting "
+                               f"(code {rep.process.exitcode}); see its log above") from None
+        if msg[0] != "ready":
+            raise RuntimeError(f"data-parallel {rep.describe()} failed to start: {msg[1]}")
+        rep.info = msg[1]
+
+
 def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | None, log_level: int,
                   model: str | None, kwargs: dict, requests: Any, replies: Any) -> None:
     """One replica: an AsyncEngine fed from the `requests` pipe, its deltas batched onto `replies`."""
@@ -542,15 +556,7 @@ def build_data_parallel_engine(model: str | None, data_parallel_size: int, *, ma
         loaded = load_model(model, dtype=kwargs.get("dtype", "auto"), max_model_len=kwargs.get("max_model_len"),
                             progress=False)
         loaded.release()
-        for rep in replicas:
-            try:
-                msg = rep.replies.recv()
-            except (EOFError, OSError):
-                raise RuntimeError(f"data-parallel {rep.describe()} exited while starting "
-                                   f"(code {rep.process.exitcode}); see its log above") from None
-            if msg[0] != "ready":
-                raise RuntimeError(f"data-parallel {rep.describe()} failed to start: {msg[1]}")
-            rep.info = msg[1]
+        wait_ready(replicas)
     except BaseException:
         stop_all()
         raise
