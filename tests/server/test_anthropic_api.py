@@ -11,10 +11,9 @@ import anthropic
 import jsonschema
 import pytest
 
-from lite_llm.server.app import create_server
 
-from .conftest import MAX_MODEL_LEN, make_tokenizer, request, start_server, stop_server
-from .test_hardening import ScriptedEngine
+from .conftest import request, start_server, stop_server
+from .test_hardening import ScriptedEngine, scripted_server
 from .test_responses_api import ANSWER, recording_qwen_server
 from .test_tool_choice import WEATHER
 
@@ -152,11 +151,7 @@ def test_raw_stream_has_ping_and_anthropic_event_lines(fake):
 
 
 def test_thinking_blocks_whole_and_streamed():
-    tok = make_tokenizer()
-    engine = ScriptedEngine(tok, step_seconds=0.001)
-    server = create_server(engine, tok, "tiny", MAX_MODEL_LEN, reasoning_parser="qwen3")
-    server.start()
-    try:
+    with scripted_server(reasoning_parser="qwen3") as (server, tok):
         client = _client(server)
         n = len(tok.encode(ScriptedEngine.script, add_special_tokens=False))
         kw = dict(model="tiny", max_tokens=n, messages=[{"role": "user", "content": "Hi"}], extra_body=GREEDY,
@@ -172,8 +167,6 @@ def test_thinking_blocks_whole_and_streamed():
             {"role": "user", "content": "Hi"}, {"role": "assistant", "content": m.content},
             {"role": "user", "content": "Again"}])
         assert again.usage.output_tokens == 2
-    finally:
-        server.drain(2.0)
 
 
 def _anthropic_error(data: bytes) -> dict:

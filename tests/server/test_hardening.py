@@ -5,6 +5,7 @@ FakeEngine servers (see conftest); tests/server/test_real_engine_hardening.py re
 acceptance checks on the real engine."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -498,15 +499,24 @@ class ScriptedEngine(FakeEngine):
         return ids[len(seq.token_ids) % len(ids)]
 
 
-def test_reasoning_content_split_and_streamed():
+@contextlib.contextmanager
+def scripted_server(engine_cls: type = ScriptedEngine, step_seconds: float = 0.001, **server_kwargs):
+    """(server, tokenizer): a server whose engine answers engine_cls.script one token a step
+    (server_kwargs: create_server's, e.g. reasoning_parser or chat_template); drained after."""
     from lite_llm.server.app import create_server
 
     from .conftest import make_tokenizer
     tok = make_tokenizer()
-    engine = ScriptedEngine(tok, step_seconds=0.001)
-    server = create_server(engine, tok, "tiny", MAX_MODEL_LEN, reasoning_parser="qwen3")
+    server = create_server(engine_cls(tok, step_seconds=step_seconds), tok, "tiny", MAX_MODEL_LEN, **server_kwargs)
     server.start()
     try:
+        yield server, tok
+    finally:
+        server.drain(2.0)
+
+
+def test_reasoning_content_split_and_streamed():
+    with scripted_server(reasoning_parser="qwen3") as (server, tok):
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=10)
         n = len(tok.encode(ScriptedEngine.script, add_special_tokens=False))
         msgs = [{"role": "user", "content": "Hi"}]
@@ -520,8 +530,6 @@ def test_reasoning_content_split_and_streamed():
                 reasoning += getattr(c.delta, "reasoning_content", None) or ""
                 content += c.delta.content or ""
         assert (reasoning, content) == ("I should greet.", "Hello there!")
-    finally:
-        server.drain(2.0)
 
 
 def test_abort_is_an_error_not_a_finish_reason():

@@ -13,10 +13,9 @@ import jsonschema
 import openai
 import pytest
 
-from lite_llm.server.app import create_server
 
-from .conftest import MAX_MODEL_LEN, error_of, make_tokenizer, request, serving, start_server, stop_server
-from .test_hardening import ScriptedEngine
+from .conftest import error_of, request, serving, start_server, stop_server
+from .test_hardening import ScriptedEngine, scripted_server
 from .test_tool_calls import TOOL_TEMPLATE
 from .test_tool_choice import WEATHER
 
@@ -231,11 +230,7 @@ def test_cancel_stops_a_background_response():
 
 
 def test_reasoning_items_whole_and_streamed():
-    tok = make_tokenizer()
-    engine = ScriptedEngine(tok, step_seconds=0.001)
-    server = create_server(engine, tok, "tiny", MAX_MODEL_LEN, reasoning_parser="qwen3")
-    server.start()
-    try:
+    with scripted_server(reasoning_parser="qwen3") as (server, tok):
         client = _client(server)
         n = len(tok.encode(ScriptedEngine.script, add_special_tokens=False))
         r = client.responses.create(model="tiny", input="Hi", max_output_tokens=n, temperature=0,
@@ -252,8 +247,6 @@ def test_reasoning_items_whole_and_streamed():
         again = client.responses.create(model="tiny", input="More", previous_response_id=r.id,
                                         max_output_tokens=2, temperature=0)
         assert again.status == "incomplete"
-    finally:
-        server.drain(2.0)
 
 
 @pytest.mark.parametrize("body,param", [

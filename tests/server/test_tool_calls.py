@@ -12,7 +12,7 @@ from lite_llm.server.app import create_server
 from lite_llm.server.openai import HermesToolParser
 
 from .conftest import MAX_MODEL_LEN, error_of, make_tokenizer, request
-from .test_hardening import ScriptedEngine
+from .test_hardening import ScriptedEngine, scripted_server
 
 # Qwen2.5's tool template, cut down: tools listed in a system turn, calls as <tool_call> JSON,
 # results as <tool_response> in a user turn
@@ -40,14 +40,8 @@ class ToolEngine(ScriptedEngine):
 def scripted_tool_server():
     """(server, tokenizer): a server whose engine always answers ToolEngine.script (text, then a
     hermes call), with the Qwen-style tool template; drained at the end of the block."""
-    tok = make_tokenizer()
-    server = create_server(ToolEngine(tok, step_seconds=0.0005), tok, "tiny", MAX_MODEL_LEN,
-                           chat_template=TOOL_TEMPLATE)
-    server.start()
-    try:
-        yield server, tok
-    finally:
-        server.drain(2.0)
+    with scripted_server(ToolEngine, step_seconds=0.0005, chat_template=TOOL_TEMPLATE) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
