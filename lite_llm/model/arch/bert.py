@@ -174,16 +174,21 @@ def head_tensors(path: str, arch: str, dim: int) -> dict[str, np.ndarray]:
 # ---- GGUF (llama.cpp's "bert" graph) ------------------------------------------------------
 
 
-def gguf_config(f, arch: str) -> ModelConfig:
-    if arch == "nomic-bert":
-        return nomic_gguf_config(f, arch)
-    meta = f.metadata
-
+def _metadata_key(f, arch: str):
+    """key(name, default=None): GGUF metadata `<arch>.<name>`, else default; a ModelLoadError
+    naming the file and the key when both are missing."""
     def key(name: str, default=None):
-        value = meta.get(f"{arch}.{name}", default)
+        value = f.metadata.get(f"{arch}.{name}", default)
         if value is None:
             raise ModelLoadError(f"{f.path}: metadata {arch}.{name} is missing")
         return value
+    return key
+
+
+def gguf_config(f, arch: str) -> ModelConfig:
+    if arch == "nomic-bert":
+        return nomic_gguf_config(f, arch)
+    key = _metadata_key(f, arch)
 
     dim, heads = int(key("embedding_length")), int(key("attention.head_count"))
     types = f.tensors.get("token_types.weight")
@@ -332,13 +337,7 @@ def nomic_hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, np.ndarra
 
 
 def nomic_gguf_config(f, arch: str) -> ModelConfig:
-    meta = f.metadata
-
-    def key(name: str, default=None):
-        value = meta.get(f"{arch}.{name}", default)
-        if value is None:
-            raise ModelLoadError(f"{f.path}: metadata {arch}.{name} is missing")
-        return value
+    key = _metadata_key(f, arch)
 
     if "blk.0.ffn_gate.weight" not in f.tensors or "blk.0.attn_qkv.weight" not in f.tensors:
         raise ModelLoadError(f"{f.path}: a nomic-bert GGUF without blk.0.attn_qkv / blk.0.ffn_gate is not "
