@@ -183,10 +183,12 @@ def kv_values(cache: np.ndarray) -> np.ndarray:
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
                     tok_seq: np.ndarray, positions: np.ndarray, scale: float,
-                    sliding_window: int = 0, softcap: float = 0.0, round_q: bool | None = None) -> np.ndarray:
+                    sliding_window: int = 0, softcap: float = 0.0, round_q: bool | None = None,
+                    last_positions: np.ndarray | None = None) -> np.ndarray:
     """out [T, H, D]: query token t (of sequence tok_seq[t], at positions[t]) attends, per head h,
-    to kv head h // (H / Hkv) at its sequence's positions first..positions[t], where first is
-    positions[t] - sliding_window + 1 (clamped at 0) with a window, else 0: softmax(q.K * scale) @ V,
+    to kv head h // (H / Hkv) at its sequence's positions first..last, where last is
+    last_positions[t] (default positions[t]: causal) and first is positions[t] - sliding_window + 1
+    (clamped at 0) with a window, else 0: softmax(q.K * scale) @ V,
     the scaled scores soft-capped first (softcap(s) = softcap * tanh(s / softcap)) when softcap > 0.
     Caches are logical [num_blocks, Hkv, B, D]. round_q (default: with a bf16 cache): q * scale
     is rounded to bf16 first, as the kernel's bf16 dot products take it (its probabilities are
@@ -199,8 +201,8 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, blo
     kv, vv = kv_values(k_cache), kv_values(v_cache)
     out = np.empty(q.shape, np.float64)
     for t in range(num_tokens):
-        last = int(positions[t])
-        first = max(last - sliding_window + 1, 0) if sliding_window > 0 else 0
+        last = int(positions[t] if last_positions is None else last_positions[t])
+        first = max(int(positions[t]) - sliding_window + 1, 0) if sliding_window > 0 else 0
         pos = np.arange(first, last + 1)
         blocks = block_tables[tok_seq[t]][pos // block_size]
         rows = pos % block_size

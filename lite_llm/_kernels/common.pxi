@@ -85,7 +85,7 @@ cdef extern from "kernels/attention.h" nogil:
     int LL_ATTN_AUTO, LL_ATTN_AUTO_FMA, LL_ATTN_DIRECT, LL_ATTN_BF16, LL_ATTN_F32
     Py_ssize_t ll_attention_scratch(Py_ssize_t head_dim, Py_ssize_t group)
     void ll_paged_attention_tile(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo, int nq,
-                                 int group, Py_ssize_t h0, const int32_t *pos, int window,
+                                 int group, Py_ssize_t h0, const int32_t *pos, const int32_t *last, int window,
                                  const void *k_cache, const void *v_cache, int kv_type,
                                  const int32_t *block_table, Py_ssize_t block_size, Py_ssize_t kv_head,
                                  Py_ssize_t num_kv_heads, Py_ssize_t head_dim, float scale, float softcap,

@@ -493,7 +493,8 @@ def forward(Model m, Workspace ws,
     """Run all layers over a flat batch of T tokens from S sequences; the KV of every token is
     written to its slot first, then each token attends to its sequence's positions <= its own
     (causal), or <= attn_positions[t] (an encoder: the sequence's last position, every token of
-    it in this step). hidden: logits gets the rows' final hidden states (after the final norm,
+    it in this step; a Gemma 3 image token: its image's last, the whole image in this step),
+    from the sliding window behind its own position on windowed layers. hidden: logits gets the rows' final hidden states (after the final norm,
     if any) instead of the LM head's logits (pooling models). lora / seq_lora: the adapters'
     stacked weights and each sequence's slot in them (lora.pxi). An image's tokens take their
     rows of mm_embeds (embed_src); a model with mrope_section turns q and k by rope_pos
@@ -1030,9 +1031,9 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         item = ll_atomic_next(ws.counter)
         while item < s.num_tiles * Hkv * nsplit:
             _attention_item(item, nsplit, ws.qkv, qkv_n, ws.attn, q_n, ws.tiles, H, Hkv, D, L.k_cache, L.v_cache,
-                            m.kv_type, s.block_tables, s.max_blocks, m.block_size, s.tok_seq, s.attn_pos,
-                            m.scale, m.attn_softcap, L.window, ws.scores + tid * ws.scratch_len, ws.partials,
-                            m.attn_path)
+                            m.kv_type, s.block_tables, s.max_blocks, m.block_size, s.tok_seq, s.positions,
+                            s.attn_pos, m.scale, m.attn_softcap, L.window, ws.scores + tid * ws.scratch_len,
+                            ws.partials, m.attn_path)
             if nsplit == 1:
                 _attn_to_input(ws, ll_mat_form(&L.o, T), item, q_n, group, D)
             item = ll_atomic_next(ws.counter)

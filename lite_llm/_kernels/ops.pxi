@@ -193,8 +193,10 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
                     float scale, int sliding_window=0, int num_threads=1,
                     str kv_dtype=None,                # layout.KV_DTYPES name; None: from the arrays' dtype
                     str path=None,                    # ATTENTION_PATHS name; None: this build's default
-                    float softcap=0.0):               # > 0: scores capped at softcap * tanh(score / softcap)
-    """Causal attention of each query token over its sequence's cached positions <= its own."""
+                    float softcap=0.0,                # > 0: scores capped at softcap * tanh(score / softcap)
+                    const int32_t[::1] last_positions=None):  # IN [T] last key of each query; None: its own
+    """Attention of each query token over its sequence's cached positions from the window behind
+    its own to its own (causal) or to last_positions[t]."""
     from lite_llm._kernels.layout import kv_geometry, kv_type
     geometry = kv_geometry(v_cache, "v")
     if k_cache.dtype != v_cache.dtype or kv_geometry(k_cache, "k") != geometry:
@@ -204,9 +206,15 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
     if d % 16 or d > LL_MAX_HEAD_DIM or h % hkv or bs % 16 or geometry[3] != d:
         raise ValueError("paged_attention: shape mismatch (head_dim and block_size multiples of 16, "
                          "H a multiple of Hkv, the cache's head_dim that of q)")
+    cdef const int32_t *last = &positions[0]
+    if last_positions is not None:
+        if last_positions.shape[0] != q.shape[0]:
+            raise ValueError("paged_attention: last_positions differ in length from the queries")
+        last = &last_positions[0]
     for t in range(q.shape[0]):
-        if (positions[t] // bs) >= block_tables.shape[1] or tok_seq[t] >= block_tables.shape[0]:
-            raise ValueError("paged_attention: position beyond the block table")
+        if (last[t] // bs) >= block_tables.shape[1] or tok_seq[t] >= block_tables.shape[0] or last[t] < positions[t] \
+                or (positions[t] // bs) >= block_tables.shape[1]:
+            raise ValueError("paged_attention: position beyond the block table (or a last key before the query)")
     scratch = np.empty((max(num_threads, 1), ll_attention_scratch(d, h // hkv)), np.float32)
     tiles = np.empty(q.shape[0] + 1, np.int32)
     partials = np.empty((_max_split_items(num_threads), _partial_stride(h // hkv, d)), np.float32)
@@ -221,9 +229,9 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
     cdef int nsplit
     with nogil:
         ntiles = _build_tiles(&tok_seq[0], q.shape[0], &tv[0])
-        nsplit = _num_splits(ntiles, hkv, num_threads, _max_keys(&positions[0], q.shape[0]))
+        nsplit = _num_splits(ntiles, hkv, num_threads, _max_keys(last, q.shape[0]))
         _attention(&q[0, 0, 0], h * d, &out[0, 0, 0], h * d, &tv[0], ntiles, h, hkv, d, kp, vp, kt,
-                   &block_tables[0, 0], block_tables.shape[1], bs, &tok_seq[0], &positions[0], scale,
+                   &block_tables[0, 0], block_tables.shape[1], bs, &tok_seq[0], &positions[0], last, scale,
                    softcap, sliding_window, &sc[0, 0], sc.shape[1], &pv[0, 0], nsplit, num_threads, ap)
 
 
@@ -299,14 +307,16 @@ cdef inline void _attention_item(Py_ssize_t item, int nsplit, const float *q, Py
                                  Py_ssize_t ldo, const int32_t *tiles, Py_ssize_t h, Py_ssize_t hkv,
                                  Py_ssize_t d, const void *k_cache, const void *v_cache, int kv_type,
                                  const int32_t *block_tables, Py_ssize_t max_blocks, Py_ssize_t bs,
-                                 const int32_t *tok_seq, const int32_t *positions, float scale,
-                                 float softcap, int window, float *scratch, float *partials, int path) noexcept nogil:
+                                 const int32_t *tok_seq, const int32_t *positions, const int32_t *last,
+                                 float scale, float softcap, int window, float *scratch, float *partials,
+                                 int path) noexcept nogil:
     """Work item = (query tile, KV head, key split): attention of the tile's tokens for the
-    query heads sharing that KV head; with several splits, a partial result for the combine."""
+    query heads sharing that KV head; with several splits, a partial result for the combine.
+    Token t sees keys from the window behind positions[t] to last[t] (positions: causal)."""
     cdef Py_ssize_t group = h // hkv, s = item % nsplit, kvh = (item // nsplit) % hkv
     cdef Py_ssize_t tile = item // (nsplit * hkv), t0 = tiles[tile]
     ll_paged_attention_tile(q + t0 * ldq, ldq, out + t0 * ldo, ldo, <int>(tiles[tile + 1] - t0), <int>group,
-                            kvh * group, positions + t0, window, k_cache, v_cache, kv_type,
+                            kvh * group, positions + t0, last + t0, window, k_cache, v_cache, kv_type,
                             block_tables + tok_seq[t0] * max_blocks, bs, kvh, hkv, d, scale, softcap, scratch,
                             <int>s, nsplit, partials + item * _partial_stride(group, d) if nsplit > 1 else NULL, path)
 
@@ -322,7 +332,8 @@ cdef inline void _combine_item(Py_ssize_t pair, int nsplit, const float *partial
 cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo, const int32_t *tiles,
                      Py_ssize_t num_tiles, Py_ssize_t h, Py_ssize_t hkv, Py_ssize_t d, const void *k_cache,
                      const void *v_cache, int kv_type, const int32_t *block_tables, Py_ssize_t max_blocks,
-                     Py_ssize_t bs, const int32_t *tok_seq, const int32_t *positions, float scale, float softcap,
+                     Py_ssize_t bs, const int32_t *tok_seq, const int32_t *positions, const int32_t *last,
+                     float scale, float softcap,
                      int window, float *scratch, Py_ssize_t scratch_len, float *partials, int nsplit, int num_threads,
                      int path) noexcept nogil:
     """q [T, H*D] and out [T, H*D] with row strides ldq, ldo; scratch is [num_threads, scratch_len];
@@ -331,7 +342,7 @@ cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo,
     # dynamic: a tile's work grows with its tokens' context lengths
     for item in prange(num_tiles * hkv * nsplit, schedule="dynamic", chunksize=1, num_threads=num_threads):
         _attention_item(item, nsplit, q, ldq, out, ldo, tiles, h, hkv, d, k_cache, v_cache, kv_type, block_tables,
-                        max_blocks, bs, tok_seq, positions, scale, softcap, window,
+                        max_blocks, bs, tok_seq, positions, last, scale, softcap, window,
                         scratch + openmp.omp_get_thread_num() * scratch_len, partials, path)
     if nsplit > 1:
         for item in prange(num_tiles * hkv, schedule="static", num_threads=num_threads):

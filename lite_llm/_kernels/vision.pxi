@@ -190,10 +190,13 @@ cdef void _vision(VisionModel vm, const float *pixels, Py_ssize_t N, const float
     _gemm(g, ldg, xb, xq, N // U, &vm.m2, out, vm.out_dim, 0, nt)
 
 
-# ---- CLIP ViT + MLP projector (LLaVA-1.5: lite_llm/multimodal/llava.py) ----------------------
-# class row, position embeddings, pre-LayerNorm, L pre-norm blocks of full bidirectional
-# attention and fc1 / act / fc2, then the projector (Linear, GELU, Linear) over the patch rows
-# (and the class row under keep_class); the NumPy reference is ClipEncoder.encode_reference.
+# ---- CLIP / SigLIP ViT + projector (LLaVA-1.5: lite_llm/multimodal/llava.py; Gemma 3:
+# lite_llm/multimodal/gemma3.py) ------------------------------------------------------------------
+# patch embedding (SigLIP: with bias), CLIP's class row, position embeddings, CLIP's pre-LayerNorm,
+# L pre-norm blocks of full bidirectional attention and fc1 / act / fc2, SigLIP's post-LayerNorm,
+# then the projector: LLaVA's (Linear, GELU, Linear over the patch rows, and the class row under
+# keep_class) or Gemma 3's (the patch grid average-pooled pool x pool, RMSNorm, Linear). The
+# NumPy references are ClipEncoder.encode_reference and SiglipEncoder.encode_reference.
 
 cdef struct ClipBlockW:
     const float *ln1_w            # [C]
@@ -207,43 +210,60 @@ cdef struct ClipBlockW:
 
 
 cdef class ClipModel:
-    """Packed weights of a CLIP vision tower and LLaVA projector. tensors: "patch" (no bias),
-    "blk.{i}.qkv", ".o", ".up", ".down", "mm0", "mm2" packed (layout.pack) in `dtype` with
-    "<name>.bias" and "<name>.shape" [N, K]; float32 "class" [C], "pos" [N + 1, C], "pre_ln.w",
-    "pre_ln.b", "blk.{i}.ln1.w" / ".b", ".ln2.w" / ".b"."""
+    """Packed weights of a CLIP or SigLIP vision tower and its projector. tensors: "patch" (its
+    "patch.bias" optional), "blk.{i}.qkv", ".o", ".up", ".down" packed (layout.pack) in `dtype`
+    with "<name>.bias" and "<name>.shape" [N, K]; float32 "pos" [N (+ 1), C], "blk.{i}.ln1.w" /
+    ".b", ".ln2.w" / ".b"; optional float32 "class" [C] (CLIP), "pre_ln.w" / ".b" (CLIP),
+    "post_ln.w" / ".b" (SigLIP). Projector: pool 0: "mm0", "mm2" packed with biases (LLaVA's MLP);
+    pool k > 0: "proj" packed [E, C] without bias and "proj_norm" [C], the RMSNorm's weight with
+    Gemma's + 1 already added. act: an ACTIVATIONS name (quick_gelu, gelu, gelu_tanh)."""
     cdef ClipBlockW *blocks
     cdef Mat patch, m0, m2
     cdef const float *cls
     cdef const float *pos
     cdef const float *pre_w
     cdef const float *pre_b
-    cdef readonly int depth, dim, inter, num_heads, head_dim, out_dim, patch_k, num_pos, act
-    cdef readonly bint keep_class
+    cdef const float *post_w
+    cdef const float *post_b
+    cdef const float *proj_norm
+    cdef readonly int depth, dim, inter, num_heads, head_dim, out_dim, patch_k, num_pos, act, pool
+    cdef readonly bint keep_class, has_class
     cdef readonly float eps
     cdef list keep
 
     def __cinit__(self):
         self.blocks = NULL
 
-    def __init__(self, dict tensors, str dtype, int depth, int num_heads, float eps, bint quick_gelu,
-                 bint keep_class, str bf16_path=None):
+    def __init__(self, dict tensors, str dtype, int depth, int num_heads, float eps, str act,
+                 bint keep_class, str bf16_path=None, int pool=0):
         cdef int i
         cdef bint fma = _bf16_fma(bf16_path)
+        if act not in ACTIVATIONS:
+            raise ValueError(f"vision activation {act!r}: expected one of {', '.join(ACTIVATIONS)}")
         self.keep = []
         self.depth, self.num_heads, self.eps, self.keep_class = depth, num_heads, eps, keep_class
-        self.act = LL_ACT_QUICK_GELU if quick_gelu else LL_ACT_GELU
-        self.patch = self._mat(tensors, "patch", dtype, fma, False)
+        self.act, self.pool, self.has_class = ACTIVATIONS[act], pool, "class" in tensors
+        if keep_class and not self.has_class:
+            raise ValueError("keep_class: the tower has no class row")
+        if pool > 0 and self.has_class:
+            raise ValueError("a pooling projector takes the patch grid alone, not a class row")
+        self.patch = self._mat(tensors, "patch", dtype, fma, "patch.bias" in tensors)
         self.dim, self.patch_k = self.patch.n, self.patch.k
         if self.dim % num_heads:
             raise ValueError(f"vision width {self.dim} is not {num_heads} heads")
         self.head_dim = self.dim // num_heads
         pos = np.ascontiguousarray(tensors["pos"], np.float32)
         if pos.ndim != 2 or pos.shape[1] != self.dim:
-            raise ValueError(f"pos: expected [N + 1, {self.dim}]")
+            raise ValueError(f"pos: expected [N (+ 1), {self.dim}]")
         self.keep.append(pos)
         self.pos, self.num_pos = <const float *>_ptr(pos), pos.shape[0]
-        self.cls = self._vec(tensors, "class", self.dim)
-        self.pre_w, self.pre_b = self._vec(tensors, "pre_ln.w", self.dim), self._vec(tensors, "pre_ln.b", self.dim)
+        self.cls = self._vec(tensors, "class", self.dim) if self.has_class else NULL
+        self.pre_w = self.pre_b = self.post_w = self.post_b = self.proj_norm = NULL
+        if "pre_ln.w" in tensors:
+            self.pre_w, self.pre_b = self._vec(tensors, "pre_ln.w", self.dim), self._vec(tensors, "pre_ln.b", self.dim)
+        if "post_ln.w" in tensors:
+            self.post_w, self.post_b = self._vec(tensors, "post_ln.w", self.dim), \
+                self._vec(tensors, "post_ln.b", self.dim)
         self.blocks = <ClipBlockW *>calloc(max(depth, 1), sizeof(ClipBlockW))
         if self.blocks == NULL:
             raise MemoryError()
@@ -263,11 +283,18 @@ cdef class ClipModel:
                     or self.blocks[i].down.n != self.dim):
                 raise ValueError(f"vision block {i}: matrix shapes do not fit width {self.dim}")
         self.inter = self.blocks[0].up.n if depth else 0
-        self.m0 = self._mat(tensors, "mm0", dtype, fma, True)
-        self.m2 = self._mat(tensors, "mm2", dtype, fma, True)
-        if self.m0.k != self.dim or self.m2.k != self.m0.n:
-            raise ValueError("projector: matrix shapes do not fit the vision width")
-        self.out_dim = self.m2.n
+        if pool > 0:
+            self.proj_norm = self._vec(tensors, "proj_norm", self.dim)
+            self.m0 = self._mat(tensors, "proj", dtype, fma, False)
+            if self.m0.k != self.dim:
+                raise ValueError("projector: matrix shapes do not fit the vision width")
+            self.out_dim = self.m0.n
+        else:
+            self.m0 = self._mat(tensors, "mm0", dtype, fma, True)
+            self.m2 = self._mat(tensors, "mm2", dtype, fma, True)
+            if self.m0.k != self.dim or self.m2.k != self.m0.n:
+                raise ValueError("projector: matrix shapes do not fit the vision width")
+            self.out_dim = self.m2.n
 
     cdef Mat _mat(self, dict tensors, str name, str dtype, bint fma, bint has_bias) except *:
         n, k = tensors[name + ".shape"]
@@ -286,20 +313,32 @@ cdef class ClipModel:
         self.keep.append(a)
         return <const float *>_ptr(a)
 
+    def out_rows(self, Py_ssize_t num_patches):
+        """Rows of the projector's output for an image of num_patches patches."""
+        if self.pool > 0:
+            side = <Py_ssize_t>(sqrt(<double>num_patches) + 0.5)
+            return (side // self.pool) ** 2
+        return num_patches + (1 if self.keep_class else 0)
+
     def __dealloc__(self):
         free(self.blocks)
 
 
 def clip_forward(ClipModel cm,
                  const float[:, ::1] pixels,       # IN [N, 3 P P] patches, row-major grid
-                 float[:, ::1] out,                # OUT [N (+ 1 under keep_class), E] projected rows
+                 float[:, ::1] out,                # OUT [out_rows(N), E] projected rows
                  int num_threads):
-    """The CLIP tower and projector over one image's N patches."""
-    cdef Py_ssize_t N = pixels.shape[0], C = cm.dim, n = N + 1, first = 0 if cm.keep_class else 1
+    """The CLIP / SigLIP tower and projector over one image's N patches."""
+    cdef Py_ssize_t N = pixels.shape[0], C = cm.dim, n = N + cm.has_class, side = 0
     if pixels.shape[1] != cm.patch_k or N == 0 or n != cm.num_pos:
-        raise ValueError(f"clip_forward: pixels {tuple(pixels.shape)}: expected [{cm.num_pos - 1}, {cm.patch_k}]")
-    if out.shape[0] != n - first or out.shape[1] != cm.out_dim:
-        raise ValueError(f"clip_forward: out must be [{n - first}, {cm.out_dim}]")
+        raise ValueError(f"clip_forward: pixels {tuple(pixels.shape)}: expected "
+                         f"[{cm.num_pos - cm.has_class}, {cm.patch_k}]")
+    if cm.pool > 0:
+        side = <Py_ssize_t>(sqrt(<double>N) + 0.5)
+        if side * side != N or side % cm.pool:
+            raise ValueError(f"clip_forward: {N} patches are not a square grid whose side divides by {cm.pool}")
+    if out.shape[0] != cm.out_rows(N) or out.shape[1] != cm.out_dim:
+        raise ValueError(f"clip_forward: out must be [{cm.out_rows(N)}, {cm.out_dim}]")
     # activations, sized for this image (an image is large work: allocation is not its cost)
     cdef Py_ssize_t max_k = max(cm.patch_k, C, cm.inter, cm.m0.n)
     x = np.empty((n, C), np.float32)
@@ -313,28 +352,29 @@ def clip_forward(ClipModel cm,
     cdef float[:, ::1] xv = x, hv = h, qv = qkv, av = attn, gv = g, sv = scores
     cdef uint32_t[:, ::1] xbv = xb
     with nogil:
-        _clip(cm, &pixels[0, 0], N, &xv[0, 0], &hv[0, 0], &qv[0, 0], &av[0, 0], &gv[0, 0], gv.shape[1],
+        _clip(cm, &pixels[0, 0], N, side, &xv[0, 0], &hv[0, 0], &qv[0, 0], &av[0, 0], &gv[0, 0], gv.shape[1],
               &xbv[0, 0], &qb.a, &sv[0, 0], &out[0, 0], num_threads)
 
 
-cdef void _clip(ClipModel cm, const float *pixels, Py_ssize_t N, float *x, float *h, float *qkv, float *attn,
-                float *g, Py_ssize_t ldg, uint32_t *xb, const ll_qact *xq, float *scores, float *out,
+cdef void _clip(ClipModel cm, const float *pixels, Py_ssize_t N, Py_ssize_t side, float *x, float *h, float *qkv,
+                float *attn, float *g, Py_ssize_t ldg, uint32_t *xb, const ll_qact *xq, float *scores, float *out,
                 int nt) noexcept nogil:
-    cdef Py_ssize_t C = cm.dim, D = cm.head_dim, H = cm.num_heads, n = N + 1, F = cm.inter
-    cdef Py_ssize_t first = 0 if cm.keep_class else 1
-    cdef Py_ssize_t t, item, head, j, l
+    cdef Py_ssize_t C = cm.dim, D = cm.head_dim, H = cm.num_heads, c0 = cm.has_class, n = N + c0, F = cm.inter
+    cdef Py_ssize_t first = 0 if cm.keep_class else c0
+    cdef Py_ssize_t t, item, head, j, l, k = cm.pool, ps = side // k if k > 0 else 0, a, b
     cdef float scale = 1.0 / sqrt(<double>D), m, total
     cdef const ClipBlockW *B
     cdef float *sc
     cdef float *o
     cdef const float *q
-    _gemm(pixels, cm.patch_k, xb, xq, N, &cm.patch, x + C, C, 0, nt)      # patch embedding, rows 1..N
-    for t in prange(n, schedule="static", num_threads=nt):                # class row, positions, pre_ln
-        if t == 0:
+    _gemm(pixels, cm.patch_k, xb, xq, N, &cm.patch, x + c0 * C, C, 0, nt)   # patch embedding, rows c0..
+    for t in prange(n, schedule="static", num_threads=nt):                 # class row, positions, pre_ln
+        if c0 and t == 0:
             for j in range(C):
                 x[j] = cm.cls[j]
         ll_axpy_f32(1.0, cm.pos + t * C, x + t * C, C)
-        ll_layernorm_f32(x + t * C, cm.pre_w, cm.pre_b, x + t * C, C, cm.eps)
+        if cm.pre_w != NULL:
+            ll_layernorm_f32(x + t * C, cm.pre_w, cm.pre_b, x + t * C, C, cm.eps)
     for l in range(cm.depth):
         B = &cm.blocks[l]
         for t in prange(n, schedule="static", num_threads=nt):
@@ -367,7 +407,23 @@ cdef void _clip(ClipModel cm, const float *pixels, Py_ssize_t N, float *x, float
         for t in prange(n, schedule="static", num_threads=nt):
             ll_act_mul_f32(g + t * ldg, NULL, g + t * ldg, F, cm.act)
         _gemm(g, ldg, xb, xq, n, &B.down, x, C, 1, nt)                     # x += fc2(act(fc1(ln2(x))))
-    # projector over the patch rows (the class row too under keep_class): Linear, GELU, Linear
+    if cm.post_w != NULL:
+        for t in prange(n, schedule="static", num_threads=nt):
+            ll_layernorm_f32(x + t * C, cm.post_w, cm.post_b, x + t * C, C, cm.eps)
+    if k > 0:   # Gemma 3: each k x k square of the side x side grid averaged, RMSNorm (1 + w), Linear
+        for t in prange(ps * ps, schedule="static", num_threads=nt):
+            o = h + t * C
+            for j in range(C):
+                o[j] = 0
+            for a in range(k):
+                for b in range(k):
+                    ll_axpy_f32(1.0, x + (((t // ps) * k + a) * side + (t % ps) * k + b) * C, o, C)
+            for j in range(C):
+                o[j] = o[j] / (k * k)
+            ll_rmsnorm_f32(o, cm.proj_norm, o, C, cm.eps)
+        _gemm(h, C, xb, xq, ps * ps, &cm.m0, out, cm.out_dim, 0, nt)
+        return
+    # LLaVA: Linear, GELU, Linear over the patch rows (the class row too under keep_class)
     _gemm(x + first * C, C, xb, xq, n - first, &cm.m0, g, ldg, 0, nt)
     for t in prange(n - first, schedule="static", num_threads=nt):
         ll_act_mul_f32(g + t * ldg, NULL, g + t * ldg, cm.m0.n, LL_ACT_GELU)

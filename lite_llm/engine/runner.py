@@ -318,11 +318,11 @@ class ModelRunner:
         return self.input_batch.prepare(sched_out)
 
     def forward(self, token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows,
-                mm: tuple = (None, None, None)) -> np.ndarray:
+                mm: tuple = (None, None, None, None)) -> np.ndarray:
         """One kernel call; returns logits [R, V] of the rows asked for (tests use this directly).
         The array is a view of a buffer reused by the next call (fresh pages every step would
-        cost page faults). mm: (image rows [M, E], embed_src [T], rope_pos [T, 3]) of a
-        vision-language model's step (multimodal.VisionRunner.step_inputs), Nones otherwise."""
+        cost page faults). mm: (image rows [M, E], embed_src [T], rope_pos [T, 3], attn_pos [T]) of
+        a vision-language model's step (multimodal.VisionRunner.step_inputs), Nones otherwise."""
         group = self.tp_group
         if group is None:
             R = len(logits_rows)
@@ -332,10 +332,10 @@ class ModelRunner:
             # each sequence's adapter slot: its batch row's
             adapters = {} if self.lora_weights is None else {"lora": self.lora_weights,
                                                              "seq_lora": self.input_batch.seq_lora}
-            mm_embeds, embed_src, rope_pos = mm
+            mm_embeds, embed_src, rope_pos, attn_pos = mm
             self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
-                                 block_tables, logits_rows, logits, self.num_threads, mm_embeds=mm_embeds,
-                                 embed_src=embed_src, rope_pos=rope_pos, **adapters)
+                                 block_tables, logits_rows, logits, self.num_threads, attn_positions=attn_pos,
+                                 mm_embeds=mm_embeds, embed_src=embed_src, rope_pos=rope_pos, **adapters)
             return logits
         # tensor parallel: every rank writes its vocabulary columns into the segment's rows
         logits = group.broadcast(token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows)
@@ -357,7 +357,7 @@ class ModelRunner:
                 logits_rows = np.concatenate([logits_rows, np.concatenate([r[2] for r in prompt_rows])])
         self.last_prompt_logprobs = []
         start = time.perf_counter()
-        mm = (None, None, None)
+        mm = (None, None, None, None)
         try:
             if self.vision is not None:   # the step's images encoded (or from the cache) before its forward
                 mm = self.vision.step_inputs(sched_out.chunks, len(a.token_ids), a.positions)

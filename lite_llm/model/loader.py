@@ -283,6 +283,9 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
                 tokenizer = Tokenizer.from_gguf_metadata(reader.metadata)
             except ValueError as e:
                 raise ModelLoadError(f"{path}: {e}") from e
+            if mmproj is not None:   # a vocabulary without <image>: images stand at llama.cpp's marker
+                from lite_llm.multimodal.llava import add_media_marker
+                add_media_marker(tokenizer, reader.metadata)
         reader.drop_tokenizer_arrays()      # config and tokenizer are built: nothing reads them again
         generation_config: dict = {}
     else:

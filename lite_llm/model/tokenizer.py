@@ -76,6 +76,17 @@ class Tokenizer:
         self.eos_token_id = self.token_to_id(eos_token) if eos_token is not None else None
         self.pad_token_id = self.token_to_id(pad_token) if pad_token is not None else None
 
+    def add_special_token(self, text: str) -> int:
+        """Match `text` whole as one special token from now on (an id past the vocabulary's
+        unless it has one); returns its id. Only for tokenizers with a `tokenizers` backend."""
+        if self._backend is None:
+            raise ValueError("special tokens can only be added to a tokenizers backend")
+        self._backend.add_special_tokens([AddedToken(text, special=True, normalized=False)])
+        self._special_tokens.add(text)
+        tid = self.token_to_id(text)
+        self.all_special_ids.add(tid)
+        return tid
+
     # ---- construction ----------------------------------------------------------------
 
     @classmethod

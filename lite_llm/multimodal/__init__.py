@@ -9,11 +9,13 @@
 
 The scheduler never ends a prefill chunk inside an image's tokens (whole_images) and prefix-cache
 block hashes include the hashes of the images a block holds (MMPrompt.block_key), so two
-different images never share cached blocks.
+different images never share cached blocks. For a model whose image tokens attend to each other
+in both directions (Gemma 3), step_inputs also gives each image token its image's last position
+as the last key it attends to (attn_pos [T]): the whole image is in the step.
 
 Supported: Qwen2.5-VL (qwen2_5_vl.py); LLaVA-1.5 (llava.py: an HF directory, or a GGUF language
-model with its llama.cpp mmproj file). Model-specific code lives in its module; this one is
-the model-neutral plumbing.
+model with its llama.cpp mmproj file); Gemma 3 (gemma3.py). Model-specific code lives in its
+module; this one is the model-neutral plumbing.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lite_llm.multimodal import llava
+from lite_llm.multimodal import gemma3, llava
 from lite_llm.multimodal.media import MediaConfig, MediaError, check_image, load_image_url  # noqa: F401
 
 try:
@@ -33,7 +35,8 @@ try:
 except ImportError:
     from hashlib import blake2b
 
-VISION_ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration", "LlavaForConditionalGeneration")
+VISION_ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration", "LlavaForConditionalGeneration",
+                       "Gemma3ForConditionalGeneration")
 
 
 @dataclass(frozen=True)
@@ -86,21 +89,31 @@ class Processor:
     """A vision model's front-end half: images + prompt ids -> expanded ids and an MMPrompt."""
 
     def __init__(self, source: str, raw: dict, mmproj: str | None = None):
+        if (raw.get("architectures") or [None])[0] in gemma3.HF_ARCHITECTURES:
+            self.module = gemma3
+            self.vision = gemma3.config(source, raw)
+            self.placeholder = "<start_of_image>"   # Gemma 3's chat template writes it for an image
+            self.placeholder_id = self.vision.boi_token_id
+            return
         if mmproj is not None or (raw.get("architectures") or [None])[0] in llava.HF_ARCHITECTURES:
             self.module = llava
             if mmproj is not None:
                 cfg, _ = llava.read_mmproj(mmproj, with_tensors=False)
-                token = llava.gguf_image_token_id(source) if os.path.isfile(source) else \
-                    int(raw.get("image_token_id", raw.get("image_token_index", -1)))
-                self.vision = dataclasses.replace(cfg, image_token_id=token)
+                if os.path.isfile(source):    # <image>, or llama.cpp's media marker where the vocabulary lacks it
+                    self.placeholder, self.placeholder_id, fill = llava.gguf_placeholder_of(source)
+                else:
+                    fill = int(raw.get("image_token_id", raw.get("image_token_index", -1)))
+                    self.placeholder, self.placeholder_id = "<image>", fill
+                self.vision = dataclasses.replace(cfg, image_token_id=fill)
             else:
                 self.vision = llava.hf_config(source, raw)
-            self.placeholder = "<image>"
+                self.placeholder, self.placeholder_id = "<image>", self.vision.image_token_id
             return
         from lite_llm.multimodal import qwen2_5_vl
         self.module = qwen2_5_vl
         self.vision = qwen2_5_vl.VisionConfig.from_hf(raw, _read_json(os.path.join(source, "preprocessor_config.json")))
         self.placeholder = "<|vision_start|><|image_pad|><|vision_end|>"   # one image in a prompt's text
+        self.placeholder_id = self.vision.image_token_id
 
     @classmethod
     def for_model(cls, source: str, mmproj: str | None = None) -> "Processor | None":
@@ -117,12 +130,21 @@ class Processor:
         return cls(source, raw)
 
     def process(self, prompt_token_ids: list[int], images: list, cfg: MediaConfig) -> tuple[list[int], MMPrompt]:
-        """Each image placeholder token of the prompt becomes the image's output length of them."""
+        """Each image placeholder token of the prompt (placeholder_id) becomes the image's output
+        length of image tokens (vision.image_token_id)."""
         vc = self.vision
         if len(images) > cfg.max_images:
             raise MediaError(f"{len(images)} images in one prompt, more than the limit of {cfg.max_images} "
                              "(--limit-mm-per-prompt)")
-        at = [i for i, t in enumerate(prompt_token_ids) if t == vc.image_token_id]
+        if self.module is gemma3:       # <start_of_image> -> the full image sequence; a fixed square
+            ids, offsets = gemma3.expand(prompt_token_ids, vc)
+            if len(offsets) != len(images):
+                raise MediaError(f"the prompt has {len(offsets)} image placeholders (<start_of_image>) for "
+                                 f"{len(images)} images")
+            side = vc.side
+            return ids, MMPrompt(tuple(_item(off, vc.num_image_tokens, gemma3.preprocess(image, vc), (1, side, side))
+                                       for off, image in zip(offsets, images)), None, 0)
+        at = [i for i, t in enumerate(prompt_token_ids) if t == self.placeholder_id]
         if len(at) != len(images):
             raise MediaError(f"the prompt has {len(at)} image placeholders for {len(images)} images")
         max_pixels, min_pixels = cfg.processor_kwargs.get("max_pixels"), cfg.processor_kwargs.get("min_pixels")
@@ -138,10 +160,7 @@ class Processor:
                 pixels, grid = self.module.preprocess(image, vc, max_pixels=max_pixels, min_pixels=min_pixels)
                 n = self.module.num_image_tokens(grid, vc)
             ids.extend(prompt_token_ids[prev:pos])
-            h = blake2b(digest_size=16)
-            h.update(np.asarray(grid, np.int64).tobytes())
-            h.update(pixels.tobytes())
-            items.append(MMItem(len(ids), n, h.digest(), pixels, grid))
+            items.append(_item(len(ids), n, pixels, grid))
             ids.extend([vc.image_token_id] * n)
             prev = pos + 1
         ids.extend(prompt_token_ids[prev:])
@@ -151,18 +170,35 @@ class Processor:
         return ids, MMPrompt(tuple(items), rope_pos, delta)
 
 
+def _item(offset: int, length: int, pixels: np.ndarray, grid: tuple[int, int, int]) -> MMItem:
+    """The MMItem of an image whose tokens are [offset, offset + length), hashed on its pixels."""
+    h = blake2b(digest_size=16)
+    h.update(np.asarray(grid, np.int64).tobytes())
+    h.update(pixels.tobytes())
+    return MMItem(offset, length, h.digest(), pixels, grid)
+
+
 class VisionRunner:
     """The engine-thread half: the vision encoder, its output cache, and each step's arrays."""
 
     def __init__(self, source: str, config, max_cached_rows: int = 1 << 16, kernels=None, dtype: str = "float32",
                  num_threads: int = 1, bf16_path: str | None = None, mmproj: str | None = None):
         self.mrope = bool(config.mrope_section)
+        self.bidirectional = config.architecture in gemma3.HF_ARCHITECTURES   # an image's tokens see it all
         self.dim = config.dim
         self.cache: OrderedDict[bytes, np.ndarray] = OrderedDict()   # image hash -> [n, E], LRU order
         self.cached_rows = 0
         self.max_cached_rows = max_cached_rows
         self.num_encoded = 0            # images run through the encoder (tests, metrics)
         self.encode_seconds = 0.0
+        if self.bidirectional:
+            self.vision = gemma3.config(source, _read_json(os.path.join(source, "config.json")))
+            if self.vision.out_dim != config.dim:
+                raise gemma3.Gemma3VisionError(f"{source}: the projector gives rows of {self.vision.out_dim}, the "
+                                               f"language model takes {config.dim}")
+            self.encoder = gemma3.SiglipEncoder(self.vision, gemma3.read_hf(source, self.vision), kernels, dtype,
+                                                num_threads, bf16_path)
+            return
         if mmproj is not None or config.architecture in llava.HF_ARCHITECTURES:
             if mmproj is not None:
                 self.vision, tensors = llava.read_mmproj(mmproj)
@@ -208,10 +244,12 @@ class VisionRunner:
         return rows
 
     def step_inputs(self, chunks, num_tokens: int, positions: np.ndarray):
-        """(mm_embeds [M, E] or None, embed_src [T] or None, rope_pos [T, 3] or None) of a step
-        whose chunks lay their tokens out in order (input_batch.py)."""
+        """(mm_embeds [M, E] or None, embed_src [T] or None, rope_pos [T, 3] or None, attn_pos [T]
+        or None) of a step whose chunks lay their tokens out in order (input_batch.py); attn_pos:
+        the last position each token attends to, its image's last for an image token of a
+        bidirectional model, else its own."""
         rope_pos = np.repeat(positions[:, None], 3, axis=1).astype(np.int32) if self.mrope else None
-        parts, src = [], None
+        parts, src, attn = [], None, None
         num_rows = 0
         offset = 0
         for c in chunks:
@@ -229,6 +267,10 @@ class VisionRunner:
                     if lo >= hi:
                         continue
                     emb = self._embeddings(it)
+                    if self.bidirectional:
+                        if attn is None:
+                            attn = np.array(positions[:num_tokens], np.int32)
+                        attn[offset + lo - start:offset + hi - start] = it.offset + it.length - 1
                     if src is None:
                         src = np.full(num_tokens, -1, np.int32)
                     src[offset + lo - start:offset + hi - start] = num_rows + np.arange(lo - it.offset, hi - it.offset)
@@ -236,7 +278,7 @@ class VisionRunner:
                     num_rows += emb.shape[0]
             offset += n
         mm_embeds = np.ascontiguousarray(np.concatenate(parts), np.float32) if parts else None
-        return mm_embeds, src, rope_pos
+        return mm_embeds, src, rope_pos, attn
 
 
 def _bf16(bits: np.ndarray) -> np.ndarray:

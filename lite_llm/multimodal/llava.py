@@ -2,7 +2,9 @@
 `mmproj` GGUF (clip.cpp's layout) or from an HF LlavaForConditionalGeneration directory, and
 CLIP's preprocessing as transformers' CLIPImageProcessor (PIL backend, the "slow" one). The
 language model is a plain Llama (a GGUF file or the checkpoint's language_model.*): image rows
-replace its `<image>` placeholder tokens, one per patch, positions stay 1-D.
+replace its `<image>` placeholder tokens, one per patch, positions stay 1-D. A GGUF vocabulary
+without `<image>` (the llava-v1.5 files llama.cpp users have) takes llama.cpp's media marker
+`<__media__>` in the prompt text instead (MEDIA_MARKER).
 
     image --shortest edge to S (bicubic), centre crop S x S, /255, mean/std--> [3, S, S]
     patches (P x P) @ patch_embd^T -> [N, C]; [class, patches] + position_embd; pre_ln
@@ -329,8 +331,8 @@ class ClipEncoder:
         mat("mm2", t["mm2.w"], t["mm2.b"])
         for name in ("class", "pos", "pre_ln.w", "pre_ln.b"):
             packed[name] = np.ascontiguousarray(t[name], np.float32)
-        return kernels.ClipModel(packed, dtype, cfg.num_layers, cfg.num_heads, cfg.eps,
-                                 cfg.act == "quick_gelu", cfg.keep_class, bf16_path)
+        return kernels.ClipModel(packed, dtype, cfg.num_layers, cfg.num_heads, cfg.eps, cfg.act, cfg.keep_class,
+                                 bf16_path)
 
     def encode(self, pixel_values: np.ndarray, grid=None) -> np.ndarray:
         """One image's patches [N, 3 P P] -> its language-model rows [N (+ 1), E]: one compiled
@@ -367,16 +369,41 @@ class ClipEncoder:
         return np.ascontiguousarray(x, np.float32)
 
 
-def gguf_image_token_id(lm_path: str) -> int:
-    """The id of "<image>" in a GGUF language model's vocabulary: the placeholder of an image."""
+# llama.cpp's mtmd_default_marker(): where an image stands in a prompt whose vocabulary has no
+# image token (the llava-v1.5 GGUFs most users have): llama.cpp splits the text there and
+# splices the image's embeddings in, with no token id at all. Here the marker is one added
+# special token (id: the vocabulary size, never given to the model) that the processor expands
+# to the image's rows, which carry the unknown token's id (their embeddings replace it).
+MEDIA_MARKER = "<__media__>"
+
+
+def gguf_placeholder(metadata: dict) -> tuple[str, int, int]:
+    """(placeholder text, its token id, the id an image's rows carry) of a GGUF language model:
+    "<image>" where the vocabulary has it (an HF LlavaForConditionalGeneration converted),
+    else llama.cpp's media marker."""
+    tokens = list(metadata.get("tokenizer.ggml.tokens") or [])
+    if "<image>" in tokens:
+        i = tokens.index("<image>")
+        return "<image>", i, i
+    unk = metadata.get("tokenizer.ggml.unknown_token_id")
+    return MEDIA_MARKER, len(tokens), int(unk) if unk is not None and 0 <= int(unk) < len(tokens) else 0
+
+
+def gguf_placeholder_of(lm_path: str) -> tuple[str, int, int]:
+    """gguf_placeholder of the GGUF file at lm_path."""
     from lite_llm.model.gguf import GGUFFile
     f = GGUFFile(lm_path)
     try:
-        tokens = f.metadata.get("tokenizer.ggml.tokens") or []
+        return gguf_placeholder(f.metadata)
     finally:
         f.close()
-    try:
-        return list(tokens).index("<image>")
-    except ValueError:
-        raise LlavaError(f"{lm_path}: the vocabulary has no \"<image>\" token to stand for an image's rows "
-                         "(a language model converted from an HF LlavaForConditionalGeneration has one)") from None
+
+
+def add_media_marker(tokenizer, metadata: dict) -> None:
+    """A GGUF language model loaded with an mmproj file: when its vocabulary has no "<image>",
+    the tokenizer learns llama.cpp's media marker as one special token, at the id
+    gguf_placeholder gives it."""
+    text, tid, _ = gguf_placeholder(metadata)
+    if text == MEDIA_MARKER and tokenizer.add_special_token(MEDIA_MARKER) != tid:
+        raise LlavaError(f"the tokenizer gave {MEDIA_MARKER} id {tokenizer.token_to_id(MEDIA_MARKER)}, "
+                         f"expected {tid} (the vocabulary size)")

@@ -1113,7 +1113,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="seconds a stored response is kept")
     a("--mmproj", default=None, metavar="FILE",
       help="llama.cpp's multimodal projector GGUF (a LLaVA-1.5 CLIP encoder + MLP) beside a GGUF model: "
-           "the model then takes images")
+           "the model then takes images, at <image> or, where its vocabulary has none, llama.cpp's <__media__>")
     a("--limit-mm-per-prompt", default=None,
       help='images one prompt may carry, as vLLM\'s JSON: \'{"image": 4}\' (the default)')
     a("--mm-processor-kwargs", default=None,

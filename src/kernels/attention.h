@@ -1,7 +1,9 @@
 /* Paged attention on one thread: online softmax over the KV blocks of one sequence, for a
  * tile of its query tokens and the query heads sharing one KV head. The same kernel serves
  * decode (one query per sequence) and prefill chunks (each query attends to the cached
- * context plus the chunk up to itself, within the sliding window if any).
+ * context plus the chunk up to itself, within the sliding window if any). A query row's keys
+ * run to last[row] (its own position when causal; further for an encoder's rows, or a Gemma 3
+ * image token that sees its whole image) and start at the window behind its own position.
  *
  * KV cache of one layer, of type kv_type (LL_KV_*); position p of a sequence lives in block
  * block_table[p / B] at row p % B. Within one (block, kv head), of D * B elements:
@@ -224,7 +226,8 @@ LL_INLINE void ll_attn_pv(const int KT, const int NR, const int U, const ll_attn
 
 /* Passes 1 and 3 for one block of NR rows (pass 2 runs between them over all rows). */
 LL_INLINE void ll_attn_pass1(const int KT, const int KS, const int NR, const ll_attn_span *sp, const void *qrows,
-                             ptrdiff_t r0, const int32_t *pos, int group, int window, int j0, int nj_last) {
+                             ptrdiff_t r0, const int32_t *pos, const int32_t *last, int group, int window, int j0,
+                             int nj_last) {
     for (int ch = 0; ch < sp->nchunks; ch++) {
         ll_vf32 s[4];
         const ptrdiff_t c = sp->c0 + 16 * ch;
@@ -233,13 +236,13 @@ LL_INLINE void ll_attn_pass1(const int KT, const int KS, const int NR, const ll_
         if (sp->softcap > 0.f)
             for (int k = 0; k < NR; k++) s[k] = ll_softcap_v(s[k], sp->softcap);
         for (int k = 0; k < NR; k++) {
-            const ptrdiff_t r = r0 + k, p = pos[r / group];
+            const ptrdiff_t r = r0 + k, p = pos[r / group], e = last[r / group];
             const ptrdiff_t first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
             float *out = sp->S + r * LL_ATTN_SPAN + 16 * ch;
             ll_store(out, s[k]);
-            if (!(c >= first && c + 15 <= p && lo == 0 && hi == 16))   /* hide keys outside [first, p] */
+            if (!(c >= first && c + 15 <= e && lo == 0 && hi == 16))   /* hide keys outside [first, e] */
                 for (int j = 0; j < 16; j++)
-                    if (c + j > p || c + j < first || j < lo || j >= hi) out[j] = -INFINITY;
+                    if (c + j > e || c + j < first || j < lo || j >= hi) out[j] = -INFINITY;
         }
     }
 }
@@ -308,13 +311,14 @@ LL_INLINE void ll_attn_stage_v(const int KT, const int CT, const void *src, ptrd
     }
 }
 
-/* Keys a tile attends to: kmin .. kmax, the union of its tokens' windows. */
-static inline void ll_attn_key_range(const int32_t *pos, int nq, int window, ptrdiff_t *kmin, ptrdiff_t *kmax) {
+/* Keys a tile attends to: kmin .. kmax, the union of its tokens' ranges. */
+static inline void ll_attn_key_range(const int32_t *pos, const int32_t *last, int nq, int window, ptrdiff_t *kmin,
+                                     ptrdiff_t *kmax) {
     *kmin = -1; *kmax = -1;
     for (int qi = 0; qi < nq; qi++) {
         const ptrdiff_t first = window > 0 && pos[qi] - window + 1 > 0 ? pos[qi] - window + 1 : 0;
         if (*kmin < 0 || first < *kmin) *kmin = first;
-        if (pos[qi] > *kmax) *kmax = pos[qi];
+        if (last[qi] > *kmax) *kmax = last[qi];
     }
 }
 
@@ -349,9 +353,9 @@ LL_INLINE void ll_attn_prefetch_chunk(const int KT, const void *k_cache, const v
 }
 
 LL_INLINE void ll_attention_tile_impl(const int KT, const int CT, const float *q, ptrdiff_t ldq, float *out,
-                                      ptrdiff_t ldo, int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
-                                      const void *k_cache, const void *v_cache, const int32_t *block_table,
-                                      ptrdiff_t block_size, ptrdiff_t kv_head, ptrdiff_t num_kv_heads,
+                                      ptrdiff_t ldo, int nq, int group, ptrdiff_t h0, const int32_t *pos,
+                                      const int32_t *last, int window, const void *k_cache, const void *v_cache,
+                                      const int32_t *block_table, ptrdiff_t block_size, ptrdiff_t kv_head, ptrdiff_t num_kv_heads,
                                       ptrdiff_t head_dim, float scale, float softcap, float *scratch,
                                       int split, int nsplit, float *partial) {
     /* KT: the cache's type; CT: the dot products' (== KT: direct, else staged) */
@@ -368,7 +372,7 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const int CT, const float *q
     const size_t cesz = CT == LL_KV_BF16 ? sizeof(uint16_t) : sizeof(float);   /* staged element */
     if (ST) sp.k = kst;
     ptrdiff_t kmin, kmax;
-    ll_attn_key_range(pos, nq, window, &kmin, &kmax);
+    ll_attn_key_range(pos, last, nq, window, &kmin, &kmax);
     if (nsplit > 1) {   /* this split's share of the 16-key chunks: keys kmin' .. kmax' */
         const ptrdiff_t c_first = kmin - kmin % 16, nc = (kmax - c_first) / 16 + 1;
         const ptrdiff_t lo = c_first + 16 * (nc * split / nsplit), hi = c_first + 16 * (nc * (split + 1) / nsplit) - 1;
@@ -448,11 +452,11 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const int CT, const float *q
         }
         /* pass 1 */
         ptrdiff_t r0 = 0;
-        for (; r0 + 4 <= rows; r0 += 4) ll_attn_pass1(CT, Q8, 4, &sp, qrows, r0, pos, group, window, j0, nj_last);
+        for (; r0 + 4 <= rows; r0 += 4) ll_attn_pass1(CT, Q8, 4, &sp, qrows, r0, pos, last, group, window, j0, nj_last);
         switch (rows - r0) {
-            case 3: ll_attn_pass1(CT, Q8, 3, &sp, qrows, r0, pos, group, window, j0, nj_last); break;
-            case 2: ll_attn_pass1(CT, Q8, 2, &sp, qrows, r0, pos, group, window, j0, nj_last); break;
-            case 1: ll_attn_pass1(CT, Q8, 1, &sp, qrows, r0, pos, group, window, j0, nj_last); break;
+            case 3: ll_attn_pass1(CT, Q8, 3, &sp, qrows, r0, pos, last, group, window, j0, nj_last); break;
+            case 2: ll_attn_pass1(CT, Q8, 2, &sp, qrows, r0, pos, last, group, window, j0, nj_last); break;
+            case 1: ll_attn_pass1(CT, Q8, 1, &sp, qrows, r0, pos, last, group, window, j0, nj_last); break;
             default: break;
         }
         /* pass 2: a row that sees nothing of the span gets p = 0 and keeps m, l, acc */
@@ -557,17 +561,19 @@ static inline void ll_attention_combine(const float *partials, int nsplit, ptrdi
 }
 
 /* One work item: the tile's nq tokens x `group` heads from h0 (one KV head), over all its keys
+ * (token i: from the window behind pos[i] to last[i]; last == pos: causal)
  * (nsplit == 1, normalised into out) or over split `split` of nsplit (raw into partial);
  * softcap > 0 caps the scaled scores at softcap * tanh(score / softcap) (Gemma 2); `path` one
  * of LL_ATTN_* (above). */
 static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
-                                           int nq, int group, ptrdiff_t h0, const int32_t *pos, int window,
+                                           int nq, int group, ptrdiff_t h0, const int32_t *pos,
+                                           const int32_t *last, int window,
                                            const void *k_cache, const void *v_cache, int kv_type,
                                            const int32_t *block_table, ptrdiff_t block_size,
                                            ptrdiff_t kv_head, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
                                            float scale, float softcap, float *scratch, int split, int nsplit,
                                            float *partial, int path) {
-#define LL_ATTN_TILE(KT, CT) ll_attention_tile_impl(KT, CT, q, ldq, out, ldo, nq, group, h0, pos, window, k_cache, \
+#define LL_ATTN_TILE(KT, CT) ll_attention_tile_impl(KT, CT, q, ldq, out, ldo, nq, group, h0, pos, last, window, k_cache, \
         v_cache, block_table, block_size, kv_head, num_kv_heads, head_dim, scale, softcap, scratch, split, nsplit, \
         partial)
 #define LL_ATTN_8BIT(KT) \

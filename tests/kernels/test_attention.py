@@ -220,6 +220,38 @@ def test_sliding_window(variant, window, kv_dtype, rng):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("window", [0, 5, 40])
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+@pytest.mark.parametrize("num_threads,path", [(1, "direct"), (3, "direct"), (2, None)])
+def test_key_limit_past_the_query(variant, window, kv_dtype, num_threads, path, rng):
+    """last_positions: a query sees keys from the window behind its own position up to its
+    limit (Gemma 3's image tokens see their whole image): spans of a prefill chunk whose rows
+    see to the span's end, beside causal rows, a decode token and a lone one; staged tiles
+    (path None) and key splits too. Spans longer than the window 5 keep the window behind
+    the query, not behind the limit."""
+    mod = _kernels.load(variant)
+    step = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
+                     queries=[(36, 1), (0, 1), (20, 40)], kv_dtype=kv_dtype)
+    last = step.positions.copy()
+    chunk = np.flatnonzero(step.tok_seq == 2)                     # positions 20..59
+    for lo, hi in ((22, 31), (40, 41), (45, 60)):                 # spans [lo, hi): 9 rows, 1 row, 15 rows
+        last[chunk[(step.positions[chunk] >= lo) & (step.positions[chunk] < hi)]] = hi - 1
+    out = np.full(step.q.shape, np.nan, np.float32)
+    mod.paged_attention(step.q, step.layout("k"), step.layout("v"), step.block_tables, step.tok_seq,
+                        step.positions, out, 0.125, sliding_window=window, num_threads=num_threads,
+                        kv_dtype=step.kv_dtype, path=path, last_positions=last)
+    want = ref_ops.paged_attention(step.q, step.values("k"), step.values("v"), step.block_tables, step.tok_seq,
+                                   step.positions, 0.125, window, last_positions=last)
+    # the staged path (None) rounds q and the probabilities of bf16 and 8-bit caches to bf16
+    close = dict(rtol=1.5e-2, atol=1.5e-2) if path is None else tol(kv_dtype)
+    np.testing.assert_allclose(out, want, **close)
+    causal = expected(step, 0.125, window)
+    spans = last != step.positions
+    assert np.abs(want[spans] - causal[spans]).max() > 5e-2       # the limit mattered
+    np.testing.assert_allclose(out[~spans], causal[~spans], **close)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("kv_dtype", ["float32", "int8", "fp8_e5m2"])
 def test_chunk_is_causal_and_independent_of_later_cache_rows(variant, kv_dtype, rng):
     """A prefill chunk's query at position p must not change when K/V after p change."""

@@ -1,9 +1,12 @@
 """A tiny random LLaVA-1.5 built by transformers (CLIP ViT, 2-layer GELU projector, Llama), saved
 three ways: the HF LlavaForConditionalGeneration directory, its language model as a llama.cpp
-"llama" GGUF, and its vision side as a llama.cpp mmproj GGUF (clip.cpp's tensor names and keys)."""
+"llama" GGUF, and its vision side as a llama.cpp mmproj GGUF (clip.cpp's tensor names and keys);
+and the language model once more as a GGUF whose vocabulary has no "<image>" (the llava-v1.5
+files on the hub: the same token ids, id 3 named otherwise)."""
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -20,6 +23,7 @@ VISION = dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=
 TEXT = {k: v for k, v in ARCH_DEFAULTS["llama"].items() if k != "tie_word_embeddings"}
 TEXT = dict(TEXT, model_type="llama", max_position_embeddings=256)
 
+SPECIAL_WITHOUT_IMAGE = TINY_SPECIAL + ["<unused0>"]
 _BUILT: dict[str, tuple[Path, Path, Path]] = {}
 
 
@@ -70,6 +74,24 @@ def llava_checkpoint(std: float = 0.05, seed: int = 0) -> tuple[Path, Path, Path
     mmproj = write_mmproj(hf, out / "mmproj.gguf")
     _BUILT[key] = (hf, lm_gguf, mmproj)
     return _BUILT[key]
+
+
+def lm_gguf_without_image_token(std: float = 0.05, seed: int = 0) -> Path:
+    """llava_checkpoint's language model as a GGUF whose vocabulary lacks "<image>"."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from transformers import PreTrainedTokenizerFast
+    _, lm_gguf, _ = llava_checkpoint(std, seed)
+    out = lm_gguf.parent / "llava-lm-no-image.gguf"
+    if out.exists():
+        return out
+    lm = lm_gguf.parent / "lm-no-image"
+    shutil.copytree(lm_gguf.parent / "lm", lm)
+    tok = PreTrainedTokenizerFast(tokenizer_object=HFTokenizer.from_str(tiny_tokenizer_json(SPECIAL_WITHOUT_IMAGE)),
+                                  bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                  unk_token=None)
+    tok.chat_template = TINY_CHAT_TEMPLATE
+    tok.save_pretrained(lm)
+    return gguf_from_hf(lm, out, "llama")
 
 
 def write_mmproj(hf: Path, path: Path) -> Path:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lite_llm.multimodal import MediaConfig, Processor, llava
-from llava_checkpoint import IMAGE, llava_checkpoint
+from llava_checkpoint import IMAGE, llava_checkpoint, lm_gguf_without_image_token
 from test_qwen2_5_vl import BLOCK, _lite_logits
 from vl_checkpoint import image
 
@@ -99,6 +99,40 @@ def test_a_different_image_gives_different_logits(source):
     assert ids_a == ids_b and mm_a.items[0].hash != mm_b.items[0].hash
     la, lb = _lite_logits(runner, ids_a, mm_a)[-1], _lite_logits(runner, ids_b, mm_b)[-1]
     assert np.abs(la - lb).max() > 1e-3
+
+
+def test_a_gguf_vocabulary_without_image_token_takes_llama_cpps_media_marker(files, hf_model):
+    """llama.cpp (tools/mtmd) marks an image's place in the prompt text with <__media__>, not a
+    token id: the hub's llava-v1.5 GGUFs have no "<image>". The marker is one special token past
+    the vocabulary, expanded to the image's rows (the unknown token's id, their embeddings
+    replacing it): the same logits as transformers with its <image> tokens there."""
+    from lite_llm.engine.runner import ModelRunner
+    from lite_llm.model.loader import load_model
+    lm, mmproj = str(lm_gguf_without_image_token()), str(files[2])
+    loaded = load_model(lm, dtype="float32", progress=False, mmproj=mmproj)
+    vocab = loaded.config.vocab_size
+    assert loaded.tokenizer.token_to_id("<image>") is None and loaded.tokenizer.token_to_id(llava.MEDIA_MARKER) == vocab
+    text = loaded.tokenizer.encode("Look: <__media__> what is it?", add_special_tokens=False)
+    assert text.count(vocab) == 1 and max(t for t in text if t != vocab) < vocab
+    proc = Processor.for_model(lm, mmproj)
+    assert proc.placeholder == llava.MEDIA_MARKER and proc.placeholder_id == vocab
+    images = [image(100, 70, seed=3), image(56, 112, seed=4)]
+    at = text.index(vocab)
+    ids, mm = proc.process(text[:at + 1] + [50, 51] + text[at:], images, MediaConfig())
+    assert vocab not in ids and [(it.offset, it.length) for it in mm.items] == [(at, 9), (at + 11, 9)]
+    hf_ids = list(ids)
+    for it in mm.items:
+        hf_ids[it.offset:it.offset + it.length] = [IMAGE] * it.length
+    with torch.no_grad():
+        ref = hf_model(input_ids=torch.tensor([hf_ids]),
+                       pixel_values=torch.from_numpy(_hf_pixels(files, images))).logits[0].numpy()
+    runner = ModelRunner(loaded, num_blocks=64, block_size=BLOCK, max_num_batched_tokens=256, max_num_seqs=8,
+                         num_threads=2)
+    np.testing.assert_allclose(_lite_logits(runner, ids, mm, 7), ref, rtol=1e-4, atol=2e-4)
+    # a vocabulary with "<image>" keeps it: no marker is added
+    with_image = load_model(str(files[1]), dtype="float32", progress=False, mmproj=mmproj)
+    assert with_image.tokenizer.token_to_id(llava.MEDIA_MARKER) is None
+    assert Processor.for_model(str(files[1]), mmproj).placeholder == "<image>"
 
 
 def test_bad_mmproj_files_are_refused_naming_the_problem(files, tmp_path):

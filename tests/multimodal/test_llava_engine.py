@@ -9,7 +9,7 @@ import io
 import pytest
 
 from lite_llm import LLM, SamplingParams
-from llava_checkpoint import IMAGE, llava_checkpoint
+from llava_checkpoint import IMAGE, llava_checkpoint, lm_gguf_without_image_token
 from vl_checkpoint import image
 
 openai = pytest.importorskip("openai")
@@ -58,6 +58,28 @@ def test_same_image_is_a_prefix_cache_hit_and_encoded_once(llm):
     other = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": image(64, 64, seed=12)}}, GREEDY)[0]
     assert vision.num_encoded == encoded + 1
     assert other.num_cached_tokens <= first.prompt_token_ids.index(IMAGE)   # no block holding image rows
+
+
+def test_a_vocabulary_without_image_token_answers_as_with_one(llm):
+    """The hub's llava-v1.5 GGUFs have no "<image>": images stand at llama.cpp's <__media__>
+    (the chat's image parts put it there); the answers are those of the same model whose
+    vocabulary has "<image>"."""
+    _, _, mm = llava_checkpoint()
+    marker = LLM(str(lm_gguf_without_image_token()), mmproj=str(mm), dtype="float32", block_size=16,
+                 max_num_batched_tokens=16, kv_cache_space=0.01, max_num_seqs=4)
+    try:
+        img = image(100, 70, seed=5)
+        want = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": img}}, GREEDY)[0]
+        out = marker.generate({"prompt": PROMPT.replace("<image>", "<__media__>"),
+                               "multi_modal_data": {"image": img}}, GREEDY)[0]
+        assert out.prompt_token_ids.count(IMAGE) == 0 and len(out.prompt_token_ids) == len(want.prompt_token_ids)
+        assert out.outputs[0].token_ids == want.outputs[0].token_ids
+        chat = marker.chat([{"role": "user", "content": [{"type": "text", "text": "Look: "},
+                                                         {"type": "image_url", "image_url": {"url": _url(img)}},
+                                                         {"type": "text", "text": TAIL}]}], GREEDY)[0]
+        assert chat.prompt_token_ids == out.prompt_token_ids and chat.outputs[0].token_ids == want.outputs[0].token_ids
+    finally:
+        marker.shutdown()
 
 
 def test_the_openai_client_gets_an_answer_streaming_and_not():

@@ -8,7 +8,10 @@ linear scaling in the larger models).
 
 HF names: model.layers.{i}.{input_layernorm, post_attention_layernorm, pre_feedforward_layernorm,
 post_feedforward_layernorm}; llama.cpp (gemma2 / gemma3 graphs): blk.{i}.{attn_norm,
-post_attention_norm, ffn_norm, post_ffw_norm}.
+post_attention_norm, ffn_norm, post_ffw_norm}. Gemma3ForConditionalGeneration's language model
+is the Gemma 3 decoder under model.language_model.* (transformers 5) or language_model.model.*
+(the hub's files), its fields in text_config; the SigLIP tower and projector are
+lite_llm/multimodal/gemma3.py's.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from typing import Any, Iterator
 
 from lite_llm.config import ModelConfig
 from lite_llm.model.arch import llama
+from lite_llm.model.arch.qwen2_vl import text_config
 from lite_llm.model.loader import ModelLoadError
 
 HF_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
@@ -31,10 +35,9 @@ def _layer_types(num_layers: int, pattern: int) -> tuple[str, ...]:
 
 
 def config(raw: dict, arch: str, where: str) -> ModelConfig:
-    if arch == "Gemma3ForConditionalGeneration":     # the multimodal checkpoint: named, to say why not
-        raise ModelLoadError(f"{where}: Gemma3ForConditionalGeneration (vision + text) is not supported; "
-                             "load a text-only Gemma3ForCausalLM checkpoint")
-    gemma3 = arch == "Gemma3ForCausalLM"
+    if arch == "Gemma3ForConditionalGeneration":
+        raw = text_config(raw)
+    gemma3 = arch in ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
     num_layers = int(raw["num_hidden_layers"])
     layer_types = tuple(raw.get("layer_types") or ())
     if not layer_types:
@@ -67,7 +70,16 @@ def config(raw: dict, arch: str, where: str) -> ModelConfig:
 
 
 def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, Any]]:
-    return llama.decoder_hf_tensors(ckpt, config, norm_offset=1.0, extra_norms=_HF_NORMS)
+    if config.architecture != "Gemma3ForConditionalGeneration":
+        return llama.decoder_hf_tensors(ckpt, config, norm_offset=1.0, extra_norms=_HF_NORMS)
+    if "model.language_model.embed_tokens.weight" in ckpt:
+        return llama.decoder_hf_tensors(ckpt, config, prefix="model.language_model.", norm_offset=1.0,
+                                        extra_norms=_HF_NORMS)
+    if "language_model.model.embed_tokens.weight" in ckpt:
+        return llama.decoder_hf_tensors(ckpt, config, prefix="language_model.model.", norm_offset=1.0,
+                                        extra_norms=_HF_NORMS, lm_head="language_model.lm_head.weight")
+    raise ModelLoadError(f"{config.architecture}: no model.language_model.embed_tokens.weight: "
+                         "not a Gemma 3 vision checkpoint")
 
 
 def gguf_config(f, arch: str) -> ModelConfig:

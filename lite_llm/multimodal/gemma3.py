@@ -1,0 +1,358 @@
+"""Gemma 3's image side (HF Gemma3ForConditionalGeneration): preprocessing as transformers'
+Gemma3ImageProcessor (PIL backend, the "slow" one; pan-and-scan off, its default), the SigLIP
+vision tower, the multimodal projector, and the placeholder expansion of Gemma3Processor. The
+language model is the Gemma 3 decoder (arch/gemma.py); what it adds for images is that an
+image's tokens see each other in both directions (VisionRunner gives each image token its
+image's last position as its attention limit: forward()'s attn_positions).
+
+    image --resize to S x S (bilinear)--> /255, mean/std --> patches [N, 3 P P], N = (S / P)^2
+    patches @ patch^T + b + position_embedding -> [N, C]     (no class row, no pre-norm)
+    L x [x += attn(ln1(x)) (bidirectional), x += fc2(gelu_tanh(fc1(ln2(x))))], post_layernorm
+    projector: avg-pool k x k over the (S / P)^2 grid -> [mm_tokens_per_image, C], RMSNorm (1 + w),
+               @ mm_input_projection_weight [C, E] -> [mm_tokens_per_image, E]
+    prompt: each <start_of_image> -> "\\n\\n" <start_of_image> mm_tokens x <image_soft_token>
+            <end_of_image> "\\n\\n"   (newline tokens merged with neighbouring ones, as the text
+            tokenizer would see the expanded text)
+
+SiglipEncoder.encode runs tower and projector as one compiled call per image (kernels.clip_forward,
+lite_llm/_kernels/vision.pxi, shared with LLaVA's CLIP tower); encode_reference is the NumPy
+float32 spec it is tested against.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+HF_ARCHITECTURES = ("Gemma3ForConditionalGeneration",)
+MAX_NEWLINES = 31               # Gemma's vocabulary holds runs of 1..31 newlines as single tokens
+
+
+class Gemma3VisionError(ValueError):
+    """A Gemma 3 vision checkpoint this module cannot run, with the reason."""
+
+
+@dataclass(frozen=True)
+class SiglipConfig:
+    image_size: int             # S: every image is resized to S x S
+    patch_size: int             # P
+    hidden_size: int            # C
+    intermediate_size: int      # F
+    num_heads: int
+    num_layers: int             # L
+    out_dim: int                # E of the language model
+    mm_tokens_per_image: int    # rows per image after the pooling
+    eps: float = 1e-6           # the tower's LayerNorms and the projector's RMSNorm
+    act: str = "gelu_tanh"
+    image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    rescale_factor: float = 1 / 255
+    resample: int = 2           # PIL's BILINEAR
+    image_token_id: int = 262144
+    boi_token_id: int = 255999
+    eoi_token_id: int = 256000
+    newline_ids: tuple[int, ...] = ()   # newline_ids[k - 1]: the token of k newlines (-1: none)
+
+    @property
+    def side(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        return self.side ** 2
+
+    @property
+    def pool(self) -> int:
+        """The projector's average-pooling kernel (and stride)."""
+        return self.side // math.isqrt(self.mm_tokens_per_image)
+
+    @property
+    def num_image_tokens(self) -> int:
+        return self.mm_tokens_per_image
+
+
+_ACTS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu": "gelu"}
+
+
+def _read_json(path: str) -> dict:
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def newline_ids(source: str) -> tuple[int, ...]:
+    """Ids of the tokens that are runs of 1..MAX_NEWLINES newlines in the tokenizer at source
+    (-1 where the run is not one token)."""
+    try:
+        from lite_llm.model.tokenizer import Tokenizer
+        tok = Tokenizer.from_dir(source)
+    except Exception:   # no tokenizer: the expansion's newlines stay as they are inserted
+        return ()
+    out = []
+    for k in range(1, MAX_NEWLINES + 1):
+        ids = tok.encode("\n" * k, add_special_tokens=False)
+        out.append(ids[0] if len(ids) == 1 else -1)
+    return tuple(out)
+
+
+def config(source: str, raw: dict) -> SiglipConfig:
+    """SiglipConfig of an HF Gemma3ForConditionalGeneration directory (config.json as `raw`)."""
+    where = os.path.join(source, "config.json")
+    v = raw.get("vision_config") or {}
+    if v.get("model_type", "siglip_vision_model") != "siglip_vision_model":
+        raise Gemma3VisionError(f"{where}: vision tower {v.get('model_type')!r} is not supported (SigLIP is)")
+    act = v.get("hidden_act", "gelu_pytorch_tanh")
+    if act not in _ACTS:
+        raise Gemma3VisionError(f"{where}: vision hidden_act {act!r} is not supported")
+    pre = _read_json(os.path.join(source, "preprocessor_config.json"))
+    if pre.get("do_pan_and_scan"):
+        raise Gemma3VisionError(f"{where}: pan-and-scan crops (do_pan_and_scan) are not supported")
+    size = int(v.get("image_size", 224))
+    want = pre.get("size") or {}
+    if want and (int(want.get("height", size)) != size or int(want.get("width", size)) != size):
+        raise Gemma3VisionError(f"{where}: the processor resizes to {want}, the vision tower takes {size}")
+    text = raw.get("text_config") or {}
+    tokens = int(raw.get("mm_tokens_per_image", 256))
+    side = size // int(v.get("patch_size", 14))
+    if math.isqrt(tokens) ** 2 != tokens or side % math.isqrt(tokens):
+        raise Gemma3VisionError(f"{where}: mm_tokens_per_image {tokens} is not a square that divides the "
+                                f"{side} x {side} patch grid")
+    return SiglipConfig(
+        image_size=size, patch_size=int(v.get("patch_size", 14)), hidden_size=int(v.get("hidden_size", 768)),
+        intermediate_size=int(v.get("intermediate_size", 3072)), num_heads=int(v.get("num_attention_heads", 12)),
+        num_layers=int(v.get("num_hidden_layers", 12)), out_dim=int(text.get("hidden_size", 2304)),
+        mm_tokens_per_image=tokens, eps=float(v.get("layer_norm_eps", 1e-6)), act=_ACTS[act],
+        image_mean=tuple(pre.get("image_mean", (0.5, 0.5, 0.5))), image_std=tuple(pre.get("image_std", (0.5, 0.5, 0.5))),
+        rescale_factor=float(pre.get("rescale_factor", 1 / 255)), resample=int(pre.get("resample", 2)),
+        image_token_id=int(raw.get("image_token_index", raw.get("image_token_id", 262144))),
+        boi_token_id=int(raw.get("boi_token_index", raw.get("boi_token_id", 255999))),
+        eoi_token_id=int(raw.get("eoi_token_index", raw.get("eoi_token_id", 256000))),
+        newline_ids=newline_ids(source))
+
+
+# ---- reading the weights -----------------------------------------------------------------------
+#
+# canonical names, float32, numpy shapes (outermost first), as ClipModel takes them:
+#   patch [C, 3 P P]  patch.b [C]  pos [N, C]  post_ln.w / post_ln.b [C]
+#   blk.{i}.ln1.w/.b  .q.w/.b .k.w/.b .v.w/.b .o.w/.b [C, C] / [C]  .ln2.w/.b  .up.w [F, C] .up.b
+#   .down.w [C, F] .down.b     proj.w [E, C] (mm_input_projection_weight transposed)
+#   proj_norm [C] (mm_soft_emb_norm's weight + 1)
+
+
+def read_hf(source: str, cfg: SiglipConfig) -> dict[str, np.ndarray]:
+    """The SigLIP tower and projector of an HF Gemma 3 directory as canonical float32 tensors."""
+    from lite_llm.model.hf import SafetensorsCheckpoint
+    from lite_llm.model.weights import bf16_to_f32
+    ckpt = SafetensorsCheckpoint(source)
+    try:
+        names = {n.removeprefix("model."): n for n in ckpt.entries}
+
+        def get(name):
+            if name not in names:
+                raise Gemma3VisionError(f"{source}: tensor {name} is missing: not a Gemma 3 vision checkpoint")
+            a = ckpt.read(names[name])
+            return bf16_to_f32(a) if a.dtype == np.uint16 else a.astype(np.float32)
+        # the hub's files: vision_tower.vision_model.*; transformers 5 saves vision_tower.*
+        v = "vision_tower.vision_model." if "vision_tower.vision_model.post_layernorm.weight" in names \
+            else "vision_tower."
+        C = cfg.hidden_size
+        t = {"patch": get(v + "embeddings.patch_embedding.weight").reshape(C, -1),
+             "patch.b": get(v + "embeddings.patch_embedding.bias"),
+             "pos": get(v + "embeddings.position_embedding.weight"),
+             "post_ln.w": get(v + "post_layernorm.weight"), "post_ln.b": get(v + "post_layernorm.bias")}
+        for i in range(cfg.num_layers):
+            p, q = f"{v}encoder.layers.{i}.", f"blk.{i}."
+            for ours, theirs in (("ln1", "layer_norm1"), ("ln2", "layer_norm2"), ("q", "self_attn.q_proj"),
+                                 ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"), ("o", "self_attn.out_proj"),
+                                 ("up", "mlp.fc1"), ("down", "mlp.fc2")):
+                t[q + ours + ".w"], t[q + ours + ".b"] = get(p + theirs + ".weight"), get(p + theirs + ".bias")
+        m = "multi_modal_projector."
+        t["proj.w"] = np.ascontiguousarray(get(m + "mm_input_projection_weight").T)
+        t["proj_norm"] = get(m + "mm_soft_emb_norm.weight") + np.float32(1.0)
+    finally:
+        ckpt.close()
+    _check(cfg, t, source)
+    return t
+
+
+def _check(cfg: SiglipConfig, t: dict[str, np.ndarray], where: str) -> None:
+    C, F, E, P = cfg.hidden_size, cfg.intermediate_size, cfg.out_dim, cfg.patch_size
+    want = {"patch": (C, 3 * P * P), "patch.b": (C,), "pos": (cfg.num_patches, C), "post_ln.w": (C,),
+            "proj.w": (E, C), "proj_norm": (C,)}
+    for i in range(cfg.num_layers):
+        want.update({f"blk.{i}.q.w": (C, C), f"blk.{i}.o.w": (C, C), f"blk.{i}.up.w": (F, C),
+                     f"blk.{i}.down.w": (C, F)})
+    for name, shape in want.items():
+        if t[name].shape != shape:
+            raise Gemma3VisionError(f"{where}: vision tensor {name} is {t[name].shape}, expected {shape}")
+    if C % cfg.num_heads or cfg.image_size % P:
+        raise Gemma3VisionError(f"{where}: width {C} / {cfg.num_heads} heads or image size {cfg.image_size} / "
+                                f"patch {P} do not divide")
+
+
+# ---- preprocessing -------------------------------------------------------------------------
+
+
+def preprocess(image, cfg: SiglipConfig) -> np.ndarray:
+    """PIL image -> patches float32 [N, 3 P P] (row-major patch grid, channel-major inside a
+    patch, the Conv2d weight's order), as Gemma3ImageProcessor: resized to S x S, rescaled,
+    mean/std."""
+    from PIL import Image
+    image = image.convert("RGB")
+    S, P = cfg.image_size, cfg.patch_size
+    if image.size != (S, S):
+        image = image.resize((S, S), resample=Image.Resampling(cfg.resample))
+    x = np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)          # [3, S, S]
+    x = (x.astype(np.float64) * cfg.rescale_factor).astype(np.float32)
+    mean = np.asarray(cfg.image_mean, np.float32)[:, None, None]
+    std = np.asarray(cfg.image_std, np.float32)[:, None, None]
+    x = (x - mean) / std
+    g = S // P
+    return np.ascontiguousarray(x.reshape(3, g, P, g, P).transpose(1, 3, 0, 2, 4).reshape(g * g, 3 * P * P))
+
+
+def pixel_values_of(patches: np.ndarray, cfg: SiglipConfig) -> np.ndarray:
+    """preprocess()'s patches back to the [3, S, S] image transformers' processor returns."""
+    g, P = cfg.side, cfg.patch_size
+    return patches.reshape(g, g, 3, P, P).transpose(2, 0, 3, 1, 4).reshape(3, g * P, g * P)
+
+
+# ---- the prompt ----------------------------------------------------------------------------
+
+
+def expand(prompt_token_ids: list[int], cfg: SiglipConfig) -> tuple[list[int], list[int]]:
+    """(ids, first image token of each image): each <start_of_image> of the prompt becomes
+    Gemma3Processor's full image sequence, "\n\n" <boi> n x <image> <eoi> "\n\n". The text
+    tokenizer would have merged those newlines with newline tokens beside them ("\n" + "\n\n"
+    is one "\n\n\n" token, as vLLM's Gemma 3 processor merges them too): so are they here, a
+    run of k newlines becoming the vocabulary's token of k newlines (largest first past 31)."""
+    runs = {tid: k + 1 for k, tid in enumerate(cfg.newline_ids) if tid >= 0}
+    longest = max(runs.values(), default=0)
+    mark = object()                 # an inserted "\n\n"
+    seq: list = []
+    for tid in prompt_token_ids:
+        if tid == cfg.boi_token_id:
+            seq += [mark, tid] + [cfg.image_token_id] * cfg.mm_tokens_per_image + [cfg.eoi_token_id, mark]
+        else:
+            seq.append(tid)
+    ids: list[int] = []
+    i = 0
+    while i < len(seq):
+        j = i
+        while j < len(seq) and (seq[j] is mark or seq[j] in runs):   # a run of newlines
+            j += 1
+        if j == i:
+            ids.append(seq[i])
+            i += 1
+            continue
+        group = seq[i:j]
+        if mark not in group:
+            ids.extend(group)
+        else:
+            k = sum(2 if t is mark else runs[t] for t in group)
+            while k > 0 and longest > 0:
+                n = min(k, longest)
+                while n > 1 and cfg.newline_ids[n - 1] < 0:
+                    n -= 1
+                if cfg.newline_ids[n - 1] < 0:
+                    break
+                ids.append(cfg.newline_ids[n - 1])
+                k -= n
+        i = j
+    offsets = [i + 1 for i, t in enumerate(ids) if t == cfg.boi_token_id]
+    return ids, offsets
+
+
+# ---- the encoder ------------------------------------------------------------------------------
+
+
+def _layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    mu = x.mean(axis=-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + np.float32(eps)) * w + b
+
+
+def _act(x: np.ndarray, act: str) -> np.ndarray:
+    if act == "gelu_tanh":
+        return np.float32(0.5) * x * (np.float32(1) + np.tanh(np.float32(math.sqrt(2 / math.pi))
+                                                              * (x + np.float32(0.044715) * x ** 3)))
+    from lite_llm.multimodal.qwen2_5_vl import _gelu
+    return _gelu(x)
+
+
+class SiglipEncoder:
+    """SigLIP ViT + Gemma 3's projector over one image at a time. tensors: canonical float32
+    arrays (read_hf). kernels: the kernel module to run it on (None: NumPy only)."""
+
+    def __init__(self, cfg: SiglipConfig, tensors: dict[str, np.ndarray], kernels=None, dtype: str = "float32",
+                 num_threads: int = 1, bf16_path: str | None = None):
+        self.cfg, self.t = cfg, tensors
+        self.kernels, self.num_threads = kernels, num_threads
+        self.model = None if kernels is None else self._pack(kernels, dtype, bf16_path)
+
+    def _pack(self, kernels, dtype: str, bf16_path: str | None):
+        from lite_llm._kernels import layout
+        from lite_llm.model.weights import to_bf16
+        t, cfg = self.t, self.cfg
+        packed: dict[str, object] = {}
+
+        def mat(name: str, w: np.ndarray, bias: np.ndarray | None) -> None:
+            w = np.ascontiguousarray(w, np.float32)
+            packed[name + ".shape"] = w.shape
+            packed[name + ".weight"] = layout.pack(to_bf16(w) if dtype == "bfloat16" else w, dtype)
+            if bias is not None:
+                packed[name + ".bias"] = np.ascontiguousarray(bias, np.float32)
+
+        mat("patch", t["patch"], t["patch.b"])
+        for i in range(cfg.num_layers):
+            p = f"blk.{i}."
+            qkv_w = np.concatenate([t[p + "q.w"], t[p + "k.w"], t[p + "v.w"]])
+            qkv_b = np.concatenate([t[p + "q.b"], t[p + "k.b"], t[p + "v.b"]])
+            mat(p + "qkv", qkv_w, qkv_b)
+            for part in ("o", "up", "down"):
+                mat(p + part, t[p + part + ".w"], t[p + part + ".b"])
+            for part in ("ln1", "ln2"):
+                packed[p + part + ".w"], packed[p + part + ".b"] = t[p + part + ".w"], t[p + part + ".b"]
+        mat("proj", t["proj.w"], None)
+        for name in ("pos", "post_ln.w", "post_ln.b", "proj_norm"):
+            packed[name] = np.ascontiguousarray(t[name], np.float32)
+        return kernels.ClipModel(packed, dtype, cfg.num_layers, cfg.num_heads, cfg.eps, cfg.act, False, bf16_path,
+                                 pool=cfg.pool)
+
+    def encode(self, pixel_values: np.ndarray, grid=None) -> np.ndarray:
+        """One image's patches [N, 3 P P] -> its language-model rows [mm_tokens_per_image, E]: one
+        compiled call (the NumPy reference without kernels)."""
+        if self.model is None:
+            return self.encode_reference(pixel_values)
+        out = np.empty((self.cfg.mm_tokens_per_image, self.cfg.out_dim), np.float32)
+        self.kernels.clip_forward(self.model, np.ascontiguousarray(pixel_values, np.float32), out, self.num_threads)
+        return out
+
+    def encode_reference(self, pixel_values: np.ndarray, grid=None) -> np.ndarray:
+        """encode() in NumPy float32: the plain reference."""
+        cfg, t = self.cfg, self.t
+        H, C = cfg.num_heads, cfg.hidden_size
+        D = C // H
+        x = pixel_values.astype(np.float32) @ t["patch"].T + t["patch.b"] + t["pos"]
+        n = x.shape[0]
+        scale = np.float32(D ** -0.5)
+        for i in range(cfg.num_layers):
+            p = f"blk.{i}."
+            h = _layernorm(x, t[p + "ln1.w"], t[p + "ln1.b"], cfg.eps)
+            q, k, v = ((h @ t[p + s + ".w"].T + t[p + s + ".b"]).reshape(n, H, D).transpose(1, 0, 2) for s in "qkv")
+            s = (q @ k.transpose(0, 2, 1)) * scale
+            s = np.exp(s - s.max(axis=-1, keepdims=True))
+            s /= s.sum(axis=-1, keepdims=True)
+            a = (s @ v).transpose(1, 0, 2).reshape(n, C)
+            x = x + a @ t[p + "o.w"].T + t[p + "o.b"]
+            h = _layernorm(x, t[p + "ln2.w"], t[p + "ln2.b"], cfg.eps)
+            x = x + _act(h @ t[p + "up.w"].T + t[p + "up.b"], cfg.act) @ t[p + "down.w"].T + t[p + "down.b"]
+        x = _layernorm(x, t["post_ln.w"], t["post_ln.b"], cfg.eps)
+        g, k = cfg.side, cfg.pool
+        pooled = x.reshape(g // k, k, g // k, k, C).mean(axis=(1, 3)).reshape(-1, C)
+        normed = pooled / np.sqrt((pooled * pooled).mean(axis=-1, keepdims=True) + np.float32(cfg.eps))
+        return np.ascontiguousarray((normed * t["proj_norm"]) @ t["proj.w"].T, np.float32)

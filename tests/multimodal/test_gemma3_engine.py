@@ -1,0 +1,78 @@
+"""Gemma 3 (vision) through LLM: vLLM's multi_modal_data and chat image parts give the same
+prompt and answer, a chunked prefill never splits an image, and the same image twice is a
+prefix-cache hit encoded once (a different image is neither)."""
+from __future__ import annotations
+
+import pytest
+
+from gemma3_checkpoint import IMAGE, TOKENS_PER_IMAGE, gemma3_checkpoint
+from lite_llm import LLM, SamplingParams
+from test_llava_engine import _url
+from vl_checkpoint import image
+
+pytest.importorskip("PIL")
+GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+TAIL = " what is it? The quick brown fox jumps over the lazy dog, the cat sat on the mat."
+PROMPT = f"<|im_start|>user\nLook: <start_of_image>{TAIL}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def llm():
+    # steps of 16 tokens: an image's 11 (boi, 9 rows, eoi) never split over two of them
+    engine = LLM(str(gemma3_checkpoint()), dtype="float32", block_size=16, max_num_batched_tokens=16,
+                 kv_cache_space=0.01, max_num_seqs=4)
+    yield engine
+    engine.shutdown()
+
+
+def test_generate_and_chat_with_an_image_agree(llm):
+    img = image(100, 70, seed=5)
+    out = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": img}}, GREEDY)[0]
+    assert out.prompt_token_ids.count(IMAGE) == TOKENS_PER_IMAGE and len(out.outputs[0].token_ids) == 4
+    chat = llm.chat([{"role": "user", "content": [{"type": "text", "text": "Look: "},
+                                                   {"type": "image_url", "image_url": {"url": _url(img)}},
+                                                   {"type": "text", "text": TAIL}]}], GREEDY)[0]
+    assert chat.prompt_token_ids == out.prompt_token_ids
+    assert chat.outputs[0].token_ids == out.outputs[0].token_ids
+
+
+def test_same_image_is_a_prefix_cache_hit_and_encoded_once(llm):
+    vision = llm._engine.engine.runner.vision
+    img = image(64, 64, seed=11)
+    first = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": img}}, GREEDY)[0]
+    encoded = vision.num_encoded
+    second = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": img.copy()}}, GREEDY)[0]
+    start = first.prompt_token_ids.index(IMAGE)
+    assert second.num_cached_tokens >= 16 * (len(first.prompt_token_ids) // 16) - 16 > start
+    assert second.outputs[0].token_ids == first.outputs[0].token_ids
+    assert vision.num_encoded == encoded
+    other = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": image(64, 64, seed=12)}}, GREEDY)[0]
+    assert vision.num_encoded == encoded + 1
+    assert other.num_cached_tokens <= start   # no block holding image rows
+
+
+def test_the_openai_client_gets_an_answer_streaming_and_not():
+    openai = pytest.importorskip("openai")
+    from lite_llm.llm import build_async_engine
+    from lite_llm.server.app import create_server
+    engine, tokenizer, info = build_async_engine(str(gemma3_checkpoint()), dtype="float32", block_size=16,
+                                                 max_num_batched_tokens=64, kv_cache_space=0.01, max_num_seqs=4,
+                                                 serving=True)
+    server = create_server(engine, tokenizer, "tiny-gemma3", info["max_model_len"], kernel_info=info,
+                           model_root=info["model_path"], vocab_size=info["vocab_size"])
+    server.start()
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+        def ask(url, stream=False):
+            content = [{"type": "text", "text": "What is in "}, {"type": "image_url", "image_url": {"url": url}}]
+            return client.chat.completions.create(model="tiny-gemma3", messages=[{"role": "user", "content": content}],
+                                                  max_tokens=5, temperature=0, stream=stream,
+                                                  extra_body={"ignore_eos": True})
+        url = _url(image(90, 60, seed=1))
+        whole = ask(url)
+        assert whole.usage.completion_tokens == 5 and whole.usage.prompt_tokens > TOKENS_PER_IMAGE + 4
+        pieces = [c.choices[0].delta.content or "" for c in ask(url, stream=True) if c.choices]
+        assert "".join(pieces) == whole.choices[0].message.content
+    finally:
+        server.drain(5.0)
