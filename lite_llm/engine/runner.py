@@ -386,7 +386,7 @@ class ModelRunner:
             sampled = self.sampler.run(logits, *batch.sampling_arrays(a.sample_slots, a.sample_slots_are_prefix),
                                        bitmask=bitmask, mask_rows=mask_rows, any_logprobs=batch.any_logprobs)
             kernel_seconds += self.sampler.last_kernel_seconds
-            batch.append_sampled(a.sample_slots, self.sampler.last_tokens)
+            batch.append_step(self.sampler.last_tokens)
         if prompt_rows:
             self.last_prompt_logprobs = self._prompt_logprobs(all_logits[len(a.logits_rows):], prompt_rows)
         # weights stream once per step; attention reads each sequence's context once
