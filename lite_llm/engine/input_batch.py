@@ -103,6 +103,7 @@ class InputBatch:
         self._banning: set[int] = set()          # slots still short of min_tokens
         self._biased: set[int] = set()           # slots whose request has a logit_bias
         self._logprobs: set[int] = set()         # slots whose request wants logprobs
+        self._prompt_logprobs: set[int] = set()  # slots whose request wants prompt logprobs
         self.slot_of: dict[str, int] = {}        # request id -> slot
         self._free_slots = list(range(max_num_seqs))   # a heap: the lowest free slot first
         self._row_len = row_len
@@ -142,6 +143,12 @@ class InputBatch:
         reduction over the rows' num_logprobs)."""
         return bool(self._logprobs)
 
+    @property
+    def any_prompt_logprobs(self) -> bool:
+        """Whether some request in the batch asked for prompt logprobs (the runner then looks
+        for this step's prompt rows)."""
+        return bool(self._prompt_logprobs)
+
     # ---- deltas ---------------------------------------------------------------------------
 
     def remove(self, request_id: str) -> None:
@@ -152,6 +159,7 @@ class InputBatch:
             self._banning.discard(slot)
             self._biased.discard(slot)
             self._logprobs.discard(slot)
+            self._prompt_logprobs.discard(slot)
             heapq.heappush(self._free_slots, slot)
 
     def add(self, request, block_ids: list[int]) -> int:
@@ -185,6 +193,8 @@ class InputBatch:
             self._biased.add(slot)
         if num_logprobs >= 0:
             self._logprobs.add(slot)
+        if getattr(p, "prompt_logprobs", None) is not None:
+            self._prompt_logprobs.add(slot)
         if n - num_prompt < p.min_tokens:
             self._ban_ids[slot] = ban_ids(p, getattr(request, "eos_token_ids", None) or self.eos_token_ids)
             self._banning.add(slot)
