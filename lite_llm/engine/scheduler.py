@@ -48,6 +48,7 @@ from lite_llm.engine.request import Request, RequestStatus, SampleResult
 from lite_llm.multimodal import whole_images
 
 
+_new_chunk = tuple.__new__
 PROMPT_LOGITS_ROWS = 256     # prompt positions whose logits one step keeps (prompt logprobs)
 
 
@@ -186,8 +187,11 @@ class Scheduler:
                     continue
                 self._rows_budget -= num_new
             assert num_new > 0, f"{request} has nothing to compute"
-            spec = self._drafts(request, num_new, budget)
-            lookahead = self._lookahead(request, num_new, len(spec))
+            if request.spec_token_ids or self.num_lookahead_tokens:
+                spec = self._drafts(request, num_new, budget)
+                lookahead = self._lookahead(request, num_new, len(spec))
+            else:                 # no speculation (most steps): what the two calls would give
+                spec, lookahead = (), 0
             while (block_ids := kv.allocate_slots(request, num_new, (), len(spec) + lookahead)) is None:
                 if spec or lookahead:       # drop the speculation before preempting anyone
                     spec, lookahead = (), 0
@@ -206,8 +210,9 @@ class Scheduler:
             if block_ids is None:
                 continue           # request left running; running[idx] is the next one
             start = request.num_computed_tokens
-            chunks.append(ScheduledChunk(request, start, num_new + len(spec), block_ids,
-                                         start + num_new == request.num_tokens, spec_token_ids=spec))
+            # tuple.__new__: the NamedTuple's own __new__ is a Python frame per chunk
+            chunks.append(_new_chunk(ScheduledChunk, (request, start, num_new + len(spec), block_ids,
+                                                      start + num_new == request.num_tokens, False, spec)))
             budget -= num_new + len(spec)
             idx += 1
         return budget
