@@ -17,7 +17,6 @@ A replica that exits unasked fails its open requests and the front end stops acc
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import threading
 import time
@@ -25,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from lite_llm.engine.data_parallel import replica_process_setup, wait_ready
+from lite_llm.engine.data_parallel import build_or_report, replica_process_setup, spawn_replicas
 from lite_llm.pooling import PoolingInputError, PoolingRunner, PoolItem
 
 log = logging.getLogger("lite_llm.data_parallel")
@@ -46,11 +45,10 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
     own (so concurrent jobs share the engine's steps) and answered ("done", job id, rows, error)."""
     send = replica_process_setup(index, environ, affinity, log_level, replies)
     from lite_llm.pooling import build_pooling_engine
-    try:
-        engine, _, info = build_pooling_engine(model, serving=True, progress=False, **kwargs)
-    except BaseException as e:  # noqa: BLE001 - the front end reports it
-        send(("failed", f"{type(e).__name__}: {e}"))
+    built = build_or_report(send, build_pooling_engine, model, kwargs)
+    if built is None:
         return
+    engine, _, info = built
     r = engine.runner
     send(("ready", {"info": {k: v for k, v in info.items() if isinstance(v, (int, float, str, bool, type(None)))},
                     "pid": os.getpid(), "pooler": r.pooler, "config": r.config, "max_model_len": r.max_model_len,
@@ -229,31 +227,11 @@ def build_pooling_replicas(model: str | None, data_parallel_size: int, **kwargs:
     plan = replica_plans(data_parallel_size)
     for line in plan.describe():
         log.info("pooling data parallel %s", line.replace("rank ", "replica ", 1))
-    ctx = multiprocessing.get_context("spawn")     # a fresh interpreter: no OpenMP pool, no locks held
-    replicas = []
-    for i in range(data_parallel_size):
-        bind, affinity = replica_bind(plan, i)
-        req_read, req_write = ctx.Pipe(duplex=False)
-        rep_read, rep_write = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_replica_main, name=f"lite-llm-pool-replica-{i}", daemon=True,
-                           args=(i, {"LITE_LLM_CPU_OMP_THREADS_BIND": bind}, affinity,
-                                 logging.getLogger().getEffectiveLevel(), model, kwargs, req_read, rep_write))
-        proc.start()
-        req_read.close()
-        rep_write.close()
-        replicas.append(_Replica(i, bind if affinity else "", proc, req_write, rep_read))
-    try:
-        from lite_llm.model.loader import load_model      # config and tokenizer only
-        loaded = load_model(model, dtype=kwargs.get("dtype", "auto"), max_model_len=kwargs.get("max_model_len"),
-                            progress=False)
-        loaded.release()
-        wait_ready(replicas)
-    except BaseException:
-        for rep in replicas:
-            if rep.process.is_alive():
-                rep.process.terminate()
-            rep.process.join(5.0)
-        raise
+    binds = [replica_bind(plan, i) for i in range(data_parallel_size)]
+    replicas, loaded = spawn_replicas(
+        _replica_main, "lite-llm-pool-replica", binds, model, kwargs,
+        lambda i, bind, affinity, proc, req_write, rep_read: _Replica(i, bind if affinity else "", proc, req_write,
+                                                                       rep_read))
     first = replicas[0].info
     engine = PoolingReplicas(replicas, loaded.tokenizer, first["info"].get("model_name") or str(model))
     info = {**first["info"], "pooler": first["pooler"], "data_parallel_size": data_parallel_size,

@@ -5,8 +5,127 @@ its dozen small operations (after a forward pass has flushed every cache) than d
 
 Bounds are checked here once per call, with the GIL; the loops trust them.
 What does not live here: which requests hold which slot (input_batch.py).
+
+StepBuffers is the engine's path: it takes the persistent arrays' pointers once, so a step's
+gather and append acquire no buffer per array (each a numpy buffer export, slow right after a
+forward pass has flushed the caches), and it walks the step's chunks itself. gather_step and
+append_sampled below are the same arithmetic over buffers passed per call (the speculative
+proposer's own steps, tests).
 """
 from libc.stdint cimport int32_t, int64_t
+
+
+cdef class StepBuffers:
+    """Raw pointers to one InputBatch's persistent rows and step arrays, taken once (the
+    memoryviews kept here hold the arrays alive and unmoved)."""
+    cdef object _views
+    cdef int32_t *token_rows          # [num_slots, row_len]
+    cdef int32_t *block_table         # [num_slots, max_blocks]
+    cdef int32_t *num_tokens          # [num_slots]
+    cdef int64_t *iparams             # [num_slots, num_i]
+    cdef const int64_t *ctx_outputs   # [num_slots]
+    cdef int32_t *token_ids           # [max_tokens] step arrays
+    cdef int32_t *positions           # [max_tokens]
+    cdef int64_t *slot_mapping        # [max_tokens]
+    cdef int32_t *tok_seq             # [max_tokens]
+    cdef int32_t *logits_rows         # [max_rows]
+    cdef int32_t *sample_slots        # [max_rows]
+    cdef Py_ssize_t num_slots, row_len, max_blocks, num_i, max_tokens, max_rows
+    cdef Py_ssize_t num_rows          # sampling rows of the latest gather
+    cdef int block_size, step_col, end_col
+
+    def __init__(self, int32_t[:, ::1] token_rows, int32_t[:, ::1] block_table, int32_t[::1] num_tokens,
+                 int64_t[:, ::1] iparams, const int64_t[::1] ctx_outputs, int32_t[::1] token_ids,
+                 int32_t[::1] positions, int64_t[::1] slot_mapping, int32_t[::1] tok_seq,
+                 int32_t[::1] logits_rows, int32_t[::1] sample_slots, int block_size, int step_col, int end_col):
+        self.num_slots = token_rows.shape[0]
+        if block_table.shape[0] != self.num_slots or num_tokens.shape[0] != self.num_slots \
+                or iparams.shape[0] != self.num_slots or ctx_outputs.shape[0] != self.num_slots \
+                or not (0 <= step_col < iparams.shape[1]) or not (0 <= end_col < iparams.shape[1]) \
+                or block_size < 1 or token_rows.shape[1] < 1 or block_table.shape[1] < 1:
+            raise ValueError("StepBuffers: per-slot arrays disagree")
+        self.max_tokens = min(token_ids.shape[0], positions.shape[0], slot_mapping.shape[0], tok_seq.shape[0])
+        self.max_rows = min(logits_rows.shape[0], sample_slots.shape[0])
+        if self.max_tokens < 1 or self.max_rows < 1:
+            raise ValueError("StepBuffers: empty step arrays")
+        self._views = (token_rows, block_table, num_tokens, iparams, ctx_outputs, token_ids, positions,
+                       slot_mapping, tok_seq, logits_rows, sample_slots)
+        self.row_len, self.max_blocks, self.num_i = token_rows.shape[1], block_table.shape[1], iparams.shape[1]
+        self.token_rows, self.block_table, self.num_tokens = &token_rows[0, 0], &block_table[0, 0], &num_tokens[0]
+        self.iparams, self.ctx_outputs = &iparams[0, 0], &ctx_outputs[0]
+        self.token_ids, self.positions, self.slot_mapping = &token_ids[0], &positions[0], &slot_mapping[0]
+        self.tok_seq, self.logits_rows, self.sample_slots = &tok_seq[0], &logits_rows[0], &sample_slots[0]
+        self.block_size, self.step_col, self.end_col = block_size, step_col, end_col
+        self.num_rows = 0
+
+    def gather(self, list chunks, dict slot_of, batch):
+        """Apply the chunks' deltas (batch.add for a new request, batch.append_blocks for new
+        block ids, batch.put_drafts for drafts: the Python rare paths), then fill the step
+        arrays. chunks: ScheduledChunk tuples (request, start, num_new_tokens, new_block_ids,
+        sample, is_new, spec_token_ids). Returns (T tokens, R sampling chunks, keys read by
+        attention, whether the chunks sit in slots 0..S-1 and all sample)."""
+        cdef Py_ssize_t num_seqs = len(chunks), seq, i
+        cdef Py_ssize_t t = 0, r = 0, context = 0, slot, start, count, pos, blk
+        cdef bint is_prefix = True
+        cdef tuple c
+        cdef int32_t *row
+        cdef int32_t *table
+        cdef Py_ssize_t bs = self.block_size
+        for seq in range(num_seqs):
+            c = <tuple>chunks[seq]           # a NamedTuple: a tuple underneath, fields by index
+            request = c[0]
+            start = c[1]
+            count = c[2]
+            if c[5]:
+                slot = batch.add(request, c[3])
+            else:
+                slot = slot_of[request.request_id]
+                if c[3]:
+                    batch.append_blocks(slot, c[3])
+                if c[6]:
+                    batch.put_drafts(slot, c[6])
+            if slot < 0 or slot >= self.num_slots or count < 1 or start < 0 or start + count > self.row_len \
+                    or (start + count - 1) // bs >= self.max_blocks:
+                raise ValueError(f"StepBuffers.gather: chunk {seq} (slot {slot}, tokens {start}..{start + count}) "
+                                 "outside the batch arrays")
+            if t + count > self.max_tokens:
+                raise ValueError("StepBuffers.gather: step arrays too small")
+            is_prefix = is_prefix and slot == seq
+            row = self.token_rows + slot * self.row_len
+            table = self.block_table + slot * self.max_blocks
+            for i in range(count):
+                pos = start + i
+                blk = table[pos // bs]
+                self.token_ids[t] = row[pos]
+                self.positions[t] = <int32_t>pos
+                self.slot_mapping[t] = <int64_t>blk * bs + pos % bs
+                self.tok_seq[t] = <int32_t>slot
+                t += 1
+            context += start + count
+            if c[4]:
+                if r >= self.max_rows:
+                    raise ValueError("StepBuffers.gather: row arrays too small")
+                self.logits_rows[r] = <int32_t>(t - 1)
+                self.sample_slots[r] = <int32_t>slot
+                r += 1
+        self.num_rows = r
+        return t, r, context, is_prefix and r == num_seqs
+
+    def append_step(self, const int32_t[::1] tokens):
+        """The latest gather's sampling rows each get their token (tokens [R]): appended to the
+        slot's row, its sampler step and (when outputs are penalty context) context end advanced."""
+        cdef Py_ssize_t r, slot, n
+        if tokens.shape[0] != self.num_rows:
+            raise ValueError(f"StepBuffers.append_step: {tokens.shape[0]} tokens for {self.num_rows} rows")
+        for r in range(self.num_rows):
+            slot = self.sample_slots[r]
+            n = self.num_tokens[slot]
+            if n >= self.row_len:
+                raise ValueError(f"append_step: slot {slot}'s row is full")
+            self.token_rows[slot * self.row_len + n] = tokens[r]
+            self.num_tokens[slot] = <int32_t>(n + 1)
+            self.iparams[slot * self.num_i + self.step_col] += 1
+            self.iparams[slot * self.num_i + self.end_col] += self.ctx_outputs[slot]
 
 
 def gather_step(const int32_t[:, ::1] token_rows,    # IN  [max_num_seqs, L] token ids per slot

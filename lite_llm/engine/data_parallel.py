@@ -212,16 +212,60 @@ def wait_ready(replicas: list) -> None:
         rep.info = msg[1]
 
 
+def build_or_report(send: Callable[[tuple], None], builder: Callable, model: str | None, kwargs: dict):
+    """In a replica process: builder(model, serving=True, progress=False, **kwargs) (llm.build_engine
+    here, pooling.build_pooling_engine in pooling_dp.py), or None once ("failed", why) is sent."""
+    try:
+        return builder(model, serving=True, progress=False, **kwargs)
+    except BaseException as e:  # noqa: BLE001 - the front end reports it
+        send(("failed", f"{type(e).__name__}: {e}"))
+        return None
+
+
+def spawn_replicas(main: Callable, name: str, binds: list[tuple[str, list[int] | None]], model: str | None,
+                   kwargs: dict, make_replica: Callable) -> tuple[list, Any]:
+    """Start a spawned process per (bind spec, affinity) of binds, running main(index, environ,
+    affinity, log level, model, kwargs, requests pipe, replies pipe); make_replica(index, bind,
+    affinity, process, requests writer, replies reader) is the front end's handle on each (generation
+    replicas here, pooling ones in pooling_dp.py). Then the model's config and tokenizer are read
+    here (weights stay mapped) and every replica's ready message awaited; if one fails, all stop
+    and the error is raised. Returns (replicas, the loaded model without weights)."""
+    ctx = multiprocessing.get_context("spawn")     # a fresh interpreter: no OpenMP pool, no locks held
+    replicas = []
+    for i, (bind, affinity) in enumerate(binds):
+        req_read, req_write = ctx.Pipe(duplex=False)
+        rep_read, rep_write = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=main, name=f"{name}-{i}", daemon=True,
+                           args=(i, {"LITE_LLM_CPU_OMP_THREADS_BIND": bind}, affinity,
+                                 logging.getLogger().getEffectiveLevel(), model, kwargs, req_read, rep_write))
+        proc.start()
+        req_read.close()
+        rep_write.close()
+        replicas.append(make_replica(i, bind, affinity, proc, req_write, rep_read))
+    try:
+        from lite_llm.model.loader import load_model      # config and tokenizer only: weights stay mapped
+        loaded = load_model(model, dtype=kwargs.get("dtype", "auto"), max_model_len=kwargs.get("max_model_len"),
+                            progress=False)
+        loaded.release()
+        wait_ready(replicas)
+    except BaseException:
+        for rep in replicas:
+            if rep.process.is_alive():
+                rep.process.terminate()
+            rep.process.join(5.0)
+        raise
+    return replicas, loaded
+
+
 def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | None, log_level: int,
                   model: str | None, kwargs: dict, requests: Any, replies: Any) -> None:
     """One replica: an AsyncEngine fed from the `requests` pipe, its deltas batched onto `replies`."""
     send = replica_process_setup(index, environ, affinity, log_level, replies)
     from lite_llm.llm import build_engine
-    try:
-        engine, loaded, info = build_engine(model, serving=True, progress=False, **kwargs)
-    except BaseException as e:  # noqa: BLE001 - the front end reports it
-        send(("failed", f"{type(e).__name__}: {e}"))
+    built = build_or_report(send, build_engine, model, kwargs)
+    if built is None:
         return
+    engine, loaded, info = built
     config = engine.engine.config
     keep = ("model_path", "model_name", "max_model_len", "dtype", "architecture", "kernel_variant",
             "num_threads", "thread_plan", "kv_cache_tokens", "kv_cache_blocks", "kv_cache_bytes",
@@ -528,38 +572,14 @@ def build_data_parallel_engine(model: str | None, data_parallel_size: int, *, ma
         log.info("data parallel %s", line if tp_size > 1 else line.replace("rank ", "replica ", 1))
     for note in plan.notes:
         log.info("note: %s", note)
-    ctx = multiprocessing.get_context("spawn")     # a fresh interpreter: no OpenMP pool, no locks held
-    replicas = []
-    for i in range(data_parallel_size):
-        bind, affinity = replica_bind(plan, i, tp_size)
-        environ = {"LITE_LLM_CPU_OMP_THREADS_BIND": bind}
-        req_read, req_write = ctx.Pipe(duplex=False)
-        rep_read, rep_write = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_replica_main, name=f"lite-llm-replica-{i}", daemon=True,
-                           args=(i, environ, affinity, logging.getLogger().getEffectiveLevel(), model,
-                                 kwargs, req_read, rep_write))
-        proc.start()
-        req_read.close()
-        rep_write.close()
+
+    def make_replica(i: int, bind: str, affinity, proc, req_write, rep_read) -> _Replica:
         cpus = () if affinity is None else tuple(c for r in plan.ranks[i * tp_size:(i + 1) * tp_size] for c in r.cpus)
-        replicas.append(_Replica(i, cpus, proc, req_write, rep_read))
         log.info("data parallel replica %d: pid %d, CPUs %s", i, proc.pid, bind if affinity else "not bound")
+        return _Replica(i, cpus, proc, req_write, rep_read)
 
-    def stop_all() -> None:
-        for rep in replicas:
-            if rep.process.is_alive():
-                rep.process.terminate()
-            rep.process.join(5.0)
-
-    try:
-        from lite_llm.model.loader import load_model      # config and tokenizer only: weights stay mapped
-        loaded = load_model(model, dtype=kwargs.get("dtype", "auto"), max_model_len=kwargs.get("max_model_len"),
-                            progress=False)
-        loaded.release()
-        wait_ready(replicas)
-    except BaseException:
-        stop_all()
-        raise
+    binds = [replica_bind(plan, i, tp_size) for i in range(data_parallel_size)]
+    replicas, loaded = spawn_replicas(_replica_main, "lite-llm-replica", binds, model, kwargs, make_replica)
     first = replicas[0].info
     engine = DataParallelEngine(replicas, loaded.tokenizer, max_model_len=first["max_model_len"],
                                 max_num_seqs=first["max_num_seqs"], block_size=first["block_size"],

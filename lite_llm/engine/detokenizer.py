@@ -21,6 +21,14 @@ _INITIAL_CONTEXT = 5     # prompt tokens decoded before the first output token (
 _REPLACEMENT = "\ufffd"  # what decode yields for an incomplete UTF-8 sequence
 
 
+def _joined(pieces: list[str]) -> str:
+    """The pieces as one string, kept as the list's only piece (a str grown by += is copied
+    whole at each append: O(n) per token)."""
+    if len(pieces) > 1:
+        pieces[:] = ["".join(pieces)]
+    return pieces[0] if pieces else ""
+
+
 class IncrementalDetokenizer:
     """Text of the output tokens of one sequence, grown by add().
 
@@ -41,7 +49,7 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
         self._prefix_text = self._decode(self._ids)
-        self.text = ""                     # all output text released so far, grown by each delta
+        self._pieces: list[str] = []       # the deltas released so far (text joins them)
         self.token_ids: list[int] = []     # output ids seen so far
 
     def add(self, token_id: int) -> str:
@@ -60,8 +68,13 @@ class IncrementalDetokenizer:
             del self._ids[:self._prefix_offset]
             self._read_offset -= self._prefix_offset
             self._prefix_offset = 0
-        self.text += delta
+        self._pieces.append(delta)
         return delta
+
+    @property
+    def text(self) -> str:
+        """All output text released so far."""
+        return _joined(self._pieces)
 
     def _decode(self, ids: list[int]) -> str:
         return self._decode_ints(ids, skip_special_tokens=self.skip_special_tokens) if ids else ""
@@ -86,7 +99,7 @@ class ByteDetokenizer:
         self._size = len(table)
         self._pending = b""                # bytes of the output tokens not released yet
         self.skip_special_tokens = skip_special_tokens
-        self.text = ""
+        self._pieces: list[str] = []       # the deltas released so far (text joins them)
         self.token_ids: list[int] = []
 
     def add(self, token_id: int) -> str:
@@ -103,8 +116,13 @@ class ByteDetokenizer:
             self._pending = pending
             return ""
         self._pending = b""
-        self.text += delta
+        self._pieces.append(delta)
         return delta
+
+    @property
+    def text(self) -> str:
+        """All output text released so far."""
+        return _joined(self._pieces)
 
 
 def make_detokenizer(tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True):

@@ -76,7 +76,12 @@ class EngineConfig:
 
 
 class _Completion:
-    """Text state of one child request: detokenizer, visible text, what was streamed."""
+    """Text state of one child request: detokenizer, its text so far, what was streamed.
+
+    The text is never held as one growing string (appending to one copies it: O(n) per token):
+    what is not streamed yet is a list of pieces, joined when an output takes it, and the stop
+    strings are searched in the new characters plus the few before them that a stop string
+    could start in (tail)."""
 
     def __init__(self, request: Request, tokenizer: Any):
         params = request.sampling_params
@@ -85,18 +90,52 @@ class _Completion:
         if tokenizer is not None and params.detokenize:
             self.detokenizer = make_detokenizer(tokenizer, request.prompt_token_ids,
                                                 params.skip_special_tokens)
-        self.text = ""
         # a stop string may be arriving: keep its possible beginning out of streamed text
         self.stop_strings = params.stop if not params.include_stop_str_in_output else []
+        self.num_chars = 0                 # length of the text
+        self._pending: list[str] = []      # text[num_sent_chars:], in pieces
+        # the text's last characters a stop string can begin in (its longest, less one)
+        self._keep = max((len(s) for s in params.stop), default=1) - 1 if params.stop else 0
+        self._tail = ""
         self.num_sent_tokens = 0
         self.num_sent_chars = 0
         self.sent_finished = False
 
-    def visible_text(self) -> str:
+    def add_text(self, new_text: str) -> str:
+        """Append new_text; returns the window a newly completed stop string lies in: the
+        tail before it, then new_text (it starts at num_chars - len(window))."""
+        self._pending.append(new_text)
+        self.num_chars += len(new_text)
+        window = self._tail + new_text if self._keep else new_text
+        if self._keep:
+            self._tail = window[-self._keep:]
+        return window
+
+    def truncate(self, length: int) -> None:
+        """Cut the text to its first length characters (a stop string ends it; never before
+        what was streamed, which holdback kept short of any stop string)."""
+        assert length >= self.num_sent_chars, "a stop string began in text already streamed"
+        text = "".join(self._pending)[:length - self.num_sent_chars]
+        self._pending = [text] if text else []
+        self.num_chars = length
+
+    def visible_chars(self) -> int:
+        """How much of the text may be streamed: all of it once finished or without stop
+        strings, else all but a suffix that may still become a stop string."""
         if self.request.is_finished or not self.stop_strings:
-            return self.text
-        hold = stop_holdback(self.text, self.stop_strings)
-        return self.text[:max(self.num_sent_chars, len(self.text) - hold)]
+            return self.num_chars
+        return max(self.num_sent_chars, self.num_chars - stop_holdback(self._tail, self.stop_strings))
+
+    def take_text(self, end: int) -> str:
+        """text[num_sent_chars:end], now streamed."""
+        num = end - self.num_sent_chars
+        if num <= 0:
+            return ""
+        pending = self._pending
+        text = pending[0] if len(pending) == 1 else "".join(pending)
+        self._pending = [text[num:]] if num < len(text) else []
+        self.num_sent_chars = end
+        return text[:num] if num < len(text) else text
 
 
 class _Group:
@@ -263,7 +302,9 @@ class LLMEngine:
             self._process_sample(request, result, now, remaining)
             if matchers and request.request_id in matchers:
                 self._advance_grammar(request, result.token_id)
-            touched[request.parent_id] = self._groups[request.parent_id]
+            group = self._groups[request.parent_id]
+            if not group.final_only or request.is_finished:    # a running FINAL_ONLY one has no output
+                touched[request.parent_id] = group
             if remaining and isinstance(request.stop_reason, str) and request.is_finished:
                 # a stop string ended it before this step's later tokens: they are dropped
                 request.truncate_outputs(remaining)
@@ -316,15 +357,15 @@ class LLMEngine:
         if comp.detokenizer is not None and not (stopped_by_token
                                                  and not params.include_stop_str_in_output):
             new_text = comp.detokenizer.add(token_id)
-            comp.text = comp.detokenizer.text
+            window = comp.add_text(new_text) if new_text else ""
             # a stop string completed by the token that hit the length limit still wins
             if (params.stop and new_text and request.num_output_tokens - remaining > params.min_tokens
                     and status in (RequestStatus.RUNNING, RequestStatus.FINISHED_LENGTH)):
-                match = find_stop(comp.text, len(new_text), params.stop,
+                match = find_stop(window, len(new_text), params.stop,
                                   params.include_stop_str_in_output)
                 if match is not None:
                     stop_str, truncate_to = match
-                    comp.text = comp.text[:truncate_to]
+                    comp.truncate(comp.num_chars - len(window) + truncate_to)
                     request.stop_reason = stop_str
                     if request.is_finished:
                         request.status = RequestStatus.FINISHED_STOPPED
@@ -381,17 +422,17 @@ class LLMEngine:
         for comp in group.completions:
             request = comp.request
             is_finished = request.is_finished
-            text = comp.text if is_finished or not comp.stop_strings else comp.visible_text()
+            end = comp.num_chars if is_finished or not comp.stop_strings else comp.visible_chars()
             num_tokens = len(request.output_token_ids)
-            if num_tokens == comp.num_sent_tokens and len(text) == comp.num_sent_chars \
+            if num_tokens == comp.num_sent_tokens and end == comp.num_sent_chars \
                     and (comp.sent_finished or not is_finished):
                 continue
             completions.append(CompletionOutput(
-                request.index, text[comp.num_sent_chars:],
+                request.index, comp.take_text(end),
                 request.output_token_ids[comp.num_sent_tokens:], request.cumulative_logprob,
                 request.logprobs[comp.num_sent_tokens:] if request.logprobs is not None else None,
                 request.finish_reason, request.stop_reason))
-            comp.num_sent_tokens, comp.num_sent_chars = num_tokens, len(text)
+            comp.num_sent_tokens = num_tokens
             comp.sent_finished = is_finished
         first = group.children[0]
         prompt_logprobs = None

@@ -103,6 +103,7 @@ class InputBatch:
         self._banning: set[int] = set()          # slots still short of min_tokens
         self._biased: set[int] = set()           # slots whose request has a logit_bias
         self._logprobs: set[int] = set()         # slots whose request wants logprobs
+        self._prompt_logprobs: set[int] = set()  # slots whose request wants prompt logprobs
         self.slot_of: dict[str, int] = {}        # request id -> slot
         self._free_slots = list(range(max_num_seqs))   # a heap: the lowest free slot first
         self._row_len = row_len
@@ -117,6 +118,11 @@ class InputBatch:
         self._fparams_step = np.zeros((max_num_seqs, NUM_F), np.float32)
         self._iparams_step = np.zeros((max_num_seqs, NUM_I), np.int64)
         self._flat_token_ids = self.token_ids.reshape(-1)      # the sampler's penalty context
+        # the same arrays as pointers taken once: each step's gather and append (_batch.pyx)
+        self._buffers = _batch.StepBuffers(self.token_ids, self.block_table, self.num_tokens, self.iparams,
+                                           self.ctx_outputs, self._token_ids, self._positions, self._slot_mapping,
+                                           self._tok_seq, self._logits_rows, self._sample_slots, block_size,
+                                           I_STEP, I_TOK_END)
         # views of the step arrays for the latest (T, R), and of the parameter rows for the
         # latest R: a steady decode batch reuses them instead of slicing again every step
         self._step_views: tuple = ((-1, -1), ())
@@ -137,6 +143,12 @@ class InputBatch:
         reduction over the rows' num_logprobs)."""
         return bool(self._logprobs)
 
+    @property
+    def any_prompt_logprobs(self) -> bool:
+        """Whether some request in the batch asked for prompt logprobs (the runner then looks
+        for this step's prompt rows)."""
+        return bool(self._prompt_logprobs)
+
     # ---- deltas ---------------------------------------------------------------------------
 
     def remove(self, request_id: str) -> None:
@@ -147,6 +159,7 @@ class InputBatch:
             self._banning.discard(slot)
             self._biased.discard(slot)
             self._logprobs.discard(slot)
+            self._prompt_logprobs.discard(slot)
             heapq.heappush(self._free_slots, slot)
 
     def add(self, request, block_ids: list[int]) -> int:
@@ -180,6 +193,8 @@ class InputBatch:
             self._biased.add(slot)
         if num_logprobs >= 0:
             self._logprobs.add(slot)
+        if getattr(p, "prompt_logprobs", None) is not None:
+            self._prompt_logprobs.add(slot)
         if n - num_prompt < p.min_tokens:
             self._ban_ids[slot] = ban_ids(p, getattr(request, "eos_token_ids", None) or self.eos_token_ids)
             self._banning.add(slot)
@@ -190,6 +205,15 @@ class InputBatch:
             n = self.num_blocks[slot]
             self.block_table[slot, n:n + len(block_ids)] = block_ids
             self.num_blocks[slot] = n + len(block_ids)
+
+    def put_drafts(self, slot: int, draft_ids) -> None:
+        """Drafts sit past the row's tokens (the verified ones are appended over them)."""
+        n = int(self.num_tokens[slot])
+        self.token_ids[slot, n:n + len(draft_ids)] = draft_ids
+
+    def append_step(self, token_ids: np.ndarray) -> None:
+        """append_sampled for the latest prepare()'s sampling slots: token_ids [R] int32."""
+        self._buffers.append_step(token_ids)
 
     def append_sampled(self, slots: np.ndarray, token_ids: np.ndarray) -> None:
         """Each slot's newly sampled token joins its row (the scheduler appends the same
@@ -205,30 +229,8 @@ class InputBatch:
             self.remove(rid)
         for rid in sched_out.preempted_req_ids:
             self.remove(rid)
-        slot_of = self.slot_of
         chunks = sched_out.chunks
-        slots, starts, counts, samples = [], [], [], []
-        is_prefix = True
-        for c in chunks:
-            if c.is_new:
-                slot = self.add(c.request, c.new_block_ids)
-            else:
-                slot = slot_of[c.request.request_id]
-                if c.new_block_ids:
-                    self.append_blocks(slot, c.new_block_ids)
-                if c.spec_token_ids:
-                    # drafts sit past the row's tokens (the verified ones are appended over them)
-                    n = int(self.num_tokens[slot])
-                    self.token_ids[slot, n:n + len(c.spec_token_ids)] = c.spec_token_ids
-            is_prefix = is_prefix and slot == len(slots)
-            slots.append(slot)
-            starts.append(c.start)
-            counts.append(c.num_new_tokens)
-            samples.append(c.sample)
-        num_tokens, num_rows, num_context = _batch.gather_step(
-            self.token_ids, self.block_table, slots, starts, counts, samples, self.block_size,
-            self._token_ids, self._positions, self._slot_mapping, self._tok_seq,
-            self._logits_rows, self._sample_slots)
+        num_tokens, num_rows, num_context, is_prefix = self._buffers.gather(chunks, self.slot_of, self)
         assert num_tokens == sched_out.num_tokens, "SchedulerOutput.num_tokens disagrees with its chunks"
         key, views = self._step_views
         if key != (num_tokens, num_rows):
@@ -237,7 +239,7 @@ class InputBatch:
                      self._logits_rows[:num_rows], self._sample_slots[:num_rows])
             self._step_views = (num_tokens, num_rows), views
         return StepArrays(views[0], views[1], views[2], views[3], self.block_table, views[4], views[5],
-                          is_prefix and num_rows == len(chunks), num_context)
+                          is_prefix, num_context)
 
     def sampling_arrays(self, slots: np.ndarray, is_prefix: bool = False
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -75,6 +75,8 @@ class Request:
         self.sampling_params = sampling_params
         self.seed = seed                           # effective seed for this sequence's sampling
         self.eos_token_ids = eos_token_ids         # runner: mask them before min_tokens
+        # (ids that may stop it, outputs at which its length stops it): Scheduler.add_request's
+        self.stop_check: tuple[frozenset[int], int] = (frozenset(), 0)
         # max_tokens resolved by the engine (None in params = up to max_model_len)
         self.max_tokens = max_tokens if max_tokens is not None else sampling_params.max_tokens
         self.status = RequestStatus.WAITING

@@ -259,6 +259,7 @@ class ModelRunner:
                                                 lora_rank=max_lora_rank if max_loras > 0 else 0)
         self.max_num_batched_tokens = max_num_batched_tokens
         self._logits = np.empty((0, cfg.vocab_size), np.float32)
+        self._logits_view: tuple = (-1, None)   # (R, self._logits[:R]) of the latest step: reused
         self.max_num_seqs = max_num_seqs
         eos = tuple(cfg.eos_token_ids)
         self.sampler = Sampler(cfg.vocab_size, eos, num_threads=num_threads)
@@ -276,7 +277,8 @@ class ModelRunner:
         # speculative decoding (spec_decode.py): drafts for the next step, by request id, of
         # the latest execute()
         self.proposer = proposer
-        self.last_spec_token_ids: dict[str, list[int]] = {}
+        # (None without a proposer: the engine then skips its per-sequence draft bookkeeping)
+        self.last_spec_token_ids: dict[str, list[int]] | None = {} if proposer is not None else None
         # multiply-adds per token of the layers' matrices, and per logits row (the benchmarks'
         # share of peak; attention's grow with the context: bench/common.py)
         shapes = {name[:-len(".shape")]: tensors[name] for name in tensors if name.endswith(".shape")}
@@ -326,9 +328,16 @@ class ModelRunner:
         group = self.tp_group
         if group is None:
             R = len(logits_rows)
-            if self._logits.shape[0] < R:
-                self._logits = np.empty((R, self.config.vocab_size), np.float32)
-            logits = self._logits[:R]
+            size, logits = self._logits_view
+            if size != R:
+                if self._logits.shape[0] < R:
+                    self._logits = np.empty((R, self.config.vocab_size), np.float32)
+                logits = self._logits[:R]
+                self._logits_view = R, logits
+            if self.lora_weights is None and mm[0] is None and mm[1] is None and mm[2] is None:
+                self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
+                                     block_tables, logits_rows, logits, self.num_threads)
+                return logits
             # each sequence's adapter slot: its batch row's
             adapters = {} if self.lora_weights is None else {"lora": self.lora_weights,
                                                              "seq_lora": self.input_batch.seq_lora}
@@ -351,7 +360,7 @@ class ModelRunner:
         prompt logprobs the step's chunks want; waits for the structured-output masks either way.
         Returns (all logits, prompt rows or None, kernel seconds, bitmask, mask rows)."""
         prompt_rows = None
-        if any(c.request.prompt_logprobs is not None for c in sched_out.chunks):
+        if self.input_batch.any_prompt_logprobs:
             prompt_rows = _prompt_rows(sched_out)
             if prompt_rows:
                 logits_rows = np.concatenate([logits_rows, np.concatenate([r[2] for r in prompt_rows])])
@@ -386,7 +395,7 @@ class ModelRunner:
             sampled = self.sampler.run(logits, *batch.sampling_arrays(a.sample_slots, a.sample_slots_are_prefix),
                                        bitmask=bitmask, mask_rows=mask_rows, any_logprobs=batch.any_logprobs)
             kernel_seconds += self.sampler.last_kernel_seconds
-            batch.append_sampled(a.sample_slots, self.sampler.last_tokens)
+            batch.append_step(self.sampler.last_tokens)
         if prompt_rows:
             self.last_prompt_logprobs = self._prompt_logprobs(all_logits[len(a.logits_rows):], prompt_rows)
         # weights stream once per step; attention reads each sequence's context once

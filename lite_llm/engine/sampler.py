@@ -23,6 +23,7 @@ from lite_llm.engine.input_batch import I_NUM_LOGPROBS, NUM_F, NUM_I, ban_ids, s
 from lite_llm.engine.request import SampleResult
 
 _NO_IDS = np.zeros(0, np.int32)
+_F32 = np.dtype(np.float32)
 _new_tuple = tuple.__new__
 
 
@@ -122,8 +123,8 @@ class Sampler:
             ) -> list[SampleResult]:
         """The compiled sampler over ready parameter arrays; one SampleResult per row."""
         num_seqs = fparams.shape[0]
-        if logits.dtype != np.float32 or logits.ndim != 2 or logits.shape != (num_seqs, self.vocab_size) \
-                or not logits.flags.c_contiguous:
+        # (C-contiguity is the compiled call's own check: its logits are a float[:, ::1])
+        if logits.shape != (num_seqs, self.vocab_size) or logits.dtype != _F32:
             raise ValueError(f"Sampler.sample: logits {logits.dtype} {logits.shape}, "
                              f"want C-contiguous float32 {(num_seqs, self.vocab_size)}")
         max_logprobs = -1          # no row wants logprobs

@@ -48,6 +48,7 @@ from lite_llm.engine.request import Request, RequestStatus, SampleResult
 from lite_llm.multimodal import whole_images
 
 
+_new_chunk = tuple.__new__
 PROMPT_LOGITS_ROWS = 256     # prompt positions whose logits one step keeps (prompt logprobs)
 
 
@@ -103,6 +104,16 @@ class Scheduler:
 
     def add_request(self, request: Request) -> None:
         assert request.request_id not in self.requests, f"duplicate request id {request.request_id!r}"
+        # what a sampled token is checked against before the full stop check runs (most steps
+        # of most requests: neither a stop id nor the length limit)
+        params = request.sampling_params
+        stop_ids = set(params.stop_token_ids or ())
+        if not params.ignore_eos:
+            stop_ids.update(request.eos_token_ids)
+        limit = self.max_model_len - request.num_prompt_tokens
+        if request.max_tokens is not None:
+            limit = min(limit, request.max_tokens)
+        request.stop_check = (frozenset(stop_ids), limit)
         self.requests[request.request_id] = request
         self._push_waiting(request, front=False)
 
@@ -176,8 +187,11 @@ class Scheduler:
                     continue
                 self._rows_budget -= num_new
             assert num_new > 0, f"{request} has nothing to compute"
-            spec = self._drafts(request, num_new, budget)
-            lookahead = self._lookahead(request, num_new, len(spec))
+            if request.spec_token_ids or self.num_lookahead_tokens:
+                spec = self._drafts(request, num_new, budget)
+                lookahead = self._lookahead(request, num_new, len(spec))
+            else:                 # no speculation (most steps): what the two calls would give
+                spec, lookahead = (), 0
             while (block_ids := kv.allocate_slots(request, num_new, (), len(spec) + lookahead)) is None:
                 if spec or lookahead:       # drop the speculation before preempting anyone
                     spec, lookahead = (), 0
@@ -196,8 +210,9 @@ class Scheduler:
             if block_ids is None:
                 continue           # request left running; running[idx] is the next one
             start = request.num_computed_tokens
-            chunks.append(ScheduledChunk(request, start, num_new + len(spec), block_ids,
-                                         start + num_new == request.num_tokens, spec_token_ids=spec))
+            # tuple.__new__: the NamedTuple's own __new__ is a Python frame per chunk
+            chunks.append(_new_chunk(ScheduledChunk, (request, start, num_new + len(spec), block_ids,
+                                                      start + num_new == request.num_tokens, False, spec)))
             budget -= num_new + len(spec)
             idx += 1
         return budget
@@ -296,9 +311,12 @@ class Scheduler:
         are dropped. spec_token_ids: the runner's drafts for the next step, by request id."""
         assert len(results) == len(sched_out.chunks), "runner results must align with chunks"
         sampled: list[tuple[Request, SampleResult]] = []
+        append = sampled.append
+        running, waiting = RequestStatus.RUNNING, RequestStatus.WAITING
         for chunk, result in zip(sched_out.chunks, results):
             request = chunk.request
-            if request.is_finished:
+            status = request.status
+            if status is not running and status is not waiting:     # finished (is_finished, inlined)
                 continue
             if chunk.spec_token_ids:
                 # the last real token and the accepted drafts now have their KV
@@ -315,11 +333,15 @@ class Scheduler:
             if not chunk.sample:
                 continue
             assert result is not None, f"no sample for {request}"
-            request.append_output_token(result.token_id)
-            sampled.append((request, result))
-            status = self._check_token_stop(request)
-            if status is not None:
-                self.finish_requests(request.request_id, status)
+            token_id = result.token_id
+            request.output_token_ids.append(token_id)       # append_output_token, inlined
+            request.all_token_ids.append(token_id)
+            append((request, result))
+            stop_ids, limit = request.stop_check
+            if token_id in stop_ids or len(request.output_token_ids) >= limit:
+                status = self._check_token_stop(request)
+                if status is not None:
+                    self.finish_requests(request.request_id, status)
         if spec_token_ids is not None:
             for chunk in sched_out.chunks:
                 request = chunk.request

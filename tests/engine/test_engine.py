@@ -266,6 +266,59 @@ def test_stop_strings_truncate_text_and_stream_never_leaks_them():
     assert engine.stats().request_success_total == {"stop": 1}
 
 
+class PieceTokenizer:
+    """Token t decodes to a piece of 0-3 letters from a small alphabet (empty pieces: text a
+    token does not add to), so stop strings span tokens and begin inside them."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join("abc"[t % 3] * (t % 4) for t in ids)
+
+
+def reference_stop(pieces: list[str], stop: list[str], include: bool) -> tuple[str, str | None]:
+    """The plain rule on the whole text: after each piece, the stop string whose match ends in
+    that piece and starts first (list order breaks ties); (text, stop string) at the end."""
+    text = ""
+    for piece in pieces:
+        text += piece
+        found = [(text.find(s, max(0, len(text) - len(piece) - len(s) + 1)), k, s)
+                 for k, s in enumerate(stop) if s and piece]
+        found = [f for f in found if f[0] != -1]
+        if found:
+            index, _, s = min(found)
+            return text[:index + len(s)] if include else text[:index], s
+    return text, None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_stop_strings_and_holdback_match_the_whole_text_rule(seed):
+    """Streamed text with stop strings of several lengths, over tokens of 0-3 characters, equals
+    the whole-text rule (reference_stop); no delta ever shows part of a stop string that later
+    completes, and every streamed prefix is a prefix of the final text."""
+    rng = np.random.default_rng(seed)
+    prompt = [int(t) for t in rng.integers(1, VOCAB, 3)]
+    expected = greedy_tokens(prompt, 60)
+    full = PieceTokenizer().decode(expected)
+    stop = ["".join(rng.choice(list("abc"), int(rng.integers(1, 5)))) for _ in range(3)]
+    if len(full) > 12:        # one stop string surely in the text, starting mid-way
+        at = int(rng.integers(3, len(full) - 6))
+        stop[0] = full[at:at + int(rng.integers(2, 6))]
+    for include in (False, True):
+        want, want_stop = reference_stop([PieceTokenizer().decode([t]) for t in expected], stop, include)
+        engine, _ = make_engine(tokenizer=PieceTokenizer())
+        engine.add_request("s", prompt, SamplingParams(temperature=0.0, max_tokens=60, stop=stop, ignore_eos=True,
+                                                       include_stop_str_in_output=include))
+        streamed, final = "", None
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                streamed += out.outputs[0].text if out.outputs else ""
+                assert want.startswith(streamed), (streamed, want)
+                if out.finished:
+                    final = out.outputs[0]
+        assert streamed == want
+        assert final.stop_reason == want_stop
+        assert final.finish_reason == ("stop" if want_stop is not None else "length")
+
+
 def test_final_only_requests_get_one_output_equal_to_their_folded_deltas():
     """RequestOutputKind.FINAL_ONLY: nothing while a request runs, then one output holding what
     the DELTA run's deltas fold into (n > 1, stop strings, logprobs, length and EOS stops); an

@@ -65,3 +65,22 @@ def test_sampling_from_the_batch_rows_matches_sampling_from_scratch():
     for slot, req in live.items():       # the rows hold exactly the requests' tokens
         n = batch.num_tokens[slot]
         assert batch.token_ids[slot, :n].tolist() == req.all_token_ids
+
+
+def test_step_gather_rejects_chunks_outside_the_batch_and_appends_match_the_rows():
+    """StepBuffers (the engine's gather/append path): a chunk reaching past its row or block
+    table is refused with an error naming it; append_step adds each sampling row's token to its
+    slot's row as append_sampled does."""
+    import pytest
+    from lite_llm.engine.scheduler import ScheduledChunk, SchedulerOutput
+    batch = InputBatch(max_num_seqs=4, max_model_len=32, block_size=8, eos_token_ids=(EOS,), max_num_batched_tokens=64)
+    req = Request("a", list(range(10, 20)), SamplingParams(temperature=0.0), seed=0)
+    a = batch.prepare(SchedulerOutput([ScheduledChunk(req, 0, 10, [3, 5], True, True)], 10))
+    np.testing.assert_array_equal(a.token_ids, list(range(10, 20)))
+    np.testing.assert_array_equal(a.slot_mapping, [3 * 8 + p for p in range(8)] + [5 * 8, 5 * 8 + 1])
+    batch.append_step(np.array([77], np.int32))
+    assert batch.num_tokens[0] == 11 and batch.token_ids[0, 10] == 77
+    with pytest.raises(ValueError, match="1 rows"):
+        batch.append_step(np.array([1, 2], np.int32))
+    with pytest.raises(ValueError, match="chunk 0"):        # positions 30..33: past the row of 33
+        batch.prepare(SchedulerOutput([ScheduledChunk(req, 30, 4, [], True)], 4))
