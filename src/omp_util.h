@@ -1,4 +1,4 @@
-/* Small OpenMP / scheduling helpers used from Cython. */
+/* Small OpenMP helpers used from Cython: the step barrier, pinning, clocks (work hand-out: work.h). */
 #ifndef LL_OMP_UTIL_H
 #define LL_OMP_UTIL_H
 #ifndef _GNU_SOURCE
@@ -77,9 +77,6 @@ static inline void ll_omp_barrier(void) {
         }
     }
 }
-
-/* Hand out work items: returns the counter's value before the increment. */
-static inline int ll_atomic_next(int *counter) { return __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED); }
 
 /* Pin the calling thread to one CPU; 0 on success, an errno value otherwise. */
 static inline int ll_pin_self(int cpu) {

@@ -118,10 +118,6 @@ cdef inline const void *_ptr(object arr) except NULL:
     return <const void *><size_t>arr.ctypes.data
 
 
-cdef inline Py_ssize_t _lo(Py_ssize_t n, int tid, int nth) noexcept nogil:
-    return n * tid // nth
-
-
 cdef Mat _make_mat(object w, list parts, Py_ssize_t n, Py_ssize_t k, object bias, list keep,
                    bint fma=False) except *:
     """Mat over packed buffer w: parts are (type name, first panel, end panel, first column,
@@ -159,16 +155,6 @@ cdef Mat _make_mat(object w, list parts, Py_ssize_t n, Py_ssize_t k, object bias
     return m
 
 
-cdef inline void _gemm_part(const float *x, Py_ssize_t ldx, const uint32_t *xb, const ll_qact *xq,
-                            Py_ssize_t num_tokens, const Mat *w, float *out, Py_ssize_t ldo, int accumulate,
-                            int tid, int nth) noexcept nogil:
-    """This thread's share of out (+)= x @ W.T: a contiguous range of 16-row panels, so decode
-    streams each weight byte once; x also as bf16 pairs (xb) or int8 blocks (xq) where the
-    matrix's kernels take those."""
-    ll_mat_gemm(x, xb, xq, ldx, num_tokens, w, out, ldo, accumulate, _lo(w.num_panels, tid, nth),
-                _lo(w.num_panels, tid + 1, nth))
-
-
 cdef inline void _to_input(int form, const float *x, Py_ssize_t ldx, Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t k,
                            uint32_t *xb, const ll_qact *xq) noexcept nogil:
     """Rows t0..t1 of fp32 x [T][ldx] (k values) into the input form a matrix takes."""
@@ -184,24 +170,6 @@ cdef inline ll_qact _qact(int8_t *q, float *d, float *s, Py_ssize_t k) noexcept 
     return a
 
 
-cdef void _gemm(const float *x, Py_ssize_t ldx, uint32_t *xb, const ll_qact *xq, Py_ssize_t num_tokens,
-                const Mat *m, float *out, Py_ssize_t ldo, int accumulate, int num_threads) noexcept nogil:
-    """out[T, n] (+)= x[T, k] @ W.T + bias on its own: converts x to the matrix's input form
-    first, then each thread runs _gemm_part (forward() fuses the conversion into the phase that
-    produces x instead)."""
-    cdef Py_ssize_t tid, nt = num_threads
-    cdef int form = ll_mat_form(m, num_tokens)
-    if form != LL_IN_F32:
-        if num_tokens >= 2 * nt:
-            for tid in prange(nt, schedule="static", num_threads=num_threads):
-                _to_input(form, x, ldx, _lo(num_tokens, tid, nt), _lo(num_tokens, tid + 1, nt), m.k, xb, xq)
-        else:
-            _to_input(form, x, ldx, 0, num_tokens, m.k, xb, xq)
-    if nt > m.num_panels:
-        nt = m.num_panels
-    for tid in prange(nt, schedule="static", num_threads=nt):
-        _gemm_part(x, ldx, xb, xq, num_tokens, m, out, ldo, accumulate, tid, nt)
-
 cdef extern from "kernels/moe.h" nogil:
     float ll_dot_f32(const float *a, const float *b, Py_ssize_t n)
     void ll_moe_topk(const float *logits, int num_experts, int k, int renorm, int32_t *sel, float *weight)
@@ -213,7 +181,86 @@ cdef extern from "omp_util.h" nogil:
     void ll_barrier_enter(int *count, int *sense, int nth)
     void ll_barrier_leave()
     void ll_set_barrier_spins(int spins)
-    int ll_atomic_next(int *counter)
+
+cdef extern from "work.h" nogil:
+    # the work dispenser of every parallel phase (forward() and the kernel wrappers)
+    int LL_WORK_STATIC, LL_WORK_DYNAMIC
+    ctypedef struct ll_team:
+        long long *counter
+        long long base
+        int tid, nth
+    ctypedef struct ll_work:
+        pass
+    ll_team ll_team_make(long long *counter, int tid, int nth)
+    ll_work ll_work_begin(ll_team *tm, int mode, Py_ssize_t units, Py_ssize_t chunk)
+    bint ll_work_take(ll_work *w, Py_ssize_t *lo, Py_ssize_t *hi)
+    void ll_work_static(ll_team *tm, Py_ssize_t units, Py_ssize_t chunk, Py_ssize_t *lo, Py_ssize_t *hi)
+
+cdef enum:
+    DYN_MAX_TOKENS = 4   # steps this small stream weights: panels handed out dynamically
+
+
+cdef inline int _gemm_mode(Py_ssize_t num_tokens) noexcept nogil:
+    """How a GEMM phase hands out its panels (work.h): big steps statically (compute-bound,
+    even); small steps stream weights, where one core's slower stream would leave the other
+    waiting at the barrier: chunks from the team's counter instead."""
+    return LL_WORK_STATIC if num_tokens > DYN_MAX_TOKENS else LL_WORK_DYNAMIC
+
+
+cdef inline Py_ssize_t _panel_chunk(int mode, Py_ssize_t units, int nth) noexcept nogil:
+    """Units per take: static runs are whole (chunk 1); dynamic ones ~8 chunks per thread of
+    at least 4 units, so the counter is touched a few times per thread, not per panel."""
+    cdef Py_ssize_t per = units // (8 * nth)
+    if mode == LL_WORK_STATIC:
+        return 1
+    return per if per > 4 else 4
+
+
+cdef inline void _gemm_phase(const float *x, Py_ssize_t ldx, const uint32_t *xb, const ll_qact *xq,
+                             Py_ssize_t num_tokens, const Mat *w, float *out, Py_ssize_t ldo, int accumulate,
+                             int mode, ll_team *tm) noexcept nogil:
+    """This thread's share of out (+)= x @ W.T (+ bias), 16-row panels handed out by `mode`
+    (_gemm_mode; static where a thread prefetched its own run, work.h), x also as bf16 pairs
+    (xb) or int8 blocks (xq) where the matrix's kernels take those."""
+    cdef Py_ssize_t p0, p1
+    cdef ll_work wk = ll_work_begin(tm, mode, w.num_panels, _panel_chunk(mode, w.num_panels, tm.nth))
+    while ll_work_take(&wk, &p0, &p1):
+        ll_mat_gemm(x, xb, xq, ldx, num_tokens, w, out, ldo, accumulate, p0, p1)
+
+
+cdef inline void _to_input_rows(int form, const float *x, Py_ssize_t ldx, Py_ssize_t num_tokens, Py_ssize_t k,
+                                uint32_t *xb, const ll_qact *xq, ll_team *tm) noexcept nogil:
+    """All rows of x in a matrix's input form, split by rows across the team (one thread when
+    there are too few rows to share); the caller's barrier ends it."""
+    cdef Py_ssize_t t0, t1
+    if num_tokens >= 2 * tm.nth:
+        ll_work_static(tm, num_tokens, 1, &t0, &t1)
+        _to_input(form, x, ldx, t0, t1, k, xb, xq)
+    elif tm.tid == 0:
+        _to_input(form, x, ldx, 0, num_tokens, k, xb, xq)
+
+
+cdef void _gemm(const float *x, Py_ssize_t ldx, uint32_t *xb, const ll_qact *xq, Py_ssize_t num_tokens,
+                const Mat *m, float *out, Py_ssize_t ldo, int accumulate, int num_threads) noexcept nogil:
+    """out[T, n] (+)= x[T, k] @ W.T + bias on its own (the kernel tests, the vision encoder): in
+    one parallel region, x into the matrix's input form, then the panels handed out as forward()'s
+    GEMM phases hand them (forward() fuses the conversion into the phase that produces x instead)."""
+    cdef long long counter[8]   # the team's work counter (work.h): one cache line of this stack
+    cdef int form = ll_mat_form(m, num_tokens)
+    counter[0] = 0
+    with parallel(num_threads=num_threads):
+        _gemm_thread(x, ldx, xb, xq, num_tokens, m, out, ldo, accumulate, form, counter,
+                     openmp.omp_get_thread_num(), openmp.omp_get_num_threads())
+
+
+cdef void _gemm_thread(const float *x, Py_ssize_t ldx, uint32_t *xb, const ll_qact *xq, Py_ssize_t num_tokens,
+                       const Mat *m, float *out, Py_ssize_t ldo, int accumulate, int form, long long *counter,
+                       int tid, int nth) noexcept nogil:
+    cdef ll_team tm = ll_team_make(counter, tid, nth)
+    if form != LL_IN_F32:
+        _to_input_rows(form, x, ldx, num_tokens, m.k, xb, xq, &tm)
+        ll_omp_barrier()
+    _gemm_phase(x, ldx, xb, xq, num_tokens, m, out, ldo, accumulate, _gemm_mode(num_tokens), &tm)
 
 cdef extern from "kernels/quant.h" nogil:
     int LL_STORED_LE

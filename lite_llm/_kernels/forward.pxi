@@ -70,9 +70,8 @@ cdef struct WorkC:
     int8_t *xq2     # [T, F] int8 blocks of the MLP activation (the down projection's input)
     float *xqd2     # [T, F / 32]
     float *xqs2     # [T, F / 16]
-    int *counter    # [11 x 16] work counters, one cache line each: attention, qkv, o, up, down, lm_head,
-                    # MoE gated, MoE down, LoRA steps' unfused gate/up; then the step barrier's count
-                    # and sense (omp_util.h)
+    long long *work # [8] the team's work counter (work.h), its own cache line: every dynamic phase
+    int *barrier    # [2 x 16] the step barrier's count and sense, one cache line each (omp_util.h)
     # mixture of experts (A = T K routed rows, grouped by expert): NULL for dense models
     float *router   # [T, X + 1] router logits, the shared gate's at X (then its sigmoid)
     float *moe_wt   # [T, K] weight of each token's k-th expert
@@ -395,7 +394,7 @@ cdef class Workspace:
                 aligned_zeros((max_tokens, ffn), np.float32),
                 aligned_zeros((max(num_threads, 1), ll_attention_scratch(mc.head_dim, mc.num_heads // mc.num_kv_heads)), np.float32),
                 aligned_zeros((max(max_tokens, max_rows), (max_k + 1) // 2 + 1), np.uint32),
-                aligned_zeros((11 * 16,), np.int32),
+                aligned_zeros((3 * 16,), np.int32),
                 aligned_zeros((max_tokens + 1,), np.int32),
                 aligned_zeros((max_tokens, (ffn + 1) // 2 + 1), np.uint32),
                 aligned_zeros((_max_split_items(max(num_threads, 1)),
@@ -413,7 +412,8 @@ cdef class Workspace:
         self.c.x, self.c.h, self.c.qkv = <float *>_ptr(bufs[0]), <float *>_ptr(bufs[1]), <float *>_ptr(bufs[2])
         self.c.attn, self.c.mlp, self.c.act = <float *>_ptr(bufs[3]), <float *>_ptr(bufs[4]), <float *>_ptr(bufs[5])
         self.c.scores, self.c.xb = <float *>_ptr(bufs[6]), <uint32_t *>_ptr(bufs[7])
-        self.c.counter = <int *>_ptr(bufs[8])
+        self.c.work = <long long *>_ptr(bufs[8])          # the first line: the work counter
+        self.c.barrier = <int *>_ptr(bufs[8]) + 16        # the next two: the barrier's count and sense
         self.c.tiles = <int32_t *>_ptr(bufs[9])
         self.c.xb2 = <uint32_t *>_ptr(bufs[10])
         self.c.partials = <float *>_ptr(bufs[11])
@@ -640,7 +640,7 @@ cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t
     """ONE parallel region for the whole step: every thread runs _step over its share of each
     phase, with a barrier between dependent phases (far cheaper than a fork/join per op)."""
     cdef StepC s
-    cdef int tid, i
+    cdef int tid
     s.T, s.R, s.max_blocks = T, R, max_blocks
     s.token_ids, s.positions, s.slot_mapping, s.tok_seq = token_ids, positions, slot_mapping, tok_seq
     s.block_tables, s.logits_rows, s.logits = block_tables, logits_rows, logits
@@ -648,14 +648,13 @@ cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t
     s.attn_pos, s.token_types, s.hidden = attn_pos, token_types, hidden
     s.lora = lora[0]
     s.mm_embeds, s.embed_src, s.rope_pos = mm_embeds, embed_src, rope_pos
-    for i in range(9):
-        ws.counter[16 * i] = 0
-    ll_barrier_reset(ws.counter + 9 * 16, ws.counter + 10 * 16)
+    ws.work[0] = 0   # the one reset of the step: phases after it follow by generation (work.h)
+    ll_barrier_reset(ws.barrier, ws.barrier + 16)
     s.num_tiles = _build_tiles(tok_seq, T, ws.tiles)
     s.max_keys = _max_keys(attn_pos, T)
     with parallel(num_threads=nt):
         tid = openmp.omp_get_thread_num()
-        ll_barrier_enter(ws.counter + 9 * 16, ws.counter + 10 * 16, openmp.omp_get_num_threads())
+        ll_barrier_enter(ws.barrier, ws.barrier + 16, openmp.omp_get_num_threads())
         _step(m, ws, &s, tid, openmp.omp_get_num_threads())
         ll_barrier_leave()
     if tp != NULL:   # two all-reduces per layer and the logits' wait: the same count on every rank
@@ -696,65 +695,31 @@ cdef inline void _residual_add(const ModelC *m, const float *w, float *h, float 
             x[t * E + i] += r * h[t * E + i]
 
 
-cdef enum:
-    DYN_MAX_TOKENS = 4   # steps this small stream weights: panels handed out dynamically
+cdef inline void _gated_phase(const float *x, const uint32_t *xb, const ll_qact *xq, Py_ssize_t ldx,
+                              Py_ssize_t T, const Mat *w, Py_ssize_t F, int act, float *ao, Py_ssize_t lda,
+                              uint32_t *ao_b, int8_t *aq, float *aqd, float *aqs, ll_team *tm) noexcept nogil:
+    """This thread's share of the gated MLP's fused phase, ao = act(x Wg) * (x Wu) (and its bf16
+    pairs ao_b or int8 blocks aq, the down projection's input, where not NULL): feature panels
+    handed out like a GEMM phase's (_gemm_mode), in pairs (32 features: an int8 block of the down
+    projection's input is made whole by one thread)."""
+    cdef Py_ssize_t ng = (F + 15) // 16, q0, q1
+    cdef int mode = _gemm_mode(T)
+    cdef ll_work wk = ll_work_begin(tm, mode, ng, 2 * _panel_chunk(mode, (ng + 1) // 2, tm.nth))
+    while ll_work_take(&wk, &q0, &q1):
+        ll_mat_gated(x, xb, xq, ldx, T, w, F, act, ao, lda, ao_b, aq, aqd, aqs, q0, q1)
 
 
-cdef inline bint _next_chunk(int *counter, Py_ssize_t units, Py_ssize_t layer, int nth,
-                             Py_ssize_t *u0, Py_ssize_t *u1) noexcept nogil:
-    """The next chunk u0..u1 of a phase's `units` (panels, or gated feature panels) handed out
-    from a shared counter, ~8 chunks per thread; False once all are taken. Every thread takes
-    exactly one chunk number past the end, so at layer l the counter starts at
-    l * (chunks + nth): it is never reset within a step."""
-    cdef Py_ssize_t per = units // (8 * nth), nchunks, i
-    if per < 4:
-        per = 4
-    nchunks = (units + per - 1) // per
-    i = ll_atomic_next(counter) - layer * (nchunks + nth)
-    if i >= nchunks:
-        return False
-    u0[0] = i * per
-    u1[0] = (i + 1) * per if (i + 1) * per < units else units
-    return True
-
-
-cdef inline void _gemm_phase(const float *x, Py_ssize_t ldx, const uint32_t *xb, const ll_qact *xq, Py_ssize_t T,
-                             const Mat *w, float *out, Py_ssize_t ldo, int accumulate, int *counter, Py_ssize_t layer,
-                             int tid, int nth) noexcept nogil:
-    """One GEMM phase of the step. Big steps split panels statically (compute-bound, even); small
-    steps stream weights, where one core's slower stream would leave the other waiting at the
-    barrier: chunks of panels from a shared counter instead (_next_chunk)."""
-    cdef Py_ssize_t p0, p1
-    if T > DYN_MAX_TOKENS:
-        _gemm_part(x, ldx, xb, xq, T, w, out, ldo, accumulate, tid, nth)
-        return
-    while _next_chunk(counter, w.num_panels, layer, nth, &p0, &p1):
-        ll_mat_gemm(x, xb, xq, ldx, T, w, out, ldo, accumulate, p0, p1)
-
-
-cdef inline void _gated_range(const ModelC *m, const WorkC *ws, const Mat *w, const Mat *down, Py_ssize_t T,
-                              Py_ssize_t q0, Py_ssize_t q1) noexcept nogil:
+cdef inline void _mlp_gated(const ModelC *m, const WorkC *ws, const Mat *w, const Mat *down, Py_ssize_t T,
+                            ll_team *tm) noexcept nogil:
+    """forward()'s gated phase: h in, act out, in the down projection's input form."""
     cdef ll_qact xq = _qact(ws.xq, ws.xqd, ws.xqs, m.dim)
     cdef int form = ll_mat_form(down, T)
-    ll_mat_gated(ws.h, ws.xb, &xq, m.dim, T, w, m.ffn_dim, m.act, ws.act, m.ffn_dim,
-                 ws.xb2 if form == LL_IN_BF16 else NULL, ws.xq2 if form == LL_IN_Q8 else NULL, ws.xqd2, ws.xqs2,
-                 q0, q1)
-
-
-cdef inline void _gated_phase(const ModelC *m, const WorkC *ws, const Mat *w, const Mat *down, Py_ssize_t T,
-                              Py_ssize_t layer, int tid, int nth) noexcept nogil:
-    """The gated MLP's fused phase, split like _gemm_phase over pairs of feature panels (32
-    features: an int8 block of the down projection's input is made whole by one thread)."""
-    cdef Py_ssize_t ng = (m.ffn_dim + 15) // 16, units = (ng + 1) // 2, u0, u1
-    if T > DYN_MAX_TOKENS:
-        _gated_range(m, ws, w, down, T, 2 * _lo(units, tid, nth), min(2 * _lo(units, tid + 1, nth), ng))
-        return
-    while _next_chunk(ws.counter + 3 * 16, units, layer, nth, &u0, &u1):
-        _gated_range(m, ws, w, down, T, 2 * u0, min(2 * u1, ng))
+    _gated_phase(ws.h, ws.xb, &xq, m.dim, T, w, m.ffn_dim, m.act, ws.act, m.ffn_dim,
+                 ws.xb2 if form == LL_IN_BF16 else NULL, ws.xq2 if form == LL_IN_Q8 else NULL, ws.xqd2, ws.xqs2, tm)
 
 
 cdef void _lora_mlp(const ModelC *m, const WorkC *ws, const StepC *s, const LayerW *L, const LoraG *G,
-                    Py_ssize_t layer, int tid, int nth) noexcept nogil:
+                    ll_team *tm) noexcept nogil:
     """x += the gated MLP of the normed rows h with the step's adapters (lora.pxi), inside
     _step's parallel region. The gate/up GEMM runs unfused, raw gate and up rows into lgu, so
     the adapters' gate / up products join them before the activation:
@@ -763,19 +728,17 @@ cdef void _lora_mlp(const ModelC *m, const WorkC *ws, const StepC *s, const Laye
       expand    lgu += adapters' gate / up products
       act       act = act(gate) * up, in the down projection's input form, split by columns
       down      x (or h, then the post norm) += act . W_down, adapters' shrink before, expand after"""
-    cdef Py_ssize_t t, T = s.T, E = m.dim, F = m.ffn_dim, chunks, c0, c1
+    cdef Py_ssize_t t, T = s.T, E = m.dim, F = m.ffn_dim, c0, c1
     cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E)
     cdef ll_qact xq_f = _qact(ws.xq2, ws.xqd2, ws.xqs2, F)
     cdef int form = ll_mat_form(&L.down, T)
     cdef bint via_h = m.post_norms or m.residual_scale != 1.0
-    _lora_shrink(&s.lora, G + LORA_GATE_UP, ws.h, E, tid, nth)
-    _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.up, ws.lgu, 2 * F, 0, ws.counter + 8 * 16, layer, tid, nth)
+    _lora_shrink(&s.lora, G + LORA_GATE_UP, ws.h, E, tm)
+    _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.up, ws.lgu, 2 * F, 0, _gemm_mode(T), tm)
     ll_omp_barrier()
-    _lora_expand(&s.lora, G + LORA_GATE_UP, ws.lgu, 2 * F, tid, nth)
+    _lora_expand(&s.lora, G + LORA_GATE_UP, ws.lgu, 2 * F, tm)
     ll_omp_barrier()
-    chunks = (F + 31) // 32     # whole 32-value blocks per thread: an int8 block is made by one
-    c0 = _lo(chunks, tid, nth) * 32
-    c1 = min(_lo(chunks, tid + 1, nth) * 32, F)
+    ll_work_static(tm, F, 32, &c0, &c1)   # whole 32-value blocks per thread: an int8 block is made by one
     if c1 > c0:
         for t in range(T):
             ll_act_mul_f32(ws.lgu + t * 2 * F + c0, ws.lgu + t * 2 * F + F + c0, ws.act + t * F + c0, c1 - c0, m.act)
@@ -785,14 +748,15 @@ cdef void _lora_mlp(const ModelC *m, const WorkC *ws, const StepC *s, const Laye
                 ll_quantize_rows_q8(ws.act + t * F + c0, 0, 0, 1, c1 - c0, ws.xq2 + t * F + c0,
                                     ws.xqd2 + t * (F // 32) + c0 // 32, ws.xqs2 + t * (F // 16) + c0 // 16)
     ll_omp_barrier()
-    _lora_shrink(&s.lora, G + LORA_DOWN, ws.act, F, tid, nth)
+    _lora_shrink(&s.lora, G + LORA_DOWN, ws.act, F, tm)
     _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ws.h if via_h else ws.x, E, 0 if via_h else 1,
-                ws.counter + 4 * 16, layer, tid, nth)
+                _gemm_mode(T), tm)
     ll_omp_barrier()
-    _lora_expand(&s.lora, G + LORA_DOWN, ws.h if via_h else ws.x, E, tid, nth)
+    _lora_expand(&s.lora, G + LORA_DOWN, ws.h if via_h else ws.x, E, tm)
     if via_h:
         ll_omp_barrier()
-        _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, _lo(T, tid, nth), _lo(T, tid + 1, nth))
+        ll_work_static(tm, T, 1, &c0, &c1)
+        _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, c0, c1)
 
 
 cdef inline void _attn_to_input(const WorkC *ws, int form, Py_ssize_t pair, Py_ssize_t q_n, Py_ssize_t group,
@@ -845,7 +809,7 @@ cdef inline void _expert_down(const ModelC *m, const WorkC *ws, const LayerW *L,
 
 
 cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize_t T, float *out, int accumulate,
-                     int tid, int nth) noexcept nogil:
+                     ll_team *tm) noexcept nogil:
     """out (+)= the MoE MLP of the normed rows h [T, E] (ws.h; in L.up's input form for a
     shared expert), inside _step's parallel region; out is x (accumulate 1), or a tensor-
     parallel rank's slot (accumulate 0: its features' share of every expert):
@@ -855,7 +819,7 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
       group     one thread: rows by expert, A = T K of them (moe_off, moe_tok, moe_slot)
       gather    each routed row copied to gx in its expert's input form
       gated     (expert with rows, pair of feature panels) units, then the shared expert's,
-                from a shared counter: one GEMM per expert over its rows (decode: K GEMVs)
+                handed out dynamically: one GEMM per expert over its rows (decode: K GEMVs)
       down      (expert, MOE_DOWN_PANELS output panels) units likewise, into gout [A, E]
                 (the shared expert's into h, which nobody reads any more)
       combine   out[t] (+)= sum_k w[t, k] gout[slot[t, k]] (+ sigmoid gate x shared), split by columns
@@ -864,27 +828,30 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
     cdef Py_ssize_t Xp = X + 1, A = T * K, t, k, e, a, r, item, n_items, c0, c1
     cdef Py_ssize_t ng = (F + 15) // 16, pairs = (ng + 1) // 2, ngs = (Fs + 15) // 16, spairs = (ngs + 1) // 2
     cdef Py_ssize_t npd = (E + 15) // 16, chunks = (npd + MOE_DOWN_PANELS - 1) // MOE_DOWN_PANELS
-    cdef Py_ssize_t n_active, routed
+    cdef Py_ssize_t n_active, routed, i0, i1
+    cdef ll_work wk
     cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E), gq = _qact(ws.gxq, ws.gxqd, ws.gxqs, E)
     cdef ll_qact xq_s = _qact(ws.xq2, ws.xqd2, ws.xqs2, Fs)
     cdef int form
     cdef float *logit
 
     n_items = T * Xp
-    for item in range(_lo(n_items, tid, nth), _lo(n_items, tid + 1, nth)):
+    ll_work_static(tm, n_items, 1, &i0, &i1)
+    for item in range(i0, i1):
         t, e = item // Xp, item % Xp
         if e < X:
             ws.router[item] = ll_dot_f32(ws.h + t * E, L.router + e * E, E)
         elif L.shared_gate_w != NULL:
             ws.router[item] = ll_dot_f32(ws.h + t * E, L.shared_gate_w, E)
     ll_omp_barrier()
-    for t in range(_lo(T, tid, nth), _lo(T, tid + 1, nth)):
+    ll_work_static(tm, T, 1, &i0, &i1)
+    for t in range(i0, i1):
         logit = ws.router + t * Xp
         ll_moe_topk(logit, <int>X, <int>K, m.norm_topk, ws.moe_sel + t * K, ws.moe_wt + t * K)
         if L.shared_gate_w != NULL:
             logit[X] = 1.0 / (1.0 + expf(-logit[X]))
     ll_omp_barrier()
-    if tid == 0:   # group the T K (token, expert) pairs by expert, tokens in order within each
+    if tm.tid == 0:   # group the T K (token, expert) pairs by expert, tokens in order within each
         for e in range(Xp):
             ws.moe_off[e] = 0
         for a in range(A):
@@ -902,11 +869,10 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
             r = ws.moe_cur[e]
             ws.moe_cur[e] += 1
             ws.moe_slot[a], ws.moe_tok[r], ws.moe_exp[r] = <int32_t>r, <int32_t>(a // K), <int32_t>e
-        ws.counter[6 * 16] = 0   # this layer's gated and down units: last used before two barriers
-        ws.counter[7 * 16] = 0
     ll_omp_barrier()
     n_active = ws.moe_active[X]
-    for r in range(_lo(A, tid, nth), _lo(A, tid + 1, nth)):
+    ll_work_static(tm, A, 1, &i0, &i1)
+    for r in range(i0, i1):
         e = ws.moe_exp[r]
         memcpy(ws.gx + r * E, ws.h + ws.moe_tok[r] * E, E * sizeof(float))
         form = ll_mat_form(&L.experts[e], ws.moe_off[e + 1] - ws.moe_off[e])
@@ -915,8 +881,8 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
     # experts hold unequal numbers of rows: units handed out dynamically
     routed = n_active * pairs
     n_items = routed + (spairs if Fs else 0)
-    item = ll_atomic_next(ws.counter + 6 * 16)
-    while item < n_items:
+    wk = ll_work_begin(tm, LL_WORK_DYNAMIC, n_items, 1)
+    while ll_work_take(&wk, &item, &i1):
         if item < routed:
             _expert_gated(m, ws, L, ws.moe_active[item // pairs], 2 * (item % pairs), min(2 * (item % pairs) + 2, ng))
         else:
@@ -925,12 +891,11 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
             ll_mat_gated(ws.h, ws.xb, &xq_e, E, T, &L.up, Fs, m.act, ws.act, Fs,
                          ws.xb2 if form == LL_IN_BF16 else NULL, ws.xq2 if form == LL_IN_Q8 else NULL, ws.xqd2,
                          ws.xqs2, 2 * r, min(2 * r + 2, ngs))
-        item = ll_atomic_next(ws.counter + 6 * 16)
     ll_omp_barrier()
     routed = n_active * chunks
     n_items = routed + (chunks if Fs else 0)
-    item = ll_atomic_next(ws.counter + 7 * 16)
-    while item < n_items:
+    wk = ll_work_begin(tm, LL_WORK_DYNAMIC, n_items, 1)
+    while ll_work_take(&wk, &item, &i1):
         r = item % chunks
         if item < routed:
             _expert_down(m, ws, L, ws.moe_active[item // chunks], r * MOE_DOWN_PANELS,
@@ -938,10 +903,8 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
         else:
             ll_mat_gemm(ws.act, ws.xb2, &xq_s, Fs, T, &L.down, ws.h, E, 0, r * MOE_DOWN_PANELS,
                         min((r + 1) * MOE_DOWN_PANELS, npd))
-        item = ll_atomic_next(ws.counter + 7 * 16)
     ll_omp_barrier()
-    c0 = _lo(npd, tid, nth) * 16
-    c1 = min(_lo(npd, tid + 1, nth) * 16, E)
+    ll_work_static(tm, E, 16, &c0, &c1)   # whole output panels, as the down projections wrote them
     if c1 > c0:
         for t in range(T):
             if not accumulate:
@@ -953,10 +916,14 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
 
 
 cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int nth) noexcept nogil:
-    cdef Py_ssize_t t, r, head, i, l, item, c0, c1, t0, t1
+    # every phase hands out its units through this thread's view of the team (work.h)
+    cdef ll_team team = ll_team_make(ws.work, tid, nth)
+    cdef ll_team *tm = &team
+    cdef Py_ssize_t t, r, head, i, l, item, c0, c1, t0, t1, p0, p1
+    cdef ll_work wk
     cdef Py_ssize_t T = s.T, E = m.dim, F = m.ffn_dim, H = m.num_heads, Hkv = m.num_kv_heads, D = m.head_dim
     cdef Py_ssize_t q_n = H * D, qkv_n = (H + 2 * Hkv) * D
-    cdef Py_ssize_t chunks, group = H // Hkv, pair
+    cdef Py_ssize_t group = H // Hkv, pair
     cdef int nsplit = _num_splits(s.num_tiles, Hkv, nth, s.max_keys)
     cdef float *row
     cdef const float *trow
@@ -971,7 +938,7 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
     cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E)
     cdef ll_qact xq_o = _qact(ws.xq, ws.xqd, ws.xqs, q_n)
     cdef ll_qact xq_f = _qact(ws.xq2, ws.xqd2, ws.xqs2, F)
-    t0, t1 = _lo(T, tid, nth), _lo(T, tid + 1, nth)
+    ll_work_static(tm, T, 1, &t0, &t1)   # this thread's rows in every row phase
 
     for t in range(t0, t1):
         if s.embed_src != NULL and s.embed_src[t] >= 0:   # an image's token: its encoder row, unscaled
@@ -1003,11 +970,11 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         ll_omp_barrier()
         if s.lora.nl:   # adapters' q/k/v shrink beside the base GEMM (both only read h)
             G = s.lora.groups + l * LORA_GROUPS
-            _lora_shrink(&s.lora, G + LORA_QKV, ws.h, E, tid, nth)
-        _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.qkv, ws.qkv, qkv_n, 0, ws.counter + 16, l, tid, nth)
+            _lora_shrink(&s.lora, G + LORA_QKV, ws.h, E, tm)
+        _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.qkv, ws.qkv, qkv_n, 0, _gemm_mode(T), tm)
         ll_omp_barrier()
         if s.lora.nl:
-            _lora_expand(&s.lora, G + LORA_QKV, ws.qkv, qkv_n, tid, nth)
+            _lora_expand(&s.lora, G + LORA_QKV, ws.qkv, qkv_n, tm)
             ll_omp_barrier()
         for t in range(t0, t1):
             row = ws.qkv + t * qkv_n
@@ -1028,44 +995,43 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
             ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, 0)
         ll_omp_barrier()      # every token's K/V is in the cache before anyone attends
         # (query tile, KV head, key split) items handed out dynamically: work grows with context
-        item = ll_atomic_next(ws.counter)
-        while item < s.num_tiles * Hkv * nsplit:
+        wk = ll_work_begin(tm, LL_WORK_DYNAMIC, s.num_tiles * Hkv * nsplit, 1)
+        while ll_work_take(&wk, &item, &i):
             _attention_item(item, nsplit, ws.qkv, qkv_n, ws.attn, q_n, ws.tiles, H, Hkv, D, L.k_cache, L.v_cache,
                             m.kv_type, s.block_tables, s.max_blocks, m.block_size, s.tok_seq, s.positions,
                             s.attn_pos, m.scale, m.attn_softcap, L.window, ws.scores + tid * ws.scratch_len,
                             ws.partials, m.attn_path)
             if nsplit == 1:
                 _attn_to_input(ws, ll_mat_form(&L.o, T), item, q_n, group, D)
-            item = ll_atomic_next(ws.counter)
         if T <= DYN_MAX_TOKENS:   # attention waits on latency: bring this thread's o panels in meanwhile
-            ll_mat_prefetch(&L.o, _lo(L.o.num_panels, tid, nth), _lo(L.o.num_panels, tid + 1, nth))
+            ll_work_static(tm, L.o.num_panels, 1, &p0, &p1)   # the run its static o phase takes below
+            ll_mat_prefetch(&L.o, p0, p1)
         ll_omp_barrier()
-        if tid == 0:
-            ws.counter[0] = 0   # for the next layer: nobody reads it before two more barriers
         if nsplit > 1:   # merge each (tile, KV head)'s splits
-            for pair in range(_lo(s.num_tiles * Hkv, tid, nth), _lo(s.num_tiles * Hkv, tid + 1, nth)):
+            ll_work_static(tm, s.num_tiles * Hkv, 1, &p0, &p1)
+            for pair in range(p0, p1):
                 _combine_item(pair, nsplit, ws.partials, ws.attn, q_n, ws.tiles, H, Hkv, D)
                 _attn_to_input(ws, ll_mat_form(&L.o, T), pair, q_n, group, D)
             ll_omp_barrier()
         if s.lora.nl:   # reads the final attention rows; expanded once the o GEMM is done
-            _lora_shrink(&s.lora, G + LORA_O, ws.attn, q_n, tid, nth)
+            _lora_shrink(&s.lora, G + LORA_O, ws.attn, q_n, tm)
         if s.tp != NULL:   # this rank's heads' share of o into its slot; the sum over ranks into h
-            _gemm_part(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ll_tp_slot(s.tp, s.gen0 + 2 * l + 1, s.tp.rank),
-                       E, 0, tid, nth)
-            _tp_reduce(s.tp, s.gen0 + 2 * l + 1, ws.h, T * E, tid, nth)
+            _gemm_phase(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ll_tp_slot(s.tp, s.gen0 + 2 * l + 1, s.tp.rank),
+                        E, 0, LL_WORK_STATIC, tm)
+            _tp_reduce(s.tp, s.gen0 + 2 * l + 1, ws.h, T * E, tm)
             _residual_add(m, L.post_attn_norm_w, ws.h, ws.x, t0, t1)
         elif m.post_norms or m.residual_scale != 1.0:   # o into h (free: qkv has read it), then x += norm(h)
-            _gemm_part(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.h, E, 0, tid, nth)
+            _gemm_phase(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.h, E, 0, LL_WORK_STATIC, tm)
             ll_omp_barrier()
             if s.lora.nl:
-                _lora_expand(&s.lora, G + LORA_O, ws.h, E, tid, nth)
+                _lora_expand(&s.lora, G + LORA_O, ws.h, E, tm)
                 ll_omp_barrier()
             _residual_add(m, L.post_attn_norm_w, ws.h, ws.x, t0, t1)
         else:
-            _gemm_part(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.x, E, 1, tid, nth)   # static: the prefetched panels
+            _gemm_phase(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.x, E, 1, LL_WORK_STATIC, tm)   # the prefetched run
             if s.lora.nl:
                 ll_omp_barrier()
-                _lora_expand(&s.lora, G + LORA_O, ws.x, E, tid, nth)
+                _lora_expand(&s.lora, G + LORA_O, ws.x, E, tm)
         ll_omp_barrier()
         # --- MLP block: norm, gate/up with the activation fused (or up, act), down + residual
         if m.post_ln:   # BERT: x = LN(x + attention), the MLP's input
@@ -1074,36 +1040,32 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
             _norm_rows(m, L.mlp_norm_w, L.mlp_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, ll_mat_form(&L.up, T), t0, t1)
         ll_omp_barrier()
         if m.num_experts and s.tp != NULL:   # this rank's features of every expert into its slot; the sum into h
-            _moe_block(m, ws, L, T, ll_tp_slot(s.tp, s.gen0 + 2 * l + 2, s.tp.rank), 0, tid, nth)
-            _tp_reduce(s.tp, s.gen0 + 2 * l + 2, ws.h, T * E, tid, nth)
+            _moe_block(m, ws, L, T, ll_tp_slot(s.tp, s.gen0 + 2 * l + 2, s.tp.rank), 0, tm)
+            _tp_reduce(s.tp, s.gen0 + 2 * l + 2, ws.h, T * E, tm)
             _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, t0, t1)
         elif m.num_experts:
-            _moe_block(m, ws, L, T, ws.x, 1, tid, nth)
+            _moe_block(m, ws, L, T, ws.x, 1, tm)
         elif s.lora.nl:
-            _lora_mlp(m, ws, s, L, G, l, tid, nth)
+            _lora_mlp(m, ws, s, L, G, tm)
         elif m.gated:
-            _gated_phase(m, ws, &L.up, &L.down, T, l, tid, nth)
+            _mlp_gated(m, ws, &L.up, &L.down, T, tm)
             ll_omp_barrier()
             if s.tp != NULL:   # this rank's features' share of down into its slot; the sum into h
                 _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ll_tp_slot(s.tp, s.gen0 + 2 * l + 2, s.tp.rank),
-                            E, 0, ws.counter + 4 * 16, l, tid, nth)
-                _tp_reduce(s.tp, s.gen0 + 2 * l + 2, ws.h, T * E, tid, nth)
+                            E, 0, _gemm_mode(T), tm)
+                _tp_reduce(s.tp, s.gen0 + 2 * l + 2, ws.h, T * E, tm)
                 _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, t0, t1)
             elif m.post_norms or m.residual_scale != 1.0:   # down into h (the gated phase has read it)
-                _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ws.h, E, 0, ws.counter + 4 * 16, l, tid, nth)
+                _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ws.h, E, 0, _gemm_mode(T), tm)
                 ll_omp_barrier()
                 _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, t0, t1)
             else:
-                _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ws.x, E, 1, ws.counter + 4 * 16, l, tid, nth)
+                _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ws.x, E, 1, _gemm_mode(T), tm)
         else:
-            _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.up, ws.mlp, F, 0, ws.counter + 3 * 16, l, tid, nth)
+            _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.up, ws.mlp, F, 0, _gemm_mode(T), tm)
             ll_omp_barrier()
             # act over a slice of every row: all threads busy even for one decode token
-            chunks = (F + 31) // 32
-            c0 = _lo(chunks, tid, nth) * 32
-            c1 = _lo(chunks, tid + 1, nth) * 32
-            if c1 > F:
-                c1 = F
+            ll_work_static(tm, F, 32, &c0, &c1)
             if c1 > c0:
                 for t in range(T):
                     ll_act_mul_f32(ws.mlp + t * F + c0, NULL, ws.act + t * F + c0, c1 - c0, m.act)
@@ -1115,11 +1077,11 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
             ll_omp_barrier()
             if s.tp != NULL:
                 _gemm_phase(ws.act, F, ws.xb, &xq_f, T, &L.down, ll_tp_slot(s.tp, s.gen0 + 2 * l + 2, s.tp.rank),
-                            E, 0, ws.counter + 4 * 16, l, tid, nth)
-                _tp_reduce(s.tp, s.gen0 + 2 * l + 2, ws.h, T * E, tid, nth)
+                            E, 0, _gemm_mode(T), tm)
+                _tp_reduce(s.tp, s.gen0 + 2 * l + 2, ws.h, T * E, tm)
                 _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, t0, t1)
             else:
-                _gemm_phase(ws.act, F, ws.xb, &xq_f, T, &L.down, ws.x, E, 1, ws.counter + 4 * 16, l, tid, nth)
+                _gemm_phase(ws.act, F, ws.xb, &xq_f, T, &L.down, ws.x, E, 1, _gemm_mode(T), tm)
         ll_omp_barrier()
 
     if m.post_ln:   # the last layer's LayerNorm after its MLP: x is the encoder's output
@@ -1130,7 +1092,8 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
     if s.R == 0:
         return
     if s.hidden:   # pooling: the rows' final hidden states, no LM head
-        for r in range(_lo(s.R, tid, nth), _lo(s.R, tid + 1, nth)):
+        ll_work_static(tm, s.R, 1, &p0, &p1)
+        for r in range(p0, p1):
             if m.final_norm_w != NULL:
                 _norm(m, m.final_norm_w, m.final_norm_b, ws.x + s.logits_rows[r] * E, s.logits + r * E)
             else:
@@ -1138,14 +1101,15 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         return
     # the LM head: this rank's vocabulary columns vocab0.. of each logits row (all of them on
     # one rank); under tensor parallel every rank writes its columns of the shared logits rows
+    ll_work_static(tm, s.R, 1, &p0, &p1)
     _norm_rows(m, m.final_norm_w, m.final_norm_b, ws.x, s.logits_rows, ws.h, ws.xb, &xq_e, ll_mat_form(&m.lm_head, s.R),
-               _lo(s.R, tid, nth), _lo(s.R, tid + 1, nth))
+               p0, p1)
     ll_omp_barrier()
-    _gemm_phase(ws.h, E, ws.xb, &xq_e, s.R, &m.lm_head, s.logits + m.vocab0, m.vocab_size, 0, ws.counter + 5 * 16, 0,
-                tid, nth)
+    _gemm_phase(ws.h, E, ws.xb, &xq_e, s.R, &m.lm_head, s.logits + m.vocab0, m.vocab_size, 0, _gemm_mode(s.R),
+                tm)
     if m.final_softcap > 0 or m.logit_scale != 1.0:
         ll_omp_barrier()
-        for r in range(_lo(s.R, tid, nth), _lo(s.R, tid + 1, nth)):
+        for r in range(p0, p1):
             row = s.logits + r * m.vocab_size + m.vocab0
             if m.logit_scale != 1.0:
                 for i in range(m.lm_head.n):

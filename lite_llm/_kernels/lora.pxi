@@ -160,7 +160,7 @@ cdef enum:
 
 
 cdef void _lora_shrink(const LoraStep *s, const LoraG *g, const float *x, Py_ssize_t ldx,
-                       int tid, int nth) noexcept nogil:
+                       ll_team *tm) noexcept nogil:
     """s.tmp[t, i r + j] = A_i[slot(t), j] . x[t] for each row t with an adapter (vLLM's punica
     shrink). An adapter with many rows splits them across threads, each row (two at a time)
     against all of the adapter's rank rows (A stays in cache); one with few rows (decode)
@@ -171,8 +171,9 @@ cdef void _lora_shrink(const LoraStep *s, const LoraG *g, const float *x, Py_ssi
     for gi in range(s.nl):
         slot = s.lslot[gi]
         n = s.loff[gi + 1] - s.loff[gi]
-        if n >= 4 * nth:
-            lo, hi = s.loff[gi] + _lo(n, tid, nth), s.loff[gi] + _lo(n, tid + 1, nth)
+        if n >= 4 * tm.nth:
+            ll_work_static(tm, n, 1, &lo, &hi)
+            lo, hi = s.loff[gi] + lo, s.loff[gi] + hi
             i = lo
             while i < hi:   # two rows at a time against every rank row: A from cache, x rows from L1
                 t = s.lrows[i]
@@ -191,7 +192,8 @@ cdef void _lora_shrink(const LoraStep *s, const LoraG *g, const float *x, Py_ssi
                         j0 += 4
                 i += 2
             continue
-        for item in range(_lo(per, tid, nth), _lo(per, tid + 1, nth)):
+        ll_work_static(tm, per, 1, &lo, &hi)
+        for item in range(lo, hi):
             ti = <int>(item // nb)
             j0 = (item % nb) * 4
             rk = g.rank[slot * g.nt + ti]
@@ -204,18 +206,16 @@ cdef void _lora_shrink(const LoraStep *s, const LoraG *g, const float *x, Py_ssi
                                    s.tmp + t * s.ldt + ti * g.r + j0)
 
 
-cdef void _lora_expand(const LoraStep *s, const LoraG *g, float *out, Py_ssize_t ldo, int tid, int nth) noexcept nogil:
+cdef void _lora_expand(const LoraStep *s, const LoraG *g, float *out, Py_ssize_t ldo, ll_team *tm) noexcept nogil:
     """out[t, col_i + c] += s.tmp[t, i r:(i + 1) r] . Bt_i[slot(t), :, c] for each row t with an
     adapter (vLLM's punica expand): each thread a slice of every target's columns, LORA_COLS at
     a time over all adapters' rows."""
-    cdef Py_ssize_t n, nch, c0, c1, cb, w, gi, i, t
+    cdef Py_ssize_t n, c0, c1, cb, w, gi, i, t
     cdef int slot, ti, rk
     cdef const float *b
     for ti in range(g.nt):
         n = g.n[ti]
-        nch = (n + 15) // 16
-        c0 = _lo(nch, tid, nth) * 16
-        c1 = min(_lo(nch, tid + 1, nth) * 16, n)
+        ll_work_static(tm, n, 16, &c0, &c1)
         cb = c0
         while cb < c1:
             w = min(LORA_COLS, c1 - cb)
@@ -241,7 +241,6 @@ def lora_apply(LoraWeights lw, int layer, int group,
     cdef Py_ssize_t T = x.shape[0], t
     cdef LoraStep s
     cdef const LoraG *g
-    cdef int tid
     if not 0 <= layer < lw.num_layers or not 0 <= group < LORA_GROUPS:
         raise ValueError(f"layer {layer} / group {group} outside the adapter weights")
     g = &lw.g[layer * LORA_GROUPS + group]
@@ -261,7 +260,14 @@ def lora_apply(LoraWeights lw, int layer, int group,
     s.lslot, s.loff, s.lrows = &gv[0], &gv[T], &gv[2 * T + 1]
     s.nl = _lora_group(lw, &slots[0], &sv[0], T, &gv[0], &gv[T], &gv[2 * T + 1])
     with nogil, parallel(num_threads=num_threads):
-        tid = openmp.omp_get_thread_num()
-        _lora_shrink(&s, g, &x[0, 0], x.shape[1], tid, openmp.omp_get_num_threads())
-        ll_omp_barrier()
-        _lora_expand(&s, g, &out[0, 0], out.shape[1], tid, openmp.omp_get_num_threads())
+        _lora_apply_thread(&s, g, &x[0, 0], x.shape[1], &out[0, 0], out.shape[1], openmp.omp_get_thread_num(),
+                           openmp.omp_get_num_threads())
+
+
+cdef void _lora_apply_thread(const LoraStep *s, const LoraG *g, const float *x, Py_ssize_t ldx, float *out,
+                             Py_ssize_t ldo, int tid, int nth) noexcept nogil:
+    """One thread of lora_apply's region: the shrink and expand phases as forward() runs them."""
+    cdef ll_team tm = ll_team_make(NULL, tid, nth)   # static phases only
+    _lora_shrink(s, g, x, ldx, &tm)
+    ll_omp_barrier()
+    _lora_expand(s, g, out, ldo, &tm)

@@ -70,8 +70,9 @@ def gated_mlp(const float[:, ::1] x,     # IN  [T, K]
     epilogue). With bf16 dot products the result is rounded to bf16, as the next GEMM reads it;
     path as for gemm."""
     cdef Py_ssize_t t = x.shape[0], k = x.shape[1], f = ffn_dim, ng = (ffn_dim + 15) // 16
-    cdef int a = ACTIVATIONS[act], nt = num_threads, tid
+    cdef int a = ACTIVATIONS[act]
     cdef Mat m
+    cdef long long counter[8]   # the team's work counter (work.h)
     keep = []
     if out.shape[0] != t or out.shape[1] != f:
         raise ValueError(f"gated_mlp: x {tuple(x.shape)}, F={f} -> out {tuple(out.shape)}")
@@ -94,66 +95,93 @@ def gated_mlp(const float[:, ::1] x,     # IN  [T, K]
     cdef uint32_t[:, ::1] xbv = xb
     cdef uint32_t[:, ::1] obv = ob
     cdef _QBufs qb = _QBufs(t, k)
-    if t:
-        _to_input(form, &x[0, 0], k, 0, t, k, &xbv[0, 0], &qb.a)
-    if nt > ng:
-        nt = <int>ng
-    for tid in prange(nt, nogil=True, schedule="static", num_threads=nt):
-        ll_mat_gated(&x[0, 0], &xbv[0, 0], &qb.a, k, t, &m, f, a, &out[0, 0], f, &obv[0, 0] if wants else NULL,
-                     NULL, NULL, NULL, _lo(ng, tid, nt), _lo(ng, tid + 1, nt))
+    counter[0] = 0
+    with nogil, parallel(num_threads=num_threads):
+        _gated_thread(&x[0, 0], &xbv[0, 0], &qb.a, k, t, &m, f, a, &out[0, 0], &obv[0, 0] if wants else NULL,
+                      form, counter, openmp.omp_get_thread_num(), openmp.omp_get_num_threads())
     if wants:   # widen the bf16 result: the caller sees what the next GEMM would read
         out_np = np.asarray(out)
         out_np[...] = (ob.view(np.uint16)[:, :f].astype(np.uint32) << 16).view(np.float32)
 
 
+cdef void _gated_thread(const float *x, uint32_t *xb, const ll_qact *xq, Py_ssize_t k, Py_ssize_t t, const Mat *m,
+                        Py_ssize_t f, int act, float *out, uint32_t *out_b, int form, long long *counter,
+                        int tid, int nth) noexcept nogil:
+    """One thread of gated_mlp's region: x into the matrix's input form, then forward()'s gated phase."""
+    cdef ll_team tm = ll_team_make(counter, tid, nth)
+    if form != LL_IN_F32:
+        _to_input_rows(form, x, k, t, k, xb, xq, &tm)
+        ll_omp_barrier()
+    _gated_phase(x, xb, xq, k, t, m, f, act, out, f, out_b, NULL, NULL, NULL, &tm)
+
+
 def rmsnorm(const float[:, ::1] x, const float[::1] w, float[:, ::1] out, float eps, int num_threads=1):
     """out[t] = rmsnorm(x[t]) * w, rows in parallel."""
-    cdef Py_ssize_t t, e = x.shape[1]
+    cdef Py_ssize_t t, t0, t1, e = x.shape[1]
+    cdef ll_team tm
     if w.shape[0] != e or out.shape[0] != x.shape[0] or out.shape[1] != e:
         raise ValueError("rmsnorm: shape mismatch")
-    for t in prange(x.shape[0], nogil=True, schedule="static", num_threads=num_threads):
-        ll_rmsnorm_f32(&x[t, 0], &w[0], &out[t, 0], e, eps)
+    with nogil, parallel(num_threads=num_threads):   # rows as forward()'s row phases split them
+        tm = ll_team_make(NULL, openmp.omp_get_thread_num(), openmp.omp_get_num_threads())
+        t0 = t1 = 0   # assigned here: private to each thread
+        ll_work_static(&tm, x.shape[0], 1, &t0, &t1)
+        for t in range(t0, t1):
+            ll_rmsnorm_f32(&x[t, 0], &w[0], &out[t, 0], e, eps)
 
 
 def layernorm(const float[:, ::1] x, const float[::1] w, const float[::1] b, float[:, ::1] out,
               float eps, int num_threads=1):
-    cdef Py_ssize_t t, e = x.shape[1]
+    cdef Py_ssize_t t, t0, t1, e = x.shape[1]
+    cdef ll_team tm
     if w.shape[0] != e or b.shape[0] != e or out.shape[0] != x.shape[0] or out.shape[1] != e:
         raise ValueError("layernorm: shape mismatch")
-    for t in prange(x.shape[0], nogil=True, schedule="static", num_threads=num_threads):
-        ll_layernorm_f32(&x[t, 0], &w[0], &b[0], &out[t, 0], e, eps)
+    with nogil, parallel(num_threads=num_threads):
+        tm = ll_team_make(NULL, openmp.omp_get_thread_num(), openmp.omp_get_num_threads())
+        t0 = t1 = 0
+        ll_work_static(&tm, x.shape[0], 1, &t0, &t1)
+        for t in range(t0, t1):
+            ll_layernorm_f32(&x[t, 0], &w[0], &b[0], &out[t, 0], e, eps)
 
 
 def rope(float[:, :, ::1] x,             # IN/OUT [T, num_heads, D]
          const int32_t[::1] positions,   # IN [T]
          const float[:, ::1] cos, const float[:, ::1] sin,   # IN [P, D/2]
          int num_threads=1):
-    cdef Py_ssize_t t, h, d = x.shape[2]
+    cdef Py_ssize_t t, t0, t1, h, d = x.shape[2]
+    cdef ll_team tm
     if cos.shape[1] * 2 != d or positions.shape[0] != x.shape[0]:
         raise ValueError("rope: shape mismatch")
     for t in range(x.shape[0]):
         if positions[t] < 0 or positions[t] >= cos.shape[0]:
             raise ValueError(f"rope: position {positions[t]} outside the table of {cos.shape[0]}")
-    for t in prange(x.shape[0], nogil=True, schedule="static", num_threads=num_threads):
-        for h in range(x.shape[1]):
-            ll_rope_neox_f32(&x[t, h, 0], &cos[positions[t], 0], &sin[positions[t], 0], d)
+    with nogil, parallel(num_threads=num_threads):
+        tm = ll_team_make(NULL, openmp.omp_get_thread_num(), openmp.omp_get_num_threads())
+        t0 = t1 = 0
+        ll_work_static(&tm, x.shape[0], 1, &t0, &t1)
+        for t in range(t0, t1):
+            for h in range(x.shape[1]):
+                ll_rope_neox_f32(&x[t, h, 0], &cos[positions[t], 0], &sin[positions[t], 0], d)
 
 
 def act_mul(const float[:, ::1] gate, up, float[:, ::1] out, str act, int num_threads=1):
     """out = act(gate) * up, or act(gate) when up is None."""
     cdef const float[:, ::1] upv
     cdef const float *upp = NULL
-    cdef Py_ssize_t t, f = gate.shape[1]
+    cdef Py_ssize_t t, t0, t1, f = gate.shape[1]
     cdef int a = ACTIVATIONS[act]
+    cdef ll_team tm
     if up is not None:
         upv = up
         if upv.shape[0] != gate.shape[0] or upv.shape[1] != f:
             raise ValueError("act_mul: shape mismatch")
-    for t in prange(gate.shape[0], nogil=True, schedule="static", num_threads=num_threads):
-        if up is None:
-            ll_act_mul_f32(&gate[t, 0], NULL, &out[t, 0], f, a)
-        else:
-            ll_act_mul_f32(&gate[t, 0], &upv[t, 0], &out[t, 0], f, a)
+    if up is not None:
+        upp = &upv[0, 0]
+    with nogil, parallel(num_threads=num_threads):
+        tm = ll_team_make(NULL, openmp.omp_get_thread_num(), openmp.omp_get_num_threads())
+        t0 = t1 = 0
+        ll_work_static(&tm, gate.shape[0], 1, &t0, &t1)
+        for t in range(t0, t1):
+            ll_act_mul_f32(&gate[t, 0], upp + t * f if upp != NULL else NULL, &out[t, 0], f, a)
 
 
 def softcap(float[:, ::1] x, float cap):   # IN/OUT [R, V]
@@ -338,15 +366,74 @@ cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo,
                      int path) noexcept nogil:
     """q [T, H*D] and out [T, H*D] with row strides ldq, ldo; scratch is [num_threads, scratch_len];
     partials holds num_tiles * hkv * nsplit partial results when nsplit > 1."""
-    cdef Py_ssize_t item
-    # dynamic: a tile's work grows with its tokens' context lengths
-    for item in prange(num_tiles * hkv * nsplit, schedule="dynamic", chunksize=1, num_threads=num_threads):
+    cdef long long counter[8]   # the team's work counter (work.h)
+    counter[0] = 0
+    with parallel(num_threads=num_threads):
+        _attention_thread(q, ldq, out, ldo, tiles, num_tiles, h, hkv, d, k_cache, v_cache, kv_type, block_tables,
+                          max_blocks, bs, tok_seq, positions, last, scale, softcap, window, scratch, scratch_len,
+                          partials, nsplit, path, counter, openmp.omp_get_thread_num(), openmp.omp_get_num_threads())
+
+
+cdef void _attention_thread(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo, const int32_t *tiles,
+                            Py_ssize_t num_tiles, Py_ssize_t h, Py_ssize_t hkv, Py_ssize_t d, const void *k_cache,
+                            const void *v_cache, int kv_type, const int32_t *block_tables, Py_ssize_t max_blocks,
+                            Py_ssize_t bs, const int32_t *tok_seq, const int32_t *positions, const int32_t *last,
+                            float scale, float softcap, int window, float *scratch, Py_ssize_t scratch_len,
+                            float *partials, int nsplit, int path, long long *counter, int tid, int nth) noexcept nogil:
+    """One thread of _attention's region, handing out items as forward()'s attention phase does:
+    (tile, KV head, split) items dynamically (a tile's work grows with its tokens' contexts),
+    then the splits' merge statically."""
+    cdef ll_team tm = ll_team_make(counter, tid, nth)
+    cdef ll_work wk = ll_work_begin(&tm, LL_WORK_DYNAMIC, num_tiles * hkv * nsplit, 1)
+    cdef Py_ssize_t item, end, p0, p1
+    while ll_work_take(&wk, &item, &end):
         _attention_item(item, nsplit, q, ldq, out, ldo, tiles, h, hkv, d, k_cache, v_cache, kv_type, block_tables,
-                        max_blocks, bs, tok_seq, positions, last, scale, softcap, window,
-                        scratch + openmp.omp_get_thread_num() * scratch_len, partials, path)
+                        max_blocks, bs, tok_seq, positions, last, scale, softcap, window, scratch + tid * scratch_len,
+                        partials, path)
     if nsplit > 1:
-        for item in prange(num_tiles * hkv, schedule="static", num_threads=num_threads):
+        ll_omp_barrier()
+        ll_work_static(&tm, num_tiles * hkv, 1, &p0, &p1)
+        for item in range(p0, p1):
             _combine_item(item, nsplit, partials, out, ldo, tiles, h, hkv, d)
+
+
+def dispense(units, Py_ssize_t chunk, str mode, int num_threads):
+    """The work dispenser (src/work.h) on its own, for its tests: len(units) consecutive phases
+    of units[i] units in chunks of `chunk`, handed out by `mode` ("static" or "dynamic") to a
+    team of num_threads on ONE counter, zeroed once, with a barrier between phases as in
+    forward(). Returns taken [num_threads, phases, max(units)] int32: how many times each
+    thread took each unit (every unit once over all threads, if the dispenser is right)."""
+    modes = {"static": LL_WORK_STATIC, "dynamic": LL_WORK_DYNAMIC}
+    if mode not in modes:
+        raise ValueError(f"dispense: mode {mode!r}, expected static or dynamic")
+    counts = np.ascontiguousarray(units, dtype=np.intp)
+    if counts.ndim != 1 or (counts < 0).any() or num_threads < 1:
+        raise ValueError("dispense: units must be counts >= 0, num_threads >= 1")
+    taken = np.zeros((num_threads, len(counts), max(int(counts.max(initial=0)), 1)), np.int32)
+    cdef Py_ssize_t[::1] uv = counts
+    cdef int32_t[:, :, ::1] tv = taken
+    cdef long long counter[8]
+    cdef int md = modes[mode], nth = 0
+    if len(counts) == 0:
+        return taken
+    counter[0] = 0
+    with nogil, parallel(num_threads=num_threads):
+        _dispense_thread(&uv[0], uv.shape[0], chunk, md, counter, &tv[0, 0, 0], tv.shape[2],
+                         openmp.omp_get_thread_num(), openmp.omp_get_num_threads())
+    return taken
+
+
+cdef void _dispense_thread(const Py_ssize_t *units, Py_ssize_t num_phases, Py_ssize_t chunk, int mode,
+                           long long *counter, int32_t *taken, Py_ssize_t ld, int tid, int nth) noexcept nogil:
+    cdef ll_team tm = ll_team_make(counter, tid, nth)
+    cdef ll_work wk
+    cdef Py_ssize_t ph, u, lo, hi
+    for ph in range(num_phases):
+        wk = ll_work_begin(&tm, mode, units[ph], chunk)
+        while ll_work_take(&wk, &lo, &hi):
+            for u in range(lo, hi):
+                taken[(tid * num_phases + ph) * ld + u] += 1
+        ll_omp_barrier()
 
 
 # --- the start-up micro-benchmark's timed loops (lite_llm/_kernels/gemm_path.py): one core,

@@ -87,28 +87,34 @@ cdef class TPComm:
         all-reduce benchmark). The forward pass does the same without this Python."""
         cdef Py_ssize_t n = x.shape[0]
         cdef uint64_t g
-        cdef int tid, nth
         if n > self.c.cap:
             raise ValueError(f"allreduce of {n} floats: slots hold {self.c.cap}")
         g = self.c.gen + 1
         with nogil, parallel(num_threads=num_threads):
-            tid = openmp.omp_get_thread_num()
-            nth = openmp.omp_get_num_threads()
-            memcpy(ll_tp_slot(&self.c, g, self.c.rank) + _lo(n, tid, nth), &x[0] + _lo(n, tid, nth),
-                   (_lo(n, tid + 1, nth) - _lo(n, tid, nth)) * sizeof(float))
-            _tp_reduce(&self.c, g, &x[0], n, tid, nth)
+            _allreduce_thread(&self.c, g, &x[0], n, openmp.omp_get_thread_num(), openmp.omp_get_num_threads())
         self.c.gen = g
         if self.c.failed:
             raise RuntimeError(f"tensor parallel all-reduce {TP_FAILURES[self.c.failed]}")
 
 
-cdef inline void _tp_reduce(ll_tp *tp, uint64_t gen, float *out, Py_ssize_t n, int tid, int nth) noexcept nogil:
+cdef void _allreduce_thread(ll_tp *tp, uint64_t gen, float *x, Py_ssize_t n, int tid, int nth) noexcept nogil:
+    """One thread of allreduce's region: its share of x into this rank's slot, then the sum."""
+    cdef ll_team tm = ll_team_make(NULL, tid, nth)   # static phases only
+    cdef Py_ssize_t i0, i1
+    ll_work_static(&tm, n, 1, &i0, &i1)
+    memcpy(ll_tp_slot(tp, gen, tp.rank) + i0, x + i0, (i1 - i0) * sizeof(float))
+    _tp_reduce(tp, gen, x, n, &tm)
+
+
+cdef inline void _tp_reduce(ll_tp *tp, uint64_t gen, float *out, Py_ssize_t n, ll_team *tm) noexcept nogil:
     """out[0:n] = the sum over ranks of their slot of all-reduce `gen`, called by every thread of
     the rank's team once its share of this rank's slot is written. After it, out is whole."""
+    cdef Py_ssize_t i0, i1
     ll_omp_barrier()
-    if tid == 0:
+    if tm.tid == 0:
         ll_tp_arrive_and_wait(tp, gen)
     ll_omp_barrier()
     if not tp.failed:   # read after the barrier: every thread sees the same value
-        ll_tp_sum(tp, gen, out, _lo(n, tid, nth), _lo(n, tid + 1, nth))
+        ll_work_static(tm, n, 1, &i0, &i1)
+        ll_tp_sum(tp, gen, out, i0, i1)
     ll_omp_barrier()
