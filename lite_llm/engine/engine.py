@@ -206,6 +206,10 @@ class LLMEngine:
         """Raise ValueError if the request can never run; reads only config (thread-safe)."""
         check_request(prompt_token_ids, sampling_params, self.max_model_len, self.config.max_num_seqs,
                       self.grammars)
+        vocab = self.config.vocab_size     # the embedding table's rows: an id past them reads past it
+        if vocab and (min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab):
+            bad = next(t for t in prompt_token_ids if not 0 <= t < vocab)
+            raise ValueError(f"the prompt holds token id {bad}, outside the model's vocabulary [0, {vocab})")
         for k, item in enumerate(mm.items if mm is not None else ()):   # a chunk holds an image whole
             if item.length > self.config.max_num_batched_tokens:
                 raise ValueError(f"image {k} takes {item.length} tokens, more than max_num_batched_tokens "

@@ -193,6 +193,11 @@ def test_invalid_requests_are_rejected():
     engine.add_request("ok", [1, 2], SamplingParams())
     with pytest.raises(ValueError):
         engine.add_request("ok", [1, 2], SamplingParams())
+    sized, _ = make_engine(vocab_size=VOCAB)    # ids past the embedding table never reach the kernels
+    for ids in ([1, VOCAB], [-1, 2]):
+        with pytest.raises(ValueError, match="outside the model's vocabulary"):
+            sized.add_request("oov", ids, SamplingParams())
+    sized.add_request("in", [0, VOCAB - 1], SamplingParams())
     # max_model_len is capped by the cache, so a lone request always fits
     small, _ = make_engine(num_blocks=2, block_size=4, max_model_len=100)
     with pytest.raises(ValueError):
