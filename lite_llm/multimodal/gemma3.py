@@ -27,6 +27,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lite_llm.multimodal.llava import (
+    ClipEncoder,
+    _layernorm,
+    pack_vit_blocks,
+    vit_blocks_reference,
+    vit_packer,
+)
+
 HF_ARCHITECTURES = ("Gemma3ForConditionalGeneration",)
 MAX_NEWLINES = 31               # Gemma's vocabulary holds runs of 1..31 newlines as single tokens
 
@@ -270,12 +278,6 @@ def expand(prompt_token_ids: list[int], cfg: SiglipConfig) -> tuple[list[int], l
 # ---- the encoder ------------------------------------------------------------------------------
 
 
-def _layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
-    mu = x.mean(axis=-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + np.float32(eps)) * w + b
-
-
 def _act(x: np.ndarray, act: str) -> np.ndarray:
     if act == "gelu_tanh":
         return np.float32(0.5) * x * (np.float32(1) + np.tanh(np.float32(math.sqrt(2 / math.pi))
@@ -284,75 +286,32 @@ def _act(x: np.ndarray, act: str) -> np.ndarray:
     return _gelu(x)
 
 
-class SiglipEncoder:
-    """SigLIP ViT + Gemma 3's projector over one image at a time. tensors: canonical float32
-    arrays (read_hf). kernels: the kernel module to run it on (None: NumPy only)."""
-
-    def __init__(self, cfg: SiglipConfig, tensors: dict[str, np.ndarray], kernels=None, dtype: str = "float32",
-                 num_threads: int = 1, bf16_path: str | None = None):
-        self.cfg, self.t = cfg, tensors
-        self.kernels, self.num_threads = kernels, num_threads
-        self.model = None if kernels is None else self._pack(kernels, dtype, bf16_path)
+class SiglipEncoder(ClipEncoder):
+    """SigLIP ViT + Gemma 3's projector over one image at a time, on the CLIP tower's compiled
+    forward (its blocks are CLIP's: llava.pack_vit_blocks / vit_blocks_reference). tensors:
+    canonical float32 arrays (read_hf). kernels: the kernel module to run it on (None: NumPy only)."""
 
     def _pack(self, kernels, dtype: str, bf16_path: str | None):
-        from lite_llm._kernels import layout
-        from lite_llm.model.weights import to_bf16
         t, cfg = self.t, self.cfg
-        packed: dict[str, object] = {}
-
-        def mat(name: str, w: np.ndarray, bias: np.ndarray | None) -> None:
-            w = np.ascontiguousarray(w, np.float32)
-            packed[name + ".shape"] = w.shape
-            packed[name + ".weight"] = layout.pack(to_bf16(w) if dtype == "bfloat16" else w, dtype)
-            if bias is not None:
-                packed[name + ".bias"] = np.ascontiguousarray(bias, np.float32)
-
+        packed, mat = vit_packer(dtype)
         mat("patch", t["patch"], t["patch.b"])
-        for i in range(cfg.num_layers):
-            p = f"blk.{i}."
-            qkv_w = np.concatenate([t[p + "q.w"], t[p + "k.w"], t[p + "v.w"]])
-            qkv_b = np.concatenate([t[p + "q.b"], t[p + "k.b"], t[p + "v.b"]])
-            mat(p + "qkv", qkv_w, qkv_b)
-            for part in ("o", "up", "down"):
-                mat(p + part, t[p + part + ".w"], t[p + part + ".b"])
-            for part in ("ln1", "ln2"):
-                packed[p + part + ".w"], packed[p + part + ".b"] = t[p + part + ".w"], t[p + part + ".b"]
+        pack_vit_blocks(t, cfg.num_layers, packed, mat)
         mat("proj", t["proj.w"], None)
         for name in ("pos", "post_ln.w", "post_ln.b", "proj_norm"):
             packed[name] = np.ascontiguousarray(t[name], np.float32)
         return kernels.ClipModel(packed, dtype, cfg.num_layers, cfg.num_heads, cfg.eps, cfg.act, False, bf16_path,
                                  pool=cfg.pool)
 
-    def encode(self, pixel_values: np.ndarray, grid=None) -> np.ndarray:
-        """One image's patches [N, 3 P P] -> its language-model rows [mm_tokens_per_image, E]: one
-        compiled call (the NumPy reference without kernels)."""
-        if self.model is None:
-            return self.encode_reference(pixel_values)
-        out = np.empty((self.cfg.mm_tokens_per_image, self.cfg.out_dim), np.float32)
-        self.kernels.clip_forward(self.model, np.ascontiguousarray(pixel_values, np.float32), out, self.num_threads)
-        return out
+    def num_rows(self) -> int:
+        """Language-model rows of one image: the pooled patch grid."""
+        return self.cfg.mm_tokens_per_image
 
     def encode_reference(self, pixel_values: np.ndarray, grid=None) -> np.ndarray:
         """encode() in NumPy float32: the plain reference."""
         cfg, t = self.cfg, self.t
-        H, C = cfg.num_heads, cfg.hidden_size
-        D = C // H
         x = pixel_values.astype(np.float32) @ t["patch"].T + t["patch.b"] + t["pos"]
-        n = x.shape[0]
-        scale = np.float32(D ** -0.5)
-        for i in range(cfg.num_layers):
-            p = f"blk.{i}."
-            h = _layernorm(x, t[p + "ln1.w"], t[p + "ln1.b"], cfg.eps)
-            q, k, v = ((h @ t[p + s + ".w"].T + t[p + s + ".b"]).reshape(n, H, D).transpose(1, 0, 2) for s in "qkv")
-            s = (q @ k.transpose(0, 2, 1)) * scale
-            s = np.exp(s - s.max(axis=-1, keepdims=True))
-            s /= s.sum(axis=-1, keepdims=True)
-            a = (s @ v).transpose(1, 0, 2).reshape(n, C)
-            x = x + a @ t[p + "o.w"].T + t[p + "o.b"]
-            h = _layernorm(x, t[p + "ln2.w"], t[p + "ln2.b"], cfg.eps)
-            x = x + _act(h @ t[p + "up.w"].T + t[p + "up.b"], cfg.act) @ t[p + "down.w"].T + t[p + "down.b"]
-        x = _layernorm(x, t["post_ln.w"], t["post_ln.b"], cfg.eps)
-        g, k = cfg.side, cfg.pool
+        x = _layernorm(vit_blocks_reference(x, t, cfg, _act), t["post_ln.w"], t["post_ln.b"], cfg.eps)
+        g, k, C = cfg.side, cfg.pool, cfg.hidden_size
         pooled = x.reshape(g // k, k, g // k, k, C).mean(axis=(1, 3)).reshape(-1, C)
         normed = pooled / np.sqrt((pooled * pooled).mean(axis=-1, keepdims=True) + np.float32(cfg.eps))
         return np.ascontiguousarray((normed * t["proj_norm"]) @ t["proj.w"].T, np.float32)

@@ -294,6 +294,57 @@ def _act(x: np.ndarray, act: str) -> np.ndarray:
     return _gelu(x)
 
 
+def vit_packer(dtype: str):
+    """(packed, mat) for a ViT's kernels.ClipModel: mat(name, w, bias) packs one linear layer
+    into packed in the tower's dtype (bias kept float32)."""
+    from lite_llm._kernels import layout
+    from lite_llm.model.weights import to_bf16
+    packed: dict[str, object] = {}
+
+    def mat(name: str, w: np.ndarray, bias: np.ndarray | None) -> None:
+        w = np.ascontiguousarray(w, np.float32)
+        packed[name + ".shape"] = w.shape
+        packed[name + ".weight"] = layout.pack(to_bf16(w) if dtype == "bfloat16" else w, dtype)
+        if bias is not None:
+            packed[name + ".bias"] = np.ascontiguousarray(bias, np.float32)
+    return packed, mat
+
+
+def pack_vit_blocks(t: dict[str, np.ndarray], num_layers: int, packed: dict, mat) -> None:
+    """The pre-norm blocks (CLIP's and SigLIP's alike): q/k/v as one matrix, o, fc1 (up), fc2
+    (down), the two LayerNorms."""
+    for i in range(num_layers):
+        p = f"blk.{i}."
+        qkv_w = np.concatenate([t[p + "q.w"], t[p + "k.w"], t[p + "v.w"]])
+        qkv_b = np.concatenate([t[p + "q.b"], t[p + "k.b"], t[p + "v.b"]])
+        mat(p + "qkv", qkv_w, qkv_b)
+        for part in ("o", "up", "down"):
+            mat(p + part, t[p + part + ".w"], t[p + part + ".b"])
+        for part in ("ln1", "ln2"):
+            packed[p + part + ".w"], packed[p + part + ".b"] = t[p + part + ".w"], t[p + part + ".b"]
+
+
+def vit_blocks_reference(x: np.ndarray, t: dict[str, np.ndarray], cfg, act) -> np.ndarray:
+    """The pre-norm blocks in NumPy float32 over rows x [n, C]: full bidirectional attention,
+    then fc2(act(fc1(ln2(x)))) (act(values, cfg.act) gives the activation)."""
+    H, C = cfg.num_heads, cfg.hidden_size
+    D = C // H
+    n = x.shape[0]
+    scale = np.float32(D ** -0.5)
+    for i in range(cfg.num_layers):
+        p = f"blk.{i}."
+        h = _layernorm(x, t[p + "ln1.w"], t[p + "ln1.b"], cfg.eps)
+        q, k, v = ((h @ t[p + s + ".w"].T + t[p + s + ".b"]).reshape(n, H, D).transpose(1, 0, 2) for s in "qkv")
+        s = (q @ k.transpose(0, 2, 1)) * scale
+        s = np.exp(s - s.max(axis=-1, keepdims=True))
+        s /= s.sum(axis=-1, keepdims=True)
+        a = (s @ v).transpose(1, 0, 2).reshape(n, C)
+        x = x + a @ t[p + "o.w"].T + t[p + "o.b"]
+        h = _layernorm(x, t[p + "ln2.w"], t[p + "ln2.b"], cfg.eps)
+        x = x + act(h @ t[p + "up.w"].T + t[p + "up.b"], cfg.act) @ t[p + "down.w"].T + t[p + "down.b"]
+    return x
+
+
 class ClipEncoder:
     """CLIP ViT + MLP projector over one image at a time. tensors: canonical float32 arrays
     (read_mmproj / read_hf). kernels: the kernel module to run it on (None: NumPy only)."""
@@ -305,28 +356,10 @@ class ClipEncoder:
         self.model = None if kernels is None else self._pack(kernels, dtype, bf16_path)
 
     def _pack(self, kernels, dtype: str, bf16_path: str | None):
-        from lite_llm._kernels import layout
-        from lite_llm.model.weights import to_bf16
         t, cfg = self.t, self.cfg
-        packed: dict[str, object] = {}
-
-        def mat(name: str, w: np.ndarray, bias: np.ndarray | None) -> None:
-            w = np.ascontiguousarray(w, np.float32)
-            packed[name + ".shape"] = w.shape
-            packed[name + ".weight"] = layout.pack(to_bf16(w) if dtype == "bfloat16" else w, dtype)
-            if bias is not None:
-                packed[name + ".bias"] = np.ascontiguousarray(bias, np.float32)
-
+        packed, mat = vit_packer(dtype)
         mat("patch", t["patch"], None)
-        for i in range(cfg.num_layers):
-            p = f"blk.{i}."
-            qkv_w = np.concatenate([t[p + "q.w"], t[p + "k.w"], t[p + "v.w"]])
-            qkv_b = np.concatenate([t[p + "q.b"], t[p + "k.b"], t[p + "v.b"]])
-            mat(p + "qkv", qkv_w, qkv_b)
-            for part in ("o", "up", "down"):
-                mat(p + part, t[p + part + ".w"], t[p + part + ".b"])
-            for part in ("ln1", "ln2"):
-                packed[p + part + ".w"], packed[p + part + ".b"] = t[p + part + ".w"], t[p + part + ".b"]
+        pack_vit_blocks(t, cfg.num_layers, packed, mat)
         mat("mm0", t["mm0.w"], t["mm0.b"])
         mat("mm2", t["mm2.w"], t["mm2.b"])
         for name in ("class", "pos", "pre_ln.w", "pre_ln.b"):
@@ -334,35 +367,24 @@ class ClipEncoder:
         return kernels.ClipModel(packed, dtype, cfg.num_layers, cfg.num_heads, cfg.eps, cfg.act, cfg.keep_class,
                                  bf16_path)
 
+    def num_rows(self) -> int:
+        """Language-model rows of one image: the patches (and the class row under keep_class)."""
+        return self.cfg.num_image_tokens
+
     def encode(self, pixel_values: np.ndarray, grid=None) -> np.ndarray:
-        """One image's patches [N, 3 P P] -> its language-model rows [N (+ 1), E]: one compiled
+        """One image's patches [N, 3 P P] -> its language-model rows [num_rows(), E]: one compiled
         call (the NumPy reference without kernels)."""
         if self.model is None:
             return self.encode_reference(pixel_values)
-        out = np.empty((self.cfg.num_image_tokens, self.cfg.out_dim), np.float32)
+        out = np.empty((self.num_rows(), self.cfg.out_dim), np.float32)
         self.kernels.clip_forward(self.model, np.ascontiguousarray(pixel_values, np.float32), out, self.num_threads)
         return out
 
     def encode_reference(self, pixel_values: np.ndarray, grid=None) -> np.ndarray:
         """encode() in NumPy float32: the plain reference."""
         cfg, t = self.cfg, self.t
-        H, C = cfg.num_heads, cfg.hidden_size
-        D = C // H
         x = np.concatenate([t["class"][None, :], pixel_values.astype(np.float32) @ t["patch"].T]) + t["pos"]
-        x = _layernorm(x, t["pre_ln.w"], t["pre_ln.b"], cfg.eps)
-        n = x.shape[0]
-        scale = np.float32(D ** -0.5)
-        for i in range(cfg.num_layers):
-            p = f"blk.{i}."
-            h = _layernorm(x, t[p + "ln1.w"], t[p + "ln1.b"], cfg.eps)
-            q, k, v = ((h @ t[p + s + ".w"].T + t[p + s + ".b"]).reshape(n, H, D).transpose(1, 0, 2) for s in "qkv")
-            s = (q @ k.transpose(0, 2, 1)) * scale
-            s = np.exp(s - s.max(axis=-1, keepdims=True))
-            s /= s.sum(axis=-1, keepdims=True)
-            a = (s @ v).transpose(1, 0, 2).reshape(n, C)
-            x = x + a @ t[p + "o.w"].T + t[p + "o.b"]
-            h = _layernorm(x, t[p + "ln2.w"], t[p + "ln2.b"], cfg.eps)
-            x = x + _act(h @ t[p + "up.w"].T + t[p + "up.b"], cfg.act) @ t[p + "down.w"].T + t[p + "down.b"]
+        x = vit_blocks_reference(_layernorm(x, t["pre_ln.w"], t["pre_ln.b"], cfg.eps), t, cfg, _act)
         if not cfg.keep_class:
             x = x[1:]
         x = _act(x @ t["mm0.w"].T + t["mm0.b"], "gelu") @ t["mm2.w"].T + t["mm2.b"]
