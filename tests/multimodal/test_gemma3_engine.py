@@ -4,11 +4,11 @@ prefix-cache hit encoded once (a different image is neither)."""
 from __future__ import annotations
 
 import pytest
-
 from gemma3_checkpoint import IMAGE, TOKENS_PER_IMAGE, gemma3_checkpoint
-from lite_llm import LLM, SamplingParams
-from test_llava_engine import _url
+from test_llava_engine import _url, ask_about_image, vision_server
 from vl_checkpoint import image
+
+from lite_llm import LLM, SamplingParams
 
 pytest.importorskip("PIL")
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
@@ -53,26 +53,11 @@ def test_same_image_is_a_prefix_cache_hit_and_encoded_once(llm):
 
 def test_the_openai_client_gets_an_answer_streaming_and_not():
     openai = pytest.importorskip("openai")
-    from lite_llm.llm import build_async_engine
-    from lite_llm.server.app import create_server
-    engine, tokenizer, info = build_async_engine(str(gemma3_checkpoint()), dtype="float32", block_size=16,
-                                                 max_num_batched_tokens=64, kv_cache_space=0.01, max_num_seqs=4,
-                                                 serving=True)
-    server = create_server(engine, tokenizer, "tiny-gemma3", info["max_model_len"], kernel_info=info,
-                           model_root=info["model_path"], vocab_size=info["vocab_size"])
-    server.start()
-    try:
+    with vision_server("tiny-gemma3", str(gemma3_checkpoint())) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-        def ask(url, stream=False):
-            content = [{"type": "text", "text": "What is in "}, {"type": "image_url", "image_url": {"url": url}}]
-            return client.chat.completions.create(model="tiny-gemma3", messages=[{"role": "user", "content": content}],
-                                                  max_tokens=5, temperature=0, stream=stream,
-                                                  extra_body={"ignore_eos": True})
         url = _url(image(90, 60, seed=1))
-        whole = ask(url)
+        whole = ask_about_image(client, "tiny-gemma3", url)
         assert whole.usage.completion_tokens == 5 and whole.usage.prompt_tokens > TOKENS_PER_IMAGE + 4
-        pieces = [c.choices[0].delta.content or "" for c in ask(url, stream=True) if c.choices]
+        pieces = [c.choices[0].delta.content or "" for c in ask_about_image(client, "tiny-gemma3", url, stream=True)
+                  if c.choices]
         assert "".join(pieces) == whole.choices[0].message.content
-    finally:
-        server.drain(5.0)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import base64
 import io
+from contextlib import contextmanager
 
 import pytest
-
-from lite_llm import LLM, SamplingParams
 from llava_checkpoint import IMAGE, llava_checkpoint, lm_gguf_without_image_token
 from vl_checkpoint import image
+
+from lite_llm import LLM, SamplingParams
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("PIL")
@@ -23,6 +24,30 @@ def _url(img) -> str:
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+@contextmanager
+def vision_server(name: str, model: str, **engine_args):
+    """A real server on 127.0.0.1 over a tiny vision checkpoint, small fp32 engine settings."""
+    from lite_llm.llm import build_async_engine
+    from lite_llm.server.app import create_server
+    engine, tokenizer, info = build_async_engine(model, dtype="float32", block_size=16, max_num_batched_tokens=64,
+                                                 kv_cache_space=0.01, max_num_seqs=4, serving=True, **engine_args)
+    server = create_server(engine, tokenizer, name, info["max_model_len"], kernel_info=info,
+                           model_root=info["model_path"], vocab_size=info["vocab_size"])
+    server.start()
+    try:
+        yield server
+    finally:
+        server.drain(5.0)
+
+
+def ask_about_image(client, name: str, url: str, stream: bool = False):
+    """One chat turn of text and an image_url part, 5 tokens at temperature 0."""
+    content = [{"type": "text", "text": "What is in "}, {"type": "image_url", "image_url": {"url": url}}]
+    return client.chat.completions.create(model=name, messages=[{"role": "user", "content": content}],
+                                          max_tokens=5, temperature=0, stream=stream,
+                                          extra_body={"ignore_eos": True})
 
 
 @pytest.fixture(scope="module")
@@ -83,32 +108,17 @@ def test_a_vocabulary_without_image_token_answers_as_with_one(llm):
 
 
 def test_the_openai_client_gets_an_answer_streaming_and_not():
-    from lite_llm.llm import build_async_engine
-    from lite_llm.server.app import create_server
     _, lm, mm = llava_checkpoint()
-    engine, tokenizer, info = build_async_engine(str(lm), mmproj=str(mm), dtype="float32", block_size=16,
-                                                 max_num_batched_tokens=64, kv_cache_space=0.01, max_num_seqs=4,
-                                                 serving=True)
-    server = create_server(engine, tokenizer, "tiny-llava", info["max_model_len"], kernel_info=info,
-                           model_root=info["model_path"], vocab_size=info["vocab_size"])
-    server.start()
-    try:
+    with vision_server("tiny-llava", str(lm), mmproj=str(mm)) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-        def ask(url, stream=False):
-            content = [{"type": "text", "text": "What is in "}, {"type": "image_url", "image_url": {"url": url}}]
-            return client.chat.completions.create(model="tiny-llava", messages=[{"role": "user", "content": content}],
-                                                  max_tokens=5, temperature=0, stream=stream,
-                                                  extra_body={"ignore_eos": True})
         url = _url(image(90, 60, seed=1))
-        whole = ask(url)
+        whole = ask_about_image(client, "tiny-llava", url)
         assert whole.usage.completion_tokens == 5 and whole.usage.prompt_tokens > 9
-        pieces = [c.choices[0].delta.content or "" for c in ask(url, stream=True) if c.choices]
+        pieces = [c.choices[0].delta.content or "" for c in ask_about_image(client, "tiny-llava", url, stream=True)
+                  if c.choices]
         assert "".join(pieces) == whole.choices[0].message.content
         with pytest.raises(openai.BadRequestError, match="not a valid image|cannot|decode|corrupt"):
-            ask("data:image/png;base64," + base64.b64encode(b"not a png").decode())
-    finally:
-        server.drain(5.0)
+            ask_about_image(client, "tiny-llava", "data:image/png;base64," + base64.b64encode(b"not a png").decode())
 
 
 def test_bench_llava_runs_all_three_engines_on_the_tiny_shape(capsys, tmp_path):
