@@ -30,7 +30,9 @@ import numpy as np
 from lite_llm.multimodal.llava import (
     ClipEncoder,
     _layernorm,
+    hf_vit_blocks,
     pack_vit_blocks,
+    vit_block_shapes,
     vit_blocks_reference,
     vit_packer,
 )
@@ -172,12 +174,7 @@ def read_hf(source: str, cfg: SiglipConfig) -> dict[str, np.ndarray]:
              "patch.b": get(v + "embeddings.patch_embedding.bias"),
              "pos": get(v + "embeddings.position_embedding.weight"),
              "post_ln.w": get(v + "post_layernorm.weight"), "post_ln.b": get(v + "post_layernorm.bias")}
-        for i in range(cfg.num_layers):
-            p, q = f"{v}encoder.layers.{i}.", f"blk.{i}."
-            for ours, theirs in (("ln1", "layer_norm1"), ("ln2", "layer_norm2"), ("q", "self_attn.q_proj"),
-                                 ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"), ("o", "self_attn.out_proj"),
-                                 ("up", "mlp.fc1"), ("down", "mlp.fc2")):
-                t[q + ours + ".w"], t[q + ours + ".b"] = get(p + theirs + ".weight"), get(p + theirs + ".bias")
+        t.update(hf_vit_blocks(get, v, cfg.num_layers))
         m = "multi_modal_projector."
         t["proj.w"] = np.ascontiguousarray(get(m + "mm_input_projection_weight").T)
         t["proj_norm"] = get(m + "mm_soft_emb_norm.weight") + np.float32(1.0)
@@ -188,12 +185,10 @@ def read_hf(source: str, cfg: SiglipConfig) -> dict[str, np.ndarray]:
 
 
 def _check(cfg: SiglipConfig, t: dict[str, np.ndarray], where: str) -> None:
-    C, F, E, P = cfg.hidden_size, cfg.intermediate_size, cfg.out_dim, cfg.patch_size
+    C, E, P = cfg.hidden_size, cfg.out_dim, cfg.patch_size
     want = {"patch": (C, 3 * P * P), "patch.b": (C,), "pos": (cfg.num_patches, C), "post_ln.w": (C,),
             "proj.w": (E, C), "proj_norm": (C,)}
-    for i in range(cfg.num_layers):
-        want.update({f"blk.{i}.q.w": (C, C), f"blk.{i}.o.w": (C, C), f"blk.{i}.up.w": (F, C),
-                     f"blk.{i}.down.w": (C, F)})
+    want.update(vit_block_shapes(cfg))
     for name, shape in want.items():
         if t[name].shape != shape:
             raise Gemma3VisionError(f"{where}: vision tensor {name} is {t[name].shape}, expected {shape}")

@@ -209,12 +209,7 @@ def read_hf(source: str, cfg: ClipConfig) -> dict[str, np.ndarray]:
              "class": get(v + "embeddings.class_embedding").reshape(C),
              "pos": get(v + "embeddings.position_embedding.weight"),
              "pre_ln.w": get(v + "pre_layrnorm.weight"), "pre_ln.b": get(v + "pre_layrnorm.bias")}
-        for i in range(cfg.num_layers):
-            p, q = f"{v}encoder.layers.{i}.", f"blk.{i}."
-            for ours, theirs in (("ln1", "layer_norm1"), ("ln2", "layer_norm2"), ("q", "self_attn.q_proj"),
-                                 ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"), ("o", "self_attn.out_proj"),
-                                 ("up", "mlp.fc1"), ("down", "mlp.fc2")):
-                t[q + ours + ".w"], t[q + ours + ".b"] = get(p + theirs + ".weight"), get(p + theirs + ".bias")
+        t.update(hf_vit_blocks(get, v, cfg.num_layers))
         for ours, theirs in (("mm0", "linear_1"), ("mm2", "linear_2")):
             m = "multi_modal_projector." + theirs
             t[ours + ".w"], t[ours + ".b"] = get(m + ".weight"), get(m + ".bias")
@@ -224,13 +219,34 @@ def read_hf(source: str, cfg: ClipConfig) -> dict[str, np.ndarray]:
     return t
 
 
-def _check(cfg: ClipConfig, t: dict[str, np.ndarray], where: str) -> None:
-    C, F, E, P = cfg.hidden_size, cfg.intermediate_size, cfg.out_dim, cfg.patch_size
-    want = {"patch": (C, 3 * P * P), "class": (C,), "pos": (cfg.num_patches + 1, C), "pre_ln.w": (C,),
-            "mm0.w": (E, C), "mm2.w": (E, E)}
+def hf_vit_blocks(get, prefix: str, num_layers: int) -> dict[str, np.ndarray]:
+    """The encoder blocks of an HF CLIP / SigLIP vision tower under prefix, by canonical name
+    (blk.{i}.{ln1, ln2, q, k, v, o, up, down}.{w, b}); get(name) reads one tensor as float32."""
+    t = {}
+    for i in range(num_layers):
+        p, q = f"{prefix}encoder.layers.{i}.", f"blk.{i}."
+        for ours, theirs in (("ln1", "layer_norm1"), ("ln2", "layer_norm2"), ("q", "self_attn.q_proj"),
+                             ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"), ("o", "self_attn.out_proj"),
+                             ("up", "mlp.fc1"), ("down", "mlp.fc2")):
+            t[q + ours + ".w"], t[q + ours + ".b"] = get(p + theirs + ".weight"), get(p + theirs + ".bias")
+    return t
+
+
+def vit_block_shapes(cfg) -> dict[str, tuple[int, int]]:
+    """The shapes a tower's blocks must have (q, o, fc1, fc2 of every layer), by canonical name."""
+    C, F = cfg.hidden_size, cfg.intermediate_size
+    want = {}
     for i in range(cfg.num_layers):
         want.update({f"blk.{i}.q.w": (C, C), f"blk.{i}.o.w": (C, C), f"blk.{i}.up.w": (F, C),
                      f"blk.{i}.down.w": (C, F)})
+    return want
+
+
+def _check(cfg: ClipConfig, t: dict[str, np.ndarray], where: str) -> None:
+    C, E, P = cfg.hidden_size, cfg.out_dim, cfg.patch_size
+    want = {"patch": (C, 3 * P * P), "class": (C,), "pos": (cfg.num_patches + 1, C), "pre_ln.w": (C,),
+            "mm0.w": (E, C), "mm2.w": (E, E)}
+    want.update(vit_block_shapes(cfg))
     for name, shape in want.items():
         if t[name].shape != shape:
             raise LlavaError(f"{where}: vision tensor {name} is {t[name].shape}, expected {shape}")
