@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 from gemma3_checkpoint import IMAGE, TOKENS_PER_IMAGE, gemma3_checkpoint
-from test_llava_engine import _url, ask_about_image, vision_server
+from test_llava_engine import (
+    _url,
+    ask_about_image,
+    check_generate_and_chat_agree,
+    check_same_image_cached_once,
+    vision_server,
+)
 from vl_checkpoint import image
 
 from lite_llm import LLM, SamplingParams
@@ -26,29 +32,11 @@ def llm():
 
 
 def test_generate_and_chat_with_an_image_agree(llm):
-    img = image(100, 70, seed=5)
-    out = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": img}}, GREEDY)[0]
-    assert out.prompt_token_ids.count(IMAGE) == TOKENS_PER_IMAGE and len(out.outputs[0].token_ids) == 4
-    chat = llm.chat([{"role": "user", "content": [{"type": "text", "text": "Look: "},
-                                                   {"type": "image_url", "image_url": {"url": _url(img)}},
-                                                   {"type": "text", "text": TAIL}]}], GREEDY)[0]
-    assert chat.prompt_token_ids == out.prompt_token_ids
-    assert chat.outputs[0].token_ids == out.outputs[0].token_ids
+    check_generate_and_chat_agree(llm, PROMPT, TAIL, IMAGE, TOKENS_PER_IMAGE)
 
 
 def test_same_image_is_a_prefix_cache_hit_and_encoded_once(llm):
-    vision = llm._engine.engine.runner.vision
-    img = image(64, 64, seed=11)
-    first = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": img}}, GREEDY)[0]
-    encoded = vision.num_encoded
-    second = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": img.copy()}}, GREEDY)[0]
-    start = first.prompt_token_ids.index(IMAGE)
-    assert second.num_cached_tokens >= 16 * (len(first.prompt_token_ids) // 16) - 16 > start
-    assert second.outputs[0].token_ids == first.outputs[0].token_ids
-    assert vision.num_encoded == encoded
-    other = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": image(64, 64, seed=12)}}, GREEDY)[0]
-    assert vision.num_encoded == encoded + 1
-    assert other.num_cached_tokens <= start   # no block holding image rows
+    check_same_image_cached_once(llm, PROMPT, IMAGE)
 
 
 def test_the_openai_client_gets_an_answer_streaming_and_not():

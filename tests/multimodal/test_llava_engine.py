@@ -60,29 +60,42 @@ def llm():
     engine.shutdown()
 
 
-def test_generate_and_chat_with_an_image_agree(llm):
+def check_generate_and_chat_agree(llm, prompt: str, tail: str, image_id: int, tokens_per_image: int) -> None:
+    """The offline form (prompt + multi_modal_data) and a chat with an image_url part give the same
+    prompt ids (the image expanded to tokens_per_image ids) and greedy tokens."""
     img = image(100, 70, seed=5)
-    out = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": img}}, GREEDY)[0]
-    assert out.prompt_token_ids.count(IMAGE) == 9 and len(out.outputs[0].token_ids) == 4
+    out = llm.generate({"prompt": prompt, "multi_modal_data": {"image": img}}, GREEDY)[0]
+    assert out.prompt_token_ids.count(image_id) == tokens_per_image and len(out.outputs[0].token_ids) == 4
     chat = llm.chat([{"role": "user", "content": [{"type": "text", "text": "Look: "},
                                                    {"type": "image_url", "image_url": {"url": _url(img)}},
-                                                   {"type": "text", "text": TAIL}]}], GREEDY)[0]
+                                                   {"type": "text", "text": tail}]}], GREEDY)[0]
     assert chat.prompt_token_ids == out.prompt_token_ids
     assert chat.outputs[0].token_ids == out.outputs[0].token_ids
 
 
-def test_same_image_is_a_prefix_cache_hit_and_encoded_once(llm):
+def check_same_image_cached_once(llm, prompt: str, image_id: int) -> None:
+    """The same image again is a prefix-cache hit past its rows and is not encoded again; another
+    image is encoded and shares no block holding image rows."""
     vision = llm._engine.engine.runner.vision
     img = image(64, 64, seed=11)
-    first = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": img}}, GREEDY)[0]
+    first = llm.generate({"prompt": prompt, "multi_modal_data": {"image": img}}, GREEDY)[0]
     encoded = vision.num_encoded
-    second = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": img.copy()}}, GREEDY)[0]
-    assert second.num_cached_tokens >= 16 * (len(first.prompt_token_ids) // 16) - 16 > first.prompt_token_ids.index(IMAGE)
+    second = llm.generate({"prompt": prompt, "multi_modal_data": {"image": img.copy()}}, GREEDY)[0]
+    start = first.prompt_token_ids.index(image_id)
+    assert second.num_cached_tokens >= 16 * (len(first.prompt_token_ids) // 16) - 16 > start
     assert second.outputs[0].token_ids == first.outputs[0].token_ids
     assert vision.num_encoded == encoded
-    other = llm.generate({"prompt": PROMPT, "multi_modal_data": {"image": image(64, 64, seed=12)}}, GREEDY)[0]
+    other = llm.generate({"prompt": prompt, "multi_modal_data": {"image": image(64, 64, seed=12)}}, GREEDY)[0]
     assert vision.num_encoded == encoded + 1
-    assert other.num_cached_tokens <= first.prompt_token_ids.index(IMAGE)   # no block holding image rows
+    assert other.num_cached_tokens <= start   # no block holding image rows
+
+
+def test_generate_and_chat_with_an_image_agree(llm):
+    check_generate_and_chat_agree(llm, PROMPT, TAIL, IMAGE, 9)
+
+
+def test_same_image_is_a_prefix_cache_hit_and_encoded_once(llm):
+    check_same_image_cached_once(llm, PROMPT, IMAGE)
 
 
 def test_a_vocabulary_without_image_token_answers_as_with_one(llm):
