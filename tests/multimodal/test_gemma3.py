@@ -11,7 +11,7 @@ import torch
 
 from gemma3_checkpoint import BOI, EOI, IMAGE, NL2, NL3, NL4, TOKENS_PER_IMAGE, gemma3_checkpoint
 from lite_llm.multimodal import MediaConfig, MediaError, Processor, gemma3, whole_images
-from test_qwen2_5_vl import BLOCK, _Chunk, _Req
+from test_qwen2_5_vl import BLOCK, _Chunk, _Req, small_runner
 from vl_checkpoint import image
 
 pytest.importorskip("PIL")
@@ -32,11 +32,8 @@ def hf_model(ckpt):
 
 @pytest.fixture(scope="module")
 def runner(ckpt):
-    from lite_llm.engine.runner import ModelRunner
     from lite_llm.model.loader import load_model
-    loaded = load_model(str(ckpt), dtype="float32", progress=False)
-    return ModelRunner(loaded, num_blocks=64, block_size=BLOCK, max_num_batched_tokens=256, max_num_seqs=8,
-                       num_threads=2)
+    return small_runner(load_model(str(ckpt), dtype="float32", progress=False))
 
 
 def _hf_pixels(ckpt, images):

@@ -9,7 +9,7 @@ import torch
 
 from lite_llm.multimodal import MediaConfig, Processor, llava
 from llava_checkpoint import IMAGE, llava_checkpoint, lm_gguf_without_image_token
-from test_qwen2_5_vl import BLOCK, _lite_logits
+from test_qwen2_5_vl import _lite_logits, small_runner
 from vl_checkpoint import image
 
 pytest.importorskip("PIL")
@@ -29,11 +29,8 @@ def hf_model(files):
 
 
 def _runner(model: str, mmproj: str | None):
-    from lite_llm.engine.runner import ModelRunner
     from lite_llm.model.loader import load_model
-    loaded = load_model(model, dtype="float32", progress=False, mmproj=mmproj)
-    return ModelRunner(loaded, num_blocks=64, block_size=BLOCK, max_num_batched_tokens=256, max_num_seqs=8,
-                       num_threads=2)
+    return small_runner(load_model(model, dtype="float32", progress=False, mmproj=mmproj))
 
 
 @pytest.fixture(scope="module", params=["gguf+mmproj", "hf"])
@@ -106,7 +103,6 @@ def test_a_gguf_vocabulary_without_image_token_takes_llama_cpps_media_marker(fil
     token id: the hub's llava-v1.5 GGUFs have no "<image>". The marker is one special token past
     the vocabulary, expanded to the image's rows (the unknown token's id, their embeddings
     replacing it): the same logits as transformers with its <image> tokens there."""
-    from lite_llm.engine.runner import ModelRunner
     from lite_llm.model.loader import load_model
     lm, mmproj = str(lm_gguf_without_image_token()), str(files[2])
     loaded = load_model(lm, dtype="float32", progress=False, mmproj=mmproj)
@@ -126,8 +122,7 @@ def test_a_gguf_vocabulary_without_image_token_takes_llama_cpps_media_marker(fil
     with torch.no_grad():
         ref = hf_model(input_ids=torch.tensor([hf_ids]),
                        pixel_values=torch.from_numpy(_hf_pixels(files, images))).logits[0].numpy()
-    runner = ModelRunner(loaded, num_blocks=64, block_size=BLOCK, max_num_batched_tokens=256, max_num_seqs=8,
-                         num_threads=2)
+    runner = small_runner(loaded)
     np.testing.assert_allclose(_lite_logits(runner, ids, mm, 7), ref, rtol=1e-4, atol=2e-4)
     # a vocabulary with "<image>" keeps it: no marker is added
     with_image = load_model(str(files[1]), dtype="float32", progress=False, mmproj=mmproj)

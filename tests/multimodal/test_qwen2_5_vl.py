@@ -18,6 +18,13 @@ BLOCK = 16
 SIZES = [(56, 56), (100, 70), (28, 84), (300, 200)]
 
 
+def small_runner(loaded):
+    """A ModelRunner of the tiny vision checkpoints' tests: 64 blocks of BLOCK, 256-token steps, 2 threads."""
+    from lite_llm.engine.runner import ModelRunner
+    return ModelRunner(loaded, num_blocks=64, block_size=BLOCK, max_num_batched_tokens=256, max_num_seqs=8,
+                       num_threads=2)
+
+
 @pytest.fixture(scope="module")
 def ckpt():
     return qwen2_5_vl_checkpoint()
@@ -31,11 +38,8 @@ def hf_model(ckpt):
 
 @pytest.fixture(scope="module")
 def runner(ckpt):
-    from lite_llm.engine.runner import ModelRunner
     from lite_llm.model.loader import load_model
-    loaded = load_model(str(ckpt), dtype="float32", progress=False)
-    return ModelRunner(loaded, num_blocks=64, block_size=BLOCK, max_num_batched_tokens=256, max_num_seqs=8,
-                       num_threads=2)
+    return small_runner(load_model(str(ckpt), dtype="float32", progress=False))
 
 
 @pytest.mark.parametrize("size", SIZES)
