@@ -356,7 +356,8 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
                     tensors[f"blk.{i}.{ours}.{part}"] = t
     rope = cfg["rope_parameters"].get("full_attention", cfg["rope_parameters"])
     vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
-    specials = {a["content"]: a["id"] for a in tok["added_tokens"]}
+    specials = {a["content"]: a["id"] for a in tok["added_tokens"] if a.get("special", True)}
+    user_defined = {a["content"] for a in tok["added_tokens"] if not a.get("special", True)}
     tokens = [t for t, _ in vocab]
     meta = {f"{arch}.block_count": cfg["num_hidden_layers"], f"{arch}.context_length": cfg["max_position_embeddings"],
             f"{arch}.embedding_length": cfg["hidden_size"], f"{arch}.feed_forward_length": cfg["intermediate_size"],
@@ -366,7 +367,7 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
             f"{arch}.attention.key_length": head_dim, f"{arch}.attention.value_length": head_dim,
             "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2" if arch != "llama" else "smollm",
             "tokenizer.ggml.tokens": tokens,
-            "tokenizer.ggml.token_type": [3 if t in specials else 1 for t in tokens],
+            "tokenizer.ggml.token_type": [3 if t in specials else 4 if t in user_defined else 1 for t in tokens],
             "tokenizer.ggml.merges": [" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]],
             "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 2,
             "tokenizer.chat_template": (ckpt / "chat_template.jinja").read_text()}

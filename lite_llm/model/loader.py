@@ -284,8 +284,9 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
             except ValueError as e:
                 raise ModelLoadError(f"{path}: {e}") from e
             if mmproj is not None:   # a vocabulary without <image>: images stand at llama.cpp's marker
-                from lite_llm.multimodal.llava import add_media_marker
-                add_media_marker(tokenizer, reader.metadata)
+                from lite_llm.multimodal.llava import add_media_marker, mmproj_projector
+                if mmproj_projector(mmproj) == "mlp":    # Gemma 3's vocabulary has <start_of_image>
+                    add_media_marker(tokenizer, reader.metadata)
         reader.drop_tokenizer_arrays()      # config and tokenizer are built: nothing reads them again
         generation_config: dict = {}
     else:

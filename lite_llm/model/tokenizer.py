@@ -147,7 +147,7 @@ class Tokenizer:
             return cls(_wordpiece_backend(meta, tokens), unk_token="[UNK]" if "[UNK]" in tokens else None,
                        pad_token="[PAD]" if "[PAD]" in tokens else None)
         if kind == "gpt2":
-            backend, add_bos_default = _byte_level_backend(meta, tokens), False
+            backend, add_bos_default = _byte_level_backend(meta, tokens, types), False
         elif kind == "llama":
             backend, add_bos_default = _sentencepiece_backend(meta, tokens), True
         else:
@@ -450,12 +450,15 @@ def _wordpiece_backend(meta: dict, tokens: list[str]) -> tokenizers.Tokenizer:
     return backend
 
 
-def _byte_level_backend(meta: dict, tokens: list[str]) -> tokenizers.Tokenizer:
+def _byte_level_backend(meta: dict, tokens: list[str], types: list[int] = ()) -> tokenizers.Tokenizer:
     spelling = _byte_alphabet()
     alphabet = set(spelling.values())
     vocab = {}
     for i, t in enumerate(tokens):
-        key = t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8"))
+        # a user-defined token (an added token that is not special, e.g. Gemma's "\n\n") is
+        # stored as its raw text, as llama.cpp's converter writes it and its tokenizer matches it
+        raw = set(t) <= alphabet or (i < len(types) and types[i] == _TOKEN_USER_DEFINED)
+        key = t if raw else "".join(spelling[b] for b in t.encode("utf-8"))
         vocab[key] = i
     backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=_merges(meta, tokens), dropout=None,
                                               continuing_subword_prefix="", end_of_word_suffix="",

@@ -14,7 +14,8 @@ in both directions (Gemma 3), step_inputs also gives each image token its image'
 as the last key it attends to (attn_pos [T]): the whole image is in the step.
 
 Supported: Qwen2.5-VL (qwen2_5_vl.py); LLaVA-1.5 (llava.py: an HF directory, or a GGUF language
-model with its llama.cpp mmproj file); Gemma 3 (gemma3.py). Model-specific code lives in its
+model with its llama.cpp mmproj file); Gemma 3 (gemma3.py: an HF directory, or a GGUF language
+model with its llama.cpp mmproj file). Model-specific code lives in its
 module; this one is the model-neutral plumbing.
 """
 from __future__ import annotations
@@ -89,9 +90,11 @@ class Processor:
     """A vision model's front-end half: images + prompt ids -> expanded ids and an MMPrompt."""
 
     def __init__(self, source: str, raw: dict, mmproj: str | None = None):
-        if (raw.get("architectures") or [None])[0] in gemma3.HF_ARCHITECTURES:
+        is_gemma3_mmproj = mmproj is not None and llava.mmproj_projector(mmproj) == "gemma3"
+        if is_gemma3_mmproj or (raw.get("architectures") or [None])[0] in gemma3.HF_ARCHITECTURES:
             self.module = gemma3
-            self.vision = gemma3.config(source, raw)
+            self.vision = gemma3.read_mmproj(mmproj, source, with_tensors=False)[0] if is_gemma3_mmproj \
+                else gemma3.config(source, raw)
             self.placeholder = "<start_of_image>"   # Gemma 3's chat template writes it for an image
             self.placeholder_id = self.vision.boi_token_id
             return
@@ -184,7 +187,9 @@ class VisionRunner:
     def __init__(self, source: str, config, max_cached_rows: int = 1 << 16, kernels=None, dtype: str = "float32",
                  num_threads: int = 1, bf16_path: str | None = None, mmproj: str | None = None):
         self.mrope = bool(config.mrope_section)
-        self.bidirectional = config.architecture in gemma3.HF_ARCHITECTURES   # an image's tokens see it all
+        is_gemma3_mmproj = mmproj is not None and llava.mmproj_projector(mmproj) == "gemma3"
+        # an image's tokens see it all
+        self.bidirectional = is_gemma3_mmproj or config.architecture in gemma3.HF_ARCHITECTURES
         self.dim = config.dim
         self.cache: OrderedDict[bytes, np.ndarray] = OrderedDict()   # image hash -> [n, E], LRU order
         self.cached_rows = 0
@@ -192,12 +197,15 @@ class VisionRunner:
         self.num_encoded = 0            # images run through the encoder (tests, metrics)
         self.encode_seconds = 0.0
         if self.bidirectional:
-            self.vision = gemma3.config(source, _read_json(os.path.join(source, "config.json")))
+            if is_gemma3_mmproj:
+                self.vision, tensors = gemma3.read_mmproj(mmproj, source)
+            else:
+                self.vision = gemma3.config(source, _read_json(os.path.join(source, "config.json")))
+                tensors = gemma3.read_hf(source, self.vision)
             if self.vision.out_dim != config.dim:
-                raise gemma3.Gemma3VisionError(f"{source}: the projector gives rows of {self.vision.out_dim}, the "
-                                               f"language model takes {config.dim}")
-            self.encoder = gemma3.SiglipEncoder(self.vision, gemma3.read_hf(source, self.vision), kernels, dtype,
-                                                num_threads, bf16_path)
+                raise gemma3.Gemma3VisionError(f"{mmproj or source}: the projector gives rows of "
+                                               f"{self.vision.out_dim}, the language model takes {config.dim}")
+            self.encoder = gemma3.SiglipEncoder(self.vision, tensors, kernels, dtype, num_threads, bf16_path)
             return
         if mmproj is not None or config.architecture in llava.HF_ARCHITECTURES:
             if mmproj is not None:

@@ -14,6 +14,9 @@ image's last position as its attention limit: forward()'s attn_positions).
             <end_of_image> "\\n\\n"   (newline tokens merged with neighbouring ones, as the text
             tokenizer would see the expanded text)
 
+The same model from a Gemma 3 GGUF language model and its llama.cpp mmproj file: read_mmproj
+(the layout is described there).
+
 SiglipEncoder.encode runs tower and projector as one compiled call per image (kernels.clip_forward,
 lite_llm/_kernels/vision.pxi, shared with LLaVA's CLIP tower); encode_reference is the NumPy
 float32 spec it is tested against.
@@ -95,11 +98,19 @@ def _read_json(path: str) -> dict:
 
 
 def newline_ids(source: str) -> tuple[int, ...]:
-    """Ids of the tokens that are runs of 1..MAX_NEWLINES newlines in the tokenizer at source
-    (-1 where the run is not one token)."""
+    """Ids of the tokens that are runs of 1..MAX_NEWLINES newlines in the tokenizer at source (a
+    directory or a GGUF file; -1 where the run is not one token)."""
     try:
         from lite_llm.model.tokenizer import Tokenizer
-        tok = Tokenizer.from_dir(source)
+        if os.path.isfile(source):
+            from lite_llm.model.gguf import GGUFFile
+            f = GGUFFile(source)
+            try:
+                tok = Tokenizer.from_gguf_metadata(f.metadata)
+            finally:
+                f.close()
+        else:
+            tok = Tokenizer.from_dir(source)
     except Exception:   # no tokenizer: the expansion's newlines stay as they are inserted
         return ()
     out = []
@@ -195,6 +206,88 @@ def _check(cfg: SiglipConfig, t: dict[str, np.ndarray], where: str) -> None:
     if C % cfg.num_heads or cfg.image_size % P:
         raise Gemma3VisionError(f"{where}: width {C} / {cfg.num_heads} heads or image size {cfg.image_size} / "
                                 f"patch {P} do not divide")
+
+
+# ---- a GGUF language model + llama.cpp mmproj file ---------------------------------------------
+#
+# convert_hf_to_gguf.py's Gemma3VisionModel writes clip.cpp's PROJECTOR_TYPE_GEMMA3 layout: the
+# SigLIP tower as v.* (v.patch_embd.weight [C, 3, P, P] and its bias, v.position_embd.weight
+# [N, C], v.blk.{i}.{ln1, attn_q, attn_k, attn_v, attn_out, ln2, ffn_up, ffn_down}, v.post_ln),
+# mm.input_projection.weight as HF's mm_input_projection_weight [C, E] (clip.cpp transposes it
+# in the graph), mm.soft_emb_norm.weight with Gemma's + 1 added, and the pooling kernel in
+# clip.vision.projector.scale_factor (absent: 4, every released size). The tower's GELU is
+# ggml_gelu, the tanh form, as SigLIP's gelu_pytorch_tanh. The image tokens are the language
+# model's vocabulary entries <start_of_image>, <end_of_image> and <image_soft_token>.
+
+GGUF_IMAGE_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
+DEFAULT_POOL = 4                # clip.cpp's n_merge for Gemma 3 when the file does not say
+
+
+def gguf_image_token_ids(lm_path: str) -> tuple[int, int, int]:
+    """(boi, eoi, image) token ids of a Gemma 3 GGUF language model's vocabulary."""
+    from lite_llm.model.gguf import GGUFFile
+    f = GGUFFile(lm_path)
+    try:
+        tokens = list(f.metadata.get("tokenizer.ggml.tokens") or [])
+    finally:
+        f.close()
+    index = {t: i for i, t in enumerate(tokens) if t in GGUF_IMAGE_TOKENS}
+    missing = [t for t in GGUF_IMAGE_TOKENS if t not in index]
+    if missing:
+        raise Gemma3VisionError(f"{lm_path}: the vocabulary has no {', '.join(missing)}: not a Gemma 3 language "
+                                "model for a gemma3 mmproj file")
+    return index["<start_of_image>"], index["<end_of_image>"], index["<image_soft_token>"]
+
+
+def read_mmproj(path: str, lm_path: str | None, with_tensors: bool = True
+                ) -> tuple[SiglipConfig, dict[str, np.ndarray]]:
+    """A gemma3 mmproj GGUF (beside the GGUF language model at lm_path, whose vocabulary gives
+    the image token ids) -> (config, canonical float32 tensors; {} without with_tensors)."""
+    from lite_llm.model.gguf import GGUFFile
+    from lite_llm.multimodal.llava import _projector, mmproj_blocks, mmproj_key
+    f = GGUFFile(path)
+    try:
+        md = f.metadata
+        if _projector(f, path) != "gemma3":
+            raise Gemma3VisionError(f"{path}: projector type {md.get('clip.projector_type')!r} is not \"gemma3\"")
+
+        def key(name):
+            return mmproj_key(f, path, name)
+        for name in ("v.patch_embd.weight", "v.post_ln.weight", "mm.input_projection.weight",
+                     "mm.soft_emb_norm.weight"):
+            if name not in f.tensors:
+                raise Gemma3VisionError(f"{path}: tensor {name} is missing: not a Gemma 3 (SigLIP) mmproj file")
+        size, patch = int(key("clip.vision.image_size")), int(key("clip.vision.patch_size"))
+        pool = int(md.get("clip.vision.projector.scale_factor") or DEFAULT_POOL)
+        side = size // patch
+        if pool <= 0 or side % pool:
+            raise Gemma3VisionError(f"{path}: pooling {pool} x {pool} does not divide the {side} x {side} patch grid")
+        boi, eoi, image = gguf_image_token_ids(lm_path) if lm_path and os.path.isfile(lm_path) else (255999, 256000,
+                                                                                                   262144)
+        C = int(key("clip.vision.embedding_length"))
+        cfg = SiglipConfig(
+            image_size=size, patch_size=patch, hidden_size=C,
+            intermediate_size=int(key("clip.vision.feed_forward_length")),
+            num_heads=int(key("clip.vision.attention.head_count")), num_layers=int(key("clip.vision.block_count")),
+            out_dim=int(f.info("mm.input_projection.weight").shape[1]), mm_tokens_per_image=(side // pool) ** 2,
+            eps=float(md.get("clip.vision.attention.layer_norm_epsilon", 1e-6)), act="gelu_tanh",
+            image_mean=tuple(float(v) for v in md.get("clip.vision.image_mean", (0.5, 0.5, 0.5))),
+            image_std=tuple(float(v) for v in md.get("clip.vision.image_std", (0.5, 0.5, 0.5))),
+            image_token_id=image, boi_token_id=boi, eoi_token_id=eoi,
+            newline_ids=newline_ids(lm_path) if lm_path else ())
+        if not with_tensors:
+            return cfg, {}
+        get = f.read
+        t = {"patch": get("v.patch_embd.weight").reshape(C, -1), "patch.b": get("v.patch_embd.bias"),
+             "pos": get("v.position_embd.weight"), "post_ln.w": get("v.post_ln.weight"),
+             "post_ln.b": get("v.post_ln.bias"),
+             "proj.w": np.ascontiguousarray(get("mm.input_projection.weight").T),
+             "proj_norm": get("mm.soft_emb_norm.weight")}
+        t.update(mmproj_blocks(get, cfg.num_layers, C))
+    finally:
+        f.close()
+    _check(cfg, t, path)
+    return cfg, t
 
 
 # ---- preprocessing -------------------------------------------------------------------------

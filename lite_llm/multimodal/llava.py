@@ -83,6 +83,59 @@ def _strategy(value, where: str) -> bool:
 #   .down.w [C, F] .down.b     mm0.w [E, C] mm0.b   mm2.w [E, E] mm2.b
 
 
+MMPROJ_PROJECTORS = ("mlp", "gemma3")     # LLaVA-1.5's (here) and Gemma 3's (gemma3.py)
+
+
+def mmproj_projector(path: str) -> str:
+    """The projector type of an mmproj GGUF: "mlp" (LLaVA-1.5) or "gemma3"; another type, or a
+    file that is no mmproj, is refused naming it."""
+    from lite_llm.model.gguf import GGUFFile
+    if not os.path.isfile(path):
+        raise LlavaError(f"--mmproj {path}: no such file")
+    f = GGUFFile(path)
+    try:
+        return _projector(f, path)
+    finally:
+        f.close()
+
+
+def _projector(f, path: str) -> str:
+    md = f.metadata
+    if md.get("general.architecture") != "clip":
+        raise LlavaError(f"{path}: general.architecture {md.get('general.architecture')!r} is not an mmproj "
+                         "(clip) file")
+    proj = md.get("clip.projector_type") or md.get("clip.vision.projector_type") or "mlp"
+    if proj not in MMPROJ_PROJECTORS:
+        raise LlavaError(f"{path}: projector type {proj!r} is not supported (LLaVA-1.5's \"mlp\" and Gemma 3's "
+                         "\"gemma3\" are)")
+    if not md.get("clip.has_vision_encoder", True):
+        raise LlavaError(f"{path}: the file holds no vision encoder")
+    return proj
+
+
+def mmproj_key(f, path: str, name: str):
+    """Metadata key `name` of the open mmproj file f, refused naming it when missing."""
+    if name not in f.metadata:
+        raise LlavaError(f"{path}: mmproj key {name!r} is missing")
+    return f.metadata[name]
+
+
+def mmproj_blocks(get, num_layers: int, hidden_size: int) -> dict[str, np.ndarray]:
+    """The first num_layers encoder blocks of an mmproj file (v.blk.{i}.*) by canonical name;
+    get(name) reads one tensor as float32."""
+    t = {}
+    for i in range(num_layers):
+        p, q = f"v.blk.{i}.", f"blk.{i}."
+        for ours, theirs in (("ln1", "ln1"), ("ln2", "ln2"), ("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"),
+                             ("o", "attn_out"), ("up", "ffn_up"), ("down", "ffn_down")):
+            t[q + ours + ".w"] = get(p + theirs + ".weight")
+            t[q + ours + ".b"] = get(p + theirs + ".bias")
+        if t[q + "down.w"].shape[0] != hidden_size:   # older converters swapped the names: clip.cpp swaps back
+            for part in ("w", "b"):
+                t[q + "up." + part], t[q + "down." + part] = t[q + "down." + part], t[q + "up." + part]
+    return t
+
+
 def read_mmproj(path: str, with_tensors: bool = True) -> tuple[ClipConfig, dict[str, np.ndarray]]:
     """An mmproj GGUF (clip.cpp's layout, projector type "mlp") -> (config, canonical tensors;
     {} without with_tensors)."""
@@ -92,19 +145,11 @@ def read_mmproj(path: str, with_tensors: bool = True) -> tuple[ClipConfig, dict[
     f = GGUFFile(path)
     try:
         md = f.metadata
-        if md.get("general.architecture") != "clip":
-            raise LlavaError(f"{path}: general.architecture {md.get('general.architecture')!r} is not an mmproj "
-                             "(clip) file")
-        proj = md.get("clip.projector_type") or md.get("clip.vision.projector_type") or "mlp"
-        if proj != "mlp":
-            raise LlavaError(f"{path}: projector type {proj!r} is not supported (LLaVA-1.5's \"mlp\" is)")
-        if not md.get("clip.has_vision_encoder", True):
-            raise LlavaError(f"{path}: the file holds no vision encoder")
+        if _projector(f, path) != "mlp":
+            raise LlavaError(f"{path}: projector type {md.get('clip.projector_type')!r} is not LLaVA-1.5's \"mlp\"")
 
         def key(name):
-            if name not in md:
-                raise LlavaError(f"{path}: mmproj key {name!r} is missing")
-            return md[name]
+            return mmproj_key(f, path, name)
         depth = int(key("clip.vision.block_count"))
         feature = md.get("clip.vision.feature_layer")
         if feature:
@@ -135,15 +180,7 @@ def read_mmproj(path: str, with_tensors: bool = True) -> tuple[ClipConfig, dict[
         t["pos"] = get("v.position_embd.weight")
         for part in ("w", "b"):
             t[f"pre_ln.{part}"] = get(f"v.pre_ln.{'weight' if part == 'w' else 'bias'}")
-        for i in range(n):
-            p, q = f"v.blk.{i}.", f"blk.{i}."
-            for ours, theirs in (("ln1", "ln1"), ("ln2", "ln2"), ("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"),
-                                 ("o", "attn_out"), ("up", "ffn_up"), ("down", "ffn_down")):
-                t[q + ours + ".w"] = get(p + theirs + ".weight")
-                t[q + ours + ".b"] = get(p + theirs + ".bias")
-            if t[q + "down.w"].shape[0] != C:       # older converters swapped the names: clip.cpp swaps back
-                for part in ("w", "b"):
-                    t[q + "up." + part], t[q + "down." + part] = t[q + "down." + part], t[q + "up." + part]
+        t.update(mmproj_blocks(get, n, C))
         for ours, theirs in (("mm0", "mm.0"), ("mm2", "mm.2")):
             t[ours + ".w"], t[ours + ".b"] = get(theirs + ".weight"), get(theirs + ".bias")
     finally:

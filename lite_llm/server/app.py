@@ -1112,8 +1112,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--responses-store-ttl", type=float, default=responses.DEFAULT_STORE_TTL,
       help="seconds a stored response is kept")
     a("--mmproj", default=None, metavar="FILE",
-      help="llama.cpp's multimodal projector GGUF (a LLaVA-1.5 CLIP encoder + MLP) beside a GGUF model: "
-           "the model then takes images, at <image> or, where its vocabulary has none, llama.cpp's <__media__>")
+      help="llama.cpp's multimodal projector GGUF beside a GGUF model: a LLaVA-1.5 CLIP encoder + MLP (images "
+           "at <image> or, where the vocabulary has none, llama.cpp's <__media__>) or Gemma 3's SigLIP + "
+           "projector (images at <start_of_image>)")
     a("--limit-mm-per-prompt", default=None,
       help='images one prompt may carry, as vLLM\'s JSON: \'{"image": 4}\' (the default)')
     a("--mm-processor-kwargs", default=None,
