@@ -140,10 +140,12 @@ class Processor:
             raise MediaError(f"{len(images)} images in one prompt, more than the limit of {cfg.max_images} "
                              "(--limit-mm-per-prompt)")
         if self.module is gemma3:       # <start_of_image> -> the full image sequence; a fixed square
-            ids, offsets = gemma3.expand(prompt_token_ids, vc)
-            if len(offsets) != len(images):
-                raise MediaError(f"the prompt has {len(offsets)} image placeholders (<start_of_image>) for "
+            placeholders = prompt_token_ids.count(vc.boi_token_id)
+            if placeholders != len(images):
+                raise MediaError(f"the prompt has {placeholders} image placeholders (<start_of_image>) for "
                                  f"{len(images)} images")
+            prompt_token_ids, images = gemma3.with_crops(prompt_token_ids, images, vc)   # pan-and-scan
+            ids, offsets = gemma3.expand(prompt_token_ids, vc)
             side = vc.side
             return ids, MMPrompt(tuple(_item(off, vc.num_image_tokens, gemma3.preprocess(image, vc), (1, side, side))
                                        for off, image in zip(offsets, images)), None, 0)

@@ -1,6 +1,6 @@
 """Gemma 3's image side (HF Gemma3ForConditionalGeneration): preprocessing as transformers'
-Gemma3ImageProcessor (PIL backend, the "slow" one; pan-and-scan off, its default), the SigLIP
-vision tower, the multimodal projector, and the placeholder expansion of Gemma3Processor. The
+Gemma3ImageProcessor (PIL backend, the "slow" one; with pan-and-scan crops when the config turns
+them on: pan_and_scan, with_crops), the SigLIP vision tower, the multimodal projector, and the placeholder expansion of Gemma3Processor. The
 language model is the Gemma 3 decoder (arch/gemma.py); what it adds for images is that an
 image's tokens see each other in both directions (VisionRunner gives each image token its
 image's last position as its attention limit: forward()'s attn_positions).
@@ -42,10 +42,25 @@ from lite_llm.multimodal.llava import (
 
 HF_ARCHITECTURES = ("Gemma3ForConditionalGeneration",)
 MAX_NEWLINES = 31               # Gemma's vocabulary holds runs of 1..31 newlines as single tokens
+# Gemma3Processor's text around an image's pan-and-scan crops (replace_image_token)
+PAS_INTRO = "Here is the original image "
+PAS_CROPS = " and here are some crops to help you see better "
 
 
 class Gemma3VisionError(ValueError):
     """A Gemma 3 vision checkpoint this module cannot run, with the reason."""
+
+
+@dataclass(frozen=True)
+class PanAndScan:
+    """Gemma3ImageProcessor's pan-and-scan settings (its processor's defaults where the file has
+    null) and the token ids of the text Gemma3Processor writes around the crops."""
+    min_crop_size: int = 256
+    max_num_crops: int = 4
+    min_ratio_to_activate: float = 1.2
+    intro_ids: tuple[int, ...] = ()     # "Here is the original image "
+    crops_ids: tuple[int, ...] = ()     # " and here are some crops to help you see better "
+    space_ids: tuple[int, ...] = ()     # " " between two crops
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,7 @@ class SiglipConfig:
     boi_token_id: int = 255999
     eoi_token_id: int = 256000
     newline_ids: tuple[int, ...] = ()   # newline_ids[k - 1]: the token of k newlines (-1: none)
+    pan_and_scan: PanAndScan | None = None   # do_pan_and_scan: crops of a long image beside it
 
     @property
     def side(self) -> int:
@@ -130,8 +146,6 @@ def config(source: str, raw: dict) -> SiglipConfig:
     if act not in _ACTS:
         raise Gemma3VisionError(f"{where}: vision hidden_act {act!r} is not supported")
     pre = _read_json(os.path.join(source, "preprocessor_config.json"))
-    if pre.get("do_pan_and_scan"):
-        raise Gemma3VisionError(f"{where}: pan-and-scan crops (do_pan_and_scan) are not supported")
     size = int(v.get("image_size", 224))
     want = pre.get("size") or {}
     if want and (int(want.get("height", size)) != size or int(want.get("width", size)) != size):
@@ -152,7 +166,31 @@ def config(source: str, raw: dict) -> SiglipConfig:
         image_token_id=int(raw.get("image_token_index", raw.get("image_token_id", 262144))),
         boi_token_id=int(raw.get("boi_token_index", raw.get("boi_token_id", 255999))),
         eoi_token_id=int(raw.get("eoi_token_index", raw.get("eoi_token_id", 256000))),
-        newline_ids=newline_ids(source))
+        newline_ids=newline_ids(source), pan_and_scan=_pan_and_scan(source, pre))
+
+
+def _pan_and_scan(source: str, pre: dict) -> PanAndScan | None:
+    """The PanAndScan of a preprocessor config that turns it on (None: off, the default)."""
+    if not pre.get("do_pan_and_scan"):
+        return None
+    from lite_llm.model.tokenizer import Tokenizer
+    try:
+        tok = Tokenizer.from_dir(source)
+    except FileNotFoundError as e:
+        raise Gemma3VisionError(f"{source}: pan-and-scan needs the tokenizer for its prompt text: {e}") from None
+    d = PanAndScan()
+
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(tok.encode(text, add_special_tokens=False))
+    out = PanAndScan(
+        min_crop_size=int(pre.get("pan_and_scan_min_crop_size") or d.min_crop_size),
+        max_num_crops=int(pre.get("pan_and_scan_max_num_crops") or d.max_num_crops),
+        min_ratio_to_activate=float(pre.get("pan_and_scan_min_ratio_to_activate") or d.min_ratio_to_activate),
+        intro_ids=ids(PAS_INTRO), crops_ids=ids(PAS_CROPS), space_ids=ids(" "))
+    if out.min_crop_size <= 0 or out.max_num_crops < 2 or out.min_ratio_to_activate <= 0:
+        raise Gemma3VisionError(f"{source}: pan-and-scan settings {out.min_crop_size}, {out.max_num_crops}, "
+                                f"{out.min_ratio_to_activate} (min crop size, max crops >= 2, min ratio) are invalid")
+    return out
 
 
 # ---- reading the weights -----------------------------------------------------------------------
@@ -309,6 +347,57 @@ def preprocess(image, cfg: SiglipConfig) -> np.ndarray:
     x = (x - mean) / std
     g = S // P
     return np.ascontiguousarray(x.reshape(3, g, P, g, P).transpose(1, 3, 0, 2, 4).reshape(g * g, 3 * P * P))
+
+
+def pan_and_scan(image, cfg: SiglipConfig) -> list:
+    """The crops Gemma3ImageProcessor's pan_and_scan cuts from a PIL image ([] when the image is
+    not long enough, or its crops would be too small): 2..max_num_crops side by side along the
+    long edge, ceil(edge / n) wide, the last one cut at the image's edge."""
+    pas = cfg.pan_and_scan
+    if pas is None:
+        return []
+    width, height = image.size
+    long_edge, short_edge = max(width, height), min(width, height)
+    if long_edge / short_edge < pas.min_ratio_to_activate:
+        return []
+    n = min(int(math.floor(long_edge / short_edge + 0.5)), int(math.floor(long_edge / pas.min_crop_size)))
+    n = min(pas.max_num_crops, max(2, n))
+    num_w, num_h = (n, 1) if width >= height else (1, n)
+    crop_w, crop_h = math.ceil(width / num_w), math.ceil(height / num_h)
+    if min(crop_w, crop_h) < pas.min_crop_size:
+        return []
+    return [image.crop((x, y, min(x + crop_w, width), min(y + crop_h, height)))
+            for y in range(0, crop_h * num_h, crop_h) for x in range(0, crop_w * num_w, crop_w)]
+
+
+def with_crops(prompt_token_ids: list[int], images: list, cfg: SiglipConfig) -> tuple[list[int], list]:
+    """(ids, images) with each image that pan-and-scan cuts into crops followed by its crops, and
+    its <start_of_image> replaced as Gemma3Processor replaces it: "Here is the original image "
+    <boi> " and here are some crops to help you see better " <boi> " " <boi> ... (each <boi>
+    then expands as an image of its own). The phrases are tokenized alone: text right before
+    the placeholder that the tokenizer would merge with "Here" stays its own token."""
+    if cfg.pan_and_scan is None:
+        return prompt_token_ids, images
+    pas = cfg.pan_and_scan
+    at = [i for i, t in enumerate(prompt_token_ids) if t == cfg.boi_token_id]
+    if len(at) != len(images):
+        return prompt_token_ids, images          # the caller refuses the count, naming both
+    ids: list[int] = []
+    out: list = []
+    prev = 0
+    for pos, image in zip(at, images):
+        crops = pan_and_scan(image.convert("RGB"), cfg)
+        ids.extend(prompt_token_ids[prev:pos])
+        if crops:
+            ids += list(pas.intro_ids) + [cfg.boi_token_id] + list(pas.crops_ids)
+            for k in range(len(crops)):
+                ids += ([] if k == 0 else list(pas.space_ids)) + [cfg.boi_token_id]
+        else:
+            ids.append(cfg.boi_token_id)
+        out += [image] + crops
+        prev = pos + 1
+    ids.extend(prompt_token_ids[prev:])
+    return ids, out
 
 
 def pixel_values_of(patches: np.ndarray, cfg: SiglipConfig) -> np.ndarray:

@@ -143,3 +143,18 @@ def write_gemma3_mmproj(hf: Path, path: Path, projection_f16: bool = False) -> P
             "clip.vision.projector.scale_factor": side // int(TOKENS_PER_IMAGE ** 0.5),
             "general.file_type": 0, "general.name": "tiny gemma3 mmproj"}
     return write_gguf(path, tensors, "clip", meta)
+
+
+def gemma3_pan_and_scan_checkpoint(std: float = 0.05, seed: int = 0) -> Path:
+    """gemma3_checkpoint's model with pan-and-scan turned on in its preprocessor config, crops as
+    small as 20 px (the tiny tower takes 84 px) and at most 3 of them."""
+    import shutil
+    src = gemma3_checkpoint(std, seed)
+    out = src.parent / (src.name + "-pas")
+    if not out.exists():
+        shutil.copytree(src, out)
+        pre = json.loads((out / "preprocessor_config.json").read_text())
+        pre.update(do_pan_and_scan=True, pan_and_scan_min_crop_size=20, pan_and_scan_max_num_crops=3,
+                   pan_and_scan_min_ratio_to_activate=1.2)
+        (out / "preprocessor_config.json").write_text(json.dumps(pre))
+    return out
