@@ -14,8 +14,10 @@ hash_block_tokens, chained over blocks of the replicas' block_size); entries age
 PREFIX_TTL_SECONDS and the map keeps at most PREFIX_MAP_SIZE of them.
 
 Wire: two one-way pipes per replica carry small pickled tuples: a request's token ids and
-SamplingParams once, then per engine step one message with that step's deltas (token ids and
-text, without the prompt). Metrics are asked for at scrape time. Nothing per layer, no arrays.
+SamplingParams once (and a multimodal prompt's preprocessed images: the front end expanded its
+placeholders, so it holds them already), then per engine step one message with that step's
+deltas (token ids and text, without the prompt). Metrics are asked for at scrape time. Nothing
+per layer; no arrays but a request's images, once.
 
 Failure: a replica process that exits unasked (killed, crashed) fails its open requests with
 EngineDeadError naming it, and the front end stops accepting (503; `serve` then exits). The
@@ -71,11 +73,13 @@ class PrefixRouter:
         self._owner: OrderedDict[bytes, tuple[int, float]] = OrderedDict()   # hash -> (replica, when)
         self._next = 0                      # where the next tie-break starts
 
-    def block_hashes(self, token_ids: list[int]) -> list[bytes]:
-        """Content hashes of the prompt's leading full blocks, as the replicas' prefix cache keys them."""
+    def block_hashes(self, token_ids: list[int], mm=None) -> list[bytes]:
+        """Content hashes of the prompt's leading full blocks, as the replicas' prefix cache keys
+        them (with the hashes of the images a block holds: mm, a multimodal.MMPrompt)."""
         bs, out, parent = self.block_size, [], None
         for blk in range(min(len(token_ids) // bs, self.max_blocks)):
-            parent = hash_block_tokens(parent, token_ids[blk * bs:(blk + 1) * bs])
+            parent = hash_block_tokens(parent, token_ids[blk * bs:(blk + 1) * bs],
+                                       mm.block_key(blk * bs, (blk + 1) * bs) if mm is not None else b"")
             out.append(parent)
         return out
 
@@ -270,9 +274,10 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
     keep = ("model_path", "model_name", "max_model_len", "dtype", "architecture", "kernel_variant",
             "num_threads", "thread_plan", "kv_cache_tokens", "kv_cache_blocks", "kv_cache_bytes",
             "kv_cache_dtype", "max_concurrency", "generation_config", "vocab_size", "weight_bytes",
-            "bytes_per_token", "num_layers", "startup_seconds", "tensor_parallel_size")
+            "bytes_per_token", "num_layers", "startup_seconds", "tensor_parallel_size", "mmproj")
     send(("ready", {**{k: info[k] for k in keep if k in info}, "pid": os.getpid(),
                     "block_size": config.block_size, "max_num_seqs": config.max_num_seqs,
+                    "max_num_batched_tokens": config.max_num_batched_tokens,
                     "eos_token_ids": tuple(config.eos_token_ids)}))
 
     outbox: deque = deque()
@@ -316,9 +321,9 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
                 break
             kind = msg[0]
             if kind == "add":
-                _, rid, token_ids, params, prompt, priority = msg
+                _, rid, token_ids, params, prompt, priority, mm = msg
                 try:
-                    engine.add_request(rid, token_ids, params, prompt, priority=priority, sink=sink_for(rid))
+                    engine.add_request(rid, token_ids, params, prompt, priority=priority, sink=sink_for(rid), mm=mm)
                 except (ValueError, RuntimeError) as e:
                     sink_for(rid)(e)
                 if not engine.is_alive:     # its thread failed (logged there): the front end must know
@@ -375,10 +380,11 @@ class DataParallelEngine:
 
     def __init__(self, replicas: list[_Replica], tokenizer: Any, *, max_model_len: int,
                  max_num_seqs: int, block_size: int, vocab_size: int, eos_token_ids: tuple[int, ...],
-                 max_queue: int | None = None):
+                 max_queue: int | None = None, max_num_batched_tokens: int | None = None):
         from lite_llm.engine.structured import Grammars
         self.replicas = replicas
         self.max_model_len, self.max_num_seqs, self.max_queue = max_model_len, max_num_seqs, max_queue
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.router = PrefixRouter(len(replicas), block_size)
         self.grammars = Grammars(tokenizer, vocab_size, eos_token_ids)    # 400s before routing
         self._lock = threading.Condition()
@@ -392,16 +398,21 @@ class DataParallelEngine:
 
     # ---- AsyncEngine's interface ----------------------------------------------------------
 
-    def validate_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams) -> None:
+    def validate_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams, mm=None) -> None:
         """The engine's own checks (LLMEngine.validate_request), before a replica is chosen."""
         check_request(prompt_token_ids, sampling_params, self.max_model_len, self.max_num_seqs, self.grammars)
+        if mm is not None and self.max_num_batched_tokens:
+            from lite_llm.multimodal import check_images_fit
+            check_images_fit(mm, self.max_num_batched_tokens)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                     prompt: str | None = None, *, priority: int = 0,
-                    timeout: float | None = None) -> RequestStream:
-        self.validate_request(prompt_token_ids, sampling_params)
+                    timeout: float | None = None, mm=None) -> RequestStream:
+        """mm: the prompt's images (multimodal.MMPrompt), preprocessed here and sent whole to the
+        chosen replica, which encodes them (its encoder cache and prefix cache key on their hashes)."""
+        self.validate_request(prompt_token_ids, sampling_params, mm)
         token_ids = list(prompt_token_ids)
-        hashes = self.router.block_hashes(token_ids)
+        hashes = self.router.block_hashes(token_ids, mm)
         with self._lock:
             if self.failure is not None:
                 raise EngineDeadError(self.failure)
@@ -420,7 +431,7 @@ class DataParallelEngine:
             rep.inflight[request_id] = (stream, prompt, token_ids)
             self._owner[request_id] = rep
         try:
-            rep.send(("add", request_id, token_ids, sampling_params, prompt, priority))
+            rep.send(("add", request_id, token_ids, sampling_params, prompt, priority, mm))
         except (OSError, ValueError) as e:      # its pipe is closed: the reader reports the death
             self._finish(rep, request_id)
             raise EngineDeadError(f"{rep.describe()} is not running") from e
@@ -584,7 +595,7 @@ def build_data_parallel_engine(model: str | None, data_parallel_size: int, *, ma
     engine = DataParallelEngine(replicas, loaded.tokenizer, max_model_len=first["max_model_len"],
                                 max_num_seqs=first["max_num_seqs"], block_size=first["block_size"],
                                 vocab_size=first["vocab_size"], eos_token_ids=first["eos_token_ids"],
-                                max_queue=max_queue)
+                                max_queue=max_queue, max_num_batched_tokens=first.get("max_num_batched_tokens"))
     info = {**first, "data_parallel_size": data_parallel_size,
             "num_threads": sum(r.info["num_threads"] for r in replicas),
             "kv_cache_tokens": sum(r.info["kv_cache_tokens"] for r in replicas),

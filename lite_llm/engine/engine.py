@@ -210,10 +210,9 @@ class LLMEngine:
         if vocab and (min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab):
             bad = next(t for t in prompt_token_ids if not 0 <= t < vocab)
             raise ValueError(f"the prompt holds token id {bad}, outside the model's vocabulary [0, {vocab})")
-        for k, item in enumerate(mm.items if mm is not None else ()):   # a chunk holds an image whole
-            if item.length > self.config.max_num_batched_tokens:
-                raise ValueError(f"image {k} takes {item.length} tokens, more than max_num_batched_tokens "
-                                 f"{self.config.max_num_batched_tokens}: send a smaller image or lower max_pixels")
+        if mm is not None:
+            from lite_llm.multimodal import check_images_fit
+            check_images_fit(mm, self.config.max_num_batched_tokens)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     sampling_params: SamplingParams, prompt: str | None = None,

@@ -66,6 +66,22 @@ class MMPrompt:
         return b"".join(it.hash for it in self.items if it.offset < end and start < it.offset + it.length)
 
 
+def check_images_fit(mm: MMPrompt, max_num_batched_tokens: int) -> None:
+    """ValueError naming the first image whose tokens cannot fit one step (a chunk holds an image
+    whole)."""
+    for k, item in enumerate(mm.items):
+        if item.length > max_num_batched_tokens:
+            raise ValueError(f"image {k} takes {item.length} tokens, more than max_num_batched_tokens "
+                             f"{max_num_batched_tokens}: send a smaller image or lower max_pixels")
+
+
+def takes_images(loaded) -> bool:
+    """Whether a loaded checkpoint (model.loader.LoadedModel) has an image encoder: an mmproj
+    file beside it, or a vision-language architecture."""
+    return getattr(loaded, "mmproj", None) is not None or (
+        loaded.config.architecture in VISION_ARCHITECTURES and not loaded.is_gguf)
+
+
 def whole_images(request, start: int, num_new: int) -> int:
     """num_new cut back so tokens [start, start + num_new) do not end inside an image; 0 when the
     chunk would start inside one it cannot finish (it waits for a step with room)."""
@@ -300,7 +316,7 @@ def load_vision(loaded, kernels=None, num_threads: int = 1, bf16_path: str | Non
     """The VisionRunner of a loaded checkpoint that takes images, else None; its tower runs on
     `kernels` in the checkpoint's engine dtype (float16 weights run as bfloat16)."""
     mmproj = getattr(loaded, "mmproj", None)
-    if mmproj is None and (loaded.config.architecture not in VISION_ARCHITECTURES or loaded.is_gguf):
+    if not takes_images(loaded):
         return None
     dtype = "float32" if loaded.dtype == "float32" else "bfloat16"
     return VisionRunner(loaded.source, loaded.config, kernels=kernels, dtype=dtype, num_threads=num_threads,

@@ -1,0 +1,87 @@
+"""Images under data parallel and tensor parallel: `-dp 2` replicas serve a vision model over
+HTTP (the front end preprocesses the image and sends it whole to the replica it routes to; the
+router keys on the image's hash as the replicas' prefix cache does), with the answers of one
+engine; tensor parallel refuses a model that takes images, saying why."""
+from __future__ import annotations
+
+import pytest
+from gemma3_checkpoint import BOI, TOKENS_PER_IMAGE, gemma3_checkpoint, gemma3_gguf_pair
+from test_llava_engine import _url, ask_about_image
+from vl_checkpoint import image
+
+from lite_llm import LLM, SamplingParams
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("PIL")
+
+
+def _content(url: str) -> list[dict]:
+    return [{"type": "text", "text": "What is in "}, {"type": "image_url", "image_url": {"url": url}}]
+
+
+def test_two_replicas_answer_images_as_one_engine(monkeypatch):
+    """A Gemma 3 GGUF + mmproj pair under -dp 2: the openai client's image chats (streaming and
+    not, two different images) get one engine's greedy answers; the same image again goes to
+    the replica that cached it and hits its prefix cache past the image's rows."""
+    from lite_llm.engine.data_parallel import build_data_parallel_engine
+    from lite_llm.server.app import create_server
+    _, lm, mm = gemma3_gguf_pair()
+    urls = [_url(image(90, 60, seed=1)), _url(image(70, 100, seed=2))]
+    greedy = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    with LLM(str(lm), mmproj=str(mm), dtype="float32", block_size=16, kv_cache_space=0.01) as llm:
+        want = [llm.chat([{"role": "user", "content": _content(u)}], greedy)[0].outputs[0].text for u in urls]
+    assert want[0] != want[1]
+    monkeypatch.setenv("LITE_LLM_CPU_OMP_THREADS_BIND", "nobind")
+    engine, tokenizer, info = build_data_parallel_engine(str(lm), 2, mmproj=str(mm), dtype="float32", block_size=16,
+                                                         max_num_batched_tokens=64, kv_cache_space=0.01,
+                                                         max_num_seqs=4)
+    assert info["mmproj"] == str(mm) and len(info["replicas"]) == 2
+    server = create_server(engine, tokenizer, "tiny-gemma3", info["max_model_len"], kernel_info=info,
+                           model_root=info["model_path"], vocab_size=info["vocab_size"])
+    server.start()
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        first = ask_about_image(client, "tiny-gemma3", urls[0])
+        assert first.choices[0].message.content == want[0]
+        before = [st.prefix_cache_hits for st in engine.replica_stats()]
+        # at once (the engine reuses freed blocks first: a cached block lasts until the next allocation)
+        again = ask_about_image(client, "tiny-gemma3", urls[0])
+        assert again.choices[0].message.content == want[0]
+        hits = [st.prefix_cache_hits - b for st, b in zip(engine.replica_stats(), before)]
+        assert min(hits) == 0           # one replica served it: the one that held its blocks
+        with LLM(str(lm), mmproj=str(mm), dtype="float32", block_size=16, kv_cache_space=0.01) as llm:
+            ids = llm.chat([{"role": "user", "content": _content(urls[0])}], greedy)[0].prompt_token_ids
+            first_image_token = ids.index(BOI) + 1
+        # every full block of the prompt, past the image's rows
+        assert max(hits) >= 16 * ((again.usage.prompt_tokens - 1) // 16) > first_image_token + TOKENS_PER_IMAGE
+        other = ask_about_image(client, "tiny-gemma3", urls[1])
+        assert other.choices[0].message.content == want[1]
+        pieces = [c.choices[0].delta.content or "" for c in ask_about_image(client, "tiny-gemma3", urls[1],
+                                                                            stream=True) if c.choices]
+        assert "".join(pieces) == want[1]
+    finally:
+        server.drain(5.0)
+
+
+def test_the_router_keys_blocks_on_the_images_they_hold():
+    """Two prompts with the same token ids and different images share no block hash past the
+    image's first block; the same image gives the same hashes."""
+    from lite_llm.engine.data_parallel import PrefixRouter
+    from lite_llm.multimodal import MediaConfig, Processor
+    ckpt = gemma3_checkpoint()
+    proc = Processor.for_model(str(ckpt))
+    prompt = [40] * 20 + [BOI] + [41] * 20
+    ids_a, mm_a = proc.process(prompt, [image(90, 60, seed=1)], MediaConfig())
+    ids_b, mm_b = proc.process(prompt, [image(90, 60, seed=2)], MediaConfig())
+    _, mm_a2 = proc.process(prompt, [image(90, 60, seed=1)], MediaConfig())
+    router = PrefixRouter(2, 16)
+    a, b, a2 = router.block_hashes(ids_a, mm_a), router.block_hashes(ids_b, mm_b), router.block_hashes(ids_a, mm_a2)
+    assert ids_a == ids_b and a == a2 and len(a) == len(b) >= 2
+    image_block = mm_a.items[0].offset // 16
+    assert a[:image_block] == b[:image_block] and all(x != y for x, y in zip(a[image_block:], b[image_block:]))
+    assert router.block_hashes(ids_a) != a      # the text-only hashes would not tell them apart
+
+
+def test_tensor_parallel_refuses_a_model_that_takes_images():
+    with pytest.raises(ValueError, match="images under tensor parallel are not supported .* --data-parallel-size"):
+        LLM(str(gemma3_checkpoint()), dtype="float32", kv_cache_space=0.01, tensor_parallel_size=2)
