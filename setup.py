@@ -156,8 +156,33 @@ class CachedParallelBuildExt(build_ext):
         super().build_extensions()
 
     def _host_variant_only(self) -> list:
-        """The extensions minus every kernel variant but the one the dispatcher picks on this CPU:
-        the CPU probe is built first and asked, as lite_llm._kernels asks it at import."""
+        """The extensions minus every kernel variant but the one the dispatcher picks on this CPU.
+        The CPU is asked through src/cpu_probe.c, a small program on the dispatcher's own probe
+        (cpu_features.h) that compiles in a fraction of a second, so the kernels' build starts at
+        once; where that program cannot be built or run, through the CPU probe module, built first."""
+        wanted = [f for v in variants_for(MACHINE) for f in v.needs]
+        has = self._probe_program(sorted(set(wanted)))
+        if has is None:
+            has = self._probe_module()
+        pick = next(v.name for v in variants_for(MACHINE) if all(has(f) for f in v.needs))
+        return [e for e in self.extensions if e.variant in (None, pick)]
+
+    def _probe_program(self, names):
+        import tempfile
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                objs = self.compiler.compile([str(ROOT / "src" / "cpu_probe.c")], output_dir=tmp,
+                                             include_dirs=[str(ROOT / "src")])
+                exe = str(Path(tmp) / "cpu_probe")
+                self.compiler.link_executable(objs, exe)
+                out = subprocess.run([exe, *names], capture_output=True, text=True, check=True).stdout.split()
+        except Exception as e:   # a compiler that cannot link programs, a temp dir that cannot run them
+            print(f"lite-llm: CPU probe program not usable ({e}); building the probe module first", file=sys.stderr)
+            return None
+        found = dict(zip(names, (int(v) for v in out)))
+        return lambda f: found.get(f) == 1
+
+    def _probe_module(self):
         import importlib.util
         (cpu_ext,) = [e for e in self.extensions if e.name == "lite_llm._kernels._cpu"]
         self.build_extension(cpu_ext)
@@ -165,8 +190,7 @@ class CachedParallelBuildExt(build_ext):
         spec = importlib.util.spec_from_file_location(cpu_ext.name, self.get_ext_fullpath(cpu_ext.name))
         cpu = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(cpu)
-        pick = next(v.name for v in variants_for(MACHINE) if all(cpu.has(f) for f in v.needs))
-        return [e for e in self.extensions if e.variant in (None, pick)]
+        return cpu.has
 
     def _key(self, ext) -> str:
         import Cython
