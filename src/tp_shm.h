@@ -28,6 +28,7 @@
 
 #include "omp_util.h"
 #include "simd/vec.h"
+LL_HOT_BEGIN
 
 #define LL_TP_MAX_RANKS 64
 #define LL_TP_SPINS_BEFORE_YIELD (1u << 16)   /* ~50-100 us of spinning on one flag */
@@ -127,4 +128,5 @@ static inline void ll_tp_publish_step(ll_tp_header *hdr, uint64_t step) {
 static inline void ll_tp_set_abort(ll_tp_header *hdr, uint64_t why) {
     __atomic_store_n(&hdr->abort.v, why, __ATOMIC_RELEASE);
 }
+LL_HOT_END
 #endif

@@ -17,7 +17,7 @@ class Variant:
 
 
 # Compiler settings of every kernel module (setup.py, and the cross builds of .ci/emulated.py).
-CFLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast", "-std=gnu11",
+CFLAGS = ("-O2", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast", "-std=gnu11",
           "-Wno-unused-function", "-Wno-unreachable-code")
 OPENMP = ("-fopenmp",)
 CYTHON_DIRECTIVES = {"language_level": 3, "boundscheck": False, "wraparound": False,

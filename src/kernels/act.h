@@ -2,6 +2,7 @@
 #ifndef LL_ACT_H
 #define LL_ACT_H
 #include "../simd/vec.h"
+LL_HOT_BEGIN
 
 enum { LL_ACT_SILU = 0, LL_ACT_GELU = 1, LL_ACT_GELU_TANH = 2, LL_ACT_RELU = 3,
        LL_ACT_QUICK_GELU = 4 /* x sigmoid(1.702 x): OpenAI CLIP's */ };
@@ -74,4 +75,5 @@ static inline void ll_softcap_f32(float *x, ptrdiff_t n, float cap) {
     for (; i + 16 <= n; i += 16) ll_store(x + i, ll_softcap_v(ll_load(x + i), cap));
     for (; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
 }
+LL_HOT_END
 #endif

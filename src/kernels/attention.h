@@ -33,6 +33,7 @@
 #include "../simd/vec.h"
 
 #include "act.h"   /* ll_softcap_v */
+LL_HOT_BEGIN
 
 #define LL_MAX_HEAD_DIM 512
 
@@ -597,4 +598,5 @@ static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float 
 #undef LL_ATTN_TILE
 }
 
+LL_HOT_END
 #endif

@@ -18,6 +18,7 @@
 #define LL_GEMM_H
 #include "../simd/vec.h"
 #include "act.h"
+LL_HOT_BEGIN
 
 enum { LL_W_F32 = 0, LL_W_BF16 = 1, LL_W_F16 = 2 };
 
@@ -345,4 +346,5 @@ static inline void ll_gemm_gated(const float *x, const uint32_t *xb, ptrdiff_t l
         }
     }
 }
+LL_HOT_END
 #endif

@@ -10,6 +10,7 @@
 #ifndef LL_LORA_H
 #define LL_LORA_H
 #include "../simd/vec.h"
+LL_HOT_BEGIN
 
 /* out[i] = a[i * lda] . x over k values, for nrows <= 4 rows of a (x loaded once per lane group). */
 static inline void ll_lora_shrink_f32(const float *a /* [nrows][lda] */, ptrdiff_t lda, int nrows,
@@ -78,4 +79,5 @@ static inline void ll_lora_expand_f32(const float *t /* [r] */, const float *bt 
         y[i] = s;
     }
 }
+LL_HOT_END
 #endif

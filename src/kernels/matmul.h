@@ -15,6 +15,7 @@
 #define LL_MATMUL_H
 #include "gemm.h"
 #include "qgemm.h"
+LL_HOT_BEGIN
 
 enum { LL_IN_F32 = 0, LL_IN_BF16 = 1, LL_IN_Q8 = 2 };
 #define LL_MAX_PARTS 3
@@ -154,4 +155,5 @@ static inline void ll_mat_gated(const float *x, const uint32_t *xb, const ll_qac
                 ll_quantize_block_q8(ao + t * lda + 32 * b, aq + t * F + 32 * b, aqd + t * (F / 32) + b,
                                      aqs + t * (F / 16) + 2 * b);
 }
+LL_HOT_END
 #endif

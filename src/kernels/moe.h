@@ -7,6 +7,7 @@
 #ifndef LL_MOE_H
 #define LL_MOE_H
 #include "../simd/vec.h"
+LL_HOT_BEGIN
 
 /* a . b over n values. */
 static inline float ll_dot_f32(const float *a, const float *b, ptrdiff_t n) {
@@ -48,4 +49,5 @@ static inline void ll_axpy_f32(float a, const float *x, float *y, ptrdiff_t n) {
     for (; i + LL_VF32_LANES <= n; i += LL_VF32_LANES) ll_store(y + i, ll_fma(va, ll_load(x + i), ll_load(y + i)));
     for (; i < n; i++) y[i] += a * x[i];
 }
+LL_HOT_END
 #endif

@@ -2,6 +2,7 @@
 #ifndef LL_NORM_H
 #define LL_NORM_H
 #include "../simd/vec.h"
+LL_HOT_BEGIN
 
 /* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]; out may alias x. */
 static inline void ll_rmsnorm_f32(const float *x, const float *w, float *out, ptrdiff_t n, float eps) {
@@ -36,4 +37,5 @@ static inline void ll_layernorm_f32(const float *x, const float *w, const float 
         ll_store(out + i, ll_fma(ll_mul(ll_sub(ll_load(x + i), m), s), ll_load(w + i), ll_load(b + i)));
     for (; i < n; i++) out[i] = (x[i] - mean) * scale * w[i] + b[i];
 }
+LL_HOT_END
 #endif

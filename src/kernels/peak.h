@@ -14,6 +14,7 @@
 #ifndef LL_PEAK_H
 #define LL_PEAK_H
 #include "../simd/vec.h"
+LL_HOT_BEGIN
 
 enum { LL_PEAK_FMA = 0, LL_PEAK_DPBF16 = 1, LL_PEAK_DPBUSD = 2, LL_PEAK_MADDUBS = 3 };
 
@@ -123,4 +124,5 @@ static inline double ll_peak_run(int kind, ptrdiff_t rounds, float seed, float *
     *sink = s;
     return 0.0;
 }
+LL_HOT_END
 #endif

@@ -35,6 +35,7 @@
 #ifndef LL_QGEMM_H
 #define LL_QGEMM_H
 #include "../simd/vec.h"
+LL_HOT_BEGIN
 
 enum { LL_W_Q8_0 = 3, LL_W_Q4_0 = 4, LL_W_Q4_1 = 5, LL_W_Q4_K = 6, LL_W_Q6_K = 7, LL_W_Q5_0 = 8,
        LL_W_Q5_1 = 9, LL_W_Q5_K = 10, LL_W_IQ4_NL = 11, LL_W_IQ4_XS = 12 };
@@ -575,4 +576,5 @@ static inline void ll_qdequant_lane(const uint8_t *wp, int wtype, ptrdiff_t k, i
         }
     }
 }
+LL_HOT_END
 #endif

@@ -3,6 +3,7 @@
 #ifndef LL_QUANT_H
 #define LL_QUANT_H
 #include "../simd/vec.h"
+LL_HOT_BEGIN
 
 static inline void ll_f32_to_bf16_n(const float *src, uint16_t *dst, ptrdiff_t i0, ptrdiff_t i1) {
     for (ptrdiff_t i = i0; i < i1; i++) dst[i] = ll_f32_to_bf16(src[i]);
@@ -103,4 +104,5 @@ static inline void ll_pack_panels(const void *src, void *dst, ptrdiff_t n, ptrdi
         ll_pack_panel_rows(rows, nrows, wtype, k, wtype, (char *)dst + (size_t)(p * panel) * es);
     }
 }
+LL_HOT_END
 #endif

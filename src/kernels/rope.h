@@ -5,6 +5,7 @@
 #ifndef LL_ROPE_H
 #define LL_ROPE_H
 #include "../simd/vec.h"
+LL_HOT_BEGIN
 
 static inline void ll_rope_neox_f32(float *x, const float *cos, const float *sin, ptrdiff_t head_dim) {
     const ptrdiff_t half = head_dim / 2;
@@ -20,4 +21,5 @@ static inline void ll_rope_neox_f32(float *x, const float *cos, const float *sin
         x[half + i] = b * cos[i] + a * sin[i];
     }
 }
+LL_HOT_END
 #endif

@@ -5,6 +5,8 @@
 #define LL_SAMPLE_H
 #include <stddef.h>
 #include <stdint.h>
+#include "../simd/hot.h"
+LL_HOT_BEGIN
 
 /* splitmix64 finaliser (Steele, Lea, Flood 2014): a bijective 64-bit mixer. */
 static inline uint64_t ll_splitmix64(uint64_t x) {
@@ -51,4 +53,5 @@ static inline double ll_uniform(uint64_t seed, uint64_t step) {
     uint64_t h = ll_splitmix64(seed ^ ll_splitmix64(step ^ 0xD1B54A32D192ED03ULL));
     return (double)(h >> 11) * (1.0 / 9007199254740992.0);
 }
+LL_HOT_END
 #endif

@@ -28,6 +28,8 @@
 #include <stddef.h>
 #include <string.h>
 #include <math.h>
+#include "hot.h"
+LL_HOT_BEGIN
 
 #define LL_VF32_LANES 16
 #define LL_INLINE static inline __attribute__((always_inline))
@@ -87,6 +89,7 @@ LL_INLINE uint8_t ll_f32_to_e5m2(float f) {
     return (uint8_t)(sign | (r >> 21));
 }
 
+LL_HOT_END
 #if defined(__AVX512F__)
 #include "vec_avx512.h"
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -98,6 +101,7 @@ LL_INLINE uint8_t ll_f32_to_e5m2(float f) {
 #else
 #include "vec_scalar.h"
 #endif
+LL_HOT_BEGIN
 
 /* ---- defaults for ops a backend may implement natively --------------------------------- */
 
@@ -155,4 +159,5 @@ LL_INLINE ll_vf32 ll_fma_row(ll_vf32 acc, ll_vf32 w, const float *b, const float
 }
 #endif
 
+LL_HOT_END
 #endif

@@ -2,6 +2,7 @@
 #ifndef LL_VEC_AVX2_H
 #define LL_VEC_AVX2_H
 #include <immintrin.h>
+LL_HOT_BEGIN
 #define LL_ISA_NAME "avx2"
 
 typedef struct { __m256 lo, hi; } ll_vf32;
@@ -147,4 +148,5 @@ LL_INLINE ll_vf32 ll_load_e4m3(const uint8_t *p) {   /* value x 2^-8 */
 }
 #undef LL_IPAIR
 #undef LL_PAIR
+LL_HOT_END
 #endif

@@ -2,6 +2,7 @@
 #ifndef LL_VEC_AVX512_H
 #define LL_VEC_AVX512_H
 #include <immintrin.h>
+LL_HOT_BEGIN
 
 typedef __m512 ll_vf32;
 #ifdef __AVX512BF16__
@@ -172,4 +173,5 @@ LL_INLINE ll_vf32 ll_fma_row(ll_vf32 acc, ll_vf32 w, const float *b, const float
     }
     return acc;
 }
+LL_HOT_END
 #endif

@@ -6,6 +6,7 @@
 #ifndef LL_VEC_NEON_H
 #define LL_VEC_NEON_H
 #include <arm_neon.h>
+LL_HOT_BEGIN
 
 #if defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC) && defined(__ARM_FEATURE_MATMUL_INT8)
 #define LL_ISA_NAME "neon_bf16_i8mm"
@@ -205,4 +206,5 @@ LL_INLINE ll_vf32 ll_dot2_bf16(ll_vf32 acc, ll_bf16x2 x, ll_vbf16x2 w) {
 }
 #endif
 #undef LL_NEON_MAP1
+LL_HOT_END
 #endif

@@ -2,6 +2,7 @@
  * With -O3 the compiler vectorises these 16-wide loops for the baseline ISA. */
 #ifndef LL_VEC_SCALAR_H
 #define LL_VEC_SCALAR_H
+LL_HOT_BEGIN
 #define LL_ISA_NAME "scalar"
 
 typedef struct { float v[16]; } ll_vf32;
@@ -115,4 +116,5 @@ LL_INLINE ll_vf32 ll_load_e4m3(const uint8_t *p) {
     for (int i = 0; i < 16; i++) r.v[i] = ll_f16_to_f32((uint16_t)(((p[i] & 0x80) << 8) | ((p[i] & 0x7f) << 7)));
     return r;
 }
+LL_HOT_END
 #endif

@@ -10,6 +10,7 @@
 #ifndef LL_VEC_VXE_H
 #define LL_VEC_VXE_H
 #include <vecintrin.h>
+LL_HOT_BEGIN
 #define LL_ISA_NAME "vxe"
 
 typedef __vector float ll_v4f;
@@ -190,4 +191,5 @@ LL_INLINE ll_vf32 ll_load_e4m3(const uint8_t *p) {   /* value x 2^-8 */
     return ll_load(t);
 }
 #undef LL_VXE_MAP1
+LL_HOT_END
 #endif

@@ -21,18 +21,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from lite_llm._kernels.variants import variants_for  # noqa: E402
+from lite_llm._kernels.variants import CFLAGS as MODULE_CFLAGS, variants_for  # noqa: E402
 
 CC = shutil.which("gcc") or shutil.which("cc")
 OBJDUMP = shutil.which("objdump")
 pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not (CC and OBJDUMP),
                                 reason="reads x86 disassembly: needs an x86_64 host with gcc and objdump")
 
-# Same code generation options as setup.py's, minus the Cython and OpenMP parts.
-CFLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast", "-std=gnu11", "-fPIC"]
+# setup.py's code generation options, minus the Cython and OpenMP parts; the tiles sit in an
+# LL_HOT_BEGIN/END region as the kernel headers' code does (src/simd/hot.h: -O3 in a -O2 module).
+CFLAGS = [*MODULE_CFLAGS, "-fPIC"]
 
 SOURCE = r"""
 #include "kernels/gemm.h"
+LL_HOT_BEGIN
 #define TILE(NAME, WT, TT, NP) \
     __attribute__((noinline)) void NAME(const float *x, ptrdiff_t ldx, const void *const *wp, ptrdiff_t k, \
                                         ll_vf32 acc[LL_TT_MAX][LL_NP_MAX]) { \
@@ -47,6 +49,7 @@ __attribute__((noinline)) void tile_dot(const uint32_t *xb, ptrdiff_t ldx, const
     ll_gemm_acc_dot(xb, ldx, wp, k, LL_TT_DOT, LL_NP_DOT, acc);
 }
 #endif
+LL_HOT_END
 """
 # a vector register moved to or from the stack frame (a spill or a reload), or an FMA reading one
 SPILL = re.compile(r"[xyz]mm\d+,\s*-?(0x[0-9a-f]+)?\(%r[sb]p\)|\(%r[sb]p\)(,%[xyz]mm\d+)+$")
