@@ -52,16 +52,6 @@ LL_INLINE ptrdiff_t ll_part_panel_bytes(const ll_part *pt, ptrdiff_t k) {
     return ll_wtype_is_quant(pt->wtype) ? ll_qpanel_bytes(pt->wtype, k) : ll_panel_bytes(pt->wtype, k);
 }
 
-/* Each quantized tile height as a function of its own (see LL_SHAPES in gemm.h). */
-#define LL_QDOT_FN(TT_) \
-    static __attribute__((noinline)) void ll_qdot_##TT_(const ll_qact *x, const uint8_t *wp, int wtype, ptrdiff_t k, \
-                                                        ll_vf32 out[LL_QT]) { \
-        ll_vf32 acc[LL_QT]; \
-        ll_qpanel_dot(x, TT_, wp, wtype, k, acc); \
-        for (int t = 0; t < TT_; t++) out[t] = acc[t]; }
-LL_QDOT_FN(1) LL_QDOT_FN(2) LL_QDOT_FN(3) LL_QDOT_FN(4) LL_QDOT_FN(5) LL_QDOT_FN(6) LL_QDOT_FN(7) LL_QDOT_FN(8)
-#undef LL_QDOT_FN
-
 /* out[t, columns of panels p0..p1 of quantized part pt] (+)= x[t] . W + bias, for all T tokens. */
 static inline void ll_qgemm_panels(const ll_qact *x, ptrdiff_t num_tokens, const ll_part *pt, ptrdiff_t k,
                                    const float *bias, float *out, ptrdiff_t ldo, int accumulate,
@@ -76,14 +66,14 @@ static inline void ll_qgemm_panels(const ll_qact *x, ptrdiff_t num_tokens, const
             xt.q += t * x->ld; xt.d += t * (x->ld / 32); xt.s += t * (x->ld / 16);
             ll_vf32 acc[LL_QT];
             switch (tt) {   /* literal tile heights: accumulators stay in registers */
-            case 8: ll_qdot_8(&xt, wp, pt->wtype, k, acc); break;
-            case 7: ll_qdot_7(&xt, wp, pt->wtype, k, acc); break;
-            case 6: ll_qdot_6(&xt, wp, pt->wtype, k, acc); break;
-            case 5: ll_qdot_5(&xt, wp, pt->wtype, k, acc); break;
-            case 4: ll_qdot_4(&xt, wp, pt->wtype, k, acc); break;
-            case 3: ll_qdot_3(&xt, wp, pt->wtype, k, acc); break;
-            case 2: ll_qdot_2(&xt, wp, pt->wtype, k, acc); break;
-            default: ll_qdot_1(&xt, wp, pt->wtype, k, acc);
+            case 8: ll_qpanel_dot(&xt, 8, wp, pt->wtype, k, acc); break;
+            case 7: ll_qpanel_dot(&xt, 7, wp, pt->wtype, k, acc); break;
+            case 6: ll_qpanel_dot(&xt, 6, wp, pt->wtype, k, acc); break;
+            case 5: ll_qpanel_dot(&xt, 5, wp, pt->wtype, k, acc); break;
+            case 4: ll_qpanel_dot(&xt, 4, wp, pt->wtype, k, acc); break;
+            case 3: ll_qpanel_dot(&xt, 3, wp, pt->wtype, k, acc); break;
+            case 2: ll_qpanel_dot(&xt, 2, wp, pt->wtype, k, acc); break;
+            default: ll_qpanel_dot(&xt, 1, wp, pt->wtype, k, acc);
             }
             for (int i = 0; i < tt; i++) ll_store_out(out + (t + i) * ldo, acc[i], bias, col, pt->n1, accumulate);
         }
@@ -141,7 +131,7 @@ static inline void ll_mat_gated(const float *x, const uint32_t *xb, const ll_qac
                 ll_qact xt = *xq;
                 xt.q += t * xq->ld; xt.d += t * (xq->ld / 32); xt.s += t * (xq->ld / 16);
                 ll_vf32 g[LL_QT], u[LL_QT];
-#define LL_GQ(TT_) do { ll_qdot_##TT_(&xt, wg, gp->wtype, m->k, g); ll_qdot_##TT_(&xt, wu, up->wtype, m->k, u); } while (0)
+#define LL_GQ(TT_) do { ll_qpanel_dot(&xt, TT_, wg, gp->wtype, m->k, g); ll_qpanel_dot(&xt, TT_, wu, up->wtype, m->k, u); } while (0)
                 switch (tt) {
                 case 8: LL_GQ(8); break;
                 case 7: LL_GQ(7); break;
