@@ -566,6 +566,30 @@ static inline void ll_attention_combine(const float *partials, int nsplit, ptrdi
  * (nsplit == 1, normalised into out) or over split `split` of nsplit (raw into partial);
  * softcap > 0 caps the scaled scores at softcap * tanh(score / softcap) (Gemma 2); `path` one
  * of LL_ATTN_* (above). */
+/* One function per (cache type, compute type): each copy is specialised and optimised on its own
+ * (one function holding all twelve took gcc three times as long to compile). */
+#define LL_ATTN_PARAMS const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo, int nq, int group, ptrdiff_t h0, \
+        const int32_t *pos, const int32_t *last, int window, const void *k_cache, const void *v_cache, \
+        const int32_t *block_table, ptrdiff_t block_size, ptrdiff_t kv_head, ptrdiff_t num_kv_heads, \
+        ptrdiff_t head_dim, float scale, float softcap, float *scratch, int split, int nsplit, float *partial
+#define LL_ATTN_ARGS q, ldq, out, ldo, nq, group, h0, pos, last, window, k_cache, v_cache, block_table, block_size, \
+        kv_head, num_kv_heads, head_dim, scale, softcap, scratch, split, nsplit, partial
+#define LL_ATTN_COPY(NAME, KT, CT) \
+    static __attribute__((noinline)) void NAME(LL_ATTN_PARAMS) { ll_attention_tile_impl(KT, CT, LL_ATTN_ARGS); }
+LL_ATTN_COPY(ll_attn_tile_bf16_f32, LL_KV_BF16, LL_KV_F32)
+LL_ATTN_COPY(ll_attn_tile_bf16, LL_KV_BF16, LL_KV_BF16)
+LL_ATTN_COPY(ll_attn_tile_i8_f32, LL_KV_I8, LL_KV_F32)
+LL_ATTN_COPY(ll_attn_tile_i8_bf16, LL_KV_I8, LL_KV_BF16)
+LL_ATTN_COPY(ll_attn_tile_i8, LL_KV_I8, LL_KV_I8)
+LL_ATTN_COPY(ll_attn_tile_e4m3_f32, LL_KV_E4M3, LL_KV_F32)
+LL_ATTN_COPY(ll_attn_tile_e4m3_bf16, LL_KV_E4M3, LL_KV_BF16)
+LL_ATTN_COPY(ll_attn_tile_e4m3, LL_KV_E4M3, LL_KV_E4M3)
+LL_ATTN_COPY(ll_attn_tile_e5m2_f32, LL_KV_E5M2, LL_KV_F32)
+LL_ATTN_COPY(ll_attn_tile_e5m2_bf16, LL_KV_E5M2, LL_KV_BF16)
+LL_ATTN_COPY(ll_attn_tile_e5m2, LL_KV_E5M2, LL_KV_E5M2)
+LL_ATTN_COPY(ll_attn_tile_f32, LL_KV_F32, LL_KV_F32)
+#undef LL_ATTN_COPY
+
 static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
                                            int nq, int group, ptrdiff_t h0, const int32_t *pos,
                                            const int32_t *last, int window,
@@ -574,28 +598,25 @@ static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float 
                                            ptrdiff_t kv_head, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
                                            float scale, float softcap, float *scratch, int split, int nsplit,
                                            float *partial, int path) {
-#define LL_ATTN_TILE(KT, CT) ll_attention_tile_impl(KT, CT, q, ldq, out, ldo, nq, group, h0, pos, last, window, k_cache, \
-        v_cache, block_table, block_size, kv_head, num_kv_heads, head_dim, scale, softcap, scratch, split, nsplit, \
-        partial)
-#define LL_ATTN_8BIT(KT) \
-    if (stage == LL_KV_F32) LL_ATTN_TILE(KT, LL_KV_F32); else if (stage == LL_KV_BF16) LL_ATTN_TILE(KT, LL_KV_BF16); \
-    else LL_ATTN_TILE(KT, KT)
     const int big = nq * group >= LL_ATTN_STAGE_ROWS;
     /* the compute type a staged tile would use, or -1: direct */
     const int stage = path == LL_ATTN_F32 || (path == LL_ATTN_AUTO_FMA && big) ? LL_KV_F32
                     : path == LL_ATTN_BF16 || (path == LL_ATTN_AUTO && big) ? LL_KV_BF16 : -1;
+#define LL_ATTN_8BIT(T) \
+    if (stage == LL_KV_F32) ll_attn_tile_##T##_f32(LL_ATTN_ARGS); \
+    else if (stage == LL_KV_BF16) ll_attn_tile_##T##_bf16(LL_ATTN_ARGS); \
+    else ll_attn_tile_##T(LL_ATTN_ARGS)
     switch (kv_type) {   /* one specialised copy per cache type and compute type */
         case LL_KV_BF16:
-            if (stage == LL_KV_F32) LL_ATTN_TILE(LL_KV_BF16, LL_KV_F32);
-            else LL_ATTN_TILE(LL_KV_BF16, LL_KV_BF16);
+            if (stage == LL_KV_F32) ll_attn_tile_bf16_f32(LL_ATTN_ARGS);
+            else ll_attn_tile_bf16(LL_ATTN_ARGS);
             break;
-        case LL_KV_I8: LL_ATTN_8BIT(LL_KV_I8); break;
-        case LL_KV_E4M3: LL_ATTN_8BIT(LL_KV_E4M3); break;
-        case LL_KV_E5M2: LL_ATTN_8BIT(LL_KV_E5M2); break;
-        default: LL_ATTN_TILE(LL_KV_F32, LL_KV_F32); break;
+        case LL_KV_I8: LL_ATTN_8BIT(i8); break;
+        case LL_KV_E4M3: LL_ATTN_8BIT(e4m3); break;
+        case LL_KV_E5M2: LL_ATTN_8BIT(e5m2); break;
+        default: ll_attn_tile_f32(LL_ATTN_ARGS); break;
     }
 #undef LL_ATTN_8BIT
-#undef LL_ATTN_TILE
 }
 
 LL_HOT_END

@@ -133,6 +133,39 @@ LL_INLINE void ll_gemm_tile(const float *x, const uint32_t *xb, ptrdiff_t ldx, c
             ll_store_out(out + t * ldo, acc[t][p], bias, (panel + p) * 16, n, accumulate);
 }
 
+/* Every tile shape as a function of its own: call sites name a literal shape, and gcc then
+ * optimises each shape alone (one function holding every shape took it several times as long to
+ * build); a call per tile is nothing beside the tile's K-long loop. Accumulators stay local to
+ * the shape's function (in registers) and are copied out at its end. Unused shapes are dropped. */
+#define LL_SHAPES(F) F(1,1) F(1,2) F(1,3) F(1,4) F(2,1) F(2,2) F(2,3) F(2,4) F(3,1) F(3,2) F(3,3) F(3,4) F(4,1) F(4,2) F(4,3) F(4,4) F(5,1) F(5,2) F(5,3) F(5,4) F(6,1) F(6,2) F(6,3) F(6,4) F(7,1) F(7,2) F(7,3) F(7,4) F(8,1) F(8,2) F(8,3) F(8,4)
+#define LL_TILE_FMA_FN(TT_, NP_) \
+    static __attribute__((noinline)) void ll_tile_fma_##TT_##_##NP_(const float *x, ptrdiff_t ldx, const void *w, \
+            int wtype, ptrdiff_t k, ptrdiff_t panel, float *out, ptrdiff_t ldo, ptrdiff_t n, const float *bias, \
+            int accumulate) { \
+        ll_gemm_tile(x, 0, ldx, w, wtype, k, panel, out, ldo, n, bias, accumulate, TT_, NP_); }
+#define LL_ACC_FMA_FN(TT_, NP_) \
+    static __attribute__((noinline)) void ll_acc_fma_##TT_##_##NP_(const float *x, ptrdiff_t ldx, const void *const *wp, \
+            int wtype, ptrdiff_t k, ll_vf32 out[LL_TT_MAX][LL_NP_MAX]) { \
+        ll_vf32 acc[LL_TT_MAX][LL_NP_MAX]; \
+        ll_gemm_acc_fma(x, ldx, wp, wtype, k, TT_, NP_, acc); \
+        for (int t = 0; t < TT_; t++) for (int p = 0; p < NP_; p++) out[t][p] = acc[t][p]; }
+LL_SHAPES(LL_TILE_FMA_FN)
+LL_SHAPES(LL_ACC_FMA_FN)
+#ifdef LL_HAVE_BF16_DOT
+#define LL_TILE_DOT_FN(TT_, NP_) \
+    static __attribute__((noinline)) void ll_tile_dot_##TT_##_##NP_(const uint32_t *xb, ptrdiff_t ldx, const void *w, \
+            ptrdiff_t k, ptrdiff_t panel, float *out, ptrdiff_t ldo, ptrdiff_t n, const float *bias, int accumulate) { \
+        ll_gemm_tile(0, xb, ldx, w, LL_W_BF16, k, panel, out, ldo, n, bias, accumulate, TT_, NP_); }
+#define LL_ACC_DOT_FN(TT_, NP_) \
+    static __attribute__((noinline)) void ll_acc_dot_##TT_##_##NP_(const uint32_t *xb, ptrdiff_t ldx, const void *const *wp, \
+            ptrdiff_t k, ll_vf32 out[LL_TT_MAX][LL_NP_MAX]) { \
+        ll_vf32 acc[LL_TT_MAX][LL_NP_MAX]; \
+        ll_gemm_acc_dot(xb, ldx, wp, k, TT_, NP_, acc); \
+        for (int t = 0; t < TT_; t++) for (int p = 0; p < NP_; p++) out[t][p] = acc[t][p]; }
+LL_SHAPES(LL_TILE_DOT_FN)
+LL_SHAPES(LL_ACC_DOT_FN)
+#endif
+
 /* Whether bf16 weights can take bf16-pair activations (xb, vdpbf16ps) in this build: the form
  * decode always uses; a matrix on the FMA path takes fp32 rows in bigger steps (matmul.h). */
 LL_INLINE int ll_gemm_wants_xb(int wtype) {
@@ -239,27 +272,29 @@ static inline void ll_gemm_panels(const float *x, const uint32_t *xb, ptrdiff_t 
             const float *xt = x ? x + t * ldx : 0;
             const uint32_t *xbt = xb ? xb + t * ldxx : 0;
             float *ot = out + t * ldo;
-#define LL_TILE(TT_, NP_) ll_gemm_tile(xt, xbt, ldxx, w, wtype, k, p, ot, ldo, n, bias, accumulate, TT_, NP_)
+#define LL_TILE_D(TT_, NP_) ll_tile_dot_##TT_##_##NP_(xbt, ldxx, w, k, p, ot, ldo, n, bias, accumulate)
+#define LL_TILE_F(TT_, NP_) ll_tile_fma_##TT_##_##NP_(xt, ldxx, w, wtype, k, p, ot, ldo, n, bias, accumulate)
             if (xb) {
 #ifdef LL_HAVE_BF16_DOT
 #if LL_NP_DOT >= 4
-                if (np == 4) { LL_TILES_TT_DOT(LL_TILE, 4) } else
+                if (np == 4) { LL_TILES_TT_DOT(LL_TILE_D, 4) } else
 #endif
 #if LL_NP_DOT >= 3
-                if (np == 3) { LL_TILES_TT_DOT(LL_TILE, 3) } else
+                if (np == 3) { LL_TILES_TT_DOT(LL_TILE_D, 3) } else
 #endif
-                if (np == 2) { LL_TILES_TT_DOT(LL_TILE, 2) } else { LL_TILES_TT_DOT(LL_TILE, 1) }
+                if (np == 2) { LL_TILES_TT_DOT(LL_TILE_D, 2) } else { LL_TILES_TT_DOT(LL_TILE_D, 1) }
 #endif
             } else {
 #if LL_NP_FMA >= 4
-                if (np == 4) { LL_TILES_TT(LL_TILE, 4) } else
+                if (np == 4) { LL_TILES_TT(LL_TILE_F, 4) } else
 #endif
 #if LL_NP_FMA >= 3
-                if (np == 3) { LL_TILES_TT(LL_TILE, 3) } else
+                if (np == 3) { LL_TILES_TT(LL_TILE_F, 3) } else
 #endif
-                if (np == 2) { LL_TILES_TT(LL_TILE, 2) } else { LL_TILES_TT(LL_TILE, 1) }
+                if (np == 2) { LL_TILES_TT(LL_TILE_F, 2) } else { LL_TILES_TT(LL_TILE_F, 1) }
             }
-#undef LL_TILE
+#undef LL_TILE_D
+#undef LL_TILE_F
         }
     }
 }
@@ -322,7 +357,7 @@ static inline void ll_gemm_gated(const float *x, const uint32_t *xb, ptrdiff_t l
             const uint32_t *xbt = xb ? xb + t * ldxx : 0;
             ll_vf32 acc[LL_TT_MAX][LL_NP_MAX];
 #ifdef LL_HAVE_BF16_DOT
-#define LL_GDOT(TT_, NP_) ll_gemm_acc_dot(xbt, ldxx, wp, k, TT_, NP_, acc)
+#define LL_GDOT(TT_, NP_) ll_acc_dot_##TT_##_##NP_(xbt, ldxx, wp, k, acc)
             if (xb) {
 #if LL_NP_DOT >= 4
                 if (two) { LL_TILES_TT_DOT(LL_GDOT, 4) } else
@@ -333,7 +368,7 @@ static inline void ll_gemm_gated(const float *x, const uint32_t *xb, ptrdiff_t l
 #endif
             {
                 (void)xbt;
-#define LL_GFMA(TT_, NP_) ll_gemm_acc_fma(xt, ldxx, wp, wtype, k, TT_, NP_, acc)
+#define LL_GFMA(TT_, NP_) ll_acc_fma_##TT_##_##NP_(xt, ldxx, wp, wtype, k, acc)
                 LL_TILES_TT(LL_GFMA, 2)
 #undef LL_GFMA
             }
