@@ -139,30 +139,92 @@ def sample(float[:, ::1] logits,               # IN/OUT [S, V] row-wise overwrit
            const int32_t[::1] mask_rows=None):  # IN [S] bitmask row of each row, -1 = unconstrained
     """Sample one token per row of logits; see the module docstring for the order of steps.
     With no bitmask (None, or no rows) no row is masked and nothing is spent on masks."""
-    cdef Py_ssize_t num_seqs = logits.shape[0], vocab = logits.shape[1], seq, i
-    cdef Py_ssize_t top = out_top_ids.shape[1]
-    cdef bint masked = bitmask is not None and mask_rows is not None and bitmask.shape[0] > 0
-    _check_rows("sample", fparams, iparams, token_ids, banned_ids, num_seqs, vocab, top, scratch_w, scratch_count,
-                scratch_raw, num_threads, bitmask, mask_rows, masked, num_seqs, out_token, out_logprob, out_rank,
-                out_top_ids, out_top_logprobs)
-    if num_seqs == 0:
-        return
-    cdef const int32_t *tok_ptr = &token_ids[0] if token_ids.shape[0] else NULL
-    cdef const int32_t *ban_ptr = &banned_ids[0] if banned_ids.shape[0] else NULL
-    cdef int nt = num_threads if num_threads < num_seqs else <int>num_seqs
-    cdef int tid
-    cdef const int32_t *mask
-    with nogil:
-        # dynamic: a greedy row costs one pass over V, a top_p row several; keep threads busy
-        for seq in prange(num_seqs, schedule="dynamic", chunksize=1, num_threads=nt):
-            tid = threadid()
-            mask = NULL
-            if masked and mask_rows[seq] >= 0:
-                mask = &bitmask[mask_rows[seq], 0]
-            _sample_one(&logits[seq, 0], vocab, mask, &fparams[seq, 0], &iparams[seq, 0], tok_ptr, ban_ptr,
-                        &out_token[seq], &out_logprob[seq], &out_rank[seq],
-                        &out_top_ids[seq, 0] if top else NULL, &out_top_logprobs[seq, 0] if top else NULL,
-                        &scratch_w[tid, 0], &scratch_count[tid, 0], &scratch_raw[tid, 0])
+    PreparedSample(logits, fparams, iparams, token_ids, banned_ids, out_token, out_logprob, out_rank, out_top_ids,
+                   out_top_logprobs, scratch_w, scratch_count, scratch_raw, num_threads, bitmask, mask_rows).run()
+
+
+cdef class PreparedSample:
+    """sample()'s arguments, checked and held: run() samples the rows without taking a buffer
+    (the engine prepares its step's sampling before forward() and runs it after: each buffer
+    export right after a forward pass, which flushed the caches, costs microseconds). The
+    arrays' contents may change between runs (the logits, the parameter rows' step and context
+    ends): check() checks them again."""
+    cdef float[:, ::1] logits
+    cdef const float[:, ::1] fparams
+    cdef const int64_t[:, ::1] iparams
+    cdef const int32_t[::1] token_ids, banned_ids
+    cdef int32_t[::1] out_token, out_rank
+    cdef float[::1] out_logprob
+    cdef int32_t[:, ::1] out_top_ids
+    cdef float[:, ::1] out_top_logprobs, scratch_w, scratch_raw
+    cdef int32_t[:, ::1] scratch_count
+    cdef const int32_t[:, ::1] bitmask
+    cdef const int32_t[::1] mask_rows
+    cdef int num_threads
+    cdef bint masked
+
+    def __init__(self, float[:, ::1] logits, const float[:, ::1] fparams, const int64_t[:, ::1] iparams,
+                 const int32_t[::1] token_ids, const int32_t[::1] banned_ids, int32_t[::1] out_token,
+                 float[::1] out_logprob, int32_t[::1] out_rank, int32_t[:, ::1] out_top_ids,
+                 float[:, ::1] out_top_logprobs, float[:, ::1] scratch_w, int32_t[:, ::1] scratch_count,
+                 float[:, ::1] scratch_raw, int num_threads, const int32_t[:, ::1] bitmask=None,
+                 const int32_t[::1] mask_rows=None):
+        """The arguments of sample(), checked as it checks them."""
+        self.logits, self.fparams, self.iparams, self.token_ids, self.banned_ids = \
+            logits, fparams, iparams, token_ids, banned_ids
+        self.out_token, self.out_logprob, self.out_rank = out_token, out_logprob, out_rank
+        self.out_top_ids, self.out_top_logprobs = out_top_ids, out_top_logprobs
+        self.scratch_w, self.scratch_count, self.scratch_raw = scratch_w, scratch_count, scratch_raw
+        self.num_threads, self.bitmask, self.mask_rows = num_threads, bitmask, mask_rows
+        self.masked = bitmask is not None and mask_rows is not None and bitmask.shape[0] > 0
+        self.check()
+
+    def check(self):
+        """The checks of sample() over the arrays' current contents."""
+        _check_rows("sample", self.fparams, self.iparams, self.token_ids, self.banned_ids, self.logits.shape[0],
+                    self.logits.shape[1], self.out_top_ids.shape[1], self.scratch_w, self.scratch_count,
+                    self.scratch_raw, self.num_threads, self.bitmask, self.mask_rows, self.masked,
+                    self.logits.shape[0], self.out_token, self.out_logprob, self.out_rank, self.out_top_ids,
+                    self.out_top_logprobs)
+
+    def run(self):
+        """One token per row of the logits (as they are now) into out_token (and logprobs)."""
+        cdef Py_ssize_t num_seqs = self.logits.shape[0], vocab = self.logits.shape[1], seq
+        cdef Py_ssize_t top = self.out_top_ids.shape[1]
+        if num_seqs == 0:
+            return
+        cdef const int32_t *tok_ptr = &self.token_ids[0] if self.token_ids.shape[0] else NULL
+        cdef const int32_t *ban_ptr = &self.banned_ids[0] if self.banned_ids.shape[0] else NULL
+        cdef int nt = self.num_threads if self.num_threads < num_seqs else <int>num_seqs
+        cdef int tid
+        cdef const int32_t *mask
+        cdef bint masked = self.masked
+        cdef float *logits = &self.logits[0, 0]
+        cdef const float *fparams = &self.fparams[0, 0]
+        cdef const int64_t *iparams = &self.iparams[0, 0]
+        cdef int32_t *out_token = &self.out_token[0]
+        cdef float *out_logprob = &self.out_logprob[0]
+        cdef int32_t *out_rank = &self.out_rank[0]
+        cdef int32_t *out_top_ids = &self.out_top_ids[0, 0] if top else NULL
+        cdef float *out_top_logprobs = &self.out_top_logprobs[0, 0] if top else NULL
+        cdef float *scratch_w = &self.scratch_w[0, 0]
+        cdef int32_t *scratch_count = &self.scratch_count[0, 0]
+        cdef float *scratch_raw = &self.scratch_raw[0, 0]
+        cdef const int32_t *bitmask = &self.bitmask[0, 0] if masked else NULL
+        cdef const int32_t *mask_rows = &self.mask_rows[0] if masked else NULL
+        cdef Py_ssize_t mask_words = self.bitmask.shape[1] if masked else 0
+        with nogil:
+            # dynamic: a greedy row costs one pass over V, a top_p row several; keep threads busy
+            for seq in prange(num_seqs, schedule="dynamic", chunksize=1, num_threads=nt):
+                tid = threadid()
+                mask = NULL
+                if masked and mask_rows[seq] >= 0:
+                    mask = bitmask + mask_rows[seq] * mask_words
+                _sample_one(logits + seq * vocab, vocab, mask, fparams + seq * NUM_F, iparams + seq * NUM_I,
+                            tok_ptr, ban_ptr, out_token + seq, out_logprob + seq, out_rank + seq,
+                            out_top_ids + seq * top if top else NULL,
+                            out_top_logprobs + seq * top if top else NULL,
+                            scratch_w + tid * vocab, scratch_count + tid * vocab, scratch_raw + tid * vocab)
 
 
 cdef void _sample_one(float *x, Py_ssize_t vocab, const int32_t *mask, const float *fp, const int64_t *ip,

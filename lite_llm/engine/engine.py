@@ -295,6 +295,9 @@ class LLMEngine:
         left = None
         if spec_ids is not None and any(c.spec_token_ids for c in sched_out.chunks):
             left = Counter(r.request_id for r, _ in sampled)
+        if left is None and not matchers:
+            self._process_plain(sampled, now, touched)
+            sampled = ()
         for request, result in sampled:
             remaining = 0
             if left is not None:
@@ -330,6 +333,38 @@ class LLMEngine:
                 sched_out.num_seqs, sched_out.num_tokens,
                 time.perf_counter() - start - kernel_seconds, kernel_seconds, bytes_read))
         return outputs
+
+    def _process_plain(self, sampled: list, now: float, touched: dict) -> None:
+        """step()'s loop over the samples when none has drafts or a grammar. A plain sample (one
+        token, no logprobs, no stop strings, not the first token, the request still running)
+        is detokenized here, its ITL counted per distinct previous token time (in a steady
+        batch, one for all); any other goes through _process_sample."""
+        itl: dict[float, int] = {}
+        groups = self._groups
+        running = RequestStatus.RUNNING
+        for request, result in sampled:
+            metrics = request.metrics
+            last = metrics.last_token_time
+            group = groups[request.parent_id]
+            if request.status is not running or last is None or request.logprobs is not None \
+                    or request.sampling_params.stop:
+                self._process_sample(request, result, now)
+                if not group.final_only or request.is_finished:
+                    touched[request.parent_id] = group
+                continue
+            itl[last] = itl.get(last, 0) + 1
+            metrics.last_token_time = now
+            comp = group.completions[request.index]
+            if comp.detokenizer is not None:
+                new_text = comp.detokenizer.add(result.token_id)
+                if new_text:
+                    comp.add_text(new_text)
+            if not group.final_only:
+                touched[request.parent_id] = group
+        stats = self._stats
+        for last, count in itl.items():
+            stats.itl.observe(now - last, count)
+            stats.generation_tokens_total += count
 
     def _record_drafts(self, sched_out: SchedulerOutput, results: list) -> None:
         """Speculative decoding's acceptance counts (vLLM's spec_decode_* metrics)."""

@@ -30,6 +30,9 @@ class KVCacheManager:
         self._blocks: dict[str, list[KVBlock]] = {}      # request id -> its blocks, in order
         self.block_tables: dict[str, list[int]] = {}     # request id -> block ids, same order
         self._num_hashed: dict[str, int] = {}            # leading blocks already published
+        # request id -> the token count (computed + new + lookahead) its blocks hold with nothing
+        # to allocate or publish: a decode step within it needs no allocate_slots call
+        self.room: dict[str, int] = {}
         self.prefix_cache_queries = 0                    # tokens looked up
         self.prefix_cache_hits = 0                       # tokens found
 
@@ -113,6 +116,10 @@ class KVCacheManager:
             table.extend(b.block_id for b in new_blocks)
         if self.enable_prefix_caching and end // self.block_size > self._num_hashed[rid]:
             self._publish_full_blocks(request, end)
+        if blocks:   # the early return's condition above, solved for end
+            room = len(blocks) * self.block_size
+            self.room[rid] = min(room, (self._num_hashed[rid] + 1) * self.block_size - 1) \
+                if self.enable_prefix_caching else room
         return table[num_before:] if len(table) > num_before else []
 
     def free(self, request: Request) -> None:
@@ -123,6 +130,7 @@ class KVCacheManager:
         if blocks is None:
             return
         del self.block_tables[rid]
+        self.room.pop(rid, None)
         num_hashed = self._num_hashed.pop(rid)
         for blk in range(request.num_computed_tokens // self.block_size, num_hashed):
             block = blocks[blk]

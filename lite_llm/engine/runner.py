@@ -327,13 +327,7 @@ class ModelRunner:
         a vision-language model's step (multimodal.VisionRunner.step_inputs), Nones otherwise."""
         group = self.tp_group
         if group is None:
-            R = len(logits_rows)
-            size, logits = self._logits_view
-            if size != R:
-                if self._logits.shape[0] < R:
-                    self._logits = np.empty((R, self.config.vocab_size), np.float32)
-                logits = self._logits[:R]
-                self._logits_view = R, logits
+            logits = self._logits_rows(len(logits_rows))
             if self.lora_weights is None and mm[0] is None and mm[1] is None and mm[2] is None:
                 self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
                                      block_tables, logits_rows, logits, self.num_threads)
@@ -353,6 +347,17 @@ class ModelRunner:
                                  block_tables, logits_rows, logits, self.num_threads, tp=group.comm)
         except RuntimeError as e:
             group.raise_failure(e)
+        return logits
+
+    def _logits_rows(self, R: int) -> np.ndarray:
+        """logits [R, V]: the first R rows of the buffer forward() writes (the same view while R
+        stays the same)."""
+        size, logits = self._logits_view
+        if size != R:
+            if self._logits.shape[0] < R:
+                self._logits = np.empty((R, self.config.vocab_size), np.float32)
+            logits = self._logits[:R]
+            self._logits_view = R, logits
         return logits
 
     def _forward_step(self, sched_out, a: StepArrays, logits_rows: np.ndarray, masks):
@@ -385,11 +390,24 @@ class ModelRunner:
         a = batch.prepare(sched_out)
         if self.proposer is not None:
             return self._execute_speculative(sched_out, a, masks)
+        num_rows = len(a.sample_slots)
+        # the common step (no grammar masks, logit biases, prompt logprobs or tensor parallel)
+        # binds its sampling before forward(): after it, while every cache is cold, one call samples
+        bound = num_rows and masks is None and self.tp_group is None and not batch.any_logit_bias \
+            and not batch.any_prompt_logprobs
+        if bound:
+            self.sampler.prepare(self._logits_rows(num_rows),
+                                 *batch.sampling_arrays(a.sample_slots, a.sample_slots_are_prefix),
+                                 any_logprobs=batch.any_logprobs)
         all_logits, prompt_rows, kernel_seconds, bitmask, mask_rows = self._forward_step(
             sched_out, a, a.logits_rows, masks)
-        logits = all_logits[:len(a.logits_rows)]
         sampled = []
-        if len(a.sample_slots):
+        if bound:
+            sampled = self.sampler.run_prepared()
+            kernel_seconds += self.sampler.last_kernel_seconds
+            batch.append_step(self.sampler.last_tokens)
+        elif num_rows:
+            logits = all_logits[:len(a.logits_rows)]
             if batch.any_logit_bias:
                 add_logit_bias(logits, [c.request for c in sched_out.chunks if c.sample])
             sampled = self.sampler.run(logits, *batch.sampling_arrays(a.sample_slots, a.sample_slots_are_prefix),

@@ -41,6 +41,8 @@ class Sampler:
         self._out_token, self._out_logprob, self._out_rank = _NO_IDS, np.zeros(0, np.float32), _NO_IDS
         self._no_top = (np.empty((0, 0), np.int32), np.empty((0, 0), np.float32))
         self._plain: tuple = (-1, ())      # (rows, output views) of the latest run without top logprobs
+        self._bound = None                 # (arguments, their _sampler.PreparedSample) of the latest prepare()
+        self._prepared = None              # (PreparedSample, output arrays, max logprobs, iparams) to run
 
     def _scratch(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if rows > self._rows:
@@ -122,6 +124,15 @@ class Sampler:
             any_logprobs: bool = True,      # False: the caller knows no row wants logprobs
             ) -> list[SampleResult]:
         """The compiled sampler over ready parameter arrays; one SampleResult per row."""
+        self.prepare(logits, fparams, iparams, token_ids, banned_ids, bitmask, mask_rows, any_logprobs)
+        return self.run_prepared()
+
+    def prepare(self, logits: np.ndarray, fparams: np.ndarray, iparams: np.ndarray, token_ids: np.ndarray,
+                banned_ids: np.ndarray, bitmask: np.ndarray | None = None, mask_rows: np.ndarray | None = None,
+                any_logprobs: bool = True) -> None:
+        """run()'s arguments (the same), checked and bound for run_prepared(): the engine binds
+        them before forward() fills the logits, so that after it one call samples. A steady
+        batch binds the same arrays every step: then only their contents are checked again."""
         num_seqs = fparams.shape[0]
         # (C-contiguity is the compiled call's own check: its logits are a float[:, ::1])
         if logits.shape != (num_seqs, self.vocab_size) or logits.dtype != _F32:
@@ -129,15 +140,25 @@ class Sampler:
                              f"want C-contiguous float32 {(num_seqs, self.vocab_size)}")
         max_logprobs = -1          # no row wants logprobs
         if num_seqs and any_logprobs:
-            num_logprobs = iparams[:, I_NUM_LOGPROBS]
-            max_logprobs = int(num_logprobs.max())
+            max_logprobs = int(iparams[:, I_NUM_LOGPROBS].max())
         k = max(max_logprobs, 0)
-        out_token, out_logprob, out_rank, out_top_ids, out_top_logprobs = self._outputs(num_seqs, k)
+        outputs = self._outputs(num_seqs, k)
         threads = min(self.num_threads, max(num_seqs, 1))
         scratch = self._scratch(threads)
+        args = (logits, fparams, iparams, token_ids, banned_ids, *outputs, *scratch, threads, bitmask, mask_rows)
+        bound = self._bound
+        if bound is not None and len(bound[0]) == len(args) and all(a is b for a, b in zip(args, bound[0])):
+            bound[1].check()
+        else:
+            self._bound = bound = (args, _sampler.PreparedSample(*args))
+        self._prepared = (bound[1], outputs, max_logprobs, iparams)
+
+    def run_prepared(self) -> list[SampleResult]:
+        """Sample with what prepare() bound; one SampleResult per row."""
+        call, (out_token, out_logprob, out_rank, out_top_ids, out_top_logprobs), max_logprobs, iparams = \
+            self._prepared
         start = time.perf_counter()
-        _sampler.sample(logits, fparams, iparams, token_ids, banned_ids, out_token, out_logprob,
-                        out_rank, out_top_ids, out_top_logprobs, *scratch, threads, bitmask, mask_rows)
+        call.run()
         self.last_kernel_seconds = time.perf_counter() - start
         self.last_tokens = out_token
         tokens = out_token.tolist()
@@ -145,7 +166,7 @@ class Sampler:
             # tuple.__new__ skips the NamedTuple's Python-level __new__ (a frame per row)
             return [_new_tuple(SampleResult, (t, None, None, None)) for t in tokens]
         results = []
-        for row, n in enumerate(num_logprobs.tolist()):
+        for row, n in enumerate(iparams[:, I_NUM_LOGPROBS].tolist()):
             if n < 0:
                 results.append(SampleResult(tokens[row]))
             else:

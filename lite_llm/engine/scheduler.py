@@ -171,16 +171,18 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         self._rows_budget = PROMPT_LOGITS_ROWS
         kv = self.kv_cache_manager
+        room = kv.room
         idx = 0
         while idx < len(self.running) and budget > 0:
             request = self.running[idx]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            start = request.num_computed_tokens
+            num_new = min(len(request.all_token_ids) - start, budget)
             if request.mm is not None:      # never end a chunk inside an image
-                num_new = whole_images(request, request.num_computed_tokens, num_new)
+                num_new = whole_images(request, start, num_new)
                 if num_new == 0:
                     idx += 1
                     continue
-            if request.wants_prompt_logits:
+            if request.prompt_logprobs is not None and request.wants_prompt_logits:
                 num_new = min(num_new, self._rows_budget)
                 if num_new == 0:        # its prompt rows wait for the next step
                     idx += 1
@@ -192,6 +194,15 @@ class Scheduler:
                 lookahead = self._lookahead(request, num_new, len(spec))
             else:                 # no speculation (most steps): what the two calls would give
                 spec, lookahead = (), 0
+                if start + num_new <= room.get(request.request_id, -1):
+                    # its blocks hold the new tokens (most decode steps): allocate_slots' first
+                    # check, without the call
+                    chunks.append(_new_chunk(ScheduledChunk, (request, start, num_new, [],
+                                                              start + num_new == len(request.all_token_ids),
+                                                              False, spec)))
+                    budget -= num_new
+                    idx += 1
+                    continue
             while (block_ids := kv.allocate_slots(request, num_new, (), len(spec) + lookahead)) is None:
                 if spec or lookahead:       # drop the speculation before preempting anyone
                     spec, lookahead = (), 0
@@ -209,7 +220,6 @@ class Scheduler:
                     break
             if block_ids is None:
                 continue           # request left running; running[idx] is the next one
-            start = request.num_computed_tokens
             # tuple.__new__: the NamedTuple's own __new__ is a Python frame per chunk
             chunks.append(_new_chunk(ScheduledChunk, (request, start, num_new + len(spec), block_ids,
                                                       start + num_new == request.num_tokens, False, spec)))

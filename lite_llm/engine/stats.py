@@ -48,9 +48,11 @@ class HistogramAccumulator:
         self._bucket_counts = [0] * (len(bounds) + 1)   # per bucket, last = above every bound
         self._sum = 0.0
 
-    def observe(self, value: float) -> None:
-        self._bucket_counts[bisect.bisect_left(self.bounds, value)] += 1
-        self._sum += value
+    def observe(self, value: float, count: int = 1) -> None:
+        """count observations of value (a decode step's inter-token latency is the same for
+        every sequence that also had a token in the step before)."""
+        self._bucket_counts[bisect.bisect_left(self.bounds, value)] += count
+        self._sum += value * count
 
     def snapshot(self) -> Histogram:
         cumulative, total = [], 0

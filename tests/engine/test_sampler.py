@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from lite_llm.engine.input_batch import I_STEP, I_TOK_END
 from lite_llm.engine.request import Request
 from lite_llm.engine.sampler import Sampler
 from lite_llm.sampling_params import SamplingParams
@@ -343,3 +344,27 @@ def test_bitmask_shapes_are_checked(rng):
     with pytest.raises(ValueError, match="mask_rows"):
         sampler.sample(rng.standard_normal((1, vocab), dtype=np.float32), reqs,
                        bitmask=np.full((1, 4), -1, np.int32), mask_rows=np.array([1], np.int32))
+
+
+def test_bound_sampling_rechecks_and_follows_changed_contents(rng):
+    """The engine binds a step's sampling before forward() (Sampler.prepare) and samples after
+    it (run_prepared); a steady batch binds the same arrays every step. Each step's tokens
+    equal a fresh run over copies of that step's arrays, and a row made bad in place is still
+    refused on a rebind of the same arrays."""
+    vocab, num_seqs = 1031, 4
+    bound, fresh = Sampler(vocab, (EOS,), num_threads=2), Sampler(vocab, (EOS,), num_threads=2)
+    reqs = [make_request(SamplingParams(temperature=0.9, top_p=0.8, repetition_penalty=1.2),
+                         *random_history(rng, vocab, 8, 3), seed=77 + s) for s in range(num_seqs)]
+    fparams, iparams, context, banned = bound.build_params(reqs)
+    logits = np.empty((num_seqs, vocab), np.float32)
+    for step in range(6):
+        logits[:] = rng.standard_normal((num_seqs, vocab), dtype=np.float32) * 2
+        want = fresh.run(logits.copy(), fparams.copy(), iparams.copy(), context.copy(), banned.copy())
+        bound.prepare(logits, fparams, iparams, context, banned)
+        got = bound.run_prepared()
+        assert [r.token_id for r in got] == [r.token_id for r in want]
+        assert bound.last_tokens.tolist() == [r.token_id for r in want]
+        iparams[:, I_STEP] += 1      # the next step draws another u
+    iparams[0, I_TOK_END] = len(context) + 1     # past the context
+    with pytest.raises(ValueError, match="bad iparams row 0"):
+        bound.prepare(logits, fparams, iparams, context, banned)

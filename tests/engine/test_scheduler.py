@@ -8,6 +8,8 @@ context it reads holds the right tokens. When all requests end, every block is f
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from fake_runner import FakeRunner, check_batch_rows, check_step_arrays
@@ -40,6 +42,13 @@ def check_invariants(sched: Scheduler) -> None:
         assert req.status == RequestStatus.RUNNING
         assert len(kv.block_tables[req.request_id]) * kv.block_size >= req.num_computed_tokens
         assert req.num_computed_tokens < req.num_tokens
+    assert set(kv.room) == set(kv.block_tables)
+    for rid, room in kv.room.items():
+        # the decode fast path skips allocate_slots up to room tokens: there, the call has
+        # nothing to do (a stand-in with nothing else to read fails if it goes further)
+        table = list(kv.block_tables[rid])
+        assert kv.allocate_slots(SimpleNamespace(request_id=rid, num_computed_tokens=room - 1), 1) == []
+        assert kv.block_tables[rid] == table
     ids = [r.request_id for r in sched.running] + [r.request_id for r in sched.waiting]
     assert sorted(ids) == sorted(sched.requests), "a request is lost or queued twice"
     assert len(sched.running) <= sched.max_num_seqs
