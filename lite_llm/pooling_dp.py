@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from lite_llm.engine.data_parallel import build_or_report, replica_process_setup, spawn_replicas
+from lite_llm.engine.data_parallel import build_or_report, replica_process_setup, replies, spawn_replicas
 from lite_llm.pooling import PoolingInputError, PoolingRunner, PoolItem
 
 log = logging.getLogger("lite_llm.data_parallel")
@@ -145,11 +145,7 @@ class PoolingReplicas:
         return list(job.rows)
 
     def _read(self, rep: _Replica) -> None:
-        while True:
-            try:
-                msg = rep.replies.recv()
-            except (EOFError, OSError):
-                break
+        for msg in replies(rep.replies):
             if msg[0] == "done":
                 _, job_id, rows, error = msg
                 with self._lock:

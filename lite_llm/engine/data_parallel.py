@@ -35,7 +35,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from lite_llm import cpu
 from lite_llm.config import env
@@ -224,6 +224,15 @@ def build_or_report(send: Callable[[tuple], None], builder: Callable, model: str
     except BaseException as e:  # noqa: BLE001 - the front end reports it
         send(("failed", f"{type(e).__name__}: {e}"))
         return None
+
+
+def replies(conn) -> Iterator[tuple]:
+    """The messages a replica sends on its pipe, until it closes (the reader threads' loop)."""
+    while True:
+        try:
+            yield conn.recv()
+        except (EOFError, OSError):
+            return
 
 
 def spawn_replicas(main: Callable, name: str, binds: list[tuple[str, list[int] | None]], model: str | None,
@@ -498,11 +507,7 @@ class DataParallelEngine:
     # ---- the reader thread of each replica ------------------------------------------------
 
     def _read(self, rep: _Replica) -> None:
-        while True:
-            try:
-                msg = rep.replies.recv()
-            except (EOFError, OSError):
-                break
+        for msg in replies(rep.replies):
             kind = msg[0]
             if kind == "out":
                 for rid, item in msg[1]:
