@@ -11,7 +11,7 @@ import torch
 
 from gemma3_checkpoint import BOI, EOI, IMAGE, NL2, NL3, NL4, TOKENS_PER_IMAGE, gemma3_checkpoint
 from lite_llm.multimodal import MediaConfig, MediaError, Processor, gemma3, whole_images
-from test_qwen2_5_vl import BLOCK, _Chunk, _Req, small_runner
+from test_qwen2_5_vl import BLOCK, _Chunk, _Req, checkpoint_fixtures
 from vl_checkpoint import image
 
 pytest.importorskip("PIL")
@@ -19,21 +19,7 @@ pytest.importorskip("PIL")
 SIZES = [(84, 84), (100, 70), (30, 80), (300, 200)]
 
 
-@pytest.fixture(scope="module")
-def ckpt():
-    return gemma3_checkpoint()
-
-
-@pytest.fixture(scope="module")
-def hf_model(ckpt):
-    from transformers import Gemma3ForConditionalGeneration
-    return Gemma3ForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def runner(ckpt):
-    from lite_llm.model.loader import load_model
-    return small_runner(load_model(str(ckpt), dtype="float32", progress=False))
+ckpt, hf_model, runner = checkpoint_fixtures(gemma3_checkpoint, "Gemma3ForConditionalGeneration")
 
 
 def _hf_pixels(ckpt, images):

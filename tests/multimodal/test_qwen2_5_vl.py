@@ -25,21 +25,27 @@ def small_runner(loaded):
                        num_threads=2)
 
 
-@pytest.fixture(scope="module")
-def ckpt():
-    return qwen2_5_vl_checkpoint()
+def checkpoint_fixtures(make_checkpoint, hf_class: str):
+    """A tiny vision checkpoint's module-scoped fixtures: ckpt (the directory make_checkpoint()
+    writes), hf_model (transformers' hf_class on it, fp32) and runner (small_runner on it, fp32).
+    A test module binds them by name: `ckpt, hf_model, runner = checkpoint_fixtures(...)`."""
+    @pytest.fixture(scope="module", name="ckpt")
+    def ckpt():
+        return make_checkpoint()
+
+    @pytest.fixture(scope="module", name="hf_model")
+    def hf_model(ckpt):
+        import transformers
+        return getattr(transformers, hf_class).from_pretrained(ckpt, dtype=torch.float32).eval()
+
+    @pytest.fixture(scope="module", name="runner")
+    def runner(ckpt):
+        from lite_llm.model.loader import load_model
+        return small_runner(load_model(str(ckpt), dtype="float32", progress=False))
+    return ckpt, hf_model, runner
 
 
-@pytest.fixture(scope="module")
-def hf_model(ckpt):
-    from transformers import Qwen2_5_VLForConditionalGeneration
-    return Qwen2_5_VLForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def runner(ckpt):
-    from lite_llm.model.loader import load_model
-    return small_runner(load_model(str(ckpt), dtype="float32", progress=False))
+ckpt, hf_model, runner = checkpoint_fixtures(qwen2_5_vl_checkpoint, "Qwen2_5_VLForConditionalGeneration")
 
 
 @pytest.mark.parametrize("size", SIZES)
