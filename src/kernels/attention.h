@@ -561,11 +561,6 @@ static inline void ll_attention_combine(const float *partials, int nsplit, ptrdi
         }
 }
 
-/* One work item: the tile's nq tokens x `group` heads from h0 (one KV head), over all its keys
- * (token i: from the window behind pos[i] to last[i]; last == pos: causal)
- * (nsplit == 1, normalised into out) or over split `split` of nsplit (raw into partial);
- * softcap > 0 caps the scaled scores at softcap * tanh(score / softcap) (Gemma 2); `path` one
- * of LL_ATTN_* (above). */
 /* One function per (cache type, compute type): each copy is specialised and optimised on its own
  * (one function holding all twelve took gcc three times as long to compile). */
 #define LL_ATTN_PARAMS const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo, int nq, int group, ptrdiff_t h0, \
@@ -590,6 +585,11 @@ LL_ATTN_COPY(ll_attn_tile_e5m2, LL_KV_E5M2, LL_KV_E5M2)
 LL_ATTN_COPY(ll_attn_tile_f32, LL_KV_F32, LL_KV_F32)
 #undef LL_ATTN_COPY
 
+/* One work item: the tile's nq tokens x `group` heads from h0 (one KV head), over all its keys
+ * (token i: from the window behind pos[i] to last[i]; last == pos: causal)
+ * (nsplit == 1, normalised into out) or over split `split` of nsplit (raw into partial);
+ * softcap > 0 caps the scaled scores at softcap * tanh(score / softcap) (Gemma 2); `path` one
+ * of LL_ATTN_* (above). */
 static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
                                            int nq, int group, ptrdiff_t h0, const int32_t *pos,
                                            const int32_t *last, int window,
@@ -618,6 +618,8 @@ static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float 
     }
 #undef LL_ATTN_8BIT
 }
+#undef LL_ATTN_ARGS
+#undef LL_ATTN_PARAMS
 
 LL_HOT_END
 #endif
