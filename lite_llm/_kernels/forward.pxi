@@ -759,20 +759,6 @@ cdef void _lora_mlp(const ModelC *m, const WorkC *ws, const StepC *s, const Laye
         _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, c0, c1)
 
 
-cdef inline void _attn_to_input(const WorkC *ws, int form, Py_ssize_t pair, Py_ssize_t q_n, Py_ssize_t group,
-                                Py_ssize_t D) noexcept nogil:
-    """The o projection's input (bf16 pairs or int8 blocks) for (query tile, KV head) pair
-    `pair` once its rows are final; a KV group's group x D values are whole int8 blocks
-    (Model checks)."""
-    cdef Py_ssize_t t, hkv = q_n // (group * D), tile = pair // hkv, kvh = pair % hkv, c0 = kvh * group * D
-    for t in range(ws.tiles[tile], ws.tiles[tile + 1]):
-        if form == LL_IN_BF16:
-            ll_f32_to_bf16_pairs(ws.attn + t * q_n + c0, 0, ws.xb + t * (q_n // 2) + c0 // 2, 0, 1, group * D)
-        elif form == LL_IN_Q8:
-            ll_quantize_rows_q8(ws.attn + t * q_n + c0, 0, 0, 1, group * D, ws.xq + t * q_n + c0,
-                                ws.xqd + t * (q_n // 32) + c0 // 32, ws.xqs + t * (q_n // 16) + c0 // 16)
-
-
 # ---- mixture of experts -------------------------------------------------------------------
 
 cdef enum:
@@ -919,12 +905,10 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
     # every phase hands out its units through this thread's view of the team (work.h)
     cdef ll_team team = ll_team_make(ws.work, tid, nth)
     cdef ll_team *tm = &team
-    cdef Py_ssize_t t, r, head, i, l, item, c0, c1, t0, t1, p0, p1
-    cdef ll_work wk
+    cdef Py_ssize_t t, r, head, i, l, c0, c1, t0, t1, p0, p1
     cdef Py_ssize_t T = s.T, E = m.dim, F = m.ffn_dim, H = m.num_heads, Hkv = m.num_kv_heads, D = m.head_dim
     cdef Py_ssize_t q_n = H * D, qkv_n = (H + 2 * Hkv) * D
-    cdef Py_ssize_t group = H // Hkv, pair
-    cdef int nsplit = _num_splits(s.num_tiles, Hkv, nth, s.max_keys)
+    cdef AttnC at   # the attention phase's arguments; per layer: its caches, window, o input form
     cdef float *row
     cdef const float *trow
     cdef const LayerW *L
@@ -939,6 +923,12 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
     cdef ll_qact xq_o = _qact(ws.xq, ws.xqd, ws.xqs, q_n)
     cdef ll_qact xq_f = _qact(ws.xq2, ws.xqd2, ws.xqs2, F)
     ll_work_static(tm, T, 1, &t0, &t1)   # this thread's rows in every row phase
+    at.q, at.ldq, at.out, at.ldo, at.tiles = ws.qkv, qkv_n, ws.attn, q_n, ws.tiles
+    at.num_tiles, at.max_keys, at.h, at.hkv, at.d, at.bs = s.num_tiles, s.max_keys, H, Hkv, D, m.block_size
+    at.max_blocks, at.kv_type, at.path, at.block_tables = s.max_blocks, m.kv_type, m.attn_path, s.block_tables
+    at.tok_seq, at.positions, at.last, at.scale, at.softcap = s.tok_seq, s.positions, s.attn_pos, m.scale, m.attn_softcap
+    at.scratch, at.scratch_len, at.partials = ws.scores, ws.scratch_len, ws.partials
+    at.xb, at.xq, at.xqd, at.xqs = ws.xb, ws.xq, ws.xqd, ws.xqs
 
     for t in range(t0, t1):
         if s.embed_src != NULL and s.embed_src[t] >= 0:   # an image's token: its encoder row, unscaled
@@ -994,25 +984,9 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
             ll_write_kv_row(row + q_n, L.k_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, 1)
             ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, 0)
         ll_omp_barrier()      # every token's K/V is in the cache before anyone attends
-        # (query tile, KV head, key split) items handed out dynamically: work grows with context
-        wk = ll_work_begin(tm, LL_WORK_DYNAMIC, s.num_tiles * Hkv * nsplit, 1)
-        while ll_work_take(&wk, &item, &i):
-            _attention_item(item, nsplit, ws.qkv, qkv_n, ws.attn, q_n, ws.tiles, H, Hkv, D, L.k_cache, L.v_cache,
-                            m.kv_type, s.block_tables, s.max_blocks, m.block_size, s.tok_seq, s.positions,
-                            s.attn_pos, m.scale, m.attn_softcap, L.window, ws.scores + tid * ws.scratch_len,
-                            ws.partials, m.attn_path)
-            if nsplit == 1:
-                _attn_to_input(ws, ll_mat_form(&L.o, T), item, q_n, group, D)
-        if T <= DYN_MAX_TOKENS:   # attention waits on latency: bring this thread's o panels in meanwhile
-            ll_work_static(tm, L.o.num_panels, 1, &p0, &p1)   # the run its static o phase takes below
-            ll_mat_prefetch(&L.o, p0, p1)
-        ll_omp_barrier()
-        if nsplit > 1:   # merge each (tile, KV head)'s splits
-            ll_work_static(tm, s.num_tiles * Hkv, 1, &p0, &p1)
-            for pair in range(p0, p1):
-                _combine_item(pair, nsplit, ws.partials, ws.attn, q_n, ws.tiles, H, Hkv, D)
-                _attn_to_input(ws, ll_mat_form(&L.o, T), pair, q_n, group, D)
-            ll_omp_barrier()
+        at.k_cache, at.v_cache, at.window, at.form = L.k_cache, L.v_cache, L.window, ll_mat_form(&L.o, T)
+        at.prefetch = &L.o if T <= DYN_MAX_TOKENS else NULL   # decode: the o panels come in while attention waits
+        _attention_phase(&at, tm)
         if s.lora.nl:   # reads the final attention rows; expanded once the o GEMM is done
             _lora_shrink(&s.lora, G + LORA_O, ws.attn, q_n, tm)
         if s.tp != NULL:   # this rank's heads' share of o into its slot; the sum over ranks into h

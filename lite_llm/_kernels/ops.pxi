@@ -1,5 +1,6 @@
 # Single-op entry points: shape checks, then the same nogil code forward() runs. Tests
-# compare each against tests/ref_ops.py; forward() never goes through these.
+# compare each against tests/ref_ops.py; forward() never goes through the def functions, but
+# the attention phase (_attention_phase) is forward()'s own, run here in a team of its own.
 
 cdef class _QBufs:
     """int8 blocks of T rows of K values, for a GEMM whose weights are block-quantized."""
@@ -222,9 +223,13 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
                     str kv_dtype=None,                # layout.KV_DTYPES name; None: from the arrays' dtype
                     str path=None,                    # ATTENTION_PATHS name; None: this build's default
                     float softcap=0.0,                # > 0: scores capped at softcap * tanh(score / softcap)
-                    const int32_t[::1] last_positions=None):  # IN [T] last key of each query; None: its own
+                    const int32_t[::1] last_positions=None,  # IN [T] last key of each query; None: its own
+                    str o_input=None):                # also return out as the o projection reads it
     """Attention of each query token over its sequence's cached positions from the window behind
-    its own to its own (causal) or to last_positions[t]."""
+    its own to its own (causal) or to last_positions[t]. Runs forward()'s attention phase
+    (_attention_phase: its tiles, key splits and work hand-out) in a team of num_threads.
+    o_input "bf16": also return out's rows as bf16 pairs [T, H D / 2] uint32; "q8": as int8
+    blocks (q [T, H D], d [T, H D / 32], s [T, H D / 16]), made as forward() makes them."""
     from lite_llm._kernels.layout import kv_geometry, kv_type
     geometry = kv_geometry(v_cache, "v")
     if k_cache.dtype != v_cache.dtype or kv_geometry(k_cache, "k") != geometry:
@@ -249,18 +254,47 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
     cdef float[:, ::1] sc = scratch
     cdef float[:, ::1] pv = partials
     cdef int32_t[::1] tv = tiles
-    cdef const void *kp = _ptr(k_cache)
-    cdef const void *vp = _ptr(v_cache)
-    cdef int kt = kv_type(k_cache, kv_dtype)
-    cdef int ap = attention_path(path, _bf16_fma(None))
-    cdef Py_ssize_t ntiles
-    cdef int nsplit
+    cdef AttnC a
+    a.q, a.ldq, a.out, a.ldo, a.tiles = &q[0, 0, 0], h * d, &out[0, 0, 0], h * d, &tv[0]
+    a.h, a.hkv, a.d, a.bs, a.max_blocks = h, hkv, d, bs, block_tables.shape[1]
+    a.k_cache, a.v_cache, a.kv_type = _ptr(k_cache), _ptr(v_cache), kv_type(k_cache, kv_dtype)
+    a.block_tables, a.tok_seq, a.positions, a.last = &block_tables[0, 0], &tok_seq[0], &positions[0], last
+    a.scale, a.softcap, a.window, a.path = scale, softcap, sliding_window, attention_path(path, _bf16_fma(None))
+    a.scratch, a.scratch_len, a.partials = &sc[0, 0], sc.shape[1], &pv[0, 0]
+    a.form, a.xb, a.xq, a.xqd, a.xqs, a.prefetch = LL_IN_F32, NULL, NULL, NULL, NULL, NULL
+    cdef _QBufs qb = None
+    xb = None
+    if o_input == "bf16":   # forward()'s o projection input: bf16 pairs of each row, made as rows become final
+        xb = np.zeros((q.shape[0], h * d // 2), np.uint32)
+        a.form, a.xb = LL_IN_BF16, <uint32_t *>_ptr(xb)
+    elif o_input == "q8":   # ... or int8 blocks of 32 values, each within one KV head's group of query heads
+        if (h // hkv) * d % 32:
+            raise ValueError(f"paged_attention: a KV group's {(h // hkv) * d} values are not whole int8 blocks")
+        qb = _QBufs(q.shape[0], h * d)
+        a.form, a.xq, a.xqd, a.xqs = LL_IN_Q8, <int8_t *>qb.a.q, <float *>qb.a.d, <float *>qb.a.s
+    elif o_input is not None:
+        raise ValueError(f"paged_attention: o_input {o_input!r}, expected None, 'bf16' or 'q8'")
     with nogil:
-        ntiles = _build_tiles(&tok_seq[0], q.shape[0], &tv[0])
-        nsplit = _num_splits(ntiles, hkv, num_threads, _max_keys(last, q.shape[0]))
-        _attention(&q[0, 0, 0], h * d, &out[0, 0, 0], h * d, &tv[0], ntiles, h, hkv, d, kp, vp, kt,
-                   &block_tables[0, 0], block_tables.shape[1], bs, &tok_seq[0], &positions[0], last, scale,
-                   softcap, sliding_window, &sc[0, 0], sc.shape[1], &pv[0, 0], nsplit, num_threads, ap)
+        a.num_tiles = _build_tiles(&tok_seq[0], q.shape[0], &tv[0])
+        a.max_keys = _max_keys(last, q.shape[0])
+        _attention(&a, num_threads)
+    if o_input == "bf16":
+        return xb
+    if o_input == "q8":
+        t, k = q.shape[0], h * d
+        return (qb.q[:t * k].reshape(t, k), qb.d[:t * (k // 32)].reshape(t, k // 32),
+                qb.s[:t * (k // 16)].reshape(t, k // 16))
+
+
+def attention_plan(const int32_t[::1] tok_seq, const int32_t[::1] last_positions, Py_ssize_t num_kv_heads,
+                   int num_threads):
+    """(query tiles, key splits per (tile, KV head)) of an attention phase over these tokens with
+    a team of num_threads, as forward() and paged_attention hand it out: what a test must reach."""
+    tiles = np.empty(tok_seq.shape[0] + 1, np.int32)
+    cdef int32_t[::1] tv = tiles
+    cdef Py_ssize_t n = _build_tiles(&tok_seq[0], tok_seq.shape[0], &tv[0]) if tok_seq.shape[0] else 0
+    return n, _num_splits(n, num_kv_heads, num_threads, _max_keys(&last_positions[0], last_positions.shape[0])
+                          if last_positions.shape[0] else 0)
 
 
 # Query tiles: up to ATTENTION_QTILE consecutive tokens of one sequence; under the "auto" path a
@@ -357,44 +391,87 @@ cdef inline void _combine_item(Py_ssize_t pair, int nsplit, const float *partial
                          <int>(tiles[tile + 1] - t0), <int>group, kvh * group, out + t0 * ldo, ldo, d)
 
 
-cdef void _attention(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo, const int32_t *tiles,
-                     Py_ssize_t num_tiles, Py_ssize_t h, Py_ssize_t hkv, Py_ssize_t d, const void *k_cache,
-                     const void *v_cache, int kv_type, const int32_t *block_tables, Py_ssize_t max_blocks,
-                     Py_ssize_t bs, const int32_t *tok_seq, const int32_t *positions, const int32_t *last,
-                     float scale, float softcap,
-                     int window, float *scratch, Py_ssize_t scratch_len, float *partials, int nsplit, int num_threads,
-                     int path) noexcept nogil:
-    """q [T, H*D] and out [T, H*D] with row strides ldq, ldo; scratch is [num_threads, scratch_len];
-    partials holds num_tiles * hkv * nsplit partial results when nsplit > 1."""
+cdef struct AttnC:
+    # One attention phase: the step's query tiles over one layer's paged KV cache.
+    const float *q                # [T, ldq] query rows, H heads of D from column 0
+    float *out                    # [T, ldo] output rows, H heads of D (ldo = H D where form is set)
+    Py_ssize_t ldq, ldo
+    const int32_t *tiles          # [num_tiles + 1] query tiles (_build_tiles)
+    Py_ssize_t num_tiles, max_keys   # max_keys: the step's longest context (_max_keys): key splits
+    Py_ssize_t h, hkv, d, bs, max_blocks
+    const void *k_cache           # this layer's caches in layout.py's layouts
+    const void *v_cache
+    int kv_type, window, path     # LL_KV_*, sliding window (0: none), LL_ATTN_*
+    const int32_t *block_tables   # [S, max_blocks]
+    const int32_t *tok_seq        # [T] sequence of each query token
+    const int32_t *positions      # [T] position of each query token
+    const int32_t *last           # [T] last key each token attends to (positions: causal)
+    float scale, softcap
+    float *scratch                # [team size, scratch_len] per-thread tile scratch
+    Py_ssize_t scratch_len
+    float *partials               # [_max_split_items(team size), _partial_stride(H / Hkv, D)] split results
+    int form                      # out's rows also in the next GEMM's input form (LL_IN_F32: none):
+    uint32_t *xb                  #   LL_IN_BF16: [T, ldo / 2] bf16 pairs
+    int8_t *xq                    #   LL_IN_Q8: [T, ldo] int8 blocks, scales xqd [T, ldo / 32],
+    float *xqd                    #   scale x sum xqs [T, ldo / 16]
+    float *xqs
+    const Mat *prefetch           # weights whose static run each thread brings in while it waits, or NULL
+
+
+cdef inline void _attn_to_input(const AttnC *a, Py_ssize_t pair) noexcept nogil:
+    """out's rows of (query tile, KV head) pair `pair` in a.form once they are final; a KV
+    group's H / Hkv x D values are whole int8 blocks (Model checks)."""
+    cdef Py_ssize_t t, gd = (a.h // a.hkv) * a.d, tile = pair // a.hkv, c0 = (pair % a.hkv) * gd
+    for t in range(a.tiles[tile], a.tiles[tile + 1]):
+        if a.form == LL_IN_BF16:
+            ll_f32_to_bf16_pairs(a.out + t * a.ldo + c0, 0, a.xb + t * (a.ldo // 2) + c0 // 2, 0, 1, gd)
+        elif a.form == LL_IN_Q8:
+            ll_quantize_rows_q8(a.out + t * a.ldo + c0, 0, 0, 1, gd, a.xq + t * a.ldo + c0,
+                                a.xqd + t * (a.ldo // 32) + c0 // 32, a.xqs + t * (a.ldo // 16) + c0 // 16)
+
+
+cdef void _attention_phase(const AttnC *a, ll_team *tm) noexcept nogil:
+    """This thread's share of one attention phase, forward()'s and paged_attention's alike,
+    ending at a barrier (out final, in a.form too):
+      items    (query tile, KV head, key split) handed out dynamically: a tile's work grows with
+               its tokens' contexts; with one split an item's rows are final at once
+      prefetch this thread's static run of a.prefetch (the o projection, which waits on this)
+      combine  with several splits (decode of a few sequences), each (tile, KV head)'s splits
+               merged, pairs split statically"""
+    cdef int nsplit = _num_splits(a.num_tiles, a.hkv, tm.nth, a.max_keys)
+    cdef Py_ssize_t item, end, p0, p1
+    cdef ll_work wk = ll_work_begin(tm, LL_WORK_DYNAMIC, a.num_tiles * a.hkv * nsplit, 1)
+    while ll_work_take(&wk, &item, &end):
+        _attention_item(item, nsplit, a.q, a.ldq, a.out, a.ldo, a.tiles, a.h, a.hkv, a.d, a.k_cache, a.v_cache,
+                        a.kv_type, a.block_tables, a.max_blocks, a.bs, a.tok_seq, a.positions, a.last, a.scale,
+                        a.softcap, a.window, a.scratch + tm.tid * a.scratch_len, a.partials, a.path)
+        if nsplit == 1 and a.form != LL_IN_F32:
+            _attn_to_input(a, item)
+    if a.prefetch != NULL:
+        ll_work_static(tm, a.prefetch.num_panels, 1, &p0, &p1)
+        ll_mat_prefetch(a.prefetch, p0, p1)
+    ll_omp_barrier()
+    if nsplit > 1:
+        ll_work_static(tm, a.num_tiles * a.hkv, 1, &p0, &p1)
+        for item in range(p0, p1):
+            _combine_item(item, nsplit, a.partials, a.out, a.ldo, a.tiles, a.h, a.hkv, a.d)
+            if a.form != LL_IN_F32:
+                _attn_to_input(a, item)
+        ll_omp_barrier()
+
+
+cdef void _attention(const AttnC *a, int num_threads) noexcept nogil:
+    """One attention phase on its own (the kernel tests): a team of num_threads with its own
+    work counter runs _attention_phase."""
     cdef long long counter[8]   # the team's work counter (work.h)
     counter[0] = 0
     with parallel(num_threads=num_threads):
-        _attention_thread(q, ldq, out, ldo, tiles, num_tiles, h, hkv, d, k_cache, v_cache, kv_type, block_tables,
-                          max_blocks, bs, tok_seq, positions, last, scale, softcap, window, scratch, scratch_len,
-                          partials, nsplit, path, counter, openmp.omp_get_thread_num(), openmp.omp_get_num_threads())
+        _attention_thread(a, counter, openmp.omp_get_thread_num(), openmp.omp_get_num_threads())
 
 
-cdef void _attention_thread(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo, const int32_t *tiles,
-                            Py_ssize_t num_tiles, Py_ssize_t h, Py_ssize_t hkv, Py_ssize_t d, const void *k_cache,
-                            const void *v_cache, int kv_type, const int32_t *block_tables, Py_ssize_t max_blocks,
-                            Py_ssize_t bs, const int32_t *tok_seq, const int32_t *positions, const int32_t *last,
-                            float scale, float softcap, int window, float *scratch, Py_ssize_t scratch_len,
-                            float *partials, int nsplit, int path, long long *counter, int tid, int nth) noexcept nogil:
-    """One thread of _attention's region, handing out items as forward()'s attention phase does:
-    (tile, KV head, split) items dynamically (a tile's work grows with its tokens' contexts),
-    then the splits' merge statically."""
+cdef void _attention_thread(const AttnC *a, long long *counter, int tid, int nth) noexcept nogil:
     cdef ll_team tm = ll_team_make(counter, tid, nth)
-    cdef ll_work wk = ll_work_begin(&tm, LL_WORK_DYNAMIC, num_tiles * hkv * nsplit, 1)
-    cdef Py_ssize_t item, end, p0, p1
-    while ll_work_take(&wk, &item, &end):
-        _attention_item(item, nsplit, q, ldq, out, ldo, tiles, h, hkv, d, k_cache, v_cache, kv_type, block_tables,
-                        max_blocks, bs, tok_seq, positions, last, scale, softcap, window, scratch + tid * scratch_len,
-                        partials, path)
-    if nsplit > 1:
-        ll_omp_barrier()
-        ll_work_static(&tm, num_tiles * hkv, 1, &p0, &p1)
-        for item in range(p0, p1):
-            _combine_item(item, nsplit, partials, out, ldo, tiles, h, hkv, d)
+    _attention_phase(a, &tm)
 
 
 def dispense(units, Py_ssize_t chunk, str mode, int num_threads):

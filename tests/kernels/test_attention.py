@@ -469,3 +469,63 @@ def test_unknown_path_refused(variant, rng):
     step = make_step(rng, num_heads=2, num_kv_heads=1, head_dim=16, block_size=16, queries=[(0, 3)])
     with pytest.raises(ValueError, match="auto, direct, bf16, fma"):
         run(mod, step, 1.0, path="fastest")
+
+
+# forward()'s attention phase (ops.pxi _attention_phase) is what paged_attention runs in a team
+# of num_threads: the same query tiles, key splits and work hand-out. attention_plan tells what a
+# step gets, so the cases above are held to reaching the schedules they are written for.
+
+
+@pytest.mark.parametrize("num_threads", [1, 2, 3])
+def test_cases_reach_forward_schedules(num_threads, rng):
+    """Few-sequence decode over long contexts splits keys with 2+ threads (not with 1: four
+    items already feed it); a 13-token prefill chunk spans two query tiles; short contexts
+    never split."""
+    mod = _kernels.load(VARIANTS[0])
+    decode = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, queries=[(700, 1), (90, 1)])
+    tiles, nsplit = mod.attention_plan(decode.tok_seq, decode.positions, 2, num_threads)
+    assert tiles == 2 and (nsplit > 1) == (num_threads > 1)
+    mixed = make_step(rng, num_heads=8, num_kv_heads=2, head_dim=32, block_size=16,
+                      queries=[(36, 1), (0, 1), (50, 13)])
+    tiles, nsplit = mod.attention_plan(mixed.tok_seq, mixed.positions, 2, num_threads)
+    assert tiles == 2 + -(-13 // mod.ATTENTION_QTILE) and nsplit == 1   # 8 items; 3 threads: contexts < 128 keys
+    short = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, queries=[(40, 1)])
+    assert mod.attention_plan(short.tok_seq, short.positions, 2, num_threads) == (1, 1)   # < 128 keys: no split
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("form", ["bf16", "q8"])
+@pytest.mark.parametrize("queries,num_threads", [([(700, 1), (90, 1)], 3), ([(700, 1), (90, 1)], 1),
+                                                 ([(36, 1), (0, 1), (50, 13)], 2)])
+def test_o_input_made_as_rows_finish(variant, form, queries, num_threads, rng):
+    """The o projection's input forward() makes inside the phase (after each item without key
+    splits, after each merge with them) is out's final rows in that form, bit for bit."""
+    mod = _kernels.load(variant)
+    step = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16, queries=queries,
+                     kv_dtype="bfloat16")
+    nsplit = mod.attention_plan(step.tok_seq, step.positions, 2, num_threads)[1]
+    assert (nsplit > 1) == (len(queries) == 2 and num_threads > 1)
+    out = np.full(step.q.shape, np.nan, np.float32)
+    got = mod.paged_attention(step.q, step.layout("k"), step.layout("v"), step.block_tables, step.tok_seq,
+                              step.positions, out, 0.125, num_threads=num_threads, kv_dtype="bfloat16",
+                              o_input=form)
+    np.testing.assert_allclose(out, expected(step, 0.125), **tol("bfloat16"))
+    rows = out.reshape(len(out), -1)
+    if form == "bf16":
+        np.testing.assert_array_equal(got.view(np.uint16), ref_ops.f32_to_bf16_bits(rows))
+    else:
+        for part, want in zip(got, mod.quantize_q8(rows)):
+            np.testing.assert_array_equal(part, want)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_o_input_rejects_what_it_cannot_make(variant, rng):
+    mod = _kernels.load(variant)
+    step = make_step(rng, num_heads=1, num_kv_heads=1, head_dim=16, block_size=16, queries=[(3, 1)])
+    out = np.empty_like(step.q)
+    with pytest.raises(ValueError, match="not whole int8 blocks"):
+        mod.paged_attention(step.q, step.layout("k"), step.layout("v"), step.block_tables, step.tok_seq,
+                            step.positions, out, 1.0, o_input="q8")
+    with pytest.raises(ValueError, match="o_input 'fp16'"):
+        mod.paged_attention(step.q, step.layout("k"), step.layout("v"), step.block_tables, step.tok_seq,
+                            step.positions, out, 1.0, o_input="fp16")
