@@ -549,7 +549,7 @@ class PoolingEngine:
 
 
 def build_pooling_engine(model: str | None, *, dtype: str = "auto", max_model_len: int | None = None,
-                         max_num_batched_tokens: int | None = None, max_num_seqs: int = 256,
+                         max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
                          quantization: str | None = None, pooler_config=None, hf_overrides=None,
                          serving: bool = False, progress: bool = True, loaded=None):
     """Load a pooling model and start its engine thread -> (PoolingEngine, loaded, info).
@@ -579,6 +579,8 @@ def build_pooling_engine(model: str | None, *, dtype: str = "auto", max_model_le
             pooler = replace(pooler, pooling_type="LAST", normalize=False)
     if max_num_batched_tokens is None:
         max_num_batched_tokens = 2048 if serving else 4096
+    if max_num_seqs is None:      # pooling steps are prefill only: no decode batch to bound
+        max_num_seqs = 256
 
     def build():
         return PoolingRunner(loaded, pooler, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,

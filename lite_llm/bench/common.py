@@ -49,7 +49,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, max_num_batched_tok
                         help="KV cache element type: auto (the model's: fp32, else bf16), bfloat16, int8, fp8 (= fp8_e4m3), "
                         "fp8_e5m2 (8-bit: a byte per value and a scale per row, ~2x the tokens per GiB)")
     parser.add_argument("--speculative-config", default=None, type=speculative_config_arg, help='speculative decoding, as vLLM spells it: \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}\' (drafts looked up in the sequence) or \'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' (a small model of the same vocabulary)')
-    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-seqs", type=int, default=None,
+                        help="most sequences in one step (default: the engine's, 256 and at most 32 per thread)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=max_num_batched_tokens)
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="prompts are random and distinct, so the cache only costs its bookkeeping")
