@@ -211,6 +211,16 @@ atexit.register(shutil.rmtree, _CACHE_ROOT, ignore_errors=True)
 _BUILT: dict[tuple, Path] = {}
 
 
+def checkpoint_copy(ckpt: Path, out_dir: Path) -> dict[str, np.ndarray]:
+    """out_dir, made holding every file of the HF checkpoint `ckpt` but its weights; returns
+    those weights (model.safetensors) as NumPy arrays, for the caller to change and save there."""
+    out_dir.mkdir()
+    for f in ckpt.iterdir():
+        if f.name != "model.safetensors":
+            (out_dir / f.name).write_bytes(f.read_bytes())
+    return load_file(str(ckpt / "model.safetensors"))
+
+
 def tiny_checkpoint_path(arch: str, **overrides) -> Path:
     """Cached build_tiny_checkpoint: one directory per (arch, overrides) for the process."""
     key = (arch, json.dumps(overrides, sort_keys=True, default=str))
