@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import copy
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -22,6 +23,12 @@ import pytest
 from safetensors.numpy import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+# packed weights are kept between starts only where a test asks for it (tests/model/
+# test_packed_cache.py, in its own temporary directory): every other load packs, as a first
+# start does, and nothing is written to the user's cache
+os.environ.setdefault("LITE_LLM_PACKED_CACHE", "off")
 
 
 def pytest_configure(config):
