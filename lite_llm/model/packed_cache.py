@@ -22,7 +22,6 @@ ignored with a warning and packed again. `LITE_LLM_PACKED_CACHE=off` turns it of
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import mmap
@@ -31,6 +30,7 @@ import re
 import shutil
 import threading
 import time
+import zlib
 
 import numpy as np
 
@@ -63,8 +63,11 @@ def key_of(loaded, dtype: str, quantization: str | None, shard, kernels) -> tupl
               "rank": None if shard is None else [shard.rank, shard.size],
               "config": repr(dataclasses.asdict(cfg)) if dataclasses.is_dataclass(cfg) else repr(cfg),
               "kernels": [so, *(lambda st: [st.st_size, st.st_mtime_ns])(os.stat(so))] if so else None}
-    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:32]
-    return digest, inputs
+    inputs = json.loads(json.dumps(inputs, sort_keys=True, default=str))    # as the index keeps them
+    data = json.dumps(inputs, sort_keys=True).encode()
+    # two checksums name the entry (no hashlib: it loads OpenSSL into every start); load()
+    # compares the whole inputs, so names that collide only miss
+    return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}", inputs
 
 
 def _encode(value):
@@ -103,9 +106,9 @@ def _layout(tensors: dict) -> tuple[list, dict, int]:
     return arrays, other, offset
 
 
-def load(key: str, directory: str) -> dict | None:
-    """The packed tensors of `key` mapped from `directory`, or None (absent or unreadable: the
-    caller packs)."""
+def load(key: str, directory: str, inputs: dict | None = None) -> dict | None:
+    """The packed tensors of `key` mapped from `directory`, or None (absent, made from other
+    inputs than `inputs` when given, or unreadable: the caller packs)."""
     index_path, bin_path = os.path.join(directory, key + ".json"), os.path.join(directory, key + ".bin")
     if not os.path.exists(index_path):
         return None
@@ -115,6 +118,8 @@ def load(key: str, directory: str) -> dict | None:
             index = json.load(fh)
         if index.get("format") != FORMAT:
             raise ValueError(f"format {index.get('format')!r}, this engine reads {FORMAT}")
+        if inputs is not None and index.get("inputs") != inputs:
+            raise ValueError("made from another checkpoint or setting under the same name")
         size = os.path.getsize(bin_path)
         if size != index["bytes"]:
             raise ValueError(f"{bin_path} holds {size} bytes, its index says {index['bytes']}")
@@ -211,7 +216,7 @@ class PackedWeights:
         self.key, self.inputs = found if found else (None, None)
         self.mapped = False
         self.kept: threading.Thread | None = None
-        tensors = load(self.key, self.directory) if self.key else None
+        tensors = load(self.key, self.directory, self.inputs) if self.key else None
         if tensors is not None:
             self.tensors, self.mapped = tensors, True
         else:

@@ -84,6 +84,15 @@ def test_a_changed_checkpoint_or_dtype_is_another_entry(tiny_checkpoint, tmp_pat
     assert packed_cache.key_of(loaded, "float32", None, None, kernels)[0] != key
 
 
+def test_an_entry_of_other_inputs_under_the_same_name_is_not_used(tmp_path, caplog):
+    """Entry names are checksums: the index's inputs are compared whole before anything is mapped."""
+    packed_cache.save("feed", {"files": ["a"]}, {"x": np.ones(4, np.float32)}, str(tmp_path))
+    assert packed_cache.load("feed", str(tmp_path), {"files": ["a"]})["x"].tolist() == [1, 1, 1, 1]
+    with caplog.at_level(logging.WARNING, logger="lite_llm"):
+        assert packed_cache.load("feed", str(tmp_path), {"files": ["b"]}) is None
+    assert "another checkpoint" in caplog.text
+
+
 def test_a_damaged_entry_is_packed_again_with_a_warning(tiny_checkpoint, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("LITE_LLM_PACKED_CACHE", str(tmp_path / "cache"))
     path = str(tiny_checkpoint("llama"))
