@@ -243,6 +243,15 @@ def user_cache_dir() -> str:
     return os.path.join(base, "lite_llm")
 
 
+def packed_cache_dir() -> str | None:
+    """Where packed weights are kept between starts (model/packed_cache.py):
+    LITE_LLM_PACKED_CACHE, else <user cache>/packed; None when that is 0 / off / false / no."""
+    value = os.environ.get("LITE_LLM_PACKED_CACHE")
+    if value is not None and value.strip().lower() in ("0", "off", "false", "no", "none"):
+        return None
+    return value or os.path.join(user_cache_dir(), "packed")
+
+
 SPEC_METHODS = ("ngram", "draft_model")
 
 

@@ -23,6 +23,21 @@ log = logging.getLogger("lite_llm")
 
 GiB = 1 << 30
 DEFAULT_AUTO_KV_GIB = 4.0   # vLLM CPU's default; the pages are touched only as blocks fill
+SEQS_PER_THREAD = 32        # the default max_num_seqs per computing thread (see default_max_num_seqs)
+
+
+def default_max_num_seqs(num_threads: int, serving: bool) -> tuple[int, str]:
+    """max_num_seqs when none is given, and why: vLLM's CPU default (256 offline, 128 for the
+    server), capped at SEQS_PER_THREAD per computing thread. Past a few sequences a decode step
+    is bound by compute, not by the weight stream, so each further sequence adds its own time
+    to the step: on 2 threads throughput is flat from 48 to 128 sequences (BENCHMARKS.md,
+    "How many sequences at once") while every running sequence keeps its KV pages resident and
+    each token waits for the whole batch. Requests past the cap queue, as past vLLM's."""
+    base = 128 if serving else 256
+    cap = SEQS_PER_THREAD * max(1, num_threads)
+    if cap < base:
+        return cap, f"{SEQS_PER_THREAD} per computing thread x {num_threads}; vLLM's {base} past {base // SEQS_PER_THREAD} threads"
+    return base, f"vLLM's CPU default{' for the server' if serving else ''}"
 
 
 @dataclass(frozen=True)
@@ -128,7 +143,7 @@ def _checked_plan(nbytes: float, per_block: int, block_size: int, max_model_len:
 
 
 def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len: int | None = None,
-                 block_size: int = 128, kv_cache_space: float | None = None, max_num_seqs: int = 256,
+                 block_size: int = 128, kv_cache_space: float | None = None, max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None, enable_prefix_caching: bool = True,
                  seed: int = 0, disable_sliding_window: bool = False, skip_tokenizer_init: bool = False,
                  max_queue: int | None = None, serving: bool = False, progress: bool = True,
@@ -141,7 +156,8 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
     speculative_config: config.SpeculativeConfig, its dict or JSON text (vLLM's keys).
     tensor_parallel_size: ranks (engine/tp.py): from the bind spec's lists, or NUMA nodes under auto.
     enable_lora: room for max_loras LoRA adapters of rank <= max_lora_rank, served per request
-    (lora.py); lora_modules: (name, path) adapters loaded at start."""
+    (lora.py); lora_modules: (name, path) adapters loaded at start.
+    max_num_seqs None: default_max_num_seqs over every rank's computing threads."""
     t0 = time.perf_counter()
     cpu.configure_openmp_env()          # before the first OpenMP region in the process
     plan = plan_ranks(tensor_parallel_size, serving)
@@ -149,6 +165,9 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
         log.info("%s", line)
     for note in plan.notes:
         log.info("note: %s", note)
+    if max_num_seqs is None:
+        max_num_seqs, why = default_max_num_seqs(sum(r.num_threads for r in plan.ranks), serving)
+        log.info("max_num_seqs %d (%s; --max-num-seqs to change)", max_num_seqs, why)
 
     from lite_llm import _kernels
     from lite_llm.engine.async_engine import AsyncEngine, EngineDeadError
@@ -325,7 +344,7 @@ class LLM:
 
     def __init__(self, model: str | None = None, dtype: str = "auto", max_model_len: int | None = None,
                  seed: int = 0, block_size: int = 128, kv_cache_space: float | None = None,
-                 enable_prefix_caching: bool = True, max_num_seqs: int = 256,
+                 enable_prefix_caching: bool = True, max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None, skip_tokenizer_init: bool = False,
                  disable_sliding_window: bool = False, tokenizer: str | None = None,
                  quantization: str | None = None, kv_cache_dtype: str = "auto",

@@ -230,6 +230,7 @@ class PoolingRunner:
         from lite_llm.config import attention_path_override
         from lite_llm.engine.runner import _trim_heap, check_quantization, kv_cache_format, pack_checkpoint
         from lite_llm.model import arch
+        from lite_llm.model.packed_cache import PackedWeights
         from lite_llm.model.rope import rope_tables
         cfg = loaded.config
         self.config, self.pooler, self.dtype = cfg, pooler, loaded.dtype
@@ -251,7 +252,10 @@ class PoolingRunner:
                                                 bf16_path=self.gemm_paths.chosen["bf16"],
                                                 attn_path=attention_path_override())
         start = time.perf_counter()
-        tensors = pack_checkpoint(loaded, self.dtype, num_threads, check_quantization(quantization))
+        quantization = check_quantization(quantization)
+        self.packed = PackedWeights(loaded, self.dtype, quantization, None, self.kernels,
+                                    lambda: pack_checkpoint(loaded, self.dtype, num_threads, quantization))
+        tensors = self.packed.tensors
         loaded.release()
         _trim_heap()
         # every sequence of a step wastes at most one partial block
@@ -263,6 +267,7 @@ class PoolingRunner:
         tables = [tuple(np.ascontiguousarray(a, np.float32) for a in rope_tables(c, self.max_model_len))
                   for c in arch.rope_configs(cfg)] if cfg.rope else []
         self.model = self.kernels.Model(self.kernel_config, tensors, self.k_caches, self.v_caches, tables)
+        self.packed.keep()      # a fresh pack is written for the next start, in the background
         self.workspace = self.kernels.Workspace(self.model, self.max_tokens, self.max_tokens, num_threads)
         self.hidden = np.empty((self.max_tokens, cfg.dim), np.float32)
         self.max_blocks = -(-self.max_model_len // block_size)
@@ -549,7 +554,7 @@ class PoolingEngine:
 
 
 def build_pooling_engine(model: str | None, *, dtype: str = "auto", max_model_len: int | None = None,
-                         max_num_batched_tokens: int | None = None, max_num_seqs: int = 256,
+                         max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
                          quantization: str | None = None, pooler_config=None, hf_overrides=None,
                          serving: bool = False, progress: bool = True, loaded=None):
     """Load a pooling model and start its engine thread -> (PoolingEngine, loaded, info).
@@ -579,6 +584,8 @@ def build_pooling_engine(model: str | None, *, dtype: str = "auto", max_model_le
             pooler = replace(pooler, pooling_type="LAST", normalize=False)
     if max_num_batched_tokens is None:
         max_num_batched_tokens = 2048 if serving else 4096
+    if max_num_seqs is None:      # pooling steps are prefill only: no decode batch to bound
+        max_num_seqs = 256
 
     def build():
         return PoolingRunner(loaded, pooler, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,

@@ -136,7 +136,11 @@ def build_app(model: str | None = None, *, name: str = "lite-llm", num_replicas:
     if max_ongoing_requests is not None:
         deployment_options["max_ongoing_requests"] = max_ongoing_requests
     else:      # the engine batches: let Ray send a replica what its batch holds
-        deployment_options["max_ongoing_requests"] = max(args.max_num_seqs, 5)
+        seqs = args.max_num_seqs
+        if seqs is None:      # the replica's own default for the threads it will run
+            from lite_llm.llm import default_max_num_seqs
+            seqs = default_max_num_seqs(max(1, int(num_cpus_per_replica)), serving=True)[0]
+        deployment_options["max_ongoing_requests"] = max(seqs, 5)
     deployment = serve.deployment(LiteLLMReplica, **deployment_options)
     return deployment.bind(args, float(num_cpus_per_replica))
 

@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import copy
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -22,6 +23,12 @@ import pytest
 from safetensors.numpy import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+# packed weights are kept between starts only where a test asks for it (tests/model/
+# test_packed_cache.py, in its own temporary directory): every other load packs, as a first
+# start does, and nothing is written to the user's cache
+os.environ.setdefault("LITE_LLM_PACKED_CACHE", "off")
 
 
 def pytest_configure(config):
@@ -209,6 +216,16 @@ def build_tiny_checkpoint(arch: str, out_dir: Path, std: float = 0.05, seed: int
 _CACHE_ROOT = Path(tempfile.mkdtemp(prefix="lite_llm_tiny_"))
 atexit.register(shutil.rmtree, _CACHE_ROOT, ignore_errors=True)
 _BUILT: dict[tuple, Path] = {}
+
+
+def checkpoint_copy(ckpt: Path, out_dir: Path) -> dict[str, np.ndarray]:
+    """out_dir, made holding every file of the HF checkpoint `ckpt` but its weights; returns
+    those weights (model.safetensors) as NumPy arrays, for the caller to change and save there."""
+    out_dir.mkdir()
+    for f in ckpt.iterdir():
+        if f.name != "model.safetensors":
+            (out_dir / f.name).write_bytes(f.read_bytes())
+    return load_file(str(ckpt / "model.safetensors"))
 
 
 def tiny_checkpoint_path(arch: str, **overrides) -> Path:

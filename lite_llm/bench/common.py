@@ -49,7 +49,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, max_num_batched_tok
                         help="KV cache element type: auto (the model's: fp32, else bf16), bfloat16, int8, fp8 (= fp8_e4m3), "
                         "fp8_e5m2 (8-bit: a byte per value and a scale per row, ~2x the tokens per GiB)")
     parser.add_argument("--speculative-config", default=None, type=speculative_config_arg, help='speculative decoding, as vLLM spells it: \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}\' (drafts looked up in the sequence) or \'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' (a small model of the same vocabulary)')
-    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-seqs", type=int, default=None,
+                        help="most sequences in one step (default: the engine's, 256 and at most 32 per thread)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=max_num_batched_tokens)
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="prompts are random and distinct, so the cache only costs its bookkeeping")
@@ -85,6 +86,10 @@ def build(args: argparse.Namespace, max_model_len: int | None = None, num_kv_blo
         kv_cache_dtype=args.kv_cache_dtype, speculative_config=getattr(args, "speculative_config", None),
         tensor_parallel_size=args.tensor_parallel_size)
     info = dict(info, build_seconds=time.perf_counter() - t0)
+    packed = getattr(getattr(getattr(engine, "engine", None), "runner", None), "packed", None)
+    if packed is not None and packed.kept is not None:   # a first start writes its packed weights
+        progress("waiting for the packed weights to be written before timing")
+        packed.kept.join()
     return engine, loaded, info
 
 

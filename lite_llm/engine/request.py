@@ -24,12 +24,6 @@ class RequestStatus(enum.Enum):
     FINISHED_ABORTED = "abort"           # cancelled, or can never fit the KV cache
 
     @property
-    def wants_prompt_logits(self) -> bool:
-        """Asked for prompt logprobs and does not have them all yet: its prefill must compute
-        every prompt position (no prefix cache hits) and hand over their logits."""
-        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
-
-    @property
     def is_finished(self) -> bool:
         return self.value in ("stop", "length", "abort")
 

@@ -25,6 +25,7 @@ from lite_llm.engine.input_batch import InputBatch, StepArrays
 from lite_llm.engine.request import SampleResult
 from lite_llm.engine.sampler import Sampler, add_logit_bias
 from lite_llm.model import arch
+from lite_llm.model.packed_cache import PackedWeights
 from lite_llm.model.rope import rope_tables
 from lite_llm.model.weights import bf16_to_f32
 
@@ -236,7 +237,10 @@ class ModelRunner:
         from lite_llm.multimodal import load_vision
         # the image encoder of a vision-language model (its own compiled call per image), else None
         self.vision = load_vision(loaded, self.kernels, num_threads, self.gemm_paths.chosen["bf16"])
-        tensors = pack_checkpoint(loaded, self.dtype, num_threads, self.quantization, shard)
+        # mapped from the packed-weights cache when an earlier start kept them, else packed
+        self.packed = PackedWeights(loaded, self.dtype, self.quantization, shard, self.kernels,
+                                    lambda: pack_checkpoint(loaded, self.dtype, num_threads, self.quantization, shard))
+        tensors = self.packed.tensors
         loaded.release()
         _trim_heap()
         kv_np = layout.KV_NUMPY[self.kv_cache_dtype]
@@ -247,6 +251,7 @@ class ModelRunner:
         tables = [tuple(np.ascontiguousarray(a, np.float32) for a in rope_tables(c, max_pos))
                   for c in arch.rope_configs(cfg)] if cfg.rope else []
         self.model = self.kernels.Model(self.kernel_config, tensors, self.k_caches, self.v_caches, tables)
+        self.packed.keep()      # a fresh pack is written for the next start, in the background
         # rows: the sampling rows, plus every prompt position of requests asking prompt logprobs
         # (at most one per token of the step; the buffers are max(tokens, rows) long anyway)
         self.lora_weights = None    # the kernel's LoraWeights: adapters stacked per slot

@@ -1060,7 +1060,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="ranks of tensor parallelism, one process each (default 1): one per CPU list of LITE_LLM_CPU_OMP_THREADS_BIND (0-47|48-95), or per NUMA node under auto")
     a("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     a("--block-size", type=int, default=None, help="tokens per KV-cache block (a multiple of 16; default 128)")
-    a("--max-num-seqs", type=int, default=128, help="most sequences in one step")
+    a("--max-num-seqs", type=int, default=None,
+      help="most sequences in one step (default: vLLM's 128, at most 32 per computing thread)")
     a("--max-num-batched-tokens", type=int, default=2048, help="token budget of one step")
     a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
       help="reuse KV blocks of shared prompt prefixes")

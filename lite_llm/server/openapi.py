@@ -124,6 +124,15 @@ _POOL_USAGE = {"type": "object", "properties": {"prompt_tokens": _INT, "total_to
 _VECTOR = {"oneOf": [{"type": "array", "items": _NUM}, _STR], "description": "floats, or base64 text"}
 
 
+def _completion(kind: str, answer: dict) -> dict:
+    """A (chat) completion response whose choices carry `answer` (text, or a message)."""
+    choice = {"type": "object", "properties": {"index": _INT, **answer, "finish_reason": _FINISH,
+                                               "logprobs": {"type": ["object", "null"]}}}
+    return {"type": "object", "properties": {
+        "id": _STR, "object": {"type": "string", "enum": [kind]}, "created": _INT, "model": _STR,
+        "usage": _USAGE, "choices": {"type": "array", "items": choice}, "system_fingerprint": _STR}}
+
+
 def _pool_list(item: dict) -> dict:
     return {"type": "object", "properties": {"id": _STR, "object": {"type": "string", "enum": ["list"]},
                                              "created": _INT, "model": _STR, "usage": _POOL_USAGE,
@@ -196,20 +205,8 @@ SCHEMAS: dict[str, Any] = {
                                          "properties": {"name": _STR}}}}],
             "description": "\"required\" and a named function are forced with a grammar"}}},
     "ChatMessage": _MESSAGE,
-    "CompletionResponse": {"type": "object", "properties": {
-        "id": _STR, "object": {"type": "string", "enum": ["text_completion"]}, "created": _INT,
-        "model": _STR, "usage": _USAGE, "choices": {"type": "array", "items": {
-            "type": "object", "properties": {"index": _INT, "text": _STR,
-                                             "finish_reason": _FINISH,
-                                             "logprobs": {"type": ["object", "null"]}}}},
-        "system_fingerprint": _STR}},
-    "ChatCompletionResponse": {"type": "object", "properties": {
-        "id": _STR, "object": {"type": "string", "enum": ["chat.completion"]}, "created": _INT,
-        "model": _STR, "usage": _USAGE, "choices": {"type": "array", "items": {
-            "type": "object", "properties": {"index": _INT, "message": _ANSWER,
-                                             "finish_reason": _FINISH,
-                                             "logprobs": {"type": ["object", "null"]}}}},
-        "system_fingerprint": _STR}},
+    "CompletionResponse": _completion("text_completion", {"text": _STR}),
+    "ChatCompletionResponse": _completion("chat.completion", {"message": _ANSWER}),
     "Model": _MODEL,
     "ModelList": {"type": "object", "properties": {"object": _STR, "data": {"type": "array",
                                                                             "items": _ref("Model")}}},

@@ -155,6 +155,30 @@ def test_auto_kv_cache_is_sized_by_what_the_engine_can_use_and_says_why(tiny_che
     assert given.num_blocks == int(0.01 * llm_mod.GiB // per_block) and not given.reason
 
 
+def test_default_max_num_seqs_is_vllms_capped_per_computing_thread(tiny_checkpoint, caplog):
+    """No max_num_seqs given: vLLM's CPU default (256 offline, 128 served), at most 32 per
+    computing thread; the engine takes it (and says why), and a given value is kept."""
+    import logging
+    from lite_llm import llm as llm_mod
+    assert llm_mod.default_max_num_seqs(2, serving=True)[0] == 64
+    assert llm_mod.default_max_num_seqs(2, serving=False)[0] == 64
+    assert llm_mod.default_max_num_seqs(3, serving=False)[0] == 96
+    assert llm_mod.default_max_num_seqs(16, serving=True)[0] == 128
+    assert llm_mod.default_max_num_seqs(16, serving=False)[0] == 256
+    assert llm_mod.default_max_num_seqs(64, serving=False)[0] == 256
+    path = str(tiny_checkpoint("llama"))
+    with caplog.at_level(logging.INFO, logger="lite_llm"):
+        llm = LLM(path, dtype="float32", block_size=16, kv_cache_space=0.01)
+    threads = llm_mod.plan_ranks(1, False).num_threads
+    expect = llm_mod.default_max_num_seqs(threads, serving=False)[0]
+    assert llm._engine.engine.config.max_num_seqs == expect
+    assert f"max_num_seqs {expect} (" in caplog.text
+    llm.shutdown()
+    given = LLM(path, dtype="float32", block_size=16, kv_cache_space=0.01, max_num_seqs=5)
+    assert given._engine.engine.config.max_num_seqs == 5
+    given.shutdown()
+
+
 @pytest.mark.parametrize("kv_heads", [2, 1])
 def test_a_kv_cache_space_is_each_tensor_parallel_ranks(tiny_checkpoint, monkeypatch, kv_heads):
     """-tp 2: a size in GiB is every rank's (vLLM's per-worker VLLM_CPU_KVCACHE_SPACE). With 2

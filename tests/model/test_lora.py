@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import _permute_qk, make_peft_adapter, write_gguf
+from conftest import _permute_qk, checkpoint_copy, make_peft_adapter, write_gguf
 from test_parity import BLOCK, lite_logits
 
 from lite_llm import LoRARequest, SamplingParams
@@ -186,14 +186,10 @@ def test_an_adapter_over_a_q8_0_base_matches_the_dequantized_base_plus_the_adapt
     """The base quantized at load to Q8_0 stays Q8_0 (never merged with the adapter); against
     transformers + peft on a copy of the base whose weights went through Q8_0 and back."""
     import gguf
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import save_file
     base, a1, _ = setup
     ref_dir = tmp_path / "roundtrip"
-    ref_dir.mkdir()
-    for f in base.iterdir():
-        if f.name != "model.safetensors":
-            (ref_dir / f.name).write_bytes(f.read_bytes())
-    sd = load_file(str(base / "model.safetensors"))
+    sd = checkpoint_copy(base, ref_dir)
     q8 = gguf.GGMLQuantizationType.Q8_0
     for name, w in sd.items():
         if w.ndim == 2:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import gguf_from_hf, tiny_checkpoint_path
+from conftest import checkpoint_copy, gguf_from_hf, tiny_checkpoint_path
 from lite_llm import _kernels
 from test_families import _greedy, hf_logits
 from test_parity import check_chunked_matches_one_shot, check_variant_matches_default, lite_logits, make_runner, prompts_for
@@ -113,13 +113,9 @@ def _roundtrip_reference(ckpt, out_dir, qtype_of) -> "torch.nn.Module":
     """transformers on a copy of the checkpoint whose matrices went through gguf's quantize +
     dequantize (qtype_of(name) -> the type, None: kept as it is)."""
     import gguf
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import save_file
     from transformers import AutoModelForCausalLM
-    out_dir.mkdir()
-    for f in ckpt.iterdir():
-        if f.name != "model.safetensors":
-            (out_dir / f.name).write_bytes(f.read_bytes())
-    sd = load_file(str(ckpt / "model.safetensors"))
+    sd = checkpoint_copy(ckpt, out_dir)
     for name, w in sd.items():
         qtype = qtype_of(name) if w.ndim == 2 and w.shape[1] % 32 == 0 else None   # else kept float, as the engine
         if qtype is not None:
@@ -177,15 +173,11 @@ def test_fused_3d_expert_tensors_in_safetensors_give_the_same_logits(tmp_path):
     """Experts stored as transformers 5 keeps them in memory, experts.gate_up_proj [X, 2F, E] and
     experts.down_proj [X, E, F], are cut into one row range per expert and packed where they
     lie in the mapped file: the same logits as the per-expert tensors."""
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import save_file
     from lite_llm.model.loader import load_model
     ckpt = tiny_checkpoint_path("qwen3_moe")
     fused = tmp_path / "fused"
-    fused.mkdir()
-    for f in ckpt.iterdir():
-        if f.name != "model.safetensors":
-            (fused / f.name).write_bytes(f.read_bytes())
-    sd = load_file(str(ckpt / "model.safetensors"))
+    sd = checkpoint_copy(ckpt, fused)
     X = 16
     for i in range(2):
         m = f"model.layers.{i}.mlp.experts."
@@ -249,10 +241,7 @@ def _dequantized_checkpoint(ckpt, path, out_dir):
     dequantized by the gguf package (3-D expert tensors split back per expert)."""
     import gguf
     from safetensors.numpy import save_file
-    out_dir.mkdir()
-    for f in ckpt.iterdir():
-        if f.name != "model.safetensors":
-            (out_dir / f.name).write_bytes(f.read_bytes())
+    checkpoint_copy(ckpt, out_dir)
     sd = {}
     for t in gguf.GGUFReader(str(path)).tensors:
         w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
@@ -303,7 +292,7 @@ def test_every_variant_gives_the_same_moe_logits(variant):
 def test_a_decoded_token_reads_only_its_chosen_experts(tmp_path):
     """The experts a one-token step is not routed to are filled with NaN: its logits stay finite
     and unchanged (a weight of zero would not do: 0 x NaN is NaN), so their weights are never read."""
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import save_file
     from transformers import AutoModelForCausalLM
     ckpt = tiny_checkpoint_path("mixtral")
     prompt = [[77]]
@@ -311,11 +300,7 @@ def test_a_decoded_token_reads_only_its_chosen_experts(tmp_path):
     with torch.no_grad():
         routers = model(torch.tensor(prompt), output_router_logits=True).router_logits
     poisoned = tmp_path / "poisoned"
-    poisoned.mkdir()
-    for f in ckpt.iterdir():
-        if f.name != "model.safetensors":
-            (poisoned / f.name).write_bytes(f.read_bytes())
-    sd = load_file(str(ckpt / "model.safetensors"))
+    sd = checkpoint_copy(ckpt, poisoned)
     unused = 0
     for i, logits in enumerate(routers):
         chosen = set(torch.topk(logits[0], 2).indices.tolist())

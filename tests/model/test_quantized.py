@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import gguf_from_hf
+from conftest import checkpoint_copy, gguf_from_hf
 from test_parity import lite_logits, make_runner
 
 # hidden 256 / ffn 512: rows of whole 256-value super-blocks, so the K-quant files hold
@@ -88,14 +88,10 @@ def test_q4_0_at_load_matches_the_dequantized_reference(tiny_checkpoint, tmp_pat
     """q4_0: the matrices in Q4_0, the LM head in Q8_0; against transformers on a copy of the
     checkpoint whose weights went through gguf's quantize + dequantize the same way."""
     import gguf
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import save_file
     ckpt = tiny_checkpoint("llama", **SHAPE, std=0.08)
     ref_dir = tmp_path / "roundtrip"
-    ref_dir.mkdir()
-    for f in ckpt.iterdir():
-        if f.name != "model.safetensors":
-            (ref_dir / f.name).write_bytes(f.read_bytes())
-    sd = load_file(str(ckpt / "model.safetensors"))
+    sd = checkpoint_copy(ckpt, ref_dir)
     for name, w in sd.items():
         if w.ndim == 2:
             qtype = gguf.GGMLQuantizationType.Q8_0 if name == "lm_head.weight" else gguf.GGMLQuantizationType.Q4_0

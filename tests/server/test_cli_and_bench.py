@@ -26,7 +26,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def test_serve_flags_defaults_and_parsing():
     a = _parse([])
-    assert (a.model, a.host, a.port, a.max_num_seqs, a.max_num_batched_tokens) == (None, "127.0.0.1", 8000, 128, 2048)
+    assert (a.model, a.host, a.port, a.max_num_seqs, a.max_num_batched_tokens) == (None, "127.0.0.1", 8000, None, 2048)
     assert a.enable_prefix_caching is True and a.generation_config == "auto" and a.api_key is None
     a = _parse(["/m.gguf", "--port", "9", "--no-enable-prefix-caching", "--served-model-name", "a", "b",
                 "--generation-config", "vllm", "--max-queue", "3", "--dtype", "bfloat16", "--block-size", "32",
@@ -82,7 +82,7 @@ def test_sigterm_drains_in_flight_and_exits_0():
         url, lines = wait_until_serving(proc)
         port = int(url.rsplit(":", 1)[1])
         log = "".join(lines)
-        assert "BUILD " in log and "max_num_seqs" in log and "enable_prefix_caching" in log
+        assert "BUILD " in log and "max_num_batched_tokens" in log and "enable_prefix_caching" in log
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "Hi", "max_tokens": 100, "stream": True}),
                      headers={"Content-Type": "application/json"})

@@ -1,0 +1,226 @@
+"""Packed weights kept on disk, so the next start maps them instead of packing again.
+
+Packing a checkpoint (engine/runner.pack_checkpoint) writes every weight into fresh memory in
+the kernels' panel layouts: for an 8B Q4_K_M file that is 4.5 GB of first-touch page faults,
+which on a VM cost more than the packing itself. The packed tensors of one (checkpoint, dtype,
+quantization, tensor-parallel rank, kernel build) are written once, after the engine is ready,
+as two files under LITE_LLM_PACKED_CACHE (default <user cache>/lite_llm/packed):
+
+    <key>.bin    every array, each at a 4096-byte offset (page-aligned, so cache-line aligned)
+    <key>.json   the index: each array's name, dtype, shape and offset; the other entries
+                 (shapes, block parts: tuples and lists) as tagged JSON; the key's inputs
+
+A later start with the same key maps <key>.bin copy-on-write (MAP_PRIVATE): the arrays are
+the page cache's own pages, read at the same bandwidth as huge-page-backed anonymous memory
+on the machines measured (BENCHMARKS.md), shared by every process that maps them (data-
+parallel replicas hold the weights once), and never written by the kernels. The key hashes
+the checkpoint's files (path, size, modification time), the engine dtype, the quantization,
+the rank, the model config and the kernel module file (a rebuilt kernel may pack differently),
+so a stale entry is never used; an entry that does not read back as its index says is
+ignored with a warning and packed again. `LITE_LLM_PACKED_CACHE=off` turns it off.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import mmap
+import os
+import re
+import shutil
+import threading
+import time
+
+import numpy as np
+
+from lite_llm import config as _config
+
+log = logging.getLogger("lite_llm")
+
+FORMAT = 1
+ALIGN = 4096
+_MADV_POPULATE_READ = 22     # Linux 5.14+: map the cached pages in one call
+
+
+def _files(source: str) -> list[list]:
+    """(path, size, mtime_ns) of the checkpoint's files: the file itself, or every file of a
+    directory (weights, config, anything a loader might read)."""
+    source = os.path.realpath(source)
+    paths = [source] if os.path.isfile(source) else sorted(
+        os.path.join(source, n) for n in os.listdir(source) if os.path.isfile(os.path.join(source, n)))
+    return [[p, os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in paths]
+
+
+def key_of(loaded, dtype: str, quantization: str | None, shard, kernels) -> tuple[str, dict] | None:
+    """(hex key, its inputs) of this load, or None when the checkpoint is not files on disk."""
+    source = getattr(loaded, "source", None)
+    if not source or not os.path.exists(source):
+        return None
+    cfg = loaded.config if shard is None else shard.config
+    so = getattr(kernels, "__file__", None) or ""
+    inputs = {"format": FORMAT, "files": _files(source), "dtype": dtype, "quantization": quantization,
+              "rank": None if shard is None else [shard.rank, shard.size],
+              "config": repr(dataclasses.asdict(cfg)) if dataclasses.is_dataclass(cfg) else repr(cfg),
+              "kernels": [so, *(lambda st: [st.st_size, st.st_mtime_ns])(os.stat(so))] if so else None}
+    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    return digest, inputs
+
+
+def _encode(value):
+    if isinstance(value, tuple):
+        return {"tuple": [_encode(v) for v in value]}
+    if isinstance(value, list):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        return {"dict": {str(k): _encode(v) for k, v in value.items()}}
+    if isinstance(value, (np.integer, np.floating, np.bool_)):
+        return value.item()
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise TypeError(f"cannot keep a {type(value).__name__} in the packed-weights index")
+
+
+def _decode(value):
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if isinstance(value, dict):
+        if "tuple" in value:
+            return tuple(_decode(v) for v in value["tuple"])
+        return {k: _decode(v) for k, v in value["dict"].items()}
+    return value
+
+
+def _layout(tensors: dict) -> tuple[list, dict, int]:
+    """(arrays [(name, array, offset)], other entries encoded, total bytes)."""
+    arrays, other, offset = [], {}, 0
+    for name, value in tensors.items():
+        if isinstance(value, np.ndarray):
+            arrays.append((name, np.ascontiguousarray(value), offset))
+            offset += -(-value.nbytes // ALIGN) * ALIGN
+        else:
+            other[name] = _encode(value)
+    return arrays, other, offset
+
+
+def load(key: str, directory: str) -> dict | None:
+    """The packed tensors of `key` mapped from `directory`, or None (absent or unreadable: the
+    caller packs)."""
+    index_path, bin_path = os.path.join(directory, key + ".json"), os.path.join(directory, key + ".bin")
+    if not os.path.exists(index_path):
+        return None
+    start = time.perf_counter()
+    try:
+        with open(index_path) as fh:
+            index = json.load(fh)
+        if index.get("format") != FORMAT:
+            raise ValueError(f"format {index.get('format')!r}, this engine reads {FORMAT}")
+        size = os.path.getsize(bin_path)
+        if size != index["bytes"]:
+            raise ValueError(f"{bin_path} holds {size} bytes, its index says {index['bytes']}")
+        tensors: dict = {}
+        if size:
+            with open(bin_path, "rb") as fh:
+                mm = mmap.mmap(fh.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            try:
+                mm.madvise(_MADV_POPULATE_READ)
+            except (OSError, ValueError):
+                pass         # older kernels: the pages are mapped as the first step reads them
+            for name, dtype, shape, offset in index["arrays"]:
+                count = int(np.prod(shape)) if shape else 1
+                tensors[name] = np.frombuffer(mm, np.dtype(dtype), count, offset).reshape(shape)
+        for name, value in index["other"].items():
+            tensors[name] = _decode(value)
+        order = index["order"]
+        tensors = {name: tensors[name] for name in order}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("packed weights %s not used (%s): packing again", bin_path, e)
+        return None
+    log.info("packed weights mapped from %s (%.1f MB) in %.2f s", bin_path, size / 1e6,
+             time.perf_counter() - start)
+    return tensors
+
+
+def _remove_orphans(directory: str) -> None:
+    """Temporary files of writers whose process is gone (killed mid-write)."""
+    for name in os.listdir(directory):
+        m = re.fullmatch(r"\.[0-9a-f]+\.(\d+)\.\d+\.(bin|json)", name)
+        if not m:
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+        except OSError:
+            pass
+
+
+def save(key: str, inputs: dict, tensors: dict, directory: str) -> None:
+    """Write the packed tensors under `key` (temporary names, then renamed: a reader sees a
+    whole entry or none). Skipped, with a log line, when the disk is short of room."""
+    try:
+        arrays, other, total = _layout(tensors)
+    except TypeError as e:
+        log.info("packed weights not kept: %s", e)
+        return
+    os.makedirs(directory, exist_ok=True)
+    free = shutil.disk_usage(directory).free
+    if free < total + (1 << 30):
+        log.info("packed weights not kept in %s: %.1f GB free, %.1f GB needed beside 1 GiB of room",
+                 directory, free / 1e9, total / 1e9)
+        return
+    _remove_orphans(directory)
+    start = time.perf_counter()
+    tmp = f".{key}.{os.getpid()}.{threading.get_ident()}"
+    bin_tmp, index_tmp = os.path.join(directory, tmp + ".bin"), os.path.join(directory, tmp + ".json")
+    try:
+        with open(bin_tmp, "wb") as fh:
+            for _, array, offset in arrays:
+                fh.seek(offset)
+                fh.write(memoryview(array.reshape(-1).view(np.uint8)))
+            fh.truncate(total)
+        index = {"format": FORMAT, "bytes": total, "inputs": inputs, "order": list(tensors),
+                 "arrays": [[name, array.dtype.str, list(array.shape), offset] for name, array, offset in arrays],
+                 "other": other}
+        with open(index_tmp, "w") as fh:
+            json.dump(index, fh)
+        os.replace(bin_tmp, os.path.join(directory, key + ".bin"))
+        os.replace(index_tmp, os.path.join(directory, key + ".json"))
+    except OSError as e:
+        log.warning("packed weights not kept in %s: %s", directory, e)
+        for path in (bin_tmp, index_tmp):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        return
+    log.info("packed weights kept in %s (%.1f MB, %.1f s): the next start maps them",
+             os.path.join(directory, key + ".bin"), total / 1e6, time.perf_counter() - start)
+
+
+class PackedWeights:
+    """The packed tensors of one load, from the cache when it has them; `kept` is the thread
+    writing a new entry (None when mapped, or when the cache is off), started by keep()."""
+
+    def __init__(self, loaded, dtype: str, quantization: str | None, shard, kernels, pack):
+        self.directory = _config.packed_cache_dir()
+        found = key_of(loaded, dtype, quantization, shard, kernels) if self.directory else None
+        self.key, self.inputs = found if found else (None, None)
+        self.mapped = False
+        self.kept: threading.Thread | None = None
+        tensors = load(self.key, self.directory) if self.key else None
+        if tensors is not None:
+            self.tensors, self.mapped = tensors, True
+        else:
+            self.tensors = pack()
+
+    def keep(self) -> None:
+        """Write a freshly packed entry in the background (the engine starts serving meanwhile)."""
+        if self.key is None or self.mapped:
+            return
+        self.kept = threading.Thread(target=save, args=(self.key, self.inputs, self.tensors, self.directory),
+                                     name="lite_llm-packed-cache", daemon=True)
+        self.kept.start()

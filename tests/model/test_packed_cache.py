@@ -1,0 +1,134 @@
+"""Packed weights kept between starts (lite_llm/model/packed_cache.py): an entry maps back to
+exactly the tensors packing gives, a second start maps it and generates the same tokens and
+logprobs, and a changed checkpoint, a different dtype, a damaged entry, the cache turned off
+or a full disk each fall back to packing."""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from lite_llm import LLM, SamplingParams
+from lite_llm._kernels import kernels
+from lite_llm.engine.runner import pack_checkpoint
+from lite_llm.model import packed_cache
+from lite_llm.model.loader import default_model_path, load_model
+
+GREEDY = SamplingParams(temperature=0, max_tokens=6, logprobs=3)
+
+
+def same_tensors(a: dict, b: dict) -> None:
+    assert list(a) == list(b)
+    for name in a:
+        x, y = a[name], b[name]
+        if isinstance(x, np.ndarray):
+            assert isinstance(y, np.ndarray) and x.dtype == y.dtype and x.shape == y.shape, name
+            assert x.tobytes() == y.tobytes(), name
+            assert y.ctypes.data % 64 == 0 and y.flags.writeable, name
+        else:
+            assert type(x) is type(y) and x == y, name
+            if isinstance(x, list):
+                assert [type(v) for v in x] == [type(v) for v in y], name
+
+
+@pytest.mark.parametrize("which", ["gguf", "bf16"])
+def test_an_entry_maps_back_to_exactly_the_packed_tensors(which, tiny_checkpoint, tmp_path):
+    """Block-format panels (the default model's Q4_1 and Q8_0), bf16 panels and fp32 vectors,
+    with their shapes and block parts (tuples inside lists), byte for byte."""
+    if which == "gguf":
+        loaded = load_model(default_model_path(), progress=False)
+    else:
+        loaded = load_model(str(tiny_checkpoint("llama")), dtype="bfloat16", progress=False)
+    packed = pack_checkpoint(loaded, loaded.dtype, 2)
+    key, inputs = packed_cache.key_of(loaded, loaded.dtype, None, None, kernels)
+    packed_cache.save(key, inputs, packed, str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == [key + ".bin", key + ".json"]
+    same_tensors(packed, packed_cache.load(key, str(tmp_path)))
+
+
+def test_a_second_start_maps_the_kept_weights_and_generates_the_same(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("LITE_LLM_PACKED_CACHE", str(tmp_path))
+    prompts = ["The capital of France is", "def add(a, b):"]
+    first = LLM()
+    runner = first._engine.engine.runner
+    assert not runner.packed.mapped
+    want = first.generate(prompts, GREEDY)
+    runner.packed.kept.join()
+    first.shutdown()
+    assert len([n for n in os.listdir(tmp_path) if n.endswith(".bin")]) == 1
+    with caplog.at_level(logging.INFO, logger="lite_llm"):
+        second = LLM()
+    assert second._engine.engine.runner.packed.mapped and second._engine.engine.runner.packed.kept is None
+    assert "packed weights mapped from" in caplog.text
+    got = second.generate(prompts, GREEDY)
+    second.shutdown()
+    for w, g in zip(want, got):
+        assert w.outputs[0].token_ids == g.outputs[0].token_ids
+        assert w.outputs[0].logprobs == g.outputs[0].logprobs
+
+
+def test_a_changed_checkpoint_or_dtype_is_another_entry(tiny_checkpoint, tmp_path):
+    src = tmp_path / "model"
+    shutil.copytree(tiny_checkpoint("llama"), src)
+    loaded = load_model(str(src), dtype="float32", progress=False)
+    key, _ = packed_cache.key_of(loaded, "float32", None, None, kernels)
+    assert packed_cache.key_of(loaded, "float32", None, None, kernels)[0] == key
+    assert packed_cache.key_of(loaded, "bfloat16", None, None, kernels)[0] != key
+    assert packed_cache.key_of(loaded, "float32", "q8_0", None, kernels)[0] != key
+    weights = src / "model.safetensors"
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert packed_cache.key_of(loaded, "float32", None, None, kernels)[0] != key
+
+
+def test_a_damaged_entry_is_packed_again_with_a_warning(tiny_checkpoint, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("LITE_LLM_PACKED_CACHE", str(tmp_path / "cache"))
+    path = str(tiny_checkpoint("llama"))
+    first = LLM(path, dtype="float32", kv_cache_space=0.01)
+    want = first.generate(["hello world"], GREEDY)[0].outputs[0]
+    first._engine.engine.runner.packed.kept.join()
+    first.shutdown()
+    (bin_path,) = (tmp_path / "cache").glob("*.bin")
+    with open(bin_path, "r+b") as fh:
+        fh.truncate(bin_path.stat().st_size - 4096)
+    with caplog.at_level(logging.WARNING, logger="lite_llm"):
+        second = LLM(path, dtype="float32", kv_cache_space=0.01)
+    assert not second._engine.engine.runner.packed.mapped
+    assert "not used" in caplog.text and "packing again" in caplog.text and bin_path.name in caplog.text
+    got = second.generate(["hello world"], GREEDY)[0].outputs[0]
+    second._engine.engine.runner.packed.kept.join()      # the entry is written whole again
+    second.shutdown()
+    assert got.token_ids == want.token_ids and got.logprobs == want.logprobs
+    third = LLM(path, dtype="float32", kv_cache_space=0.01)
+    assert third._engine.engine.runner.packed.mapped
+    third.shutdown()
+
+
+def test_off_or_a_full_disk_keeps_nothing(tiny_checkpoint, tmp_path, monkeypatch, caplog):
+    path = str(tiny_checkpoint("llama"))
+    monkeypatch.setenv("LITE_LLM_PACKED_CACHE", "off")
+    llm = LLM(path, dtype="float32", kv_cache_space=0.01)
+    assert llm._engine.engine.runner.packed.kept is None
+    llm.shutdown()
+    monkeypatch.setenv("LITE_LLM_PACKED_CACHE", str(tmp_path))
+    monkeypatch.setattr(packed_cache.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(1, 1, 0))
+    with caplog.at_level(logging.INFO, logger="lite_llm"):
+        llm = LLM(path, dtype="float32", kv_cache_space=0.01)
+        llm._engine.engine.runner.packed.kept.join()
+    llm.shutdown()
+    assert "packed weights not kept" in caplog.text and "GB free" in caplog.text
+    assert not [n for n in os.listdir(tmp_path) if n.endswith((".bin", ".json"))]
+
+
+def test_a_writer_killed_mid_write_leaves_nothing_read_and_its_files_are_removed(tmp_path):
+    orphan = tmp_path / ".0123abcd.999999999.1.bin"     # no such process
+    orphan.write_bytes(b"partial")
+    mine = tmp_path / f".0123abcd.{os.getpid()}.1.bin"   # a live writer's
+    mine.write_bytes(b"partial")
+    assert packed_cache.load("0123abcd", str(tmp_path)) is None
+    packed_cache.save("4567ef", {}, {"x": np.arange(3, dtype=np.float32)}, str(tmp_path))
+    assert not orphan.exists() and mine.exists()
+    assert packed_cache.load("4567ef", str(tmp_path))["x"].tolist() == [0, 1, 2]
