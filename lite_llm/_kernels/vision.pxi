@@ -4,6 +4,89 @@
 # order, rotary angles) is Python's: lite_llm/multimodal/qwen2_5_vl.py; the plain reference of
 # this forward is VisionEncoder.encode_reference there.
 
+# ---- the towers' attention on the language model's attention tiles ----------------------------
+# Each layer's K and V rows go into a bf16 (fp32 for an fp32 tower) cache of 16-key blocks in
+# the paged layout (attention.h), blocks in order; then every (query tile, head) is one
+# ll_paged_attention_tile call, as the language model's prefill runs: up to 8 patches of one
+# window (or of the whole image in a full-attention layer) against the keys of that window,
+# bidirectional (a tile's rows all see keys up to the window's last; its first key is the
+# window's first). Heads whose size is not a multiple of 16 (SigLIP's 72) keep the plain fp32
+# loop of each tower.
+
+cdef struct TowerAttn:
+    void *k                     # [blocks][H][16 D] the layer's K, paged layout of kv_type
+    void *v                     # [blocks][H][16 D] its V
+    const int32_t *table        # [blocks] block i at i
+    const int32_t *last_win     # [N] each patch's window's last patch
+    const int32_t *last_full    # [N] N - 1
+    const int32_t *tiles_win    # [n_win][3] first patch, patches (<= 8), window length
+    const int32_t *tiles_full   # [n_full][3] first patch, patches, 0 (no window)
+    Py_ssize_t n_win, n_full, ld_scratch
+    float *scratch              # [threads][ld_scratch]
+    int kv_type, path
+
+
+cdef class _TowerAttnBufs:
+    """The arrays of a TowerAttn for one image of n rows (a.ok: the tiles can run this head size)."""
+    cdef TowerAttn a
+    cdef readonly bint ok
+    cdef list keep
+
+    def __init__(self, Py_ssize_t n, Py_ssize_t H, Py_ssize_t D, bint bf16, bint fma, win_bounds, int num_threads):
+        from lite_llm._kernels.layout import KV_DTYPES, aligned_zeros
+        self.ok = D % 16 == 0 and D <= LL_MAX_HEAD_DIM
+        if not self.ok:
+            return
+        nblk = (n + 15) // 16
+        kv = aligned_zeros((2, nblk * H * 16 * D), np.uint16 if bf16 else np.float32)
+        table = np.arange(nblk, dtype=np.int32)
+        bounds = np.asarray(win_bounds if win_bounds is not None else (0, n), np.int64)
+        last_win = np.empty(n, np.int32)
+        tiles_win = []
+        for a, b in zip(bounds[:len(bounds) - 1], bounds[1:]):
+            last_win[a:b] = b - 1
+            tiles_win += [(s, min(LL_ATTN_QTILE, b - s), b - a) for s in range(a, b, LL_ATTN_QTILE)]
+        tiles_win = np.ascontiguousarray(tiles_win, np.int32)
+        tiles_full = np.ascontiguousarray([(s, min(LL_ATTN_QTILE, n - s), 0) for s in range(0, n, LL_ATTN_QTILE)],
+                                          np.int32)
+        last_full = np.full(n, n - 1, np.int32)
+        scratch = aligned_zeros((max(num_threads, 1), ll_attention_scratch(D, 1)), np.float32)
+        self.keep = [kv, table, last_win, tiles_win, tiles_full, last_full, scratch]
+        self.a.k = <void *>_ptr(kv)
+        cdef Py_ssize_t half = kv.shape[1] * kv.itemsize
+        self.a.v = <void *>(<const char *>_ptr(kv) + half)
+        self.a.table = <const int32_t *>_ptr(table)
+        self.a.last_win, self.a.last_full = <const int32_t *>_ptr(last_win), <const int32_t *>_ptr(last_full)
+        self.a.tiles_win, self.a.tiles_full = <const int32_t *>_ptr(tiles_win), <const int32_t *>_ptr(tiles_full)
+        self.a.n_win, self.a.n_full, self.a.ld_scratch = tiles_win.shape[0], tiles_full.shape[0], scratch.shape[1]
+        self.a.scratch = <float *>_ptr(scratch)
+        self.a.kv_type = KV_DTYPES.index("bfloat16" if bf16 else "float32")
+        self.a.path = attention_path(None, fma)
+
+
+cdef void _tower_attention(const TowerAttn *ta, const float *qkv, Py_ssize_t n, Py_ssize_t C, Py_ssize_t H,
+                           Py_ssize_t D, bint full, float *attn, int nt) noexcept nogil:
+    """attn [n, C] = softmax(q k^T / sqrt(D)) v per head over qkv [n, 3C] rows (q, k, v), within
+    each row's window (full: over all n rows)."""
+    cdef Py_ssize_t t, item, tl, head
+    cdef const int32_t *tiles = ta.tiles_full if full else ta.tiles_win
+    cdef const int32_t *last = ta.last_full if full else ta.last_win
+    cdef Py_ssize_t ntiles = ta.n_full if full else ta.n_win
+    cdef float scale = 1.0 / sqrt(<double>D)
+    for t in prange(n, schedule="static", num_threads=nt):
+        ll_write_kv_row(qkv + t * 3 * C + C, ta.k, ta.kv_type, t, 16, H, D, 1)
+        ll_write_kv_row(qkv + t * 3 * C + 2 * C, ta.v, ta.kv_type, t, 16, H, D, 0)
+    # dynamic: windows at the image's edges are smaller
+    for item in prange(ntiles * H, schedule="dynamic", num_threads=nt):
+        tl = item // H
+        head = item % H
+        t = tiles[3 * tl]
+        ll_paged_attention_tile(qkv + t * 3 * C, 3 * C, attn + t * C, C, tiles[3 * tl + 1], 1, head, last + t,
+                                last + t, tiles[3 * tl + 2], ta.k, ta.v, ta.kv_type, ta.table, 16, head, H, D,
+                                scale, 0.0, ta.scratch + openmp.omp_get_thread_num() * ta.ld_scratch, 0, 1, NULL,
+                                ta.path)
+
+
 cdef struct VisionBlockW:
     const float *norm1_w          # [C]
     const float *norm2_w          # [C]
@@ -23,6 +106,7 @@ cdef class VisionModel:
     cdef Mat patch, m0, m2
     cdef const float *ln_q
     cdef readonly int depth, dim, inter, num_heads, head_dim, out_dim, patch_k, unit
+    cdef readonly bint bf16, fma     # bf16 weights (attention in bf16 too); the bf16 GEMM path is FMA
     cdef list keep
 
     def __cinit__(self):
@@ -33,6 +117,7 @@ cdef class VisionModel:
         cdef bint fma = _bf16_fma(bf16_path)
         self.keep = []
         self.depth, self.num_heads, self.unit = depth, num_heads, unit
+        self.bf16, self.fma = dtype == "bfloat16", fma
         self.patch = self._mat(tensors, "patch_embed", dtype, fma, False)
         self.dim, self.patch_k = self.patch.n, self.patch.k
         if self.dim % num_heads or (self.dim // num_heads) % 2:
@@ -124,16 +209,17 @@ def vision_forward(VisionModel vm,
     for w0 in range(W):
         seg[win_bounds[w0]:win_bounds[w0 + 1], 0] = win_bounds[w0]
         seg[win_bounds[w0]:win_bounds[w0 + 1], 1] = win_bounds[w0 + 1]
+    cdef _TowerAttnBufs ta = _TowerAttnBufs(N, vm.num_heads, D, vm.bf16, vm.fma, np.asarray(win_bounds), num_threads)
     with nogil:
         _vision(vm, &pixels[0, 0], N, &cos[0, 0], &sin[0, 0], &segv[0, 0], &full_layer[0], &xv[0, 0], &hv[0, 0],
                 hv.shape[1], &qv[0, 0], &av[0, 0], &gv[0, 0], gv.shape[1], &xbv[0, 0], &qb.a, &sv[0, 0],
-                &out[0, 0], num_threads)
+                &out[0, 0], &ta.a if ta.ok else NULL, num_threads)
 
 
 cdef void _vision(VisionModel vm, const float *pixels, Py_ssize_t N, const float *cos, const float *sin,
                   const int32_t *seg, const uint8_t *full_layer, float *x, float *h, Py_ssize_t ldh,
                   float *qkv, float *attn, float *g, Py_ssize_t ldg, uint32_t *xb, const ll_qact *xq,
-                  float *scores, float *out, int nt) noexcept nogil:
+                  float *scores, float *out, const TowerAttn *ta, int nt) noexcept nogil:
     cdef Py_ssize_t C = vm.dim, I = vm.inter, D = vm.head_dim, H = vm.num_heads, U = vm.unit
     cdef Py_ssize_t t, item, head, j, s0, s1, l
     cdef float scale = 1.0 / sqrt(<double>D), m, total
@@ -152,7 +238,9 @@ cdef void _vision(VisionModel vm, const float *pixels, Py_ssize_t N, const float
                 ll_rope_neox_f32(qkv + t * 3 * C + head * D, cos + t * (D // 2), sin + t * (D // 2), D)
         # bidirectional attention within each patch's window (or the whole image); dynamic:
         # windows at the image's edges are smaller
-        for item in prange(N * H, schedule="dynamic", num_threads=nt):
+        if ta != NULL:
+            _tower_attention(ta, qkv, N, C, H, D, full_layer[l], attn, nt)
+        for item in prange(N * H if ta == NULL else 0, schedule="dynamic", num_threads=nt):
             t = item // H
             head = item % H
             s0 = 0 if full_layer[l] else seg[2 * t]
@@ -227,7 +315,7 @@ cdef class ClipModel:
     cdef const float *post_b
     cdef const float *proj_norm
     cdef readonly int depth, dim, inter, num_heads, head_dim, out_dim, patch_k, num_pos, act, pool
-    cdef readonly bint keep_class, has_class
+    cdef readonly bint keep_class, has_class, bf16, fma
     cdef readonly float eps
     cdef list keep
 
@@ -243,6 +331,7 @@ cdef class ClipModel:
         self.keep = []
         self.depth, self.num_heads, self.eps, self.keep_class = depth, num_heads, eps, keep_class
         self.act, self.pool, self.has_class = ACTIVATIONS[act], pool, "class" in tensors
+        self.bf16, self.fma = dtype == "bfloat16", fma
         if keep_class and not self.has_class:
             raise ValueError("keep_class: the tower has no class row")
         if pool > 0 and self.has_class:
@@ -351,14 +440,15 @@ def clip_forward(ClipModel cm,
     cdef _QBufs qb = _QBufs(n, max_k)
     cdef float[:, ::1] xv = x, hv = h, qv = qkv, av = attn, gv = g, sv = scores
     cdef uint32_t[:, ::1] xbv = xb
+    cdef _TowerAttnBufs ta = _TowerAttnBufs(n, cm.num_heads, cm.head_dim, cm.bf16, cm.fma, None, num_threads)
     with nogil:
         _clip(cm, &pixels[0, 0], N, side, &xv[0, 0], &hv[0, 0], &qv[0, 0], &av[0, 0], &gv[0, 0], gv.shape[1],
-              &xbv[0, 0], &qb.a, &sv[0, 0], &out[0, 0], num_threads)
+              &xbv[0, 0], &qb.a, &sv[0, 0], &out[0, 0], &ta.a if ta.ok else NULL, num_threads)
 
 
 cdef void _clip(ClipModel cm, const float *pixels, Py_ssize_t N, Py_ssize_t side, float *x, float *h, float *qkv,
                 float *attn, float *g, Py_ssize_t ldg, uint32_t *xb, const ll_qact *xq, float *scores, float *out,
-                int nt) noexcept nogil:
+                const TowerAttn *ta, int nt) noexcept nogil:
     cdef Py_ssize_t C = cm.dim, D = cm.head_dim, H = cm.num_heads, c0 = cm.has_class, n = N + c0, F = cm.inter
     cdef Py_ssize_t first = 0 if cm.keep_class else c0
     cdef Py_ssize_t t, item, head, j, l, k = cm.pool, ps = side // k if k > 0 else 0, a, b
@@ -381,7 +471,9 @@ cdef void _clip(ClipModel cm, const float *pixels, Py_ssize_t N, Py_ssize_t side
             ll_layernorm_f32(x + t * C, B.ln1_w, B.ln1_b, h + t * C, C, cm.eps)
         _gemm(h, C, xb, xq, n, &B.qkv, qkv, 3 * C, 0, nt)
         # bidirectional attention over all n rows, one (row, head) per item
-        for item in prange(n * H, schedule="static", num_threads=nt):
+        if ta != NULL:
+            _tower_attention(ta, qkv, n, C, H, D, 1, attn, nt)
+        for item in prange(n * H if ta == NULL else 0, schedule="static", num_threads=nt):
             t = item // H
             head = item % H
             sc = scores + openmp.omp_get_thread_num() * n

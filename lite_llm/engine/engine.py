@@ -189,6 +189,8 @@ class LLMEngine:
                                    max_model_len=self.max_model_len,
                                    policy=config.scheduling_policy,
                                    num_lookahead_tokens=config.num_lookahead_tokens)
+        if getattr(runner, "vision", None) is not None:    # images it holds cost no encoding
+            self.scheduler.encoder_cache = runner.vision.cache
         self._rng = random.Random(config.seed)   # not numpy.random: its import costs ~6 MiB resident
         vocab_size = config.vocab_size or getattr(tokenizer, "vocab_size", 0)
         self.grammars = Grammars(tokenizer, vocab_size, config.eos_token_ids)   # thread-safe

@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 from lite_llm.engine.kv_cache import KVCacheManager
 from lite_llm.engine.request import Request, RequestStatus, SampleResult
-from lite_llm.multimodal import whole_images
+from lite_llm.multimodal import encoder_cut, whole_images
 
 
 _new_chunk = tuple.__new__
@@ -99,6 +99,9 @@ class Scheduler:
         self._preempted_req_ids: list[str] = []        # preempted since the last step that ran
         self._finished_in_schedule: list[Request] = []  # requests that can never fit, for the engine
         self._rows_budget = PROMPT_LOGITS_ROWS            # this step's prompt-logits rows left
+        self.encoder_cache = None     # image hash -> encoder rows (the runner's), images that cost no encoding
+        self._step_images: set = set()                    # hashes of the images this step encodes
+        self._step_encoder_tokens = 0                     # their tokens, counted in the step's budget
 
     # ---- queue management ---------------------------------------------------------------
 
@@ -155,11 +158,12 @@ class Scheduler:
         chunks: list[ScheduledChunk] = []
         preempted = self._preempted_req_ids
         num_preempted = len(preempted)
+        self._step_images, self._step_encoder_tokens = set(), 0
         budget = self._schedule_running(chunks, preempted)
         if len(preempted) == num_preempted:
             # after a preemption the cache is full: admitting would only preempt again
             budget = self._schedule_waiting(chunks, budget)
-        num_tokens = self.max_num_batched_tokens - budget
+        num_tokens = self.max_num_batched_tokens - budget - self._step_encoder_tokens
         finished = self._finished_req_ids
         if chunks:           # an empty step is not run: its removals wait for the next one
             self._finished_req_ids, self._preempted_req_ids = [], []
@@ -177,8 +181,12 @@ class Scheduler:
             request = self.running[idx]
             start = request.num_computed_tokens
             num_new = min(len(request.all_token_ids) - start, budget)
-            if request.mm is not None:      # never end a chunk inside an image
+            enc = 0
+            if request.mm is not None:      # never end a chunk inside an image; encoding counts
                 num_new = whole_images(request, start, num_new)
+                if num_new:
+                    num_new, enc, images = encoder_cut(request, start, num_new, budget, self.encoder_cache,
+                                                       self._step_images)
                 if num_new == 0:
                     idx += 1
                     continue
@@ -201,6 +209,8 @@ class Scheduler:
                                                               start + num_new == len(request.all_token_ids),
                                                               False, spec)))
                     budget -= num_new
+                    if enc:
+                        budget -= self._encoder_charge(enc, images)
                     idx += 1
                     continue
             while (block_ids := kv.allocate_slots(request, num_new, (), len(spec) + lookahead)) is None:
@@ -224,8 +234,16 @@ class Scheduler:
             chunks.append(_new_chunk(ScheduledChunk, (request, start, num_new + len(spec), block_ids,
                                                       start + num_new == request.num_tokens, False, spec)))
             budget -= num_new + len(spec)
+            if enc:
+                budget -= self._encoder_charge(enc, images)
             idx += 1
         return budget
+
+    def _encoder_charge(self, enc: int, images: list) -> int:
+        """Record a scheduled chunk's images to encode (encoder_cut); their tokens, for the budget."""
+        self._step_images.update(images)
+        self._step_encoder_tokens += enc
+        return enc
 
     def _drafts(self, request: Request, num_new: int, budget: int) -> list[int] | tuple:
         """The drafts this step verifies for request: none unless it decodes one token, at most
@@ -252,8 +270,12 @@ class Scheduler:
             wants_rows = request.wants_prompt_logits
             hits, num_hit_tokens = kv.get_computed_blocks(request) if not wants_rows else ([], 0)
             num_new = min(request.num_tokens - num_hit_tokens, budget)
-            if request.mm is not None:      # never end a chunk inside an image
+            enc = 0
+            if request.mm is not None:      # never end a chunk inside an image; encoding counts
                 num_new = whole_images(request, num_hit_tokens, num_new)
+                if num_new:
+                    num_new, enc, images = encoder_cut(request, num_hit_tokens, num_new, budget,
+                                                       self.encoder_cache, self._step_images)
                 if num_new == 0:
                     break
             if wants_rows:
@@ -288,6 +310,8 @@ class Scheduler:
             chunks.append(ScheduledChunk(request, num_hit_tokens, num_new, block_ids,
                                          num_hit_tokens + num_new == request.num_tokens, is_new=True))
             budget -= num_new
+            if enc:
+                budget -= self._encoder_charge(enc, images)
         return budget
 
     def _preempt(self, request: Request) -> None:

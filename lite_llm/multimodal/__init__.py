@@ -95,6 +95,33 @@ def whole_images(request, start: int, num_new: int) -> int:
     return num_new
 
 
+def encoder_cut(request, start: int, num_new: int, room: int, encoded, step_images: set) -> tuple[int, int, list]:
+    """The step's encoder budget (vLLM's: an image's encoder tokens count against
+    max_num_batched_tokens beside the step's tokens), for chunk [start, start + num_new) of a
+    request with images. Each image of the chunk that is neither in `encoded` (the encoder cache,
+    by hash) nor already encoded this step (step_images) costs its length in tokens; room is the
+    step's budget left. Returns (num_new, encoder tokens, their image hashes): the chunk cut back
+    before the first image whose cost would pass room (0: the request waits for a step with room)
+    and its text after the images to what room leaves. The first image a step encodes always
+    fits (an image of more than half the budget could otherwise never run: check_images_fit
+    guarantees only that its tokens fit one step), as does an image the chunk resumes inside."""
+    enc, hashes, kept_end = 0, [], start
+    for it in request.mm.items:
+        if it.offset + it.length <= start or it.offset >= start + num_new:
+            continue
+        if it.hash in step_images or it.hash in hashes or (encoded is not None and it.hash in encoded):
+            continue
+        first = not step_images and not hashes
+        if it.offset >= start and not first and (it.offset + it.length - start) + enc + it.length > room:
+            return it.offset - start, enc, hashes
+        enc += it.length
+        hashes.append(it.hash)
+        kept_end = it.offset + it.length
+    if hashes and num_new + enc > room:     # the text after them: what room leaves, never inside an image
+        num_new = max(whole_images(request, start, max(room - enc, 0)), kept_end - start)
+    return num_new, enc, hashes
+
+
 def _read_json(path: str) -> dict:
     if not os.path.exists(path):
         return {}
@@ -213,6 +240,7 @@ class VisionRunner:
         self.cached_rows = 0
         self.max_cached_rows = max_cached_rows
         self.num_encoded = 0            # images run through the encoder (tests, metrics)
+        self.step_encoded = 0           # of them, in the last step_inputs call (one step's batch)
         self.encode_seconds = 0.0
         if self.bidirectional:
             if is_gemma3_mmproj:
@@ -276,6 +304,7 @@ class VisionRunner:
         bidirectional model, else its own."""
         rope_pos = np.repeat(positions[:, None], 3, axis=1).astype(np.int32) if self.mrope else None
         parts, src, attn = [], None, None
+        encoded_before = self.num_encoded    # the step's images not cached yet are encoded here, back to back
         num_rows = 0
         offset = 0
         for c in chunks:
@@ -304,6 +333,7 @@ class VisionRunner:
                     num_rows += emb.shape[0]
             offset += n
         mm_embeds = np.ascontiguousarray(np.concatenate(parts), np.float32) if parts else None
+        self.step_encoded = self.num_encoded - encoded_before
         return mm_embeds, src, rope_pos, attn
 
 

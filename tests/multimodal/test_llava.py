@@ -150,12 +150,14 @@ def _variants():
 
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 2e-2)])
 @pytest.mark.parametrize("keep_class", [False, True])
+@pytest.mark.parametrize("num_heads", [2, 4])   # heads of 16 run the attention tiles, of 8 the plain loop
 @pytest.mark.parametrize("variant", _variants())
-def test_compiled_tower_matches_the_numpy_reference(files, dtype, tol, keep_class, variant):
+def test_compiled_tower_matches_the_numpy_reference(files, dtype, tol, keep_class, num_heads, variant):
     import dataclasses
     from lite_llm import _kernels
     cfg, tensors = llava.read_mmproj(str(files[2]))
-    cfg = dataclasses.replace(cfg, keep_class=keep_class)
+    assert cfg.num_heads == 2 and cfg.hidden_size == 32
+    cfg = dataclasses.replace(cfg, keep_class=keep_class, num_heads=num_heads)
     enc = llava.ClipEncoder(cfg, tensors, kernels=_kernels.load(variant), dtype=dtype, num_threads=2)
     pixels = llava.preprocess(image(61, 45, seed=7), cfg)
     ref = enc.encode_reference(pixels)
