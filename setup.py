@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -91,6 +92,9 @@ def _say(line: str) -> None:
                 tty.write(line + "\n")
         except OSError:
             pass
+
+
+_CYTHONIZE = threading.Lock()
 
 
 def _cache_dir() -> Path | None:
@@ -223,9 +227,14 @@ class CachedParallelBuildExt(build_ext):
             print(f"lite-llm: {ext.name} unchanged, reused from the build cache", file=sys.stderr)
             return
         from Cython.Build import cythonize
-        (cext,) = cythonize([Extension(ext.name, [ext.pyx], include_dirs=ext.include_dirs)],
-                            build_dir=f"build/cython/{ext.cython_dir}", compiler_directives=CYTHON_DIRECTIVES,
-                            quiet=True)
+        # one cythonize at a time: the parallel build's threads share Cython's per-source state,
+        # and two variants of one .pyx translated at once can each get the other's module name
+        with _CYTHONIZE:
+            (cext,) = cythonize([Extension(ext.name, [ext.pyx], include_dirs=ext.include_dirs)],
+                                build_dir=f"build/cython/{ext.cython_dir}", compiler_directives=CYTHON_DIRECTIVES,
+                                quiet=True, force=True)
+        if ext.name.encode() not in Path(cext.sources[0]).read_bytes():
+            raise RuntimeError(f"{cext.sources[0]} was not translated as {ext.name}")
         # cythonize remembers per-source options across calls and would hand this variant every
         # earlier variant's flags too (an AVX-512 "generic" build): set them here, exactly.
         ext.sources = cext.sources

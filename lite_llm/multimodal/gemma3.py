@@ -281,16 +281,8 @@ def read_mmproj(path: str, lm_path: str | None, with_tensors: bool = True
                 ) -> tuple[SiglipConfig, dict[str, np.ndarray]]:
     """A gemma3 mmproj GGUF (beside the GGUF language model at lm_path, whose vocabulary gives
     the image token ids) -> (config, canonical float32 tensors; {} without with_tensors)."""
-    from lite_llm.model.gguf import GGUFFile
-    from lite_llm.multimodal.llava import _projector, mmproj_blocks, mmproj_key
-    f = GGUFFile(path)
-    try:
-        md = f.metadata
-        if _projector(f, path) != "gemma3":
-            raise Gemma3VisionError(f"{path}: projector type {md.get('clip.projector_type')!r} is not \"gemma3\"")
-
-        def key(name):
-            return mmproj_key(f, path, name)
+    from lite_llm.multimodal.llava import mmproj_blocks, mmproj_file
+    with mmproj_file(path, "gemma3", Gemma3VisionError, '"gemma3"') as (f, md, key):
         for name in ("v.patch_embd.weight", "v.post_ln.weight", "mm.input_projection.weight",
                      "mm.soft_emb_norm.weight"):
             if name not in f.tensors:
@@ -322,8 +314,6 @@ def read_mmproj(path: str, lm_path: str | None, with_tensors: bool = True
              "proj.w": np.ascontiguousarray(get("mm.input_projection.weight").T),
              "proj_norm": get("mm.soft_emb_norm.weight")}
         t.update(mmproj_blocks(get, cfg.num_layers, C))
-    finally:
-        f.close()
     _check(cfg, t, path)
     return cfg, t
 

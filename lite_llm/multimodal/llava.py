@@ -18,6 +18,7 @@ compiled tower is tested against.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -113,6 +114,21 @@ def _projector(f, path: str) -> str:
     return proj
 
 
+@contextlib.contextmanager
+def mmproj_file(path: str, projector: str, error: type[ValueError], what: str):
+    """The mmproj GGUF at `path`, opened and checked to hold `projector` (else `error` saying it
+    is not `what`): yields (file, metadata, key(name) -> a metadata value that must be there)."""
+    from lite_llm.model.gguf import GGUFFile
+    f = GGUFFile(path)
+    try:
+        md = f.metadata
+        if _projector(f, path) != projector:
+            raise error(f"{path}: projector type {md.get('clip.projector_type')!r} is not {what}")
+        yield f, md, lambda name: mmproj_key(f, path, name)
+    finally:
+        f.close()
+
+
 def mmproj_key(f, path: str, name: str):
     """Metadata key `name` of the open mmproj file f, refused naming it when missing."""
     if name not in f.metadata:
@@ -141,15 +157,7 @@ def read_mmproj(path: str, with_tensors: bool = True) -> tuple[ClipConfig, dict[
     {} without with_tensors)."""
     if not os.path.isfile(path):
         raise LlavaError(f"--mmproj {path}: no such file")
-    from lite_llm.model.gguf import GGUFFile
-    f = GGUFFile(path)
-    try:
-        md = f.metadata
-        if _projector(f, path) != "mlp":
-            raise LlavaError(f"{path}: projector type {md.get('clip.projector_type')!r} is not LLaVA-1.5's \"mlp\"")
-
-        def key(name):
-            return mmproj_key(f, path, name)
+    with mmproj_file(path, "mlp", LlavaError, 'LLaVA-1.5\'s "mlp"') as (f, md, key):
         depth = int(key("clip.vision.block_count"))
         feature = md.get("clip.vision.feature_layer")
         if feature:
@@ -183,8 +191,6 @@ def read_mmproj(path: str, with_tensors: bool = True) -> tuple[ClipConfig, dict[
         t.update(mmproj_blocks(get, n, C))
         for ours, theirs in (("mm0", "mm.0"), ("mm2", "mm.2")):
             t[ours + ".w"], t[ours + ".b"] = get(theirs + ".weight"), get(theirs + ".bias")
-    finally:
-        f.close()
     _check(cfg, t, path)
     return cfg, t
 
