@@ -49,7 +49,7 @@ def _files(source: str) -> list[list]:
     source = os.path.realpath(source)
     paths = [source] if os.path.isfile(source) else sorted(
         os.path.join(source, n) for n in os.listdir(source) if os.path.isfile(os.path.join(source, n)))
-    return [[p, os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in paths]
+    return [[p, st.st_size, st.st_mtime_ns] for p, st in ((p, os.stat(p)) for p in paths)]
 
 
 def key_of(loaded, dtype: str, quantization: str | None, shard, kernels) -> tuple[str, dict] | None:
@@ -62,7 +62,7 @@ def key_of(loaded, dtype: str, quantization: str | None, shard, kernels) -> tupl
     inputs = {"format": FORMAT, "files": _files(source), "dtype": dtype, "quantization": quantization,
               "rank": None if shard is None else [shard.rank, shard.size],
               "config": repr(dataclasses.asdict(cfg)) if dataclasses.is_dataclass(cfg) else repr(cfg),
-              "kernels": [so, *(lambda st: [st.st_size, st.st_mtime_ns])(os.stat(so))] if so else None}
+              "kernels": _files(so)[0] if so else None}
     inputs = json.loads(json.dumps(inputs, sort_keys=True, default=str))    # as the index keeps them
     data = json.dumps(inputs, sort_keys=True).encode()
     # two checksums name the entry (no hashlib: it loads OpenSSL into every start); load()
