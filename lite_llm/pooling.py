@@ -228,9 +228,8 @@ class PoolingRunner:
         from lite_llm import _kernels
         from lite_llm._kernels import gemm_path, layout
         from lite_llm.config import attention_path_override
-        from lite_llm.engine.runner import _trim_heap, check_quantization, kv_cache_format, pack_checkpoint
+        from lite_llm.engine.runner import _trim_heap, check_quantization, kv_cache_format, packed_weights
         from lite_llm.model import arch
-        from lite_llm.model.packed_cache import PackedWeights
         from lite_llm.model.rope import rope_tables
         cfg = loaded.config
         self.config, self.pooler, self.dtype = cfg, pooler, loaded.dtype
@@ -252,9 +251,8 @@ class PoolingRunner:
                                                 bf16_path=self.gemm_paths.chosen["bf16"],
                                                 attn_path=attention_path_override())
         start = time.perf_counter()
-        quantization = check_quantization(quantization)
-        self.packed = PackedWeights(loaded, self.dtype, quantization, None, self.kernels,
-                                    lambda: pack_checkpoint(loaded, self.dtype, num_threads, quantization))
+        self.packed = packed_weights(loaded, self.dtype, num_threads, check_quantization(quantization), None,
+                                     self.kernels)
         tensors = self.packed.tensors
         loaded.release()
         _trim_heap()

@@ -164,6 +164,14 @@ def pack_checkpoint(loaded, dtype: str, threads: int, quantization: str | None =
 
 
 
+def packed_weights(loaded, dtype: str, threads: int, quantization: str | None, shard,
+                   kernels) -> PackedWeights:
+    """The checkpoint's tensors for the kernel Model: mapped from the packed-weights cache when
+    an earlier start kept them, else packed here (pack_checkpoint); keep() writes a fresh pack."""
+    return PackedWeights(loaded, dtype, quantization, shard, kernels,
+                         lambda: pack_checkpoint(loaded, dtype, threads, quantization, shard))
+
+
 def _attention_plan(path: str, kv_cache_dtype: str, bf16_path: str, dtype: str) -> str:
     """What prefill tiles do under attention path `path` (src/kernels/attention.h LL_ATTN_*)."""
     if kv_cache_dtype == "float32" or path == "direct":
@@ -237,9 +245,7 @@ class ModelRunner:
         from lite_llm.multimodal import load_vision
         # the image encoder of a vision-language model (its own compiled call per image), else None
         self.vision = load_vision(loaded, self.kernels, num_threads, self.gemm_paths.chosen["bf16"])
-        # mapped from the packed-weights cache when an earlier start kept them, else packed
-        self.packed = PackedWeights(loaded, self.dtype, self.quantization, shard, self.kernels,
-                                    lambda: pack_checkpoint(loaded, self.dtype, num_threads, self.quantization, shard))
+        self.packed = packed_weights(loaded, self.dtype, num_threads, self.quantization, shard, self.kernels)
         tensors = self.packed.tensors
         loaded.release()
         _trim_heap()

@@ -11,13 +11,15 @@ as two files under LITE_LLM_PACKED_CACHE (default <user cache>/lite_llm/packed):
                  (shapes, block parts: tuples and lists) as tagged JSON; the key's inputs
 
 A later start with the same key maps <key>.bin copy-on-write (MAP_PRIVATE): the arrays are
-the page cache's own pages, read at the same bandwidth as huge-page-backed anonymous memory
-on the machines measured (BENCHMARKS.md), shared by every process that maps them (data-
-parallel replicas hold the weights once), and never written by the kernels. The key hashes
-the checkpoint's files (path, size, modification time), the engine dtype, the quantization,
-the rank, the model config and the kernel module file (a rebuilt kernel may pack differently),
-so a stale entry is never used; an entry that does not read back as its index says is
-ignored with a warning and packed again. `LITE_LLM_PACKED_CACHE=off` turns it off.
+the page cache's own pages, read about as fast as huge-page-backed anonymous memory on the
+machine measured (BENCHMARKS.md: within its run-to-run spread, at the low end for an 8B),
+shared by every process that maps them (data-parallel replicas hold the weights once), and
+never written by the kernels. The key is a checksum of the checkpoint's files (path, size,
+modification time), the engine dtype, the quantization, the rank, the model config and the
+kernel module file (a rebuilt kernel may pack differently); the index keeps those inputs and
+they are compared whole before mapping, so a stale entry is never used. An entry that does
+not read back as its index says is ignored with a warning and packed again.
+`LITE_LLM_PACKED_CACHE=off` turns it off.
 """
 from __future__ import annotations
 
