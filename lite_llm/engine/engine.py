@@ -179,7 +179,8 @@ def check_request(prompt_token_ids: list[int], sampling_params: SamplingParams, 
 
 class LLMEngine:
     # a step without drafts or grammars runs update_from_output + _process_plain as one compiled
-    # call (_step.plain_step); False runs those Python references (the tests compare the two)
+    # call (_step.plain_step), and every step's outputs come from _step.make_outputs; False runs
+    # the Python references (the tests compare the two)
     batched_decode = True
 
     def __init__(self, runner: Runner, tokenizer: Any, config: EngineConfig):
@@ -329,16 +330,19 @@ class LLMEngine:
                 self._stopped_in_step.add(request.request_id)
                 self._record_finished(request)
         self._stopped_in_step.clear()
-        outputs = []
-        for rid, group in touched.items():
-            if group.final_only and not group.is_finished:
-                continue
-            out = self._make_output(group)
-            if out.finished:
-                del self._groups[rid]
-                outputs.append(out)
-            elif out.outputs:
-                outputs.append(out)
+        if self.batched_decode:
+            outputs = _step.make_outputs(touched, self)
+        else:
+            outputs = []
+            for rid, group in touched.items():
+                if group.final_only and not group.is_finished:
+                    continue
+                out = self._make_output(group)
+                if out.finished:
+                    del self._groups[rid]
+                    outputs.append(out)
+                elif out.outputs:
+                    outputs.append(out)
         if sched_out.chunks:
             kernel_seconds, bytes_read = getattr(self.runner, "last_step_cost", (0.0, 0))
             self._stats.record_step(StepRecord(
