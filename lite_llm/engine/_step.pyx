@@ -56,6 +56,8 @@ cdef class _Seq:
     cdef bint final_only     # FINAL_ONLY: no output while running
     cdef bint byte_det       # its detokenizer is a ByteDetokenizer
     cdef bint simple         # the group's only child, plain, no prompt logprobs: make_outputs' own path
+    cdef bint decodes        # no images, no prompt logprobs: schedule_decodes may schedule it
+    cdef object request_id
 
     def __init__(self, request, group):
         self.request = request
@@ -68,6 +70,8 @@ cdef class _Seq:
         self.all_ids = request._all_token_ids
         self.plain = request.logprobs is None and not request.sampling_params.stop
         self.final_only = group.final_only
+        self.request_id = request.request_id
+        self.decodes = request.mm is None and request.prompt_logprobs is None
         self.simple = self.plain and len(group.children) == 1 and request.prompt_logprobs is None \
             and not self.comp.stop_strings
         self._set_detokenizer(self.comp.detokenizer)
@@ -251,3 +255,34 @@ def make_outputs(dict touched, engine) -> list:
         elif out.outputs:
             outputs.append(out)
     return outputs
+
+
+def schedule_decodes(list running, dict room, list chunks, Py_ssize_t budget, Py_ssize_t idx, chunk_type):
+    """Scheduler._schedule_running's common case from running[idx] on, for as long as it holds:
+    a request plain_step has seen (step_state), without images, prompt logprobs or drafts, whose
+    blocks already hold its new tokens (room: KVCacheManager.room) gets its chunk (a chunk_type,
+    ScheduledChunk) without a call. Returns (idx, budget) at the first request it leaves to the
+    Python loop (or the end of running, or of the budget)."""
+    cdef Py_ssize_t n = PyList_GET_SIZE(running), start, num_new, total
+    cdef _Seq seq
+    cdef object no_drafts = ()
+    while idx < n and budget > 0:
+        request = running[idx]
+        state = request.step_state
+        if state is None:
+            break
+        seq = <_Seq>state
+        if not seq.decodes or request.spec_token_ids:
+            break
+        start = request.num_computed_tokens
+        total = PyList_GET_SIZE(seq.all_ids)
+        num_new = total - start
+        if num_new > budget:
+            num_new = budget
+        if num_new <= 0 or start + num_new > room.get(seq.request_id, -1):
+            break
+        chunks.append(tuple.__new__(chunk_type, (request, start, num_new, [], start + num_new == total, False,
+                                                 no_drafts)))
+        budget -= num_new
+        idx += 1
+    return idx, budget

@@ -91,13 +91,15 @@ def run(tokenizer, batched: bool, requests, abort_at: dict[int, list[str]], max_
                    engine.runner.num_steps)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_batched_step_gives_the_reference_outputs(byte_bpe, seed):
+@pytest.mark.parametrize("seed,config", [(0, {}), (1, {}), (2, {}),
+                                         (3, dict(num_blocks=48)),                # preemptions
+                                         (4, dict(max_num_batched_tokens=24))])   # budget cuts decodes
+def test_batched_step_gives_the_reference_outputs(byte_bpe, seed, config):
     tok = ProjectTokenizer(byte_bpe)
     requests = mixed_requests(tok, 40, seed)
     abort_at = {3: ["r2", "r9"], 7: ["r4", "r17", "r20"], 12: ["r30"]}
-    ref_steps, ref_stats = run(tok, False, requests, abort_at)
-    steps, stats = run(tok, True, requests, abort_at)
+    ref_steps, ref_stats = run(tok, False, requests, abort_at, **config)
+    steps, stats = run(tok, True, requests, abort_at, **config)
     finishes = {c[3] for step in ref_steps for o in step for c in o[2] if c[3]}
     assert finishes == {"stop", "length", "abort"}, "the workload must finish requests every way"
     assert any("\ufffd" not in c[1] and len(c[1].encode()) > len(c[1]) for step in ref_steps for o in step
@@ -112,20 +114,27 @@ def test_batched_step_replaces_the_python_loops(byte_bpe, monkeypatch):
     tok = ProjectTokenizer(byte_bpe)
     requests = [(f"p{i}", tok.encode("The quick brown fox")[: 2 + i], SamplingParams(max_tokens=12, temperature=0.0))
                 for i in range(6)]
-    ref_steps, _ = run(tok, True, requests, {})
+    ref_steps, _ = run(tok, True, requests, {}, block_size=16)
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the Python reference ran on a plain step")
     monkeypatch.setattr(Scheduler, "update_from_output", forbidden)
     monkeypatch.setattr(LLMEngine, "_process_plain", forbidden)
     monkeypatch.setattr(LLMEngine, "_make_output", forbidden)
-    calls = []
-    real = _step.plain_step
+    calls, scheduled = [], []
+    real, real_schedule = _step.plain_step, _step.schedule_decodes
     monkeypatch.setattr(_step, "plain_step", lambda *a: (calls.append(len(a[0])), real(*a))[1])
-    steps, _ = run(tok, True, requests, {})
+
+    def schedule_decodes(running, room, chunks, budget, idx, chunk_type):
+        got = real_schedule(running, room, chunks, budget, idx, chunk_type)
+        scheduled.append(got[0] - idx)
+        return got
+    monkeypatch.setattr(_step, "schedule_decodes", schedule_decodes)
+    steps, _ = run(tok, True, requests, {}, block_size=16)
     assert steps == ref_steps and len(calls) == len(steps)
+    assert sum(scheduled) >= len(requests) * 5, "decodes were scheduled by the Python loop"
     monkeypatch.setattr(_step, "plain_step", lambda *a: {})
-    stubbed, _ = run(tok, True, requests, {}, max_steps=len(ref_steps))
+    stubbed, _ = run(tok, True, requests, {}, max_steps=len(ref_steps), block_size=16)
     assert stubbed != ref_steps
 
 
