@@ -20,11 +20,20 @@ What does not live here: the stop strings and every non-plain sample (engine.py)
 per-slot arrays (_batch.pyx: the sampled ids reach them in the runner's own compiled call).
 """
 from cpython.list cimport PyList_GET_SIZE, PyList_GetSlice
+from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_GET_LENGTH, PyUnicode_READ_CHAR
 
 from lite_llm.engine.detokenizer import ByteDetokenizer
 from lite_llm.engine.request import RequestStatus
 from lite_llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+
+cdef extern from *:
+    """
+    #define LL_PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
+    #define LL_LIST_END(op) ((const void *)(((PyListObject *)(op))->ob_item + PyList_GET_SIZE(op)))
+    """
+    void LL_PREFETCH(const void *p)
+    const void *LL_LIST_END(object op)    # where the list's next item goes (an append writes there)
 
 cdef object RUNNING = RequestStatus.RUNNING
 cdef object WAITING = RequestStatus.WAITING
@@ -125,13 +134,55 @@ def byte_add(det, token_id) -> str:
     return _byte_add(seq, token_id, token_id)
 
 
+cdef void _prefetch(list chunks, list previous):
+    """Start loading, level by level, what this step will touch: the forward pass has evicted
+    every object from the caches, and walking the objects one pointer at a time waits for
+    each line in turn (~2 us per sequence at batch 64 measured). In a steady batch, the
+    previous step's sequences are this step's: their records, then the objects and list ends
+    the records point to, all requested before any is needed."""
+    cdef Py_ssize_t i, n = PyList_GET_SIZE(previous)
+    cdef _Seq seq
+    cdef const char *p
+    for i in range(PyList_GET_SIZE(chunks)):
+        LL_PREFETCH(<PyObject *>chunks[i])
+    for i in range(n):
+        p = <const char *><PyObject *>previous[i]
+        LL_PREFETCH(p)
+        LL_PREFETCH(p + 64)
+        LL_PREFETCH(p + 128)
+    for i in range(n):
+        seq = <_Seq>previous[i]
+        p = <const char *><PyObject *>seq.request
+        LL_PREFETCH(p - 64)                  # the managed-dict pre-header sits before the object
+        LL_PREFETCH(p)
+        LL_PREFETCH(<PyObject *>seq.outs)
+        LL_PREFETCH(<PyObject *>seq.all_ids)
+        LL_PREFETCH(<PyObject *>seq.stop_ids)
+        LL_PREFETCH(<PyObject *>seq.metrics)
+        LL_PREFETCH(<PyObject *>seq.comp)
+        LL_PREFETCH(<PyObject *>seq.parent_id)
+        if seq.byte_det:
+            LL_PREFETCH(<PyObject *>seq.det)
+            LL_PREFETCH(<PyObject *>seq.det_token_ids)
+            LL_PREFETCH(<PyObject *>seq.det_pieces)
+    for i in range(n):
+        seq = <_Seq>previous[i]
+        LL_PREFETCH(LL_LIST_END(seq.outs))
+        LL_PREFETCH(LL_LIST_END(seq.all_ids))
+        if seq.byte_det:
+            LL_PREFETCH(LL_LIST_END(seq.det_token_ids))
+            LL_PREFETCH(LL_LIST_END(seq.det_pieces))
+
+
 def plain_step(list chunks, list results, object now, scheduler, engine, dict touched) -> dict:
     """Scheduler.update_from_output(chunks, results) then LLMEngine._process_plain for a step
     without drafts or grammars. touched: parent id -> group, grown in sample order. Returns the
-    ITL counts {previous token time: samples} the engine adds to its stats."""
+    ITL counts {previous token time: samples} the engine adds to its stats. engine.step_seqs
+    holds the step's sequence records for the next step's prefetch."""
     cdef Py_ssize_t i, n = len(chunks)
     cdef tuple c
     cdef list seqs = [], samples = []
+    _prefetch(chunks, engine.step_seqs)
     cdef dict itl = {}
     cdef dict groups = engine._groups
     cdef _Seq seq
@@ -189,6 +240,7 @@ def plain_step(list chunks, list results, object now, scheduler, engine, dict to
                 comp.num_chars += len(new_text)
         if not seq.final_only:
             touched[seq.parent_id] = seq.group
+    engine.step_seqs = seqs
     return itl
 
 

@@ -207,6 +207,7 @@ class LLMEngine:
         self._stats = StatsCollector()
         self._stopped_in_step: set[str] = set()   # finished by a stop string before its last token
         self.lora = None     # lora.LoRAManager when adapters are enabled (llm.build_engine)
+        self.step_seqs: list = []    # the latest plain step's sequence records (_step.plain_step)
 
     # ---- requests in ----------------------------------------------------------------------
 
