@@ -66,6 +66,16 @@ def run(tokenizer, batched: bool, requests, abort_at: dict[int, list[str]], max_
     engine = make_engine(tokenizer, batched, **overrides)
     pending = list(requests)
     steps = []
+    scheduled = []           # every step's chunks and removals: the compiled scheduling must match too
+    schedule = engine.scheduler.schedule
+
+    def recording_schedule():
+        out = schedule()
+        scheduled.append(([(c.request.request_id, c.start, c.num_new_tokens, list(c.new_block_ids), c.sample, c.is_new,
+                            list(c.spec_token_ids)) for c in out.chunks], out.num_tokens, list(out.preempted_req_ids),
+                          list(out.finished_req_ids)))
+        return out
+    engine.scheduler.schedule = recording_schedule
     for step in range(max_steps):
         while pending and len(pending) > len(requests) - 4 * (step + 1):   # arrivals over the first steps
             rid, prompt, params = pending.pop(0)
@@ -88,12 +98,13 @@ def run(tokenizer, batched: bool, requests, abort_at: dict[int, list[str]], max_
     assert kv.num_free_blocks == kv.num_blocks
     s = engine.stats()
     return steps, (s.generation_tokens_total, s.prompt_tokens_total, s.itl.count, dict(s.request_success_total),
-                   engine.runner.num_steps)
+                   engine.runner.num_steps, scheduled)
 
 
 @pytest.mark.parametrize("seed,config", [(0, {}), (1, {}), (2, {}),
                                          (3, dict(num_blocks=48)),                # preemptions
-                                         (4, dict(max_num_batched_tokens=24))])   # budget cuts decodes
+                                         (4, dict(max_num_batched_tokens=24)),    # budget cuts decodes
+                                         (5, dict(num_blocks=40, max_num_batched_tokens=16))])   # both
 def test_batched_step_gives_the_reference_outputs(byte_bpe, seed, config):
     tok = ProjectTokenizer(byte_bpe)
     requests = mixed_requests(tok, 40, seed)
