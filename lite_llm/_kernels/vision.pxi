@@ -305,8 +305,9 @@ cdef void _vision(VisionModel vm, const float *pixels, Py_ssize_t N, const float
 # patch embedding (SigLIP: with bias), CLIP's class row, position embeddings, CLIP's pre-LayerNorm,
 # L pre-norm blocks of full bidirectional attention and fc1 / act / fc2, SigLIP's post-LayerNorm,
 # then the projector: LLaVA's (Linear, GELU, Linear over the patch rows, and the class row under
-# keep_class) or Gemma 3's (the patch grid average-pooled pool x pool, RMSNorm, Linear). The
-# NumPy references are ClipEncoder.encode_reference and SiglipEncoder.encode_reference.
+# keep_class) or Gemma 3's (the patch grid average-pooled pool x pool, RMSNorm, Linear); over B
+# images of the tower's one size one after the other, attention and pooling within each. The
+# NumPy references (one image) are ClipEncoder.encode_reference and SiglipEncoder.encode_reference.
 
 cdef struct ClipBlockW:
     const float *ln1_w            # [C]
@@ -436,73 +437,77 @@ cdef class ClipModel:
 
 
 def clip_forward(ClipModel cm,
-                 const float[:, ::1] pixels,       # IN [N, 3 P P] patches, row-major grid
-                 float[:, ::1] out,                # OUT [out_rows(N), E] projected rows
+                 const float[:, ::1] pixels,       # IN [B N, 3 P P] each image's patches, row-major grid
+                 float[:, ::1] out,                # OUT [B out_rows(N), E] each image's projected rows
                  int num_threads):
-    """The CLIP / SigLIP tower and projector over one image's N patches."""
-    cdef Py_ssize_t N = pixels.shape[0], C = cm.dim, n = N + cm.has_class, side = 0
-    if pixels.shape[1] != cm.patch_k or N == 0 or n != cm.num_pos:
-        raise ValueError(f"clip_forward: pixels {tuple(pixels.shape)}: expected "
-                         f"[{cm.num_pos - cm.has_class}, {cm.patch_k}]")
+    """The CLIP / SigLIP tower and projector over B images of N patches each, one after the
+    other: attention and the projector's pooling within each image."""
+    cdef Py_ssize_t N = cm.num_pos - cm.has_class, C = cm.dim, n = cm.num_pos, side = 0, B
+    if pixels.shape[1] != cm.patch_k or pixels.shape[0] == 0 or pixels.shape[0] % N:
+        raise ValueError(f"clip_forward: pixels {tuple(pixels.shape)}: expected [B {N}, {cm.patch_k}]")
+    B = pixels.shape[0] // N
     if cm.pool > 0:
         side = <Py_ssize_t>(sqrt(<double>N) + 0.5)
         if side * side != N or side % cm.pool:
             raise ValueError(f"clip_forward: {N} patches are not a square grid whose side divides by {cm.pool}")
-    if out.shape[0] != cm.out_rows(N) or out.shape[1] != cm.out_dim:
-        raise ValueError(f"clip_forward: out must be [{cm.out_rows(N)}, {cm.out_dim}]")
-    # activations, sized for this image (an image is large work: allocation is not its cost)
+    if out.shape[0] != B * cm.out_rows(N) or out.shape[1] != cm.out_dim:
+        raise ValueError(f"clip_forward: out must be [{B} x {cm.out_rows(N)}, {cm.out_dim}]")
+    # activations, sized for these images (an image is large work: allocation is not its cost)
     cdef Py_ssize_t max_k = max(cm.patch_k, C, cm.inter, cm.m0.n)
-    x = np.empty((n, C), np.float32)
-    h = np.empty((n, C), np.float32)
-    qkv = np.empty((n, 3 * C), np.float32)
-    attn = np.empty((n, C), np.float32)
-    g = np.empty((n, max(cm.inter, cm.m0.n)), np.float32)
-    xb = np.empty((n, max_k // 2 + 2), np.uint32)
+    x = np.empty((B * n, C), np.float32)
+    h = np.empty((B * n, C), np.float32)
+    qkv = np.empty((B * n, 3 * C), np.float32)
+    attn = np.empty((B * n, C), np.float32)
+    g = np.empty((B * n, max(cm.inter, cm.m0.n)), np.float32)
+    xb = np.empty((B * n, max_k // 2 + 2), np.uint32)
     scores = np.empty((num_threads, n), np.float32)
-    cdef _QBufs qb = _QBufs(n, max_k)
+    cdef _QBufs qb = _QBufs(B * n, max_k)
     cdef float[:, ::1] xv = x, hv = h, qv = qkv, av = attn, gv = g, sv = scores
     cdef uint32_t[:, ::1] xbv = xb
-    cdef _TowerAttnBufs ta = _TowerAttnBufs(n, cm.num_heads, cm.head_dim, cm.bf16, cm.fma, None, num_threads)
+    cdef _TowerAttnBufs ta = _TowerAttnBufs(B * n, cm.num_heads, cm.head_dim, cm.bf16, cm.fma, None, num_threads,
+                                            np.arange(B + 1) * n)
     with nogil:
-        _clip(cm, &pixels[0, 0], N, side, &xv[0, 0], &hv[0, 0], &qv[0, 0], &av[0, 0], &gv[0, 0], gv.shape[1],
+        _clip(cm, &pixels[0, 0], B, N, side, &xv[0, 0], &hv[0, 0], &qv[0, 0], &av[0, 0], &gv[0, 0], gv.shape[1],
               &xbv[0, 0], &qb.a, &sv[0, 0], &out[0, 0], &ta.a if ta.ok else NULL, num_threads)
 
 
-cdef void _clip(ClipModel cm, const float *pixels, Py_ssize_t N, Py_ssize_t side, float *x, float *h, float *qkv,
-                float *attn, float *g, Py_ssize_t ldg, uint32_t *xb, const ll_qact *xq, float *scores, float *out,
-                const TowerAttn *ta, int nt) noexcept nogil:
+cdef void _clip(ClipModel cm, const float *pixels, Py_ssize_t nimg, Py_ssize_t N, Py_ssize_t side, float *x,
+                float *h, float *qkv, float *attn, float *g, Py_ssize_t ldg, uint32_t *xb, const ll_qact *xq,
+                float *scores, float *out, const TowerAttn *ta, int nt) noexcept nogil:
     cdef Py_ssize_t C = cm.dim, D = cm.head_dim, H = cm.num_heads, c0 = cm.has_class, n = N + c0, F = cm.inter
-    cdef Py_ssize_t first = 0 if cm.keep_class else c0
-    cdef Py_ssize_t t, item, head, j, l, k = cm.pool, ps = side // k if k > 0 else 0, a, b
+    cdef Py_ssize_t first = 0 if cm.keep_class else c0, rows = nimg * n
+    cdef Py_ssize_t t, item, head, j, l, k = cm.pool, ps = side // k if k > 0 else 0, a, b, img, r0
     cdef float scale = 1.0 / sqrt(<double>D), m, total
     cdef const ClipBlockW *B
     cdef float *sc
     cdef float *o
     cdef const float *q
-    _gemm(pixels, cm.patch_k, xb, xq, N, &cm.patch, x + c0 * C, C, 0, nt)   # patch embedding, rows c0..
-    for t in prange(n, schedule="static", num_threads=nt):                 # class row, positions, pre_ln
-        if c0 and t == 0:
+    for img in range(nimg):     # patch embedding: rows c0.. of each image (its class row first)
+        _gemm(pixels + img * N * cm.patch_k, cm.patch_k, xb, xq, N, &cm.patch, x + (img * n + c0) * C, C, 0, nt)
+    for t in prange(rows, schedule="static", num_threads=nt):              # class row, positions, pre_ln
+        if c0 and t % n == 0:
             for j in range(C):
-                x[j] = cm.cls[j]
-        ll_axpy_f32(1.0, cm.pos + t * C, x + t * C, C)
+                x[t * C + j] = cm.cls[j]
+        ll_axpy_f32(1.0, cm.pos + (t % n) * C, x + t * C, C)
         if cm.pre_w != NULL:
             ll_layernorm_f32(x + t * C, cm.pre_w, cm.pre_b, x + t * C, C, cm.eps)
     for l in range(cm.depth):
         B = &cm.blocks[l]
-        for t in prange(n, schedule="static", num_threads=nt):
+        for t in prange(rows, schedule="static", num_threads=nt):
             ll_layernorm_f32(x + t * C, B.ln1_w, B.ln1_b, h + t * C, C, cm.eps)
-        _gemm(h, C, xb, xq, n, &B.qkv, qkv, 3 * C, 0, nt)
-        # bidirectional attention over all n rows, one (row, head) per item
+        _gemm(h, C, xb, xq, rows, &B.qkv, qkv, 3 * C, 0, nt)
+        # bidirectional attention over each image's n rows, one (row, head) per item
         if ta != NULL:
-            _tower_attention(ta, qkv, n, C, H, D, 1, attn, nt)
-        for item in prange(n * H if ta == NULL else 0, schedule="static", num_threads=nt):
+            _tower_attention(ta, qkv, rows, C, H, D, 1, attn, nt)
+        for item in prange(rows * H if ta == NULL else 0, schedule="static", num_threads=nt):
             t = item // H
             head = item % H
+            r0 = (t // n) * n
             sc = scores + openmp.omp_get_thread_num() * n
             q = qkv + t * 3 * C + head * D
             m = -1e30
             for j in range(n):
-                sc[j] = ll_dot_f32(q, qkv + j * 3 * C + C + head * D, D) * scale
+                sc[j] = ll_dot_f32(q, qkv + (r0 + j) * 3 * C + C + head * D, D) * scale
                 if sc[j] > m:
                     m = sc[j]
             total = 0
@@ -513,32 +518,38 @@ cdef void _clip(ClipModel cm, const float *pixels, Py_ssize_t N, Py_ssize_t side
             for j in range(D):
                 o[j] = 0
             for j in range(n):
-                ll_axpy_f32(sc[j] / total, qkv + j * 3 * C + 2 * C + head * D, o, D)
-        _gemm(attn, C, xb, xq, n, &B.o, x, C, 1, nt)                       # x += out_proj(attn)
-        for t in prange(n, schedule="static", num_threads=nt):
+                ll_axpy_f32(sc[j] / total, qkv + (r0 + j) * 3 * C + 2 * C + head * D, o, D)
+        _gemm(attn, C, xb, xq, rows, &B.o, x, C, 1, nt)                    # x += out_proj(attn)
+        for t in prange(rows, schedule="static", num_threads=nt):
             ll_layernorm_f32(x + t * C, B.ln2_w, B.ln2_b, h + t * C, C, cm.eps)
-        _gemm(h, C, xb, xq, n, &B.up, g, ldg, 0, nt)
-        for t in prange(n, schedule="static", num_threads=nt):
+        _gemm(h, C, xb, xq, rows, &B.up, g, ldg, 0, nt)
+        for t in prange(rows, schedule="static", num_threads=nt):
             ll_act_mul_f32(g + t * ldg, NULL, g + t * ldg, F, cm.act)
-        _gemm(g, ldg, xb, xq, n, &B.down, x, C, 1, nt)                     # x += fc2(act(fc1(ln2(x))))
+        _gemm(g, ldg, xb, xq, rows, &B.down, x, C, 1, nt)                  # x += fc2(act(fc1(ln2(x))))
     if cm.post_w != NULL:
-        for t in prange(n, schedule="static", num_threads=nt):
+        for t in prange(rows, schedule="static", num_threads=nt):
             ll_layernorm_f32(x + t * C, cm.post_w, cm.post_b, x + t * C, C, cm.eps)
-    if k > 0:   # Gemma 3: each k x k square of the side x side grid averaged, RMSNorm (1 + w), Linear
-        for t in prange(ps * ps, schedule="static", num_threads=nt):
-            o = h + t * C
+    if k > 0:   # Gemma 3: each k x k square of an image's side x side grid averaged, RMSNorm (1 + w), Linear
+        for item in prange(nimg * ps * ps, schedule="static", num_threads=nt):
+            img = item // (ps * ps)
+            t = item % (ps * ps)
+            o = h + item * C
             for j in range(C):
                 o[j] = 0
             for a in range(k):
                 for b in range(k):
-                    ll_axpy_f32(1.0, x + (((t // ps) * k + a) * side + (t % ps) * k + b) * C, o, C)
+                    ll_axpy_f32(1.0, x + (img * n + ((t // ps) * k + a) * side + (t % ps) * k + b) * C, o, C)
             for j in range(C):
                 o[j] = o[j] / (k * k)
             ll_rmsnorm_f32(o, cm.proj_norm, o, C, cm.eps)
-        _gemm(h, C, xb, xq, ps * ps, &cm.m0, out, cm.out_dim, 0, nt)
+        _gemm(h, C, xb, xq, nimg * ps * ps, &cm.m0, out, cm.out_dim, 0, nt)
         return
-    # LLaVA: Linear, GELU, Linear over the patch rows (the class row too under keep_class)
-    _gemm(x + first * C, C, xb, xq, n - first, &cm.m0, g, ldg, 0, nt)
-    for t in prange(n - first, schedule="static", num_threads=nt):
+    # LLaVA: Linear, GELU, Linear over each image's patch rows (the class row too under keep_class)
+    if first == 0:
+        _gemm(x, C, xb, xq, rows, &cm.m0, g, ldg, 0, nt)
+    else:
+        for img in range(nimg):
+            _gemm(x + (img * n + first) * C, C, xb, xq, n - first, &cm.m0, g + img * (n - first) * ldg, ldg, 0, nt)
+    for t in prange(nimg * (n - first), schedule="static", num_threads=nt):
         ll_act_mul_f32(g + t * ldg, NULL, g + t * ldg, cm.m0.n, LL_ACT_GELU)
-    _gemm(g, ldg, xb, xq, n - first, &cm.m2, out, cm.out_dim, 0, nt)
+    _gemm(g, ldg, xb, xq, nimg * (n - first), &cm.m2, out, cm.out_dim, 0, nt)

@@ -282,8 +282,7 @@ class VisionRunner:
 
     def _step_embeddings(self, chunks) -> dict[bytes, np.ndarray]:
         """Image hash -> rows [n, E] of every image with tokens in the step's chunks. The ones the
-        cache holds are taken first, then the others encoded together (one tower call where the
-        encoder has encode_many), then entries evicted down to max_cached_rows, oldest first and
+        cache holds are taken first, then the others encoded together (one tower call), then entries evicted down to max_cached_rows, oldest first and
         never the step's own: an image the scheduler counted as cached (encoder_cut) is never
         evicted by one the step encodes, and so never encoded twice, outside the step's budget."""
         rows: dict[bytes, np.ndarray] = {}
@@ -304,10 +303,7 @@ class VisionRunner:
             import time
             t0 = time.perf_counter()
             items = list(missing.values())
-            if hasattr(self.encoder, "encode_many"):
-                encoded = self.encoder.encode_many([(it.pixel_values, it.grid) for it in items])
-            else:   # CLIP / SigLIP towers: one compiled call per image
-                encoded = [self.encoder.encode(it.pixel_values, it.grid) for it in items]
+            encoded = self.encoder.encode_many([(it.pixel_values, it.grid) for it in items])
             self.encode_seconds += time.perf_counter() - t0
             self.num_encoded += len(items)
             for it, emb in zip(items, encoded):

@@ -1,10 +1,12 @@
-"""A step's images through the vision tower: the Qwen2.5-VL images a step encodes go through ONE
-compiled tower call (patches one after the other, attention within each image as transformers'
-cu_seqlens), each image's rows as when it is encoded alone; and the encoder cache never evicts an
-image the step takes from it for one the step encodes (the scheduler counted it as cached)."""
+"""A step's images through the vision tower: the images a step encodes go through ONE compiled
+tower call (Qwen2.5-VL: patches of images of any sizes one after the other, attention within each
+image as transformers' cu_seqlens; CLIP / SigLIP: images of the tower's one size), each image's
+rows as when it is encoded alone; and the encoder cache never evicts an image the step takes from
+it for one the step encodes (the scheduler counted it as cached)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import NamedTuple
 
 import numpy as np
@@ -38,6 +40,10 @@ class _Counting:
     def vision_forward(self, *args):
         self.calls += 1
         return self._k.vision_forward(*args)
+
+    def clip_forward(self, *args):
+        self.calls += 1
+        return self._k.clip_forward(*args)
 
     def __getattr__(self, name):
         return getattr(self._k, name)
@@ -89,6 +95,40 @@ def test_batched_images_without_the_attention_tiles_attend_within_each_image(ckp
     for (pixels, grid), rows in zip(images, together):
         ref = narrow.encode_reference(pixels, grid)
         np.testing.assert_allclose(rows, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 2e-2)])
+@pytest.mark.parametrize("tower", ["llava", "llava-class-row", "llava-plain-loop", "gemma3"])
+@pytest.mark.parametrize("variant", _kernels.available())
+def test_clip_and_siglip_images_are_one_tower_call_with_the_rows_of_each_alone(tower, dtype, tol, variant):
+    # CLIP with the class row dropped or kept (keep_class), with heads of 8 (the plain fp32
+    # attention loop), and SigLIP with Gemma 3's pooling projector
+    from gemma3_checkpoint import gemma3_checkpoint
+    from llava_checkpoint import llava_checkpoint
+
+    from lite_llm.multimodal import gemma3, llava
+    kernels = _Counting(_kernels.load(variant))
+    if tower == "gemma3":
+        path = str(gemma3_checkpoint())
+        with open(path + "/config.json") as fh:
+            cfg = gemma3.config(path, json.load(fh))
+        enc = gemma3.SiglipEncoder(cfg, gemma3.read_hf(path, cfg), kernels, dtype, 2)
+        prep = gemma3.preprocess
+    else:
+        cfg, tensors = llava.read_mmproj(str(llava_checkpoint()[2]))
+        cfg = dataclasses.replace(cfg, keep_class=tower == "llava-class-row",
+                                  num_heads=4 if tower == "llava-plain-loop" else cfg.num_heads)
+        enc = llava.ClipEncoder(cfg, tensors, kernels, dtype, 2)
+        prep = llava.preprocess
+    images = [(prep(image(*s, seed=50 + k), cfg), None) for k, s in enumerate(SIZES)]
+    together = enc.encode_many(images)
+    assert kernels.calls == 1
+    for (pixels, _), rows in zip(images, together):
+        alone = enc.encode(pixels)
+        ref = enc.encode_reference(pixels)
+        assert rows.shape == alone.shape == ref.shape
+        np.testing.assert_allclose(rows, alone, rtol=0, atol=1e-5 * np.abs(alone).max())
+        assert np.abs(rows - ref).max() <= tol * np.abs(ref).max()
 
 
 def _tensors(ckpt) -> dict:
