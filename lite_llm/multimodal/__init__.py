@@ -36,6 +36,12 @@ try:
 except ImportError:
     from hashlib import blake2b
 
+# Patches of one tower call: a step's images go together up to this many (an image larger alone).
+# Two 1024-patch Qwen2.5-VL-3B images took 5-10 % longer in one call than in two (BENCHMARKS.md:
+# the activations of 2048 rows stream past L2 once per panel group), while small images gain
+# from filling the GEMM tiles together.
+MAX_PATCHES_PER_CALL = 1024
+
 VISION_ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration", "LlavaForConditionalGeneration",
                        "Gemma3ForConditionalGeneration")
 
@@ -282,7 +288,8 @@ class VisionRunner:
 
     def _step_embeddings(self, chunks) -> dict[bytes, np.ndarray]:
         """Image hash -> rows [n, E] of every image with tokens in the step's chunks. The ones the
-        cache holds are taken first, then the others encoded together (one tower call), then entries evicted down to max_cached_rows, oldest first and
+        cache holds are taken first, then the others encoded together (one tower call per
+        MAX_PATCHES_PER_CALL patches), then entries evicted down to max_cached_rows, oldest first and
         never the step's own: an image the scheduler counted as cached (encoder_cut) is never
         evicted by one the step encodes, and so never encoded twice, outside the step's budget."""
         rows: dict[bytes, np.ndarray] = {}
@@ -302,8 +309,13 @@ class VisionRunner:
         if missing:
             import time
             t0 = time.perf_counter()
-            items = list(missing.values())
-            encoded = self.encoder.encode_many([(it.pixel_values, it.grid) for it in items])
+            items, encoded, group = list(missing.values()), [], []
+            for k, it in enumerate(items):
+                group.append((it.pixel_values, it.grid))
+                if k + 1 == len(items) or sum(p.shape[0] for p, _ in group) + \
+                        items[k + 1].pixel_values.shape[0] > MAX_PATCHES_PER_CALL:
+                    encoded += self.encoder.encode_many(group)
+                    group = []
             self.encode_seconds += time.perf_counter() - t0
             self.num_encoded += len(items)
             for it, emb in zip(items, encoded):

@@ -166,6 +166,18 @@ def test_a_steps_images_are_one_tower_call(ckpt):
     assert (src >= 0).sum() == embeds.shape[0]
 
 
+def test_a_steps_images_go_in_calls_of_at_most_max_patches(ckpt, monkeypatch):
+    # 16 + 60 + 12 patches with a cap of 76: the first two together, the third alone
+    import lite_llm.multimodal as mm
+    monkeypatch.setattr(mm, "MAX_PATCHES_PER_CALL", 76)
+    vr = _vision(ckpt)
+    reqs = [_request(ckpt, image(*s, seed=70 + k)) for k, s in enumerate(SIZES)]
+    (embeds, _, _, _), _ = _step(vr, reqs)
+    assert vr.encoder.kernels.calls == 2 and vr.step_encoded == 3
+    rows = [vr.encoder.encode(r.mm.items[0].pixel_values, r.mm.items[0].grid) for r in reqs]
+    np.testing.assert_allclose(embeds, np.concatenate(rows), rtol=0, atol=1e-5 * np.abs(embeds).max())
+
+
 def test_an_image_the_step_takes_from_the_cache_is_not_evicted_by_one_it_encodes(ckpt):
     # the cache holds one 56x56 image's 4 rows; step 1 encodes A. Step 2 holds B (new) and A: the
     # scheduler counted A as cached (encoder_cut), so encoding B must not evict A and encode it
