@@ -79,7 +79,8 @@ ext_modules = [_Ext(f"lite_llm._kernels.{v.name}.kernels", "lite_llm/_kernels/ke
                for v in variants_for(MACHINE) if not _only or v.name in _only]
 ext_modules += [_Ext("lite_llm._kernels._cpu", "lite_llm/_kernels/_cpu.pyx"),
                 _Ext("lite_llm.engine._sampler", "lite_llm/engine/_sampler.pyx"),
-                _Ext("lite_llm.engine._batch", "lite_llm/engine/_batch.pyx")]
+                _Ext("lite_llm.engine._batch", "lite_llm/engine/_batch.pyx"),
+                _Ext("lite_llm.engine._step", "lite_llm/engine/_step.pyx")]
 
 
 def _say(line: str) -> None:

@@ -137,7 +137,8 @@ def cross_build(arch: str, sysroot: Path, jobs: int, only: set[str] | None = Non
             for v in variants_for(arch) if not only or v.name in only]
     mods += [("lite_llm._kernels._cpu", "lite_llm/_kernels/_cpu.pyx", (), "base"),
              ("lite_llm.engine._sampler", "lite_llm/engine/_sampler.pyx", (), "base"),
-             ("lite_llm.engine._batch", "lite_llm/engine/_batch.pyx", (), "base")]
+             ("lite_llm.engine._batch", "lite_llm/engine/_batch.pyx", (), "base"),
+             ("lite_llm.engine._step", "lite_llm/engine/_step.pyx", (), "base")]
     for name, pyx, flags, cdir in mods:
         (ext,) = cythonize([Extension(name, [pyx], include_dirs=["src"])], build_dir=f"build/cython/{cdir}",
                            compiler_directives=CYTHON_DIRECTIVES, quiet=True)

@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from lite_llm.engine import _step
 from lite_llm.engine.detokenizer import find_stop, make_detokenizer, stop_holdback
 from lite_llm.engine.kv_cache import KVCacheManager
 from lite_llm.engine.request import Request, RequestStatus, SampleResult
@@ -177,6 +178,11 @@ def check_request(prompt_token_ids: list[int], sampling_params: SamplingParams, 
 
 
 class LLMEngine:
+    # a step without drafts or grammars runs update_from_output + _process_plain as one compiled
+    # call (_step.plain_step), and every step's outputs come from _step.make_outputs; False runs
+    # the Python references (the tests compare the two)
+    batched_decode = True
+
     def __init__(self, runner: Runner, tokenizer: Any, config: EngineConfig):
         self.runner = runner
         self.tokenizer = tokenizer
@@ -201,6 +207,7 @@ class LLMEngine:
         self._stats = StatsCollector()
         self._stopped_in_step: set[str] = set()   # finished by a stop string before its last token
         self.lora = None     # lora.LoRAManager when adapters are enabled (llm.build_engine)
+        self.step_seqs: list = []    # the latest plain step's sequence records (_step.plain_step)
 
     # ---- requests in ----------------------------------------------------------------------
 
@@ -292,12 +299,17 @@ class LLMEngine:
         spec_ids = getattr(self.runner, "last_spec_token_ids", None)
         if spec_ids is not None:
             self._record_drafts(sched_out, results)
-        sampled = self.scheduler.update_from_output(sched_out, results, spec_ids)
+        if spec_ids is None and not matchers and self.batched_decode:
+            # no drafts, no grammar: the per-sequence work in one compiled call (_step.pyx)
+            self._add_itl(_step.plain_step(sched_out.chunks, results, now, self.scheduler, self, touched), now)
+            sampled = ()
+        else:
+            sampled = self.scheduler.update_from_output(sched_out, results, spec_ids)
         # a request may get several tokens (accepted drafts): tokens after a stop string go
         left = None
         if spec_ids is not None and any(c.spec_token_ids for c in sched_out.chunks):
             left = Counter(r.request_id for r, _ in sampled)
-        if left is None and not matchers:
+        if left is None and not matchers and sampled:
             self._process_plain(sampled, now, touched)
             sampled = ()
         for request, result in sampled:
@@ -319,16 +331,19 @@ class LLMEngine:
                 self._stopped_in_step.add(request.request_id)
                 self._record_finished(request)
         self._stopped_in_step.clear()
-        outputs = []
-        for rid, group in touched.items():
-            if group.final_only and not group.is_finished:
-                continue
-            out = self._make_output(group)
-            if out.finished:
-                del self._groups[rid]
-                outputs.append(out)
-            elif out.outputs:
-                outputs.append(out)
+        if self.batched_decode:
+            outputs = _step.make_outputs(touched, self)
+        else:
+            outputs = []
+            for rid, group in touched.items():
+                if group.final_only and not group.is_finished:
+                    continue
+                out = self._make_output(group)
+                if out.finished:
+                    del self._groups[rid]
+                    outputs.append(out)
+                elif out.outputs:
+                    outputs.append(out)
         if sched_out.chunks:
             kernel_seconds, bytes_read = getattr(self.runner, "last_step_cost", (0.0, 0))
             self._stats.record_step(StepRecord(
@@ -337,7 +352,8 @@ class LLMEngine:
         return outputs
 
     def _process_plain(self, sampled: list, now: float, touched: dict) -> None:
-        """step()'s loop over the samples when none has drafts or a grammar. A plain sample (one
+        """step()'s loop over the samples when none has drafts or a grammar (the reference of
+        _step.plain_step's second phase, which step() runs instead). A plain sample (one
         token, no logprobs, no stop strings, not the first token, the request still running)
         is detokenized here, its ITL counted per distinct previous token time (in a steady
         batch, one for all); any other goes through _process_sample."""
@@ -363,6 +379,10 @@ class LLMEngine:
                     comp.add_text(new_text)
             if not group.final_only:
                 touched[request.parent_id] = group
+        self._add_itl(itl, now)
+
+    def _add_itl(self, itl: dict[float, int], now: float) -> None:
+        """Plain samples' inter-token latencies: count per previous token time."""
         stats = self._stats
         for last, count in itl.items():
             stats.itl.observe(now - last, count)

@@ -99,6 +99,7 @@ class Request:
         # a pooling model's input (lite_llm/pooling.py): its whole prompt in one step, never
         # split across steps; no output token; its blocks freed when that step ends
         self.pooling = False
+        self.step_state = None   # what the compiled decode step keeps of it (_step.pyx), set there
 
     @property
     def all_token_ids(self) -> list[int]:

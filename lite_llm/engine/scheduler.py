@@ -43,6 +43,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from lite_llm.engine import _step
 from lite_llm.engine.kv_cache import KVCacheManager
 from lite_llm.engine.request import Request, RequestStatus, SampleResult
 from lite_llm.multimodal import encoder_cut, whole_images
@@ -177,7 +178,12 @@ class Scheduler:
         kv = self.kv_cache_manager
         room = kv.room
         idx = 0
+        fast = not self.num_lookahead_tokens
         while idx < len(self.running) and budget > 0:
+            if fast:        # the loop's common case below, compiled, up to the next other one
+                idx, budget = _step.schedule_decodes(self.running, room, chunks, budget, idx, ScheduledChunk)
+                if idx >= len(self.running) or budget <= 0:
+                    break
             request = self.running[idx]
             start = request.num_computed_tokens
             num_new = min(len(request.all_token_ids) - start, budget)

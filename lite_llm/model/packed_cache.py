@@ -19,6 +19,9 @@ modification time), the engine dtype, the quantization, the rank, the model conf
 kernel module file (a rebuilt kernel may pack differently); the index keeps those inputs and
 they are compared whole before mapping, so a stale entry is never used. An entry that does
 not read back as its index says is ignored with a warning and packed again.
+An entry supersedes the older entries of its slot (the same checkpoint paths, dtype,
+quantization, rank and kernel module path: a changed file or a rebuilt kernel), which are
+removed once it is written, so edits and upgrades do not pile up copies of a model on disk.
 `LITE_LLM_PACKED_CACHE=off` turns it off.
 """
 from __future__ import annotations
@@ -165,6 +168,38 @@ def _remove_orphans(directory: str) -> None:
             pass
 
 
+def _slot(inputs: dict) -> tuple:
+    """What an entry is for, apart from the versions of its inputs: the checkpoint's paths, the
+    dtype, quantization and rank, and the kernel module's path."""
+    kernels = inputs.get("kernels")
+    return (tuple(f[0] for f in inputs.get("files") or ()), inputs.get("dtype"), inputs.get("quantization"),
+            repr(inputs.get("rank")), kernels[0] if kernels else None)
+
+
+def _remove_superseded(key: str, inputs: dict, directory: str) -> None:
+    """Entries of the same slot as (key, inputs) made from other versions of its inputs."""
+    slot = _slot(inputs)
+    for name in os.listdir(directory):
+        m = re.fullmatch(r"([0-9a-f]+)\.json", name)
+        if not m or m.group(1) == key:
+            continue
+        index_path = os.path.join(directory, name)
+        try:
+            with open(index_path) as fh:
+                other = json.load(fh).get("inputs")
+            if not isinstance(other, dict) or _slot(other) != slot:
+                continue
+            bin_path = os.path.join(directory, m.group(1) + ".bin")
+            size = os.path.getsize(bin_path) if os.path.exists(bin_path) else 0
+            for path in (index_path, bin_path):
+                if os.path.exists(path):
+                    os.unlink(path)
+        except (OSError, ValueError, AttributeError, TypeError):
+            continue
+        log.info("packed weights %s removed: superseded by %s (%.1f MB freed)", os.path.join(directory, m.group(1)),
+                 key, size / 1e6)
+
+
 def save(key: str, inputs: dict, tensors: dict, directory: str) -> None:
     """Write the packed tensors under `key` (temporary names, then renamed: a reader sees a
     whole entry or none). Skipped, with a log line, when the disk is short of room."""
@@ -206,6 +241,7 @@ def save(key: str, inputs: dict, tensors: dict, directory: str) -> None:
         return
     log.info("packed weights kept in %s (%.1f MB, %.1f s): the next start maps them",
              os.path.join(directory, key + ".bin"), total / 1e6, time.perf_counter() - start)
+    _remove_superseded(key, inputs, directory)
 
 
 class PackedWeights:

@@ -330,6 +330,11 @@ LL_INLINE void ll_gated_store(ll_vf32 g, ll_vf32 u, const float *bias, ptrdiff_t
     }
 }
 
+/* A decode step's gated MLP reads the gate panels of a run of LL_GATED_RUN feature panels, then
+ * the run's up panels: each matrix is one sequential stream per run instead of switching between
+ * the two every panel, which cost ~15 % of the gated phase's streaming rate (8B Q4_K, 2 cores). */
+#define LL_GATED_RUN 32
+
 static inline void ll_gemm_gated(const float *x, const uint32_t *xb, ptrdiff_t ldx, ptrdiff_t num_tokens,
                                  const void *w, int wtype, ptrdiff_t k, ptrdiff_t F, const float *bias, int act,
                                  float *ao, ptrdiff_t lda, uint32_t *ao_b, ptrdiff_t q0, ptrdiff_t q1) {
@@ -337,11 +342,15 @@ static inline void ll_gemm_gated(const float *x, const uint32_t *xb, ptrdiff_t l
     if (wtype != LL_W_BF16 || !ll_gemm_wants_xb(wtype)) xb = 0;
     const ptrdiff_t ldxx = xb ? (k + 1) / 2 : ldx;
     const char *wc = (const char *)w;
-    if (num_tokens == 1 && wtype == LL_W_BF16) {   /* decode: stream the gate and up panels */
-        for (ptrdiff_t q = q0; q < q1; q++) {
-            const ll_vf32 g = ll_gemv_bf16_panel(x, xb, (const uint16_t *)(wc + q * pb), k);
-            const ll_vf32 u = ll_gemv_bf16_panel(x, xb, (const uint16_t *)(wc + (ng + q) * pb), k);
-            ll_gated_store(g, u, bias, q * 16, F, act, ao, ao_b);
+    if (num_tokens == 1 && wtype == LL_W_BF16) {   /* decode: stream the gate and up panels, a run at a time */
+        ll_vf32 g[LL_GATED_RUN];
+        for (ptrdiff_t r0 = q0; r0 < q1; r0 += LL_GATED_RUN) {
+            const ptrdiff_t r1 = r0 + LL_GATED_RUN < q1 ? r0 + LL_GATED_RUN : q1;
+            for (ptrdiff_t q = r0; q < r1; q++) g[q - r0] = ll_gemv_bf16_panel(x, xb, (const uint16_t *)(wc + q * pb), k);
+            for (ptrdiff_t q = r0; q < r1; q++) {
+                const ll_vf32 u = ll_gemv_bf16_panel(x, xb, (const uint16_t *)(wc + (ng + q) * pb), k);
+                ll_gated_store(g[q - r0], u, bias, q * 16, F, act, ao, ao_b);
+            }
         }
         return;
     }

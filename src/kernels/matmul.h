@@ -52,6 +52,22 @@ LL_INLINE ptrdiff_t ll_part_panel_bytes(const ll_part *pt, ptrdiff_t k) {
     return ll_wtype_is_quant(pt->wtype) ? ll_qpanel_bytes(pt->wtype, k) : ll_panel_bytes(pt->wtype, k);
 }
 
+/* ll_qpanel_dot for a tile of tt <= LL_QT tokens known only at run time: one literal height each
+ * (the accumulators stay in registers). */
+LL_INLINE void ll_qpanel_dot_tt(const ll_qact *x, int tt, const uint8_t *wp, int wtype, ptrdiff_t k,
+                                ll_vf32 acc[LL_QT]) {
+    switch (tt) {
+    case 8: ll_qpanel_dot(x, 8, wp, wtype, k, acc); break;
+    case 7: ll_qpanel_dot(x, 7, wp, wtype, k, acc); break;
+    case 6: ll_qpanel_dot(x, 6, wp, wtype, k, acc); break;
+    case 5: ll_qpanel_dot(x, 5, wp, wtype, k, acc); break;
+    case 4: ll_qpanel_dot(x, 4, wp, wtype, k, acc); break;
+    case 3: ll_qpanel_dot(x, 3, wp, wtype, k, acc); break;
+    case 2: ll_qpanel_dot(x, 2, wp, wtype, k, acc); break;
+    default: ll_qpanel_dot(x, 1, wp, wtype, k, acc);
+    }
+}
+
 /* out[t, columns of panels p0..p1 of quantized part pt] (+)= x[t] . W + bias, for all T tokens. */
 static inline void ll_qgemm_panels(const ll_qact *x, ptrdiff_t num_tokens, const ll_part *pt, ptrdiff_t k,
                                    const float *bias, float *out, ptrdiff_t ldo, int accumulate,
@@ -65,16 +81,7 @@ static inline void ll_qgemm_panels(const ll_qact *x, ptrdiff_t num_tokens, const
             ll_qact xt = *x;
             xt.q += t * x->ld; xt.d += t * (x->ld / 32); xt.s += t * (x->ld / 16);
             ll_vf32 acc[LL_QT];
-            switch (tt) {   /* literal tile heights: accumulators stay in registers */
-            case 8: ll_qpanel_dot(&xt, 8, wp, pt->wtype, k, acc); break;
-            case 7: ll_qpanel_dot(&xt, 7, wp, pt->wtype, k, acc); break;
-            case 6: ll_qpanel_dot(&xt, 6, wp, pt->wtype, k, acc); break;
-            case 5: ll_qpanel_dot(&xt, 5, wp, pt->wtype, k, acc); break;
-            case 4: ll_qpanel_dot(&xt, 4, wp, pt->wtype, k, acc); break;
-            case 3: ll_qpanel_dot(&xt, 3, wp, pt->wtype, k, acc); break;
-            case 2: ll_qpanel_dot(&xt, 2, wp, pt->wtype, k, acc); break;
-            default: ll_qpanel_dot(&xt, 1, wp, pt->wtype, k, acc);
-            }
+            ll_qpanel_dot_tt(&xt, tt, wp, pt->wtype, k, acc);
             for (int i = 0; i < tt; i++) ll_store_out(out + (t + i) * ldo, acc[i], bias, col, pt->n1, accumulate);
         }
     }
@@ -124,28 +131,36 @@ static inline void ll_mat_gated(const float *x, const uint32_t *xb, const ll_qac
     } else {
         const ll_part *up = &m->part[1];
         const ptrdiff_t pbg = ll_qpanel_bytes(gp->wtype, m->k), pbu = ll_qpanel_bytes(up->wtype, m->k);
-        for (ptrdiff_t q = q0; q < q1; q++) {
-            const uint8_t *wg = (const uint8_t *)gp->w + q * pbg, *wu = (const uint8_t *)up->w + q * pbu;
-            for (ptrdiff_t t = 0; t < num_tokens; t += LL_QT) {
-                const int tt = (int)(num_tokens - t < LL_QT ? num_tokens - t : LL_QT);
-                ll_qact xt = *xq;
-                xt.q += t * xq->ld; xt.d += t * (xq->ld / 32); xt.s += t * (xq->ld / 16);
-                ll_vf32 g[LL_QT], u[LL_QT];
-#define LL_GQ(TT_) do { ll_qpanel_dot(&xt, TT_, wg, gp->wtype, m->k, g); ll_qpanel_dot(&xt, TT_, wu, up->wtype, m->k, u); } while (0)
-                switch (tt) {
-                case 8: LL_GQ(8); break;
-                case 7: LL_GQ(7); break;
-                case 6: LL_GQ(6); break;
-                case 5: LL_GQ(5); break;
-                case 4: LL_GQ(4); break;
-                case 3: LL_GQ(3); break;
-                case 2: LL_GQ(2); break;
-                default: LL_GQ(1);
+        if (num_tokens <= LL_QT) {
+            /* One token tile (decode): runs of LL_GATED_RUN feature panels (gemm.h), gate panels
+             * then up panels, the gate results kept on the stack meanwhile: the same values. */
+            ll_vf32 gbuf[LL_GATED_RUN][LL_QT];
+            for (ptrdiff_t r0 = q0; r0 < q1; r0 += LL_GATED_RUN) {
+                const ptrdiff_t r1 = r0 + LL_GATED_RUN < q1 ? r0 + LL_GATED_RUN : q1;
+                for (ptrdiff_t q = r0; q < r1; q++)
+                    ll_qpanel_dot_tt(xq, (int)num_tokens, (const uint8_t *)gp->w + q * pbg, gp->wtype, m->k, gbuf[q - r0]);
+                for (ptrdiff_t q = r0; q < r1; q++) {
+                    ll_vf32 u[LL_QT];
+                    ll_qpanel_dot_tt(xq, (int)num_tokens, (const uint8_t *)up->w + q * pbu, up->wtype, m->k, u);
+                    for (int i = 0; i < (int)num_tokens; i++)
+                        ll_gated_store(gbuf[q - r0][i], u[i], m->bias, q * 16, F, act, ao + i * lda,
+                                       aq ? 0 : (ao_b ? ao_b + i * ((F + 1) / 2) : 0));
                 }
-#undef LL_GQ
-                for (int i = 0; i < tt; i++)
-                    ll_gated_store(g[i], u[i], m->bias, q * 16, F, act, ao + (t + i) * lda,
-                                   aq ? 0 : (ao_b ? ao_b + (t + i) * ((F + 1) / 2) : 0));
+            }
+        } else {
+            for (ptrdiff_t q = q0; q < q1; q++) {
+                const uint8_t *wg = (const uint8_t *)gp->w + q * pbg, *wu = (const uint8_t *)up->w + q * pbu;
+                for (ptrdiff_t t = 0; t < num_tokens; t += LL_QT) {
+                    const int tt = (int)(num_tokens - t < LL_QT ? num_tokens - t : LL_QT);
+                    ll_qact xt = *xq;
+                    xt.q += t * xq->ld; xt.d += t * (xq->ld / 32); xt.s += t * (xq->ld / 16);
+                    ll_vf32 g[LL_QT], u[LL_QT];
+                    ll_qpanel_dot_tt(&xt, tt, wg, gp->wtype, m->k, g);
+                    ll_qpanel_dot_tt(&xt, tt, wu, up->wtype, m->k, u);
+                    for (int i = 0; i < tt; i++)
+                        ll_gated_store(g[i], u[i], m->bias, q * 16, F, act, ao + (t + i) * lda,
+                                       aq ? 0 : (ao_b ? ao_b + (t + i) * ((F + 1) / 2) : 0));
+                }
             }
         }
     }

@@ -211,8 +211,9 @@ def test_every_16_bit_weight_code_decodes_exactly(variant, dtype):
 
 # (T, K, F): decode (the streaming path), odd K and F (pair padding), F not a multiple of 16
 # (each half's partial panel), feature panels not a multiple of the 2-panel tile or of the
-# thread count, T not a multiple of the 4-token tile
-GATED_SHAPES = [(1, 64, 96), (1, 33, 37), (7, 129, 33), (5, 48, 200), (13, 16, 5)]
+# thread count, T not a multiple of the 4-token tile, decode past one run of 32 gate then 32 up
+# panels (gemm.h LL_GATED_RUN)
+GATED_SHAPES = [(1, 64, 96), (1, 33, 37), (7, 129, 33), (5, 48, 200), (13, 16, 5), (1, 32, 1100)]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -94,10 +94,12 @@ def test_qgemm_matches_reference(variant, qname, num_tokens, n, num_threads, rng
                                                ("Q5_K", "Q5_0"), ("Q5_1", "Q4_K"), ("IQ4_XS", "IQ4_NL")])
 @pytest.mark.parametrize("num_tokens", [1, 5, 10])
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
-def test_quantized_gated_mlp_matches_reference(variant, gate_type, up_type, num_tokens, act, rng):
-    """Gate and up parts of their own types, F not a multiple of 16 (a padded panel in each part)."""
+@pytest.mark.parametrize("f", [40, 1100])
+def test_quantized_gated_mlp_matches_reference(variant, gate_type, up_type, num_tokens, act, f, rng):
+    """Gate and up parts of their own types, F not a multiple of 16 (a padded panel in each part);
+    1100 features: 69 panels, past the decode path's runs of 32 gate then 32 up panels."""
     mod = _kernels.load(variant)
-    k, f = 256, 40
+    k = 256
     graw, wg = ggml_rows(rng, f, k, gate_type)
     uraw, wu = ggml_rows(rng, f, k, up_type)
     x = rng.standard_normal((num_tokens, k)).astype(np.float32)

@@ -84,6 +84,33 @@ def test_a_changed_checkpoint_or_dtype_is_another_entry(tiny_checkpoint, tmp_pat
     assert packed_cache.key_of(loaded, "float32", None, None, kernels)[0] != key
 
 
+def test_a_new_entry_removes_the_entries_it_supersedes(tiny_checkpoint, tmp_path, caplog):
+    """The same checkpoint path, dtype, quantization, rank and kernel module: an older version of
+    the file's entry goes once the new one is written; another dtype or checkpoint stays."""
+    src, other = tmp_path / "model", tmp_path / "other"
+    shutil.copytree(tiny_checkpoint("llama"), src)
+    shutil.copytree(tiny_checkpoint("llama"), other)
+    cache = tmp_path / "cache"
+    tensors = {"x": np.ones(4, np.float32)}
+
+    def keep(path, dtype):
+        loaded = load_model(str(path), dtype=dtype, progress=False)
+        key, inputs = packed_cache.key_of(loaded, dtype, None, None, kernels)
+        packed_cache.save(key, inputs, tensors, str(cache))
+        return key
+
+    old, bf16, elsewhere = keep(src, "float32"), keep(src, "bfloat16"), keep(other, "float32")
+    assert len(os.listdir(cache)) == 6
+    weights = src / "model.safetensors"
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    with caplog.at_level(logging.INFO, logger="lite_llm"):
+        new = keep(src, "float32")
+    assert new != old
+    assert sorted(os.listdir(cache)) == sorted(f"{k}.{ext}" for k in (new, bf16, elsewhere) for ext in ("bin", "json"))
+    assert f"{old} removed: superseded by {new}" in caplog.text
+
+
 def test_an_entry_of_other_inputs_under_the_same_name_is_not_used(tmp_path, caplog):
     """Entry names are checksums: the index's inputs are compared whole before anything is mapped."""
     packed_cache.save("feed", {"files": ["a"]}, {"x": np.ones(4, np.float32)}, str(tmp_path))

@@ -1,0 +1,340 @@
+"""Compiled per-sequence work of a plain decode step: what Scheduler.update_from_output and
+LLMEngine._process_plain do for a step without drafts or grammars, for the whole batch in one
+call (no Python frame per sequence).
+
+    chunks   [ A: 1 token, samples | B: prefill chunk, no sample | C: 1 token, samples ]
+    results  [ SampleResult(a)      | None                        | SampleResult(c)      ]
+      phase 1 (update_from_output): computed tokens advanced; a, c appended to the requests'
+               token lists; a token in the request's stop ids or at its length limit calls
+               the scheduler's full stop check (which may finish the request)
+      phase 2 (_process_plain): a plain sample (still running, not its first token, no
+               logprobs, no stop strings) has its ITL counted and its token detokenized here
+               (ByteDetokenizer: a table lookup, the token's text cached); any other goes to
+               LLMEngine._process_sample, unchanged. Requests with a delta join `touched`.
+
+The two phases run one after the other, as the Python code does, so every finish, free and
+stats record happens in the same order. The Python functions stay the reference
+(LLMEngine.batched_decode = False runs them; tests/engine/test_step_batched.py compares).
+
+What does not live here: the stop strings and every non-plain sample (engine.py), the runner's
+per-slot arrays (_batch.pyx: the sampled ids reach them in the runner's own compiled call).
+"""
+from cpython.list cimport PyList_GET_SIZE, PyList_GetSlice
+from cpython.object cimport PyObject
+from cpython.unicode cimport PyUnicode_GET_LENGTH, PyUnicode_READ_CHAR
+
+from lite_llm.engine.detokenizer import ByteDetokenizer
+from lite_llm.engine.request import RequestStatus
+from lite_llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+
+cdef extern from *:
+    """
+    #define LL_PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
+    #define LL_LIST_END(op) ((const void *)(((PyListObject *)(op))->ob_item + PyList_GET_SIZE(op)))
+    """
+    void LL_PREFETCH(const void *p)
+    const void *LL_LIST_END(object op)    # where the list's next item goes (an append writes there)
+
+cdef object RUNNING = RequestStatus.RUNNING
+cdef object WAITING = RequestStatus.WAITING
+cdef object _BYTE_DETOKENIZER = ByteDetokenizer
+cdef object _COMPLETION_OUTPUT = CompletionOutput
+cdef object _REQUEST_METRICS = RequestMetrics
+cdef object _REQUEST_OUTPUT = RequestOutput
+cdef Py_UCS4 _REPLACEMENT = 0xFFFD     # what a lossy decode yields for incomplete UTF-8
+# id(byte table) -> (the table, its tokens' texts): texts[t] is None until token t is first
+# decoded, then its text when its bytes end on a whole character ("" for no bytes), else False
+cdef dict _TEXTS = {}
+
+
+cdef list _texts_of(list table):
+    entry = _TEXTS.get(id(table))
+    if entry is None or (<tuple>entry)[0] is not table:
+        entry = (table, [None] * len(table))      # the table is kept: its id stays its own
+        _TEXTS[id(table)] = entry
+    return <list>(<tuple>entry)[1]
+
+
+cdef class _Seq:
+    """What plain_step reads of one request every step, looked up once (request.step_state):
+    the objects and lists it appends to, which never change for the request's life."""
+    cdef object request, group, comp, det, metrics, parent_id, stop_ids
+    cdef list outs, all_ids, det_token_ids, det_pieces, table, texts
+    cdef Py_ssize_t limit, table_size
+    cdef bint plain          # no logprobs, no stop strings: _process_plain's own path
+    cdef bint final_only     # FINAL_ONLY: no output while running
+    cdef bint byte_det       # its detokenizer is a ByteDetokenizer
+    cdef bint simple         # the group's only child, plain, no prompt logprobs: make_outputs' own path
+    cdef bint decodes        # no images, no prompt logprobs: schedule_decodes may schedule it
+    cdef object request_id
+
+    def __init__(self, request, group):
+        self.request = request
+        self.group = group
+        self.comp = group.completions[request.index]
+        self.metrics = request.metrics
+        self.parent_id = request.parent_id
+        self.stop_ids, self.limit = request.stop_check
+        self.outs = request.output_token_ids
+        self.all_ids = request._all_token_ids
+        self.plain = request.logprobs is None and not request.sampling_params.stop
+        self.final_only = group.final_only
+        self.request_id = request.request_id
+        self.decodes = request.mm is None and request.prompt_logprobs is None
+        self.simple = self.plain and len(group.children) == 1 and request.prompt_logprobs is None \
+            and not self.comp.stop_strings
+        self._set_detokenizer(self.comp.detokenizer)
+
+    cdef _set_detokenizer(self, det):
+        self.det = det
+        self.byte_det = type(det) is _BYTE_DETOKENIZER
+        if self.byte_det:
+            self.det_token_ids = det.token_ids
+            self.det_pieces = det._pieces
+            self.table = det._table
+            self.table_size = PyList_GET_SIZE(self.table)
+            self.texts = _texts_of(self.table)
+
+
+cdef inline _Seq _seq_of(request, dict groups):
+    seq = request.step_state
+    if seq is None:
+        seq = request.step_state = _Seq(request, groups[request.parent_id])
+    return <_Seq>seq
+
+
+cdef object _byte_add(_Seq seq, object token_obj, long token):
+    """ByteDetokenizer.add(token), with the token's text decoded once per tokenizer."""
+    det = seq.det
+    if token < 0 or token >= seq.table_size or len(det._pending):
+        return det.add(token_obj)            # rare: bytes held from earlier tokens, or no table entry
+    seq.det_token_ids.append(token_obj)
+    text = seq.texts[token]
+    if text is None:
+        piece = seq.table[token]
+        if not piece:
+            text = ""
+        else:
+            text = (<bytes>piece).decode("utf-8", "replace")
+            if PyUnicode_READ_CHAR(text, PyUnicode_GET_LENGTH(text) - 1) == _REPLACEMENT:
+                text = False
+        seq.texts[token] = text
+    if text is False:                        # an incomplete character: held
+        det._pending = seq.table[token]
+        return ""
+    if text:
+        seq.det_pieces.append(text)
+    return text
+
+
+def byte_add(det, token_id) -> str:
+    """ByteDetokenizer.add as plain_step runs it (tests compare the two)."""
+    cdef _Seq seq = _Seq.__new__(_Seq)
+    seq._set_detokenizer(det)
+    return _byte_add(seq, token_id, token_id)
+
+
+cdef void _prefetch(list chunks, list previous):
+    """Start loading, level by level, what this step will touch: the forward pass has evicted
+    every object from the caches, and walking the objects one pointer at a time waits for
+    each line in turn (~2 us per sequence at batch 64 measured). In a steady batch, the
+    previous step's sequences are this step's: their records, then the objects and list ends
+    the records point to, all requested before any is needed."""
+    cdef Py_ssize_t i, n = PyList_GET_SIZE(previous)
+    cdef _Seq seq
+    cdef const char *p
+    for i in range(PyList_GET_SIZE(chunks)):
+        LL_PREFETCH(<PyObject *>chunks[i])
+    for i in range(n):
+        p = <const char *><PyObject *>previous[i]
+        LL_PREFETCH(p)
+        LL_PREFETCH(p + 64)
+        LL_PREFETCH(p + 128)
+    for i in range(n):
+        seq = <_Seq>previous[i]
+        p = <const char *><PyObject *>seq.request
+        LL_PREFETCH(p - 64)                  # the managed-dict pre-header sits before the object
+        LL_PREFETCH(p)
+        LL_PREFETCH(<PyObject *>seq.outs)
+        LL_PREFETCH(<PyObject *>seq.all_ids)
+        LL_PREFETCH(<PyObject *>seq.stop_ids)
+        LL_PREFETCH(<PyObject *>seq.metrics)
+        LL_PREFETCH(<PyObject *>seq.comp)
+        LL_PREFETCH(<PyObject *>seq.parent_id)
+        if seq.byte_det:
+            LL_PREFETCH(<PyObject *>seq.det)
+            LL_PREFETCH(<PyObject *>seq.det_token_ids)
+            LL_PREFETCH(<PyObject *>seq.det_pieces)
+    for i in range(n):
+        seq = <_Seq>previous[i]
+        LL_PREFETCH(LL_LIST_END(seq.outs))
+        LL_PREFETCH(LL_LIST_END(seq.all_ids))
+        if seq.byte_det:
+            LL_PREFETCH(LL_LIST_END(seq.det_token_ids))
+            LL_PREFETCH(LL_LIST_END(seq.det_pieces))
+
+
+def plain_step(list chunks, list results, object now, scheduler, engine, dict touched) -> dict:
+    """Scheduler.update_from_output(chunks, results) then LLMEngine._process_plain for a step
+    without drafts or grammars. touched: parent id -> group, grown in sample order. Returns the
+    ITL counts {previous token time: samples} the engine adds to its stats. engine.step_seqs
+    holds the step's sequence records for the next step's prefetch."""
+    cdef Py_ssize_t i, n = len(chunks)
+    cdef tuple c
+    cdef list seqs = [], samples = []
+    _prefetch(chunks, engine.step_seqs)
+    cdef dict itl = {}
+    cdef dict groups = engine._groups
+    cdef _Seq seq
+    cdef long token
+    if len(results) != n:
+        raise AssertionError("runner results must align with chunks")
+    # ---- phase 1: Scheduler.update_from_output ---------------------------------------------
+    for i in range(n):
+        c = <tuple>chunks[i]             # ScheduledChunk: (request, start, num_new, blocks, sample, is_new, spec)
+        request = c[0]
+        status = request.status
+        if status is not RUNNING and status is not WAITING:
+            continue
+        if c[6]:
+            raise AssertionError("plain_step: a chunk with drafts")
+        request.num_computed_tokens = c[1] + c[2]
+        if not c[4]:
+            continue
+        result = results[i]
+        if result is None:
+            raise AssertionError(f"no sample for {request}")
+        seq = _seq_of(request, groups)
+        token_obj = (<tuple>result)[0]
+        seq.outs.append(token_obj)
+        seq.all_ids.append(token_obj)
+        seqs.append(seq)
+        samples.append(result)
+        if token_obj in seq.stop_ids or PyList_GET_SIZE(seq.outs) >= seq.limit:
+            status = scheduler._check_token_stop(request)
+            if status is not None:
+                scheduler.finish_requests(request.request_id, status)
+    # ---- phase 2: LLMEngine._process_plain --------------------------------------------------
+    for i in range(len(seqs)):
+        seq = <_Seq>seqs[i]
+        request = seq.request
+        metrics = seq.metrics
+        last = metrics.last_token_time
+        if not seq.plain or request.status is not RUNNING or last is None:
+            engine._process_sample(request, samples[i], now)
+            if not seq.final_only or request.is_finished:
+                touched[seq.parent_id] = seq.group
+            continue
+        itl[last] = itl.get(last, 0) + 1
+        metrics.last_token_time = now
+        if seq.det is not None:
+            token_obj = (<tuple>samples[i])[0]
+            if seq.byte_det:
+                token = token_obj
+                new_text = _byte_add(seq, token_obj, token)
+            else:
+                new_text = seq.det.add(token_obj)
+            if new_text:                     # _Completion.add_text without stop strings (no tail)
+                comp = seq.comp
+                comp._pending.append(new_text)
+                comp.num_chars += len(new_text)
+        if not seq.final_only:
+            touched[seq.parent_id] = seq.group
+    engine.step_seqs = seqs
+    return itl
+
+
+cdef object _simple_output(_Seq seq):
+    """LLMEngine._make_output of a group whose only child is plain (no stop strings, logprobs
+    or prompt logprobs): its delta since the previous output."""
+    request = seq.request
+    comp = seq.comp
+    group = seq.group
+    status = request.status
+    cdef bint is_finished = status is not RUNNING and status is not WAITING
+    cdef Py_ssize_t end = comp.num_chars          # no stop strings: everything is visible
+    cdef Py_ssize_t num_tokens = PyList_GET_SIZE(seq.outs)
+    cdef Py_ssize_t num_sent = comp.num_sent_tokens, sent_chars = comp.num_sent_chars, num, size
+    cdef list completions = []
+    cdef list pending
+    if num_tokens != num_sent or end != sent_chars or (is_finished and not comp.sent_finished):
+        num = end - sent_chars                    # _Completion.take_text(end)
+        if num <= 0:
+            text = ""
+        else:
+            pending = comp._pending
+            text = pending[0] if PyList_GET_SIZE(pending) == 1 else "".join(pending)
+            size = PyUnicode_GET_LENGTH(text)
+            if num < size:
+                comp._pending = [text[num:]]
+                text = text[:num]
+            else:
+                comp._pending = []
+            comp.num_sent_chars = end
+        completions.append(_COMPLETION_OUTPUT(request.index, text, PyList_GetSlice(seq.outs, num_sent, num_tokens),
+                                              request.cumulative_logprob, None, request.finish_reason,
+                                              request.stop_reason))
+        comp.num_sent_tokens = num_tokens
+        comp.sent_finished = is_finished
+    m = seq.metrics                               # a copy: the engine thread goes on updating its own
+    num_cached = request.num_cached_tokens
+    return _REQUEST_OUTPUT(group.request_id, group.prompt, group.prompt_token_ids, completions, is_finished,
+                           _REQUEST_METRICS(m.arrival_time, m.first_scheduled_time, m.first_token_time,
+                                            m.last_token_time, m.finished_time, m.num_preemptions),
+                           num_cached if num_cached > 0 else 0, None)
+
+
+def make_outputs(dict touched, engine) -> list:
+    """step()'s outputs of the touched groups, in order: LLMEngine._make_output's delta per group
+    (compiled for a group of one plain child, engine._make_output otherwise); a finished group
+    leaves engine._groups, a running FINAL_ONLY one and an empty delta give no output."""
+    cdef list outputs = []
+    cdef dict groups = engine._groups
+    for rid, group in touched.items():
+        children = group.children
+        seq = (<list>children)[0].step_state if len(children) == 1 else None
+        if seq is not None and (<_Seq>seq).simple:
+            if (<_Seq>seq).final_only and not (<_Seq>seq).request.is_finished:
+                continue
+            out = _simple_output(<_Seq>seq)
+        else:
+            if group.final_only and not group.is_finished:
+                continue
+            out = engine._make_output(group)
+        if out.finished:
+            del groups[rid]
+            outputs.append(out)
+        elif out.outputs:
+            outputs.append(out)
+    return outputs
+
+
+def schedule_decodes(list running, dict room, list chunks, Py_ssize_t budget, Py_ssize_t idx, chunk_type):
+    """Scheduler._schedule_running's common case from running[idx] on, for as long as it holds:
+    a request plain_step has seen (step_state), without images, prompt logprobs or drafts, whose
+    blocks already hold its new tokens (room: KVCacheManager.room) gets its chunk (a chunk_type,
+    ScheduledChunk) without a call. Returns (idx, budget) at the first request it leaves to the
+    Python loop (or the end of running, or of the budget)."""
+    cdef Py_ssize_t n = PyList_GET_SIZE(running), start, num_new, total
+    cdef _Seq seq
+    cdef object no_drafts = ()
+    while idx < n and budget > 0:
+        request = running[idx]
+        state = request.step_state
+        if state is None:
+            break
+        seq = <_Seq>state
+        if not seq.decodes or request.spec_token_ids:
+            break
+        start = request.num_computed_tokens
+        total = PyList_GET_SIZE(seq.all_ids)
+        num_new = total - start
+        if num_new > budget:
+            num_new = budget
+        if num_new <= 0 or start + num_new > room.get(seq.request_id, -1):
+            break
+        chunks.append(tuple.__new__(chunk_type, (request, start, num_new, [], start + num_new == total, False,
+                                                 no_drafts)))
+        budget -= num_new
+        idx += 1
+    return idx, budget
