@@ -185,12 +185,6 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
     loaded = load_model(model, dtype=dtype, max_model_len=max_model_len,
                         skip_tokenizer_init=skip_tokenizer_init, progress=progress, mmproj=mmproj)
     cfg = loaded.config
-    from lite_llm.multimodal import takes_images
-    if tensor_parallel_size > 1 and takes_images(loaded):
-        loaded.release()
-        raise ValueError(f"{loaded.source}: images under tensor parallel are not supported (the image rows "
-                         "replace embeddings on rank 0 only; the other ranks would read placeholder tokens): "
-                         "use --data-parallel-size replicas, or tensor_parallel_size=1")
     if max_num_batched_tokens is None:
         max_num_batched_tokens = 2048 if serving else 4096
     weight_estimate = os.path.getsize(loaded.source) if os.path.isfile(loaded.source) else 0

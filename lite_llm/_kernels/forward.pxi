@@ -552,8 +552,6 @@ def forward(Model m, Workspace ws,
         ls.groups, ls.tmp, ls.ldt = lora.g, ws.c.ltmp, 3 * ws.lora_rank
         ls.lslot, ls.loff, ls.lrows = ws.c.lgrp, ws.c.lgrp + T, ws.c.lgrp + 2 * T + 1
         ls.nl = _lora_group(lora, &seq_lora[0], &tok_seq[0], T, ws.c.lgrp, ws.c.lgrp + T, ws.c.lgrp + 2 * T + 1)
-    if tp is not None and (embed_src is not None or mc.mrope_t):
-        raise ValueError("tensor parallel does not take image inputs yet")
     if embed_src is not None:
         if embed_src.shape[0] != T or mm_embeds is None or mm_embeds.shape[1] != mc.dim:
             raise ValueError(f"forward: embed_src needs [T] entries and mm_embeds [M, {mc.dim}]")

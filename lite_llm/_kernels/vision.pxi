@@ -1,4 +1,4 @@
-# A vision transformer over one image in ONE nogil call (Qwen2.5-VL's tower: RMSNorm, 2-D
+# A vision transformer over one or more images in ONE nogil call (Qwen2.5-VL's tower: RMSNorm, 2-D
 # rotary, window / full bidirectional attention, SwiGLU, the 2x2 patch merger), on the same
 # packed-weight GEMMs as the language model. What an image's rows mean (preprocessing, window
 # order, rotary angles) is Python's: lite_llm/multimodal/qwen2_5_vl.py; the plain reference of
@@ -8,7 +8,7 @@
 # Each layer's K and V rows go into a bf16 (fp32 for an fp32 tower) cache of 16-key blocks in
 # the paged layout (attention.h), blocks in order; then every (query tile, head) is one
 # ll_paged_attention_tile call, as the language model's prefill runs: up to 8 patches of one
-# window (or of the whole image in a full-attention layer) against the keys of that window,
+# window (or of one image in a full-attention layer) against the keys of that window,
 # bidirectional (a tile's rows all see keys up to the window's last; its first key is the
 # window's first). Heads whose size is not a multiple of 16 (SigLIP's 72) keep the plain fp32
 # loop of each tower.
@@ -18,21 +18,24 @@ cdef struct TowerAttn:
     void *v                     # [blocks][H][16 D] its V
     const int32_t *table        # [blocks] block i at i
     const int32_t *last_win     # [N] each patch's window's last patch
-    const int32_t *last_full    # [N] N - 1
+    const int32_t *last_full    # [N] each patch's image's last patch
     const int32_t *tiles_win    # [n_win][3] first patch, patches (<= 8), window length
-    const int32_t *tiles_full   # [n_full][3] first patch, patches, 0 (no window)
+    const int32_t *tiles_full   # [n_full][3] first patch, patches (<= 8), image length
     Py_ssize_t n_win, n_full, ld_scratch
     float *scratch              # [threads][ld_scratch]
     int kv_type, path
 
 
 cdef class _TowerAttnBufs:
-    """The arrays of a TowerAttn for one image of n rows (a.ok: the tiles can run this head size)."""
+    """The arrays of a TowerAttn for n rows of one or more images (img_bounds, None: one image; a
+    full-attention layer attends within each image), windows win_bounds (None: the images); a.ok:
+    the tiles can run this head size."""
     cdef TowerAttn a
     cdef readonly bint ok
     cdef list keep
 
-    def __init__(self, Py_ssize_t n, Py_ssize_t H, Py_ssize_t D, bint bf16, bint fma, win_bounds, int num_threads):
+    def __init__(self, Py_ssize_t n, Py_ssize_t H, Py_ssize_t D, bint bf16, bint fma, win_bounds, int num_threads,
+                 img_bounds=None):
         from lite_llm._kernels.layout import KV_DTYPES, aligned_zeros
         self.ok = D % 16 == 0 and D <= LL_MAX_HEAD_DIM
         if not self.ok:
@@ -40,16 +43,9 @@ cdef class _TowerAttnBufs:
         nblk = (n + 15) // 16
         kv = aligned_zeros((2, nblk * H * 16 * D), np.uint16 if bf16 else np.float32)
         table = np.arange(nblk, dtype=np.int32)
-        bounds = np.asarray(win_bounds if win_bounds is not None else (0, n), np.int64)
-        last_win = np.empty(n, np.int32)
-        tiles_win = []
-        for a, b in zip(bounds[:len(bounds) - 1], bounds[1:]):
-            last_win[a:b] = b - 1
-            tiles_win += [(s, min(LL_ATTN_QTILE, b - s), b - a) for s in range(a, b, LL_ATTN_QTILE)]
-        tiles_win = np.ascontiguousarray(tiles_win, np.int32)
-        tiles_full = np.ascontiguousarray([(s, min(LL_ATTN_QTILE, n - s), 0) for s in range(0, n, LL_ATTN_QTILE)],
-                                          np.int32)
-        last_full = np.full(n, n - 1, np.int32)
+        images = np.asarray(img_bounds if img_bounds is not None else (0, n), np.int64)
+        tiles_win, last_win = _tower_tiles(np.asarray(win_bounds, np.int64) if win_bounds is not None else images, n)
+        tiles_full, last_full = _tower_tiles(images, n)
         scratch = aligned_zeros((max(num_threads, 1), ll_attention_scratch(D, 1)), np.float32)
         self.keep = [kv, table, last_win, tiles_win, tiles_full, last_full, scratch]
         self.a.k = <void *>_ptr(kv)
@@ -64,10 +60,21 @@ cdef class _TowerAttnBufs:
         self.a.path = attention_path(None, fma)
 
 
+def _tower_tiles(bounds, Py_ssize_t n):
+    """(tiles [.][3]: first patch, patches (<= 8), span length; last [n]: each patch's span's last
+    patch) of the spans [bounds[i], bounds[i + 1]) of n patches: a tile never crosses a span."""
+    last = np.empty(n, np.int32)
+    tiles = []
+    for a, b in zip(bounds[:len(bounds) - 1], bounds[1:]):
+        last[a:b] = b - 1
+        tiles += [(s, min(LL_ATTN_QTILE, b - s), b - a) for s in range(a, b, LL_ATTN_QTILE)]
+    return np.ascontiguousarray(tiles, np.int32), last
+
+
 cdef void _tower_attention(const TowerAttn *ta, const float *qkv, Py_ssize_t n, Py_ssize_t C, Py_ssize_t H,
                            Py_ssize_t D, bint full, float *attn, int nt) noexcept nogil:
     """attn [n, C] = softmax(q k^T / sqrt(D)) v per head over qkv [n, 3C] rows (q, k, v), within
-    each row's window (full: over all n rows)."""
+    each row's window (full: within its image)."""
     cdef Py_ssize_t t, item, tl, head
     cdef const int32_t *tiles = ta.tiles_full if full else ta.tiles_win
     cdef const int32_t *last = ta.last_full if full else ta.last_win
@@ -76,7 +83,7 @@ cdef void _tower_attention(const TowerAttn *ta, const float *qkv, Py_ssize_t n, 
     for t in prange(n, schedule="static", num_threads=nt):
         ll_write_kv_row(qkv + t * 3 * C + C, ta.k, ta.kv_type, t, 16, H, D, 1)
         ll_write_kv_row(qkv + t * 3 * C + 2 * C, ta.v, ta.kv_type, t, 16, H, D, 0)
-    # dynamic: windows at the image's edges are smaller
+    # dynamic: windows at an image's edges are smaller
     for item in prange(ntiles * H, schedule="dynamic", num_threads=nt):
         tl = item // H
         head = item % H
@@ -174,10 +181,13 @@ def vision_forward(VisionModel vm,
                    const float[:, ::1] cos,          # IN [N, D / 2] rotary angles of each patch (h, then w)
                    const float[:, ::1] sin,          # IN [N, D / 2]
                    const int32_t[::1] win_bounds,    # IN [W + 1] window boundaries (patches), 0 .. N
-                   const uint8_t[::1] full_layer,    # IN [depth] 1: the block attends over the whole image
+                   const uint8_t[::1] full_layer,    # IN [depth] 1: the block attends over each whole image
                    float[:, ::1] out,                # OUT [N / unit, E] merged rows, in window order
-                   int num_threads):
-    """The vision tower over one image's N patches (rows of each merge unit adjacent)."""
+                   int num_threads,
+                   img_bounds=None):                 # IN int32 [B + 1] image boundaries (patches), 0 .. N;
+                                                     #    None: one image
+    """The vision tower over the N patches of one image, or of B images one after the other (rows
+    of each merge unit adjacent, each image's windows inside it): attention never crosses images."""
     cdef Py_ssize_t N = pixels.shape[0], C = vm.dim, I = vm.inter, D = vm.head_dim, U = vm.unit
     cdef Py_ssize_t W = win_bounds.shape[0] - 1, t
     if pixels.shape[1] != vm.patch_k or N % U or N == 0:
@@ -191,6 +201,12 @@ def vision_forward(VisionModel vm,
     for t in range(W):
         if win_bounds[t + 1] <= win_bounds[t]:
             raise ValueError("vision_forward: window bounds must increase")
+    images = np.ascontiguousarray(img_bounds if img_bounds is not None else (0, N), np.int32)
+    if (images.ndim != 1 or images.shape[0] < 2 or images[0] != 0 or images[images.shape[0] - 1] != N
+            or np.any(np.diff(images) <= 0) or np.any(images % U)
+            or not np.all(np.isin(images, np.asarray(win_bounds)))):
+        raise ValueError("vision_forward: image bounds must increase from 0 to N in whole merge units, "
+                         "each one a window boundary")
     # activations, sized for this image (an image is large work: allocation is not its cost)
     cdef Py_ssize_t max_k = max(vm.patch_k, 3 * C, I, U * C, vm.m0.n)
     x = np.empty((N, C), np.float32)
@@ -200,24 +216,30 @@ def vision_forward(VisionModel vm,
     g = np.empty((N, max(I, vm.m0.n)), np.float32)
     xb = np.empty((N, max_k // 2 + 2), np.uint32)
     seg = np.empty((N, 2), np.int32)             # each patch's window [start, end)
+    fseg = np.empty((N, 2), np.int32)            # each patch's image [start, end)
     scores = np.empty((num_threads, N), np.float32)
     cdef _QBufs qb = _QBufs(N, max_k)
     cdef float[:, ::1] xv = x, hv = h, qv = qkv, av = attn, gv = g, sv = scores
     cdef uint32_t[:, ::1] xbv = xb
-    cdef int32_t[:, ::1] segv = seg
+    cdef int32_t[:, ::1] segv = seg, fsegv = fseg
     cdef Py_ssize_t w0
     for w0 in range(W):
         seg[win_bounds[w0]:win_bounds[w0 + 1], 0] = win_bounds[w0]
         seg[win_bounds[w0]:win_bounds[w0 + 1], 1] = win_bounds[w0 + 1]
-    cdef _TowerAttnBufs ta = _TowerAttnBufs(N, vm.num_heads, D, vm.bf16, vm.fma, np.asarray(win_bounds), num_threads)
+    for w0 in range(images.shape[0] - 1):
+        fseg[images[w0]:images[w0 + 1], 0] = images[w0]
+        fseg[images[w0]:images[w0 + 1], 1] = images[w0 + 1]
+    cdef _TowerAttnBufs ta = _TowerAttnBufs(N, vm.num_heads, D, vm.bf16, vm.fma, np.asarray(win_bounds), num_threads,
+                                            images)
     with nogil:
-        _vision(vm, &pixels[0, 0], N, &cos[0, 0], &sin[0, 0], &segv[0, 0], &full_layer[0], &xv[0, 0], &hv[0, 0],
-                hv.shape[1], &qv[0, 0], &av[0, 0], &gv[0, 0], gv.shape[1], &xbv[0, 0], &qb.a, &sv[0, 0],
+        _vision(vm, &pixels[0, 0], N, &cos[0, 0], &sin[0, 0], &segv[0, 0], &fsegv[0, 0], &full_layer[0], &xv[0, 0],
+                &hv[0, 0], hv.shape[1], &qv[0, 0], &av[0, 0], &gv[0, 0], gv.shape[1], &xbv[0, 0], &qb.a, &sv[0, 0],
                 &out[0, 0], &ta.a if ta.ok else NULL, num_threads)
 
 
 cdef void _vision(VisionModel vm, const float *pixels, Py_ssize_t N, const float *cos, const float *sin,
-                  const int32_t *seg, const uint8_t *full_layer, float *x, float *h, Py_ssize_t ldh,
+                  const int32_t *seg, const int32_t *fseg, const uint8_t *full_layer, float *x, float *h,
+                  Py_ssize_t ldh,
                   float *qkv, float *attn, float *g, Py_ssize_t ldg, uint32_t *xb, const ll_qact *xq,
                   float *scores, float *out, const TowerAttn *ta, int nt) noexcept nogil:
     cdef Py_ssize_t C = vm.dim, I = vm.inter, D = vm.head_dim, H = vm.num_heads, U = vm.unit
@@ -236,15 +258,15 @@ cdef void _vision(VisionModel vm, const float *pixels, Py_ssize_t N, const float
         for t in prange(N, schedule="static", num_threads=nt):           # rotary on q and k heads
             for head in range(2 * H):
                 ll_rope_neox_f32(qkv + t * 3 * C + head * D, cos + t * (D // 2), sin + t * (D // 2), D)
-        # bidirectional attention within each patch's window (or the whole image); dynamic:
-        # windows at the image's edges are smaller
+        # bidirectional attention within each patch's window (or its whole image); dynamic:
+        # windows at an image's edges are smaller
         if ta != NULL:
             _tower_attention(ta, qkv, N, C, H, D, full_layer[l], attn, nt)
         for item in prange(N * H if ta == NULL else 0, schedule="dynamic", num_threads=nt):
             t = item // H
             head = item % H
-            s0 = 0 if full_layer[l] else seg[2 * t]
-            s1 = N if full_layer[l] else seg[2 * t + 1]
+            s0 = fseg[2 * t] if full_layer[l] else seg[2 * t]
+            s1 = fseg[2 * t + 1] if full_layer[l] else seg[2 * t + 1]
             sc = scores + openmp.omp_get_thread_num() * N
             q = qkv + t * 3 * C + head * D
             m = -1e30
@@ -283,8 +305,9 @@ cdef void _vision(VisionModel vm, const float *pixels, Py_ssize_t N, const float
 # patch embedding (SigLIP: with bias), CLIP's class row, position embeddings, CLIP's pre-LayerNorm,
 # L pre-norm blocks of full bidirectional attention and fc1 / act / fc2, SigLIP's post-LayerNorm,
 # then the projector: LLaVA's (Linear, GELU, Linear over the patch rows, and the class row under
-# keep_class) or Gemma 3's (the patch grid average-pooled pool x pool, RMSNorm, Linear). The
-# NumPy references are ClipEncoder.encode_reference and SiglipEncoder.encode_reference.
+# keep_class) or Gemma 3's (the patch grid average-pooled pool x pool, RMSNorm, Linear); over B
+# images of the tower's one size one after the other, attention and pooling within each. The
+# NumPy references (one image) are ClipEncoder.encode_reference and SiglipEncoder.encode_reference.
 
 cdef struct ClipBlockW:
     const float *ln1_w            # [C]
@@ -414,73 +437,77 @@ cdef class ClipModel:
 
 
 def clip_forward(ClipModel cm,
-                 const float[:, ::1] pixels,       # IN [N, 3 P P] patches, row-major grid
-                 float[:, ::1] out,                # OUT [out_rows(N), E] projected rows
+                 const float[:, ::1] pixels,       # IN [B N, 3 P P] each image's patches, row-major grid
+                 float[:, ::1] out,                # OUT [B out_rows(N), E] each image's projected rows
                  int num_threads):
-    """The CLIP / SigLIP tower and projector over one image's N patches."""
-    cdef Py_ssize_t N = pixels.shape[0], C = cm.dim, n = N + cm.has_class, side = 0
-    if pixels.shape[1] != cm.patch_k or N == 0 or n != cm.num_pos:
-        raise ValueError(f"clip_forward: pixels {tuple(pixels.shape)}: expected "
-                         f"[{cm.num_pos - cm.has_class}, {cm.patch_k}]")
+    """The CLIP / SigLIP tower and projector over B images of N patches each, one after the
+    other: attention and the projector's pooling within each image."""
+    cdef Py_ssize_t N = cm.num_pos - cm.has_class, C = cm.dim, n = cm.num_pos, side = 0, B
+    if pixels.shape[1] != cm.patch_k or pixels.shape[0] == 0 or pixels.shape[0] % N:
+        raise ValueError(f"clip_forward: pixels {tuple(pixels.shape)}: expected [B {N}, {cm.patch_k}]")
+    B = pixels.shape[0] // N
     if cm.pool > 0:
         side = <Py_ssize_t>(sqrt(<double>N) + 0.5)
         if side * side != N or side % cm.pool:
             raise ValueError(f"clip_forward: {N} patches are not a square grid whose side divides by {cm.pool}")
-    if out.shape[0] != cm.out_rows(N) or out.shape[1] != cm.out_dim:
-        raise ValueError(f"clip_forward: out must be [{cm.out_rows(N)}, {cm.out_dim}]")
-    # activations, sized for this image (an image is large work: allocation is not its cost)
+    if out.shape[0] != B * cm.out_rows(N) or out.shape[1] != cm.out_dim:
+        raise ValueError(f"clip_forward: out must be [{B} x {cm.out_rows(N)}, {cm.out_dim}]")
+    # activations, sized for these images (an image is large work: allocation is not its cost)
     cdef Py_ssize_t max_k = max(cm.patch_k, C, cm.inter, cm.m0.n)
-    x = np.empty((n, C), np.float32)
-    h = np.empty((n, C), np.float32)
-    qkv = np.empty((n, 3 * C), np.float32)
-    attn = np.empty((n, C), np.float32)
-    g = np.empty((n, max(cm.inter, cm.m0.n)), np.float32)
-    xb = np.empty((n, max_k // 2 + 2), np.uint32)
+    x = np.empty((B * n, C), np.float32)
+    h = np.empty((B * n, C), np.float32)
+    qkv = np.empty((B * n, 3 * C), np.float32)
+    attn = np.empty((B * n, C), np.float32)
+    g = np.empty((B * n, max(cm.inter, cm.m0.n)), np.float32)
+    xb = np.empty((B * n, max_k // 2 + 2), np.uint32)
     scores = np.empty((num_threads, n), np.float32)
-    cdef _QBufs qb = _QBufs(n, max_k)
+    cdef _QBufs qb = _QBufs(B * n, max_k)
     cdef float[:, ::1] xv = x, hv = h, qv = qkv, av = attn, gv = g, sv = scores
     cdef uint32_t[:, ::1] xbv = xb
-    cdef _TowerAttnBufs ta = _TowerAttnBufs(n, cm.num_heads, cm.head_dim, cm.bf16, cm.fma, None, num_threads)
+    cdef _TowerAttnBufs ta = _TowerAttnBufs(B * n, cm.num_heads, cm.head_dim, cm.bf16, cm.fma, None, num_threads,
+                                            np.arange(B + 1) * n)
     with nogil:
-        _clip(cm, &pixels[0, 0], N, side, &xv[0, 0], &hv[0, 0], &qv[0, 0], &av[0, 0], &gv[0, 0], gv.shape[1],
+        _clip(cm, &pixels[0, 0], B, N, side, &xv[0, 0], &hv[0, 0], &qv[0, 0], &av[0, 0], &gv[0, 0], gv.shape[1],
               &xbv[0, 0], &qb.a, &sv[0, 0], &out[0, 0], &ta.a if ta.ok else NULL, num_threads)
 
 
-cdef void _clip(ClipModel cm, const float *pixels, Py_ssize_t N, Py_ssize_t side, float *x, float *h, float *qkv,
-                float *attn, float *g, Py_ssize_t ldg, uint32_t *xb, const ll_qact *xq, float *scores, float *out,
-                const TowerAttn *ta, int nt) noexcept nogil:
+cdef void _clip(ClipModel cm, const float *pixels, Py_ssize_t nimg, Py_ssize_t N, Py_ssize_t side, float *x,
+                float *h, float *qkv, float *attn, float *g, Py_ssize_t ldg, uint32_t *xb, const ll_qact *xq,
+                float *scores, float *out, const TowerAttn *ta, int nt) noexcept nogil:
     cdef Py_ssize_t C = cm.dim, D = cm.head_dim, H = cm.num_heads, c0 = cm.has_class, n = N + c0, F = cm.inter
-    cdef Py_ssize_t first = 0 if cm.keep_class else c0
-    cdef Py_ssize_t t, item, head, j, l, k = cm.pool, ps = side // k if k > 0 else 0, a, b
+    cdef Py_ssize_t first = 0 if cm.keep_class else c0, rows = nimg * n
+    cdef Py_ssize_t t, item, head, j, l, k = cm.pool, ps = side // k if k > 0 else 0, a, b, img, r0
     cdef float scale = 1.0 / sqrt(<double>D), m, total
     cdef const ClipBlockW *B
     cdef float *sc
     cdef float *o
     cdef const float *q
-    _gemm(pixels, cm.patch_k, xb, xq, N, &cm.patch, x + c0 * C, C, 0, nt)   # patch embedding, rows c0..
-    for t in prange(n, schedule="static", num_threads=nt):                 # class row, positions, pre_ln
-        if c0 and t == 0:
+    for img in range(nimg):     # patch embedding: rows c0.. of each image (its class row first)
+        _gemm(pixels + img * N * cm.patch_k, cm.patch_k, xb, xq, N, &cm.patch, x + (img * n + c0) * C, C, 0, nt)
+    for t in prange(rows, schedule="static", num_threads=nt):              # class row, positions, pre_ln
+        if c0 and t % n == 0:
             for j in range(C):
-                x[j] = cm.cls[j]
-        ll_axpy_f32(1.0, cm.pos + t * C, x + t * C, C)
+                x[t * C + j] = cm.cls[j]
+        ll_axpy_f32(1.0, cm.pos + (t % n) * C, x + t * C, C)
         if cm.pre_w != NULL:
             ll_layernorm_f32(x + t * C, cm.pre_w, cm.pre_b, x + t * C, C, cm.eps)
     for l in range(cm.depth):
         B = &cm.blocks[l]
-        for t in prange(n, schedule="static", num_threads=nt):
+        for t in prange(rows, schedule="static", num_threads=nt):
             ll_layernorm_f32(x + t * C, B.ln1_w, B.ln1_b, h + t * C, C, cm.eps)
-        _gemm(h, C, xb, xq, n, &B.qkv, qkv, 3 * C, 0, nt)
-        # bidirectional attention over all n rows, one (row, head) per item
+        _gemm(h, C, xb, xq, rows, &B.qkv, qkv, 3 * C, 0, nt)
+        # bidirectional attention over each image's n rows, one (row, head) per item
         if ta != NULL:
-            _tower_attention(ta, qkv, n, C, H, D, 1, attn, nt)
-        for item in prange(n * H if ta == NULL else 0, schedule="static", num_threads=nt):
+            _tower_attention(ta, qkv, rows, C, H, D, 1, attn, nt)
+        for item in prange(rows * H if ta == NULL else 0, schedule="static", num_threads=nt):
             t = item // H
             head = item % H
+            r0 = (t // n) * n
             sc = scores + openmp.omp_get_thread_num() * n
             q = qkv + t * 3 * C + head * D
             m = -1e30
             for j in range(n):
-                sc[j] = ll_dot_f32(q, qkv + j * 3 * C + C + head * D, D) * scale
+                sc[j] = ll_dot_f32(q, qkv + (r0 + j) * 3 * C + C + head * D, D) * scale
                 if sc[j] > m:
                     m = sc[j]
             total = 0
@@ -491,32 +518,38 @@ cdef void _clip(ClipModel cm, const float *pixels, Py_ssize_t N, Py_ssize_t side
             for j in range(D):
                 o[j] = 0
             for j in range(n):
-                ll_axpy_f32(sc[j] / total, qkv + j * 3 * C + 2 * C + head * D, o, D)
-        _gemm(attn, C, xb, xq, n, &B.o, x, C, 1, nt)                       # x += out_proj(attn)
-        for t in prange(n, schedule="static", num_threads=nt):
+                ll_axpy_f32(sc[j] / total, qkv + (r0 + j) * 3 * C + 2 * C + head * D, o, D)
+        _gemm(attn, C, xb, xq, rows, &B.o, x, C, 1, nt)                    # x += out_proj(attn)
+        for t in prange(rows, schedule="static", num_threads=nt):
             ll_layernorm_f32(x + t * C, B.ln2_w, B.ln2_b, h + t * C, C, cm.eps)
-        _gemm(h, C, xb, xq, n, &B.up, g, ldg, 0, nt)
-        for t in prange(n, schedule="static", num_threads=nt):
+        _gemm(h, C, xb, xq, rows, &B.up, g, ldg, 0, nt)
+        for t in prange(rows, schedule="static", num_threads=nt):
             ll_act_mul_f32(g + t * ldg, NULL, g + t * ldg, F, cm.act)
-        _gemm(g, ldg, xb, xq, n, &B.down, x, C, 1, nt)                     # x += fc2(act(fc1(ln2(x))))
+        _gemm(g, ldg, xb, xq, rows, &B.down, x, C, 1, nt)                  # x += fc2(act(fc1(ln2(x))))
     if cm.post_w != NULL:
-        for t in prange(n, schedule="static", num_threads=nt):
+        for t in prange(rows, schedule="static", num_threads=nt):
             ll_layernorm_f32(x + t * C, cm.post_w, cm.post_b, x + t * C, C, cm.eps)
-    if k > 0:   # Gemma 3: each k x k square of the side x side grid averaged, RMSNorm (1 + w), Linear
-        for t in prange(ps * ps, schedule="static", num_threads=nt):
-            o = h + t * C
+    if k > 0:   # Gemma 3: each k x k square of an image's side x side grid averaged, RMSNorm (1 + w), Linear
+        for item in prange(nimg * ps * ps, schedule="static", num_threads=nt):
+            img = item // (ps * ps)
+            t = item % (ps * ps)
+            o = h + item * C
             for j in range(C):
                 o[j] = 0
             for a in range(k):
                 for b in range(k):
-                    ll_axpy_f32(1.0, x + (((t // ps) * k + a) * side + (t % ps) * k + b) * C, o, C)
+                    ll_axpy_f32(1.0, x + (img * n + ((t // ps) * k + a) * side + (t % ps) * k + b) * C, o, C)
             for j in range(C):
                 o[j] = o[j] / (k * k)
             ll_rmsnorm_f32(o, cm.proj_norm, o, C, cm.eps)
-        _gemm(h, C, xb, xq, ps * ps, &cm.m0, out, cm.out_dim, 0, nt)
+        _gemm(h, C, xb, xq, nimg * ps * ps, &cm.m0, out, cm.out_dim, 0, nt)
         return
-    # LLaVA: Linear, GELU, Linear over the patch rows (the class row too under keep_class)
-    _gemm(x + first * C, C, xb, xq, n - first, &cm.m0, g, ldg, 0, nt)
-    for t in prange(n - first, schedule="static", num_threads=nt):
+    # LLaVA: Linear, GELU, Linear over each image's patch rows (the class row too under keep_class)
+    if first == 0:
+        _gemm(x, C, xb, xq, rows, &cm.m0, g, ldg, 0, nt)
+    else:
+        for img in range(nimg):
+            _gemm(x + (img * n + first) * C, C, xb, xq, n - first, &cm.m0, g + img * (n - first) * ldg, ldg, 0, nt)
+    for t in prange(nimg * (n - first), schedule="static", num_threads=nt):
         ll_act_mul_f32(g + t * ldg, NULL, g + t * ldg, cm.m0.n, LL_ACT_GELU)
-    _gemm(g, ldg, xb, xq, n - first, &cm.m2, out, cm.out_dim, 0, nt)
+    _gemm(g, ldg, xb, xq, nimg * (n - first), &cm.m2, out, cm.out_dim, 0, nt)

@@ -11,7 +11,7 @@ llama.cpp (llama-cpp-python's mtmd) on the same two files and transformers on th
 Weights are written once in F16 (the GGUF pair, llama.cpp's converters' default) and bf16 (the
 HF directory transformers loads); each engine runs in its own process, one after the other, on
 --threads. encode = the vision tower and projector on one preprocessed image (best of
---repeats); TTFT = preprocessing + encode + prefill + the first token of a prompt of the image
+--repeats; lite-llm: its engine thread's time in the tower while it serves the TTFT requests); TTFT = preprocessing + encode + prefill + the first token of a prompt of the image
 and --text-len text tokens (best of --repeats, a new image each time so no cache helps). The
 llama.cpp build in llama-cpp-python 0.3.x computes a different image embedding than
 transformers (its class row sits after the patches: see BENCHMARKS.md); its cost is the same.
@@ -201,17 +201,11 @@ def prompt_ids(text_len: int, seed: int) -> list[int]:
 
 def run_lite(files, args) -> dict:
     from lite_llm import LLM
-    from lite_llm.multimodal import llava
     _, lm, mm = files
     llm = LLM(lm, mmproj=mm, dtype=args.dtype, skip_tokenizer_init=True, max_model_len=2048,
               max_num_batched_tokens=2048, kv_cache_space=1, enable_prefix_caching=False)
-    vision = llm._engine.engine.runner.vision
-
-    def prepare(img):
-        pixels = llava.preprocess(img, vision.vision)
-        return lambda: vision.encoder.encode(pixels)
-    out = time_images(llm, args, prepare, prompt_ids)
-    return {**out, "image_tokens": vision.vision.num_image_tokens}
+    out = time_images(llm, args, prompt_ids)
+    return {**out, "image_tokens": llm._engine.engine.runner.vision.vision.num_image_tokens}
 
 
 def run_transformers(files, args) -> dict:

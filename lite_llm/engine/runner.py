@@ -243,8 +243,10 @@ class ModelRunner:
 
         start = time.perf_counter()
         from lite_llm.multimodal import load_vision
-        # the image encoder of a vision-language model (its own compiled call per image), else None
-        self.vision = load_vision(loaded, self.kernels, num_threads, self.gemm_paths.chosen["bf16"])
+        # the image encoder of a vision-language model, else None; under tensor parallel rank 0's
+        # alone (the step's image rows travel to the other ranks with the step, tp.py)
+        self.vision = load_vision(loaded, self.kernels, num_threads, self.gemm_paths.chosen["bf16"]) \
+            if tp_rank == 0 else None
         self.packed = packed_weights(loaded, self.dtype, num_threads, self.quantization, shard, self.kernels)
         tensors = self.packed.tensors
         loaded.release()
@@ -352,10 +354,12 @@ class ModelRunner:
                                  mm_embeds=mm_embeds, embed_src=embed_src, rope_pos=rope_pos, **adapters)
             return logits
         # tensor parallel: every rank writes its vocabulary columns into the segment's rows
-        logits = group.broadcast(token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows)
+        logits = group.broadcast(token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows, mm)
+        mm_embeds, embed_src, rope_pos, attn_pos = mm
         try:
             self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
-                                 block_tables, logits_rows, logits, self.num_threads, tp=group.comm)
+                                 block_tables, logits_rows, logits, self.num_threads, tp=group.comm,
+                                 attn_positions=attn_pos, mm_embeds=mm_embeds, embed_src=embed_src, rope_pos=rope_pos)
         except RuntimeError as e:
             group.raise_failure(e)
         return logits

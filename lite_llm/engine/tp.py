@@ -20,13 +20,17 @@ bound to its rank's cores (and its node's memory where libnuma is present), hold
 
 One step: rank 0 copies the step's flat arrays into the segment's step area and bumps the
 step number; each worker, waiting on it, runs the same ONE compiled forward() call with its
-shard. Inside it, the outputs of o and down are summed over ranks through the segment's slots
+shard. A vision-language model's images are encoded on rank 0 alone (its runner's vision tower);
+the step's image rows, one per image token, travel in the step area with the token each replaces,
+its multimodal RoPE positions and its attention positions (Gemma 3's image tokens). Inside it, the outputs of o and down are summed over ranks through the segment's slots
 (src/tp_shm.h): two all-reduces per layer, no Python between them.
 
     segment:  header (arrive flags, step number, abort word) | step area | slots [2][N][T E] |
               logits [R, V]
     step area: params int64[8] | token_ids [T] | positions [T] | slot_mapping [T] int64 |
-               tok_seq [T] | block_tables [max_num_seqs, max_blocks] | logits_rows [R]
+               tok_seq [T] | block_tables [max_num_seqs, max_blocks] | logits_rows [R] |
+               (a model taking images) embed_src [T] | rope_pos [T, 3] | attn_pos [T] |
+               mm_embeds [T, E] float32
 
 A worker that dies is seen by rank 0's monitor thread (it waits on the process): it sets the
 abort word, so every spinning wait returns, and the engine raises naming the rank. Workers
@@ -59,7 +63,8 @@ log = logging.getLogger("lite_llm")
 
 ABORT_RANK_DIED, ABORT_SHUTDOWN = 1, 2
 _STEP_WORD, _ABORT_WORD = 64 * 8, 65 * 8       # uint64 index of the header's step and abort lines
-_NUM_PARAMS = 8                                # T, num block-table rows, max_blocks, R
+_NUM_PARAMS = 8                                # T, num block-table rows, max_blocks, R, then 1 / 0: the
+                                               # step has embed_src (and mm_embeds), rope_pos, attn_pos
 DEFAULT_TIMEOUT = 60.0         # seconds one all-reduce may wait for the other ranks (LITE_LLM_TP_TIMEOUT)
 START_TIMEOUT = 600.0
 
@@ -280,6 +285,7 @@ class SegmentLayout:
     dim: int
     max_logit_rows: int = 0     # logits rows a step may ask for (the workspace's max_rows)
     vocab: int = 0
+    images: bool = False        # the step area has the image arrays
 
     def _offsets(self):
         from lite_llm._kernels import kernels
@@ -290,7 +296,10 @@ class SegmentLayout:
                                   ("slot_mapping", np.int64, self.max_tokens),
                                   ("tok_seq", np.int32, self.max_tokens),
                                   ("block_tables", np.int32, self.max_rows * self.max_blocks),
-                                  ("logits_rows", np.int32, self.max_logit_rows)):
+                                  ("logits_rows", np.int32, self.max_logit_rows),
+                                  *((("embed_src", np.int32, self.max_tokens), ("rope_pos", np.int32, 3 * self.max_tokens),
+                                     ("attn_pos", np.int32, self.max_tokens),
+                                     ("mm_embeds", np.float32, self.max_tokens * self.dim)) if self.images else ())):
             out[key] = (at, dtype, count)
             at = -(-(at + count * np.dtype(dtype).itemsize) // 64) * 64
         logits_at = -(-(at + slot_bytes) // 4096) * 4096
@@ -310,6 +319,9 @@ class SegmentLayout:
         out = {k: np.frombuffer(buf, dtype, count, at) for k, (at, dtype, count) in offsets.items()}
         out["header"] = np.frombuffer(buf, np.uint64, offsets["params"][0] // 8, 0)
         out["logits"] = out["logits"].reshape(self.max_logit_rows, self.vocab)
+        if self.images:
+            out["rope_pos"] = out["rope_pos"].reshape(self.max_tokens, 3)
+            out["mm_embeds"] = out["mm_embeds"].reshape(self.max_tokens, self.dim)
         return out
 
 
@@ -346,10 +358,11 @@ class TPGroup:
     block_size, max_num_batched_tokens, max_num_seqs, kv_cache_dtype, disable_sliding_window).
     on_failure(message): called from the monitor thread when a worker dies unasked."""
 
-    def __init__(self, plan: cpu.ThreadPlan, cfg, worker_args: dict, max_blocks: int, on_failure=None):
+    def __init__(self, plan: cpu.ThreadPlan, cfg, worker_args: dict, max_blocks: int, on_failure=None,
+                 images: bool = False):
         self.size = len(plan.ranks)
         self.layout = SegmentLayout(self.size, worker_args["max_num_batched_tokens"], worker_args["max_num_seqs"],
-                                    max_blocks, cfg.dim, logit_rows(worker_args), cfg.vocab_size)
+                                    max_blocks, cfg.dim, logit_rows(worker_args), cfg.vocab_size, images)
         fd, self.path = tempfile.mkstemp(prefix="lite_llm_tp_", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         try:
             os.ftruncate(fd, self.layout.nbytes)
@@ -426,9 +439,12 @@ class TPGroup:
         if self.on_failure is not None:
             self.on_failure(self.failure)
 
-    def broadcast(self, token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows) -> np.ndarray:
+    def broadcast(self, token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows,
+                  mm: tuple = (None, None, None, None)) -> np.ndarray:
         """Put one step's arrays in the step area and release the workers on it. Returns the
-        step's logits array [R, V]: the segment's, where every rank writes its columns."""
+        step's logits array [R, V]: the segment's, where every rank writes its columns. mm: the
+        step's (image rows [M, E], embed_src [T], rope_pos [T, 3], attn_pos [T]) as
+        VisionRunner.step_inputs gives them; the image rows go as one row per image token."""
         if self.failure:
             raise TensorParallelError(self.failure)
         T, R = len(token_ids), len(logits_rows)
@@ -444,9 +460,27 @@ class TPGroup:
         v["slot_mapping"][:T] = slot_mapping
         v["tok_seq"][:T] = tok_seq
         v["block_tables"][:rows * mb] = block_tables[:rows].reshape(-1)
+        self._put_images(T, *mm)
         self._step += 1
         self.comm.publish_step(self._step)
         return v["logits"][:R]
+
+    def _put_images(self, T: int, mm_embeds, embed_src, rope_pos, attn_pos) -> None:
+        v = self.views
+        given = (embed_src is not None, rope_pos is not None, attn_pos is not None)
+        if any(given) and not self.layout.images:
+            raise ValueError("image inputs under tensor parallel need a group started for a model that takes images")
+        v["params"][4:7] = given
+        if embed_src is not None:
+            src = v["embed_src"][:T]
+            src[:] = embed_src
+            used = np.flatnonzero(src >= 0)
+            v["mm_embeds"][used] = mm_embeds[src[used]]    # the row token t takes, at row t
+            src[used] = used
+        if rope_pos is not None:
+            v["rope_pos"][:T] = rope_pos
+        if attn_pos is not None:
+            v["attn_pos"][:T] = attn_pos
 
     def raise_failure(self, error: BaseException) -> None:
         """Re-raise a failed forward() with the rank that caused it, when known."""
@@ -488,12 +522,14 @@ def start_group(loaded, plan: cpu.ThreadPlan, *, num_blocks: int, block_size: in
                 quantization: str | None = None, on_failure=None) -> TPGroup:
     """Check the model splits over the plan's ranks, then start the workers (they load their
     shards while rank 0 loads its own; TPGroup.wait_ready() once rank 0 is loaded)."""
+    from lite_llm.multimodal import takes_images
     check_tensor_parallel(loaded.config, len(plan.ranks))
     args = {"source": loaded.source, "dtype": loaded.dtype, "max_model_len": loaded.max_model_len,
             "num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_num_batched_tokens,
             "max_num_seqs": max_num_seqs, "kv_cache_dtype": kv_cache_dtype,
             "disable_sliding_window": disable_sliding_window, "quantization": quantization}
-    return TPGroup(plan, loaded.config, args, -(-max(loaded.max_model_len, 1) // block_size), on_failure)
+    return TPGroup(plan, loaded.config, args, -(-max(loaded.max_model_len, 1) // block_size), on_failure,
+                   takes_images(loaded))
 
 
 def logit_rows(args: dict) -> int:
@@ -595,10 +631,14 @@ def _serve(args: dict, plan: cpu.ThreadPlan, comm, views: dict) -> int:
             sys.stderr.write(f"tensor parallel rank {rank}: the group stopped ({why})\n")
             return 1
         last = step
-        T, rows, mb, R = (int(x) for x in views["params"][:4])
+        T, rows, mb, R, has_src, has_rope, has_attn = (int(x) for x in views["params"][:7])
         kernels.forward(model, ws, views["token_ids"][:T], views["positions"][:T], views["slot_mapping"][:T],
                         views["tok_seq"][:T], views["block_tables"][:rows * mb].reshape(rows, mb),
-                        views["logits_rows"][:R], views["logits"][:R], nt, tp=comm)
+                        views["logits_rows"][:R], views["logits"][:R], nt, tp=comm,
+                        attn_positions=views["attn_pos"][:T] if has_attn else None,
+                        mm_embeds=views["mm_embeds"][:T] if has_src else None,
+                        embed_src=views["embed_src"][:T] if has_src else None,
+                        rope_pos=views["rope_pos"][:T] if has_rope else None)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,12 @@ try:
 except ImportError:
     from hashlib import blake2b
 
+# Patches of one tower call: a step's images go together up to this many (an image larger alone).
+# Two 1024-patch Qwen2.5-VL-3B images took 5-10 % longer in one call than in two (BENCHMARKS.md:
+# the activations of 2048 rows stream past L2 once per panel group), while small images gain
+# from filling the GEMM tiles together.
+MAX_PATCHES_PER_CALL = 1024
+
 VISION_ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration", "LlavaForConditionalGeneration",
                        "Gemma3ForConditionalGeneration")
 
@@ -280,21 +286,48 @@ class VisionRunner:
         self.encoder = qwen2_5_vl.VisionEncoder(self.vision, tensors, kernels, dtype, num_threads, bf16_path)
         del tensors
 
-    def _embeddings(self, item: MMItem) -> np.ndarray:
-        rows = self.cache.get(item.hash)
-        if rows is not None:
-            self.cache.move_to_end(item.hash)
-            return rows
-        import time
-        t0 = time.perf_counter()
-        rows = self.encoder.encode(item.pixel_values, item.grid)
-        self.encode_seconds += time.perf_counter() - t0
-        self.num_encoded += 1
-        self.cache[item.hash] = rows
-        self.cached_rows += rows.shape[0]
-        while self.cached_rows > self.max_cached_rows and len(self.cache) > 1:
-            _, old = self.cache.popitem(last=False)
-            self.cached_rows -= old.shape[0]
+    def _step_embeddings(self, chunks) -> dict[bytes, np.ndarray]:
+        """Image hash -> rows [n, E] of every image with tokens in the step's chunks. The ones the
+        cache holds are taken first, then the others encoded together (one tower call per
+        MAX_PATCHES_PER_CALL patches), then entries evicted down to max_cached_rows, oldest first and
+        never the step's own: an image the scheduler counted as cached (encoder_cut) is never
+        evicted by one the step encodes, and so never encoded twice, outside the step's budget."""
+        rows: dict[bytes, np.ndarray] = {}
+        missing: dict[bytes, MMItem] = {}
+        for c in chunks:
+            mm = getattr(c.request, "mm", None)
+            for it in (mm.items if mm is not None else ()):
+                if it.hash in rows or it.hash in missing or not (
+                        it.offset < c.start + c.num_new_tokens and c.start < it.offset + it.length):
+                    continue
+                hit = self.cache.get(it.hash)
+                if hit is None:
+                    missing[it.hash] = it
+                else:
+                    self.cache.move_to_end(it.hash)
+                    rows[it.hash] = hit
+        if missing:
+            import time
+            t0 = time.perf_counter()
+            items, encoded, group = list(missing.values()), [], []
+            for k, it in enumerate(items):
+                group.append((it.pixel_values, it.grid))
+                if k + 1 == len(items) or sum(p.shape[0] for p, _ in group) + \
+                        items[k + 1].pixel_values.shape[0] > MAX_PATCHES_PER_CALL:
+                    encoded += self.encoder.encode_many(group)
+                    group = []
+            self.encode_seconds += time.perf_counter() - t0
+            self.num_encoded += len(items)
+            for it, emb in zip(items, encoded):
+                rows[it.hash] = emb
+                self.cache[it.hash] = emb
+                self.cached_rows += emb.shape[0]
+            stale = (h for h in list(self.cache) if h not in rows)     # oldest first, the step's kept
+            while self.cached_rows > self.max_cached_rows:
+                h = next(stale, None)
+                if h is None:
+                    break
+                self.cached_rows -= self.cache.pop(h).shape[0]
         return rows
 
     def step_inputs(self, chunks, num_tokens: int, positions: np.ndarray):
@@ -304,7 +337,8 @@ class VisionRunner:
         bidirectional model, else its own."""
         rope_pos = np.repeat(positions[:, None], 3, axis=1).astype(np.int32) if self.mrope else None
         parts, src, attn = [], None, None
-        encoded_before = self.num_encoded    # the step's images not cached yet are encoded here, back to back
+        encoded_before = self.num_encoded
+        step_rows = self._step_embeddings(chunks)
         num_rows = 0
         offset = 0
         for c in chunks:
@@ -321,7 +355,7 @@ class VisionRunner:
                     lo, hi = max(start, it.offset), min(start + n, it.offset + it.length)
                     if lo >= hi:
                         continue
-                    emb = self._embeddings(it)
+                    emb = step_rows[it.hash]
                     if self.bidirectional:
                         if attn is None:
                             attn = np.array(positions[:num_tokens], np.int32)

@@ -17,9 +17,9 @@ image's last position as its attention limit: forward()'s attn_positions).
 The same model from a Gemma 3 GGUF language model and its llama.cpp mmproj file: read_mmproj
 (the layout is described there).
 
-SiglipEncoder.encode runs tower and projector as one compiled call per image (kernels.clip_forward,
-lite_llm/_kernels/vision.pxi, shared with LLaVA's CLIP tower); encode_reference is the NumPy
-float32 spec it is tested against.
+SiglipEncoder.encode_many runs tower and projector as one compiled call over several images
+(kernels.clip_forward, lite_llm/_kernels/vision.pxi, shared with LLaVA's CLIP tower);
+encode_reference is the NumPy float32 spec it is tested against.
 """
 from __future__ import annotations
 
@@ -454,7 +454,7 @@ def _act(x: np.ndarray, act: str) -> np.ndarray:
 
 
 class SiglipEncoder(ClipEncoder):
-    """SigLIP ViT + Gemma 3's projector over one image at a time, on the CLIP tower's compiled
+    """SigLIP ViT + Gemma 3's projector over images of its one size, on the CLIP tower's compiled
     forward (its blocks are CLIP's: llava.pack_vit_blocks / vit_blocks_reference). tensors:
     canonical float32 arrays (read_hf). kernels: the kernel module to run it on (None: NumPy only)."""
 

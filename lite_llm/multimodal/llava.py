@@ -405,7 +405,8 @@ def vit_blocks_reference(x: np.ndarray, t: dict[str, np.ndarray], cfg, act) -> n
 
 
 class ClipEncoder:
-    """CLIP ViT + MLP projector over one image at a time. tensors: canonical float32 arrays
+    """CLIP ViT + MLP projector over images of its one size (encode_many: several in one compiled
+    call). tensors: canonical float32 arrays
     (read_mmproj / read_hf). kernels: the kernel module to run it on (None: NumPy only)."""
 
     def __init__(self, cfg: ClipConfig, tensors: dict[str, np.ndarray], kernels=None, dtype: str = "float32",
@@ -431,13 +432,20 @@ class ClipEncoder:
         return self.cfg.num_image_tokens
 
     def encode(self, pixel_values: np.ndarray, grid=None) -> np.ndarray:
-        """One image's patches [N, 3 P P] -> its language-model rows [num_rows(), E]: one compiled
-        call (the NumPy reference without kernels)."""
+        """One image's patches [N, 3 P P] -> its language-model rows [num_rows(), E]."""
+        return self.encode_many([(pixel_values, grid)])[0]
+
+    def encode_many(self, images: list[tuple[np.ndarray, object]]) -> list[np.ndarray]:
+        """Images (patches [N, 3 P P], grid) -> each one's rows [num_rows(), E]: ONE compiled call
+        over all their patches, every image being the tower's one size (the NumPy reference, image
+        by image, without kernels)."""
         if self.model is None:
-            return self.encode_reference(pixel_values)
-        out = np.empty((self.num_rows(), self.cfg.out_dim), np.float32)
-        self.kernels.clip_forward(self.model, np.ascontiguousarray(pixel_values, np.float32), out, self.num_threads)
-        return out
+            return [self.encode_reference(p) for p, _ in images]
+        rows = self.num_rows()
+        out = np.empty((len(images) * rows, self.cfg.out_dim), np.float32)
+        self.kernels.clip_forward(self.model, np.ascontiguousarray(np.concatenate([p for p, _ in images]), np.float32),
+                                  out, self.num_threads)
+        return [out[k * rows:(k + 1) * rows] for k in range(len(images))]
 
     def encode_reference(self, pixel_values: np.ndarray, grid=None) -> np.ndarray:
         """encode() in NumPy float32: the plain reference."""

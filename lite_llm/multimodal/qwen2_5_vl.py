@@ -8,10 +8,12 @@ a prompt's tokens. What the language model computes is the kernel forward (arch/
     depth x [x += attn(rms(x)) (window or full), x += swiglu(rms(x))]
     merger: rms, 2x2 units -> [N/4, 4C] -> Linear, GELU, Linear -> [N/4, E], original order
 
-VisionEncoder.encode runs the tower as one compiled call per image (kernels.vision_forward,
-lite_llm/_kernels/vision.pxi) on the packed-weight GEMMs of the language model, in the
-engine's dtype; encode_reference is the same in NumPy float32, the plain reference it is
-tested against.
+VisionEncoder.encode_many runs the tower as one compiled call over several images, their
+patches one after the other (kernels.vision_forward, lite_llm/_kernels/vision.pxi; attention
+within each image's windows, and within each image in the full-attention blocks, as
+transformers' cu_seqlens), on the packed-weight GEMMs of the language model, in the engine's
+dtype; encode_reference is one image in NumPy float32, the plain reference it is tested
+against.
 """
 from __future__ import annotations
 
@@ -283,25 +285,41 @@ class VisionEncoder:
         return kernels.VisionModel(packed, dtype, cfg.depth, cfg.num_heads, cfg.spatial_merge_size ** 2, bf16_path)
 
     def encode(self, pixel_values: np.ndarray, grid: tuple[int, int, int]) -> np.ndarray:
-        """One image's pixel_values [N, K] -> its language-model rows [N / 4, E]: one compiled
-        call (the NumPy reference without kernels)."""
+        """One image's pixel_values [N, K] -> its language-model rows [N / 4, E]."""
+        return self.encode_many([(pixel_values, grid)])[0]
+
+    def encode_many(self, images: list[tuple[np.ndarray, tuple[int, int, int]]]) -> list[np.ndarray]:
+        """Images (pixel_values [N_i, K], grid) -> each one's rows [N_i / 4, E]: ONE compiled call
+        over all their patches (the NumPy reference, image by image, without kernels)."""
         if self.model is None:
-            return self.encode_reference(pixel_values, grid)
+            return [self.encode_reference(p, g) for p, g in images]
         cfg = self.cfg
         unit = cfg.spatial_merge_size ** 2
-        order, win_bounds = window_index(grid, cfg)
-        perm = (order[:, None] * unit + np.arange(unit)).reshape(-1)
-        cos, sin = self._rotary(grid)
-        half = cos.shape[1] // 2             # cos = [angles, angles]: the kernel takes one half
-        x = np.ascontiguousarray(pixel_values[perm], np.float32)
+        xs, coss, sins, orders, bounds, img_bounds = [], [], [], [], [0], [0]
+        for pixel_values, grid in images:
+            order, win_bounds = window_index(grid, cfg)
+            perm = (order[:, None] * unit + np.arange(unit)).reshape(-1)
+            cos, sin = self._rotary(grid)
+            half = cos.shape[1] // 2         # cos = [angles, angles]: the kernel takes one half
+            xs.append(pixel_values[perm])
+            coss.append(cos[perm, :half])
+            sins.append(sin[perm, :half])
+            orders.append(order)
+            bounds.extend(img_bounds[-1] + b for b in win_bounds[1:])
+            img_bounds.append(img_bounds[-1] + len(perm))
         full = np.array([i in cfg.fullatt_block_indexes for i in range(cfg.depth)], np.uint8)
-        merged = np.empty((x.shape[0] // unit, cfg.out_hidden_size), np.float32)
-        self.kernels.vision_forward(self.model, x, np.ascontiguousarray(cos[perm, :half]),
-                                    np.ascontiguousarray(sin[perm, :half]), np.asarray(win_bounds, np.int32), full,
-                                    merged, self.num_threads)
-        out = np.empty_like(merged)
-        out[order] = merged                  # back to raster order
-        return out
+        merged = np.empty((img_bounds[-1] // unit, cfg.out_hidden_size), np.float32)
+        self.kernels.vision_forward(self.model, np.ascontiguousarray(np.concatenate(xs), np.float32),
+                                    np.ascontiguousarray(np.concatenate(coss)), np.ascontiguousarray(np.concatenate(sins)),
+                                    np.asarray(bounds, np.int32), full, merged, self.num_threads,
+                                    np.asarray(img_bounds, np.int32))
+        outs = []
+        for k, order in enumerate(orders):
+            rows = merged[img_bounds[k] // unit:img_bounds[k + 1] // unit]
+            out = np.empty_like(rows)
+            out[order] = rows                # back to raster order
+            outs.append(out)
+        return outs
 
     def encode_reference(self, pixel_values: np.ndarray, grid: tuple[int, int, int]) -> np.ndarray:
         """encode() in NumPy float32: the plain reference."""

@@ -1,9 +1,13 @@
 """Images under data parallel and tensor parallel: `-dp 2` replicas serve a vision model over
 HTTP (the front end preprocesses the image and sends it whole to the replica it routes to; the
 router keys on the image's hash as the replicas' prefix cache does), with the answers of one
-engine; tensor parallel refuses a model that takes images, saying why."""
+engine; under tensor parallel (`-tp 2`) rank 0 encodes the images and each step's image rows
+travel to the other rank with the step: two ranks give one rank's logits and greedy tokens."""
 from __future__ import annotations
 
+import os
+
+import numpy as np
 import pytest
 from gemma3_checkpoint import BOI, TOKENS_PER_IMAGE, gemma3_checkpoint, gemma3_gguf_pair
 from test_llava_engine import _url, ask_about_image
@@ -82,6 +86,49 @@ def test_the_router_keys_blocks_on_the_images_they_hold():
     assert router.block_hashes(ids_a) != a      # the text-only hashes would not tell them apart
 
 
-def test_tensor_parallel_refuses_a_model_that_takes_images():
-    with pytest.raises(ValueError, match="images under tensor parallel are not supported .* --data-parallel-size"):
-        LLM(str(gemma3_checkpoint()), dtype="float32", kv_cache_space=0.01, tensor_parallel_size=2)
+_TWO_CPUS = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0),
+                               reason="tensor parallel tests bind rank 0 to CPU 0 and rank 1 to CPU 1")
+
+
+@_TWO_CPUS
+def test_tensor_parallel_qwen2_5_vl_logits_equal_one_rank():
+    """A prompt with two images of different sizes (multimodal RoPE, image rows in place of the
+    placeholders): fp32 logits of every position through two ranks equal one rank's up to
+    summation order, in one step and through 7-token chunks."""
+    from model.test_tensor_parallel import tp_runner
+    from test_qwen2_5_vl import _lite_logits, _prompt, small_runner
+    from vl_checkpoint import qwen2_5_vl_checkpoint
+
+    from lite_llm.model.loader import load_model
+    ckpt = qwen2_5_vl_checkpoint()
+    one = small_runner(load_model(str(ckpt), dtype="float32", progress=False))
+    two, group = tp_runner(ckpt)
+    try:
+        assert two.vision is not None and group.layout.images
+        ids, mm = _prompt(ckpt, [image(56, 112, seed=3), image(84, 56, seed=4)])
+        for chunk in (None, 7):
+            a, b = _lite_logits(one, ids, mm, chunk), _lite_logits(two, ids, mm, chunk)
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    finally:
+        group.close()
+
+
+@_TWO_CPUS
+def test_tensor_parallel_gemma3_image_chat_as_one_rank(monkeypatch):
+    """Gemma 3 (image tokens attend to each other both ways: their attention positions travel
+    too) under -tp 2: the greedy answer and its logprobs of one rank, the image's tokens in a
+    chunk of their own (16-token steps)."""
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)
+    messages = [{"role": "user", "content": _content(_url(image(90, 60, seed=5)))}]
+
+    def answer(**kw):
+        with LLM(str(gemma3_checkpoint()), dtype="float32", block_size=16, max_num_batched_tokens=16,
+                 kv_cache_space=0.01, **kw) as llm:
+            o = llm.chat(messages, greedy)[0].outputs[0]
+            return o.token_ids, np.array([lp[t].logprob for lp, t in zip(o.logprobs, o.token_ids)])
+    monkeypatch.setenv("LITE_LLM_CPU_OMP_THREADS_BIND", "0-1")
+    want_ids, want_lp = answer()
+    monkeypatch.setenv("LITE_LLM_CPU_OMP_THREADS_BIND", "0|1")
+    ids, lp = answer(tensor_parallel_size=2)
+    assert ids == want_ids
+    np.testing.assert_allclose(lp, want_lp, rtol=1e-4, atol=1e-4)
