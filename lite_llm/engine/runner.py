@@ -474,7 +474,10 @@ class ModelRunner:
         self.sampler.last_tokens, self.sampler.last_kernel_seconds = tokens, sample_seconds
         self.last_step_cost = (kernel_seconds + sample_seconds,
                                self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token)
-        return sampled
+        if len(sampled) == len(sched_out.chunks):
+            return sampled
+        results = iter(sampled)       # a prefill chunk that does not sample yet: None
+        return [next(results) if c.sample else None for c in sched_out.chunks]
 
     # ---- speculative decoding -------------------------------------------------------------
 

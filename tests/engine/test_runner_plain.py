@@ -34,7 +34,7 @@ def requests(mixed: bool):
     return prompts, params
 
 
-def generate(monkeypatch, fast: bool, mixed: bool):
+def generate(monkeypatch, fast: bool, mixed: bool, **engine_args):
     calls = []
     plain = ModelRunner._execute_plain
 
@@ -45,7 +45,7 @@ def generate(monkeypatch, fast: bool, mixed: bool):
     monkeypatch.setattr(ModelRunner, "_execute_plain", counting)
     prompts, params = requests(mixed)
     with LLM(str(tiny_checkpoint_path("llama")), dtype="float32", max_model_len=128, max_num_seqs=8,
-             kv_cache_space=0.01) as llm:
+             kv_cache_space=0.01, **engine_args) as llm:
         outs = llm.generate(prompts, params, use_tqdm=False)
     got = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
     return got, len(calls)
@@ -64,3 +64,12 @@ def test_plain_step_path_gives_the_general_paths_tokens(monkeypatch, mixed):
         assert lps == ref_lps
     if not mixed:
         assert [len(ids) for ids, _ in fast] == [p.max_tokens for p in requests(mixed)[1]]
+
+
+def test_plain_steps_with_chunked_prefill_give_the_general_paths_tokens(monkeypatch):
+    """A 16-token budget: long prompts prefill over several steps beside decoding requests, so
+    plain steps hold chunks that do not sample yet (their result is None)."""
+    fast, fast_calls = generate(monkeypatch, True, False, max_num_batched_tokens=16)
+    slow, _ = generate(monkeypatch, False, False, max_num_batched_tokens=16)
+    assert fast_calls >= 29
+    assert fast == slow
