@@ -14,6 +14,10 @@ proposer's own steps, tests).
 """
 from libc.stdint cimport int32_t, int64_t
 
+from time import perf_counter as _perf_counter
+
+_new_tuple = tuple.__new__    # a NamedTuple built without its Python-level __new__ (a frame per row)
+
 
 cdef class StepBuffers:
     """Raw pointers to one InputBatch's persistent rows and step arrays, taken once (the
@@ -114,6 +118,24 @@ cdef class StepBuffers:
     def append_step(self, const int32_t[::1] tokens):
         """The latest gather's sampling rows each get their token (tokens [R]): appended to the
         slot's row, its sampler step and (when outputs are penalty context) context end advanced."""
+        self._append(tokens)
+
+    def finish_plain(self, run, const int32_t[::1] tokens, result_type):
+        """A plain step's whole post-forward work in one call: run() (the bound sampling, which
+        writes tokens [R]), append_step(tokens), and the rows' result_type(token, None, None,
+        None) tuples built here, without a Python frame per row. Returns (results, seconds
+        run() took)."""
+        cdef Py_ssize_t r
+        cdef double start = _perf_counter()
+        run()
+        cdef double seconds = _perf_counter() - start
+        self._append(tokens)
+        cdef list results = [None] * self.num_rows
+        for r in range(self.num_rows):
+            results[r] = _new_tuple(result_type, (tokens[r], None, None, None))
+        return results, seconds
+
+    cdef int _append(self, const int32_t[::1] tokens) except -1:
         cdef Py_ssize_t r, slot, n
         if tokens.shape[0] != self.num_rows:
             raise ValueError(f"StepBuffers.append_step: {tokens.shape[0]} tokens for {self.num_rows} rows")
@@ -126,6 +148,7 @@ cdef class StepBuffers:
             self.num_tokens[slot] = <int32_t>(n + 1)
             self.iparams[slot * self.num_i + self.step_col] += 1
             self.iparams[slot * self.num_i + self.end_col] += self.ctx_outputs[slot]
+        return 0
 
 
 def gather_step(const int32_t[:, ::1] token_rows,    # IN  [max_num_seqs, L] token ids per slot

@@ -144,6 +144,22 @@ class InputBatch:
         return bool(self._logprobs)
 
     @property
+    def any_banning(self) -> bool:
+        """Whether some slot may still be short of its min_tokens (sampling_arrays then builds
+        the step's banned ids)."""
+        return bool(self._banning)
+
+    def gather_params(self, slots: np.ndarray) -> None:
+        """The slots' parameter rows into the step buffers (rows 0..len(slots)-1), in place."""
+        _batch.gather_rows(self.fparams, slots, self._fparams_step)
+        _batch.gather_rows(self.iparams, slots, self._iparams_step)
+
+    def finish_plain(self, run, tokens: np.ndarray, result_type) -> tuple[list, float]:
+        """run() (the step's bound sampling, writing tokens [R]), append_step(tokens) and the
+        rows' plain results, in one compiled call (_batch.StepBuffers.finish_plain)."""
+        return self._buffers.finish_plain(run, tokens, result_type)
+
+    @property
     def any_prompt_logprobs(self) -> bool:
         """Whether some request in the batch asked for prompt logprobs (the runner then looks
         for this step's prompt rows)."""
@@ -256,8 +272,7 @@ class InputBatch:
             fparams, iparams = views
         else:
             fparams, iparams = self._fparams_step[:num_rows], self._iparams_step[:num_rows]
-            _batch.gather_rows(self.fparams, slots, fparams)
-            _batch.gather_rows(self.iparams, slots, iparams)
+            self.gather_params(slots)
         banned_ids = _NO_IDS
         if self._banning:
             banned: list[int] = []

@@ -203,6 +203,10 @@ def _prompt_rows(sched_out) -> list[tuple]:
 class ModelRunner:
     """Owns the packed weights, the KV cache and the activation workspace of one model."""
 
+    # plain steps (execute): one compiled call after forward(); False runs the general path
+    # (the tests compare the two)
+    plain_fast_path = True
+
     def __init__(self, loaded, *, num_blocks: int, block_size: int, max_num_batched_tokens: int,
                  max_num_seqs: int, num_threads: int, disable_sliding_window: bool = False,
                  kernels=None, quantization: str | None = None, kv_cache_dtype: str | None = "auto",
@@ -277,6 +281,7 @@ class ModelRunner:
         eos = tuple(cfg.eos_token_ids)
         self.sampler = Sampler(cfg.vocab_size, eos, num_threads=num_threads)
         self.input_batch = InputBatch(max_num_seqs, max_pos, block_size, eos, max_num_batched_tokens)
+        self._plain_bound = None     # (R, logits view, prefix, PreparedSample, its out tokens) of the latest plain step
         self.weight_bytes = sum(v.nbytes for k, v in tensors.items() if isinstance(v, np.ndarray))
         # a decode step streams every matrix once (of the experts, the top-k of X a token runs);
         # an untied embedding only gives a few rows
@@ -410,6 +415,8 @@ class ModelRunner:
         # binds its sampling before forward(): after it, while every cache is cold, one call samples
         bound = num_rows and masks is None and self.tp_group is None and not batch.any_logit_bias \
             and not batch.any_prompt_logprobs
+        if bound and self.plain_fast_path and not batch.any_logprobs and not batch.any_banning:
+            return self._execute_plain(sched_out, a, num_rows)
         if bound:
             self.sampler.prepare(self._logits_rows(num_rows),
                                  *batch.sampling_arrays(a.sample_slots, a.sample_slots_are_prefix),
@@ -437,6 +444,43 @@ class ModelRunner:
         if len(sampled) == len(sched_out.chunks):
             return sampled
         results = iter(sampled)
+        return [next(results) if c.sample else None for c in sched_out.chunks]
+
+    def _execute_plain(self, sched_out, a: StepArrays, num_rows: int) -> list[SampleResult]:
+        """execute() for a plain step: no logprobs, min_tokens bans, biases, masks, prompt
+        logprobs or tensor parallel. A steady batch (the same R, logits view and slot order kind
+        as the latest plain step) reuses its bound sampling, checked again (slots other than
+        0..R-1 first gather their parameter rows into the same step buffers); after forward()
+        one compiled call samples, appends the tokens to the batch rows and builds the results
+        (_batch.StepBuffers.finish_plain). The same sampling and rows as the general path."""
+        batch = self.input_batch
+        logits = self._logits_rows(num_rows)
+        prefix = a.sample_slots_are_prefix
+        cached = self._plain_bound
+        if cached is not None and cached[0] == num_rows and cached[1] is logits and cached[2] == prefix:
+            call, tokens = cached[3], cached[4]
+            if not prefix:
+                batch.gather_params(a.sample_slots)
+            call.check()
+        else:
+            sampler = self.sampler
+            sampler.prepare(logits, *batch.sampling_arrays(a.sample_slots, prefix), any_logprobs=False)
+            call, tokens = sampler._prepared[0], sampler._prepared[1][0]
+            self._plain_bound = (num_rows, logits, prefix, call, tokens)
+        self.last_prompt_logprobs = []
+        start = time.perf_counter()
+        mm = (None, None, None, None)
+        if self.vision is not None:   # the step's images encoded (or from the cache) before its forward
+            mm = self.vision.step_inputs(sched_out.chunks, len(a.token_ids), a.positions)
+        self.forward(a.token_ids, a.positions, a.slot_mapping, a.tok_seq, a.block_tables, a.logits_rows, mm)
+        kernel_seconds = time.perf_counter() - start
+        sampled, sample_seconds = batch.finish_plain(call.run, tokens, SampleResult)
+        self.sampler.last_tokens, self.sampler.last_kernel_seconds = tokens, sample_seconds
+        self.last_step_cost = (kernel_seconds + sample_seconds,
+                               self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token)
+        if len(sampled) == len(sched_out.chunks):
+            return sampled
+        results = iter(sampled)       # a prefill chunk that does not sample yet: None
         return [next(results) if c.sample else None for c in sched_out.chunks]
 
     # ---- speculative decoding -------------------------------------------------------------
