@@ -11,7 +11,8 @@ import torch
 
 from gemma3_checkpoint import BOI, EOI, IMAGE, NL2, NL3, NL4, TOKENS_PER_IMAGE, gemma3_checkpoint
 from lite_llm.multimodal import MediaConfig, MediaError, Processor, gemma3, whole_images
-from test_qwen2_5_vl import BLOCK, _Chunk, _Req, checkpoint_fixtures
+from test_qwen2_5_vl import BLOCK, checkpoint_fixtures
+from vl_checkpoint import Chunk, Req
 from vl_checkpoint import image
 
 pytest.importorskip("PIL")
@@ -93,13 +94,13 @@ def _lite_logits(runner, ids, mm, chunk=None, perturb=None):
     done = 0
     while done < len(ids):
         n = len(ids) - done if chunk is None else min(chunk, len(ids) - done)
-        n = whole_images(_Req(mm), done, n) or next(it.offset + it.length - done for it in mm.items
+        n = whole_images(Req(mm), done, n) or next(it.offset + it.length - done for it in mm.items
                                                     if it.offset <= done < it.offset + it.length)
         pos = np.arange(done, done + n, dtype=np.int32)
         toks = np.asarray(ids[done:done + n], np.int32)
         seq = np.zeros(n, np.int32)
         slots = table[0, pos // BLOCK].astype(np.int64) * BLOCK + pos % BLOCK
-        mm_arrays = runner.vision.step_inputs([_Chunk(_Req(mm), done, n)], n, pos)
+        mm_arrays = runner.vision.step_inputs([Chunk(Req(mm), done, n)], n, pos)
         if perturb is not None:
             perturb(mm_arrays)
         out[done:done + n] = runner.forward(toks, pos, slots, seq, table, np.arange(n, dtype=np.int32), mm_arrays)

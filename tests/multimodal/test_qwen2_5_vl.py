@@ -3,14 +3,13 @@ values, the vision tower, and the language model's logits with images in the pro
 and through chunked prefill), through the runner's own step path (VisionRunner.step_inputs)."""
 from __future__ import annotations
 
-from typing import NamedTuple
 
 import numpy as np
 import pytest
 import torch
 
 from lite_llm.multimodal import MediaConfig, Processor, qwen2_5_vl
-from vl_checkpoint import IMAGE_PAD, VISION_END, VISION_START, image, qwen2_5_vl_checkpoint
+from vl_checkpoint import IMAGE_PAD, VISION_END, VISION_START, Chunk, Req, image, qwen2_5_vl_checkpoint
 
 pytest.importorskip("PIL")
 
@@ -69,16 +68,6 @@ def test_vision_tower_matches_transformers(ckpt, hf_model, runner, size):
     np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-4, atol=1e-5)
 
 
-class _Chunk(NamedTuple):     # what VisionRunner.step_inputs reads of a scheduled chunk
-    request: object
-    start: int
-    num_new_tokens: int
-
-
-class _Req(NamedTuple):
-    mm: object
-
-
 def _prompt(ckpt, images, text_ids=((40, 41, 42), (50, 51), (60, 61, 62, 63))):
     """[text, <vision_start><image_pad><vision_end>, text, ...] expanded by the processor."""
     ids = list(text_ids[0])
@@ -98,7 +87,7 @@ def _lite_logits(runner, ids, mm, chunk=None):
         toks = np.asarray(ids[done:done + n], np.int32)
         seq = np.zeros(n, np.int32)
         slots = table[0, pos // BLOCK].astype(np.int64) * BLOCK + pos % BLOCK
-        mm_arrays = runner.vision.step_inputs([_Chunk(_Req(mm), done, n)], n, pos)
+        mm_arrays = runner.vision.step_inputs([Chunk(Req(mm), done, n)], n, pos)
         out[done:done + n] = runner.forward(toks, pos, slots, seq, table, np.arange(n, dtype=np.int32), mm_arrays)
         done += n
     return out

@@ -7,28 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import NamedTuple
 
 import numpy as np
 import pytest
 
 from lite_llm import _kernels
 from lite_llm.multimodal import MediaConfig, Processor, VisionRunner, qwen2_5_vl
-from vl_checkpoint import IMAGE_PAD, VISION_END, VISION_START, image, qwen2_5_vl_checkpoint
+from vl_checkpoint import IMAGE_PAD, VISION_END, VISION_START, Chunk, Req, image, qwen2_5_vl_checkpoint
 
 pytest.importorskip("PIL")
 
 SIZES = [(56, 56), (140, 84), (28, 84)]     # 16, 60 and 12 patches; several windows in the last two
-
-
-class _Chunk(NamedTuple):     # what VisionRunner.step_inputs reads of a scheduled chunk
-    request: object
-    start: int
-    num_new_tokens: int
-
-
-class _Req(NamedTuple):
-    mm: object
 
 
 class _Counting:
@@ -143,7 +132,7 @@ def _tensors(ckpt) -> dict:
 
 def _request(ckpt, img):
     ids = [40, 41, VISION_START, IMAGE_PAD, VISION_END, 50, 51]
-    return _Req(Processor.for_model(str(ckpt)).process(ids, [img], MediaConfig())[1])
+    return Req(Processor.for_model(str(ckpt)).process(ids, [img], MediaConfig())[1])
 
 
 def _step(vr, requests):
@@ -151,7 +140,7 @@ def _step(vr, requests):
     chunks, n = [], 0
     for r in requests:
         length = r.mm.rope_pos.shape[0]
-        chunks.append(_Chunk(r, 0, length))
+        chunks.append(Chunk(r, 0, length))
         n += length
     return vr.step_inputs(chunks, n, np.arange(n, dtype=np.int32)), n
 

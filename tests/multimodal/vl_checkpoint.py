@@ -1,14 +1,26 @@
 """A tiny random Qwen2.5-VL checkpoint built by transformers, with a tokenizer holding the
-model's vision special tokens, and a few test images (PIL)."""
+model's vision special tokens, a few test images (PIL), and the scheduled-chunk stand-ins
+VisionRunner.step_inputs reads."""
 from __future__ import annotations
 
 import json
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from conftest import TINY_CHAT_TEMPLATE, TINY_SPECIAL, TINY_VOCAB, tiny_tokenizer_json
+
+
+class Chunk(NamedTuple):     # what VisionRunner.step_inputs reads of a scheduled chunk
+    request: object
+    start: int
+    num_new_tokens: int
+
+
+class Req(NamedTuple):       # ... and of its request
+    mm: object
 
 VISION_SPECIAL = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 SPECIAL = TINY_SPECIAL + VISION_SPECIAL
