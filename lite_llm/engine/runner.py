@@ -467,13 +467,7 @@ class ModelRunner:
             sampler.prepare(logits, *batch.sampling_arrays(a.sample_slots, prefix), any_logprobs=False)
             call, tokens = sampler._prepared[0], sampler._prepared[1][0]
             self._plain_bound = (num_rows, logits, prefix, call, tokens)
-        self.last_prompt_logprobs = []
-        start = time.perf_counter()
-        mm = (None, None, None, None)
-        if self.vision is not None:   # the step's images encoded (or from the cache) before its forward
-            mm = self.vision.step_inputs(sched_out.chunks, len(a.token_ids), a.positions)
-        self.forward(a.token_ids, a.positions, a.slot_mapping, a.tok_seq, a.block_tables, a.logits_rows, mm)
-        kernel_seconds = time.perf_counter() - start
+        _, _, kernel_seconds, _, _ = self._forward_step(sched_out, a, a.logits_rows, None)
         sampled, sample_seconds = batch.finish_plain(call.run, tokens, SampleResult)
         self.sampler.last_tokens, self.sampler.last_kernel_seconds = tokens, sample_seconds
         self.last_step_cost = (kernel_seconds + sample_seconds,
