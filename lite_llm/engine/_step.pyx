@@ -44,13 +44,19 @@ cdef object _REQUEST_OUTPUT = RequestOutput
 cdef Py_UCS4 _REPLACEMENT = 0xFFFD     # what a lossy decode yields for incomplete UTF-8
 # id(byte table) -> (the table, its tokens' texts): texts[t] is None until token t is first
 # decoded, then its text when its bytes end on a whole character ("" for no bytes), else False
+# of the _TEXTS_KEPT tables seen last (each entry keeps its table and a vocabulary-sized list
+# alive: a process that builds many engines does not keep them all; a dropped one is refilled)
 cdef dict _TEXTS = {}
+cdef Py_ssize_t _TEXTS_KEPT = 4
 
 
 cdef list _texts_of(list table):
     entry = _TEXTS.get(id(table))
     if entry is None or (<tuple>entry)[0] is not table:
         entry = (table, [None] * len(table))      # the table is kept: its id stays its own
+        _TEXTS.pop(id(table), None)
+        while len(_TEXTS) >= _TEXTS_KEPT:
+            del _TEXTS[next(iter(_TEXTS))]         # the oldest entry
         _TEXTS[id(table)] = entry
     return <list>(<tuple>entry)[1]
 
