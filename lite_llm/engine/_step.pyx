@@ -250,9 +250,35 @@ def plain_step(list chunks, list results, object now, scheduler, engine, dict to
     return itl
 
 
-cdef object _simple_output(_Seq seq):
+cdef class PendingOutput:
+    """A delta RequestOutput of a group with one plain child, as make_outputs(lazy=True) leaves
+    it: its values captured on the engine thread (the token ids a fresh slice, the metrics'
+    values as they are now), the dataclasses built by materialize() on the reader's thread
+    (RequestStream.get). One object per request per step on the engine thread instead of a
+    RequestOutput, a CompletionOutput, a RequestMetrics (each a Python-level __init__) and a list.
+    request_id and finished are what AsyncEngine routes it by."""
+    cdef readonly object request_id
+    cdef readonly bint finished
+    cdef bint has_completion       # False: no new tokens or text (a finish already sent)
+    cdef object prompt, prompt_token_ids, index, text, token_ids, cumulative_logprob, finish_reason, stop_reason
+    cdef object arrival_time, first_scheduled_time, first_token_time, last_token_time, finished_time
+    cdef object num_preemptions, num_cached_tokens
+
+    def materialize(self):
+        """The RequestOutput make_outputs(lazy=False) returns for the same step."""
+        completions = []
+        if self.has_completion:
+            completions.append(_COMPLETION_OUTPUT(self.index, self.text, self.token_ids, self.cumulative_logprob,
+                                                  None, self.finish_reason, self.stop_reason))
+        return _REQUEST_OUTPUT(self.request_id, self.prompt, self.prompt_token_ids, completions, self.finished,
+                               _REQUEST_METRICS(self.arrival_time, self.first_scheduled_time, self.first_token_time,
+                                                self.last_token_time, self.finished_time, self.num_preemptions),
+                               self.num_cached_tokens, None)
+
+
+cdef object _simple_output(_Seq seq, bint lazy):
     """LLMEngine._make_output of a group whose only child is plain (no stop strings, logprobs
-    or prompt logprobs): its delta since the previous output."""
+    or prompt logprobs): its delta since the previous output; lazy: as a PendingOutput."""
     request = seq.request
     comp = seq.comp
     group = seq.group
@@ -263,6 +289,12 @@ cdef object _simple_output(_Seq seq):
     cdef Py_ssize_t num_sent = comp.num_sent_tokens, sent_chars = comp.num_sent_chars, num, size
     cdef list completions = []
     cdef list pending
+    cdef PendingOutput out
+    if lazy:
+        out = PendingOutput.__new__(PendingOutput)
+        out.request_id, out.prompt, out.prompt_token_ids = group.request_id, group.prompt, group.prompt_token_ids
+        out.finished = is_finished
+        out.has_completion = False
     if num_tokens != num_sent or end != sent_chars or (is_finished and not comp.sent_finished):
         num = end - sent_chars                    # _Completion.take_text(end)
         if num <= 0:
@@ -277,32 +309,55 @@ cdef object _simple_output(_Seq seq):
             else:
                 comp._pending = []
             comp.num_sent_chars = end
-        completions.append(_COMPLETION_OUTPUT(request.index, text, PyList_GetSlice(seq.outs, num_sent, num_tokens),
-                                              request.cumulative_logprob, None, request.finish_reason,
-                                              request.stop_reason))
+        if lazy:
+            out.has_completion = True
+            out.index, out.text, out.token_ids = request.index, text, PyList_GetSlice(seq.outs, num_sent, num_tokens)
+            out.cumulative_logprob, out.finish_reason, out.stop_reason = \
+                request.cumulative_logprob, request.finish_reason, request.stop_reason
+        else:
+            completions.append(_COMPLETION_OUTPUT(request.index, text, PyList_GetSlice(seq.outs, num_sent, num_tokens),
+                                                  request.cumulative_logprob, None, request.finish_reason,
+                                                  request.stop_reason))
         comp.num_sent_tokens = num_tokens
         comp.sent_finished = is_finished
     m = seq.metrics                               # a copy: the engine thread goes on updating its own
     num_cached = request.num_cached_tokens
+    if lazy:
+        out.arrival_time, out.first_scheduled_time, out.first_token_time = \
+            m.arrival_time, m.first_scheduled_time, m.first_token_time
+        out.last_token_time, out.finished_time, out.num_preemptions = \
+            m.last_token_time, m.finished_time, m.num_preemptions
+        out.num_cached_tokens = num_cached if num_cached > 0 else 0
+        return out
     return _REQUEST_OUTPUT(group.request_id, group.prompt, group.prompt_token_ids, completions, is_finished,
                            _REQUEST_METRICS(m.arrival_time, m.first_scheduled_time, m.first_token_time,
                                             m.last_token_time, m.finished_time, m.num_preemptions),
                            num_cached if num_cached > 0 else 0, None)
 
 
-def make_outputs(dict touched, engine) -> list:
+def make_outputs(dict touched, engine, bint lazy=False) -> list:
     """step()'s outputs of the touched groups, in order: LLMEngine._make_output's delta per group
     (compiled for a group of one plain child, engine._make_output otherwise); a finished group
-    leaves engine._groups, a running FINAL_ONLY one and an empty delta give no output."""
+    leaves engine._groups, a running FINAL_ONLY one and an empty delta give no output. lazy: a
+    group of one plain child gives a PendingOutput (its materialize() is that RequestOutput)."""
     cdef list outputs = []
     cdef dict groups = engine._groups
+    cdef PendingOutput pending
     for rid, group in touched.items():
         children = group.children
         seq = (<list>children)[0].step_state if len(children) == 1 else None
         if seq is not None and (<_Seq>seq).simple:
             if (<_Seq>seq).final_only and not (<_Seq>seq).request.is_finished:
                 continue
-            out = _simple_output(<_Seq>seq)
+            out = _simple_output(<_Seq>seq, lazy)
+            if lazy:
+                pending = <PendingOutput>out
+                if pending.finished:
+                    del groups[rid]
+                    outputs.append(out)
+                elif pending.has_completion:
+                    outputs.append(out)
+                continue
         else:
             if group.final_only and not group.is_finished:
                 continue

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
+from lite_llm.engine._step import PendingOutput
 from lite_llm.engine.engine import LLMEngine
 from lite_llm.engine.live import LiveMeter
 from lite_llm.engine.stats import EngineStats
@@ -54,9 +55,9 @@ class RequestStream:
         self._sink = sink
         self._done = False
 
-    def _put(self, item: RequestOutput | BaseException) -> None:
+    def _put(self, item: RequestOutput | PendingOutput | BaseException) -> None:
         if self._sink is not None:      # forwarded as produced (a data-parallel replica's pipe)
-            self._sink(item)
+            self._sink(item.materialize() if type(item) is PendingOutput else item)
         else:
             self._queue.put(item)
 
@@ -68,7 +69,9 @@ class RequestStream:
             item = self._queue.get(timeout=timeout)
         except queue.Empty:
             raise TimeoutError(f"no output for request {self.request_id!r} within {timeout} s") from None
-        if isinstance(item, BaseException):
+        if type(item) is PendingOutput:   # built here, on the reader's thread (engine.step(lazy=True))
+            item = item.materialize()
+        elif isinstance(item, BaseException):
             self._done = True
             raise item
         if item.finished:
@@ -228,7 +231,7 @@ class AsyncEngine:
                 if stopping and engine.has_unfinished_requests() and time.monotonic() >= deadline:
                     outputs += engine.abort_request(engine.unfinished_request_ids)
                 if engine.has_unfinished_requests():
-                    outputs += engine.step()
+                    outputs += engine.step(lazy=True)
                 # before the outputs: a reader never sees older; fresh once idle
                 self._stats = engine.stats(fresh=not engine.has_unfinished_requests())
                 self._dispatch(outputs)

@@ -277,10 +277,12 @@ class LLMEngine:
 
     # ---- one step -------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, lazy: bool = False) -> list[RequestOutput]:
         """Run one scheduler step. Returns an output for each request that got tokens or
         finished, holding only what is new since its previous output (outputs.fold adds
-        a request's deltas up)."""
+        a request's deltas up). lazy: the output of a request of one plain sequence may be a
+        _step.PendingOutput, whose materialize() gives its RequestOutput (AsyncEngine passes
+        True: its readers build them, off the engine thread)."""
         start = time.perf_counter()
         touched: dict[str, _Group] = {}
         sched_out = self.scheduler.schedule()
@@ -332,7 +334,7 @@ class LLMEngine:
                 self._record_finished(request)
         self._stopped_in_step.clear()
         if self.batched_decode:
-            outputs = _step.make_outputs(touched, self)
+            outputs = _step.make_outputs(touched, self, lazy)
         else:
             outputs = []
             for rid, group in touched.items():

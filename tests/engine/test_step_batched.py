@@ -8,15 +8,19 @@ reasons, logprobs), the ITL and token counts and the freed KV must be identical.
 """
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import numpy as np
 import pytest
 from fake_runner import FakeRunner
 from test_detokenizer import CORPUS, MULTIBYTE, byte_bpe  # noqa: F401  (byte_bpe: a fixture)
 
 from lite_llm.engine import _step
+from lite_llm.engine.async_engine import AsyncEngine, RequestStream
 from lite_llm.engine.engine import EngineConfig, LLMEngine
 from lite_llm.engine.scheduler import Scheduler
 from lite_llm.model.tokenizer import Tokenizer as ProjectTokenizer
+from lite_llm.outputs import RequestOutput
 from lite_llm.sampling_params import RequestOutputKind, SamplingParams
 
 EOS = (7, 8, 9)            # several ids, so the fake's hashed tokens hit EOS now and then
@@ -60,12 +64,14 @@ def mixed_requests(tokenizer, num: int, seed: int):
     return out
 
 
-def run(tokenizer, batched: bool, requests, abort_at: dict[int, list[str]], max_steps: int = 10_000, **overrides):
+def run(tokenizer, batched: bool, requests, abort_at: dict[int, list[str]], max_steps: int = 10_000,
+        lazy: bool = False, pending: list | None = None, **overrides):
     """Every step's outputs as plain values, then the stats both paths must agree on (None when
-    max_steps ended the run first)."""
+    max_steps ended the run first). lazy: step(lazy=True), its PendingOutputs materialized only
+    after the whole run (they must hold their step's values), counted in pending."""
     engine = make_engine(tokenizer, batched, **overrides)
-    pending = list(requests)
-    steps = []
+    waiting = list(requests)
+    steps, counts = [], []
     scheduled = []           # every step's chunks and removals: the compiled scheduling must match too
     schedule = engine.scheduler.schedule
 
@@ -77,28 +83,40 @@ def run(tokenizer, batched: bool, requests, abort_at: dict[int, list[str]], max_
         return out
     engine.scheduler.schedule = recording_schedule
     for step in range(max_steps):
-        while pending and len(pending) > len(requests) - 4 * (step + 1):   # arrivals over the first steps
-            rid, prompt, params = pending.pop(0)
+        while waiting and len(waiting) > len(requests) - 4 * (step + 1):   # arrivals over the first steps
+            rid, prompt, params = waiting.pop(0)
             engine.add_request(rid, prompt, params)
-        outs = engine.step()
+        outs = engine.step(lazy=lazy) if lazy else engine.step()
         if step in abort_at:
             outs += engine.abort_request(abort_at[step])
-        steps.append([(o.request_id, o.finished, [(c.index, c.text, list(c.token_ids), c.finish_reason, c.stop_reason,
-                                                   c.cumulative_logprob,
-                                                   None if c.logprobs is None else
-                                                   [{t: (lp.logprob, lp.rank, lp.decoded_token) for t, lp in d.items()}
-                                                    for d in c.logprobs])
-                                                  for c in o.outputs]) for o in outs])
-        if not pending and not engine.has_unfinished_requests():
+        steps.append(outs)
+        if not waiting and not engine.has_unfinished_requests():
             break
     else:
-        return steps, None
+        return [plain_outputs(outs, counts) for outs in steps], None
+    steps = [plain_outputs(outs, counts) for outs in steps]
+    if pending is not None:
+        pending.append(sum(counts))
     kv = engine.kv_cache_manager
     kv.block_pool.check()
     assert kv.num_free_blocks == kv.num_blocks
     s = engine.stats()
     return steps, (s.generation_tokens_total, s.prompt_tokens_total, s.itl.count, dict(s.request_success_total),
                    engine.runner.num_steps, scheduled)
+
+
+def plain_outputs(outs: list, counts: list) -> list:
+    """A step's outputs as plain values (PendingOutputs materialized first, counted in counts)."""
+    counts.append(sum(isinstance(o, _step.PendingOutput) for o in outs))
+    outs = [o.materialize() if isinstance(o, _step.PendingOutput) else o for o in outs]
+    assert all(type(o) is RequestOutput for o in outs)
+    return [(o.request_id, o.finished, [(c.index, c.text, list(c.token_ids), c.finish_reason, c.stop_reason,
+                                         c.cumulative_logprob,
+                                         None if c.logprobs is None else
+                                         [{t: (lp.logprob, lp.rank, lp.decoded_token) for t, lp in d.items()}
+                                          for d in c.logprobs])
+                                        for c in o.outputs], o.num_cached_tokens, o.prompt, o.prompt_token_ids,
+             None if o.metrics is None else [v is None for v in astuple(o.metrics)]) for o in outs]
 
 
 @pytest.mark.parametrize("seed,config", [(0, {}), (1, {}), (2, {}),
@@ -161,3 +179,70 @@ def test_byte_detokenizer_fast_path_matches_add(byte_bpe):
         ref, fast = ByteDetokenizer(table, skip), ByteDetokenizer(table, skip)   # fast: its state only
         assert [_step.byte_add(fast, t) for t in ids] == [ref.add(t) for t in ids]
         assert fast.text == ref.text and fast.token_ids == ref.token_ids and fast._pending == ref._pending
+
+
+@pytest.mark.parametrize("seed,config", [(0, {}), (3, dict(num_blocks=48))])
+def test_lazy_outputs_materialize_to_the_eager_ones(byte_bpe, seed, config):
+    """step(lazy=True) leaves the deltas of one-sequence plain requests as PendingOutputs; each,
+    materialized after the whole run, is the RequestOutput step() gives for that step. Built
+    eagerly (make_outputs' lazy flag ignored), no PendingOutput appears and the test fails."""
+    tok = ProjectTokenizer(byte_bpe)
+    requests = mixed_requests(tok, 40, seed)
+    abort_at = {3: ["r2", "r9"], 7: ["r4", "r17", "r20"], 12: ["r30"]}
+    eager, eager_stats = run(tok, True, requests, abort_at, **config)
+    pending = []
+    lazy, lazy_stats = run(tok, True, requests, abort_at, lazy=True, pending=pending, **config)
+    assert lazy == eager and lazy_stats == eager_stats
+    assert pending[0] >= 40, "the plain requests' deltas were not left pending"
+
+
+def test_lazy_outputs_keep_their_step_values(byte_bpe):
+    """A PendingOutput holds its step's values: materialized late, a request's deltas still
+    carry one new token each and last_token_time values that grow step by step."""
+    tok = ProjectTokenizer(byte_bpe)
+    engine = make_engine(tok, True)
+    engine.add_request("a", tok.encode("The quick brown fox"), SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += engine.step(lazy=True)
+    assert len(outs) == 8 and all(isinstance(o, _step.PendingOutput) for o in outs)
+    assert [o.finished for o in outs] == [False] * 7 + [True] and [o.request_id for o in outs] == ["a"] * 8
+    done = [o.materialize() for o in outs]
+    assert [len(o.outputs[0].token_ids) for o in done] == [1] * 8
+    times = [o.metrics.last_token_time for o in done]
+    assert times == sorted(times) and len(set(times)) == 8
+    assert [o.outputs[0].finish_reason for o in done] == [None] * 7 + ["length"]
+
+
+def test_async_engine_streams_materialized_outputs(byte_bpe, monkeypatch):
+    """AsyncEngine steps lazily: PendingOutputs reach the streams and readers get the
+    RequestOutputs a synchronous step() gives, folded to the same texts and token ids."""
+    from lite_llm.outputs import fold
+    tok = ProjectTokenizer(byte_bpe)
+    requests = [(f"s{i}", tok.encode(CORPUS[i % 5])[: 3 + i], SamplingParams(max_tokens=6 + i, temperature=0.0))
+                for i in range(5)]
+    put, seen = RequestStream._put, []
+    monkeypatch.setattr(RequestStream, "_put", lambda self, item: (seen.append(type(item)), put(self, item))[1])
+    ae = AsyncEngine(make_engine(tok, True))
+    ae.start()
+    try:
+        streams = [ae.add_request(rid, prompt, params) for rid, prompt, params in requests]
+        for stream in streams:
+            stream.timeout = 30
+        got = {s.request_id: list(s) for s in streams}
+    finally:
+        ae.shutdown()
+    assert _step.PendingOutput in seen
+    assert all(type(o) is RequestOutput for deltas in got.values() for o in deltas)
+    sync = make_engine(tok, True)
+    for rid, prompt, params in requests:
+        sync.add_request(rid, prompt, params)
+    deltas = {}
+    while sync.has_unfinished_requests():
+        for o in sync.step():
+            deltas.setdefault(o.request_id, []).append(o)
+    for rid, _, _ in requests:
+        a, b = fold(got[rid]), fold(deltas[rid])
+        assert [(c.text, c.token_ids, c.finish_reason) for c in a.outputs] == \
+            [(c.text, c.token_ids, c.finish_reason) for c in b.outputs]
+        assert len(got[rid]) == len(deltas[rid])
