@@ -243,16 +243,17 @@ def chat_prompt_ids(tokenizer, text: str) -> list[int]:
 
 
 def run_requests(engine, prompts: list[list[int]], output_len: int, structured=None,
-                 loras: list | None = None) -> list[RequestTiming]:
+                 loras: list | None = None, stream: bool = False) -> list[RequestTiming]:
     """Submit every prompt at once (greedy, ignore_eos, exactly output_len tokens each), wait
     for all; one RequestTiming per prompt, in order. structured: a StructuredOutputsParams every
     request follows (it must not end before output_len tokens: see BENCH_JSON_SCHEMA). loras:
     each prompt's LoRA adapter name (None: the base model)."""
     from lite_llm.sampling_params import RequestOutputKind, SamplingParams
     # detokenized, as users get their text: the incremental detokenizer is part of the cost;
-    # handed over once, finished, as LLM.generate and non-streaming HTTP answers ask for it
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True,
-                            structured_outputs=structured, output_kind=RequestOutputKind.FINAL_ONLY)
+    # handed over once, finished, as LLM.generate and non-streaming HTTP answers ask for it;
+    # stream: a delta per token, as the server's stream=true asks for it
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, structured_outputs=structured,
+                            output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
     tag = uuid.uuid4().hex[:8]
     streams = [engine.add_request(f"bench-{tag}-{i}", ids, params,
                                   **({"lora_request": loras[i]} if loras and loras[i] else {}))

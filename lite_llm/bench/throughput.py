@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--dataset", default=None, help='JSONL file of {"prompt": "..."} lines')
     parser.add_argument("--num-iters", type=int, default=1)
+    parser.add_argument("--stream", action="store_true",
+                        help="requests stream a delta output per token (as the server's stream=true), "
+                             "not one final output: --profile-step then counts building them")
 
 
 FIGURES = [  # (key, column title, scale, lower is better)
@@ -62,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         for i, prompts in enumerate(batches):
             common.progress(f"[lite_llm] iteration {i + 1}/{args.num_iters}: {len(prompts)} prompts, "
                             f"{sum(map(len, prompts))} prompt tokens -> {args.output_len} tokens each")
-            figures = common.batch_figures(common.run_requests(engine, prompts, args.output_len))
+            figures = common.batch_figures(common.run_requests(engine, prompts, args.output_len,
+                                                               stream=args.stream))
             common.progress(f"[lite_llm] iteration {i + 1}/{args.num_iters}: {common.describe(figures)}")
             runs.append(asdict(figures))
         stats = engine.stats()
@@ -79,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         "benchmark": "throughput", "model": info["model_path"], "dtype": info["dtype"],
         "kernel_variant": info["kernel_variant"], "num_threads": info["num_threads"],
         "num_prompts": args.num_prompts, "prompt_tokens": sum(map(len, batches[0])),
-        "output_len": args.output_len, "dataset": args.dataset, "num_iters": args.num_iters,
+        "output_len": args.output_len, "dataset": args.dataset, "num_iters": args.num_iters, "stream": args.stream,
         "load_average_before": load_before, "lite_llm": ours, "peers": {}}
     spec = {"model_path": info["model_path"], "num_threads": info["num_threads"],
             "output_len": args.output_len, "warmup": 1, "batches": [warm] + batches,
@@ -93,7 +97,7 @@ def print_report(result: dict[str, Any]) -> None:
     source = f"dataset {r['dataset']}" if r["dataset"] else "random prompts"
     print(f"bench throughput: {r['model']}\n  {r['dtype']}, kernels {r['kernel_variant']}, {r['num_threads']} "
           f"threads; {r['num_prompts']} requests ({source}, {r['prompt_tokens']} prompt tokens) -> "
-          f"{r['output_len']} tokens each, all submitted at once; median of {r['num_iters']}; load average "
+          f"{r['output_len']} tokens each{', streamed' if r.get('stream') else ''}, all submitted at once; median of {r['num_iters']}; load average "
           f"{r['load_average_before']} before, {r['load_average_after']} after\n")
     columns = ["engine"] + [title for _, title, _, _ in FIGURES] + ["peak RSS MiB"]
     ours = r["lite_llm"]
