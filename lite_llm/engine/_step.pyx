@@ -31,24 +31,9 @@ cdef extern from *:
     """
     #define LL_PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
     #define LL_LIST_END(op) ((const void *)(((PyListObject *)(op))->ob_item + PyList_GET_SIZE(op)))
-    #define LL_LIST_AT(op, i) ((const void *)(((PyListObject *)(op))->ob_item + (i)))
-    #define LL_LIST_ITEM(op, i) ((const void *)(((PyListObject *)(op))->ob_item[i]))
-    #define LL_SET_TABLE(op) (PyAnySet_Check(op) ? (const void *)((PySetObject *)(op))->table : NULL)
-    #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
-    /* CPython 3.11 keeps the attributes of a plain class's instance in a values array the
-       pre-header's word -4 points to (Include/internal/pycore_object.h, _PyObject_ValuesPointer);
-       NULL once the instance has a real __dict__. Another version: nothing to prefetch. */
-    #define LL_VALUES(op) ((PyType_GetFlags(Py_TYPE(op)) & Py_TPFLAGS_MANAGED_DICT) ? ((void **)(op))[-4] : NULL)
-    #else
-    #define LL_VALUES(op) ((void *)NULL)
-    #endif
     """
     void LL_PREFETCH(const void *p)
     const void *LL_LIST_END(object op)    # where the list's next item goes (an append writes there)
-    const void *LL_LIST_AT(object op, Py_ssize_t i)   # item slot i of a list
-    const void *LL_LIST_ITEM(object op, Py_ssize_t i) # item i of a list, not referenced (not touched)
-    const void *LL_SET_TABLE(object op)   # a set's hash table (NULL: not a set)
-    const void *LL_VALUES(object op)      # an instance's attribute values (NULL: none to prefetch)
 
 cdef object RUNNING = RequestStatus.RUNNING
 cdef object WAITING = RequestStatus.WAITING
@@ -155,18 +140,15 @@ def byte_add(det, token_id) -> str:
     return _byte_add(seq, token_id, token_id)
 
 
-cdef void _prefetch(list chunks, list previous, list results):
+cdef void _prefetch(list chunks, list previous):
     """Start loading, level by level, what this step will touch: the forward pass has evicted
     every object from the caches, and walking the objects one pointer at a time waits for
     each line in turn (~2 us per sequence at batch 64 measured). In a steady batch, the
     previous step's sequences are this step's: their records, then the objects and list ends
-    the records point to (and the attribute values of the request, its metrics, completion
-    and detokenizer), then what the sampled tokens pick (the token's cached text, its stop-id
-    set slots), all requested before any is needed."""
-    cdef Py_ssize_t i, n = PyList_GET_SIZE(previous), num_results = PyList_GET_SIZE(results)
+    the records point to, all requested before any is needed."""
+    cdef Py_ssize_t i, n = PyList_GET_SIZE(previous)
     cdef _Seq seq
     cdef const char *p
-    cdef long token
     for i in range(PyList_GET_SIZE(chunks)):
         LL_PREFETCH(<PyObject *>chunks[i])
     for i in range(n):
@@ -178,46 +160,24 @@ cdef void _prefetch(list chunks, list previous, list results):
         seq = <_Seq>previous[i]
         p = <const char *><PyObject *>seq.request
         LL_PREFETCH(p - 64)                  # the managed-dict pre-header sits before the object
-        LL_PREFETCH(p - 32)
         LL_PREFETCH(p)
         LL_PREFETCH(<PyObject *>seq.outs)
         LL_PREFETCH(<PyObject *>seq.all_ids)
         LL_PREFETCH(<PyObject *>seq.stop_ids)
-        p = <const char *><PyObject *>seq.metrics
-        LL_PREFETCH(p - 32)
-        LL_PREFETCH(p)
-        p = <const char *><PyObject *>seq.comp
-        LL_PREFETCH(p - 32)
-        LL_PREFETCH(p)
+        LL_PREFETCH(<PyObject *>seq.metrics)
+        LL_PREFETCH(<PyObject *>seq.comp)
         LL_PREFETCH(<PyObject *>seq.parent_id)
         if seq.byte_det:
-            p = <const char *><PyObject *>seq.det
-            LL_PREFETCH(p - 32)
-            LL_PREFETCH(p)
+            LL_PREFETCH(<PyObject *>seq.det)
             LL_PREFETCH(<PyObject *>seq.det_token_ids)
             LL_PREFETCH(<PyObject *>seq.det_pieces)
     for i in range(n):
         seq = <_Seq>previous[i]
         LL_PREFETCH(LL_LIST_END(seq.outs))
         LL_PREFETCH(LL_LIST_END(seq.all_ids))
-        LL_PREFETCH(LL_SET_TABLE(seq.stop_ids))
-        LL_PREFETCH(LL_VALUES(seq.request))
-        LL_PREFETCH(LL_VALUES(seq.metrics))
-        LL_PREFETCH(LL_VALUES(seq.comp))
         if seq.byte_det:
-            LL_PREFETCH(LL_VALUES(seq.det))
             LL_PREFETCH(LL_LIST_END(seq.det_token_ids))
             LL_PREFETCH(LL_LIST_END(seq.det_pieces))
-            if i < num_results and results[i] is not None and (<tuple>chunks[i])[0] is seq.request:
-                token = (<tuple>results[i])[0]
-                if 0 <= token < seq.table_size:
-                    LL_PREFETCH(LL_LIST_AT(seq.texts, token))
-    for i in range(n):                       # the cached texts of the sampled tokens
-        seq = <_Seq>previous[i]
-        if seq.byte_det and i < num_results and results[i] is not None and (<tuple>chunks[i])[0] is seq.request:
-            token = (<tuple>results[i])[0]
-            if 0 <= token < seq.table_size:
-                LL_PREFETCH(LL_LIST_ITEM(seq.texts, token))
 
 
 def plain_step(list chunks, list results, object now, scheduler, engine, dict touched) -> dict:
@@ -228,7 +188,7 @@ def plain_step(list chunks, list results, object now, scheduler, engine, dict to
     cdef Py_ssize_t i, n = len(chunks)
     cdef tuple c
     cdef list seqs = [], samples = []
-    _prefetch(chunks, engine.step_seqs, results)
+    _prefetch(chunks, engine.step_seqs)
     cdef dict itl = {}
     cdef dict groups = engine._groups
     cdef _Seq seq
