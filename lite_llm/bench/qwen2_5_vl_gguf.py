@@ -55,33 +55,51 @@ class _Tensors:
         return self._files[name].get_tensor(name).float().numpy()
 
 
-def _write(path: str, arch: str, meta, items: list, f16: bool) -> str:
-    """items: (gguf name, numpy shape, producer of the float32 array). Matrices are written F16
-    when f16 (llama.cpp's converters' default), vectors always F32; tensor data streams one
-    tensor at a time so a 3B checkpoint never sits in memory whole."""
+KINDS = ("f32", "f16", "bf16")
+
+
+def _write(path: str, arch: str, meta, items: list, kind: str) -> str:
+    """items: (gguf name, numpy shape, producer of the float32 array). Matrices are written in
+    `kind` (f16: llama.cpp's converters' default; bf16: the checkpoint's own bits), vectors
+    always F32; tensor data streams one tensor at a time so a 3B checkpoint never sits in
+    memory whole."""
     import gguf
     import numpy as np
+    if kind not in KINDS:
+        raise ValueError(f"GGUF tensor type {kind!r}: choose from {', '.join(KINDS)}")
+    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                 "bf16": gguf.LlamaFileType.MOSTLY_BF16}[kind]
     w = gguf.GGUFWriter(path, arch)
     meta(w, gguf)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
-    dtypes = []
+    w.add_file_type(file_type)
+    kinds = []
     for name, shape, _ in items:
-        dt = np.float16 if f16 and len(shape) >= 2 else np.float32
-        dtypes.append(dt)
-        w.add_tensor_info(name, shape, np.dtype(dt), int(np.prod(shape)) * np.dtype(dt).itemsize)
+        k = kind if len(shape) >= 2 else "f32"
+        kinds.append(k)
+        n = int(np.prod(shape))
+        if k == "bf16":
+            w.add_tensor_info(name, shape, np.dtype(np.uint16), 2 * n, raw_dtype=gguf.GGMLQuantizationType.BF16)
+        else:
+            dt = np.dtype(np.float16 if k == "f16" else np.float32)
+            w.add_tensor_info(name, shape, dt, n * dt.itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for (name, shape, make), dt in zip(items, dtypes):
-        a = np.ascontiguousarray(make(), dtype=dt)
+    for (name, shape, make), k in zip(items, kinds):
+        a = np.ascontiguousarray(make(), dtype=np.float32)
         if a.shape != tuple(shape):
             raise ValueError(f"{name}: made {a.shape}, declared {shape}")
+        if k == "bf16":     # round to nearest even (exact for weights that were bf16)
+            bits = a.view(np.uint32)
+            a = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        elif k == "f16":
+            a = a.astype(np.float16)
         w.write_tensor_data(a)
     w.close()
     return path
 
 
-def write_language_model(root: str, path: str, *, f16: bool = True, specials: dict[int, str] | None = None) -> str:
+def write_language_model(root: str, path: str, *, kind: str = "f16", specials: dict[int, str] | None = None) -> str:
     """The language model of the Qwen2.5-VL checkpoint at root as a llama.cpp "qwen2vl" GGUF."""
     cfg = json.load(open(os.path.join(root, "config.json")))
     t = cfg.get("text_config", cfg)
@@ -128,7 +146,7 @@ def write_language_model(root: str, path: str, *, f16: bool = True, specials: di
                 key = f"{lm}layers.{i}.{theirs}.{part}"
                 if key in sd:
                     items.append(item(f"blk.{i}.{ours}.{part}", key))
-    return _write(path, "qwen2vl", meta, items, f16)
+    return _write(path, "qwen2vl", meta, items, kind)
 
 
 def n_wa_pattern(fullatt_block_indexes: list[int]) -> int:
@@ -140,7 +158,7 @@ def n_wa_pattern(fullatt_block_indexes: list[int]) -> int:
     return n
 
 
-def write_mmproj(root: str, path: str, *, f16: bool = True) -> str:
+def write_mmproj(root: str, path: str, *, kind: str = "f16") -> str:
     """The vision tower and merger of the Qwen2.5-VL checkpoint at root as a llama.cpp mmproj GGUF."""
     cfg = json.load(open(os.path.join(root, "config.json")))
     v, t = cfg["vision_config"], cfg.get("text_config", cfg)
@@ -194,18 +212,18 @@ def write_mmproj(root: str, path: str, *, f16: bool = True) -> str:
     for ours, theirs in (("mm.0", "merger.mlp.0"), ("mm.2", "merger.mlp.2")):
         for part in ("weight", "bias"):
             items.append(item(f"{ours}.{part}", f"{p}{theirs}.{part}"))
-    return _write(path, "clip", meta, items, f16)
+    return _write(path, "clip", meta, items, kind)
 
 
-def write_pair(root: str, out_dir: str, *, f16: bool = True, specials: dict[int, str] | None = None) -> tuple[str, str]:
-    """(language model GGUF, mmproj GGUF) of the checkpoint at root, under out_dir (reused when present)."""
-    kind = "f16" if f16 else "f32"
+def write_pair(root: str, out_dir: str, *, kind: str = "f16", specials: dict[int, str] | None = None) -> tuple[str, str]:
+    """(language model GGUF, mmproj GGUF) of the checkpoint at root with `kind` matrices, under
+    out_dir (reused when present)."""
     lm, mm = os.path.join(out_dir, f"lm-{kind}.gguf"), os.path.join(out_dir, f"mmproj-{kind}.gguf")
     os.makedirs(out_dir, exist_ok=True)
     if not os.path.exists(lm):
-        write_language_model(root, lm + ".part", f16=f16, specials=specials)
+        write_language_model(root, lm + ".part", kind=kind, specials=specials)
         os.replace(lm + ".part", lm)
     if not os.path.exists(mm):
-        write_mmproj(root, mm + ".part", f16=f16)
+        write_mmproj(root, mm + ".part", kind=kind)
         os.replace(mm + ".part", mm)
     return lm, mm

@@ -1,7 +1,8 @@
 """`python -m lite_llm.bench.vision`: image encode time, time to first token of a one-image
 chat and (--decode-tokens) decode speed on a random-weight Qwen2.5-VL, against transformers on
-the same checkpoint and image and (--peers llama.cpp) llama.cpp on the same weights written as an
-F16 GGUF + mmproj pair (bench.qwen2_5_vl_gguf; clip.cpp's qwen2.5vl_merger layout).
+the same checkpoint and image and (--peers llama.cpp) llama.cpp on the same weights written as a
+GGUF + mmproj pair (bench.qwen2_5_vl_gguf; clip.cpp's qwen2.5vl_merger layout; --gguf-type bf16,
+the checkpoint's own bits, or f16).
 
     --shape 3b     Qwen2.5-VL-3B's shape (text: width 2048, 36 layers, 16 q / 2 kv heads, vocab
                    151936, tied embeddings; vision: width 1280, 32 blocks, 16 heads), bf16
@@ -289,17 +290,17 @@ class LlamaCppQwenVL:
         return ttft, (time.perf_counter() - t1) / max(max_tokens - 1, 1)
 
 
-def gguf_pair(path: str) -> tuple[str, str]:
-    """The F16 GGUF + mmproj pair of the checkpoint at path (written once, beside it)."""
+def gguf_pair(path: str, kind: str) -> tuple[str, str]:
+    """The GGUF + mmproj pair of the checkpoint at path, `kind` matrices (written once, beside it)."""
     from lite_llm.bench.qwen2_5_vl_gguf import write_pair
-    return write_pair(path, path + "-gguf", f16=True)
+    return write_pair(path, path + "-gguf", kind=kind)
 
 
 def run_llamacpp(path: str, args) -> dict:
-    """llama.cpp on the checkpoint's F16 GGUF pair: encode = mtmd_encode_chunk of the image
+    """llama.cpp on the checkpoint's GGUF pair (--gguf-type): encode = mtmd_encode_chunk of the image
     (best of --repeats); TTFT = the prompt's text, the image (encoded and decoded) and the first
     token from an empty cache; decode = seconds per generated token after it (--decode-tokens)."""
-    lm, mm = gguf_pair(path)
+    lm, mm = gguf_pair(path, args.gguf_type)
     peer = LlamaCppQwenVL(lm, mm, args.threads)
     encode, ttft, decode = [], [], []
     for r in range(args.repeats + 1):       # the first of each warms up: not counted
@@ -333,7 +334,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time greedy decoding of this many tokens (lite-llm and llama.cpp; 0: not)")
     ap.add_argument("--peers", default="transformers",
                     help="comma-separated engines to run beside lite-llm: transformers, llama.cpp "
-                         "(on an F16 GGUF + mmproj pair written from the same checkpoint)")
+                         "(on a GGUF + mmproj pair written from the same checkpoint)")
+    ap.add_argument("--gguf-type", choices=["f16", "bf16"], default="bf16",
+                    help="llama.cpp's weights: bf16 (the checkpoint's own bits, as lite-llm and transformers "
+                         "run them) or f16 (llama.cpp's converters' default)")
     ap.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "lite_llm_bench_vision"))
     ap.add_argument("--engine", choices=["all", *RUNNERS], default="all")
     args = ap.parse_args(argv)
@@ -346,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         print("RESULT " + json.dumps(RUNNERS[args.engine](path, args)), flush=True)
         return 0
     if "llama.cpp" in peers:
-        gguf_pair(path)         # written before any engine is timed
+        gguf_pair(path, args.gguf_type)         # written before any engine is timed
     results = {}
     env = dict(os.environ, LITE_LLM_CPU_OMP_THREADS_BIND=os.environ.get("LITE_LLM_CPU_OMP_THREADS_BIND", "auto"),
                OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
@@ -364,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     lite = results["lite"]
     peers = [e for e in peers if e in results]
     print(f"Qwen2.5-VL {args.shape} shape (random weights; lite-llm and transformers in {args.dtype}"
-          + (", llama.cpp on the F16 GGUF + mmproj pair" if "llama.cpp" in peers else "")
+          + (f", llama.cpp on the {args.gguf_type.upper()} GGUF + mmproj pair" if "llama.cpp" in peers else "")
           + f"), {args.image}x{args.image} image ({lite['image_tokens']} image tokens, {lite['prompt_tokens']}-token "
           f"prompt), {args.threads} threads, load {open('/proc/loadavg').read().split()[0:3]}")
     print(f"{'':16}{'lite-llm':>12}" + "".join(f"{e:>14}{'ratio':>8}" for e in peers))

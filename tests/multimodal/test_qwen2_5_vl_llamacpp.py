@@ -34,7 +34,7 @@ def ckpt():
 def peer(ckpt):
     from lite_llm.bench.qwen2_5_vl_gguf import write_pair
     from lite_llm.bench.vision import LlamaCppQwenVL
-    lm, mm = write_pair(str(ckpt), str(ckpt / "gguf"), f16=False, specials=dict(enumerate(SPECIAL)))
+    lm, mm = write_pair(str(ckpt), str(ckpt / "gguf"), kind="f32", specials=dict(enumerate(SPECIAL)))
     p = LlamaCppQwenVL(lm, mm, threads=2, n_ctx=512, flash_attn=False, warmup=False)
     yield p
     p.close()
@@ -94,3 +94,21 @@ def test_the_writer_refuses_what_clip_cpp_cannot_run(tmp_path):
         n_wa_pattern([2, 4])
     with pytest.raises(ValueError, match="window_size 56"):
         write_mmproj(str(qwen2_5_vl_checkpoint()), str(tmp_path / "mm.gguf"))
+
+
+def test_a_bf16_pair_runs_the_same_model(ckpt, runner):
+    """The benchmark's BF16 pair (matrices rounded to bf16, round to nearest even): llama.cpp's
+    image rows agree with ours within bf16's precision, so its bits are laid out as GGUF's BF16."""
+    from lite_llm.bench.qwen2_5_vl_gguf import write_pair
+    from lite_llm.bench.vision import LlamaCppQwenVL
+    from lite_llm.multimodal import Processor, qwen2_5_vl
+    lm, mm = write_pair(str(ckpt), str(ckpt / "gguf"), kind="bf16", specials=dict(enumerate(SPECIAL)))
+    peer = LlamaCppQwenVL(lm, mm, threads=2, n_ctx=512, flash_attn=False, warmup=False)
+    try:
+        img = image(168, 112, seed=5)
+        ours = runner.vision.encoder.encode(*qwen2_5_vl.preprocess(img, Processor.for_model(str(ckpt)).vision))
+        _, theirs = peer.encode(img)
+    finally:
+        peer.close()
+    err = np.abs(theirs - ours).max() / np.abs(ours).max()
+    assert 1e-4 < err < 3e-2      # bf16's rounding shows, and nothing worse
