@@ -21,12 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
-from lite_llm.bench.vision import test_image, time_images
+from lite_llm.bench.vision import print_table, run_engines, test_image, time_images
 
 IMAGE_TOKEN = 32000      # "<image>", as llava-hf's vocabulary has it
 
@@ -319,17 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.engine != "all":
         print("RESULT " + json.dumps(RUNNERS[args.engine](files, args)), flush=True)
         return 0
-    results = {}
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
-    for engine in RUNNERS:
-        cmd = [sys.executable, "-m", "lite_llm.bench.llava", "--engine", engine, *[
-            a for k, v in vars(args).items() if k != "engine" for a in (f"--{k.replace('_', '-')}", str(v))]]
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
-        if out.returncode or not line:
-            print(f"{engine}: failed\n", out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
-            continue
-        results[engine] = json.loads(line[-1][len("RESULT "):])
+    results = run_engines("lite_llm.bench.llava", list(RUNNERS), args, dict(os.environ))
     if "lite" not in results:
         return 1
     lite = results["lite"]
@@ -337,11 +326,7 @@ def main(argv: list[str] | None = None) -> int:
           f"transformers on the same weights in {args.dtype}), {args.image}x{args.image} image "
           f"({lite['image_tokens']} image tokens, {lite['prompt_tokens']}-token prompt), {args.threads} threads, "
           f"load {open('/proc/loadavg').read().split()[0:3]}")
-    peers = [e for e in RUNNERS if e != "lite" and e in results]
-    print(f"{'':14}{'lite-llm':>12}" + "".join(f"{e:>14}{'ratio':>8}" for e in peers))
-    for key, name in (("encode_s", "encode (s)"), ("ttft_s", "TTFT (s)")):
-        print(f"{name:14}{lite[key]:12.3f}" + "".join(f"{results[e][key]:14.3f}{results[e][key] / lite[key]:7.2f}x"
-                                                  for e in peers))
+    print_table(results, [e for e in RUNNERS if e != "lite" and e in results])
     return 0
 
 

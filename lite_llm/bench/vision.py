@@ -322,6 +322,38 @@ def run_llamacpp(path: str, args) -> dict:
 RUNNERS = {"lite": run_lite, "transformers": run_transformers, "llama.cpp": run_llamacpp}
 
 
+def run_engines(module: str, engines: list[str], args, env: dict) -> dict[str, dict]:
+    """Each engine's figures, each engine in its own process one after the other (`python -m
+    module --engine E` with args, printing a RESULT line) on args.threads threads; an engine
+    that fails is reported on stderr and left out."""
+    env = dict(env, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
+    results = {}
+    for engine in engines:
+        cmd = [sys.executable, "-m", module, "--engine", engine, *[
+            a for k, v in vars(args).items() if k != "engine" for a in (f"--{k.replace('_', '-')}", str(v))]]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+        if out.returncode or not line:
+            print(f"{engine}: failed\n", out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
+            continue
+        results[engine] = json.loads(line[-1][len("RESULT "):])
+    return results
+
+
+def print_table(results: dict[str, dict], peers: list[str]) -> None:
+    """lite-llm's encode / TTFT / decode figures beside each peer's, with the peer / lite-llm ratio."""
+    lite = results["lite"]
+    print(f"{'':16}{'lite-llm':>12}" + "".join(f"{e:>14}{'ratio':>8}" for e in peers))
+    for key, name in (("encode_s", "encode (s)"), ("ttft_s", "TTFT (s)"), ("decode_s", "decode (s/tok)")):
+        if key not in lite:
+            continue
+        row = f"{name:16}{lite[key]:12.3f}"
+        for e in peers:
+            row += (f"{results[e][key]:14.3f}{results[e][key] / lite[key]:7.2f}x" if key in results[e]
+                    else f"{'-':>14}{'':8}")
+        print(row)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="3b")
@@ -351,35 +383,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if "llama.cpp" in peers:
         gguf_pair(path, args.gguf_type)         # written before any engine is timed
-    results = {}
-    env = dict(os.environ, LITE_LLM_CPU_OMP_THREADS_BIND=os.environ.get("LITE_LLM_CPU_OMP_THREADS_BIND", "auto"),
-               OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
-    for engine in ["lite", *peers]:
-        cmd = [sys.executable, "-m", "lite_llm.bench.vision", "--engine", engine, *[
-            a for k, v in vars(args).items() if k != "engine" for a in (f"--{k.replace('_', '-')}", str(v))]]
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
-        if out.returncode or not line:
-            print(f"{engine}: failed\n", out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
-            if engine == "lite":
-                return 1
-            continue
-        results[engine] = json.loads(line[-1][len("RESULT "):])
+    env = dict(os.environ, LITE_LLM_CPU_OMP_THREADS_BIND=os.environ.get("LITE_LLM_CPU_OMP_THREADS_BIND", "auto"))
+    results = run_engines("lite_llm.bench.vision", ["lite", *peers], args, env)
+    if "lite" not in results:
+        return 1
     lite = results["lite"]
     peers = [e for e in peers if e in results]
     print(f"Qwen2.5-VL {args.shape} shape (random weights; lite-llm and transformers in {args.dtype}"
           + (f", llama.cpp on the {args.gguf_type.upper()} GGUF + mmproj pair" if "llama.cpp" in peers else "")
           + f"), {args.image}x{args.image} image ({lite['image_tokens']} image tokens, {lite['prompt_tokens']}-token "
           f"prompt), {args.threads} threads, load {open('/proc/loadavg').read().split()[0:3]}")
-    print(f"{'':16}{'lite-llm':>12}" + "".join(f"{e:>14}{'ratio':>8}" for e in peers))
-    for key, name in (("encode_s", "encode (s)"), ("ttft_s", "TTFT (s)"), ("decode_s", "decode (s/tok)")):
-        if key not in lite:
-            continue
-        row = f"{name:16}{lite[key]:12.3f}"
-        for e in peers:
-            row += (f"{results[e][key]:14.3f}{results[e][key] / lite[key]:7.2f}x" if key in results[e]
-                    else f"{'-':>14}{'':8}")
-        print(row)
+    print_table(results, peers)
     return 0
 
 

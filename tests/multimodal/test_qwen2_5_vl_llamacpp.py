@@ -79,7 +79,7 @@ def test_llamacpp_logits_after_the_image_match_ours(ckpt, peer, runner, size):
     ids, mm = _prompt(ckpt, [img])
     first, n = ids.index(IMAGE_PAD), ids.count(IMAGE_PAD)
     ours = _lite_logits(runner, ids, mm)[first + n:]
-    theirs, end = peer.prefill(ids[:first], img, ids[first + n:], all_logits=True)
+    theirs, _ = peer.prefill(ids[:first], img, ids[first + n:], all_logits=True)
     assert theirs.shape == ours.shape
     np.testing.assert_allclose(theirs, ours, rtol=0, atol=1e-3 * np.abs(ours).max())
     # a different image: llama.cpp's logits move with it (the comparison is not of text alone)
