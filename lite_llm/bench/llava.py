@@ -302,8 +302,7 @@ def run_llamacpp(files, args) -> dict:
 RUNNERS = {"lite": run_lite, "transformers": run_transformers, "llama.cpp": run_llamacpp}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1b")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                     help="lite-llm's and transformers' compute type (the GGUF pair stores F16)")
@@ -313,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "lite_llm_bench_llava"))
     ap.add_argument("--engine", choices=["all", *RUNNERS], default="all")
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     files = build(args.shape, args.root)
     if args.engine != "all":
         print("RESULT " + json.dumps(RUNNERS[args.engine](files, args)), flush=True)
@@ -328,6 +329,12 @@ def main(argv: list[str] | None = None) -> int:
           f"load {open('/proc/loadavg').read().split()[0:3]}")
     print_table(results, [e for e in RUNNERS if e != "lite" and e in results])
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
 
 
 if __name__ == "__main__":

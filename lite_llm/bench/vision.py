@@ -326,11 +326,15 @@ def run_engines(module: str, engines: list[str], args, env: dict) -> dict[str, d
     """Each engine's figures, each engine in its own process one after the other (`python -m
     module --engine E` with args, printing a RESULT line) on args.threads threads; an engine
     that fails is reported on stderr and left out."""
+    import importlib
     env = dict(env, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
+    own = argparse.ArgumentParser()
+    importlib.import_module(module).add_arguments(own)
+    options = [a for k in vars(own.parse_args([])) if k != "engine"          # the module's own options alone
+               for a in (f"--{k.replace('_', '-')}", str(getattr(args, k)))]   # (not the CLI's command names)
     results = {}
     for engine in engines:
-        cmd = [sys.executable, "-m", module, "--engine", engine, *[
-            a for k, v in vars(args).items() if k != "engine" for a in (f"--{k.replace('_', '-')}", str(v))]]
+        cmd = [sys.executable, "-m", module, "--engine", engine, *options]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)
         line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
         if out.returncode or not line:
@@ -354,8 +358,7 @@ def print_table(results: dict[str, dict], peers: list[str]) -> None:
         print(row)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="3b")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     ap.add_argument("--image", type=int, default=448, help="side of the square test image, pixels")
@@ -372,11 +375,14 @@ def main(argv: list[str] | None = None) -> int:
                          "run them) or f16 (llama.cpp's converters' default)")
     ap.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "lite_llm_bench_vision"))
     ap.add_argument("--engine", choices=["all", *RUNNERS], default="all")
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     unknown = [p for p in peers if p not in RUNNERS or p == "lite"]
     if unknown:
-        ap.error(f"--peers: unknown engine(s) {unknown}; choose from transformers, llama.cpp")
+        print(f"--peers: unknown engine(s) {unknown}; choose from transformers, llama.cpp", file=sys.stderr)
+        return 2
     path = build_checkpoint(args.shape, args.root)
     if args.engine != "all":
         print("RESULT " + json.dumps(RUNNERS[args.engine](path, args)), flush=True)
@@ -395,6 +401,12 @@ def main(argv: list[str] | None = None) -> int:
           f"prompt), {args.threads} threads, load {open('/proc/loadavg').read().split()[0:3]}")
     print_table(results, peers)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
 
 
 if __name__ == "__main__":
