@@ -112,3 +112,17 @@ def test_a_bf16_pair_runs_the_same_model(ckpt, runner):
         peer.close()
     err = np.abs(theirs - ours).max() / np.abs(ours).max()
     assert 1e-4 < err < 3e-2      # bf16's rounding shows, and nothing worse
+
+
+def test_bench_vision_runs_llama_cpp_beside_us(capsys, tmp_path):
+    """`lite-llm bench vision --peers llama.cpp` on the tiny shape: the pair is written, both
+    engines run in their own processes and the table has llama.cpp's encode, TTFT and decode."""
+    from lite_llm import cli
+    assert cli.main(["bench", "vision", "--shape", "tiny", "--peers", "llama.cpp", "--image", "112",
+                     "--repeats", "1", "--decode-tokens", "3", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "llama.cpp on the BF16 GGUF + mmproj pair" in out and "16 image tokens" in out
+    rows = {line.split("  ")[0]: line.split() for line in out.splitlines()[2:]}
+    assert set(rows) == {"encode (s)", "TTFT (s)", "decode (s/tok)"}
+    assert all(len(r) == 5 for r in rows.values())      # name, lite-llm, llama.cpp, ratio
+    assert (tmp_path / "qwen2_5_vl-tiny-random-gguf" / "mmproj-bf16.gguf").exists()
