@@ -124,5 +124,5 @@ def test_bench_vision_runs_llama_cpp_beside_us(capsys, tmp_path):
     assert "llama.cpp on the BF16 GGUF + mmproj pair" in out and "16 image tokens" in out
     rows = {line.split("  ")[0]: line.split() for line in out.splitlines()[2:]}
     assert set(rows) == {"encode (s)", "TTFT (s)", "decode (s/tok)"}
-    assert all(len(r) == 5 for r in rows.values())      # name, lite-llm, llama.cpp, ratio
+    assert all(len(r) == 5 for r in rows.values())      # a two-word name, lite-llm, llama.cpp, ratio
     assert (tmp_path / "qwen2_5_vl-tiny-random-gguf" / "mmproj-bf16.gguf").exists()
