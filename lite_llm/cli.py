@@ -27,6 +27,8 @@ BENCH_COMMANDS = {
     "allreduce": ("lite_llm.bench.allreduce", "microseconds per tensor-parallel all-reduce (shared memory)"),
     "lora": ("lite_llm.bench.lora", "LoRA adapters against the bare base model: prefill, decode, mixed batches"),
     "make-gguf": ("lite_llm.bench.models", "write a random-weight GGUF of a real model shape, quantized by llama.cpp"),
+    "vision": ("lite_llm.bench.vision", "Qwen2.5-VL image encode, TTFT, decode vs transformers, llama.cpp (GGUF + mmproj)"),
+    "llava": ("lite_llm.bench.llava", "LLaVA-1.5 GGUF + mmproj: image encode and TTFT vs llama.cpp and transformers"),
 }
 
 

@@ -21,12 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
-from lite_llm.bench.vision import test_image, time_images
+from lite_llm.bench.vision import print_table, run_engines, test_image, time_images
 
 IMAGE_TOKEN = 32000      # "<image>", as llava-hf's vocabulary has it
 
@@ -303,8 +302,7 @@ def run_llamacpp(files, args) -> dict:
 RUNNERS = {"lite": run_lite, "transformers": run_transformers, "llama.cpp": run_llamacpp}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1b")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                     help="lite-llm's and transformers' compute type (the GGUF pair stores F16)")
@@ -314,22 +312,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "lite_llm_bench_llava"))
     ap.add_argument("--engine", choices=["all", *RUNNERS], default="all")
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     files = build(args.shape, args.root)
     if args.engine != "all":
         print("RESULT " + json.dumps(RUNNERS[args.engine](files, args)), flush=True)
         return 0
-    results = {}
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
-    for engine in RUNNERS:
-        cmd = [sys.executable, "-m", "lite_llm.bench.llava", "--engine", engine, *[
-            a for k, v in vars(args).items() if k != "engine" for a in (f"--{k.replace('_', '-')}", str(v))]]
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
-        if out.returncode or not line:
-            print(f"{engine}: failed\n", out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
-            continue
-        results[engine] = json.loads(line[-1][len("RESULT "):])
+    results = run_engines("lite_llm.bench.llava", list(RUNNERS), args, dict(os.environ))
     if "lite" not in results:
         return 1
     lite = results["lite"]
@@ -337,12 +327,14 @@ def main(argv: list[str] | None = None) -> int:
           f"transformers on the same weights in {args.dtype}), {args.image}x{args.image} image "
           f"({lite['image_tokens']} image tokens, {lite['prompt_tokens']}-token prompt), {args.threads} threads, "
           f"load {open('/proc/loadavg').read().split()[0:3]}")
-    peers = [e for e in RUNNERS if e != "lite" and e in results]
-    print(f"{'':14}{'lite-llm':>12}" + "".join(f"{e:>14}{'ratio':>8}" for e in peers))
-    for key, name in (("encode_s", "encode (s)"), ("ttft_s", "TTFT (s)")):
-        print(f"{name:14}{lite[key]:12.3f}" + "".join(f"{results[e][key]:14.3f}{results[e][key] / lite[key]:7.2f}x"
-                                                  for e in peers))
+    print_table(results, [e for e in RUNNERS if e != "lite" and e in results])
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
 
 
 if __name__ == "__main__":

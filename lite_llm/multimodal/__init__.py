@@ -135,37 +135,55 @@ def _read_json(path: str) -> dict:
         return json.load(fh)
 
 
+def tower(source: str, raw: dict, mmproj: str | None, with_tensors: bool) -> tuple[object, object, dict | None]:
+    """The one place the vision towers are told apart: (model module, its tower config, the
+    tower's tensors when with_tensors, else None) of the checkpoint at source (raw: its
+    config.json, {} for a GGUF file) with its llama.cpp mmproj file if any. Gemma 3 and LLaVA
+    come from an HF directory or an mmproj (its projector type says which); Qwen2.5-VL from an
+    HF directory."""
+    arch = (raw.get("architectures") or [None])[0]
+    projector = llava.mmproj_projector(mmproj) if mmproj is not None else None
+    if projector == "gemma3" or arch in gemma3.HF_ARCHITECTURES:
+        if projector == "gemma3":
+            cfg, tensors = gemma3.read_mmproj(mmproj, source, with_tensors=with_tensors)
+        else:
+            cfg = gemma3.config(source, raw)
+            tensors = gemma3.read_hf(source, cfg) if with_tensors else None
+        return gemma3, cfg, tensors
+    if mmproj is not None or arch in llava.HF_ARCHITECTURES:
+        if mmproj is not None:
+            cfg, tensors = llava.read_mmproj(mmproj, with_tensors=with_tensors)
+        else:
+            cfg = llava.hf_config(source, raw)
+            tensors = llava.read_hf(source, cfg) if with_tensors else None
+        return llava, cfg, tensors
+    from lite_llm.multimodal import qwen2_5_vl
+    cfg = qwen2_5_vl.VisionConfig.from_hf(raw, _read_json(os.path.join(source, "preprocessor_config.json")))
+    return qwen2_5_vl, cfg, qwen2_5_vl.read_hf(source) if with_tensors else None
+
+
 class Processor:
     """A vision model's front-end half: images + prompt ids -> expanded ids and an MMPrompt."""
 
     def __init__(self, source: str, raw: dict, mmproj: str | None = None):
-        is_gemma3_mmproj = mmproj is not None and llava.mmproj_projector(mmproj) == "gemma3"
-        if is_gemma3_mmproj or (raw.get("architectures") or [None])[0] in gemma3.HF_ARCHITECTURES:
-            self.module = gemma3
-            self.vision = gemma3.read_mmproj(mmproj, source, with_tensors=False)[0] if is_gemma3_mmproj \
-                else gemma3.config(source, raw)
+        self.module, self.vision, _ = tower(source, raw, mmproj, with_tensors=False)
+        if self.module is gemma3:
             self.placeholder = "<start_of_image>"   # Gemma 3's chat template writes it for an image
             self.placeholder_id = self.vision.boi_token_id
-            return
-        if mmproj is not None or (raw.get("architectures") or [None])[0] in llava.HF_ARCHITECTURES:
-            self.module = llava
-            if mmproj is not None:
-                cfg, _ = llava.read_mmproj(mmproj, with_tensors=False)
-                if os.path.isfile(source):    # <image>, or llama.cpp's media marker where the vocabulary lacks it
-                    self.placeholder, self.placeholder_id, fill = llava.gguf_placeholder_of(source)
-                else:
-                    fill = int(raw.get("image_token_id", raw.get("image_token_index", -1)))
-                    self.placeholder, self.placeholder_id = "<image>", fill
-                self.vision = dataclasses.replace(cfg, image_token_id=fill)
+        elif self.module is llava:
+            if mmproj is not None and os.path.isfile(source):
+                # <image>, or llama.cpp's media marker where the vocabulary lacks it
+                self.placeholder, self.placeholder_id, fill = llava.gguf_placeholder_of(source)
+            elif mmproj is not None:
+                fill = int(raw.get("image_token_id", raw.get("image_token_index", -1)))
+                self.placeholder, self.placeholder_id = "<image>", fill
             else:
-                self.vision = llava.hf_config(source, raw)
-                self.placeholder, self.placeholder_id = "<image>", self.vision.image_token_id
-            return
-        from lite_llm.multimodal import qwen2_5_vl
-        self.module = qwen2_5_vl
-        self.vision = qwen2_5_vl.VisionConfig.from_hf(raw, _read_json(os.path.join(source, "preprocessor_config.json")))
-        self.placeholder = "<|vision_start|><|image_pad|><|vision_end|>"   # one image in a prompt's text
-        self.placeholder_id = self.vision.image_token_id
+                self.placeholder, self.placeholder_id, fill = "<image>", self.vision.image_token_id, None
+            if fill is not None:
+                self.vision = dataclasses.replace(self.vision, image_token_id=fill)
+        else:
+            self.placeholder = "<|vision_start|><|image_pad|><|vision_end|>"   # one image in a prompt's text
+            self.placeholder_id = self.vision.image_token_id
 
     @classmethod
     def for_model(cls, source: str, mmproj: str | None = None) -> "Processor | None":
@@ -238,9 +256,6 @@ class VisionRunner:
     def __init__(self, source: str, config, max_cached_rows: int = 1 << 16, kernels=None, dtype: str = "float32",
                  num_threads: int = 1, bf16_path: str | None = None, mmproj: str | None = None):
         self.mrope = bool(config.mrope_section)
-        is_gemma3_mmproj = mmproj is not None and llava.mmproj_projector(mmproj) == "gemma3"
-        # an image's tokens see it all
-        self.bidirectional = is_gemma3_mmproj or config.architecture in gemma3.HF_ARCHITECTURES
         self.dim = config.dim
         self.cache: OrderedDict[bytes, np.ndarray] = OrderedDict()   # image hash -> [n, E], LRU order
         self.cached_rows = 0
@@ -248,42 +263,18 @@ class VisionRunner:
         self.num_encoded = 0            # images run through the encoder (tests, metrics)
         self.step_encoded = 0           # of them, in the last step_inputs call (one step's batch)
         self.encode_seconds = 0.0
-        if self.bidirectional:
-            if is_gemma3_mmproj:
-                self.vision, tensors = gemma3.read_mmproj(mmproj, source)
-            else:
-                self.vision = gemma3.config(source, _read_json(os.path.join(source, "config.json")))
-                tensors = gemma3.read_hf(source, self.vision)
+        module, self.vision, tensors = tower(source, _read_json(os.path.join(source, "config.json")), mmproj,
+                                             with_tensors=True)
+        self.bidirectional = module is gemma3       # an image's tokens see it all
+        if module is gemma3 or module is llava:
             if self.vision.out_dim != config.dim:
-                raise gemma3.Gemma3VisionError(f"{mmproj or source}: the projector gives rows of "
-                                               f"{self.vision.out_dim}, the language model takes {config.dim}")
-            self.encoder = gemma3.SiglipEncoder(self.vision, tensors, kernels, dtype, num_threads, bf16_path)
-            return
-        if mmproj is not None or config.architecture in llava.HF_ARCHITECTURES:
-            if mmproj is not None:
-                self.vision, tensors = llava.read_mmproj(mmproj)
-            else:
-                self.vision = llava.hf_config(source, _read_json(os.path.join(source, "config.json")))
-                tensors = llava.read_hf(source, self.vision)
-            if self.vision.out_dim != config.dim:
-                raise llava.LlavaError(f"the projector gives rows of {self.vision.out_dim}, the language model "
-                                       f"takes {config.dim}: mmproj and model do not belong together")
-            self.encoder = llava.ClipEncoder(self.vision, tensors, kernels, dtype, num_threads, bf16_path)
-            return
-        from lite_llm.model.hf import SafetensorsCheckpoint
-        from lite_llm.multimodal import qwen2_5_vl
-        raw = _read_json(os.path.join(source, "config.json"))
-        self.vision = qwen2_5_vl.VisionConfig.from_hf(raw, _read_json(os.path.join(source, "preprocessor_config.json")))
-        ckpt = SafetensorsCheckpoint(source)
-        try:
-            tensors = {}
-            for name in ckpt.entries:
-                if name.startswith(("visual.", "model.visual.")):
-                    a = ckpt.read(name)
-                    tensors[name.removeprefix("model.")] = _bf16(a) if a.dtype == np.uint16 else a.astype(np.float32)
-        finally:
-            ckpt.close()
-        self.encoder = qwen2_5_vl.VisionEncoder(self.vision, tensors, kernels, dtype, num_threads, bf16_path)
+                error = gemma3.Gemma3VisionError if module is gemma3 else llava.LlavaError
+                raise error(f"{mmproj or source}: the projector gives rows of {self.vision.out_dim}, the "
+                            f"language model takes {config.dim}: the vision tower and the model do not belong together")
+            encoder = gemma3.SiglipEncoder if module is gemma3 else llava.ClipEncoder
+        else:
+            encoder = module.VisionEncoder
+        self.encoder = encoder(self.vision, tensors, kernels, dtype, num_threads, bf16_path)
         del tensors
 
     def _step_embeddings(self, chunks) -> dict[bytes, np.ndarray]:
@@ -369,11 +360,6 @@ class VisionRunner:
         mm_embeds = np.ascontiguousarray(np.concatenate(parts), np.float32) if parts else None
         self.step_encoded = self.num_encoded - encoded_before
         return mm_embeds, src, rope_pos, attn
-
-
-def _bf16(bits: np.ndarray) -> np.ndarray:
-    from lite_llm.model.weights import bf16_to_f32
-    return bf16_to_f32(bits)
 
 
 def load_vision(loaded, kernels=None, num_threads: int = 1, bf16_path: str | None = None) -> VisionRunner | None:

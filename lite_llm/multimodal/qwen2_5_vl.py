@@ -211,6 +211,23 @@ def window_index(grid: tuple[int, int, int], cfg: VisionConfig) -> tuple[np.ndar
     return order, bounds
 
 
+def read_hf(source: str) -> dict[str, np.ndarray]:
+    """The vision tower's tensors of the HF checkpoint at source, float32, by their names
+    without "model." ("visual.blocks.0.attn.qkv.weight", ...)."""
+    from lite_llm.model.hf import SafetensorsCheckpoint
+    from lite_llm.model.weights import bf16_to_f32
+    ckpt = SafetensorsCheckpoint(source)
+    try:
+        tensors = {}
+        for name in ckpt.entries:
+            if name.startswith(("visual.", "model.visual.")):
+                a = ckpt.read(name)
+                tensors[name.removeprefix("model.")] = bf16_to_f32(a) if a.dtype == np.uint16 else a.astype(np.float32)
+        return tensors
+    finally:
+        ckpt.close()
+
+
 class VisionEncoder:
     """Qwen2.5-VL's vision tower with its weights, image by image. tensors: the checkpoint's
     "visual.*" as float32 arrays. kernels: the kernel module to run it on (None: NumPy only);

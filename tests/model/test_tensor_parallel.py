@@ -31,9 +31,9 @@ CASES = [("llama", {}),                             # GQA: 4 heads, 2 KV heads -
 IDS = ["gqa", "mqa", "qkv_bias", "qk_norm", "opt"]
 
 
-def tp_runner(path, dtype="float32", num_blocks=64, max_tokens=256, quantization=None):
+def tp_runner(path, dtype="float32", num_blocks=64, max_tokens=256, quantization=None, mmproj=None):
     """Rank 0's runner of a 2-rank group bound by "0|1" (the worker on CPU 1), and its group."""
-    loaded = load_model(str(path), dtype=dtype, progress=False)
+    loaded = load_model(str(path), dtype=dtype, progress=False, mmproj=mmproj)
     plan = cpu.plan_threads(cpu.read_topology(), bind="0|1")
     group = tp.start_group(loaded, plan, num_blocks=num_blocks, block_size=BLOCK, quantization=quantization,
                            max_num_batched_tokens=max_tokens, max_num_seqs=max_tokens)

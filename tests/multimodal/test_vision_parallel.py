@@ -114,6 +114,37 @@ def test_tensor_parallel_qwen2_5_vl_logits_equal_one_rank():
 
 
 @_TWO_CPUS
+@pytest.mark.parametrize("given", ["gguf+mmproj", "hf"])
+def test_tensor_parallel_llava_logits_equal_one_rank(given):
+    """LLaVA (CLIP tower + projector on rank 0, plain 1-D positions) given as a GGUF + mmproj
+    pair and as an HF directory: a prompt with two images of different sizes, fp32 logits of
+    every position through two ranks equal one rank's up to summation order, in one step and
+    through 5-token chunks (an image's 9 rows never split); a different image changes them."""
+    from llava_checkpoint import llava_checkpoint
+    from model.test_tensor_parallel import tp_runner
+    from test_llava import _prompt
+    from test_qwen2_5_vl import _lite_logits, small_runner
+
+    from lite_llm.model.loader import load_model
+    hf, lm, mm = llava_checkpoint()
+    model, mmproj = (lm, str(mm)) if given == "gguf+mmproj" else (hf, None)
+    one = small_runner(load_model(str(model), dtype="float32", progress=False, mmproj=mmproj))
+    two, group = tp_runner(model, mmproj=mmproj)
+    try:
+        assert two.vision is not None and group.layout.images
+        ids, mm_inputs = _prompt(str(model), mmproj, [image(100, 70, seed=3), image(56, 112, seed=4)])
+        assert len(mm_inputs.items) == 2
+        for chunk in (None, 5):
+            a, b = _lite_logits(one, ids, mm_inputs, chunk), _lite_logits(two, ids, mm_inputs, chunk)
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+        other_ids, other = _prompt(str(model), mmproj, [image(100, 70, seed=5), image(56, 112, seed=4)])
+        assert other_ids == ids
+        assert np.abs(_lite_logits(two, ids, other)[-1] - b[-1]).max() > 1e-3
+    finally:
+        group.close()
+
+
+@_TWO_CPUS
 def test_tensor_parallel_gemma3_image_chat_as_one_rank(monkeypatch):
     """Gemma 3 (image tokens attend to each other both ways: their attention positions travel
     too) under -tp 2: the greedy answer and its logprobs of one rank, the image's tokens in a

@@ -42,8 +42,10 @@ QWEN2_5_VL = dict(
 _BUILT: dict[str, Path] = {}
 
 
-def qwen2_5_vl_checkpoint(std: float = 0.05, seed: int = 0) -> Path:
-    key = f"{std}-{seed}"
+def qwen2_5_vl_checkpoint(std: float = 0.05, seed: int = 0, window_size: int = 56) -> Path:
+    """QWEN2_5_VL's checkpoint (its windows of window_size pixels) with the tokenizer and processor
+    settings, built once per argument set."""
+    key = f"{std}-{seed}-{window_size}"
     if key in _BUILT:
         return _BUILT[key]
     import torch
@@ -52,7 +54,9 @@ def qwen2_5_vl_checkpoint(std: float = 0.05, seed: int = 0) -> Path:
 
     out = Path(tempfile.mkdtemp(prefix="lite_llm_qwen2_5_vl_"))
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**json.loads(json.dumps(QWEN2_5_VL)))).eval()
+    config = json.loads(json.dumps(QWEN2_5_VL))
+    config["vision_config"]["window_size"] = window_size
+    model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**config)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim >= 2:
