@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-from lite_llm.bench.vision import print_table, run_engines, test_image, time_images
+from lite_llm.bench.vision import add_text_header, print_table, run_engines, test_image, time_images
 
 IMAGE_TOKEN = 32000      # "<image>", as llava-hf's vocabulary has it
 
@@ -103,14 +103,7 @@ def _write_lm(sd: dict, t: dict, path: str) -> None:
     def permute(w, heads):
         return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
     w = gguf.GGUFWriter(path, "llama")
-    w.add_block_count(t["num_hidden_layers"])
-    w.add_context_length(t["max_position_embeddings"])
-    w.add_embedding_length(E)
-    w.add_feed_forward_length(t["intermediate_size"])
-    w.add_head_count(H)
-    w.add_head_count_kv(Hkv)
-    w.add_layer_norm_rms_eps(t["rms_norm_eps"])
-    w.add_rope_freq_base(t["rope_theta"])
+    add_text_header(w, t, t["rms_norm_eps"], t["rope_theta"])
     w.add_rope_dimension_count(E // H)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     V = t["vocab_size"]

@@ -105,7 +105,7 @@ def write_language_model(root: str, path: str, *, kind: str = "f16", specials: d
     t = cfg.get("text_config", cfg)
     sd = _Tensors(root)
     lm = "model.language_model." if "model.language_model.embed_tokens.weight" in sd else "model."
-    H, Hkv, E, V = t["num_attention_heads"], t["num_key_value_heads"], t["hidden_size"], t["vocab_size"]
+    V = t["vocab_size"]
     rope = t.get("rope_scaling") or t.get("rope_parameters") or {}
     sections = list(rope["mrope_section"]) + [0] * (4 - len(rope["mrope_section"]))
     theta = rope.get("rope_theta", t.get("rope_theta", 1000000.0))
@@ -113,15 +113,9 @@ def write_language_model(root: str, path: str, *, kind: str = "f16", specials: d
     tie = cfg.get("tie_word_embeddings", t.get("tie_word_embeddings", False))
 
     def meta(w, gguf):
+        from lite_llm.bench.vision import add_text_header
         w.add_name("random-weight Qwen2.5-VL language model")
-        w.add_block_count(t["num_hidden_layers"])
-        w.add_context_length(t["max_position_embeddings"])
-        w.add_embedding_length(E)
-        w.add_feed_forward_length(t["intermediate_size"])
-        w.add_head_count(H)
-        w.add_head_count_kv(Hkv)
-        w.add_layer_norm_rms_eps(t.get("rms_norm_eps", 1e-6))
-        w.add_rope_freq_base(theta)
+        add_text_header(w, t, t.get("rms_norm_eps", 1e-6), theta)
         w.add_rope_dimension_sections(sections)
         w.add_tokenizer_model("llama")
         w.add_token_list([specials.get(i, f"t{i}") for i in range(V)])

@@ -73,6 +73,19 @@ def prompt_ids(text_len: int, seed: int) -> list[int]:
     return [151644, 872, 198, 151652, 151655, 151653] + text + [151645, 198, 151644, 77091, 198]
 
 
+def add_text_header(w, t: dict, eps: float, theta: float) -> None:
+    """The language model's shape keys of a GGUF (writer w) from an HF text config t: layers,
+    context, widths, heads, the RMSNorm epsilon and the RoPE base."""
+    w.add_block_count(t["num_hidden_layers"])
+    w.add_context_length(t["max_position_embeddings"])
+    w.add_embedding_length(t["hidden_size"])
+    w.add_feed_forward_length(t["intermediate_size"])
+    w.add_head_count(t["num_attention_heads"])
+    w.add_head_count_kv(t["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(eps)
+    w.add_rope_freq_base(theta)
+
+
 def test_image(size: int, seed: int):
     import numpy as np
     from PIL import Image
