@@ -276,9 +276,9 @@ cdef class PendingOutput:
                                self.num_cached_tokens, None)
 
 
-cdef object _simple_output(_Seq seq, bint lazy):
+cdef PendingOutput _simple_output(_Seq seq):
     """LLMEngine._make_output of a group whose only child is plain (no stop strings, logprobs
-    or prompt logprobs): its delta since the previous output; lazy: as a PendingOutput."""
+    or prompt logprobs): its delta since the previous output, as a PendingOutput."""
     request = seq.request
     comp = seq.comp
     group = seq.group
@@ -287,14 +287,11 @@ cdef object _simple_output(_Seq seq, bint lazy):
     cdef Py_ssize_t end = comp.num_chars          # no stop strings: everything is visible
     cdef Py_ssize_t num_tokens = PyList_GET_SIZE(seq.outs)
     cdef Py_ssize_t num_sent = comp.num_sent_tokens, sent_chars = comp.num_sent_chars, num, size
-    cdef list completions = []
     cdef list pending
-    cdef PendingOutput out
-    if lazy:
-        out = PendingOutput.__new__(PendingOutput)
-        out.request_id, out.prompt, out.prompt_token_ids = group.request_id, group.prompt, group.prompt_token_ids
-        out.finished = is_finished
-        out.has_completion = False
+    cdef PendingOutput out = PendingOutput.__new__(PendingOutput)
+    out.request_id, out.prompt, out.prompt_token_ids = group.request_id, group.prompt, group.prompt_token_ids
+    out.finished = is_finished
+    out.has_completion = False
     if num_tokens != num_sent or end != sent_chars or (is_finished and not comp.sent_finished):
         num = end - sent_chars                    # _Completion.take_text(end)
         if num <= 0:
@@ -309,37 +306,27 @@ cdef object _simple_output(_Seq seq, bint lazy):
             else:
                 comp._pending = []
             comp.num_sent_chars = end
-        if lazy:
-            out.has_completion = True
-            out.index, out.text, out.token_ids = request.index, text, PyList_GetSlice(seq.outs, num_sent, num_tokens)
-            out.cumulative_logprob, out.finish_reason, out.stop_reason = \
-                request.cumulative_logprob, request.finish_reason, request.stop_reason
-        else:
-            completions.append(_COMPLETION_OUTPUT(request.index, text, PyList_GetSlice(seq.outs, num_sent, num_tokens),
-                                                  request.cumulative_logprob, None, request.finish_reason,
-                                                  request.stop_reason))
+        out.has_completion = True
+        out.index, out.text, out.token_ids = request.index, text, PyList_GetSlice(seq.outs, num_sent, num_tokens)
+        out.cumulative_logprob, out.finish_reason, out.stop_reason = \
+            request.cumulative_logprob, request.finish_reason, request.stop_reason
         comp.num_sent_tokens = num_tokens
         comp.sent_finished = is_finished
-    m = seq.metrics                               # a copy: the engine thread goes on updating its own
+    m = seq.metrics                               # values now: the engine thread goes on updating its own
+    out.arrival_time, out.first_scheduled_time, out.first_token_time = \
+        m.arrival_time, m.first_scheduled_time, m.first_token_time
+    out.last_token_time, out.finished_time, out.num_preemptions = \
+        m.last_token_time, m.finished_time, m.num_preemptions
     num_cached = request.num_cached_tokens
-    if lazy:
-        out.arrival_time, out.first_scheduled_time, out.first_token_time = \
-            m.arrival_time, m.first_scheduled_time, m.first_token_time
-        out.last_token_time, out.finished_time, out.num_preemptions = \
-            m.last_token_time, m.finished_time, m.num_preemptions
-        out.num_cached_tokens = num_cached if num_cached > 0 else 0
-        return out
-    return _REQUEST_OUTPUT(group.request_id, group.prompt, group.prompt_token_ids, completions, is_finished,
-                           _REQUEST_METRICS(m.arrival_time, m.first_scheduled_time, m.first_token_time,
-                                            m.last_token_time, m.finished_time, m.num_preemptions),
-                           num_cached if num_cached > 0 else 0, None)
+    out.num_cached_tokens = num_cached if num_cached > 0 else 0
+    return out
 
 
 def make_outputs(dict touched, engine, bint lazy=False) -> list:
     """step()'s outputs of the touched groups, in order: LLMEngine._make_output's delta per group
     (compiled for a group of one plain child, engine._make_output otherwise); a finished group
     leaves engine._groups, a running FINAL_ONLY one and an empty delta give no output. lazy: a
-    group of one plain child gives a PendingOutput (its materialize() is that RequestOutput)."""
+    group of one plain child gives its PendingOutput (its materialize() is that RequestOutput)."""
     cdef list outputs = []
     cdef dict groups = engine._groups
     cdef PendingOutput pending
@@ -349,19 +336,16 @@ def make_outputs(dict touched, engine, bint lazy=False) -> list:
         if seq is not None and (<_Seq>seq).simple:
             if (<_Seq>seq).final_only and not (<_Seq>seq).request.is_finished:
                 continue
-            out = _simple_output(<_Seq>seq, lazy)
-            if lazy:
-                pending = <PendingOutput>out
-                if pending.finished:
-                    del groups[rid]
-                    outputs.append(out)
-                elif pending.has_completion:
-                    outputs.append(out)
+            pending = _simple_output(<_Seq>seq)
+            if pending.finished:
+                del groups[rid]
+            elif not pending.has_completion:
                 continue
-        else:
-            if group.final_only and not group.is_finished:
-                continue
-            out = engine._make_output(group)
+            outputs.append(pending if lazy else pending.materialize())
+            continue
+        if group.final_only and not group.is_finished:
+            continue
+        out = engine._make_output(group)
         if out.finished:
             del groups[rid]
             outputs.append(out)
