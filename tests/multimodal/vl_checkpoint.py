@@ -4,13 +4,12 @@ VisionRunner.step_inputs reads."""
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
-from conftest import TINY_CHAT_TEMPLATE, TINY_SPECIAL, TINY_VOCAB, tiny_tokenizer_json
+from conftest import cache_dir, TINY_CHAT_TEMPLATE, TINY_SPECIAL, TINY_VOCAB, tiny_tokenizer_json
 
 
 class Chunk(NamedTuple):     # what VisionRunner.step_inputs reads of a scheduled chunk
@@ -52,7 +51,7 @@ def qwen2_5_vl_checkpoint(std: float = 0.05, seed: int = 0, window_size: int = 5
     from tokenizers import Tokenizer as HFTokenizer
     from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    out = Path(tempfile.mkdtemp(prefix="lite_llm_qwen2_5_vl_"))
+    out = cache_dir("qwen2_5_vl_")
     torch.manual_seed(seed)
     config = json.loads(json.dumps(QWEN2_5_VL))
     config["vision_config"]["window_size"] = window_size
