@@ -37,6 +37,10 @@ cdef class StepBuffers:
     cdef Py_ssize_t num_slots, row_len, max_blocks, num_i, max_tokens, max_rows
     cdef Py_ssize_t num_rows          # sampling rows of the latest gather
     cdef int block_size, step_col, end_col
+    cdef object _decode_views         # set_decode's arrays, kept alive
+    cdef const int32_t *decode_slots  # [decode_size] slot of each sequence of a steady decode batch
+    cdef const int32_t *decode_tokens # [decode_size] its sampled tokens (the bound sampling writes them)
+    cdef Py_ssize_t decode_size
 
     def __init__(self, int32_t[:, ::1] token_rows, int32_t[:, ::1] block_table, int32_t[::1] num_tokens,
                  int64_t[:, ::1] iparams, const int64_t[::1] ctx_outputs, int32_t[::1] token_ids,
@@ -61,6 +65,7 @@ cdef class StepBuffers:
         self.tok_seq, self.logits_rows, self.sample_slots = &tok_seq[0], &logits_rows[0], &sample_slots[0]
         self.block_size, self.step_col, self.end_col = block_size, step_col, end_col
         self.num_rows = 0
+        self.decode_size = 0
 
     def gather(self, list chunks, dict slot_of, batch):
         """Apply the chunks' deltas (batch.add for a new request, batch.append_blocks for new
@@ -136,9 +141,12 @@ cdef class StepBuffers:
         return results, seconds
 
     cdef int _append(self, const int32_t[::1] tokens) except -1:
-        cdef Py_ssize_t r, slot, n
         if tokens.shape[0] != self.num_rows:
             raise ValueError(f"StepBuffers.append_step: {tokens.shape[0]} tokens for {self.num_rows} rows")
+        return self._append_rows(&tokens[0] if self.num_rows else NULL)
+
+    cdef int _append_rows(self, const int32_t *tokens) except -1:
+        cdef Py_ssize_t r, slot, n
         for r in range(self.num_rows):
             slot = self.sample_slots[r]
             n = self.num_tokens[slot]
@@ -149,6 +157,53 @@ cdef class StepBuffers:
             self.iparams[slot * self.num_i + self.step_col] += 1
             self.iparams[slot * self.num_i + self.end_col] += self.ctx_outputs[slot]
         return 0
+
+    # ---- a steady decode batch (_step.DecodeLane) ---------------------------------------------
+
+    def set_decode(self, const int32_t[::1] slots, const int32_t[::1] tokens):
+        """Bind a steady decode batch: sequence i sits in slot slots[i] and the step's bound
+        sampling writes its token to tokens[i] (both arrays kept, read by every gather_decode and
+        finish_decode until the next set_decode)."""
+        cdef Py_ssize_t i, n = slots.shape[0]
+        if n < 1 or tokens.shape[0] != n or n > self.max_tokens or n > self.max_rows:
+            raise ValueError(f"StepBuffers.set_decode: {n} slots, {tokens.shape[0]} tokens")
+        for i in range(n):
+            if slots[i] < 0 or slots[i] >= self.num_slots:
+                raise ValueError(f"StepBuffers.set_decode: slot {slots[i]} outside the batch")
+        self._decode_views = (slots, tokens)
+        self.decode_slots, self.decode_tokens, self.decode_size = &slots[0], &tokens[0], n
+
+    def gather_decode(self):
+        """gather() for the bound decode batch, from the slot rows alone: every sequence computes
+        its row's last token (at position num_tokens - 1) and samples. Returns the keys
+        attention reads (the rows' lengths summed)."""
+        cdef Py_ssize_t i, slot, pos, context = 0, bs = self.block_size
+        cdef const int32_t *slots = self.decode_slots
+        for i in range(self.decode_size):
+            slot = slots[i]
+            pos = self.num_tokens[slot] - 1
+            if pos < 0 or pos // bs >= self.max_blocks:
+                raise ValueError(f"StepBuffers.gather_decode: slot {slot} holds no token to compute")
+            self.token_ids[i] = self.token_rows[slot * self.row_len + pos]
+            self.positions[i] = <int32_t>pos
+            self.slot_mapping[i] = <int64_t>self.block_table[slot * self.max_blocks + pos // bs] * bs + pos % bs
+            self.tok_seq[i] = <int32_t>slot
+            self.logits_rows[i] = <int32_t>i
+            self.sample_slots[i] = <int32_t>slot
+            context += pos + 1
+        self.num_rows = self.decode_size
+        return context
+
+    def finish_decode(self, run):
+        """run() (the bound sampling, writing the tokens set_decode bound), then each sampled
+        token appended to its slot's row. Returns the seconds run() took."""
+        cdef double start = _perf_counter()
+        run()
+        cdef double seconds = _perf_counter() - start
+        if self.num_rows != self.decode_size:
+            raise ValueError("StepBuffers.finish_decode: no gather_decode before it")
+        self._append_rows(self.decode_tokens)
+        return seconds
 
 
 def gather_step(const int32_t[:, ::1] token_rows,    # IN  [max_num_seqs, L] token ids per slot

@@ -20,11 +20,16 @@ What does not live here: the stop strings and every non-plain sample (engine.py)
 per-slot arrays (_batch.pyx: the sampled ids reach them in the runner's own compiled call).
 """
 from cpython.list cimport PyList_GET_SIZE, PyList_GetSlice
+from libc.stdint cimport int32_t
 from cpython.object cimport PyObject
+from cpython.tuple cimport PyTuple_GET_SIZE
 from cpython.unicode cimport PyUnicode_GET_LENGTH, PyUnicode_READ_CHAR
 
 from lite_llm.engine.detokenizer import ByteDetokenizer
-from lite_llm.engine.request import RequestStatus
+from time import monotonic as _monotonic, perf_counter as _perf_counter
+
+from lite_llm.engine.request import RequestStatus, SampleResult
+from lite_llm.engine.stats import StepRecord
 from lite_llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 cdef extern from *:
@@ -41,6 +46,9 @@ cdef object _BYTE_DETOKENIZER = ByteDetokenizer
 cdef object _COMPLETION_OUTPUT = CompletionOutput
 cdef object _REQUEST_METRICS = RequestMetrics
 cdef object _REQUEST_OUTPUT = RequestOutput
+cdef object _SAMPLE_RESULT = SampleResult
+cdef object _STEP_RECORD = StepRecord
+cdef object _new_tuple = tuple.__new__    # a NamedTuple without its Python-level __new__
 cdef Py_UCS4 _REPLACEMENT = 0xFFFD     # what a lossy decode yields for incomplete UTF-8
 # id(byte table) -> (the table, its tokens' texts): texts[t] is None until token t is first
 # decoded, then its text when its bytes end on a whole character ("" for no bytes), else False
@@ -180,6 +188,52 @@ cdef void _prefetch(list chunks, list previous):
             LL_PREFETCH(LL_LIST_END(seq.det_pieces))
 
 
+cdef inline int _take(_Seq seq, object request, object token_obj, scheduler) except -1:
+    """Scheduler.update_from_output's work for one sampled token of a request still in the batch
+    (its computed tokens already advanced): the token joins its lists, and a stop id or the
+    length limit calls the scheduler's full stop check (which may finish the request)."""
+    seq.outs.append(token_obj)
+    seq.all_ids.append(token_obj)
+    if token_obj in seq.stop_ids or PyList_GET_SIZE(seq.outs) >= seq.limit:
+        status = scheduler._check_token_stop(request)
+        if status is not None:
+            scheduler.finish_requests(request.request_id, status)
+    return 0
+
+
+cdef inline int _emit(_Seq seq, object token_obj, object sample, object now, engine, dict touched,
+                      dict itl) except -1:
+    """LLMEngine._process_plain for one sample (token_obj; sample its SampleResult, or None for
+    a plain (token, None, None, None) one): a plain sample (still running, not its first token)
+    has its ITL counted and its token detokenized here; any other goes to _process_sample."""
+    cdef long token
+    request = seq.request
+    metrics = seq.metrics
+    last = metrics.last_token_time
+    if not seq.plain or request.status is not RUNNING or last is None:
+        if sample is None:
+            sample = _new_tuple(_SAMPLE_RESULT, (token_obj, None, None, None))
+        engine._process_sample(request, sample, now)
+        if not seq.final_only or request.is_finished:
+            touched[seq.parent_id] = seq.group
+        return 0
+    itl[last] = itl.get(last, 0) + 1
+    metrics.last_token_time = now
+    if seq.det is not None:
+        if seq.byte_det:
+            token = token_obj
+            new_text = _byte_add(seq, token_obj, token)
+        else:
+            new_text = seq.det.add(token_obj)
+        if new_text:                     # _Completion.add_text without stop strings (no tail)
+            comp = seq.comp
+            comp._pending.append(new_text)
+            comp.num_chars += len(new_text)
+    if not seq.final_only:
+        touched[seq.parent_id] = seq.group
+    return 0
+
+
 def plain_step(list chunks, list results, object now, scheduler, engine, dict touched) -> dict:
     """Scheduler.update_from_output(chunks, results) then LLMEngine._process_plain for a step
     without drafts or grammars. touched: parent id -> group, grown in sample order. Returns the
@@ -192,7 +246,6 @@ def plain_step(list chunks, list results, object now, scheduler, engine, dict to
     cdef dict itl = {}
     cdef dict groups = engine._groups
     cdef _Seq seq
-    cdef long token
     if len(results) != n:
         raise AssertionError("runner results must align with chunks")
     # ---- phase 1: Scheduler.update_from_output ---------------------------------------------
@@ -211,41 +264,13 @@ def plain_step(list chunks, list results, object now, scheduler, engine, dict to
         if result is None:
             raise AssertionError(f"no sample for {request}")
         seq = _seq_of(request, groups)
-        token_obj = (<tuple>result)[0]
-        seq.outs.append(token_obj)
-        seq.all_ids.append(token_obj)
+        _take(seq, request, (<tuple>result)[0], scheduler)
         seqs.append(seq)
         samples.append(result)
-        if token_obj in seq.stop_ids or PyList_GET_SIZE(seq.outs) >= seq.limit:
-            status = scheduler._check_token_stop(request)
-            if status is not None:
-                scheduler.finish_requests(request.request_id, status)
     # ---- phase 2: LLMEngine._process_plain --------------------------------------------------
     for i in range(len(seqs)):
-        seq = <_Seq>seqs[i]
-        request = seq.request
-        metrics = seq.metrics
-        last = metrics.last_token_time
-        if not seq.plain or request.status is not RUNNING or last is None:
-            engine._process_sample(request, samples[i], now)
-            if not seq.final_only or request.is_finished:
-                touched[seq.parent_id] = seq.group
-            continue
-        itl[last] = itl.get(last, 0) + 1
-        metrics.last_token_time = now
-        if seq.det is not None:
-            token_obj = (<tuple>samples[i])[0]
-            if seq.byte_det:
-                token = token_obj
-                new_text = _byte_add(seq, token_obj, token)
-            else:
-                new_text = seq.det.add(token_obj)
-            if new_text:                     # _Completion.add_text without stop strings (no tail)
-                comp = seq.comp
-                comp._pending.append(new_text)
-                comp.num_chars += len(new_text)
-        if not seq.final_only:
-            touched[seq.parent_id] = seq.group
+        sample = samples[i]
+        _emit(<_Seq>seqs[i], (<tuple>sample)[0], sample, now, engine, touched, itl)
     engine.step_seqs = seqs
     return itl
 
@@ -383,3 +408,171 @@ def schedule_decodes(list running, dict room, list chunks, Py_ssize_t budget, Py
         budget -= num_new
         idx += 1
     return idx, budget
+
+
+cdef int _observe(object hist, double value, Py_ssize_t count) except -1:
+    """stats.HistogramAccumulator.observe(value, count), compiled."""
+    cdef tuple bounds = hist.bounds
+    cdef Py_ssize_t lo = 0, hi = PyTuple_GET_SIZE(bounds), mid
+    while lo < hi:                       # bisect.bisect_left
+        mid = (lo + hi) >> 1
+        if <double>bounds[mid] < value:
+            lo = mid + 1
+        else:
+            hi = mid
+    cdef list counts = hist._bucket_counts
+    counts[lo] = counts[lo] + count
+    hist._sum = hist._sum + value * count
+    return 0
+
+
+def add_itl(stats, dict itl, double now):
+    """LLMEngine._add_itl, compiled: the plain samples' inter-token latencies, counted per
+    previous token time, into stats (a StatsCollector)."""
+    cdef Py_ssize_t count, total = 0
+    hist = stats.itl
+    for last, c in itl.items():
+        count = c
+        _observe(hist, now - <double>last, count)
+        total += count
+    if total:
+        stats.generation_tokens_total += total
+
+
+def record_step(stats, record):
+    """StatsCollector.record_step(record), compiled."""
+    stats.num_steps_total += 1
+    _observe(stats.step_python, (<tuple>record)[2], 1)
+    _observe(stats.step_kernel, (<tuple>record)[3], 1)
+    stats.step_bytes_read_total += (<tuple>record)[4]
+    stats.recent_steps.append(record)
+
+
+cdef class DecodeLane:
+    """A steady batch of plain decodes stepped by one compiled call: LLMEngine.step's schedule,
+    runner.execute and per-sequence work for a step in which the same sequences as the latest
+    step each compute their one new token, without building a SchedulerOutput, chunks,
+    StepArrays or SampleResults.
+
+        the latest step (the Python path):  S sequences, 1 token each, plain runner step
+            -> decode_lane(): their _Seq records, the runner's bound arrays (decode_binding)
+        every later step, while it holds:   step() = room check (a block allocated where one
+            fills) -> gather_decode -> forward -> sample + append -> _take / _emit per
+            sequence (as plain_step) -> make_outputs -> the step's StepRecord
+
+    step() returns None, having changed nothing but blocks allocated ahead (which the Python
+    path then finds in place), when the batch is no longer steady: a request waits to be
+    admitted, one finished, was aborted or preempted, the running list changed, a sequence has
+    more than one token to compute, or the pool is short of a block. The engine then drops the
+    lane and runs the Python path, which builds the next lane when its step qualifies.
+    Everything else the path depends on (logprobs, biases, bans, grammars, drafts, LoRA,
+    images, tensor parallel) arrives only with a new request, which ends the lane first."""
+    cdef list seqs                   # _Seq of each sequence, in the batch's (running) order
+    cdef list running                # the scheduler's running list, which must stay the same
+    cdef object engine, scheduler, room, allocate, append_blocks
+    cdef object gather, gather_params, call, forward, fwd_args, finish, stats
+    cdef int32_t[::1] tokens         # [S] the bound sampling's output
+    cdef int32_t[::1] slots          # [S] each sequence's batch slot
+    cdef Py_ssize_t size, max_num_seqs
+    cdef long long bytes_per_token, kv_bytes_per_token
+    cdef readonly Py_ssize_t num_steps   # steps this lane ran
+
+    def step(self, bint lazy=False):
+        """One step of the batch (LLMEngine.step's outputs), or None when it is not steady."""
+        cdef Py_ssize_t i, n = self.size, start
+        cdef list running = self.running, seqs = self.seqs
+        cdef _Seq seq
+        cdef dict room = self.room, itl, touched
+        cdef double t0, k0, kernel
+        sched = self.scheduler
+        if PyList_GET_SIZE(running) != n or sched._finished_req_ids or sched._preempted_req_ids \
+                or (sched.waiting and n < self.max_num_seqs):
+            return None
+        t0 = _perf_counter()
+        _prefetch(_NO_CHUNKS, seqs)
+        for i in range(n):               # the schedule: Scheduler._schedule_running's decode case
+            seq = <_Seq>seqs[i]
+            request = running[i]
+            if request is not seq.request:
+                return None
+            start = request.num_computed_tokens
+            if PyList_GET_SIZE(seq.all_ids) - start != 1:
+                return None
+            if start + 1 > room.get(seq.request_id, -1):     # its blocks are full: one more
+                block_ids = self.allocate(request, 1, (), 0)
+                if block_ids is None:
+                    return None
+                if block_ids:
+                    self.append_blocks(self.slots[i], block_ids)
+        context = self.gather()
+        if self.gather_params is not None:
+            self.gather_params()
+        self.call.check()
+        k0 = _perf_counter()
+        self.forward(*self.fwd_args)
+        kernel = _perf_counter() - k0
+        kernel += self.finish(self.call.run)
+        now = _monotonic()
+        itl, touched = {}, {}
+        cdef list token_objs = [None] * n
+        for i in range(n):               # Scheduler.update_from_output
+            seq = <_Seq>seqs[i]
+            request = seq.request
+            request.num_computed_tokens = PyList_GET_SIZE(seq.all_ids)
+            token_obj = self.tokens[i]
+            token_objs[i] = token_obj
+            _take(seq, request, token_obj, sched)
+        engine = self.engine
+        for i in range(n):               # LLMEngine._process_plain
+            _emit(<_Seq>seqs[i], token_objs[i], None, now, engine, touched, itl)
+        stats = self.stats
+        add_itl(stats, itl, now)
+        engine.step_seqs = seqs
+        outputs = make_outputs(touched, engine, lazy)
+        record_step(stats, _new_tuple(_STEP_RECORD, (n, n, _perf_counter() - t0 - kernel, kernel,
+                                                     self.bytes_per_token + context * self.kv_bytes_per_token)))
+        self.num_steps += 1
+        return outputs
+
+
+cdef list _NO_CHUNKS = []
+
+
+def decode_lane(engine, sched_out, runner):
+    """The DecodeLane of the batch the step just run (sched_out, on runner) leaves, or None
+    unless it qualifies: every running request computed one token and sampled (none new, no
+    drafts), in running's order, each a sequence plain_step has seen whose decodes
+    schedule_decodes may schedule, and the runner's step was a plain one it can bind
+    (ModelRunner.decode_binding)."""
+    cdef list chunks = sched_out.chunks
+    cdef Py_ssize_t i, n = PyList_GET_SIZE(chunks)
+    cdef tuple c
+    scheduler = engine.scheduler
+    cdef list running = scheduler.running
+    if n == 0 or PyList_GET_SIZE(running) != n or scheduler.num_lookahead_tokens:
+        return None
+    cdef list seqs = []
+    for i in range(n):
+        c = <tuple>chunks[i]             # ScheduledChunk: (request, start, num_new, blocks, sample, is_new, spec)
+        request = c[0]
+        if request is not running[i] or c[2] != 1 or not c[4] or c[5] or c[6] or request.status is not RUNNING:
+            return None
+        state = request.step_state
+        if state is None or not (<_Seq>state).decodes:
+            return None
+        seqs.append(state)
+    binding = getattr(runner, "decode_binding", None)
+    binding = binding(n) if binding is not None else None
+    if binding is None:
+        return None
+    cdef DecodeLane lane = DecodeLane.__new__(DecodeLane)
+    lane.seqs, lane.running, lane.size = seqs, running, n
+    lane.engine, lane.scheduler, lane.max_num_seqs = engine, scheduler, scheduler.max_num_seqs
+    kv = scheduler.kv_cache_manager
+    lane.room, lane.allocate, lane.append_blocks = kv.room, kv.allocate_slots, runner.input_batch.append_blocks
+    lane.gather, lane.gather_params, lane.call, lane.forward, lane.fwd_args, lane.finish, lane.tokens, \
+        lane.slots = binding
+    lane.stats = engine._stats
+    lane.bytes_per_token, lane.kv_bytes_per_token = runner.bytes_per_token, runner.kv_bytes_per_token
+    lane.num_steps = 0
+    return lane

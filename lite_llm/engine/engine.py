@@ -182,6 +182,9 @@ class LLMEngine:
     # call (_step.plain_step), and every step's outputs come from _step.make_outputs; False runs
     # the Python references (the tests compare the two)
     batched_decode = True
+    # a steady batch of plain decodes (the same sequences, one token each, step after step) runs
+    # each step as one compiled call (_step.DecodeLane); False: every step takes the path above
+    decode_lanes = True
 
     def __init__(self, runner: Runner, tokenizer: Any, config: EngineConfig):
         self.runner = runner
@@ -207,6 +210,8 @@ class LLMEngine:
         self._stats = StatsCollector()
         self._stopped_in_step: set[str] = set()   # finished by a stop string before its last token
         self.lora = None     # lora.LoRAManager when adapters are enabled (llm.build_engine)
+        self._lane = None            # the steady decode batch's _step.DecodeLane, while there is one
+        self.decode_lane_steps = 0   # steps a DecodeLane ran
         self.step_seqs: list = []    # the latest plain step's sequence records (_step.plain_step)
 
     # ---- requests in ----------------------------------------------------------------------
@@ -283,6 +288,13 @@ class LLMEngine:
         a request's deltas up). lazy: the output of a request of one plain sequence may be a
         _step.PendingOutput, whose materialize() gives its RequestOutput (AsyncEngine passes
         True: its readers build them, off the engine thread)."""
+        lane = self._lane
+        if lane is not None:      # a steady decode batch: the whole step in one compiled call
+            outputs = lane.step(lazy)
+            if outputs is not None:
+                self.decode_lane_steps += 1
+                return outputs
+            self._lane = None
         start = time.perf_counter()
         touched: dict[str, _Group] = {}
         sched_out = self.scheduler.schedule()
@@ -303,8 +315,11 @@ class LLMEngine:
             self._record_drafts(sched_out, results)
         if spec_ids is None and not matchers and self.batched_decode:
             # no drafts, no grammar: the per-sequence work in one compiled call (_step.pyx)
-            self._add_itl(_step.plain_step(sched_out.chunks, results, now, self.scheduler, self, touched), now)
+            _step.add_itl(self._stats, _step.plain_step(sched_out.chunks, results, now, self.scheduler, self, touched),
+                          now)
             sampled = ()
+            if self.decode_lanes:
+                self._lane = _step.decode_lane(self, sched_out, self.runner)
         else:
             sampled = self.scheduler.update_from_output(sched_out, results, spec_ids)
         # a request may get several tokens (accepted drafts): tokens after a stop string go

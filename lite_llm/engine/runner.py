@@ -14,6 +14,7 @@ import ctypes
 import logging
 import time
 from collections import Counter
+from functools import partial
 
 import numpy as np
 
@@ -281,6 +282,7 @@ class ModelRunner:
         eos = tuple(cfg.eos_token_ids)
         self.sampler = Sampler(cfg.vocab_size, eos, num_threads=num_threads)
         self.input_batch = InputBatch(max_num_seqs, max_pos, block_size, eos, max_num_batched_tokens)
+        self.last_plain = False      # the latest execute() ran _execute_plain (decode_binding)
         self._plain_bound = None     # (R, logits view, prefix, PreparedSample, its out tokens) of the latest plain step
         self.weight_bytes = sum(v.nbytes for k, v in tensors.items() if isinstance(v, np.ndarray))
         # a decode step streams every matrix once (of the experts, the top-k of X a token runs);
@@ -407,6 +409,7 @@ class ModelRunner:
         while forward() runs; waited for before sampling. Prompt logprobs computed this step
         are left in last_prompt_logprobs."""
         batch = self.input_batch
+        self.last_plain = False
         a = batch.prepare(sched_out)
         if self.proposer is not None:
             return self._execute_speculative(sched_out, a, masks)
@@ -469,6 +472,7 @@ class ModelRunner:
             self._plain_bound = (num_rows, logits, prefix, call, tokens)
         _, _, kernel_seconds, _, _ = self._forward_step(sched_out, a, a.logits_rows, None)
         sampled, sample_seconds = batch.finish_plain(call.run, tokens, SampleResult)
+        self.last_plain = True
         self.sampler.last_tokens, self.sampler.last_kernel_seconds = tokens, sample_seconds
         self.last_step_cost = (kernel_seconds + sample_seconds,
                                self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token)
@@ -476,6 +480,29 @@ class ModelRunner:
             return sampled
         results = iter(sampled)       # a prefill chunk that does not sample yet: None
         return [next(results) if c.sample else None for c in sched_out.chunks]
+
+    def decode_binding(self, num_seqs: int):
+        """What a steady decode batch (_step.DecodeLane) runs each step in place of execute(),
+        bound to the latest step's arrays: (gather_decode, gather_params or None, the bound
+        sampling, forward, forward's arguments, finish_decode, the sampled tokens [S], the slots
+        [S]). None unless that step was a plain one (_execute_plain) of num_seqs sequences,
+        one token each: then every later step of the same sequences, one token each, runs the
+        same calls on the same arrays (nothing that would change the path can join the batch
+        without a new request, which ends the lane)."""
+        batch = self.input_batch
+        key, views = batch._step_views
+        cached = self._plain_bound
+        if not self.last_plain or key != (num_seqs, num_seqs) or cached is None or cached[0] != num_seqs \
+                or self.lora_weights is not None or self.vision is not None or self.tp_group is not None:
+            return None
+        _, logits, prefix, call, tokens = cached
+        slots = views[5].copy()       # the sampling slots: one per sequence, in the batch's order
+        batch._buffers.set_decode(slots, tokens)
+        gather_params = None if prefix else partial(batch.gather_params, slots)
+        args = (self.model, self.workspace, views[0], views[1], views[2], views[3], batch.block_table, views[4],
+                logits, self.num_threads)
+        return (batch._buffers.gather_decode, gather_params, call, self.kernels.forward, args,
+                batch._buffers.finish_decode, tokens, slots)
 
     # ---- speculative decoding -------------------------------------------------------------
 

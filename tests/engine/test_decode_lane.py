@@ -1,0 +1,177 @@
+"""The steady decode lane (_step.DecodeLane: a batch of plain decodes stepped by one compiled
+call, without a SchedulerOutput, chunks or SampleResults) against the step path it bypasses
+(LLMEngine.decode_lanes = False), on a tiny random llama through a real ModelRunner and its
+own tokenizer.
+
+Both engines get the same requests arriving over the first steps and abort the same ones at
+the same steps. The workloads make the lane start and end again and again: requests finish
+at different steps (max_tokens, EOS, stop token ids), 16-token blocks fill at different steps
+(the lane allocates the next one), a short pool preempts, more requests than max_num_seqs
+wait while the batch is full, and requests the lane cannot take (logprobs, stop strings,
+n > 1, min_tokens) join now and then. Every step's outputs, the stats both must agree on and
+the freed KV must be identical, and the lane must have run most decode steps.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import tiny_checkpoint_path
+from test_step_batched import mixed_requests, plain_outputs
+
+from lite_llm.engine import _step
+from lite_llm.engine.engine import EngineConfig, LLMEngine
+from lite_llm.engine.runner import ModelRunner
+from lite_llm.model.loader import load_model
+from lite_llm.sampling_params import RequestOutputKind, SamplingParams
+
+_LOADED = {}
+
+
+def make_engine(lanes: bool, **overrides) -> LLMEngine:
+    path = str(tiny_checkpoint_path("llama"))
+    if path not in _LOADED:
+        _LOADED[path] = load_model(path, dtype="float32", progress=False)
+    loaded = _LOADED[path]
+    cfg = dict(max_num_seqs=16, max_num_batched_tokens=128, block_size=16, num_blocks=256, max_model_len=96,
+               seed=3, eos_token_ids=tuple(loaded.config.eos_token_ids))
+    cfg.update(overrides)
+    config = EngineConfig(**cfg)
+    runner = ModelRunner(loaded, num_blocks=config.num_blocks, block_size=config.block_size,
+                         max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
+                         num_threads=2)
+    engine = LLMEngine(runner, loaded.tokenizer, config)
+    engine.decode_lanes = lanes
+    return engine
+
+
+def plain_requests(tokenizer, num: int, seed: int):
+    """What the lane takes: greedy and seeded draws, penalties, stop token ids, EOS, DELTA and
+    FINAL_ONLY, different lengths (so finishes and full blocks fall on different steps)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(num):
+        prompt = [int(t) for t in rng.integers(3, 300, int(rng.integers(1, 14)))]
+        params = dict(max_tokens=int(rng.integers(2, 48)), seed=200 + i,
+                      temperature=(0.0, 0.8, 1.2)[i % 3], ignore_eos=i % 4 != 0)
+        if i % 5 == 1:
+            params.update(stop_token_ids=[int(t) for t in rng.integers(3, 300, 6)])
+        if i % 5 == 2:
+            params.update(repetition_penalty=1.3, frequency_penalty=0.4, top_k=40)
+        if i % 5 == 3:
+            params.update(output_kind=RequestOutputKind.FINAL_ONLY, top_p=0.8)
+        out.append((f"p{i}", prompt, SamplingParams(**params)))
+    return out
+
+
+def run(lanes: bool, requests, abort_at: dict[int, list[str]], lazy: bool = False, **overrides):
+    """Every step's outputs as plain values, the stats both paths must agree on, and the steps
+    the lane ran."""
+    engine = make_engine(lanes, **overrides)
+    waiting = list(requests)
+    steps, counts = [], []
+    for step in range(10_000):
+        while waiting and len(waiting) > len(requests) - 3 * (step + 1):   # arrivals over the first steps
+            rid, prompt, params = waiting.pop(0)
+            engine.add_request(rid, prompt, params)
+        outs = engine.step(lazy=lazy)
+        if step in abort_at:
+            outs += engine.abort_request(abort_at[step])
+        steps.append(plain_outputs(outs, counts))
+        if not waiting and not engine.has_unfinished_requests():
+            break
+    kv = engine.kv_cache_manager
+    kv.block_pool.check()
+    assert kv.num_free_blocks == kv.num_blocks
+    s = engine.stats()
+    stats = (s.generation_tokens_total, s.prompt_tokens_total, s.itl.count,   # (latencies are timings)
+             dict(s.request_success_total), s.num_preempted_total, s.step_python.count, s.step_kernel.count,
+             s.step_bytes_read_total, [(r.num_seqs, r.num_tokens, r.bytes_read) for r in s.recent_steps])
+    return steps, stats, engine.decode_lane_steps
+
+
+@pytest.mark.parametrize("config", [{}, dict(num_blocks=20), dict(max_num_seqs=6)],
+                         ids=["roomy", "preempting", "queue-while-full"])
+def test_lane_gives_the_step_paths_outputs(config):
+    tok = make_engine(False).tokenizer
+    requests = plain_requests(tok, 30, 0)
+    abort_at = {5: ["p3", "p7"], 14: ["p12", "p20"], 30: ["p25"]}
+    ref_steps, ref_stats, ref_lane = run(False, requests, abort_at, **config)
+    steps, stats, lane_steps = run(True, requests, abort_at, **config)
+    assert ref_lane == 0
+    finishes = {c[3] for step in ref_steps for o in step for c in o[2] if c[3]}
+    assert {"length", "abort"} <= finishes
+    assert stats == ref_stats
+    assert steps == ref_steps
+    assert lane_steps >= len(steps) // 3, f"the lane ran {lane_steps} of {len(steps)} steps"
+    if "num_blocks" in config:
+        assert ref_stats[4] > 0, "the pool must preempt"
+
+
+def test_lane_with_requests_it_cannot_take():
+    """Logprobs, stop strings, n > 1 and min_tokens requests join the plain ones: the lane
+    ends when they arrive and forms again once they leave; the outputs stay the step path's."""
+    tok = make_engine(False).tokenizer
+    requests = plain_requests(tok, 16, 1) + mixed_requests(tok, 16, 2) + plain_requests(tok, 16, 3)
+    requests = [(f"{rid}-{i}", prompt, params) for i, (rid, prompt, params) in enumerate(requests)]
+    ref_steps, ref_stats, _ = run(False, requests, {})
+    steps, stats, lane_steps = run(True, requests, {})
+    assert stats == ref_stats
+    assert steps == ref_steps
+    assert lane_steps > 0
+
+
+def test_lane_lazy_outputs():
+    """step(lazy=True) in the lane leaves PendingOutputs that materialize to the step path's."""
+    tok = make_engine(False).tokenizer
+    requests = plain_requests(tok, 12, 4)
+    ref_steps, ref_stats, _ = run(False, requests, {}, lazy=True)
+    steps, stats, lane_steps = run(True, requests, {}, lazy=True)
+    assert (steps, stats) == (ref_steps, ref_stats) and lane_steps > 10
+
+
+def test_lane_forms_and_steps():
+    """The lane forms after the first decode step (the prefill's chunks are not one token
+    each) and its step gives every sequence one more token."""
+    tok = make_engine(False).tokenizer
+    requests = plain_requests(tok, 8, 5)
+    engine = make_engine(True)
+    for rid, prompt, params in requests:
+        engine.add_request(rid, prompt, params)
+    engine.step()                     # the prefill step
+    assert engine._lane is None
+    for _ in range(8):                # decode steps on the step path until one qualifies (none finishes)
+        engine.step()
+        if engine._lane is not None:
+            break
+    assert isinstance(engine._lane, _step.DecodeLane) and engine.decode_lane_steps == 0
+    lane = engine._lane
+    running = list(engine.scheduler.running)
+    before = [list(r.output_token_ids) for r in running]
+    engine.step()
+    assert engine.decode_lane_steps == 1 and lane.num_steps == 1
+    for request, b in zip(running, before):
+        assert request.output_token_ids[:-1] == b and request.num_computed_tokens == request.num_tokens - 1
+
+
+def test_stats_twins_match_the_python_ones():
+    """_step.add_itl and _step.record_step (the lane's) against LLMEngine._add_itl and
+    StatsCollector.record_step, values on bucket bounds included."""
+    from lite_llm.engine.stats import STEP_BUCKETS, TPOT_BUCKETS, StatsCollector, StepRecord
+    rng = np.random.default_rng(0)
+    a, b = StatsCollector(), StatsCollector()
+    engine = make_engine(False)
+    for _ in range(200):
+        now = float(rng.uniform(1, 2))
+        itl = {now - float(rng.choice(TPOT_BUCKETS + (rng.uniform(0, 100),))): int(rng.integers(1, 5))
+               for _ in range(int(rng.integers(1, 4)))}
+        engine._stats = a
+        engine._add_itl(itl, now)
+        _step.add_itl(b, itl, now)
+        rec = StepRecord(3, 4, float(rng.choice(STEP_BUCKETS)), float(rng.uniform(0, 3)), int(rng.integers(0, 99)))
+        a.record_step(rec)
+        _step.record_step(b, rec)
+    for name in ("itl", "step_python", "step_kernel"):
+        ha, hb = getattr(a, name).snapshot(), getattr(b, name).snapshot()
+        assert ha.counts == hb.counts and ha.count == hb.count and ha.sum == pytest.approx(hb.sum, rel=1e-12)
+    assert (a.generation_tokens_total, a.num_steps_total, a.step_bytes_read_total, list(a.recent_steps)) == \
+        (b.generation_tokens_total, b.num_steps_total, b.step_bytes_read_total, list(b.recent_steps))
