@@ -238,6 +238,11 @@ atexit.register(shutil.rmtree, _CACHE_ROOT, ignore_errors=True)
 _BUILT: dict[tuple, Path] = {}
 
 
+def cache_dir(prefix: str) -> Path:
+    """A new directory under the test run's cache root, removed when the run ends."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=_CACHE_ROOT))
+
+
 def checkpoint_copy(ckpt: Path, out_dir: Path) -> dict[str, np.ndarray]:
     """out_dir, made holding every file of the HF checkpoint `ckpt` but its weights; returns
     those weights (model.safetensors) as NumPy arrays, for the caller to change and save there."""

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import copy
 import json
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from conftest import ARCH_DEFAULTS, TINY_SPECIAL, gguf_from_hf, randomize_weights, tiny_hf_tokenizer, write_gguf
+from conftest import ARCH_DEFAULTS, TINY_SPECIAL, cache_dir, gguf_from_hf, randomize_weights, tiny_hf_tokenizer, write_gguf
 
 IMAGE_SPECIAL = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
 NEWLINES = ["\n\n", "\n\n\n", "\n\n\n\n"]
@@ -39,7 +38,7 @@ def gemma3_checkpoint(std: float = 0.05, seed: int = 0, **text) -> Path:
     import torch
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
-    out = Path(tempfile.mkdtemp(prefix="lite_llm_gemma3_vl_"))
+    out = cache_dir("gemma3_vl_")
     torch.manual_seed(seed)
     config = Gemma3Config(text_config=dict(copy.deepcopy(TEXT), **text), vision_config=dict(VISION),
                           mm_tokens_per_image=TOKENS_PER_IMAGE, boi_token_index=BOI, eoi_token_index=EOI,

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from conftest import ARCH_DEFAULTS, TINY_SPECIAL, gguf_from_hf, randomize_weights, tiny_hf_tokenizer, write_gguf
+from conftest import ARCH_DEFAULTS, TINY_SPECIAL, cache_dir, gguf_from_hf, randomize_weights, tiny_hf_tokenizer, write_gguf
 
 SPECIAL = TINY_SPECIAL + ["<image>"]
 IMAGE = SPECIAL.index("<image>")
@@ -35,7 +34,7 @@ def llava_checkpoint(std: float = 0.05, seed: int = 0) -> tuple[Path, Path, Path
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, LlavaConfig, LlavaForConditionalGeneration
 
-    out = Path(tempfile.mkdtemp(prefix="lite_llm_llava_"))
+    out = cache_dir("llava_")
     hf, lm = out / "hf", out / "lm"
     torch.manual_seed(seed)
     config = LlavaConfig(vision_config=dict(VISION), text_config=dict(TEXT), image_token_id=IMAGE,

@@ -4,13 +4,12 @@ VisionRunner.step_inputs reads."""
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
-from conftest import TINY_SPECIAL, TINY_VOCAB, randomize_weights, tiny_hf_tokenizer
+from conftest import TINY_SPECIAL, TINY_VOCAB, cache_dir, randomize_weights, tiny_hf_tokenizer
 
 
 class Chunk(NamedTuple):     # what VisionRunner.step_inputs reads of a scheduled chunk
@@ -51,7 +50,7 @@ def qwen2_5_vl_checkpoint(std: float = 0.05, seed: int = 0, window_size: int = 5
     import torch
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    out = Path(tempfile.mkdtemp(prefix="lite_llm_qwen2_5_vl_"))
+    out = cache_dir("qwen2_5_vl_")
     torch.manual_seed(seed)
     config = json.loads(json.dumps(QWEN2_5_VL))
     config["vision_config"]["window_size"] = window_size
