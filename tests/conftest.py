@@ -16,6 +16,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import gguf
 import numpy as np
@@ -167,10 +168,42 @@ def _model_class(arch: str):
             "xlm_roberta_cls": (transformers.XLMRobertaConfig, transformers.XLMRobertaForSequenceClassification)}[arch]
 
 
+def randomize_weights(model, std: float, norm_low: float | Callable[[str], float] = 0.5,
+                      is_norm: Callable[[str], bool] = lambda name: "norm" in name and name.endswith("weight")) -> None:
+    """Non-trivial weights in place, norms and biases off their 1/0 init so every tensor matters:
+    matrices N(0, std) (a vision tower's patch embedding N(0, 0.02): its rows are 3 P^2 pixels
+    long), norm weights U(low, low + 1) with low = norm_low (or norm_low(name)), every other
+    vector N(0, std). Parameters are drawn in named_parameters() order from torch's global RNG."""
+    import torch
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim >= 2:
+                p.normal_(0.0, 0.02 if "patch_embed" in name else std)
+            elif is_norm(name):
+                low = norm_low(name) if callable(norm_low) else norm_low
+                p.uniform_(low, low + 1.0)
+            else:
+                p.normal_(0.0, std)
+
+
+def tiny_hf_tokenizer(special: list[str] = TINY_SPECIAL, *, backend=None,
+                      chat_template: str | None = TINY_CHAT_TEMPLATE, **extra):
+    """transformers' fast tokenizer over tiny_tokenizer_json(special) (or a tokenizers `backend`):
+    bos and pad <|endoftext|>, eos <|im_end|>, no unknown token, chat_template set unless None;
+    extra: further PreTrainedTokenizerFast arguments."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from transformers import PreTrainedTokenizerFast
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend or HFTokenizer.from_str(tiny_tokenizer_json(special)),
+                                  bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                  unk_token=None, **extra)
+    if chat_template is not None:
+        tok.chat_template = chat_template
+    return tok
+
+
 def build_tiny_checkpoint(arch: str, out_dir: Path, std: float = 0.05, seed: int = 0, **overrides) -> Path:
     """Save a tiny random `arch` model (safetensors) with tokenizer files into out_dir."""
     import torch
-    from transformers import PreTrainedTokenizerFast
     from tokenizers import Tokenizer as HFTokenizer
 
     config_cls, model_cls = _model_class(arch)
@@ -178,16 +211,7 @@ def build_tiny_checkpoint(arch: str, out_dir: Path, std: float = 0.05, seed: int
     torch.manual_seed(seed)
     model = model_cls(config).eval()
     # Gemma's norms scale by (1 + w): w around 0 gives the other families' effective scales
-    norm_low = -0.5 if arch.startswith("gemma") else 0.5
-    with torch.no_grad():
-        # non-trivial weights: norms and biases off their 1/0 init so every tensor matters
-        for name, p in model.named_parameters():
-            if p.ndim >= 2:
-                p.normal_(0.0, std)
-            elif "norm" in name and name.endswith("weight"):
-                p.uniform_(norm_low, norm_low + 1.0)
-            else:
-                p.normal_(0.0, std)
+    randomize_weights(model, std, norm_low=-0.5 if arch.startswith("gemma") else 0.5)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     backend = HFTokenizer.from_str(tiny_tokenizer_json())
@@ -197,15 +221,11 @@ def build_tiny_checkpoint(arch: str, out_dir: Path, std: float = 0.05, seed: int
         backend.post_processor = TemplateProcessing(single="<|endoftext|> $A <|im_end|>",
                                                     pair="<|endoftext|> $A <|im_end|> $B:1 <|im_end|>:1",
                                                     special_tokens=specials)
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend,
-                                  bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  unk_token=None,
-                                  # encoders take token types; a chat template would make
-                                  # sentence-transformers' CrossEncoder format pairs as messages
-                                  **({"model_input_names": ["input_ids", "token_type_ids", "attention_mask"]}
-                                     if arch.startswith("bert") else {}))
-    if arch not in ENCODER_ARCHS:
-        tok.chat_template = TINY_CHAT_TEMPLATE
+    # encoders take token types; a chat template would make sentence-transformers' CrossEncoder
+    # format pairs as messages
+    tok = tiny_hf_tokenizer(backend=backend, chat_template=None if arch in ENCODER_ARCHS else TINY_CHAT_TEMPLATE,
+                            **({"model_input_names": ["input_ids", "token_type_ids", "attention_mask"]}
+                               if arch.startswith("bert") else {}))
     tok.save_pretrained(out_dir)
     with open(out_dir / "generation_config.json", "w") as fh:
         json.dump({"bos_token_id": 0, "eos_token_id": [2], "temperature": 0.7, "top_p": 0.9,

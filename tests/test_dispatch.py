@@ -61,20 +61,19 @@ def _expected_choice(hidden: frozenset[str] = frozenset()) -> str:
                 if _is_built(v.name) and all(_cpu_really_has(f) and f not in hidden for f in v.needs))
 
 
-def _expected_explain(chosen: str, hidden: frozenset[str] = frozenset(), forced: bool = False) -> list[str]:
-    lines = []
-    for v in TABLE:
-        if forced and v.name != chosen:
-            continue
-        missing = [f for f in v.needs if not _cpu_really_has(f) or f in hidden]
-        if not _is_built(v.name):
-            lines.append(f"{v.name}: not built")
-        elif missing:
-            lines.append(f"{v.name}: CPU lacks {', '.join(missing)}")
-        else:
-            lines.append(f"{v.name}: chosen" + (" (forced by LITE_LLM_ISA)" if forced else ""))
-            return lines
-    raise AssertionError(f"{chosen} is not runnable here")
+def _passed_over(name: str, hidden: frozenset[str]) -> str:
+    """Why the dispatcher must skip variant `name` here, in explain()'s words."""
+    if not _is_built(name):
+        return "not built"
+    needs = next(v.needs for v in TABLE if v.name == name)
+    return "CPU lacks " + ", ".join(f for f in needs if f in hidden or not _cpu_really_has(f))
+
+
+def _expected_explain(chosen: str, hidden: frozenset[str] = frozenset()) -> list[str]:
+    """explain() after choosing `chosen` (_expected_choice): each better variant of the table
+    with why it was passed over, then the chosen one."""
+    names = [v.name for v in TABLE]
+    return [f"{n}: {_passed_over(n, hidden)}" for n in names[:names.index(chosen)]] + [f"{chosen}: chosen"]
 
 
 # A child interpreter that imports the dispatcher fresh. With HIDE set, the CPU probe module is

@@ -1,5 +1,6 @@
 """Shared by `bench latency` and `bench throughput`: engine options, prompts, timing of a set
-of requests through the engine path users run (AsyncEngine streams), peak RSS, output.
+of requests through the engine path users run (AsyncEngine streams), peak RSS, output (the
+results table beside the peers' and their notes).
 
 Every figure comes from RequestMetrics timestamps (time.monotonic, set by the engine thread
 right after the step that produced the token), so Python-side queue hops add nothing.
@@ -453,6 +454,36 @@ def print_table(title: str, columns: list[str], rows: list[list[Any]], file=None
         if n == 0:
             print("  " + "  ".join("-" * w for w in widths), file=file)
     print(file=file)
+
+
+def print_results(result: dict[str, Any], figures, extra_columns: list[str], ours_extra: list[Any],
+                  peer_extra) -> None:
+    """A bench's results table: our medians of `figures` (the bench's FIGURES), each peer's, then
+    lite_llm / peer ratios; extra_columns after the figures hold ours_extra for us and
+    peer_extra(peer) for a peer that ran."""
+    columns = ["engine"] + [title for _, title, _, _ in figures] + extra_columns
+
+    def medians(entry: dict[str, Any]) -> list[Any]:
+        return [entry["median"][k] * scale for k, _, scale, _ in figures]
+    rows = [["lite_llm"] + medians(result["lite_llm"]) + ours_extra]
+    for name, peer in result["peers"].items():
+        rows.append([name] + (medians(peer) + peer_extra(peer) if "median" in peer else ["-"] * (len(columns) - 1)))
+    for name, peer in result["peers"].items():
+        if "ratio" in peer:
+            rows.append([f"lite_llm / {name}"]
+                        + [f"{peer['ratio'][k]:.2f}x" if k in peer["ratio"] else "-" for k, *_ in figures]
+                        + [""] * len(extra_columns))
+    print_table("results (ratios > 1: lite_llm ahead; for times the inverse ratio)", columns, rows)
+
+
+def print_peer_notes(result: dict[str, Any]) -> None:
+    """One line per peer: why it did not run, or its version, load time, configuration and notes."""
+    for name, peer in result["peers"].items():
+        if "error" in peer:
+            print(f"{name}: not run: {peer['error']}")
+        else:
+            print(f"{name}: {peer['version']}; load {peer['load_seconds']:.2f} s; {peer['config']}"
+                  + "".join(f"; {n}" for n in peer.get("notes", [])))
 
 
 def dump_json(result: dict[str, Any]) -> None:

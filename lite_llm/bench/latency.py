@@ -174,20 +174,10 @@ def print_report(result: dict[str, Any]) -> None:
           + (f"  every output follows the JSON schema {r['json_schema']} (structured outputs)\n"
              if r.get("json_schema") else "")
           + (f"  prompt: {r['prompt_file']} (prefix caching off)\n" if r.get("prompt_file") else ""))
-    columns = ["engine"] + [title for _, title, _, _ in FIGURES] + ["start->1st tok s", "peak RSS MiB"]
     ours = r["lite_llm"]
-    rows = [["lite_llm"] + [ours["median"][k] * scale for k, _, scale, _ in FIGURES]
-            + [ours["startup"]["start_to_first_token_seconds"], ours["peak_rss_bytes"] / 2**20]]
-    for name, peer in r["peers"].items():
-        if "median" not in peer:
-            rows.append([name] + ["-"] * (len(columns) - 1))
-            continue
-        rows.append([name] + [peer["median"][k] * scale for k, _, scale, _ in FIGURES]
-                    + [peer.get("start_to_first_token_seconds"), peer["peak_rss_bytes"] / 2**20])
-    for name, peer in r["peers"].items():
-        if "ratio" in peer:
-            rows.append([f"lite_llm / {name}"] + [_ratio(peer["ratio"].get(k)) for k, *_ in FIGURES] + ["", ""])
-    common.print_table("results (ratios > 1: lite_llm ahead; for times the inverse ratio)", columns, rows)
+    common.print_results(r, FIGURES, ["start->1st tok s", "peak RSS MiB"],
+                         [ours["startup"]["start_to_first_token_seconds"], ours["peak_rss_bytes"] / 2**20],
+                         lambda peer: [peer.get("start_to_first_token_seconds"), peer["peak_rss_bytes"] / 2**20])
     s = ours["startup"]
     print(f"start-up: engine build {s['engine_build_seconds']:.2f} s + first request TTFT "
           f"{s['first_request_ttft_seconds'] * 1e3:.0f} ms = {s['start_to_first_token_seconds']:.2f} s"
@@ -221,13 +211,4 @@ def print_report(result: dict[str, Any]) -> None:
     share = common.describe_share("prefill", ours.get("prefill_peak_share"), r["num_threads"])
     if share:
         print(share + " (layers' matrices, attention and the logits rows)")
-    for name, peer in r["peers"].items():
-        if "error" in peer:
-            print(f"{name}: not run: {peer['error']}")
-        else:
-            print(f"{name}: {peer['version']}; load {peer['load_seconds']:.2f} s; {peer['config']}"
-                  + "".join(f"; {n}" for n in peer.get("notes", [])))
-
-
-def _ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
+    common.print_peer_notes(r)

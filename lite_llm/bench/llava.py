@@ -25,23 +25,23 @@ import sys
 import tempfile
 import time
 
-from lite_llm.bench.vision import add_text_header, print_table, run_engines, test_image, time_images
+from lite_llm.bench.vision import (add_text_header, print_result, print_table, program_main, run_engines, test_image,
+                                   time_images)
 
 IMAGE_TOKEN = 32000      # "<image>", as llava-hf's vocabulary has it
 
+CLIP_L14 = dict(patch_size=14, hidden_act="quick_gelu", layer_norm_eps=1e-5)    # CLIP ViT-L/14's, at every width
+LLAMA_32K = dict(vocab_size=32064, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0,
+                 bos_token_id=1, eos_token_id=2)
 SHAPES = {
-    "1b": dict(vision=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
-                           image_size=336, patch_size=14, hidden_act="quick_gelu", layer_norm_eps=1e-5,
-                           projection_dim=768),
-               text=dict(vocab_size=32064, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
-                         num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=4096,
-                         rms_norm_eps=1e-5, rope_theta=10000.0, bos_token_id=1, eos_token_id=2)),
-    "tiny": dict(vision=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
-                             image_size=56, patch_size=14, hidden_act="quick_gelu", layer_norm_eps=1e-5,
-                             projection_dim=32),
-                 text=dict(vocab_size=32064, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                           rms_norm_eps=1e-5, rope_theta=10000.0, bos_token_id=1, eos_token_id=2)),
+    "1b": dict(vision=dict(CLIP_L14, hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
+                           num_attention_heads=16, image_size=336, projection_dim=768),
+               text=dict(LLAMA_32K, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                         num_attention_heads=32, num_key_value_heads=4)),
+    "tiny": dict(vision=dict(CLIP_L14, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
+                             image_size=56, projection_dim=32),
+                 text=dict(LLAMA_32K, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2)),
 }
 
 
@@ -310,24 +310,20 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     files = build(args.shape, args.root)
     if args.engine != "all":
-        print("RESULT " + json.dumps(RUNNERS[args.engine](files, args)), flush=True)
-        return 0
+        return print_result(RUNNERS[args.engine](files, args))
     results = run_engines("lite_llm.bench.llava", list(RUNNERS), args, dict(os.environ))
     if "lite" not in results:
         return 1
     lite = results["lite"]
-    print(f"LLaVA-1.5 {args.shape} shape (random weights; lite-llm / llama.cpp on the F16 GGUF + mmproj pair, "
-          f"transformers on the same weights in {args.dtype}), {args.image}x{args.image} image "
-          f"({lite['image_tokens']} image tokens, {lite['prompt_tokens']}-token prompt), {args.threads} threads, "
-          f"load {open('/proc/loadavg').read().split()[0:3]}")
-    print_table(results, [e for e in RUNNERS if e != "lite" and e in results])
+    print_table(f"LLaVA-1.5 {args.shape} shape (random weights; lite-llm / llama.cpp on the F16 GGUF + mmproj pair, "
+                f"transformers on the same weights in {args.dtype}), {args.image}x{args.image} image "
+                f"({lite['image_tokens']} image tokens, {lite['prompt_tokens']}-token prompt), {args.threads} threads",
+                results, [e for e in RUNNERS if e != "lite" and e in results])
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(ap)
-    return run(ap.parse_args(argv))
+    return program_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -99,19 +99,9 @@ def print_report(result: dict[str, Any]) -> None:
           f"threads; {r['num_prompts']} requests ({source}, {r['prompt_tokens']} prompt tokens) -> "
           f"{r['output_len']} tokens each{', streamed' if r.get('stream') else ''}, all submitted at once; median of {r['num_iters']}; load average "
           f"{r['load_average_before']} before, {r['load_average_after']} after\n")
-    columns = ["engine"] + [title for _, title, _, _ in FIGURES] + ["peak RSS MiB"]
     ours = r["lite_llm"]
-    rows = [["lite_llm"] + [ours["median"][k] * scale for k, _, scale, _ in FIGURES] + [ours["peak_rss_bytes"] / 2**20]]
-    for name, peer in r["peers"].items():
-        if "median" not in peer:
-            rows.append([name] + ["-"] * (len(columns) - 1))
-            continue
-        rows.append([name] + [peer["median"][k] * scale for k, _, scale, _ in FIGURES] + [peer["peak_rss_bytes"] / 2**20])
-    for name, peer in r["peers"].items():
-        if "ratio" in peer:
-            rows.append([f"lite_llm / {name}"]
-                        + [f"{peer['ratio'][k]:.2f}x" if k in peer["ratio"] else "-" for k, *_ in FIGURES] + [""])
-    common.print_table("results (ratios > 1: lite_llm ahead; for times the inverse ratio)", columns, rows)
+    common.print_results(r, FIGURES, ["peak RSS MiB"], [ours["peak_rss_bytes"] / 2**20],
+                         lambda peer: [peer["peak_rss_bytes"] / 2**20])
     print(f"lite_llm: {ours['num_preempted']} preemptions, prefix-cache hit rate {ours['prefix_cache_hit_rate']:.1%}")
     if ours.get("step_profile"):
         common.print_step_profile(ours["step_profile"])
@@ -119,9 +109,4 @@ def print_report(result: dict[str, Any]) -> None:
                                   r["num_threads"])
     if share:
         print(share)
-    for name, peer in r["peers"].items():
-        if "error" in peer:
-            print(f"{name}: not run: {peer['error']}")
-        else:
-            print(f"{name}: {peer['version']}; load {peer['load_seconds']:.2f} s; {peer['config']}"
-                  + "".join(f"; {n}" for n in peer.get("notes", [])))
+    common.print_peer_notes(r)

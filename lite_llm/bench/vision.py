@@ -335,9 +335,15 @@ def run_llamacpp(path: str, args) -> dict:
 RUNNERS = {"lite": run_lite, "transformers": run_transformers, "llama.cpp": run_llamacpp}
 
 
+def print_result(figures: dict) -> int:
+    """What one engine's child process (`--engine E`) prints for run_engines to read."""
+    print("RESULT " + json.dumps(figures), flush=True)
+    return 0
+
+
 def run_engines(module: str, engines: list[str], args, env: dict) -> dict[str, dict]:
     """Each engine's figures, each engine in its own process one after the other (`python -m
-    module --engine E` with args, printing a RESULT line) on args.threads threads; an engine
+    module --engine E` with args, printing a RESULT line: print_result) on args.threads threads; an engine
     that fails is reported on stderr and left out."""
     import importlib
     env = dict(env, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
@@ -357,8 +363,10 @@ def run_engines(module: str, engines: list[str], args, env: dict) -> dict[str, d
     return results
 
 
-def print_table(results: dict[str, dict], peers: list[str]) -> None:
-    """lite-llm's encode / TTFT / decode figures beside each peer's, with the peer / lite-llm ratio."""
+def print_table(title: str, results: dict[str, dict], peers: list[str]) -> None:
+    """title with the load average, then lite-llm's encode / TTFT / decode figures beside each
+    peer's, with the peer / lite-llm ratio."""
+    print(f"{title}, load {open('/proc/loadavg').read().split()[0:3]}")
     lite = results["lite"]
     print(f"{'':16}{'lite-llm':>12}" + "".join(f"{e:>14}{'ratio':>8}" for e in peers))
     for key, name in (("encode_s", "encode (s)"), ("ttft_s", "TTFT (s)"), ("decode_s", "decode (s/tok)")):
@@ -369,6 +377,14 @@ def print_table(results: dict[str, dict], peers: list[str]) -> None:
             row += (f"{results[e][key]:14.3f}{results[e][key] / lite[key]:7.2f}x" if key in results[e]
                     else f"{'-':>14}{'':8}")
         print(row)
+
+
+def program_main(program, argv: list[str] | None) -> int:
+    """main() of an image bench module (this one, bench.llava): its docstring as --help, its
+    add_arguments and run; the same command line its engines' child processes get."""
+    ap = argparse.ArgumentParser(description=program.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    program.add_arguments(ap)
+    return program.run(ap.parse_args(argv))
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -398,8 +414,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     path = build_checkpoint(args.shape, args.root)
     if args.engine != "all":
-        print("RESULT " + json.dumps(RUNNERS[args.engine](path, args)), flush=True)
-        return 0
+        return print_result(RUNNERS[args.engine](path, args))
     if "llama.cpp" in peers:
         gguf_pair(path, args.gguf_type)         # written before any engine is timed
     env = dict(os.environ, LITE_LLM_CPU_OMP_THREADS_BIND=os.environ.get("LITE_LLM_CPU_OMP_THREADS_BIND", "auto"))
@@ -408,18 +423,15 @@ def run(args: argparse.Namespace) -> int:
         return 1
     lite = results["lite"]
     peers = [e for e in peers if e in results]
-    print(f"Qwen2.5-VL {args.shape} shape (random weights; lite-llm and transformers in {args.dtype}"
-          + (f", llama.cpp on the {args.gguf_type.upper()} GGUF + mmproj pair" if "llama.cpp" in peers else "")
-          + f"), {args.image}x{args.image} image ({lite['image_tokens']} image tokens, {lite['prompt_tokens']}-token "
-          f"prompt), {args.threads} threads, load {open('/proc/loadavg').read().split()[0:3]}")
-    print_table(results, peers)
+    print_table(f"Qwen2.5-VL {args.shape} shape (random weights; lite-llm and transformers in {args.dtype}"
+                + (f", llama.cpp on the {args.gguf_type.upper()} GGUF + mmproj pair" if "llama.cpp" in peers else "")
+                + f"), {args.image}x{args.image} image ({lite['image_tokens']} image tokens, "
+                f"{lite['prompt_tokens']}-token prompt), {args.threads} threads", results, peers)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(ap)
-    return run(ap.parse_args(argv))
+    return program_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -33,9 +33,9 @@ import numpy as np
 from lite_llm.multimodal.llava import (
     ClipEncoder,
     _layernorm,
+    check_vit,
     hf_vit_blocks,
     pack_vit_blocks,
-    vit_block_shapes,
     vit_blocks_reference,
     vit_packer,
 )
@@ -235,15 +235,8 @@ def read_hf(source: str, cfg: SiglipConfig) -> dict[str, np.ndarray]:
 
 def _check(cfg: SiglipConfig, t: dict[str, np.ndarray], where: str) -> None:
     C, E, P = cfg.hidden_size, cfg.out_dim, cfg.patch_size
-    want = {"patch": (C, 3 * P * P), "patch.b": (C,), "pos": (cfg.num_patches, C), "post_ln.w": (C,),
-            "proj.w": (E, C), "proj_norm": (C,)}
-    want.update(vit_block_shapes(cfg))
-    for name, shape in want.items():
-        if t[name].shape != shape:
-            raise Gemma3VisionError(f"{where}: vision tensor {name} is {t[name].shape}, expected {shape}")
-    if C % cfg.num_heads or cfg.image_size % P:
-        raise Gemma3VisionError(f"{where}: width {C} / {cfg.num_heads} heads or image size {cfg.image_size} / "
-                                f"patch {P} do not divide")
+    check_vit(cfg, t, {"patch": (C, 3 * P * P), "patch.b": (C,), "pos": (cfg.num_patches, C), "post_ln.w": (C,),
+                       "proj.w": (E, C), "proj_norm": (C,)}, where, Gemma3VisionError)
 
 
 # ---- a GGUF language model + llama.cpp mmproj file ---------------------------------------------

@@ -275,27 +275,26 @@ def hf_vit_blocks(get, prefix: str, num_layers: int) -> dict[str, np.ndarray]:
     return t
 
 
-def vit_block_shapes(cfg) -> dict[str, tuple[int, int]]:
-    """The shapes a tower's blocks must have (q, o, fc1, fc2 of every layer), by canonical name."""
+def check_vit(cfg, t: dict[str, np.ndarray], want: dict[str, tuple[int, ...]], where: str, error: type) -> None:
+    """Raise error (naming where) unless the tower's own tensors have the shapes in want, its
+    blocks' q, o, fc1 and fc2 theirs, and width / heads and image size / patch divide."""
     C, F = cfg.hidden_size, cfg.intermediate_size
-    want = {}
+    want = dict(want)
     for i in range(cfg.num_layers):
         want.update({f"blk.{i}.q.w": (C, C), f"blk.{i}.o.w": (C, C), f"blk.{i}.up.w": (F, C),
                      f"blk.{i}.down.w": (C, F)})
-    return want
+    for name, shape in want.items():
+        if t[name].shape != shape:
+            raise error(f"{where}: vision tensor {name} is {t[name].shape}, expected {shape}")
+    if C % cfg.num_heads or cfg.image_size % cfg.patch_size:
+        raise error(f"{where}: width {C} / {cfg.num_heads} heads or image size {cfg.image_size} / patch "
+                    f"{cfg.patch_size} do not divide")
 
 
 def _check(cfg: ClipConfig, t: dict[str, np.ndarray], where: str) -> None:
     C, E, P = cfg.hidden_size, cfg.out_dim, cfg.patch_size
-    want = {"patch": (C, 3 * P * P), "class": (C,), "pos": (cfg.num_patches + 1, C), "pre_ln.w": (C,),
-            "mm0.w": (E, C), "mm2.w": (E, E)}
-    want.update(vit_block_shapes(cfg))
-    for name, shape in want.items():
-        if t[name].shape != shape:
-            raise LlavaError(f"{where}: vision tensor {name} is {t[name].shape}, expected {shape}")
-    if C % cfg.num_heads or cfg.image_size % P:
-        raise LlavaError(f"{where}: width {C} / {cfg.num_heads} heads or image size {cfg.image_size} / patch {P} "
-                         "do not divide")
+    check_vit(cfg, t, {"patch": (C, 3 * P * P), "class": (C,), "pos": (cfg.num_patches + 1, C), "pre_ln.w": (C,),
+                       "mm0.w": (E, C), "mm2.w": (E, E)}, where, LlavaError)
 
 
 # ---- preprocessing -------------------------------------------------------------------------

@@ -58,29 +58,36 @@ def _tolerance(k: int) -> dict:
     return dict(rtol=1e-5, atol=2e-6 * k + 1e-6)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("num_tokens,k,n", SHAPES)
-@pytest.mark.parametrize("num_threads", [1, 2, 3])
-def test_gemm_matches_reference(variant, dtype, num_tokens, k, n, num_threads, rng):
-    mod = _kernels.load(variant)
+def _grid(argnames: str, shapes: list[tuple[int, ...]], num_threads: list[int]):
+    """The GEMM tests' parameters: every variant this machine runs x every weight dtype x shapes
+    (named by argnames) x thread counts."""
+    def parametrize(test):
+        for name, values in (("num_threads", num_threads), (argnames, shapes), ("dtype", DTYPES),
+                             ("variant", VARIANTS)):
+            test = pytest.mark.parametrize(name, values)(test)
+        return test
+    return parametrize
+
+
+def _inputs(rng: np.random.Generator, variant: str, dtype: str, num_tokens: int, k: int, n: int):
+    """(variant's kernels module, x [T, K] float32, w [N, K] as stored, w's values as float32)."""
     x = rng.standard_normal((num_tokens, k), dtype=np.float32)
-    w, w_values = _weight(rng, n, k, dtype)
+    return (_kernels.load(variant), x, *_weight(rng, n, k, dtype))
+
+
+@_grid("num_tokens,k,n", SHAPES, [1, 2, 3])
+def test_gemm_matches_reference(variant, dtype, num_tokens, k, n, num_threads, rng):
+    mod, x, w, w_values = _inputs(rng, variant, dtype, num_tokens, k, n)
     out = np.full((num_tokens, n), np.nan, np.float32)      # every element must be written
     mod.gemm(x, layout.pack(w, dtype), dtype, n, out, num_threads=num_threads)
     expected = ref_ops.gemm(_activations_seen(mod, x, dtype), w_values)
     np.testing.assert_allclose(out, expected, **_tolerance(k))
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("num_tokens,k,n", [(1, 64, 96), (7, 129, 33), (6, 31, 70), (5, 401, 96)])
-@pytest.mark.parametrize("num_threads", [1, 3])
+@_grid("num_tokens,k,n", [(1, 64, 96), (7, 129, 33), (6, 31, 70), (5, 401, 96)], [1, 3])
 def test_gemm_bias_and_accumulate(variant, dtype, num_tokens, k, n, num_threads, rng):
     """accumulate=True adds to out (residual connection); bias adds once per output."""
-    mod = _kernels.load(variant)
-    x = rng.standard_normal((num_tokens, k), dtype=np.float32)
-    w, w_values = _weight(rng, n, k, dtype)
+    mod, x, w, w_values = _inputs(rng, variant, dtype, num_tokens, k, n)
     bias = rng.standard_normal(n, dtype=np.float32)
     packed = layout.pack(w, dtype)
     xs = _activations_seen(mod, x, dtype)
@@ -216,15 +223,10 @@ def test_every_16_bit_weight_code_decodes_exactly(variant, dtype):
 GATED_SHAPES = [(1, 64, 96), (1, 33, 37), (7, 129, 33), (5, 48, 200), (13, 16, 5), (1, 32, 1100)]
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("num_tokens,k,ffn_dim", GATED_SHAPES)
-@pytest.mark.parametrize("num_threads", [1, 2, 3])
+@_grid("num_tokens,k,ffn_dim", GATED_SHAPES, [1, 2, 3])
 def test_gated_mlp_matches_reference(variant, dtype, num_tokens, k, ffn_dim, num_threads, rng):
     """act(x @ Wg.T + bg) * (x @ Wu.T + bu) in one fused pass over layout.pack_gated panels."""
-    mod = _kernels.load(variant)
-    x = rng.standard_normal((num_tokens, k), dtype=np.float32)
-    w, w_values = _weight(rng, 2 * ffn_dim, k, dtype)
+    mod, x, w, w_values = _inputs(rng, variant, dtype, num_tokens, k, 2 * ffn_dim)
     for act in ("silu", "gelu", "relu"):
         for bias in (None, rng.standard_normal(2 * ffn_dim, dtype=np.float32)):
             out = np.full((num_tokens, ffn_dim), np.nan, np.float32)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conftest import cache_dir, ARCH_DEFAULTS, TINY_CHAT_TEMPLATE, TINY_SPECIAL, gguf_from_hf, tiny_tokenizer_json, write_gguf
+from conftest import ARCH_DEFAULTS, TINY_SPECIAL, cache_dir, gguf_from_hf, randomize_weights, tiny_hf_tokenizer, write_gguf
 
 IMAGE_SPECIAL = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
 NEWLINES = ["\n\n", "\n\n\n", "\n\n\n\n"]
@@ -36,8 +36,7 @@ def gemma3_checkpoint(std: float = 0.05, seed: int = 0, **text) -> Path:
     if key in _BUILT:
         return _BUILT[key]
     import torch
-    from tokenizers import Tokenizer as HFTokenizer
-    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, PreTrainedTokenizerFast
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
     out = cache_dir("gemma3_vl_")
     torch.manual_seed(seed)
@@ -45,22 +44,12 @@ def gemma3_checkpoint(std: float = 0.05, seed: int = 0, **text) -> Path:
                           mm_tokens_per_image=TOKENS_PER_IMAGE, boi_token_index=BOI, eoi_token_index=EOI,
                           image_token_index=IMAGE, tie_word_embeddings=True)
     model = Gemma3ForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim >= 2:
-                p.normal_(0.0, std if "patch_embedding" not in name else 0.02)
-            elif "norm" in name and name.endswith("weight"):
-                # Gemma's RMSNorms scale by (1 + w); the tower's LayerNorms by w
-                p.uniform_(-0.5, 0.5) if "vision_tower" not in name else p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, std)
+    # Gemma's RMSNorms scale by (1 + w); the tower's LayerNorms by w
+    randomize_weights(model, std, norm_low=lambda name: 0.5 if "vision_tower" in name else -0.5)
     model.save_pretrained(out, safe_serialization=True)
-    tok = PreTrainedTokenizerFast(tokenizer_object=HFTokenizer.from_str(tiny_tokenizer_json(SPECIAL)),
-                                  bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  unk_token=None, extra_special_tokens={"boi_token": "<start_of_image>",
-                                                                        "eoi_token": "<end_of_image>",
-                                                                        "image_token": "<image_soft_token>"})
-    tok.chat_template = TINY_CHAT_TEMPLATE
+    tok = tiny_hf_tokenizer(SPECIAL, extra_special_tokens={"boi_token": "<start_of_image>",
+                                                           "eoi_token": "<end_of_image>",
+                                                           "image_token": "<image_soft_token>"})
     tok.save_pretrained(out)
     with open(out / "preprocessor_config.json", "w") as fh:   # gemma-3-4b-it's settings at this size
         json.dump({"image_processor_type": "Gemma3ImageProcessor", "size": {"height": 84, "width": 84},

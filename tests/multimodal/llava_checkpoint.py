@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conftest import cache_dir, ARCH_DEFAULTS, TINY_CHAT_TEMPLATE, TINY_SPECIAL, gguf_from_hf, tiny_tokenizer_json, write_gguf
+from conftest import ARCH_DEFAULTS, TINY_SPECIAL, cache_dir, gguf_from_hf, randomize_weights, tiny_hf_tokenizer, write_gguf
 
 SPECIAL = TINY_SPECIAL + ["<image>"]
 IMAGE = SPECIAL.index("<image>")
@@ -32,9 +32,7 @@ def llava_checkpoint(std: float = 0.05, seed: int = 0) -> tuple[Path, Path, Path
     if key in _BUILT:
         return _BUILT[key]
     import torch
-    from tokenizers import Tokenizer as HFTokenizer
-    from transformers import LlamaConfig, LlamaForCausalLM, LlavaConfig, LlavaForConditionalGeneration, \
-        PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM, LlavaConfig, LlavaForConditionalGeneration
 
     out = cache_dir("llava_")
     hf, lm = out / "hf", out / "lm"
@@ -43,19 +41,9 @@ def llava_checkpoint(std: float = 0.05, seed: int = 0) -> tuple[Path, Path, Path
                          vision_feature_layer=-2, vision_feature_select_strategy="default",
                          projector_hidden_act="gelu", tie_word_embeddings=False)
     model = LlavaForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim >= 2:
-                p.normal_(0.0, std if "patch_embedding" not in name else 0.02)
-            elif "norm" in name and name.endswith("weight"):
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, std)
+    randomize_weights(model, std)
     model.save_pretrained(hf, safe_serialization=True)
-    tok = PreTrainedTokenizerFast(tokenizer_object=HFTokenizer.from_str(tiny_tokenizer_json(SPECIAL)),
-                                  bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  unk_token=None)
-    tok.chat_template = TINY_CHAT_TEMPLATE
+    tok = tiny_hf_tokenizer(SPECIAL)
     tok.save_pretrained(hf)
     with open(hf / "preprocessor_config.json", "w") as fh:     # llava-1.5-hf's settings at this size
         json.dump({"image_processor_type": "CLIPImageProcessor", "size": {"shortest_edge": 42},
@@ -77,19 +65,13 @@ def llava_checkpoint(std: float = 0.05, seed: int = 0) -> tuple[Path, Path, Path
 
 def lm_gguf_without_image_token(std: float = 0.05, seed: int = 0) -> Path:
     """llava_checkpoint's language model as a GGUF whose vocabulary lacks "<image>"."""
-    from tokenizers import Tokenizer as HFTokenizer
-    from transformers import PreTrainedTokenizerFast
     _, lm_gguf, _ = llava_checkpoint(std, seed)
     out = lm_gguf.parent / "llava-lm-no-image.gguf"
     if out.exists():
         return out
     lm = lm_gguf.parent / "lm-no-image"
     shutil.copytree(lm_gguf.parent / "lm", lm)
-    tok = PreTrainedTokenizerFast(tokenizer_object=HFTokenizer.from_str(tiny_tokenizer_json(SPECIAL_WITHOUT_IMAGE)),
-                                  bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  unk_token=None)
-    tok.chat_template = TINY_CHAT_TEMPLATE
-    tok.save_pretrained(lm)
+    tiny_hf_tokenizer(SPECIAL_WITHOUT_IMAGE).save_pretrained(lm)
     return gguf_from_hf(lm, out, "llama")
 
 

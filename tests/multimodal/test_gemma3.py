@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from gemma3_checkpoint import BOI, EOI, IMAGE, NL2, NL3, NL4, TOKENS_PER_IMAGE, gemma3_checkpoint
-from lite_llm.multimodal import MediaConfig, MediaError, Processor, gemma3, whole_images
-from test_qwen2_5_vl import BLOCK, checkpoint_fixtures
-from vl_checkpoint import Chunk, Req
+from lite_llm.multimodal import MediaConfig, MediaError, Processor, gemma3
 from vl_checkpoint import image
+from vl_common import (TEXT_IDS, VARIANTS, check_another_image_moves_the_logits, checkpoint_fixtures, image_prompt,
+                       prefill_logits)
 
 pytest.importorskip("PIL")
 
@@ -76,36 +76,14 @@ def test_vision_tower_and_projector_match_transformers(ckpt, hf_model, runner):
     np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-5)
 
 
-def _prompt(ckpt, images, text_ids=((40, 41, 42), (50, 51), (60, 61, 62, 63))):
+def _prompt(ckpt, images, text_ids=TEXT_IDS):
     """[text, <start_of_image>, text, ...] expanded by the processor."""
-    ids = list(text_ids[0])
-    for k, _ in enumerate(images):
-        ids += [BOI] + list(text_ids[1 + k % 2])
-    return Processor.for_model(str(ckpt)).process(ids, images, MediaConfig())
+    return image_prompt(Processor.for_model(str(ckpt)), [BOI], images, text_ids)
 
 
 def _lite_logits(runner, ids, mm, chunk=None, perturb=None):
-    """Every position's logits, one sequence prefilled at most `chunk` tokens a step (None: at
-    once), a step never ending inside an image (as the scheduler cuts them: whole_images; a
-    chunk that would start inside one takes the whole image). perturb(mm_arrays): changes the
-    step's arrays in place before the forward."""
-    table = np.arange(64, dtype=np.int32).reshape(1, 64)
-    out = np.zeros((len(ids), runner.config.vocab_size), np.float32)
-    done = 0
-    while done < len(ids):
-        n = len(ids) - done if chunk is None else min(chunk, len(ids) - done)
-        n = whole_images(Req(mm), done, n) or next(it.offset + it.length - done for it in mm.items
-                                                    if it.offset <= done < it.offset + it.length)
-        pos = np.arange(done, done + n, dtype=np.int32)
-        toks = np.asarray(ids[done:done + n], np.int32)
-        seq = np.zeros(n, np.int32)
-        slots = table[0, pos // BLOCK].astype(np.int64) * BLOCK + pos % BLOCK
-        mm_arrays = runner.vision.step_inputs([Chunk(Req(mm), done, n)], n, pos)
-        if perturb is not None:
-            perturb(mm_arrays)
-        out[done:done + n] = runner.forward(toks, pos, slots, seq, table, np.arange(n, dtype=np.int32), mm_arrays)
-        done += n
-    return out
+    """prefill_logits with steps never ending inside an image: an image's tokens see each other."""
+    return prefill_logits(runner, ids, mm, chunk, whole_images=True, perturb=perturb)
 
 
 def _hf_logits(hf_model, ckpt, ids, images, bidirectional=True):
@@ -147,20 +125,11 @@ def test_image_tokens_see_later_tokens_of_their_image(ckpt, hf_model, runner):
 
 
 def test_a_different_image_gives_different_logits(ckpt, runner):
-    ids_a, mm_a = _prompt(ckpt, [image(100, 70, seed=1)])
-    ids_b, mm_b = _prompt(ckpt, [image(100, 70, seed=2)])
-    assert ids_a == ids_b and mm_a.items[0].hash != mm_b.items[0].hash
-    la, lb = _lite_logits(runner, ids_a, mm_a)[-1], _lite_logits(runner, ids_b, mm_b)[-1]
-    assert np.abs(la - lb).max() > 1e-3
-
-
-def _variants():
-    from lite_llm import _kernels
-    return _kernels.available()
+    check_another_image_moves_the_logits(lambda images: _prompt(ckpt, images), runner)
 
 
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 2e-2)])
-@pytest.mark.parametrize("variant", _variants())
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_compiled_tower_matches_the_numpy_reference(ckpt, runner, dtype, tol, variant):
     from lite_llm import _kernels
     cfg = runner.vision.vision

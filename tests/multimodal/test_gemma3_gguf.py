@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from gemma3_checkpoint import BOI, IMAGE, NL2, TOKENS_PER_IMAGE, gemma3_gguf_pair, write_gemma3_mmproj
-from lite_llm.multimodal import MediaConfig, Processor, gemma3, llava
+from lite_llm.multimodal import Processor, gemma3, llava
 from test_gemma3 import _hf_logits, _hf_pixels, _lite_logits
-from test_qwen2_5_vl import small_runner
 from vl_checkpoint import image
+from vl_common import TEXT_IDS, check_another_image_moves_the_logits, image_prompt, small_runner
 
 pytest.importorskip("PIL")
 
@@ -77,11 +77,8 @@ def test_an_f16_projection_as_the_converter_writes_it_reads_back(files, runner, 
     np.testing.assert_array_equal(t["proj.w"], want.astype(np.float16).astype(np.float32))
 
 
-def _prompt(files, images, text_ids=((40, 41, 42), (50, 51), (60, 61, 62, 63))):
-    ids = list(text_ids[0])
-    for k, _ in enumerate(images):
-        ids += [BOI] + list(text_ids[1 + k % 2])
-    return Processor.for_model(str(files[1]), str(files[2])).process(ids, images, MediaConfig())
+def _prompt(files, images, text_ids=TEXT_IDS):
+    return image_prompt(Processor.for_model(str(files[1]), str(files[2])), [BOI], images, text_ids)
 
 
 @pytest.mark.parametrize("sizes", [[(100, 70)], [(56, 112), (84, 56)]], ids=["one-image", "two-images"])
@@ -95,10 +92,7 @@ def test_fp32_logits_match_transformers(files, hf_model, runner, sizes, chunk):
 
 
 def test_a_different_image_gives_different_logits(files, runner):
-    ids_a, mm_a = _prompt(files, [image(100, 70, seed=1)])
-    ids_b, mm_b = _prompt(files, [image(100, 70, seed=2)])
-    assert ids_a == ids_b and mm_a.items[0].hash != mm_b.items[0].hash
-    assert np.abs(_lite_logits(runner, ids_a, mm_a)[-1] - _lite_logits(runner, ids_b, mm_b)[-1]).max() > 1e-3
+    check_another_image_moves_the_logits(lambda images: _prompt(files, images), runner)
 
 
 def test_bad_gemma3_mmproj_files_are_refused_naming_the_problem(files, tmp_path):

@@ -11,8 +11,8 @@ import torch
 from gemma3_checkpoint import BOI, IMAGE, TOKENS_PER_IMAGE, gemma3_pan_and_scan_checkpoint
 from lite_llm.multimodal import MediaConfig, Processor, gemma3
 from test_gemma3 import _lite_logits
-from test_qwen2_5_vl import small_runner
 from vl_checkpoint import image
+from vl_common import small_runner
 
 pytest.importorskip("PIL")
 

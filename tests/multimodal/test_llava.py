@@ -9,8 +9,8 @@ import torch
 
 from lite_llm.multimodal import MediaConfig, Processor, llava
 from llava_checkpoint import IMAGE, llava_checkpoint, lm_gguf_without_image_token
-from test_qwen2_5_vl import _lite_logits, small_runner
 from vl_checkpoint import image
+from vl_common import TEXT_IDS, VARIANTS, check_another_image_moves_the_logits, image_prompt, prefill_logits, small_runner
 
 pytest.importorskip("PIL")
 
@@ -68,12 +68,9 @@ def test_vision_tower_and_projector_match_transformers(files, hf_model, source):
     np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-4, atol=1e-5)
 
 
-def _prompt(model, mmproj, images, text_ids=((40, 41, 42), (50, 51), (60, 61, 62, 63))):
+def _prompt(model, mmproj, images, text_ids=TEXT_IDS):
     """[text, <image>, text, ...] expanded by the processor."""
-    ids = list(text_ids[0])
-    for k, _ in enumerate(images):
-        ids += [IMAGE] + list(text_ids[1 + k % 2])
-    return Processor.for_model(model, mmproj).process(ids, images, MediaConfig())
+    return image_prompt(Processor.for_model(model, mmproj), [IMAGE], images, text_ids)
 
 
 @pytest.mark.parametrize("sizes", [[(100, 70)], [(56, 112), (84, 56)]], ids=["one-image", "two-images"])
@@ -86,16 +83,12 @@ def test_fp32_logits_match_transformers(files, hf_model, source, sizes, chunk):
     with torch.no_grad():
         ref = hf_model(input_ids=torch.tensor([ids]),
                        pixel_values=torch.from_numpy(_hf_pixels(files, images))).logits[0].numpy()
-    np.testing.assert_allclose(_lite_logits(runner, ids, mm, chunk), ref, rtol=1e-4, atol=2e-4)
+    np.testing.assert_allclose(prefill_logits(runner, ids, mm, chunk), ref, rtol=1e-4, atol=2e-4)
 
 
 def test_a_different_image_gives_different_logits(source):
     model, mmproj, runner = source
-    ids_a, mm_a = _prompt(model, mmproj, [image(100, 70, seed=1)])
-    ids_b, mm_b = _prompt(model, mmproj, [image(100, 70, seed=2)])
-    assert ids_a == ids_b and mm_a.items[0].hash != mm_b.items[0].hash
-    la, lb = _lite_logits(runner, ids_a, mm_a)[-1], _lite_logits(runner, ids_b, mm_b)[-1]
-    assert np.abs(la - lb).max() > 1e-3
+    check_another_image_moves_the_logits(lambda images: _prompt(model, mmproj, images), runner)
 
 
 def test_a_gguf_vocabulary_without_image_token_takes_llama_cpps_media_marker(files, hf_model):
@@ -123,7 +116,7 @@ def test_a_gguf_vocabulary_without_image_token_takes_llama_cpps_media_marker(fil
         ref = hf_model(input_ids=torch.tensor([hf_ids]),
                        pixel_values=torch.from_numpy(_hf_pixels(files, images))).logits[0].numpy()
     runner = small_runner(loaded)
-    np.testing.assert_allclose(_lite_logits(runner, ids, mm, 7), ref, rtol=1e-4, atol=2e-4)
+    np.testing.assert_allclose(prefill_logits(runner, ids, mm, 7), ref, rtol=1e-4, atol=2e-4)
     # a vocabulary with "<image>" keeps it: no marker is added
     with_image = load_model(str(files[1]), dtype="float32", progress=False, mmproj=mmproj)
     assert with_image.tokenizer.token_to_id(llava.MEDIA_MARKER) is None
@@ -143,15 +136,10 @@ def test_bad_mmproj_files_are_refused_naming_the_problem(files, tmp_path):
         llava.read_mmproj(str(other))
 
 
-def _variants():
-    from lite_llm import _kernels
-    return _kernels.available()
-
-
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 2e-2)])
 @pytest.mark.parametrize("keep_class", [False, True])
 @pytest.mark.parametrize("num_heads", [2, 4])   # heads of 16 run the attention tiles, of 8 the plain loop
-@pytest.mark.parametrize("variant", _variants())
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_compiled_tower_matches_the_numpy_reference(files, dtype, tol, keep_class, num_heads, variant):
     import dataclasses
     from lite_llm import _kernels

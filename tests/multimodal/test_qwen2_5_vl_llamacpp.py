@@ -43,7 +43,7 @@ def peer(ckpt):
 @pytest.fixture(scope="module")
 def runner(ckpt):
     from lite_llm.model.loader import load_model
-    from test_qwen2_5_vl import small_runner
+    from vl_common import small_runner
     return small_runner(load_model(str(ckpt), dtype="float32", progress=False))
 
 
@@ -74,11 +74,12 @@ def test_llamacpp_logits_after_the_image_match_ours(ckpt, peer, runner, size):
     """Text, the image, text: the logits of every position from <|vision_end|> on (multimodal
     RoPE positions continue past the image's largest grid side) agree with lite-llm's, within
     1e-3 of their largest value (the image rows' F16 roundings carried through)."""
-    from test_qwen2_5_vl import _lite_logits, _prompt
+    from test_qwen2_5_vl import _prompt
+    from vl_common import prefill_logits
     img = image(*size, seed=sum(size) + 1)
     ids, mm = _prompt(ckpt, [img])
     first, n = ids.index(IMAGE_PAD), ids.count(IMAGE_PAD)
-    ours = _lite_logits(runner, ids, mm)[first + n:]
+    ours = prefill_logits(runner, ids, mm)[first + n:]
     theirs, _ = peer.prefill(ids[:first], img, ids[first + n:], all_logits=True)
     assert theirs.shape == ours.shape
     np.testing.assert_allclose(theirs, ours, rtol=0, atol=1e-3 * np.abs(ours).max())

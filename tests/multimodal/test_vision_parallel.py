@@ -96,7 +96,8 @@ def test_tensor_parallel_qwen2_5_vl_logits_equal_one_rank():
     placeholders): fp32 logits of every position through two ranks equal one rank's up to
     summation order, in one step and through 7-token chunks."""
     from model.test_tensor_parallel import tp_runner
-    from test_qwen2_5_vl import _lite_logits, _prompt, small_runner
+    from test_qwen2_5_vl import _prompt
+    from vl_common import prefill_logits, small_runner
     from vl_checkpoint import qwen2_5_vl_checkpoint
 
     from lite_llm.model.loader import load_model
@@ -107,7 +108,7 @@ def test_tensor_parallel_qwen2_5_vl_logits_equal_one_rank():
         assert two.vision is not None and group.layout.images
         ids, mm = _prompt(ckpt, [image(56, 112, seed=3), image(84, 56, seed=4)])
         for chunk in (None, 7):
-            a, b = _lite_logits(one, ids, mm, chunk), _lite_logits(two, ids, mm, chunk)
+            a, b = prefill_logits(one, ids, mm, chunk), prefill_logits(two, ids, mm, chunk)
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
     finally:
         group.close()
@@ -123,7 +124,7 @@ def test_tensor_parallel_llava_logits_equal_one_rank(given):
     from llava_checkpoint import llava_checkpoint
     from model.test_tensor_parallel import tp_runner
     from test_llava import _prompt
-    from test_qwen2_5_vl import _lite_logits, small_runner
+    from vl_common import prefill_logits, small_runner
 
     from lite_llm.model.loader import load_model
     hf, lm, mm = llava_checkpoint()
@@ -135,11 +136,11 @@ def test_tensor_parallel_llava_logits_equal_one_rank(given):
         ids, mm_inputs = _prompt(str(model), mmproj, [image(100, 70, seed=3), image(56, 112, seed=4)])
         assert len(mm_inputs.items) == 2
         for chunk in (None, 5):
-            a, b = _lite_logits(one, ids, mm_inputs, chunk), _lite_logits(two, ids, mm_inputs, chunk)
+            a, b = prefill_logits(one, ids, mm_inputs, chunk), prefill_logits(two, ids, mm_inputs, chunk)
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
         other_ids, other = _prompt(str(model), mmproj, [image(100, 70, seed=5), image(56, 112, seed=4)])
         assert other_ids == ids
-        assert np.abs(_lite_logits(two, ids, other)[-1] - b[-1]).max() > 1e-3
+        assert np.abs(prefill_logits(two, ids, other)[-1] - b[-1]).max() > 1e-3
     finally:
         group.close()
 

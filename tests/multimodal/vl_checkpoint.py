@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from conftest import cache_dir, TINY_CHAT_TEMPLATE, TINY_SPECIAL, TINY_VOCAB, tiny_tokenizer_json
+from conftest import TINY_SPECIAL, TINY_VOCAB, cache_dir, randomize_weights, tiny_hf_tokenizer
 
 
 class Chunk(NamedTuple):     # what VisionRunner.step_inputs reads of a scheduled chunk
@@ -48,28 +48,16 @@ def qwen2_5_vl_checkpoint(std: float = 0.05, seed: int = 0, window_size: int = 5
     if key in _BUILT:
         return _BUILT[key]
     import torch
-    from tokenizers import Tokenizer as HFTokenizer
-    from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     out = cache_dir("qwen2_5_vl_")
     torch.manual_seed(seed)
     config = json.loads(json.dumps(QWEN2_5_VL))
     config["vision_config"]["window_size"] = window_size
     model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**config)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim >= 2:
-                p.normal_(0.0, std if "patch_embed" not in name else 0.02)
-            elif "norm" in name or "ln_q" in name:
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, std)
+    randomize_weights(model, std, is_norm=lambda name: "norm" in name or "ln_q" in name)
     model.save_pretrained(out, safe_serialization=True)
-    tok = PreTrainedTokenizerFast(tokenizer_object=HFTokenizer.from_str(tiny_tokenizer_json(SPECIAL)),
-                                  bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  unk_token=None)
-    tok.chat_template = TINY_CHAT_TEMPLATE
-    tok.save_pretrained(out)
+    tiny_hf_tokenizer(SPECIAL).save_pretrained(out)
     with open(out / "preprocessor_config.json", "w") as fh:   # the released model's processor settings
         json.dump({"image_processor_type": "Qwen2VLImageProcessor", "min_pixels": 56 * 56,
                    "max_pixels": 28 * 28 * 1280, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,

@@ -61,7 +61,8 @@ def sweep_server():
 
 def post_all(port: int, bodies: list[tuple[str, bytes]], check_error) -> dict[int, int]:
     """POST every (path, body) over keep-alive connections: never a 5xx, each error body passed
-    to check_error(path, data), /health answering every 25 bodies. Returns {status: count}."""
+    to check_error(path, data), /health answering every 25 bodies and after the last. Returns
+    {status: count}."""
     statuses: dict[int, int] = {}
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     for i, (path, body) in enumerate(bodies):
@@ -83,21 +84,19 @@ def post_all(port: int, bodies: list[tuple[str, bytes]], check_error) -> dict[in
         if i % 25 == 0:
             assert request(port, "GET", "/health")[0] == 200
     conn.close()
+    assert request(port, "GET", "/health")[0] == 200
     return statuses
 
 
+def _is_an_error(path: str, data: bytes) -> None:
+    assert "error" in json.loads(data), data[:200]
+
+
 def test_bad_json_bodies_never_5xx(sweep_server):
-    port = sweep_server.port
     bodies = _bodies(random.Random(0))
     assert len(bodies) > 300
-
-    def check_error(path: str, data: bytes) -> None:
-        assert "error" in json.loads(data), data[:200]
-
-    statuses = post_all(port, bodies, check_error)
-    assert statuses.get(400, 0) > 200
-    assert request(port, "GET", "/health")[0] == 200
-    assert request(port, "POST", "/v1/completions", {"prompt": "ok", "max_tokens": 2})[0] == 200
+    assert post_all(sweep_server.port, bodies, _is_an_error).get(400, 0) > 200
+    assert request(sweep_server.port, "POST", "/v1/completions", {"prompt": "ok", "max_tokens": 2})[0] == 200
 
 
 RAW_REQUESTS = [

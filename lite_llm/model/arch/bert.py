@@ -47,8 +47,6 @@ def is_nomic(arch: str) -> bool:
 def config(raw: dict, arch: str, where: str) -> ModelConfig:
     if is_nomic(arch):
         return nomic_config(raw, where)
-    dim = int(raw["hidden_size"])
-    num_heads = int(raw["num_attention_heads"])
     if raw.get("position_embedding_type", "absolute") != "absolute":
         raise ModelLoadError(f"{where}: position_embedding_type {raw['position_embedding_type']!r} "
                              "is not supported (absolute only)")
@@ -57,29 +55,19 @@ def config(raw: dict, arch: str, where: str) -> ModelConfig:
     positions = int(raw["max_position_embeddings"])
     # RoBERTa numbers positions from padding_idx + 1: those rows are dropped at load
     offset = int(raw.get("pad_token_id", 1)) + 1 if is_roberta(arch) else 0
+    common = llama.hf_fields(raw)
     return ModelConfig(
+        **common,
         architecture=arch,
-        vocab_size=int(raw["vocab_size"]),
-        dim=dim,
-        ffn_dim=int(raw["intermediate_size"]),
-        num_layers=int(raw["num_hidden_layers"]),
-        num_heads=num_heads,
-        num_kv_heads=num_heads,
-        head_dim=dim // num_heads,
+        num_kv_heads=common["num_heads"],
+        head_dim=common["dim"] // common["num_heads"],
         max_position_embeddings=positions - offset,
+        **llama.BIASED_LAYERNORM_BLOCK,
         norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
-        norm="layer",
         act=llama.activation(raw.get("hidden_act", "gelu"), where),
-        gated_mlp=False,
-        qkv_bias=True,
-        o_bias=True,
-        mlp_bias=True,
-        rope=False,
         pos_offset=offset,
         tie_word_embeddings=True,
-        bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=(),
-        torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
         post_ln=True,
         type_vocab_size=int(raw.get("type_vocab_size", 2)),
         causal=False,

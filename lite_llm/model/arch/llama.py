@@ -52,23 +52,32 @@ def activation(name: str, where: str) -> str:
     return ACTIVATIONS[name]
 
 
+def hf_fields(raw: dict, ffn_key: str = "intermediate_size") -> dict[str, Any]:
+    """The ModelConfig fields every family's HF config.json spells alike (the decoders here, BERT,
+    OPT): vocabulary, width, MLP width (raw[ffn_key]), layers, query heads, BOS id, stored dtype."""
+    return dict(num_heads=int(raw["num_attention_heads"]), dim=int(raw["hidden_size"]),
+                vocab_size=int(raw["vocab_size"]), ffn_dim=int(raw[ffn_key]), num_layers=int(raw["num_hidden_layers"]),
+                bos_token_id=raw.get("bos_token_id"), torch_dtype=raw.get("torch_dtype") or raw.get("dtype"))
+
+
+# the pre-Llama block of OPT and BERT: LayerNorm with bias, biases on every projection, an ungated
+# fc1/fc2 MLP, learned absolute positions instead of RoPE
+BIASED_LAYERNORM_BLOCK = dict(norm="layer", gated_mlp=False, qkv_bias=True, o_bias=True, mlp_bias=True, rope=False)
+
+
 def decoder_config(raw: dict, arch: str, where: str, rope_types: tuple[str, ...] = ROPE_TYPES,
                    **fields: Any) -> ModelConfig:
     """The RMSNorm + RoPE + gated-MLP decoder's ModelConfig; `fields` override or add to it."""
-    num_heads = int(raw["num_attention_heads"])
-    dim = int(raw["hidden_size"])
+    common = hf_fields(raw)
+    num_heads, dim = common["num_heads"], common["dim"]
     theta, scaling = rope(raw)
     if scaling is not None and scaling["rope_type"] not in rope_types:
         raise ModelLoadError(f"{where}: rope scaling {scaling['rope_type']!r} is not supported "
                              f"(supported: {', '.join(rope_types)})")
     attention_bias = bool(raw.get("attention_bias", False))
     values = dict(
+        common,
         architecture=arch,
-        vocab_size=int(raw["vocab_size"]),
-        dim=dim,
-        ffn_dim=int(raw["intermediate_size"]),
-        num_layers=int(raw["num_hidden_layers"]),
-        num_heads=num_heads,
         num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
         head_dim=int(raw.get("head_dim") or dim // num_heads),
         max_position_embeddings=int(raw["max_position_embeddings"]),
@@ -83,9 +92,7 @@ def decoder_config(raw: dict, arch: str, where: str, rope_types: tuple[str, ...]
         rope_theta=theta,
         rope_scaling=scaling,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=eos(raw),
-        torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
     )
     values.update(fields)
     return ModelConfig(**values)

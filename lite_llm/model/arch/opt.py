@@ -26,34 +26,23 @@ def config(raw: dict, arch: str, where: str) -> ModelConfig:
         raise ModelLoadError(f"{where}: OPT without biases or LayerNorm affine is not supported")
     if raw.get("_remove_final_layer_norm", False):
         raise ModelLoadError(f"{where}: OPT with _remove_final_layer_norm is not supported")
-    num_heads = int(raw["num_attention_heads"])
+    common = llama.hf_fields(raw, ffn_key="ffn_dim")
     return ModelConfig(
+        **common,
         architecture="OPTForCausalLM",
-        vocab_size=int(raw["vocab_size"]),
-        dim=dim,
-        ffn_dim=int(raw["ffn_dim"]),
-        num_layers=int(raw["num_hidden_layers"]),
-        num_heads=num_heads,
-        num_kv_heads=num_heads,
-        head_dim=dim // num_heads,
+        num_kv_heads=common["num_heads"],
+        head_dim=dim // common["num_heads"],
         max_position_embeddings=int(raw["max_position_embeddings"]),
+        **llama.BIASED_LAYERNORM_BLOCK,
         norm_eps=1e-5,                  # OPT's nn.LayerNorm default; config.json does not store it
-        norm="layer",
         act=llama.activation(raw.get("activation_function", "relu"), where),
-        gated_mlp=False,
-        qkv_bias=True,
-        o_bias=True,
-        mlp_bias=True,
         qk_norm=False,
-        rope=False,
         rope_theta=10000.0,
         rope_scaling=None,
         pos_offset=0,                   # hf_tensors strips POSITION_OFFSET rows: row 0 = position 0
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
         sliding_window=None,
-        bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=llama.eos(raw),
-        torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
     )
 
 
