@@ -167,8 +167,8 @@ cdef void _prefetch(list chunks, list previous):
     for i in range(n):
         seq = <_Seq>previous[i]
         p = <const char *><PyObject *>seq.request
-        LL_PREFETCH(p - 64)                  # the managed-dict pre-header sits before the object
-        LL_PREFETCH(p)
+        LL_PREFETCH(p)                       # Request's slots a step reads: its first two lines
+        LL_PREFETCH(p + 64)
         LL_PREFETCH(<PyObject *>seq.outs)
         LL_PREFETCH(<PyObject *>seq.all_ids)
         LL_PREFETCH(<PyObject *>seq.stop_ids)
@@ -188,6 +188,37 @@ cdef void _prefetch(list chunks, list previous):
             LL_PREFETCH(LL_LIST_END(seq.det_pieces))
 
 
+cdef class _ItlCounts:
+    """ITL counts per previous token time, as plain_step returns them ({time: samples}): a
+    steady batch's samples share one previous time, so a run of the same time object is
+    counted here and reaches the dict once."""
+    cdef object last
+    cdef Py_ssize_t run
+    cdef dict counts
+
+    def __cinit__(self):
+        self.counts = {}
+        self.run = 0
+
+    cdef inline int add(self, object last) except -1:
+        if self.run and last is self.last:
+            self.run += 1
+            return 0
+        self.flush()
+        self.last, self.run = last, 1
+        return 0
+
+    cdef int flush(self) except -1:
+        if self.run:
+            self.counts[self.last] = self.counts.get(self.last, 0) + self.run
+            self.run = 0
+        return 0
+
+    cdef dict done(self):
+        self.flush()
+        return self.counts
+
+
 cdef inline int _take(_Seq seq, object request, object token_obj, scheduler) except -1:
     """Scheduler.update_from_output's work for one sampled token of a request still in the batch
     (its computed tokens already advanced): the token joins its lists, and a stop id or the
@@ -202,7 +233,7 @@ cdef inline int _take(_Seq seq, object request, object token_obj, scheduler) exc
 
 
 cdef inline int _emit(_Seq seq, object token_obj, object sample, object now, engine, dict touched,
-                      dict itl) except -1:
+                      _ItlCounts itl) except -1:
     """LLMEngine._process_plain for one sample (token_obj; sample its SampleResult, or None for
     a plain (token, None, None, None) one): a plain sample (still running, not its first token)
     has its ITL counted and its token detokenized here; any other goes to _process_sample."""
@@ -217,7 +248,7 @@ cdef inline int _emit(_Seq seq, object token_obj, object sample, object now, eng
         if not seq.final_only or request.is_finished:
             touched[seq.parent_id] = seq.group
         return 0
-    itl[last] = itl.get(last, 0) + 1
+    itl.add(last)
     metrics.last_token_time = now
     if seq.det is not None:
         if seq.byte_det:
@@ -243,7 +274,7 @@ def plain_step(list chunks, list results, object now, scheduler, engine, dict to
     cdef tuple c
     cdef list seqs = [], samples = []
     _prefetch(chunks, engine.step_seqs)
-    cdef dict itl = {}
+    cdef _ItlCounts itl = _ItlCounts()
     cdef dict groups = engine._groups
     cdef _Seq seq
     if len(results) != n:
@@ -272,7 +303,7 @@ def plain_step(list chunks, list results, object now, scheduler, engine, dict to
         sample = samples[i]
         _emit(<_Seq>seqs[i], (<tuple>sample)[0], sample, now, engine, touched, itl)
     engine.step_seqs = seqs
-    return itl
+    return itl.done()
 
 
 cdef class PendingOutput:
@@ -474,6 +505,7 @@ cdef class DecodeLane:
     cdef int32_t[::1] tokens         # [S] the bound sampling's output
     cdef int32_t[::1] slots          # [S] each sequence's batch slot
     cdef Py_ssize_t size, max_num_seqs
+    cdef bint all_simple             # every sequence its group's only, plain child (_Seq.simple)
     cdef long long bytes_per_token, kv_bytes_per_token
     cdef readonly Py_ssize_t num_steps   # steps this lane ran
 
@@ -482,7 +514,8 @@ cdef class DecodeLane:
         cdef Py_ssize_t i, n = self.size, start
         cdef list running = self.running, seqs = self.seqs
         cdef _Seq seq
-        cdef dict room = self.room, itl, touched
+        cdef dict room = self.room, touched
+        cdef _ItlCounts itl = _ItlCounts()
         cdef double t0, k0, kernel
         sched = self.scheduler
         if PyList_GET_SIZE(running) != n or sched._finished_req_ids or sched._preempted_req_ids \
@@ -513,20 +546,32 @@ cdef class DecodeLane:
         kernel = _perf_counter() - k0
         kernel += self.finish(self.call.run)
         now = _monotonic()
-        itl, touched = {}, {}
-        cdef list token_objs = [None] * n
-        for i in range(n):               # Scheduler.update_from_output
-            seq = <_Seq>seqs[i]
-            request = seq.request
-            request.num_computed_tokens = PyList_GET_SIZE(seq.all_ids)
-            token_obj = self.tokens[i]
-            token_objs[i] = token_obj
-            _take(seq, request, token_obj, sched)
+        touched = {}
         engine = self.engine
-        for i in range(n):               # LLMEngine._process_plain
-            _emit(<_Seq>seqs[i], token_objs[i], None, now, engine, touched, itl)
+        cdef list token_objs
+        if self.all_simple:
+            # every group one plain child: what _emit does for one sequence depends on no other's
+            # finish, so each sequence's two phases run back to back (its objects still cached)
+            for i in range(n):
+                seq = <_Seq>seqs[i]
+                request = seq.request
+                request.num_computed_tokens = PyList_GET_SIZE(seq.all_ids)
+                token_obj = self.tokens[i]
+                _take(seq, request, token_obj, sched)
+                _emit(seq, token_obj, None, now, engine, touched, itl)
+        else:
+            token_objs = [None] * n
+            for i in range(n):           # Scheduler.update_from_output
+                seq = <_Seq>seqs[i]
+                request = seq.request
+                request.num_computed_tokens = PyList_GET_SIZE(seq.all_ids)
+                token_obj = self.tokens[i]
+                token_objs[i] = token_obj
+                _take(seq, request, token_obj, sched)
+            for i in range(n):           # LLMEngine._process_plain
+                _emit(<_Seq>seqs[i], token_objs[i], None, now, engine, touched, itl)
         stats = self.stats
-        add_itl(stats, itl, now)
+        add_itl(stats, itl.done(), now)
         engine.step_seqs = seqs
         outputs = make_outputs(touched, engine, lazy)
         record_step(stats, _new_tuple(_STEP_RECORD, (n, n, _perf_counter() - t0 - kernel, kernel,
@@ -552,6 +597,7 @@ def decode_lane(engine, sched_out, runner):
     if n == 0 or PyList_GET_SIZE(running) != n or scheduler.num_lookahead_tokens:
         return None
     cdef list seqs = []
+    cdef bint all_simple = True
     for i in range(n):
         c = <tuple>chunks[i]             # ScheduledChunk: (request, start, num_new, blocks, sample, is_new, spec)
         request = c[0]
@@ -561,6 +607,7 @@ def decode_lane(engine, sched_out, runner):
         if state is None or not (<_Seq>state).decodes:
             return None
         seqs.append(state)
+        all_simple = all_simple and (<_Seq>state).simple
     binding = getattr(runner, "decode_binding", None)
     binding = binding(n) if binding is not None else None
     if binding is None:
@@ -574,5 +621,6 @@ def decode_lane(engine, sched_out, runner):
         lane.slots = binding
     lane.stats = engine._stats
     lane.bytes_per_token, lane.kv_bytes_per_token = runner.bytes_per_token, runner.kv_bytes_per_token
+    lane.all_simple = all_simple
     lane.num_steps = 0
     return lane

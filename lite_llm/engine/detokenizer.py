@@ -93,6 +93,7 @@ class ByteDetokenizer:
     token) or end in U+FFFD (an incomplete or invalid sequence), released whole otherwise.
     make_detokenizer checks that the prompt context itself ends on such a point.
     """
+    __slots__ = ("_table", "_size", "_pending", "skip_special_tokens", "_pieces", "token_ids")
 
     def __init__(self, table: list[bytes], skip_special_tokens: bool = True):
         self._table = table

@@ -83,6 +83,8 @@ class _Completion:
     what is not streamed yet is a list of pieces, joined when an output takes it, and the stop
     strings are searched in the new characters plus the few before them that a stop string
     could start in (tail)."""
+    __slots__ = ("request", "detokenizer", "stop_strings", "num_chars", "_pending", "_keep", "_tail",
+                 "num_sent_tokens", "num_sent_chars", "sent_finished")
 
     def __init__(self, request: Request, tokenizer: Any):
         params = request.sampling_params

@@ -50,6 +50,15 @@ class Request:
         A running request has num_computed_tokens <= num_tokens - 1 after each step: the
         newest token's KV is written when it is fed back in the next step.
     """
+    # slots: its fields sit in the object itself, not in a dict beside it (a step reads a few
+    # of every running request's, after the forward pass has flushed the caches); those a
+    # decode step reads come first, in the object's first two cache lines
+    __slots__ = ("step_state", "status", "num_computed_tokens", "spec_token_ids", "request_id", "parent_id",
+                 "output_token_ids", "_all_token_ids", "metrics", "logprobs", "sampling_params", "mm",
+                 "prompt_logprobs", "index", "prompt", "prompt_token_ids", "seed", "eos_token_ids", "stop_check",
+                 "max_tokens", "arrival_time", "priority", "num_cached_tokens", "num_preemptions",
+                 "cumulative_logprob", "finish_reason", "stop_reason", "block_hashes", "lora_slot", "lora_salt",
+                 "pooling")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, seed: int, *,
