@@ -36,9 +36,13 @@ cdef extern from *:
     """
     #define LL_PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
     #define LL_LIST_END(op) ((const void *)(((PyListObject *)(op))->ob_item + PyList_GET_SIZE(op)))
+    #define LL_LIST_AT(op, i) ((const void *)(((PyListObject *)(op))->ob_item + (i)))
+    #define LL_LIST_ITEM(op, i) ((const void *)(((PyListObject *)(op))->ob_item[i]))
     """
     void LL_PREFETCH(const void *p)
     const void *LL_LIST_END(object op)    # where the list's next item goes (an append writes there)
+    const void *LL_LIST_AT(object op, Py_ssize_t i)     # where item i's pointer sits
+    const void *LL_LIST_ITEM(object op, Py_ssize_t i)   # item i (a list of objects, none NULL)
 
 cdef object RUNNING = RequestStatus.RUNNING
 cdef object WAITING = RequestStatus.WAITING
@@ -263,6 +267,23 @@ cdef inline int _emit(_Seq seq, object token_obj, object sample, object now, eng
     if not seq.final_only:
         touched[seq.parent_id] = seq.group
     return 0
+
+
+cdef void _prefetch_texts(list seqs, const int32_t *tokens, Py_ssize_t n):
+    """Start loading the cached texts of the step's tokens (two levels: the table's slots,
+    then the strings they point to), which the detokenizing phase reads one by one."""
+    cdef Py_ssize_t i, token
+    cdef _Seq seq
+    for i in range(n):
+        seq = <_Seq>seqs[i]
+        token = tokens[i]
+        if seq.byte_det and 0 <= token < seq.table_size:
+            LL_PREFETCH(LL_LIST_AT(seq.texts, token))
+    for i in range(n):
+        seq = <_Seq>seqs[i]
+        token = tokens[i]
+        if seq.byte_det and 0 <= token < seq.table_size:
+            LL_PREFETCH(LL_LIST_ITEM(seq.texts, token))
 
 
 def plain_step(list chunks, list results, object now, scheduler, engine, dict touched) -> dict:
@@ -546,6 +567,7 @@ cdef class DecodeLane:
         kernel = _perf_counter() - k0
         kernel += self.finish(self.call.run)
         now = _monotonic()
+        _prefetch_texts(seqs, &self.tokens[0], n)
         touched = {}
         engine = self.engine
         cdef list token_objs
