@@ -84,6 +84,10 @@ class FakeRunner:
         assert len(set(a.slot_mapping.tolist())) == len(a.slot_mapping), "two tokens write the same slot"
         self.kv_token[a.slot_mapping] = a.token_ids
         self.kv_pos[a.slot_mapping] = a.positions
+        # what the sampler gets (parameter copies: the batch's rows move on when tokens are
+        # appended; the context ranges keep reading the same tokens)
+        fp, ip, ctx, banned = self.batch.sampling_arrays(a.sample_slots, a.sample_slots_are_prefix)
+        self.last_sampling = (fp.copy(), ip.copy(), ctx, banned)
         results: list[SampleResult | None] = []
         sampled_tokens = []
         for c in chunks:                                   # 2. attend over the whole context
@@ -104,19 +108,20 @@ class FakeRunner:
                 results.append(None)
                 continue
             assert end == len(tokens)
-            params = c.request.sampling_params
-            token = next_token(tokens, None if params.temperature == 0 else c.request.seed,
-                               self.vocab_size)
-            logprob = -float(token % 7) / 8
-            top = [(token, logprob), ((token + 1) % self.vocab_size, logprob - 1.0)]
-            results.append(SampleResult(token, logprob, top if params.logprobs else None))
-            sampled_tokens.append(token)
-        # what the sampler would get (parameter copies: the batch's rows move on when tokens are
-        # appended; the context ranges keep reading the same tokens)
-        fp, ip, ctx, banned = self.batch.sampling_arrays(a.sample_slots, a.sample_slots_are_prefix)
-        self.last_sampling = (fp.copy(), ip.copy(), ctx, banned)
+            results.append(self.sample(c.request, tokens, len(sampled_tokens)))
+            sampled_tokens.append(results[-1].token_id)
         self.batch.append_sampled(a.sample_slots, np.array(sampled_tokens, np.int32))
         return results
+
+
+    def sample(self, request, tokens: list[int], row: int) -> SampleResult:
+        """The token of request (whose tokens so far are tokens), the step's row-th sampling
+        row: a pure function of the tokens (and of the seed when sampling is random)."""
+        params = request.sampling_params
+        token = next_token(tokens, None if params.temperature == 0 else request.seed, self.vocab_size)
+        logprob = -float(token % 7) / 8
+        top = [(token, logprob), ((token + 1) % self.vocab_size, logprob - 1.0)]
+        return SampleResult(token, logprob, top if params.logprobs else None)
 
 
 def rebuild_step_arrays(sched_out: SchedulerOutput, block_tables: dict[str, list[int]], block_size: int):

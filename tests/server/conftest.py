@@ -1,8 +1,9 @@
-"""Server test fixtures: a tiny byte-level BPE tokenizer, the FakeEngine, a live server.
+"""Server test fixtures: a tiny byte-level BPE tokenizer, the engine, a live server.
 
-`make_engine(**overrides)` is the one place an engine is built: set LITE_LLM_SERVER_TEST_MODEL
-to a model path (or "default") to run every server test against the real engine via
-lite_llm.llm.build_async_engine instead of the FakeEngine.
+`make_engine(**overrides)` is the one place an engine is built: the real AsyncEngine and
+LLMEngine over a fake model runner (fake_model.py; overrides: step_seconds, max_queue,
+max_num_seqs, runner_cls). Set LITE_LLM_SERVER_TEST_MODEL to a model path (or "default") to
+run every server test against a real model via lite_llm.llm.build_async_engine instead.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from lite_llm.model.tokenizer import Tokenizer
 from lite_llm.server.app import LiteServer, create_server
 
-from .fake_engine import FakeEngine
+from .fake_model import fake_engine, record_aborts
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -69,10 +70,12 @@ def make_engine(tokenizer: Any, **overrides: Any) -> tuple[Any, Any, dict]:
         from lite_llm.llm import build_async_engine
         real = {"kv_cache_space": 0.25, "max_model_len": 1024, "max_num_seqs": 32,
                 **{k: v for k, v in overrides.items() if k in ("max_queue", "max_num_seqs")}}  # no fake knobs
-        return build_async_engine(model=None if model == "default" else model, **real)
+        engine, tokenizer, info = build_async_engine(model=None if model == "default" else model, **real)
+        record_aborts(engine)
+        return engine, tokenizer, info
     info = {"max_model_len": MAX_MODEL_LEN, "kernel_variant": "fake", "num_threads": 1,
             "weight_bytes": 1 << 20, "model_name": "tiny"}
-    return FakeEngine(tokenizer, **overrides), tokenizer, info
+    return fake_engine(tokenizer, max_model_len=MAX_MODEL_LEN, **overrides), tokenizer, info
 
 
 def start_server(api_key: str | None = None, generation_config: dict | None = None,
