@@ -1,1 +1,1 @@
-"""Server tests: real HTTP on 127.0.0.1 against a FakeEngine (or the real one)."""
+"""Server tests: real HTTP on 127.0.0.1 against the engine over a fake model runner (or a real model)."""

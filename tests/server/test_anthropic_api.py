@@ -1,8 +1,8 @@
 """Anthropic's Messages API through the official anthropic client over real HTTP on 127.0.0.1:
 a tiny random Qwen2 on the real engine with a Qwen-style tool template (text streamed and not, a
 tool_use forced by tool_choice and its tool_result sent back, count_tokens against usage,
-output_config's JSON schema), and the FakeEngine for stop sequences, thinking blocks, Anthropic's
-error shape, ping events and the key from x-api-key or Authorization."""
+output_config's JSON schema), and the engine over a fake model runner for stop sequences, thinking
+blocks, Anthropic's error shape, ping events and the key from x-api-key or Authorization."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,8 @@ import pytest
 
 
 from .conftest import request, start_server, stop_server
-from .test_hardening import ScriptedEngine, scripted_server
+from .fake_model import ScriptedRunner
+from .test_hardening import scripted_server
 from .test_responses_api import ANSWER, recording_qwen_server
 from .test_tool_choice import WEATHER
 
@@ -117,7 +118,7 @@ def test_output_config_json_schema(qwen):
         jsonschema.validate(json.loads(m.content[0].text), ANSWER)
 
 
-# ---- the FakeEngine ---------------------------------------------------------------------------
+# ---- the fake model runner -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def fake():
@@ -153,7 +154,7 @@ def test_raw_stream_has_ping_and_anthropic_event_lines(fake):
 def test_thinking_blocks_whole_and_streamed():
     with scripted_server(reasoning_parser="qwen3") as (server, tok):
         client = _client(server)
-        n = len(tok.encode(ScriptedEngine.script, add_special_tokens=False))
+        n = len(tok.encode(ScriptedRunner.script, add_special_tokens=False))
         kw = dict(model="tiny", max_tokens=n, messages=[{"role": "user", "content": "Hi"}], extra_body=GREEDY,
                   thinking={"type": "enabled", "budget_tokens": 1024})
         m = client.messages.create(**kw)
@@ -233,11 +234,11 @@ def test_key_from_x_api_key_or_authorization():
 
 
 def test_text_then_a_parsed_tool_use_whole_and_streamed():
-    from .test_tool_calls import ToolEngine, scripted_tool_server
+    from .test_tool_calls import ToolRunner, scripted_tool_server
     with scripted_tool_server() as (server, tok):
         client = _client(server)
         kw = dict(model="tiny", messages=[{"role": "user", "content": "Weather in Paris?"}], extra_body=GREEDY,
-                  tools=[TOOL], max_tokens=len(tok.encode(ToolEngine.script, add_special_tokens=False)) - 1)
+                  tools=[TOOL], max_tokens=len(tok.encode(ToolRunner.script, add_special_tokens=False)) - 1)
         m = client.messages.create(**kw)           # tool_choice auto: the call is parsed from the text
         assert [b.type for b in m.content] == ["text", "tool_use"] and m.stop_reason == "tool_use"
         assert m.content[0].text.strip() == "Let me check." and m.content[1].input == {"city": "Paris"}

@@ -1,8 +1,8 @@
 """A server that can face the internet: request framing, deadlines, connection caps, auth on
 every route, HTTP/1.0 and half-closed clients, and the size bound checked before tokenizing.
 
-FakeEngine servers (see conftest); tests/server/test_real_engine_hardening.py repeats the
-acceptance checks on the real engine."""
+Servers over the engine with a fake model runner (see conftest); tests/server/
+test_real_engine_hardening.py repeats the acceptance checks with a real model."""
 from __future__ import annotations
 
 import contextlib
@@ -19,7 +19,7 @@ from lite_llm.server.app import default_body_limit
 from lite_llm.server.openai import ReasoningSplitter
 
 from .conftest import MAX_MODEL_LEN, error_of, request, start_server, stop_server
-from .fake_engine import FakeEngine
+from .fake_model import ScriptedRunner, fake_engine
 
 KEY = "sekret-key"
 
@@ -490,24 +490,16 @@ def test_reasoning_split_is_the_same_at_every_delta_boundary(parser, text, want)
             assert ("".join(p[0] for p in parts), "".join(p[1] for p in parts)) == want, (cut, cut2)
 
 
-class ScriptedEngine(FakeEngine):
-    """Greedy requests answer with the tokens of a fixed text, one token a step."""
-    script = "<think>I should greet.</think>Hello there!"
-
-    def _next_token(self, req, seq):
-        ids = self.tokenizer.encode(self.script, add_special_tokens=False)
-        return ids[len(seq.token_ids) % len(ids)]
-
-
 @contextlib.contextmanager
-def scripted_server(engine_cls: type = ScriptedEngine, step_seconds: float = 0.001, **server_kwargs):
-    """(server, tokenizer): a server whose engine answers engine_cls.script one token a step
-    (server_kwargs: create_server's, e.g. reasoning_parser or chat_template); drained after."""
+def scripted_server(runner_cls: type = ScriptedRunner, step_seconds: float = 0.001, **server_kwargs):
+    """(server, tokenizer): a server whose engine's runner answers runner_cls.script one token a
+    step (server_kwargs: create_server's, e.g. reasoning_parser or chat_template); drained after."""
     from lite_llm.server.app import create_server
 
     from .conftest import make_tokenizer
     tok = make_tokenizer()
-    server = create_server(engine_cls(tok, step_seconds=step_seconds), tok, "tiny", MAX_MODEL_LEN, **server_kwargs)
+    engine = fake_engine(tok, runner_cls=runner_cls, step_seconds=step_seconds, max_model_len=MAX_MODEL_LEN)
+    server = create_server(engine, tok, "tiny", MAX_MODEL_LEN, **server_kwargs)
     server.start()
     try:
         yield server, tok
@@ -518,7 +510,7 @@ def scripted_server(engine_cls: type = ScriptedEngine, step_seconds: float = 0.0
 def test_reasoning_content_split_and_streamed():
     with scripted_server(reasoning_parser="qwen3") as (server, tok):
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=10)
-        n = len(tok.encode(ScriptedEngine.script, add_special_tokens=False))
+        n = len(tok.encode(ScriptedRunner.script, add_special_tokens=False))
         msgs = [{"role": "user", "content": "Hi"}]
         out = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=n, temperature=0)
         msg = out.choices[0].message
@@ -562,7 +554,7 @@ def test_tokenizing_a_long_prompt_does_not_stall_health():
     from lite_llm.model.loader import load_model
     from lite_llm.server.app import create_server
     tok = load_model(None, progress=False).tokenizer
-    server = create_server(FakeEngine(tok), tok, "smol", 8192)
+    server = create_server(fake_engine(tok, max_model_len=8192), tok, "smol", 8192)
     server.start()
     try:
         per_token = tok.max_bytes_per_token()

@@ -1,7 +1,7 @@
 """OpenAI's Responses API through the official openai client over real HTTP on 127.0.0.1:
 a tiny random Qwen2 on the real engine with a Qwen-style tool template (text streamed and not,
 a function call forced by tool_choice and its output sent back with previous_response_id,
-json_schema text format), and the FakeEngine for the store (bounds, ttl, store false),
+json_schema text format), and the fake model runner for the store (bounds, ttl, store false),
 background polling and cancel, reasoning items, malformed bodies and the API key."""
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import pytest
 
 
 from .conftest import error_of, request, serving, start_server, stop_server
-from .test_hardening import ScriptedEngine, scripted_server
+from .fake_model import ScriptedRunner
+from .test_hardening import scripted_server
 from .test_tool_calls import TOOL_TEMPLATE
 from .test_tool_choice import WEATHER
 
@@ -152,7 +153,7 @@ def test_json_schema_text_format(qwen):
         assert r.text.format.type == "json_schema"
 
 
-# ---- the FakeEngine: store, background, reasoning, errors ---------------------------------------
+# ---- the fake model runner: store, background, reasoning, errors -------------------------------
 
 @pytest.fixture(scope="module")
 def fake():
@@ -232,7 +233,7 @@ def test_cancel_stops_a_background_response():
 def test_reasoning_items_whole_and_streamed():
     with scripted_server(reasoning_parser="qwen3") as (server, tok):
         client = _client(server)
-        n = len(tok.encode(ScriptedEngine.script, add_special_tokens=False))
+        n = len(tok.encode(ScriptedRunner.script, add_special_tokens=False))
         r = client.responses.create(model="tiny", input="Hi", max_output_tokens=n, temperature=0,
                                     reasoning={"effort": "low"})
         assert [o.type for o in r.output] == ["reasoning", "message"]
@@ -325,11 +326,11 @@ def test_background_needs_the_store():
 
 def test_text_then_a_parsed_call_whole_and_streamed():
     from .test_tool_calls import TOOLS as CHAT_TOOLS
-    from .test_tool_calls import ToolEngine, scripted_tool_server
+    from .test_tool_calls import ToolRunner, scripted_tool_server
     with scripted_tool_server() as (server, tok):
         client = _client(server)
         kw = dict(model="tiny", input="Weather in Paris?", tools=[{"type": "function", **CHAT_TOOLS[0]["function"]}],
-                  temperature=0, max_output_tokens=len(tok.encode(ToolEngine.script, add_special_tokens=False)) - 1)
+                  temperature=0, max_output_tokens=len(tok.encode(ToolRunner.script, add_special_tokens=False)) - 1)
         r = client.responses.create(**kw)          # tool_choice auto: the call is parsed from the text
         assert [o.type for o in r.output] == ["message", "function_call"]
         assert r.output[0].content[0].text.strip() == "Let me check."

@@ -12,7 +12,8 @@ from lite_llm.server.app import create_server
 from lite_llm.server.openai import HermesToolParser
 
 from .conftest import MAX_MODEL_LEN, error_of, make_tokenizer, request
-from .test_hardening import ScriptedEngine, scripted_server
+from .fake_model import ScriptedRunner, fake_engine
+from .test_hardening import scripted_server
 
 # Qwen2.5's tool template, cut down: tools listed in a system turn, calls as <tool_call> JSON,
 # results as <tool_response> in a user turn
@@ -32,15 +33,15 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                                           "required": ["city"]}}}]
 
 
-class ToolEngine(ScriptedEngine):
+class ToolRunner(ScriptedRunner):
     script = "Let me check.\n" + CALL + "<|im_end|>"
 
 
 @contextlib.contextmanager
 def scripted_tool_server():
-    """(server, tokenizer): a server whose engine always answers ToolEngine.script (text, then a
+    """(server, tokenizer): a server whose engine always answers ToolRunner.script (text, then a
     hermes call), with the Qwen-style tool template; drained at the end of the block."""
-    with scripted_server(ToolEngine, step_seconds=0.0005, chat_template=TOOL_TEMPLATE) as served:
+    with scripted_server(ToolRunner, step_seconds=0.0005, chat_template=TOOL_TEMPLATE) as served:
         yield served
 
 
@@ -52,7 +53,7 @@ def tool_server():
 
 def _ask(server, tok, **kw):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=20)
-    n = len(tok.encode(ToolEngine.script, add_special_tokens=False))
+    n = len(tok.encode(ToolRunner.script, add_special_tokens=False))
     end = tok.token_to_id("<|im_end|>")
     return client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "Weather in Paris?"}], max_tokens=n + 4,
@@ -148,7 +149,8 @@ def test_bad_tool_requests_are_400(tool_server, body, param):
 
 def test_tools_need_a_known_format():
     tok = make_tokenizer()                    # its ChatML template shows no tool call format
-    server = create_server(ScriptedEngine(tok), tok, "tiny", MAX_MODEL_LEN)
+    server = create_server(fake_engine(tok, runner_cls=ScriptedRunner, max_model_len=MAX_MODEL_LEN), tok, "tiny",
+                           MAX_MODEL_LEN)
     server.start()
     try:
         status, _, data = request(server.port, "POST", "/v1/chat/completions",

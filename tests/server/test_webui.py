@@ -1,4 +1,4 @@
-"""The web UI's routes on the FakeEngine server: which answer without the key, the files and
+"""The web UI's routes on the fake model runner's server: which answer without the key, the files and
 their headers, --disable-web-ui, /v1/engine/stats behind the key, and the files shipped as
 package data. The pages themselves run in a browser in tests/browser."""
 from __future__ import annotations
