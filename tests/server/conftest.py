@@ -7,9 +7,9 @@ run every server test against a real model via lite_llm.llm.build_async_engine i
 """
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
-import contextlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +21,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from lite_llm.model.tokenizer import Tokenizer
 from lite_llm.server.app import LiteServer, create_server
 
-from .fake_model import fake_engine, record_aborts
+from .fake_model import fake_runner_engine, record_aborts
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -75,7 +75,7 @@ def make_engine(tokenizer: Any, **overrides: Any) -> tuple[Any, Any, dict]:
         return engine, tokenizer, info
     info = {"max_model_len": MAX_MODEL_LEN, "kernel_variant": "fake", "num_threads": 1,
             "weight_bytes": 1 << 20, "model_name": "tiny"}
-    return fake_engine(tokenizer, max_model_len=MAX_MODEL_LEN, **overrides), tokenizer, info
+    return fake_runner_engine(tokenizer, max_model_len=MAX_MODEL_LEN, **overrides), tokenizer, info
 
 
 def start_server(api_key: str | None = None, generation_config: dict | None = None,

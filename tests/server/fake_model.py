@@ -120,9 +120,9 @@ class ScriptedRunner(ServerRunner):
         return self.script_ids[request.num_output_tokens % len(self.script_ids)]
 
 
-def fake_engine(tokenizer: Any, *, runner_cls: type = ServerRunner, step_seconds: float = 0.002,
-                max_num_seqs: int = 256, max_queue: int | None = 1024, max_model_len: int = 512,
-                max_num_batched_tokens: int = 2048, num_blocks: int = 4096) -> AsyncEngine:
+def fake_runner_engine(tokenizer: Any, *, runner_cls: type = ServerRunner, step_seconds: float = 0.002,
+                       max_num_seqs: int = 256, max_queue: int | None = 1024, max_model_len: int = 512,
+                       max_num_batched_tokens: int = 2048, num_blocks: int = 4096) -> AsyncEngine:
     """A started AsyncEngine over runner_cls; its `aborted` lists the ids of requests an abort
     finished (the engine's own outputs say which)."""
     config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,

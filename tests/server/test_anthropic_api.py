@@ -11,7 +11,6 @@ import anthropic
 import jsonschema
 import pytest
 
-
 from .conftest import request, start_server, stop_server
 from .fake_model import ScriptedRunner
 from .test_hardening import scripted_server

@@ -19,7 +19,7 @@ from lite_llm.server.app import default_body_limit
 from lite_llm.server.openai import ReasoningSplitter
 
 from .conftest import MAX_MODEL_LEN, error_of, request, start_server, stop_server
-from .fake_model import ScriptedRunner, fake_engine
+from .fake_model import ScriptedRunner, fake_runner_engine
 
 KEY = "sekret-key"
 
@@ -498,7 +498,7 @@ def scripted_server(runner_cls: type = ScriptedRunner, step_seconds: float = 0.0
 
     from .conftest import make_tokenizer
     tok = make_tokenizer()
-    engine = fake_engine(tok, runner_cls=runner_cls, step_seconds=step_seconds, max_model_len=MAX_MODEL_LEN)
+    engine = fake_runner_engine(tok, runner_cls=runner_cls, step_seconds=step_seconds, max_model_len=MAX_MODEL_LEN)
     server = create_server(engine, tok, "tiny", MAX_MODEL_LEN, **server_kwargs)
     server.start()
     try:
@@ -554,7 +554,7 @@ def test_tokenizing_a_long_prompt_does_not_stall_health():
     from lite_llm.model.loader import load_model
     from lite_llm.server.app import create_server
     tok = load_model(None, progress=False).tokenizer
-    server = create_server(fake_engine(tok, max_model_len=8192), tok, "smol", 8192)
+    server = create_server(fake_runner_engine(tok, max_model_len=8192), tok, "smol", 8192)
     server.start()
     try:
         per_token = tok.max_bytes_per_token()

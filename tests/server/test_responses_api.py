@@ -13,7 +13,6 @@ import jsonschema
 import openai
 import pytest
 
-
 from .conftest import error_of, request, serving, start_server, stop_server
 from .fake_model import ScriptedRunner
 from .test_hardening import scripted_server

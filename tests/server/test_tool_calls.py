@@ -12,7 +12,7 @@ from lite_llm.server.app import create_server
 from lite_llm.server.openai import HermesToolParser
 
 from .conftest import MAX_MODEL_LEN, error_of, make_tokenizer, request
-from .fake_model import ScriptedRunner, fake_engine
+from .fake_model import ScriptedRunner, fake_runner_engine
 from .test_hardening import scripted_server
 
 # Qwen2.5's tool template, cut down: tools listed in a system turn, calls as <tool_call> JSON,
@@ -149,8 +149,8 @@ def test_bad_tool_requests_are_400(tool_server, body, param):
 
 def test_tools_need_a_known_format():
     tok = make_tokenizer()                    # its ChatML template shows no tool call format
-    server = create_server(fake_engine(tok, runner_cls=ScriptedRunner, max_model_len=MAX_MODEL_LEN), tok, "tiny",
-                           MAX_MODEL_LEN)
+    engine = fake_runner_engine(tok, runner_cls=ScriptedRunner, max_model_len=MAX_MODEL_LEN)
+    server = create_server(engine, tok, "tiny", MAX_MODEL_LEN)
     server.start()
     try:
         status, _, data = request(server.port, "POST", "/v1/chat/completions",
