@@ -72,6 +72,14 @@ def sampling_row(params, seed: int) -> tuple[tuple[float, ...], tuple[int, int, 
              seed - (1 << 64) if seed & _SIGN64 else seed))
 
 
+def step_buffers(max_tokens: int, max_rows: int) -> tuple[np.ndarray, ...]:
+    """The buffers a step's flat forward() arrays are gathered into, kept across steps: token ids,
+    positions, KV slots (int64) and batch slots of up to max_tokens tokens; the logits rows and
+    sampling slots of up to max_rows sequences."""
+    return (np.zeros(max_tokens, np.int32), np.zeros(max_tokens, np.int32), np.zeros(max_tokens, np.int64),
+            np.zeros(max_tokens, np.int32), np.zeros(max_rows, np.int32), np.zeros(max_rows, np.int32))
+
+
 def ban_ids(params, eos_token_ids) -> list[int]:
     """Ids set to -inf while fewer than min_tokens tokens are generated."""
     return [*(() if params.ignore_eos else eos_token_ids), *params.stop_token_ids]
@@ -108,13 +116,8 @@ class InputBatch:
         self._free_slots = list(range(max_num_seqs))   # a heap: the lowest free slot first
         self._row_len = row_len
         # step arrays, filled in place each step (forward() and the sampler get views)
-        max_tokens = max_num_batched_tokens or max_num_seqs * row_len
-        self._token_ids = np.zeros(max_tokens, np.int32)
-        self._positions = np.zeros(max_tokens, np.int32)
-        self._slot_mapping = np.zeros(max_tokens, np.int64)
-        self._tok_seq = np.zeros(max_tokens, np.int32)
-        self._logits_rows = np.zeros(max_num_seqs, np.int32)
-        self._sample_slots = np.zeros(max_num_seqs, np.int32)
+        (self._token_ids, self._positions, self._slot_mapping, self._tok_seq, self._logits_rows,
+         self._sample_slots) = step_buffers(max_num_batched_tokens or max_num_seqs * row_len, max_num_seqs)
         self._fparams_step = np.zeros((max_num_seqs, NUM_F), np.float32)
         self._iparams_step = np.zeros((max_num_seqs, NUM_I), np.int64)
         self._flat_token_ids = self.token_ids.reshape(-1)      # the sampler's penalty context

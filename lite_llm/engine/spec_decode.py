@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from lite_llm.engine import _batch
+from lite_llm.engine.input_batch import step_buffers
 
 
 def can_draft(request) -> bool:
@@ -76,13 +77,8 @@ class DraftModelProposer:
         # request id -> the draft's KV is written below this position: the real tokens' up to
         # the newest, then the drafts' (valid as far as the target accepts them)
         self._written: dict[str, int] = {}
-        cap = runner.max_num_batched_tokens
-        self._token_ids = np.zeros(cap, np.int32)
-        self._positions = np.zeros(cap, np.int32)
-        self._slot_mapping = np.zeros(cap, np.int64)
-        self._tok_seq = np.zeros(cap, np.int32)
-        self._logits_rows = np.zeros(max_num_seqs, np.int32)
-        self._sample_slots = np.zeros(max_num_seqs, np.int32)
+        (self._token_ids, self._positions, self._slot_mapping, self._tok_seq, self._logits_rows,
+         self._sample_slots) = step_buffers(runner.max_num_batched_tokens, max_num_seqs)
 
     def propose(self, batch, requests: list, slots: np.ndarray, sched_out) -> dict[str, list[int]]:
         for rid in (*sched_out.finished_req_ids, *sched_out.preempted_req_ids):
