@@ -158,9 +158,19 @@ class _DeadlineReader(io.RawIOBase):
         self.sock, self.conn = sock, conn
         self.header_timeout, self.write_timeout = header_timeout, write_timeout
         self.deadline = time.monotonic() + write_timeout
+        self._peeking = False
 
     def readable(self) -> bool:
         return True
+
+    def has_buffered(self, rfile: io.BufferedReader) -> bool:
+        """Whether rfile (the BufferedReader over this reader) holds bytes not yet consumed,
+        such as a pipelined next request; never reads the socket."""
+        self._peeking = True
+        try:
+            return bool(rfile.peek(1))
+        finally:
+            self._peeking = False
 
     def wait_request(self, idle_timeout: float) -> None:
         self.conn.enter("idle")
@@ -169,7 +179,9 @@ class _DeadlineReader(io.RawIOBase):
     def set_deadline(self, seconds: float) -> None:
         self.deadline = time.monotonic() + seconds
 
-    def readinto(self, buf: Any) -> int:
+    def readinto(self, buf: Any) -> int | None:
+        if self._peeking:
+            return None      # "no data yet": a peek sees only what is buffered
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("deadline passed")
@@ -185,52 +197,50 @@ class _DeadlineReader(io.RawIOBase):
 
 
 class _DisconnectWatch:
-    """Polls a client's socket while its request runs and calls on_gone once if it was reset.
+    """Polls a client's socket while its request runs and calls on_gone once if the client left.
 
-    Used for streaming and non-streaming answers alike: a streaming client that vanishes
-    during a long prefill is noticed here before any write would fail. An end of stream (FIN)
-    is not a departure: the client may have half-closed after sending its request and still
-    read the answer, so only a reset (or, in streams, a failed write) aborts. A client that
-    closes its socket politely is noticed by the next write that fails.
+    Used for streaming and non-streaming answers alike, so a client that leaves during a long
+    prefill or a long non-streamed answer frees its sequences at once. Leaving is a reset or an
+    end of stream (FIN): like uvicorn and Go's net/http, an EOF on a request's connection means
+    the client is gone (one that gave up and closed is common; one that half-closes and waits
+    for its answer is rare). A client whose next request is already readable (pipelining), or
+    was already read into the handler's buffer (`pipelined`), is alive: the watch stops.
     """
 
-    def __init__(self, sock: socket.socket, on_gone: Callable[[], None]):
+    def __init__(self, sock: socket.socket, on_gone: Callable[[], None], pipelined: bool = False):
         self.sock, self.on_gone = sock, on_gone
+        self.pipelined = pipelined
         self.gone = False
-        self.half_closed = False
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lite-llm-watch", daemon=True)
 
     def __enter__(self) -> "_DisconnectWatch":
-        self._thread.start()
+        if not self.pipelined:
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._done.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
     def _run(self) -> None:
         while not self._done.is_set():
             try:
-                if self.half_closed:          # readable for ever now: poll slowly for a reset
-                    self._done.wait(_WATCH_INTERVAL * 4)
-                    if self._done.is_set():
-                        return
-                else:
-                    readable, _, _ = select.select([self.sock], [], [], _WATCH_INTERVAL)
-                    if not readable:
-                        continue
+                readable, _, _ = select.select([self.sock], [], [], _WATCH_INTERVAL)
+                if not readable:
+                    continue
                 data = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
             except BlockingIOError:
                 continue
             except (OSError, ValueError):     # reset by peer, or closed under us
-                if not self._done.is_set():
-                    self.gone = True
-                    self.on_gone()
-                return
+                data = b""
             if data:
                 return      # the client is already sending its next request: it is alive
-            self.half_closed = True
+            if not self._done.is_set():
+                self.gone = True
+                self.on_gone()
+            return
 
 
 # ---- the handler -------------------------------------------------------------------------------
@@ -676,10 +686,11 @@ class _Handler(BaseHTTPRequestHandler):
                 for rid, _ in submitted:
                     st.engine.abort(rid)
 
-            with _DisconnectWatch(self.connection, abort_all) as watch:
+            pipelined = self._reader.has_buffered(self.rfile)
+            with _DisconnectWatch(self.connection, abort_all, pipelined) as watch:
                 try:
                     if prep.stream:
-                        self._stream(prep, submitted, api)
+                        self._stream(prep, submitted, watch, api)
                     else:
                         self._answer(prep, submitted, watch, api)
                 except BaseException:
@@ -767,7 +778,7 @@ class _Handler(BaseHTTPRequestHandler):
         except (ConnectionError, TimeoutError, OSError):
             raise _ClientGone() from None
 
-    def _stream(self, prep: PreparedRequest, submitted: list, api: Any = None) -> None:
+    def _stream(self, prep: PreparedRequest, submitted: list, watch: _DisconnectWatch, api: Any = None) -> None:
         # HTTP/1.0 has no chunked encoding: the end of the stream is the end of the connection
         self._chunked = self.request_version != "HTTP/1.0"
         self.send_response(200)
@@ -784,6 +795,8 @@ class _Handler(BaseHTTPRequestHandler):
         items = self._chunk_items(prep, submitted, tally)
         try:
             for data in (api.stream(prep, items) if api is not None else self._openai_events(items)):
+                if watch.gone:
+                    raise _ClientGone()
                 self._write_chunk(data)
         finally:
             self._tokens = (tally.num_prompt, tally.num_tokens)

@@ -1,4 +1,5 @@
-"""Clients that leave early get their requests aborted; 16 concurrent streams are batched."""
+"""Clients that leave early (a reset or a FIN) get their requests aborted and their sequences
+freed; a client that pipelines its next request is still there; 16 concurrent streams are batched."""
 from __future__ import annotations
 
 import itertools
@@ -11,6 +12,7 @@ import time
 import pytest
 
 from .conftest import metric_value, start_server, stop_server
+from .test_hardening import post_bytes
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +50,7 @@ def test_disconnect_aborts_the_request(slow, stream):
             got += sock.recv(4096)
     running = _wait_metric(slow.port, "lite_llm:num_requests_running", lambda v: v == 1)
     assert running == 1
-    if not stream:
-        # a FIN may be a half-close (the client still reads): only a reset aborts before the
-        # answer; a stream's next write fails either way
+    if not stream:      # a reset here; FINs below
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
     assert _wait_metric(slow.port, "lite_llm:num_requests_running", lambda v: v == 0) == 0
@@ -60,6 +60,77 @@ def test_disconnect_aborts_the_request(slow, stream):
     if hasattr(slow.engine, "aborted"):
         assert len(slow.engine.aborted) >= 1
     assert metric_value(slow.port, "lite_llm:num_requests_waiting") == 0
+
+
+def _seconds_until(pred, deadline: float = 10.0) -> float | None:
+    """Seconds until pred() held (polled every 5 ms), or None if it did not within deadline."""
+    start = time.monotonic()
+    while time.monotonic() - start < deadline:
+        if pred():
+            return time.monotonic() - start
+        time.sleep(0.005)
+    return None
+
+
+@pytest.mark.parametrize("stream,how", [(False, "half-close"), (False, "close"), (True, "half-close")])
+def test_fin_aborts_the_request_and_frees_its_sequences(slow, stream, how):
+    """A client that closes politely (FIN: a half-close after its request, or a full close)
+    while its answer is computed has left, as uvicorn and Go's net/http treat it: its engine
+    request is aborted and its sequence and KV blocks are freed within a second, not when the
+    400 tokens (4 s) are done. A stream is aborted before it writes anything (a long prefill)."""
+    engine = slow.engine
+    before = len(engine.aborted)
+    assert _seconds_until(lambda: engine.stats().num_running == 0) is not None
+    idle_usage = engine.stats().kv_cache_usage
+    sock = _post(slow.port, {"prompt": "Hello", "max_tokens": 400, "stream": stream})
+    try:
+        assert _seconds_until(lambda: engine.stats().num_running == 1) is not None
+        if how == "half-close":
+            sock.shutdown(socket.SHUT_WR)
+        else:
+            sock.close()
+        to_abort = _seconds_until(lambda: len(engine.aborted) > before)
+        to_free = _seconds_until(lambda: engine.stats().num_running == 0
+                                 and engine.stats().kv_cache_usage <= idle_usage)
+        print(f"\nFIN ({how}, stream={stream}) -> abort after {to_abort} s, sequences freed after {to_free} s")
+        assert to_abort is not None and to_abort < 1.0, to_abort
+        assert to_free is not None and to_free < 1.0, to_free
+        if how == "half-close":           # the client can still read: nothing more comes
+            sock.settimeout(5)
+            got = b""
+            while part := sock.recv(65536):
+                got += part
+            assert stream or got == b""
+            assert b'"finish_reason":"length"' not in got
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("when", ["with the first", "while the first runs"])
+def test_a_client_that_pipelines_is_alive(slow, when):
+    """Bytes of a next request before the FIN (already read into the server's buffer, or readable
+    on the socket while the first answer is computed) show the client is there: both answered."""
+    before = len(slow.engine.aborted)
+    first = post_bytes("/v1/completions", {"prompt": "Hello", "max_tokens": 40, "temperature": 0}, close=False)
+    second = b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    sock = socket.create_connection(("127.0.0.1", slow.port), timeout=10)
+    try:
+        if when == "with the first":
+            sock.sendall(first + second)
+        else:
+            sock.sendall(first)
+            assert _seconds_until(lambda: slow.engine.stats().num_running == 1) is not None
+            sock.sendall(second)
+        sock.shutdown(socket.SHUT_WR)
+        got = b""
+        while part := sock.recv(65536):
+            got += part
+    finally:
+        sock.close()
+    assert got.count(b"HTTP/1.1 200 ") == 2, got[:300]
+    answer = json.loads(got.split(b"\r\n\r\n", 1)[1].split(b"HTTP/1.1 ", 1)[0])
+    assert answer["usage"]["completion_tokens"] == 40
+    assert slow.engine.aborted[before:] == []
 
 
 def test_16_concurrent_streams_complete_and_run_together(slow):

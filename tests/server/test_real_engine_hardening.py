@@ -1,6 +1,6 @@
 """The server's defences and OpenAI extras over real HTTP on 127.0.0.1 with the real engine
 (a tiny random llama checkpoint): huge prompts refused while /health answers, drip-feeding
-connections, framing, HTTP/1.0, half-close, the key on every route, models.retrieve,
+connections, framing, HTTP/1.0, half-closing clients aborted, the key on every route, models.retrieve,
 logit_bias on greedy output, reasoning_content."""
 from __future__ import annotations
 
@@ -166,16 +166,23 @@ def test_http10_stream_is_not_chunked(real):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_half_closed_client_gets_the_full_answer(real, stream):
-    body = {"prompt": "Hello", "max_tokens": 12, "temperature": 0, "ignore_eos": True, "stream": stream}
+def test_half_closed_client_is_aborted(real, engine_parts, stream):
+    """A FIN after the request: the client left, its request is aborted and its sequence freed."""
+    engine = engine_parts[0]
+    aborts = engine.stats().request_success_total.get("abort", 0)
+    body = {"prompt": "Hello", "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": stream}
     data = raw(real.port, post_bytes("/v1/completions", body, extra=f"Authorization: Bearer {KEY}\r\n".encode()),
                half_close=True)
-    status, _, payload = split_response(data)
-    assert status == 200
     if stream:
-        assert b'"finish_reason":"length"' in payload and payload.endswith(b"0\r\n\r\n")
+        assert split_response(data)[0] == 200 and b'"finish_reason":"length"' not in data
     else:
-        assert json.loads(payload)["usage"]["completion_tokens"] == 12
+        assert data == b""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (engine.stats().request_success_total.get("abort", 0) == aborts
+                                           or engine.stats().num_running):
+        time.sleep(0.01)
+    assert engine.stats().request_success_total.get("abort", 0) == aborts + 1
+    assert engine.stats().num_running == 0
 
 
 @pytest.mark.parametrize("method,path,body", [
