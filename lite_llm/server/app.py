@@ -48,6 +48,8 @@ MIN_BODY_BYTES = 1 << 20
 BODY_BYTES_PER_TOKEN = 64   # a full-context prompt as JSON: ~4 bytes of text a token, x6 when
                             # every character is a \uXXXX escape, and room for a few prompts
 MAX_CONNECTIONS = 512
+PROBE_CONNECTIONS = 16                 # beyond the connection limits, for /health and the like only
+CONNECTION_LIMIT_MESSAGE = "the server is at its connection limit; retry later"
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
 _WATCH_INTERVAL = 0.05                 # seconds between polls of a waiting client's socket
 _GEN_CONFIG_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
@@ -57,6 +59,12 @@ _GEN_CONFIG_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "to
 
 class _ClientGone(Exception):
     """The client closed its connection or stopped reading; nothing more can be sent."""
+
+
+def default_connections_per_client(max_connections: int) -> int:
+    """--max-connections-per-client when none is given: half of all, so one address (a client
+    opening hundreds of connections) always leaves the other half to everyone else."""
+    return max(1, max_connections // 2)
 
 
 def default_body_limit(max_model_len: int) -> int:
@@ -135,12 +143,14 @@ class _Conn:
     """One open connection as the server's capacity accounting sees it.
 
     phase: "idle" (waiting for a request), "headers", "body" (reading one) or "busy"
-    (dispatched). Connections not busy can be evicted when the server is full.
+    (dispatched). Connections not busy can be evicted when the server is full. probe_only: one
+    of the few taken beyond the limits, which serves one request on a probe route and closes.
     """
-    __slots__ = ("sock", "client", "phase", "since")
+    __slots__ = ("sock", "client", "phase", "since", "probe_only")
 
-    def __init__(self, sock: socket.socket, client: str = ""):
+    def __init__(self, sock: socket.socket, client: str = "", probe_only: bool = False):
         self.sock, self.client, self.phase, self.since = sock, client, "idle", time.monotonic()
+        self.probe_only = probe_only
 
     def enter(self, phase: str) -> None:
         self.phase, self.since = phase, time.monotonic()
@@ -287,6 +297,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     # Routes anyone may call when an API key is set (/metrics too with --metrics-no-auth).
     OPEN_ROUTES = ("/health", "/ping")
+    # Cheap routes a monitor polls: served even when every connection slot is taken
+    PROBE_ROUTES = ("/health", "/ping", "/metrics", "/version", "/v1/models")
 
     def setup(self) -> None:
         srv = self.server
@@ -354,6 +366,8 @@ class _Handler(BaseHTTPRequestHandler):
                 path = path.rstrip("/")
             self._error_body = self.ERROR_SHAPES.get(path)
             self._check_framing()
+            if self._conn.probe_only:
+                self._check_probe(path)
             is_page = self.server.web_ui and webui.is_page_route(path)
             if not is_page and path not in self.OPEN_ROUTES and not (
                     path == "/metrics" and self.server.metrics_no_auth):
@@ -420,6 +434,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._body_read = True        # its length is unknowable: nothing more is read
             raise ApiError(400, f"ambiguous request framing: {problem}", code="bad_framing")
+
+    def _check_probe(self, path: str) -> None:
+        """A connection taken beyond the limits answers one probe and closes; anything else
+        gets the 503 the limits give."""
+        self.close_connection = True
+        if path not in self.PROBE_ROUTES:
+            self._linger = self._has_unread_body()     # so the client reads the 503, not a reset
+            raise ApiError(503, CONNECTION_LIMIT_MESSAGE, code="too_many_connections",
+                           headers={"Retry-After": str(self.state.retry_after)})
 
     def _check_auth(self) -> None:
         key = self.state.api_key
@@ -835,7 +858,7 @@ class LiteServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], state: ServerState, request_timeout: float, *,
                  header_timeout: float = 10.0, body_timeout: float = 30.0, write_timeout: float | None = None,
-                 max_connections: int = MAX_CONNECTIONS, max_connections_per_client: int = 0,
+                 max_connections: int = MAX_CONNECTIONS, max_connections_per_client: int | None = None,
                  metrics_no_auth: bool = False, log_requests: bool = True, web_ui: bool = True):
         self.state = state
         self.web_ui = web_ui                            # / and /dashboard (server/webui.py)
@@ -844,10 +867,13 @@ class LiteServer(ThreadingHTTPServer):
         self.body_timeout = body_timeout                # the whole body, in total
         self.write_timeout = request_timeout if write_timeout is None else write_timeout
         self.max_connections = max_connections
-        self.max_connections_per_client = max_connections_per_client    # 0: no per-address cap
+        # None: half of max_connections, so one address cannot take them all; 0: no per-address cap
+        self.max_connections_per_client = (default_connections_per_client(max_connections)
+                                           if max_connections_per_client is None else max_connections_per_client)
         self.metrics_no_auth = metrics_no_auth
         self.log_requests = log_requests
         self._conns: dict[socket.socket, _Conn] = {}
+        self._probes: dict[socket.socket, _Conn] = {}       # probe-only connections, beyond the limits
         self._refused: dict[socket.socket, float] = {}      # refused socket -> when to close it
         self._refuser: threading.Thread | None = None
         self._conns_lock = threading.Lock()
@@ -860,33 +886,40 @@ class LiteServer(ThreadingHTTPServer):
         """On the accepting thread. When full (in all, or for this client address), the connection
         that has been idle or reading its request the longest makes room (keep-alive idlers and
         slow senders are the cheap ones to drop); if every one is busy with a dispatched request,
-        the newcomer gets a 503."""
+        the newcomer gets one of PROBE_CONNECTIONS reserved slots, which answer /health and the
+        other PROBE_ROUTES and refuse anything else with 503 (a monitor still sees a live server
+        however many requests are in flight); when those are taken too, it gets the 503 at once."""
         client = str(client_address[0]) if isinstance(client_address, tuple) else ""
         with self._conns_lock:
             full = False
             if self.max_connections_per_client:
                 own = [c for c in self._conns.values() if c.client == client]
-                full = len(own) >= self.max_connections_per_client and not self._evict_locked(own)
+                full = len(own) >= self.max_connections_per_client and not self._evict_locked(own, self._conns)
             if not full and len(self._conns) >= self.max_connections:
-                full = not self._evict_locked(self._conns.values())
+                full = not self._evict_locked(self._conns.values(), self._conns)
             if not full:
                 self._conns[request] = _Conn(request, client)
-        if full:
-            self._refuse(request)
+            elif len(self._probes) < PROBE_CONNECTIONS or self._evict_locked(self._probes.values(), self._probes):
+                self._probes[request] = _Conn(request, client, probe_only=True)
+            else:
+                request, refused = None, request
+        if request is None:
+            self._refuse(refused)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
             with self._conns_lock:
                 self._conns.pop(request, None)
+                self._probes.pop(request, None)
             raise
 
-    def _evict_locked(self, among: Any) -> bool:
+    def _evict_locked(self, among: Any, pool: dict[socket.socket, _Conn]) -> bool:
         idle = [c for c in among if c.phase != "busy"]
         if not idle:
             return False
         victim = min(idle, key=lambda c: c.since)
-        del self._conns[victim.sock]
+        del pool[victim.sock]
         try:
             victim.sock.shutdown(socket.SHUT_RDWR)    # its thread's read returns: it closes
         except OSError:
@@ -894,8 +927,7 @@ class LiteServer(ThreadingHTTPServer):
         return True
 
     def _refuse(self, sock: socket.socket) -> None:
-        body = openai.dumps(ApiError(503, "the server is at its connection limit; retry later",
-                                     code="too_many_connections").body())
+        body = openai.dumps(ApiError(503, CONNECTION_LIMIT_MESSAGE, code="too_many_connections").body())
         head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nRetry-After: {self.state.retry_after}\r\n"
                 f"Connection: close\r\n\r\n").encode()
@@ -946,12 +978,13 @@ class LiteServer(ThreadingHTTPServer):
 
     def connection_of(self, sock: socket.socket) -> _Conn:
         with self._conns_lock:
-            conn = self._conns.get(sock)
+            conn = self._conns.get(sock) or self._probes.get(sock)
         return conn if conn is not None else _Conn(sock)    # evicted already: untracked
 
     def shutdown_request(self, request: Any) -> None:
         with self._conns_lock:
             self._conns.pop(request, None)
+            self._probes.pop(request, None)
         super().shutdown_request(request)
 
     @property
@@ -1014,7 +1047,7 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                   vocab_size: int | None = None, max_body_bytes: int | None = None,
                   request_timeout: float = 10.0, model_root: str | None = None,
                   retry_after: int = 1, header_timeout: float = 10.0, body_timeout: float = 30.0,
-                  max_connections: int = MAX_CONNECTIONS, max_connections_per_client: int = 0,
+                  max_connections: int = MAX_CONNECTIONS, max_connections_per_client: int | None = None,
                   metrics_no_auth: bool = False, web_ui: bool = True,
                   log_requests: bool = True, max_tokenizing: int | None = None,
                   reasoning_parser: str | None = None, tool_call_parser: str | None = None,
@@ -1104,9 +1137,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--max-connections", type=int, default=MAX_CONNECTIONS,
       help="open connections at most; when full, the longest idle or slowest-sending one is closed, "
            "or the newcomer gets 503 if all are busy")
-    a("--max-connections-per-client", type=int, default=0,
+    a("--max-connections-per-client", type=int, default=None,
       help="open connections per client address at most, enforced like --max-connections "
-           "(default 0: no cap; behind a proxy every client has the proxy's address)")
+           "(default: half of --max-connections; 0: no cap, e.g. behind a proxy, where every "
+           "client has the proxy's address)")
     a("--disable-log-requests", action="store_true",
       help="no access log line (method, route, status, tokens, ms) per request")
     a("--metrics-no-auth", action="store_true", help="serve /metrics without the API key")

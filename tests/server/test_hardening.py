@@ -237,15 +237,17 @@ def test_idle_and_slow_connections_make_room_when_full():
 
 
 def test_busy_server_answers_503_with_retry_after():
-    s = start_server(max_connections=2, engine_overrides={"step_seconds": 0.05}, retry_after=3)
+    s = start_server(max_connections=2, max_connections_per_client=0, engine_overrides={"step_seconds": 0.05},
+                     retry_after=3)
     try:
         streams = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(2)]
         for sock in streams:
             sock.sendall(post_bytes("/v1/completions", {"prompt": "Hi", "max_tokens": 100, "stream": True}))
             assert sock.recv(4096).startswith(b"HTTP/1.1 200")
-        status, headers, body = request(s.port, "GET", "/health")
+        status, headers, body = request(s.port, "POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1})
         assert status == 503 and headers["retry-after"] == "3"
         assert error_of(body)["code"] == "too_many_connections"
+        assert request(s.port, "GET", "/health")[0] == 200         # probes are still answered
         for sock in streams:
             sock.close()
     finally:
@@ -598,8 +600,9 @@ def test_per_client_cap():
         for sock in streams:
             sock.sendall(post_bytes("/v1/completions", {"prompt": "Hi", "max_tokens": 100, "stream": True}))
             assert sock.recv(4096).startswith(b"HTTP/1.1 200")
-        status, headers, _ = request(s.port, "GET", "/health")    # three busy: no room for a fourth
-        assert status == 503 and "retry-after" in headers
+        status, headers, _ = request(s.port, "POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1})
+        assert status == 503 and "retry-after" in headers          # three busy: no room for a fourth
+        assert request(s.port, "GET", "/health")[0] == 200         # but a probe is answered
         for sock in slow + streams:
             sock.close()
     finally:

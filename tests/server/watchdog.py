@@ -38,6 +38,7 @@ class Watchdog:
     completion: bool = True
     max_tokens: int = 4
     timeout: float = 60.0
+    source: str | None = None   # local address to probe from, e.g. "127.0.0.2": another client than the attack
     probes: list[Probe] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -49,7 +50,8 @@ class Watchdog:
 
     def _one(self, kind: str, method: str, path: str, body: dict | None) -> None:
         start = time.monotonic()
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout,
+                                          source_address=(self.source, 0) if self.source else None)
         try:
             data = json.dumps(body).encode() if body is not None else None
             conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
