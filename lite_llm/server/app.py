@@ -12,6 +12,7 @@ one engine request per prompt, then its thread only reads that request's stream 
 from __future__ import annotations
 
 import argparse
+import errno
 import hmac
 import io
 import logging
@@ -21,6 +22,7 @@ import select
 import signal
 import socket
 import socketserver
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -51,6 +53,7 @@ MAX_CONNECTIONS = 512
 PROBE_CONNECTIONS = 16                 # beyond the connection limits, for /health and the like only
 CONNECTION_LIMIT_MESSAGE = "the server is at its connection limit; retry later"
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
+_PEER_GONE_ERRNOS = {errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED, errno.ENOTCONN, errno.ETIMEDOUT}
 _WATCH_INTERVAL = 0.05                 # seconds between polls of a waiting client's socket
 _GEN_CONFIG_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
                     "min_p": "min_p", "repetition_penalty": "repetition_penalty",
@@ -975,6 +978,18 @@ class LiteServer(ThreadingHTTPServer):
                     with self._conns_lock:
                         if self._refused.pop(sock, None) is not None:
                             self.close_request(sock)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """An exception that ended a connection's thread. A peer that resets or stops reading
+        (a load tool dropping its idle keep-alive connections) is routine: one debug line.
+        Anything else is a bug worth its traceback, in the log rather than on stderr."""
+        exc = sys.exc_info()[1]
+        client = client_address[0] if isinstance(client_address, tuple) else client_address
+        if isinstance(exc, (ConnectionError, TimeoutError)) or (
+                isinstance(exc, OSError) and exc.errno in _PEER_GONE_ERRNOS):
+            logger.debug("connection from %s ended: %s", client, type(exc).__name__)
+            return
+        logger.exception("error on the connection from %s", client)
 
     def connection_of(self, sock: socket.socket) -> _Conn:
         with self._conns_lock:

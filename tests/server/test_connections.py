@@ -1,11 +1,13 @@
 """Connection slots under a flood: probes answered from reserved connections, a per-address cap
-on by default.
+on by default, and connections reset by their clients logged as one debug line, not a traceback.
 
 A flood (520 long requests from one address against 512 connection slots) is
 scaled down: 8 slots, a dozen long requests."""
 from __future__ import annotations
 
+import logging
 import socket
+import struct
 import time
 
 import pytest
@@ -121,4 +123,107 @@ def test_one_address_cannot_take_every_connection():
     finally:
         for sock in busy:
             sock.close()
+        stop_server(s)
+
+
+# ---- resets ------------------------------------------------------------------------------------
+
+def _reset(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))   # RST, not FIN
+    sock.close()
+
+
+def _read_until(sock: socket.socket, marker: bytes) -> bytes:
+    got = b""
+    while marker not in got:
+        part = sock.recv(65536)
+        assert part, got
+        got += part
+    return got
+
+
+def _idle_keep_alive(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+    _read_until(sock, b"\r\n\r\n")
+    return sock
+
+
+def _mid_headers(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\nAcc")
+    return sock
+
+
+def _mid_body(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{\"prompt\": ")
+    return sock
+
+
+def _mid_answer(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(post_bytes("/v1/completions", {"prompt": "Hello", "max_tokens": 200}, close=False))
+    return sock
+
+
+def _mid_stream(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(post_bytes("/v1/completions", {"prompt": "Hello", "max_tokens": 200, "stream": True},
+                            close=False))
+    _read_until(sock, b"data: {")
+    return sock
+
+
+def _unread_response(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.sendall(b"GET /openapi.json HTTP/1.1\r\nHost: t\r\n\r\n" * 20)    # its answers fill the buffers
+    return sock
+
+
+PHASES = {"idle keep-alive": _idle_keep_alive, "mid-headers": _mid_headers, "mid-body": _mid_body,
+          "mid-answer": _mid_answer, "mid-stream": _mid_stream, "unread response": _unread_response}
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_reset_is_one_debug_line_not_a_traceback(phase, caplog, capfd):
+    """A client resetting its connection (as load tools do to idle keep-alive connections) is
+    routine: no traceback on stderr or in the log, the server keeps serving."""
+    s = start_server(engine_overrides={"step_seconds": 0.01})
+    try:
+        caplog.set_level(logging.DEBUG, logger="lite_llm")
+        for _ in range(3):
+            sock = PHASES[phase](s.port)
+            time.sleep(0.2)                      # the server is waiting on it in that phase
+            _reset(sock)
+        deadline = time.monotonic() + 10
+        while s.server.num_connections and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert s.server.num_connections == 0
+        assert request(s.port, "GET", "/health")[0] == 200
+        err = capfd.readouterr().err
+        assert "Traceback" not in err, err[-2000:]
+        noisy = [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]
+        assert not noisy, [(r.levelname, r.getMessage()) for r in noisy]
+        if phase in ("idle keep-alive", "mid-headers"):      # the thread ended on the reset itself
+            ended = [r for r in caplog.records if "ConnectionResetError" in r.getMessage()]
+            assert ended and all(r.levelno == logging.DEBUG for r in ended)
+    finally:
+        stop_server(s)
+
+
+def test_an_unexpected_connection_error_is_logged_with_its_traceback(caplog):
+    """Only the peer's departures are quiet: another exception that ends a connection's thread
+    is an error in the log, with its traceback."""
+    s = start_server()
+    try:
+        caplog.set_level(logging.DEBUG, logger="lite_llm")
+        try:
+            raise RuntimeError("a bug")
+        except RuntimeError:
+            s.server.handle_error(None, ("127.0.0.1", 1))
+        [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert record.exc_info and "127.0.0.1" in record.getMessage()
+    finally:
         stop_server(s)
