@@ -6,15 +6,25 @@ words, tokenized by the server's own /tokenize and sent as token ids), each aski
 --max-concurrency in flight. Only the stdlib (http.client, threads): it runs anywhere the
 server's clients do. Works against any server with /v1/completions streaming and /tokenize
 (vLLM included). Deliberately not here: request-rate schedules, datasets, chat endpoints.
+
+guidellm (vLLM's load generator) measures the same figures its own way: `--guidellm` runs it
+on the same shape (its chat requests, synthetic prompts of --input-len tokens asking for
+--output-len, --max-concurrency 1 as its synchronous profile, more as its concurrent one) and
+prints its report in this report's terms; `--guidellm-report FILE` does that for a
+benchmarks.json it wrote before.
 """
 from __future__ import annotations
 
 import argparse
 import http.client
 import json
+import os
 import random
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -232,6 +242,129 @@ def format_report(r: dict) -> str:
     return "\n".join(lines)
 
 
+# ---- guidellm ---------------------------------------------------------------------------
+
+def _stat(metrics: dict, name: str, scale: float = 1.0) -> dict[str, float]:
+    """One of guidellm's distributions (its successful requests) as {mean, p50, p90, p99}."""
+    dist = (metrics.get(name) or {}).get("successful") or {}
+    pct = dist.get("percentiles") or {}
+    return {"mean": (dist.get("mean") or 0.0) * scale,
+            **{p: (pct.get(p) or 0.0) * scale for p in ("p50", "p90", "p99")}}
+
+
+def _mean(metrics: dict, name: str, which: str) -> float:
+    return ((metrics.get(name) or {}).get(which) or {}).get("mean") or 0.0
+
+
+def guidellm_results(report: dict) -> list[dict]:
+    """Each benchmark of a guidellm report (its benchmarks.json) in this module's result terms:
+    requests (its errored ones are failed, its incomplete ones were cut by the time limit),
+    tokens, throughputs (guidellm's means over the run: requests completed, tokens of every
+    request) and the ttft/tpot/itl/e2el distributions of the completed requests, in ms
+    (itl: per-request mean gaps, as tpot; guidellm does not report single gaps)."""
+    if not isinstance(report, dict) or not isinstance(report.get("benchmarks"), list):
+        raise ValueError("not a guidellm report: no 'benchmarks' list")
+    out = []
+    for bench in report["benchmarks"]:
+        cfg, m = bench.get("config") or {}, bench.get("metrics") or {}
+        strategy = cfg.get("strategy") or {}
+        totals = m.get("request_totals") or {}
+        out.append({
+            "source": "guidellm " + str((report.get("metadata") or {}).get("guidellm_version", "?")),
+            "base_url": (cfg.get("backend") or {}).get("target"),
+            "model": (cfg.get("backend") or {}).get("model"),
+            "strategy": strategy.get("type_"),
+            "max_concurrency": strategy.get("streams") or strategy.get("max_concurrency"),
+            "completed": totals.get("successful", 0), "failed": totals.get("errored", 0),
+            "incomplete": totals.get("incomplete", 0),
+            "errors": sorted({str(r.get("info", {}).get("error") or r.get("error") or "error")
+                              for r in ((bench.get("requests") or {}).get("errored") or [])})[:5],
+            "duration_s": float(bench.get("duration") or 0.0),
+            "total_input_tokens": int((m.get("prompt_token_count") or {}).get("successful", {}).get("total_sum") or 0),
+            "total_output_tokens": int((m.get("output_token_count") or {}).get("successful", {}).get("total_sum") or 0),
+            "request_throughput": _mean(m, "requests_per_second", "successful"),
+            "output_throughput": _mean(m, "output_tokens_per_second", "total"),
+            "total_token_throughput": _mean(m, "tokens_per_second", "total"),
+            "ttft_ms": _stat(m, "time_to_first_token_ms"),
+            # guidellm's ITL is a request's (e2e - ttft) / (tokens - 1): this report's TPOT. It keeps
+            # no token-to-token gaps, so its ITL stands for both; its own TPOT counts the first token.
+            "tpot_ms": _stat(m, "inter_token_latency_ms"),
+            "itl_ms": _stat(m, "inter_token_latency_ms"),
+            "e2el_ms": _stat(m, "request_latency", scale=1000.0),
+            "guidellm_tpot_ms": _stat(m, "time_per_output_token_ms"),
+        })
+    return out
+
+
+def read_guidellm_report(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as fh:
+        return guidellm_results(json.load(fh))
+
+
+def guidellm_tokenizer(model: str | None, out_dir: str) -> str:
+    """What guidellm loads (transformers' AutoTokenizer) to size its synthetic prompts: a
+    directory with a tokenizer.json as given; else the tokenizer of the model lite-llm loads
+    for `model` (a .gguf, a directory, a name in the local Hugging Face cache; None: the
+    embedded default, what `serve` serves without a model), written to out_dir as
+    tokenizer.json + tokenizer_config.json. Nothing is fetched from a hub."""
+    if model is not None and os.path.isfile(os.path.join(model, "tokenizer.json")):
+        return model
+    from lite_llm.model.loader import load_model
+    loaded = load_model(model)
+    tok = loaded.tokenizer
+    spec = tok.backend_json() if tok is not None else None
+    if spec is None:
+        raise SystemExit(f"bench serve: {loaded.source}: its tokenizer cannot be written for guidellm; "
+                         f"give --guidellm-tokenizer a Hugging Face tokenizer directory")
+    with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as fh:
+        fh.write(spec)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": tok.bos_token, "eos_token": tok.eos_token,
+              "pad_token": tok.pad_token, "unk_token": tok.unk_token, "chat_template": tok.chat_template,
+              "model_max_length": loaded.max_model_len}
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as fh:
+        json.dump({k: v for k, v in config.items() if v is not None}, fh)
+    return out_dir
+
+
+def guidellm_command(exe: list[str], args: argparse.Namespace, tokenizer: str, report_path: str,
+                     api_key: str | None) -> list[str]:
+    """guidellm's `run` on this benchmark's shape: its default backend (chat completions,
+    streamed, its default body), synthetic prompts of --input-len tokens asking for exactly
+    --output-len, one stream (synchronous) or --max-concurrency streams (concurrent), for
+    --guidellm-max-seconds or --num-prompts requests."""
+    backend = f"kind=openai_http,target={args.base_url}"
+    if args.model:
+        backend += f",model={args.model}"
+    if api_key:
+        backend += f",api_key={api_key}"
+    profile = "kind=synchronous" if args.max_concurrency == 1 else f"kind=concurrent,streams={args.max_concurrency}"
+    limit = (f"kind=max_duration,seconds={args.guidellm_max_seconds:g}" if args.guidellm_max_seconds
+             else f"kind=max_requests,count={args.num_prompts}")
+    return [*exe, "run", "--backend", backend, "--profile", profile, "--constraint", limit,
+            "--data", f"kind=synthetic_text,prompt_tokens={args.input_len},output_tokens={args.output_len}",
+            "--tokenizer", f"kind=hf_auto,model={tokenizer}", "--output", f"kind=json,path={report_path}",
+            "--disable-console-interactive"]
+
+
+def run_guidellm(args: argparse.Namespace, api_key: str | None) -> list[dict]:
+    exe = args.guidellm_bin or shutil.which("guidellm")
+    if not exe:
+        raise SystemExit("bench serve --guidellm: guidellm is not installed (pip install guidellm; in a venv of "
+                         "its own if its pins clash, then --guidellm-bin VENV/bin/guidellm)")
+    with tempfile.TemporaryDirectory(prefix="lite-llm-guidellm-") as tmp:
+        tokenizer = guidellm_tokenizer(args.guidellm_tokenizer, tmp)
+        report_path = os.path.join(tmp, "benchmarks.json")
+        cmd = guidellm_command([exe], args, tokenizer, report_path, api_key)
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}     # its tokenizer is on this machine
+        # guidellm's own console report goes to stderr when stdout carries this one's JSON
+        code = subprocess.call(cmd, env=env, stdout=2 if args.json else None)     # fd 2: stderr
+        if code != 0 or not os.path.exists(report_path):
+            raise SystemExit(f"bench serve: guidellm exited with {code} and no report")
+        if args.guidellm_keep_report:
+            shutil.copyfile(report_path, args.guidellm_keep_report)
+        return read_guidellm_report(report_path)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--base-url", default="http://127.0.0.1:8000", help="server address (default http://127.0.0.1:8000)")
@@ -244,12 +377,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--api-key", default=None, help="bearer key (default: env LITE_LLM_API_KEY)")
     a("--timeout", type=float, default=600.0, help="seconds per request")
     a("--json", action="store_true", help="print the results as one JSON object")
+    g = parser.add_argument_group("guidellm", "the same load from guidellm, vLLM's load generator, reported here")
+    g.add_argument("--guidellm", action="store_true",
+                   help="run guidellm on this shape (its chat requests; --max-concurrency 1: synchronous, "
+                        "more: concurrent streams) instead of this client, and report its figures")
+    g.add_argument("--guidellm-report", metavar="FILE", default=None,
+                   help="only summarize a guidellm benchmarks.json (each of its benchmarks) in this report's terms")
+    g.add_argument("--guidellm-bin", default=None, help="the guidellm executable (default: guidellm on PATH)")
+    g.add_argument("--guidellm-tokenizer", default=None,
+                   help="tokenizer guidellm sizes its prompts with: a Hugging Face directory or name, or a model "
+                        "lite-llm loads (a .gguf) whose tokenizer is written for it (default: the embedded "
+                        "default model's)")
+    g.add_argument("--guidellm-max-seconds", type=float, default=None,
+                   help="run guidellm for this long instead of --num-prompts requests")
+    g.add_argument("--guidellm-keep-report", metavar="FILE", default=None, help="keep guidellm's benchmarks.json here")
+
+
+def _report_all(results: list[dict], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(results, indent=2))
+    else:
+        for r in results:
+            print(f"{r['source']}: {r['strategy']}, {r['max_concurrency']} stream(s), {r['incomplete']} request(s) "
+                  f"cut by its limit; ITL is its per-request mean gap (guidellm keeps no single gaps)")
+            print(format_report(r))
+    return 0 if results and all(r["failed"] == 0 for r in results) else 1
 
 
 def run(args: argparse.Namespace) -> int:
     for name in ("num_prompts", "max_concurrency", "input_len", "output_len"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
+    if args.guidellm_report:
+        try:
+            return _report_all(read_guidellm_report(args.guidellm_report), args.json)
+        except (OSError, ValueError) as e:
+            print(f"bench serve: {args.guidellm_report}: {e}", file=sys.stderr)
+            return 1
+    if args.guidellm:
+        return _report_all(run_guidellm(args, args.api_key or env("API_KEY")), args.json)
     try:
         result = benchmark(args.base_url, args.num_prompts, args.max_concurrency, args.input_len,
                            args.output_len, model=args.model, api_key=args.api_key or env("API_KEY"),

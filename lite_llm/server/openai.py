@@ -274,6 +274,7 @@ class PreparedRequest:
     params: SamplingParams
     stream: bool
     include_usage: bool
+    continuous_usage: bool = False    # vLLM's stream_options.continuous_usage_stats: usage on every chunk
     echo: bool = False
     prompt_logprobs: int | None = None    # vLLM's prompt_logprobs field: returned beside the choices
     logprobs: int | None = None       # top logprobs asked per token; None = no logprobs in the answer
@@ -435,17 +436,25 @@ def _token_ids(value: Any, vocab_size: int, name: str, allow_empty: bool = False
     return list(value)
 
 
-def _stream_options(body: dict, stream: bool) -> bool:
+def _stream_options(body: dict, stream: bool) -> tuple[bool, bool]:
+    """(include_usage, continuous usage): vLLM's continuous_usage_stats puts the usage so far on
+    every chunk, and only with include_usage (alone it asks for nothing, as vLLM)."""
     opts = body.get("stream_options")
     if opts is None:
-        return False
+        return False, False
     if not isinstance(opts, dict) or set(opts) - {"include_usage", "continuous_usage_stats"}:
-        raise bad("'stream_options' must be an object with 'include_usage'", "stream_options")
+        raise bad("'stream_options' must be an object with 'include_usage' (and vLLM's "
+                  "'continuous_usage_stats')", "stream_options")
     if not stream:
         raise bad("'stream_options' is only allowed when 'stream' is true", "stream_options")
-    if opts.get("continuous_usage_stats"):
-        raise bad("'stream_options.continuous_usage_stats' is not supported", "stream_options")
-    return get_bool(opts, "include_usage", False)
+    flags = []
+    for name in ("include_usage", "continuous_usage_stats"):
+        value = opts.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise bad(f"'stream_options.{name}' must be a boolean", f"stream_options.{name}")
+        flags.append(bool(value))
+    include_usage, continuous = flags
+    return include_usage, include_usage and continuous
 
 
 def _max_tokens(requested: int | None, prompt_len: int, ctx: ServingContext,
@@ -477,9 +486,9 @@ def _new_id(prefix: str, body: dict) -> str:
     return f"{prefix}-{rid}"
 
 
-def _common_fields(body: dict, ctx: ServingContext, allowed) -> tuple[str, bool, bool, dict]:
-    """What completions and chat read alike: (model, stream, include_usage, sampling kwargs),
-    after checking that every field of the body is one of `allowed`."""
+def _common_fields(body: dict, ctx: ServingContext, allowed) -> tuple[str, bool, tuple[bool, bool], dict]:
+    """What completions and chat read alike: (model, stream, (include_usage, continuous usage),
+    sampling kwargs), after checking that every field of the body is one of `allowed`."""
     check_fields(body, allowed)
     model = ctx.check_model(body)
     stream = get_bool(body, "stream", False)
@@ -489,7 +498,7 @@ def _common_fields(body: dict, ctx: ServingContext, allowed) -> tuple[str, bool,
 # ---- /v1/completions --------------------------------------------------------------------
 
 def prepare_completion(body: dict, ctx: ServingContext) -> PreparedRequest:
-    model, stream, include_usage, kw = _common_fields(body, ctx, COMPLETION_FIELDS)
+    model, stream, (include_usage, continuous_usage), kw = _common_fields(body, ctx, COMPLETION_FIELDS)
     logprobs = get_int(body, "logprobs", 0, MAX_LOGPROBS)
     echo = get_bool(body, "echo", False)
     if echo and logprobs is not None:      # the prompt's tokens come with their logprobs too
@@ -509,7 +518,7 @@ def prepare_completion(body: dict, ctx: ServingContext) -> PreparedRequest:
         kw["logprobs"] = logprobs
     params = _sampling_params(kw)
     return PreparedRequest("completion", _new_id("cmpl", body), int(time.time()), model, prompts,
-                           params, stream, include_usage, echo=echo, logprobs=logprobs,
+                           params, stream, include_usage, continuous_usage, echo=echo, logprobs=logprobs,
                            prompt_logprobs=get_int(body, "prompt_logprobs", 0, MAX_LOGPROBS),
                            system_fingerprint=ctx.system_fingerprint)
 
@@ -593,7 +602,7 @@ def _sampling_params(kw: dict) -> SamplingParams:
 # ---- /v1/chat/completions ---------------------------------------------------------------
 
 def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
-    model, stream, include_usage, kw = _common_fields(body, ctx, CHAT_FIELDS)
+    model, stream, (include_usage, continuous_usage), kw = _common_fields(body, ctx, CHAT_FIELDS)
     want_logprobs = get_bool(body, "logprobs", False)
     top = get_int(body, "top_logprobs", 0, MAX_LOGPROBS)
     if top is not None and top > 0 and not want_logprobs:
@@ -645,7 +654,7 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
         kw["logprobs"] = logprobs
     params = _sampling_params(kw)
     return PreparedRequest("chat", _new_id("chatcmpl", body), int(time.time()), model,
-                           [Prompt(text, list(ids), mm)], params, stream, include_usage,
+                           [Prompt(text, list(ids), mm)], params, stream, include_usage, continuous_usage,
                            logprobs=logprobs, reasoning_parser=ctx.reasoning_parser,
                            tool_parser=tool_parser, max_tool_calls=None if parallel else 1,
                            named_tool=isinstance(tool_choice, dict) and tool_parser is not None,
@@ -1336,17 +1345,27 @@ def iter_deltas(submitted: list[tuple[str, Any]]) -> Any:
 def stream_chunks(prep: PreparedRequest, deltas: Any, tokenizer: Any, tally: StreamTally) -> Any:
     """The chat.completion.chunk / text_completion chunks (dicts) of a prepared request, from
     its engine deltas: the role (or echo) chunks, a chunk per delta with reasoning split off and
-    tool calls parsed, the usage chunk when asked for. Every API that answers from the chat
+    tool calls parsed, the usage chunk when asked for (with continuous usage, the usage so far
+    on every chunk as well). Every API that answers from the chat
     machinery (Responses, Anthropic Messages) reads these chunks; an aborted engine request
     sets tally.aborted and ends the chunks without usage."""
     n = prep.params.n
     num_choices = len(prep.prompts) * n
+    generated: dict[int, int] = {}      # response index -> its completion tokens so far
+
+    def so_far(index: int) -> dict | None:
+        """vLLM's continuous usage: the choice's prompt and its completion tokens until now."""
+        if not prep.continuous_usage:
+            return None
+        return usage(len(prep.prompts[index // n].token_ids), generated.get(index, 0))
+
     if prep.kind == "chat":
         for index in range(num_choices):
-            yield chunk(prep, [chunk_choice(prep, index, "", None, None, role=True)])
+            yield chunk(prep, [chunk_choice(prep, index, "", None, None, role=True)], so_far(index))
     elif prep.echo:
         for index in range(num_choices):
-            yield chunk(prep, [chunk_choice(prep, index, prep.prompts[index // n].text or "", None, None)])
+            yield chunk(prep, [chunk_choice(prep, index, prep.prompts[index // n].text or "", None, None)],
+                        so_far(index))
     offsets: dict[int, int] = {}
     splitters: dict[int, ReasoningSplitter] = {}
     tool_parsers: dict[int, Any] = {}
@@ -1356,6 +1375,7 @@ def stream_chunks(prep: PreparedRequest, deltas: Any, tokenizer: Any, tally: Str
                 continue
             index = k * n + o.index
             tally.num_tokens += len(o.token_ids)
+            generated[index] = generated.get(index, 0) + len(o.token_ids)
             lps, offsets[index] = format_logprobs(prep, tokenizer, o, offsets.get(index, 0))
             text, reasoning, calls = o.text, "", None
             final = o.finish_reason is not None
@@ -1369,7 +1389,7 @@ def stream_chunks(prep: PreparedRequest, deltas: Any, tokenizer: Any, tally: Str
                 finish = tool_finish_reason(finish, parser.num_calls, prep.named_tool)
             if text or reasoning or calls or lps is not None or finish is not None:
                 yield chunk(prep, [chunk_choice(prep, index, text, lps, finish, o.stop_reason,
-                                                reasoning=reasoning, tool_calls=calls)])
+                                                reasoning=reasoning, tool_calls=calls)], so_far(index))
             if o.finish_reason == "abort":
                 tally.aborted = True
     if prep.include_usage and not tally.aborted:

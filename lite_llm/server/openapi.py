@@ -35,7 +35,10 @@ _SAMPLING = {
     "ignore_eos": _BOOL,
     "n": {"type": "integer", "minimum": 1},
     "stream": _BOOL,
-    "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}},
+    "stream_options": {"type": "object", "additionalProperties": False, "properties": {
+        "include_usage": {**_BOOL, "description": "a last chunk with no choices and the request's usage"},
+        "continuous_usage_stats": {**_BOOL, "description": "vLLM's: with include_usage, every chunk also "
+                                   "carries the usage so far (its prompt, its choice's tokens until then)"}}},
     "user": _STR,
     "min_tokens": {"type": "integer", "minimum": 0},
     "skip_special_tokens": _BOOL,

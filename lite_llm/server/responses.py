@@ -430,8 +430,8 @@ class ResponseBuilder:
     def start(self) -> list[tuple[str, dict]]:
         with self.lock:
             self.response["status"] = "in_progress"
-            return [("response.created", {"response": self.response}),
-                    ("response.in_progress", {"response": self.response})]
+            return [("response.created", {"response": copy.deepcopy(self.response)}),
+                    ("response.in_progress", {"response": copy.deepcopy(self.response)})]
 
     def feed(self, delta: dict) -> list[tuple[str, dict]]:
         events: list[tuple[str, dict]] = []
@@ -459,9 +459,11 @@ class ResponseBuilder:
             output = self.response["output"]
             output.append(item)
             self.open = (kind, item, len(output) - 1)
-            events.append(("response.output_item.added", {"output_index": len(output) - 1, "item": item}))
+            # as OpenAI: the item opens empty and its part with no text; every character is in a delta
+            events.append(("response.output_item.added", {"output_index": len(output) - 1,
+                                                          "item": copy.deepcopy(item)}))
             events.append(("response.content_part.added", {"item_id": item["id"], "output_index": len(output) - 1,
-                                                           "content_index": 0, "part": part}))
+                                                           "content_index": 0, "part": dict(part)}))
             item["content"].append(part)
         _, item, index = self.open
         item["content"][0]["text"] += text
@@ -472,18 +474,19 @@ class ResponseBuilder:
             events.append(("response.output_text.delta", {**where, "delta": text, "logprobs": []}))
         return events
 
-    def _close(self) -> list[tuple[str, dict]]:
+    def _close(self, status: str = "completed") -> list[tuple[str, dict]]:
+        """Ends the open text item; `status` "incomplete" for the one max_output_tokens cut."""
         if self.open is None:
             return []
         kind, item, index = self.open
         self.open = None
         part = item["content"][0]
         where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-        item["status"] = "completed"
+        item["status"] = status
         done = ("response.reasoning_text.done", {**where, "text": part["text"]}) if kind == "reasoning" else \
             ("response.output_text.done", {**where, "text": part["text"], "logprobs": []})
-        return [done, ("response.content_part.done", {**where, "part": part}),
-                ("response.output_item.done", {"output_index": index, "item": item})]
+        return [done, ("response.content_part.done", {**where, "part": dict(part)}),
+                ("response.output_item.done", {"output_index": index, "item": copy.deepcopy(item)})]
 
     def _call(self, call: dict) -> list[tuple[str, dict]]:
         fn = call["function"]
@@ -498,20 +501,23 @@ class ResponseBuilder:
                   ("response.function_call_arguments.done",
                    {"item_id": item["id"], "output_index": index, "arguments": fn["arguments"], "name": fn["name"]})]
         item["arguments"], item["status"] = fn["arguments"], "completed"
-        events.append(("response.output_item.done", {"output_index": index, "item": item}))
+        events.append(("response.output_item.done", {"output_index": index, "item": dict(item)}))
         return events
 
     def finish(self, finish_reason: str | None, chat_usage: dict | None) -> list[tuple[str, dict]]:
+        """The terminal event: OpenAI ends an answer cut at max_output_tokens with
+        response.incomplete (status and the cut item "incomplete"), any other with response.completed."""
         with self.lock:
-            events = self._close()
+            cut = finish_reason == "length"
+            events = self._close("incomplete" if cut else "completed")
             r = self.response
             r["usage"] = _usage(chat_usage)
-            if finish_reason == "length":
+            if cut:
                 r["status"], r["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
-                events.append(("response.incomplete", {"response": r}))
+                events.append(("response.incomplete", {"response": copy.deepcopy(r)}))
             else:
                 r["status"], r["completed_at"] = "completed", int(time.time())
-                events.append(("response.completed", {"response": r}))
+                events.append(("response.completed", {"response": copy.deepcopy(r)}))
             return events
 
     def fail(self, err: ApiError) -> list[tuple[str, dict]]:
@@ -521,7 +527,7 @@ class ResponseBuilder:
             r["status"] = "cancelled" if self.cancelled is not None and self.cancelled.is_set() else "failed"
             if r["status"] == "failed":
                 r["error"] = {"code": "server_error", "message": err.message}
-                events.append(("response.failed", {"response": r}))
+                events.append(("response.failed", {"response": copy.deepcopy(r)}))
             return events
 
     def consume(self, items: Any) -> Any:
