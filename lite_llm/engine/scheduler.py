@@ -20,7 +20,8 @@ so one owner's job cannot keep another's request waiting for all of it:
   (the "richest") claims one of its slots. At the start of a step, before anyone is served,
   the richest owner's newest running sequence is preempted by recompute for each claimant
   that no free slot serves (or whose head found the KV cache short in the previous step), at
-  most one per claimant per step; the claimant is then admitted in this step. The "two
+  most one per claimant per step; the claimant is then admitted in this step, with a part
+  of the token budget kept from the running requests' prefill chunks for it. The "two
   fewer" keeps owners that are one apart from trading a slot back and forth, and a
   preempted sequence resumes from its prefix-cached blocks.
 - alone, an owner may use every slot: nothing is held back as headroom, since capacity
@@ -198,10 +199,11 @@ class Scheduler:
         preempted = self._preempted_req_ids
         num_preempted = len(preempted)
         self._step_images, self._step_encoder_tokens = set(), 0
+        reserve = 0
         if self._waiting_owners and len(self.owners) > 1:
-            self._preempt_for_claims(preempted)
+            reserve = self._preempt_for_claims(preempted)
             num_preempted = len(preempted)
-        budget = self._schedule_running(chunks, preempted)
+        budget = self._schedule_running(chunks, preempted, reserve) + reserve
         if len(preempted) == num_preempted:
             # after a preemption the cache is full: admitting would only preempt again
             budget = self._schedule_waiting(chunks, budget)
@@ -213,8 +215,9 @@ class Scheduler:
             finished, preempted = list(finished), list(preempted)
         return SchedulerOutput(chunks, num_tokens, preempted, finished)
 
-    def _schedule_running(self, chunks: list[ScheduledChunk], preempted: list[str]) -> int:
-        budget = self.max_num_batched_tokens
+    def _schedule_running(self, chunks: list[ScheduledChunk], preempted: list[str], reserve: int = 0) -> int:
+        """Serve the running requests first, leaving reserve tokens of the budget for admission."""
+        budget = self.max_num_batched_tokens - reserve
         self._rows_budget = PROMPT_LOGITS_ROWS
         kv = self.kv_cache_manager
         room = kv.room
@@ -488,21 +491,27 @@ class Scheduler:
             return True
         return any(self._victim_for(o) is not None for o in self._claimants())
 
-    def _preempt_for_claims(self, preempted: list[str]) -> None:
+    def _preempt_for_claims(self, preempted: list[str]) -> int:
         """Before anyone is served: one slot for each claimant, a free one if there is one, else
-        (or if its head found the KV cache short last step) one preempted from the richest."""
+        (or if its head found the KV cache short last step) one preempted from the richest.
+        Returns the tokens of the budget the running requests leave to the first claimant's
+        head (its prompt, up to half the budget), so that their prefill chunks cannot starve it."""
         short, self._kv_short = self._kv_short, None
         free = self.max_num_seqs - len(self.running)
+        reserve = 0
         for owner in self._claimants():
             if free > 0 and owner is not short:
                 free -= 1
-                continue
-            victim = self._victim_for(owner)
-            if victim is None:
-                continue
-            self.running.remove(victim)
-            self._preempt(victim)
-            preempted.append(victim.request_id)
+            else:
+                victim = self._victim_for(owner)
+                if victim is None:
+                    continue
+                self.running.remove(victim)
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+            if not reserve:
+                reserve = min(owner.waiting[0].num_tokens, self.max_num_batched_tokens // 2)
+        return reserve
 
     def _pop_victim(self, idx: int) -> Request:
         """Take out of running the request preempted when blocks run out, among those not served

@@ -244,3 +244,26 @@ def check_owner_counts(sched) -> None:
 def _aborted():
     from lite_llm.engine.request import RequestStatus
     return RequestStatus.FINISHED_ABORTED
+
+
+def test_small_request_is_not_starved_of_tokens_by_a_long_prefill():
+    """A slot is free, but another owner's sequence is prefilling a long prompt, which takes
+    what the token budget leaves after the decodes for several steps: a waiting owner poorer
+    by two keeps a part of the budget for its own prefill."""
+    engine = make_engine(max_num_batched_tokens=64)
+    rec = Recorder(engine)
+    for i in range(6):
+        engine.add_request(f"big-{i}", prompt(20 + i, 10), big_params(1, 200), owner="big")
+    engine.add_request("big-long", prompt(30, 480), big_params(1, 20), owner="big")
+    while engine.scheduler.num_running < 7:
+        rec.step()
+    prefill_left = sum(r.num_tokens - r.num_computed_tokens for r in engine.scheduler.running)
+    assert prefill_left > 5 * 64
+    engine.add_request("small", prompt(8, 10), SMALL)
+    steps = rec.steps_until_first_token("small")
+    assert steps is not None and steps <= 2, f"small's first token after {steps} steps"
+    assert not rec.finished_step
+    outs = rec.run_to_end()
+    assert engine.scheduler.num_preemptions_total == 0     # the free slot was enough
+    assert tokens_of(outs["small"]) == alone("small", prompt(8, 10), SMALL)
+    assert tokens_of(outs["big-long"]) == alone("big-long", prompt(30, 480), big_params(1, 20))
