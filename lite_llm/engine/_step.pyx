@@ -514,7 +514,7 @@ cdef class DecodeLane:
 
     step() returns None, having changed nothing but blocks allocated ahead (which the Python
     path then finds in place), when the batch is no longer steady: a request waits to be
-    admitted, one finished, was aborted or preempted, the running list changed, a sequence has
+    admitted (a slot is free, or fair admission would preempt for it), one finished, was aborted or preempted, the running list changed, a sequence has
     more than one token to compute, or the pool is short of a block. The engine then drops the
     lane and runs the Python path, which builds the next lane when its step qualifies.
     Everything else the path depends on (logprobs, biases, bans, grammars, drafts, LoRA,
@@ -539,8 +539,10 @@ cdef class DecodeLane:
         cdef _ItlCounts itl = _ItlCounts()
         cdef double t0, k0, kernel
         sched = self.scheduler
+        # a waiting request starts in the next step: in a free slot, or in one fair admission
+        # preempts for it (Scheduler.has_fair_claim)
         if PyList_GET_SIZE(running) != n or sched._finished_req_ids or sched._preempted_req_ids \
-                or (sched.waiting and n < self.max_num_seqs):
+                or (sched.waiting and (n < self.max_num_seqs or sched.has_fair_claim())):
             return None
         t0 = _perf_counter()
         _prefetch(_NO_CHUNKS, seqs)

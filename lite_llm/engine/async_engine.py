@@ -137,10 +137,11 @@ class AsyncEngine:
                     sampling_params: SamplingParams, prompt: str | None = None, *,
                     priority: int = 0, timeout: float | None = None,
                     sink: Callable[[RequestOutput | BaseException], None] | None = None,
-                    lora_request=None, mm=None) -> RequestStream:
+                    lora_request=None, mm=None, owner: str | None = None) -> RequestStream:
         """Submit a request; raises ValueError (invalid), QueueFullError, EngineShutdownError.
         sink: called on the engine thread with each delta (and a failure) instead of queueing
-        them for iteration; it must not block. mm: the prompt's images (multimodal.MMPrompt)."""
+        them for iteration; it must not block. mm: the prompt's images (multimodal.MMPrompt).
+        owner: whom slots are shared between (LLMEngine.add_request); None: this request."""
         self.engine.validate_request(prompt_token_ids, sampling_params, mm)
         params = sampling_params.clone()
         arrival = time.monotonic()
@@ -151,13 +152,14 @@ class AsyncEngine:
             lora = self.engine.lora.acquire(lora_request)    # this reference is the inbox's
         try:
             return self._submit(request_id, prompt_token_ids, params, prompt, arrival, priority, timeout, sink, lora,
-                                mm)
+                                mm, owner)
         except BaseException:
             if lora is not None:
                 self.engine.lora.release(lora[0])
             raise
 
-    def _submit(self, request_id, prompt_token_ids, params, prompt, arrival, priority, timeout, sink, lora, mm):
+    def _submit(self, request_id, prompt_token_ids, params, prompt, arrival, priority, timeout, sink, lora, mm,
+                owner):
         with self._cond:
             if self._error is not None:
                 raise EngineDeadError("the engine thread failed") from self._error
@@ -171,7 +173,7 @@ class AsyncEngine:
             stream = RequestStream(request_id, self, timeout, sink)
             self._active_ids.add(request_id)
             self._inbox.append(("add", stream, (request_id, list(prompt_token_ids), params,
-                                               prompt, arrival, priority, lora, mm)))
+                                               prompt, arrival, priority, lora, mm, owner)))
             self._num_inbox_adds += 1
             self._cond.notify()
         return stream
@@ -270,7 +272,7 @@ class AsyncEngine:
                     stream._put(e)
                     continue
                 finally:    # the sequences took references of their own
-                    lora = args[6]      # (request_id, ids, params, prompt, arrival, priority, lora, mm)
+                    lora = args[6]      # (request_id, ids, params, prompt, arrival, priority, lora, mm, owner)
                     if lora is not None:
                         engine.lora.release(lora[0])
                 self._streams[stream.request_id] = stream

@@ -330,9 +330,10 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
                 break
             kind = msg[0]
             if kind == "add":
-                _, rid, token_ids, params, prompt, priority, mm = msg
+                _, rid, token_ids, params, prompt, priority, mm, owner = msg
                 try:
-                    engine.add_request(rid, token_ids, params, prompt, priority=priority, sink=sink_for(rid), mm=mm)
+                    engine.add_request(rid, token_ids, params, prompt, priority=priority, sink=sink_for(rid), mm=mm,
+                                       owner=owner)
                 except (ValueError, RuntimeError) as e:
                     sink_for(rid)(e)
                 if not engine.is_alive:     # its thread failed (logged there): the front end must know
@@ -416,9 +417,10 @@ class DataParallelEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                     prompt: str | None = None, *, priority: int = 0,
-                    timeout: float | None = None, mm=None) -> RequestStream:
+                    timeout: float | None = None, mm=None, owner: str | None = None) -> RequestStream:
         """mm: the prompt's images (multimodal.MMPrompt), preprocessed here and sent whole to the
-        chosen replica, which encodes them (its encoder cache and prefix cache key on their hashes)."""
+        chosen replica, which encodes them (its encoder cache and prefix cache key on their hashes).
+        owner: whom the replica's scheduler shares slots between (LLMEngine.add_request)."""
         self.validate_request(prompt_token_ids, sampling_params, mm)
         token_ids = list(prompt_token_ids)
         hashes = self.router.block_hashes(token_ids, mm)
@@ -440,7 +442,7 @@ class DataParallelEngine:
             rep.inflight[request_id] = (stream, prompt, token_ids)
             self._owner[request_id] = rep
         try:
-            rep.send(("add", request_id, token_ids, sampling_params, prompt, priority, mm))
+            rep.send(("add", request_id, token_ids, sampling_params, prompt, priority, mm, owner))
         except (OSError, ValueError) as e:      # its pipe is closed: the reader reports the death
             self._finish(rep, request_id)
             raise EngineDeadError(f"{rep.describe()} is not running") from e

@@ -233,11 +233,13 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     sampling_params: SamplingParams, prompt: str | None = None,
                     arrival_time: float | None = None, priority: int = 0,
-                    lora: tuple[int, bytes] | None = None, mm=None) -> None:
+                    lora: tuple[int, bytes] | None = None, mm=None, owner: str | None = None) -> None:
         """Queue a request. arrival_time is time.monotonic() based (now if None). lora: the
         (slot, salt) of its adapter from self.lora.acquire(): each sequence takes a reference
         of its own, given back when it finishes. mm: the prompt's images (multimodal.MMPrompt),
-        its placeholders already expanded in the ids."""
+        its placeholders already expanded in the ids. owner: whom the scheduler shares slots
+        between (fair admission, scheduler.py), e.g. the HTTP request of several prompts;
+        None: this request."""
         if request_id in self._groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.validate_request(prompt_token_ids, sampling_params, mm)
@@ -254,7 +256,7 @@ class LLMEngine:
         children = [Request(child_id, prompt_token_ids, params, base_seed + i, prompt=prompt,
                             arrival_time=arrival, priority=priority,
                             eos_token_ids=self.config.eos_token_ids, max_tokens=max_tokens,
-                            parent_id=request_id, index=i)
+                            parent_id=request_id, index=i, owner=owner)
                     for i, child_id in enumerate(child_ids)]
         for child in children:
             child.mm = mm

@@ -58,19 +58,22 @@ class Request:
                  "prompt_logprobs", "index", "prompt", "prompt_token_ids", "seed", "eos_token_ids", "stop_check",
                  "max_tokens", "arrival_time", "priority", "num_cached_tokens", "num_preemptions",
                  "cumulative_logprob", "finish_reason", "stop_reason", "block_hashes", "lora_slot", "lora_salt",
-                 "pooling")
+                 "pooling", "owner")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, seed: int, *,
                  prompt: str | None = None, arrival_time: float | None = None,
                  priority: int = 0, eos_token_ids: tuple[int, ...] = (),
                  max_tokens: int | None = None, parent_id: str | None = None,
-                 index: int = 0):
+                 index: int = 0, owner: str | None = None):
         if not prompt_token_ids:
             raise ValueError(f"request {request_id!r}: the prompt has no tokens")
         self.request_id = request_id
         self.parent_id = request_id if parent_id is None else parent_id
         self.index = index                         # completion index within the parent (n > 1)
+        # whom the scheduler shares max_num_seqs between (fair admission, scheduler.py): the HTTP
+        # request that submitted it, all its prompts and samples; by default its user request
+        self.owner = self.parent_id if owner is None else owner
         self.prompt = prompt
         self.prompt_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []

@@ -3,9 +3,33 @@
 Each step lets requests' num_computed_tokens catch up with their num_tokens under a token
 budget (max_num_batched_tokens) and a sequence cap (max_num_seqs): running requests first
 (a decode token, or the next chunk of a long prompt), then waiting ones in FCFS (or
-priority) order. There are no prefill/decode modes and prefill is always chunked. When the
-KV cache runs out, the most recently admitted running request is preempted by recompute:
+priority) order, fairly between owners (below). There are no prefill/decode modes and
+prefill is always chunked. When the KV cache runs out, the most recently admitted running
+request (of the owner holding the most slots, when several run) is preempted by recompute:
 its blocks are freed and it goes back to the FRONT of the waiting queue.
+
+Fair admission. Every request has an owner (Request.owner): the HTTP request that submitted
+it, whose prompts and n samples are all its sequences; by default its user request. Slots
+(max_num_seqs) and KV blocks are shared between owners, not handed out FCFS over sequences,
+so one owner's job cannot keep another's request waiting for all of it:
+- admission takes, instead of the queue's head, the head of the waiting owner with the
+  fewest running sequences (ties: the owner that began waiting first; under the priority
+  policy the best priority first, then the fewest): round robin over owners;
+- an owner's cap on running sequences is its fair share, and only when someone else waits:
+  a waiting owner with at least two running sequences fewer than the owner holding the most
+  (the "richest") claims one of its slots. At the start of a step, before anyone is served,
+  the richest owner's newest running sequence is preempted by recompute for each claimant
+  that no free slot serves (or whose head found the KV cache short in the previous step), at
+  most one per claimant per step; the claimant is then admitted in this step, with a part
+  of the token budget kept from the running requests' prefill chunks for it. The "two
+  fewer" keeps owners that are one apart from trading a slot back and forth, and a
+  preempted sequence resumes from its prefix-cached blocks.
+- alone, an owner may use every slot: nothing is held back as headroom, since capacity
+  left idle by a per-request cap is lost to a server's only client, while a preemption costs
+  only the victim's recompute, and only when another owner actually waits.
+Under the priority policy fairness never preempts a sequence of better priority (a lower
+value) than the claimant's head. The steady decode lane (_step.DecodeLane) never admits: it
+ends when a request waits and a slot is free, or has_fair_claim() says a claim stands.
 
 Token stops (EOS, stop token ids, max_tokens, max_model_len) are checked here when sampled
 tokens come back; stop strings need text and are the engine's.
@@ -77,6 +101,16 @@ class SchedulerOutput:
         return len(self.chunks)
 
 
+class Owner:
+    """What fair admission keeps of one owner with running or waiting sequences."""
+    __slots__ = ("owner_id", "num_running", "waiting")
+
+    def __init__(self, owner_id: str):
+        self.owner_id = owner_id
+        self.num_running = 0
+        self.waiting: deque[Request] = deque()    # its waiting requests, in the queue's order
+
+
 class Scheduler:
     def __init__(self, kv_cache_manager: KVCacheManager, *, max_num_seqs: int,
                  max_num_batched_tokens: int, max_model_len: int, policy: str = "fcfs",
@@ -95,6 +129,10 @@ class Scheduler:
         self.requests: dict[str, Request] = {}        # every unfinished request
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []              # admission order (priority order if "priority")
+        self.owners: dict[str, Owner] = {}            # owner id -> Owner, of every owner with a request
+        self._waiting_owners: dict[str, Owner] = {}   # those with waiting ones, as they began waiting
+        self._running_owners: dict[str, Owner] = {}   # those with running ones
+        self._kv_short: Owner | None = None            # a claimant whose head found the cache short
         self.num_preemptions_total = 0
         self._finished_req_ids: list[str] = []         # freed since the last step that ran
         self._preempted_req_ids: list[str] = []        # preempted since the last step that ran
@@ -131,8 +169,9 @@ class Scheduler:
                 continue
             if request.status == RequestStatus.RUNNING:
                 self.running.remove(request)
+                self._stop_running(request)
             else:
-                self.waiting.remove(request)
+                self._unqueue(request)
             self._finish(request, status)
             out.append(request)
         return out
@@ -160,7 +199,11 @@ class Scheduler:
         preempted = self._preempted_req_ids
         num_preempted = len(preempted)
         self._step_images, self._step_encoder_tokens = set(), 0
-        budget = self._schedule_running(chunks, preempted)
+        reserve = 0
+        if self._waiting_owners and len(self.owners) > 1:
+            reserve = self._preempt_for_claims(preempted)
+            num_preempted = len(preempted)
+        budget = self._schedule_running(chunks, preempted, reserve) + reserve
         if len(preempted) == num_preempted:
             # after a preemption the cache is full: admitting would only preempt again
             budget = self._schedule_waiting(chunks, budget)
@@ -172,8 +215,9 @@ class Scheduler:
             finished, preempted = list(finished), list(preempted)
         return SchedulerOutput(chunks, num_tokens, preempted, finished)
 
-    def _schedule_running(self, chunks: list[ScheduledChunk], preempted: list[str]) -> int:
-        budget = self.max_num_batched_tokens
+    def _schedule_running(self, chunks: list[ScheduledChunk], preempted: list[str], reserve: int = 0) -> int:
+        """Serve the running requests first, leaving reserve tokens of the budget for admission."""
+        budget = self.max_num_batched_tokens - reserve
         self._rows_budget = PROMPT_LOGITS_ROWS
         kv = self.kv_cache_manager
         room = kv.room
@@ -223,10 +267,11 @@ class Scheduler:
                 if spec or lookahead:       # drop the speculation before preempting anyone
                     spec, lookahead = (), 0
                     continue
-                # running[-1] is the most recent admission, never one served earlier this step
-                victim = self.running.pop()
+                # never one served earlier this step (running[:idx])
+                victim = self._pop_victim(idx)
                 if victim is request and not self.running:
                     # alone with the whole cache and still short: it can never fit
+                    self._stop_running(request)
                     self._finish(request, RequestStatus.FINISHED_ABORTED)
                     self._finished_in_schedule.append(request)
                     break
@@ -272,7 +317,7 @@ class Scheduler:
         kv = self.kv_cache_manager
         now = time.monotonic()
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            request = self.waiting[0]
+            request = self._next_waiting()
             wants_rows = request.wants_prompt_logits
             hits, num_hit_tokens = kv.get_computed_blocks(request) if not wants_rows else ([], 0)
             num_new = min(request.num_tokens - num_hit_tokens, budget)
@@ -294,12 +339,17 @@ class Scheduler:
             if block_ids is None:
                 if not self.running:
                     # the whole cache is free and the head still does not fit: never will
-                    self.waiting.popleft()
+                    self._unqueue(request)
                     self._finish(request, RequestStatus.FINISHED_ABORTED)
                     self._finished_in_schedule.append(request)
                     continue
+                if len(self.owners) > 1:     # the next step may preempt for it (fair admission)
+                    owner = self.owners[request.owner]
+                    if owner.num_running + 2 <= self._most_running():
+                        self._kv_short = owner
                 break          # FCFS: later requests wait behind the head
-            self.waiting.popleft()
+            self._start_running(request)       # first: the owner stays while it runs
+            self._unqueue(request)
             if wants_rows:
                 self._rows_budget -= num_new
             kv.record_prefix_lookup(request.num_tokens, num_hit_tokens)
@@ -321,6 +371,8 @@ class Scheduler:
         return budget
 
     def _preempt(self, request: Request) -> None:
+        """Preempt a running request, already taken out of self.running, by recompute."""
+        self._stop_running(request)
         self.kv_cache_manager.free(request)    # before resetting num_computed_tokens: see free()
         request.num_computed_tokens = 0
         request.spec_token_ids = []
@@ -331,13 +383,152 @@ class Scheduler:
         self._push_waiting(request, front=True)
 
     def _push_waiting(self, request: Request, front: bool) -> None:
-        if self.policy == "priority":
-            keys = [_priority_key(r) for r in self.waiting]
-            self.waiting.insert(bisect.bisect_right(keys, _priority_key(request)), request)
-        elif front:
-            self.waiting.appendleft(request)
+        owner = self.owners.get(request.owner)
+        if owner is None:
+            owner = self.owners[request.owner] = Owner(request.owner)
+        for queue in (self.waiting, owner.waiting):     # the same order: an owner's is a sub-sequence
+            if self.policy == "priority":
+                keys = [_priority_key(r) for r in queue]
+                queue.insert(bisect.bisect_right(keys, _priority_key(request)), request)
+            elif front:
+                queue.appendleft(request)
+            else:
+                queue.append(request)
+        if owner.owner_id not in self._waiting_owners:
+            if front:         # a preempted sequence's owner keeps its turn
+                self._waiting_owners = {owner.owner_id: owner, **self._waiting_owners}
+            else:
+                self._waiting_owners[owner.owner_id] = owner
+
+    # ---- fair admission (see the module's docstring) ---------------------------------------
+
+    def _unqueue(self, request: Request) -> None:
+        """Take a request out of the waiting queue (and its owner's)."""
+        if self.waiting[0] is request:
+            self.waiting.popleft()
         else:
-            self.waiting.append(request)
+            self.waiting.remove(request)
+        owner = self.owners[request.owner]
+        if owner.waiting[0] is request:
+            owner.waiting.popleft()
+        else:
+            owner.waiting.remove(request)
+        if not owner.waiting:
+            del self._waiting_owners[owner.owner_id]
+            if not owner.num_running:
+                del self.owners[owner.owner_id]
+
+    def _start_running(self, request: Request) -> None:
+        owner = self.owners[request.owner]
+        owner.num_running += 1
+        if owner.num_running == 1:
+            self._running_owners[owner.owner_id] = owner
+
+    def _stop_running(self, request: Request) -> None:
+        """Count a request that left self.running (preempted or finished) out of its owner's."""
+        owner = self.owners[request.owner]
+        owner.num_running -= 1
+        if not owner.num_running:
+            del self._running_owners[owner.owner_id]
+            if not owner.waiting:
+                del self.owners[owner.owner_id]
+
+    def _most_running(self) -> int:
+        return max((o.num_running for o in self._running_owners.values()), default=0)
+
+    def _next_waiting(self) -> Request:
+        """The waiting request admission tries next: the queue's head while one owner waits,
+        else the head of the waiting owner with the fewest running sequences (priority policy:
+        of the best head priority, then the fewest), ties to the one that began waiting first."""
+        if len(self._waiting_owners) == 1:
+            return self.waiting[0]
+        best = None
+        if self.policy == "priority":
+            best_key = None
+            for owner in self._waiting_owners.values():
+                key = (owner.waiting[0].priority, owner.num_running)
+                if best_key is None or key < best_key:
+                    best, best_key = owner, key
+        else:
+            fewest = -1
+            for owner in self._waiting_owners.values():
+                if fewest < 0 or owner.num_running < fewest:
+                    best, fewest = owner, owner.num_running
+                    if not fewest:
+                        break
+        return best.waiting[0]
+
+    def _claimants(self) -> list[Owner]:
+        """Waiting owners at least two running sequences short of the richest, in admission
+        order (fewest running first; priority policy: best head priority first)."""
+        most = self._most_running()
+        if most < 2:
+            return []
+        out = [o for o in self._waiting_owners.values() if o.num_running + 2 <= most]
+        if self.policy == "priority":
+            out.sort(key=lambda o: (o.waiting[0].priority, o.num_running))
+        else:
+            out.sort(key=lambda o: o.num_running)
+        return out
+
+    def _victim_for(self, claimant: Owner) -> Request | None:
+        """The running sequence preempted so claimant gets a slot: the newest (priority policy:
+        the least important) of the owner holding the most, if that owner holds at least two
+        more than claimant and (priority policy) it is not more important than claimant's head."""
+        richest = max(self._running_owners.values(), key=lambda o: o.num_running, default=None)
+        if richest is None or richest.num_running < claimant.num_running + 2:
+            return None
+        owner_id = richest.owner_id
+        victim = next(r for r in reversed(self.running) if r.owner == owner_id)
+        if self.policy == "priority" and victim.priority < claimant.waiting[0].priority:
+            return None
+        return victim
+
+    def has_fair_claim(self) -> bool:
+        """Whether the next step would preempt a running sequence for a waiting owner (fair
+        admission): a step that only decodes the running ones (the decode lane) must not run."""
+        if self._kv_short is not None:
+            return True
+        return any(self._victim_for(o) is not None for o in self._claimants())
+
+    def _preempt_for_claims(self, preempted: list[str]) -> int:
+        """Before anyone is served: one slot for each claimant, a free one if there is one, else
+        (or if its head found the KV cache short last step) one preempted from the richest.
+        Returns the tokens of the budget the running requests leave to the first claimant's
+        head (its prompt, up to half the budget), so that their prefill chunks cannot starve it."""
+        short, self._kv_short = self._kv_short, None
+        free = self.max_num_seqs - len(self.running)
+        reserve = 0
+        for owner in self._claimants():
+            if free > 0 and owner is not short:
+                free -= 1
+            else:
+                victim = self._victim_for(owner)
+                if victim is None:
+                    continue
+                self.running.remove(victim)
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+            if not reserve:
+                reserve = min(owner.waiting[0].num_tokens, self.max_num_batched_tokens // 2)
+        return reserve
+
+    def _pop_victim(self, idx: int) -> Request:
+        """Take out of running the request preempted when blocks run out, among those not served
+        yet this step (running[idx:]): the newest (priority policy: least important, then
+        newest) of the owner holding the most slots; running[-1] while one owner runs."""
+        running = self.running
+        if len(self._running_owners) < 2:
+            return running.pop()
+        is_priority = self.policy == "priority"
+        owners = self.owners
+        best, best_key = len(running) - 1, None
+        for j in range(len(running) - 1, idx - 1, -1):
+            r = running[j]
+            key = (r.priority if is_priority else 0, owners[r.owner].num_running)
+            if best_key is None or key > best_key:
+                best, best_key = j, key
+        return running.pop(best)
 
     # ---- after the runner -----------------------------------------------------------------
 

@@ -733,6 +733,7 @@ class _Handler(BaseHTTPRequestHandler):
             for k, p in enumerate(prep.prompts):
                 rid = prep.engine_request_id(k)
                 extra = {} if prep.model in st.ctx.model_names else {"lora_request": prep.model}   # an adapter's name
+                extra["owner"] = prep.id     # its prompts and samples share this request's fair share of slots
                 if p.mm is not None:
                     extra["mm"] = p.mm
                 stream = st.engine.add_request(rid, p.token_ids, params, prompt=p.text, **extra)

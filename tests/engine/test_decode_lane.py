@@ -175,3 +175,42 @@ def test_stats_twins_match_the_python_ones():
         assert ha.counts == hb.counts and ha.count == hb.count and ha.sum == pytest.approx(hb.sum, rel=1e-12)
     assert (a.generation_tokens_total, a.num_steps_total, a.step_bytes_read_total, list(a.recent_steps)) == \
         (b.generation_tokens_total, b.num_steps_total, b.step_bytes_read_total, list(b.recent_steps))
+
+
+@pytest.mark.parametrize("lanes", [True, False])
+def test_a_request_fair_admission_starts_ends_the_lane(lanes):
+    """Six plain sequences of one owner hold every slot, stepped by the lane; a request of another
+    owner arrives: the lane ends for it (its slot comes from a preemption, not a free one), its
+    first token comes within 2 steps, and every step's outputs are those of the step path."""
+    tok = make_engine(False).tokenizer
+    prompt = tok.encode("The quick brown fox", add_special_tokens=False)
+    small_prompt = tok.encode("Hello", add_special_tokens=False)
+    params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+
+    def run_fair(lanes: bool):
+        engine = make_engine(lanes, max_num_seqs=6)
+        for i in range(6):
+            engine.add_request(f"big-{i}", prompt + [i + 3], params, owner="big")
+        steps, counts = [], []
+        for _ in range(8):
+            steps.append(plain_outputs(engine.step(), counts))
+        lane_steps = engine.decode_lane_steps
+        engine.add_request("small", small_prompt, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+        first = None
+        for step in range(1, 200):
+            outs = plain_outputs(engine.step(), counts)
+            steps.append(outs)
+            if first is None and any(o[0] == "small" and o[2] and o[2][0][2] for o in outs):
+                first = step
+            if not engine.has_unfinished_requests():
+                break
+        assert not engine.has_unfinished_requests()
+        return steps, first, lane_steps, engine.decode_lane_steps, engine.scheduler.num_preemptions_total
+
+    steps, first, lane_before, lane_total, preempted = run_fair(lanes)
+    assert first is not None and first <= 2, f"the small request's first token after {first} steps"
+    assert preempted >= 1
+    if lanes:
+        assert lane_before > 0 and lane_total > lane_before + 20    # the lane formed again afterwards
+        ref_steps, ref_first, _, _, _ = run_fair(False)
+        assert (steps, first) == (ref_steps, ref_first)
