@@ -235,6 +235,28 @@ def test_tool_call_cut_by_max_tokens_is_no_text(client, tool_choice, stream):
     assert content.strip() == ("Let me check." if tool_choice == "auto" else "")
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_second_call_cut_by_max_tokens(client, stream):
+    """A whole call, then a second cut by max_tokens: finish_reason "length", the whole call
+    kept, no markup as content."""
+    answer = BOOK["Weather in Paris and Rome"]
+    kw = {"model": MODEL, "messages": user("Weather in Paris and Rome"), "tools": [WEATHER],
+          "tool_choice": "required", "max_tokens": tokens_of(answer[:answer.index("Rome")])}
+    if stream:
+        content, finish, names = "", None, []
+        for chunk in client.chat.completions.create(stream=True, **kw):
+            for c in chunk.choices:
+                content += c.delta.content or ""
+                finish = c.finish_reason or finish
+                names += [tc.function.name for tc in c.delta.tool_calls or [] if tc.function.name]
+        assert names[:1] == ["get_weather"]
+    else:
+        choice = client.chat.completions.create(**kw).choices[0]
+        content, finish = choice.message.content or "", choice.finish_reason
+        assert _calls(choice.message)[:1] == [("get_weather", PARIS)]
+    assert finish == "length" and "<tool_call" not in content
+
+
 # ---- Responses -------------------------------------------------------------------------------
 
 def test_responses_create(client):
