@@ -9,8 +9,9 @@ grammar lets it and otherwise picks among the tokens the grammar allows (ServerR
 choice), so what a grammar lets through shows in the answer. The chat template is Qwen2.5's tool template (tests/server/
 test_tool_calls.py): tools in a system turn, calls as Hermes <tool_call> blocks.
 
-Every client here talks only to 127.0.0.1: the autouse fixture turns off telemetry, tracing
-and remote price lists before any client library is imported by a test.
+Every client here talks only to 127.0.0.1: telemetry, tracing and litellm's remote price list
+are turned off by environment variables, set when this conftest is imported (before the test
+modules import the libraries) or, for the generic ones, by an autouse fixture for these tests.
 """
 from __future__ import annotations
 
@@ -30,24 +31,24 @@ from tests.server.test_tool_calls import TOOL_TEMPLATE
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 4096          # room for the tool schemas and instructions libraries add to prompts
-OFFLINE_ENV = {
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",       # litellm: the bundled price list, not a download
-    "LITELLM_TELEMETRY": "False",
-    "OPENAI_AGENTS_DISABLE_TRACING": "1",         # openai-agents: no trace export
-    "OPENAI_AGENTS_DONT_LOG_MODEL_DATA": "1",
-    "LOGFIRE_IGNORE_NO_CONFIG": "1",              # pydantic-ai's instrumentation stays off
-    "OTEL_SDK_DISABLED": "true",
-    "LANGCHAIN_TRACING_V2": "false", "LANGSMITH_TRACING": "false",
-    "ANONYMIZED_TELEMETRY": "False", "DO_NOT_TRACK": "1",
-    "OPENAI_API_KEY": "unused", "ANTHROPIC_API_KEY": "unused",
-    "HF_HUB_OFFLINE": "1",
-}
+# read when the libraries are imported (litellm loads its price list then), so set before the
+# test modules are: each name is one library's own, nothing else in the session reads them
+for _name, _value in {
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",      # litellm: the bundled price list, not a download
+        "LITELLM_TELEMETRY": "False",
+        "OPENAI_AGENTS_DISABLE_TRACING": "1",        # openai-agents: no trace export
+        "OPENAI_AGENTS_DONT_LOG_MODEL_DATA": "1",
+        "LANGCHAIN_TRACING_V2": "false", "LANGSMITH_TRACING": "false",
+        "LOGFIRE_IGNORE_NO_CONFIG": "1"}.items():   # pydantic-ai's instrumentation stays off
+    os.environ.setdefault(_name, _value)
+RUN_ENV = {"OTEL_SDK_DISABLED": "true", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
 
 
 @pytest.fixture(autouse=True, scope="session")
 def offline_clients():
-    saved = {k: os.environ.get(k) for k in OFFLINE_ENV}
-    os.environ.update(OFFLINE_ENV)
+    """No exporter, tracker or hub download while these tests run."""
+    saved = {k: os.environ.get(k) for k in RUN_ENV}
+    os.environ.update(RUN_ENV)
     yield
     for k, v in saved.items():
         if v is None:

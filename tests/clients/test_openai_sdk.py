@@ -10,6 +10,8 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+from tests.server.conftest import CHATML
+
 from .conftest import HELLO, MODEL, RESULT, WEATHER_PARAMS, WEATHER_RESULT, book_server, call, tokens_of
 
 PARIS = {"city": "Paris"}
@@ -19,6 +21,7 @@ BOOK = {
     "Call the weather tool": call("get_weather", PARIS),
     "Weather in Paris and Rome": call("get_weather", PARIS) + "\n" + call("get_weather", {"city": "Rome"}),
     "Weather, with units": call("get_weather", {"city": "Paris", "units": "metric"}),
+    "Weather, whatever the format": '[{"name": "get_weather", "parameters": {"city": "Paris"}}]',
     "temp_c": RESULT,
     "Who is Ada?": '{"name": "Ada", "age": 36}',
     "Describe Ada fully": '{"name": "Ada", "age": 36, "email": "ada@example.com"}',
@@ -128,7 +131,7 @@ def test_strict_json_schema_admits_only_declared_keys(client):
 def test_tool_call_auto(client):
     out = client.chat.completions.create(model=MODEL, messages=user("Weather in Paris?"), tools=[WEATHER])
     choice = out.choices[0]
-    assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me check."
+    assert choice.finish_reason == "tool_calls" and choice.message.content.strip() == "Let me check."
     assert _calls(choice.message) == [("get_weather", PARIS)]
     assert choice.message.tool_calls[0].id and choice.message.tool_calls[0].type == "function"
 
@@ -207,7 +210,7 @@ def test_raw_stream_tool_call_deltas(client):
                 entry["name"] += tc.function.name or ""
                 entry["arguments"] += tc.function.arguments or ""
             finish = c.finish_reason or finish
-    assert content == "Let me check.\n" and finish == "tool_calls"
+    assert content.strip() == "Let me check." and finish == "tool_calls"
     assert [(e["name"], json.loads(e["arguments"])) for e in calls.values()] == [("get_weather", PARIS)]
     assert calls[0]["id"]
 
@@ -233,6 +236,21 @@ def test_tool_call_cut_by_max_tokens_is_no_text(client, tool_choice, stream):
     assert finish == "length"
     assert "<tool_call" not in content and "get_weather" not in content
     assert content.strip() == ("Let me check." if tool_choice == "auto" else "")
+
+
+@pytest.mark.parametrize("tool_choice,finish", [
+    ("required", "tool_calls"), ({"type": "function", "function": {"name": "get_weather"}}, "stop")])
+def test_forced_tool_call_needs_no_tool_call_parser(client, tool_choice, finish):
+    """A template that shows no tool call format and no --tool-call-parser: a forced call is the
+    server's own grammar, so it knows the format it forced (as vLLM answers it)."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
+    out = client.chat.completions.create(model=MODEL, messages=user("Weather, whatever the format"), tools=[tool],
+                                         tool_choice=tool_choice, max_tokens=200, extra_body={"chat_template": CHATML})
+    choice = out.choices[0]
+    ((name, arguments),) = _calls(choice.message)
+    assert name == "get_weather" and set(arguments) == {"city"} and isinstance(arguments["city"], str)
+    assert choice.finish_reason == finish and not choice.message.content
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -314,7 +332,7 @@ def test_responses_function_call_round_trip(client):
     first = client.responses.create(model=MODEL, input="Weather in Paris?", tools=[RESPONSES_WEATHER])
     calls = [item for item in first.output if item.type == "function_call"]
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", PARIS)]
-    assert calls[0].call_id and first.output_text == "Let me check."
+    assert calls[0].call_id and first.output_text.strip() == "Let me check."
     history = [{"role": "user", "content": "Weather in Paris?"}, *[i.model_dump(exclude_none=True) for i in first.output],
                {"type": "function_call_output", "call_id": calls[0].call_id, "output": WEATHER_RESULT}]
     final = client.responses.create(model=MODEL, input=history, tools=[RESPONSES_WEATHER])
