@@ -6,8 +6,9 @@ picks the answer, so a question and, after a tool result, the answer to that res
 one book. Under a grammar (response_format, a forced tool call) the answer is followed while
 the grammar allows its tokens; from the first token it refuses, the fake model ends where the
 grammar lets it and otherwise picks among the tokens the grammar allows (ServerRunner's hashed
-choice), so what a grammar lets through shows in the answer. The chat template is Qwen2.5's tool template (tests/server/
-test_tool_calls.py): tools in a system turn, calls as Hermes <tool_call> blocks.
+choice), so what a grammar lets through shows in the answer. The chat template is Qwen2.5's
+tool template (tests/server/test_tool_calls.py): tools in a system turn, calls as Hermes
+<tool_call> blocks.
 
 Every client here talks only to 127.0.0.1: telemetry, tracing and litellm's remote price list
 are turned off by environment variables, set when this conftest is imported (before the test

@@ -50,6 +50,13 @@ def test_messages_create(client):
     assert out.usage.output_tokens >= tokens_of(HELLO)
 
 
+def test_count_tokens_matches_the_usage(client):
+    messages = user("Weather in Paris?")
+    counted = client.messages.count_tokens(model=MODEL, messages=messages, tools=[WEATHER])
+    out = client.messages.create(model=MODEL, max_tokens=200, messages=messages, tools=[WEATHER])
+    assert counted.input_tokens == out.usage.input_tokens > 0
+
+
 def test_messages_create_stops_at_max_tokens(client):
     out = client.messages.create(model=MODEL, max_tokens=tokens_of("Hello there!"), messages=user("Say hello"))
     assert _blocks(out) == [("text", "Hello there!")] and out.stop_reason == "max_tokens"

@@ -55,12 +55,13 @@ def test_invoke(url):
 
 
 def test_stream(url):
-    chunks = list(chat(url).stream("Say hello"))
+    chunks = list(chat(url, stream_usage=True).stream("Say hello"))
     assert "".join(c.content for c in chunks) == HELLO
     whole = chunks[0]
     for c in chunks[1:]:
         whole += c
     assert whole.content == HELLO and whole.response_metadata["finish_reason"] == "stop"
+    assert whole.usage_metadata["output_tokens"] == chat(url).invoke("Say hello").usage_metadata["output_tokens"]
 
 
 @pytest.mark.parametrize("method,question", [("json_schema", "Who is Ada?"), ("json_mode", "Who is Ada?"),
