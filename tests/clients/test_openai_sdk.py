@@ -327,6 +327,21 @@ def test_responses_stream_ends_incomplete_at_max_output_tokens(client):
     assert [item.status for item in last.response.output] == ["incomplete"]     # the message was cut too
 
 
+def test_responses_create_incomplete_at_max_output_tokens(client):
+    out = client.responses.create(model=MODEL, input="Say hello", max_output_tokens=tokens_of("Hello there!"))
+    assert out.status == "incomplete" and out.incomplete_details.reason == "max_output_tokens"
+    assert out.output_text == "Hello there!"
+    assert [item.status for item in out.output] == ["incomplete"]        # as OpenAI marks the cut item
+
+
+def test_responses_function_call_cut_by_max_output_tokens_is_no_text(client):
+    answer = BOOK["Call the weather tool"]
+    out = client.responses.create(model=MODEL, input="Call the weather tool", tools=[RESPONSES_WEATHER],
+                                  tool_choice="required", max_output_tokens=tokens_of(answer[:answer.index('"city"')]))
+    assert out.status == "incomplete" and out.incomplete_details.reason == "max_output_tokens"
+    assert "<tool_call" not in out.output_text and "get_weather" not in out.output_text
+
+
 def test_responses_parse_into_a_pydantic_model(client):
     out = client.responses.parse(model=MODEL, input="Who is Ada?", text_format=Person)
     assert out.output_parsed == Person(name="Ada", age=36)
