@@ -20,7 +20,8 @@ BOOK = {
     "temp_c": RESULT,
     "Who is Ada?": '{"name": "Ada", "age": 36}',
 }
-pytestmark = pytest.mark.filterwarnings("ignore:Items? .* using the .ReadOnly. qualifier:UserWarning")   # litellm's own types
+# litellm's own TypedDicts warn as pydantic builds their schemas
+pytestmark = pytest.mark.filterwarnings("ignore:Items? .* using the .ReadOnly. qualifier:UserWarning")
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
                                             "parameters": WEATHER_PARAMS}}
 

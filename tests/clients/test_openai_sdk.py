@@ -190,8 +190,8 @@ def test_parse_with_a_pydantic_function_tool(client):
 
 
 def test_stream_helper_tool_call_events(client):
-    with client.chat.completions.stream(model=MODEL, messages=user("Weather in Paris?"),
-                                        tools=[openai.pydantic_function_tool(GetWeather, name="get_weather")]) as stream:
+    tool = openai.pydantic_function_tool(GetWeather, name="get_weather")
+    with client.chat.completions.stream(model=MODEL, messages=user("Weather in Paris?"), tools=[tool]) as stream:
         done = [e for e in stream if e.type == "tool_calls.function.arguments.done"]
         final = stream.get_final_completion()
     assert [(e.name, e.parsed_arguments) for e in done] == [("get_weather", GetWeather(city="Paris"))]
@@ -352,7 +352,8 @@ def test_responses_function_call_round_trip(client):
     calls = [item for item in first.output if item.type == "function_call"]
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", PARIS)]
     assert calls[0].call_id and first.output_text.strip() == "Let me check."
-    history = [{"role": "user", "content": "Weather in Paris?"}, *[i.model_dump(exclude_none=True) for i in first.output],
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               *[item.model_dump(exclude_none=True) for item in first.output],
                {"type": "function_call_output", "call_id": calls[0].call_id, "output": WEATHER_RESULT}]
     final = client.responses.create(model=MODEL, input=history, tools=[RESPONSES_WEATHER])
     assert final.output_text == RESULT and not [i for i in final.output if i.type == "function_call"]
