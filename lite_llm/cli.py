@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # command -> (module, help)
@@ -32,16 +33,25 @@ BENCH_COMMANDS = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: the mistake and where to look, not the whole usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _add(subparsers, name: str, module: str, help: str) -> None:
     mod = importlib.import_module(module)
     p = subparsers.add_parser(name, help=help, description=help)
     adder = getattr(mod, f"add_{name}_arguments", None) or mod.add_arguments
     adder(p)
+    p.add_argument("--debug", action="store_true",
+                   help="print the full traceback of an error (also LITE_LLM_DEBUG=1)")
     p.set_defaults(_run=getattr(mod, f"run_{name}", None) or mod.run)
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lite-llm", description="CPU-only LLM inference and serving")
+    parser = Parser(prog="lite-llm", description="CPU-only LLM inference and serving")
     from lite_llm import __version__
     parser.add_argument("--version", action="version", version=f"lite-llm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -52,7 +62,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
             _add(sub, name, module, help)
         else:
             sub.add_parser(name, help=help)
-    bench = sub.add_parser("bench", help="benchmarks (latency, throughput, serve)")
+    bench = sub.add_parser("bench", help=f"benchmarks ({', '.join(BENCH_COMMANDS)})")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     # the same for bench's subcommands (bench serve's HTTP client alone loads OpenSSL: ~5 MiB resident)
     rest = argv[argv.index("bench") + 1:] if wanted == "bench" else []
@@ -65,10 +75,34 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def user_error(e: BaseException) -> str | None:
+    """The one-line message of an error a user made (a model that cannot be loaded, an address
+    that cannot be bound), or None for anything else: a bug keeps its traceback."""
+    from lite_llm.model.loader import ModelLoadError
+    if isinstance(e, ModelLoadError):
+        return str(e)
+    if isinstance(e, OSError) and getattr(e, "lite_llm_user_error", False):
+        return str(e)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(argv).parse_args(argv)
-    return int(args._run(args) or 0)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    debug = getattr(args, "debug", False) or os.environ.get("LITE_LLM_DEBUG", "") not in ("", "0")
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        message = None if debug else user_error(e)
+        if message is None:
+            raise
+        command = " ".join(a for a in (args.command, getattr(args, "bench_command", None)) if a)
+        print(f"lite-llm {command}: error: {message}", file=sys.stderr)
+        print("(run with --debug or LITE_LLM_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -228,6 +228,24 @@ def resolve_model(model: str | None) -> str:
     raise ModelLoadError(f"{model}: no such file or directory")
 
 
+def check_model(model: str | None) -> str:
+    """resolve_model, then the cheap checks of what the path holds (a GGUF file's magic, a
+    directory's config.json and architecture), so a wrong path fails before anything loads."""
+    path = resolve_model(model)
+    if os.path.isdir(path):
+        from lite_llm.model.hf import read_config
+        read_config(path)
+        return path
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as e:
+        raise ModelLoadError(f"{path}: cannot be read ({e.strerror})") from None
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{path}: not a GGUF file (nor a directory with config.json and safetensors)")
+    return path
+
+
 # ---- dtype -----------------------------------------------------------------------------
 
 

@@ -34,6 +34,7 @@ from urllib.parse import unquote, urlsplit
 from lite_llm import __version__
 from lite_llm.config import KV_CACHE_DTYPES, env, speculative_config_arg
 from lite_llm.engine.async_engine import EngineDeadError, EngineShutdownError, QueueFullError
+from lite_llm.model.loader import check_model
 from lite_llm.sampling_params import RequestOutputKind
 from lite_llm.server import anthropic, lora_routes, openai, responses, vllm_routes, webui
 from lite_llm.server import pooling as pooling_routes
@@ -1113,7 +1114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="HF directory, .gguf file or hub id in the local cache (default: embedded SmolLM2-135M-Instruct)")
     a("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
     a("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    a("--port", type=int, default=8000)
+    a("--port", type=port_number, default=8000, help="TCP port to listen on (default 8000; 0: any free port)")
     a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16", "half", "float"],
       help="weight/activation dtype (auto: from the checkpoint)")
     a("--quantization", "-q", default=None, choices=["none", "q8_0", "q4_0"],
@@ -1217,6 +1218,39 @@ def _default_media():
     return MediaConfig()
 
 
+def port_number(value: str) -> int:
+    """--port: an integer from 0 to 65535."""
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {value[:20]!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (0 to 65535)")
+    return port
+
+
+def check_address(host: str, port: int) -> None:
+    """Bind the address the server will listen on, before the model loads (which can take
+    minutes), so that a port in use or a host that is not this machine's fails at once."""
+    def failed(what: str) -> OSError:
+        err = OSError(f"cannot listen on {host}:{port}: {what}")
+        err.lite_llm_user_error = True          # one line for the user (cli.user_error)
+        return err
+
+    try:
+        with socket.socket(LiteServer.address_family, socket.SOCK_STREAM) as s:
+            if LiteServer.allow_reuse_address:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except socket.gaierror as e:
+        raise failed(f"unknown host ({e.strerror})") from None
+    except OSError as e:
+        hint = {errno.EADDRINUSE: " (another server is using it: pick another --port)",
+                errno.EACCES: " (ports below 1024 need privileges: pick a --port from 1024 up)",
+                errno.EADDRNOTAVAIL: " (not an address of this machine: check --host)"}.get(e.errno or 0, "")
+        raise failed(f"{e.strerror or e}{hint}") from None
+
+
 def load_chat_template(value: str | None) -> str | None:
     """--chat-template: a path to a file, or the template text itself."""
     if value is None:
@@ -1303,6 +1337,8 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model = args.model or args.model_flag
     load_chat_template(args.chat_template)          # a missing file fails before the model loads
+    check_address(args.host, args.port)             # and so does a port in use
+    check_model(model)                              # or a path that holds no model
     if args.responses_store_max < 0 or not args.responses_store_ttl > 0:
         raise SystemExit("--responses-store-max must be >= 0 and --responses-store-ttl > 0")
     api_key = args.api_key or env("API_KEY")
