@@ -64,7 +64,7 @@ def test_json_tool_parsers_at_every_delta_boundary(parser, text, calls):
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call():
-    prep = SimpleNamespace(tool_parser="llama3_json", max_tool_calls=1)
+    prep = SimpleNamespace(tool_parser="llama3_json", max_tool_calls=1, forced_tools=False)
     content, calls = make_tool_parser(prep).feed('{"name": "a", "parameters": {}}; {"name": "b", "parameters": {}}',
                                                  final=True)
     assert [c["function"]["name"] for c in calls] == ["a"]
