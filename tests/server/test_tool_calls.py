@@ -1,5 +1,7 @@
 """Tool calling: tools rendered through the chat template, Hermes/Qwen <tool_call> blocks parsed
-into OpenAI tool_calls (whole and streamed), tool results sent back as role "tool" messages."""
+into OpenAI tool_calls (whole and streamed), tool results sent back as role "tool" messages; a
+call cut off by max_tokens (never content, in chat, Messages and Responses); forced calls on a
+server without a tool call parser."""
 from __future__ import annotations
 
 import contextlib

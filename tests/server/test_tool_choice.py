@@ -1,7 +1,8 @@
 """Forced tool calls (tool_choice "required" and a named function, through the grammar engine),
 parallel_tool_calls, the Llama 3.x JSON and Mistral [TOOL_CALLS] parsers, the parser chosen
 from the chat template; real engine over HTTP: the default model with two tools, and a tiny
-Qwen2 model with a Qwen-style template round-tripping a call and its result."""
+Qwen2 model with a Qwen-style template round-tripping a call and its result; strict schemas
+(tools and response_format) and one call for a named choice, with a script under the grammar."""
 from __future__ import annotations
 
 import json
