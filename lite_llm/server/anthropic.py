@@ -296,11 +296,13 @@ def prepare(body: dict, ctx: Any, fields: set[str] = FIELDS) -> PreparedRequest:
 # ---- chat deltas -> content blocks, the Message, SSE events ----------------------------------------
 
 def stop_reason(finish: str | None, stop: Any, stop_sequences: list[str], has_tool_use: bool) -> tuple[str, Any]:
-    """(stop_reason, stop_sequence) in Anthropic's terms for a chat finish reason."""
-    if has_tool_use:
-        return "tool_use", None
+    """(stop_reason, stop_sequence) in Anthropic's terms for a chat finish reason: max_tokens
+    whenever the budget ended the answer, even after whole tool_use blocks (an unfinished call
+    is dropped by the tool parser)."""
     if finish == "length":
         return "max_tokens", None
+    if has_tool_use:
+        return "tool_use", None
     if isinstance(stop, str) and stop in stop_sequences:
         return "stop_sequence", stop
     return "end_turn", None

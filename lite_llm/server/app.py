@@ -1167,7 +1167,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--tool-call-parser", default=None, choices=list(openai.TOOL_PARSERS),
       help="how the model writes tool calls (hermes: <tool_call>{json}</tool_call>, as Qwen2.5/Qwen3; "
            "llama3_json: {\"name\", \"parameters\"} as Llama 3.x; mistral: [TOOL_CALLS][{...}]); "
-           "default: chosen from the chat template where unambiguous")
+           "default: chosen from the chat template where unambiguous (only tool_choice auto needs one: "
+           "a forced call follows the server's own grammar)")
     a("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
       help="split <think>...</think> from the answer into reasoning_content (deepseek_r1: the "
            "output starts inside the thinking; qwen3: only when it opens with <think>)")

@@ -282,6 +282,7 @@ class PreparedRequest:
     tool_parser: str | None = None        # chat with tools: a TOOL_PARSERS name (make_tool_parser)
     max_tool_calls: int | None = None     # parallel_tool_calls false: 1 (later calls dropped)
     named_tool: bool = False              # tool_choice named a function: OpenAI finishes with "stop"
+    forced_tools: bool = False            # tool_choice required or named: the whole answer is calls
     system_fingerprint: str | None = None
 
     def engine_request_id(self, prompt_index: int) -> str:
@@ -380,7 +381,7 @@ def structured_outputs(body: dict) -> StructuredOutputsParams | None:
             if not isinstance(schema, (dict, bool)):
                 raise bad("'response_format.json_schema.schema' must be a JSON schema object",
                           "response_format.json_schema.schema")
-            found.append(("response_format", {"json": schema}))
+            found.append(("response_format", {"json": strict_schema(schema) if js.get("strict") else schema}))
         else:
             raise bad("'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
                       "{\"type\": \"json_schema\", \"json_schema\": {...}}", "response_format")
@@ -618,14 +619,18 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
     tools, tool_choice = _tools(body)
     tool_parser = None
     parallel = body.get("parallel_tool_calls") is not False
+    forced = tool_choice == "required" or isinstance(tool_choice, dict)
     if tools and tool_choice != "none":
         tool_parser = ctx.tool_parser or tool_parser_for(template or ctx.chat_template
                                                          or getattr(ctx.tokenizer, "chat_template", None))
-        if tool_parser is None:
-            raise bad("'tools' need a tool call parser: start the server with --tool-call-parser "
-                      "(this model's chat template shows no known tool call format)", "tools")
+        if tool_parser is None and not forced:
+            raise bad("'tools' with tool_choice \"auto\" need a tool call parser: start the server with "
+                      "--tool-call-parser (this model's chat template shows no known tool call format)", "tools")
+        # a forced answer follows the server's own grammar, so needs no parser: without one it is
+        # vLLM's JSON list of calls
+        tool_parser = tool_parser or "forced_json"
         template_kwargs = {**template_kwargs, "tools": tools}
-        if tool_choice == "required" or isinstance(tool_choice, dict):
+        if forced:
             if "structured_outputs" in kw:
                 raise bad("'tool_choice' \"required\" or a named function cannot be combined with an "
                           "output constraint (response_format, guided_*)", "tool_choice")
@@ -658,6 +663,7 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
                            logprobs=logprobs, reasoning_parser=ctx.reasoning_parser,
                            tool_parser=tool_parser, max_tool_calls=None if parallel else 1,
                            named_tool=isinstance(tool_choice, dict) and tool_parser is not None,
+                           forced_tools=forced and tool_parser is not None,
                            prompt_logprobs=get_int(body, "prompt_logprobs", 0, MAX_LOGPROBS),
                            system_fingerprint=ctx.system_fingerprint)
 
@@ -685,6 +691,8 @@ def _tools(body: dict) -> tuple[list[dict] | None, str | dict]:
                       f"tools[{i}].function.name")
         if fn.get("description") is not None and not isinstance(fn["description"], str):
             raise bad(f"'tools[{i}].function.description' must be a string", f"tools[{i}].function.description")
+        if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
+            raise bad(f"'tools[{i}].function.strict' must be a boolean", f"tools[{i}].function.strict")
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
             raise bad(f"'tools[{i}].function.parameters' must be a JSON schema object",
                       f"tools[{i}].function.parameters")
@@ -723,26 +731,63 @@ def tool_parser_for(template: str | None) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
+# keywords whose value is a schema, a list of schemas, or a mapping of names to schemas
+_SUBSCHEMA = ("items", "additionalItems", "additionalProperties", "not", "if", "then", "else", "contains",
+              "propertyNames", "unevaluatedItems", "unevaluatedProperties")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def strict_schema(schema: Any) -> Any:
+    """schema as OpenAI's strict mode reads it: every object closed ("additionalProperties":
+    false) with all its properties required, at any depth."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA:
+        if isinstance(out.get(key), dict):
+            out[key] = strict_schema(out[key])
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [strict_schema(s) for s in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: strict_schema(s) for name, s in out[key].items()}
+    kind = out.get("type")
+    if kind == "object" or (isinstance(kind, list) and "object" in kind) or isinstance(out.get("properties"), dict):
+        out["additionalProperties"] = False
+        if isinstance(out.get("properties"), dict):
+            out["required"] = list(out["properties"])
+    return out
+
+
 def _call_schema(fn: dict, arguments_key: str) -> dict:
+    params = fn.get("parameters") or {"type": "object"}
     return {"type": "object", "properties": {"name": {"const": fn["name"]},
-                                             arguments_key: fn.get("parameters") or {"type": "object"}},
+                                             arguments_key: strict_schema(params) if fn.get("strict") else params},
             "required": ["name", arguments_key], "additionalProperties": False}
 
 
 def forced_tool_calls(parser: str, tools: list[dict], choice: str | dict, parallel: bool,
                       tokenizer: Any = None) -> StructuredOutputsParams:
-    """A grammar whose every output is one (or, if parallel, 1 to MAX_FORCED_CALLS) call(s) of
-    the tools (of the named one) in the parser's format, arguments valid against the
-    function's parameters schema."""
-    fns = [t["function"] for t in tools if not isinstance(choice, dict) or t["function"]["name"] == choice["name"]]
-    key = "parameters" if parser == "llama3_json" else "arguments"
+    """A grammar whose every output is one call of the named tool, or (tool_choice "required")
+    one or, if parallel, 1 to MAX_FORCED_CALLS calls of the tools, in the parser's format
+    ("forced_json": vLLM's [{"name", "parameters"}, ...]), arguments valid against the
+    function's parameters schema (as strict mode reads it for a tool with "strict": true)."""
+    named = isinstance(choice, dict)
+    fns = [t["function"] for t in tools if not named or t["function"]["name"] == choice["name"]]
+    key = "parameters" if parser in ("llama3_json", "forced_json") else "arguments"
     schemas = [_call_schema(fn, key) for fn in fns]
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    many = parallel and not named
+    if parser == "forced_json":
+        return StructuredOutputsParams(json={"type": "array", "items": schema, "minItems": 1,
+                                             "maxItems": MAX_FORCED_CALLS if many else 1})
     schema = {**schema, "x-guidance": {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}}
     body = "%json " + json.dumps(schema)
 
     def calls(one: str, sep: str) -> str:
-        return f'{one} ({sep} {one}){{0,{MAX_FORCED_CALLS - 1}}}' if parallel else one
+        return f'{one} ({sep} {one}){{0,{MAX_FORCED_CALLS - 1}}}' if many else one
 
     if parser == "hermes":
         rules = ["start: " + calls("call", '"\\n"'),
@@ -937,14 +982,17 @@ def _partial_suffix(text: str, tag: str) -> int:
 class HermesToolParser:
     """<tool_call>{"name": ..., "arguments": {...}}</tool_call> blocks (Hermes, Qwen2.5, Qwen3)
     -> OpenAI tool calls, delta by delta: text outside the blocks is content (whitespace between
-    calls dropped), a tag split across deltas is held back, a block that is not a JSON call stays
-    content as it was written."""
+    calls dropped), a tag split across deltas is held back, a closed block that is not a JSON
+    call stays content as it was written. A block still open at the end is a call if its JSON
+    is whole, else dropped (cut off by max_tokens: markup that opened a call is never content).
+    forced: the answer is calls only (a forced tool_choice), so nothing in it is content."""
     START, END = "<tool_call>", "</tool_call>"
 
-    def __init__(self) -> None:
+    def __init__(self, forced: bool = False) -> None:
         self.buf = ""
         self.inside = False
         self.num_calls = 0
+        self.forced = forced
 
     def feed(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
         self.buf += text
@@ -952,6 +1000,8 @@ class HermesToolParser:
 
         def say(piece: str) -> None:
             nonlocal content
+            if self.forced:
+                return
             if piece.strip() or not (self.num_calls or calls):    # whitespace between calls: dropped
                 content += piece
 
@@ -974,7 +1024,8 @@ class HermesToolParser:
             self.inside = False
             call = _parse_tool_call(block)
             if call is None:
-                say(self.START + block + ("" if end < 0 else self.END))
+                if end >= 0:
+                    say(self.START + block + self.END)
             else:
                 call["index"] = self.num_calls + len(calls)
                 calls.append(call)
@@ -988,20 +1039,25 @@ class JsonToolParser:
     """Tool calls written as bare JSON at the start of the answer, delta by delta:
     llama3_json: [<|python_tag|>]{"name": ..., "parameters": {...}} (several joined by "; ");
     mistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] (the special token is dropped
-    from the text unless skip_special_tokens is false, so a leading JSON list counts too).
+    from the text unless skip_special_tokens is false, so a leading JSON list counts too);
+    forced_json: [{"name": ..., "parameters": {...}}, ...], what a forced tool_choice writes
+    when no parser is set (vLLM's format).
     An answer that opens that way is held back until it ends and then parsed; if it is not
-    valid calls it is content as written. Any other answer streams as content."""
-    PREFIXES = {"llama3_json": ("<|python_tag|>",), "mistral": ("[TOOL_CALLS]",)}
+    valid calls it is content as written, unless its markup (<|python_tag|>, [TOOL_CALLS]) or a
+    forced tool_choice says it is calls: then the whole calls before the first broken one are
+    kept (cut off by max_tokens) and the rest dropped. Any other answer streams as content."""
+    PREFIXES = {"llama3_json": ("<|python_tag|>",), "mistral": ("[TOOL_CALLS]",), "forced_json": ()}
 
-    def __init__(self, parser: str) -> None:
+    def __init__(self, parser: str, forced: bool = False) -> None:
         self.parser = parser
         self.buf = ""
-        self.mode: str | None = None       # None: undecided, "calls": held, "content": streaming
+        self.forced = forced or parser == "forced_json"
+        self.mode: str | None = "calls" if self.forced else None   # None: undecided, "calls": held, "content": streaming
         self.num_calls = 0
 
     def _opens_calls(self, text: str) -> bool | None:
         """Whether text (stripped of leading whitespace) opens tool calls; None: too short to tell."""
-        for prefix in self.PREFIXES[self.parser] + (("[",) if self.parser == "mistral" else ("{",)):
+        for prefix in self.PREFIXES[self.parser] + (("{",) if self.parser == "llama3_json" else ("[",)):
             if text.startswith(prefix):
                 return True
             if prefix.startswith(text):
@@ -1022,40 +1078,44 @@ class JsonToolParser:
                 return out, []
         if not final:
             return "", []
-        calls = self._parse(self.buf.strip())
-        if calls is None:
+        text = self.buf.strip()
+        marked = any(text.startswith(p) for p in self.PREFIXES[self.parser])
+        calls, whole = self._parse(text)
+        if not whole and not (self.forced or marked):
             return self.buf, []
         for i, call in enumerate(calls):
             call["index"] = i
         self.num_calls = len(calls)
         return "", calls
 
-    def _parse(self, text: str) -> list[dict] | None:
+    def _parse(self, text: str) -> tuple[list[dict], bool]:
+        """The calls text holds, up to the first that is not one, and whether that was all of it."""
         for prefix in self.PREFIXES[self.parser]:
             if text.startswith(prefix):
                 text = text[len(prefix):].strip()
-        if self.parser == "mistral":
+        is_list = self.parser != "llama3_json" and text.startswith("[")
+        body, sep = (text[1:], ",") if is_list else (text, ";")
+        decoder = json.JSONDecoder()
+        calls: list[dict] = []
+        at = 0
+        while True:
+            rest = body[at:].lstrip()
+            at = len(body) - len(rest)
+            if not rest or (is_list and rest == "]"):       # a list must be closed to be whole
+                return calls, bool(calls) and (rest == "]") == is_list
             try:
-                items = json.loads(text)
+                value, at = decoder.raw_decode(body, at)
             except ValueError:
-                return None
-            items = items if isinstance(items, list) else [items]
-        else:
-            items = []
-            decoder = json.JSONDecoder()
-            at = 0
-            while at < len(text):
-                try:
-                    value, at = decoder.raw_decode(text, at)
-                except ValueError:
-                    return None
-                items.append(value)
-                rest = text[at:].lstrip()
-                if rest.startswith(";"):
-                    rest = rest[1:].lstrip()
-                at = len(text) - len(rest)
-        calls = [_call_from(item) for item in items]
-        return calls if calls and all(c is not None for c in calls) else None
+                return calls, False
+            call = _call_from(value)
+            if call is None:
+                return calls, False
+            calls.append(call)
+            rest = body[at:].lstrip()
+            if rest.startswith(sep):
+                at = len(body) - len(rest) + 1
+            elif rest and not (is_list and rest == "]"):
+                return calls, False
 
 
 class _MaxCalls:
@@ -1075,7 +1135,8 @@ class _MaxCalls:
 
 def make_tool_parser(prep: PreparedRequest):
     """The streaming tool call parser of a prepared chat request."""
-    parser = HermesToolParser() if prep.tool_parser == "hermes" else JsonToolParser(prep.tool_parser)
+    parser = HermesToolParser(prep.forced_tools) if prep.tool_parser == "hermes" else \
+        JsonToolParser(prep.tool_parser, prep.forced_tools)
     return parser if prep.max_tool_calls is None else _MaxCalls(parser, prep.max_tool_calls)
 
 
@@ -1232,7 +1293,7 @@ def final_response(prep: PreparedRequest, choices: dict[int, Choice], tokenizer:
                 content, calls = make_tool_parser(prep).feed(text, final=True)
                 for call in calls:
                     del call["index"]
-                message["content"] = content.strip() or None if calls else content
+                message["content"] = content.strip() or None if calls or prep.forced_tools else content
                 if calls:
                     message["tool_calls"] = calls
                 finish = tool_finish_reason(finish, len(calls), prep.named_tool)

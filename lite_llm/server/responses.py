@@ -232,10 +232,11 @@ def _tools(body: dict) -> tuple[list[dict] | None, Any, list[dict]]:
             raise bad(f"'{w}.type' {show(kind)} is not supported: only function tools "
                       f"({{\"type\": \"function\", \"name\", \"parameters\"}})", f"{w}.type")
         _check_keys(t, {"type", "name", "description", "parameters", "strict"}, w)
-        fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
+        fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
+        fn["strict"] = t.get("strict") is not False     # the Responses API's default: strict
         chat.append({"type": "function", "function": fn})
         echo.append({"type": "function", "name": t.get("name"), "description": t.get("description"),
-                     "parameters": t.get("parameters"), "strict": t.get("strict")})
+                     "parameters": t.get("parameters"), "strict": fn["strict"]})
     choice = body.get("tool_choice")
     if isinstance(choice, dict):
         if choice.get("type") != "function" or set(choice) != {"type", "name"}:

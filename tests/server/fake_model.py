@@ -16,7 +16,9 @@ step) with three changes a server needs:
   aborted, queued or counted.
 
 ScriptedRunner answers the tokens of a fixed text instead (one a step, from its start again
-when it runs out). Deliberately not here: penalties, top_p/top_k, logit_bias, prompt logprobs
+when it runs out); GuidedScriptedRunner does too where a request's grammar allows the script's
+token, and otherwise what ServerRunner would choose under the grammar (so a script can try
+what a grammar must refuse). Deliberately not here: penalties, top_p/top_k, logit_bias, prompt logprobs
 (nothing the fake model's tokens would show).
 """
 from __future__ import annotations
@@ -118,6 +120,18 @@ class ScriptedRunner(ServerRunner):
 
     def choose(self, request, tokens: list[int], row: int) -> int:
         return self.script_ids[request.num_output_tokens % len(self.script_ids)]
+
+
+class GuidedScriptedRunner(ScriptedRunner):
+    """ScriptedRunner under a grammar: the script's token when the request's grammar allows it,
+    else the hashed choice among the tokens it allows."""
+
+    def choose(self, request, tokens: list[int], row: int) -> int:
+        want = super().choose(request, tokens, row)
+        if self._masks is None or self._masks[1][row] < 0:
+            return want
+        allowed = self.allowed(row)
+        return want if want in allowed else hashed_token(tokens, None, allowed)
 
 
 def fake_runner_engine(tokenizer: Any, *, runner_cls: type = ServerRunner, step_seconds: float = 0.002,

@@ -237,10 +237,38 @@ def test_text_then_a_parsed_tool_use_whole_and_streamed():
     with scripted_tool_server() as (server, tok):
         client = _client(server)
         kw = dict(model="tiny", messages=[{"role": "user", "content": "Weather in Paris?"}], extra_body=GREEDY,
-                  tools=[TOOL], max_tokens=len(tok.encode(ToolRunner.script, add_special_tokens=False)) - 1)
+                  tools=[TOOL], max_tokens=len(tok.encode(ToolRunner.script, add_special_tokens=False)))
         m = client.messages.create(**kw)           # tool_choice auto: the call is parsed from the text
         assert [b.type for b in m.content] == ["text", "tool_use"] and m.stop_reason == "tool_use"
         assert m.content[0].text.strip() == "Let me check." and m.content[1].input == {"city": "Paris"}
         _, got = _streamed(client.messages.create(**kw, stream=True))
         assert [b["type"] for b in got["blocks"]] == ["text", "tool_use"] and got["stop"][0] == "tool_use"
         assert json.loads(got["blocks"][1]["partial"]) == {"city": "Paris"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("choice", ["auto", "any"])
+def test_max_tokens_is_the_stop_reason_even_after_a_whole_tool_use(stream, choice):
+    from .fake_model import GuidedScriptedRunner
+    from .test_tool_calls import CALL, TOOL_TEMPLATE, ToolRunner
+
+    class CallRunner(GuidedScriptedRunner):       # what a forced grammar lets the model write
+        script = CALL.replace('"Paris"', '"Paris", "unit": "celsius"') + "<|im_end|>"     # TOOL's schema
+
+    runner = ToolRunner if choice == "auto" else CallRunner
+    with scripted_server(runner, step_seconds=0.0005, chat_template=TOOL_TEMPLATE) as (server, tok):
+        client = _client(server)
+        n = len(tok.encode(runner.script, add_special_tokens=False))
+        text = ["text"] if choice == "auto" else []
+        for max_tokens, kinds in ((n, text + ["tool_use"]), (n - 1, text + ["tool_use"]), (n - 8, text)):
+            kw = dict(model="tiny", messages=[{"role": "user", "content": "Weather in Paris?"}], extra_body=GREEDY,
+                      tools=[TOOL], tool_choice={"type": choice}, max_tokens=max_tokens)
+            if stream:
+                _, got = _streamed(client.messages.create(**kw, stream=True))
+                blocks, stop = got["blocks"], got["stop"][0]
+            else:
+                m = client.messages.create(**kw)
+                blocks, stop = [b.model_dump() for b in m.content], m.stop_reason
+            want = "tool_use" if max_tokens == n else "max_tokens"     # n: the answer ended by itself
+            assert [b["type"] for b in blocks] == kinds and stop == want, (max_tokens, blocks, stop)
+            assert "<tool_call" not in json.dumps(blocks)

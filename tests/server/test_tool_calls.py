@@ -1,5 +1,7 @@
 """Tool calling: tools rendered through the chat template, Hermes/Qwen <tool_call> blocks parsed
-into OpenAI tool_calls (whole and streamed), tool results sent back as role "tool" messages."""
+into OpenAI tool_calls (whole and streamed), tool results sent back as role "tool" messages; a
+call cut off by max_tokens (never content, in chat, Messages and Responses); forced calls on a
+server without a tool call parser."""
 from __future__ import annotations
 
 import contextlib
@@ -12,7 +14,7 @@ from lite_llm.server.app import create_server
 from lite_llm.server.openai import HermesToolParser
 
 from .conftest import MAX_MODEL_LEN, error_of, make_tokenizer, request
-from .fake_model import ScriptedRunner, fake_runner_engine
+from .fake_model import GuidedScriptedRunner, ScriptedRunner, fake_runner_engine
 from .test_hardening import scripted_server
 
 # Qwen2.5's tool template, cut down: tools listed in a system turn, calls as <tool_call> JSON,
@@ -182,3 +184,158 @@ def test_hostile_values_in_the_new_fields_are_never_5xx(tool_server):
         status, _, data = request(server.port, "POST", "/tokenize",
                                   {k: v for k, v in body.items() if k != "tool_choice" and k != "logit_bias"})
         assert status in (200, 400), (body, data[:300])
+
+
+# ---- a call cut off by max_tokens; forced calls without a parser ---------------------------
+
+def _chat(client, stream: bool, **kw) -> tuple[str | None, list[tuple[str, dict]], str]:
+    """(content, [(name, arguments)], finish_reason) of one chat answer, whole or streamed."""
+    if not stream:
+        choice = client.chat.completions.create(model="tiny", temperature=0, **kw).choices[0]
+        calls = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls or []]
+        return choice.message.content, calls, choice.finish_reason
+    content, calls, finish = None, {}, None
+    for chunk in client.chat.completions.create(model="tiny", temperature=0, stream=True, **kw):
+        for c in chunk.choices:
+            if c.delta.content:
+                content = (content or "") + c.delta.content
+            for tc in c.delta.tool_calls or []:
+                entry = calls.setdefault(tc.index, ["", ""])
+                entry[0] += tc.function.name or ""
+                entry[1] += tc.function.arguments or ""
+            finish = c.finish_reason or finish
+    return content, [(n, json.loads(a)) for _, (n, a) in sorted(calls.items())], finish
+
+
+def _cuts_inside_calls(tok, script: str) -> list[tuple[int, str]]:
+    """(max_tokens, the text those tokens decode to) for each cut of script inside a <tool_call> block."""
+    ids = tok.encode(script, add_special_tokens=False)
+    cuts = []
+    for k in range(1, len(ids)):
+        text = tok.decode(ids[:k])
+        if text.count("<tool_call>") > text.count("</tool_call>"):
+            cuts.append((k, text))
+    return cuts
+
+
+def _whole_calls(text: str) -> list[tuple[str, dict]]:
+    """The calls of text whose JSON is whole (the last block may be open: its JSON may still be whole)."""
+    calls = []
+    for block in text.split("<tool_call>")[1:]:
+        try:
+            value = json.loads(block.split("</tool_call>")[0])
+        except ValueError:
+            continue
+        calls.append((value["name"], value["arguments"]))
+    return calls
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_off_by_max_tokens_is_never_content(tool_server, stream):
+    server, tok = tool_server
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=20)
+    cuts = _cuts_inside_calls(tok, ToolRunner.script)
+    assert len(cuts) > 10
+    for max_tokens, text in cuts:
+        content, calls, finish = _chat(client, stream, messages=[{"role": "user", "content": "Weather?"}],
+                                       tools=TOOLS, max_tokens=max_tokens)
+        assert "<tool_call" not in (content or "") and content.strip() == "Let me check.", (max_tokens, content)
+        assert calls == _whole_calls(text) and finish == "length", (max_tokens, calls, finish)
+
+
+class TwoCallsRunner(GuidedScriptedRunner):
+    script = CALL + "\n" + CALL.replace("Paris", "Rome") + "<|im_end|>"
+
+
+@pytest.fixture(scope="module")
+def two_calls_server():
+    with scripted_server(TwoCallsRunner, step_seconds=0.0005, chat_template=TOOL_TEMPLATE) as served:
+        yield served
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_calls_cut_off_keep_the_whole_ones_and_finish_with_length(two_calls_server, stream):
+    server, tok = two_calls_server
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=20)
+    cuts = _cuts_inside_calls(tok, TwoCallsRunner.script)
+    for max_tokens, text in cuts[::3] + cuts[-1:]:
+        content, calls, finish = _chat(client, stream, messages=[{"role": "user", "content": "Weather?"}],
+                                       tools=TOOLS, tool_choice="required", max_tokens=max_tokens)
+        assert content is None and finish == "length", (max_tokens, content, finish)
+        assert calls == _whole_calls(text), (max_tokens, calls)
+    n = len(tok.encode(TwoCallsRunner.script, add_special_tokens=False))
+    content, calls, finish = _chat(client, stream, messages=[{"role": "user", "content": "Weather?"}],
+                                   tools=TOOLS, tool_choice="required", max_tokens=n)
+    assert (content, calls, finish) == (None, [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})],
+                                        "tool_calls")
+
+
+def test_a_cut_off_call_is_no_text_in_messages_and_responses(tool_server):
+    import anthropic
+    server, tok = tool_server
+    (max_tokens, text), = [c for c in _cuts_inside_calls(tok, ToolRunner.script) if c[1].endswith('"city')][:1]
+    question = [{"role": "user", "content": "Weather in Paris?"}]
+    claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0, timeout=20)
+    tool = {"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}
+    kw = dict(model="tiny", max_tokens=max_tokens, messages=question, tools=[tool], extra_body={"temperature": 0})
+    m = claude.messages.create(**kw)
+    assert [(b.type, b.text) for b in m.content] == [("text", "Let me check.\n")] and m.stop_reason == "max_tokens"
+    texts, stop = "", None
+    for event in claude.messages.create(**kw, stream=True):
+        if event.type == "content_block_delta":
+            texts += getattr(event.delta, "text", "") or getattr(event.delta, "partial_json", "")
+        elif event.type == "message_delta":
+            stop = event.delta.stop_reason
+    assert (texts, stop) == ("Let me check.\n", "max_tokens")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=20)
+    rkw = dict(model="tiny", input="Weather in Paris?", tools=[{"type": "function", **TOOLS[0]["function"]}],
+               max_output_tokens=max_tokens, temperature=0)
+    r = client.responses.create(**rkw)
+    assert r.status == "incomplete" and r.output_text == "Let me check.\n"
+    assert [o.type for o in r.output] == ["message"]
+    deltas = [e for e in client.responses.create(**rkw, stream=True)
+              if e.type in ("response.output_text.delta", "response.function_call_arguments.delta")]
+    assert "".join(e.delta for e in deltas) == "Let me check.\n"
+
+
+class JsonCallRunner(GuidedScriptedRunner):
+    script = '[{"name": "get_weather", "parameters": {"city": "Paris"}}]<|im_end|>'
+
+
+@pytest.fixture(scope="module")
+def parserless_server():
+    """A server whose chat template shows no tool call format, without --tool-call-parser."""
+    with scripted_server(JsonCallRunner, step_seconds=0.0005) as served:
+        yield served
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_tool_calls_need_no_parser(parserless_server, stream):
+    server, tok = parserless_server
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=20)
+    ask = dict(messages=[{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS, max_tokens=60)
+    assert _chat(client, stream, tool_choice="required", **ask) == \
+        (None, [("get_weather", {"city": "Paris"})], "tool_calls")
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    assert _chat(client, stream, tool_choice=named, **ask) == (None, [("get_weather", {"city": "Paris"})], "stop")
+    content, calls, finish = _chat(client, stream, tool_choice="required", **{**ask, "max_tokens": 12})
+    assert (content, calls, finish) == (None, [], "length")
+    with pytest.raises(openai.BadRequestError) as err:           # "auto" still needs a parser
+        _chat(client, stream, **ask)
+    assert err.value.body["param"] == "tools" and "--tool-call-parser" in err.value.body["message"]
+
+
+def test_forced_tool_calls_need_no_parser_in_messages_and_responses(parserless_server):
+    import anthropic
+    server, _ = parserless_server
+    claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0, timeout=20)
+    tool = {"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}
+    m = claude.messages.create(model="tiny", max_tokens=60, tools=[tool], tool_choice={"type": "any"},
+                               messages=[{"role": "user", "content": "Weather in Paris?"}])
+    assert [(b.type, b.name, b.input) for b in m.content] == [("tool_use", "get_weather", {"city": "Paris"})]
+    assert m.stop_reason == "tool_use"
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=20)
+    r = client.responses.create(model="tiny", input="Weather in Paris?", max_output_tokens=60, tool_choice="required",
+                                tools=[{"type": "function", **TOOLS[0]["function"]}])
+    assert [(o.type, o.name, json.loads(o.arguments)) for o in r.output] == \
+        [("function_call", "get_weather", {"city": "Paris"})] and r.status == "completed"

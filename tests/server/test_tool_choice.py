@@ -1,7 +1,8 @@
 """Forced tool calls (tool_choice "required" and a named function, through the grammar engine),
 parallel_tool_calls, the Llama 3.x JSON and Mistral [TOOL_CALLS] parsers, the parser chosen
 from the chat template; real engine over HTTP: the default model with two tools, and a tiny
-Qwen2 model with a Qwen-style template round-tripping a call and its result."""
+Qwen2 model with a Qwen-style template round-tripping a call and its result; strict schemas
+(tools and response_format) and one call for a named choice, with a script under the grammar."""
 from __future__ import annotations
 
 import json
@@ -64,7 +65,7 @@ def test_json_tool_parsers_at_every_delta_boundary(parser, text, calls):
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call():
-    prep = SimpleNamespace(tool_parser="llama3_json", max_tool_calls=1)
+    prep = SimpleNamespace(tool_parser="llama3_json", max_tool_calls=1, forced_tools=False)
     content, calls = make_tool_parser(prep).feed('{"name": "a", "parameters": {}}; {"name": "b", "parameters": {}}',
                                                  final=True)
     assert [c["function"]["name"] for c in calls] == ["a"]
@@ -210,3 +211,83 @@ def test_qwen_style_template_round_trips_a_call_and_its_result(qwen_server):
                                            temperature=0)
     assert final.usage.prompt_tokens == json.loads(data)["count"]
     assert final.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+# ---- strict schemas and one call for a named tool_choice (a script under the grammar) ------
+
+PLACE = {"type": "object", "properties": {"place": {"type": "object", "properties": {"city": {"type": "string"}}},
+                                          "unit": {"enum": ["C", "F"]}}, "required": ["place"]}
+EXTRA_ARGS = '{"place": {"city": "Paris", "zip": 7}, "x": 1}'
+
+
+def _strict_reading(value: dict) -> None:
+    """value has exactly the keys strict mode allows PLACE: all of them, none other, at every depth."""
+    assert set(value) == {"place", "unit"} and value["place"] == {"city": "Paris"}, value
+
+
+@pytest.fixture(scope="module")
+def extra_keys_server():
+    from .fake_model import GuidedScriptedRunner
+    from .test_hardening import scripted_server
+
+    class ExtraKeysRunner(GuidedScriptedRunner):      # two calls whose arguments carry undeclared keys
+        script = "".join(f'<tool_call>\n{{"name": "where", "arguments": {EXTRA_ARGS}}}\n</tool_call>\n'
+                          for _ in range(2)) + "<|im_end|>"
+
+    with scripted_server(ExtraKeysRunner, step_seconds=0.0005, chat_template=TOOL_TEMPLATE) as served:
+        yield served
+
+
+def _calls(server, tool: dict, **kw) -> list[dict]:
+    answer = _client(server).chat.completions.create(
+        model="tiny", temperature=0, max_tokens=210, tools=[{"type": "function", "function": tool}],
+        messages=[{"role": "user", "content": "Where?"}], **kw)
+    return [json.loads(c.function.arguments) for c in answer.choices[0].message.tool_calls]
+
+
+def test_strict_tools_close_every_object_and_require_every_property(extra_keys_server):
+    server, _ = extra_keys_server
+    tool = {"name": "where", "parameters": PLACE}
+    assert _calls(server, tool, tool_choice="required", parallel_tool_calls=False) == [json.loads(EXTRA_ARGS)]
+    (args,) = _calls(server, {**tool, "strict": True}, tool_choice="required", parallel_tool_calls=False)
+    _strict_reading(args)
+    (args,) = _calls(server, {**tool, "strict": True}, tool_choice={"type": "function", "function": {"name": "where"}})
+    _strict_reading(args)
+    client = _client(server)                         # Responses: function tools are strict by default
+    ask = dict(model="tiny", input="Where?", temperature=0, max_output_tokens=120, tool_choice="required",
+               parallel_tool_calls=False)
+    r = client.responses.create(tools=[{"type": "function", "name": "where", "parameters": PLACE}], **ask)
+    _strict_reading(json.loads(r.output[0].arguments))
+    r = client.responses.create(tools=[{"type": "function", "name": "where", "parameters": PLACE, "strict": False}],
+                                **ask)
+    assert json.loads(r.output[0].arguments) == json.loads(EXTRA_ARGS)
+
+
+def test_a_named_tool_choice_is_exactly_one_call(extra_keys_server):
+    server, _ = extra_keys_server
+    tool = {"name": "where", "parameters": PLACE}
+    assert len(_calls(server, tool, tool_choice="required")) == 2          # "required" may give several
+    for parallel in (None, True):
+        extra = {} if parallel is None else {"parallel_tool_calls": parallel}
+        assert _calls(server, tool, tool_choice={"type": "function", "function": {"name": "where"}}, **extra) == \
+            [json.loads(EXTRA_ARGS)]
+
+
+def test_strict_response_format_closes_every_object_and_requires_every_property():
+    from .fake_model import GuidedScriptedRunner
+    from .test_hardening import scripted_server
+
+    class ExtraKeysRunner(GuidedScriptedRunner):
+        script = EXTRA_ARGS + "<|im_end|>"
+
+    with scripted_server(ExtraKeysRunner, step_seconds=0.0005) as (server, _):
+        def answer(strict: bool | None) -> dict:
+            js = {"name": "place", "schema": PLACE, **({} if strict is None else {"strict": strict})}
+            out = _client(server).chat.completions.create(
+                model="tiny", temperature=0, max_tokens=80, messages=[{"role": "user", "content": "Where?"}],
+                response_format={"type": "json_schema", "json_schema": js})
+            assert out.choices[0].finish_reason == "stop"
+            return json.loads(out.choices[0].message.content)
+
+        assert answer(None) == answer(False) == json.loads(EXTRA_ARGS)    # JSON Schema's default: open objects
+        _strict_reading(answer(True))
