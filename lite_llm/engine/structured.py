@@ -52,6 +52,26 @@ def _closed_objects(schema: Any) -> Any:
     return out
 
 
+class GrammarError(ValueError):
+    """A constraint the grammar engine refused. The message is fixed per kind: the engine's own
+    text (parser positions, panics, Rust backtraces) is not the client's business."""
+
+    def __init__(self, kind: str):
+        super().__init__(f"invalid {_WHAT[kind]}: the grammar engine cannot compile it")
+        self.kind = kind
+
+
+def _engine_call(kind: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs) of llguidance; any failure, a Rust panic included (pyo3 raises
+    those as a BaseException), becomes a GrammarError."""
+    try:
+        return fn(*args, **kwargs)
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException:
+        raise GrammarError(kind) from None
+
+
 def grammar_of(p: StructuredOutputsParams) -> str:
     """The llguidance grammar text for p (not yet checked: Grammars.template compiles it)."""
     llg = _llguidance()
@@ -70,18 +90,13 @@ def grammar_of(p: StructuredOutputsParams) -> str:
         if p.whitespace_pattern is not None:
             options.update(whitespace_flexible=True, whitespace_pattern=p.whitespace_pattern,
                            item_separator=",", key_separator=":")
-        try:
-            return llg.LLMatcher.grammar_from_json_schema(schema, overrides=options)
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"invalid JSON schema: {e}") from None
+        return _engine_call(kind, llg.LLMatcher.grammar_from_json_schema, schema, overrides=options)
     if kind == "regex":
-        return llg.LLMatcher.grammar_from_regex(p.regex)
+        return _engine_call(kind, llg.LLMatcher.grammar_from_regex, p.regex)
     if kind == "choice":
-        return llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in p.choice))
-    try:
-        return llg.grammar_from("grammar", p.grammar)     # Lark, or GBNF converted to Lark
-    except ValueError as e:
-        raise ValueError(f"invalid grammar: {e}") from None
+        return _engine_call(kind, llg.LLMatcher.grammar_from_lark,
+                            "start: " + " | ".join(json.dumps(c) for c in p.choice))
+    return _engine_call(kind, llg.grammar_from, "grammar", p.grammar)     # Lark, or GBNF converted to Lark
 
 
 _WHAT = {"json": "JSON schema", "json_object": "JSON object grammar", "regex": "regex",
@@ -130,9 +145,10 @@ class Grammars:
                 self._templates.move_to_end(grammar)
                 return found
         llg = _llguidance()
-        matcher = llg.LLMatcher(self.lltokenizer(), grammar, log_level=0)   # compiles without the GIL
+        tokenizer = self.lltokenizer()
+        matcher = _engine_call(p.kind, llg.LLMatcher, tokenizer, grammar, log_level=0)   # compiles without the GIL
         if matcher.is_error():
-            raise ValueError(f"invalid {_WHAT[p.kind]}: {matcher.get_error().strip()}")
+            raise GrammarError(p.kind)
         with self._lock:
             self._templates[grammar] = matcher
             while len(self._templates) > self.max_cached:

@@ -18,13 +18,15 @@ from functools import lru_cache
 from typing import Any
 
 from lite_llm.outputs import CompletionOutput, Logprob
-from lite_llm.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutputsParams
+from lite_llm.sampling_params import (MAX_JSON_DEPTH, MAX_LOGPROBS, SamplingParams, StructuredOutputsParams,
+                                      nested_deeper_than)
 
 MAX_PROMPTS = 256           # prompts in one completions request (each is one engine request)
 MAX_N = 128                 # completions per prompt
 MAX_COMPLETIONS = 1024      # prompts x n in one request
 MAX_STOP = 16               # stop strings per request
 MAX_STOP_LEN = 512          # characters per stop string
+MAX_BODY_DEPTH = 2 * MAX_JSON_DEPTH   # nesting levels of a request body: a deepest schema and its place in the body
 _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 _LOGPROB_FLOOR = -9999.0    # JSON has no -inf; vLLM clamps the same way
 
@@ -98,11 +100,14 @@ def parse_json(body: bytes) -> dict:
         text = body.decode("utf-8")
         value = json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
-        raise bad("request body is nested too deeply") from None
+        raise bad(f"request body is nested deeper than {MAX_BODY_DEPTH} levels") from None
     except (UnicodeDecodeError, ValueError) as e:   # JSONDecodeError is a ValueError
         raise bad(f"request body is not valid JSON: {e}") from None
     if not isinstance(value, dict):
         raise bad("request body must be a JSON object")
+    # fewer brackets than the limit cannot nest deeper than it: most bodies skip the walk
+    if body.count(b"[") + body.count(b"{") > MAX_BODY_DEPTH and nested_deeper_than(value, MAX_BODY_DEPTH):
+        raise bad(f"request body is nested deeper than {MAX_BODY_DEPTH} levels")
     if _SURROGATE_ESCAPE.search(body) and not _all_text_encodable(value):
         raise bad("request body has a string with an unpaired UTF-16 surrogate (\\uD800-\\uDFFF)")
     return value
@@ -235,6 +240,7 @@ class ServingContext:
     tokenizer: Any                        # encode/decode/convert_ids_to_tokens/apply_chat_template
     generation_defaults: dict = field(default_factory=dict)  # SamplingParams kwargs (generation_config.json)
     chat_template: str | None = None      # --chat-template, overriding the model's
+    trust_request_chat_template: bool = False   # --trust-request-chat-template: clients may send one
     max_token_bytes: int | None = None    # bytes of text one token can stand for (None: unbounded)
     tokenize_slots: Any = None            # TokenizeSlots, or None for no cap
     reasoning_parser: str | None = None   # --reasoning-parser: "deepseek_r1" | "qwen3" | None
@@ -602,9 +608,7 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
     images: list = []
     messages = parse_messages(body.get("messages"), images, ctx)
     add_generation_prompt = get_bool(body, "add_generation_prompt", True)
-    template = body.get("chat_template")
-    if template is not None and not isinstance(template, str):
-        raise bad("'chat_template' must be a string", "chat_template")
+    template = _request_template(body, ctx)
     template_kwargs = _template_kwargs(body)
     tools, tool_choice = _tools(body)
     tool_parser = None
@@ -678,6 +682,9 @@ def _tools(body: dict) -> tuple[list[dict] | None, str | dict]:
             raise bad(f"'tools[{i}].function.description' must be a string", f"tools[{i}].function.description")
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
             raise bad(f"'tools[{i}].function.parameters' must be a JSON schema object",
+                      f"tools[{i}].function.parameters")
+        if nested_deeper_than(fn.get("parameters"), MAX_JSON_DEPTH):
+            raise bad(f"'tools[{i}].function.parameters' is nested deeper than {MAX_JSON_DEPTH} levels",
                       f"tools[{i}].function.parameters")
         out.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
     if choice is None:
@@ -764,7 +771,9 @@ def _tool_calls_in(where: str, calls: Any) -> list[dict]:
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
-            except ValueError:
+                if nested_deeper_than(args, MAX_BODY_DEPTH):
+                    raise ValueError(args)
+            except (ValueError, RecursionError):
                 raise bad(f"'{p}.function.arguments' is not valid JSON", f"{p}.function.arguments") from None
         out.append({"id": c.get("id"), "type": "function",
                     "function": {"name": fn["name"], "arguments": args}})
@@ -848,6 +857,20 @@ def _image_part(part: dict, where: str, images: list | None, ctx: ServingContext
     except MediaError as e:
         raise bad(str(e), where) from None
     return ctx.mm_processor.placeholder
+
+
+def _request_template(body: dict, ctx: ServingContext) -> str | None:
+    """A request's own chat_template: refused unless the server trusts them (vLLM's
+    --trust-request-chat-template), since a template is a program the server runs."""
+    template = body.get("chat_template")
+    if template is None:
+        return None
+    if not ctx.trust_request_chat_template:
+        raise bad("'chat_template' is passed with the request, but the server was not started with "
+                  "--trust-request-chat-template: a request-supplied chat template is refused", "chat_template")
+    if not isinstance(template, str):
+        raise bad("'chat_template' must be a string", "chat_template")
+    return template
 
 
 def _template_kwargs(body: dict) -> dict:
@@ -1028,7 +1051,7 @@ class JsonToolParser:
         if self.parser == "mistral":
             try:
                 items = json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):     # a model's text: invalid, or nested past the stack
                 return None
             items = items if isinstance(items, list) else [items]
         else:
@@ -1038,7 +1061,7 @@ class JsonToolParser:
             while at < len(text):
                 try:
                     value, at = decoder.raw_decode(text, at)
-                except ValueError:
+                except (ValueError, RecursionError):
                     return None
                 items.append(value)
                 rest = text[at:].lstrip()
@@ -1082,7 +1105,7 @@ def _call_from(value: Any) -> dict | None:
 def _parse_tool_call(block: str) -> dict | None:
     try:
         value = json.loads(block.strip())
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return _call_from(value)
 
@@ -1395,9 +1418,7 @@ def tokenize(body: dict, ctx: ServingContext) -> dict:
     if ("prompt" in body) == ("messages" in body):
         raise bad("give exactly one of 'prompt' or 'messages'", "prompt")
     if "messages" in body:
-        template = body.get("chat_template")
-        if template is not None and not isinstance(template, str):
-            raise bad("'chat_template' must be a string", "chat_template")
+        template = _request_template(body, ctx)
         tools, _ = _tools({"tools": body.get("tools")})
         kwargs = {**_template_kwargs(body), **({"tools": tools} if tools else {})}
         text = render_chat(ctx, parse_messages(body["messages"]),
