@@ -26,6 +26,7 @@ MAX_N = 128                 # completions per prompt
 MAX_COMPLETIONS = 1024      # prompts x n in one request
 MAX_STOP = 16               # stop strings per request
 MAX_STOP_LEN = 512          # characters per stop string
+MAX_REQUEST_TEMPLATE_CHARS = 128 << 10   # a request's own chat template (real ones are a few KiB); compiled ones are cached
 MAX_BODY_DEPTH = 2 * MAX_JSON_DEPTH   # nesting levels of a request body: a deepest schema and its place in the body
 _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 _LOGPROB_FLOOR = -9999.0    # JSON has no -inf; vLLM clamps the same way
@@ -870,6 +871,8 @@ def _request_template(body: dict, ctx: ServingContext) -> str | None:
                   "--trust-request-chat-template: a request-supplied chat template is refused", "chat_template")
     if not isinstance(template, str):
         raise bad("'chat_template' must be a string", "chat_template")
+    if len(template) > MAX_REQUEST_TEMPLATE_CHARS:
+        raise bad(f"'chat_template' is longer than {MAX_REQUEST_TEMPLATE_CHARS} characters", "chat_template")
     return template
 
 

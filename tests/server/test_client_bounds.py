@@ -18,6 +18,7 @@ import pytest
 
 from lite_llm.model.tokenizer import TEMPLATE_MAX_ITERATIONS
 from lite_llm.sampling_params import MAX_CHOICES, MAX_JSON_DEPTH, MAX_REGEX_BYTES
+from lite_llm.server.openai import MAX_REQUEST_TEMPLATE_CHARS
 
 from .conftest import CHATML, error_of, request, start_server, stop_server
 from .watchdog import Watchdog
@@ -82,6 +83,9 @@ def test_a_request_chat_template_is_refused_unless_the_server_trusts_them(untrus
                                                                      "return_token_strs": True})[2])
     assert "".join(tokens["token_strs"]).startswith("SECRET")
     assert request(untrusting.port, "POST", "/tokenize", {"messages": MSGS})[0] == 200   # the model's own
+    huge = "{# padding #}" * (MAX_REQUEST_TEMPLATE_CHARS // 13 + 1) + CHATML     # compiled templates are cached
+    status, _, data = request(trusting.port, "POST", "/tokenize", {"messages": MSGS, "chat_template": huge})
+    assert status == 400 and error_of(data)["param"] == "chat_template" and b"padding" not in data
 
 
 def test_template_bombs_are_400s_that_cost_no_memory_and_no_other_clients_latency(trusting, caplog):
