@@ -110,11 +110,14 @@ class Grammars:
     request's grammar before it is queued, the engine thread copies it."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...],
-                 max_cached: int = 256):
+                 max_cached: int = 256, max_cached_chars: int = 256 << 10):
         self.tokenizer = tokenizer
         self.vocab_size = int(vocab_size)
         self.eos_token_ids = tuple(eos_token_ids)
-        self.max_cached = max_cached
+        # a compiled grammar costs ~40 bytes per character of its text (a 20,000-value enum: ~10 MB),
+        # so the cache is bounded by the text it holds as well as by its count
+        self.max_cached, self.max_cached_chars = max_cached, max_cached_chars
+        self._cached_chars = 0
         self._lock = threading.Lock()
         self._lltokenizer = None
         self._templates: OrderedDict[str, Any] = OrderedDict()
@@ -150,9 +153,12 @@ class Grammars:
         if matcher.is_error():
             raise GrammarError(p.kind)
         with self._lock:
-            self._templates[grammar] = matcher
-            while len(self._templates) > self.max_cached:
-                self._templates.popitem(last=False)
+            if grammar not in self._templates:
+                self._templates[grammar] = matcher
+                self._cached_chars += len(grammar)
+            while self._templates and (len(self._templates) > self.max_cached
+                                       or self._cached_chars > self.max_cached_chars):
+                self._cached_chars -= len(self._templates.popitem(last=False)[0])
         return matcher
 
     def matcher(self, p: StructuredOutputsParams):

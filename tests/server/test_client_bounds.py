@@ -302,6 +302,9 @@ def test_guided_choice_and_grammar_sizes_are_capped_before_compiling(trusting, c
              ({"guided_choice": ["x" * 70_000]}, "bytes in all"),
              ({"guided_regex": "(a|b)*" * (MAX_REGEX_BYTES // 6 + 1)}, f"longer than {MAX_REGEX_BYTES} bytes"),
              ({"guided_grammar": "start: " + " | ".join(f'"{c}"' for c in choices)}, "bytes")]
+    # warm: the grammar engine's token trie is built on first use
+    assert request(trusting.port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2,
+                                                               "guided_choice": ["a", "b"]})[0] == 200
     gc.collect()
     before = rss_mb()
     with caplog.at_level(logging.INFO), Watchdog(trusting.port, trusting.model) as dog:
@@ -314,6 +317,11 @@ def test_guided_choice_and_grammar_sizes_are_capped_before_compiling(trusting, c
                 assert message in error_of(data)["message"], error_of(data)
                 assert time.monotonic() - started < 10
                 assert b"choice number" not in data
+        for k in range(10):     # within the caps, but each compiled grammar is ~10 MB: the cache must not keep them all
+            enum = {"enum": [f"value {k} {i:06d}" for i in range(12_000)]}
+            status, _, data = request(trusting.port, "POST", "/v1/completions",
+                                      {"prompt": "x", "max_tokens": 2, "guided_json": enum})
+            assert status == 200, data[:300]
         time.sleep(1.0)
     gc.collect()
     grown = rss_mb() - before
