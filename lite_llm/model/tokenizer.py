@@ -420,25 +420,23 @@ class TemplateLimitError(ValueError):
 
 class _Budget(threading.local):
     """The running render's counters (one render per thread at a time)."""
-    limit = 0                     # characters; 0: no render running (templates used outside one)
+    limit = TEMPLATE_MAX_CHARS    # characters of one text (outside a render: the bare bound)
+    running = False
     deadline = 0.0
     iterations = 0
     ticks = 0
     built = 0                     # characters of the strings built so far
 
     def start(self, limit: int) -> None:
-        self.limit, self.iterations, self.ticks, self.built = limit, 0, 0, 0
+        self.limit, self.running, self.iterations, self.ticks, self.built = limit, True, 0, 0, 0
         self.deadline = time.thread_time() + TEMPLATE_MAX_SECONDS
 
     def stop(self) -> None:
-        self.limit = 0
-
-    def chars(self) -> int:
-        return self.limit or TEMPLATE_MAX_CHARS
+        self.limit, self.running = TEMPLATE_MAX_CHARS, False
 
     def tick(self) -> None:
         self.ticks += 1
-        if self.ticks % _CHECK_EVERY == 0 and self.limit and time.thread_time() > self.deadline:
+        if self.ticks % _CHECK_EVERY == 0 and self.running and time.thread_time() > self.deadline:
             raise TemplateLimitError(f"chat template rendering exceeds {TEMPLATE_MAX_SECONDS:g} s of CPU time")
 
     def iterate(self) -> None:
@@ -452,18 +450,11 @@ _budget = _Budget()
 
 
 def _text_size(value: Any) -> int:
-    """Characters of text in a JSON-like value (strings and keys), counted without recursion."""
-    total, stack = 0, [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            total += len(v)
-        elif isinstance(v, dict):
-            stack.extend(v.keys())
-            stack.extend(v.values())
-        elif isinstance(v, (list, tuple)):
-            stack.extend(v)
-    return total
+    """About the characters of text in a JSON-like value: its JSON's length (the C encoder's speed)."""
+    try:
+        return len(json.dumps(value, ensure_ascii=False, default=str, check_circular=False))
+    except (ValueError, TypeError, RecursionError):
+        return 0
 
 
 def _weight(value: Any, limit: int) -> int:
@@ -489,8 +480,8 @@ def _weight(value: Any, limit: int) -> int:
 
 
 def _check_text(n: int) -> None:
-    if n > _budget.chars():
-        raise TemplateLimitError(f"chat template output exceeds {_budget.chars()} characters")
+    if n > _budget.limit:
+        raise TemplateLimitError(f"chat template output exceeds {_budget.limit} characters")
 
 
 def _check_items(n: int) -> None:
@@ -503,39 +494,41 @@ def _check_value(value: Any) -> None:
     if isinstance(value, str):
         _check_text(len(value))
     elif isinstance(value, (list, tuple, dict, set, frozenset)):
-        _check_text(_weight(value, _budget.chars()))
+        _check_text(_weight(value, _budget.limit))
 
 
 def _check_format(spec: str) -> None:
     """Widths and precisions in a %- or {}-format string stay within the text bound."""
-    if len(spec) > _budget.chars():
+    if len(spec) > _budget.limit:
         _check_text(len(spec))
     for m in _PERCENT_SPEC.finditer(spec):
         for digits in m.groups():
-            if digits and (len(digits) > 9 or int(digits) > _budget.chars()):
-                _check_text(_budget.chars() + 1)
+            if digits and (len(digits) > 9 or int(digits) > _budget.limit):
+                _check_text(_budget.limit + 1)
     for m in _BRACE_SPEC.finditer(spec):
         for digits in re.findall(r"\d+", m.group(1)):
-            if len(digits) > 9 or int(digits) > _budget.chars():
-                _check_text(_budget.chars() + 1)
+            if len(digits) > 9 or int(digits) > _budget.limit:
+                _check_text(_budget.limit + 1)
 
 
 def _check_args(args: tuple, kwargs: dict, weigh: bool) -> None:
     """No width beyond the text bound (str.ljust(10**9), center(10**9)); containers that will be
     copied or stringified within it."""
     for a in (*args, *kwargs.values()):
-        if isinstance(a, int) and not isinstance(a, bool) and a > _budget.chars():
+        if isinstance(a, int) and not isinstance(a, bool) and a > _budget.limit:
             _check_text(a)
         elif weigh and isinstance(a, (list, tuple, dict, set, frozenset)):
             _check_value(a)
 
 
 def _check_result(value: Any) -> Any:
-    if isinstance(value, str):
-        _check_text(len(value))
-        _budget.built += len(value)
-        if _budget.built > TEMPLATE_MAX_BUILT * _budget.chars():
-            raise TemplateLimitError(f"chat template builds more than {TEMPLATE_MAX_BUILT * _budget.chars()} "
+    if type(value) is str:
+        n, budget = len(value), _budget
+        if n > budget.limit:
+            _check_text(n)
+        budget.built += n
+        if budget.built > TEMPLATE_MAX_BUILT * budget.limit:
+            raise TemplateLimitError(f"chat template builds more than {TEMPLATE_MAX_BUILT * budget.limit} "
                                      "characters of text")
     elif isinstance(value, (list, tuple)):
         _check_items(len(value))
@@ -544,6 +537,10 @@ def _check_result(value: Any) -> Any:
 
 def _check_binop(op: str, left: Any, right: Any) -> None:
     seqs = (str, list, tuple)
+    if op == "+" and type(left) is str and type(right) is str:    # the common case, first
+        if len(left) + len(right) > _budget.limit:
+            _check_text(len(left) + len(right))
+        return
     if op == "*":
         seq, n = (left, right) if isinstance(left, seqs) else (right, left)
         if isinstance(seq, seqs) and isinstance(n, int):
@@ -552,7 +549,7 @@ def _check_binop(op: str, left: Any, right: Any) -> None:
                 _check_text(len(seq) * n)
             else:
                 _check_items(len(seq) * n)
-                _check_text(_weight(seq, _budget.chars()) * n)
+                _check_text(_weight(seq, _budget.limit) * n)
         elif isinstance(left, int) and isinstance(right, int) \
                 and left.bit_length() + right.bit_length() > TEMPLATE_MAX_INT_BITS:
             raise TemplateLimitError(f"chat template number exceeds {TEMPLATE_MAX_INT_BITS} bits")
@@ -596,7 +593,7 @@ def _bounded_filter(name: str, fn: Any) -> Any:
         if name == "format" and args and isinstance(args[0], str):
             _check_format(args[0])
         if name == "indent" and args and isinstance(args[0], str) and len(args) > 1:
-            width = args[1] if not isinstance(args[1], int) else " " * min(args[1], _budget.chars() + 1)
+            width = args[1] if not isinstance(args[1], int) else " " * min(args[1], _budget.limit + 1)
             _check_text(len(args[0]) + (args[0].count("\n") + 1) * len(str(width)))
         if name == "replace" and len(args) > 3 and isinstance(args[1], str):
             _check_text(len(args[1]) + (args[1].count(str(args[2])) + 1) * len(str(args[3])))
