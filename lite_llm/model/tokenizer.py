@@ -588,6 +588,10 @@ def _bounded_filter(name: str, fn: Any) -> Any:
     weigh = name not in _CHEAP_FILTERS
 
     def bounded(*args: Any, **kwargs: Any) -> Any:
+        if not _budget.running:
+            # jinja's optimizer calls filters on constants while compiling; refusing here keeps
+            # their results (`'x'|center(1000000)`) out of the compiled template, and so out of the cache
+            raise TemplateLimitError("filters run only while rendering")
         _budget.tick()
         _check_args(args, kwargs, weigh)
         if name == "format" and args and isinstance(args[0], str):
