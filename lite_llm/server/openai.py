@@ -18,8 +18,8 @@ from functools import lru_cache
 from typing import Any
 
 from lite_llm.outputs import CompletionOutput, Logprob
-from lite_llm.sampling_params import (MAX_JSON_DEPTH, MAX_LOGPROBS, SamplingParams, StructuredOutputsParams,
-                                      nested_deeper_than)
+from lite_llm.sampling_params import (MAX_GRAMMAR_BYTES, MAX_JSON_DEPTH, MAX_LOGPROBS, SamplingParams,
+                                      StructuredOutputsParams, nested_deeper_than)
 
 MAX_PROMPTS = 256           # prompts in one completions request (each is one engine request)
 MAX_N = 128                 # completions per prompt
@@ -625,7 +625,11 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
             if "structured_outputs" in kw:
                 raise bad("'tool_choice' \"required\" or a named function cannot be combined with an "
                           "output constraint (response_format, guided_*)", "tool_choice")
-            kw["structured_outputs"] = forced_tool_calls(tool_parser, tools, tool_choice, parallel, ctx.tokenizer)
+            try:
+                kw["structured_outputs"] = forced_tool_calls(tool_parser, tools, tool_choice, parallel, ctx.tokenizer)
+            except ValueError:      # the grammar holding every tool's schema is over its size cap
+                raise bad(f"'tools' are too large for a forced tool call (their grammar would be longer than "
+                          f"{MAX_GRAMMAR_BYTES} bytes)", "tools") from None
     text = render_chat(ctx, messages, add_generation_prompt, template, template_kwargs)
     # The template already places BOS and friends: no second BOS (vLLM's default for chat).
     ids = _encode(ctx, text, add_special_tokens=get_bool(body, "add_special_tokens", False),
@@ -775,7 +779,8 @@ def _tool_calls_in(where: str, calls: Any) -> list[dict]:
                 if nested_deeper_than(args, MAX_BODY_DEPTH):
                     raise ValueError(args)
             except (ValueError, RecursionError):
-                raise bad(f"'{p}.function.arguments' is not valid JSON", f"{p}.function.arguments") from None
+                raise bad(f"'{p}.function.arguments' is not valid JSON (or is nested deeper than {MAX_BODY_DEPTH} "
+                          "levels)", f"{p}.function.arguments") from None
         out.append({"id": c.get("id"), "type": "function",
                     "function": {"name": fn["name"], "arguments": args}})
     return out

@@ -300,6 +300,25 @@ def test_deeply_nested_bodies_are_400s(trusting, caplog):
 
 # ---- constraint sizes and the grammar engine's words ------------------------------------------------
 
+def test_tools_too_large_to_force_are_a_400(caplog):
+    served = start_server(engine_overrides={"step_seconds": 0.001}, tool_call_parser="hermes",
+                          max_body_bytes=16 << 20)
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {
+        "type": "object", "properties": {f"p{j}": {"type": "string", "description": "d" * 200} for j in range(40)}}}}
+        for i in range(40)]          # ~350 KB of schemas in one forced-call grammar
+    try:
+        with caplog.at_level(logging.INFO):
+            status, _, data = request(served.port, "POST", "/v1/chat/completions",
+                                      {"messages": MSGS, "max_tokens": 2, "tools": tools, "tool_choice": "required"})
+            assert status == 400 and "too large for a forced tool call" in error_of(data)["message"], data[:300]
+            status, _, data = request(served.port, "POST", "/v1/chat/completions",     # a few tools still work
+                                      {"messages": MSGS, "max_tokens": 2, "tools": tools[:2], "tool_choice": "required"})
+            assert status == 200, data[:300]
+    finally:
+        stop_server(served)
+    _no_tracebacks(caplog)
+
+
 def test_guided_choice_and_grammar_sizes_are_capped_before_compiling(trusting, caplog):
     choices = [f"choice number {i}" for i in range(100_000)]
     bombs = [({"guided_choice": choices}, f"more than {MAX_CHOICES} choices"),
