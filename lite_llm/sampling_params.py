@@ -21,6 +21,16 @@ import json as _json
 
 _SAMPLING_EPS = 1e-5     # temperature below this is greedy (vLLM's threshold)
 MAX_LOGPROBS = 20        # OpenAI's and vLLM's default cap on top logprobs per token
+# Nesting levels (objects and arrays) of a JSON schema: far beyond any real schema, shallow enough
+# that everything walking one (copies, the grammar compiler) stays far from the recursion limit.
+MAX_JSON_DEPTH = 64
+# Sizes of a constraint, checked before the grammar engine compiles it (its work grows with them;
+# 100k choices took it seconds). A JSON schema's size is its JSON text's.
+MAX_CHOICES = 1024
+MAX_CHOICE_BYTES = 64 << 10         # all choices together, UTF-8
+MAX_REGEX_BYTES = 16 << 10          # regex and whitespace_pattern
+MAX_GRAMMAR_BYTES = 256 << 10       # grammar text (forced tool calls embed every tool's schema in one)
+MAX_SCHEMA_BYTES = 256 << 10
 
 
 class RequestOutputKind(enum.Enum):
@@ -64,18 +74,31 @@ class StructuredOutputsParams:
         if isinstance(self.json, str):
             try:
                 self.json = _json.loads(self.json)
+            except RecursionError:
+                raise ValueError(f"structured_outputs.json is nested deeper than {MAX_JSON_DEPTH} levels") from None
             except ValueError as e:
                 raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
         if self.json is not None and not isinstance(self.json, (dict, bool)):
             raise ValueError("structured_outputs.json must be a JSON schema (an object)")
+        if nested_deeper_than(self.json, MAX_JSON_DEPTH):
+            raise ValueError(f"structured_outputs.json is nested deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(self.json, dict) and len(_json.dumps(self.json)) > MAX_SCHEMA_BYTES:
+            raise ValueError(f"structured_outputs.json is larger than {MAX_SCHEMA_BYTES} bytes")
         for name in ("regex", "grammar", "whitespace_pattern"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or (not v and name != "whitespace_pattern")):
                 raise ValueError(f"structured_outputs.{name} must be a non-empty string")
+            limit = MAX_GRAMMAR_BYTES if name == "grammar" else MAX_REGEX_BYTES
+            if v is not None and len(v.encode("utf-8", "surrogatepass")) > limit:
+                raise ValueError(f"structured_outputs.{name} is longer than {limit} bytes")
         if self.choice is not None:
             if isinstance(self.choice, (str, bytes)) or not isinstance(self.choice, (list, tuple)) \
                     or not self.choice or not all(isinstance(c, str) and c for c in self.choice):
                 raise ValueError("structured_outputs.choice must be a non-empty list of non-empty strings")
+            if len(self.choice) > MAX_CHOICES:
+                raise ValueError(f"structured_outputs.choice has more than {MAX_CHOICES} choices")
+            if sum(len(c.encode("utf-8", "surrogatepass")) for c in self.choice) > MAX_CHOICE_BYTES:
+                raise ValueError(f"structured_outputs.choice is longer than {MAX_CHOICE_BYTES} bytes in all")
             self.choice = list(self.choice)
 
     @property
@@ -190,6 +213,19 @@ class SamplingParams:
     def replace(self, **changes) -> SamplingParams:
         """A validated copy with some fields changed: params.replace(max_tokens=64)."""
         return dataclasses.replace(self.clone(), **changes)
+
+
+def nested_deeper_than(value, limit: int) -> bool:
+    """Whether a JSON-like value nests dicts and lists more than limit levels deep ({} is one
+    level), found without recursion: client data is never walked recursively before this."""
+    stack = [(value, 1)] if isinstance(value, (dict, list, tuple)) else []
+    while stack:
+        v, depth = stack.pop()
+        if depth > limit:
+            return True
+        items = v.values() if isinstance(v, dict) else v
+        stack.extend([(x, depth + 1) for x in items if isinstance(x, (dict, list, tuple))])
+    return False
 
 
 def _is_int(x) -> bool:

@@ -52,6 +52,26 @@ def _closed_objects(schema: Any) -> Any:
     return out
 
 
+class GrammarError(ValueError):
+    """A constraint the grammar engine refused. The message is fixed per kind: the engine's own
+    text (parser positions, panics, Rust backtraces) is not the client's business."""
+
+    def __init__(self, kind: str):
+        super().__init__(f"invalid {_WHAT[kind]}: the grammar engine cannot compile it")
+        self.kind = kind
+
+
+def _engine_call(kind: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs) of llguidance; any failure, a Rust panic included (pyo3 raises
+    those as a BaseException), becomes a GrammarError."""
+    try:
+        return fn(*args, **kwargs)
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException:
+        raise GrammarError(kind) from None
+
+
 def grammar_of(p: StructuredOutputsParams) -> str:
     """The llguidance grammar text for p (not yet checked: Grammars.template compiles it)."""
     llg = _llguidance()
@@ -70,18 +90,13 @@ def grammar_of(p: StructuredOutputsParams) -> str:
         if p.whitespace_pattern is not None:
             options.update(whitespace_flexible=True, whitespace_pattern=p.whitespace_pattern,
                            item_separator=",", key_separator=":")
-        try:
-            return llg.LLMatcher.grammar_from_json_schema(schema, overrides=options)
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"invalid JSON schema: {e}") from None
+        return _engine_call(kind, llg.LLMatcher.grammar_from_json_schema, schema, overrides=options)
     if kind == "regex":
-        return llg.LLMatcher.grammar_from_regex(p.regex)
+        return _engine_call(kind, llg.LLMatcher.grammar_from_regex, p.regex)
     if kind == "choice":
-        return llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in p.choice))
-    try:
-        return llg.grammar_from("grammar", p.grammar)     # Lark, or GBNF converted to Lark
-    except ValueError as e:
-        raise ValueError(f"invalid grammar: {e}") from None
+        return _engine_call(kind, llg.LLMatcher.grammar_from_lark,
+                            "start: " + " | ".join(json.dumps(c) for c in p.choice))
+    return _engine_call(kind, llg.grammar_from, "grammar", p.grammar)     # Lark, or GBNF converted to Lark
 
 
 _WHAT = {"json": "JSON schema", "json_object": "JSON object grammar", "regex": "regex",
@@ -95,11 +110,14 @@ class Grammars:
     request's grammar before it is queued, the engine thread copies it."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...],
-                 max_cached: int = 256):
+                 max_cached: int = 256, max_cached_chars: int = 256 << 10):
         self.tokenizer = tokenizer
         self.vocab_size = int(vocab_size)
         self.eos_token_ids = tuple(eos_token_ids)
-        self.max_cached = max_cached
+        # a compiled grammar costs ~40 bytes per character of its text (a 20,000-value enum: ~10 MB),
+        # so the cache is bounded by the text it holds as well as by its count
+        self.max_cached, self.max_cached_chars = max_cached, max_cached_chars
+        self._cached_chars = 0
         self._lock = threading.Lock()
         self._lltokenizer = None
         self._templates: OrderedDict[str, Any] = OrderedDict()
@@ -130,13 +148,17 @@ class Grammars:
                 self._templates.move_to_end(grammar)
                 return found
         llg = _llguidance()
-        matcher = llg.LLMatcher(self.lltokenizer(), grammar, log_level=0)   # compiles without the GIL
+        tokenizer = self.lltokenizer()
+        matcher = _engine_call(p.kind, llg.LLMatcher, tokenizer, grammar, log_level=0)   # compiles without the GIL
         if matcher.is_error():
-            raise ValueError(f"invalid {_WHAT[p.kind]}: {matcher.get_error().strip()}")
+            raise GrammarError(p.kind)
         with self._lock:
-            self._templates[grammar] = matcher
-            while len(self._templates) > self.max_cached:
-                self._templates.popitem(last=False)
+            if grammar not in self._templates:
+                self._templates[grammar] = matcher
+                self._cached_chars += len(grammar)
+            while self._templates and (len(self._templates) > self.max_cached
+                                       or self._cached_chars > self.max_cached_chars):
+                self._cached_chars -= len(self._templates.popitem(last=False)[0])
         return matcher
 
     def matcher(self, p: StructuredOutputsParams):

@@ -7,8 +7,12 @@ detokenization for streaming lives with the engine, not here.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
+import threading
+import time
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -286,8 +290,14 @@ class Tokenizer:
                      if v is not None}
         variables.update(extra)
         messages = [_alias_reasoning(dict(m)) for m in messages]
-        return _compile(template).render(messages=messages, tools=tools, documents=None,
-                                         add_generation_prompt=add_generation_prompt, **variables)
+        compiled = _compile(template)
+        # a template may repeat what it was given: its bound on text grows with its input
+        _budget.start(TEMPLATE_MAX_CHARS + 2 * _text_size((messages, tools, variables)))
+        try:
+            return compiled.render(messages=messages, tools=tools, documents=None,
+                                   add_generation_prompt=add_generation_prompt, **variables)
+        finally:
+            _budget.stop()
 
 
 _GIL_FREE_CHARS = 4096     # longer texts are tokenized with the GIL released
@@ -381,24 +391,317 @@ def _alias_reasoning(message: dict) -> dict:
     return message
 
 
+# ---- chat templates: jinja2's sandbox with bounded work and memory ----------------------------
+#
+# A template is a program: the model's own, --chat-template, or (when the server trusts them) a
+# client's. Each render gets a budget, checked in the sandbox's hooks: every operator that can
+# multiply text or lists (`*`, `+`, `%`, `**`, `~`), every call and filter, every loop iteration
+# and every piece of output. Intercepting the operators also stops jinja's optimizer from folding
+# `'a' * 500000000` into the compiled template (which the compiled-template cache would then keep).
+
+TEMPLATE_MAX_CHARS = 1 << 20          # characters of one text a render builds, beyond 2x its input's text
+TEMPLATE_MAX_BUILT = 32               # all text a render builds, in multiples of the above
+TEMPLATE_MAX_ITEMS = 100_000          # items of one list a template builds (jinja's own MAX_RANGE)
+TEMPLATE_MAX_ITERATIONS = 1_000_000   # loop iterations of one render
+TEMPLATE_MAX_SECONDS = 0.5            # CPU time of the rendering thread for one render
+TEMPLATE_MAX_INT_BITS = 4096          # bits of an integer a template computes
+_CHECK_EVERY = 64                     # hooks between two looks at the thread's CPU clock
+# filters that neither copy nor stringify their arguments: no need to weigh containers passed to them
+_CHEAP_FILTERS = {"length", "count", "first", "last", "default", "d", "trim", "lower", "upper",
+                  "capitalize", "title", "int", "float", "abs", "round", "attr", "select", "reject",
+                  "selectattr", "rejectattr", "map", "items", "bool", "min", "max", "sum", "random"}
+_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\d*)(?:\.(\d*))?")
+_BRACE_SPEC = re.compile(r"\{[^{}]*:([^{}]*)\}")
+
+
+class TemplateLimitError(ValueError):
+    """A chat template broke one of its bounds (the message names the bound, not the template)."""
+
+
+class _Budget(threading.local):
+    """The running render's counters (one render per thread at a time)."""
+    limit = TEMPLATE_MAX_CHARS    # characters of one text (outside a render: the bare bound)
+    running = False
+    deadline = 0.0
+    iterations = 0
+    ticks = 0
+    built = 0                     # characters of the strings built so far
+
+    def start(self, limit: int) -> None:
+        self.limit, self.running, self.iterations, self.ticks, self.built = limit, True, 0, 0, 0
+        self.deadline = time.thread_time() + TEMPLATE_MAX_SECONDS
+
+    def stop(self) -> None:
+        self.limit, self.running = TEMPLATE_MAX_CHARS, False
+
+    def tick(self) -> None:
+        self.ticks += 1
+        if self.ticks % _CHECK_EVERY == 0 and self.running and time.thread_time() > self.deadline:
+            raise TemplateLimitError(f"chat template rendering exceeds {TEMPLATE_MAX_SECONDS:g} s of CPU time")
+
+    def iterate(self) -> None:
+        self.iterations += 1
+        if self.iterations > TEMPLATE_MAX_ITERATIONS:
+            raise TemplateLimitError(f"chat template loops exceed {TEMPLATE_MAX_ITERATIONS} iterations")
+        self.tick()
+
+
+_budget = _Budget()
+
+
+def _text_size(value: Any) -> int:
+    """About the characters of text in a JSON-like value: its JSON's length (the C encoder's speed)."""
+    try:
+        return len(json.dumps(value, ensure_ascii=False, default=str, check_circular=False))
+    except (ValueError, TypeError, RecursionError):
+        return 0
+
+
+def _weight(value: Any, limit: int) -> int:
+    """What turning value into text would cost: characters of its strings plus one per other
+    item, nested containers counted each time they are referenced (`[[s] * 9] * 9` holds s 81
+    times); the walk stops once it passes limit, so it costs at most ~limit steps."""
+    total, steps, stack = 0, 0, [value]
+    while stack and total <= limit and steps <= TEMPLATE_MAX_ITEMS * 4:
+        v = stack.pop()
+        steps += 1
+        if isinstance(v, str):
+            total += len(v)
+        elif isinstance(v, dict):
+            total += len(v)
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            total += len(v)
+            stack.extend(v)
+        else:
+            total += 1
+    return total if not stack else max(total, limit + 1)
+
+
+def _check_text(n: int) -> None:
+    if n > _budget.limit:
+        raise TemplateLimitError(f"chat template output exceeds {_budget.limit} characters")
+
+
+def _check_items(n: int) -> None:
+    if n > TEMPLATE_MAX_ITEMS:
+        raise TemplateLimitError(f"chat template list exceeds {TEMPLATE_MAX_ITEMS} items")
+
+
+def _check_value(value: Any) -> None:
+    """A value about to be stringified, joined or serialized stays within the text bound."""
+    if isinstance(value, str):
+        _check_text(len(value))
+    elif isinstance(value, (list, tuple, dict, set, frozenset)):
+        _check_text(_weight(value, _budget.limit))
+
+
+def _check_format(spec: str) -> None:
+    """Widths and precisions in a %- or {}-format string stay within the text bound."""
+    if len(spec) > _budget.limit:
+        _check_text(len(spec))
+    for m in _PERCENT_SPEC.finditer(spec):
+        for digits in m.groups():
+            if digits and (len(digits) > 9 or int(digits) > _budget.limit):
+                _check_text(_budget.limit + 1)
+    for m in _BRACE_SPEC.finditer(spec):
+        for digits in re.findall(r"\d+", m.group(1)):
+            if len(digits) > 9 or int(digits) > _budget.limit:
+                _check_text(_budget.limit + 1)
+
+
+def _check_args(args: tuple, kwargs: dict, weigh: bool) -> None:
+    """No width beyond the text bound (str.ljust(10**9), center(10**9)); containers that will be
+    copied or stringified within it."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, int) and not isinstance(a, bool) and a > _budget.limit:
+            _check_text(a)
+        elif weigh and isinstance(a, (list, tuple, dict, set, frozenset)):
+            _check_value(a)
+
+
+def _check_result(value: Any) -> Any:
+    if type(value) is str:
+        n, budget = len(value), _budget
+        if n > budget.limit:
+            _check_text(n)
+        budget.built += n
+        if budget.built > TEMPLATE_MAX_BUILT * budget.limit:
+            raise TemplateLimitError(f"chat template builds more than {TEMPLATE_MAX_BUILT * budget.limit} "
+                                     "characters of text")
+    elif isinstance(value, (list, tuple)):
+        _check_items(len(value))
+    return value
+
+
+def _check_binop(op: str, left: Any, right: Any) -> None:
+    seqs = (str, list, tuple)
+    if op == "+" and type(left) is str and type(right) is str:    # the common case, first
+        if len(left) + len(right) > _budget.limit:
+            _check_text(len(left) + len(right))
+        return
+    if op == "*":
+        seq, n = (left, right) if isinstance(left, seqs) else (right, left)
+        if isinstance(seq, seqs) and isinstance(n, int):
+            n = max(0, n)
+            if isinstance(seq, str):
+                _check_text(len(seq) * n)
+            else:
+                _check_items(len(seq) * n)
+                _check_text(_weight(seq, _budget.limit) * n)
+        elif isinstance(left, int) and isinstance(right, int) \
+                and left.bit_length() + right.bit_length() > TEMPLATE_MAX_INT_BITS:
+            raise TemplateLimitError(f"chat template number exceeds {TEMPLATE_MAX_INT_BITS} bits")
+    elif op == "+":
+        if isinstance(left, str) and isinstance(right, str):
+            _check_text(len(left) + len(right))
+        elif isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)):
+            _check_items(len(left) + len(right))
+    elif op == "%":
+        if isinstance(left, str):
+            _check_format(left)
+            _check_value(right)
+    elif op == "**":
+        if isinstance(left, int) and isinstance(right, int) and abs(left) > 1 \
+                and right * left.bit_length() > TEMPLATE_MAX_INT_BITS:
+            raise TemplateLimitError(f"chat template number exceeds {TEMPLATE_MAX_INT_BITS} bits")
+
+
+class _Bounded:
+    """What a for loop iterates over in a bounded template: the iterable, each step counted."""
+    __slots__ = ("items",)
+
+    def __init__(self, items: Any):
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self):
+        for item in self.items:
+            _budget.iterate()
+            yield item
+
+
+def _bounded_filter(name: str, fn: Any) -> Any:
+    weigh = name not in _CHEAP_FILTERS
+
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        if not _budget.running:
+            # jinja's optimizer calls filters on constants while compiling; refusing here keeps
+            # their results (`'x'|center(1000000)`) out of the compiled template, and so out of the cache
+            raise TemplateLimitError("filters run only while rendering")
+        _budget.tick()
+        _check_args(args, kwargs, weigh)
+        if name == "format" and args and isinstance(args[0], str):
+            _check_format(args[0])
+        if name == "indent" and args and isinstance(args[0], str) and len(args) > 1:
+            width = args[1] if not isinstance(args[1], int) else " " * min(args[1], _budget.limit + 1)
+            _check_text(len(args[0]) + (args[0].count("\n") + 1) * len(str(width)))
+        if name == "replace" and len(args) > 3 and isinstance(args[1], str):
+            _check_text(len(args[1]) + (args[1].count(str(args[2])) + 1) * len(str(args[3])))
+        return _check_result(fn(*args, **kwargs))
+
+    return functools.update_wrapper(bounded, fn)     # keeps jinja's pass_context/pass_environment marks
+
+
+def _bounded_environment():
+    import jinja2
+    from jinja2 import nodes
+    from jinja2.compiler import CodeGenerator, Frame
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class BoundedCodeGenerator(CodeGenerator):
+        def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+            # `a ~ b ~ c` joins through the environment, which weighs the pieces first
+            self.write("environment.bounded_join((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
+    class BoundedEnvironment(ImmutableSandboxedEnvironment):
+        code_generator_class = BoundedCodeGenerator
+        intercepted_binops = frozenset({"*", "+", "%", "**"})
+
+        def __init__(self, **kwargs: Any):
+            super().__init__(finalize=self._finalize_output, **kwargs)
+
+        def wrap_filters(self) -> None:
+            self.filters = {name: _bounded_filter(name, fn) for name, fn in self.filters.items()}
+            self.filters["_bounded_iter"] = _Bounded
+
+        @staticmethod
+        def _finalize_output(value: Any) -> Any:
+            _check_value(value)
+            return value
+
+        def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
+            tree = super()._parse(source, name, filename)
+            for loop in tree.find_all(nodes.For):     # every loop counts its iterations
+                loop.iter = nodes.Filter(loop.iter, "_bounded_iter", [], [], None, None, lineno=loop.lineno)
+            return tree
+
+        def concat(self, pieces: Any) -> str:         # the output, macro results, {% set %} blocks
+            parts, total = [], 0
+            for piece in pieces:
+                total += len(piece)
+                _check_text(total)
+                _budget.tick()
+                parts.append(piece)
+            return "".join(parts)
+
+        def bounded_join(self, pieces: tuple) -> str:
+            for p in pieces:
+                _check_value(p)
+            return _check_result("".join(map(str, pieces)))
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            _budget.tick()
+            _check_binop(operator, left, right)
+            return _check_result(self.binop_table[operator](left, right))
+
+        def getattr(self, obj: Any, attribute: str) -> Any:
+            _budget.tick()
+            if isinstance(obj, str) and attribute in ("format", "format_map"):
+                _check_format(obj)
+            return super().getattr(obj, attribute)
+
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+            _budget.tick()
+            target = getattr(__obj, "__self__", None)
+            # str methods (join, format) copy their arguments into text; macros and globals do not
+            weigh = isinstance(target, str) or getattr(__obj, "__name__", "") in ("format", "format_map")
+            _check_args(args, kwargs, weigh)
+            if isinstance(target, str) and getattr(__obj, "__name__", "") == "replace" and len(args) >= 2:
+                _check_text(len(target) + (target.count(str(args[0])) + 1) * len(str(args[1])))
+            return _check_result(super().call(__context, __obj, *args, **kwargs))
+
+    return jinja2, BoundedEnvironment
+
+
 @lru_cache(maxsize=16)
 def _compile(template: str):
-    import jinja2
     from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    jinja2, BoundedEnvironment = _bounded_environment()
 
     def raise_exception(message: str):
         raise jinja2.exceptions.TemplateError(message)
 
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         # jinja's own tojson escapes HTML characters; chat templates expect plain JSON
+        if (indent if isinstance(indent, int) else len(str(indent or ""))) > 16:
+            raise TemplateLimitError("chat template tojson indent exceeds 16 characters")
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     def strftime_now(fmt: str) -> str:
+        _check_format(fmt)
         return datetime.now().strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = tojson
+    env.wrap_filters()
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     return env.from_string(template)

@@ -337,7 +337,7 @@ class MessageBuilder:
             fn = call["function"]
             try:
                 args = json.loads(fn["arguments"]) if fn["arguments"].strip() else {}
-            except ValueError:
+            except (ValueError, RecursionError):
                 args = {}
             block = {"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"), "name": fn["name"],
                      "input": args if isinstance(args, dict) else {}}

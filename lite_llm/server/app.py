@@ -1061,6 +1061,7 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                   max_model_len: int, api_key: str | None = None,
                   generation_config: dict | None = None, kernel_info: dict | None = None, *,
                   host: str = "127.0.0.1", port: int = 0, chat_template: str | None = None,
+                  trust_request_chat_template: bool = False, lora_root: str | None = None,
                   vocab_size: int | None = None, max_body_bytes: int | None = None,
                   request_timeout: float = 10.0, model_root: str | None = None,
                   retry_after: int = 1, header_timeout: float = 10.0, body_timeout: float = 30.0,
@@ -1090,7 +1091,7 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
     info = dict(kernel_info or {})
     ctx = ServingContext(model_names=names, max_model_len=int(max_model_len), vocab_size=int(vocab_size),
                          tokenizer=tokenizer, generation_defaults=generation_defaults(generation_config),
-                         chat_template=chat_template,
+                         chat_template=chat_template, trust_request_chat_template=trust_request_chat_template,
                          max_token_bytes=max_token_bytes(tokenizer),
                          tokenize_slots=TokenizeSlots(max_tokenizing or max(1, (os.cpu_count() or 2) // 2),
                                                       retry_after),
@@ -1100,6 +1101,7 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
     state = ServerState(engine, ctx, ServerMetrics(names[0], info), api_key, info, max_body_bytes,
                         model_root, retry_after)
     state.responses = responses.ResponseStore(responses_store_max, responses_store_ttl)
+    state.lora_root = os.path.realpath(lora_root) if lora_root else None   # runtime adapter loading: off
     return LiteServer((host, port), state, request_timeout, header_timeout=header_timeout,
                       body_timeout=body_timeout, max_connections=max_connections,
                       max_connections_per_client=max_connections_per_client,
@@ -1139,6 +1141,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every "
                                       "route but /health and /ping (env LITE_LLM_API_KEY)")
     a("--chat-template", default=None, help="chat template: a file path or the Jinja text itself")
+    a("--trust-request-chat-template", action="store_true",
+      help="accept a chat_template sent with a request (chat completions, /tokenize); refused by default")
     a("--generation-config", default="auto", choices=["auto", "vllm"],
       help="auto: default sampling from the model's generation_config.json; vllm: vLLM's defaults")
     a("--seed", type=int, default=0, help="seed of the sampler for requests without one")
@@ -1313,6 +1317,7 @@ def build_server(args: argparse.Namespace, engine: Any, tokenizer: Any, info: di
         engine, tokenizer, names, info["max_model_len"], api_key=args.api_key or env("API_KEY"),
         generation_config=gen_config, kernel_info=info, host=args.host if host is None else host,
         port=args.port if port is None else port, chat_template=load_chat_template(args.chat_template),
+        trust_request_chat_template=args.trust_request_chat_template, lora_root=lora_routes.lora_root(args),
         vocab_size=info.get("vocab_size"), max_body_bytes=args.max_request_bytes,
         request_timeout=args.timeout_keep_alive, model_root=info.get("model_path"),
         header_timeout=args.header_timeout, body_timeout=args.body_timeout,
@@ -1338,6 +1343,7 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model = args.model or args.model_flag
     load_chat_template(args.chat_template)          # a missing file fails before the model loads
+    lora_routes.lora_root(args)
     check_address(args.host, args.port)             # and so does a port in use
     check_model(model)                              # or a path that holds no model
     if args.responses_store_max < 0 or not args.responses_store_ttl > 0:

@@ -4,15 +4,26 @@ cards (with their `parent`), and vLLM's /v1/load_lora_adapter and /v1/unload_lor
 A request picks an adapter by its `model` name (openai.ServingContext.check_model accepts the
 loaded adapters' names; app.py hands the name to the engine as its lora_request). The routes
 are handlers of app.py's request handler (`self` is one), behind the API key like every route,
-and answer 404 unless the server runs with --enable-lora. What is not here: reading adapters
-and their slots (lite_llm/lora.py), the arithmetic (lite_llm/_kernels/lora.pxi).
+and answer 404 unless the server runs with --enable-lora. Loading at run time reads files the
+client names, so it also needs a root directory (--lora-root; vLLM's switch
+VLLM_ALLOW_RUNTIME_LORA_UPDATING enables it too, and then needs the root as well): only paths
+that resolve, symlinks followed, to inside it are read, and a refusal says the same whatever the
+path is (missing, a directory, a file of another kind), so the route cannot probe the filesystem.
+What is not here: reading adapters and their slots (lite_llm/lora.py), the arithmetic
+(lite_llm/_kernels/lora.pxi).
 """
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 from typing import Any
 
+from lite_llm.config import env
 from lite_llm.server.openai import ApiError, bad
+
+logger = logging.getLogger("lite_llm.server")
+_NOT_LOADABLE = "'lora_path' is not a loadable adapter under the adapter root"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +38,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--max-loras", type=int, default=1,
       help="adapters loaded at once (slots of stacked weights; one batch mixes all of them)")
     a("--max-lora-rank", type=int, default=16, help="the largest adapter rank accepted")
+    a("--lora-root", default=None, metavar="DIR",
+      help="allow /v1/load_lora_adapter to load adapters from under DIR (paths resolved, symlinks "
+           "included, must stay inside it); without it runtime loading is off "
+           "(VLLM_ALLOW_RUNTIME_LORA_UPDATING=true also turns it on, and then needs --lora-root)")
+
+
+def lora_root(args: argparse.Namespace) -> str | None:
+    """The directory runtime adapter loading reads from, or None when it is off."""
+    root = getattr(args, "lora_root", None)
+    switch = (env("ALLOW_RUNTIME_LORA_UPDATING") or "").strip().lower() in ("1", "true", "yes", "on")
+    if root is None:
+        if switch and getattr(args, "enable_lora", False):
+            raise SystemExit("VLLM_ALLOW_RUNTIME_LORA_UPDATING needs --lora-root DIR: the directory "
+                             "adapters may be loaded from at run time")
+        return None
+    if not getattr(args, "enable_lora", False):
+        raise SystemExit("--lora-root needs --enable-lora")
+    if not os.path.isdir(root):
+        raise SystemExit(f"--lora-root: not a directory: {root}")
+    return os.path.realpath(root)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -77,16 +108,29 @@ def _request(handler) -> tuple[Any, str, dict]:
 
 def load_adapter(handler) -> None:
     """POST /v1/load_lora_adapter {"lora_name", "lora_path"}: read the adapter into a free slot."""
+    from lite_llm.lora import load_adapter as read_adapter
+    root = getattr(handler.state, "lora_root", None)
+    if manager(handler.state.engine) is not None and root is None:
+        raise ApiError(404, "loading LoRA adapters at run time is not enabled on this server (start it "
+                       "with --lora-root DIR)", code="not_found")
     m, name, body = _request(handler)
     path = body.get("lora_path")
-    if not isinstance(path, str) or not path:
+    if not isinstance(path, str) or not path or "\x00" in path:
         raise bad("'lora_path' must be a non-empty string", "lora_path")
     if name in m:
         raise bad(f"The lora adapter '{name}' has already been loaded.", "lora_name")
+    real = os.path.realpath(os.path.join(root, path))     # relative to the root; symlinks resolved
+    if real == root or os.path.commonpath([real, root]) != root:
+        raise bad(_NOT_LOADABLE, "lora_path")
     try:
-        m.load(name, path)
-    except ValueError as e:
-        raise bad(str(e), "lora_path") from None
+        adapter = read_adapter(real, m.config, m.max_rank, name)
+    except Exception as e:      # missing, unreadable, not an adapter, not for this model: one answer
+        logger.warning("load_lora_adapter %r: %s", name, str(e).splitlines()[0][:300] if str(e) else type(e).__name__)
+        raise bad(_NOT_LOADABLE, "lora_path") from None
+    try:
+        m.add(adapter)
+    except ValueError as e:     # the name taken meanwhile, or every slot in use
+        raise bad(str(e), "lora_name") from None
     handler._send_json(200, {"object": "lora_adapter", "id": name, "status": "loaded",
                              "message": f"Success: LoRA adapter '{name}' added successfully."})
 

@@ -18,13 +18,16 @@ from functools import lru_cache
 from typing import Any
 
 from lite_llm.outputs import CompletionOutput, Logprob
-from lite_llm.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutputsParams
+from lite_llm.sampling_params import (MAX_GRAMMAR_BYTES, MAX_JSON_DEPTH, MAX_LOGPROBS, SamplingParams,
+                                      StructuredOutputsParams, nested_deeper_than)
 
 MAX_PROMPTS = 256           # prompts in one completions request (each is one engine request)
 MAX_N = 128                 # completions per prompt
 MAX_COMPLETIONS = 1024      # prompts x n in one request
 MAX_STOP = 16               # stop strings per request
 MAX_STOP_LEN = 512          # characters per stop string
+MAX_REQUEST_TEMPLATE_CHARS = 128 << 10   # a request's own chat template (real ones are a few KiB); compiled ones are cached
+MAX_BODY_DEPTH = 2 * MAX_JSON_DEPTH   # nesting levels of a request body: a deepest schema and its place in the body
 _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 _LOGPROB_FLOOR = -9999.0    # JSON has no -inf; vLLM clamps the same way
 
@@ -98,11 +101,14 @@ def parse_json(body: bytes) -> dict:
         text = body.decode("utf-8")
         value = json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
-        raise bad("request body is nested too deeply") from None
+        raise bad(f"request body is nested deeper than {MAX_BODY_DEPTH} levels") from None
     except (UnicodeDecodeError, ValueError) as e:   # JSONDecodeError is a ValueError
         raise bad(f"request body is not valid JSON: {e}") from None
     if not isinstance(value, dict):
         raise bad("request body must be a JSON object")
+    # fewer brackets than the limit cannot nest deeper than it: most bodies skip the walk
+    if body.count(b"[") + body.count(b"{") > MAX_BODY_DEPTH and nested_deeper_than(value, MAX_BODY_DEPTH):
+        raise bad(f"request body is nested deeper than {MAX_BODY_DEPTH} levels")
     if _SURROGATE_ESCAPE.search(body) and not _all_text_encodable(value):
         raise bad("request body has a string with an unpaired UTF-16 surrogate (\\uD800-\\uDFFF)")
     return value
@@ -235,6 +241,7 @@ class ServingContext:
     tokenizer: Any                        # encode/decode/convert_ids_to_tokens/apply_chat_template
     generation_defaults: dict = field(default_factory=dict)  # SamplingParams kwargs (generation_config.json)
     chat_template: str | None = None      # --chat-template, overriding the model's
+    trust_request_chat_template: bool = False   # --trust-request-chat-template: clients may send one
     max_token_bytes: int | None = None    # bytes of text one token can stand for (None: unbounded)
     tokenize_slots: Any = None            # TokenizeSlots, or None for no cap
     reasoning_parser: str | None = None   # --reasoning-parser: "deepseek_r1" | "qwen3" | None
@@ -612,9 +619,7 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
     images: list = []
     messages = parse_messages(body.get("messages"), images, ctx)
     add_generation_prompt = get_bool(body, "add_generation_prompt", True)
-    template = body.get("chat_template")
-    if template is not None and not isinstance(template, str):
-        raise bad("'chat_template' must be a string", "chat_template")
+    template = _request_template(body, ctx)
     template_kwargs = _template_kwargs(body)
     tools, tool_choice = _tools(body)
     tool_parser = None
@@ -634,7 +639,11 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
             if "structured_outputs" in kw:
                 raise bad("'tool_choice' \"required\" or a named function cannot be combined with an "
                           "output constraint (response_format, guided_*)", "tool_choice")
-            kw["structured_outputs"] = forced_tool_calls(tool_parser, tools, tool_choice, parallel, ctx.tokenizer)
+            try:
+                kw["structured_outputs"] = forced_tool_calls(tool_parser, tools, tool_choice, parallel, ctx.tokenizer)
+            except ValueError:      # the grammar holding every tool's schema is over its size cap
+                raise bad(f"'tools' are too large for a forced tool call (their grammar would be longer than "
+                          f"{MAX_GRAMMAR_BYTES} bytes)", "tools") from None
     text = render_chat(ctx, messages, add_generation_prompt, template, template_kwargs)
     # The template already places BOS and friends: no second BOS (vLLM's default for chat).
     ids = _encode(ctx, text, add_special_tokens=get_bool(body, "add_special_tokens", False),
@@ -695,6 +704,9 @@ def _tools(body: dict) -> tuple[list[dict] | None, str | dict]:
             raise bad(f"'tools[{i}].function.strict' must be a boolean", f"tools[{i}].function.strict")
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
             raise bad(f"'tools[{i}].function.parameters' must be a JSON schema object",
+                      f"tools[{i}].function.parameters")
+        if nested_deeper_than(fn.get("parameters"), MAX_JSON_DEPTH):
+            raise bad(f"'tools[{i}].function.parameters' is nested deeper than {MAX_JSON_DEPTH} levels",
                       f"tools[{i}].function.parameters")
         out.append({"type": "function", "function": {k: v for k, v in fn.items() if v is not None}})
     if choice is None:
@@ -818,8 +830,11 @@ def _tool_calls_in(where: str, calls: Any) -> list[dict]:
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
-            except ValueError:
-                raise bad(f"'{p}.function.arguments' is not valid JSON", f"{p}.function.arguments") from None
+                if nested_deeper_than(args, MAX_BODY_DEPTH):
+                    raise ValueError(args)
+            except (ValueError, RecursionError):
+                raise bad(f"'{p}.function.arguments' is not valid JSON (or is nested deeper than {MAX_BODY_DEPTH} "
+                          "levels)", f"{p}.function.arguments") from None
         out.append({"id": c.get("id"), "type": "function",
                     "function": {"name": fn["name"], "arguments": args}})
     return out
@@ -902,6 +917,22 @@ def _image_part(part: dict, where: str, images: list | None, ctx: ServingContext
     except MediaError as e:
         raise bad(str(e), where) from None
     return ctx.mm_processor.placeholder
+
+
+def _request_template(body: dict, ctx: ServingContext) -> str | None:
+    """A request's own chat_template: refused unless the server trusts them (vLLM's
+    --trust-request-chat-template), since a template is a program the server runs."""
+    template = body.get("chat_template")
+    if template is None:
+        return None
+    if not ctx.trust_request_chat_template:
+        raise bad("'chat_template' is passed with the request, but the server was not started with "
+                  "--trust-request-chat-template: a request-supplied chat template is refused", "chat_template")
+    if not isinstance(template, str):
+        raise bad("'chat_template' must be a string", "chat_template")
+    if len(template) > MAX_REQUEST_TEMPLATE_CHARS:
+        raise bad(f"'chat_template' is longer than {MAX_REQUEST_TEMPLATE_CHARS} characters", "chat_template")
+    return template
 
 
 def _template_kwargs(body: dict) -> dict:
@@ -1105,7 +1136,7 @@ class JsonToolParser:
                 return calls, bool(calls) and (rest == "]") == is_list
             try:
                 value, at = decoder.raw_decode(body, at)
-            except ValueError:
+            except (ValueError, RecursionError):     # a model's text: invalid, or nested past the stack
                 return calls, False
             call = _call_from(value)
             if call is None:
@@ -1152,7 +1183,7 @@ def _call_from(value: Any) -> dict | None:
 def _parse_tool_call(block: str) -> dict | None:
     try:
         value = json.loads(block.strip())
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return _call_from(value)
 
@@ -1476,9 +1507,7 @@ def tokenize(body: dict, ctx: ServingContext) -> dict:
     if ("prompt" in body) == ("messages" in body):
         raise bad("give exactly one of 'prompt' or 'messages'", "prompt")
     if "messages" in body:
-        template = body.get("chat_template")
-        if template is not None and not isinstance(template, str):
-            raise bad("'chat_template' must be a string", "chat_template")
+        template = _request_template(body, ctx)
         tools, _ = _tools({"tools": body.get("tools")})
         kwargs = {**_template_kwargs(body), **({"tools": tools} if tools else {})}
         text = render_chat(ctx, parse_messages(body["messages"]),

@@ -27,7 +27,8 @@ KEY = "sekret-key"
 
 @pytest.fixture(scope="module")
 def srv():
-    s = start_server(engine_overrides={"step_seconds": 0.002}, header_timeout=1.0, body_timeout=1.0)
+    s = start_server(engine_overrides={"step_seconds": 0.002}, header_timeout=1.0, body_timeout=1.0,
+                     trust_request_chat_template=True)
     yield s
     stop_server(s)
 

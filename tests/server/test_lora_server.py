@@ -42,7 +42,7 @@ def served(tmp_path_factory):
     engine, tokenizer, info = build_async_engine(model=str(base), dtype="float32", max_model_len=128, block_size=16,
                                               kv_cache_space=0.01, max_num_seqs=8, enable_lora=True, max_loras=2,
                                               max_lora_rank=8, lora_modules=[("sql", str(a1))])
-    with serving(engine, tokenizer, info, "base", api_key=KEY) as server:
+    with serving(engine, tokenizer, info, "base", api_key=KEY, lora_root=str(root)) as server:
         yield server.url, engine, a2
 
 
@@ -92,7 +92,7 @@ def test_load_and_unload_at_run_time(served):
     status, body = _post(url, "/v1/load_lora_adapter", {"lora_name": "third", "lora_path": str(a2)})
     assert status == 400 and "--max-loras" in body["error"]["message"]
     status, body = _post(url, "/v1/load_lora_adapter", {"lora_name": "bad", "lora_path": "/nowhere"})
-    assert status == 400 and "not found" in body["error"]["message"]
+    assert status == 400 and "not a loadable adapter" in body["error"]["message"]
     status, body = _post(url, "/v1/load_lora_adapter", {"lora_path": str(a2)})
     assert status == 400 and body["error"]["param"] == "lora_name"
     status, body = _post(url, "/v1/unload_lora_adapter", {"lora_name": "chat"})
@@ -105,6 +105,56 @@ def test_load_and_unload_at_run_time(served):
     status, body = _post(url, "/v1/load_lora_adapter", {"lora_name": "chat2", "lora_path": str(a2)})
     assert status == 200, body
     assert _post(url, "/v1/unload_lora_adapter", {"lora_name": "chat2"})[0] == 200
+
+
+def test_runtime_loading_reads_only_under_the_root_and_says_nothing_of_other_files(served, tmp_path):
+    url, _, a2 = served
+    root = a2.parent
+    outside = make_peft_adapter(tiny_checkpoint_path("llama"), tmp_path / "outside", 4, 8, ["q_proj"], seed=3)
+    (root / "link_out").symlink_to(outside)           # a symlink inside the root to an adapter outside it
+    (root / "passwd_link").symlink_to("/etc/passwd")
+    (root / "not_gguf.bin").write_bytes(b"root:x:0:0:root:/root:/bin/bash\n")
+    (root / "empty_dir").mkdir()
+    answers = []
+    for path in ("/etc/passwd", "/etc", "/nowhere", str(outside), "../" + outside.parent.name + "/outside",
+                 "link_out", "passwd_link", "not_gguf.bin", "empty_dir", "no_such_file", ".", "/",
+                 str(root) + "/../" + root.name + "/missing"):
+        status, body = _post(url, "/v1/load_lora_adapter", {"lora_name": "probe", "lora_path": path})
+        assert status == 400 and body["error"]["param"] == "lora_path", (path, body)
+        answers.append(body["error"]["message"])
+        text = json.dumps(body)
+        for leak in ("root:x", "magic", "GGUF", "directory", "exist", "not found", "passwd", "adapter_config"):
+            assert leak not in text, (path, text)
+    assert len(set(answers)) == 1 and answers[0] == "'lora_path' is not a loadable adapter under the adapter root"
+    # a path relative to the root, and an absolute one inside it, still load
+    for path in (a2.name, str(a2)):
+        status, body = _post(url, "/v1/load_lora_adapter", {"lora_name": "rel", "lora_path": path})
+        assert status == 200, body
+        assert _post(url, "/v1/unload_lora_adapter", {"lora_name": "rel"})[0] == 200
+
+
+def test_runtime_loading_is_off_without_a_root(tmp_path, monkeypatch):
+    import argparse
+
+    from lite_llm.server import lora_routes
+    base = tiny_checkpoint_path("llama")
+    a = make_peft_adapter(base, tmp_path / "a", 4, 8, ["q_proj"], seed=4)
+    engine, tokenizer, info = build_async_engine(model=str(base), dtype="float32", max_model_len=64, block_size=16,
+                                              kv_cache_space=0.01, max_num_seqs=2, enable_lora=True, max_loras=1,
+                                              max_lora_rank=8)
+    with serving(engine, tokenizer, info, "base", api_key=KEY) as server:
+        status, body = _post(server.url, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": str(a)})
+        assert status == 404 and "--lora-root" in body["error"]["message"], body
+        assert str(a) not in json.dumps(body)
+    p = argparse.ArgumentParser()
+    lora_routes.add_arguments(p)
+    assert lora_routes.lora_root(p.parse_args(["--enable-lora"])) is None
+    assert lora_routes.lora_root(p.parse_args(["--enable-lora", "--lora-root", str(tmp_path)])) == str(tmp_path.resolve())
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+    with pytest.raises(SystemExit, match="--lora-root"):
+        lora_routes.lora_root(p.parse_args(["--enable-lora"]))
+    with pytest.raises(SystemExit, match="needs --enable-lora"):
+        lora_routes.lora_root(p.parse_args(["--lora-root", str(tmp_path)]))
 
 
 def test_the_adapter_routes_need_the_key(served):

@@ -50,7 +50,8 @@ def _close(server) -> None:
 @pytest.fixture(scope="module")
 def real(engine_parts):
     server = _serve(engine_parts, api_key=KEY, max_body_bytes=64 << 20, max_connections=64,
-                    header_timeout=2.0, reasoning_parser="deepseek_r1")
+                    header_timeout=2.0, reasoning_parser="deepseek_r1",
+                    trust_request_chat_template=True)
     yield server
     _close(server)
 
