@@ -31,9 +31,9 @@ class Recording:
     def __init__(self, engine):
         self.engine, self.prompts = engine, []
 
-    def add_request(self, request_id, prompt_token_ids, sampling_params, prompt=None):
+    def add_request(self, request_id, prompt_token_ids, sampling_params, prompt=None, **kwargs):
         self.prompts.append(prompt)
-        return self.engine.add_request(request_id, prompt_token_ids, sampling_params, prompt=prompt)
+        return self.engine.add_request(request_id, prompt_token_ids, sampling_params, prompt=prompt, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
