@@ -1012,11 +1012,15 @@ def _partial_suffix(text: str, tag: str) -> int:
 
 class HermesToolParser:
     """<tool_call>{"name": ..., "arguments": {...}}</tool_call> blocks (Hermes, Qwen2.5, Qwen3)
-    -> OpenAI tool calls, delta by delta: text outside the blocks is content (whitespace between
-    calls dropped), a tag split across deltas is held back, a closed block that is not a JSON
-    call stays content as it was written. A block still open at the end is a call if its JSON
-    is whole, else dropped (cut off by max_tokens: markup that opened a call is never content).
-    forced: the answer is calls only (a forced tool_choice), so nothing in it is content."""
+    -> OpenAI tool calls, delta by delta: text outside the blocks is content as written (the text
+    before a call keeps its trailing whitespace, as vLLM's hermes parser), except a stretch of
+    whitespace alone before, between or after calls: it is held back until text follows it and
+    dropped if a call does or the answer ends after one, so the same answer gives the same
+    content whatever its deltas, streamed or whole. A tag split across deltas is held back, a
+    closed block that is not a JSON call stays content as it was written. A block still open at
+    the end is a call if its JSON is whole, else dropped (cut off by max_tokens: markup that
+    opened a call is never content). forced: the answer is calls only (a forced tool_choice),
+    so nothing in it is content."""
     START, END = "<tool_call>", "</tool_call>"
 
     def __init__(self, forced: bool = False) -> None:
@@ -1024,6 +1028,8 @@ class HermesToolParser:
         self.inside = False
         self.num_calls = 0
         self.forced = forced
+        self.blank = ""         # whitespace since the start or the last call, no text after it yet
+        self.spoke = False      # text since the start or the last call
 
     def feed(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
         self.buf += text
@@ -1033,8 +1039,12 @@ class HermesToolParser:
             nonlocal content
             if self.forced:
                 return
-            if piece.strip() or not (self.num_calls or calls):    # whitespace between calls: dropped
-                content += piece
+            if not self.spoke:
+                self.blank += piece
+                if not self.blank.strip():
+                    return
+                piece, self.blank, self.spoke = self.blank, "", True
+            content += piece
 
         while True:
             if not self.inside:
@@ -1060,9 +1070,12 @@ class HermesToolParser:
             else:
                 call["index"] = self.num_calls + len(calls)
                 calls.append(call)
+                self.blank, self.spoke = "", False
             if end < 0:
                 break
         self.num_calls += len(calls)
+        if final and self.blank and not self.num_calls:     # an answer of whitespace alone, no call
+            content, self.blank = content + self.blank, ""
         return content, calls
 
 
@@ -1324,7 +1337,7 @@ def final_response(prep: PreparedRequest, choices: dict[int, Choice], tokenizer:
                 content, calls = make_tool_parser(prep).feed(text, final=True)
                 for call in calls:
                     del call["index"]
-                message["content"] = content.strip() or None if calls or prep.forced_tools else content
+                message["content"] = content or None if calls or prep.forced_tools else content
                 if calls:
                     message["tool_calls"] = calls
                 finish = tool_finish_reason(finish, len(calls), prep.named_tool)
