@@ -773,10 +773,49 @@ def strict_schema(schema: Any) -> Any:
     return out
 
 
-def _call_schema(fn: dict, arguments_key: str) -> dict:
+_DATA_KEYS = ("const", "enum", "default", "examples")      # values there are data, not schemas
+
+
+def _hoist_defs(params: Any, prefix: str, defs: dict) -> Any:
+    """params with its "$defs" / "definitions" moved into defs under prefix + their name, and its
+    local references ("#/$defs/...", "#/definitions/...", "#") rewritten to point there: inside a
+    call's schema the parameters are no longer the root a "#/..." reference is resolved from
+    (Pydantic models with nested models give such schemas)."""
+    refs_root = isinstance(params, dict) and '"#"' in json.dumps(params)
+    if not isinstance(params, dict) or not (refs_root or any(k in params for k in ("$defs", "definitions"))):
+        return params
+
+    def move(node: Any) -> Any:
+        if isinstance(node, list):
+            return [move(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out = {}
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                for head in ("#/$defs/", "#/definitions/"):
+                    if value.startswith(head):
+                        value = "#/$defs/" + prefix + value[len(head):]
+                if value == "#":
+                    value = "#/$defs/" + prefix.rstrip("_")
+            out[key] = value if key in _DATA_KEYS else move(value)
+        return out
+
+    root = move(params)
+    for key in ("$defs", "definitions"):
+        for name, sub in (root.pop(key, None) or {}).items():
+            defs[prefix + name] = sub
+    if refs_root:
+        defs[prefix.rstrip("_")] = root
+    return root
+
+
+def _call_schema(fn: dict, arguments_key: str, defs: dict | None = None, prefix: str = "") -> dict:
     params = fn.get("parameters") or {"type": "object"}
-    return {"type": "object", "properties": {"name": {"const": fn["name"]},
-                                             arguments_key: strict_schema(params) if fn.get("strict") else params},
+    params = strict_schema(params) if fn.get("strict") else params
+    if defs is not None:
+        params = _hoist_defs(params, prefix, defs)
+    return {"type": "object", "properties": {"name": {"const": fn["name"]}, arguments_key: params},
             "required": ["name", arguments_key], "additionalProperties": False}
 
 
@@ -789,13 +828,16 @@ def forced_tool_calls(parser: str, tools: list[dict], choice: str | dict, parall
     named = isinstance(choice, dict)
     fns = [t["function"] for t in tools if not named or t["function"]["name"] == choice["name"]]
     key = "parameters" if parser in ("llama3_json", "forced_json") else "arguments"
-    schemas = [_call_schema(fn, key) for fn in fns]
+    defs: dict = {}         # the tools' own definitions, at the root where references resolve
+    schemas = [_call_schema(fn, key, defs, f"tool{i}_") for i, fn in enumerate(fns)]
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
     many = parallel and not named
     if parser == "forced_json":
         return StructuredOutputsParams(json={"type": "array", "items": schema, "minItems": 1,
-                                             "maxItems": MAX_FORCED_CALLS if many else 1})
-    schema = {**schema, "x-guidance": {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}}
+                                             "maxItems": MAX_FORCED_CALLS if many else 1,
+                                             **({"$defs": defs} if defs else {})})
+    schema = {**schema, "x-guidance": {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False},
+              **({"$defs": defs} if defs else {})}
     body = "%json " + json.dumps(schema)
 
     def calls(one: str, sep: str) -> str:
