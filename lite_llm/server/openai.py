@@ -773,10 +773,49 @@ def strict_schema(schema: Any) -> Any:
     return out
 
 
-def _call_schema(fn: dict, arguments_key: str) -> dict:
+_DATA_KEYS = ("const", "enum", "default", "examples")      # values there are data, not schemas
+
+
+def _hoist_defs(params: Any, prefix: str, defs: dict) -> Any:
+    """params with its "$defs" / "definitions" moved into defs under prefix + their name, and its
+    local references ("#/$defs/...", "#/definitions/...", "#") rewritten to point there: inside a
+    call's schema the parameters are no longer the root a "#/..." reference is resolved from
+    (Pydantic models with nested models give such schemas)."""
+    refs_root = isinstance(params, dict) and '"#"' in json.dumps(params)
+    if not isinstance(params, dict) or not (refs_root or any(k in params for k in ("$defs", "definitions"))):
+        return params
+
+    def move(node: Any) -> Any:
+        if isinstance(node, list):
+            return [move(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out = {}
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                for head in ("#/$defs/", "#/definitions/"):
+                    if value.startswith(head):
+                        value = "#/$defs/" + prefix + value[len(head):]
+                if value == "#":
+                    value = "#/$defs/" + prefix.rstrip("_")
+            out[key] = value if key in _DATA_KEYS else move(value)
+        return out
+
+    root = move(params)
+    for key in ("$defs", "definitions"):
+        for name, sub in (root.pop(key, None) or {}).items():
+            defs[prefix + name] = sub
+    if refs_root:
+        defs[prefix.rstrip("_")] = root
+    return root
+
+
+def _call_schema(fn: dict, arguments_key: str, defs: dict | None = None, prefix: str = "") -> dict:
     params = fn.get("parameters") or {"type": "object"}
-    return {"type": "object", "properties": {"name": {"const": fn["name"]},
-                                             arguments_key: strict_schema(params) if fn.get("strict") else params},
+    params = strict_schema(params) if fn.get("strict") else params
+    if defs is not None:
+        params = _hoist_defs(params, prefix, defs)
+    return {"type": "object", "properties": {"name": {"const": fn["name"]}, arguments_key: params},
             "required": ["name", arguments_key], "additionalProperties": False}
 
 
@@ -789,13 +828,16 @@ def forced_tool_calls(parser: str, tools: list[dict], choice: str | dict, parall
     named = isinstance(choice, dict)
     fns = [t["function"] for t in tools if not named or t["function"]["name"] == choice["name"]]
     key = "parameters" if parser in ("llama3_json", "forced_json") else "arguments"
-    schemas = [_call_schema(fn, key) for fn in fns]
+    defs: dict = {}         # the tools' own definitions, at the root where references resolve
+    schemas = [_call_schema(fn, key, defs, f"tool{i}_") for i, fn in enumerate(fns)]
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
     many = parallel and not named
     if parser == "forced_json":
         return StructuredOutputsParams(json={"type": "array", "items": schema, "minItems": 1,
-                                             "maxItems": MAX_FORCED_CALLS if many else 1})
-    schema = {**schema, "x-guidance": {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}}
+                                             "maxItems": MAX_FORCED_CALLS if many else 1,
+                                             **({"$defs": defs} if defs else {})})
+    schema = {**schema, "x-guidance": {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False},
+              **({"$defs": defs} if defs else {})}
     body = "%json " + json.dumps(schema)
 
     def calls(one: str, sep: str) -> str:
@@ -1012,11 +1054,15 @@ def _partial_suffix(text: str, tag: str) -> int:
 
 class HermesToolParser:
     """<tool_call>{"name": ..., "arguments": {...}}</tool_call> blocks (Hermes, Qwen2.5, Qwen3)
-    -> OpenAI tool calls, delta by delta: text outside the blocks is content (whitespace between
-    calls dropped), a tag split across deltas is held back, a closed block that is not a JSON
-    call stays content as it was written. A block still open at the end is a call if its JSON
-    is whole, else dropped (cut off by max_tokens: markup that opened a call is never content).
-    forced: the answer is calls only (a forced tool_choice), so nothing in it is content."""
+    -> OpenAI tool calls, delta by delta: text outside the blocks is content as written (the text
+    before a call keeps its trailing whitespace, as vLLM's hermes parser), except a stretch of
+    whitespace alone before, between or after calls: it is held back until text follows it and
+    dropped if a call does or the answer ends after one, so the same answer gives the same
+    content whatever its deltas, streamed or whole. A tag split across deltas is held back, a
+    closed block that is not a JSON call stays content as it was written. A block still open at
+    the end is a call if its JSON is whole, else dropped (cut off by max_tokens: markup that
+    opened a call is never content). forced: the answer is calls only (a forced tool_choice),
+    so nothing in it is content."""
     START, END = "<tool_call>", "</tool_call>"
 
     def __init__(self, forced: bool = False) -> None:
@@ -1024,6 +1070,8 @@ class HermesToolParser:
         self.inside = False
         self.num_calls = 0
         self.forced = forced
+        self.blank = ""         # whitespace since the start or the last call, no text after it yet
+        self.spoke = False      # text since the start or the last call
 
     def feed(self, text: str, final: bool = False) -> tuple[str, list[dict]]:
         self.buf += text
@@ -1033,8 +1081,12 @@ class HermesToolParser:
             nonlocal content
             if self.forced:
                 return
-            if piece.strip() or not (self.num_calls or calls):    # whitespace between calls: dropped
-                content += piece
+            if not self.spoke:
+                self.blank += piece
+                if not self.blank.strip():
+                    return
+                piece, self.blank, self.spoke = self.blank, "", True
+            content += piece
 
         while True:
             if not self.inside:
@@ -1060,9 +1112,12 @@ class HermesToolParser:
             else:
                 call["index"] = self.num_calls + len(calls)
                 calls.append(call)
+                self.blank, self.spoke = "", False
             if end < 0:
                 break
         self.num_calls += len(calls)
+        if final and self.blank and not self.num_calls:     # an answer of whitespace alone, no call
+            content, self.blank = content + self.blank, ""
         return content, calls
 
 
@@ -1324,7 +1379,7 @@ def final_response(prep: PreparedRequest, choices: dict[int, Choice], tokenizer:
                 content, calls = make_tool_parser(prep).feed(text, final=True)
                 for call in calls:
                     del call["index"]
-                message["content"] = content.strip() or None if calls or prep.forced_tools else content
+                message["content"] = content or None if calls or prep.forced_tools else content
                 if calls:
                     message["tool_calls"] = calls
                 finish = tool_finish_reason(finish, len(calls), prep.named_tool)

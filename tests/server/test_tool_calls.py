@@ -69,6 +69,10 @@ def _ask(server, tok, **kw):
     ("no call <tool_cal", "no call <tool_cal", []),
     ("<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
     ('<tool_call>{"name": "f", "arguments": "{}"}', "", [("f", {})]),        # unterminated at the end
+    ("Hm.  \n\n" + CALL + "\n\n" + CALL + " \nDone. ", "Hm.  \n\n \nDone. ", [("get_weather", {"city": "Paris"})] * 2),
+    ("\n " + CALL + "\n", "", [("get_weather", {"city": "Paris"})]),      # whitespace alone beside calls: none
+    ("\n <tool_call>{\"name\": ", "\n ", []),       # no call after all: the answer as written, less the cut call
+    (" \n", " \n", []),
 ])
 def test_hermes_parser_at_every_delta_boundary(text, content, calls):
     for cut in range(len(text) + 1):
@@ -85,7 +89,7 @@ def test_tool_call_parsed_from_the_answer(tool_server):
     out = _ask(server, tok, tools=TOOLS)
     choice = out.choices[0]
     assert choice.finish_reason == "tool_calls"
-    assert choice.message.content == "Let me check."
+    assert choice.message.content == "Let me check.\n"        # as written, as streamed (vLLM's hermes parser)
     (call,) = choice.message.tool_calls
     assert call.type == "function" and call.id.startswith("call_")
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
@@ -339,3 +343,64 @@ def test_forced_tool_calls_need_no_parser_in_messages_and_responses(parserless_s
                                 tools=[{"type": "function", **TOOLS[0]["function"]}])
     assert [(o.type, o.name, json.loads(o.arguments)) for o in r.output] == \
         [("function_call", "get_weather", {"city": "Paris"})] and r.status == "completed"
+
+
+# ---- the text beside calls: streamed and whole answers agree -------------------------------
+
+ROME = CALL.replace("Paris", "Rome")
+BESIDE_CALLS = {        # answer -> its content: the text before a call as written (as vLLM's hermes
+    "text then call": ("Let me check.\n" + CALL, "Let me check.\n"),    # parser); whitespace alone is none
+    "trailing blanks": ("Let me check.  \n\n" + CALL, "Let me check.  \n\n"),
+    "call only": (CALL, None),
+    "blank then call": ("\n \n" + CALL, None),
+    "two calls": (CALL + "\n" + ROME, None),
+    "text, two calls": ("Checking both.\n" + CALL + "\n\n" + ROME, "Checking both.\n"),
+    "text after a call": (CALL + "\nDone.", "\nDone."),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(BESIDE_CALLS))
+def beside_calls(request):
+    answer, content = BESIDE_CALLS[request.param]
+    runner = type("Runner", (ScriptedRunner,), {"script": answer + "<|im_end|>"})
+    with scripted_server(runner, step_seconds=0.0002, chat_template=TOOL_TEMPLATE) as (server, _):
+        yield server, answer, content
+
+
+def test_text_beside_calls_is_the_same_streamed_or_whole(beside_calls):
+    """Chat Completions, Messages and Responses: the text an answer writes around its calls is one
+    and the same whole, streamed, and through the SDKs' stream helpers (whatever the deltas)."""
+    import anthropic
+    server, answer, content = beside_calls
+    calls = _whole_calls(answer)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=20)
+    question = [{"role": "user", "content": "Weather?"}]
+    for stream in (False, True):
+        assert _chat(client, stream, messages=question, tools=TOOLS, max_tokens=200) == \
+            (content, calls, "tool_calls"), stream
+    with client.chat.completions.stream(model="tiny", messages=question, tools=TOOLS, max_tokens=200) as s:
+        final = s.get_final_completion().choices[0].message
+    # (the role chunk's content "" is the helper's start, as with vLLM: no text reads "" there)
+    assert (final.content or None) == content and len(final.tool_calls) == len(calls)
+
+    claude = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0, timeout=20)
+    tool = {"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}
+    kw = dict(model="tiny", max_tokens=200, messages=question, tools=[tool])
+    whole = claude.messages.create(**kw)
+    with claude.messages.stream(**kw) as s:
+        streamed = s.get_final_message()
+    for m in (whole, streamed):      # (text after a call: a block after the call streamed, before it whole)
+        assert [b.text for b in m.content if b.type == "text"] == ([content] if content else [])
+        assert [(b.name, b.input) for b in m.content if b.type == "tool_use"] == calls
+        assert m.stop_reason == "tool_use"
+
+    rkw = dict(model="tiny", input="Weather?", tools=[{"type": "function", **TOOLS[0]["function"]}],
+               max_output_tokens=200)
+    whole = client.responses.create(**rkw)
+    with client.responses.stream(**rkw) as s:
+        deltas = "".join(e.delta for e in s if e.type == "response.output_text.delta")
+        streamed = s.get_final_response()
+    for r in (whole, streamed):
+        assert r.output_text == (content or "") and r.status == "completed"
+        assert [json.loads(o.arguments) for o in r.output if o.type == "function_call"] == [a for _, a in calls]
+    assert deltas == (content or "")

@@ -117,6 +117,39 @@ def test_forced_grammar_admits_exactly_valid_calls(grammars, parser, good, bad):
     assert not (parser == "hermes" and accepts(good[1], single))     # two calls
 
 
+def _nested(name: str, inner: dict) -> dict:
+    """A tool whose parameters refer to their own definitions, as Pydantic writes nested models."""
+    return {"type": "function", "function": {"name": name, "parameters": {
+        "$defs": {"Item": inner}, "type": "object", "required": ["items"],
+        "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}},
+                       "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}}}}}
+
+
+@pytest.mark.parametrize("parser", ["hermes", "forced_json"])
+def test_forced_grammar_resolves_the_tools_own_definitions(grammars, parser):
+    """"$defs" and "#" references in a tool's parameters mean that tool's own, wherever the
+    grammar puts its arguments, also beside another tool defining the same name."""
+    tok, g = grammars
+    users = _nested("users", {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]})
+    tags = _nested("tags", {"type": "string", "maxLength": 5})
+
+    def text(name, args):
+        body = json.dumps({"name": name, ("arguments" if parser == "hermes" else "parameters"): args})
+        return f"<tool_call>\n{body}\n</tool_call>" if parser == "hermes" else f"[{body}]"
+
+    def accepts(name, args, tools, choice="required"):
+        m = g.matcher(forced_tool_calls(parser, tools, choice, parallel=False))
+        return m.consume_tokens(tok.encode(text(name, args), add_special_tokens=False)) and m.is_accepting()
+
+    good_users = {"items": [{"age": 3}], "next": {"items": [], "next": None}}
+    for tools, choice in (([users], {"name": "users"}), ([users, tags], "required")):
+        assert accepts("users", good_users, tools, choice)
+        assert not accepts("users", {"items": ["abc"]}, tools, choice)
+        assert not accepts("users", {"items": [], "next": {"items": ["abc"]}}, tools, choice)
+    assert accepts("tags", {"items": ["abc"]}, [users, tags])
+    assert not accepts("tags", {"items": [{"age": 3}]}, [users, tags])
+
+
 # ---- the default model over HTTP ----------------------------------------------------------
 
 @pytest.fixture(scope="module")
