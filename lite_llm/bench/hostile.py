@@ -11,8 +11,8 @@ Seven attacks run in turn, each for about --seconds, against --url:
                  response_format json_schema, guided_json and Responses text.format
   6 leaks        lora_path probes (/etc/passwd, a directory, a missing path) and a
                  100,000-entry guided_choice
-  7 small        /tokenize of ~80k tokens, four 7070x7070 PNGs (Pillow), a colliding
-                 request_id, Responses {"input": ""}, a NUL in the request line
+  7 small        /tokenize of ~80k tokens, a 7070x7070 PNG (Pillow) x1 and x4, a colliding
+                 request_id, a NUL in the request line, three Responses {"input": ""} at once
 
 During each attack a watchdog asks /health and a 4-token completion every 0.5 s, each on a
 connection of its own (as an unrelated client would), and keeps every probe's status and
@@ -54,7 +54,7 @@ from lite_llm.config import env
 
 STALL_SECONDS = 2.0           # a probe slower than this is a stall
 READ_CAP = 1 << 20            # bytes of an answer kept for the echo checks; the rest is not read
-GRACE = 10.0                  # seconds a request may overrun its attack's deadline before it is cut
+GRACE = 20.0                  # seconds a request may overrun its attack's deadline before it is cut
 ATTACKS = ("template", "monopoly", "fin", "connections", "schema", "leaks", "small")
 TITLES = {
     "template": "1 template bomb, loop bomb",
@@ -66,7 +66,8 @@ TITLES = {
     "small": "7 smaller ones",
 }
 # Strings that only appear in an answer when the server shows its internals.
-INTERNALS = ("Traceback (most recent", "RecursionError", "panicked at", "RUST_BACKTRACE", "stack backtrace")
+INTERNALS = ("Traceback (most recent", "RecursionError", "panicked at", "panic: ", "<backtrace>", "RUST_BACKTRACE",
+             "stack backtrace")
 BOMB = "{{ 'a' * 500000000 }}"
 
 
@@ -434,11 +435,18 @@ class Sweep:
         if start is None or end is None:
             return
         res.log_bytes = max(0, end - start)
+        mark = b"Traceback (most recent call last)"
+        res.log_tracebacks = res.log_nul_bytes = 0
         with open(self.server_log, "rb") as f:
             f.seek(start)
-            added = f.read(64 << 20)
-        res.log_tracebacks = added.count(b"Traceback (most recent call last)")
-        res.log_nul_bytes = added.count(b"\x00")
+            tail = b""
+            while f.tell() < end:
+                chunk = f.read(min(8 << 20, end - f.tell()))
+                if not chunk:
+                    break
+                res.log_tracebacks += (tail + chunk).count(mark) - tail.count(mark)
+                res.log_nul_bytes += chunk.count(b"\x00")
+                tail = chunk[-(len(mark) - 1):]
 
     def _timeout(self, deadline: float) -> float:
         return max(2.0, deadline - time.monotonic()) + GRACE
@@ -520,19 +528,23 @@ class Sweep:
         messages = [{"role": "user", "content": "Hi"}]
         bombs = {"/tokenize": {"model": self.model, "messages": messages},
                  "/v1/chat/completions": {"model": self.model, "messages": messages, "max_tokens": 1}}
-        markers = ("a" * 64, "500000000")
+        markers = ("a" * 64, "'a' * 500000000")
         for path, body in bombs.items():      # the 500 MB string, once per route
             r = res.record(self.target.call("POST", path, {**body, "chat_template": BOMB},
                                             timeout=self._timeout(deadline)), f"{path} string bomb", markers)
             res.notes.append(f"string bomb {path}: {r.status or r.error} in {r.seconds:.1f} s")
-        n = self.loop_iterations
-        loop = "{% for i in range(" + str(n) + ") %}{% endfor %}{{ messages[0]['content'] }}"
+        # nested: jinja2's sandbox refuses one range() over 100,000 items, not a loop inside a loop
+        inner = min(self.loop_iterations, 100_000)
+        outer = max(1, self.loop_iterations // inner)
+        n = inner * outer
+        loop = ("{% for i in range(" + str(outer) + ") %}{% for j in range(" + str(inner) + ") %}{% endfor %}"
+                "{% endfor %}{{ messages[0]['content'] }}")
         times, statuses = [], []
         while not times or time.monotonic() < deadline:   # then loop bombs: each route once, more while time is left
             for path, body in bombs.items():
                 r = res.record(self.target.call("POST", path, {**body, "chat_template": loop},
                                                 timeout=self._timeout(deadline)), f"{path} loop bomb",
-                               ("range(" + str(n),))
+                               ("range(" + str(inner),))
                 times.append(r.seconds)
                 statuses.append(str(r.status or r.error))
         res.notes.append(f"loop bomb ({n:.0e} iterations) x{len(times)}: "
@@ -626,7 +638,7 @@ class Sweep:
         if gen0 is not None and gen_closed is not None:
             gen_final = self._generated()
             res.notes.append(f"tokens generated after the FIN: {int((gen_final or gen_after or 0) - gen_closed)}"
-                             f" (before it: {int(gen_closed - gen0)})")
+                             f" (before it: {int(gen_closed - gen0)}; asked for: {self.fin_clients * self.fin_max_tokens})")
 
     def _generated(self) -> float | None:
         m = self.target.metrics()
@@ -786,13 +798,15 @@ class Sweep:
             res.notes.append("PNG 7070x7070: not sent (Pillow is not installed)")
         else:
             url = "data:image/png;base64," + base64.b64encode(png).decode()
-            content = [{"type": "text", "text": "What is this?"}] + [{"type": "image_url", "image_url": {"url": url}}] * 4
-            r = res.record(self.target.call("POST", "/v1/chat/completions",
-                                            {"model": self.model, "max_tokens": 1,
-                                             "messages": [{"role": "user", "content": content}]}, timeout=t),
-                           "PNG 7070x7070 x4")
-            res.notes.append(f"PNG 7070x7070 ({len(png) // 1024} KB) x4: {r.status or r.error} in {r.seconds:.1f} s: "
-                             + _message_of(r.body)[:80])
+            for count in (1, 4):
+                content = [{"type": "text", "text": "What is this?"}] + [{"type": "image_url",
+                                                                          "image_url": {"url": url}}] * count
+                r = res.record(self.target.call("POST", "/v1/chat/completions",
+                                                {"model": self.model, "max_tokens": 1,
+                                                 "messages": [{"role": "user", "content": content}]}, timeout=t),
+                               f"PNG 7070x7070 x{count}")
+                res.notes.append(f"PNG 7070x7070 ({len(png) // 1024} KB) x{count}: {r.status or r.error} in "
+                                 f"{r.seconds:.1f} s" + (f": {_message_of(r.body)[:90]}" if r.status != 200 else ""))
         self._collide(res, deadline)
         raw = b"GET /hea\x00lth HTTP/1.1\r\nHost: x\r\n\r\n"
         sock = self.target.socket(timeout=10.0)
@@ -815,12 +829,22 @@ class Sweep:
         res.count(str(status) if status else "no answer")
         res.check_echo(head, "NUL in the request line", ("\x00",))
         res.notes.append(f"NUL in the request line: {status or 'no answer'}")
-        left = max(5.0, deadline - time.monotonic())    # last: it may take all the time left
-        r = self.target.call("POST", "/v1/responses", {"model": self.model, "input": ""}, timeout=left)
-        res.record(r, "Responses input ''")
-        tokens = _json_field(r.body, "usage", "output_tokens")
-        res.notes.append("Responses {\"input\": \"\"}: " + (f"{r.status} in {r.seconds:.1f} s, {tokens} output tokens"
-                                                           if r.status else f"no answer within {left:.0f} s (reset)"))
+        # last, three at once: each may run to the context's end (how long depends on the sampling)
+        left = max(self.seconds, deadline - time.monotonic())
+        replies: list[Reply] = []
+
+        def empty_input() -> None:
+            replies.append(self.target.call("POST", "/v1/responses", {"model": self.model, "input": ""}, timeout=left))
+        threads = [threading.Thread(target=empty_input, daemon=True) for _ in range(3)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(left + 5)
+        for r in list(replies):
+            res.record(r, "Responses input ''")
+            tokens = _json_field(r.body, "usage", "output_tokens")
+            res.notes.append("Responses {\"input\": \"\"}: " + (f"{r.status} in {r.seconds:.1f} s, {tokens} output tokens"
+                                                               if r.status else f"no answer within {left:.0f} s (reset)"))
 
     def _collide(self, res: AttackResult, deadline: float) -> None:
         rid = f"hostile-{uuid.uuid4().hex[:12]}"
@@ -894,10 +918,6 @@ def _loadavg() -> str | None:
 
 def _mb(value: int | None) -> str:
     return "-" if value is None else f"{value / 2**20:.0f}"
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.0f}"
 
 
 def format_report(report: dict) -> str:

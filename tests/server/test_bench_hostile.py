@@ -115,3 +115,15 @@ def test_sweep_from_the_command_line_against_a_live_server(slow_served, tmp_path
     assert report["end"]["kv_usage"] == 0 and report["end"]["idle"] is True
     assert report["model"] == slow_served.model
     assert hostile.TITLES["monopoly"] in table and "server RSS:" in table
+
+
+def test_server_log_growth_counts_tracebacks_and_raw_nul_bytes(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_bytes(b"Traceback (most recent call last): before the attack\n")
+    sweep = hostile.Sweep(hostile.Target("http://127.0.0.1:1"), "tiny", server_log=str(log))
+    start = sweep._log_size()
+    with open(log, "ab") as f:
+        f.write(b'INFO "GET /he\x00lth" 404\n' + b"Traceback (most recent call last):\n  File ...\n" * 2)
+    res = AttackResult("small", hostile.TITLES["small"])
+    sweep._log_delta(res, start)
+    assert (res.log_bytes, res.log_tracebacks, res.log_nul_bytes) == (log.stat().st_size - start, 2, 1)
