@@ -110,7 +110,7 @@ def _error_name(e: BaseException) -> str:
 class Target:
     """The server under test: its address, key, and the ways the sweep talks to it."""
 
-    def __init__(self, url: str, api_key: str | None = None, timeout: float = 30.0):
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = 30.0, source: str | None = None):
         u = urlsplit(url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise SystemExit(f"--url must be http(s)://host:port, got {url!r}")
@@ -118,15 +118,16 @@ class Target:
         self.host, self.port = u.hostname, u.port or (443 if self.https else 80)
         self.prefix = u.path.rstrip("/")
         self.timeout = timeout
+        self.source = (source, 0) if source else None      # the local address connections come from
         self.headers = {"Content-Type": "application/json"}
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
 
     def connection(self, timeout: float) -> http.client.HTTPConnection:
         if self.https:
-            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout,
+            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout, source_address=self.source,
                                                context=ssl._create_unverified_context())
-        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout, source_address=self.source)
 
     def call(self, method: str, path: str, body: Any = None, *, data: bytes | None = None,
              timeout: float | None = None) -> Reply:
@@ -177,10 +178,16 @@ class Target:
             return {}
 
     def socket(self, timeout: float) -> socket.socket:
-        sock = socket.create_connection((self.host, self.port), timeout=timeout)
+        sock = socket.create_connection((self.host, self.port), timeout=timeout, source_address=self.source)
         if self.https:
             sock = ssl._create_unverified_context().wrap_socket(sock, server_hostname=self.host)
         return sock
+
+    def from_address(self, source: str | None) -> "Target":
+        """The same server, reached from another local address (another client to the server)."""
+        other = Target.__new__(Target)
+        other.__dict__.update(self.__dict__, source=(source, 0) if source else None)
+        return other
 
     def request_bytes(self, method: str, path: str, body: Any = None) -> bytes:
         data = json.dumps(body).encode() if body is not None else b""
@@ -357,16 +364,26 @@ def _counts(keys: Iterable[str]) -> dict[str, int]:
 # ---- the attacks ------------------------------------------------------------------------------
 
 
+def default_probe_source(target: Target) -> str | None:
+    """127.0.0.2 when the server is on this machine's loopback (every 127/8 address is local on
+    Linux), so that the watchdog and the scrapes are another client than the attacks; else None."""
+    return "127.0.0.2" if target.host in ("127.0.0.1", "localhost") and sys.platform == "linux" else None
+
+
 class Sweep:
-    """Runs the attacks in turn; each is a method `_<name>(res, deadline)`."""
+    """Runs the attacks in turn; each is a method `_<name>(res, deadline)`. The attacks use
+    `target`; the watchdog and the figures (/metrics, /v1/engine/stats) use `probe`: the same
+    server, from another address when one is given (probe_source)."""
 
     def __init__(self, target: Target, model: str, seconds: float = 20.0, settle: float = 30.0,
                  pid: int | None = None, server_log: str | None = None, interval: float = 0.5,
                  probe_timeout: float = 20.0, monopoly: tuple[int, int, int] = (256, 4, 4000),
                  fin_clients: int = 4, fin_max_tokens: int = 2000, connections: int = 520,
                  connection_max_tokens: int = 4000, loop_iterations: int = 20_000_000,
-                 choices: int = 100_000, log: Callable[[str], None] | None = None):
+                 choices: int = 100_000, probe_source: str | None = None,
+                 log: Callable[[str], None] | None = None):
         self.target, self.model = target, model
+        self.probe = target.from_address(probe_source) if probe_source else target
         self.seconds, self.settle, self.pid, self.server_log = seconds, settle, pid, server_log
         self.interval, self.probe_timeout = interval, probe_timeout
         self.monopoly, self.fin_clients, self.fin_max_tokens = monopoly, fin_clients, fin_max_tokens
@@ -374,6 +391,7 @@ class Sweep:
         self.loop_iterations, self.choices = loop_iterations, choices
         self.log = log or (lambda s: None)
         self.rss_source = "none"
+        self.has_gauges = True         # /metrics has the running and waiting gauges (checked by run)
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -383,7 +401,7 @@ class Sweep:
             self.rss_source = f"/proc/{self.pid}/status VmRSS"
             return value
         if self.pid is None:
-            m = self.target.metrics().get("process_resident_memory_bytes")
+            m = self.probe.metrics().get("process_resident_memory_bytes")
             if m is not None:
                 self.rss_source = "/metrics process_resident_memory_bytes"
                 return int(m)
@@ -396,7 +414,7 @@ class Sweep:
 
     def busy(self) -> tuple[float, float]:
         """(running, waiting) requests from /metrics; (-1, -1) when unreadable."""
-        m = self.target.metrics()
+        m = self.probe.metrics()
         if "lite_llm:num_requests_running" not in m and "vllm:num_requests_running" not in m:
             return -1.0, -1.0
         get = lambda n: m.get(f"lite_llm:{n}", m.get(f"vllm:{n}", 0.0))   # noqa: E731
@@ -404,24 +422,36 @@ class Sweep:
 
     def kv_blocks(self) -> tuple[int | None, float | None]:
         """(KV blocks held, usage 0..1): /v1/engine/stats' blocks_used, else /metrics' usage."""
-        kv = (self.target.engine_stats() or {}).get("kv_cache") or {}
+        kv = (self.probe.engine_stats() or {}).get("kv_cache") or {}
         usage = kv.get("usage")
         if usage is None:
-            m = self.target.metrics()
+            m = self.probe.metrics()
             usage = m.get("lite_llm:kv_cache_usage_perc", m.get("vllm:kv_cache_usage_perc"))
         return kv.get("blocks_used"), usage
 
     def wait_idle(self, bound: float) -> tuple[float, bool | None]:
-        """Seconds until nothing runs or waits (polled every 0.2 s), at most bound."""
+        """Seconds until nothing runs or waits (polled every 0.2 s), at most bound; None for
+        idle when the server exports no such gauges. A scrape that fails (a server still busy
+        closing an attack's connections) is polled again."""
         start = time.monotonic()
         while True:
             running, waiting = self.busy()
-            if running < 0:
+            if running < 0 and not self.has_gauges:
                 return time.monotonic() - start, None
             if running == 0 and waiting == 0:
                 return time.monotonic() - start, True
             if time.monotonic() - start >= bound:
                 return time.monotonic() - start, False
+            time.sleep(0.2)
+
+    def kv_when_idle(self, bound: float) -> tuple[int | None, float | None]:
+        """KV blocks held once idle: polled until none (the engine frees an aborted request's
+        blocks a step after it stops counting it), at most bound; what is held then is leaked."""
+        end = time.monotonic() + bound
+        while True:
+            blocks, usage = self.kv_blocks()
+            if usage == 0 or (usage is None and not self.has_gauges) or time.monotonic() >= end:
+                return blocks, usage
             time.sleep(0.2)
 
     def _log_size(self) -> int | None:
@@ -463,7 +493,7 @@ class Sweep:
         log_start = self._log_size()
         seconds = min(self.seconds, left)
         start = time.monotonic()
-        dog = Watchdog(self.target, self.model, self.interval, completion=(name != "fin"),
+        dog = Watchdog(self.probe, self.model, self.interval, completion=(name != "fin"),
                        timeout=self.probe_timeout, rss=self._rss_sampler())
         with dog:
             try:
@@ -474,7 +504,7 @@ class Sweep:
         res.probes = list(dog.probes)
         res.rss_peak = dog.rss_peak
         res.settle_seconds, res.idle = self.wait_idle(self.settle)
-        res.kv_blocks_after, res.kv_usage_after = self.kv_blocks()
+        res.kv_blocks_after, res.kv_usage_after = self.kv_when_idle(max(1.0, self.settle - res.settle_seconds))
         res.rss_after = self.rss()
         if res.rss_peak is not None:
             res.rss_peak = max(res.rss_peak, *(v for v in (res.rss_before, res.rss_after) if v is not None))
@@ -489,6 +519,7 @@ class Sweep:
             max_total = len(attacks) * (self.seconds + self.settle + GRACE + self.probe_timeout) + 60
         total_deadline = t0 + max_total
         load_before = _loadavg()
+        self.has_gauges = self.busy()[0] >= 0
         settle0, idle0 = self.wait_idle(self.settle)
         rss_start = self.rss()
         kv0 = self.kv_blocks()
@@ -501,10 +532,11 @@ class Sweep:
                      f"stalls {len(res.stalls())}, settled in {res.settle_seconds:.1f} s"
                      + (f" ({res.skipped})" if res.skipped else ""))
         settle_end, idle_end = self.wait_idle(self.settle)
-        kv_end = self.kv_blocks()
+        kv_end = self.kv_when_idle(max(1.0, self.settle - settle_end))
         rss_end = self.rss()
         return {
-            "url": self.target.url, "model": self.model, "date": time.strftime("%Y-%m-%d %H:%M UTC",
+            "url": self.target.url, "model": self.model,
+            "probe_source": None if self.probe.source is None else self.probe.source[0], "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                               time.gmtime(started)),
             "machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
                         "loadavg_before": load_before, "loadavg_after": _loadavg()},
@@ -641,7 +673,7 @@ class Sweep:
                              f" (before it: {int(gen_closed - gen0)}; asked for: {self.fin_clients * self.fin_max_tokens})")
 
     def _generated(self) -> float | None:
-        m = self.target.metrics()
+        m = self.probe.metrics()
         return m.get("lite_llm:generation_tokens_total", m.get("vllm:generation_tokens_total"))
 
     # -- 4: every connection slot ---------------------------------------------------------------
@@ -925,7 +957,8 @@ def format_report(report: dict) -> str:
     m = report["machine"]
     lines = [f"hostile sweep of {report['url']} ({report['model']}), {report['date']}, "
              f"{report['seconds_per_attack']:g} s per attack, {report['duration_s']:.0f} s in all",
-             f"client machine: {m['host']}, {m['cpus']} CPUs, load {m['loadavg_before']} -> {m['loadavg_after']}",
+             f"client machine: {m['host']}, {m['cpus']} CPUs, load {m['loadavg_before']} -> {m['loadavg_after']}; "
+             f"watchdog from {report.get('probe_source') or 'the address of the attacks'}",
              ""]
     header = ("attack", "sent", "5xx", "statuses", "stalls > 2 s (s)", "health max ms", "compl. max ms",
               "probes !200", "echoes", "RSS MB before/peak/after", "KV blocks after", "settle s")
@@ -1025,6 +1058,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--connection-max-tokens", type=int, default=4000, help="max_tokens of each (default 4000)")
     a("--loop-iterations", type=int, default=20_000_000, help="iterations of the template loop bomb (default 2e7)")
     a("--choices", type=int, default=100_000, help="entries of the guided_choice (default 100000)")
+    a("--probe-source", default="auto", metavar="ADDR",
+      help="local address of the watchdog's connections and the scrapes, so that the server sees them as "
+           "another client than the attacks (default auto: 127.0.0.2 against a server on 127.0.0.1; none: "
+           "the attacks' address)")
     a("--probe-timeout", type=float, default=20.0, help="seconds before a watchdog probe gives up (default 20)")
     a("--json", default=None, metavar="FILE", help="also write every figure to FILE as JSON")
 
@@ -1034,6 +1071,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--seconds must be > 0 and --settle >= 0")
     attacks = parse_attacks(args.attacks)
     target = Target(args.url, args.api_key or env("API_KEY"))
+    source = {"auto": default_probe_source(target), "none": None}.get(args.probe_source, args.probe_source)
     model = args.model
     if model is None:
         reply = target.call("GET", "/v1/models", timeout=10.0)
@@ -1047,7 +1085,7 @@ def run(args: argparse.Namespace) -> int:
                   server_log=args.server_log, probe_timeout=args.probe_timeout, monopoly=args.monopoly,
                   fin_clients=args.fin_clients, fin_max_tokens=args.fin_max_tokens,
                   connections=args.connections, connection_max_tokens=args.connection_max_tokens,
-                  loop_iterations=args.loop_iterations, choices=args.choices,
+                  loop_iterations=args.loop_iterations, choices=args.choices, probe_source=source,
                   log=lambda s: print(s, file=sys.stderr, flush=True))
     report = sweep.run(attacks, max_total=args.max_total)
     print(format_report(report))

@@ -127,3 +127,24 @@ def test_server_log_growth_counts_tracebacks_and_raw_nul_bytes(tmp_path):
     res = AttackResult("small", hostile.TITLES["small"])
     sweep._log_delta(res, start)
     assert (res.log_bytes, res.log_tracebacks, res.log_nul_bytes) == (log.stat().st_size - start, 2, 1)
+
+
+def test_watchdog_is_another_client_than_the_attacks(tmp_path):
+    """Against a server capping connections per address, the attack's extra connections are
+    refused while the watchdog, coming from 127.0.0.2, is answered throughout."""
+    s = start_server(engine_overrides={"step_seconds": 0.02}, max_connections_per_client=2)
+    try:
+        target = hostile.Target(s.url)
+        assert hostile.default_probe_source(target) == "127.0.0.2"
+        sweep = hostile.Sweep(target, s.model, seconds=1.5, settle=3, connections=6, connection_max_tokens=400,
+                              probe_source="127.0.0.2")
+        report = sweep.run(["connections"])
+    finally:
+        stop_server(s)
+    a = report["attacks"][0]
+    assert report["probe_source"] == "127.0.0.2"
+    assert a["sent"] == 6 and sum(a["statuses"].values()) == 6
+    assert a["statuses"].get("200", 0) <= 2 and a["statuses"].get("503", 0) >= 1, a["statuses"]   # capped
+    for kind in ("health", "completion"):
+        assert a["probes_summary"][kind]["sent"] >= 1
+        assert a["probes_summary"][kind]["failed"] == {}, a["probes_summary"]
