@@ -778,25 +778,29 @@ class Sweep:
     # -- 6: what errors say ------------------------------------------------------------------------
 
     def _leaks(self, res: AttackResult, deadline: float) -> None:
-        first_bytes = ""
+        # what /etc/passwd holds, as an error could quote it: its first line's start, its magic as bytes
+        head = b""
         try:
             with open("/etc/passwd", "rb") as f:
-                first_bytes = f.read(4).decode("ascii", "replace")
+                head = f.read(16)
         except OSError:
             pass
+        file_markers = tuple(m for m in (head[:12].decode("ascii", "replace"), repr(head[:4])) if len(m) >= 6)
         messages = {}
         for path in ("/etc/passwd", "/etc", "/nonexistent/hostile/adapter"):
             r = res.record(self.target.call("POST", "/v1/load_lora_adapter",
                                             {"lora_name": f"hostile-{uuid.uuid4().hex[:8]}", "lora_path": path},
                                             timeout=self._timeout(deadline)),
-                           f"lora_path {path}", ("root:", first_bytes, "b'"))
+                           f"lora_path {path}", file_markers)
             messages[path] = (r.status, _message_of(r.body))
             res.notes.append(f"lora_path {path}: {r.status or r.error}")
-        if len({m for m in messages.values()}) > 1 and all(s == 400 for s, _ in messages.values()):
-            res.notes.append("lora_path: the error differs between a file, a directory and a missing path "
-                             "(tells which exist)")
-        elif all(s == 404 for s, _ in messages.values()):
-            res.notes.append("lora_path: 404 (adapters not enabled on this server: nothing probed)")
+        if all(status == 404 for status, _ in messages.values()):
+            res.notes.append("lora_path: 404 (no runtime adapter loading on this server: nothing probed)")
+        elif len(set(messages.values())) > 1:
+            res.notes.append("lora_path: the answers differ between a file, a directory and a missing path "
+                             "(they tell which exist)")
+        else:
+            res.notes.append("lora_path: one answer for a file, a directory and a missing path")
         # entries as short as can be (x0 .. x1869f) so that 100,000 of them fit a 1 MiB body limit
         choices = [f"x{i:x}" for i in range(self.choices)]
         body = {"model": self.model, "prompt": "Pick one:", "max_tokens": 4, "guided_choice": choices}
