@@ -23,6 +23,8 @@ BENCH_COMMANDS = {
     "latency": ("lite_llm.bench.latency", "prefill/decode speed of one batch"),
     "throughput": ("lite_llm.bench.throughput", "offline throughput of many requests"),
     "serve": ("lite_llm.bench.serve", "load a running server: TTFT, TPOT, ITL, throughput"),
+    "hostile": ("lite_llm.bench.hostile", "attack a running server in turn while a watchdog times /health "
+                                          "and a small completion: stalls, 5xx, echoes, leaked KV, RSS"),
     "embed": ("lite_llm.bench.embed", "embedding throughput vs sentence-transformers and llama.cpp (all-MiniLM-L6-v2)"),
     "prefix": ("lite_llm.bench.prefix", "TTFT of a request whose long prefix is already cached"),
     "allreduce": ("lite_llm.bench.allreduce", "microseconds per tensor-parallel all-reduce (shared memory)"),
