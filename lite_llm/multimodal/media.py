@@ -87,9 +87,9 @@ def _check_pixels(width: int, height: int, what: str, cfg: MediaConfig, used_pix
                          f"{cfg.max_pixels}")
     limit = cfg.max_pixels_per_request
     if used_pixels is not None and limit is not None and used_pixels + width * height > limit:
-        raise MediaError(f"{what} is {width}x{height} = {width * height} pixels: the request's images would "
-                         f"hold {used_pixels + width * height} pixels, more than the limit of {limit} "
-                         f"(--max-image-pixels-per-request)")
+        together = f": with the request's images before it, {used_pixels + width * height}," if used_pixels else ""
+        raise MediaError(f"{what} is {width}x{height} = {width * height} pixels{together} more than the limit "
+                         f"of {limit} decoded pixels per request (--max-image-pixels-per-request)")
 
 
 def check_image(image, what: str, cfg: MediaConfig):
