@@ -644,7 +644,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(200, webui.engine_stats(stats, self.state.kernel_info, self.state.ctx.model_names))
 
     def _openapi(self) -> None:
-        self._send_json(200, openapi_document(__version__, metrics_auth=not self.server.metrics_no_auth))
+        st = self.state
+        self._send_json(200, openapi_document(__version__, metrics_auth=not self.server.metrics_no_auth,
+                                              api_key=st.api_key is not None,
+                                              pooling=pooling_routes.is_pooling(st.engine),
+                                              vocab_size=st.ctx.vocab_size, max_model_len=st.ctx.max_model_len,
+                                              images=st.ctx.mm_processor is not None,
+                                              tools=bool(st.ctx.tool_parser or openai.tool_parser_for(
+                                                  st.ctx.chat_template or getattr(st.ctx.tokenizer, "chat_template", None)))))
 
     def _pooling(self) -> None:
         pooling_routes.handle(self, urlsplit(self.path).path.rstrip("/"))

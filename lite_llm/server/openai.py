@@ -131,7 +131,8 @@ def _all_text_encodable(value: Any) -> bool:
 
 
 def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    """An integer as JSON Schema counts them: 3 and 3.0 alike (pydantic, under vLLM, takes both)."""
+    return (isinstance(x, int) and not isinstance(x, bool)) or (isinstance(x, float) and x.is_integer())
 
 
 def _is_num(x: Any) -> bool:
@@ -144,7 +145,7 @@ def get_int(body: dict, name: str, lo: int, hi: int, default: int | None = None)
         return default
     if not _is_int(v) or not lo <= v <= hi:
         raise bad(f"'{name}' must be an integer in [{lo}, {hi}], got {_show(v)}", name)
-    return v
+    return int(v)
 
 
 def get_float(body: dict, name: str, lo: float, hi: float, default: float | None = None,
@@ -437,7 +438,7 @@ def _token_ids(value: Any, vocab_size: int, name: str, allow_empty: bool = False
             or not all(_is_int(t) and 0 <= t < vocab_size for t in value)):
         raise bad(f"'{name}' must be a {'' if allow_empty else 'non-empty '}list of token ids "
                   f"in [0, {vocab_size})", name)
-    return list(value)
+    return [int(t) for t in value]
 
 
 def _stream_options(body: dict, stream: bool) -> bool:
@@ -797,7 +798,7 @@ def parse_messages(messages: Any, images: list | None = None, ctx: ServingContex
         if not isinstance(m, dict):
             raise bad(f"'{where}' must be an object", where)
         role = m.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise bad(f"'{where}.role' must be one of system, developer, user, assistant, tool",
                       f"{where}.role")
         for key in m:
