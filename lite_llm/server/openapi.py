@@ -14,7 +14,8 @@ _INT = {"type": "integer"}
 _BOOL = {"type": "boolean"}
 _STR = {"type": "string"}
 _NULLABLE_STR = {"type": ["string", "null"]}
-_TOKEN_ID = {"type": "integer", "minimum": 0}     # below the vocabulary's size: openapi_document says so
+_TOKEN_ID = {"type": "integer", "minimum": 0}
+_LOGIT_BIAS_KEY = {"pattern": "^[0-9]{1,10}$"}     # a token id: openapi_document bounds it too     # below the vocabulary's size: openapi_document says so
 _IDS = {"type": "array", "items": _TOKEN_ID}
 
 
@@ -50,10 +51,11 @@ _SAMPLING = {
     "skip_special_tokens": _BOOL,
     "include_stop_str_in_output": _BOOL,
     "parallel_tool_calls": _BOOL,
-    "request_id": _STR,
+    "request_id": {"type": "string", "pattern": "^[ -~]{1,128}$",
+                   "description": "names the response (cmpl-<request_id>); 1 to 128 printable characters"},
     "add_special_tokens": _BOOL,
     "logit_bias": {"type": "object", "maxProperties": 300,
-                   "propertyNames": {"pattern": "^[0-9]{1,10}$"},
+                   "propertyNames": _LOGIT_BIAS_KEY,
                    "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
     "response_format": {"oneOf": [
         {"type": "object", "required": ["type"], "additionalProperties": False,
@@ -64,15 +66,18 @@ _SAMPLING = {
                             "name": _STR, "description": _STR, "strict": _BOOL,
                             "schema": {"type": ["object", "boolean"]}}}}}],
         "description": "the output follows a JSON schema (or is any JSON object), enforced token by token"},
-    "guided_json": {"type": ["object", "string"], "description": "a JSON schema the output follows"},
-    "guided_regex": {**_STR, "description": "a regular expression the output matches"},
-    "guided_choice": {"type": "array", "items": _STR, "minItems": 1,
+    "guided_json": {"type": "object", "description": "a JSON schema the output follows (or its JSON text)"},
+    "guided_regex": {**_STR, "minLength": 1, "description": "a regular expression the output matches"},
+    "guided_choice": {"type": "array", "items": {**_STR, "minLength": 1}, "minItems": 1,
                       "description": "the output is one of these strings"},
-    "guided_grammar": {**_STR, "description": "a Lark (or GBNF) grammar the output follows"},
+    "guided_grammar": {**_STR, "minLength": 1, "description": "a Lark (or GBNF) grammar the output follows"},
     "guided_whitespace_pattern": {**_STR, "description": "regex of the whitespace JSON output may use"},
-    "structured_outputs": {"type": "object", "additionalProperties": False, "properties": {
-        "json": {"type": ["object", "string", "boolean"]}, "regex": _STR,
-        "choice": {"type": "array", "items": _STR, "minItems": 1}, "grammar": _STR,
+    "structured_outputs": {"type": "object", "additionalProperties": False, "oneOf": [
+        *({"required": [key]} for key in ("json", "regex", "choice", "grammar")),
+        {"required": ["json_object"], "properties": {"json_object": {"const": True}}}], "properties": {
+        "json": {"type": ["object", "boolean"], "description": "a JSON schema (or its JSON text)"},
+        "regex": {**_STR, "minLength": 1},
+        "choice": {"type": "array", "items": {**_STR, "minLength": 1}, "minItems": 1}, "grammar": {**_STR, "minLength": 1},
         "json_object": _BOOL, "disable_any_whitespace": _BOOL,
         "disable_additional_properties": _BOOL, "whitespace_pattern": _STR},
         "description": "vLLM's structured outputs: exactly one of json, json_object, regex, choice, grammar"},
@@ -86,10 +91,11 @@ _CONSTRAINTS = ("response_format", "guided_json", "guided_regex", "guided_choice
 _ONE_CONSTRAINT = {"not": {"anyOf": [{"required": [a, b]} for i, a in enumerate(_CONSTRAINTS)
                                      for b in _CONSTRAINTS[i + 1:]]}}
 # rules between fields the server enforces with a 400
-_IF_STREAM_OPTIONS = {"if": {"required": ["stream_options"]},
-                      "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
-_NOT_STREAMED = {"if": {"required": ["stream"], "properties": {"stream": {"const": True}}},
-                 "then": {"properties": {"prompt_logprobs": {"type": "null"}}}}
+# streamed: no prompt_logprobs; not streamed: no stream_options (one rule: schemathesis draws
+# from fewer conditionals)
+_STREAM_RULES = {"if": {"required": ["stream"], "properties": {"stream": {"const": True}}},
+                 "then": {"properties": {"prompt_logprobs": {"type": "null"}}},
+                 "else": {"properties": {"stream_options": {"type": "null"}}}}
 _LOGPROBS_FOR_TOP = {"if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"minimum": 1}}},
                      "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}
 _USAGE = {"type": "object", "properties": {"prompt_tokens": _INT, "completion_tokens": _INT,
@@ -270,7 +276,7 @@ _POOL_SCHEMAS: dict[str, Any] = {
 SCHEMAS: dict[str, Any] = {
     **_POOL_SCHEMAS,
     "CompletionRequest": {"type": "object", "required": ["prompt"], "additionalProperties": False, **_ONE_CONSTRAINT,
-                          "allOf": [_IF_STREAM_OPTIONS, _NOT_STREAMED,
+                          "allOf": [_STREAM_RULES,
                                     {"if": {"required": ["stream", "echo", "logprobs"],
                                             "properties": {"stream": {"const": True}, "echo": {"const": True}}},
                                      "then": {"properties": {"logprobs": {"type": "null"}}}}],
@@ -283,7 +289,7 @@ SCHEMAS: dict[str, Any] = {
         "echo": _BOOL}},
     "ChatCompletionRequest": {"type": "object", "required": ["messages"], "additionalProperties": False,
                               **_ONE_CONSTRAINT, "dependentRequired": {"tool_choice": ["tools"]},
-                              "allOf": [_IF_STREAM_OPTIONS, _NOT_STREAMED,
+                              "allOf": [_STREAM_RULES,
                                         _LOGPROBS_FOR_TOP],
                               "properties": {
         **_SAMPLING,
@@ -332,10 +338,12 @@ SCHEMAS: dict[str, Any] = {
         "max_completion_tokens": _MAX_TOKENS, "logprobs": _BOOL,
         "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20}, "add_generation_prompt": _BOOL,
         "chat_template": _STR, "chat_template_kwargs": _TEMPLATE_KWARGS}},
-    "InvocationsRequest": {"description": "a chat body ('messages'; a list of conversations for a batch) or "
-                           "a completion body ('prompt')",
-                           "oneOf": [_ref("ChatCompletionRequest"), _ref("ChatCompletionBatchRequest"),
-                                     _ref("CompletionRequest")]},
+    # A chat body here; a batch (a list of conversations) or a completion body ('prompt') is taken
+    # too, as at its own route (three alternatives this rich are more than schemathesis draws from).
+    "InvocationsRequest": {"allOf": [_ref("ChatCompletionRequest")],
+                           "description": "a chat body ('messages'; a list of conversations for a batch, as "
+                                          "ChatCompletionBatchRequest) or a completion body ('prompt', as "
+                                          "CompletionRequest)"},
     "ResponsesRequest": {"type": "object", "required": ["input"], "additionalProperties": False,
                          "dependentRequired": {"tool_choice": ["tools"]}, "allOf": [
         {"if": {"required": ["stream_options"]}, "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}},
@@ -465,12 +473,26 @@ def _response_op(method: str, summary: str, schema: str, errors: tuple[int, ...]
                                    **_errors(*errors)}}}
 
 
+def _below(n: int) -> str:
+    """A regular expression of the decimal integers in [0, n), n >= 1, without leading zeros."""
+    top = str(n - 1)
+    alts = ["0"] + ([f"[1-9][0-9]{{0,{len(top) - 2}}}"] if len(top) > 1 else [])
+    for i, digit in enumerate(top):
+        low = 1 if i == 0 else 0
+        if int(digit) > low:
+            alts.append(f"{top[:i]}[{low}-{int(digit) - 1}][0-9]{{{len(top) - i - 1}}}")
+    alts.append(top)
+    return "^(" + "|".join(alts) + ")$"
+
+
 def _fitted(value: Any, vocab_size: int | None, max_model_len: int | None, images: bool) -> Any:
     """A copy of value with every token id bounded by the vocabulary (_TOKEN_ID gets its maximum),
     min_tokens by the context and, for a model that takes no images, no image part among the
     alternatives."""
     if value is _TOKEN_ID:
         return value if vocab_size is None else {**value, "maximum": vocab_size - 1}
+    if value is _LOGIT_BIAS_KEY:
+        return value if vocab_size is None else {"pattern": _below(vocab_size)}
     if value is _MIN_TOKENS:
         return value if max_model_len is None else {**value, "maximum": max_model_len}
     if isinstance(value, dict):
@@ -500,9 +522,9 @@ def openapi_document(version: str, metrics_auth: bool = True, *, api_key: bool =
     and /ping (and /metrics with --metrics-no-auth) takes the API key when the server has one
     (api_key): the `security` of each operation says which; a server without one asks for none.
     The pooling routes are listed when the model pools; token ids are bounded by vocab_size,
-    min_tokens by max_model_len;
-    image parts are offered when the model takes images, tools when the server can parse tool
-    calls (--tool-call-parser, or a chat template that shows a known format)."""
+    min_tokens by max_model_len; image parts are offered when the model takes images, tools
+    when the server can parse tool calls (--tool-call-parser, or a chat template that shows a
+    known format)."""
     doc = _fitted(_document(version, metrics_auth), vocab_size, max_model_len, images)
     if not pooling:
         doc["paths"] = {path: op for path, op in doc["paths"].items() if path not in POOLING_ROUTES}
@@ -511,7 +533,8 @@ def openapi_document(version: str, metrics_auth: bool = True, *, api_key: bool =
             props = doc["components"]["schemas"][name]["properties"]
             props["tools"] = {"type": "array", "maxItems": 0,
                               "description": "none: this server parses no tool calls (see --tool-call-parser)"}
-            props["tool_choice"] = {"not": {}, "description": "only with tools"}
+            del props["tool_choice"]            # only with tools
+            doc["components"]["schemas"][name].pop("dependentRequired", None)
     return doc if api_key else _without_auth(doc)
 
 
