@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from lite_llm.multimodal import gemma3, llava
-from lite_llm.multimodal.media import MediaConfig, MediaError, check_image, load_image_url  # noqa: F401
+from lite_llm.multimodal.media import (DEFAULT_PIXELS_PER_REQUEST, MediaConfig, MediaError, check_image,  # noqa: F401
+                                       load_image_url)
 
 try:
     from _blake2 import blake2b
@@ -376,9 +377,11 @@ def load_vision(loaded, kernels=None, num_threads: int = 1, bf16_path: str | Non
 # ---- front-end helpers (LLM.generate / LLM.chat, the server) -----------------------------------
 
 
-def media_config(limit_mm_per_prompt=None, mm_processor_kwargs=None, allowed_media_domains=None) -> MediaConfig:
+def media_config(limit_mm_per_prompt=None, mm_processor_kwargs=None, allowed_media_domains=None,
+                 max_image_pixels_per_request: int | None = DEFAULT_PIXELS_PER_REQUEST) -> MediaConfig:
     """MediaConfig from vLLM-style options: dicts or their JSON text; domains a list or a
-    comma/space separated string. A bad value is a ValueError naming the option."""
+    comma/space separated string; max_image_pixels_per_request None or 0: no cap. A bad value
+    is a ValueError naming the option."""
     def as_dict(value, name):
         if value is None:
             return {}
@@ -400,20 +403,26 @@ def media_config(limit_mm_per_prompt=None, mm_processor_kwargs=None, allowed_med
             raise ValueError(f"--mm-processor-kwargs: {key!r}: max_pixels / min_pixels take a positive count")
     if isinstance(allowed_media_domains, str):
         allowed_media_domains = allowed_media_domains.replace(",", " ").split()
+    if max_image_pixels_per_request is not None and (not isinstance(max_image_pixels_per_request, int)
+                                                     or max_image_pixels_per_request < 0):
+        raise ValueError(f"--max-image-pixels-per-request must be a count >= 0, got {max_image_pixels_per_request!r}")
     return MediaConfig(allowed_domains=tuple(allowed_media_domains or ()),
                        limit_per_prompt={"image": limits.get("image", 4)},
-                       max_pixels=None, processor_kwargs=kwargs)
+                       max_pixels=None, processor_kwargs=kwargs,
+                       max_pixels_per_request=max_image_pixels_per_request or None)
 
 
-def image_of_part(part: dict, what: str, cfg: MediaConfig):
+def image_of_part(part: dict, what: str, cfg: MediaConfig, used_pixels: int = 0):
     """An OpenAI content part {"type": "image_url", "image_url": {"url": ...}} (or a bare url
-    string) -> a PIL image; vLLM's offline {"type": "image_pil", "image_pil": PIL} too."""
+    string) -> a PIL image; vLLM's offline {"type": "image_pil", "image_pil": PIL} too.
+    used_pixels: the pixels of the request's images decoded before this one (the sum is bounded
+    by cfg.max_pixels_per_request, checked from the header before decoding)."""
     kind = part.get("type")
     if kind == "image_pil":
         return check_image(part.get("image_pil"), what, cfg)
     spec = part.get("image_url")
     url = spec.get("url") if isinstance(spec, dict) else spec
-    return load_image_url(url, what, cfg)
+    return load_image_url(url, what, cfg, used_pixels)
 
 
 def flatten_chat(conversation: list[dict], processor: Processor | None, cfg: MediaConfig) -> tuple[list[dict], list]:
@@ -434,7 +443,8 @@ def flatten_chat(conversation: list[dict], processor: Processor | None, cfg: Med
                 where = f"messages[{i}].content[{j}]"
                 if processor is None:
                     raise MediaError(f"'{where}': this model does not take images")
-                images.append(image_of_part(part, f"image {len(images)} ({where})", cfg))
+                used = sum(im.width * im.height for im in images)
+                images.append(image_of_part(part, f"image {len(images)} ({where})", cfg, used))
                 text.append(processor.placeholder)
             else:
                 raise MediaError(f"messages[{i}].content[{j}]: content part type {kind!r} is not supported")

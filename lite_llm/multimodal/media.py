@@ -5,6 +5,11 @@ is wrong, which the server turns into a 400.
 Remote URLs are fetched only from hosts in --allowed-media-domains (none by default: the
 server must not fetch arbitrary addresses for its clients); each redirect is checked against
 the same list; the body is read up to max_image_bytes within fetch_timeout seconds in total.
+
+A few KB of PNG can stand for 50 million pixels (a decompression bomb: 150 MB once decoded,
+seconds of CPU), so the pixels an image would decode to are read from its header and counted
+against max_pixels_per_request, summed over every image of the request, before anything is
+decoded; only common web formats are opened.
 """
 from __future__ import annotations
 
@@ -20,6 +25,10 @@ class MediaError(ValueError):
     """A request's image cannot be used; the message says which and why."""
 
 
+DEFAULT_PIXELS_PER_REQUEST = 1 << 25
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")     # what Image.open may try: no exotic decoders
+
+
 @dataclass(frozen=True)
 class MediaConfig:
     allowed_domains: tuple[str, ...] = ()   # hosts whose http(s) URLs may be fetched; (): none
@@ -27,7 +36,10 @@ class MediaConfig:
     fetch_timeout: float = 10.0             # seconds for one remote image, redirects included
     max_redirects: int = 3
     limit_per_prompt: dict = field(default_factory=lambda: {"image": 4})   # --limit-mm-per-prompt
-    max_pixels: int | None = 50_000_000     # decoded width x height at most (a decompression bomb is refused)
+    max_pixels: int | None = 50_000_000     # decoded width x height of one image at most
+    # decoded pixels of all a request's images together (--max-image-pixels-per-request): 32 Mi,
+    # e.g. two 12-megapixel photos or four 2896x2896 images, about 100 MB as RGB; None: no cap
+    max_pixels_per_request: int | None = DEFAULT_PIXELS_PER_REQUEST
     processor_kwargs: dict = field(default_factory=dict)
 
     @property
@@ -43,33 +55,46 @@ def _pil():
     return Image
 
 
-def decode_image(data: bytes, what: str, cfg: MediaConfig):
-    """Encoded bytes -> a loaded RGB PIL image; corrupt or too large: MediaError."""
+def decode_image(data: bytes, what: str, cfg: MediaConfig, used_pixels: int = 0):
+    """Encoded bytes -> a loaded RGB PIL image; corrupt or too large: MediaError. used_pixels:
+    what the request's images decoded before this one hold. Image.open reads only the header:
+    the size is checked before the pixels are decoded."""
     if len(data) > cfg.max_image_bytes:
         raise MediaError(f"{what} is {len(data)} bytes, more than the {cfg.max_image_bytes} allowed")
     Image = _pil()
     try:
-        with Image.open(io.BytesIO(data)) as im:
+        with Image.open(io.BytesIO(data), formats=FORMATS) as im:
             width, height = im.size
-            _check_pixels(width, height, what, cfg)
+            _check_pixels(width, height, what, cfg, used_pixels)
             im.load()
             return im.convert("RGB")
     except MediaError:
         raise
-    except Image.DecompressionBombError:
-        raise MediaError(f"{what} has too many pixels to decode") from None
+    except Image.DecompressionBombError:     # Pillow's own bound (Image.MAX_IMAGE_PIXELS), met first
+        raise MediaError(f"{what} has more pixels than Pillow decodes "
+                         f"({2 * (Image.MAX_IMAGE_PIXELS or 0)})") from None
+    except Image.UnidentifiedImageError:
+        raise MediaError(f"{what} is not a readable image (the formats taken are {', '.join(FORMATS)})") from None
     except Exception as e:   # Pillow raises several types for a bad file
         raise MediaError(f"{what} is not a readable image ({type(e).__name__}: {e})") from None
 
 
-def _check_pixels(width: int, height: int, what: str, cfg: MediaConfig) -> None:
+def _check_pixels(width: int, height: int, what: str, cfg: MediaConfig, used_pixels: int | None = None) -> None:
+    """width x height within max_pixels and, given the pixels of the request's images decoded
+    before (used_pixels), within max_pixels_per_request together with them."""
     if cfg.max_pixels is not None and width * height > cfg.max_pixels:
         raise MediaError(f"{what} is {width}x{height} = {width * height} pixels, more than max_pixels "
                          f"{cfg.max_pixels}")
+    limit = cfg.max_pixels_per_request
+    if used_pixels is not None and limit is not None and used_pixels + width * height > limit:
+        together = f": with the request's images before it, {used_pixels + width * height}," if used_pixels else ""
+        raise MediaError(f"{what} is {width}x{height} = {width * height} pixels{together} more than the limit "
+                         f"of {limit} decoded pixels per request (--max-image-pixels-per-request)")
 
 
 def check_image(image, what: str, cfg: MediaConfig):
-    """A PIL image given directly (offline multi_modal_data): checked like a decoded one."""
+    """A PIL image given directly (offline multi_modal_data): its size checked like an encoded
+    one's (it is decoded already: the per-request bound on decoding does not apply)."""
     Image = _pil()
     if not isinstance(image, Image.Image):
         raise MediaError(f"{what} must be a PIL.Image.Image, not {type(image).__name__}")
@@ -132,8 +157,9 @@ def fetch(url: str, what: str, cfg: MediaConfig) -> bytes:
     raise MediaError(f"{what}: more than {cfg.max_redirects} redirects from the image URL")
 
 
-def load_image_url(url: str, what: str, cfg: MediaConfig):
-    """An image_url part's url -> PIL image (data: inline, http(s) from allowed hosts)."""
+def load_image_url(url: str, what: str, cfg: MediaConfig, used_pixels: int = 0):
+    """An image_url part's url -> PIL image (data: inline, http(s) from allowed hosts);
+    used_pixels as decode_image's."""
     if not isinstance(url, str) or not url:
         raise MediaError(f"{what} needs a url string")
     if url.startswith("data:"):
@@ -147,5 +173,5 @@ def load_image_url(url: str, what: str, cfg: MediaConfig):
             data = base64.b64decode(payload, validate=False)
         except (binascii.Error, ValueError):
             raise MediaError(f"{what}: the data URL is not valid base64") from None
-        return decode_image(data, what, cfg)
-    return decode_image(fetch(url, what, cfg), what, cfg)
+        return decode_image(data, what, cfg, used_pixels)
+    return decode_image(fetch(url, what, cfg), what, cfg, used_pixels)

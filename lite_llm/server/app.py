@@ -56,6 +56,11 @@ CONNECTION_LIMIT_MESSAGE = "the server is at its connection limit; retry later"
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
 _PEER_GONE_ERRNOS = {errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED, errno.ENOTCONN, errno.ETIMEDOUT}
 _WATCH_INTERVAL = 0.05                 # seconds between polls of a waiting client's socket
+DEFAULT_MAX_TOKENS = 2048              # output cap of a chat/Responses request naming none (--default-max-tokens)
+# What a request line may carry into a log line only escaped: control characters (a NUL, a
+# newline forging a second line, terminal escapes), and the quote and backslash that delimit
+# and escape fields (as nginx writes them: \xHH).
+_LOG_UNSAFE = re.compile(r'[\x00-\x1f\x7f-\x9f"\\]')
 _GEN_CONFIG_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
                     "min_p": "min_p", "repetition_penalty": "repetition_penalty",
                     "max_new_tokens": "max_tokens"}
@@ -69,6 +74,11 @@ def default_connections_per_client(max_connections: int) -> int:
     """--max-connections-per-client when none is given: half of all, so one address (a client
     opening hundreds of connections) always leaves the other half to everyone else."""
     return max(1, max_connections // 2)
+
+
+def log_safe(text: str) -> str:
+    """text for one log line: each control character, quote and backslash as \\xHH."""
+    return _LOG_UNSAFE.sub(lambda m: "\\x%02x" % ord(m.group()), text)
 
 
 def default_body_limit(max_model_len: int) -> int:
@@ -356,7 +366,7 @@ class _Handler(BaseHTTPRequestHandler):
         return self.server.state
 
     def log_message(self, format: str, *args: Any) -> None:
-        logger.debug("%s %s", self.address_string(), format % args)
+        logger.debug("%s %s", self.address_string(), log_safe(format % args))
 
     def _dispatch(self, method: str) -> None:
         self._body_read = False
@@ -401,7 +411,7 @@ class _Handler(BaseHTTPRequestHandler):
         except (ConnectionError, TimeoutError):
             self.close_connection = True
         except Exception:
-            logger.exception("internal error on %s %s", method, self.path[:200])
+            logger.exception("internal error on %s %s", log_safe(method), log_safe(self.path[:200]))
             self._send_error(ApiError(500, "internal server error"))
         finally:
             self._log_access(method, path)
@@ -413,7 +423,7 @@ class _Handler(BaseHTTPRequestHandler):
                                                   else next((label for pattern, label, _ in self.PATTERN_ROUTES
                                                              if pattern.fullmatch(path)), path[:100]))
         tokens = "-" if self._tokens is None else "%d+%d" % self._tokens
-        access_logger.info('%s "%s %s" %s tokens=%s %.0fms', self.client_address[0], method, route,
+        access_logger.info('%s "%s %s" %s tokens=%s %.0fms', self.client_address[0], log_safe(method), log_safe(route),
                            self._status or "-", tokens, (time.monotonic() - self._started) * 1e3)
 
     # ---- plumbing ----------------------------------------------------------------------------
@@ -671,7 +681,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(200, webui.engine_stats(stats, self.state.kernel_info, self.state.ctx.model_names))
 
     def _openapi(self) -> None:
-        self._send_json(200, openapi_document(__version__, metrics_auth=not self.server.metrics_no_auth))
+        st = self.state
+        self._send_json(200, openapi_document(__version__, metrics_auth=not self.server.metrics_no_auth,
+                                              api_key=st.api_key is not None,
+                                              pooling=pooling_routes.is_pooling(st.engine),
+                                              vocab_size=st.ctx.vocab_size, max_model_len=st.ctx.max_model_len,
+                                              images=st.ctx.mm_processor is not None,
+                                              tools=bool(st.ctx.tool_parser or openai.tool_parser_for(
+                                                  st.ctx.chat_template or getattr(st.ctx.tokenizer, "chat_template", None)))))
 
     def _pooling(self) -> None:
         pooling_routes.handle(self, urlsplit(self.path).path.rstrip("/"))
@@ -1070,12 +1087,15 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                   log_requests: bool = True, max_tokenizing: int | None = None,
                   reasoning_parser: str | None = None, tool_call_parser: str | None = None,
                   responses_store_max: int = responses.DEFAULT_STORE_MAX,
-                  responses_store_ttl: float = responses.DEFAULT_STORE_TTL, media: Any = None) -> LiteServer:
+                  responses_store_ttl: float = responses.DEFAULT_STORE_TTL, media: Any = None,
+                  default_max_tokens: int | None = DEFAULT_MAX_TOKENS) -> LiteServer:
     """A bound (not yet serving) server for `engine`; `.start()` or `.serve_forever()` it.
 
     generation_config is the model's generation_config.json dict (empty for
     --generation-config vllm); kernel_info carries kernel_variant, num_threads, weight_bytes.
     max_body_bytes None derives the limit from max_model_len (default_body_limit).
+    default_max_tokens caps the output of a chat-shaped request that sets no max_tokens (None
+    or 0: the room its prompt leaves in the context, as vLLM).
     """
     names = (model_name,) if isinstance(model_name, str) else tuple(model_name)
     if not names:
@@ -1097,7 +1117,8 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                                                       retry_after),
                          reasoning_parser=reasoning_parser, tool_parser=tool_call_parser,
                          system_fingerprint=system_fingerprint(info), loras=lora_routes.manager(engine),
-                         mm_processor=_mm_processor(model_root, info.get("mmproj")), media=media or _default_media())
+                         mm_processor=_mm_processor(model_root, info.get("mmproj")), media=media or _default_media(),
+                         default_max_tokens=default_max_tokens or None)
     state = ServerState(engine, ctx, ServerMetrics(names[0], info), api_key, info, max_body_bytes,
                         model_root, retry_after)
     state.responses = responses.ResponseStore(responses_store_max, responses_store_ttl)
@@ -1146,6 +1167,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--generation-config", default="auto", choices=["auto", "vllm"],
       help="auto: default sampling from the model's generation_config.json; vllm: vLLM's defaults")
     a("--seed", type=int, default=0, help="seed of the sampler for requests without one")
+    a("--default-max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+      help=f"output tokens at most of a chat, Responses, batch or /invocations chat request that sets no "
+           f"max_tokens / max_completion_tokens / max_output_tokens (default {DEFAULT_MAX_TOKENS}; the model's "
+           f"generation_config max_new_tokens, when smaller, wins; 0: the rest of the context, as vLLM); "
+           f"completions keep OpenAI's 16"),
     a("--max-queue", type=int, default=1024, help="waiting requests before answering 429")
     a("--max-request-bytes", type=int, default=None,
       help=f"largest request body, 413 beyond (default: {BODY_BYTES_PER_TOKEN} bytes per token of "
@@ -1190,6 +1216,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--mm-processor-kwargs", default=None,
       help='image preprocessing overrides as JSON: \'{"max_pixels": 1003520}\' caps the pixels an image is '
            "resized to (fewer image tokens)")
+    a("--max-image-pixels-per-request", type=int, default=None, metavar="N",
+      help="decoded pixels (width x height) of all a request's images together at most, read from each image's "
+           "header before it is decoded (a small PNG can decode to 150 MB); beyond it a 400 (default 33554432, "
+           "e.g. two 12-megapixel photos; 0: no cap)")
     a("--allowed-media-domains", nargs="*", default=None,
       help="hosts whose http(s) image URLs the server may fetch (redirects re-checked; default: none, "
            "only data: URLs)")
@@ -1325,15 +1355,19 @@ def build_server(args: argparse.Namespace, engine: Any, tokenizer: Any, info: di
         metrics_no_auth=args.metrics_no_auth, web_ui=not getattr(args, "disable_web_ui", False),
         log_requests=not args.disable_log_requests, reasoning_parser=args.reasoning_parser,
         tool_call_parser=args.tool_call_parser, responses_store_max=args.responses_store_max,
-        responses_store_ttl=args.responses_store_ttl, media=_media_config(args))
+        responses_store_ttl=args.responses_store_ttl, media=_media_config(args),
+        default_max_tokens=getattr(args, "default_max_tokens", DEFAULT_MAX_TOKENS))
 
 
 def _media_config(args: argparse.Namespace):
-    """Image input settings from --limit-mm-per-prompt, --mm-processor-kwargs, --allowed-media-domains."""
-    from lite_llm.multimodal import media_config
+    """Image input settings from --limit-mm-per-prompt, --mm-processor-kwargs, --allowed-media-domains,
+    --max-image-pixels-per-request."""
+    from lite_llm.multimodal import DEFAULT_PIXELS_PER_REQUEST, media_config
+    pixels = getattr(args, "max_image_pixels_per_request", None)
     try:
         return media_config(getattr(args, "limit_mm_per_prompt", None), getattr(args, "mm_processor_kwargs", None),
-                            getattr(args, "allowed_media_domains", None))
+                            getattr(args, "allowed_media_domains", None),
+                            DEFAULT_PIXELS_PER_REQUEST if pixels is None else pixels)
     except ValueError as e:
         raise SystemExit(str(e)) from None
 
@@ -1348,6 +1382,8 @@ def run(args: argparse.Namespace) -> int:
     check_model(model)                              # or a path that holds no model
     if args.responses_store_max < 0 or not args.responses_store_ttl > 0:
         raise SystemExit("--responses-store-max must be >= 0 and --responses-store-ttl > 0")
+    if args.default_max_tokens < 0:
+        raise SystemExit(f"--default-max-tokens must be >= 0, got {args.default_max_tokens}")
     api_key = args.api_key or env("API_KEY")
     t0 = time.perf_counter()
     engine, tokenizer, info = start_engine(args)

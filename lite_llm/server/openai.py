@@ -137,7 +137,8 @@ def _all_text_encodable(value: Any) -> bool:
 
 
 def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    """An integer as JSON Schema counts them: 3 and 3.0 alike (pydantic, under vLLM, takes both)."""
+    return (isinstance(x, int) and not isinstance(x, bool)) or (isinstance(x, float) and x.is_integer())
 
 
 def _is_num(x: Any) -> bool:
@@ -150,7 +151,7 @@ def get_int(body: dict, name: str, lo: int, hi: int, default: int | None = None)
         return default
     if not _is_int(v) or not lo <= v <= hi:
         raise bad(f"'{name}' must be an integer in [{lo}, {hi}], got {_show(v)}", name)
-    return v
+    return int(v)
 
 
 def get_float(body: dict, name: str, lo: float, hi: float, default: float | None = None,
@@ -250,6 +251,7 @@ class ServingContext:
     loras: Any = None                     # lora.LoRAManager (`name in loras`) under --enable-lora
     mm_processor: Any = None              # multimodal.Processor of a model that takes images, else None
     media: Any = None                     # multimodal.MediaConfig: image limits and allowed hosts
+    default_max_tokens: int | None = None  # --default-max-tokens: output cap of a request naming none
 
     def check_model(self, body: dict) -> str:
         model = body.get("model")
@@ -291,9 +293,13 @@ class PreparedRequest:
     named_tool: bool = False              # tool_choice named a function: OpenAI finishes with "stop"
     forced_tools: bool = False            # tool_choice required or named: the whole answer is calls
     system_fingerprint: str | None = None
+    # Server-made part of every engine request id: the client's request_id names the response
+    # (id), never an engine request alone, so two requests naming the same one both run and
+    # neither can refuse, see or abort the other (vLLM adds a random suffix the same way).
+    scope: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def engine_request_id(self, prompt_index: int) -> str:
-        return f"{self.id}-{prompt_index}"
+        return f"{self.id}-{prompt_index}-{self.scope}"
 
 
 def _sampling_kwargs(body: dict, ctx: ServingContext) -> dict:
@@ -441,7 +447,7 @@ def _token_ids(value: Any, vocab_size: int, name: str, allow_empty: bool = False
             or not all(_is_int(t) and 0 <= t < vocab_size for t in value)):
         raise bad(f"'{name}' must be a {'' if allow_empty else 'non-empty '}list of token ids "
                   f"in [0, {vocab_size})", name)
-    return list(value)
+    return [int(t) for t in value]
 
 
 def _stream_options(body: dict, stream: bool) -> tuple[bool, bool]:
@@ -467,7 +473,9 @@ def _stream_options(body: dict, stream: bool) -> tuple[bool, bool]:
 
 def _max_tokens(requested: int | None, prompt_len: int, ctx: ServingContext,
                 default: int | None) -> int:
-    """max_tokens within the context window; prompt + max_tokens beyond it is a 400 (as vLLM)."""
+    """max_tokens within the context window; prompt + max_tokens beyond it is a 400 (as vLLM).
+    None asked: the room the prompt leaves, at most the route's default (completions: 16), the
+    model's generation_config max_new_tokens and the server's --default-max-tokens."""
     room = ctx.max_model_len - prompt_len
     if requested is not None:
         if prompt_len + requested > ctx.max_model_len:
@@ -480,7 +488,7 @@ def _max_tokens(requested: int | None, prompt_len: int, ctx: ServingContext,
         raise bad(f"This model's maximum context length is {ctx.max_model_len} tokens; the prompt "
                   f"has {prompt_len} tokens, which leaves no room for a completion.", "prompt")
     gen_default = ctx.generation_defaults.get("max_tokens")
-    candidates = [room] + [d for d in (default, gen_default) if d is not None]
+    candidates = [room] + [d for d in (default, gen_default, ctx.default_max_tokens) if d]
     return min(candidates)
 
 
@@ -609,7 +617,9 @@ def _sampling_params(kw: dict) -> SamplingParams:
 
 # ---- /v1/chat/completions ---------------------------------------------------------------
 
-def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
+def prepare_chat(body: dict, ctx: ServingContext, pixels: list[int] | None = None) -> PreparedRequest:
+    """pixels: the decoded pixels of each image the request holds, filled as its images are
+    decoded (a batch passes one list for all its conversations: its images share one bound)."""
     model, stream, (include_usage, continuous_usage), kw = _common_fields(body, ctx, CHAT_FIELDS)
     want_logprobs = get_bool(body, "logprobs", False)
     top = get_int(body, "top_logprobs", 0, MAX_LOGPROBS)
@@ -617,7 +627,7 @@ def prepare_chat(body: dict, ctx: ServingContext) -> PreparedRequest:
         raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     logprobs = (top or 0) if want_logprobs else None
     images: list = []
-    messages = parse_messages(body.get("messages"), images, ctx)
+    messages = parse_messages(body.get("messages"), images, ctx, pixels)
     add_generation_prompt = get_bool(body, "add_generation_prompt", True)
     template = _request_template(body, ctx)
     template_kwargs = _template_kwargs(body)
@@ -882,10 +892,13 @@ def _tool_calls_in(where: str, calls: Any) -> list[dict]:
     return out
 
 
-def parse_messages(messages: Any, images: list | None = None, ctx: ServingContext | None = None) -> list[dict]:
+def parse_messages(messages: Any, images: list | None = None, ctx: ServingContext | None = None,
+                   pixels: list[int] | None = None) -> list[dict]:
     """messages -> [{"role", "content": str}], text parts joined; anything else is a 400.
     images: where image_url parts' decoded images go (each part becomes the model's image
-    placeholder text), for a model that takes images (ctx.mm_processor); None: refused."""
+    placeholder text), for a model that takes images (ctx.mm_processor); None: refused.
+    pixels: as prepare_chat's."""
+    pixels = [] if pixels is None else pixels
     if not isinstance(messages, list) or not messages:
         raise bad("'messages' must be a non-empty list", "messages")
     if len(messages) > 4096:
@@ -896,7 +909,7 @@ def parse_messages(messages: Any, images: list | None = None, ctx: ServingContex
         if not isinstance(m, dict):
             raise bad(f"'{where}' must be an object", where)
         role = m.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise bad(f"'{where}.role' must be one of system, developer, user, assistant, tool",
                       f"{where}.role")
         for key in m:
@@ -911,7 +924,7 @@ def parse_messages(messages: Any, images: list | None = None, ctx: ServingContex
             for j, part in enumerate(content):
                 p = f"{where}.content[{j}]"
                 if isinstance(part, dict) and part.get("type") == "image_url":
-                    parts.append(_image_part(part, p, images, ctx))
+                    parts.append(_image_part(part, p, images, ctx, pixels))
                     sep = ""       # as the models' templates put an image between texts
                     continue
                 if not isinstance(part, dict) or part.get("type") != "text" \
@@ -945,8 +958,10 @@ def parse_messages(messages: Any, images: list | None = None, ctx: ServingContex
     return out
 
 
-def _image_part(part: dict, where: str, images: list | None, ctx: ServingContext | None) -> str:
-    """An image_url part: its image decoded into images; the placeholder text in its place."""
+def _image_part(part: dict, where: str, images: list | None, ctx: ServingContext | None,
+                pixels: list[int]) -> str:
+    """An image_url part: its image decoded into images (its pixel count onto pixels, whose sum
+    bounds what the next one may decode); the placeholder text in its place."""
     from lite_llm.multimodal import MediaError, image_of_part
     if images is None or ctx is None or ctx.mm_processor is None:
         raise bad(f"'{where}': this model does not take image inputs", where)
@@ -955,9 +970,11 @@ def _image_part(part: dict, where: str, images: list | None, ctx: ServingContext
     if len(images) >= ctx.media.max_images:
         raise bad(f"'{where}': more than {ctx.media.max_images} images in one request (--limit-mm-per-prompt)", where)
     try:
-        images.append(image_of_part(part, f"image {len(images)} ('{where}')", ctx.media))
+        image = image_of_part(part, f"image {len(images)} ('{where}')", ctx.media, sum(pixels))
     except MediaError as e:
         raise bad(str(e), where) from None
+    images.append(image)
+    pixels.append(image.width * image.height)
     return ctx.mm_processor.placeholder
 
 
@@ -1567,12 +1584,19 @@ def tokenize(body: dict, ctx: ServingContext) -> dict:
         kwargs = {**_template_kwargs(body), **({"tools": tools} if tools else {})}
         text = render_chat(ctx, parse_messages(body["messages"]),
                            get_bool(body, "add_generation_prompt", True), template, kwargs)
-        ids = _encode(ctx, text, add_special_tokens=get_bool(body, "add_special_tokens", False))
+        param = "messages"
+        ids = _encode(ctx, text, add_special_tokens=get_bool(body, "add_special_tokens", False), param=param)
     else:
         if not isinstance(body["prompt"], str):
             raise bad("'prompt' must be a string", "prompt")
+        param = "prompt"
         ids = _encode(ctx, body["prompt"],
                                    add_special_tokens=get_bool(body, "add_special_tokens", True))
+    # As the generation routes: no more tokens than the context holds (the byte bound of
+    # check_prompt_size came first, so the tokenizer never saw a text far beyond it).
+    if len(ids) > ctx.max_model_len:
+        raise bad(f"This model's maximum context length is {ctx.max_model_len} tokens; the "
+                  f"{param} {'have' if param == 'messages' else 'has'} {len(ids)} tokens.", param)
     strs = ctx.tokenizer.convert_ids_to_tokens(ids) if get_bool(body, "return_token_strs", False) else None
     return {"count": len(ids), "max_model_len": ctx.max_model_len, "tokens": list(ids),
             "token_strs": strs}

@@ -7,47 +7,58 @@ from __future__ import annotations
 
 from typing import Any
 
+from lite_llm.server.pooling import ROUTES as POOLING_ROUTES
+
 _NUM = {"type": "number"}
 _INT = {"type": "integer"}
 _BOOL = {"type": "boolean"}
 _STR = {"type": "string"}
 _NULLABLE_STR = {"type": ["string", "null"]}
-_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+_TOKEN_ID = {"type": "integer", "minimum": 0}
+_LOGIT_BIAS_KEY = {"pattern": "^[0-9]{1,10}$"}     # a token id: openapi_document bounds it too     # below the vocabulary's size: openapi_document says so
+_IDS = {"type": "array", "items": _TOKEN_ID}
 
 
 def _ref(name: str) -> dict:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
+_STOP = {"type": "string", "minLength": 1, "maxLength": 512}
+# tokens a request may ask for; beyond what its prompt leaves of the context, a 400 (no JSON Schema
+# can say so: the prompt's length is counted in tokens)
+_MAX_TOKENS = {"type": "integer", "minimum": 1, "maximum": 2 ** 31 - 1}
+_MIN_TOKENS = {"type": "integer", "minimum": 0, "description": "at most max_tokens"}   # and max_model_len
 _SAMPLING = {
     "model": _STR,
-    "max_tokens": {"type": "integer", "minimum": 1},
-    "temperature": {"type": "number", "minimum": 0},
+    "max_tokens": _MAX_TOKENS,
+    "temperature": {"type": "number", "minimum": 0, "maximum": 1e6},
     "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-    "top_k": {"type": "integer", "minimum": -1},
+    "top_k": {"type": "integer", "minimum": -1, "maximum": 2 ** 31 - 1},
     "min_p": {"type": "number", "minimum": 0, "maximum": 1},
     "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
     "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
-    "repetition_penalty": {"type": "number", "exclusiveMinimum": 0},
-    "seed": _INT,
-    "stop": {"oneOf": [_STR, {"type": "array", "items": _STR}]},
+    "repetition_penalty": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e6},
+    "seed": {"type": "integer", "minimum": -(2 ** 63), "maximum": 2 ** 63 - 1},
+    "stop": {"oneOf": [_STOP, {"type": "array", "maxItems": 16, "items": _STOP}]},
     "stop_token_ids": _IDS,
     "ignore_eos": _BOOL,
-    "n": {"type": "integer", "minimum": 1},
+    "n": {"type": "integer", "minimum": 1, "maximum": 128},
     "stream": _BOOL,
     "stream_options": {"type": "object", "additionalProperties": False, "properties": {
         "include_usage": {**_BOOL, "description": "a last chunk with no choices and the request's usage"},
         "continuous_usage_stats": {**_BOOL, "description": "vLLM's: with include_usage, every chunk also "
-                                   "carries the usage so far (its prompt, its choice's tokens until then)"}}},
+                                   "carries the usage so far (its prompt, its choice's tokens until then)"}},
+                       "description": "with stream only"},
     "user": _STR,
-    "min_tokens": {"type": "integer", "minimum": 0},
+    "min_tokens": _MIN_TOKENS,
     "skip_special_tokens": _BOOL,
     "include_stop_str_in_output": _BOOL,
     "parallel_tool_calls": _BOOL,
-    "request_id": _STR,
+    "request_id": {"type": "string", "pattern": "^[ -~]{1,128}$",
+                   "description": "names the response (cmpl-<request_id>); 1 to 128 printable characters"},
     "add_special_tokens": _BOOL,
     "logit_bias": {"type": "object", "maxProperties": 300,
-                   "propertyNames": {"pattern": "^[0-9]{1,10}$"},
+                   "propertyNames": _LOGIT_BIAS_KEY,
                    "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
     "response_format": {"oneOf": [
         {"type": "object", "required": ["type"], "additionalProperties": False,
@@ -58,15 +69,18 @@ _SAMPLING = {
                             "name": _STR, "description": _STR, "strict": _BOOL,
                             "schema": {"type": ["object", "boolean"]}}}}}],
         "description": "the output follows a JSON schema (or is any JSON object), enforced token by token"},
-    "guided_json": {"type": ["object", "string"], "description": "a JSON schema the output follows"},
-    "guided_regex": {**_STR, "description": "a regular expression the output matches"},
-    "guided_choice": {"type": "array", "items": _STR, "minItems": 1,
+    "guided_json": {"type": "object", "description": "a JSON schema the output follows (or its JSON text)"},
+    "guided_regex": {**_STR, "minLength": 1, "description": "a regular expression the output matches"},
+    "guided_choice": {"type": "array", "items": {**_STR, "minLength": 1}, "minItems": 1,
                       "description": "the output is one of these strings"},
-    "guided_grammar": {**_STR, "description": "a Lark (or GBNF) grammar the output follows"},
+    "guided_grammar": {**_STR, "minLength": 1, "description": "a Lark (or GBNF) grammar the output follows"},
     "guided_whitespace_pattern": {**_STR, "description": "regex of the whitespace JSON output may use"},
-    "structured_outputs": {"type": "object", "additionalProperties": False, "properties": {
-        "json": {"type": ["object", "string", "boolean"]}, "regex": _STR,
-        "choice": {"type": "array", "items": _STR, "minItems": 1}, "grammar": _STR,
+    "structured_outputs": {"type": "object", "additionalProperties": False, "oneOf": [
+        *({"required": [key]} for key in ("json", "regex", "choice", "grammar")),
+        {"required": ["json_object"], "properties": {"json_object": {"const": True}}}], "properties": {
+        "json": {"type": ["object", "boolean"], "description": "a JSON schema (or its JSON text)"},
+        "regex": {**_STR, "minLength": 1},
+        "choice": {"type": "array", "items": {**_STR, "minLength": 1}, "minItems": 1}, "grammar": {**_STR, "minLength": 1},
         "json_object": _BOOL, "disable_any_whitespace": _BOOL,
         "disable_additional_properties": _BOOL, "whitespace_pattern": _STR},
         "description": "vLLM's structured outputs: exactly one of json, json_object, regex, choice, grammar"},
@@ -74,6 +88,19 @@ _SAMPLING = {
                         "description": "vLLM's: per prompt token, its logprob and the top ones (not with stream)"},
 }
 
+_CONSTRAINTS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                "structured_outputs")
+# at most one output constraint in a body (the server names the second with a 400)
+_ONE_CONSTRAINT = {"not": {"anyOf": [{"required": [a, b]} for i, a in enumerate(_CONSTRAINTS)
+                                     for b in _CONSTRAINTS[i + 1:]]}}
+# rules between fields the server enforces with a 400
+# streamed: no prompt_logprobs; not streamed: no stream_options (one rule: schemathesis draws
+# from fewer conditionals)
+_STREAM_RULES = {"if": {"required": ["stream"], "properties": {"stream": {"const": True}}},
+                 "then": {"properties": {"prompt_logprobs": {"type": "null"}}},
+                 "else": {"properties": {"stream_options": {"type": "null"}}}}
+_LOGPROBS_FOR_TOP = {"if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"minimum": 1}}},
+                     "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}
 _USAGE = {"type": "object", "properties": {"prompt_tokens": _INT, "completion_tokens": _INT,
                                            "total_tokens": _INT}}
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
@@ -93,27 +120,95 @@ _IMAGE_PART = {"type": "object", "required": ["type", "image_url"], "additionalP
                               "image_url": {"oneOf": [_STR, {"type": "object", "required": ["url"], "properties": {
                                   "url": {**_STR, "description": "a data: URL (base64), or http(s) from "
                                           "--allowed-media-domains"}, "detail": _STR}}]}}}
-_MESSAGE = {"type": "object", "required": ["role"], "properties": {
+_TOOL_CALL_IN = {"type": "object", "required": ["function"], "additionalProperties": False, "properties": {
+    "id": _STR, "type": {"type": "string", "enum": ["function"]},
+    "function": {"type": "object", "required": ["name", "arguments"], "additionalProperties": False, "properties": {
+        "name": _STR, "arguments": {"type": "object", "description": "the arguments (or JSON text of them)"}}}}}
+_CONTENT = {"oneOf": [_STR, {"type": "array", "items": {"oneOf": [_TEXT_PART, _IMAGE_PART]}}]}
+# Which keys each role takes, and that every role but assistant needs content (the server says so
+# with a 400): one branch per role.
+_MESSAGE = {"type": "object", "required": ["role"], "additionalProperties": False, "properties": {
     "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
-    "content": {"oneOf": [_STR, {"type": "null"}, {"type": "array", "items": {"oneOf": [_TEXT_PART, _IMAGE_PART]}}]},
+    "content": {"oneOf": [_CONTENT["oneOf"][0], {"type": "null"}, _CONTENT["oneOf"][1]]},
     "name": _STR,
-    "tool_calls": {"type": "array", "items": _TOOL_CALL, "description": "assistant messages only"},
+    "tool_calls": {"type": "array", "minItems": 1, "items": _TOOL_CALL_IN, "description": "assistant messages only"},
     "tool_call_id": {**_STR, "description": "tool messages only"},
-    "reasoning_content": {**_STR, "description": "assistant messages only"}}}
+    "reasoning_content": {**_STR, "description": "assistant messages only"}},
+    "oneOf": [
+        {"required": ["content"], "properties": {"role": {"enum": ["system", "developer", "user"]}, "content": _CONTENT},
+         "propertyNames": {"enum": ["role", "content", "name"]}},
+        {"properties": {"role": {"const": "assistant"}},
+         "propertyNames": {"enum": ["role", "content", "name", "tool_calls", "reasoning_content"]}},
+        {"required": ["content"], "properties": {"role": {"const": "tool"}, "content": _CONTENT},
+         "propertyNames": {"enum": ["role", "content", "tool_call_id", "name"]}}]}
 _ANSWER = {"type": "object", "properties": {
     "role": {"type": "string", "enum": ["assistant"]}, "content": _NULLABLE_STR,
     "reasoning_content": {**_NULLABLE_STR, "description": "the <think> part, with --reasoning-parser"},
     "tool_calls": {"type": "array", "items": _TOOL_CALL}}}
 _FINISH = {"type": ["string", "null"], "enum": ["stop", "length", "tool_calls", None]}
-_TOOL = {"type": "object", "required": ["type", "function"], "properties": {
+_TOOL_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_.\\-]{1,64}$"}
+_TOOL = {"type": "object", "required": ["type", "function"], "additionalProperties": False, "properties": {
     "type": {"type": "string", "enum": ["function"]},
-    "function": {"type": "object", "required": ["name"], "properties": {
-        "name": {"type": "string", "pattern": "^[A-Za-z0-9_.\\-]{1,64}$"}, "description": _STR,
-        "parameters": {"type": "object"}, "strict": _BOOL}}}}
-_TEMPLATE_KWARGS = {"type": "object", "description": "extra chat template variables, e.g. "
+    "function": {"type": "object", "required": ["name"], "additionalProperties": False, "properties": {
+        "name": _TOOL_NAME, "description": _STR, "parameters": {"type": "object"}, "strict": _BOOL}}}}
+
+
+def _R_PART(kind: str) -> dict:
+    """A Responses text content part of the given type."""
+    return {"type": "object", "required": ["type", "text"], "additionalProperties": False,
+            "properties": {"type": {"const": kind}, "text": _STR}}
+_TEMPLATE_KWARGS = {"type": "object", "propertyNames": {
+    "pattern": "^[A-Za-z_][A-Za-z0-9_]*$", "not": {"enum": ["messages", "tools", "documents", "add_generation_prompt",
+                                                        "chat_template", "bos_token", "eos_token", "pad_token",
+                                                        "unk_token"]}},
+                    "description": "extra chat template variables, e.g. "
                     "{\"enable_thinking\": false} for Qwen3", "additionalProperties": True}
 _MODEL = {"type": "object", "properties": {"id": _STR, "object": _STR, "created": _INT,
                                            "owned_by": _STR, "root": _STR, "max_model_len": _INT}}
+
+# Anthropic's Messages input (shared by count_tokens): text, image and tool blocks as this server reads them
+_A_TEXT = {"type": "object", "required": ["type", "text"], "additionalProperties": False,
+           "properties": {"type": {"const": "text"}, "text": _STR}}
+_A_TOOL_USE = {"type": "object", "required": ["type", "id", "name", "input"], "additionalProperties": False,
+               "properties": {"type": {"const": "tool_use"}, "id": _STR, "name": _STR, "input": {"type": "object"}}}
+_A_TOOL_RESULT = {"type": "object", "required": ["type", "tool_use_id"], "additionalProperties": False,
+                  "properties": {"type": {"const": "tool_result"}, "tool_use_id": _STR, "is_error": _BOOL,
+                                 "content": {"oneOf": [_STR, {"type": "array", "items": _A_TEXT}]}}}
+_A_THINKING = {"type": "object", "required": ["type", "thinking"], "additionalProperties": False,
+               "properties": {"type": {"const": "thinking"}, "thinking": _STR, "signature": _STR}}
+_A_IMAGE = {"type": "object", "required": ["type", "source"], "description": "models that take images only",
+            "properties": {"type": {"const": "image"}, "source": {"type": "object"}}}
+_A_INPUT = {
+    "model": _STR,
+    "messages": {"type": "array", "minItems": 1, "items": {"oneOf": [
+        {"type": "object", "required": ["role", "content"], "additionalProperties": False, "properties": {
+            "role": {"const": "user"},
+            "content": {"oneOf": [_STR, {"type": "array", "items": {"oneOf": [_A_TEXT, _A_TOOL_RESULT, _A_IMAGE]}}]}}},
+        {"type": "object", "required": ["role", "content"], "additionalProperties": False, "properties": {
+            "role": {"const": "assistant"},
+            "content": {"oneOf": [_STR, {"type": "array", "items": {"oneOf": [_A_TEXT, _A_TOOL_USE, _A_THINKING]}}]}}}]}},
+    "system": {"oneOf": [_STR, {"type": "array", "items": _A_TEXT}]},
+    "tools": {"type": "array", "minItems": 1, "items": {
+        "type": "object", "required": ["name", "input_schema"], "additionalProperties": False, "properties": {
+            "type": {"const": "custom"}, "name": {"type": "string", "pattern": "^[A-Za-z0-9_.\\-]{1,64}$"},
+            "description": _STR, "input_schema": {"type": "object", "description": "a JSON schema of an object"}}}},
+    "tool_choice": {"oneOf": [
+        {"type": "object", "required": ["type"], "additionalProperties": False, "properties": {
+            "type": {"enum": ["auto", "any", "none"]}, "disable_parallel_tool_use": _BOOL}},
+        {"type": "object", "required": ["type", "name"], "additionalProperties": False, "properties": {
+            "type": {"const": "tool"}, "name": _STR, "disable_parallel_tool_use": _BOOL}}]},
+    "thinking": {"oneOf": [
+        {"type": "object", "required": ["type"], "additionalProperties": False, "properties": {"type": {"const": "disabled"}}},
+        {"type": "object", "required": ["type"], "additionalProperties": False, "properties": {
+            "type": {"enum": ["enabled", "adaptive", "between_tools"]}, "budget_tokens": _MAX_TOKENS,
+            "display": {"enum": ["summarized", "omitted"]}}}]},
+    "output_config": {"type": "object", "additionalProperties": False, "properties": {
+        "effort": {"enum": ["low", "medium", "high", "xhigh", "max"]},
+        "format": {"type": "object", "required": ["type", "schema"], "additionalProperties": False, "properties": {
+            "type": {"const": "json_schema"}, "schema": {"type": "object"}}}}},
+    "cache_control": {"type": "object", "required": ["type"], "properties": {"type": {"const": "ephemeral"}},
+                      "description": "a hint: prefix caching is automatic"},
+}
 
 _POOL_INPUT = {"oneOf": [{**_STR, "minLength": 1}, {"type": "array", "minItems": 1, "items": {**_STR, "minLength": 1}},
                          {**_IDS, "minItems": 1}, {"type": "array", "minItems": 1, "items": {**_IDS, "minItems": 1}}],
@@ -183,16 +278,26 @@ _POOL_SCHEMAS: dict[str, Any] = {
 
 SCHEMAS: dict[str, Any] = {
     **_POOL_SCHEMAS,
-    "CompletionRequest": {"type": "object", "required": ["prompt"], "properties": {
+    "CompletionRequest": {"type": "object", "required": ["prompt"], "additionalProperties": False, **_ONE_CONSTRAINT,
+                          "allOf": [_STREAM_RULES,
+                                    {"if": {"required": ["stream", "echo", "logprobs"],
+                                            "properties": {"stream": {"const": True}, "echo": {"const": True}}},
+                                     "then": {"properties": {"logprobs": {"type": "null"}}}}],
+                          "properties": {
         **_SAMPLING,
-        "prompt": {"oneOf": [_STR, {"type": "array", "items": _STR}, _IDS,
-                             {"type": "array", "items": _IDS}]},
+        "prompt": {"oneOf": [{**_STR, "minLength": 1}, {"type": "array", "minItems": 1, "items": {**_STR, "minLength": 1}},
+                             {**_IDS, "minItems": 1}, {"type": "array", "minItems": 1, "items": {**_IDS, "minItems": 1}}],
+                   "description": "a text, texts, token ids or lists of token ids; none empty"},
         "logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
         "echo": _BOOL}},
-    "ChatCompletionRequest": {"type": "object", "required": ["messages"], "properties": {
+    "ChatCompletionRequest": {"type": "object", "required": ["messages"], "additionalProperties": False,
+                              **_ONE_CONSTRAINT, "dependentRequired": {"tool_choice": ["tools"]},
+                              "allOf": [_STREAM_RULES,
+                                        _LOGPROBS_FOR_TOP],
+                              "properties": {
         **_SAMPLING,
         "messages": {"type": "array", "items": _ref("ChatMessage"), "minItems": 1},
-        "max_completion_tokens": {"type": "integer", "minimum": 1},
+        "max_completion_tokens": _MAX_TOKENS,
         "logprobs": _BOOL,
         "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
         "add_generation_prompt": _BOOL,
@@ -213,51 +318,83 @@ SCHEMAS: dict[str, Any] = {
     "Model": _MODEL,
     "ModelList": {"type": "object", "properties": {"object": _STR, "data": {"type": "array",
                                                                             "items": _ref("Model")}}},
-    "TokenizeRequest": {"type": "object", "properties": {
-        "model": _STR, "prompt": _STR, "messages": {"type": "array", "items": _ref("ChatMessage")},
+    "TokenizeRequest": {"type": "object", "additionalProperties": False,
+                        "description": "exactly one of prompt and messages",
+                        "oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}], "properties": {
+        "model": _STR, "prompt": _STR, "messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
         "add_special_tokens": _BOOL, "add_generation_prompt": _BOOL, "return_token_strs": _BOOL,
         "chat_template": _STR, "chat_template_kwargs": _TEMPLATE_KWARGS,
         "tools": {"type": "array", "items": _TOOL, "maxItems": 128}}},
     "TokenizeResponse": {"type": "object", "properties": {
         "count": _INT, "max_model_len": _INT, "tokens": _IDS,
         "token_strs": {"type": ["array", "null"], "items": _STR}}},
-    "DetokenizeRequest": {"type": "object", "required": ["tokens"],
+    "DetokenizeRequest": {"type": "object", "required": ["tokens"], "additionalProperties": False,
                           "properties": {"model": _STR, "tokens": _IDS}},
     "DetokenizeResponse": {"type": "object", "properties": {"prompt": _STR}},
     "Version": {"type": "object", "properties": {"version": _STR, "kernel_variant": _STR}},
     "Error": _ERROR,
-    "ChatCompletionBatchRequest": {"type": "object", "required": ["messages"], "properties": {
+    "ChatCompletionBatchRequest": {"type": "object", "required": ["messages"], "additionalProperties": False,
+                                   **_ONE_CONSTRAINT, "allOf": [_LOGPROBS_FOR_TOP], "properties": {
         **{k: v for k, v in _SAMPLING.items() if k not in ("stream", "stream_options", "n", "parallel_tool_calls")},
         "messages": {"type": "array", "minItems": 1, "description": "one conversation per choice",
                      "items": {"type": "array", "items": _ref("ChatMessage"), "minItems": 1}},
-        "max_completion_tokens": {"type": "integer", "minimum": 1}, "logprobs": _BOOL,
+        "max_completion_tokens": _MAX_TOKENS, "logprobs": _BOOL,
         "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20}, "add_generation_prompt": _BOOL,
         "chat_template": _STR, "chat_template_kwargs": _TEMPLATE_KWARGS}},
-    "InvocationsRequest": {"type": "object", "description": "a chat body ('messages'; a list of "
-                           "conversations for a batch) or a completion body ('prompt')"},
-    "ResponsesRequest": {"type": "object", "required": ["input"], "properties": {
+    # A chat body here; a batch (a list of conversations) or a completion body ('prompt') is taken
+    # too, as at its own route (three alternatives this rich are more than schemathesis draws from).
+    "InvocationsRequest": {"allOf": [_ref("ChatCompletionRequest")],
+                           "description": "a chat body ('messages'; a list of conversations for a batch, as "
+                                          "ChatCompletionBatchRequest) or a completion body ('prompt', as "
+                                          "CompletionRequest)"},
+    "ResponsesRequest": {"type": "object", "required": ["input"], "additionalProperties": False,
+                         "dependentRequired": {"tool_choice": ["tools"]}, "allOf": [
+        {"if": {"required": ["stream_options"]}, "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}},
+        {"if": {"required": ["background"], "properties": {"background": {"const": True}}},
+         "then": {"properties": {"store": {"const": True}, "stream": {"const": False}}}}], "properties": {
         "model": _STR,
-        "input": {"oneOf": [_STR, {"type": "array", "minItems": 1, "items": {"type": "object"}}],
-                  "description": "a string, or message / function_call / function_call_output / reasoning items"},
-        "instructions": _STR, "max_output_tokens": {"type": "integer", "minimum": 1},
+        "input": {"oneOf": [_STR, {"type": "array", "minItems": 1, "items": {"oneOf": [
+            {"type": "object", "required": ["role", "content"], "additionalProperties": False, "properties": {
+                "type": {"const": "message"}, "role": {"enum": ["user", "system", "developer"]},
+                "content": {"oneOf": [_STR, {"type": "array", "items": _R_PART("input_text")}]}}},
+            {"type": "object", "required": ["role", "content"], "additionalProperties": False, "properties": {
+                "type": {"const": "message"}, "role": {"const": "assistant"},
+                "content": {"oneOf": [_STR, {"type": "array", "items": _R_PART("output_text")}]}}},
+            {"type": "object", "required": ["type", "call_id", "output"], "additionalProperties": False, "properties": {
+                "type": {"const": "function_call_output"}, "call_id": _STR, "output": _STR}}]}}],
+                  "description": "a string, or message / function_call / function_call_output / reasoning items "
+                                 "(input_image parts too, for a model that takes images)"},
+        "instructions": _STR, "max_output_tokens": _MAX_TOKENS,
         "temperature": {"type": "number", "minimum": 0, "maximum": 2},
         "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-        "tools": {"type": "array", "items": {"type": "object", "required": ["type", "name"], "properties": {
-            "type": {"type": "string", "enum": ["function"]}, "name": _STR, "description": _STR,
-            "parameters": {"type": "object"}, "strict": _BOOL}}},
+        "tools": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["type", "name"], "additionalProperties": False, "properties": {
+                "type": {"type": "string", "enum": ["function"]}, "name": _TOOL_NAME, "description": _STR,
+                "parameters": {"type": "object"}, "strict": _BOOL}}},
         "tool_choice": {"oneOf": [{"type": "string", "enum": ["auto", "none", "required"]},
-                                  {"type": "object", "required": ["type", "name"],
+                                  {"type": "object", "required": ["type", "name"], "additionalProperties": False,
                                    "properties": {"type": {"type": "string", "enum": ["function"]}, "name": _STR}}]},
         "parallel_tool_calls": _BOOL,
-        "text": {"type": "object", "properties": {"format": {"type": "object"}, "verbosity": _STR},
+        "text": {"type": "object", "additionalProperties": False, "properties": {
+            "format": {"oneOf": [
+                {"type": "object", "required": ["type"], "additionalProperties": False,
+                 "properties": {"type": {"enum": ["text", "json_object"]}}},
+                {"type": "object", "required": ["type", "name", "schema"], "additionalProperties": False,
+                 "properties": {"type": {"const": "json_schema"}, "name": _STR, "schema": {"type": "object"},
+                                "description": _STR, "strict": _BOOL}}]},
+            "verbosity": {"enum": ["low", "medium", "high"]}},
                  "description": "format json_schema is enforced token by token"},
-        "reasoning": {"type": "object", "properties": {"effort": _NULLABLE_STR, "summary": _NULLABLE_STR}},
+        "reasoning": {"type": "object", "additionalProperties": False, "properties": {
+            "effort": {"enum": ["none", "minimal", "low", "medium", "high", "xhigh", None]},
+            "summary": {"enum": ["auto", "concise", "detailed", None]}}},
         "store": {**_BOOL, "description": "keep the response (default true) for GET and previous_response_id"},
         "previous_response_id": _STR, "background": _BOOL, "stream": _BOOL,
-        "metadata": {"type": "object", "additionalProperties": _STR}, "user": _STR,
+        "metadata": {"type": "object", "maxProperties": 16, "propertyNames": {"maxLength": 64},
+                     "additionalProperties": {**_STR, "maxLength": 512}}, "user": _STR,
         "truncation": {"type": "string", "enum": ["disabled"]}, "safety_identifier": _STR,
         "prompt_cache_key": _STR, "service_tier": {"type": "string", "enum": ["auto", "default"]},
-        "stream_options": {"type": "object", "properties": {"include_obfuscation": _BOOL}}}},
+        "stream_options": {"type": "object", "additionalProperties": False,
+                           "properties": {"include_obfuscation": _BOOL}}}},
     "Response": {"type": "object", "required": ["id", "object", "status", "output"], "properties": {
         "id": _STR, "object": {"type": "string", "enum": ["response"]}, "created_at": _INT,
         "status": {"type": "string", "enum": ["queued", "in_progress", "completed", "incomplete", "failed",
@@ -266,23 +403,17 @@ SCHEMAS: dict[str, Any] = {
         "usage": {"type": ["object", "null"]}, "error": {"type": ["object", "null"]},
         "incomplete_details": {"type": ["object", "null"]}}},
     "DeletedResponse": {"type": "object", "properties": {"id": _STR, "object": _STR, "deleted": _BOOL}},
-    "MessagesRequest": {"type": "object", "required": ["model", "messages", "max_tokens"], "properties": {
-        "model": _STR, "max_tokens": {"type": "integer", "minimum": 1},
-        "messages": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["role", "content"],
-                                                                "properties": {"role": {"type": "string", "enum": ["user", "assistant"]},
-                                                                               "content": {"oneOf": [_STR, {"type": "array"}]}}}},
-        "system": {"oneOf": [_STR, {"type": "array"}]}, "stop_sequences": {"type": "array", "items": _STR},
-        "temperature": {"type": "number", "minimum": 0, "maximum": 1}, "top_k": {"type": "integer", "minimum": 0},
-        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-        "tools": {"type": "array", "items": {"type": "object", "required": ["name", "input_schema"]}},
-        "tool_choice": {"type": "object"}, "thinking": {"type": "object"}, "stream": _BOOL,
-        "metadata": {"type": "object"}, "output_config": {"type": "object"},
-        "service_tier": {"type": "string", "enum": ["auto", "standard_only"]},
-        "cache_control": {"type": "object", "description": "a hint: prefix caching is automatic"}}},
-    "CountTokensRequest": {"type": "object", "required": ["model", "messages"], "properties": {
-        "model": _STR, "messages": {"type": "array", "minItems": 1}, "system": {"oneOf": [_STR, {"type": "array"}]},
-        "tools": {"type": "array"}, "tool_choice": {"type": "object"}, "thinking": {"type": "object"},
-        "output_config": {"type": "object"}, "cache_control": {"type": "object"}}},
+    "MessagesRequest": {"type": "object", "required": ["model", "messages", "max_tokens"], "additionalProperties": False,
+                        "dependentRequired": {"tool_choice": ["tools"]}, "properties": {
+        **_A_INPUT, "max_tokens": _MAX_TOKENS,
+        "stop_sequences": {"type": "array", "items": {**_STR, "minLength": 1}},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+        "top_k": {"type": "integer", "minimum": 0, "maximum": 2 ** 31 - 1},
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "stream": _BOOL,
+        "metadata": {"type": "object", "additionalProperties": False, "properties": {"user_id": _NULLABLE_STR}},
+        "service_tier": {"type": "string", "enum": ["auto", "standard_only"]}}},
+    "CountTokensRequest": {"type": "object", "required": ["model", "messages"], "additionalProperties": False,
+                           "dependentRequired": {"tool_choice": ["tools"]}, "properties": _A_INPUT},
     "Message": {"type": "object", "required": ["id", "type", "role", "content"], "properties": {
         "id": _STR, "type": {"type": "string", "enum": ["message"]}, "role": {"type": "string", "enum": ["assistant"]},
         "content": {"type": "array", "items": {"type": "object"}}, "model": _STR,
@@ -307,7 +438,8 @@ def _post(summary: str, request: str, response: str, stream: bool, auth: bool, s
           events: str = "`data: {chunk}` per delta, then `data: [DONE]`") -> dict:
     content = {"application/json": {"schema": _ref(response)}}
     if stream:
-        content["text/event-stream"] = {"schema": {"type": "string", "description":
+        content["text/event-stream"] = {"schema": {"type": "object", "properties": {"event": _STR, "data": _STR},
+                                                   "description":
                                         "Server-sent events: " + events}}
     op = {"summary": summary,
           "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
@@ -329,6 +461,14 @@ def _get(summary: str, schema: dict | None, media: str = "application/json", aut
     return {"get": op}
 
 
+def _invocations() -> dict:
+    op = _post("SageMaker: a chat or completion body, told apart by its shape", "InvocationsRequest",
+               "ChatCompletionResponse", stream=True, auth=True)
+    op["post"]["responses"]["200"]["content"]["application/json"]["schema"] = {
+        "oneOf": [_ref("ChatCompletionResponse"), _ref("CompletionResponse")]}
+    return op
+
+
 def _response_op(method: str, summary: str, schema: str, errors: tuple[int, ...]) -> dict:
     return {method: {"summary": summary, "security": [{"bearer": []}],
                      "parameters": [{"name": "response_id", "in": "path", "required": True, "schema": _STR}],
@@ -336,9 +476,72 @@ def _response_op(method: str, summary: str, schema: str, errors: tuple[int, ...]
                                    **_errors(*errors)}}}
 
 
-def openapi_document(version: str, metrics_auth: bool = True) -> dict:
-    """Every route but /health and /ping (and /metrics with --metrics-no-auth) takes the API
-    key when the server has one: the `security` of each operation says which."""
+def _below(n: int) -> str:
+    """A regular expression of the decimal integers in [0, n), n >= 1, without leading zeros."""
+    top = str(n - 1)
+    alts = ["0"] + ([f"[1-9][0-9]{{0,{len(top) - 2}}}"] if len(top) > 1 else [])
+    for i, digit in enumerate(top):
+        low = 1 if i == 0 else 0
+        if int(digit) > low:
+            alts.append(f"{top[:i]}[{low}-{int(digit) - 1}][0-9]{{{len(top) - i - 1}}}")
+    alts.append(top)
+    return "^(" + "|".join(alts) + ")$"
+
+
+def _fitted(value: Any, vocab_size: int | None, max_model_len: int | None, images: bool) -> Any:
+    """A copy of value with every token id bounded by the vocabulary (_TOKEN_ID gets its maximum),
+    min_tokens by the context and, for a model that takes no images, no image part among the
+    alternatives."""
+    if value is _TOKEN_ID:
+        return value if vocab_size is None else {**value, "maximum": vocab_size - 1}
+    if value is _LOGIT_BIAS_KEY:
+        return value if vocab_size is None else {"pattern": _below(vocab_size)}
+    if value is _MIN_TOKENS:
+        return value if max_model_len is None else {**value, "maximum": max_model_len}
+    if isinstance(value, dict):
+        return {k: _fitted(v, vocab_size, max_model_len, images) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fitted(v, vocab_size, max_model_len, images) for v in value
+                if images or (v is not _IMAGE_PART and v is not _A_IMAGE)]
+    return value
+
+
+# bodies whose tools are parsed out of the answer: with no tool call parser, a 400
+_TOOL_BODIES = ("ChatCompletionRequest", "ResponsesRequest", "MessagesRequest", "CountTokensRequest")
+
+
+def _without_auth(value: Any) -> Any:
+    """The document of a server without an API key: no operation asks for one."""
+    if isinstance(value, dict):
+        return {k: _without_auth(v) for k, v in value.items()
+                if k != "security" and not (k == "401" and isinstance(v, dict) and "description" in v)}
+    return value
+
+
+def openapi_document(version: str, metrics_auth: bool = True, *, api_key: bool = True, pooling: bool = True,
+                     vocab_size: int | None = None, max_model_len: int | None = None, images: bool = True,
+                     tools: bool = True) -> dict:
+    """The document of this server, which accepts what it calls valid. Every route but /health
+    and /ping (and /metrics with --metrics-no-auth) takes the API key when the server has one
+    (api_key): the `security` of each operation says which; a server without one asks for none.
+    The pooling routes are listed when the model pools; token ids are bounded by vocab_size,
+    min_tokens by max_model_len; image parts are offered when the model takes images, tools
+    when the server can parse tool calls (--tool-call-parser, or a chat template that shows a
+    known format)."""
+    doc = _fitted(_document(version, metrics_auth), vocab_size, max_model_len, images)
+    if not pooling:
+        doc["paths"] = {path: op for path, op in doc["paths"].items() if path not in POOLING_ROUTES}
+    if not tools:
+        for name in _TOOL_BODIES:
+            props = doc["components"]["schemas"][name]["properties"]
+            props["tools"] = {"type": "array", "maxItems": 0,
+                              "description": "none: this server parses no tool calls (see --tool-call-parser)"}
+            del props["tool_choice"]            # only with tools
+            doc["components"]["schemas"][name].pop("dependentRequired", None)
+    return doc if api_key else _without_auth(doc)
+
+
+def _document(version: str, metrics_auth: bool) -> dict:
     model = _get("One served model", _ref("Model"), auth=True)
     model["get"]["parameters"] = [{"name": "model", "in": "path", "required": True, "schema": _STR}]
     model["get"]["responses"].update(_errors(404))
@@ -358,8 +561,7 @@ def openapi_document(version: str, metrics_auth: bool = True) -> dict:
                                  stream=False, auth=True),
             "/v1/chat/completions/batch": _post("vLLM's batch: one choice per conversation", "ChatCompletionBatchRequest",
                                                 "ChatCompletionResponse", stream=False, auth=True),
-            "/invocations": _post("SageMaker: a chat or completion body, told apart by its shape",
-                                  "InvocationsRequest", "ChatCompletionResponse", stream=True, auth=True),
+            "/invocations": _invocations(),
             "/v1/responses": _post("OpenAI Responses", "ResponsesRequest", "Response", stream=True, auth=True,
                                    events="`event: response.created` ... `event: response.completed`, typed events"),
             "/v1/responses/{response_id}": {

@@ -32,10 +32,11 @@ def prepare_chat_batch(body: dict, ctx: ServingContext) -> PreparedRequest:
         raise bad("Batch chat completions do not support tools", "tools")
     if body.get("n") not in (None, 1):
         raise bad("Batch chat completions do not support n > 1", "n")
-    preps = []
+    preps: list[PreparedRequest] = []
+    pixels: list[int] = []      # the batch's images, all conversations', share one pixel bound
     for i, conversation in enumerate(conversations):
         try:
-            preps.append(openai.prepare_chat({**body, "messages": conversation}, ctx))
+            preps.append(openai.prepare_chat({**body, "messages": conversation}, ctx, pixels))
         except openai.ApiError as e:
             if e.param and e.param.startswith("messages"):
                 e.param = f"messages[{i}]" + e.param[len("messages"):]

@@ -30,7 +30,7 @@ from lite_llm.engine.scheduler import SchedulerOutput
 def next_token(token_ids: list[int], seed: int | None, vocab_size: int) -> int:
     h = hashlib.blake2b(np.asarray(token_ids, dtype=np.int64).tobytes(), digest_size=8)
     if seed is not None:
-        h.update(seed.to_bytes(8, "little", signed=False))
+        h.update((seed & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "little"))    # as the sampler: a negative seed too
     return int.from_bytes(h.digest(), "little") % vocab_size
 
 

@@ -4,6 +4,8 @@ VisionRunner.step_inputs reads."""
 from __future__ import annotations
 
 import json
+import struct
+import zlib
 from pathlib import Path
 from typing import NamedTuple
 
@@ -65,6 +67,18 @@ def qwen2_5_vl_checkpoint(std: float = 0.05, seed: int = 0, window_size: int = 5
                    "image_std": [0.26862954, 0.26130258, 0.27577711]}, fh)
     _BUILT[key] = out
     return out
+
+
+def flat_png(width: int, height: int, channels: int = 3) -> bytes:
+    """A PNG of one flat colour (8-bit gray or RGB), written row by row without decoding it: a
+    7070x7070 one is ~150 KB of file and 150 MB of RGB pixels once decoded (a pixel bomb)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    row, z = bytes(1 + width * channels), zlib.compressobj(9)
+    idat = b"".join([z.compress(row) for _ in range(height)] + [z.flush()])
+    head = struct.pack(">IIBBBBB", width, height, 8, 2 if channels == 3 else 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", head) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
 
 
 def image(width: int, height: int, seed: int):
