@@ -687,6 +687,7 @@ class _Handler(BaseHTTPRequestHandler):
                                               pooling=pooling_routes.is_pooling(st.engine),
                                               vocab_size=st.ctx.vocab_size, max_model_len=st.ctx.max_model_len,
                                               images=st.ctx.mm_processor is not None,
+                                              request_templates=st.ctx.trust_request_chat_template,
                                               tools=bool(st.ctx.tool_parser or openai.tool_parser_for(
                                                   st.ctx.chat_template or getattr(st.ctx.tokenizer, "chat_template", None)))))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lite_llm.sampling_params import MAX_CHOICES
 from lite_llm.server.pooling import ROUTES as POOLING_ROUTES
 
 _NUM = {"type": "number"}
@@ -71,7 +72,7 @@ _SAMPLING = {
         "description": "the output follows a JSON schema (or is any JSON object), enforced token by token"},
     "guided_json": {"type": "object", "description": "a JSON schema the output follows (or its JSON text)"},
     "guided_regex": {**_STR, "minLength": 1, "description": "a regular expression the output matches"},
-    "guided_choice": {"type": "array", "items": {**_STR, "minLength": 1}, "minItems": 1,
+    "guided_choice": {"type": "array", "items": {**_STR, "minLength": 1}, "minItems": 1, "maxItems": MAX_CHOICES,
                       "description": "the output is one of these strings"},
     "guided_grammar": {**_STR, "minLength": 1, "description": "a Lark (or GBNF) grammar the output follows"},
     "guided_whitespace_pattern": {**_STR, "description": "regex of the whitespace JSON output may use"},
@@ -80,7 +81,7 @@ _SAMPLING = {
         {"required": ["json_object"], "properties": {"json_object": {"const": True}}}], "properties": {
         "json": {"type": ["object", "boolean"], "description": "a JSON schema (or its JSON text)"},
         "regex": {**_STR, "minLength": 1},
-        "choice": {"type": "array", "items": {**_STR, "minLength": 1}, "minItems": 1}, "grammar": {**_STR, "minLength": 1},
+        "choice": {"type": "array", "items": {**_STR, "minLength": 1}, "minItems": 1, "maxItems": MAX_CHOICES}, "grammar": {**_STR, "minLength": 1},
         "json_object": _BOOL, "disable_any_whitespace": _BOOL,
         "disable_additional_properties": _BOOL, "whitespace_pattern": _STR},
         "description": "vLLM's structured outputs: exactly one of json, json_object, regex, choice, grammar"},
@@ -520,14 +521,15 @@ def _without_auth(value: Any) -> Any:
 
 def openapi_document(version: str, metrics_auth: bool = True, *, api_key: bool = True, pooling: bool = True,
                      vocab_size: int | None = None, max_model_len: int | None = None, images: bool = True,
-                     tools: bool = True) -> dict:
+                     tools: bool = True, request_templates: bool = True) -> dict:
     """The document of this server, which accepts what it calls valid. Every route but /health
     and /ping (and /metrics with --metrics-no-auth) takes the API key when the server has one
     (api_key): the `security` of each operation says which; a server without one asks for none.
     The pooling routes are listed when the model pools; token ids are bounded by vocab_size,
     min_tokens by max_model_len; image parts are offered when the model takes images, tools
     when the server can parse tool calls (--tool-call-parser, or a chat template that shows a
-    known format)."""
+    known format). A request's own `chat_template` is listed only when the server takes one
+    (--trust-request-chat-template: request_templates)."""
     doc = _fitted(_document(version, metrics_auth), vocab_size, max_model_len, images)
     if not pooling:
         doc["paths"] = {path: op for path, op in doc["paths"].items() if path not in POOLING_ROUTES}
@@ -538,6 +540,9 @@ def openapi_document(version: str, metrics_auth: bool = True, *, api_key: bool =
                               "description": "none: this server parses no tool calls (see --tool-call-parser)"}
             del props["tool_choice"]            # only with tools
             doc["components"]["schemas"][name].pop("dependentRequired", None)
+    if not request_templates:
+        for body in doc["components"]["schemas"].values():
+            body.get("properties", {}).pop("chat_template", None)
     return doc if api_key else _without_auth(doc)
 
 

@@ -144,7 +144,10 @@ def test_watchdog_is_another_client_than_the_attacks(tmp_path):
     a = report["attacks"][0]
     assert report["probe_source"] == "127.0.0.2"
     assert a["sent"] == 6 and sum(a["statuses"].values()) == 6
-    assert a["statuses"].get("200", 0) <= 2 and a["statuses"].get("503", 0) >= 1, a["statuses"]   # capped
+    # capped: at most 2 answered; the others refused (503) or, when they arrive while an earlier one is
+    # still sending its request, that one is dropped to make room (no answer: reset at the deadline)
+    assert a["statuses"].get("200", 0) <= 2, a["statuses"]
+    assert sum(n for status, n in a["statuses"].items() if status != "200") >= 4, a["statuses"]
     for kind in ("health", "completion"):
         assert a["probes_summary"][kind]["sent"] >= 1
         assert a["probes_summary"][kind]["failed"] == {}, a["probes_summary"]

@@ -23,10 +23,14 @@ from schemathesis.specs.openapi.checks import negative_data_rejection, positive_
 # tokens (prompt + max_tokens within max_model_len), min_tokens against max_tokens (or its
 # default), whether a JSON schema, regular expression or grammar compiles in the
 # structured-output engine, and a stored response's state (only a background response can be
-# cancelled, as OpenAI answers).
+# cancelled, as OpenAI answers); the bounds on client-controlled work that a schema cannot
+# state either: nesting depth of any JSON value, sizes in UTF-8 bytes, and what the chat template
+# makes of the messages.
 _UNSTATABLE = ("This model's maximum context length is", "min_tokens must be <= max_tokens",
                "invalid JSON schema", "invalid regex", "invalid grammar",
                "Only background responses can be cancelled.")
+_UNSTATABLE_BOUNDS = ("nested deeper than", "bytes in all", "is longer than", "chat template ",
+                      "too large for a forced tool call")
 
 
 def _accepts_valid_bodies(ctx, response, case):
@@ -37,7 +41,8 @@ def _accepts_valid_bodies(ctx, response, case):
             message = json.loads(response.content)["error"]["message"]
         except (ValueError, KeyError, TypeError):
             raise
-        if response.status_code == 400 and message.startswith(_UNSTATABLE):
+        if response.status_code == 400 and (message.startswith(_UNSTATABLE)
+                                             or any(bound in message for bound in _UNSTATABLE_BOUNDS)):
             return None
         raise
 
