@@ -27,6 +27,15 @@ so one owner's job cannot keep another's request waiting for all of it:
 - alone, an owner may use every slot: nothing is held back as headroom, since capacity
   left idle by a per-request cap is lost to a server's only client, while a preemption costs
   only the victim's recompute, and only when another owner actually waits.
+Owners belong to clients: an owner id "client|request" (the server's: the client's address,
+then its HTTP request) is request `request` of client `client`; an id without "|" is a client
+of its own. Fairness holds between clients first, then between one client's owners: "fewest
+running" compares (the client's running sequences, the owner's), and a waiting owner claims a
+slot when its client runs at least two fewer than the client holding the most (the victim is
+that client's richest owner's newest sequence), or, within its own client, when it runs at
+least two fewer than that client's richest owner (the victim is that owner's newest). So a
+client that opens hundreds of requests gets the share of one client, and one request of a
+client cannot hold its other requests back either.
 Under the priority policy fairness never preempts a sequence of better priority (a lower
 value) than the claimant's head. The steady decode lane (_step.DecodeLane) never admits: it
 ends when a request waits and a slot is free, or has_fair_claim() says a claim stands.
@@ -101,14 +110,34 @@ class SchedulerOutput:
         return len(self.chunks)
 
 
+class Client:
+    """The running sequences of one client's owners together (fair admission's first level)."""
+    __slots__ = ("client_id", "num_running", "num_owners")
+
+    def __init__(self, client_id: str):
+        self.client_id = client_id
+        self.num_running = 0
+        self.num_owners = 0
+
+
 class Owner:
     """What fair admission keeps of one owner with running or waiting sequences."""
-    __slots__ = ("owner_id", "num_running", "waiting")
+    __slots__ = ("owner_id", "num_running", "waiting", "client")
 
-    def __init__(self, owner_id: str):
+    def __init__(self, owner_id: str, client: Client):
         self.owner_id = owner_id
         self.num_running = 0
         self.waiting: deque[Request] = deque()    # its waiting requests, in the queue's order
+        self.client = client
+
+    def load(self) -> tuple[int, int]:
+        """What "fewest running" compares: its client's running sequences, then its own."""
+        return self.client.num_running, self.num_running
+
+
+def client_of(owner_id: str) -> str:
+    """The client part of an owner id "client|request"; an id without "|" is its own client."""
+    return owner_id.partition("|")[0]
 
 
 class Scheduler:
@@ -130,6 +159,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []              # admission order (priority order if "priority")
         self.owners: dict[str, Owner] = {}            # owner id -> Owner, of every owner with a request
+        self.clients: dict[str, Client] = {}          # client id -> Client, of every owner's client
         self._waiting_owners: dict[str, Owner] = {}   # those with waiting ones, as they began waiting
         self._running_owners: dict[str, Owner] = {}   # those with running ones
         self._kv_short: Owner | None = None            # a claimant whose head found the cache short
@@ -345,7 +375,7 @@ class Scheduler:
                     continue
                 if len(self.owners) > 1:     # the next step may preempt for it (fair admission)
                     owner = self.owners[request.owner]
-                    if owner.num_running + 2 <= self._most_running():
+                    if self._victim_for(owner) is not None:
                         self._kv_short = owner
                 break          # FCFS: later requests wait behind the head
             self._start_running(request)       # first: the owner stays while it runs
@@ -385,7 +415,7 @@ class Scheduler:
     def _push_waiting(self, request: Request, front: bool) -> None:
         owner = self.owners.get(request.owner)
         if owner is None:
-            owner = self.owners[request.owner] = Owner(request.owner)
+            owner = self.owners[request.owner] = self._new_owner(request.owner)
         for queue in (self.waiting, owner.waiting):     # the same order: an owner's is a sub-sequence
             if self.policy == "priority":
                 keys = [_priority_key(r) for r in queue]
@@ -416,11 +446,27 @@ class Scheduler:
         if not owner.waiting:
             del self._waiting_owners[owner.owner_id]
             if not owner.num_running:
-                del self.owners[owner.owner_id]
+                self._drop_owner(owner)
+
+    def _new_owner(self, owner_id: str) -> Owner:
+        client_id = client_of(owner_id)
+        client = self.clients.get(client_id)
+        if client is None:
+            client = self.clients[client_id] = Client(client_id)
+        client.num_owners += 1
+        return Owner(owner_id, client)
+
+    def _drop_owner(self, owner: Owner) -> None:
+        del self.owners[owner.owner_id]
+        client = owner.client
+        client.num_owners -= 1
+        if not client.num_owners:
+            del self.clients[client.client_id]
 
     def _start_running(self, request: Request) -> None:
         owner = self.owners[request.owner]
         owner.num_running += 1
+        owner.client.num_running += 1
         if owner.num_running == 1:
             self._running_owners[owner.owner_id] = owner
 
@@ -428,13 +474,11 @@ class Scheduler:
         """Count a request that left self.running (preempted or finished) out of its owner's."""
         owner = self.owners[request.owner]
         owner.num_running -= 1
+        owner.client.num_running -= 1
         if not owner.num_running:
             del self._running_owners[owner.owner_id]
             if not owner.waiting:
-                del self.owners[owner.owner_id]
-
-    def _most_running(self) -> int:
-        return max((o.num_running for o in self._running_owners.values()), default=0)
+                self._drop_owner(owner)
 
     def _next_waiting(self) -> Request:
         """The waiting request admission tries next: the queue's head while one owner waits,
@@ -446,37 +490,57 @@ class Scheduler:
         if self.policy == "priority":
             best_key = None
             for owner in self._waiting_owners.values():
-                key = (owner.waiting[0].priority, owner.num_running)
+                key = (owner.waiting[0].priority, *owner.load())
                 if best_key is None or key < best_key:
                     best, best_key = owner, key
         else:
-            fewest = -1
+            fewest = None
             for owner in self._waiting_owners.values():
-                if fewest < 0 or owner.num_running < fewest:
-                    best, fewest = owner, owner.num_running
-                    if not fewest:
+                load = owner.load()
+                if fewest is None or load < fewest:
+                    best, fewest = owner, load
+                    if fewest == (0, 0):
                         break
         return best.waiting[0]
 
     def _claimants(self) -> list[Owner]:
         """Waiting owners at least two running sequences short of the richest, in admission
         order (fewest running first; priority policy: best head priority first)."""
-        most = self._most_running()
-        if most < 2:
+        if max((c.num_running for c in self.clients.values()), default=0) < 2:
             return []
-        out = [o for o in self._waiting_owners.values() if o.num_running + 2 <= most]
+        out = [o for o in self._waiting_owners.values() if self._richest_for(o) is not None]
         if self.policy == "priority":
-            out.sort(key=lambda o: (o.waiting[0].priority, o.num_running))
+            out.sort(key=lambda o: (o.waiting[0].priority, *o.load()))
         else:
-            out.sort(key=lambda o: o.num_running)
+            out.sort(key=Owner.load)
         return out
+
+    def _richest_for(self, claimant: Owner) -> Owner | None:
+        """The owner a claimant's slot comes from, if it has a claim: the richest owner of the
+        client holding the most, when that client runs at least two more than claimant's; else,
+        within claimant's own client, its richest owner, when it runs at least two more than
+        claimant. None: no claim."""
+        client = claimant.client
+        if len(self.clients) > 1:
+            top = max(self.clients.values(), key=lambda c: c.num_running)
+            if top.num_running >= client.num_running + 2:
+                client = top
+        if client is claimant.client and client.num_owners < 2:
+            return None
+        owners = [o for o in self._running_owners.values() if o.client is client]
+        richest = max(owners, key=lambda o: o.num_running, default=None)
+        if richest is None:
+            return None
+        if client is claimant.client and richest.num_running < claimant.num_running + 2:
+            return None
+        return richest
 
     def _victim_for(self, claimant: Owner) -> Request | None:
         """The running sequence preempted so claimant gets a slot: the newest (priority policy:
-        the least important) of the owner holding the most, if that owner holds at least two
-        more than claimant and (priority policy) it is not more important than claimant's head."""
-        richest = max(self._running_owners.values(), key=lambda o: o.num_running, default=None)
-        if richest is None or richest.num_running < claimant.num_running + 2:
+        the least important) of the owner _richest_for names, if claimant has a claim and
+        (priority policy) that sequence is not more important than claimant's head."""
+        richest = self._richest_for(claimant)
+        if richest is None:
             return None
         owner_id = richest.owner_id
         victim = next(r for r in reversed(self.running) if r.owner == owner_id)
@@ -525,7 +589,7 @@ class Scheduler:
         best, best_key = len(running) - 1, None
         for j in range(len(running) - 1, idx - 1, -1):
             r = running[j]
-            key = (r.priority if is_priority else 0, owners[r.owner].num_running)
+            key = (r.priority if is_priority else 0, *owners[r.owner].load())
             if best_key is None or key > best_key:
                 best, best_key = j, key
         return running.pop(best)

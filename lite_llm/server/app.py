@@ -752,7 +752,9 @@ class _Handler(BaseHTTPRequestHandler):
             for k, p in enumerate(prep.prompts):
                 rid = prep.engine_request_id(k)
                 extra = {} if prep.model in st.ctx.model_names else {"lora_request": prep.model}   # an adapter's name
-                extra["owner"] = prep.id     # its prompts and samples share this request's fair share of slots
+                # its prompts and samples share this request's fair share of slots, and its client's
+                # requests together one client's share (the scheduler's "client|request" owners)
+                extra["owner"] = f"{self.client_address[0] if self.client_address else ''}|{prep.id}"
                 if p.mm is not None:
                     extra["mm"] = p.mm
                 stream = st.engine.add_request(rid, p.token_ids, params, prompt=p.text, **extra)

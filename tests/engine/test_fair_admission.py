@@ -267,3 +267,56 @@ def test_small_request_is_not_starved_of_tokens_by_a_long_prefill():
     assert engine.scheduler.num_preemptions_total == 0     # the free slot was enough
     assert tokens_of(outs["small"]) == alone("small", prompt(8, 10), SMALL)
     assert tokens_of(outs["big-long"]) == alone("big-long", prompt(30, 480), big_params(1, 20))
+
+
+def running_by_client(engine: LLMEngine) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in engine.scheduler.running:
+        client = r.owner.partition("|")[0]
+        counts[client] = counts.get(client, 0) + 1
+    return counts
+
+
+def test_a_client_with_many_requests_gets_one_clients_share():
+    """One client opens 20 requests of one sequence each ("A|r0".."A|r19"): 8 run, 12 wait. A
+    request of another client gets its first token within 2 steps and, as more of its requests
+    come, the clients settle at half the slots each. Were each request its own client, the
+    newcomer would be the 13th waiting request of equals and wait for A's."""
+    engine = make_engine()
+    rec = Recorder(engine)
+    a_ids = {f"a-{i}": prompt(40 + i, 10) for i in range(20)}
+    for rid, ids in a_ids.items():
+        engine.add_request(rid, ids, big_params(1, 150), owner=f"10.0.0.1|{rid}")
+    for _ in range(2):
+        rec.step()
+    assert running_by_client(engine) == {"10.0.0.1": 8} and len(engine.scheduler.waiting) == 12
+    engine.add_request("b-0", prompt(5, 7), SMALL, owner="10.0.0.2|b-0")
+    steps = rec.steps_until_first_token("b-0")
+    assert steps is not None and steps <= 2, f"b-0's first token after {steps} steps"
+    for i in range(1, 6):
+        engine.add_request(f"b-{i}", prompt(5 + i, 7), big_params(1, 100), owner=f"10.0.0.2|b-{i}")
+    for _ in range(8):
+        rec.step()
+    assert running_by_client(engine) == {"10.0.0.1": 4, "10.0.0.2": 4}
+    outs = rec.run_to_end()
+    for rid, ids in a_ids.items():
+        assert tokens_of(outs[rid]) == alone(rid, ids, big_params(1, 150))
+    assert tokens_of(outs["b-0"]) == alone("b-0", prompt(5, 7), SMALL)
+
+
+def test_within_a_client_one_request_does_not_hold_back_its_others():
+    """One client's big request (n=8) holds all 8 slots; the same client's small request still
+    gets its first token within 2 steps (the second level: owners of one client)."""
+    engine = make_engine()
+    rec = Recorder(engine)
+    big_ids = prompt(1, 20)
+    engine.add_request("big", big_ids, big_params(8), owner="10.0.0.1|big")
+    for _ in range(3):
+        rec.step()
+    assert engine.scheduler.num_running == 8
+    engine.add_request("small", prompt(2, 6), SMALL, owner="10.0.0.1|small")
+    steps = rec.steps_until_first_token("small")
+    assert steps is not None and steps <= 2, f"small's first token after {steps} steps"
+    outs = rec.run_to_end()
+    assert tokens_of(outs["big"]) == alone("big", big_ids, big_params(8))
+    assert tokens_of(outs["small"]) == alone("small", prompt(2, 6), SMALL)

@@ -71,3 +71,54 @@ def test_small_completions_finish_while_one_request_holds_every_slot():
         assert _wait_metric(port, "lite_llm:kv_cache_usage_perc", lambda v: v == 0) == 0
     finally:
         stop_server(served)
+
+
+NUM_FLOOD = 24                 # one client's requests, each one long sequence: 8 run, 16 wait
+
+
+def test_another_clients_completions_finish_while_one_client_floods_requests():
+    """One client (127.0.0.1) sends 24 long requests of one sequence each on 24 connections: 8
+    run and 16 wait. Another client's (127.0.0.2) 4-token completions keep finishing while every
+    one of the flood's requests is still unanswered: fairness holds between clients, not only
+    between requests (as equals, a probe would wait behind the flood's 16 queued requests)."""
+    served = start_server(engine_overrides={"max_num_seqs": MAX_NUM_SEQS, "step_seconds": 0.005},
+                          max_connections_per_client=0)
+    flood: list[socket.socket] = []
+    try:
+        port = served.port
+        for i in range(NUM_FLOOD):
+            body = json.dumps({"model": served.model, "prompt": f"Flood {i}: tell a story",
+                               "max_tokens": MAX_TOKENS, "temperature": 0.7, "seed": i}).encode()
+            s = socket.create_connection(("127.0.0.1", port), timeout=120)
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            flood.append(s)
+        assert _wait_metric(port, "lite_llm:num_requests_waiting",
+                            lambda v: v == NUM_FLOOD - MAX_NUM_SEQS) == NUM_FLOOD - MAX_NUM_SEQS
+
+        def flood_answered() -> int:
+            return sum(bool(select.select([s], [], [], 0)[0]) for s in flood)
+
+        with Watchdog(port, served.model, source="127.0.0.2") as dog:
+            end = time.monotonic() + 20.0     # liveness bound
+            while time.monotonic() < end and not flood_answered():
+                if sum(p.status == 200 for p in dog.of("completion")) >= NUM_PROBES:
+                    break
+                time.sleep(0.05)
+            finished_probes = sum(p.status == 200 for p in dog.of("completion"))
+            answered = flood_answered()
+            for s in flood:                   # abort the flood (resets)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s.close()
+            flood.clear()
+        print(f"\nwatchdog under one client's flood of requests: {dog.summary()}")
+        assert answered == 0, f"{answered} of the flood's requests finished before the probes"
+        assert finished_probes >= NUM_PROBES, \
+            f"{finished_probes} 4-token completions finished while the flood ran ({dog.summary()})"
+        dog.check()
+        assert _wait_metric(port, "lite_llm:num_requests_running", lambda v: v == 0) == 0
+        assert _wait_metric(port, "lite_llm:num_requests_waiting", lambda v: v == 0) == 0
+    finally:
+        for s in flood:
+            s.close()
+        stop_server(served)
