@@ -53,6 +53,7 @@ BODY_BYTES_PER_TOKEN = 64   # a full-context prompt as JSON: ~4 bytes of text a 
 MAX_CONNECTIONS = 512
 PROBE_CONNECTIONS = 16                 # beyond the connection limits, for /health and the like only
 CONNECTION_LIMIT_MESSAGE = "the server is at its connection limit; retry later"
+CLIENT_LIMIT_MESSAGE = "too many connections from this client address; retry later"
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
 _PEER_GONE_ERRNOS = {errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED, errno.ENOTCONN, errno.ETIMEDOUT}
 _WATCH_INTERVAL = 0.05                 # seconds between polls of a waiting client's socket
@@ -153,18 +154,30 @@ class ServerState:
         return True
 
 
+def _connection_refusal(over_client: bool, retry_after: int) -> ApiError:
+    """A connection beyond the limits: 429 when its own address holds its share (the client's
+    doing, as a rate limit), 503 when the server as a whole is full."""
+    if over_client:
+        return ApiError(429, CLIENT_LIMIT_MESSAGE, code="too_many_connections",
+                        headers={"Retry-After": str(retry_after)})
+    return ApiError(503, CONNECTION_LIMIT_MESSAGE, code="too_many_connections",
+                    headers={"Retry-After": str(retry_after)})
+
+
 class _Conn:
     """One open connection as the server's capacity accounting sees it.
 
     phase: "idle" (waiting for a request), "headers", "body" (reading one) or "busy"
     (dispatched). Connections not busy can be evicted when the server is full. probe_only: one
-    of the few taken beyond the limits, which serves one request on a probe route and closes.
+    of the few taken beyond the limits, which serves one request on a probe route and closes;
+    over_client: it was taken beyond its address's cap (a 429 for work), not the server's (503).
     """
-    __slots__ = ("sock", "client", "phase", "since", "probe_only")
+    __slots__ = ("sock", "client", "phase", "since", "probe_only", "over_client")
 
-    def __init__(self, sock: socket.socket, client: str = "", probe_only: bool = False):
+    def __init__(self, sock: socket.socket, client: str = "", probe_only: bool = False, over_client: bool = False):
         self.sock, self.client, self.phase, self.since = sock, client, "idle", time.monotonic()
         self.probe_only = probe_only
+        self.over_client = over_client
 
     def enter(self, phase: str) -> None:
         self.phase, self.since = phase, time.monotonic()
@@ -451,12 +464,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _check_probe(self, path: str) -> None:
         """A connection taken beyond the limits answers one probe and closes; anything else
-        gets the 503 the limits give."""
+        gets the 503 the limits give (429 when its own address's cap was the one reached)."""
         self.close_connection = True
         if path not in self.PROBE_ROUTES:
-            self._linger = self._has_unread_body()     # so the client reads the 503, not a reset
-            raise ApiError(503, CONNECTION_LIMIT_MESSAGE, code="too_many_connections",
-                           headers={"Retry-After": str(self.state.retry_after)})
+            self._linger = self._has_unread_body()     # so the client reads the refusal, not a reset
+            raise _connection_refusal(self._conn.over_client, self.state.retry_after)
 
     def _check_auth(self) -> None:
         key = self.state.api_key
@@ -916,20 +928,21 @@ class LiteServer(ThreadingHTTPServer):
         however many requests are in flight); when those are taken too, it gets the 503 at once."""
         client = str(client_address[0]) if isinstance(client_address, tuple) else ""
         with self._conns_lock:
-            full = False
+            full = over_client = False
             if self.max_connections_per_client:
                 own = [c for c in self._conns.values() if c.client == client]
-                full = len(own) >= self.max_connections_per_client and not self._evict_locked(own, self._conns)
+                full = over_client = (len(own) >= self.max_connections_per_client
+                                      and not self._evict_locked(own, self._conns))
             if not full and len(self._conns) >= self.max_connections:
                 full = not self._evict_locked(self._conns.values(), self._conns)
             if not full:
                 self._conns[request] = _Conn(request, client)
             elif len(self._probes) < PROBE_CONNECTIONS or self._evict_locked(self._probes.values(), self._probes):
-                self._probes[request] = _Conn(request, client, probe_only=True)
+                self._probes[request] = _Conn(request, client, probe_only=True, over_client=over_client)
             else:
                 request, refused = None, request
         if request is None:
-            self._refuse(refused)
+            self._refuse(refused, over_client)
             return
         try:
             super().process_request(request, client_address)
@@ -951,9 +964,10 @@ class LiteServer(ThreadingHTTPServer):
             pass
         return True
 
-    def _refuse(self, sock: socket.socket) -> None:
-        body = openai.dumps(ApiError(503, CONNECTION_LIMIT_MESSAGE, code="too_many_connections").body())
-        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    def _refuse(self, sock: socket.socket, over_client: bool = False) -> None:
+        e = _connection_refusal(over_client, self.state.retry_after)
+        body = openai.dumps(e.body())
+        head = (f"HTTP/1.1 {e.status} {HTTPStatus(e.status).phrase}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nRetry-After: {self.state.retry_after}\r\n"
                 f"Connection: close\r\n\r\n").encode()
         try:

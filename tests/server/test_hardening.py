@@ -602,7 +602,7 @@ def test_per_client_cap():
             sock.sendall(post_bytes("/v1/completions", {"prompt": "Hi", "max_tokens": 100, "stream": True}))
             assert sock.recv(4096).startswith(b"HTTP/1.1 200")
         status, headers, _ = request(s.port, "POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1})
-        assert status == 503 and "retry-after" in headers          # three busy: no room for a fourth
+        assert status == 429 and "retry-after" in headers          # three busy: no room for a fourth of its own
         assert request(s.port, "GET", "/health")[0] == 200         # but a probe is answered
         for sock in slow + streams:
             sock.close()
