@@ -128,6 +128,18 @@ def call(name: str, arguments: dict) -> str:
     return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
 
 
+PARIS = {"city": "Paris"}
+ADA = '{"name": "Ada", "age": 36}'
+# the answers every client's suite scripts alike; a module adds its own: {**COMMON_BOOK, ...}
+COMMON_BOOK = {
+    "Say hello": HELLO,
+    "Weather in Paris?": "Let me check.\n" + call("get_weather", PARIS),
+    "Call the weather tool": call("get_weather", PARIS),
+    "temp_c": RESULT,
+    "Who is Ada?": ADA,
+}
+
+
 def tokens_of(text: str) -> int:
     """How many tokens the fake model takes to write text."""
     return len(_tokenizer().encode(text, add_special_tokens=False))

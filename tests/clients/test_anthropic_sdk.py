@@ -8,16 +8,11 @@ import anthropic
 import pytest
 from pydantic import BaseModel
 
-from .conftest import HELLO, MODEL, RESULT, WEATHER_PARAMS, WEATHER_RESULT, book_server, call, tokens_of
+from .conftest import (COMMON_BOOK, HELLO, MODEL, PARIS, RESULT, WEATHER_PARAMS,
+                       WEATHER_RESULT, book_server, call, tokens_of)
 
-PARIS = {"city": "Paris"}
-BOOK = {
-    "Say hello": HELLO,
-    "Weather in Paris?": "Let me check.\n" + call("get_weather", PARIS),
-    "Call the weather tool": call("get_weather", PARIS),
+BOOK = {**COMMON_BOOK,
     "Weather in Paris and Rome": call("get_weather", PARIS) + "\n" + call("get_weather", {"city": "Rome"}),
-    "temp_c": RESULT,
-    "Who is Ada?": '{"name": "Ada", "age": 36}',
 }
 WEATHER = {"name": "get_weather", "description": "Current weather in a city", "input_schema": WEATHER_PARAMS}
 

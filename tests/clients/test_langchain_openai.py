@@ -12,16 +12,9 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
-from .conftest import HELLO, MODEL, RESULT, WEATHER_RESULT, book_server, call
+from .conftest import ADA, COMMON_BOOK, HELLO, MODEL, PARIS, RESULT, WEATHER_RESULT, book_server, call
 
-PARIS = {"city": "Paris"}
-ADA = '{"name": "Ada", "age": 36}'
-BOOK = {
-    "Say hello": HELLO,
-    "Weather in Paris?": "Let me check.\n" + call("get_weather", PARIS),
-    "Call the weather tool": call("get_weather", PARIS),
-    "temp_c": RESULT,
-    "Who is Ada?": ADA,
+BOOK = {**COMMON_BOOK,
     "Ada, as a tool call": call("Person", json.loads(ADA)),
 }
 

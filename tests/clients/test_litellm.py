@@ -10,16 +10,9 @@ import litellm
 import pytest
 from pydantic import BaseModel
 
-from .conftest import HELLO, MODEL, RESULT, WEATHER_PARAMS, WEATHER_RESULT, book_server, call
+from .conftest import COMMON_BOOK, HELLO, MODEL, PARIS, RESULT, WEATHER_PARAMS, WEATHER_RESULT, book_server
 
-PARIS = {"city": "Paris"}
-BOOK = {
-    "Say hello": HELLO,
-    "Weather in Paris?": "Let me check.\n" + call("get_weather", PARIS),
-    "Call the weather tool": call("get_weather", PARIS),
-    "temp_c": RESULT,
-    "Who is Ada?": '{"name": "Ada", "age": 36}',
-}
+BOOK = COMMON_BOOK
 # litellm's own TypedDicts warn as pydantic builds their schemas
 pytestmark = pytest.mark.filterwarnings("ignore:Items? .* using the .ReadOnly. qualifier:UserWarning")
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",

@@ -13,16 +13,9 @@ from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResp
 from openai.types.responses import ResponseTextDeltaEvent
 from pydantic import BaseModel
 
-from .conftest import HELLO, MODEL, RESULT, WEATHER_RESULT, book_server, call
+from .conftest import COMMON_BOOK, HELLO, MODEL, RESULT, WEATHER_RESULT, book_server
 
-PARIS = {"city": "Paris"}
-BOOK = {
-    "Say hello": HELLO,
-    "Weather in Paris?": "Let me check.\n" + call("get_weather", PARIS),
-    "Call the weather tool": call("get_weather", PARIS),
-    "temp_c": RESULT,
-    "Who is Ada?": '{"name": "Ada", "age": 36}',
-}
+BOOK = COMMON_BOOK
 MODELS = {"chat": OpenAIChatCompletionsModel, "responses": OpenAIResponsesModel}
 calls: list[str] = []          # the cities get_weather ran for
 

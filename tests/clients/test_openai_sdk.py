@@ -12,18 +12,13 @@ from pydantic import BaseModel
 
 from tests.server.conftest import CHATML
 
-from .conftest import HELLO, MODEL, RESULT, WEATHER_PARAMS, WEATHER_RESULT, book_server, call, tokens_of
+from .conftest import (COMMON_BOOK, HELLO, MODEL, PARIS, RESULT, WEATHER_PARAMS,
+                       WEATHER_RESULT, book_server, call, tokens_of)
 
-PARIS = {"city": "Paris"}
-BOOK = {
-    "Say hello": HELLO,
-    "Weather in Paris?": "Let me check.\n" + call("get_weather", PARIS),
-    "Call the weather tool": call("get_weather", PARIS),
+BOOK = {**COMMON_BOOK,
     "Weather in Paris and Rome": call("get_weather", PARIS) + "\n" + call("get_weather", {"city": "Rome"}),
     "Weather, with units": call("get_weather", {"city": "Paris", "units": "metric"}),
     "Weather, whatever the format": '[{"name": "get_weather", "parameters": {"city": "Paris"}}]',
-    "temp_c": RESULT,
-    "Who is Ada?": '{"name": "Ada", "age": 36}',
     "Describe Ada fully": '{"name": "Ada", "age": 36, "email": "ada@example.com"}',
 }
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",

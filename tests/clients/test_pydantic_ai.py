@@ -12,15 +12,9 @@ from pydantic_ai import Agent, NativeOutput
 from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
-from .conftest import HELLO, MODEL, RESULT, WEATHER_RESULT, book_server, call
+from .conftest import ADA, COMMON_BOOK, HELLO, MODEL, RESULT, WEATHER_RESULT, book_server, call
 
-PARIS = {"city": "Paris"}
-ADA = '{"name": "Ada", "age": 36}'
-BOOK = {
-    "Say hello": HELLO,
-    "Weather in Paris?": "Let me check.\n" + call("get_weather", PARIS),
-    "temp_c": RESULT,
-    "Who is Ada?": ADA,
+BOOK = {**COMMON_BOOK,
     "Ada, by the output tool": call("final_result", json.loads(ADA)),
 }
 MODELS = {"chat": OpenAIChatModel, "responses": OpenAIResponsesModel}
