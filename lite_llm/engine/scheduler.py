@@ -508,30 +508,38 @@ class Scheduler:
         order (fewest running first; priority policy: best head priority first)."""
         if max((c.num_running for c in self.clients.values()), default=0) < 2:
             return []
-        out = [o for o in self._waiting_owners.values() if self._richest_for(o) is not None]
+        view = self._fair_view()
+        out = [o for o in self._waiting_owners.values() if self._richest_for(o, view) is not None]
         if self.policy == "priority":
             out.sort(key=lambda o: (o.waiting[0].priority, *o.load()))
         else:
             out.sort(key=Owner.load)
         return out
 
-    def _richest_for(self, claimant: Owner) -> Owner | None:
+    def _fair_view(self) -> tuple[Client | None, dict[str, Owner]]:
+        """The client running the most, and each client's richest running owner (by client id):
+        one pass, so that judging every waiting owner's claim costs O(waiting + running)."""
+        top = max(self.clients.values(), key=lambda c: c.num_running, default=None)
+        richest_of: dict[str, Owner] = {}
+        for owner in self._running_owners.values():
+            best = richest_of.get(owner.client.client_id)
+            if best is None or owner.num_running > best.num_running:
+                richest_of[owner.client.client_id] = owner
+        return top, richest_of
+
+    def _richest_for(self, claimant: Owner, view: tuple | None = None) -> Owner | None:
         """The owner a claimant's slot comes from, if it has a claim: the richest owner of the
         client holding the most, when that client runs at least two more than claimant's; else,
         within claimant's own client, its richest owner, when it runs at least two more than
-        claimant. None: no claim."""
+        claimant. None: no claim. view: _fair_view(), when several claims are judged at once."""
+        top, richest_of = view if view is not None else self._fair_view()
         client = claimant.client
-        if len(self.clients) > 1:
-            top = max(self.clients.values(), key=lambda c: c.num_running)
-            if top.num_running >= client.num_running + 2:
-                client = top
-        if client is claimant.client and client.num_owners < 2:
+        if top is not None and top is not client and top.num_running >= client.num_running + 2:
+            return richest_of.get(top.client_id)
+        if client.num_owners < 2:
             return None
-        owners = [o for o in self._running_owners.values() if o.client is client]
-        richest = max(owners, key=lambda o: o.num_running, default=None)
-        if richest is None:
-            return None
-        if client is claimant.client and richest.num_running < claimant.num_running + 2:
+        richest = richest_of.get(client.client_id)
+        if richest is None or richest.num_running < claimant.num_running + 2:
             return None
         return richest
 
