@@ -29,8 +29,8 @@ def _missing(why: str) -> None:
     pytest.skip(why)
 
 
-@pytest.fixture(scope="session")
-def browser():
+@pytest.fixture(scope="package")    # not session: playwright's sync API keeps an event loop
+def browser():                       # running in the main thread until it stops, and later tests use asyncio.run
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
