@@ -106,13 +106,20 @@ def _request(handler) -> tuple[Any, str, dict]:
     return m, name, body
 
 
+def _runtime_root(handler) -> str | None:
+    """The adapter root of a server that changes its adapters at run time; a 404 for the two
+    routes on a server with LoRA but no --lora-root (without LoRA, _request's 404 says so)."""
+    root = getattr(handler.state, "lora_root", None)
+    if manager(handler.state.engine) is not None and root is None:
+        raise ApiError(404, "loading and unloading LoRA adapters at run time is not enabled on this server "
+                       "(start it with --lora-root DIR)", code="not_found")
+    return root
+
+
 def load_adapter(handler) -> None:
     """POST /v1/load_lora_adapter {"lora_name", "lora_path"}: read the adapter into a free slot."""
     from lite_llm.lora import load_adapter as read_adapter
-    root = getattr(handler.state, "lora_root", None)
-    if manager(handler.state.engine) is not None and root is None:
-        raise ApiError(404, "loading LoRA adapters at run time is not enabled on this server (start it "
-                       "with --lora-root DIR)", code="not_found")
+    root = _runtime_root(handler)
     m, name, body = _request(handler)
     path = body.get("lora_path")
     if not isinstance(path, str) or not path or "\x00" in path:
@@ -137,7 +144,9 @@ def load_adapter(handler) -> None:
 
 def unload_adapter(handler) -> None:
     """POST /v1/unload_lora_adapter {"lora_name"}: new requests can no longer pick it; running
-    ones finish with it, then its slot is free."""
+    ones finish with it, then its slot is free. Only where adapters load at run time (as vLLM
+    gates both routes): elsewhere the adapters --lora-modules names stay."""
+    _runtime_root(handler)
     m, name, _ = _request(handler)
     try:
         m.unload(name)

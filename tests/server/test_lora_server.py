@@ -146,6 +146,8 @@ def test_runtime_loading_is_off_without_a_root(tmp_path, monkeypatch):
         status, body = _post(server.url, "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": str(a)})
         assert status == 404 and "--lora-root" in body["error"]["message"], body
         assert str(a) not in json.dumps(body)
+        status, body = _post(server.url, "/v1/unload_lora_adapter", {"lora_name": "a"})
+        assert status == 404 and "--lora-root" in body["error"]["message"], body
     p = argparse.ArgumentParser()
     lora_routes.add_arguments(p)
     assert lora_routes.lora_root(p.parse_args(["--enable-lora"])) is None
