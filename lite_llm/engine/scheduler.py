@@ -503,12 +503,14 @@ class Scheduler:
                         break
         return best.waiting[0]
 
-    def _claimants(self) -> list[Owner]:
+    def _claimants(self, view: tuple | None = None) -> list[Owner]:
         """Waiting owners at least two running sequences short of the richest, in admission
-        order (fewest running first; priority policy: best head priority first)."""
-        if max((c.num_running for c in self.clients.values()), default=0) < 2:
+        order (fewest running first; priority policy: best head priority first). view: as
+        _richest_for's."""
+        view = view if view is not None else self._fair_view()
+        top = view[0]
+        if top is None or top.num_running < 2:
             return []
-        view = self._fair_view()
         out = [o for o in self._waiting_owners.values() if self._richest_for(o, view) is not None]
         if self.policy == "priority":
             out.sort(key=lambda o: (o.waiting[0].priority, *o.load()))
@@ -543,11 +545,11 @@ class Scheduler:
             return None
         return richest
 
-    def _victim_for(self, claimant: Owner) -> Request | None:
+    def _victim_for(self, claimant: Owner, view: tuple | None = None) -> Request | None:
         """The running sequence preempted so claimant gets a slot: the newest (priority policy:
         the least important) of the owner _richest_for names, if claimant has a claim and
         (priority policy) that sequence is not more important than claimant's head."""
-        richest = self._richest_for(claimant)
+        richest = self._richest_for(claimant, view)
         if richest is None:
             return None
         owner_id = richest.owner_id
@@ -561,7 +563,8 @@ class Scheduler:
         admission): a step that only decodes the running ones (the decode lane) must not run."""
         if self._kv_short is not None:
             return True
-        return any(self._victim_for(o) is not None for o in self._claimants())
+        view = self._fair_view()
+        return any(self._victim_for(o, view) is not None for o in self._claimants(view))
 
     def _preempt_for_claims(self, preempted: list[str]) -> int:
         """Before anyone is served: one slot for each claimant, a free one if there is one, else

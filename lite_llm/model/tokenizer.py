@@ -511,6 +511,11 @@ def _check_format(spec: str) -> None:
                 _check_text(_budget.limit + 1)
 
 
+def _check_replace(text: str, old: Any, new: Any) -> None:
+    """text.replace(old, new) (the filter or the method) stays within the text bound."""
+    _check_text(len(text) + (text.count(str(old)) + 1) * len(str(new)))
+
+
 def _check_args(args: tuple, kwargs: dict, weigh: bool) -> None:
     """No width beyond the text bound (str.ljust(10**9), center(10**9)); containers that will be
     copied or stringified within it."""
@@ -600,13 +605,15 @@ def _bounded_filter(name: str, fn: Any) -> Any:
             width = args[1] if not isinstance(args[1], int) else " " * min(args[1], _budget.limit + 1)
             _check_text(len(args[0]) + (args[0].count("\n") + 1) * len(str(width)))
         if name == "replace" and len(args) > 3 and isinstance(args[1], str):
-            _check_text(len(args[1]) + (args[1].count(str(args[2])) + 1) * len(str(args[3])))
+            _check_replace(args[1], args[2], args[3])
         return _check_result(fn(*args, **kwargs))
 
     return functools.update_wrapper(bounded, fn)     # keeps jinja's pass_context/pass_environment marks
 
 
+@lru_cache(maxsize=None)
 def _bounded_environment():
+    """(jinja2, the bounded sandbox's Environment class), made once."""
     import jinja2
     from jinja2 import nodes
     from jinja2.compiler import CodeGenerator, Frame
@@ -675,7 +682,7 @@ def _bounded_environment():
             weigh = isinstance(target, str) or getattr(__obj, "__name__", "") in ("format", "format_map")
             _check_args(args, kwargs, weigh)
             if isinstance(target, str) and getattr(__obj, "__name__", "") == "replace" and len(args) >= 2:
-                _check_text(len(target) + (target.count(str(args[0])) + 1) * len(str(args[1])))
+                _check_replace(target, args[0], args[1])
             return _check_result(super().call(__context, __obj, *args, **kwargs))
 
     return jinja2, BoundedEnvironment

@@ -157,11 +157,8 @@ class ServerState:
 def _connection_refusal(over_client: bool, retry_after: int) -> ApiError:
     """A connection beyond the limits: 429 when its own address holds its share (the client's
     doing, as a rate limit), 503 when the server as a whole is full."""
-    if over_client:
-        return ApiError(429, CLIENT_LIMIT_MESSAGE, code="too_many_connections",
-                        headers={"Retry-After": str(retry_after)})
-    return ApiError(503, CONNECTION_LIMIT_MESSAGE, code="too_many_connections",
-                    headers={"Retry-After": str(retry_after)})
+    status, message = (429, CLIENT_LIMIT_MESSAGE) if over_client else (503, CONNECTION_LIMIT_MESSAGE)
+    return ApiError(status, message, code="too_many_connections", headers={"Retry-After": str(retry_after)})
 
 
 class _Conn:
@@ -700,8 +697,7 @@ class _Handler(BaseHTTPRequestHandler):
                                               vocab_size=st.ctx.vocab_size, max_model_len=st.ctx.max_model_len,
                                               images=st.ctx.mm_processor is not None,
                                               request_templates=st.ctx.trust_request_chat_template,
-                                              tools=bool(st.ctx.tool_parser or openai.tool_parser_for(
-                                                  st.ctx.chat_template or getattr(st.ctx.tokenizer, "chat_template", None)))))
+                                              tools=st.ctx.tool_parser_of() is not None))
 
     def _pooling(self) -> None:
         pooling_routes.handle(self, urlsplit(self.path).path.rstrip("/"))
@@ -968,7 +964,7 @@ class LiteServer(ThreadingHTTPServer):
         e = _connection_refusal(over_client, self.state.retry_after)
         body = openai.dumps(e.body())
         head = (f"HTTP/1.1 {e.status} {HTTPStatus(e.status).phrase}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nRetry-After: {self.state.retry_after}\r\n"
+                f"Content-Length: {len(body)}\r\nRetry-After: {e.headers['Retry-After']}\r\n"
                 f"Connection: close\r\n\r\n").encode()
         try:
             sock.send(head + body, socket.MSG_DONTWAIT)

@@ -253,6 +253,12 @@ class ServingContext:
     media: Any = None                     # multimodal.MediaConfig: image limits and allowed hosts
     default_max_tokens: int | None = None  # --default-max-tokens: output cap of a request naming none
 
+    def tool_parser_of(self, template: str | None = None) -> str | None:
+        """The tool call parser of a chat rendered with template (a request's own, else
+        --chat-template, else the model's): --tool-call-parser, else the format the template shows."""
+        return self.tool_parser or tool_parser_for(template or self.chat_template
+                                                   or getattr(self.tokenizer, "chat_template", None))
+
     def check_model(self, body: dict) -> str:
         model = body.get("model")
         if model is None:
@@ -636,8 +642,7 @@ def prepare_chat(body: dict, ctx: ServingContext, pixels: list[int] | None = Non
     parallel = body.get("parallel_tool_calls") is not False
     forced = tool_choice == "required" or isinstance(tool_choice, dict)
     if tools and tool_choice != "none":
-        tool_parser = ctx.tool_parser or tool_parser_for(template or ctx.chat_template
-                                                         or getattr(ctx.tokenizer, "chat_template", None))
+        tool_parser = ctx.tool_parser_of(template)
         if tool_parser is None and not forced:
             raise bad("'tools' with tool_choice \"auto\" need a tool call parser: start the server with "
                       "--tool-call-parser (this model's chat template shows no known tool call format)", "tools")

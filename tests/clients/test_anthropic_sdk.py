@@ -32,6 +32,14 @@ def user(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
+def _final_message(client, stream: bool, **kw):
+    """The answer as the SDK gives it: the stream helper's final message, or create()'s."""
+    if stream:
+        with client.messages.stream(**kw) as s:
+            return s.get_final_message()
+    return client.messages.create(**kw)
+
+
 def _blocks(message) -> list[tuple]:
     """The content blocks, text stripped (test_stream_helper_tool_use holds streamed and whole
     texts to one another, whitespace included)."""
@@ -131,11 +139,7 @@ def test_tool_use_cut_by_max_tokens(client, tool_choice, stream):
     answer = BOOK[question]
     kw = {"model": MODEL, "max_tokens": tokens_of(answer[:answer.index('"city"')]), "messages": user(question),
           "tools": [WEATHER], "tool_choice": tool_choice}
-    if stream:
-        with client.messages.stream(**kw) as s:
-            out = s.get_final_message()
-    else:
-        out = client.messages.create(**kw)
+    out = _final_message(client, stream, **kw)
     assert out.stop_reason == "max_tokens"
     text = "".join(b.text for b in out.content if b.type == "text")
     assert "<tool_call" not in text and "get_weather" not in text
@@ -149,11 +153,7 @@ def test_second_call_cut_by_max_tokens(client, stream):
     answer = BOOK["Weather in Paris and Rome"]
     kw = {"model": MODEL, "max_tokens": tokens_of(answer[:answer.index("Rome")]),
           "messages": user("Weather in Paris and Rome"), "tools": [WEATHER], "tool_choice": {"type": "any"}}
-    if stream:
-        with client.messages.stream(**kw) as s:
-            out = s.get_final_message()
-    else:
-        out = client.messages.create(**kw)
+    out = _final_message(client, stream, **kw)
     assert out.stop_reason == "max_tokens"
     assert _blocks(out)[0] == ("tool_use", "get_weather", PARIS)
     assert not [b for b in out.content if b.type == "text" and "<tool_call" in b.text]
