@@ -1,4 +1,4 @@
-"""`python -m lite_llm` / `lite-llm`: serve, generate, chat, bench, info.
+"""`python -m lite_llm` / `lite-llm`: serve, generate, chat, bench, info, pull, list, rm.
 
 Each command lives in its own module, imported only when that command runs (start-up
 time matters): the module has `add_arguments(parser)` and `run(args) -> int | None`.
@@ -18,6 +18,9 @@ COMMANDS = {
     "generate": ("lite_llm.interactive", "complete one prompt and print the text"),
     "chat": ("lite_llm.interactive", "chat with the model in the terminal"),
     "info": ("lite_llm.info", "CPU features, kernel variant, core/NUMA plan, thread binding"),
+    "pull": ("lite_llm.model.hub", "download a model from the Hugging Face Hub into its cache (ORG/NAME, ORG/NAME:QUANT)"),
+    "list": ("lite_llm.model.hub", "the models in the Hugging Face cache: name, size, format, quant, last used"),
+    "rm": ("lite_llm.model.hub", "delete a model (ORG/NAME, or one GGUF quant ORG/NAME:QUANT) from the Hugging Face cache"),
 }
 BENCH_COMMANDS = {
     "latency": ("lite_llm.bench.latency", "prefill/decode speed of one batch"),

@@ -190,6 +190,12 @@ def env(name: str, default: str | None = None) -> str | None:
     return default
 
 
+def hf_env(name: str) -> str | None:
+    """A Hugging Face variable (HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE) as set now, or None:
+    huggingface_hub reads them once, at its import (model/hub.py follows later changes too)."""
+    return os.environ.get(name) or None
+
+
 # Inner-product paths of the GEMMs, by the operation they serve (lite_llm/_kernels/gemm_path.py):
 # bf16 weights in steps of several tokens, and int8 blocks (block-quantized weights).
 # int8 paths by instruction (src/simd LL_I8DOT_NAME): x86 vpdpbusd / vpmaddubsw, aarch64 usdot /

@@ -280,7 +280,7 @@ def build_engine(model: str | None = None, *, dtype: str = "auto", max_model_len
         "tensor_parallel_size": tensor_parallel_size,
         "enable_lora": enable_lora, "max_loras": max_loras if enable_lora else 0, "max_lora_rank": max_lora_rank,
         "tensor_parallel_ranks": group.ranks if group is not None else [],
-        "mmproj": mmproj,
+        "mmproj": loaded.mmproj,
     }
     if group is not None:
         async_engine.tp_group = group      # closed with the engine (LLM.shutdown, server exit)
@@ -376,7 +376,7 @@ class LLM:
             max_lora_rank=max_lora_rank, mmproj=mmproj)
         self.tokenizer = self._loaded.tokenizer
         self.config = self._loaded.config
-        self._mm_processor = multimodal.Processor.for_model(self._loaded.source, mmproj)
+        self._mm_processor = multimodal.Processor.for_model(self._loaded.source, self._loaded.mmproj)
 
     # ---- public API -------------------------------------------------------------------
 

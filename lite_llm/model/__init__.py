@@ -1,5 +1,5 @@
-"""Checkpoint loading: a local HF directory, a .gguf file or a hub id from the local HF cache
-becomes a LoadedModel (see loader.py): ModelConfig + tokenizer + weight tensors.
+"""Checkpoint loading: a local HF directory, a .gguf file or a Hugging Face name (hub.py: from
+its cache, fetched when missing) becomes a LoadedModel (see loader.py): ModelConfig + tokenizer + weight tensors.
 
 Canonical tensor names (i = layer), rows are output features as in HF ([out, in]):
     embed                     [V, E]

@@ -3,6 +3,8 @@
 Holds the file format (GGUF v2/v3, llama.cpp's layout); the mapping of llama.cpp's graphs
 onto ModelConfig and canonical tensor names is each architecture's recipe (lite_llm/model/arch/). The
 tokenizer stored in the metadata is rebuilt in tokenizer.py; dtype conversion in loader.py.
+A split model (llama.cpp's gguf-split: X-00001-of-0000N.gguf holds the metadata, every shard
+its own tensors) is opened by its first shard and read as one file.
 The header is parsed from a memory map that is dropped once parsed; tensor bytes are read
 with pread into new buffers, a slice of rows at a time if asked (pages of a mapped file
 would count in the resident set until unmapped), and dequantized to float32 by the
@@ -10,7 +12,9 @@ compiled kernels (the gguf package's quants.dequantize is their spec, in the tes
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import struct
 from dataclasses import dataclass
 from functools import partial
@@ -23,6 +27,7 @@ from lite_llm.model.weights import StoredPart
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32      # general.alignment when the file does not say
+_SHARD_NAME = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")     # llama.cpp's split names
 
 # metadata value types -> struct format (scalars); 8 = string, 9 = array
 _SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -54,6 +59,7 @@ class TensorInfo:
     type_id: int
     offset: int              # absolute byte offset in the file
     nbytes: int
+    part: int = 0            # the shard holding it, of a split model (0: the first, the file opened)
 
     @property
     def type_name(self) -> str:
@@ -63,7 +69,7 @@ class TensorInfo:
 class GGUFFile:
     """One GGUF file: .metadata (dict key -> value), .tensors (dict name -> TensorInfo), read()."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, _shard: bool = False):
         self.path = str(path)
         try:
             self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
@@ -78,6 +84,37 @@ class GGUFFile:
             self._parse()
         finally:
             self._map = None        # every value is copied out: unmap the header's pages now
+        self._parts: list[GGUFFile] = []    # shards 2..N of a split model
+        count = int(self.metadata.get("split.count", 1) or 1)
+        if count > 1 and not _shard:
+            self._join_shards(count)
+
+    def _join_shards(self, count: int) -> None:
+        """Add the tensors of shards 2..count, found beside this first one by llama.cpp's names."""
+        number = int(self.metadata.get("split.no", 0))
+        if number != 0:
+            raise ModelLoadError(f"{self.path}: shard {number + 1} of {count} of a split GGUF model: "
+                                 f"pass its first shard (-00001-of-{count:05d}.gguf)")
+        m = _SHARD_NAME.match(self.path)
+        if m is None:
+            raise ModelLoadError(f"{self.path}: a split GGUF model of {count} shards, but its name does not end "
+                                 f"in -00001-of-{count:05d}.gguf, so the other shards cannot be found")
+        for i in range(2, count + 1):
+            shard = f"{m.group(1)}-{i:05d}-of-{count:05d}.gguf"
+            if not os.path.isfile(shard):
+                raise ModelLoadError(f"{shard}: shard {i} of {count} of {self.path} is missing")
+            part = GGUFFile(shard, _shard=True)
+            self._parts.append(part)
+            for name, info in part.tensors.items():
+                self.tensors[name] = dataclasses.replace(info, part=len(self._parts))
+        expected = self.metadata.get("split.tensors.count")
+        if expected is not None and len(self.tensors) != int(expected):
+            raise ModelLoadError(f"{self.path}: the {count} shards hold {len(self.tensors)} tensors, the "
+                                 f"first says {expected}")
+
+    def _source(self, info: TensorInfo) -> "GGUFFile":
+        """The shard whose file holds tensor `info`."""
+        return self if info.part == 0 else self._parts[info.part - 1]
 
     # ---- header parsing -------------------------------------------------------------
 
@@ -185,6 +222,8 @@ class GGUFFile:
             os.close(self._fd)
             self._fd = None
         self.mapped.close()
+        for part in self._parts:
+            part.close()
 
     def stored(self, name: str, perm: int = 0, r0: int = 0, r1: int | None = None, flat: bool = False) -> StoredPart:
         """Where rows r0..r1 (default: all) of tensor `name` lie, for packing straight from the
@@ -194,8 +233,9 @@ class GGUFFile:
         rows = _num_rows(info.shape, flat)
         row_bytes = info.nbytes // rows if rows else 0
         begin, nbytes = info.offset + r0 * row_bytes, ((rows if r1 is None else r1) - r0) * row_bytes
-        return StoredPart(view=partial(self.mapped.view, begin, nbytes), nbytes=nbytes, type_name=info.type_name,
-                          perm=perm, release=partial(self.mapped.release, begin, nbytes))
+        mapped = self._source(info).mapped
+        return StoredPart(view=partial(mapped.view, begin, nbytes), nbytes=nbytes, type_name=info.type_name,
+                          perm=perm, release=partial(mapped.release, begin, nbytes))
 
     def drop_tokenizer_arrays(self) -> None:
         """Forget the vocabulary arrays (TOKENIZER_ARRAYS) once the tokenizer is built from
@@ -220,7 +260,7 @@ class GGUFFile:
     def read(self, name: str) -> np.ndarray:
         """Tensor `name` dequantized to float32, numpy shape (outermost first); new memory."""
         info = self.info(name)
-        return dequantize(self._pread(info.offset, info.nbytes), info.type_id, info.shape)
+        return dequantize(self._source(info)._pread(info.offset, info.nbytes), info.type_id, info.shape)
 
     def read_rows(self, name: str, r0: int, r1: int, flat: bool = False) -> np.ndarray:
         """Rows r0..r1 (outermost axis; flat: as stored() says) of tensor `name`, dequantized to
@@ -231,7 +271,7 @@ class GGUFFile:
         if not 0 <= r0 <= r1 <= rows:
             raise ValueError(f"{self.path}: rows {r0}..{r1} of tensor {name!r} with {rows} rows")
         row_bytes = info.nbytes // rows if rows else 0
-        raw = self._pread(info.offset + r0 * row_bytes, (r1 - r0) * row_bytes)
+        raw = self._source(info)._pread(info.offset + r0 * row_bytes, (r1 - r0) * row_bytes)
         return dequantize(raw, info.type_id, (r1 - r0, *(info.shape[-1:] if flat else info.shape[1:])))
 
     def read_raw_rows(self, name: str, r0: int, r1: int, flat: bool = False) -> np.ndarray:
@@ -242,7 +282,7 @@ class GGUFFile:
         if (len(info.shape) != 2 and not flat) or not 0 <= r0 <= r1 <= rows:
             raise ValueError(f"{self.path}: rows {r0}..{r1} of tensor {name!r} of shape {info.shape}")
         row_bytes = info.nbytes // rows if rows else 0
-        return self._pread(info.offset + r0 * row_bytes, (r1 - r0) * row_bytes).reshape(r1 - r0, row_bytes)
+        return self._source(info)._pread(info.offset + r0 * row_bytes, (r1 - r0) * row_bytes).reshape(r1 - r0, row_bytes)
 
     def _pread(self, offset: int, nbytes: int) -> np.ndarray:
         """nbytes of the file from offset, as a new uint8 array."""

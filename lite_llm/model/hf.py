@@ -4,7 +4,7 @@ slice of rows at a time if asked); the recipes map their names onto the canonica
 of lite_llm/model/__init__.py.
 
 Tensors come out in the file's own dtype (float32, float16, or bf16 bits as uint16); dtype
-conversion and progress reporting are the loader's. Hub-cache resolution is in loader.py.
+conversion and progress reporting are the loader's. Names on the Hub are hub.py's.
 """
 from __future__ import annotations
 

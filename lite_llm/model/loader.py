@@ -1,9 +1,9 @@
-"""load_model: a model argument (HF directory, .gguf file, hub id in the local HF cache, or None
-for the embedded SmolLM2 GGUF) -> LoadedModel (config, tokenizer, generation defaults, and a
+"""load_model: a model argument (HF directory, .gguf file, Hugging Face name, or None for the
+embedded SmolLM2 GGUF) -> LoadedModel (config, tokenizer, generation defaults, and a
 one-tensor-at-a-time iterator over canonical weights in the engine dtype).
 
-File formats live in hf.py and gguf.py; repacking for the kernels is the runner's. Nothing here
-touches the network.
+File formats live in hf.py and gguf.py; repacking for the kernels is the runner's. Names are
+resolved (and fetched) by hub.py: nothing here touches the network itself.
 """
 from __future__ import annotations
 
@@ -185,47 +185,26 @@ def default_model_path() -> str:
     raise ModelLoadError(f"no model given and the default model is not installed: {DEFAULT_MODEL_INSTALL}")
 
 
-def hub_cache_dir() -> str:
-    """The local Hugging Face hub cache: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.environ["HF_HUB_CACHE"]
-    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    return os.path.join(home, "hub")
-
-
-def resolve_hub_id(repo_id: str) -> str | None:
-    """Snapshot directory of repo_id ("Org/Name") in the local HF cache, or None if absent."""
-    repo_dir = os.path.join(hub_cache_dir(), "models--" + repo_id.replace("/", "--"))
-    snapshots = os.path.join(repo_dir, "snapshots")
-    if not os.path.isdir(snapshots):
-        return None
-    ref = os.path.join(repo_dir, "refs", "main")
-    if os.path.exists(ref):
-        with open(ref) as fh:
-            candidate = os.path.join(snapshots, fh.read().strip())
-        if os.path.isdir(candidate):
-            return candidate
-    revisions = sorted((os.path.join(snapshots, d) for d in os.listdir(snapshots)), key=os.path.getmtime)
-    return revisions[-1] if revisions else None
-
-
 def resolve_model(model: str | None) -> str:
-    """Path of the directory or .gguf file `model` names (see load_model)."""
+    """Path of the directory or .gguf file `model` names (see load_model); a Hugging Face name
+    that is no local path (org/name, org/name:QUANT) is hub.py's: from its cache, fetched if missing."""
     if model is None:
         return default_model_path()
     path = os.path.expanduser(model)
     if os.path.exists(path):
         return path
-    if model.count("/") == 1 and not model.startswith((".", "/")):
-        found = resolve_hub_id(model)
-        if found is not None:
-            ggufs = glob.glob(os.path.join(found, "*.gguf"))
-            if not os.path.exists(os.path.join(found, "config.json")) and len(ggufs) == 1:
-                return ggufs[0]
-            return found
-        raise ModelLoadError(f"{model}: no such file or directory, and not in the local Hugging Face cache "
-                             f"({hub_cache_dir()}); downloading is not supported, fetch it first")
+    from lite_llm.model import hub
+    if hub.parse_name(model) is not None:
+        return hub.resolve(model).path
     raise ModelLoadError(f"{model}: no such file or directory")
+
+
+def _hub_mmproj(model: str | None) -> str | None:
+    """The mmproj file hub.py fetched beside the GGUF model a Hugging Face name names, if any."""
+    if model is None or os.path.exists(os.path.expanduser(model)):
+        return None
+    from lite_llm.model import hub
+    return hub.resolve(model).mmproj if hub.parse_name(model) is not None else None
 
 
 def check_model(model: str | None) -> str:
@@ -283,6 +262,8 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
     """Open a checkpoint: reads config, tokenizer and tensor index; weights stream from iter_tensors().
     mmproj: a llama.cpp mmproj file whose image encoder feeds the model (multimodal/llava.py)."""
     path = resolve_model(model)
+    if mmproj is None:
+        mmproj = _hub_mmproj(model)
     if mmproj is not None and not os.path.isfile(mmproj):
         raise ModelLoadError(f"--mmproj {mmproj}: no such file")
     resolved_dtype = resolve_dtype(dtype)

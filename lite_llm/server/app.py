@@ -34,6 +34,7 @@ from urllib.parse import unquote, urlsplit
 from lite_llm import __version__
 from lite_llm.config import KV_CACHE_DTYPES, env, speculative_config_arg
 from lite_llm.engine.async_engine import EngineDeadError, EngineShutdownError, QueueFullError
+from lite_llm.model import hub
 from lite_llm.model.loader import check_model
 from lite_llm.sampling_params import RequestOutputKind
 from lite_llm.server import anthropic, lora_routes, openai, responses, vllm_routes, webui
@@ -1253,6 +1254,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--shutdown-grace", type=float, default=30.0,
       help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
     lora_routes.add_arguments(parser)
+    hub.add_hub_args(parser)
     a("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
 
 
@@ -1392,6 +1394,7 @@ def run(args: argparse.Namespace) -> int:
     load_chat_template(args.chat_template)          # a missing file fails before the model loads
     lora_routes.lora_root(args)
     check_address(args.host, args.port)             # and so does a port in use
+    model = hub.resolve_serve_args(args)            # a Hugging Face name: its files, fetched if missing
     check_model(model)                              # or a path that holds no model
     if args.responses_store_max < 0 or not args.responses_store_ttl > 0:
         raise SystemExit("--responses-store-max must be >= 0 and --responses-store-ttl > 0")
