@@ -21,6 +21,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from lite_llm.model.loader import ModelLoadError
 
@@ -137,7 +138,8 @@ def _pick_gguf(name: HubName, files: list[str], where: str) -> list[str]:
             raise HubError(f"{where} holds several GGUF models: pick one as {name.repo_id}:QUANT "
                            f"(available: {listed})")
     else:
-        tag = next((t for t in by_tag if t and t.lower() == name.tag.lower()), None)
+        want = name.tag.upper()     # unsloth's dynamic quants answer to their tag without "UD-" too
+        tag = next((t for t in by_tag if t == want), None) or next((t for t in by_tag if t == "UD-" + want), None)
         if tag is None:
             raise HubError(f"{where} has no GGUF file of quant {name.tag} (available: {listed})")
     chosen = by_tag[tag]
@@ -324,6 +326,18 @@ def _drop_cached(pointer: str) -> None:
 
 
 def _fetch(repo_id: str, commit: str, filename: str, remote: _Remote | None, verify: bool) -> str:
+    """_fetch_file, its network and disk failures told in one line (a partial download stays to resume)."""
+    import httpx2
+    from huggingface_hub.errors import HfHubHTTPError
+    try:
+        return _fetch_file(repo_id, commit, filename, remote, verify)
+    except (HfHubHTTPError, httpx2.HTTPError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise HubError(f"{repo_id}: fetching {filename} from {_endpoint()} failed ({first[:200]}); "
+                       "run again to resume") from e
+
+
+def _fetch_file(repo_id: str, commit: str, filename: str, remote: _Remote | None, verify: bool) -> str:
     """The snapshot path of repo_id's `filename` at commit, downloaded if needed (resuming a partial
     download), checked against the listing: size always, hash when downloaded or `verify`."""
     pointer = _pointer(repo_id, commit, filename)
@@ -343,7 +357,8 @@ def _fetch(repo_id: str, commit: str, filename: str, remote: _Remote | None, ver
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import WeakFileLock, build_hf_headers
     from huggingface_hub.utils._runtime import is_xet_available
-    meta = get_hf_file_metadata(hf_hub_url(repo_id, filename, revision=commit))
+    url = hf_hub_url(repo_id, filename, revision=commit)
+    meta = get_hf_file_metadata(url)
     etag, size = meta.etag, meta.size if meta.size is not None else remote.size
     expected = remote.sha256 or remote.git_sha1 or etag
     if meta.xet_file_data is not None and is_xet_available():
@@ -360,11 +375,17 @@ def _fetch(repo_id: str, commit: str, filename: str, remote: _Remote | None, ver
                 partial = blob + ".incomplete"
                 with open(partial, "ab") as fh:
                     done = fh.tell()
+                    if size is not None and done > size:    # not this file's beginning
+                        fh.truncate(0)
+                        done = 0
                     if done:
                         log.info("%s: resuming %s at %d of %s bytes", repo_id, filename, done, size)
                     headers = build_hf_headers()
                     headers["Accept-Encoding"] = "identity"     # byte ranges of the file itself
-                    http_get(meta.location, fh, resume_size=done, headers=headers, expected_size=size,
+                    source = meta.location if meta.xet_file_data is None else url    # Xet's bridge: the Hub's URL
+                    if urlsplit(source).netloc != urlsplit(url).netloc:
+                        headers.pop("authorization", None)      # a CDN's signed URL: the token stays home
+                    http_get(source, fh, resume_size=done, headers=headers, expected_size=size,
                              displayed_filename=filename, tqdm_class=_progress_class())
                 bad = _check(partial, filename, size, expected)
                 if bad is not None:
@@ -613,6 +634,10 @@ def remove(name: str) -> tuple[int, list[str]]:
     blobs = {os.path.realpath(p) for p in links}
     for p in links:
         os.remove(p)
+    if not any(m.path.startswith(repo_dir + os.sep) for m in cached_models()):
+        ours = sum(_size(b) for b in blobs)
+        freed, _ = remove(ref.repo_id)      # nothing loadable left (an mmproj alone): the whole repo goes
+        return freed + ours, sorted(set(removed))
     still = set()       # blobs other snapshot files point at stay
     for r_root, _, names in os.walk(snaps):
         for n in names:
