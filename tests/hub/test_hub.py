@@ -320,6 +320,32 @@ def test_an_interrupted_download_resumes_where_it_stopped(hub, env):
     assert not list(blobs.glob("*.incomplete"))
 
 
+def test_a_cut_connection_is_resumed_in_the_same_run(hub, env):
+    import threading
+    data = hub.repos[BIG]["commits"][hub.repos[BIG]["refs"]["main"]]["model.safetensors"]
+    release = threading.Event()
+    hub.stall["model.safetensors"] = (len(data) // 2, release)
+    blobs = repo_dir(env, BIG) / "blobs"
+    proc = subprocess.Popen([sys.executable, "-m", "lite_llm", "pull", BIG], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(p.stat().st_size >= 10 << 20 for p in blobs.glob("*.incomplete")):
+            time.sleep(0.1)
+        del hub.stall["model.safetensors"]
+        release.set()               # the server closes the connection mid-body
+        out, err = proc.communicate(timeout=120)
+    finally:
+        hub.stall.pop("model.safetensors", None)
+        release.set()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    rng = hub.gets("model.safetensors")[-1][2]     # huggingface_hub's own retry, from what it wrote
+    assert rng and (10 << 20) <= int(rng[len("bytes="):-1]) <= len(data) // 2, rng
+    assert (blobs / hashlib.sha256(data).hexdigest()).read_bytes() == data
+
+
 def test_a_corrupt_download_is_refused_and_a_damaged_cache_refetched(hub, env):
     hub.corrupt.add("model.safetensors")
     try:
