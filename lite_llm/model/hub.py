@@ -257,13 +257,13 @@ def _listing(name: HubName, revision: str) -> tuple[str, dict[str, _Remote | Non
         return commit, files, True
     except RevisionNotFoundError:
         raise HubError(f"{name}: no revision {revision!r} on {_endpoint()}") from None
-    except GatedRepoError:
-        raise HubError(f"{name}: a gated repository on {_endpoint()}: accept its terms on the Hub and set "
-                       "HF_TOKEN") from None
-    except RepositoryNotFoundError:
+    except RepositoryNotFoundError as e:       # or gated, or private without a token: the cache may have it
         cached = _cached_listing(name.repo_id, revision)
         if cached is not None:
             return (*cached, False)
+        if isinstance(e, GatedRepoError):
+            raise HubError(f"{name}: a gated repository on {_endpoint()}: accept its terms on the Hub and set "
+                           "HF_TOKEN") from None
         raise HubError(f"{name}: no such model on {_endpoint()} (or it is private: set HF_TOKEN), "
                        f"nor in {where}") from None
     except (httpx2.ConnectError, httpx2.TimeoutException, OfflineModeIsEnabled, HfHubHTTPError) as e:
@@ -680,7 +680,7 @@ def run_pull(args: argparse.Namespace) -> int:
     log.setLevel(logging.INFO)      # ours (resuming, refetching), not every HTTP request's
     found = resolve(args.name, args.revision, mmproj=not args.no_mmproj, verify=True)
     size = sum(_size(_pointer(found.repo_id, found.commit, f)) for f in found.files)
-    print(f"{found.name}: {len(found.files)} files, {_human(size)}, {found.format}"
+    print(f"{found.name}: {len(found.files)} file{'s' if len(found.files) != 1 else ''}, {_human(size)}, {found.format}"
           f"{f' {found.quant}' if found.quant else ''}, commit {found.commit[:12]}, checked")
     print(found.path)
     return 0
