@@ -283,6 +283,21 @@ def test_offline_serves_from_the_cache_without_a_request(hub, env, models):
     assert len(hub.requests) == before
 
 
+def test_a_hub_out_of_reach_leaves_the_cache(hub, env, models):
+    code, lines = cli("pull", f"{GGUF_REPO}:Q8_0", env=env)
+    assert code == 0, lines
+    gone = {**env, "HF_ENDPOINT": "http://127.0.0.1:9"}       # nothing listens there
+    text, lines, _ = served_text([f"{GGUF_REPO}:Q8_0"], gone)
+    assert text == reference_text(models["Q8_0"])
+    assert any("http://127.0.0.1:9 cannot be reached (ConnectError): using the cached copy" in ln for ln in lines), lines
+    code, lines = cli("serve", QWEN, "--port", "0", env=gone)
+    assert code == 1 and len(lines) == 2, lines
+    assert lines[0].endswith(f"{QWEN}: not in the local Hugging Face cache ({env['HF_HOME']}/hub), and "
+                             "http://127.0.0.1:9 cannot be reached (ConnectError)"), lines
+    code, lines = cli("serve", QWEN, "-hf", QWEN, "--port", "0", env=gone)
+    assert code == 1 and "both name a model: give one" in lines[0], lines
+
+
 def test_an_interrupted_download_resumes_where_it_stopped(hub, env):
     import threading
     data = hub.repos[BIG]["commits"][hub.repos[BIG]["refs"]["main"]]["model.safetensors"]
