@@ -296,6 +296,17 @@ class GGUFFile:
         return out
 
 
+def split_shards(path: str) -> list[str] | None:
+    """Every shard beside `path` of the split model it names by llama.cpp's names, first to last,
+    those present; None for a file of another name."""
+    m = _SHARD_NAME.match(str(path))
+    if m is None:
+        return None
+    count = int(m.group(3))
+    shards = [f"{m.group(1)}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+    return [s for s in shards if os.path.isfile(s)]
+
+
 def _num_rows(shape: tuple[int, ...], flat: bool) -> int:
     """Rows of a tensor of `shape`: its outermost axis, or (flat) all but its innermost."""
     if not shape:

@@ -49,11 +49,15 @@ _MADV_POPULATE_READ = 22     # Linux 5.14+: map the cached pages in one call
 
 
 def _files(source: str) -> list[list]:
-    """(path, size, mtime_ns) of the checkpoint's files: the file itself, or every file of a
-    directory (weights, config, anything a loader might read)."""
-    source = os.path.realpath(source)
-    paths = [source] if os.path.isfile(source) else sorted(
-        os.path.join(source, n) for n in os.listdir(source) if os.path.isfile(os.path.join(source, n)))
+    """(path, size, mtime_ns) of the checkpoint's files: the file itself (with every shard of a
+    split GGUF model: found by name before links resolve, a hub cache's blobs have none), or every
+    file of a directory (weights, config, anything a loader might read)."""
+    if os.path.isfile(source):
+        from lite_llm.model.gguf import split_shards
+        paths = [os.path.realpath(p) for p in split_shards(source) or [source]]
+    else:
+        source = os.path.realpath(source)
+        paths = sorted(os.path.join(source, n) for n in os.listdir(source) if os.path.isfile(os.path.join(source, n)))
     return [[p, st.st_size, st.st_mtime_ns] for p, st in ((p, os.stat(p)) for p in paths)]
 
 

@@ -9,7 +9,7 @@ import gguf
 import numpy as np
 import pytest
 
-from lite_llm.model import hub
+from lite_llm.model import hub, packed_cache
 from lite_llm.model.gguf import GGUFFile
 from lite_llm.model.loader import ModelLoadError
 
@@ -91,6 +91,9 @@ def test_a_split_gguf_reads_as_one_file(tmp_path):
         np.testing.assert_array_equal(f.read(name), t)
         np.testing.assert_array_equal(f.read_rows(name, 1, 3), t[1:3])
     f.close()
+    # the packed-weights cache keys a split model by all its shards
+    assert [p[0] for p in packed_cache._files(str(first))] == [
+        str(tmp_path / f"m-0000{i}-of-00003.gguf") for i in (1, 2, 3)]
     with pytest.raises(ModelLoadError, match="shard 2 of 3 of a split GGUF model: pass its first shard"):
         GGUFFile(str(tmp_path / "m-00002-of-00003.gguf"))
     (tmp_path / "copy").mkdir()
