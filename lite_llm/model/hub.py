@@ -125,10 +125,20 @@ def _gguf_models(files: list[str]) -> dict[str | None, list[str]]:
 
 
 def _pick_gguf(name: HubName, files: list[str], where: str) -> list[str]:
-    """The GGUF file(s) of name's tag: one file, or every shard of one split model."""
+    """The GGUF file(s) of name's tag (a quant, or a file's own name): one file, or every shard of
+    one split model."""
     by_tag = _gguf_models(files)
     tags = sorted(t for t in by_tag if t)
     listed = ", ".join(tags) if tags else "none tagged"
+    if name.tag is not None and name.tag.lower().endswith(".gguf"):
+        hit = [f for g in by_tag.values() for f in g if name.tag.lower() in (f.lower(), os.path.basename(f).lower())]
+        if not hit:
+            raise HubError(f"{where} has no GGUF model file {name.tag} (quants: {listed})")
+        tag = quant_of(hit[0])
+        base = _SHARD.match(hit[0])
+        chosen = [f for f in by_tag[tag] if (_SHARD.match(f) and base and _SHARD.match(f).group(1) == base.group(1))
+                  or f == hit[0]]
+        return _whole(chosen, where)
     if name.tag is None:
         if _DEFAULT_QUANT in by_tag:
             tag = _DEFAULT_QUANT
@@ -149,8 +159,12 @@ def _pick_gguf(name: HubName, files: list[str], where: str) -> list[str]:
         groups.setdefault(m.group(1) if m else f, []).append(f)
     if len(groups) > 1:
         raise HubError(f"{where} has {len(groups)} GGUF models of quant {tag} "
-                       f"({', '.join(sorted(groups))[:300]}): pass the file itself as --model after `pull`")
-    (group,) = groups.values()
+                       f"({', '.join(sorted(groups))[:300]}): name one as {name.repo_id}:FILE.gguf")
+    return _whole(chosen, where)
+
+
+def _whole(group: list[str], where: str) -> list[str]:
+    """One model's files, first shard first, every shard of a split model there."""
     first = _SHARD.match(group[0])
     if first:
         count = int(first.group(3))

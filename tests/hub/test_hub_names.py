@@ -55,6 +55,14 @@ def test_gguf_choice():
         pick("o/r:Q5_K_M")
     with pytest.raises(hub.HubError, match=r"several GGUF models: pick one as o/r:QUANT \(available: Q8_0, UD-Q4_K_XL\)"):
         pick("o/r", ["Qwen3-8B-Q8_0.gguf", "Qwen3-8B-UD-Q4_K_XL.gguf"])
+    assert pick("o/r:qwen3-8b-q8_0.gguf") == ["Qwen3-8B-Q8_0.gguf"]              # a file by its own name
+    assert pick("o/r:Qwen3-8B-BF16-00002-of-00002.gguf") == pick("o/r:bf16")      # any shard: the whole model
+    twins = ["Qwen3-8B-Q8_0.gguf", "Qwen3-8B-Instruct-Q8_0.gguf"]
+    with pytest.raises(hub.HubError, match=r"has 2 GGUF models of quant Q8_0 .*: name one as o/r:FILE.gguf"):
+        pick("o/r:Q8_0", twins)
+    assert pick("o/r:Qwen3-8B-Instruct-Q8_0.gguf", twins) == ["Qwen3-8B-Instruct-Q8_0.gguf"]
+    with pytest.raises(hub.HubError, match=r"no GGUF model file other.gguf \(quants: BF16"):
+        pick("o/r:other.gguf")
     with pytest.raises(hub.HubError, match="lacks shard"):
         pick("o/r:BF16", ["BF16/Qwen3-8B-BF16-00001-of-00002.gguf"])
     assert hub._pick_mmproj(REPO, "Q8_0") == "mmproj-F16.gguf" and hub._pick_mmproj(REPO, "F32") == "mmproj-F32.gguf"
