@@ -20,7 +20,8 @@ import json
 from typing import Any
 
 from lite_llm.server import openai
-from lite_llm.server.openai import ApiError, PreparedRequest, bad, get_bool, get_float, get_int, show
+from lite_llm.server.context import PreparedRequest
+from lite_llm.server.validation import ApiError, bad, get_bool, get_float, get_int, show
 
 FIELDS = {"model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_k", "top_p",
           "tools", "tool_choice", "thinking", "stream", "metadata", "service_tier", "output_config",

@@ -36,11 +36,13 @@ from lite_llm.config import KV_CACHE_DTYPES, env, speculative_config_arg
 from lite_llm.engine.async_engine import EngineDeadError, EngineShutdownError, QueueFullError
 from lite_llm.model.loader import check_model
 from lite_llm.sampling_params import RequestOutputKind
-from lite_llm.server import anthropic, lora_routes, openai, responses, vllm_routes, webui
+from lite_llm.server import (anthropic, answers, logprobs, lora_routes, openai, parsers, responses, validation,
+                             vllm_routes, webui)
 from lite_llm.server import pooling as pooling_routes
 from lite_llm.server.metrics import ServerMetrics
-from lite_llm.server.openai import (ApiError, Choice, PreparedRequest, ServingContext, TokenizeSlots,
-                                    max_token_bytes, system_fingerprint)
+from lite_llm.server.answers import Choice
+from lite_llm.server.context import PreparedRequest, ServingContext, TokenizeSlots, max_token_bytes, system_fingerprint
+from lite_llm.server.validation import ApiError
 from lite_llm.server.openapi import openapi_document
 
 logger = logging.getLogger("lite_llm.server")
@@ -570,7 +572,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
     def _send_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
-        self._send_bytes(status, openai.dumps(body), "application/json", headers)
+        self._send_bytes(status, validation.dumps(body), "application/json", headers)
 
     def _send_error(self, e: ApiError) -> None:
         if getattr(self, "_headers_sent", False):
@@ -612,7 +614,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             phrase = "error"
         err = ApiError(code, message or phrase)
-        data = openai.dumps(err.body())
+        data = validation.dumps(err.body())
         try:
             self.send_response(code, message)
             self.send_header("Content-Type", "application/json")
@@ -625,7 +627,7 @@ class _Handler(BaseHTTPRequestHandler):
             pass
 
     def _json_body(self) -> dict:
-        return openai.parse_json(self._read_body())
+        return validation.parse_json(self._read_body())
 
     # ---- simple routes -----------------------------------------------------------------------
 
@@ -647,7 +649,7 @@ class _Handler(BaseHTTPRequestHandler):
         if card is not None:
             return self._send_json(200, card)
         if name not in self.state.ctx.model_names:
-            raise ApiError(404, f"The model '{openai.show(name)[1:-1]}' does not exist.", "model",
+            raise ApiError(404, f"The model '{validation.show(name)[1:-1]}' does not exist.", "model",
                            code="model_not_found")
         self._send_json(200, self._model_card(name))
 
@@ -726,7 +728,7 @@ class _Handler(BaseHTTPRequestHandler):
     def run_prepared(self, prep: PreparedRequest, api: Any = None) -> None:
         """Submit a prepared (chat or completion) request and answer it: in OpenAI's shape, or,
         given api, in that API's (api.answer(prep, chat_body) -> body for a whole answer,
-        api.stream(prep, chunks) -> SSE bytes for a stream; chunks are openai.stream_chunks'
+        api.stream(prep, chunks) -> SSE bytes for a stream; chunks are answers.stream_chunks'
         dicts, an ApiError last if the request failed)."""
         st = self.state
         with st.inflight():
@@ -792,7 +794,7 @@ class _Handler(BaseHTTPRequestHandler):
         choices: dict[int, Choice] = {}
         offsets: dict[int, int] = {}
         try:
-            deltas = list(openai.iter_deltas(submitted))
+            deltas = list(answers.iter_deltas(submitted))
         except ValueError as e:             # refused by the engine thread
             raise ApiError(400, str(e)) from None
         except EngineDeadError as e:
@@ -806,7 +808,7 @@ class _Handler(BaseHTTPRequestHandler):
                 c = choices.setdefault(index, Choice())
                 c.text.append(o.text)
                 c.num_tokens += len(o.token_ids)
-                lps, offsets[index] = openai.format_logprobs(prep, tok, o, offsets.get(index, 0))
+                lps, offsets[index] = logprobs.format_logprobs(prep, tok, o, offsets.get(index, 0))
                 if lps is not None:
                     c.logprobs.append(lps)
                 if o.finish_reason is not None:
@@ -815,7 +817,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise _ClientGone()
         if any(c.finish_reason == "abort" for c in choices.values()):
             raise self._aborted()
-        body = openai.final_response(prep, choices, tok)
+        body = answers.final_response(prep, choices, tok)
         self._tokens = (body["usage"]["prompt_tokens"], body["usage"]["completion_tokens"])
         self._send_json(200, body if api is None else api.answer(prep, body))
 
@@ -846,7 +848,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
         self.end_headers()
         self._headers_sent = True
-        tally = openai.StreamTally(sum(len(p.token_ids) for p in prep.prompts))
+        tally = answers.StreamTally(sum(len(p.token_ids) for p in prep.prompts))
         self._tokens = (tally.num_prompt, 0)
         items = self._chunk_items(prep, submitted, tally)
         try:
@@ -863,12 +865,12 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             raise _ClientGone() from None
 
-    def _chunk_items(self, prep: PreparedRequest, submitted: list, tally: openai.StreamTally
+    def _chunk_items(self, prep: PreparedRequest, submitted: list, tally: answers.StreamTally
                      ) -> Iterator[dict | ApiError]:
-        """The request's chunks (openai.stream_chunks), then an ApiError if it was aborted or the
+        """The request's chunks (answers.stream_chunks), then an ApiError if it was aborted or the
         engine failed mid-stream: each API says so in its own stream."""
         try:
-            yield from openai.stream_chunks(prep, openai.iter_deltas(submitted), self.state.ctx.tokenizer, tally)
+            yield from answers.stream_chunks(prep, answers.iter_deltas(submitted), self.state.ctx.tokenizer, tally)
             if tally.aborted:
                 yield self._aborted()
         except Exception as e:     # the engine failed mid-stream: say so in the stream itself
@@ -878,8 +880,8 @@ class _Handler(BaseHTTPRequestHandler):
     @staticmethod
     def _openai_events(items: Iterator[dict | ApiError]) -> Iterator[bytes]:
         for item in items:
-            yield openai.sse(item.body() if isinstance(item, ApiError) else item)
-        yield openai.sse("[DONE]")
+            yield answers.sse(item.body() if isinstance(item, ApiError) else item)
+        yield answers.sse("[DONE]")
 
 
 # ---- the server --------------------------------------------------------------------------------
@@ -962,7 +964,7 @@ class LiteServer(ThreadingHTTPServer):
 
     def _refuse(self, sock: socket.socket, over_client: bool = False) -> None:
         e = _connection_refusal(over_client, self.state.retry_after)
-        body = openai.dumps(e.body())
+        body = validation.dumps(e.body())
         head = (f"HTTP/1.1 {e.status} {HTTPStatus(e.status).phrase}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nRetry-After: {e.headers['Retry-After']}\r\n"
                 f"Connection: close\r\n\r\n").encode()
@@ -1207,12 +1209,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--disable-web-ui", action="store_true",
       help="no web pages: the chat playground at / and the live engine dashboard at /dashboard "
            "(both open without the key, every call they make sends the key typed into them)")
-    a("--tool-call-parser", default=None, choices=list(openai.TOOL_PARSERS),
+    a("--tool-call-parser", default=None, choices=list(parsers.TOOL_PARSERS),
       help="how the model writes tool calls (hermes: <tool_call>{json}</tool_call>, as Qwen2.5/Qwen3; "
            "llama3_json: {\"name\", \"parameters\"} as Llama 3.x; mistral: [TOOL_CALLS][{...}]); "
            "default: chosen from the chat template where unambiguous (only tool_choice auto needs one: "
            "a forced call follows the server's own grammar)")
-    a("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
+    a("--reasoning-parser", default=None, choices=list(parsers.REASONING_PARSERS),
       help="split <think>...</think> from the answer into reasoning_content (deepseek_r1: the "
            "output starts inside the thinking; qwen3: only when it opens with <think>)")
     a("--responses-store-max", type=int, default=responses.DEFAULT_STORE_MAX,

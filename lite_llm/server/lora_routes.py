@@ -1,7 +1,7 @@
 """LoRA adapters in the server: the `serve` flags (vLLM's names), the adapters' /v1/models
 cards (with their `parent`), and vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter.
 
-A request picks an adapter by its `model` name (openai.ServingContext.check_model accepts the
+A request picks an adapter by its `model` name (context.ServingContext.check_model accepts the
 loaded adapters' names; app.py hands the name to the engine as its lora_request). The routes
 are handlers of app.py's request handler (`self` is one), behind the API key like every route,
 and answer 404 unless the server runs with --enable-lora. Loading at run time reads files the
@@ -20,7 +20,7 @@ import os
 from typing import Any
 
 from lite_llm.config import env
-from lite_llm.server.openai import ApiError, bad
+from lite_llm.server.validation import ApiError, bad
 
 logger = logging.getLogger("lite_llm.server")
 _NOT_LOADABLE = "'lora_path' is not a loadable adapter under the adapter root"

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from lite_llm import pooling
-from lite_llm.server.openai import ApiError, bad
+from lite_llm.server.validation import ApiError, bad
 
 ROUTES = ("/v1/embeddings", "/pooling", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank")
 # the body fields each kind of route reads (server/openapi.py documents exactly these; others are ignored)

@@ -28,8 +28,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from lite_llm.server import answers
 from lite_llm.server import openai
-from lite_llm.server.openai import ApiError, PreparedRequest, bad, get_bool, get_float, get_int, show
+from lite_llm.server.context import PreparedRequest
+from lite_llm.server.validation import ApiError, bad, get_bool, get_float, get_int, show
 
 logger = logging.getLogger("lite_llm.server.responses")
 
@@ -532,7 +534,7 @@ class ResponseBuilder:
             return events
 
     def consume(self, items: Any) -> Any:
-        """Events of a whole chunk stream (openai.stream_chunks' dicts, an ApiError last on failure)."""
+        """Events of a whole chunk stream (answers.stream_chunks' dicts, an ApiError last on failure)."""
         finish, chat_usage = None, None
         for item in items:
             if isinstance(item, ApiError):
@@ -624,11 +626,11 @@ def _run_background(st: Any, prep: PreparedRequest, submitted: list, entry: Stor
     builder = ResponseBuilder(entry.response, entry.lock)
     builder.cancelled = cancelled
     builder.start()
-    tally = openai.StreamTally(sum(len(p.token_ids) for p in prep.prompts))
+    tally = answers.StreamTally(sum(len(p.token_ids) for p in prep.prompts))
 
     def items() -> Any:
         try:
-            yield from openai.stream_chunks(prep, openai.iter_deltas(submitted), st.ctx.tokenizer, tally)
+            yield from answers.stream_chunks(prep, answers.iter_deltas(submitted), st.ctx.tokenizer, tally)
         except Exception as e:
             logger.exception("background response %s failed", prep.id)
             yield ApiError(500, f"generation failed: {e}")

@@ -10,9 +10,11 @@ import dataclasses
 from typing import Any
 
 from lite_llm.server import openai
-from lite_llm.server.openai import PreparedRequest, ServingContext, bad
+from lite_llm.server import validation
+from lite_llm.server.context import PreparedRequest, ServingContext
+from lite_llm.server.validation import bad
 
-MAX_CONVERSATIONS = openai.MAX_PROMPTS
+MAX_CONVERSATIONS = validation.MAX_PROMPTS
 
 
 def prepare_chat_batch(body: dict, ctx: ServingContext) -> PreparedRequest:
@@ -26,7 +28,7 @@ def prepare_chat_batch(body: dict, ctx: ServingContext) -> PreparedRequest:
                   "messages")
     if len(conversations) > MAX_CONVERSATIONS:
         raise bad(f"at most {MAX_CONVERSATIONS} conversations per request", "messages")
-    if openai.get_bool(body, "stream", False):
+    if validation.get_bool(body, "stream", False):
         raise bad("Batch chat completions do not support streaming: drop 'stream'", "stream")
     if body.get("tools") or body.get("tool_choice") not in (None, "none"):
         raise bad("Batch chat completions do not support tools", "tools")
@@ -37,7 +39,7 @@ def prepare_chat_batch(body: dict, ctx: ServingContext) -> PreparedRequest:
     for i, conversation in enumerate(conversations):
         try:
             preps.append(openai.prepare_chat({**body, "messages": conversation}, ctx, pixels))
-        except openai.ApiError as e:
+        except validation.ApiError as e:
             if e.param and e.param.startswith("messages"):
                 e.param = f"messages[{i}]" + e.param[len("messages"):]
             raise

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from lite_llm.server.app import default_body_limit
-from lite_llm.server.openai import ReasoningSplitter
+from lite_llm.server.parsers import ReasoningSplitter
 
 from .conftest import MAX_MODEL_LEN, error_of, request, start_server, stop_server
 from .fake_model import ScriptedRunner, fake_runner_engine
@@ -577,7 +577,8 @@ def test_tokenizing_a_long_prompt_does_not_stall_health():
 
 
 def test_tokenize_slots_turn_waiting_into_503():
-    from lite_llm.server.openai import ApiError, TokenizeSlots
+    from lite_llm.server.context import TokenizeSlots
+    from lite_llm.server.validation import ApiError
     slots = TokenizeSlots(1, retry_after=2, wait=0.05)
     with slots:
         with pytest.raises(ApiError) as e:
