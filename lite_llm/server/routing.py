@@ -95,7 +95,9 @@ class Route:
     """One (method, path) of the server. path is exact, or a pattern with one `{name}` part
     (`{name:path}` also matches slashes). auth: the API key is needed (when the server has one);
     probe: served on the connections reserved beyond the limits for monitors; error: the shape
-    of this route's errors; doc: its OpenAPI operation (server/openapi.py), None for none."""
+    of this route's errors; doc: its OpenAPI operation (server/openapi.py), None for none;
+    log_path: the access log names the request's own path (a file), not the pattern's
+    (`/v1/responses/{id}`: an id is the client's, not worth a log line's room)."""
     method: str
     path: str
     handler: Handler
@@ -103,6 +105,7 @@ class Route:
     probe: bool = False
     error: Callable[[ApiError], dict] = openai_error
     doc: dict | None = None
+    log_path: bool = False
 
 
 @dataclass
@@ -115,6 +118,7 @@ class PathRoutes:
     probe: bool
     error: Callable[[ApiError], dict]
     pattern: re.Pattern | None = None
+    log_label: str | None = None            # the access log's name of the path; None: the path itself
 
 
 _PART = re.compile(r"\{(\w+)(:path)?\}")
@@ -133,7 +137,8 @@ class RouteTable:
                 m = _PART.search(r.path)
                 pattern = None if m is None else re.compile(
                     re.escape(r.path[:m.start()]) + ("(.+)" if m.group(2) else "([^/]+)") + re.escape(r.path[m.end():]))
-                group = PathRoutes(r.path, {}, r.auth, r.probe, r.error, pattern)
+                log_label = None if r.log_path else _PART.sub("{id}", r.path)
+                group = PathRoutes(r.path, {}, r.auth, r.probe, r.error, pattern, log_label)
                 (self._exact.__setitem__(r.path, group) if pattern is None else self._patterns.append(group))
             if r.method in group.methods:
                 raise ValueError(f"two routes for {r.method} {r.path}")
