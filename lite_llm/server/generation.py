@@ -54,7 +54,7 @@ def run_prepared(req: Request, state: ServerState, prep: PreparedRequest, api: A
         # an answer that did not finish (client gone, write failed, error) frees its sequences
         held.callback(lambda: None if finished.is_set() or aborted.is_set() else abort_all())
         if prep.stream:
-            response = Response.events(iter(()), close=held.close)
+            response = Response.events(close=held.close)      # the stream counts its tokens on it
             response.stream = _events(state, prep, submitted, watch, api, response, finished)
         else:
             response = _answer(state, prep, submitted, watch, api)

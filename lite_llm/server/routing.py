@@ -76,7 +76,7 @@ class Response:
         return cls(status, dumps(value), "application/json", dict(headers or {}), tokens=tokens)
 
     @classmethod
-    def events(cls, stream: Iterator[bytes], close: Callable[[], None] | None = None) -> "Response":
+    def events(cls, stream: Iterator[bytes] | None = None, close: Callable[[], None] | None = None) -> "Response":
         """A server-sent event stream: each item one encoded event."""
         return cls(200, b"", "text/event-stream; charset=utf-8", {"Cache-Control": "no-cache"},
                    stream=stream, close=close)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -366,6 +367,18 @@ def test_every_route_needs_the_key(keyed, method, path, body):
         assert hdrs["www-authenticate"] == "Bearer"
     status, _, _ = request(keyed.port, method, path, body, headers={"Authorization": f"Bearer {KEY}"})
     assert status == (404 if path == "/no/such/route" else 200)
+
+
+def test_the_route_table_declares_the_only_open_routes(keyed):
+    """Auth is declared once, in the route table: over HTTP, every route of the server's table
+    answers 401 without the key, except health, ping and the web pages (which hold no data)."""
+    answered = set()
+    for group in keyed.server.state.routes.paths():
+        path = re.sub(r"\{\w+(:path)?\}", "x", group.label)
+        for method in group.methods:
+            if request(keyed.port, method, path, {} if method == "POST" else None)[0] != 401:
+                answered.add(group.label)
+    assert answered == {"/health", "/ping", "/", "/dashboard", "/web/{file:path}"}
 
 
 @pytest.mark.parametrize("path", ["/health", "/ping"])
