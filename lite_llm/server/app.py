@@ -14,13 +14,10 @@ The engine (its own thread) is reached only through add_request / abort / stats 
 """
 from __future__ import annotations
 
-from lite_llm.server.args import DEFAULT_MAX_TOKENS, add_arguments, port_number
-from lite_llm.server.startup import (build_server, check_address, create_server, generation_defaults,
-                                     load_chat_template, run, start_engine)
-from lite_llm.server.transport import (MAX_CONNECTIONS, PROBE_CONNECTIONS, LiteServer, default_body_limit,
-                                       default_connections_per_client, log_safe)
+from lite_llm.server.args import DEFAULT_MAX_TOKENS, add_arguments
+from lite_llm.server.startup import (build_server, create_server, generation_defaults, load_chat_template, run,
+                                     start_engine)
+from lite_llm.server.transport import PROBE_CONNECTIONS, LiteServer, default_body_limit
 
-__all__ = ["DEFAULT_MAX_TOKENS", "MAX_CONNECTIONS", "PROBE_CONNECTIONS", "LiteServer", "add_arguments",
-           "build_server", "check_address", "create_server", "default_body_limit",
-           "default_connections_per_client", "generation_defaults", "load_chat_template", "log_safe",
-           "port_number", "run", "start_engine"]
+__all__ = ["DEFAULT_MAX_TOKENS", "PROBE_CONNECTIONS", "LiteServer", "add_arguments", "build_server", "create_server",
+           "default_body_limit", "generation_defaults", "load_chat_template", "run", "start_engine"]
