@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP server: app.py (routes, CLI), openai.py (bodies), metrics.py, openapi.py.
+"""The OpenAI-compatible HTTP server: app.py (the `serve` command and its public names; it
+lists where everything else lives), routes.py (the route table), transport.py (sockets).
 
 Nothing is imported here: `lite-llm serve` loads lite_llm.server.app only when it runs.
 """

@@ -5,12 +5,12 @@ A Messages body becomes a chat completions body (system -> a system message, con
 messages: tool_use blocks -> an assistant message's tool_calls, tool_result blocks -> tool
 messages, thinking blocks -> reasoning_content; tools and tool_choice -> chat tools; thinking ->
 the chat template's enable_thinking) that openai.prepare_chat validates, renders and tokenizes;
-the engine runs it as any chat request (app.run_prepared) and MessageBuilder turns its chat
+the engine runs it as any chat request (generation.run_prepared) and MessageBuilder turns its chat
 deltas into content blocks, the Message object and Anthropic's SSE events. Errors on these
 routes have Anthropic's shape ({"type": "error", "error": {"type", "message"}}; error_body),
-and the API key is also read from x-api-key (app.py).
+and the API key is also read from x-api-key (routing.check_api_key).
 
-Not here: generation, tool call and reasoning parsing (openai.py, app.py); decoding images (image
+Not here: generation (generation.py), tool call and reasoning parsing (parsers.py); decoding images (image
 blocks become chat image_url parts: multimodal.py decodes them for a model that takes images).
 """
 from __future__ import annotations
@@ -19,8 +19,10 @@ import dataclasses
 import json
 from typing import Any
 
-from lite_llm.server import openai
-from lite_llm.server.openai import ApiError, PreparedRequest, bad, get_bool, get_float, get_int, show
+from lite_llm.server import generation, openai
+from lite_llm.server.context import PreparedRequest
+from lite_llm.server.routing import Request, Response, ServerState
+from lite_llm.server.validation import ApiError, bad, get_bool, get_float, get_int, show
 
 FIELDS = {"model", "messages", "max_tokens", "system", "stop_sequences", "temperature", "top_k", "top_p",
           "tools", "tool_choice", "thinking", "stream", "metadata", "service_tier", "output_config",
@@ -386,7 +388,7 @@ def _sse(kind: str, payload: dict) -> bytes:
 
 
 class _Answer:
-    """app.run_prepared's api for one Messages request: the whole Message, or its events."""
+    """generation.run_prepared's api for one Messages request: the whole Message, or its events."""
 
     def __init__(self, stop_sequences: list[str]):
         self.stop_sequences = stop_sequences
@@ -427,19 +429,16 @@ class _Answer:
 
 # ---- routes -----------------------------------------------------------------------------------
 
-def messages(handler: Any) -> None:
+def messages(req: Request, state: ServerState) -> Response:
     """POST /v1/messages."""
-    st = handler.state
-    st.check_serving()
-    body = handler._json_body()
-    prep = prepare(body, st.ctx)
-    handler.run_prepared(prep, _Answer(body.get("stop_sequences") or []))
+    state.check_serving()
+    body = req.json()
+    prep = prepare(body, state.ctx)
+    return generation.run_prepared(req, state, prep, _Answer(body.get("stop_sequences") or []))
 
 
-def count_tokens(handler: Any) -> None:
+def count_tokens(req: Request, state: ServerState) -> Response:
     """POST /v1/messages/count_tokens: the input_tokens a /v1/messages request of these messages
     (system, tools, thinking) would be charged, rendered and tokenized the same way."""
-    st = handler.state
-    body = handler._json_body()
-    prep = prepare(body, st.ctx, COUNT_FIELDS)
-    handler._send_json(200, {"input_tokens": len(prep.prompts[0].token_ids)})
+    prep = prepare(req.json(), state.ctx, COUNT_FIELDS)
+    return Response.json({"input_tokens": len(prep.prompts[0].token_ids)})

@@ -1,10 +1,10 @@
 """LoRA adapters in the server: the `serve` flags (vLLM's names), the adapters' /v1/models
 cards (with their `parent`), and vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter.
 
-A request picks an adapter by its `model` name (openai.ServingContext.check_model accepts the
-loaded adapters' names; app.py hands the name to the engine as its lora_request). The routes
-are handlers of app.py's request handler (`self` is one), behind the API key like every route,
-and answer 404 unless the server runs with --enable-lora. Loading at run time reads files the
+A request picks an adapter by its `model` name (context.ServingContext.check_model accepts the
+loaded adapters' names; generation.py hands the name to the engine as its lora_request). The
+routes are handlers of the route table (routes.py), behind the API key like every route, and
+answer 404 unless the server runs with --enable-lora. Loading at run time reads files the
 client names, so it also needs a root directory (--lora-root; vLLM's switch
 VLLM_ALLOW_RUNTIME_LORA_UPDATING enables it too, and then needs the root as well): only paths
 that resolve, symlinks followed, to inside it are read, and a refusal says the same whatever the
@@ -20,7 +20,10 @@ import os
 from typing import Any
 
 from lite_llm.config import env
-from lite_llm.server.openai import ApiError, bad
+from lite_llm.lora import load_adapter as read_adapter
+from lite_llm.lora import parse_lora_modules
+from lite_llm.server.routing import Request, Response, ServerState
+from lite_llm.server.validation import ApiError, bad
 
 logger = logging.getLogger("lite_llm.server")
 _NOT_LOADABLE = "'lora_path' is not a loadable adapter under the adapter root"
@@ -62,7 +65,6 @@ def lora_root(args: argparse.Namespace) -> str | None:
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     """build_engine's LoRA arguments from the flags (none without --enable-lora)."""
-    from lite_llm.lora import parse_lora_modules
     modules = parse_lora_modules(getattr(args, "lora_modules", None))
     if not getattr(args, "enable_lora", False):
         if modules:
@@ -79,9 +81,8 @@ def manager(engine: Any):
     return getattr(getattr(engine, "engine", None), "lora", None)
 
 
-def model_cards(handler) -> list[dict]:
+def model_cards(st: ServerState) -> list[dict]:
     """/v1/models entries of the loaded adapters: parent is the base model's served name."""
-    st = handler.state
     m = manager(st.engine)
     if m is None:
         return []
@@ -90,37 +91,36 @@ def model_cards(handler) -> list[dict]:
              "parent": parent, "max_model_len": st.ctx.max_model_len} for name, _ in m.names()]
 
 
-def _request(handler) -> tuple[Any, str, dict]:
-    m = manager(handler.state.engine)
+def _request(req: Request, state: ServerState) -> tuple[Any, str, dict]:
+    m = manager(state.engine)
     if m is None:
         raise ApiError(404, "LoRA adapters are not enabled on this server (start it with --enable-lora)",
                        code="not_found")
-    body = handler._json_body()
+    body = req.json()
     if not isinstance(body, dict):
         raise bad("the body must be a JSON object")
     name = body.get("lora_name")
     if not isinstance(name, str) or not name:
         raise bad("'lora_name' must be a non-empty string", "lora_name")
-    if name in handler.state.ctx.model_names:
+    if name in state.ctx.model_names:
         raise bad(f"'{name}' is the base model's name", "lora_name")
     return m, name, body
 
 
-def _runtime_root(handler) -> str | None:
+def _runtime_root(state: ServerState) -> str | None:
     """The adapter root of a server that changes its adapters at run time; a 404 for the two
     routes on a server with LoRA but no --lora-root (without LoRA, _request's 404 says so)."""
-    root = getattr(handler.state, "lora_root", None)
-    if manager(handler.state.engine) is not None and root is None:
+    root = state.lora_root
+    if manager(state.engine) is not None and root is None:
         raise ApiError(404, "loading and unloading LoRA adapters at run time is not enabled on this server "
                        "(start it with --lora-root DIR)", code="not_found")
     return root
 
 
-def load_adapter(handler) -> None:
+def load_adapter(req: Request, state: ServerState) -> Response:
     """POST /v1/load_lora_adapter {"lora_name", "lora_path"}: read the adapter into a free slot."""
-    from lite_llm.lora import load_adapter as read_adapter
-    root = _runtime_root(handler)
-    m, name, body = _request(handler)
+    root = _runtime_root(state)
+    m, name, body = _request(req, state)
     path = body.get("lora_path")
     if not isinstance(path, str) or not path or "\x00" in path:
         raise bad("'lora_path' must be a non-empty string", "lora_path")
@@ -138,20 +138,20 @@ def load_adapter(handler) -> None:
         m.add(adapter)
     except ValueError as e:     # the name taken meanwhile, or every slot in use
         raise bad(str(e), "lora_name") from None
-    handler._send_json(200, {"object": "lora_adapter", "id": name, "status": "loaded",
+    return Response.json({"object": "lora_adapter", "id": name, "status": "loaded",
                              "message": f"Success: LoRA adapter '{name}' added successfully."})
 
 
-def unload_adapter(handler) -> None:
+def unload_adapter(req: Request, state: ServerState) -> Response:
     """POST /v1/unload_lora_adapter {"lora_name"}: new requests can no longer pick it; running
     ones finish with it, then its slot is free. Only where adapters load at run time (as vLLM
     gates both routes): elsewhere the adapters --lora-modules names stay."""
-    _runtime_root(handler)
-    m, name, _ = _request(handler)
+    _runtime_root(state)
+    m, name, _ = _request(req, state)
     try:
         m.unload(name)
     except KeyError:
         raise ApiError(404, f"The lora adapter '{name}' cannot be found.", "lora_name",
                        code="model_not_found") from None
-    handler._send_json(200, {"object": "lora_adapter", "id": name, "status": "unloaded",
+    return Response.json({"object": "lora_adapter", "id": name, "status": "unloaded",
                              "message": f"Success: LoRA adapter '{name}' removed successfully."})

@@ -1,7 +1,9 @@
 """GET /openapi.json: an OpenAPI 3.1 document of the routes and bodies this server accepts.
 
-Written by hand from the same field lists openai.py validates against, so a field added
-there without a schema here is caught by tests/server/test_openai_api.py.
+The paths are the route table's (routes.py: each route carries its operation, built by the
+*_op helpers here); the body schemas are written by hand from the same field lists
+validation.py and the other APIs validate against, so a field added there without a schema
+here is caught by tests/server/test_openai_api.py.
 """
 from __future__ import annotations
 
@@ -435,46 +437,64 @@ def _errors(*statuses: int, shape: str = "Error") -> dict:
             for s in statuses}
 
 
-def _post(summary: str, request: str, response: str, stream: bool, auth: bool, shape: str = "Error",
-          events: str = "`data: {chunk}` per delta, then `data: [DONE]`") -> dict:
+# ---- operations: the route table (routes.py) gives each route its own -------------------------
+# Without `security` and the 401 answer: openapi_document adds both to the routes that take the key.
+
+def post_op(summary: str, request: str, response: str, stream: bool, shape: str = "Error",
+            events: str = "`data: {chunk}` per delta, then `data: [DONE]`") -> dict:
     content = {"application/json": {"schema": _ref(response)}}
     if stream:
         content["text/event-stream"] = {"schema": {"type": "object", "properties": {"event": _STR, "data": _STR},
                                                    "description":
                                         "Server-sent events: " + events}}
-    op = {"summary": summary,
-          "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
-          "responses": {"200": {"description": "OK", "content": content},
-                        **_errors(*((400, 401, 404, 413, 429, 503) if auth else (400, 404, 413, 503)), shape=shape)}}
-    if auth:
-        op["security"] = [{"bearer": []}]
-    return {"post": op}
+    return {"summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+            "responses": {"200": {"description": "OK", "content": content},
+                          **_errors(400, 404, 413, 429, 503, shape=shape)}}
 
 
-def _get(summary: str, schema: dict | None, media: str = "application/json", auth: bool = False) -> dict:
+def get_op(summary: str, schema: dict | str | None, media: str = "application/json") -> dict:
     ok: dict[str, Any] = {"description": "OK"}
     if schema is not None:
-        ok["content"] = {media: {"schema": schema}}
-    op: dict[str, Any] = {"summary": summary, "responses": {"200": ok}}
-    if auth:
-        op["security"] = [{"bearer": []}]
-        op["responses"].update(_errors(401))
-    return {"get": op}
+        ok["content"] = {media: {"schema": _ref(schema) if isinstance(schema, str) else schema}}
+    return {"summary": summary, "responses": {"200": ok}}
 
 
-def _invocations() -> dict:
-    op = _post("SageMaker: a chat or completion body, told apart by its shape", "InvocationsRequest",
-               "ChatCompletionResponse", stream=True, auth=True)
-    op["post"]["responses"]["200"]["content"]["application/json"]["schema"] = {
+def model_op() -> dict:
+    op = get_op("One served model", "Model")
+    op["parameters"] = [{"name": "model", "in": "path", "required": True, "schema": _STR}]
+    op["responses"].update(_errors(404))
+    return op
+
+
+def health_op(summary: str) -> dict:
+    return {"summary": summary, "responses": {"200": {"description": "Serving"}, **_errors(503)}}
+
+
+def invocations_op() -> dict:
+    op = post_op("SageMaker: a chat or completion body, told apart by its shape", "InvocationsRequest",
+                 "ChatCompletionResponse", stream=True)
+    op["responses"]["200"]["content"]["application/json"]["schema"] = {
         "oneOf": [_ref("ChatCompletionResponse"), _ref("CompletionResponse")]}
     return op
 
 
-def _response_op(method: str, summary: str, schema: str, errors: tuple[int, ...]) -> dict:
-    return {method: {"summary": summary, "security": [{"bearer": []}],
-                     "parameters": [{"name": "response_id", "in": "path", "required": True, "schema": _STR}],
-                     "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": _ref(schema)}}},
-                                   **_errors(*errors)}}}
+def response_op(summary: str, schema: str, errors: tuple[int, ...]) -> dict:
+    return {"summary": summary,
+            "parameters": [{"name": "response_id", "in": "path", "required": True, "schema": _STR}],
+            "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": _ref(schema)}}},
+                          **_errors(*errors)}}
+
+
+def _with_auth(op: dict) -> dict:
+    """op as a route that takes the API key answers: `security` and the 401 (in the shape of the
+    op's other errors)."""
+    responses = dict(op["responses"])
+    other = next((r for status, r in responses.items() if status.startswith(("4", "5"))), None)
+    shape = other["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1] if other else "Error"
+    responses["401"] = _errors(401, shape=shape)["401"]
+    return {**op, "security": [{"bearer": []}],
+            "responses": dict(sorted(responses.items(), key=lambda kv: kv[0]))}
 
 
 def _below(n: int) -> str:
@@ -511,28 +531,31 @@ def _fitted(value: Any, vocab_size: int | None, max_model_len: int | None, image
 _TOOL_BODIES = ("ChatCompletionRequest", "ResponsesRequest", "MessagesRequest", "CountTokensRequest")
 
 
-def _without_auth(value: Any) -> Any:
-    """The document of a server without an API key: no operation asks for one."""
-    if isinstance(value, dict):
-        return {k: _without_auth(v) for k, v in value.items()
-                if k != "security" and not (k == "401" and isinstance(v, dict) and "description" in v)}
-    return value
-
-
-def openapi_document(version: str, metrics_auth: bool = True, *, api_key: bool = True, pooling: bool = True,
+def openapi_document(version: str, routes: Any, *, api_key: bool = True, pooling: bool = True,
                      vocab_size: int | None = None, max_model_len: int | None = None, images: bool = True,
                      tools: bool = True, request_templates: bool = True) -> dict:
-    """The document of this server, which accepts what it calls valid. Every route but /health
-    and /ping (and /metrics with --metrics-no-auth) takes the API key when the server has one
-    (api_key): the `security` of each operation says which; a server without one asks for none.
+    """The document of this server, which accepts what it calls valid: one path per route of the
+    table (routing.RouteTable) that has an operation. A route that takes the API key asks for it
+    (`security`) when the server has one (api_key); a server without one asks for none.
     The pooling routes are listed when the model pools; token ids are bounded by vocab_size,
     min_tokens by max_model_len; image parts are offered when the model takes images, tools
     when the server can parse tool calls (--tool-call-parser, or a chat template that shows a
     known format). A request's own `chat_template` is listed only when the server takes one
     (--trust-request-chat-template: request_templates)."""
-    doc = _fitted(_document(version, metrics_auth), vocab_size, max_model_len, images)
-    if not pooling:
-        doc["paths"] = {path: op for path, op in doc["paths"].items() if path not in POOLING_ROUTES}
+    paths: dict[str, dict] = {}
+    for group in routes.paths():
+        path = group.label.replace(":path}", "}")
+        if not pooling and path in POOLING_ROUTES:
+            continue
+        for method, route in group.methods.items():
+            if route.doc is not None:
+                op = _with_auth(route.doc) if api_key and route.auth else route.doc
+                paths.setdefault(path, {})[method.lower()] = op
+    doc = _fitted({"openapi": "3.1.0", "info": {"title": "lite-llm OpenAI-compatible server", "version": version},
+                   "paths": paths,
+                   "components": {"schemas": SCHEMAS,
+                                  "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}}},
+                  vocab_size, max_model_len, images)
     if not tools:
         for name in _TOOL_BODIES:
             props = doc["components"]["schemas"][name]["properties"]
@@ -543,70 +566,4 @@ def openapi_document(version: str, metrics_auth: bool = True, *, api_key: bool =
     if not request_templates:
         for body in doc["components"]["schemas"].values():
             body.get("properties", {}).pop("chat_template", None)
-    return doc if api_key else _without_auth(doc)
-
-
-def _document(version: str, metrics_auth: bool) -> dict:
-    model = _get("One served model", _ref("Model"), auth=True)
-    model["get"]["parameters"] = [{"name": "model", "in": "path", "required": True, "schema": _STR}]
-    model["get"]["responses"].update(_errors(404))
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": "lite-llm OpenAI-compatible server", "version": version},
-        "paths": {
-            "/v1/models": _get("List the served models", _ref("ModelList"), auth=True),
-            "/v1/models/{model}": model,
-            "/v1/completions": _post("Text completion", "CompletionRequest", "CompletionResponse",
-                                     stream=True, auth=True),
-            "/v1/chat/completions": _post("Chat completion", "ChatCompletionRequest",
-                                          "ChatCompletionResponse", stream=True, auth=True),
-            "/tokenize": _post("Text or messages to token ids", "TokenizeRequest", "TokenizeResponse",
-                               stream=False, auth=True),
-            "/detokenize": _post("Token ids to text", "DetokenizeRequest", "DetokenizeResponse",
-                                 stream=False, auth=True),
-            "/v1/chat/completions/batch": _post("vLLM's batch: one choice per conversation", "ChatCompletionBatchRequest",
-                                                "ChatCompletionResponse", stream=False, auth=True),
-            "/invocations": _invocations(),
-            "/v1/responses": _post("OpenAI Responses", "ResponsesRequest", "Response", stream=True, auth=True,
-                                   events="`event: response.created` ... `event: response.completed`, typed events"),
-            "/v1/responses/{response_id}": {
-                **_response_op("get", "A stored response", "Response", (401, 404)),
-                **_response_op("delete", "Forget a stored response", "DeletedResponse", (401, 404))},
-            "/v1/responses/{response_id}/cancel": _response_op("post", "Cancel a background response", "Response",
-                                                               (400, 401, 404)),
-            "/v1/messages": _post("Anthropic Messages", "MessagesRequest", "Message", stream=True, auth=True,
-                                  shape="AnthropicError",
-                                  events="`event: message_start` ... `event: message_stop` (Anthropic's)"),
-            "/v1/messages/count_tokens": _post("Anthropic: tokens a Messages request's input takes",
-                                               "CountTokensRequest", "TokenCount", stream=False, auth=True,
-                                               shape="AnthropicError"),
-            "/v1/embeddings": _post("OpenAI embeddings (pooling models)", "EmbeddingRequest", "EmbeddingResponse",
-                                    stream=False, auth=True),
-            "/pooling": _post("vLLM's pooling: each input's pooled row, unnormalized", "PoolingRequest",
-                              "PoolingResponse", stream=False, auth=True),
-            **{route: _post("vLLM's score: text_1 against each text_2 (a cross-encoder, or cosine of embeddings)",
-                            "ScoreRequest", "ScoreResponse", stream=False, auth=True) for route in ("/score", "/v1/score")},
-            **{route: _post("Jina / Cohere rerank: documents by relevance to the query", "RerankRequest",
-                            "RerankResponse", stream=False, auth=True) for route in ("/rerank", "/v1/rerank", "/v2/rerank")},
-            "/v1/load_lora_adapter": _post("vLLM's: load a LoRA adapter (with --enable-lora; 404 without)",
-                                           "LoadLoraAdapterRequest", "LoraAdapterResponse", stream=False, auth=True),
-            "/v1/unload_lora_adapter": _post("vLLM's: unload a LoRA adapter (running requests finish with it)",
-                                             "UnloadLoraAdapterRequest", "LoraAdapterResponse", stream=False, auth=True),
-            "/ping": {"get": {"summary": "SageMaker's health check: as /health",
-                              "responses": {"200": {"description": "Serving"}, **_errors(503)}},
-                      "post": {"summary": "As GET /ping", "responses": {"200": {"description": "Serving"},
-                                                                         **_errors(503)}}},
-            "/health": {"get": {"summary": "200 while serving, 503 when draining or the engine stopped",
-                                "responses": {"200": {"description": "Serving"},
-                                              **_errors(503)}}},
-            "/version": _get("Server version and kernel variant", _ref("Version"), auth=True),
-            "/metrics": _get("Prometheus metrics", {"type": "string"}, media="text/plain", auth=metrics_auth),
-            "/openapi.json": _get("This document", {"type": "object"}, auth=True),
-            "/v1/engine/stats": _get("Engine counters, histograms and the live window (rates, per-thread "
-                                     "busy, bandwidth) the dashboard charts", {"type": "object"}, auth=True),
-        },
-        "components": {
-            "schemas": SCHEMAS,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        },
-    }
+    return doc

@@ -1,6 +1,6 @@
 """HTTP routes of pooling models (lite_llm/pooling.py): OpenAI's /v1/embeddings, vLLM's
 /pooling, /score and /v1/score, and the Jina/Cohere rerank shape on /rerank, /v1/rerank and
-/v2/rerank. app.py routes them all to handle(); auth, framing and errors stay app.py's.
+/v2/rerank: one handler each (routes.py lists them); auth, framing and errors are the transport's.
 
 Each body is checked whole before any work (a 400 in OpenAI's error shape names the field),
 then every input of the request goes to the pooling engine in one submission, so its
@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 
 from lite_llm import pooling
-from lite_llm.server.openai import ApiError, bad
+from lite_llm.pooling_dp import PoolingReplicas
+from lite_llm.server.routing import Request, Response, ServerState
+from lite_llm.server.validation import ApiError, bad
 
 ROUTES = ("/v1/embeddings", "/pooling", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank")
 # the body fields each kind of route reads (server/openapi.py documents exactly these; others are ignored)
@@ -29,7 +31,6 @@ FIELDS = {
 
 
 def is_pooling(engine: Any) -> bool:
-    from lite_llm.pooling_dp import PoolingReplicas
     return isinstance(engine, (pooling.PoolingEngine, PoolingReplicas))
 
 
@@ -40,27 +41,43 @@ def refuse_generation(engine: Any) -> None:
                   "it cannot generate (use /v1/embeddings, /pooling, /score or /rerank)")
 
 
-def handle(handler, path: str) -> None:
-    """Answer POST `path` (one of ROUTES) for app.py's handler."""
-    st = handler.state
-    st.check_serving()
-    body = handler._json_body()
+def embeddings(req: Request, state: ServerState) -> Response:
+    """POST /v1/embeddings."""
+    return _answer(req, state, _embeddings)
+
+
+def pooled(req: Request, state: ServerState) -> Response:
+    """POST /pooling."""
+    return _answer(req, state, _pooling)
+
+
+def score(req: Request, state: ServerState) -> Response:
+    """POST /score and /v1/score."""
+    return _answer(req, state, _score)
+
+
+def rerank(req: Request, state: ServerState) -> Response:
+    """POST /rerank, /v1/rerank and /v2/rerank."""
+    return _answer(req, state, _rerank)
+
+
+def _answer(req: Request, state: ServerState, route: Any) -> Response:
+    """The body checked whole, then route(body, engine, ctx) -> (answer, prompt tokens) run."""
+    state.check_serving()
+    body = req.json()
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
-    engine = st.engine
+    engine = state.engine
     if not is_pooling(engine):
-        raise bad(f"this model runs the 'generate' runner: it cannot embed, classify or score ({path}); "
+        raise bad(f"this model runs the 'generate' runner: it cannot embed, classify or score ({req.path}); "
                   "serve an embedding or reranking model, or pass --runner pooling")
-    _check_model(body, st.ctx)
-    route = {"/v1/embeddings": _embeddings, "/pooling": _pooling, "/score": _score, "/v1/score": _score,
-             "/rerank": _rerank, "/v1/rerank": _rerank, "/v2/rerank": _rerank}[path]
-    with st.inflight():
+    _check_model(body, state.ctx)
+    with state.inflight():
         try:
-            answer, tokens = route(body, engine, st.ctx)
+            answer, tokens = route(body, engine, state.ctx)
         except pooling.PoolingInputError as e:
             raise bad(str(e)) from None
-    handler._tokens = (tokens, 0)
-    handler._send_json(200, answer)
+    return Response.json(answer, tokens=(tokens, 0))
 
 
 def _check_model(body: dict, ctx) -> None:

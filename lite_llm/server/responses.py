@@ -4,7 +4,7 @@ POST /v1/responses/{id}/cancel, DELETE /v1/responses/{id}.
 A Responses body becomes a chat completions body (input items -> messages, instructions -> a
 system message, flat function tools -> chat tools, text.format -> response_format, reasoning
 -> chat template variables) that openai.prepare_chat validates, renders and tokenizes; the
-engine runs it as any chat request (app.run_prepared), and its answer comes back as the chat
+engine runs it as any chat request (generation.run_prepared), and its answer comes back as the chat
 deltas (reasoning split off, tool calls parsed) that ResponseBuilder turns into output items,
 the Response object and the typed SSE events.
 
@@ -13,7 +13,7 @@ Stored responses (store, the default) live in ResponseStore, in memory: at most
 continues from one (its conversation and its output come before the new input); a background
 response runs on a thread of its own and is polled with GET or stopped with /cancel.
 
-Not here: generation, tool call and reasoning parsing (openai.py, app.py).
+Not here: generation (generation.py), tool call and reasoning parsing (parsers.py).
 """
 from __future__ import annotations
 
@@ -28,8 +28,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from lite_llm.server import openai
-from lite_llm.server.openai import ApiError, PreparedRequest, bad, get_bool, get_float, get_int, show
+from lite_llm.server import answers, generation, openai
+from lite_llm.server.context import PreparedRequest
+from lite_llm.server.routing import Request, Response, ServerState
+from lite_llm.server.validation import ApiError, bad, get_bool, get_float, get_int, show
 
 logger = logging.getLogger("lite_llm.server.responses")
 
@@ -101,10 +103,6 @@ class ResponseStore:
             if first.expires > now:     # stored in order, each for the same ttl
                 return
             del self._entries[rid]
-
-
-def store_of(handler: Any) -> ResponseStore:
-    return handler.state.responses
 
 
 def _snapshot(entry: Stored) -> dict:
@@ -532,7 +530,7 @@ class ResponseBuilder:
             return events
 
     def consume(self, items: Any) -> Any:
-        """Events of a whole chunk stream (openai.stream_chunks' dicts, an ApiError last on failure)."""
+        """Events of a whole chunk stream (answers.stream_chunks' dicts, an ApiError last on failure)."""
         finish, chat_usage = None, None
         for item in items:
             if isinstance(item, ApiError):
@@ -552,7 +550,7 @@ def sse_event(seq: int, kind: str, payload: dict) -> bytes:
 
 
 class _Answer:
-    """app.run_prepared's api for one Responses request: the whole Response, or its events."""
+    """generation.run_prepared's api for one Responses request: the whole Response, or its events."""
 
     def __init__(self, store: ResponseStore, req: ResponseRequest, response: dict):
         self.store, self.req = store, req
@@ -584,12 +582,11 @@ class _Answer:
 
 # ---- routes -----------------------------------------------------------------------------------
 
-def create(handler: Any) -> None:
+def create(http: Request, st: ServerState) -> Response:
     """POST /v1/responses."""
-    st = handler.state
     st.check_serving()
-    body = handler._json_body()
-    store = store_of(handler)
+    body = http.json()
+    store = st.responses
     req = parse_request(body, store)
     if req.background and not store.max_entries:
         raise bad("'background' responses need the response store: the server runs with "
@@ -599,11 +596,10 @@ def create(handler: Any) -> None:
     response = new_response(prep.id, prep.model, req.echo, store=req.store, background=req.background,
                             status=status)
     if not req.background:
-        handler.run_prepared(prep, _Answer(store, req, response))
-        return
+        return generation.run_prepared(http, st, prep, _Answer(store, req, response))
     with st.inflight():
         st.check_serving()
-        submitted = handler.submit(prep)
+        submitted = generation.submit(http, st, prep)
     entry = Stored(response, req.history)
     cancelled = threading.Event()
 
@@ -616,7 +612,7 @@ def create(handler: Any) -> None:
     store.put(prep.id, entry)
     threading.Thread(target=_run_background, args=(st, prep, submitted, entry, cancelled),
                      name="lite-llm-response", daemon=True).start()
-    handler._send_json(200, _snapshot(entry))
+    return Response.json(_snapshot(entry))
 
 
 def _run_background(st: Any, prep: PreparedRequest, submitted: list, entry: Stored,
@@ -624,11 +620,11 @@ def _run_background(st: Any, prep: PreparedRequest, submitted: list, entry: Stor
     builder = ResponseBuilder(entry.response, entry.lock)
     builder.cancelled = cancelled
     builder.start()
-    tally = openai.StreamTally(sum(len(p.token_ids) for p in prep.prompts))
+    tally = answers.StreamTally(sum(len(p.token_ids) for p in prep.prompts))
 
     def items() -> Any:
         try:
-            yield from openai.stream_chunks(prep, openai.iter_deltas(submitted), st.ctx.tokenizer, tally)
+            yield from answers.stream_chunks(prep, answers.iter_deltas(submitted), st.ctx.tokenizer, tally)
         except Exception as e:
             logger.exception("background response %s failed", prep.id)
             yield ApiError(500, f"generation failed: {e}")
@@ -643,31 +639,31 @@ def _run_background(st: Any, prep: PreparedRequest, submitted: list, entry: Stor
         entry.cancel = None
 
 
-def _stored(handler: Any) -> Stored:
-    rid = handler._route_arg
-    entry = store_of(handler).get(rid)
+def _stored(req: Request, st: ServerState) -> Stored:
+    rid = req.route_arg
+    entry = st.responses.get(rid)
     if entry is None:
         raise ApiError(404, f"Response with id '{show(rid)[1:-1]}' not found.", code="not_found")
     return entry
 
 
-def retrieve(handler: Any) -> None:
+def retrieve(req: Request, st: ServerState) -> Response:
     """GET /v1/responses/{id}."""
-    handler._send_json(200, _snapshot(_stored(handler)))
+    return Response.json(_snapshot(_stored(req, st)))
 
 
-def delete(handler: Any) -> None:
+def delete(req: Request, st: ServerState) -> Response:
     """DELETE /v1/responses/{id}."""
-    entry = _stored(handler)
+    entry = _stored(req, st)
     if entry.cancel is not None:
         entry.cancel()
-    store_of(handler).delete(handler._route_arg)
-    handler._send_json(200, {"id": handler._route_arg, "object": "response", "deleted": True})
+    st.responses.delete(req.route_arg)
+    return Response.json({"id": req.route_arg, "object": "response", "deleted": True})
 
 
-def cancel(handler: Any) -> None:
+def cancel(req: Request, st: ServerState) -> Response:
     """POST /v1/responses/{id}/cancel: stops a background response (answered as it stands)."""
-    entry = _stored(handler)
+    entry = _stored(req, st)
     with entry.lock:
         background, status = entry.response["background"], entry.response["status"]
     if not background:
@@ -680,4 +676,4 @@ def cancel(handler: Any) -> None:
         deadline = time.monotonic() + 5.0
         while entry.cancel is not None and time.monotonic() < deadline:    # the engine confirms the abort
             time.sleep(0.005)
-    handler._send_json(200, _snapshot(entry))
+    return Response.json(_snapshot(entry))

@@ -1,18 +1,18 @@
 """vLLM's extra generation routes: POST /v1/chat/completions/batch (several conversations in one
 body, one choice per conversation) and SageMaker's POST /invocations (a chat, batch or
 completion body, told apart by its shape). Both run through openai.prepare_chat /
-prepare_completion and app.run_prepared like the OpenAI routes; /ping (GET and POST, no key)
-is app.py's health route.
+prepare_completion and generation.run_prepared like the OpenAI routes; /ping (GET and POST, no
+key) is routes.py's health route.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from lite_llm.server import generation, openai, validation
+from lite_llm.server.context import PreparedRequest, ServingContext
+from lite_llm.server.routing import Request, Response, ServerState
+from lite_llm.server.validation import bad
 
-from lite_llm.server import openai
-from lite_llm.server.openai import PreparedRequest, ServingContext, bad
-
-MAX_CONVERSATIONS = openai.MAX_PROMPTS
+MAX_CONVERSATIONS = validation.MAX_PROMPTS
 
 
 def prepare_chat_batch(body: dict, ctx: ServingContext) -> PreparedRequest:
@@ -26,7 +26,7 @@ def prepare_chat_batch(body: dict, ctx: ServingContext) -> PreparedRequest:
                   "messages")
     if len(conversations) > MAX_CONVERSATIONS:
         raise bad(f"at most {MAX_CONVERSATIONS} conversations per request", "messages")
-    if openai.get_bool(body, "stream", False):
+    if validation.get_bool(body, "stream", False):
         raise bad("Batch chat completions do not support streaming: drop 'stream'", "stream")
     if body.get("tools") or body.get("tool_choice") not in (None, "none"):
         raise bad("Batch chat completions do not support tools", "tools")
@@ -37,7 +37,7 @@ def prepare_chat_batch(body: dict, ctx: ServingContext) -> PreparedRequest:
     for i, conversation in enumerate(conversations):
         try:
             preps.append(openai.prepare_chat({**body, "messages": conversation}, ctx, pixels))
-        except openai.ApiError as e:
+        except validation.ApiError as e:
             if e.param and e.param.startswith("messages"):
                 e.param = f"messages[{i}]" + e.param[len("messages"):]
             raise
@@ -46,17 +46,16 @@ def prepare_chat_batch(body: dict, ctx: ServingContext) -> PreparedRequest:
     return dataclasses.replace(first, prompts=[p.prompts[0] for p in preps], params=params)
 
 
-def chat_batch(handler: Any) -> None:
+def chat_batch(req: Request, state: ServerState) -> Response:
     """POST /v1/chat/completions/batch."""
-    handler._generate(prepare_chat_batch)
+    return generation.generate(req, state, prepare_chat_batch)
 
 
-def invocations(handler: Any) -> None:
+def invocations(req: Request, state: ServerState) -> Response:
     """POST /invocations (SageMaker): 'messages' -> chat (a list of conversations -> batch),
     'prompt' -> completion."""
-    st = handler.state
-    st.check_serving()
-    body = handler._json_body()
+    state.check_serving()
+    body = req.json()
     messages = body.get("messages")
     if messages is not None and "prompt" not in body:
         batch = isinstance(messages, list) and bool(messages) and isinstance(messages[0], list)
@@ -65,4 +64,4 @@ def invocations(handler: Any) -> None:
         prepare = openai.prepare_completion
     else:
         raise bad("/invocations takes a chat body ('messages') or a completion body ('prompt')", "messages")
-    handler.run_prepared(prepare(body, st.ctx))
+    return generation.run_prepared(req, state, prepare(body, state.ctx))

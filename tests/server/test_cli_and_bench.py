@@ -54,20 +54,17 @@ def test_generation_defaults_mapping():
 
 
 SERVE_SCRIPT = textwrap.dedent("""
-    import sys, types
+    import sys
     sys.path.insert(0, {root!r})
     from tests.server.conftest import make_tokenizer
     from tests.server.fake_model import fake_runner_engine
-    mod = types.ModuleType("lite_llm.llm")
     def build_async_engine(**kwargs):
         print("BUILD " + ",".join(sorted(kwargs)), file=sys.stderr, flush=True)
         tok = make_tokenizer()     # the command line is under test here, not the engine
         return fake_runner_engine(tok, step_seconds=0.005), tok, {{"max_model_len": 512, "kernel_variant": "fake"}}
-    mod.build_async_engine = build_async_engine
-    sys.modules["lite_llm.llm"] = mod
-    from lite_llm.cli import COMMANDS
     import argparse
-    from lite_llm.server import app
+    from lite_llm.server import app, startup
+    startup.build_async_engine = build_async_engine     # what start_engine builds a one-engine server with
     p = argparse.ArgumentParser()
     app.add_arguments(p)
     sys.exit(app.run(p.parse_args(["--port", "0", "--served-model-name", "m", "--shutdown-grace", "20"])))

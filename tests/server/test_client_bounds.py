@@ -19,7 +19,7 @@ import pytest
 
 from lite_llm.model.tokenizer import TEMPLATE_MAX_ITERATIONS
 from lite_llm.sampling_params import MAX_CHOICES, MAX_JSON_DEPTH, MAX_REGEX_BYTES
-from lite_llm.server.openai import MAX_REQUEST_TEMPLATE_CHARS
+from lite_llm.server.chat import MAX_REQUEST_TEMPLATE_CHARS
 
 from .conftest import CHATML, error_of, request, start_server, stop_server
 from .watchdog import Watchdog

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -17,7 +18,7 @@ import openai
 import pytest
 
 from lite_llm.server.app import default_body_limit
-from lite_llm.server.openai import ReasoningSplitter
+from lite_llm.server.parsers import ReasoningSplitter
 
 from .conftest import MAX_MODEL_LEN, error_of, request, start_server, stop_server
 from .fake_model import ScriptedRunner, fake_runner_engine
@@ -368,6 +369,18 @@ def test_every_route_needs_the_key(keyed, method, path, body):
     assert status == (404 if path == "/no/such/route" else 200)
 
 
+def test_the_route_table_declares_the_only_open_routes(keyed):
+    """Auth is declared once, in the route table: over HTTP, every route of the server's table
+    answers 401 without the key, except health, ping and the web pages (which hold no data)."""
+    answered = set()
+    for group in keyed.server.state.routes.paths():
+        path = re.sub(r"\{\w+(:path)?\}", "x", group.label)
+        for method in group.methods:
+            if request(keyed.port, method, path, {} if method == "POST" else None)[0] != 401:
+                answered.add(group.label)
+    assert answered == {"/health", "/ping", "/", "/dashboard", "/web/{file:path}"}
+
+
 @pytest.mark.parametrize("path", ["/health", "/ping"])
 def test_health_needs_no_key(keyed, path):
     assert request(keyed.port, "GET", path)[0] == 200
@@ -577,7 +590,8 @@ def test_tokenizing_a_long_prompt_does_not_stall_health():
 
 
 def test_tokenize_slots_turn_waiting_into_503():
-    from lite_llm.server.openai import ApiError, TokenizeSlots
+    from lite_llm.server.context import TokenizeSlots
+    from lite_llm.server.validation import ApiError
     slots = TokenizeSlots(1, retry_after=2, wait=0.05)
     with slots:
         with pytest.raises(ApiError) as e:

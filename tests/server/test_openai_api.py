@@ -253,13 +253,13 @@ def error_type(data: bytes) -> str:
 
 
 def test_token_bytes_of_partial_utf8_tokens(served):
-    from lite_llm.server.openai import token_bytes
+    from lite_llm.server.logprobs import token_bytes
     tok = served.tokenizer
     ids = tok.encode("日本語", add_special_tokens=False)
     raw = b"".join(bytes(token_bytes(tok, i, tok.decode([i]))) for i in ids)
     assert raw.decode("utf-8") == "日本語"
-    from lite_llm.server.openai import _byte_level_decoder
-    stand_in = {b: c for c, b in _byte_level_decoder().items()}
+    from lite_llm.server.logprobs import byte_level_decoder
+    stand_in = {b: c for c, b in byte_level_decoder().items()}
     for byte in (0xE6, 0x97, 0xA5):           # the three bytes of 日, each a token of its own
         i = tok.token_to_id(stand_in[byte])
         assert tok.decode([i]) == "\ufffd" and token_bytes(tok, i, "\ufffd") == [byte]
@@ -276,7 +276,7 @@ def test_request_id_names_the_response(served):
 
 
 def test_openapi_schemas_cover_every_accepted_field():
-    from lite_llm.server.openai import CHAT_FIELDS, COMPLETION_FIELDS
+    from lite_llm.server.validation import CHAT_FIELDS, COMPLETION_FIELDS
     from lite_llm.server.openapi import SCHEMAS
     assert COMPLETION_FIELDS == set(SCHEMAS["CompletionRequest"]["properties"])
     assert CHAT_FIELDS == set(SCHEMAS["ChatCompletionRequest"]["properties"])

@@ -208,7 +208,7 @@ def test_models_retrieve(real):
 
 
 def test_logit_bias_changes_greedy_output(real, engine_parts):
-    from lite_llm.server.openai import token_bytes
+    from lite_llm.server.logprobs import token_bytes
     tok = engine_parts[1]
     client = _client(real)
     kw = dict(model="tiny-llama", messages=[{"role": "user", "content": "Hello world"}], max_tokens=6,

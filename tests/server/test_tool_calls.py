@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from lite_llm.server.app import create_server
-from lite_llm.server.openai import HermesToolParser
+from lite_llm.server.parsers import HermesToolParser
 
 from .conftest import MAX_MODEL_LEN, error_of, make_tokenizer, request
 from .fake_model import GuidedScriptedRunner, ScriptedRunner, fake_runner_engine

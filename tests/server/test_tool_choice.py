@@ -14,7 +14,7 @@ import pytest
 
 from lite_llm.engine.structured import Grammars
 from lite_llm.model.tokenizer import Tokenizer
-from lite_llm.server.openai import MAX_FORCED_CALLS, JsonToolParser, forced_tool_calls, make_tool_parser, tool_parser_for
+from lite_llm.server.parsers import MAX_FORCED_CALLS, JsonToolParser, forced_tool_calls, make_tool_parser, tool_parser_for
 
 from .conftest import request, serving
 from .test_tool_calls import TOOL_TEMPLATE

@@ -1,0 +1,278 @@
+"""Start-up of `lite-llm serve`: parsed flags -> an engine (start_engine) -> a server over it
+(build_server / create_server), then serving until SIGINT/SIGTERM and draining (run).
+
+create_server is also the programmatic entry (tests, Ray Serve replicas, embedding): a bound
+server over any engine that has add_request / abort / stats / shutdown. What is not here: the
+flags (args.py), the route table (routes.py), sockets and limits (transport.py).
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+from lite_llm import __version__, pooling
+from lite_llm.config import env
+from lite_llm.engine.data_parallel import build_data_parallel_engine
+from lite_llm.llm import build_async_engine
+from lite_llm.model import hub
+from lite_llm.model.loader import check_model
+from lite_llm.multimodal import DEFAULT_PIXELS_PER_REQUEST, MediaConfig, Processor, media_config
+from lite_llm.pooling_dp import build_pooling_replicas
+from lite_llm.server import lora_routes
+from lite_llm.server.args import DEFAULT_MAX_TOKENS
+from lite_llm.server.context import ServingContext, TokenizeSlots, max_token_bytes, system_fingerprint
+from lite_llm.server.metrics import ServerMetrics
+from lite_llm.server.responses import DEFAULT_STORE_MAX, DEFAULT_STORE_TTL, ResponseStore
+from lite_llm.server.routes import route_table
+from lite_llm.server.routing import ServerState
+from lite_llm.server.transport import MAX_CONNECTIONS, LiteServer, default_body_limit
+
+logger = logging.getLogger("lite_llm.server")
+
+_GEN_CONFIG_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                    "min_p": "min_p", "repetition_penalty": "repetition_penalty",
+                    "max_new_tokens": "max_tokens"}
+
+
+def generation_defaults(generation_config: dict | None) -> dict:
+    """SamplingParams defaults from a generation_config.json, as vLLM's --generation-config auto."""
+    out = {}
+    for src, dst in _GEN_CONFIG_KEYS.items():
+        v = (generation_config or {}).get(src)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[dst] = int(v) if dst in ("top_k", "max_tokens") else float(v)
+    return out
+
+
+def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tuple[str, ...],
+                  max_model_len: int, api_key: str | None = None,
+                  generation_config: dict | None = None, kernel_info: dict | None = None, *,
+                  host: str = "127.0.0.1", port: int = 0, chat_template: str | None = None,
+                  trust_request_chat_template: bool = False, lora_root: str | None = None,
+                  vocab_size: int | None = None, max_body_bytes: int | None = None,
+                  request_timeout: float = 10.0, model_root: str | None = None,
+                  retry_after: int = 1, header_timeout: float = 10.0, body_timeout: float = 30.0,
+                  max_connections: int = MAX_CONNECTIONS, max_connections_per_client: int | None = None,
+                  metrics_no_auth: bool = False, web_ui: bool = True,
+                  log_requests: bool = True, max_tokenizing: int | None = None,
+                  reasoning_parser: str | None = None, tool_call_parser: str | None = None,
+                  responses_store_max: int = DEFAULT_STORE_MAX,
+                  responses_store_ttl: float = DEFAULT_STORE_TTL, media: Any = None,
+                  default_max_tokens: int | None = DEFAULT_MAX_TOKENS) -> LiteServer:
+    """A bound (not yet serving) server for `engine`; `.start()` or `.serve_forever()` it.
+
+    generation_config is the model's generation_config.json dict (empty for
+    --generation-config vllm); kernel_info carries kernel_variant, num_threads, weight_bytes.
+    max_body_bytes None derives the limit from max_model_len (default_body_limit).
+    default_max_tokens caps the output of a chat-shaped request that sets no max_tokens (None
+    or 0: the room its prompt leaves in the context, as vLLM).
+    """
+    names = (model_name,) if isinstance(model_name, str) else tuple(model_name)
+    if not names:
+        raise ValueError("at least one served model name is needed")
+    if vocab_size is None:
+        vocab_size = getattr(tokenizer, "vocab_size", None)
+        if callable(vocab_size):
+            vocab_size = vocab_size()
+    if not vocab_size:
+        raise ValueError("vocab_size unknown: pass vocab_size=")
+    if max_body_bytes is None:
+        max_body_bytes = default_body_limit(max_model_len)
+    info = dict(kernel_info or {})
+    ctx = ServingContext(model_names=names, max_model_len=int(max_model_len), vocab_size=int(vocab_size),
+                         tokenizer=tokenizer, generation_defaults=generation_defaults(generation_config),
+                         chat_template=chat_template, trust_request_chat_template=trust_request_chat_template,
+                         max_token_bytes=max_token_bytes(tokenizer),
+                         tokenize_slots=TokenizeSlots(max_tokenizing or max(1, (os.cpu_count() or 2) // 2),
+                                                      retry_after),
+                         reasoning_parser=reasoning_parser, tool_parser=tool_call_parser,
+                         system_fingerprint=system_fingerprint(info), loras=lora_routes.manager(engine),
+                         mm_processor=_mm_processor(model_root, info.get("mmproj")), media=media or _default_media(),
+                         default_max_tokens=default_max_tokens or None)
+    state = ServerState(engine, ctx, ServerMetrics(names[0], info), api_key, info, max_body_bytes,
+                        model_root, retry_after, routes=route_table(web_ui=web_ui, metrics_no_auth=metrics_no_auth),
+                        responses=ResponseStore(responses_store_max, responses_store_ttl),
+                        lora_root=os.path.realpath(lora_root) if lora_root else None)   # None: runtime loading off
+    return LiteServer((host, port), state, request_timeout, header_timeout=header_timeout,
+                      body_timeout=body_timeout, max_connections=max_connections,
+                      max_connections_per_client=max_connections_per_client, log_requests=log_requests)
+
+
+def _mm_processor(model_root: str | None, mmproj: str | None = None) -> Processor | None:
+    return Processor.for_model(model_root, mmproj) if model_root else None
+
+
+def _default_media() -> MediaConfig:
+    return MediaConfig()
+
+
+def check_address(host: str, port: int) -> None:
+    """Bind the address the server will listen on, before the model loads (which can take
+    minutes), so that a port in use or a host that is not this machine's fails at once."""
+    def failed(what: str) -> OSError:
+        err = OSError(f"cannot listen on {host}:{port}: {what}")
+        err.lite_llm_user_error = True          # one line for the user (cli.user_error)
+        return err
+
+    try:
+        with socket.socket(LiteServer.address_family, socket.SOCK_STREAM) as s:
+            if LiteServer.allow_reuse_address:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except socket.gaierror as e:
+        raise failed(f"unknown host ({e.strerror})") from None
+    except OSError as e:
+        hint = {errno.EADDRINUSE: " (another server is using it: pick another --port)",
+                errno.EACCES: " (ports below 1024 need privileges: pick a --port from 1024 up)",
+                errno.EADDRNOTAVAIL: " (not an address of this machine: check --host)"}.get(e.errno or 0, "")
+        raise failed(f"{e.strerror or e}{hint}") from None
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """--chat-template: a path to a file, or the template text itself."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{" not in value and (os.sep in value or value.endswith((".jinja", ".j2", ".txt"))):
+        raise SystemExit(f"--chat-template: no such file: {value}")
+    return value
+
+
+def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
+    """The engine `serve` flags ask for: (engine, tokenizer, info); one AsyncEngine, or the
+    data-parallel front end over --data-parallel-size replicas."""
+    model = args.model or args.model_flag
+    engine_kwargs = dict(
+        dtype=args.dtype, max_model_len=args.max_model_len, block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=args.enable_prefix_caching, seed=args.seed, max_queue=args.max_queue,
+        kv_cache_space=args.kv_cache_space, disable_sliding_window=args.disable_sliding_window,
+        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+        speculative_config=args.speculative_config,
+        tensor_parallel_size=args.tensor_parallel_size, mmproj=getattr(args, "mmproj", None),
+        **lora_routes.engine_kwargs(args))
+    # flags left unset keep the builder's defaults
+    engine_kwargs = {k: v for k, v in engine_kwargs.items() if v is not None}
+    if args.data_parallel_size < 1:
+        raise SystemExit(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
+    hf_overrides = getattr(args, "hf_overrides", None)
+    if pooling.runner_for_model(model, getattr(args, "runner", "auto"), hf_overrides) == "pooling":
+        try:
+            pooling.check_parallel(args.tensor_parallel_size, model)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        pool_kwargs = dict(dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                           max_num_batched_tokens=args.max_num_batched_tokens, quantization=args.quantization,
+                           pooler_config=getattr(args, "pooler_config", None), hf_overrides=hf_overrides)
+        if args.data_parallel_size > 1:     # replicas, each a pooling engine (lite_llm/pooling_dp.py)
+            return build_pooling_replicas(model, args.data_parallel_size, **pool_kwargs)
+        engine, loaded, info = pooling.build_pooling_engine(model, serving=True, **pool_kwargs)
+        return engine, loaded.tokenizer, info
+    if args.data_parallel_size > 1:
+        return build_data_parallel_engine(model, args.data_parallel_size, **engine_kwargs)
+    return build_async_engine(model=model, **engine_kwargs)
+
+
+def build_server(args: argparse.Namespace, engine: Any, tokenizer: Any, info: dict, *,
+                 host: str | None = None, port: int | None = None) -> LiteServer:
+    """The server `serve` flags ask for over a started engine (host/port override the flags)."""
+    model = args.model or args.model_flag
+    gen_config = (info.get("generation_config") or {}) if args.generation_config == "auto" else {}
+    names = args.served_model_name or [info.get("model_name") or model or "default"]
+    return create_server(
+        engine, tokenizer, names, info["max_model_len"], api_key=args.api_key or env("API_KEY"),
+        generation_config=gen_config, kernel_info=info, host=args.host if host is None else host,
+        port=args.port if port is None else port, chat_template=load_chat_template(args.chat_template),
+        trust_request_chat_template=args.trust_request_chat_template, lora_root=lora_routes.lora_root(args),
+        vocab_size=info.get("vocab_size"), max_body_bytes=args.max_request_bytes,
+        request_timeout=args.timeout_keep_alive, model_root=info.get("model_path"),
+        header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+        max_connections=args.max_connections, max_connections_per_client=args.max_connections_per_client,
+        metrics_no_auth=args.metrics_no_auth, web_ui=not getattr(args, "disable_web_ui", False),
+        log_requests=not args.disable_log_requests, reasoning_parser=args.reasoning_parser,
+        tool_call_parser=args.tool_call_parser, responses_store_max=args.responses_store_max,
+        responses_store_ttl=args.responses_store_ttl, media=_media_config(args),
+        default_max_tokens=getattr(args, "default_max_tokens", DEFAULT_MAX_TOKENS))
+
+
+def _media_config(args: argparse.Namespace):
+    """Image input settings from --limit-mm-per-prompt, --mm-processor-kwargs, --allowed-media-domains,
+    --max-image-pixels-per-request."""
+    pixels = getattr(args, "max_image_pixels_per_request", None)
+    try:
+        return media_config(getattr(args, "limit_mm_per_prompt", None), getattr(args, "mm_processor_kwargs", None),
+                            getattr(args, "allowed_media_domains", None),
+                            DEFAULT_PIXELS_PER_REQUEST if pixels is None else pixels)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    model = args.model or args.model_flag
+    load_chat_template(args.chat_template)          # a missing file fails before the model loads
+    lora_routes.lora_root(args)
+    check_address(args.host, args.port)             # and so does a port in use
+    model = hub.resolve_serve_args(args)            # a Hugging Face name: its files, fetched if missing
+    check_model(model)                              # or a path that holds no model
+    if args.responses_store_max < 0 or not args.responses_store_ttl > 0:
+        raise SystemExit("--responses-store-max must be >= 0 and --responses-store-ttl > 0")
+    if args.default_max_tokens < 0:
+        raise SystemExit(f"--default-max-tokens must be >= 0, got {args.default_max_tokens}")
+    api_key = args.api_key or env("API_KEY")
+    t0 = time.perf_counter()
+    engine, tokenizer, info = start_engine(args)
+    server = build_server(args, engine, tokenizer, info)
+    gen_config = server.state.ctx.generation_defaults
+    names = server.state.ctx.model_names
+    logger.info("lite-llm %s serving %s on %s (ready in %.1f s)", __version__, names[0], server.url,
+                time.perf_counter() - t0)
+    logger.info("model %s, max_model_len %s, dtype %s", info.get("model_path") or model,
+                info["max_model_len"], info.get("dtype", args.dtype))
+    logger.info("kernel variant %s, %s threads, KV cache capacity %s tokens",
+                info.get("kernel_variant"), info.get("num_threads"), info.get("kv_cache_tokens"))
+    if gen_config:
+        logger.info("default sampling from generation_config.json: %s", gen_config)
+    if api_key:
+        logger.info("API key required on every route but /health, /ping%s%s",
+                    " and /metrics" if args.metrics_no_auth else "",
+                    "" if args.disable_web_ui else " and the web pages (their calls send the key typed in)")
+    if not args.disable_web_ui:
+        logger.info("chat playground at %s/, engine dashboard at %s/dashboard", server.url, server.url)
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        logger.info("%s: draining (grace %.0f s)", signal.Signals(signum).name, args.shutdown_grace)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    failed = False
+    try:
+        server.start()
+        while not stop.wait(0.5):
+            if not server.state.engine_alive():     # answering 503 for ever helps nobody
+                failed = True
+                logger.error("stopping: the engine is not running (%s)",
+                             getattr(engine, "failure", None) or "its thread failed; see the error above")
+                break
+        finished = server.drain(args.shutdown_grace)
+        logger.info("stopped%s", "" if finished else " (some requests were aborted)")
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    failure = getattr(getattr(engine, "tp_group", None), "failure", None)
+    if failure:     # a tensor-parallel rank died: the stop was not asked for
+        logger.critical("exiting: %s", failure)
+        return 1
+    return 1 if failed else 0
