@@ -211,21 +211,6 @@ def pack_blocks(rows, threads: int | None = None) -> tuple[np.ndarray, list[tupl
     return out, parts
 
 
-def quantized_view(rows, type_name: str):
-    """The same weight (a model.weights.StackedRows of float parts) seen as ggml blocks of
-    type_name, every part quantized a slice at a time when pack_blocks reads it (quantization
-    at load: a bf16 checkpoint run in Q8_0 / Q4_0)."""
-    from dataclasses import replace
-
-    from lite_llm._kernels import kernels
-    from lite_llm.model.weights import convert
-    threads = load_threads()
-
-    def reader(read):
-        return lambda r0, r1: kernels.quantize_ggml(convert(read(r0, r1), "float32"), type_name, threads)
-    return replace(rows, blocks=tuple((type_name, reader(read)) for _, read in rows.parts))
-
-
 def pack_reference(w: np.ndarray, dtype: str) -> np.ndarray:
     """NumPy spec of pack()."""
     if w.ndim != 2:
