@@ -771,11 +771,11 @@ def runner_for_model(model: str | None, requested: str = "auto", hf_overrides=No
         raise ValueError(f"runner {requested!r}: expected one of {', '.join(RUNNERS)}")
     if requested != "auto":
         return requested
-    from lite_llm.model import hf
+    from lite_llm.model import arch
     from lite_llm.model.loader import resolve_model
     path = resolve_model(model)
     if os.path.isdir(path):
-        config, _ = hf.read_config(path)
+        config, _ = arch.read_config(path)
         return choose_runner(path, config, hf_overrides=parse_overrides(hf_overrides))
     return "pooling" if _gguf_arch(path) in ("bert", "nomic-bert") else "generate"
 

@@ -185,7 +185,6 @@ cdef class Model:
             raise ValueError("one K and one V cache per layer")
         if cfg.rope and len(rope_tables) != cfg.num_rope_tables:
             raise ValueError(f"{len(rope_tables)} RoPE tables for layers that use {cfg.num_rope_tables}")
-        from lite_llm._kernels.layout import kv_geometry, kv_type
         kc, vc = k_caches[0], v_caches[0]
         geometry = kv_geometry(vc, "v")
         if (kc.dtype != vc.dtype or kv_geometry(kc, "k") != geometry or geometry[1] != self.c.num_kv_heads
@@ -381,7 +380,6 @@ cdef class Workspace:
     cdef list keep
 
     def __init__(self, Model m, int max_tokens, int max_rows, int num_threads, int lora_rank=0):
-        from lite_llm._kernels.layout import aligned_zeros
         ll_set_barrier_spins(barrier_spins())
         cdef ModelC *mc = &m.c
         cdef int qkv_n = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
@@ -447,7 +445,6 @@ cdef class Workspace:
         self.c.gxq = self.c.gactq = NULL
         if not X:
             return
-        from lite_llm._kernels.layout import aligned_zeros
         idx = aligned_zeros((2 * A + 2 * A + 3 * (X + 1),), np.int32)
         bufs = {"router": aligned_zeros((max_tokens, X + 1), np.float32), "wt": aligned_zeros((A,), np.float32),
                 "gx": aligned_zeros((A, E), np.float32), "gxb": aligned_zeros((A, (E + 1) // 2 + 1), np.uint32),

@@ -36,7 +36,6 @@ cdef class _TowerAttnBufs:
 
     def __init__(self, Py_ssize_t n, Py_ssize_t H, Py_ssize_t D, bint bf16, bint fma, win_bounds, int num_threads,
                  img_bounds=None):
-        from lite_llm._kernels.layout import KV_DTYPES, aligned_zeros
         self.ok = D % 16 == 0 and D <= LL_MAX_HEAD_DIM
         if not self.ok:
             return

@@ -18,7 +18,7 @@ from dataclasses import replace
 import numpy as np
 
 from lite_llm._kernels import kernels, layout
-from lite_llm._kernels.packed import Part, PackedMatrix, PackedModel
+from lite_llm._kernels.packed import PackedMatrix, PackedModel, Part
 from lite_llm.model.packed_cache import PackedWeights
 from lite_llm.model.weights import bf16_to_f32, convert
 

@@ -43,7 +43,7 @@ import zlib
 import numpy as np
 
 from lite_llm import config as _config
-from lite_llm._kernels.packed import Part, PackedMatrix, PackedModel
+from lite_llm._kernels.packed import PackedMatrix, PackedModel, Part
 
 log = logging.getLogger("lite_llm")
 

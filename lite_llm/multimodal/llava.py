@@ -26,6 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lite_llm.model.gguf import GGUFFile
+from lite_llm.model.hf import SafetensorsCheckpoint
+from lite_llm.model.weights import bf16_to_f32, to_bf16
+from lite_llm.multimodal.qwen2_5_vl import _gelu
+
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 HF_ARCHITECTURES = ("LlavaForConditionalGeneration",)
@@ -90,7 +95,6 @@ MMPROJ_PROJECTORS = ("mlp", "gemma3")     # LLaVA-1.5's (here) and Gemma 3's (ge
 def mmproj_projector(path: str) -> str:
     """The projector type of an mmproj GGUF: "mlp" (LLaVA-1.5) or "gemma3"; another type, or a
     file that is no mmproj, is refused naming it."""
-    from lite_llm.model.gguf import GGUFFile
     if not os.path.isfile(path):
         raise LlavaError(f"--mmproj {path}: no such file")
     f = GGUFFile(path)
@@ -118,7 +122,6 @@ def _projector(f, path: str) -> str:
 def mmproj_file(path: str, projector: str, error: type[ValueError], what: str):
     """The mmproj GGUF at `path`, opened and checked to hold `projector` (else `error` saying it
     is not `what`): yields (file, metadata, key(name) -> a metadata value that must be there)."""
-    from lite_llm.model.gguf import GGUFFile
     f = GGUFFile(path)
     try:
         md = f.metadata
@@ -236,8 +239,6 @@ def hf_config(source: str, raw: dict) -> ClipConfig:
 
 def read_hf(source: str, cfg: ClipConfig) -> dict[str, np.ndarray]:
     """The vision tower and projector of an HF LLaVA directory as canonical float32 tensors."""
-    from lite_llm.model.hf import SafetensorsCheckpoint
-    from lite_llm.model.weights import bf16_to_f32
     ckpt = SafetensorsCheckpoint(source)
     try:
         names = {n.removeprefix("model."): n for n in ckpt.entries}
@@ -346,7 +347,6 @@ def _layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.nd
 
 
 def _act(x: np.ndarray, act: str) -> np.ndarray:
-    from lite_llm.multimodal.qwen2_5_vl import _gelu
     if act == "quick_gelu":
         return x / (1.0 + np.exp(np.float32(-1.702) * x))
     return _gelu(x)
@@ -355,8 +355,7 @@ def _act(x: np.ndarray, act: str) -> np.ndarray:
 def vit_packer(dtype: str):
     """(packed, mat) for a ViT's kernels.ClipModel: mat(name, w, bias) packs one linear layer
     into packed in the tower's dtype (bias kept float32)."""
-    from lite_llm._kernels import layout
-    from lite_llm.model.weights import to_bf16
+    from lite_llm._kernels import layout    # deferred: the compiled kernels load when an encoder is built
     packed: dict[str, object] = {}
 
     def mat(name: str, w: np.ndarray, bias: np.ndarray | None) -> None:
@@ -479,7 +478,6 @@ def gguf_placeholder(metadata: dict) -> tuple[str, int, int]:
 
 def gguf_placeholder_of(lm_path: str) -> tuple[str, int, int]:
     """gguf_placeholder of the GGUF file at lm_path."""
-    from lite_llm.model.gguf import GGUFFile
     f = GGUFFile(lm_path)
     try:
         return gguf_placeholder(f.metadata)

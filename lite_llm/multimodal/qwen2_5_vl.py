@@ -22,6 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lite_llm.model.hf import SafetensorsCheckpoint
+from lite_llm.model.weights import bf16_to_f32, to_bf16
+
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
@@ -214,8 +217,6 @@ def window_index(grid: tuple[int, int, int], cfg: VisionConfig) -> tuple[np.ndar
 def read_hf(source: str) -> dict[str, np.ndarray]:
     """The vision tower's tensors of the HF checkpoint at source, float32, by their names
     without "model." ("visual.blocks.0.attn.qkv.weight", ...)."""
-    from lite_llm.model.hf import SafetensorsCheckpoint
-    from lite_llm.model.weights import bf16_to_f32
     ckpt = SafetensorsCheckpoint(source)
     try:
         tensors = {}
@@ -276,8 +277,7 @@ class VisionEncoder:
         return np.cos(emb), np.sin(emb)
 
     def _pack(self, tensors: dict[str, np.ndarray], kernels, dtype: str, bf16_path: str | None):
-        from lite_llm._kernels import layout
-        from lite_llm.model.weights import to_bf16
+        from lite_llm._kernels import layout    # deferred: the compiled kernels load when an encoder is built
         cfg, C = self.cfg, self.cfg.hidden_size
         packed: dict[str, object] = {}
 

@@ -15,8 +15,8 @@ from lite_llm import LLM, SamplingParams
 from lite_llm._kernels import kernels
 from lite_llm._kernels.packed import PackedModel
 from lite_llm.model import packed_cache
-from lite_llm.model.pack import pack_checkpoint
 from lite_llm.model.loader import default_model_path, load_model
+from lite_llm.model.pack import pack_checkpoint
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, logprobs=3)
 
