@@ -457,7 +457,7 @@ class SiglipEncoder(ClipEncoder):
         pack_vit_blocks(t, cfg.num_layers, packed, mat)
         mat("proj", t["proj.w"], None)
         for name in ("pos", "post_ln.w", "post_ln.b", "proj_norm"):
-            packed[name] = np.ascontiguousarray(t[name], np.float32)
+            packed.vectors[name] = np.ascontiguousarray(t[name], np.float32)
         return kernels.ClipModel(packed, dtype, cfg.num_layers, cfg.num_heads, cfg.eps, cfg.act, False, bf16_path,
                                  pool=cfg.pool)
 

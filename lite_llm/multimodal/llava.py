@@ -26,10 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lite_llm._kernels.packed import PackedModel
 from lite_llm.model.gguf import GGUFFile
 from lite_llm.model.hf import SafetensorsCheckpoint
-from lite_llm.model.weights import bf16_to_f32, to_bf16
+from lite_llm.model.weights import bf16_to_f32
 from lite_llm.multimodal.qwen2_5_vl import _gelu
+from lite_llm.multimodal.towers import vit_packer
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -352,22 +354,7 @@ def _act(x: np.ndarray, act: str) -> np.ndarray:
     return _gelu(x)
 
 
-def vit_packer(dtype: str):
-    """(packed, mat) for a ViT's kernels.ClipModel: mat(name, w, bias) packs one linear layer
-    into packed in the tower's dtype (bias kept float32)."""
-    from lite_llm._kernels import layout    # deferred: the compiled kernels load when an encoder is built
-    packed: dict[str, object] = {}
-
-    def mat(name: str, w: np.ndarray, bias: np.ndarray | None) -> None:
-        w = np.ascontiguousarray(w, np.float32)
-        packed[name + ".shape"] = w.shape
-        packed[name + ".weight"] = layout.pack(to_bf16(w) if dtype == "bfloat16" else w, dtype)
-        if bias is not None:
-            packed[name + ".bias"] = np.ascontiguousarray(bias, np.float32)
-    return packed, mat
-
-
-def pack_vit_blocks(t: dict[str, np.ndarray], num_layers: int, packed: dict, mat) -> None:
+def pack_vit_blocks(t: dict[str, np.ndarray], num_layers: int, packed: PackedModel, mat) -> None:
     """The pre-norm blocks (CLIP's and SigLIP's alike): q/k/v as one matrix, o, fc1 (up), fc2
     (down), the two LayerNorms."""
     for i in range(num_layers):
@@ -378,7 +365,7 @@ def pack_vit_blocks(t: dict[str, np.ndarray], num_layers: int, packed: dict, mat
         for part in ("o", "up", "down"):
             mat(p + part, t[p + part + ".w"], t[p + part + ".b"])
         for part in ("ln1", "ln2"):
-            packed[p + part + ".w"], packed[p + part + ".b"] = t[p + part + ".w"], t[p + part + ".b"]
+            packed.vectors[p + part + ".w"], packed.vectors[p + part + ".b"] = t[p + part + ".w"], t[p + part + ".b"]
 
 
 def vit_blocks_reference(x: np.ndarray, t: dict[str, np.ndarray], cfg, act) -> np.ndarray:
@@ -421,7 +408,7 @@ class ClipEncoder:
         mat("mm0", t["mm0.w"], t["mm0.b"])
         mat("mm2", t["mm2.w"], t["mm2.b"])
         for name in ("class", "pos", "pre_ln.w", "pre_ln.b"):
-            packed[name] = np.ascontiguousarray(t[name], np.float32)
+            packed.vectors[name] = np.ascontiguousarray(t[name], np.float32)
         return kernels.ClipModel(packed, dtype, cfg.num_layers, cfg.num_heads, cfg.eps, cfg.act, cfg.keep_class,
                                  bf16_path)
 
