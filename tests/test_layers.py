@@ -24,7 +24,10 @@ compiled kernels, which the checkpoint readers load only when they first need th
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "lite_llm"
@@ -261,3 +264,14 @@ def test_the_walker_sees_what_it_must():
     assert "lite_llm.engine.detokenizer" in edges["lite_llm.engine._step"]         # _step.pyx
     assert any(not top for _, _, top, _ in edges["lite_llm.llm"]["lite_llm.engine.runner"])   # a lazy import
     assert "lite_llm.model.arch.llama" in edges["lite_llm.model.arch"]
+
+
+def test_the_readers_and_processors_import_without_a_kernel_build():
+    """What the deferred imports are for: the checkpoint readers, the image processors and the
+    adapter reader import, and load no kernel module, where no kernel variant can be loaded."""
+    code = ("import sys, lite_llm.model.loader, lite_llm.model.arch, lite_llm.multimodal, lite_llm.lora\n"
+            "print(sorted(m for m in sys.modules if m.startswith('lite_llm._kernels')))")
+    env = dict(os.environ, LITE_LLM_ISA="no-such-variant", PYTHONPATH=str(PACKAGE.parent))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lite_llm._kernels.packed import PackedModel
 from lite_llm.model.gguf import GGUFFile
 from lite_llm.model.hf import SafetensorsCheckpoint
 from lite_llm.model.weights import bf16_to_f32
@@ -354,9 +353,9 @@ def _act(x: np.ndarray, act: str) -> np.ndarray:
     return _gelu(x)
 
 
-def pack_vit_blocks(t: dict[str, np.ndarray], num_layers: int, packed: PackedModel, mat) -> None:
-    """The pre-norm blocks (CLIP's and SigLIP's alike): q/k/v as one matrix, o, fc1 (up), fc2
-    (down), the two LayerNorms."""
+def pack_vit_blocks(t: dict[str, np.ndarray], num_layers: int, packed, mat) -> None:
+    """The pre-norm blocks (CLIP's and SigLIP's alike) into the PackedModel `packed`
+    (towers.vit_packer): q/k/v as one matrix, o, fc1 (up), fc2 (down), the two LayerNorms."""
     for i in range(num_layers):
         p = f"blk.{i}."
         qkv_w = np.concatenate([t[p + "q.w"], t[p + "k.w"], t[p + "v.w"]])

@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import numpy as np
 
-from lite_llm._kernels.packed import PackedMatrix, PackedModel
 from lite_llm.model.weights import to_bf16
 
 
@@ -15,7 +14,10 @@ def vit_packer(dtype: str):
     """(packed, mat) for a vision tower's kernel model (kernels.ClipModel, VisionModel): packed
     a PackedModel (_kernels/packed.py), mat(name, w, bias) packs one linear layer into it in the
     tower's dtype (bias kept float32)."""
-    from lite_llm._kernels import layout    # deferred: the compiled kernels load when an encoder is built
+    # deferred: the compiled kernels (which any _kernels module loads) load when an encoder is
+    # built, so the processors work without them
+    from lite_llm._kernels import layout
+    from lite_llm._kernels.packed import PackedMatrix, PackedModel
     packed = PackedModel()
 
     def mat(name: str, w: np.ndarray, bias: np.ndarray | None = None) -> None:
