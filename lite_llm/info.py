@@ -169,15 +169,15 @@ def _is_expert(name: str) -> bool:
 
 def _active_expert_share(path: str) -> float:
     """num_experts_per_tok / num_experts of a mixture-of-experts model, else 1."""
-    from lite_llm.model import arch, gguf, hf
+    from lite_llm.model import arch, gguf
     from lite_llm.model.loader import ModelLoadError
     try:
         if os.path.isdir(path):
-            config = hf.read_config(path)[0]
+            config = arch.read_config(path)[0]
         else:
             f = gguf.GGUFFile(path)
             name = f.metadata.get("general.architecture")
-            config = arch.for_gguf(name, path).gguf_config(f, name)
+            config = arch.for_gguf(name, path, f.metadata).gguf_config(f, name)
     except (ModelLoadError, OSError):
         return 1.0
     return config.num_experts_per_tok / config.num_experts if config.is_moe else 1.0

@@ -23,6 +23,10 @@ from hashlib import blake2b
 
 import numpy as np
 
+from lite_llm.model.gguf import GGUFFile
+from lite_llm.model.hf import SafetensorsCheckpoint
+from lite_llm.model.weights import bf16_to_f32
+
 # PEFT module names and llama.cpp tensor names -> the kernel's target names
 PEFT_TARGETS = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o",
                 "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
@@ -94,7 +98,6 @@ def _check_pair(where: str, layer: int, target: str, a: np.ndarray, b: np.ndarra
 
 def _f32(x: np.ndarray) -> np.ndarray:
     if x.dtype == np.uint16:    # bf16 bits
-        from lite_llm.model.weights import bf16_to_f32
         return bf16_to_f32(x)
     return np.asarray(x, np.float32)
 
@@ -109,7 +112,6 @@ def _module_value(pattern: dict, module: str, default):
 
 
 def _load_peft(path: str, name: str, config, max_rank: int) -> LoRAAdapter:
-    from lite_llm.model.hf import SafetensorsCheckpoint
     with open(os.path.join(path, "adapter_config.json"), encoding="utf-8") as fh:
         cfg = json.load(fh)
     where = f"LoRA adapter {path}"
@@ -176,7 +178,6 @@ def _unpermute_rows(w: np.ndarray, head_dim: int) -> np.ndarray:
 
 
 def _load_gguf(path: str, name: str, config, max_rank: int) -> LoRAAdapter:
-    from lite_llm.model.gguf import GGUFFile
     where = f"LoRA adapter {path}"
     f = GGUFFile(path)
     try:

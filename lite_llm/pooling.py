@@ -228,8 +228,9 @@ class PoolingRunner:
         from lite_llm import _kernels
         from lite_llm._kernels import gemm_path, layout
         from lite_llm.config import attention_path_override
-        from lite_llm.engine.runner import _trim_heap, check_quantization, kv_cache_format, packed_weights
+        from lite_llm.engine.runner import _trim_heap, kv_cache_format
         from lite_llm.model import arch
+        from lite_llm.model.pack import check_quantization, packed_weights
         from lite_llm.model.rope import rope_tables
         cfg = loaded.config
         self.config, self.pooler, self.dtype = cfg, pooler, loaded.dtype
@@ -253,7 +254,7 @@ class PoolingRunner:
         start = time.perf_counter()
         self.packed = packed_weights(loaded, self.dtype, num_threads, check_quantization(quantization), None,
                                      self.kernels)
-        tensors = self.packed.tensors
+        packed = self.packed.model
         loaded.release()
         _trim_heap()
         # every sequence of a step wastes at most one partial block
@@ -264,12 +265,12 @@ class PoolingRunner:
         self.v_caches = [layout.aligned_zeros(v_shape, kv_np) for _ in range(cfg.num_layers)]
         tables = [tuple(np.ascontiguousarray(a, np.float32) for a in rope_tables(c, self.max_model_len))
                   for c in arch.rope_configs(cfg)] if cfg.rope else []
-        self.model = self.kernels.Model(self.kernel_config, tensors, self.k_caches, self.v_caches, tables)
+        self.model = self.kernels.Model(self.kernel_config, packed, self.k_caches, self.v_caches, tables)
         self.packed.keep()      # a fresh pack is written for the next start, in the background
         self.workspace = self.kernels.Workspace(self.model, self.max_tokens, self.max_tokens, num_threads)
         self.hidden = np.empty((self.max_tokens, cfg.dim), np.float32)
         self.max_blocks = -(-self.max_model_len // block_size)
-        self.weight_bytes = sum(v.nbytes for v in tensors.values() if isinstance(v, np.ndarray))
+        self.weight_bytes = packed.nbytes
         self.formats = self.model.formats()
         self.head = head or {}
         self.last_step_seconds = 0.0
@@ -770,11 +771,11 @@ def runner_for_model(model: str | None, requested: str = "auto", hf_overrides=No
         raise ValueError(f"runner {requested!r}: expected one of {', '.join(RUNNERS)}")
     if requested != "auto":
         return requested
-    from lite_llm.model import hf
+    from lite_llm.model import arch
     from lite_llm.model.loader import resolve_model
     path = resolve_model(model)
     if os.path.isdir(path):
-        config, _ = hf.read_config(path)
+        config, _ = arch.read_config(path)
         return choose_runner(path, config, hf_overrides=parse_overrides(hf_overrides))
     return "pooling" if _gguf_arch(path) in ("bert", "nomic-bert") else "generate"
 

@@ -10,6 +10,9 @@ import os
 
 import numpy as np
 
+from lite_llm._kernels.kv_layout import KV_DTYPES, aligned_zeros, kv_geometry, kv_type
+from lite_llm.config import ATTENTION_PATHS
+
 cdef extern from "simd/vec.h" nogil:
     const char *LL_ISA_NAME
     float ll_bf16_to_f32(uint16_t h)

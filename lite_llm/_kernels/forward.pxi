@@ -100,14 +100,14 @@ cdef struct WorkC:
     int32_t *lgrp   # [3 T + 1] rows grouped by adapter: slots [T], offsets [T + 1], rows [T]
 
 
-cdef Mat _mat(dict tensors, str name, str dtype, list keep, bint fma) except *:
-    """The Mat of `name`: tensors holds "<name>.weight" (packed), "<name>.shape" ([N, K]) and, for
-    block-quantized or mixed-format weights, "<name>.parts" (see _make_mat); else one part of
-    the engine dtype. fma: bf16 weights run bigger steps on the fp32-FMA path."""
-    w = tensors[name + ".weight"]
-    n, k = tensors[name + ".shape"]
-    parts = tensors.get(name + ".parts") or [(dtype, 0, w.shape[0], 0, n, 0)]
-    return _make_mat(w, list(parts), n, k, tensors.get(name + ".bias"), keep, fma)
+cdef Mat _mat(object packed, str name, list keep, bint fma) except *:
+    """The Mat of matrix `name` of a PackedModel (packed.py): its panels, [N, K], parts (see
+    _make_mat) and bias. fma: bf16 weights run bigger steps on the fp32-FMA path."""
+    m = packed.matrices.get(name)
+    if m is None:
+        raise ValueError(f"the packed model has no matrix {name!r}")
+    n, k = m.shape
+    return _make_mat(m.data, list(m.parts), n, k, m.bias, keep, fma)
 
 
 def _bf16_fma(path):
@@ -139,9 +139,10 @@ cdef class Model:
     """Pointers to one loaded model's packed weights and KV cache, for forward().
 
     cfg: the typed KernelConfig (lite_llm/config.py, checked there), per-layer properties in
-    cfg.layers. tensors: canonical names (lite_llm/model/__init__.py) with 2-D weights already
-    packed (layout.pack) and their logical [N, K] under "<name>.shape"; "embed" is packed like a
-    weight (the tied lm_head streams it), rows are gathered from the panels. rope_tables:
+    cfg.layers. packed: the PackedModel (lite_llm/_kernels/packed.py): matrices by canonical
+    name without ".weight", float32 vectors by canonical name (lite_llm/model/__init__.py);
+    "embed" is packed like a weight (the tied lm_head streams it), rows are gathered from the
+    panels. rope_tables:
     [(cos, sin) float32 [max_positions, rope_dim / 2], ...], indexed by LayerConfig.rope_table.
     cfg.bf16_path: how bf16 weights run steps of more than one token, "dpbf16" (vdpbf16ps, the
     default where the build has it) or "fma" (widened to fp32, FMA); see gemm_path.py.
@@ -152,9 +153,10 @@ cdef class Model:
     def __cinit__(self):
         self.c.layers = NULL
 
-    def __init__(self, cfg, dict tensors, list k_caches, list v_caches, list rope_tables):
+    def __init__(self, cfg, packed, list k_caches, list v_caches, list rope_tables):
         cdef int i
         cdef str p, dtype = cfg.dtype
+        cdef dict tensors = packed.vectors
         cdef bint fma = _bf16_fma(cfg.bf16_path)
         self.keep = []
         self.c.num_layers, self.c.dim, self.c.ffn_dim = cfg.num_layers, cfg.dim, cfg.ffn_dim
@@ -183,7 +185,6 @@ cdef class Model:
             raise ValueError("one K and one V cache per layer")
         if cfg.rope and len(rope_tables) != cfg.num_rope_tables:
             raise ValueError(f"{len(rope_tables)} RoPE tables for layers that use {cfg.num_rope_tables}")
-        from lite_llm._kernels.layout import kv_geometry, kv_type
         kc, vc = k_caches[0], v_caches[0]
         geometry = kv_geometry(vc, "v")
         if (kc.dtype != vc.dtype or kv_geometry(kc, "k") != geometry or geometry[1] != self.c.num_kv_heads
@@ -219,14 +220,14 @@ cdef class Model:
             if cfg.rope:
                 self.c.layers[i].rope_cos = _vec({"c": rope_tables[lc.rope_table][0]}, "c", self.keep)
                 self.c.layers[i].rope_sin = _vec({"s": rope_tables[lc.rope_table][1]}, "s", self.keep)
-            self.c.layers[i].qkv = _mat(tensors, p + "qkv", dtype, self.keep, fma)
-            self.c.layers[i].o = _mat(tensors, p + "o", dtype, self.keep, fma)
+            self.c.layers[i].qkv = _mat(packed, p + "qkv", self.keep, fma)
+            self.c.layers[i].o = _mat(packed, p + "o", self.keep, fma)
             if self.c.num_experts:
-                self._load_experts(i, tensors, dtype, fma)
+                self._load_experts(i, packed, fma)
             else:
-                self.c.layers[i].up = _mat(tensors, p + ("gate_up" if self.c.gated else "up"), dtype, self.keep, fma)
+                self.c.layers[i].up = _mat(packed, p + ("gate_up" if self.c.gated else "up"), self.keep, fma)
                 _check_gated(&self.c.layers[i].up, self.c.gated, self.c.ffn_dim, p + "gate_up")
-                self.c.layers[i].down = _mat(tensors, p + "down", dtype, self.keep, fma)
+                self.c.layers[i].down = _mat(packed, p + "down", self.keep, fma)
             if (self.c.layers[i].o.input == LL_IN_Q8
                     and (self.c.num_heads // self.c.num_kv_heads * self.c.head_dim) % 32):
                 raise ValueError(f"{p}o: int8 inputs need 32-value blocks within a KV group "
@@ -236,10 +237,10 @@ cdef class Model:
             self.c.layers[i].k_cache = <void *>_ptr(k_caches[i])
             self.c.layers[i].v_cache = <void *>_ptr(v_caches[i])
             self.keep += [k_caches[i], v_caches[i]]
-        self.c.embed = _mat(tensors, "embed", dtype, self.keep, fma)
-        self.c.lm_head = _mat(tensors, "lm_head" if "lm_head.weight" in tensors else "embed", dtype, self.keep, fma)
+        self.c.embed = _mat(packed, "embed", self.keep, fma)
+        self.c.lm_head = _mat(packed, "lm_head" if "lm_head" in packed.matrices else "embed", self.keep, fma)
         # a tensor-parallel rank's LM head: vocabulary rows vocab0 .. vocab0 + n (tp.py); else all
-        self.c.vocab0 = tensors.get("lm_head.first_row", 0)
+        self.c.vocab0 = packed.vocab_first_row
         if self.c.vocab0 < 0 or self.c.vocab0 + self.c.lm_head.n > self.c.vocab_size:
             raise ValueError(f"lm_head rows {self.c.vocab0}..{self.c.vocab0 + self.c.lm_head.n} outside the "
                              f"vocabulary of {self.c.vocab_size}")
@@ -258,28 +259,29 @@ cdef class Model:
         if not self.c.use_rope and (self.c.pos_embed is NULL or tensors["pos_embed"].shape[0] < self.c.max_positions):
             raise ValueError("a model without rope needs pos_embed with max_positions rows")
 
-    cdef _load_experts(self, int i, dict tensors, str dtype, bint fma):
+    cdef _load_experts(self, int i, object packed, bint fma):
         """Layer i's router, experts and shared expert (see LayerW); every expert of a layer in
         one format (one 3-D tensor in a file), so the gathered rows have one input form."""
         cdef str p = f"layers.{i}."
         cdef int j, X = self.c.num_experts
         cdef LayerW *L = &self.c.layers[i]
+        cdef dict tensors = packed.vectors
         router = tensors.get(p + "router.weight")
         if router is None or router.shape != (X, self.c.dim):
             raise ValueError(f"{p}router.weight: expected [{X}, {self.c.dim}] float32")
         L.router = _vec(tensors, p + "router.weight", self.keep)
         L.experts = <Mat *>calloc(2 * X, sizeof(Mat))
         for j in range(X):
-            L.experts[j] = _mat(tensors, p + f"experts.{j}.gate_up", dtype, self.keep, fma)
+            L.experts[j] = _mat(packed, p + f"experts.{j}.gate_up", self.keep, fma)
             _check_gated(&L.experts[j], True, self.c.ffn_dim, p + f"experts.{j}.gate_up")
-            L.experts[X + j] = _mat(tensors, p + f"experts.{j}.down", dtype, self.keep, fma)
+            L.experts[X + j] = _mat(packed, p + f"experts.{j}.down", self.keep, fma)
             if (_describe(&L.experts[j]) != _describe(&L.experts[0])
                     or _describe(&L.experts[X + j]) != _describe(&L.experts[X])):
                 raise ValueError(f"{p}experts.{j}: its format differs from expert 0's")
         if self.c.shared_dim:
-            L.up = _mat(tensors, p + "shared.gate_up", dtype, self.keep, fma)
+            L.up = _mat(packed, p + "shared.gate_up", self.keep, fma)
             _check_gated(&L.up, True, self.c.shared_dim, p + "shared.gate_up")
-            L.down = _mat(tensors, p + "shared.down", dtype, self.keep, fma)
+            L.down = _mat(packed, p + "shared.down", self.keep, fma)
             L.shared_gate_w = _vec(tensors, p + "shared_gate.weight", self.keep)
             if L.shared_gate_w is NULL or tensors[p + "shared_gate.weight"].shape != (self.c.dim,):
                 raise ValueError(f"{p}shared_gate.weight: expected [{self.c.dim}] float32")
@@ -378,7 +380,6 @@ cdef class Workspace:
     cdef list keep
 
     def __init__(self, Model m, int max_tokens, int max_rows, int num_threads, int lora_rank=0):
-        from lite_llm._kernels.layout import aligned_zeros
         ll_set_barrier_spins(barrier_spins())
         cdef ModelC *mc = &m.c
         cdef int qkv_n = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
@@ -444,7 +445,6 @@ cdef class Workspace:
         self.c.gxq = self.c.gactq = NULL
         if not X:
             return
-        from lite_llm._kernels.layout import aligned_zeros
         idx = aligned_zeros((2 * A + 2 * A + 3 * (X + 1),), np.int32)
         bufs = {"router": aligned_zeros((max_tokens, X + 1), np.float32), "wt": aligned_zeros((A,), np.float32),
                 "gx": aligned_zeros((A, E), np.float32), "gxb": aligned_zeros((A, (E + 1) // 2 + 1), np.uint32),

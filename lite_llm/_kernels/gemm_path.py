@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from lite_llm import config
+from lite_llm._kernels import _cpu
 
 log = logging.getLogger(__name__)
 
@@ -218,5 +219,4 @@ def choose(kernels: ModuleType, cache_dir: str | None = None, override: dict[str
 
 def amx() -> dict[str, bool]:
     """AMX units the CPU has and the OS enabled (reported only: no AMX kernels yet)."""
-    from lite_llm._kernels import _cpu
     return {f: bool(_cpu.has(f)) for f in ("amx_tile", "amx_bf16", "amx_int8")}

@@ -199,7 +199,6 @@ def write_kv(const float[:, :, ::1] src,     # IN [T, Hkv, D]
              const int64_t[::1] slot_mapping,   # IN [T]
              str which,                      # "k" or "v"
              str kv_dtype=None):             # layout.KV_DTYPES name; None: from the array's dtype
-    from lite_llm._kernels.layout import kv_geometry, kv_type
     cdef Py_ssize_t t, nb, hkv, bs, d
     nb, hkv, bs, d = kv_geometry(cache, which)
     cdef int kt = kv_type(cache, kv_dtype)
@@ -230,7 +229,6 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
     (_attention_phase: its tiles, key splits and work hand-out) in a team of num_threads.
     o_input "bf16": also return out's rows as bf16 pairs [T, H D / 2] uint32; "q8": as int8
     blocks (q [T, H D], d [T, H D / 32], s [T, H D / 16]), made as forward() makes them."""
-    from lite_llm._kernels.layout import kv_geometry, kv_type
     geometry = kv_geometry(v_cache, "v")
     if k_cache.dtype != v_cache.dtype or kv_geometry(k_cache, "k") != geometry:
         raise ValueError(f"paged_attention: K {k_cache.shape} and V {v_cache.shape} are not one cache's layouts")
@@ -308,7 +306,6 @@ def attention_path(str name, bint fma):
     tiles of bf16 and 8-bit caches into the bf16 GEMM path's type, vdpbf16ps pairs or fp32 for
     the FMA path, and runs decode direct; the others force one way for every tile). fma: the
     bf16 GEMM path is the fp32-FMA one."""
-    from lite_llm.config import ATTENTION_PATHS
     if name is None or name == "auto":
         return LL_ATTN_AUTO_FMA if fma else LL_ATTN_AUTO
     if name not in ATTENTION_PATHS:

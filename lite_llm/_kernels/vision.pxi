@@ -36,7 +36,6 @@ cdef class _TowerAttnBufs:
 
     def __init__(self, Py_ssize_t n, Py_ssize_t H, Py_ssize_t D, bint bf16, bint fma, win_bounds, int num_threads,
                  img_bounds=None):
-        from lite_llm._kernels.layout import KV_DTYPES, aligned_zeros
         self.ok = D % 16 == 0 and D <= LL_MAX_HEAD_DIM
         if not self.ok:
             return
@@ -105,10 +104,10 @@ cdef struct VisionBlockW:
 
 
 cdef class VisionModel:
-    """Packed weights of a Qwen2.5-VL vision tower. tensors: "patch_embed", "blocks.{i}.qkv",
-    ".proj", ".gate", ".up", ".down", "merger.0", "merger.2" packed (layout.pack) in `dtype`
-    with "<name>.bias" (float32, not for patch_embed) and "<name>.shape" [N, K]; norms
-    "blocks.{i}.norm1" / ".norm2" and "merger.ln_q" as float32 vectors."""
+    """Packed weights of a Qwen2.5-VL vision tower, a PackedModel (packed.py): matrices
+    "patch_embed", "blocks.{i}.qkv", ".proj", ".gate", ".up", ".down", "merger.0", "merger.2" in
+    `dtype`, each with its bias (not patch_embed); vectors "blocks.{i}.norm1" / ".norm2" and
+    "merger.ln_q"."""
     cdef VisionBlockW *blocks
     cdef Mat patch, m0, m2
     cdef const float *ln_q
@@ -119,13 +118,14 @@ cdef class VisionModel:
     def __cinit__(self):
         self.blocks = NULL
 
-    def __init__(self, dict tensors, str dtype, int depth, int num_heads, int unit, str bf16_path=None):
+    def __init__(self, packed, str dtype, int depth, int num_heads, int unit, str bf16_path=None):
         cdef int i
         cdef bint fma = _bf16_fma(bf16_path)
+        cdef dict tensors = packed.vectors
         self.keep = []
         self.depth, self.num_heads, self.unit = depth, num_heads, unit
         self.bf16, self.fma = dtype == "bfloat16", fma
-        self.patch = self._mat(tensors, "patch_embed", dtype, fma, False)
+        self.patch = self._mat(packed, "patch_embed", dtype, fma, False)
         self.dim, self.patch_k = self.patch.n, self.patch.k
         if self.dim % num_heads or (self.dim // num_heads) % 2:
             raise ValueError(f"vision width {self.dim} is not num_heads {num_heads} heads of an even size")
@@ -137,11 +137,11 @@ cdef class VisionModel:
             p = f"blocks.{i}."
             self.blocks[i].norm1_w = self._vec(tensors, p + "norm1", self.dim)
             self.blocks[i].norm2_w = self._vec(tensors, p + "norm2", self.dim)
-            self.blocks[i].qkv = self._mat(tensors, p + "qkv", dtype, fma, True)
-            self.blocks[i].proj = self._mat(tensors, p + "proj", dtype, fma, True)
-            self.blocks[i].gate = self._mat(tensors, p + "gate", dtype, fma, True)
-            self.blocks[i].up = self._mat(tensors, p + "up", dtype, fma, True)
-            self.blocks[i].down = self._mat(tensors, p + "down", dtype, fma, True)
+            self.blocks[i].qkv = self._mat(packed, p + "qkv", dtype, fma, True)
+            self.blocks[i].proj = self._mat(packed, p + "proj", dtype, fma, True)
+            self.blocks[i].gate = self._mat(packed, p + "gate", dtype, fma, True)
+            self.blocks[i].up = self._mat(packed, p + "up", dtype, fma, True)
+            self.blocks[i].down = self._mat(packed, p + "down", dtype, fma, True)
             if (self.blocks[i].qkv.n != 3 * self.dim or self.blocks[i].qkv.k != self.dim
                     or self.blocks[i].proj.n != self.dim or self.blocks[i].gate.k != self.dim
                     or self.blocks[i].up.n != self.blocks[i].gate.n or self.blocks[i].down.k != self.blocks[i].gate.n
@@ -149,21 +149,21 @@ cdef class VisionModel:
                 raise ValueError(f"vision block {i}: matrix shapes do not fit width {self.dim}")
         self.inter = self.blocks[0].gate.n if depth else 0
         self.ln_q = self._vec(tensors, "merger.ln_q", self.dim)
-        self.m0 = self._mat(tensors, "merger.0", dtype, fma, True)
-        self.m2 = self._mat(tensors, "merger.2", dtype, fma, True)
+        self.m0 = self._mat(packed, "merger.0", dtype, fma, True)
+        self.m2 = self._mat(packed, "merger.2", dtype, fma, True)
         if self.m0.k != unit * self.dim or self.m2.k != self.m0.n:
             raise ValueError("vision merger: matrix shapes do not fit the merge unit")
         self.out_dim = self.m2.n
 
-    cdef Mat _mat(self, dict tensors, str name, str dtype, bint fma, bint has_bias) except *:
-        n, k = tensors[name + ".shape"]
+    cdef Mat _mat(self, object packed, str name, str dtype, bint fma, bint has_bias) except *:
+        m = packed.matrices[name]
+        n, k = m.shape
         bias = None
         if has_bias:
-            bias = np.ascontiguousarray(tensors[name + ".bias"], np.float32)
-            if bias.shape != (n,):
-                raise ValueError(f"{name}.bias: expected [{n}]")
-        packed = tensors[name + ".weight"]
-        return _make_mat(packed, _parts_of(packed, dtype, n, k), n, k, bias, self.keep, fma)
+            if m.bias is None or m.bias.shape != (n,):
+                raise ValueError(f"{name}: expected a bias [{n}]")
+            bias = np.ascontiguousarray(m.bias, np.float32)
+        return _make_mat(m.data, _parts_of(m.data, dtype, n, k), n, k, bias, self.keep, fma)
 
     cdef const float *_vec(self, dict tensors, str name, int n) except NULL:
         a = np.ascontiguousarray(tensors[name], np.float32)
@@ -321,13 +321,13 @@ cdef struct ClipBlockW:
 
 
 cdef class ClipModel:
-    """Packed weights of a CLIP or SigLIP vision tower and its projector. tensors: "patch" (its
-    "patch.bias" optional), "blk.{i}.qkv", ".o", ".up", ".down" packed (layout.pack) in `dtype`
-    with "<name>.bias" and "<name>.shape" [N, K]; float32 "pos" [N (+ 1), C], "blk.{i}.ln1.w" /
-    ".b", ".ln2.w" / ".b"; optional float32 "class" [C] (CLIP), "pre_ln.w" / ".b" (CLIP),
-    "post_ln.w" / ".b" (SigLIP). Projector: pool 0: "mm0", "mm2" packed with biases (LLaVA's MLP);
-    pool k > 0: "proj" packed [E, C] without bias and "proj_norm" [C], the RMSNorm's weight with
-    Gemma's + 1 already added. act: an ACTIVATIONS name (quick_gelu, gelu, gelu_tanh)."""
+    """Packed weights of a CLIP or SigLIP vision tower and its projector, a PackedModel
+    (packed.py): matrices "patch" (its bias optional), "blk.{i}.qkv", ".o", ".up", ".down" in
+    `dtype` with biases; vectors "pos" [N (+ 1), C], "blk.{i}.ln1.w" / ".b", ".ln2.w" / ".b";
+    optional vectors "class" [C] (CLIP), "pre_ln.w" / ".b" (CLIP), "post_ln.w" / ".b" (SigLIP).
+    Projector: pool 0: matrices "mm0", "mm2" with biases (LLaVA's MLP); pool k > 0: matrix
+    "proj" [E, C] without bias and vector "proj_norm" [C], the RMSNorm's weight with Gemma's + 1
+    already added. act: an ACTIVATIONS name (quick_gelu, gelu, gelu_tanh)."""
     cdef ClipBlockW *blocks
     cdef Mat patch, m0, m2
     cdef const float *cls
@@ -345,10 +345,11 @@ cdef class ClipModel:
     def __cinit__(self):
         self.blocks = NULL
 
-    def __init__(self, dict tensors, str dtype, int depth, int num_heads, float eps, str act,
+    def __init__(self, packed, str dtype, int depth, int num_heads, float eps, str act,
                  bint keep_class, str bf16_path=None, int pool=0):
         cdef int i
         cdef bint fma = _bf16_fma(bf16_path)
+        cdef dict tensors = packed.vectors
         if act not in ACTIVATIONS:
             raise ValueError(f"vision activation {act!r}: expected one of {', '.join(ACTIVATIONS)}")
         self.keep = []
@@ -359,7 +360,7 @@ cdef class ClipModel:
             raise ValueError("keep_class: the tower has no class row")
         if pool > 0 and self.has_class:
             raise ValueError("a pooling projector takes the patch grid alone, not a class row")
-        self.patch = self._mat(tensors, "patch", dtype, fma, "patch.bias" in tensors)
+        self.patch = self._mat(packed, "patch", dtype, fma, packed.matrices["patch"].bias is not None)
         self.dim, self.patch_k = self.patch.n, self.patch.k
         if self.dim % num_heads:
             raise ValueError(f"vision width {self.dim} is not {num_heads} heads")
@@ -385,10 +386,10 @@ cdef class ClipModel:
                 self._vec(tensors, p + "ln1.b", self.dim)
             self.blocks[i].ln2_w, self.blocks[i].ln2_b = self._vec(tensors, p + "ln2.w", self.dim), \
                 self._vec(tensors, p + "ln2.b", self.dim)
-            self.blocks[i].qkv = self._mat(tensors, p + "qkv", dtype, fma, True)
-            self.blocks[i].o = self._mat(tensors, p + "o", dtype, fma, True)
-            self.blocks[i].up = self._mat(tensors, p + "up", dtype, fma, True)
-            self.blocks[i].down = self._mat(tensors, p + "down", dtype, fma, True)
+            self.blocks[i].qkv = self._mat(packed, p + "qkv", dtype, fma, True)
+            self.blocks[i].o = self._mat(packed, p + "o", dtype, fma, True)
+            self.blocks[i].up = self._mat(packed, p + "up", dtype, fma, True)
+            self.blocks[i].down = self._mat(packed, p + "down", dtype, fma, True)
             if (self.blocks[i].qkv.n != 3 * self.dim or self.blocks[i].qkv.k != self.dim
                     or self.blocks[i].o.n != self.dim or self.blocks[i].o.k != self.dim
                     or self.blocks[i].up.k != self.dim or self.blocks[i].down.k != self.blocks[i].up.n
@@ -397,26 +398,26 @@ cdef class ClipModel:
         self.inter = self.blocks[0].up.n if depth else 0
         if pool > 0:
             self.proj_norm = self._vec(tensors, "proj_norm", self.dim)
-            self.m0 = self._mat(tensors, "proj", dtype, fma, False)
+            self.m0 = self._mat(packed, "proj", dtype, fma, False)
             if self.m0.k != self.dim:
                 raise ValueError("projector: matrix shapes do not fit the vision width")
             self.out_dim = self.m0.n
         else:
-            self.m0 = self._mat(tensors, "mm0", dtype, fma, True)
-            self.m2 = self._mat(tensors, "mm2", dtype, fma, True)
+            self.m0 = self._mat(packed, "mm0", dtype, fma, True)
+            self.m2 = self._mat(packed, "mm2", dtype, fma, True)
             if self.m0.k != self.dim or self.m2.k != self.m0.n:
                 raise ValueError("projector: matrix shapes do not fit the vision width")
             self.out_dim = self.m2.n
 
-    cdef Mat _mat(self, dict tensors, str name, str dtype, bint fma, bint has_bias) except *:
-        n, k = tensors[name + ".shape"]
+    cdef Mat _mat(self, object packed, str name, str dtype, bint fma, bint has_bias) except *:
+        m = packed.matrices[name]
+        n, k = m.shape
         bias = None
         if has_bias:
-            bias = np.ascontiguousarray(tensors[name + ".bias"], np.float32)
-            if bias.shape != (n,):
-                raise ValueError(f"{name}.bias: expected [{n}]")
-        packed = tensors[name + ".weight"]
-        return _make_mat(packed, _parts_of(packed, dtype, n, k), n, k, bias, self.keep, fma)
+            if m.bias is None or m.bias.shape != (n,):
+                raise ValueError(f"{name}: expected a bias [{n}]")
+            bias = np.ascontiguousarray(m.bias, np.float32)
+        return _make_mat(m.data, _parts_of(m.data, dtype, n, k), n, k, bias, self.keep, fma)
 
     cdef const float *_vec(self, dict tensors, str name, int n) except NULL:
         a = np.ascontiguousarray(tensors[name], np.float32)

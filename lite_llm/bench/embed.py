@@ -106,7 +106,8 @@ def add_wordpiece_vocab(w, vocab_path: str, vocab_size: int, type_vocab_size: in
 def write_bert_gguf(model: str, out: str) -> str:
     """The BERT checkpoint at `model` as a llama.cpp `bert` GGUF (F32) with mean pooling."""
     import gguf
-    from lite_llm.model.hf import SafetensorsCheckpoint, read_config
+    from lite_llm.model.arch import read_config
+    from lite_llm.model.hf import SafetensorsCheckpoint
     from lite_llm.model.arch import bert
     from lite_llm.model.weights import convert
     cfg, raw = read_config(model)

@@ -25,7 +25,8 @@ import sys
 import tempfile
 import time
 
-from lite_llm.bench.vision import (add_text_header, print_result, print_table, program_main, run_engines, test_image,
+from lite_llm.bench.qwen2_5_vl_gguf import add_text_header
+from lite_llm.bench.vision import (print_result, print_table, program_main, run_engines, test_image,
                                    time_images)
 
 IMAGE_TOKEN = 32000      # "<image>", as llava-hf's vocabulary has it

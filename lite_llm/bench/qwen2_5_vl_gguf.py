@@ -33,6 +33,19 @@ OPENAI_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 OPENAI_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 
 
+def add_text_header(w, t: dict, eps: float, theta: float) -> None:
+    """The language model's shape keys of a GGUF (writer w) from an HF text config t: layers,
+    context, widths, heads, the RMSNorm epsilon and the RoPE base (bench.llava's GGUF too)."""
+    w.add_block_count(t["num_hidden_layers"])
+    w.add_context_length(t["max_position_embeddings"])
+    w.add_embedding_length(t["hidden_size"])
+    w.add_feed_forward_length(t["intermediate_size"])
+    w.add_head_count(t["num_attention_heads"])
+    w.add_head_count_kv(t["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(eps)
+    w.add_rope_freq_base(theta)
+
+
 class _Tensors:
     """The checkpoint's tensors by name, read one at a time as float32 NumPy (bf16 included)."""
 
@@ -113,7 +126,6 @@ def write_language_model(root: str, path: str, *, kind: str = "f16", specials: d
     tie = cfg.get("tie_word_embeddings", t.get("tie_word_embeddings", False))
 
     def meta(w, gguf):
-        from lite_llm.bench.vision import add_text_header
         w.add_name("random-weight Qwen2.5-VL language model")
         add_text_header(w, t, t.get("rms_norm_eps", 1e-6), theta)
         w.add_rope_dimension_sections(sections)

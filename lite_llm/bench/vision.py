@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 
+from lite_llm.bench.qwen2_5_vl_gguf import write_pair
+
 SHAPES = {
     "3b": dict(text_config=dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
                                 num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=32768,
@@ -71,19 +73,6 @@ def prompt_ids(text_len: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     text = [rng.randrange(1000, 100000) for _ in range(text_len)]
     return [151644, 872, 198, 151652, 151655, 151653] + text + [151645, 198, 151644, 77091, 198]
-
-
-def add_text_header(w, t: dict, eps: float, theta: float) -> None:
-    """The language model's shape keys of a GGUF (writer w) from an HF text config t: layers,
-    context, widths, heads, the RMSNorm epsilon and the RoPE base."""
-    w.add_block_count(t["num_hidden_layers"])
-    w.add_context_length(t["max_position_embeddings"])
-    w.add_embedding_length(t["hidden_size"])
-    w.add_feed_forward_length(t["intermediate_size"])
-    w.add_head_count(t["num_attention_heads"])
-    w.add_head_count_kv(t["num_key_value_heads"])
-    w.add_layer_norm_rms_eps(eps)
-    w.add_rope_freq_base(theta)
 
 
 def test_image(size: int, seed: int):
@@ -305,7 +294,6 @@ class LlamaCppQwenVL:
 
 def gguf_pair(path: str, kind: str) -> tuple[str, str]:
     """The GGUF + mmproj pair of the checkpoint at path, `kind` matrices (written once, beside it)."""
-    from lite_llm.bench.qwen2_5_vl_gguf import write_pair
     return write_pair(path, path + "-gguf", kind=kind)
 
 

@@ -25,10 +25,9 @@ from lite_llm.engine import _sampler
 from lite_llm.engine.input_batch import InputBatch, StepArrays
 from lite_llm.engine.request import SampleResult
 from lite_llm.engine.sampler import Sampler, add_logit_bias
-from lite_llm.model import arch
-from lite_llm.model.packed_cache import PackedWeights
+from lite_llm.model import arch, pack
+from lite_llm.model.pack import QUANTIZATIONS, check_quantization  # noqa: F401  (callers' names)
 from lite_llm.model.rope import rope_tables
-from lite_llm.model.weights import bf16_to_f32
 
 log = logging.getLogger("lite_llm")
 
@@ -66,18 +65,6 @@ def kv_bytes_per_block(config, block_size: int, dtype: str, requested: str | Non
     return 2 * config.num_layers * config.num_kv_heads * region
 
 
-QUANTIZATIONS = {"q8_0": "Q8_0", "q4_0": "Q4_0"}   # --quantization: the ggml type float weights become
-
-
-def check_quantization(name: str | None) -> str | None:
-    """None / "none" (weights as stored), or a key of QUANTIZATIONS; else a ValueError listing them."""
-    if name is None or str(name).lower() == "none":
-        return None
-    if str(name).lower() not in QUANTIZATIONS:
-        raise ValueError(f"quantization {name!r} is not supported; choose none, {', '.join(QUANTIZATIONS)}")
-    return str(name).lower()
-
-
 def describe_formats(formats: dict[str, tuple[tuple[str, ...], str]]) -> str:
     """"Q4_K+Q4_K+Q6_K x 10, Q4_K x 20 (int8 blocks); bfloat16 x 2 (bfloat16 pairs)": how many
     matrices run in each combination of part formats, grouped by their activation form."""
@@ -86,91 +73,6 @@ def describe_formats(formats: dict[str, tuple[tuple[str, ...], str]]) -> str:
         by_input.setdefault(form, Counter())["+".join(parts)] += 1
     return "; ".join(", ".join(f"{fmt} x {n}" for fmt, n in counts.most_common()) + f" ({form})"
                      for form, counts in by_input.items())
-
-
-def _blocks_fit(base: str, t, cfg) -> bool:
-    """Whether weight `base` can run on block-quantized kernels: rows of whole 32-value
-    blocks, and the o projection's int8 input blocks within one KV group's output."""
-    if t.shape[1] % 32:
-        return False
-    return not base.endswith(".o") or (cfg.num_heads // cfg.num_kv_heads * cfg.head_dim) % 32 == 0
-
-
-def _block_form(base: str, t, cfg, quantization: str | None):
-    """The weight as ggml blocks to pack, or None for the engine dtype: as stored where every
-    part is a type the kernels take (gguf.NATIVE_TYPES), else quantized at load when asked
-    (the LM head, and a tied embedding, in Q8_0 for q4_0, as llama.cpp keeps its output
-    layer in more bits)."""
-    if not _blocks_fit(base, t, cfg):
-        return None
-    if t.block_types() is not None:
-        return t
-    if quantization is None:
-        return None
-    head = base == "lm_head" or (base == "embed" and cfg.tie_word_embeddings)
-    return layout.quantized_view(t, "Q8_0" if head else QUANTIZATIONS[quantization])
-
-
-def _pack_weight(tensors: dict, base: str, t, cfg, dtype: str, threads: int, quantization: str | None) -> None:
-    """Weight `base` (a StackedRows) packed into tensors: "<base>.shape", "<base>.weight" and,
-    in a block format, "<base>.parts"."""
-    tensors[base + ".shape"] = t.shape
-    blocks = _block_form(base, t, cfg, quantization)
-    if blocks is not None:
-        tensors[base + ".weight"], tensors[base + ".parts"] = layout.pack_blocks(blocks, threads)
-    elif base.endswith(".gate_up"):   # the fused gated-MLP kernel's layout (an expert's too)
-        tensors[base + ".weight"] = layout.pack_gated(t, t.shape[0] // 2, dtype, threads)
-    else:
-        tensors[base + ".weight"] = layout.pack_rows(t, dtype, threads=threads)
-
-
-def pack_checkpoint(loaded, dtype: str, threads: int, quantization: str | None = None,
-                    shard=None) -> dict[str, object]:
-    """Every tensor of the checkpoint, for the kernel Model: 2-D weights packed (in their stored
-    block format where the kernels take it, else in the engine dtype `dtype`; straight from the
-    mapped file where it is stored as the packer takes it), with "<name>.shape" and, for block
-    formats, "<name>.parts"; vectors as float32. Runs its parallel loops on `threads` threads of
-    the calling thread's OpenMP pool (the engine thread's), into huge-page-backed segments.
-    shard: a tensor-parallel rank's RankShard (tp.py), or None: each tensor is cut to the
-    rank's part before it is read (block formats stay blocks), and the block-format checks use
-    the rank's config."""
-    cfg = loaded.config if shard is None else shard.config
-    tensors: dict[str, object] = {}
-    with layout.WeightArena():
-        embedding = None
-        for name, t in loaded.iter_tensors(streamed=True):   # 2-D: StackedRows, not read yet
-            if shard is not None:
-                if name in ("embed", "embed.weight"):
-                    embedding = t
-                t = shard.weight(name, t) if t.ndim == 2 else shard.tensor(name, t)
-                if t is None:
-                    continue
-            # pos_embed and a router are plain fp32 tables (the router's logits pick experts)
-            if t.ndim == 2 and not isinstance(t, np.ndarray) and name != "pos_embed" \
-                    and not name.endswith(".router.weight"):
-                _pack_weight(tensors, name[: -len(".weight")] if name.endswith(".weight") else name, t, cfg, dtype,
-                             threads, quantization)
-                continue
-            arr = t.read(0, t.shape[0]) if t.ndim == 2 and not isinstance(t, np.ndarray) else t   # plain tables
-            if arr.dtype == np.uint16:   # bf16 bits (pos_embed, router): widen, the kernel reads fp32
-                tensors[name] = np.ascontiguousarray(bf16_to_f32(arr))
-            else:
-                tensors[name] = np.ascontiguousarray(arr, dtype=np.float32)
-            del t, arr
-        if shard is not None:     # a vocabulary-parallel LM head; of a tied embedding, its rows
-            tensors.update(shard.meta())
-            if "lm_head.weight" not in tensors and embedding is not None:
-                _pack_weight(tensors, "lm_head", shard.head_of_embedding(embedding), cfg, dtype, threads, quantization)
-    return tensors
-
-
-
-def packed_weights(loaded, dtype: str, threads: int, quantization: str | None, shard,
-                   kernels) -> PackedWeights:
-    """The checkpoint's tensors for the kernel Model: mapped from the packed-weights cache when
-    an earlier start kept them, else packed here (pack_checkpoint); keep() writes a fresh pack."""
-    return PackedWeights(loaded, dtype, quantization, shard, kernels,
-                         lambda: pack_checkpoint(loaded, dtype, threads, quantization, shard))
 
 
 def _attention_plan(path: str, kv_cache_dtype: str, bf16_path: str, dtype: str) -> str:
@@ -252,8 +154,8 @@ class ModelRunner:
         # alone (the step's image rows travel to the other ranks with the step, tp.py)
         self.vision = load_vision(loaded, self.kernels, num_threads, self.gemm_paths.chosen["bf16"]) \
             if tp_rank == 0 else None
-        self.packed = packed_weights(loaded, self.dtype, num_threads, self.quantization, shard, self.kernels)
-        tensors = self.packed.tensors
+        self.packed = pack.packed_weights(loaded, self.dtype, num_threads, self.quantization, shard, self.kernels)
+        packed = self.packed.model
         loaded.release()
         _trim_heap()
         kv_np = layout.KV_NUMPY[self.kv_cache_dtype]
@@ -263,7 +165,7 @@ class ModelRunner:
         self.v_caches = [layout.aligned_zeros(v_shape, kv_np) for _ in range(cfg.num_layers)]
         tables = [tuple(np.ascontiguousarray(a, np.float32) for a in rope_tables(c, max_pos))
                   for c in arch.rope_configs(cfg)] if cfg.rope else []
-        self.model = self.kernels.Model(self.kernel_config, tensors, self.k_caches, self.v_caches, tables)
+        self.model = self.kernels.Model(self.kernel_config, packed, self.k_caches, self.v_caches, tables)
         self.packed.keep()      # a fresh pack is written for the next start, in the background
         # rows: the sampling rows, plus every prompt position of requests asking prompt logprobs
         # (at most one per token of the step; the buffers are max(tokens, rows) long anyway)
@@ -284,12 +186,11 @@ class ModelRunner:
         self.input_batch = InputBatch(max_num_seqs, max_pos, block_size, eos, max_num_batched_tokens)
         self.last_plain = False      # the latest execute() ran _execute_plain (decode_binding)
         self._plain_bound = None     # (R, logits view, prefix, PreparedSample, its out tokens) of the latest plain step
-        self.weight_bytes = sum(v.nbytes for k, v in tensors.items() if isinstance(v, np.ndarray))
+        self.weight_bytes = packed.nbytes
         # a decode step streams every matrix once (of the experts, the top-k of X a token runs);
         # an untied embedding only gives a few rows
-        self.bytes_per_token = int(sum(v.nbytes * arch.moe.active_fraction(k, cfg) for k, v in tensors.items()
-                                       if isinstance(v, np.ndarray))
-                                   - (tensors["embed.weight"].nbytes if "lm_head.weight" in tensors else 0))
+        self.bytes_per_token = int(sum(v.nbytes * arch.moe.active_fraction(k, cfg) for k, v in packed.arrays())
+                                   - (packed.matrices["embed"].data.nbytes if "lm_head" in packed.matrices else 0))
         self.kv_cache_bytes = sum(c.nbytes for c in self.k_caches + self.v_caches)
         self.kv_bytes_per_token = self.kv_cache_bytes // (num_blocks * block_size)   # all layers, K and V
         self.last_step_cost = (0.0, 0)    # (kernel seconds, bytes read) of the latest execute()
@@ -301,11 +202,11 @@ class ModelRunner:
         self.last_spec_token_ids: dict[str, list[int]] | None = {} if proposer is not None else None
         # multiply-adds per token of the layers' matrices, and per logits row (the benchmarks'
         # share of peak; attention's grow with the context: bench/common.py)
-        shapes = {name[:-len(".shape")]: tensors[name] for name in tensors if name.endswith(".shape")}
-        self.layer_macs_per_token = int(sum(int(n) * int(k) * arch.moe.active_fraction(name, cfg)
-                                            for name, (n, k) in shapes.items() if name.startswith("layers.")))
-        head = shapes.get("lm_head", shapes["embed"])
-        self.head_macs_per_row = int(head[0]) * int(head[1])
+        self.layer_macs_per_token = int(sum(n * k * arch.moe.active_fraction(name, cfg)
+                                            for name, m in packed.matrices.items() if name.startswith("layers.")
+                                            for n, k in (m.shape,)))
+        head = packed.lm_head.shape
+        self.head_macs_per_row = head[0] * head[1]
         self.formats = self.model.formats()
         log.info("model ready in %.2f s: %.1f MB of weights (%s), %.1f MB read per decoded token; "
                  "KV cache %.1f MB (%d blocks of %d, %s)", time.perf_counter() - start, self.weight_bytes / 2**20,

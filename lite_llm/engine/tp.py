@@ -37,7 +37,7 @@ abort word, so every spinning wait returns, and the engine raises naming the ran
 stop when rank 0 does (they watch their parent) or when it sets the abort word at close().
 
 What does not live here: the plan of cores per rank (lite_llm/cpu.py), the all-reduce
-(src/tp_shm.h, _kernels/tp.pxi), packing (runner.py).
+(src/tp_shm.h, _kernels/tp.pxi), packing (model/pack.py).
 """
 from __future__ import annotations
 
@@ -249,7 +249,8 @@ def _column_range(t, c0: int, c1: int):
 
 
 class RankShard:
-    """What pack_checkpoint needs of a tensor-parallel rank: its config and each tensor's part."""
+    """What packing (model/pack.pack_checkpoint) needs of a tensor-parallel rank: its config,
+    each tensor's part and its LM head's first vocabulary row."""
 
     def __init__(self, cfg, rank: int, size: int):
         check_tensor_parallel(cfg, size)
@@ -269,9 +270,10 @@ class RankShard:
         whole table stays for gathering the tokens' rows."""
         return _row_ranges(t, [vocab_range(self.full, self.rank, self.size)])
 
-    def meta(self) -> dict[str, int]:
-        """Entries for the kernel Model: the first vocabulary row of this rank's LM head."""
-        return {"lm_head.first_row": vocab_range(self.full, self.rank, self.size)[0]}
+    @property
+    def first_vocab_row(self) -> int:
+        """The first vocabulary row of this rank's LM head (PackedModel.vocab_first_row)."""
+        return vocab_range(self.full, self.rank, self.size)[0]
 
 
 # ----------------------------------------------------------------------------- segment

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from lite_llm.model.loader import MappedFile, ModelLoadError, pread_into
+from lite_llm.model.files import MappedFile, ModelLoadError, pread_into
 from lite_llm.model.weights import StoredPart
 
 GGUF_MAGIC = b"GGUF"
@@ -323,7 +323,9 @@ def dequantize(raw: np.ndarray, type_id: int, shape: tuple[int, ...]) -> np.ndar
         return np.frombuffer(raw, dtype="<f2").reshape(shape).astype(np.float32)
     if name == "BF16":
         return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
-    from lite_llm._kernels import kernels       # compiled and parallel; tests hold it to gguf.quants
+    # compiled and parallel (tests hold it to gguf.quants); deferred so the file reader works
+    # where no kernel variant is built (lite_llm info)
+    from lite_llm._kernels import kernels
     from lite_llm._kernels.layout import load_threads
     out = np.empty(int(np.prod(shape)), np.float32)
     kernels.dequantize(np.asarray(raw, np.uint8).reshape(-1), name, out, load_threads())

@@ -16,9 +16,8 @@ from functools import partial
 
 import numpy as np
 
-from lite_llm.config import ModelConfig
 from lite_llm.model import hfquant
-from lite_llm.model.loader import MappedFile, ModelLoadError, pread_into
+from lite_llm.model.files import MappedFile, ModelLoadError, pread_into
 from lite_llm.model.weights import StackedRows, StoredPart
 
 _SAFETENSORS_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
@@ -31,8 +30,9 @@ _STORED_TYPES = {"<f4": "F32", "<f2": "F16", "<u2": "BF16"}     # numpy dtype st
 # ---- config ------------------------------------------------------------------------------
 
 
-def read_config(path: str) -> tuple[ModelConfig, dict]:
-    """(ModelConfig, raw config.json dict) for the HF directory `path`."""
+def read_config_json(path: str) -> dict:
+    """The raw config.json dict of the HF directory `path` (arch.read_config makes the
+    ModelConfig of it)."""
     cfg_path = os.path.join(path, "config.json")
     if not os.path.exists(cfg_path):
         raise ModelLoadError(f"{cfg_path}: missing config.json (not a Hugging Face model directory?)")
@@ -41,8 +41,7 @@ def read_config(path: str) -> tuple[ModelConfig, dict]:
             raw = json.load(fh)
     except (OSError, json.JSONDecodeError) as e:
         raise ModelLoadError(f"{cfg_path}: unreadable config.json: {e}") from e
-    from lite_llm.model.arch import config_from_dict
-    return config_from_dict(raw, cfg_path), raw
+    return raw
 
 
 # ---- safetensors ---------------------------------------------------------------------------

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lite_llm.model.loader import ModelLoadError
+from lite_llm.model.files import ModelLoadError
+from lite_llm.model.gguf import TENSOR_TYPES, dequantize
+from lite_llm.model.weights import convert
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)      # output column of each packed nibble, per 8
 
@@ -172,7 +174,6 @@ class QuantLinear:
         """All rows as ggml blocks: uint8 [N, K / 32 * block bytes] (built once, then kept)."""
         if self._rows is None and self.spec.method == "w8a8":
             n, k = self.shape
-            from lite_llm.model.weights import convert
             scale = convert(np.asarray(self.ckpt.read(f"{self.prefix}.weight_scale")), "float32").reshape(-1)
             out = np.empty((n, k // 32, 34), np.uint8)
             out[..., 0:2] = np.broadcast_to(scale, (n,)).astype("<f2")[:, None, None].view(np.uint8)
@@ -206,7 +207,6 @@ class QuantLinear:
 
     def read_rows(self, r0: int, r1: int) -> np.ndarray:
         """Rows r0..r1 dequantized to float32 (for a weight that cannot stay in blocks)."""
-        from lite_llm.model.gguf import TENSOR_TYPES, dequantize
         type_id = next(i for i, t in TENSOR_TYPES.items() if t[0] == self.type_name)
         raw = self.read_blocks(r0, r1)
         return dequantize(raw.reshape(-1), type_id, (r1 - r0, self.shape[1]))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import logging
 import os
 import re
@@ -23,7 +24,8 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from lite_llm.model.loader import ModelLoadError
+from lite_llm.config import hf_env
+from lite_llm.model.files import ModelLoadError
 
 log = logging.getLogger("lite_llm")
 
@@ -78,7 +80,6 @@ def parse_name(name: str) -> HubName | None:
 def cache_dir() -> str:
     """huggingface_hub's cache: HF_HUB_CACHE, else $HF_HOME/hub, else its default (as it read them at
     import; read again here, so that a change of them in this process is followed too)."""
-    from lite_llm.config import hf_env
     if hf_env("HF_HUB_CACHE"):
         return os.path.expanduser(hf_env("HF_HUB_CACHE"))
     if hf_env("HF_HOME"):
@@ -247,7 +248,6 @@ def _cached_listing(repo_id: str, revision: str) -> tuple[str, dict[str, _Remote
 
 def _offline() -> bool:
     from huggingface_hub import is_offline_mode
-    from lite_llm.config import hf_env
     return bool(is_offline_mode()) or (hf_env("HF_HUB_OFFLINE") or "").upper() in ("1", "ON", "YES", "TRUE")
 
 
@@ -467,7 +467,6 @@ def resolve(name: str | HubName, revision: str | None = None, *, mmproj: bool = 
                        "or *.gguf files)" + ("" if online else "; connect to fetch it, or `lite-llm pull` it"))
     paths = {f: _fetch(ref.repo_id, commit, f, listing.get(f), verify) for f in wanted}
     if _INDEX in paths:         # the shards the index lists
-        import json
         try:
             with open(paths[_INDEX], encoding="utf-8") as fh:
                 shards = sorted(set(json.load(fh).get("weight_map", {}).values()))
@@ -563,7 +562,6 @@ def _size(path: str) -> int:
 
 def _hf_quant(snapshot: str) -> str | None:
     """A safetensors model's weight type from its config.json (a quantization method, else the dtype)."""
-    import json
     try:
         with open(os.path.join(snapshot, "config.json"), encoding="utf-8") as fh:
             cfg = json.load(fh)

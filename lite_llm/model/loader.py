@@ -2,8 +2,9 @@
 embedded SmolLM2 GGUF) -> LoadedModel (config, tokenizer, generation defaults, and a
 one-tensor-at-a-time iterator over canonical weights in the engine dtype).
 
-File formats live in hf.py and gguf.py; repacking for the kernels is the runner's. Names are
-resolved (and fetched) by hub.py: nothing here touches the network itself.
+File formats live in hf.py and gguf.py (their shared file access in files.py), each family's
+mapping in arch/; packing for the kernels is pack.py's. Names are resolved (and fetched) by
+hub.py: nothing here touches the network itself.
 """
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import glob
 import importlib.util
 import json
 import logging
-import mmap
 import os
 import sys
 import time
@@ -20,82 +20,15 @@ from typing import Any, Iterator
 
 import numpy as np
 
-
-class ModelLoadError(ValueError):
-    """A checkpoint cannot be loaded; the message names the file, the tensor and the problem."""
-
-
-def pread_into(fd: int, offset: int, out: np.ndarray, path: str) -> None:
-    """Fill the contiguous array `out` with the bytes of open file `fd` from `offset`: vectors,
-    and weights the packer cannot take as stored (MappedFile serves those it can)."""
-    view, done = memoryview(out.reshape(-1).view(np.uint8)), 0
-    while done < len(view):         # a read may return less than asked
-        if hasattr(os, "preadv"):
-            n = os.preadv(fd, [view[done:]], offset + done)
-        else:                       # Windows: no preadv; the engine thread is the only reader
-            os.lseek(fd, offset + done, os.SEEK_SET)
-            chunk = os.read(fd, min(len(view) - done, 1 << 26))
-            n = len(chunk)
-            view[done:done + n] = chunk
-        if n <= 0:
-            raise ModelLoadError(f"{path}: truncated file: bytes {offset}..{offset + len(view)} cannot be read "
-                                 "(did it change since it was opened?)")
-        done += n
-
-
-class MappedFile:
-    """A checkpoint file mapped read-only for the loader's one-pass packing: kernels.load_panels
-    reads a tensor's bytes where they lie in the page cache. Once a tensor is packed, release()
-    drops its pages from the resident set, so mapping costs no more memory than reading did."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self._mm: mmap.mmap | None = None
-
-    def view(self, offset: int, nbytes: int) -> np.ndarray:
-        """Bytes offset..offset + nbytes as a read-only uint8 array (mapping the file if needed)."""
-        if self._mm is None:
-            try:
-                with open(self.path, "rb") as fh:
-                    self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-            except (OSError, ValueError) as e:
-                raise ModelLoadError(f"{self.path}: cannot map the file: {e}") from e
-        if offset + nbytes > len(self._mm):
-            raise ModelLoadError(f"{self.path}: truncated file: bytes {offset}..{offset + nbytes} are past its end "
-                                 f"({len(self._mm)} bytes; did it change since it was opened?)")
-        return np.frombuffer(self._mm, np.uint8, count=nbytes, offset=offset)
-
-    def release(self, offset: int, nbytes: int) -> None:
-        """Drop the mapped pages of bytes offset..offset + nbytes from the resident set (the page
-        cache keeps them), widened to whole 2 MB: the kernel maps the file a folio or a
-        fault-around window at a time, so a tensor's pages reach into its neighbours' (those
-        not packed yet simply fault in again)."""
-        if self._mm is None or not hasattr(self._mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
-            return
-        span = 2 << 20
-        start, end = offset // span * span, min(-(-(offset + nbytes) // span) * span, len(self._mm))
-        try:
-            self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
-        except (OSError, ValueError):
-            pass    # a hint only
-
-    def close(self) -> None:
-        mm, self._mm = self._mm, None
-        if mm is not None:
-            try:
-                mm.close()
-            except BufferError:
-                pass    # a view still lives somewhere: the mapping goes when it does
-
-
-# hf.py and gguf.py import ModelLoadError, pread_into and MappedFile from here, so they come after them
-from lite_llm.config import ModelConfig, allow_long_max_model_len  # noqa: E402
-from lite_llm.model import gguf as _gguf  # noqa: E402
-from lite_llm.model import hf as _hf  # noqa: E402
-from lite_llm.model import hfquant as _hfquant  # noqa: E402
-from lite_llm.model import arch as _arch  # noqa: E402
-from lite_llm.model.tokenizer import Tokenizer  # noqa: E402
-from lite_llm.model.weights import StackedRows, convert  # noqa: E402
+from lite_llm.config import ModelConfig, allow_long_max_model_len
+from lite_llm.model import arch as _arch
+from lite_llm.model import gguf as _gguf
+from lite_llm.model import hf as _hf
+from lite_llm.model import hfquant as _hfquant
+from lite_llm.model import hub
+from lite_llm.model.files import ModelLoadError
+from lite_llm.model.tokenizer import Tokenizer
+from lite_llm.model.weights import StackedRows, convert
 
 log = logging.getLogger("lite_llm")
 
@@ -139,7 +72,8 @@ class LoadedModel:
         of it. Arrays are new memory the caller may keep or drop."""
         total = len(self.tensor_names())
         if self.is_gguf:
-            raw = _arch.for_gguf(self._reader.metadata.get("general.architecture"), self.source).gguf_tensors(
+            meta = self._reader.metadata
+            raw = _arch.for_gguf(meta.get("general.architecture"), self.source, meta).gguf_tensors(
                 self._reader, self.config)
         else:
             raw = _arch.for_hf(self.config.architecture, self.source).hf_tensors(self._reader, self.config)
@@ -193,7 +127,6 @@ def resolve_model(model: str | None) -> str:
     path = os.path.expanduser(model)
     if os.path.exists(path):
         return path
-    from lite_llm.model import hub
     if hub.parse_name(model) is not None:
         return hub.resolve(model).path
     raise ModelLoadError(f"{model}: no such file or directory")
@@ -203,7 +136,6 @@ def _hub_mmproj(model: str | None) -> str | None:
     """The mmproj file hub.py fetched beside the GGUF model a Hugging Face name names, if any."""
     if model is None or os.path.exists(os.path.expanduser(model)):
         return None
-    from lite_llm.model import hub
     return hub.resolve(model).mmproj if hub.parse_name(model) is not None else None
 
 
@@ -212,8 +144,7 @@ def check_model(model: str | None) -> str:
     directory's config.json and architecture), so a wrong path fails before anything loads."""
     path = resolve_model(model)
     if os.path.isdir(path):
-        from lite_llm.model.hf import read_config
-        read_config(path)
+        _arch.read_config(path)
         return path
     try:
         with open(path, "rb") as fh:
@@ -230,7 +161,7 @@ def check_model(model: str | None) -> str:
 
 def _cpu_has_avx512_bf16() -> bool:
     try:
-        from lite_llm._kernels import _cpu
+        from lite_llm._kernels import _cpu    # deferred: the readers work where no kernel is built
         return bool(_cpu.has("avx512bf16"))
     except ImportError:
         pass
@@ -275,7 +206,7 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
                                          "otherwise pass a Hugging Face model directory")
         reader = _gguf.GGUFFile(path)
         gguf_arch = reader.metadata.get("general.architecture")
-        config = _arch.for_gguf(gguf_arch, path).gguf_config(reader, gguf_arch)
+        config = _arch.for_gguf(gguf_arch, path, reader.metadata).gguf_config(reader, gguf_arch)
         tokenizer = None
         if not skip_tokenizer_init:
             try:
@@ -289,7 +220,7 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
         reader.drop_tokenizer_arrays()      # config and tokenizer are built: nothing reads them again
         generation_config: dict = {}
     else:
-        config, raw_config = _hf.read_config(path)
+        config, raw_config = _arch.read_config(path)
         reader = _hf.SafetensorsCheckpoint(path)
         reader.quant = _hfquant.quant_spec(raw_config, os.path.join(path, "config.json"))
         tokenizer = None

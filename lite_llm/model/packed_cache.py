@@ -1,14 +1,15 @@
 """Packed weights kept on disk, so the next start maps them instead of packing again.
 
-Packing a checkpoint (engine/runner.pack_checkpoint) writes every weight into fresh memory in
+Packing a checkpoint (model/pack.pack_checkpoint) writes every weight into fresh memory in
 the kernels' panel layouts: for an 8B Q4_K_M file that is 4.5 GB of first-touch page faults,
-which on a VM cost more than the packing itself. The packed tensors of one (checkpoint, dtype,
-quantization, tensor-parallel rank, kernel build) are written once, after the engine is ready,
-as two files under LITE_LLM_PACKED_CACHE (default <user cache>/lite_llm/packed):
+which on a VM cost more than the packing itself. The PackedModel (_kernels/packed.py) of one (checkpoint,
+dtype, quantization, tensor-parallel rank, kernel build) is written once, after the engine is
+ready, as two files under LITE_LLM_PACKED_CACHE (default <user cache>/lite_llm/packed):
 
     <key>.bin    every array, each at a 4096-byte offset (page-aligned, so cache-line aligned)
-    <key>.json   the index: each array's name, dtype, shape and offset; the other entries
-                 (shapes, block parts: tuples and lists) as tagged JSON; the key's inputs
+    <key>.json   the index: the format, the key's inputs, each array's dtype, shape and offset,
+                 and the model: each matrix's name, shape, parts and arrays (panels, bias), each
+                 vector's name and array, the LM head's first vocabulary row
 
 A later start with the same key maps <key>.bin copy-on-write (MAP_PRIVATE): the arrays are
 the page cache's own pages, read about as fast as huge-page-backed anonymous memory on the
@@ -19,6 +20,8 @@ modification time), the engine dtype, the quantization, the rank, the model conf
 kernel module file (a rebuilt kernel may pack differently); the index keeps those inputs and
 they are compared whole before mapping, so a stale entry is never used. An entry that does
 not read back as its index says is ignored with a warning and packed again.
+An entry of another FORMAT is never read: the format is one of the key's inputs (and an index of
+another format is refused), so a new engine packs again and its entry supersedes the old one.
 An entry supersedes the older entries of its slot (the same checkpoint paths, dtype,
 quantization, rank and kernel module path: a changed file or a rebuilt kernel), which are
 removed once it is written, so edits and upgrades do not pile up copies of a model on disk.
@@ -40,10 +43,12 @@ import zlib
 import numpy as np
 
 from lite_llm import config as _config
+from lite_llm._kernels.packed import PackedMatrix, PackedModel, Part
+from lite_llm.model.gguf import split_shards
 
 log = logging.getLogger("lite_llm")
 
-FORMAT = 1
+FORMAT = 2      # 2: a typed PackedModel (matrices with shapes and parts, vectors); 1: flat named tensors
 ALIGN = 4096
 _MADV_POPULATE_READ = 22     # Linux 5.14+: map the cached pages in one call
 
@@ -53,7 +58,6 @@ def _files(source: str) -> list[list]:
     split GGUF model: found by name before links resolve, a hub cache's blobs have none), or every
     file of a directory (weights, config, anything a loader might read)."""
     if os.path.isfile(source):
-        from lite_llm.model.gguf import split_shards
         paths = [os.path.realpath(p) for p in split_shards(source) or [source]]
     else:
         source = os.path.realpath(source)
@@ -79,45 +83,39 @@ def key_of(loaded, dtype: str, quantization: str | None, shard, kernels) -> tupl
     return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}", inputs
 
 
-def _encode(value):
-    if isinstance(value, tuple):
-        return {"tuple": [_encode(v) for v in value]}
-    if isinstance(value, list):
-        return [_encode(v) for v in value]
-    if isinstance(value, dict):
-        return {"dict": {str(k): _encode(v) for k, v in value.items()}}
-    if isinstance(value, (np.integer, np.floating, np.bool_)):
-        return value.item()
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    raise TypeError(f"cannot keep a {type(value).__name__} in the packed-weights index")
+def _layout(model: PackedModel) -> tuple[list, dict, int]:
+    """(arrays [(array, offset)], the index's description of the model, total bytes). The index
+    names each array by its position in `arrays`."""
+    arrays, offset = [], 0
+
+    def place(array: np.ndarray) -> int:
+        nonlocal offset
+        array = np.ascontiguousarray(array)
+        arrays.append((array, offset))
+        offset += -(-array.nbytes // ALIGN) * ALIGN
+        return len(arrays) - 1
+
+    matrices = [[name, list(m.shape), [list(p) for p in m.parts], place(m.data),
+                 None if m.bias is None else place(m.bias)] for name, m in model.matrices.items()]
+    vectors = [[name, place(v)] for name, v in model.vectors.items()]
+    return arrays, {"matrices": matrices, "vectors": vectors, "vocab_first_row": int(model.vocab_first_row)}, offset
 
 
-def _decode(value):
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    if isinstance(value, dict):
-        if "tuple" in value:
-            return tuple(_decode(v) for v in value["tuple"])
-        return {k: _decode(v) for k, v in value["dict"].items()}
-    return value
+def _model_of(index: dict, arrays: list[np.ndarray]) -> PackedModel:
+    """The PackedModel an index describes, over its mapped arrays."""
+    model = PackedModel(vocab_first_row=int(index["vocab_first_row"]))
+    for name, shape, parts, data, bias in index["matrices"]:
+        model.matrices[name] = PackedMatrix(arrays[data], (int(shape[0]), int(shape[1])),
+                                            tuple(Part(str(p[0]), *map(int, p[1:])) for p in parts),
+                                            None if bias is None else arrays[bias])
+    for name, at in index["vectors"]:
+        model.vectors[name] = arrays[at]
+    return model
 
 
-def _layout(tensors: dict) -> tuple[list, dict, int]:
-    """(arrays [(name, array, offset)], other entries encoded, total bytes)."""
-    arrays, other, offset = [], {}, 0
-    for name, value in tensors.items():
-        if isinstance(value, np.ndarray):
-            arrays.append((name, np.ascontiguousarray(value), offset))
-            offset += -(-value.nbytes // ALIGN) * ALIGN
-        else:
-            other[name] = _encode(value)
-    return arrays, other, offset
-
-
-def load(key: str, directory: str, inputs: dict | None = None) -> dict | None:
-    """The packed tensors of `key` mapped from `directory`, or None (absent, made from other
-    inputs than `inputs` when given, or unreadable: the caller packs)."""
+def load(key: str, directory: str, inputs: dict | None = None) -> PackedModel | None:
+    """The PackedModel of `key` mapped from `directory`, or None (absent, of another format,
+    made from other inputs than `inputs` when given, or unreadable: the caller packs)."""
     index_path, bin_path = os.path.join(directory, key + ".json"), os.path.join(directory, key + ".bin")
     if not os.path.exists(index_path):
         return None
@@ -132,7 +130,7 @@ def load(key: str, directory: str, inputs: dict | None = None) -> dict | None:
         size = os.path.getsize(bin_path)
         if size != index["bytes"]:
             raise ValueError(f"{bin_path} holds {size} bytes, its index says {index['bytes']}")
-        tensors: dict = {}
+        arrays = []
         if size:
             with open(bin_path, "rb") as fh:
                 mm = mmap.mmap(fh.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
@@ -140,19 +138,16 @@ def load(key: str, directory: str, inputs: dict | None = None) -> dict | None:
                 mm.madvise(_MADV_POPULATE_READ)
             except (OSError, ValueError):
                 pass         # older kernels: the pages are mapped as the first step reads them
-            for name, dtype, shape, offset in index["arrays"]:
+            for dtype, shape, offset in index["arrays"]:
                 count = int(np.prod(shape)) if shape else 1
-                tensors[name] = np.frombuffer(mm, np.dtype(dtype), count, offset).reshape(shape)
-        for name, value in index["other"].items():
-            tensors[name] = _decode(value)
-        order = index["order"]
-        tensors = {name: tensors[name] for name in order}
-    except (OSError, ValueError, KeyError, TypeError) as e:
+                arrays.append(np.frombuffer(mm, np.dtype(dtype), count, offset).reshape(shape))
+        model = _model_of(index["model"], arrays)
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
         log.warning("packed weights %s not used (%s): packing again", bin_path, e)
         return None
     log.info("packed weights mapped from %s (%.1f MB) in %.2f s", bin_path, size / 1e6,
              time.perf_counter() - start)
-    return tensors
+    return model
 
 
 def _remove_orphans(directory: str) -> None:
@@ -204,14 +199,10 @@ def _remove_superseded(key: str, inputs: dict, directory: str) -> None:
                  key, size / 1e6)
 
 
-def save(key: str, inputs: dict, tensors: dict, directory: str) -> None:
-    """Write the packed tensors under `key` (temporary names, then renamed: a reader sees a
-    whole entry or none). Skipped, with a log line, when the disk is short of room."""
-    try:
-        arrays, other, total = _layout(tensors)
-    except TypeError as e:
-        log.info("packed weights not kept: %s", e)
-        return
+def save(key: str, inputs: dict, model: PackedModel, directory: str) -> None:
+    """Write the PackedModel under `key` (temporary names, then renamed: a reader sees a whole
+    entry or none). Skipped, with a log line, when the disk is short of room."""
+    arrays, described, total = _layout(model)
     os.makedirs(directory, exist_ok=True)
     free = shutil.disk_usage(directory).free
     if free < total + (1 << 30):
@@ -224,13 +215,13 @@ def save(key: str, inputs: dict, tensors: dict, directory: str) -> None:
     bin_tmp, index_tmp = os.path.join(directory, tmp + ".bin"), os.path.join(directory, tmp + ".json")
     try:
         with open(bin_tmp, "wb") as fh:
-            for _, array, offset in arrays:
+            for array, offset in arrays:
                 fh.seek(offset)
                 fh.write(memoryview(array.reshape(-1).view(np.uint8)))
             fh.truncate(total)
-        index = {"format": FORMAT, "bytes": total, "inputs": inputs, "order": list(tensors),
-                 "arrays": [[name, array.dtype.str, list(array.shape), offset] for name, array, offset in arrays],
-                 "other": other}
+        index = {"format": FORMAT, "bytes": total, "inputs": inputs,
+                 "arrays": [[array.dtype.str, list(array.shape), offset] for array, offset in arrays],
+                 "model": described}
         with open(index_tmp, "w") as fh:
             json.dump(index, fh)
         os.replace(bin_tmp, os.path.join(directory, key + ".bin"))
@@ -249,25 +240,27 @@ def save(key: str, inputs: dict, tensors: dict, directory: str) -> None:
 
 
 class PackedWeights:
-    """The packed tensors of one load, from the cache when it has them; `kept` is the thread
-    writing a new entry (None when mapped, or when the cache is off), started by keep()."""
+    """The PackedModel of one load and its cache entry: `model` mapped from the cache at
+    construction when it has the entry (`mapped`), else None until the caller packs and hands
+    it over (packed(), model/pack.py does); `kept` is the thread writing a new entry (None when
+    mapped, or when the cache is off), started by keep()."""
 
-    def __init__(self, loaded, dtype: str, quantization: str | None, shard, kernels, pack):
+    def __init__(self, loaded, dtype: str, quantization: str | None, shard, kernels):
         self.directory = _config.packed_cache_dir()
         found = key_of(loaded, dtype, quantization, shard, kernels) if self.directory else None
         self.key, self.inputs = found if found else (None, None)
-        self.mapped = False
         self.kept: threading.Thread | None = None
-        tensors = load(self.key, self.directory, self.inputs) if self.key else None
-        if tensors is not None:
-            self.tensors, self.mapped = tensors, True
-        else:
-            self.tensors = pack()
+        self.model: PackedModel | None = load(self.key, self.directory, self.inputs) if self.key else None
+        self.mapped = self.model is not None
+
+    def packed(self, model: PackedModel) -> None:
+        """The freshly packed model of this load (the cache had none): keep() writes it."""
+        self.model = model
 
     def keep(self) -> None:
         """Write a freshly packed entry in the background (the engine starts serving meanwhile)."""
-        if self.key is None or self.mapped:
+        if self.key is None or self.mapped or self.model is None:
             return
-        self.kept = threading.Thread(target=save, args=(self.key, self.inputs, self.tensors, self.directory),
+        self.kept = threading.Thread(target=save, args=(self.key, self.inputs, self.model, self.directory),
                                      name="lite_llm-packed-cache", daemon=True)
         self.kept.start()

@@ -22,6 +22,8 @@ def to_bf16(x: np.ndarray) -> np.ndarray:
     """
     src = np.ascontiguousarray(x, dtype=np.float32)
     if src.size >= 4096:    # large tensors: the compiled, parallel conversion (same rounding)
+        # deferred: the compiled kernels load on first use, so the checkpoint readers work where
+        # no kernel variant is built (lite_llm info)
         from lite_llm._kernels import kernels
         from lite_llm._kernels.layout import load_threads
         out = np.empty(src.shape, np.uint16)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lite_llm.multimodal import gemma3, llava
+from lite_llm.multimodal import gemma3, llava, qwen2_5_vl
 from lite_llm.multimodal.media import (DEFAULT_PIXELS_PER_REQUEST, MediaConfig, MediaError, check_image,  # noqa: F401
                                        load_image_url)
 
@@ -158,7 +158,6 @@ def tower(source: str, raw: dict, mmproj: str | None, with_tensors: bool) -> tup
             cfg = llava.hf_config(source, raw)
             tensors = llava.read_hf(source, cfg) if with_tensors else None
         return llava, cfg, tensors
-    from lite_llm.multimodal import qwen2_5_vl
     cfg = qwen2_5_vl.VisionConfig.from_hf(raw, _read_json(os.path.join(source, "preprocessor_config.json")))
     return qwen2_5_vl, cfg, qwen2_5_vl.read_hf(source) if with_tensors else None
 

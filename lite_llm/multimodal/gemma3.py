@@ -30,15 +30,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lite_llm.model.gguf import GGUFFile
+from lite_llm.model.hf import SafetensorsCheckpoint
+from lite_llm.model.tokenizer import Tokenizer
+from lite_llm.model.weights import bf16_to_f32
 from lite_llm.multimodal.llava import (
     ClipEncoder,
     _layernorm,
     check_vit,
     hf_vit_blocks,
+    mmproj_blocks,
+    mmproj_file,
     pack_vit_blocks,
     vit_blocks_reference,
     vit_packer,
 )
+from lite_llm.multimodal.qwen2_5_vl import _gelu
 
 HF_ARCHITECTURES = ("Gemma3ForConditionalGeneration",)
 MAX_NEWLINES = 31               # Gemma's vocabulary holds runs of 1..31 newlines as single tokens
@@ -117,9 +124,7 @@ def newline_ids(source: str) -> tuple[int, ...]:
     """Ids of the tokens that are runs of 1..MAX_NEWLINES newlines in the tokenizer at source (a
     directory or a GGUF file; -1 where the run is not one token)."""
     try:
-        from lite_llm.model.tokenizer import Tokenizer
         if os.path.isfile(source):
-            from lite_llm.model.gguf import GGUFFile
             f = GGUFFile(source)
             try:
                 tok = Tokenizer.from_gguf_metadata(f.metadata)
@@ -173,7 +178,6 @@ def _pan_and_scan(source: str, pre: dict) -> PanAndScan | None:
     """The PanAndScan of a preprocessor config that turns it on (None: off, the default)."""
     if not pre.get("do_pan_and_scan"):
         return None
-    from lite_llm.model.tokenizer import Tokenizer
     try:
         tok = Tokenizer.from_dir(source)
     except FileNotFoundError as e:
@@ -204,8 +208,6 @@ def _pan_and_scan(source: str, pre: dict) -> PanAndScan | None:
 
 def read_hf(source: str, cfg: SiglipConfig) -> dict[str, np.ndarray]:
     """The SigLIP tower and projector of an HF Gemma 3 directory as canonical float32 tensors."""
-    from lite_llm.model.hf import SafetensorsCheckpoint
-    from lite_llm.model.weights import bf16_to_f32
     ckpt = SafetensorsCheckpoint(source)
     try:
         names = {n.removeprefix("model."): n for n in ckpt.entries}
@@ -256,7 +258,6 @@ DEFAULT_POOL = 4                # clip.cpp's n_merge for Gemma 3 when the file d
 
 def gguf_image_token_ids(lm_path: str) -> tuple[int, int, int]:
     """(boi, eoi, image) token ids of a Gemma 3 GGUF language model's vocabulary."""
-    from lite_llm.model.gguf import GGUFFile
     f = GGUFFile(lm_path)
     try:
         tokens = list(f.metadata.get("tokenizer.ggml.tokens") or [])
@@ -274,7 +275,6 @@ def read_mmproj(path: str, lm_path: str | None, with_tensors: bool = True
                 ) -> tuple[SiglipConfig, dict[str, np.ndarray]]:
     """A gemma3 mmproj GGUF (beside the GGUF language model at lm_path, whose vocabulary gives
     the image token ids) -> (config, canonical float32 tensors; {} without with_tensors)."""
-    from lite_llm.multimodal.llava import mmproj_blocks, mmproj_file
     with mmproj_file(path, "gemma3", Gemma3VisionError, '"gemma3"') as (f, md, key):
         for name in ("v.patch_embd.weight", "v.post_ln.weight", "mm.input_projection.weight",
                      "mm.soft_emb_norm.weight"):
@@ -442,7 +442,6 @@ def _act(x: np.ndarray, act: str) -> np.ndarray:
     if act == "gelu_tanh":
         return np.float32(0.5) * x * (np.float32(1) + np.tanh(np.float32(math.sqrt(2 / math.pi))
                                                               * (x + np.float32(0.044715) * x ** 3)))
-    from lite_llm.multimodal.qwen2_5_vl import _gelu
     return _gelu(x)
 
 
@@ -458,7 +457,7 @@ class SiglipEncoder(ClipEncoder):
         pack_vit_blocks(t, cfg.num_layers, packed, mat)
         mat("proj", t["proj.w"], None)
         for name in ("pos", "post_ln.w", "post_ln.b", "proj_norm"):
-            packed[name] = np.ascontiguousarray(t[name], np.float32)
+            packed.vectors[name] = np.ascontiguousarray(t[name], np.float32)
         return kernels.ClipModel(packed, dtype, cfg.num_layers, cfg.num_heads, cfg.eps, cfg.act, False, bf16_path,
                                  pool=cfg.pool)
 

@@ -26,6 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lite_llm.model.gguf import GGUFFile
+from lite_llm.model.hf import SafetensorsCheckpoint
+from lite_llm.model.weights import bf16_to_f32
+from lite_llm.multimodal.qwen2_5_vl import _gelu
+from lite_llm.multimodal.towers import vit_packer
+
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 HF_ARCHITECTURES = ("LlavaForConditionalGeneration",)
@@ -90,7 +96,6 @@ MMPROJ_PROJECTORS = ("mlp", "gemma3")     # LLaVA-1.5's (here) and Gemma 3's (ge
 def mmproj_projector(path: str) -> str:
     """The projector type of an mmproj GGUF: "mlp" (LLaVA-1.5) or "gemma3"; another type, or a
     file that is no mmproj, is refused naming it."""
-    from lite_llm.model.gguf import GGUFFile
     if not os.path.isfile(path):
         raise LlavaError(f"--mmproj {path}: no such file")
     f = GGUFFile(path)
@@ -118,7 +123,6 @@ def _projector(f, path: str) -> str:
 def mmproj_file(path: str, projector: str, error: type[ValueError], what: str):
     """The mmproj GGUF at `path`, opened and checked to hold `projector` (else `error` saying it
     is not `what`): yields (file, metadata, key(name) -> a metadata value that must be there)."""
-    from lite_llm.model.gguf import GGUFFile
     f = GGUFFile(path)
     try:
         md = f.metadata
@@ -236,8 +240,6 @@ def hf_config(source: str, raw: dict) -> ClipConfig:
 
 def read_hf(source: str, cfg: ClipConfig) -> dict[str, np.ndarray]:
     """The vision tower and projector of an HF LLaVA directory as canonical float32 tensors."""
-    from lite_llm.model.hf import SafetensorsCheckpoint
-    from lite_llm.model.weights import bf16_to_f32
     ckpt = SafetensorsCheckpoint(source)
     try:
         names = {n.removeprefix("model."): n for n in ckpt.entries}
@@ -346,31 +348,14 @@ def _layernorm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.nd
 
 
 def _act(x: np.ndarray, act: str) -> np.ndarray:
-    from lite_llm.multimodal.qwen2_5_vl import _gelu
     if act == "quick_gelu":
         return x / (1.0 + np.exp(np.float32(-1.702) * x))
     return _gelu(x)
 
 
-def vit_packer(dtype: str):
-    """(packed, mat) for a ViT's kernels.ClipModel: mat(name, w, bias) packs one linear layer
-    into packed in the tower's dtype (bias kept float32)."""
-    from lite_llm._kernels import layout
-    from lite_llm.model.weights import to_bf16
-    packed: dict[str, object] = {}
-
-    def mat(name: str, w: np.ndarray, bias: np.ndarray | None) -> None:
-        w = np.ascontiguousarray(w, np.float32)
-        packed[name + ".shape"] = w.shape
-        packed[name + ".weight"] = layout.pack(to_bf16(w) if dtype == "bfloat16" else w, dtype)
-        if bias is not None:
-            packed[name + ".bias"] = np.ascontiguousarray(bias, np.float32)
-    return packed, mat
-
-
-def pack_vit_blocks(t: dict[str, np.ndarray], num_layers: int, packed: dict, mat) -> None:
-    """The pre-norm blocks (CLIP's and SigLIP's alike): q/k/v as one matrix, o, fc1 (up), fc2
-    (down), the two LayerNorms."""
+def pack_vit_blocks(t: dict[str, np.ndarray], num_layers: int, packed, mat) -> None:
+    """The pre-norm blocks (CLIP's and SigLIP's alike) into the PackedModel `packed`
+    (towers.vit_packer): q/k/v as one matrix, o, fc1 (up), fc2 (down), the two LayerNorms."""
     for i in range(num_layers):
         p = f"blk.{i}."
         qkv_w = np.concatenate([t[p + "q.w"], t[p + "k.w"], t[p + "v.w"]])
@@ -379,7 +364,7 @@ def pack_vit_blocks(t: dict[str, np.ndarray], num_layers: int, packed: dict, mat
         for part in ("o", "up", "down"):
             mat(p + part, t[p + part + ".w"], t[p + part + ".b"])
         for part in ("ln1", "ln2"):
-            packed[p + part + ".w"], packed[p + part + ".b"] = t[p + part + ".w"], t[p + part + ".b"]
+            packed.vectors[p + part + ".w"], packed.vectors[p + part + ".b"] = t[p + part + ".w"], t[p + part + ".b"]
 
 
 def vit_blocks_reference(x: np.ndarray, t: dict[str, np.ndarray], cfg, act) -> np.ndarray:
@@ -422,7 +407,7 @@ class ClipEncoder:
         mat("mm0", t["mm0.w"], t["mm0.b"])
         mat("mm2", t["mm2.w"], t["mm2.b"])
         for name in ("class", "pos", "pre_ln.w", "pre_ln.b"):
-            packed[name] = np.ascontiguousarray(t[name], np.float32)
+            packed.vectors[name] = np.ascontiguousarray(t[name], np.float32)
         return kernels.ClipModel(packed, dtype, cfg.num_layers, cfg.num_heads, cfg.eps, cfg.act, cfg.keep_class,
                                  bf16_path)
 
@@ -479,7 +464,6 @@ def gguf_placeholder(metadata: dict) -> tuple[str, int, int]:
 
 def gguf_placeholder_of(lm_path: str) -> tuple[str, int, int]:
     """gguf_placeholder of the GGUF file at lm_path."""
-    from lite_llm.model.gguf import GGUFFile
     f = GGUFFile(lm_path)
     try:
         return gguf_placeholder(f.metadata)

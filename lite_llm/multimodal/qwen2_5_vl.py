@@ -22,6 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lite_llm.model.hf import SafetensorsCheckpoint
+from lite_llm.model.weights import bf16_to_f32
+from lite_llm.multimodal.towers import vit_packer
+
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
@@ -214,8 +218,6 @@ def window_index(grid: tuple[int, int, int], cfg: VisionConfig) -> tuple[np.ndar
 def read_hf(source: str) -> dict[str, np.ndarray]:
     """The vision tower's tensors of the HF checkpoint at source, float32, by their names
     without "model." ("visual.blocks.0.attn.qkv.weight", ...)."""
-    from lite_llm.model.hf import SafetensorsCheckpoint
-    from lite_llm.model.weights import bf16_to_f32
     ckpt = SafetensorsCheckpoint(source)
     try:
         tensors = {}
@@ -276,27 +278,18 @@ class VisionEncoder:
         return np.cos(emb), np.sin(emb)
 
     def _pack(self, tensors: dict[str, np.ndarray], kernels, dtype: str, bf16_path: str | None):
-        from lite_llm._kernels import layout
-        from lite_llm.model.weights import to_bf16
         cfg, C = self.cfg, self.cfg.hidden_size
-        packed: dict[str, object] = {}
-
-        def mat(name: str, w: np.ndarray, bias: np.ndarray | None = None) -> None:
-            w = np.ascontiguousarray(w, np.float32)
-            packed[name + ".shape"] = w.shape
-            packed[name + ".weight"] = layout.pack(to_bf16(w) if dtype == "bfloat16" else w, dtype)
-            if bias is not None:
-                packed[name + ".bias"] = np.ascontiguousarray(bias, np.float32)
+        packed, mat = vit_packer(dtype)
 
         mat("patch_embed", tensors["visual.patch_embed.proj.weight"].reshape(C, -1))
         for i in range(cfg.depth):
             p, q = f"visual.blocks.{i}.", f"blocks.{i}."
-            packed[q + "norm1"], packed[q + "norm2"] = tensors[p + "norm1.weight"], tensors[p + "norm2.weight"]
+            packed.vectors[q + "norm1"], packed.vectors[q + "norm2"] = tensors[p + "norm1.weight"], tensors[p + "norm2.weight"]
             mat(q + "qkv", tensors[p + "attn.qkv.weight"], tensors[p + "attn.qkv.bias"])
             mat(q + "proj", tensors[p + "attn.proj.weight"], tensors[p + "attn.proj.bias"])
             for part in ("gate", "up", "down"):
                 mat(q + part, tensors[p + f"mlp.{part}_proj.weight"], tensors[p + f"mlp.{part}_proj.bias"])
-        packed["merger.ln_q"] = tensors["visual.merger.ln_q.weight"]
+        packed.vectors["merger.ln_q"] = tensors["visual.merger.ln_q.weight"]
         mat("merger.0", tensors["visual.merger.mlp.0.weight"], tensors["visual.merger.mlp.0.bias"])
         mat("merger.2", tensors["visual.merger.mlp.2.weight"], tensors["visual.merger.mlp.2.bias"])
         return kernels.VisionModel(packed, dtype, cfg.depth, cfg.num_heads, cfg.spatial_merge_size ** 2, bf16_path)

@@ -678,18 +678,18 @@ def test_packing_leaves_no_page_of_the_file_resident():
     """Weights are packed straight from the mapped file, each tensor's pages dropped from our
     resident set once it is packed, and the mapping gone once the checkpoint is released (other
     tests' readers may map it too: count ours only)."""
-    from lite_llm.engine.runner import pack_checkpoint
+    from lite_llm.model.pack import pack_checkpoint
     before = _mappings_of(SMOLLM2)
     m = load_model(str(SMOLLM2), dtype="bfloat16", skip_tokenizer_init=True, progress=False)
     rss_before = _mapped_rss_kb(SMOLLM2)
-    tensors = pack_checkpoint(m, "bfloat16", 2)
+    packed = pack_checkpoint(m, "bfloat16", 2)
     assert _mappings_of(SMOLLM2) == before + 1             # mapped, once
     # yet at most what the kernel's fault-around maps beside each packed tensor (the small
     # vectors between them, read with pread) stays resident: not the file's ~100 MB
     assert _mapped_rss_kb(SMOLLM2) - rss_before < os.path.getsize(SMOLLM2) // 1024 // 10
     m.release()
     assert _mappings_of(SMOLLM2) == before
-    assert tensors["layers.0.qkv.weight"].nbytes > 0
+    assert packed.matrices["layers.0.qkv"].data.nbytes > 0
 
 
 # every type llama.cpp writes that the kernels run as stored, and float files in each engine dtype
@@ -710,7 +710,7 @@ def test_one_pass_loader_packs_byte_for_byte_like_the_slice_reader(tiny_checkpoi
     Q4_K/Q5_K with Q6_K), F16/BF16/F32 files, HF safetensors in fp32 and bf16."""
     from test_quantized import FTYPES, quantize_with_llama_cpp
 
-    from lite_llm.engine.runner import pack_checkpoint
+    from lite_llm.model.pack import pack_checkpoint
     kind = source.split("-")
     arch = kind[1] if kind[0] == "hf" else kind[0]
     shape = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
@@ -751,12 +751,13 @@ def test_one_pass_loader_packs_byte_for_byte_like_the_slice_reader(tiny_checkpoi
     n_fast = len(calls)
     slow = pack()
     assert len(calls) == n_fast         # the slice reader never takes the one-pass path
-    assert fast.keys() == slow.keys()
-    for name in fast:
-        if isinstance(fast[name], np.ndarray):
-            np.testing.assert_array_equal(fast[name], slow[name], err_msg=name)
-        else:
-            assert fast[name] == slow[name], name
+    assert fast.matrices.keys() == slow.matrices.keys() and fast.vectors.keys() == slow.vectors.keys()
+    for name, m in fast.matrices.items():
+        assert (m.shape, m.parts) == (slow.matrices[name].shape, slow.matrices[name].parts), name
+        np.testing.assert_array_equal(m.data, slow.matrices[name].data, err_msg=name)
+        np.testing.assert_array_equal(m.bias, slow.matrices[name].bias, err_msg=name)
+    for name, v in fast.vectors.items():
+        np.testing.assert_array_equal(v, slow.vectors[name], err_msg=name)
     if ftype and ftype not in ("F16", "BF16", "F32"):   # block types were packed as stored, not widened
         assert any(t in calls for t in ("Q4_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q6_K", "IQ4_NL", "IQ4_XS"))
 

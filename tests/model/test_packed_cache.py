@@ -1,5 +1,5 @@
 """Packed weights kept between starts (lite_llm/model/packed_cache.py): an entry maps back to
-exactly the tensors packing gives, a second start maps it and generates the same tokens and
+exactly the PackedModel packing gives, a second start maps it and generates the same tokens and
 logprobs, and a changed checkpoint, a different dtype, a damaged entry, the cache turned off
 or a full disk each fall back to packing."""
 from __future__ import annotations
@@ -13,40 +13,50 @@ import pytest
 
 from lite_llm import LLM, SamplingParams
 from lite_llm._kernels import kernels
-from lite_llm.engine.runner import pack_checkpoint
+from lite_llm._kernels.packed import PackedModel
 from lite_llm.model import packed_cache
 from lite_llm.model.loader import default_model_path, load_model
+from lite_llm.model.pack import pack_checkpoint
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, logprobs=3)
 
 
-def same_tensors(a: dict, b: dict) -> None:
-    assert list(a) == list(b)
-    for name in a:
-        x, y = a[name], b[name]
-        if isinstance(x, np.ndarray):
-            assert isinstance(y, np.ndarray) and x.dtype == y.dtype and x.shape == y.shape, name
-            assert x.tobytes() == y.tobytes(), name
-            assert y.ctypes.data % 64 == 0 and y.flags.writeable, name
-        else:
-            assert type(x) is type(y) and x == y, name
-            if isinstance(x, list):
-                assert [type(v) for v in x] == [type(v) for v in y], name
+def same_array(x: np.ndarray, y: np.ndarray, name: str) -> None:
+    assert isinstance(y, np.ndarray) and x.dtype == y.dtype and x.shape == y.shape, name
+    assert x.tobytes() == y.tobytes(), name
+    assert y.ctypes.data % 64 == 0 and y.flags.writeable, name
+
+
+def same_model(a: PackedModel, b: PackedModel) -> None:
+    assert list(a.matrices) == list(b.matrices) and list(a.vectors) == list(b.vectors)
+    assert a.vocab_first_row == b.vocab_first_row
+    for name, m in a.matrices.items():
+        got = b.matrices[name]
+        assert m.shape == got.shape and m.parts == got.parts, name
+        assert [type(v) for p in m.parts for v in p] == [type(v) for p in got.parts for v in p], name
+        same_array(m.data, got.data, name)
+        assert (m.bias is None) == (got.bias is None), name
+        if m.bias is not None:
+            same_array(m.bias, got.bias, name + ".bias")
+    for name, v in a.vectors.items():
+        same_array(v, b.vectors[name], name)
 
 
 @pytest.mark.parametrize("which", ["gguf", "bf16"])
 def test_an_entry_maps_back_to_exactly_the_packed_tensors(which, tiny_checkpoint, tmp_path):
-    """Block-format panels (the default model's Q4_1 and Q8_0), bf16 panels and fp32 vectors,
-    with their shapes and block parts (tuples inside lists), byte for byte."""
+    """Block-format panels (the default model's Q4_1 and Q8_0), bf16 panels, biases and fp32
+    vectors, with their shapes and block parts, byte for byte."""
     if which == "gguf":
         loaded = load_model(default_model_path(), progress=False)
     else:
-        loaded = load_model(str(tiny_checkpoint("llama")), dtype="bfloat16", progress=False)
+        loaded = load_model(str(tiny_checkpoint("qwen2")), dtype="bfloat16", progress=False)
     packed = pack_checkpoint(loaded, loaded.dtype, 2)
     key, inputs = packed_cache.key_of(loaded, loaded.dtype, None, None, kernels)
     packed_cache.save(key, inputs, packed, str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == [key + ".bin", key + ".json"]
-    same_tensors(packed, packed_cache.load(key, str(tmp_path)))
+    if which == "bf16":
+        assert any(m.bias is not None for m in packed.matrices.values())    # Qwen2's qkv bias
+    same_model(packed, packed_cache.load(key, str(tmp_path)))
 
 
 def test_a_second_start_maps_the_kept_weights_and_generates_the_same(tmp_path, monkeypatch, caplog):
@@ -91,7 +101,7 @@ def test_a_new_entry_removes_the_entries_it_supersedes(tiny_checkpoint, tmp_path
     shutil.copytree(tiny_checkpoint("llama"), src)
     shutil.copytree(tiny_checkpoint("llama"), other)
     cache = tmp_path / "cache"
-    tensors = {"x": np.ones(4, np.float32)}
+    tensors = PackedModel(vectors={"x": np.ones(4, np.float32)})
 
     def keep(path, dtype):
         loaded = load_model(str(path), dtype=dtype, progress=False)
@@ -113,8 +123,8 @@ def test_a_new_entry_removes_the_entries_it_supersedes(tiny_checkpoint, tmp_path
 
 def test_an_entry_of_other_inputs_under_the_same_name_is_not_used(tmp_path, caplog):
     """Entry names are checksums: the index's inputs are compared whole before anything is mapped."""
-    packed_cache.save("feed", {"files": ["a"]}, {"x": np.ones(4, np.float32)}, str(tmp_path))
-    assert packed_cache.load("feed", str(tmp_path), {"files": ["a"]})["x"].tolist() == [1, 1, 1, 1]
+    packed_cache.save("feed", {"files": ["a"]}, PackedModel(vectors={"x": np.ones(4, np.float32)}), str(tmp_path))
+    assert packed_cache.load("feed", str(tmp_path), {"files": ["a"]}).vectors["x"].tolist() == [1, 1, 1, 1]
     with caplog.at_level(logging.WARNING, logger="lite_llm"):
         assert packed_cache.load("feed", str(tmp_path), {"files": ["b"]}) is None
     assert "another checkpoint" in caplog.text
@@ -165,6 +175,36 @@ def test_a_writer_killed_mid_write_leaves_nothing_read_and_its_files_are_removed
     mine = tmp_path / f".0123abcd.{os.getpid()}.1.bin"   # a live writer's
     mine.write_bytes(b"partial")
     assert packed_cache.load("0123abcd", str(tmp_path)) is None
-    packed_cache.save("4567ef", {}, {"x": np.arange(3, dtype=np.float32)}, str(tmp_path))
+    packed_cache.save("4567ef", {}, PackedModel(vectors={"x": np.arange(3, dtype=np.float32)}), str(tmp_path))
     assert not orphan.exists() and mine.exists()
-    assert packed_cache.load("4567ef", str(tmp_path))["x"].tolist() == [0, 1, 2]
+    assert packed_cache.load("4567ef", str(tmp_path)).vectors["x"].tolist() == [0, 1, 2]
+
+
+def test_an_entry_of_the_previous_format_is_packed_again_and_removed(tiny_checkpoint, tmp_path, monkeypatch,
+                                                                     caplog):
+    """An entry of format 1 (flat "<name>.weight" / ".shape" / ".parts" tensors) for the same
+    checkpoint is neither found under the new key nor read under its own: the load packs again,
+    and writing the new entry removes the old one."""
+    import json
+
+    from lite_llm.model.pack import packed_weights
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("LITE_LLM_PACKED_CACHE", str(cache))
+    loaded = load_model(str(tiny_checkpoint("llama")), dtype="float32", progress=False)
+    key, inputs = packed_cache.key_of(loaded, "float32", None, None, kernels)
+    assert inputs["format"] == packed_cache.FORMAT == 2
+    old = dict(inputs, format=1)
+    (cache / "00c0ffee.bin").write_bytes(b"\0" * 16)
+    (cache / "00c0ffee.json").write_text(json.dumps({
+        "format": 1, "bytes": 16, "inputs": old, "order": ["final_norm.weight"],
+        "arrays": [["final_norm.weight", "<f4", [4], 0]], "other": {}}))
+    with caplog.at_level(logging.WARNING, logger="lite_llm"):
+        assert packed_cache.load("00c0ffee", str(cache), old) is None
+    assert "format 1" in caplog.text
+    found = packed_weights(loaded, "float32", 2, None)
+    assert not found.mapped and found.model.matrices["layers.0.qkv"].shape[1] == loaded.config.dim
+    found.keep()
+    found.kept.join()
+    assert sorted(os.listdir(cache)) == [key + ".bin", key + ".json"]
+    loaded.release()

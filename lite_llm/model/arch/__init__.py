@@ -25,13 +25,16 @@ lite_llm/_kernels/forward.pxi, driven by the KernelConfig built here.
 from __future__ import annotations
 
 import dataclasses
+import os
 from types import ModuleType
 
 from lite_llm.config import KernelConfig, LayerConfig, ModelConfig
 from lite_llm.model.arch import (bert, gemma, granite, llama, llava, mixtral, opt, phi3, qwen, qwen2_moe,
                                  qwen2_vl, qwen3_moe)
-from lite_llm.model.loader import ModelLoadError
+from lite_llm.model import hf
+from lite_llm.model.files import ModelLoadError
 from lite_llm.model.rope import rope_dim
+from lite_llm.model.weights import bf16_to_f32, to_bf16
 
 RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma, phi3, granite, mixtral, qwen2_moe, qwen3_moe, bert,
                                    qwen2_vl, llava)
@@ -54,9 +57,19 @@ def for_hf(arch: str | None, where: str) -> ModuleType:
     return _recipe(_BY_HF, arch, where, "", SUPPORTED_ARCHITECTURES)
 
 
-def for_gguf(arch: str | None, where: str) -> ModuleType:
-    """The recipe of llama.cpp graph name `arch` (general.architecture)."""
-    return _recipe(_BY_GGUF, arch, where, "GGUF ", SUPPORTED_GGUF_ARCHITECTURES)
+def for_gguf(arch: str | None, where: str, metadata: dict | None = None) -> ModuleType:
+    """The recipe of llama.cpp graph name `arch` (general.architecture); given the file's
+    metadata, a "llama" file with experts is Mixtral's (llama.cpp files Mixtral under "llama")."""
+    recipe = _recipe(_BY_GGUF, arch, where, "GGUF ", SUPPORTED_GGUF_ARCHITECTURES)
+    if recipe is llama and metadata is not None and metadata.get(f"{arch}.expert_count"):
+        return mixtral
+    return recipe
+
+
+def read_config(path: str) -> tuple[ModelConfig, dict]:
+    """(ModelConfig, raw config.json dict) for the HF directory `path`."""
+    raw = hf.read_config_json(path)
+    return config_from_dict(raw, os.path.join(path, "config.json")), raw
 
 
 def config_from_dict(raw: dict, where: str = "config.json") -> ModelConfig:
@@ -164,7 +177,6 @@ def _embed_scale(config: ModelConfig, dtype: str) -> float:
     if not config.embed_scale:
         return 1.0
     import numpy as np
-    from lite_llm.model.weights import bf16_to_f32, to_bf16
     value = np.array([config.dim ** 0.5], np.float32)
     if dtype == "bfloat16":
         value = bf16_to_f32(to_bf16(value))

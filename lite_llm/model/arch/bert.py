@@ -25,8 +25,10 @@ import numpy as np
 
 from lite_llm.config import ModelConfig
 from lite_llm.model.arch import llama
-from lite_llm.model.loader import ModelLoadError
-from lite_llm.model.weights import StackedRows
+from lite_llm.model.files import ModelLoadError
+from lite_llm.model.gguf import NATIVE_TYPES
+from lite_llm.model.hf import SafetensorsCheckpoint, concat, stacked
+from lite_llm.model.weights import StackedRows, convert
 
 HF_ARCHITECTURES = ("BertModel", "BertForSequenceClassification", "XLMRobertaModel",
                     "XLMRobertaForSequenceClassification", "RobertaModel", "RobertaForSequenceClassification",
@@ -86,7 +88,6 @@ def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, np.ndarray | St
     if is_nomic(config.architecture):
         yield from nomic_hf_tensors(ckpt, config)
         return
-    from lite_llm.model.hf import concat, stacked
     E, F, V, P = config.dim, config.ffn_dim, config.vocab_size, config.max_position_embeddings
     get = ckpt.read
     d = prefix(ckpt, config.architecture)
@@ -138,8 +139,6 @@ def head_tensors(path: str, arch: str, dim: int) -> dict[str, np.ndarray]:
     {} for a bare encoder."""
     if arch not in CLASSIFIERS:
         return {}
-    from lite_llm.model.hf import SafetensorsCheckpoint
-    from lite_llm.model.weights import convert
     ckpt = SafetensorsCheckpoint(path)
     try:
         d = prefix(ckpt, arch)
@@ -194,7 +193,6 @@ def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, np.ndarray | Sta
         yield from nomic_gguf_tensors(f, config)
         return
     from functools import partial
-    from lite_llm.model.gguf import NATIVE_TYPES
     E, F, V, P = config.dim, config.ffn_dim, config.vocab_size, config.max_position_embeddings
 
     def one(name: str, shape: tuple[int, int]) -> StackedRows:
@@ -239,7 +237,6 @@ def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, np.ndarray | Sta
 def _gguf_rows(f, name: str, shape: tuple[int, int], r0: int = 0) -> StackedRows:
     """Rows r0 .. r0 + shape[0] of a GGUF matrix, read when asked (in its stored blocks where the
     kernels run that type natively)."""
-    from lite_llm.model.gguf import NATIVE_TYPES
     t = f.tensors[name].type_name
     blocks = (t, lambda a, b: f.read_raw_rows(name, r0 + a, r0 + b)) if t in NATIVE_TYPES else None
     return StackedRows(((shape[0], lambda a, b: f.read_rows(name, r0 + a, r0 + b)),), shape[1], blocks=(blocks,),
@@ -301,7 +298,6 @@ def nomic_hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, np.ndarra
     """nomic's state dict: embeddings.word_embeddings / token_type_embeddings, emb_ln, and per
     layer attn.Wqkv [3E, E] (q, k, v rows), attn.out_proj, norm1 (after attention), mlp.fc11
     (up), mlp.fc12 (gate), mlp.fc2 (down), norm2 (after the MLP)."""
-    from lite_llm.model.hf import stacked
     E, F, V = config.dim, config.ffn_dim, config.vocab_size
     get = ckpt.read
     d = next((p for p in ("", "model.", "bert.") if p + "embeddings.word_embeddings.weight" in ckpt), None)

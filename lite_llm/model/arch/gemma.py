@@ -20,7 +20,7 @@ from typing import Any, Iterator
 from lite_llm.config import ModelConfig
 from lite_llm.model.arch import llama
 from lite_llm.model.arch.qwen2_vl import text_config
-from lite_llm.model.loader import ModelLoadError
+from lite_llm.model.files import ModelLoadError
 
 HF_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 GGUF_ARCHITECTURES = {"gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}

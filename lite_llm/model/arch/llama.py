@@ -10,7 +10,9 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from lite_llm.config import ModelConfig
-from lite_llm.model.loader import ModelLoadError
+from lite_llm.model.files import ModelLoadError
+from lite_llm.model.gguf import NATIVE_TYPES
+from lite_llm.model.hf import concat, split, stacked
 from lite_llm.model.weights import StackedRows
 
 HF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
@@ -116,7 +118,6 @@ def decoder_hf_tensors(ckpt, config: ModelConfig, prefix: str = "model.", norm_o
     checkpoint stores qkv_proj and gate_up_proj (Phi-3), split into their parts here; mlp:
     (ckpt, config, HF layer prefix, canonical prefix) -> the MLP's tensors in place of the dense
     one (mixture of experts, moe.py); lm_head: the output matrix's name."""
-    from lite_llm.model.hf import concat, split, stacked
     E, F, V = config.dim, config.ffn_dim, config.vocab_size
     q_rows, kv_rows, D = config.q_size, config.kv_size, config.head_dim
     get = ckpt.read
@@ -232,9 +233,8 @@ def gguf_decoder_config(f, arch: str, architecture: str, **fields: Any) -> Model
 
 
 def gguf_config(f, arch: str) -> ModelConfig:
-    if f.metadata.get(f"{arch}.expert_count"):   # llama.cpp files Mixtral under "llama"
-        from lite_llm.model.arch import mixtral
-        return mixtral.gguf_config(f, arch)
+    if f.metadata.get(f"{arch}.expert_count"):   # Mixtral's file: arch.for_gguf picks mixtral.py
+        raise ModelLoadError(f"{f.path}: a llama file with experts is read by the mixtral recipe")
     architecture = GGUF_ARCHITECTURES[arch]
     if "mistral" in str(f.metadata.get("general.name", "")).lower():
         architecture = "MistralForCausalLM"     # llama.cpp files Mistral under "llama"; transformers too
@@ -259,7 +259,6 @@ def decoder_gguf_tensors(f, config: ModelConfig, permuted: bool, extra_norms: tu
     llama.cpp names; fused: attn_qkv and a [2F, E] ffn_up (gate rows, then up) in place of
     attn_q/k/v and ffn_gate/up (the "phi3" graph), split into row ranges; mlp: (f, config,
     block prefix, canonical prefix) -> the MLP's tensors in place of the dense one (moe.py)."""
-    from lite_llm.model.gguf import NATIVE_TYPES
     H, Hkv, D, E, F = config.num_heads, config.num_kv_heads, config.head_dim, config.dim, config.ffn_dim
     extra = dict(extra_norms)
 
@@ -341,6 +340,5 @@ def decoder_gguf_tensors(f, config: ModelConfig, permuted: bool, extra_norms: tu
 
 def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
     if config.is_moe:
-        from lite_llm.model.arch import mixtral
-        return mixtral.gguf_tensors(f, config)
+        raise ModelLoadError(f"{f.path}: a llama file with experts is read by the mixtral recipe")
     return decoder_gguf_tensors(f, config, permuted=True)

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 from lite_llm.config import ModelConfig
 from lite_llm.model.arch import llama
 from lite_llm.model.arch.qwen2_vl import text_config
-from lite_llm.model.loader import ModelLoadError
+from lite_llm.model.files import ModelLoadError
 
 HF_ARCHITECTURES = ("LlavaForConditionalGeneration",)
 

@@ -20,7 +20,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from lite_llm.config import ModelConfig
-from lite_llm.model.loader import ModelLoadError
+from lite_llm.model.files import ModelLoadError
+from lite_llm.model.gguf import NATIVE_TYPES
+from lite_llm.model.hf import split, stacked
 from lite_llm.model.weights import StackedRows
 
 
@@ -83,7 +85,6 @@ def hf_mlp(ckpt, config: ModelConfig, h: str, p: str, *, block: str, names: tupl
     ("gate_proj", "up_proj", "down_proj" or Mixtral's "w1", "w3", "w2"); shared: the shared
     expert's module ("shared_expert") with its "shared_expert_gate". Experts stored fused as
     3-D experts.gate_up_proj [X, 2F, E] / experts.down_proj [X, E, F] are read per expert."""
-    from lite_llm.model.hf import split, stacked
     E, F, X = config.dim, config.ffn_dim, config.num_experts
     m = h + block
     yield p + "router.weight", stacked(ckpt, ((m + "gate.weight", (X, E)),))
@@ -116,7 +117,6 @@ def hf_mlp(ckpt, config: ModelConfig, h: str, p: str, *, block: str, names: tupl
 def _rows(f, name: str, r0: int, n: int) -> tuple[tuple, Any, Any]:
     """(rows part, raw block reader or None, stored part) of rows r0..r0 + n of tensor `name`
     seen as 2-D [prod(shape[:-1]), shape[-1]] (an expert of a 3-D [X, F, E] tensor)."""
-    from lite_llm.model.gguf import NATIVE_TYPES
     type_name = f.tensors[name].type_name
     rows = (n, lambda a, b: f.read_rows(name, r0 + a, r0 + b, flat=True))
     raw = ((type_name, lambda a, b: f.read_raw_rows(name, r0 + a, r0 + b, flat=True))

@@ -8,7 +8,8 @@ import numpy as np
 
 from lite_llm.config import ModelConfig
 from lite_llm.model.arch import llama
-from lite_llm.model.loader import ModelLoadError
+from lite_llm.model.files import ModelLoadError
+from lite_llm.model.hf import concat, stacked
 from lite_llm.model.weights import StackedRows
 
 HF_ARCHITECTURES = ("OPTForCausalLM",)
@@ -47,7 +48,6 @@ def config(raw: dict, arch: str, where: str) -> ModelConfig:
 
 
 def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, np.ndarray | StackedRows]]:
-    from lite_llm.model.hf import concat, stacked
     E, F, V, P = config.dim, config.ffn_dim, config.vocab_size, config.max_position_embeddings
     get = ckpt.read
 

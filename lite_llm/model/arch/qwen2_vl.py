@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 from lite_llm.config import ModelConfig
 from lite_llm.model.arch import llama
-from lite_llm.model.loader import ModelLoadError
+from lite_llm.model.files import ModelLoadError
 
 HF_ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration",)
 
