@@ -45,7 +45,7 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
     own (so concurrent jobs share the engine's steps) and answered ("done", job id, rows, error)."""
     send = replica_process_setup(index, environ, affinity, log_level, replies)
     from lite_llm.pooling import build_pooling_engine
-    built = build_or_report(send, build_pooling_engine, model, kwargs)
+    built = build_or_report(send, lambda: build_pooling_engine(model, serving=True, progress=False, **kwargs))
     if built is None:
         return
     engine, _, info = built
@@ -227,7 +227,8 @@ def build_pooling_replicas(model: str | None, data_parallel_size: int, **kwargs:
     replicas, loaded = spawn_replicas(
         _replica_main, "lite-llm-pool-replica", binds, model, kwargs,
         lambda i, bind, affinity, proc, req_write, rep_read: _Replica(i, bind if affinity else "", proc, req_write,
-                                                                       rep_read))
+                                                                       rep_read),
+        dtype=kwargs.get("dtype") or "auto", max_model_len=kwargs.get("max_model_len"))
     first = replicas[0].info
     engine = PoolingReplicas(replicas, loaded.tokenizer, first["info"].get("model_name") or str(model))
     info = {**first["info"], "pooler": first["pooler"], "data_parallel_size": data_parallel_size,

@@ -138,7 +138,7 @@ def build_app(model: str | None = None, *, name: str = "lite-llm", num_replicas:
     else:      # the engine batches: let Ray send a replica what its batch holds
         seqs = args.max_num_seqs
         if seqs is None:      # the replica's own default for the threads it will run
-            from lite_llm.llm import default_max_num_seqs
+            from lite_llm.engine.assemble import default_max_num_seqs
             seqs = default_max_num_seqs(max(1, int(num_cpus_per_replica)), serving=True)[0]
         deployment_options["max_ongoing_requests"] = max(seqs, 5)
     deployment = serve.deployment(LiteLLMReplica, **deployment_options)

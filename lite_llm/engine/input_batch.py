@@ -260,6 +260,19 @@ class InputBatch:
         return StepArrays(views[0], views[1], views[2], views[3], self.block_table, views[4], views[5],
                           is_prefix, num_context)
 
+    def bind_decode(self, num_seqs: int, tokens: np.ndarray):
+        """Bind a steady decode batch of the latest step's num_seqs sequences, one token each
+        (_step.DecodeLane): (the forward() arrays of that step: token ids, positions, KV slots,
+        batch slots, logits rows, each [S]; the sampling slots [S], a copy; gather_decode,
+        finish_decode), tokens [S] being where the bound sampling writes. None unless the
+        latest step was S tokens in S sampling rows."""
+        key, views = self._step_views
+        if key != (num_seqs, num_seqs):
+            return None
+        slots = views[5].copy()       # one per sequence, in the batch's order
+        self._buffers.set_decode(slots, tokens)
+        return views[:5], slots, self._buffers.gather_decode, self._buffers.finish_decode
+
     def sampling_arrays(self, slots: np.ndarray, is_prefix: bool = False
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(fparams [R, NUM_F], iparams [R, NUM_I], context token ids, banned ids) for

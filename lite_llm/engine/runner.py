@@ -24,6 +24,7 @@ from lite_llm.config import KV_CACHE_DTYPES, attention_path_override
 from lite_llm.engine import _sampler
 from lite_llm.engine.input_batch import InputBatch, StepArrays
 from lite_llm.engine.request import SampleResult
+from lite_llm.engine.runner_output import DecodeBinding, PromptLogprobs, RunnerOutput
 from lite_llm.engine.sampler import Sampler, add_logit_bias
 from lite_llm.model import arch
 from lite_llm.model.packed_cache import PackedWeights
@@ -33,13 +34,16 @@ from lite_llm.model.weights import bf16_to_f32
 log = logging.getLogger("lite_llm")
 
 
-def _trim_heap() -> None:
+def trim_heap() -> None:
     """Give the load's freed intermediates (fp32 dequantized tensors) back to the OS: glibc
     keeps freed heap memory resident unless asked."""
     try:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):
         pass   # not glibc: nothing to trim this way
+
+
+_trim_heap = trim_heap     # its former name, for code written against it
 
 
 def check_kv_cache_dtype(name: str | None) -> str:
@@ -211,21 +215,17 @@ class ModelRunner:
     def __init__(self, loaded, *, num_blocks: int, block_size: int, max_num_batched_tokens: int,
                  max_num_seqs: int, num_threads: int, disable_sliding_window: bool = False,
                  kernels=None, quantization: str | None = None, kv_cache_dtype: str | None = "auto",
-                 proposer=None, tp_rank: int = 0, tp_size: int = 1, tp_group=None,
+                 proposer=None, shard=None, tp_group=None,
                  max_loras: int = 0, max_lora_rank: int = 16):
         """proposer: speculative decoding's draft proposer (spec_decode.py), or None.
         max_loras > 0: room for that many LoRA adapters of rank <= max_lora_rank (lora.py).
-        tp_rank / tp_size: this process's rank of a tensor-parallel group (engine/tp.py): it
-        packs and caches only its shard. tp_group: rank 0's TPGroup (workers get None)."""
+        shard: this process's rank of a tensor-parallel group (a tp.RankShard), None without
+        tensor parallel: it packs and caches only its part. tp_group: rank 0's TPGroup (workers
+        get None)."""
         cfg = loaded.config
+        tp_rank, tp_size = (shard.rank, shard.size) if shard is not None else (0, 1)
         self.tp_rank, self.tp_size, self.tp_group = tp_rank, tp_size, tp_group
-        shard = None
-        if tp_size > 1:
-            from lite_llm.engine import tp
-            shard = tp.RankShard(cfg, tp_rank, tp_size)
-            local = shard.config
-        else:
-            local = cfg
+        local = shard.config if shard is not None else cfg
         self.config = cfg
         self.dtype = loaded.dtype
         self.kernels = kernels or _kernels.kernels
@@ -255,7 +255,7 @@ class ModelRunner:
         self.packed = packed_weights(loaded, self.dtype, num_threads, self.quantization, shard, self.kernels)
         tensors = self.packed.tensors
         loaded.release()
-        _trim_heap()
+        trim_heap()
         kv_np = layout.KV_NUMPY[self.kv_cache_dtype]
         k_shape, v_shape = layout.kv_cache_shapes(num_blocks, local.num_kv_heads, block_size, cfg.head_dim,
                                                   self.kv_cache_dtype)
@@ -282,7 +282,7 @@ class ModelRunner:
         eos = tuple(cfg.eos_token_ids)
         self.sampler = Sampler(cfg.vocab_size, eos, num_threads=num_threads)
         self.input_batch = InputBatch(max_num_seqs, max_pos, block_size, eos, max_num_batched_tokens)
-        self.last_plain = False      # the latest execute() ran _execute_plain (decode_binding)
+        self._last_plain = False     # the latest execute() ran _execute_plain (decode_binding)
         self._plain_bound = None     # (R, logits view, prefix, PreparedSample, its out tokens) of the latest plain step
         self.weight_bytes = sum(v.nbytes for k, v in tensors.items() if isinstance(v, np.ndarray))
         # a decode step streams every matrix once (of the experts, the top-k of X a token runs);
@@ -292,13 +292,8 @@ class ModelRunner:
                                    - (tensors["embed.weight"].nbytes if "lm_head.weight" in tensors else 0))
         self.kv_cache_bytes = sum(c.nbytes for c in self.k_caches + self.v_caches)
         self.kv_bytes_per_token = self.kv_cache_bytes // (num_blocks * block_size)   # all layers, K and V
-        self.last_step_cost = (0.0, 0)    # (kernel seconds, bytes read) of the latest execute()
-        self.last_prompt_logprobs: list[tuple] = []    # of the latest execute(): _prompt_logprobs
-        # speculative decoding (spec_decode.py): drafts for the next step, by request id, of
-        # the latest execute()
+        # speculative decoding (spec_decode.py): each execute() drafts for the next step
         self.proposer = proposer
-        # (None without a proposer: the engine then skips its per-sequence draft bookkeeping)
-        self.last_spec_token_ids: dict[str, list[int]] | None = {} if proposer is not None else None
         # multiply-adds per token of the layers' matrices, and per logits row (the benchmarks'
         # share of peak; attention's grow with the context: bench/common.py)
         shapes = {name[:-len(".shape")]: tensors[name] for name in tensors if name.endswith(".shape")}
@@ -318,9 +313,9 @@ class ModelRunner:
 
     # ---- one step ---------------------------------------------------------------------
 
-    def _prompt_logprobs(self, logits: np.ndarray, prompt_rows: list) -> list[tuple]:
-        """(request, first prompt index, logprobs [n], ranks [n], top ids [n, k], top logprobs
-        [n, k]) per chunk of prompt rows, from their raw logits (one compiled call)."""
+    def _prompt_logprobs(self, logits: np.ndarray, prompt_rows: list) -> list[PromptLogprobs]:
+        """The PromptLogprobs of each chunk of prompt rows, from their raw logits (one compiled
+        call)."""
         targets = np.concatenate([r[3] for r in prompt_rows])
         n = len(targets)
         k = max(r[0].sampling_params.prompt_logprobs for r in prompt_rows)
@@ -330,8 +325,8 @@ class ModelRunner:
         out, at = [], 0
         for request, first, rows, _ in prompt_rows:
             m, kk = len(rows), request.sampling_params.prompt_logprobs
-            out.append((request, first, lps[at:at + m], ranks[at:at + m], top_ids[at:at + m, :kk],
-                        top_lps[at:at + m, :kk]))
+            out.append(PromptLogprobs(request, first, lps[at:at + m], ranks[at:at + m], top_ids[at:at + m, :kk],
+                                      top_lps[at:at + m, :kk]))
             at += m
         return out
 
@@ -391,7 +386,6 @@ class ModelRunner:
             prompt_rows = _prompt_rows(sched_out)
             if prompt_rows:
                 logits_rows = np.concatenate([logits_rows, np.concatenate([r[2] for r in prompt_rows])])
-        self.last_prompt_logprobs = []
         start = time.perf_counter()
         mm = (None, None, None, None)
         try:
@@ -404,12 +398,11 @@ class ModelRunner:
             bitmask, mask_rows = masks.wait() if masks is not None else (None, None)
         return all_logits, prompt_rows, kernel_seconds, bitmask, mask_rows
 
-    def execute(self, sched_out, masks=None) -> list[SampleResult | None]:
+    def execute(self, sched_out, masks=None) -> RunnerOutput:
         """One step. masks: the step's structured-output MaskJob (structured.py), being computed
-        while forward() runs; waited for before sampling. Prompt logprobs computed this step
-        are left in last_prompt_logprobs."""
+        while forward() runs; waited for before sampling."""
         batch = self.input_batch
-        self.last_plain = False
+        self._last_plain = False
         a = batch.prepare(sched_out)
         if self.proposer is not None:
             return self._execute_speculative(sched_out, a, masks)
@@ -439,17 +432,12 @@ class ModelRunner:
                                        bitmask=bitmask, mask_rows=mask_rows, any_logprobs=batch.any_logprobs)
             kernel_seconds += self.sampler.last_kernel_seconds
             batch.append_step(self.sampler.last_tokens)
-        if prompt_rows:
-            self.last_prompt_logprobs = self._prompt_logprobs(all_logits[len(a.logits_rows):], prompt_rows)
+        prompt_logprobs = self._prompt_logprobs(all_logits[len(a.logits_rows):], prompt_rows) if prompt_rows else []
         # weights stream once per step; attention reads each sequence's context once
-        self.last_step_cost = (kernel_seconds,
-                               self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token)
-        if len(sampled) == len(sched_out.chunks):
-            return sampled
-        results = iter(sampled)
-        return [next(results) if c.sample else None for c in sched_out.chunks]
+        return RunnerOutput(_align(sampled, sched_out.chunks), None, prompt_logprobs, kernel_seconds,
+                            self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token)
 
-    def _execute_plain(self, sched_out, a: StepArrays, num_rows: int) -> list[SampleResult]:
+    def _execute_plain(self, sched_out, a: StepArrays, num_rows: int) -> RunnerOutput:
         """execute() for a plain step: no logprobs, min_tokens bans, biases, masks, prompt
         logprobs or tensor parallel. A steady batch (the same R, logits view and slot order kind
         as the latest plain step) reuses its bound sampling, checked again (slots other than
@@ -466,51 +454,45 @@ class ModelRunner:
                 batch.gather_params(a.sample_slots)
             call.check()
         else:
-            sampler = self.sampler
-            sampler.prepare(logits, *batch.sampling_arrays(a.sample_slots, prefix), any_logprobs=False)
-            call, tokens = sampler._prepared[0], sampler._prepared[1][0]
+            call, tokens = self.sampler.prepare(logits, *batch.sampling_arrays(a.sample_slots, prefix),
+                                                any_logprobs=False)
             self._plain_bound = (num_rows, logits, prefix, call, tokens)
         _, _, kernel_seconds, _, _ = self._forward_step(sched_out, a, a.logits_rows, None)
         sampled, sample_seconds = batch.finish_plain(call.run, tokens, SampleResult)
-        self.last_plain = True
-        self.sampler.last_tokens, self.sampler.last_kernel_seconds = tokens, sample_seconds
-        self.last_step_cost = (kernel_seconds + sample_seconds,
-                               self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token)
-        if len(sampled) == len(sched_out.chunks):
-            return sampled
-        results = iter(sampled)       # a prefill chunk that does not sample yet: None
-        return [next(results) if c.sample else None for c in sched_out.chunks]
+        self._last_plain = True
+        # a prefill chunk that does not sample yet: None
+        return RunnerOutput(_align(sampled, sched_out.chunks), None, [], kernel_seconds + sample_seconds,
+                            self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token, True)
 
-    def decode_binding(self, num_seqs: int):
+    def decode_binding(self, num_seqs: int) -> DecodeBinding | None:
         """What a steady decode batch (_step.DecodeLane) runs each step in place of execute(),
-        bound to the latest step's arrays: (gather_decode, gather_params or None, the bound
-        sampling, forward, forward's arguments, finish_decode, the sampled tokens [S], the slots
-        [S]). None unless that step was a plain one (_execute_plain) of num_seqs sequences,
-        one token each: then every later step of the same sequences, one token each, runs the
-        same calls on the same arrays (nothing that would change the path can join the batch
-        without a new request, which ends the lane)."""
+        bound to the latest step's arrays. None unless that step was a plain one
+        (_execute_plain) of num_seqs sequences, one token each: then every later step of the
+        same sequences, one token each, runs the same calls on the same arrays (nothing that
+        would change the path can join the batch without a new request, which ends the lane)."""
         batch = self.input_batch
-        key, views = batch._step_views
         cached = self._plain_bound
-        if not self.last_plain or key != (num_seqs, num_seqs) or cached is None or cached[0] != num_seqs \
+        if not self._last_plain or cached is None or cached[0] != num_seqs \
                 or self.lora_weights is not None or self.vision is not None or self.tp_group is not None:
             return None
         _, logits, prefix, call, tokens = cached
-        slots = views[5].copy()       # the sampling slots: one per sequence, in the batch's order
-        batch._buffers.set_decode(slots, tokens)
+        bound = batch.bind_decode(num_seqs, tokens)
+        if bound is None:
+            return None
+        views, slots, gather, finish = bound
         gather_params = None if prefix else partial(batch.gather_params, slots)
         args = (self.model, self.workspace, views[0], views[1], views[2], views[3], batch.block_table, views[4],
                 logits, self.num_threads)
-        return (batch._buffers.gather_decode, gather_params, call, self.kernels.forward, args,
-                batch._buffers.finish_decode, tokens, slots)
+        return DecodeBinding(gather, gather_params, call, self.kernels.forward, args, finish, tokens, slots,
+                             self.bytes_per_token, self.kv_bytes_per_token, batch.append_blocks)
 
     # ---- speculative decoding -------------------------------------------------------------
 
-    def _execute_speculative(self, sched_out, a: StepArrays, masks) -> list:
+    def _execute_speculative(self, sched_out, a: StepArrays, masks) -> RunnerOutput:
         """execute() with drafts: each sampling chunk with s drafts brings its last s + 1
         logits rows to the compiled verifier (_sampler.verify); its result is then a list of
         SampleResults (accepted drafts, then one more token). Afterwards the proposer drafts
-        for the next step (last_spec_token_ids)."""
+        for the next step (RunnerOutput.spec_token_ids)."""
         batch = self.input_batch
         sampling = [c for c in sched_out.chunks if c.sample]
         num_rows = [1 + len(c.spec_token_ids) for c in sampling]
@@ -543,16 +525,19 @@ class ModelRunner:
                                                        - np.repeat(np.cumsum(counts) - counts, counts))
             batch.append_sampled(np.repeat(a.sample_slots, counts).astype(np.int32), tokens[keep])
             spec_start = time.perf_counter()
-            self.last_spec_token_ids = self.proposer.propose(batch, [c.request for c in sampling],
-                                                             a.sample_slots, sched_out)
+            spec_token_ids = self.proposer.propose(batch, [c.request for c in sampling], a.sample_slots, sched_out)
             kernel_seconds += time.perf_counter() - spec_start
         else:
-            self.last_spec_token_ids = {}
-        if prompt_rows:
-            self.last_prompt_logprobs = self._prompt_logprobs(all_logits[R:], prompt_rows)
-        self.last_step_cost = (kernel_seconds,
-                               self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token)
-        if len(results) == len(sched_out.chunks):
-            return results
-        it = iter(results)
-        return [next(it) if c.sample else None for c in sched_out.chunks]
+            spec_token_ids = {}
+        prompt_logprobs = self._prompt_logprobs(all_logits[R:], prompt_rows) if prompt_rows else []
+        return RunnerOutput(_align(results, sched_out.chunks), spec_token_ids, prompt_logprobs, kernel_seconds,
+                            self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token)
+
+
+def _align(sampled: list, chunks: list) -> list:
+    """The sampling rows' results aligned with the step's chunks: None where a chunk does not
+    sample (a prefill chunk before its prompt's end)."""
+    if len(sampled) == len(chunks):
+        return sampled
+    results = iter(sampled)
+    return [next(results) if c.sample else None for c in chunks]

@@ -600,6 +600,8 @@ def _worker(args: dict) -> int:
 
 
 def _serve(args: dict, plan: cpu.ThreadPlan, comm, views: dict) -> int:
+    # the kernels load only in a worker rank, once it has bound its threads (the rank 0 process
+    # and a plan check never need them from this module)
     from lite_llm import _kernels
     from lite_llm.engine.runner import ModelRunner
     from lite_llm.model.loader import load_model
@@ -612,7 +614,7 @@ def _serve(args: dict, plan: cpu.ThreadPlan, comm, views: dict) -> int:
                          max_num_batched_tokens=args["max_num_batched_tokens"], max_num_seqs=args["max_num_seqs"],
                          num_threads=plan.num_threads, disable_sliding_window=args["disable_sliding_window"],
                          kv_cache_dtype=args["kv_cache_dtype"], quantization=args["quantization"],
-                         tp_rank=rank, tp_size=size)
+                         shard=RankShard(loaded.config, rank, size))
     hello = {"rank": rank, "pid": os.getpid(), "cpus": list(report.planned), "observed": list(report.observed),
              "ok": report.ok, "memory": report.memory, "binding": "; ".join(report.describe()),
              "holds": describe_rank(loaded.config, rank, size) + f"; {runner.weight_bytes / 2**20:.1f} MB of "
