@@ -141,9 +141,8 @@ class LLM:
             raise ValueError("chat needs a tokenizer (skip_tokenizer_init=True was given)")
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = []
-        from lite_llm.multimodal import flatten_chat
         for conv in conversations:
-            conv, images = flatten_chat(conv, self._mm_processor, self._media)   # image parts -> placeholders
+            conv, images = multimodal.flatten_chat(conv, self._mm_processor, self._media)   # image parts -> placeholders
             text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
                                                       chat_template=chat_template)
             # the template already holds BOS and special tokens: don't add them twice
@@ -156,19 +155,16 @@ class LLM:
     def embed(self, prompts, *, dimensions: int | None = None, normalize: bool | None = None,
               truncate_prompt_tokens: int | None = None, use_tqdm: bool = True):
         """One PoolingRequestOutput per prompt, .outputs.embedding (vLLM's LLM.embed)."""
-        from lite_llm import pooling
         return pooling.embed(self._need("pooling"), prompts, dimensions=dimensions,
                              normalize=normalize, truncate_prompt_tokens=truncate_prompt_tokens)
 
     def classify(self, prompts, *, truncate_prompt_tokens: int | None = None, use_tqdm: bool = True):
         """One PoolingRequestOutput per prompt, .outputs.probs (a classifier head's)."""
-        from lite_llm import pooling
         return pooling.classify(self._need("pooling"), prompts,
                                 truncate_prompt_tokens=truncate_prompt_tokens)
 
     def score(self, text_1, text_2, *, truncate_prompt_tokens: int | None = None, use_tqdm: bool = True):
         """text_1 against each of text_2: one PoolingRequestOutput per pair, .outputs.score."""
-        from lite_llm import pooling
         return pooling.score(self._need("pooling"), text_1, text_2,
                              truncate_prompt_tokens=truncate_prompt_tokens)
 
@@ -199,7 +195,6 @@ class LLM:
         data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
         if not data:
             return None
-        from lite_llm import multimodal
         if self._mm_processor is None:
             raise multimodal.MediaError(f"{self._loaded.source} does not take images")
         if set(data) != {"image"}:

@@ -10,8 +10,26 @@ import argparse
 import dataclasses
 from dataclasses import dataclass
 
-from lite_llm.config import SpeculativeConfig
-from lite_llm.engine.runner import check_kv_cache_dtype, check_quantization
+from lite_llm.config import KV_CACHE_DTYPES, SpeculativeConfig
+
+QUANTIZATIONS = {"q8_0": "Q8_0", "q4_0": "Q4_0"}   # --quantization: the ggml type float weights become
+
+
+def check_kv_cache_dtype(name: str | None) -> str:
+    """A key of KV_CACHE_DTYPES (None: "auto"), else a ValueError listing them."""
+    key = "auto" if name is None else str(name).lower()
+    if key not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype {name!r} is not supported; choose one of {', '.join(KV_CACHE_DTYPES)}")
+    return key
+
+
+def check_quantization(name: str | None) -> str | None:
+    """None / "none" (weights as stored), or a key of QUANTIZATIONS; else a ValueError listing them."""
+    if name is None or str(name).lower() == "none":
+        return None
+    if str(name).lower() not in QUANTIZATIONS:
+        raise ValueError(f"quantization {name!r} is not supported; choose none, {', '.join(QUANTIZATIONS)}")
+    return str(name).lower()
 
 
 @dataclass(frozen=True)

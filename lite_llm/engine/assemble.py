@@ -14,17 +14,19 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from lite_llm import _kernels, cpu
+from lite_llm import cpu
 from lite_llm.config import env
 from lite_llm.engine import tp
 from lite_llm.engine.args import EngineArgs
 from lite_llm.engine.async_engine import AsyncEngine, EngineDeadError
 from lite_llm.engine.engine import EngineConfig, LLMEngine
 from lite_llm.engine.live import attach_engine_threads
-from lite_llm.engine.runner import ModelRunner, kv_bytes_per_block, kv_cache_format
 from lite_llm.engine.spec_decode import make_proposer
-from lite_llm.lora import LoRAManager
 from lite_llm.model.loader import load_model
+
+# The kernels (lite_llm._kernels, and engine/runner.py, which imports them) are imported in the
+# functions below, not here: loading them loads libgomp, which reads its environment once, as it
+# loads, and cpu.configure_openmp_env() must set that environment first (build_engine's first act).
 
 log = logging.getLogger("lite_llm")
 
@@ -98,6 +100,7 @@ def plan_kv_cache(config, dtype: str, block_size: int, max_model_len: int,
     as vLLM's VLLM_CPU_KVCACHE_SPACE is each worker's: every rank holds the same blocks of its
     own KV heads, so the block count is the space over the largest rank's block. The memory
     available bounds all ranks together; bytes_per_block is then every rank's block summed."""
+    from lite_llm.engine.runner import kv_bytes_per_block, kv_cache_format   # the kernels: see the top
     per_block = kv_bytes_per_block(config, block_size, dtype, kv_cache_dtype)
     per_rank = per_block
     if tensor_parallel_size > 1:
@@ -174,6 +177,8 @@ def build_engine(args: EngineArgs) -> Assembled:
     max_num_seqs None: default_max_num_seqs over every rank's computing threads."""
     t0 = time.perf_counter()
     cpu.configure_openmp_env()          # before the first OpenMP region in the process
+    from lite_llm import _kernels       # the kernels, now: see the top
+    from lite_llm.engine.runner import ModelRunner
     serving, tensor_parallel_size = args.serving, args.tensor_parallel_size
     plan = plan_ranks(tensor_parallel_size, serving)
     for line in plan.describe():
@@ -244,6 +249,8 @@ def build_engine(args: EngineArgs) -> Assembled:
                                         tp_group=group, max_loras=max_loras if enable_lora else 0,
                                         max_lora_rank=max_lora_rank)
             if enable_lora:
+                # only with adapters: lora.py's hashlib import keeps OpenSSL resident (~6 MiB)
+                from lite_llm.lora import LoRAManager
                 engine.lora = LoRAManager(loaded.config, engine.runner.lora_weights, max_loras, max_lora_rank)
             if group is not None:
                 group.wait_ready()

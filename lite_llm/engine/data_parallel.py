@@ -40,11 +40,15 @@ from typing import Any, Callable, Iterator
 from lite_llm import cpu
 from lite_llm.config import env
 from lite_llm.engine.args import EngineArgs
+from lite_llm.engine.assemble import build_engine
 from lite_llm.engine.async_engine import (EngineDeadError, EngineShutdownError, QueueFullError,
                                           RequestStream)
 from lite_llm.engine.block_pool import hash_block_tokens
 from lite_llm.engine.engine import check_request
 from lite_llm.engine.stats import EngineStats, merge_stats
+from lite_llm.engine.structured import Grammars
+from lite_llm.model.loader import load_model
+from lite_llm.multimodal import check_images_fit
 from lite_llm.outputs import RequestOutput
 from lite_llm.sampling_params import SamplingParams
 
@@ -260,7 +264,7 @@ def spawn_replicas(main: Callable, name: str, binds: list[tuple[str, list[int] |
         rep_write.close()
         replicas.append(make_replica(i, bind, affinity, proc, req_write, rep_read))
     try:
-        from lite_llm.model.loader import load_model      # config and tokenizer only: weights stay mapped
+        # config and tokenizer only: weights stay mapped
         loaded = load_model(model, dtype=dtype, max_model_len=max_model_len, progress=False)
         loaded.release()
         wait_ready(replicas)
@@ -277,9 +281,6 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
                   model: str | None, args: EngineArgs, requests: Any, replies: Any) -> None:
     """One replica: an AsyncEngine fed from the `requests` pipe, its deltas batched onto `replies`."""
     send = replica_process_setup(index, environ, affinity, log_level, replies)
-    # the assembly (kernels, numpy, the loader) is imported in the replica's process only: the
-    # front end's process, which imports this module too, never builds an engine
-    from lite_llm.engine.assemble import build_engine
     built = build_or_report(send, lambda: build_engine(args))
     if built is None:
         return
@@ -396,7 +397,6 @@ class DataParallelEngine:
     def __init__(self, replicas: list[_Replica], tokenizer: Any, *, max_model_len: int,
                  max_num_seqs: int, block_size: int, vocab_size: int, eos_token_ids: tuple[int, ...],
                  max_queue: int | None = None, max_num_batched_tokens: int | None = None):
-        from lite_llm.engine.structured import Grammars
         self.replicas = replicas
         self.max_model_len, self.max_num_seqs, self.max_queue = max_model_len, max_num_seqs, max_queue
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -417,7 +417,6 @@ class DataParallelEngine:
         """The engine's own checks (LLMEngine.validate_request), before a replica is chosen."""
         check_request(prompt_token_ids, sampling_params, self.max_model_len, self.max_num_seqs, self.grammars)
         if mm is not None and self.max_num_batched_tokens:
-            from lite_llm.multimodal import check_images_fit
             check_images_fit(mm, self.max_num_batched_tokens)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,

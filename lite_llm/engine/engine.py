@@ -39,6 +39,7 @@ from lite_llm.engine.runner_output import DecodeBinding, PromptLogprobs, RunnerO
 from lite_llm.engine.scheduler import Scheduler, SchedulerOutput
 from lite_llm.engine.stats import EngineStats, FinishedRequestRecord, StatsCollector, StepRecord
 from lite_llm.engine.structured import Grammars, StructuredOutputs
+from lite_llm.multimodal import check_images_fit
 from lite_llm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from lite_llm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -233,7 +234,6 @@ class LLMEngine:
             bad = next(t for t in prompt_token_ids if not 0 <= t < vocab)
             raise ValueError(f"the prompt holds token id {bad}, outside the model's vocabulary [0, {vocab})")
         if mm is not None:
-            from lite_llm.multimodal import check_images_fit
             check_images_fit(mm, self.config.max_num_batched_tokens)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],

@@ -170,8 +170,9 @@ def read_bandwidth(num_threads: int = 1, nbytes: int = BANDWIDTH_BYTES,
     of an nbytes array once, as a decode step streams its weights; the best of repeated reads
     over about `seconds`. (A copy also writes, and counting both streams overstates what a
     read-only stream gets: 64 GB/s copying vs 45 GB/s reading on one 2-core VM here.)"""
-    # imported here, not at the top: numpy (~6 MiB resident) and the kernels stay out of the
-    # processes that never measure (the data-parallel front end, a test's fake engine)
+    # imported here, not at the top: _cpu loads libgomp, which reads its environment once, as it
+    # loads (cpu.configure_openmp_env sets it first); numpy (~6 MiB resident) stays out of the
+    # processes that never measure
     import numpy as np
 
     from lite_llm._kernels import _cpu

@@ -22,6 +22,7 @@ from lite_llm import _kernels
 from lite_llm._kernels import gemm_path, layout
 from lite_llm.config import KV_CACHE_DTYPES, attention_path_override
 from lite_llm.engine import _sampler
+from lite_llm.engine.args import QUANTIZATIONS, check_kv_cache_dtype, check_quantization  # noqa: F401  (callers import them here)
 from lite_llm.engine.input_batch import InputBatch, StepArrays
 from lite_llm.engine.request import SampleResult
 from lite_llm.engine.runner_output import DecodeBinding, PromptLogprobs, RunnerOutput
@@ -29,6 +30,7 @@ from lite_llm.engine.sampler import Sampler, add_logit_bias
 from lite_llm.model import arch
 from lite_llm.model.packed_cache import PackedWeights
 from lite_llm.model.rope import rope_tables
+from lite_llm.multimodal import load_vision
 from lite_llm.model.weights import bf16_to_f32
 
 log = logging.getLogger("lite_llm")
@@ -46,14 +48,6 @@ def trim_heap() -> None:
 _trim_heap = trim_heap     # its former name, for code written against it
 
 
-def check_kv_cache_dtype(name: str | None) -> str:
-    """A key of KV_CACHE_DTYPES (None: "auto"), else a ValueError listing them."""
-    key = "auto" if name is None else str(name).lower()
-    if key not in KV_CACHE_DTYPES:
-        raise ValueError(f"kv_cache_dtype {name!r} is not supported; choose one of {', '.join(KV_CACHE_DTYPES)}")
-    return key
-
-
 def kv_cache_format(dtype: str, requested: str | None = "auto") -> str:
     """KV cache format (layout.KV_DTYPES) for a model dtype and a --kv-cache-dtype. auto: fp32
     stays fp32, 16-bit types store bf16 (same bytes as fp16, fp32's exponent range: no overflow
@@ -68,18 +62,6 @@ def kv_bytes_per_block(config, block_size: int, dtype: str, requested: str | Non
     """Bytes of one block over all layers, K and V."""
     region = layout.kv_region_bytes(kv_cache_format(dtype, requested), block_size, config.head_dim)
     return 2 * config.num_layers * config.num_kv_heads * region
-
-
-QUANTIZATIONS = {"q8_0": "Q8_0", "q4_0": "Q4_0"}   # --quantization: the ggml type float weights become
-
-
-def check_quantization(name: str | None) -> str | None:
-    """None / "none" (weights as stored), or a key of QUANTIZATIONS; else a ValueError listing them."""
-    if name is None or str(name).lower() == "none":
-        return None
-    if str(name).lower() not in QUANTIZATIONS:
-        raise ValueError(f"quantization {name!r} is not supported; choose none, {', '.join(QUANTIZATIONS)}")
-    return str(name).lower()
 
 
 def describe_formats(formats: dict[str, tuple[tuple[str, ...], str]]) -> str:
@@ -247,7 +229,6 @@ class ModelRunner:
         self.attention_path = self.kernel_config.attn_path
 
         start = time.perf_counter()
-        from lite_llm.multimodal import load_vision
         # the image encoder of a vision-language model, else None; under tensor parallel rank 0's
         # alone (the step's image rows travel to the other ranks with the step, tp.py)
         self.vision = load_vision(loaded, self.kernels, num_threads, self.gemm_paths.chosen["bf16"]) \
