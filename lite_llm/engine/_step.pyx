@@ -14,7 +14,9 @@ call (no Python frame per sequence).
 
 The two phases run one after the other, as the Python code does, so every finish, free and
 stats record happens in the same order. The Python functions stay the reference
-(LLMEngine.batched_decode = False runs them; tests/engine/test_step_batched.py compares).
+(LLMEngine.batched_decode = False runs them; tests/engine/test_step_batched.py compares, and
+tests/engine/test_decode_lane.py compares every compiled path at once, the runner's plain path
+and DecodeLane included, with the Python reference alone, step by step).
 
 What does not live here: the stop strings and every non-plain sample (engine.py), the runner's
 per-slot arrays (_batch.pyx: the sampled ids reach them in the runner's own compiled call).
@@ -492,7 +494,7 @@ cdef int _observe(object hist, double value, Py_ssize_t count) except -1:
 
 
 def add_itl(stats, dict itl, double now):
-    """LLMEngine._add_itl, compiled: the plain samples' inter-token latencies, counted per
+    """StatsCollector.add_itl, compiled: the plain samples' inter-token latencies, counted per
     previous token time, into stats (a StatsCollector)."""
     cdef Py_ssize_t count, total = 0
     hist = stats.itl

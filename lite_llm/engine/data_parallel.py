@@ -535,11 +535,11 @@ class DataParallelEngine:
             return
         stream, prompt, token_ids = entry
         if len(item) == 2:                      # (kind, message): the request failed there
-            stream._put(_ERRORS[item[0]](item[1]))
+            stream.put(_ERRORS[item[0]](item[1]))
             self._finish(rep, rid)
             return
         outputs, finished, metrics, num_cached, prompt_logprobs = item
-        stream._put(RequestOutput(rid, prompt, token_ids, outputs, finished=finished, metrics=metrics,
+        stream.put(RequestOutput(rid, prompt, token_ids, outputs, finished=finished, metrics=metrics,
                                   num_cached_tokens=num_cached, prompt_logprobs=prompt_logprobs))
         if finished:
             self._finish(rep, rid)
@@ -576,7 +576,7 @@ class DataParallelEngine:
             self._lock.notify_all()
         reason = self.failure or f"{rep.describe()} stopped"
         for _, (stream, _, _) in orphans:
-            stream._put(EngineDeadError(reason))
+            stream.put(EngineDeadError(reason))
 
 
 # ---- building it -------------------------------------------------------------------------------

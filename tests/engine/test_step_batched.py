@@ -221,8 +221,8 @@ def test_async_engine_streams_materialized_outputs(byte_bpe, monkeypatch):
     tok = ProjectTokenizer(byte_bpe)
     requests = [(f"s{i}", tok.encode(CORPUS[i % 5])[: 3 + i], SamplingParams(max_tokens=6 + i, temperature=0.0))
                 for i in range(5)]
-    put, seen = RequestStream._put, []
-    monkeypatch.setattr(RequestStream, "_put", lambda self, item: (seen.append(type(item)), put(self, item))[1])
+    put, seen = RequestStream.put, []
+    monkeypatch.setattr(RequestStream, "put", lambda self, item: (seen.append(type(item)), put(self, item))[1])
     ae = AsyncEngine(make_engine(tok, True))
     ae.start()
     try:
