@@ -15,6 +15,7 @@ import logging
 import time
 from collections import Counter
 from functools import partial
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -167,9 +168,27 @@ def _attention_plan(path: str, kv_cache_dtype: str, bf16_path: str, dtype: str) 
     if stage == "fma":
         return "are staged to fp32 (FMA)"
     return "run direct (vdpbf16ps)" if kv_cache_dtype == "bfloat16" else "are staged to bf16 pairs (vdpbf16ps)"
-def _prompt_rows(sched_out) -> list[tuple]:
-    """(request, first prompt index, token indices [n] of the step, target ids [n]) for each
-    chunk whose request still wants prompt logprobs. Position p's logits predict token p + 1:
+
+
+class _PromptRows(NamedTuple):
+    """One chunk's prompt positions whose logits the step keeps (prompt logprobs)."""
+    request: Any
+    first: int                  # the first prompt token they predict
+    rows: np.ndarray            # [n] int32 token indices of the step
+    targets: np.ndarray         # [n] int32 the prompt tokens they predict
+
+
+class _PlainBinding(NamedTuple):
+    """The latest plain step's bound sampling, reused while the batch stays the same shape."""
+    num_rows: int
+    logits: np.ndarray          # [R, V] the logits view forward() writes
+    prefix: bool                # the sampling slots were 0..R-1
+    call: Any                   # _sampler.PreparedSample
+    tokens: np.ndarray          # [R] int32 its sampled tokens
+
+
+def _prompt_rows(sched_out) -> list[_PromptRows]:
+    """The _PromptRows of each chunk whose request still wants prompt logprobs. Position p's logits predict token p + 1:
     prompt tokens done .. num_prompt - 1 are wanted (done = len(request.prompt_logprobs), the
     first having none); the last prompt position predicts the first output (a sampling row)."""
     out = []
@@ -182,7 +201,7 @@ def _prompt_rows(sched_out) -> list[tuple]:
             if hi > lo:
                 rows = np.arange(offset + lo - c.start, offset + hi - c.start, dtype=np.int32)
                 targets = np.asarray(req.prompt_token_ids[lo + 1:hi + 1], np.int32)
-                out.append((req, lo + 1, rows, targets))
+                out.append(_PromptRows(req, lo + 1, rows, targets))
         offset += c.num_new_tokens
     return out
 
@@ -264,7 +283,7 @@ class ModelRunner:
         self.sampler = Sampler(cfg.vocab_size, eos, num_threads=num_threads)
         self.input_batch = InputBatch(max_num_seqs, max_pos, block_size, eos, max_num_batched_tokens)
         self._last_plain = False     # the latest execute() ran _execute_plain (decode_binding)
-        self._plain_bound = None     # (R, logits view, prefix, PreparedSample, its out tokens) of the latest plain step
+        self._plain_bound: _PlainBinding | None = None   # of the latest plain step
         self.weight_bytes = sum(v.nbytes for k, v in tensors.items() if isinstance(v, np.ndarray))
         # a decode step streams every matrix once (of the experts, the top-k of X a token runs);
         # an untied embedding only gives a few rows
@@ -297,9 +316,9 @@ class ModelRunner:
     def _prompt_logprobs(self, logits: np.ndarray, prompt_rows: list) -> list[PromptLogprobs]:
         """The PromptLogprobs of each chunk of prompt rows, from their raw logits (one compiled
         call)."""
-        targets = np.concatenate([r[3] for r in prompt_rows])
+        targets = np.concatenate([r.targets for r in prompt_rows])
         n = len(targets)
-        k = max(r[0].sampling_params.prompt_logprobs for r in prompt_rows)
+        k = max(r.request.sampling_params.prompt_logprobs for r in prompt_rows)
         ranks, lps = np.empty(n, np.int32), np.empty(n, np.float32)
         top_ids, top_lps = np.empty((n, k), np.int32), np.empty((n, k), np.float32)
         _sampler.prompt_logprobs(logits, targets, ranks, lps, top_ids, top_lps, self.num_threads)
@@ -366,7 +385,7 @@ class ModelRunner:
         if self.input_batch.any_prompt_logprobs:
             prompt_rows = _prompt_rows(sched_out)
             if prompt_rows:
-                logits_rows = np.concatenate([logits_rows, np.concatenate([r[2] for r in prompt_rows])])
+                logits_rows = np.concatenate([logits_rows, np.concatenate([r.rows for r in prompt_rows])])
         start = time.perf_counter()
         mm = (None, None, None, None)
         try:
@@ -429,15 +448,15 @@ class ModelRunner:
         logits = self._logits_rows(num_rows)
         prefix = a.sample_slots_are_prefix
         cached = self._plain_bound
-        if cached is not None and cached[0] == num_rows and cached[1] is logits and cached[2] == prefix:
-            call, tokens = cached[3], cached[4]
+        if cached is not None and cached.num_rows == num_rows and cached.logits is logits and cached.prefix == prefix:
+            call, tokens = cached.call, cached.tokens
             if not prefix:
                 batch.gather_params(a.sample_slots)
             call.check()
         else:
             call, tokens = self.sampler.prepare(logits, *batch.sampling_arrays(a.sample_slots, prefix),
                                                 any_logprobs=False)
-            self._plain_bound = (num_rows, logits, prefix, call, tokens)
+            self._plain_bound = _PlainBinding(num_rows, logits, prefix, call, tokens)
         _, _, kernel_seconds, _, _ = self._forward_step(sched_out, a, a.logits_rows, None)
         sampled, sample_seconds = batch.finish_plain(call.run, tokens, SampleResult)
         self._last_plain = True
@@ -453,19 +472,18 @@ class ModelRunner:
         would change the path can join the batch without a new request, which ends the lane)."""
         batch = self.input_batch
         cached = self._plain_bound
-        if not self._last_plain or cached is None or cached[0] != num_seqs \
+        if not self._last_plain or cached is None or cached.num_rows != num_seqs \
                 or self.lora_weights is not None or self.vision is not None or self.tp_group is not None:
             return None
-        _, logits, prefix, call, tokens = cached
-        bound = batch.bind_decode(num_seqs, tokens)
+        bound = batch.bind_decode(num_seqs, cached.tokens)
         if bound is None:
             return None
-        views, slots, gather, finish = bound
-        gather_params = None if prefix else partial(batch.gather_params, slots)
-        args = (self.model, self.workspace, views[0], views[1], views[2], views[3], batch.block_table, views[4],
-                logits, self.num_threads)
-        return DecodeBinding(gather, gather_params, call, self.kernels.forward, args, finish, tokens, slots,
-                             self.bytes_per_token, self.kv_bytes_per_token, batch.append_blocks)
+        gather_params = None if cached.prefix else partial(batch.gather_params, bound.slots)
+        args = (self.model, self.workspace, bound.token_ids, bound.positions, bound.slot_mapping, bound.tok_seq,
+                batch.block_table, bound.logits_rows, cached.logits, self.num_threads)
+        return DecodeBinding(bound.gather, gather_params, cached.call, self.kernels.forward, args, bound.finish,
+                             cached.tokens, bound.slots, self.bytes_per_token, self.kv_bytes_per_token,
+                             batch.append_blocks)
 
     # ---- speculative decoding -------------------------------------------------------------
 
