@@ -1338,7 +1338,7 @@ def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
     if args.data_parallel_size > 1:
         from lite_llm.engine.data_parallel import build_data_parallel_engine
         return build_data_parallel_engine(engine_args, args.data_parallel_size)
-    from lite_llm.engine.assemble import build_async_engine
+    from lite_llm.llm import build_async_engine
     return build_async_engine(engine_args)
 
 
