@@ -17,7 +17,6 @@ import math
 import os
 import platform
 import threading
-import time
 from typing import Any
 
 from lite_llm import cpu
