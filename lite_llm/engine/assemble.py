@@ -239,15 +239,16 @@ def build_engine(args: EngineArgs) -> Assembled:
                                          block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
                                          max_num_seqs=max_num_seqs, num_threads=num_threads,
                                          max_model_len=loaded.max_model_len, kv_cache_dtype=kv_cache_dtype)
-            engine.runner = ModelRunner(loaded, num_blocks=kv.num_blocks, block_size=block_size,
-                                        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                                        num_threads=num_threads, disable_sliding_window=args.disable_sliding_window,
-                                        quantization=quantization, kv_cache_dtype=kv_cache_dtype,
-                                        proposer=proposer,
-                                        shard=tp.RankShard(cfg, 0, tensor_parallel_size)
-                                        if tensor_parallel_size > 1 else None,
-                                        tp_group=group, max_loras=max_loras if enable_lora else 0,
-                                        max_lora_rank=max_lora_rank)
+            runner = ModelRunner(loaded, num_blocks=kv.num_blocks, block_size=block_size,
+                                 max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                                 num_threads=num_threads, disable_sliding_window=args.disable_sliding_window,
+                                 quantization=quantization, kv_cache_dtype=kv_cache_dtype,
+                                 proposer=proposer,
+                                 shard=tp.RankShard(cfg, 0, tensor_parallel_size)
+                                 if tensor_parallel_size > 1 else None,
+                                 tp_group=group, max_loras=max_loras if enable_lora else 0,
+                                 max_lora_rank=max_lora_rank)
+            engine.attach_runner(runner, runner.vision)
             if enable_lora:
                 # only with adapters: lora.py's hashlib import keeps OpenSSL resident (~6 MiB)
                 from lite_llm.lora import LoRAManager

@@ -195,8 +195,8 @@ class LLMEngine:
     # each step as one compiled call (_step.DecodeLane); False: every step takes the path above
     decode_lanes = True
 
-    def __init__(self, runner: Runner, tokenizer: Any, config: EngineConfig):
-        self.runner = runner
+    def __init__(self, runner: Runner | None, tokenizer: Any, config: EngineConfig, vision=None):
+        """runner: None when it is attached later (attach_runner); vision: see attach_runner."""
         self.tokenizer = tokenizer
         self.config = config
         self.max_model_len = config.effective_max_model_len
@@ -207,8 +207,7 @@ class LLMEngine:
                                    max_model_len=self.max_model_len,
                                    policy=config.scheduling_policy,
                                    num_lookahead_tokens=config.num_lookahead_tokens)
-        if getattr(runner, "vision", None) is not None:    # images it holds cost no encoding
-            self.scheduler.encoder_cache = runner.vision.cache
+        self.attach_runner(runner, vision)
         self._rng = random.Random(config.seed)   # not numpy.random: its import costs ~6 MiB resident
         vocab_size = config.vocab_size or getattr(tokenizer, "vocab_size", 0)
         self.grammars = Grammars(tokenizer, vocab_size, config.eos_token_ids)   # thread-safe
@@ -222,6 +221,13 @@ class LLMEngine:
         self._lane = None            # the steady decode batch's _step.DecodeLane, while there is one
         self.decode_lane_steps = 0   # steps a DecodeLane ran
         self.step_seqs: list = []    # the latest plain step's sequence records (_step.plain_step)
+
+    def attach_runner(self, runner: Runner | None, vision=None) -> None:
+        """The runner steps run on (an engine assembled on its engine thread gets it here, after
+        it is built). vision: the runner's image encoder (multimodal), whose cache of encoded
+        images the scheduler reads: an image it holds costs a request no encoder budget."""
+        self.runner = runner
+        self.scheduler.encoder_cache = vision.cache if vision is not None else None
 
     # ---- requests in ----------------------------------------------------------------------
 
