@@ -181,6 +181,18 @@ KV_CACHE_DTYPES = {"auto": None, "bfloat16": "bfloat16", "fp8": "fp8_e4m3", "fp8
                    "fp8_e5m2": "fp8_e5m2", "int8": "int8"}
 
 
+QUANTIZATIONS = {"q8_0": "Q8_0", "q4_0": "Q4_0"}   # --quantization: the ggml type float weights become
+
+
+def check_quantization(name: str | None) -> str | None:
+    """None / "none" (weights as stored), or a key of QUANTIZATIONS; else a ValueError listing them."""
+    if name is None or str(name).lower() == "none":
+        return None
+    if str(name).lower() not in QUANTIZATIONS:
+        raise ValueError(f"quantization {name!r} is not supported; choose none, {', '.join(QUANTIZATIONS)}")
+    return str(name).lower()
+
+
 def env(name: str, default: str | None = None) -> str | None:
     """LITE_LLM_<name>, else its vLLM alias VLLM_<name>, else default."""
     for key in (f"LITE_LLM_{name}", f"VLLM_{name}"):

@@ -17,10 +17,10 @@ import math
 import os
 import platform
 import threading
-import time
 from typing import Any
 
 from lite_llm import cpu
+from lite_llm.engine.live import read_bandwidth as measure_bandwidth
 
 # Features each architecture's kernels may use (names as lite_llm._kernels._cpu.has knows them).
 ISA_FLAGS = {
@@ -29,7 +29,6 @@ ISA_FLAGS = {
     "aarch64": ("neon", "asimdhp", "dotprod", "sve", "bf16", "i8mm"),
     "s390x": ("vx", "vxe", "vxe2"),
 }
-BANDWIDTH_BYTES = 256 << 20      # source array of the copy test: well past any cache
 BANDWIDTH_SECONDS = 0.3
 
 
@@ -83,28 +82,6 @@ def _variant_table() -> list[str]:
         cpu_ok = f"CPU lacks {', '.join(missing)}" if missing else "CPU can run it"
         lines.append(f"{v.name}: {state}, {cpu_ok}")
     return lines
-
-
-def measure_bandwidth(num_threads: int = 1, nbytes: int = BANDWIDTH_BYTES,
-                      seconds: float = BANDWIDTH_SECONDS, max_threads: int = 64) -> float:
-    """Read bandwidth in GB/s (1e9 B/s): num_threads OpenMP threads each read a contiguous slice
-    of an nbytes array once, as a decode step streams its weights; the best of repeated reads
-    over about `seconds`. (A copy also writes, and counting both streams overstates what a
-    read-only stream gets: 64 GB/s copying vs 45 GB/s reading on one 2-core VM here.)"""
-    import numpy as np
-
-    from lite_llm._kernels import _cpu
-    words = np.ones(nbytes // 8, dtype=np.uint64)   # written once: every page is resident
-    num_threads = max(1, min(num_threads, max_threads))
-    best = math.inf
-    deadline = time.perf_counter() + seconds
-    while True:
-        start = time.perf_counter()
-        _cpu.stream_read(words, num_threads)
-        best = min(best, time.perf_counter() - start)
-        if time.perf_counter() >= deadline:
-            break
-    return words.nbytes / best / 1e9
 
 
 def gemm_paths() -> dict[str, Any]:

@@ -47,12 +47,13 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
 def _start(args):
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    from lite_llm.llm import build_engine, default_sampling_params
-    engine, loaded, info = build_engine(args.model, dtype=args.dtype, max_model_len=args.max_model_len,
-                                        kv_cache_space=args.kv_cache_space, serving=False,
-                                        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-                                        speculative_config=args.speculative_config,
-                                        tensor_parallel_size=args.tensor_parallel_size)
+    from lite_llm.llm import EngineArgs, build_engine, default_sampling_params
+    built = build_engine(EngineArgs(args.model, dtype=args.dtype, max_model_len=args.max_model_len,
+                                    kv_cache_space=args.kv_cache_space, serving=False,
+                                    quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+                                    speculative_config=args.speculative_config,
+                                    tensor_parallel_size=args.tensor_parallel_size))
+    engine, loaded = built.engine, built.loaded
     params = default_sampling_params(loaded.generation_config)
     overrides = {k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p),
                                    ("top_k", args.top_k), ("seed", args.seed)) if v is not None}

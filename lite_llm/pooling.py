@@ -228,7 +228,7 @@ class PoolingRunner:
         from lite_llm import _kernels
         from lite_llm._kernels import gemm_path, layout
         from lite_llm.config import attention_path_override
-        from lite_llm.engine.runner import _trim_heap, kv_cache_format
+        from lite_llm.engine.runner import kv_cache_format, trim_heap
         from lite_llm.model import arch
         from lite_llm.model.pack import check_quantization, packed_weights
         from lite_llm.model.rope import rope_tables
@@ -256,7 +256,7 @@ class PoolingRunner:
                                      self.kernels)
         packed = self.packed.model
         loaded.release()
-        _trim_heap()
+        trim_heap()
         # every sequence of a step wastes at most one partial block
         self.num_blocks = num_blocks = self.max_tokens // block_size + self.max_seqs + 1
         k_shape, v_shape = layout.kv_cache_shapes(num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim, kv_dtype)
@@ -561,7 +561,7 @@ def build_pooling_engine(model: str | None, *, dtype: str = "auto", max_model_le
     "classifier_from_token": ["no", "yes"], ...} scores a decoder from two tokens' logits."""
     hf_overrides = parse_overrides(hf_overrides)
     from lite_llm import _kernels, cpu
-    from lite_llm.llm import plan_ranks
+    from lite_llm.engine.assemble import plan_ranks
     from lite_llm.model.arch import bert
     from lite_llm.model.loader import load_model
     t0 = time.perf_counter()

@@ -24,8 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from lite_llm.engine.data_parallel import build_or_report, replica_process_setup, replies, spawn_replicas
-from lite_llm.pooling import PoolingInputError, PoolingRunner, PoolItem
+from lite_llm.engine.data_parallel import (build_or_report, replica_bind, replica_plans, replica_process_setup,
+                                           replies, spawn_replicas)
+from lite_llm.engine.stats import merge_stats
+from lite_llm.pooling import PoolingInputError, PoolingRunner, PoolItem, build_pooling_engine
 
 log = logging.getLogger("lite_llm.data_parallel")
 
@@ -44,8 +46,7 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
     """One replica: a PoolingEngine; each ("pool", job id, items) is pooled on a thread of its
     own (so concurrent jobs share the engine's steps) and answered ("done", job id, rows, error)."""
     send = replica_process_setup(index, environ, affinity, log_level, replies)
-    from lite_llm.pooling import build_pooling_engine
-    built = build_or_report(send, build_pooling_engine, model, kwargs)
+    built = build_or_report(send, lambda: build_pooling_engine(model, serving=True, progress=False, **kwargs))
     if built is None:
         return
     engine, _, info = built
@@ -187,7 +188,6 @@ class PoolingReplicas:
 
     def stats(self):
         """The replicas' EngineStats as one (/metrics)."""
-        from lite_llm.engine.stats import merge_stats
         return merge_stats(self._replica_stats())
 
     def is_alive(self) -> bool:
@@ -219,7 +219,6 @@ def build_pooling_replicas(model: str | None, data_parallel_size: int, **kwargs:
                            ) -> tuple[PoolingReplicas, Any, dict]:
     """Start data_parallel_size pooling replica processes (build_pooling_engine's keyword
     arguments), each on its share of the thread plan -> (front end, tokenizer, info)."""
-    from lite_llm.engine.data_parallel import replica_bind, replica_plans
     plan = replica_plans(data_parallel_size)
     for line in plan.describe():
         log.info("pooling data parallel %s", line.replace("rank ", "replica ", 1))
@@ -227,7 +226,8 @@ def build_pooling_replicas(model: str | None, data_parallel_size: int, **kwargs:
     replicas, loaded = spawn_replicas(
         _replica_main, "lite-llm-pool-replica", binds, model, kwargs,
         lambda i, bind, affinity, proc, req_write, rep_read: _Replica(i, bind if affinity else "", proc, req_write,
-                                                                       rep_read))
+                                                                       rep_read),
+        dtype=kwargs.get("dtype") or "auto", max_model_len=kwargs.get("max_model_len"))
     first = replicas[0].info
     engine = PoolingReplicas(replicas, loaded.tokenizer, first["info"].get("model_name") or str(model))
     info = {**first["info"], "pooler": first["pooler"], "data_parallel_size": data_parallel_size,

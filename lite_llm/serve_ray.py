@@ -27,6 +27,9 @@ import signal
 import threading
 from typing import Any
 
+from lite_llm.engine.assemble import default_max_num_seqs
+from lite_llm.server import app
+
 log = logging.getLogger("lite_llm.serve_ray")
 
 # hop-by-hop headers (RFC 9110 7.6.1) and the ones each side's HTTP stack sets itself
@@ -37,7 +40,7 @@ _RAY_OPTIONS = ("name", "num_replicas", "num_cpus_per_replica", "autoscaling_con
 
 
 def _import_ray():
-    try:
+    try:        # optional (the ray extra): loaded only when Ray Serve runs
         from ray import serve
     except ImportError:
         raise ImportError('Ray Serve is not installed: pip install "lite-llm[ray]" (or "ray[serve]")') from None
@@ -47,7 +50,6 @@ def _import_ray():
 def serve_options(**overrides: Any) -> argparse.Namespace:
     """`serve`'s flags as parsed from nothing, with overrides by flag name (max_model_len=1024,
     tool_call_parser="hermes", ...); an unknown name is a TypeError listing the known ones."""
-    from lite_llm.server import app
     parser = argparse.ArgumentParser()
     app.add_arguments(parser)
     args = parser.parse_args([])
@@ -73,15 +75,14 @@ class LiteLLMReplica:
             # Ray reserves CPUs but does not say which: several replicas may share a machine
             os.environ["LITE_LLM_CPU_OMP_THREADS_BIND"] = "nobind"
             os.environ["OMP_NUM_THREADS"] = str(max(1, int(num_cpus)))
-        from lite_llm.server import app
-        engine, tokenizer, info = app.start_engine(args)
+            engine, tokenizer, info = app.start_engine(args)
         self.server = app.build_server(args, engine, tokenizer, info, host="127.0.0.1", port=0)
         self.server.start()
         self._session = None
         log.info("lite-llm replica (pid %d) serving on %s behind Ray Serve", os.getpid(), self.server.url)
 
     async def __call__(self, request: Any) -> Any:
-        import aiohttp
+        import aiohttp      # Ray Serve's own dependencies: present only where it runs
         from starlette.responses import StreamingResponse
         if self._session is None:     # made in Ray's event loop, where it is used
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
@@ -138,7 +139,6 @@ def build_app(model: str | None = None, *, name: str = "lite-llm", num_replicas:
     else:      # the engine batches: let Ray send a replica what its batch holds
         seqs = args.max_num_seqs
         if seqs is None:      # the replica's own default for the threads it will run
-            from lite_llm.llm import default_max_num_seqs
             seqs = default_max_num_seqs(max(1, int(num_cpus_per_replica)), serving=True)[0]
         deployment_options["max_ongoing_requests"] = max(seqs, 5)
     deployment = serve.deployment(LiteLLMReplica, **deployment_options)
@@ -148,7 +148,6 @@ def build_app(model: str | None = None, *, name: str = "lite-llm", num_replicas:
 # ---- `python -m lite_llm serve-ray` -----------------------------------------------------------
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from lite_llm.server import app
     app.add_arguments(parser)
     for action in parser._actions:      # one engine per Ray replica: num_replicas scales instead
         if action.dest == "data_parallel_size":
@@ -186,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     if args.data_parallel_size != 1:
         raise SystemExit("serve-ray: each Ray replica is one engine; use --num-replicas, not --data-parallel-size")
     serve = _import_ray()
-    import ray
+    import ray      # optional (the ray extra): loaded only when Ray Serve runs
     options = {k: v for k, v in vars(args).items()
                if k not in {"command", "_run", "num_replicas", "num_cpus_per_replica", "autoscaling_config",
                             "max_ongoing_requests", "ray_address", "ray_num_cpus", "app_name"}}

@@ -77,15 +77,17 @@ def build(args: argparse.Namespace, max_model_len: int | None = None, num_kv_blo
     time from the call (imports of the engine included) to a started engine. max_model_len and
     num_kv_blocks apply when the user gave no --max-model-len / --kv-cache-space."""
     t0 = time.perf_counter()
-    from lite_llm.llm import build_engine
-    engine, loaded, info = build_engine(
+    from lite_llm.engine.args import EngineArgs
+    from lite_llm.engine.assemble import build_engine
+    built = build_engine(EngineArgs(
         args.model, dtype=args.dtype, max_model_len=args.max_model_len or max_model_len,
         block_size=args.block_size, kv_cache_space=args.kv_cache_space, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=args.enable_prefix_caching,
         seed=args.seed, serving=False, progress=sys.stderr.isatty(),
         num_kv_blocks=num_kv_blocks if args.kv_cache_space is None else None, quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype, speculative_config=getattr(args, "speculative_config", None),
-        tensor_parallel_size=args.tensor_parallel_size)
+        tensor_parallel_size=args.tensor_parallel_size))
+    engine, loaded, info = built.engine, built.loaded, built.info
     info = dict(info, build_seconds=time.perf_counter() - t0)
     packed = getattr(getattr(getattr(engine, "engine", None), "runner", None), "packed", None)
     if packed is not None and packed.kept is not None:   # a first start writes its packed weights

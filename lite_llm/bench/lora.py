@@ -49,17 +49,19 @@ def random_adapter(name: str, config, rank: int, seed: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    from lite_llm.llm import build_engine
+    from lite_llm.engine.args import EngineArgs
+    from lite_llm.engine.assemble import build_engine
     sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
     max_len = args.input_len + args.output_len
-    engine, loaded, info = build_engine(
+    built = build_engine(EngineArgs(
         args.model, dtype=args.dtype, max_model_len=args.max_model_len or max_len, block_size=args.block_size,
         kv_cache_space=args.kv_cache_space, max_num_seqs=max(max(sizes), 1),
         max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=args.enable_prefix_caching,
         seed=args.seed, serving=False, progress=sys.stderr.isatty(), quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype, enable_lora=True, max_loras=args.num_adapters,
         max_lora_rank=args.lora_rank,
-        num_kv_blocks=None if args.kv_cache_space else max(sizes) * -(-max_len // args.block_size) + 8)
+        num_kv_blocks=None if args.kv_cache_space else max(sizes) * -(-max_len // args.block_size) + 8))
+    engine, loaded, info = built.engine, built.loaded, built.info
     try:
         manager = engine.engine.lora
         names = [f"lora{i}" for i in range(args.num_adapters)]

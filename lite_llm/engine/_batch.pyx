@@ -16,6 +16,8 @@ from libc.stdint cimport int32_t, int64_t
 
 from time import perf_counter as _perf_counter
 
+include "_chunk.pxi"
+
 _new_tuple = tuple.__new__    # a NamedTuple built without its Python-level __new__ (a frame per row)
 
 
@@ -81,18 +83,18 @@ cdef class StepBuffers:
         cdef int32_t *table
         cdef Py_ssize_t bs = self.block_size
         for seq in range(num_seqs):
-            c = <tuple>chunks[seq]           # a NamedTuple: a tuple underneath, fields by index
-            request = c[0]
-            start = c[1]
-            count = c[2]
-            if c[5]:
-                slot = batch.add(request, c[3])
+            c = <tuple>chunks[seq]           # a NamedTuple: a tuple underneath, fields by name (_chunk.pxi)
+            request = c[CHUNK_REQUEST]
+            start = c[CHUNK_START]
+            count = c[CHUNK_NUM_NEW]
+            if c[CHUNK_IS_NEW]:
+                slot = batch.add(request, c[CHUNK_NEW_BLOCKS])
             else:
                 slot = slot_of[request.request_id]
-                if c[3]:
-                    batch.append_blocks(slot, c[3])
-                if c[6]:
-                    batch.put_drafts(slot, c[6])
+                if c[CHUNK_NEW_BLOCKS]:
+                    batch.append_blocks(slot, c[CHUNK_NEW_BLOCKS])
+                if c[CHUNK_SPEC]:
+                    batch.put_drafts(slot, c[CHUNK_SPEC])
             if slot < 0 or slot >= self.num_slots or count < 1 or start < 0 or start + count > self.row_len \
                     or (start + count - 1) // bs >= self.max_blocks:
                 raise ValueError(f"StepBuffers.gather: chunk {seq} (slot {slot}, tokens {start}..{start + count}) "
@@ -111,7 +113,7 @@ cdef class StepBuffers:
                 self.tok_seq[t] = <int32_t>slot
                 t += 1
             context += start + count
-            if c[4]:
+            if c[CHUNK_SAMPLE]:
                 if r >= self.max_rows:
                     raise ValueError("StepBuffers.gather: row arrays too small")
                 self.logits_rows[r] = <int32_t>(t - 1)

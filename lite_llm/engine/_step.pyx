@@ -10,11 +10,13 @@ call (no Python frame per sequence).
       phase 2 (_process_plain): a plain sample (still running, not its first token, no
                logprobs, no stop strings) has its ITL counted and its token detokenized here
                (ByteDetokenizer: a table lookup, the token's text cached); any other goes to
-               LLMEngine._process_sample, unchanged. Requests with a delta join `touched`.
+               LLMEngine.process_sample, unchanged. Requests with a delta join `touched`.
 
 The two phases run one after the other, as the Python code does, so every finish, free and
 stats record happens in the same order. The Python functions stay the reference
-(LLMEngine.batched_decode = False runs them; tests/engine/test_step_batched.py compares).
+(LLMEngine.batched_decode = False runs them; tests/engine/test_step_batched.py compares, and
+tests/engine/test_decode_lane.py compares every compiled path at once, the runner's plain path
+and DecodeLane included, with the Python reference alone, step by step).
 
 What does not live here: the stop strings and every non-plain sample (engine.py), the runner's
 per-slot arrays (_batch.pyx: the sampled ids reach them in the runner's own compiled call).
@@ -32,6 +34,8 @@ from lite_llm.engine.request import RequestStatus, SampleResult
 from lite_llm.engine.stats import StepRecord
 from lite_llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
+include "_chunk.pxi"
+
 cdef extern from *:
     """
     #define LL_PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
@@ -43,6 +47,17 @@ cdef extern from *:
     const void *LL_LIST_END(object op)    # where the list's next item goes (an append writes there)
     const void *LL_LIST_AT(object op, Py_ssize_t i)     # where item i's pointer sits
     const void *LL_LIST_ITEM(object op, Py_ssize_t i)   # item i (a list of objects, none NULL)
+
+# fields of the NamedTuples read here as tuple items (a pointer load, not a descriptor call),
+# checked against their classes at import
+cdef enum:
+    SAMPLE_TOKEN_ID = 0          # SampleResult.token_id
+    STEP_PYTHON_SECONDS = 2      # StepRecord.python_seconds
+    STEP_KERNEL_SECONDS = 3      # StepRecord.kernel_seconds
+    STEP_BYTES_READ = 4          # StepRecord.bytes_read
+if SampleResult._fields[SAMPLE_TOKEN_ID] != "token_id" or StepRecord._fields[STEP_PYTHON_SECONDS:] != \
+        ("python_seconds", "kernel_seconds", "bytes_read"):
+    raise ImportError("_step.pyx: SampleResult / StepRecord fields moved; update its field indices")
 
 cdef object RUNNING = RequestStatus.RUNNING
 cdef object WAITING = RequestStatus.WAITING
@@ -94,7 +109,7 @@ cdef class _Seq:
         self.parent_id = request.parent_id
         self.stop_ids, self.limit = request.stop_check
         self.outs = request.output_token_ids
-        self.all_ids = request._all_token_ids
+        self.all_ids = request.all_token_ids     # the list itself, appended in place
         self.plain = request.logprobs is None and not request.sampling_params.stop
         self.final_only = group.final_only
         self.request_id = request.request_id
@@ -108,8 +123,8 @@ cdef class _Seq:
         self.byte_det = type(det) is _BYTE_DETOKENIZER
         if self.byte_det:
             self.det_token_ids = det.token_ids
-            self.det_pieces = det._pieces
-            self.table = det._table
+            self.det_pieces = det.pieces
+            self.table = det.table
             self.table_size = PyList_GET_SIZE(self.table)
             self.texts = _texts_of(self.table)
 
@@ -124,7 +139,7 @@ cdef inline _Seq _seq_of(request, dict groups):
 cdef object _byte_add(_Seq seq, object token_obj, long token):
     """ByteDetokenizer.add(token), with the token's text decoded once per tokenizer."""
     det = seq.det
-    if token < 0 or token >= seq.table_size or len(det._pending):
+    if token < 0 or token >= seq.table_size or len(det.pending):
         return det.add(token_obj)            # rare: bytes held from earlier tokens, or no table entry
     seq.det_token_ids.append(token_obj)
     text = seq.texts[token]
@@ -138,7 +153,7 @@ cdef object _byte_add(_Seq seq, object token_obj, long token):
                 text = False
         seq.texts[token] = text
     if text is False:                        # an incomplete character: held
-        det._pending = seq.table[token]
+        det.pending = seq.table[token]
         return ""
     if text:
         seq.det_pieces.append(text)
@@ -230,7 +245,7 @@ cdef inline int _take(_Seq seq, object request, object token_obj, scheduler) exc
     seq.outs.append(token_obj)
     seq.all_ids.append(token_obj)
     if token_obj in seq.stop_ids or PyList_GET_SIZE(seq.outs) >= seq.limit:
-        status = scheduler._check_token_stop(request)
+        status = scheduler.check_token_stop(request)
         if status is not None:
             scheduler.finish_requests(request.request_id, status)
     return 0
@@ -240,7 +255,7 @@ cdef inline int _emit(_Seq seq, object token_obj, object sample, object now, eng
                       _ItlCounts itl) except -1:
     """LLMEngine._process_plain for one sample (token_obj; sample its SampleResult, or None for
     a plain (token, None, None, None) one): a plain sample (still running, not its first token)
-    has its ITL counted and its token detokenized here; any other goes to _process_sample."""
+    has its ITL counted and its token detokenized here; any other goes to process_sample."""
     cdef long token
     request = seq.request
     metrics = seq.metrics
@@ -248,7 +263,7 @@ cdef inline int _emit(_Seq seq, object token_obj, object sample, object now, eng
     if not seq.plain or request.status is not RUNNING or last is None:
         if sample is None:
             sample = _new_tuple(_SAMPLE_RESULT, (token_obj, None, None, None))
-        engine._process_sample(request, sample, now)
+        engine.process_sample(request, sample, now)
         if not seq.final_only or request.is_finished:
             touched[seq.parent_id] = seq.group
         return 0
@@ -262,7 +277,7 @@ cdef inline int _emit(_Seq seq, object token_obj, object sample, object now, eng
             new_text = seq.det.add(token_obj)
         if new_text:                     # _Completion.add_text without stop strings (no tail)
             comp = seq.comp
-            comp._pending.append(new_text)
+            comp.pending.append(new_text)
             comp.num_chars += len(new_text)
     if not seq.final_only:
         touched[seq.parent_id] = seq.group
@@ -296,33 +311,33 @@ def plain_step(list chunks, list results, object now, scheduler, engine, dict to
     cdef list seqs = [], samples = []
     _prefetch(chunks, engine.step_seqs)
     cdef _ItlCounts itl = _ItlCounts()
-    cdef dict groups = engine._groups
+    cdef dict groups = engine.groups
     cdef _Seq seq
     if len(results) != n:
         raise AssertionError("runner results must align with chunks")
     # ---- phase 1: Scheduler.update_from_output ---------------------------------------------
     for i in range(n):
-        c = <tuple>chunks[i]             # ScheduledChunk: (request, start, num_new, blocks, sample, is_new, spec)
-        request = c[0]
+        c = <tuple>chunks[i]             # a ScheduledChunk, its fields by name (_chunk.pxi)
+        request = c[CHUNK_REQUEST]
         status = request.status
         if status is not RUNNING and status is not WAITING:
             continue
-        if c[6]:
+        if c[CHUNK_SPEC]:
             raise AssertionError("plain_step: a chunk with drafts")
-        request.num_computed_tokens = c[1] + c[2]
-        if not c[4]:
+        request.num_computed_tokens = c[CHUNK_START] + c[CHUNK_NUM_NEW]
+        if not c[CHUNK_SAMPLE]:
             continue
         result = results[i]
         if result is None:
             raise AssertionError(f"no sample for {request}")
         seq = _seq_of(request, groups)
-        _take(seq, request, (<tuple>result)[0], scheduler)
+        _take(seq, request, (<tuple>result)[SAMPLE_TOKEN_ID], scheduler)
         seqs.append(seq)
         samples.append(result)
     # ---- phase 2: LLMEngine._process_plain --------------------------------------------------
     for i in range(len(seqs)):
         sample = samples[i]
-        _emit(<_Seq>seqs[i], (<tuple>sample)[0], sample, now, engine, touched, itl)
+        _emit(<_Seq>seqs[i], (<tuple>sample)[SAMPLE_TOKEN_ID], sample, now, engine, touched, itl)
     engine.step_seqs = seqs
     return itl.done()
 
@@ -354,7 +369,7 @@ cdef class PendingOutput:
 
 
 cdef PendingOutput _simple_output(_Seq seq):
-    """LLMEngine._make_output of a group whose only child is plain (no stop strings, logprobs
+    """LLMEngine.make_output of a group whose only child is plain (no stop strings, logprobs
     or prompt logprobs): its delta since the previous output, as a PendingOutput."""
     request = seq.request
     comp = seq.comp
@@ -374,14 +389,14 @@ cdef PendingOutput _simple_output(_Seq seq):
         if num <= 0:
             text = ""
         else:
-            pending = comp._pending
+            pending = comp.pending
             text = pending[0] if PyList_GET_SIZE(pending) == 1 else "".join(pending)
             size = PyUnicode_GET_LENGTH(text)
             if num < size:
-                comp._pending = [text[num:]]
+                comp.pending = [text[num:]]
                 text = text[:num]
             else:
-                comp._pending = []
+                comp.pending = []
             comp.num_sent_chars = end
         out.has_completion = True
         out.index, out.text, out.token_ids = request.index, text, PyList_GetSlice(seq.outs, num_sent, num_tokens)
@@ -400,12 +415,12 @@ cdef PendingOutput _simple_output(_Seq seq):
 
 
 def make_outputs(dict touched, engine, bint lazy=False) -> list:
-    """step()'s outputs of the touched groups, in order: LLMEngine._make_output's delta per group
-    (compiled for a group of one plain child, engine._make_output otherwise); a finished group
-    leaves engine._groups, a running FINAL_ONLY one and an empty delta give no output. lazy: a
+    """step()'s outputs of the touched groups, in order: LLMEngine.make_output's delta per group
+    (compiled for a group of one plain child, engine.make_output otherwise); a finished group
+    leaves engine.groups, a running FINAL_ONLY one and an empty delta give no output. lazy: a
     group of one plain child gives its PendingOutput (its materialize() is that RequestOutput)."""
     cdef list outputs = []
-    cdef dict groups = engine._groups
+    cdef dict groups = engine.groups
     cdef PendingOutput pending
     for rid, group in touched.items():
         children = group.children
@@ -422,7 +437,7 @@ def make_outputs(dict touched, engine, bint lazy=False) -> list:
             continue
         if group.final_only and not group.is_finished:
             continue
-        out = engine._make_output(group)
+        out = engine.make_output(group)
         if out.finished:
             del groups[rid]
             outputs.append(out)
@@ -472,14 +487,14 @@ cdef int _observe(object hist, double value, Py_ssize_t count) except -1:
             lo = mid + 1
         else:
             hi = mid
-    cdef list counts = hist._bucket_counts
+    cdef list counts = hist.bucket_counts
     counts[lo] = counts[lo] + count
-    hist._sum = hist._sum + value * count
+    hist.value_sum = hist.value_sum + value * count
     return 0
 
 
 def add_itl(stats, dict itl, double now):
-    """LLMEngine._add_itl, compiled: the plain samples' inter-token latencies, counted per
+    """StatsCollector.add_itl, compiled: the plain samples' inter-token latencies, counted per
     previous token time, into stats (a StatsCollector)."""
     cdef Py_ssize_t count, total = 0
     hist = stats.itl
@@ -494,9 +509,9 @@ def add_itl(stats, dict itl, double now):
 def record_step(stats, record):
     """StatsCollector.record_step(record), compiled."""
     stats.num_steps_total += 1
-    _observe(stats.step_python, (<tuple>record)[2], 1)
-    _observe(stats.step_kernel, (<tuple>record)[3], 1)
-    stats.step_bytes_read_total += (<tuple>record)[4]
+    _observe(stats.step_python, (<tuple>record)[STEP_PYTHON_SECONDS], 1)
+    _observe(stats.step_kernel, (<tuple>record)[STEP_KERNEL_SECONDS], 1)
+    stats.step_bytes_read_total += (<tuple>record)[STEP_BYTES_READ]
     stats.recent_steps.append(record)
 
 
@@ -541,7 +556,7 @@ cdef class DecodeLane:
         sched = self.scheduler
         # a waiting request starts in the next step: in a free slot, or in one fair admission
         # preempts for it (Scheduler.has_fair_claim)
-        if PyList_GET_SIZE(running) != n or sched._finished_req_ids or sched._preempted_req_ids \
+        if PyList_GET_SIZE(running) != n or sched.has_pending_removals \
                 or (sched.waiting and (n < self.max_num_seqs or sched.has_fair_claim())):
             return None
         t0 = _perf_counter()
@@ -607,12 +622,13 @@ cdef class DecodeLane:
 cdef list _NO_CHUNKS = []
 
 
-def decode_lane(engine, sched_out, runner):
-    """The DecodeLane of the batch the step just run (sched_out, on runner) leaves, or None
-    unless it qualifies: every running request computed one token and sampled (none new, no
-    drafts), in running's order, each a sequence plain_step has seen whose decodes
-    schedule_decodes may schedule, and the runner's step was a plain one it can bind
-    (ModelRunner.decode_binding)."""
+def decode_lane(engine, sched_out, decode_binding, stats):
+    """The DecodeLane of the batch the step just run (sched_out) leaves, or None unless it
+    qualifies: every running request computed one token and sampled (none new, no drafts), in
+    running's order, each a sequence plain_step has seen whose decodes schedule_decodes may
+    schedule, and the runner's step was a plain one it can bind (decode_binding(S): the
+    runner's DecodeBinding, or None). stats: the engine's StatsCollector, which the lane's
+    steps record into."""
     cdef list chunks = sched_out.chunks
     cdef Py_ssize_t i, n = PyList_GET_SIZE(chunks)
     cdef tuple c
@@ -623,28 +639,29 @@ def decode_lane(engine, sched_out, runner):
     cdef list seqs = []
     cdef bint all_simple = True
     for i in range(n):
-        c = <tuple>chunks[i]             # ScheduledChunk: (request, start, num_new, blocks, sample, is_new, spec)
-        request = c[0]
-        if request is not running[i] or c[2] != 1 or not c[4] or c[5] or c[6] or request.status is not RUNNING:
+        c = <tuple>chunks[i]             # a ScheduledChunk, its fields by name (_chunk.pxi)
+        request = c[CHUNK_REQUEST]
+        if request is not running[i] or c[CHUNK_NUM_NEW] != 1 or not c[CHUNK_SAMPLE] or c[CHUNK_IS_NEW] \
+                or c[CHUNK_SPEC] or request.status is not RUNNING:
             return None
         state = request.step_state
         if state is None or not (<_Seq>state).decodes:
             return None
         seqs.append(state)
         all_simple = all_simple and (<_Seq>state).simple
-    binding = getattr(runner, "decode_binding", None)
-    binding = binding(n) if binding is not None else None
+    binding = decode_binding(n)
     if binding is None:
         return None
     cdef DecodeLane lane = DecodeLane.__new__(DecodeLane)
     lane.seqs, lane.running, lane.size = seqs, running, n
     lane.engine, lane.scheduler, lane.max_num_seqs = engine, scheduler, scheduler.max_num_seqs
     kv = scheduler.kv_cache_manager
-    lane.room, lane.allocate, lane.append_blocks = kv.room, kv.allocate_slots, runner.input_batch.append_blocks
-    lane.gather, lane.gather_params, lane.call, lane.forward, lane.fwd_args, lane.finish, lane.tokens, \
-        lane.slots = binding
-    lane.stats = engine._stats
-    lane.bytes_per_token, lane.kv_bytes_per_token = runner.bytes_per_token, runner.kv_bytes_per_token
+    lane.room, lane.allocate, lane.append_blocks = kv.room, kv.allocate_slots, binding.append_blocks
+    lane.gather, lane.gather_params, lane.call = binding.gather, binding.gather_params, binding.sample
+    lane.forward, lane.fwd_args, lane.finish = binding.forward, binding.forward_args, binding.finish
+    lane.tokens, lane.slots = binding.tokens, binding.slots
+    lane.stats = stats
+    lane.bytes_per_token, lane.kv_bytes_per_token = binding.bytes_per_token, binding.kv_bytes_per_token
     lane.all_simple = all_simple
     lane.num_steps = 0
     return lane

@@ -55,7 +55,8 @@ class RequestStream:
         self._sink = sink
         self._done = False
 
-    def _put(self, item: RequestOutput | PendingOutput | BaseException) -> None:
+    def put(self, item: RequestOutput | PendingOutput | BaseException) -> None:
+        """An output (or the error that ends the stream) for its reader: the engine thread's side."""
         if self._sink is not None:      # forwarded as produced (a data-parallel replica's pipe)
             self._sink(item.materialize() if type(item) is PendingOutput else item)
         else:
@@ -252,7 +253,7 @@ class AsyncEngine:
             for stream in [*self._streams.values(), *pending]:
                 err = EngineDeadError("the engine thread failed")
                 err.__cause__ = e
-                stream._put(err)
+                stream.put(err)
             self._streams.clear()
 
     def _handle_inbox(self, items: list[tuple]) -> list[RequestOutput]:
@@ -269,7 +270,7 @@ class AsyncEngine:
                 except ValueError as e:
                     with self._cond:
                         self._active_ids.discard(stream.request_id)
-                    stream._put(e)
+                    stream.put(e)
                     continue
                 finally:    # the sequences took references of their own
                     lora = args[6]      # (request_id, ids, params, prompt, arrival, priority, lora, mm, owner)
@@ -291,7 +292,7 @@ class AsyncEngine:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue
-            stream._put(out)
+            stream.put(out)
             if out.finished:
                 del self._streams[out.request_id]
                 with self._cond:

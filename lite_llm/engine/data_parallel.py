@@ -39,11 +39,16 @@ from typing import Any, Callable, Iterator
 
 from lite_llm import cpu
 from lite_llm.config import env
+from lite_llm.engine.args import EngineArgs
+from lite_llm.engine.assemble import build_engine
 from lite_llm.engine.async_engine import (EngineDeadError, EngineShutdownError, QueueFullError,
                                           RequestStream)
 from lite_llm.engine.block_pool import hash_block_tokens
 from lite_llm.engine.engine import check_request
 from lite_llm.engine.stats import EngineStats, merge_stats
+from lite_llm.engine.structured import Grammars
+from lite_llm.model.loader import load_model
+from lite_llm.multimodal import check_images_fit
 from lite_llm.outputs import RequestOutput
 from lite_llm.sampling_params import SamplingParams
 
@@ -216,11 +221,11 @@ def wait_ready(replicas: list) -> None:
         rep.info = msg[1]
 
 
-def build_or_report(send: Callable[[tuple], None], builder: Callable, model: str | None, kwargs: dict):
-    """In a replica process: builder(model, serving=True, progress=False, **kwargs) (llm.build_engine
-    here, pooling.build_pooling_engine in pooling_dp.py), or None once ("failed", why) is sent."""
+def build_or_report(send: Callable[[tuple], None], build: Callable[[], Any]):
+    """In a replica process: build() (assemble.build_engine of the replica's EngineArgs here,
+    pooling.build_pooling_engine in pooling_dp.py), or None once ("failed", why) is sent."""
     try:
-        return builder(model, serving=True, progress=False, **kwargs)
+        return build()
     except BaseException as e:  # noqa: BLE001 - the front end reports it
         send(("failed", f"{type(e).__name__}: {e}"))
         return None
@@ -236,9 +241,12 @@ def replies(conn) -> Iterator[tuple]:
 
 
 def spawn_replicas(main: Callable, name: str, binds: list[tuple[str, list[int] | None]], model: str | None,
-                   kwargs: dict, make_replica: Callable) -> tuple[list, Any]:
+                   kwargs: Any, make_replica: Callable, dtype: str = "auto",
+                   max_model_len: int | None = None) -> tuple[list, Any]:
     """Start a spawned process per (bind spec, affinity) of binds, running main(index, environ,
-    affinity, log level, model, kwargs, requests pipe, replies pipe); make_replica(index, bind,
+    affinity, log level, model, kwargs, requests pipe, replies pipe) (kwargs: what the replica
+    builds its engine from; dtype and max_model_len: the model's, as the front end reads its
+    config and tokenizer); make_replica(index, bind,
     affinity, process, requests writer, replies reader) is the front end's handle on each (generation
     replicas here, pooling ones in pooling_dp.py). Then the model's config and tokenizer are read
     here (weights stay mapped) and every replica's ready message awaited; if one fails, all stop
@@ -256,9 +264,8 @@ def spawn_replicas(main: Callable, name: str, binds: list[tuple[str, list[int] |
         rep_write.close()
         replicas.append(make_replica(i, bind, affinity, proc, req_write, rep_read))
     try:
-        from lite_llm.model.loader import load_model      # config and tokenizer only: weights stay mapped
-        loaded = load_model(model, dtype=kwargs.get("dtype", "auto"), max_model_len=kwargs.get("max_model_len"),
-                            progress=False)
+        # config and tokenizer only: weights stay mapped
+        loaded = load_model(model, dtype=dtype, max_model_len=max_model_len, progress=False)
         loaded.release()
         wait_ready(replicas)
     except BaseException:
@@ -271,14 +278,13 @@ def spawn_replicas(main: Callable, name: str, binds: list[tuple[str, list[int] |
 
 
 def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | None, log_level: int,
-                  model: str | None, kwargs: dict, requests: Any, replies: Any) -> None:
+                  model: str | None, args: EngineArgs, requests: Any, replies: Any) -> None:
     """One replica: an AsyncEngine fed from the `requests` pipe, its deltas batched onto `replies`."""
     send = replica_process_setup(index, environ, affinity, log_level, replies)
-    from lite_llm.llm import build_engine
-    built = build_or_report(send, build_engine, model, kwargs)
+    built = build_or_report(send, lambda: build_engine(args))
     if built is None:
         return
-    engine, loaded, info = built
+    engine, info = built.engine, built.info
     config = engine.engine.config
     keep = ("model_path", "model_name", "max_model_len", "dtype", "architecture", "kernel_variant",
             "num_threads", "thread_plan", "kv_cache_tokens", "kv_cache_blocks", "kv_cache_bytes",
@@ -391,7 +397,6 @@ class DataParallelEngine:
     def __init__(self, replicas: list[_Replica], tokenizer: Any, *, max_model_len: int,
                  max_num_seqs: int, block_size: int, vocab_size: int, eos_token_ids: tuple[int, ...],
                  max_queue: int | None = None, max_num_batched_tokens: int | None = None):
-        from lite_llm.engine.structured import Grammars
         self.replicas = replicas
         self.max_model_len, self.max_num_seqs, self.max_queue = max_model_len, max_num_seqs, max_queue
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -412,7 +417,6 @@ class DataParallelEngine:
         """The engine's own checks (LLMEngine.validate_request), before a replica is chosen."""
         check_request(prompt_token_ids, sampling_params, self.max_model_len, self.max_num_seqs, self.grammars)
         if mm is not None and self.max_num_batched_tokens:
-            from lite_llm.multimodal import check_images_fit
             check_images_fit(mm, self.max_num_batched_tokens)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
@@ -531,11 +535,11 @@ class DataParallelEngine:
             return
         stream, prompt, token_ids = entry
         if len(item) == 2:                      # (kind, message): the request failed there
-            stream._put(_ERRORS[item[0]](item[1]))
+            stream.put(_ERRORS[item[0]](item[1]))
             self._finish(rep, rid)
             return
         outputs, finished, metrics, num_cached, prompt_logprobs = item
-        stream._put(RequestOutput(rid, prompt, token_ids, outputs, finished=finished, metrics=metrics,
+        stream.put(RequestOutput(rid, prompt, token_ids, outputs, finished=finished, metrics=metrics,
                                   num_cached_tokens=num_cached, prompt_logprobs=prompt_logprobs))
         if finished:
             self._finish(rep, rid)
@@ -572,19 +576,18 @@ class DataParallelEngine:
             self._lock.notify_all()
         reason = self.failure or f"{rep.describe()} stopped"
         for _, (stream, _, _) in orphans:
-            stream._put(EngineDeadError(reason))
+            stream.put(EngineDeadError(reason))
 
 
 # ---- building it -------------------------------------------------------------------------------
 
-def build_data_parallel_engine(model: str | None, data_parallel_size: int, *, max_queue: int | None = None,
-                               **kwargs: Any) -> tuple[DataParallelEngine, Any, dict]:
-    """Start data_parallel_size replica processes (build_engine's keyword arguments, each on its
-    share of the thread plan) and the front end over them: (engine, tokenizer, info) like
-    llm.build_async_engine."""
+def build_data_parallel_engine(args: EngineArgs, data_parallel_size: int) -> tuple[DataParallelEngine, Any, dict]:
+    """Start data_parallel_size replica processes (each an engine of args, on its share of the
+    thread plan) and the front end over them: (engine, tokenizer, info) like
+    assemble.build_async_engine. args.max_queue bounds the front end's queue."""
     if data_parallel_size < 1:
         raise ValueError(f"data_parallel_size must be >= 1, got {data_parallel_size}")
-    tp_size = int(kwargs.get("tensor_parallel_size") or 1)
+    tp_size = args.tensor_parallel_size
     plan = replica_plans(data_parallel_size, tensor_parallel_size=tp_size)
     for line in plan.describe():
         log.info("data parallel %s", line if tp_size > 1 else line.replace("rank ", "replica ", 1))
@@ -597,12 +600,14 @@ def build_data_parallel_engine(model: str | None, data_parallel_size: int, *, ma
         return _Replica(i, cpus, proc, req_write, rep_read)
 
     binds = [replica_bind(plan, i, tp_size) for i in range(data_parallel_size)]
-    replicas, loaded = spawn_replicas(_replica_main, "lite-llm-replica", binds, model, kwargs, make_replica)
+    replica_args = replace(args.as_replica(), max_queue=None)     # the queue is the front end's
+    replicas, loaded = spawn_replicas(_replica_main, "lite-llm-replica", binds, args.model, replica_args,
+                                      make_replica, dtype=args.dtype, max_model_len=args.max_model_len)
     first = replicas[0].info
     engine = DataParallelEngine(replicas, loaded.tokenizer, max_model_len=first["max_model_len"],
                                 max_num_seqs=first["max_num_seqs"], block_size=first["block_size"],
                                 vocab_size=first["vocab_size"], eos_token_ids=first["eos_token_ids"],
-                                max_queue=max_queue, max_num_batched_tokens=first.get("max_num_batched_tokens"))
+                                max_queue=args.max_queue, max_num_batched_tokens=first.get("max_num_batched_tokens"))
     info = {**first, "data_parallel_size": data_parallel_size,
             "num_threads": sum(r.info["num_threads"] for r in replicas),
             "kv_cache_tokens": sum(r.info["kv_cache_tokens"] for r in replicas),

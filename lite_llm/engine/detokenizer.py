@@ -49,7 +49,7 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
         self._prefix_text = self._decode(self._ids)
-        self._pieces: list[str] = []       # the deltas released so far (text joins them)
+        self.pieces: list[str] = []       # the deltas released so far (text joins them)
         self.token_ids: list[int] = []     # output ids seen so far
 
     def add(self, token_id: int) -> str:
@@ -68,13 +68,13 @@ class IncrementalDetokenizer:
             del self._ids[:self._prefix_offset]
             self._read_offset -= self._prefix_offset
             self._prefix_offset = 0
-        self._pieces.append(delta)
+        self.pieces.append(delta)
         return delta
 
     @property
     def text(self) -> str:
         """All output text released so far."""
-        return _joined(self._pieces)
+        return _joined(self.pieces)
 
     def _decode(self, ids: list[int]) -> str:
         return self._decode_ints(ids, skip_special_tokens=self.skip_special_tokens) if ids else ""
@@ -93,37 +93,37 @@ class ByteDetokenizer:
     token) or end in U+FFFD (an incomplete or invalid sequence), released whole otherwise.
     make_detokenizer checks that the prompt context itself ends on such a point.
     """
-    __slots__ = ("_table", "_size", "_pending", "skip_special_tokens", "_pieces", "token_ids")
+    __slots__ = ("table", "_size", "pending", "skip_special_tokens", "pieces", "token_ids")
 
     def __init__(self, table: list[bytes], skip_special_tokens: bool = True):
-        self._table = table
+        self.table = table
         self._size = len(table)
-        self._pending = b""                # bytes of the output tokens not released yet
+        self.pending = b""                # bytes of the output tokens not released yet
         self.skip_special_tokens = skip_special_tokens
-        self._pieces: list[str] = []       # the deltas released so far (text joins them)
+        self.pieces: list[str] = []       # the deltas released so far (text joins them)
         self.token_ids: list[int] = []
 
     def add(self, token_id: int) -> str:
         """Feed one output token; returns the text it completes (possibly "")."""
         self.token_ids.append(token_id)
         if token_id < self._size:
-            pending = self._pending + self._table[token_id]
+            pending = self.pending + self.table[token_id]
         else:
-            pending = self._pending         # an id the vocabulary does not know decodes to nothing
+            pending = self.pending         # an id the vocabulary does not know decodes to nothing
         if not pending:
             return ""
         delta = pending.decode("utf-8", "replace")
         if delta[-1] == _REPLACEMENT:
-            self._pending = pending
+            self.pending = pending
             return ""
-        self._pending = b""
-        self._pieces.append(delta)
+        self.pending = b""
+        self.pieces.append(delta)
         return delta
 
     @property
     def text(self) -> str:
         """All output text released so far."""
-        return _joined(self._pieces)
+        return _joined(self.pieces)
 
 
 def make_detokenizer(tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True):

@@ -7,18 +7,20 @@ up). It is not thread-safe: one thread owns it (async_engine.py runs it on its e
 thread, for the server and LLM.generate alike). The model math lives in runner.py; KV block
 bookkeeping in kv_cache.py; every figure /metrics shows in stats.py.
 
-Runner protocol (duck-typed):
-    runner.execute(sched_out: SchedulerOutput[, masks]) -> list[SampleResult | None]
-        aligned with sched_out.chunks; None where chunk.sample is False. masks, passed only
-        when some sampling row of the step follows a grammar, is structured.MaskJob: its
-        wait() gives the bitmask the sampler applies. Every SchedulerOutput
-        that has chunks reaches execute() in order: its chunks and removed ids are deltas
-        to the runner's persistent batch (see scheduler.py, input_batch.py). Within one step
-        a chunk may read KV slots another chunk of the same step writes (prefix-cache hit
-        on a block published this step), so all new KV of a layer is written before that
-        layer's attention reads any.
-    runner.last_step_cost -> (kernel seconds, bytes read) of the latest execute(), optional:
-        the step's Python time is its wall time minus those kernel seconds.
+Runner protocol (Runner below; runner_output.py):
+    runner.execute(sched_out: SchedulerOutput[, masks]) -> RunnerOutput
+        its sampled list aligned with sched_out.chunks; None where chunk.sample is False.
+        masks, passed only when some sampling row of the step follows a grammar, is
+        structured.MaskJob: its wait() gives the bitmask the sampler applies. Every
+        SchedulerOutput that has chunks reaches execute() in order: its chunks and removed
+        ids are deltas to the runner's persistent batch (see scheduler.py, input_batch.py).
+        Within one step a chunk may read KV slots another chunk of the same step writes
+        (prefix-cache hit on a block published this step), so all new KV of a layer is
+        written before that layer's attention reads any. The step's Python time is its wall
+        time minus the output's kernel_seconds.
+    runner.decode_binding(num_seqs) -> DecodeBinding | None
+        asked only after a step whose RunnerOutput.plain is True: that step bound as calls a
+        steady decode batch repeats (_step.DecodeLane), or None.
 """
 from __future__ import annotations
 
@@ -33,17 +35,22 @@ from lite_llm.engine import _step
 from lite_llm.engine.detokenizer import find_stop, make_detokenizer, stop_holdback
 from lite_llm.engine.kv_cache import KVCacheManager
 from lite_llm.engine.request import Request, RequestStatus, SampleResult
+from lite_llm.engine.runner_output import DecodeBinding, PromptLogprobs, RunnerOutput
 from lite_llm.engine.scheduler import Scheduler, SchedulerOutput
 from lite_llm.engine.stats import EngineStats, FinishedRequestRecord, StatsCollector, StepRecord
 from lite_llm.engine.structured import Grammars, StructuredOutputs
+from lite_llm.multimodal import check_images_fit
 from lite_llm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from lite_llm.sampling_params import RequestOutputKind, SamplingParams
 
 _MAX_SEED = 2**63 - 1
+_NO_OUTPUT = RunnerOutput([])    # a step without chunks runs nothing (never changed)
 
 
 class Runner(Protocol):
-    def execute(self, sched_out: SchedulerOutput) -> list[SampleResult | None]: ...
+    def execute(self, sched_out: SchedulerOutput) -> RunnerOutput: ...
+
+    def decode_binding(self, num_seqs: int) -> DecodeBinding | None: ...
 
 
 @dataclass(frozen=True)
@@ -83,7 +90,7 @@ class _Completion:
     what is not streamed yet is a list of pieces, joined when an output takes it, and the stop
     strings are searched in the new characters plus the few before them that a stop string
     could start in (tail)."""
-    __slots__ = ("request", "detokenizer", "stop_strings", "num_chars", "_pending", "_keep", "_tail",
+    __slots__ = ("request", "detokenizer", "stop_strings", "num_chars", "pending", "_keep", "_tail",
                  "num_sent_tokens", "num_sent_chars", "sent_finished")
 
     def __init__(self, request: Request, tokenizer: Any):
@@ -96,7 +103,7 @@ class _Completion:
         # a stop string may be arriving: keep its possible beginning out of streamed text
         self.stop_strings = params.stop if not params.include_stop_str_in_output else []
         self.num_chars = 0                 # length of the text
-        self._pending: list[str] = []      # text[num_sent_chars:], in pieces
+        self.pending: list[str] = []      # text[num_sent_chars:], in pieces
         # the text's last characters a stop string can begin in (its longest, less one)
         self._keep = max((len(s) for s in params.stop), default=1) - 1 if params.stop else 0
         self._tail = ""
@@ -107,7 +114,7 @@ class _Completion:
     def add_text(self, new_text: str) -> str:
         """Append new_text; returns the window a newly completed stop string lies in: the
         tail before it, then new_text (it starts at num_chars - len(window))."""
-        self._pending.append(new_text)
+        self.pending.append(new_text)
         self.num_chars += len(new_text)
         window = self._tail + new_text if self._keep else new_text
         if self._keep:
@@ -118,8 +125,8 @@ class _Completion:
         """Cut the text to its first length characters (a stop string ends it; never before
         what was streamed, which holdback kept short of any stop string)."""
         assert length >= self.num_sent_chars, "a stop string began in text already streamed"
-        text = "".join(self._pending)[:length - self.num_sent_chars]
-        self._pending = [text] if text else []
+        text = "".join(self.pending)[:length - self.num_sent_chars]
+        self.pending = [text] if text else []
         self.num_chars = length
 
     def visible_chars(self) -> int:
@@ -134,9 +141,9 @@ class _Completion:
         num = end - self.num_sent_chars
         if num <= 0:
             return ""
-        pending = self._pending
+        pending = self.pending
         text = pending[0] if len(pending) == 1 else "".join(pending)
-        self._pending = [text[num:]] if num < len(text) else []
+        self.pending = [text[num:]] if num < len(text) else []
         self.num_sent_chars = end
         return text[:num] if num < len(text) else text
 
@@ -188,8 +195,8 @@ class LLMEngine:
     # each step as one compiled call (_step.DecodeLane); False: every step takes the path above
     decode_lanes = True
 
-    def __init__(self, runner: Runner, tokenizer: Any, config: EngineConfig):
-        self.runner = runner
+    def __init__(self, runner: Runner | None, tokenizer: Any, config: EngineConfig, vision=None):
+        """runner: None when it is attached later (attach_runner); vision: see attach_runner."""
         self.tokenizer = tokenizer
         self.config = config
         self.max_model_len = config.effective_max_model_len
@@ -200,8 +207,7 @@ class LLMEngine:
                                    max_model_len=self.max_model_len,
                                    policy=config.scheduling_policy,
                                    num_lookahead_tokens=config.num_lookahead_tokens)
-        if getattr(runner, "vision", None) is not None:    # images it holds cost no encoding
-            self.scheduler.encoder_cache = runner.vision.cache
+        self.attach_runner(runner, vision)
         self._rng = random.Random(config.seed)   # not numpy.random: its import costs ~6 MiB resident
         vocab_size = config.vocab_size or getattr(tokenizer, "vocab_size", 0)
         self.grammars = Grammars(tokenizer, vocab_size, config.eos_token_ids)   # thread-safe
@@ -216,6 +222,13 @@ class LLMEngine:
         self.decode_lane_steps = 0   # steps a DecodeLane ran
         self.step_seqs: list = []    # the latest plain step's sequence records (_step.plain_step)
 
+    def attach_runner(self, runner: Runner | None, vision=None) -> None:
+        """The runner steps run on (an engine assembled on its engine thread gets it here, after
+        it is built). vision: the runner's image encoder (multimodal), whose cache of encoded
+        images the scheduler reads: an image it holds costs a request no encoder budget."""
+        self.runner = runner
+        self.scheduler.encoder_cache = vision.cache if vision is not None else None
+
     # ---- requests in ----------------------------------------------------------------------
 
     def validate_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams, mm=None) -> None:
@@ -227,7 +240,6 @@ class LLMEngine:
             bad = next(t for t in prompt_token_ids if not 0 <= t < vocab)
             raise ValueError(f"the prompt holds token id {bad}, outside the model's vocabulary [0, {vocab})")
         if mm is not None:
-            from lite_llm.multimodal import check_images_fit
             check_images_fit(mm, self.config.max_num_batched_tokens)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
@@ -280,7 +292,7 @@ class LLMEngine:
             live = [c.request_id for c in group.children if not c.is_finished]
             for request in self.scheduler.finish_requests(live, RequestStatus.FINISHED_ABORTED):
                 self._record_finished(request)
-            outputs.append(self._make_output(group))
+            outputs.append(self.make_output(group))
             del self._groups[rid]
         return outputs
 
@@ -305,16 +317,16 @@ class LLMEngine:
         for request in self.scheduler.take_finished_in_schedule():
             self._record_finished(request)
             touched[request.parent_id] = self._groups[request.parent_id]
-        results = []
+        ran = _NO_OUTPUT
         if sched_out.chunks:
             masks = self.structured.start_step(sched_out)
-            results = self.runner.execute(sched_out, masks) if masks is not None \
-                else self.runner.execute(sched_out)
-            for entry in getattr(self.runner, "last_prompt_logprobs", ()):
-                self._add_prompt_logprobs(*entry)
+            ran = self.runner.execute(sched_out, masks) if masks is not None else self.runner.execute(sched_out)
+            for entry in ran.prompt_logprobs:
+                self._add_prompt_logprobs(entry)
+        results = ran.sampled
         now = time.monotonic()
         matchers = self.structured.matchers
-        spec_ids = getattr(self.runner, "last_spec_token_ids", None)
+        spec_ids = ran.spec_token_ids
         if spec_ids is not None:
             self._record_drafts(sched_out, results)
         if spec_ids is None and not matchers and self.batched_decode:
@@ -322,8 +334,8 @@ class LLMEngine:
             _step.add_itl(self._stats, _step.plain_step(sched_out.chunks, results, now, self.scheduler, self, touched),
                           now)
             sampled = ()
-            if self.decode_lanes:
-                self._lane = _step.decode_lane(self, sched_out, self.runner)
+            if self.decode_lanes and ran.plain:
+                self._lane = _step.decode_lane(self, sched_out, self.runner.decode_binding, self._stats)
         else:
             sampled = self.scheduler.update_from_output(sched_out, results, spec_ids)
         # a request may get several tokens (accepted drafts): tokens after a stop string go
@@ -340,7 +352,7 @@ class LLMEngine:
                 remaining = left[request.request_id]
                 if request.request_id in self._stopped_in_step:
                     continue
-            self._process_sample(request, result, now, remaining)
+            self.process_sample(request, result, now, remaining)
             if matchers and request.request_id in matchers:
                 self._advance_grammar(request, result.token_id)
             group = self._groups[request.parent_id]
@@ -359,17 +371,16 @@ class LLMEngine:
             for rid, group in touched.items():
                 if group.final_only and not group.is_finished:
                     continue
-                out = self._make_output(group)
+                out = self.make_output(group)
                 if out.finished:
                     del self._groups[rid]
                     outputs.append(out)
                 elif out.outputs:
                     outputs.append(out)
         if sched_out.chunks:
-            kernel_seconds, bytes_read = getattr(self.runner, "last_step_cost", (0.0, 0))
             self._stats.record_step(StepRecord(
                 sched_out.num_seqs, sched_out.num_tokens,
-                time.perf_counter() - start - kernel_seconds, kernel_seconds, bytes_read))
+                time.perf_counter() - start - ran.kernel_seconds, ran.kernel_seconds, ran.bytes_read))
         return outputs
 
     def _process_plain(self, sampled: list, now: float, touched: dict) -> None:
@@ -377,7 +388,7 @@ class LLMEngine:
         _step.plain_step's second phase, which step() runs instead). A plain sample (one
         token, no logprobs, no stop strings, not the first token, the request still running)
         is detokenized here, its ITL counted per distinct previous token time (in a steady
-        batch, one for all); any other goes through _process_sample."""
+        batch, one for all); any other goes through process_sample."""
         itl: dict[float, int] = {}
         groups = self._groups
         running = RequestStatus.RUNNING
@@ -387,7 +398,7 @@ class LLMEngine:
             group = groups[request.parent_id]
             if request.status is not running or last is None or request.logprobs is not None \
                     or request.sampling_params.stop:
-                self._process_sample(request, result, now)
+                self.process_sample(request, result, now)
                 if not group.final_only or request.is_finished:
                     touched[request.parent_id] = group
                 continue
@@ -400,14 +411,7 @@ class LLMEngine:
                     comp.add_text(new_text)
             if not group.final_only:
                 touched[request.parent_id] = group
-        self._add_itl(itl, now)
-
-    def _add_itl(self, itl: dict[float, int], now: float) -> None:
-        """Plain samples' inter-token latencies: count per previous token time."""
-        stats = self._stats
-        for last, count in itl.items():
-            stats.itl.observe(now - last, count)
-            stats.generation_tokens_total += count
+        self._stats.add_itl(itl, now)
 
     def _record_drafts(self, sched_out: SchedulerOutput, results: list) -> None:
         """Speculative decoding's acceptance counts (vLLM's spec_decode_* metrics)."""
@@ -415,7 +419,7 @@ class LLMEngine:
             if chunk.spec_token_ids:
                 self._stats.record_drafts(len(chunk.spec_token_ids), len(result) - 1)
 
-    def _process_sample(self, request: Request, result: SampleResult, now: float, remaining: int = 0) -> None:
+    def process_sample(self, request: Request, result: SampleResult, now: float, remaining: int = 0) -> None:
         """One new token of request; remaining: how many of its tokens this step come after
         this one (accepted drafts), whose stops the request's status already reflects."""
         params = request.sampling_params
@@ -459,19 +463,20 @@ class LLMEngine:
         if request.is_finished and not remaining:
             self._record_finished(request)
 
-    def _add_prompt_logprobs(self, request: Request, first: int, logprobs, ranks, top_ids, top_logprobs) -> None:
-        """Prompt tokens first.. first + n - 1 get their Logprob entries (prompt_logprobs)."""
+    def _add_prompt_logprobs(self, p: PromptLogprobs) -> None:
+        """Prompt tokens p.first.. p.first + n - 1 get their Logprob entries (prompt_logprobs)."""
+        request, first = p.request, p.first
         have = request.prompt_logprobs
         if have is None or len(have) != first:       # a duplicate (recomputed) range: keep the first
             return
-        targets = request.prompt_token_ids[first:first + len(logprobs)]
-        for target, lp, rank, ids, lps in zip(targets, logprobs.tolist(), ranks.tolist(), top_ids.tolist(),
-                                              top_logprobs.tolist()):
+        targets = request.prompt_token_ids[first:first + len(p.logprobs)]
+        for target, lp, rank, ids, lps in zip(targets, p.logprobs.tolist(), p.ranks.tolist(), p.top_ids.tolist(),
+                                              p.top_logprobs.tolist()):
             have.append(self._logprob_entry(SampleResult(target, lp, list(zip(ids, lps)), rank)))
 
     def _advance_grammar(self, request: Request, token_id: int) -> None:
         """The request's matcher takes its new token; a grammar that has ended stops it (after
-        _process_sample, so the token's text is part of the output)."""
+        process_sample, so the token's text is part of the output)."""
         if self.structured.accept(request.request_id, token_id) and not request.is_finished:
             self.scheduler.finish_requests(request.request_id, RequestStatus.FINISHED_STOPPED)
             if request.is_finished:
@@ -497,7 +502,7 @@ class LLMEngine:
 
     # ---- outputs --------------------------------------------------------------------------
 
-    def _make_output(self, group: _Group) -> RequestOutput:
+    def make_output(self, group: _Group) -> RequestOutput:
         """The group's delta: per completion, what was produced since its previous output."""
         completions = []
         for comp in group.completions:
@@ -553,6 +558,16 @@ class LLMEngine:
 
     def get_num_unfinished_requests(self) -> int:
         return len(self._groups)
+
+    @property
+    def decode_lane(self) -> _step.DecodeLane | None:
+        """The steady decode batch's lane while there is one (the next step() runs it)."""
+        return self._lane
+
+    @property
+    def groups(self) -> dict[str, _Group]:
+        """The user requests in flight by id (the compiled step, _step.pyx, works on them)."""
+        return self._groups
 
     @property
     def unfinished_request_ids(self) -> list[str]:

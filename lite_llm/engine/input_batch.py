@@ -34,7 +34,7 @@ sampling arithmetic (_sampler.pyx).
 from __future__ import annotations
 
 import heapq
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -61,6 +61,19 @@ class StepArrays(NamedTuple):
     sample_slots: np.ndarray   # [R] int32 batch slot of each sampling chunk
     sample_slots_are_prefix: bool   # sample_slots == 0..R-1: parameter rows are views
     num_context_tokens: int    # keys attention reads over all sequences (bandwidth figures)
+
+
+class DecodeArrays(NamedTuple):
+    """A bound steady decode batch (InputBatch.bind_decode): the forward() arrays every step
+    refills in place, and the calls that refill them and append the sampled tokens."""
+    token_ids: np.ndarray      # [S] int32
+    positions: np.ndarray      # [S] int32
+    slot_mapping: np.ndarray   # [S] int64
+    tok_seq: np.ndarray        # [S] int32
+    logits_rows: np.ndarray    # [S] int32
+    slots: np.ndarray          # [S] int32 each sequence's batch slot (a copy)
+    gather: Any                # StepBuffers.gather_decode: () -> context tokens
+    finish: Any                # StepBuffers.finish_decode: (run) -> sampling seconds
 
 
 def sampling_row(params, seed: int) -> tuple[tuple[float, ...], tuple[int, int, int]]:
@@ -259,6 +272,18 @@ class InputBatch:
             self._step_views = (num_tokens, num_rows), views
         return StepArrays(views[0], views[1], views[2], views[3], self.block_table, views[4], views[5],
                           is_prefix, num_context)
+
+    def bind_decode(self, num_seqs: int, tokens: np.ndarray) -> DecodeArrays | None:
+        """Bind a steady decode batch of the latest step's num_seqs sequences, one token each
+        (_step.DecodeLane), tokens [S] being where the bound sampling writes. None unless the
+        latest step was S tokens in S sampling rows."""
+        key, views = self._step_views
+        if key != (num_seqs, num_seqs):
+            return None
+        slots = views[5].copy()       # one per sequence, in the batch's order
+        self._buffers.set_decode(slots, tokens)
+        return DecodeArrays(views[0], views[1], views[2], views[3], views[4], slots, self._buffers.gather_decode,
+                            self._buffers.finish_decode)
 
     def sampling_arrays(self, slots: np.ndarray, is_prefix: bool = False
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -15,24 +15,27 @@ import logging
 import time
 from collections import Counter
 from functools import partial
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from lite_llm import _kernels
 from lite_llm._kernels import gemm_path, layout
-from lite_llm.config import KV_CACHE_DTYPES, attention_path_override
+from lite_llm.config import KV_CACHE_DTYPES, QUANTIZATIONS, attention_path_override, check_quantization  # noqa: F401
 from lite_llm.engine import _sampler
+from lite_llm.engine.args import check_kv_cache_dtype  # noqa: F401  (callers import it here)
 from lite_llm.engine.input_batch import InputBatch, StepArrays
 from lite_llm.engine.request import SampleResult
+from lite_llm.engine.runner_output import DecodeBinding, PromptLogprobs, RunnerOutput
 from lite_llm.engine.sampler import Sampler, add_logit_bias
 from lite_llm.model import arch, pack
-from lite_llm.model.pack import QUANTIZATIONS, check_quantization  # noqa: F401  (callers' names)
 from lite_llm.model.rope import rope_tables
+from lite_llm.multimodal import load_vision
 
 log = logging.getLogger("lite_llm")
 
 
-def _trim_heap() -> None:
+def trim_heap() -> None:
     """Give the load's freed intermediates (fp32 dequantized tensors) back to the OS: glibc
     keeps freed heap memory resident unless asked."""
     try:
@@ -41,12 +44,7 @@ def _trim_heap() -> None:
         pass   # not glibc: nothing to trim this way
 
 
-def check_kv_cache_dtype(name: str | None) -> str:
-    """A key of KV_CACHE_DTYPES (None: "auto"), else a ValueError listing them."""
-    key = "auto" if name is None else str(name).lower()
-    if key not in KV_CACHE_DTYPES:
-        raise ValueError(f"kv_cache_dtype {name!r} is not supported; choose one of {', '.join(KV_CACHE_DTYPES)}")
-    return key
+_trim_heap = trim_heap     # its former name, for code written against it
 
 
 def kv_cache_format(dtype: str, requested: str | None = "auto") -> str:
@@ -83,9 +81,27 @@ def _attention_plan(path: str, kv_cache_dtype: str, bf16_path: str, dtype: str) 
     if stage == "fma":
         return "are staged to fp32 (FMA)"
     return "run direct (vdpbf16ps)" if kv_cache_dtype == "bfloat16" else "are staged to bf16 pairs (vdpbf16ps)"
-def _prompt_rows(sched_out) -> list[tuple]:
-    """(request, first prompt index, token indices [n] of the step, target ids [n]) for each
-    chunk whose request still wants prompt logprobs. Position p's logits predict token p + 1:
+
+
+class _PromptRows(NamedTuple):
+    """One chunk's prompt positions whose logits the step keeps (prompt logprobs)."""
+    request: Any
+    first: int                  # the first prompt token they predict
+    rows: np.ndarray            # [n] int32 token indices of the step
+    targets: np.ndarray         # [n] int32 the prompt tokens they predict
+
+
+class _PlainBinding(NamedTuple):
+    """The latest plain step's bound sampling, reused while the batch stays the same shape."""
+    num_rows: int
+    logits: np.ndarray          # [R, V] the logits view forward() writes
+    prefix: bool                # the sampling slots were 0..R-1
+    call: Any                   # _sampler.PreparedSample
+    tokens: np.ndarray          # [R] int32 its sampled tokens
+
+
+def _prompt_rows(sched_out) -> list[_PromptRows]:
+    """The _PromptRows of each chunk whose request still wants prompt logprobs. Position p's logits predict token p + 1:
     prompt tokens done .. num_prompt - 1 are wanted (done = len(request.prompt_logprobs), the
     first having none); the last prompt position predicts the first output (a sampling row)."""
     out = []
@@ -98,7 +114,7 @@ def _prompt_rows(sched_out) -> list[tuple]:
             if hi > lo:
                 rows = np.arange(offset + lo - c.start, offset + hi - c.start, dtype=np.int32)
                 targets = np.asarray(req.prompt_token_ids[lo + 1:hi + 1], np.int32)
-                out.append((req, lo + 1, rows, targets))
+                out.append(_PromptRows(req, lo + 1, rows, targets))
         offset += c.num_new_tokens
     return out
 
@@ -113,21 +129,17 @@ class ModelRunner:
     def __init__(self, loaded, *, num_blocks: int, block_size: int, max_num_batched_tokens: int,
                  max_num_seqs: int, num_threads: int, disable_sliding_window: bool = False,
                  kernels=None, quantization: str | None = None, kv_cache_dtype: str | None = "auto",
-                 proposer=None, tp_rank: int = 0, tp_size: int = 1, tp_group=None,
+                 proposer=None, shard=None, tp_group=None,
                  max_loras: int = 0, max_lora_rank: int = 16):
         """proposer: speculative decoding's draft proposer (spec_decode.py), or None.
         max_loras > 0: room for that many LoRA adapters of rank <= max_lora_rank (lora.py).
-        tp_rank / tp_size: this process's rank of a tensor-parallel group (engine/tp.py): it
-        packs and caches only its shard. tp_group: rank 0's TPGroup (workers get None)."""
+        shard: this process's rank of a tensor-parallel group (a tp.RankShard), None without
+        tensor parallel: it packs and caches only its part. tp_group: rank 0's TPGroup (workers
+        get None)."""
         cfg = loaded.config
+        tp_rank, tp_size = (shard.rank, shard.size) if shard is not None else (0, 1)
         self.tp_rank, self.tp_size, self.tp_group = tp_rank, tp_size, tp_group
-        shard = None
-        if tp_size > 1:
-            from lite_llm.engine import tp
-            shard = tp.RankShard(cfg, tp_rank, tp_size)
-            local = shard.config
-        else:
-            local = cfg
+        local = shard.config if shard is not None else cfg
         self.config = cfg
         self.dtype = loaded.dtype
         self.kernels = kernels or _kernels.kernels
@@ -149,7 +161,6 @@ class ModelRunner:
         self.attention_path = self.kernel_config.attn_path
 
         start = time.perf_counter()
-        from lite_llm.multimodal import load_vision
         # the image encoder of a vision-language model, else None; under tensor parallel rank 0's
         # alone (the step's image rows travel to the other ranks with the step, tp.py)
         self.vision = load_vision(loaded, self.kernels, num_threads, self.gemm_paths.chosen["bf16"]) \
@@ -157,7 +168,7 @@ class ModelRunner:
         self.packed = pack.packed_weights(loaded, self.dtype, num_threads, self.quantization, shard, self.kernels)
         packed = self.packed.model
         loaded.release()
-        _trim_heap()
+        trim_heap()
         kv_np = layout.KV_NUMPY[self.kv_cache_dtype]
         k_shape, v_shape = layout.kv_cache_shapes(num_blocks, local.num_kv_heads, block_size, cfg.head_dim,
                                                   self.kv_cache_dtype)
@@ -184,8 +195,8 @@ class ModelRunner:
         eos = tuple(cfg.eos_token_ids)
         self.sampler = Sampler(cfg.vocab_size, eos, num_threads=num_threads)
         self.input_batch = InputBatch(max_num_seqs, max_pos, block_size, eos, max_num_batched_tokens)
-        self.last_plain = False      # the latest execute() ran _execute_plain (decode_binding)
-        self._plain_bound = None     # (R, logits view, prefix, PreparedSample, its out tokens) of the latest plain step
+        self._last_plain = False     # the latest execute() ran _execute_plain (decode_binding)
+        self._plain_bound: _PlainBinding | None = None   # of the latest plain step
         self.weight_bytes = packed.nbytes
         # a decode step streams every matrix once (of the experts, the top-k of X a token runs);
         # an untied embedding only gives a few rows
@@ -193,13 +204,8 @@ class ModelRunner:
                                    - (packed.matrices["embed"].data.nbytes if "lm_head" in packed.matrices else 0))
         self.kv_cache_bytes = sum(c.nbytes for c in self.k_caches + self.v_caches)
         self.kv_bytes_per_token = self.kv_cache_bytes // (num_blocks * block_size)   # all layers, K and V
-        self.last_step_cost = (0.0, 0)    # (kernel seconds, bytes read) of the latest execute()
-        self.last_prompt_logprobs: list[tuple] = []    # of the latest execute(): _prompt_logprobs
-        # speculative decoding (spec_decode.py): drafts for the next step, by request id, of
-        # the latest execute()
+        # speculative decoding (spec_decode.py): each execute() drafts for the next step
         self.proposer = proposer
-        # (None without a proposer: the engine then skips its per-sequence draft bookkeeping)
-        self.last_spec_token_ids: dict[str, list[int]] | None = {} if proposer is not None else None
         # multiply-adds per token of the layers' matrices, and per logits row (the benchmarks'
         # share of peak; attention's grow with the context: bench/common.py)
         self.layer_macs_per_token = int(sum(n * k * arch.moe.active_fraction(name, cfg)
@@ -219,20 +225,20 @@ class ModelRunner:
 
     # ---- one step ---------------------------------------------------------------------
 
-    def _prompt_logprobs(self, logits: np.ndarray, prompt_rows: list) -> list[tuple]:
-        """(request, first prompt index, logprobs [n], ranks [n], top ids [n, k], top logprobs
-        [n, k]) per chunk of prompt rows, from their raw logits (one compiled call)."""
-        targets = np.concatenate([r[3] for r in prompt_rows])
+    def _prompt_logprobs(self, logits: np.ndarray, prompt_rows: list) -> list[PromptLogprobs]:
+        """The PromptLogprobs of each chunk of prompt rows, from their raw logits (one compiled
+        call)."""
+        targets = np.concatenate([r.targets for r in prompt_rows])
         n = len(targets)
-        k = max(r[0].sampling_params.prompt_logprobs for r in prompt_rows)
+        k = max(r.request.sampling_params.prompt_logprobs for r in prompt_rows)
         ranks, lps = np.empty(n, np.int32), np.empty(n, np.float32)
         top_ids, top_lps = np.empty((n, k), np.int32), np.empty((n, k), np.float32)
         _sampler.prompt_logprobs(logits, targets, ranks, lps, top_ids, top_lps, self.num_threads)
         out, at = [], 0
         for request, first, rows, _ in prompt_rows:
             m, kk = len(rows), request.sampling_params.prompt_logprobs
-            out.append((request, first, lps[at:at + m], ranks[at:at + m], top_ids[at:at + m, :kk],
-                        top_lps[at:at + m, :kk]))
+            out.append(PromptLogprobs(request, first, lps[at:at + m], ranks[at:at + m], top_ids[at:at + m, :kk],
+                                      top_lps[at:at + m, :kk]))
             at += m
         return out
 
@@ -291,8 +297,7 @@ class ModelRunner:
         if self.input_batch.any_prompt_logprobs:
             prompt_rows = _prompt_rows(sched_out)
             if prompt_rows:
-                logits_rows = np.concatenate([logits_rows, np.concatenate([r[2] for r in prompt_rows])])
-        self.last_prompt_logprobs = []
+                logits_rows = np.concatenate([logits_rows, np.concatenate([r.rows for r in prompt_rows])])
         start = time.perf_counter()
         mm = (None, None, None, None)
         try:
@@ -305,12 +310,11 @@ class ModelRunner:
             bitmask, mask_rows = masks.wait() if masks is not None else (None, None)
         return all_logits, prompt_rows, kernel_seconds, bitmask, mask_rows
 
-    def execute(self, sched_out, masks=None) -> list[SampleResult | None]:
+    def execute(self, sched_out, masks=None) -> RunnerOutput:
         """One step. masks: the step's structured-output MaskJob (structured.py), being computed
-        while forward() runs; waited for before sampling. Prompt logprobs computed this step
-        are left in last_prompt_logprobs."""
+        while forward() runs; waited for before sampling."""
         batch = self.input_batch
-        self.last_plain = False
+        self._last_plain = False
         a = batch.prepare(sched_out)
         if self.proposer is not None:
             return self._execute_speculative(sched_out, a, masks)
@@ -340,17 +344,12 @@ class ModelRunner:
                                        bitmask=bitmask, mask_rows=mask_rows, any_logprobs=batch.any_logprobs)
             kernel_seconds += self.sampler.last_kernel_seconds
             batch.append_step(self.sampler.last_tokens)
-        if prompt_rows:
-            self.last_prompt_logprobs = self._prompt_logprobs(all_logits[len(a.logits_rows):], prompt_rows)
+        prompt_logprobs = self._prompt_logprobs(all_logits[len(a.logits_rows):], prompt_rows) if prompt_rows else []
         # weights stream once per step; attention reads each sequence's context once
-        self.last_step_cost = (kernel_seconds,
-                               self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token)
-        if len(sampled) == len(sched_out.chunks):
-            return sampled
-        results = iter(sampled)
-        return [next(results) if c.sample else None for c in sched_out.chunks]
+        return RunnerOutput(_align(sampled, sched_out.chunks), None, prompt_logprobs, kernel_seconds,
+                            self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token)
 
-    def _execute_plain(self, sched_out, a: StepArrays, num_rows: int) -> list[SampleResult]:
+    def _execute_plain(self, sched_out, a: StepArrays, num_rows: int) -> RunnerOutput:
         """execute() for a plain step: no logprobs, min_tokens bans, biases, masks, prompt
         logprobs or tensor parallel. A steady batch (the same R, logits view and slot order kind
         as the latest plain step) reuses its bound sampling, checked again (slots other than
@@ -361,57 +360,50 @@ class ModelRunner:
         logits = self._logits_rows(num_rows)
         prefix = a.sample_slots_are_prefix
         cached = self._plain_bound
-        if cached is not None and cached[0] == num_rows and cached[1] is logits and cached[2] == prefix:
-            call, tokens = cached[3], cached[4]
+        if cached is not None and cached.num_rows == num_rows and cached.logits is logits and cached.prefix == prefix:
+            call, tokens = cached.call, cached.tokens
             if not prefix:
                 batch.gather_params(a.sample_slots)
             call.check()
         else:
-            sampler = self.sampler
-            sampler.prepare(logits, *batch.sampling_arrays(a.sample_slots, prefix), any_logprobs=False)
-            call, tokens = sampler._prepared[0], sampler._prepared[1][0]
-            self._plain_bound = (num_rows, logits, prefix, call, tokens)
+            call, tokens = self.sampler.prepare(logits, *batch.sampling_arrays(a.sample_slots, prefix),
+                                                any_logprobs=False)
+            self._plain_bound = _PlainBinding(num_rows, logits, prefix, call, tokens)
         _, _, kernel_seconds, _, _ = self._forward_step(sched_out, a, a.logits_rows, None)
         sampled, sample_seconds = batch.finish_plain(call.run, tokens, SampleResult)
-        self.last_plain = True
-        self.sampler.last_tokens, self.sampler.last_kernel_seconds = tokens, sample_seconds
-        self.last_step_cost = (kernel_seconds + sample_seconds,
-                               self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token)
-        if len(sampled) == len(sched_out.chunks):
-            return sampled
-        results = iter(sampled)       # a prefill chunk that does not sample yet: None
-        return [next(results) if c.sample else None for c in sched_out.chunks]
+        self._last_plain = True
+        # a prefill chunk that does not sample yet: None
+        return RunnerOutput(_align(sampled, sched_out.chunks), None, [], kernel_seconds + sample_seconds,
+                            self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token, True)
 
-    def decode_binding(self, num_seqs: int):
+    def decode_binding(self, num_seqs: int) -> DecodeBinding | None:
         """What a steady decode batch (_step.DecodeLane) runs each step in place of execute(),
-        bound to the latest step's arrays: (gather_decode, gather_params or None, the bound
-        sampling, forward, forward's arguments, finish_decode, the sampled tokens [S], the slots
-        [S]). None unless that step was a plain one (_execute_plain) of num_seqs sequences,
-        one token each: then every later step of the same sequences, one token each, runs the
-        same calls on the same arrays (nothing that would change the path can join the batch
-        without a new request, which ends the lane)."""
+        bound to the latest step's arrays. None unless that step was a plain one
+        (_execute_plain) of num_seqs sequences, one token each: then every later step of the
+        same sequences, one token each, runs the same calls on the same arrays (nothing that
+        would change the path can join the batch without a new request, which ends the lane)."""
         batch = self.input_batch
-        key, views = batch._step_views
         cached = self._plain_bound
-        if not self.last_plain or key != (num_seqs, num_seqs) or cached is None or cached[0] != num_seqs \
+        if not self._last_plain or cached is None or cached.num_rows != num_seqs \
                 or self.lora_weights is not None or self.vision is not None or self.tp_group is not None:
             return None
-        _, logits, prefix, call, tokens = cached
-        slots = views[5].copy()       # the sampling slots: one per sequence, in the batch's order
-        batch._buffers.set_decode(slots, tokens)
-        gather_params = None if prefix else partial(batch.gather_params, slots)
-        args = (self.model, self.workspace, views[0], views[1], views[2], views[3], batch.block_table, views[4],
-                logits, self.num_threads)
-        return (batch._buffers.gather_decode, gather_params, call, self.kernels.forward, args,
-                batch._buffers.finish_decode, tokens, slots)
+        bound = batch.bind_decode(num_seqs, cached.tokens)
+        if bound is None:
+            return None
+        gather_params = None if cached.prefix else partial(batch.gather_params, bound.slots)
+        args = (self.model, self.workspace, bound.token_ids, bound.positions, bound.slot_mapping, bound.tok_seq,
+                batch.block_table, bound.logits_rows, cached.logits, self.num_threads)
+        return DecodeBinding(bound.gather, gather_params, cached.call, self.kernels.forward, args, bound.finish,
+                             cached.tokens, bound.slots, self.bytes_per_token, self.kv_bytes_per_token,
+                             batch.append_blocks)
 
     # ---- speculative decoding -------------------------------------------------------------
 
-    def _execute_speculative(self, sched_out, a: StepArrays, masks) -> list:
+    def _execute_speculative(self, sched_out, a: StepArrays, masks) -> RunnerOutput:
         """execute() with drafts: each sampling chunk with s drafts brings its last s + 1
         logits rows to the compiled verifier (_sampler.verify); its result is then a list of
         SampleResults (accepted drafts, then one more token). Afterwards the proposer drafts
-        for the next step (last_spec_token_ids)."""
+        for the next step (RunnerOutput.spec_token_ids)."""
         batch = self.input_batch
         sampling = [c for c in sched_out.chunks if c.sample]
         num_rows = [1 + len(c.spec_token_ids) for c in sampling]
@@ -444,16 +436,19 @@ class ModelRunner:
                                                        - np.repeat(np.cumsum(counts) - counts, counts))
             batch.append_sampled(np.repeat(a.sample_slots, counts).astype(np.int32), tokens[keep])
             spec_start = time.perf_counter()
-            self.last_spec_token_ids = self.proposer.propose(batch, [c.request for c in sampling],
-                                                             a.sample_slots, sched_out)
+            spec_token_ids = self.proposer.propose(batch, [c.request for c in sampling], a.sample_slots, sched_out)
             kernel_seconds += time.perf_counter() - spec_start
         else:
-            self.last_spec_token_ids = {}
-        if prompt_rows:
-            self.last_prompt_logprobs = self._prompt_logprobs(all_logits[R:], prompt_rows)
-        self.last_step_cost = (kernel_seconds,
-                               self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token)
-        if len(results) == len(sched_out.chunks):
-            return results
-        it = iter(results)
-        return [next(it) if c.sample else None for c in sched_out.chunks]
+            spec_token_ids = {}
+        prompt_logprobs = self._prompt_logprobs(all_logits[R:], prompt_rows) if prompt_rows else []
+        return RunnerOutput(_align(results, sched_out.chunks), spec_token_ids, prompt_logprobs, kernel_seconds,
+                            self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token)
+
+
+def _align(sampled: list, chunks: list) -> list:
+    """The sampling rows' results aligned with the step's chunks: None where a chunk does not
+    sample (a prefill chunk before its prompt's end)."""
+    if len(sampled) == len(chunks):
+        return sampled
+    results = iter(sampled)
+    return [next(results) if c.sample else None for c in chunks]

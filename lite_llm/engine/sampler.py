@@ -129,10 +129,11 @@ class Sampler:
 
     def prepare(self, logits: np.ndarray, fparams: np.ndarray, iparams: np.ndarray, token_ids: np.ndarray,
                 banned_ids: np.ndarray, bitmask: np.ndarray | None = None, mask_rows: np.ndarray | None = None,
-                any_logprobs: bool = True) -> None:
+                any_logprobs: bool = True) -> tuple:
         """run()'s arguments (the same), checked and bound for run_prepared(): the engine binds
         them before forward() fills the logits, so that after it one call samples. A steady
-        batch binds the same arrays every step: then only their contents are checked again."""
+        batch binds the same arrays every step: then only their contents are checked again.
+        Returns (the bound _sampler.PreparedSample, its sampled tokens [R] int32)."""
         num_seqs = fparams.shape[0]
         # (C-contiguity is the compiled call's own check: its logits are a float[:, ::1])
         if logits.shape != (num_seqs, self.vocab_size) or logits.dtype != _F32:
@@ -152,6 +153,7 @@ class Sampler:
         else:
             self._bound = bound = (args, _sampler.PreparedSample(*args))
         self._prepared = (bound[1], outputs, max_logprobs, iparams)
+        return bound[1], outputs[0]
 
     def run_prepared(self) -> list[SampleResult]:
         """Sample with what prepare() bound; one SampleResult per row."""

@@ -98,6 +98,10 @@ class ScheduledChunk(NamedTuple):
     spec_token_ids: list[int] | tuple = ()   # drafts: the chunk's last len() tokens (not the request's yet)
 
 
+if ScheduledChunk._fields != _step.CHUNK_FIELDS:   # the compiled readers take the fields by index
+    raise ImportError("ScheduledChunk's fields differ from _chunk.pxi's; update both together")
+
+
 @dataclass(frozen=True)
 class SchedulerOutput:
     chunks: list[ScheduledChunk]
@@ -216,6 +220,17 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
+
+    @property
+    def has_pending_removals(self) -> bool:
+        """Whether requests left the runner's batch (finished or preempted) since the last step
+        that ran: the next SchedulerOutput will carry their ids."""
+        return bool(self._finished_req_ids or self._preempted_req_ids)
+
+    @property
+    def pending_removal_ids(self) -> list[str]:
+        """The ids has_pending_removals speaks of: finished, then preempted."""
+        return self._finished_req_ids + self._preempted_req_ids
 
     def take_finished_in_schedule(self) -> list[Request]:
         """Requests schedule() had to abort because they can never fit the KV cache."""
@@ -630,7 +645,7 @@ class Scheduler:
                 for one in result:
                     request.append_output_token(one.token_id)
                     sampled.append((request, one))
-                    status = self._check_token_stop(request)
+                    status = self.check_token_stop(request)
                     if status is not None:
                         self.finish_requests(request.request_id, status)
                         break
@@ -645,7 +660,7 @@ class Scheduler:
             append((request, result))
             stop_ids, limit = request.stop_check
             if token_id in stop_ids or len(request.output_token_ids) >= limit:
-                status = self._check_token_stop(request)
+                status = self.check_token_stop(request)
                 if status is not None:
                     self.finish_requests(request.request_id, status)
         if spec_token_ids is not None:
@@ -655,7 +670,7 @@ class Scheduler:
                     request.spec_token_ids = spec_token_ids.get(request.request_id, [])
         return sampled
 
-    def _check_token_stop(self, request: Request) -> RequestStatus | None:
+    def check_token_stop(self, request: Request) -> RequestStatus | None:
         params = request.sampling_params
         outputs = request.output_token_ids      # read directly: once per sequence per step
         num_outputs = len(outputs)

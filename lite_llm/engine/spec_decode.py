@@ -25,6 +25,7 @@ import numpy as np
 
 from lite_llm.engine import _batch
 from lite_llm.engine.input_batch import step_buffers
+from lite_llm.model.loader import load_model
 
 
 def can_draft(request) -> bool:
@@ -156,8 +157,9 @@ def make_proposer(spec_config, target_config, *, dtype: str, num_blocks: int, bl
     thread, and must have the target's vocabulary."""
     if spec_config.method == "ngram":
         return NgramProposer(spec_config, max_num_seqs)
+    # the runner (and the kernels it imports) here, not at the top: the assembly imports this
+    # module before it configures libgomp's environment (engine/assemble.py)
     from lite_llm.engine.runner import ModelRunner
-    from lite_llm.model.loader import load_model
     loaded = load_model(spec_config.model, dtype=dtype, max_model_len=max_model_len, skip_tokenizer_init=True,
                         progress=False)
     if loaded.config.vocab_size != target_config.vocab_size:

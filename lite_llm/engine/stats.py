@@ -45,21 +45,21 @@ class Histogram:
 class HistogramAccumulator:
     def __init__(self, bounds: tuple[float, ...]):
         self.bounds = bounds
-        self._bucket_counts = [0] * (len(bounds) + 1)   # per bucket, last = above every bound
-        self._sum = 0.0
+        self.bucket_counts = [0] * (len(bounds) + 1)   # per bucket, last = above every bound
+        self.value_sum = 0.0
 
     def observe(self, value: float, count: int = 1) -> None:
         """count observations of value (a decode step's inter-token latency is the same for
         every sequence that also had a token in the step before)."""
-        self._bucket_counts[bisect.bisect_left(self.bounds, value)] += count
-        self._sum += value * count
+        self.bucket_counts[bisect.bisect_left(self.bounds, value)] += count
+        self.value_sum += value * count
 
     def snapshot(self) -> Histogram:
         cumulative, total = [], 0
-        for c in self._bucket_counts[:-1]:
+        for c in self.bucket_counts[:-1]:
             total += c
             cumulative.append(total)
-        return Histogram(self.bounds, tuple(cumulative), self._sum, sum(self._bucket_counts))
+        return Histogram(self.bounds, tuple(cumulative), self.value_sum, sum(self.bucket_counts))
 
 
 @dataclass(frozen=True)
@@ -182,6 +182,13 @@ class StatsCollector:
             per_pos.extend([0] * (num_drafted - len(per_pos)))
         for pos in range(num_accepted):
             per_pos[pos] += 1
+
+    def add_itl(self, itl: dict[float, int], now: float) -> None:
+        """Plain samples' inter-token latencies, counted per previous token time ({time:
+        samples}; the reference of _step.add_itl)."""
+        for last, count in itl.items():
+            self.itl.observe(now - last, count)
+            self.generation_tokens_total += count
 
     def record_step(self, record: StepRecord) -> None:
         self.num_steps_total += 1

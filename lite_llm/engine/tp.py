@@ -54,10 +54,16 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 
 from lite_llm import cpu
+from lite_llm.config import env
+from lite_llm.model.gguf import TENSOR_TYPES
+from lite_llm.model.loader import load_model
+from lite_llm.model.weights import StoredPart
+from lite_llm.multimodal import takes_images
 
 log = logging.getLogger("lite_llm")
 
@@ -193,10 +199,6 @@ def shard_rows(name: str, t, cfg, rank: int, size: int):
 def _row_ranges(t, ranges: list[tuple[int, int]]):
     """StackedRows `t` cut to the given row ranges, in order: one part per piece of a stored
     part a range covers (a fused gate/up part becomes its gate piece and its up piece)."""
-    from dataclasses import replace
-
-    from lite_llm.model.weights import StoredPart
-
     def cut(reader, a0):
         return lambda r0, r1: reader(a0 + r0, a0 + r1)
 
@@ -224,9 +226,6 @@ def _row_ranges(t, ranges: list[tuple[int, int]]):
 def _column_range(t, c0: int, c1: int):
     """StackedRows `t` cut to columns c0..c1 of every row; a block-quantized part stays in
     blocks when c0 and c1 are whole blocks of its type."""
-    from dataclasses import replace
-
-    from lite_llm.model.gguf import TENSOR_TYPES
     per_type = {name: (elements, nbytes) for name, elements, nbytes in TENSOR_TYPES.values()}
 
     def cut(reader):
@@ -290,7 +289,7 @@ class SegmentLayout:
     images: bool = False        # the step area has the image arrays
 
     def _offsets(self):
-        from lite_llm._kernels import kernels
+        from lite_llm._kernels import kernels     # here, not at the top: libgomp (see _serve)
         header, slot_bytes = kernels.tp_segment_bytes(self.size, self.max_tokens * self.dim)
         at, out = header, {}
         for key, dtype, count in (("params", np.int64, _NUM_PARAMS), ("token_ids", np.int32, self.max_tokens),
@@ -329,7 +328,6 @@ class SegmentLayout:
 
 def allreduce_timeout() -> float:
     """LITE_LLM_TP_TIMEOUT seconds (default 60), checked."""
-    from lite_llm.config import env
     text = env("TP_TIMEOUT", str(DEFAULT_TIMEOUT))
     try:
         value = float(text)
@@ -341,7 +339,7 @@ def allreduce_timeout() -> float:
 
 
 def _comm(buf, layout: SegmentLayout, rank: int, parent: int = 0):
-    from lite_llm._kernels import kernels
+    from lite_llm._kernels import kernels     # here, not at the top: libgomp (see _serve)
     return kernels.TPComm(buf, rank, layout.size, layout.max_tokens * layout.dim, layout.slots_offset,
                           allreduce_timeout(), parent)
 
@@ -524,7 +522,6 @@ def start_group(loaded, plan: cpu.ThreadPlan, *, num_blocks: int, block_size: in
                 quantization: str | None = None, on_failure=None) -> TPGroup:
     """Check the model splits over the plan's ranks, then start the workers (they load their
     shards while rank 0 loads its own; TPGroup.wait_ready() once rank 0 is loaded)."""
-    from lite_llm.multimodal import takes_images
     check_tensor_parallel(loaded.config, len(plan.ranks))
     args = {"source": loaded.source, "dtype": loaded.dtype, "max_model_len": loaded.max_model_len,
             "num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_num_batched_tokens,
@@ -602,9 +599,10 @@ def _worker(args: dict) -> int:
 
 
 def _serve(args: dict, plan: cpu.ThreadPlan, comm, views: dict) -> int:
+    # the kernels (and the runner, which imports them) load here, not at the top: libgomp reads
+    # its environment once, as it loads, and cpu.configure_openmp_env() sets it first
     from lite_llm import _kernels
     from lite_llm.engine.runner import ModelRunner
-    from lite_llm.model.loader import load_model
 
     rank, size = args["rank"], args["size"]
     report = cpu.apply_plan(plan)
@@ -614,7 +612,7 @@ def _serve(args: dict, plan: cpu.ThreadPlan, comm, views: dict) -> int:
                          max_num_batched_tokens=args["max_num_batched_tokens"], max_num_seqs=args["max_num_seqs"],
                          num_threads=plan.num_threads, disable_sliding_window=args["disable_sliding_window"],
                          kv_cache_dtype=args["kv_cache_dtype"], quantization=args["quantization"],
-                         tp_rank=rank, tp_size=size)
+                         shard=RankShard(loaded.config, rank, size))
     hello = {"rank": rank, "pid": os.getpid(), "cpus": list(report.planned), "observed": list(report.observed),
              "ok": report.ok, "memory": report.memory, "binding": "; ".join(report.describe()),
              "holds": describe_rank(loaded.config, rank, size) + f"; {runner.weight_bytes / 2**20:.1f} MB of "

@@ -19,20 +19,9 @@ import numpy as np
 
 from lite_llm._kernels import kernels, layout
 from lite_llm._kernels.packed import PackedMatrix, PackedModel, Part
+from lite_llm.config import QUANTIZATIONS, check_quantization  # noqa: F401  (callers' names)
 from lite_llm.model.packed_cache import PackedWeights
 from lite_llm.model.weights import bf16_to_f32, convert
-
-QUANTIZATIONS = {"q8_0": "Q8_0", "q4_0": "Q4_0"}   # --quantization: the ggml type float weights become
-
-
-def check_quantization(name: str | None) -> str | None:
-    """None / "none" (weights as stored), or a key of QUANTIZATIONS; else a ValueError listing them."""
-    if name is None or str(name).lower() == "none":
-        return None
-    if str(name).lower() not in QUANTIZATIONS:
-        raise ValueError(f"quantization {name!r} is not supported; choose none, {', '.join(QUANTIZATIONS)}")
-    return str(name).lower()
-
 
 def quantized_view(rows, type_name: str):
     """The same weight (a model.weights.StackedRows of float parts) seen as ggml blocks of

@@ -19,8 +19,9 @@ from typing import Any
 
 from lite_llm import __version__, pooling
 from lite_llm.config import env
+from lite_llm.engine.args import EngineArgs
 from lite_llm.engine.data_parallel import build_data_parallel_engine
-from lite_llm.llm import build_async_engine
+from lite_llm.engine.assemble import build_async_engine
 from lite_llm.model import hub
 from lite_llm.model.loader import check_model
 from lite_llm.multimodal import DEFAULT_PIXELS_PER_REQUEST, MediaConfig, Processor, media_config
@@ -151,17 +152,7 @@ def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
     """The engine `serve` flags ask for: (engine, tokenizer, info); one AsyncEngine, or the
     data-parallel front end over --data-parallel-size replicas."""
     model = args.model or args.model_flag
-    engine_kwargs = dict(
-        dtype=args.dtype, max_model_len=args.max_model_len, block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_prefix_caching=args.enable_prefix_caching, seed=args.seed, max_queue=args.max_queue,
-        kv_cache_space=args.kv_cache_space, disable_sliding_window=args.disable_sliding_window,
-        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-        speculative_config=args.speculative_config,
-        tensor_parallel_size=args.tensor_parallel_size, mmproj=getattr(args, "mmproj", None),
-        **lora_routes.engine_kwargs(args))
-    # flags left unset keep the builder's defaults
-    engine_kwargs = {k: v for k, v in engine_kwargs.items() if v is not None}
+    lora_kwargs = lora_routes.engine_kwargs(args)
     if args.data_parallel_size < 1:
         raise SystemExit(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
     hf_overrides = getattr(args, "hf_overrides", None)
@@ -177,9 +168,10 @@ def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
             return build_pooling_replicas(model, args.data_parallel_size, **pool_kwargs)
         engine, loaded, info = pooling.build_pooling_engine(model, serving=True, **pool_kwargs)
         return engine, loaded.tokenizer, info
+    engine_args = EngineArgs.from_cli(args, **lora_kwargs)
     if args.data_parallel_size > 1:
-        return build_data_parallel_engine(model, args.data_parallel_size, **engine_kwargs)
-    return build_async_engine(model=model, **engine_kwargs)
+        return build_data_parallel_engine(engine_args, args.data_parallel_size)
+    return build_async_engine(engine_args)
 
 
 def build_server(args: argparse.Namespace, engine: Any, tokenizer: Any, info: dict, *,

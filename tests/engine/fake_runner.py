@@ -23,6 +23,7 @@ import numpy as np
 from lite_llm.engine.input_batch import (I_BAN_END, I_BAN_START, I_NUM_LOGPROBS, I_SEED, I_STEP, I_TOK_END,
                                         I_TOK_PROMPT_END, I_TOK_START, I_TOP_K, InputBatch, StepArrays)
 from lite_llm.engine.request import SampleResult
+from lite_llm.engine.runner_output import RunnerOutput
 from lite_llm.engine.sampler import Sampler
 from lite_llm.engine.scheduler import SchedulerOutput
 
@@ -55,6 +56,7 @@ class FakeRunner:
         self.num_partial_prefills = 0       # chunks that did not reach the end of the sequence
         self.max_step_tokens = 0
         self.max_step_seqs = 0
+        self.step_cost = (0.0, 0)           # (kernel seconds, bytes read) each step reports
 
     def _slots(self, slot: int, start: int, end: int) -> np.ndarray:
         """KV slots of positions start..end-1 through the batch's block table row."""
@@ -64,7 +66,7 @@ class FakeRunner:
         pos = np.arange(start, end)
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def execute(self, sched_out: SchedulerOutput) -> list[SampleResult | None]:
+    def execute(self, sched_out: SchedulerOutput) -> RunnerOutput:
         chunks = sched_out.chunks
         assert chunks, "an empty step was sent to the runner"
         assert sched_out.num_tokens == sum(c.num_new_tokens for c in chunks)
@@ -111,7 +113,7 @@ class FakeRunner:
             results.append(self.sample(c.request, tokens, len(sampled_tokens)))
             sampled_tokens.append(results[-1].token_id)
         self.batch.append_sampled(a.sample_slots, np.array(sampled_tokens, np.int32))
-        return results
+        return RunnerOutput(results, kernel_seconds=self.step_cost[0], bytes_read=self.step_cost[1])
 
 
     def sample(self, request, tokens: list[int], row: int) -> SampleResult:

@@ -1,7 +1,11 @@
-"""The steady decode lane (_step.DecodeLane: a batch of plain decodes stepped by one compiled
-call, without a SchedulerOutput, chunks or SampleResults) against the step path it bypasses
-(LLMEngine.decode_lanes = False), on a tiny random llama through a real ModelRunner and its
-own tokenizer.
+"""The compiled step paths against the Python reference they follow, on a tiny random llama
+through a real ModelRunner and its own tokenizer:
+- the steady decode lane (_step.DecodeLane: a batch of plain decodes stepped by one compiled
+  call, without a SchedulerOutput, chunks or SampleResults) against the step path it bypasses
+  (LLMEngine.decode_lanes = False);
+- every compiled path at once (the lane, _step.plain_step / make_outputs and the runner's
+  _execute_plain) against the Python reference alone (LLMEngine.batched_decode = False,
+  decode_lanes = False, ModelRunner.plain_fast_path = False): the one step the spec describes.
 
 Both engines get the same requests arriving over the first steps and abort the same ones at
 the same steps. The workloads make the lane start and end again and again: requests finish
@@ -27,7 +31,15 @@ from lite_llm.sampling_params import RequestOutputKind, SamplingParams
 _LOADED = {}
 
 
-def make_engine(lanes: bool, **overrides) -> LLMEngine:
+PATHS = {   # (decode_lanes, batched_decode, plain_fast_path)
+    "compiled": (True, True, True),
+    "step path": (False, True, True),
+    "reference": (False, False, False),
+}
+
+
+def make_engine(lanes: bool | str, **overrides) -> LLMEngine:
+    """lanes: True / False (the lane or not, over the compiled step path), or a key of PATHS."""
     path = str(tiny_checkpoint_path("llama"))
     if path not in _LOADED:
         _LOADED[path] = load_model(path, dtype="float32", progress=False)
@@ -40,7 +52,8 @@ def make_engine(lanes: bool, **overrides) -> LLMEngine:
                          max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
                          num_threads=2)
     engine = LLMEngine(runner, loaded.tokenizer, config)
-    engine.decode_lanes = lanes
+    lanes, batched, plain = PATHS[lanes] if isinstance(lanes, str) else (lanes, True, True)
+    engine.decode_lanes, engine.batched_decode, runner.plain_fast_path = lanes, batched, plain
     return engine
 
 
@@ -63,7 +76,7 @@ def plain_requests(tokenizer, num: int, seed: int):
     return out
 
 
-def run(lanes: bool, requests, abort_at: dict[int, list[str]], lazy: bool = False, **overrides):
+def run(lanes: bool | str, requests, abort_at: dict[int, list[str]], lazy: bool = False, **overrides):
     """Every step's outputs as plain values, the stats both paths must agree on, and the steps
     the lane ran."""
     engine = make_engine(lanes, **overrides)
@@ -138,13 +151,13 @@ def test_lane_forms_and_steps():
     for rid, prompt, params in requests:
         engine.add_request(rid, prompt, params)
     engine.step()                     # the prefill step
-    assert engine._lane is None
+    assert engine.decode_lane is None
     for _ in range(8):                # decode steps on the step path until one qualifies (none finishes)
         engine.step()
-        if engine._lane is not None:
+        if engine.decode_lane is not None:
             break
-    assert isinstance(engine._lane, _step.DecodeLane) and engine.decode_lane_steps == 0
-    lane = engine._lane
+    assert isinstance(engine.decode_lane, _step.DecodeLane) and engine.decode_lane_steps == 0
+    lane = engine.decode_lane
     running = list(engine.scheduler.running)
     before = [list(r.output_token_ids) for r in running]
     engine.step()
@@ -154,18 +167,16 @@ def test_lane_forms_and_steps():
 
 
 def test_stats_twins_match_the_python_ones():
-    """_step.add_itl and _step.record_step (the lane's) against LLMEngine._add_itl and
+    """_step.add_itl and _step.record_step (the lane's) against StatsCollector.add_itl and
     StatsCollector.record_step, values on bucket bounds included."""
     from lite_llm.engine.stats import STEP_BUCKETS, TPOT_BUCKETS, StatsCollector, StepRecord
     rng = np.random.default_rng(0)
     a, b = StatsCollector(), StatsCollector()
-    engine = make_engine(False)
     for _ in range(200):
         now = float(rng.uniform(1, 2))
         itl = {now - float(rng.choice(TPOT_BUCKETS + (rng.uniform(0, 100),))): int(rng.integers(1, 5))
                for _ in range(int(rng.integers(1, 4)))}
-        engine._stats = a
-        engine._add_itl(itl, now)
+        a.add_itl(itl, now)
         _step.add_itl(b, itl, now)
         rec = StepRecord(3, 4, float(rng.choice(STEP_BUCKETS)), float(rng.uniform(0, 3)), int(rng.integers(0, 99)))
         a.record_step(rec)
@@ -214,3 +225,28 @@ def test_a_request_fair_admission_starts_ends_the_lane(lanes):
         assert lane_before > 0 and lane_total > lane_before + 20    # the lane formed again afterwards
         ref_steps, ref_first, _, _, _ = run_fair(False)
         assert (steps, first) == (ref_steps, ref_first)
+
+
+@pytest.mark.parametrize("config", [{}, dict(num_blocks=14), dict(max_num_seqs=5)],
+                         ids=["roomy", "full-kv", "queue-while-full"])
+def test_compiled_paths_follow_the_python_reference_step_by_step(config):
+    """Every compiled path at once against the Python reference alone, over one workload:
+    arrivals over the first steps, aborts, stop token ids, EOS and length limits, a pool so
+    short that sequences are preempted and wait for room, and requests the compiled paths hand
+    back to the reference (logprobs, stop strings, n > 1, min_tokens). Each step's outputs, its
+    size and bytes read, and the stats must be the same step for step."""
+    tok = make_engine(False).tokenizer
+    requests = plain_requests(tok, 14, 6) + mixed_requests(tok, 8, 7) + plain_requests(tok, 14, 8)
+    requests = [(f"{rid}-{i}", prompt, params) for i, (rid, prompt, params) in enumerate(requests)]
+    abort_at = {4: [requests[2][0], requests[20][0]], 11: [requests[9][0]], 25: [requests[30][0]]}
+    ref_steps, ref_stats, ref_lane = run("reference", requests, abort_at, **config)
+    steps, stats, lane_steps = run("compiled", requests, abort_at, **config)
+    assert ref_lane == 0 and lane_steps > 0
+    finishes = {c[3] for step in ref_steps for o in step for c in o[2] if c[3]}
+    assert {"length", "abort", "stop"} <= finishes
+    for i, (got, want) in enumerate(zip(steps, ref_steps)):
+        assert got == want, f"step {i} differs"
+    assert len(steps) == len(ref_steps)
+    assert stats == ref_stats
+    if "num_blocks" in config:
+        assert ref_stats[4] > 0, "the pool must preempt"

@@ -553,7 +553,7 @@ def test_step_and_latency_stats_live_in_the_engine_and_metrics_render_them():
 
     from lite_llm.server.metrics import ServerMetrics
     engine, runner = make_engine()
-    runner.last_step_cost = (1e-6, 1000)           # the runner's kernel seconds and bytes per step
+    runner.step_cost = (1e-6, 1000)                # the runner's kernel seconds and bytes per step
     for i in range(3):
         engine.add_request(f"r{i}", [5, 6, 7 + i], SamplingParams(max_tokens=4, ignore_eos=True))
     run_all(engine)

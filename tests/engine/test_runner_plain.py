@@ -36,26 +36,28 @@ def requests(mixed: bool):
 
 
 def generate(monkeypatch, fast: bool, mixed: bool, lanes: bool = True, **engine_args):
-    """Each request's (token ids, logprobs) and the steps the plain path ran: _execute_plain's
-    calls plus the steps a steady batch's DecodeLane ran (the same bound sampling, from one
-    compiled call; lanes=False leaves every step to _execute_plain)."""
+    """Each request's (token ids, logprobs) and the steps the plain path ran: the plain steps
+    execute() reported (RunnerOutput.plain) plus the steps a steady batch's DecodeLane ran
+    (the same bound sampling, from one compiled call; lanes=False leaves every step to
+    _execute_plain)."""
     calls = []
-    plain = ModelRunner._execute_plain
+    execute = ModelRunner.execute
 
     def counting(self, *args):
-        calls.append(1)
-        return plain(self, *args)
+        out = execute(self, *args)
+        calls.append(out.plain)
+        return out
     monkeypatch.setattr(ModelRunner, "plain_fast_path", fast)
-    monkeypatch.setattr(ModelRunner, "_execute_plain", counting)
+    monkeypatch.setattr(ModelRunner, "execute", counting)
     monkeypatch.setattr(LLMEngine, "decode_lanes", lanes)
     prompts, params = requests(mixed)
     with LLM(str(tiny_checkpoint_path("llama")), dtype="float32", max_model_len=128, max_num_seqs=8,
              kv_cache_space=0.01, **engine_args) as llm:
         outs = llm.generate(prompts, params, use_tqdm=False)
-        lane_steps = llm._engine.engine.decode_lane_steps
+        lane_steps = llm.llm_engine.decode_lane_steps
     assert lanes or lane_steps == 0
     got = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
-    return got, len(calls) + lane_steps
+    return got, sum(calls) + lane_steps
 
 
 @pytest.mark.parametrize("lanes", [True, False], ids=["lanes", "no-lanes"])

@@ -65,14 +65,14 @@ def run_step(sched: Scheduler, runner: FakeRunner) -> list[Request]:
             assert chunk.new_block_ids == table
         else:
             assert table[len(table) - len(chunk.new_block_ids):] == chunk.new_block_ids
-    results = runner.execute(out) if out.chunks else []
+    results = runner.execute(out).sampled if out.chunks else []
     if out.chunks:
         check_step_arrays(runner.batch, runner.last_arrays, runner.last_sampling, out, kv.block_tables)
     sampled = sched.update_from_output(out, results)
     # the batch holds every running request (and finished ones until the next step runs)
     assert {r.request_id for r in sched.running} <= set(runner.batch.slot_of)
     assert set(runner.batch.slot_of) - {r.request_id for r in sched.running} <= \
-        set(sched._finished_req_ids) | set(sched._preempted_req_ids)
+        set(sched.pending_removal_ids)
     check_batch_rows(runner.batch, [r for r in sched.running if r.request_id in runner.batch.slot_of])
     return [r for r, _ in sampled]
 
@@ -240,7 +240,7 @@ def test_chunked_prefill_respects_budget_and_samples_only_at_the_end():
     while sched.has_unfinished_requests():
         out = sched.schedule()
         starts.append([(c.start, c.num_new_tokens, c.sample) for c in out.chunks])
-        sched.update_from_output(out, runner.execute(out))
+        sched.update_from_output(out, runner.execute(out).sampled)
     assert starts == [[(0, 8, False)], [(8, 8, False)], [(16, 4, True)], [(20, 1, True)]]
 
 

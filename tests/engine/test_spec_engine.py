@@ -11,6 +11,7 @@ from test_engine import CharTokenizer, run_all
 
 from lite_llm.engine.engine import EngineConfig, LLMEngine
 from lite_llm.engine.request import SampleResult
+from lite_llm.engine.runner_output import RunnerOutput
 from lite_llm.sampling_params import SamplingParams
 
 VOCAB = 50
@@ -24,7 +25,6 @@ class DraftingFakeRunner(FakeRunner):
     def __init__(self, *args, k: int = 3, **kwargs):
         super().__init__(*args, **kwargs)
         self.k = k
-        self.last_spec_token_ids: dict[str, list[int]] = {}
         self.num_rejected = self.num_accepted = 0
 
     def execute(self, sched_out):
@@ -58,7 +58,7 @@ class DraftingFakeRunner(FakeRunner):
             slots += [slot] * len(out)
             tokens += [r.token_id for r in out]
         self.batch.append_sampled(np.array(slots, np.int32), np.array(tokens, np.int32))
-        self.last_spec_token_ids = {}
+        spec_token_ids = {}
         for c in sched_out.chunks:
             if c.sample:
                 slot = self.batch.slot_of[c.request.request_id]
@@ -69,8 +69,8 @@ class DraftingFakeRunner(FakeRunner):
                     t = next_token(ctx, None, self.vocab_size)
                     drafts.append(t if j < good else (t + 1) % self.vocab_size)
                     ctx.append(t)
-                self.last_spec_token_ids[c.request.request_id] = drafts
-        return results
+                spec_token_ids[c.request.request_id] = drafts
+        return RunnerOutput(results, spec_token_ids)
 
 
 def _run(runner_cls, requests, tokenizer=None, **cfg):

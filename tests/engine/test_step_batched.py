@@ -138,7 +138,7 @@ def test_batched_step_gives_the_reference_outputs(byte_bpe, seed, config):
 
 
 def test_batched_step_replaces_the_python_loops(byte_bpe, monkeypatch):
-    """Plain decode steps never run the Python references (nor _make_output for their one-child
+    """Plain decode steps never run the Python references (nor make_output for their one-child
     groups), and the compiled call does the work: stubbed out, the outputs differ."""
     tok = ProjectTokenizer(byte_bpe)
     requests = [(f"p{i}", tok.encode("The quick brown fox")[: 2 + i], SamplingParams(max_tokens=12, temperature=0.0))
@@ -149,7 +149,7 @@ def test_batched_step_replaces_the_python_loops(byte_bpe, monkeypatch):
         raise AssertionError("the Python reference ran on a plain step")
     monkeypatch.setattr(Scheduler, "update_from_output", forbidden)
     monkeypatch.setattr(LLMEngine, "_process_plain", forbidden)
-    monkeypatch.setattr(LLMEngine, "_make_output", forbidden)
+    monkeypatch.setattr(LLMEngine, "make_output", forbidden)
     calls, scheduled = [], []
     real, real_schedule = _step.plain_step, _step.schedule_decodes
     monkeypatch.setattr(_step, "plain_step", lambda *a: (calls.append(len(a[0])), real(*a))[1])
@@ -178,7 +178,7 @@ def test_byte_detokenizer_fast_path_matches_add(byte_bpe):
         ids = [int(t) for t in rng.integers(0, len(table) + 3, 3000)] + tok.encode(MULTIBYTE * 3)
         ref, fast = ByteDetokenizer(table, skip), ByteDetokenizer(table, skip)   # fast: its state only
         assert [_step.byte_add(fast, t) for t in ids] == [ref.add(t) for t in ids]
-        assert fast.text == ref.text and fast.token_ids == ref.token_ids and fast._pending == ref._pending
+        assert fast.text == ref.text and fast.token_ids == ref.token_ids and fast.pending == ref.pending
 
 
 @pytest.mark.parametrize("seed,config", [(0, {}), (3, dict(num_blocks=48))])
@@ -221,8 +221,8 @@ def test_async_engine_streams_materialized_outputs(byte_bpe, monkeypatch):
     tok = ProjectTokenizer(byte_bpe)
     requests = [(f"s{i}", tok.encode(CORPUS[i % 5])[: 3 + i], SamplingParams(max_tokens=6 + i, temperature=0.0))
                 for i in range(5)]
-    put, seen = RequestStream._put, []
-    monkeypatch.setattr(RequestStream, "_put", lambda self, item: (seen.append(type(item)), put(self, item))[1])
+    put, seen = RequestStream.put, []
+    monkeypatch.setattr(RequestStream, "put", lambda self, item: (seen.append(type(item)), put(self, item))[1])
     ae = AsyncEngine(make_engine(tok, True))
     ae.start()
     try:

@@ -38,7 +38,7 @@ def llm():
 
 
 def _structured(llm) -> StructuredOutputs:
-    return llm._engine.engine.structured
+    return llm.llm_engine.structured
 
 
 def test_json_schema_outputs_validate_and_stop_at_the_grammar_end(llm):
@@ -134,7 +134,7 @@ def test_params_need_exactly_one_constraint():
 
 
 def test_compiled_grammars_are_cached_per_grammar(llm):
-    grammars = llm._engine.engine.grammars
+    grammars = llm.llm_engine.grammars
     p = StructuredOutputsParams(json={"type": "object", "properties": {"k": {"type": "integer"}}})
     first = grammars.template(p)
     assert grammars.template(StructuredOutputsParams(json=dict(p.json))) is first

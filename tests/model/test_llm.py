@@ -135,20 +135,20 @@ def test_a_kv_cache_too_small_for_max_model_len_fails_at_start_with_the_numbers(
 def test_auto_kv_cache_is_sized_by_what_the_engine_can_use_and_says_why(tiny_checkpoint, monkeypatch):
     """No size given: the least of 4 GiB, half the memory available after the weights, and all
     that max_num_seqs sequences of max_model_len tokens can hold; the plan says which bound won."""
-    from lite_llm import llm as llm_mod
+    from lite_llm.engine import assemble as llm_mod
     from lite_llm.engine.runner import kv_bytes_per_block
     from lite_llm.model.loader import load_model
     monkeypatch.delenv("LITE_LLM_CPU_KVCACHE_SPACE", raising=False)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     cfg = load_model(str(tiny_checkpoint("llama")), dtype="float32", progress=False).config
     per_block = kv_bytes_per_block(cfg, 16, "float32")
-    monkeypatch.setattr(llm_mod, "_mem_available", lambda: 64 * llm_mod.GiB)
+    monkeypatch.setattr(llm_mod, "mem_available", lambda: 64 * llm_mod.GiB)
     small = llm_mod.plan_kv_cache(cfg, "float32", 16, 256, None, max_num_seqs=4)
     assert small.num_blocks == 4 * 256 // 16 and small.bytes_per_block == per_block
     assert "4 sequences of 256 tokens" in small.describe()
     big = llm_mod.plan_kv_cache(cfg, "float32", 16, 256, None, max_num_seqs=10**9)
     assert big.num_blocks == 4 * llm_mod.GiB // per_block and "4 GiB, vLLM's default" in big.describe()
-    monkeypatch.setattr(llm_mod, "_mem_available", lambda: 2 * llm_mod.GiB)
+    monkeypatch.setattr(llm_mod, "mem_available", lambda: 2 * llm_mod.GiB)
     tight = llm_mod.plan_kv_cache(cfg, "float32", 16, 256, None, weight_bytes=llm_mod.GiB, max_num_seqs=10**9)
     assert tight.num_blocks == llm_mod.GiB // 2 // per_block and "half of the 2.0 GiB" in tight.describe()
     given = llm_mod.plan_kv_cache(cfg, "float32", 16, 256, 0.01, max_num_seqs=4)
@@ -171,11 +171,11 @@ def test_default_max_num_seqs_is_vllms_capped_per_computing_thread(tiny_checkpoi
         llm = LLM(path, dtype="float32", block_size=16, kv_cache_space=0.01)
     threads = llm_mod.plan_ranks(1, False).num_threads
     expect = llm_mod.default_max_num_seqs(threads, serving=False)[0]
-    assert llm._engine.engine.config.max_num_seqs == expect
+    assert llm.llm_engine.config.max_num_seqs == expect
     assert f"max_num_seqs {expect} (" in caplog.text
     llm.shutdown()
     given = LLM(path, dtype="float32", block_size=16, kv_cache_space=0.01, max_num_seqs=5)
-    assert given._engine.engine.config.max_num_seqs == 5
+    assert given.llm_engine.config.max_num_seqs == 5
     given.shutdown()
 
 
@@ -184,7 +184,7 @@ def test_a_kv_cache_space_is_each_tensor_parallel_ranks(tiny_checkpoint, monkeyp
     """-tp 2: a size in GiB is every rank's (vLLM's per-worker VLLM_CPU_KVCACHE_SPACE). With 2
     KV heads each rank's block is half of one rank's, so twice the blocks; with 1 KV head it
     is replicated, so the same blocks, each held twice. The memory available bounds all ranks."""
-    from lite_llm import llm as llm_mod
+    from lite_llm.engine import assemble as llm_mod
     from lite_llm.engine.runner import kv_bytes_per_block
     from lite_llm.model.loader import load_model
     monkeypatch.delenv("LITE_LLM_CPU_KVCACHE_SPACE", raising=False)
@@ -198,7 +198,7 @@ def test_a_kv_cache_space_is_each_tensor_parallel_ranks(tiny_checkpoint, monkeyp
     assert two.num_blocks >= one.num_blocks * (2 if kv_heads == 2 else 1)
     assert two.bytes_per_block == whole * (1 if kv_heads == 2 else 2)
     assert "0.01 GiB for each of 2 ranks" in two.describe()
-    monkeypatch.setattr(llm_mod, "_mem_available", lambda: 2 * llm_mod.GiB)
+    monkeypatch.setattr(llm_mod, "mem_available", lambda: 2 * llm_mod.GiB)
     tight = llm_mod.plan_kv_cache(cfg, "float32", 16, 256, None, weight_bytes=llm_mod.GiB, max_num_seqs=10**9,
                                   tensor_parallel_size=2)
     assert tight.num_blocks * tight.bytes_per_block <= llm_mod.GiB // 2

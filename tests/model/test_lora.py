@@ -157,7 +157,7 @@ def test_no_cached_block_is_shared_across_adapters(setup):
     llm = LLM(str(base), dtype="float32", enable_lora=True, max_loras=2, max_lora_rank=8, max_num_seqs=4,
               kv_cache_space=0.01, block_size=16, max_model_len=128, enable_prefix_caching=True)
     try:
-        engine = llm._engine.engine
+        engine = llm.llm_engine
         prompt = {"prompt_token_ids": list(range(3, 3 + 40))}      # two full blocks of 16
         sp = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
         r1, r2 = LoRARequest("a1", 1, str(a1)), LoRARequest("a2", 2, str(a2))

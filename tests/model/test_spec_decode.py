@@ -89,9 +89,10 @@ def test_tiny_model_greedy_identical_with_preemption_prefix_cache_and_stops():
 
 def run_blocks(path, spec, prompts, params, kwargs):
     num_blocks = kwargs.pop("num_kv_blocks")
-    from lite_llm.llm import build_engine
+    from lite_llm.llm import EngineArgs, build_engine
     from lite_llm.outputs import fold
-    engine, loaded, _ = build_engine(path, num_kv_blocks=num_blocks, speculative_config=spec, progress=False, **kwargs)
+    engine = build_engine(EngineArgs(path, num_kv_blocks=num_blocks, speculative_config=spec, progress=False,
+                                     **kwargs)).engine
     kwargs["num_kv_blocks"] = num_blocks
     try:
         streams = [engine.add_request(f"r{i}", p["prompt_token_ids"], sp) for i, (p, sp) in enumerate(zip(prompts, params))]

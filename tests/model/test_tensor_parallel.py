@@ -39,7 +39,7 @@ def tp_runner(path, dtype="float32", num_blocks=64, max_tokens=256, quantization
                            max_num_batched_tokens=max_tokens, max_num_seqs=max_tokens)
     try:
         runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=BLOCK, max_num_batched_tokens=max_tokens,
-                             max_num_seqs=max_tokens, num_threads=1, tp_size=2, tp_group=group,
+                             max_num_seqs=max_tokens, num_threads=1, shard=tp.RankShard(loaded.config, 0, 2), tp_group=group,
                              quantization=quantization)
         group.wait_ready()
     except BaseException:

@@ -124,3 +124,11 @@ def test_a_steps_encoder_tokens_stay_within_its_budget(monkeypatch):
         assert steps[0] == (82, 18, 2)
     finally:
         small.shutdown()
+
+
+def test_an_assembled_engine_schedules_with_the_runners_encoder_cache(llm):
+    """The runner is built on the engine thread, after the engine: the scheduler must still get
+    its encoder cache, so an image the runner holds costs a request no encoder budget."""
+    eng = llm.llm_engine
+    assert eng.runner.vision is not None
+    assert eng.scheduler.encoder_cache is eng.runner.vision.cache

@@ -14,6 +14,7 @@ from test_llava_engine import _url, ask_about_image
 from vl_checkpoint import image
 
 from lite_llm import LLM, SamplingParams
+from lite_llm.engine.args import EngineArgs
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("PIL")
@@ -36,9 +37,9 @@ def test_two_replicas_answer_images_as_one_engine(monkeypatch):
         want = [llm.chat([{"role": "user", "content": _content(u)}], greedy)[0].outputs[0].text for u in urls]
     assert want[0] != want[1]
     monkeypatch.setenv("LITE_LLM_CPU_OMP_THREADS_BIND", "nobind")
-    engine, tokenizer, info = build_data_parallel_engine(str(lm), 2, mmproj=str(mm), dtype="float32", block_size=16,
-                                                         max_num_batched_tokens=64, kv_cache_space=0.01,
-                                                         max_num_seqs=4)
+    engine, tokenizer, info = build_data_parallel_engine(
+        EngineArgs(str(lm), mmproj=str(mm), dtype="float32", block_size=16, max_num_batched_tokens=64,
+                   kv_cache_space=0.01, max_num_seqs=4), 2)
     assert info["mmproj"] == str(mm) and len(info["replicas"]) == 2
     server = create_server(engine, tokenizer, "tiny-gemma3", info["max_model_len"], kernel_info=info,
                            model_root=info["model_path"], vocab_size=info["vocab_size"])

@@ -68,7 +68,7 @@ class ServerRunner(FakeRunner):
         self.step_seconds = step_seconds
         self._masks = None
 
-    def execute(self, sched_out, masks=None) -> list[SampleResult | None]:
+    def execute(self, sched_out, masks=None):
         if self.step_seconds:
             time.sleep(self.step_seconds)
         self._masks = masks.wait() if masks is not None else None

@@ -58,8 +58,8 @@ SERVE_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     from tests.server.conftest import make_tokenizer
     from tests.server.fake_model import fake_runner_engine
-    def build_async_engine(**kwargs):
-        print("BUILD " + ",".join(sorted(kwargs)), file=sys.stderr, flush=True)
+    def build_async_engine(engine_args):     # the EngineArgs the flags made
+        print("BUILD " + ",".join(sorted(vars(engine_args))), file=sys.stderr, flush=True)
         tok = make_tokenizer()     # the command line is under test here, not the engine
         return fake_runner_engine(tok, step_seconds=0.005), tok, {{"max_model_len": 512, "kernel_variant": "fake"}}
     import argparse

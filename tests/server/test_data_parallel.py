@@ -20,6 +20,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from lite_llm.engine.args import EngineArgs
+
 from .conftest import request, serving
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,8 +37,8 @@ def dp_server():
     old = os.environ.get("LITE_LLM_CPU_OMP_THREADS_BIND")
     os.environ["LITE_LLM_CPU_OMP_THREADS_BIND"] = BIND
     try:
-        engine, tokenizer, info = build_data_parallel_engine(None, 2, max_model_len=1024, kv_cache_space=0.25,
-                                                             max_num_seqs=16)
+        engine, tokenizer, info = build_data_parallel_engine(
+            EngineArgs(None, max_model_len=1024, kv_cache_space=0.25, max_num_seqs=16, serving=True), 2)
     finally:
         if old is None:
             del os.environ["LITE_LLM_CPU_OMP_THREADS_BIND"]
@@ -243,8 +245,8 @@ def test_two_replicas_of_two_tensor_parallel_ranks_answer_as_one_engine(monkeypa
     monkeypatch.setenv("LITE_LLM_CPU_OMP_THREADS_BIND", "nobind")     # 4 ranks on 2 CPUs
     with LLM(path, dtype="float32", kv_cache_space=0.01) as llm:
         want = [o.outputs[0].text for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
-    engine, tokenizer, info = build_data_parallel_engine(path, 2, dtype="float32", kv_cache_space=0.01,
-                                                         max_num_seqs=8, tensor_parallel_size=2)
+    engine, tokenizer, info = build_data_parallel_engine(
+        EngineArgs(path, dtype="float32", kv_cache_space=0.01, max_num_seqs=8, tensor_parallel_size=2), 2)
     assert info["tensor_parallel_size"] == 2
     for replica in info["replicas"]:       # its rank-1 worker: python -m lite_llm.engine.tp
         cmdlines = [Path(f"/proc/{c}/cmdline").read_bytes() for c in _children(replica["pid"])]
