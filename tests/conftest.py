@@ -98,6 +98,13 @@ ARCH_DEFAULTS: dict[str, dict] = {
     "qwen2_moe": dict(_BASE, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=1000000.0, num_experts=4,
                       num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
                       norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[]),
+    # gpt-oss: top-4 of 8 experts (softmax after the top-k), sliding (window 8) and full layers
+    # alternating, YaRN (factor 4 over 32 positions, not truncated), biases everywhere, sinks
+    "gpt_oss": dict(_BASE, head_dim=16, intermediate_size=32, num_hidden_layers=4, num_local_experts=8,
+                    num_experts_per_tok=4, sliding_window=8, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                    rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                     "truncate": False, "original_max_position_embeddings": 32,
+                                     "rope_theta": 150000.0}),
     "opt": dict(vocab_size=TINY_VOCAB, hidden_size=64, ffn_dim=96, num_hidden_layers=2, num_attention_heads=4,
                 max_position_embeddings=128, word_embed_proj_dim=64, do_layer_norm_before=True,
                 activation_function="relu", bos_token_id=0, eos_token_id=2, pad_token_id=1,
@@ -161,6 +168,7 @@ def _model_class(arch: str):
             "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
             "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
             "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
+            "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM),
             "qwen3_base": (transformers.Qwen3Config, transformers.Qwen3Model),
             "bert": (transformers.BertConfig, transformers.BertModel),
             "bert_cls": (transformers.BertConfig, transformers.BertForSequenceClassification),
@@ -212,6 +220,11 @@ def build_tiny_checkpoint(arch: str, out_dir: Path, std: float = 0.05, seed: int
     model = model_cls(config).eval()
     # Gemma's norms scale by (1 + w): w around 0 gives the other families' effective scales
     randomize_weights(model, std, norm_low=-0.5 if arch.startswith("gemma") else 0.5)
+    if arch == "gpt_oss":   # sinks that outweigh some scores, gate / up values past the SwiGLU's clamp at 7
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.normal_(0.0, 1.0)
+                layer.mlp.experts.gate_up_proj_bias.normal_(0.0, 6.0)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     backend = HFTokenizer.from_str(tiny_tokenizer_json())
