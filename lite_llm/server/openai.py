@@ -18,6 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from lite_llm.outputs import CompletionOutput, Logprob
+from lite_llm.server import harmony
 from lite_llm.sampling_params import (MAX_GRAMMAR_BYTES, MAX_JSON_DEPTH, MAX_LOGPROBS, SamplingParams,
                                       StructuredOutputsParams, nested_deeper_than)
 
@@ -51,7 +52,7 @@ _SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "min
 COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "logprobs", "echo", "add_special_tokens"}
 CHAT_FIELDS = _SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
                                   "add_generation_prompt", "chat_template", "add_special_tokens",
-                                  "chat_template_kwargs", "tools", "tool_choice"}
+                                  "chat_template_kwargs", "tools", "tool_choice", "reasoning_effort"}
 # Names a chat template receives from the server itself: chat_template_kwargs cannot set them.
 _TEMPLATE_RESERVED = {"messages", "tools", "documents", "add_generation_prompt", "chat_template",
                       "bos_token", "eos_token", "pad_token", "unk_token"}
@@ -659,6 +660,8 @@ def prepare_chat(body: dict, ctx: ServingContext, pixels: list[int] | None = Non
             except ValueError:      # the grammar holding every tool's schema is over its size cap
                 raise bad(f"'tools' are too large for a forced tool call (their grammar would be longer than "
                           f"{MAX_GRAMMAR_BYTES} bytes)", "tools") from None
+    if harmony.in_use(ctx.reasoning_parser, tool_parser):   # the parsers read harmony's special tokens
+        kw["skip_special_tokens"] = False
     text = render_chat(ctx, messages, add_generation_prompt, template, template_kwargs)
     # The template already places BOS and friends: no second BOS (vLLM's default for chat).
     ids = _encode(ctx, text, add_special_tokens=get_bool(body, "add_special_tokens", False),
@@ -743,7 +746,11 @@ def _tools(body: dict) -> tuple[list[dict] | None, str | dict]:
     return out, choice
 
 
-TOOL_PARSERS = ("hermes", "llama3_json", "mistral")
+TOOL_PARSERS = ("hermes", "llama3_json", "mistral", "openai")
+# parsers of their own modules, by name: --reasoning-parser's beside <think> (ReasoningSplitter),
+# --tool-call-parser's beside make_tool_parser's own
+REASONING_PARSER_CLASSES = {"openai_gptoss": harmony.HarmonyReasoningSplitter}
+TOOL_PARSER_CLASSES = {"openai": harmony.HarmonyToolParser}
 MAX_FORCED_CALLS = 8        # calls a forced answer may hold: a model repeating calls ends there
 
 
@@ -753,7 +760,8 @@ def tool_parser_for(template: str | None) -> str | None:
         return None
     found = [name for name, marks in (("hermes", ("<tool_call>",)),              # Hermes, Qwen2.5, Qwen3
                                       ("mistral", ("[TOOL_CALLS]",)),            # Mistral
-                                      ("llama3_json", ("<|python_tag|>", "ipython")))   # Llama 3.1-3.3
+                                      ("llama3_json", ("<|python_tag|>", "ipython")),   # Llama 3.1-3.3
+                                      ("openai", ("<|channel|>",)))                # gpt-oss's harmony
              if any(m in template for m in marks)]
     return found[0] if len(found) == 1 else None
 
@@ -847,6 +855,8 @@ def forced_tool_calls(parser: str, tools: list[dict], choice: str | dict, parall
     schemas = [_call_schema(fn, key, defs, f"tool{i}_") for i, fn in enumerate(fns)]
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
     many = parallel and not named
+    if parser == "openai":      # harmony: one message to the function, its arguments the body
+        return StructuredOutputsParams(grammar=harmony.forced_call_grammar(fns, schemas, defs, tokenizer))
     if parser == "forced_json":
         return StructuredOutputsParams(json={"type": "array", "items": schema, "minItems": 1,
                                              "maxItems": MAX_FORCED_CALLS if many else 1,
@@ -999,9 +1009,20 @@ def _request_template(body: dict, ctx: ServingContext) -> str | None:
     return template
 
 
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
 def _template_kwargs(body: dict) -> dict:
-    """chat_template_kwargs: extra variables for the chat template (Qwen3's enable_thinking...)."""
+    """chat_template_kwargs: extra variables for the chat template (Qwen3's enable_thinking...);
+    a chat's reasoning_effort reaches it as reasoning_effort (gpt-oss's template reads it; "none"
+    also turns Qwen3-style thinking off), as the Responses API's reasoning.effort does."""
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise bad(f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}", "reasoning_effort")
     kw = body.get("chat_template_kwargs")
+    if effort is not None:
+        return {"reasoning_effort": effort, **({"enable_thinking": False} if effort == "none" else {}),
+                **(_template_kwargs({"chat_template_kwargs": kw}) if kw is not None else {})}
     if kw is None:
         return {}
     if not isinstance(kw, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kw):
@@ -1036,6 +1057,10 @@ class ReasoningSplitter:
     answers directly). A tag split across deltas is held back until it is whole.
     """
     START, END = "<think>", "</think>"
+
+    def __new__(cls, parser: str):
+        other = REASONING_PARSER_CLASSES.get(parser)
+        return object.__new__(cls) if other is None else other(parser)
 
     def __init__(self, parser: str):
         self.starts_inside = parser == "deepseek_r1"
@@ -1244,6 +1269,7 @@ class _MaxCalls:
 def make_tool_parser(prep: PreparedRequest):
     """The streaming tool call parser of a prepared chat request."""
     parser = HermesToolParser(prep.forced_tools) if prep.tool_parser == "hermes" else \
+        TOOL_PARSER_CLASSES[prep.tool_parser](prep.forced_tools) if prep.tool_parser in TOOL_PARSER_CLASSES else \
         JsonToolParser(prep.tool_parser, prep.forced_tools)
     return parser if prep.max_tool_calls is None else _MaxCalls(parser, prep.max_tool_calls)
 
