@@ -374,11 +374,38 @@ def _moe_gguf(cfg: dict, sd: dict, arch: str, tensors: dict, meta: dict) -> None
         meta[f"{arch}.expert_shared_feed_forward_length"] = cfg["shared_expert_intermediate_size"]
 
 
+def _gpt_oss_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
+    """gpt-oss as llama.cpp's converter writes it: post_attention_norm for the MLP's norm,
+    attn_sinks, the router (with its bias) as ffn_gate_inp, the interleaved gate_up_proj [X, E,
+    2F] split into ffn_gate_exps / ffn_up_exps [X, F, E] (biases [X, F]), down_proj [X, F, E]
+    as ffn_down_exps [X, E, F] (bias [X, E]); YaRN and the window in the metadata."""
+    rope = cfg["rope_parameters"]
+    for i in range(cfg["num_hidden_layers"]):
+        h, b = f"model.layers.{i}.", f"blk.{i}."
+        tensors[b + "post_attention_norm.weight"] = tensors.pop(b + "ffn_norm.weight")
+        tensors[b + "attn_sinks.weight"] = sd[h + "self_attn.sinks"]
+        tensors[b + "ffn_gate_inp.weight"] = sd[h + "mlp.router.weight"]
+        tensors[b + "ffn_gate_inp.bias"] = sd[h + "mlp.router.bias"]
+        gate_up, bias = sd[h + "mlp.experts.gate_up_proj"], sd[h + "mlp.experts.gate_up_proj_bias"]
+        tensors[b + "ffn_gate_exps.weight"] = gate_up[:, :, 0::2].transpose(0, 2, 1)
+        tensors[b + "ffn_up_exps.weight"] = gate_up[:, :, 1::2].transpose(0, 2, 1)
+        tensors[b + "ffn_gate_exps.bias"], tensors[b + "ffn_up_exps.bias"] = bias[:, 0::2], bias[:, 1::2]
+        tensors[b + "ffn_down_exps.weight"] = sd[h + "mlp.experts.down_proj"].transpose(0, 2, 1)
+        tensors[b + "ffn_down_exps.bias"] = sd[h + "mlp.experts.down_proj_bias"]
+    arch = "gpt-oss"
+    meta.update({f"{arch}.expert_count": cfg["num_local_experts"], f"{arch}.expert_used_count": cfg["num_experts_per_tok"],
+                 f"{arch}.expert_feed_forward_length": cfg["intermediate_size"],
+                 f"{arch}.attention.sliding_window": cfg["sliding_window"], f"{arch}.rope.scaling.type": "yarn",
+                 f"{arch}.rope.scaling.factor": float(rope["factor"]),
+                 f"{arch}.rope.scaling.original_context_length": rope["original_max_position_embeddings"]})
+
+
 def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
     """Write the tiny HF checkpoint as a llama.cpp-style F32 GGUF (q/k permuted for "llama";
     Gemma's norm weights stored with their + 1, as llama.cpp's converter writes them; a
     mixture of experts with 3-D expert tensors: arch "qwen3moe", "qwen2moe", or "llama" for
-    Mixtral)."""
+    Mixtral; "gpt_oss" or "gpt-oss": llama.cpp's "gpt-oss" graph)."""
+    arch = "gpt-oss" if arch == "gpt_oss" else arch     # llama.cpp's graph name
     cfg = json.loads((ckpt / "config.json").read_text())
     sd = load_file(str(ckpt / "model.safetensors"))
     tok = json.loads((ckpt / "tokenizer.json").read_text())
@@ -442,7 +469,9 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
                      f"{arch}.residual_scale": float(cfg["residual_multiplier"]),
                      f"{arch}.attention.scale": float(cfg["attention_multiplier"]),
                      f"{arch}.logit_scale": float(cfg["logits_scaling"])})
-    if cfg.get("num_experts") or cfg.get("num_local_experts"):
+    if arch == "gpt-oss":
+        _gpt_oss_gguf(cfg, sd, tensors, meta)
+    elif cfg.get("num_experts") or cfg.get("num_local_experts"):
         _moe_gguf(cfg, sd, arch, tensors, meta)
     if gemma:
         meta[f"{arch}.attention.sliding_window"] = cfg["sliding_window"]

@@ -149,3 +149,27 @@ def test_other_swiglu_constants_are_refused(tmp_path):
     (out / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match="swiglu_limit 10.0"):
         load_model(str(out), dtype="float32", progress=False)
+
+
+def test_gguf_of_the_same_weights_gives_the_same_logits(tmp_path):
+    """llama.cpp's "gpt-oss" graph (its converter's names, the experts de-interleaved into
+    ffn_gate_exps / ffn_up_exps with their biases, sinks as attn_sinks): the HF config's values
+    and the same logits."""
+    from test_families import check_gguf_matches_hf
+    check_gguf_matches_hf(("gpt_oss", {}), tmp_path, ("sliding_window", "layer_types", "num_experts",
+                                                      "num_experts_per_tok", "ffn_dim", "rope_theta", "head_dim",
+                                                      "moe_routing", "attn_sinks", "o_bias", "qkv_bias"),
+                          PROMPT_LENS)
+
+
+def test_llama_cpp_agrees_on_the_same_gguf(tmp_path):
+    """llama.cpp (llama-cpp-python) runs the same "gpt-oss" file: the argmax at every position
+    of prompts past the sliding window is ours (llama.cpp has its own sinks, SWA cache, YaRN)."""
+    pytest.importorskip("llama_cpp")
+    from conftest import gguf_from_hf
+    from test_llm import llama_cpp_argmax
+    path = gguf_from_hf(tiny_checkpoint_path("gpt_oss"), tmp_path / "m.gguf", "gpt_oss")
+    runner, _ = make_runner(path)
+    for ids in prompts_for(320, [5, 23, 40]):
+        ours = lite_logits(runner, [ids])[0].argmax(-1)
+        np.testing.assert_array_equal(ours, llama_cpp_argmax(str(path), ids))

@@ -109,9 +109,11 @@ def moe_tensor_names(config: ModelConfig, p: str) -> list[str]:
     its gate vector [E] where the model has one."""
     names = [p + "router.weight"] + ([p + "router.bias"] if config.expert_bias else [])
     for j in range(config.num_experts):
-        names += [p + f"experts.{j}.gate_up.weight", p + f"experts.{j}.down.weight"]
-        if config.expert_bias:
-            names += [p + f"experts.{j}.gate_up.bias", p + f"experts.{j}.down.bias"]
+        if config.expert_bias:   # gpt-oss
+            names += [p + f"experts.{j}.gate_up.{w}" for w in ("weight", "bias")]
+            names += [p + f"experts.{j}.down.{w}" for w in ("weight", "bias")]
+        else:
+            names += [p + f"experts.{j}.gate_up.weight", p + f"experts.{j}.down.weight"]
     if config.shared_ffn_dim:
         names += [p + "shared.gate_up.weight", p + "shared.down.weight", p + "shared_gate.weight"]
     return names

@@ -20,6 +20,13 @@ The released checkpoints store the experts in MXFP4 instead: gate_up_proj_blocks
 E/32] (e8m0: 2^(s - 127)), and down_proj_blocks / _scales [X, E, F/32, ...]; rows are output
 features, gate and up rows interleaved. Those are dequantized at load (_mxfp4_rows) unless the
 kernels take MXFP4 blocks as stored: see _MXFP4_STORED, the one place that format plugs in.
+
+llama.cpp's "gpt-oss" GGUF graph keeps the same model under its names: attn_sinks [H],
+post_attention_norm (the MLP's norm), ffn_gate_inp (+ bias) the router, the experts split and
+de-interleaved into ffn_gate_exps / ffn_up_exps [X, F, E] and ffn_down_exps [X, E, F], each with
+a bias [X, F] / [X, E]; sliding layers on even layers (llama.cpp's pattern of 2); YaRN from
+rope.scaling.*, not truncated (as gpt-oss's config.json says). Its MXFP4 expert tensors (ggml
+type 39) load once lite_llm/model/gguf.py reads that type.
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ from lite_llm.model.loader import ModelLoadError
 from lite_llm.model.weights import StackedRows
 
 HF_ARCHITECTURES = ("GptOssForCausalLM",)
+GGUF_ARCHITECTURES = {"gpt-oss": "GptOssForCausalLM"}
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0     # the kernels' LL_SWIGLU_OAI_* (src/kernels/act.h)
 
 # e2m1 values of the 16 codes (sign in bit 3), as OCP's MX spec and transformers' MXFP4 tables
@@ -165,3 +173,67 @@ def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, Any]]:
         if name.endswith(".o.bias" if config.o_bias else ".o.weight"):
             i = name.split(".")[1]
             yield f"layers.{i}.sinks", ckpt.read(f"model.layers.{i}.self_attn.sinks", (H,))
+
+
+# ---- GGUF ----------------------------------------------------------------------------------
+
+
+def gguf_config(f, arch: str) -> ModelConfig:
+    import dataclasses
+    meta = f.metadata
+    num_layers = int(meta.get(f"{arch}.block_count", 0))
+    window = meta.get(f"{arch}.attention.sliding_window")
+    layer_types = tuple("sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers))
+    cfg = llama.gguf_decoder_config(
+        f, arch, GGUF_ARCHITECTURES[arch], act="swiglu_oai", sliding_window=int(window) if window else None,
+        layer_types=layer_types, o_bias="blk.0.attn_output.bias" in f.tensors, moe_routing="topk_softmax",
+        expert_bias=True, attn_sinks=True, **moe.gguf_fields(f, arch, norm_default=False))
+    if cfg.rope_scaling and cfg.rope_scaling.get("rope_type") == "yarn":
+        cfg = dataclasses.replace(cfg, rope_scaling={**cfg.rope_scaling, "truncate": False})
+    return cfg
+
+
+def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
+    H, Hkv, D, E, F, X = (config.num_heads, config.num_kv_heads, config.head_dim, config.dim, config.ffn_dim,
+                          config.num_experts)
+    matrix = moe._gguf_matrix
+
+    def vec(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        f.info(name, shape)
+        return np.asarray(f.read(name), np.float32)
+
+    yield "embed", matrix(f, [("token_embd.weight", 0, config.vocab_size)], E)
+    for i in range(config.num_layers):
+        b, p = f"blk.{i}.", f"layers.{i}."
+        yield p + "attn_norm.weight", vec(b + "attn_norm.weight", (E,))
+        for name, rows in (("attn_q", H * D), ("attn_k", Hkv * D), ("attn_v", Hkv * D)):
+            f.info(b + name + ".weight", (rows, E))
+        yield p + "qkv.weight", matrix(f, [(b + "attn_q.weight", 0, H * D), (b + "attn_k.weight", 0, Hkv * D),
+                                           (b + "attn_v.weight", 0, Hkv * D)], E)
+        if config.qkv_bias:
+            yield p + "qkv.bias", np.concatenate([vec(b + "attn_q.bias", (H * D,)), vec(b + "attn_k.bias", (Hkv * D,)),
+                                                  vec(b + "attn_v.bias", (Hkv * D,))])
+        f.info(b + "attn_output.weight", (E, H * D))
+        yield p + "o.weight", matrix(f, [(b + "attn_output.weight", 0, E)], H * D)
+        if config.o_bias:
+            yield p + "o.bias", vec(b + "attn_output.bias", (E,))
+        yield p + "sinks", vec(b + "attn_sinks.weight", (H,))
+        yield p + "mlp_norm.weight", vec(b + "post_attention_norm.weight", (E,))
+        f.info(b + "ffn_gate_inp.weight", (X, E))
+        yield p + "router.weight", matrix(f, [(b + "ffn_gate_inp.weight", 0, X)], E)
+        yield p + "router.bias", vec(b + "ffn_gate_inp.bias", (X,))
+        f.info(b + "ffn_gate_exps.weight", (X, F, E))
+        f.info(b + "ffn_up_exps.weight", (X, F, E))
+        f.info(b + "ffn_down_exps.weight", (X, E, F))
+        gate_b, up_b = vec(b + "ffn_gate_exps.bias", (X, F)), vec(b + "ffn_up_exps.bias", (X, F))
+        down_b = vec(b + "ffn_down_exps.bias", (X, E))
+        for j in range(X):
+            yield p + f"experts.{j}.gate_up.weight", matrix(
+                f, [(b + "ffn_gate_exps.weight", j * F, F), (b + "ffn_up_exps.weight", j * F, F)], E)
+            yield p + f"experts.{j}.gate_up.bias", np.concatenate([gate_b[j], up_b[j]])
+            yield p + f"experts.{j}.down.weight", matrix(f, [(b + "ffn_down_exps.weight", j * E, E)], F)
+            yield p + f"experts.{j}.down.bias", np.ascontiguousarray(down_b[j])
+    yield "final_norm.weight", vec("output_norm.weight", (E,))
+    if not config.tie_word_embeddings:
+        f.info("output.weight", (config.vocab_size, E))
+        yield "lm_head.weight", matrix(f, [("output.weight", 0, config.vocab_size)], E)
