@@ -173,3 +173,48 @@ def test_llama_cpp_agrees_on_the_same_gguf(tmp_path):
     for ids in prompts_for(320, [5, 23, 40]):
         ours = lite_logits(runner, [ids])[0].argmax(-1)
         np.testing.assert_array_equal(ours, llama_cpp_argmax(str(path), ids))
+
+
+# ---- configs drawn over the family's space -------------------------------------------------
+
+import os  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+DRAWN_EXAMPLES = int(os.environ.get("LITE_LLM_DRAWN_CONFIGS", "4"))   # more with the env var
+
+
+@st.composite
+def gpt_oss_configs(draw) -> dict:
+    """Overrides of the fixture's config: head width and count, GQA ratio, layers and their
+    sliding / full pattern, window, expert count and top-k, tied head, YaRN factor and its
+    truncation, attention biases."""
+    kv = draw(st.sampled_from([1, 2, 4]))
+    layers = draw(st.integers(1, 3))
+    experts = draw(st.integers(2, 8))
+    return {"head_dim": draw(st.sampled_from([16, 32])), "num_key_value_heads": kv,
+            "num_attention_heads": kv * draw(st.sampled_from([1, 2, 4])), "num_hidden_layers": layers,
+            "layer_types": draw(st.lists(st.sampled_from(["sliding_attention", "full_attention"]),
+                                         min_size=layers, max_size=layers)),
+            "sliding_window": draw(st.sampled_from([4, 8, 16])), "num_local_experts": experts,
+            "num_experts_per_tok": draw(st.integers(1, experts)), "tie_word_embeddings": draw(st.booleans()),
+            "attention_bias": draw(st.booleans()),
+            "rope_parameters": {"rope_type": "yarn", "factor": draw(st.sampled_from([2.0, 4.0, 32.0])),
+                                "beta_fast": 32.0, "beta_slow": 1.0, "truncate": draw(st.booleans()),
+                                "original_max_position_embeddings": 32, "rope_theta": 150000.0}}
+
+
+@settings(max_examples=DRAWN_EXAMPLES, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(overrides=gpt_oss_configs())
+def test_drawn_configs_match_transformers(overrides):
+    """fp32 logits within 1e-4 of transformers on configs drawn from the family's space (a
+    fixed derandomized draw of LITE_LLM_DRAWN_CONFIGS examples, 4 by default), one shot and
+    prefilled 5 tokens at a time."""
+    path = tiny_checkpoint_path("gpt_oss", **overrides)
+    runner, loaded = make_runner(path)
+    prompts = prompts_for(loaded.config.vocab_size, [3, 21])
+    ref = hf_logits(path, prompts)
+    for chunk in (None, 5):
+        for r, g in zip(ref, lite_logits(runner, prompts, chunk=chunk)):
+            np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
