@@ -99,11 +99,10 @@ def _to_mxfp4(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(blocks), np.ascontiguousarray(exp + 127, np.uint8)
 
 
-def test_mxfp4_experts_give_the_logits_of_their_dequantized_weights(tmp_path):
-    """A checkpoint whose experts are MXFP4 (gate_up_proj_blocks [X, 2F, E/32, 16] with
-    _scales, rows interleaving gate and up; down_proj_blocks [X, E, F/32, 16]) loads to the
-    logits of the same model with those values stored as float32 (what transformers
-    dequantizes them to), which transformers' logits match too."""
+def _mxfp4_checkpoints(tmp_path):
+    """(MXFP4 checkpoint, the same values as float32 parameters) of the fixture: the experts
+    as the released checkpoints store them (gate_up_proj_blocks [X, 2F, E/32, 16] with
+    _scales, rows interleaving gate and up; down_proj_blocks [X, E, F/32, 16])."""
     from safetensors.numpy import save_file
     from lite_llm.model.arch.gpt_oss import _mxfp4_rows
     ckpt = tiny_checkpoint_path("gpt_oss")
@@ -127,6 +126,13 @@ def test_mxfp4_experts_give_the_logits_of_their_dequantized_weights(tmp_path):
         assert np.abs(deq[m + "gate_up_proj"] - gate_up).max() > 0     # really quantized
     save_file(sd, str(mx_dir / "model.safetensors"), metadata={"format": "pt"})
     save_file(deq, str(deq_dir / "model.safetensors"), metadata={"format": "pt"})
+    return mx_dir, deq_dir
+
+
+def test_mxfp4_experts_give_the_logits_of_their_dequantized_weights(tmp_path):
+    """An MXFP4 checkpoint loads to the logits of the same model with those values stored as
+    float32 (what transformers dequantizes them to), which transformers' logits match too."""
+    mx_dir, deq_dir = _mxfp4_checkpoints(tmp_path)
     prompts = prompts_for(320, [7, 30])
     mx_runner, _ = make_runner(mx_dir)
     deq_runner, _ = make_runner(deq_dir)
@@ -218,3 +224,26 @@ def test_drawn_configs_match_transformers(overrides):
     for chunk in (None, 5):
         for r, g in zip(ref, lite_logits(runner, prompts, chunk=chunk)):
             np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
+
+
+def test_mxfp4_experts_as_ggml_blocks_once_the_kernels_take_them(tmp_path, monkeypatch):
+    """The place the MXFP4 block type plugs in: with "MXFP4" among the kernels' native types,
+    each expert of an HF MXFP4 checkpoint carries its rows as ggml MXFP4 blocks (exponent byte,
+    then low nibbles = values 0..15, high = 16..31), which gguf-py decodes to exactly the
+    values the dequantizing path reads; without it, none (the packer dequantizes)."""
+    import gguf
+    from lite_llm.model import gguf as lite_gguf
+    from lite_llm.model.loader import load_model
+    mx_dir, _ = _mxfp4_checkpoints(tmp_path)
+
+    def expert(name: str):
+        return dict(load_model(str(mx_dir), dtype="float32", progress=False).iter_tensors(streamed=True))[name]
+
+    assert expert("layers.2.experts.5.gate_up.weight").block_types() is None
+    monkeypatch.setattr(lite_gguf, "NATIVE_TYPES", lite_gguf.NATIVE_TYPES + ("MXFP4",))
+    for name, rows in (("layers.2.experts.5.gate_up.weight", 64), ("layers.1.experts.3.down.weight", 64)):
+        t = expert(name)
+        assert set(t.block_types()) == {"MXFP4"}
+        raw = np.concatenate([reader(0, n) for (n, _), (_, reader) in zip(t.parts, t.blocks)])
+        decoded = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.MXFP4).reshape(rows, -1)
+        np.testing.assert_array_equal(decoded, t.read(0, rows))

@@ -30,6 +30,7 @@ type 39) load once lite_llm/model/gguf.py reads that type.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from typing import Any, Iterator
 
@@ -49,8 +50,10 @@ FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0,
                       np.float32)
 
 # MXFP4 experts kept as stored: the ggml block type name the kernels take them as (GGUF type
-# 39, "MXFP4"), once lite_llm/model/gguf.py NATIVE_TYPES lists it. Until then HF MXFP4
-# experts are dequantized to the engine dtype at load (4x the bytes of the stored experts).
+# 39, "MXFP4"), once lite_llm/model/gguf.py NATIVE_TYPES lists it; HF's blocks are then handed
+# to the packer as ggml blocks (_mxfp4_ggml_rows: the same codes and exponents, nibbles
+# reordered). Until then HF MXFP4 experts are dequantized to the engine dtype at load (bf16:
+# 4x the bytes of the stored experts).
 _MXFP4_STORED = "MXFP4"
 
 
@@ -97,13 +100,25 @@ class _Expert:
         return np.ascontiguousarray(select(self())[a:b])
 
 
+def _GATE_ROWS(w: np.ndarray) -> np.ndarray:
+    return w[0::2]
+
+
+def _UP_ROWS(w: np.ndarray) -> np.ndarray:
+    return w[1::2]
+
+
+def _ALL_ROWS(w: np.ndarray) -> np.ndarray:
+    return w
+
+
 def _deinterleave(expert: _Expert, F: int, cols: int, transposed: bool) -> StackedRows:
     """Canonical gate-then-up [2F, cols] of an expert whose gate and up alternate: as columns
     of [cols, 2F] (transposed: HF's bf16 parameter) or as rows of [2F, cols] (MXFP4's)."""
     if transposed:
         gate, up = (lambda w: w[:, 0::2].T), (lambda w: w[:, 1::2].T)
     else:
-        gate, up = (lambda w: w[0::2]), (lambda w: w[1::2])
+        gate, up = _GATE_ROWS, _UP_ROWS
     return StackedRows(((F, partial(expert.rows, gate)), (F, partial(expert.rows, up))), cols)
 
 
@@ -113,6 +128,16 @@ def _mxfp4_rows(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     values = np.stack([lo, hi], axis=-1).reshape(*blocks.shape[:-1], 32)        # low nibble first
     scale = np.ldexp(np.float32(1.0), scales.astype(np.int32) - 127).astype(np.float32)
     return (values * scale[..., None]).reshape(blocks.shape[0], -1)
+
+
+def _mxfp4_ggml_rows(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """ggml's MXFP4 blocks (uint8 [rows, n x 17]: the e8m0 exponent, then 16 bytes whose low
+    nibbles are values 0..15 and high nibbles values 16..31) of HF's blocks [rows, n, 16] (low
+    nibble first, value pairs in order) and scales [rows, n]: the same codes and exponents
+    (ggml's table holds the values doubled, its scale is 2^(e - 128))."""
+    codes = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], 32)
+    qs = (codes[..., :16] | (codes[..., 16:] << 4)).astype(np.uint8)
+    return np.concatenate([scales[..., None].astype(np.uint8), qs], axis=-1).reshape(blocks.shape[0], -1)
 
 
 def _mxfp4_stored() -> bool:
@@ -129,9 +154,8 @@ def _mlp(ckpt, config: ModelConfig, h: str, p: str) -> Iterator[tuple[str, Any]]
     yield p + "router.bias", ckpt.read(m + "router.bias", (X,))
     x = m + "experts."
     mxfp4 = x + "gate_up_proj_blocks" in ckpt
+    stored = mxfp4 and _mxfp4_stored()
     if mxfp4:
-        if _mxfp4_stored():   # pragma: no cover - the MXFP4 block type plugs in here
-            raise ModelLoadError(f"{ckpt.path}: MXFP4 experts as stored: the block repack is not written yet")
         ckpt.entry(x + "gate_up_proj_blocks", (X, 2 * F, E // 32, 16))
         ckpt.entry(x + "gate_up_proj_scales", (X, 2 * F, E // 32))
         ckpt.entry(x + "down_proj_blocks", (X, E, F // 32, 16))
@@ -142,16 +166,26 @@ def _mlp(ckpt, config: ModelConfig, h: str, p: str) -> Iterator[tuple[str, Any]]
     gate_up_bias = ckpt.read(x + "gate_up_proj_bias", (X, 2 * F))
     down_bias = ckpt.read(x + "down_proj_bias", (X, E))
 
-    def mx(name: str, j: int) -> np.ndarray:
-        return _mxfp4_rows(ckpt.read_rows(name + "_blocks", j, j + 1)[0], ckpt.read_rows(name + "_scales", j, j + 1)[0])
+    def mx(name: str, j: int, form=_mxfp4_rows) -> np.ndarray:
+        return form(ckpt.read_rows(name + "_blocks", j, j + 1)[0], ckpt.read_rows(name + "_scales", j, j + 1)[0])
+
+    def with_blocks(t: StackedRows, raw: _Expert, parts) -> StackedRows:
+        """t, its parts also as ggml MXFP4 rows (selected from raw's as t's from the values)."""
+        if not stored:
+            return t
+        return replace(t, blocks=tuple((_MXFP4_STORED, partial(raw.rows, select)) for select in parts))
 
     for j in range(X):
         if mxfp4:
             gate_up = _Expert(partial(mx, x + "gate_up_proj", j))
             down = _Expert(partial(mx, x + "down_proj", j))
-            yield p + f"experts.{j}.gate_up.weight", _deinterleave(gate_up, F, E, transposed=False)
+            gate_up_raw = _Expert(partial(mx, x + "gate_up_proj", j, _mxfp4_ggml_rows))
+            down_raw = _Expert(partial(mx, x + "down_proj", j, _mxfp4_ggml_rows))
+            yield p + f"experts.{j}.gate_up.weight", with_blocks(_deinterleave(gate_up, F, E, transposed=False),
+                                                                 gate_up_raw, (_GATE_ROWS, _UP_ROWS))
             yield p + f"experts.{j}.gate_up.bias", _bias(np.concatenate([gate_up_bias[j, 0::2], gate_up_bias[j, 1::2]]))
-            yield p + f"experts.{j}.down.weight", StackedRows(((E, partial(down.rows, lambda w: w)),), F)
+            yield p + f"experts.{j}.down.weight", with_blocks(StackedRows(((E, partial(down.rows, _ALL_ROWS)),), F),
+                                                              down_raw, (_ALL_ROWS,))
         else:
             gate_up = _Expert(partial(lambda j: ckpt.read_rows(x + "gate_up_proj", j * E, (j + 1) * E, flat=True), j))
             down = _Expert(partial(lambda j: ckpt.read_rows(x + "down_proj", j * F, (j + 1) * F, flat=True), j))
