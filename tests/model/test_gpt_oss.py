@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from conftest import checkpoint_copy, tiny_checkpoint_path
+from lite_llm import _kernels
 from test_families import _greedy, hf_logits
 from test_moe import _position_errors
-from test_parity import check_chunked_matches_one_shot, lite_logits, make_runner, prompts_for
+from test_parity import (check_chunked_matches_one_shot, check_variant_matches_default, lite_logits, make_runner,
+                         prompts_for)
 
 CASES = [("gpt_oss", {}),
          ("gpt_oss", {"num_key_value_heads": 1, "num_experts_per_tok": 2, "tie_word_embeddings": True})]
@@ -62,6 +64,12 @@ def _check_near_ties(err: np.ndarray) -> None:
     expert; a flip there moves the later positions of that prompt too. At most 10 % of the
     positions beyond 0.03 of the largest |logit|, the median well within it."""
     assert int((err > 0.03).sum()) <= err.size // 10 and np.median(err) <= 0.01, np.round(np.sort(err)[-8:], 3)
+
+
+@pytest.mark.parametrize("variant", _kernels.available())
+def test_every_variant_gives_the_same_logits(variant):
+    """The sinks, the clamped SwiGLU and the routing on every kernel build."""
+    check_variant_matches_default(tiny_checkpoint_path("gpt_oss"), variant)
 
 
 def test_bf16_logits_close_to_transformers():
