@@ -62,6 +62,12 @@ class ModelConfig:
     num_experts_per_tok: int = 0     # K
     norm_topk_prob: bool = False
     shared_ffn_dim: int = 0      # Fs; 0: no shared expert
+    # gpt-oss: the top num_experts_per_tok router logits first, then a softmax over those
+    # ("topk_softmax"; else "softmax_topk" as above); the router and every expert's projections
+    # carry biases (expert_bias); each attention head has a learned sink logit (attn_sinks)
+    moe_routing: str = "softmax_topk"
+    expert_bias: bool = False
+    attn_sinks: bool = False
     # Encoders (BERT family): x = LayerNorm(x + sub-layer(x)) after each sub-layer, the embeddings
     # normed too; token-type rows added to the embeddings; attention over the whole sequence
     post_ln: bool = False
@@ -92,7 +98,8 @@ class LayerConfig:
 
 
 KERNEL_NORMS = ("rms", "layer")
-KERNEL_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")
+KERNEL_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu", "swiglu_oai")   # swiglu_oai: gpt-oss's clamped SwiGLU
+MOE_ROUTINGS = ("softmax_topk", "topk_softmax")
 
 
 @dataclass(frozen=True)
@@ -132,6 +139,7 @@ class KernelConfig:
     num_experts_per_tok: int = 0     # K
     norm_topk_prob: bool = False
     shared_ffn_dim: int = 0      # Fs: the shared expert's width (Qwen2-MoE); 0: none
+    moe_routing: str = "softmax_topk"   # MOE_ROUTINGS (ModelConfig.moe_routing)
     post_ln: bool = False        # BERT: LayerNorm after each residual add (ModelConfig.post_ln)
     mrope_section: tuple[int, ...] = ()   # multimodal RoPE (Qwen2-VL): frequency pairs per (t, h, w) position
 
@@ -163,6 +171,10 @@ class KernelConfig:
             raise ValueError(f"top-{self.num_experts_per_tok} of {self.num_experts} experts: expected 1..{self.num_experts}")
         if self.num_experts and (not self.gated_mlp or self.post_norms or self.residual_scale != 1.0):
             raise ValueError("experts are gated MLPs without post-MLP norms or residual scales")
+        if self.moe_routing not in MOE_ROUTINGS:
+            raise ValueError(f"expert routing {self.moe_routing!r}: expected one of {', '.join(MOE_ROUTINGS)}")
+        if self.act == "swiglu_oai" and not self.gated_mlp:
+            raise ValueError("the clamped SwiGLU is a gated MLP's activation")
         if self.shared_ffn_dim and not self.num_experts:
             raise ValueError("a shared expert belongs to a mixture-of-experts model")
         if self.post_ln and (self.norm != "layer" or self.post_norms or self.residual_scale != 1.0 or self.num_experts):

@@ -98,6 +98,13 @@ ARCH_DEFAULTS: dict[str, dict] = {
     "qwen2_moe": dict(_BASE, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=1000000.0, num_experts=4,
                       num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
                       norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[]),
+    # gpt-oss: top-4 of 8 experts (softmax after the top-k), sliding (window 8) and full layers
+    # alternating, YaRN (factor 4 over 32 positions, not truncated), biases everywhere, sinks
+    "gpt_oss": dict(_BASE, head_dim=16, intermediate_size=32, num_hidden_layers=4, num_local_experts=8,
+                    num_experts_per_tok=4, sliding_window=8, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                    rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                     "truncate": False, "original_max_position_embeddings": 32,
+                                     "rope_theta": 150000.0}),
     "opt": dict(vocab_size=TINY_VOCAB, hidden_size=64, ffn_dim=96, num_hidden_layers=2, num_attention_heads=4,
                 max_position_embeddings=128, word_embed_proj_dim=64, do_layer_norm_before=True,
                 activation_function="relu", bos_token_id=0, eos_token_id=2, pad_token_id=1,
@@ -161,6 +168,7 @@ def _model_class(arch: str):
             "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
             "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
             "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
+            "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM),
             "qwen3_base": (transformers.Qwen3Config, transformers.Qwen3Model),
             "bert": (transformers.BertConfig, transformers.BertModel),
             "bert_cls": (transformers.BertConfig, transformers.BertForSequenceClassification),
@@ -212,6 +220,11 @@ def build_tiny_checkpoint(arch: str, out_dir: Path, std: float = 0.05, seed: int
     model = model_cls(config).eval()
     # Gemma's norms scale by (1 + w): w around 0 gives the other families' effective scales
     randomize_weights(model, std, norm_low=-0.5 if arch.startswith("gemma") else 0.5)
+    if arch == "gpt_oss":   # sinks that outweigh some scores, gate / up values past the SwiGLU's clamp at 7
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.normal_(0.0, 1.0)
+                layer.mlp.experts.gate_up_proj_bias.normal_(0.0, 6.0)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     backend = HFTokenizer.from_str(tiny_tokenizer_json())
@@ -361,11 +374,38 @@ def _moe_gguf(cfg: dict, sd: dict, arch: str, tensors: dict, meta: dict) -> None
         meta[f"{arch}.expert_shared_feed_forward_length"] = cfg["shared_expert_intermediate_size"]
 
 
+def _gpt_oss_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
+    """gpt-oss as llama.cpp's converter writes it: post_attention_norm for the MLP's norm,
+    attn_sinks, the router (with its bias) as ffn_gate_inp, the interleaved gate_up_proj [X, E,
+    2F] split into ffn_gate_exps / ffn_up_exps [X, F, E] (biases [X, F]), down_proj [X, F, E]
+    as ffn_down_exps [X, E, F] (bias [X, E]); YaRN and the window in the metadata."""
+    rope = cfg["rope_parameters"]
+    for i in range(cfg["num_hidden_layers"]):
+        h, b = f"model.layers.{i}.", f"blk.{i}."
+        tensors[b + "post_attention_norm.weight"] = tensors.pop(b + "ffn_norm.weight")
+        tensors[b + "attn_sinks.weight"] = sd[h + "self_attn.sinks"]
+        tensors[b + "ffn_gate_inp.weight"] = sd[h + "mlp.router.weight"]
+        tensors[b + "ffn_gate_inp.bias"] = sd[h + "mlp.router.bias"]
+        gate_up, bias = sd[h + "mlp.experts.gate_up_proj"], sd[h + "mlp.experts.gate_up_proj_bias"]
+        tensors[b + "ffn_gate_exps.weight"] = gate_up[:, :, 0::2].transpose(0, 2, 1)
+        tensors[b + "ffn_up_exps.weight"] = gate_up[:, :, 1::2].transpose(0, 2, 1)
+        tensors[b + "ffn_gate_exps.bias"], tensors[b + "ffn_up_exps.bias"] = bias[:, 0::2], bias[:, 1::2]
+        tensors[b + "ffn_down_exps.weight"] = sd[h + "mlp.experts.down_proj"].transpose(0, 2, 1)
+        tensors[b + "ffn_down_exps.bias"] = sd[h + "mlp.experts.down_proj_bias"]
+    arch = "gpt-oss"
+    meta.update({f"{arch}.expert_count": cfg["num_local_experts"], f"{arch}.expert_used_count": cfg["num_experts_per_tok"],
+                 f"{arch}.expert_feed_forward_length": cfg["intermediate_size"],
+                 f"{arch}.attention.sliding_window": cfg["sliding_window"], f"{arch}.rope.scaling.type": "yarn",
+                 f"{arch}.rope.scaling.factor": float(rope["factor"]),
+                 f"{arch}.rope.scaling.original_context_length": rope["original_max_position_embeddings"]})
+
+
 def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
     """Write the tiny HF checkpoint as a llama.cpp-style F32 GGUF (q/k permuted for "llama";
     Gemma's norm weights stored with their + 1, as llama.cpp's converter writes them; a
     mixture of experts with 3-D expert tensors: arch "qwen3moe", "qwen2moe", or "llama" for
-    Mixtral)."""
+    Mixtral; "gpt_oss" or "gpt-oss": llama.cpp's "gpt-oss" graph)."""
+    arch = "gpt-oss" if arch == "gpt_oss" else arch     # llama.cpp's graph name
     cfg = json.loads((ckpt / "config.json").read_text())
     sd = load_file(str(ckpt / "model.safetensors"))
     tok = json.loads((ckpt / "tokenizer.json").read_text())
@@ -429,7 +469,9 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
                      f"{arch}.residual_scale": float(cfg["residual_multiplier"]),
                      f"{arch}.attention.scale": float(cfg["attention_multiplier"]),
                      f"{arch}.logit_scale": float(cfg["logits_scaling"])})
-    if cfg.get("num_experts") or cfg.get("num_local_experts"):
+    if arch == "gpt-oss":
+        _gpt_oss_gguf(cfg, sd, tensors, meta)
+    elif cfg.get("num_experts") or cfg.get("num_local_experts"):
         _moe_gguf(cfg, sd, arch, tensors, meta)
     if gemma:
         meta[f"{arch}.attention.sliding_window"] = cfg["sliding_window"]

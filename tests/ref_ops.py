@@ -184,12 +184,13 @@ def kv_values(cache: np.ndarray) -> np.ndarray:
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
                     tok_seq: np.ndarray, positions: np.ndarray, scale: float,
                     sliding_window: int = 0, softcap: float = 0.0, round_q: bool | None = None,
-                    last_positions: np.ndarray | None = None) -> np.ndarray:
+                    last_positions: np.ndarray | None = None, sinks: np.ndarray | None = None) -> np.ndarray:
     """out [T, H, D]: query token t (of sequence tok_seq[t], at positions[t]) attends, per head h,
     to kv head h // (H / Hkv) at its sequence's positions first..last, where last is
     last_positions[t] (default positions[t]: causal) and first is positions[t] - sliding_window + 1
     (clamped at 0) with a window, else 0: softmax(q.K * scale) @ V,
-    the scaled scores soft-capped first (softcap(s) = softcap * tanh(s / softcap)) when softcap > 0.
+    the scaled scores soft-capped first (softcap(s) = softcap * tanh(s / softcap)) when softcap > 0;
+    sinks [H]: head h's logit joins the softmax's denominator (gpt-oss), no value beside it.
     Caches are logical [num_blocks, Hkv, B, D]. round_q (default: with a bf16 cache): q * scale
     is rounded to bf16 first, as the kernel's bf16 dot products take it (its probabilities are
     rounded too: tolerance)."""
@@ -216,8 +217,9 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, blo
                 s = keys @ q[t, h].astype(np.float64) * scale
             if softcap > 0:
                 s = softcap * np.tanh(s / softcap)
-            p = np.exp(s - s.max())
-            out[t, h] = p @ vals / p.sum()
+            top = s.max() if sinks is None else max(s.max(), float(sinks[h]))
+            p = np.exp(s - top)
+            out[t, h] = p @ vals / (p.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - top)))
     return out
 
 

@@ -79,7 +79,7 @@ cdef extern from "kernels/rope.h" nogil:
     void ll_rope_neox_f32(float *x, const float *cos, const float *sin, Py_ssize_t head_dim)
 
 cdef extern from "kernels/act.h" nogil:
-    int LL_ACT_SILU, LL_ACT_GELU, LL_ACT_GELU_TANH, LL_ACT_RELU, LL_ACT_QUICK_GELU
+    int LL_ACT_SILU, LL_ACT_GELU, LL_ACT_GELU_TANH, LL_ACT_RELU, LL_ACT_QUICK_GELU, LL_ACT_SWIGLU_OAI
     void ll_act_mul_f32(const float *gate, const float *up, float *out, Py_ssize_t n, int act)
     void ll_softcap_f32(float *x, Py_ssize_t n, float cap)
 
@@ -92,15 +92,15 @@ cdef extern from "kernels/attention.h" nogil:
                                  const void *k_cache, const void *v_cache, int kv_type,
                                  const int32_t *block_table, Py_ssize_t block_size, Py_ssize_t kv_head,
                                  Py_ssize_t num_kv_heads, Py_ssize_t head_dim, float scale, float softcap,
-                                 float *scratch, int split, int nsplit, float *partial, int path)
+                                 const float *sinks, float *scratch, int split, int nsplit, float *partial, int path)
     void ll_attention_combine(const float *partials, int nsplit, Py_ssize_t stride, int nq, int group,
-                              Py_ssize_t h0, float *out, Py_ssize_t ldo, Py_ssize_t head_dim)
+                              Py_ssize_t h0, float *out, Py_ssize_t ldo, Py_ssize_t head_dim, const float *sinks)
     void ll_write_kv_row(const float *src, void *cache, int kv_type, Py_ssize_t slot,
                          Py_ssize_t block_size, Py_ssize_t num_kv_heads, Py_ssize_t head_dim, int is_k)
 
 ISA = LL_ISA_NAME.decode()
 ACTIVATIONS = {"silu": LL_ACT_SILU, "gelu": LL_ACT_GELU, "gelu_tanh": LL_ACT_GELU_TANH, "relu": LL_ACT_RELU,
-               "quick_gelu": LL_ACT_QUICK_GELU}
+               "quick_gelu": LL_ACT_QUICK_GELU, "swiglu_oai": LL_ACT_SWIGLU_OAI}
 WTYPES = {"float32": LL_W_F32, "bfloat16": LL_W_BF16, "float16": LL_W_F16, "Q8_0": LL_W_Q8_0,
           "Q4_0": LL_W_Q4_0, "Q4_1": LL_W_Q4_1, "Q5_0": LL_W_Q5_0, "Q5_1": LL_W_Q5_1, "Q4_K": LL_W_Q4_K,
           "Q5_K": LL_W_Q5_K, "Q6_K": LL_W_Q6_K, "IQ4_NL": LL_W_IQ4_NL, "IQ4_XS": LL_W_IQ4_XS}
@@ -175,8 +175,13 @@ cdef inline ll_qact _qact(int8_t *q, float *d, float *s, Py_ssize_t k) noexcept 
 
 cdef extern from "kernels/moe.h" nogil:
     float ll_dot_f32(const float *a, const float *b, Py_ssize_t n)
-    void ll_moe_topk(const float *logits, int num_experts, int k, int renorm, int32_t *sel, float *weight)
+    int LL_MOE_SOFTMAX_TOPK, LL_MOE_TOPK_SOFTMAX
+    void ll_moe_route(const float *logits, int num_experts, int k, int renorm, int mode, int32_t *sel,
+                      float *weight)
     void ll_axpy_f32(float a, const float *x, float *y, Py_ssize_t n)
+
+# KernelConfig.moe_routing -> LL_MOE_*
+MOE_ROUTINGS = {"softmax_topk": LL_MOE_SOFTMAX_TOPK, "topk_softmax": LL_MOE_TOPK_SOFTMAX}
 
 cdef extern from "omp_util.h" nogil:
     void ll_omp_barrier()

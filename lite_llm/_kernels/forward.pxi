@@ -18,11 +18,13 @@ cdef struct LayerW:
     const float *rope_cos         # [P, R/2] this layer's RoPE table (LayerConfig.rope_table), R = rope_dim
     const float *rope_sin         # [P, R/2]
     int window                    # sliding window (LayerConfig.sliding_window); 0: global
+    const float *sinks            # [H] attention sinks (gpt-oss): a logit per head in the softmax's denominator, or NULL
     Mat qkv                       # [(H + 2 Hkv) D, E]
     Mat o                         # [E, H D]
     Mat up                        # [2F, E] gate then up rows (gated), or [F, E]; MoE: the shared expert's [2Fs, E]
     Mat down                      # [E, F]; MoE: the shared expert's [E, Fs] (both zero without one)
-    const float *router           # [X, E] MoE only: router logits = router . h
+    const float *router           # [X, E] MoE only: router logits = router . h (+ router_b)
+    const float *router_b         # [X] the router's bias (gpt-oss), or NULL
     const float *shared_gate_w    # [E] MoE with a shared expert: its scale sigmoid(shared_gate_w . h)
     Mat *experts                  # [2 X] MoE only: expert j's gate_up [2F, E] at j, its down [E, F] at X + j
     void *k_cache                 # [num_blocks, Hkv, ...] layouts: attention.h, layout.py
@@ -45,6 +47,7 @@ cdef struct ModelC:
     int num_types                  # rows of type_embed
     int attn_path                  # LL_ATTN_* (attention.h): direct or staged dot products
     int num_experts, top_k, norm_topk, shared_dim   # MoE (X, K, renormalise, Fs); num_experts 0: dense MLP
+    int moe_routing                # LL_MOE_* (moe.h): softmax then top-k, or top-k then softmax
     int vocab0                     # lm_head's rows are vocabulary entries vocab0.. (a tensor-parallel rank's share)
     int mrope_t, mrope_h          # multimodal RoPE: frequency pairs [0, mrope_t) turn by the temporal
                                   # position, [mrope_t, mrope_h) by the height one, the rest by the width
@@ -170,6 +173,7 @@ cdef class Model:
         self.c.max_positions = cfg.max_positions
         self.c.num_experts, self.c.top_k = cfg.num_experts, cfg.num_experts_per_tok
         self.c.norm_topk, self.c.shared_dim = cfg.norm_topk_prob, cfg.shared_ffn_dim
+        self.c.moe_routing = MOE_ROUTINGS[cfg.moe_routing]
         sections = tuple(getattr(cfg, "mrope_section", ()) or ())
         self.c.mrope_t = self.c.mrope_h = 0
         if sections:
@@ -217,6 +221,9 @@ cdef class Model:
             if self.c.post_norms and (self.c.layers[i].post_attn_norm_w is NULL or self.c.layers[i].post_mlp_norm_w is NULL):
                 raise ValueError(f"{p}: post_norms needs post_attn_norm.weight and post_mlp_norm.weight")
             self.c.layers[i].window = lc.sliding_window
+            self.c.layers[i].sinks = _vec(tensors, p + "sinks", self.keep)
+            if self.c.layers[i].sinks != NULL and tensors[p + "sinks"].shape != (self.c.num_heads,):
+                raise ValueError(f"{p}sinks: expected [{self.c.num_heads}] float32")
             if cfg.rope:
                 self.c.layers[i].rope_cos = _vec({"c": rope_tables[lc.rope_table][0]}, "c", self.keep)
                 self.c.layers[i].rope_sin = _vec({"s": rope_tables[lc.rope_table][1]}, "s", self.keep)
@@ -270,6 +277,9 @@ cdef class Model:
         if router is None or router.shape != (X, self.c.dim):
             raise ValueError(f"{p}router.weight: expected [{X}, {self.c.dim}] float32")
         L.router = _vec(tensors, p + "router.weight", self.keep)
+        L.router_b = _vec(tensors, p + "router.bias", self.keep)
+        if L.router_b != NULL and tensors[p + "router.bias"].shape != (X,):
+            raise ValueError(f"{p}router.bias: expected [{X}] float32")
         L.experts = <Mat *>calloc(2 * X, sizeof(Mat))
         for j in range(X):
             L.experts[j] = _mat(packed, p + f"experts.{j}.gate_up", self.keep, fma)
@@ -799,7 +809,7 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
     parallel rank's slot (accumulate 0: its features' share of every expert):
 
       router    logits [T, X] = h . router (and the shared gate's), split over (token, expert)
-      top-k     each token's K experts and weights (ll_moe_topk)
+      top-k     each token's K experts and weights (ll_moe_route)
       group     one thread: rows by expert, A = T K of them (moe_off, moe_tok, moe_slot)
       gather    each routed row copied to gx in its expert's input form
       gated     (expert with rows, pair of feature panels) units, then the shared expert's,
@@ -825,13 +835,15 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
         t, e = item // Xp, item % Xp
         if e < X:
             ws.router[item] = ll_dot_f32(ws.h + t * E, L.router + e * E, E)
+            if L.router_b != NULL:
+                ws.router[item] += L.router_b[e]
         elif L.shared_gate_w != NULL:
             ws.router[item] = ll_dot_f32(ws.h + t * E, L.shared_gate_w, E)
     ll_omp_barrier()
     ll_work_static(tm, T, 1, &i0, &i1)
     for t in range(i0, i1):
         logit = ws.router + t * Xp
-        ll_moe_topk(logit, <int>X, <int>K, m.norm_topk, ws.moe_sel + t * K, ws.moe_wt + t * K)
+        ll_moe_route(logit, <int>X, <int>K, m.norm_topk, m.moe_routing, ws.moe_sel + t * K, ws.moe_wt + t * K)
         if L.shared_gate_w != NULL:
             logit[X] = 1.0 / (1.0 + expf(-logit[X]))
     ll_omp_barrier()
@@ -983,6 +995,7 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
             ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, 0)
         ll_omp_barrier()      # every token's K/V is in the cache before anyone attends
         at.k_cache, at.v_cache, at.window, at.form = L.k_cache, L.v_cache, L.window, ll_mat_form(&L.o, T)
+        at.sinks = L.sinks
         at.prefetch = &L.o if T <= DYN_MAX_TOKENS else NULL   # decode: the o panels come in while attention waits
         _attention_phase(&at, tm)
         if s.lora.nl:   # reads the final attention rows; expanded once the o GEMM is done

@@ -223,7 +223,8 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
                     str path=None,                    # ATTENTION_PATHS name; None: this build's default
                     float softcap=0.0,                # > 0: scores capped at softcap * tanh(score / softcap)
                     const int32_t[::1] last_positions=None,  # IN [T] last key of each query; None: its own
-                    str o_input=None):                # also return out as the o projection reads it
+                    str o_input=None,                 # also return out as the o projection reads it
+                    const float[::1] sinks=None):     # IN [H] a logit per head in the softmax's denominator
     """Attention of each query token over its sequence's cached positions from the window behind
     its own to its own (causal) or to last_positions[t]. Runs forward()'s attention phase
     (_attention_phase: its tiles, key splits and work hand-out) in a team of num_threads.
@@ -258,6 +259,11 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
     a.k_cache, a.v_cache, a.kv_type = _ptr(k_cache), _ptr(v_cache), kv_type(k_cache, kv_dtype)
     a.block_tables, a.tok_seq, a.positions, a.last = &block_tables[0, 0], &tok_seq[0], &positions[0], last
     a.scale, a.softcap, a.window, a.path = scale, softcap, sliding_window, attention_path(path, _bf16_fma(None))
+    a.sinks = NULL
+    if sinks is not None:
+        if sinks.shape[0] != h:
+            raise ValueError(f"paged_attention: {sinks.shape[0]} sinks for {h} heads")
+        a.sinks = &sinks[0]
     a.scratch, a.scratch_len, a.partials = &sc[0, 0], sc.shape[1], &pv[0, 0]
     a.form, a.xb, a.xq, a.xqd, a.xqs, a.prefetch = LL_IN_F32, NULL, NULL, NULL, NULL, NULL
     cdef _QBufs qb = None
@@ -367,8 +373,8 @@ cdef inline void _attention_item(Py_ssize_t item, int nsplit, const float *q, Py
                                  Py_ssize_t d, const void *k_cache, const void *v_cache, int kv_type,
                                  const int32_t *block_tables, Py_ssize_t max_blocks, Py_ssize_t bs,
                                  const int32_t *tok_seq, const int32_t *positions, const int32_t *last,
-                                 float scale, float softcap, int window, float *scratch, float *partials,
-                                 int path) noexcept nogil:
+                                 float scale, float softcap, const float *sinks, int window, float *scratch,
+                                 float *partials, int path) noexcept nogil:
     """Work item = (query tile, KV head, key split): attention of the tile's tokens for the
     query heads sharing that KV head; with several splits, a partial result for the combine.
     Token t sees keys from the window behind positions[t] to last[t] (positions: causal)."""
@@ -376,16 +382,17 @@ cdef inline void _attention_item(Py_ssize_t item, int nsplit, const float *q, Py
     cdef Py_ssize_t tile = item // (nsplit * hkv), t0 = tiles[tile]
     ll_paged_attention_tile(q + t0 * ldq, ldq, out + t0 * ldo, ldo, <int>(tiles[tile + 1] - t0), <int>group,
                             kvh * group, positions + t0, last + t0, window, k_cache, v_cache, kv_type,
-                            block_tables + tok_seq[t0] * max_blocks, bs, kvh, hkv, d, scale, softcap, scratch,
+                            block_tables + tok_seq[t0] * max_blocks, bs, kvh, hkv, d, scale, softcap, sinks, scratch,
                             <int>s, nsplit, partials + item * _partial_stride(group, d) if nsplit > 1 else NULL, path)
 
 
 cdef inline void _combine_item(Py_ssize_t pair, int nsplit, const float *partials, float *out, Py_ssize_t ldo,
-                               const int32_t *tiles, Py_ssize_t h, Py_ssize_t hkv, Py_ssize_t d) noexcept nogil:
+                               const int32_t *tiles, Py_ssize_t h, Py_ssize_t hkv, Py_ssize_t d,
+                               const float *sinks) noexcept nogil:
     """Merge the splits of (query tile, KV head) pair `pair` into out."""
     cdef Py_ssize_t group = h // hkv, tile = pair // hkv, kvh = pair % hkv, t0 = tiles[tile]
     ll_attention_combine(partials + pair * nsplit * _partial_stride(group, d), nsplit, _partial_stride(group, d),
-                         <int>(tiles[tile + 1] - t0), <int>group, kvh * group, out + t0 * ldo, ldo, d)
+                         <int>(tiles[tile + 1] - t0), <int>group, kvh * group, out + t0 * ldo, ldo, d, sinks)
 
 
 cdef struct AttnC:
@@ -404,6 +411,7 @@ cdef struct AttnC:
     const int32_t *positions      # [T] position of each query token
     const int32_t *last           # [T] last key each token attends to (positions: causal)
     float scale, softcap
+    const float *sinks            # [H] attention sinks (a logit per head in each softmax's denominator), or NULL
     float *scratch                # [team size, scratch_len] per-thread tile scratch
     Py_ssize_t scratch_len
     float *partials               # [_max_split_items(team size), _partial_stride(H / Hkv, D)] split results
@@ -441,7 +449,7 @@ cdef void _attention_phase(const AttnC *a, ll_team *tm) noexcept nogil:
     while ll_work_take(&wk, &item, &end):
         _attention_item(item, nsplit, a.q, a.ldq, a.out, a.ldo, a.tiles, a.h, a.hkv, a.d, a.k_cache, a.v_cache,
                         a.kv_type, a.block_tables, a.max_blocks, a.bs, a.tok_seq, a.positions, a.last, a.scale,
-                        a.softcap, a.window, a.scratch + tm.tid * a.scratch_len, a.partials, a.path)
+                        a.softcap, a.sinks, a.window, a.scratch + tm.tid * a.scratch_len, a.partials, a.path)
         if nsplit == 1 and a.form != LL_IN_F32:
             _attn_to_input(a, item)
     if a.prefetch != NULL:
@@ -451,7 +459,7 @@ cdef void _attention_phase(const AttnC *a, ll_team *tm) noexcept nogil:
     if nsplit > 1:
         ll_work_static(tm, a.num_tiles * a.hkv, 1, &p0, &p1)
         for item in range(p0, p1):
-            _combine_item(item, nsplit, a.partials, a.out, a.ldo, a.tiles, a.h, a.hkv, a.d)
+            _combine_item(item, nsplit, a.partials, a.out, a.ldo, a.tiles, a.h, a.hkv, a.d, a.sinks)
             if a.form != LL_IN_F32:
                 _attn_to_input(a, item)
         ll_omp_barrier()

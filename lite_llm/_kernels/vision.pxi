@@ -89,7 +89,7 @@ cdef void _tower_attention(const TowerAttn *ta, const float *qkv, Py_ssize_t n, 
         t = tiles[3 * tl]
         ll_paged_attention_tile(qkv + t * 3 * C, 3 * C, attn + t * C, C, tiles[3 * tl + 1], 1, head, last + t,
                                 last + t, tiles[3 * tl + 2], ta.k, ta.v, ta.kv_type, ta.table, 16, head, H, D,
-                                scale, 0.0, ta.scratch + openmp.omp_get_thread_num() * ta.ld_scratch, 0, 1, NULL,
+                                scale, 0.0, NULL, ta.scratch + openmp.omp_get_thread_num() * ta.ld_scratch, 0, 1, NULL,
                                 ta.path)
 
 

@@ -154,6 +154,8 @@ def _cut(name: str, cfg, rank: int, size: int):
         f0, f1 = rank * F // size, (rank + 1) * F // size
     if kind == "qkv":          # rows: q heads, then k heads, then v heads
         return "rows", [(h0 * D, h1 * D), ((H + kv0) * D, (H + kv1) * D), ((H + Hkv + kv0) * D, (H + Hkv + kv1) * D)]
+    if kind == "sinks":        # one per query head (gpt-oss)
+        return "rows", [(h0, h1)]
     if kind == "gate_up":      # rows: gate then up
         return "rows", [(f0, f1), (F + f0, F + f1)]
     if kind == "up":

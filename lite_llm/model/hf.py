@@ -23,6 +23,7 @@ from lite_llm.model.weights import StackedRows, StoredPart
 _SAFETENSORS_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
                        "F64": np.dtype("<f8"), "I32": np.dtype("<i4"),   # I32: AWQ / GPTQ packed values
                        "I8": np.dtype("i1"),                              # I8: W8A8 weights
+                       "U8": np.dtype("u1"),                              # U8: MXFP4 blocks and scales (gpt-oss)
                        "I64": np.dtype("<i8")}        # I64: buffers saved beside weights (BERT's position_ids)
 _STORED_TYPES = {"<f4": "F32", "<f2": "F16", "<u2": "BF16"}     # numpy dtype str -> type the packer takes
 
@@ -134,7 +135,7 @@ class SafetensorsCheckpoint:
             dt = _SAFETENSORS_DTYPES.get(meta["dtype"])
             if dt is None:
                 raise ModelLoadError(f"{file}: tensor {name!r} has dtype {meta['dtype']}, not a type "
-                                     f"this loader reads (F32, F16, BF16, F64; I32 / I8 for AWQ, GPTQ, W8A8 values)")
+                                     f"this loader reads (F32, F16, BF16, F64; I32 / I8 for AWQ, GPTQ, W8A8 values; U8 for MXFP4)")
             shape = tuple(int(s) for s in meta["shape"])
             if (end - begin) != int(np.prod(shape, dtype=np.int64)) * dt.itemsize:
                 raise ModelLoadError(f"{file}: tensor {name!r}: {end - begin} bytes do not hold "

@@ -83,12 +83,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            "(both open without the key, every call they make sends the key typed into them)")
     a("--tool-call-parser", default=None, choices=list(TOOL_PARSERS),
       help="how the model writes tool calls (hermes: <tool_call>{json}</tool_call>, as Qwen2.5/Qwen3; "
-           "llama3_json: {\"name\", \"parameters\"} as Llama 3.x; mistral: [TOOL_CALLS][{...}]); "
+           "llama3_json: {\"name\", \"parameters\"} as Llama 3.x; mistral: [TOOL_CALLS][{...}]; openai: "
+           "gpt-oss's harmony messages to functions.NAME); "
            "default: chosen from the chat template where unambiguous (only tool_choice auto needs one: "
            "a forced call follows the server's own grammar)")
     a("--reasoning-parser", default=None, choices=list(REASONING_PARSERS),
       help="split <think>...</think> from the answer into reasoning_content (deepseek_r1: the "
-           "output starts inside the thinking; qwen3: only when it opens with <think>)")
+           "output starts inside the thinking; qwen3: only when it opens with <think>; openai_gptoss: "
+           "gpt-oss's harmony analysis channel)")
     a("--responses-store-max", type=int, default=DEFAULT_STORE_MAX,
       help="responses of /v1/responses kept in memory for previous_response_id and GET (the oldest go "
            "first; 0: none kept)")

@@ -207,9 +207,20 @@ def request_template(body: dict, ctx: ServingContext) -> str | None:
     return template
 
 
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
 def read_template_kwargs(body: dict) -> dict:
-    """chat_template_kwargs: extra variables for the chat template (Qwen3's enable_thinking...)."""
+    """chat_template_kwargs: extra variables for the chat template (Qwen3's enable_thinking...);
+    a chat's reasoning_effort reaches it as reasoning_effort (gpt-oss's template reads it; "none"
+    also turns Qwen3-style thinking off), as the Responses API's reasoning.effort does."""
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise bad(f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}", "reasoning_effort")
     kw = body.get("chat_template_kwargs")
+    if effort is not None:
+        return {"reasoning_effort": effort, **({"enable_thinking": False} if effort == "none" else {}),
+                **(read_template_kwargs({"chat_template_kwargs": kw}) if kw is not None else {})}
     if kw is None:
         return {}
     if not isinstance(kw, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kw):

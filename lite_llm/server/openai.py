@@ -13,6 +13,7 @@ from typing import Any
 
 from lite_llm.multimodal import MediaError
 from lite_llm.sampling_params import MAX_GRAMMAR_BYTES, MAX_LOGPROBS
+from lite_llm.server import harmony
 from lite_llm.server.chat import declared_tools, parse_messages, read_template_kwargs, render_chat, request_template
 from lite_llm.server.context import Prompt, PreparedRequest, ServingContext, TokenizeSlots
 from lite_llm.server.parsers import forced_tool_calls
@@ -245,6 +246,8 @@ def prepare_chat(body: dict, ctx: ServingContext, pixels: list[int] | None = Non
             except ValueError:      # the grammar holding every tool's schema is over its size cap
                 raise bad(f"'tools' are too large for a forced tool call (their grammar would be longer than "
                           f"{MAX_GRAMMAR_BYTES} bytes)", "tools") from None
+    if harmony.in_use(ctx.reasoning_parser, tool_parser):   # the parsers read harmony's special tokens
+        kw["skip_special_tokens"] = False
     text = render_chat(ctx, messages, add_generation_prompt, template, template_kwargs)
     # The template already places BOS and friends: no second BOS (vLLM's default for chat).
     ids = _encode(ctx, text, add_special_tokens=get_bool(body, "add_special_tokens", False),

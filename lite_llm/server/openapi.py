@@ -306,6 +306,7 @@ SCHEMAS: dict[str, Any] = {
         "add_generation_prompt": _BOOL,
         "chat_template": _STR,
         "chat_template_kwargs": _TEMPLATE_KWARGS,
+        "reasoning_effort": {"enum": ["none", "minimal", "low", "medium", "high", "xhigh", None]},
         "tools": {"type": "array", "items": _TOOL, "maxItems": 128,
                   "description": "rendered through the chat template; calls parsed with --tool-call-parser"},
         "tool_choice": {"oneOf": [

@@ -15,6 +15,7 @@ import uuid
 from typing import Any, Callable
 
 from lite_llm.sampling_params import StructuredOutputsParams
+from lite_llm.server import harmony
 from lite_llm.server.validation import strict_schema
 
 MAX_FORCED_CALLS = 8        # calls a forced answer may hold: a model repeating calls ends there
@@ -79,6 +80,8 @@ def forced_tool_calls(parser: str, tools: list[dict], choice: str | dict, parall
     schemas = [_call_schema(fn, key, defs, f"tool{i}_") for i, fn in enumerate(fns)]
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
     many = parallel and not named
+    if parser == "openai":      # harmony: one message to the function, its arguments the body
+        return StructuredOutputsParams(grammar=harmony.forced_call_grammar(fns, schemas, defs, tokenizer))
     if parser == "forced_json":
         return StructuredOutputsParams(json={"type": "array", "items": schema, "minItems": 1,
                                              "maxItems": MAX_FORCED_CALLS if many else 1,
@@ -352,6 +355,7 @@ def _parse_tool_call(block: str) -> dict | None:
 REASONING_PARSERS: dict[str, Callable[[], Any]] = {
     "deepseek_r1": lambda: ReasoningSplitter("deepseek_r1"),   # the output starts inside the thinking
     "qwen3": lambda: ReasoningSplitter("qwen3"),               # thinking only when it opens with <think>
+    "openai_gptoss": harmony.HarmonyReasoningSplitter,         # gpt-oss: harmony's analysis channel
 }
 # --tool-call-parser name -> a new parser given forced (feed(text, final) -> (content, calls)), and
 # the marks by which a chat template shows the format (tool_parser_for)
@@ -359,9 +363,10 @@ TOOL_PARSERS: dict[str, Callable[[bool], Any]] = {
     "hermes": HermesToolParser,                                      # Hermes, Qwen2.5, Qwen3
     "llama3_json": lambda forced: JsonToolParser("llama3_json", forced),   # Llama 3.1-3.3
     "mistral": lambda forced: JsonToolParser("mistral", forced),     # Mistral
+    "openai": harmony.HarmonyToolParser,                             # gpt-oss: harmony messages to functions.NAME
 }
 TEMPLATE_MARKS = {"hermes": ("<tool_call>",), "mistral": ("[TOOL_CALLS]",),
-                  "llama3_json": ("<|python_tag|>", "ipython")}
+                  "llama3_json": ("<|python_tag|>", "ipython"), "openai": ("<|channel|>",)}
 
 
 def _forced_json(forced: bool) -> Any:

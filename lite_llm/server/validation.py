@@ -46,7 +46,7 @@ _SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "min
 COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "logprobs", "echo", "add_special_tokens"}
 CHAT_FIELDS = _SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
                                   "add_generation_prompt", "chat_template", "add_special_tokens",
-                                  "chat_template_kwargs", "tools", "tool_choice"}
+                                  "chat_template_kwargs", "tools", "tool_choice", "reasoning_effort"}
 
 
 class ApiError(Exception):

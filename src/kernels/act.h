@@ -5,7 +5,14 @@
 LL_HOT_BEGIN
 
 enum { LL_ACT_SILU = 0, LL_ACT_GELU = 1, LL_ACT_GELU_TANH = 2, LL_ACT_RELU = 3,
-       LL_ACT_QUICK_GELU = 4 /* x sigmoid(1.702 x): OpenAI CLIP's */ };
+       LL_ACT_QUICK_GELU = 4 /* x sigmoid(1.702 x): OpenAI CLIP's */,
+       LL_ACT_SWIGLU_OAI = 5 /* gpt-oss's clamped SwiGLU, gated only (below) */ };
+
+/* gpt-oss's experts: g = min(gate, limit), u = clamp(up, -limit, limit),
+ * out = (u + 1) g sigmoid(alpha g), alpha 1.702, limit 7 (the released models' values, which
+ * the recipe checks). */
+#define LL_SWIGLU_OAI_ALPHA 1.702f
+#define LL_SWIGLU_OAI_LIMIT 7.0f
 
 static inline float ll_act_scalar(float x, int act) {
     switch (act) {
@@ -20,6 +27,23 @@ static inline float ll_act_scalar(float x, int act) {
 /* out[i] = act(gate[i]) * up[i] (gated) or act(gate[i]) (up == NULL); out may alias gate. */
 static inline void ll_act_mul_f32(const float *gate, const float *up, float *out, ptrdiff_t n, int act) {
     ptrdiff_t i = 0;
+    if (act == LL_ACT_SWIGLU_OAI) {
+        const ll_vf32 one = ll_set1(1.0f), k = ll_set1(-LL_SWIGLU_OAI_ALPHA);
+        const ll_vf32 z = ll_zero(), nhi = ll_set1(-LL_SWIGLU_OAI_LIMIT);   /* min(a, L) = -max(-a, -L) */
+        for (; i + 16 <= n; i += 16) {
+            const ll_vf32 g = ll_sub(z, ll_max(ll_sub(z, ll_load(gate + i)), nhi));
+            const ll_vf32 u = ll_sub(z, ll_max(ll_sub(z, ll_max(ll_load(up + i), nhi)), nhi));
+            const ll_vf32 r = ll_div(g, ll_add(one, ll_exp(ll_mul(k, g))));
+            ll_store(out + i, ll_mul(r, ll_add(u, one)));
+        }
+        for (; i < n; i++) {
+            const float g = gate[i] < LL_SWIGLU_OAI_LIMIT ? gate[i] : LL_SWIGLU_OAI_LIMIT;
+            const float u = up[i] > LL_SWIGLU_OAI_LIMIT ? LL_SWIGLU_OAI_LIMIT
+                          : up[i] < -LL_SWIGLU_OAI_LIMIT ? -LL_SWIGLU_OAI_LIMIT : up[i];
+            out[i] = g / (1.0f + expf(-LL_SWIGLU_OAI_ALPHA * g)) * (u + 1.0f);
+        }
+        return;
+    }
     if (act == LL_ACT_SILU || act == LL_ACT_QUICK_GELU) {
         const ll_vf32 one = ll_set1(1.0f), k = ll_set1(act == LL_ACT_SILU ? -1.0f : -1.702f);
         for (; i + 16 <= n; i += 16) {

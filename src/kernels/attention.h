@@ -353,12 +353,22 @@ LL_INLINE void ll_attn_prefetch_chunk(const int KT, const void *k_cache, const v
     }
 }
 
+/* Attention sinks (gpt-oss): a learned logit per query head that joins the softmax's
+ * denominator and no value: out = acc / (l + e^(sink - m)), taken with M = max(m, sink) so that
+ * neither exponent overflows. The factor acc (kept relative to e^m) is multiplied by; a row
+ * that saw no key (m = -inf) gives 0, as all its weight is on the sink. */
+LL_INLINE float ll_attn_sink_factor(float m, float l, float sink) {
+    if (m == -INFINITY) return 0.f;
+    const float M = m > sink ? m : sink, em = expf(m - M);
+    return em / (l * em + expf(sink - M));
+}
+
 LL_INLINE void ll_attention_tile_impl(const int KT, const int CT, const float *q, ptrdiff_t ldq, float *out,
                                       ptrdiff_t ldo, int nq, int group, ptrdiff_t h0, const int32_t *pos,
                                       const int32_t *last, int window, const void *k_cache, const void *v_cache,
                                       const int32_t *block_table, ptrdiff_t block_size, ptrdiff_t kv_head, ptrdiff_t num_kv_heads,
-                                      ptrdiff_t head_dim, float scale, float softcap, float *scratch,
-                                      int split, int nsplit, float *partial) {
+                                      ptrdiff_t head_dim, float scale, float softcap, const float *sinks,
+                                      float *scratch, int split, int nsplit, float *partial) {
     /* KT: the cache's type; CT: the dot products' (== KT: direct, else staged) */
     const int ST = CT != KT, Q8 = LL_KV_IS_8BIT(KT);
     const int BFQ = CT == LL_KV_BF16;          /* q (and P) rounded to bf16 for vdpbf16ps */
@@ -526,16 +536,20 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const int CT, const float *q
     for (int qi = 0; qi < nq; qi++)
         for (int g = 0; g < group; g++) {
             const ptrdiff_t r = (ptrdiff_t)qi * group + g;
-            const ll_vf32 inv = ll_set1(l[r] > 0.f ? 1.0f / l[r] : 0.f);
+            float inv_l = l[r] > 0.f ? 1.0f / l[r] : 0.f;
+            if (sinks) inv_l = ll_attn_sink_factor(m[r], l[r], sinks[h0 + g]);
+            const ll_vf32 inv = ll_set1(inv_l);
             float *o = out + qi * ldo + (h0 + g) * D;
             for (ptrdiff_t i = 0; i < nv; i++) ll_store(o + 16 * i, ll_mul(ll_load(acc + r * D + 16 * i), inv));
         }
 }
 
 /* Merge nsplit partial results of one tile (each rows x (D + 2): acc, m, l; item stride
- * `stride` floats) into normalised out rows: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M). */
+ * `stride` floats) into normalised out rows: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M)
+ * (+ e^(sink - M) in the denominator with sinks, one per query head). */
 static inline void ll_attention_combine(const float *partials, int nsplit, ptrdiff_t stride, int nq, int group,
-                                        ptrdiff_t h0, float *out, ptrdiff_t ldo, ptrdiff_t head_dim) {
+                                        ptrdiff_t h0, float *out, ptrdiff_t ldo, ptrdiff_t head_dim,
+                                        const float *sinks) {
     const ptrdiff_t D = head_dim, nv = head_dim / 16;
     for (int qi = 0; qi < nq; qi++)
         for (int g = 0; g < group; g++) {
@@ -548,6 +562,7 @@ static inline void ll_attention_combine(const float *partials, int nsplit, ptrdi
             float *o = out + qi * ldo + (h0 + g) * D;
             for (ptrdiff_t i = 0; i < nv; i++) ll_store(o + 16 * i, ll_zero());
             if (mx == -INFINITY) continue;   /* saw no key at all */
+            if (sinks && sinks[h0 + g] > mx) mx = sinks[h0 + g];   /* the sink's term below stays <= 1 */
             for (int s = 0; s < nsplit; s++) {
                 const float *ps = partials + s * stride + r * (D + 2);
                 if (ps[D] == -INFINITY) continue;
@@ -556,6 +571,7 @@ static inline void ll_attention_combine(const float *partials, int nsplit, ptrdi
                 const ll_vf32 wv = ll_set1(w);
                 for (ptrdiff_t i = 0; i < nv; i++) ll_store(o + 16 * i, ll_fma(wv, ll_load(ps + 16 * i), ll_load(o + 16 * i)));
             }
+            if (sinks) lsum += expf(sinks[h0 + g] - mx);
             const ll_vf32 inv = ll_set1(lsum > 0.f ? 1.0f / lsum : 0.f);
             for (ptrdiff_t i = 0; i < nv; i++) ll_store(o + 16 * i, ll_mul(ll_load(o + 16 * i), inv));
         }
@@ -566,9 +582,10 @@ static inline void ll_attention_combine(const float *partials, int nsplit, ptrdi
 #define LL_ATTN_PARAMS const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo, int nq, int group, ptrdiff_t h0, \
         const int32_t *pos, const int32_t *last, int window, const void *k_cache, const void *v_cache, \
         const int32_t *block_table, ptrdiff_t block_size, ptrdiff_t kv_head, ptrdiff_t num_kv_heads, \
-        ptrdiff_t head_dim, float scale, float softcap, float *scratch, int split, int nsplit, float *partial
+        ptrdiff_t head_dim, float scale, float softcap, const float *sinks, float *scratch, int split, int nsplit, \
+        float *partial
 #define LL_ATTN_ARGS q, ldq, out, ldo, nq, group, h0, pos, last, window, k_cache, v_cache, block_table, block_size, \
-        kv_head, num_kv_heads, head_dim, scale, softcap, scratch, split, nsplit, partial
+        kv_head, num_kv_heads, head_dim, scale, softcap, sinks, scratch, split, nsplit, partial
 #define LL_ATTN_COPY(NAME, KT, CT) \
     static __attribute__((noinline)) void NAME(LL_ATTN_PARAMS) { ll_attention_tile_impl(KT, CT, LL_ATTN_ARGS); }
 LL_ATTN_COPY(ll_attn_tile_bf16_f32, LL_KV_BF16, LL_KV_F32)
@@ -588,16 +605,18 @@ LL_ATTN_COPY(ll_attn_tile_f32, LL_KV_F32, LL_KV_F32)
 /* One work item: the tile's nq tokens x `group` heads from h0 (one KV head), over all its keys
  * (token i: from the window behind pos[i] to last[i]; last == pos: causal)
  * (nsplit == 1, normalised into out) or over split `split` of nsplit (raw into partial);
- * softcap > 0 caps the scaled scores at softcap * tanh(score / softcap) (Gemma 2); `path` one
- * of LL_ATTN_* (above). */
+ * softcap > 0 caps the scaled scores at softcap * tanh(score / softcap) (Gemma 2); sinks: NULL,
+ * or one logit per query head (indexed by absolute head) that joins each row's softmax
+ * denominator (gpt-oss; the split path adds it in ll_attention_combine); `path` one of
+ * LL_ATTN_* (above). */
 static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float *out, ptrdiff_t ldo,
                                            int nq, int group, ptrdiff_t h0, const int32_t *pos,
                                            const int32_t *last, int window,
                                            const void *k_cache, const void *v_cache, int kv_type,
                                            const int32_t *block_table, ptrdiff_t block_size,
                                            ptrdiff_t kv_head, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
-                                           float scale, float softcap, float *scratch, int split, int nsplit,
-                                           float *partial, int path) {
+                                           float scale, float softcap, const float *sinks, float *scratch,
+                                           int split, int nsplit, float *partial, int path) {
     const int big = nq * group >= LL_ATTN_STAGE_ROWS;
     /* the compute type a staged tile would use, or -1: direct */
     const int stage = path == LL_ATTN_F32 || (path == LL_ATTN_AUTO_FMA && big) ? LL_KV_F32

@@ -42,6 +42,33 @@ static inline void ll_moe_topk(const float *logits, int num_experts, int k, int 
         for (int i = 0; i < k; i++) weight[i] /= chosen;
 }
 
+/* Routing modes of ll_moe_route: softmax over all X logits then the top k (Mixtral, Qwen-MoE;
+ * renormalised when asked), or the top k logits then a softmax over those k (gpt-oss). */
+enum { LL_MOE_SOFTMAX_TOPK = 0, LL_MOE_TOPK_SOFTMAX = 1 };
+
+/* The router of one token in `mode`: sel [k] expert ids (the larger logit first, the lower
+ * index first among equals, as torch.topk of distinct values), weight [k]. */
+static inline void ll_moe_route(const float *logits, int num_experts, int k, int renorm, int mode, int32_t *sel,
+                                float *weight) {
+    if (mode != LL_MOE_TOPK_SOFTMAX) {
+        ll_moe_topk(logits, num_experts, k, renorm, sel, weight);
+        return;
+    }
+    for (int i = 0; i < k; i++) {
+        int best = -1;
+        for (int e = 0; e < num_experts; e++) {
+            int taken = 0;
+            for (int j = 0; j < i; j++) taken |= sel[j] == e;
+            if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+        }
+        sel[i] = best;
+    }
+    const float mx = logits[sel[0]];   /* the largest */
+    float total = 0.f;
+    for (int i = 0; i < k; i++) total += weight[i] = expf(logits[sel[i]] - mx);
+    for (int i = 0; i < k; i++) weight[i] /= total;
+}
+
 /* y[0..n) += a * x[0..n). */
 static inline void ll_axpy_f32(float a, const float *x, float *y, ptrdiff_t n) {
     const ll_vf32 va = ll_set1(a);

@@ -464,6 +464,45 @@ def test_every_path(variant, kv_dtype, path, rng):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+@pytest.mark.parametrize("path", ["auto", "direct", "bf16", "fma"])
+@pytest.mark.parametrize("window", [0, 16])
+def test_attention_sinks_on_every_path(variant, kv_dtype, path, window, rng):
+    """gpt-oss's sinks (a logit per head in the softmax's denominator) on every path: a mixed
+    step (decode, a lone first token, prefill tiles) and a decode of two sequences over long
+    contexts split over keys on three threads (the sinks added once, in the combine); sinks
+    from below the scores to far above them (a head whose weight is nearly all on its sink)."""
+    mod = _kernels.load(variant)
+    sinks = np.array([-3.0, 0.0, 1.5, 9.0, -0.5, 2.5, 0.3, 5.0], np.float32)
+    for queries, threads in ((MIXED, 2), ([(700, 1), (90, 1)], 3)):
+        step = make_step(rng, num_heads=8, num_kv_heads=2, head_dim=32, block_size=16, queries=queries,
+                         kv_dtype=kv_dtype)
+        out = np.full(step.q.shape, np.nan, np.float32)
+        mod.paged_attention(step.q, step.layout("k"), step.layout("v"), step.block_tables, step.tok_seq,
+                            step.positions, out, 0.2, sliding_window=window, num_threads=threads,
+                            kv_dtype=step.kv_dtype, path=path, sinks=sinks)
+        for t, tile_path in enumerate(_tile_paths(mod, step, path)):
+            round_q, tolerance = _path_reference(step.kv_dtype, tile_path)
+            want = ref_ops.paged_attention(step.q[t:t + 1], step.values("k"), step.values("v"), step.block_tables,
+                                           step.tok_seq[t:t + 1], step.positions[t:t + 1], 0.2, window,
+                                           round_q=round_q, sinks=sinks)
+            np.testing.assert_allclose(out[t:t + 1], want, **tolerance)
+        plain = ref_ops.paged_attention(step.q, step.values("k"), step.values("v"), step.block_tables,
+                                        step.tok_seq, step.positions, 0.2, window)
+        assert np.abs(out - plain).max() > 0.1        # the sinks change the result
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_sinks_refused_unless_one_per_head(variant, rng):
+    mod = _kernels.load(variant)
+    step = make_step(rng, num_heads=4, num_kv_heads=2, head_dim=16, block_size=16, queries=[(0, 3)])
+    out = np.empty_like(step.q)
+    with pytest.raises(ValueError, match="3 sinks for 4 heads"):
+        mod.paged_attention(step.q, step.layout("k"), step.layout("v"), step.block_tables, step.tok_seq,
+                            step.positions, out, 1.0, sinks=np.zeros(3, np.float32))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_unknown_path_refused(variant, rng):
     mod = _kernels.load(variant)
     step = make_step(rng, num_heads=2, num_kv_heads=1, head_dim=16, block_size=16, queries=[(0, 3)])

@@ -240,10 +240,11 @@ def test_a_rank_killed_mid_step_ends_the_others_wait():
         group.close()
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "gpt_oss"])
 def test_a_mixture_of_experts_on_two_ranks_gives_one_ranks_logits(arch):
     """Every expert (and Qwen2-MoE's shared expert) cut like a dense MLP, the router on both
-    ranks: the routed sum of each rank's features summed over ranks is one rank's."""
+    ranks: the routed sum of each rank's features summed over ranks is one rank's (gpt-oss: each
+    rank its heads' sinks, the experts' gate/up biases cut with their rows, the down biases once)."""
     two_ranks_match_one(tiny_checkpoint_path(arch))
 
 

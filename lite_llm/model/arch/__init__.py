@@ -11,6 +11,7 @@ properties of the kernel model.
     mixtral.py MixtralForCausalLM (llama.cpp files it under "llama", with experts)
     qwen2_moe.py  Qwen2MoeForCausalLM ("qwen2moe": routed experts and a gated shared expert)
     qwen3_moe.py  Qwen3MoeForCausalLM ("qwen3moe")
+    gpt_oss.py GptOssForCausalLM (attention sinks, clamped SwiGLU experts, top-k-then-softmax routing)
     bert.py    BertModel, XLMRobertaModel and their *ForSequenceClassification (encoders, post-norm)
     qwen2_vl.py   Qwen2_5_VLForConditionalGeneration's language model (multimodal RoPE)
     llava.py   LlavaForConditionalGeneration's language model (a Llama; the GGUF is a "llama" file)
@@ -29,15 +30,15 @@ import os
 from types import ModuleType
 
 from lite_llm.config import KernelConfig, LayerConfig, ModelConfig
-from lite_llm.model.arch import (bert, gemma, granite, llama, llava, mixtral, opt, phi3, qwen, qwen2_moe,
-                                 qwen2_vl, qwen3_moe)
+from lite_llm.model.arch import (bert, gemma, gpt_oss, granite, llama, llava, mixtral, opt, phi3, qwen,
+                                 qwen2_moe, qwen2_vl, qwen3_moe)
 from lite_llm.model import hf
 from lite_llm.model.files import ModelLoadError
 from lite_llm.model.rope import rope_dim
 from lite_llm.model.weights import bf16_to_f32, to_bf16
 
 RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma, phi3, granite, mixtral, qwen2_moe, qwen3_moe, bert,
-                                   qwen2_vl, llava)
+                                   qwen2_vl, llava, gpt_oss)
 _BY_HF = {name: r for r in RECIPES for name in r.HF_ARCHITECTURES}
 _BY_GGUF = {name: r for r in RECIPES for name in getattr(r, "GGUF_ARCHITECTURES", {})}
 SUPPORTED_ARCHITECTURES = tuple(_BY_HF)
@@ -96,6 +97,8 @@ def tensor_names(config: ModelConfig) -> list[str]:
         if config.qk_norm:
             names += [p + "q_norm.weight", p + "k_norm.weight"]
         names += [p + "o.weight"] + ([p + "o.bias"] if config.o_bias else [])
+        if config.attn_sinks:
+            names.append(p + "sinks")
         if config.post_norms:
             names.append(p + "post_attn_norm.weight")
         names += [p + "mlp_norm.weight"] + ([p + "mlp_norm.bias"] if layer_norm else [])
@@ -117,9 +120,13 @@ def moe_tensor_names(config: ModelConfig, p: str) -> list[str]:
     """A mixture-of-experts MLP's canonical tensors under layer prefix p: the router [X, E]
     (run in fp32), each expert's gate_up [2F, E] and down [E, F], and the shared expert with
     its gate vector [E] where the model has one."""
-    names = [p + "router.weight"]
+    names = [p + "router.weight"] + ([p + "router.bias"] if config.expert_bias else [])
     for j in range(config.num_experts):
-        names += [p + f"experts.{j}.gate_up.weight", p + f"experts.{j}.down.weight"]
+        if config.expert_bias:   # gpt-oss
+            names += [p + f"experts.{j}.gate_up.{w}" for w in ("weight", "bias")]
+            names += [p + f"experts.{j}.down.{w}" for w in ("weight", "bias")]
+        else:
+            names += [p + f"experts.{j}.gate_up.weight", p + f"experts.{j}.down.weight"]
     if config.shared_ffn_dim:
         names += [p + "shared.gate_up.weight", p + "shared.down.weight", p + "shared_gate.weight"]
     return names
@@ -168,6 +175,7 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
         kv_cache_dtype=kv_cache_dtype, bf16_path=bf16_path, layers=tuple(layers), attn_path=attn_path,
         num_experts=config.num_experts, num_experts_per_tok=config.num_experts_per_tok,
         norm_topk_prob=config.norm_topk_prob, shared_ffn_dim=config.shared_ffn_dim, post_ln=config.post_ln,
+        moe_routing=config.moe_routing,
         mrope_section=tuple(config.mrope_section))
 
 
