@@ -105,6 +105,23 @@ def test_a_small_file_of_long_silence_stops_at_the_limit(kind, at_most):
     assert peak < 8 * 2**20, peak
 
 
+def test_a_low_sample_rate_cannot_inflate_through_the_resampler():
+    """200 KB of WAV at 1 Hz is 100 000 s once resampled to 16 kHz (6 GB of float32): refused from
+    its declared length, before a sample is resampled."""
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(1)
+        w.writeframes(bytes(2 * 100_000))
+    tracemalloc.start()
+    try:
+        with pytest.raises(AudioError, match="more than the 1800 s allowed"):
+            decode_audio(buf.getvalue(), "file")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 2**20, peak
+
+
 # ---- log-mel features ---------------------------------------------------------------------------
 
 
