@@ -63,6 +63,14 @@ def test_bad_files_are_refused_with_a_reason(data, why):
     assert e.value.args[0].startswith("file 'x'")
 
 
+def test_without_pyav_decoding_says_how_to_install_it(monkeypatch):
+    import sys
+    data = encode(sine(440, 0.5, RATE), RATE, "wav")
+    monkeypatch.setitem(sys.modules, "av", None)          # import av raises ImportError
+    with pytest.raises(AudioError, match=r"lite-llm\[audio\]"):
+        decode_audio(data, "file")
+
+
 def test_a_file_of_zero_samples_is_refused():
     buf = io.BytesIO()
     with wave.open(buf, "wb") as w:           # a well-formed WAV header and no samples
