@@ -75,7 +75,7 @@ def sniff_format(data: bytes) -> str | None:
 
 
 def decode_audio(data: bytes, what: str = "audio", cfg: AudioConfig = AudioConfig()) -> np.ndarray:
-    """Encoded bytes -> float32 [n] mono samples at 16 kHz (FFmpeg's downmix and resampler);
+    """Encoded bytes -> float32 [n] mono samples at 16 kHz (the channels' mean, FFmpeg's resampler);
     empty, unknown, undecodable, silent-of-samples or too long: AudioError. A file cut inside
     its data decodes to what it holds (as ffmpeg does); cut inside its header it is refused."""
     if not data:
