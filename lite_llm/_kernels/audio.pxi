@@ -1,0 +1,296 @@
+# Audio in ONE nogil call each: Whisper's log-mel features over 30-s windows, and Whisper's
+# encoder over their features, on the same packed-weight GEMMs as the language model. What the
+# numbers mean (window, filters, 30-s padding, checkpoint names) is Python's:
+# lite_llm/multimodal/audio.py (log_mel_reference, the NumPy spec of log_mel_forward) and
+# lite_llm/multimodal/whisper.py (WhisperEncoder.encode_reference, the spec of
+# whisper_encoder_forward).
+
+from libc.math cimport log10f
+
+# ---- log-mel features ---------------------------------------------------------------------------
+# Each frame is 400 samples of the window, reflected at its ends (the extractor's center=True);
+# the real DFT is one GEMM of the frames against [cos; -sin] rows with the Hann window folded in
+# (a [402, 400] matrix: a 3000-frame window is 0.5 GFLOP, tens of ms on one core, the mel filters
+# another GEMM), then |X|^2, log10 clamped at 1e-10, floored at the window's max - 8, (x + 4) / 4.
+
+cdef class LogMelModel:
+    """The packed float32 matrices of log_mel_forward. tensors: "dft" [2 (n_fft / 2 + 1), n_fft]
+    (the windowed cos rows, then the windowed -sin rows) and "mel" [n_mels, n_fft / 2 + 1] packed
+    (layout.pack, float32) with "<name>.shape" [N, K]."""
+    cdef Mat dft, mel
+    cdef readonly int n_fft, n_bins, n_mels, hop
+    cdef list keep
+
+    def __init__(self, dict tensors, int hop):
+        self.keep = []
+        n, k = tensors["dft.shape"]
+        self.dft = _make_mat(tensors["dft.weight"], _parts_of(tensors["dft.weight"], "float32", n, k), n, k, None,
+                             self.keep)
+        self.n_fft, self.n_bins, self.hop = k, n // 2, hop
+        n, k = tensors["mel.shape"]
+        if k != self.n_bins:
+            raise ValueError(f"mel filters take {k} bins, the DFT gives {self.n_bins}")
+        self.mel = _make_mat(tensors["mel.weight"], _parts_of(tensors["mel.weight"], "float32", n, k), n, k, None,
+                             self.keep)
+        self.n_mels = n
+
+
+def log_mel_forward(LogMelModel lm,
+                    const float[:, ::1] samples,     # IN [B, S] B windows of S samples (zero-padded to S)
+                    float[:, :, ::1] out,            # OUT [B, n_mels, S / hop] each window's log-mel features
+                    int num_threads):
+    """Whisper's log-mel features of B windows: frames 0 .. S / hop - 1 (the extractor's last one
+    dropped), each window floored at its own max - 8."""
+    cdef Py_ssize_t B = samples.shape[0], S = samples.shape[1], NF = S // lm.hop, rows, M = lm.n_mels
+    if B == 0 or S <= lm.n_fft // 2 or S % lm.hop:
+        raise ValueError(f"log_mel_forward: samples {tuple(samples.shape)}: windows of more than {lm.n_fft // 2} "
+                         f"samples, a multiple of {lm.hop}")
+    if out.shape[0] != B or out.shape[1] != M or out.shape[2] != NF:
+        raise ValueError(f"log_mel_forward: out must be [{B}, {M}, {NF}]")
+    rows = B * NF
+    cdef Py_ssize_t ldp = (lm.n_bins + 15) // 16 * 16
+    frames = np.empty((rows, lm.n_fft), np.float32)
+    spec = np.empty((rows, 2 * lm.n_bins), np.float32)
+    power = np.zeros((rows, ldp), np.float32)
+    mel = np.empty((rows, M), np.float32)
+    xb = np.empty((rows, lm.n_fft // 2 + 2), np.uint32)
+    cdef _QBufs qb = _QBufs(1, lm.n_fft)        # float32 weights take float32 rows: never used
+    cdef float[:, ::1] fv = frames, sv = spec, pv = power, mv = mel
+    cdef uint32_t[:, ::1] xbv = xb
+    with nogil:
+        _log_mel(lm, &samples[0, 0], B, S, &fv[0, 0], &sv[0, 0], &pv[0, 0], ldp, &mv[0, 0], &xbv[0, 0], &qb.a,
+                 &out[0, 0, 0], num_threads)
+
+
+cdef void _log_mel(LogMelModel lm, const float *samples, Py_ssize_t B, Py_ssize_t S, float *frames, float *spec,
+                   float *power, Py_ssize_t ldp, float *mel, uint32_t *xb, const ll_qact *xq, float *out,
+                   int nt) noexcept nogil:
+    cdef Py_ssize_t NF = S // lm.hop, rows = B * NF, K = lm.n_fft, NB = lm.n_bins, M = lm.n_mels
+    cdef Py_ssize_t r, b, f, i, j, half = K // 2
+    cdef const float *src
+    cdef float re, im, top, v
+    for r in prange(rows, schedule="static", num_threads=nt):     # frames, reflected at the window's ends
+        src = samples + (r // NF) * S
+        f = r % NF
+        for j in range(K):
+            i = f * lm.hop + j - half
+            if i < 0:
+                i = -i
+            elif i >= S:
+                i = 2 * (S - 1) - i
+            frames[r * K + j] = src[i]
+    _gemm(frames, K, xb, xq, rows, &lm.dft, spec, 2 * NB, 0, nt)
+    for r in prange(rows, schedule="static", num_threads=nt):
+        for j in range(NB):
+            re = spec[r * 2 * NB + j]
+            im = spec[r * 2 * NB + NB + j]
+            power[r * ldp + j] = re * re + im * im
+    _gemm(power, ldp, xb, xq, rows, &lm.mel, mel, M, 0, nt)
+    for r in prange(rows, schedule="static", num_threads=nt):
+        for j in range(M):
+            v = mel[r * M + j]
+            mel[r * M + j] = log10f(v if v > 1e-10 else 1e-10)
+    for b in range(B):
+        top = -1e30
+        for i in range(NF * M):     # 384 K compares: not worth a parallel reduction
+            if mel[b * NF * M + i] > top:
+                top = mel[b * NF * M + i]
+        top = top - 8.0
+        for f in prange(NF, schedule="static", num_threads=nt):
+            for j in range(M):
+                v = mel[(b * NF + f) * M + j]
+                out[(b * M + j) * NF + f] = ((v if v > top else top) + 4.0) / 4.0
+
+
+# ---- Whisper's encoder ------------------------------------------------------------------------
+# conv1 (kernel 3, padding 1) and GELU, conv2 (kernel 3, stride 2, padding 1) and GELU, each a
+# GEMM over rows of 3 adjacent input frames (im2col: column c * 3 + tap, the order of a conv1d
+# weight [C, C_in, 3] flattened), positions added, then the ViT's pre-norm blocks (vision.pxi's
+# ClipBlockW: q, k, v as one matrix, k's bias zero) and the final LayerNorm; B windows one after
+# the other, attention within each.
+
+cdef class WhisperEncoderModel:
+    """Packed weights of Whisper's encoder. tensors: "conv1" [C, 3 n_mels], "conv2" [C, 3 C] and
+    "blk.{i}.qkv", ".o", ".up", ".down" packed (layout.pack) in `dtype` with "<name>.bias" and
+    "<name>.shape" [N, K]; float32 "pos" [P, C], "blk.{i}.ln1.w" / ".b", ".ln2.w" / ".b", "ln.w" /
+    "ln.b". act: an ACTIVATIONS name (Whisper's: gelu)."""
+    cdef ClipBlockW *blocks
+    cdef Mat conv1, conv2
+    cdef const float *pos
+    cdef const float *ln_w
+    cdef const float *ln_b
+    cdef readonly int depth, dim, inter, num_heads, head_dim, n_mels, num_pos, act
+    cdef readonly bint bf16, fma
+    cdef readonly float eps
+    cdef list keep
+
+    def __cinit__(self):
+        self.blocks = NULL
+
+    def __init__(self, dict tensors, str dtype, int depth, int num_heads, float eps, str act="gelu",
+                 str bf16_path=None):
+        cdef int i
+        cdef bint fma = _bf16_fma(bf16_path)
+        if act not in ACTIVATIONS:
+            raise ValueError(f"encoder activation {act!r}: expected one of {', '.join(ACTIVATIONS)}")
+        self.keep = []
+        self.depth, self.num_heads, self.eps, self.act = depth, num_heads, eps, ACTIVATIONS[act]
+        self.bf16, self.fma = dtype == "bfloat16", fma
+        self.conv1 = self._mat(tensors, "conv1", dtype, fma)
+        self.dim = self.conv1.n
+        if self.conv1.k % 3:
+            raise ValueError("conv1: expected [C, 3 n_mels]")
+        self.n_mels = self.conv1.k // 3
+        self.conv2 = self._mat(tensors, "conv2", dtype, fma)
+        if self.conv2.n != self.dim or self.conv2.k != 3 * self.dim:
+            raise ValueError(f"conv2: expected [{self.dim}, {3 * self.dim}]")
+        if self.dim % num_heads:
+            raise ValueError(f"encoder width {self.dim} is not {num_heads} heads")
+        self.head_dim = self.dim // num_heads
+        pos = np.ascontiguousarray(tensors["pos"], np.float32)
+        if pos.ndim != 2 or pos.shape[1] != self.dim:
+            raise ValueError(f"pos: expected [P, {self.dim}]")
+        self.keep.append(pos)
+        self.pos, self.num_pos = <const float *>_ptr(pos), pos.shape[0]
+        self.ln_w, self.ln_b = self._vec(tensors, "ln.w", self.dim), self._vec(tensors, "ln.b", self.dim)
+        self.blocks = <ClipBlockW *>calloc(max(depth, 1), sizeof(ClipBlockW))
+        if self.blocks == NULL:
+            raise MemoryError()
+        for i in range(depth):
+            p = f"blk.{i}."
+            self.blocks[i].ln1_w, self.blocks[i].ln1_b = self._vec(tensors, p + "ln1.w", self.dim), \
+                self._vec(tensors, p + "ln1.b", self.dim)
+            self.blocks[i].ln2_w, self.blocks[i].ln2_b = self._vec(tensors, p + "ln2.w", self.dim), \
+                self._vec(tensors, p + "ln2.b", self.dim)
+            self.blocks[i].qkv = self._mat(tensors, p + "qkv", dtype, fma)
+            self.blocks[i].o = self._mat(tensors, p + "o", dtype, fma)
+            self.blocks[i].up = self._mat(tensors, p + "up", dtype, fma)
+            self.blocks[i].down = self._mat(tensors, p + "down", dtype, fma)
+            if (self.blocks[i].qkv.n != 3 * self.dim or self.blocks[i].qkv.k != self.dim
+                    or self.blocks[i].o.n != self.dim or self.blocks[i].o.k != self.dim
+                    or self.blocks[i].up.k != self.dim or self.blocks[i].down.k != self.blocks[i].up.n
+                    or self.blocks[i].down.n != self.dim):
+                raise ValueError(f"encoder block {i}: matrix shapes do not fit width {self.dim}")
+        self.inter = self.blocks[0].up.n if depth else 0
+
+    cdef Mat _mat(self, dict tensors, str name, str dtype, bint fma) except *:
+        n, k = tensors[name + ".shape"]
+        bias = np.ascontiguousarray(tensors[name + ".bias"], np.float32)
+        if bias.shape != (n,):
+            raise ValueError(f"{name}.bias: expected [{n}]")
+        packed = tensors[name + ".weight"]
+        return _make_mat(packed, _parts_of(packed, dtype, n, k), n, k, bias, self.keep, fma)
+
+    cdef const float *_vec(self, dict tensors, str name, int n) except NULL:
+        a = np.ascontiguousarray(tensors[name], np.float32)
+        if a.shape != (n,):
+            raise ValueError(f"{name}: expected [{n}]")
+        self.keep.append(a)
+        return <const float *>_ptr(a)
+
+    def __dealloc__(self):
+        free(self.blocks)
+
+
+def whisper_encoder_forward(WhisperEncoderModel wm,
+                            const float[:, :, ::1] features,   # IN [B, n_mels, 2 T] each window's log-mel features
+                            float[:, ::1] out,                 # OUT [B T, C] each window's encoder rows
+                            int num_threads):
+    """Whisper's encoder over B windows of 2 T feature frames (T <= the positions it has)."""
+    cdef Py_ssize_t B = features.shape[0], M = wm.n_mels, T2 = features.shape[2], T = T2 // 2, C = wm.dim
+    if B == 0 or features.shape[1] != M or T2 % 2 or T == 0 or T > wm.num_pos:
+        raise ValueError(f"whisper_encoder_forward: features {tuple(features.shape)}: expected [B, {M}, 2 T], "
+                         f"T <= {wm.num_pos}")
+    if out.shape[0] != B * T or out.shape[1] != C:
+        raise ValueError(f"whisper_encoder_forward: out must be [{B * T}, {C}]")
+    # activations, sized for these windows (an encoder pass is large work: allocation is not its cost)
+    cdef Py_ssize_t max_k = max(3 * M, 3 * C, wm.inter)
+    col = np.empty((B * T2, max(3 * M, 3 * C)), np.float32)
+    h1 = np.empty((B * T2, C), np.float32)
+    x = np.empty((B * T, C), np.float32)
+    h = np.empty((B * T, C), np.float32)
+    qkv = np.empty((B * T, 3 * C), np.float32)
+    attn = np.empty((B * T, C), np.float32)
+    g = np.empty((B * T, max(wm.inter, 1)), np.float32)
+    xb = np.empty((B * T2, max_k // 2 + 2), np.uint32)
+    scores = np.empty((num_threads, T), np.float32)
+    cdef _QBufs qb = _QBufs(B * T2, max_k)
+    cdef float[:, ::1] cv = col, h1v = h1, xv = x, hv = h, qv = qkv, av = attn, gv = g, sv = scores
+    cdef uint32_t[:, ::1] xbv = xb
+    cdef _TowerAttnBufs ta = _TowerAttnBufs(B * T, wm.num_heads, wm.head_dim, wm.bf16, wm.fma, None, num_threads,
+                                            np.arange(B + 1) * T)
+    with nogil:
+        _whisper_encoder(wm, &features[0, 0, 0], B, T, &cv[0, 0], cv.shape[1], &h1v[0, 0], &xv[0, 0], &hv[0, 0],
+                         &qv[0, 0], &av[0, 0], &gv[0, 0], gv.shape[1], &xbv[0, 0], &qb.a, &sv[0, 0], &out[0, 0],
+                         &ta.a if ta.ok else NULL, num_threads)
+
+
+cdef void _whisper_encoder(WhisperEncoderModel wm, const float *feat, Py_ssize_t nwin, Py_ssize_t T, float *col,
+                           Py_ssize_t ldc, float *h1, float *x, float *h, float *qkv, float *attn, float *g,
+                           Py_ssize_t ldg, uint32_t *xb, const ll_qact *xq, float *scores, float *out,
+                           const TowerAttn *ta, int nt) noexcept nogil:
+    cdef Py_ssize_t C = wm.dim, D = wm.head_dim, H = wm.num_heads, M = wm.n_mels, F = wm.inter, T2 = 2 * T
+    cdef Py_ssize_t rows = nwin * T, t, s, c, tap, item, head, j, l, r0
+    cdef float scale = 1.0 / sqrt(<double>D), m, total
+    cdef const ClipBlockW *B
+    cdef const float *src
+    cdef float *sc
+    cdef float *o
+    cdef const float *q
+    for item in prange(nwin * T2, schedule="static", num_threads=nt):     # conv1's rows: 3 frames of M bins
+        src = feat + (item // T2) * M * T2
+        t = item % T2
+        for c in range(M):
+            for tap in range(3):
+                s = t + tap - 1
+                col[item * ldc + c * 3 + tap] = src[c * T2 + s] if 0 <= s < T2 else 0.0
+    _gemm(col, ldc, xb, xq, nwin * T2, &wm.conv1, h1, C, 0, nt)
+    for item in prange(nwin * T2, schedule="static", num_threads=nt):
+        ll_act_mul_f32(h1 + item * C, NULL, h1 + item * C, C, wm.act)
+    for item in prange(rows, schedule="static", num_threads=nt):          # conv2's rows: frames 2t - 1 .. 2t + 1
+        t = item % T
+        for tap in range(3):
+            s = 2 * t + tap - 1
+            for c in range(C):
+                col[item * ldc + c * 3 + tap] = h1[((item // T) * T2 + s) * C + c] if 0 <= s < T2 else 0.0
+    _gemm(col, ldc, xb, xq, rows, &wm.conv2, x, C, 0, nt)
+    for item in prange(rows, schedule="static", num_threads=nt):
+        ll_act_mul_f32(x + item * C, NULL, x + item * C, C, wm.act)
+        ll_axpy_f32(1.0, wm.pos + (item % T) * C, x + item * C, C)
+    for l in range(wm.depth):
+        B = &wm.blocks[l]
+        for t in prange(rows, schedule="static", num_threads=nt):
+            ll_layernorm_f32(x + t * C, B.ln1_w, B.ln1_b, h + t * C, C, wm.eps)
+        _gemm(h, C, xb, xq, rows, &B.qkv, qkv, 3 * C, 0, nt)
+        # bidirectional attention over each window's T rows, one (row, head) per item
+        if ta != NULL:
+            _tower_attention(ta, qkv, rows, C, H, D, 1, attn, nt)
+        for item in prange(rows * H if ta == NULL else 0, schedule="static", num_threads=nt):
+            t = item // H
+            head = item % H
+            r0 = (t // T) * T
+            sc = scores + openmp.omp_get_thread_num() * T
+            q = qkv + t * 3 * C + head * D
+            m = -1e30
+            for j in range(T):
+                sc[j] = ll_dot_f32(q, qkv + (r0 + j) * 3 * C + C + head * D, D) * scale
+                if sc[j] > m:
+                    m = sc[j]
+            total = 0
+            for j in range(T):
+                sc[j] = expf(sc[j] - m)
+                total = total + sc[j]
+            o = attn + t * C + head * D
+            for j in range(D):
+                o[j] = 0
+            for j in range(T):
+                ll_axpy_f32(sc[j] / total, qkv + (r0 + j) * 3 * C + 2 * C + head * D, o, D)
+        _gemm(attn, C, xb, xq, rows, &B.o, x, C, 1, nt)                     # x += out_proj(attn)
+        for t in prange(rows, schedule="static", num_threads=nt):
+            ll_layernorm_f32(x + t * C, B.ln2_w, B.ln2_b, h + t * C, C, wm.eps)
+        _gemm(h, C, xb, xq, rows, &B.up, g, ldg, 0, nt)
+        for t in prange(rows, schedule="static", num_threads=nt):
+            ll_act_mul_f32(g + t * ldg, NULL, g + t * ldg, F, wm.act)
+        _gemm(g, ldg, xb, xq, rows, &B.down, x, C, 1, nt)                   # x += fc2(act(fc1(ln2(x))))
+    for t in prange(rows, schedule="static", num_threads=nt):
+        ll_layernorm_f32(x + t * C, wm.ln_w, wm.ln_b, out + t * C, C, wm.eps)

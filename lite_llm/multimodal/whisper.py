@@ -1,0 +1,233 @@
+"""Whisper's audio encoder: log-mel features [n_mels, 3000] of a 30-s window -> 1500 rows of the
+model's width, which the decoder's cross-attention reads.
+
+    WhisperEncoder.from_pretrained(path)          an HF WhisperForConditionalGeneration directory
+      .features(samples)                          16 kHz samples -> [n_mels, 3000] (audio.log_mel)
+      .encode(features) / .encode_many([...])     ONE compiled call (_kernels/audio.pxi) per pass
+      .encode_cached(features)                    the same, kept by content hash (as image rows are)
+
+The stem is two convolutions (kernel 3; the second of stride 2, halving 3000 frames to 1500) with
+GELU, then learned positions (initialised sinusoidal in the checkpoints), pre-norm blocks (the
+ViT blocks of llava.py: LayerNorm, attention whose k has no bias, LayerNorm, fc1 / GELU / fc2)
+and a final LayerNorm. What does not live here: the decoder and its cross-attention (the engine),
+audio decoding (audio.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from lite_llm.multimodal import audio
+from lite_llm.multimodal.llava import _act, _layernorm, pack_vit_blocks, vit_blocks_reference, vit_packer
+
+try:
+    from _blake2 import blake2b
+except ImportError:
+    from hashlib import blake2b
+
+ARCHITECTURES = ("WhisperForConditionalGeneration",)
+
+
+class WhisperError(ValueError):
+    """A Whisper checkpoint that cannot be used; the message says which tensor or setting."""
+
+
+@dataclass(frozen=True)
+class WhisperEncoderConfig:
+    num_mel_bins: int = 80
+    hidden_size: int = 384          # d_model
+    num_heads: int = 6              # encoder_attention_heads
+    num_layers: int = 4             # encoder_layers
+    intermediate_size: int = 1536   # encoder_ffn_dim
+    max_source_positions: int = 1500
+    eps: float = 1e-5               # nn.LayerNorm's default, Whisper's
+    act: str = "gelu"
+
+    @classmethod
+    def from_hf(cls, raw: dict) -> "WhisperEncoderConfig":
+        act = raw.get("activation_function", "gelu")
+        if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
+            raise WhisperError(f"activation_function {act!r} is not supported (gelu)")
+        return cls(num_mel_bins=int(raw.get("num_mel_bins", 80)), hidden_size=int(raw["d_model"]),
+                   num_heads=int(raw["encoder_attention_heads"]), num_layers=int(raw["encoder_layers"]),
+                   intermediate_size=int(raw["encoder_ffn_dim"]),
+                   max_source_positions=int(raw.get("max_source_positions", 1500)),
+                   act="gelu" if act == "gelu" else "gelu_tanh")
+
+    @property
+    def num_frames(self) -> int:
+        """Feature frames of one window: two per output row (conv2's stride)."""
+        return 2 * self.max_source_positions
+
+
+def read_hf(source: str, cfg: WhisperEncoderConfig) -> dict[str, np.ndarray]:
+    """The encoder of an HF Whisper directory as canonical float32 tensors: "conv1.w" [C, 3 M]
+    and "conv2.w" [C, 3 C] (a conv1d weight [C, C_in, 3] flattened: column c * 3 + tap), their
+    biases, "pos" [P, C], the blocks (blk.{i}.*) and "ln.w" / "ln.b"."""
+    from lite_llm.model.hf import SafetensorsCheckpoint
+    from lite_llm.model.weights import bf16_to_f32
+    ckpt = SafetensorsCheckpoint(source)
+    try:
+        names = {n.removeprefix("model."): n for n in ckpt.entries}
+
+        def get(name):
+            if name not in names:
+                raise WhisperError(f"{source}: the checkpoint has no tensor {name}")
+            a = ckpt.read(names[name])
+            return bf16_to_f32(a) if a.dtype == np.uint16 else a.astype(np.float32)
+        e, C = "encoder.", cfg.hidden_size
+        t = {"conv1.w": get(e + "conv1.weight").reshape(C, -1), "conv1.b": get(e + "conv1.bias"),
+             "conv2.w": get(e + "conv2.weight").reshape(C, -1), "conv2.b": get(e + "conv2.bias"),
+             "pos": get(e + "embed_positions.weight"),
+             "ln.w": get(e + "layer_norm.weight"), "ln.b": get(e + "layer_norm.bias")}
+        for i in range(cfg.num_layers):
+            p, q = f"{e}layers.{i}.", f"blk.{i}."
+            for ours, theirs in (("ln1", "self_attn_layer_norm"), ("ln2", "final_layer_norm"),
+                                 ("q", "self_attn.q_proj"), ("v", "self_attn.v_proj"), ("o", "self_attn.out_proj"),
+                                 ("up", "fc1"), ("down", "fc2")):
+                t[q + ours + ".w"], t[q + ours + ".b"] = get(p + theirs + ".weight"), get(p + theirs + ".bias")
+            t[q + "k.w"] = get(p + "self_attn.k_proj.weight")
+            t[q + "k.b"] = np.zeros(C, np.float32)          # Whisper's k projection has no bias
+    finally:
+        ckpt.close()
+    _check(cfg, t, source)
+    return t
+
+
+def _check(cfg: WhisperEncoderConfig, t: dict[str, np.ndarray], source: str) -> None:
+    C, F, M = cfg.hidden_size, cfg.intermediate_size, cfg.num_mel_bins
+    want = {"conv1.w": (C, 3 * M), "conv2.w": (C, 3 * C), "pos": (cfg.max_source_positions, C)}
+    for i in range(cfg.num_layers):
+        want.update({f"blk.{i}.q.w": (C, C), f"blk.{i}.k.w": (C, C), f"blk.{i}.o.w": (C, C),
+                     f"blk.{i}.up.w": (F, C), f"blk.{i}.down.w": (C, F)})
+    for name, shape in want.items():
+        if t[name].shape != shape:
+            raise WhisperError(f"{source}: {name} is {t[name].shape}, the config says {shape}")
+    if C % cfg.num_heads:
+        raise WhisperError(f"{source}: d_model {C} is not {cfg.num_heads} heads")
+
+
+def features_hash(features: np.ndarray) -> bytes:
+    """The encoder cache's key of one window's features [n_mels, frames]."""
+    h = blake2b(digest_size=16)
+    h.update(np.asarray(features.shape, np.int64).tobytes())
+    h.update(np.ascontiguousarray(features, np.float32).tobytes())
+    return h.digest()
+
+
+class WhisperEncoder:
+    """Whisper's encoder over 30-s windows (encode_many: several in one compiled call) and its
+    output cache by content hash. tensors: read_hf's float32 arrays. kernels: the kernel module
+    to run it on (None: NumPy only)."""
+
+    def __init__(self, cfg: WhisperEncoderConfig, tensors: dict[str, np.ndarray], kernels=None,
+                 dtype: str = "float32", num_threads: int = 1, bf16_path: str | None = None,
+                 max_cached_rows: int = 1 << 16):
+        self.cfg, self.t = cfg, tensors
+        self.kernels, self.num_threads = kernels, num_threads
+        self.model = None if kernels is None else self._pack(kernels, dtype, bf16_path)
+        self.mel = None if kernels is None else audio.log_mel_model(kernels, cfg.num_mel_bins)
+        self.cache: OrderedDict[bytes, np.ndarray] = OrderedDict()    # features hash -> [P, C], LRU order
+        self.cached_rows = 0
+        self.max_cached_rows = max_cached_rows
+        self.num_encoded = 0            # windows run through the encoder (tests, metrics)
+
+    @classmethod
+    def from_pretrained(cls, path: str, kernels="auto", dtype: str = "float32", num_threads: int | None = None,
+                        **kw) -> "WhisperEncoder":
+        """The encoder of the HF Whisper directory at path, on this CPU's kernels ("auto") or
+        in NumPy (None)."""
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
+            raw = json.load(fh)
+        if (raw.get("architectures") or [None])[0] not in ARCHITECTURES and raw.get("model_type") != "whisper":
+            raise WhisperError(f"{path}: not a Whisper checkpoint (architectures {raw.get('architectures')})")
+        cfg = WhisperEncoderConfig.from_hf(raw)
+        if kernels == "auto":
+            from lite_llm._kernels import kernels
+        if num_threads is None:
+            num_threads = max(1, len(os.sched_getaffinity(0)))
+        return cls(cfg, read_hf(path, cfg), kernels, dtype, num_threads, **kw)
+
+    def _pack(self, kernels, dtype: str, bf16_path: str | None):
+        t, cfg = self.t, self.cfg
+        packed, mat = vit_packer(dtype)
+        mat("conv1", t["conv1.w"], t["conv1.b"])
+        mat("conv2", t["conv2.w"], t["conv2.b"])
+        pack_vit_blocks(t, cfg.num_layers, packed, mat)
+        for name in ("pos", "ln.w", "ln.b"):
+            packed[name] = np.ascontiguousarray(t[name], np.float32)
+        return kernels.WhisperEncoderModel(packed, dtype, cfg.num_layers, cfg.num_heads, cfg.eps, cfg.act,
+                                           bf16_path)
+
+    # ---- features ---------------------------------------------------------------------------
+
+    def features(self, samples: np.ndarray) -> np.ndarray:
+        """float32 [n_mels, 3000] of the first 30 s of 16 kHz samples (compiled; NumPy without
+        kernels)."""
+        if self.mel is None:
+            return audio.log_mel_reference(samples, self.cfg.num_mel_bins)
+        return audio.log_mel(self.kernels, self.mel, [samples], self.num_threads)[0]
+
+    # ---- encoder ----------------------------------------------------------------------------
+
+    def _rows(self, features: np.ndarray) -> int:
+        f = np.asarray(features)
+        if f.ndim != 2 or f.shape[0] != self.cfg.num_mel_bins or f.shape[1] % 2 or f.shape[1] == 0 \
+                or f.shape[1] > self.cfg.num_frames:
+            raise WhisperError(f"features {f.shape}: expected [{self.cfg.num_mel_bins}, an even number of frames "
+                               f"up to {self.cfg.num_frames}]")
+        return f.shape[1] // 2
+
+    def encode(self, features: np.ndarray) -> np.ndarray:
+        """One window's features [n_mels, 2 T] -> its encoder rows [T, C]."""
+        return self.encode_many([features])[0]
+
+    def encode_many(self, windows: list[np.ndarray]) -> list[np.ndarray]:
+        """Windows of features (one length) -> each one's rows [T, C]: ONE compiled call over them
+        all (the NumPy reference, window by window, without kernels)."""
+        rows = {self._rows(f) for f in windows}
+        if len(rows) != 1:
+            raise WhisperError("the windows of one encoder call must have one length")
+        self.num_encoded += len(windows)
+        if self.model is None:
+            return [self.encode_reference(f) for f in windows]
+        T = rows.pop()
+        out = np.empty((len(windows) * T, self.cfg.hidden_size), np.float32)
+        feats = np.ascontiguousarray(np.stack([np.asarray(f, np.float32) for f in windows]))
+        self.kernels.whisper_encoder_forward(self.model, feats, out, self.num_threads)
+        return [out[k * T:(k + 1) * T] for k in range(len(windows))]
+
+    def encode_cached(self, features: np.ndarray) -> np.ndarray:
+        """encode(features), kept by content hash: the same window is encoded once while it
+        stays among the last max_cached_rows rows (oldest evicted first)."""
+        key = features_hash(features)
+        hit = self.cache.get(key)
+        if hit is not None:
+            self.cache.move_to_end(key)
+            return hit
+        rows = self.encode(features)
+        self.cache[key] = rows
+        self.cached_rows += rows.shape[0]
+        while self.cached_rows > self.max_cached_rows and len(self.cache) > 1:
+            self.cached_rows -= self.cache.popitem(last=False)[1].shape[0]
+        return rows
+
+    def encode_reference(self, features: np.ndarray) -> np.ndarray:
+        """encode() in NumPy float32: the plain reference."""
+        cfg, t = self.cfg, self.t
+        f = np.asarray(features, np.float32)                       # [M, 2T]
+        T = self._rows(f)
+
+        def conv(x, w, b, stride):      # x [frames, C_in] -> [frames / stride, C], kernel 3, padding 1
+            xp = np.pad(x, ((1, 1), (0, 0)))
+            n = x.shape[0] // stride
+            cols = np.stack([xp[tap:tap + stride * n:stride] for tap in range(3)], axis=2)   # [n, C_in, 3]
+            return cols.reshape(n, -1) @ w.T + b
+        h = _act(conv(f.T, t["conv1.w"], t["conv1.b"], 1), "gelu")
+        x = _act(conv(h, t["conv2.w"], t["conv2.b"], 2), "gelu") + t["pos"][:T]
+        x = vit_blocks_reference(x, t, cfg, _act)
+        return np.ascontiguousarray(_layernorm(x, t["ln.w"], t["ln.b"], cfg.eps), np.float32)
