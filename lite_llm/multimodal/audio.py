@@ -180,7 +180,7 @@ def log_mel_reference(samples: np.ndarray, n_mels: int = 80) -> np.ndarray:
 
 def log_mel_model(kernels, n_mels: int):
     """kernels.LogMelModel of n_mels bins: the windowed real-DFT rows and the mel filters, packed."""
-    from lite_llm._kernels import layout
+    from lite_llm._kernels import layout   # deferred: decoding audio loads no kernel build
     k = np.arange(N_FFT // 2 + 1)[:, None] * np.arange(N_FFT)[None, :]
     angle = 2 * np.pi * (k % N_FFT) / N_FFT
     dft = np.concatenate([np.cos(angle), -np.sin(angle)]) * hann_window()   # [2 bins, n_fft]

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lite_llm.model.hf import SafetensorsCheckpoint
+from lite_llm.model.weights import bf16_to_f32
 from lite_llm.multimodal import audio
 from lite_llm.multimodal.llava import _act, _layernorm, pack_vit_blocks, vit_blocks_reference, vit_packer
 
@@ -68,8 +70,6 @@ def read_hf(source: str, cfg: WhisperEncoderConfig) -> dict[str, np.ndarray]:
     """The encoder of an HF Whisper directory as canonical float32 tensors: "conv1.w" [C, 3 M]
     and "conv2.w" [C, 3 C] (a conv1d weight [C, C_in, 3] flattened: column c * 3 + tap), their
     biases, "pos" [P, C], the blocks (blk.{i}.*) and "ln.w" / "ln.b"."""
-    from lite_llm.model.hf import SafetensorsCheckpoint
-    from lite_llm.model.weights import bf16_to_f32
     ckpt = SafetensorsCheckpoint(source)
     try:
         names = {n.removeprefix("model."): n for n in ckpt.entries}
@@ -147,7 +147,7 @@ class WhisperEncoder:
             raise WhisperError(f"{path}: not a Whisper checkpoint (architectures {raw.get('architectures')})")
         cfg = WhisperEncoderConfig.from_hf(raw)
         if kernels == "auto":
-            from lite_llm._kernels import kernels
+            from lite_llm._kernels import kernels   # deferred: the module imports where no kernel build loads
         if num_threads is None:
             num_threads = max(1, len(os.sched_getaffinity(0)))
         return cls(cfg, read_hf(path, cfg), kernels, dtype, num_threads, **kw)
