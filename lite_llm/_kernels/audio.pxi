@@ -14,24 +14,24 @@ from libc.math cimport log10f
 # another GEMM), then |X|^2, log10 clamped at 1e-10, floored at the window's max - 8, (x + 4) / 4.
 
 cdef class LogMelModel:
-    """The packed float32 matrices of log_mel_forward. tensors: "dft" [2 (n_fft / 2 + 1), n_fft]
-    (the windowed cos rows, then the windowed -sin rows) and "mel" [n_mels, n_fft / 2 + 1] packed
-    (layout.pack, float32) with "<name>.shape" [N, K]."""
+    """The packed float32 matrices of log_mel_forward, a PackedModel (packed.py): matrices "dft"
+    [2 (n_fft / 2 + 1), n_fft] (the windowed cos rows, then the windowed -sin rows) and "mel"
+    [n_mels, n_fft / 2 + 1], float32 panels (layout.pack)."""
     cdef Mat dft, mel
     cdef readonly int n_fft, n_bins, n_mels, hop
     cdef list keep
 
-    def __init__(self, dict tensors, int hop):
+    def __init__(self, packed, int hop):
         self.keep = []
-        n, k = tensors["dft.shape"]
-        self.dft = _make_mat(tensors["dft.weight"], _parts_of(tensors["dft.weight"], "float32", n, k), n, k, None,
-                             self.keep)
+        m = packed.matrices["dft"]
+        n, k = m.shape
+        self.dft = _make_mat(m.data, _parts_of(m.data, "float32", n, k), n, k, None, self.keep)
         self.n_fft, self.n_bins, self.hop = k, n // 2, hop
-        n, k = tensors["mel.shape"]
+        m = packed.matrices["mel"]
+        n, k = m.shape
         if k != self.n_bins:
             raise ValueError(f"mel filters take {k} bins, the DFT gives {self.n_bins}")
-        self.mel = _make_mat(tensors["mel.weight"], _parts_of(tensors["mel.weight"], "float32", n, k), n, k, None,
-                             self.keep)
+        self.mel = _make_mat(m.data, _parts_of(m.data, "float32", n, k), n, k, None, self.keep)
         self.n_mels = n
 
 
@@ -110,10 +110,10 @@ cdef void _log_mel(LogMelModel lm, const float *samples, Py_ssize_t B, Py_ssize_
 # the other, attention within each.
 
 cdef class WhisperEncoderModel:
-    """Packed weights of Whisper's encoder. tensors: "conv1" [C, 3 n_mels], "conv2" [C, 3 C] and
-    "blk.{i}.qkv", ".o", ".up", ".down" packed (layout.pack) in `dtype` with "<name>.bias" and
-    "<name>.shape" [N, K]; float32 "pos" [P, C], "blk.{i}.ln1.w" / ".b", ".ln2.w" / ".b", "ln.w" /
-    "ln.b". act: an ACTIVATIONS name (Whisper's: gelu)."""
+    """Packed weights of Whisper's encoder, a PackedModel (packed.py): matrices "conv1"
+    [C, 3 n_mels], "conv2" [C, 3 C] and "blk.{i}.qkv", ".o", ".up", ".down" in `dtype`, each with
+    its bias; vectors "pos" [P, C], "blk.{i}.ln1.w" / ".b", ".ln2.w" / ".b", "ln.w" / "ln.b".
+    act: an ACTIVATIONS name (Whisper's: gelu)."""
     cdef ClipBlockW *blocks
     cdef Mat conv1, conv2
     cdef const float *pos
@@ -127,21 +127,22 @@ cdef class WhisperEncoderModel:
     def __cinit__(self):
         self.blocks = NULL
 
-    def __init__(self, dict tensors, str dtype, int depth, int num_heads, float eps, str act="gelu",
+    def __init__(self, packed, str dtype, int depth, int num_heads, float eps, str act="gelu",
                  str bf16_path=None):
         cdef int i
         cdef bint fma = _bf16_fma(bf16_path)
+        cdef dict tensors = packed.vectors
         if act not in ACTIVATIONS:
             raise ValueError(f"encoder activation {act!r}: expected one of {', '.join(ACTIVATIONS)}")
         self.keep = []
         self.depth, self.num_heads, self.eps, self.act = depth, num_heads, eps, ACTIVATIONS[act]
         self.bf16, self.fma = dtype == "bfloat16", fma
-        self.conv1 = self._mat(tensors, "conv1", dtype, fma)
+        self.conv1 = self._mat(packed, "conv1", dtype, fma)
         self.dim = self.conv1.n
         if self.conv1.k % 3:
             raise ValueError("conv1: expected [C, 3 n_mels]")
         self.n_mels = self.conv1.k // 3
-        self.conv2 = self._mat(tensors, "conv2", dtype, fma)
+        self.conv2 = self._mat(packed, "conv2", dtype, fma)
         if self.conv2.n != self.dim or self.conv2.k != 3 * self.dim:
             raise ValueError(f"conv2: expected [{self.dim}, {3 * self.dim}]")
         if self.dim % num_heads:
@@ -162,10 +163,10 @@ cdef class WhisperEncoderModel:
                 self._vec(tensors, p + "ln1.b", self.dim)
             self.blocks[i].ln2_w, self.blocks[i].ln2_b = self._vec(tensors, p + "ln2.w", self.dim), \
                 self._vec(tensors, p + "ln2.b", self.dim)
-            self.blocks[i].qkv = self._mat(tensors, p + "qkv", dtype, fma)
-            self.blocks[i].o = self._mat(tensors, p + "o", dtype, fma)
-            self.blocks[i].up = self._mat(tensors, p + "up", dtype, fma)
-            self.blocks[i].down = self._mat(tensors, p + "down", dtype, fma)
+            self.blocks[i].qkv = self._mat(packed, p + "qkv", dtype, fma)
+            self.blocks[i].o = self._mat(packed, p + "o", dtype, fma)
+            self.blocks[i].up = self._mat(packed, p + "up", dtype, fma)
+            self.blocks[i].down = self._mat(packed, p + "down", dtype, fma)
             if (self.blocks[i].qkv.n != 3 * self.dim or self.blocks[i].qkv.k != self.dim
                     or self.blocks[i].o.n != self.dim or self.blocks[i].o.k != self.dim
                     or self.blocks[i].up.k != self.dim or self.blocks[i].down.k != self.blocks[i].up.n
@@ -173,13 +174,13 @@ cdef class WhisperEncoderModel:
                 raise ValueError(f"encoder block {i}: matrix shapes do not fit width {self.dim}")
         self.inter = self.blocks[0].up.n if depth else 0
 
-    cdef Mat _mat(self, dict tensors, str name, str dtype, bint fma) except *:
-        n, k = tensors[name + ".shape"]
-        bias = np.ascontiguousarray(tensors[name + ".bias"], np.float32)
-        if bias.shape != (n,):
-            raise ValueError(f"{name}.bias: expected [{n}]")
-        packed = tensors[name + ".weight"]
-        return _make_mat(packed, _parts_of(packed, dtype, n, k), n, k, bias, self.keep, fma)
+    cdef Mat _mat(self, object packed, str name, str dtype, bint fma) except *:
+        m = packed.matrices[name]
+        n, k = m.shape
+        if m.bias is None or m.bias.shape != (n,):
+            raise ValueError(f"{name}: expected a bias [{n}]")
+        bias = np.ascontiguousarray(m.bias, np.float32)
+        return _make_mat(m.data, _parts_of(m.data, dtype, n, k), n, k, bias, self.keep, fma)
 
     cdef const float *_vec(self, dict tensors, str name, int n) except NULL:
         a = np.ascontiguousarray(tensors[name], np.float32)

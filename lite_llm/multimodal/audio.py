@@ -180,14 +180,17 @@ def log_mel_reference(samples: np.ndarray, n_mels: int = 80) -> np.ndarray:
 
 def log_mel_model(kernels, n_mels: int):
     """kernels.LogMelModel of n_mels bins: the windowed real-DFT rows and the mel filters, packed."""
-    from lite_llm._kernels import layout   # deferred: decoding audio loads no kernel build
+    # deferred: decoding audio loads no kernel build (any _kernels module loads one)
+    from lite_llm._kernels import layout
+    from lite_llm._kernels.packed import PackedMatrix, PackedModel
     k = np.arange(N_FFT // 2 + 1)[:, None] * np.arange(N_FFT)[None, :]
     angle = 2 * np.pi * (k % N_FFT) / N_FFT
     dft = np.concatenate([np.cos(angle), -np.sin(angle)]) * hann_window()   # [2 bins, n_fft]
     dft = np.ascontiguousarray(dft, np.float32)
     mel = mel_filters(n_mels)
-    return kernels.LogMelModel({"dft.weight": layout.pack(dft, "float32"), "dft.shape": dft.shape,
-                                "mel.weight": layout.pack(mel, "float32"), "mel.shape": mel.shape}, HOP)
+    packed = PackedModel({"dft": PackedMatrix.of_float(layout.pack(dft, "float32"), dft.shape, "float32"),
+                          "mel": PackedMatrix.of_float(layout.pack(mel, "float32"), mel.shape, "float32")})
+    return kernels.LogMelModel(packed, HOP)
 
 
 def log_mel(kernels, model, windows: list[np.ndarray], num_threads: int = 1) -> np.ndarray:

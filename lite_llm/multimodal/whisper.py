@@ -159,7 +159,7 @@ class WhisperEncoder:
         mat("conv2", t["conv2.w"], t["conv2.b"])
         pack_vit_blocks(t, cfg.num_layers, packed, mat)
         for name in ("pos", "ln.w", "ln.b"):
-            packed[name] = np.ascontiguousarray(t[name], np.float32)
+            packed.vectors[name] = np.ascontiguousarray(t[name], np.float32)
         return kernels.WhisperEncoderModel(packed, dtype, cfg.num_layers, cfg.num_heads, cfg.eps, cfg.act,
                                            bf16_path)
 
