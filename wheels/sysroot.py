@@ -54,10 +54,12 @@ def ensure(arch: str, work: Path) -> Path:
     debs = work / arch / "debs"
     debs.mkdir(parents=True, exist_ok=True)
     apt = _apt(work / arch, deb_arch)
-    subprocess.run(["apt-get", *apt, "update"], check=True)
-    subprocess.run(["apt-get", *apt, "download", *[f"{p}:{deb_arch}" for p in DEBS]], cwd=debs, check=True)
+    # apt's and dpkg's output to stderr: stdout is for the lines a shell evaluates (--env)
+    subprocess.run(["apt-get", *apt, "update"], check=True, stdout=sys.stderr)
+    subprocess.run(["apt-get", *apt, "download", *[f"{p}:{deb_arch}" for p in DEBS]], cwd=debs, check=True,
+                   stdout=sys.stderr)
     for deb in sorted(debs.glob("*.deb")):
-        subprocess.run(["dpkg", "-x", str(deb), str(sysroot)], check=True)
+        subprocess.run(["dpkg", "-x", str(deb), str(sysroot)], check=True, stdout=sys.stderr)
     # the packages' absolute symlinks (/lib64/ld-linux-x86-64.so.2 -> /lib/...) point into the
     # sysroot, not at this machine's files
     for link in [p for p in sysroot.rglob("*") if p.is_symlink() and os.readlink(p).startswith("/")]:
