@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# CI: the x86_64 wheel as users get it, manylinux_2_28 without Docker. Compiled by this machine's
-# gcc against Debian 11's glibc 2.31 and libgomp (wheels/sysroot.py: a private sysroot), built
-# with `python -m build` (the kernels come from the build cache when the variants tier just
-# compiled them with the same flags: .ci/run), repaired by auditwheel with
+# CI: the x86_64 and aarch64 wheels as users get them, manylinux without Docker. x86_64: compiled
+# by this machine's gcc against Debian 11's glibc 2.31 and libgomp (wheels/sysroot.py: a private
+# sysroot), built with `python -m build` (the kernels come from the build cache when the variants
+# tier just compiled them with the same flags: .ci/run), repaired by auditwheel with
 # --plat manylinux_2_28_x86_64 (libgomp bundled; it refuses a wheel that needs a newer glibc),
 # checked by `auditwheel show`, then installed into a fresh venv and smoke-tested from a
 # directory away from the source tree: import, `info`, a GEMM per runnable variant, a short
-# generation on the default model.
+# generation on the default model. aarch64: at the end (wheels/cross_wheel.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${LITE_LLM_WHEEL_DIR:-build/wheelhouse}"
@@ -25,3 +25,8 @@ case "$repaired" in
 esac
 python -m auditwheel show "$repaired" | tee "$OUT/auditwheel-show.txt"
 python wheels/smoke_test.py "$repaired"
+# --- the aarch64 wheel: cross-compiled against Debian 11's arm64 sysroot, auditwheel-repaired,
+# installed with pip --target and smoke-tested under qemu-aarch64 (after .ci/emulated.py, whose
+# sysroot, tiny model and x86 tokens it uses) ---
+python -m pip install -q wheel Cython setuptools
+python wheels/cross_wheel.py aarch64 --from "$wheel" --out "$OUT"
