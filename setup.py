@@ -54,6 +54,14 @@ if sys.platform == "darwin":   # Apple clang: OpenMP from Homebrew's libomp (whe
     OPENMP_COMPILE, OPENMP_LINK = ["-Xpreprocessor", "-fopenmp"], ["-lomp"]
 else:
     OPENMP_COMPILE, OPENMP_LINK = list(OPENMP), list(OPENMP)
+# LITE_LLM_SYSROOT=DIR: compile and link against another glibc (wheels/sysroot.py: Debian 11's glibc
+# 2.31 and libgomp, for manylinux wheels built without Docker); -L first, so -fopenmp's libgomp is
+# the sysroot's and not the one beside the compiler
+SYSROOT = os.environ.get("LITE_LLM_SYSROOT", "")
+if SYSROOT:
+    _libdir = Path(SYSROOT, "usr", "lib", sysconfig.get_config_var("MULTIARCH") or "")
+    OPENMP_COMPILE = [f"--sysroot={SYSROOT}", *OPENMP_COMPILE]
+    OPENMP_LINK = [f"--sysroot={SYSROOT}", f"-L{_libdir}", *OPENMP_LINK]
 
 
 class _Ext(Extension):
@@ -206,7 +214,7 @@ class CachedParallelBuildExt(build_ext):
         import Cython
         h = hashlib.sha256()
         for part in (self._digest, ext.name, ext.pyx, repr(ext.extra_compile_args), repr(ext.extra_link_args),
-                     repr(self.compiler.compiler_so), self._cc_version, Cython.__version__,
+                     repr(self.compiler.compiler_so), repr(getattr(self.compiler, "linker_so", "")), self._cc_version, Cython.__version__,
                      sysconfig.get_config_var("EXT_SUFFIX") or "", sys.version, repr(CYTHON_DIRECTIVES)):
             h.update(part.encode() + b"\0")
         return h.hexdigest()[:32]

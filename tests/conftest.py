@@ -12,6 +12,7 @@ import contextlib
 import copy
 import json
 import os
+import platform
 import shutil
 import sys
 import tempfile
@@ -32,9 +33,48 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("LITE_LLM_PACKED_CACHE", "off")
 
 
+# ---- test tiers ------------------------------------------------------------------------
+# README's test command runs the fast tier: every test outside the tiers below. `.ci/run` runs
+# each tier too (`python -m pytest -q -m <tier>`, after installing what it needs); `-m` chooses
+# tiers (`-m "peers or slow"`), and without `-m` the fast tier runs.
+TIERS = {
+    "variants": "each kernel variant this CPU can run besides the one the dispatcher picks, "
+                "against the NumPy specs and the others (tests/kernel_build.py compiles them first: minutes of CPU)",
+    "peers": "against llama.cpp on the same weights (pip install -e '.[test-peers]': llama-cpp-python, "
+             "compiled from source)",
+    "ray": "Ray Serve replicas (pip install -e '.[ray]')",
+    "browser": "the web UI in Debian's chromium (pip install -e '.[test-browser]'; apt-get install chromium)",
+    "slow": "the longest tests (whole models, long contexts, many threads)",
+}
+FAST_TIER = "not (" + " or ".join(TIERS) + ")"
+# tiers given by place: these files are not even imported when their tier is not chosen
+# (their imports need the tier's packages)
+TIER_PATHS = {"peers": ("multimodal/test_qwen2_5_vl_llamacpp.py",), "ray": ("server/test_serve_ray.py",),
+              "browser": ("browser/",)}
+_TESTS = Path(__file__).resolve().parent
+
+
+def _chosen(config, tier: str) -> bool:
+    """Whether the run's -m expression selects a test marked only `tier`."""
+    from _pytest.mark.expression import Expression
+    return Expression.compile(config.option.markexpr).evaluate(lambda name, **kw: name == tier)
+
+
+def _tier_of_path(path: Path) -> str | None:
+    rel = path.resolve().relative_to(_TESTS).as_posix() if path.resolve().is_relative_to(_TESTS) else ""
+    return next((t for t, places in TIER_PATHS.items() for p in places if rel == p or rel.startswith(p)), None)
+
+
 def pytest_configure(config):
-    """README's test command after its serve command: build the kernel variants this CPU can run
-    that the editable install left out (kernel_build.py) before a test module lists them."""
+    """The fast tier unless -m says otherwise; for the variants tier, build the kernel variants
+    this CPU can run that the editable install left out (kernel_build.py) before a test module
+    lists them."""
+    for tier, what in TIERS.items():
+        config.addinivalue_line("markers", f"{tier}: a tier of its own (-m {tier}): {what}")
+    if not config.option.markexpr:
+        config.option.markexpr = FAST_TIER
+    if not _chosen(config, "variants"):
+        return
     import kernel_build
     capman = config.pluginmanager.getplugin("capturemanager")
     with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
@@ -42,6 +82,43 @@ def pytest_configure(config):
             kernel_build.complete()
         except RuntimeError as e:
             pytest.exit(str(e), returncode=pytest.ExitCode.INTERNAL_ERROR)
+
+
+def pytest_ignore_collect(collection_path, config):
+    tier = _tier_of_path(Path(collection_path))
+    return True if tier is not None and not _chosen(config, tier) else None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test's tier: by place (TIER_PATHS), and `variants` for a test given a kernel variant
+    other than the one the dispatcher picks on this CPU."""
+    try:
+        from lite_llm import _kernels
+        others = {v.name for v in _kernels.variants_for(platform.machine())} - {_kernels.VARIANT.name}
+    except ImportError:      # nothing built: the tests say so themselves
+        others = set()
+    for item in items:
+        tier = _tier_of_path(Path(str(item.path)))
+        if tier is not None:
+            item.add_marker(tier)
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if any(isinstance(v, str) and v in others for v in params.values()):
+            item.add_marker("variants")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Under CI=true a skipped test fails the run: every tier's packages and tools are there."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if skipped and os.environ.get("CI") == "true":
+        terminalreporter.write_line(f"CI=true: {len(skipped)} test(s) skipped, and CI runs every test: failing the run",
+                                    red=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if (reporter is not None and reporter.stats.get("skipped") and os.environ.get("CI") == "true"
+            and exitstatus == pytest.ExitCode.OK):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 TINY_VOCAB = 320            # 256 byte symbols + learned merges + special tokens

@@ -156,6 +156,7 @@ def test_throughput_json_from_dataset(capsys, tiny_checkpoint, tmp_path):
     assert share["path"] in ("dpbf16", "fma") and 0 < share["share"] < 1 and share["peak_gmac_s_per_core"] > 0
 
 
+@pytest.mark.peers
 def test_throughput_with_llama_cpp_peer_on_the_default_model(capsys):
     r = _run_json(capsys, ["bench", "throughput", "--num-prompts", "3", "--input-len", "10", "--output-len", "3",
                            "--json", "--peers", "llama.cpp"])
@@ -168,6 +169,7 @@ def test_throughput_with_llama_cpp_peer_on_the_default_model(capsys):
     assert theirs["notes"][0] == f"the same file {r['model']}"       # the Q4_1 file itself, not a copy
 
 
+@pytest.mark.peers
 def test_llama_cpp_peer_runs_the_bf16_copy_when_asked(capsys, tmp_path):
     """--peer-weights bf16: llama.cpp gets the BF16 copy of the dequantized weights."""
     r = _run_json(capsys, ["bench", "latency", "--input-len", "8", "--output-len", "2", "--num-iters", "1",
@@ -183,6 +185,7 @@ def test_quantization_at_load_in_the_bench(capsys, tiny_checkpoint):
     _check_figures(r["lite_llm"]["median"], 8, 2)
 
 
+@pytest.mark.peers
 def test_llama_cpp_peer_batches_sequences_on_the_same_weights():
     """Two sequences in one llama_batch decode the same greedy tokens, and the BF16 copy of
     SmolLM2 still knows the capital of France."""
@@ -316,6 +319,7 @@ def test_make_gguf_writes_a_mixture_of_experts_llama_cpp_quantizes_and_we_run(tm
     assert len(out[0].outputs[0].token_ids) == 4
 
 
+@pytest.mark.peers
 def test_make_gguf_writes_a_gemma3_llama_cpp_runs_and_we_agree(tmp_path, monkeypatch):
     """The Gemma 3 shapes: gemma3 metadata and tensors (q/k norms, four norms a layer, tied,
     a window of 8 with the sixth layer global, a vocabulary padded past the tokenizer's), written

@@ -28,6 +28,7 @@ def _tree(root, built):
     return root
 
 
+@pytest.mark.variants          # the variants tier builds them (conftest.py)
 def test_after_configure_every_runnable_variant_is_built():
     assert kernel_build.missing_variants() == []
     assert "generic" in _kernels.available()

@@ -33,7 +33,7 @@ def bind_threads(cpus) -> list:
     cdef int n = len(cpus)
     cdef int[::1] want = memoryview(bytearray(4 * max(n, 1))).cast("i")
     cdef int[::1] got = memoryview(bytearray(4 * max(n, 1))).cast("i")
-    cdef int i, tid
+    cdef int i, tid = 0      # firstprivate in the region below: set on every path
     for i in range(n):
         want[i] = cpus[i]
         got[i] = -2  # a thread that never ran stays at -2
@@ -49,7 +49,7 @@ cdef list _each_thread(int num_threads, bint want_tid):
     -2 for a thread that never ran."""
     cdef int n = max(num_threads, 1)
     cdef int[::1] got = memoryview(bytearray(4 * n)).cast("i")
-    cdef int tid
+    cdef int tid = 0      # firstprivate in the region below: set on every path
     for tid in range(n):
         got[tid] = -2
     with nogil, parallel(num_threads=n):
@@ -85,7 +85,7 @@ def spin(int num_threads, double seconds) -> list:
     cdef int n = num_threads if num_threads > 0 else openmp.omp_get_max_threads()
     cdef int[::1] tids = memoryview(bytearray(4 * n)).cast("i")
     cdef int[::1] cpus = memoryview(bytearray(4 * n)).cast("i")
-    cdef int tid, team = 0
+    cdef int tid = 0, team = 0      # tid: firstprivate in the regions below, set on every path
     cdef double deadline = ll_monotonic_seconds() + seconds
     for tid in range(n):
         tids[tid] = -2

@@ -648,7 +648,7 @@ cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t
     """ONE parallel region for the whole step: every thread runs _step over its share of each
     phase, with a barrier between dependent phases (far cheaper than a fork/join per op)."""
     cdef StepC s
-    cdef int tid
+    cdef int tid = 0      # Cython hands it to the region as firstprivate: never copied uninitialised
     s.T, s.R, s.max_blocks = T, R, max_blocks
     s.token_ids, s.positions, s.slot_mapping, s.tok_seq = token_ids, positions, slot_mapping, tok_seq
     s.block_tables, s.logits_rows, s.logits = block_tables, logits_rows, logits

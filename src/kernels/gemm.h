@@ -270,12 +270,12 @@ static inline void ll_gemm_panels(const float *x, const uint32_t *xb, ptrdiff_t 
         for (ptrdiff_t t = 0; t < num_tokens; t += ttile) {
             const int tt = (int)(num_tokens - t < ttile ? num_tokens - t : ttile);
             const float *xt = x ? x + t * ldx : 0;
-            const uint32_t *xbt = xb ? xb + t * ldxx : 0;
             float *ot = out + t * ldo;
 #define LL_TILE_D(TT_, NP_) ll_tile_dot_##TT_##_##NP_(xbt, ldxx, w, k, p, ot, ldo, n, bias, accumulate)
 #define LL_TILE_F(TT_, NP_) ll_tile_fma_##TT_##_##NP_(xt, ldxx, w, wtype, k, p, ot, ldo, n, bias, accumulate)
             if (xb) {
 #ifdef LL_HAVE_BF16_DOT
+                const uint32_t *xbt = xb + t * ldxx;
 #if LL_NP_DOT >= 4
                 if (np == 4) { LL_TILES_TT_DOT(LL_TILE_D, 4) } else
 #endif

@@ -73,6 +73,7 @@ def llama_cpp_argmax(path: str, ids: list[int]) -> np.ndarray:
     return picks
 
 
+@pytest.mark.peers
 def test_default_model_greedy_tokens_agree_with_llama_cpp_on_the_same_file(smollm):
     """Both engines run the Q4_1 file as stored (int8 activation blocks x 4-bit weights): fed
     each of our greedy contexts, llama.cpp picks the same next token at >= 95 % of 256

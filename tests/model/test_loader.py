@@ -698,6 +698,8 @@ _LOAD_CASES = [("llama", ft, "bfloat16") for ft in ("Q8_0", "Q4_0", "Q4_1", "Q5_
 _LOAD_CASES += [("qwen2", "Q4_K_M", "bfloat16"), ("llama", "F16", "bfloat16"), ("llama", "BF16", "float32"),
                 ("llama", "F32", "float16"), ("qwen2", "F32", "bfloat16"), ("hf-qwen2", None, "bfloat16"),
                 ("hf-llama-bf16", None, "float32"), ("hf-llama-bf16", None, "bfloat16")]
+# llama.cpp quantizes the GGUF cases but F32 (the peers tier)
+_LOAD_CASES = [pytest.param(*c, marks=pytest.mark.peers) if c[1] not in (None, "F32") else c for c in _LOAD_CASES]
 
 
 @pytest.mark.parametrize("source,ftype,dtype", _LOAD_CASES)

@@ -266,6 +266,7 @@ def _dequantized_checkpoint(ckpt, path, out_dir):
     return out_dir
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
 def test_llama_cpp_quantized_experts_match_the_dequantized_reference(ftype, tmp_path):
     """A Qwen3-MoE GGUF quantized by llama.cpp's own quantizer (Q4_K_M: Q4_K gate/up experts,

@@ -175,6 +175,7 @@ def test_hf_layout_nomic_bert_in_bf16(nomic):
         assert cos >= 0.999, cos
 
 
+@pytest.mark.peers
 def test_nomic_bert_gguf_matches_llama_cpp(nomic):
     """The "nomic-bert" GGUF: llama.cpp's WordPiece token ids and its embedding mode's vectors
     (mean pooling, normalized) within cosine 0.9999 in fp32; the same vectors as the HF layout."""
@@ -194,6 +195,7 @@ def test_nomic_bert_gguf_matches_llama_cpp(nomic):
         np.testing.assert_allclose(got, _spec_embedding(w, ids), atol=1e-4, err_msg=s)
 
 
+@pytest.mark.peers
 def test_quantized_nomic_bert_gguf_matches_llama_cpp(nomic, tmp_path):
     """A Q8_0 nomic-bert GGUF (a quantized embedder): its blocks run as stored on the int8
     kernels; within cosine 0.999 of llama.cpp's embeddings from the same file."""

@@ -51,6 +51,7 @@ def _reference_logits(path, ids: list[int]) -> np.ndarray:
         return model(torch.tensor([ids])).logits[0].double().numpy()
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("ftype", sorted(FTYPES))
 def test_quantized_file_logits_match_the_dequantized_reference(arch, ftype, f32_gguf, tmp_path):
@@ -71,6 +72,7 @@ def test_quantized_file_logits_match_the_dequantized_reference(arch, ftype, f32_
             assert err.max() < 0.04 and np.median(err) < 0.005, (ftype, chunk, err.max(), np.median(err))
 
 
+@pytest.mark.peers
 def test_q8_0_at_load_runs_what_llama_cpp_writes(tiny_checkpoint, tmp_path):
     """A float checkpoint quantized at load to Q8_0 is the Q8_0 file llama.cpp writes from the
     same weights: the same packed bytes, so the same logits."""

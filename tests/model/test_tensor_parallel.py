@@ -82,6 +82,7 @@ def test_fp32_two_ranks_of_a_gguf_file_give_one_ranks_logits(tmp_path):
     two_ranks_match_one(gguf_from_hf(tiny_checkpoint_path("llama"), tmp_path / "tiny.gguf", "llama"), chunks=(None,))
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize("ftype", ["Q8_0", "Q4_0", "Q4_K_M"])
 def test_a_quantized_file_runs_as_stored_on_two_ranks(ftype, tmp_path):
     """A llama.cpp-quantized file: each rank packs its rows (qkv, gate/up) and its whole

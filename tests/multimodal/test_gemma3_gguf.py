@@ -168,6 +168,7 @@ def _llama_cpp_greedy(lm, mm, img, text: bytes, num_tokens: int) -> tuple[list[l
         llm.close()
 
 
+@pytest.mark.peers
 def test_llama_cpp_on_the_same_pair_gives_the_same_greedy_tokens(files):
     """An image already the tower's 84 x 84 (llama.cpp's own resize differs from PIL's): llama.cpp
     puts the image between <start_of_image> and <end_of_image> where the text has "\\n\\n" around

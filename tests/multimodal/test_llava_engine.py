@@ -134,6 +134,7 @@ def test_the_openai_client_gets_an_answer_streaming_and_not():
             ask_about_image(client, "tiny-llava", "data:image/png;base64," + base64.b64encode(b"not a png").decode())
 
 
+@pytest.mark.peers
 def test_bench_llava_runs_all_three_engines_on_the_tiny_shape(capsys, tmp_path):
     pytest.importorskip("llama_cpp")
     from lite_llm.bench import llava as bench
