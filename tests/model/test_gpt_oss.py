@@ -176,6 +176,7 @@ def test_gguf_of_the_same_weights_gives_the_same_logits(tmp_path):
                           PROMPT_LENS)
 
 
+@pytest.mark.peers
 def test_llama_cpp_agrees_on_the_same_gguf(tmp_path):
     """llama.cpp (llama-cpp-python) runs the same "gpt-oss" file: the argmax at every position
     of prompts past the sliding window is ours (llama.cpp has its own sinks, SWA cache, YaRN)."""
