@@ -267,7 +267,11 @@ GGML_WIDE_FIELDS = {
     "Q8_0": ((0, 2),), "Q4_0": ((0, 2),), "Q4_1": ((0, 2), (2, 2)), "Q5_0": ((0, 2), (2, 4)),
     "Q5_1": ((0, 2), (2, 2), (4, 4)), "Q4_K": ((0, 2), (2, 2)), "Q5_K": ((0, 2), (2, 2)),
     "Q6_K": ((208, 2),), "IQ4_NL": ((0, 2),), "IQ4_XS": ((0, 2), (2, 2)),
+    "Q2_K": ((80, 2), (82, 2)), "Q3_K": ((108, 2),), "TQ2_0": ((64, 2),), "TQ1_0": ((52, 2),), "MXFP4": (),
 }
+# where ggml_rows puts sane fp16 scales in a block of random bytes (a block's d and, after it, dmin)
+_SCALE_AT = {"Q4_K": 0, "Q5_K": 0, "IQ4_NL": 0, "IQ4_XS": 0, "Q6_K": 208, "Q2_K": 80, "Q3_K": 108, "TQ2_0": 64,
+             "TQ1_0": 52}
 
 
 def ggml_file_order(raw: np.ndarray, qname: str, byteorder: str = sys.byteorder) -> np.ndarray:
@@ -289,16 +293,18 @@ def ggml_rows(rng: np.random.Generator, rows: int, cols: int, qname: str) -> tup
     random block bytes (K-quants, IQ4) with sane fp16 scales (random bytes may be inf/NaN). The same
     bytes on every host: the gguf package's are put in file order (ggml_file_order)."""
     qtype = gguf.GGMLQuantizationType[qname]
-    if qname in ("Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"):
+    if qname in _SCALE_AT or qname == "MXFP4":
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
         scale = rng.uniform(0.001, 0.05, (rows, cols // block, 2)).astype("<f2").view(np.uint8)
-        if qname in ("Q4_K", "Q5_K"):
-            raw[..., 0:4] = scale.reshape(rows, cols // block, 4)       # d, dmin
-        elif qname.startswith("IQ4"):
-            raw[..., 0:2] = scale[..., 0:2]                               # d first
+        if qname == "MXFP4":                                              # e8m0: 2^-10 .. 2^1
+            raw[..., 0] = rng.integers(117, 129, (rows, cols // block), dtype=np.uint8)
+        elif qname in ("Q4_K", "Q5_K", "Q2_K"):
+            at = _SCALE_AT[qname]
+            raw[..., at:at + 4] = scale.reshape(rows, cols // block, 4)  # d, dmin
         else:
-            raw[..., 208:210] = scale[..., 0:2]                           # d at the end of Q6_K
+            at = _SCALE_AT[qname]
+            raw[..., at:at + 2] = scale[..., 0:2]                         # d
         raw = raw.reshape(rows, -1)
     else:
         raw = ggml_file_order(gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype), qname)
@@ -361,11 +367,12 @@ def _moe_gguf(cfg: dict, sd: dict, arch: str, tensors: dict, meta: dict) -> None
         meta[f"{arch}.expert_shared_feed_forward_length"] = cfg["shared_expert_intermediate_size"]
 
 
-def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
+def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None) -> Path:
     """Write the tiny HF checkpoint as a llama.cpp-style F32 GGUF (q/k permuted for "llama";
     Gemma's norm weights stored with their + 1, as llama.cpp's converter writes them; a
     mixture of experts with 3-D expert tensors: arch "qwen3moe", "qwen2moe", or "llama" for
-    Mixtral)."""
+    Mixtral). block_type: every 2-D matrix (embedding and output included) quantized to that
+    ggml type by the gguf package instead (types llama.cpp's quantizer does not write for dense models: MXFP4)."""
     cfg = json.loads((ckpt / "config.json").read_text())
     sd = load_file(str(ckpt / "model.safetensors"))
     tok = json.loads((ckpt / "tokenizer.json").read_text())
@@ -439,7 +446,12 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
         for cap in ("final_logit_softcapping", "attn_logit_softcapping"):
             if cfg.get(cap):
                 meta[f"{arch}.{cap}"] = float(cfg[cap])
-    return write_gguf(out, {k: (np.ascontiguousarray(v), None) for k, v in tensors.items()}, arch, meta)
+    def stored(name, v):
+        if block_type and v.ndim == 2:
+            qtype = gguf.GGMLQuantizationType[block_type]
+            return gguf.quants.quantize(np.ascontiguousarray(v, np.float32), qtype), qtype
+        return np.ascontiguousarray(v), None
+    return write_gguf(out, {k: stored(k, v) for k, v in tensors.items()}, arch, meta)
 
 
 # ---- LoRA adapters --------------------------------------------------------------------
