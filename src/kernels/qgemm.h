@@ -31,6 +31,11 @@
  *   TQ2_0 super 1056 B: f16 d[16], 8 x 2 bits                       w = d (u - 1)
  *   TQ1_0 super 1056 B: as TQ2_0 (its base-3 trits, 5 to a byte, become 2 bits at load)
  *   MXFP4 block 272 B:  nibbles, u8 e[16] (e8m0)                    w = 2^(e - 128) kv4[u]
+ *   IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (the codebook types): the 16 rows'
+ *       stored blocks side by side, [16][ggml block bytes] per super-block of 256; each
+ *       32-value sub-block is looked up per row into the int8 bytes layout (grid rows of 8 or
+ *       4 values, signs applied 8 at a time) with the two scales of its halves, then multiplied
+ *       like Q8_0 (ll_iq_decode32; IQ1's +-1/8 offsets become 8 g +- 1 at an eighth the scale).
  * (kv: the 16-value non-linear codebook of IQ4_NL/IQ4_XS; kv4: MXFP4's e2m1 values, doubled.)
  * The 2-bit and 1-bit planes hold the value bits themselves here (ll_i8_bits moves them to
  * bits 0..1 and 2), not the high bits of a nibble as in Q5/Q6.
@@ -45,16 +50,19 @@
 #ifndef LL_QGEMM_H
 #define LL_QGEMM_H
 #include "../simd/vec.h"
+#include "iq_grids.h"
 LL_HOT_BEGIN
 
 enum { LL_W_Q8_0 = 3, LL_W_Q4_0 = 4, LL_W_Q4_1 = 5, LL_W_Q4_K = 6, LL_W_Q6_K = 7, LL_W_Q5_0 = 8,
        LL_W_Q5_1 = 9, LL_W_Q5_K = 10, LL_W_IQ4_NL = 11, LL_W_IQ4_XS = 12, LL_W_Q2_K = 13, LL_W_Q3_K = 14,
-       LL_W_TQ2_0 = 15, LL_W_TQ1_0 = 16, LL_W_MXFP4 = 17 };
+       LL_W_TQ2_0 = 15, LL_W_TQ1_0 = 16, LL_W_MXFP4 = 17, LL_W_IQ2_XXS = 18, LL_W_IQ2_XS = 19, LL_W_IQ2_S = 20,
+       LL_W_IQ3_XXS = 21, LL_W_IQ3_S = 22, LL_W_IQ1_S = 23, LL_W_IQ1_M = 24 };
 static const int8_t ll_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 static const int8_t ll_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 #define LL_QT 8   /* tokens per register tile */
 
-LL_INLINE int ll_wtype_is_quant(int wtype) { return wtype >= LL_W_Q8_0 && wtype <= LL_W_MXFP4; }
+LL_INLINE int ll_wtype_is_quant(int wtype) { return wtype >= LL_W_Q8_0 && wtype <= LL_W_IQ1_M; }
+LL_INLINE int ll_wtype_is_codebook(int wtype) { return wtype >= LL_W_IQ2_XXS && wtype <= LL_W_IQ1_M; }
 
 /* MXFP4's block scale: e8m0 (2^(e - 127)) halved, as ggml_e8m0_to_fp32_half (the values are doubled) */
 LL_INLINE float ll_e8m0_half(uint8_t e) {
@@ -82,10 +90,45 @@ LL_INLINE ptrdiff_t ll_qblock_bytes(int wtype) {
     case LL_W_Q3_K: return 1824;
     case LL_W_TQ2_0: case LL_W_TQ1_0: return 1056;
     case LL_W_MXFP4: return 272;
+    case LL_W_IQ2_XXS: return 16 * 66;
+    case LL_W_IQ2_XS: return 16 * 74;
+    case LL_W_IQ2_S: return 16 * 82;
+    case LL_W_IQ3_XXS: return 16 * 98;
+    case LL_W_IQ3_S: return 16 * 110;
+    case LL_W_IQ1_S: return 16 * 50;
+    case LL_W_IQ1_M: return 16 * 56;
     default: return 3360;
     }
 }
 LL_INLINE ptrdiff_t ll_qpanel_bytes(int wtype, ptrdiff_t k) { return k / ll_qblock(wtype) * ll_qblock_bytes(wtype); }
+
+/* bytes of one ggml block of wtype, and its elements */
+LL_INLINE ptrdiff_t ll_ggml_block_bytes(int wtype) {
+    switch (wtype) {
+    case LL_W_Q8_0: return 34;
+    case LL_W_Q4_0: return 18;
+    case LL_W_Q4_1: return 20;
+    case LL_W_Q4_K: return 144;
+    case LL_W_Q5_0: return 22;
+    case LL_W_Q5_1: return 24;
+    case LL_W_Q5_K: return 176;
+    case LL_W_IQ4_NL: return 18;
+    case LL_W_IQ4_XS: return 136;
+    case LL_W_Q2_K: return 84;
+    case LL_W_Q3_K: return 110;
+    case LL_W_TQ2_0: return 66;
+    case LL_W_TQ1_0: return 54;
+    case LL_W_MXFP4: return 17;
+    case LL_W_IQ2_XXS: return 66;
+    case LL_W_IQ2_XS: return 74;
+    case LL_W_IQ2_S: return 82;
+    case LL_W_IQ3_XXS: return 98;
+    case LL_W_IQ3_S: return 110;
+    case LL_W_IQ1_S: return 50;
+    case LL_W_IQ1_M: return 56;
+    default: return 210;
+    }
+}
 
 typedef struct {
     const int8_t *q;   /* [T][ld] quantized values */
@@ -115,6 +158,116 @@ static inline void ll_quantize_rows_q8(const float *x, ptrdiff_t ldx, ptrdiff_t 
         for (ptrdiff_t b = 0; b < k / 32; b++)
             ll_quantize_block_q8(x + t * ldx + 32 * b, q + t * k + 32 * b, d + t * (k / 32) + b,
                                  s + t * (k / 16) + 2 * b);
+}
+
+/* ---- the codebook types: one 32-value sub-block of one stored block ---------------------- */
+
+LL_INLINE uint64_t ll_ld64(const void *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+LL_INLINE uint32_t ll_le32_at(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+#define LL_LE16_AT(p) ((uint16_t)((p)[0] | ((p)[1] << 8)))
+
+/* 8 grid values (bytes, memory order) with the minus signs of sign byte sgn, into values
+ * 8 q .. 8 q + 7 of lane r of a bytes layout: (v ^ m) + (m & 1) negates the bytes of mask m
+ * (no carry leaves a byte: grid values are never 0). */
+LL_INLINE void ll_iq_put8(uint8_t *dst, int r, int q, const uint8_t *grid8, int sgn) {
+    const uint64_t m = ll_ld64(ll_iq_sign_mask[sgn]);
+    const uint64_t v = (ll_ld64(grid8) ^ m) + (m & 0x0101010101010101ull);
+    memcpy(dst + 64 * (2 * q) + 4 * r, &v, 4);
+    memcpy(dst + 64 * (2 * q + 1) + 4 * r, (const uint8_t *)&v + 4, 4);
+}
+
+/* IQ1: 8 grid values g (-1, 0, 1) as 8 g + delta (delta +-1), values 8 q .. 8 q + 7 of lane r */
+LL_INLINE void ll_iq1_put8(uint8_t *dst, int r, int q, const int8_t *grid8, int delta) {
+    for (int i = 0; i < 8; i++) dst[64 * (2 * q + i / 4) + 4 * r + i % 4] = (uint8_t)(int8_t)(8 * grid8[i] + delta);
+}
+
+/* Values 32 j .. 32 j + 31 of the stored block blk (wtype a codebook type) as int8 into lane r
+ * of dst, a bytes layout [8][16][4] (value 4 g + i at 64 g + 4 r + i), and s[0], s[1]: the
+ * scales of its first and second 16 values (value = s * int8, gguf.quants' floats exactly). */
+LL_INLINE void ll_iq_decode32(const uint8_t *blk, int wtype, int j, uint8_t *dst, int r, float *s) {
+    switch (wtype) {
+    case LL_W_IQ2_XXS: {   /* f16 d, 8 bytes a sub-block: 4 grid indices, then 4 x 7 sign bits + 4-bit scale */
+        const float d = ll_f16_to_f32(LL_LE16_AT(blk));
+        const uint8_t *q = blk + 2 + 8 * j;
+        const uint32_t aux = ll_le32_at(q + 4);
+        s[0] = s[1] = d * (0.5f + (float)(aux >> 28)) * 0.25f;
+        for (int l = 0; l < 4; l++) ll_iq_put8(dst, r, l, ll_iq2xxs_grid[q[l]], ll_iq_ksigns[(aux >> (7 * l)) & 127]);
+        return;
+    }
+    case LL_W_IQ2_XS: {    /* f16 d, u16 qs[32] (9-bit index | 7 sign bits), u8 scales[8] (two 4-bit) */
+        const float d = ll_f16_to_f32(LL_LE16_AT(blk));
+        const uint8_t sc = blk[66 + j];
+        s[0] = d * (0.5f + (float)(sc & 15)) * 0.25f;
+        s[1] = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+        for (int l = 0; l < 4; l++) {
+            const uint16_t v = LL_LE16_AT(blk + 2 + 2 * (4 * j + l));
+            ll_iq_put8(dst, r, l, ll_iq2xs_grid[v & 511], ll_iq_ksigns[v >> 9]);
+        }
+        return;
+    }
+    case LL_W_IQ2_S: {     /* f16 d, qs[32], signs[32], qh[8] (2 high index bits each), scales[8] */
+        const float d = ll_f16_to_f32(LL_LE16_AT(blk));
+        const uint8_t sc = blk[74 + j];
+        s[0] = d * (0.5f + (float)(sc & 15)) * 0.25f;
+        s[1] = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+        for (int l = 0; l < 4; l++) {
+            const int idx = blk[2 + 4 * j + l] | (((blk[66 + j] >> (2 * l)) & 3) << 8);
+            ll_iq_put8(dst, r, l, ll_iq2s_grid[idx], blk[34 + 4 * j + l]);
+        }
+        return;
+    }
+    case LL_W_IQ3_XXS: {   /* f16 d, qs[64] (one grid row of 4 each), u32 per sub-block: 4 x 7 sign bits + scale */
+        const float d = ll_f16_to_f32(LL_LE16_AT(blk));
+        const uint32_t aux = ll_le32_at(blk + 66 + 4 * j);
+        s[0] = s[1] = d * (0.5f + (float)(aux >> 28)) * 0.5f;
+        for (int l = 0; l < 4; l++) {
+            uint8_t g[8];
+            memcpy(g, ll_iq3xxs_grid[blk[2 + 8 * j + 2 * l]], 4);
+            memcpy(g + 4, ll_iq3xxs_grid[blk[2 + 8 * j + 2 * l + 1]], 4);
+            ll_iq_put8(dst, r, l, g, ll_iq_ksigns[(aux >> (7 * l)) & 127]);
+        }
+        return;
+    }
+    case LL_W_IQ3_S: {     /* f16 d, qs[64], qh[8] (high index bit each), signs[32], scales[4] (two 4-bit) */
+        const float d = ll_f16_to_f32(LL_LE16_AT(blk));
+        s[0] = s[1] = d * (float)(1 + 2 * ((blk[106 + j / 2] >> (4 * (j % 2))) & 15));
+        for (int l = 0; l < 4; l++) {
+            uint8_t g[8];
+            for (int h = 0; h < 2; h++) {
+                const int qi = 8 * j + 2 * l + h;
+                memcpy(g + 4 * h, ll_iq3s_grid[blk[2 + qi] | (((blk[66 + qi / 8] >> (qi % 8)) & 1) << 8)], 4);
+            }
+            ll_iq_put8(dst, r, l, g, blk[74 + 4 * j + l]);
+        }
+        return;
+    }
+    case LL_W_IQ1_S: {     /* f16 d, qs[32], u16 qh[8]: 4 x 3 high index bits, 3-bit scale, delta sign */
+        const float d = ll_f16_to_f32(LL_LE16_AT(blk));
+        const uint16_t qh = LL_LE16_AT(blk + 34 + 2 * j);
+        s[0] = s[1] = d * (float)(2 * ((qh >> 12) & 7) + 1) * 0.125f;
+        for (int l = 0; l < 4; l++)
+            ll_iq1_put8(dst, r, l, ll_iq1s_grid[blk[2 + 4 * j + l] | (((qh >> (3 * l)) & 7) << 8)], qh & 0x8000 ? -1 : 1);
+        return;
+    }
+    default: {             /* IQ1_M: qs[32], qh[16] (a nibble per group: 3 index bits, delta sign), u16 scales[4]
+                            * (3-bit scales, and the f16 d in their top nibbles) */
+        const uint8_t *sp = blk + 48;
+        const uint16_t dh = (uint16_t)((LL_LE16_AT(sp) >> 12) | ((LL_LE16_AT(sp + 2) >> 8) & 0xf0)
+                                       | ((LL_LE16_AT(sp + 4) >> 4) & 0xf00) | (LL_LE16_AT(sp + 6) & 0xf000));
+        const float d = ll_f16_to_f32(dh);
+        for (int h = 0; h < 2; h++) {
+            const int si = 2 * j + h;
+            s[h] = d * (float)(2 * ((LL_LE16_AT(sp + 2 * (si / 4)) >> (3 * (si % 4))) & 7) + 1) * 0.125f;
+        }
+        for (int l = 0; l < 4; l++) {
+            const int gi = 4 * j + l, nib = (blk[32 + gi / 2] >> (4 * (gi % 2))) & 15;
+            ll_iq1_put8(dst, r, l, ll_iq1s_grid[blk[gi] | ((nib & 7) << 8)], nib & 8 ? -1 : 1);
+        }
+        return;
+    }
+    }
 }
 
 /* ---- the dot products of one panel ----------------------------------------------------- */
@@ -240,6 +393,30 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                 acc[t] = ll_fma(d, ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])), acc[t]);
             }
         }
+    } else if (ll_wtype_is_codebook(wtype)) {
+        const ptrdiff_t gb = ll_ggml_block_bytes(wtype);
+        for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 16 * gb) {
+            if (tt == 1) LL_QPREFETCH(wp, 16 * gb);
+            for (int j = 0; j < 8; j++) {
+                uint8_t vals[512] __attribute__((aligned(64)));
+                float s[2][16];
+                for (int r = 0; r < 16; r++) {
+                    float sr[2];
+                    ll_iq_decode32(wp + r * gb, wtype, j, vals, r, sr);
+                    s[0][r] = sr[0]; s[1][r] = sr[1];
+                }
+                ll_vi8 w[8];
+                for (int g = 0; g < 8; g++) w[g] = ll_i8_load(vals + 64 * g);
+                const ll_vf32 a0 = ll_load(s[0]), a1 = ll_load(s[1]);
+                const ptrdiff_t b = 8 * sb + j;
+                for (int t = 0; t < tt; t++) {
+                    ll_vi32 lo, hi;
+                    ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
+                    const ll_vf32 dx = ll_set1(x->d[t * ldd + b]);
+                    acc[t] = ll_fma(a1, ll_mul(ll_i32_to_f32(hi), dx), ll_fma(a0, ll_mul(ll_i32_to_f32(lo), dx), acc[t]));
+                }
+            }
+        }
     } else if (wtype == LL_W_Q2_K) {
         for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 1344) {
             const ll_vf32 dv = ll_load_f16((const uint16_t *)wp), mv = ll_load_f16((const uint16_t *)(wp + 32));
@@ -346,26 +523,6 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
 
 /* ---- packing and unpacking ------------------------------------------------------------- */
 
-/* bytes of one ggml block of wtype, and its elements */
-LL_INLINE ptrdiff_t ll_ggml_block_bytes(int wtype) {
-    switch (wtype) {
-    case LL_W_Q8_0: return 34;
-    case LL_W_Q4_0: return 18;
-    case LL_W_Q4_1: return 20;
-    case LL_W_Q4_K: return 144;
-    case LL_W_Q5_0: return 22;
-    case LL_W_Q5_1: return 24;
-    case LL_W_Q5_K: return 176;
-    case LL_W_IQ4_NL: return 18;
-    case LL_W_IQ4_XS: return 136;
-    case LL_W_Q2_K: return 84;
-    case LL_W_Q3_K: return 110;
-    case LL_W_TQ2_0: return 66;
-    case LL_W_TQ1_0: return 54;
-    case LL_W_MXFP4: return 17;
-    default: return 210;
-    }
-}
 
 #define LL_LE16(p) ((uint16_t)((p)[0] | ((p)[1] << 8)))
 
@@ -506,6 +663,15 @@ static inline void ll_dequant_ggml(const uint8_t *src, int wtype, float *dst, pt
     uint16_t h[2] = {0, 0};
     for (ptrdiff_t b = b0; b < b1; b++) {
         float *o = dst + b * per;
+        if (ll_wtype_is_codebook(wtype)) {
+            for (int j = 0; j < 8; j++) {
+                uint8_t vals[512];
+                float s[2];
+                ll_iq_decode32(src + b * gb, wtype, j, vals, 0, s);
+                for (int e = 0; e < 32; e++) o[32 * j + e] = s[e / 16] * (float)(int8_t)vals[64 * (e / 4) + e % 4];
+            }
+            continue;
+        }
         ll_ggml_unpack_block(src + b * gb, wtype, u, h, sc, mn);
         const float d = ll_f16_to_f32(h[0]), m = ll_f16_to_f32(h[1]);
         for (ptrdiff_t e = 0; e < per; e++) {
@@ -654,6 +820,9 @@ LL_INLINE void ll_qpack_lane(const uint8_t *blk, int wtype, uint8_t *o, int r) {
         for (int v = 0; v < 4; v++) memcpy(o + 64 * v + 4 * r, blk + 1 + 4 * v, 4);
         o[256 + r] = blk[0];
         return;
+    default:   /* the codebook types: the stored block, lane r's place in the panel's row of blocks */
+        if (ll_wtype_is_codebook(wtype)) memcpy(o + r * ll_ggml_block_bytes(wtype), blk, (size_t)ll_ggml_block_bytes(wtype));
+        return;
     case LL_W_Q6_K:   /* sub-block j = 4 half + q: nibbles of ql, 2 bits of qh at shift 2q */
         ((uint16_t *)o)[r] = LL_LE16(blk + 208);
         for (int j = 0; j < 16; j++) o[32 + 16 * j + r] = blk[192 + j];
@@ -775,6 +944,13 @@ static inline void ll_qdequant_lane(const uint8_t *wp, int wtype, ptrdiff_t k, i
                     if (wtype == LL_W_Q5_K) v |= ((q[256 + 4 * lane + e % 4] >> (e / 4)) & 1) << 4;
                     o[32 * j + e] = ds * (float)v - dm;
                 }
+            }
+        } else if (ll_wtype_is_codebook(wtype)) {
+            for (int j = 0; j < 8; j++) {
+                uint8_t vals[512];
+                float s[2];
+                ll_iq_decode32(wp + lane * ll_ggml_block_bytes(wtype), wtype, j, vals, lane, s);
+                for (int e = 0; e < 32; e++) o[32 * j + e] = s[e / 16] * (float)(int8_t)vals[64 * (e / 4) + 4 * lane + e % 4];
             }
         } else if (wtype == LL_W_MXFP4) {
             const float d = ll_e8m0_half(wp[256 + lane]);

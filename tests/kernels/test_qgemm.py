@@ -23,7 +23,7 @@ from lite_llm import _kernels  # noqa: E402
 
 VARIANTS = _kernels.available()
 TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K",
-         "TQ2_0", "TQ1_0", "MXFP4")
+         "TQ2_0", "TQ1_0", "MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
 
 
 def _packed(mod, raw: np.ndarray, qname: str, n: int, k: int) -> np.ndarray:
@@ -94,7 +94,8 @@ def test_qgemm_matches_reference(variant, qname, num_tokens, n, num_threads, rng
 @pytest.mark.parametrize("gate_type,up_type", [("Q4_K", "Q4_K"), ("Q4_0", "Q8_0"), ("Q6_K", "Q4_1"),
                                                ("Q5_K", "Q5_0"), ("Q5_1", "Q4_K"), ("IQ4_XS", "IQ4_NL"),
                                                ("Q3_K", "Q2_K"), ("Q2_K", "Q6_K"), ("TQ2_0", "TQ1_0"),
-                                               ("MXFP4", "Q3_K")])
+                                               ("MXFP4", "Q3_K"), ("IQ2_XXS", "IQ3_XXS"), ("IQ2_XS", "IQ1_S"),
+                                               ("IQ2_S", "IQ3_S"), ("IQ1_M", "IQ2_XXS")])
 @pytest.mark.parametrize("num_tokens", [1, 5, 10])
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("f", [40, 1100])

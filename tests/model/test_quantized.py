@@ -23,8 +23,10 @@ FTYPES = {"Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
           "IQ4_XS": "LLAMA_FTYPE_MOSTLY_IQ4_XS", "Q2_K": "LLAMA_FTYPE_MOSTLY_Q2_K",
           "Q3_K_S": "LLAMA_FTYPE_MOSTLY_Q3_K_S", "Q3_K_M": "LLAMA_FTYPE_MOSTLY_Q3_K_M",
           "Q3_K_L": "LLAMA_FTYPE_MOSTLY_Q3_K_L", "TQ1_0": "LLAMA_FTYPE_MOSTLY_TQ1_0",
-          "TQ2_0": "LLAMA_FTYPE_MOSTLY_TQ2_0"}
-NATIVE = {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K",
+          "TQ2_0": "LLAMA_FTYPE_MOSTLY_TQ2_0", "IQ3_S": "LLAMA_FTYPE_MOSTLY_IQ3_S"}
+# (llama.cpp's IQ1_*, IQ2_* and IQ3_XXS need an importance matrix: gguf-written files test those)
+NATIVE = {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "IQ2_XXS",
+          "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
           "TQ1_0", "TQ2_0", "MXFP4"}
 PROMPTS = [[5, 17, 200, 33, 90, 250, 7, 64, 128, 3, 41, 300, 12, 9, 77], [8, 1, 99]]
 
@@ -61,7 +63,7 @@ def _reference_logits(path, ids: list[int]) -> np.ndarray:
 def test_quantized_file_logits_match_the_dequantized_reference(arch, ftype, f32_gguf, tmp_path):
     path = quantize_with_llama_cpp(f32_gguf[arch], tmp_path / f"{ftype}.gguf", ftype)
     kinds = _check_against_the_dequantized_reference(path, ftype)
-    assert (ftype[:-2] if ftype.endswith(("_S", "_M", "_L")) else ftype) in kinds, kinds   # the file's own type
+    assert (ftype[:4] if "_K_" in ftype else ftype) in kinds, kinds   # the file's own type (Q3_K_M: Q3_K)
 
 
 def _check_against_the_dequantized_reference(path, ftype: str) -> set[str]:
@@ -83,13 +85,16 @@ def _check_against_the_dequantized_reference(path, ftype: str) -> set[str]:
     return kinds
 
 
-def test_mxfp4_file_logits_match_the_dequantized_reference(tiny_checkpoint, tmp_path):
-    """MXFP4 (llama.cpp's quantizer writes it for mixture-of-experts tensors only): every layer
-    matrix quantized by the gguf package, run as stored."""
+@pytest.mark.parametrize("qname", ["MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"])
+def test_gguf_written_file_logits_match_the_dequantized_reference(qname, tiny_checkpoint, tmp_path):
+    """Types llama.cpp's quantizer does not write here (MXFP4: only for mixture-of-experts
+    tensors; IQ1/IQ2: only with an importance matrix): every matrix, embedding and output
+    included, written in that type by the gguf package (quantized, or random blocks of the
+    codebook types scaled like the model's weights), run as stored."""
     from conftest import gguf_from_hf as write
     ckpt = tiny_checkpoint("llama", **SHAPE, std=0.08)
-    kinds = _check_against_the_dequantized_reference(write(ckpt, tmp_path / "mxfp4.gguf", "llama", "MXFP4"), "MXFP4")
-    assert "MXFP4" in kinds
+    kinds = _check_against_the_dequantized_reference(write(ckpt, tmp_path / f"{qname}.gguf", "llama", qname), qname)
+    assert kinds == {qname}, kinds
 
 
 def _llama_cpp_logits(path, ids: list[int]) -> np.ndarray:
