@@ -357,7 +357,14 @@ GGML_WIDE_FIELDS = {
     "Q8_0": ((0, 2),), "Q4_0": ((0, 2),), "Q4_1": ((0, 2), (2, 2)), "Q5_0": ((0, 2), (2, 4)),
     "Q5_1": ((0, 2), (2, 2), (4, 4)), "Q4_K": ((0, 2), (2, 2)), "Q5_K": ((0, 2), (2, 2)),
     "Q6_K": ((208, 2),), "IQ4_NL": ((0, 2),), "IQ4_XS": ((0, 2), (2, 2)),
+    "Q2_K": ((80, 2), (82, 2)), "Q3_K": ((108, 2),), "TQ2_0": ((64, 2),), "TQ1_0": ((52, 2),), "MXFP4": (),
+    "IQ2_XXS": ((0, 2), *((2 + 4 * i, 4) for i in range(16))), "IQ2_XS": ((0, 2), *((2 + 2 * i, 2) for i in range(32))),
+    "IQ2_S": ((0, 2),), "IQ3_XXS": ((0, 2), *((66 + 4 * i, 4) for i in range(8))), "IQ3_S": ((0, 2),),
+    "IQ1_S": ((0, 2), *((34 + 2 * i, 2) for i in range(8))), "IQ1_M": tuple((48 + 2 * i, 2) for i in range(4)),
 }
+# where ggml_rows puts sane fp16 scales in a block of random bytes (a block's d and, after it, dmin)
+_SCALE_AT = {"Q4_K": 0, "Q5_K": 0, "IQ4_NL": 0, "IQ4_XS": 0, "Q6_K": 208, "Q2_K": 80, "Q3_K": 108, "TQ2_0": 64,
+             "TQ1_0": 52, "IQ2_XXS": 0, "IQ2_XS": 0, "IQ2_S": 0, "IQ3_XXS": 0, "IQ3_S": 0, "IQ1_S": 0, "IQ1_M": 48}
 
 
 def ggml_file_order(raw: np.ndarray, qname: str, byteorder: str = sys.byteorder) -> np.ndarray:
@@ -373,22 +380,57 @@ def ggml_file_order(raw: np.ndarray, qname: str, byteorder: str = sys.byteorder)
     return blocks.reshape(raw.shape)
 
 
+def set_iq1m_scale(raw: np.ndarray, d: np.ndarray) -> None:
+    """IQ1_M blocks raw [..., 56] given the fp16 scale d [..., 2] (its bytes as files store them):
+    its 4 nibbles are the top nibbles of the block's 4 little-endian u16 scale words."""
+    bits = d.copy().view("<u2")[..., 0]
+    for i in range(4):
+        raw[..., 49 + 2 * i] = (raw[..., 49 + 2 * i] & 0x0F) | (((bits >> (4 * i)) & 0x0F) << 4).astype(np.uint8)
+
+
+CODEBOOK_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
+
+
+def random_ggml_matrix(rng: np.random.Generator, rows: int, cols: int, qname: str, rms: float = 0.05) -> np.ndarray:
+    """Random blocks of type qname (ggml_rows' bytes) with each block's fp16 scale set so its
+    values have about the given root mean square: a weight matrix [rows, bytes per row] of a
+    tiny model in a type the gguf package cannot quantize to."""
+    raw, values = ggml_rows(rng, rows, cols, qname)
+    qtype = gguf.GGMLQuantizationType[qname]
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    blocks = raw.reshape(rows, cols // block, size)
+    now = np.sqrt((values.reshape(rows, cols // block, block).astype(np.float64) ** 2).mean(-1)) + 1e-30
+    at = _SCALE_AT[qname]
+    old = (blocks[..., 48:56].copy().view("<u2") >> 12 << np.arange(0, 16, 4)).sum(-1).astype("<u2").view("<f2") \
+        if qname == "IQ1_M" else blocks[..., at:at + 2].copy().view("<f2")[..., 0]
+    d = (old.astype(np.float64) * rms / now).astype("<f2").reshape(rows, cols // block, 1).view(np.uint8)
+    if qname == "IQ1_M":
+        set_iq1m_scale(blocks, d)
+    else:
+        blocks[..., at:at + 2] = d
+    return blocks.reshape(rows, -1)
+
+
 def ggml_rows(rng: np.random.Generator, rows: int, cols: int, qname: str) -> tuple[np.ndarray, np.ndarray]:
     """(raw ggml bytes [rows, bytes per row] as a GGUF file stores them, their float32 values) of a
     random [rows, cols] tensor in block type qname: quantized by the gguf package where it can, else
     random block bytes (K-quants, IQ4) with sane fp16 scales (random bytes may be inf/NaN). The same
     bytes on every host: the gguf package's are put in file order (ggml_file_order)."""
     qtype = gguf.GGMLQuantizationType[qname]
-    if qname in ("Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"):
+    if qname in _SCALE_AT or qname == "MXFP4":
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
         scale = rng.uniform(0.001, 0.05, (rows, cols // block, 2)).astype("<f2").view(np.uint8)
-        if qname in ("Q4_K", "Q5_K"):
-            raw[..., 0:4] = scale.reshape(rows, cols // block, 4)       # d, dmin
-        elif qname.startswith("IQ4"):
-            raw[..., 0:2] = scale[..., 0:2]                               # d first
+        if qname == "MXFP4":                                              # e8m0: 2^-10 .. 2^1
+            raw[..., 0] = rng.integers(117, 129, (rows, cols // block), dtype=np.uint8)
+        elif qname == "IQ1_M":                                            # d in the top nibbles of 4 u16
+            set_iq1m_scale(raw, scale[..., 0:2])
+        elif qname in ("Q4_K", "Q5_K", "Q2_K"):
+            at = _SCALE_AT[qname]
+            raw[..., at:at + 4] = scale.reshape(rows, cols // block, 4)  # d, dmin
         else:
-            raw[..., 208:210] = scale[..., 0:2]                           # d at the end of Q6_K
+            at = _SCALE_AT[qname]
+            raw[..., at:at + 2] = scale[..., 0:2]                         # d
         raw = raw.reshape(rows, -1)
     else:
         raw = ggml_file_order(gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype), qname)
@@ -477,11 +519,14 @@ def _gpt_oss_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
                  f"{arch}.rope.scaling.original_context_length": rope["original_max_position_embeddings"]})
 
 
-def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
+def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None) -> Path:
     """Write the tiny HF checkpoint as a llama.cpp-style F32 GGUF (q/k permuted for "llama";
     Gemma's norm weights stored with their + 1, as llama.cpp's converter writes them; a
     mixture of experts with 3-D expert tensors: arch "qwen3moe", "qwen2moe", or "llama" for
-    Mixtral; "gpt_oss" or "gpt-oss": llama.cpp's "gpt-oss" graph)."""
+    Mixtral; "gpt_oss" or "gpt-oss": llama.cpp's "gpt-oss" graph). block_type: every 2-D matrix
+    (embedding and output included) quantized to that ggml type by the gguf package instead, or
+    for the codebook types (which it cannot quantize) replaced by random blocks of that type
+    (random_ggml_matrix) (types llama.cpp's quantizer does not write for dense models: MXFP4)."""
     arch = "gpt-oss" if arch == "gpt_oss" else arch     # llama.cpp's graph name
     cfg = json.loads((ckpt / "config.json").read_text())
     sd = load_file(str(ckpt / "model.safetensors"))
@@ -558,7 +603,16 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str) -> Path:
         for cap in ("final_logit_softcapping", "attn_logit_softcapping"):
             if cfg.get(cap):
                 meta[f"{arch}.{cap}"] = float(cfg[cap])
-    return write_gguf(out, {k: (np.ascontiguousarray(v), None) for k, v in tensors.items()}, arch, meta)
+    rng = np.random.default_rng(0)
+
+    def stored(name, v):
+        if block_type and v.ndim == 2:
+            qtype = gguf.GGMLQuantizationType[block_type]
+            if not hasattr(gguf.quants._type_traits[qtype], "quantize_blocks") or block_type in CODEBOOK_TYPES:
+                return random_ggml_matrix(rng, *v.shape, block_type), qtype
+            return gguf.quants.quantize(np.ascontiguousarray(v, np.float32), qtype), qtype
+        return np.ascontiguousarray(v), None
+    return write_gguf(out, {k: stored(k, v) for k, v in tensors.items()}, arch, meta)
 
 
 # ---- LoRA adapters --------------------------------------------------------------------

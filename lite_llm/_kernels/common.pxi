@@ -28,7 +28,8 @@ cdef extern from "kernels/gemm.h" nogil:
 
 cdef extern from "kernels/qgemm.h" nogil:
     int LL_W_Q8_0, LL_W_Q4_0, LL_W_Q4_1, LL_W_Q4_K, LL_W_Q6_K, LL_W_Q5_0, LL_W_Q5_1, LL_W_Q5_K, LL_W_IQ4_NL
-    int LL_W_IQ4_XS
+    int LL_W_IQ4_XS, LL_W_Q2_K, LL_W_Q3_K, LL_W_TQ2_0, LL_W_TQ1_0, LL_W_MXFP4, LL_W_IQ2_XXS, LL_W_IQ2_XS
+    int LL_W_IQ2_S, LL_W_IQ3_XXS, LL_W_IQ3_S, LL_W_IQ1_S, LL_W_IQ1_M
     ctypedef struct ll_qact:
         const int8_t *q     # [T][ld]
         const float *d      # [T][ld / 32]
@@ -103,7 +104,10 @@ ACTIVATIONS = {"silu": LL_ACT_SILU, "gelu": LL_ACT_GELU, "gelu_tanh": LL_ACT_GEL
                "quick_gelu": LL_ACT_QUICK_GELU, "swiglu_oai": LL_ACT_SWIGLU_OAI}
 WTYPES = {"float32": LL_W_F32, "bfloat16": LL_W_BF16, "float16": LL_W_F16, "Q8_0": LL_W_Q8_0,
           "Q4_0": LL_W_Q4_0, "Q4_1": LL_W_Q4_1, "Q5_0": LL_W_Q5_0, "Q5_1": LL_W_Q5_1, "Q4_K": LL_W_Q4_K,
-          "Q5_K": LL_W_Q5_K, "Q6_K": LL_W_Q6_K, "IQ4_NL": LL_W_IQ4_NL, "IQ4_XS": LL_W_IQ4_XS}
+          "Q5_K": LL_W_Q5_K, "Q6_K": LL_W_Q6_K, "IQ4_NL": LL_W_IQ4_NL, "IQ4_XS": LL_W_IQ4_XS,
+          "Q2_K": LL_W_Q2_K, "Q3_K": LL_W_Q3_K, "TQ2_0": LL_W_TQ2_0, "TQ1_0": LL_W_TQ1_0, "MXFP4": LL_W_MXFP4,
+          "IQ2_XXS": LL_W_IQ2_XXS, "IQ2_XS": LL_W_IQ2_XS, "IQ2_S": LL_W_IQ2_S, "IQ3_XXS": LL_W_IQ3_XXS,
+          "IQ3_S": LL_W_IQ3_S, "IQ1_S": LL_W_IQ1_S, "IQ1_M": LL_W_IQ1_M}
 INPUT_FORMS = {LL_IN_F32: "float32", LL_IN_BF16: "bfloat16 pairs", LL_IN_Q8: "int8 blocks"}
 # How this build can multiply bf16 weights in steps of several tokens (decode streams with the
 # first): vdpbf16ps on bf16 pairs, or the weights widened to fp32 in registers and FMA.

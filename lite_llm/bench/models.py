@@ -62,7 +62,7 @@ SHAPES = {
                          sliding_window=8, rope_local_theta=10000.0),
 }
 TYPES = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K",
-         "IQ4_NL", "IQ4_XS")
+         "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ3_S", "TQ1_0", "TQ2_0")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

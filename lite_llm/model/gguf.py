@@ -39,17 +39,18 @@ _NUMPY_TYPES = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32
 TENSOR_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
                 6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144),
                 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 20: ("IQ4_NL", 32, 18), 23: ("IQ4_XS", 256, 136),
-                30: ("BF16", 1, 2)}
+                30: ("BF16", 1, 2), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 34: ("TQ1_0", 256, 54),
+                35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17), 16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74),
+                22: ("IQ2_S", 256, 82), 18: ("IQ3_XXS", 256, 98), 21: ("IQ3_S", 256, 110), 19: ("IQ1_S", 256, 50),
+                29: ("IQ1_M", 256, 56)}
 # block types the kernels run as stored (src/kernels/qgemm.h); other types are dequantized
-NATIVE_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+NATIVE_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K",
+                "TQ2_0", "TQ1_0", "MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
 # metadata arrays only the tokenizer reads: ~10 MB of Python objects for a 50k vocabulary
 TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
                     "tokenizer.ggml.scores")
 # ids of ggml types we recognise but do not dequantize, for a readable error
-_KNOWN_UNSUPPORTED = {9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S",
-                      21: "IQ3_S", 22: "IQ2_S", 24: "I8", 25: "I16",
-                      26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 34: "TQ1_0", 35: "TQ2_0",
-                      39: "MXFP4"}
+_KNOWN_UNSUPPORTED = {9: "Q8_1", 15: "Q8_K", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64"}
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,23 @@ def _unpack(packed: np.ndarray, bits: int, axis: int) -> np.ndarray:
     return np.moveaxis(vals, -1, 1).reshape(-1, packed.shape[1])    # values along rows
 
 
+def mxfp4_blocks(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """MXFP4 weights as Hugging Face stores them (gpt-oss: X_blocks uint8 [..., G, 16], two e2m1
+    codes a byte, element 2i in the low nibble of byte i and 2i + 1 in the high one; X_scales
+    uint8 [..., G], e8m0 exponents, value = e2m1 * 2^(e - 127)) -> the same values as ggml
+    MXFP4 blocks, uint8 [..., G * 17] (e, then byte j = element j | element j + 16 << 4; ggml's
+    values are doubled and its scale halved: the same e). Rows of these run as stored on the
+    block kernels (layout.pack_blocks with type "MXFP4")."""
+    blocks, scales = np.asarray(blocks, np.uint8), np.asarray(scales, np.uint8)
+    if blocks.shape[-1] != 16 or blocks.shape[:-1] != scales.shape:
+        raise ValueError(f"MXFP4 blocks {blocks.shape} and scales {scales.shape}: want [..., G, 16] and [..., G]")
+    codes = np.stack([blocks & 15, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], 32)   # element order
+    out = np.empty((*scales.shape, 17), np.uint8)
+    out[..., 0] = scales
+    out[..., 1:] = codes[..., :16] | (codes[..., 16:] << 4)
+    return out.reshape(*scales.shape[:-1], scales.shape[-1] * 17)
+
+
 def is_quantized_linear(ckpt, prefix: str) -> bool:
     """Whether `prefix` is stored quantized in checkpoint ckpt (of quantization ckpt.quant)."""
     if ckpt.quant is None:

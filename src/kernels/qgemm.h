@@ -24,9 +24,24 @@
  *   Q5_K  super 2880 B: as Q4_K, with 8 x (nibbles, 1 bit)          w = d sc[j] u - dmin mn[j]
  *   IQ4_NL block 288 B: nibbles, f16 d[16]                          w = d kv[u]
  *   IQ4_XS super 2208 B: f16 d[16], i8 sc[8][16], 8 x nibbles        w = d sc[j] kv[u]
- * (kv: the 16-value non-linear codebook of IQ4_NL/IQ4_XS.)
+ *   Q2_K  super 1344 B: f16 d[16], f16 dmin[16], u8 sm[16][16] (scale | min << 4, one per 16
+ *                       values, as stored), 8 x 2 bits               w = d (sm & 15) u - dmin (sm >> 4)
+ *   Q3_K  super 1824 B: f16 d[16], i8 sc[16][16] (one per 16 values), 8 x (2 bits, 1 bit)
+ *                                                                   w = d sc[k / 16] (u - 4)
+ *   TQ2_0 super 1056 B: f16 d[16], 8 x 2 bits                       w = d (u - 1)
+ *   TQ1_0 super 1056 B: as TQ2_0 (its base-3 trits, 5 to a byte, become 2 bits at load)
+ *   MXFP4 block 272 B:  nibbles, u8 e[16] (e8m0)                    w = 2^(e - 128) kv4[u]
+ *   IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (the codebook types): the 16 rows'
+ *       stored blocks side by side, [16][ggml block bytes] per super-block of 256; each
+ *       32-value sub-block is looked up per row into the int8 bytes layout (grid rows of 8 or
+ *       4 values, signs applied 8 at a time) with the two scales of its halves, then multiplied
+ *       like Q8_0 (ll_iq_decode32; IQ1's +-1/8 offsets become 8 g +- 1 at an eighth the scale).
+ * (kv: the 16-value non-linear codebook of IQ4_NL/IQ4_XS; kv4: MXFP4's e2m1 values, doubled.)
+ * The 2-bit and 1-bit planes hold the value bits themselves here (ll_i8_bits moves them to
+ * bits 0..1 and 2), not the high bits of a nibble as in Q5/Q6.
  * Every byte of the ggml file is kept (sizes equal ggml's, Q4_K's and Q5_K's 6-bit scales
- * widened to bytes: 2.8 % and 2.3 % more); f16 values stay in the machine's byte order.
+ * widened to bytes: 2.8 % and 2.3 % more, Q3_K's 3.6 %; TQ1_0 is 22 % larger as 2 bits);
+ * f16 values stay in the machine's byte order.
  *
  * Activations (ll_qact): each row of K values in blocks of 32 quantized symmetrically,
  * q = rint(x / d), d = max|x| / 127, with s = d * (sum of q) over each half-block of 16 (the
@@ -35,18 +50,30 @@
 #ifndef LL_QGEMM_H
 #define LL_QGEMM_H
 #include "../simd/vec.h"
+#include "iq_grids.h"
 LL_HOT_BEGIN
 
 enum { LL_W_Q8_0 = 3, LL_W_Q4_0 = 4, LL_W_Q4_1 = 5, LL_W_Q4_K = 6, LL_W_Q6_K = 7, LL_W_Q5_0 = 8,
-       LL_W_Q5_1 = 9, LL_W_Q5_K = 10, LL_W_IQ4_NL = 11, LL_W_IQ4_XS = 12 };
+       LL_W_Q5_1 = 9, LL_W_Q5_K = 10, LL_W_IQ4_NL = 11, LL_W_IQ4_XS = 12, LL_W_Q2_K = 13, LL_W_Q3_K = 14,
+       LL_W_TQ2_0 = 15, LL_W_TQ1_0 = 16, LL_W_MXFP4 = 17, LL_W_IQ2_XXS = 18, LL_W_IQ2_XS = 19, LL_W_IQ2_S = 20,
+       LL_W_IQ3_XXS = 21, LL_W_IQ3_S = 22, LL_W_IQ1_S = 23, LL_W_IQ1_M = 24 };
 static const int8_t ll_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static const int8_t ll_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 #define LL_QT 8   /* tokens per register tile */
 
-LL_INLINE int ll_wtype_is_quant(int wtype) { return wtype >= LL_W_Q8_0 && wtype <= LL_W_IQ4_XS; }
+LL_INLINE int ll_wtype_is_quant(int wtype) { return wtype >= LL_W_Q8_0 && wtype <= LL_W_IQ1_M; }
+LL_INLINE int ll_wtype_is_codebook(int wtype) { return wtype >= LL_W_IQ2_XXS && wtype <= LL_W_IQ1_M; }
+
+/* MXFP4's block scale: e8m0 (2^(e - 127)) halved, as ggml_e8m0_to_fp32_half (the values are doubled) */
+LL_INLINE float ll_e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f; memcpy(&f, &bits, 4); return f;
+}
 
 /* Elements per (super-)block and bytes of one packed (super-)block of a panel. */
 LL_INLINE ptrdiff_t ll_qblock(int wtype) {
-    return wtype == LL_W_Q4_K || wtype == LL_W_Q6_K || wtype == LL_W_Q5_K || wtype == LL_W_IQ4_XS ? 256 : 32;
+    return wtype == LL_W_Q8_0 || wtype == LL_W_Q4_0 || wtype == LL_W_Q4_1 || wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1
+        || wtype == LL_W_IQ4_NL || wtype == LL_W_MXFP4 ? 32 : 256;
 }
 LL_INLINE ptrdiff_t ll_qblock_bytes(int wtype) {
     switch (wtype) {
@@ -59,10 +86,49 @@ LL_INLINE ptrdiff_t ll_qblock_bytes(int wtype) {
     case LL_W_Q5_K: return 2880;
     case LL_W_IQ4_NL: return 288;
     case LL_W_IQ4_XS: return 2208;
+    case LL_W_Q2_K: return 1344;
+    case LL_W_Q3_K: return 1824;
+    case LL_W_TQ2_0: case LL_W_TQ1_0: return 1056;
+    case LL_W_MXFP4: return 272;
+    case LL_W_IQ2_XXS: return 16 * 66;
+    case LL_W_IQ2_XS: return 16 * 74;
+    case LL_W_IQ2_S: return 16 * 82;
+    case LL_W_IQ3_XXS: return 16 * 98;
+    case LL_W_IQ3_S: return 16 * 110;
+    case LL_W_IQ1_S: return 16 * 50;
+    case LL_W_IQ1_M: return 16 * 56;
     default: return 3360;
     }
 }
 LL_INLINE ptrdiff_t ll_qpanel_bytes(int wtype, ptrdiff_t k) { return k / ll_qblock(wtype) * ll_qblock_bytes(wtype); }
+
+/* bytes of one ggml block of wtype, and its elements */
+LL_INLINE ptrdiff_t ll_ggml_block_bytes(int wtype) {
+    switch (wtype) {
+    case LL_W_Q8_0: return 34;
+    case LL_W_Q4_0: return 18;
+    case LL_W_Q4_1: return 20;
+    case LL_W_Q4_K: return 144;
+    case LL_W_Q5_0: return 22;
+    case LL_W_Q5_1: return 24;
+    case LL_W_Q5_K: return 176;
+    case LL_W_IQ4_NL: return 18;
+    case LL_W_IQ4_XS: return 136;
+    case LL_W_Q2_K: return 84;
+    case LL_W_Q3_K: return 110;
+    case LL_W_TQ2_0: return 66;
+    case LL_W_TQ1_0: return 54;
+    case LL_W_MXFP4: return 17;
+    case LL_W_IQ2_XXS: return 66;
+    case LL_W_IQ2_XS: return 74;
+    case LL_W_IQ2_S: return 82;
+    case LL_W_IQ3_XXS: return 98;
+    case LL_W_IQ3_S: return 110;
+    case LL_W_IQ1_S: return 50;
+    case LL_W_IQ1_M: return 56;
+    default: return 210;
+    }
+}
 
 typedef struct {
     const int8_t *q;   /* [T][ld] quantized values */
@@ -92,6 +158,116 @@ static inline void ll_quantize_rows_q8(const float *x, ptrdiff_t ldx, ptrdiff_t 
         for (ptrdiff_t b = 0; b < k / 32; b++)
             ll_quantize_block_q8(x + t * ldx + 32 * b, q + t * k + 32 * b, d + t * (k / 32) + b,
                                  s + t * (k / 16) + 2 * b);
+}
+
+/* ---- the codebook types: one 32-value sub-block of one stored block ---------------------- */
+
+LL_INLINE uint64_t ll_ld64(const void *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+LL_INLINE uint32_t ll_le32_at(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+#define LL_LE16_AT(p) ((uint16_t)((p)[0] | ((p)[1] << 8)))
+
+/* 8 grid values (bytes, memory order) with the minus signs of sign byte sgn, into values
+ * 8 q .. 8 q + 7 of lane r of a bytes layout: (v ^ m) + (m & 1) negates the bytes of mask m
+ * (no carry leaves a byte: grid values are never 0). */
+LL_INLINE void ll_iq_put8(uint8_t *dst, int r, int q, const uint8_t *grid8, int sgn) {
+    const uint64_t m = ll_ld64(ll_iq_sign_mask[sgn]);
+    const uint64_t v = (ll_ld64(grid8) ^ m) + (m & 0x0101010101010101ull);
+    memcpy(dst + 64 * (2 * q) + 4 * r, &v, 4);
+    memcpy(dst + 64 * (2 * q + 1) + 4 * r, (const uint8_t *)&v + 4, 4);
+}
+
+/* IQ1: 8 grid values g (-1, 0, 1) as 8 g + delta (delta +-1), values 8 q .. 8 q + 7 of lane r */
+LL_INLINE void ll_iq1_put8(uint8_t *dst, int r, int q, const int8_t *grid8, int delta) {
+    for (int i = 0; i < 8; i++) dst[64 * (2 * q + i / 4) + 4 * r + i % 4] = (uint8_t)(int8_t)(8 * grid8[i] + delta);
+}
+
+/* Values 32 j .. 32 j + 31 of the stored block blk (wtype a codebook type) as int8 into lane r
+ * of dst, a bytes layout [8][16][4] (value 4 g + i at 64 g + 4 r + i), and s[0], s[1]: the
+ * scales of its first and second 16 values (value = s * int8, gguf.quants' floats exactly). */
+LL_INLINE void ll_iq_decode32(const uint8_t *blk, int wtype, int j, uint8_t *dst, int r, float *s) {
+    switch (wtype) {
+    case LL_W_IQ2_XXS: {   /* f16 d, 8 bytes a sub-block: 4 grid indices, then 4 x 7 sign bits + 4-bit scale */
+        const float d = ll_f16_to_f32(LL_LE16_AT(blk));
+        const uint8_t *q = blk + 2 + 8 * j;
+        const uint32_t aux = ll_le32_at(q + 4);
+        s[0] = s[1] = d * (0.5f + (float)(aux >> 28)) * 0.25f;
+        for (int l = 0; l < 4; l++) ll_iq_put8(dst, r, l, ll_iq2xxs_grid[q[l]], ll_iq_ksigns[(aux >> (7 * l)) & 127]);
+        return;
+    }
+    case LL_W_IQ2_XS: {    /* f16 d, u16 qs[32] (9-bit index | 7 sign bits), u8 scales[8] (two 4-bit) */
+        const float d = ll_f16_to_f32(LL_LE16_AT(blk));
+        const uint8_t sc = blk[66 + j];
+        s[0] = d * (0.5f + (float)(sc & 15)) * 0.25f;
+        s[1] = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+        for (int l = 0; l < 4; l++) {
+            const uint16_t v = LL_LE16_AT(blk + 2 + 2 * (4 * j + l));
+            ll_iq_put8(dst, r, l, ll_iq2xs_grid[v & 511], ll_iq_ksigns[v >> 9]);
+        }
+        return;
+    }
+    case LL_W_IQ2_S: {     /* f16 d, qs[32], signs[32], qh[8] (2 high index bits each), scales[8] */
+        const float d = ll_f16_to_f32(LL_LE16_AT(blk));
+        const uint8_t sc = blk[74 + j];
+        s[0] = d * (0.5f + (float)(sc & 15)) * 0.25f;
+        s[1] = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+        for (int l = 0; l < 4; l++) {
+            const int idx = blk[2 + 4 * j + l] | (((blk[66 + j] >> (2 * l)) & 3) << 8);
+            ll_iq_put8(dst, r, l, ll_iq2s_grid[idx], blk[34 + 4 * j + l]);
+        }
+        return;
+    }
+    case LL_W_IQ3_XXS: {   /* f16 d, qs[64] (one grid row of 4 each), u32 per sub-block: 4 x 7 sign bits + scale */
+        const float d = ll_f16_to_f32(LL_LE16_AT(blk));
+        const uint32_t aux = ll_le32_at(blk + 66 + 4 * j);
+        s[0] = s[1] = d * (0.5f + (float)(aux >> 28)) * 0.5f;
+        for (int l = 0; l < 4; l++) {
+            uint8_t g[8];
+            memcpy(g, ll_iq3xxs_grid[blk[2 + 8 * j + 2 * l]], 4);
+            memcpy(g + 4, ll_iq3xxs_grid[blk[2 + 8 * j + 2 * l + 1]], 4);
+            ll_iq_put8(dst, r, l, g, ll_iq_ksigns[(aux >> (7 * l)) & 127]);
+        }
+        return;
+    }
+    case LL_W_IQ3_S: {     /* f16 d, qs[64], qh[8] (high index bit each), signs[32], scales[4] (two 4-bit) */
+        const float d = ll_f16_to_f32(LL_LE16_AT(blk));
+        s[0] = s[1] = d * (float)(1 + 2 * ((blk[106 + j / 2] >> (4 * (j % 2))) & 15));
+        for (int l = 0; l < 4; l++) {
+            uint8_t g[8];
+            for (int h = 0; h < 2; h++) {
+                const int qi = 8 * j + 2 * l + h;
+                memcpy(g + 4 * h, ll_iq3s_grid[blk[2 + qi] | (((blk[66 + qi / 8] >> (qi % 8)) & 1) << 8)], 4);
+            }
+            ll_iq_put8(dst, r, l, g, blk[74 + 4 * j + l]);
+        }
+        return;
+    }
+    case LL_W_IQ1_S: {     /* f16 d, qs[32], u16 qh[8]: 4 x 3 high index bits, 3-bit scale, delta sign */
+        const float d = ll_f16_to_f32(LL_LE16_AT(blk));
+        const uint16_t qh = LL_LE16_AT(blk + 34 + 2 * j);
+        s[0] = s[1] = d * (float)(2 * ((qh >> 12) & 7) + 1) * 0.125f;
+        for (int l = 0; l < 4; l++)
+            ll_iq1_put8(dst, r, l, ll_iq1s_grid[blk[2 + 4 * j + l] | (((qh >> (3 * l)) & 7) << 8)], qh & 0x8000 ? -1 : 1);
+        return;
+    }
+    default: {             /* IQ1_M: qs[32], qh[16] (a nibble per group: 3 index bits, delta sign), u16 scales[4]
+                            * (3-bit scales, and the f16 d in their top nibbles) */
+        const uint8_t *sp = blk + 48;
+        const uint16_t dh = (uint16_t)((LL_LE16_AT(sp) >> 12) | ((LL_LE16_AT(sp + 2) >> 8) & 0xf0)
+                                       | ((LL_LE16_AT(sp + 4) >> 4) & 0xf00) | (LL_LE16_AT(sp + 6) & 0xf000));
+        const float d = ll_f16_to_f32(dh);
+        for (int h = 0; h < 2; h++) {
+            const int si = 2 * j + h;
+            s[h] = d * (float)(2 * ((LL_LE16_AT(sp + 2 * (si / 4)) >> (3 * (si % 4))) & 7) + 1) * 0.125f;
+        }
+        for (int l = 0; l < 4; l++) {
+            const int gi = 4 * j + l, nib = (blk[32 + gi / 2] >> (4 * (gi % 2))) & 15;
+            ll_iq1_put8(dst, r, l, ll_iq1s_grid[blk[gi] | ((nib & 7) << 8)], nib & 8 ? -1 : 1);
+        }
+        return;
+    }
+    }
 }
 
 /* ---- the dot products of one panel ----------------------------------------------------- */
@@ -202,6 +378,119 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                 }
             }
         }
+    } else if (wtype == LL_W_MXFP4) {
+        for (ptrdiff_t b = 0; b < k / 32; b++, wp += 272) {
+            if (tt == 1) LL_QPREFETCH(wp, 272);
+            ll_vi8 w[8];
+            ll_unpack_nibbles(wp, w);
+            for (int g = 0; g < 8; g++) w[g] = ll_i8_lut16(w[g], ll_mxfp4_values);
+            float ds[16];
+            for (int r = 0; r < 16; r++) ds[r] = ll_e8m0_half(wp[256 + r]);
+            const ll_vf32 d = ll_load(ds);
+            for (int t = 0; t < tt; t++) {
+                ll_vi32 lo, hi;
+                ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
+                acc[t] = ll_fma(d, ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])), acc[t]);
+            }
+        }
+    } else if (ll_wtype_is_codebook(wtype)) {
+        const ptrdiff_t gb = ll_ggml_block_bytes(wtype);
+        for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 16 * gb) {
+            if (tt == 1) LL_QPREFETCH(wp, 16 * gb);
+            for (int j = 0; j < 8; j++) {
+                uint8_t vals[512] __attribute__((aligned(64)));
+                float s[2][16];
+                for (int r = 0; r < 16; r++) {
+                    float sr[2];
+                    ll_iq_decode32(wp + r * gb, wtype, j, vals, r, sr);
+                    s[0][r] = sr[0]; s[1][r] = sr[1];
+                }
+                ll_vi8 w[8];
+                for (int g = 0; g < 8; g++) w[g] = ll_i8_load(vals + 64 * g);
+                const ll_vf32 a0 = ll_load(s[0]), a1 = ll_load(s[1]);
+                const ptrdiff_t b = 8 * sb + j;
+                for (int t = 0; t < tt; t++) {
+                    ll_vi32 lo, hi;
+                    ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
+                    const ll_vf32 dx = ll_set1(x->d[t * ldd + b]);
+                    acc[t] = ll_fma(a1, ll_mul(ll_i32_to_f32(hi), dx), ll_fma(a0, ll_mul(ll_i32_to_f32(lo), dx), acc[t]));
+                }
+            }
+        }
+    } else if (wtype == LL_W_Q2_K) {
+        for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 1344) {
+            const ll_vf32 dv = ll_load_f16((const uint16_t *)wp), mv = ll_load_f16((const uint16_t *)(wp + 32));
+            uint8_t sc[256], mn[256];   /* [16 groups of 16 values][16 rows] */
+            for (int q = 0; q < 4; q++) {
+                const ll_vi8 a = ll_i8_load(wp + 64 + 64 * q);
+                ll_i8_store(sc + 64 * q, ll_i8_lo4(a));
+                ll_i8_store(mn + 64 * q, ll_i8_hi4(a));
+            }
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *qp = wp + 320 + 128 * j;
+                if (tt == 1) LL_QPREFETCH(qp, 128);
+                const ll_vf32 a0 = ll_mul(dv, ll_load_u8(sc + 32 * j)), a1 = ll_mul(dv, ll_load_u8(sc + 32 * j + 16));
+                const ll_vf32 m0 = ll_mul(mv, ll_load_u8(mn + 32 * j)), m1 = ll_mul(mv, ll_load_u8(mn + 32 * j + 16));
+                const ll_vi8 h0 = ll_i8_load(qp), h1 = ll_i8_load(qp + 64);
+                ll_vi8 w[8];
+                for (int g = 0; g < 4; g++) { w[g] = ll_i8_bits(h0, 2 * g, 2, 0); w[g + 4] = ll_i8_bits(h1, 2 * g, 2, 0); }
+                const ptrdiff_t b = 8 * sb + j;
+                for (int t = 0; t < tt; t++) {
+                    ll_vi32 lo, hi;
+                    ll_dot_block(w, x->q + t * x->ld + 32 * b, 0, &lo, &hi);
+                    const ll_vf32 dx = ll_set1(x->d[t * ldd + b]);
+                    const float s0 = x->s[t * lds + 2 * b], s1 = x->s[t * lds + 2 * b + 1];
+                    acc[t] = ll_fma(a0, ll_mul(ll_i32_to_f32(lo), dx), acc[t]);
+                    acc[t] = ll_fma(a1, ll_mul(ll_i32_to_f32(hi), dx), acc[t]);
+                    acc[t] = ll_fma(m1, ll_set1(-s1), ll_fma(m0, ll_set1(-s0), acc[t]));
+                }
+            }
+        }
+    } else if (wtype == LL_W_Q3_K) {
+        for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 1824) {
+            const ll_vf32 dv = ll_load_f16((const uint16_t *)wp);
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *qp = wp + 288 + 192 * j;
+                if (tt == 1) LL_QPREFETCH(qp, 192);
+                const ll_vf32 a0 = ll_mul(dv, ll_load_s8((const int8_t *)(wp + 32 + 32 * j)));
+                const ll_vf32 a1 = ll_mul(dv, ll_load_s8((const int8_t *)(wp + 48 + 32 * j)));
+                const ll_vi8 h0 = ll_i8_load(qp), h1 = ll_i8_load(qp + 64), hb = ll_i8_load(qp + 128);
+                ll_vi8 w[8];
+                for (int g = 0; g < 4; g++) {
+                    w[g] = ll_i8_or(ll_i8_bits(h0, 2 * g, 2, 0), ll_i8_bits(hb, g, 1, 2));
+                    w[g + 4] = ll_i8_or(ll_i8_bits(h1, 2 * g, 2, 0), ll_i8_bits(hb, g + 4, 1, 2));
+                }
+                const ptrdiff_t b = 8 * sb + j;
+                for (int t = 0; t < tt; t++) {
+                    ll_vi32 lo, hi;
+                    ll_dot_block(w, x->q + t * x->ld + 32 * b, 0, &lo, &hi);
+                    const ll_vf32 dx = ll_set1(x->d[t * ldd + b]);
+                    const float s0 = 4.f * x->s[t * lds + 2 * b], s1 = 4.f * x->s[t * lds + 2 * b + 1];
+                    const ll_vf32 f0 = ll_sub(ll_mul(ll_i32_to_f32(lo), dx), ll_set1(s0));
+                    const ll_vf32 f1 = ll_sub(ll_mul(ll_i32_to_f32(hi), dx), ll_set1(s1));
+                    acc[t] = ll_fma(a1, f1, ll_fma(a0, f0, acc[t]));
+                }
+            }
+        }
+    } else if (wtype == LL_W_TQ2_0 || wtype == LL_W_TQ1_0) {
+        for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 1056) {
+            const ll_vf32 dv = ll_load_f16((const uint16_t *)wp);
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *qp = wp + 32 + 128 * j;
+                if (tt == 1) LL_QPREFETCH(qp, 128);
+                const ll_vi8 h0 = ll_i8_load(qp), h1 = ll_i8_load(qp + 64);
+                ll_vi8 w[8];
+                for (int g = 0; g < 4; g++) { w[g] = ll_i8_bits(h0, 2 * g, 2, 0); w[g + 4] = ll_i8_bits(h1, 2 * g, 2, 0); }
+                const ptrdiff_t b = 8 * sb + j;
+                for (int t = 0; t < tt; t++) {
+                    ll_vi32 lo, hi;
+                    ll_dot_block(w, x->q + t * x->ld + 32 * b, 0, &lo, &hi);
+                    const float sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
+                    const ll_vf32 f = ll_sub(ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])), ll_set1(sx));
+                    acc[t] = ll_fma(dv, f, acc[t]);
+                }
+            }
+        }
     } else {   /* Q6_K */
         for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 3360) {
             const ll_vf32 dv = ll_load_f16((const uint16_t *)wp);
@@ -234,21 +523,6 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
 
 /* ---- packing and unpacking ------------------------------------------------------------- */
 
-/* bytes of one ggml block of wtype, and its elements */
-LL_INLINE ptrdiff_t ll_ggml_block_bytes(int wtype) {
-    switch (wtype) {
-    case LL_W_Q8_0: return 34;
-    case LL_W_Q4_0: return 18;
-    case LL_W_Q4_1: return 20;
-    case LL_W_Q4_K: return 144;
-    case LL_W_Q5_0: return 22;
-    case LL_W_Q5_1: return 24;
-    case LL_W_Q5_K: return 176;
-    case LL_W_IQ4_NL: return 18;
-    case LL_W_IQ4_XS: return 136;
-    default: return 210;
-    }
-}
 
 #define LL_LE16(p) ((uint16_t)((p)[0] | ((p)[1] << 8)))
 
@@ -258,6 +532,25 @@ LL_INLINE ptrdiff_t ll_ggml_block_bytes(int wtype) {
 LL_INLINE uint8_t ll_iq4xs_scale(const uint8_t *blk, int j) {
     const int ls = ((blk[4 + j / 2] >> (4 * (j % 2))) & 15) | (((LL_LE16(blk + 2) >> (2 * j)) & 3) << 4);
     return (uint8_t)(int8_t)(ls - 32);
+}
+
+/* Q3_K: signed scale g (0..15) of the 6-bit scales packed in 12 bytes s (low 4 bits in s[0..7],
+ * high 2 bits in s[8..11]), minus 32. */
+LL_INLINE uint8_t ll_q3k_scale(const uint8_t *s, int g) {
+    const int lo = g < 8 ? s[g] & 15 : s[g - 8] >> 4, hi = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
+    return (uint8_t)(int8_t)((lo | (hi << 4)) - 32);
+}
+
+/* TQ1_0: the 256 trits (0..2) of a block: 5 per byte of qs[48] (the k-th of byte b is
+ * (b 3^k mod 256) 3 >> 8; bytes 0..31 give values 32 k + m, 32..47 give 160 + 16 k + m),
+ * 4 per byte of qh[4] (values 240 + 4 k + m). */
+LL_INLINE void ll_tq1_trits(const uint8_t *blk, uint8_t *u) {
+    static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+    for (int k = 0; k < 5; k++) {
+        for (int m = 0; m < 32; m++) u[32 * k + m] = (uint8_t)(((uint8_t)(blk[m] * pow3[k]) * 3) >> 8);
+        for (int m = 0; m < 16; m++) u[160 + 16 * k + m] = (uint8_t)(((uint8_t)(blk[32 + m] * pow3[k]) * 3) >> 8);
+        if (k < 4) for (int m = 0; m < 4; m++) u[240 + 4 * k + m] = (uint8_t)(((uint8_t)(blk[48 + m] * pow3[k]) * 3) >> 8);
+    }
 }
 
 /* Q4_K / Q5_K: the 8 six-bit scales and mins packed in 12 bytes s. */
@@ -319,6 +612,31 @@ static inline void ll_ggml_unpack_block(const uint8_t *blk, int wtype, uint8_t *
         }
         break;
     }
+    case LL_W_Q2_K:   /* scales[16] (scale | min << 4), qs[64], f16 d, f16 dmin */
+        h[0] = LL_LE16(blk + 80);
+        h[1] = LL_LE16(blk + 82);
+        memcpy(sc, blk, 16);
+        for (i = 0; i < 256; i++) u[i] = (blk[16 + 32 * (i / 128) + i % 32] >> (2 * ((i / 32) % 4))) & 3;
+        break;
+    case LL_W_Q3_K:   /* hmask[32], qs[64], 12 bytes of 6-bit scales, f16 d */
+        h[0] = LL_LE16(blk + 108);
+        for (i = 0; i < 16; i++) sc[i] = ll_q3k_scale(blk + 96, i);
+        for (i = 0; i < 256; i++)
+            u[i] = (uint8_t)(((blk[32 + 32 * (i / 128) + i % 32] >> (2 * ((i / 32) % 4))) & 3)
+                             | (((blk[i % 32] >> (i / 32)) & 1) << 2));
+        break;
+    case LL_W_TQ2_0:   /* qs[64], f16 d */
+        h[0] = LL_LE16(blk + 64);
+        for (i = 0; i < 256; i++) u[i] = (blk[32 * (i / 128) + i % 32] >> (2 * ((i / 32) % 4))) & 3;
+        break;
+    case LL_W_TQ1_0:   /* qs[48] and qh[4] of base-3 trits, f16 d */
+        h[0] = LL_LE16(blk + 52);
+        ll_tq1_trits(blk, u);
+        break;
+    case LL_W_MXFP4:   /* u8 e (e8m0), qs[16] */
+        sc[0] = blk[0];
+        for (i = 0; i < 16; i++) { u[i] = blk[1 + i] & 15; u[i + 16] = blk[1 + i] >> 4; }
+        break;
     default: {   /* Q6_K: two halves of 128, each 64 bytes of low nibbles and 32 of 2-bit highs */
         const uint8_t *ql = blk, *qh = blk + 128;
         h[0] = LL_LE16(blk + 208);
@@ -345,6 +663,15 @@ static inline void ll_dequant_ggml(const uint8_t *src, int wtype, float *dst, pt
     uint16_t h[2] = {0, 0};
     for (ptrdiff_t b = b0; b < b1; b++) {
         float *o = dst + b * per;
+        if (ll_wtype_is_codebook(wtype)) {
+            for (int j = 0; j < 8; j++) {
+                uint8_t vals[512];
+                float s[2];
+                ll_iq_decode32(src + b * gb, wtype, j, vals, 0, s);
+                for (int e = 0; e < 32; e++) o[32 * j + e] = s[e / 16] * (float)(int8_t)vals[64 * (e / 4) + e % 4];
+            }
+            continue;
+        }
         ll_ggml_unpack_block(src + b * gb, wtype, u, h, sc, mn);
         const float d = ll_f16_to_f32(h[0]), m = ll_f16_to_f32(h[1]);
         for (ptrdiff_t e = 0; e < per; e++) {
@@ -357,6 +684,11 @@ static inline void ll_dequant_ggml(const uint8_t *src, int wtype, float *dst, pt
                 o[e] = d * (float)sc[e / 32] * (float)u[e] - m * (float)mn[e / 32]; break;
             case LL_W_IQ4_NL: o[e] = d * (float)ll_iq4_values[u[e]]; break;
             case LL_W_IQ4_XS: o[e] = d * (float)(int8_t)sc[e / 32] * (float)ll_iq4_values[u[e]]; break;
+            case LL_W_Q2_K:
+                o[e] = d * (float)(sc[e / 16] & 15) * (float)u[e] - m * (float)(sc[e / 16] >> 4); break;
+            case LL_W_Q3_K: o[e] = d * (float)(int8_t)sc[e / 16] * (float)((int)u[e] - 4); break;
+            case LL_W_TQ2_0: case LL_W_TQ1_0: o[e] = d * (float)((int)u[e] - 1); break;
+            case LL_W_MXFP4: o[e] = ll_e8m0_half(sc[0]) * (float)ll_mxfp4_values[u[e]]; break;
             default: o[e] = d * (float)(int8_t)sc[e / 16] * (float)(u[e] - 32);
             }
         }
@@ -375,6 +707,16 @@ LL_INLINE void ll_put_nibble_words(uint8_t *dst, int r, const uint8_t *q, int hi
         const uint32_t a = ll_ld32(q + 4 * v), b = ll_ld32(q + 16 + 4 * v);
         const uint32_t w = hi ? ((a >> 4) & 0x0f0f0f0fu) | (b & 0xf0f0f0f0u) : (a & 0x0f0f0f0fu) | ((b & 0x0f0f0f0fu) << 4);
         memcpy(dst + 64 * v + 4 * r, &w, 4);
+    }
+}
+
+/* Lane r's 2-bit plane of a 32-value sub-block whose values are bits shift..shift+1 of the 32
+ * stored bytes q: bits 2c..2c+1 of byte (h, r, i) = value 16 h + 4 c + i. */
+LL_INLINE void ll_put_2bit_words(uint8_t *dst, int r, const uint8_t *q, int shift) {
+    for (int hv = 0; hv < 2; hv++) {
+        uint32_t w = 0;
+        for (int c = 0; c < 4; c++) w |= ((ll_ld32(q + 16 * hv + 4 * c) >> shift) & 0x03030303u) << (2 * c);
+        memcpy(dst + 64 * hv + 4 * r, &w, 4);
     }
 }
 
@@ -440,6 +782,47 @@ LL_INLINE void ll_qpack_lane(const uint8_t *blk, int wtype, uint8_t *o, int r) {
         }
         return;
     }
+    case LL_W_Q2_K:   /* sub-block j = 4 half + l: bits 2l of qs[32 half + i] */
+        ((uint16_t *)o)[r] = LL_LE16(blk + 80);
+        ((uint16_t *)(o + 32))[r] = LL_LE16(blk + 82);
+        for (int g = 0; g < 16; g++) o[64 + 16 * g + r] = blk[g];
+        for (int j = 0; j < 8; j++) ll_put_2bit_words(o + 320 + 128 * j, r, blk + 16 + 32 * (j / 4), 2 * (j % 4));
+        return;
+    case LL_W_Q3_K:   /* as Q2_K's 2 bits, and bit j of hmask[i] the third */
+        ((uint16_t *)o)[r] = LL_LE16(blk + 108);
+        for (int g = 0; g < 16; g++) o[32 + 16 * g + r] = ll_q3k_scale(blk + 96, g);
+        for (int j = 0; j < 8; j++) {
+            uint8_t *d = o + 288 + 192 * j;
+            ll_put_2bit_words(d, r, blk + 32 + 32 * (j / 4), 2 * (j % 4));
+            uint32_t w = 0;
+            for (int g = 0; g < 8; g++) w |= ((ll_ld32(blk + 4 * g) >> j) & 0x01010101u) << g;
+            memcpy(d + 128 + 4 * r, &w, 4);
+        }
+        return;
+    case LL_W_TQ2_0:
+        ((uint16_t *)o)[r] = LL_LE16(blk + 64);
+        for (int j = 0; j < 8; j++) ll_put_2bit_words(o + 32 + 128 * j, r, blk + 32 * (j / 4), 2 * (j % 4));
+        return;
+    case LL_W_TQ1_0: {   /* trits decoded once, then TQ2_0's planes */
+        uint8_t u[256];
+        ll_tq1_trits(blk, u);
+        ((uint16_t *)o)[r] = LL_LE16(blk + 52);
+        for (int j = 0; j < 8; j++)
+            for (int hv = 0; hv < 2; hv++)
+                for (int i = 0; i < 4; i++) {
+                    uint8_t b = 0;
+                    for (int c = 0; c < 4; c++) b |= (uint8_t)(u[32 * j + 16 * hv + 4 * c + i] << (2 * c));
+                    o[32 + 128 * j + 64 * hv + 4 * r + i] = b;
+                }
+        return;
+    }
+    case LL_W_MXFP4:
+        for (int v = 0; v < 4; v++) memcpy(o + 64 * v + 4 * r, blk + 1 + 4 * v, 4);
+        o[256 + r] = blk[0];
+        return;
+    default:   /* the codebook types: the stored block, lane r's place in the panel's row of blocks */
+        if (ll_wtype_is_codebook(wtype)) memcpy(o + r * ll_ggml_block_bytes(wtype), blk, (size_t)ll_ggml_block_bytes(wtype));
+        return;
     case LL_W_Q6_K:   /* sub-block j = 4 half + q: nibbles of ql, 2 bits of qh at shift 2q */
         ((uint16_t *)o)[r] = LL_LE16(blk + 208);
         for (int j = 0; j < 16; j++) o[32 + 16 * j + r] = blk[192 + j];
@@ -560,6 +943,36 @@ static inline void ll_qdequant_lane(const uint8_t *wp, int wtype, ptrdiff_t k, i
                     int v = ll_lane_nibble(q, lane, e);
                     if (wtype == LL_W_Q5_K) v |= ((q[256 + 4 * lane + e % 4] >> (e / 4)) & 1) << 4;
                     o[32 * j + e] = ds * (float)v - dm;
+                }
+            }
+        } else if (ll_wtype_is_codebook(wtype)) {
+            for (int j = 0; j < 8; j++) {
+                uint8_t vals[512];
+                float s[2];
+                ll_iq_decode32(wp + lane * ll_ggml_block_bytes(wtype), wtype, j, vals, lane, s);
+                for (int e = 0; e < 32; e++) o[32 * j + e] = s[e / 16] * (float)(int8_t)vals[64 * (e / 4) + 4 * lane + e % 4];
+            }
+        } else if (wtype == LL_W_MXFP4) {
+            const float d = ll_e8m0_half(wp[256 + lane]);
+            for (int e = 0; e < 32; e++) o[e] = d * (float)ll_mxfp4_values[ll_lane_nibble(wp, lane, e)];
+        } else if (wtype == LL_W_Q2_K || wtype == LL_W_Q3_K || wtype == LL_W_TQ2_0 || wtype == LL_W_TQ1_0) {
+            const int q2 = wtype == LL_W_Q2_K, q3 = wtype == LL_W_Q3_K;
+            const float d = ll_f16_to_f32(((const uint16_t *)wp)[lane]);
+            const float dmin = q2 ? ll_f16_to_f32(((const uint16_t *)(wp + 32))[lane]) : 0.f;
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *q = wp + (q2 ? 320 + 128 * j : q3 ? 288 + 192 * j : 32 + 128 * j);
+                for (int e = 0; e < 32; e++) {
+                    const int g = e / 4, i = e % 4, grp = 2 * j + e / 16;
+                    int v = (q[64 * (g / 4) + 4 * lane + i] >> (2 * (g % 4))) & 3;
+                    if (q3) v |= ((q[128 + 4 * lane + i] >> g) & 1) << 2;
+                    if (q2) {
+                        const uint8_t sm = wp[64 + 16 * grp + lane];
+                        o[32 * j + e] = d * (float)(sm & 15) * (float)v - dmin * (float)(sm >> 4);
+                    } else if (q3) {
+                        o[32 * j + e] = d * (float)(int8_t)wp[32 + 16 * grp + lane] * (float)(v - 4);
+                    } else {
+                        o[32 * j + e] = d * (float)(v - 1);
+                    }
                 }
             }
         } else {

@@ -106,6 +106,18 @@ LL_INLINE __m256i ll_hi1_256(__m256i a, int g) {
 }
 LL_INLINE ll_vi8 ll_i8_hi1(ll_vi8 a, int g) { LL_IPAIR(ll_hi1_256(a.lo, g), ll_hi1_256(a.hi, g)); }
 LL_INLINE ll_vi8 ll_i8_or(ll_vi8 a, ll_vi8 b) { LL_IPAIR(_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)); }
+/* bits pos..pos+width-1 of every byte moved to bits to..to+width-1 (vec_scalar.h) */
+LL_INLINE __m256i ll_bits_256(__m256i a, int pos, int width, int to) {
+    const __m256i m = _mm256_set1_epi8((char)(((1 << width) - 1) << to));
+    return _mm256_and_si256(to >= pos ? _mm256_slli_epi16(a, to - pos) : _mm256_srli_epi16(a, pos - to), m);
+}
+LL_INLINE ll_vi8 ll_i8_bits(ll_vi8 a, int pos, int width, int to) {
+    LL_IPAIR(ll_bits_256(a.lo, pos, width, to), ll_bits_256(a.hi, pos, width, to));
+}
+LL_INLINE void ll_i8_store(void *p, ll_vi8 a) {
+    _mm256_storeu_si256((__m256i *)p, a.lo);
+    _mm256_storeu_si256((__m256i *)((char *)p + 32), a.hi);
+}
 LL_INLINE ll_vi8 ll_i8_lut16(ll_vi8 a, const int8_t *table) {
     const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)table));
     LL_IPAIR(_mm256_shuffle_epi8(t, a.lo), _mm256_shuffle_epi8(t, a.hi));

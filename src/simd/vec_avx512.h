@@ -90,6 +90,13 @@ LL_INLINE ll_vi8 ll_i8_hi1(ll_vi8 a, int g) {
                  : _mm512_and_si512(_mm512_srli_epi16(a, g - 4), m);
 }
 LL_INLINE ll_vi8 ll_i8_or(ll_vi8 a, ll_vi8 b) { return _mm512_or_si512(a, b); }
+/* bits pos..pos+width-1 of every byte moved to bits to..to+width-1 (vec_scalar.h): one 16-bit
+ * shift, then the mask drops what crossed from the neighbouring byte */
+LL_INLINE ll_vi8 ll_i8_bits(ll_vi8 a, int pos, int width, int to) {
+    const __m512i m = _mm512_set1_epi8((char)(((1 << width) - 1) << to));
+    return _mm512_and_si512(to >= pos ? _mm512_slli_epi16(a, to - pos) : _mm512_srli_epi16(a, pos - to), m);
+}
+LL_INLINE void ll_i8_store(void *p, ll_vi8 a) { _mm512_storeu_si512(p, a); }
 /* table[a] for every byte a in 0..15 (a 16-entry lookup: non-linear 4-bit codebooks) */
 LL_INLINE ll_vi8 ll_i8_lut16(ll_vi8 a, const int8_t *table) {
     return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)table)), a);

@@ -114,6 +114,14 @@ LL_INLINE ll_vi8 ll_i8_hi1(ll_vi8 a, int g) {
     ll_vi8 r; LL_NEON_MAP1(r, vshlq_n_u8(vandq_u8(vshlq_u8(a.v[i_], sh), vdupq_n_u8(1)), 4)); return r;
 }
 LL_INLINE ll_vi8 ll_i8_or(ll_vi8 a, ll_vi8 b) { ll_vi8 r; LL_NEON_MAP1(r, vorrq_u8(a.v[i_], b.v[i_])); return r; }
+/* bits pos..pos+width-1 of every byte moved to bits to..to+width-1 (vec_scalar.h): a byte
+ * shift (negative: right), then the mask */
+LL_INLINE ll_vi8 ll_i8_bits(ll_vi8 a, int pos, int width, int to) {
+    const int8x16_t sh = vdupq_n_s8((int8_t)(to - pos));
+    const uint8x16_t m = vdupq_n_u8((uint8_t)(((1 << width) - 1) << to));
+    ll_vi8 r; LL_NEON_MAP1(r, vandq_u8(vshlq_u8(a.v[i_], sh), m)); return r;
+}
+LL_INLINE void ll_i8_store(void *p, ll_vi8 a) { for (int i = 0; i < 4; i++) vst1q_u8((uint8_t *)p + 16 * i, a.v[i]); }
 LL_INLINE ll_vi8 ll_i8_lut16(ll_vi8 a, const int8_t *table) {
     const uint8x16_t t = vld1q_u8((const uint8_t *)table);
     ll_vi8 r; LL_NEON_MAP1(r, vqtbl1q_u8(t, a.v[i_])); return r;

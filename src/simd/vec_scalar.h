@@ -82,6 +82,13 @@ LL_INLINE ll_vi8 ll_i8_hi1(ll_vi8 a, int g) {
     return a;
 }
 LL_INLINE ll_vi8 ll_i8_or(ll_vi8 a, ll_vi8 b) { for (int i = 0; i < 64; i++) a.b[i] |= b.b[i]; return a; }
+/* bits pos..pos+width-1 of every byte moved to bits to..to+width-1, the others cleared
+ * (to + width <= 8; constants after inlining: 2- and 3-bit quants, their high-bit planes) */
+LL_INLINE ll_vi8 ll_i8_bits(ll_vi8 a, int pos, int width, int to) {
+    for (int i = 0; i < 64; i++) a.b[i] = (uint8_t)(((a.b[i] >> pos) & ((1 << width) - 1)) << to);
+    return a;
+}
+LL_INLINE void ll_i8_store(void *p, ll_vi8 a) { memcpy(p, a.b, 64); }
 /* table[a] for every byte a in 0..15 (a 16-entry lookup: non-linear 4-bit codebooks) */
 LL_INLINE ll_vi8 ll_i8_lut16(ll_vi8 a, const int8_t *table) {
     for (int i = 0; i < 64; i++) a.b[i] = (uint8_t)table[a.b[i] & 15];

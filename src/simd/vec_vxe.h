@@ -136,6 +136,13 @@ LL_INLINE ll_vi8 ll_i8_hi1(ll_vi8 a, int g) {
     ll_vi8 r; LL_VXE_MAP1(r, ((a.v[i_] >> sh) & vec_splats((unsigned char)1)) << 4); return r;
 }
 LL_INLINE ll_vi8 ll_i8_or(ll_vi8 a, ll_vi8 b) { ll_vi8 r; LL_VXE_MAP1(r, a.v[i_] | b.v[i_]); return r; }
+/* bits pos..pos+width-1 of every byte moved to bits to..to+width-1 (vec_scalar.h) */
+LL_INLINE ll_vi8 ll_i8_bits(ll_vi8 a, int pos, int width, int to) {
+    const ll_v16u8 p = vec_splats((unsigned char)pos), t = vec_splats((unsigned char)to);
+    const ll_v16u8 m = vec_splats((unsigned char)((1 << width) - 1));
+    ll_vi8 r; LL_VXE_MAP1(r, ((a.v[i_] >> p) & m) << t); return r;
+}
+LL_INLINE void ll_i8_store(void *p, ll_vi8 a) { for (int i = 0; i < 4; i++) vec_xst(a.v[i], 0, (unsigned char *)p + 16 * i); }
 /* table[a] for every byte a in 0..15: a byte permutation indexes memory order */
 LL_INLINE ll_vi8 ll_i8_lut16(ll_vi8 a, const int8_t *table) {
     const ll_v16u8 t = vec_xl(0, (const unsigned char *)table);

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ref_ops
-from conftest import GGML_WIDE_FIELDS, ggml_file_order
+from conftest import GGML_WIDE_FIELDS, ggml_file_order, set_iq1m_scale
 from lite_llm._kernels import layout
 from lite_llm.model import gguf
 from lite_llm.model.weights import to_bf16
@@ -14,7 +14,10 @@ from lite_llm.model.weights import to_bf16
 # ggml type id, bytes per block, byte offsets of the fp16 scales (kept finite)
 BLOCKS = {"Q8_0": (8, 34, [0]), "Q4_0": (2, 18, [0]), "Q4_1": (3, 20, [0, 2]), "Q5_0": (6, 22, [0]),
           "Q5_1": (7, 24, [0, 2]), "Q4_K": (12, 144, [0, 2]), "Q5_K": (13, 176, [0, 2]), "Q6_K": (14, 210, [208]),
-          "IQ4_NL": (20, 18, [0]), "IQ4_XS": (23, 136, [0])}
+          "IQ4_NL": (20, 18, [0]), "IQ4_XS": (23, 136, [0]), "Q2_K": (10, 84, [80, 82]), "Q3_K": (11, 110, [108]),
+          "TQ2_0": (35, 66, [64]), "TQ1_0": (34, 54, [52]), "MXFP4": (39, 17, []), "IQ2_XXS": (16, 66, [0]),
+          "IQ2_XS": (17, 74, [0]), "IQ2_S": (22, 82, [0]), "IQ3_XXS": (18, 98, [0]), "IQ3_S": (21, 110, [0]),
+          "IQ1_S": (19, 50, [0]), "IQ1_M": (29, 56, [])}
 
 
 @pytest.mark.parametrize("name", sorted(BLOCKS))
@@ -26,7 +29,11 @@ def test_dequantize_matches_the_gguf_package(name, rng):
     raw = rng.integers(0, 256, (7, nbytes)).astype(np.uint8)       # 7 blocks: uneven per thread
     for off in scales:
         raw[:, off:off + 2] = rng.uniform(-0.1, 0.1, (7, 1)).astype("<f2").view(np.uint8)   # as files store them
-    per = 256 if name.endswith(("_K", "_XS")) else 32
+    if name == "MXFP4":
+        raw[:, 0] = rng.integers(100, 150, 7)                      # e8m0 scales of finite values
+    if name == "IQ1_M":                                            # its d: the top nibbles of its scales
+        set_iq1m_scale(raw, rng.uniform(-0.1, 0.1, (7, 1)).astype("<f2").view(np.uint8))
+    per = 32 if name in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4") else 256
     got = gguf.dequantize(raw.reshape(-1), type_id, (7 * per,))
     want = gguf_package.quants.dequantize(ggml_file_order(raw, name), gguf_package.GGMLQuantizationType[name]).reshape(-1)
     np.testing.assert_array_equal(got, want.astype(np.float32))

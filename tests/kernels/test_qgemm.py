@@ -22,7 +22,8 @@ from conftest import ggml_file_order, ggml_rows  # noqa: E402
 from lite_llm import _kernels  # noqa: E402
 
 VARIANTS = _kernels.available()
-TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K",
+         "TQ2_0", "TQ1_0", "MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
 
 
 def _packed(mod, raw: np.ndarray, qname: str, n: int, k: int) -> np.ndarray:
@@ -91,7 +92,10 @@ def test_qgemm_matches_reference(variant, qname, num_tokens, n, num_threads, rng
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("gate_type,up_type", [("Q4_K", "Q4_K"), ("Q4_0", "Q8_0"), ("Q6_K", "Q4_1"),
-                                               ("Q5_K", "Q5_0"), ("Q5_1", "Q4_K"), ("IQ4_XS", "IQ4_NL")])
+                                               ("Q5_K", "Q5_0"), ("Q5_1", "Q4_K"), ("IQ4_XS", "IQ4_NL"),
+                                               ("Q3_K", "Q2_K"), ("Q2_K", "Q6_K"), ("TQ2_0", "TQ1_0"),
+                                               ("MXFP4", "Q3_K"), ("IQ2_XXS", "IQ3_XXS"), ("IQ2_XS", "IQ1_S"),
+                                               ("IQ2_S", "IQ3_S"), ("IQ1_M", "IQ2_XXS")])
 @pytest.mark.parametrize("num_tokens", [1, 5, 10])
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("f", [40, 1100])
@@ -131,3 +135,27 @@ def test_quantizing_at_load_refuses_other_types(rng):
         _kernels.kernels.quantize_ggml(x, "Q8_0")
     with pytest.raises(ValueError, match="quantizing to Q4_K is not supported"):
         _kernels.kernels.quantize_ggml(np.ascontiguousarray(x[:, :32]), "Q4_K")
+
+
+def test_mxfp4_from_hugging_face_blocks_equals_transformers_dequantization(rng):
+    """gpt-oss's MXFP4 tensors (X_blocks [E, N, G, 16] of e2m1 pairs, X_scales [E, N, G] of e8m0)
+    as ggml MXFP4 rows: what gguf's dequantizer reads from them is what transformers' own
+    conversion makes of the checkpoint, every code and a spread of exponents; the rows pack and
+    multiply on the block kernels like any other."""
+    import torch
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from lite_llm.model.hfquant import mxfp4_blocks
+    e, n, g = 2, 24, 8
+    blocks = rng.integers(0, 256, (e, n, g, 16), dtype=np.uint8)
+    scales = rng.integers(112, 136, (e, n, g), dtype=np.uint8)
+    raw = mxfp4_blocks(blocks, scales)
+    assert raw.shape == (e, n, g * 17)
+    got = gguf.quants.dequantize(raw.reshape(e * n, -1), gguf.GGMLQuantizationType.MXFP4).reshape(e, n, 32 * g)
+    want = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32)
+    np.testing.assert_array_equal(got, want.transpose(1, 2).numpy())
+    mod = _kernels.kernels
+    x = rng.standard_normal((3, 32 * g)).astype(np.float32)
+    out = np.zeros((3, n), np.float32)
+    mod.gemm(x, _packed(mod, raw[1], "MXFP4", n, 32 * g), "MXFP4", n, out, num_threads=2)
+    _close(out, ref_ops.qgemm(x, got[1]), x, got[1])

@@ -694,7 +694,8 @@ def test_packing_leaves_no_page_of_the_file_resident():
 
 # every type llama.cpp writes that the kernels run as stored, and float files in each engine dtype
 _LOAD_CASES = [("llama", ft, "bfloat16") for ft in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_M",
-                                                     "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS")]
+                                                     "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K_M", "IQ3_S",
+                                                     "TQ1_0", "TQ2_0")]
 _LOAD_CASES += [("qwen2", "Q4_K_M", "bfloat16"), ("llama", "F16", "bfloat16"), ("llama", "BF16", "float32"),
                 ("llama", "F32", "float16"), ("qwen2", "F32", "bfloat16"), ("hf-qwen2", None, "bfloat16"),
                 ("hf-llama-bf16", None, "float32"), ("hf-llama-bf16", None, "bfloat16")]
@@ -761,7 +762,7 @@ def test_one_pass_loader_packs_byte_for_byte_like_the_slice_reader(tiny_checkpoi
     for name, v in fast.vectors.items():
         np.testing.assert_array_equal(v, slow.vectors[name], err_msg=name)
     if ftype and ftype not in ("F16", "BF16", "F32"):   # block types were packed as stored, not widened
-        assert any(t in calls for t in ("Q4_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q6_K", "IQ4_NL", "IQ4_XS"))
+        assert (ftype[:4] if "_K_" in ftype else ftype) in calls, calls
 
 
 def layout_kernels():

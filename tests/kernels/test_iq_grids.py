@@ -1,0 +1,52 @@
+"""src/kernels/iq_grids.h, the codebooks of ggml's IQ1/IQ2/IQ3 types, is generated from the
+gguf package's tables (its quants module holds each grid packed in 2 or 3 bits a value): this
+file writes it (python tests/kernels/test_iq_grids.py) and its test holds the header to them."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf.quants as q
+import numpy as np
+
+HEADER = Path(__file__).resolve().parents[2] / "src" / "kernels" / "iq_grids.h"
+# C name, gguf class, C element type: each grid row is one group of 8 (IQ2, IQ1) or 4 (IQ3) values
+GRIDS = (("ll_iq2xxs_grid", q.IQ2_XXS, "uint8_t"), ("ll_iq2xs_grid", q.IQ2_XS, "uint8_t"),
+         ("ll_iq2s_grid", q.IQ2_S, "uint8_t"), ("ll_iq3xxs_grid", q.IQ3_XXS, "uint8_t"),
+         ("ll_iq3s_grid", q.IQ3_S, "uint8_t"), ("ll_iq1s_grid", q.IQ1_S, "int8_t"))
+
+
+def _rows(values: np.ndarray, per_line: int) -> list[str]:
+    items = [f"{{{', '.join(str(int(v)) for v in row)}}}" for row in values]
+    return ["    " + ", ".join(items[i:i + per_line]) + "," for i in range(0, len(items), per_line)]
+
+
+def header_text() -> str:
+    lines = ["/* The codebooks of ggml's IQ1_S/IQ1_M, IQ2_XXS/XS/S and IQ3_XXS/S block types (qgemm.h), and",
+             " * the sign patterns of IQ2_XXS/XS and IQ3_XXS: public constants, generated from the gguf",
+             " * package's tables by tests/kernels/test_iq_grids.py (its test keeps them equal). */",
+             "#ifndef LL_IQ_GRIDS_H", "#define LL_IQ_GRIDS_H", "#include <stdint.h>", ""]
+    for name, cls, ctype in GRIDS:
+        cls.init_grid()
+        grid = np.asarray(cls.grid).reshape(cls.grid_shape)
+        lines.append(f"static const {ctype} {name}[{grid.shape[0]}][{grid.shape[1]}] = {{")
+        lines += _rows(grid.astype(np.int64), 8 if grid.shape[1] == 4 else 4)
+        lines += ["};", ""]
+    signs = np.frombuffer(q.IQ2_XXS.ksigns, np.uint8)
+    lines.append("/* 7 stored sign bits -> 8 (the eighth makes the count of minus signs even) */")
+    lines.append("static const uint8_t ll_iq_ksigns[128] = {")
+    lines += ["    " + ", ".join(str(int(v)) for v in signs[i:i + 16]) + "," for i in range(0, 128, 16)]
+    lines += ["};", ""]
+    masks = (np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1
+    lines.append("/* a sign byte -> its 8 bits as byte masks (255: minus), for negating 8 values at once */")
+    lines.append("static const uint8_t ll_iq_sign_mask[256][8] = {")
+    lines += _rows(masks * 255, 4)
+    lines += ["};", "", "#endif", ""]
+    return "\n".join(lines)
+
+
+def test_the_header_holds_the_gguf_package_tables():
+    assert HEADER.read_text() == header_text()
+
+
+if __name__ == "__main__":
+    HEADER.write_text(header_text())
