@@ -107,6 +107,7 @@ def _llama_cpp_logits(path, ids: list[int]) -> np.ndarray:
     return out
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize("ftype", ["Q2_K", "Q3_K_M"])
 def test_low_bit_k_quant_files_agree_with_llama_cpp(ftype, f32_gguf, tmp_path):
     """Q2_K and Q3_K_M files as llama.cpp's quantizer writes them (no importance matrix; Q2_K /
