@@ -14,7 +14,6 @@ too. Loading is loader.py's; nothing here parses weights.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
@@ -306,6 +305,7 @@ def _progress_class():
 
 def _file_hash(path: str, git: bool) -> str:
     """sha256 of the file, or (git) git's blob sha1 of it."""
+    import hashlib      # deferred: OpenSSL stays out of processes that resolve no Hub name (bench, serve of a path)
     h = hashlib.sha1(b"blob %d\0" % os.path.getsize(path)) if git else hashlib.sha256()
     with open(path, "rb") as fh:
         while chunk := fh.read(1 << 24):
