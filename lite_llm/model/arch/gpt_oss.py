@@ -18,8 +18,8 @@ gate rows then up rows ([2F, E]) per expert.
 The released checkpoints store the experts in MXFP4 instead: gate_up_proj_blocks [X, 2F, E/32,
 16] uint8 (two e2m1 values per byte, the low nibble first) with gate_up_proj_scales [X, 2F,
 E/32] (e8m0: 2^(s - 127)), and down_proj_blocks / _scales [X, E, F/32, ...]; rows are output
-features, gate and up rows interleaved. Those are dequantized at load (_mxfp4_rows) unless the
-kernels take MXFP4 blocks as stored: see _MXFP4_STORED, the one place that format plugs in.
+features, gate and up rows interleaved. They run as stored, as ggml MXFP4 blocks (_MXFP4_STORED);
+a build whose kernels lack that type dequantizes them at load (_mxfp4_rows).
 
 llama.cpp's "gpt-oss" GGUF graph keeps the same model under its names: attn_sinks [H],
 post_attention_norm (the MLP's norm), ffn_gate_inp (+ bias) the router, the experts split and
@@ -52,10 +52,9 @@ FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0,
                       np.float32)
 
 # MXFP4 experts kept as stored: the ggml block type name the kernels take them as (GGUF type
-# 39, "MXFP4"), once lite_llm/model/gguf.py NATIVE_TYPES lists it; HF's blocks are then handed
-# to the packer as ggml blocks (_mxfp4_ggml_rows: the same codes and exponents, nibbles
-# reordered). Until then HF MXFP4 experts are dequantized to the engine dtype at load (bf16:
-# 4x the bytes of the stored experts).
+# 39, "MXFP4", in lite_llm/model/gguf.py NATIVE_TYPES); HF's blocks are handed to the packer as
+# ggml blocks (_mxfp4_ggml_rows: the same codes and exponents, nibbles reordered). Without it
+# they would be dequantized to the engine dtype at load (bf16: 4x the stored bytes).
 _MXFP4_STORED = "MXFP4"
 
 
