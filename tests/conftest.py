@@ -440,10 +440,10 @@ def ggml_rows(rng: np.random.Generator, rows: int, cols: int, qname: str) -> tup
 # ---- GGUF files ------------------------------------------------------------------------
 
 
-def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, object]], arch: str = "llama",
-                meta: dict | None = None) -> Path:
-    w = gguf.GGUFWriter(str(path), arch)
-    for key, value in (meta or {}).items():
+def add_gguf_metadata(w, meta: dict) -> None:
+    """Each key of meta into the GGUFWriter w, typed by its Python value (bool, int as uint32,
+    float as float32, str, else an array)."""
+    for key, value in meta.items():
         if isinstance(value, bool):
             w.add_bool(key, value)
         elif isinstance(value, int):
@@ -454,6 +454,12 @@ def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, object]], arch: 
             w.add_string(key, value)
         else:
             w.add_array(key, value)
+
+
+def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, object]], arch: str = "llama",
+                meta: dict | None = None) -> Path:
+    w = gguf.GGUFWriter(str(path), arch)
+    add_gguf_metadata(w, meta or {})
     for name, (data, raw_dtype) in tensors.items():
         w.add_tensor(name, data, raw_dtype=raw_dtype)
     w.write_header_to_file()

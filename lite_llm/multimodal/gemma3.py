@@ -33,7 +33,6 @@ import numpy as np
 from lite_llm.model.gguf import GGUFFile
 from lite_llm.model.hf import SafetensorsCheckpoint
 from lite_llm.model.tokenizer import Tokenizer
-from lite_llm.model.weights import bf16_to_f32
 from lite_llm.multimodal.llava import (
     ClipEncoder,
     _layernorm,
@@ -46,6 +45,7 @@ from lite_llm.multimodal.llava import (
     vit_packer,
 )
 from lite_llm.multimodal.qwen2_5_vl import _gelu
+from lite_llm.multimodal.towers import float_tensors
 
 HF_ARCHITECTURES = ("Gemma3ForConditionalGeneration",)
 MAX_NEWLINES = 31               # Gemma's vocabulary holds runs of 1..31 newlines as single tokens
@@ -210,13 +210,8 @@ def read_hf(source: str, cfg: SiglipConfig) -> dict[str, np.ndarray]:
     """The SigLIP tower and projector of an HF Gemma 3 directory as canonical float32 tensors."""
     ckpt = SafetensorsCheckpoint(source)
     try:
-        names = {n.removeprefix("model."): n for n in ckpt.entries}
-
-        def get(name):
-            if name not in names:
-                raise Gemma3VisionError(f"{source}: tensor {name} is missing: not a Gemma 3 vision checkpoint")
-            a = ckpt.read(names[name])
-            return bf16_to_f32(a) if a.dtype == np.uint16 else a.astype(np.float32)
+        names, get = float_tensors(ckpt, lambda name: Gemma3VisionError(
+            f"{source}: tensor {name} is missing: not a Gemma 3 vision checkpoint"))
         # the hub's files: vision_tower.vision_model.*; transformers 5 saves vision_tower.*
         v = "vision_tower.vision_model." if "vision_tower.vision_model.post_layernorm.weight" in names \
             else "vision_tower."

@@ -7,7 +7,21 @@ from dataclasses import replace
 
 import numpy as np
 
-from lite_llm.model.weights import to_bf16
+from lite_llm.model.weights import bf16_to_f32, to_bf16
+
+
+def float_tensors(ckpt, missing):
+    """(names, get) of an HF safetensors checkpoint (model.hf.SafetensorsCheckpoint): its tensor
+    names without a leading "model." (as transformers 5 saves them) to the stored names, and
+    get(name) reading one as float32 (bf16 widened); a name it lacks raises missing(name)."""
+    names = {n.removeprefix("model."): n for n in ckpt.entries}
+
+    def get(name: str) -> np.ndarray:
+        if name not in names:
+            raise missing(name)
+        a = ckpt.read(names[name])
+        return bf16_to_f32(a) if a.dtype == np.uint16 else a.astype(np.float32)
+    return names, get
 
 
 def vit_packer(dtype: str):

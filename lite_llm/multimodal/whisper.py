@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from lite_llm.model.hf import SafetensorsCheckpoint
-from lite_llm.model.weights import bf16_to_f32
 from lite_llm.multimodal import audio
 from lite_llm.multimodal.llava import _act, _layernorm, pack_vit_blocks, vit_blocks_reference, vit_packer
+from lite_llm.multimodal.towers import float_tensors
 
 try:
     from _blake2 import blake2b
@@ -72,13 +72,7 @@ def read_hf(source: str, cfg: WhisperEncoderConfig) -> dict[str, np.ndarray]:
     biases, "pos" [P, C], the blocks (blk.{i}.*) and "ln.w" / "ln.b"."""
     ckpt = SafetensorsCheckpoint(source)
     try:
-        names = {n.removeprefix("model."): n for n in ckpt.entries}
-
-        def get(name):
-            if name not in names:
-                raise WhisperError(f"{source}: the checkpoint has no tensor {name}")
-            a = ckpt.read(names[name])
-            return bf16_to_f32(a) if a.dtype == np.uint16 else a.astype(np.float32)
+        _, get = float_tensors(ckpt, lambda name: WhisperError(f"{source}: the checkpoint has no tensor {name}"))
         e, C = "encoder.", cfg.hidden_size
         t = {"conv1.w": get(e + "conv1.weight").reshape(C, -1), "conv1.b": get(e + "conv1.bias"),
              "conv2.w": get(e + "conv2.weight").reshape(C, -1), "conv2.b": get(e + "conv2.bias"),

@@ -19,6 +19,21 @@ static inline float ll_dot_f32(const float *a, const float *b, ptrdiff_t n) {
     return sum;
 }
 
+/* The k largest logits' expert ids into sel [k], the larger first, the lower expert index first
+ * among equals (as a stable sort, and torch.topk of distinct values): k passes, as k and X are
+ * small (8 of 128). */
+static inline void ll_moe_pick(const float *logits, int num_experts, int k, int32_t *sel) {
+    for (int i = 0; i < k; i++) {
+        int best = -1;
+        for (int e = 0; e < num_experts; e++) {
+            int taken = 0;
+            for (int j = 0; j < i; j++) taken |= sel[j] == e;
+            if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+        }
+        sel[i] = best;
+    }
+}
+
 /* The router of one token: softmax over the X logits, the k largest probabilities (the lower
  * expert index first among equals, as a stable sort would), divided by their sum when renorm
  * (Mixtral; Qwen's norm_topk_prob). sel [k] expert ids, weight [k]. */
@@ -27,15 +42,9 @@ static inline void ll_moe_topk(const float *logits, int num_experts, int k, int 
     float mx = logits[0], total = 0.f, chosen = 0.f;
     for (int e = 1; e < num_experts; e++) mx = logits[e] > mx ? logits[e] : mx;
     for (int e = 0; e < num_experts; e++) total += expf(logits[e] - mx);
-    for (int i = 0; i < k; i++) {   /* k passes: k and X are small (8 of 128) */
-        int best = -1;
-        for (int e = 0; e < num_experts; e++) {
-            int taken = 0;
-            for (int j = 0; j < i; j++) taken |= sel[j] == e;
-            if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
-        }
-        sel[i] = best;
-        weight[i] = expf(logits[best] - mx) / total;
+    ll_moe_pick(logits, num_experts, k, sel);   /* the largest logits are the largest probabilities */
+    for (int i = 0; i < k; i++) {
+        weight[i] = expf(logits[sel[i]] - mx) / total;
         chosen += weight[i];
     }
     if (renorm)
@@ -54,15 +63,7 @@ static inline void ll_moe_route(const float *logits, int num_experts, int k, int
         ll_moe_topk(logits, num_experts, k, renorm, sel, weight);
         return;
     }
-    for (int i = 0; i < k; i++) {
-        int best = -1;
-        for (int e = 0; e < num_experts; e++) {
-            int taken = 0;
-            for (int j = 0; j < i; j++) taken |= sel[j] == e;
-            if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
-        }
-        sel[i] = best;
-    }
+    ll_moe_pick(logits, num_experts, k, sel);
     const float mx = logits[sel[0]];   /* the largest */
     float total = 0.f;
     for (int i = 0; i < k; i++) total += weight[i] = expf(logits[sel[i]] - mx);

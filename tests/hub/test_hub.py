@@ -56,17 +56,7 @@ def _write(path: Path, tensors: dict, arch: str, meta: dict, qtype: str | None =
            split_max_tensors: int = 0) -> list[Path]:
     """The tiny model as a GGUF of type qtype (2-D weights; F32 when None), split as asked; its files."""
     w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
-    for key, value in meta.items():
-        if isinstance(value, bool):
-            w.add_bool(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value)
-        elif isinstance(value, float):
-            w.add_float32(key, value)
-        elif isinstance(value, str):
-            w.add_string(key, value)
-        else:
-            w.add_array(key, value)
+    conftest.add_gguf_metadata(w, meta)
     for name, (data, _) in tensors.items():
         if qtype == "Q8_0" and data.ndim == 2:
             t = gguf.GGMLQuantizationType.Q8_0
