@@ -39,7 +39,7 @@ import numpy as np
 from lite_llm.config import ModelConfig
 from lite_llm.model.arch import llama, moe
 from lite_llm.model.files import ModelLoadError
-from lite_llm.model import gguf
+from lite_llm.model import gguf, hfquant
 from lite_llm.model.hf import stacked
 from lite_llm.model.weights import StackedRows
 
@@ -53,7 +53,7 @@ FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0,
 
 # MXFP4 experts kept as stored: the ggml block type name the kernels take them as (GGUF type
 # 39, "MXFP4", in lite_llm/model/gguf.py NATIVE_TYPES); HF's blocks are handed to the packer as
-# ggml blocks (_mxfp4_ggml_rows: the same codes and exponents, nibbles reordered). Without it
+# ggml blocks (hfquant.mxfp4_blocks: the same codes and exponents, nibbles reordered). Without it
 # they would be dequantized to the engine dtype at load (bf16: 4x the stored bytes).
 _MXFP4_STORED = "MXFP4"
 
@@ -131,16 +131,6 @@ def _mxfp4_rows(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return (values * scale[..., None]).reshape(blocks.shape[0], -1)
 
 
-def _mxfp4_ggml_rows(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """ggml's MXFP4 blocks (uint8 [rows, n x 17]: the e8m0 exponent, then 16 bytes whose low
-    nibbles are values 0..15 and high nibbles values 16..31) of HF's blocks [rows, n, 16] (low
-    nibble first, value pairs in order) and scales [rows, n]: the same codes and exponents
-    (ggml's table holds the values doubled, its scale is 2^(e - 128))."""
-    codes = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], 32)
-    qs = (codes[..., :16] | (codes[..., 16:] << 4)).astype(np.uint8)
-    return np.concatenate([scales[..., None].astype(np.uint8), qs], axis=-1).reshape(blocks.shape[0], -1)
-
-
 def _mxfp4_stored() -> bool:
     """Whether the kernels take MXFP4 blocks as stored (the MXFP4 block type is available)."""
     return _MXFP4_STORED in gguf.NATIVE_TYPES
@@ -178,8 +168,8 @@ def _mlp(ckpt, config: ModelConfig, h: str, p: str) -> Iterator[tuple[str, Any]]
         if mxfp4:
             gate_up = _Expert(partial(mx, x + "gate_up_proj", j))
             down = _Expert(partial(mx, x + "down_proj", j))
-            gate_up_raw = _Expert(partial(mx, x + "gate_up_proj", j, _mxfp4_ggml_rows))
-            down_raw = _Expert(partial(mx, x + "down_proj", j, _mxfp4_ggml_rows))
+            gate_up_raw = _Expert(partial(mx, x + "gate_up_proj", j, hfquant.mxfp4_blocks))
+            down_raw = _Expert(partial(mx, x + "down_proj", j, hfquant.mxfp4_blocks))
             yield p + f"experts.{j}.gate_up.weight", with_blocks(_deinterleave(gate_up, F, E, transposed=False),
                                                                  gate_up_raw, (_GATE_ROWS, _UP_ROWS))
             yield p + f"experts.{j}.gate_up.bias", _bias(np.concatenate([gate_up_bias[j, 0::2], gate_up_bias[j, 1::2]]))
