@@ -270,6 +270,7 @@ def test_peer_names_are_checked():
         common.parse_peers("vllm")
 
 
+@pytest.mark.peers
 def test_make_gguf_writes_a_random_model_llama_cpp_quantizes_and_we_load(tmp_path, monkeypatch, capsys):
     """bench make-gguf: the tiny shape as F16, then quantized by llama.cpp to Q8_0 and Q4_0;
     the tensor types are llama.cpp's, the file loads here with the shape's config, a second

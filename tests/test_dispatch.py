@@ -148,6 +148,7 @@ def test_cpu_probe_rejects_unknown_feature_names():
 # ---- every built variant is what it claims to be ------------------------------------------
 
 
+@pytest.mark.variants
 def test_available_lists_exactly_the_runnable_built_variants():
     expected = [v.name for v in TABLE if _is_built(v.name) and all(map(_cpu_really_has, v.needs))]
     assert _kernels.available() == expected
@@ -229,6 +230,7 @@ def _best_gated_feature() -> str | None:
     return next(f for f in best.needs if f not in nxt.needs)
 
 
+@pytest.mark.variants
 def test_variant_with_missing_cpu_features_is_refused_at_import():
     """As on a CPU without the best variant's feature: the next one is chosen, the refused
     module is never imported, and forcing it fails with the missing feature named."""
@@ -255,6 +257,7 @@ def test_variant_with_missing_cpu_features_is_refused_at_import():
     assert result["imported"] == []
 
 
+@pytest.mark.variants
 def test_no_simd_features_falls_back_to_generic():
     hide = tuple(sorted({f for v in TABLE for f in v.needs}))
     code, result, err = _child(hide=hide)
@@ -264,6 +267,7 @@ def test_no_simd_features_falls_back_to_generic():
     assert result["gemm"] == GEMM_EXPECTED
 
 
+@pytest.mark.variants
 def test_chooser_refuses_in_process(monkeypatch):
     """The same refusal through the chooser itself, with _cpu.has patched: available(),
     load() and a forced choice all refuse the variant whose feature is missing."""
@@ -286,6 +290,7 @@ def test_chooser_refuses_in_process(monkeypatch):
             _kernels._choose()
 
 
+@pytest.mark.variants
 def test_unbuilt_variant_is_skipped_and_explained(monkeypatch):
     best = _kernels.available()[0]
     real_built = _kernels._built

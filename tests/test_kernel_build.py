@@ -34,6 +34,7 @@ def test_after_configure_every_runnable_variant_is_built():
     assert "generic" in _kernels.available()
 
 
+@pytest.mark.variants
 def test_an_editable_install_misses_the_runnable_variants_but_its_own(tmp_path):
     runnable = _kernels.available()
     assert kernel_build.missing_variants(_tree(tmp_path, runnable[:1])) == runnable[1:]

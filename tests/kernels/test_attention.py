@@ -281,6 +281,7 @@ def test_large_scores_do_not_overflow(variant, rng):
     np.testing.assert_allclose(out, expected(step, 1.0), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.variants
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 def test_variants_agree(variant, kv_dtype, rng):

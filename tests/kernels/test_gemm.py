@@ -106,6 +106,7 @@ def test_gemm_bias_and_accumulate(variant, dtype, num_tokens, k, n, num_threads,
     np.testing.assert_allclose(out, residual + ref_ops.gemm(xs, w_values, bias), **_tolerance(k))
 
 
+@pytest.mark.variants
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_variants_agree_with_each_other(dtype, rng):
     """Every variant on one prefill-sized GEMM: they differ only by summation order (and the

@@ -412,9 +412,9 @@ def test_gguf_truncated_and_unsupported(tmp_path, rng):
     (tmp_path / "bad.gguf").write_bytes(b"NOPE" + data[4:])
     with pytest.raises(ModelLoadError, match="not a GGUF file"):
         lgguf.GGUFFile(str(tmp_path / "bad.gguf"))
-    q2 = rng.integers(0, 256, (4, 84), dtype=np.uint8)     # 4 rows of one 256-value Q2_K block
-    path = write_gguf(tmp_path / "q2.gguf", {"w": (q2, gguf.GGMLQuantizationType.Q2_K)})
-    with pytest.raises(ModelLoadError, match=r"tensor 'w' has GGUF type Q2_K, which is not supported "
+    q8k = rng.integers(0, 256, (4, 292), dtype=np.uint8)    # 4 rows of one 256-value Q8_K block
+    path = write_gguf(tmp_path / "q8k.gguf", {"w": (q8k, gguf.GGMLQuantizationType.Q8_K)})
+    with pytest.raises(ModelLoadError, match=r"tensor 'w' has GGUF type Q8_K, which is not supported "
                                              r"\(supported: F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K"):
         lgguf.GGUFFile(str(path)).read("w")
 
