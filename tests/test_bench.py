@@ -295,6 +295,7 @@ def test_make_gguf_writes_a_random_model_llama_cpp_quantizes_and_we_load(tmp_pat
     assert models.make_gguf("tiny", "Q8_0") == path and os.path.getmtime(path) == mtime   # cached
 
 
+@pytest.mark.peers
 def test_make_gguf_writes_a_mixture_of_experts_llama_cpp_quantizes_and_we_run(tmp_path, monkeypatch):
     """The MoE shapes: qwen3moe with 3-D expert tensors, quantized by llama.cpp to Q4_K_M (experts
     in Q4_K / Q6_K), loaded with the shape's experts and run as stored; info --model counts
