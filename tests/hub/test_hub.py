@@ -288,14 +288,20 @@ def test_a_hub_out_of_reach_leaves_the_cache(hub, env, models):
     assert code == 1 and "both name a model: give one" in lines[0], lines
 
 
-def test_an_interrupted_download_resumes_where_it_stopped(hub, env):
+def _stalled_pull(hub, env):
+    """`pull BIG` started while the Hub stalls its weights halfway (until the event is set):
+    (the file's bytes, the release event, the cache's blobs directory, the pull process)."""
     import threading
     data = hub.repos[BIG]["commits"][hub.repos[BIG]["refs"]["main"]]["model.safetensors"]
     release = threading.Event()
     hub.stall["model.safetensors"] = (len(data) // 2, release)
-    blobs = repo_dir(env, BIG) / "blobs"
     proc = subprocess.Popen([sys.executable, "-m", "lite_llm", "pull", BIG], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return data, release, repo_dir(env, BIG) / "blobs", proc
+
+
+def test_an_interrupted_download_resumes_where_it_stopped(hub, env):
+    data, release, blobs, proc = _stalled_pull(hub, env)
     try:
         deadline = time.time() + 120
         partial = []
@@ -328,13 +334,7 @@ def test_an_interrupted_download_resumes_where_it_stopped(hub, env):
 
 
 def test_a_cut_connection_is_resumed_in_the_same_run(hub, env):
-    import threading
-    data = hub.repos[BIG]["commits"][hub.repos[BIG]["refs"]["main"]]["model.safetensors"]
-    release = threading.Event()
-    hub.stall["model.safetensors"] = (len(data) // 2, release)
-    blobs = repo_dir(env, BIG) / "blobs"
-    proc = subprocess.Popen([sys.executable, "-m", "lite_llm", "pull", BIG], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    data, release, blobs, proc = _stalled_pull(hub, env)
     try:
         deadline = time.time() + 120
         while time.time() < deadline and not any(p.stat().st_size >= 10 << 20 for p in blobs.glob("*.incomplete")):
