@@ -135,27 +135,3 @@ def test_quantizing_at_load_refuses_other_types(rng):
         _kernels.kernels.quantize_ggml(x, "Q8_0")
     with pytest.raises(ValueError, match="quantizing to Q4_K is not supported"):
         _kernels.kernels.quantize_ggml(np.ascontiguousarray(x[:, :32]), "Q4_K")
-
-
-def test_mxfp4_from_hugging_face_blocks_equals_transformers_dequantization(rng):
-    """gpt-oss's MXFP4 tensors (X_blocks [E, N, G, 16] of e2m1 pairs, X_scales [E, N, G] of e8m0)
-    as ggml MXFP4 rows: what gguf's dequantizer reads from them is what transformers' own
-    conversion makes of the checkpoint, every code and a spread of exponents; the rows pack and
-    multiply on the block kernels like any other."""
-    import torch
-    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
-
-    from lite_llm.model.hfquant import mxfp4_blocks
-    e, n, g = 2, 24, 8
-    blocks = rng.integers(0, 256, (e, n, g, 16), dtype=np.uint8)
-    scales = rng.integers(112, 136, (e, n, g), dtype=np.uint8)
-    raw = mxfp4_blocks(blocks, scales)
-    assert raw.shape == (e, n, g * 17)
-    got = gguf.quants.dequantize(raw.reshape(e * n, -1), gguf.GGMLQuantizationType.MXFP4).reshape(e, n, 32 * g)
-    want = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32)
-    np.testing.assert_array_equal(got, want.transpose(1, 2).numpy())
-    mod = _kernels.kernels
-    x = rng.standard_normal((3, 32 * g)).astype(np.float32)
-    out = np.zeros((3, n), np.float32)
-    mod.gemm(x, _packed(mod, raw[1], "MXFP4", n, 32 * g), "MXFP4", n, out, num_threads=2)
-    _close(out, ref_ops.qgemm(x, got[1]), x, got[1])

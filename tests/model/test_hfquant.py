@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import shutil
 
+import gguf
 import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load_file, save_file
 
+from lite_llm.model.hfquant import mxfp4_blocks
 from lite_llm.model.loader import ModelLoadError
 from test_parity import lite_logits, make_runner
 
@@ -171,3 +173,20 @@ def test_w8a8_compressed_tensors_logits_match_the_dequantized_weights(tiny_check
     (out / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match="compressed-tensors format 'int-quantized' .* is not supported"):
         make_runner(out)
+
+
+def test_mxfp4_from_hugging_face_blocks_equals_transformers_dequantization(rng):
+    """gpt-oss's MXFP4 tensors (X_blocks [E, N, G, 16] of e2m1 pairs, X_scales [E, N, G] of e8m0)
+    as ggml MXFP4 rows: what gguf's dequantizer reads from them is what transformers' own
+    conversion makes of the checkpoint, every code and a spread of exponents (the MXFP4 rows on
+    the block kernels: tests/kernels/test_qgemm.py)."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    e, n, g = 2, 24, 8
+    blocks = rng.integers(0, 256, (e, n, g, 16), dtype=np.uint8)
+    scales = rng.integers(112, 136, (e, n, g), dtype=np.uint8)
+    raw = mxfp4_blocks(blocks, scales)
+    assert raw.shape == (e, n, g * 17)
+    got = gguf.quants.dequantize(raw.reshape(e * n, -1), gguf.GGMLQuantizationType.MXFP4).reshape(e, n, 32 * g)
+    want = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32)
+    np.testing.assert_array_equal(got, want.transpose(1, 2).numpy())
