@@ -25,6 +25,7 @@ What does not live here: the HTTP bodies (lite_llm/server/pooling.py), the layer
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -393,6 +394,7 @@ class PoolingEngine:
         self.queue_hist = HistogramAccumulator(LATENCY_BUCKETS)
         self.e2e_hist = HistogramAccumulator(LATENCY_BUCKETS)
         self.thread = threading.Thread(target=self._loop, name="lite_llm-pooling", daemon=True)
+        self.step_lock = contextlib.nullcontext()   # as AsyncEngine.step_lock
 
     def start(self) -> None:
         self.thread.start()
@@ -427,7 +429,8 @@ class PoolingEngine:
                 self._admit(job)
                 job = self._next_job()
             if self.scheduler.has_unfinished_requests():
-                self._step()
+                with self.step_lock:
+                    self._step()
 
     def _next_job(self):
         try:
