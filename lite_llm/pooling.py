@@ -605,6 +605,7 @@ def build_pooling_engine(model: str | None, *, dtype: str = "auto", max_model_le
             "max_model_len": loaded.max_model_len, "dtype": loaded.dtype, "architecture": cfg.architecture,
             "kernel_variant": _kernels.VARIANT.name, "num_threads": plan.num_threads, "runner": "pooling",
             "pooler": pooler, "weight_bytes": runner.weight_bytes, "weight_formats": runner.formats,
+            "kv_cache_bytes": sum(c.nbytes for c in runner.k_caches + runner.v_caches),
             "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim, "num_labels": len(head.get("out.bias", ())),
             "startup_seconds": time.perf_counter() - t0}
     return engine, loaded, info

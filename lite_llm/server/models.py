@@ -294,7 +294,7 @@ class ModelState(ServerState):
         self._server, self._pool, self._entry = server, pool, entry
         loaded = entry.loaded
         self.engine, self.ctx = loaded.engine, loaded.ctx
-        self.kernel_info = {**server.kernel_info, **loaded.info}
+        self.kernel_info = loaded.info
         root = loaded.info.get("model_path")
         self.model_root = os.path.basename(root.rstrip("/\\")) if root else None
 
@@ -513,16 +513,26 @@ class ModelPool:
 
     def _next_expiry(self) -> float | None:
         """Seconds until the next idle model's keep-alive ends (None: none will)."""
-        now = time.monotonic()
-        times = [e.last_used + self._idle_for(e) - now for e in self.entries.values()
-                 if e.status == "loaded" and not e.num_users and self._idle_for(e) != math.inf]
-        return min(times) if times else None
+        now, soonest = time.monotonic(), None
+        for e in self.entries.values():
+            if e.status != "loaded" or e.num_users or self._idle_for(e) == math.inf:
+                continue
+            left = e.last_used + self._idle_for(e) - now
+            if left <= 0 and not self._idle(e):     # its engine still runs a request (a background
+                left = 0.5                          # response): look again soon
+            soonest = left if soonest is None else min(soonest, left)
+        return soonest
+
+    def _idle(self, e: ModelEntry) -> bool:
+        """Loaded, and neither held by a request nor running one (a background response runs
+        past its handler)."""
+        return e.status == "loaded" and not e.num_users and not _engine_busy(e.loaded.engine)
 
     def _take_expired(self) -> list[ModelEntry]:
         now = time.monotonic()
         out = []
         for e in self.entries.values():
-            if e.status == "loaded" and not e.num_users and now >= e.last_used + self._idle_for(e):
+            if self._idle(e) and now >= e.last_used + self._idle_for(e):
                 e.status = "unloading"
                 out.append(e)
         return out
@@ -545,11 +555,10 @@ class ModelPool:
                 room = self._room(entry)
                 if need <= room:
                     return
-                idle = sorted((e for e in self.entries.values()
-                               if e.status == "loaded" and not e.num_users and e is not entry),
+                idle = sorted((e for e in self.entries.values() if self._idle(e) and e is not entry),
                               key=lambda e: e.last_used)
                 busy = [e.spec.name for e in self.entries.values()
-                        if e.status == "loaded" and e.num_users and e is not entry]
+                        if e.status == "loaded" and not self._idle(e) and e is not entry]
                 if idle:
                     victim = idle[0]
                     victim.status = "unloading"
@@ -622,6 +631,14 @@ class ModelPool:
                     rss0 / 2**20, rss_bytes() / 2**20)
 
 
+def _engine_busy(engine: Any) -> bool:
+    try:
+        stats = engine.stats()
+    except Exception:       # a dead engine holds no request
+        return False
+    return bool(getattr(stats, "num_running", 0) or getattr(stats, "num_waiting", 0))
+
+
 def _alive(engine: Any) -> bool:
     alive = getattr(engine, "is_alive", True)
     return bool(alive() if callable(alive) else alive)
@@ -639,6 +656,22 @@ def _shutdown(engine: Any, grace: float) -> None:
 
 # ---- routes ---------------------------------------------------------------------------------------
 
+@contextmanager
+def model_state(state: ServerState, name: str | None, keep_alive: Any = None) -> Iterator[ServerState]:
+    """The state of model `name` (None: the default), loaded if it is not, held loaded for the
+    block, with Ollama's keep_alive (parse_keep_alive's forms) from now on: for any front end.
+    A server of one model: its own state (keep_alive has no effect), a 404 for another name."""
+    pool: ModelPool | None = state.pool
+    if pool is not None:
+        with pool.use(name, keep_alive) as model:
+            yield model
+        return
+    if name is not None and name not in state.ctx.model_names and not (state.ctx.loras is not None
+                                                                      and name in state.ctx.loras):
+        raise ApiError(404, f"The model '{show(name)[1:-1]}' does not exist.", "model", code="model_not_found")
+    yield state
+
+
 def per_model(handler: Callable[[Request, ServerState], Response]) -> Callable[[Request, ServerState], Response]:
     """handler run on the state of the model its JSON body names (the default without one)."""
     def handle(req: Request, state: ServerState) -> Response:
@@ -646,8 +679,8 @@ def per_model(handler: Callable[[Request, ServerState], Response]) -> Callable[[
         body = req.body()
         name = parse_json(body).get("model")
         req = dataclasses.replace(req, read_body=lambda: body)
-        with pool.use(name if isinstance(name, str) else None) as model_state:
-            return handler(req, model_state)
+        with pool.use(name if isinstance(name, str) else None) as model:
+            return handler(req, model)
     handle.__doc__ = handler.__doc__
     return handle
 
