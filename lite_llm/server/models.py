@@ -370,19 +370,26 @@ class ModelPool:
             entry.num_users += 1
             if keep_alive is not None:
                 entry.keep_alive = keep_alive
-            if entry.status == "unloaded":
-                entry.status, entry.error = "loading", None
-                self._loads.append(entry)
-                self._cond.notify_all()
-            while entry.status == "loading":
+            saw_load = False            # a load this request waited for, which failed if it ends unloaded
+            while entry.status != "loaded":
+                error = None
+                if entry.status == "unloaded":
+                    if saw_load and entry.error is not None:
+                        error = entry.error
+                    else:
+                        entry.status, entry.error = "loading", None
+                        self._loads.append(entry)
+                        self._cond.notify_all()
+                saw_load = saw_load or entry.status == "loading"
                 left = deadline - time.monotonic()
-                if left <= 0 or self._stopping:
-                    break
-                self._cond.wait(left)
-            if entry.status != "loaded":
-                entry.num_users -= 1
-                raise entry.error or ApiError(503, f"the model '{entry.spec.name}' is still loading; retry later",
-                                              code="model_loading", headers={"Retry-After": "5"})
+                if error is None and (left <= 0 or self._stopping):
+                    error = ApiError(503, f"the model '{entry.spec.name}' is still loading; retry later",
+                                     code="model_loading", headers={"Retry-After": "5"})
+                if error is not None:
+                    entry.num_users -= 1
+                    self._cond.notify_all()
+                    raise error
+                self._cond.wait(left)     # loading, or unloading before it loads again
             self._recent = entry
             return entry
 

@@ -310,3 +310,34 @@ def test_memory_plan_matches_what_a_load_holds(checkpoints):
                   f"KV {info.get('kv_cache_bytes', 0)} B")
     finally:
         _stop(server)
+
+
+def test_streaming_waits_for_the_load_and_a_failed_load_is_a_503(checkpoints):
+    """A stream to a model not loaded starts with its first real event once the model is up; a
+    model that fails to load is a 503 naming it (each time it is asked for), the others serve on."""
+    unsupported = tiny_checkpoint_path("qwen3")          # head_dim 24: the kernels refuse it at load
+    server, _ = _start(["--model", str(checkpoints["alpha"]), "--model", str(checkpoints["beta"]),
+                        "--model", str(unsupported), *COMMON])
+    try:
+        port = server.port
+        status, _, whole = request(port, "POST", "/v1/completions", {"model": "alpha", "prompt": PROMPT,
+                                                                       "max_tokens": 8, "temperature": 0})
+        body = {"model": "beta", "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "stream": True}
+        status, headers, data = request(port, "POST", "/v1/completions", body)
+        assert status == 200 and headers["content-type"].startswith("text/event-stream")
+        events = [line[6:] for line in data.decode().splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert all(c["model"] == "beta" and c["object"] == "text_completion" for c in chunks)
+        streamed = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+        status, body = _complete(port, "beta")
+        assert streamed == body["choices"][0]["text"]
+        name = unsupported.name
+        for _ in range(2):
+            status, _, data = request(port, "POST", "/v1/completions", {"model": name, "prompt": "hi"})
+            err = error_of(data)
+            assert status == 503 and err["code"] == "model_load_failed" and f"'{name}' failed to load" in err["message"]
+        assert _statuses(port)[name] == "unloaded"
+        assert _complete(port, "alpha")[0] == 200
+    finally:
+        _stop(server)
