@@ -20,8 +20,8 @@ import threading
 from typing import Any
 
 from lite_llm import cpu
-from lite_llm.engine.memory import machine_memory, plan_memory
 from lite_llm.engine.live import read_bandwidth as measure_bandwidth
+from lite_llm.engine.memory import machine_memory, plan_memory
 
 # Features each architecture's kernels may use (names as lite_llm._kernels._cpu.has knows them).
 ISA_FLAGS = {

@@ -29,9 +29,10 @@ import re
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from lite_llm.engine.memory import GiB, MemoryPlan, machine_memory
 from lite_llm.engine.stats import EngineStats
@@ -98,7 +99,7 @@ def _name_of(model: str) -> str:
     path = os.path.expanduser(model)
     if os.path.exists(path):
         base = os.path.basename(os.path.normpath(path))
-        return base[:-5] if base.endswith(".gguf") else base
+        return base.removesuffix(".gguf")
     return model
 
 
@@ -225,7 +226,7 @@ class FairLock:
         self._cond = threading.Condition()
         self._queue: deque[object] = deque()
 
-    def __enter__(self) -> "FairLock":
+    def __enter__(self) -> FairLock:
         me = object()
         with self._cond:
             self._queue.append(me)
@@ -233,7 +234,7 @@ class FairLock:
                 self._cond.wait()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         with self._cond:
             self._queue.popleft()
             self._cond.notify_all()
@@ -290,7 +291,7 @@ class ModelState(ServerState):
     everything else (draining, in-flight count, routes, key, stores) the server's own. A request
     in flight on it holds the model loaded."""
 
-    def __init__(self, server: ServerState, pool: "ModelPool", entry: ModelEntry):
+    def __init__(self, server: ServerState, pool: ModelPool, entry: ModelEntry):
         self._server, self._pool, self._entry = server, pool, entry
         loaded = entry.loaded
         self.engine, self.ctx = loaded.engine, loaded.ctx
@@ -599,7 +600,7 @@ class ModelPool:
         except ApiError as e:
             self._fail(entry, e)
             return
-        except BaseException as e:    # noqa: BLE001 - a broken model fails its requests, not the server
+        except BaseException as e:     # SystemExit of a bad flag too: a broken model fails its requests, not the server
             logger.error("model '%s' failed to load: %s", name, e)
             self._fail(entry, ApiError(503, f"the model '{name}' failed to load: {str(e)[:300]}",
                                        code="model_load_failed"))

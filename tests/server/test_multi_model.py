@@ -29,7 +29,7 @@ from .conftest import error_of, request
 from .watchdog import Watchdog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conftest import cache_dir, tiny_checkpoint_path  # noqa: E402
+from conftest import cache_dir, tiny_checkpoint_path
 
 COMMON = ["--port", "0", "--max-model-len", "128", "--kv-cache-space", "0.02", "--dtype", "float32",
           "--disable-log-requests", "--disable-web-ui"]
@@ -320,8 +320,6 @@ def test_streaming_waits_for_the_load_and_a_failed_load_is_a_503(checkpoints):
                         "--model", str(unsupported), *COMMON])
     try:
         port = server.port
-        status, _, whole = request(port, "POST", "/v1/completions", {"model": "alpha", "prompt": PROMPT,
-                                                                       "max_tokens": 8, "temperature": 0})
         body = {"model": "beta", "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "stream": True}
         status, headers, data = request(port, "POST", "/v1/completions", body)
         assert status == 200 and headers["content-type"].startswith("text/event-stream")
