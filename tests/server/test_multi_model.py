@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -29,7 +31,7 @@ from .conftest import error_of, request
 from .watchdog import Watchdog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conftest import cache_dir, tiny_checkpoint_path
+from conftest import cache_dir, tiny_checkpoint_path, wait_until_serving
 
 COMMON = ["--port", "0", "--max-model-len", "128", "--kv-cache-space", "0.02", "--dtype", "float32",
           "--disable-log-requests", "--disable-web-ui"]
@@ -339,3 +341,28 @@ def test_streaming_waits_for_the_load_and_a_failed_load_is_a_503(checkpoints):
         assert _complete(port, "alpha")[0] == 200
     finally:
         _stop(server)
+
+
+def test_serve_command_with_several_models(checkpoints):
+    """`python -m lite_llm serve A --model B --keep-alive 2s` end to end: both answer, B unloads
+    when idle (the log says so, with the process's RSS), SIGINT stops the server cleanly."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "lite_llm", "serve", str(checkpoints["alpha"]), "--model",
+                             str(checkpoints["beta"]), "--keep-alive", "2s", *COMMON], cwd=root,
+                            env={**os.environ, "PYTHONPATH": str(root)}, stderr=subprocess.PIPE, text=True)
+    try:
+        url, lines = wait_until_serving(proc)
+        port = int(url.rsplit(":", 1)[1])
+        assert _complete(port, "beta")[0] == 200 and _complete(port, "alpha")[0] == 200
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and _statuses(port)["beta"] != "unloaded":
+            time.sleep(0.2)
+        assert _statuses(port)["beta"] == "unloaded"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    log = "".join(lines) + err
+    assert proc.returncode == 0, log
+    assert "2 models, loaded on first request, unloaded after 2 s idle: alpha, beta" in log
+    assert "model 'beta' loaded in" in log and "model 'beta' unloaded (idle for its keep-alive" in log
+    print("\n".join(line for line in log.splitlines() if "model '" in line))
