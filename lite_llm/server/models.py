@@ -706,6 +706,21 @@ def model_cards(state: ServerState, card: Callable[[ServerState, str], dict]) ->
     return out
 
 
+def memory_view(state: ServerState) -> dict:
+    """The dashboard's memory facts: the machine's (and its cgroup's), and each model's status,
+    the bytes it holds and, with several models, its plan."""
+    mem = machine_memory()
+    machine = {"total_bytes": mem.total, "available_bytes": mem.available, "cgroup_limit_bytes": mem.cgroup_limit}
+    if state.pool is None:
+        info = state.kernel_info
+        held = int(info.get("weight_bytes") or 0) + int(info.get("kv_cache_bytes") or 0)
+        return {"machine": machine, "models_memory_bytes": None,
+                "models": [{"id": state.ctx.model_names[0], "status": "loaded", "bytes": held, "planned": None}]}
+    rows = [{"id": c["id"], "status": c["status"], "bytes": (c.get("memory") or {}).get("bytes", 0),
+             "planned": (c.get("memory") or {}).get("planned")} for c in state.pool.cards()]
+    return {"machine": machine, "models_memory_bytes": state.pool.memory_cap, "models": rows}
+
+
 def wrap_routes(table: RouteTable) -> RouteTable:
     """The table with each route of MODEL_ROUTES answered on the model its body names."""
     return RouteTable([dataclasses.replace(r, handler=per_model(r.handler)) if r.path in MODEL_ROUTES

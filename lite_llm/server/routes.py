@@ -165,7 +165,9 @@ def engine_stats(req: Request, state: ServerState) -> Response:
         stats = state.engine.stats()
     except Exception:
         logger.exception("engine.stats() failed")
-    return Response.json(webui.engine_stats(stats, state.kernel_info, state.ctx.model_names))
+    out = webui.engine_stats(stats, state.kernel_info, state.ctx.model_names)
+    out["memory"] = models_pool.memory_view(state)
+    return Response.json(out)
 
 
 def openapi(req: Request, state: ServerState) -> Response:

@@ -220,6 +220,13 @@ def test_least_recently_used_idle_model_makes_room(checkpoints):
         status, body = _complete(port, "beta")
         assert status == 200 and body["model"] == "beta"
         assert _statuses(port) == {"alpha": "unloaded", "beta": "loaded", "embed": "loaded"}
+        status, _, data = request(port, "GET", "/v1/engine/stats")       # what the dashboard shows
+        memory = json.loads(data)["memory"]
+        assert memory["models_memory_bytes"] == cap and memory["machine"]["total_bytes"] > 0
+        rows = {r["id"]: r for r in memory["models"]}
+        assert {n: r["status"] for n, r in rows.items()} == {"alpha": "unloaded", "beta": "loaded", "embed": "loaded"}
+        assert rows["alpha"]["bytes"] == 0 and rows["alpha"]["planned"]["total"] == plans["alpha"]
+        assert sum(r["bytes"] for r in rows.values()) <= cap
     finally:
         _stop(server)
 
