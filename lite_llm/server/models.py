@@ -3,16 +3,18 @@
 request, unloaded after --keep-alive idle seconds, and the least recently used idle one is
 unloaded first when the next load would not fit the memory (engine/memory.py plans each load).
 
-A handler reaches a model through ModelPool.use(name, keep_alive), which waits for its load and
-yields a ModelState: the server's state seen through that model (its engine, its ServingContext).
-The routes whose body names a model are wrapped by per_model (wrap_routes); other front ends call
-use() themselves. One manager thread does every load and unload, in order, off the HTTP threads:
-requests to loaded models keep being served while another loads.
+A handler reaches a model through model_state(state, name, keep_alive) (ModelPool.use), which
+waits for its load and yields a ModelState: the server's state seen through that model (its
+engine, its ServingContext); on a server of one model, the server's own state. The routes whose
+body names a model are wrapped by per_model (wrap_routes); other front ends (Ollama's /api
+routes) call model_state themselves. One manager thread does every load and unload, in order,
+off the HTTP threads: requests to loaded models keep being served while another loads.
 
 Every engine runs its steps on all the cores, one engine at a time (a shared FairLock around each
-step): decoding is bound by memory bandwidth, which a split of the cores would not split, so two
-models stepping at once on halves of the cores would each run at about half speed, and at once on
-all of them, their OpenMP teams would oversubscribe the cores.
+step), not on a static share of them: decoding is bound by memory bandwidth, which all the cores
+share, so halves of the cores would not make two busy models faster than taking turns, while a
+model busy alone would lose half its cores; two OpenMP teams on the same cores at once would
+oversubscribe them.
 What is not here: building one engine (startup.start_engine), the routes (routes.py).
 """
 from __future__ import annotations
@@ -273,7 +275,7 @@ class ModelEntry:
 
     def __init__(self, spec: ModelSpec):
         self.spec = spec
-        self.status = "unloaded"         # unloaded | loading | loaded
+        self.status = "unloaded"         # unloaded | loading | loaded | unloading
         self.loaded: Loaded | None = None
         self.state: ModelState | None = None
         self.plan: MemoryPlan | None = None
