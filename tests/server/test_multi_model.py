@@ -373,3 +373,45 @@ def test_serve_command_with_several_models(checkpoints):
     assert "2 models, loaded on first request, unloaded after 2 s idle: alpha, beta" in log
     assert "model 'beta' loaded in" in log and "model 'beta' unloaded (idle for its keep-alive" in log
     print("\n".join(line for line in log.splitlines() if "model '" in line))
+
+
+def test_model_state_on_a_server_of_one_model():
+    """The entry other front ends use works on a server of one model too: its own state, a 404
+    for another name."""
+    from lite_llm.server.validation import ApiError
+
+    from .conftest import start_server, stop_server
+    served = start_server()
+    try:
+        state = served.server.state
+        with models.model_state(state, None) as s, models.model_state(state, "tiny", keep_alive="5m") as t:
+            assert s is state and t is state
+        with pytest.raises(ApiError) as e, models.model_state(state, "other"):
+            pass
+        assert e.value.status == 404 and e.value.param == "model"
+    finally:
+        stop_server(served)
+
+
+def test_fair_lock_serves_waiters_in_order():
+    """Engines take turns: a waiter gets the lock before the holder can take it back."""
+    lock, order = models.FairLock(), []
+
+    def take(name: str) -> None:
+        with lock:
+            order.append(name)
+
+    lock.__enter__()
+    waiters = []
+    for name in ("second", "third"):
+        t = threading.Thread(target=take, args=(name,))
+        t.start()
+        waiters.append(t)
+        deadline = time.monotonic() + 5
+        while len(lock._queue) < len(waiters) + 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    lock.__exit__(None, None, None)
+    take("first again")                 # the one that held it asks again: after both waiters
+    for t in waiters:
+        t.join(5)
+    assert order == ["second", "third", "first again"]
