@@ -284,8 +284,7 @@ class ModelEntry:
         self.last_used = 0.0             # time.monotonic() of the last release
         self.keep_alive: float | None = spec.keep_alive
         self.error: ApiError | None = None
-        self.load_seconds: float | None = None
-        self.num_loads = 0
+        self.load_seconds: float | None = None    # of its latest load
 
 
 class ModelState(ServerState):
@@ -439,6 +438,7 @@ class ModelPool:
                 if e.status == "loaded":
                     idle = math.inf if e.num_users else (e.keep_alive if e.keep_alive is not None else self.keep_alive)
                     card["expires_in"] = None if idle == math.inf else max(0.0, e.last_used + idle - time.monotonic())
+                    card["load_seconds"] = e.load_seconds
                 if e.error is not None and e.status == "unloaded":
                     card["error"] = e.error.message
                 out.append(card)
@@ -614,7 +614,7 @@ class ModelPool:
             entry.loaded, entry.status = loaded, "loaded"
             entry.memory = max(held, 1) if info.get("weight_bytes") else plan.total
             entry.state = ModelState(self.server, self, entry) if self.server is not None else None
-            entry.load_seconds, entry.num_loads = seconds, entry.num_loads + 1
+            entry.load_seconds = seconds
             entry.last_used = time.monotonic()
             self._cond.notify_all()
         logger.info("model '%s' loaded in %.2f s (holds %.3f GiB; process RSS %.0f -> %.0f MiB)", name, seconds,

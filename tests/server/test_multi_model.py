@@ -119,6 +119,7 @@ def test_three_models_answer_concurrently_as_each_alone(checkpoints, reference):
         assert listed["alpha"]["status"] == "loaded"               # the default: loaded at start
         assert listed["beta"]["status"] == listed["embed"]["status"] == "unloaded"
         assert listed["alpha"]["memory"]["bytes"] > 0 and listed["alpha"]["object"] == "model"
+        assert listed["alpha"]["load_seconds"] > 0 and 0 < listed["alpha"]["expires_in"] <= 300
         threads_before = _engine_threads()
 
         def ask(name: str):
