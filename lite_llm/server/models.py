@@ -331,6 +331,7 @@ class ModelPool:
         self._loads: deque[ModelEntry] = deque()
         self._stopping = False
         self._recent: ModelEntry | None = None
+        self._baseline = rss_bytes()              # the server's own memory, before any model
         self._thread = threading.Thread(target=self._manage, name="lite-llm-models", daemon=True)
         self._thread.start()
 
@@ -550,13 +551,16 @@ class ModelPool:
     def _held(self, but: ModelEntry) -> int:
         return sum(e.memory for e in self.entries.values() if e.status in ("loaded", "unloading") and e is not but)
 
+    def _cap(self) -> int:
+        """Bytes all loaded models may hold: --models-memory, else the machine's (or its cgroup's)
+        memory less what the server held before any model."""
+        return self.memory_cap if self.memory_cap is not None else machine_memory().total - self._baseline
+
     def _room(self, entry: ModelEntry) -> int:
-        """Bytes free for entry: under --models-memory, the cap less what loaded models hold; and
-        never more than the machine (and its cgroup) has available now."""
-        room = machine_memory().available
-        if self.memory_cap is not None:
-            room = min(room, self.memory_cap - self._held(entry))
-        return room
+        """Bytes free for entry: the cap less what loaded models hold (their KV caches are reserved
+        whole, though their pages become resident only as they fill), and never more than the
+        machine (and its cgroup) has available now."""
+        return min(machine_memory().available, self._cap() - self._held(entry))
 
     def _make_room(self, entry: ModelEntry, need: int) -> None:
         """Unload idle models, least recently used first, until `need` bytes fit; else an ApiError."""
@@ -575,7 +579,7 @@ class ModelPool:
             if not idle:
                 break
             self._unload(victim, f"least recently used, to make room for '{entry.spec.name}'")
-        cap = self.memory_cap if self.memory_cap is not None else machine_memory().total
+        cap = self._cap()
         what = f"model '{entry.spec.name}' needs {entry.plan.describe()}"
         if busy and need <= cap:
             raise ApiError(503, f"{what}, more than is free while {', '.join(repr(b) for b in busy)} "

@@ -255,6 +255,17 @@ kv-cache-space = 2
         assert _statuses(server.port) == {"small": "loaded", "huge": "unloaded"}
     finally:
         _stop(server)
+    # no cap: the machine's memory (and its cgroup's) is the bound; a KV cache of 64 TiB is refused
+    # before anything is allocated
+    config.write_text(config.read_text().replace("kv-cache-space = 2", "kv-cache-space = 65536"))
+    server, _ = _start(["--models-config", str(config), *COMMON])
+    try:
+        status, _, data = request(server.port, "POST", "/v1/completions", {"model": "huge", "prompt": "hi"})
+        err = error_of(data)
+        assert status == 503 and err["code"] == "insufficient_memory" and "this machine's memory allows" in err["message"]
+        assert _complete(server.port, "small")[0] == 200
+    finally:
+        _stop(server)
 
 
 def test_a_load_does_not_stall_a_loaded_model(checkpoints):
