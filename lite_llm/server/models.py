@@ -316,7 +316,7 @@ class ModelPool:
     """The models of one server. build(spec) -> Loaded starts a model's engine (on the manager
     thread); memory_cap: bytes all loaded models may plan at most (None: what the machine and its
     cgroup have). Also the server state's `engine`: alive while every loaded engine is, stats of
-    the most recently used one, aborts and shutdown to all."""
+    the default model's, aborts and shutdown to all."""
 
     def __init__(self, specs: list[ModelSpec], build: Callable[[ModelSpec], Loaded],
                  plan: Callable[[ModelSpec], MemoryPlan], *, keep_alive: float = DEFAULT_KEEP_ALIVE,
@@ -330,7 +330,6 @@ class ModelPool:
         self._cond = threading.Condition()
         self._loads: deque[ModelEntry] = deque()
         self._stopping = False
-        self._recent: ModelEntry | None = None
         self._baseline = rss_bytes()              # the server's own memory, before any model
         self._thread = threading.Thread(target=self._manage, name="lite-llm-models", daemon=True)
         self._thread.start()
@@ -393,7 +392,6 @@ class ModelPool:
                     self._cond.notify_all()
                     raise error
                 self._cond.wait(left)     # loading, or unloading before it loads again
-            self._recent = entry
             return entry
 
     def _adapter_owner(self, name: Any) -> ModelEntry | None:
@@ -477,8 +475,11 @@ class ModelPool:
         return None
 
     def stats(self) -> EngineStats:
-        recent = self._recent
-        engine = recent.loaded.engine if recent is not None and recent.status == "loaded" else None
+        """The default model's engine's (/metrics and the dashboard: one engine's counters, which
+        start again from zero when it is loaded again), empty while it is not loaded."""
+        with self._cond:
+            entry = self.entries[self.default]
+            engine = entry.loaded.engine if entry.status == "loaded" else None
         return engine.stats() if engine is not None else EngineStats()
 
     def abort(self, request_id: str) -> None:
@@ -636,8 +637,6 @@ class ModelPool:
         _shutdown(engine, 0.0)
         with self._cond:
             entry.loaded, entry.state, entry.status, entry.memory = None, None, "unloaded", 0
-            if self._recent is entry:
-                self._recent = None
             self._cond.notify_all()
         del engine
         _release_memory()
