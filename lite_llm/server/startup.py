@@ -315,8 +315,9 @@ def run(args: argparse.Namespace) -> int:
     logger.info("kernel variant %s, %s threads, KV cache capacity %s tokens",
                 info.get("kernel_variant"), info.get("num_threads"), info.get("kv_cache_tokens"))
     if pool is not None:
-        logger.info("%d models, loaded on first request, unloaded after %s idle: %s", len(names),
-                    "ever" if args.keep_alive == float("inf") else f"{args.keep_alive:g} s", ", ".join(names))
+        logger.info("%d models, loaded on first request, %s: %s", len(names),
+                    "never unloaded" if args.keep_alive == float("inf") else f"unloaded after {args.keep_alive:g} s idle",
+                    ", ".join(names))
     if gen_config:
         logger.info("default sampling from generation_config.json: %s", gen_config)
     if api_key:
