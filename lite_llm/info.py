@@ -21,6 +21,7 @@ from typing import Any
 
 from lite_llm import cpu
 from lite_llm.engine.live import read_bandwidth as measure_bandwidth
+from lite_llm.engine.memory import machine_memory, plan_memory
 
 # Features each architecture's kernels may use (names as lite_llm._kernels._cpu.has knows them).
 ISA_FLAGS = {
@@ -238,12 +239,16 @@ def collect(model: str | None = None, bandwidth: bool = True, tensor_parallel_si
         gbs = measure_bandwidth(threads)
         info["bandwidth_gbs"] = round(gbs, 1)
         info["bandwidth_threads"] = max(1, min(threads, 64))
+    mem = machine_memory()
+    info["memory"] = {"total_bytes": mem.total, "available_bytes": mem.available, "cgroup_limit_bytes": mem.cgroup_limit}
     if model is not None:
         try:
             weights = model_weight_bytes(model)
         except (ValueError, OSError) as e:      # ModelLoadError is a ValueError
             weights = {"error": str(e)}
         info["model"] = weights
+        if "error" not in weights:
+            weights["memory_plan"] = _memory_plan(weights["path"])
         if tensor_parallel_size > 1 and "error" not in weights:
             info["tensor_parallel"] = _rank_shards(model, tensor_parallel_size)
         if bandwidth and "error" not in weights:
@@ -255,6 +260,16 @@ def collect(model: str | None = None, bandwidth: bool = True, tensor_parallel_si
                 weights["roofline_tok_s_as_run"] = round(info["bandwidth_gbs"] * 1e9 /
                                                          weights["bytes_per_token_as_run"], 1)
     return info
+
+
+def _memory_plan(path: str) -> dict[str, Any]:
+    """What `serve` of path at its defaults would hold (engine/memory.py), or why it cannot say."""
+    try:
+        from lite_llm import pooling
+        plan = plan_memory(path, pooling=pooling.runner_for_model(path) == "pooling")
+    except (ValueError, OSError, ImportError) as e:
+        return {"error": str(e)}
+    return {**plan.as_dict(), "note": plan.note}
 
 
 def _check_binding(plan: cpu.ThreadPlan) -> list[str]:
@@ -313,6 +328,10 @@ def format_text(info: dict[str, Any]) -> list[str]:
     if "bandwidth_gbs" in info:
         lines.append(f"bandwidth:      {info['bandwidth_gbs']:.1f} GB/s (read of 256 MB, "
                      f"{info['bandwidth_threads']} threads)")
+    mem = info["memory"]
+    limit = mem["cgroup_limit_bytes"]
+    lines.append(f"memory:         {mem['total_bytes'] / 2**30:.1f} GiB total, {mem['available_bytes'] / 2**30:.1f} GiB "
+                 f"available" + (f" (cgroup limit {limit / 2**30:.1f} GiB)" if limit else ""))
     if info.get("tensor_parallel"):
         lines.append("tensor parallel:")
         lines += [f"  {line}" for line in info["tensor_parallel"]]
@@ -334,6 +353,13 @@ def format_text(info: dict[str, Any]) -> list[str]:
         if "roofline_tok_s_as_run" in m:
             lines.append(f"                {m['roofline_tok_s_as_run']:.0f} tok/s as lite_llm runs it "
                          f"({m['bytes_per_token_as_run'] / 2**20:.0f} MiB/token)")
+        plan = m.get("memory_plan") or {}
+        if "error" in plan:
+            lines.append(f"memory plan:    {plan['error']}")
+        elif plan:
+            lines.append(f"memory plan:    {plan['total'] / 2**30:.2f} GiB to serve it: weights "
+                         f"{plan['weights'] / 2**30:.2f}, KV cache {plan['kv_cache'] / 2**30:.2f}, activations "
+                         f"{plan['activations'] / 2**30:.2f} ({plan['note']}; serve's defaults)")
     return lines
 
 

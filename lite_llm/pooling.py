@@ -25,6 +25,7 @@ What does not live here: the HTTP bodies (lite_llm/server/pooling.py), the layer
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -393,6 +394,7 @@ class PoolingEngine:
         self.queue_hist = HistogramAccumulator(LATENCY_BUCKETS)
         self.e2e_hist = HistogramAccumulator(LATENCY_BUCKETS)
         self.thread = threading.Thread(target=self._loop, name="lite_llm-pooling", daemon=True)
+        self.step_lock = contextlib.nullcontext()   # as AsyncEngine.step_lock
 
     def start(self) -> None:
         self.thread.start()
@@ -427,7 +429,8 @@ class PoolingEngine:
                 self._admit(job)
                 job = self._next_job()
             if self.scheduler.has_unfinished_requests():
-                self._step()
+                with self.step_lock:
+                    self._step()
 
     def _next_job(self):
         try:
@@ -602,6 +605,7 @@ def build_pooling_engine(model: str | None, *, dtype: str = "auto", max_model_le
             "max_model_len": loaded.max_model_len, "dtype": loaded.dtype, "architecture": cfg.architecture,
             "kernel_variant": _kernels.VARIANT.name, "num_threads": plan.num_threads, "runner": "pooling",
             "pooler": pooler, "weight_bytes": runner.weight_bytes, "weight_formats": runner.formats,
+            "kv_cache_bytes": sum(c.nbytes for c in runner.k_caches + runner.v_caches),
             "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim, "num_labels": len(head.get("out.bias", ())),
             "startup_seconds": time.perf_counter() - t0}
     return engine, loaded, info

@@ -299,6 +299,10 @@ def test_info_cli_prints_plan_binding_and_roofline():
     assert out["model"]["params"] > 100e6 and out["openmp_env"]["GOMP_SPINCOUNT"]
     assert set(out["isa_flags"]) >= {"avx2", "fma"} or out["machine"] != "x86_64"
     assert "bandwidth_gbs" not in out
+    plan = out["model"]["memory_plan"]          # what serve would hold: weights as packed, KV, activations
+    assert plan["total"] == plan["weights"] + plan["kv_cache"] + plan["activations"]
+    assert plan["weights"] == os.path.getsize(_default_gguf()) and plan["kv_cache"] > 0
+    assert 0 < out["memory"]["available_bytes"] <= out["memory"]["total_bytes"]
 
 
 def test_bandwidth_probe_reads_every_word_once():

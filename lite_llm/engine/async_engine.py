@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 from collections import deque
+from contextlib import AbstractContextManager as ContextManager, nullcontext
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -115,6 +116,8 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.live = LiveMeter()    # thread ids attached on the engine thread (llm.build_engine)
+        # held around each step: engines of one server that share the cores take turns (server/models.py)
+        self.step_lock: ContextManager = nullcontext()
 
     # ---- any thread -----------------------------------------------------------------------
 
@@ -234,7 +237,8 @@ class AsyncEngine:
                 if stopping and engine.has_unfinished_requests() and time.monotonic() >= deadline:
                     outputs += engine.abort_request(engine.unfinished_request_ids)
                 if engine.has_unfinished_requests():
-                    outputs += engine.step(lazy=True)
+                    with self.step_lock:
+                        outputs += engine.step(lazy=True)
                 # before the outputs: a reader never sees older; fresh once idle
                 self._stats = engine.stats(fresh=not engine.has_unfinished_requests())
                 self._dispatch(outputs)

@@ -10,7 +10,7 @@ import argparse
 
 from lite_llm.config import KV_CACHE_DTYPES, speculative_config_arg
 from lite_llm.model import hub
-from lite_llm.server import lora_routes
+from lite_llm.server import lora_routes, models
 from lite_llm.server.parsers import REASONING_PARSERS, TOOL_PARSERS
 from lite_llm.server.responses import DEFAULT_STORE_MAX, DEFAULT_STORE_TTL
 from lite_llm.server.transport import BODY_BYTES_PER_TOKEN, MAX_CONNECTIONS
@@ -22,7 +22,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("model", nargs="?", default=None,
       help="HF directory, .gguf file or Hugging Face name (ORG/NAME[:QUANT], fetched when missing; default: embedded SmolLM2-135M-Instruct)")
-    a("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
+    a("--model", dest="model_flag", default=None, action=_ModelFlag, metavar="MODEL",
+      help="a model to serve, as the MODEL argument; repeat it to serve several behind one server, each "
+           "loaded on its first request (named by its directory, .gguf file stem or Hugging Face name)")
+    parser.set_defaults(more_models=())
+    a("--models-dir", default=None, metavar="DIR",
+      help="serve every model in DIR: each subdirectory with a config.json or a GGUF, and each .gguf file, "
+           "named by the subdirectory or the file's stem; loaded on first request")
+    a("--models-config", default=None, metavar="FILE",
+      help="serve the models a TOML file lists (YAML by a .yaml name): [[models]] tables of name, model (a path "
+           "or Hugging Face name) and that model's own dtype, max-model-len, kv-cache-space, kv-cache-dtype, "
+           "max-num-seqs, quantization, mmproj, lora-modules, runner, chat-template, keep-alive")
+    a("--keep-alive", default=models.DEFAULT_KEEP_ALIVE, type=_keep_alive, metavar="DURATION",
+      help="with several models: how long a model stays loaded after its last request (Ollama's forms: "
+           "seconds, 30s, 5m, 1h; negative: for ever; default 5m)")
+    a("--models-memory", default=None, type=models.parse_memory, metavar="BYTES",
+      help="with several models: memory all loaded models may take together (24G, 512M); a model that would "
+           "not fit first unloads the least recently used idle ones (default: what the machine and its "
+           "cgroup have available)")
     a("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     a("--port", type=port_number, default=8000, help="TCP port to listen on (default 8000; 0: any free port)")
     a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16", "half", "float"],
@@ -144,3 +161,19 @@ def port_number(value: str) -> int:
         raise argparse.ArgumentTypeError(f"{port} is not a port number (0 to 65535)")
     return port
 
+
+class _ModelFlag(argparse.Action):
+    """--model: the first is model_flag (the one model of old), each further one joins more_models."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if getattr(namespace, self.dest, None) is None:
+            setattr(namespace, self.dest, value)
+        else:
+            namespace.more_models = (*getattr(namespace, "more_models", ()), value)
+
+
+def _keep_alive(value: str) -> float:
+    try:
+        return models.parse_keep_alive(value, "--keep-alive")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

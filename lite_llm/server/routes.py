@@ -13,6 +13,7 @@ import logging
 
 from lite_llm import __version__
 from lite_llm.server import anthropic, generation, lora_routes, openai, pooling, responses, vllm_routes, webui
+from lite_llm.server import models as models_pool
 from lite_llm.server.openapi import (get_op, health_op, invocations_op, model_op, openapi_document, post_op,
                                      response_op)
 from lite_llm.server.routing import Request, Response, Route, RouteTable, ServerState
@@ -103,7 +104,10 @@ def model_card(state: ServerState, name: str) -> dict:
 
 
 def models(req: Request, state: ServerState) -> Response:
-    """GET /v1/models: the served names, then the loaded LoRA adapters."""
+    """GET /v1/models: the served names, then the loaded LoRA adapters (several models: each
+    loaded or not, and its memory)."""
+    if state.pool is not None:
+        return Response.json({"object": "list", "data": models_pool.model_cards(state, model_card)})
     return Response.json({"object": "list", "data": [model_card(state, name) for name in state.ctx.model_names]
                           + lora_routes.model_cards(state)})
 
@@ -116,6 +120,8 @@ def model(req: Request, state: ServerState) -> Response:
         return Response.json(card)
     if name not in state.ctx.model_names:
         raise ApiError(404, f"The model '{show(name)[1:-1]}' does not exist.", "model", code="model_not_found")
+    if state.pool is not None:
+        return Response.json(next(c for c in models_pool.model_cards(state, model_card) if c["id"] == name))
     return Response.json(model_card(state, name))
 
 
@@ -159,7 +165,9 @@ def engine_stats(req: Request, state: ServerState) -> Response:
         stats = state.engine.stats()
     except Exception:
         logger.exception("engine.stats() failed")
-    return Response.json(webui.engine_stats(stats, state.kernel_info, state.ctx.model_names))
+    out = webui.engine_stats(stats, state.kernel_info, state.ctx.model_names)
+    out["memory"] = models_pool.memory_view(state)
+    return Response.json(out)
 
 
 def openapi(req: Request, state: ServerState) -> Response:

@@ -180,7 +180,7 @@ class ServerState:
 
     def __init__(self, engine: Any, ctx: Any, metrics: Any, api_key: str | None, kernel_info: dict,
                  max_body_bytes: int, model_root: str | None, retry_after: int, *, routes: RouteTable,
-                 responses: Any = None, lora_root: str | None = None):
+                 responses: Any = None, lora_root: str | None = None, pool: Any = None):
         self.engine, self.ctx, self.metrics = engine, ctx, metrics   # ctx: openai's ServingContext
         self.api_key = api_key
         self.kernel_info = kernel_info
@@ -191,6 +191,7 @@ class ServerState:
         self.routes = routes
         self.responses = responses          # responses.ResponseStore of /v1/responses
         self.lora_root = lora_root          # runtime adapter loading's root; None: off
+        self.pool = pool                    # models.ModelPool of a server of several models; None: one
         self.started = int(time.time())
         self.draining = False
         self._inflight = 0

@@ -22,11 +22,12 @@ from lite_llm.config import env
 from lite_llm.engine.args import EngineArgs
 from lite_llm.engine.data_parallel import build_data_parallel_engine
 from lite_llm.engine.assemble import build_async_engine
+from lite_llm.engine.memory import MemoryPlan, plan_memory
 from lite_llm.model import hub
 from lite_llm.model.loader import check_model
 from lite_llm.multimodal import DEFAULT_PIXELS_PER_REQUEST, MediaConfig, Processor, media_config
 from lite_llm.pooling_dp import build_pooling_replicas
-from lite_llm.server import lora_routes
+from lite_llm.server import lora_routes, models
 from lite_llm.server.args import DEFAULT_MAX_TOKENS
 from lite_llm.server.context import ServingContext, TokenizeSlots, max_token_bytes, system_fingerprint
 from lite_llm.server.metrics import ServerMetrics
@@ -34,6 +35,7 @@ from lite_llm.server.responses import DEFAULT_STORE_MAX, DEFAULT_STORE_TTL, Resp
 from lite_llm.server.routes import route_table
 from lite_llm.server.routing import ServerState
 from lite_llm.server.transport import MAX_CONNECTIONS, LiteServer, default_body_limit
+from lite_llm.server.validation import ApiError
 
 logger = logging.getLogger("lite_llm.server")
 
@@ -66,7 +68,7 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                   reasoning_parser: str | None = None, tool_call_parser: str | None = None,
                   responses_store_max: int = DEFAULT_STORE_MAX,
                   responses_store_ttl: float = DEFAULT_STORE_TTL, media: Any = None,
-                  default_max_tokens: int | None = DEFAULT_MAX_TOKENS) -> LiteServer:
+                  default_max_tokens: int | None = DEFAULT_MAX_TOKENS, pool: Any = None) -> LiteServer:
     """A bound (not yet serving) server for `engine`; `.start()` or `.serve_forever()` it.
 
     generation_config is the model's generation_config.json dict (empty for
@@ -74,8 +76,38 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
     max_body_bytes None derives the limit from max_model_len (default_body_limit).
     default_max_tokens caps the output of a chat-shaped request that sets no max_tokens (None
     or 0: the room its prompt leaves in the context, as vLLM).
+    pool: a models.ModelPool of several models (engine is then the pool, and the other model
+    arguments are the default model's); each request's `model` picks its model's engine.
     """
     names = (model_name,) if isinstance(model_name, str) else tuple(model_name)
+    if max_body_bytes is None:
+        max_body_bytes = default_body_limit(max_model_len)
+    info = dict(kernel_info or {})
+    ctx = serving_context(engine, tokenizer, names, max_model_len, info, generation_config=generation_config,
+                          chat_template=chat_template, trust_request_chat_template=trust_request_chat_template,
+                          vocab_size=vocab_size, retry_after=retry_after, max_tokenizing=max_tokenizing,
+                          reasoning_parser=reasoning_parser, tool_call_parser=tool_call_parser,
+                          model_root=model_root, media=media, default_max_tokens=default_max_tokens)
+    routes = route_table(web_ui=web_ui, metrics_no_auth=metrics_no_auth)
+    state = ServerState(engine, ctx, ServerMetrics(names[0], info), api_key, info, max_body_bytes,
+                        model_root, retry_after, routes=routes if pool is None else models.wrap_routes(routes),
+                        responses=ResponseStore(responses_store_max, responses_store_ttl),
+                        lora_root=os.path.realpath(lora_root) if lora_root else None,   # None: runtime loading off
+                        pool=pool)
+    if pool is not None:
+        pool.attach(state)
+    return LiteServer((host, port), state, request_timeout, header_timeout=header_timeout,
+                      body_timeout=body_timeout, max_connections=max_connections,
+                      max_connections_per_client=max_connections_per_client, log_requests=log_requests)
+
+
+def serving_context(engine: Any, tokenizer: Any, names: tuple[str, ...], max_model_len: int, info: dict, *,
+                    generation_config: dict | None = None, chat_template: str | None = None,
+                    trust_request_chat_template: bool = False, vocab_size: int | None = None, retry_after: int = 1,
+                    max_tokenizing: int | None = None, reasoning_parser: str | None = None,
+                    tool_call_parser: str | None = None, model_root: str | None = None, media: Any = None,
+                    default_max_tokens: int | None = DEFAULT_MAX_TOKENS) -> ServingContext:
+    """What requests to one model are validated and prepared against (create_server's arguments)."""
     if not names:
         raise ValueError("at least one served model name is needed")
     if vocab_size is None:
@@ -84,26 +116,16 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
             vocab_size = vocab_size()
     if not vocab_size:
         raise ValueError("vocab_size unknown: pass vocab_size=")
-    if max_body_bytes is None:
-        max_body_bytes = default_body_limit(max_model_len)
-    info = dict(kernel_info or {})
-    ctx = ServingContext(model_names=names, max_model_len=int(max_model_len), vocab_size=int(vocab_size),
-                         tokenizer=tokenizer, generation_defaults=generation_defaults(generation_config),
-                         chat_template=chat_template, trust_request_chat_template=trust_request_chat_template,
-                         max_token_bytes=max_token_bytes(tokenizer),
-                         tokenize_slots=TokenizeSlots(max_tokenizing or max(1, (os.cpu_count() or 2) // 2),
-                                                      retry_after),
-                         reasoning_parser=reasoning_parser, tool_parser=tool_call_parser,
-                         system_fingerprint=system_fingerprint(info), loras=lora_routes.manager(engine),
-                         mm_processor=_mm_processor(model_root, info.get("mmproj")), media=media or _default_media(),
-                         default_max_tokens=default_max_tokens or None)
-    state = ServerState(engine, ctx, ServerMetrics(names[0], info), api_key, info, max_body_bytes,
-                        model_root, retry_after, routes=route_table(web_ui=web_ui, metrics_no_auth=metrics_no_auth),
-                        responses=ResponseStore(responses_store_max, responses_store_ttl),
-                        lora_root=os.path.realpath(lora_root) if lora_root else None)   # None: runtime loading off
-    return LiteServer((host, port), state, request_timeout, header_timeout=header_timeout,
-                      body_timeout=body_timeout, max_connections=max_connections,
-                      max_connections_per_client=max_connections_per_client, log_requests=log_requests)
+    return ServingContext(model_names=tuple(names), max_model_len=int(max_model_len), vocab_size=int(vocab_size),
+                          tokenizer=tokenizer, generation_defaults=generation_defaults(generation_config),
+                          chat_template=chat_template, trust_request_chat_template=trust_request_chat_template,
+                          max_token_bytes=max_token_bytes(tokenizer),
+                          tokenize_slots=TokenizeSlots(max_tokenizing or max(1, (os.cpu_count() or 2) // 2),
+                                                       retry_after),
+                          reasoning_parser=reasoning_parser, tool_parser=tool_call_parser,
+                          system_fingerprint=system_fingerprint(info), loras=lora_routes.manager(engine),
+                          mm_processor=_mm_processor(model_root, info.get("mmproj")), media=media or _default_media(),
+                          default_max_tokens=default_max_tokens or None)
 
 
 def _mm_processor(model_root: str | None, mmproj: str | None = None) -> Processor | None:
@@ -174,12 +196,64 @@ def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
     return build_async_engine(engine_args)
 
 
+def start_models(args: argparse.Namespace) -> tuple[models.ModelPool, models.Loaded]:
+    """The models of a server of several (models.model_specs) in a pool, the default (first) one
+    loaded: (pool, the default model)."""
+    specs = models.model_specs(args)
+    if args.data_parallel_size > 1 or args.tensor_parallel_size > 1:
+        raise SystemExit("several models behind one server run one engine each on all the cores: "
+                         "--data-parallel-size and --tensor-parallel-size must be 1")
+    for spec in specs:                      # a local path that holds no model fails before any load
+        if hub.parse_name(spec.model) is None or os.path.exists(os.path.expanduser(spec.model)):
+            check_model(spec.model)
+
+    def resolved(spec: models.ModelSpec) -> argparse.Namespace:
+        ns = models.spec_args(args, spec)
+        hub.resolve_serve_args(ns)          # a Hugging Face name: its files, fetched if missing
+        ns.model = check_model(ns.model)
+        return ns
+
+    def plan(spec: models.ModelSpec) -> MemoryPlan:
+        ns = resolved(spec)
+        is_pooling = pooling.runner_for_model(ns.model, ns.runner, ns.hf_overrides) == "pooling"
+        try:
+            return plan_memory(ns.model, dtype=ns.dtype, quantization=ns.quantization, max_model_len=ns.max_model_len,
+                               kv_cache_space=ns.kv_cache_space, max_num_seqs=ns.max_num_seqs,
+                               max_num_batched_tokens=ns.max_num_batched_tokens, block_size=ns.block_size or 128,
+                               kv_cache_dtype=ns.kv_cache_dtype, pooling=is_pooling)
+        except ValueError as e:             # its KV cache cannot hold one max_model_len request
+            raise ApiError(503, f"the model '{spec.name}' cannot be loaded: {e}", code="model_load_failed") from None
+
+    def build(spec: models.ModelSpec) -> models.Loaded:
+        ns = resolved(spec)
+        engine, tokenizer, info = start_engine(ns)
+        gen_config = (info.get("generation_config") or {}) if ns.generation_config == "auto" else {}
+        ctx = serving_context(engine, tokenizer, (spec.name,), info["max_model_len"], info,
+                              generation_config=gen_config, chat_template=load_chat_template(ns.chat_template),
+                              trust_request_chat_template=ns.trust_request_chat_template,
+                              vocab_size=info.get("vocab_size"), reasoning_parser=ns.reasoning_parser,
+                              tool_call_parser=ns.tool_call_parser, model_root=info.get("model_path"),
+                              media=_media_config(ns), default_max_tokens=ns.default_max_tokens)
+        return models.Loaded(engine, ctx, info)
+
+    pool = models.ModelPool(specs, build, plan, keep_alive=args.keep_alive, memory_cap=args.models_memory)
+    try:
+        first = pool.load(specs[0].name)
+    except ApiError as e:
+        pool.shutdown()
+        raise SystemExit(e.message) from None
+    return pool, first
+
+
 def build_server(args: argparse.Namespace, engine: Any, tokenizer: Any, info: dict, *,
-                 host: str | None = None, port: int | None = None) -> LiteServer:
-    """The server `serve` flags ask for over a started engine (host/port override the flags)."""
+                 host: str | None = None, port: int | None = None, pool: Any = None) -> LiteServer:
+    """The server `serve` flags ask for over a started engine (host/port override the flags);
+    with several models, engine is their pool and the rest the default model's."""
     model = args.model or args.model_flag
     gen_config = (info.get("generation_config") or {}) if args.generation_config == "auto" else {}
     names = args.served_model_name or [info.get("model_name") or model or "default"]
+    if pool is not None:
+        names = list(pool.entries)
     return create_server(
         engine, tokenizer, names, info["max_model_len"], api_key=args.api_key or env("API_KEY"),
         generation_config=gen_config, kernel_info=info, host=args.host if host is None else host,
@@ -193,7 +267,7 @@ def build_server(args: argparse.Namespace, engine: Any, tokenizer: Any, info: di
         log_requests=not args.disable_log_requests, reasoning_parser=args.reasoning_parser,
         tool_call_parser=args.tool_call_parser, responses_store_max=args.responses_store_max,
         responses_store_ttl=args.responses_store_ttl, media=_media_config(args),
-        default_max_tokens=getattr(args, "default_max_tokens", DEFAULT_MAX_TOKENS))
+        default_max_tokens=getattr(args, "default_max_tokens", DEFAULT_MAX_TOKENS), pool=pool)
 
 
 def _media_config(args: argparse.Namespace):
@@ -215,16 +289,23 @@ def run(args: argparse.Namespace) -> int:
     load_chat_template(args.chat_template)          # a missing file fails before the model loads
     lora_routes.lora_root(args)
     check_address(args.host, args.port)             # and so does a port in use
-    model = hub.resolve_serve_args(args)            # a Hugging Face name: its files, fetched if missing
-    check_model(model)                              # or a path that holds no model
+    multi = models.is_multi_model(args)
+    if not multi:
+        model = hub.resolve_serve_args(args)        # a Hugging Face name: its files, fetched if missing
+        check_model(model)                          # or a path that holds no model
     if args.responses_store_max < 0 or not args.responses_store_ttl > 0:
         raise SystemExit("--responses-store-max must be >= 0 and --responses-store-ttl > 0")
     if args.default_max_tokens < 0:
         raise SystemExit(f"--default-max-tokens must be >= 0, got {args.default_max_tokens}")
     api_key = args.api_key or env("API_KEY")
     t0 = time.perf_counter()
-    engine, tokenizer, info = start_engine(args)
-    server = build_server(args, engine, tokenizer, info)
+    pool = None
+    if multi:
+        pool, first = start_models(args)
+        engine, tokenizer, info = pool, first.ctx.tokenizer, first.info
+    else:
+        engine, tokenizer, info = start_engine(args)
+    server = build_server(args, engine, tokenizer, info, pool=pool)
     gen_config = server.state.ctx.generation_defaults
     names = server.state.ctx.model_names
     logger.info("lite-llm %s serving %s on %s (ready in %.1f s)", __version__, names[0], server.url,
@@ -233,6 +314,10 @@ def run(args: argparse.Namespace) -> int:
                 info["max_model_len"], info.get("dtype", args.dtype))
     logger.info("kernel variant %s, %s threads, KV cache capacity %s tokens",
                 info.get("kernel_variant"), info.get("num_threads"), info.get("kv_cache_tokens"))
+    if pool is not None:
+        logger.info("%d models, loaded on first request, %s: %s", len(names),
+                    "never unloaded" if args.keep_alive == float("inf") else f"unloaded after {args.keep_alive:g} s idle",
+                    ", ".join(names))
     if gen_config:
         logger.info("default sampling from generation_config.json: %s", gen_config)
     if api_key:

@@ -250,6 +250,31 @@ def test_the_page_flags_a_planned_core_that_idled_while_requests_ran(server, pag
     assert page.locator("#cores tbody tr[data-thread='1']").get_attribute("data-state") == "ok"
 
 
+# ---- memory ----------------------------------------------------------------------------------
+
+def test_the_page_shows_each_models_memory(server, page):
+    snap = json.loads(server.get("/v1/engine/stats"))
+    assert snap["memory"]["models"][0]["status"] == "loaded" and snap["memory"]["models"][0]["bytes"] > 0
+    plan = {"weights": 2 << 30, "kv_cache": 1 << 30, "activations": 1 << 29, "total": (7 << 29)}
+    snap["memory"] = {"machine": {"total_bytes": 64 << 30, "available_bytes": 40 << 30, "cgroup_limit_bytes": 48 << 30},
+                      "models_memory_bytes": 24 << 30,
+                      "models": [{"id": "chat", "status": "loaded", "bytes": 3 << 30, "planned": plan},
+                                 {"id": "<b>embed</b>", "status": "unloaded", "bytes": 0, "planned": None}]}
+    page.route("**/v1/engine/stats", lambda route: route.fulfill(
+        status=200, content_type="application/json", body=json.dumps(snap)))
+    page.goto(server.url + "/dashboard")
+    rows = page.locator("#models tbody tr")
+    wait_for(lambda: rows.count() == 2, 10, "the models table")
+    chat = page.locator("#models tbody tr[data-model='chat']")
+    assert chat.get_attribute("data-status") == "loaded"
+    assert [c.strip() for c in chat.inner_text().split("\t")] == ["chat", "loaded", "3.00 GiB",
+                                                                   "3.50 GiB = 2.00 GiB + 1.00 GiB + 0.50 GiB"]
+    other = rows.nth(1).inner_text()
+    assert "<b>embed</b>" in other and "unloaded" in other           # names are text, never markup
+    machine = page.inner_text("#v-mem-machine")
+    assert "64.00 GiB total" in machine and "cgroup limit 48.00 GiB" in machine and "24.00 GiB" in machine
+
+
 # ---- the API key -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -182,6 +182,30 @@ const Dash = (() => {
     }
   }
 
+  const gib = (b) => (b === null || b === undefined ? "–" : LL.fmt(b / 2 ** 30, 2) + " GiB");
+
+  // The machine's memory, and each model's: loaded or not, what it holds, what its load planned.
+  function renderMemory(s) {
+    const mem = s.memory;
+    if (!mem) return;
+    const m = mem.machine;
+    put("v-mem-machine", `Machine: ${gib(m.total_bytes)} total, ${gib(m.available_bytes)} available` +
+        (m.cgroup_limit_bytes ? `, cgroup limit ${gib(m.cgroup_limit_bytes)}` : "") +
+        (mem.models_memory_bytes ? `; models may hold ${gib(mem.models_memory_bytes)} (--models-memory)` : ""),
+        m.available_bytes);
+    const rows = mem.models.map((r) => {
+      const tr = document.createElement("tr");
+      tr.dataset.model = r.id;
+      tr.dataset.status = r.status;
+      const p = r.planned;
+      const cells = [r.id, r.status, r.status === "loaded" ? gib(r.bytes) : "–",
+                     p ? `${gib(p.total)} = ${gib(p.weights)} + ${gib(p.kv_cache)} + ${gib(p.activations)}` : "–"];
+      for (const c of cells) { const td = document.createElement("td"); td.textContent = c; tr.appendChild(td); }
+      return tr;
+    });
+    $("models").querySelector("tbody").replaceChildren(...rows);
+  }
+
   function render() {
     const s = history[history.length - 1].s;
     put("f-model", s.models.join(", "));
@@ -234,6 +258,7 @@ const Dash = (() => {
       {name: "measured", values: series((x) => (x.bandwidth.measured_bytes_per_second === null ? null : x.bandwidth.measured_bytes_per_second / 1e9))}],
       "GB/s");
     renderCores(s);
+    renderMemory(s);
     document.body.dataset.polls = String(history.length);
     document.body.dataset.statsTime = live ? String(live.time) : "";
   }
