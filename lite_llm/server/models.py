@@ -609,7 +609,8 @@ class ModelPool:
             return
         except BaseException as e:     # SystemExit of a bad flag too: a broken model fails its requests, not the server
             logger.error("model '%s' failed to load: %s", name, e)
-            self._fail(entry, ApiError(503, f"the model '{name}' failed to load: {str(e)[:300]}",
+            # the cause (a path, a file's content) stays in the server's log, not in a client's answer
+            self._fail(entry, ApiError(503, f"the model '{name}' failed to load; the server's log says why",
                                        code="model_load_failed"))
             return
         seconds = time.perf_counter() - t0
