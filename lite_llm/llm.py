@@ -4,6 +4,7 @@ the one assembly function (engine/assemble.py), as the server's is.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import uuid
 from typing import Any
@@ -30,10 +31,25 @@ def default_sampling_params(generation_config: dict) -> SamplingParams:
     return SamplingParams(**kwargs)
 
 
+def _hub_model(model: str | None, revision: str | None, mmproj: str | None) -> tuple[str | None, str | None]:
+    """(model, mmproj) with a Hugging Face name (org/name, org/name:QUANT) at `revision` (branch,
+    tag or commit; main when None) turned into the cached files (fetched when missing), the
+    mmproj beside a GGUF unless one is given; a local path as it is."""
+    from lite_llm.model import hub
+    if model is None or os.path.exists(os.path.expanduser(model)) or hub.parse_name(model) is None:
+        if revision is not None:
+            raise ValueError(f"revision={revision!r} is for a model named on the Hugging Face Hub, "
+                             f"not {'the default model' if model is None else 'a local path'}")
+        return model, mmproj
+    found = hub.resolve(model, revision)
+    return found.path, mmproj or found.mmproj
+
+
 class LLM:
     """Offline batched generation, vLLM-compatible:
 
         llm = LLM("path/to/model")                       # or a .gguf file; None: SmolLM2-135M
+        llm = LLM("Qwen/Qwen3-0.6B", revision="main")      # a Hugging Face name (org/name[:QUANT])
         outs = llm.generate(["Hello"], SamplingParams(max_tokens=32))
         outs[0].outputs[0].text
     """
@@ -52,6 +68,7 @@ class LLM:
                                               kwargs.pop("mm_processor_kwargs", None),
                                               kwargs.pop("allowed_media_domains", None))
         mmproj = kwargs.pop("mmproj", None)     # llama.cpp's image encoder file beside a GGUF model
+        model, mmproj = _hub_model(model, kwargs.pop("revision", None), mmproj)
         if kwargs:
             log.warning("LLM: ignoring unsupported arguments %s", sorted(kwargs))
         # runner="pooling": embeddings, classification, scores

@@ -243,6 +243,20 @@ def test_revision_is_fetched_and_served(hub, env, models):
     assert any(ln.startswith(f"{GGUF_REPO}-rev:Q8_0@v1 ") for ln in lines), lines
 
 
+def test_python_api_takes_a_revision(hub, env, models):
+    hub.add_repo(GGUF_REPO + "-pyrev", {"tiny-qwen3-Q8_0.gguf": models["Q8_0"]}, revision="v2")
+    code = ("from lite_llm import LLM, SamplingParams; import json, sys; name = %r\n"
+            "try:\n    LLM(name, dtype='float32')\nexcept Exception as e:\n    print('main:', e)\n"
+            "llm = LLM(name, dtype='float32', revision='v2')\n"
+            "print(json.dumps(llm.generate([%r], SamplingParams(temperature=0, max_tokens=8))[0].outputs[0].text))"
+            % (GGUF_REPO + "-pyrev", PROMPT))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert any(ln.startswith("main:") and "no revision 'main'" in ln for ln in lines), lines
+    assert json.loads(lines[-1]) == reference_text(models["Q8_0"])
+
+
 def test_the_mmproj_beside_a_vision_gguf_comes_with_it(hub, env, models):
     code = ("from lite_llm import LLM; import json; llm = LLM(%r, dtype='float32', block_size=16, "
             "max_num_batched_tokens=16); print(json.dumps([llm.info['mmproj'], llm._mm_processor is not None]))"
