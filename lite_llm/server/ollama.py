@@ -47,9 +47,12 @@ _DONE_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop"}
 MAX_NAME_CHARS = 256
 
 
+_SENT_VALUE = re.compile(r", got .{1,40}$", re.DOTALL)     # validation's echo of a refused value (show())
+
+
 def error_body(e: ApiError) -> dict:
-    """Ollama's error shape for an ApiError."""
-    return {"error": e.message}
+    """Ollama's error shape for an ApiError: the field and the limit, never the value sent."""
+    return {"error": _SENT_VALUE.sub("", e.message)}
 
 
 def _now() -> str:
