@@ -584,8 +584,8 @@ def _pull_lines(ref: Any, stream: bool) -> Iterator[bytes]:
         def fetch() -> None:
             try:
                 done["model"] = hub.resolve(ref, verify=True)
-            except hub.HubError as e:
-                done["error"] = str(e)
+            except hub.HubError as e:      # where the server's cache sits is not the client's business
+                done["error"] = str(e).replace(hub.cache_dir(), "the server's Hugging Face cache")
             except Exception as e:      # a failure of the fetch itself, told in one line
                 done["error"] = f"{ref}: the pull failed ({type(e).__name__})"
         worker = threading.Thread(target=fetch, name="ollama-pull", daemon=True)
@@ -596,7 +596,7 @@ def _pull_lines(ref: Any, stream: bool) -> Iterator[bytes]:
                 yield _line({"status": f"pulling {ref}"})
         if "error" in done:
             if not stream:
-                raise ApiError(502 if "cannot be reached" in done["error"] else 404, done["error"], "model")
+                raise ApiError(404, done["error"], "model")
             yield _line({"error": done["error"]})
             return
         model = done["model"]

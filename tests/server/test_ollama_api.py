@@ -426,3 +426,13 @@ def test_pull_streams_progress_and_fills_the_hub_cache(hub_server):
     with pytest.raises(ollama.ResponseError) as e:
         client.pull("acme/missing")
     assert e.value.status_code == 404
+
+
+def test_a_failed_pull_names_the_model_not_the_servers_paths(served, monkeypatch, tmp_path):
+    from lite_llm.model import hub
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")          # the cache alone is asked: the error names where it looked
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    got = request(served.port, "POST", "/api/pull", {"model": "acme/nothing-here", "stream": False})
+    assert got[0] == 404
+    message = _error(got)
+    assert "acme/nothing-here" in message and hub.cache_dir() not in message and str(tmp_path) not in message
