@@ -436,3 +436,25 @@ def test_a_failed_pull_names_the_model_not_the_servers_paths(served, monkeypatch
     assert got[0] == 404
     message = _error(got)
     assert "acme/nothing-here" in message and hub.cache_dir() not in message and str(tmp_path) not in message
+
+
+class _FailingRunner(ScriptedRunner):
+    """Fails its fifth step: the engine stops while a stream runs."""
+    steps = 0
+
+    def execute(self, sched_out, masks=None):
+        type(self).steps += 1
+        if type(self).steps == 5:
+            raise RuntimeError("the model failed")
+        return super().execute(sched_out, masks)
+
+
+def test_a_failure_mid_stream_is_an_error_line():
+    with scripted_server(_FailingRunner) as (server, _):
+        status, headers, data = request(server.port, "POST", "/api/chat", {"model": "tiny", "messages": USER})
+        lines = _lines(data)
+        assert status == 200 and headers["content-type"] == "application/x-ndjson"
+        assert set(lines[-1]) == {"error"} and not any(line.get("done") for line in lines)
+        assert lines[0]["message"]["content"]       # the stream had begun
+        got = request(server.port, "POST", "/api/chat", {"model": "tiny", "messages": USER, "stream": False})
+        assert got[0] == 503 and "engine" in _error(got)
