@@ -458,3 +458,33 @@ def test_a_failure_mid_stream_is_an_error_line():
         assert lines[0]["message"]["content"]       # the stream had begun
         got = request(server.port, "POST", "/api/chat", {"model": "tiny", "messages": USER, "stream": False})
         assert got[0] == 503 and "engine" in _error(got)
+
+
+def test_hostile_values_in_every_field_are_4xx_in_ollamas_shape(served):
+    """Every field of the chat, generate, embed, show and pull bodies (and each option, and each
+    message field) set to each hostile value: never a 5xx, every error {"error": str}; the
+    server still answers afterwards."""
+    from .test_bad_input_sweep import HOSTILE_VALUES
+    chat = {"model": "tiny", "messages": USER, "stream": False, "options": {"num_predict": 2}}
+    cases = []
+    for value in HOSTILE_VALUES:
+        for name in ("model", "messages", "tools", "format", "options", "stream", "keep_alive", "think", "logprobs"):
+            cases.append(("/api/chat", {**chat, name: value}))
+        for name in ("temperature", "top_p", "top_k", "min_p", "seed", "num_predict", "stop", "repeat_penalty",
+                     "num_ctx", "mirostat"):
+            cases.append(("/api/chat", {**chat, "options": {"num_predict": 2, name: value}}))
+        for name in ("role", "content", "images", "tool_calls", "thinking", "tool_name"):
+            cases.append(("/api/chat", {**chat, "messages": [{"role": "user", "content": "x", name: value}]}))
+        for name in ("prompt", "system", "raw", "images", "suffix", "template", "context"):
+            cases.append(("/api/generate", {"model": "tiny", "prompt": "x", "stream": False,
+                                             "options": {"num_predict": 2}, name: value}))
+        for name in ("model", "input", "truncate", "dimensions"):
+            cases.append(("/api/embed", {"model": "tiny", "input": "x", name: value}))
+        cases += [("/api/show", {"model": value}), ("/api/pull", {"model": value, "stream": False}),
+                  ("/api/embeddings", {"model": "tiny", "prompt": value})]
+    for path, body in cases:
+        got = request(served.port, "POST", path, body)
+        assert got[0] < 500, (path, body, got)
+        if got[0] >= 400:
+            _error(got)
+    assert request(served.port, "POST", "/api/chat", chat)[0] == 200
