@@ -34,13 +34,9 @@ from lite_llm.server.routing import Request, Response, ServerState
 from lite_llm.server.validation import ApiError, bad, get_bool, get_float, get_int, is_num
 
 NDJSON = "application/x-ndjson"
-# options that map onto sampling; the rest of Ollama's options (runner and llama.cpp settings,
-# mirostat, typical_p, ...) are accepted and have no effect here
-_SAMPLING_OPTIONS = {"temperature", "top_p", "top_k", "min_p", "seed", "num_predict", "stop", "repeat_penalty",
-                     "presence_penalty", "frequency_penalty", "num_ctx"}
-_IGNORED_OPTIONS = {"num_keep", "typical_p", "repeat_last_n", "tfs_z", "mirostat", "mirostat_tau", "mirostat_eta",
-                    "penalize_newline", "numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv",
-                    "logits_all", "vocab_only", "use_mmap", "use_mlock", "embedding_only", "num_thread"}
+# `options` read here: temperature, top_p, top_k, min_p, seed, num_predict, stop, repeat_penalty,
+# presence_penalty, frequency_penalty, num_ctx. Any other option (runner and llama.cpp settings,
+# mirostat, typical_p, a name Ollama does not know) is ignored, as Ollama ignores unknown ones.
 _THINK_LEVELS = ("low", "medium", "high")
 _DURATION = re.compile(r"^-?(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$|^-?\d+$")
 _DONE_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop"}
@@ -101,10 +97,6 @@ def _options(body: dict, ctx: ServingContext) -> tuple[dict, ServingContext]:
         return {}, ctx
     if not isinstance(opts, dict):
         raise bad("options must be an object", "options")
-    for key in opts:
-        if key not in _SAMPLING_OPTIONS and key not in _IGNORED_OPTIONS:
-            raise bad(f"options: unknown option ({len(key)} characters); see Ollama's Modelfile parameters",
-                      "options")
     out: dict[str, Any] = {}
     for name in ("temperature", "min_p", "presence_penalty", "frequency_penalty"):
         lo, hi = (-2.0, 2.0) if name.endswith("_penalty") else (0.0, 1e6 if name == "temperature" else 1.0)

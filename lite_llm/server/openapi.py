@@ -430,7 +430,7 @@ SCHEMAS: dict[str, Any] = {
 }
 
 # Ollama's API (server/ollama.py): its bodies as Ollama's clients send them; errors {"error": str}
-_O_OPTIONS = {"type": "object", "additionalProperties": False, "properties": {
+_O_OPTIONS = {"type": "object", "properties": {      # other options are ignored, as Ollama ignores them
     "temperature": {"type": "number", "minimum": 0, "maximum": 1e6},
     "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "top_k": {"type": "integer", "minimum": -1, "maximum": 2 ** 31 - 1},
