@@ -477,13 +477,22 @@ def _pool(state: ServerState, fields: dict) -> tuple[list[list[float]], int]:
 
 # ---- the model's facts: tags, show, ps, version ------------------------------------------------------
 
+_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+
+
 def _details(state: ServerState) -> dict:
+    """Ollama's details: family as Ollama spells it (LlamaForCausalLM -> llama), the quant tag of a
+    GGUF file's name (Q4_K_M), else the weights' dtype (BF16)."""
+    from lite_llm.model.hub import quant_of
     info = state.kernel_info
     path = str(info.get("model_path") or "")
-    arch = str(info.get("architecture") or "")
-    return {"parent_model": "", "format": "gguf" if path.lower().endswith(".gguf") else "safetensors",
-            "family": arch, "families": [arch] if arch else None, "parameter_size": "",
-            "quantization_level": str(info.get("dtype") or "").upper()}
+    gguf = path.lower().endswith(".gguf")
+    arch = re.sub(r"For(CausalLM|ConditionalGeneration|MaskedLM|SequenceClassification)$|Model$", "",
+                  str(info.get("architecture") or "")).lower()
+    dtype = str(info.get("dtype") or "")
+    return {"parent_model": "", "format": "gguf" if gguf else "safetensors", "family": arch,
+            "families": [arch] if arch else None, "parameter_size": "",
+            "quantization_level": (quant_of(path) if gguf else None) or _DTYPES.get(dtype, dtype.upper())}
 
 
 def _digest(state: ServerState, name: str) -> str:

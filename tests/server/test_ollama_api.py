@@ -487,3 +487,25 @@ def test_hostile_values_in_every_field_are_4xx_in_ollamas_shape(served):
         if got[0] >= 400:
             _error(got)
     assert request(served.port, "POST", "/api/chat", chat)[0] == 200
+
+
+@pytest.mark.parametrize("info,details", [
+    ({"model_path": "/models/Qwen3-8B-Q4_K_M.gguf", "architecture": "Qwen3ForCausalLM", "dtype": "bfloat16"},
+     {"format": "gguf", "family": "qwen3", "quantization_level": "Q4_K_M"}),
+    ({"model_path": "/models/SmolLM2", "architecture": "LlamaForCausalLM", "dtype": "bfloat16"},
+     {"format": "safetensors", "family": "llama", "quantization_level": "BF16"}),
+])
+def test_details_name_the_family_and_quantization_as_ollama_does(info, details):
+    from .conftest import make_tokenizer
+    from .fake_model import fake_runner_engine
+    tok = make_tokenizer()
+    engine = fake_runner_engine(tok, max_model_len=MAX_MODEL_LEN)
+    server = create_server(engine, tok, "tiny", MAX_MODEL_LEN, kernel_info={**info, "weight_bytes": 123})
+    server.start()
+    try:
+        client, _ = _clients(server.url)
+        for got in (client.show("tiny").details, client.list().models[0].details, client.ps().models[0].details):
+            assert {k: got[k] for k in details} == details
+        assert "/models" not in request(server.port, "POST", "/api/show", {"model": "tiny"})[2].decode()
+    finally:
+        server.drain(2.0)
