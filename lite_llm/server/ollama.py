@@ -41,8 +41,6 @@ _THINK_LEVELS = ("low", "medium", "high")
 _DURATION = re.compile(r"^-?(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$|^-?\d+$")
 _DONE_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop"}
 MAX_NAME_CHARS = 256
-
-
 _SENT_VALUE = re.compile(r", got .{1,40}$", re.DOTALL)     # validation's echo of a refused value (show())
 
 
@@ -560,7 +558,10 @@ def pull(req: Request, state: ServerState) -> Response:
     if get_bool(body, "insecure", False):
         raise bad("insecure pulls are not supported", "insecure")
     stream = get_bool(body, "stream", True)
-    served = name in state.ctx.model_names or name.removesuffix(":latest") in state.ctx.model_names
+    try:
+        served = bool(served_model(state, name))
+    except ApiError:
+        served = False
     ref = None if served else hub.parse_name(name) if len(name) <= MAX_NAME_CHARS else None
     if not served and ref is None:
         raise bad("pull takes a Hugging Face model name (org/name or org/name:QUANT, as `lite-llm pull`); "
