@@ -8,7 +8,7 @@ flags (Ray Serve replicas reuse them). Where things live:
   transport.py   sockets, framing, limits, keep-alive, disconnects, the SSE writer
   generation.py  a prepared request submitted and answered (JSON or a stream)
   validation.py, chat.py, openai.py, parsers.py, logprobs.py, answers.py: OpenAI bodies in and out
-  responses.py, anthropic.py, vllm_routes.py, pooling.py, lora_routes.py: the other APIs' routes
+  responses.py, anthropic.py, ollama.py, vllm_routes.py, pooling.py, lora_routes.py: the other APIs' routes
   openapi.py, metrics.py, webui.py: /openapi.json, /metrics, the web pages
 The engine (its own thread) is reached only through add_request / abort / stats / shutdown.
 """

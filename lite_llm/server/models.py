@@ -50,6 +50,8 @@ LOAD_TIMEOUT = 1800.0           # seconds a request waits for its model's load (
 MODEL_ROUTES = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/v1/chat/completions/batch",
                 "/invocations", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens", "/v1/embeddings",
                 "/pooling", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank")
+# Ollama's (ollama.py): the body's "model" (or "name"), its ":latest" tag, and its keep_alive
+OLLAMA_MODEL_ROUTES = ("/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show")
 # a model's own settings in --models-config (serve's flag names), over the command line's
 MODEL_FLAGS = ("dtype", "max-model-len", "kv-cache-space", "kv-cache-dtype", "max-num-seqs", "max-num-batched-tokens",
                "quantization", "mmproj", "lora-modules", "runner", "chat-template", "pooler-config", "hf-overrides",
@@ -443,6 +445,12 @@ class ModelPool:
                 out.append(card)
         return out
 
+    def loaded_state(self, name: str) -> ModelState | None:
+        """The state of model `name` while it is loaded, else None (it is not loaded for this)."""
+        with self._cond:
+            entry = self.entries.get(name)
+            return entry.state if entry is not None and entry.status == "loaded" else None
+
     def loaded_names(self) -> list[str]:
         with self._cond:
             return [n for n, e in self.entries.items() if e.status == "loaded"]
@@ -686,14 +694,22 @@ def model_state(state: ServerState, name: str | None, keep_alive: Any = None) ->
     yield state
 
 
-def per_model(handler: Callable[[Request, ServerState], Response]) -> Callable[[Request, ServerState], Response]:
-    """handler run on the state of the model its JSON body names (the default without one)."""
+def per_model(handler: Callable[[Request, ServerState], Response],
+              ollama: bool = False) -> Callable[[Request, ServerState], Response]:
+    """handler run on the state of the model its JSON body names (the default without one).
+    ollama: Ollama's body (the model as "model" or "name", "tiny:latest" for "tiny", keep_alive)."""
     def handle(req: Request, state: ServerState) -> Response:
         pool: ModelPool = state.pool
         body = req.body()
-        name = parse_json(body).get("model")
+        fields = parse_json(body)
+        fields = fields if isinstance(fields, dict) else {}
+        name, keep_alive = fields.get("model"), None
+        if ollama:
+            name, keep_alive = name if name is not None else fields.get("name"), fields.get("keep_alive")
+            if isinstance(name, str) and name not in pool.entries:
+                name = name.removesuffix(":latest")
         req = dataclasses.replace(req, read_body=lambda: body)
-        with pool.use(name if isinstance(name, str) else None) as model:
+        with pool.use(name if isinstance(name, str) else None, keep_alive) as model:
             return handler(req, model)
     handle.__doc__ = handler.__doc__
     return handle
@@ -728,9 +744,10 @@ def memory_view(state: ServerState) -> dict:
 
 
 def wrap_routes(table: RouteTable) -> RouteTable:
-    """The table with each route of MODEL_ROUTES answered on the model its body names."""
-    return RouteTable([dataclasses.replace(r, handler=per_model(r.handler)) if r.path in MODEL_ROUTES
-                       and r.method == "POST" else r for r in table.routes])
+    """The table with each route of MODEL_ROUTES (and Ollama's) answered on the model its body names."""
+    return RouteTable([dataclasses.replace(r, handler=per_model(r.handler, r.path in OLLAMA_MODEL_ROUTES))
+                       if r.path in MODEL_ROUTES + OLLAMA_MODEL_ROUTES and r.method == "POST" else r
+                       for r in table.routes])
 
 
 def spec_args(args: argparse.Namespace, spec: ModelSpec) -> argparse.Namespace:

@@ -429,6 +429,76 @@ SCHEMAS: dict[str, Any] = {
         "error": {"type": "object", "required": ["type", "message"], "properties": {"type": _STR, "message": _STR}}}},
 }
 
+# Ollama's API (server/ollama.py): its bodies as Ollama's clients send them; errors {"error": str}
+_O_OPTIONS = {"type": "object", "properties": {      # other options are ignored, as Ollama ignores them
+    "temperature": {"type": "number", "minimum": 0, "maximum": 1e6},
+    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "top_k": {"type": "integer", "minimum": -1, "maximum": 2 ** 31 - 1},
+    "min_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "seed": {"type": "integer", "minimum": -2 ** 63, "maximum": 2 ** 63 - 1},
+    "num_predict": {"type": "integer", "minimum": -2, "maximum": 2 ** 31 - 1, "not": {"const": 0},
+                    "description": "-1: no limit (the room the prompt leaves)"},
+    "stop": {"type": "array", "items": _STR},
+    "repeat_penalty": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e6},
+    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "num_ctx": {"type": "integer", "minimum": 1, "description": "at most the model's maximum context length"},
+    **{name: {"description": "accepted, no effect here"} for name in (
+        "num_keep", "typical_p", "repeat_last_n", "tfs_z", "mirostat", "mirostat_tau", "mirostat_eta",
+        "penalize_newline", "numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all",
+        "vocab_only", "use_mmap", "use_mlock", "embedding_only", "num_thread")}}}
+_O_COMMON = {"model": {**_STR, "minLength": 1}, "stream": {**_BOOL, "description": "default true: NDJSON lines"},
+             "options": _O_OPTIONS, "keep_alive": {"type": ["number", "string"], "pattern": "^-?[0-9]+[a-z]*"},
+             "format": {"oneOf": [{"type": "string", "enum": ["", "json"]}, {"type": "object"}]},
+             "think": {"oneOf": [_BOOL, {"type": "string", "enum": ["low", "medium", "high"]}]}}
+_O_MESSAGE = {"type": "object", "required": ["role"], "properties": {
+    "role": {"type": "string", "enum": ["system", "user", "assistant", "tool"]}, "content": _STR,
+    "images": {"type": "array", "items": _STR}, "thinking": _STR, "tool_name": _STR, "tool_call_id": _STR,
+    "tool_calls": {"type": "array", "items": {"type": "object", "required": ["function"], "properties": {
+        "function": {"type": "object", "required": ["name"], "properties": {"name": _STR,
+                                                                             "arguments": {"type": "object"}}}}}}}}
+_O_DONE = {"done": _BOOL, "done_reason": _STR, "total_duration": _INT, "load_duration": _INT,
+           "prompt_eval_count": _INT, "prompt_eval_duration": _INT, "eval_count": _INT, "eval_duration": _INT}
+_O_DETAILS = {"type": "object", "properties": {"format": _STR, "family": _STR, "parameter_size": _STR,
+                                               "quantization_level": _STR}}
+SCHEMAS.update({
+    "OllamaChatRequest": {"type": "object", "required": ["model"], "properties": {
+        **_O_COMMON, "messages": {"type": "array", "items": _O_MESSAGE},
+        "tools": {"type": "array", "items": {"type": "object"}}}},
+    "OllamaGenerateRequest": {"type": "object", "required": ["model"], "properties": {
+        **_O_COMMON, "prompt": _STR, "system": _STR, "raw": _BOOL, "images": {"type": "array", "items": _STR}}},
+    "OllamaChatResponse": {"type": "object", "required": ["model", "created_at", "done"], "properties": {
+        "model": _STR, "created_at": _STR, "message": {"type": "object"}, **_O_DONE}},
+    "OllamaGenerateResponse": {"type": "object", "required": ["model", "created_at", "done"], "properties": {
+        "model": _STR, "created_at": _STR, "response": _STR, "thinking": _STR, **_O_DONE}},
+    "OllamaEmbedRequest": {"type": "object", "required": ["model"], "properties": {
+        "model": {**_STR, "minLength": 1}, "input": {"oneOf": [_STR, {"type": "array", "items": _STR}]},
+        "truncate": _BOOL, "dimensions": {"type": "integer", "minimum": 1}, "options": _O_OPTIONS,
+        "keep_alive": _O_COMMON["keep_alive"]}},
+    "OllamaEmbedResponse": {"type": "object", "required": ["embeddings"], "properties": {
+        "model": _STR, "embeddings": {"type": "array", "items": {"type": "array", "items": _NUM}}}},
+    "OllamaEmbeddingsRequest": {"type": "object", "required": ["model"], "properties": {
+        "model": {**_STR, "minLength": 1}, "prompt": _STR, "options": _O_OPTIONS,
+        "keep_alive": _O_COMMON["keep_alive"]}},
+    "OllamaEmbeddingsResponse": {"type": "object", "required": ["embedding"], "properties": {
+        "embedding": {"type": "array", "items": _NUM}}},
+    "OllamaShowRequest": {"type": "object", "required": ["model"], "properties": {"model": {**_STR, "minLength": 1}}},
+    "OllamaShowResponse": {"type": "object", "properties": {
+        "template": _STR, "details": _O_DETAILS, "model_info": {"type": "object"},
+        "capabilities": {"type": "array", "items": _STR}}},
+    "OllamaPullRequest": {"type": "object", "required": ["model"], "properties": {
+        "model": {**_STR, "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)?$",
+                  "maxLength": 256, "description": "a Hugging Face model name, or the served model's"},
+        "stream": _BOOL}},
+    "OllamaProgress": {"type": "object", "properties": {"status": _STR, "digest": _STR, "total": _INT,
+                                                        "completed": _INT}},
+    "OllamaModels": {"type": "object", "required": ["models"], "properties": {"models": {"type": "array", "items": {
+        "type": "object", "properties": {"name": _STR, "model": _STR, "size": _INT, "digest": _STR,
+                                         "details": _O_DETAILS}}}}},
+    "OllamaVersion": {"type": "object", "required": ["version"], "properties": {"version": _STR}},
+    "OllamaError": {"type": "object", "required": ["error"], "properties": {"error": _STR}},
+})
+
 
 def _errors(*statuses: int, shape: str = "Error") -> dict:
     why = {400: "Invalid request", 401: "Missing or wrong API key", 404: "Unknown model, response or route",
@@ -459,6 +529,21 @@ def get_op(summary: str, schema: dict | str | None, media: str = "application/js
     if schema is not None:
         ok["content"] = {media: {"schema": _ref(schema) if isinstance(schema, str) else schema}}
     return {"summary": summary, "responses": {"200": ok}}
+
+
+def ollama_op(summary: str, request: str | None, response: str, stream: bool = False) -> dict:
+    """An operation of Ollama's API: NDJSON lines when streaming (its default), errors {"error": str}."""
+    ok = {"application/json": {"schema": _ref(response)}}
+    if stream:
+        ok["application/x-ndjson"] = {"schema": {"type": "string", "description": "one JSON object a line; "
+                                                 "the last has done: true (or an {\"error\"} line)"}}
+    op: dict[str, Any] = {"summary": summary, "responses": {"200": {"description": "OK", "content": ok}}}
+    if request is not None:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(request)}}}
+        op["responses"].update(_errors(400, 404, 413, 429, 503, shape="OllamaError"))
+    else:
+        op["responses"].update(_errors(503, shape="OllamaError"))
+    return op
 
 
 def model_op() -> dict:

@@ -4,7 +4,7 @@ generation routes (answered by generation.py).
 
 Each route is (method, path, handler, auth, probe, error shape, OpenAPI operation); a handler is
 `handler(req, state) -> Response` (routing.py). The other APIs' handlers live in their modules
-(responses.py, anthropic.py, vllm_routes.py, pooling.py, lora_routes.py) and are listed here.
+(responses.py, anthropic.py, ollama.py, vllm_routes.py, pooling.py, lora_routes.py) and are listed here.
 Adding a route: its handler, one line below, its body schemas in openapi.py, README.
 """
 from __future__ import annotations
@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 
 from lite_llm import __version__
-from lite_llm.server import anthropic, generation, lora_routes, openai, pooling, responses, vllm_routes, webui
+from lite_llm.server import (anthropic, generation, lora_routes, ollama, openai, pooling, responses, vllm_routes,
+                             webui)
 from lite_llm.server import models as models_pool
-from lite_llm.server.openapi import (get_op, health_op, invocations_op, model_op, openapi_document, post_op,
-                                     response_op)
+from lite_llm.server.openapi import (get_op, health_op, invocations_op, model_op, ollama_op, openapi_document,
+                                     post_op, response_op)
 from lite_llm.server.routing import Request, Response, Route, RouteTable, ServerState
 from lite_llm.server.validation import ApiError, show
 
@@ -27,6 +28,7 @@ def route_table(web_ui: bool = True, metrics_no_auth: bool = False) -> RouteTabl
     (open: they hold no data; every call they make sends the key typed into them);
     metrics_no_auth: /metrics without the API key (--metrics-no-auth)."""
     anthropic_error = anthropic.error_body
+    ollama_error = ollama.error_body
     messages_events = "`event: message_start` ... `event: message_stop` (Anthropic's)"
     routes = [
         Route("GET", "/v1/models", models, probe=True, doc=get_op("List the served models", "ModelList")),
@@ -76,6 +78,28 @@ def route_table(web_ui: bool = True, metrics_no_auth: bool = False) -> RouteTabl
         Route("POST", "/v1/unload_lora_adapter", lora_routes.unload_adapter,
               doc=post_op("vLLM's: unload a LoRA adapter (running requests finish with it)",
                           "UnloadLoraAdapterRequest", "LoraAdapterResponse", stream=False)),
+        # Ollama's API (ollama.py): its own error shape, NDJSON streams
+        Route("POST", "/api/chat", ollama.chat, error=ollama_error,
+              doc=ollama_op("Ollama: chat", "OllamaChatRequest", "OllamaChatResponse", stream=True)),
+        Route("POST", "/api/generate", ollama.generate, error=ollama_error,
+              doc=ollama_op("Ollama: generate from a prompt", "OllamaGenerateRequest", "OllamaGenerateResponse",
+                            stream=True)),
+        Route("POST", "/api/embed", ollama.embed, error=ollama_error,
+              doc=ollama_op("Ollama: embeddings (pooling models)", "OllamaEmbedRequest", "OllamaEmbedResponse")),
+        Route("POST", "/api/embeddings", ollama.embeddings, error=ollama_error,
+              doc=ollama_op("Ollama's older embeddings route", "OllamaEmbeddingsRequest", "OllamaEmbeddingsResponse")),
+        Route("GET", "/api/tags", ollama.tags, error=ollama_error,
+              doc=ollama_op("Ollama: the served models", None, "OllamaModels")),
+        Route("GET", "/api/ps", ollama.ps, error=ollama_error,
+              doc=ollama_op("Ollama: the loaded models", None, "OllamaModels")),
+        Route("POST", "/api/show", ollama.show, error=ollama_error,
+              doc=ollama_op("Ollama: a model's details, capabilities and template", "OllamaShowRequest",
+                            "OllamaShowResponse")),
+        Route("GET", "/api/version", ollama.version, error=ollama_error, probe=True,
+              doc=ollama_op("Ollama: the server's version", None, "OllamaVersion")),
+        Route("POST", "/api/pull", ollama.pull, error=ollama_error,
+              doc=ollama_op("Ollama: fetch a Hugging Face model into the local cache", "OllamaPullRequest",
+                            "OllamaProgress", stream=True)),
         Route("GET", "/ping", health, auth=False, probe=True, doc=health_op("SageMaker's health check: as /health")),
         Route("POST", "/ping", health, auth=False, probe=True, doc=health_op("As GET /ping")),
         Route("GET", "/health", health, auth=False, probe=True,

@@ -87,3 +87,22 @@ def test_a_text_model_refuses_images_in_each_apis_shape():
         assert status == 400 and "does not take image inputs" in err["message"]
     finally:
         stop_server(s)
+
+
+def test_ollama_images_answer_as_chat(server):
+    """Ollama's base64 `images` on a user message (chat) and on a prompt (generate): the chat
+    completion of the same image and question, token for token."""
+    ollama = pytest.importorskip("ollama")
+    b64 = _png_b64(3)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    content = [{"type": "text", "text": QUESTION},
+               {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64}}]
+    want = client.chat.completions.create(model="tiny-vl", messages=[{"role": "user", "content": content}],
+                                          max_tokens=6, temperature=0)
+    o = ollama.Client(host=server.url, timeout=60)
+    got = o.chat(model="tiny-vl", messages=[{"role": "user", "content": QUESTION, "images": [b64]}],
+                 options={"temperature": 0, "num_predict": 6})
+    assert got.prompt_eval_count == want.usage.prompt_tokens > 6
+    assert got.message.content == want.choices[0].message.content
+    generated = o.generate(model="tiny-vl", prompt=QUESTION, images=[b64], options={"temperature": 0, "num_predict": 6})
+    assert (generated.prompt_eval_count, generated.response) == (got.prompt_eval_count, got.message.content)

@@ -428,3 +428,32 @@ def test_fair_lock_serves_waiters_in_order():
     for t in waiters:
         t.join(5)
     assert order == ["second", "third", "first again"]
+
+
+def test_ollama_client_picks_loads_and_unloads_models(checkpoints, reference):
+    """Ollama's API over several models (the `ollama` client): /api/tags lists every model, a
+    chat loads the model it names (its ":latest" tag too) and answers as that model alone,
+    /api/ps lists the loaded ones with when they unload, and keep_alive 0 unloads after the answer."""
+    import ollama
+    server, pool = _start(["--models-dir", str(checkpoints["root"]), *COMMON])
+    try:
+        client = ollama.Client(host=f"http://127.0.0.1:{server.port}")
+        assert sorted(m.model for m in client.list().models) == ["alpha", "beta", "embed"]
+        assert [m.model for m in client.ps().models] == ["alpha"]
+        out = client.generate(model="beta:latest", prompt=PROMPT, raw=True, options={"temperature": 0, "num_predict": 8},
+                              keep_alive="10m")
+        assert out.response == reference["beta"]
+        loaded = {m.model: m for m in client.ps().models}
+        assert sorted(loaded) == ["alpha", "beta"] and loaded["beta"].expires_at is not None
+        rows = client.embed(model="embed", input=[PROMPT, "hello"]).embeddings
+        np.testing.assert_allclose(np.array(rows), reference["embed"], atol=1e-6)
+        client.generate(model="beta", prompt=PROMPT, raw=True, options={"num_predict": 2}, keep_alive=0)
+        deadline = time.monotonic() + 20
+        while "beta" in _statuses(server.port) and _statuses(server.port)["beta"] != "unloaded":
+            assert time.monotonic() < deadline, _statuses(server.port)
+            time.sleep(0.2)
+        with pytest.raises(ollama.ResponseError) as err:
+            client.chat(model="gamma", messages=[{"role": "user", "content": "hi"}])
+        assert err.value.status_code == 404
+    finally:
+        _stop(server)
