@@ -325,7 +325,8 @@ def _check(path: str, filename: str, size: int | None, digest: str | None) -> st
     return None
 
 
-def _pointer(repo_id: str, commit: str, filename: str) -> str:
+def cached_pointer(repo_id: str, commit: str, filename: str) -> str:
+    """Where the Hugging Face cache keeps `filename` of repo_id at commit (a snapshot's link)."""
     return os.path.join(_repo_dir(repo_id), "snapshots", commit, *filename.split("/"))
 
 
@@ -354,7 +355,7 @@ def _fetch(repo_id: str, commit: str, filename: str, remote: _Remote | None, ver
 def _fetch_file(repo_id: str, commit: str, filename: str, remote: _Remote | None, verify: bool) -> str:
     """The snapshot path of repo_id's `filename` at commit, downloaded if needed (resuming a partial
     download), checked against the listing: size always, hash when downloaded or `verify`."""
-    pointer = _pointer(repo_id, commit, filename)
+    pointer = cached_pointer(repo_id, commit, filename)
     if os.path.isfile(pointer):
         if remote is None:
             return pointer
@@ -691,7 +692,7 @@ def run_pull(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     log.setLevel(logging.INFO)      # ours (resuming, refetching), not every HTTP request's
     found = resolve(args.name, args.revision, mmproj=not args.no_mmproj, verify=True)
-    size = sum(_size(_pointer(found.repo_id, found.commit, f)) for f in found.files)
+    size = sum(_size(cached_pointer(found.repo_id, found.commit, f)) for f in found.files)
     print(f"{found.name}: {len(found.files)} file{'s' if len(found.files) != 1 else ''}, {_human(size)}, {found.format}"
           f"{f' {found.quant}' if found.quant else ''}, commit {found.commit[:12]}, checked")
     print(found.path)

@@ -243,7 +243,7 @@ def _prepare(chat: dict, ctx: ServingContext, raw: bool) -> PreparedRequest:
     if raw:
         prep = openai.prepare_completion(chat, ctx)
         if "max_tokens" not in chat:        # Ollama's num_predict -1: the room the prompt leaves
-            room = openai._max_tokens(None, len(prep.prompts[0].token_ids), ctx, default=None)
+            room = openai.max_tokens_for(None, len(prep.prompts[0].token_ids), ctx, default=None)
             prep = dataclasses.replace(prep, params=prep.params.replace(max_tokens=room))
     else:
         prep = openai.prepare_chat(chat, ctx)
@@ -468,7 +468,7 @@ def _pool(state: ServerState, fields: dict) -> tuple[list[list[float]], int]:
         raise bad("this model does not support embeddings: serve an embedding model (--runner pooling)", "model")
     with state.inflight():
         try:
-            answer, tokens = pooling._embeddings(fields, state.engine, state.ctx)
+            answer, tokens = pooling.embeddings_answer(fields, state.engine, state.ctx)
         except PoolingInputError as e:
             raise bad(str(e), "input") from None
     return [d["embedding"] for d in answer["data"]], tokens
@@ -621,7 +621,7 @@ def _pull_lines(ref: Any, stream: bool) -> Iterator[bytes]:
         model = done["model"]
         if stream:
             for f in model.files:
-                size = _file_size(hub._pointer(model.repo_id, model.commit, f))
+                size = _file_size(hub.cached_pointer(model.repo_id, model.commit, f))
                 yield _line({"status": f"pulling {f}", "digest": model.commit, "total": size, "completed": size})
             yield _line({"status": "verifying sha256 digest"})
             yield _line({"status": "writing manifest"})

@@ -85,8 +85,8 @@ def _sampling_kwargs(body: dict, ctx: ServingContext) -> dict:
     return kw
 
 
-def _max_tokens(requested: int | None, prompt_len: int, ctx: ServingContext,
-                default: int | None) -> int:
+def max_tokens_for(requested: int | None, prompt_len: int, ctx: ServingContext,
+                   default: int | None) -> int:
     """max_tokens within the context window; prompt + max_tokens beyond it is a 400 (as vLLM).
     None asked: the room the prompt leaves, at most the route's default (completions: 16), the
     model's generation_config max_new_tokens and the server's --default-max-tokens."""
@@ -131,7 +131,7 @@ def prepare_completion(body: dict, ctx: ServingContext) -> PreparedRequest:
     requested = get_int(body, "max_tokens", 1, 2 ** 31 - 1)
     # One SamplingParams for every prompt: max_tokens must fit the longest one.
     longest = max(len(p.token_ids) for p in prompts)
-    kw["max_tokens"] = _max_tokens(requested, longest, ctx, default=16)
+    kw["max_tokens"] = max_tokens_for(requested, longest, ctx, default=16)
     if logprobs is not None:
         kw["logprobs"] = logprobs
     params = sampling_params(kw)
@@ -266,7 +266,7 @@ def prepare_chat(body: dict, ctx: ServingContext, pixels: list[int] | None = Non
     requested = get_int(body, "max_completion_tokens", 1, 2 ** 31 - 1)
     if requested is None:
         requested = get_int(body, "max_tokens", 1, 2 ** 31 - 1)
-    kw["max_tokens"] = _max_tokens(requested, len(ids), ctx, default=None)
+    kw["max_tokens"] = max_tokens_for(requested, len(ids), ctx, default=None)
     if logprobs is not None:
         kw["logprobs"] = logprobs
     params = sampling_params(kw)

@@ -43,7 +43,7 @@ def refuse_generation(engine: Any) -> None:
 
 def embeddings(req: Request, state: ServerState) -> Response:
     """POST /v1/embeddings."""
-    return _answer(req, state, _embeddings)
+    return _answer(req, state, embeddings_answer)
 
 
 def pooled(req: Request, state: ServerState) -> Response:
@@ -133,7 +133,8 @@ def _format(body: dict) -> str:
     return fmt
 
 
-def _embeddings(body: dict, engine, ctx) -> tuple[dict, int]:
+def embeddings_answer(body: dict, engine, ctx) -> tuple[dict, int]:
+    """(an /v1/embeddings answer, its prompt tokens) of a request body: for any front end."""
     fmt = _format(body)
     runner = engine.runner
     dims = body.get("dimensions")
