@@ -5,6 +5,13 @@
  *   LL_W_F32  [N/16][K][16]         float
  *   LL_W_F16  [N/16][K][16]         IEEE half
  *   LL_W_BF16 [N/16][ceil(K/2)][16][2]  bf16 pairs: element (n, k) at [n/16][k/2][n%16][k%2]
+ *   LL_W_FP8  [N/16][ceil(K/128)] chunks of 128 columns (the last one K % 128 if short), each
+ *             float s[16] (the 16 rows' scales for those columns, times 256), then
+ *             uint8 e4m3 [kc][16]: element (n, k) = e4m3(byte) * s[n%16] / 256
+ *             (FP8 checkpoints kept at one byte a weight: a [128, 128] block scale or a row's
+ *             scale is a per-row scale of every 128-column chunk; ll_load_e4m3 gives the value
+ *             times 2^-8, and the product with 256 s is the dequantized fp32 weight exactly as
+ *             e4m3 -> fp32 times s rounds it: the GEMM is the fp32 GEMM on those weights)
  * so the 16 outputs of a panel are one vector, and a panel streams contiguously: decode
  * (T = 1) reads each weight byte once, prefill reuses a panel from cache for every token tile.
  *
@@ -20,7 +27,9 @@
 #include "act.h"
 LL_HOT_BEGIN
 
-enum { LL_W_F32 = 0, LL_W_BF16 = 1, LL_W_F16 = 2 };
+enum { LL_W_F32 = 0, LL_W_BF16 = 1, LL_W_F16 = 2, LL_W_FP8 = 25 };   /* 3..24: qgemm.h's block types */
+#define LL_FP8_CHUNK 128
+#define LL_FP8_CHUNK_BYTES (64 + LL_FP8_CHUNK * 16)
 
 /* Register tiles (tokens x panels) come from the vec.h backend, sized to its registers:
  * LL_TT_FMA x LL_NP_FMA for the fp32-FMA paths (fp32 and fp16 weights, and bf16 weights widened
@@ -64,6 +73,19 @@ LL_INLINE void ll_gemm_acc_fma(const float *x, ptrdiff_t ldx, const void *const 
                 for (int t = 0; t < tt; t++) acc[t][p] = ll_fma_row(acc[t][p], wv, b, b4, s, s3, t, 0);
             }
         }
+    } else if (wtype == LL_W_FP8) {
+        for (ptrdiff_t c0 = 0; c0 < k; c0 += LL_FP8_CHUNK) {
+            const ptrdiff_t c1 = c0 + LL_FP8_CHUNK < k ? c0 + LL_FP8_CHUNK : k, off = c0 / LL_FP8_CHUNK * LL_FP8_CHUNK_BYTES;
+            ll_vf32 sv[LL_NP_MAX];
+            for (int p = 0; p < np; p++) sv[p] = ll_load((const float *)((const char *)wp[p] + off));
+            for (ptrdiff_t kk = c0; kk < c1; kk++) {
+                const float *b = x + kk, *b4 = b + 4 * ldx;
+                for (int p = 0; p < np; p++) {
+                    const ll_vf32 wv = ll_mul(ll_load_e4m3((const uint8_t *)wp[p] + off + 64 + (kk - c0) * 16), sv[p]);
+                    for (int t = 0; t < tt; t++) acc[t][p] = ll_fma_row(acc[t][p], wv, b, b4, s, s3, t, 0);
+                }
+            }
+        }
     } else {
         const ptrdiff_t kfull = k / 2;   /* whole pairs; an odd K leaves one even column */
         for (ptrdiff_t kp = 0; kp < kfull; kp++) {
@@ -105,7 +127,8 @@ LL_INLINE void ll_gemm_acc_dot(const uint32_t *xb, ptrdiff_t ldx, const void *co
 
 /* Bytes of one packed panel. */
 LL_INLINE ptrdiff_t ll_panel_bytes(int wtype, ptrdiff_t k) {
-    return wtype == LL_W_F32 ? k * 16 * 4 : wtype == LL_W_F16 ? k * 16 * 2 : (k + 1) / 2 * 32 * 2;
+    return wtype == LL_W_F32 ? k * 16 * 4 : wtype == LL_W_F16 ? k * 16 * 2
+         : wtype == LL_W_FP8 ? (k + LL_FP8_CHUNK - 1) / LL_FP8_CHUNK * 64 + k * 16 : (k + 1) / 2 * 32 * 2;
 }
 
 /* Pull panels p0..p1 of a packed weight towards this core (L2): a phase that waits on latency

@@ -1,0 +1,128 @@
+"""FP8 checkpoints (float8_e4m3fn weights, written here with torch as the Hub's checkpoints store
+them) run kept at one byte a weight: DeepSeek-V3 / Qwen3-FP8's block layout (quant_method "fp8",
+weight_scale_inv per 128 x 128 block) and compressed-tensors' float-quantized layout
+(weight_scale per output channel). Logits against transformers on the same weights dequantized
+(float32), the formats each matrix runs in, the bytes they take, and clear refusals."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from lite_llm.model.loader import ModelLoadError
+from test_parity import lite_logits, make_runner
+
+# hidden 320: K of q, k, v, gate, up is two whole 128-column chunks and a short one; 384: three (down)
+SHAPE = dict(hidden_size=320, intermediate_size=384, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+IDS = [5, 17, 200, 33, 90, 250, 7, 64, 128, 3, 41, 300]
+BLOCK_CONFIG = {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic", "fmt": "e4m3"}
+CHANNEL_CONFIG = {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
+                  "config_groups": {"group_0": {
+                      "targets": ["Linear"],
+                      "weights": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel",
+                                  "dynamic": False},
+                      "input_activations": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token",
+                                            "dynamic": True}}}}
+
+
+def _quantize(w: torch.Tensor, layout: str):
+    """w [N, K] float32 -> (q float8_e4m3fn [N, K], scale tensor as stored, scale per element [N, K])."""
+    n, k = w.shape
+    if layout == "block":
+        bn = bk = 128
+        pad = torch.zeros(-(-n // bn) * bn, -(-k // bk) * bk)
+        pad[:n, :k] = w
+        amax = pad.reshape(-(-n // bn), bn, -(-k // bk), bk).abs().amax(dim=(1, 3))
+        scale = (amax / 448).clamp(min=1e-12).float()                        # [ceil(N/128), ceil(K/128)]
+        full = scale.repeat_interleave(bn, 0).repeat_interleave(bk, 1)[:n, :k]
+    else:
+        scale = (w.abs().amax(dim=1, keepdim=True) / 448).clamp(min=1e-12).float()   # [N, 1]
+        full = scale.expand(n, k)
+    q = (w / full).to(torch.float8_e4m3fn)
+    return q, scale, full
+
+
+def write_fp8(ckpt, out, layout: str):
+    """Copy tiny checkpoint `ckpt` to `out` with every layer linear in FP8 (`layout` "block" or
+    "channel"); returns the directory of a float32 copy holding the dequantized weights."""
+    ref = out.parent / (out.name + "-dequantized")
+    for d in (out, ref):
+        shutil.copytree(ckpt, d)
+    sd = load_file(str(ckpt / "model.safetensors"))
+    q_sd, ref_sd = {}, {}
+    for name, w in sd.items():
+        prefix = name[: -len(".weight")]
+        ref_sd[name] = w.float().contiguous()
+        q_sd[name] = w.contiguous()
+        if name.endswith(".weight") and prefix.split("layers.")[-1].split(".", 1)[-1] in LINEARS:
+            q, scale, full = _quantize(w.float(), layout)
+            q_sd[name] = q
+            q_sd[prefix + (".weight_scale_inv" if layout == "block" else ".weight_scale")] = scale
+            ref_sd[name] = (q.float() * full).contiguous()              # dequantized as transformers does
+    save_file(q_sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(ref_sd, str(ref / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"] = BLOCK_CONFIG if layout == "block" else CHANNEL_CONFIG
+    (out / "config.json").write_text(json.dumps(cfg))
+    return ref
+
+
+def _hf(path) -> np.ndarray:
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([IDS])).logits[0].double().numpy()
+
+
+def _rel_err(got, want) -> float:
+    return float((np.abs(got - want) / (want.max(-1, keepdims=True) - want.min(-1, keepdims=True))).max())
+
+
+@pytest.mark.parametrize("layout,hidden", [("block", 256), ("block", 320), ("channel", 320)])
+def test_fp8_logits_match_the_dequantized_weights(tiny_checkpoint, tmp_path, layout, hidden):
+    shape = {**SHAPE, "hidden_size": hidden}
+    ckpt = tiny_checkpoint("qwen3", **shape, std=0.08)
+    ref = write_fp8(ckpt, tmp_path / layout, layout)
+    want = _hf(ref)
+    runner, loaded = make_runner(tmp_path / layout)
+    assert runner.formats["layers.0.qkv"][0] == ("F8_E4M3",) and runner.formats["layers.1.down"][0] == ("F8_E4M3",)
+    assert runner.formats["layers.0.gate_up"] == (("F8_E4M3",), "float32")   # activations stay float
+    assert runner.formats["lm_head"][0] == ("float32",)                         # not quantized: as stored
+    got = lite_logits(runner, [IDS])[0]
+    assert _rel_err(got, want) < 1e-4, _rel_err(got, want)
+    # one byte a weight, plus per 16 rows and 128 columns 16 float32 scales (3 %)
+    E, F, D = shape["hidden_size"], shape["intermediate_size"], shape["head_dim"]
+    for name, (n, k) in {"qkv": (4 * D + 2 * 2 * D, E), "o": (E, 4 * D), "gate_up": (2 * F, E), "down": (E, F)}.items():
+        m = runner.packed.model.matrices[f"layers.0.{name}"]
+        assert m.data.dtype == np.uint8 and m.data.nbytes == -(-n // 16) * (16 * k + 64 * -(-k // 128)), name
+    if layout == "block" and hidden % 128 == 0:
+        # transformers dequantizes "fp8" checkpoints itself on a CPU (whole blocks only)
+        assert _rel_err(got, _hf(tmp_path / layout)) < 1e-4
+
+
+def test_fp8_checkpoints_refused_clearly(tiny_checkpoint, tmp_path):
+    ckpt = tiny_checkpoint("qwen3", **SHAPE, std=0.08)
+    out = tmp_path / "b64"
+    write_fp8(ckpt, out, "block")
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"]["weight_block_size"] = [128, 64]
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="FP8 blocks of 128 x 64 are not supported"):
+        make_runner(out)
+    cfg["quantization_config"]["weight_block_size"] = [64, 128]     # the file's scales are per 128 rows
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=r"q_proj.weight_scale_inv has shape \[1, 3\], expected \[2, 3\]"):
+        make_runner(out)
+    out = tmp_path / "ch"
+    write_fp8(ckpt, out, "channel")
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 4
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="compressed-tensors format 'float-quantized' .* is not supported"):
+        make_runner(out)
