@@ -106,6 +106,27 @@ def test_fp8_logits_match_the_dequantized_weights(tiny_checkpoint, tmp_path, lay
         assert _rel_err(got, _hf(tmp_path / layout)) < 1e-4
 
 
+def test_info_names_the_formats_and_bytes_as_run(tiny_checkpoint, tmp_path):
+    """`lite_llm info --model` on an FP8 directory: the matrices kept in F8_E4M3, the others in
+    bf16, and the bytes a decoded token reads, as the runner packs them."""
+    from lite_llm import info
+    ckpt = tiny_checkpoint("qwen3", **{**SHAPE, "hidden_size": 256}, std=0.08)
+    write_fp8(ckpt, tmp_path / "fp8", "block")
+    w = info.model_weight_bytes(str(tmp_path / "fp8"))
+    assert w["formats"] == {"F8_E4M3 (as stored)": 2 * len(LINEARS), "F32 -> bf16": 2}    # embedding, LM head
+    runner, _ = make_runner(tmp_path / "fp8", dtype="bfloat16")
+    vectors = sum(v.nbytes for v in runner.packed.model.vectors.values())
+    assert runner.bytes_per_token == w["bytes_per_token_as_run"] + vectors
+    assert any(line.startswith("weight formats: F32 -> bf16 x 2, F8_E4M3 (as stored) x 14")
+               for line in info.format_text({**_machine_info(), "model": w}))
+
+
+def _machine_info() -> dict:
+    """The machine half of `info`'s dict, without the bandwidth probe."""
+    from lite_llm import info
+    return {k: v for k, v in info.collect(model=None, bandwidth=False).items() if k != "model"}
+
+
 def test_fp8_checkpoints_refused_clearly(tiny_checkpoint, tmp_path):
     ckpt = tiny_checkpoint("qwen3", **SHAPE, std=0.08)
     out = tmp_path / "b64"
