@@ -206,11 +206,19 @@ def stacked(ckpt: SafetensorsCheckpoint, parts: tuple[tuple[str, tuple[int, int]
             blocks.append((q.type_name, q.read_blocks))
             stored.append(None)
         else:
-            ckpt.entry(name, shape)
+            _not_fp8(ckpt, ckpt.entry(name, shape), name)
             rows.append((shape[0], partial(ckpt.read_rows, name)))
             blocks.append(None)
             stored.append(ckpt.stored(name))
     return StackedRows(tuple(rows), parts[0][1][1], blocks=tuple(blocks), stored=tuple(stored))
+
+
+def _not_fp8(ckpt: SafetensorsCheckpoint, e: _Entry, name: str) -> None:
+    """FP8 bytes are values only with their scales: refuse one read as a plain float tensor."""
+    if e.stype == "F8_E4M3":
+        raise ModelLoadError(f"{ckpt.path}: tensor {name!r} is float8_e4m3fn, which runs only as an FP8 linear "
+                             "(quantization_config quant_method fp8 or compressed-tensors float, with its "
+                             "weight_scale / weight_scale_inv; fused and 3-D FP8 tensors are not supported)")
 
 
 def split(ckpt: SafetensorsCheckpoint, name: str, sizes: tuple[int, ...], cols: int, first: int | None = None) -> StackedRows:
@@ -219,8 +227,9 @@ def split(ckpt: SafetensorsCheckpoint, name: str, sizes: tuple[int, ...], cols: 
     separate tensors would give, each read or packed where it lies. first: the parts start at
     row `first` of a 3-D tensor seen as 2-D (one expert of experts.gate_up_proj [X, 2F, E])."""
     if hfquant.is_quantized_linear(ckpt, name[: -len(".weight")]):
-        raise ModelLoadError(f"{ckpt.path}: {name}: a fused projection in AWQ / GPTQ form is not supported")
+        raise ModelLoadError(f"{ckpt.path}: {name}: a fused projection in AWQ / GPTQ / FP8 form is not supported")
     flat = first is not None
+    _not_fp8(ckpt, ckpt.entry(name), name)
     if not flat:
         ckpt.entry(name, (sum(sizes), cols))
     rows, stored, r0 = [], [], first or 0

@@ -63,8 +63,13 @@ def test_weights_widen_exactly(variant, block, rng):
     q, scales, w = _fp8_weight(rng, n, k, block)
     x = np.eye(k, dtype=np.float32)
     out = np.full((k, n), np.nan, np.float32)
-    mod.gemm(x, layout.pack_fp8(q, scales), "F8_E4M3", n, out, num_threads=2)
+    packed = layout.pack_fp8(q, scales)
+    mod.gemm(x, packed, "F8_E4M3", n, out, num_threads=2)
     np.testing.assert_array_equal(out, w.T)
+    for j in (0, 127, 128, 299):     # one token (the decode path, scaled once per chunk)
+        one = np.full((1, n), np.nan, np.float32)
+        mod.gemm(x[j:j + 1], packed, "F8_E4M3", n, one, num_threads=2)
+        np.testing.assert_array_equal(one[0], w[:, j])
 
 
 @pytest.mark.parametrize("num_threads", [1, 3])

@@ -6,6 +6,7 @@ weight_scale_inv per 128 x 128 block) and compressed-tensors' float-quantized la
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -20,6 +21,7 @@ from test_parity import lite_logits, make_runner
 SHAPE = dict(hidden_size=320, intermediate_size=384, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+EXPERTS = re.compile(r"mlp\.experts\.\d+\.(gate|up|down)_proj")
 IDS = [5, 17, 200, 33, 90, 250, 7, 64, 128, 3, 41, 300]
 BLOCK_CONFIG = {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic", "fmt": "e4m3"}
 CHANNEL_CONFIG = {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
@@ -48,9 +50,10 @@ def _quantize(w: torch.Tensor, layout: str):
     return q, scale, full
 
 
-def write_fp8(ckpt, out, layout: str):
+def write_fp8(ckpt, out, layout: str, linears=None):
     """Copy tiny checkpoint `ckpt` to `out` with every layer linear in FP8 (`layout` "block" or
-    "channel"); returns the directory of a float32 copy holding the dequantized weights."""
+    "channel"; linears: a pattern of the layer's modules to quantize instead of LINEARS);
+    returns the directory of a float32 copy holding the dequantized weights."""
     ref = out.parent / (out.name + "-dequantized")
     for d in (out, ref):
         shutil.copytree(ckpt, d)
@@ -60,7 +63,8 @@ def write_fp8(ckpt, out, layout: str):
         prefix = name[: -len(".weight")]
         ref_sd[name] = w.float().contiguous()
         q_sd[name] = w.contiguous()
-        if name.endswith(".weight") and prefix.split("layers.")[-1].split(".", 1)[-1] in LINEARS:
+        module = prefix.split("layers.")[-1].split(".", 1)[-1]
+        if name.endswith(".weight") and (linears.fullmatch(module) if linears else module in LINEARS):
             q, scale, full = _quantize(w.float(), layout)
             q_sd[name] = q
             q_sd[prefix + (".weight_scale_inv" if layout == "block" else ".weight_scale")] = scale
@@ -106,6 +110,20 @@ def test_fp8_logits_match_the_dequantized_weights(tiny_checkpoint, tmp_path, lay
         assert _rel_err(got, _hf(tmp_path / layout)) < 1e-4
 
 
+def test_fp8_moe_experts_run_as_stored(tiny_checkpoint, tmp_path):
+    """Qwen3-MoE with its experts in FP8 blocks (one tensor per expert and projection, as
+    Qwen3-30B-A3B-FP8 stores them); here only the experts: attention stays float."""
+    ckpt = tiny_checkpoint("qwen3_moe", hidden_size=256, std=0.08)
+    ref = write_fp8(ckpt, tmp_path / "moe", "block", linears=EXPERTS)
+    want = _hf(ref)
+    runner, _ = make_runner(tmp_path / "moe")
+    assert runner.formats["layers.0.experts.gate_up"][0] == ("F8_E4M3",)
+    assert runner.formats["layers.1.experts.down"][0] == ("F8_E4M3",)
+    assert runner.formats["layers.0.qkv"][0] == ("float32",)
+    got = lite_logits(runner, [IDS])[0]
+    assert _rel_err(got, want) < 1e-4, _rel_err(got, want)
+
+
 def test_info_names_the_formats_and_bytes_as_run(tiny_checkpoint, tmp_path):
     """`lite_llm info --model` on an FP8 directory: the matrices kept in F8_E4M3, the others in
     bf16, and the bytes a decoded token reads, as the runner packs them."""
@@ -140,6 +158,10 @@ def test_fp8_checkpoints_refused_clearly(tiny_checkpoint, tmp_path):
     (out / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match=r"q_proj.weight_scale_inv has shape \[1, 3\], expected \[2, 3\]"):
         make_runner(out)
+    cfg.pop("quantization_config")                   # FP8 bytes are not read as plain values
+    (tmp_path / "b64" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="q_proj.weight' is float8_e4m3fn, which runs only as an FP8 linear"):
+        make_runner(tmp_path / "b64")
     out = tmp_path / "ch"
     write_fp8(ckpt, out, "channel")
     cfg = json.loads((out / "config.json").read_text())
