@@ -1,7 +1,7 @@
 """FP8 checkpoints (float8_e4m3fn weights, written here with torch as the Hub's checkpoints store
 them) run kept at one byte a weight: DeepSeek-V3 / Qwen3-FP8's block layout (quant_method "fp8",
 weight_scale_inv per 128 x 128 block) and compressed-tensors' float-quantized layout
-(weight_scale per output channel). Logits against transformers on the same weights dequantized
+(weight_scale per output channel), and quant_method "fp8" with one scale per tensor. Logits against transformers on the same weights dequantized
 (float32), the formats each matrix runs in, the bytes they take, and clear refusals."""
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
 EXPERTS = re.compile(r"mlp\.experts\.\d+\.(gate|up|down)_proj")
 IDS = [5, 17, 200, 33, 90, 250, 7, 64, 128, 3, 41, 300]
 BLOCK_CONFIG = {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic", "fmt": "e4m3"}
+TENSOR_CONFIG = {"quant_method": "fp8", "activation_scheme": "static"}
 CHANNEL_CONFIG = {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
                   "config_groups": {"group_0": {
                       "targets": ["Linear"],
@@ -34,9 +35,13 @@ CHANNEL_CONFIG = {"quant_method": "compressed-tensors", "format": "float-quantiz
 
 
 def _quantize(w: torch.Tensor, layout: str):
-    """w [N, K] float32 -> (q float8_e4m3fn [N, K], scale tensor as stored, scale per element [N, K])."""
+    """w [N, K] float32 -> (q float8_e4m3fn [N, K], scale tensor as stored, scale per element [N, K]);
+    layout "block" (128 x 128), "channel" or "tensor"."""
     n, k = w.shape
-    if layout == "block":
+    if layout == "tensor":
+        scale = (w.abs().amax() / 448).clamp(min=1e-12).float()               # [] (vLLM's per-tensor FP8)
+        full = scale.expand(n, k)
+    elif layout == "block":
         bn = bk = 128
         pad = torch.zeros(-(-n // bn) * bn, -(-k // bk) * bk)
         pad[:n, :k] = w
@@ -68,11 +73,13 @@ def write_fp8(ckpt, out, layout: str, linears=None):
             q, scale, full = _quantize(w.float(), layout)
             q_sd[name] = q
             q_sd[prefix + (".weight_scale_inv" if layout == "block" else ".weight_scale")] = scale
+            if layout == "tensor":     # a static activation scale beside it: not used (activations stay float)
+                q_sd[prefix + ".input_scale"] = torch.tensor(0.5)
             ref_sd[name] = (q.float() * full).contiguous()              # dequantized as transformers does
     save_file(q_sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     save_file(ref_sd, str(ref / "model.safetensors"), metadata={"format": "pt"})
     cfg = json.loads((out / "config.json").read_text())
-    cfg["quantization_config"] = BLOCK_CONFIG if layout == "block" else CHANNEL_CONFIG
+    cfg["quantization_config"] = {"block": BLOCK_CONFIG, "channel": CHANNEL_CONFIG, "tensor": TENSOR_CONFIG}[layout]
     (out / "config.json").write_text(json.dumps(cfg))
     return ref
 
@@ -88,7 +95,7 @@ def _rel_err(got, want) -> float:
     return float((np.abs(got - want) / (want.max(-1, keepdims=True) - want.min(-1, keepdims=True))).max())
 
 
-@pytest.mark.parametrize("layout,hidden", [("block", 256), ("block", 320), ("channel", 320)])
+@pytest.mark.parametrize("layout,hidden", [("block", 256), ("block", 320), ("channel", 320), ("tensor", 320)])
 def test_fp8_logits_match_the_dequantized_weights(tiny_checkpoint, tmp_path, layout, hidden):
     shape = {**SHAPE, "hidden_size": hidden}
     ckpt = tiny_checkpoint("qwen3", **shape, std=0.08)
