@@ -103,7 +103,7 @@ def _w8a8_spec(qc: dict, where: str) -> QuantSpec:
     fmt = str(qc.get("format", "")).lower()
     groups = list((qc.get("config_groups") or {}).values())
     weights = [g.get("weights") or {} for g in groups]
-    if fmt in ("float-quantized", "naive-quantized") and weights and all(
+    if fmt == "float-quantized" and weights and all(
             w.get("type") == "float" for w in weights):
         strategies = {w.get("strategy", "tensor") for w in weights}
         if not all(w.get("num_bits") == 8 and w.get("symmetric", True) for w in weights) \
@@ -171,7 +171,13 @@ def is_quantized_linear(ckpt, prefix: str) -> bool:
     if ckpt.quant.method == "w8a8":
         return f"{prefix}.weight_scale" in ckpt
     if ckpt.quant.method == "fp8":
-        return f"{prefix}.weight" in ckpt and ckpt.entry(f"{prefix}.weight").stype == "F8_E4M3"
+        if f"{prefix}.weight" not in ckpt:
+            return False
+        stype = ckpt.entry(f"{prefix}.weight").stype
+        if stype != "F8_E4M3" and any(f"{prefix}.{s}" in ckpt for s in ("weight_scale", "weight_scale_inv")):
+            raise ModelLoadError(f"{ckpt.path}: {prefix}.weight is {stype} beside an FP8 scale: only "
+                                 "float8_e4m3fn weights are supported")
+        return stype == "F8_E4M3"
     return f"{prefix}.weight" not in ckpt and f"{prefix}.qweight" in ckpt
 
 

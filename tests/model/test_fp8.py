@@ -176,3 +176,15 @@ def test_fp8_checkpoints_refused_clearly(tiny_checkpoint, tmp_path):
     (out / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match="compressed-tensors format 'float-quantized' .* is not supported"):
         make_runner(out)
+    cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8
+    (out / "config.json").write_text(json.dumps(cfg))
+    sd = load_file(str(out / "model.safetensors"))
+    name = "model.layers.1.mlp.up_proj.weight"
+    sd[name] = sd[name].float().to(torch.bfloat16)          # a scale beside weights that are not FP8
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="up_proj.weight is BF16 beside an FP8 scale"):
+        make_runner(out)
+    sd[name] = sd[name].to(torch.float8_e5m2)
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="up_proj.weight' has dtype F8_E5M2, not a type this loader reads"):
+        make_runner(out)
