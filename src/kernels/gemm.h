@@ -30,6 +30,7 @@ LL_HOT_BEGIN
 enum { LL_W_F32 = 0, LL_W_BF16 = 1, LL_W_F16 = 2, LL_W_FP8 = 25 };   /* 3..24: qgemm.h's block types */
 #define LL_FP8_CHUNK 128
 #define LL_FP8_CHUNK_BYTES (64 + LL_FP8_CHUNK * 16)
+#define LL_FP8_GROUP 64   /* tokens a widened chunk of a gated MLP's panels serves at once */
 
 /* Register tiles (tokens x panels) come from the vec.h backend, sized to its registers:
  * LL_TT_FMA x LL_NP_FMA for the fp32-FMA paths (fp32 and fp16 weights, and bf16 weights widened
@@ -440,13 +441,15 @@ static inline void ll_gemm_gated(const float *x, const uint32_t *xb, ptrdiff_t l
         }
         return;
     }
-    if (wtype == LL_W_FP8) {   /* several tokens: a feature's gate and up chunks widened to fp32 per token tile */
+    if (wtype == LL_W_FP8) {
+        /* several tokens: a feature panel's gate and up chunks widened to fp32 once for a group of
+         * up to LL_FP8_GROUP tokens, whose sums wait on the stack until the last chunk */
         float buf[2 * LL_FP8_CHUNK * 16] __attribute__((aligned(64)));
+        ll_vf32 sum[LL_FP8_GROUP][2];
         for (ptrdiff_t q = q0; q < q1; q++) {
-            for (ptrdiff_t t = 0; t < num_tokens; t += LL_TT_FMA) {
-                const int tt = (int)(num_tokens - t < LL_TT_FMA ? num_tokens - t : LL_TT_FMA);
-                ll_vf32 sum[LL_TT_MAX][2];
-                for (int i = 0; i < tt; i++) sum[i][0] = sum[i][1] = ll_zero();
+            for (ptrdiff_t g0 = 0; g0 < num_tokens; g0 += LL_FP8_GROUP) {
+                const ptrdiff_t g1 = g0 + LL_FP8_GROUP < num_tokens ? g0 + LL_FP8_GROUP : num_tokens;
+                for (ptrdiff_t i = 0; i < g1 - g0; i++) sum[i][0] = sum[i][1] = ll_zero();
                 for (ptrdiff_t c0 = 0; c0 < k; c0 += LL_FP8_CHUNK) {
                     const ptrdiff_t kc = k - c0 < LL_FP8_CHUNK ? k - c0 : LL_FP8_CHUNK;
                     for (int h = 0; h < 2; h++) {
@@ -456,19 +459,22 @@ static inline void ll_gemm_gated(const float *x, const uint32_t *xb, ptrdiff_t l
                             ll_store(buf + (h * kc + i) * 16, ll_mul(ll_load_e4m3(cw + 64 + i * 16), sv));
                     }
                     const void *wp[LL_NP_MAX] = {buf, buf + kc * 16};
-                    const float *xc = x + t * ldx + c0;
-                    ll_vf32 acc[LL_TT_MAX][LL_NP_MAX];
+                    for (ptrdiff_t t = g0; t < g1; t += LL_TT_FMA) {
+                        const int tt = (int)(g1 - t < LL_TT_FMA ? g1 - t : LL_TT_FMA);
+                        const float *xc = x + t * ldx + c0;
+                        ll_vf32 acc[LL_TT_MAX][LL_NP_MAX];
 #define LL_GFMA8(TT_, NP_) ll_acc_fma_##TT_##_##NP_(xc, ldx, wp, LL_W_F32, kc, acc)
-                    LL_TILES_TT(LL_GFMA8, 2)
+                        LL_TILES_TT(LL_GFMA8, 2)
 #undef LL_GFMA8
-                    for (int i = 0; i < tt; i++) {
-                        sum[i][0] = ll_add(sum[i][0], acc[i][0]);
-                        sum[i][1] = ll_add(sum[i][1], acc[i][1]);
+                        for (int i = 0; i < tt; i++) {
+                            sum[t - g0 + i][0] = ll_add(sum[t - g0 + i][0], acc[i][0]);
+                            sum[t - g0 + i][1] = ll_add(sum[t - g0 + i][1], acc[i][1]);
+                        }
                     }
                 }
-                for (int i = 0; i < tt; i++)
-                    ll_gated_store(sum[i][0], sum[i][1], bias, q * 16, F, act, ao ? ao + (t + i) * lda : 0,
-                                   ao_b ? ao_b + (t + i) * ldb : 0);
+                for (ptrdiff_t t = g0; t < g1; t++)
+                    ll_gated_store(sum[t - g0][0], sum[t - g0][1], bias, q * 16, F, act, ao ? ao + t * lda : 0,
+                                   ao_b ? ao_b + t * ldb : 0);
             }
         }
         return;

@@ -86,7 +86,7 @@ def test_gemm_matches_reference(variant, num_tokens, k, n, num_threads, rng):
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=2e-6 * k * np.abs(w).max() + 1e-6)
 
 
-@pytest.mark.parametrize("num_tokens", [1, 5, 11])
+@pytest.mark.parametrize("num_tokens", [1, 5, 11, 70])   # 70: past one 64-token group
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_gated_mlp_matches_reference(variant, num_tokens, rng):
     """The fused gated MLP on FP8 gate and up halves (pack_gated's order: gate panels, then up)."""
