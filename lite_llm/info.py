@@ -137,6 +137,8 @@ def model_weight_bytes(model: str | None) -> dict[str, Any]:
             out.update(_gguf_formats(path, skip=embed if gathered else None, share=share))
         except ImportError:     # no kernel build: the formats are the kernels' to say
             pass
+    elif os.path.isdir(path) and shapes is not None:
+        out.update(_fp8_formats(path, skip=embed if gathered else None, share=share))
     return out
 
 
@@ -180,6 +182,30 @@ def _gguf_formats(path: str, skip: str | None, share: float = 1.0) -> dict[str, 
         if name != skip:
             rows, cols = t.shape[-2:]
             one = -(-rows // 16) * kernels.qpanel_bytes(t.type_name, cols) if kept else rows * cols * 2
+            per_token += int(one * count * (share if _is_expert(name) else 1.0))
+    return {"formats": formats, "bytes_per_token_as_run": per_token}
+
+
+def _fp8_formats(path: str, skip: str | None, share: float = 1.0) -> dict[str, Any]:
+    """As _gguf_formats, for a Hugging Face directory with FP8 weights (float8_e4m3fn beside
+    their scales): those stay as stored, one byte a weight plus 16 float32 scales per 16 rows and
+    128 columns (layout.fp8_panel_bytes); other matrices run in bf16. {} for other directories."""
+    from lite_llm.model.hf import SafetensorsCheckpoint
+    entries = SafetensorsCheckpoint(path).entries
+    if not any(e.stype == "F8_E4M3" for e in entries.values()):
+        return {}
+    formats: dict[str, int] = {}
+    per_token = 0
+    for name, e in entries.items():
+        if len(e.shape) not in (2, 3) or name.endswith(("_scale", "_scale_inv")):
+            continue
+        kept = e.stype == "F8_E4M3"
+        key = f"{e.stype} (as stored)" if kept else f"{e.stype} -> bf16"
+        count = e.shape[0] if len(e.shape) == 3 else 1
+        formats[key] = formats.get(key, 0) + count
+        if name != skip:
+            rows, cols = e.shape[-2:]
+            one = -(-rows // 16) * (-(-cols // 128) * 64 + cols * 16) if kept else rows * cols * 2
             per_token += int(one * count * (share if _is_expert(name) else 1.0))
     return {"formats": formats, "bytes_per_token_as_run": per_token}
 

@@ -20,7 +20,7 @@ cdef extern from "simd/vec.h" nogil:
     float ll_f16_to_f32(uint16_t h)
 
 cdef extern from "kernels/gemm.h" nogil:
-    int LL_W_F32, LL_W_BF16, LL_W_F16
+    int LL_W_F32, LL_W_BF16, LL_W_F16, LL_W_FP8, LL_FP8_CHUNK, LL_FP8_CHUNK_BYTES
     int ll_gemm_wants_xb(int wtype)
     void ll_f32_to_bf16_pairs(const float *x, Py_ssize_t ldx, uint32_t *xb, Py_ssize_t t0,
                               Py_ssize_t t1, Py_ssize_t k)
@@ -107,7 +107,8 @@ WTYPES = {"float32": LL_W_F32, "bfloat16": LL_W_BF16, "float16": LL_W_F16, "Q8_0
           "Q5_K": LL_W_Q5_K, "Q6_K": LL_W_Q6_K, "IQ4_NL": LL_W_IQ4_NL, "IQ4_XS": LL_W_IQ4_XS,
           "Q2_K": LL_W_Q2_K, "Q3_K": LL_W_Q3_K, "TQ2_0": LL_W_TQ2_0, "TQ1_0": LL_W_TQ1_0, "MXFP4": LL_W_MXFP4,
           "IQ2_XXS": LL_W_IQ2_XXS, "IQ2_XS": LL_W_IQ2_XS, "IQ2_S": LL_W_IQ2_S, "IQ3_XXS": LL_W_IQ3_XXS,
-          "IQ3_S": LL_W_IQ3_S, "IQ1_S": LL_W_IQ1_S, "IQ1_M": LL_W_IQ1_M}
+          "IQ3_S": LL_W_IQ3_S, "IQ1_S": LL_W_IQ1_S, "IQ1_M": LL_W_IQ1_M,
+          "F8_E4M3": LL_W_FP8}   # FP8 checkpoints: e4m3 bytes with per-row scales per 128 columns (gemm.h)
 INPUT_FORMS = {LL_IN_F32: "float32", LL_IN_BF16: "bfloat16 pairs", LL_IN_Q8: "int8 blocks"}
 # How this build can multiply bf16 weights in steps of several tokens (decode streams with the
 # first): vdpbf16ps on bf16 pairs, or the weights widened to fp32 in registers and FMA.

@@ -594,6 +594,10 @@ cdef inline void _embed_row(const Mat *e, Py_ssize_t row, float *out) noexcept n
     cdef Py_ssize_t i, panel = row // 16, lane = row % 16, k = e.k, k2 = (e.k + 1) // 2
     cdef const float *wf
     cdef const uint16_t *wh
+    cdef const uint8_t *wb
+    cdef const uint8_t *wc = NULL
+    cdef uint8_t v
+    cdef float sc = 0
     cdef int wtype = e.part[0].wtype
     if ll_wtype_is_quant(wtype):
         ll_qdequant_lane(<const uint8_t *>e.part[0].w + panel * ll_qpanel_bytes(wtype, k), wtype, k, <int>lane, out)
@@ -601,6 +605,14 @@ cdef inline void _embed_row(const Mat *e, Py_ssize_t row, float *out) noexcept n
         wh = <const uint16_t *>e.part[0].w + panel * k2 * 32 + lane * 2
         for i in range(k):
             out[i] = ll_bf16_to_f32(wh[(i // 2) * 32 + (i % 2)])
+    elif wtype == LL_W_FP8:    # as the GEMM widens it (gemm.h): value x 2^-8 times the scale x 256
+        wb = <const uint8_t *>e.part[0].w + panel * ll_panel_bytes(wtype, k)
+        for i in range(k):
+            if i % LL_FP8_CHUNK == 0:
+                wc = wb + (i // LL_FP8_CHUNK) * LL_FP8_CHUNK_BYTES
+                sc = (<const float *>wc)[lane]
+            v = wc[64 + (i % LL_FP8_CHUNK) * 16 + lane]
+            out[i] = ll_f16_to_f32(<uint16_t>(((v & 0x80) << 8) | ((v & 0x7f) << 7))) * sc
     elif wtype == LL_W_F32:
         wf = <const float *>e.part[0].w + panel * k * 16 + lane
         for i in range(k):

@@ -200,6 +200,106 @@ def pack_blocks(rows, threads: int | None = None) -> tuple[np.ndarray, list[tupl
     return out, parts
 
 
+FP8_CHUNK = 128      # columns per scale of a row (LL_FP8_CHUNK in gemm.h)
+
+
+def fp8_panel_bytes(k: int) -> int:
+    """Bytes of one FP8 panel (gemm.h LL_W_FP8): per 128 columns, 16 float32 scales, then 16 bytes a column."""
+    return -(-k // FP8_CHUNK) * 64 + k * 16
+
+
+def pack_fp8(q: np.ndarray, scales: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """FP8 weights kept at one byte a weight: q uint8 [N, K] (float8_e4m3fn bytes) and scales
+    float32 [N, ceil(K / 128)] (row n's scale for its columns 128 c .. 128 c + 127; W[n, k] =
+    e4m3(q[n, k]) * scales[n, k // 128]) -> uint8 panels [ceil(N / 16), fp8_panel_bytes(K)]:
+    per 128-column chunk of a panel, its 16 rows' scales times 256 (float32, machine order),
+    then the chunk's bytes column by column, 16 rows a column; padding rows are zero."""
+    n, k = q.shape
+    chunks = -(-k // FP8_CHUNK)
+    if scales.shape != (n, chunks):
+        raise ValueError(f"pack_fp8: scales {scales.shape} for a [{n}, {k}] weight, want [{n}, {chunks}]")
+    num_panels = -(-n // PANEL)
+    if out is None:
+        out = aligned_empty((num_panels, fp8_panel_bytes(k)), np.uint8, weights=True)
+    if out.shape != (num_panels, fp8_panel_bytes(k)) or out.dtype != np.uint8:
+        raise ValueError(f"pack_fp8: out {out.shape} {out.dtype} is not uint8 [{num_panels}, {fp8_panel_bytes(k)}]")
+    qp = np.zeros((num_panels * PANEL, k), np.uint8)
+    qp[:n] = q
+    qp = qp.reshape(num_panels, PANEL, k).transpose(0, 2, 1)               # [P, K, 16]
+    sp = np.zeros((num_panels * PANEL, chunks), np.float32)
+    sp[:n] = np.asarray(scales, np.float32) * np.float32(256)              # exact: a power of two
+    sp = np.ascontiguousarray(sp.reshape(num_panels, PANEL, chunks).transpose(0, 2, 1))   # [P, C, 16]
+    whole = k // FP8_CHUNK
+    if whole:
+        body = out[:, :whole * (64 + FP8_CHUNK * 16)].reshape(num_panels, whole, 64 + FP8_CHUNK * 16)
+        body[:, :, :64] = sp[:, :whole].view(np.uint8).reshape(num_panels, whole, 64)
+        body[:, :, 64:] = qp[:, :whole * FP8_CHUNK].reshape(num_panels, whole, FP8_CHUNK * 16)
+    if k > whole * FP8_CHUNK:
+        tail = out[:, whole * (64 + FP8_CHUNK * 16):]
+        tail[:, :64] = sp[:, whole].view(np.uint8).reshape(num_panels, 64)
+        tail[:, 64:] = qp[:, whole * FP8_CHUNK:].reshape(num_panels, -1)
+    return out
+
+
+def unpack_fp8(packed: np.ndarray, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of pack_fp8 (tests): (q uint8 [N, K], scales float32 [N, ceil(K / 128)])."""
+    num_panels, chunks = packed.shape[0], -(-k // FP8_CHUNK)
+    q = np.empty((num_panels, k, PANEL), np.uint8)
+    s = np.empty((num_panels, chunks, PANEL), np.float32)
+    for c in range(chunks):
+        c0, c1 = c * FP8_CHUNK, min(k, (c + 1) * FP8_CHUNK)
+        at = c * (64 + FP8_CHUNK * 16)
+        s[:, c] = np.ascontiguousarray(packed[:, at:at + 64]).view(np.float32)
+        q[:, c0:c1] = packed[:, at + 64:at + 64 + (c1 - c0) * 16].reshape(num_panels, c1 - c0, PANEL)
+    return (q.transpose(0, 2, 1).reshape(-1, k)[:n],
+            s.transpose(0, 2, 1).reshape(-1, chunks)[:n] / np.float32(256))
+
+
+def _fp8_raw(rows, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows r0..r1 of an all-"F8_E4M3" StackedRows: (q uint8 [r1 - r0, K], scales float32
+    [r1 - r0, ceil(K / 128)]), from its parts' raw readers (hfquant.QuantLinear.read_blocks)."""
+    k, chunks = rows.cols, -(-rows.cols // FP8_CHUNK)
+    pieces, start = [], 0
+    for (count, _), (_, read_raw) in zip(rows.parts, rows.blocks):
+        a, b = max(r0, start), min(r1, start + count)
+        if a < b:
+            pieces.append(read_raw(a - start, b - start))
+        start += count
+    raw = np.concatenate(pieces) if len(pieces) != 1 else pieces[0]
+    scales = np.ascontiguousarray(raw[:, :4 * chunks]).view("<f4").astype(np.float32)
+    return raw[:, 4 * chunks:4 * chunks + k], scales
+
+
+def pack_fp8_rows(rows, gated: bool = False) -> np.ndarray:
+    """pack_fp8 of a weight whose every part is "F8_E4M3" (rows.block_types()), a slice of rows
+    at a time; gated: a gated MLP's [2F, K] (gate part, then up) in pack_gated's panel order,
+    each half padded to 16 rows on its own."""
+    n, k = rows.shape
+    if gated:
+        f = n // 2
+        ng = -(-f // PANEL)
+        out = aligned_empty((2 * ng, fp8_panel_bytes(k)), np.uint8, weights=True)
+        halves = [rows.part(0), rows.part(1)] if [c for c, _ in rows.parts] == [f, f] else None
+        if halves is None:
+            raise ValueError("pack_fp8_rows: a gated FP8 weight must be a gate part and an up part of F rows")
+        for i, half in enumerate(halves):
+            _fp8_slices(half, out[i * ng:(i + 1) * ng])
+        return out
+    out = aligned_empty((-(-n // PANEL), fp8_panel_bytes(k)), np.uint8, weights=True)
+    _fp8_slices(rows, out)
+    return out
+
+
+def _fp8_slices(rows, out: np.ndarray) -> None:
+    n, k = rows.shape
+    step = math.lcm(PANEL, getattr(rows, "align", 1))
+    per_slice = max(step, STREAM_ELEMENTS // max(k, 1) // step * step)
+    for r0 in range(0, n, per_slice):
+        r1 = min(n, r0 + per_slice)
+        q, scales = _fp8_raw(rows, r0, r1)
+        pack_fp8(q, scales, out=out[r0 // PANEL: -(-r1 // PANEL)])
+
+
 def pack_reference(w: np.ndarray, dtype: str) -> np.ndarray:
     """NumPy spec of pack()."""
     if w.ndim != 2:

@@ -18,6 +18,9 @@ def _parts_of(packed, str dtype, Py_ssize_t n, Py_ssize_t k):
     if dtype in WTYPES and ll_wtype_is_quant(WTYPES[dtype]):
         if packed.dtype != np.uint8 or packed.shape != ((n + 15) // 16, ll_qpanel_bytes(WTYPES[dtype], k)):
             raise ValueError(f"packed {dtype} weight {packed.shape} does not fit n={n}, k={k}")
+    elif dtype == "F8_E4M3":
+        if packed.dtype != np.uint8 or packed.shape != ((n + 15) // 16, ll_panel_bytes(LL_W_FP8, k)):
+            raise ValueError(f"packed {dtype} weight {packed.shape} does not fit n={n}, k={k}")
     elif packed.shape[0] != (n + 15) // 16 or packed.shape[1] != ((k + 1) // 2 if dtype == "bfloat16" else k):
         raise ValueError(f"packed weight {packed.shape} does not fit n={n}, k={k}, {dtype}")
     return [(dtype, 0, packed.shape[0], 0, n, 0)]
@@ -86,7 +89,9 @@ def gated_mlp(const float[:, ::1] x,     # IN  [T, K]
         _parts_of(packed[1], dtype[1], f, k)
         m = _make_mat(joined, parts, 2 * f, k, bias, keep)
     else:
-        if packed.shape[0] != 2 * ng or packed.shape[1] != ((k + 1) // 2 if dtype == "bfloat16" else k):
+        if dtype == "F8_E4M3":
+            _parts_of(packed, dtype, 2 * ng * 16, k)
+        elif packed.shape[0] != 2 * ng or packed.shape[1] != ((k + 1) // 2 if dtype == "bfloat16" else k):
             raise ValueError(f"gated_mlp: packed weight {packed.shape} does not fit F={f}, k={k}, {dtype}")
         m = _make_mat(packed, [(dtype, 0, 2 * ng, 0, 2 * f, 0)], 2 * f, k, bias, keep, _bf16_fma(path))
     cdef int form = ll_mat_form(&m, t)

@@ -236,6 +236,15 @@ def _column_range(t, c0: int, c1: int):
     def cut_blocks(b):
         if b is None:
             return None
+        if b[0] == "F8_E4M3":       # FP8 rows: ceil(K / 128) float32 scales, then K bytes
+            if c0 % 128 or (c1 % 128 and c1 != t.cols):
+                return None
+            head = -(-t.cols // 128) * 4
+
+            def fp8(r0, r1, read=b[1]):
+                raw = read(r0, r1)
+                return np.concatenate([raw[:, c0 // 128 * 4:-(-c1 // 128) * 4], raw[:, head + c0:head + c1]], axis=1)
+            return b[0], fp8
         elements, nbytes = per_type[b[0]]
         if c0 % elements or c1 % elements:
             return None

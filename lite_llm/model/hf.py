@@ -24,6 +24,7 @@ _SAFETENSORS_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": n
                        "F64": np.dtype("<f8"), "I32": np.dtype("<i4"),   # I32: AWQ / GPTQ packed values
                        "I8": np.dtype("i1"),                              # I8: W8A8 weights
                        "U8": np.dtype("u1"),                              # U8: MXFP4 blocks and scales (gpt-oss)
+                       "F8_E4M3": np.dtype("u1"),                         # FP8 weights, as their bytes
                        "I64": np.dtype("<i8")}        # I64: buffers saved beside weights (BERT's position_ids)
 _STORED_TYPES = {"<f4": "F32", "<f2": "F16", "<u2": "BF16"}     # numpy dtype str -> type the packer takes
 
@@ -62,6 +63,7 @@ class _Entry:
     shape: tuple[int, ...]
     begin: int          # absolute byte offsets in file
     end: int
+    stype: str = ""     # the safetensors dtype ("F8_E4M3" is read as its bytes, uint8)
 
 
 class SafetensorsCheckpoint:
@@ -135,12 +137,13 @@ class SafetensorsCheckpoint:
             dt = _SAFETENSORS_DTYPES.get(meta["dtype"])
             if dt is None:
                 raise ModelLoadError(f"{file}: tensor {name!r} has dtype {meta['dtype']}, not a type "
-                                     f"this loader reads (F32, F16, BF16, F64; I32 / I8 for AWQ, GPTQ, W8A8 values; U8 for MXFP4)")
+                                     f"this loader reads (F32, F16, BF16, F64; I32 / I8 for AWQ, GPTQ, W8A8 values; U8 for MXFP4; "
+                                     "F8_E4M3 for FP8)")
             shape = tuple(int(s) for s in meta["shape"])
             if (end - begin) != int(np.prod(shape, dtype=np.int64)) * dt.itemsize:
                 raise ModelLoadError(f"{file}: tensor {name!r}: {end - begin} bytes do not hold "
                                      f"{meta['dtype']} {list(shape)}")
-            self.entries[name] = _Entry(file, dt, shape, begin, end)
+            self.entries[name] = _Entry(file, dt, shape, begin, end, meta["dtype"])
 
     def __contains__(self, name: str) -> bool:
         return name in self.entries
@@ -192,7 +195,8 @@ class SafetensorsCheckpoint:
 
 def stacked(ckpt: SafetensorsCheckpoint, parts: tuple[tuple[str, tuple[int, int]], ...]) -> StackedRows:
     """StackedRows of the named 2-D tensors (shapes checked now, rows read when asked); a linear
-    of an AWQ / GPTQ checkpoint (X.qweight beside no X.weight) comes as ggml blocks."""
+    of an AWQ / GPTQ checkpoint (X.qweight beside no X.weight) comes as ggml blocks, an FP8 one
+    as "F8_E4M3" rows (hfquant.QuantLinear)."""
     rows, blocks, stored = [], [], []
     for name, shape in parts:
         prefix = name[: -len(".weight")]
@@ -202,11 +206,19 @@ def stacked(ckpt: SafetensorsCheckpoint, parts: tuple[tuple[str, tuple[int, int]
             blocks.append((q.type_name, q.read_blocks))
             stored.append(None)
         else:
-            ckpt.entry(name, shape)
+            _not_fp8(ckpt, ckpt.entry(name, shape), name)
             rows.append((shape[0], partial(ckpt.read_rows, name)))
             blocks.append(None)
             stored.append(ckpt.stored(name))
     return StackedRows(tuple(rows), parts[0][1][1], blocks=tuple(blocks), stored=tuple(stored))
+
+
+def _not_fp8(ckpt: SafetensorsCheckpoint, e: _Entry, name: str) -> None:
+    """FP8 bytes are values only with their scales: refuse one read as a plain float tensor."""
+    if e.stype == "F8_E4M3":
+        raise ModelLoadError(f"{ckpt.path}: tensor {name!r} is float8_e4m3fn, which runs only as an FP8 linear "
+                             "(quantization_config quant_method fp8 or compressed-tensors float, with its "
+                             "weight_scale / weight_scale_inv; fused and 3-D FP8 tensors are not supported)")
 
 
 def split(ckpt: SafetensorsCheckpoint, name: str, sizes: tuple[int, ...], cols: int, first: int | None = None) -> StackedRows:
@@ -215,8 +227,9 @@ def split(ckpt: SafetensorsCheckpoint, name: str, sizes: tuple[int, ...], cols: 
     separate tensors would give, each read or packed where it lies. first: the parts start at
     row `first` of a 3-D tensor seen as 2-D (one expert of experts.gate_up_proj [X, 2F, E])."""
     if hfquant.is_quantized_linear(ckpt, name[: -len(".weight")]):
-        raise ModelLoadError(f"{ckpt.path}: {name}: a fused projection in AWQ / GPTQ form is not supported")
+        raise ModelLoadError(f"{ckpt.path}: {name}: a fused projection in AWQ / GPTQ / FP8 form is not supported")
     flat = first is not None
+    _not_fp8(ckpt, ckpt.entry(name), name)
     if not flat:
         ckpt.entry(name, (sum(sizes), cols))
     rows, stored, r0 = [], [], first or 0

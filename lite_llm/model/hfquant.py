@@ -16,6 +16,16 @@ A quantized linear `X` is stored as X.qweight (int32, 4- or 8-bit values packed)
          per output channel): X.weight int8 [N, K], X.weight_scale [N, 1]; activations are
          quantized dynamically (per token there; per 32-value block here, finer).
 
+    FP8  (quant_method "fp8", DeepSeek-V3 / Qwen3-FP8: X.weight float8_e4m3fn [N, K] and
+         X.weight_scale_inv [ceil(N/bn), ceil(K/bk)], one scale per weight_block_size [bn, bk]
+         block, or X.weight_scale [] / [1] without a block size; quant_method
+         "compressed-tensors" with float 8-bit weights, strategy "channel" (X.weight_scale
+         [N, 1]), "tensor" ([] / [1]) or "block"): W[n, k] = e4m3(q[n, k]) * scale of (n, k).
+         Kept as stored, one byte a weight ("F8_E4M3" panels, src/kernels/gemm.h): each row
+         carries its scale for every 128 columns, so a block's columns must be whole
+         multiples of 128 (bn is free). Activations stay in floating point (no input
+         quantization: "activation_scheme" is not used).
+
 Every 32-value block of a row lies in one group, so it becomes one ggml block exactly: Q4_0
 (d = s) where the zero point is 8, else Q4_1 (d = s, m = -z s rounded to fp16: 2^-11 of
 the zero's offset); 8-bit with the zero point 128 becomes Q8_0 (d = s), and so does W8A8
@@ -42,6 +52,7 @@ class QuantSpec:
     bits: int
     group_size: int      # -1 for AWQ/GPTQ "one group per column" is taken as K
     zeros_plus_one: bool  # GPTQ v1 stores zero points minus one
+    block: tuple[int, int] | None = None   # FP8: [bn, bk] of block scales; None: per tensor / channel
 
 
 def quant_spec(raw: dict, where: str) -> QuantSpec | None:
@@ -52,9 +63,11 @@ def quant_spec(raw: dict, where: str) -> QuantSpec | None:
     method = str(qc.get("quant_method", "")).lower()
     if method == "compressed-tensors":
         return _w8a8_spec(qc, where)
+    if method == "fp8":
+        return _fp8_spec(qc.get("weight_block_size"), where)
     if method not in ("awq", "gptq"):
         raise ModelLoadError(f"{where}: quantization method {method!r} is not supported "
-                             "(supported: awq, gptq, compressed-tensors W8A8; or a GGUF file)")
+                             "(supported: awq, gptq, fp8, compressed-tensors W8A8 / FP8; or a GGUF file)")
     bits = int(qc.get("bits", qc.get("w_bit", 4)))
     group = int(qc.get("group_size", qc.get("q_group_size", 128)))
     if method == "awq":
@@ -70,10 +83,39 @@ def quant_spec(raw: dict, where: str) -> QuantSpec | None:
     return QuantSpec("gptq", bits, group, str(qc.get("checkpoint_format", "gptq")).lower() != "gptq_v2")
 
 
+FP8_CHUNK = 128    # columns per scale of a packed FP8 row (LL_FP8_CHUNK, src/kernels/gemm.h)
+
+
+def _fp8_spec(block, where: str) -> QuantSpec:
+    if block is not None:
+        try:
+            bn, bk = (int(v) for v in block)
+        except (TypeError, ValueError):
+            raise ModelLoadError(f"{where}: FP8 weight_block_size {block!r} is not [rows, columns]") from None
+        if bn <= 0 or bk <= 0 or bk % FP8_CHUNK:
+            raise ModelLoadError(f"{where}: FP8 blocks of {bn} x {bk} are not supported: a block's columns "
+                                 f"must be a multiple of {FP8_CHUNK}")
+        block = (bn, bk)
+    return QuantSpec("fp8", 8, -1, False, block)
+
+
 def _w8a8_spec(qc: dict, where: str) -> QuantSpec:
     fmt = str(qc.get("format", "")).lower()
     groups = list((qc.get("config_groups") or {}).values())
     weights = [g.get("weights") or {} for g in groups]
+    if fmt == "float-quantized" and weights and all(
+            w.get("type") == "float" for w in weights):
+        strategies = {w.get("strategy", "tensor") for w in weights}
+        if not all(w.get("num_bits") == 8 and w.get("symmetric", True) for w in weights) \
+                or not strategies <= {"channel", "tensor", "block"} or len(strategies) != 1:
+            raise ModelLoadError(f"{where}: compressed-tensors format {fmt!r} with weights {weights} is not "
+                                 "supported (supported: 8-bit float weights per channel, tensor or block)")
+        blocks = {tuple(w.get("block_structure") or ()) for w in weights}
+        if strategies == {"block"}:
+            if len(blocks) != 1:
+                raise ModelLoadError(f"{where}: compressed-tensors FP8 groups with different block structures")
+            return _fp8_spec(list(blocks.pop()), where)
+        return _fp8_spec(None, where)
     ok = fmt in ("int-quantized", "") and weights and all(
         w.get("num_bits") == 8 and w.get("type", "int") == "int" and w.get("symmetric", True)
         and w.get("strategy", "channel") in ("channel", "tensor") for w in weights)
@@ -111,12 +153,31 @@ def mxfp4_blocks(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return out.reshape(*scales.shape[:-1], scales.shape[-1] * 17)
 
 
+def _e4m3_values() -> np.ndarray:
+    """float32 [256]: the value of each float8_e4m3fn byte (bias 7, subnormals m 2^-9; the two
+    NaN codes, never a weight, read as +-480 here). As the kernels widen it: the byte's sign,
+    exponent and mantissa moved into an IEEE half (bias 15) is the value times 2^-8."""
+    b = np.arange(256, dtype=np.uint16)
+    return (((b & 0x80) << 8) | ((b & 0x7F) << 7)).astype(np.uint16).view(np.float16).astype(np.float32) * 256
+
+
+E4M3_VALUES = _e4m3_values()
+
+
 def is_quantized_linear(ckpt, prefix: str) -> bool:
     """Whether `prefix` is stored quantized in checkpoint ckpt (of quantization ckpt.quant)."""
     if ckpt.quant is None:
         return False
     if ckpt.quant.method == "w8a8":
         return f"{prefix}.weight_scale" in ckpt
+    if ckpt.quant.method == "fp8":
+        if f"{prefix}.weight" not in ckpt:
+            return False
+        stype = ckpt.entry(f"{prefix}.weight").stype
+        if stype != "F8_E4M3" and any(f"{prefix}.{s}" in ckpt for s in ("weight_scale", "weight_scale_inv")):
+            raise ModelLoadError(f"{ckpt.path}: {prefix}.weight is {stype} beside an FP8 scale: only "
+                                 "float8_e4m3fn weights are supported")
+        return stype == "F8_E4M3"
     return f"{prefix}.weight" not in ckpt and f"{prefix}.qweight" in ckpt
 
 
@@ -128,6 +189,9 @@ class QuantLinear:
         n, k = shape
         self.shape = shape
         self._rows: np.ndarray | None = None
+        if spec.method == "fp8":
+            self._fp8_init()
+            return
         if spec.method == "w8a8":
             ckpt.entry(f"{prefix}.weight", shape)
             if ckpt.entry(f"{prefix}.weight").dtype != np.int8:
@@ -165,6 +229,47 @@ class QuantLinear:
             raise ModelLoadError(f"{ckpt.path}: {prefix}: 8-bit GPTQ with zero points other than 128 "
                                  "(asymmetric) is not supported")
         self.type_name = "Q8_0" if bits == 8 else "Q4_0" if (zeros == center).all() else "Q4_1"
+
+    def _fp8_init(self) -> None:
+        ckpt, prefix, (n, k) = self.ckpt, self.prefix, self.shape
+        ckpt.entry(f"{prefix}.weight", self.shape)
+        name = next((f"{prefix}.{s}" for s in ("weight_scale_inv", "weight_scale") if f"{prefix}.{s}" in ckpt), None)
+        if name is None:
+            raise ModelLoadError(f"{ckpt.path}: FP8 weight {prefix}.weight has no weight_scale_inv or weight_scale")
+        got = tuple(ckpt.entry(name).shape)
+        block = self.spec.block
+        if block is None and int(np.prod(got, dtype=np.int64)) == 1:
+            block = (n, k)                                       # one scale for the tensor
+        elif block is None and got in ((n, 1), (n,)):
+            block = (1, k)                                       # one scale per output channel
+        elif block is None or got != (-(-n // block[0]), -(-k // block[1])):
+            want = f"[{-(-n // block[0])}, {-(-k // block[1])}]" if block else f"[{n}, 1] or [1]"
+            raise ModelLoadError(f"{ckpt.path}: {name} has shape {list(got)}, expected {want} for a [{n}, {k}] "
+                                 "FP8 weight")
+        if block[1] % FP8_CHUNK and block[1] < k:
+            raise ModelLoadError(f"{ckpt.path}: {name}: scales per {block[1]} columns are not supported "
+                                 f"(a multiple of {FP8_CHUNK})")
+        self.scale_name, self.block = name, block
+        self.type_name = "F8_E4M3"
+
+    def fp8_scales(self, r0: int, r1: int) -> np.ndarray:
+        """float32 [r1 - r0, ceil(K / 128)]: each row's scale for each 128 columns."""
+        n, k = self.shape
+        bn, bk = self.block
+        s = convert(np.asarray(self.ckpt.read(self.scale_name)), "float32").reshape(-(-n // bn), -(-k // bk))
+        rows = np.arange(r0, r1) // bn
+        cols = np.minimum(np.arange(0, k, FP8_CHUNK) // bk, s.shape[1] - 1)
+        return np.ascontiguousarray(s[rows][:, cols])
+
+    def _fp8_blocks(self, r0: int, r1: int) -> np.ndarray:
+        """Rows r0..r1 as packed FP8 rows take them (layout.pack_fp8): uint8 [r1 - r0, 4 C + K],
+        each row's C = ceil(K / 128) scales (little-endian float32), then its K e4m3 bytes."""
+        k = self.shape[1]
+        scales = self.fp8_scales(r0, r1).astype("<f4")
+        out = np.empty((r1 - r0, scales.shape[1] * 4 + k), np.uint8)
+        out[:, :scales.shape[1] * 4] = scales.view(np.uint8)
+        out[:, scales.shape[1] * 4:] = self.ckpt.read_rows(f"{self.prefix}.weight", r0, r1).view(np.uint8)
+        return out
 
     def _zeros(self) -> np.ndarray:
         """Zero points z [K / group, N]."""
@@ -220,10 +325,16 @@ class QuantLinear:
         return self._rows
 
     def read_blocks(self, r0: int, r1: int) -> np.ndarray:
+        if self.spec.method == "fp8":
+            return self._fp8_blocks(r0, r1)
         return self.blocks()[r0:r1].copy()
 
     def read_rows(self, r0: int, r1: int) -> np.ndarray:
         """Rows r0..r1 dequantized to float32 (for a weight that cannot stay in blocks)."""
+        if self.spec.method == "fp8":
+            k = self.shape[1]
+            w = E4M3_VALUES[self.ckpt.read_rows(f"{self.prefix}.weight", r0, r1).view(np.uint8)]
+            return w * np.repeat(self.fp8_scales(r0, r1), FP8_CHUNK, axis=1)[:, :k]
         type_id = next(i for i, t in TENSOR_TYPES.items() if t[0] == self.type_name)
         raw = self.read_blocks(r0, r1)
         return dequantize(raw.reshape(-1), type_id, (r1 - r0, self.shape[1]))

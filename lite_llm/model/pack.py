@@ -47,9 +47,11 @@ def _block_form(base: str, t, cfg, quantization: str | None):
     part is a type the kernels take (gguf.NATIVE_TYPES), else quantized at load when asked
     (the LM head, and a tied embedding, in Q8_0 for q4_0, as llama.cpp keeps its output
     layer in more bits)."""
+    if t.block_types() is not None and set(t.block_types()) == {"F8_E4M3"}:
+        return t                    # FP8 rows run on the float GEMM, any K
     if not _blocks_fit(base, t, cfg):
         return None
-    if t.block_types() is not None:
+    if t.block_types() is not None and "F8_E4M3" not in t.block_types():
         return t
     if quantization is None:
         return None
@@ -61,6 +63,9 @@ def pack_matrix(base: str, t, cfg, dtype: str, threads: int, quantization: str |
     """Weight `base` (a StackedRows) packed: in its block types, or in the engine dtype `dtype`."""
     shape = (int(t.shape[0]), int(t.shape[1]))
     blocks = _block_form(base, t, cfg, quantization)
+    if blocks is not None and set(blocks.block_types()) == {"F8_E4M3"}:   # FP8 checkpoints: one byte a weight
+        data = layout.pack_fp8_rows(blocks, gated=base.endswith(".gate_up"))
+        return PackedMatrix(data, shape, (Part("F8_E4M3", 0, int(data.shape[0]), 0, shape[0], 0),))
     if blocks is not None:
         data, parts = layout.pack_blocks(blocks, threads)
         return PackedMatrix(data, shape, tuple(Part(*p) for p in parts))

@@ -5,6 +5,13 @@
  *   LL_W_F32  [N/16][K][16]         float
  *   LL_W_F16  [N/16][K][16]         IEEE half
  *   LL_W_BF16 [N/16][ceil(K/2)][16][2]  bf16 pairs: element (n, k) at [n/16][k/2][n%16][k%2]
+ *   LL_W_FP8  [N/16][ceil(K/128)] chunks of 128 columns (the last one K % 128 if short), each
+ *             float s[16] (the 16 rows' scales for those columns, times 256), then
+ *             uint8 e4m3 [kc][16]: element (n, k) = e4m3(byte) * s[n%16] / 256
+ *             (FP8 checkpoints kept at one byte a weight: a [128, 128] block scale or a row's
+ *             scale is a per-row scale of every 128-column chunk; ll_load_e4m3 gives the value
+ *             times 2^-8, and the product with 256 s is the dequantized fp32 weight exactly as
+ *             e4m3 -> fp32 times s rounds it; ll_gemm_fp8_panels runs them, not the tiles)
  * so the 16 outputs of a panel are one vector, and a panel streams contiguously: decode
  * (T = 1) reads each weight byte once, prefill reuses a panel from cache for every token tile.
  *
@@ -20,7 +27,10 @@
 #include "act.h"
 LL_HOT_BEGIN
 
-enum { LL_W_F32 = 0, LL_W_BF16 = 1, LL_W_F16 = 2 };
+enum { LL_W_F32 = 0, LL_W_BF16 = 1, LL_W_F16 = 2, LL_W_FP8 = 25 };   /* 3..24: qgemm.h's block types */
+#define LL_FP8_CHUNK 128
+#define LL_FP8_CHUNK_BYTES (64 + LL_FP8_CHUNK * 16)
+#define LL_FP8_GROUP 64   /* tokens a widened chunk of a gated MLP's panels serves at once */
 
 /* Register tiles (tokens x panels) come from the vec.h backend, sized to its registers:
  * LL_TT_FMA x LL_NP_FMA for the fp32-FMA paths (fp32 and fp16 weights, and bf16 weights widened
@@ -105,7 +115,8 @@ LL_INLINE void ll_gemm_acc_dot(const uint32_t *xb, ptrdiff_t ldx, const void *co
 
 /* Bytes of one packed panel. */
 LL_INLINE ptrdiff_t ll_panel_bytes(int wtype, ptrdiff_t k) {
-    return wtype == LL_W_F32 ? k * 16 * 4 : wtype == LL_W_F16 ? k * 16 * 2 : (k + 1) / 2 * 32 * 2;
+    return wtype == LL_W_F32 ? k * 16 * 4 : wtype == LL_W_F16 ? k * 16 * 2
+         : wtype == LL_W_FP8 ? (k + LL_FP8_CHUNK - 1) / LL_FP8_CHUNK * 64 + k * 16 : (k + 1) / 2 * 32 * 2;
 }
 
 /* Pull panels p0..p1 of a packed weight towards this core (L2): a phase that waits on latency
@@ -251,6 +262,78 @@ static inline void ll_gemv_bf16_panels(const float *x, const uint32_t *xb, const
         ll_store_out(out, ll_gemv_bf16_panel(x, xb, w + p * ((k + 1) / 2) * 32, k), bias, p * 16, n, accumulate);
 }
 
+/* Decode (one token) on FP8 weights: each panel one sequential stream, four independent
+ * accumulators per 128-column chunk, scaled once per chunk by its 16 row scales (instead of
+ * every widened weight: the same sums, rounded in another order). */
+LL_INLINE ll_vf32 ll_gemv_fp8_panel(const float *x, const uint8_t *wp, ptrdiff_t k) {
+    ll_vf32 acc = ll_zero();
+    for (ptrdiff_t c0 = 0; c0 < k; c0 += LL_FP8_CHUNK) {
+        const ptrdiff_t kc = k - c0 < LL_FP8_CHUNK ? k - c0 : LL_FP8_CHUNK;
+        const uint8_t *wc = wp + c0 / LL_FP8_CHUNK * LL_FP8_CHUNK_BYTES, *q = wc + 64;
+        const float *xc = x + c0;
+        ll_vf32 a0 = ll_zero(), a1 = ll_zero(), a2 = ll_zero(), a3 = ll_zero();
+        ptrdiff_t i = 0;
+        for (; i + 4 <= kc; i += 4) {
+            a0 = ll_fma(ll_set1(xc[i]), ll_load_e4m3(q + i * 16), a0);
+            a1 = ll_fma(ll_set1(xc[i + 1]), ll_load_e4m3(q + (i + 1) * 16), a1);
+            a2 = ll_fma(ll_set1(xc[i + 2]), ll_load_e4m3(q + (i + 2) * 16), a2);
+            a3 = ll_fma(ll_set1(xc[i + 3]), ll_load_e4m3(q + (i + 3) * 16), a3);
+        }
+        for (; i < kc; i++) a0 = ll_fma(ll_set1(xc[i]), ll_load_e4m3(q + i * 16), a0);
+        acc = ll_fma(ll_add(ll_add(a0, a1), ll_add(a2, a3)), ll_load((const float *)wc), acc);
+    }
+    return acc;
+}
+
+/* One token's 16 outputs of one panel, for the formats with a decode path of their own. */
+LL_INLINE ll_vf32 ll_gemv_panel(const float *x, const uint32_t *xb, const void *wp, int wtype, ptrdiff_t k) {
+    return wtype == LL_W_FP8 ? ll_gemv_fp8_panel(x, (const uint8_t *)wp, k) : ll_gemv_bf16_panel(x, xb, (const uint16_t *)wp, k);
+}
+
+/* FP8 weights, panels p0..p1, all tokens. One token streams each panel (ll_gemv_fp8_panel);
+ * more widen LL_NP_FMA panels a 128-column chunk at a time into fp32 on the stack (exactly
+ * the dequantized weights), once for every token, and run the fp32-FMA tiles on them,
+ * adding each chunk's sums to out. */
+static inline void ll_gemm_fp8_panels(const float *x, ptrdiff_t ldx, ptrdiff_t num_tokens, const uint8_t *w,
+                                      ptrdiff_t k, ptrdiff_t n, const float *bias, float *out, ptrdiff_t ldo,
+                                      int accumulate, ptrdiff_t p0, ptrdiff_t p1) {
+    const ptrdiff_t pb = ll_panel_bytes(LL_W_FP8, k);
+    if (num_tokens == 1) {
+        for (ptrdiff_t p = p0; p < p1; p++)
+            ll_store_out(out, ll_gemv_fp8_panel(x, w + p * pb, k), bias, p * 16, n, accumulate);
+        return;
+    }
+    float buf[LL_NP_FMA * LL_FP8_CHUNK * 16] __attribute__((aligned(64)));
+    for (ptrdiff_t p = p0; p < p1; p += LL_NP_FMA) {
+        const int np = (int)(p1 - p < LL_NP_FMA ? p1 - p : LL_NP_FMA);
+        for (ptrdiff_t c0 = 0; c0 < k; c0 += LL_FP8_CHUNK) {
+            const ptrdiff_t kc = k - c0 < LL_FP8_CHUNK ? k - c0 : LL_FP8_CHUNK;
+            for (int q = 0; q < np; q++) {
+                const uint8_t *wc = w + (p + q) * pb + c0 / LL_FP8_CHUNK * LL_FP8_CHUNK_BYTES;
+                const ll_vf32 sv = ll_load((const float *)wc);
+                for (ptrdiff_t i = 0; i < kc; i++) ll_store(buf + (q * kc + i) * 16, ll_mul(ll_load_e4m3(wc + 64 + i * 16), sv));
+            }
+            /* the chunk's panels as fp32 panels 0..np of K = kc, their outputs from column 16 p */
+            const float *bc = c0 == 0 && bias ? bias + p * 16 : 0;
+            const int acc = c0 == 0 ? accumulate : 1;
+            for (ptrdiff_t t = 0; t < num_tokens; t += LL_TT_FMA) {
+                const int tt = (int)(num_tokens - t < LL_TT_FMA ? num_tokens - t : LL_TT_FMA);
+                const float *xc = x + t * ldx + c0;
+                float *oc = out + t * ldo + p * 16;
+#define LL_TILE_F8(TT_, NP_) ll_tile_fma_##TT_##_##NP_(xc, ldx, buf, LL_W_F32, kc, 0, oc, ldo, n - p * 16, bc, acc)
+#if LL_NP_FMA >= 4
+                if (np == 4) { LL_TILES_TT(LL_TILE_F8, 4) } else
+#endif
+#if LL_NP_FMA >= 3
+                if (np == 3) { LL_TILES_TT(LL_TILE_F8, 3) } else
+#endif
+                if (np == 2) { LL_TILES_TT(LL_TILE_F8, 2) } else { LL_TILES_TT(LL_TILE_F8, 1) }
+#undef LL_TILE_F8
+            }
+        }
+    }
+}
+
 /* out[t0:t1, panels p0:p1] for all tokens: bf16 weights with xb [T][ceil(K/2)] pairs run
  * bf16 dot products (LL_TT_DOT x LL_NP_DOT tiles); without xb, and every other format, the fp32-FMA tiles on
  * x [T][ldx] (LL_TT_FMA x LL_NP_FMA). One token streams each panel once (decode). */
@@ -261,6 +344,10 @@ static inline void ll_gemm_panels(const float *x, const uint32_t *xb, ptrdiff_t 
     if (wtype != LL_W_BF16 || !ll_gemm_wants_xb(wtype)) xb = 0;
     if (num_tokens == 1 && wtype == LL_W_BF16) {
         ll_gemv_bf16_panels(x, xb, (const uint16_t *)w, k, n, bias, out, accumulate, p0, p1);
+        return;
+    }
+    if (wtype == LL_W_FP8) {
+        ll_gemm_fp8_panels(x, ldx, num_tokens, (const uint8_t *)w, k, n, bias, out, ldo, accumulate, p0, p1);
         return;
     }
     const ptrdiff_t ldxx = xb ? (k + 1) / 2 : ldx;
@@ -342,14 +429,52 @@ static inline void ll_gemm_gated(const float *x, const uint32_t *xb, ptrdiff_t l
     if (wtype != LL_W_BF16 || !ll_gemm_wants_xb(wtype)) xb = 0;
     const ptrdiff_t ldxx = xb ? (k + 1) / 2 : ldx;
     const char *wc = (const char *)w;
-    if (num_tokens == 1 && wtype == LL_W_BF16) {   /* decode: stream the gate and up panels, a run at a time */
+    if (num_tokens == 1 && (wtype == LL_W_BF16 || wtype == LL_W_FP8)) {   /* decode: stream the gate and up panels, a run at a time */
         ll_vf32 g[LL_GATED_RUN];
         for (ptrdiff_t r0 = q0; r0 < q1; r0 += LL_GATED_RUN) {
             const ptrdiff_t r1 = r0 + LL_GATED_RUN < q1 ? r0 + LL_GATED_RUN : q1;
-            for (ptrdiff_t q = r0; q < r1; q++) g[q - r0] = ll_gemv_bf16_panel(x, xb, (const uint16_t *)(wc + q * pb), k);
+            for (ptrdiff_t q = r0; q < r1; q++) g[q - r0] = ll_gemv_panel(x, xb, wc + q * pb, wtype, k);
             for (ptrdiff_t q = r0; q < r1; q++) {
-                const ll_vf32 u = ll_gemv_bf16_panel(x, xb, (const uint16_t *)(wc + (ng + q) * pb), k);
+                const ll_vf32 u = ll_gemv_panel(x, xb, wc + (ng + q) * pb, wtype, k);
                 ll_gated_store(g[q - r0], u, bias, q * 16, F, act, ao, ao_b);
+            }
+        }
+        return;
+    }
+    if (wtype == LL_W_FP8) {
+        /* several tokens: a feature panel's gate and up chunks widened to fp32 once for a group of
+         * up to LL_FP8_GROUP tokens, whose sums wait on the stack until the last chunk */
+        float buf[2 * LL_FP8_CHUNK * 16] __attribute__((aligned(64)));
+        ll_vf32 sum[LL_FP8_GROUP][2];
+        for (ptrdiff_t q = q0; q < q1; q++) {
+            for (ptrdiff_t g0 = 0; g0 < num_tokens; g0 += LL_FP8_GROUP) {
+                const ptrdiff_t g1 = g0 + LL_FP8_GROUP < num_tokens ? g0 + LL_FP8_GROUP : num_tokens;
+                for (ptrdiff_t i = 0; i < g1 - g0; i++) sum[i][0] = sum[i][1] = ll_zero();
+                for (ptrdiff_t c0 = 0; c0 < k; c0 += LL_FP8_CHUNK) {
+                    const ptrdiff_t kc = k - c0 < LL_FP8_CHUNK ? k - c0 : LL_FP8_CHUNK;
+                    for (int h = 0; h < 2; h++) {
+                        const uint8_t *cw = (const uint8_t *)wc + (h * ng + q) * pb + c0 / LL_FP8_CHUNK * LL_FP8_CHUNK_BYTES;
+                        const ll_vf32 sv = ll_load((const float *)cw);
+                        for (ptrdiff_t i = 0; i < kc; i++)
+                            ll_store(buf + (h * kc + i) * 16, ll_mul(ll_load_e4m3(cw + 64 + i * 16), sv));
+                    }
+                    const void *wp[LL_NP_MAX] = {buf, buf + kc * 16};
+                    for (ptrdiff_t t = g0; t < g1; t += LL_TT_FMA) {
+                        const int tt = (int)(g1 - t < LL_TT_FMA ? g1 - t : LL_TT_FMA);
+                        const float *xc = x + t * ldx + c0;
+                        ll_vf32 acc[LL_TT_MAX][LL_NP_MAX];
+#define LL_GFMA8(TT_, NP_) ll_acc_fma_##TT_##_##NP_(xc, ldx, wp, LL_W_F32, kc, acc)
+                        LL_TILES_TT(LL_GFMA8, 2)
+#undef LL_GFMA8
+                        for (int i = 0; i < tt; i++) {
+                            sum[t - g0 + i][0] = ll_add(sum[t - g0 + i][0], acc[i][0]);
+                            sum[t - g0 + i][1] = ll_add(sum[t - g0 + i][1], acc[i][1]);
+                        }
+                    }
+                }
+                for (ptrdiff_t t = g0; t < g1; t++)
+                    ll_gated_store(sum[t - g0][0], sum[t - g0][1], bias, q * 16, F, act, ao ? ao + t * lda : 0,
+                                   ao_b ? ao_b + t * ldb : 0);
             }
         }
         return;

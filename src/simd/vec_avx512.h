@@ -139,10 +139,10 @@ LL_INLINE ll_vf32 ll_load_e5m2(const uint8_t *p) {
     return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 8));
 }
 LL_INLINE ll_vf32 ll_load_e4m3(const uint8_t *p) {   /* value x 2^-8 */
-    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
-    const __m256i h = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(b, 8), _mm256_set1_epi16((short)0x8000)),
-                                      _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(0x3f80)));
-    return _mm512_cvtph_ps(h);
+    /* sign-extended and shifted by 7: the sign lands in bits 15 and 14, exponent and mantissa
+     * in 13..7; clearing bit 14 leaves the half s 0eeee mmm0000000 */
+    const __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16((short)0xbf80)));
 }
 /* bf16 pairs (vec.h): vdpbf16ps on a broadcast pair; the pair is read as a 32-bit word, which
  * holds the first element in its low half on this little-endian machine */

@@ -42,12 +42,18 @@ def same_model(a: PackedModel, b: PackedModel) -> None:
         same_array(v, b.vectors[name], name)
 
 
-@pytest.mark.parametrize("which", ["gguf", "bf16"])
+@pytest.mark.parametrize("which", ["gguf", "bf16", "fp8"])
 def test_an_entry_maps_back_to_exactly_the_packed_tensors(which, tiny_checkpoint, tmp_path):
-    """Block-format panels (the default model's Q4_1 and Q8_0), bf16 panels, biases and fp32
-    vectors, with their shapes and block parts, byte for byte."""
+    """Block-format panels (the default model's Q4_1 and Q8_0), bf16 panels, FP8 panels, biases
+    and fp32 vectors, with their shapes and block parts, byte for byte."""
     if which == "gguf":
         loaded = load_model(default_model_path(), progress=False)
+    elif which == "fp8":
+        from model.test_fp8 import write_fp8
+        write_fp8(tiny_checkpoint("qwen3", hidden_size=256, head_dim=32), tmp_path / "fp8", "block")
+        loaded = load_model(str(tmp_path / "fp8"), dtype="bfloat16", progress=False)
+        tmp_path = tmp_path / "cache"
+        tmp_path.mkdir()
     else:
         loaded = load_model(str(tiny_checkpoint("qwen2")), dtype="bfloat16", progress=False)
     packed = pack_checkpoint(loaded, loaded.dtype, 2)
@@ -56,6 +62,8 @@ def test_an_entry_maps_back_to_exactly_the_packed_tensors(which, tiny_checkpoint
     assert sorted(os.listdir(tmp_path)) == [key + ".bin", key + ".json"]
     if which == "bf16":
         assert any(m.bias is not None for m in packed.matrices.values())    # Qwen2's qkv bias
+    if which == "fp8":
+        assert packed.matrices["layers.0.gate_up"].formats == ("F8_E4M3",)
     same_model(packed, packed_cache.load(key, str(tmp_path)))
 
 

@@ -372,3 +372,26 @@ def test_bench_allreduce_runs_on_the_planned_cpus(monkeypatch, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["ranks"] == 2 and out["cpus"] == [0, 1]
     assert sorted(out["us_per_allreduce"]) == ["1", "3"] and all(v > 0 for v in out["us_per_allreduce"].values())
+
+
+@pytest.mark.parametrize("head_dim,o_format", [(64, "F8_E4M3"), (32, "float32")])
+def test_an_fp8_checkpoint_runs_as_stored_on_two_ranks(head_dim, o_format, tmp_path):
+    """FP8 blocks on two ranks: each rank packs its rows (qkv, gate/up) and its columns of o and
+    down, kept in FP8 where a rank's columns are whole 128-column chunks (o: 4 heads x 64 = 128
+    a rank), else read dequantized (4 x 32: 64 a rank) in the engine dtype. One rank's logits up
+    to summation order."""
+    from model.test_fp8 import write_fp8
+    ckpt = tiny_checkpoint_path("qwen3", hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                                num_key_value_heads=2, head_dim=head_dim, std=0.08)
+    write_fp8(ckpt, tmp_path / "fp8", "block")
+    one, _ = make_runner(tmp_path / "fp8")
+    two, group = tp_runner(tmp_path / "fp8")
+    try:
+        assert two.formats["layers.0.qkv"][0] == ("F8_E4M3",) and two.formats["layers.0.down"][0] == ("F8_E4M3",)
+        assert two.formats["layers.0.o"][0] == (o_format,)
+        prompts = [[5, 17, 200, 33, 90, 250, 7, 64, 128, 3, 41, 300, 12, 9, 77], [8, 1, 99]]
+        for chunk in (None, 1):
+            for a, b in zip(lite_logits(one, prompts, chunk), lite_logits(two, prompts, chunk)):
+                np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    finally:
+        group.close()
