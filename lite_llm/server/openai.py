@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from lite_llm.beam_search import BeamSearchParams
 from lite_llm.multimodal import MediaError
 from lite_llm.sampling_params import MAX_GRAMMAR_BYTES, MAX_LOGPROBS
 from lite_llm.server import harmony
@@ -109,7 +110,8 @@ def _max_tokens(requested: int | None, prompt_len: int, ctx: ServingContext,
 def _common_fields(body: dict, ctx: ServingContext, allowed) -> tuple[str, bool, tuple[bool, bool], dict]:
     """What completions and chat read alike: (model, stream, (include_usage, continuous usage),
     sampling kwargs), after checking that every field of the body is one of `allowed`."""
-    check_fields(body, allowed)
+    # best_of is vLLM's beam width with use_beam_search (sampling n of best_of is not implemented)
+    check_fields(body, allowed | {"best_of"} if get_bool(body, "use_beam_search", False) else allowed)
     model = ctx.check_model(body)
     stream = get_bool(body, "stream", False)
     return model, stream, stream_options(body, stream), _sampling_kwargs(body, ctx)
@@ -135,10 +137,45 @@ def prepare_completion(body: dict, ctx: ServingContext) -> PreparedRequest:
     if logprobs is not None:
         kw["logprobs"] = logprobs
     params = sampling_params(kw)
+    beam = _beam_search(body, kw, len(prompts))
     return PreparedRequest("completion", new_id("cmpl", body), int(time.time()), model, prompts,
                            params, stream, include_usage, continuous_usage, echo=echo, logprobs=logprobs,
                            prompt_logprobs=get_int(body, "prompt_logprobs", 0, MAX_LOGPROBS),
-                           system_fingerprint=ctx.system_fingerprint)
+                           system_fingerprint=ctx.system_fingerprint, beam=beam)
+
+
+# Fields a beam search does not honour (its beams end on EOS and max_tokens only, scored by the
+# raw model's logprobs): given with use_beam_search, each is a 400 rather than silently ignored.
+_NOT_WITH_BEAMS = ("stream", "logprobs", "top_logprobs", "prompt_logprobs", "stop", "stop_token_ids",
+                   "min_tokens", "logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                   "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                   "structured_outputs", "tools")
+_NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "min_tokens": 0, "stop": [],
+            "stop_token_ids": [], "tools": [], "logit_bias": {}}
+
+
+def _beam_search(body: dict, kw: dict, num_prompts: int):
+    """use_beam_search (vLLM's extra field): BeamSearchParams of beam width best_of (else n),
+    the n best beams returned; None without it. temperature, top_p, top_k, min_p and seed shape
+    sampling only: a beam search takes them and samples nothing."""
+    length_penalty = get_float(body, "length_penalty", -1e6, 1e6)
+    if not get_bool(body, "use_beam_search", False):
+        return None
+    for name in _NOT_WITH_BEAMS:
+        value = body.get(name)
+        if value is None or value is False or value == _NEUTRAL.get(name, None):
+            continue
+        raise bad(f"'{name}' cannot be combined with 'use_beam_search'", name)
+    n = kw["n"]
+    width = get_int(body, "best_of", 1, MAX_N)
+    if width is not None and width < n:
+        raise bad(f"'best_of' must be >= n ({n})", "best_of")
+    width = width or n
+    if num_prompts * width > MAX_COMPLETIONS:
+        raise bad(f"at most {MAX_COMPLETIONS} beams (prompts x beam width) per request", "best_of" if "best_of" in body else "n")
+    return BeamSearchParams(beam_width=width, max_tokens=kw["max_tokens"], ignore_eos=kw["ignore_eos"],
+                            temperature=kw.get("temperature", 0.0), include_stop_str_in_output=kw["include_stop_str_in_output"],
+                            length_penalty=1.0 if length_penalty is None else length_penalty)
 
 
 def _completion_prompts(prompt: Any, ctx: ServingContext, add_special: bool) -> list[Prompt]:
@@ -270,6 +307,7 @@ def prepare_chat(body: dict, ctx: ServingContext, pixels: list[int] | None = Non
     if logprobs is not None:
         kw["logprobs"] = logprobs
     params = sampling_params(kw)
+    beam = _beam_search(body, kw, 1)
     return PreparedRequest("chat", new_id("chatcmpl", body), int(time.time()), model,
                            [Prompt(text, list(ids), mm)], params, stream, include_usage, continuous_usage,
                            logprobs=logprobs, reasoning_parser=ctx.reasoning_parser,
@@ -277,7 +315,7 @@ def prepare_chat(body: dict, ctx: ServingContext, pixels: list[int] | None = Non
                            named_tool=isinstance(tool_choice, dict) and tool_parser is not None,
                            forced_tools=forced and tool_parser is not None,
                            prompt_logprobs=get_int(body, "prompt_logprobs", 0, MAX_LOGPROBS),
-                           system_fingerprint=ctx.system_fingerprint)
+                           system_fingerprint=ctx.system_fingerprint, beam=beam)
 
 
 def tokenize(body: dict, ctx: ServingContext) -> dict:

@@ -42,7 +42,8 @@ _SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "min
                     "min_tokens", "skip_special_tokens", "include_stop_str_in_output",
                     "parallel_tool_calls", "request_id", "logit_bias", "response_format",
                     "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                    "guided_whitespace_pattern", "structured_outputs", "prompt_logprobs"}
+                    "guided_whitespace_pattern", "structured_outputs", "prompt_logprobs",
+                    "use_beam_search", "length_penalty"}
 COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "logprobs", "echo", "add_special_tokens"}
 CHAT_FIELDS = _SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
                                   "add_generation_prompt", "chat_template", "add_special_tokens",

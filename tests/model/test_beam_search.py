@@ -3,64 +3,22 @@ checkpoints in fp32: the same token ids in the same order, with and without a le
 with an EOS the beams reach at different lengths and with none reachable (ignore_eos)."""
 from __future__ import annotations
 
-import json
-from collections import Counter
-
 import numpy as np
 import pytest
 import torch
 
-from conftest import cache_dir, tiny_checkpoint_path
+from beam_ref import eos_checkpoint, hf_beams
 from lite_llm import LLM
 from lite_llm.beam_search import BeamSearchParams
 
 K, MAX_NEW = 4, 10
 
 
-def hf_beams(model, prompt: list[int], k: int, max_new: int, eos: int | None, length_penalty: float):
-    """transformers' k best beams: (generated ids, score) best first; ids cut after their EOS."""
-    out = model.generate(torch.tensor([prompt]), num_beams=k, num_return_sequences=k, do_sample=False,
-                         max_new_tokens=max_new, length_penalty=length_penalty, eos_token_id=eos,
-                         pad_token_id=eos if eos is not None else 0, early_stopping=False,
-                         return_dict_in_generate=True, output_scores=True,
-                         attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    beams = []
-    lengths = (out.beam_indices >= 0).sum(dim=1).tolist()   # each beam's generated length
-    for row, n, score in zip(out.sequences.tolist(), lengths, out.sequences_scores.tolist()):
-        beams.append((row[len(prompt):len(prompt) + n], score))
-    return beams
-
-
-def frequent_token(model, prompts, k: int) -> int:
-    """Of the tokens the unconstrained beams emit most, the first that, as EOS, ends transformers'
-    returned beams at different lengths."""
-    counts = Counter()
-    for p in prompts:
-        for ids, _ in hf_beams(model, p, k, MAX_NEW, None, 1.0):
-            counts.update(ids)
-    for tok, _ in counts.most_common(8):
-        lengths = {len(ids) for p in prompts for ids, _ in hf_beams(model, p, k, MAX_NEW, tok, 1.0)}
-        if len(lengths) > 2:
-            return tok
-    raise AssertionError("no frequent token ends the beams at different lengths")
-
-
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def models(request):
-    from transformers import AutoModelForCausalLM
-    base = tiny_checkpoint_path(request.param)
     rng = np.random.default_rng(7)
     prompts = [rng.integers(3, 300, n).tolist() for n in (3, 9, 21)]
-    ref = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
-    eos = frequent_token(ref, prompts, K)
-    # the same weights with that token as EOS, for lite-llm (config.json's eos_token_id)
-    path = cache_dir("beam-")
-    for f in base.iterdir():
-        path.joinpath(f.name).write_bytes(f.read_bytes())
-    for name in ("config.json", "generation_config.json"):
-        cfg = json.loads(path.joinpath(name).read_text())
-        cfg["eos_token_id"] = eos
-        path.joinpath(name).write_text(json.dumps(cfg))
+    path, ref, eos = eos_checkpoint(request.param, prompts, K, MAX_NEW)
     with LLM(str(path), dtype="float32", block_size=16, kv_cache_space=0.02) as llm:
         yield llm, ref, prompts, eos
 
