@@ -104,3 +104,51 @@ def test_chat_stream_with_beams_is_a_400_and_best_of_without_beams_still_refused
     status, _, data = request(server.port, "POST", "/v1/completions",
                               {"model": "tiny", "prompt": "hello", "max_tokens": 2, "best_of": 2})
     assert status == 400 and error_of(data)["param"] == "best_of"
+
+
+def test_a_wide_beam_search_shares_the_engine_and_a_client_leaving_ends_it():
+    """Beams are counted in fair admission like n: while one request's 4 prompts x 16 beams keep
+    every slot busy step after step, other clients' 4-token completions finish; the client
+    resetting its connection aborts the step in flight and no further beams are submitted."""
+    import json as _json
+    import select
+    import socket
+    import struct
+    import time
+
+    from .conftest import metric_value, start_server, stop_server
+    from .watchdog import Watchdog
+    served = start_server(engine_overrides={"max_num_seqs": 8, "step_seconds": 0.005}, request_timeout=120)
+    try:
+        body = _json.dumps({"model": served.model, "prompt": [f"Prompt {i}: a story" for i in range(4)],
+                            "n": 16, "max_tokens": 400, "ignore_eos": True, "use_beam_search": True}).encode()
+        big = socket.create_connection(("127.0.0.1", served.port), timeout=120)
+        big.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        # a step's one-token beam requests finish in the step that admits them: queued is what shows
+        end = time.monotonic() + 20.0
+        while metric_value(served.port, "lite_llm:num_requests_waiting") < 8 and time.monotonic() < end:
+            time.sleep(0.01)
+        assert metric_value(served.port, "lite_llm:num_requests_waiting") >= 8   # more beams than slots
+        with Watchdog(served.port, served.model) as dog:
+            end = time.monotonic() + 20.0     # liveness bound
+            while time.monotonic() < end and sum(p.status == 200 for p in dog.of("completion")) < 4:
+                time.sleep(0.05)
+        print(f"\nwatchdog under a 4 x 16 beam search: {dog.summary()}")
+        dog.check()
+        assert sum(p.status == 200 for p in dog.of("completion")) >= 4
+        assert not select.select([big], [], [], 0)[0], "the beam search ended before the probes: nothing shared"
+        big.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        big.close()
+        end = time.monotonic() + 10.0
+        while time.monotonic() < end and (metric_value(served.port, "lite_llm:num_requests_running")
+                                          + metric_value(served.port, "lite_llm:num_requests_waiting")):
+            time.sleep(0.05)
+        # no further step submitted: nothing is prefilled any more
+        before = metric_value(served.port, "lite_llm:prompt_tokens_total")
+        time.sleep(0.5)
+        assert metric_value(served.port, "lite_llm:prompt_tokens_total") == before
+        assert metric_value(served.port, "lite_llm:num_requests_running") == 0
+        assert metric_value(served.port, "lite_llm:num_requests_waiting") == 0
+    finally:
+        stop_server(served)
