@@ -151,10 +151,12 @@ def search(step: StepFn, prompts: Sequence[list[int]], params: BeamSearchParams,
 
 
 def engine_step(engine: Any, owner: str | None = None,
-                on_submit: Callable[[list[str]], None] | None = None) -> StepFn:
+                on_submit: Callable[[list[str]], None] | None = None, lora_request: Any = None) -> StepFn:
     """A StepFn on an AsyncEngine (or anything with its add_request / abort): one request of one
     token per context, all submitted before any is awaited, so they batch in the same steps.
-    on_submit(ids) is told each step's engine request ids (a caller that may abort them)."""
+    on_submit(ids) is told each step's engine request ids (a caller that may abort them);
+    lora_request: the adapter every beam runs with (None: the base model)."""
+    extra = {} if lora_request is None else {"lora_request": lora_request}
     def step(contexts: list[list[int]], top: int) -> list[list[tuple[int, float]]]:
         params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False,
                                 output_kind=RequestOutputKind.FINAL_ONLY, logprobs=0)
@@ -163,7 +165,7 @@ def engine_step(engine: Any, owner: str | None = None,
         try:
             for ctx in contexts:
                 rid = f"beam-{uuid.uuid4().hex}"
-                submitted.append((rid, engine.add_request(rid, ctx, params, owner=owner)))
+                submitted.append((rid, engine.add_request(rid, ctx, params, owner=owner, **extra)))
             if on_submit is not None:
                 on_submit([rid for rid, _ in submitted])
             results = []

@@ -140,13 +140,16 @@ class LLM:
         a list of them) -> one BeamSearchOutput per prompt, its beam_width best sequences best
         first (lite_llm/beam_search.py says how they are chosen and scored)."""
         self._need("generate")
-        if lora_request is not None:
-            raise ValueError("beam_search does not take a LoRA adapter")
+        if isinstance(lora_request, list):
+            raise ValueError("beam_search takes one LoRARequest for every prompt, not a list")
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
+        if any(isinstance(p, dict) and p.get("multi_modal_data") for p in prompts):
+            raise ValueError("beam_search does not take images (multi_modal_data)")
         ids = [self._to_request(p)[1] for p in prompts]
         owner = f"beam-{uuid.uuid4().hex}"     # one caller: its beams share slots fairly with others
-        found = beam_search.search(beam_search.engine_step(self._engine, owner), ids, params,
+        step = beam_search.engine_step(self._engine, owner, lora_request=lora_request)
+        found = beam_search.search(step, ids, params,
                                    self._engine.engine.config.eos_token_ids, self._engine.engine.max_model_len)
         return beam_search.to_outputs(found, ids, self.tokenizer)
 

@@ -124,7 +124,9 @@ def _beam_answer(req: Request, state: ServerState, prep: PreparedRequest, api: A
             state.engine.abort(rid)
 
     watch = held.enter_context(req.watch(abort_all))
-    step = beam_search.engine_step(state.engine, owner=f"{req.client}|{prep.id}", on_submit=remember)
+    lora = None if prep.model in state.ctx.model_names else prep.model      # an adapter's name
+    step = beam_search.engine_step(state.engine, owner=f"{req.client}|{prep.id}", on_submit=remember,
+                                   lora_request=lora)
     ctx = state.ctx
     try:
         found = beam_search.search(step, [p.token_ids for p in prep.prompts], prep.beam, ctx.eos_token_ids,

@@ -308,6 +308,8 @@ def prepare_chat(body: dict, ctx: ServingContext, pixels: list[int] | None = Non
         kw["logprobs"] = logprobs
     params = sampling_params(kw)
     beam = _beam_search(body, kw, 1)
+    if beam is not None and mm is not None:     # its beams would be new prompts without the images
+        raise bad("images cannot be combined with 'use_beam_search'", "messages")
     return PreparedRequest("chat", new_id("chatcmpl", body), int(time.time()), model,
                            [Prompt(text, list(ids), mm)], params, stream, include_usage, continuous_usage,
                            logprobs=logprobs, reasoning_parser=ctx.reasoning_parser,

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from beam_ref import eos_checkpoint, hf_beams
+from conftest import tiny_checkpoint_path
 from lite_llm import LLM
 from lite_llm.beam_search import BeamSearchParams
 
@@ -60,3 +61,24 @@ def test_bad_params_are_value_errors():
     for kw in ({"beam_width": 0}, {"beam_width": 129}, {"max_tokens": 0}, {"early_stopping": "sometimes"}):
         with pytest.raises(ValueError):
             BeamSearchParams(**{"beam_width": 2, "max_tokens": 4, **kw})
+
+
+def test_beams_run_with_the_lora_adapter(tmp_path):
+    """A LoRARequest reaches every beam: width 1 is the adapter's greedy output, not the base's."""
+    from conftest import make_peft_adapter
+    from lite_llm import LoRARequest, SamplingParams
+    base = tiny_checkpoint_path("llama")
+    adapter = LoRARequest("a1", 1, str(make_peft_adapter(base, tmp_path / "a1", 8, 16,
+                                                         ["q_proj", "v_proj", "up_proj", "down_proj"], seed=1)))
+    prompts = [{"prompt_token_ids": [5, 17, 33, 101, 7]}, {"prompt_token_ids": list(range(40, 60))}]
+    greedy = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    width1 = BeamSearchParams(beam_width=1, max_tokens=MAX_NEW, ignore_eos=True)
+    with LLM(str(base), dtype="float32", enable_lora=True, max_loras=1, max_lora_rank=8, block_size=16,
+             kv_cache_space=0.02) as llm:
+        want = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, lora_request=adapter)]
+        base_out = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
+        got = [b.sequences[0].generated for b in llm.beam_search(prompts, width1, lora_request=adapter)]
+        with pytest.raises(ValueError):
+            llm.beam_search([{"prompt": "x", "multi_modal_data": {"image": object()}}], width1)
+    assert want != base_out        # the adapter changes the output
+    assert got == want
