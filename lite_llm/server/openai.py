@@ -18,7 +18,8 @@ from lite_llm.server import harmony
 from lite_llm.server.chat import declared_tools, parse_messages, read_template_kwargs, render_chat, request_template
 from lite_llm.server.context import Prompt, PreparedRequest, ServingContext, TokenizeSlots
 from lite_llm.server.parsers import forced_tool_calls
-from lite_llm.server.validation import (CHAT_FIELDS, COMPLETION_FIELDS, MAX_COMPLETIONS, MAX_N, MAX_PROMPTS, MAX_STOP,
+from lite_llm.server.validation import (BEAM_NEUTRAL, NOT_WITH_BEAMS, CHAT_FIELDS, COMPLETION_FIELDS,
+                                        MAX_COMPLETIONS, MAX_N, MAX_PROMPTS, MAX_STOP,
                                         MAX_STOP_LEN, ApiError, bad, check_fields, check_token_ids, get_bool,
                                         get_float, get_int, is_int, new_id, sampling_params, stream_options,
                                         structured_outputs, INT64_MAX, INT64_MIN, check_logit_bias)
@@ -144,16 +145,6 @@ def prepare_completion(body: dict, ctx: ServingContext) -> PreparedRequest:
                            system_fingerprint=ctx.system_fingerprint, beam=beam)
 
 
-# Fields a beam search does not honour (its beams end on EOS and max_tokens only, scored by the
-# raw model's logprobs): given with use_beam_search, each is a 400 rather than silently ignored.
-_NOT_WITH_BEAMS = ("stream", "logprobs", "top_logprobs", "prompt_logprobs", "stop", "stop_token_ids",
-                   "min_tokens", "logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty",
-                   "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                   "structured_outputs", "tools")
-_NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "min_tokens": 0, "stop": [],
-            "stop_token_ids": [], "tools": [], "logit_bias": {}}
-
-
 def _beam_search(body: dict, kw: dict, num_prompts: int):
     """use_beam_search (vLLM's extra field): BeamSearchParams of beam width best_of (else n),
     the n best beams returned; None without it. temperature, top_p, top_k, min_p and seed shape
@@ -161,9 +152,9 @@ def _beam_search(body: dict, kw: dict, num_prompts: int):
     length_penalty = get_float(body, "length_penalty", -1e6, 1e6)
     if not get_bool(body, "use_beam_search", False):
         return None
-    for name in _NOT_WITH_BEAMS:
+    for name in NOT_WITH_BEAMS:
         value = body.get(name)
-        if value is None or value is False or value == _NEUTRAL.get(name, None):
+        if value is None or value is False or value == BEAM_NEUTRAL.get(name, None):
             continue
         raise bad(f"'{name}' cannot be combined with 'use_beam_search'", name)
     n = kw["n"]

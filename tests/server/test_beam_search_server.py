@@ -152,3 +152,20 @@ def test_a_wide_beam_search_shares_the_engine_and_a_client_leaving_ends_it():
         assert metric_value(served.port, "lite_llm:num_requests_waiting") == 0
     finally:
         stop_server(served)
+
+
+def test_chat_batch_returns_each_conversations_best_beam(served):
+    """vLLM's /v1/chat/completions/batch: n = 1, best_of the beam width, one best beam each."""
+    import json
+    server, client, tok, ref, prompts, eos = served
+    conversations = [[{"role": "user", "content": "hello there"}], [{"role": "user", "content": "a story"}]]
+    want = []
+    for conv in conversations:
+        status, _, data = request(server.port, "POST", "/tokenize", {"model": "tiny", "messages": conv})
+        want.append(_texts(tok, hf_beams(ref, json.loads(data)["tokens"], K, MAX_NEW, eos, 1.0)[:1], eos)[0])
+    status, _, data = request(server.port, "POST", "/v1/chat/completions/batch",
+                              {"model": "tiny", "messages": conversations, "max_tokens": MAX_NEW,
+                               "use_beam_search": True, "best_of": K})
+    assert status == 200, data
+    choices = sorted(json.loads(data)["choices"], key=lambda c: c["index"])
+    assert [c["message"]["content"] for c in choices] == want
