@@ -3,7 +3,7 @@ OpenAI-compatible server) with Cython/OpenMP kernels and no PyTorch."""
 __version__ = "0.1.0"
 
 __all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "GuidedDecodingParams", "RequestOutput", "CompletionOutput", "LoRARequest",
-           "__version__"]
+           "BeamSearchParams", "__version__"]
 
 
 def __getattr__(name):  # lazy: `import lite_llm` stays cheap for the CLI
@@ -13,6 +13,9 @@ def __getattr__(name):  # lazy: `import lite_llm` stays cheap for the CLI
     if name in ("SamplingParams", "StructuredOutputsParams", "GuidedDecodingParams"):
         from lite_llm import sampling_params
         return getattr(sampling_params, name)
+    if name == "BeamSearchParams":
+        from lite_llm.beam_search import BeamSearchParams
+        return BeamSearchParams
     if name == "LoRARequest":
         from lite_llm.lora import LoRARequest
         return LoRARequest

@@ -9,7 +9,8 @@ import sys
 import uuid
 from typing import Any
 
-from lite_llm import multimodal, pooling
+from lite_llm import beam_search, multimodal, pooling
+from lite_llm.beam_search import BeamSearchOutput, BeamSearchParams
 from lite_llm.engine.args import EngineArgs
 from lite_llm.engine.assemble import (Assembled, KVPlan, build_async_engine, build_engine, default_max_num_seqs,
                                       plan_kv_cache, plan_ranks)
@@ -149,6 +150,25 @@ class LLM:
         if show:
             sys.stderr.write("\n")
         return results
+
+    def beam_search(self, prompts, params: BeamSearchParams, lora_request=None,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """vLLM's LLM.beam_search: prompts (str or {"prompt"} / {"prompt_token_ids"} dicts, or
+        a list of them) -> one BeamSearchOutput per prompt, its beam_width best sequences best
+        first (lite_llm/beam_search.py says how they are chosen and scored)."""
+        self._need("generate")
+        if isinstance(lora_request, list):
+            raise ValueError("beam_search takes one LoRARequest for every prompt, not a list")
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        if any(isinstance(p, dict) and p.get("multi_modal_data") for p in prompts):
+            raise ValueError("beam_search does not take images (multi_modal_data)")
+        ids = [self._to_request(p)[1] for p in prompts]
+        owner = f"beam-{uuid.uuid4().hex}"     # one caller: its beams share slots fairly with others
+        step = beam_search.engine_step(self._engine, owner, lora_request=lora_request)
+        found = beam_search.search(step, ids, params,
+                                   self._engine.engine.config.eos_token_ids, self._engine.engine.max_model_len)
+        return beam_search.to_outputs(found, ids, self.tokenizer)
 
     def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
              use_tqdm: bool = True, chat_template: str | None = None,

@@ -234,3 +234,10 @@ def _is_int(x) -> bool:
 
 def _is_num(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def __getattr__(name):   # vllm.sampling_params.BeamSearchParams' place, without an import cycle
+    if name == "BeamSearchParams":
+        from lite_llm.beam_search import BeamSearchParams
+        return BeamSearchParams
+    raise AttributeError(name)

@@ -73,6 +73,7 @@ class ServingContext:
     mm_processor: Any = None              # multimodal.Processor of a model that takes images, else None
     media: Any = None                     # multimodal.MediaConfig: image limits and allowed hosts
     default_max_tokens: int | None = None  # --default-max-tokens: output cap of a request naming none
+    eos_token_ids: tuple[int, ...] = ()   # what ends a beam of use_beam_search
 
     def tool_parser_of(self, template: str | None = None) -> str | None:
         """The tool call parser of a chat rendered with template (a request's own, else
@@ -120,6 +121,7 @@ class PreparedRequest:
     named_tool: bool = False              # tool_choice named a function: OpenAI finishes with "stop"
     forced_tools: bool = False            # tool_choice required or named: the whole answer is calls
     system_fingerprint: str | None = None
+    beam: Any = None                      # use_beam_search: its beam_search.BeamSearchParams, else None
     # Server-made part of every engine request id: the client's request_id names the response
     # (id), never an engine request alone, so two requests naming the same one both run and
     # neither can refuse, see or abort the other (vLLM adds a random suffix the same way).

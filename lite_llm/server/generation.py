@@ -16,6 +16,7 @@ import threading
 from contextlib import ExitStack
 from typing import Any, Callable, Iterator
 
+from lite_llm import beam_search
 from lite_llm.engine.async_engine import EngineDeadError, EngineShutdownError, QueueFullError
 from lite_llm.sampling_params import RequestOutputKind
 from lite_llm.server.answers import Choice, StreamTally, final_response, iter_deltas, sse, stream_chunks
@@ -42,6 +43,10 @@ def run_prepared(req: Request, state: ServerState, prep: PreparedRequest, api: A
     held.enter_context(state.inflight())
     try:
         state.check_serving()
+        if prep.beam is not None:
+            response = _beam_answer(req, state, prep, api, held)
+            response.close = held.close
+            return response
         submitted = submit(req, state, prep, final_only=not prep.stream)
         aborted, finished = threading.Event(), threading.Event()
 
@@ -98,6 +103,57 @@ def submit(req: Request, state: ServerState, prep: PreparedRequest,
         state.check_serving()       # a stopped engine is a 503, anything else a 500
         raise
     return submitted
+
+
+def _beam_answer(req: Request, state: ServerState, prep: PreparedRequest, api: Any, held: ExitStack) -> Response:
+    """use_beam_search: the search (beam_search.py) run here, each step's beams submitted as
+    engine requests of this request's owner; a client leaving aborts the step in flight."""
+    lock = threading.Lock()
+    current: list[str] = []
+
+    def remember(ids: list[str]) -> None:
+        with lock:
+            current[:] = ids
+        if watch.gone:
+            abort_all()
+
+    def abort_all() -> None:
+        with lock:
+            ids = list(current)
+        for rid in ids:
+            state.engine.abort(rid)
+
+    watch = held.enter_context(req.watch(abort_all))
+    lora = None if prep.model in state.ctx.model_names else prep.model      # an adapter's name
+    step = beam_search.engine_step(state.engine, owner=f"{req.client}|{prep.id}", on_submit=remember,
+                                   lora_request=lora)
+    ctx = state.ctx
+    try:
+        found = beam_search.search(step, [p.token_ids for p in prep.prompts], prep.beam, ctx.eos_token_ids,
+                                   ctx.max_model_len)
+    except beam_search.BeamSearchAborted:
+        if watch.gone:
+            raise ClientGone() from None
+        raise _aborted(state) from None
+    except QueueFullError:
+        raise ApiError(429, "The server is at capacity (request queue full); retry later.",
+                       code="queue_full", headers={"Retry-After": str(state.retry_after)}) from None
+    except ValueError as e:      # the engine's own checks on a request
+        raise ApiError(400, str(e)) from None
+    except (EngineShutdownError, EngineDeadError) as e:
+        raise ApiError(503, f"the engine is not accepting requests: {e}", code="engine_unavailable") from None
+    if watch.gone:
+        raise ClientGone()
+    n = prep.params.n
+    choices: dict[int, Choice] = {}
+    for k, hyps in enumerate(found):
+        for i, (_, beam, reason) in enumerate(hyps[:n]):
+            text = beam_search.finish_text(ctx.tokenizer, beam, reason, prep.beam.include_stop_str_in_output)
+            choices[k * n + i] = Choice(text=[text], num_tokens=len(beam.tokens), finish_reason=reason,
+                                        stop_reason=None)      # an EOS, as vLLM says it
+    body = final_response(prep, choices, ctx.tokenizer)
+    tokens = (body["usage"]["prompt_tokens"], body["usage"]["completion_tokens"])
+    return Response.json(body if api is None else api.answer(prep, body), tokens=tokens)
 
 
 def _abort(state: ServerState, submitted: list[tuple[str, Any]]) -> None:

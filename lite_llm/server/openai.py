@@ -11,13 +11,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from lite_llm.beam_search import BeamSearchParams
 from lite_llm.multimodal import MediaError
 from lite_llm.sampling_params import MAX_GRAMMAR_BYTES, MAX_LOGPROBS
 from lite_llm.server import harmony
 from lite_llm.server.chat import declared_tools, parse_messages, read_template_kwargs, render_chat, request_template
 from lite_llm.server.context import Prompt, PreparedRequest, ServingContext, TokenizeSlots
 from lite_llm.server.parsers import forced_tool_calls
-from lite_llm.server.validation import (CHAT_FIELDS, COMPLETION_FIELDS, MAX_COMPLETIONS, MAX_N, MAX_PROMPTS, MAX_STOP,
+from lite_llm.server.validation import (BEAM_NEUTRAL, NOT_WITH_BEAMS, CHAT_FIELDS, COMPLETION_FIELDS,
+                                        MAX_COMPLETIONS, MAX_N, MAX_PROMPTS, MAX_STOP,
                                         MAX_STOP_LEN, ApiError, bad, check_fields, check_token_ids, get_bool,
                                         get_float, get_int, is_int, new_id, sampling_params, stream_options,
                                         structured_outputs, INT64_MAX, INT64_MIN, check_logit_bias)
@@ -109,7 +111,8 @@ def max_tokens_for(requested: int | None, prompt_len: int, ctx: ServingContext,
 def _common_fields(body: dict, ctx: ServingContext, allowed) -> tuple[str, bool, tuple[bool, bool], dict]:
     """What completions and chat read alike: (model, stream, (include_usage, continuous usage),
     sampling kwargs), after checking that every field of the body is one of `allowed`."""
-    check_fields(body, allowed)
+    # best_of is vLLM's beam width with use_beam_search (sampling n of best_of is not implemented)
+    check_fields(body, allowed | {"best_of"} if get_bool(body, "use_beam_search", False) else allowed)
     model = ctx.check_model(body)
     stream = get_bool(body, "stream", False)
     return model, stream, stream_options(body, stream), _sampling_kwargs(body, ctx)
@@ -135,10 +138,35 @@ def prepare_completion(body: dict, ctx: ServingContext) -> PreparedRequest:
     if logprobs is not None:
         kw["logprobs"] = logprobs
     params = sampling_params(kw)
+    beam = _beam_search(body, kw, len(prompts))
     return PreparedRequest("completion", new_id("cmpl", body), int(time.time()), model, prompts,
                            params, stream, include_usage, continuous_usage, echo=echo, logprobs=logprobs,
                            prompt_logprobs=get_int(body, "prompt_logprobs", 0, MAX_LOGPROBS),
-                           system_fingerprint=ctx.system_fingerprint)
+                           system_fingerprint=ctx.system_fingerprint, beam=beam)
+
+
+def _beam_search(body: dict, kw: dict, num_prompts: int):
+    """use_beam_search (vLLM's extra field): BeamSearchParams of beam width best_of (else n),
+    the n best beams returned; None without it. temperature, top_p, top_k, min_p and seed shape
+    sampling only: a beam search takes them and samples nothing."""
+    length_penalty = get_float(body, "length_penalty", -1e6, 1e6)
+    if not get_bool(body, "use_beam_search", False):
+        return None
+    for name in NOT_WITH_BEAMS:
+        value = body.get(name)
+        if value is None or value is False or value == BEAM_NEUTRAL.get(name, None):
+            continue
+        raise bad(f"'{name}' cannot be combined with 'use_beam_search'", name)
+    n = kw["n"]
+    width = get_int(body, "best_of", 1, MAX_N)
+    if width is not None and width < n:
+        raise bad(f"'best_of' must be >= n ({n})", "best_of")
+    width = width or n
+    if num_prompts * width > MAX_COMPLETIONS:
+        raise bad(f"at most {MAX_COMPLETIONS} beams (prompts x beam width) per request", "best_of" if "best_of" in body else "n")
+    return BeamSearchParams(beam_width=width, max_tokens=kw["max_tokens"], ignore_eos=kw["ignore_eos"],
+                            temperature=kw.get("temperature", 0.0), include_stop_str_in_output=kw["include_stop_str_in_output"],
+                            length_penalty=1.0 if length_penalty is None else length_penalty)
 
 
 def _completion_prompts(prompt: Any, ctx: ServingContext, add_special: bool) -> list[Prompt]:
@@ -270,6 +298,9 @@ def prepare_chat(body: dict, ctx: ServingContext, pixels: list[int] | None = Non
     if logprobs is not None:
         kw["logprobs"] = logprobs
     params = sampling_params(kw)
+    beam = _beam_search(body, kw, 1)
+    if beam is not None and mm is not None:     # its beams would be new prompts without the images
+        raise bad("images cannot be combined with 'use_beam_search'", "messages")
     return PreparedRequest("chat", new_id("chatcmpl", body), int(time.time()), model,
                            [Prompt(text, list(ids), mm)], params, stream, include_usage, continuous_usage,
                            logprobs=logprobs, reasoning_parser=ctx.reasoning_parser,
@@ -277,7 +308,7 @@ def prepare_chat(body: dict, ctx: ServingContext, pixels: list[int] | None = Non
                            named_tool=isinstance(tool_choice, dict) and tool_parser is not None,
                            forced_tools=forced and tool_parser is not None,
                            prompt_logprobs=get_int(body, "prompt_logprobs", 0, MAX_LOGPROBS),
-                           system_fingerprint=ctx.system_fingerprint)
+                           system_fingerprint=ctx.system_fingerprint, beam=beam)
 
 
 def tokenize(body: dict, ctx: ServingContext) -> dict:

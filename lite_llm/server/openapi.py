@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from lite_llm.sampling_params import MAX_CHOICES
+from lite_llm.server.validation import NOT_WITH_BEAMS
 from lite_llm.server.pooling import ROUTES as POOLING_ROUTES
 
 _NUM = {"type": "number"}
@@ -56,6 +57,10 @@ _SAMPLING = {
     "min_tokens": _MIN_TOKENS,
     "skip_special_tokens": _BOOL,
     "include_stop_str_in_output": _BOOL,
+    "use_beam_search": {**_BOOL, "description": "vLLM's: the n best beams of a beam search of width best_of "
+                        "(accepted with it), else n"},
+    "length_penalty": {"type": "number", "minimum": -1e6, "maximum": 1e6,
+                       "description": "with use_beam_search: a beam scores its logprob / length ** length_penalty"},
     "parallel_tool_calls": _BOOL,
     "request_id": {"type": "string", "pattern": "^[ -~]{1,128}$",
                    "description": "names the response (cmpl-<request_id>); 1 to 128 printable characters"},
@@ -102,6 +107,9 @@ _ONE_CONSTRAINT = {"not": {"anyOf": [{"required": [a, b]} for i, a in enumerate(
 _STREAM_RULES = {"if": {"required": ["stream"], "properties": {"stream": {"const": True}}},
                  "then": {"properties": {"prompt_logprobs": {"type": "null"}}},
                  "else": {"properties": {"stream_options": {"type": "null"}}}}
+# use_beam_search: the fields a beam search does not honour are left out
+_BEAM_RULES = {"if": {"required": ["use_beam_search"], "properties": {"use_beam_search": {"const": True}}},
+               "then": {"properties": {name: {"type": "null"} for name in NOT_WITH_BEAMS}}}
 _LOGPROBS_FOR_TOP = {"if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"minimum": 1}}},
                      "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}
 _USAGE = {"type": "object", "properties": {"prompt_tokens": _INT, "completion_tokens": _INT,
@@ -285,7 +293,7 @@ SCHEMAS: dict[str, Any] = {
                           "allOf": [_STREAM_RULES,
                                     {"if": {"required": ["stream", "echo", "logprobs"],
                                             "properties": {"stream": {"const": True}, "echo": {"const": True}}},
-                                     "then": {"properties": {"logprobs": {"type": "null"}}}}],
+                                     "then": {"properties": {"logprobs": {"type": "null"}}}}, _BEAM_RULES],
                           "properties": {
         **_SAMPLING,
         "prompt": {"oneOf": [{**_STR, "minLength": 1}, {"type": "array", "minItems": 1, "items": {**_STR, "minLength": 1}},
@@ -296,7 +304,7 @@ SCHEMAS: dict[str, Any] = {
     "ChatCompletionRequest": {"type": "object", "required": ["messages"], "additionalProperties": False,
                               **_ONE_CONSTRAINT, "dependentRequired": {"tool_choice": ["tools"]},
                               "allOf": [_STREAM_RULES,
-                                        _LOGPROBS_FOR_TOP],
+                                        _LOGPROBS_FOR_TOP, _BEAM_RULES],
                               "properties": {
         **_SAMPLING,
         "messages": {"type": "array", "items": _ref("ChatMessage"), "minItems": 1},
@@ -338,7 +346,7 @@ SCHEMAS: dict[str, Any] = {
     "Version": {"type": "object", "properties": {"version": _STR, "kernel_variant": _STR}},
     "Error": _ERROR,
     "ChatCompletionBatchRequest": {"type": "object", "required": ["messages"], "additionalProperties": False,
-                                   **_ONE_CONSTRAINT, "allOf": [_LOGPROBS_FOR_TOP], "properties": {
+                                   **_ONE_CONSTRAINT, "allOf": [_LOGPROBS_FOR_TOP, _BEAM_RULES], "properties": {
         **{k: v for k, v in _SAMPLING.items() if k not in ("stream", "stream_options", "n", "parallel_tool_calls")},
         "messages": {"type": "array", "minItems": 1, "description": "one conversation per choice",
                      "items": {"type": "array", "items": _ref("ChatMessage"), "minItems": 1}},

@@ -125,7 +125,18 @@ def serving_context(engine: Any, tokenizer: Any, names: tuple[str, ...], max_mod
                           reasoning_parser=reasoning_parser, tool_parser=tool_call_parser,
                           system_fingerprint=system_fingerprint(info), loras=lora_routes.manager(engine),
                           mm_processor=_mm_processor(model_root, info.get("mmproj")), media=media or _default_media(),
-                          default_max_tokens=default_max_tokens or None)
+                          default_max_tokens=default_max_tokens or None,
+                          eos_token_ids=_eos_token_ids(engine, tokenizer))
+
+
+def _eos_token_ids(engine: Any, tokenizer: Any) -> tuple[int, ...]:
+    """The ids that end a sequence: the engine's model's, else the tokenizer's EOS (beam search
+    ends its beams on them; the engine ends sampled sequences itself)."""
+    ids = getattr(getattr(getattr(engine, "engine", None), "config", None), "eos_token_ids", None)
+    if ids is not None:
+        return tuple(int(t) for t in ids)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return (int(eos),) if isinstance(eos, int) else ()
 
 
 def _mm_processor(model_root: str | None, mmproj: str | None = None) -> Processor | None:

@@ -35,6 +35,14 @@ _WHY_UNSUPPORTED = {
     "suffix": "'suffix' (fill-in-the-middle insertion) is not supported by this server; put the "
               "whole text in 'prompt'",
 }
+# Fields a beam search does not honour (its beams end on EOS and max_tokens only, scored by the
+# raw model's logprobs): given with use_beam_search, each is a 400 rather than silently ignored.
+NOT_WITH_BEAMS = ("stream", "logprobs", "top_logprobs", "prompt_logprobs", "stop", "stop_token_ids",
+                  "min_tokens", "logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                  "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                  "structured_outputs", "tools")
+BEAM_NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "min_tokens": 0, "stop": [],
+                "stop_token_ids": [], "tools": [], "logit_bias": {}, "response_format": {"type": "text"}}
 MAX_LOGIT_BIAS = 300        # entries of logit_bias (OpenAI's limit)
 _SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p",
                     "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "stop",
@@ -42,7 +50,8 @@ _SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "min
                     "min_tokens", "skip_special_tokens", "include_stop_str_in_output",
                     "parallel_tool_calls", "request_id", "logit_bias", "response_format",
                     "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                    "guided_whitespace_pattern", "structured_outputs", "prompt_logprobs"}
+                    "guided_whitespace_pattern", "structured_outputs", "prompt_logprobs",
+                    "use_beam_search", "length_penalty"}
 COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "logprobs", "echo", "add_special_tokens"}
 CHAT_FIELDS = _SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
                                   "add_generation_prompt", "chat_template", "add_special_tokens",

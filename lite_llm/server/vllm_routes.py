@@ -43,7 +43,8 @@ def prepare_chat_batch(body: dict, ctx: ServingContext) -> PreparedRequest:
             raise
     first = preps[0]
     params = dataclasses.replace(first.params, max_tokens=min(p.params.max_tokens for p in preps))
-    return dataclasses.replace(first, prompts=[p.prompts[0] for p in preps], params=params)
+    beam = first.beam and dataclasses.replace(first.beam, max_tokens=params.max_tokens)
+    return dataclasses.replace(first, prompts=[p.prompts[0] for p in preps], params=params, beam=beam)
 
 
 def chat_batch(req: Request, state: ServerState) -> Response:
