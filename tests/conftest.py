@@ -182,6 +182,24 @@ ARCH_DEFAULTS: dict[str, dict] = {
                     rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                      "truncate": False, "original_max_position_embeddings": 32,
                                      "rope_theta": 150000.0}),
+    # DeepSeek-V2 (V2-Lite's shape: no q latent): latent attention (kv_lora_rank 32, query heads
+    # of 16 + 16 RoPE components, values of 16), one dense layer then top-2 of 8 experts chosen
+    # within the best 2 of 4 groups, weights x 1.5, two shared experts
+    "deepseek_v2": dict(_BASE, num_hidden_layers=3, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32,
+                        qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, n_routed_experts=8,
+                        num_experts_per_tok=2, n_shared_experts=2, moe_intermediate_size=32, first_k_dense_replace=1,
+                        topk_method="group_limited_greedy", n_group=4, topk_group=2, routed_scaling_factor=1.5,
+                        norm_topk_prob=False, rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=10000.0),
+    # DeepSeek-V3: a q latent of 32, sigmoid routing with the correction bias, top-2 of 8 within
+    # the best 2 of 4 groups, renormalised, x 2.5, YaRN with mscale (the softmax scale's too)
+    "deepseek_v3": dict(_BASE, num_hidden_layers=3, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
+                        qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, n_routed_experts=8,
+                        num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1,
+                        n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, rms_norm_eps=1e-6,
+                        tie_word_embeddings=False,
+                        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                                         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                         "rope_theta": 10000.0}),
     "opt": dict(vocab_size=TINY_VOCAB, hidden_size=64, ffn_dim=96, num_hidden_layers=2, num_attention_heads=4,
                 max_position_embeddings=128, word_embed_proj_dim=64, do_layer_norm_before=True,
                 activation_function="relu", bos_token_id=0, eos_token_id=2, pad_token_id=1,
@@ -246,6 +264,8 @@ def _model_class(arch: str):
             "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
             "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
             "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM),
+            "deepseek_v2": (transformers.DeepseekV2Config, transformers.DeepseekV2ForCausalLM),
+            "deepseek_v3": (transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM),
             "qwen3_base": (transformers.Qwen3Config, transformers.Qwen3Model),
             "bert": (transformers.BertConfig, transformers.BertModel),
             "bert_cls": (transformers.BertConfig, transformers.BertForSequenceClassification),
@@ -302,6 +322,10 @@ def build_tiny_checkpoint(arch: str, out_dir: Path, std: float = 0.05, seed: int
             for layer in model.model.layers:
                 layer.self_attn.sinks.normal_(0.0, 1.0)
                 layer.mlp.experts.gate_up_proj_bias.normal_(0.0, 6.0)
+    if arch == "deepseek_v3":   # a correction bias that changes which experts are chosen
+        with torch.no_grad():
+            for layer in model.model.layers[config.first_k_dense_replace:]:
+                layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.1)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     backend = HFTokenizer.from_str(tiny_tokenizer_json())

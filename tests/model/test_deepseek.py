@@ -1,0 +1,101 @@
+"""DeepSeek-V2 / V3 against transformers on tiny random checkpoints (DeepseekV2ForCausalLM /
+DeepseekV3ForCausalLM, tests/conftest.py): latent attention over the compressed cache in the
+absorbed form (V2-Lite's q_proj, V3's q latent), interleaved RoPE, YaRN with mscale in the
+softmax scale (V3), a dense first layer, then DeepSeek's MoE: V2's softmax routing limited to
+groups, V3's sigmoid routing with the correction bias, the routed scale, ungated shared experts.
+fp32 logits of a mixed batch (prompts of 1 to 40 tokens in each step), chunked prefill and
+token-by-token decode through the paged cache, greedy tokens, and the cache's bytes per token."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import tiny_checkpoint_path
+from test_families import _greedy, hf_logits
+from test_moe import _check_routed, _position_errors
+from test_parity import lite_logits, make_runner, prompts_for
+
+CASES = [("deepseek_v2", {}), ("deepseek_v3", {}),
+         ("deepseek_v3", {"rope_interleave": False, "q_lora_rank": None, "n_group": 1, "topk_group": 1,
+                          "norm_topk_prob": False, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+         ("deepseek_v2", {"topk_method": "greedy", "first_k_dense_replace": 0, "q_lora_rank": 48})]
+PROMPT_LENS = [1, 5, 23, 40]
+
+
+def _ids(case) -> str:
+    arch, ov = case
+    return arch + ("-" + "-".join(f"{k}={v.get('rope_type') if isinstance(v, dict) else v}" for k, v in ov.items())
+                   if ov else "")
+
+
+def _check(got: list[np.ndarray], ref: list[np.ndarray]) -> None:
+    print(f"max |logit diff| vs transformers: {max(float(np.abs(g - r).max()) for g, r in zip(got, ref)):.2e} "
+          f"(logits up to {max(float(np.abs(r).max()) for r in ref):.2f})")
+    for r, g in zip(ref, got):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_fp32_logits_match_transformers_in_a_mixed_batch(case):
+    arch, overrides = case
+    path = tiny_checkpoint_path(arch, **overrides)
+    runner, loaded = make_runner(path)
+    cfg = loaded.config
+    assert cfg.is_mla and cfg.kv_lora_rank == 32 and cfg.head_dim == 16
+    assert cfg.moe_routing == ("grouped_sigmoid" if arch == "deepseek_v3" else "grouped_softmax")
+    prompts = prompts_for(cfg.vocab_size, PROMPT_LENS)
+    _check(lite_logits(runner, prompts), hf_logits(path, prompts))
+
+
+@pytest.mark.parametrize("case", CASES[:2], ids=_ids)
+@pytest.mark.parametrize("chunk", [1, 7])
+def test_chunked_prefill_and_token_by_token_decode_match_transformers(case, chunk):
+    """chunk=1: every position decoded alone over the latent rows cached before it."""
+    arch, overrides = case
+    path = tiny_checkpoint_path(arch, **overrides)
+    runner, loaded = make_runner(path)
+    prompts = prompts_for(loaded.config.vocab_size, [3, 20, 37])
+    _check(lite_logits(runner, prompts, chunk=chunk), hf_logits(path, prompts))
+
+
+@pytest.mark.parametrize("case", CASES[:2], ids=_ids)
+def test_fp32_greedy_tokens_match_transformers(case):
+    _greedy(case, prompt_len=12)
+
+
+@pytest.mark.parametrize("dtype,itemsize", [("float32", 4), ("bfloat16", 2)])
+def test_the_cache_holds_the_latent_and_the_rope_key_alone(dtype, itemsize):
+    """(kv_lora_rank + qk_rope_head_dim) x layers x the cache dtype's bytes per token, in the
+    runner's arrays and in the capacity plan (kv_bytes_per_block), against 2 x heads x head
+    width x layers for the full K and V transformers caches in the naive form."""
+    from lite_llm.engine.runner import kv_bytes_per_block
+    path = tiny_checkpoint_path("deepseek_v3")
+    runner, loaded = make_runner(path, dtype=dtype)
+    cfg = loaded.config
+    want = (cfg.kv_lora_rank + cfg.head_dim) * cfg.num_layers * itemsize
+    assert runner.kv_bytes_per_token == want == (32 + 16) * 3 * itemsize
+    assert kv_bytes_per_block(cfg, 16, dtype) == 16 * want
+    naive = cfg.num_layers * cfg.num_heads * ((cfg.qk_nope_head_dim + cfg.head_dim) + cfg.v_head_dim) * itemsize
+    print(f"{dtype}: {want} cached bytes per token (naive K and V: {naive})")
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v3"])
+def test_bf16_cache_logits_stay_close_to_transformers(arch):
+    """bf16 weights and the bf16 latent cache, prefilled 7 tokens a step, against the fp32
+    reference: the MoE families' bf16 bound where no near-tied routing flips (test_moe)."""
+    path = tiny_checkpoint_path(arch)
+    runner, loaded = make_runner(path, dtype="bfloat16")
+    assert runner.kv_cache_dtype == "bfloat16"
+    prompts = prompts_for(loaded.config.vocab_size, PROMPT_LENS)
+    err = _position_errors(lite_logits(runner, prompts, chunk=7), hf_logits(path, prompts), lambda r: np.abs(r).max())
+    print(f"bf16: |logit error| / max |logit|: median {np.median(err):.4f}, max {err.max():.4f}")
+    _check_routed(err, 0.03, 0.01)
+
+
+def test_an_8bit_cache_is_refused_naming_what_runs():
+    from lite_llm.engine.runner import ModelRunner
+    from lite_llm.model.loader import load_model
+    loaded = load_model(str(tiny_checkpoint_path("deepseek_v2")), dtype="float32", progress=False)
+    with pytest.raises(ValueError, match="float32 or bfloat16 cache"):
+        ModelRunner(loaded, num_blocks=8, block_size=16, max_num_batched_tokens=32, max_num_seqs=4, num_threads=1,
+                    kv_cache_dtype="int8")
