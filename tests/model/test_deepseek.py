@@ -18,7 +18,10 @@ from test_parity import lite_logits, make_runner, prompts_for
 CASES = [("deepseek_v2", {}), ("deepseek_v3", {}),
          ("deepseek_v3", {"rope_interleave": False, "q_lora_rank": None, "n_group": 1, "topk_group": 1,
                           "norm_topk_prob": False, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
-         ("deepseek_v2", {"topk_method": "greedy", "first_k_dense_replace": 0, "q_lora_rank": 48})]
+         ("deepseek_v2", {"topk_method": "greedy", "first_k_dense_replace": 0, "q_lora_rank": 48}),
+         # V2-Lite's latent widths: cached rows of 512 + 64 values, wider than the heads the
+         # other attention kernels take (LL_MAX_HEAD_DIM 512)
+         ("deepseek_v2", {"kv_lora_rank": 512, "qk_rope_head_dim": 64})]
 PROMPT_LENS = [1, 5, 23, 40]
 
 
@@ -41,7 +44,8 @@ def test_fp32_logits_match_transformers_in_a_mixed_batch(case):
     path = tiny_checkpoint_path(arch, **overrides)
     runner, loaded = make_runner(path)
     cfg = loaded.config
-    assert cfg.is_mla and cfg.kv_lora_rank == 32 and cfg.head_dim == 16
+    assert cfg.is_mla and (cfg.kv_lora_rank, cfg.head_dim) == (overrides.get("kv_lora_rank", 32),
+                                                               overrides.get("qk_rope_head_dim", 16))
     assert cfg.moe_routing == ("grouped_sigmoid" if arch == "deepseek_v3" else "grouped_softmax")
     prompts = prompts_for(cfg.vocab_size, PROMPT_LENS)
     _check(lite_logits(runner, prompts), hf_logits(path, prompts))
