@@ -225,9 +225,13 @@ class ModelRunner:
                  describe_formats(self.formats), self.bytes_per_token / 2**20, self.kv_cache_bytes / 2**20,
                  num_blocks, block_size, self.kv_cache_dtype)
         log.info("GEMM paths (%s kernels): %s", self.gemm_paths.variant, "; ".join(self.gemm_paths.describe()))
-        log.info("attention: %s (prefill tiles of a %s cache %s)", self.attention_path, self.kv_cache_dtype,
-                 _attention_plan(self.attention_path, self.kv_cache_dtype, self.gemm_paths.chosen["bf16"],
-                                 self.dtype))
+        if cfg.is_mla:
+            log.info("attention: latent (a %s cache of %d values per token and layer: the latent and the RoPE key)",
+                     self.kv_cache_dtype, cfg.cache_head_dim)
+        else:
+            log.info("attention: %s (prefill tiles of a %s cache %s)", self.attention_path, self.kv_cache_dtype,
+                     _attention_plan(self.attention_path, self.kv_cache_dtype, self.gemm_paths.chosen["bf16"],
+                                     self.dtype))
 
     # ---- one step ---------------------------------------------------------------------
 
