@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import tiny_checkpoint_path
+from conftest import gguf_from_hf, tiny_checkpoint_path
 from test_families import _greedy, hf_logits
 from test_moe import _check_routed, _position_errors
 from test_parity import lite_logits, make_runner, prompts_for
@@ -103,3 +103,21 @@ def test_an_8bit_cache_is_refused_naming_what_runs():
     with pytest.raises(ValueError, match="float32 or bfloat16 cache"):
         ModelRunner(loaded, num_blocks=8, block_size=16, max_num_batched_tokens=32, max_num_seqs=4, num_threads=1,
                     kv_cache_dtype="int8")
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[3]], ids=_ids)
+def test_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
+    """llama.cpp's "deepseek2" graph written from the same tensors (attn_kv_a_mqa, attn_k_b /
+    attn_v_b, exp_probs_b, the routing and widths in the metadata): the config read from it and
+    the logits equal the HF checkpoint's."""
+    arch, overrides = case
+    ckpt = tiny_checkpoint_path(arch, **overrides)
+    g_runner, g = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", "deepseek2"))
+    h_runner, h = make_runner(ckpt)
+    for field in ("architecture", "num_experts", "num_experts_per_tok", "norm_topk_prob", "ffn_dim", "dense_ffn_dim",
+                  "shared_ffn_dim", "moe_routing", "n_group", "topk_group", "routed_scale", "first_dense_layers",
+                  "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "v_head_dim", "head_dim", "num_heads"):
+        assert getattr(g.config, field) == getattr(h.config, field), field
+    prompts = prompts_for(h.config.vocab_size, [7, 30])
+    for a, b in zip(lite_logits(h_runner, prompts), lite_logits(g_runner, prompts)):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())

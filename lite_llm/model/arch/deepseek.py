@@ -36,6 +36,17 @@ n_shared_experts x moe_intermediate_size features. transformers' V2 router never
 (V2's released configs have norm_topk_prob false): it is followed here when the config asks.
 Multi-token prediction layers (V3's num_nextn_predict_layers, stored as extra layers past
 num_hidden_layers) are not loaded.
+
+llama.cpp's "deepseek2" GGUF graph keeps the same weights under its names (its converter
+leaves the RoPE rows interleaved): attn_q or attn_q_a / attn_q_a_norm / attn_q_b,
+attn_kv_a_mqa, attn_kv_a_norm, kv_b_proj whole as attn_kv_b or (current converters) split into
+attn_k_b [H, r, dn] (W_UK,h transposed) and attn_v_b [H, dv, r], attn_output, ffn_gate_inp,
+exp_probs_b (the correction bias), ffn_*_exps, ffn_*_shexp; the widths in
+attention.kv_lora_rank / q_lora_rank / key_length_mla / value_length_mla /
+rope.dimension_count, the routing in expert_gating_func (1 softmax: V2, 2 sigmoid: V3),
+expert_weights_scale / _norm, expert_group_count / _used_count, expert_shared_count,
+leading_dense_block_count, and YaRN's mscale_all_dim as rope.scaling.yarn_log_multiplier
+(0.1 mscale_all_dim). The absorbed weights are made from them as from the HF tensors.
 """
 from __future__ import annotations
 
@@ -52,6 +63,8 @@ from lite_llm.model.hf import stacked
 from lite_llm.model.weights import StackedRows, convert
 
 HF_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+GGUF_ARCHITECTURES = {"deepseek2": "DeepseekV2ForCausalLM"}
+GATING_SOFTMAX, GATING_SIGMOID = 1, 2      # llama.cpp's expert_gating_func values
 
 
 def config(raw: dict, arch: str, where: str) -> ModelConfig:
@@ -190,3 +203,107 @@ def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, Any]]:
     yield "final_norm.weight", ckpt.read("model.norm.weight", (E,))
     if not config.tie_word_embeddings:
         yield "lm_head.weight", stacked(ckpt, (("lm_head.weight", (V, E)),))
+
+
+# ---- GGUF ----------------------------------------------------------------------------------
+
+
+def gguf_config(f, arch: str) -> ModelConfig:
+    meta = f.metadata
+
+    def key(name: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ModelLoadError(f"{f.path}: metadata {arch}.{name} is missing")
+        return value
+
+    gating = int(key("expert_gating_func", GATING_SOFTMAX))
+    if gating not in (GATING_SOFTMAX, GATING_SIGMOID):
+        raise ModelLoadError(f"{f.path}: {arch}.expert_gating_func {gating} is not supported (1 softmax, 2 sigmoid)")
+    H, dr = int(key("attention.head_count")), int(key("rope.dimension_count"))
+    r, ql = int(key("attention.kv_lora_rank")), int(key("attention.q_lora_rank", 0))
+    dq, dv = int(key("attention.key_length_mla")), int(key("attention.value_length_mla"))
+    n_group = int(key("expert_group_count", 1) or 1)
+    expert_ffn = int(key("expert_feed_forward_length"))
+    fields = moe.gguf_fields(f, arch, norm_default=False)
+    num_layers = int(key("block_count"))
+    cfg = llama.gguf_decoder_config(
+        f, arch, "DeepseekV3ForCausalLM" if gating == GATING_SIGMOID else GGUF_ARCHITECTURES[arch], head_dim=dr,
+        num_kv_heads=H, qkv_bias=False, qk_norm=False, **fields,
+        moe_routing="grouped_sigmoid" if gating == GATING_SIGMOID else "grouped_softmax", n_group=n_group,
+        topk_group=int(key("expert_group_used_count", n_group) or n_group),
+        routed_scale=float(key("expert_weights_scale", 1.0) or 1.0),
+        shared_ffn_dim=int(key("expert_shared_count", 0)) * expert_ffn, shared_gate=False,
+        first_dense_layers=min(int(key("leading_dense_block_count", 0)), num_layers),
+        dense_ffn_dim=int(key("feed_forward_length")), kv_lora_rank=r, q_lora_rank=ql, qk_nope_head_dim=dq - dr,
+        v_head_dim=dv, rope_interleave=True)
+    if cfg.num_experts % cfg.n_group or not 0 < cfg.topk_group <= cfg.n_group or (r + dr) % 16:
+        raise ModelLoadError(f"{f.path}: {cfg.num_experts} experts in {cfg.n_group} groups (best {cfg.topk_group}), "
+                             f"latent rows of {r} + {dr}: not supported")
+    if cfg.rope_scaling and cfg.rope_scaling.get("rope_type") == "yarn":
+        m = float(key("rope.scaling.yarn_log_multiplier", 0.0) or 0.0) / 0.1
+        if m:   # DeepSeek's configs give mscale = mscale_all_dim: cos / sin unscaled, the softmax scale mscale^2
+            cfg = dataclasses.replace(cfg, rope_scaling={**cfg.rope_scaling, "mscale": m, "mscale_all_dim": m})
+    return cfg
+
+
+def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
+    E, V, H = config.dim, config.vocab_size, config.num_heads
+    dn, dr, dv, r, ql = (config.qk_nope_head_dim, config.head_dim, config.v_head_dim, config.kv_lora_rank,
+                         config.q_lora_rank)
+    matrix = moe._gguf_matrix
+    routed = dataclasses.replace(config, shared_ffn_dim=0)
+
+    def vec(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        f.info(name, shape)
+        return np.asarray(f.read(name), np.float32)
+
+    def whole(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        f.info(name, shape)
+        return np.asarray(f.read(name), np.float64)
+
+    yield "embed", matrix(f, [("token_embd.weight", 0, V)], E)
+    for i in range(config.num_layers):
+        b, p = f"blk.{i}.", f"layers.{i}."
+        yield p + "attn_norm.weight", vec(b + "attn_norm.weight", (E,))
+        if b + "attn_kv_b.weight" in f.tensors:
+            kv_b = whole(b + "attn_kv_b.weight", (H * (dn + dv), r))
+        else:   # W_UK,h stored transposed beside W_UV,h
+            k_b, v_b = whole(b + "attn_k_b.weight", (H, r, dn)), whole(b + "attn_v_b.weight", (H, dv, r))
+            kv_b = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(H * (dn + dv), r)
+        q = whole(b + "attn_q_b.weight", (H * (dn + dr), ql)) if ql else whole(b + "attn_q.weight", (H * (dn + dr), E))
+        q_abs, kv_a, o_abs = absorbed_attention(q, kv_b, whole(b + "attn_output.weight", (E, H * dv)),
+                                                whole(b + "attn_kv_a_mqa.weight", (r + dr, E)), config,
+                                                config.rope_interleave)
+        if ql:
+            yield p + "qkv.weight", _matrix(np.concatenate([whole(b + "attn_q_a.weight", (ql, E)), kv_a]))
+            yield p + "q_a_norm.weight", vec(b + "attn_q_a_norm.weight", (ql,))
+            yield p + "q_b.weight", _matrix(q_abs)
+        else:
+            yield p + "qkv.weight", _matrix(np.concatenate([q_abs, kv_a]))
+        yield p + "kv_a_norm.weight", vec(b + "attn_kv_a_norm.weight", (r,))
+        yield p + "o.weight", _matrix(o_abs)
+        yield p + "mlp_norm.weight", vec(b + "ffn_norm.weight", (E,))
+        if i < config.first_dense_layers:
+            F = config.dense_ffn_dim
+            for name, shape in (("ffn_gate", (F, E)), ("ffn_up", (F, E)), ("ffn_down", (E, F))):
+                f.info(b + name + ".weight", shape)
+            yield p + "gate_up.weight", matrix(f, [(b + "ffn_gate.weight", 0, F), (b + "ffn_up.weight", 0, F)], E)
+            yield p + "down.weight", matrix(f, [(b + "ffn_down.weight", 0, E)], F)
+            continue
+        yield from moe.gguf_mlp(f, routed, b, p)
+        if config.moe_routing == "grouped_sigmoid":
+            name = b + "exp_probs_b.bias"
+            yield p + "router.correction_bias", (vec(name, (config.num_experts,)) if name in f.tensors
+                                                 else np.zeros(config.num_experts, np.float32))
+        if config.shared_ffn_dim:
+            Fs = config.shared_ffn_dim
+            for name, shape in (("ffn_gate_shexp", (Fs, E)), ("ffn_up_shexp", (Fs, E)), ("ffn_down_shexp", (E, Fs))):
+                f.info(b + name + ".weight", shape)
+            yield p + "shared.gate_up.weight", matrix(f, [(b + "ffn_gate_shexp.weight", 0, Fs),
+                                                          (b + "ffn_up_shexp.weight", 0, Fs)], E)
+            yield p + "shared.down.weight", matrix(f, [(b + "ffn_down_shexp.weight", 0, E)], Fs)
+    yield "final_norm.weight", vec("output_norm.weight", (E,))
+    if not config.tie_word_embeddings:
+        f.info("output.weight", (V, E))
+        yield "lm_head.weight", matrix(f, [("output.weight", 0, V)], E)
