@@ -594,8 +594,7 @@ def _deepseek2_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict, split_kv_b: 
                  f"{arch}.expert_gating_func": 2 if v3 else 1,
                  f"{arch}.expert_group_count": cfg["n_group"] if grouped else 1,
                  f"{arch}.expert_group_used_count": cfg["topk_group"] if grouped else 1})
-    if ql:
-        meta[f"{arch}.attention.q_lora_rank"] = ql
+    meta[f"{arch}.attention.q_lora_rank"] = ql or 0     # 0: q_proj (llama.cpp wants the key either way)
     rope = cfg["rope_parameters"]
     if rope.get("rope_type") == "yarn":
         meta.update({f"{arch}.rope.scaling.type": "yarn", f"{arch}.rope.scaling.factor": float(rope["factor"]),
