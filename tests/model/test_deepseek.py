@@ -83,6 +83,21 @@ def test_the_cache_holds_the_latent_and_the_rope_key_alone(dtype, itemsize):
     print(f"{dtype}: {want} cached bytes per token (naive K and V: {naive})")
 
 
+def test_info_and_the_capacity_plan_count_the_latent_rows():
+    """`info --model` and the KV plan (the capacity line's blocks) at (kv_lora_rank +
+    qk_rope_head_dim) x layers x 2 bytes per token with the bf16 cache; a Llama at 2 x KV heads
+    x head_dim x layers x 2."""
+    from lite_llm import info
+    from lite_llm.engine.assemble import plan_kv_cache
+    from lite_llm.model.arch import read_config
+    for arch, want in (("deepseek_v2", (32 + 16) * 3 * 2), ("llama", 2 * 2 * 16 * 2 * 2)):
+        path = tiny_checkpoint_path(arch)
+        m = info.model_weight_bytes(str(path))
+        assert m["kv_bytes_per_token_bf16"] == want, (arch, m)
+        plan = plan_kv_cache(read_config(str(path))[0], "bfloat16", 16, 128, kv_cache_space=1 / 1024)
+        assert plan.bytes_per_block == 16 * want and plan.num_blocks == 2**20 // (16 * want), (arch, plan)
+
+
 @pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v3"])
 def test_bf16_cache_logits_stay_close_to_transformers(arch):
     """bf16 weights and the bf16 latent cache, prefilled 7 tokens a step, against the fp32
