@@ -13,7 +13,8 @@ import pytest
 from conftest import gguf_from_hf, tiny_checkpoint_path
 from test_families import _greedy, hf_logits
 from test_moe import _check_routed, _position_errors
-from test_parity import lite_logits, make_runner, prompts_for
+from test_parity import check_variant_matches_default, lite_logits, make_runner, prompts_for
+from lite_llm import _kernels
 
 CASES = [("deepseek_v2", {}), ("deepseek_v3", {}),
          ("deepseek_v3", {"rope_interleave": False, "q_lora_rank": None, "n_group": 1, "topk_group": 1,
@@ -109,6 +110,12 @@ def test_bf16_cache_logits_stay_close_to_transformers(arch):
     err = _position_errors(lite_logits(runner, prompts, chunk=7), hf_logits(path, prompts), lambda r: np.abs(r).max())
     print(f"bf16: |logit error| / max |logit|: median {np.median(err):.4f}, max {err.max():.4f}")
     _check_routed(err, 0.03, 0.01)
+
+
+@pytest.mark.parametrize("variant", _kernels.available())
+def test_every_variant_gives_the_same_logits(variant):
+    """The grouped routing and the latent attention on every kernel build this CPU runs."""
+    check_variant_matches_default(tiny_checkpoint_path("deepseek_v3"), variant)
 
 
 def test_an_8bit_cache_is_refused_naming_what_runs():
