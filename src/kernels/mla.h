@@ -19,9 +19,27 @@ LL_HOT_BEGIN
 /* Floats of scratch ll_mla_attention needs for up to `heads` heads of rows of Dk values. */
 static inline ptrdiff_t ll_mla_scratch(ptrdiff_t heads, ptrdiff_t dk) { return 2 * heads + dk + 16; }
 
+/* s[k] = q_k . c over dk values for four query rows q_k (one load of c serves the four; four
+ * independent accumulator chains). */
+static inline void ll_mla_dot4(const float *const q[4], const float *c, ptrdiff_t dk, float s[4]) {
+    ll_vf32 a0 = ll_zero(), a1 = ll_zero(), a2 = ll_zero(), a3 = ll_zero();
+    ptrdiff_t d = 0;
+    for (; d + LL_VF32_LANES <= dk; d += LL_VF32_LANES) {
+        const ll_vf32 x = ll_load(c + d);
+        a0 = ll_fma(ll_load(q[0] + d), x, a0);
+        a1 = ll_fma(ll_load(q[1] + d), x, a1);
+        a2 = ll_fma(ll_load(q[2] + d), x, a2);
+        a3 = ll_fma(ll_load(q[3] + d), x, a3);
+    }
+    s[0] = ll_hsum(a0); s[1] = ll_hsum(a1); s[2] = ll_hsum(a2); s[3] = ll_hsum(a3);
+    for (; d < dk; d++)
+        for (int k = 0; k < 4; k++) s[k] += q[k][d] * c[d];
+}
+
 /* out[h][0..r) for heads h0..h1 of one query token: q [H][Dk] its absorbed query rows, out
  * [H][r] its latent outputs (only heads h0..h1 written); keys at positions first..last of the
- * sequence whose blocks are block_table; bf16: the cache holds bf16 bits, else fp32. */
+ * sequence whose blocks are block_table; bf16: the cache holds bf16 bits, else fp32. Heads go
+ * four at a time over each key's row (read once per four heads). */
 static inline void ll_mla_attention(const float *q, ptrdiff_t dk, ptrdiff_t r, int h0, int h1, const void *cache,
                                     int bf16, const int32_t *block_table, ptrdiff_t block_size, ptrdiff_t first,
                                     ptrdiff_t last, float scale, float *out, float *scratch) {
@@ -42,20 +60,27 @@ static inline void ll_mla_attention(const float *q, ptrdiff_t dk, ptrdiff_t r, i
         } else {
             c = (const float *)cache + at;
         }
-        for (int h = 0; h < nh; h++) {
-            float *acc = out + (ptrdiff_t)(h0 + h) * r;
-            const float s = ll_dot_f32(q + (ptrdiff_t)(h0 + h) * dk, c, dk) * scale;
-            if (s > m[h]) {   /* a new max: what was summed so far shrinks by e^(m - s) */
-                const float corr = m[h] == -INFINITY ? 0.f : expf(m[h] - s);
-                if (l[h] > 0.f) {
-                    l[h] *= corr;
-                    for (ptrdiff_t d = 0; d < r; d++) acc[d] *= corr;
+        for (int h = 0; h < nh; h += 4) {
+            const int nk = nh - h < 4 ? nh - h : 4;
+            const float *qk[4];
+            float s[4];
+            for (int k = 0; k < 4; k++) qk[k] = q + (ptrdiff_t)(h0 + h + (k < nk ? k : 0)) * dk;
+            ll_mla_dot4(qk, c, dk, s);
+            for (int k = 0; k < nk; k++) {
+                float *acc = out + (ptrdiff_t)(h0 + h + k) * r;
+                const float sk = s[k] * scale;
+                if (sk > m[h + k]) {   /* a new max: what was summed so far shrinks by e^(m - s) */
+                    const float corr = m[h + k] == -INFINITY ? 0.f : expf(m[h + k] - sk);
+                    if (l[h + k] > 0.f) {
+                        l[h + k] *= corr;
+                        for (ptrdiff_t d = 0; d < r; d++) acc[d] *= corr;
+                    }
+                    m[h + k] = sk;
                 }
-                m[h] = s;
+                const float p = expf(sk - m[h + k]);
+                l[h + k] += p;
+                ll_axpy_f32(p, c, acc, r);
             }
-            const float p = expf(s - m[h]);
-            l[h] += p;
-            ll_axpy_f32(p, c, acc, r);
         }
     }
     for (int h = 0; h < nh; h++) {
