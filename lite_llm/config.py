@@ -76,10 +76,46 @@ class ModelConfig:
     # multimodal RoPE (Qwen2-VL, Qwen2.5-VL): the RoPE frequency pairs turned by each token's
     # temporal, height and width position, in that order (lite_llm/multimodal); (): one position
     mrope_section: tuple[int, ...] = ()
+    # DeepSeek's routing ("grouped_softmax": V2, "grouped_sigmoid": V3, moe_routing): the choice
+    # limited to the topk_group best of n_group expert groups, the weights x routed_scale, V3's
+    # per-expert correction bias (router.correction_bias) added to the scores it chooses by; its
+    # shared experts run ungated (shared_gate False); its first first_dense_layers layers are a
+    # dense MLP of dense_ffn_dim features instead
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scale: float = 1.0
+    shared_gate: bool = True
+    first_dense_layers: int = 0
+    dense_ffn_dim: int = 0
+    # Multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank 0: none): keys and values come
+    # from a per-token latent of kv_lora_rank values (kv_a_proj, kv_a_layernorm) and one shared
+    # RoPE key of head_dim (= qk_rope_head_dim) values; each query head has qk_nope_head_dim +
+    # head_dim components and v_head_dim outputs; q from a q_lora_rank latent (q_a_proj,
+    # q_a_layernorm, q_b_proj) or, with q_lora_rank 0, from x (q_proj). The cache holds the latent
+    # and the RoPE key: kv_lora_rank + head_dim values per token and layer (mla_cache_dim)
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False     # MLA: the checkpoint's RoPE rows in interleaved pairs (DeepSeek's)
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def cache_kv_heads(self) -> int:
+        """KV heads of the cache: MLA's one latent row per token, else num_kv_heads."""
+        return 1 if self.is_mla else self.num_kv_heads
+
+    @property
+    def cache_head_dim(self) -> int:
+        """Values per cached K (and V) row: MLA's latent + RoPE key, else head_dim."""
+        return self.kv_lora_rank + self.head_dim if self.is_mla else self.head_dim
 
     @property
     def q_size(self) -> int:
@@ -99,7 +135,7 @@ class LayerConfig:
 
 KERNEL_NORMS = ("rms", "layer")
 KERNEL_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu", "swiglu_oai")   # swiglu_oai: gpt-oss's clamped SwiGLU
-MOE_ROUTINGS = ("softmax_topk", "topk_softmax")
+MOE_ROUTINGS = ("softmax_topk", "topk_softmax", "grouped_softmax", "grouped_sigmoid")
 
 
 @dataclass(frozen=True)
@@ -142,11 +178,30 @@ class KernelConfig:
     moe_routing: str = "softmax_topk"   # MOE_ROUTINGS (ModelConfig.moe_routing)
     post_ln: bool = False        # BERT: LayerNorm after each residual add (ModelConfig.post_ln)
     mrope_section: tuple[int, ...] = ()   # multimodal RoPE (Qwen2-VL): frequency pairs per (t, h, w) position
+    # DeepSeek (ModelConfig's fields of the same names): grouped routing, ungated shared experts,
+    # the first dense layers
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scale: float = 1.0
+    shared_gate: bool = True
+    first_dense_layers: int = 0
+    dense_ffn_dim: int = 0
+    # multi-head latent attention (kv_lora_rank > 0): head_dim is then the cached row's width
+    # kv_lora_rank + rope_dim (q's absorbed rows are as wide), num_kv_heads 1; q_lora_rank 0:
+    # q from x; attention's latent output (kv_lora_rank per head) feeds o, whose weight absorbs W_UV
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
 
     MAX_HEAD_DIM = 512           # LL_MAX_HEAD_DIM, src/kernels/attention.h
 
     def __post_init__(self):
-        if self.head_dim % 16 or not 0 < self.head_dim <= self.MAX_HEAD_DIM:
+        if self.kv_lora_rank:
+            if (self.num_kv_heads != 1 or self.head_dim != self.kv_lora_rank + self.rope_dim or self.head_dim % 16
+                    or self.kv_cache_dtype not in ("float32", "bfloat16")):
+                raise ValueError(f"latent attention: one cached row of kv_lora_rank {self.kv_lora_rank} + "
+                                 f"RoPE {self.rope_dim} values (a multiple of 16), a float32 or bfloat16 cache "
+                                 f"(not {self.kv_cache_dtype})")
+        elif self.head_dim % 16 or not 0 < self.head_dim <= self.MAX_HEAD_DIM:
             raise ValueError(f"head_dim {self.head_dim} is not supported: it must be a multiple of 16, "
                              f"at most {self.MAX_HEAD_DIM}")
         if self.block_size <= 0 or self.block_size % 16:
@@ -171,6 +226,11 @@ class KernelConfig:
             raise ValueError(f"top-{self.num_experts_per_tok} of {self.num_experts} experts: expected 1..{self.num_experts}")
         if self.num_experts and (not self.gated_mlp or self.post_norms or self.residual_scale != 1.0):
             raise ValueError("experts are gated MLPs without post-MLP norms or residual scales")
+        if self.num_experts and (self.n_group < 1 or self.num_experts % self.n_group
+                                 or not 0 < self.topk_group <= self.n_group):
+            raise ValueError(f"{self.num_experts} experts in {self.n_group} groups, the best {self.topk_group} kept")
+        if self.first_dense_layers and not self.dense_ffn_dim:
+            raise ValueError("dense layers before the expert layers need their MLP width")
         if self.moe_routing not in MOE_ROUTINGS:
             raise ValueError(f"expert routing {self.moe_routing!r}: expected one of {', '.join(MOE_ROUTINGS)}")
         if self.act == "swiglu_oai" and not self.gated_mlp:

@@ -132,6 +132,15 @@ def model_weight_bytes(model: str | None) -> dict[str, Any]:
                    + (f"; of the experts, the {share:.3g} share a token is routed to" if share < 1 else "")}
     if share < 1:
         out["active_params"] = int(active)
+    config = _config(path)
+    if config is not None and not config.post_ln:
+        # the paged cache's bytes per context token with the bf16 cache: K and V rows of every
+        # KV head, or latent attention's one row of latent + RoPE key (runner.kv_bytes_per_block)
+        rows = config.cache_kv_heads * (1 if config.is_mla else 2)
+        out["kv_bytes_per_token_bf16"] = config.num_layers * rows * config.cache_head_dim * 2
+        out["kv_note"] = (f"latent {config.kv_lora_rank} + RoPE key {config.head_dim} values x {config.num_layers} "
+                          "layers" if config.is_mla else
+                          f"K and V of {config.num_kv_heads} KV heads of {config.head_dim} x {config.num_layers} layers")
     if path.endswith(".gguf"):
         try:
             out.update(_gguf_formats(path, skip=embed if gathered else None, share=share))
@@ -147,20 +156,24 @@ def _is_expert(name: str) -> bool:
     return ".experts." in name or "_exps." in name
 
 
-def _active_expert_share(path: str) -> float:
-    """num_experts_per_tok / num_experts of a mixture-of-experts model, else 1."""
+def _config(path: str):
+    """The ModelConfig of an HF directory or GGUF file, or None where it cannot be read."""
     from lite_llm.model import arch, gguf
     from lite_llm.model.loader import ModelLoadError
     try:
         if os.path.isdir(path):
-            config = arch.read_config(path)[0]
-        else:
-            f = gguf.GGUFFile(path)
-            name = f.metadata.get("general.architecture")
-            config = arch.for_gguf(name, path, f.metadata).gguf_config(f, name)
+            return arch.read_config(path)[0]
+        f = gguf.GGUFFile(path)
+        name = f.metadata.get("general.architecture")
+        return arch.for_gguf(name, path, f.metadata).gguf_config(f, name)
     except (ModelLoadError, OSError):
-        return 1.0
-    return config.num_experts_per_tok / config.num_experts if config.is_moe else 1.0
+        return None
+
+
+def _active_expert_share(path: str) -> float:
+    """num_experts_per_tok / num_experts of a mixture-of-experts model, else 1."""
+    config = _config(path)
+    return config.num_experts_per_tok / config.num_experts if config is not None and config.is_moe else 1.0
 
 
 def _gguf_formats(path: str, skip: str | None, share: float = 1.0) -> dict[str, Any]:
@@ -371,6 +384,9 @@ def format_text(info: dict[str, Any]) -> list[str]:
         if "formats" in m:
             lines.append("weight formats: " + ", ".join(f"{k} x {n}" for k, n in sorted(m["formats"].items()))
                          + f"; {m['bytes_per_token_as_run'] / 2**20:.0f} MiB read per token as run")
+        if "kv_bytes_per_token_bf16" in m:
+            lines.append(f"KV cache:       {m['kv_bytes_per_token_bf16']} bytes per context token in bf16 "
+                         f"({m['kv_note']})")
         if "roofline_tok_s_bf16" in m:
             lines.append(f"decode roofline: {m['roofline_tok_s_bf16']:.0f} tok/s in bf16 "
                          f"({m['bytes_per_token_bf16'] / 2**20:.0f} MiB/token), "

@@ -198,6 +198,24 @@ ARCH_DEFAULTS: dict[str, dict] = {
                     rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                      "truncate": False, "original_max_position_embeddings": 32,
                                      "rope_theta": 150000.0}),
+    # DeepSeek-V2 (V2-Lite's shape: no q latent): latent attention (kv_lora_rank 32, query heads
+    # of 16 + 16 RoPE components, values of 16), one dense layer then top-2 of 8 experts chosen
+    # within the best 2 of 4 groups, weights x 1.5, two shared experts
+    "deepseek_v2": dict(_BASE, num_hidden_layers=3, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32,
+                        qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, n_routed_experts=8,
+                        num_experts_per_tok=2, n_shared_experts=2, moe_intermediate_size=32, first_k_dense_replace=1,
+                        topk_method="group_limited_greedy", n_group=4, topk_group=2, routed_scaling_factor=1.5,
+                        norm_topk_prob=False, rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=10000.0),
+    # DeepSeek-V3: a q latent of 32, sigmoid routing with the correction bias, top-2 of 8 within
+    # the best 2 of 4 groups, renormalised, x 2.5, YaRN with mscale (the softmax scale's too)
+    "deepseek_v3": dict(_BASE, num_hidden_layers=3, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
+                        qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, n_routed_experts=8,
+                        num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=32, first_k_dense_replace=1,
+                        n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, rms_norm_eps=1e-6,
+                        tie_word_embeddings=False,
+                        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                                         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                         "rope_theta": 10000.0}),
     "opt": dict(vocab_size=TINY_VOCAB, hidden_size=64, ffn_dim=96, num_hidden_layers=2, num_attention_heads=4,
                 max_position_embeddings=128, word_embed_proj_dim=64, do_layer_norm_before=True,
                 activation_function="relu", bos_token_id=0, eos_token_id=2, pad_token_id=1,
@@ -262,6 +280,8 @@ def _model_class(arch: str):
             "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM),
             "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM),
             "gpt_oss": (transformers.GptOssConfig, transformers.GptOssForCausalLM),
+            "deepseek_v2": (transformers.DeepseekV2Config, transformers.DeepseekV2ForCausalLM),
+            "deepseek_v3": (transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM),
             "qwen3_base": (transformers.Qwen3Config, transformers.Qwen3Model),
             "bert": (transformers.BertConfig, transformers.BertModel),
             "bert_cls": (transformers.BertConfig, transformers.BertForSequenceClassification),
@@ -318,6 +338,10 @@ def build_tiny_checkpoint(arch: str, out_dir: Path, std: float = 0.05, seed: int
             for layer in model.model.layers:
                 layer.self_attn.sinks.normal_(0.0, 1.0)
                 layer.mlp.experts.gate_up_proj_bias.normal_(0.0, 6.0)
+    if arch == "deepseek_v3":   # a correction bias that changes which experts are chosen
+        with torch.no_grad():
+            for layer in model.model.layers[config.first_k_dense_replace:]:
+                layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.1)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     backend = HFTokenizer.from_str(tiny_tokenizer_json())
@@ -542,6 +566,59 @@ def _gpt_oss_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
                  f"{arch}.rope.scaling.original_context_length": rope["original_max_position_embeddings"]})
 
 
+def _deepseek2_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict, split_kv_b: bool = True) -> None:
+    """DeepSeek-V2 / V3 as llama.cpp's converter writes them ("deepseek2"): the latent
+    projections under their names, kv_b_proj split into attn_k_b [H, r, dn] (W_UK transposed)
+    and attn_v_b [H, dv, r] (split_kv_b; else whole as attn_kv_b), the experts stacked, the
+    correction bias as exp_probs_b, the widths, routing and YaRN's mscale in the metadata."""
+    arch, H = "deepseek2", cfg["num_attention_heads"]
+    r, dr, dn, dv, ql = (cfg["kv_lora_rank"], cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"], cfg["v_head_dim"],
+                         cfg.get("q_lora_rank"))
+    num, v3 = cfg["n_routed_experts"], cfg["architectures"][0] == "DeepseekV3ForCausalLM"
+    for i in range(cfg["num_hidden_layers"]):
+        a, m, b = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp.", f"blk.{i}."
+        tensors[b + "attn_kv_a_mqa.weight"] = sd[a + "kv_a_proj_with_mqa.weight"]
+        tensors[b + "attn_kv_a_norm.weight"] = sd[a + "kv_a_layernorm.weight"]
+        if ql:
+            tensors[b + "attn_q_a.weight"] = sd[a + "q_a_proj.weight"]
+            tensors[b + "attn_q_a_norm.weight"] = sd[a + "q_a_layernorm.weight"]
+            tensors[b + "attn_q_b.weight"] = sd[a + "q_b_proj.weight"]
+        kv_b = sd[a + "kv_b_proj.weight"]
+        if split_kv_b:
+            heads = kv_b.reshape(H, dn + dv, r)
+            tensors[b + "attn_k_b.weight"] = np.ascontiguousarray(heads[:, :dn].transpose(0, 2, 1))
+            tensors[b + "attn_v_b.weight"] = np.ascontiguousarray(heads[:, dn:])
+        else:
+            tensors[b + "attn_kv_b.weight"] = kv_b
+        if i < cfg["first_k_dense_replace"]:
+            continue
+        tensors[b + "ffn_gate_inp.weight"] = sd[m + "gate.weight"]
+        for ours, theirs in (("ffn_gate_exps", "gate_proj"), ("ffn_up_exps", "up_proj"), ("ffn_down_exps", "down_proj")):
+            tensors[b + ours + ".weight"] = np.stack([sd[f"{m}experts.{j}.{theirs}.weight"] for j in range(num)])
+            tensors[b + ours.replace("exps", "shexp") + ".weight"] = sd[f"{m}shared_experts.{theirs}.weight"]
+        if v3:
+            tensors[b + "exp_probs_b.bias"] = sd[m + "gate.e_score_correction_bias"]
+    grouped = v3 or cfg.get("topk_method") == "group_limited_greedy"
+    meta.update({f"{arch}.attention.head_count_kv": 1, f"{arch}.attention.kv_lora_rank": r,
+                 f"{arch}.attention.key_length": r + dr, f"{arch}.attention.value_length": r,
+                 f"{arch}.attention.key_length_mla": dn + dr, f"{arch}.attention.value_length_mla": dv,
+                 f"{arch}.rope.dimension_count": dr, f"{arch}.leading_dense_block_count": cfg["first_k_dense_replace"],
+                 f"{arch}.expert_count": num, f"{arch}.expert_used_count": cfg["num_experts_per_tok"],
+                 f"{arch}.expert_feed_forward_length": cfg["moe_intermediate_size"],
+                 f"{arch}.expert_shared_count": cfg["n_shared_experts"],
+                 f"{arch}.expert_weights_scale": float(cfg["routed_scaling_factor"]),
+                 f"{arch}.expert_weights_norm": bool(cfg["norm_topk_prob"]),
+                 f"{arch}.expert_gating_func": 2 if v3 else 1,
+                 f"{arch}.expert_group_count": cfg["n_group"] if grouped else 1,
+                 f"{arch}.expert_group_used_count": cfg["topk_group"] if grouped else 1})
+    meta[f"{arch}.attention.q_lora_rank"] = ql or 0     # 0: q_proj (llama.cpp wants the key either way)
+    rope = cfg["rope_parameters"]
+    if rope.get("rope_type") == "yarn":
+        meta.update({f"{arch}.rope.scaling.type": "yarn", f"{arch}.rope.scaling.factor": float(rope["factor"]),
+                     f"{arch}.rope.scaling.original_context_length": rope["original_max_position_embeddings"],
+                     f"{arch}.rope.scaling.yarn_log_multiplier": 0.1 * float(rope["mscale_all_dim"])})
+
+
 def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None) -> Path:
     """Write the tiny HF checkpoint as a llama.cpp-style F32 GGUF (q/k permuted for "llama";
     Gemma's norm weights stored with their + 1, as llama.cpp's converter writes them; a
@@ -616,6 +693,8 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None
                      f"{arch}.logit_scale": float(cfg["logits_scaling"])})
     if arch == "gpt-oss":
         _gpt_oss_gguf(cfg, sd, tensors, meta)
+    elif arch == "deepseek2":
+        _deepseek2_gguf(cfg, sd, tensors, meta)
     elif cfg.get("num_experts") or cfg.get("num_local_experts"):
         _moe_gguf(cfg, sd, arch, tensors, meta)
     if gemma:

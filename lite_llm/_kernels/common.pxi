@@ -85,7 +85,7 @@ cdef extern from "kernels/act.h" nogil:
     void ll_softcap_f32(float *x, Py_ssize_t n, float cap)
 
 cdef extern from "kernels/attention.h" nogil:
-    int LL_MAX_HEAD_DIM, LL_ATTN_QTILE, LL_ATTN_STAGE_ROWS
+    int LL_MAX_HEAD_DIM, LL_ATTN_QTILE, LL_ATTN_STAGE_ROWS, LL_KV_BF16
     int LL_ATTN_AUTO, LL_ATTN_AUTO_FMA, LL_ATTN_DIRECT, LL_ATTN_BF16, LL_ATTN_F32
     Py_ssize_t ll_attention_scratch(Py_ssize_t head_dim, Py_ssize_t group)
     void ll_paged_attention_tile(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo, int nq,
@@ -184,9 +184,20 @@ cdef extern from "kernels/moe.h" nogil:
     void ll_moe_route(const float *logits, int num_experts, int k, int renorm, int mode, int32_t *sel,
                       float *weight)
     void ll_axpy_f32(float a, const float *x, float *y, Py_ssize_t n)
+    int LL_MOE_GROUPED_SOFTMAX, LL_MOE_GROUPED_SIGMOID, LL_MOE_MAX_EXPERTS
+    void ll_moe_route_grouped(const float *logits, const float *bias, int num_experts, int k, int n_group,
+                              int topk_group, int renorm, int sigmoid, float scale, int32_t *sel, float *weight)
+
+cdef extern from "kernels/mla.h" nogil:
+    Py_ssize_t ll_mla_scratch(Py_ssize_t heads, Py_ssize_t dk)
+    void ll_mla_attention(const float *q, Py_ssize_t dk, Py_ssize_t r, int h0, int h1, const void *cache, int bf16,
+                          const int32_t *block_table, Py_ssize_t block_size, Py_ssize_t first, Py_ssize_t last,
+                          float scale, float *out, float *scratch)
+    void ll_mla_write_row(const float *src, void *cache, int bf16, Py_ssize_t slot, Py_ssize_t dk)
 
 # KernelConfig.moe_routing -> LL_MOE_*
-MOE_ROUTINGS = {"softmax_topk": LL_MOE_SOFTMAX_TOPK, "topk_softmax": LL_MOE_TOPK_SOFTMAX}
+MOE_ROUTINGS = {"softmax_topk": LL_MOE_SOFTMAX_TOPK, "topk_softmax": LL_MOE_TOPK_SOFTMAX,
+                "grouped_softmax": LL_MOE_GROUPED_SOFTMAX, "grouped_sigmoid": LL_MOE_GROUPED_SIGMOID}
 
 cdef extern from "omp_util.h" nogil:
     void ll_omp_barrier()

@@ -27,7 +27,14 @@ cdef struct LayerW:
     const float *router_b         # [X] the router's bias (gpt-oss), or NULL
     const float *shared_gate_w    # [E] MoE with a shared expert: its scale sigmoid(shared_gate_w . h)
     Mat *experts                  # [2 X] MoE only: expert j's gate_up [2F, E] at j, its down [E, F] at X + j
-    void *k_cache                 # [num_blocks, Hkv, ...] layouts: attention.h, layout.py
+                                  # (NULL on a dense layer of a MoE model: DeepSeek's first layers)
+    const float *router_corr      # [X] the choice's correction bias (DeepSeek-V3), or NULL
+    int ffn                       # the dense MLP's width on this layer (ffn_dim; DeepSeek's dense layers their own)
+    # latent attention (ModelC.kv_lora > 0, mla.h): qkv is [q | c, k_pe] or [q_a | c, k_pe]
+    const float *q_a_norm_w       # [ql] q_a_layernorm (q latent only)
+    const float *kv_a_norm_w      # [r] kv_a_layernorm
+    Mat q_b                       # [H Dk, ql] the absorbed q_b_proj (q latent only)
+    void *k_cache                 # [num_blocks, Hkv, ...] layouts: attention.h, layout.py (MLA: mla.h's rows)
     void *v_cache
 
 
@@ -47,7 +54,10 @@ cdef struct ModelC:
     int num_types                  # rows of type_embed
     int attn_path                  # LL_ATTN_* (attention.h): direct or staged dot products
     int num_experts, top_k, norm_topk, shared_dim   # MoE (X, K, renormalise, Fs); num_experts 0: dense MLP
-    int moe_routing                # LL_MOE_* (moe.h): softmax then top-k, or top-k then softmax
+    int moe_routing                # LL_MOE_* (moe.h): softmax then top-k, or top-k then softmax, or DeepSeek's
+    int n_group, topk_group, shared_gate   # DeepSeek's grouped routing; shared_gate 0: the shared expert ungated
+    float routed_scale             # multiplies the routed experts' weights (DeepSeek's routed_scaling_factor)
+    int kv_lora, q_lora            # latent attention (mla.h): r and ql (0: no q latent); kv_lora 0: none
     int vocab0                     # lm_head's rows are vocabulary entries vocab0.. (a tensor-parallel rank's share)
     int mrope_t, mrope_h          # multimodal RoPE: frequency pairs [0, mrope_t) turn by the temporal
                                   # position, [mrope_t, mrope_h) by the height one, the rest by the width
@@ -97,6 +107,7 @@ cdef struct WorkC:
     float *gactqs
     float *gout     # [A, E] experts' outputs, before their weighted sum
     float *partials # [_max_split_items, _partial_stride] attention split results (decode of few sequences)
+    float *qlat     # [T, ql] latent attention's normed q latent (q_b's input), or NULL
     # LoRA (lora.pxi): NULL without adapters
     float *ltmp     # [T, 3 r] shrink results
     float *lgu      # [T, 2F] raw gate then up rows of a step with adapters (the unfused gated MLP)
@@ -174,6 +185,11 @@ cdef class Model:
         self.c.num_experts, self.c.top_k = cfg.num_experts, cfg.num_experts_per_tok
         self.c.norm_topk, self.c.shared_dim = cfg.norm_topk_prob, cfg.shared_ffn_dim
         self.c.moe_routing = MOE_ROUTINGS[cfg.moe_routing]
+        self.c.n_group, self.c.topk_group = cfg.n_group, cfg.topk_group
+        self.c.routed_scale, self.c.shared_gate = cfg.routed_scale, cfg.shared_gate
+        self.c.kv_lora, self.c.q_lora = cfg.kv_lora_rank, cfg.q_lora_rank
+        if self.c.moe_routing in (LL_MOE_GROUPED_SOFTMAX, LL_MOE_GROUPED_SIGMOID) and cfg.num_experts > LL_MOE_MAX_EXPERTS:
+            raise ValueError(f"grouped routing over {cfg.num_experts} experts: at most {LL_MOE_MAX_EXPERTS}")
         sections = tuple(getattr(cfg, "mrope_section", ()) or ())
         self.c.mrope_t = self.c.mrope_h = 0
         if sections:
@@ -183,14 +199,16 @@ cdef class Model:
             self.c.mrope_t, self.c.mrope_h = sections[0], sections[0] + sections[1]
         if self.c.num_experts and not self.c.gated:
             raise ValueError("experts are gated MLPs")
-        if self.c.head_dim > LL_MAX_HEAD_DIM:   # KernelConfig checks the same bound: keep them one
+        if self.c.head_dim > LL_MAX_HEAD_DIM and not self.c.kv_lora:   # KernelConfig checks the same bound: keep them one
             raise ValueError(f"head_dim {self.c.head_dim} is above this build's LL_MAX_HEAD_DIM {LL_MAX_HEAD_DIM}")
         if len(k_caches) != self.c.num_layers or len(v_caches) != self.c.num_layers:
             raise ValueError("one K and one V cache per layer")
         if cfg.rope and len(rope_tables) != cfg.num_rope_tables:
             raise ValueError(f"{len(rope_tables)} RoPE tables for layers that use {cfg.num_rope_tables}")
         kc, vc = k_caches[0], v_caches[0]
-        geometry = kv_geometry(vc, "v")
+        geometry = kv_geometry(kc if self.c.kv_lora else vc, "k" if self.c.kv_lora else "v")
+        if self.c.kv_lora:   # one latent row per token in the K array (mla.h's rows); V holds nothing
+            vc = kc
         if (kc.dtype != vc.dtype or kv_geometry(kc, "k") != geometry or geometry[1] != self.c.num_kv_heads
                 or geometry[3] != self.c.head_dim or geometry[2] != cfg.block_size):
             raise ValueError(f"KV cache K {kc.shape} / V {vc.shape} does not fit the model "
@@ -229,20 +247,24 @@ cdef class Model:
                 self.c.layers[i].rope_sin = _vec({"s": rope_tables[lc.rope_table][1]}, "s", self.keep)
             self.c.layers[i].qkv = _mat(packed, p + "qkv", self.keep, fma)
             self.c.layers[i].o = _mat(packed, p + "o", self.keep, fma)
-            if self.c.num_experts:
+            if self.c.kv_lora:
+                self._load_mla(i, packed, fma)
+            self.c.layers[i].ffn = cfg.dense_ffn_dim if i < cfg.first_dense_layers else self.c.ffn_dim
+            if self.c.num_experts and i >= cfg.first_dense_layers:
                 self._load_experts(i, packed, fma)
             else:
                 self.c.layers[i].up = _mat(packed, p + ("gate_up" if self.c.gated else "up"), self.keep, fma)
-                _check_gated(&self.c.layers[i].up, self.c.gated, self.c.ffn_dim, p + "gate_up")
+                _check_gated(&self.c.layers[i].up, self.c.gated, self.c.layers[i].ffn, p + "gate_up")
                 self.c.layers[i].down = _mat(packed, p + "down", self.keep, fma)
-            if (self.c.layers[i].o.input == LL_IN_Q8
+            if (self.c.layers[i].o.input == LL_IN_Q8 and not self.c.kv_lora
                     and (self.c.num_heads // self.c.num_kv_heads * self.c.head_dim) % 32):
                 raise ValueError(f"{p}o: int8 inputs need 32-value blocks within a KV group "
                                  f"({self.c.num_heads // self.c.num_kv_heads} x {self.c.head_dim} values)")
-            if k_caches[i].shape != kc.shape or v_caches[i].shape != vc.shape or k_caches[i].dtype != kc.dtype:
+            if (k_caches[i].shape != kc.shape or k_caches[i].dtype != kc.dtype
+                    or (v_caches[i].shape != v_caches[0].shape)):
                 raise ValueError("all KV caches must have one shape and dtype")
             self.c.layers[i].k_cache = <void *>_ptr(k_caches[i])
-            self.c.layers[i].v_cache = <void *>_ptr(v_caches[i])
+            self.c.layers[i].v_cache = <void *>_ptr(k_caches[i] if self.c.kv_lora else v_caches[i])
             self.keep += [k_caches[i], v_caches[i]]
         self.c.embed = _mat(packed, "embed", self.keep, fma)
         self.c.lm_head = _mat(packed, "lm_head" if "lm_head" in packed.matrices else "embed", self.keep, fma)
@@ -266,6 +288,27 @@ cdef class Model:
         if not self.c.use_rope and (self.c.pos_embed is NULL or tensors["pos_embed"].shape[0] < self.c.max_positions):
             raise ValueError("a model without rope needs pos_embed with max_positions rows")
 
+    cdef _load_mla(self, int i, object packed, bint fma):
+        """Layer i's latent-attention pieces (LayerW): the norms of the latents, the absorbed q_b;
+        qkv's and o's widths checked against the cache row (Dk = r + dr) and the heads."""
+        cdef str p = f"layers.{i}."
+        cdef LayerW *L = &self.c.layers[i]
+        cdef dict tensors = packed.vectors
+        cdef Py_ssize_t H = self.c.num_heads, Dk = self.c.head_dim, r = self.c.kv_lora, ql = self.c.q_lora
+        L.kv_a_norm_w = _vec(tensors, p + "kv_a_norm.weight", self.keep)
+        if L.kv_a_norm_w is NULL or tensors[p + "kv_a_norm.weight"].shape != (r,):
+            raise ValueError(f"{p}kv_a_norm.weight: expected [{r}] float32")
+        if L.qkv.n != (ql if ql else H * Dk) + Dk or L.o.k != H * r:
+            raise ValueError(f"{p}: latent attention's qkv [{L.qkv.n}, .] / o [., {L.o.k}] do not fit "
+                             f"{H} heads of {Dk} (kv_lora_rank {r}, q_lora_rank {ql})")
+        if ql:
+            L.q_a_norm_w = _vec(tensors, p + "q_a_norm.weight", self.keep)
+            if L.q_a_norm_w is NULL or tensors[p + "q_a_norm.weight"].shape != (ql,):
+                raise ValueError(f"{p}q_a_norm.weight: expected [{ql}] float32")
+            L.q_b = _mat(packed, p + "q_b", self.keep, fma)
+            if L.q_b.n != H * Dk or L.q_b.k != ql:
+                raise ValueError(f"{p}q_b: expected [{H * Dk}, {ql}]")
+
     cdef _load_experts(self, int i, object packed, bint fma):
         """Layer i's router, experts and shared expert (see LayerW); every expert of a layer in
         one format (one 3-D tensor in a file), so the gathered rows have one input form."""
@@ -280,6 +323,9 @@ cdef class Model:
         L.router_b = _vec(tensors, p + "router.bias", self.keep)
         if L.router_b != NULL and tensors[p + "router.bias"].shape != (X,):
             raise ValueError(f"{p}router.bias: expected [{X}] float32")
+        L.router_corr = _vec(tensors, p + "router.correction_bias", self.keep)
+        if L.router_corr != NULL and tensors[p + "router.correction_bias"].shape != (X,):
+            raise ValueError(f"{p}router.correction_bias: expected [{X}] float32")
         L.experts = <Mat *>calloc(2 * X, sizeof(Mat))
         for j in range(X):
             L.experts[j] = _mat(packed, p + f"experts.{j}.gate_up", self.keep, fma)
@@ -292,8 +338,9 @@ cdef class Model:
             L.up = _mat(packed, p + "shared.gate_up", self.keep, fma)
             _check_gated(&L.up, True, self.c.shared_dim, p + "shared.gate_up")
             L.down = _mat(packed, p + "shared.down", self.keep, fma)
-            L.shared_gate_w = _vec(tensors, p + "shared_gate.weight", self.keep)
-            if L.shared_gate_w is NULL or tensors[p + "shared_gate.weight"].shape != (self.c.dim,):
+            L.shared_gate_w = _vec(tensors, p + "shared_gate.weight", self.keep) if self.c.shared_gate else NULL
+            if self.c.shared_gate and (L.shared_gate_w is NULL
+                                       or tensors[p + "shared_gate.weight"].shape != (self.c.dim,)):
                 raise ValueError(f"{p}shared_gate.weight: expected [{self.c.dim}] float32")
 
     def __dealloc__(self):
@@ -313,7 +360,9 @@ cdef class Model:
         for i in range(self.c.num_layers):
             out[f"layers.{i}.qkv"] = _describe(&self.c.layers[i].qkv)
             out[f"layers.{i}.o"] = _describe(&self.c.layers[i].o)
-            if self.c.num_experts:   # one entry for all of a layer's experts: they share a format
+            if self.c.q_lora:
+                out[f"layers.{i}.q_b"] = _describe(&self.c.layers[i].q_b)
+            if self.c.layers[i].experts != NULL:   # one entry for all of a layer's experts: they share a format
                 out[f"layers.{i}.experts.gate_up"] = _describe(&self.c.layers[i].experts[0])
                 out[f"layers.{i}.experts.down"] = _describe(&self.c.layers[i].experts[self.c.num_experts])
                 if self.c.shared_dim:
@@ -351,6 +400,8 @@ cdef bint _experts_quantized(const ModelC *mc):
     """Whether some layer's experts take int8 inputs (they share a format within a layer)."""
     cdef int i
     for i in range(mc.num_layers if mc.num_experts else 0):
+        if mc.layers[i].experts == NULL:
+            continue
         if mc.layers[i].experts[0].input == LL_IN_Q8 or mc.layers[i].experts[mc.num_experts].input == LL_IN_Q8:
             return True
     return False
@@ -363,7 +414,8 @@ cdef bint _any_quantized(const ModelC *mc):
         return True
     for i in range(mc.num_layers):
         if (mc.layers[i].qkv.input == LL_IN_Q8 or mc.layers[i].o.input == LL_IN_Q8
-                or mc.layers[i].up.input == LL_IN_Q8 or mc.layers[i].down.input == LL_IN_Q8):
+                or mc.layers[i].up.input == LL_IN_Q8 or mc.layers[i].down.input == LL_IN_Q8
+                or (mc.q_lora and mc.layers[i].q_b.input == LL_IN_Q8)):
             return True
     return False
 
@@ -395,7 +447,13 @@ cdef class Workspace:
         cdef int qkv_n = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
         cdef int up_n = 0 if mc.gated else mc.ffn_dim
         cdef int ffn = max(mc.ffn_dim, mc.shared_dim)   # MoE: act / xb2 / xq2 hold the shared expert's
-        cdef int max_k = max(mc.dim, ffn, mc.num_heads * mc.head_dim)
+        cdef int i
+        for i in range(mc.num_layers):   # and dense layers of their own width (DeepSeek's first)
+            ffn = max(ffn, mc.layers[i].ffn)
+        cdef int max_k = max(mc.dim, ffn, mc.num_heads * mc.head_dim, mc.q_lora)
+        cdef Py_ssize_t scratch = ll_attention_scratch(mc.head_dim, mc.num_heads // mc.num_kv_heads)
+        if mc.kv_lora:
+            scratch = max(scratch, ll_mla_scratch(mc.num_heads, mc.head_dim))
         self.max_tokens, self.max_rows, self.num_threads = max_tokens, max_rows, num_threads
         bufs = [aligned_zeros((max_tokens, mc.dim), np.float32),
                 aligned_zeros((max(max_tokens, max_rows), mc.dim), np.float32),
@@ -403,7 +461,7 @@ cdef class Workspace:
                 aligned_zeros((max_tokens, mc.num_heads * mc.head_dim), np.float32),
                 aligned_zeros((max_tokens, up_n), np.float32),
                 aligned_zeros((max_tokens, ffn), np.float32),
-                aligned_zeros((max(num_threads, 1), ll_attention_scratch(mc.head_dim, mc.num_heads // mc.num_kv_heads)), np.float32),
+                aligned_zeros((max(num_threads, 1), scratch), np.float32),
                 aligned_zeros((max(max_tokens, max_rows), (max_k + 1) // 2 + 1), np.uint32),
                 aligned_zeros((3 * 16,), np.int32),
                 aligned_zeros((max_tokens + 1,), np.int32),
@@ -435,6 +493,11 @@ cdef class Workspace:
             self.c.xq2, self.c.xqd2, self.c.xqs2 = <int8_t *>_ptr(bufs[15]), <float *>_ptr(bufs[16]), <float *>_ptr(bufs[17])
         self.c.scratch_len = bufs[6].shape[1]
         self._moe_buffers(mc, max_tokens)
+        self.c.qlat = NULL
+        if mc.q_lora:
+            qlat = aligned_zeros((max_tokens, mc.q_lora), np.float32)
+            self.keep.append(qlat)
+            self.c.qlat = <float *>_ptr(qlat)
         self.c.ltmp = self.c.lgu = NULL
         self.c.lgrp = NULL
         if lora_rank > 0:
@@ -730,11 +793,11 @@ cdef inline void _gated_phase(const float *x, const uint32_t *xb, const ll_qact 
 
 
 cdef inline void _mlp_gated(const ModelC *m, const WorkC *ws, const Mat *w, const Mat *down, Py_ssize_t T,
-                            ll_team *tm) noexcept nogil:
-    """forward()'s gated phase: h in, act out, in the down projection's input form."""
+                            Py_ssize_t F, ll_team *tm) noexcept nogil:
+    """forward()'s gated phase of F features: h in, act out, in the down projection's input form."""
     cdef ll_qact xq = _qact(ws.xq, ws.xqd, ws.xqs, m.dim)
     cdef int form = ll_mat_form(down, T)
-    _gated_phase(ws.h, ws.xb, &xq, m.dim, T, w, m.ffn_dim, m.act, ws.act, m.ffn_dim,
+    _gated_phase(ws.h, ws.xb, &xq, m.dim, T, w, F, m.act, ws.act, F,
                  ws.xb2 if form == LL_IN_BF16 else NULL, ws.xq2 if form == LL_IN_Q8 else NULL, ws.xqd2, ws.xqs2, tm)
 
 
@@ -855,9 +918,16 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
     ll_work_static(tm, T, 1, &i0, &i1)
     for t in range(i0, i1):
         logit = ws.router + t * Xp
-        ll_moe_route(logit, <int>X, <int>K, m.norm_topk, m.moe_routing, ws.moe_sel + t * K, ws.moe_wt + t * K)
+        if m.moe_routing == LL_MOE_GROUPED_SOFTMAX or m.moe_routing == LL_MOE_GROUPED_SIGMOID:
+            ll_moe_route_grouped(logit, L.router_corr, <int>X, <int>K, m.n_group, m.topk_group, m.norm_topk,
+                                 m.moe_routing == LL_MOE_GROUPED_SIGMOID, m.routed_scale, ws.moe_sel + t * K,
+                                 ws.moe_wt + t * K)
+        else:
+            ll_moe_route(logit, <int>X, <int>K, m.norm_topk, m.moe_routing, ws.moe_sel + t * K, ws.moe_wt + t * K)
         if L.shared_gate_w != NULL:
             logit[X] = 1.0 / (1.0 + expf(-logit[X]))
+        else:   # an ungated shared expert (DeepSeek's)
+            logit[X] = 1.0
     ll_omp_barrier()
     if tm.tid == 0:   # group the T K (token, expert) pairs by expert, tokens in order within each
         for e in range(Xp):
@@ -923,6 +993,65 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
                 ll_axpy_f32(ws.router[t * Xp + X], ws.h + t * E + c0, out + t * E + c0, c1 - c0)
 
 
+cdef void _mla_block(const ModelC *m, const WorkC *ws, const StepC *s, const LayerW *L, ll_team *tm,
+                     Py_ssize_t t0, Py_ssize_t t1) noexcept nogil:
+    """x += the latent attention (DeepSeek's MLA, src/kernels/mla.h) of the normed rows h (in
+    L.qkv's input form), inside _step's parallel region; Dk = r + dr, ql the q latent's width:
+
+      qkv      [q | c, k_pe] = h . qkv, q already absorbed (no q latent); with one, the
+               [q_a | c, k_pe] rows land just before the cache row's place and
+      q_b      qlat = rmsnorm(q_a) in q_b's input form, q [T, H Dk] = qlat . q_b (absorbed)
+      rows     c = rmsnorm(c) (kv_a_layernorm), RoPE on k_pe and on each head's last dr
+               components; the token's [c, k_pe] row into the cache
+      attend   (token, head range) units: each head's latent output [r] into attn [T, H r]
+      o        x += attn . o (W_UV absorbed), attn first in o's input form"""
+    cdef Py_ssize_t T = s.T, E = m.dim, H = m.num_heads, Dk = m.head_dim, r = m.kv_lora, ql = m.q_lora
+    cdef Py_ssize_t q_n = H * Dk, qkv_n = q_n + 2 * Dk, Hr = H * r, half = m.rope_dim // 2
+    cdef Py_ssize_t t, head, item, i1, h0, hc, nc
+    cdef float *row
+    cdef const float *cos_row
+    cdef const float *sin_row
+    cdef ll_work wk
+    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E)
+    cdef ll_qact xq_l = _qact(ws.xq, ws.xqd, ws.xqs, ql)
+    cdef ll_qact xq_o = _qact(ws.xq, ws.xqd, ws.xqs, Hr)
+    cdef int bf16 = m.kv_type == LL_KV_BF16
+    if ql:
+        _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.qkv, ws.qkv + q_n - ql, qkv_n, 0, _gemm_mode(T), tm)
+        ll_omp_barrier()
+        for t in range(t0, t1):
+            ll_rmsnorm_f32(ws.qkv + t * qkv_n + q_n - ql, L.q_a_norm_w, ws.qlat + t * ql, ql, m.eps)
+        _to_input(ll_mat_form(&L.q_b, T), ws.qlat, ql, t0, t1, ql, ws.xb, &xq_l)
+        ll_omp_barrier()
+        _gemm_phase(ws.qlat, ql, ws.xb, &xq_l, T, &L.q_b, ws.qkv, qkv_n, 0, _gemm_mode(T), tm)
+    else:
+        _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.qkv, ws.qkv, qkv_n, 0, _gemm_mode(T), tm)
+    ll_omp_barrier()
+    for t in range(t0, t1):
+        row = ws.qkv + t * qkv_n
+        cos_row = L.rope_cos + s.positions[t] * half
+        sin_row = L.rope_sin + s.positions[t] * half
+        ll_rmsnorm_f32(row + q_n, L.kv_a_norm_w, row + q_n, r, m.eps)
+        ll_rope_neox_f32(row + q_n + r, cos_row, sin_row, m.rope_dim)
+        for head in range(H):
+            ll_rope_neox_f32(row + head * Dk + r, cos_row, sin_row, m.rope_dim)
+        ll_mla_write_row(row + q_n, L.k_cache, bf16, s.slot_mapping[t], Dk)
+    ll_omp_barrier()      # every token's row is in the cache before anyone attends
+    # a decode step of few tokens splits each token's heads across the team
+    hc = H if T >= 2 * tm.nth else max(1, (H + tm.nth - 1) // tm.nth)
+    nc = (H + hc - 1) // hc
+    wk = ll_work_begin(tm, LL_WORK_DYNAMIC, T * nc, 1)
+    while ll_work_take(&wk, &item, &i1):
+        t, h0 = item // nc, (item % nc) * hc
+        ll_mla_attention(ws.qkv + t * qkv_n, Dk, r, <int>h0, <int>min(H, h0 + hc), L.k_cache, bf16,
+                         s.block_tables + s.tok_seq[t] * s.max_blocks, m.block_size, 0, s.attn_pos[t], m.scale,
+                         ws.attn + t * Hr, ws.scores + tm.tid * ws.scratch_len)
+    ll_omp_barrier()
+    _to_input(ll_mat_form(&L.o, T), ws.attn, Hr, t0, t1, Hr, ws.xb, &xq_o)
+    ll_omp_barrier()
+    _gemm_phase(ws.attn, Hr, ws.xb, &xq_o, T, &L.o, ws.x, E, 1, _gemm_mode(T), tm)
+
+
 cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int nth) noexcept nogil:
     # every phase hands out its units through this thread's view of the team (work.h)
     cdef ll_team team = ll_team_make(ws.work, tid, nth)
@@ -980,55 +1109,58 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         else:
             _norm_rows(m, L.attn_norm_w, L.attn_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, ll_mat_form(&L.qkv, T), t0, t1)
         ll_omp_barrier()
-        if s.lora.nl:   # adapters' q/k/v shrink beside the base GEMM (both only read h)
-            G = s.lora.groups + l * LORA_GROUPS
-            _lora_shrink(&s.lora, G + LORA_QKV, ws.h, E, tm)
-        _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.qkv, ws.qkv, qkv_n, 0, _gemm_mode(T), tm)
-        ll_omp_barrier()
-        if s.lora.nl:
-            _lora_expand(&s.lora, G + LORA_QKV, ws.qkv, qkv_n, tm)
-            ll_omp_barrier()
-        for t in range(t0, t1):
-            row = ws.qkv + t * qkv_n
-            cos_row = L.rope_cos + s.positions[t] * half
-            sin_row = L.rope_sin + s.positions[t] * half
-            if m.use_rope and m.mrope_t:   # angle of pair i from the table row of its section's position
-                for i in range(half):
-                    sec = 0 if i < m.mrope_t else (1 if i < m.mrope_h else 2)
-                    mcos[i] = L.rope_cos[s.rope_pos[t * 3 + sec] * half + i]
-                    msin[i] = L.rope_sin[s.rope_pos[t * 3 + sec] * half + i]
-                cos_row, sin_row = mcos, msin
-            for head in range(H + Hkv):   # q heads then k heads
-                if m.qk_norm:
-                    ll_rmsnorm_f32(row + head * D, L.q_norm_w if head < H else L.k_norm_w, row + head * D, D, m.eps)
-                if m.use_rope:
-                    ll_rope_neox_f32(row + head * D, cos_row, sin_row, m.rope_dim)
-            ll_write_kv_row(row + q_n, L.k_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, 1)
-            ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, 0)
-        ll_omp_barrier()      # every token's K/V is in the cache before anyone attends
-        at.k_cache, at.v_cache, at.window, at.form = L.k_cache, L.v_cache, L.window, ll_mat_form(&L.o, T)
-        at.sinks = L.sinks
-        at.prefetch = &L.o if T <= DYN_MAX_TOKENS else NULL   # decode: the o panels come in while attention waits
-        _attention_phase(&at, tm)
-        if s.lora.nl:   # reads the final attention rows; expanded once the o GEMM is done
-            _lora_shrink(&s.lora, G + LORA_O, ws.attn, q_n, tm)
-        if s.tp != NULL:   # this rank's heads' share of o into its slot; the sum over ranks into h
-            _gemm_phase(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ll_tp_slot(s.tp, s.gen0 + 2 * l + 1, s.tp.rank),
-                        E, 0, LL_WORK_STATIC, tm)
-            _tp_reduce(s.tp, s.gen0 + 2 * l + 1, ws.h, T * E, tm)
-            _residual_add(m, L.post_attn_norm_w, ws.h, ws.x, t0, t1)
-        elif m.post_norms or m.residual_scale != 1.0:   # o into h (free: qkv has read it), then x += norm(h)
-            _gemm_phase(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.h, E, 0, LL_WORK_STATIC, tm)
-            ll_omp_barrier()
-            if s.lora.nl:
-                _lora_expand(&s.lora, G + LORA_O, ws.h, E, tm)
-                ll_omp_barrier()
-            _residual_add(m, L.post_attn_norm_w, ws.h, ws.x, t0, t1)
+        if m.kv_lora:   # latent attention (DeepSeek): its own block, o included
+            _mla_block(m, ws, s, L, tm, t0, t1)
         else:
-            _gemm_phase(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.x, E, 1, LL_WORK_STATIC, tm)   # the prefetched run
+            if s.lora.nl:   # adapters' q/k/v shrink beside the base GEMM (both only read h)
+                G = s.lora.groups + l * LORA_GROUPS
+                _lora_shrink(&s.lora, G + LORA_QKV, ws.h, E, tm)
+            _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.qkv, ws.qkv, qkv_n, 0, _gemm_mode(T), tm)
+            ll_omp_barrier()
             if s.lora.nl:
+                _lora_expand(&s.lora, G + LORA_QKV, ws.qkv, qkv_n, tm)
                 ll_omp_barrier()
-                _lora_expand(&s.lora, G + LORA_O, ws.x, E, tm)
+            for t in range(t0, t1):
+                row = ws.qkv + t * qkv_n
+                cos_row = L.rope_cos + s.positions[t] * half
+                sin_row = L.rope_sin + s.positions[t] * half
+                if m.use_rope and m.mrope_t:   # angle of pair i from the table row of its section's position
+                    for i in range(half):
+                        sec = 0 if i < m.mrope_t else (1 if i < m.mrope_h else 2)
+                        mcos[i] = L.rope_cos[s.rope_pos[t * 3 + sec] * half + i]
+                        msin[i] = L.rope_sin[s.rope_pos[t * 3 + sec] * half + i]
+                    cos_row, sin_row = mcos, msin
+                for head in range(H + Hkv):   # q heads then k heads
+                    if m.qk_norm:
+                        ll_rmsnorm_f32(row + head * D, L.q_norm_w if head < H else L.k_norm_w, row + head * D, D, m.eps)
+                    if m.use_rope:
+                        ll_rope_neox_f32(row + head * D, cos_row, sin_row, m.rope_dim)
+                ll_write_kv_row(row + q_n, L.k_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, 1)
+                ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, 0)
+            ll_omp_barrier()      # every token's K/V is in the cache before anyone attends
+            at.k_cache, at.v_cache, at.window, at.form = L.k_cache, L.v_cache, L.window, ll_mat_form(&L.o, T)
+            at.sinks = L.sinks
+            at.prefetch = &L.o if T <= DYN_MAX_TOKENS else NULL   # decode: the o panels come in while attention waits
+            _attention_phase(&at, tm)
+            if s.lora.nl:   # reads the final attention rows; expanded once the o GEMM is done
+                _lora_shrink(&s.lora, G + LORA_O, ws.attn, q_n, tm)
+            if s.tp != NULL:   # this rank's heads' share of o into its slot; the sum over ranks into h
+                _gemm_phase(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ll_tp_slot(s.tp, s.gen0 + 2 * l + 1, s.tp.rank),
+                            E, 0, LL_WORK_STATIC, tm)
+                _tp_reduce(s.tp, s.gen0 + 2 * l + 1, ws.h, T * E, tm)
+                _residual_add(m, L.post_attn_norm_w, ws.h, ws.x, t0, t1)
+            elif m.post_norms or m.residual_scale != 1.0:   # o into h (free: qkv has read it), then x += norm(h)
+                _gemm_phase(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.h, E, 0, LL_WORK_STATIC, tm)
+                ll_omp_barrier()
+                if s.lora.nl:
+                    _lora_expand(&s.lora, G + LORA_O, ws.h, E, tm)
+                    ll_omp_barrier()
+                _residual_add(m, L.post_attn_norm_w, ws.h, ws.x, t0, t1)
+            else:
+                _gemm_phase(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.x, E, 1, LL_WORK_STATIC, tm)   # the prefetched run
+                if s.lora.nl:
+                    ll_omp_barrier()
+                    _lora_expand(&s.lora, G + LORA_O, ws.x, E, tm)
         ll_omp_barrier()
         # --- MLP block: norm, gate/up with the activation fused (or up, act), down + residual
         if m.post_ln:   # BERT: x = LN(x + attention), the MLP's input
@@ -1036,16 +1168,18 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         else:
             _norm_rows(m, L.mlp_norm_w, L.mlp_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, ll_mat_form(&L.up, T), t0, t1)
         ll_omp_barrier()
-        if m.num_experts and s.tp != NULL:   # this rank's features of every expert into its slot; the sum into h
+        F = L.ffn   # a dense MLP's width on this layer
+        xq_f = _qact(ws.xq2, ws.xqd2, ws.xqs2, F)
+        if L.experts != NULL and s.tp != NULL:   # this rank's features of every expert into its slot; the sum into h
             _moe_block(m, ws, L, T, ll_tp_slot(s.tp, s.gen0 + 2 * l + 2, s.tp.rank), 0, tm)
             _tp_reduce(s.tp, s.gen0 + 2 * l + 2, ws.h, T * E, tm)
             _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, t0, t1)
-        elif m.num_experts:
+        elif L.experts != NULL:
             _moe_block(m, ws, L, T, ws.x, 1, tm)
         elif s.lora.nl:
             _lora_mlp(m, ws, s, L, G, tm)
         elif m.gated:
-            _mlp_gated(m, ws, &L.up, &L.down, T, tm)
+            _mlp_gated(m, ws, &L.up, &L.down, T, F, tm)
             ll_omp_barrier()
             if s.tp != NULL:   # this rank's features' share of down into its slot; the sum into h
                 _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ll_tp_slot(s.tp, s.gen0 + 2 * l + 2, s.tp.rank),

@@ -571,3 +571,51 @@ def gemm_tile_rate(str path, Py_ssize_t num_tokens=64, Py_ssize_t k=576, Py_ssiz
             ll_mat_gemm(&xv[0, 0], &xbv[0, 0], &qb.a, k, t, &m, &ov[0, 0], n, 0, 0, m.num_panels)
         best = min(best, time.perf_counter() - start)
     return t * k * n / best / 1e9
+
+
+def moe_route_grouped(const float[:, ::1] logits,    # IN  [T, X] router logits
+                      int k, int n_group, int topk_group, bint renorm, bint sigmoid, float scale,
+                      const float[::1] bias=None):    # IN  [X] choice bias (sigmoid routing), or None
+    """DeepSeek's router (moe.h ll_moe_route_grouped) on each row: (sel [T, k] int32, weight
+    [T, k] float32)."""
+    cdef Py_ssize_t t, T = logits.shape[0], X = logits.shape[1]
+    if not 0 < k <= X or X > LL_MOE_MAX_EXPERTS or n_group < 1 or X % n_group or not 0 < topk_group <= n_group:
+        raise ValueError(f"moe_route_grouped: top-{k} of {X} experts in {n_group} groups (best {topk_group})")
+    if bias is not None and bias.shape[0] != X:
+        raise ValueError("moe_route_grouped: bias must have one value per expert")
+    sel = np.zeros((T, k), np.int32)
+    weight = np.zeros((T, k), np.float32)
+    cdef int32_t[:, ::1] sv = sel
+    cdef float[:, ::1] wv = weight
+    cdef const float *b = &bias[0] if bias is not None else NULL
+    for t in range(T):
+        ll_moe_route_grouped(&logits[t, 0], b, <int>X, k, n_group, topk_group, renorm, sigmoid, scale, &sv[t, 0],
+                             &wv[t, 0])
+    return sel, weight
+
+
+def mla_attention(const float[:, :, ::1] q,       # IN  [T, H, Dk] absorbed queries
+                  cache,                          # IN  [blocks, B, Dk] float32, or uint16 bf16 bits
+                  const int32_t[:, ::1] block_tables,  # IN  [S, max_blocks]
+                  const int32_t[::1] tok_seq,     # IN  [T]
+                  const int32_t[::1] positions,   # IN  [T] last key of each query
+                  Py_ssize_t kv_lora_rank, float scale):
+    """forward()'s latent attention (mla.h) per query token: [T, H, kv_lora_rank] float32."""
+    cdef Py_ssize_t t, T = q.shape[0], H = q.shape[1], dk = q.shape[2], bs = cache.shape[1]
+    if cache.ndim != 3 or cache.shape[2] != dk or cache.dtype not in (np.float32, np.uint16) \
+            or not 0 < kv_lora_rank <= dk:
+        raise ValueError("mla_attention: cache [blocks, B, Dk] float32 or uint16, kv_lora_rank <= Dk")
+    for t in range(T):
+        if positions[t] // bs >= block_tables.shape[1] or tok_seq[t] >= block_tables.shape[0]:
+            raise ValueError("mla_attention: position beyond the block tables")
+    c = np.ascontiguousarray(cache)
+    out = np.zeros((T, H, kv_lora_rank), np.float32)
+    scratch = np.zeros(ll_mla_scratch(H, dk), np.float32)
+    cdef float[:, :, ::1] ov = out
+    cdef float[::1] sc = scratch
+    cdef const void *cp = <const void *>_ptr(c)
+    cdef int bf16 = c.dtype == np.uint16
+    for t in range(T):
+        ll_mla_attention(&q[t, 0, 0], dk, kv_lora_rank, 0, <int>H, cp, bf16, &block_tables[tok_seq[t], 0], bs, 0,
+                         positions[t], scale, &ov[t, 0, 0], &sc[0])
+    return out

@@ -59,7 +59,9 @@ def kv_cache_format(dtype: str, requested: str | None = "auto") -> str:
 
 def kv_bytes_per_block(config, block_size: int, dtype: str, requested: str | None = "auto") -> int:
     """Bytes of one block over all layers, K and V."""
-    region = layout.kv_region_bytes(kv_cache_format(dtype, requested), block_size, config.head_dim)
+    region = layout.kv_region_bytes(kv_cache_format(dtype, requested), block_size, config.cache_head_dim)
+    if config.is_mla:   # one latent row per token, read as both K and V (src/kernels/mla.h)
+        return config.num_layers * region
     return 2 * config.num_layers * config.num_kv_heads * region
 
 
@@ -140,6 +142,8 @@ class ModelRunner:
         tp_rank, tp_size = (shard.rank, shard.size) if shard is not None else (0, 1)
         self.tp_rank, self.tp_size, self.tp_group = tp_rank, tp_size, tp_group
         local = shard.config if shard is not None else cfg
+        if cfg.is_mla and (tp_size > 1 or max_loras > 0):
+            raise ValueError(f"{cfg.architecture} (latent attention) runs without tensor parallel and LoRA adapters")
         self.config = cfg
         self.dtype = loaded.dtype
         self.kernels = kernels or _kernels.kernels
@@ -170,8 +174,10 @@ class ModelRunner:
         loaded.release()
         trim_heap()
         kv_np = layout.KV_NUMPY[self.kv_cache_dtype]
-        k_shape, v_shape = layout.kv_cache_shapes(num_blocks, local.num_kv_heads, block_size, cfg.head_dim,
+        k_shape, v_shape = layout.kv_cache_shapes(num_blocks, local.cache_kv_heads, block_size, cfg.cache_head_dim,
                                                   self.kv_cache_dtype)
+        if cfg.is_mla:   # the latent rows alone: no separate V (src/kernels/mla.h)
+            v_shape = (0,) + v_shape[1:]
         self.k_caches = [layout.aligned_zeros(k_shape, kv_np) for _ in range(cfg.num_layers)]
         self.v_caches = [layout.aligned_zeros(v_shape, kv_np) for _ in range(cfg.num_layers)]
         tables = [tuple(np.ascontiguousarray(a, np.float32) for a in rope_tables(c, max_pos))
@@ -219,9 +225,13 @@ class ModelRunner:
                  describe_formats(self.formats), self.bytes_per_token / 2**20, self.kv_cache_bytes / 2**20,
                  num_blocks, block_size, self.kv_cache_dtype)
         log.info("GEMM paths (%s kernels): %s", self.gemm_paths.variant, "; ".join(self.gemm_paths.describe()))
-        log.info("attention: %s (prefill tiles of a %s cache %s)", self.attention_path, self.kv_cache_dtype,
-                 _attention_plan(self.attention_path, self.kv_cache_dtype, self.gemm_paths.chosen["bf16"],
-                                 self.dtype))
+        if cfg.is_mla:
+            log.info("attention: latent (a %s cache of %d values per token and layer: the latent and the RoPE key)",
+                     self.kv_cache_dtype, cfg.cache_head_dim)
+        else:
+            log.info("attention: %s (prefill tiles of a %s cache %s)", self.attention_path, self.kv_cache_dtype,
+                     _attention_plan(self.attention_path, self.kv_cache_dtype, self.gemm_paths.chosen["bf16"],
+                                     self.dtype))
 
     # ---- one step ---------------------------------------------------------------------
 

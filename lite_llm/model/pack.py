@@ -39,7 +39,8 @@ def _blocks_fit(base: str, t, cfg) -> bool:
     blocks, and the o projection's int8 input blocks within one KV group's output."""
     if t.shape[1] % 32:
         return False
-    return not base.endswith(".o") or (cfg.num_heads // cfg.num_kv_heads * cfg.head_dim) % 32 == 0
+    return (not base.endswith(".o") or cfg.is_mla   # MLA's o input is converted a whole row at a time
+            or (cfg.num_heads // cfg.num_kv_heads * cfg.head_dim) % 32 == 0)
 
 
 def _block_form(base: str, t, cfg, quantization: str | None):

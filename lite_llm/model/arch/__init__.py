@@ -12,6 +12,7 @@ properties of the kernel model.
     qwen2_moe.py  Qwen2MoeForCausalLM ("qwen2moe": routed experts and a gated shared expert)
     qwen3_moe.py  Qwen3MoeForCausalLM ("qwen3moe")
     gpt_oss.py GptOssForCausalLM (attention sinks, clamped SwiGLU experts, top-k-then-softmax routing)
+    deepseek.py   DeepseekV2ForCausalLM, DeepseekV3ForCausalLM (latent attention, grouped routing)
     bert.py    BertModel, XLMRobertaModel and their *ForSequenceClassification (encoders, post-norm)
     qwen2_vl.py   Qwen2_5_VLForConditionalGeneration's language model (multimodal RoPE)
     llava.py   LlavaForConditionalGeneration's language model (a Llama; the GGUF is a "llama" file)
@@ -30,15 +31,15 @@ import os
 from types import ModuleType
 
 from lite_llm.config import KernelConfig, LayerConfig, ModelConfig
-from lite_llm.model.arch import (bert, gemma, gpt_oss, granite, llama, llava, mixtral, opt, phi3, qwen,
-                                 qwen2_moe, qwen2_vl, qwen3_moe)
+from lite_llm.model.arch import (bert, deepseek, gemma, gpt_oss, granite, llama, llava, mixtral, opt, phi3,
+                                 qwen, qwen2_moe, qwen2_vl, qwen3_moe)
 from lite_llm.model import hf
 from lite_llm.model.files import ModelLoadError
 from lite_llm.model.rope import rope_dim
 from lite_llm.model.weights import bf16_to_f32, to_bf16
 
 RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma, phi3, granite, mixtral, qwen2_moe, qwen3_moe, bert,
-                                   qwen2_vl, llava, gpt_oss)
+                                   qwen2_vl, llava, gpt_oss, deepseek)
 _BY_HF = {name: r for r in RECIPES for name in r.HF_ARCHITECTURES}
 _BY_GGUF = {name: r for r in RECIPES for name in getattr(r, "GGUF_ARCHITECTURES", {})}
 SUPPORTED_ARCHITECTURES = tuple(_BY_HF)
@@ -93,6 +94,13 @@ def tensor_names(config: ModelConfig) -> list[str]:
     for i in range(config.num_layers):
         p = f"layers.{i}."
         names += [p + "attn_norm.weight"] + ([p + "attn_norm.bias"] if layer_norm else [])
+        if config.is_mla:
+            names += deepseek.mla_tensor_names(config, p) + [p + "mlp_norm.weight"]
+            if i < config.first_dense_layers:
+                names += [p + "gate_up.weight", p + "down.weight"]
+            else:
+                names += moe_tensor_names(config, p)
+            continue
         names += [p + "qkv.weight"] + ([p + "qkv.bias"] if config.qkv_bias else [])
         if config.qk_norm:
             names += [p + "q_norm.weight", p + "k_norm.weight"]
@@ -127,8 +135,11 @@ def moe_tensor_names(config: ModelConfig, p: str) -> list[str]:
             names += [p + f"experts.{j}.down.{w}" for w in ("weight", "bias")]
         else:
             names += [p + f"experts.{j}.gate_up.weight", p + f"experts.{j}.down.weight"]
+    if config.moe_routing == "grouped_sigmoid":
+        names.append(p + "router.correction_bias")
     if config.shared_ffn_dim:
-        names += [p + "shared.gate_up.weight", p + "shared.down.weight", p + "shared_gate.weight"]
+        names += [p + "shared.gate_up.weight", p + "shared.down.weight"]
+        names += [p + "shared_gate.weight"] if config.shared_gate else []
     return names
 
 
@@ -162,10 +173,12 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
     scale = (config.query_pre_attn_scalar if config.query_pre_attn_scalar else config.head_dim) ** -0.5
     if config.attention_multiplier is not None:
         scale = config.attention_multiplier
+    if config.is_mla:
+        scale = deepseek.softmax_scale(config)
     return KernelConfig(
         dtype=dtype, num_layers=config.num_layers, dim=config.dim, ffn_dim=config.ffn_dim,
-        vocab_size=config.vocab_size, num_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
-        head_dim=config.head_dim, block_size=block_size, max_positions=max_positions, norm=config.norm,
+        vocab_size=config.vocab_size, num_heads=config.num_heads, num_kv_heads=config.cache_kv_heads,
+        head_dim=config.cache_head_dim, block_size=block_size, max_positions=max_positions, norm=config.norm,
         norm_eps=config.norm_eps, act=config.act, gated_mlp=config.gated_mlp, rope=config.rope,
         rope_dim=rope_dim(config),
         qk_norm=config.qk_norm, post_norms=config.post_norms, attn_scale=float(scale),
@@ -176,7 +189,10 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
         num_experts=config.num_experts, num_experts_per_tok=config.num_experts_per_tok,
         norm_topk_prob=config.norm_topk_prob, shared_ffn_dim=config.shared_ffn_dim, post_ln=config.post_ln,
         moe_routing=config.moe_routing,
-        mrope_section=tuple(config.mrope_section))
+        mrope_section=tuple(config.mrope_section), n_group=config.n_group, topk_group=config.topk_group,
+        routed_scale=config.routed_scale, shared_gate=config.shared_gate,
+        first_dense_layers=config.first_dense_layers, dense_ffn_dim=config.dense_ffn_dim,
+        kv_lora_rank=config.kv_lora_rank, q_lora_rank=config.q_lora_rank)
 
 
 def _embed_scale(config: ModelConfig, dtype: str) -> float:
