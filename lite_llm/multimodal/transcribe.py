@@ -1,0 +1,383 @@
+"""Speech to text with Whisper: audio -> segments with timestamps and text, as transformers'
+WhisperForConditionalGeneration.generate (and openai-whisper's transcribe) decode it.
+
+    WhisperModel.from_pretrained(path)            encoder, decoder, tokenizer, generation_config.json
+      .transcribe(audio, TranscribeOptions(...))  -> Transcription (text, language, segments)
+      .transcribe_iter(...)                       the same, one window at a time (progress, streaming,
+                                                  several transcriptions interleaved by a worker)
+
+Decoding of one 30-s window: the prompt <|startoftranscript|> <|lang|> <|task|> (<|notimestamps|>
+without timestamps), after <|startofprev|> and the prompt text when there is one; the language,
+when none is given, is the likeliest language token after <|startoftranscript|> on the first window;
+then greedy (temperature 0) or sampled tokens under Whisper's logits rules (begin_suppress_tokens
+at the first position, suppress_tokens everywhere, the timestamp rules of transformers'
+WhisperTimeStampLogitsProcessor). A window whose tokens compress too well (a loop) or whose mean
+log-probability is too low is decoded again at the next temperature (the fallback). Long audio:
+the window after a decoded one starts at its last complete timestamp pair (timestamp-driven
+seeking), so a window never cuts a segment in the middle; without timestamps, windows follow each
+other 30 s apart.
+
+Features of audio longer than 30 s are the log-mel of the whole file (one normalization, as the
+extractor computes it with truncation=False), sliced per window and zero-padded to 3000 frames.
+What does not live here: the encoder (whisper.py), the decoder (whisper_decoder.py), audio decoding
+(audio.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lite_llm.multimodal import audio
+from lite_llm.multimodal.whisper import WhisperEncoder, WhisperError
+from lite_llm.multimodal.whisper_decoder import WhisperDecoder
+
+TIME_PRECISION = 0.02          # seconds a timestamp token stands for
+FRAME_SECONDS = 0.01           # one feature frame (hop 160 at 16 kHz)
+INPUT_STRIDE = 2               # feature frames per encoder row (conv2's stride)
+
+# Whisper's languages: code -> name (the tokenizer's table); names and a few aliases are accepted too
+LANGUAGES = {
+    "en": "english", "zh": "chinese", "de": "german", "es": "spanish", "ru": "russian", "ko": "korean",
+    "fr": "french", "ja": "japanese", "pt": "portuguese", "tr": "turkish", "pl": "polish", "ca": "catalan",
+    "nl": "dutch", "ar": "arabic", "sv": "swedish", "it": "italian", "id": "indonesian", "hi": "hindi",
+    "fi": "finnish", "vi": "vietnamese", "he": "hebrew", "uk": "ukrainian", "el": "greek", "ms": "malay",
+    "cs": "czech", "ro": "romanian", "da": "danish", "hu": "hungarian", "ta": "tamil", "no": "norwegian",
+    "th": "thai", "ur": "urdu", "hr": "croatian", "bg": "bulgarian", "lt": "lithuanian", "la": "latin",
+    "mi": "maori", "ml": "malayalam", "cy": "welsh", "sk": "slovak", "te": "telugu", "fa": "persian",
+    "lv": "latvian", "bn": "bengali", "sr": "serbian", "az": "azerbaijani", "sl": "slovenian", "kn": "kannada",
+    "et": "estonian", "mk": "macedonian", "br": "breton", "eu": "basque", "is": "icelandic", "hy": "armenian",
+    "ne": "nepali", "mn": "mongolian", "bs": "bosnian", "kk": "kazakh", "sq": "albanian", "sw": "swahili",
+    "gl": "galician", "mr": "marathi", "pa": "punjabi", "si": "sinhala", "km": "khmer", "sn": "shona",
+    "yo": "yoruba", "so": "somali", "af": "afrikaans", "oc": "occitan", "ka": "georgian", "be": "belarusian",
+    "tg": "tajik", "sd": "sindhi", "gu": "gujarati", "am": "amharic", "yi": "yiddish", "lo": "lao",
+    "uz": "uzbek", "fo": "faroese", "ht": "haitian creole", "ps": "pashto", "tk": "turkmen", "nn": "nynorsk",
+    "mt": "maltese", "sa": "sanskrit", "lb": "luxembourgish", "my": "myanmar", "bo": "tibetan", "tl": "tagalog",
+    "mg": "malagasy", "as": "assamese", "tt": "tatar", "haw": "hawaiian", "ln": "lingala", "ha": "hausa",
+    "ba": "bashkir", "jw": "javanese", "su": "sundanese", "yue": "cantonese"}
+ALIASES = {"burmese": "my", "valencian": "ca", "flemish": "nl", "haitian": "ht", "letzeburgesch": "lb",
+           "pushto": "ps", "panjabi": "pa", "moldavian": "ro", "moldovan": "ro", "sinhalese": "si",
+           "castilian": "es", "mandarin": "zh"}
+
+
+class TranscriptionError(ValueError):
+    """A transcription request that cannot be served (unknown language, bad option); the message
+    says which."""
+
+
+@dataclass(frozen=True)
+class TranscribeOptions:
+    language: str | None = None         # a code ("en") or name ("english"); None: detected
+    task: str = "transcribe"            # or "translate" (to English)
+    timestamps: bool | None = None      # None: on for audio longer than one window
+    temperature: float | tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)   # tried in turn (the fallback)
+    compression_ratio_threshold: float | None = 2.4
+    logprob_threshold: float | None = -1.0
+    prompt: str | None = None           # text the decoder reads before each window (its style, names)
+    max_new_tokens: int | None = None   # per window; None: up to the decoder's positions
+    seed: int | None = None             # of the sampling at temperatures above 0
+
+
+@dataclass
+class Segment:
+    id: int
+    seek: int                       # the window's first feature frame
+    start: float                    # seconds
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float = 0.0
+
+
+@dataclass
+class Transcription:
+    text: str
+    language: str
+    duration: float
+    segments: list[Segment] = field(default_factory=list)
+    task: str = "transcribe"
+
+
+def language_code(name: str) -> str:
+    """A Whisper language code from a code, a name or an alias (any case); TranscriptionError if none."""
+    key = name.strip().lower()
+    if key in LANGUAGES:
+        return key
+    if key in ALIASES:
+        return ALIASES[key]
+    for code, lang in LANGUAGES.items():
+        if lang == key:
+            return code
+    raise TranscriptionError(f"language: not one of Whisper's languages")
+
+
+def compression_ratio(tokens: list[int], vocab_size: int) -> float:
+    """Raw bytes / zlib bytes of the tokens (each in ceil(log2(V)/8)-ish little-endian bytes, as
+    transformers measures it): above the threshold, the window repeats itself."""
+    width = int(math.log2(vocab_size) / 8) + 1
+    raw = b"".join(int(t).to_bytes(width, "little") for t in tokens)
+    return len(raw) / len(zlib.compress(raw)) if raw else 0.0
+
+
+def log_mel_long(samples: np.ndarray, n_mels: int) -> np.ndarray:
+    """float32 [n_mels, n // 160] log-mel of samples longer than one window, one normalization
+    over the whole (WhisperFeatureExtractor with truncation=False), computed in slices of
+    frames (float64 FFT, memory bounded by the slice)."""
+    x = np.pad(np.asarray(samples, np.float64), audio.N_FFT // 2, mode="reflect")
+    n_frames = samples.shape[0] // audio.HOP
+    filters = audio.mel_filters(n_mels).T.astype(np.float64)
+    window = audio.hann_window()
+    out = np.empty((n_frames, n_mels), np.float64)
+    frames = np.lib.stride_tricks.sliding_window_view(x, audio.N_FFT)[::audio.HOP]
+    for a in range(0, n_frames, 4096):
+        b = min(a + 4096, n_frames)
+        power = np.abs(np.fft.rfft(frames[a:b] * window, axis=-1)) ** 2
+        out[a:b] = np.log10(np.maximum(power @ filters, 1e-10))
+    out = np.maximum(out, out.max() - 8.0)
+    return np.ascontiguousarray(((out + 4.0) / 4.0).T, np.float32)
+
+
+class WhisperModel:
+    """A Whisper checkpoint ready to transcribe: its encoder, decoder, tokenizer and the
+    generation settings of its generation_config.json (special token ids, suppressions)."""
+
+    def __init__(self, encoder: WhisperEncoder, decoder: WhisperDecoder, tokenizer, gen: dict):
+        self.encoder, self.decoder, self.tokenizer = encoder, decoder, tokenizer
+        self.gen = gen
+        self.eot = int(gen["eos_token_id"] if not isinstance(gen["eos_token_id"], list) else gen["eos_token_id"][0])
+        self.sot = int(gen["decoder_start_token_id"])
+        self.lang_to_id = {k.strip("<|>"): int(v) for k, v in (gen.get("lang_to_id") or {}).items()}
+        self.task_to_id = {k: int(v) for k, v in (gen.get("task_to_id") or {}).items()}
+        if "no_timestamps_token_id" not in gen:
+            raise WhisperError("generation_config.json has no no_timestamps_token_id (needed for timestamps)")
+        self.no_timestamps = int(gen["no_timestamps_token_id"])
+        self.timestamp_begin = self.no_timestamps + 1
+        self.prev_sot = gen.get("prev_sot_token_id")
+        self.suppress = [int(t) for t in gen.get("suppress_tokens") or []]
+        self.begin_suppress = [int(t) for t in gen.get("begin_suppress_tokens") or []]
+        self.max_initial_timestamp_index = gen.get("max_initial_timestamp_index")
+        self.multilingual = bool(gen.get("is_multilingual", bool(self.lang_to_id)))
+        self.vocab_size = decoder.cfg.vocab_size
+
+    @classmethod
+    def from_pretrained(cls, path: str, kernels="auto", dtype: str = "float32", num_threads: int | None = None,
+                        max_requests: int = 8) -> "WhisperModel":
+        from lite_llm.model.tokenizer import Tokenizer
+        enc = WhisperEncoder.from_pretrained(path, kernels=kernels, dtype=dtype, num_threads=num_threads)
+        dec = WhisperDecoder.from_pretrained(path, kernels=kernels, dtype=dtype, num_threads=num_threads,
+                                             max_requests=max_requests)
+        gen_path = os.path.join(path, "generation_config.json")
+        if not os.path.exists(gen_path):
+            raise WhisperError(f"{path}: no generation_config.json (Whisper's special token ids)")
+        with open(gen_path, encoding="utf-8") as fh:
+            gen = json.load(fh)
+        return cls(enc, dec, Tokenizer.from_dir(path), gen)
+
+    # ---- pieces -------------------------------------------------------------------------------
+
+    def features(self, samples: np.ndarray) -> np.ndarray:
+        """[n_mels, frames]: one window's 3000 frames for up to 30 s (compiled), the whole file's
+        otherwise."""
+        samples = np.asarray(samples, np.float32).reshape(-1)
+        if samples.shape[0] <= audio.N_SAMPLES:
+            return self.encoder.features(samples)
+        return log_mel_long(samples, self.encoder.cfg.num_mel_bins)
+
+    def decode_text(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode([t for t in tokens if t < self.eot], skip_special_tokens=True)
+
+    def detect_language(self, rows: np.ndarray) -> tuple[str, dict[str, float]]:
+        """(code, probabilities of each language) of a window's encoder rows."""
+        if not self.lang_to_id:
+            return "en", {"en": 1.0}
+        st = self.decoder.start(rows)
+        try:
+            logits = self.decoder.step([st], [[self.sot]])[0]
+        finally:
+            self.decoder.release(st)
+        codes = list(self.lang_to_id)
+        v = logits[[self.lang_to_id[c] for c in codes]].astype(np.float64)
+        p = np.exp(v - v.max())
+        p /= p.sum()
+        return codes[int(np.argmax(v))], dict(zip(codes, p.tolist()))
+
+    def _process(self, logits: np.ndarray, generated: list[int], timestamps: bool) -> np.ndarray:
+        """Whisper's logits rules in transformers' order: begin_suppress_tokens at the first
+        position, suppress_tokens, then the timestamp rules (float32 in, float32 out)."""
+        s = logits.astype(np.float32, copy=True)
+        if not generated and self.begin_suppress:
+            s[self.begin_suppress] = -np.inf
+        if self.suppress:
+            s[self.suppress] = -np.inf
+        if not timestamps:
+            return s
+        tb = self.timestamp_begin
+        s[self.no_timestamps] = -np.inf
+        last_ts = len(generated) >= 1 and generated[-1] >= tb
+        penult_ts = len(generated) < 2 or generated[-2] >= tb
+        if last_ts:
+            if penult_ts:
+                s[tb:] = -np.inf                 # a pair is closed: text (or EOT) next
+            else:
+                s[:self.eot] = -np.inf           # an open timestamp: another timestamp or EOT
+        stamps = [t for t in generated if t >= tb]
+        if stamps:
+            floor = stamps[-1] if (last_ts and not penult_ts) else stamps[-1] + 1
+            s[tb:floor] = -np.inf                # timestamps never go back
+        if not generated:
+            s[:tb] = -np.inf                     # the first token is a timestamp
+            if self.max_initial_timestamp_index is not None:
+                s[tb + int(self.max_initial_timestamp_index) + 1:] = -np.inf
+        with np.errstate(invalid="ignore", divide="ignore"):
+            m = s.max()
+            lp = s.astype(np.float64) - (m + np.log(np.sum(np.exp(s.astype(np.float64) - m))))
+            ts_lp = np.logaddexp.reduce(lp[tb:]) if np.isfinite(lp[tb:]).any() else -np.inf
+            if ts_lp > lp[:tb].max():
+                s[:tb] = -np.inf                 # timestamps together likelier than any text token
+        return s
+
+    def prompt_tokens(self, language: str | None, task: str, timestamps: bool, prompt: str | None) -> list[int]:
+        init = [self.sot]
+        if self.multilingual and self.lang_to_id:
+            if language not in self.lang_to_id:
+                raise TranscriptionError("language: not supported by this model")
+            init.append(self.lang_to_id[language])
+            if task not in self.task_to_id:
+                raise TranscriptionError("task: not supported by this model")
+            init.append(self.task_to_id[task])
+        if not timestamps:
+            init.append(self.no_timestamps)
+        if prompt:
+            if self.prev_sot is None:
+                raise TranscriptionError("prompt: this model has no <|startofprev|> token")
+            text = self.tokenizer.encode(" " + prompt.strip(), add_special_tokens=False)
+            text = text[-(self.decoder.cfg.max_target_positions // 2 - 1):]
+            init = [int(self.prev_sot), *text, *init]
+        return init
+
+    def decode_window(self, rows: np.ndarray, prompt: list[int], timestamps: bool, temperature: float,
+                      max_new_tokens: int | None, rng: np.random.Generator) -> tuple[list[int], float]:
+        """(generated tokens with the final EOT if any, mean log-probability of them) of one window."""
+        dec = self.decoder
+        limit = dec.cfg.max_target_positions - len(prompt)
+        if max_new_tokens is not None:
+            limit = min(limit, max_new_tokens)
+        if limit <= 0:
+            raise TranscriptionError("prompt: too long for the model's decoder")
+        st = dec.start(rows)
+        try:
+            logits = dec.step([st], [prompt])[0]
+            out: list[int] = []
+            sum_lp = 0.0
+            while True:
+                s = self._process(logits, out, timestamps)
+                if temperature > 0:
+                    z = s.astype(np.float64) / temperature
+                    p = np.exp(z - z.max())
+                    p /= p.sum()
+                    tok = int(rng.choice(p.shape[0], p=p))
+                else:
+                    tok = int(np.argmax(s))
+                z = s.astype(np.float64)
+                m = z.max()
+                sum_lp += float(z[tok] - m - np.log(np.sum(np.exp(z - m))))
+                out.append(tok)
+                if tok == self.eot or len(out) >= limit:
+                    break
+                logits = dec.step([st], [[tok]])[0]
+        finally:
+            dec.release(st)
+        return out, sum_lp / max(len(out), 1)
+
+    # ---- transcription ------------------------------------------------------------------------
+
+    def transcribe(self, samples: np.ndarray, options: TranscribeOptions = TranscribeOptions()) -> Transcription:
+        result = None
+        for result in self.transcribe_iter(samples, options):
+            pass
+        return result
+
+    def transcribe_iter(self, samples: np.ndarray, options: TranscribeOptions = TranscribeOptions()):
+        """Yields the Transcription so far after each window (its .segments growing), the last one
+        complete. Samples: float32 mono at 16 kHz."""
+        samples = np.asarray(samples, np.float32).reshape(-1)
+        if samples.shape[0] == 0:
+            raise TranscriptionError("audio holds no samples")
+        if options.task not in ("transcribe", "translate"):
+            raise TranscriptionError("task: expected transcribe or translate")
+        language = None if options.language is None else language_code(options.language)
+        if language is not None and self.lang_to_id and language not in self.lang_to_id:
+            raise TranscriptionError("language: not supported by this model")
+        temps = options.temperature if isinstance(options.temperature, (tuple, list)) else (options.temperature,)
+        temps = tuple(float(t) for t in temps)
+        if not temps or any(not 0.0 <= t <= 2.0 for t in temps):
+            raise TranscriptionError("temperature: expected values from 0 to 2")
+        feats = self.features(samples)
+        max_frames = feats.shape[1] if samples.shape[0] > audio.N_SAMPLES else audio.N_FRAMES
+        timestamps = options.timestamps if options.timestamps is not None else samples.shape[0] > audio.N_SAMPLES
+        rng = np.random.default_rng(options.seed)
+        result = Transcription(text="", language=language or "", duration=samples.shape[0] / audio.SAMPLE_RATE,
+                               task=options.task)
+        seek = 0
+        while seek < max_frames:
+            n = min(max_frames - seek, audio.N_FRAMES)
+            window = feats[:, seek:seek + n]
+            if n < audio.N_FRAMES:
+                window = np.pad(window, ((0, 0), (0, audio.N_FRAMES - n)))
+            rows = self.encoder.encode_cached(np.ascontiguousarray(window))
+            if not result.language:
+                result.language = self.detect_language(rows)[0]
+            prompt = self.prompt_tokens(result.language, options.task, timestamps, options.prompt)
+            for i, temp in enumerate(temps):
+                tokens, avg_lp = self.decode_window(rows, prompt, timestamps, temp, options.max_new_tokens, rng)
+                ratio = compression_ratio(tokens, self.vocab_size)
+                retry = (options.compression_ratio_threshold is not None
+                         and ratio > options.compression_ratio_threshold) or \
+                        (options.logprob_threshold is not None and avg_lp < options.logprob_threshold)
+                if not retry:
+                    break
+            if tokens and tokens[-1] == self.eot:
+                tokens = tokens[:-1]
+            segs, advance = self._segments(tokens, seek, n)
+            advance = advance if advance > 0 else n         # never the same window twice
+            for start, end, toks in segs:
+                result.segments.append(Segment(id=len(result.segments), seek=seek, start=round(start, 3),
+                                               end=round(end, 3), text=self.decode_text(toks), tokens=toks,
+                                               temperature=temp, avg_logprob=avg_lp, compression_ratio=ratio))
+            seek += advance
+            result.text = "".join(s.text for s in result.segments)
+            yield result
+
+    def _segments(self, tokens: list[int], seek: int, n: int) -> tuple[list[tuple[float, float, list[int]]], int]:
+        """(segments (start s, end s, tokens), frames to advance) of one window's tokens, as
+        transformers' _retrieve_segment cuts them."""
+        tb = self.timestamp_begin
+        offset = seek * FRAME_SECONDS
+        is_ts = [t >= tb for t in tokens]
+        single_ending = is_ts[-2:] == [False, True]
+        cuts = [i + 1 for i in range(len(is_ts) - 1) if is_ts[i] and is_ts[i + 1]]
+        if cuts:
+            if single_ending:
+                cuts.append(len(tokens))
+            else:
+                cuts[-1] += 1
+            segs, last = [], 0
+            for j, cut in enumerate(cuts):
+                part = tokens[last:cut]
+                end_tok = part[-1] if (j < len(cuts) - 1 or single_ending) else part[-2]
+                segs.append((offset + (part[0] - tb) * TIME_PRECISION, offset + (end_tok - tb) * TIME_PRECISION, part))
+                last = cut
+            advance = n if single_ending else (tokens[last - 2] - tb) * INPUT_STRIDE
+            return segs, advance
+        stamps = [i for i, x in enumerate(is_ts) if x]
+        end = int(n * FRAME_SECONDS / TIME_PRECISION)
+        if stamps and tokens[stamps[-1]] != tb:
+            end = tokens[stamps[-1]] - tb
+        return [(offset, offset + end * TIME_PRECISION, tokens)], n
