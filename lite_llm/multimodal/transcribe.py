@@ -381,3 +381,89 @@ class WhisperModel:
         if stamps and tokens[stamps[-1]] != tb:
             end = tokens[stamps[-1]] - tb
         return [(offset, offset + end * TIME_PRECISION, tokens)], n
+
+
+# ---- inputs and outputs -------------------------------------------------------------------------
+
+def whisper_dir(path: str) -> bool:
+    """Whether path is an HF Whisper checkpoint directory (WhisperForConditionalGeneration)."""
+    cfg = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg):
+        return False
+    try:
+        with open(cfg, encoding="utf-8") as fh:
+            raw = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    from lite_llm.multimodal.whisper import ARCHITECTURES
+    return (raw.get("architectures") or [None])[0] in ARCHITECTURES or raw.get("model_type") == "whisper"
+
+
+def load_audio(src, cfg: audio.AudioConfig = audio.AudioConfig()) -> np.ndarray:
+    """float32 16 kHz mono samples of a path, encoded bytes, or samples already (an array at
+    16 kHz); audio.AudioError for a file that cannot be used."""
+    if isinstance(src, np.ndarray):
+        x = np.asarray(src, np.float32)
+        if x.ndim == 2:                         # [channels, n] or [n, channels]: the channels' mean
+            x = x.mean(axis=0 if x.shape[0] < x.shape[1] else 1)
+        if x.ndim != 1:
+            raise audio.AudioError(f"samples of shape {src.shape}: expected [n] at 16 kHz")
+        if x.shape[0] > cfg.max_samples:
+            raise audio.AudioError(f"audio lasts more than the {cfg.max_seconds:.0f} s allowed")
+        return np.ascontiguousarray(x)
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        return audio.decode_audio(bytes(src), "audio", cfg)
+    path = os.fspath(src)
+    size = os.path.getsize(path)
+    if size > cfg.max_audio_bytes:
+        raise audio.AudioError(f"{path} is {size} bytes, more than the {cfg.max_audio_bytes} allowed")
+    with open(path, "rb") as fh:
+        return audio.decode_audio(fh.read(), os.path.basename(path), cfg)
+
+
+def progress_bar(done: float, total: float, width: int = 30) -> str:
+    """`[#####.....]  12.0/75.0 s` of audio transcribed."""
+    k = int(width * done / total) if total > 0 else width
+    return f"[{'#' * k}{'.' * (width - k)}] {done:6.1f}/{total:.1f} s"
+
+
+FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
+
+
+def _clock(seconds: float, sep: str) -> str:
+    ms = int(round(max(seconds, 0.0) * 1000))
+    h, ms = divmod(ms, 3_600_000)
+    m, ms = divmod(ms, 60_000)
+    s, ms = divmod(ms, 1000)
+    return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
+
+
+def segment_dict(s: Segment) -> dict:
+    """One segment as OpenAI's verbose_json lists it."""
+    return {"id": s.id, "seek": s.seek, "start": s.start, "end": s.end, "text": s.text, "tokens": s.tokens,
+            "temperature": s.temperature, "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
+            "no_speech_prob": s.no_speech_prob}
+
+
+def render(result: Transcription, fmt: str) -> tuple[str, str]:
+    """(body, content type) of a transcription in one of FORMATS, as OpenAI's audio routes answer."""
+    if fmt == "text":
+        return result.text.strip() + "\n", "text/plain; charset=utf-8"
+    if fmt == "json":
+        return json.dumps({"text": result.text.strip(), "usage": {"type": "duration",
+                                                                  "seconds": int(math.ceil(result.duration))}}), \
+            "application/json"
+    if fmt == "verbose_json":
+        return json.dumps({"task": result.task, "language": LANGUAGES.get(result.language, result.language),
+                           "duration": round(result.duration, 3), "text": result.text.strip(),
+                           "segments": [segment_dict(s) for s in result.segments],
+                           "usage": {"type": "duration", "seconds": int(math.ceil(result.duration))}}), \
+            "application/json"
+    if fmt == "srt":
+        blocks = [f"{i + 1}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{s.text.strip()}\n"
+                  for i, s in enumerate(result.segments)]
+        return "\n".join(blocks), "text/plain; charset=utf-8"
+    if fmt == "vtt":
+        blocks = [f"{_clock(s.start, '.')} --> {_clock(s.end, '.')}\n{s.text.strip()}\n" for s in result.segments]
+        return "WEBVTT\n\n" + "\n".join(blocks), "text/vtt; charset=utf-8"
+    raise TranscriptionError(f"response_format: expected one of {', '.join(FORMATS)}")

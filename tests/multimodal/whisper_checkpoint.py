@@ -78,13 +78,14 @@ def _save_asr_tokenizer(out: Path, vocab: list[str]) -> dict[str, int]:
     return ids
 
 
-def whisper_asr_checkpoint(std: float = 0.1, seed: int = 0, d_model: int = 64, heads: int = 4) -> Path:
+def whisper_asr_checkpoint(std: float = 0.3, seed: int = 0, d_model: int = 64, heads: int = 4,
+                           dec_std: float = 0.3, pos_std: float = 0.3) -> Path:
     """The HF directory of a tiny random multilingual Whisper with Whisper's special tokens: a
     tokenizer.json (byte-level text tokens, then Whisper's special and timestamp tokens) and a
     generation_config.json as openai/whisper-* ship them (lang_to_id, task_to_id,
     no_timestamps_token_id, suppress_tokens, begin_suppress_tokens, max_initial_timestamp_index)."""
     import json
-    key = f"asr-{std}-{seed}-{d_model}-{heads}"
+    key = f"asr-{std}-{seed}-{d_model}-{heads}-{dec_std}-{pos_std}"
     if key in _BUILT:
         return _BUILT[key]
     import torch
@@ -101,8 +102,12 @@ def whisper_asr_checkpoint(std: float = 0.1, seed: int = 0, d_model: int = 64, h
     model = WhisperForConditionalGeneration(config).eval()
     randomize_weights(model, 0.05)
     with torch.no_grad():       # a spread of logits: the output differs from token to token
+        for name, p in model.model.decoder.layers.named_parameters():
+            if p.ndim == 2:
+                p.normal_(0.0, dec_std)
         model.model.decoder.embed_tokens.weight.normal_(0.0, std)
-        model.model.decoder.embed_positions.weight.normal_(0.0, 1.0)
+        model.model.decoder.embed_positions.weight.normal_(0.0, pos_std)
+        model.model.decoder.embed_tokens.weight[256 + 16:] *= 0.3     # timestamps less likely than text
         for layer in model.model.decoder.layers:      # ... which the audio moves
             for proj in (layer.encoder_attn.v_proj, layer.encoder_attn.out_proj):
                 proj.weight.normal_(0.0, 0.25)
