@@ -173,7 +173,7 @@ class LLM:
 
     def transcribe(self, audio, language: str | None = None, task: str = "transcribe", *,
                    prompt: str | None = None, temperature: float | tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
-                   timestamps: bool | None = None, max_new_tokens: int | None = None, seed: int | None = None,
+                   timestamps: bool | None = None, max_new_tokens: int | None = None, seed: int | None = 0,
                    use_tqdm: bool = True):
         """Speech to text with a Whisper model: audio is a file path, encoded bytes (WAV, FLAC,
         MP3, OGG, WebM, M4A) or float32 samples at 16 kHz; language a code or name (None:

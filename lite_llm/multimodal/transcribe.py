@@ -79,7 +79,7 @@ class TranscribeOptions:
     logprob_threshold: float | None = -1.0
     prompt: str | None = None           # text the decoder reads before each window (its style, names)
     max_new_tokens: int | None = None   # per window; None: up to the decoder's positions
-    seed: int | None = None             # of the sampling at temperatures above 0
+    seed: int | None = 0                # of the sampling at temperatures above 0 (None: fresh each time)
 
 
 @dataclass
