@@ -79,6 +79,9 @@ class TranscribeOptions:
     logprob_threshold: float | None = -1.0
     prompt: str | None = None           # text the decoder reads before each window (its style, names)
     max_new_tokens: int | None = None   # per window; None: up to the decoder's positions
+    # a window whose <|nospeech|> probability is above this and whose mean log-probability is below
+    # logprob_threshold is silence: skipped, no segment (openai-whisper's 0.6; None: never)
+    no_speech_threshold: float | None = None
     seed: int | None = 0                # of the sampling at temperatures above 0 (None: fresh each time)
 
 
@@ -263,8 +266,9 @@ class WhisperModel:
         return init
 
     def decode_window(self, rows: np.ndarray, prompt: list[int], timestamps: bool, temperature: float,
-                      max_new_tokens: int | None, rng: np.random.Generator) -> tuple[list[int], float]:
-        """(generated tokens with the final EOT if any, mean log-probability of them) of one window."""
+                      max_new_tokens: int | None, rng: np.random.Generator) -> tuple[list[int], float, float]:
+        """(generated tokens with the final EOT if any, mean log-probability of them, the
+        probability of <|nospeech|> after <|startoftranscript|>) of one window."""
         dec = self.decoder
         limit = dec.cfg.max_target_positions - len(prompt)
         if max_new_tokens is not None:
@@ -273,7 +277,13 @@ class WhisperModel:
             raise TranscriptionError("prompt: too long for the model's decoder")
         st = dec.start(rows)
         try:
-            logits = dec.step([st], [prompt])[0]
+            cut = prompt.index(self.sot) + 1
+            logits = dec.step([st], [prompt[:cut]])[0]
+            z = logits.astype(np.float64)
+            p = np.exp(z - z.max())
+            no_speech = float(p[self.no_timestamps - 1] / p.sum())     # <|nospeech|> precedes <|notimestamps|>
+            if cut < len(prompt):
+                logits = dec.step([st], [prompt[cut:]])[0]
             out: list[int] = []
             sum_lp = 0.0
             while True:
@@ -294,7 +304,7 @@ class WhisperModel:
                 logits = dec.step([st], [[tok]])[0]
         finally:
             dec.release(st)
-        return out, sum_lp / max(len(out), 1)
+        return out, sum_lp / max(len(out), 1), no_speech
 
     # ---- transcription ------------------------------------------------------------------------
 
@@ -336,13 +346,19 @@ class WhisperModel:
                 result.language = self.detect_language(rows)[0]
             prompt = self.prompt_tokens(result.language, options.task, timestamps, options.prompt)
             for i, temp in enumerate(temps):
-                tokens, avg_lp = self.decode_window(rows, prompt, timestamps, temp, options.max_new_tokens, rng)
+                tokens, avg_lp, no_speech = self.decode_window(rows, prompt, timestamps, temp, options.max_new_tokens,
+                                                               rng)
                 ratio = compression_ratio(tokens, self.vocab_size)
                 retry = (options.compression_ratio_threshold is not None
                          and ratio > options.compression_ratio_threshold) or \
                         (options.logprob_threshold is not None and avg_lp < options.logprob_threshold)
                 if not retry:
                     break
+            if options.no_speech_threshold is not None and no_speech > options.no_speech_threshold and \
+                    options.logprob_threshold is not None and avg_lp < options.logprob_threshold:
+                seek += n                                   # silence: no segment
+                yield result
+                continue
             if tokens and tokens[-1] == self.eot:
                 tokens = tokens[:-1]
             segs, advance = self._segments(tokens, seek, n)
@@ -350,7 +366,8 @@ class WhisperModel:
             for start, end, toks in segs:
                 result.segments.append(Segment(id=len(result.segments), seek=seek, start=round(start, 3),
                                                end=round(end, 3), text=self.decode_text(toks), tokens=toks,
-                                               temperature=temp, avg_logprob=avg_lp, compression_ratio=ratio))
+                                               temperature=temp, avg_logprob=avg_lp, compression_ratio=ratio,
+                                               no_speech_prob=no_speech))
             seek += advance
             result.text = "".join(s.text for s in result.segments)
             yield result

@@ -129,3 +129,19 @@ def test_refusals(both):
         ours.transcribe(np.zeros(0, np.float32))
     with pytest.raises(TranscriptionError, match="task"):
         ours.transcribe(speechy(1.0), TranscribeOptions(task="summarize"))
+
+
+def test_no_speech_probability_is_transformers(both):
+    """<|nospeech|>'s probability after <|startoftranscript|> (transformers' WhisperNoSpeechDetection),
+    and a window over the threshold with a low log-probability is skipped as silence."""
+    ours, theirs = both
+    x = speechy(6.0, seed=7)
+    r = ours.transcribe(x, TranscribeOptions(language="en", temperature=0.0, max_new_tokens=10))
+    feats = torch.from_numpy(_hf_features(x)[0])
+    with torch.no_grad():
+        logits = theirs(input_features=feats, decoder_input_ids=torch.tensor([[ours.sot]])).logits[0, -1]
+    want = torch.softmax(logits.double(), -1)[ours.no_timestamps - 1].item()
+    assert r.segments[0].no_speech_prob == pytest.approx(want, rel=1e-4) and 0 < want < 1
+    skipped = ours.transcribe(x, TranscribeOptions(language="en", temperature=0.0, max_new_tokens=10,
+                                                   no_speech_threshold=want / 2, logprob_threshold=0.0))
+    assert skipped.segments == [] and skipped.text == ""
