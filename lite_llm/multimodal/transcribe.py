@@ -171,7 +171,7 @@ class WhisperModel:
 
     @classmethod
     def from_pretrained(cls, path: str, kernels="auto", dtype: str = "float32", num_threads: int | None = None,
-                        max_requests: int = 8) -> "WhisperModel":
+                        max_requests: int = 2) -> "WhisperModel":
         from lite_llm.model.tokenizer import Tokenizer
         enc = WhisperEncoder.from_pretrained(path, kernels=kernels, dtype=dtype, num_threads=num_threads)
         dec = WhisperDecoder.from_pretrained(path, kernels=kernels, dtype=dtype, num_threads=num_threads,

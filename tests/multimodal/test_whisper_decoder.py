@@ -119,3 +119,14 @@ def test_bounds():
         dec.step([st], [[1] * 449])
     dec.release(st)
     dec.release(dec.start(rows))            # the slot is free again
+
+
+def test_bf16_weights_are_close(setup):
+    path, model, rows = setup
+    dec = WhisperDecoder.from_pretrained(str(path), dtype="bfloat16", num_threads=2, max_requests=1)
+    st = dec.start(rows[0])
+    got = dec.step([st], [PROMPTS[0]])[0]
+    want = _theirs(model, rows[0], PROMPTS[0])[-1]
+    # bf16 weights: 8 bits of mantissa through 2 blocks; the ranking of the top logits holds
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+    assert int(np.argmax(got)) == int(np.argmax(want))
