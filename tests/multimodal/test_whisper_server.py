@@ -194,11 +194,14 @@ def test_a_long_file_does_not_hold_back_a_short_one(server, client):
 
     def long_one():
         done["long"] = _post(port, long)[0], time.monotonic()
-    t = threading.Thread(target=long_one)
-    t.start()
-    time.sleep(1.0)
-    client.audio.transcriptions.create(model=NAME, file=("a.wav", CLIP), language="en", temperature=T)
-    short_done = time.monotonic()
-    t.join(600)
+    with Watchdog(port, NAME, completion=False) as dog:       # /health from another connection
+        t = threading.Thread(target=long_one)
+        t.start()
+        time.sleep(1.0)
+        client.audio.transcriptions.create(model=NAME, file=("a.wav", CLIP), language="en", temperature=T)
+        short_done = time.monotonic()
+        t.join(600)
     assert done["long"][0] == 200
     assert short_done < done["long"][1]
+    dog.check()
+    print(dog.summary())
