@@ -80,8 +80,6 @@ def test_cli(tmp_path, llm):
     want = llm.transcribe(str(f), language="en", temperature=0.0, timestamps=True)
     assert out.stdout.rstrip("\n") == render(want, "srt")[0].rstrip("\n")
     assert len(want.segments) >= 2 and out.stdout.startswith("1\n00:00:")
-    out = subprocess.run(args + ["--format", "verbose_json"], capture_output=True, text=True, env=env, timeout=300)
-    assert json.loads(out.stdout)["text"] == want.text.strip()
     bad = tmp_path / "bad.wav"
     bad.write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk")
     out = subprocess.run(args[:4] + [str(bad)] + args[5:], capture_output=True, text=True, env=env, timeout=300)
