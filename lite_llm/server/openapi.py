@@ -474,7 +474,7 @@ def audio_op(summary: str) -> dict:
                 "application/json": {"schema": {"type": "object", "required": ["text"], "properties": {
                     "text": _STR, "language": _STR, "duration": _NUM, "segments": {"type": "array"}}}},
                 "text/plain": text, "text/vtt": text,
-                "text/event-stream": {"schema": _STR, "description": "`transcription.chunk` deltas, then [DONE]"}}},
+                "text/event-stream": {"schema": {**_STR, "description": "`transcription.chunk` deltas, then [DONE]"}}}},
                 **_errors(400, 404, 413, 429, 503)}}
 
 

@@ -188,6 +188,18 @@ def test_over_the_size_limit_is_refused(server):
     assert status == 413 and error_of(data)["code"] == 413
 
 
+def test_the_audio_routes_are_in_the_openapi_document(server):
+    from openapi_spec_validator import validate
+    from lite_llm.server.openapi import AUDIO_ROUTES
+    status, _, data = request(server.server_address[1], "GET", "/openapi.json")
+    assert status == 200
+    doc = json.loads(data)
+    validate(doc)
+    for route in AUDIO_ROUTES:
+        op = doc["paths"][route]["post"]
+        assert "multipart/form-data" in op["requestBody"]["content"] and {"200", "400", "413"} <= set(op["responses"])
+
+
 def test_generation_routes_say_what_this_model_does(server):
     status, _, data = request(server.server_address[1], "POST", "/v1/chat/completions",
                               {"model": NAME, "messages": [{"role": "user", "content": "hi"}]})
