@@ -37,6 +37,9 @@ from lite_llm.multimodal.towers import float_tensors
 from lite_llm.multimodal.whisper import ARCHITECTURES, WhisperError
 
 BLOCK = 16          # rows of a KV block (the attention kernel's tile)
+# below this many multiply-adds an op runs on one thread: a decode step of one token is ~50 small
+# ops, and a parallel region each costs more than the op when the cores are shared
+SERIAL_WORK = 1 << 21
 
 
 @dataclass(frozen=True)
@@ -199,16 +202,21 @@ class WhisperDecoder:
         self.k_cross = [np.zeros((nb_cross, H, D, BLOCK), np.float32) for _ in range(L)]
         self.v_cross = [np.zeros((nb_cross, H, BLOCK, D), np.float32) for _ in range(L)]
 
+    def _threads(self, work: int) -> int:
+        return 1 if work < SERIAL_WORK else self.num_threads
+
     def _gemm(self, x: np.ndarray, name: str, out: np.ndarray | None = None, accumulate: bool = False) -> np.ndarray:
         packed, n, bias = self.mats[name]
         if out is None:
             out = np.empty((x.shape[0], n), np.float32)
-        self.kernels.gemm(np.ascontiguousarray(x), packed, self.dtype, n, out, bias, accumulate, self.num_threads)
+        self.kernels.gemm(np.ascontiguousarray(x), packed, self.dtype, n, out, bias, accumulate,
+                          self._threads(x.shape[0] * x.shape[1] * n))
         return out
 
     def _layernorm(self, x: np.ndarray, name: str) -> np.ndarray:
         out = np.empty_like(x)
-        self.kernels.layernorm(x, self.t[name + ".w"], self.t[name + ".b"], out, self.cfg.eps, self.num_threads)
+        self.kernels.layernorm(x, self.t[name + ".w"], self.t[name + ".b"], out, self.cfg.eps,
+                               self._threads(64 * x.size))
         return out
 
     # ---- requests -----------------------------------------------------------------------------
@@ -295,7 +303,7 @@ class WhisperDecoder:
 
     def _compiled_step(self, states, tokens) -> np.ndarray:
         cfg, k, t = self.cfg, self.kernels, self.t
-        H, D, C, nt = cfg.num_heads, cfg.head_dim, cfg.hidden_size, self.num_threads
+        H, D, C = cfg.num_heads, cfg.head_dim, cfg.hidden_size
         ids = np.concatenate([np.asarray(n, np.int64) for n in tokens])
         positions = np.concatenate([np.arange(len(st.tokens), len(st.tokens) + len(n)) for st, n in zip(states, tokens)])
         seq = np.concatenate([np.full(len(n), s) for s, n in enumerate(tokens)]).astype(np.int32)
@@ -309,6 +317,9 @@ class WhisperDecoder:
         pos32 = positions.astype(np.int32)
         cross_last = np.asarray([states[s].cross_len - 1 for s in seq], np.int32)
         scale = float(D) ** -0.5
+        nt_self = self._threads(2 * C * int(positions.sum() + N))               # q.k and p.v over the keys
+        nt_cross = self._threads(2 * C * int(sum(states[s].cross_len for s in seq)))
+        nt_act = self._threads(64 * N * cfg.intermediate_size)
         x = np.ascontiguousarray(t["embed"][ids] + t["pos"][positions], np.float32)       # [N, C]
         a = np.empty((N, H, D), np.float32)
         for i in range(cfg.num_layers):
@@ -317,15 +328,15 @@ class WhisperDecoder:
             k.write_kv(np.ascontiguousarray(qkv[:, 1]), self.k_self[i], slots, "k")
             k.write_kv(np.ascontiguousarray(qkv[:, 2]), self.v_self[i], slots, "v")
             k.paged_attention(np.ascontiguousarray(qkv[:, 0]), self.k_self[i], self.v_self[i], self_tables, seq,
-                              pos32, a, scale, num_threads=nt)
+                              pos32, a, scale, num_threads=nt_self)
             self._gemm(a.reshape(N, C), p + "o", x, accumulate=True)
             q = self._gemm(self._layernorm(x, p + "ln2"), p + "cq").reshape(N, H, D)
             # every query reads all of its request's encoder rows: position = last key = cross_len - 1
             k.paged_attention(q, self.k_cross[i], self.v_cross[i], cross_tables, seq, cross_last, a, scale,
-                              num_threads=nt, last_positions=cross_last)
+                              num_threads=nt_cross, last_positions=cross_last)
             self._gemm(a.reshape(N, C), p + "co", x, accumulate=True)
             g = self._gemm(self._layernorm(x, p + "ln3"), p + "up")
-            k.act_mul(g, None, g, cfg.act, nt)
+            k.act_mul(g, None, g, cfg.act, nt_act)
             self._gemm(g, p + "down", x, accumulate=True)
         for st, n in zip(states, tokens):
             st.tokens.extend(int(v) for v in n)
