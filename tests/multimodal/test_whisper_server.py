@@ -60,7 +60,6 @@ def offline():
 CLIP = wav_bytes(speechy(7.0, seed=11))
 
 
-@pytest.mark.slow
 def test_the_default_fallback_matches_the_offline_api(client, offline):
     """No temperature: 0, then 0.2 .. 1.0 (the random model fails every window's checks: six
     decodings of the window, on both sides)."""
