@@ -18,6 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", default=None, help="text the decoder reads first: spellings, names, style")
     p.add_argument("--temperature", type=float, default=None,
                    help="one sampling temperature (default: 0, then 0.2 .. 1.0 where a window fails Whisper's checks)")
+    p.add_argument("--beam-size", type=int, default=None,
+                   help="beam search over this many beams at temperature 0 (openai-whisper's 5; default: greedy)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="weights' format")
     p.add_argument("--output", "-o", default=None, help="write here instead of stdout")
 
@@ -31,6 +33,11 @@ def run(args) -> int:
         print(f"lite-llm transcribe: error: {args.model} is not a Whisper checkpoint", file=sys.stderr)
         return 2
     kw = {} if args.temperature is None else {"temperature": args.temperature}
+    if args.beam_size is not None:
+        if args.beam_size < 1:
+            print("lite-llm transcribe: error: --beam-size must be >= 1", file=sys.stderr)
+            return 2
+        kw["beam_size"] = args.beam_size
     try:
         result = llm.transcribe(args.file, language=args.language, task=args.task, prompt=args.prompt,
                                 timestamps=True if args.format in ("srt", "vtt", "verbose_json") else None, **kw)

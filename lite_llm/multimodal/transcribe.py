@@ -83,6 +83,8 @@ class TranscribeOptions:
     # logprob_threshold is silence: skipped, no segment (openai-whisper's 0.6; None: never)
     no_speech_threshold: float | None = None
     seed: int | None = 0                # of the sampling at temperatures above 0 (None: fresh each time)
+    beam_size: int | None = None        # beam search at temperature 0 (openai-whisper's 5); None: greedy
+    length_penalty: float = 1.0         # a finished beam's score: sum of log-probs / length ** this
 
 
 @dataclass
@@ -171,11 +173,11 @@ class WhisperModel:
 
     @classmethod
     def from_pretrained(cls, path: str, kernels="auto", dtype: str = "float32", num_threads: int | None = None,
-                        max_requests: int = 2) -> "WhisperModel":
+                        max_requests: int = 2, max_sequences: int = 12) -> "WhisperModel":
         from lite_llm.model.tokenizer import Tokenizer
         enc = WhisperEncoder.from_pretrained(path, kernels=kernels, dtype=dtype, num_threads=num_threads)
         dec = WhisperDecoder.from_pretrained(path, kernels=kernels, dtype=dtype, num_threads=num_threads,
-                                             max_requests=max_requests)
+                                             max_requests=max_requests, max_sequences=max_sequences)
         gen_path = os.path.join(path, "generation_config.json")
         if not os.path.exists(gen_path):
             raise WhisperError(f"{path}: no generation_config.json (Whisper's special token ids)")
@@ -265,6 +267,84 @@ class WhisperModel:
             init = [int(self.prev_sot), *text, *init]
         return init
 
+    def decode_beams(self, rows: np.ndarray, prompt: list[int], timestamps: bool, max_new_tokens: int | None,
+                     num_beams: int, length_penalty: float = 1.0) -> tuple[list[int], float, float]:
+        """decode_window's answer by beam search, as transformers' generate(num_beams=...) runs it:
+        2 x num_beams candidates a step, the best num_beams unfinished ones go on, a candidate among
+        the first num_beams that ends (EOT or the length limit) joins the finished ones with its
+        score / length ** length_penalty, until no running beam can beat the worst finished one.
+        The mean log-probability returned is the best beam's normalized score (transformers')."""
+        dec, B = self.decoder, num_beams
+        limit = dec.cfg.max_target_positions - len(prompt)
+        if max_new_tokens is not None:
+            limit = min(limit, max_new_tokens)
+        if limit <= 0:
+            raise TranscriptionError("prompt: too long for the model's decoder")
+        K = 2 * B
+        root = dec.start(rows)
+        states = [root]
+        try:
+            cut = prompt.index(self.sot) + 1
+            z = dec.step([root], [prompt[:cut]])[0].astype(np.float64)
+            p = np.exp(z - z.max())
+            no_speech = float(p[self.no_timestamps - 1] / p.sum())
+            logits = dec.step([root], [prompt[cut:]])[0] if cut < len(prompt) else z.astype(np.float32)
+            states += [dec.fork(root) for _ in range(B - 1)]
+            logits = np.repeat(logits[None].astype(np.float32), B, axis=0)
+            seqs: list[list[int]] = [[] for _ in range(B)]
+            scores = np.full(B, -1e9, np.float32)
+            scores[0] = 0.0
+            fin_scores = np.full(B, -1e9, np.float32)
+            fin_seqs: list[list[int]] = [[] for _ in range(B)]
+            fin_done = np.zeros(B, bool)
+            improvable = True
+            n = 0
+            while True:
+                m = logits.max(axis=1, keepdims=True)
+                lp = logits - m - np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
+                lp = np.stack([self._process(lp[b], seqs[b], timestamps) for b in range(B)])
+                acc = (lp + scores[:, None]).reshape(-1)
+                top = np.argsort(-acc, kind="stable")[:K]
+                cand_scores = acc[top].astype(np.float32)
+                parents, toks = top // lp.shape[1], top % lp.shape[1]
+                cand = [seqs[pa] + [int(t)] for pa, t in zip(parents, toks)]
+                hits = np.array([t == self.eot or n + 1 >= limit for t in toks])
+                run = cand_scores + hits.astype(np.float32) * np.float32(-1e9)
+                order = np.argsort(-run, kind="stable")[:B]
+                norm = cand_scores / np.float32((n + 1) ** length_penalty)
+                if not improvable:
+                    norm = norm + np.float32(-1e9)
+                just = hits & (np.arange(K) < B)
+                norm = norm + (~just).astype(np.float32) * np.float32(-1e9)
+                m_scores = np.concatenate([fin_scores, norm])
+                m_seqs = fin_seqs + cand
+                m_done = np.concatenate([fin_done, just])
+                best = np.argsort(-m_scores, kind="stable")[:B]
+                fin_scores, fin_seqs, fin_done = m_scores[best], [m_seqs[i] for i in best], m_done[best]
+                n += 1
+                scores = run[order]
+                seqs = [cand[i] for i in order]
+                worst = np.where(fin_done, fin_scores.min(), np.float32(-1e9))
+                improvable = improvable and bool(np.any(scores[0] / np.float32(n ** length_penalty) > worst))
+                if not improvable or hits.all():
+                    break
+                # the caches follow the beams: a parent's state goes to its first child, others fork it
+                taken: set[int] = set()
+                new_states = []
+                for i in order:
+                    pa = int(parents[i])
+                    new_states.append(states[pa] if pa not in taken else dec.fork(states[pa]))
+                    taken.add(pa)
+                for k, st in enumerate(states):
+                    if k not in taken:
+                        dec.release(st)
+                states = new_states
+                logits = dec.step(states, [[s[-1]] for s in seqs])
+        finally:
+            for st in states:
+                dec.release(st)
+        return fin_seqs[0], float(fin_scores[0]), no_speech
+
     def decode_window(self, rows: np.ndarray, prompt: list[int], timestamps: bool, temperature: float,
                       max_new_tokens: int | None, rng: np.random.Generator) -> tuple[list[int], float, float]:
         """(generated tokens with the final EOT if any, mean log-probability of them, the
@@ -329,6 +409,8 @@ class WhisperModel:
         temps = tuple(float(t) for t in temps)
         if not temps or any(not 0.0 <= t <= 2.0 for t in temps):
             raise TranscriptionError("temperature: expected values from 0 to 2")
+        if options.beam_size is not None and not 1 <= options.beam_size <= self.decoder.max_sequences // 2:
+            raise TranscriptionError(f"beam_size: expected 1 to {self.decoder.max_sequences // 2}")
         feats = self.features(samples)
         max_frames = feats.shape[1] if samples.shape[0] > audio.N_SAMPLES else audio.N_FRAMES
         timestamps = options.timestamps if options.timestamps is not None else samples.shape[0] > audio.N_SAMPLES
@@ -346,8 +428,12 @@ class WhisperModel:
                 result.language = self.detect_language(rows)[0]
             prompt = self.prompt_tokens(result.language, options.task, timestamps, options.prompt)
             for i, temp in enumerate(temps):
-                tokens, avg_lp, no_speech = self.decode_window(rows, prompt, timestamps, temp, options.max_new_tokens,
-                                                               rng)
+                if options.beam_size and temp == 0.0:
+                    tokens, avg_lp, no_speech = self.decode_beams(rows, prompt, timestamps, options.max_new_tokens,
+                                                                  options.beam_size, options.length_penalty)
+                else:
+                    tokens, avg_lp, no_speech = self.decode_window(rows, prompt, timestamps, temp,
+                                                                   options.max_new_tokens, rng)
                 ratio = compression_ratio(tokens, self.vocab_size)
                 retry = (options.compression_ratio_threshold is not None
                          and ratio > options.compression_ratio_threshold) or \

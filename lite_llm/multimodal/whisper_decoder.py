@@ -7,7 +7,8 @@ through cross-attention.
       .step(states, tokens) -> logits [S, V]    ONE forward over several requests, each with its own
                                                 new tokens (a prompt prefill or one token), each
                                                 state's caches advanced; the last token's logits
-      .fork(state) / .release(state)            a copy of a state (beams), its slots freed
+      .fork(state) / .release(state)            a copy of a state (a beam: its own self-attention
+                                                cache, the cross K/V shared), its slots freed
       .reference_logits(rows, tokens)           the plain NumPy forward of one sequence
 
 The model: token embeddings plus learned positions, pre-norm blocks (LayerNorm, causal
@@ -115,8 +116,9 @@ class DecoderState:
     """One request's decoder caches: its slot in the pools, the tokens it has run (their
     positions are 0..len-1) and its cross rows. Reference states (no kernels) keep their K/V
     as arrays [layers, n, C] instead."""
-    slot: int
+    slot: int                           # its self-attention blocks' slot
     cross_len: int
+    cross_slot: int = -1                # its cross K/V's slot (shared by the forks of one request)
     tokens: list[int] = field(default_factory=list)
     self_k: list | None = None          # reference: per layer [n, C]
     self_v: list | None = None
@@ -148,11 +150,15 @@ class WhisperDecoder:
     (start() refuses more: the caller bounds its concurrency)."""
 
     def __init__(self, cfg: WhisperDecoderConfig, tensors: dict[str, np.ndarray], kernels=None,
-                 dtype: str = "float32", num_threads: int = 1, max_requests: int = 8):
+                 dtype: str = "float32", num_threads: int = 1, max_requests: int = 8,
+                 max_sequences: int | None = None):
         self.cfg, self.t = cfg, tensors
         self.kernels, self.num_threads, self.dtype = kernels, num_threads, dtype
-        self.max_requests = max_requests
-        self.free_slots = list(range(max_requests - 1, -1, -1))
+        self.max_requests = max_requests                       # cross K/V slots: requests at once
+        self.max_sequences = max_sequences or max_requests      # self-attention slots: requests and their forks
+        self.free_slots = list(range(self.max_sequences - 1, -1, -1))
+        self.free_cross = list(range(max_requests - 1, -1, -1))
+        self.cross_refs: dict[int, int] = {}
         if kernels is not None:
             if cfg.head_dim % 16:
                 raise WhisperError(f"head size {cfg.head_dim} is not a multiple of 16 (the attention kernel's)")
@@ -195,7 +201,7 @@ class WhisperDecoder:
         H, D, L = cfg.num_heads, cfg.head_dim, cfg.num_layers
         self.self_blocks = -(-cfg.max_target_positions // BLOCK)          # blocks of one request's tokens
         self.cross_blocks = -(-cfg.max_source_positions // BLOCK)         # ... of its encoder rows
-        nb_self, nb_cross = self.max_requests * self.self_blocks, self.max_requests * self.cross_blocks
+        nb_self, nb_cross = self.max_sequences * self.self_blocks, self.max_requests * self.cross_blocks
         # float32 K [blocks, H, D, B] / V [blocks, H, B, D] (kv_layout.kv_cache_shapes), one pair a layer
         self.k_self = [np.zeros((nb_self, H, D, BLOCK), np.float32) for _ in range(L)]
         self.v_self = [np.zeros((nb_self, H, BLOCK, D), np.float32) for _ in range(L)]
@@ -236,11 +242,12 @@ class WhisperDecoder:
                 st.cross_k.append(rows @ self.t[p + "ck.w"].T + self.t[p + "ck.b"])
                 st.cross_v.append(rows @ self.t[p + "cv.w"].T + self.t[p + "cv.b"])
             return st
-        if not self.free_slots:
+        if not self.free_slots or not self.free_cross:
             raise WhisperError(f"the decoder holds {self.max_requests} requests at once")
-        st = DecoderState(slot=self.free_slots.pop(), cross_len=T)
+        st = DecoderState(slot=self.free_slots.pop(), cross_len=T, cross_slot=self.free_cross.pop())
+        self.cross_refs[st.cross_slot] = 1
         H, D = cfg.num_heads, cfg.head_dim
-        slots = (st.slot * self.cross_blocks * BLOCK + np.arange(T)).astype(np.int64)
+        slots = (st.cross_slot * self.cross_blocks * BLOCK + np.arange(T)).astype(np.int64)
         for i in range(cfg.num_layers):
             kv = self._gemm(rows, f"blk.{i}.ckv").reshape(T, 2, H, D)
             self.kernels.write_kv(np.ascontiguousarray(kv[:, 0]), self.k_cross[i], slots, "k")
@@ -252,6 +259,10 @@ class WhisperDecoder:
             st.released = True
             if st.slot >= 0:
                 self.free_slots.append(st.slot)
+                self.cross_refs[st.cross_slot] -= 1
+                if self.cross_refs[st.cross_slot] == 0:
+                    del self.cross_refs[st.cross_slot]
+                    self.free_cross.append(st.cross_slot)
 
     def fork(self, st: DecoderState) -> DecoderState:
         """A copy of st with caches of its own (a beam that leaves its parent)."""
@@ -259,29 +270,19 @@ class WhisperDecoder:
             return DecoderState(slot=-1, cross_len=st.cross_len, tokens=list(st.tokens), self_k=list(st.self_k),
                                 self_v=list(st.self_v), cross_k=st.cross_k, cross_v=st.cross_v)
         if not self.free_slots:
-            raise WhisperError(f"the decoder holds {self.max_requests} requests at once")
-        new = DecoderState(slot=self.free_slots.pop(), cross_len=st.cross_len, tokens=list(st.tokens))
-        self.copy_state(st, new)
+            raise WhisperError(f"the decoder holds {self.max_sequences} sequences at once")
+        new = DecoderState(slot=self.free_slots.pop(), cross_len=st.cross_len, tokens=list(st.tokens),
+                           cross_slot=st.cross_slot)
+        self.cross_refs[st.cross_slot] += 1
+        self._copy_self(st, new)
         return new
 
-    def copy_state(self, src: DecoderState, dst: DecoderState) -> None:
-        """dst's caches made src's (both states of this decoder)."""
-        dst.tokens = list(src.tokens)
-        if self.kernels is None:
-            dst.self_k, dst.self_v = list(src.self_k), list(src.self_v)
-            dst.cross_k, dst.cross_v, dst.cross_len = src.cross_k, src.cross_v, src.cross_len
-            return
+    def _copy_self(self, src: DecoderState, dst: DecoderState) -> None:
         a, b = src.slot * self.self_blocks, dst.slot * self.self_blocks
         n = -(-len(src.tokens) // BLOCK)
-        ca, cb = src.slot * self.cross_blocks, dst.slot * self.cross_blocks
-        m = -(-src.cross_len // BLOCK)
         for i in range(self.cfg.num_layers):
             self.k_self[i][b:b + n] = self.k_self[i][a:a + n]
             self.v_self[i][b:b + n] = self.v_self[i][a:a + n]
-            if ca != cb:
-                self.k_cross[i][cb:cb + m] = self.k_cross[i][ca:ca + m]
-                self.v_cross[i][cb:cb + m] = self.v_cross[i][ca:ca + m]
-        dst.cross_len = src.cross_len
 
     # ---- forward ------------------------------------------------------------------------------
 
@@ -311,7 +312,7 @@ class WhisperDecoder:
         S, N = len(states), ids.shape[0]
         self_tables = np.stack([st.slot * self.self_blocks + np.arange(self.self_blocks)
                                 for st in states]).astype(np.int32)
-        cross_tables = np.stack([st.slot * self.cross_blocks + np.arange(self.cross_blocks)
+        cross_tables = np.stack([st.cross_slot * self.cross_blocks + np.arange(self.cross_blocks)
                                  for st in states]).astype(np.int32)
         slots = (self_tables[seq, positions // BLOCK].astype(np.int64) * BLOCK + positions % BLOCK)
         pos32 = positions.astype(np.int32)

@@ -129,6 +129,8 @@ def test_refusals(both):
         ours.transcribe(np.zeros(0, np.float32))
     with pytest.raises(TranscriptionError, match="task"):
         ours.transcribe(speechy(1.0), TranscribeOptions(task="summarize"))
+    with pytest.raises(TranscriptionError, match="beam_size"):
+        ours.transcribe(speechy(1.0), TranscribeOptions(beam_size=0))
 
 
 def test_no_speech_probability_is_transformers(both):
@@ -145,3 +147,14 @@ def test_no_speech_probability_is_transformers(both):
     skipped = ours.transcribe(x, TranscribeOptions(language="en", temperature=0.0, max_new_tokens=10,
                                                    no_speech_threshold=want / 2, logprob_threshold=0.0))
     assert skipped.segments == [] and skipped.text == ""
+
+
+@pytest.mark.parametrize("timestamps,seconds", [(False, 9.0), (True, 9.0), (True, 50.0)])
+def test_beam_search_matches_transformers(both, timestamps, seconds):
+    ours, theirs = both
+    x = speechy(seconds, seed=8)
+    hf = _hf_segments(theirs, x, language="en", return_timestamps=timestamps, max_new_tokens=25, num_beams=5)
+    r, mine = _ours(ours, x, language="en", timestamps=timestamps, max_new_tokens=25, beam_size=5)
+    _same(mine, hf)
+    greedy = _ours(ours, x, language="en", timestamps=timestamps, max_new_tokens=25)[1]
+    assert [s[2] for s in greedy] != [s[2] for s in mine]        # the beams found another answer
