@@ -225,3 +225,12 @@ def test_a_long_file_does_not_hold_back_a_short_one(server, client):
     assert short_done < done["long"][1]
     dog.check()
     print(dog.summary())
+
+
+def test_the_server_routes_answer_for_a_whisper_model(server):
+    port = server.server_address[1]
+    for path in ("/health", "/v1/models", "/metrics", "/v1/engine/stats", "/version"):
+        status, _, data = request(port, "GET", path)
+        assert status == 200, (path, data[:200])
+    status, _, data = request(port, "GET", "/v1/models")
+    assert [m["id"] for m in json.loads(data)["data"]] == [NAME]
