@@ -21,8 +21,9 @@ layout.pack) and both attentions on the paged attention kernel (kernels.paged_at
 self-attention K/V of every request live in blocks of one pool per layer (block_size rows a
 block, each request a block table), the cross K/V in blocks of their own, written once by
 start(). The interface (a prefill of the prompt, a step over a batch of requests each with its
-own caches) is the engine's; the blocks here are a fixed pool of max_requests sequences rather
-than the engine's shared block pool.
+own caches) is the engine's; the blocks here are fixed pools of the decoder's own (max_sequences
+self-attention slots, max_requests cross K/V slots shared by a request's forks) rather than the
+engine's shared block pool.
 """
 from __future__ import annotations
 
@@ -146,8 +147,8 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, H: int, causal_from: in
 
 class WhisperDecoder:
     """Whisper's decoder over requests' states (see the module's docstring). kernels: the kernel
-    module (None: NumPy only). max_requests: the sequences the compiled caches hold at once
-    (start() refuses more: the caller bounds its concurrency)."""
+    module (None: NumPy only). max_requests: the requests the compiled caches hold at once (start()
+    refuses more: the caller bounds its concurrency); max_sequences: their states with forks."""
 
     def __init__(self, cfg: WhisperDecoderConfig, tensors: dict[str, np.ndarray], kernels=None,
                  dtype: str = "float32", num_threads: int = 1, max_requests: int = 8,
