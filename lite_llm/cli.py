@@ -1,4 +1,4 @@
-"""`python -m lite_llm` / `lite-llm`: serve, generate, chat, bench, info, pull, list, rm.
+"""`python -m lite_llm` / `lite-llm`: serve, generate, chat, transcribe, bench, info, pull, list, rm.
 
 Each command lives in its own module, imported only when that command runs (start-up
 time matters): the module has `add_arguments(parser)` and `run(args) -> int | None`.
@@ -17,6 +17,7 @@ COMMANDS = {
                                         "(pip install \"lite-llm[ray]\")"),
     "generate": ("lite_llm.interactive", "complete one prompt and print the text"),
     "chat": ("lite_llm.interactive", "chat with the model in the terminal"),
+    "transcribe": ("lite_llm.transcribe_cmd", "speech to text with a Whisper model: text, json, srt, vtt"),
     "info": ("lite_llm.info", "CPU features, kernel variant, core/NUMA plan, thread binding"),
     "pull": ("lite_llm.model.hub", "download a model from the Hugging Face Hub into its cache (ORG/NAME, ORG/NAME:QUANT)"),
     "list": ("lite_llm.model.hub", "the models in the Hugging Face cache: name, size, format, quant, last used"),

@@ -72,9 +72,11 @@ class LLM:
         model, mmproj = _hub_model(model, kwargs.pop("revision", None), mmproj)
         if kwargs:
             log.warning("LLM: ignoring unsupported arguments %s", sorted(kwargs))
+        self._pooling = self._whisper = None
+        if runner in ("auto", "transcription") and self._init_whisper(model, dtype):
+            return
         # runner="pooling": embeddings, classification, scores
         self.runner_type = pooling.runner_for_model(model, runner, hf_overrides)
-        self._pooling = None
         if self.runner_type == "pooling":
             self._engine = None
             pooling.check_parallel(tensor_parallel_size, model)
@@ -205,6 +207,48 @@ class LLM:
         return pooling.score(self._need("pooling"), text_1, text_2,
                              truncate_prompt_tokens=truncate_prompt_tokens)
 
+    def transcribe(self, audio, language: str | None = None, task: str = "transcribe", *,
+                   prompt: str | None = None, temperature: float | tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+                   timestamps: bool | None = None, max_new_tokens: int | None = None, seed: int | None = 0,
+                   beam_size: int | None = None, use_tqdm: bool = True):
+        """Speech to text with a Whisper model: audio is a file path, encoded bytes (WAV, FLAC,
+        MP3, OGG, WebM, M4A) or float32 samples at 16 kHz; language a code or name (None:
+        detected); task "transcribe" or "translate" (to English); beam_size: beam search at
+        temperature 0 (openai-whisper uses 5), None: greedy. Returns a Transcription
+        (.text, .language, .segments with start / end in seconds). A progress bar on a terminal
+        for audio longer than one 30-s window."""
+        from lite_llm.multimodal import transcribe as tr
+        if self._whisper is None:
+            raise ValueError(f"this model runs the {self.runner_type!r} runner: it cannot transcribe "
+                             "(LLM(model=<a Whisper checkpoint>))")
+        samples = tr.load_audio(audio)
+        opts = tr.TranscribeOptions(language=language, task=task, timestamps=timestamps, temperature=temperature,
+                                    prompt=prompt, max_new_tokens=max_new_tokens, seed=seed, beam_size=beam_size)
+        total = samples.shape[0] / tr.audio.SAMPLE_RATE
+        show = use_tqdm and sys.stderr.isatty() and total > tr.audio.CHUNK_SECONDS
+        result = None
+        for result in self._whisper.transcribe_iter(samples, opts):
+            if show:
+                done = min(result.segments[-1].end if result.segments else 0.0, total)
+                sys.stderr.write(f"\rtranscribe: {tr.progress_bar(done, total)}")
+        if show:
+            sys.stderr.write("\n")
+        return result
+
+    def _init_whisper(self, model, dtype: str) -> bool:
+        """Load model as a Whisper checkpoint (the "transcription" runner) if it is one."""
+        from lite_llm.model.loader import resolve_model
+        from lite_llm.multimodal import transcribe as tr
+        if model is None:
+            return False
+        path = resolve_model(model)
+        if not os.path.isdir(path) or not tr.whisper_dir(path):
+            return False
+        self.runner_type, self._engine = "transcription", None
+        self._whisper = tr.WhisperModel.from_pretrained(path, dtype="bfloat16" if dtype == "bfloat16" else "float32")
+        self.tokenizer, self.config, self.info = self._whisper.tokenizer, None, {"model": path}
+        return True
+
     def _need(self, runner: str):
         """The pooling engine (runner "pooling"), or a ValueError naming this model's runner."""
         if self.runner_type != runner:
@@ -214,6 +258,8 @@ class LLM:
         return self._pooling
 
     def shutdown(self) -> None:
+        if self._whisper is not None:
+            return
         if self._pooling is not None:
             self._pooling.shutdown()
             return

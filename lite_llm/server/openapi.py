@@ -532,6 +532,30 @@ def post_op(summary: str, request: str, response: str, stream: bool, shape: str 
                           **_errors(400, 404, 413, 429, 503, shape=shape)}}
 
 
+AUDIO_ROUTES = ("/v1/audio/transcriptions", "/v1/audio/translations")
+_AUDIO_FORM = {"type": "object", "required": ["file"], "properties": {
+    "file": {"type": "string", "contentMediaType": "application/octet-stream",
+             "description": "WAV, FLAC, MP3, OGG, WebM or M4A, up to 25 MiB and 30 minutes"},
+    "model": _STR, "language": _STR, "prompt": _STR,
+    "response_format": {"type": "string", "enum": ["json", "text", "srt", "verbose_json", "vtt"]},
+    "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+    "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": ["segment"]}},
+    "stream": _BOOL, "stream_include_usage": _BOOL}}
+
+
+def audio_op(summary: str) -> dict:
+    """An audio route: a multipart/form-data body, an answer in the response_format asked for."""
+    text = {"schema": _STR}
+    return {"summary": summary,
+            "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": _AUDIO_FORM}}},
+            "responses": {"200": {"description": "OK", "content": {
+                "application/json": {"schema": {"type": "object", "required": ["text"], "properties": {
+                    "text": _STR, "language": _STR, "duration": _NUM, "segments": {"type": "array"}}}},
+                "text/plain": text, "text/vtt": text,
+                "text/event-stream": {"schema": {**_STR, "description": "`transcription.chunk` deltas, then [DONE]"}}}},
+                **_errors(400, 404, 413, 429, 503)}}
+
+
 def get_op(summary: str, schema: dict | str | None, media: str = "application/json") -> dict:
     ok: dict[str, Any] = {"description": "OK"}
     if schema is not None:
@@ -625,13 +649,13 @@ def _fitted(value: Any, vocab_size: int | None, max_model_len: int | None, image
 _TOOL_BODIES = ("ChatCompletionRequest", "ResponsesRequest", "MessagesRequest", "CountTokensRequest")
 
 
-def openapi_document(version: str, routes: Any, *, api_key: bool = True, pooling: bool = True,
+def openapi_document(version: str, routes: Any, *, api_key: bool = True, pooling: bool = True, audio: bool = False,
                      vocab_size: int | None = None, max_model_len: int | None = None, images: bool = True,
                      tools: bool = True, request_templates: bool = True) -> dict:
     """The document of this server, which accepts what it calls valid: one path per route of the
     table (routing.RouteTable) that has an operation. A route that takes the API key asks for it
     (`security`) when the server has one (api_key); a server without one asks for none.
-    The pooling routes are listed when the model pools; token ids are bounded by vocab_size,
+    The pooling routes are listed when the model pools, the audio routes for a Whisper model; token ids are bounded by vocab_size,
     min_tokens by max_model_len; image parts are offered when the model takes images, tools
     when the server can parse tool calls (--tool-call-parser, or a chat template that shows a
     known format). A request's own `chat_template` is listed only when the server takes one
@@ -639,7 +663,7 @@ def openapi_document(version: str, routes: Any, *, api_key: bool = True, pooling
     paths: dict[str, dict] = {}
     for group in routes.paths():
         path = group.label.replace(":path}", "}")
-        if not pooling and path in POOLING_ROUTES:
+        if (not pooling and path in POOLING_ROUTES) or (not audio and path in AUDIO_ROUTES):
             continue
         for method, route in group.methods.items():
             if route.doc is not None:

@@ -35,7 +35,11 @@ def is_pooling(engine: Any) -> bool:
 
 
 def refuse_generation(engine: Any) -> None:
-    """A pooling model asked to generate: a 400 naming its runner."""
+    """A pooling (or speech-to-text) model asked to generate: a 400 naming its runner."""
+    from lite_llm.server.audio_routes import is_transcription
+    if is_transcription(engine):
+        raise bad("this model runs the 'transcription' runner: it turns speech into text; it cannot generate "
+                  "(use /v1/audio/transcriptions or /v1/audio/translations)")
     if is_pooling(engine):
         raise bad("this model runs the 'pooling' runner: it embeds, classifies and scores; "
                   "it cannot generate (use /v1/embeddings, /pooling, /score or /rerank)")

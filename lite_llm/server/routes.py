@@ -4,7 +4,8 @@ generation routes (answered by generation.py).
 
 Each route is (method, path, handler, auth, probe, error shape, OpenAPI operation); a handler is
 `handler(req, state) -> Response` (routing.py). The other APIs' handlers live in their modules
-(responses.py, anthropic.py, ollama.py, vllm_routes.py, pooling.py, lora_routes.py) and are listed here.
+(responses.py, anthropic.py, ollama.py, vllm_routes.py, pooling.py, audio_routes.py, lora_routes.py) and are
+listed here.
 Adding a route: its handler, one line below, its body schemas in openapi.py, README.
 """
 from __future__ import annotations
@@ -12,10 +13,10 @@ from __future__ import annotations
 import logging
 
 from lite_llm import __version__
-from lite_llm.server import (anthropic, generation, lora_routes, ollama, openai, pooling, responses, vllm_routes,
-                             webui)
+from lite_llm.server import (anthropic, audio_routes, generation, lora_routes, ollama, openai, pooling, responses,
+                             vllm_routes, webui)
 from lite_llm.server import models as models_pool
-from lite_llm.server.openapi import (get_op, health_op, invocations_op, model_op, ollama_op, openapi_document,
+from lite_llm.server.openapi import (audio_op, get_op, health_op, invocations_op, model_op, ollama_op, openapi_document,
                                      post_op, response_op)
 from lite_llm.server.routing import Request, Response, Route, RouteTable, ServerState
 from lite_llm.server.validation import ApiError, show
@@ -60,6 +61,10 @@ def route_table(web_ui: bool = True, metrics_no_auth: bool = False) -> RouteTabl
         Route("POST", "/v1/messages/count_tokens", anthropic.count_tokens, error=anthropic_error,
               doc=post_op("Anthropic: tokens a Messages request's input takes", "CountTokensRequest",
                           "TokenCount", stream=False, shape="AnthropicError")),
+        Route("POST", "/v1/audio/transcriptions", audio_routes.transcriptions,
+              doc=audio_op("OpenAI audio transcription (Whisper models)")),
+        Route("POST", "/v1/audio/translations", audio_routes.translations,
+              doc=audio_op("OpenAI audio translation to English (Whisper models)")),
         Route("POST", "/v1/embeddings", pooling.embeddings,
               doc=post_op("OpenAI embeddings (pooling models)", "EmbeddingRequest", "EmbeddingResponse",
                           stream=False)),
@@ -198,6 +203,7 @@ def openapi(req: Request, state: ServerState) -> Response:
     ctx = state.ctx
     return Response.json(openapi_document(__version__, state.routes, api_key=state.api_key is not None,
                                           pooling=pooling.is_pooling(state.engine), vocab_size=ctx.vocab_size,
+                                          audio=audio_routes.is_transcription(state.engine),
                                           max_model_len=ctx.max_model_len, images=ctx.mm_processor is not None,
                                           request_templates=ctx.trust_request_chat_template,
                                           tools=ctx.tool_parser_of() is not None))

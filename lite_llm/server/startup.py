@@ -27,7 +27,7 @@ from lite_llm.model import hub
 from lite_llm.model.loader import check_model
 from lite_llm.multimodal import DEFAULT_PIXELS_PER_REQUEST, MediaConfig, Processor, media_config
 from lite_llm.pooling_dp import build_pooling_replicas
-from lite_llm.server import lora_routes, models
+from lite_llm.server import audio_routes, lora_routes, models
 from lite_llm.server.args import DEFAULT_MAX_TOKENS
 from lite_llm.server.context import ServingContext, TokenizeSlots, max_token_bytes, system_fingerprint
 from lite_llm.server.metrics import ServerMetrics
@@ -189,6 +189,10 @@ def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
     if args.data_parallel_size < 1:
         raise SystemExit(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
     hf_overrides = getattr(args, "hf_overrides", None)
+    from lite_llm.multimodal.transcribe import whisper_dir
+    if getattr(args, "runner", "auto") in ("auto", "transcription") and model and os.path.isdir(model) \
+            and whisper_dir(model):
+        return start_transcription_engine(model, args)
     if pooling.runner_for_model(model, getattr(args, "runner", "auto"), hf_overrides) == "pooling":
         try:
             pooling.check_parallel(args.tensor_parallel_size, model)
@@ -256,6 +260,27 @@ def start_models(args: argparse.Namespace) -> tuple[models.ModelPool, models.Loa
     return pool, first
 
 
+def start_transcription_engine(model: str, args: argparse.Namespace) -> tuple[Any, Any, dict]:
+    """A Whisper checkpoint's engine (lite_llm/transcription.py): (engine, tokenizer, info)."""
+    from lite_llm import _kernels
+    from lite_llm.multimodal.transcribe import WhisperModel
+    from lite_llm.transcription import TranscriptionEngine
+    if args.data_parallel_size > 1 or args.tensor_parallel_size > 1:
+        raise SystemExit("a Whisper model is served by one process: drop --data-parallel-size / "
+                         "--tensor-parallel-size")
+    t0 = time.perf_counter()
+    whisper = WhisperModel.from_pretrained(model, dtype="bfloat16" if args.dtype == "bfloat16" else "float32")
+    name = os.path.basename(os.path.normpath(model))
+    engine = TranscriptionEngine(whisper, name)
+    engine.start()
+    info = {"model_path": model, "model_name": name, "max_model_len": whisper.decoder.cfg.max_target_positions,
+            "dtype": whisper.decoder.dtype, "architecture": "WhisperForConditionalGeneration",
+            "kernel_variant": _kernels.VARIANT.name, "num_threads": whisper.decoder.num_threads,
+            "runner": "transcription", "vocab_size": whisper.vocab_size,
+            "startup_seconds": time.perf_counter() - t0}
+    return engine, whisper.tokenizer, info
+
+
 def build_server(args: argparse.Namespace, engine: Any, tokenizer: Any, info: dict, *,
                  host: str | None = None, port: int | None = None, pool: Any = None) -> LiteServer:
     """The server `serve` flags ask for over a started engine (host/port override the flags);
@@ -270,7 +295,9 @@ def build_server(args: argparse.Namespace, engine: Any, tokenizer: Any, info: di
         generation_config=gen_config, kernel_info=info, host=args.host if host is None else host,
         port=args.port if port is None else port, chat_template=load_chat_template(args.chat_template),
         trust_request_chat_template=args.trust_request_chat_template, lora_root=lora_routes.lora_root(args),
-        vocab_size=info.get("vocab_size"), max_body_bytes=args.max_request_bytes,
+        vocab_size=info.get("vocab_size"),
+        max_body_bytes=args.max_request_bytes if args.max_request_bytes is not None or info.get("runner") !=
+        "transcription" else audio_routes.body_limit(),
         request_timeout=args.timeout_keep_alive, model_root=info.get("model_path"),
         header_timeout=args.header_timeout, body_timeout=args.body_timeout,
         max_connections=args.max_connections, max_connections_per_client=args.max_connections_per_client,

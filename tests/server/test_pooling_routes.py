@@ -202,7 +202,7 @@ def test_openapi_documents_every_route_and_the_pooling_bodies(embedder, reranker
 
     from lite_llm.server import pooling as pooling_routes
     from lite_llm.server import webui
-    from lite_llm.server.openapi import SCHEMAS
+    from lite_llm.server.openapi import AUDIO_ROUTES, SCHEMAS
     from lite_llm.server.routes import route_table
     server, _ = embedder
     status, _, data = request(server.port, "GET", "/openapi.json", headers=AUTH)
@@ -214,6 +214,8 @@ def test_openapi_documents_every_route_and_the_pooling_bodies(embedder, reranker
         if webui.is_page_route(group.label):
             continue
         route = group.label.replace(":path}", "}")
+        if route in AUDIO_ROUTES:           # listed for a Whisper model only (test_whisper_server.py)
+            continue
         assert route in paths, f"{route} is served but not in /openapi.json"
         assert {m.lower() for m in group.methods} <= set(paths[route]), route
     for route in pooling_routes.ROUTES:

@@ -1,0 +1,572 @@
+"""Speech to text with Whisper: audio -> segments with timestamps and text, as transformers'
+WhisperForConditionalGeneration.generate (and openai-whisper's transcribe) decode it.
+
+    WhisperModel.from_pretrained(path)            encoder, decoder, tokenizer, generation_config.json
+      .transcribe(audio, TranscribeOptions(...))  -> Transcription (text, language, segments)
+      .transcribe_iter(...)                       the same, one window at a time (progress, streaming,
+                                                  several transcriptions interleaved by a worker)
+
+Decoding of one 30-s window: the prompt <|startoftranscript|> <|lang|> <|task|> (<|notimestamps|>
+without timestamps), after <|startofprev|> and the prompt text when there is one; the language,
+when none is given, is the likeliest language token after <|startoftranscript|> on the first window;
+then greedy (temperature 0) or sampled tokens under Whisper's logits rules (begin_suppress_tokens
+at the first position, suppress_tokens everywhere, the timestamp rules of transformers'
+WhisperTimeStampLogitsProcessor). A window whose tokens compress too well (a loop) or whose mean
+log-probability is too low is decoded again at the next temperature (the fallback). Long audio:
+the window after a decoded one starts at its last complete timestamp pair (timestamp-driven
+seeking), so a window never cuts a segment in the middle; without timestamps, windows follow each
+other 30 s apart.
+
+Features of audio longer than 30 s are the log-mel of the whole file (one normalization, as the
+extractor computes it with truncation=False), sliced per window and zero-padded to 3000 frames.
+What does not live here: the encoder (whisper.py), the decoder (whisper_decoder.py), audio decoding
+(audio.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lite_llm.multimodal import audio
+from lite_llm.multimodal.whisper import WhisperEncoder, WhisperError
+from lite_llm.multimodal.whisper_decoder import WhisperDecoder
+
+TIME_PRECISION = 0.02          # seconds a timestamp token stands for
+FRAME_SECONDS = 0.01           # one feature frame (hop 160 at 16 kHz)
+INPUT_STRIDE = 2               # feature frames per encoder row (conv2's stride)
+
+# Whisper's languages: code -> name (the tokenizer's table); names and a few aliases are accepted too
+LANGUAGES = {
+    "en": "english", "zh": "chinese", "de": "german", "es": "spanish", "ru": "russian", "ko": "korean",
+    "fr": "french", "ja": "japanese", "pt": "portuguese", "tr": "turkish", "pl": "polish", "ca": "catalan",
+    "nl": "dutch", "ar": "arabic", "sv": "swedish", "it": "italian", "id": "indonesian", "hi": "hindi",
+    "fi": "finnish", "vi": "vietnamese", "he": "hebrew", "uk": "ukrainian", "el": "greek", "ms": "malay",
+    "cs": "czech", "ro": "romanian", "da": "danish", "hu": "hungarian", "ta": "tamil", "no": "norwegian",
+    "th": "thai", "ur": "urdu", "hr": "croatian", "bg": "bulgarian", "lt": "lithuanian", "la": "latin",
+    "mi": "maori", "ml": "malayalam", "cy": "welsh", "sk": "slovak", "te": "telugu", "fa": "persian",
+    "lv": "latvian", "bn": "bengali", "sr": "serbian", "az": "azerbaijani", "sl": "slovenian", "kn": "kannada",
+    "et": "estonian", "mk": "macedonian", "br": "breton", "eu": "basque", "is": "icelandic", "hy": "armenian",
+    "ne": "nepali", "mn": "mongolian", "bs": "bosnian", "kk": "kazakh", "sq": "albanian", "sw": "swahili",
+    "gl": "galician", "mr": "marathi", "pa": "punjabi", "si": "sinhala", "km": "khmer", "sn": "shona",
+    "yo": "yoruba", "so": "somali", "af": "afrikaans", "oc": "occitan", "ka": "georgian", "be": "belarusian",
+    "tg": "tajik", "sd": "sindhi", "gu": "gujarati", "am": "amharic", "yi": "yiddish", "lo": "lao",
+    "uz": "uzbek", "fo": "faroese", "ht": "haitian creole", "ps": "pashto", "tk": "turkmen", "nn": "nynorsk",
+    "mt": "maltese", "sa": "sanskrit", "lb": "luxembourgish", "my": "myanmar", "bo": "tibetan", "tl": "tagalog",
+    "mg": "malagasy", "as": "assamese", "tt": "tatar", "haw": "hawaiian", "ln": "lingala", "ha": "hausa",
+    "ba": "bashkir", "jw": "javanese", "su": "sundanese", "yue": "cantonese"}
+ALIASES = {"burmese": "my", "valencian": "ca", "flemish": "nl", "haitian": "ht", "letzeburgesch": "lb",
+           "pushto": "ps", "panjabi": "pa", "moldavian": "ro", "moldovan": "ro", "sinhalese": "si",
+           "castilian": "es", "mandarin": "zh"}
+
+
+class TranscriptionError(ValueError):
+    """A transcription request that cannot be served (unknown language, bad option); the message
+    says which."""
+
+
+@dataclass(frozen=True)
+class TranscribeOptions:
+    language: str | None = None         # a code ("en") or name ("english"); None: detected
+    task: str = "transcribe"            # or "translate" (to English)
+    timestamps: bool | None = None      # None: on for audio longer than one window
+    temperature: float | tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)   # tried in turn (the fallback)
+    compression_ratio_threshold: float | None = 2.4
+    logprob_threshold: float | None = -1.0
+    prompt: str | None = None           # text the decoder reads before each window (its style, names)
+    max_new_tokens: int | None = None   # per window; None: up to the decoder's positions
+    # a window whose <|nospeech|> probability is above this and whose mean log-probability is below
+    # logprob_threshold is silence: skipped, no segment (openai-whisper's 0.6; None: never)
+    no_speech_threshold: float | None = None
+    seed: int | None = 0                # of the sampling at temperatures above 0 (None: fresh each time)
+    beam_size: int | None = None        # beam search at temperature 0 (openai-whisper's 5); None: greedy
+    length_penalty: float = 1.0         # a finished beam's score: sum of log-probs / length ** this
+
+
+@dataclass
+class Segment:
+    id: int
+    seek: int                       # the window's first feature frame
+    start: float                    # seconds
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float = 0.0
+
+
+@dataclass
+class Transcription:
+    text: str
+    language: str
+    duration: float
+    segments: list[Segment] = field(default_factory=list)
+    task: str = "transcribe"
+
+
+def language_code(name: str) -> str:
+    """A Whisper language code from a code, a name or an alias (any case); TranscriptionError if none."""
+    key = name.strip().lower()
+    if key in LANGUAGES:
+        return key
+    if key in ALIASES:
+        return ALIASES[key]
+    for code, lang in LANGUAGES.items():
+        if lang == key:
+            return code
+    raise TranscriptionError(f"language: not one of Whisper's languages")
+
+
+def compression_ratio(tokens: list[int], vocab_size: int) -> float:
+    """Raw bytes / zlib bytes of the tokens (each in ceil(log2(V)/8)-ish little-endian bytes, as
+    transformers measures it): above the threshold, the window repeats itself."""
+    width = int(math.log2(vocab_size) / 8) + 1
+    raw = b"".join(int(t).to_bytes(width, "little") for t in tokens)
+    return len(raw) / len(zlib.compress(raw)) if raw else 0.0
+
+
+def log_mel_long(samples: np.ndarray, n_mels: int) -> np.ndarray:
+    """float32 [n_mels, n // 160] log-mel of samples longer than one window, one normalization
+    over the whole (WhisperFeatureExtractor with truncation=False), computed in slices of
+    frames (float64 FFT, memory bounded by the slice)."""
+    x = np.pad(np.asarray(samples, np.float64), audio.N_FFT // 2, mode="reflect")
+    n_frames = samples.shape[0] // audio.HOP
+    filters = audio.mel_filters(n_mels).T.astype(np.float64)
+    window = audio.hann_window()
+    out = np.empty((n_frames, n_mels), np.float64)
+    frames = np.lib.stride_tricks.sliding_window_view(x, audio.N_FFT)[::audio.HOP]
+    for a in range(0, n_frames, 4096):
+        b = min(a + 4096, n_frames)
+        power = np.abs(np.fft.rfft(frames[a:b] * window, axis=-1)) ** 2
+        out[a:b] = np.log10(np.maximum(power @ filters, 1e-10))
+    out = np.maximum(out, out.max() - 8.0)
+    return np.ascontiguousarray(((out + 4.0) / 4.0).T, np.float32)
+
+
+class WhisperModel:
+    """A Whisper checkpoint ready to transcribe: its encoder, decoder, tokenizer and the
+    generation settings of its generation_config.json (special token ids, suppressions)."""
+
+    def __init__(self, encoder: WhisperEncoder, decoder: WhisperDecoder, tokenizer, gen: dict):
+        self.encoder, self.decoder, self.tokenizer = encoder, decoder, tokenizer
+        self.gen = gen
+        self.eot = int(gen["eos_token_id"] if not isinstance(gen["eos_token_id"], list) else gen["eos_token_id"][0])
+        self.sot = int(gen["decoder_start_token_id"])
+        self.lang_to_id = {k.strip("<|>"): int(v) for k, v in (gen.get("lang_to_id") or {}).items()}
+        self.task_to_id = {k: int(v) for k, v in (gen.get("task_to_id") or {}).items()}
+        if "no_timestamps_token_id" not in gen:
+            raise WhisperError("generation_config.json has no no_timestamps_token_id (needed for timestamps)")
+        self.no_timestamps = int(gen["no_timestamps_token_id"])
+        self.timestamp_begin = self.no_timestamps + 1
+        self.prev_sot = gen.get("prev_sot_token_id")
+        self.suppress = [int(t) for t in gen.get("suppress_tokens") or []]
+        self.begin_suppress = [int(t) for t in gen.get("begin_suppress_tokens") or []]
+        self.max_initial_timestamp_index = gen.get("max_initial_timestamp_index")
+        self.multilingual = bool(gen.get("is_multilingual", bool(self.lang_to_id)))
+        self.vocab_size = decoder.cfg.vocab_size
+
+    @classmethod
+    def from_pretrained(cls, path: str, kernels="auto", dtype: str = "float32", num_threads: int | None = None,
+                        max_requests: int = 2, max_sequences: int = 12) -> "WhisperModel":
+        from lite_llm.model.tokenizer import Tokenizer
+        enc = WhisperEncoder.from_pretrained(path, kernels=kernels, dtype=dtype, num_threads=num_threads)
+        dec = WhisperDecoder.from_pretrained(path, kernels=kernels, dtype=dtype, num_threads=num_threads,
+                                             max_requests=max_requests, max_sequences=max_sequences)
+        gen_path = os.path.join(path, "generation_config.json")
+        if not os.path.exists(gen_path):
+            raise WhisperError(f"{path}: no generation_config.json (Whisper's special token ids)")
+        with open(gen_path, encoding="utf-8") as fh:
+            gen = json.load(fh)
+        return cls(enc, dec, Tokenizer.from_dir(path), gen)
+
+    # ---- pieces -------------------------------------------------------------------------------
+
+    def features(self, samples: np.ndarray) -> np.ndarray:
+        """[n_mels, frames]: one window's 3000 frames for up to 30 s (compiled), the whole file's
+        otherwise."""
+        samples = np.asarray(samples, np.float32).reshape(-1)
+        if samples.shape[0] <= audio.N_SAMPLES:
+            return self.encoder.features(samples)
+        return log_mel_long(samples, self.encoder.cfg.num_mel_bins)
+
+    def decode_text(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode([t for t in tokens if t < self.eot], skip_special_tokens=True)
+
+    def detect_language(self, rows: np.ndarray) -> tuple[str, dict[str, float]]:
+        """(code, probabilities of each language) of a window's encoder rows."""
+        if not self.lang_to_id:
+            return "en", {"en": 1.0}
+        st = self.decoder.start(rows)
+        try:
+            logits = self.decoder.step([st], [[self.sot]])[0]
+        finally:
+            self.decoder.release(st)
+        codes = list(self.lang_to_id)
+        v = logits[[self.lang_to_id[c] for c in codes]].astype(np.float64)
+        p = np.exp(v - v.max())
+        p /= p.sum()
+        return codes[int(np.argmax(v))], dict(zip(codes, p.tolist()))
+
+    def _process(self, logits: np.ndarray, generated: list[int], timestamps: bool) -> np.ndarray:
+        """Whisper's logits rules in transformers' order: begin_suppress_tokens at the first
+        position, suppress_tokens, then the timestamp rules (float32 in, float32 out)."""
+        s = logits.astype(np.float32, copy=True)
+        if not generated and self.begin_suppress:
+            s[self.begin_suppress] = -np.inf
+        if self.suppress:
+            s[self.suppress] = -np.inf
+        if not timestamps:
+            return s
+        tb = self.timestamp_begin
+        s[self.no_timestamps] = -np.inf
+        last_ts = len(generated) >= 1 and generated[-1] >= tb
+        penult_ts = len(generated) < 2 or generated[-2] >= tb
+        if last_ts:
+            if penult_ts:
+                s[tb:] = -np.inf                 # a pair is closed: text (or EOT) next
+            else:
+                s[:self.eot] = -np.inf           # an open timestamp: another timestamp or EOT
+        stamps = [t for t in generated if t >= tb]
+        if stamps:
+            floor = stamps[-1] if (last_ts and not penult_ts) else stamps[-1] + 1
+            s[tb:floor] = -np.inf                # timestamps never go back
+        if not generated:
+            s[:tb] = -np.inf                     # the first token is a timestamp
+            if self.max_initial_timestamp_index is not None:
+                s[tb + int(self.max_initial_timestamp_index) + 1:] = -np.inf
+        with np.errstate(invalid="ignore", divide="ignore"):
+            m = s.max()
+            lp = s.astype(np.float64) - (m + np.log(np.sum(np.exp(s.astype(np.float64) - m))))
+            ts_lp = np.logaddexp.reduce(lp[tb:]) if np.isfinite(lp[tb:]).any() else -np.inf
+            if ts_lp > lp[:tb].max():
+                s[:tb] = -np.inf                 # timestamps together likelier than any text token
+        return s
+
+    def prompt_tokens(self, language: str | None, task: str, timestamps: bool, prompt: str | None) -> list[int]:
+        init = [self.sot]
+        if self.multilingual and self.lang_to_id:
+            if language not in self.lang_to_id:
+                raise TranscriptionError("language: not supported by this model")
+            init.append(self.lang_to_id[language])
+            if task not in self.task_to_id:
+                raise TranscriptionError("task: not supported by this model")
+            init.append(self.task_to_id[task])
+        if not timestamps:
+            init.append(self.no_timestamps)
+        if prompt:
+            if self.prev_sot is None:
+                raise TranscriptionError("prompt: this model has no <|startofprev|> token")
+            text = self.tokenizer.encode(" " + prompt.strip(), add_special_tokens=False)
+            text = text[-(self.decoder.cfg.max_target_positions // 2 - 1):]
+            init = [int(self.prev_sot), *text, *init]
+        return init
+
+    def decode_beams(self, rows: np.ndarray, prompt: list[int], timestamps: bool, max_new_tokens: int | None,
+                     num_beams: int, length_penalty: float = 1.0) -> tuple[list[int], float, float]:
+        """decode_window's answer by beam search, as transformers' generate(num_beams=...) runs it:
+        2 x num_beams candidates a step, the best num_beams unfinished ones go on, a candidate among
+        the first num_beams that ends (EOT or the length limit) joins the finished ones with its
+        score / length ** length_penalty, until no running beam can beat the worst finished one.
+        The mean log-probability returned is the best beam's normalized score (transformers')."""
+        dec, B = self.decoder, num_beams
+        limit = dec.cfg.max_target_positions - len(prompt)
+        if max_new_tokens is not None:
+            limit = min(limit, max_new_tokens)
+        if limit <= 0:
+            raise TranscriptionError("prompt: too long for the model's decoder")
+        K = 2 * B
+        root = dec.start(rows)
+        states = [root]
+        try:
+            cut = prompt.index(self.sot) + 1
+            z = dec.step([root], [prompt[:cut]])[0].astype(np.float64)
+            p = np.exp(z - z.max())
+            no_speech = float(p[self.no_timestamps - 1] / p.sum())
+            logits = dec.step([root], [prompt[cut:]])[0] if cut < len(prompt) else z.astype(np.float32)
+            states += [dec.fork(root) for _ in range(B - 1)]
+            logits = np.repeat(logits[None].astype(np.float32), B, axis=0)
+            seqs: list[list[int]] = [[] for _ in range(B)]
+            scores = np.full(B, -1e9, np.float32)
+            scores[0] = 0.0
+            fin_scores = np.full(B, -1e9, np.float32)
+            fin_seqs: list[list[int]] = [[] for _ in range(B)]
+            fin_done = np.zeros(B, bool)
+            improvable = True
+            n = 0
+            while True:
+                m = logits.max(axis=1, keepdims=True)
+                lp = logits - m - np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
+                lp = np.stack([self._process(lp[b], seqs[b], timestamps) for b in range(B)])
+                acc = (lp + scores[:, None]).reshape(-1)
+                top = np.argsort(-acc, kind="stable")[:K]
+                cand_scores = acc[top].astype(np.float32)
+                parents, toks = top // lp.shape[1], top % lp.shape[1]
+                cand = [seqs[pa] + [int(t)] for pa, t in zip(parents, toks)]
+                hits = np.array([t == self.eot or n + 1 >= limit for t in toks])
+                run = cand_scores + hits.astype(np.float32) * np.float32(-1e9)
+                order = np.argsort(-run, kind="stable")[:B]
+                norm = cand_scores / np.float32((n + 1) ** length_penalty)
+                if not improvable:
+                    norm = norm + np.float32(-1e9)
+                just = hits & (np.arange(K) < B)
+                norm = norm + (~just).astype(np.float32) * np.float32(-1e9)
+                m_scores = np.concatenate([fin_scores, norm])
+                m_seqs = fin_seqs + cand
+                m_done = np.concatenate([fin_done, just])
+                best = np.argsort(-m_scores, kind="stable")[:B]
+                fin_scores, fin_seqs, fin_done = m_scores[best], [m_seqs[i] for i in best], m_done[best]
+                n += 1
+                scores = run[order]
+                seqs = [cand[i] for i in order]
+                worst = np.where(fin_done, fin_scores.min(), np.float32(-1e9))
+                improvable = improvable and bool(np.any(scores[0] / np.float32(n ** length_penalty) > worst))
+                if not improvable or hits.all():
+                    break
+                # the caches follow the beams: a parent's state goes to its first child, others fork it
+                taken: set[int] = set()
+                new_states = []
+                for i in order:
+                    pa = int(parents[i])
+                    new_states.append(states[pa] if pa not in taken else dec.fork(states[pa]))
+                    taken.add(pa)
+                for k, st in enumerate(states):
+                    if k not in taken:
+                        dec.release(st)
+                states = new_states
+                logits = dec.step(states, [[s[-1]] for s in seqs])
+        finally:
+            for st in states:
+                dec.release(st)
+        return fin_seqs[0], float(fin_scores[0]), no_speech
+
+    def decode_window(self, rows: np.ndarray, prompt: list[int], timestamps: bool, temperature: float,
+                      max_new_tokens: int | None, rng: np.random.Generator) -> tuple[list[int], float, float]:
+        """(generated tokens with the final EOT if any, mean log-probability of them, the
+        probability of <|nospeech|> after <|startoftranscript|>) of one window."""
+        dec = self.decoder
+        limit = dec.cfg.max_target_positions - len(prompt)
+        if max_new_tokens is not None:
+            limit = min(limit, max_new_tokens)
+        if limit <= 0:
+            raise TranscriptionError("prompt: too long for the model's decoder")
+        st = dec.start(rows)
+        try:
+            cut = prompt.index(self.sot) + 1
+            logits = dec.step([st], [prompt[:cut]])[0]
+            z = logits.astype(np.float64)
+            p = np.exp(z - z.max())
+            no_speech = float(p[self.no_timestamps - 1] / p.sum())     # <|nospeech|> precedes <|notimestamps|>
+            if cut < len(prompt):
+                logits = dec.step([st], [prompt[cut:]])[0]
+            out: list[int] = []
+            sum_lp = 0.0
+            while True:
+                s = self._process(logits, out, timestamps)
+                if temperature > 0:
+                    z = s.astype(np.float64) / temperature
+                    p = np.exp(z - z.max())
+                    p /= p.sum()
+                    tok = int(rng.choice(p.shape[0], p=p))
+                else:
+                    tok = int(np.argmax(s))
+                z = s.astype(np.float64)
+                m = z.max()
+                sum_lp += float(z[tok] - m - np.log(np.sum(np.exp(z - m))))
+                out.append(tok)
+                if tok == self.eot or len(out) >= limit:
+                    break
+                logits = dec.step([st], [[tok]])[0]
+        finally:
+            dec.release(st)
+        return out, sum_lp / max(len(out), 1), no_speech
+
+    # ---- transcription ------------------------------------------------------------------------
+
+    def transcribe(self, samples: np.ndarray, options: TranscribeOptions = TranscribeOptions()) -> Transcription:
+        result = None
+        for result in self.transcribe_iter(samples, options):
+            pass
+        return result
+
+    def transcribe_iter(self, samples: np.ndarray, options: TranscribeOptions = TranscribeOptions()):
+        """Yields the Transcription so far after each window (its .segments growing), the last one
+        complete. Samples: float32 mono at 16 kHz."""
+        samples = np.asarray(samples, np.float32).reshape(-1)
+        if samples.shape[0] == 0:
+            raise TranscriptionError("audio holds no samples")
+        if options.task not in ("transcribe", "translate"):
+            raise TranscriptionError("task: expected transcribe or translate")
+        language = None if options.language is None else language_code(options.language)
+        if language is not None and self.lang_to_id and language not in self.lang_to_id:
+            raise TranscriptionError("language: not supported by this model")
+        temps = options.temperature if isinstance(options.temperature, (tuple, list)) else (options.temperature,)
+        temps = tuple(float(t) for t in temps)
+        if not temps or any(not 0.0 <= t <= 2.0 for t in temps):
+            raise TranscriptionError("temperature: expected values from 0 to 2")
+        if options.beam_size is not None and not 1 <= options.beam_size <= self.decoder.max_sequences // 2:
+            raise TranscriptionError(f"beam_size: expected 1 to {self.decoder.max_sequences // 2}")
+        feats = self.features(samples)
+        max_frames = feats.shape[1] if samples.shape[0] > audio.N_SAMPLES else audio.N_FRAMES
+        timestamps = options.timestamps if options.timestamps is not None else samples.shape[0] > audio.N_SAMPLES
+        rng = np.random.default_rng(options.seed)
+        result = Transcription(text="", language=language or "", duration=samples.shape[0] / audio.SAMPLE_RATE,
+                               task=options.task)
+        seek = 0
+        while seek < max_frames:
+            n = min(max_frames - seek, audio.N_FRAMES)
+            window = feats[:, seek:seek + n]
+            if n < audio.N_FRAMES:
+                window = np.pad(window, ((0, 0), (0, audio.N_FRAMES - n)))
+            rows = self.encoder.encode_cached(np.ascontiguousarray(window))
+            if not result.language:
+                result.language = self.detect_language(rows)[0]
+            prompt = self.prompt_tokens(result.language, options.task, timestamps, options.prompt)
+            for i, temp in enumerate(temps):
+                if options.beam_size and temp == 0.0:
+                    tokens, avg_lp, no_speech = self.decode_beams(rows, prompt, timestamps, options.max_new_tokens,
+                                                                  options.beam_size, options.length_penalty)
+                else:
+                    tokens, avg_lp, no_speech = self.decode_window(rows, prompt, timestamps, temp,
+                                                                   options.max_new_tokens, rng)
+                ratio = compression_ratio(tokens, self.vocab_size)
+                retry = (options.compression_ratio_threshold is not None
+                         and ratio > options.compression_ratio_threshold) or \
+                        (options.logprob_threshold is not None and avg_lp < options.logprob_threshold)
+                if not retry:
+                    break
+            if options.no_speech_threshold is not None and no_speech > options.no_speech_threshold and \
+                    options.logprob_threshold is not None and avg_lp < options.logprob_threshold:
+                seek += n                                   # silence: no segment
+                yield result
+                continue
+            if tokens and tokens[-1] == self.eot:
+                tokens = tokens[:-1]
+            segs, advance = self._segments(tokens, seek, n)
+            advance = advance if advance > 0 else n         # never the same window twice
+            for start, end, toks in segs:
+                result.segments.append(Segment(id=len(result.segments), seek=seek, start=round(start, 3),
+                                               end=round(end, 3), text=self.decode_text(toks), tokens=toks,
+                                               temperature=temp, avg_logprob=avg_lp, compression_ratio=ratio,
+                                               no_speech_prob=no_speech))
+            seek += advance
+            result.text = "".join(s.text for s in result.segments)
+            yield result
+
+    def _segments(self, tokens: list[int], seek: int, n: int) -> tuple[list[tuple[float, float, list[int]]], int]:
+        """(segments (start s, end s, tokens), frames to advance) of one window's tokens, as
+        transformers' _retrieve_segment cuts them."""
+        tb = self.timestamp_begin
+        offset = seek * FRAME_SECONDS
+        is_ts = [t >= tb for t in tokens]
+        single_ending = is_ts[-2:] == [False, True]
+        cuts = [i + 1 for i in range(len(is_ts) - 1) if is_ts[i] and is_ts[i + 1]]
+        if cuts:
+            if single_ending:
+                cuts.append(len(tokens))
+            else:
+                cuts[-1] += 1
+            segs, last = [], 0
+            for j, cut in enumerate(cuts):
+                part = tokens[last:cut]
+                end_tok = part[-1] if (j < len(cuts) - 1 or single_ending) else part[-2]
+                segs.append((offset + (part[0] - tb) * TIME_PRECISION, offset + (end_tok - tb) * TIME_PRECISION, part))
+                last = cut
+            advance = n if single_ending else (tokens[last - 2] - tb) * INPUT_STRIDE
+            return segs, advance
+        stamps = [i for i, x in enumerate(is_ts) if x]
+        end = int(n * FRAME_SECONDS / TIME_PRECISION)
+        if stamps and tokens[stamps[-1]] != tb:
+            end = tokens[stamps[-1]] - tb
+        return [(offset, offset + end * TIME_PRECISION, tokens)], n
+
+
+# ---- inputs and outputs -------------------------------------------------------------------------
+
+def whisper_dir(path: str) -> bool:
+    """Whether path is an HF Whisper checkpoint directory (WhisperForConditionalGeneration)."""
+    cfg = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg):
+        return False
+    try:
+        with open(cfg, encoding="utf-8") as fh:
+            raw = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    from lite_llm.multimodal.whisper import ARCHITECTURES
+    return (raw.get("architectures") or [None])[0] in ARCHITECTURES or raw.get("model_type") == "whisper"
+
+
+def load_audio(src, cfg: audio.AudioConfig = audio.AudioConfig()) -> np.ndarray:
+    """float32 16 kHz mono samples of a path, encoded bytes, or samples already (an array at
+    16 kHz); audio.AudioError for a file that cannot be used."""
+    if isinstance(src, np.ndarray):
+        x = np.asarray(src, np.float32)
+        if x.ndim == 2:                         # [channels, n] or [n, channels]: the channels' mean
+            x = x.mean(axis=0 if x.shape[0] < x.shape[1] else 1)
+        if x.ndim != 1:
+            raise audio.AudioError(f"samples of shape {src.shape}: expected [n] at 16 kHz")
+        if x.shape[0] > cfg.max_samples:
+            raise audio.AudioError(f"audio lasts more than the {cfg.max_seconds:.0f} s allowed")
+        return np.ascontiguousarray(x)
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        return audio.decode_audio(bytes(src), "audio", cfg)
+    path = os.fspath(src)
+    size = os.path.getsize(path)
+    if size > cfg.max_audio_bytes:
+        raise audio.AudioError(f"{path} is {size} bytes, more than the {cfg.max_audio_bytes} allowed")
+    with open(path, "rb") as fh:
+        return audio.decode_audio(fh.read(), os.path.basename(path), cfg)
+
+
+def progress_bar(done: float, total: float, width: int = 30) -> str:
+    """`[#####.....]  12.0/75.0 s` of audio transcribed."""
+    k = int(width * done / total) if total > 0 else width
+    return f"[{'#' * k}{'.' * (width - k)}] {done:6.1f}/{total:.1f} s"
+
+
+FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
+
+
+def _clock(seconds: float, sep: str) -> str:
+    ms = int(round(max(seconds, 0.0) * 1000))
+    h, ms = divmod(ms, 3_600_000)
+    m, ms = divmod(ms, 60_000)
+    s, ms = divmod(ms, 1000)
+    return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
+
+
+def segment_dict(s: Segment) -> dict:
+    """One segment as OpenAI's verbose_json lists it."""
+    return {"id": s.id, "seek": s.seek, "start": s.start, "end": s.end, "text": s.text, "tokens": s.tokens,
+            "temperature": s.temperature, "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
+            "no_speech_prob": s.no_speech_prob}
+
+
+def render(result: Transcription, fmt: str) -> tuple[str, str]:
+    """(body, content type) of a transcription in one of FORMATS, as OpenAI's audio routes answer."""
+    if fmt == "text":
+        return result.text.strip() + "\n", "text/plain; charset=utf-8"
+    if fmt == "json":
+        return json.dumps({"text": result.text.strip(), "usage": {"type": "duration",
+                                                                  "seconds": int(math.ceil(result.duration))}}), \
+            "application/json"
+    if fmt == "verbose_json":
+        return json.dumps({"task": result.task, "language": LANGUAGES.get(result.language, result.language),
+                           "duration": round(result.duration, 3), "text": result.text.strip(),
+                           "segments": [segment_dict(s) for s in result.segments],
+                           "usage": {"type": "duration", "seconds": int(math.ceil(result.duration))}}), \
+            "application/json"
+    if fmt == "srt":
+        blocks = [f"{i + 1}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{s.text.strip()}\n"
+                  for i, s in enumerate(result.segments)]
+        return "\n".join(blocks), "text/plain; charset=utf-8"
+    if fmt == "vtt":
+        blocks = [f"{_clock(s.start, '.')} --> {_clock(s.end, '.')}\n{s.text.strip()}\n" for s in result.segments]
+        return "WEBVTT\n\n" + "\n".join(blocks), "text/vtt; charset=utf-8"
+    raise TranscriptionError(f"response_format: expected one of {', '.join(FORMATS)}")

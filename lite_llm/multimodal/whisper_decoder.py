@@ -1,0 +1,366 @@
+"""Whisper's text decoder: tokens -> next-token logits, reading one request's encoder rows
+through cross-attention.
+
+    WhisperDecoder.from_pretrained(path)        an HF WhisperForConditionalGeneration directory
+      .start(encoder_rows) -> DecoderState      a request: its cross K/V (computed once, here) and
+                                                an empty self-attention cache
+      .step(states, tokens) -> logits [S, V]    ONE forward over several requests, each with its own
+                                                new tokens (a prompt prefill or one token), each
+                                                state's caches advanced; the last token's logits
+      .fork(state) / .release(state)            a copy of a state (a beam: its own self-attention
+                                                cache, the cross K/V shared), its slots freed
+      .reference_logits(rows, tokens)           the plain NumPy forward of one sequence
+
+The model: token embeddings plus learned positions, pre-norm blocks (LayerNorm, causal
+self-attention, LayerNorm, cross-attention over the encoder rows, LayerNorm, fc1 / GELU / fc2), a
+final LayerNorm and the output projection tied to the token embeddings. k projections have no
+bias (as in the encoder).
+
+The compiled path runs each layer's linear layers on the GEMM kernels (kernels.gemm on panels of
+layout.pack) and both attentions on the paged attention kernel (kernels.paged_attention): the
+self-attention K/V of every request live in blocks of one pool per layer (block_size rows a
+block, each request a block table), the cross K/V in blocks of their own, written once by
+start(). The interface (a prefill of the prompt, a step over a batch of requests each with its
+own caches) is the engine's; the blocks here are fixed pools of the decoder's own (max_sequences
+self-attention slots, max_requests cross K/V slots shared by a request's forks) rather than the
+engine's shared block pool.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lite_llm.model.hf import SafetensorsCheckpoint
+from lite_llm.multimodal.llava import _act, _layernorm
+from lite_llm.multimodal.towers import float_tensors
+from lite_llm.multimodal.whisper import ARCHITECTURES, WhisperError
+
+BLOCK = 16          # rows of a KV block (the attention kernel's tile)
+# below this many multiply-adds an op runs on one thread: a decode step of one token is ~50 small
+# ops, and a parallel region each costs more than the op when the cores are shared
+SERIAL_WORK = 1 << 21
+
+
+@dataclass(frozen=True)
+class WhisperDecoderConfig:
+    vocab_size: int = 51865
+    hidden_size: int = 384              # d_model
+    num_heads: int = 6                  # decoder_attention_heads
+    num_layers: int = 4                 # decoder_layers
+    intermediate_size: int = 1536       # decoder_ffn_dim
+    max_target_positions: int = 448
+    max_source_positions: int = 1500
+    eps: float = 1e-5
+    act: str = "gelu"
+
+    @classmethod
+    def from_hf(cls, raw: dict) -> "WhisperDecoderConfig":
+        act = raw.get("activation_function", "gelu")
+        if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
+            raise WhisperError(f"activation_function {act!r} is not supported (gelu)")
+        if raw.get("scale_embedding"):
+            raise WhisperError("scale_embedding is not supported (Whisper checkpoints leave it off)")
+        return cls(vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["d_model"]),
+                   num_heads=int(raw["decoder_attention_heads"]), num_layers=int(raw["decoder_layers"]),
+                   intermediate_size=int(raw["decoder_ffn_dim"]),
+                   max_target_positions=int(raw.get("max_target_positions", 448)),
+                   max_source_positions=int(raw.get("max_source_positions", 1500)),
+                   act="gelu" if act == "gelu" else "gelu_tanh")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+def read_hf(source: str, cfg: WhisperDecoderConfig) -> dict[str, np.ndarray]:
+    """The decoder of an HF Whisper directory as float32 tensors: "embed" [V, C] (also the output
+    projection), "pos" [P, C], per block blk.{i}.{ln1,ln2,ln3}.{w,b} (before self-attention,
+    cross-attention, the MLP), q/k/v/o (self), cq/ck/cv/co (cross), up/down (fc1/fc2), each .w/.b
+    (k and ck biases zero), and "ln.w"/"ln.b"."""
+    ckpt = SafetensorsCheckpoint(source)
+    try:
+        _, get = float_tensors(ckpt, lambda name: WhisperError(f"{source}: the checkpoint has no tensor {name}"))
+        d, C = "decoder.", cfg.hidden_size
+        t = {"embed": get(d + "embed_tokens.weight"), "pos": get(d + "embed_positions.weight"),
+             "ln.w": get(d + "layer_norm.weight"), "ln.b": get(d + "layer_norm.bias")}
+        for i in range(cfg.num_layers):
+            p, q = f"{d}layers.{i}.", f"blk.{i}."
+            for ours, theirs in (("ln1", "self_attn_layer_norm"), ("ln2", "encoder_attn_layer_norm"),
+                                 ("ln3", "final_layer_norm"), ("q", "self_attn.q_proj"), ("v", "self_attn.v_proj"),
+                                 ("o", "self_attn.out_proj"), ("cq", "encoder_attn.q_proj"),
+                                 ("cv", "encoder_attn.v_proj"), ("co", "encoder_attn.out_proj"),
+                                 ("up", "fc1"), ("down", "fc2")):
+                t[q + ours + ".w"], t[q + ours + ".b"] = get(p + theirs + ".weight"), get(p + theirs + ".bias")
+            for ours, theirs in (("k", "self_attn.k_proj"), ("ck", "encoder_attn.k_proj")):
+                t[q + ours + ".w"] = get(p + theirs + ".weight")
+                t[q + ours + ".b"] = np.zeros(C, np.float32)
+    finally:
+        ckpt.close()
+    C, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    want = {"embed": (V, C), "pos": (cfg.max_target_positions, C)}
+    for i in range(cfg.num_layers):
+        want.update({f"blk.{i}.{m}.w": (C, C) for m in ("q", "k", "v", "o", "cq", "ck", "cv", "co")})
+        want.update({f"blk.{i}.up.w": (F, C), f"blk.{i}.down.w": (C, F)})
+    for name, shape in want.items():
+        if t[name].shape != shape:
+            raise WhisperError(f"{source}: {name} is {t[name].shape}, the config says {shape}")
+    if C % cfg.num_heads:
+        raise WhisperError(f"{source}: d_model {C} is not {cfg.num_heads} heads")
+    return t
+
+
+@dataclass
+class DecoderState:
+    """One request's decoder caches: its slot in the pools, the tokens it has run (their
+    positions are 0..len-1) and its cross rows. Reference states (no kernels) keep their K/V
+    as arrays [layers, n, C] instead."""
+    slot: int                           # its self-attention blocks' slot
+    cross_len: int
+    cross_slot: int = -1                # its cross K/V's slot (shared by the forks of one request)
+    tokens: list[int] = field(default_factory=list)
+    self_k: list | None = None          # reference: per layer [n, C]
+    self_v: list | None = None
+    cross_k: list | None = None         # reference: per layer [T, C]
+    cross_v: list | None = None
+    released: bool = False
+
+
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, H: int, causal_from: int | None) -> np.ndarray:
+    """Attention of q [n, C] over k, v [m, C] in H heads; causal_from: the position of q's first
+    row among the keys (None: every key)."""
+    n, C = q.shape
+    D = C // H
+    qh = q.reshape(n, H, D).transpose(1, 0, 2)
+    kh = k.reshape(-1, H, D).transpose(1, 0, 2)
+    vh = v.reshape(-1, H, D).transpose(1, 0, 2)
+    s = (qh @ kh.transpose(0, 2, 1)) * np.float32(D ** -0.5)          # [H, n, m]
+    if causal_from is not None:
+        allowed = np.arange(k.shape[0])[None, :] <= (causal_from + np.arange(n))[:, None]
+        s = np.where(allowed[None], s, np.float32(-np.inf))
+    s = np.exp(s - s.max(axis=-1, keepdims=True))
+    s /= s.sum(axis=-1, keepdims=True)
+    return (s @ vh).transpose(1, 0, 2).reshape(n, C)
+
+
+class WhisperDecoder:
+    """Whisper's decoder over requests' states (see the module's docstring). kernels: the kernel
+    module (None: NumPy only). max_requests: the requests the compiled caches hold at once (start()
+    refuses more: the caller bounds its concurrency); max_sequences: their states with forks."""
+
+    def __init__(self, cfg: WhisperDecoderConfig, tensors: dict[str, np.ndarray], kernels=None,
+                 dtype: str = "float32", num_threads: int = 1, max_requests: int = 8,
+                 max_sequences: int | None = None):
+        self.cfg, self.t = cfg, tensors
+        self.kernels, self.num_threads, self.dtype = kernels, num_threads, dtype
+        self.max_requests = max_requests                       # cross K/V slots: requests at once
+        self.max_sequences = max_sequences or max_requests      # self-attention slots: requests and their forks
+        self.free_slots = list(range(self.max_sequences - 1, -1, -1))
+        self.free_cross = list(range(max_requests - 1, -1, -1))
+        self.cross_refs: dict[int, int] = {}
+        if kernels is not None:
+            if cfg.head_dim % 16:
+                raise WhisperError(f"head size {cfg.head_dim} is not a multiple of 16 (the attention kernel's)")
+            self._pack(kernels, dtype)
+
+    @classmethod
+    def from_pretrained(cls, path: str, kernels="auto", dtype: str = "float32", num_threads: int | None = None,
+                        **kw) -> "WhisperDecoder":
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
+            raw = json.load(fh)
+        if (raw.get("architectures") or [None])[0] not in ARCHITECTURES and raw.get("model_type") != "whisper":
+            raise WhisperError(f"{path}: not a Whisper checkpoint (architectures {raw.get('architectures')})")
+        cfg = WhisperDecoderConfig.from_hf(raw)
+        if kernels == "auto":
+            from lite_llm._kernels import kernels   # deferred: see whisper.py
+        if num_threads is None:
+            num_threads = max(1, len(os.sched_getaffinity(0)))
+        return cls(cfg, read_hf(path, cfg), kernels, dtype, num_threads, **kw)
+
+    # ---- packing ----------------------------------------------------------------------------
+
+    def _pack(self, kernels, dtype: str) -> None:
+        from lite_llm._kernels import layout
+        from lite_llm.model.weights import to_bf16
+        t, cfg = self.t, self.cfg
+        self.mats: dict[str, tuple[np.ndarray, int, np.ndarray | None]] = {}
+
+        def mat(name, w, b):
+            w = np.ascontiguousarray(w, np.float32)
+            self.mats[name] = (layout.pack(to_bf16(w) if dtype == "bfloat16" else w, dtype), w.shape[0],
+                               None if b is None else np.ascontiguousarray(b, np.float32))
+        for i in range(cfg.num_layers):
+            p = f"blk.{i}."
+            mat(p + "qkv", np.concatenate([t[p + "q.w"], t[p + "k.w"], t[p + "v.w"]]),
+                np.concatenate([t[p + "q.b"], t[p + "k.b"], t[p + "v.b"]]))
+            mat(p + "ckv", np.concatenate([t[p + "ck.w"], t[p + "cv.w"]]), np.concatenate([t[p + "ck.b"], t[p + "cv.b"]]))
+            for m in ("o", "cq", "co", "up", "down"):
+                mat(p + m, t[p + m + ".w"], t[p + m + ".b"])
+        mat("embed", t["embed"], None)
+        H, D, L = cfg.num_heads, cfg.head_dim, cfg.num_layers
+        self.self_blocks = -(-cfg.max_target_positions // BLOCK)          # blocks of one request's tokens
+        self.cross_blocks = -(-cfg.max_source_positions // BLOCK)         # ... of its encoder rows
+        nb_self, nb_cross = self.max_sequences * self.self_blocks, self.max_requests * self.cross_blocks
+        # float32 K [blocks, H, D, B] / V [blocks, H, B, D] (kv_layout.kv_cache_shapes), one pair a layer
+        self.k_self = [np.zeros((nb_self, H, D, BLOCK), np.float32) for _ in range(L)]
+        self.v_self = [np.zeros((nb_self, H, BLOCK, D), np.float32) for _ in range(L)]
+        self.k_cross = [np.zeros((nb_cross, H, D, BLOCK), np.float32) for _ in range(L)]
+        self.v_cross = [np.zeros((nb_cross, H, BLOCK, D), np.float32) for _ in range(L)]
+
+    def _threads(self, work: int) -> int:
+        return 1 if work < SERIAL_WORK else self.num_threads
+
+    def _gemm(self, x: np.ndarray, name: str, out: np.ndarray | None = None, accumulate: bool = False) -> np.ndarray:
+        packed, n, bias = self.mats[name]
+        if out is None:
+            out = np.empty((x.shape[0], n), np.float32)
+        self.kernels.gemm(np.ascontiguousarray(x), packed, self.dtype, n, out, bias, accumulate,
+                          self._threads(x.shape[0] * x.shape[1] * n))
+        return out
+
+    def _layernorm(self, x: np.ndarray, name: str) -> np.ndarray:
+        out = np.empty_like(x)
+        self.kernels.layernorm(x, self.t[name + ".w"], self.t[name + ".b"], out, self.cfg.eps,
+                               self._threads(64 * x.size))
+        return out
+
+    # ---- requests -----------------------------------------------------------------------------
+
+    def start(self, rows: np.ndarray) -> DecoderState:
+        """A request over encoder rows [T, C]: its cross K/V computed (once) and stored."""
+        cfg = self.cfg
+        rows = np.ascontiguousarray(rows, np.float32)
+        T, C = rows.shape
+        if C != cfg.hidden_size or not 0 < T <= cfg.max_source_positions:
+            raise WhisperError(f"encoder rows {rows.shape}: expected [1..{cfg.max_source_positions}, {cfg.hidden_size}]")
+        if self.kernels is None:
+            st = DecoderState(slot=-1, cross_len=T, self_k=[np.zeros((0, C), np.float32)] * cfg.num_layers,
+                              self_v=[np.zeros((0, C), np.float32)] * cfg.num_layers, cross_k=[], cross_v=[])
+            for i in range(cfg.num_layers):
+                p = f"blk.{i}."
+                st.cross_k.append(rows @ self.t[p + "ck.w"].T + self.t[p + "ck.b"])
+                st.cross_v.append(rows @ self.t[p + "cv.w"].T + self.t[p + "cv.b"])
+            return st
+        if not self.free_slots or not self.free_cross:
+            raise WhisperError(f"the decoder holds {self.max_requests} requests at once")
+        st = DecoderState(slot=self.free_slots.pop(), cross_len=T, cross_slot=self.free_cross.pop())
+        self.cross_refs[st.cross_slot] = 1
+        H, D = cfg.num_heads, cfg.head_dim
+        slots = (st.cross_slot * self.cross_blocks * BLOCK + np.arange(T)).astype(np.int64)
+        for i in range(cfg.num_layers):
+            kv = self._gemm(rows, f"blk.{i}.ckv").reshape(T, 2, H, D)
+            self.kernels.write_kv(np.ascontiguousarray(kv[:, 0]), self.k_cross[i], slots, "k")
+            self.kernels.write_kv(np.ascontiguousarray(kv[:, 1]), self.v_cross[i], slots, "v")
+        return st
+
+    def release(self, st: DecoderState) -> None:
+        if not st.released:
+            st.released = True
+            if st.slot >= 0:
+                self.free_slots.append(st.slot)
+                self.cross_refs[st.cross_slot] -= 1
+                if self.cross_refs[st.cross_slot] == 0:
+                    del self.cross_refs[st.cross_slot]
+                    self.free_cross.append(st.cross_slot)
+
+    def fork(self, st: DecoderState) -> DecoderState:
+        """A copy of st with caches of its own (a beam that leaves its parent)."""
+        if self.kernels is None:
+            return DecoderState(slot=-1, cross_len=st.cross_len, tokens=list(st.tokens), self_k=list(st.self_k),
+                                self_v=list(st.self_v), cross_k=st.cross_k, cross_v=st.cross_v)
+        if not self.free_slots:
+            raise WhisperError(f"the decoder holds {self.max_sequences} sequences at once")
+        new = DecoderState(slot=self.free_slots.pop(), cross_len=st.cross_len, tokens=list(st.tokens),
+                           cross_slot=st.cross_slot)
+        self.cross_refs[st.cross_slot] += 1
+        self._copy_self(st, new)
+        return new
+
+    def _copy_self(self, src: DecoderState, dst: DecoderState) -> None:
+        a, b = src.slot * self.self_blocks, dst.slot * self.self_blocks
+        n = -(-len(src.tokens) // BLOCK)
+        for i in range(self.cfg.num_layers):
+            self.k_self[i][b:b + n] = self.k_self[i][a:a + n]
+            self.v_self[i][b:b + n] = self.v_self[i][a:a + n]
+
+    # ---- forward ------------------------------------------------------------------------------
+
+    def step(self, states: list[DecoderState], tokens: list[list[int]]) -> np.ndarray:
+        """float32 [S, V]: the logits after each state's new tokens (ONE forward over them all),
+        each state's caches advanced by them."""
+        cfg = self.cfg
+        for st, new in zip(states, tokens, strict=True):
+            if st.released:
+                raise WhisperError("a released decoder state")
+            if not new or len(st.tokens) + len(new) > cfg.max_target_positions:
+                raise WhisperError(f"{len(st.tokens)} + {len(new)} tokens: the decoder holds 1 to "
+                                   f"{cfg.max_target_positions}")
+            if min(new) < 0 or max(new) >= cfg.vocab_size:
+                raise WhisperError(f"a token outside the vocabulary of {cfg.vocab_size}")
+        if self.kernels is None:
+            return np.stack([self._reference_step(st, new) for st, new in zip(states, tokens)])
+        return self._compiled_step(states, tokens)
+
+    def _compiled_step(self, states, tokens) -> np.ndarray:
+        cfg, k, t = self.cfg, self.kernels, self.t
+        H, D, C = cfg.num_heads, cfg.head_dim, cfg.hidden_size
+        ids = np.concatenate([np.asarray(n, np.int64) for n in tokens])
+        positions = np.concatenate([np.arange(len(st.tokens), len(st.tokens) + len(n)) for st, n in zip(states, tokens)])
+        seq = np.concatenate([np.full(len(n), s) for s, n in enumerate(tokens)]).astype(np.int32)
+        ends = np.cumsum([len(n) for n in tokens]) - 1
+        S, N = len(states), ids.shape[0]
+        self_tables = np.stack([st.slot * self.self_blocks + np.arange(self.self_blocks)
+                                for st in states]).astype(np.int32)
+        cross_tables = np.stack([st.cross_slot * self.cross_blocks + np.arange(self.cross_blocks)
+                                 for st in states]).astype(np.int32)
+        slots = (self_tables[seq, positions // BLOCK].astype(np.int64) * BLOCK + positions % BLOCK)
+        pos32 = positions.astype(np.int32)
+        cross_last = np.asarray([states[s].cross_len - 1 for s in seq], np.int32)
+        scale = float(D) ** -0.5
+        nt_self = self._threads(2 * C * int(positions.sum() + N))               # q.k and p.v over the keys
+        nt_cross = self._threads(2 * C * int(sum(states[s].cross_len for s in seq)))
+        nt_act = self._threads(64 * N * cfg.intermediate_size)
+        x = np.ascontiguousarray(t["embed"][ids] + t["pos"][positions], np.float32)       # [N, C]
+        a = np.empty((N, H, D), np.float32)
+        for i in range(cfg.num_layers):
+            p = f"blk.{i}."
+            qkv = self._gemm(self._layernorm(x, p + "ln1"), p + "qkv").reshape(N, 3, H, D)
+            k.write_kv(np.ascontiguousarray(qkv[:, 1]), self.k_self[i], slots, "k")
+            k.write_kv(np.ascontiguousarray(qkv[:, 2]), self.v_self[i], slots, "v")
+            k.paged_attention(np.ascontiguousarray(qkv[:, 0]), self.k_self[i], self.v_self[i], self_tables, seq,
+                              pos32, a, scale, num_threads=nt_self)
+            self._gemm(a.reshape(N, C), p + "o", x, accumulate=True)
+            q = self._gemm(self._layernorm(x, p + "ln2"), p + "cq").reshape(N, H, D)
+            # every query reads all of its request's encoder rows: position = last key = cross_len - 1
+            k.paged_attention(q, self.k_cross[i], self.v_cross[i], cross_tables, seq, cross_last, a, scale,
+                              num_threads=nt_cross, last_positions=cross_last)
+            self._gemm(a.reshape(N, C), p + "co", x, accumulate=True)
+            g = self._gemm(self._layernorm(x, p + "ln3"), p + "up")
+            k.act_mul(g, None, g, cfg.act, nt_act)
+            self._gemm(g, p + "down", x, accumulate=True)
+        for st, n in zip(states, tokens):
+            st.tokens.extend(int(v) for v in n)
+        last = np.ascontiguousarray(x[ends])
+        return self._gemm(self._layernorm(last, "ln"), "embed")
+
+    def _reference_step(self, st: DecoderState, new: list[int]) -> np.ndarray:
+        cfg, t = self.cfg, self.t
+        n0 = len(st.tokens)
+        x = t["embed"][np.asarray(new)] + t["pos"][n0:n0 + len(new)]
+        for i in range(cfg.num_layers):
+            p = f"blk.{i}."
+            h = _layernorm(x, t[p + "ln1.w"], t[p + "ln1.b"], cfg.eps)
+            q, kk, v = (h @ t[p + s + ".w"].T + t[p + s + ".b"] for s in ("q", "k", "v"))
+            st.self_k[i] = np.concatenate([st.self_k[i], kk])
+            st.self_v[i] = np.concatenate([st.self_v[i], v])
+            x = x + _attend(q, st.self_k[i], st.self_v[i], cfg.num_heads, n0) @ t[p + "o.w"].T + t[p + "o.b"]
+            h = _layernorm(x, t[p + "ln2.w"], t[p + "ln2.b"], cfg.eps)
+            q = h @ t[p + "cq.w"].T + t[p + "cq.b"]
+            x = x + _attend(q, st.cross_k[i], st.cross_v[i], cfg.num_heads, None) @ t[p + "co.w"].T + t[p + "co.b"]
+            h = _layernorm(x, t[p + "ln3.w"], t[p + "ln3.b"], cfg.eps)
+            x = x + _act(h @ t[p + "up.w"].T + t[p + "up.b"], "gelu") @ t[p + "down.w"].T + t[p + "down.b"]
+        st.tokens.extend(int(v) for v in new)
+        h = _layernorm(x[-1:], t["ln.w"], t["ln.b"], cfg.eps)
+        return (h @ t["embed"].T)[0].astype(np.float32)

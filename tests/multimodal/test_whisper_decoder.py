@@ -1,0 +1,132 @@
+"""Whisper's decoder against transformers' WhisperForConditionalGeneration on tiny random
+checkpoints: the NumPy reference and the compiled step (fp32 logits within 1e-4), several requests
+of different lengths in one step, prefill then token by token, and greedy tokens identical."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lite_llm import _kernels
+from lite_llm.multimodal.whisper import WhisperEncoder
+from lite_llm.multimodal.whisper_decoder import WhisperDecoder, WhisperError
+from whisper_checkpoint import whisper_asr_checkpoint
+
+VARIANTS = _kernels.available()
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """(path, transformers' model, encoder rows of two windows [2, 1500, C])."""
+    from transformers import WhisperForConditionalGeneration
+    path = whisper_asr_checkpoint()
+    model = WhisperForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    rng = np.random.default_rng(0)
+    feats = rng.uniform(-1, 1, (2, 80, 3000)).astype(np.float32)
+    with torch.no_grad():
+        rows = model.model.encoder(torch.from_numpy(feats)).last_hidden_state.numpy()
+    return path, model, rows
+
+
+def _theirs(model, rows, tokens) -> np.ndarray:
+    """transformers' logits [n, V] of tokens over encoder rows [T, C]."""
+    with torch.no_grad():
+        out = model(encoder_outputs=(torch.from_numpy(rows[None]),),
+                    decoder_input_ids=torch.tensor([tokens]))
+    return out.logits[0].numpy()
+
+
+PROMPTS = [[257, 258, 267, 271], [257, 260, 266, 271, 65, 66, 67, 32, 200]]   # sot, language, task, notimestamps
+
+
+def _decoders(path):
+    yield "reference", WhisperDecoder.from_pretrained(str(path), kernels=None)
+    for v in VARIANTS:
+        yield v, WhisperDecoder.from_pretrained(str(path), kernels=_kernels.load(v), num_threads=2, max_requests=4)
+
+
+def test_logits_match_transformers(setup):
+    path, model, rows = setup
+    theirs = [_theirs(model, rows[i], PROMPTS[i]) for i in range(2)]
+    for name, dec in _decoders(path):
+        a, b = dec.start(rows[0]), dec.start(rows[1])
+        got = dec.step([a, b], PROMPTS)                 # two prompts of different lengths: one step
+        for i in range(2):
+            np.testing.assert_allclose(got[i], theirs[i][-1], atol=1e-4, rtol=1e-4, err_msg=name)
+        # then token by token, the requests interleaved with different lengths
+        seqs = [list(PROMPTS[0]), list(PROMPTS[1])]
+        for extra in ([70, 71], [72, 73], [74, 75]):
+            got = dec.step([a, b], [[extra[0]], [extra[1]]])
+            for i in range(2):
+                seqs[i].append(extra[i])
+                np.testing.assert_allclose(got[i], _theirs(model, rows[i], seqs[i])[-1], atol=1e-4, rtol=1e-4,
+                                           err_msg=name)
+        dec.release(a)
+        dec.release(b)
+
+
+def test_shorter_encoder_rows_and_fork(setup):
+    """A request over fewer encoder rows (cross-attention reads only them) and a forked state."""
+    path, model, rows = setup
+    short = rows[0][:700]
+    for name, dec in _decoders(path):
+        st = dec.start(short)
+        dec.step([st], [PROMPTS[0]])
+        twin = dec.fork(st)
+        got = dec.step([st, twin], [[80], [81]])
+        np.testing.assert_allclose(got[0], _theirs(model, short, PROMPTS[0] + [80])[-1], atol=1e-4, rtol=1e-4,
+                                   err_msg=name)
+        np.testing.assert_allclose(got[1], _theirs(model, short, PROMPTS[0] + [81])[-1], atol=1e-4, rtol=1e-4,
+                                   err_msg=name)
+
+
+def test_greedy_tokens_identical(setup):
+    """Greedy decoding from the prompt: the same tokens as transformers' generate without logits
+    processors (its Whisper processors are the decoding module's, tested there)."""
+    path, model, rows = setup
+    from transformers import GenerationConfig, GenerationMixin
+    from transformers.modeling_outputs import BaseModelOutput
+    with torch.no_grad():       # the generic greedy loop (Whisper's generate adds its processors)
+        out = GenerationMixin.generate(model, encoder_outputs=BaseModelOutput(torch.from_numpy(rows[:1])),
+                             decoder_input_ids=torch.tensor([PROMPTS[0]]),
+                             generation_config=GenerationConfig(max_new_tokens=40, do_sample=False, eos_token_id=256,
+                                                                pad_token_id=256, decoder_start_token_id=257))
+    theirs = out[0].tolist()[len(PROMPTS[0]):]
+    for name, dec in _decoders(path):
+        st = dec.start(rows[0])
+        logits = dec.step([st], [PROMPTS[0]])
+        ours = []
+        while len(ours) < 40:
+            tok = int(np.argmax(logits[0]))
+            ours.append(tok)
+            if tok == 256:
+                break
+            logits = dec.step([st], [[tok]])
+        assert ours == theirs, name
+        assert len(set(ours)) > 3        # the output is not one token repeated
+
+
+def test_bounds():
+    path = whisper_asr_checkpoint()
+    dec = WhisperDecoder.from_pretrained(str(path), num_threads=1, max_requests=1)
+    rows = np.zeros((10, 64), np.float32)
+    st = dec.start(rows)
+    with pytest.raises(WhisperError, match="at once"):
+        dec.start(rows)
+    with pytest.raises(WhisperError, match="vocabulary"):
+        dec.step([st], [[5000]])
+    with pytest.raises(WhisperError, match="holds 1 to 448"):
+        dec.step([st], [[1] * 449])
+    dec.release(st)
+    dec.release(dec.start(rows))            # the slot is free again
+
+
+def test_bf16_weights_are_close(setup):
+    path, model, rows = setup
+    dec = WhisperDecoder.from_pretrained(str(path), dtype="bfloat16", num_threads=2, max_requests=1)
+    st = dec.start(rows[0])
+    got = dec.step([st], [PROMPTS[0]])[0]
+    want = _theirs(model, rows[0], PROMPTS[0])[-1]
+    # bf16 weights: 8 bits of mantissa through 2 blocks; the ranking of the top logits holds
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+    assert int(np.argmax(got)) == int(np.argmax(want))
