@@ -14,7 +14,7 @@ def __getattr__(name):  # lazy: `import lite_llm` stays cheap for the CLI
         from lite_llm import sampling_params
         return getattr(sampling_params, name)
     if name == "BeamSearchParams":
-        from lite_llm.beam_search import BeamSearchParams
+        from lite_llm.sampling_params import BeamSearchParams
         return BeamSearchParams
     if name == "LoRARequest":
         from lite_llm.lora import LoRARequest

@@ -9,8 +9,10 @@ import sys
 import uuid
 from typing import Any
 
-from lite_llm import beam_search, multimodal, pooling
-from lite_llm.beam_search import BeamSearchOutput, BeamSearchParams
+from lite_llm import multimodal, pooling
+from lite_llm.engine import beam_search
+from lite_llm.engine.beam_search import BeamSearchOutput
+from lite_llm.sampling_params import BeamSearchParams
 from lite_llm.engine.args import EngineArgs
 from lite_llm.engine.assemble import (Assembled, KVPlan, build_async_engine, build_engine, default_max_num_seqs,
                                       plan_kv_cache, plan_ranks)
@@ -157,7 +159,7 @@ class LLM:
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:
         """vLLM's LLM.beam_search: prompts (str or {"prompt"} / {"prompt_token_ids"} dicts, or
         a list of them) -> one BeamSearchOutput per prompt, its beam_width best sequences best
-        first (lite_llm/beam_search.py says how they are chosen and scored)."""
+        first (lite_llm/engine/beam_search.py says how they are chosen and scored)."""
         self._need("generate")
         if isinstance(lora_request, list):
             raise ValueError("beam_search takes one LoRARequest for every prompt, not a list")

@@ -236,8 +236,29 @@ def _is_num(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def __getattr__(name):   # vllm.sampling_params.BeamSearchParams' place, without an import cycle
-    if name == "BeamSearchParams":
-        from lite_llm.beam_search import BeamSearchParams
-        return BeamSearchParams
-    raise AttributeError(name)
+MAX_BEAM_WIDTH = 128       # beams per prompt (the server's cap on n): each is a running sequence a step
+
+
+@dataclass
+class BeamSearchParams:
+    """vLLM's BeamSearchParams; early_stopping as transformers' (False, True or "never")."""
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+    early_stopping: bool | str = False
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.beam_width) or not 1 <= self.beam_width <= MAX_BEAM_WIDTH:
+            raise ValueError(f"beam_width must be an integer in [1, {MAX_BEAM_WIDTH}], got {self.beam_width!r}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.length_penalty, (int, float)) or isinstance(self.length_penalty, bool) \
+                or not -1e6 <= self.length_penalty <= 1e6:
+            raise ValueError(f"length_penalty must be a number, got {self.length_penalty!r}")
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if self.early_stopping not in (False, True, "never"):
+            raise ValueError(f"early_stopping must be True, False or \"never\", got {self.early_stopping!r}")

@@ -16,7 +16,6 @@ import platform
 import shutil
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -730,9 +729,7 @@ def make_peft_adapter(base, out, r: int, alpha: float, targets, seed: int, rslor
     torch.manual_seed(seed)
     cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), init_lora_weights=False,
                      use_rslora=rslora, lora_dropout=0.0)
-    with warnings.catch_warnings():     # peft still asks transformers for its deprecated is_gradient_checkpointing
-        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
-        model = get_peft_model(model, cfg)
+    model = get_peft_model(model, cfg)
     with torch.no_grad():   # B of the size of A's effect, so an adapter moves logits clearly, not wildly
         for name, p in model.named_parameters():
             if "lora_" in name:

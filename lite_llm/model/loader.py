@@ -144,7 +144,7 @@ def check_model(model: str | None) -> str:
     directory's config.json and architecture), so a wrong path fails before anything loads."""
     path = resolve_model(model)
     if os.path.isdir(path):
-        from lite_llm.multimodal.transcribe import whisper_dir     # served by lite_llm/transcription.py
+        from lite_llm.multimodal.transcribe import whisper_dir     # served by lite_llm/engine/transcription.py
         if not whisper_dir(path):
             _arch.read_config(path)
         return path

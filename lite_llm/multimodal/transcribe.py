@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lite_llm.multimodal import audio
-from lite_llm.multimodal.whisper import WhisperEncoder, WhisperError
+from lite_llm.model.tokenizer import Tokenizer
+from lite_llm.multimodal.whisper import ARCHITECTURES, WhisperEncoder, WhisperError
 from lite_llm.multimodal.whisper_decoder import WhisperDecoder
 
 TIME_PRECISION = 0.02          # seconds a timestamp token stands for
@@ -174,7 +175,6 @@ class WhisperModel:
     @classmethod
     def from_pretrained(cls, path: str, kernels="auto", dtype: str = "float32", num_threads: int | None = None,
                         max_requests: int = 2, max_sequences: int = 12) -> "WhisperModel":
-        from lite_llm.model.tokenizer import Tokenizer
         enc = WhisperEncoder.from_pretrained(path, kernels=kernels, dtype=dtype, num_threads=num_threads)
         dec = WhisperDecoder.from_pretrained(path, kernels=kernels, dtype=dtype, num_threads=num_threads,
                                              max_requests=max_requests, max_sequences=max_sequences)
@@ -498,7 +498,6 @@ def whisper_dir(path: str) -> bool:
             raw = json.load(fh)
     except (OSError, ValueError):
         return False
-    from lite_llm.multimodal.whisper import ARCHITECTURES
     return (raw.get("architectures") or [None])[0] in ARCHITECTURES or raw.get("model_type") == "whisper"
 
 

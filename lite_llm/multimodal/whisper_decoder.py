@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lite_llm.model.hf import SafetensorsCheckpoint
+from lite_llm.model.weights import to_bf16
 from lite_llm.multimodal.llava import _act, _layernorm
 from lite_llm.multimodal.towers import float_tensors
 from lite_llm.multimodal.whisper import ARCHITECTURES, WhisperError
@@ -182,8 +183,8 @@ class WhisperDecoder:
     # ---- packing ----------------------------------------------------------------------------
 
     def _pack(self, kernels, dtype: str) -> None:
+        # deferred: the compiled kernels (which any _kernels module loads) load when a decoder is built
         from lite_llm._kernels import layout
-        from lite_llm.model.weights import to_bf16
         t, cfg = self.t, self.cfg
         self.mats: dict[str, tuple[np.ndarray, int, np.ndarray | None]] = {}
 

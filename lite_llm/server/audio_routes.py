@@ -1,4 +1,4 @@
-"""OpenAI's audio routes for a served Whisper model (lite_llm/transcription.py):
+"""OpenAI's audio routes for a served Whisper model (lite_llm/engine/transcription.py):
 POST /v1/audio/transcriptions and /v1/audio/translations.
 
 The body is multipart/form-data (read within the server's body limit, which a Whisper server
@@ -24,7 +24,7 @@ from lite_llm.multimodal.transcribe import FORMATS, TranscribeOptions, Transcrip
 from lite_llm.server.answers import sse
 from lite_llm.server.routing import Request, Response, ServerState
 from lite_llm.server.validation import ApiError, bad
-from lite_llm.transcription import QueueFullError, TranscriptionEngine
+from lite_llm.engine.transcription import QueueFullError, TranscriptionEngine
 
 MAX_PARTS = 32               # form fields of one request
 MAX_FIELD_BYTES = 16 * 1024  # a text field (the prompt is the longest: 224 tokens in Whisper's decoder)

@@ -121,7 +121,7 @@ class PreparedRequest:
     named_tool: bool = False              # tool_choice named a function: OpenAI finishes with "stop"
     forced_tools: bool = False            # tool_choice required or named: the whole answer is calls
     system_fingerprint: str | None = None
-    beam: Any = None                      # use_beam_search: its beam_search.BeamSearchParams, else None
+    beam: Any = None                      # use_beam_search: its sampling_params.BeamSearchParams, else None
     # Server-made part of every engine request id: the client's request_id names the response
     # (id), never an engine request alone, so two requests naming the same one both run and
     # neither can refuse, see or abort the other (vLLM adds a random suffix the same way).

@@ -16,7 +16,7 @@ import threading
 from contextlib import ExitStack
 from typing import Any, Callable, Iterator
 
-from lite_llm import beam_search
+from lite_llm.engine import beam_search
 from lite_llm.engine.async_engine import EngineDeadError, EngineShutdownError, QueueFullError
 from lite_llm.sampling_params import RequestOutputKind
 from lite_llm.server.answers import Choice, StreamTally, final_response, iter_deltas, sse, stream_chunks
@@ -106,7 +106,7 @@ def submit(req: Request, state: ServerState, prep: PreparedRequest,
 
 
 def _beam_answer(req: Request, state: ServerState, prep: PreparedRequest, api: Any, held: ExitStack) -> Response:
-    """use_beam_search: the search (beam_search.py) run here, each step's beams submitted as
+    """use_beam_search: the search (engine/beam_search.py) run here, each step's beams submitted as
     engine requests of this request's owner; a client leaving aborts the step in flight."""
     lock = threading.Lock()
     current: list[str] = []

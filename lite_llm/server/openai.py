@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from lite_llm.beam_search import BeamSearchParams
+from lite_llm.sampling_params import BeamSearchParams
 from lite_llm.multimodal import MediaError
 from lite_llm.sampling_params import MAX_GRAMMAR_BYTES, MAX_LOGPROBS
 from lite_llm.server import harmony

@@ -261,10 +261,10 @@ def start_models(args: argparse.Namespace) -> tuple[models.ModelPool, models.Loa
 
 
 def start_transcription_engine(model: str, args: argparse.Namespace) -> tuple[Any, Any, dict]:
-    """A Whisper checkpoint's engine (lite_llm/transcription.py): (engine, tokenizer, info)."""
+    """A Whisper checkpoint's engine (lite_llm/engine/transcription.py): (engine, tokenizer, info)."""
     from lite_llm import _kernels
     from lite_llm.multimodal.transcribe import WhisperModel
-    from lite_llm.transcription import TranscriptionEngine
+    from lite_llm.engine.transcription import TranscriptionEngine
     if args.data_parallel_size > 1 or args.tensor_parallel_size > 1:
         raise SystemExit("a Whisper model is served by one process: drop --data-parallel-size / "
                          "--tensor-parallel-size")

@@ -10,7 +10,7 @@ import torch
 from beam_ref import eos_checkpoint, hf_beams
 from conftest import tiny_checkpoint_path
 from lite_llm import LLM
-from lite_llm.beam_search import BeamSearchParams
+from lite_llm.sampling_params import BeamSearchParams
 
 K, MAX_NEW = 4, 10
 

@@ -89,6 +89,7 @@ def test_formats_match_the_offline_api(client, offline):
         assert body == render(timed, fmt)[0]
 
 
+@pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")     # the openai client marks translations so
 def test_language_is_detected_and_translation_asks_for_english_text(client, offline):
     want = offline.transcribe(CLIP, timestamps=True, temperature=T)
     got = client.audio.transcriptions.create(model=NAME, file=("a.wav", CLIP), response_format="verbose_json",

@@ -15,6 +15,8 @@ import urllib.request
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
+# every route of the document, 25 bodies each, and stateful sequences: minutes; the slow tier
+pytestmark = pytest.mark.slow
 from hypothesis import HealthCheck, settings  # noqa: E402
 from schemathesis.openapi.checks import RejectedPositiveData  # noqa: E402
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance  # noqa: E402
