@@ -1,6 +1,5 @@
 """Parity with transformers on configs drawn by hypothesis over each family's config space, so
-what passes is the family and not the one config a test picked: head dims (non-powers of two
-among them), GQA ratios (MQA to MHA, groups of 3), RoPE bases and scaling kinds, sliding
+what passes is the family and not the one config a test picked: head dims (48 among them), GQA ratios (MQA to MHA, groups of 3), RoPE bases and scaling kinds, sliding
 windows and layer patterns, tied and untied heads, activations, expert counts and top-k,
 soft-caps, multipliers. Each drawn config becomes a tiny random checkpoint saved by
 transformers' own classes; fp32 logits of a mixed batch of prompts within 1e-4 of
@@ -15,6 +14,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -52,7 +52,7 @@ def check_drawn(arch: str, overrides: dict, lens: list[int] = PROMPT_LENS) -> No
 # ---- the shared pieces of the spaces ------------------------------------------------------
 
 @st.composite
-def attention(draw, head_dims=(16, 8, 24, 32, 64), explicit_head_dim: bool = True) -> dict:
+def attention(draw, head_dims=(16, 32, 48, 64), explicit_head_dim: bool = True) -> dict:
     """Heads, KV heads (MQA, GQA with groups of 2 or 3, MHA), head_dim, and a hidden size that
     is heads x head_dim or (explicit_head_dim) another width."""
     kv = draw(st.sampled_from([2, 1, 4]))
@@ -172,7 +172,7 @@ def layer_types(draw, n: int) -> list[str]:
 
 @st.composite
 def gemma2(draw) -> dict:
-    out = draw(merged(attention(head_dims=(16, 8, 32, 24)), common(act=("gelu_pytorch_tanh",), act_key="hidden_activation")))
+    out = draw(merged(attention(head_dims=(16, 32, 48)), common(act=("gelu_pytorch_tanh",), act_key="hidden_activation")))
     out.update(layer_types=draw(layer_types(out["num_hidden_layers"])), sliding_window=draw(st.sampled_from([8, 4, 16])),
                query_pre_attn_scalar=draw(st.sampled_from([24, 16, 64])),
                attn_logit_softcapping=draw(st.sampled_from([0.1, None, 1.0, 50.0])),
@@ -189,7 +189,7 @@ def test_gemma2(overrides):
 
 @st.composite
 def gemma3(draw) -> dict:
-    out = draw(merged(attention(head_dims=(16, 8, 32, 24)), common(act=("gelu_pytorch_tanh",), act_key="hidden_activation")))
+    out = draw(merged(attention(head_dims=(16, 32, 48)), common(act=("gelu_pytorch_tanh",), act_key="hidden_activation")))
     full = {"rope_type": "default", "rope_theta": draw(THETAS)}
     if draw(st.booleans()):
         full.update(rope_type="linear", factor=draw(st.sampled_from([8.0, 4.0])))
@@ -210,7 +210,7 @@ def test_gemma3(overrides):
 def phi3(draw) -> dict:
     """LongRoPE factors drawn per frequency pair, a short context below the prompts' lengths
     (long factors) or above them (short), partial rotary."""
-    out = draw(merged(attention(head_dims=(16, 8, 32), explicit_head_dim=False), common(act=("silu",))))
+    out = draw(merged(attention(head_dims=(16, 32, 48), explicit_head_dim=False), common(act=("silu",))))
     partial = draw(st.sampled_from([1.0, 0.5]))
     pairs = int(out["hidden_size"] // out["num_attention_heads"] * partial) // 2
     factors = st.lists(st.floats(1.0, 24.0, width=32), min_size=pairs, max_size=pairs)
@@ -237,9 +237,23 @@ def test_granite(overrides):
 
 @DRAWN_SETTINGS
 @given(st.fixed_dictionaries({
-    "num_attention_heads": st.sampled_from([4, 1, 2, 8]), "hidden_size": st.sampled_from([64, 32, 96]),
+    "num_attention_heads": st.sampled_from([4, 1, 2, 6]), "head_dim": st.sampled_from([16, 32, 48]),
     "ffn_dim": st.sampled_from([96, 40, 128]), "num_hidden_layers": st.integers(1, 3),
     "activation_function": st.sampled_from(["relu", "gelu", "gelu_new"]), "tie_word_embeddings": st.booleans()}))
 def test_opt(overrides):
-    overrides["word_embed_proj_dim"] = overrides["hidden_size"]
+    """OPT's width is heads x head_dim (no separate head_dim field)."""
+    overrides["hidden_size"] = overrides["word_embed_proj_dim"] = overrides.pop("head_dim") * overrides["num_attention_heads"]
     check_drawn("opt", overrides)
+
+
+# ---- what the drawn configs found, each as its smallest case ------------------------------
+
+@pytest.mark.parametrize("arch,max_window_layers", [("qwen2", 1), ("qwen2", 2), ("qwen3", 1), ("qwen2_moe", 1),
+                                                    ("qwen2_moe", 3)])
+def test_qwen_sliding_window_on_the_layers_max_window_layers_names(arch, max_window_layers):
+    """use_sliding_window with max_window_layers: transformers slides the window on the
+    layers from max_window_layers on (Qwen2, Qwen3), or on the even-numbered ones below it
+    (Qwen2-MoE), and on no layer when none qualifies; every other layer attends fully.
+    Prompts longer than the window of 4."""
+    check_drawn(arch, {"num_hidden_layers": 3, "head_dim": 16, "use_sliding_window": True, "sliding_window": 4,
+                       "max_window_layers": max_window_layers})
