@@ -107,8 +107,11 @@ def merged(*parts) -> st.SearchStrategy:
 
 # ---- the families -------------------------------------------------------------------------
 
+BIASES = st.fixed_dictionaries({"attention_bias": st.booleans(), "mlp_bias": st.booleans()})
+
+
 @DRAWN_SETTINGS
-@given(merged(attention(), common(), llama_rope()))
+@given(merged(attention(), common(), llama_rope(), BIASES))
 def test_llama(overrides):
     check_drawn("llama", overrides)
 
@@ -152,7 +155,8 @@ def experts(draw, count_key: str) -> dict:
 @DRAWN_SETTINGS
 @given(merged(attention(), common(act=("silu",)), experts("num_experts"),
               st.fixed_dictionaries({"norm_topk_prob": st.booleans(), "moe_intermediate_size": st.sampled_from([32, 24]),
-                                     "rope_theta": THETAS})))
+                                     "rope_theta": THETAS, "use_sliding_window": st.booleans(),
+                                     "sliding_window": st.sampled_from([8, 4])})))
 def test_qwen3_moe(overrides):
     check_drawn("qwen3_moe", overrides)
 
@@ -163,6 +167,15 @@ def test_qwen3_moe(overrides):
                                      "sliding_window": st.sampled_from([None, 8])})))
 def test_mixtral(overrides):
     check_drawn("mixtral", overrides)
+
+
+@DRAWN_SETTINGS
+@given(merged(attention(), common(act=("silu",)), experts("num_experts"), qwen_window(),
+              st.fixed_dictionaries({"norm_topk_prob": st.booleans(), "moe_intermediate_size": st.sampled_from([32, 24]),
+                                     "shared_expert_intermediate_size": st.sampled_from([48, 16]),
+                                     "rope_theta": THETAS})))
+def test_qwen2_moe(overrides):
+    check_drawn("qwen2_moe", overrides)
 
 
 @st.composite
@@ -195,6 +208,8 @@ def gemma3(draw) -> dict:
         full.update(rope_type="linear", factor=draw(st.sampled_from([8.0, 4.0])))
     out.update(layer_types=draw(layer_types(out["num_hidden_layers"])), sliding_window=draw(st.sampled_from([8, 4, 16])),
                query_pre_attn_scalar=draw(st.sampled_from([24, 16, 64])),
+               attn_logit_softcapping=draw(st.sampled_from([None, 1.0])),
+               final_logit_softcapping=draw(st.sampled_from([None, 2.0])),
                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": draw(st.sampled_from([10000.0, 20000.0]))},
                                 "full_attention": full})
     return out
@@ -215,6 +230,7 @@ def phi3(draw) -> dict:
     pairs = int(out["hidden_size"] // out["num_attention_heads"] * partial) // 2
     factors = st.lists(st.floats(1.0, 24.0, width=32), min_size=pairs, max_size=pairs)
     out.update(original_max_position_embeddings=draw(st.sampled_from([32, 16, 64])), partial_rotary_factor=partial,
+               sliding_window=draw(st.sampled_from([None, 8])),
                rope_scaling={"rope_type": "longrope", "rope_theta": draw(THETAS), "short_factor": draw(factors),
                              "long_factor": draw(factors), "partial_rotary_factor": partial})
     return out
@@ -230,7 +246,7 @@ def test_phi3(overrides):
 @given(merged(attention(), common(), st.fixed_dictionaries({
     "rope_theta": THETAS, "embedding_multiplier": st.sampled_from([6.0, 1.0, 12.0]),
     "residual_multiplier": st.sampled_from([0.4, 0.22, 1.0]), "attention_multiplier": st.sampled_from([0.09, 0.0078125, 0.25]),
-    "logits_scaling": st.sampled_from([3.0, 1.0, 8.0])})))
+    "logits_scaling": st.sampled_from([3.0, 1.0, 8.0])}), BIASES))
 def test_granite(overrides):
     check_drawn("granite", overrides)
 
@@ -257,3 +273,10 @@ def test_qwen_sliding_window_on_the_layers_max_window_layers_names(arch, max_win
     Prompts longer than the window of 4."""
     check_drawn(arch, {"num_hidden_layers": 3, "head_dim": 16, "use_sliding_window": True, "sliding_window": 4,
                        "max_window_layers": max_window_layers})
+
+
+def test_gemma3_ignores_attn_logit_softcapping_as_transformers_does():
+    """transformers' Gemma 3 keeps attn_logit_softcapping in its config but never caps the
+    attention scores with it (Gemma 2 does; the released Gemma 3 configs set it null): a
+    Gemma 3 config with a cap of 1.0, which would bite on these scores, gives uncapped logits."""
+    check_drawn("gemma3", {"attn_logit_softcapping": 1.0})
