@@ -54,13 +54,13 @@ def check_drawn(arch: str, overrides: dict, lens: list[int] = PROMPT_LENS) -> No
 @st.composite
 def attention(draw, head_dims=(16, 32, 48, 64), explicit_head_dim: bool = True) -> dict:
     """Heads, KV heads (MQA, GQA with groups of 2 or 3, MHA), head_dim, and a hidden size that
-    is heads x head_dim or (explicit_head_dim) another width."""
+    is heads x head_dim or (explicit_head_dim) another multiple of the heads."""
     kv = draw(st.sampled_from([2, 1, 4]))
     heads = kv * draw(st.sampled_from([2, 1, 3]))
     head_dim = draw(st.sampled_from(head_dims))
     hidden = heads * head_dim
-    if explicit_head_dim and draw(st.booleans()):
-        hidden = draw(st.sampled_from([64, 32, 48]))
+    if explicit_head_dim and draw(st.booleans()):   # transformers wants a multiple of the heads
+        hidden = heads * draw(st.sampled_from([16, 8, 24, 32]))
     out = dict(num_attention_heads=heads, num_key_value_heads=kv, hidden_size=hidden)
     if explicit_head_dim:
         out["head_dim"] = head_dim

@@ -372,3 +372,19 @@ def test_bench_allreduce_runs_on_the_planned_cpus(monkeypatch, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["ranks"] == 2 and out["cpus"] == [0, 1]
     assert sorted(out["us_per_allreduce"]) == ["1", "3"] and all(v > 0 for v in out["us_per_allreduce"].values())
+
+
+def test_longrope_rows_reach_the_other_rank():
+    """Phi-3 LongRoPE (short context 32): a 40-token prompt turns its first 32 tokens with the
+    long factors through table rows past max_model_len, which travel with the step; two ranks
+    give one rank's logits (and one rank gives transformers', test_longrope.py)."""
+    path = tiny_checkpoint_path("phi3")
+    one, loaded = make_runner(path)
+    two, group = tp_runner(path)
+    try:
+        prompts = prompts_for(loaded.config.vocab_size, [12, 40])
+        for chunk in (None, 7):
+            for a, b in zip(lite_logits(one, prompts, chunk), lite_logits(two, prompts, chunk)):
+                np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    finally:
+        group.close()
