@@ -102,3 +102,21 @@ def test_engine_generate_across_the_switch_matches_transformers(prefix_caching):
             ref = [float(torch.log_softmax(torch.from_numpy(w), -1)[t]) for w, t in zip(logits, tokens)]
             got = [lp[t].logprob for lp, t in zip(out.logprobs, tokens)]
             np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0, err_msg=f"prompt of {len(p)}")
+
+
+def test_pooling_runner_turns_a_long_input_with_the_long_factors():
+    """An embedding of the same Phi-3 (last token, not normalized) for inputs of 40 (short) and
+    100 (long) tokens: transformers' last hidden state of each."""
+    from transformers import AutoModel
+    prompts = prompts_for(320, [40, 100], seed=3)
+    llm = LLM(str(_path()), dtype="float32", runner="pooling",
+              pooler_config={"pooling_type": "LAST", "normalize": False})
+    try:
+        outs = llm.embed([{"prompt_token_ids": p} for p in prompts])
+    finally:
+        llm.shutdown()
+    model = AutoModel.from_pretrained(_path(), dtype=torch.float32).eval()
+    for p, out in zip(prompts, outs):
+        with torch.no_grad():
+            h = model(torch.tensor([p])).last_hidden_state[0, -1].numpy()
+        np.testing.assert_allclose(out.outputs.embedding, h, atol=1e-4 * np.abs(h).max(), rtol=1e-4)
