@@ -23,7 +23,7 @@ from conftest import build_tiny_checkpoint, cache_dir
 from test_parity import lite_logits, make_runner, paged_greedy, prompts_for
 
 DRAWN = int(os.environ.get("LITE_LLM_DRAWN_CONFIGS") or 0)
-DRAWN_SETTINGS = settings(max_examples=DRAWN or 3, derandomize=not DRAWN, deadline=None, database=None,
+DRAWN_SETTINGS = settings(max_examples=DRAWN or 2, derandomize=not DRAWN, deadline=None, database=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 PROMPT_LENS = [1, 6, 19, 33]
 NEW_TOKENS = 8
