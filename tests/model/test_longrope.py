@@ -1,13 +1,12 @@
 """Phi-3 LongRoPE against transformers around the switch from the short to the long factors.
 
-transformers (as Microsoft's reference code) picks the factors per forward call by the
-sequence length it sees, max(position_ids) + 1: the long ones past
-original_max_position_embeddings, the short ones otherwise, with one attention factor for
-both. A prompt's one forward turns all of its tokens with one set; each decode step turns
-its new token with the set of its own length, and the keys already cached keep theirs. So a
-prompt of 40 tokens decoded past 64 has keys 0..63 turned with the short factors and the rest
-with the long ones. The checkpoint: short context 64, max_position_embeddings 256, factors
-that differ by up to 8x; prompts of 40, 64 (short), 65 and 200 (long) tokens."""
+transformers (as Microsoft's reference code) turns every token of a sequence with the factors
+its length picks: the long ones past original_max_position_embeddings, the short ones
+otherwise, one attention factor for both; generate() drops its cache when the sequence grows
+past the short context and recomputes it with the long factors
+(Phi3ForCausalLM.prepare_inputs_for_generation). The checkpoint: short context 64,
+max_position_embeddings 256, factors that differ by up to 8x; prompts of 40, 64 (short), 65
+and 200 (long) tokens, and decodes that cross 64."""
 from __future__ import annotations
 
 import numpy as np
@@ -61,10 +60,10 @@ def _hf_generate(model, prompt: list[int], new: int):
 
 @pytest.mark.parametrize("prompt_len,new", [(64, 8), (200, 8), (30, 8)])
 def test_greedy_decode_on_either_side_of_the_switch_matches_transformers_generate(prompt_len, new):
-    """Through the paged cache, sequences that stay on one side: 64 + 8 starts its decode past
-    64 (positions 64.. long, after a short prompt: transformers recomputes the whole sequence
-    long at its first decode step, and so must the engine: see the next test), 200 + 8 long
-    throughout, 30 + 8 short throughout. Tokens identical, every step's logits within 1e-4."""
+    """Through the paged cache: 200 + 8 long throughout, 30 + 8 short throughout, and 64 + 8,
+    whose first decode step makes it 65 tokens long: transformers recomputes the sequence with
+    the long factors there, as the engine's scheduler does (here: the 65 tokens prefilled
+    again). Tokens identical, every step's logits within 1e-4."""
     model = _hf()
     runner, loaded = make_runner(_path(), num_blocks=64, max_tokens=512)
     prompt = prompts_for(loaded.config.vocab_size, [prompt_len], seed=prompt_len)[0]
