@@ -31,7 +31,8 @@ NEW_TOKENS = 8
 
 def check_drawn(arch: str, overrides: dict, lens: list[int] = PROMPT_LENS) -> None:
     """The drawn checkpoint against transformers: logits of `lens` prompts in one mixed batch,
-    then greedy decode of NEW_TOKENS after a 9-token prompt."""
+    prefilled in one step and 5 tokens a step, then greedy decode of NEW_TOKENS after a
+    9-token prompt."""
     from transformers import AutoModelForCausalLM
     path = build_tiny_checkpoint(arch, cache_dir(f"drawn-{arch}-"), **overrides)
     runner, loaded = make_runner(path, num_blocks=48, max_tokens=128)
@@ -39,9 +40,10 @@ def check_drawn(arch: str, overrides: dict, lens: list[int] = PROMPT_LENS) -> No
     prompts = prompts_for(loaded.config.vocab_size, lens, seed=len(lens))
     with torch.no_grad():
         want = [model(torch.tensor([p])).logits[0].numpy() for p in prompts]
-    for p, g, w in zip(prompts, lite_logits(runner, prompts), want):
-        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max(),
-                                   err_msg=f"{arch} {overrides}: prompt of {len(p)}")
+    for chunk in (None, 5):
+        for p, g, w in zip(prompts, lite_logits(runner, prompts, chunk), want):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max(),
+                                       err_msg=f"{arch} {overrides}: prompt of {len(p)}, chunks of {chunk}")
     prompt = prompts_for(loaded.config.vocab_size, [9], seed=9)[0]
     with torch.no_grad():
         tokens = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
@@ -52,7 +54,7 @@ def check_drawn(arch: str, overrides: dict, lens: list[int] = PROMPT_LENS) -> No
 # ---- the shared pieces of the spaces ------------------------------------------------------
 
 @st.composite
-def attention(draw, head_dims=(16, 32, 48, 64), explicit_head_dim: bool = True) -> dict:
+def attention(draw, head_dims=(16, 32, 48, 64, 128), explicit_head_dim: bool = True) -> dict:
     """Heads, KV heads (MQA, GQA with groups of 2 or 3, MHA), head_dim, and a hidden size that
     is heads x head_dim or (explicit_head_dim) another multiple of the heads."""
     kv = draw(st.sampled_from([2, 1, 4]))
