@@ -187,7 +187,7 @@ def layer_types(draw, n: int) -> list[str]:
 
 @st.composite
 def gemma2(draw) -> dict:
-    out = draw(merged(attention(head_dims=(16, 32, 48)), common(act=("gelu_pytorch_tanh",), act_key="hidden_activation")))
+    out = draw(merged(attention(head_dims=(16, 32, 48, 256)), common(act=("gelu_pytorch_tanh",), act_key="hidden_activation")))
     out.update(layer_types=draw(layer_types(out["num_hidden_layers"])), sliding_window=draw(st.sampled_from([8, 4, 16])),
                query_pre_attn_scalar=draw(st.sampled_from([24, 16, 64])),
                attn_logit_softcapping=draw(st.sampled_from([0.1, None, 1.0, 50.0])),
@@ -204,7 +204,7 @@ def test_gemma2(overrides):
 
 @st.composite
 def gemma3(draw) -> dict:
-    out = draw(merged(attention(head_dims=(16, 32, 48)), common(act=("gelu_pytorch_tanh",), act_key="hidden_activation")))
+    out = draw(merged(attention(head_dims=(16, 32, 48, 256)), common(act=("gelu_pytorch_tanh",), act_key="hidden_activation")))
     full = {"rope_type": "default", "rope_theta": draw(THETAS)}
     if draw(st.booleans()):
         full.update(rope_type="linear", factor=draw(st.sampled_from([8.0, 4.0])))
