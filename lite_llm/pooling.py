@@ -36,6 +36,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from lite_llm.model.rope import longrope_rows
+
 log = logging.getLogger("lite_llm")
 
 POOLING_TYPES = ("MEAN", "CLS", "LAST")
@@ -232,7 +234,7 @@ class PoolingRunner:
         from lite_llm.engine.runner import kv_cache_format, trim_heap
         from lite_llm.model import arch
         from lite_llm.model.pack import check_quantization, packed_weights
-        from lite_llm.model.rope import rope_tables
+        from lite_llm.model.rope import longrope_switch, rope_tables
         cfg = loaded.config
         self.config, self.pooler, self.dtype = cfg, pooler, loaded.dtype
         self.kernels = kernels or _kernels.kernels
@@ -267,6 +269,8 @@ class PoolingRunner:
         tables = [tuple(np.ascontiguousarray(a, np.float32) for a in rope_tables(c, self.max_model_len))
                   for c in arch.rope_configs(cfg)] if cfg.rope else []
         self.model = self.kernels.Model(self.kernel_config, packed, self.k_caches, self.v_caches, tables)
+        # LongRoPE: an input longer than this turns all its tokens with the long factors (rope.py)
+        self.rope_switch = longrope_switch(cfg, self.max_model_len) if cfg.rope else 0
         self.packed.keep()      # a fresh pack is written for the next start, in the background
         self.workspace = self.kernels.Workspace(self.model, self.max_tokens, self.max_tokens, num_threads)
         self.hidden = np.empty((self.max_tokens, cfg.dim), np.float32)
@@ -304,9 +308,12 @@ class PoolingRunner:
         rows = (np.arange(T, dtype=np.int32) if kind == "MEAN"
                 else starts.astype(np.int32) if kind == "CLS" else (starts + lens - 1).astype(np.int32))
         out = self.hidden[:len(rows)]
+        rope_rows = longrope_rows(positions, lens[tok_seq] > self.rope_switch, self.rope_switch, self.max_model_len) \
+            if self.rope_switch else None
         t0 = time.perf_counter()
         self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
-                             block_tables_np, rows, out, self.num_threads, None, attn_positions, token_types, True)
+                             block_tables_np, rows, out, self.num_threads, None, attn_positions, token_types, True,
+                             rope_rows=rope_rows)
         self.last_step_seconds = time.perf_counter() - t0
         if kind == "MEAN":
             return np.add.reduceat(out, starts, axis=0) / lens[:, None].astype(np.float32)

@@ -49,6 +49,7 @@ cdef struct ModelC:
     const float *final_norm_b
     int num_layers, dim, ffn_dim, vocab_size, num_heads, num_kv_heads, head_dim, rope_dim
     int block_size, num_blocks, max_positions
+    int rope_rows                  # rows of each RoPE table: max_positions, or more (LongRoPE, rope.py)
     int rms, act, gated, use_rope, qk_norm, post_norms, kv_type   # kv_type: LL_KV_* (attention.h)
     int post_ln                    # BERT: x = LN(x + sub-layer(x)); attn_norm / mlp_norm are the LNs after
     int num_types                  # rows of type_embed
@@ -157,7 +158,8 @@ cdef class Model:
     name without ".weight", float32 vectors by canonical name (lite_llm/model/__init__.py);
     "embed" is packed like a weight (the tied lm_head streams it), rows are gathered from the
     panels. rope_tables:
-    [(cos, sin) float32 [max_positions, rope_dim / 2], ...], indexed by LayerConfig.rope_table.
+    [(cos, sin) float32 [N, rope_dim / 2], ...], indexed by LayerConfig.rope_table, N >= max_positions
+    rows alike (rows past max_positions: LongRoPE's long factors, forward()'s rope_rows).
     cfg.bf16_path: how bf16 weights run steps of more than one token, "dpbf16" (vdpbf16ps, the
     default where the build has it) or "fma" (widened to fp32, FMA); see gemm_path.py.
     cfg.attn_path: how attention tiles compute (config.ATTENTION_PATHS)."""
@@ -218,10 +220,12 @@ cdef class Model:
         self.c.kv_type = kv_type(kc, cfg.kv_cache_dtype)
         # fp32 models stage into fp32 (an 8-bit cache's tiles keep fp32 q and probabilities)
         self.c.attn_path = attention_path(cfg.attn_path, fma or dtype == "float32")
+        self.c.rope_rows = rope_tables[0][0].shape[0] if cfg.rope and rope_tables else self.c.max_positions
         for table in (rope_tables if cfg.rope else ()):
-            if (len(table) != 2 or table[0].shape != (self.c.max_positions, self.c.rope_dim // 2)
-                    or table[1].shape != table[0].shape):
-                raise ValueError(f"a RoPE table must be (cos, sin) of [{self.c.max_positions}, {self.c.rope_dim // 2}]")
+            if (len(table) != 2 or table[0].shape != (self.c.rope_rows, self.c.rope_dim // 2)
+                    or table[1].shape != table[0].shape or self.c.rope_rows < self.c.max_positions):
+                raise ValueError(f"a RoPE table must be (cos, sin) of [N >= {self.c.max_positions}, "
+                                 f"{self.c.rope_dim // 2}], N alike")
         self.c.layers = <LayerW *>calloc(self.c.num_layers, sizeof(LayerW))
         for i in range(self.c.num_layers):
             p = f"layers.{i}."
@@ -562,7 +566,8 @@ def forward(Model m, Workspace ws,
             const float[:, ::1] mm_embeds=None,  # IN [M, E] rows of encoded images (multimodal.py)
             const int32_t[::1] embed_src=None,   # IN [T] row of mm_embeds token t takes in place of its
                                                  #    token's embedding; -1: its token's
-            const int32_t[:, ::1] rope_pos=None):  # IN [T, 3] multimodal RoPE (temporal, height, width)
+            const int32_t[:, ::1] rope_pos=None,   # IN [T, 3] multimodal RoPE (temporal, height, width)
+            const int32_t[::1] rope_rows=None):    # IN [T] RoPE table row of each token; None: its position
     """Run all layers over a flat batch of T tokens from S sequences; the KV of every token is
     written to its slot first, then each token attends to its sequence's positions <= its own
     (causal), or <= attn_positions[t] (an encoder: the sequence's last position, every token of
@@ -571,7 +576,8 @@ def forward(Model m, Workspace ws,
     if any) instead of the LM head's logits (pooling models). lora / seq_lora: the adapters'
     stacked weights and each sequence's slot in them (lora.pxi). An image's tokens take their
     rows of mm_embeds (embed_src); a model with mrope_section turns q and k by rope_pos
-    (positions then only order the cache and the mask)."""
+    (positions then only order the cache and the mask), one with rope_rows by those rows of
+    its RoPE tables (LongRoPE's long factors for a long prompt's first tokens, rope.py)."""
     cdef Py_ssize_t t, r, T = token_ids.shape[0], R = logits_rows.shape[0]
     cdef ModelC *mc = &m.c
     cdef const int32_t *apos = &positions[0] if T else NULL
@@ -580,6 +586,7 @@ def forward(Model m, Workspace ws,
     cdef const float *mm_ptr = NULL
     cdef const int32_t *src_ptr = NULL
     cdef const int32_t *rpos_ptr = NULL
+    cdef const int32_t *rrow_ptr = NULL
     if T > ws.max_tokens or R > ws.max_rows or num_threads > ws.num_threads:
         raise ValueError(f"step of {T} tokens / {R} rows / {num_threads} threads exceeds the workspace")
     if positions.shape[0] != T or slot_mapping.shape[0] != T or tok_seq.shape[0] != T:
@@ -641,12 +648,19 @@ def forward(Model m, Workspace ws,
                 if rope_pos[t, r] < 0 or rope_pos[t, r] >= mc.max_positions:
                     raise ValueError(f"rope position {rope_pos[t, r]} outside 0..{mc.max_positions - 1}")
         rpos_ptr = &rope_pos[0, 0]
+    if rope_rows is not None:
+        if rope_rows.shape[0] != T or mc.mrope_t:
+            raise ValueError("forward: rope_rows needs [T] entries (and a model without multimodal RoPE)")
+        for t in range(T):
+            if rope_rows[t] < 0 or rope_rows[t] >= mc.rope_rows:
+                raise ValueError(f"rope row {rope_rows[t]} outside 0..{mc.rope_rows - 1}")
+        rrow_ptr = &rope_rows[0]
     with nogil:
         _forward(mc, &ws.c, T, &token_ids[0], &positions[0], &slot_mapping[0], &tok_seq[0],
                  &block_tables[0, 0], block_tables.shape[1], R, &logits_rows[0] if R else NULL,
                  &logits[0, 0] if R else NULL, num_threads, &tp.c if tp is not None else NULL,
                  apos, &token_types[0] if token_types is not None else NULL, hidden, &ls,
-                 mm_ptr, src_ptr, rpos_ptr)
+                 mm_ptr, src_ptr, rpos_ptr, rrow_ptr)
     if tp is not None and tp.c.failed:
         raise RuntimeError(f"tensor parallel rank {tp.c.rank}: an all-reduce {TP_FAILURES[tp.c.failed]} "
                            "(another rank died or stopped)")
@@ -712,6 +726,7 @@ cdef struct StepC:
     const float *mm_embeds        # [M, E] image rows, or NULL
     const int32_t *embed_src      # [T] row of mm_embeds per token, -1: the token's embedding; or NULL
     const int32_t *rope_pos       # [T, 3] multimodal RoPE positions, or NULL
+    const int32_t *rope_rows      # [T] RoPE table row of each token, or NULL: its position
 
 
 cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t *token_ids, const int32_t *positions,
@@ -719,7 +734,7 @@ cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t
                    Py_ssize_t max_blocks, Py_ssize_t R, const int32_t *logits_rows, float *logits,
                    int nt, ll_tp *tp, const int32_t *attn_pos, const int32_t *token_types, int hidden,
                    const LoraStep *lora, const float *mm_embeds=NULL, const int32_t *embed_src=NULL,
-                   const int32_t *rope_pos=NULL) noexcept nogil:
+                   const int32_t *rope_pos=NULL, const int32_t *rope_rows=NULL) noexcept nogil:
     """ONE parallel region for the whole step: every thread runs _step over its share of each
     phase, with a barrier between dependent phases (far cheaper than a fork/join per op)."""
     cdef StepC s
@@ -730,7 +745,7 @@ cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t
     s.tp, s.gen0 = tp, tp.gen if tp != NULL else 0
     s.attn_pos, s.token_types, s.hidden = attn_pos, token_types, hidden
     s.lora = lora[0]
-    s.mm_embeds, s.embed_src, s.rope_pos = mm_embeds, embed_src, rope_pos
+    s.mm_embeds, s.embed_src, s.rope_pos, s.rope_rows = mm_embeds, embed_src, rope_pos, rope_rows
     ws.work[0] = 0   # the one reset of the step: phases after it follow by generation (work.h)
     ll_barrier_reset(ws.barrier, ws.barrier + 16)
     s.num_tiles = _build_tiles(tok_seq, T, ws.tiles)
@@ -1068,7 +1083,7 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
     cdef float msin[MROPE_MAX_PAIRS]
     cdef const float *cos_row
     cdef const float *sin_row
-    cdef Py_ssize_t half = m.rope_dim // 2, sec
+    cdef Py_ssize_t half = m.rope_dim // 2, sec, rope_row
     # int8 blocks of the GEMM inputs: rows of E (qkv, gate/up, lm_head), H D (o) or F (down) values
     cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E)
     cdef ll_qact xq_o = _qact(ws.xq, ws.xqd, ws.xqs, q_n)
@@ -1122,8 +1137,9 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                 ll_omp_barrier()
             for t in range(t0, t1):
                 row = ws.qkv + t * qkv_n
-                cos_row = L.rope_cos + s.positions[t] * half
-                sin_row = L.rope_sin + s.positions[t] * half
+                rope_row = s.rope_rows[t] if s.rope_rows != NULL else s.positions[t]
+                cos_row = L.rope_cos + rope_row * half
+                sin_row = L.rope_sin + rope_row * half
                 if m.use_rope and m.mrope_t:   # angle of pair i from the table row of its section's position
                     for i in range(half):
                         sec = 0 if i < m.mrope_t else (1 if i < m.mrope_h else 2)

@@ -228,6 +228,7 @@ class LLMEngine:
         images the scheduler reads: an image it holds costs a request no encoder budget."""
         self.runner = runner
         self.scheduler.encoder_cache = vision.cache if vision is not None else None
+        self.kv_cache_manager.rope_switch = getattr(runner, "rope_switch", 0) or 0
 
     # ---- requests in ----------------------------------------------------------------------
 

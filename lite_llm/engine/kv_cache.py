@@ -12,6 +12,10 @@ output blocks alike, and is published in the pool's map as soon as it is allocat
 tokens that this step computes. A later request (even one admitted in the same step, which
 then reads KV another sequence of the same step writes) takes such blocks instead of
 computing them. A request preempted before its step ran unpublishes what it never computed.
+A LongRoPE model turns a sequence longer than its original context with other factors than a
+shorter one (lite_llm/model/rope.py): the first block of such a sequence is keyed on that too,
+and a sequence whose keys were turned short holds at most that context (room) until the
+scheduler recomputes it.
 """
 from __future__ import annotations
 
@@ -35,6 +39,11 @@ class KVCacheManager:
         self.room: dict[str, int] = {}
         self.prefix_cache_queries = 0                    # tokens looked up
         self.prefix_cache_hits = 0                       # tokens found
+        # LongRoPE: sequences longer than this turn their tokens with the long factors (0: no
+        # switch; the runner's rope_switch, set by the engine); the requests whose blocks hold
+        # keys turned by the long factors
+        self.rope_switch = 0
+        self.rope_long: set[str] = set()
 
     @property
     def num_free_blocks(self) -> int:
@@ -53,6 +62,8 @@ class KVCacheManager:
         """
         if not self.enable_prefix_caching:
             return [], 0
+        if self.rope_switch and request.num_prompt_tokens <= self.rope_switch < request.num_tokens:
+            request.block_hashes.clear()    # hashed while it was short: its blocks now hold long keys
         self._hash_full_blocks(request, request.num_tokens)
         max_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[KVBlock] = []
@@ -84,6 +95,9 @@ class KVCacheManager:
         """
         rid = request.request_id
         blocks = self._blocks.get(rid)
+        if self.rope_switch and blocks and rid not in self.rope_long \
+                and request.num_computed_tokens + num_new_tokens + num_lookahead_tokens > self.rope_switch:
+            return None     # short keys, a longer sequence: the scheduler recomputes it (Scheduler._restart)
         if blocks and not new_computed_blocks:
             # a running request whose blocks already hold the new tokens (most decode steps)
             end = request.num_computed_tokens + num_new_tokens
@@ -103,6 +117,8 @@ class KVCacheManager:
             blocks = self._blocks[rid] = []
             self.block_tables[rid] = []
             self._num_hashed[rid] = 0
+            if self.rope_switch and request.num_tokens > self.rope_switch:
+                self.rope_long.add(rid)
         table = self.block_tables[rid]
         num_before = len(table)
         if new_computed_blocks:
@@ -120,6 +136,8 @@ class KVCacheManager:
             room = len(blocks) * self.block_size
             self.room[rid] = min(room, (self._num_hashed[rid] + 1) * self.block_size - 1) \
                 if self.enable_prefix_caching else room
+            if self.rope_switch and rid not in self.rope_long:
+                self.room[rid] = min(self.room[rid], self.rope_switch)
         return table[num_before:] if len(table) > num_before else []
 
     def free(self, request: Request) -> None:
@@ -131,6 +149,7 @@ class KVCacheManager:
             return
         del self.block_tables[rid]
         self.room.pop(rid, None)
+        self.rope_long.discard(rid)
         num_hashed = self._num_hashed.pop(rid)
         for blk in range(request.num_computed_tokens // self.block_size, num_hashed):
             block = blocks[blk]
@@ -153,9 +172,11 @@ class KVCacheManager:
         bs = self.block_size
         mm = request.mm     # image placeholders are keyed on their image, not on their ids alone
         for blk in range(len(hashes), num_tokens // bs):
+            extra = mm.block_key(blk * bs, (blk + 1) * bs) if mm is not None else b""
+            if blk == 0 and self.rope_switch and request.num_tokens > self.rope_switch:
+                extra += b"longrope"
             hashes.append(hash_block_tokens(hashes[-1] if hashes else request.lora_salt,
-                                            token_ids[blk * bs:(blk + 1) * bs],
-                                            mm.block_key(blk * bs, (blk + 1) * bs) if mm is not None else b""))
+                                            token_ids[blk * bs:(blk + 1) * bs], extra))
 
     def _publish_full_blocks(self, request: Request, num_tokens: int) -> None:
         """Publish the blocks that are full once the first num_tokens tokens are computed."""

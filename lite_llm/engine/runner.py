@@ -29,7 +29,7 @@ from lite_llm.engine.request import SampleResult
 from lite_llm.engine.runner_output import DecodeBinding, PromptLogprobs, RunnerOutput
 from lite_llm.engine.sampler import Sampler, add_logit_bias
 from lite_llm.model import arch, pack
-from lite_llm.model.rope import rope_tables
+from lite_llm.model.rope import longrope_rows, longrope_switch, rope_tables
 from lite_llm.multimodal import load_vision
 
 log = logging.getLogger("lite_llm")
@@ -183,6 +183,9 @@ class ModelRunner:
         tables = [tuple(np.ascontiguousarray(a, np.float32) for a in rope_tables(c, max_pos))
                   for c in arch.rope_configs(cfg)] if cfg.rope else []
         self.model = self.kernels.Model(self.kernel_config, packed, self.k_caches, self.v_caches, tables)
+        # LongRoPE whose factors switch within max_model_len: O (its original context), else 0
+        self.rope_switch = longrope_switch(cfg, max_pos) if cfg.rope else 0
+        self._max_pos = max_pos
         self.packed.keep()      # a fresh pack is written for the next start, in the background
         # rows: the sampling rows, plus every prompt position of requests asking prompt logprobs
         # (at most one per token of the step; the buffers are max(tokens, rows) long anyway)
@@ -256,16 +259,25 @@ class ModelRunner:
         """Apply sched_out's deltas to the persistent batch; the step's flat arrays."""
         return self.input_batch.prepare(sched_out)
 
+    def rope_rows(self, positions: np.ndarray, tok_seq: np.ndarray, seq_lens: np.ndarray) -> np.ndarray | None:
+        """The RoPE table row of each token of a step (rope.longrope_rows), given the tokens of
+        each sequence (block-table row) so far, prompt and outputs; None: every token's own
+        position."""
+        if not self.rope_switch or not len(positions) or positions.min() >= self.rope_switch:
+            return None
+        return longrope_rows(positions, seq_lens[tok_seq] > self.rope_switch, self.rope_switch, self._max_pos)
+
     def forward(self, token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows,
-                mm: tuple = (None, None, None, None)) -> np.ndarray:
+                mm: tuple = (None, None, None, None), rope_rows: np.ndarray | None = None) -> np.ndarray:
         """One kernel call; returns logits [R, V] of the rows asked for (tests use this directly).
         The array is a view of a buffer reused by the next call (fresh pages every step would
         cost page faults). mm: (image rows [M, E], embed_src [T], rope_pos [T, 3], attn_pos [T]) of
-        a vision-language model's step (multimodal.VisionRunner.step_inputs), Nones otherwise."""
+        a vision-language model's step (multimodal.VisionRunner.step_inputs), Nones otherwise.
+        rope_rows: [T] the RoPE table row of each token (self.rope_rows), None: its position."""
         group = self.tp_group
         if group is None:
             logits = self._logits_rows(len(logits_rows))
-            if self.lora_weights is None and mm[0] is None and mm[1] is None and mm[2] is None:
+            if self.lora_weights is None and mm[0] is None and mm[1] is None and mm[2] is None and rope_rows is None:
                 self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
                                      block_tables, logits_rows, logits, self.num_threads)
                 return logits
@@ -275,15 +287,17 @@ class ModelRunner:
             mm_embeds, embed_src, rope_pos, attn_pos = mm
             self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
                                  block_tables, logits_rows, logits, self.num_threads, attn_positions=attn_pos,
-                                 mm_embeds=mm_embeds, embed_src=embed_src, rope_pos=rope_pos, **adapters)
+                                 mm_embeds=mm_embeds, embed_src=embed_src, rope_pos=rope_pos, rope_rows=rope_rows,
+                                 **adapters)
             return logits
         # tensor parallel: every rank writes its vocabulary columns into the segment's rows
-        logits = group.broadcast(token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows, mm)
+        logits = group.broadcast(token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows, mm, rope_rows)
         mm_embeds, embed_src, rope_pos, attn_pos = mm
         try:
             self.kernels.forward(self.model, self.workspace, token_ids, positions, slot_mapping, tok_seq,
                                  block_tables, logits_rows, logits, self.num_threads, tp=group.comm,
-                                 attn_positions=attn_pos, mm_embeds=mm_embeds, embed_src=embed_src, rope_pos=rope_pos)
+                                 attn_positions=attn_pos, mm_embeds=mm_embeds, embed_src=embed_src, rope_pos=rope_pos,
+                                 rope_rows=rope_rows)
         except RuntimeError as e:
             group.raise_failure(e)
         return logits
@@ -313,8 +327,10 @@ class ModelRunner:
         try:
             if self.vision is not None:   # the step's images encoded (or from the cache) before its forward
                 mm = self.vision.step_inputs(sched_out.chunks, len(a.token_ids), a.positions)
+            rope_rows = self.rope_rows(a.positions, a.tok_seq, self.input_batch.num_tokens) \
+                if self.rope_switch else None
             all_logits = self.forward(a.token_ids, a.positions, a.slot_mapping, a.tok_seq, a.block_tables,
-                                      logits_rows, mm)
+                                      logits_rows, mm, rope_rows)
             kernel_seconds = time.perf_counter() - start
         finally:        # the mask's buffer is reused next step: never leave its work running
             bitmask, mask_rows = masks.wait() if masks is not None else (None, None)

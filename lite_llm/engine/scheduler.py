@@ -274,6 +274,10 @@ class Scheduler:
                 if idx >= len(self.running) or budget <= 0:
                     break
             request = self.running[idx]
+            if kv.rope_switch and request.num_tokens > kv.rope_switch and request.request_id not in kv.rope_long:
+                self._restart(self.running.pop(idx))
+                preempted.append(request.request_id)
+                continue
             start = request.num_computed_tokens
             num_new = min(len(request.all_token_ids) - start, budget)
             enc = 0
@@ -414,6 +418,18 @@ class Scheduler:
             if enc:
                 budget -= self._encoder_charge(enc, images)
         return budget
+
+    def _restart(self, request: Request) -> None:
+        """A LongRoPE sequence, already taken out of self.running, that outgrew the original
+        context with keys turned by the short factors: recomputed from its first token with the
+        long factors, as transformers drops its cache there (lite_llm/model/rope.py). Not a
+        preemption in the counts; it goes first in line."""
+        self._stop_running(request)
+        self.kv_cache_manager.free(request)
+        request.num_computed_tokens = 0
+        request.spec_token_ids = []
+        request.status = RequestStatus.WAITING
+        self._push_waiting(request, front=True)
 
     def _preempt(self, request: Request) -> None:
         """Preempt a running request, already taken out of self.running, by recompute."""

@@ -28,7 +28,7 @@ its multimodal RoPE positions and its attention positions (Gemma 3's image token
     segment:  header (arrive flags, step number, abort word) | step area | slots [2][N][T E] |
               logits [R, V]
     step area: params int64[8] | token_ids [T] | positions [T] | slot_mapping [T] int64 |
-               tok_seq [T] | block_tables [max_num_seqs, max_blocks] | logits_rows [R] |
+               tok_seq [T] | block_tables [max_num_seqs, max_blocks] | logits_rows [R] | rope_rows [T] |
                (a model taking images) embed_src [T] | rope_pos [T, 3] | attn_pos [T] |
                mm_embeds [T, E] float32
 
@@ -70,7 +70,7 @@ log = logging.getLogger("lite_llm")
 ABORT_RANK_DIED, ABORT_SHUTDOWN = 1, 2
 _STEP_WORD, _ABORT_WORD = 64 * 8, 65 * 8       # uint64 index of the header's step and abort lines
 _NUM_PARAMS = 8                                # T, num block-table rows, max_blocks, R, then 1 / 0: the
-                                               # step has embed_src (and mm_embeds), rope_pos, attn_pos
+                                               # step has embed_src (and mm_embeds), rope_pos, attn_pos, rope_rows
 DEFAULT_TIMEOUT = 60.0         # seconds one all-reduce may wait for the other ranks (LITE_LLM_TP_TIMEOUT)
 START_TIMEOUT = 600.0
 
@@ -309,6 +309,7 @@ class SegmentLayout:
                                   ("tok_seq", np.int32, self.max_tokens),
                                   ("block_tables", np.int32, self.max_rows * self.max_blocks),
                                   ("logits_rows", np.int32, self.max_logit_rows),
+                                  ("rope_rows", np.int32, self.max_tokens),
                                   *((("embed_src", np.int32, self.max_tokens), ("rope_pos", np.int32, 3 * self.max_tokens),
                                      ("attn_pos", np.int32, self.max_tokens),
                                      ("mm_embeds", np.float32, self.max_tokens * self.dim)) if self.images else ())):
@@ -451,11 +452,12 @@ class TPGroup:
             self.on_failure(self.failure)
 
     def broadcast(self, token_ids, positions, slot_mapping, tok_seq, block_tables, logits_rows,
-                  mm: tuple = (None, None, None, None)) -> np.ndarray:
+                  mm: tuple = (None, None, None, None), rope_rows: np.ndarray | None = None) -> np.ndarray:
         """Put one step's arrays in the step area and release the workers on it. Returns the
         step's logits array [R, V]: the segment's, where every rank writes its columns. mm: the
         step's (image rows [M, E], embed_src [T], rope_pos [T, 3], attn_pos [T]) as
-        VisionRunner.step_inputs gives them; the image rows go as one row per image token."""
+        VisionRunner.step_inputs gives them; the image rows go as one row per image token.
+        rope_rows: [T] RoPE table rows (LongRoPE, ModelRunner.rope_rows) or None."""
         if self.failure:
             raise TensorParallelError(self.failure)
         T, R = len(token_ids), len(logits_rows)
@@ -472,6 +474,9 @@ class TPGroup:
         v["tok_seq"][:T] = tok_seq
         v["block_tables"][:rows * mb] = block_tables[:rows].reshape(-1)
         self._put_images(T, *mm)
+        v["params"][7] = rope_rows is not None
+        if rope_rows is not None:
+            v["rope_rows"][:T] = rope_rows
         self._step += 1
         self.comm.publish_step(self._step)
         return v["logits"][:R]
@@ -642,14 +647,15 @@ def _serve(args: dict, plan: cpu.ThreadPlan, comm, views: dict) -> int:
             sys.stderr.write(f"tensor parallel rank {rank}: the group stopped ({why})\n")
             return 1
         last = step
-        T, rows, mb, R, has_src, has_rope, has_attn = (int(x) for x in views["params"][:7])
+        T, rows, mb, R, has_src, has_rope, has_attn, has_rows = (int(x) for x in views["params"][:8])
         kernels.forward(model, ws, views["token_ids"][:T], views["positions"][:T], views["slot_mapping"][:T],
                         views["tok_seq"][:T], views["block_tables"][:rows * mb].reshape(rows, mb),
                         views["logits_rows"][:R], views["logits"][:R], nt, tp=comm,
                         attn_positions=views["attn_pos"][:T] if has_attn else None,
                         mm_embeds=views["mm_embeds"][:T] if has_src else None,
                         embed_src=views["embed_src"][:T] if has_src else None,
-                        rope_pos=views["rope_pos"][:T] if has_rope else None)
+                        rope_pos=views["rope_pos"][:T] if has_rope else None,
+                        rope_rows=views["rope_rows"][:T] if has_rows else None)
 
 
 if __name__ == "__main__":

@@ -5,11 +5,15 @@ and its rotary-embedding modules: freqs = position * inv_freq in float32, and ya
 attention factor multiplies cos and sin. With partial rotary (Phi-4-mini) the tables cover the
 first rope_dim(config) components of each head. Applying the rotation is the kernels' job.
 
-LongRoPE (Phi-3) has short and long factors; transformers picks them per call by the longest
-position it sees. A paged cache keeps keys rotated once, so the choice here is per engine, by
-the longest sequence it serves (max_positions > original_max_position_embeddings: long), as
-llama.cpp picks them by its context size; a sequence past the short context then matches
-transformers on the whole sequence.
+LongRoPE (Phi-3) has short and long factors, and transformers (as Microsoft's reference code)
+picks them by the length of the sequence: the long ones past original_max_position_embeddings
+(O), the short ones otherwise, for every token of it. A sequence that grows past O while
+decoding has its cache dropped and recomputed with the long factors (Phi3ForCausalLM.
+prepare_inputs_for_generation), and so does the engine (Scheduler: a sequence whose keys were
+turned by the short factors is recomputed when it outgrows O). The table of a model that can
+switch (O < max_positions) has P + O rows: row p < P turns position p as a sequence of p + 1
+tokens would (short below O, long from O on), row P + p (p < O) turns it with the long
+factors, for the first O tokens of a sequence longer than O (longrope_rows() picks the rows).
 """
 from __future__ import annotations
 
@@ -28,9 +32,29 @@ def rope_dim(config: ModelConfig) -> int:
     return int(config.head_dim * factor)
 
 
+def longrope_switch(config: ModelConfig, max_positions: int) -> int:
+    """O = original_max_position_embeddings of a LongRoPE model serving sequences longer than
+    O (its factors then switch), else 0."""
+    scaling = config.rope_scaling or {}
+    if scaling.get("rope_type", scaling.get("type")) not in ("longrope", "su"):
+        return 0
+    original = int(scaling["original_max_position_embeddings"])
+    return original if max_positions > original else 0
+
+
+def longrope_rows(positions: np.ndarray, long_seq: np.ndarray, switch: int, max_positions: int) -> np.ndarray | None:
+    """The RoPE table row of each token (module docstring): positions [T] int32, long_seq [T]
+    bool (the token's sequence is longer than switch = O); None where every row is the token's
+    position."""
+    move = long_seq & (positions < switch)
+    if not move.any():
+        return None
+    return (positions + move * np.int32(max_positions)).astype(np.int32)
+
+
 def inv_freq(config: ModelConfig, max_positions: int | None = None) -> tuple[np.ndarray, float]:
     """(inv_freq float32 [rope_dim/2], attention_factor) for config's rope type; max_positions:
-    the longest sequence served (LongRoPE's choice of factors)."""
+    the sequence length LongRoPE picks its factors by (None: short)."""
     scaling = dict(config.rope_scaling or {})
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     dim = rope_dim(config)
@@ -103,13 +127,21 @@ def inv_freq(config: ModelConfig, max_positions: int | None = None) -> tuple[np.
 
 def rope_tables(config: ModelConfig, max_positions: int) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin float32 [max_positions, R/2] (R = rope_dim(config)): angle of position p for
-    frequency pair i.
+    frequency pair i; [max_positions + O, R/2] for a LongRoPE model whose factors switch at O
+    (module docstring).
 
     Rotate-half layout: pair i rotates elements (i, i + R/2) of each head.
     """
-    freq, attention_factor = inv_freq(config, max_positions)
-    positions = np.arange(max_positions, dtype=np.float32)
-    angles = positions[:, None] * freq[None, :]                                 # [P, D/2] float32
+    switch = longrope_switch(config, max_positions)
+    if not switch:
+        return _table(*inv_freq(config, max_positions), np.arange(max_positions))
+    short = _table(*inv_freq(config, switch), np.arange(switch))
+    long = _table(*inv_freq(config, switch + 1), np.arange(max_positions))
+    return tuple(np.concatenate([s, l[switch:], l[:switch]]) for s, l in zip(short, long))
+
+
+def _table(freq: np.ndarray, attention_factor: float, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    angles = positions.astype(np.float32)[:, None] * freq[None, :]              # [P, D/2] float32
     cos = (np.cos(angles.astype(np.float64)) * attention_factor).astype(np.float32)
     sin = (np.sin(angles.astype(np.float64)) * attention_factor).astype(np.float32)
     return cos, sin

@@ -103,8 +103,9 @@ def _greedy(case, prompt_len: int) -> None:
     toks = np.array(ids, np.int32)
     while len(got) < 20:
         slots = table[0, pos // 16].astype(np.int64) * 16 + pos % 16
-        logits = runner.forward(toks, pos, slots, np.zeros(len(toks), np.int32), table,
-                                np.array([len(toks) - 1], np.int32))
+        seq = np.zeros(len(toks), np.int32)
+        logits = runner.forward(toks, pos, slots, seq, table, np.array([len(toks) - 1], np.int32),
+                                rope_rows=runner.rope_rows(pos, seq, np.array([len(prompt)], np.int32)))
         nxt = int(np.argmax(logits[0]))
         got.append(nxt)
         toks, pos = np.array([nxt], np.int32), np.array([pos[-1] + 1], np.int32)
@@ -144,14 +145,16 @@ def test_phi3_fp32_logits_past_the_short_context_match_transformers(case):
 
 
 @pytest.mark.parametrize("case", PHI3_CASES, ids=_ids)
-def test_phi3_within_the_short_context_uses_the_short_factors(case):
-    """An engine whose max_model_len is the short context rotates with the short factors, as
-    transformers does for every sequence that fits it; the two sets of factors differ."""
-    ref = check_against_transformers(case, [1, 5, 23, 32], max_model_len=32)
-    path = tiny_checkpoint_path(case[0], **case[1])
-    long_runner, loaded = make_runner(path)
-    prompts = prompts_for(loaded.config.vocab_size, [1, 5, 23, 32])
-    assert np.abs(lite_logits(long_runner, prompts[-1:])[0] - ref[-1]).max() > 1e-2 * np.abs(ref[-1]).max()
+@pytest.mark.parametrize("max_model_len", [32, None])
+def test_phi3_within_the_short_context_uses_the_short_factors(case, max_model_len):
+    """A prompt that fits the short context rotates with the short factors, as transformers
+    does for every sequence that fits it, in an engine that serves only the short context and
+    in one that serves longer sequences alike; the two sets of factors differ (transformers'
+    logits of a 33-token prompt's first 32 positions are not those of its 32-token prefix)."""
+    ref = check_against_transformers(case, [1, 5, 23, 32], max_model_len=max_model_len)
+    prompt = prompts_for(320, [1, 5, 23, 32])[-1]
+    longer = hf_logits(tiny_checkpoint_path(case[0], **case[1]), [prompt + [7]])[0][:32]
+    assert np.abs(longer - ref[-1]).max() > 1e-2 * np.abs(ref[-1]).max()
 
 
 @pytest.mark.parametrize("case", PHI3_CASES, ids=_ids)

@@ -58,6 +58,7 @@ def lite_logits(runner, prompts: list[list[int]], chunk: int | None = None) -> l
     blocks_per_seq = runner.num_blocks // len(prompts)
     tables = np.array([[s * blocks_per_seq + b for b in range(blocks_per_seq)] for s in range(len(prompts))], np.int32)
     done = [0] * len(prompts)
+    prompt_lens = np.array([len(p) for p in prompts], np.int32)
     result = [np.zeros((len(p), runner.config.vocab_size), np.float32) for p in prompts]
     while any(d < len(p) for d, p in zip(done, prompts)):
         toks, pos, seq, owners = [], [], [], []
@@ -69,10 +70,27 @@ def lite_logits(runner, prompts: list[list[int]], chunk: int | None = None) -> l
         toks, pos, seq = (np.array(a, np.int32) for a in (toks, pos, seq))
         slots = (tables[seq, pos // BLOCK].astype(np.int64) * BLOCK + pos % BLOCK)
         rows = np.arange(len(toks), dtype=np.int32)
-        logits = runner.forward(toks, pos, slots, seq, tables, rows)
+        logits = runner.forward(toks, pos, slots, seq, tables, rows, rope_rows=runner.rope_rows(pos, seq, prompt_lens))
         for r, (s, i) in enumerate(owners):
             result[s][i] = logits[r]
     return result
+
+
+def paged_greedy(runner, prompt: list[int], n: int) -> tuple[list[int], list[np.ndarray]]:
+    """Greedy decode through the paged cache: the prompt in one step, then n - 1 single-token
+    steps; (the n tokens, the logits each was chosen from)."""
+    table = np.arange(runner.num_blocks, dtype=np.int32)[None, :]
+    toks, pos = np.array(prompt, np.int32), np.arange(len(prompt), dtype=np.int32)
+    out, seen = [], []
+    while len(out) < n:
+        slots = table[0, pos // BLOCK].astype(np.int64) * BLOCK + pos % BLOCK
+        seq = np.zeros(len(toks), np.int32)
+        logits = runner.forward(toks, pos, slots, seq, table, np.array([len(toks) - 1], np.int32),
+                                rope_rows=runner.rope_rows(pos, seq, np.array([len(prompt)], np.int32)))
+        seen.append(logits[0].copy())
+        out.append(int(np.argmax(logits[0])))
+        toks, pos = np.array([out[-1]], np.int32), np.array([pos[-1] + 1], np.int32)
+    return out, seen
 
 
 def prompts_for(vocab: int, lens=PROMPT_LENS, seed=0) -> list[list[int]]:

@@ -73,3 +73,37 @@ def test_rope_identity_at_position_zero_and_unit_circle():
 def test_unknown_rope_type():
     with pytest.raises(ValueError, match="dynamic.*supported: default, linear, llama3, yarn"):
         rope_tables(dataclasses.replace(BASE, rope_scaling={"rope_type": "dynamic", "factor": 2.0}), 8)
+
+
+def test_longrope_table_rows_match_transformers_short_and_long():
+    """A LongRoPE table of P = 96 positions over an original context of 32: rows 0..31 the short
+    factors, rows 32..95 the long ones (a sequence that long), rows 96..127 the long factors of
+    positions 0..31; each against transformers' Phi3RotaryEmbedding at a sequence length that
+    picks those factors. A table for P <= 32 is the short one alone."""
+    import torch
+    from transformers import Phi3Config
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+    short, long = [1.0, 1.2, 1.7, 2.9, 3.0, 4.0, 5.5, 7.0], [1.0, 2.0, 4.5, 9.0, 11.0, 13.0, 20.0, 31.0]
+    scaling = {"rope_type": "longrope", "original_max_position_embeddings": 32, "short_factor": short,
+               "long_factor": long}
+    config = dataclasses.replace(BASE, head_dim=16, num_heads=8, dim=128, max_position_embeddings=128,
+                                 rope_scaling=scaling)
+    cos, sin = rope_tables(config, 96)
+    assert cos.shape == sin.shape == (128, 8)
+    hf = Phi3Config(hidden_size=128, num_attention_heads=8, max_position_embeddings=128,
+                    original_max_position_embeddings=32,
+                    rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": short,
+                                     "long_factor": long})
+
+    def ref(positions, seq_len):
+        module = Phi3RotaryEmbedding(hf)
+        c, s = module(torch.zeros(1, 1, 16), torch.tensor([list(positions) + [seq_len - 1]]))
+        return c[0, :-1, :8].numpy(), s[0, :-1, :8].numpy()
+
+    for rows, positions, seq_len in ((range(0, 32), range(0, 32), 32), (range(32, 96), range(32, 96), 96),
+                                     (range(96, 128), range(0, 32), 96)):
+        want_cos, want_sin = ref(positions, seq_len)
+        np.testing.assert_allclose(cos[list(rows)], want_cos, atol=2e-6, rtol=0)
+        np.testing.assert_allclose(sin[list(rows)], want_sin, atol=2e-6, rtol=0)
+    assert rope_tables(config, 32)[0].shape == (32, 8)
+    np.testing.assert_array_equal(rope_tables(config, 32)[0], cos[:32])

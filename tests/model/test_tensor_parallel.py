@@ -395,3 +395,19 @@ def test_an_fp8_checkpoint_runs_as_stored_on_two_ranks(head_dim, o_format, tmp_p
                 np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
     finally:
         group.close()
+
+
+def test_longrope_rows_reach_the_other_rank():
+    """Phi-3 LongRoPE (short context 32): a 40-token prompt turns its first 32 tokens with the
+    long factors through table rows past max_model_len, which travel with the step; two ranks
+    give one rank's logits (and one rank gives transformers', test_longrope.py)."""
+    path = tiny_checkpoint_path("phi3")
+    one, loaded = make_runner(path)
+    two, group = tp_runner(path)
+    try:
+        prompts = prompts_for(loaded.config.vocab_size, [12, 40])
+        for chunk in (None, 7):
+            for a, b in zip(lite_logits(one, prompts, chunk), lite_logits(two, prompts, chunk)):
+                np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    finally:
+        group.close()

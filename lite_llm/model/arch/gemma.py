@@ -4,7 +4,8 @@ norms per layer (before and after attention and the MLP), GeGLU (gelu tanh), tie
 an attention scale of query_pre_attn_scalar ** -0.5, and sliding-window layers alternating
 with global ones. Gemma 2: attention and final logit soft-capping. Gemma 3: q/k norm, and the
 sliding layers' own RoPE base (rope_local_base_freq, 10k) beside the global one (1M, with
-linear scaling in the larger models).
+linear scaling in the larger models); no attention soft-capping (transformers' Gemma 3 ignores
+attn_logit_softcapping).
 
 HF names: model.layers.{i}.{input_layernorm, post_attention_layernorm, pre_feedforward_layernorm,
 post_feedforward_layernorm}; llama.cpp (gemma2 / gemma3 graphs): blk.{i}.{attn_norm,
@@ -52,7 +53,8 @@ def config(raw: dict, arch: str, where: str) -> ModelConfig:
         local_theta = float(raw.get("rope_local_base_freq") or local_theta)
         if local_scaling is not None and "rope_local_base_freq" not in raw:
             raise ModelLoadError(f"{where}: rope scaling of Gemma 3's sliding layers is not supported")
-    attn_cap = raw.get("attn_logit_softcapping")
+    # transformers' Gemma 3 keeps attn_logit_softcapping in its config but never applies it
+    attn_cap = raw.get("attn_logit_softcapping") if not gemma3 else None
     return llama.decoder_config(
         raw, arch, where,
         act=llama.activation(raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh", where),

@@ -13,12 +13,26 @@ HF_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2Model", "Qwen3
 GGUF_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
+def window_fields(raw: dict, is_sliding=lambda i, max_window_layers: i >= max_window_layers) -> dict:
+    """sliding_window and layer_types of a Qwen config with use_sliding_window: the layers
+    config.json's layer_types names (transformers 5 writes them), else those is_sliding(i,
+    max_window_layers) picks as transformers does (Qwen2 / Qwen3: i >= max_window_layers; its
+    default 28); no window when no layer slides."""
+    if not raw.get("use_sliding_window") or not raw.get("sliding_window"):
+        return {"sliding_window": None}
+    n = int(raw["num_hidden_layers"])
+    types = tuple(raw.get("layer_types") or ("sliding_attention" if is_sliding(i, int(raw.get("max_window_layers", 28)))
+                                             else "full_attention" for i in range(n)))
+    if "sliding_attention" not in types:
+        return {"sliding_window": None}
+    return {"sliding_window": int(raw["sliding_window"]), "layer_types": types}
+
+
 def config(raw: dict, arch: str, where: str) -> ModelConfig:
-    sliding = raw.get("sliding_window") if raw.get("use_sliding_window") else None
     attention_bias = bool(raw.get("attention_bias", False))
     qwen2 = arch.startswith("Qwen2")
     extra = {"tie_word_embeddings": True} if arch.endswith("Model") else {}
-    return llama.decoder_config(raw, arch, where, sliding_window=int(sliding) if sliding else None,
+    return llama.decoder_config(raw, arch, where, **window_fields(raw),
                                 qkv_bias=qwen2 or attention_bias, o_bias=attention_bias and not qwen2,
                                 qk_norm=arch.startswith("Qwen3"), **extra)
 

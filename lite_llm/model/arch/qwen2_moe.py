@@ -9,7 +9,7 @@ from functools import partial
 from typing import Any, Iterator
 
 from lite_llm.config import ModelConfig
-from lite_llm.model.arch import llama, moe
+from lite_llm.model.arch import llama, moe, qwen
 
 HF_ARCHITECTURES = ("Qwen2MoeForCausalLM",)
 GGUF_ARCHITECTURES = {"qwen2moe": "Qwen2MoeForCausalLM"}
@@ -17,8 +17,9 @@ _MLP = partial(moe.hf_mlp, block="mlp.", names=("gate_proj", "up_proj", "down_pr
 
 
 def config(raw: dict, arch: str, where: str) -> ModelConfig:
-    sliding = raw.get("sliding_window") if raw.get("use_sliding_window") else None
-    return llama.decoder_config(raw, arch, where, sliding_window=int(sliding) if sliding else None,
+    # transformers' Qwen2-MoE slides the window on the even-numbered layers below max_window_layers
+    window = qwen.window_fields(raw, lambda i, max_window_layers: i % 2 == 0 and i < max_window_layers)
+    return llama.decoder_config(raw, arch, where, **window,
                                 qkv_bias=bool(raw.get("qkv_bias", True)),
                                 **moe.hf_fields(raw, where, ffn_key="moe_intermediate_size", norm_topk=None, shared=True))
 
