@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from lite_llm.outputs import Logprob, fold
-from lite_llm.sampling_params import MAX_BEAM_WIDTH, BeamSearchParams, RequestOutputKind, SamplingParams
+from lite_llm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 
 @dataclass

@@ -121,7 +121,7 @@ def language_code(name: str) -> str:
     for code, lang in LANGUAGES.items():
         if lang == key:
             return code
-    raise TranscriptionError(f"language: not one of Whisper's languages")
+    raise TranscriptionError("language: not one of Whisper's languages")
 
 
 def compression_ratio(tokens: list[int], vocab_size: int) -> float:

@@ -38,6 +38,20 @@ class WhisperError(ValueError):
     """A Whisper checkpoint that cannot be used; the message says which tensor or setting."""
 
 
+def open_checkpoint(path: str, kernels, num_threads: int | None) -> tuple[dict, object, int]:
+    """(config.json, the kernels: this CPU's for "auto", threads: the process's cores for None) of
+    the HF Whisper directory at path, which must be one."""
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
+        raw = json.load(fh)
+    if (raw.get("architectures") or [None])[0] not in ARCHITECTURES and raw.get("model_type") != "whisper":
+        raise WhisperError(f"{path}: not a Whisper checkpoint (architectures {raw.get('architectures')})")
+    if kernels == "auto":
+        from lite_llm._kernels import kernels   # deferred: the module imports where no kernel build loads
+    if num_threads is None:
+        num_threads = max(1, len(os.sched_getaffinity(0)))
+    return raw, kernels, num_threads
+
+
 @dataclass(frozen=True)
 class WhisperEncoderConfig:
     num_mel_bins: int = 80
@@ -135,15 +149,8 @@ class WhisperEncoder:
                         **kw) -> "WhisperEncoder":
         """The encoder of the HF Whisper directory at path, on this CPU's kernels ("auto") or
         in NumPy (None)."""
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
-            raw = json.load(fh)
-        if (raw.get("architectures") or [None])[0] not in ARCHITECTURES and raw.get("model_type") != "whisper":
-            raise WhisperError(f"{path}: not a Whisper checkpoint (architectures {raw.get('architectures')})")
+        raw, kernels, num_threads = open_checkpoint(path, kernels, num_threads)
         cfg = WhisperEncoderConfig.from_hf(raw)
-        if kernels == "auto":
-            from lite_llm._kernels import kernels   # deferred: the module imports where no kernel build loads
-        if num_threads is None:
-            num_threads = max(1, len(os.sched_getaffinity(0)))
         return cls(cfg, read_hf(path, cfg), kernels, dtype, num_threads, **kw)
 
     def _pack(self, kernels, dtype: str, bf16_path: str | None):

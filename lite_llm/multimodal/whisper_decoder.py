@@ -27,8 +27,6 @@ engine's shared block pool.
 """
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,7 +35,7 @@ from lite_llm.model.hf import SafetensorsCheckpoint
 from lite_llm.model.weights import to_bf16
 from lite_llm.multimodal.llava import _act, _layernorm
 from lite_llm.multimodal.towers import float_tensors
-from lite_llm.multimodal.whisper import ARCHITECTURES, WhisperError
+from lite_llm.multimodal.whisper import WhisperError, open_checkpoint
 
 BLOCK = 16          # rows of a KV block (the attention kernel's tile)
 # below this many multiply-adds an op runs on one thread: a decode step of one token is ~50 small
@@ -169,15 +167,8 @@ class WhisperDecoder:
     @classmethod
     def from_pretrained(cls, path: str, kernels="auto", dtype: str = "float32", num_threads: int | None = None,
                         **kw) -> "WhisperDecoder":
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
-            raw = json.load(fh)
-        if (raw.get("architectures") or [None])[0] not in ARCHITECTURES and raw.get("model_type") != "whisper":
-            raise WhisperError(f"{path}: not a Whisper checkpoint (architectures {raw.get('architectures')})")
+        raw, kernels, num_threads = open_checkpoint(path, kernels, num_threads)
         cfg = WhisperDecoderConfig.from_hf(raw)
-        if kernels == "auto":
-            from lite_llm._kernels import kernels   # deferred: see whisper.py
-        if num_threads is None:
-            num_threads = max(1, len(os.sched_getaffinity(0)))
         return cls(cfg, read_hf(path, cfg), kernels, dtype, num_threads, **kw)
 
     # ---- packing ----------------------------------------------------------------------------
@@ -311,7 +302,7 @@ class WhisperDecoder:
         positions = np.concatenate([np.arange(len(st.tokens), len(st.tokens) + len(n)) for st, n in zip(states, tokens)])
         seq = np.concatenate([np.full(len(n), s) for s, n in enumerate(tokens)]).astype(np.int32)
         ends = np.cumsum([len(n) for n in tokens]) - 1
-        S, N = len(states), ids.shape[0]
+        N = ids.shape[0]
         self_tables = np.stack([st.slot * self.self_blocks + np.arange(self.self_blocks)
                                 for st in states]).astype(np.int32)
         cross_tables = np.stack([st.cross_slot * self.cross_blocks + np.arange(self.cross_blocks)

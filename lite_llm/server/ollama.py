@@ -350,15 +350,20 @@ def _loaded(model: str, kind: str) -> Response:
 
 # ---- routes -----------------------------------------------------------------------------------
 
-def chat(req: Request, state: ServerState) -> Response:
-    """POST /api/chat."""
+def _begin(req: Request, state: ServerState) -> tuple[int, dict, str, bool]:
+    """(start time in ns, body, served model, stream) of a chat or generate request."""
     started = time.monotonic_ns()
     state.check_serving()
     body = req.json()
     model = served_model(state, body.get("model"))
     pooling.refuse_generation(state.engine)
     _keep_alive(body)
-    stream = get_bool(body, "stream", True)
+    return started, body, model, get_bool(body, "stream", True)
+
+
+def chat(req: Request, state: ServerState) -> Response:
+    """POST /api/chat."""
+    started, body, model, stream = _begin(req, state)
     sampling, ctx = _options(body, state.ctx)
     messages = _messages(body.get("messages") or [])
     if not messages:
@@ -376,13 +381,7 @@ def chat(req: Request, state: ServerState) -> Response:
 def generate(req: Request, state: ServerState) -> Response:
     """POST /api/generate: the prompt as one user turn of the chat template (after `system`),
     or, with raw, the prompt as it is (a text completion)."""
-    started = time.monotonic_ns()
-    state.check_serving()
-    body = req.json()
-    model = served_model(state, body.get("model"))
-    pooling.refuse_generation(state.engine)
-    _keep_alive(body)
-    stream = get_bool(body, "stream", True)
+    started, body, model, stream = _begin(req, state)
     raw = get_bool(body, "raw", False)
     sampling, ctx = _options(body, state.ctx)
     prompt, system = body.get("prompt") or "", body.get("system")

@@ -209,13 +209,7 @@ def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, Any]]:
 
 
 def gguf_config(f, arch: str) -> ModelConfig:
-    meta = f.metadata
-
-    def key(name: str, default: Any = None) -> Any:
-        value = meta.get(f"{arch}.{name}", default)
-        if value is None:
-            raise ModelLoadError(f"{f.path}: metadata {arch}.{name} is missing")
-        return value
+    meta, key = f.metadata, llama.gguf_key(f, arch)
 
     gating = int(key("expert_gating_func", GATING_SOFTMAX))
     if gating not in (GATING_SOFTMAX, GATING_SIGMOID):

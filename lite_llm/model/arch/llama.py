@@ -179,9 +179,9 @@ def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, Any]]:
 # ---- GGUF --------------------------------------------------------------------------------
 
 
-def gguf_decoder_config(f, arch: str, architecture: str, **fields: Any) -> ModelConfig:
-    """ModelConfig from a GGUF file's metadata (as transformers' GGUF loader reads it) for
-    llama.cpp graph `arch`; `fields` override or add to it."""
+def gguf_key(f, arch: str) -> Callable[..., Any]:
+    """key(name, default=None): GGUF file f's metadata `{arch}.{name}`, the default when it has
+    none; a clear error when it has none and there is no default."""
     meta = f.metadata
 
     def key(name: str, default: Any = None) -> Any:
@@ -189,6 +189,13 @@ def gguf_decoder_config(f, arch: str, architecture: str, **fields: Any) -> Model
         if value is None:
             raise ModelLoadError(f"{f.path}: metadata {arch}.{name} is missing")
         return value
+    return key
+
+
+def gguf_decoder_config(f, arch: str, architecture: str, **fields: Any) -> ModelConfig:
+    """ModelConfig from a GGUF file's metadata (as transformers' GGUF loader reads it) for
+    llama.cpp graph `arch`; `fields` override or add to it."""
+    meta, key = f.metadata, gguf_key(f, arch)
 
     dim = int(key("embedding_length"))
     num_heads = int(key("attention.head_count"))
