@@ -209,7 +209,7 @@ def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, Any]]:
 
 
 def gguf_config(f, arch: str) -> ModelConfig:
-    meta, key = f.metadata, llama.gguf_key(f, arch)
+    key = llama.gguf_key(f, arch)
 
     gating = int(key("expert_gating_func", GATING_SOFTMAX))
     if gating not in (GATING_SOFTMAX, GATING_SIGMOID):
