@@ -380,7 +380,10 @@ def test_serve_command_with_several_models(checkpoints):
         assert _statuses(port)["beta"] == "unloaded"
     finally:
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
+        # the rest through the same reader: readline may already hold the lines after the
+        # serving line in its buffer, which communicate() (reading the pipe itself) never sees
+        err = proc.stderr.read()
     log = "".join(lines) + err
     assert proc.returncode == 0, log
     assert "2 models, loaded on first request, unloaded after 2 s idle: alpha, beta" in log
