@@ -52,6 +52,14 @@ def open_checkpoint(path: str, kernels, num_threads: int | None) -> tuple[dict, 
     return raw, kernels, num_threads
 
 
+def activation(raw: dict) -> str:
+    """config.json's activation_function as the kernels name it: "gelu" (erf) or "gelu_tanh"."""
+    act = raw.get("activation_function", "gelu")
+    if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
+        raise WhisperError(f"activation_function {act!r} is not supported (gelu)")
+    return "gelu" if act == "gelu" else "gelu_tanh"
+
+
 @dataclass(frozen=True)
 class WhisperEncoderConfig:
     num_mel_bins: int = 80
@@ -65,14 +73,10 @@ class WhisperEncoderConfig:
 
     @classmethod
     def from_hf(cls, raw: dict) -> "WhisperEncoderConfig":
-        act = raw.get("activation_function", "gelu")
-        if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
-            raise WhisperError(f"activation_function {act!r} is not supported (gelu)")
         return cls(num_mel_bins=int(raw.get("num_mel_bins", 80)), hidden_size=int(raw["d_model"]),
                    num_heads=int(raw["encoder_attention_heads"]), num_layers=int(raw["encoder_layers"]),
                    intermediate_size=int(raw["encoder_ffn_dim"]),
-                   max_source_positions=int(raw.get("max_source_positions", 1500)),
-                   act="gelu" if act == "gelu" else "gelu_tanh")
+                   max_source_positions=int(raw.get("max_source_positions", 1500)), act=activation(raw))
 
     @property
     def num_frames(self) -> int:

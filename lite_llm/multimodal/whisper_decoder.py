@@ -35,7 +35,7 @@ from lite_llm.model.hf import SafetensorsCheckpoint
 from lite_llm.model.weights import to_bf16
 from lite_llm.multimodal.llava import _act, _layernorm
 from lite_llm.multimodal.towers import float_tensors
-from lite_llm.multimodal.whisper import WhisperError, open_checkpoint
+from lite_llm.multimodal.whisper import WhisperError, activation, open_checkpoint
 
 BLOCK = 16          # rows of a KV block (the attention kernel's tile)
 # below this many multiply-adds an op runs on one thread: a decode step of one token is ~50 small
@@ -57,17 +57,13 @@ class WhisperDecoderConfig:
 
     @classmethod
     def from_hf(cls, raw: dict) -> "WhisperDecoderConfig":
-        act = raw.get("activation_function", "gelu")
-        if act not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
-            raise WhisperError(f"activation_function {act!r} is not supported (gelu)")
         if raw.get("scale_embedding"):
             raise WhisperError("scale_embedding is not supported (Whisper checkpoints leave it off)")
         return cls(vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["d_model"]),
                    num_heads=int(raw["decoder_attention_heads"]), num_layers=int(raw["decoder_layers"]),
                    intermediate_size=int(raw["decoder_ffn_dim"]),
                    max_target_positions=int(raw.get("max_target_positions", 448)),
-                   max_source_positions=int(raw.get("max_source_positions", 1500)),
-                   act="gelu" if act == "gelu" else "gelu_tanh")
+                   max_source_positions=int(raw.get("max_source_positions", 1500)), act=activation(raw))
 
     @property
     def head_dim(self) -> int:
