@@ -90,6 +90,46 @@ def build_modules(arch: str, sr: Path, pyinc: Path, out: Path, jobs: int) -> lis
         return list(pool.map(one, jobs_list))
 
 
+def _stamp(arch: str, sr: Path, pyinc: Path) -> str:
+    """What the modules of `arch` are made from: the sources, the flags, the compiler and the headers."""
+    import hashlib
+
+    t = TARGETS[arch]
+    h = hashlib.sha256(repr((CFLAGS, OPENMP, CYTHON_DIRECTIVES, [(v.name, v.flags) for v in variants_for(arch)],
+                             str(sr), str(pyinc))).encode())
+    h.update(subprocess.run([f"{t['triplet']}-gcc", "--version"], capture_output=True, text=True).stdout.encode())
+    for path in sorted([*ROOT.glob("lite_llm/**/*.pyx"), *ROOT.glob("lite_llm/**/*.pxi"),
+                        *ROOT.glob("lite_llm/**/*.pxd"), *ROOT.glob("src/**/*.[ch]")]):
+        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def _stamp_file(arch: str) -> Path:
+    return ROOT / "build" / f"cross-{arch}-modules.json"
+
+
+def build_into_tree(arch: str, sr: Path, pyinc: Path, jobs: int) -> list[Path]:
+    """The wheel's modules of `arch`, next to the host's in the source tree (where the emulated tier
+    tests them), recorded with what they were made from so the wheel build takes them as they are."""
+    modules = build_modules(arch, sr, pyinc, ROOT, jobs)
+    _stamp_file(arch).parent.mkdir(parents=True, exist_ok=True)
+    _stamp_file(arch).write_text(json.dumps({"stamp": _stamp(arch, sr, pyinc),
+                                             "modules": [str(m.relative_to(ROOT)) for m in modules]}))
+    return modules
+
+
+def tree_modules(arch: str, sr: Path, pyinc: Path) -> list[Path] | None:
+    """The modules build_into_tree left in the tree, if they were made from what is here now."""
+    try:
+        record = json.loads(_stamp_file(arch).read_text())
+    except (OSError, ValueError):
+        return None
+    modules = [ROOT / m for m in record.get("modules", [])]
+    if record.get("stamp") != _stamp(arch, sr, pyinc) or not modules or not all(m.is_file() for m in modules):
+        return None
+    return modules
+
+
 def assemble(arch: str, x86_wheel: Path, modules_root: Path, modules: list[Path], out_dir: Path) -> Path:
     """The x86_64 wheel's files without its compiled modules, plus `modules`, tagged for `arch`."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -195,8 +235,14 @@ def main() -> int:
         if args.raw:
             raw = args.raw.resolve()
         else:
-            mods_root = Path(tmp) / "mods"
-            modules = build_modules(arch, sr, emu / arch / "sysroot", mods_root, args.jobs)
+            # the emulated tier tests the wheel's modules in the tree (.ci/emulated.py): taken as they are
+            # when made from these sources with these flags, else compiled here
+            mods_root, modules = ROOT, tree_modules(arch, sr, emu / arch / "sysroot")
+            if modules is None:
+                mods_root = Path(tmp) / "mods"
+                modules = build_modules(arch, sr, emu / arch / "sysroot", mods_root, args.jobs)
+            else:
+                log(f"{arch}: the emulated tier's modules, made from these sources: {len(modules)} modules")
             raw = assemble(arch, args.x86_wheel.resolve(), mods_root, modules, Path(tmp) / "raw")
         # auditwheel's --plat names this machine's architecture only: `auto` takes the wheel's,
         # and the most compatible tag its symbols allow; libraries from the sysroot only
