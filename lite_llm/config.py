@@ -170,6 +170,10 @@ class KernelConfig:
     bf16_path: str | None        # lite_llm/_kernels/gemm_path.py; None: the build's default
     layers: tuple[LayerConfig, ...]
     attn_path: str = "auto"      # ATTENTION_PATHS: how attention tiles compute (src/kernels/attention.h)
+    # deterministic mode: each row through the same kernels whatever else the step holds (no key
+    # splits, no one-token streaming GEMV, one bf16 input form, attention direct), so a sequence's
+    # logits are the same bits in any batch, chunking or after a preemption
+    batch_invariant: bool = False
     # mixture of experts (ModelConfig's fields): ffn_dim is then each expert's width
     num_experts: int = 0         # X; 0: dense MLP
     num_experts_per_tok: int = 0     # K

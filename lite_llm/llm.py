@@ -66,7 +66,7 @@ class LLM:
                  speculative_config: dict | str | None = None, tensor_parallel_size: int = 1,
                  runner: str = "auto", pooler_config: dict | str | None = None,
                  hf_overrides: dict | str | None = None, enable_lora: bool = False, max_loras: int = 1,
-                 max_lora_rank: int = 16, **kwargs: Any):
+                 max_lora_rank: int = 16, deterministic: bool = False, **kwargs: Any):
         self._media = multimodal.media_config(kwargs.pop("limit_mm_per_prompt", None),   # image inputs
                                               kwargs.pop("mm_processor_kwargs", None),
                                               kwargs.pop("allowed_media_domains", None))
@@ -96,7 +96,7 @@ class LLM:
             skip_tokenizer_init=skip_tokenizer_init, serving=False, quantization=quantization,
             kv_cache_dtype=kv_cache_dtype, speculative_config=speculative_config,
             tensor_parallel_size=tensor_parallel_size, enable_lora=enable_lora, max_loras=max_loras,
-            max_lora_rank=max_lora_rank, mmproj=mmproj)
+            max_lora_rank=max_lora_rank, mmproj=mmproj, deterministic=deterministic)
         built = build_engine(self.engine_args)
         self._engine, self._loaded, self.info = built.engine, built.loaded, built.info
         self.tokenizer = self._loaded.tokenizer

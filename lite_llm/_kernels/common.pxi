@@ -60,6 +60,7 @@ cdef extern from "kernels/matmul.h" nogil:
         int num_parts
         int input
         int fma
+        int stream
         Py_ssize_t n, k, num_panels
         const float *bias
     int ll_mat_input(const ll_mat *m)
@@ -86,7 +87,7 @@ cdef extern from "kernels/act.h" nogil:
 
 cdef extern from "kernels/attention.h" nogil:
     int LL_MAX_HEAD_DIM, LL_ATTN_QTILE, LL_ATTN_STAGE_ROWS, LL_KV_BF16
-    int LL_ATTN_AUTO, LL_ATTN_AUTO_FMA, LL_ATTN_DIRECT, LL_ATTN_BF16, LL_ATTN_F32
+    int LL_ATTN_AUTO, LL_ATTN_AUTO_FMA, LL_ATTN_DIRECT, LL_ATTN_BF16, LL_ATTN_F32, LL_ATTN_ROWS
     Py_ssize_t ll_attention_scratch(Py_ssize_t head_dim, Py_ssize_t group)
     void ll_paged_attention_tile(const float *q, Py_ssize_t ldq, float *out, Py_ssize_t ldo, int nq,
                                  int group, Py_ssize_t h0, const int32_t *pos, const int32_t *last, int window,
@@ -127,11 +128,11 @@ cdef inline const void *_ptr(object arr) except NULL:
 
 
 cdef Mat _make_mat(object w, list parts, Py_ssize_t n, Py_ssize_t k, object bias, list keep,
-                   bint fma=False) except *:
+                   bint fma=False, bint stream=True) except *:
     """Mat over packed buffer w: parts are (type name, first panel, end panel, first column,
     end column, byte offset in w), at most LL_MAX_PARTS; float formats are one part. fma: bf16
     weights run steps of several tokens on the fp32-FMA path (matmul.h), where the build also
-    has vdpbf16ps."""
+    has vdpbf16ps. stream False: one-token steps through the tiles too (batch-invariant, gemm.h)."""
     cdef Mat m
     cdef int i
     cdef Py_ssize_t off
@@ -158,6 +159,7 @@ cdef Mat _make_mat(object w, list parts, Py_ssize_t n, Py_ssize_t k, object bias
     m.bias = <const float *>_ptr(bias) if bias is not None else NULL
     m.input = ll_mat_input(&m)
     m.fma = fma and m.input == LL_IN_BF16
+    m.stream = stream
     keep.append(w)
     keep.append(bias)
     return m

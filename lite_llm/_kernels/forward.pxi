@@ -54,6 +54,7 @@ cdef struct ModelC:
     int post_ln                    # BERT: x = LN(x + sub-layer(x)); attn_norm / mlp_norm are the LNs after
     int num_types                  # rows of type_embed
     int attn_path                  # LL_ATTN_* (attention.h): direct or staged dot products
+    int batch_invariant            # deterministic mode: no attention key splits (KernelConfig.batch_invariant)
     int num_experts, top_k, norm_topk, shared_dim   # MoE (X, K, renormalise, Fs); num_experts 0: dense MLP
     int moe_routing                # LL_MOE_* (moe.h): softmax then top-k, or top-k then softmax, or DeepSeek's
     int n_group, topk_group, shared_gate   # DeepSeek's grouped routing; shared_gate 0: the shared expert ungated
@@ -115,14 +116,14 @@ cdef struct WorkC:
     int32_t *lgrp   # [3 T + 1] rows grouped by adapter: slots [T], offsets [T + 1], rows [T]
 
 
-cdef Mat _mat(object packed, str name, list keep, bint fma) except *:
+cdef Mat _mat(object packed, str name, list keep, bint fma, bint stream=True) except *:
     """The Mat of matrix `name` of a PackedModel (packed.py): its panels, [N, K], parts (see
     _make_mat) and bias. fma: bf16 weights run bigger steps on the fp32-FMA path."""
     m = packed.matrices.get(name)
     if m is None:
         raise ValueError(f"the packed model has no matrix {name!r}")
     n, k = m.shape
-    return _make_mat(m.data, list(m.parts), n, k, m.bias, keep, fma)
+    return _make_mat(m.data, list(m.parts), n, k, m.bias, keep, fma, stream)
 
 
 def _bf16_fma(path):
@@ -173,8 +174,13 @@ cdef class Model:
         cdef int i
         cdef str p, dtype = cfg.dtype
         cdef dict tensors = packed.vectors
-        cdef bint fma = _bf16_fma(cfg.bf16_path)
+        # deterministic mode: one bf16 input form and the tiles for every step shape (gemm.h), no
+        # key splits, attention tiles direct (attention.h): a row's bits do not depend on the step
+        cdef bint invariant = cfg.batch_invariant
+        cdef bint fma = _bf16_fma(cfg.bf16_path) and not invariant
+        cdef bint stream = not invariant
         self.keep = []
+        self.c.batch_invariant = invariant
         self.c.num_layers, self.c.dim, self.c.ffn_dim = cfg.num_layers, cfg.dim, cfg.ffn_dim
         self.c.vocab_size, self.c.num_heads, self.c.num_kv_heads = cfg.vocab_size, cfg.num_heads, cfg.num_kv_heads
         self.c.head_dim, self.c.rope_dim, self.c.eps = cfg.head_dim, cfg.rope_dim, cfg.norm_eps
@@ -219,7 +225,7 @@ cdef class Model:
         self.c.num_blocks, self.c.block_size = geometry[0], geometry[2]
         self.c.kv_type = kv_type(kc, cfg.kv_cache_dtype)
         # fp32 models stage into fp32 (an 8-bit cache's tiles keep fp32 q and probabilities)
-        self.c.attn_path = attention_path(cfg.attn_path, fma or dtype == "float32")
+        self.c.attn_path = LL_ATTN_ROWS if invariant else attention_path(cfg.attn_path, fma or dtype == "float32")
         self.c.rope_rows = rope_tables[0][0].shape[0] if cfg.rope and rope_tables else self.c.max_positions
         for table in (rope_tables if cfg.rope else ()):
             if (len(table) != 2 or table[0].shape != (self.c.rope_rows, self.c.rope_dim // 2)
@@ -249,17 +255,17 @@ cdef class Model:
             if cfg.rope:
                 self.c.layers[i].rope_cos = _vec({"c": rope_tables[lc.rope_table][0]}, "c", self.keep)
                 self.c.layers[i].rope_sin = _vec({"s": rope_tables[lc.rope_table][1]}, "s", self.keep)
-            self.c.layers[i].qkv = _mat(packed, p + "qkv", self.keep, fma)
-            self.c.layers[i].o = _mat(packed, p + "o", self.keep, fma)
+            self.c.layers[i].qkv = _mat(packed, p + "qkv", self.keep, fma, stream)
+            self.c.layers[i].o = _mat(packed, p + "o", self.keep, fma, stream)
             if self.c.kv_lora:
-                self._load_mla(i, packed, fma)
+                self._load_mla(i, packed, fma, stream)
             self.c.layers[i].ffn = cfg.dense_ffn_dim if i < cfg.first_dense_layers else self.c.ffn_dim
             if self.c.num_experts and i >= cfg.first_dense_layers:
-                self._load_experts(i, packed, fma)
+                self._load_experts(i, packed, fma, stream)
             else:
-                self.c.layers[i].up = _mat(packed, p + ("gate_up" if self.c.gated else "up"), self.keep, fma)
+                self.c.layers[i].up = _mat(packed, p + ("gate_up" if self.c.gated else "up"), self.keep, fma, stream)
                 _check_gated(&self.c.layers[i].up, self.c.gated, self.c.layers[i].ffn, p + "gate_up")
-                self.c.layers[i].down = _mat(packed, p + "down", self.keep, fma)
+                self.c.layers[i].down = _mat(packed, p + "down", self.keep, fma, stream)
             if (self.c.layers[i].o.input == LL_IN_Q8 and not self.c.kv_lora
                     and (self.c.num_heads // self.c.num_kv_heads * self.c.head_dim) % 32):
                 raise ValueError(f"{p}o: int8 inputs need 32-value blocks within a KV group "
@@ -270,8 +276,8 @@ cdef class Model:
             self.c.layers[i].k_cache = <void *>_ptr(k_caches[i])
             self.c.layers[i].v_cache = <void *>_ptr(k_caches[i] if self.c.kv_lora else v_caches[i])
             self.keep += [k_caches[i], v_caches[i]]
-        self.c.embed = _mat(packed, "embed", self.keep, fma)
-        self.c.lm_head = _mat(packed, "lm_head" if "lm_head" in packed.matrices else "embed", self.keep, fma)
+        self.c.embed = _mat(packed, "embed", self.keep, fma, stream)
+        self.c.lm_head = _mat(packed, "lm_head" if "lm_head" in packed.matrices else "embed", self.keep, fma, stream)
         # a tensor-parallel rank's LM head: vocabulary rows vocab0 .. vocab0 + n (tp.py); else all
         self.c.vocab0 = packed.vocab_first_row
         if self.c.vocab0 < 0 or self.c.vocab0 + self.c.lm_head.n > self.c.vocab_size:
@@ -292,7 +298,7 @@ cdef class Model:
         if not self.c.use_rope and (self.c.pos_embed is NULL or tensors["pos_embed"].shape[0] < self.c.max_positions):
             raise ValueError("a model without rope needs pos_embed with max_positions rows")
 
-    cdef _load_mla(self, int i, object packed, bint fma):
+    cdef _load_mla(self, int i, object packed, bint fma, bint stream):
         """Layer i's latent-attention pieces (LayerW): the norms of the latents, the absorbed q_b;
         qkv's and o's widths checked against the cache row (Dk = r + dr) and the heads."""
         cdef str p = f"layers.{i}."
@@ -309,11 +315,11 @@ cdef class Model:
             L.q_a_norm_w = _vec(tensors, p + "q_a_norm.weight", self.keep)
             if L.q_a_norm_w is NULL or tensors[p + "q_a_norm.weight"].shape != (ql,):
                 raise ValueError(f"{p}q_a_norm.weight: expected [{ql}] float32")
-            L.q_b = _mat(packed, p + "q_b", self.keep, fma)
+            L.q_b = _mat(packed, p + "q_b", self.keep, fma, stream)
             if L.q_b.n != H * Dk or L.q_b.k != ql:
                 raise ValueError(f"{p}q_b: expected [{H * Dk}, {ql}]")
 
-    cdef _load_experts(self, int i, object packed, bint fma):
+    cdef _load_experts(self, int i, object packed, bint fma, bint stream):
         """Layer i's router, experts and shared expert (see LayerW); every expert of a layer in
         one format (one 3-D tensor in a file), so the gathered rows have one input form."""
         cdef str p = f"layers.{i}."
@@ -332,16 +338,16 @@ cdef class Model:
             raise ValueError(f"{p}router.correction_bias: expected [{X}] float32")
         L.experts = <Mat *>calloc(2 * X, sizeof(Mat))
         for j in range(X):
-            L.experts[j] = _mat(packed, p + f"experts.{j}.gate_up", self.keep, fma)
+            L.experts[j] = _mat(packed, p + f"experts.{j}.gate_up", self.keep, fma, stream)
             _check_gated(&L.experts[j], True, self.c.ffn_dim, p + f"experts.{j}.gate_up")
-            L.experts[X + j] = _mat(packed, p + f"experts.{j}.down", self.keep, fma)
+            L.experts[X + j] = _mat(packed, p + f"experts.{j}.down", self.keep, fma, stream)
             if (_describe(&L.experts[j]) != _describe(&L.experts[0])
                     or _describe(&L.experts[X + j]) != _describe(&L.experts[X])):
                 raise ValueError(f"{p}experts.{j}: its format differs from expert 0's")
         if self.c.shared_dim:
-            L.up = _mat(packed, p + "shared.gate_up", self.keep, fma)
+            L.up = _mat(packed, p + "shared.gate_up", self.keep, fma, stream)
             _check_gated(&L.up, True, self.c.shared_dim, p + "shared.gate_up")
-            L.down = _mat(packed, p + "shared.down", self.keep, fma)
+            L.down = _mat(packed, p + "shared.down", self.keep, fma, stream)
             L.shared_gate_w = _vec(tensors, p + "shared_gate.weight", self.keep) if self.c.shared_gate else NULL
             if self.c.shared_gate and (L.shared_gate_w is NULL
                                        or tensors[p + "shared_gate.weight"].shape != (self.c.dim,)):
@@ -749,7 +755,7 @@ cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t
     ws.work[0] = 0   # the one reset of the step: phases after it follow by generation (work.h)
     ll_barrier_reset(ws.barrier, ws.barrier + 16)
     s.num_tiles = _build_tiles(tok_seq, T, ws.tiles)
-    s.max_keys = _max_keys(attn_pos, T)
+    s.max_keys = _max_keys(attn_pos, T) if not m.batch_invariant else 0   # 0: no key splits (_num_splits)
     with parallel(num_threads=nt):
         tid = openmp.omp_get_thread_num()
         ll_barrier_enter(ws.barrier, ws.barrier + 16, openmp.omp_get_num_threads())

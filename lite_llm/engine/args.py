@@ -46,6 +46,7 @@ class EngineArgs:
     max_lora_rank: int = 16
     lora_modules: tuple[tuple[str, str], ...] = ()   # (name, path) adapters loaded at start
     mmproj: str | None = None                # llama.cpp's image encoder file beside a GGUF model
+    deterministic: bool = False              # batch-invariant kernels: the same bits in any batch (config.KernelConfig)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__      # frozen: the checked, normalised values replace the given ones
@@ -79,6 +80,7 @@ class EngineArgs:
             seed=args.seed, max_queue=getattr(args, "max_queue", None), kv_cache_space=args.kv_cache_space,
             disable_sliding_window=args.disable_sliding_window, quantization=args.quantization,
             kv_cache_dtype=args.kv_cache_dtype, speculative_config=args.speculative_config,
-            tensor_parallel_size=args.tensor_parallel_size, mmproj=getattr(args, "mmproj", None))
+            tensor_parallel_size=args.tensor_parallel_size, mmproj=getattr(args, "mmproj", None),
+            deterministic=getattr(args, "deterministic", None))
         values = {k: v for k, v in values.items() if v is not None}
         return cls(serving=True, **values, **extra)

@@ -227,7 +227,8 @@ def build_engine(args: EngineArgs) -> Assembled:
             group = tp.start_group(loaded, plan, num_blocks=kv.num_blocks, block_size=block_size,
                                    max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                    kv_cache_dtype=kv_cache_dtype, disable_sliding_window=args.disable_sliding_window,
-                                   quantization=quantization, on_failure=_exit_server if serving else None)
+                                   quantization=quantization, on_failure=_exit_server if serving else None,
+                                   batch_invariant=args.deterministic)
         try:
             report = cpu.apply_plan(plan)
             for line in report.describe():
@@ -243,7 +244,7 @@ def build_engine(args: EngineArgs) -> Assembled:
                                  max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                  num_threads=num_threads, disable_sliding_window=args.disable_sliding_window,
                                  quantization=quantization, kv_cache_dtype=kv_cache_dtype,
-                                 proposer=proposer,
+                                 proposer=proposer, batch_invariant=args.deterministic,
                                  shard=tp.RankShard(cfg, 0, tensor_parallel_size)
                                  if tensor_parallel_size > 1 else None,
                                  tp_group=group, max_loras=max_loras if enable_lora else 0,

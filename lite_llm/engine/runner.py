@@ -132,12 +132,12 @@ class ModelRunner:
                  max_num_seqs: int, num_threads: int, disable_sliding_window: bool = False,
                  kernels=None, quantization: str | None = None, kv_cache_dtype: str | None = "auto",
                  proposer=None, shard=None, tp_group=None,
-                 max_loras: int = 0, max_lora_rank: int = 16):
+                 max_loras: int = 0, max_lora_rank: int = 16, batch_invariant: bool = False):
         """proposer: speculative decoding's draft proposer (spec_decode.py), or None.
         max_loras > 0: room for that many LoRA adapters of rank <= max_lora_rank (lora.py).
         shard: this process's rank of a tensor-parallel group (a tp.RankShard), None without
         tensor parallel: it packs and caches only its part. tp_group: rank 0's TPGroup (workers
-        get None)."""
+        get None). batch_invariant: deterministic mode (config.KernelConfig.batch_invariant)."""
         cfg = loaded.config
         tp_rank, tp_size = (shard.rank, shard.size) if shard is not None else (0, 1)
         self.tp_rank, self.tp_size, self.tp_group = tp_rank, tp_size, tp_group
@@ -161,8 +161,10 @@ class ModelRunner:
                                                 kv_cache_dtype=self.kv_cache_dtype,
                                                 bf16_path=self.gemm_paths.chosen["bf16"],
                                                 attn_path=attention_path_override(),
-                                                disable_sliding_window=disable_sliding_window)
-        self.attention_path = self.kernel_config.attn_path
+                                                disable_sliding_window=disable_sliding_window,
+                                                batch_invariant=batch_invariant)
+        self.attention_path = "direct" if batch_invariant else self.kernel_config.attn_path
+        self.batch_invariant = batch_invariant
 
         start = time.perf_counter()
         # the image encoder of a vision-language model, else None; under tensor parallel rank 0's
@@ -228,6 +230,9 @@ class ModelRunner:
                  describe_formats(self.formats), self.bytes_per_token / 2**20, self.kv_cache_bytes / 2**20,
                  num_blocks, block_size, self.kv_cache_dtype)
         log.info("GEMM paths (%s kernels): %s", self.gemm_paths.variant, "; ".join(self.gemm_paths.describe()))
+        if batch_invariant:
+            log.info("deterministic: batch-invariant kernels (every step shape through the same GEMM tiles "
+                     "and direct attention tiles, no key splits): a sequence's logits do not depend on its batch")
         if cfg.is_mla:
             log.info("attention: latent (a %s cache of %d values per token and layer: the latent and the RoPE key)",
                      self.kv_cache_dtype, cfg.cache_head_dim)

@@ -535,14 +535,15 @@ class TPGroup:
 
 def start_group(loaded, plan: cpu.ThreadPlan, *, num_blocks: int, block_size: int, max_num_batched_tokens: int,
                 max_num_seqs: int, kv_cache_dtype: str | None = "auto", disable_sliding_window: bool = False,
-                quantization: str | None = None, on_failure=None) -> TPGroup:
+                quantization: str | None = None, on_failure=None, batch_invariant: bool = False) -> TPGroup:
     """Check the model splits over the plan's ranks, then start the workers (they load their
     shards while rank 0 loads its own; TPGroup.wait_ready() once rank 0 is loaded)."""
     check_tensor_parallel(loaded.config, len(plan.ranks))
     args = {"source": loaded.source, "dtype": loaded.dtype, "max_model_len": loaded.max_model_len,
             "num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_num_batched_tokens,
             "max_num_seqs": max_num_seqs, "kv_cache_dtype": kv_cache_dtype,
-            "disable_sliding_window": disable_sliding_window, "quantization": quantization}
+            "disable_sliding_window": disable_sliding_window, "quantization": quantization,
+            "batch_invariant": batch_invariant}
     return TPGroup(plan, loaded.config, args, -(-max(loaded.max_model_len, 1) // block_size), on_failure,
                    takes_images(loaded))
 
@@ -628,7 +629,7 @@ def _serve(args: dict, plan: cpu.ThreadPlan, comm, views: dict) -> int:
                          max_num_batched_tokens=args["max_num_batched_tokens"], max_num_seqs=args["max_num_seqs"],
                          num_threads=plan.num_threads, disable_sliding_window=args["disable_sliding_window"],
                          kv_cache_dtype=args["kv_cache_dtype"], quantization=args["quantization"],
-                         shard=RankShard(loaded.config, rank, size))
+                         shard=RankShard(loaded.config, rank, size), batch_invariant=args["batch_invariant"])
     hello = {"rank": rank, "pid": os.getpid(), "cpus": list(report.planned), "observed": list(report.observed),
              "ok": report.ok, "memory": report.memory, "binding": "; ".join(report.describe()),
              "holds": describe_rank(loaded.config, rank, size) + f"; {runner.weight_bytes / 2**20:.1f} MB of "

@@ -61,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="KV cache element type: auto (the model's: fp32, else bf16), bfloat16, int8, fp8 (= fp8_e4m3), "
       "fp8_e5m2 (8-bit: a byte per value and a scale per row, ~2x the tokens per GiB)")
     a("--disable-sliding-window", action="store_true", help="attend over the full context")
+    a("--deterministic", action="store_true", default=None,
+      help="batch-invariant kernels: a request's logits and greedy tokens are the same bits whatever else "
+           "the server batches with it, however its prompt is chunked, and after a preemption (slower; "
+           "BENCHMARKS.md gives the cost)")
     a("--speculative-config", default=None, type=speculative_config_arg, help='speculative decoding, as vLLM spells it: \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}\' (drafts looked up in the sequence) or \'{"method": "draft_model", "model": PATH, "num_speculative_tokens": 4}\' (a small model of the same vocabulary)')
     a("--served-model-name", nargs="+", default=None, help="model name(s) the API answers to")
     a("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every "

@@ -131,9 +131,12 @@ static inline ptrdiff_t ll_attention_scratch(ptrdiff_t head_dim, ptrdiff_t group
  *   LL_ATTN_F32        bf16 and 8-bit caches staged to fp32 (FMA)
  *   LL_ATTN_AUTO       tiles of >= LL_ATTN_STAGE_ROWS rows: as LL_ATTN_BF16, else direct
  *   LL_ATTN_AUTO_FMA   tiles of >= LL_ATTN_STAGE_ROWS rows: as LL_ATTN_F32, else direct
+ *   LL_ATTN_ROWS       direct, and each row's scores summed alone (pass 1 in blocks of one row:
+ *                      the accumulation chains a block uses depend on its height), so a row's
+ *                      result does not depend on the tile it is in (deterministic mode)
  * (the AUTO pair follows the bf16 GEMM path measured on this CPU: lite_llm/_kernels/gemm_path.py).
  * An fp32 cache is always direct. */
-enum { LL_ATTN_AUTO = 0, LL_ATTN_AUTO_FMA = 1, LL_ATTN_DIRECT = 2, LL_ATTN_BF16 = 3, LL_ATTN_F32 = 4 };
+enum { LL_ATTN_AUTO = 0, LL_ATTN_AUTO_FMA = 1, LL_ATTN_DIRECT = 2, LL_ATTN_BF16 = 3, LL_ATTN_F32 = 4, LL_ATTN_ROWS = 5 };
 #define LL_ATTN_STAGE_ROWS 8
 
 typedef struct {
@@ -368,7 +371,7 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const int CT, const float *q
                                       const int32_t *last, int window, const void *k_cache, const void *v_cache,
                                       const int32_t *block_table, ptrdiff_t block_size, ptrdiff_t kv_head, ptrdiff_t num_kv_heads,
                                       ptrdiff_t head_dim, float scale, float softcap, const float *sinks,
-                                      float *scratch, int split, int nsplit, float *partial) {
+                                      float *scratch, int split, int nsplit, float *partial, int rowwise) {
     /* KT: the cache's type; CT: the dot products' (== KT: direct, else staged) */
     const int ST = CT != KT, Q8 = LL_KV_IS_8BIT(KT);
     const int BFQ = CT == LL_KV_BF16;          /* q (and P) rounded to bf16 for vdpbf16ps */
@@ -406,10 +409,13 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const int CT, const float *q
     const ptrdiff_t cfirst = kmin - kmin % 16;
     for (ptrdiff_t c = cfirst; kmin <= kmax && c <= kmax && c < cfirst + LL_ATTN_SPAN; c += 16)   /* the first span */
         ll_attn_prefetch_chunk(KT, k_cache, v_cache, block_table, c, block_size, num_kv_heads, kv_head, region, D);
-    for (ptrdiff_t c0 = cfirst; kmin <= kmax && c0 <= kmax; c0 += LL_ATTN_SPAN) {
-        const ptrdiff_t left = (kmax - c0) / 16 + 1;
+    for (ptrdiff_t c0 = cfirst; kmin <= kmax && c0 <= kmax; c0 += 16 * sp.nchunks) {
+        /* spans end at multiples of LL_ATTN_SPAN keys, wherever the tile's first key falls (its
+         * tokens' windows, a key split): a row's online softmax rescales at the same keys in any
+         * tile, so its result does not depend on the step's other rows */
+        const ptrdiff_t left = (kmax - c0) / 16 + 1, room = (LL_ATTN_SPAN - c0 % LL_ATTN_SPAN) / 16;
         sp.c0 = c0;
-        sp.nchunks = (int)(left < LL_ATTN_SPAN / 16 ? left : LL_ATTN_SPAN / 16);
+        sp.nchunks = (int)(left < room ? left : room);
         const int j0 = c0 == cfirst ? (int)(kmin - cfirst) : 0;     /* keys before kmin: not attended */
         const ptrdiff_t clast = c0 + 16 * (sp.nchunks - 1);
         const int nj_last = kmax - clast + 1 < 16 ? (int)(kmax - clast + 1) : 16;   /* keys after kmax: not written */
@@ -463,6 +469,8 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const int CT, const float *q
         }
         /* pass 1 */
         ptrdiff_t r0 = 0;
+        if (rowwise)
+            for (; r0 < rows; r0++) ll_attn_pass1(CT, Q8, 1, &sp, qrows, r0, pos, last, group, window, j0, nj_last);
         for (; r0 + 4 <= rows; r0 += 4) ll_attn_pass1(CT, Q8, 4, &sp, qrows, r0, pos, last, group, window, j0, nj_last);
         switch (rows - r0) {
             case 3: ll_attn_pass1(CT, Q8, 3, &sp, qrows, r0, pos, last, group, window, j0, nj_last); break;
@@ -583,9 +591,9 @@ static inline void ll_attention_combine(const float *partials, int nsplit, ptrdi
         const int32_t *pos, const int32_t *last, int window, const void *k_cache, const void *v_cache, \
         const int32_t *block_table, ptrdiff_t block_size, ptrdiff_t kv_head, ptrdiff_t num_kv_heads, \
         ptrdiff_t head_dim, float scale, float softcap, const float *sinks, float *scratch, int split, int nsplit, \
-        float *partial
+        float *partial, int rowwise
 #define LL_ATTN_ARGS q, ldq, out, ldo, nq, group, h0, pos, last, window, k_cache, v_cache, block_table, block_size, \
-        kv_head, num_kv_heads, head_dim, scale, softcap, sinks, scratch, split, nsplit, partial
+        kv_head, num_kv_heads, head_dim, scale, softcap, sinks, scratch, split, nsplit, partial, rowwise
 #define LL_ATTN_COPY(NAME, KT, CT) \
     static __attribute__((noinline)) void NAME(LL_ATTN_PARAMS) { ll_attention_tile_impl(KT, CT, LL_ATTN_ARGS); }
 LL_ATTN_COPY(ll_attn_tile_bf16_f32, LL_KV_BF16, LL_KV_F32)
@@ -617,7 +625,7 @@ static inline void ll_paged_attention_tile(const float *q, ptrdiff_t ldq, float 
                                            ptrdiff_t kv_head, ptrdiff_t num_kv_heads, ptrdiff_t head_dim,
                                            float scale, float softcap, const float *sinks, float *scratch,
                                            int split, int nsplit, float *partial, int path) {
-    const int big = nq * group >= LL_ATTN_STAGE_ROWS;
+    const int big = nq * group >= LL_ATTN_STAGE_ROWS, rowwise = path == LL_ATTN_ROWS;
     /* the compute type a staged tile would use, or -1: direct */
     const int stage = path == LL_ATTN_F32 || (path == LL_ATTN_AUTO_FMA && big) ? LL_KV_F32
                     : path == LL_ATTN_BF16 || (path == LL_ATTN_AUTO && big) ? LL_KV_BF16 : -1;

@@ -290,15 +290,15 @@ LL_INLINE ll_vf32 ll_gemv_panel(const float *x, const uint32_t *xb, const void *
     return wtype == LL_W_FP8 ? ll_gemv_fp8_panel(x, (const uint8_t *)wp, k) : ll_gemv_bf16_panel(x, xb, (const uint16_t *)wp, k);
 }
 
-/* FP8 weights, panels p0..p1, all tokens. One token streams each panel (ll_gemv_fp8_panel);
- * more widen LL_NP_FMA panels a 128-column chunk at a time into fp32 on the stack (exactly
+/* FP8 weights, panels p0..p1, all tokens. One token streams each panel (ll_gemv_fp8_panel)
+ * unless stream is 0; more (or every step with stream 0) widen LL_NP_FMA panels a 128-column chunk at a time into fp32 on the stack (exactly
  * the dequantized weights), once for every token, and run the fp32-FMA tiles on them,
  * adding each chunk's sums to out. */
 static inline void ll_gemm_fp8_panels(const float *x, ptrdiff_t ldx, ptrdiff_t num_tokens, const uint8_t *w,
                                       ptrdiff_t k, ptrdiff_t n, const float *bias, float *out, ptrdiff_t ldo,
-                                      int accumulate, ptrdiff_t p0, ptrdiff_t p1) {
+                                      int accumulate, ptrdiff_t p0, ptrdiff_t p1, int stream) {
     const ptrdiff_t pb = ll_panel_bytes(LL_W_FP8, k);
-    if (num_tokens == 1) {
+    if (num_tokens == 1 && stream) {
         for (ptrdiff_t p = p0; p < p1; p++)
             ll_store_out(out, ll_gemv_fp8_panel(x, w + p * pb, k), bias, p * 16, n, accumulate);
         return;
@@ -336,18 +336,21 @@ static inline void ll_gemm_fp8_panels(const float *x, ptrdiff_t ldx, ptrdiff_t n
 
 /* out[t0:t1, panels p0:p1] for all tokens: bf16 weights with xb [T][ceil(K/2)] pairs run
  * bf16 dot products (LL_TT_DOT x LL_NP_DOT tiles); without xb, and every other format, the fp32-FMA tiles on
- * x [T][ldx] (LL_TT_FMA x LL_NP_FMA). One token streams each panel once (decode). */
+ * x [T][ldx] (LL_TT_FMA x LL_NP_FMA). One token streams each panel once (decode), with
+ * accumulators of its own: another summation order than the tiles'. stream 0 (batch-invariant
+ * steps, matmul.h) runs one token through the tiles too, so a row's result is the same bits
+ * whatever else the step holds. */
 static inline void ll_gemm_panels(const float *x, const uint32_t *xb, ptrdiff_t ldx, ptrdiff_t num_tokens,
                                   const void *w, int wtype, ptrdiff_t k, ptrdiff_t n,
                                   const float *bias, float *out, ptrdiff_t ldo, int accumulate,
-                                  ptrdiff_t p0, ptrdiff_t p1) {
+                                  ptrdiff_t p0, ptrdiff_t p1, int stream) {
     if (wtype != LL_W_BF16 || !ll_gemm_wants_xb(wtype)) xb = 0;
-    if (num_tokens == 1 && wtype == LL_W_BF16) {
+    if (num_tokens == 1 && stream && wtype == LL_W_BF16) {
         ll_gemv_bf16_panels(x, xb, (const uint16_t *)w, k, n, bias, out, accumulate, p0, p1);
         return;
     }
     if (wtype == LL_W_FP8) {
-        ll_gemm_fp8_panels(x, ldx, num_tokens, (const uint8_t *)w, k, n, bias, out, ldo, accumulate, p0, p1);
+        ll_gemm_fp8_panels(x, ldx, num_tokens, (const uint8_t *)w, k, n, bias, out, ldo, accumulate, p0, p1, stream);
         return;
     }
     const ptrdiff_t ldxx = xb ? (k + 1) / 2 : ldx;
@@ -424,12 +427,12 @@ LL_INLINE void ll_gated_store(ll_vf32 g, ll_vf32 u, const float *bias, ptrdiff_t
 
 static inline void ll_gemm_gated(const float *x, const uint32_t *xb, ptrdiff_t ldx, ptrdiff_t num_tokens,
                                  const void *w, int wtype, ptrdiff_t k, ptrdiff_t F, const float *bias, int act,
-                                 float *ao, ptrdiff_t lda, uint32_t *ao_b, ptrdiff_t q0, ptrdiff_t q1) {
+                                 float *ao, ptrdiff_t lda, uint32_t *ao_b, ptrdiff_t q0, ptrdiff_t q1, int stream) {
     const ptrdiff_t ng = (F + 15) / 16, pb = ll_panel_bytes(wtype, k), ldb = (F + 1) / 2;
     if (wtype != LL_W_BF16 || !ll_gemm_wants_xb(wtype)) xb = 0;
     const ptrdiff_t ldxx = xb ? (k + 1) / 2 : ldx;
     const char *wc = (const char *)w;
-    if (num_tokens == 1 && (wtype == LL_W_BF16 || wtype == LL_W_FP8)) {   /* decode: stream the gate and up panels, a run at a time */
+    if (num_tokens == 1 && stream && (wtype == LL_W_BF16 || wtype == LL_W_FP8)) {   /* decode: stream the gate and up panels, a run at a time */
         ll_vf32 g[LL_GATED_RUN];
         for (ptrdiff_t r0 = q0; r0 < q1; r0 += LL_GATED_RUN) {
             const ptrdiff_t r1 = r0 + LL_GATED_RUN < q1 ? r0 + LL_GATED_RUN : q1;

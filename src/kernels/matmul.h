@@ -32,6 +32,8 @@ typedef struct {
     int num_parts;
     int input;              /* LL_IN_*: the input form of a one-token step (decode) */
     int fma;                /* bf16 weights: bigger steps run the fp32-FMA path on fp32 rows */
+    int stream;             /* 1: a one-token step of bf16 or FP8 weights streams each panel
+                             * (gemm.h); 0: batch-invariant, every step through the tiles */
     ptrdiff_t n, k, num_panels;
     const float *bias;      /* [n] or NULL */
 } ll_mat;
@@ -100,7 +102,7 @@ static inline void ll_mat_gemm(const float *x, const uint32_t *xb, const ll_qact
             ll_qgemm_panels(xq, num_tokens, pt, m->k, m->bias, out, ldo, accumulate, a, b);
         else   /* a float matrix is one part from panel 0 */
             ll_gemm_panels(x, ll_mat_form(m, num_tokens) == LL_IN_BF16 ? xb : 0, ldx, num_tokens, pt->w, pt->wtype, m->k, m->n,
-                           m->bias, out, ldo, accumulate, a, b);
+                           m->bias, out, ldo, accumulate, a, b, m->stream);
     }
 }
 
@@ -127,7 +129,7 @@ static inline void ll_mat_gated(const float *x, const uint32_t *xb, const ll_qac
     const ll_part *gp = &m->part[0];
     if (!ll_wtype_is_quant(gp->wtype)) {
         ll_gemm_gated(x, ll_mat_form(m, num_tokens) == LL_IN_BF16 ? xb : 0, ldx, num_tokens, gp->w, gp->wtype, m->k, F, m->bias, act,
-                      ao, lda, aq ? 0 : ao_b, q0, q1);
+                      ao, lda, aq ? 0 : ao_b, q0, q1, m->stream);
     } else {
         const ll_part *up = &m->part[1];
         const ptrdiff_t pbg = ll_qpanel_bytes(gp->wtype, m->k), pbu = ll_qpanel_bytes(up->wtype, m->k);

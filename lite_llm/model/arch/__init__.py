@@ -162,7 +162,7 @@ def rope_configs(config: ModelConfig) -> list[ModelConfig]:
 
 def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_positions: int, kv_cache_dtype: str,
                   bf16_path: str | None = None, attn_path: str = "auto",
-                  disable_sliding_window: bool = False) -> KernelConfig:
+                  disable_sliding_window: bool = False, batch_invariant: bool = False) -> KernelConfig:
     """The typed configuration of the kernel model (checked once, in KernelConfig)."""
     local_rope = 1 if len(rope_configs(config)) > 1 else 0
     layers = []
@@ -186,6 +186,7 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
         residual_scale=float(config.residual_multiplier), logit_scale=1.0 / config.logits_scaling, attn_softcap=float(config.attn_softcap or 0.0),
         final_softcap=float(config.final_softcap or 0.0),
         kv_cache_dtype=kv_cache_dtype, bf16_path=bf16_path, layers=tuple(layers), attn_path=attn_path,
+        batch_invariant=batch_invariant,
         num_experts=config.num_experts, num_experts_per_tok=config.num_experts_per_tok,
         norm_topk_prob=config.norm_topk_prob, shared_ffn_dim=config.shared_ffn_dim, post_ln=config.post_ln,
         moe_routing=config.moe_routing,
