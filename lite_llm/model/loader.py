@@ -153,8 +153,9 @@ def check_model(model: str | None) -> str:
             magic = fh.read(4)
     except OSError as e:
         raise ModelLoadError(f"{path}: cannot be read ({e.strerror})") from None
-    if magic != b"GGUF":
-        raise ModelLoadError(f"{path}: not a GGUF file (nor a directory with config.json and safetensors)")
+    if magic not in (b"GGUF", b"lmgg"):     # b"lmgg": whisper.cpp's model files (multimodal/whisper_ggml.py)
+        raise ModelLoadError(f"{path}: not a GGUF file nor a whisper.cpp model file (nor a directory with "
+                             "config.json and safetensors)")
     return path
 
 
