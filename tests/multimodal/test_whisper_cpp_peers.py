@@ -1,7 +1,8 @@
 """whisper.cpp itself (pywhispercpp's build of it) on the files the tests write as its converter
 and quantizer do (whisper_ggml_files.py): it loads them (every tensor's name, type and shape as
 its loader expects), and its special token ids and vocabulary are the ones whisper_ggml.py
-derives. The peers tier (pip install -e '.[test-peers]')."""
+derives; `lite-llm bench transcribe` runs every engine on the tiny model. The peers tier
+(pip install -e '.[test-peers]')."""
 from __future__ import annotations
 
 import pytest
@@ -35,3 +36,11 @@ def test_whisper_cpp_loads_the_files(tmp_path, ftype):
                 assert cpp.whisper_token_to_bytes(ctx, i) == f.vocab[i]
     finally:
         cpp.whisper_free(ctx)
+
+
+def test_bench_transcribe_runs_every_engine(tmp_path):
+    """`lite-llm bench transcribe` through lite-llm, faster-whisper (int8, float32) and whisper.cpp
+    on the tiny model: every engine's row complete, no errors."""
+    from lite_llm.bench.transcribe import ENGINES
+    from test_whisper_bench import check_rows, run_bench
+    check_rows(run_bench(tmp_path, ",".join(ENGINES)), list(ENGINES))
