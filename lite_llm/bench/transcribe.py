@@ -138,7 +138,8 @@ _GGML_NAMES = {"self_attn.k_proj": "attn.key", "self_attn.q_proj": "attn.query",
                "decoder.layer_norm.bias": "decoder.ln.bias", "decoder.layer_norm.weight": "decoder.ln.weight",
                "decoder.embed_positions.weight": "decoder.positional_embedding",
                "decoder.embed_tokens.weight": "decoder.token_embedding.weight"}
-_F32_NAMES = ("encoder.conv1.bias", "encoder.conv2.bias", "encoder.positional_embedding", "decoder.positional_embedding")
+_F32_NAMES = ("encoder.conv1.bias", "encoder.conv2.bias", "encoder.positional_embedding",
+              "decoder.positional_embedding")
 
 
 def ggml_model(model: str) -> str:
@@ -207,7 +208,8 @@ def make_model(shape: str, out: str) -> None:
     from lite_llm.multimodal.whisper_ggml import SpecialIds, generation_settings
     d, heads, layers = SHAPES[shape]
     special = SpecialIds(51865)
-    text = [bytes([b]) for b in range(256)] + [bytes([a, b]) for a in range(256) for b in range(256)][:special.eot - 256]
+    pairs = [bytes([a, b]) for a in range(256) for b in range(256)]
+    text = [bytes([b]) for b in range(256)] + pairs[:special.eot - 256]
     spell = _byte_alphabet()
     tok = Tokenizer(models.BPE(vocab={"".join(spell[x] for x in t): i for i, t in enumerate(text)},
                                merges=[(spell[t[0]], spell[t[1]]) for t in text[256:]]))

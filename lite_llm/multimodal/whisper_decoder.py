@@ -206,9 +206,15 @@ class WhisperDecoder:
         self.v_cross = [np.zeros((nb_cross, H, BLOCK, D), np.float32) for _ in range(L)]
 
     def _embed(self, ids: np.ndarray) -> np.ndarray:
-        """float32 [N, C] token embeddings of ids (a whisper.cpp file's rows dequantized as looked up)."""
+        """float32 [N, C] token embeddings of ids (a whisper.cpp file's rows dequantized as looked up:
+        F16 ones from the output projection's panels [ceil(V/16), C, 16], blocks from the stored rows)."""
         e = self.t["embed"]
-        return e[ids] if isinstance(e, np.ndarray) else e.rows(ids)
+        if isinstance(e, np.ndarray):
+            return e[ids]
+        packed, _, _, fmt = self.mats["embed"]
+        if fmt == "float16":
+            return packed[ids // 16, :, ids % 16].astype(np.float32)
+        return e.rows(ids)
 
     def _threads(self, work: int) -> int:
         return 1 if work < SERIAL_WORK else self.num_threads

@@ -25,7 +25,8 @@ def test_whisper_cpp_loads_the_files(tmp_path, ftype):
         ids = {n: special.eot + i for i, n in enumerate(special.names())}
         assert cpp.whisper_n_vocab(ctx) == f.hparams["n_vocab"] and cpp.whisper_is_multilingual(ctx) == 1
         for fn, name in ((cpp.whisper_token_eot, "<|endoftext|>"), (cpp.whisper_token_sot, "<|startoftranscript|>"),
-                         (cpp.whisper_token_translate, "<|translate|>"), (cpp.whisper_token_transcribe, "<|transcribe|>"),
+                         (cpp.whisper_token_translate, "<|translate|>"),
+                         (cpp.whisper_token_transcribe, "<|transcribe|>"),
                          (cpp.whisper_token_solm, "<|startoflm|>"), (cpp.whisper_token_prev, "<|startofprev|>"),
                          (cpp.whisper_token_not, "<|notimestamps|>"), (cpp.whisper_token_beg, "<|0.00|>")):
             assert fn(ctx) == ids[name], name
