@@ -205,8 +205,8 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
         if not path.endswith(".gguf"):
             with open(path, "rb") as fh:
                 if fh.read(4) != _gguf.GGUF_MAGIC:
-                    raise ModelLoadError(f"{path}: a model file must be GGUF (.gguf); "
-                                         "otherwise pass a Hugging Face model directory")
+                    raise ModelLoadError(f"{path}: a model file must be GGUF (.gguf) or a whisper.cpp model "
+                                         "file; otherwise pass a Hugging Face model directory")
         reader = _gguf.GGUFFile(path)
         gguf_arch = reader.metadata.get("general.architecture")
         config = _arch.for_gguf(gguf_arch, path, reader.metadata).gguf_config(reader, gguf_arch)

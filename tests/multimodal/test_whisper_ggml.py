@@ -235,6 +235,9 @@ def test_damaged_files_are_one_clear_line(files, tmp_path):
         assert words in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(WhisperError, match="truncated"):
         LLM(model=str(cut))
+    with pytest.raises(ValueError, match="whisper.cpp model file") as e:
+        LLM(model=str(wrong))
+    assert "\n" not in str(e.value)
     env = dict(os.environ, PYTHONPATH=ROOT)
     out = subprocess.run([sys.executable, "-m", "lite_llm", "transcribe", "x.wav", "--model", str(cut)],
                          capture_output=True, text=True, env=env, timeout=300)
