@@ -243,3 +243,19 @@ def test_damaged_files_are_one_clear_line(files, tmp_path):
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 1 and "truncated whisper.cpp model file" in out.stderr.splitlines()[0]
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("n_vocab,eot,translate,beg,langs", [(51864, 50256, 50357, 50363, 99),
+                                                               (51865, 50257, 50358, 50364, 99),
+                                                               (51866, 50257, 50359, 50365, 100)])
+def test_special_ids_are_whisper_cpps(n_vocab, eot, translate, beg, langs):
+    """whisper.cpp's whisper_vocab ids for English-only, multilingual and large-v3 vocabularies:
+    eot/sot 50256/50257 (+1 multilingual), task and later tokens from 50357 shifted by the
+    languages past 98 (multilingual), 1501 timestamps."""
+    s = whisper_ggml.SpecialIds(n_vocab)
+    ids = {n: s.eot + i for i, n in enumerate(s.names())}
+    assert (s.eot, ids["<|startoftranscript|>"], ids["<|translate|>"], ids["<|0.00|>"]) == \
+        (eot, eot + 1, translate, beg)
+    assert s.num_languages == langs and len(ids) == n_vocab - eot and ids["<|30.00|>"] == n_vocab - 1
+    assert ids["<|transcribe|>"] == translate + 1 and ids["<|notimestamps|>"] == beg - 1
+    assert ids["<|en|>"] == eot + 2 and (ids.get("<|yue|>") == eot + 101) == (langs == 100)
