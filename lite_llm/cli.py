@@ -36,6 +36,8 @@ BENCH_COMMANDS = {
     "make-gguf": ("lite_llm.bench.models", "write a random-weight GGUF of a real model shape, quantized by llama.cpp"),
     "vision": ("lite_llm.bench.vision", "Qwen2.5-VL image encode, TTFT, decode vs transformers, llama.cpp (GGUF + mmproj)"),
     "llava": ("lite_llm.bench.llava", "LLaVA-1.5 GGUF + mmproj: image encode and TTFT vs llama.cpp and transformers"),
+    "transcribe": ("lite_llm.bench.transcribe", "Whisper: real-time factor, encoder time, decode tok/s, peak RSS, "
+                                                "1 and N streams vs faster-whisper and whisper.cpp"),
 }
 
 

@@ -244,7 +244,7 @@ class LLM:
         if model is None:
             return False
         path = resolve_model(model)
-        if not os.path.isdir(path) or not tr.whisper_dir(path):
+        if not tr.is_whisper_model(path):       # an HF Whisper directory or a whisper.cpp model file
             return False
         self.runner_type, self._engine = "transcription", None
         self._whisper = tr.WhisperModel.from_pretrained(path, dtype="bfloat16" if dtype == "bfloat16" else "float32")

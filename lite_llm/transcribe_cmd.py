@@ -10,7 +10,9 @@ import sys
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from lite_llm.multimodal.transcribe import FORMATS
     p.add_argument("file", help="audio file: WAV, FLAC, MP3, OGG, WebM or M4A")
-    p.add_argument("--model", required=True, help="a Whisper checkpoint (HF WhisperForConditionalGeneration directory)")
+    p.add_argument("--model", required=True,
+                   help="a Whisper checkpoint: an HF WhisperForConditionalGeneration directory or a whisper.cpp "
+                        "ggml-*.bin")
     p.add_argument("--language", default=None, help="spoken language, a code or name (default: detected)")
     p.add_argument("--task", choices=("transcribe", "translate"), default="transcribe",
                    help="transcribe, or translate to English")

@@ -40,8 +40,8 @@ os.environ.setdefault("LITE_LLM_PACKED_CACHE", "off")
 TIERS = {
     "variants": "each kernel variant this CPU can run besides the one the dispatcher picks, "
                 "against the NumPy specs and the others (tests/kernel_build.py compiles them first: minutes of CPU)",
-    "peers": "against llama.cpp on the same weights (pip install -e '.[test-peers]': llama-cpp-python, "
-             "compiled from source)",
+    "peers": "against llama.cpp, whisper.cpp and faster-whisper on the same weights (pip install -e "
+             "'.[test-peers]': llama-cpp-python, compiled from source; pywhispercpp, faster-whisper)",
     "ray": "Ray Serve replicas (pip install -e '.[ray]')",
     "browser": "the web UI in Debian's chromium (pip install -e '.[test-browser]'; apt-get install chromium)",
     "slow": "the longest tests (whole models, long contexts, many threads)",
@@ -49,7 +49,7 @@ TIERS = {
 FAST_TIER = "not (" + " or ".join(TIERS) + ")"
 # tiers given by place: these files are not even imported when their tier is not chosen
 # (their imports need the tier's packages)
-TIER_PATHS = {"peers": ("multimodal/test_qwen2_5_vl_llamacpp.py",), "ray": ("server/test_serve_ray.py",),
+TIER_PATHS = {"peers": ("multimodal/test_qwen2_5_vl_llamacpp.py", "multimodal/test_whisper_cpp_peers.py"), "ray": ("server/test_serve_ray.py",),
               "browser": ("browser/",)}
 _TESTS = Path(__file__).resolve().parent
 

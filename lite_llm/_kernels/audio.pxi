@@ -111,8 +111,8 @@ cdef void _log_mel(LogMelModel lm, const float *samples, Py_ssize_t B, Py_ssize_
 
 cdef class WhisperEncoderModel:
     """Packed weights of Whisper's encoder, a PackedModel (packed.py): matrices "conv1"
-    [C, 3 n_mels], "conv2" [C, 3 C] and "blk.{i}.qkv", ".o", ".up", ".down" in `dtype`, each with
-    its bias; vectors "pos" [P, C], "blk.{i}.ln1.w" / ".b", ".ln2.w" / ".b", "ln.w" / "ln.b".
+    [C, 3 n_mels], "conv2" [C, 3 C] and "blk.{i}.qkv", ".o", ".up", ".down", each in the format
+    its parts name (`dtype`: the activations' and attention's), each with its bias; vectors "pos" [P, C], "blk.{i}.ln1.w" / ".b", ".ln2.w" / ".b", "ln.w" / "ln.b".
     act: an ACTIVATIONS name (Whisper's: gelu)."""
     cdef ClipBlockW *blocks
     cdef Mat conv1, conv2
@@ -180,7 +180,9 @@ cdef class WhisperEncoderModel:
         if m.bias is None or m.bias.shape != (n,):
             raise ValueError(f"{name}: expected a bias [{n}]")
         bias = np.ascontiguousarray(m.bias, np.float32)
-        return _make_mat(m.data, _parts_of(m.data, dtype, n, k), n, k, bias, self.keep, fma)
+        # each matrix in its own stored format (a whisper.cpp file: F16 convolutions beside Q5_0 blocks)
+        parts = _parts_of(m.data, m.parts[0].format, n, k) if len(m.parts) == 1 else list(m.parts)
+        return _make_mat(m.data, parts, n, k, bias, self.keep, fma)
 
     cdef const float *_vec(self, dict tensors, str name, int n) except NULL:
         a = np.ascontiguousarray(tensors[name], np.float32)
@@ -226,6 +228,15 @@ def whisper_encoder_forward(WhisperEncoderModel wm,
                          &ta.a if ta.ok else NULL, num_threads)
 
 
+cdef inline void _egemm(const float *x, Py_ssize_t ldx, uint32_t *xb, const ll_qact *xq, Py_ssize_t num_tokens,
+                        const Mat *m, float *out, Py_ssize_t ldo, int accumulate, int nt) noexcept nogil:
+    """_gemm with int8 activation rows of this matrix's width: the block GEMMs (qgemm.h) read them
+    at a stride of ld = k, and the encoder's matrices differ in k (one buffer sized for the widest)."""
+    cdef ll_qact a
+    a.q, a.d, a.s, a.ld = xq.q, xq.d, xq.s, m.k
+    _gemm(x, ldx, xb, &a, num_tokens, m, out, ldo, accumulate, nt)
+
+
 cdef void _whisper_encoder(WhisperEncoderModel wm, const float *feat, Py_ssize_t nwin, Py_ssize_t T, float *col,
                            Py_ssize_t ldc, float *h1, float *x, float *h, float *qkv, float *attn, float *g,
                            Py_ssize_t ldg, uint32_t *xb, const ll_qact *xq, float *scores, float *out,
@@ -245,7 +256,7 @@ cdef void _whisper_encoder(WhisperEncoderModel wm, const float *feat, Py_ssize_t
             for tap in range(3):
                 s = t + tap - 1
                 col[item * ldc + c * 3 + tap] = src[c * T2 + s] if 0 <= s < T2 else 0.0
-    _gemm(col, ldc, xb, xq, nwin * T2, &wm.conv1, h1, C, 0, nt)
+    _egemm(col, ldc, xb, xq, nwin * T2, &wm.conv1, h1, C, 0, nt)
     for item in prange(nwin * T2, schedule="static", num_threads=nt):
         ll_act_mul_f32(h1 + item * C, NULL, h1 + item * C, C, wm.act)
     for item in prange(rows, schedule="static", num_threads=nt):          # conv2's rows: frames 2t - 1 .. 2t + 1
@@ -254,7 +265,7 @@ cdef void _whisper_encoder(WhisperEncoderModel wm, const float *feat, Py_ssize_t
             s = 2 * t + tap - 1
             for c in range(C):
                 col[item * ldc + c * 3 + tap] = h1[((item // T) * T2 + s) * C + c] if 0 <= s < T2 else 0.0
-    _gemm(col, ldc, xb, xq, rows, &wm.conv2, x, C, 0, nt)
+    _egemm(col, ldc, xb, xq, rows, &wm.conv2, x, C, 0, nt)
     for item in prange(rows, schedule="static", num_threads=nt):
         ll_act_mul_f32(x + item * C, NULL, x + item * C, C, wm.act)
         ll_axpy_f32(1.0, wm.pos + (item % T) * C, x + item * C, C)
@@ -262,7 +273,7 @@ cdef void _whisper_encoder(WhisperEncoderModel wm, const float *feat, Py_ssize_t
         B = &wm.blocks[l]
         for t in prange(rows, schedule="static", num_threads=nt):
             ll_layernorm_f32(x + t * C, B.ln1_w, B.ln1_b, h + t * C, C, wm.eps)
-        _gemm(h, C, xb, xq, rows, &B.qkv, qkv, 3 * C, 0, nt)
+        _egemm(h, C, xb, xq, rows, &B.qkv, qkv, 3 * C, 0, nt)
         # bidirectional attention over each window's T rows, one (row, head) per item
         if ta != NULL:
             _tower_attention(ta, qkv, rows, C, H, D, 1, attn, nt)
@@ -286,12 +297,12 @@ cdef void _whisper_encoder(WhisperEncoderModel wm, const float *feat, Py_ssize_t
                 o[j] = 0
             for j in range(T):
                 ll_axpy_f32(sc[j] / total, qkv + (r0 + j) * 3 * C + 2 * C + head * D, o, D)
-        _gemm(attn, C, xb, xq, rows, &B.o, x, C, 1, nt)                     # x += out_proj(attn)
+        _egemm(attn, C, xb, xq, rows, &B.o, x, C, 1, nt)                     # x += out_proj(attn)
         for t in prange(rows, schedule="static", num_threads=nt):
             ll_layernorm_f32(x + t * C, B.ln2_w, B.ln2_b, h + t * C, C, wm.eps)
-        _gemm(h, C, xb, xq, rows, &B.up, g, ldg, 0, nt)
+        _egemm(h, C, xb, xq, rows, &B.up, g, ldg, 0, nt)
         for t in prange(rows, schedule="static", num_threads=nt):
             ll_act_mul_f32(g + t * ldg, NULL, g + t * ldg, F, wm.act)
-        _gemm(g, ldg, xb, xq, rows, &B.down, x, C, 1, nt)                   # x += fc2(act(fc1(ln2(x))))
+        _egemm(g, ldg, xb, xq, rows, &B.down, x, C, 1, nt)                   # x += fc2(act(fc1(ln2(x))))
     for t in prange(rows, schedule="static", num_threads=nt):
         ll_layernorm_f32(x + t * C, wm.ln_w, wm.ln_b, out + t * C, C, wm.eps)

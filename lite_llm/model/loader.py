@@ -153,8 +153,9 @@ def check_model(model: str | None) -> str:
             magic = fh.read(4)
     except OSError as e:
         raise ModelLoadError(f"{path}: cannot be read ({e.strerror})") from None
-    if magic != b"GGUF":
-        raise ModelLoadError(f"{path}: not a GGUF file (nor a directory with config.json and safetensors)")
+    if magic not in (b"GGUF", b"lmgg"):     # b"lmgg": whisper.cpp's model files (multimodal/whisper_ggml.py)
+        raise ModelLoadError(f"{path}: not a GGUF file nor a whisper.cpp model file (nor a directory with "
+                             "config.json and safetensors)")
     return path
 
 
@@ -204,8 +205,8 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
         if not path.endswith(".gguf"):
             with open(path, "rb") as fh:
                 if fh.read(4) != _gguf.GGUF_MAGIC:
-                    raise ModelLoadError(f"{path}: a model file must be GGUF (.gguf); "
-                                         "otherwise pass a Hugging Face model directory")
+                    raise ModelLoadError(f"{path}: a model file must be GGUF (.gguf) or a whisper.cpp model "
+                                         "file; otherwise pass a Hugging Face model directory")
         reader = _gguf.GGUFFile(path)
         gguf_arch = reader.metadata.get("general.architecture")
         config = _arch.for_gguf(gguf_arch, path, reader.metadata).gguf_config(reader, gguf_arch)

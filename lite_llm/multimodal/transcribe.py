@@ -152,7 +152,8 @@ def log_mel_long(samples: np.ndarray, n_mels: int) -> np.ndarray:
 
 class WhisperModel:
     """A Whisper checkpoint ready to transcribe: its encoder, decoder, tokenizer and the
-    generation settings of its generation_config.json (special token ids, suppressions)."""
+    generation settings of its generation_config.json (special token ids, suppressions). path:
+    an HF directory or a whisper.cpp model file (whisper_ggml.py)."""
 
     def __init__(self, encoder: WhisperEncoder, decoder: WhisperDecoder, tokenizer, gen: dict):
         self.encoder, self.decoder, self.tokenizer = encoder, decoder, tokenizer
@@ -175,6 +176,9 @@ class WhisperModel:
     @classmethod
     def from_pretrained(cls, path: str, kernels="auto", dtype: str = "float32", num_threads: int | None = None,
                         max_requests: int = 2, max_sequences: int = 12) -> "WhisperModel":
+        if os.path.isfile(path):         # a whisper.cpp model file (ggml-base.bin): weights in its stored formats
+            from lite_llm.multimodal import whisper_ggml
+            return cls(*whisper_ggml.load(path, kernels, num_threads, max_requests, max_sequences))
         enc = WhisperEncoder.from_pretrained(path, kernels=kernels, dtype=dtype, num_threads=num_threads)
         dec = WhisperDecoder.from_pretrained(path, kernels=kernels, dtype=dtype, num_threads=num_threads,
                                              max_requests=max_requests, max_sequences=max_sequences)
@@ -499,6 +503,13 @@ def whisper_dir(path: str) -> bool:
     except (OSError, ValueError):
         return False
     return (raw.get("architectures") or [None])[0] in ARCHITECTURES or raw.get("model_type") == "whisper"
+
+
+def is_whisper_model(path: str) -> bool:
+    """Whether path is a Whisper model: an HF directory (whisper_dir) or a whisper.cpp model file
+    (its ggml magic; a damaged one still counts, so its loader names what is wrong)."""
+    from lite_llm.multimodal.whisper_ggml import is_ggml_file
+    return whisper_dir(path) if os.path.isdir(path) else is_ggml_file(path)
 
 
 def load_audio(src, cfg: audio.AudioConfig = audio.AudioConfig()) -> np.ndarray:

@@ -133,7 +133,8 @@ def features_hash(features: np.ndarray) -> bytes:
 
 class WhisperEncoder:
     """Whisper's encoder over 30-s windows (encode_many: several in one compiled call) and its
-    output cache by content hash. tensors: read_hf's float32 arrays. kernels: the kernel module
+    output cache by content hash. tensors: read_hf's float32 arrays (or whisper_ggml.read_encoder's,
+    whose matrices stay in a whisper.cpp file's stored formats). kernels: the kernel module
     to run it on (None: NumPy only)."""
 
     def __init__(self, cfg: WhisperEncoderConfig, tensors: dict[str, np.ndarray], kernels=None,
@@ -159,6 +160,10 @@ class WhisperEncoder:
 
     def _pack(self, kernels, dtype: str, bf16_path: str | None):
         t, cfg = self.t, self.cfg
+        if any(not isinstance(v, np.ndarray) for v in t.values()):     # a whisper.cpp file's stored matrices
+            from lite_llm.multimodal.whisper_ggml import pack_encoder
+            return kernels.WhisperEncoderModel(pack_encoder(t, cfg), "float32", cfg.num_layers, cfg.num_heads, cfg.eps,
+                                               cfg.act, bf16_path)
         packed, mat = vit_packer(dtype)
         mat("conv1", t["conv1.w"], t["conv1.b"])
         mat("conv2", t["conv2.w"], t["conv2.b"])

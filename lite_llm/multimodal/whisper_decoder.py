@@ -141,9 +141,11 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, H: int, causal_from: in
 
 
 class WhisperDecoder:
-    """Whisper's decoder over requests' states (see the module's docstring). kernels: the kernel
-    module (None: NumPy only). max_requests: the requests the compiled caches hold at once (start()
-    refuses more: the caller bounds its concurrency); max_sequences: their states with forks."""
+    """Whisper's decoder over requests' states (see the module's docstring). tensors: read_hf's
+    (or whisper_ggml.read_decoder's: matrices in a whisper.cpp file's stored formats, run as
+    stored). kernels: the kernel module (None: NumPy only). max_requests: the requests the
+    compiled caches hold at once (start() refuses more: the caller bounds its concurrency);
+    max_sequences: their states with forks."""
 
     def __init__(self, cfg: WhisperDecoderConfig, tensors: dict[str, np.ndarray], kernels=None,
                  dtype: str = "float32", num_threads: int = 1, max_requests: int = 8,
@@ -173,20 +175,26 @@ class WhisperDecoder:
         # deferred: the compiled kernels (which any _kernels module loads) load when a decoder is built
         from lite_llm._kernels import layout
         t, cfg = self.t, self.cfg
-        self.mats: dict[str, tuple[np.ndarray, int, np.ndarray | None]] = {}
+        # name -> (packed panels, rows, bias, the weights' format: dtype, or a whisper.cpp file's stored one)
+        self.mats: dict[str, tuple[np.ndarray, int, np.ndarray | None, str]] = {}
 
-        def mat(name, w, b):
-            w = np.ascontiguousarray(w, np.float32)
+        def mat(name, ws, b):
+            if any(not isinstance(w, np.ndarray) for w in ws):
+                from lite_llm.multimodal.whisper_ggml import pack_stored
+                m = pack_stored(ws, b)
+                self.mats[name] = (m.data, m.shape[0], m.bias, m.parts[0].format)
+                return
+            w = np.ascontiguousarray(np.concatenate(ws) if len(ws) > 1 else ws[0], np.float32)
             self.mats[name] = (layout.pack(to_bf16(w) if dtype == "bfloat16" else w, dtype), w.shape[0],
-                               None if b is None else np.ascontiguousarray(b, np.float32))
+                               None if b is None else np.ascontiguousarray(b, np.float32), dtype)
         for i in range(cfg.num_layers):
             p = f"blk.{i}."
-            mat(p + "qkv", np.concatenate([t[p + "q.w"], t[p + "k.w"], t[p + "v.w"]]),
+            mat(p + "qkv", [t[p + "q.w"], t[p + "k.w"], t[p + "v.w"]],
                 np.concatenate([t[p + "q.b"], t[p + "k.b"], t[p + "v.b"]]))
-            mat(p + "ckv", np.concatenate([t[p + "ck.w"], t[p + "cv.w"]]), np.concatenate([t[p + "ck.b"], t[p + "cv.b"]]))
+            mat(p + "ckv", [t[p + "ck.w"], t[p + "cv.w"]], np.concatenate([t[p + "ck.b"], t[p + "cv.b"]]))
             for m in ("o", "cq", "co", "up", "down"):
-                mat(p + m, t[p + m + ".w"], t[p + m + ".b"])
-        mat("embed", t["embed"], None)
+                mat(p + m, [t[p + m + ".w"]], t[p + m + ".b"])
+        mat("embed", [t["embed"]], None)
         H, D, L = cfg.num_heads, cfg.head_dim, cfg.num_layers
         self.self_blocks = -(-cfg.max_target_positions // BLOCK)          # blocks of one request's tokens
         self.cross_blocks = -(-cfg.max_source_positions // BLOCK)         # ... of its encoder rows
@@ -197,14 +205,25 @@ class WhisperDecoder:
         self.k_cross = [np.zeros((nb_cross, H, D, BLOCK), np.float32) for _ in range(L)]
         self.v_cross = [np.zeros((nb_cross, H, BLOCK, D), np.float32) for _ in range(L)]
 
+    def _embed(self, ids: np.ndarray) -> np.ndarray:
+        """float32 [N, C] token embeddings of ids (a whisper.cpp file's rows dequantized as looked up:
+        F16 ones from the output projection's panels [ceil(V/16), C, 16], blocks from the stored rows)."""
+        e = self.t["embed"]
+        if isinstance(e, np.ndarray):
+            return e[ids]
+        packed, _, _, fmt = self.mats["embed"]
+        if fmt == "float16":
+            return packed[ids // 16, :, ids % 16].astype(np.float32)
+        return e.rows(ids)
+
     def _threads(self, work: int) -> int:
         return 1 if work < SERIAL_WORK else self.num_threads
 
     def _gemm(self, x: np.ndarray, name: str, out: np.ndarray | None = None, accumulate: bool = False) -> np.ndarray:
-        packed, n, bias = self.mats[name]
+        packed, n, bias, fmt = self.mats[name]
         if out is None:
             out = np.empty((x.shape[0], n), np.float32)
-        self.kernels.gemm(np.ascontiguousarray(x), packed, self.dtype, n, out, bias, accumulate,
+        self.kernels.gemm(np.ascontiguousarray(x), packed, fmt, n, out, bias, accumulate,
                           self._threads(x.shape[0] * x.shape[1] * n))
         return out
 
@@ -310,7 +329,7 @@ class WhisperDecoder:
         nt_self = self._threads(2 * C * int(positions.sum() + N))               # q.k and p.v over the keys
         nt_cross = self._threads(2 * C * int(sum(states[s].cross_len for s in seq)))
         nt_act = self._threads(64 * N * cfg.intermediate_size)
-        x = np.ascontiguousarray(t["embed"][ids] + t["pos"][positions], np.float32)       # [N, C]
+        x = np.ascontiguousarray(self._embed(ids) + t["pos"][positions], np.float32)       # [N, C]
         a = np.empty((N, H, D), np.float32)
         for i in range(cfg.num_layers):
             p = f"blk.{i}."

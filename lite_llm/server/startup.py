@@ -189,9 +189,8 @@ def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
     if args.data_parallel_size < 1:
         raise SystemExit(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
     hf_overrides = getattr(args, "hf_overrides", None)
-    from lite_llm.multimodal.transcribe import whisper_dir
-    if getattr(args, "runner", "auto") in ("auto", "transcription") and model and os.path.isdir(model) \
-            and whisper_dir(model):
+    from lite_llm.multimodal.transcribe import is_whisper_model
+    if getattr(args, "runner", "auto") in ("auto", "transcription") and model and is_whisper_model(model):
         return start_transcription_engine(model, args)
     if pooling.runner_for_model(model, getattr(args, "runner", "auto"), hf_overrides) == "pooling":
         try:
