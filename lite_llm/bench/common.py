@@ -56,6 +56,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, max_num_batched_tok
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="prompts are random and distinct, so the cache only costs its bookkeeping")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="batch-invariant kernels (README: Deterministic mode), to time what they cost")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--profile-step", action="store_true",
                         help="report the engine's Python time per step beside its kernel time, per batch size")
@@ -86,7 +88,7 @@ def build(args: argparse.Namespace, max_model_len: int | None = None, num_kv_blo
         seed=args.seed, serving=False, progress=sys.stderr.isatty(),
         num_kv_blocks=num_kv_blocks if args.kv_cache_space is None else None, quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype, speculative_config=getattr(args, "speculative_config", None),
-        tensor_parallel_size=args.tensor_parallel_size))
+        tensor_parallel_size=args.tensor_parallel_size, deterministic=getattr(args, "deterministic", False)))
     engine, loaded, info = built.engine, built.loaded, built.info
     info = dict(info, build_seconds=time.perf_counter() - t0)
     packed = getattr(getattr(getattr(engine, "engine", None), "runner", None), "packed", None)
