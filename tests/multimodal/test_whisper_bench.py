@@ -19,20 +19,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 FIGURES = ("load_s", "encoder_s", "wall_s", "rtf", "x_realtime", "tokens", "tok_s", "peak_rss_mib")
 
 
-def run_bench(tmp_path, engines: str) -> dict:
+def run_bench(tmp_path, engines: str, lengths: str = "5,35") -> dict:
     env = dict(os.environ, PYTHONPATH=ROOT, HOME=str(tmp_path))        # conversions cached under this HOME
     out = subprocess.run([sys.executable, "-m", "lite_llm", "bench", "transcribe", "--model",
-                          str(whisper_ggml_checkpoint()), "--engines", engines, "--lengths", "5,35",
+                          str(whisper_ggml_checkpoint()), "--engines", engines, "--lengths", lengths,
                           "--streams", "1,2", "--threads", "2", "--max-new-tokens", "8", "--json"],
                          capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
 
-def check_rows(result: dict, engines: list[str]) -> list[dict]:
+def check_rows(result: dict, engines: list[str], lengths=(5.0, 35.0)) -> list[dict]:
     rows = result["results"]
     assert [(r["engine"], r["audio_s"], r["streams"]) for r in rows] == \
-        [(e, s, n) for s in (5.0, 35.0) for n in (1, 2) for e in engines]
+        [(e, s, n) for s in lengths for n in (1, 2) for e in engines]
     for r in rows:
         assert "error" not in r, r
         assert all(r[k] > 0 for k in FIGURES), r
