@@ -287,3 +287,19 @@ def nomic_bert(w: dict, ids: np.ndarray, num_heads: int, eps: float, theta: floa
         h = act_mul(gemm(x, w[p + "mlp.fc12.weight"]), gemm(x, w[p + "mlp.fc11.weight"]), "silu")
         x = layernorm(x + gemm(h, w[p + "mlp.fc2.weight"]), w[p + "norm2.weight"], w[p + "norm2.bias"], eps)
     return x
+
+
+def short_conv(bcx: np.ndarray, state: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
+               reset: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """LFM2's gated short convolution of one sequence's tokens: bcx [n, 3E] (B | C | x), state
+    [L - 1, E] (the previous gated inputs, oldest first), w [L, E] (tap L - 1 the token's own)
+    -> (out [n, E] = C * causal_conv(B * x), the new state [L - 1, E])."""
+    n, E = bcx.shape[0], bcx.shape[1] // 3
+    L = w.shape[0]
+    b, c, x = bcx[:, :E].astype(np.float64), bcx[:, E:2 * E].astype(np.float64), bcx[:, 2 * E:].astype(np.float64)
+    prev = np.zeros((L - 1, E)) if reset else state.astype(np.float64)
+    ext = np.concatenate([prev, b * x])                                   # [L - 1 + n, E]
+    y = sum(w[k].astype(np.float64) * ext[k:k + n] for k in range(L))
+    if bias is not None:
+        y = y + bias
+    return (c * y).astype(np.float32), ext[n:].astype(np.float32)

@@ -619,3 +619,33 @@ def mla_attention(const float[:, :, ::1] q,       # IN  [T, H, Dk] absorbed quer
         ll_mla_attention(&q[t, 0, 0], dk, kv_lora_rank, 0, <int>H, cp, bf16, &block_tables[tok_seq[t], 0], bs, 0,
                          positions[t], scale, &ov[t, 0, 0], &sc[0])
     return out
+
+
+def short_conv(const float[:, ::1] bcx,    # IN  [n, 3E] in_proj rows: B | C | x
+               float[:, ::1] state,        # IN/OUT [L - 1, E] the last L - 1 gated inputs, oldest first
+               const float[:, ::1] w,      # IN  [L, E] the taps, tap L - 1 the token's own
+               bias,                       # IN  [E] float32, or None
+               float[:, ::1] out,          # OUT [n, E]
+               bint reset, int num_threads=1):
+    """LFM2's gated short convolution of one sequence's n tokens (src/kernels/conv.h), channels
+    split over the threads in 16-channel blocks as forward() splits them; reset: the incoming
+    state is zeros."""
+    cdef Py_ssize_t n = bcx.shape[0], E = out.shape[1], L = w.shape[0], c0, c1
+    cdef const float[::1] b
+    cdef const float *bp = NULL
+    cdef ll_team tm
+    if (bcx.shape[1] != 3 * E or out.shape[0] != n or w.shape[1] != E or state.shape[1] != E
+            or state.shape[0] != L - 1 or not 1 <= L <= LL_CONV_MAX_LEN):
+        raise ValueError(f"short_conv: {bcx.shape} / state {state.shape} / w {w.shape} -> {out.shape}")
+    if bias is not None:
+        b = bias
+        if b.shape[0] != E:
+            raise ValueError(f"short_conv: bias [{b.shape[0]}] for {E} channels")
+        bp = &b[0]
+    with nogil, parallel(num_threads=num_threads):
+        tm = ll_team_make(NULL, openmp.omp_get_thread_num(), openmp.omp_get_num_threads())
+        c0 = c1 = 0   # assigned here: private to each thread
+        ll_work_static(&tm, E, 16, &c0, &c1)
+        if c1 > c0:
+            ll_short_conv_f32(&bcx[0, 0], 3 * E, &out[0, 0], E, &state[0, 0] if L > 1 else NULL, &w[0, 0], bp,
+                              n, E, <int>L, reset, c0, c1)
