@@ -158,6 +158,11 @@ _BASE = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=96, num_hi
 ARCH_DEFAULTS: dict[str, dict] = {
     "llama": dict(_BASE, tie_word_embeddings=False, rms_norm_eps=1e-5, rope_theta=10000.0),
     "mistral": dict(_BASE, tie_word_embeddings=False, rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=8),
+    # LFM2: short-convolution layers (3 taps) around one attention layer with q/k norms, the
+    # MLP width as given (no 2/3 adjustment), the tied embedding
+    "lfm2": dict(_BASE, num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "conv"], conv_L_cache=3,
+                 conv_bias=False, norm_eps=1e-5, block_auto_adjust_ff_dim=False, tie_word_embeddings=True,
+                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
     "qwen2": dict(_BASE, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=1000000.0),
     "qwen3": dict(_BASE, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=1000000.0, head_dim=24),
     # Gemma: head_dim 16, an attention scale of query_pre_attn_scalar ** -0.5 != head_dim ** -0.5
@@ -268,6 +273,7 @@ def _model_class(arch: str):
     import transformers
     return {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
             "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+            "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
             "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
             "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
             "opt": (transformers.OPTConfig, transformers.OPTForCausalLM),
