@@ -171,3 +171,50 @@ def test_a_step_that_splits_a_sequence_is_refused():
         slots = table[seq, pos // 16].astype(np.int64) * 16 + pos % 16
         with pytest.raises(ValueError, match="a sequence's tokens"):
             runner.forward(toks, pos, slots, seq, table, rows)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
+    """llama.cpp's "lfm2" graph written from the same tensors (shortconv.*, head_count_kv 0 on
+    conv layers, token_embd_norm as the final norm): the config read from it and the logits
+    equal the HF checkpoint's."""
+    from conftest import gguf_from_hf
+    ckpt = tiny_checkpoint_path(*case[:1], **case[1])
+    g_runner, g = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", "lfm2"))
+    h_runner, h = make_runner(ckpt)
+    for field in ("architecture", "layer_types", "conv_L_cache", "conv_bias", "ffn_dim", "num_kv_heads", "head_dim",
+                  "tie_word_embeddings", "qk_norm"):
+        assert getattr(g.config, field) == getattr(h.config, field), field
+    assert g.config.norm_eps == pytest.approx(h.config.norm_eps, rel=1e-6)   # a float32 in the file
+    prompts = prompts_for(h.config.vocab_size, [7, 30])
+    for a, b in zip(lite_logits(h_runner, prompts), lite_logits(g_runner, prompts, chunk=5)):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("case", [CASES[0], CASES[2]], ids=_ids)
+def test_llama_cpp_on_the_same_gguf_gives_the_same_greedy_tokens(case, tmp_path):
+    """llama.cpp (llama-cpp-python) runs the same "lfm2" file: 16 greedy tokens agree. Not the
+    conv_bias case: llama.cpp's lfm2 graph loads no conv biases ("wrong number of tensors"; the
+    released LFM2 checkpoints have none)."""
+    import llama_cpp
+    from conftest import gguf_from_hf
+    path = gguf_from_hf(tiny_checkpoint_path(*case[:1], **case[1]), tmp_path / "m.gguf", "lfm2")
+    runner, loaded = make_runner(path)
+    prompt = prompts_for(loaded.config.vocab_size, [12])[0]
+    theirs = llama_cpp.Llama(str(path), n_ctx=64, n_threads=2, logits_all=True, verbose=False)
+    theirs.eval(prompt)
+    want = []
+    for _ in range(16):
+        want.append(int(np.argmax(theirs.scores[theirs.n_tokens - 1])))
+        theirs.eval([want[-1]])
+    theirs.close()
+    table = np.arange(runner.num_blocks, dtype=np.int32)[None, :]
+    got, toks, pos = [], np.array(prompt, np.int32), np.arange(len(prompt), dtype=np.int32)
+    while len(got) < 16:
+        slots = table[0, pos // 16].astype(np.int64) * 16 + pos % 16
+        logits = runner.forward(toks, pos, slots, np.zeros(len(toks), np.int32), table,
+                                np.array([len(toks) - 1], np.int32))
+        got.append(int(np.argmax(logits[0])))
+        toks, pos = np.array([got[-1]], np.int32), np.array([pos[-1] + 1], np.int32)
+    assert got == want

@@ -6,11 +6,14 @@ per-head q/k RMSNorm, or a gated short convolution ("conv" in layer_types):
 
 each followed by the SwiGLU MLP (w1 gate, w3 up, w2 down). The conv layers' state per sequence
 is the last conv_L_cache - 1 values of u per channel (engine/runner.py keeps it per batch slot);
-the final norm is stored as `embedding_norm`. What the layers compute: forward.pxi's
-_conv_block and src/kernels/conv.h. llama.cpp's "lfm2" GGUF graph is not read yet.
+the final norm is stored as `embedding_norm`. llama.cpp's "lfm2" graph names the same tensors
+blk.{i}.shortconv.{in_proj,conv,out_proj} (conv [E, L]) and marks a conv layer by 0 in its
+per-layer attention.head_count_kv; its final norm is token_embd_norm. What the layers compute:
+forward.pxi's _conv_block and src/kernels/conv.h.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Iterator
 
 import numpy as np
@@ -18,9 +21,12 @@ import numpy as np
 from lite_llm.config import ModelConfig
 from lite_llm.model.arch import llama
 from lite_llm.model.files import ModelLoadError
+from lite_llm.model.gguf import NATIVE_TYPES
 from lite_llm.model.hf import stacked
+from lite_llm.model.weights import StackedRows
 
 HF_ARCHITECTURES = ("Lfm2ForCausalLM",)
+GGUF_ARCHITECTURES = {"lfm2": "Lfm2ForCausalLM"}
 
 
 def ffn_dim(raw: dict) -> int:
@@ -123,3 +129,85 @@ def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, Any]]:
     yield "final_norm.weight", get("model.embedding_norm.weight", (E,))
     if not config.tie_word_embeddings:
         yield "lm_head.weight", rows(("lm_head.weight", (V, E)))
+
+
+# ---- GGUF --------------------------------------------------------------------------------
+
+
+def gguf_config(f, arch: str) -> ModelConfig:
+    """ModelConfig of llama.cpp's "lfm2" graph: attention.head_count_kv per layer, 0 on a conv
+    layer; shortconv.l_cache the taps; feed_forward_length already the MLP's width."""
+    meta, key = f.metadata, llama.gguf_key(f, arch)
+    n = int(key("block_count"))
+    kv = key("attention.head_count_kv")
+    kv = [int(v) for v in kv] if isinstance(kv, (list, tuple)) else [int(kv)] * n
+    heads = sorted(set(v for v in kv if v))
+    if len(kv) != n or len(heads) != 1:
+        raise ModelLoadError(f"{f.path}: {arch}.attention.head_count_kv must give one KV head count for the "
+                             f"attention layers and 0 for the conv layers, {n} entries")
+    types = tuple("full_attention" if v else "conv" for v in kv)
+    dim, num_heads = int(key("embedding_length")), int(key("attention.head_count"))
+    vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
+    if not vocab:
+        raise ModelLoadError(f"{f.path}: neither {arch}.vocab_size nor tokenizer.ggml.tokens gives the vocabulary size")
+    first_conv = types.index("conv") if "conv" in types else 0
+    eos_id = meta.get("tokenizer.ggml.eos_token_id")
+    return ModelConfig(
+        architecture=GGUF_ARCHITECTURES[arch], vocab_size=int(vocab), dim=dim, ffn_dim=int(key("feed_forward_length")),
+        num_layers=n, num_heads=num_heads, num_kv_heads=heads[0],
+        head_dim=int(meta.get(f"{arch}.attention.key_length", 0)) or dim // num_heads,
+        max_position_embeddings=int(key("context_length")), norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+        qk_norm=True, rope_theta=float(meta.get(f"{arch}.rope.freq_base", 1000000.0)),
+        tie_word_embeddings="output.weight" not in f.tensors, bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=(int(eos_id),) if eos_id is not None else (), layer_types=types,
+        conv_L_cache=int(key("shortconv.l_cache")),
+        conv_bias=f"blk.{first_conv}.shortconv.in_proj.bias" in f.tensors)
+
+
+def _gguf_rows(f, specs: list[tuple[str, tuple[int, int]]]) -> StackedRows:
+    """The tensors `specs` ((name, [rows, cols]) each) stacked by rows, read when asked; their
+    blocks as stored where the kernels run that type."""
+    for name, shape in specs:
+        f.info(name, shape)      # missing / unsupported / misshapen: fail now, before any reading
+    native = [f.tensors[name].type_name in NATIVE_TYPES for name, _ in specs]
+    return StackedRows(tuple((shape[0], partial(f.read_rows, name)) for name, shape in specs), specs[0][1][1],
+                       blocks=tuple((f.tensors[name].type_name, partial(f.read_raw_rows, name)) if nat else None
+                                    for (name, _), nat in zip(specs, native)),
+                       stored=tuple(f.stored(name) for name, _ in specs))
+
+
+def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
+    E, F, V, D = config.dim, config.ffn_dim, config.vocab_size, config.head_dim
+    q_rows, kv_rows, L = config.q_size, config.kv_size, config.conv_L_cache
+
+    def vec(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        f.info(name, shape)
+        return f.read(name)
+
+    yield "embed", _gguf_rows(f, [("token_embd.weight", (V, E))])
+    for i in range(config.num_layers):
+        b, p = f"blk.{i}.", f"layers.{i}."
+        yield p + "attn_norm.weight", vec(b + "attn_norm.weight", (E,))
+        if config.layer_types[i] == "conv":
+            c = b + "shortconv."
+            yield p + "in_proj.weight", _gguf_rows(f, [(c + "in_proj.weight", (3 * E, E))])
+            if config.conv_bias:
+                yield p + "in_proj.bias", vec(c + "in_proj.bias", (3 * E,))
+            yield p + "conv.weight", np.ascontiguousarray(vec(c + "conv.weight", (E, L)).T)   # taps channel-minor
+            if config.conv_bias:
+                yield p + "conv.bias", vec(c + "conv.bias", (E,))
+            yield p + "out_proj.weight", _gguf_rows(f, [(c + "out_proj.weight", (E, E))])
+            if config.conv_bias:
+                yield p + "out_proj.bias", vec(c + "out_proj.bias", (E,))
+        else:   # q/k rows in HF order: the lfm2 converter does not permute them
+            yield p + "qkv.weight", _gguf_rows(f, [(b + "attn_q.weight", (q_rows, E)), (b + "attn_k.weight", (kv_rows, E)),
+                                                   (b + "attn_v.weight", (kv_rows, E))])
+            yield p + "q_norm.weight", vec(b + "attn_q_norm.weight", (D,))
+            yield p + "k_norm.weight", vec(b + "attn_k_norm.weight", (D,))
+            yield p + "o.weight", _gguf_rows(f, [(b + "attn_output.weight", (E, q_rows))])
+        yield p + "mlp_norm.weight", vec(b + "ffn_norm.weight", (E,))
+        yield p + "gate_up.weight", _gguf_rows(f, [(b + "ffn_gate.weight", (F, E)), (b + "ffn_up.weight", (F, E))])
+        yield p + "down.weight", _gguf_rows(f, [(b + "ffn_down.weight", (E, F))])
+    yield "final_norm.weight", vec("token_embd_norm.weight", (E,))
+    if not config.tie_word_embeddings:
+        yield "lm_head.weight", _gguf_rows(f, [("output.weight", (V, E))])
