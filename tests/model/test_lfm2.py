@@ -76,6 +76,32 @@ def test_fp32_greedy_tokens_match_transformers(case):
     _greedy(case, prompt_len=12)
 
 
+@pytest.mark.parametrize("case", CASES[:2], ids=_ids)
+def test_bf16_weights_stay_close_to_transformers_fp32(case):
+    """bf16 weights (the conv block's GEMM inputs as bf16 pairs), prefilled 7 tokens a step,
+    against the fp32 reference: the dense families' bf16 bound (test_families.py)."""
+    path = tiny_checkpoint_path(*case[:1], **case[1])
+    runner, loaded = make_runner(path, dtype="bfloat16")
+    prompts = prompts_for(loaded.config.vocab_size, PROMPT_LENS)
+    for g, r in zip(lite_logits(runner, prompts, chunk=7), hf_logits(path, prompts)):
+        assert np.abs(g - r).max() <= 0.03 * np.abs(r).max()
+
+
+def test_q8_0_at_load_matches_the_dequantized_reference(tmp_path):
+    """Every matrix quantized at load to Q8_0 (in_proj and out_proj on the int8-block kernels,
+    their inputs as int8 blocks; the conv taps stay float) against transformers on the same
+    weights quantized and dequantized by the gguf package, whole and a token at a time, within
+    the quantized families' bound (test_moe.py)."""
+    import gguf
+    from test_moe import _check_quantized_moe, _roundtrip_reference
+    ckpt = tiny_checkpoint_path(*CASES[1][:1], **CASES[1][1])
+    model = _roundtrip_reference(ckpt, tmp_path / "roundtrip", lambda name: gguf.GGMLQuantizationType.Q8_0)
+    runner, _ = make_runner(ckpt, quantization="q8_0")
+    assert runner.formats["layers.1.in_proj"] == (("Q8_0",), "int8 blocks")
+    assert runner.formats["layers.1.out_proj"] == (("Q8_0",), "int8 blocks")
+    _check_quantized_moe(runner, model, "q8_0")
+
+
 def _hf_greedy(path, prompts, n):
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
