@@ -303,3 +303,21 @@ def short_conv(bcx: np.ndarray, state: np.ndarray, w: np.ndarray, bias: np.ndarr
     if bias is not None:
         y = y + bias
     return (c * y).astype(np.float32), ext[n:].astype(np.float32)
+
+
+def ssd_scan(x: np.ndarray, dt: np.ndarray, A: np.ndarray, D: np.ndarray, B: np.ndarray, C: np.ndarray,
+             state: np.ndarray, reset: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Mamba2's state-space recurrence token by token (the plain definition): x [n, H P], dt
+    [n, H] (after softplus), A, D [H], B, C [n, G N], state [H, P, N]; head h reads group
+    h // (H / G). Per token: S = exp(dt A) S + dt x B^T, y = S C + D x. -> (y [n, H P], state)."""
+    H, P, N = state.shape
+    per = H // (B.shape[1] // N)
+    S = np.zeros((H, P, N)) if reset else state.astype(np.float64)
+    y = np.zeros(x.shape)
+    for t in range(x.shape[0]):
+        for h in range(H):
+            g = h // per
+            xh, b, c = x[t, h * P:(h + 1) * P].astype(np.float64), B[t, g * N:(g + 1) * N], C[t, g * N:(g + 1) * N]
+            S[h] = np.exp(dt[t, h] * A[h]) * S[h] + dt[t, h] * np.outer(xh, b)
+            y[t, h * P:(h + 1) * P] = S[h] @ c + D[h] * xh
+    return y.astype(np.float32), S.astype(np.float32)
