@@ -145,7 +145,11 @@ def model_weight_bytes(model: str | None) -> dict[str, Any]:
         if config.is_hybrid:   # the conv layers' state per sequence (runner.conv_states), float32
             out["state_bytes_per_seq"] = config.state_bytes_per_seq
             out["state_note"] = (f"{config.conv_L_cache - 1} gated inputs of {config.dim} channels x "
-                                 f"{config.num_conv_layers} conv layers, float32, constant in context length")
+                                 f"{config.num_conv_layers} conv layers, float32, constant in context length"
+                                 if config.num_conv_layers else
+                                 f"conv {config.mamba_d_conv - 1} x {config.mamba_conv_dim} and scan {config.mamba_n_heads}"
+                                 f" x {config.mamba_d_head} x {config.mamba_d_state} values x {config.num_mamba_layers} "
+                                 "Mamba2 layers, float32, constant in context length")
     if path.endswith(".gguf"):
         try:
             out.update(_gguf_formats(path, skip=embed if gathered else None, share=share))

@@ -160,6 +160,11 @@ ARCH_DEFAULTS: dict[str, dict] = {
     "mistral": dict(_BASE, tie_word_embeddings=False, rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=8),
     # LFM2: short-convolution layers (3 taps) around one attention layer with q/k norms, the
     # MLP width as given (no 2/3 adjustment), the tied embedding
+    # Bamba: Mamba2 layers (8 heads of 16 channels in 2 groups, a state of 16, 4 conv taps)
+    # around one attention layer (RoPE over half of each head)
+    "bamba": dict(_BASE, num_hidden_layers=3, attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head="auto",
+                  mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16,
+                  rms_norm_eps=1e-5, tie_word_embeddings=False),
     "lfm2": dict(_BASE, num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "conv"], conv_L_cache=3,
                  conv_bias=False, norm_eps=1e-5, block_auto_adjust_ff_dim=False, tie_word_embeddings=True,
                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
@@ -274,6 +279,7 @@ def _model_class(arch: str):
     return {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
             "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
             "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
+            "bamba": (transformers.BambaConfig, transformers.BambaForCausalLM),
             "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
             "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
             "opt": (transformers.OPTConfig, transformers.OPTForCausalLM),

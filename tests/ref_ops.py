@@ -321,3 +321,16 @@ def ssd_scan(x: np.ndarray, dt: np.ndarray, A: np.ndarray, D: np.ndarray, B: np.
             S[h] = np.exp(dt[t, h] * A[h]) * S[h] + dt[t, h] * np.outer(xh, b)
             y[t, h * P:(h + 1) * P] = S[h] @ c + D[h] * xh
     return y.astype(np.float32), S.astype(np.float32)
+
+
+def causal_conv_silu(x: np.ndarray, state: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
+                     reset: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Mamba2's causal depthwise convolution with SiLU: x [n, E], state [L - 1, E] (the previous
+    inputs, oldest first), w [L, E] (tap L - 1 the token's own) -> (out [n, E], new state)."""
+    n, L = x.shape[0], w.shape[0]
+    prev = np.zeros((L - 1, x.shape[1])) if reset else state.astype(np.float64)
+    ext = np.concatenate([prev, x.astype(np.float64)])
+    y = sum(w[k].astype(np.float64) * ext[k:k + n] for k in range(L))
+    if bias is not None:
+        y = y + bias
+    return (y / (1.0 + np.exp(-y))).astype(np.float32), ext[n:].astype(np.float32)

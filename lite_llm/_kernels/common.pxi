@@ -193,6 +193,9 @@ cdef extern from "kernels/conv.h" nogil:
     void ll_short_conv_f32(const float *bcx, Py_ssize_t ldb, float *out, Py_ssize_t ldo, float *state, const float *w,
                            const float *bias, Py_ssize_t n, Py_ssize_t E, int L, int reset, Py_ssize_t c0,
                            Py_ssize_t c1)
+    void ll_causal_conv_silu_f32(const float *x, Py_ssize_t ldi, float *out, Py_ssize_t ldo, float *state,
+                                 const float *w, const float *bias, Py_ssize_t n, Py_ssize_t E, int L, int reset,
+                                 Py_ssize_t c0, Py_ssize_t c1)
 
 cdef extern from "kernels/ssm.h" nogil:
     int LL_SSD_CHUNK

@@ -683,3 +683,35 @@ def ssd_scan(const float[:, ::1] x,        # IN  [n, H P] the heads' inputs
             ll_ssd_scan_f32(&x[0, h * P], H * P, &dt[0, h], H, A[h], D[h], &B[0, (h // per) * N], G * N,
                             &C[0, (h // per) * N], G * N, &y[0, h * P], H * P, &state[h, 0, 0], n, P, N, reset,
                             &sc[tm.tid, 0])
+
+
+def causal_conv_silu(const float[:, ::1] x,    # IN  [n, E] one sequence's inputs
+                     float[:, ::1] state,      # IN/OUT [L - 1, E] the last L - 1 inputs, oldest first
+                     const float[:, ::1] w,    # IN  [L, E] the taps, tap L - 1 the token's own
+                     bias,                     # IN  [E] float32, or None
+                     float[:, ::1] out,        # OUT [n, E]
+                     bint reset, int num_threads=1):
+    """Mamba2's causal depthwise convolution with SiLU of one sequence's n tokens
+    (src/kernels/conv.h), channels split over the threads in 16-channel blocks; reset: the
+    incoming state is zeros."""
+    cdef Py_ssize_t n = x.shape[0], E = x.shape[1], L = w.shape[0], c0, c1
+    cdef const float[::1] b
+    cdef const float *bp = NULL
+    cdef ll_team tm
+    if (out.shape[0] != n or out.shape[1] != E or w.shape[1] != E or state.shape[1] != E
+            or state.shape[0] != L - 1 or not 1 <= L <= LL_CONV_MAX_LEN):
+        raise ValueError(f"causal_conv_silu: {x.shape} / state {state.shape} / w {w.shape} -> {out.shape}")
+    if bias is not None:
+        b = bias
+        if b.shape[0] != E:
+            raise ValueError(f"causal_conv_silu: bias [{b.shape[0]}] for {E} channels")
+        bp = &b[0]
+    if n == 0:
+        return
+    with nogil, parallel(num_threads=num_threads):
+        tm = ll_team_make(NULL, openmp.omp_get_thread_num(), openmp.omp_get_num_threads())
+        c0 = c1 = 0   # assigned here: private to each thread
+        ll_work_static(&tm, E, 16, &c0, &c1)
+        if c1 > c0:
+            ll_causal_conv_silu_f32(&x[0, 0], E, &out[0, 0], E, &state[0, 0] if L > 1 else NULL, &w[0, 0], bp,
+                                    n, E, <int>L, reset, c0, c1)

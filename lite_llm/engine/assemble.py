@@ -217,11 +217,11 @@ def build_engine(args: EngineArgs) -> Assembled:
     enable_prefix_caching = args.enable_prefix_caching
     if cfg.is_hybrid:
         if spec is not None or tensor_parallel_size > 1 or enable_lora:
-            raise ValueError(f"{cfg.architecture} (short-convolution layers with a recurrent state) runs without "
+            raise ValueError(f"{cfg.architecture} (recurrent layers: short convolutions or Mamba2, with a state per sequence) runs without "
                              "speculative decoding, tensor parallel and LoRA adapters")
         if enable_prefix_caching:
             # a cached block holds attention's KV of its tokens, not the conv layers' state after them
-            log.info("prefix caching is off for %s: its conv layers' recurrent state is not kept per block",
+            log.info("prefix caching is off for %s: its recurrent layers' state is not kept per block",
                      cfg.architecture)
             enable_prefix_caching = False
     max_num_batched_tokens = args.max_num_batched_tokens

@@ -148,7 +148,7 @@ class ModelRunner:
         if cfg.is_hybrid and (tp_size > 1 or max_loras > 0 or proposer is not None):
             # a conv layer's state would need sharding (tensor parallel), its in/out projections
             # adapters (LoRA), and rejected draft tokens would already be in the state (speculation)
-            raise ValueError(f"{cfg.architecture} (short-convolution layers with a recurrent state) runs without "
+            raise ValueError(f"{cfg.architecture} (recurrent layers: short convolutions or Mamba2, with a state per sequence) runs without "
                              "tensor parallel, LoRA adapters and speculative decoding")
         self.config = cfg
         self.dtype = loaded.dtype
@@ -184,7 +184,8 @@ class ModelRunner:
                                                   self.kv_cache_dtype)
         if cfg.is_mla:   # the latent rows alone: no separate V (src/kernels/mla.h)
             v_shape = (0,) + v_shape[1:]
-        conv = [cfg.layer_types[i] == "conv" if cfg.is_hybrid else False for i in range(cfg.num_layers)]
+        kinds = [cfg.layer_types[i] if cfg.is_hybrid else "" for i in range(cfg.num_layers)]
+        conv = [k in ("conv", "mamba") for k in kinds]
         # a conv layer keeps no KV: an empty array in its place
         self.k_caches = [layout.aligned_zeros((0,) + k_shape[1:] if c else k_shape, kv_np) for c in conv]
         self.v_caches = [layout.aligned_zeros((0,) + v_shape[1:] if c else v_shape, kv_np) for c in conv]
@@ -192,12 +193,16 @@ class ModelRunner:
         # request holds its slot from admission until it finishes or is preempted), the last
         # conv_L_cache - 1 gated inputs of every channel; forward() starts a slot afresh when its
         # sequence's step begins at position 0, so a new or recomputed request needs no clearing
-        self.conv_states = [layout.aligned_zeros((max_num_seqs, cfg.conv_L_cache - 1, cfg.dim), np.float32)
-                            for c in conv if c]
-        self.state_bytes = sum(s.nbytes for s in self.conv_states)
+        # (a Mamba2 layer's: its convolution's last d_conv - 1 inputs, and its scan's [H, P, N])
+        self.conv_states = [layout.aligned_zeros((max_num_seqs, cfg.recurrent_len - 1,
+                                                  cfg.mamba_conv_dim if k == "mamba" else cfg.dim), np.float32)
+                            for k, c in zip(kinds, conv) if c]
+        self.ssm_states = [layout.aligned_zeros((max_num_seqs, cfg.mamba_n_heads, cfg.mamba_d_head, cfg.mamba_d_state),
+                                                np.float32) for k in kinds if k == "mamba"]
+        self.state_bytes = sum(s.nbytes for s in self.conv_states + self.ssm_states)
         tables = [tuple(np.ascontiguousarray(a, np.float32) for a in rope_tables(c, max_pos))
                   for c in arch.rope_configs(cfg)] if cfg.rope else []
-        states = {"conv_states": self.conv_states} if cfg.is_hybrid else {}
+        states = {"conv_states": self.conv_states, "ssm_states": self.ssm_states} if cfg.is_hybrid else {}
         self.model = self.kernels.Model(self.kernel_config, packed, self.k_caches, self.v_caches, tables, **states)
         # LongRoPE whose factors switch within max_model_len: O (its original context), else 0
         self.rope_switch = longrope_switch(cfg, max_pos) if cfg.rope else 0
@@ -245,9 +250,10 @@ class ModelRunner:
                  num_blocks, block_size, self.kv_cache_dtype)
         log.info("GEMM paths (%s kernels): %s", self.gemm_paths.variant, "; ".join(self.gemm_paths.describe()))
         if cfg.is_hybrid:
-            log.info("recurrent state: %.1f MB (%d slots, one per running sequence, x %.1f KB over %d conv layers; "
+            log.info("recurrent state: %.1f MB (%d slots, one per running sequence, x %.1f KB over %d recurrent layers; "
                      "constant in the context length), KV cache in %d attention layers", self.state_bytes / 2**20,
-                     max_num_seqs, cfg.state_bytes_per_seq / 1024, cfg.num_conv_layers, cfg.num_attention_layers)
+                     max_num_seqs, cfg.state_bytes_per_seq / 1024, cfg.num_layers - cfg.num_attention_layers,
+                     cfg.num_attention_layers)
         if cfg.is_mla:
             log.info("attention: latent (a %s cache of %d values per token and layer: the latent and the RoPE key)",
                      self.kv_cache_dtype, cfg.cache_head_dim)

@@ -1,4 +1,5 @@
-"""LFM2's gated short convolution (src/kernels/conv.h) vs tests/ref_ops.py on every variant:
+"""LFM2's gated short convolution and Mamba2's convolution with SiLU (src/kernels/conv.h) vs
+tests/ref_ops.py on every variant:
 a chunk of tokens from an incoming state, the state it leaves, a sequence fed in chunks or a
 token at a time (decode as a state update) equal to one pass, and a reset that ignores the
 stored state. Channel counts are not multiples of 16 so the vector blocks and the scalar tail
@@ -89,3 +90,31 @@ def test_shapes_are_checked(variant, rng):
         mod.short_conv(bcx, state[:1].copy(), w, b, np.empty((4, 16), np.float32), False)
     with pytest.raises(ValueError, match="short_conv"):
         mod.short_conv(bcx, state, np.zeros((9, 16), np.float32), b, np.empty((4, 16), np.float32), False)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("n,E,L", [(1, 64, 4), (7, 37, 4), (13, 40, 3), (5, 16, 2)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_mamba_conv_with_silu_from_a_state(variant, n, E, L, bias, rng):
+    """Mamba2's convolution of its x | B | C channels with SiLU: a chunk from a state, the state
+    it leaves, and the same tokens fed one at a time (decode) giving the same outputs."""
+    mod = _kernels.load(variant)
+    x = rng.standard_normal((n, E)).astype(np.float32)
+    w = rng.standard_normal((L, E)).astype(np.float32)
+    b = rng.standard_normal(E).astype(np.float32) if bias else None
+    state = rng.standard_normal((L - 1, E)).astype(np.float32)
+    want, want_state = ref_ops.causal_conv_silu(x, state, w, b)
+    out, got_state = np.full((n, E), np.nan, np.float32), state.copy()
+    mod.causal_conv_silu(x, got_state, w, b, out, False, num_threads=3)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got_state, want_state)
+    one, steps = state.copy(), []
+    for t in range(n):
+        o = np.empty((1, E), np.float32)
+        mod.causal_conv_silu(np.ascontiguousarray(x[t:t + 1]), one, w, b, o, False, num_threads=2)
+        steps.append(o)
+    np.testing.assert_array_equal(np.concatenate(steps), out)
+    np.testing.assert_array_equal(one, got_state)
+    reset_out = np.empty((n, E), np.float32)
+    mod.causal_conv_silu(x, state.copy(), w, b, reset_out, True)
+    np.testing.assert_allclose(reset_out, ref_ops.causal_conv_silu(x, state, w, b, reset=True)[0], rtol=1e-5, atol=1e-5)

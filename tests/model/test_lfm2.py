@@ -176,14 +176,15 @@ def test_the_state_cache_is_fixed_per_slot_and_counted_in_the_plan():
     assert m["kv_bytes_per_token_bf16"] == 1 * 2 * 2 * 16 * 2 and m["state_bytes_per_seq"] == per_seq
 
 
+@pytest.mark.parametrize("arch", ["lfm2", "bamba"])
 @pytest.mark.parametrize("kind", ["speculative", "lora", "tensor_parallel"])
-def test_what_the_state_cache_cannot_serve_is_refused(kind):
+def test_what_the_state_cache_cannot_serve_is_refused(kind, arch):
     from lite_llm.config import SpeculativeConfig
     from lite_llm.llm import EngineArgs, build_engine
-    path = str(tiny_checkpoint_path("lfm2"))
+    path = str(tiny_checkpoint_path(arch))
     extra = {"speculative": {"speculative_config": SpeculativeConfig("ngram", 2)},
              "lora": {"enable_lora": True}, "tensor_parallel": {"tensor_parallel_size": 2}}[kind]
-    with pytest.raises(ValueError, match="recurrent state"):
+    with pytest.raises(ValueError, match="recurrent layers"):
         build_engine(EngineArgs(path, dtype="float32", num_kv_blocks=8, progress=False, **extra))
 
 
