@@ -87,3 +87,35 @@ def test_the_state_cache_is_fixed_per_slot():
     assert cfg.mamba_conv_dim == 192 and cfg.state_bytes_per_seq == per_seq
     assert runner.state_bytes == 32 * per_seq
     assert runner.kv_bytes_per_token == 1 * 2 * 2 * 16 * 4
+
+
+def test_bf16_weights_stay_close_to_transformers_fp32():
+    """bf16 weights (the Mamba2 block's GEMM inputs as bf16 pairs), prefilled 7 tokens a step,
+    against the fp32 reference: the dense families' bf16 bound (test_families.py)."""
+    path = tiny_checkpoint_path("bamba")
+    runner, loaded = make_runner(path, dtype="bfloat16")
+    prompts = prompts_for(loaded.config.vocab_size, PROMPT_LENS)
+    for g, r in zip(lite_logits(runner, prompts, chunk=7), hf_logits(path, prompts)):
+        assert np.abs(g - r).max() <= 0.03 * np.abs(r).max()
+
+
+def test_q8_0_at_load_matches_the_dequantized_reference(tmp_path):
+    """Every matrix quantized at load to Q8_0 (in_proj and out_proj on the int8-block kernels,
+    their inputs as int8 blocks; the conv taps and the scan's vectors stay float) against
+    transformers on the same weights quantized and dequantized by the gguf package, whole and a
+    token at a time, within the quantized families' bound (test_moe.py)."""
+    import gguf
+    from test_moe import _check_quantized_moe, _roundtrip_reference
+    ckpt = tiny_checkpoint_path("bamba")
+    model = _roundtrip_reference(ckpt, tmp_path / "roundtrip", lambda name: gguf.GGMLQuantizationType.Q8_0)
+    runner, _ = make_runner(ckpt, quantization="q8_0")
+    assert runner.formats["layers.0.in_proj"] == (("Q8_0",), "int8 blocks")
+    assert runner.formats["layers.0.out_proj"] == (("Q8_0",), "int8 blocks")
+    _check_quantized_moe(runner, model, "q8_0")
+
+
+def test_info_counts_the_state_and_the_attention_layers_kv():
+    from lite_llm import info
+    m = info.model_weight_bytes(str(tiny_checkpoint_path("bamba")))
+    assert m["kv_bytes_per_token_bf16"] == 1 * 2 * 2 * 16 * 2
+    assert m["state_bytes_per_seq"] == 2 * (3 * 192 + 8 * 16 * 16) * 4 and "Mamba2" in m["state_note"]
