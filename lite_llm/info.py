@@ -147,9 +147,9 @@ def model_weight_bytes(model: str | None) -> dict[str, Any]:
             out["state_note"] = (f"{config.conv_L_cache - 1} gated inputs of {config.dim} channels x "
                                  f"{config.num_conv_layers} conv layers, float32, constant in context length"
                                  if config.num_conv_layers else
-                                 f"conv {config.mamba_d_conv - 1} x {config.mamba_conv_dim} and scan {config.mamba_n_heads}"
-                                 f" x {config.mamba_d_head} x {config.mamba_d_state} values x {config.num_mamba_layers} "
-                                 "Mamba2 layers, float32, constant in context length")
+                                 f"conv {config.mamba_d_conv - 1} x {config.mamba_conv_dim} and scan "
+                                 f"{config.mamba_n_heads} x {config.mamba_d_head} x {config.mamba_d_state} values x "
+                                 f"{config.num_mamba_layers} Mamba2 layers, float32, constant in context length")
     if path.endswith(".gguf"):
         try:
             out.update(_gguf_formats(path, skip=embed if gathered else None, share=share))

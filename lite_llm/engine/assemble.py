@@ -74,8 +74,9 @@ class KVPlan:
                 f"({self.num_blocks * self.bytes_per_block / GiB:.2f} GiB{dtype}); maximum concurrency for "
                 f"{self.max_model_len} tokens per request: {self.max_concurrency:.2f}x"
                 + (f" ({self.reason})" if self.reason else "")
-                + (f"; recurrent state: {self.num_state_slots} slots x {self.state_bytes // max(self.num_state_slots, 1)}"
-                   f" bytes = {self.state_bytes / GiB:.3f} GiB, constant in context length" if self.state_bytes else ""))
+                + (f"; recurrent state: {self.num_state_slots} slots x "
+                   f"{self.state_bytes // max(self.num_state_slots, 1)} bytes = {self.state_bytes / GiB:.3f} GiB beside the blocks (resident as slots fill), constant in "
+                   "context length" if self.state_bytes else ""))
 
 
 def mem_available() -> int:
@@ -104,19 +105,20 @@ def plan_kv_cache(config, dtype: str, block_size: int, max_model_len: int,
     as vLLM's VLLM_CPU_KVCACHE_SPACE is each worker's: every rank holds the same blocks of its
     own KV heads, so the block count is the space over the largest rank's block. The memory
     available bounds all ranks together; bytes_per_block is then every rank's block summed."""
-    # hybrid models: a fixed-size state per running sequence beside the blocks (runner.conv_states),
-    # taken from the same space: the blocks get what it leaves
+    # hybrid models: a fixed-size state per batch slot beside the blocks (runner.conv_states), not
+    # taken from their space: its pages become resident only as slots are used (the lowest first),
+    # and a large state (Mamba2's: MBs per sequence) would otherwise leave no blocks at the
+    # default max_num_seqs
     slots = (max_num_seqs or 0) if config.is_hybrid else 0
     state = slots * config.state_bytes_per_seq
     plan = _plan_blocks(config, dtype, block_size, max_model_len, kv_cache_space, weight_bytes, num_blocks,
-                        max_num_seqs, kv_cache_dtype, tensor_parallel_size, state)
+                        max_num_seqs, kv_cache_dtype, tensor_parallel_size)
     return dataclasses.replace(plan, state_bytes=state, num_state_slots=slots) if state else plan
 
 
 def _plan_blocks(config, dtype: str, block_size: int, max_model_len: int, kv_cache_space: float | None,
                  weight_bytes: int, num_blocks: int | None, max_num_seqs: int | None, kv_cache_dtype: str | None,
-                 tensor_parallel_size: int, reserved: int = 0) -> KVPlan:
-    """plan_kv_cache's blocks, out of a space less `reserved` bytes (a hybrid model's states)."""
+                 tensor_parallel_size: int) -> KVPlan:
     from lite_llm.engine.runner import kv_bytes_per_block, kv_cache_format   # the kernels: see the top
     per_block = kv_bytes_per_block(config, block_size, dtype, kv_cache_dtype)
     per_rank = per_block
@@ -139,16 +141,16 @@ def _plan_blocks(config, dtype: str, block_size: int, max_model_len: int, kv_cac
                 raise ValueError(f"LITE_LLM_CPU_KVCACHE_SPACE must be a number of GiB, got {value!r}") from None
     if kv_cache_space is None or kv_cache_space <= 0:
         per = f" per rank of {tensor_parallel_size}" if tensor_parallel_size > 1 else ""
-        bounds = {f"{DEFAULT_AUTO_KV_GIB:g} GiB{per}, vLLM's default": DEFAULT_AUTO_KV_GIB * GiB * each - reserved,
+        bounds = {f"{DEFAULT_AUTO_KV_GIB:g} GiB{per}, vLLM's default": DEFAULT_AUTO_KV_GIB * GiB * each,
                   f"half of the {mem_available() / GiB:.1f} GiB available after the weights":
-                      max(mem_available() - weight_bytes, 0) / 2 - reserved}
+                      max(mem_available() - weight_bytes, 0) / 2}
         if max_num_seqs:
             bounds[f"all that {max_num_seqs} sequences of {max_model_len} tokens can hold"] = \
                 max_num_seqs * -(-max_model_len // block_size) * per_block
         reason, nbytes = min(bounds.items(), key=lambda kv: kv[1])
         return _checked_plan(nbytes, per_block, block_size, max_model_len, "auto", fmt, f"auto-sized: {reason}")
-    return _checked_plan(max(kv_cache_space * GiB * each - reserved, 0), per_block, block_size, max_model_len, source,
-                         fmt, f"{kv_cache_space:g} GiB for each of {tensor_parallel_size} ranks"
+    return _checked_plan(kv_cache_space * GiB * each, per_block, block_size, max_model_len, source, fmt,
+                         f"{kv_cache_space:g} GiB for each of {tensor_parallel_size} ranks"
                          if tensor_parallel_size > 1 else "")
 
 
@@ -217,7 +219,8 @@ def build_engine(args: EngineArgs) -> Assembled:
     enable_prefix_caching = args.enable_prefix_caching
     if cfg.is_hybrid:
         if spec is not None or tensor_parallel_size > 1 or enable_lora:
-            raise ValueError(f"{cfg.architecture} (recurrent layers: short convolutions or Mamba2, with a state per sequence) runs without "
+            raise ValueError(f"{cfg.architecture} (recurrent layers: short convolutions or Mamba2, a state per "
+                             "sequence) runs without "
                              "speculative decoding, tensor parallel and LoRA adapters")
         if enable_prefix_caching:
             # a cached block holds attention's KV of its tokens, not the conv layers' state after them

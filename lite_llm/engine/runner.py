@@ -148,7 +148,8 @@ class ModelRunner:
         if cfg.is_hybrid and (tp_size > 1 or max_loras > 0 or proposer is not None):
             # a conv layer's state would need sharding (tensor parallel), its in/out projections
             # adapters (LoRA), and rejected draft tokens would already be in the state (speculation)
-            raise ValueError(f"{cfg.architecture} (recurrent layers: short convolutions or Mamba2, with a state per sequence) runs without "
+            raise ValueError(f"{cfg.architecture} (recurrent layers: short convolutions or Mamba2, a state per "
+                             "sequence) runs without "
                              "tensor parallel, LoRA adapters and speculative decoding")
         self.config = cfg
         self.dtype = loaded.dtype
@@ -250,8 +251,8 @@ class ModelRunner:
                  num_blocks, block_size, self.kv_cache_dtype)
         log.info("GEMM paths (%s kernels): %s", self.gemm_paths.variant, "; ".join(self.gemm_paths.describe()))
         if cfg.is_hybrid:
-            log.info("recurrent state: %.1f MB (%d slots, one per running sequence, x %.1f KB over %d recurrent layers; "
-                     "constant in the context length), KV cache in %d attention layers", self.state_bytes / 2**20,
+            log.info("recurrent state: %.1f MB (%d slots, one per running sequence, x %.1f KB over %d "
+                     "recurrent layers; constant in the context length), KV cache in %d attention layers", self.state_bytes / 2**20,
                      max_num_seqs, cfg.state_bytes_per_seq / 1024, cfg.num_layers - cfg.num_attention_layers,
                      cfg.num_attention_layers)
         if cfg.is_mla:

@@ -200,7 +200,8 @@ def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
             if config.conv_bias:
                 yield p + "out_proj.bias", vec(c + "out_proj.bias", (E,))
         else:   # q/k rows in HF order: the lfm2 converter does not permute them
-            yield p + "qkv.weight", _gguf_rows(f, [(b + "attn_q.weight", (q_rows, E)), (b + "attn_k.weight", (kv_rows, E)),
+            yield p + "qkv.weight", _gguf_rows(f, [(b + "attn_q.weight", (q_rows, E)),
+                                                   (b + "attn_k.weight", (kv_rows, E)),
                                                    (b + "attn_v.weight", (kv_rows, E))])
             yield p + "q_norm.weight", vec(b + "attn_q_norm.weight", (D,))
             yield p + "k_norm.weight", vec(b + "attn_k_norm.weight", (D,))
