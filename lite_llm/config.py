@@ -98,6 +98,24 @@ class ModelConfig:
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
     rope_interleave: bool = False     # MLA: the checkpoint's RoPE rows in interleaved pairs (DeepSeek's)
+    # Hybrid recurrent models (LFM2): layers whose layer_types entry is "conv" run a gated short
+    # convolution of conv_L_cache taps instead of attention (in_proj, B * x, a causal depthwise
+    # conv over time, C * it, out_proj); their per-sequence state is the last conv_L_cache - 1
+    # gated inputs of every channel, a fixed size, kept beside the paged KV cache
+    conv_L_cache: int = 0
+    conv_bias: bool = False
+    # Mamba2 layers (layer_types "mamba": Bamba): in_proj -> z, x | B | C, dt; a causal conv of
+    # mamba_d_conv taps with SiLU over x | B | C; the selective state-space scan of mamba_n_heads
+    # heads of mamba_d_head channels with a state of mamba_d_state per channel, B and C shared by
+    # the heads of each of mamba_n_groups groups; RMSNorm of y * silu(z) per group; out_proj.
+    # Their state per sequence: the conv's last d_conv - 1 inputs and the scan's [H, P, N]
+    mamba_n_heads: int = 0
+    mamba_d_head: int = 0
+    mamba_n_groups: int = 1
+    mamba_d_state: int = 0
+    mamba_d_conv: int = 0
+    mamba_conv_bias: bool = True
+    mamba_proj_bias: bool = False
 
     @property
     def is_moe(self) -> bool:
@@ -106,6 +124,41 @@ class ModelConfig:
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
+
+    @property
+    def num_conv_layers(self) -> int:
+        return sum(1 for kind in self.layer_types if kind == "conv")
+
+    @property
+    def num_mamba_layers(self) -> int:
+        return sum(1 for kind in self.layer_types if kind == "mamba")
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether some layers keep a recurrent state instead of KV (short convolutions, Mamba2)."""
+        return self.num_conv_layers + self.num_mamba_layers > 0
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers with a KV cache."""
+        return self.num_layers - self.num_conv_layers - self.num_mamba_layers
+
+    @property
+    def mamba_conv_dim(self) -> int:
+        """Channels of a Mamba2 layer's convolution: x, then B and C of every group."""
+        return self.mamba_n_heads * self.mamba_d_head + 2 * self.mamba_n_groups * self.mamba_d_state
+
+    @property
+    def recurrent_len(self) -> int:
+        """Taps of the model's convolutions (LFM2's conv_L_cache or Mamba2's d_conv)."""
+        return self.mamba_d_conv if self.num_mamba_layers else self.conv_L_cache
+
+    @property
+    def state_bytes_per_seq(self) -> int:
+        """The recurrent state of one sequence over all layers (float32), fixed in its length."""
+        mamba = (max(self.mamba_d_conv - 1, 0) * self.mamba_conv_dim
+                 + self.mamba_n_heads * self.mamba_d_head * self.mamba_d_state)
+        return 4 * (self.num_conv_layers * max(self.conv_L_cache - 1, 0) * self.dim + self.num_mamba_layers * mamba)
 
     @property
     def cache_kv_heads(self) -> int:
@@ -131,8 +184,11 @@ class LayerConfig:
     """What differs between the layers of one model (the kernel's LayerW)."""
     sliding_window: int = 0      # attend to the last W positions (incl. self); 0: every earlier position
     rope_table: int = 0          # which of the Model's RoPE tables rotates q and k (Gemma 3: 1 = local)
+    kind: str = "attention"      # LAYER_KINDS: "conv" is a short-convolution layer (LFM2), KernelConfig.conv_len;
+                                 # "mamba" a Mamba2 layer (KernelConfig.mamba_*)
 
 
+LAYER_KINDS = ("attention", "conv", "mamba")
 KERNEL_NORMS = ("rms", "layer")
 KERNEL_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu", "swiglu_oai")   # swiglu_oai: gpt-oss's clamped SwiGLU
 MOE_ROUTINGS = ("softmax_topk", "topk_softmax", "grouped_softmax", "grouped_sigmoid")
@@ -195,8 +251,14 @@ class KernelConfig:
     # q from x; attention's latent output (kv_lora_rank per head) feeds o, whose weight absorbs W_UV
     kv_lora_rank: int = 0
     q_lora_rank: int = 0
+    conv_len: int = 0            # L of the short-convolution or Mamba2 layers' convolution; 0: none
+    mamba_heads: int = 0         # Mamba2 layers (ModelConfig.mamba_*): heads, their channels, groups, state
+    mamba_head_dim: int = 0
+    mamba_groups: int = 1
+    mamba_state: int = 0
 
-    MAX_HEAD_DIM = 512           # LL_MAX_HEAD_DIM, src/kernels/attention.h
+    MAX_HEAD_DIM = 512
+    MAX_CONV_LEN = 8             # LL_CONV_MAX_LEN, src/kernels/conv.h           # LL_MAX_HEAD_DIM, src/kernels/attention.h
 
     def __post_init__(self):
         if self.kv_lora_rank:
@@ -243,6 +305,21 @@ class KernelConfig:
             raise ValueError("a shared expert belongs to a mixture-of-experts model")
         if self.post_ln and (self.norm != "layer" or self.post_norms or self.residual_scale != 1.0 or self.num_experts):
             raise ValueError("post-LayerNorm (BERT) models are dense LayerNorm models without other sub-layer norms")
+        if any(layer.kind not in LAYER_KINDS for layer in self.layers):
+            raise ValueError(f"layer kinds: expected {', '.join(LAYER_KINDS)}")
+        if any(layer.kind == "mamba" for layer in self.layers) and (
+                self.mamba_heads < 1 or self.mamba_head_dim < 1 or self.mamba_state < 1 or self.mamba_groups < 1
+                or self.mamba_heads % self.mamba_groups or any(layer.kind == "conv" for layer in self.layers)):
+            raise ValueError(f"Mamba2 layers: {self.mamba_heads} heads of {self.mamba_head_dim} in "
+                             f"{self.mamba_groups} groups (dividing them), a state of {self.mamba_state}")
+        if any(layer.kind != "attention" for layer in self.layers):
+            if not 1 <= self.conv_len <= self.MAX_CONV_LEN:
+                raise ValueError(f"short convolutions of {self.conv_len} taps: the kernels run 1..{self.MAX_CONV_LEN}")
+            if self.post_norms or self.residual_scale != 1.0 or self.kv_lora_rank or self.post_ln:
+                raise ValueError("short-convolution layers sit in pre-norm decoders without post-sub-layer norms, "
+                                 "residual scales or latent attention")
+            if all(layer.kind != "attention" for layer in self.layers):
+                raise ValueError("a model with short-convolution layers needs at least one attention layer")
         if self.attn_softcap < 0 or self.final_softcap < 0:
             raise ValueError(f"soft-caps {self.attn_softcap} / {self.final_softcap} cannot be negative")
 

@@ -137,10 +137,19 @@ def model_weight_bytes(model: str | None) -> dict[str, Any]:
         # the paged cache's bytes per context token with the bf16 cache: K and V rows of every
         # KV head, or latent attention's one row of latent + RoPE key (runner.kv_bytes_per_block)
         rows = config.cache_kv_heads * (1 if config.is_mla else 2)
-        out["kv_bytes_per_token_bf16"] = config.num_layers * rows * config.cache_head_dim * 2
+        out["kv_bytes_per_token_bf16"] = config.num_attention_layers * rows * config.cache_head_dim * 2
         out["kv_note"] = (f"latent {config.kv_lora_rank} + RoPE key {config.head_dim} values x {config.num_layers} "
                           "layers" if config.is_mla else
-                          f"K and V of {config.num_kv_heads} KV heads of {config.head_dim} x {config.num_layers} layers")
+                          f"K and V of {config.num_kv_heads} KV heads of {config.head_dim} x "
+                          f"{config.num_attention_layers} {'attention ' if config.is_hybrid else ''}layers")
+        if config.is_hybrid:   # the conv layers' state per sequence (runner.conv_states), float32
+            out["state_bytes_per_seq"] = config.state_bytes_per_seq
+            out["state_note"] = (f"{config.conv_L_cache - 1} gated inputs of {config.dim} channels x "
+                                 f"{config.num_conv_layers} conv layers, float32, constant in context length"
+                                 if config.num_conv_layers else
+                                 f"conv {config.mamba_d_conv - 1} x {config.mamba_conv_dim} and scan "
+                                 f"{config.mamba_n_heads} x {config.mamba_d_head} x {config.mamba_d_state} values x "
+                                 f"{config.num_mamba_layers} Mamba2 layers, float32, constant in context length")
     if path.endswith(".gguf"):
         try:
             out.update(_gguf_formats(path, skip=embed if gathered else None, share=share))
@@ -387,6 +396,8 @@ def format_text(info: dict[str, Any]) -> list[str]:
         if "kv_bytes_per_token_bf16" in m:
             lines.append(f"KV cache:       {m['kv_bytes_per_token_bf16']} bytes per context token in bf16 "
                          f"({m['kv_note']})")
+        if "state_bytes_per_seq" in m:
+            lines.append(f"state cache:    {m['state_bytes_per_seq']} bytes per sequence ({m['state_note']})")
         if "roofline_tok_s_bf16" in m:
             lines.append(f"decode roofline: {m['roofline_tok_s_bf16']:.0f} tok/s in bf16 "
                          f"({m['bytes_per_token_bf16'] / 2**20:.0f} MiB/token), "

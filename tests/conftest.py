@@ -158,6 +158,16 @@ _BASE = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=96, num_hi
 ARCH_DEFAULTS: dict[str, dict] = {
     "llama": dict(_BASE, tie_word_embeddings=False, rms_norm_eps=1e-5, rope_theta=10000.0),
     "mistral": dict(_BASE, tie_word_embeddings=False, rms_norm_eps=1e-5, rope_theta=10000.0, sliding_window=8),
+    # LFM2: short-convolution layers (3 taps) around one attention layer with q/k norms, the
+    # MLP width as given (no 2/3 adjustment), the tied embedding
+    # Bamba: Mamba2 layers (8 heads of 16 channels in 2 groups, a state of 16, 4 conv taps)
+    # around one attention layer (RoPE over half of each head)
+    "bamba": dict(_BASE, num_hidden_layers=3, attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head="auto",
+                  mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16,
+                  rms_norm_eps=1e-5, tie_word_embeddings=False),
+    "lfm2": dict(_BASE, num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "conv"], conv_L_cache=3,
+                 conv_bias=False, norm_eps=1e-5, block_auto_adjust_ff_dim=False, tie_word_embeddings=True,
+                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
     "qwen2": dict(_BASE, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=1000000.0),
     "qwen3": dict(_BASE, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=1000000.0, head_dim=24),
     # Gemma: head_dim 16, an attention scale of query_pre_attn_scalar ** -0.5 != head_dim ** -0.5
@@ -268,6 +278,8 @@ def _model_class(arch: str):
     import transformers
     return {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
             "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+            "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
+            "bamba": (transformers.BambaConfig, transformers.BambaForCausalLM),
             "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
             "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
             "opt": (transformers.OPTConfig, transformers.OPTForCausalLM),
@@ -565,6 +577,34 @@ def _gpt_oss_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
                  f"{arch}.rope.scaling.original_context_length": rope["original_max_position_embeddings"]})
 
 
+def _lfm2_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
+    """llama.cpp's "lfm2" graph as its converter writes it: the final norm as token_embd_norm,
+    head_count_kv per layer (0: a conv layer), the conv taps squeezed to [E, L], the MLP's width
+    after transformers' adjustment, q/k as in the checkpoint."""
+    ff = cfg["intermediate_size"]
+    if cfg.get("block_auto_adjust_ff_dim"):
+        ff = int(2 * ff / 3)
+        if cfg.get("block_ffn_dim_multiplier") is not None:
+            ff = int(cfg["block_ffn_dim_multiplier"] * ff)
+            step = cfg["block_multiple_of"]
+            ff = step * ((ff + step - 1) // step)
+    kv = cfg["num_key_value_heads"]
+    meta.update({"lfm2.feed_forward_length": ff, "lfm2.shortconv.l_cache": cfg["conv_L_cache"],
+                 "lfm2.vocab_size": cfg["vocab_size"],
+                 "lfm2.attention.head_count_kv": [0 if t == "conv" else kv for t in cfg["layer_types"]]})
+    tensors["token_embd_norm.weight"] = sd["model.embedding_norm.weight"]
+    names = {"attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "attn_output": "self_attn.out_proj",
+             "attn_q_norm": "self_attn.q_layernorm", "attn_k_norm": "self_attn.k_layernorm",
+             "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
+             "shortconv.in_proj": "conv.in_proj", "shortconv.out_proj": "conv.out_proj", "shortconv.conv": "conv.conv"}
+    for i in range(cfg["num_hidden_layers"]):
+        for ours, theirs in names.items():
+            for part in ("weight", "bias"):
+                t = sd.get(f"model.layers.{i}.{theirs}.{part}")
+                if t is not None:
+                    tensors[f"blk.{i}.{ours}.{part}"] = t[:, 0] if ours == "shortconv.conv" and part == "weight" else t
+
+
 def _deepseek2_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict, split_kv_b: bool = True) -> None:
     """DeepSeek-V2 / V3 as llama.cpp's converter writes them ("deepseek2"): the latent
     projections under their names, kv_b_proj split into attn_k_b [H, r, dn] (W_UK transposed)
@@ -632,7 +672,9 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None
     tok = json.loads((ckpt / "tokenizer.json").read_text())
     H, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // H
-    tensors = {"token_embd.weight": sd["model.embed_tokens.weight"], "output_norm.weight": sd["model.norm.weight"]}
+    tensors = {"token_embd.weight": sd["model.embed_tokens.weight"]}
+    if arch != "lfm2":
+        tensors["output_norm.weight"] = sd["model.norm.weight"]
     if "lm_head.weight" in sd:
         tensors["output.weight"] = sd["lm_head.weight"]
     names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -665,7 +707,7 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None
     meta = {f"{arch}.block_count": cfg["num_hidden_layers"], f"{arch}.context_length": cfg["max_position_embeddings"],
             f"{arch}.embedding_length": cfg["hidden_size"], f"{arch}.feed_forward_length": cfg["intermediate_size"],
             f"{arch}.attention.head_count": H, f"{arch}.attention.head_count_kv": Hkv,
-            f"{arch}.attention.layer_norm_rms_epsilon": float(cfg["rms_norm_eps"]),
+            f"{arch}.attention.layer_norm_rms_epsilon": float(cfg.get("rms_norm_eps", cfg.get("norm_eps"))),
             f"{arch}.rope.freq_base": float(rope["rope_theta"]),
             f"{arch}.attention.key_length": head_dim, f"{arch}.attention.value_length": head_dim,
             "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2" if arch != "llama" else "smollm",
@@ -694,6 +736,8 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None
         _gpt_oss_gguf(cfg, sd, tensors, meta)
     elif arch == "deepseek2":
         _deepseek2_gguf(cfg, sd, tensors, meta)
+    elif arch == "lfm2":
+        _lfm2_gguf(cfg, sd, tensors, meta)
     elif cfg.get("num_experts") or cfg.get("num_local_experts"):
         _moe_gguf(cfg, sd, arch, tensors, meta)
     if gemma:

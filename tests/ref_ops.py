@@ -287,3 +287,50 @@ def nomic_bert(w: dict, ids: np.ndarray, num_heads: int, eps: float, theta: floa
         h = act_mul(gemm(x, w[p + "mlp.fc12.weight"]), gemm(x, w[p + "mlp.fc11.weight"]), "silu")
         x = layernorm(x + gemm(h, w[p + "mlp.fc2.weight"]), w[p + "norm2.weight"], w[p + "norm2.bias"], eps)
     return x
+
+
+def short_conv(bcx: np.ndarray, state: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
+               reset: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """LFM2's gated short convolution of one sequence's tokens: bcx [n, 3E] (B | C | x), state
+    [L - 1, E] (the previous gated inputs, oldest first), w [L, E] (tap L - 1 the token's own)
+    -> (out [n, E] = C * causal_conv(B * x), the new state [L - 1, E])."""
+    n, E = bcx.shape[0], bcx.shape[1] // 3
+    L = w.shape[0]
+    b, c, x = bcx[:, :E].astype(np.float64), bcx[:, E:2 * E].astype(np.float64), bcx[:, 2 * E:].astype(np.float64)
+    prev = np.zeros((L - 1, E)) if reset else state.astype(np.float64)
+    ext = np.concatenate([prev, b * x])                                   # [L - 1 + n, E]
+    y = sum(w[k].astype(np.float64) * ext[k:k + n] for k in range(L))
+    if bias is not None:
+        y = y + bias
+    return (c * y).astype(np.float32), ext[n:].astype(np.float32)
+
+
+def ssd_scan(x: np.ndarray, dt: np.ndarray, A: np.ndarray, D: np.ndarray, B: np.ndarray, C: np.ndarray,
+             state: np.ndarray, reset: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Mamba2's state-space recurrence token by token (the plain definition): x [n, H P], dt
+    [n, H] (after softplus), A, D [H], B, C [n, G N], state [H, P, N]; head h reads group
+    h // (H / G). Per token: S = exp(dt A) S + dt x B^T, y = S C + D x. -> (y [n, H P], state)."""
+    H, P, N = state.shape
+    per = H // (B.shape[1] // N)
+    S = np.zeros((H, P, N)) if reset else state.astype(np.float64)
+    y = np.zeros(x.shape)
+    for t in range(x.shape[0]):
+        for h in range(H):
+            g = h // per
+            xh, b, c = x[t, h * P:(h + 1) * P].astype(np.float64), B[t, g * N:(g + 1) * N], C[t, g * N:(g + 1) * N]
+            S[h] = np.exp(dt[t, h] * A[h]) * S[h] + dt[t, h] * np.outer(xh, b)
+            y[t, h * P:(h + 1) * P] = S[h] @ c + D[h] * xh
+    return y.astype(np.float32), S.astype(np.float32)
+
+
+def causal_conv_silu(x: np.ndarray, state: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
+                     reset: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Mamba2's causal depthwise convolution with SiLU: x [n, E], state [L - 1, E] (the previous
+    inputs, oldest first), w [L, E] (tap L - 1 the token's own) -> (out [n, E], new state)."""
+    n, L = x.shape[0], w.shape[0]
+    prev = np.zeros((L - 1, x.shape[1])) if reset else state.astype(np.float64)
+    ext = np.concatenate([prev, x.astype(np.float64)])
+    y = sum(w[k].astype(np.float64) * ext[k:k + n] for k in range(L))
+    if bias is not None:
+        y = y + bias
+    return (y / (1.0 + np.exp(-y))).astype(np.float32), ext[n:].astype(np.float32)

@@ -190,6 +190,22 @@ cdef extern from "kernels/moe.h" nogil:
     void ll_moe_route_grouped(const float *logits, const float *bias, int num_experts, int k, int n_group,
                               int topk_group, int renorm, int sigmoid, float scale, int32_t *sel, float *weight)
 
+cdef extern from "kernels/conv.h" nogil:
+    int LL_CONV_MAX_LEN
+    void ll_short_conv_f32(const float *bcx, Py_ssize_t ldb, float *out, Py_ssize_t ldo, float *state, const float *w,
+                           const float *bias, Py_ssize_t n, Py_ssize_t E, int L, int reset, Py_ssize_t c0,
+                           Py_ssize_t c1)
+    void ll_causal_conv_silu_f32(const float *x, Py_ssize_t ldi, float *out, Py_ssize_t ldo, float *state,
+                                 const float *w, const float *bias, Py_ssize_t n, Py_ssize_t E, int L, int reset,
+                                 Py_ssize_t c0, Py_ssize_t c1)
+
+cdef extern from "kernels/ssm.h" nogil:
+    int LL_SSD_CHUNK
+    Py_ssize_t ll_ssd_scratch()
+    void ll_ssd_scan_f32(const float *x, Py_ssize_t ldx, const float *dt, Py_ssize_t lddt, float A, float D,
+                         const float *B, Py_ssize_t ldb, const float *C, Py_ssize_t ldc, float *y, Py_ssize_t ldy,
+                         float *state, Py_ssize_t n, Py_ssize_t P, Py_ssize_t N, int reset, float *scratch)
+
 cdef extern from "kernels/mla.h" nogil:
     Py_ssize_t ll_mla_scratch(Py_ssize_t heads, Py_ssize_t dk)
     void ll_mla_attention(const float *q, Py_ssize_t dk, Py_ssize_t r, int h0, int h1, const void *cache, int bf16,

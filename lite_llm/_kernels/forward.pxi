@@ -2,8 +2,11 @@
 # no Python between ops. Model holds pointers into the packed weights and the KV cache;
 # Workspace holds activations sized once for the largest step.
 
+from libc.math cimport log1pf
+
 cdef enum:
     MROPE_MAX_PAIRS = 256   # multimodal RoPE's per-token angle rows live on the stack: rope_dim <= 512
+    CONV_CHANNELS = 64      # channels per work unit of a short-convolution layer (conv.h)
 
 
 cdef struct LayerW:
@@ -35,7 +38,21 @@ cdef struct LayerW:
     const float *kv_a_norm_w      # [r] kv_a_layernorm
     Mat q_b                       # [H Dk, ql] the absorbed q_b_proj (q latent only)
     void *k_cache                 # [num_blocks, Hkv, ...] layouts: attention.h, layout.py (MLA: mla.h's rows)
-    void *v_cache
+    void *v_cache                 # (NULL on a conv layer: it keeps no KV)
+    # a short-convolution layer (LFM2's conv, conv.h; ModelC.conv_len L): qkv is its in_proj
+    # [3E, E] (B | C | x rows), o its out_proj [E, E]
+    int conv                      # 1: a short-convolution layer, 2: a Mamba2 layer (LayerConfig.kind, at build time)
+    const float *conv_w           # [L, E] the taps, tap L - 1 the token's own
+    const float *conv_b           # [E] or NULL
+    float *conv_state             # [slots, L - 1, E] each batch slot's last L - 1 gated inputs
+    # a Mamba2 layer (conv 2; conv.h, ssm.h; ModelC.mamba_*: Di = H P channels, Cd = Di + 2 G N):
+    # qkv is its in_proj [Di + Cd + H, E] (z | x, B, C | dt rows), o its out_proj [E, Di];
+    # conv_w [L, Cd], conv_b [Cd] and conv_state [slots, L - 1, Cd] its convolution's
+    const float *ssm_a            # [H] A = -exp(A_log)
+    const float *ssm_d            # [H] D
+    const float *dt_bias          # [H]
+    const float *gnorm_w          # [Di] the gated RMSNorm's weight
+    float *ssm_state              # [slots, H, P, N] each batch slot's scan state
 
 
 cdef struct ModelC:
@@ -60,6 +77,9 @@ cdef struct ModelC:
     int n_group, topk_group, shared_gate   # DeepSeek's grouped routing; shared_gate 0: the shared expert ungated
     float routed_scale             # multiplies the routed experts' weights (DeepSeek's routed_scaling_factor)
     int kv_lora, q_lora            # latent attention (mla.h): r and ql (0: no q latent); kv_lora 0: none
+    int conv_len                   # L of the short-convolution / Mamba2 layers' convolution (0: none)
+    int mamba_h, mamba_p, mamba_g, mamba_n   # Mamba2 layers: heads H, their channels P, groups G, state N
+    int num_state_slots            # rows of each conv layer's state: the batch slots a step's tok_seq indexes
     int vocab0                     # lm_head's rows are vocabulary entries vocab0.. (a tensor-parallel rank's share)
     int mrope_t, mrope_h          # multimodal RoPE: frequency pairs [0, mrope_t) turn by the temporal
                                   # position, [mrope_t, mrope_h) by the height one, the rest by the width
@@ -77,6 +97,9 @@ cdef struct WorkC:
     float *scores   # [num_threads, scratch_len] attention scratch
     Py_ssize_t scratch_len
     int32_t *tiles  # [T + 1] query tiles of the attention phase
+    int32_t *runs   # [T + 1] first token of each sequence's run in the step, then T (conv layers)
+    float *ssm_x    # [T, Cd] a Mamba2 layer's convolved x | B | C (NULL without one)
+    float *ssm_y    # [T, Di] its scan's output, then gated and normed
     uint32_t *xb    # [max(T, R), max_k / 2 + 1] bf16 pairs of the next GEMM input
     uint32_t *xb2   # [T, F / 2 + 1] bf16 pairs of the gated activation (xb holds its input)
     int8_t *xq      # [max(T, R), max_k] int8 blocks of the next GEMM input (quantized weights)
@@ -170,8 +193,13 @@ cdef class Model:
     def __cinit__(self):
         self.c.layers = NULL
 
-    def __init__(self, cfg, packed, list k_caches, list v_caches, list rope_tables):
-        cdef int i
+    def __init__(self, cfg, packed, list k_caches, list v_caches, list rope_tables, list conv_states=None,
+                 list ssm_states=None):
+        """conv_states: a model with short-convolution or Mamba2 layers: one float32 [slots, L - 1,
+        channels] array per such layer, in layer order (each batch slot's state; forward() resets a
+        slot whose run starts at position 0); ssm_states: one [slots, H, P, N] per Mamba2 layer;
+        their entries of k_caches / v_caches are not read."""
+        cdef int i, a0
         cdef str p, dtype = cfg.dtype
         cdef dict tensors = packed.vectors
         # deterministic mode: one bf16 input form and the tiles for every step shape (gemm.h), no
@@ -213,7 +241,20 @@ cdef class Model:
             raise ValueError("one K and one V cache per layer")
         if cfg.rope and len(rope_tables) != cfg.num_rope_tables:
             raise ValueError(f"{len(rope_tables)} RoPE tables for layers that use {cfg.num_rope_tables}")
-        kc, vc = k_caches[0], v_caches[0]
+        is_conv = [lc.kind != "attention" for lc in cfg.layers]   # no KV: a recurrent state instead
+        self.c.conv_len = cfg.conv_len if any(is_conv) else 0
+        self.c.mamba_h, self.c.mamba_p = cfg.mamba_heads, cfg.mamba_head_dim
+        self.c.mamba_g, self.c.mamba_n = cfg.mamba_groups, cfg.mamba_state
+        if False not in is_conv:
+            raise ValueError("a model needs at least one attention layer")
+        a0 = is_conv.index(False)
+        states, ssm = list(conv_states or []), list(ssm_states or [])
+        num_mamba = sum(lc.kind == "mamba" for lc in cfg.layers)
+        if len(states) != sum(is_conv) or len(ssm) != num_mamba:
+            raise ValueError(f"{sum(is_conv)} conv / Mamba2 layers need as many conv states and {num_mamba} scan "
+                             f"states, got {len(states)} and {len(ssm)}")
+        self.c.num_state_slots = states[0].shape[0] if states else 0
+        kc, vc = k_caches[a0], v_caches[a0]
         geometry = kv_geometry(kc if self.c.kv_lora else vc, "k" if self.c.kv_lora else "v")
         if self.c.kv_lora:   # one latent row per token in the K array (mla.h's rows); V holds nothing
             vc = kc
@@ -244,7 +285,11 @@ cdef class Model:
             self.c.layers[i].k_norm_w = _vec(tensors, p + "k_norm.weight", self.keep)
             self.c.layers[i].post_attn_norm_w = _vec(tensors, p + "post_attn_norm.weight", self.keep)
             self.c.layers[i].post_mlp_norm_w = _vec(tensors, p + "post_mlp_norm.weight", self.keep)
-            if self.c.qk_norm and (self.c.layers[i].q_norm_w is NULL or self.c.layers[i].k_norm_w is NULL):
+            if cfg.layers[i].kind == "mamba":
+                self._load_mamba(i, packed, states.pop(0), ssm.pop(0), fma, stream)
+            elif is_conv[i]:
+                self._load_conv(i, packed, states.pop(0), fma, stream)
+            if self.c.qk_norm and not is_conv[i] and (self.c.layers[i].q_norm_w is NULL or self.c.layers[i].k_norm_w is NULL):
                 raise ValueError(f"{p}: qk_norm needs q_norm.weight and k_norm.weight")
             if self.c.post_norms and (self.c.layers[i].post_attn_norm_w is NULL or self.c.layers[i].post_mlp_norm_w is NULL):
                 raise ValueError(f"{p}: post_norms needs post_attn_norm.weight and post_mlp_norm.weight")
@@ -255,8 +300,9 @@ cdef class Model:
             if cfg.rope:
                 self.c.layers[i].rope_cos = _vec({"c": rope_tables[lc.rope_table][0]}, "c", self.keep)
                 self.c.layers[i].rope_sin = _vec({"s": rope_tables[lc.rope_table][1]}, "s", self.keep)
-            self.c.layers[i].qkv = _mat(packed, p + "qkv", self.keep, fma, stream)
-            self.c.layers[i].o = _mat(packed, p + "o", self.keep, fma, stream)
+            if not is_conv[i]:
+                self.c.layers[i].qkv = _mat(packed, p + "qkv", self.keep, fma, stream)
+                self.c.layers[i].o = _mat(packed, p + "o", self.keep, fma, stream)
             if self.c.kv_lora:
                 self._load_mla(i, packed, fma, stream)
             self.c.layers[i].ffn = cfg.dense_ffn_dim if i < cfg.first_dense_layers else self.c.ffn_dim
@@ -266,12 +312,14 @@ cdef class Model:
                 self.c.layers[i].up = _mat(packed, p + ("gate_up" if self.c.gated else "up"), self.keep, fma, stream)
                 _check_gated(&self.c.layers[i].up, self.c.gated, self.c.layers[i].ffn, p + "gate_up")
                 self.c.layers[i].down = _mat(packed, p + "down", self.keep, fma, stream)
+            if is_conv[i]:   # no KV cache
+                continue
             if (self.c.layers[i].o.input == LL_IN_Q8 and not self.c.kv_lora
                     and (self.c.num_heads // self.c.num_kv_heads * self.c.head_dim) % 32):
                 raise ValueError(f"{p}o: int8 inputs need 32-value blocks within a KV group "
                                  f"({self.c.num_heads // self.c.num_kv_heads} x {self.c.head_dim} values)")
             if (k_caches[i].shape != kc.shape or k_caches[i].dtype != kc.dtype
-                    or (v_caches[i].shape != v_caches[0].shape)):
+                    or (v_caches[i].shape != vc.shape and not self.c.kv_lora)):
                 raise ValueError("all KV caches must have one shape and dtype")
             self.c.layers[i].k_cache = <void *>_ptr(k_caches[i])
             self.c.layers[i].v_cache = <void *>_ptr(k_caches[i] if self.c.kv_lora else v_caches[i])
@@ -297,6 +345,61 @@ cdef class Model:
         self.c.final_norm_b = _vec(tensors, "final_norm.bias", self.keep)
         if not self.c.use_rope and (self.c.pos_embed is NULL or tensors["pos_embed"].shape[0] < self.c.max_positions):
             raise ValueError("a model without rope needs pos_embed with max_positions rows")
+
+    cdef _load_conv(self, int i, object packed, object state, bint fma, bint stream):
+        """Layer i's short convolution (LayerW): in_proj into qkv, out_proj into o, the taps, the
+        bias and its state array."""
+        cdef str p = f"layers.{i}."
+        cdef LayerW *L = &self.c.layers[i]
+        cdef dict tensors = packed.vectors
+        cdef Py_ssize_t E = self.c.dim, n = self.c.conv_len
+        L.conv = 1
+        L.qkv = _mat(packed, p + "in_proj", self.keep, fma, stream)
+        L.o = _mat(packed, p + "out_proj", self.keep, fma, stream)
+        if L.qkv.n != 3 * E or L.qkv.k != E or L.o.n != E or L.o.k != E:
+            raise ValueError(f"{p}: a conv layer's in_proj is [{3 * E}, {E}] and out_proj [{E}, {E}]")
+        L.conv_w = _vec(tensors, p + "conv.weight", self.keep)
+        if L.conv_w is NULL or tensors[p + "conv.weight"].shape != (n, E):
+            raise ValueError(f"{p}conv.weight: expected [{n}, {E}] float32 (taps, channel-minor)")
+        L.conv_b = _vec(tensors, p + "conv.bias", self.keep)
+        if L.conv_b != NULL and tensors[p + "conv.bias"].shape != (E,):
+            raise ValueError(f"{p}conv.bias: expected [{E}] float32")
+        L.conv_state = self._state(state, (self.c.conv_len - 1, E))
+
+    cdef float *_state(self, object state, tuple shape) except NULL:
+        """A float32 [slots, *shape] state array's data (kept alive), checked."""
+        if (state.dtype != np.float32 or state.shape != (self.c.num_state_slots,) + shape or self.c.num_state_slots < 1
+                or not 1 <= self.c.conv_len <= LL_CONV_MAX_LEN):
+            raise ValueError(f"a recurrent state must be float32 [slots, {', '.join(map(str, shape))}] (L at most "
+                             f"{LL_CONV_MAX_LEN}), got {state.dtype} {state.shape}")
+        self.keep.append(state)
+        return <float *>_ptr(state)
+
+    cdef _load_mamba(self, int i, object packed, object conv_state, object ssm_state, bint fma, bint stream):
+        """Layer i's Mamba2 mixer (LayerW): in_proj into qkv, out_proj into o, its convolution's
+        taps and bias, A, D, dt_bias, the gated norm's weight and its two state arrays."""
+        cdef str p = f"layers.{i}."
+        cdef LayerW *L = &self.c.layers[i]
+        cdef dict tensors = packed.vectors
+        cdef Py_ssize_t E = self.c.dim, H = self.c.mamba_h, P = self.c.mamba_p, G = self.c.mamba_g
+        cdef Py_ssize_t N = self.c.mamba_n, Di = H * P, Cd = Di + 2 * G * N
+        L.conv = 2
+        L.qkv = _mat(packed, p + "in_proj", self.keep, fma, stream)
+        L.o = _mat(packed, p + "out_proj", self.keep, fma, stream)
+        if L.qkv.n != Di + Cd + H or L.qkv.k != E or L.o.n != E or L.o.k != Di:
+            raise ValueError(f"{p}: a Mamba2 layer's in_proj is [{Di + Cd + H}, {E}] and out_proj [{E}, {Di}]")
+        for name, shape in (("conv.weight", (self.c.conv_len, Cd)), ("ssm_a", (H,)), ("ssm_d", (H,)),
+                            ("dt_bias", (H,)), ("gnorm.weight", (Di,))):
+            if p + name not in tensors or tensors[p + name].shape != shape:
+                raise ValueError(f"{p}{name}: expected {list(shape)} float32")
+        L.conv_w = _vec(tensors, p + "conv.weight", self.keep)
+        L.conv_b = _vec(tensors, p + "conv.bias", self.keep)
+        if L.conv_b != NULL and tensors[p + "conv.bias"].shape != (Cd,):
+            raise ValueError(f"{p}conv.bias: expected [{Cd}] float32")
+        L.ssm_a, L.ssm_d = _vec(tensors, p + "ssm_a", self.keep), _vec(tensors, p + "ssm_d", self.keep)
+        L.dt_bias, L.gnorm_w = _vec(tensors, p + "dt_bias", self.keep), _vec(tensors, p + "gnorm.weight", self.keep)
+        L.conv_state = self._state(conv_state, (self.c.conv_len - 1, Cd))
+        L.ssm_state = self._state(ssm_state, (H, P, N))
 
     cdef _load_mla(self, int i, object packed, bint fma, bint stream):
         """Layer i's latent-attention pieces (LayerW): the norms of the latents, the absorbed q_b;
@@ -368,8 +471,8 @@ cdef class Model:
         if self.c.embed.part[0].w != self.c.lm_head.part[0].w:
             out["embed"] = _describe(&self.c.embed)
         for i in range(self.c.num_layers):
-            out[f"layers.{i}.qkv"] = _describe(&self.c.layers[i].qkv)
-            out[f"layers.{i}.o"] = _describe(&self.c.layers[i].o)
+            out[f"layers.{i}.{'in_proj' if self.c.layers[i].conv else 'qkv'}"] = _describe(&self.c.layers[i].qkv)
+            out[f"layers.{i}.{'out_proj' if self.c.layers[i].conv else 'o'}"] = _describe(&self.c.layers[i].o)
             if self.c.q_lora:
                 out[f"layers.{i}.q_b"] = _describe(&self.c.layers[i].q_b)
             if self.c.layers[i].experts != NULL:   # one entry for all of a layer's experts: they share a format
@@ -454,16 +557,20 @@ cdef class Workspace:
     def __init__(self, Model m, int max_tokens, int max_rows, int num_threads, int lora_rank=0):
         ll_set_barrier_spins(barrier_spins())
         cdef ModelC *mc = &m.c
-        cdef int qkv_n = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
+        cdef int di = mc.mamba_h * mc.mamba_p, cd = di + 2 * mc.mamba_g * mc.mamba_n
+        cdef int qkv_n = max((mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim, 3 * mc.dim if mc.conv_len else 0,
+                             di + cd + mc.mamba_h)
         cdef int up_n = 0 if mc.gated else mc.ffn_dim
         cdef int ffn = max(mc.ffn_dim, mc.shared_dim)   # MoE: act / xb2 / xq2 hold the shared expert's
         cdef int i
         for i in range(mc.num_layers):   # and dense layers of their own width (DeepSeek's first)
             ffn = max(ffn, mc.layers[i].ffn)
-        cdef int max_k = max(mc.dim, ffn, mc.num_heads * mc.head_dim, mc.q_lora)
+        cdef int max_k = max(mc.dim, ffn, mc.num_heads * mc.head_dim, mc.q_lora, di)
         cdef Py_ssize_t scratch = ll_attention_scratch(mc.head_dim, mc.num_heads // mc.num_kv_heads)
         if mc.kv_lora:
             scratch = max(scratch, ll_mla_scratch(mc.num_heads, mc.head_dim))
+        if di:
+            scratch = max(scratch, ll_ssd_scratch())
         self.max_tokens, self.max_rows, self.num_threads = max_tokens, max_rows, num_threads
         bufs = [aligned_zeros((max_tokens, mc.dim), np.float32),
                 aligned_zeros((max(max_tokens, max_rows), mc.dim), np.float32),
@@ -502,6 +609,14 @@ cdef class Workspace:
             self.c.xq, self.c.xqd, self.c.xqs = <int8_t *>_ptr(bufs[12]), <float *>_ptr(bufs[13]), <float *>_ptr(bufs[14])
             self.c.xq2, self.c.xqd2, self.c.xqs2 = <int8_t *>_ptr(bufs[15]), <float *>_ptr(bufs[16]), <float *>_ptr(bufs[17])
         self.c.scratch_len = bufs[6].shape[1]
+        runs = aligned_zeros((max_tokens + 1,), np.int32)
+        self.keep.append(runs)
+        self.c.runs = <int32_t *>_ptr(runs)
+        self.c.ssm_x = self.c.ssm_y = NULL
+        if di:
+            ssm = [aligned_zeros((max_tokens, cd), np.float32), aligned_zeros((max_tokens, di), np.float32)]
+            self.keep.append(ssm)
+            self.c.ssm_x, self.c.ssm_y = <float *>_ptr(ssm[0]), <float *>_ptr(ssm[1])
         self._moe_buffers(mc, max_tokens)
         self.c.qlat = NULL
         if mc.q_lora:
@@ -621,6 +736,17 @@ def forward(Model m, Workspace ws,
             raise ValueError(f"attention position {attn_positions[t]} beyond the block tables")
         if token_types is not None and (token_types[t] < 0 or token_types[t] >= max(mc.num_types, 1)):
             raise ValueError(f"token type {token_types[t]} outside 0..{max(mc.num_types, 1) - 1}")
+    if mc.conv_len:   # a conv layer runs each sequence's tokens in one pass from its slot's state
+        seen = set()
+        for t in range(T):
+            if tok_seq[t] >= mc.num_state_slots:
+                raise ValueError(f"sequence {tok_seq[t]} beyond the {mc.num_state_slots} state slots")
+            if t and tok_seq[t] == tok_seq[t - 1]:
+                if positions[t] != positions[t - 1] + 1:
+                    raise ValueError("a sequence's tokens in a step must have consecutive positions")
+            elif tok_seq[t] in seen:
+                raise ValueError("a sequence's tokens in a step must be contiguous")
+            seen.add(tok_seq[t])
     if attn_positions is not None:
         apos = &attn_positions[0]
     for r in range(R):
@@ -715,7 +841,7 @@ cdef inline void _norm(const ModelC *m, const float *w, const float *b, const fl
 
 cdef struct StepC:
     # One engine step's flat arrays (see forward()).
-    Py_ssize_t T, R, max_blocks, num_tiles, max_keys
+    Py_ssize_t T, R, max_blocks, num_tiles, max_keys, num_runs
     const int32_t *token_ids
     const int32_t *positions
     const int64_t *slot_mapping
@@ -755,6 +881,7 @@ cdef void _forward(const ModelC *m, const WorkC *ws, Py_ssize_t T, const int32_t
     ws.work[0] = 0   # the one reset of the step: phases after it follow by generation (work.h)
     ll_barrier_reset(ws.barrier, ws.barrier + 16)
     s.num_tiles = _build_tiles(tok_seq, T, ws.tiles)
+    s.num_runs = _build_runs(tok_seq, T, ws.runs) if m.conv_len else 0
     s.max_keys = _max_keys(attn_pos, T) if not m.batch_invariant else 0   # 0: no key splits (_num_splits)
     with parallel(num_threads=nt):
         tid = openmp.omp_get_thread_num()
@@ -1073,6 +1200,106 @@ cdef void _mla_block(const ModelC *m, const WorkC *ws, const StepC *s, const Lay
     _gemm_phase(ws.attn, Hr, ws.xb, &xq_o, T, &L.o, ws.x, E, 1, _gemm_mode(T), tm)
 
 
+cdef Py_ssize_t _build_runs(const int32_t *tok_seq, Py_ssize_t T, int32_t *runs) noexcept nogil:
+    """runs[r] = the first token of the r-th run of one sequence's tokens, runs[count] = T; the count."""
+    cdef Py_ssize_t t, n = 0
+    for t in range(T):
+        if t == 0 or tok_seq[t] != tok_seq[t - 1]:
+            runs[n] = <int32_t>t
+            n += 1
+    runs[n] = <int32_t>T
+    return n
+
+
+cdef void _conv_block(const ModelC *m, const WorkC *ws, const StepC *s, const LayerW *L, ll_team *tm,
+                      Py_ssize_t t0, Py_ssize_t t1) noexcept nogil:
+    """x += LFM2's short-convolution operator of the normed rows h (in L.qkv's input form),
+    inside _step's parallel region (src/kernels/conv.h):
+
+      in_proj   bcx [T, 3E] = h . in_proj (B | C | x rows, in ws.qkv)
+      conv      (sequence run, CONV_CHANNELS channels) units: h = C * conv(B * x), each run from
+                its batch slot's state (zeros when the run starts at position 0: a new or
+                recomputed sequence), the state left for the next step; a chunk of a prefill
+                runs its tokens in one pass, a decode token is a state update
+      out_proj  x += h . out_proj, h first in its input form"""
+    cdef Py_ssize_t E = m.dim, T = s.T, n3 = 3 * E, nc = (E + CONV_CHANNELS - 1) // CONV_CHANNELS
+    cdef Py_ssize_t item, i1, r, a, b, c0, S = m.conv_len - 1
+    cdef ll_work wk
+    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E)
+    _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.qkv, ws.qkv, n3, 0, _gemm_mode(T), tm)
+    ll_omp_barrier()
+    # runs differ in length (a prefill chunk beside decode tokens): units handed out dynamically
+    wk = ll_work_begin(tm, LL_WORK_DYNAMIC, s.num_runs * nc, 1)
+    while ll_work_take(&wk, &item, &i1):
+        r, c0 = item // nc, (item % nc) * CONV_CHANNELS
+        a, b = ws.runs[r], ws.runs[r + 1]
+        ll_short_conv_f32(ws.qkv + a * n3, n3, ws.h + a * E, E, L.conv_state + s.tok_seq[a] * S * E, L.conv_w,
+                          L.conv_b, b - a, E, m.conv_len, s.positions[a] == 0, c0, min(E, c0 + CONV_CHANNELS))
+    ll_omp_barrier()
+    _to_input(ll_mat_form(&L.o, T), ws.h, E, t0, t1, E, ws.xb, &xq_e)
+    ll_omp_barrier()
+    _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.o, ws.x, E, 1, _gemm_mode(T), tm)
+
+
+cdef void _mamba_block(const ModelC *m, const WorkC *ws, const StepC *s, const LayerW *L, ll_team *tm,
+                       Py_ssize_t t0, Py_ssize_t t1) noexcept nogil:
+    """x += a Mamba2 mixer of the normed rows h (in L.qkv's input form), inside _step's parallel
+    region; Di = H P channels, Cd = Di + 2 G N:
+
+      in_proj   [z | x, B, C | dt] [T, Di + Cd + H] = h . in_proj (in ws.qkv); dt = softplus(dt + dt_bias)
+      conv      (sequence run, CONV_CHANNELS channels) units: silu(causal conv of x | B | C) into
+                ssm_x from the batch slot's conv state (zeros when the run starts at position 0)
+      scan      (sequence run, head) units: the chunked state-space scan (ssm.h) into ssm_y from
+                the slot's scan state; a decode token is a state update
+      norm      ssm_y = rmsnorm(ssm_y * silu(z)) per group of Di / G channels, x gnorm_w
+      out_proj  x += ssm_y . out_proj, ssm_y first in its input form"""
+    cdef Py_ssize_t E = m.dim, T = s.T, H = m.mamba_h, P = m.mamba_p, G = m.mamba_g, N = m.mamba_n
+    cdef Py_ssize_t Di = H * P, Cd = Di + 2 * G * N, dproj = Di + Cd + H, per = H // G, gs = Di // G
+    cdef Py_ssize_t nc = (Cd + CONV_CHANNELS - 1) // CONV_CHANNELS, S = m.conv_len - 1
+    cdef Py_ssize_t item, i1, r, a, b, c0, t, h, g, i
+    cdef float v
+    cdef float *row
+    cdef ll_work wk
+    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E)
+    cdef ll_qact xq_y = _qact(ws.xq, ws.xqd, ws.xqs, Di)
+    _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.qkv, ws.qkv, dproj, 0, _gemm_mode(T), tm)
+    ll_omp_barrier()
+    for t in range(t0, t1):   # softplus as torch computes it (linear above 20)
+        row = ws.qkv + t * dproj + Di + Cd
+        for h in range(H):
+            v = row[h] + L.dt_bias[h]
+            row[h] = v if v > 20.0 else log1pf(expf(v))
+    # runs differ in length: units handed out dynamically
+    wk = ll_work_begin(tm, LL_WORK_DYNAMIC, s.num_runs * nc, 1)
+    while ll_work_take(&wk, &item, &i1):
+        r, c0 = item // nc, (item % nc) * CONV_CHANNELS
+        a, b = ws.runs[r], ws.runs[r + 1]
+        ll_causal_conv_silu_f32(ws.qkv + a * dproj + Di, dproj, ws.ssm_x + a * Cd, Cd,
+                                L.conv_state + s.tok_seq[a] * S * Cd, L.conv_w, L.conv_b, b - a, Cd, m.conv_len,
+                                s.positions[a] == 0, c0, min(Cd, c0 + CONV_CHANNELS))
+    ll_omp_barrier()
+    wk = ll_work_begin(tm, LL_WORK_DYNAMIC, s.num_runs * H, 1)
+    while ll_work_take(&wk, &item, &i1):
+        r, h = item // H, item % H
+        a, b = ws.runs[r], ws.runs[r + 1]
+        g = h // per
+        ll_ssd_scan_f32(ws.ssm_x + a * Cd + h * P, Cd, ws.qkv + a * dproj + Di + Cd + h, dproj, L.ssm_a[h],
+                        L.ssm_d[h], ws.ssm_x + a * Cd + Di + g * N, Cd, ws.ssm_x + a * Cd + Di + (G + g) * N, Cd,
+                        ws.ssm_y + a * Di + h * P, Di, L.ssm_state + (s.tok_seq[a] * H + h) * P * N, b - a, P, N,
+                        s.positions[a] == 0, ws.scores + tm.tid * ws.scratch_len)
+    ll_omp_barrier()
+    for t in range(t0, t1):
+        row = ws.ssm_y + t * Di
+        for i in range(Di):
+            v = ws.qkv[t * dproj + i]
+            row[i] = row[i] * v / (1.0 + expf(-v))
+        for g in range(G):
+            ll_rmsnorm_f32(row + g * gs, L.gnorm_w + g * gs, row + g * gs, gs, m.eps)
+    _to_input(ll_mat_form(&L.o, T), ws.ssm_y, Di, t0, t1, Di, ws.xb, &xq_y)
+    ll_omp_barrier()
+    _gemm_phase(ws.ssm_y, Di, ws.xb, &xq_y, T, &L.o, ws.x, E, 1, _gemm_mode(T), tm)
+
+
 cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int nth) noexcept nogil:
     # every phase hands out its units through this thread's view of the team (work.h)
     cdef ll_team team = ll_team_make(ws.work, tid, nth)
@@ -1130,7 +1357,11 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         else:
             _norm_rows(m, L.attn_norm_w, L.attn_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, ll_mat_form(&L.qkv, T), t0, t1)
         ll_omp_barrier()
-        if m.kv_lora:   # latent attention (DeepSeek): its own block, o included
+        if L.conv == 1:   # a short-convolution layer (LFM2): its own block, out_proj included
+            _conv_block(m, ws, s, L, tm, t0, t1)
+        elif L.conv == 2:   # a Mamba2 layer: likewise
+            _mamba_block(m, ws, s, L, tm, t0, t1)
+        elif m.kv_lora:   # latent attention (DeepSeek): its own block, o included
             _mla_block(m, ws, s, L, tm, t0, t1)
         else:
             if s.lora.nl:   # adapters' q/k/v shrink beside the base GEMM (both only read h)

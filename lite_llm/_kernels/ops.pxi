@@ -619,3 +619,99 @@ def mla_attention(const float[:, :, ::1] q,       # IN  [T, H, Dk] absorbed quer
         ll_mla_attention(&q[t, 0, 0], dk, kv_lora_rank, 0, <int>H, cp, bf16, &block_tables[tok_seq[t], 0], bs, 0,
                          positions[t], scale, &ov[t, 0, 0], &sc[0])
     return out
+
+
+def short_conv(const float[:, ::1] bcx,    # IN  [n, 3E] in_proj rows: B | C | x
+               float[:, ::1] state,        # IN/OUT [L - 1, E] the last L - 1 gated inputs, oldest first
+               const float[:, ::1] w,      # IN  [L, E] the taps, tap L - 1 the token's own
+               bias,                       # IN  [E] float32, or None
+               float[:, ::1] out,          # OUT [n, E]
+               bint reset, int num_threads=1):
+    """LFM2's gated short convolution of one sequence's n tokens (src/kernels/conv.h), channels
+    split over the threads in 16-channel blocks as forward() splits them; reset: the incoming
+    state is zeros."""
+    cdef Py_ssize_t n = bcx.shape[0], E = out.shape[1], L = w.shape[0], c0, c1
+    cdef const float[::1] b
+    cdef const float *bp = NULL
+    cdef ll_team tm
+    if (bcx.shape[1] != 3 * E or out.shape[0] != n or w.shape[1] != E or state.shape[1] != E
+            or state.shape[0] != L - 1 or not 1 <= L <= LL_CONV_MAX_LEN):
+        raise ValueError(f"short_conv: {bcx.shape} / state {state.shape} / w {w.shape} -> {out.shape}")
+    if bias is not None:
+        b = bias
+        if b.shape[0] != E:
+            raise ValueError(f"short_conv: bias [{b.shape[0]}] for {E} channels")
+        bp = &b[0]
+    with nogil, parallel(num_threads=num_threads):
+        tm = ll_team_make(NULL, openmp.omp_get_thread_num(), openmp.omp_get_num_threads())
+        c0 = c1 = 0   # assigned here: private to each thread
+        ll_work_static(&tm, E, 16, &c0, &c1)
+        if c1 > c0:
+            ll_short_conv_f32(&bcx[0, 0], 3 * E, &out[0, 0], E, &state[0, 0] if L > 1 else NULL, &w[0, 0], bp,
+                              n, E, <int>L, reset, c0, c1)
+
+
+def ssd_scan(const float[:, ::1] x,        # IN  [n, H P] the heads' inputs
+             const float[:, ::1] dt,       # IN  [n, H] dt after softplus
+             const float[::1] A,           # IN  [H] -exp(A_log)
+             const float[::1] D,           # IN  [H]
+             const float[:, ::1] B,        # IN  [n, G N] each group's B
+             const float[:, ::1] C,        # IN  [n, G N]
+             float[:, ::1] y,              # OUT [n, H P]
+             float[:, :, ::1] state,       # IN/OUT [H, P, N]
+             bint reset, int num_threads=1):
+    """Mamba2's chunked state-space scan (src/kernels/ssm.h) of one sequence's n tokens, heads
+    split over the threads; head h reads group h // (H / G)'s B and C; reset: the incoming state
+    is zeros."""
+    cdef Py_ssize_t n = x.shape[0], H = state.shape[0], P = state.shape[1], N = state.shape[2]
+    cdef Py_ssize_t G = B.shape[1] // N if N else 0, h, h0, h1, per
+    cdef ll_team tm
+    if (N < 1 or P < 1 or G < 1 or H % G or x.shape[1] != H * P or dt.shape[0] != n or dt.shape[1] != H
+            or A.shape[0] != H or D.shape[0] != H or B.shape[0] != n or B.shape[1] != G * N
+            or C.shape[0] != n or C.shape[1] != G * N or y.shape[0] != n or y.shape[1] != H * P):
+        raise ValueError(f"ssd_scan: x {x.shape} dt {dt.shape} B {B.shape} C {C.shape} state {state.shape} -> y {y.shape}")
+    if n == 0:
+        return
+    per = H // G
+    scratch = np.empty((max(num_threads, 1), ll_ssd_scratch()), np.float32)
+    cdef float[:, ::1] sc = scratch
+    with nogil, parallel(num_threads=num_threads):
+        tm = ll_team_make(NULL, openmp.omp_get_thread_num(), openmp.omp_get_num_threads())
+        h0 = h1 = 0   # assigned here: private to each thread
+        ll_work_static(&tm, H, 1, &h0, &h1)
+        for h in range(h0, h1):
+            ll_ssd_scan_f32(&x[0, h * P], H * P, &dt[0, h], H, A[h], D[h], &B[0, (h // per) * N], G * N,
+                            &C[0, (h // per) * N], G * N, &y[0, h * P], H * P, &state[h, 0, 0], n, P, N, reset,
+                            &sc[tm.tid, 0])
+
+
+def causal_conv_silu(const float[:, ::1] x,    # IN  [n, E] one sequence's inputs
+                     float[:, ::1] state,      # IN/OUT [L - 1, E] the last L - 1 inputs, oldest first
+                     const float[:, ::1] w,    # IN  [L, E] the taps, tap L - 1 the token's own
+                     bias,                     # IN  [E] float32, or None
+                     float[:, ::1] out,        # OUT [n, E]
+                     bint reset, int num_threads=1):
+    """Mamba2's causal depthwise convolution with SiLU of one sequence's n tokens
+    (src/kernels/conv.h), channels split over the threads in 16-channel blocks; reset: the
+    incoming state is zeros."""
+    cdef Py_ssize_t n = x.shape[0], E = x.shape[1], L = w.shape[0], c0, c1
+    cdef const float[::1] b
+    cdef const float *bp = NULL
+    cdef ll_team tm
+    if (out.shape[0] != n or out.shape[1] != E or w.shape[1] != E or state.shape[1] != E
+            or state.shape[0] != L - 1 or not 1 <= L <= LL_CONV_MAX_LEN):
+        raise ValueError(f"causal_conv_silu: {x.shape} / state {state.shape} / w {w.shape} -> {out.shape}")
+    if bias is not None:
+        b = bias
+        if b.shape[0] != E:
+            raise ValueError(f"causal_conv_silu: bias [{b.shape[0]}] for {E} channels")
+        bp = &b[0]
+    if n == 0:
+        return
+    with nogil, parallel(num_threads=num_threads):
+        tm = ll_team_make(NULL, openmp.omp_get_thread_num(), openmp.omp_get_num_threads())
+        c0 = c1 = 0   # assigned here: private to each thread
+        ll_work_static(&tm, E, 16, &c0, &c1)
+        if c1 > c0:
+            ll_causal_conv_silu_f32(&x[0, 0], E, &out[0, 0], E, &state[0, 0] if L > 1 else NULL, &w[0, 0], bp,
+                                    n, E, <int>L, reset, c0, c1)

@@ -57,6 +57,8 @@ class KVPlan:
     max_model_len: int
     kv_cache_dtype: str = ""     # the cache's format (layout.KV_DTYPES), for messages
     reason: str = ""             # why this size (the bound an automatic size met)
+    state_bytes: int = 0         # hybrid models: the recurrent state of max_num_seqs sequences beside the blocks
+    num_state_slots: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -71,7 +73,10 @@ class KVPlan:
         return (f"KV cache: {self.num_blocks} blocks x {self.block_size} tokens = {self.num_tokens} tokens "
                 f"({self.num_blocks * self.bytes_per_block / GiB:.2f} GiB{dtype}); maximum concurrency for "
                 f"{self.max_model_len} tokens per request: {self.max_concurrency:.2f}x"
-                + (f" ({self.reason})" if self.reason else ""))
+                + (f" ({self.reason})" if self.reason else "")
+                + (f"; recurrent state: {self.num_state_slots} slots x "
+                   f"{self.state_bytes // max(self.num_state_slots, 1)} bytes = {self.state_bytes / GiB:.3f} GiB beside the blocks (resident as slots fill), constant in "
+                   "context length" if self.state_bytes else ""))
 
 
 def mem_available() -> int:
@@ -100,6 +105,20 @@ def plan_kv_cache(config, dtype: str, block_size: int, max_model_len: int,
     as vLLM's VLLM_CPU_KVCACHE_SPACE is each worker's: every rank holds the same blocks of its
     own KV heads, so the block count is the space over the largest rank's block. The memory
     available bounds all ranks together; bytes_per_block is then every rank's block summed."""
+    # hybrid models: a fixed-size state per batch slot beside the blocks (runner.conv_states), not
+    # taken from their space: its pages become resident only as slots are used (the lowest first),
+    # and a large state (Mamba2's: MBs per sequence) would otherwise leave no blocks at the
+    # default max_num_seqs
+    slots = (max_num_seqs or 0) if config.is_hybrid else 0
+    state = slots * config.state_bytes_per_seq
+    plan = _plan_blocks(config, dtype, block_size, max_model_len, kv_cache_space, weight_bytes, num_blocks,
+                        max_num_seqs, kv_cache_dtype, tensor_parallel_size)
+    return dataclasses.replace(plan, state_bytes=state, num_state_slots=slots) if state else plan
+
+
+def _plan_blocks(config, dtype: str, block_size: int, max_model_len: int, kv_cache_space: float | None,
+                 weight_bytes: int, num_blocks: int | None, max_num_seqs: int | None, kv_cache_dtype: str | None,
+                 tensor_parallel_size: int) -> KVPlan:
     from lite_llm.engine.runner import kv_bytes_per_block, kv_cache_format   # the kernels: see the top
     per_block = kv_bytes_per_block(config, block_size, dtype, kv_cache_dtype)
     per_rank = per_block
@@ -197,6 +216,17 @@ def build_engine(args: EngineArgs) -> Assembled:
     loaded = load_model(args.model, dtype=args.dtype, max_model_len=args.max_model_len,
                         skip_tokenizer_init=args.skip_tokenizer_init, progress=args.progress, mmproj=args.mmproj)
     cfg = loaded.config
+    enable_prefix_caching = args.enable_prefix_caching
+    if cfg.is_hybrid:
+        if spec is not None or tensor_parallel_size > 1 or enable_lora:
+            raise ValueError(f"{cfg.architecture} (recurrent layers: short convolutions or Mamba2, a state per "
+                             "sequence) runs without "
+                             "speculative decoding, tensor parallel and LoRA adapters")
+        if enable_prefix_caching:
+            # a cached block holds attention's KV of its tokens, not the conv layers' state after them
+            log.info("prefix caching is off for %s: its recurrent layers' state is not kept per block",
+                     cfg.architecture)
+            enable_prefix_caching = False
     max_num_batched_tokens = args.max_num_batched_tokens
     if max_num_batched_tokens is None:
         max_num_batched_tokens = 2048 if serving else 4096
@@ -212,7 +242,7 @@ def build_engine(args: EngineArgs) -> Assembled:
         eos = tuple(dict.fromkeys(eos + tuple(gen_eos if isinstance(gen_eos, list) else [gen_eos])))
     engine_config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                  block_size=block_size, num_blocks=kv.num_blocks,
-                                 enable_prefix_caching=args.enable_prefix_caching,
+                                 enable_prefix_caching=enable_prefix_caching,
                                  max_model_len=loaded.max_model_len, seed=args.seed, eos_token_ids=eos,
                                  vocab_size=cfg.vocab_size, num_lookahead_tokens=args.num_lookahead_tokens)
     engine = LLMEngine(None, loaded.tokenizer, engine_config)   # the runner is built on the engine thread

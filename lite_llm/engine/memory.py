@@ -153,7 +153,7 @@ def plan_memory(path: str, *, dtype: str = "auto", quantization: str | None = No
     else:
         plan = plan_kv_cache(config, resolve_dtype(dtype), block_size, length, kv_cache_space, weights,
                              max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype)
-        kv = plan.num_blocks * plan.bytes_per_block
+        kv = plan.num_blocks * plan.bytes_per_block + plan.state_bytes
     qkv = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
     per_token = 4 * config.dim + 2 * config.ffn_dim + qkv           # residual, norms, MLP, q/k/v
     activations = 4 * (tokens * per_token + min(max_num_seqs, tokens) * config.vocab_size)

@@ -62,7 +62,8 @@ def kv_bytes_per_block(config, block_size: int, dtype: str, requested: str | Non
     region = layout.kv_region_bytes(kv_cache_format(dtype, requested), block_size, config.cache_head_dim)
     if config.is_mla:   # one latent row per token, read as both K and V (src/kernels/mla.h)
         return config.num_layers * region
-    return 2 * config.num_layers * config.num_kv_heads * region
+    # a hybrid model's conv layers keep a fixed-size state instead (ModelRunner.conv_states)
+    return 2 * config.num_attention_layers * config.num_kv_heads * region
 
 
 def describe_formats(formats: dict[str, tuple[tuple[str, ...], str]]) -> str:
@@ -144,6 +145,17 @@ class ModelRunner:
         local = shard.config if shard is not None else cfg
         if cfg.is_mla and (tp_size > 1 or max_loras > 0):
             raise ValueError(f"{cfg.architecture} (latent attention) runs without tensor parallel and LoRA adapters")
+        if batch_invariant and cfg.is_hybrid and "mamba" in cfg.layer_types:
+            # the scan sums by chunks of 64 tokens counted from each step's first: a prompt chunked
+            # elsewhere gives other sums (LFM2's short convolutions are exact per token)
+            raise ValueError(f"{cfg.architecture}: deterministic mode does not cover Mamba2 layers (their chunked "
+                             "scan sums in an order that follows the step's chunks)")
+        if cfg.is_hybrid and (tp_size > 1 or max_loras > 0 or proposer is not None):
+            # a conv layer's state would need sharding (tensor parallel), its in/out projections
+            # adapters (LoRA), and rejected draft tokens would already be in the state (speculation)
+            raise ValueError(f"{cfg.architecture} (recurrent layers: short convolutions or Mamba2, a state per "
+                             "sequence) runs without "
+                             "tensor parallel, LoRA adapters and speculative decoding")
         self.config = cfg
         self.dtype = loaded.dtype
         self.kernels = kernels or _kernels.kernels
@@ -180,11 +192,26 @@ class ModelRunner:
                                                   self.kv_cache_dtype)
         if cfg.is_mla:   # the latent rows alone: no separate V (src/kernels/mla.h)
             v_shape = (0,) + v_shape[1:]
-        self.k_caches = [layout.aligned_zeros(k_shape, kv_np) for _ in range(cfg.num_layers)]
-        self.v_caches = [layout.aligned_zeros(v_shape, kv_np) for _ in range(cfg.num_layers)]
+        kinds = [cfg.layer_types[i] if cfg.is_hybrid else "" for i in range(cfg.num_layers)]
+        conv = [k in ("conv", "mamba") for k in kinds]
+        # a conv layer keeps no KV: an empty array in its place
+        self.k_caches = [layout.aligned_zeros((0,) + k_shape[1:] if c else k_shape, kv_np) for c in conv]
+        self.v_caches = [layout.aligned_zeros((0,) + v_shape[1:] if c else v_shape, kv_np) for c in conv]
+        # the state cache: per conv layer one fixed-size row per batch slot (input_batch.py: a
+        # request holds its slot from admission until it finishes or is preempted), the last
+        # conv_L_cache - 1 gated inputs of every channel; forward() starts a slot afresh when its
+        # sequence's step begins at position 0, so a new or recomputed request needs no clearing
+        # (a Mamba2 layer's: its convolution's last d_conv - 1 inputs, and its scan's [H, P, N])
+        self.conv_states = [layout.aligned_zeros((max_num_seqs, cfg.recurrent_len - 1,
+                                                  cfg.mamba_conv_dim if k == "mamba" else cfg.dim), np.float32)
+                            for k, c in zip(kinds, conv) if c]
+        self.ssm_states = [layout.aligned_zeros((max_num_seqs, cfg.mamba_n_heads, cfg.mamba_d_head, cfg.mamba_d_state),
+                                                np.float32) for k in kinds if k == "mamba"]
+        self.state_bytes = sum(s.nbytes for s in self.conv_states + self.ssm_states)
         tables = [tuple(np.ascontiguousarray(a, np.float32) for a in rope_tables(c, max_pos))
                   for c in arch.rope_configs(cfg)] if cfg.rope else []
-        self.model = self.kernels.Model(self.kernel_config, packed, self.k_caches, self.v_caches, tables)
+        states = {"conv_states": self.conv_states, "ssm_states": self.ssm_states} if cfg.is_hybrid else {}
+        self.model = self.kernels.Model(self.kernel_config, packed, self.k_caches, self.v_caches, tables, **states)
         # LongRoPE whose factors switch within max_model_len: O (its original context), else 0
         self.rope_switch = longrope_switch(cfg, max_pos) if cfg.rope else 0
         self._max_pos = max_pos
@@ -233,6 +260,11 @@ class ModelRunner:
         if batch_invariant:
             log.info("deterministic: batch-invariant kernels (every step shape through the same GEMM tiles "
                      "and direct attention tiles, no key splits): a sequence's logits do not depend on its batch")
+        if cfg.is_hybrid:
+            log.info("recurrent state: %.1f MB (%d slots, one per running sequence, x %.1f KB over %d "
+                     "recurrent layers; constant in the context length), KV cache in %d attention layers", self.state_bytes / 2**20,
+                     max_num_seqs, cfg.state_bytes_per_seq / 1024, cfg.num_layers - cfg.num_attention_layers,
+                     cfg.num_attention_layers)
         if cfg.is_mla:
             log.info("attention: latent (a %s cache of %d values per token and layer: the latent and the RoPE key)",
                      self.kv_cache_dtype, cfg.cache_head_dim)

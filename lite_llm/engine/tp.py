@@ -94,6 +94,8 @@ def check_tensor_parallel(cfg, size: int) -> None:
         problems.append(f"{what} {cfg.ffn_dim} does not split over {size} ranks")
     if getattr(cfg, "shared_ffn_dim", 0) % size:
         problems.append(f"shared expert width {cfg.shared_ffn_dim} does not split over {size} ranks")
+    if getattr(cfg, "is_hybrid", False):
+        problems.append("its recurrent layers' state (short convolutions, Mamba2) is not split over ranks")
     if problems:
         raise ValueError(f"{cfg.architecture}: tensor_parallel_size={size} is not possible: "
                          + "; ".join(problems) + " (choose a size that divides them)")

@@ -101,3 +101,16 @@ def test_default_model_bits_do_not_depend_on_the_batch():
     except (FileNotFoundError, RuntimeError) as e:
         pytest.fail(f"the default model is needed: {e}")
     check_invariant(path, prompt_len=40, gen=12, vocab=49152, max_model_len=256)
+
+
+def test_short_convolutions_bits_do_not_depend_on_the_batch():
+    """LFM2's conv layers carry a state across a prompt's chunks: each token's sum is over the
+    same taps in the same order however the prompt is cut."""
+    check_invariant(str(tiny_checkpoint_path("lfm2")), prompt_len=45, gen=20, vocab=320, dtype="bfloat16",
+                    max_model_len=128)
+
+
+def test_mamba2_layers_are_refused():
+    with pytest.raises(ValueError, match="deterministic mode does not cover Mamba2"):
+        run(str(tiny_checkpoint_path("bamba")), [[5, 6, 7]], [SamplingParams(max_tokens=1)], dtype="float32",
+            max_model_len=64)

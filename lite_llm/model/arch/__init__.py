@@ -13,6 +13,8 @@ properties of the kernel model.
     qwen3_moe.py  Qwen3MoeForCausalLM ("qwen3moe")
     gpt_oss.py GptOssForCausalLM (attention sinks, clamped SwiGLU experts, top-k-then-softmax routing)
     deepseek.py   DeepseekV2ForCausalLM, DeepseekV3ForCausalLM (latent attention, grouped routing)
+    lfm2.py    Lfm2ForCausalLM (hybrid: short-convolution layers with a per-sequence state, and attention)
+    bamba.py   BambaForCausalLM (hybrid: Mamba2 layers with a per-sequence state, and attention)
     bert.py    BertModel, XLMRobertaModel and their *ForSequenceClassification (encoders, post-norm)
     qwen2_vl.py   Qwen2_5_VLForConditionalGeneration's language model (multimodal RoPE)
     llava.py   LlavaForConditionalGeneration's language model (a Llama; the GGUF is a "llama" file)
@@ -31,15 +33,15 @@ import os
 from types import ModuleType
 
 from lite_llm.config import KernelConfig, LayerConfig, ModelConfig
-from lite_llm.model.arch import (bert, deepseek, gemma, gpt_oss, granite, llama, llava, mixtral, opt, phi3,
-                                 qwen, qwen2_moe, qwen2_vl, qwen3_moe)
+from lite_llm.model.arch import (bamba, bert, deepseek, gemma, gpt_oss, granite, lfm2, llama, llava, mixtral, opt,
+                                 phi3, qwen, qwen2_moe, qwen2_vl, qwen3_moe)
 from lite_llm.model import hf
 from lite_llm.model.files import ModelLoadError
 from lite_llm.model.rope import rope_dim
 from lite_llm.model.weights import bf16_to_f32, to_bf16
 
 RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma, phi3, granite, mixtral, qwen2_moe, qwen3_moe, bert,
-                                   qwen2_vl, llava, gpt_oss, deepseek)
+                                   qwen2_vl, llava, gpt_oss, deepseek, lfm2, bamba)
 _BY_HF = {name: r for r in RECIPES for name in r.HF_ARCHITECTURES}
 _BY_GGUF = {name: r for r in RECIPES for name in getattr(r, "GGUF_ARCHITECTURES", {})}
 SUPPORTED_ARCHITECTURES = tuple(_BY_HF)
@@ -89,6 +91,10 @@ def tensor_names(config: ModelConfig) -> list[str]:
     """Every canonical tensor a checkpoint of `config` yields, in load order (any source)."""
     if config.post_ln:
         return bert.tensor_names(config)
+    if config.num_mamba_layers:
+        return bamba.tensor_names(config)
+    if config.is_hybrid:
+        return lfm2.tensor_names(config)
     names = ["embed"] + (["pos_embed"] if not config.rope else [])
     layer_norm = config.norm == "layer"
     for i in range(config.num_layers):
@@ -169,7 +175,8 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
     for i in range(config.num_layers):
         sliding = layer_is_sliding(config, i) and not disable_sliding_window
         layers.append(LayerConfig(sliding_window=int(config.sliding_window) if sliding else 0,
-                                  rope_table=local_rope if layer_is_sliding(config, i) else 0))
+                                  rope_table=local_rope if layer_is_sliding(config, i) else 0,
+                                  kind=_layer_kind(config, i)))
     scale = (config.query_pre_attn_scalar if config.query_pre_attn_scalar else config.head_dim) ** -0.5
     if config.attention_multiplier is not None:
         scale = config.attention_multiplier
@@ -193,7 +200,15 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
         mrope_section=tuple(config.mrope_section), n_group=config.n_group, topk_group=config.topk_group,
         routed_scale=config.routed_scale, shared_gate=config.shared_gate,
         first_dense_layers=config.first_dense_layers, dense_ffn_dim=config.dense_ffn_dim,
-        kv_lora_rank=config.kv_lora_rank, q_lora_rank=config.q_lora_rank)
+        kv_lora_rank=config.kv_lora_rank, q_lora_rank=config.q_lora_rank,
+        conv_len=config.recurrent_len if config.is_hybrid else 0, mamba_heads=config.mamba_n_heads,
+        mamba_head_dim=config.mamba_d_head, mamba_groups=config.mamba_n_groups, mamba_state=config.mamba_d_state)
+
+
+def _layer_kind(config: ModelConfig, layer: int) -> str:
+    """LayerConfig.kind of `layer`: "conv" (LFM2's short convolution), "mamba", else "attention"."""
+    kind = config.layer_types[layer] if config.layer_types else ""
+    return kind if kind in ("conv", "mamba") else "attention"
 
 
 def _embed_scale(config: ModelConfig, dtype: str) -> float:

@@ -1,0 +1,128 @@
+"""Bamba (HF BambaForCausalLM): a hybrid decoder of Mamba2 layers and Llama attention layers
+(those in attn_layer_indices; RoPE over half of each head), each followed by a SwiGLU MLP.
+A Mamba2 layer ("mamba" in ModelConfig.layer_types):
+
+    in_proj [Di + Cd + H, E] -> z [Di], x | B | C [Cd = Di + 2 G N], dt [H]
+    x | B | C = silu(causal depthwise conv of mamba_d_conv taps, with bias)
+    dt = softplus(dt + dt_bias);  per head h (group g = h // (H / G)), state S [P, N]:
+        S = exp(dt A) S + dt x_h B_g^T,  y_h = S C_g + D x_h        (A = -exp(A_log))
+    out_proj(rmsnorm(y * silu(z)) per group of Di / G channels, x norm.weight)
+
+Its state per sequence is the conv's last d_conv - 1 inputs and S for every head (runner.py);
+the scan runs chunked (src/kernels/ssm.h). What the layers compute: forward.pxi's _mamba_block.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import numpy as np
+
+from lite_llm.config import ModelConfig
+from lite_llm.model.arch import llama
+from lite_llm.model.files import ModelLoadError
+from lite_llm.model.hf import concat, stacked
+from lite_llm.model.weights import bf16_to_f32
+
+HF_ARCHITECTURES = ("BambaForCausalLM",)
+
+
+def _number(value: Any) -> float:
+    """A config.json number; transformers writes infinity as {"__float__": "Infinity"}."""
+    return float(value["__float__"] if isinstance(value, dict) and "__float__" in value else value)
+
+
+def config(raw: dict, arch: str, where: str) -> ModelConfig:
+    n, dim = int(raw["num_hidden_layers"]), int(raw["hidden_size"])
+    attn = set(raw.get("attn_layer_indices") or ())
+    heads, expand = int(raw.get("mamba_n_heads", 128)), int(raw.get("mamba_expand", 2))
+    d_head = raw.get("mamba_d_head", "auto")
+    d_head = expand * dim // heads if d_head in (None, "auto") else int(d_head)
+    if d_head * heads != expand * dim:
+        raise ModelLoadError(f"{where}: mamba_n_heads {heads} x mamba_d_head {d_head} != mamba_expand x hidden_size")
+    limit = raw.get("time_step_limit")
+    if limit is not None and (_number(limit[0]) > 0.0 or not math.isinf(_number(limit[1]))):
+        raise ModelLoadError(f"{where}: time_step_limit {list(limit)} is not supported (only (0, inf))")
+    params = raw.get("rope_parameters") or {}
+    return llama.decoder_config(
+        raw, arch, where, layer_types=tuple("full_attention" if i in attn else "mamba" for i in range(n)),
+        partial_rotary_factor=float(params.get("partial_rotary_factor", 0.5)),   # transformers fixes 0.5
+        mamba_n_heads=heads, mamba_d_head=d_head, mamba_n_groups=int(raw.get("mamba_n_groups", 1)),
+        mamba_d_state=int(raw.get("mamba_d_state", 256)), mamba_d_conv=int(raw.get("mamba_d_conv", 4)),
+        mamba_conv_bias=bool(raw.get("mamba_conv_bias", True)), mamba_proj_bias=bool(raw.get("mamba_proj_bias", False)))
+
+
+def tensor_names(config: ModelConfig) -> list[str]:
+    """The canonical tensors hf_tensors yields, in order: a Mamba2 layer has in_proj, conv.weight
+    [L, Cd] (taps channel-minor), ssm_a (= -exp(A_log)), ssm_d, dt_bias, gnorm.weight and
+    out_proj where an attention layer has qkv and o."""
+    names = ["embed"]
+    for i in range(config.num_layers):
+        p = f"layers.{i}."
+        names.append(p + "attn_norm.weight")
+        if config.layer_types[i] == "mamba":
+            bias = config.mamba_proj_bias
+            names += [p + "in_proj.weight"] + ([p + "in_proj.bias"] if bias else [])
+            names += [p + "conv.weight"] + ([p + "conv.bias"] if config.mamba_conv_bias else [])
+            names += [p + "ssm_a", p + "ssm_d", p + "dt_bias", p + "gnorm.weight"]
+            names += [p + "out_proj.weight"] + ([p + "out_proj.bias"] if bias else [])
+        else:
+            names += [p + "qkv.weight"] + ([p + "qkv.bias"] if config.qkv_bias else [])
+            names += [p + "o.weight"] + ([p + "o.bias"] if config.o_bias else [])
+        names += [p + "mlp_norm.weight", p + "gate_up.weight", p + "down.weight"]
+    names.append("final_norm.weight")
+    if not config.tie_word_embeddings:
+        names.append("lm_head.weight")
+    return names
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    return bf16_to_f32(a) if a.dtype == np.uint16 else a.astype(np.float32)
+
+
+def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, Any]]:
+    E, F, V = config.dim, config.ffn_dim, config.vocab_size
+    q_rows, kv_rows, L = config.q_size, config.kv_size, config.mamba_d_conv
+    H, Di, Cd = config.mamba_n_heads, config.mamba_n_heads * config.mamba_d_head, config.mamba_conv_dim
+    get = ckpt.read
+
+    def rows(*parts):
+        return stacked(ckpt, parts)
+
+    yield "embed", rows(("model.embed_tokens.weight", (V, E)))
+    for i in range(config.num_layers):
+        h, p = f"model.layers.{i}.", f"layers.{i}."
+        yield p + "attn_norm.weight", get(h + "input_layernorm.weight", (E,))
+        if config.layer_types[i] == "mamba":
+            m = h + "mamba."
+            yield p + "in_proj.weight", rows((m + "in_proj.weight", (Di + Cd + H, E)))
+            if config.mamba_proj_bias:
+                yield p + "in_proj.bias", get(m + "in_proj.bias", (Di + Cd + H,))
+            # [Cd, 1, L] in the file; the kernel reads tap k of every channel as one row
+            yield p + "conv.weight", np.ascontiguousarray(_f32(get(m + "conv1d.weight", (Cd, 1, L))).reshape(Cd, L).T)
+            if config.mamba_conv_bias:
+                yield p + "conv.bias", get(m + "conv1d.bias", (Cd,))
+            yield p + "ssm_a", -np.exp(_f32(get(m + "A_log", (H,))))   # in fp32, as transformers
+            yield p + "ssm_d", get(m + "D", (H,))
+            yield p + "dt_bias", get(m + "dt_bias", (H,))
+            yield p + "gnorm.weight", get(m + "norm.weight", (Di,))
+            yield p + "out_proj.weight", rows((m + "out_proj.weight", (E, Di)))
+            if config.mamba_proj_bias:
+                yield p + "out_proj.bias", get(m + "out_proj.bias", (E,))
+        else:
+            a = h + "self_attn."
+            yield p + "qkv.weight", rows((a + "q_proj.weight", (q_rows, E)), (a + "k_proj.weight", (kv_rows, E)),
+                                         (a + "v_proj.weight", (kv_rows, E)))
+            if config.qkv_bias:
+                yield p + "qkv.bias", concat(get(a + "q_proj.bias", (q_rows,)), get(a + "k_proj.bias", (kv_rows,)),
+                                             get(a + "v_proj.bias", (kv_rows,)))
+            yield p + "o.weight", rows((a + "o_proj.weight", (E, q_rows)))
+            if config.o_bias:
+                yield p + "o.bias", get(a + "o_proj.bias", (E,))
+        yield p + "mlp_norm.weight", get(h + "pre_ff_layernorm.weight", (E,))
+        f = h + "feed_forward."
+        yield p + "gate_up.weight", rows((f + "gate_proj.weight", (F, E)), (f + "up_proj.weight", (F, E)))
+        yield p + "down.weight", rows((f + "down_proj.weight", (E, F)))
+    yield "final_norm.weight", get("model.final_layernorm.weight", (E,))
+    if not config.tie_word_embeddings:
+        yield "lm_head.weight", rows(("lm_head.weight", (V, E)))

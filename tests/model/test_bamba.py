@@ -1,0 +1,121 @@
+"""Bamba (BambaForCausalLM) against transformers on tiny random checkpoints built with its own
+BambaConfig: Mamba2 layers (in_proj, a causal conv with SiLU, the selective state-space scan in
+its chunked form, the gated group RMSNorm, out_proj) around attention layers. fp32 logits in a
+mixed batch, prefilled in chunks (both states carried from chunk to chunk) and token by token
+(decode as a state update); greedy tokens through the engine with concurrent requests and
+forced preemption; the state cache's size."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import tiny_checkpoint_path
+from test_families import _greedy, hf_logits
+from test_lfm2 import _hf_greedy
+from test_parity import lite_logits, make_runner, prompts_for
+
+CASES = [("bamba", {}),
+         # one group, biases on in_proj / out_proj, no conv bias, two attention layers
+         ("bamba", {"mamba_n_groups": 1, "mamba_proj_bias": True, "mamba_conv_bias": False, "mamba_d_conv": 3,
+                    "num_hidden_layers": 4, "attn_layer_indices": [0, 2]})]
+PROMPT_LENS = [1, 5, 23, 70]     # 70: past one 64-token chunk of the scan
+
+
+def _ids(case) -> str:
+    return "-".join(f"{k}={v}" for k, v in case[1].items()) or "default"
+
+
+def _check(got: list[np.ndarray], ref: list[np.ndarray]) -> None:
+    print(f"max |logit diff| vs transformers: {max(float(np.abs(g - r).max()) for g, r in zip(got, ref)):.2e}")
+    for r, g in zip(ref, got):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_fp32_logits_match_transformers_in_a_mixed_batch(case):
+    path = tiny_checkpoint_path(case[0], **case[1])
+    runner, loaded = make_runner(path)
+    cfg = loaded.config
+    assert cfg.num_mamba_layers == cfg.num_layers - len(case[1].get("attn_layer_indices", [1]))
+    prompts = prompts_for(cfg.vocab_size, PROMPT_LENS)
+    _check(lite_logits(runner, prompts), hf_logits(path, prompts))
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.parametrize("chunk", [1, 7])
+def test_chunked_prefill_and_token_by_token_decode_match_transformers(case, chunk):
+    path = tiny_checkpoint_path(case[0], **case[1])
+    runner, loaded = make_runner(path)
+    prompts = prompts_for(loaded.config.vocab_size, [3, 20, 37])
+    _check(lite_logits(runner, prompts, chunk=chunk), hf_logits(path, prompts))
+
+
+def test_fp32_greedy_tokens_match_transformers():
+    _greedy(CASES[0], prompt_len=12)
+
+
+def test_engine_greedy_tokens_match_with_concurrent_requests_and_preemption():
+    """Five requests through the engine at once under a 16-token budget and 6 KV blocks of 16:
+    they preempt one another (a readmitted request restarts both states empty) and every greedy
+    token equals transformers'."""
+    from lite_llm import SamplingParams
+    from lite_llm.llm import EngineArgs, build_engine
+    from lite_llm.outputs import fold
+    path = str(tiny_checkpoint_path("bamba"))
+    prompts = prompts_for(320, [1, 9, 23, 30, 37], seed=2)
+    want = _hf_greedy(path, prompts, 16)
+    engine = build_engine(EngineArgs(path, dtype="float32", block_size=16, max_num_batched_tokens=16,
+                                     num_kv_blocks=6, max_model_len=64, max_num_seqs=4, progress=False)).engine
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+        streams = [engine.add_request(f"r{i}", p, params) for i, p in enumerate(prompts)]
+        outs = [fold(s) for s in streams]
+        stats = engine.stats()
+    finally:
+        engine.shutdown(0.0)
+    assert [list(o.outputs[0].token_ids) for o in outs] == want
+    assert stats.num_preempted_total > 0
+
+
+def test_the_state_cache_is_fixed_per_slot():
+    """Per Mamba2 layer and batch slot: the conv's 3 rows of 192 channels (x 128, then B and C
+    of 2 groups x 16) and the scan's 8 heads x 16 x 16, float32; KV blocks for the one
+    attention layer."""
+    runner, loaded = make_runner(tiny_checkpoint_path("bamba"), max_tokens=32)
+    cfg = loaded.config
+    per_seq = 2 * (3 * 192 + 8 * 16 * 16) * 4
+    assert cfg.mamba_conv_dim == 192 and cfg.state_bytes_per_seq == per_seq
+    assert runner.state_bytes == 32 * per_seq
+    assert runner.kv_bytes_per_token == 1 * 2 * 2 * 16 * 4
+
+
+def test_bf16_weights_stay_close_to_transformers_fp32():
+    """bf16 weights (the Mamba2 block's GEMM inputs as bf16 pairs), prefilled 7 tokens a step,
+    against the fp32 reference: the dense families' bf16 bound (test_families.py)."""
+    path = tiny_checkpoint_path("bamba")
+    runner, loaded = make_runner(path, dtype="bfloat16")
+    prompts = prompts_for(loaded.config.vocab_size, PROMPT_LENS)
+    for g, r in zip(lite_logits(runner, prompts, chunk=7), hf_logits(path, prompts)):
+        assert np.abs(g - r).max() <= 0.03 * np.abs(r).max()
+
+
+def test_q8_0_at_load_matches_the_dequantized_reference(tmp_path):
+    """Every matrix quantized at load to Q8_0 (in_proj and out_proj on the int8-block kernels,
+    their inputs as int8 blocks; the conv taps and the scan's vectors stay float) against
+    transformers on the same weights quantized and dequantized by the gguf package, whole and a
+    token at a time, within the quantized families' bound (test_moe.py)."""
+    import gguf
+    from test_moe import _check_quantized_moe, _roundtrip_reference
+    ckpt = tiny_checkpoint_path("bamba")
+    model = _roundtrip_reference(ckpt, tmp_path / "roundtrip", lambda name: gguf.GGMLQuantizationType.Q8_0)
+    runner, _ = make_runner(ckpt, quantization="q8_0")
+    assert runner.formats["layers.0.in_proj"] == (("Q8_0",), "int8 blocks")
+    assert runner.formats["layers.0.out_proj"] == (("Q8_0",), "int8 blocks")
+    _check_quantized_moe(runner, model, "q8_0")
+
+
+def test_info_counts_the_state_and_the_attention_layers_kv():
+    from lite_llm import info
+    m = info.model_weight_bytes(str(tiny_checkpoint_path("bamba")))
+    assert m["kv_bytes_per_token_bf16"] == 1 * 2 * 2 * 16 * 2
+    assert m["state_bytes_per_seq"] == 2 * (3 * 192 + 8 * 16 * 16) * 4 and "Mamba2" in m["state_note"]
