@@ -23,6 +23,7 @@ from lite_llm.engine.args import EngineArgs
 from lite_llm.engine.async_engine import AsyncEngine, EngineDeadError
 from lite_llm.engine.engine import EngineConfig, LLMEngine
 from lite_llm.engine.live import attach_engine_threads
+from lite_llm.engine.pooling import POOLING_BLOCK_SIZE, PoolingClient, pooling_limits, pooling_num_blocks
 from lite_llm.engine.spec_decode import make_proposer
 from lite_llm.model.loader import load_model
 from lite_llm.model.pooler import pooling_spec
@@ -312,8 +313,7 @@ def _build_pooling_engine(args: EngineArgs, loaded, plan: cpu.ThreadPlan, t0: fl
     PoolingModelRunner built on the engine thread, an LLMEngine of pooling requests (no prefix
     caching: an encoder's KV of a prefix depends on the tokens after it)."""
     from lite_llm import _kernels       # the kernels, now: see the top
-    from lite_llm.engine.pooling import (POOLING_BLOCK_SIZE, PoolingModelRunner, pooling_limits,
-                                         pooling_num_blocks)
+    from lite_llm.engine.pooling_runner import PoolingModelRunner
     from lite_llm.engine.runner import kv_cache_format
     loaded, spec = pooling_spec(loaded, args.pooler_config, args.hf_overrides, args.max_model_len)
     cfg = loaded.config
@@ -378,10 +378,14 @@ def _exit_server(message: str) -> None:
 
 
 def build_async_engine(args: EngineArgs | str | None = None, **kwargs):
-    """For the server: (AsyncEngine, tokenizer, info). args: EngineArgs, or the model argument
-    and EngineArgs' fields as keywords (serving defaults: a 2048-token budget)."""
+    """For the server: (AsyncEngine, tokenizer, info); a pooling model's AsyncEngine with the
+    pooling calls over it (engine/pooling.py PoolingClient). args: EngineArgs, or the model
+    argument and EngineArgs' fields as keywords (serving defaults: a 2048-token budget)."""
     if not isinstance(args, EngineArgs):
         kwargs.setdefault("serving", True)
         args = EngineArgs(args if args is not None else kwargs.pop("model", None), **kwargs)
     built = build_engine(args)
+    if built.pooling is not None:
+        return PoolingClient(built.engine, built.tokenizer, built.pooling, built.info["model_name"]), \
+            built.tokenizer, built.info
     return built.engine, built.tokenizer, built.info

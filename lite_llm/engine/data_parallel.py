@@ -19,6 +19,10 @@ placeholders, so it holds them already), then per engine step one message with t
 deltas (token ids and text, without the prompt). Metrics are asked for at scrape time. Nothing
 per layer; no arrays but a request's images, once.
 
+Pooling models: the replicas are pooling engines (EngineArgs.runner "pooling"); a pooling
+request's row comes back in one message, and its PoolingSpec (pooler, classifier head) is sent
+once at start-up, so the front end (engine/pooling.py PoolingClient) finishes scores itself.
+
 Failure: a replica process that exits unasked (killed, crashed) fails its open requests with
 EngineDeadError naming it, and the front end stops accepting (503; `serve` then exits). The
 replica processes are daemons and also stop when the front end's pipe closes.
@@ -34,6 +38,7 @@ import signal
 import threading
 import time
 from collections import OrderedDict, deque
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any, Callable, Iterator
 
@@ -44,13 +49,13 @@ from lite_llm.engine.assemble import build_engine
 from lite_llm.engine.async_engine import (EngineDeadError, EngineShutdownError, QueueFullError,
                                           RequestStream)
 from lite_llm.engine.block_pool import hash_block_tokens
-from lite_llm.engine.engine import check_request
+from lite_llm.engine.engine import check_kind, check_pooling_request, check_request
 from lite_llm.engine.stats import EngineStats, merge_stats
 from lite_llm.engine.structured import Grammars
 from lite_llm.model.loader import load_model
 from lite_llm.multimodal import check_images_fit
-from lite_llm.outputs import RequestOutput
-from lite_llm.sampling_params import SamplingParams
+from lite_llm.outputs import PoolingOutput, PoolingRequestOutput, RequestOutput
+from lite_llm.sampling_params import PoolingParams, SamplingParams
 
 log = logging.getLogger("lite_llm.data_parallel")
 
@@ -289,11 +294,12 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
     keep = ("model_path", "model_name", "max_model_len", "dtype", "architecture", "kernel_variant",
             "num_threads", "thread_plan", "kv_cache_tokens", "kv_cache_blocks", "kv_cache_bytes",
             "kv_cache_dtype", "max_concurrency", "generation_config", "vocab_size", "weight_bytes",
-            "bytes_per_token", "num_layers", "startup_seconds", "tensor_parallel_size", "mmproj")
+            "bytes_per_token", "num_layers", "startup_seconds", "tensor_parallel_size", "mmproj", "runner",
+            "hidden_size", "num_labels")
     send(("ready", {**{k: info[k] for k in keep if k in info}, "pid": os.getpid(),
                     "block_size": config.block_size, "max_num_seqs": config.max_num_seqs,
                     "max_num_batched_tokens": config.max_num_batched_tokens,
-                    "eos_token_ids": tuple(config.eos_token_ids)}))
+                    "eos_token_ids": tuple(config.eos_token_ids), "pooling": built.pooling}))
 
     outbox: deque = deque()
     wake = threading.Condition()
@@ -317,6 +323,7 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
             if not items and closing.is_set():
                 return
             batch = [(rid, _error_wire(item)) if isinstance(item, BaseException) else
+                     (rid, ("pooled", item.outputs.data)) if isinstance(item, PoolingRequestOutput) else
                      (rid, (item.outputs, item.finished, item.metrics, item.num_cached_tokens,
                             item.prompt_logprobs)) for rid, item in items]
             try:
@@ -396,8 +403,11 @@ class DataParallelEngine:
 
     def __init__(self, replicas: list[_Replica], tokenizer: Any, *, max_model_len: int,
                  max_num_seqs: int, block_size: int, vocab_size: int, eos_token_ids: tuple[int, ...],
-                 max_queue: int | None = None, max_num_batched_tokens: int | None = None):
+                 max_queue: int | None = None, max_num_batched_tokens: int | None = None, pooling=None):
+        """pooling: a pooling model's PoolingSpec (its replicas pool), None when they generate."""
         self.replicas = replicas
+        self.pooling = pooling
+        self.vocab_size = vocab_size
         self.max_model_len, self.max_num_seqs, self.max_queue = max_model_len, max_num_seqs, max_queue
         self.max_num_batched_tokens = max_num_batched_tokens
         self.router = PrefixRouter(len(replicas), block_size)
@@ -415,6 +425,10 @@ class DataParallelEngine:
 
     def validate_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams, mm=None) -> None:
         """The engine's own checks (LLMEngine.validate_request), before a replica is chosen."""
+        if isinstance(sampling_params, PoolingParams) or self.pooling is not None:
+            check_kind(sampling_params, self.pooling is not None)
+            check_pooling_request(prompt_token_ids, sampling_params, self.max_model_len, self.vocab_size)
+            return
         check_request(prompt_token_ids, sampling_params, self.max_model_len, self.max_num_seqs, self.grammars)
         if mm is not None and self.max_num_batched_tokens:
             check_images_fit(mm, self.max_num_batched_tokens)
@@ -427,7 +441,8 @@ class DataParallelEngine:
         owner: whom the replica's scheduler shares slots between (LLMEngine.add_request)."""
         self.validate_request(prompt_token_ids, sampling_params, mm)
         token_ids = list(prompt_token_ids)
-        hashes = self.router.block_hashes(token_ids, mm)
+        # a pooling model's replicas keep no prefix cache: load alone decides
+        hashes = self.router.block_hashes(token_ids, mm) if self.pooling is None else []
         with self._lock:
             if self.failure is not None:
                 raise EngineDeadError(self.failure)
@@ -451,6 +466,10 @@ class DataParallelEngine:
             self._finish(rep, request_id)
             raise EngineDeadError(f"{rep.describe()} is not running") from e
         return stream
+
+    def submitting(self):
+        """AsyncEngine.submitting's place: each request goes to its replica as it is added."""
+        return nullcontext()
 
     def abort(self, request_id: str) -> None:
         with self._lock:
@@ -534,6 +553,10 @@ class DataParallelEngine:
         if entry is None:
             return
         stream, prompt, token_ids = entry
+        if item[0] == "pooled":                 # a pooling request's row
+            stream.put(PoolingRequestOutput(rid, token_ids, PoolingOutput(item[1])))
+            self._finish(rep, rid)
+            return
         if len(item) == 2:                      # (kind, message): the request failed there
             stream.put(_ERRORS[item[0]](item[1]))
             self._finish(rep, rid)
@@ -607,7 +630,10 @@ def build_data_parallel_engine(args: EngineArgs, data_parallel_size: int) -> tup
     engine = DataParallelEngine(replicas, loaded.tokenizer, max_model_len=first["max_model_len"],
                                 max_num_seqs=first["max_num_seqs"], block_size=first["block_size"],
                                 vocab_size=first["vocab_size"], eos_token_ids=first["eos_token_ids"],
-                                max_queue=args.max_queue, max_num_batched_tokens=first.get("max_num_batched_tokens"))
+                                max_queue=args.max_queue if args.runner != "pooling" else None,
+                                max_num_batched_tokens=first.get("max_num_batched_tokens"), pooling=first.get("pooling"))
+    if engine.pooling is not None:
+        first = {**{k: v for k, v in first.items() if k != "pooling"}, "pooler": engine.pooling.pooler}
     info = {**first, "data_parallel_size": data_parallel_size,
             "num_threads": sum(r.info["num_threads"] for r in replicas),
             "kv_cache_tokens": sum(r.info["kv_cache_tokens"] for r in replicas),
