@@ -196,7 +196,7 @@ def _error_wire(e: BaseException) -> tuple[str, str]:
 
 def replica_process_setup(index: int, environ: dict[str, str], affinity: list[int] | None, log_level: int,
                           replies: Any) -> Callable[[tuple], None]:
-    """The start of a replica process (generation here, pooling in pooling_dp.py): the front end's
+    """The start of a replica process: the front end's
     environment, SIGINT left to the front end, log lines tagged with the replica, its CPUs.
     Returns a sender of messages on `replies` that threads may share."""
     os.environ.update(environ)
@@ -214,7 +214,7 @@ def replica_process_setup(index: int, environ: dict[str, str], affinity: list[in
 
 def wait_ready(replicas: list) -> None:
     """Each replica's ("ready", info) into its .info; a RuntimeError naming the replica that
-    exited or failed while starting (generation replicas here, pooling ones in pooling_dp.py)."""
+    exited or failed while starting."""
     for rep in replicas:
         try:
             msg = rep.replies.recv()
@@ -228,7 +228,7 @@ def wait_ready(replicas: list) -> None:
 
 def build_or_report(send: Callable[[tuple], None], build: Callable[[], Any]):
     """In a replica process: build() (assemble.build_engine of the replica's EngineArgs here,
-    pooling.build_pooling_engine in pooling_dp.py), or None once ("failed", why) is sent."""
+    generating or pooling), or None once ("failed", why) is sent."""
     try:
         return build()
     except BaseException as e:  # noqa: BLE001 - the front end reports it
@@ -253,7 +253,7 @@ def spawn_replicas(main: Callable, name: str, binds: list[tuple[str, list[int] |
     builds its engine from; dtype and max_model_len: the model's, as the front end reads its
     config and tokenizer); make_replica(index, bind,
     affinity, process, requests writer, replies reader) is the front end's handle on each (generation
-    replicas here, pooling ones in pooling_dp.py). Then the model's config and tokenizer are read
+    replicas, generating or pooling). Then the model's config and tokenizer are read
     here (weights stay mapped) and every replica's ready message awaited; if one fails, all stop
     and the error is raised. Returns (replicas, the loaded model without weights)."""
     ctx = multiprocessing.get_context("spawn")     # a fresh interpreter: no OpenMP pool, no locks held

@@ -266,9 +266,9 @@ def rss_bytes() -> int:
 @dataclass
 class Loaded:
     """A started model, as the pool's build function returns it."""
-    engine: Any                      # AsyncEngine or PoolingEngine
+    engine: Any                      # AsyncEngine, DataParallelEngine or PoolingClient
     ctx: Any                         # its ServingContext (named by the model's name)
-    info: dict                       # build_engine's / build_pooling_engine's info
+    info: dict                       # build_engine's info
 
 
 class ModelEntry:

