@@ -15,9 +15,10 @@ PREFIX_TTL_SECONDS and the map keeps at most PREFIX_MAP_SIZE of them.
 
 Wire: two one-way pipes per replica carry small pickled tuples: a request's token ids and
 SamplingParams once (and a multimodal prompt's preprocessed images: the front end expanded its
-placeholders, so it holds them already), then per engine step one message with that step's
+placeholders, so it holds them already; the requests added in one submitting() block, such as a
+pooling call's inputs, in one message), then per engine step one message with that step's
 deltas (token ids and text, without the prompt). Metrics are asked for at scrape time. Nothing
-per layer; no arrays but a request's images, once.
+per layer; no arrays but a request's images, once, and a pooling request's row.
 
 Pooling models: the replicas are pooling engines (EngineArgs.runner "pooling"); a pooling
 request's row comes back in one message, and its PoolingSpec (pooler, classifier head) is sent
@@ -38,7 +39,7 @@ import signal
 import threading
 import time
 from collections import OrderedDict, deque
-from contextlib import nullcontext
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Callable, Iterator
 
@@ -342,13 +343,15 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
             except (EOFError, OSError):         # the front end is gone: stop at once
                 break
             kind = msg[0]
-            if kind == "add":
-                _, rid, token_ids, params, prompt, priority, mm, owner = msg
-                try:
-                    engine.add_request(rid, token_ids, params, prompt, priority=priority, sink=sink_for(rid), mm=mm,
-                                       owner=owner)
-                except (ValueError, RuntimeError) as e:
-                    sink_for(rid)(e)
+            if kind in ("add", "adds"):
+                with engine.submitting():       # a batch's requests reach the engine thread together
+                    for _, rid, token_ids, params, prompt, priority, mm, owner in \
+                            ([msg] if kind == "add" else msg[1]):
+                        try:
+                            engine.add_request(rid, token_ids, params, prompt, priority=priority, sink=sink_for(rid),
+                                               mm=mm, owner=owner)
+                        except (ValueError, RuntimeError) as e:
+                            sink_for(rid)(e)
                 if not engine.is_alive:     # its thread failed (logged there): the front end must know
                     send(("failed", "its engine thread failed; see the replica's log"))
                     failed = True
@@ -415,6 +418,7 @@ class DataParallelEngine:
         self._lock = threading.Condition()
         self._owner: dict[str, _Replica] = {}
         self._accepting = True
+        self._batch = threading.local()     # submitting(): the adds a thread holds back
         self.failure: str | None = None     # why the engine stopped serving, when a replica died
         for rep in replicas:
             rep.reader = threading.Thread(target=self._read, args=(rep,), name=f"lite-llm-dp-{rep.index}",
@@ -460,16 +464,41 @@ class DataParallelEngine:
             stream = RequestStream(request_id, self, timeout)
             rep.inflight[request_id] = (stream, prompt, token_ids)
             self._owner[request_id] = rep
+        msg = ("add", request_id, token_ids, sampling_params, prompt, priority, mm, owner)
+        batch = getattr(self._batch, "adds", None)
+        if batch is not None:                   # inside submitting(): sent when it ends
+            batch.append((rep, msg))
+            return stream
         try:
-            rep.send(("add", request_id, token_ids, sampling_params, prompt, priority, mm, owner))
+            rep.send(msg)
         except (OSError, ValueError) as e:      # its pipe is closed: the reader reports the death
             self._finish(rep, request_id)
             raise EngineDeadError(f"{rep.describe()} is not running") from e
         return stream
 
+    @contextmanager
     def submitting(self):
-        """AsyncEngine.submitting's place: each request goes to its replica as it is added."""
-        return nullcontext()
+        """As AsyncEngine.submitting: the requests this thread adds inside the block go to their
+        replicas when it ends, one message per replica, which adds them to its engine together."""
+        if getattr(self._batch, "adds", None) is not None:      # nested: the outer block sends
+            yield
+            return
+        self._batch.adds = []
+        try:
+            yield
+        finally:
+            adds, self._batch.adds = self._batch.adds, None
+            for rep in {id(r): r for r, _ in adds}.values():
+                msgs = [m for r, m in adds if r is rep]
+                try:
+                    rep.send(("adds", msgs))
+                except (OSError, ValueError):   # its pipe is closed: these requests fail now
+                    for m in msgs:
+                        with self._lock:
+                            entry = rep.inflight.get(m[1])
+                        self._finish(rep, m[1])
+                        if entry is not None:
+                            entry[0].put(EngineDeadError(f"{rep.describe()} is not running"))
 
     def abort(self, request_id: str) -> None:
         with self._lock:

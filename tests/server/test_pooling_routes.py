@@ -300,12 +300,17 @@ def test_data_parallel_pooling_replicas(embedder):
             assert status == 200
             _, want = _post(single, "/v1/embeddings", {"input": text})
             np.testing.assert_allclose(body["data"][0]["embedding"], want["data"][0]["embedding"], atol=1e-5)
+        status, body = _post(server, "/v1/embeddings", {"input": texts[:5]})      # one request, several inputs
+        assert status == 200 and [d["index"] for d in body["data"]] == list(range(5))
+        _, want = _post(single, "/v1/embeddings", {"input": texts[:5]})
+        np.testing.assert_allclose([d["embedding"] for d in body["data"]], [d["embedding"] for d in want["data"]],
+                                   atol=1e-5)
         status, body = _post(server, "/v1/embeddings", {"input": []})
         assert status == 400 and body["error"]["param"] == "input"
         status, body = _post(server, "/v1/embeddings", {"input": [[1] * 5000]})
         assert status == 400
         per_replica = [s.request_success_total.get("stop", 0) for s in engine.engine.replica_stats()]
-        assert sum(per_replica) == len(texts) and min(per_replica) > 0, per_replica
+        assert sum(per_replica) == len(texts) + 5 and min(per_replica) > 0, per_replica
         status, _, data = request(server.port, "GET", "/metrics", headers=AUTH)
         assert status == 200 and "lite_llm:prompt_tokens_total" in data.decode()
     assert all(not r.process.is_alive() for r in engine.engine.replicas)     # shut down with the server
