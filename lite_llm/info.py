@@ -313,8 +313,8 @@ def collect(model: str | None = None, bandwidth: bool = True, tensor_parallel_si
 def _memory_plan(path: str) -> dict[str, Any]:
     """What `serve` of path at its defaults would hold (engine/memory.py), or why it cannot say."""
     try:
-        from lite_llm import pooling
-        plan = plan_memory(path, pooling=pooling.runner_for_model(path) == "pooling")
+        from lite_llm.model.pooler import runner_for_model
+        plan = plan_memory(path, pooling=runner_for_model(path) == "pooling")
     except (ValueError, OSError, ImportError) as e:
         return {"error": str(e)}
     return {**plan.as_dict(), "note": plan.note}

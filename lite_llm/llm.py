@@ -9,13 +9,15 @@ import sys
 import uuid
 from typing import Any
 
-from lite_llm import multimodal, pooling
+from lite_llm import multimodal
 from lite_llm.engine import beam_search
 from lite_llm.engine.beam_search import BeamSearchOutput
 from lite_llm.sampling_params import BeamSearchParams
 from lite_llm.engine.args import EngineArgs
+from lite_llm.engine import pooling
 from lite_llm.engine.assemble import (Assembled, KVPlan, build_async_engine, build_engine, default_max_num_seqs,
                                       plan_kv_cache, plan_ranks)
+from lite_llm.model.pooler import runner_for_model
 from lite_llm.outputs import RequestOutput, fold
 from lite_llm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -78,14 +80,17 @@ class LLM:
         if runner in ("auto", "transcription") and self._init_whisper(model, dtype):
             return
         # runner="pooling": embeddings, classification, scores
-        self.runner_type = pooling.runner_for_model(model, runner, hf_overrides)
+        self.runner_type = runner_for_model(model, runner, hf_overrides)
         if self.runner_type == "pooling":
-            self._engine = None
-            pooling.check_parallel(tensor_parallel_size, model)
-            self._pooling, self._loaded, self.info = pooling.build_pooling_engine(
-                model, dtype=dtype, max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
-                max_num_seqs=max_num_seqs, quantization=quantization, pooler_config=pooler_config,
-                hf_overrides=hf_overrides)
+            self.engine_args = EngineArgs(
+                model, dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens, seed=seed, quantization=quantization,
+                tensor_parallel_size=tensor_parallel_size, runner="pooling", pooler_config=pooler_config,
+                hf_overrides=hf_overrides, deterministic=deterministic)
+            built = build_engine(self.engine_args)
+            self._engine, self._loaded, self.info = built.engine, built.loaded, built.info
+            self._pooling = pooling.PoolingClient(built.engine, built.tokenizer, built.pooling,
+                                                  model or os.path.basename(built.loaded.source))
             self.tokenizer, self.config = self._loaded.tokenizer, self._loaded.config
             return
         self.engine_args = EngineArgs(
@@ -110,7 +115,7 @@ class LLM:
 
     @property
     def llm_engine(self):
-        """The LLMEngine behind this LLM (vLLM's name), None for a pooling model."""
+        """The LLMEngine behind this LLM (vLLM's name)."""
         return self._engine.engine if self._engine is not None else None
 
     def get_default_sampling_params(self) -> SamplingParams:
@@ -252,7 +257,8 @@ class LLM:
         return True
 
     def _need(self, runner: str):
-        """The pooling engine (runner "pooling"), or a ValueError naming this model's runner."""
+        """The pooling calls of this model's engine (runner "pooling"), or a ValueError naming
+        this model's runner."""
         if self.runner_type != runner:
             what = "generate text" if runner == "generate" else "embed, classify or score"
             raise ValueError(f"this model runs the {self.runner_type!r} runner: it cannot {what} "
@@ -261,9 +267,6 @@ class LLM:
 
     def shutdown(self) -> None:
         if self._whisper is not None:
-            return
-        if self._pooling is not None:
-            self._pooling.shutdown()
             return
         self._engine.shutdown(0.0)
 

@@ -4,11 +4,16 @@ The engine produces DELTAS only (one output mode for the server and the offline 
 RequestOutput holds, per completion index, only the token ids, text and logprobs produced
 since the previous one for that index; `finished` is True on the last. fold() turns a
 request's deltas into the whole (cumulative) output LLM.generate returns.
+
+A pooling request's one output is a PoolingRequestOutput (vLLM's names below): its pooled
+row as the engine made it (PoolingOutput); LLM.embed / classify / score hand back the same
+type holding an EmbeddingOutput, ClassificationOutput or ScoringOutput.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -88,3 +93,42 @@ def fold(deltas: Iterable[RequestOutput]) -> RequestOutput:
         acc.text = "".join(texts[index])
     final.outputs = [by_index[i] for i in sorted(by_index)]
     return final
+
+
+# ---- pooling (vLLM's names) ---------------------------------------------------------------
+
+
+@dataclass
+class PoolingOutput:
+    data: Any                        # [E] float32 numpy array: the pooled row, before any head
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class ClassificationOutput:
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ScoringOutput:
+    score: float
+
+
+@dataclass
+class PoolingRequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: Any                     # PoolingOutput from the engine; Embedding/Classification/ScoringOutput
+    finished: bool = True

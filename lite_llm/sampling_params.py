@@ -215,6 +215,17 @@ class SamplingParams:
         return dataclasses.replace(self.clone(), **changes)
 
 
+@dataclass(frozen=True)
+class PoolingParams:
+    """A pooling request (vLLM's name): its prompt runs whole in one engine step and its result
+    is the pooled row (outputs.PoolingOutput), not tokens. token_type_ids: the segment of each
+    prompt token (a cross-encoder's pair: 0 for the first text, 1 for the second), None: all 0."""
+    token_type_ids: tuple[int, ...] | None = None
+
+    def clone(self) -> PoolingParams:
+        return self         # frozen: nothing a caller can change later
+
+
 def nested_deeper_than(value, limit: int) -> bool:
     """Whether a JSON-like value nests dicts and lists more than limit levels deep ({} is one
     level), found without recursion: client data is never walked recursively before this."""

@@ -10,8 +10,7 @@ Layers, lowest first (a module may import its own layer and those below):
     model    model/ (checkpoint readers, family recipes, packing, tokenizer),
              multimodal/ (image encoders and preprocessing: a model's other half),
              lora (adapter files -> weights)
-    engine   engine/ (scheduler, runner, step loop, tensor and data parallel),
-             pooling, pooling_dp (the pooling engine and its replicas)
+    engine   engine/ (scheduler, runner, step loop, tensor and data parallel, pooling)
     server   server/ (HTTP)
     top      programs and the public front: llm (LLM, the engine's assembly), interactive,
              cli, __main__, info, bench/, serve_ray, the package itself (lazy re-exports)
@@ -38,7 +37,7 @@ _LAYER_OF = [   # (module name prefix, layer): the longest matching prefix decid
     ("lite_llm.outputs", "base"),
     ("lite_llm._kernels", "kernels"),
     ("lite_llm.model", "model"), ("lite_llm.multimodal", "model"), ("lite_llm.lora", "model"),
-    ("lite_llm.engine", "engine"), ("lite_llm.pooling", "engine"), ("lite_llm.pooling_dp", "engine"),
+    ("lite_llm.engine", "engine"),
     ("lite_llm.server", "server"),
     ("lite_llm.llm", "top"), ("lite_llm.interactive", "top"), ("lite_llm.cli", "top"),
     ("lite_llm.__main__", "top"), ("lite_llm.info", "top"), ("lite_llm.bench", "top"),

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from lite_llm.config import KV_CACHE_DTYPES, SpeculativeConfig, check_quantization
+from lite_llm.model.pooler import check_parallel
 
 def check_kv_cache_dtype(name: str | None) -> str:
     """A key of KV_CACHE_DTYPES (None: "auto"), else a ValueError listing them."""
@@ -47,6 +48,9 @@ class EngineArgs:
     lora_modules: tuple[tuple[str, str], ...] = ()   # (name, path) adapters loaded at start
     mmproj: str | None = None                # llama.cpp's image encoder file beside a GGUF model
     deterministic: bool = False              # batch-invariant kernels: the same bits in any batch (config.KernelConfig)
+    runner: str = "generate"                 # "pooling": embeddings, classification, scores (model/pooler.py)
+    pooler_config: dict | str | None = None  # a pooling model's --pooler-config (vLLM's keys)
+    hf_overrides: dict | str | None = None   # --hf-overrides (a reranker's classifier_from_token)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__      # frozen: the checked, normalised values replace the given ones
@@ -58,6 +62,11 @@ class EngineArgs:
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size}: must be >= 1")
         if self.lora_modules and not self.enable_lora:
             raise ValueError("--lora-modules needs --enable-lora")
+        if self.runner not in ("generate", "pooling"):
+            raise ValueError(f"runner {self.runner!r}: expected 'generate' or 'pooling' (resolve 'auto' first: "
+                             "model.pooler.runner_for_model)")
+        if self.runner == "pooling":
+            check_parallel(self.tensor_parallel_size, self.model)
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -81,6 +90,7 @@ class EngineArgs:
             disable_sliding_window=args.disable_sliding_window, quantization=args.quantization,
             kv_cache_dtype=args.kv_cache_dtype, speculative_config=args.speculative_config,
             tensor_parallel_size=args.tensor_parallel_size, mmproj=getattr(args, "mmproj", None),
+            pooler_config=getattr(args, "pooler_config", None), hf_overrides=getattr(args, "hf_overrides", None),
             deterministic=getattr(args, "deterministic", None))
         values = {k: v for k, v in values.items() if v is not None}
         return cls(serving=True, **values, **extra)

@@ -2,7 +2,9 @@
 -> runner (built on the engine thread, after it binds the OpenMP pool) -> LLMEngine ->
 AsyncEngine. LLM (llm.py), the server, data-parallel replicas (data_parallel.py) and Ray Serve
 replicas (serve_ray.py) all build their engines here; tensor-parallel workers are started from
-here (tp.start_group) and build their shard's runner in their own process (tp.py).
+here (tp.start_group) and build their shard's runner in their own process (tp.py). A pooling
+model (args.runner "pooling") is the same LLMEngine and AsyncEngine over a PoolingModelRunner
+(engine/pooling.py), its KV cache one step's; Assembled.pooling then holds its PoolingSpec.
 """
 from __future__ import annotations
 
@@ -21,8 +23,10 @@ from lite_llm.engine.args import EngineArgs
 from lite_llm.engine.async_engine import AsyncEngine, EngineDeadError
 from lite_llm.engine.engine import EngineConfig, LLMEngine
 from lite_llm.engine.live import attach_engine_threads
+from lite_llm.engine.pooling import POOLING_BLOCK_SIZE, PoolingClient, pooling_limits, pooling_num_blocks
 from lite_llm.engine.spec_decode import make_proposer
 from lite_llm.model.loader import load_model
+from lite_llm.model.pooler import pooling_spec
 
 # The kernels (lite_llm._kernels, and engine/runner.py, which imports them) are imported in the
 # functions below, not here: loading them loads libgomp, which reads its environment once, as it
@@ -180,6 +184,7 @@ class Assembled:
     # the engine's description as the server's /version, dashboard and the benchmarks read it
     # (JSON-able: a data-parallel replica sends it over its pipe)
     info: dict[str, Any]
+    pooling: Any = None          # a pooling model's model.pooler.PoolingSpec; None for a generating one
 
     @property
     def tokenizer(self):
@@ -205,7 +210,7 @@ def build_engine(args: EngineArgs) -> Assembled:
     for note in plan.notes:
         log.info("note: %s", note)
     max_num_seqs = args.max_num_seqs
-    if max_num_seqs is None:
+    if max_num_seqs is None and args.runner != "pooling":
         max_num_seqs, why = default_max_num_seqs(sum(r.num_threads for r in plan.ranks), serving)
         log.info("max_num_seqs %d (%s; --max-num-seqs to change)", max_num_seqs, why)
     block_size, spec = args.block_size, args.speculative_config
@@ -215,6 +220,8 @@ def build_engine(args: EngineArgs) -> Assembled:
     log.info("kernel variant %s (%s)", _kernels.VARIANT.name, "; ".join(_kernels.explain()))
     loaded = load_model(args.model, dtype=args.dtype, max_model_len=args.max_model_len,
                         skip_tokenizer_init=args.skip_tokenizer_init, progress=args.progress, mmproj=args.mmproj)
+    if args.runner == "pooling":
+        return _build_pooling_engine(args, loaded, plan, t0)
     cfg = loaded.config
     enable_prefix_caching = args.enable_prefix_caching
     if cfg.is_hybrid:
@@ -332,6 +339,54 @@ def build_engine(args: EngineArgs) -> Assembled:
     return Assembled(async_engine, loaded, args, kv, plan, info)
 
 
+def _build_pooling_engine(args: EngineArgs, loaded, plan: cpu.ThreadPlan, t0: float) -> Assembled:
+    """build_engine's rest for a pooling model: its PoolingSpec, one step's KV cache, the
+    PoolingModelRunner built on the engine thread, an LLMEngine of pooling requests (no prefix
+    caching: an encoder's KV of a prefix depends on the tokens after it)."""
+    from lite_llm import _kernels       # the kernels, now: see the top
+    from lite_llm.engine.pooling_runner import PoolingModelRunner
+    from lite_llm.engine.runner import kv_cache_format
+    loaded, spec = pooling_spec(loaded, args.pooler_config, args.hf_overrides, args.max_model_len)
+    cfg = loaded.config
+    max_tokens, max_seqs = pooling_limits(loaded.max_model_len, args.max_num_batched_tokens, args.max_num_seqs,
+                                          args.serving)
+    block_size = POOLING_BLOCK_SIZE
+    num_blocks = pooling_num_blocks(max_tokens, max_seqs, block_size)
+    engine_config = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens, block_size=block_size,
+                                 num_blocks=num_blocks, enable_prefix_caching=False,
+                                 max_model_len=loaded.max_model_len, seed=args.seed, vocab_size=cfg.vocab_size,
+                                 pooling=True)
+    engine = LLMEngine(None, loaded.tokenizer, engine_config)
+
+    def start_on_engine_thread():
+        report = cpu.apply_plan(plan)
+        for line in report.describe():
+            log.info("%s", line)
+        attach_engine_threads(async_engine.live, plan.num_threads, report.planned, measure_bandwidth=False)
+        engine.attach_runner(PoolingModelRunner(loaded, spec.pooler, max_num_batched_tokens=max_tokens,
+                                                max_num_seqs=max_seqs, num_threads=plan.num_threads,
+                                                quantization=args.quantization, block_size=block_size,
+                                                batch_invariant=args.deterministic))
+
+    async_engine = AsyncEngine(engine, on_engine_thread_start=start_on_engine_thread)
+    try:
+        async_engine.start()
+    except EngineDeadError as e:     # a broken checkpoint: raise what the loader said
+        raise (e.__cause__ or e) from None
+    runner = engine.runner
+    kv = KVPlan(num_blocks, block_size, runner.kv_cache_bytes // num_blocks, loaded.max_model_len,
+                kv_cache_format(loaded.dtype, "auto"), "one step of whole inputs")
+    info = {"model_path": loaded.source, "model_name": args.model or os.path.basename(loaded.source),
+            "max_model_len": loaded.max_model_len, "dtype": loaded.dtype, "architecture": cfg.architecture,
+            "kernel_variant": _kernels.VARIANT.name, "num_threads": plan.num_threads,
+            "thread_plan": plan.describe(), "runner": "pooling", "pooler": spec.pooler,
+            "weight_bytes": runner.weight_bytes, "weight_formats": runner.formats,
+            "kv_cache_tokens": kv.num_tokens, "kv_cache_blocks": num_blocks, "kv_cache_bytes": runner.kv_cache_bytes,
+            "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim, "num_labels": spec.num_labels,
+            "num_layers": cfg.num_layers, "startup_seconds": time.perf_counter() - t0}
+    return Assembled(async_engine, loaded, args, kv, plan, info, spec)
+
+
 def plan_ranks(tensor_parallel_size: int, serving: bool, topology: cpu.Topology | None = None) -> cpu.ThreadPlan:
     """The thread plan for `tensor_parallel_size` ranks on `topology` (None: this machine's):
     auto deals NUMA nodes (or slices of one) to them; an explicit bind spec must list exactly
@@ -355,10 +410,14 @@ def _exit_server(message: str) -> None:
 
 
 def build_async_engine(args: EngineArgs | str | None = None, **kwargs):
-    """For the server: (AsyncEngine, tokenizer, info). args: EngineArgs, or the model argument
-    and EngineArgs' fields as keywords (serving defaults: a 2048-token budget)."""
+    """For the server: (AsyncEngine, tokenizer, info); a pooling model's AsyncEngine with the
+    pooling calls over it (engine/pooling.py PoolingClient). args: EngineArgs, or the model
+    argument and EngineArgs' fields as keywords (serving defaults: a 2048-token budget)."""
     if not isinstance(args, EngineArgs):
         kwargs.setdefault("serving", True)
         args = EngineArgs(args if args is not None else kwargs.pop("model", None), **kwargs)
     built = build_engine(args)
+    if built.pooling is not None:
+        return PoolingClient(built.engine, built.tokenizer, built.pooling, built.info["model_name"]), \
+            built.tokenizer, built.info
     return built.engine, built.tokenizer, built.info

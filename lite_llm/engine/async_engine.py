@@ -182,6 +182,11 @@ class AsyncEngine:
             self._cond.notify()
         return stream
 
+    def submitting(self) -> ContextManager:
+        """Requests added inside this block reach the engine thread together (a pooling call's
+        inputs: they share its next step rather than the first one running alone)."""
+        return self._cond
+
     def abort(self, request_id: str) -> None:
         """Abort a request; its blocks are freed before the next step. Unknown ids are ignored."""
         with self._cond:

@@ -15,9 +15,14 @@ PREFIX_TTL_SECONDS and the map keeps at most PREFIX_MAP_SIZE of them.
 
 Wire: two one-way pipes per replica carry small pickled tuples: a request's token ids and
 SamplingParams once (and a multimodal prompt's preprocessed images: the front end expanded its
-placeholders, so it holds them already), then per engine step one message with that step's
+placeholders, so it holds them already; the requests added in one submitting() block, such as a
+pooling call's inputs, in one message), then per engine step one message with that step's
 deltas (token ids and text, without the prompt). Metrics are asked for at scrape time. Nothing
-per layer; no arrays but a request's images, once.
+per layer; no arrays but a request's images, once, and a pooling request's row.
+
+Pooling models: the replicas are pooling engines (EngineArgs.runner "pooling"); a pooling
+request's row comes back in one message, and its PoolingSpec (pooler, classifier head) is sent
+once at start-up, so the front end (engine/pooling.py PoolingClient) finishes scores itself.
 
 Failure: a replica process that exits unasked (killed, crashed) fails its open requests with
 EngineDeadError naming it, and the front end stops accepting (503; `serve` then exits). The
@@ -34,6 +39,7 @@ import signal
 import threading
 import time
 from collections import OrderedDict, deque
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Callable, Iterator
 
@@ -44,13 +50,13 @@ from lite_llm.engine.assemble import build_engine
 from lite_llm.engine.async_engine import (EngineDeadError, EngineShutdownError, QueueFullError,
                                           RequestStream)
 from lite_llm.engine.block_pool import hash_block_tokens
-from lite_llm.engine.engine import check_request
+from lite_llm.engine.engine import check_kind, check_pooling_request, check_request
 from lite_llm.engine.stats import EngineStats, merge_stats
 from lite_llm.engine.structured import Grammars
 from lite_llm.model.loader import load_model
 from lite_llm.multimodal import check_images_fit
-from lite_llm.outputs import RequestOutput
-from lite_llm.sampling_params import SamplingParams
+from lite_llm.outputs import PoolingOutput, PoolingRequestOutput, RequestOutput
+from lite_llm.sampling_params import PoolingParams, SamplingParams
 
 log = logging.getLogger("lite_llm.data_parallel")
 
@@ -191,7 +197,7 @@ def _error_wire(e: BaseException) -> tuple[str, str]:
 
 def replica_process_setup(index: int, environ: dict[str, str], affinity: list[int] | None, log_level: int,
                           replies: Any) -> Callable[[tuple], None]:
-    """The start of a replica process (generation here, pooling in pooling_dp.py): the front end's
+    """The start of a replica process: the front end's
     environment, SIGINT left to the front end, log lines tagged with the replica, its CPUs.
     Returns a sender of messages on `replies` that threads may share."""
     os.environ.update(environ)
@@ -209,7 +215,7 @@ def replica_process_setup(index: int, environ: dict[str, str], affinity: list[in
 
 def wait_ready(replicas: list) -> None:
     """Each replica's ("ready", info) into its .info; a RuntimeError naming the replica that
-    exited or failed while starting (generation replicas here, pooling ones in pooling_dp.py)."""
+    exited or failed while starting."""
     for rep in replicas:
         try:
             msg = rep.replies.recv()
@@ -223,7 +229,7 @@ def wait_ready(replicas: list) -> None:
 
 def build_or_report(send: Callable[[tuple], None], build: Callable[[], Any]):
     """In a replica process: build() (assemble.build_engine of the replica's EngineArgs here,
-    pooling.build_pooling_engine in pooling_dp.py), or None once ("failed", why) is sent."""
+    generating or pooling), or None once ("failed", why) is sent."""
     try:
         return build()
     except BaseException as e:  # noqa: BLE001 - the front end reports it
@@ -248,7 +254,7 @@ def spawn_replicas(main: Callable, name: str, binds: list[tuple[str, list[int] |
     builds its engine from; dtype and max_model_len: the model's, as the front end reads its
     config and tokenizer); make_replica(index, bind,
     affinity, process, requests writer, replies reader) is the front end's handle on each (generation
-    replicas here, pooling ones in pooling_dp.py). Then the model's config and tokenizer are read
+    replicas, generating or pooling). Then the model's config and tokenizer are read
     here (weights stay mapped) and every replica's ready message awaited; if one fails, all stop
     and the error is raised. Returns (replicas, the loaded model without weights)."""
     ctx = multiprocessing.get_context("spawn")     # a fresh interpreter: no OpenMP pool, no locks held
@@ -289,11 +295,12 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
     keep = ("model_path", "model_name", "max_model_len", "dtype", "architecture", "kernel_variant",
             "num_threads", "thread_plan", "kv_cache_tokens", "kv_cache_blocks", "kv_cache_bytes",
             "kv_cache_dtype", "max_concurrency", "generation_config", "vocab_size", "weight_bytes",
-            "bytes_per_token", "num_layers", "startup_seconds", "tensor_parallel_size", "mmproj")
+            "bytes_per_token", "num_layers", "startup_seconds", "tensor_parallel_size", "mmproj", "runner",
+            "hidden_size", "num_labels")
     send(("ready", {**{k: info[k] for k in keep if k in info}, "pid": os.getpid(),
                     "block_size": config.block_size, "max_num_seqs": config.max_num_seqs,
                     "max_num_batched_tokens": config.max_num_batched_tokens,
-                    "eos_token_ids": tuple(config.eos_token_ids)}))
+                    "eos_token_ids": tuple(config.eos_token_ids), "pooling": built.pooling}))
 
     outbox: deque = deque()
     wake = threading.Condition()
@@ -317,6 +324,7 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
             if not items and closing.is_set():
                 return
             batch = [(rid, _error_wire(item)) if isinstance(item, BaseException) else
+                     (rid, ("pooled", item.outputs.data)) if isinstance(item, PoolingRequestOutput) else
                      (rid, (item.outputs, item.finished, item.metrics, item.num_cached_tokens,
                             item.prompt_logprobs)) for rid, item in items]
             try:
@@ -335,13 +343,15 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
             except (EOFError, OSError):         # the front end is gone: stop at once
                 break
             kind = msg[0]
-            if kind == "add":
-                _, rid, token_ids, params, prompt, priority, mm, owner = msg
-                try:
-                    engine.add_request(rid, token_ids, params, prompt, priority=priority, sink=sink_for(rid), mm=mm,
-                                       owner=owner)
-                except (ValueError, RuntimeError) as e:
-                    sink_for(rid)(e)
+            if kind in ("add", "adds"):
+                with engine.submitting():       # a batch's requests reach the engine thread together
+                    for _, rid, token_ids, params, prompt, priority, mm, owner in \
+                            ([msg] if kind == "add" else msg[1]):
+                        try:
+                            engine.add_request(rid, token_ids, params, prompt, priority=priority, sink=sink_for(rid),
+                                               mm=mm, owner=owner)
+                        except (ValueError, RuntimeError) as e:
+                            sink_for(rid)(e)
                 if not engine.is_alive:     # its thread failed (logged there): the front end must know
                     send(("failed", "its engine thread failed; see the replica's log"))
                     failed = True
@@ -396,8 +406,11 @@ class DataParallelEngine:
 
     def __init__(self, replicas: list[_Replica], tokenizer: Any, *, max_model_len: int,
                  max_num_seqs: int, block_size: int, vocab_size: int, eos_token_ids: tuple[int, ...],
-                 max_queue: int | None = None, max_num_batched_tokens: int | None = None):
+                 max_queue: int | None = None, max_num_batched_tokens: int | None = None, pooling=None):
+        """pooling: a pooling model's PoolingSpec (its replicas pool), None when they generate."""
         self.replicas = replicas
+        self.pooling = pooling
+        self.vocab_size = vocab_size
         self.max_model_len, self.max_num_seqs, self.max_queue = max_model_len, max_num_seqs, max_queue
         self.max_num_batched_tokens = max_num_batched_tokens
         self.router = PrefixRouter(len(replicas), block_size)
@@ -405,6 +418,7 @@ class DataParallelEngine:
         self._lock = threading.Condition()
         self._owner: dict[str, _Replica] = {}
         self._accepting = True
+        self._batch = threading.local()     # submitting(): the adds a thread holds back
         self.failure: str | None = None     # why the engine stopped serving, when a replica died
         for rep in replicas:
             rep.reader = threading.Thread(target=self._read, args=(rep,), name=f"lite-llm-dp-{rep.index}",
@@ -415,6 +429,10 @@ class DataParallelEngine:
 
     def validate_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams, mm=None) -> None:
         """The engine's own checks (LLMEngine.validate_request), before a replica is chosen."""
+        if isinstance(sampling_params, PoolingParams) or self.pooling is not None:
+            check_kind(sampling_params, self.pooling is not None)
+            check_pooling_request(prompt_token_ids, sampling_params, self.max_model_len, self.vocab_size)
+            return
         check_request(prompt_token_ids, sampling_params, self.max_model_len, self.max_num_seqs, self.grammars)
         if mm is not None and self.max_num_batched_tokens:
             check_images_fit(mm, self.max_num_batched_tokens)
@@ -427,7 +445,8 @@ class DataParallelEngine:
         owner: whom the replica's scheduler shares slots between (LLMEngine.add_request)."""
         self.validate_request(prompt_token_ids, sampling_params, mm)
         token_ids = list(prompt_token_ids)
-        hashes = self.router.block_hashes(token_ids, mm)
+        # a pooling model's replicas keep no prefix cache: load alone decides
+        hashes = self.router.block_hashes(token_ids, mm) if self.pooling is None else []
         with self._lock:
             if self.failure is not None:
                 raise EngineDeadError(self.failure)
@@ -445,12 +464,41 @@ class DataParallelEngine:
             stream = RequestStream(request_id, self, timeout)
             rep.inflight[request_id] = (stream, prompt, token_ids)
             self._owner[request_id] = rep
+        msg = ("add", request_id, token_ids, sampling_params, prompt, priority, mm, owner)
+        batch = getattr(self._batch, "adds", None)
+        if batch is not None:                   # inside submitting(): sent when it ends
+            batch.append((rep, msg))
+            return stream
         try:
-            rep.send(("add", request_id, token_ids, sampling_params, prompt, priority, mm, owner))
+            rep.send(msg)
         except (OSError, ValueError) as e:      # its pipe is closed: the reader reports the death
             self._finish(rep, request_id)
             raise EngineDeadError(f"{rep.describe()} is not running") from e
         return stream
+
+    @contextmanager
+    def submitting(self):
+        """As AsyncEngine.submitting: the requests this thread adds inside the block go to their
+        replicas when it ends, one message per replica, which adds them to its engine together."""
+        if getattr(self._batch, "adds", None) is not None:      # nested: the outer block sends
+            yield
+            return
+        self._batch.adds = []
+        try:
+            yield
+        finally:
+            adds, self._batch.adds = self._batch.adds, None
+            for rep in {id(r): r for r, _ in adds}.values():
+                msgs = [m for r, m in adds if r is rep]
+                try:
+                    rep.send(("adds", msgs))
+                except (OSError, ValueError):   # its pipe is closed: these requests fail now
+                    for m in msgs:
+                        with self._lock:
+                            entry = rep.inflight.get(m[1])
+                        self._finish(rep, m[1])
+                        if entry is not None:
+                            entry[0].put(EngineDeadError(f"{rep.describe()} is not running"))
 
     def abort(self, request_id: str) -> None:
         with self._lock:
@@ -534,6 +582,10 @@ class DataParallelEngine:
         if entry is None:
             return
         stream, prompt, token_ids = entry
+        if item[0] == "pooled":                 # a pooling request's row
+            stream.put(PoolingRequestOutput(rid, token_ids, PoolingOutput(item[1])))
+            self._finish(rep, rid)
+            return
         if len(item) == 2:                      # (kind, message): the request failed there
             stream.put(_ERRORS[item[0]](item[1]))
             self._finish(rep, rid)
@@ -607,7 +659,10 @@ def build_data_parallel_engine(args: EngineArgs, data_parallel_size: int) -> tup
     engine = DataParallelEngine(replicas, loaded.tokenizer, max_model_len=first["max_model_len"],
                                 max_num_seqs=first["max_num_seqs"], block_size=first["block_size"],
                                 vocab_size=first["vocab_size"], eos_token_ids=first["eos_token_ids"],
-                                max_queue=args.max_queue, max_num_batched_tokens=first.get("max_num_batched_tokens"))
+                                max_queue=args.max_queue if args.runner != "pooling" else None,
+                                max_num_batched_tokens=first.get("max_num_batched_tokens"), pooling=first.get("pooling"))
+    if engine.pooling is not None:
+        first = {**{k: v for k, v in first.items() if k != "pooling"}, "pooler": engine.pooling.pooler}
     info = {**first, "data_parallel_size": data_parallel_size,
             "num_threads": sum(r.info["num_threads"] for r in replicas),
             "kv_cache_tokens": sum(r.info["kv_cache_tokens"] for r in replicas),

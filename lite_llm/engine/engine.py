@@ -21,6 +21,11 @@ Runner protocol (Runner below; runner_output.py):
     runner.decode_binding(num_seqs) -> DecodeBinding | None
         asked only after a step whose RunnerOutput.plain is True: that step bound as calls a
         steady decode batch repeats (_step.DecodeLane), or None.
+
+Pooling requests (a pooling model's engine, EngineConfig.pooling; add_request with
+PoolingParams): a Request of the same Scheduler that takes its whole prompt in one step (never
+split), generates nothing, and finishes when that step ends, its blocks freed; the runner's
+RunnerOutput.pooled holds its row, which leaves as a PoolingRequestOutput.
 """
 from __future__ import annotations
 
@@ -40,11 +45,13 @@ from lite_llm.engine.scheduler import Scheduler, SchedulerOutput
 from lite_llm.engine.stats import EngineStats, FinishedRequestRecord, StatsCollector, StepRecord
 from lite_llm.engine.structured import Grammars, StructuredOutputs
 from lite_llm.multimodal import check_images_fit
-from lite_llm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from lite_llm.sampling_params import RequestOutputKind, SamplingParams
+from lite_llm.outputs import CompletionOutput, Logprob, PoolingOutput, PoolingRequestOutput, RequestMetrics, RequestOutput
+from lite_llm.sampling_params import PoolingParams, RequestOutputKind, SamplingParams
 
 _MAX_SEED = 2**63 - 1
 _NO_OUTPUT = RunnerOutput([])    # a step without chunks runs nothing (never changed)
+# what a pooling request's Request carries as its sampling parameters: it samples nothing
+_POOLING_SAMPLING = SamplingParams(max_tokens=1, detokenize=False)
 
 
 class Runner(Protocol):
@@ -67,6 +74,7 @@ class EngineConfig:
     vocab_size: int | None = None            # the model's (logits width); None: the tokenizer's
     overlap_grammar_masks: bool = True       # structured outputs' masks computed during forward()
     num_lookahead_tokens: int = 0            # KV slots a draft model writes past each sampling chunk
+    pooling: bool = False                    # a pooling model's engine: every request pools, none generates
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks",
@@ -186,6 +194,30 @@ def check_request(prompt_token_ids: list[int], sampling_params: SamplingParams, 
         grammars.template(sampling_params.structured_outputs)
 
 
+def check_kind(params, pooling: bool) -> None:
+    """ValueError unless params fit the engine: PoolingParams for a pooling model's, else
+    SamplingParams."""
+    if pooling and not isinstance(params, PoolingParams):
+        raise ValueError("this model runs the 'pooling' runner: it embeds, classifies and scores; it cannot generate")
+    if not pooling and isinstance(params, PoolingParams):
+        raise ValueError("this model runs the 'generate' runner: it cannot embed, classify or score")
+
+
+def check_pooling_request(prompt_token_ids: list[int], params: PoolingParams, max_model_len: int,
+                          vocab_size: int | None) -> None:
+    """ValueError if a pooling request can never run (an LLMEngine's, or the data-parallel front
+    end's check before it picks a replica)."""
+    n = len(prompt_token_ids)
+    if not 0 < n <= max_model_len:
+        raise ValueError(f"an input of {n} tokens: the model takes 1 to {max_model_len}")
+    if vocab_size and (min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab_size):
+        bad = next(t for t in prompt_token_ids if not 0 <= t < vocab_size)
+        raise ValueError(f"the prompt holds token id {bad}, outside the model's vocabulary [0, {vocab_size})")
+    types = params.token_type_ids
+    if types is not None and len(types) != n:
+        raise ValueError(f"token_type_ids has {len(types)} entries for {n} prompt tokens")
+
+
 class LLMEngine:
     # a step without drafts or grammars runs update_from_output + _process_plain as one compiled
     # call (_step.plain_step), and every step's outputs come from _step.make_outputs; False runs
@@ -234,6 +266,10 @@ class LLMEngine:
 
     def validate_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams, mm=None) -> None:
         """Raise ValueError if the request can never run; reads only config (thread-safe)."""
+        if isinstance(sampling_params, PoolingParams) or self.config.pooling:
+            check_kind(sampling_params, self.config.pooling)
+            check_pooling_request(prompt_token_ids, sampling_params, self.max_model_len, self.config.vocab_size)
+            return
         check_request(prompt_token_ids, sampling_params, self.max_model_len, self.config.max_num_seqs,
                       self.grammars)
         vocab = self.config.vocab_size     # the embedding table's rows: an id past them reads past it
@@ -256,6 +292,9 @@ class LLMEngine:
         if request_id in self._groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.validate_request(prompt_token_ids, sampling_params, mm)
+        if isinstance(sampling_params, PoolingParams):
+            self._add_pooling(request_id, prompt_token_ids, sampling_params, prompt, arrival_time, priority, owner)
+            return
         params = sampling_params.clone()     # later edits by the caller must not reach us
         n = params.n
         child_ids = [request_id] if n == 1 else [f"{i}_{request_id}" for i in range(n)]
@@ -281,6 +320,18 @@ class LLMEngine:
                                           self.tokenizer)
         for child in children:
             self.scheduler.add_request(child)
+
+    def _add_pooling(self, request_id: str, prompt_token_ids: list[int], params: PoolingParams,
+                     prompt: str | None, arrival_time: float | None, priority: int, owner: str | None) -> None:
+        """A pooling request: one Request that computes its prompt and nothing more."""
+        if request_id in self.scheduler.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        request = Request(request_id, prompt_token_ids, _POOLING_SAMPLING, 0, prompt=prompt,
+                          arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+                          priority=priority, max_tokens=0, owner=owner)
+        request.pooling = params
+        self._groups[request_id] = _Group(request_id, prompt, request.prompt_token_ids, [request], None)
+        self.scheduler.add_request(request)
 
     def abort_request(self, request_ids: str | Iterable[str]) -> list[RequestOutput]:
         """Finish requests with "abort" now (blocks freed at once); returns their last delta
@@ -322,6 +373,8 @@ class LLMEngine:
         if sched_out.chunks:
             masks = self.structured.start_step(sched_out)
             ran = self.runner.execute(sched_out, masks) if masks is not None else self.runner.execute(sched_out)
+            if ran.pooled is not None:
+                return self._finish_pooled(sched_out, ran, start, touched)
             for entry in ran.prompt_logprobs:
                 self._add_prompt_logprobs(entry)
         results = ran.sampled
@@ -382,6 +435,26 @@ class LLMEngine:
             self._stats.record_step(StepRecord(
                 sched_out.num_seqs, sched_out.num_tokens,
                 time.perf_counter() - start - ran.kernel_seconds, ran.kernel_seconds, ran.bytes_read))
+        return outputs
+
+    def _finish_pooled(self, sched_out: SchedulerOutput, ran: RunnerOutput, start: float,
+                       touched: dict[str, _Group]) -> list:
+        """A pooling step's end: every request of it finished (its blocks freed) with its row."""
+        now = time.monotonic()
+        outputs: list = [self.make_output(group) for group in touched.values()]   # refused in schedule()
+        for group in touched.values():
+            self._groups.pop(group.request_id, None)
+        rows = {c.request.request_id: row for c, row in zip(sched_out.chunks, ran.pooled)}
+        for request in self.scheduler.finish_requests(list(rows), RequestStatus.FINISHED_STOPPED):
+            row = rows[request.request_id]
+            request.metrics.first_token_time = request.metrics.last_token_time = now
+            self._stats.prompt_tokens_total += request.num_prompt_tokens
+            self._record_finished(request)
+            del self._groups[request.request_id]
+            outputs.append(PoolingRequestOutput(request.request_id, request.prompt_token_ids, PoolingOutput(row)))
+        self._stats.record_step(StepRecord(
+            sched_out.num_seqs, sched_out.num_tokens, time.perf_counter() - start - ran.kernel_seconds,
+            ran.kernel_seconds, ran.bytes_read))
         return outputs
 
     def _process_plain(self, sampled: list, now: float, touched: dict) -> None:

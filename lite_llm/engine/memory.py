@@ -136,21 +136,24 @@ def plan_memory(path: str, *, dtype: str = "auto", quantization: str | None = No
     """What loading `path` with these engine settings will take. The KV cache is the one
     assemble.plan_kv_cache would size (its pages are reserved whole, resident as they fill);
     activations: the step's buffers at max_num_batched_tokens tokens and the logits of
-    max_num_seqs rows, in float32. A pooling model's KV cache holds one step (pooling.PoolingRunner:
-    blocks of 16 for every token of the step, plus one partial block per sequence)."""
+    max_num_seqs rows, in float32. A pooling model's KV cache holds one step (engine/pooling.py
+    pooling_limits and pooling_num_blocks: blocks of 16 for every token of the step, plus one
+    partial block per sequence)."""
     from lite_llm.engine.assemble import default_max_num_seqs, plan_kv_cache, plan_ranks
+    from lite_llm.engine.pooling import POOLING_BLOCK_SIZE, pooling_limits, pooling_num_blocks
     from lite_llm.engine.runner import kv_bytes_per_block
     from lite_llm.model.loader import resolve_dtype
     config = model_config(path)
     weights = weight_bytes(path, dtype, quantization)
     length = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
     tokens = max_num_batched_tokens or 2048
-    if max_num_seqs is None:
-        max_num_seqs = 256 if pooling else default_max_num_seqs(plan_ranks(1, True).num_threads, True)[0]
     if pooling:
-        step = max(tokens, length)
-        kv = (step // 16 + max_num_seqs + 1) * kv_bytes_per_block(config, 16, resolve_dtype(dtype))
+        step, max_num_seqs = pooling_limits(length, tokens, max_num_seqs, True)
+        kv = pooling_num_blocks(step, max_num_seqs, POOLING_BLOCK_SIZE) \
+            * kv_bytes_per_block(config, POOLING_BLOCK_SIZE, resolve_dtype(dtype))
     else:
+        if max_num_seqs is None:
+            max_num_seqs = default_max_num_seqs(plan_ranks(1, True).num_threads, True)[0]
         plan = plan_kv_cache(config, resolve_dtype(dtype), block_size, length, kv_cache_space, weights,
                              max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype)
         kv = plan.num_blocks * plan.bytes_per_block + plan.state_bytes

@@ -108,9 +108,10 @@ class Request:
         self.lora_slot = -1
         self.lora_salt: bytes | None = None
         self.mm = None      # the prompt's images (multimodal.MMPrompt), set by the engine
-        # a pooling model's input (lite_llm/pooling.py): its whole prompt in one step, never
-        # split across steps; no output token; its blocks freed when that step ends
-        self.pooling = False
+        # a pooling request's PoolingParams (engine.py), None for one that generates: its whole
+        # prompt in one step, never split across steps; no output token; its blocks freed when
+        # that step ends
+        self.pooling = None
         self.step_state = None   # what the compiled decode step keeps of it (_step.pyx), set there
 
     @property

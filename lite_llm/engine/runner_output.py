@@ -5,6 +5,7 @@ runner to repeat its step without the engine's Python (DecodeBinding).
                     out = runner.execute(sched_out[, masks])   -> RunnerOutput
                     scheduler / engine take out.sampled, out.spec_token_ids,
                     out.prompt_logprobs, out.kernel_seconds, out.bytes_read
+                    (a pooling model's step: out.pooled, each request finished with it)
 
 Every runner (the model runner, a tensor-parallel rank 0, the tests' fake runners) returns a
 RunnerOutput; nothing of a step is left on the runner for the engine to look up afterwards.
@@ -46,6 +47,9 @@ class RunnerOutput:
     kernel_seconds: float = 0.0  # forward + sampling time: the step's Python time is the rest
     bytes_read: int = 0          # weights once, plus the KV attention read (bandwidth figures)
     plain: bool = False          # a plain step (ModelRunner._execute_plain): decode_binding may repeat it
+    # a pooling model's step (engine/pooling.py): aligned with the chunks, each pooling request's
+    # pooled row [E] float32 (before any head or normalization); None when the step pools nothing
+    pooled: list | None = None
 
 
 @dataclass(slots=True, frozen=True)

@@ -38,7 +38,6 @@ from typing import Any
 
 from lite_llm.engine.memory import GiB, MemoryPlan, machine_memory
 from lite_llm.engine.stats import EngineStats
-from lite_llm.server.pooling import is_pooling
 from lite_llm.server.routing import Request, Response, RouteTable, ServerState
 from lite_llm.server.validation import ApiError, bad, parse_json, show
 
@@ -267,9 +266,9 @@ def rss_bytes() -> int:
 @dataclass
 class Loaded:
     """A started model, as the pool's build function returns it."""
-    engine: Any                      # AsyncEngine or PoolingEngine
+    engine: Any                      # AsyncEngine, DataParallelEngine or PoolingClient
     ctx: Any                         # its ServingContext (named by the model's name)
-    info: dict                       # build_engine's / build_pooling_engine's info
+    info: dict                       # build_engine's info
 
 
 class ModelEntry:
@@ -668,10 +667,7 @@ def _alive(engine: Any) -> bool:
 
 def _shutdown(engine: Any, grace: float) -> None:
     try:
-        if is_pooling(engine):                  # shutdown(timeout): its thread's join
-            engine.shutdown()
-        else:
-            engine.shutdown(grace)
+        engine.shutdown(grace)
     except Exception:
         logger.exception("engine shutdown failed")
 

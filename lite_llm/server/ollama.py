@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterator
 
 from lite_llm import __version__
-from lite_llm.pooling import PoolingInputError
+from lite_llm.model.pooler import PoolingInputError
 from lite_llm.server import generation, openai, pooling
 from lite_llm.server.context import PreparedRequest, ServingContext
 from lite_llm.server.routing import Request, Response, ServerState

@@ -1,10 +1,10 @@
-"""HTTP routes of pooling models (lite_llm/pooling.py): OpenAI's /v1/embeddings, vLLM's
+"""HTTP routes of pooling models (lite_llm/engine/pooling.py, lite_llm/model/pooler.py): OpenAI's /v1/embeddings, vLLM's
 /pooling, /score and /v1/score, and the Jina/Cohere rerank shape on /rerank, /v1/rerank and
 /v2/rerank: one handler each (routes.py lists them); auth, framing and errors are the transport's.
 
 Each body is checked whole before any work (a 400 in OpenAI's error shape names the field),
-then every input of the request goes to the pooling engine in one submission, so its
-sequences share steps with each other and with concurrent requests.
+then every input of the request goes to the engine in one submission (PoolingClient.pool), so
+its sequences share steps with each other and with concurrent requests.
 """
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from lite_llm import pooling
-from lite_llm.pooling_dp import PoolingReplicas
+from lite_llm.engine import pooling
+from lite_llm.engine.pooling import PoolingClient
+from lite_llm.model.pooler import PoolingInputError, check_dimensions, finish_embedding
 from lite_llm.server.routing import Request, Response, ServerState
 from lite_llm.server.validation import ApiError, bad
 
@@ -31,7 +32,7 @@ FIELDS = {
 
 
 def is_pooling(engine: Any) -> bool:
-    return isinstance(engine, (pooling.PoolingEngine, PoolingReplicas))
+    return isinstance(engine, PoolingClient)
 
 
 def refuse_generation(engine: Any) -> None:
@@ -79,7 +80,7 @@ def _answer(req: Request, state: ServerState, route: Any) -> Response:
     with state.inflight():
         try:
             answer, tokens = route(body, engine, state.ctx)
-        except pooling.PoolingInputError as e:
+        except PoolingInputError as e:
             raise bad(str(e)) from None
     return Response.json(answer, tokens=(tokens, 0))
 
@@ -140,11 +141,11 @@ def _format(body: dict) -> str:
 def embeddings_answer(body: dict, engine, ctx) -> tuple[dict, int]:
     """(an /v1/embeddings answer, its prompt tokens) of a request body: for any front end."""
     fmt = _format(body)
-    runner = engine.runner
+    spec = engine.spec
     dims = body.get("dimensions")
     try:
-        dims = pooling.check_dimensions(dims, runner.pooler, runner.config.dim, ctx.model_names[0])
-    except pooling.PoolingInputError as e:
+        dims = check_dimensions(dims, spec.pooler, spec.config.dim, ctx.model_names[0])
+    except PoolingInputError as e:
         raise bad(str(e), "dimensions") from None
     normalize = body.get("normalize")
     if normalize is not None and not isinstance(normalize, bool):
@@ -152,7 +153,7 @@ def embeddings_answer(body: dict, engine, ctx) -> tuple[dict, int]:
     items, tokens = _inputs(body.get("input"), "input", engine, ctx, _truncate(body))
     rows = engine.pool(items)
     data = [{"object": "embedding", "index": i,
-             "embedding": _encode(pooling.finish_embedding(r, runner.pooler, dims, normalize), fmt)}
+             "embedding": _encode(finish_embedding(r, spec.pooler, dims, normalize), fmt)}
             for i, r in enumerate(rows)]
     return {"id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
             "model": ctx.model_names[0], "data": data,

@@ -17,16 +17,17 @@ import threading
 import time
 from typing import Any
 
-from lite_llm import __version__, pooling
+from lite_llm import __version__
 from lite_llm.config import env
 from lite_llm.engine.args import EngineArgs
 from lite_llm.engine.data_parallel import build_data_parallel_engine
 from lite_llm.engine.assemble import build_async_engine
 from lite_llm.engine.memory import MemoryPlan, plan_memory
+from lite_llm.engine.pooling import PoolingClient
 from lite_llm.model import hub
 from lite_llm.model.loader import check_model
+from lite_llm.model.pooler import runner_for_model
 from lite_llm.multimodal import DEFAULT_PIXELS_PER_REQUEST, MediaConfig, Processor, media_config
-from lite_llm.pooling_dp import build_pooling_replicas
 from lite_llm.server import audio_routes, lora_routes, models
 from lite_llm.server.args import DEFAULT_MAX_TOKENS
 from lite_llm.server.context import ServingContext, TokenizeSlots, max_token_bytes, system_fingerprint
@@ -192,18 +193,16 @@ def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
     from lite_llm.multimodal.transcribe import is_whisper_model
     if getattr(args, "runner", "auto") in ("auto", "transcription") and model and is_whisper_model(model):
         return start_transcription_engine(model, args)
-    if pooling.runner_for_model(model, getattr(args, "runner", "auto"), hf_overrides) == "pooling":
+    if runner_for_model(model, getattr(args, "runner", "auto"), hf_overrides) == "pooling":
         try:
-            pooling.check_parallel(args.tensor_parallel_size, model)
-        except ValueError as e:
+            engine_args = EngineArgs.from_cli(args, runner="pooling")
+        except ValueError as e:             # tensor parallel, named with what to do instead
             raise SystemExit(str(e)) from None
-        pool_kwargs = dict(dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                           max_num_batched_tokens=args.max_num_batched_tokens, quantization=args.quantization,
-                           pooler_config=getattr(args, "pooler_config", None), hf_overrides=hf_overrides)
-        if args.data_parallel_size > 1:     # replicas, each a pooling engine (lite_llm/pooling_dp.py)
-            return build_pooling_replicas(model, args.data_parallel_size, **pool_kwargs)
-        engine, loaded, info = pooling.build_pooling_engine(model, serving=True, **pool_kwargs)
-        return engine, loaded.tokenizer, info
+        name = model or "model"
+        if args.data_parallel_size > 1:     # replicas, each a pooling engine
+            engine, tokenizer, info = build_data_parallel_engine(engine_args, args.data_parallel_size)
+            return PoolingClient(engine, tokenizer, engine.pooling, info.get("model_name") or name), tokenizer, info
+        return build_async_engine(engine_args)
     engine_args = EngineArgs.from_cli(args, **lora_kwargs)
     if args.data_parallel_size > 1:
         return build_data_parallel_engine(engine_args, args.data_parallel_size)
@@ -229,7 +228,7 @@ def start_models(args: argparse.Namespace) -> tuple[models.ModelPool, models.Loa
 
     def plan(spec: models.ModelSpec) -> MemoryPlan:
         ns = resolved(spec)
-        is_pooling = pooling.runner_for_model(ns.model, ns.runner, ns.hf_overrides) == "pooling"
+        is_pooling = runner_for_model(ns.model, ns.runner, ns.hf_overrides) == "pooling"
         try:
             return plan_memory(ns.model, dtype=ns.dtype, quantization=ns.quantization, max_model_len=ns.max_model_len,
                                kv_cache_space=ns.kv_cache_space, max_num_seqs=ns.max_num_seqs,

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "lite_llm" / "engine"
 ABOVE = ("lite_llm.llm", "lite_llm.info", "lite_llm.cli", "lite_llm.interactive", "lite_llm.server",
-         "lite_llm.bench", "lite_llm.serve_ray", "lite_llm.pooling", "lite_llm.pooling_dp")
+         "lite_llm.bench", "lite_llm.serve_ray")
 
 
 def imports_of(path: Path, top_only: bool = False) -> set[str]:

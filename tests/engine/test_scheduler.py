@@ -258,7 +258,7 @@ def test_admission_order(policy):
 
 
 def test_pooling_requests_are_never_split_across_steps():
-    """A pooling request (lite_llm/pooling.py) takes its whole prompt in one step or waits for
+    """A pooling request (engine.py, PoolingParams) takes its whole prompt in one step or waits for
     a step with room (FCFS: later ones wait behind it); a generation prompt in the same spot
     would be chunked. Finishing a step's requests frees every block."""
     sched = Scheduler(KVCacheManager(num_blocks=32, block_size=4, enable_prefix_caching=False), max_num_seqs=8,

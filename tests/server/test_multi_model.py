@@ -84,7 +84,7 @@ def _statuses(port: int) -> dict[str, str]:
 
 
 def _engine_threads() -> int:
-    return sum(t.name in ("lite-llm-engine", "lite_llm-pooling") and t.is_alive() for t in threading.enumerate())
+    return sum(t.name == "lite-llm-engine" and t.is_alive() for t in threading.enumerate())
 
 
 @pytest.fixture(scope="module")

@@ -265,11 +265,11 @@ def test_think_without_a_reasoning_parser_is_a_400(served):
 
 @pytest.fixture(scope="module")
 def embedder():
-    from lite_llm.pooling import build_pooling_engine
+    from lite_llm.engine.assemble import build_async_engine
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from conftest import tiny_checkpoint_path
-    engine, loaded, info = build_pooling_engine(str(tiny_checkpoint_path("bert")), dtype="float32", serving=True)
-    server = create_server(engine, loaded.tokenizer, "bert", info["max_model_len"], kernel_info=info,
+    engine, tokenizer, info = build_async_engine(str(tiny_checkpoint_path("bert")), dtype="float32", runner="pooling")
+    server = create_server(engine, tokenizer, "bert", info["max_model_len"], kernel_info=info,
                            vocab_size=info["vocab_size"], request_timeout=2.0)
     server.start()
     yield server

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lite_llm.pooling import build_pooling_engine
+from lite_llm.engine.assemble import build_async_engine
 from lite_llm.server.app import create_server
 
 from .conftest import error_of, request, start_server, stop_server
@@ -24,8 +24,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def _serve(arch: str):
-    engine, loaded, info = build_pooling_engine(str(tiny_checkpoint_path(arch)), dtype="float32", serving=True)
-    server = create_server(engine, loaded.tokenizer, arch, info["max_model_len"], api_key=KEY, kernel_info=info,
+    engine, tokenizer, info = build_async_engine(str(tiny_checkpoint_path(arch)), dtype="float32", runner="pooling")
+    server = create_server(engine, tokenizer, arch, info["max_model_len"], api_key=KEY, kernel_info=info,
                            vocab_size=info["vocab_size"], request_timeout=2.0)
     server.start()
     return server, engine
@@ -82,16 +82,16 @@ def test_openai_client_float_and_base64(embedder):
 
 
 def _item(engine, text):
-    from lite_llm.pooling import make_item
-    return make_item(engine.tokenizer.encode(text), None, vocab_size=engine.runner.config.vocab_size,
-                     max_model_len=engine.runner.max_model_len)
+    from lite_llm.engine.pooling import make_item
+    return make_item(engine.tokenizer.encode(text), None, vocab_size=engine.spec.config.vocab_size,
+                     max_model_len=engine.spec.max_model_len)
 
 
 def test_token_id_inputs_and_raw_base64(embedder):
     server, engine = embedder
     status, body = _post(server, "/v1/embeddings", {"input": [[5, 6, 7], [8, 9]], "encoding_format": "base64"})
     assert status == 200
-    from lite_llm.pooling import PoolItem
+    from lite_llm.engine.pooling import PoolItem
     rows = engine.pool([PoolItem(np.array([5, 6, 7], np.int32)), PoolItem(np.array([8, 9], np.int32))])
     for d, r in zip(body["data"], rows):
         v = np.frombuffer(base64.b64decode(d["embedding"]), "<f4")
@@ -300,12 +300,17 @@ def test_data_parallel_pooling_replicas(embedder):
             assert status == 200
             _, want = _post(single, "/v1/embeddings", {"input": text})
             np.testing.assert_allclose(body["data"][0]["embedding"], want["data"][0]["embedding"], atol=1e-5)
+        status, body = _post(server, "/v1/embeddings", {"input": texts[:5]})      # one request, several inputs
+        assert status == 200 and [d["index"] for d in body["data"]] == list(range(5))
+        _, want = _post(single, "/v1/embeddings", {"input": texts[:5]})
+        np.testing.assert_allclose([d["embedding"] for d in body["data"]], [d["embedding"] for d in want["data"]],
+                                   atol=1e-5)
         status, body = _post(server, "/v1/embeddings", {"input": []})
         assert status == 400 and body["error"]["param"] == "input"
         status, body = _post(server, "/v1/embeddings", {"input": [[1] * 5000]})
         assert status == 400
-        per_replica = [s.request_success_total.get("stop", 0) for s in engine._replica_stats()]
-        assert sum(per_replica) == len(texts) and min(per_replica) > 0, per_replica
+        per_replica = [s.request_success_total.get("stop", 0) for s in engine.engine.replica_stats()]
+        assert sum(per_replica) == len(texts) + 5 and min(per_replica) > 0, per_replica
         status, _, data = request(server.port, "GET", "/metrics", headers=AUTH)
         assert status == 200 and "lite_llm:prompt_tokens_total" in data.decode()
-    assert all(not r.process.is_alive() for r in engine.replicas)     # shut down with the server
+    assert all(not r.process.is_alive() for r in engine.engine.replicas)     # shut down with the server

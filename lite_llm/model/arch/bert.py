@@ -14,7 +14,7 @@ Canonical names beyond lite_llm/model/__init__.py's: type_embed [types, E] (fp32
 embed_norm.weight / .bias [E]; layers.{i}.attn_norm is the LayerNorm after the attention's
 residual add, layers.{i}.mlp_norm the one after the MLP's; no final norm, no LM head (the
 tied embedding stands in for one nobody calls). A classifier head (pooler dense + tanh, then
-classifier [num_labels, E]) is read by the pooling runner itself (lite_llm/pooling.py), not
+classifier [num_labels, E]) is read by the pooler itself (lite_llm/model/pooler.py), not
 the kernel model: head_tensors() below.
 """
 from __future__ import annotations
