@@ -35,31 +35,13 @@ import numpy as np
 from lite_llm.multimodal import audio
 from lite_llm.model.tokenizer import Tokenizer
 from lite_llm.multimodal.whisper import ARCHITECTURES, WhisperEncoder, WhisperError
-from lite_llm.multimodal.whisper_decoder import WhisperDecoder
+from lite_llm.multimodal.whisper_decoder import LANGUAGES, WhisperDecoder
+from lite_llm.multimodal.whisper_ggml import is_ggml_file
 
 TIME_PRECISION = 0.02          # seconds a timestamp token stands for
 FRAME_SECONDS = 0.01           # one feature frame (hop 160 at 16 kHz)
 INPUT_STRIDE = 2               # feature frames per encoder row (conv2's stride)
 
-# Whisper's languages: code -> name (the tokenizer's table); names and a few aliases are accepted too
-LANGUAGES = {
-    "en": "english", "zh": "chinese", "de": "german", "es": "spanish", "ru": "russian", "ko": "korean",
-    "fr": "french", "ja": "japanese", "pt": "portuguese", "tr": "turkish", "pl": "polish", "ca": "catalan",
-    "nl": "dutch", "ar": "arabic", "sv": "swedish", "it": "italian", "id": "indonesian", "hi": "hindi",
-    "fi": "finnish", "vi": "vietnamese", "he": "hebrew", "uk": "ukrainian", "el": "greek", "ms": "malay",
-    "cs": "czech", "ro": "romanian", "da": "danish", "hu": "hungarian", "ta": "tamil", "no": "norwegian",
-    "th": "thai", "ur": "urdu", "hr": "croatian", "bg": "bulgarian", "lt": "lithuanian", "la": "latin",
-    "mi": "maori", "ml": "malayalam", "cy": "welsh", "sk": "slovak", "te": "telugu", "fa": "persian",
-    "lv": "latvian", "bn": "bengali", "sr": "serbian", "az": "azerbaijani", "sl": "slovenian", "kn": "kannada",
-    "et": "estonian", "mk": "macedonian", "br": "breton", "eu": "basque", "is": "icelandic", "hy": "armenian",
-    "ne": "nepali", "mn": "mongolian", "bs": "bosnian", "kk": "kazakh", "sq": "albanian", "sw": "swahili",
-    "gl": "galician", "mr": "marathi", "pa": "punjabi", "si": "sinhala", "km": "khmer", "sn": "shona",
-    "yo": "yoruba", "so": "somali", "af": "afrikaans", "oc": "occitan", "ka": "georgian", "be": "belarusian",
-    "tg": "tajik", "sd": "sindhi", "gu": "gujarati", "am": "amharic", "yi": "yiddish", "lo": "lao",
-    "uz": "uzbek", "fo": "faroese", "ht": "haitian creole", "ps": "pashto", "tk": "turkmen", "nn": "nynorsk",
-    "mt": "maltese", "sa": "sanskrit", "lb": "luxembourgish", "my": "myanmar", "bo": "tibetan", "tl": "tagalog",
-    "mg": "malagasy", "as": "assamese", "tt": "tatar", "haw": "hawaiian", "ln": "lingala", "ha": "hausa",
-    "ba": "bashkir", "jw": "javanese", "su": "sundanese", "yue": "cantonese"}
 ALIASES = {"burmese": "my", "valencian": "ca", "flemish": "nl", "haitian": "ht", "letzeburgesch": "lb",
            "pushto": "ps", "panjabi": "pa", "moldavian": "ro", "moldovan": "ro", "sinhalese": "si",
            "castilian": "es", "mandarin": "zh"}
@@ -508,7 +490,6 @@ def whisper_dir(path: str) -> bool:
 def is_whisper_model(path: str) -> bool:
     """Whether path is a Whisper model: an HF directory (whisper_dir) or a whisper.cpp model file
     (its ggml magic; a damaged one still counts, so its loader names what is wrong)."""
-    from lite_llm.multimodal.whisper_ggml import is_ggml_file
     return whisper_dir(path) if os.path.isdir(path) else is_ggml_file(path)
 
 

@@ -25,6 +25,7 @@ from lite_llm.model.hf import SafetensorsCheckpoint
 from lite_llm.multimodal import audio
 from lite_llm.multimodal.llava import _act, _layernorm, pack_vit_blocks, vit_blocks_reference, vit_packer
 from lite_llm.multimodal.towers import float_tensors
+from lite_llm.multimodal.whisper_stored import pack_encoder
 
 try:
     from _blake2 import blake2b
@@ -161,7 +162,6 @@ class WhisperEncoder:
     def _pack(self, kernels, dtype: str, bf16_path: str | None):
         t, cfg = self.t, self.cfg
         if any(not isinstance(v, np.ndarray) for v in t.values()):     # a whisper.cpp file's stored matrices
-            from lite_llm.multimodal.whisper_ggml import pack_encoder
             return kernels.WhisperEncoderModel(pack_encoder(t, cfg), "float32", cfg.num_layers, cfg.num_heads, cfg.eps,
                                                cfg.act, bf16_path)
         packed, mat = vit_packer(dtype)

@@ -36,11 +36,32 @@ from lite_llm.model.weights import to_bf16
 from lite_llm.multimodal.llava import _act, _layernorm
 from lite_llm.multimodal.towers import float_tensors
 from lite_llm.multimodal.whisper import WhisperError, activation, open_checkpoint
+from lite_llm.multimodal.whisper_stored import pack_stored
 
 BLOCK = 16          # rows of a KV block (the attention kernel's tile)
 # below this many multiply-adds an op runs on one thread: a decode step of one token is ~50 small
 # ops, and a parallel region each costs more than the op when the cores are shared
 SERIAL_WORK = 1 << 21
+
+# Whisper's languages: code -> name (the tokenizer's table); names and a few aliases are accepted too
+LANGUAGES = {
+    "en": "english", "zh": "chinese", "de": "german", "es": "spanish", "ru": "russian", "ko": "korean",
+    "fr": "french", "ja": "japanese", "pt": "portuguese", "tr": "turkish", "pl": "polish", "ca": "catalan",
+    "nl": "dutch", "ar": "arabic", "sv": "swedish", "it": "italian", "id": "indonesian", "hi": "hindi",
+    "fi": "finnish", "vi": "vietnamese", "he": "hebrew", "uk": "ukrainian", "el": "greek", "ms": "malay",
+    "cs": "czech", "ro": "romanian", "da": "danish", "hu": "hungarian", "ta": "tamil", "no": "norwegian",
+    "th": "thai", "ur": "urdu", "hr": "croatian", "bg": "bulgarian", "lt": "lithuanian", "la": "latin",
+    "mi": "maori", "ml": "malayalam", "cy": "welsh", "sk": "slovak", "te": "telugu", "fa": "persian",
+    "lv": "latvian", "bn": "bengali", "sr": "serbian", "az": "azerbaijani", "sl": "slovenian", "kn": "kannada",
+    "et": "estonian", "mk": "macedonian", "br": "breton", "eu": "basque", "is": "icelandic", "hy": "armenian",
+    "ne": "nepali", "mn": "mongolian", "bs": "bosnian", "kk": "kazakh", "sq": "albanian", "sw": "swahili",
+    "gl": "galician", "mr": "marathi", "pa": "punjabi", "si": "sinhala", "km": "khmer", "sn": "shona",
+    "yo": "yoruba", "so": "somali", "af": "afrikaans", "oc": "occitan", "ka": "georgian", "be": "belarusian",
+    "tg": "tajik", "sd": "sindhi", "gu": "gujarati", "am": "amharic", "yi": "yiddish", "lo": "lao",
+    "uz": "uzbek", "fo": "faroese", "ht": "haitian creole", "ps": "pashto", "tk": "turkmen", "nn": "nynorsk",
+    "mt": "maltese", "sa": "sanskrit", "lb": "luxembourgish", "my": "myanmar", "bo": "tibetan", "tl": "tagalog",
+    "mg": "malagasy", "as": "assamese", "tt": "tatar", "haw": "hawaiian", "ln": "lingala", "ha": "hausa",
+    "ba": "bashkir", "jw": "javanese", "su": "sundanese", "yue": "cantonese"}
 
 
 @dataclass(frozen=True)
@@ -180,7 +201,6 @@ class WhisperDecoder:
 
         def mat(name, ws, b):
             if any(not isinstance(w, np.ndarray) for w in ws):
-                from lite_llm.multimodal.whisper_ggml import pack_stored
                 m = pack_stored(ws, b)
                 self.mats[name] = (m.data, m.shape[0], m.bias, m.parts[0].format)
                 return
