@@ -41,10 +41,11 @@ AARCH64 = (
     Variant("neon_dotprod", flags=("-march=armv8.2-a+dotprod",), needs=("asimd", "dotprod")),  # Graviton2, Ampere Altra
     Variant("neon", flags=("-march=armv8-a",), needs=("asimd",)),     # Cortex-A72 (Raspberry Pi 4, Graviton1)
     # the plain-C spec (vec_scalar.h), never chosen over neon: the reference the tests compare with
-    # no FMA contraction in the plain-C backend: gcc fuses a * b + c in some tile shapes and not
-    # in others, so a panel's bits would follow how the step's panels fell to threads (x86-64's
-    # baseline has no FMA to fuse into)
-    Variant("generic", flags=("-march=armv8-a", "-DLL_FORCE_SCALAR", "-ffp-contract=off"), needs=()),
+    # the plain-C reference, never chosen here (NEON is baseline): no -O3 regions (src/simd/hot.h),
+    # which cost gcc ~4x the compile time of the whole module in the plain-C backend; no FMA
+    # contraction, which gcc applied in some tile shapes and not others, so a panel's bits would
+    # follow how the step's panels fell to threads (x86-64's baseline has no FMA to fuse into)
+    Variant("generic", flags=("-march=armv8-a", "-DLL_FORCE_SCALAR", "-ffp-contract=off", "-DLL_HOT_OFF"), needs=()),
 )
 # s390x (src/simd/vec_vxe.h): z14 vector enhancements for single precision, else plain C.
 S390X = (
