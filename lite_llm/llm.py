@@ -256,6 +256,19 @@ class LLM:
         self.tokenizer, self.config, self.info = self._whisper.tokenizer, None, {"model": path}
         return True
 
+    @property
+    def pooling_client(self):
+        """A pooling model's client (engine/pooling.py PoolingClient: its spec and PoolerConfig,
+        pool() of token ids with token types), None for a model that generates."""
+        return self._pooling
+
+    def stats(self):
+        """The engine's latest statistics (engine/stats.py EngineStats: token and request counts,
+        preemptions, prefix-cache and speculative-decoding counters, the live window's rates)."""
+        if self._engine is None:
+            raise ValueError("this model runs no engine (a Whisper model's transcriptions run beside it)")
+        return self._engine.stats()
+
     def _need(self, runner: str):
         """The pooling calls of this model's engine (runner "pooling"), or a ValueError naming
         this model's runner."""

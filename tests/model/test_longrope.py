@@ -131,6 +131,6 @@ def test_speculative_decoding_across_the_switch_gives_the_same_tokens():
     with LLM(str(_path()), dtype="float32", block_size=16, kv_cache_space=0.01, speculative_config=spec) as llm:
         out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=14,
                                                                           ignore_eos=True))[0].outputs[0]
-        accepted = llm._engine.stats().spec_decode_num_accepted_tokens
+        accepted = llm.stats().spec_decode_num_accepted_tokens
     assert out.token_ids == want
     assert accepted > 0

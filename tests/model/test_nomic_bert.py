@@ -151,7 +151,7 @@ def test_hf_layout_nomic_bert_matches_the_numpy_spec(nomic):
     hf_tok = AutoTokenizer.from_pretrained(hf_dir)
     llm = LLM(str(hf_dir), dtype="float32")
     try:
-        assert llm.runner_type == "pooling" and llm._pooling.spec.pooler.pooling_type == "MEAN"
+        assert llm.runner_type == "pooling" and llm.pooling_client.spec.pooler.pooling_type == "MEAN"
         batched = [o for o in llm.embed(SENTENCES)]
         single = [llm.embed(s)[0] for s in SENTENCES]
     finally:
@@ -183,7 +183,7 @@ def test_nomic_bert_gguf_matches_llama_cpp(nomic):
     their_ids, their_vecs = _llama_cpp_embeddings(gguf_path)
     llm = LLM(str(gguf_path), dtype="float32")
     try:
-        assert llm.runner_type == "pooling" and llm._pooling.spec.pooler.pooling_type == "MEAN"
+        assert llm.runner_type == "pooling" and llm.pooling_client.spec.pooler.pooling_type == "MEAN"
         ours = llm.embed(SENTENCES)
     finally:
         llm.shutdown()

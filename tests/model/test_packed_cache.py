@@ -165,13 +165,13 @@ def test_off_or_a_full_disk_keeps_nothing(tiny_checkpoint, tmp_path, monkeypatch
     path = str(tiny_checkpoint("llama"))
     monkeypatch.setenv("LITE_LLM_PACKED_CACHE", "off")
     llm = LLM(path, dtype="float32", kv_cache_space=0.01)
-    assert llm._engine.engine.runner.packed.kept is None
+    assert llm.llm_engine.runner.packed.kept is None
     llm.shutdown()
     monkeypatch.setenv("LITE_LLM_PACKED_CACHE", str(tmp_path))
     monkeypatch.setattr(packed_cache.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(1, 1, 0))
     with caplog.at_level(logging.INFO, logger="lite_llm"):
         llm = LLM(path, dtype="float32", kv_cache_space=0.01)
-        llm._engine.engine.runner.packed.kept.join()
+        llm.llm_engine.runner.packed.kept.join()
     llm.shutdown()
     assert "packed weights not kept" in caplog.text and "GB free" in caplog.text
     assert not [n for n in os.listdir(tmp_path) if n.endswith((".bin", ".json"))]

@@ -53,7 +53,7 @@ def test_token_types_and_normalize(bert):
     llm = LLM(str(bert), dtype="float32", runner="pooling", pooler_config={"pooling_type": "MEAN", "normalize": True})
     try:
         ids, types = [0, 5, 6, 7, 2, 9, 10, 2], [0, 0, 0, 0, 0, 1, 1, 1]
-        row = llm._pooling.pool([PoolItem(np.array(ids, np.int32), np.array(types, np.int32))])[0]
+        row = llm.pooling_client.pool([PoolItem(np.array(ids, np.int32), np.array(types, np.int32))])[0]
         np.testing.assert_allclose(row, _hf_hidden(bert, ids, types).mean(0), atol=1e-4, rtol=0)
         emb = np.array(llm.embed({"prompt_token_ids": ids})[0].outputs.embedding)
         want = _hf_hidden(bert, ids).mean(0)
@@ -213,7 +213,7 @@ def test_qwen3_embedding_style_last_token_matches_transformers(tiny_checkpoint):
     _sentence_transformers_dir(path, "last")
     llm = LLM(str(path), dtype="float32")
     try:
-        assert llm.runner_type == "pooling" and llm._pooling.spec.pooler.pooling_type == "LAST"
+        assert llm.runner_type == "pooling" and llm.pooling_client.spec.pooler.pooling_type == "LAST"
         outs = llm.embed([{"prompt_token_ids": p} for p in PROMPTS])
     finally:
         llm.shutdown()
@@ -271,7 +271,7 @@ def test_all_minilm_l6_v2_from_a_llama_cpp_bert_gguf(minilm_reference, tmp_path)
     gguf_path = write_bert_gguf(path, str(tmp_path / "minilm-f32.gguf"))
     llm = LLM(gguf_path, dtype="float32")
     try:
-        assert llm.runner_type == "pooling" and llm._pooling.spec.pooler.pooling_type == "MEAN"
+        assert llm.runner_type == "pooling" and llm.pooling_client.spec.pooler.pooling_type == "MEAN"
         from tokenizers import Tokenizer
         hf = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
         hf.no_padding()
@@ -296,7 +296,7 @@ def test_steps_go_through_the_scheduler_under_the_token_budget(bert):
     llm = LLM(str(bert), dtype="float32", runner="pooling", max_model_len=40, max_num_batched_tokens=32,
               max_num_seqs=3, pooler_config={"pooling_type": "MEAN", "normalize": False})
     try:
-        client, engine = llm._pooling, llm.llm_engine
+        client, engine = llm.pooling_client, llm.llm_engine
         runner, scheduler = engine.runner, engine.scheduler
         assert runner.max_tokens == 40 and scheduler.max_num_batched_tokens == 40
         kv = scheduler.kv_cache_manager

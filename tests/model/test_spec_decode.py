@@ -28,7 +28,7 @@ def run(model, spec, prompts, params, **kwargs):
     """(token ids per prompt, outputs, engine stats) of one LLM."""
     with LLM(model, speculative_config=spec, **kwargs) as llm:
         outs = llm.generate(prompts, params)
-        stats = llm._engine.stats()
+        stats = llm.stats()
     return [list(o.outputs[0].token_ids) for o in outs], outs, stats
 
 

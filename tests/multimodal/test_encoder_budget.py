@@ -50,7 +50,7 @@ def llm():
 
 def _record_steps(llm, monkeypatch):
     """Per step: (tokens scheduled, encoder tokens, images it encoded)."""
-    eng = llm._engine.engine
+    eng = llm.llm_engine
     vision, sched = eng.runner.vision, eng.scheduler
     steps, step_inputs = [], vision.step_inputs
 

@@ -76,7 +76,7 @@ def check_generate_and_chat_agree(llm, prompt: str, tail: str, image_id: int, to
 def check_same_image_cached_once(llm, prompt: str, image_id: int) -> None:
     """The same image again is a prefix-cache hit past its rows and is not encoded again; another
     image is encoded and shares no block holding image rows."""
-    vision = llm._engine.engine.runner.vision
+    vision = llm.llm_engine.runner.vision
     img = image(64, 64, seed=11)
     first = llm.generate({"prompt": prompt, "multi_modal_data": {"image": img}}, GREEDY)[0]
     encoded = vision.num_encoded

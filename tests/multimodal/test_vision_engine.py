@@ -45,7 +45,7 @@ def test_generate_with_multi_modal_data_and_chat_with_image_parts_agree(llm):
 
 
 def test_same_image_is_a_prefix_cache_hit_and_encoded_once(llm):
-    vision = llm._engine.engine.runner.vision
+    vision = llm.llm_engine.runner.vision
     img = image(84, 84, seed=11)
     first = llm.generate({"prompt": _prompt(), "multi_modal_data": {"image": img}}, GREEDY)[0]
     encoded = vision.num_encoded
