@@ -41,6 +41,9 @@ class PoolingModelRunner:
         deterministic mode (config.KernelConfig.batch_invariant): an input's vector is the same bits in
         any batch."""
         cfg = loaded.config
+        if cfg.is_hybrid or cfg.is_mla:
+            raise ValueError(f"{cfg.architecture} runs as a generating model only: pooling runs attention "
+                             "layers over a paged KV cache (no recurrent states or latent attention)")
         self.config, self.pooler, self.dtype = cfg, pooler, loaded.dtype
         self.kernels = kernels or _kernels.kernels
         self.num_threads = num_threads

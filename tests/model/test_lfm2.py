@@ -247,3 +247,10 @@ def test_llama_cpp_on_the_same_gguf_gives_the_same_greedy_tokens(case, tmp_path)
         got.append(int(np.argmax(logits[0])))
         toks, pos = np.array([got[-1]], np.int32), np.array([pos[-1] + 1], np.int32)
     assert got == want
+
+
+def test_pooling_runner_refuses_recurrent_layers():
+    """runner="pooling" on a hybrid model: one clear error, not a kernel's complaint about state arrays."""
+    from lite_llm import LLM
+    with pytest.raises(ValueError, match="generating model only"):
+        LLM(str(tiny_checkpoint_path("lfm2")), runner="pooling", dtype="float32")
