@@ -12,7 +12,7 @@ import pytest
 from conftest import tiny_checkpoint_path
 from test_families import _greedy, hf_logits
 from test_lfm2 import _hf_greedy
-from test_parity import lite_logits, make_runner, prompts_for
+from test_parity import engine_outputs, lite_logits, make_runner, prompts_for
 
 CASES = [("bamba", {}),
          # one group, biases on in_proj / out_proj, no conv bias, two attention layers
@@ -59,20 +59,13 @@ def test_engine_greedy_tokens_match_with_concurrent_requests_and_preemption():
     they preempt one another (a readmitted request restarts both states empty) and every greedy
     token equals transformers'."""
     from lite_llm import SamplingParams
-    from lite_llm.llm import EngineArgs, build_engine
-    from lite_llm.outputs import fold
+    from lite_llm.llm import EngineArgs
     path = str(tiny_checkpoint_path("bamba"))
     prompts = prompts_for(320, [1, 9, 23, 30, 37], seed=2)
     want = _hf_greedy(path, prompts, 16)
-    engine = build_engine(EngineArgs(path, dtype="float32", block_size=16, max_num_batched_tokens=16,
-                                     num_kv_blocks=6, max_model_len=64, max_num_seqs=4, progress=False)).engine
-    try:
-        params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
-        streams = [engine.add_request(f"r{i}", p, params) for i, p in enumerate(prompts)]
-        outs = [fold(s) for s in streams]
-        stats = engine.stats()
-    finally:
-        engine.shutdown(0.0)
+    outs, stats = engine_outputs(EngineArgs(path, dtype="float32", block_size=16, max_num_batched_tokens=16,
+                                            num_kv_blocks=6, max_model_len=64, max_num_seqs=4, progress=False),
+                                 prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
     assert [list(o.outputs[0].token_ids) for o in outs] == want
     assert stats.num_preempted_total > 0
 

@@ -13,7 +13,8 @@ import pytest
 from conftest import gguf_from_hf, tiny_checkpoint_path
 from test_families import _greedy, hf_logits
 from test_moe import _check_routed, _position_errors
-from test_parity import check_variant_matches_default, lite_logits, make_runner, prompts_for
+from test_parity import (check_variant_matches_default, lite_logits, llama_cpp_greedy, make_runner, prompts_for,
+                         runner_greedy)
 from lite_llm import _kernels
 
 CASES = [("deepseek_v2", {}), ("deepseek_v3", {}),
@@ -145,18 +146,6 @@ def test_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
 
 
-def _greedy_tokens(runner, prompt: list[int], n: int) -> list[int]:
-    table = np.arange(runner.num_blocks, dtype=np.int32)[None, :]
-    got, toks, pos = [], np.array(prompt, np.int32), np.arange(len(prompt), dtype=np.int32)
-    while len(got) < n:
-        slots = table[0, pos // 16].astype(np.int64) * 16 + pos % 16
-        logits = runner.forward(toks, pos, slots, np.zeros(len(toks), np.int32), table,
-                                np.array([len(toks) - 1], np.int32))
-        got.append(int(np.argmax(logits[0])))
-        toks, pos = np.array([got[-1]], np.int32), np.array([pos[-1] + 1], np.int32)
-    return got
-
-
 @pytest.mark.peers
 @pytest.mark.parametrize("case", [("deepseek_v2", {"topk_method": "greedy"}), CASES[1]], ids=_ids)
 def test_llama_cpp_on_the_same_gguf_gives_the_same_greedy_tokens(case, tmp_path):
@@ -164,16 +153,8 @@ def test_llama_cpp_on_the_same_gguf_gives_the_same_greedy_tokens(case, tmp_path)
     group_limited_greedy is left out: llama.cpp scores a group by its two best experts (V3's
     rule) where transformers and DeepSeek's V2 code take the best one (their logits then differ
     by 0.08 on this checkpoint; with greedy routing by 4e-4)."""
-    import llama_cpp
     arch, overrides = case
     path = gguf_from_hf(tiny_checkpoint_path(arch, **overrides), tmp_path / "m.gguf", "deepseek2")
     runner, loaded = make_runner(path)
     prompt = prompts_for(loaded.config.vocab_size, [12])[0]
-    theirs = llama_cpp.Llama(str(path), n_ctx=64, n_threads=2, logits_all=True, verbose=False)
-    theirs.eval(prompt)
-    want = []
-    for _ in range(16):
-        want.append(int(np.argmax(theirs.scores[theirs.n_tokens - 1])))
-        theirs.eval([want[-1]])
-    theirs.close()
-    assert _greedy_tokens(runner, prompt, 16) == want
+    assert runner_greedy(runner, prompt, 16) == llama_cpp_greedy(path, prompt, 16)

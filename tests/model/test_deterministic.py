@@ -12,21 +12,13 @@ import pytest
 from conftest import tiny_checkpoint_path
 from lite_llm import SamplingParams
 from lite_llm.engine.args import EngineArgs
-from lite_llm.engine.assemble import build_engine
 from lite_llm.model.loader import default_model_path
-from lite_llm.outputs import fold
+from test_parity import engine_outputs
 
 
 def run(path: str, prompts: list[list[int]], params: list[SamplingParams], **kwargs):
     """Every prompt through one deterministic engine, all added at once: (outputs, stats)."""
-    engine = build_engine(EngineArgs(path, progress=False, deterministic=True, **kwargs)).engine
-    try:
-        streams = [engine.add_request(f"r{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
-        outs = [fold(s) for s in streams]
-        stats = engine.stats()
-    finally:
-        engine.shutdown(0.0)
-    return outs, stats
+    return engine_outputs(EngineArgs(path, progress=False, deterministic=True, **kwargs), prompts, params)
 
 
 def fingerprint(out):

@@ -15,7 +15,7 @@ import torch
 
 from conftest import tiny_checkpoint_path
 from test_families import _greedy, hf_logits
-from test_parity import lite_logits, make_runner, prompts_for
+from test_parity import engine_outputs, lite_logits, llama_cpp_greedy, make_runner, prompts_for, runner_greedy
 
 CASES = [("lfm2", {}),
          # biases on in_proj, the conv and out_proj; the MLP width adjusted as transformers does
@@ -121,22 +121,15 @@ def test_engine_greedy_tokens_match_with_concurrent_requests_and_preemption(capl
     one another (recompute: a readmitted request restarts from an empty state) and every
     greedy token equals transformers'. Prefix caching is asked for and turned off."""
     from lite_llm import SamplingParams
-    from lite_llm.llm import EngineArgs, build_engine
-    from lite_llm.outputs import fold
+    from lite_llm.llm import EngineArgs
     path = str(tiny_checkpoint_path("lfm2"))
     prompts = prompts_for(320, [1, 5, 14, 23, 30, 37], seed=2)
     want = _hf_greedy(path, prompts, 20)
     with caplog.at_level(logging.INFO, logger="lite_llm"):
-        engine = build_engine(EngineArgs(path, dtype="float32", block_size=16, max_num_batched_tokens=16,
-                                         num_kv_blocks=6, max_model_len=64, max_num_seqs=4, progress=False,
-                                         enable_prefix_caching=True)).engine
-    try:
-        params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
-        streams = [engine.add_request(f"r{i}", p, params) for i, p in enumerate(prompts)]
-        outs = [fold(s) for s in streams]
-        stats = engine.stats()
-    finally:
-        engine.shutdown(0.0)
+        outs, stats = engine_outputs(EngineArgs(path, dtype="float32", block_size=16, max_num_batched_tokens=16,
+                                                num_kv_blocks=6, max_model_len=64, max_num_seqs=4, progress=False,
+                                                enable_prefix_caching=True),
+                                     prompts, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
     assert [list(o.outputs[0].token_ids) for o in outs] == want
     assert stats.num_preempted_total > 0
     assert "prefix caching is off" in caplog.text and "recurrent state" in caplog.text
@@ -226,27 +219,11 @@ def test_llama_cpp_on_the_same_gguf_gives_the_same_greedy_tokens(case, tmp_path)
     """llama.cpp (llama-cpp-python) runs the same "lfm2" file: 16 greedy tokens agree. Not the
     conv_bias case: llama.cpp's lfm2 graph loads no conv biases ("wrong number of tensors"; the
     released LFM2 checkpoints have none)."""
-    import llama_cpp
     from conftest import gguf_from_hf
     path = gguf_from_hf(tiny_checkpoint_path(*case[:1], **case[1]), tmp_path / "m.gguf", "lfm2")
     runner, loaded = make_runner(path)
     prompt = prompts_for(loaded.config.vocab_size, [12])[0]
-    theirs = llama_cpp.Llama(str(path), n_ctx=64, n_threads=2, logits_all=True, verbose=False)
-    theirs.eval(prompt)
-    want = []
-    for _ in range(16):
-        want.append(int(np.argmax(theirs.scores[theirs.n_tokens - 1])))
-        theirs.eval([want[-1]])
-    theirs.close()
-    table = np.arange(runner.num_blocks, dtype=np.int32)[None, :]
-    got, toks, pos = [], np.array(prompt, np.int32), np.arange(len(prompt), dtype=np.int32)
-    while len(got) < 16:
-        slots = table[0, pos // 16].astype(np.int64) * 16 + pos % 16
-        logits = runner.forward(toks, pos, slots, np.zeros(len(toks), np.int32), table,
-                                np.array([len(toks) - 1], np.int32))
-        got.append(int(np.argmax(logits[0])))
-        toks, pos = np.array([got[-1]], np.int32), np.array([pos[-1] + 1], np.int32)
-    assert got == want
+    assert runner_greedy(runner, prompt, 16) == llama_cpp_greedy(path, prompt, 16)
 
 
 def test_pooling_runner_refuses_recurrent_layers():

@@ -98,6 +98,50 @@ def prompts_for(vocab: int, lens=PROMPT_LENS, seed=0) -> list[list[int]]:
     return [rng.integers(3, vocab, n).tolist() for n in lens]
 
 
+def runner_greedy(runner, prompt: list[int], n: int) -> list[int]:
+    """n greedy tokens of one sequence through the runner: the prompt in one step, then a token a step."""
+    table = np.arange(runner.num_blocks, dtype=np.int32)[None, :]
+    got, toks, pos = [], np.array(prompt, np.int32), np.arange(len(prompt), dtype=np.int32)
+    while len(got) < n:
+        slots = table[0, pos // 16].astype(np.int64) * 16 + pos % 16
+        logits = runner.forward(toks, pos, slots, np.zeros(len(toks), np.int32), table,
+                                np.array([len(toks) - 1], np.int32))
+        got.append(int(np.argmax(logits[0])))
+        toks, pos = np.array([got[-1]], np.int32), np.array([pos[-1] + 1], np.int32)
+    return got
+
+
+def llama_cpp_greedy(path, prompt: list[int], n: int) -> list[int]:
+    """n greedy tokens of llama.cpp (llama-cpp-python) on the GGUF file at path."""
+    import llama_cpp
+    theirs = llama_cpp.Llama(str(path), n_ctx=64, n_threads=2, logits_all=True, verbose=False)
+    try:
+        theirs.eval(prompt)
+        want = []
+        for _ in range(n):
+            want.append(int(np.argmax(theirs.scores[theirs.n_tokens - 1])))
+            theirs.eval([want[-1]])
+        return want
+    finally:
+        theirs.close()
+
+
+def engine_outputs(args, prompts, params):
+    """Every prompt (token ids) through one engine built from EngineArgs args, all added at once:
+    (outputs folded, the engine's stats after them)."""
+    from lite_llm.engine.assemble import build_engine
+    from lite_llm.outputs import fold
+    engine = build_engine(args).engine
+    try:
+        if not isinstance(params, list):
+            params = [params] * len(prompts)
+        streams = [engine.add_request(f"r{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
+        outs = [fold(s) for s in streams]
+        return outs, engine.stats()
+    finally:
+        engine.shutdown(0.0)
+
+
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_fp32_logits_match_transformers_in_a_mixed_batch(case):
     arch, overrides = case

@@ -89,17 +89,11 @@ def test_tiny_model_greedy_identical_with_preemption_prefix_cache_and_stops():
 
 def run_blocks(path, spec, prompts, params, kwargs):
     num_blocks = kwargs.pop("num_kv_blocks")
-    from lite_llm.llm import EngineArgs, build_engine
-    from lite_llm.outputs import fold
-    engine = build_engine(EngineArgs(path, num_kv_blocks=num_blocks, speculative_config=spec, progress=False,
-                                     **kwargs)).engine
+    from lite_llm.llm import EngineArgs
+    from test_parity import engine_outputs
+    args = EngineArgs(path, num_kv_blocks=num_blocks, speculative_config=spec, progress=False, **kwargs)
     kwargs["num_kv_blocks"] = num_blocks
-    try:
-        streams = [engine.add_request(f"r{i}", p["prompt_token_ids"], sp) for i, (p, sp) in enumerate(zip(prompts, params))]
-        outs = [fold(s) for s in streams]
-        stats = engine.stats()
-    finally:
-        engine.shutdown(0.0)
+    outs, stats = engine_outputs(args, [p["prompt_token_ids"] for p in prompts], params)
     return [list(o.outputs[0].token_ids) for o in outs], outs, stats
 
 
