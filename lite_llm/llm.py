@@ -142,14 +142,17 @@ class LLM:
         if len(loras) != len(prompts):
             raise ValueError(f"{len(loras)} LoRA requests for {len(prompts)} prompts")
         requests = [self._to_request(p) + (self._images(p),) for p in prompts]
-        streams = []
-        owner = f"generate-{uuid.uuid4().hex}"    # one caller: its prompts take slots FCFS between them
-        for (text, ids, images), sp, lora in zip(requests, params, loras):
+        inputs = []
+        for text, ids, images in requests:
             mm = None
             if images is not None:   # vLLM's {"prompt", "multi_modal_data": {"image": PIL or [PIL]}}
                 ids, mm = self._mm_processor.process(ids, images, self._media)
-            streams.append(self._engine.add_request(f"offline-{uuid.uuid4().hex}", ids, sp, prompt=text,
-                                                    lora_request=lora, mm=mm, owner=owner))
+            inputs.append((text, ids, mm))
+        owner = f"generate-{uuid.uuid4().hex}"    # one caller: its prompts take slots FCFS between them
+        with self._engine.submitting():           # all of them reach the engine's next step together
+            streams = [self._engine.add_request(f"offline-{uuid.uuid4().hex}", ids, sp, prompt=text,
+                                                lora_request=lora, mm=mm, owner=owner)
+                       for (text, ids, mm), sp, lora in zip(inputs, params, loras)]
         results = []
         show = use_tqdm and sys.stderr.isatty()
         for i, stream in enumerate(streams):

@@ -108,6 +108,7 @@ class SchedulerOutput:
     num_tokens: int                                   # sum of chunks' num_new_tokens (T)
     preempted_req_ids: list[str] = field(default_factory=list)  # left the batch since the last step
     finished_req_ids: list[str] = field(default_factory=list)   # freed since the last step
+    encoder_tokens: int = 0                           # the images this step encodes, counted in its budget
 
     @property
     def num_seqs(self) -> int:
@@ -258,7 +259,7 @@ class Scheduler:
             self._finished_req_ids, self._preempted_req_ids = [], []
         else:
             finished, preempted = list(finished), list(preempted)
-        return SchedulerOutput(chunks, num_tokens, preempted, finished)
+        return SchedulerOutput(chunks, num_tokens, preempted, finished, self._step_encoder_tokens)
 
     def _schedule_running(self, chunks: list[ScheduledChunk], preempted: list[str], reserve: int = 0) -> int:
         """Serve the running requests first, leaving reserve tokens of the budget for admission."""

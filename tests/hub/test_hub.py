@@ -258,13 +258,22 @@ def test_python_api_takes_a_revision(hub, env, models):
 
 
 def test_the_mmproj_beside_a_vision_gguf_comes_with_it(hub, env, models):
-    code = ("from lite_llm import LLM; import json; llm = LLM(%r, dtype='float32', block_size=16, "
-            "max_num_batched_tokens=16); print(json.dumps([llm.info['mmproj'], llm._mm_processor is not None]))"
-            % LLAVA)
+    # the model answers a chat with an image: its projector was found and loaded
+    code = ("from lite_llm import LLM, SamplingParams; import base64, io, json; from PIL import Image\n"
+            "llm = LLM(%r, dtype='float32', block_size=16, max_num_batched_tokens=16)\n"
+            "buf = io.BytesIO(); Image.new('RGB', (40, 30), (200, 20, 90)).save(buf, format='PNG')\n"
+            "url = 'data:image/png;base64,' + base64.b64encode(buf.getvalue()).decode()\n"
+            "msg = [{'role': 'user', 'content': [{'type': 'image_url', 'image_url': {'url': url}}, "
+            "{'type': 'text', 'text': 'What is it?'}]}]\n"
+            "out = llm.chat(msg, SamplingParams(temperature=0, max_tokens=2))[0]\n"
+            "text = llm.chat([{'role': 'user', 'content': 'What is it?'}], SamplingParams(temperature=0, max_tokens=2))[0]\n"
+            "print(json.dumps([llm.info['mmproj'], len(out.prompt_token_ids) - len(text.prompt_token_ids), "
+            "len(out.outputs[0].token_ids)]))" % LLAVA)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    mmproj, has_vision = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert os.path.basename(mmproj) == "mmproj-tiny-llava-F32.gguf" and has_vision   # the model's own tag
+    mmproj, image_rows, generated = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert os.path.basename(mmproj) == "mmproj-tiny-llava-F32.gguf"   # the model's own tag
+    assert image_rows > 0 and generated == 2
     assert snapshot_files(env, LLAVA) == {"tiny-llava-F32.gguf", "mmproj-tiny-llava-F32.gguf"}
 
 

@@ -52,33 +52,22 @@ def _record_steps(llm, monkeypatch):
     """Per step: (tokens scheduled, encoder tokens, images it encoded)."""
     eng = llm.llm_engine
     vision, sched = eng.runner.vision, eng.scheduler
-    steps, step_inputs = [], vision.step_inputs
+    steps, step_inputs, schedule, scheduled = [], vision.step_inputs, sched.schedule, []
+
+    def scheduling():
+        scheduled.append(schedule())
+        return scheduled[-1]
 
     def recording(chunks, num_tokens, positions):
         out = step_inputs(chunks, num_tokens, positions)
-        steps.append((num_tokens, sched._step_encoder_tokens, vision.step_encoded))
+        assert scheduled[-1].num_tokens == num_tokens
+        steps.append((num_tokens, scheduled[-1].encoder_tokens, vision.step_encoded))
         return out
+    monkeypatch.setattr(sched, "schedule", scheduling)
     monkeypatch.setattr(vision, "step_inputs", recording)
     vision.cache.clear()
     vision.cached_rows = 0
     return steps
-
-
-def _submitted_together(llm, monkeypatch, n):
-    """The next n requests reach the engine thread at once, as a server's concurrent requests
-    can (LLM.generate hands them over one by one): its inbox lock is held until all are in."""
-    cond, added, add_request = llm._engine._cond, [], llm._engine.add_request
-
-    def adding(*args, **kwargs):
-        if not added:
-            cond.acquire()
-        try:
-            added.append(add_request(*args, **kwargs))
-        finally:
-            if len(added) == n:
-                cond.release()
-        return added[-1]
-    monkeypatch.setattr(llm._engine, "add_request", adding)
 
 
 def _logprobs(out):
@@ -89,7 +78,6 @@ def _logprobs(out):
 def test_two_requests_images_are_encoded_in_one_step_with_the_logits_of_each_alone(llm, monkeypatch):
     a, b = image(84, 84, seed=31), image(112, 84, seed=32)
     steps = _record_steps(llm, monkeypatch)
-    _submitted_together(llm, monkeypatch, 2)
     both = llm.generate([{"prompt": _prompt(), "multi_modal_data": {"image": a}},
                          {"prompt": _prompt(), "multi_modal_data": {"image": b}}], PARAMS)
     assert steps[0][2] == 2 and sum(s[2] for s in steps) == 2      # both images, in the first step
@@ -110,7 +98,6 @@ def test_a_steps_encoder_tokens_stay_within_its_budget(monkeypatch):
                 kv_cache_space=0.01, max_num_seqs=4, enable_prefix_caching=False)
     try:
         steps = _record_steps(small, monkeypatch)
-        _submitted_together(small, monkeypatch, 3)
         outs = small.generate([{"prompt": _prompt(), "multi_modal_data": {"image": image(84, 84, seed=k)}}
                                for k in range(3)], PARAMS)
         assert [len(o.prompt_token_ids) for o in outs] == [46] * 3
