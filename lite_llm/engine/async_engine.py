@@ -200,6 +200,11 @@ class AsyncEngine:
         return replace(st, live=self.live.sample(st.prompt_tokens_total, st.generation_tokens_total))
 
     @property
+    def accepting(self) -> bool:
+        """True from start() until shutdown() begins (then add_request raises EngineShutdownError)."""
+        return self._accepting
+
+    @property
     def is_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._error is None
 

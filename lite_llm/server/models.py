@@ -242,6 +242,12 @@ class FairLock:
             self._queue.popleft()
             self._cond.notify_all()
 
+    @property
+    def num_asking(self) -> int:
+        """The holder and the waiters, in the order they asked."""
+        with self._cond:
+            return len(self._queue)
+
 
 def _release_memory() -> None:
     """Give freed memory back to the system: the collector for cycles, then glibc's malloc_trim

@@ -495,7 +495,7 @@ def test_async_queue_limit_and_shutdown_aborts_in_flight():
         ae.add_request("r1", [1, 2], SamplingParams())          # id in use
     stopper = threading.Thread(target=ae.shutdown, args=(0.0,))
     stopper.start()
-    while ae._accepting:    # shutdown() stops accepting before it waits for the engine thread
+    while ae.accepting:    # shutdown() stops accepting before it waits for the engine thread
         threading.Event().wait(0.001)
     with pytest.raises(EngineShutdownError):
         ae.add_request("late", [1], SamplingParams())

@@ -71,7 +71,7 @@ def test_a_second_start_maps_the_kept_weights_and_generates_the_same(tmp_path, m
     monkeypatch.setenv("LITE_LLM_PACKED_CACHE", str(tmp_path))
     prompts = ["The capital of France is", "def add(a, b):"]
     first = LLM()
-    runner = first._engine.engine.runner
+    runner = first.llm_engine.runner
     assert not runner.packed.mapped
     want = first.generate(prompts, GREEDY)
     runner.packed.kept.join()
@@ -79,7 +79,7 @@ def test_a_second_start_maps_the_kept_weights_and_generates_the_same(tmp_path, m
     assert len([n for n in os.listdir(tmp_path) if n.endswith(".bin")]) == 1
     with caplog.at_level(logging.INFO, logger="lite_llm"):
         second = LLM()
-    assert second._engine.engine.runner.packed.mapped and second._engine.engine.runner.packed.kept is None
+    assert second.llm_engine.runner.packed.mapped and second.llm_engine.runner.packed.kept is None
     assert "packed weights mapped from" in caplog.text
     got = second.generate(prompts, GREEDY)
     second.shutdown()
@@ -143,21 +143,21 @@ def test_a_damaged_entry_is_packed_again_with_a_warning(tiny_checkpoint, tmp_pat
     path = str(tiny_checkpoint("llama"))
     first = LLM(path, dtype="float32", kv_cache_space=0.01)
     want = first.generate(["hello world"], GREEDY)[0].outputs[0]
-    first._engine.engine.runner.packed.kept.join()
+    first.llm_engine.runner.packed.kept.join()
     first.shutdown()
     (bin_path,) = (tmp_path / "cache").glob("*.bin")
     with open(bin_path, "r+b") as fh:
         fh.truncate(bin_path.stat().st_size - 4096)
     with caplog.at_level(logging.WARNING, logger="lite_llm"):
         second = LLM(path, dtype="float32", kv_cache_space=0.01)
-    assert not second._engine.engine.runner.packed.mapped
+    assert not second.llm_engine.runner.packed.mapped
     assert "not used" in caplog.text and "packing again" in caplog.text and bin_path.name in caplog.text
     got = second.generate(["hello world"], GREEDY)[0].outputs[0]
-    second._engine.engine.runner.packed.kept.join()      # the entry is written whole again
+    second.llm_engine.runner.packed.kept.join()      # the entry is written whole again
     second.shutdown()
     assert got.token_ids == want.token_ids and got.logprobs == want.logprobs
     third = LLM(path, dtype="float32", kv_cache_space=0.01)
-    assert third._engine.engine.runner.packed.mapped
+    assert third.llm_engine.runner.packed.mapped
     third.shutdown()
 
 

@@ -424,7 +424,7 @@ def test_fair_lock_serves_waiters_in_order():
         t.start()
         waiters.append(t)
         deadline = time.monotonic() + 5
-        while len(lock._queue) < len(waiters) + 1 and time.monotonic() < deadline:
+        while lock.num_asking < len(waiters) + 1 and time.monotonic() < deadline:
             time.sleep(0.01)
     lock.__exit__(None, None, None)
     take("first again")                 # the one that held it asks again: after both waiters
