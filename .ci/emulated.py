@@ -213,12 +213,7 @@ def main() -> int:
     # each), not only the one the dispatcher picks; the tiers that need packages the sysroot lacks stay out
     tiers = ["-m", "not (peers or ray or browser or slow)"]
     pytest_args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", *tiers, *k, "tests/kernels"]
-    for arch in arches:
-        if arch == "haswell":
-            check_run("x86_64 -cpu Haswell", ["qemu-x86_64", "-cpu", "Haswell", sys.executable, str(DISPATCH),
-                                              "--expect", "avx2", "--model", str(model), "--tokens", str(expected)],
-                      {**env, "PYTHONPATH": str(ROOT)}, failures)
-            continue
+    def prepare(arch: str) -> Path:
         sysroot = ensure_sysroot(arch, args.work)
         if arch in cross_wheel.TARGETS:
             # the modules the wheel ships (its flags, glibc 2.31 sysroot), tested here and taken by
@@ -226,6 +221,19 @@ def main() -> int:
             cross_wheel.build_into_tree(arch, sysroots.ensure(arch, ROOT / "build" / "sysroot"), sysroot, args.jobs)
         else:
             cross_build(arch, sysroot, args.jobs, opt=args.opt)
+        return sysroot
+
+    # one architecture's cross build runs while the one before it is tested: the tests under qemu
+    # keep about one core busy, the build takes what is left
+    builder = ThreadPoolExecutor(1)
+    prepared = {arch: builder.submit(prepare, arch) for arch in arches if arch != "haswell"}
+    for arch in arches:
+        if arch == "haswell":
+            check_run("x86_64 -cpu Haswell", ["qemu-x86_64", "-cpu", "Haswell", sys.executable, str(DISPATCH),
+                                              "--expect", "avx2", "--model", str(model), "--tokens", str(expected)],
+                      {**env, "PYTHONPATH": str(ROOT)}, failures)
+            continue
+        sysroot = prepared[arch].result()
         py = emu_python(arch, sysroot)
         if arch == "aarch64":
             check_run("aarch64: dispatcher", [*py, str(DISPATCH), "--expect", "neon_bf16_i8mm", "--model", str(model),
@@ -237,6 +245,7 @@ def main() -> int:
             check_run("s390x: dispatcher", [*py, str(DISPATCH), "--expect", "vxe", "--model", str(model),
                                             "--tokens", str(expected)], env, failures)
         check_run(f"{arch}: kernel tests", [*py, *pytest_args], env, failures, timeout=3600)
+    builder.shutdown()
     if failures:
         log(f"FAILED: {', '.join(failures)}")
         return 1
