@@ -90,7 +90,7 @@ def build(args: argparse.Namespace, max_model_len: int | None = None, num_kv_blo
         kv_cache_dtype=args.kv_cache_dtype, speculative_config=getattr(args, "speculative_config", None),
         tensor_parallel_size=args.tensor_parallel_size, deterministic=getattr(args, "deterministic", False)))
     engine, loaded, info = built.engine, built.loaded, built.info
-    info = dict(info, build_seconds=time.perf_counter() - t0)
+    info = dict(info.as_dict(), build_seconds=time.perf_counter() - t0)
     packed = getattr(getattr(getattr(engine, "engine", None), "runner", None), "packed", None)
     if packed is not None and packed.kept is not None:   # a first start writes its packed weights
         progress("waiting for the packed weights to be written before timing")
