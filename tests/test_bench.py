@@ -39,6 +39,7 @@ def _check_figures(figures: dict, num_prompt_tokens: int, num_output_tokens: int
     assert figures["e2e"] >= figures["ttft"]
 
 
+@pytest.mark.slow      # one of the longest: the slow tier (tests/conftest.py TIERS), which CI runs
 def test_latency_json_with_transformers_peer(capsys, tiny_checkpoint):
     model = str(tiny_checkpoint("llama"))
     r = _run_json(capsys, ["bench", "latency", "--model", model, "--input-len", "12", "--output-len", "3",
