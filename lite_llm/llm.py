@@ -88,7 +88,7 @@ class LLM:
                 tensor_parallel_size=tensor_parallel_size, runner="pooling", pooler_config=pooler_config,
                 hf_overrides=hf_overrides, deterministic=deterministic)
             built = build_engine(self.engine_args)
-            self._engine, self._loaded, self.info = built.engine, built.loaded, built.info
+            self._engine, self._loaded, self.info = built.engine, built.loaded, built.info.as_dict()
             self._pooling = pooling.PoolingClient(built.engine, built.tokenizer, built.pooling,
                                                   model or os.path.basename(built.loaded.source))
             self.tokenizer, self.config = self._loaded.tokenizer, self._loaded.config
@@ -103,7 +103,7 @@ class LLM:
             tensor_parallel_size=tensor_parallel_size, enable_lora=enable_lora, max_loras=max_loras,
             max_lora_rank=max_lora_rank, mmproj=mmproj, deterministic=deterministic)
         built = build_engine(self.engine_args)
-        self._engine, self._loaded, self.info = built.engine, built.loaded, built.info
+        self._engine, self._loaded, self.info = built.engine, built.loaded, built.info.as_dict()
         self.tokenizer = self._loaded.tokenizer
         self.config = self._loaded.config
         self._mm_processor = multimodal.Processor.for_model(self._loaded.source, self._loaded.mmproj)

@@ -39,6 +39,7 @@ def _check_figures(figures: dict, num_prompt_tokens: int, num_output_tokens: int
     assert figures["e2e"] >= figures["ttft"]
 
 
+@pytest.mark.slow      # one of the longest: the slow tier (tests/conftest.py TIERS), which CI runs
 def test_latency_json_with_transformers_peer(capsys, tiny_checkpoint):
     model = str(tiny_checkpoint("llama"))
     r = _run_json(capsys, ["bench", "latency", "--model", model, "--input-len", "12", "--output-len", "3",
@@ -356,3 +357,59 @@ def test_make_gguf_writes_a_gemma3_llama_cpp_runs_and_we_agree(tmp_path, monkeyp
     # the local RoPE base at 1M or no global layer each put lite_llm 28-80 % away
     np.testing.assert_allclose(got, want, atol=0.01 * scale)
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9
+
+
+FAKE_LLAMA_BENCH = '''#!{python}
+"""Stands in for ik_llama.cpp's llama-bench: records its arguments, prints records in its JSON shape."""
+import json, sys
+args = sys.argv[1:]
+open({record!r}, "w").write(json.dumps(args))
+value = lambda flag: args[args.index(flag) + 1]
+p, (n, m), reps = int(value("-p")), map(int, value("-gp").split(",")), int(value("-r"))
+print(json.dumps([
+    {{"build_commit": "abc123", "build_number": 42, "n_batch": 2048, "n_ubatch": 512, "flash_attn": False,
+      "repack": True, "n_prompt": p, "n_gen": 0, "test": f"pp{{p}}", "avg_ts": 400.0,
+      "samples_ts": [400.0 + 10 * i for i in range(reps)]}},
+    {{"build_commit": "abc123", "build_number": 42, "n_prompt": n, "n_gen": m, "test": f"tg{{m}}@pp{{n}}",
+      "avg_ts": 50.0, "samples_ts": [50.0 + i for i in range(reps)]}},
+]))
+'''
+
+
+def test_latency_with_an_ik_llama_cpp_llama_bench_peer(capsys, tmp_path):
+    """--peers ik_llama.cpp=PATH runs that llama-bench on the same file and shape (prefill: its
+    pp N; decode: its tg M@pp N; as many repetitions as our iterations, -rtr 1) and reads its JSON."""
+    program, record = tmp_path / "llama-bench", tmp_path / "args.json"
+    program.write_text(FAKE_LLAMA_BENCH.format(python=sys.executable, record=str(record)))
+    program.chmod(0o755)
+    r = _run_json(capsys, ["bench", "latency", "--input-len", "16", "--output-len", "4", "--num-iters", "3",
+                           "--warmup", "1", "--json", "--peers", f"ik_llama.cpp={program}"])
+    args = json.loads(record.read_text())
+    assert args == ["-m", str(SMOLLM2), "-p", "16", "-n", "0", "-gp", "16,4", "-t", str(r["num_threads"]),
+                    "-r", "3", "-rtr", "1", "-o", "json"]
+    theirs = r["peers"]["ik_llama.cpp"]
+    assert "error" not in theirs, theirs.get("error")
+    assert [run["prefill_tok_s"] for run in theirs["runs"]] == [400.0, 410.0, 420.0]
+    assert [run["decode_tok_s"] for run in theirs["runs"]] == [50.0, 51.0, 52.0]
+    _check_figures(theirs["median"], 16, 4)
+    assert theirs["median"]["ttft"] == pytest.approx(16 / 410.0) and theirs["median"]["tpot"] == pytest.approx(1 / 51.0)
+    assert theirs["version"] == "build abc123 (42)" and theirs["peak_rss_bytes"] > 0
+    assert theirs["ratio"]["decode_tok_s"] == pytest.approx(r["lite_llm"]["median"]["decode_tok_s"] / 51.0)
+
+
+def test_ik_llama_cpp_peer_refusals(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="ik_llama.cpp=PATH"):
+        common.parse_peers("ik_llama.cpp")
+    with pytest.raises(SystemExit, match="not an executable file"):
+        common.parse_peers(f"ik_llama.cpp={tmp_path / 'missing'}")
+    program = tmp_path / "llama-bench"
+    program.write_text("#!/bin/sh\nexit 3\n")
+    program.chmod(0o755)
+    with pytest.raises(SystemExit, match="one sequence at a time"):
+        cli.main(["bench", "throughput", "--num-prompts", "2", "--peers", f"ik_llama.cpp={program}"])
+    r = _run_json(capsys, ["bench", "latency", "--input-len", "8", "--output-len", "2", "--num-iters", "1",
+                           "--warmup", "0", "--batch-size", "2", "--json", "--peers", f"ik_llama.cpp={program}"])
+    assert "one sequence" in r["peers"]["ik_llama.cpp"]["error"]
+    r = _run_json(capsys, ["bench", "latency", "--input-len", "8", "--output-len", "2", "--num-iters", "1",
+                           "--warmup", "0", "--json", "--peers", f"ik_llama.cpp={program}"])
+    assert "exited with status 3" in r["peers"]["ik_llama.cpp"]["error"]

@@ -26,6 +26,8 @@ from typing import Any, Iterable
 from lite_llm.config import KV_CACHE_DTYPES, speculative_config_arg
 
 PEERS = ("llama.cpp", "transformers")
+# peers given as a program the user built: NAME=PATH (ik_llama.cpp: its llama-bench binary)
+PROGRAM_PEERS = ("ik_llama.cpp",)
 ORIGINAL_ENVIRON = dict(os.environ)      # before the engine sets its OpenMP policy: peers get the user's
 
 
@@ -63,15 +65,29 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, max_num_batched_tok
                         help="report the engine's Python time per step beside its kernel time, per batch size")
     parser.add_argument("--peers", default="",
                         help=f"comma-separated peers to run on the same workload: {','.join(PEERS)} "
-                             "(needs `pip install lite-llm[bench]`)")
+                             "(needs `pip install lite-llm[bench]`), and ik_llama.cpp=PATH: a llama-bench "
+                             "binary built from ik_llama.cpp, run on the same GGUF file (batch size 1)")
 
 
 def parse_peers(text: str) -> list[str]:
+    """The peers named: "llama.cpp", "transformers", or "NAME=PATH" for a program peer."""
     peers = [p.strip() for p in (text or "").split(",") if p.strip()]
     for p in peers:
-        if p not in PEERS:
-            raise SystemExit(f"--peers: unknown peer {p!r}; known: {', '.join(PEERS)}")
+        name, has_path, path = p.partition("=")
+        if name in PROGRAM_PEERS:
+            if not has_path or not path:
+                raise SystemExit(f"--peers: {name} takes the path of its built llama-bench: {name}=PATH")
+            if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+                raise SystemExit(f"--peers: {name}: {path} is not an executable file")
+        elif p not in PEERS:
+            raise SystemExit(f"--peers: unknown peer {p!r}; known: {', '.join(PEERS)}, "
+                             f"{', '.join(n + '=PATH' for n in PROGRAM_PEERS)}")
     return list(dict.fromkeys(peers))
+
+
+def peer_name(peer: str) -> str:
+    """A peer's name without the program path of NAME=PATH."""
+    return peer.partition("=")[0]
 
 
 def build(args: argparse.Namespace, max_model_len: int | None = None, num_kv_blocks: int | None = None):
@@ -90,7 +106,7 @@ def build(args: argparse.Namespace, max_model_len: int | None = None, num_kv_blo
         kv_cache_dtype=args.kv_cache_dtype, speculative_config=getattr(args, "speculative_config", None),
         tensor_parallel_size=args.tensor_parallel_size, deterministic=getattr(args, "deterministic", False)))
     engine, loaded, info = built.engine, built.loaded, built.info
-    info = dict(info, build_seconds=time.perf_counter() - t0)
+    info = dict(info.as_dict(), build_seconds=time.perf_counter() - t0)
     packed = getattr(getattr(getattr(engine, "engine", None), "runner", None), "packed", None)
     if packed is not None and packed.kept is not None:   # a first start writes its packed weights
         progress("waiting for the packed weights to be written before timing")
@@ -403,8 +419,9 @@ def run_peer(peer: str, spec: dict[str, Any]) -> dict[str, Any]:
     or {"error": ...} when it could not run."""
     with tempfile.TemporaryDirectory(prefix="lite-llm-bench-") as tmp:
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "result.json")
+        name, _, program = peer.partition("=")
         with open(spec_path, "w") as fh:
-            json.dump(dict(spec, peer=peer), fh)
+            json.dump(dict(spec, peer=name, peer_program=program or None), fh)
         cmd = [sys.executable, "-m", "lite_llm.bench.peers", spec_path, out_path]
         env = dict(ORIGINAL_ENVIRON)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -413,7 +430,7 @@ def run_peer(peer: str, spec: dict[str, Any]) -> dict[str, Any]:
         if os.path.exists(out_path):
             with open(out_path) as fh:
                 return json.load(fh)
-        return {"error": f"the {peer} peer exited with status {proc.returncode} (its stderr is above)"}
+        return {"error": f"the {name} peer exited with status {proc.returncode} (its stderr is above)"}
 
 
 def ratios(ours: dict[str, float], theirs: dict[str, float], keys: Iterable[str],
@@ -486,7 +503,8 @@ def print_peer_notes(result: dict[str, Any]) -> None:
         if "error" in peer:
             print(f"{name}: not run: {peer['error']}")
         else:
-            print(f"{name}: {peer['version']}; load {peer['load_seconds']:.2f} s; {peer['config']}"
+            load = "" if peer.get("load_seconds") is None else f"; load {peer['load_seconds']:.2f} s"
+            print(f"{name}: {peer['version']}{load}; {peer['config']}"
                   + "".join(f"; {n}" for n in peer.get("notes", [])))
 
 
@@ -533,12 +551,12 @@ def load_average() -> str | None:
 def finish(result: dict, peers: list[str], spec: dict, figures, title: str, as_json: bool, print_report) -> None:
     """Run each peer on the same spec, add its ratios to ours, then print the result."""
     for peer in peers:
-        progress(f"{title}: running {peer} on the same prompts")
+        progress(f"{title}: running {peer_name(peer)} on the same prompts")
         theirs = run_peer(peer, spec)
         if "median" in theirs:
             theirs["ratio"] = ratios(result["lite_llm"]["median"], theirs["median"], [k for k, *_ in figures],
                                      [k for k, _, _, lower in figures if lower])
-        result["peers"][peer] = theirs
+        result["peers"][peer_name(peer)] = theirs
     result["load_average_after"] = load_average()
     if as_json:
         dump_json(result)

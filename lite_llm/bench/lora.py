@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         kv_cache_dtype=args.kv_cache_dtype, enable_lora=True, max_loras=args.num_adapters,
         max_lora_rank=args.lora_rank,
         num_kv_blocks=None if args.kv_cache_space else max(sizes) * -(-max_len // args.block_size) + 8))
-    engine, loaded, info = built.engine, built.loaded, built.info
+    engine, loaded, info = built.engine, built.loaded, built.info.as_dict()
     try:
         manager = engine.engine.lora
         names = [f"lora{i}" for i in range(args.num_adapters)]

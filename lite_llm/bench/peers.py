@@ -1,5 +1,6 @@
 """The same benchmark workload on other engines, for ratios in the same run: llama.cpp
-(through llama-cpp-python) and Hugging Face transformers (PyTorch, bf16).
+(through llama-cpp-python), Hugging Face transformers (PyTorch, bf16), and ik_llama.cpp through
+a llama-bench binary the user built (`--peers ik_llama.cpp=PATH`).
 
 Runs as a child process (`python -m lite_llm.bench.peers SPEC.json RESULT.json`, started by
 common.run_peer) so the peers' OpenMP pools, allocations and imports never touch the lite_llm
@@ -22,6 +23,10 @@ Timing, per batch of prompts (all starting together, greedy, exactly output_len 
 - transformers: prefill = one forward over the prompts (last-position logits only); decode
   = model.generate(max_new_tokens=min_new_tokens=output_len), timed token by token with a
   streamer from its first new token to its last.
+- ik_llama.cpp (its llama-bench, on the same GGUF file, one sequence): `-p N -n 0 -gp N,M
+  -rtr 1`: prefill = its pp N test (N prompt tokens in ubatches), decode = its tg M@pp N test
+  (M one-token steps after an N-token prompt); as many repetitions as our measured iterations,
+  after its own warm-up; the prompt tokens are its own (llama-bench's), not ours.
 Deliberately not here: sampling other than greedy, speculative decoding, GPU.
 """
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -37,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from lite_llm.bench.common import (CACHE_DIR, RequestTiming, batch_figures, describe, median_figures,
-                                   peak_rss_bytes, progress)
+from lite_llm.bench.common import (CACHE_DIR, BatchFigures, RequestTiming, batch_figures, describe,
+                                   median_figures, peak_rss_bytes, progress)
 
 LLAMA_CPP_N_BATCH = 512
 
@@ -315,6 +321,8 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
         peer = LlamaCppPeer(weights, spec["num_threads"], num_seqs, seq_len)
         if num_seqs > 1:
             notes.append("multi-sequence batching: one llama_batch per step with every sequence's token")
+    elif peer_name == "ik_llama.cpp":
+        return run_llama_bench(spec)
     elif peer_name == "transformers":
         source = spec["model_path"]
         if source.endswith(".gguf"):
@@ -349,6 +357,66 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
             "start_to_first_token_seconds": first_token_after_load, "runs": runs,
             "median": median_figures(runs) if runs else {}, "peak_rss_bytes": peak_rss_bytes(),
             "notes": notes}
+
+
+def llama_bench_command(spec: dict[str, Any]) -> list[str]:
+    """ik_llama.cpp's llama-bench on spec's file and shape: prefill and decode-after-the-prompt."""
+    batches, warmup = spec["batches"], spec.get("warmup", 0)
+    if any(len(b) != 1 for b in batches):
+        raise RuntimeError("llama-bench times one sequence: run the ik_llama.cpp peer with --batch-size 1")
+    if not spec["model_path"].endswith(".gguf"):
+        raise RuntimeError("the ik_llama.cpp peer needs a GGUF model")
+    input_len, output_len = len(batches[0][0]), spec["output_len"]
+    reps = max(1, len(batches) - warmup)
+    return [spec["peer_program"], "-m", spec["model_path"], "-p", str(input_len), "-n", "0",
+            "-gp", f"{input_len},{output_len}", "-t", str(spec["num_threads"]), "-r", str(reps),
+            "-rtr", "1", "-o", "json"]
+
+
+def llama_bench_figures(records: list[dict[str, Any]], input_len: int, output_len: int) -> list[dict[str, float]]:
+    """One BatchFigures dict per repetition from llama-bench's JSON records: its pp{N} test's
+    samples for the prefill, its tg{M}@pp{N} test's for the decode."""
+    by_test = {r.get("test"): r for r in records}
+    pp, tg = by_test.get(f"pp{input_len}"), by_test.get(f"tg{output_len}@pp{input_len}")
+    if pp is None or tg is None:
+        raise RuntimeError(f"llama-bench gave no pp{input_len} and tg{output_len}@pp{input_len} results "
+                           f"(got {sorted(str(k) for k in by_test)})")
+    runs = []
+    for prefill, decode in zip(pp["samples_ts"], tg["samples_ts"]):
+        ttft = input_len / prefill
+        e2e = ttft + output_len / decode
+        runs.append(asdict(BatchFigures(
+            ttft=ttft, prefill_tok_s=prefill, decode_tok_s=decode, tpot=1.0 / decode, e2e=e2e,
+            output_tok_s=output_len / e2e, total_tok_s=(input_len + output_len) / e2e, requests_per_s=1.0 / e2e,
+            num_prompt_tokens=input_len, num_output_tokens=output_len)))
+    return runs
+
+
+def run_llama_bench(spec: dict[str, Any]) -> dict[str, Any]:
+    cmd = llama_bench_command(spec)
+    input_len, output_len = len(spec["batches"][0][0]), spec["output_len"]
+    progress(f"[ik_llama.cpp] {' '.join(cmd)}")
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=dict(os.environ))   # its log: our stderr
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} exited with status {proc.returncode} (its log is above)")
+    records = json.loads(out)
+    runs = llama_bench_figures(records, input_len, output_len)
+    for i, r in enumerate(runs):
+        progress(f"[ik_llama.cpp] repetition {i + 1}/{len(runs)}: {describe(r)}")
+    first = records[0] if records else {}
+    return {"peer": "ik_llama.cpp", "version": f"build {first.get('build_commit')} ({first.get('build_number')})",
+            "config": {"command": cmd, "n_batch": first.get("n_batch"), "n_ubatch": first.get("n_ubatch"),
+                       "flash_attn": first.get("flash_attn"), "repack": first.get("repack")},
+            "load_seconds": None, "start_to_first_token_seconds": None, "runs": runs,
+            "median": median_figures(runs), "peak_rss_bytes": usage.ru_maxrss * 1024,
+            "wall_seconds": time.monotonic() - t0,
+            "notes": [f"ik_llama.cpp's llama-bench on the same file: pp{input_len} and tg{output_len}@pp{input_len} "
+                      f"with run-time repacking (-rtr 1), {len(runs)} repetitions after its warm-up; "
+                      "peak RSS of the llama-bench process"]}
 
 
 def main(argv: list[str] | None = None) -> int:

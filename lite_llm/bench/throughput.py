@@ -43,6 +43,9 @@ def run(args: argparse.Namespace) -> int:
     if min(args.num_prompts, args.output_len, args.num_iters) < 1 or (args.input_len or 1) < 1:
         raise SystemExit("--num-prompts, --input-len, --output-len and --num-iters must be >= 1")
     peers = common.parse_peers(args.peers)
+    if any(common.peer_name(p) in common.PROGRAM_PEERS for p in peers):
+        raise SystemExit("bench throughput: ik_llama.cpp's llama-bench times one sequence at a time; "
+                         "compare it with `bench latency --batch-size 1 --peers ik_llama.cpp=PATH`")
     load_before = common.load_average()
     common.progress(f"bench throughput: building the engine (load average {load_before})")
     engine, loaded, info = common.build(args)

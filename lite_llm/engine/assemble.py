@@ -173,6 +173,62 @@ def _checked_plan(nbytes: float, per_block: int, block_size: int, max_model_len:
     return KVPlan(num_blocks, block_size, per_block, max_model_len, kv_cache_dtype, reason)
 
 
+@dataclass(frozen=True)
+class EngineInfo:
+    """What an assembled engine runs, as the server (/version, /v1/models, the dashboard, /metrics),
+    `LLM.info` and the benchmarks describe it. as_dict() is its JSON form: what LLM.info holds and
+    a data-parallel replica sends over its pipe; the fields that do not apply to the model's
+    runner (None) are left out of it."""
+    model_path: str
+    model_name: str
+    architecture: str
+    dtype: str
+    max_model_len: int
+    vocab_size: int
+    num_layers: int
+    kernel_variant: str
+    num_threads: int
+    thread_plan: list[str]
+    kv_cache_tokens: int
+    kv_cache_blocks: int
+    kv_cache_bytes: int
+    weight_bytes: int
+    weight_formats: dict[str, Any]      # matrix -> (its stored parts, the format it runs in)
+    startup_seconds: float
+    runner: str = "generate"            # or "pooling"
+    # a generating model's
+    kv_cache_dtype: str | None = None
+    max_concurrency: float | None = None
+    generation_config: dict[str, Any] | None = None
+    bytes_per_token: int | None = None
+    gemm_paths: dict[str, Any] | None = None
+    layer_macs_per_token: int | None = None
+    head_macs_per_row: int | None = None
+    q_size: int | None = None
+    speculative_config: dict[str, Any] | None = None
+    tensor_parallel_size: int | None = None
+    tensor_parallel_ranks: list[Any] | None = None
+    enable_lora: bool | None = None
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
+    mmproj: str | None = None
+    # a pooling model's
+    pooler: str | None = None
+    hidden_size: int | None = None
+    num_labels: int | None = None
+
+    # a generating model's fields that are None when they do not apply (and still named in the JSON)
+    _KEPT_WHEN_NONE = ("speculative_config", "mmproj")
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None or (self.runner == "generate" and f.name in self._KEPT_WHEN_NONE):
+                out[f.name] = value
+        return out
+
+
 @dataclass
 class Assembled:
     """A started engine and what it was built from (build_engine's result)."""
@@ -181,9 +237,7 @@ class Assembled:
     args: EngineArgs
     kv: KVPlan
     plan: cpu.ThreadPlan
-    # the engine's description as the server's /version, dashboard and the benchmarks read it
-    # (JSON-able: a data-parallel replica sends it over its pipe)
-    info: dict[str, Any]
+    info: EngineInfo
     pooling: Any = None          # a pooling model's model.pooler.PoolingSpec; None for a generating one
 
     @property
@@ -314,27 +368,26 @@ def build_engine(args: EngineArgs) -> Assembled:
         except ValueError:
             async_engine.shutdown(0.0)
             raise
-    info = {
-        "model_path": loaded.source, "model_name": args.model or os.path.basename(loaded.source),
-        "max_model_len": loaded.max_model_len, "dtype": loaded.dtype, "architecture": cfg.architecture,
-        "kernel_variant": _kernels.VARIANT.name, "num_threads": num_threads,
-        "thread_plan": plan.describe(), "kv_cache_tokens": kv.num_tokens, "kv_cache_blocks": kv.num_blocks,
-        "kv_cache_bytes": kv.num_blocks * kv.bytes_per_block, "kv_cache_dtype": kv.kv_cache_dtype,
-        "max_concurrency": kv.max_concurrency, "generation_config": loaded.generation_config,
-        "vocab_size": cfg.vocab_size, "weight_bytes": runner.weight_bytes,
-        "bytes_per_token": runner.bytes_per_token, "weight_formats": runner.formats,
-        "gemm_paths": runner.gemm_paths.as_dict(), "layer_macs_per_token": runner.layer_macs_per_token,
-        "head_macs_per_row": runner.head_macs_per_row, "num_layers": cfg.num_layers, "q_size": cfg.q_size,
-        "startup_seconds": time.perf_counter() - t0,
-        "speculative_config": None if spec is None else dataclasses.asdict(spec),
-        "tensor_parallel_size": tensor_parallel_size,
-        "enable_lora": enable_lora, "max_loras": max_loras if enable_lora else 0, "max_lora_rank": max_lora_rank,
-        "tensor_parallel_ranks": group.ranks if group is not None else [],
-        "mmproj": loaded.mmproj,
-    }
+    info = EngineInfo(
+        model_path=loaded.source, model_name=args.model or os.path.basename(loaded.source),
+        max_model_len=loaded.max_model_len, dtype=loaded.dtype, architecture=cfg.architecture,
+        kernel_variant=_kernels.VARIANT.name, num_threads=num_threads,
+        thread_plan=plan.describe(), kv_cache_tokens=kv.num_tokens, kv_cache_blocks=kv.num_blocks,
+        kv_cache_bytes=kv.num_blocks * kv.bytes_per_block, kv_cache_dtype=kv.kv_cache_dtype,
+        max_concurrency=kv.max_concurrency, generation_config=loaded.generation_config,
+        vocab_size=cfg.vocab_size, weight_bytes=runner.weight_bytes,
+        bytes_per_token=runner.bytes_per_token, weight_formats=runner.formats,
+        gemm_paths=runner.gemm_paths.as_dict(), layer_macs_per_token=runner.layer_macs_per_token,
+        head_macs_per_row=runner.head_macs_per_row, num_layers=cfg.num_layers, q_size=cfg.q_size,
+        startup_seconds=time.perf_counter() - t0,
+        speculative_config=None if spec is None else dataclasses.asdict(spec),
+        tensor_parallel_size=tensor_parallel_size,
+        enable_lora=enable_lora, max_loras=max_loras if enable_lora else 0, max_lora_rank=max_lora_rank,
+        tensor_parallel_ranks=group.ranks if group is not None else [],
+        mmproj=loaded.mmproj)
     if group is not None:
         async_engine.tp_group = group      # closed with the engine (LLM.shutdown, server exit)
-    log.info("engine ready in %.2f s: %s, %d threads, %s", info["startup_seconds"], _kernels.VARIANT.name,
+    log.info("engine ready in %.2f s: %s, %d threads, %s", info.startup_seconds, _kernels.VARIANT.name,
              num_threads, kv.describe())
     return Assembled(async_engine, loaded, args, kv, plan, info)
 
@@ -376,14 +429,15 @@ def _build_pooling_engine(args: EngineArgs, loaded, plan: cpu.ThreadPlan, t0: fl
     runner = engine.runner
     kv = KVPlan(num_blocks, block_size, runner.kv_cache_bytes // num_blocks, loaded.max_model_len,
                 kv_cache_format(loaded.dtype, "auto"), "one step of whole inputs")
-    info = {"model_path": loaded.source, "model_name": args.model or os.path.basename(loaded.source),
-            "max_model_len": loaded.max_model_len, "dtype": loaded.dtype, "architecture": cfg.architecture,
-            "kernel_variant": _kernels.VARIANT.name, "num_threads": plan.num_threads,
-            "thread_plan": plan.describe(), "runner": "pooling", "pooler": spec.pooler,
-            "weight_bytes": runner.weight_bytes, "weight_formats": runner.formats,
-            "kv_cache_tokens": kv.num_tokens, "kv_cache_blocks": num_blocks, "kv_cache_bytes": runner.kv_cache_bytes,
-            "vocab_size": cfg.vocab_size, "hidden_size": cfg.dim, "num_labels": spec.num_labels,
-            "num_layers": cfg.num_layers, "startup_seconds": time.perf_counter() - t0}
+    info = EngineInfo(
+        model_path=loaded.source, model_name=args.model or os.path.basename(loaded.source),
+        max_model_len=loaded.max_model_len, dtype=loaded.dtype, architecture=cfg.architecture,
+        kernel_variant=_kernels.VARIANT.name, num_threads=plan.num_threads,
+        thread_plan=plan.describe(), runner="pooling", pooler=spec.pooler,
+        weight_bytes=runner.weight_bytes, weight_formats=runner.formats,
+        kv_cache_tokens=kv.num_tokens, kv_cache_blocks=num_blocks, kv_cache_bytes=runner.kv_cache_bytes,
+        vocab_size=cfg.vocab_size, hidden_size=cfg.dim, num_labels=spec.num_labels,
+        num_layers=cfg.num_layers, startup_seconds=time.perf_counter() - t0)
     return Assembled(async_engine, loaded, args, kv, plan, info, spec)
 
 
@@ -410,7 +464,7 @@ def _exit_server(message: str) -> None:
 
 
 def build_async_engine(args: EngineArgs | str | None = None, **kwargs):
-    """For the server: (AsyncEngine, tokenizer, info); a pooling model's AsyncEngine with the
+    """For the server: (AsyncEngine, tokenizer, info as a dict); a pooling model's AsyncEngine with the
     pooling calls over it (engine/pooling.py PoolingClient). args: EngineArgs, or the model
     argument and EngineArgs' fields as keywords (serving defaults: a 2048-token budget)."""
     if not isinstance(args, EngineArgs):
@@ -418,6 +472,6 @@ def build_async_engine(args: EngineArgs | str | None = None, **kwargs):
         args = EngineArgs(args if args is not None else kwargs.pop("model", None), **kwargs)
     built = build_engine(args)
     if built.pooling is not None:
-        return PoolingClient(built.engine, built.tokenizer, built.pooling, built.info["model_name"]), \
-            built.tokenizer, built.info
-    return built.engine, built.tokenizer, built.info
+        return PoolingClient(built.engine, built.tokenizer, built.pooling, built.info.model_name), \
+            built.tokenizer, built.info.as_dict()
+    return built.engine, built.tokenizer, built.info.as_dict()

@@ -297,6 +297,7 @@ def _replica_main(index: int, environ: dict[str, str], affinity: list[int] | Non
             "kv_cache_dtype", "max_concurrency", "generation_config", "vocab_size", "weight_bytes",
             "bytes_per_token", "num_layers", "startup_seconds", "tensor_parallel_size", "mmproj", "runner",
             "hidden_size", "num_labels")
+    info = info.as_dict()
     send(("ready", {**{k: info[k] for k in keep if k in info}, "pid": os.getpid(),
                     "block_size": config.block_size, "max_num_seqs": config.max_num_seqs,
                     "max_num_batched_tokens": config.max_num_batched_tokens,

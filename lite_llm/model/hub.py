@@ -124,7 +124,7 @@ def _gguf_models(files: list[str]) -> dict[str | None, list[str]]:
     return out
 
 
-def _pick_gguf(name: HubName, files: list[str], where: str) -> list[str]:
+def pick_gguf(name: HubName, files: list[str], where: str) -> list[str]:
     """The GGUF file(s) of name's tag (a quant, or a file's own name): one file, or every shard of
     one split model."""
     by_tag = _gguf_models(files)
@@ -176,7 +176,7 @@ def _whole(group: list[str], where: str) -> list[str]:
     return group
 
 
-def _pick_mmproj(files: list[str], tag: str | None) -> str | None:
+def pick_mmproj(files: list[str], tag: str | None) -> str | None:
     """The mmproj GGUF beside a vision model: of the model's own tag if there is one, else F16,
     BF16, F32, else the first by name."""
     mm = sorted(f for f in files if _is_mmproj(f) and f.lower().endswith(".gguf"))
@@ -189,7 +189,7 @@ def _pick_mmproj(files: list[str], tag: str | None) -> str | None:
     return mm[0]
 
 
-def _safetensors_files(files: list[str]) -> list[str]:
+def safetensors_files(files: list[str]) -> list[str]:
     """Side files and weights of a safetensors model (the index's shards are added once it is here)."""
     present = set(files)
     side = [f for f in _SIDE_FILES if f in present] + sorted(f for f in files if _POOLING_CONFIG.match(f))
@@ -453,12 +453,12 @@ def resolve(name: str | HubName, revision: str | None = None, *, mmproj: bool = 
              else f"{ref.repo_id} in the local Hugging Face cache ({cache_dir()})")
     has_gguf = any(f.lower().endswith(".gguf") for f in files)
     if ref.tag is None and _is_safetensors_repo(files):
-        fmt, quant, wanted, mm = "safetensors", None, _safetensors_files(files), None
+        fmt, quant, wanted, mm = "safetensors", None, safetensors_files(files), None
     elif has_gguf:
         fmt = "gguf"
-        wanted = _pick_gguf(ref, files, where)
+        wanted = pick_gguf(ref, files, where)
         quant = quant_of(wanted[0])
-        mm = _pick_mmproj(files, quant) if mmproj else None
+        mm = pick_mmproj(files, quant) if mmproj else None
         if mm:
             wanted = wanted + [mm]
     elif ref.tag is not None and _is_safetensors_repo(files):

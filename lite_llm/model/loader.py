@@ -56,6 +56,12 @@ class LoadedModel:
     def is_gguf(self) -> bool:
         return isinstance(self._reader, _gguf.GGUFFile)
 
+    @property
+    def gguf_metadata(self) -> dict[str, Any] | None:
+        """A GGUF checkpoint's key-value metadata (without the tokenizer's arrays once the tokenizer
+        is built from them); None for other checkpoints."""
+        return self._reader.metadata if self.is_gguf else None
+
     def tensor_names(self) -> list[str]:
         """Canonical names iter_tensors() yields, in order."""
         return _arch.tensor_names(self.config)

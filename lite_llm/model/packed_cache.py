@@ -53,7 +53,7 @@ ALIGN = 4096
 _MADV_POPULATE_READ = 22     # Linux 5.14+: map the cached pages in one call
 
 
-def _files(source: str) -> list[list]:
+def source_files(source: str) -> list[list]:
     """(path, size, mtime_ns) of the checkpoint's files: the file itself (with every shard of a
     split GGUF model: found by name before links resolve, a hub cache's blobs have none), or every
     file of a directory (weights, config, anything a loader might read)."""
@@ -72,10 +72,10 @@ def key_of(loaded, dtype: str, quantization: str | None, shard, kernels) -> tupl
         return None
     cfg = loaded.config if shard is None else shard.config
     so = getattr(kernels, "__file__", None) or ""
-    inputs = {"format": FORMAT, "files": _files(source), "dtype": dtype, "quantization": quantization,
+    inputs = {"format": FORMAT, "files": source_files(source), "dtype": dtype, "quantization": quantization,
               "rank": None if shard is None else [shard.rank, shard.size],
               "config": repr(dataclasses.asdict(cfg)) if dataclasses.is_dataclass(cfg) else repr(cfg),
-              "kernels": _files(so)[0] if so else None}
+              "kernels": source_files(so)[0] if so else None}
     inputs = json.loads(json.dumps(inputs, sort_keys=True, default=str))    # as the index keeps them
     data = json.dumps(inputs, sort_keys=True).encode()
     # two checksums name the entry (no hashlib: it loads OpenSSL into every start); load()

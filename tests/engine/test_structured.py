@@ -41,6 +41,7 @@ def _structured(llm) -> StructuredOutputs:
     return llm.llm_engine.structured
 
 
+@pytest.mark.slow      # one of the longest: the slow tier (tests/conftest.py TIERS), which CI runs
 def test_json_schema_outputs_validate_and_stop_at_the_grammar_end(llm):
     prompt = [{"role": "user", "content": "Describe a person as JSON."}]
     params = SamplingParams(temperature=1.0, max_tokens=300, seed=7,

@@ -280,6 +280,7 @@ def test_the_mmproj_beside_a_vision_gguf_comes_with_it(hub, env, models):
 # ---- offline, resume, corruption -----------------------------------------------------------------
 
 
+@pytest.mark.slow      # one of the longest: the slow tier (tests/conftest.py TIERS), which CI runs
 def test_offline_serves_from_the_cache_without_a_request(hub, env, models):
     code, lines = cli("pull", f"{GGUF_REPO}:Q8_0", env=env)
     assert code == 0, lines
@@ -296,6 +297,7 @@ def test_offline_serves_from_the_cache_without_a_request(hub, env, models):
     assert len(hub.requests) == before
 
 
+@pytest.mark.slow      # one of the longest: the slow tier (tests/conftest.py TIERS), which CI runs
 def test_a_hub_out_of_reach_leaves_the_cache(hub, env, models):
     code, lines = cli("pull", f"{GGUF_REPO}:Q8_0", env=env)
     assert code == 0, lines

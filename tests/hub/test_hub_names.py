@@ -46,7 +46,7 @@ REPO = ["README.md", "Qwen3-8B-Q4_K_M.gguf", "Qwen3-8B-UD-Q4_K_XL.gguf", "Qwen3-
 
 
 def test_gguf_choice():
-    pick = lambda name, files=REPO: hub._pick_gguf(hub.parse_name(name), files, "the repo")  # noqa: E731
+    pick = lambda name, files=REPO: hub.pick_gguf(hub.parse_name(name), files, "the repo")  # noqa: E731
     assert pick("o/r") == ["Qwen3-8B-Q4_K_M.gguf"]                    # llama.cpp's default tag
     assert pick("o/r:q8_0") == ["Qwen3-8B-Q8_0.gguf"]
     assert pick("o/r:Q4_K_XL") == pick("o/r:UD-Q4_K_XL") == ["Qwen3-8B-UD-Q4_K_XL.gguf"]
@@ -65,19 +65,19 @@ def test_gguf_choice():
         pick("o/r:other.gguf")
     with pytest.raises(hub.HubError, match="lacks shard"):
         pick("o/r:BF16", ["BF16/Qwen3-8B-BF16-00001-of-00002.gguf"])
-    assert hub._pick_mmproj(REPO, "Q8_0") == "mmproj-F16.gguf" and hub._pick_mmproj(REPO, "F32") == "mmproj-F32.gguf"
-    assert hub._pick_mmproj(REPO[:4], "Q8_0") is None
+    assert hub.pick_mmproj(REPO, "Q8_0") == "mmproj-F16.gguf" and hub.pick_mmproj(REPO, "F32") == "mmproj-F32.gguf"
+    assert hub.pick_mmproj(REPO[:4], "Q8_0") is None
 
 
 def test_safetensors_files():
     side = ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json", "README.md",
             "1_Pooling/config.json", "original/consolidated.pth", "pytorch_model.bin"]
-    assert hub._safetensors_files(side + ["model.safetensors", "model.onnx"]) == [
+    assert hub.safetensors_files(side + ["model.safetensors", "model.onnx"]) == [
         "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "1_Pooling/config.json",
         "model.safetensors"]
-    sharded = hub._safetensors_files(side + ["model.safetensors.index.json", "model-00001-of-00002.safetensors"])
+    sharded = hub.safetensors_files(side + ["model.safetensors.index.json", "model-00001-of-00002.safetensors"])
     assert sharded[-1] == "model.safetensors.index.json" and "model-00001-of-00002.safetensors" not in sharded
-    mistral = hub._safetensors_files(["config.json", "consolidated.safetensors", "model-00001-of-00001.safetensors"])
+    mistral = hub.safetensors_files(["config.json", "consolidated.safetensors", "model-00001-of-00001.safetensors"])
     assert mistral == ["config.json", "model-00001-of-00001.safetensors"]
 
 
@@ -100,7 +100,7 @@ def test_a_split_gguf_reads_as_one_file(tmp_path):
         np.testing.assert_array_equal(f.read_rows(name, 1, 3), t[1:3])
     f.close()
     # the packed-weights cache keys a split model by all its shards
-    assert [p[0] for p in packed_cache._files(str(first))] == [
+    assert [p[0] for p in packed_cache.source_files(str(first))] == [
         str(tmp_path / f"m-0000{i}-of-00003.gguf") for i in (1, 2, 3)]
     with pytest.raises(ModelLoadError, match="shard 2 of 3 of a split GGUF model: pass its first shard"):
         GGUFFile(str(tmp_path / "m-00002-of-00003.gguf"))

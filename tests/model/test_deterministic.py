@@ -87,6 +87,7 @@ def test_sliding_window_past_an_attention_span():
                     max_model_len=512)
 
 
+@pytest.mark.slow      # one of the longest: the slow tier (tests/conftest.py TIERS), which CI runs
 def test_default_model_bits_do_not_depend_on_the_batch():
     try:
         path = default_model_path()

@@ -46,6 +46,7 @@ def smollm():
     llm.shutdown()
 
 
+@pytest.mark.slow      # one of the longest: the slow tier (tests/conftest.py TIERS), which CI runs
 def test_default_model_greedy_tokens_match_transformers_on_the_same_gguf(smollm):
     """transformers dequantizes the same Q4_1 GGUF; fp32 greedy continuations must agree."""
     import os

@@ -782,7 +782,7 @@ def test_gguf_load_drops_the_vocabulary_arrays(monkeypatch):
 
     monkeypatch.setattr(Tokenizer, "from_gguf_metadata", classmethod(spy))
     m = load_model(str(SMOLLM2), dtype="bfloat16", progress=False)
-    meta = m._reader.metadata
+    meta = m.gguf_metadata
     assert not set(lgguf.TOKENIZER_ARRAYS) & set(meta)
     assert meta["tokenizer.chat_template"] == m.tokenizer.chat_template and meta["tokenizer.ggml.eos_token_id"] == 2
     assert m.tokenizer.encode("Hello world") == [19556, 905] and m.tokenizer.eos_token_id == 2
@@ -790,7 +790,7 @@ def test_gguf_load_drops_the_vocabulary_arrays(monkeypatch):
     assert len(tokens) == m.config.vocab_size == 49152
     assert sys.getrefcount(tokens) == 2          # our local and getrefcount's argument: nobody else
     skipped = load_model(str(SMOLLM2), dtype="bfloat16", skip_tokenizer_init=True, progress=False)
-    assert skipped.tokenizer is None and not set(lgguf.TOKENIZER_ARRAYS) & set(skipped._reader.metadata)
+    assert skipped.tokenizer is None and not set(lgguf.TOKENIZER_ARRAYS) & set(skipped.gguf_metadata)
 
 
 def test_reads_without_preadv(tiny_checkpoint, tmp_path, monkeypatch):

@@ -97,6 +97,7 @@ def run_blocks(path, spec, prompts, params, kwargs):
     return [list(o.outputs[0].token_ids) for o in outs], outs, stats
 
 
+@pytest.mark.slow      # one of the longest: the slow tier (tests/conftest.py TIERS), which CI runs
 def test_stops_inside_accepted_drafts_cut_the_output(default_model):
     """A stop string, and a stop token, met in the middle of the run: the same text, tokens
     and finish reason as without drafts (the drafts after the stop are dropped)."""

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from lite_llm.multimodal.whisper_ggml import GGMLWhisperFile, StoredMatrix
 from whisper_ggml_files import whisper_ggml_checkpoint, write_ggml
@@ -44,6 +45,7 @@ def check_rows(result: dict, engines: list[str], lengths=(5.0, 35.0)) -> list[di
     return rows
 
 
+@pytest.mark.slow      # one of the longest: the slow tier (tests/conftest.py TIERS), which CI runs
 def test_bench_runs_lite_llm_from_the_directory_and_the_file(tmp_path):
     rows = check_rows(run_bench(tmp_path, "lite-llm,lite-llm-ggml"), ["lite-llm", "lite-llm-ggml"])
     # the F16 file holds the directory's model (its weights are float16 values): the same tokens

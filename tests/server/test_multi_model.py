@@ -180,8 +180,10 @@ def test_idle_models_unload_after_keep_alive(checkpoints):
     try:
         port = server.port
         threads = _engine_threads()
-        assert _complete(port, "beta")[0] == 200
-        assert _engine_threads() == threads + 1
+        with pool.use("alpha"):        # held: an idle second would unload it while beta loads
+            assert _complete(port, "beta")[0] == 200
+            with pool.use("beta"):     # beta's engine beside alpha's (reloaded if its second passed)
+                assert _engine_threads() == threads + 1
         rss_loaded = models.rss_bytes()
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and set(_statuses(port).values()) != {"unloaded"}:

@@ -164,6 +164,7 @@ def _client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
 
 
+@pytest.mark.slow      # one of the longest: the slow tier (tests/conftest.py TIERS), which CI runs
 def test_tool_choice_required_gives_a_valid_call_every_time(default_server):
     client = _client(default_server)
     seen = set()
@@ -181,6 +182,7 @@ def test_tool_choice_required_gives_a_valid_call_every_time(default_server):
     assert seen                                  # (which tools the model picks is its own business)
 
 
+@pytest.mark.slow      # one of the longest: the slow tier (tests/conftest.py TIERS), which CI runs
 def test_named_tool_choice_and_no_parallel_calls(default_server):
     client = _client(default_server)
     for seed in range(3):
