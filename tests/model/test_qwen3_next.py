@@ -103,6 +103,25 @@ def test_bf16_weights_stay_close_to_transformers_fp32():
     _check_routed(err, 0.03, 0.01)
 
 
+def test_q8_0_at_load_matches_the_dequantized_reference(tmp_path):
+    """Every matrix but the routers and shared gates quantized at load to Q8_0 (the reordered
+    in_proj and qkv, out_proj and the experts on the int8-block kernels; the conv taps and the
+    delta rule's vectors stay float) against transformers on the same weights quantized and
+    dequantized by the gguf package, whole and a token at a time, within the quantized
+    families' bound (test_moe.py)."""
+    import gguf
+    from test_moe import _check_quantized_moe, _roundtrip_reference
+    ckpt = tiny_checkpoint_path("qwen3_next")
+
+    def qtype_of(name: str):
+        return None if name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")) else gguf.GGMLQuantizationType.Q8_0
+    model = _roundtrip_reference(ckpt, tmp_path / "roundtrip", qtype_of)
+    runner, _ = make_runner(ckpt, quantization="q8_0")
+    for name in ("layers.0.in_proj", "layers.0.out_proj", "layers.1.qkv", "layers.1.o"):
+        assert runner.formats[name] == (("Q8_0",), "int8 blocks"), name
+    _check_quantized_moe(runner, model, "q8_0")
+
+
 def test_info_counts_the_state_and_the_attention_layers_kv():
     from lite_llm import info
     m = info.model_weight_bytes(str(tiny_checkpoint_path("qwen3_next")))
