@@ -127,3 +127,18 @@ def test_info_counts_the_state_and_the_attention_layers_kv():
     m = info.model_weight_bytes(str(tiny_checkpoint_path("qwen3_next")))
     assert m["kv_bytes_per_token_bf16"] == 1 * 2 * 2 * 16 * 2
     assert m["state_bytes_per_seq"] == 3 * (3 * 96 + 4 * 16 * 8) * 4 and "Gated DeltaNet" in m["state_note"]
+
+
+@pytest.mark.parametrize("kind", ["speculative", "lora", "tensor_parallel", "deterministic"])
+def test_what_the_state_cache_cannot_serve_is_refused(kind):
+    """As LFM2's and Bamba's (test_lfm2.py); deterministic mode too: the delta rule sums by
+    chunks counted from each step's first token, so a prompt cut elsewhere sums otherwise."""
+    from lite_llm.config import SpeculativeConfig
+    from lite_llm.llm import EngineArgs, build_engine
+    path = str(tiny_checkpoint_path("qwen3_next"))
+    extra = {"speculative": {"speculative_config": SpeculativeConfig("ngram", 2)},
+             "lora": {"enable_lora": True}, "tensor_parallel": {"tensor_parallel_size": 2},
+             "deterministic": {"deterministic": True}}[kind]
+    match = "Gated DeltaNet layers" if kind == "deterministic" else "recurrent layers: .*Gated DeltaNet"
+    with pytest.raises(ValueError, match=match):
+        build_engine(EngineArgs(path, dtype="float32", num_kv_blocks=8, progress=False, **extra))
