@@ -142,3 +142,21 @@ def test_what_the_state_cache_cannot_serve_is_refused(kind):
     match = "Gated DeltaNet layers" if kind == "deterministic" else "recurrent layers: .*Gated DeltaNet"
     with pytest.raises(ValueError, match=match):
         build_engine(EngineArgs(path, dtype="float32", num_kv_blocks=8, progress=False, **extra))
+
+
+def test_multi_token_prediction_weights_are_not_read(tmp_path):
+    """A released checkpoint carries its multi-token-prediction head (mtp.*) beside the model,
+    which transformers does not load either: the same logits with and without it."""
+    from safetensors.numpy import save_file
+    from conftest import checkpoint_copy
+    ckpt = tiny_checkpoint_path("qwen3_next")
+    sd = checkpoint_copy(ckpt, tmp_path / "mtp")
+    E = sd["model.norm.weight"].shape[0]
+    rng = np.random.default_rng(0)
+    sd.update({"mtp.fc.weight": rng.standard_normal((E, 2 * E)).astype(np.float32),
+               "mtp.norm.weight": np.ones(E, np.float32)})
+    save_file(sd, str(tmp_path / "mtp" / "model.safetensors"), metadata={"format": "pt"})
+    prompts = prompts_for(320, [5, 23])
+    want = lite_logits(make_runner(ckpt)[0], prompts)
+    for g, w in zip(lite_logits(make_runner(tmp_path / "mtp")[0], prompts), want):
+        np.testing.assert_array_equal(g, w)
