@@ -252,7 +252,8 @@ cdef class Model:
         self.c.conv_len = cfg.conv_len if any(is_conv) else 0
         self.c.mamba_h, self.c.mamba_p = cfg.mamba_heads, cfg.mamba_head_dim
         self.c.mamba_g, self.c.mamba_n = cfg.mamba_groups, cfg.mamba_state
-        self.c.gdn_hk, self.c.gdn_hv, self.c.gdn_dk, self.c.gdn_dv = cfg.gdn_k_heads, cfg.gdn_v_heads, cfg.gdn_k_dim, cfg.gdn_v_dim
+        self.c.gdn_hk, self.c.gdn_hv = cfg.gdn_k_heads, cfg.gdn_v_heads
+        self.c.gdn_dk, self.c.gdn_dv = cfg.gdn_k_dim, cfg.gdn_v_dim
         self.c.attn_gate = cfg.attn_gate
         if False not in is_conv:
             raise ValueError("a model needs at least one attention layer")
