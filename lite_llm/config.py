@@ -116,6 +116,21 @@ class ModelConfig:
     mamba_d_conv: int = 0
     mamba_conv_bias: bool = True
     mamba_proj_bias: bool = False
+    # Gated DeltaNet layers (layer_types "deltanet": Qwen3-Next's linear attention): in_proj ->
+    # q, k (linear_num_key_heads of linear_key_head_dim), v, z (linear_num_value_heads of
+    # linear_value_head_dim), b, a (one per value head); a causal conv of linear_conv_kernel_dim
+    # taps with SiLU over q | k | v; L2-normed q and k; the gated delta rule with beta =
+    # sigmoid(b), decay exp(-exp(A_log) softplus(a + dt_bias)), a state [Dk, Dv] per value head;
+    # RMSNorm(o) * silu(z) per head; out_proj. Their state per sequence: the conv's last taps - 1
+    # inputs and the [Hv, Dk, Dv] states
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    # attention whose q_proj also gives a gate per query channel: out = attention * sigmoid(gate)
+    # before o (Qwen3-Next's gated attention)
+    attn_output_gate: bool = False
 
     @property
     def is_moe(self) -> bool:
@@ -134,14 +149,25 @@ class ModelConfig:
         return sum(1 for kind in self.layer_types if kind == "mamba")
 
     @property
+    def num_deltanet_layers(self) -> int:
+        return sum(1 for kind in self.layer_types if kind == "deltanet")
+
+    @property
     def is_hybrid(self) -> bool:
-        """Whether some layers keep a recurrent state instead of KV (short convolutions, Mamba2)."""
-        return self.num_conv_layers + self.num_mamba_layers > 0
+        """Whether some layers keep a recurrent state instead of KV (short convolutions, Mamba2,
+        Gated DeltaNet)."""
+        return self.num_conv_layers + self.num_mamba_layers + self.num_deltanet_layers > 0
 
     @property
     def num_attention_layers(self) -> int:
         """Layers with a KV cache."""
-        return self.num_layers - self.num_conv_layers - self.num_mamba_layers
+        return self.num_layers - self.num_conv_layers - self.num_mamba_layers - self.num_deltanet_layers
+
+    @property
+    def deltanet_conv_dim(self) -> int:
+        """Channels of a Gated DeltaNet layer's convolution: q and k of every key head, then v."""
+        return (2 * self.linear_num_key_heads * self.linear_key_head_dim
+                + self.linear_num_value_heads * self.linear_value_head_dim)
 
     @property
     def mamba_conv_dim(self) -> int:
@@ -151,6 +177,8 @@ class ModelConfig:
     @property
     def recurrent_len(self) -> int:
         """Taps of the model's convolutions (LFM2's conv_L_cache or Mamba2's d_conv)."""
+        if self.num_deltanet_layers:
+            return self.linear_conv_kernel_dim
         return self.mamba_d_conv if self.num_mamba_layers else self.conv_L_cache
 
     @property
@@ -158,7 +186,10 @@ class ModelConfig:
         """The recurrent state of one sequence over all layers (float32), fixed in its length."""
         mamba = (max(self.mamba_d_conv - 1, 0) * self.mamba_conv_dim
                  + self.mamba_n_heads * self.mamba_d_head * self.mamba_d_state)
-        return 4 * (self.num_conv_layers * max(self.conv_L_cache - 1, 0) * self.dim + self.num_mamba_layers * mamba)
+        deltanet = (max(self.linear_conv_kernel_dim - 1, 0) * self.deltanet_conv_dim
+                    + self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim)
+        return 4 * (self.num_conv_layers * max(self.conv_L_cache - 1, 0) * self.dim + self.num_mamba_layers * mamba
+                    + self.num_deltanet_layers * deltanet)
 
     @property
     def cache_kv_heads(self) -> int:
@@ -185,10 +216,11 @@ class LayerConfig:
     sliding_window: int = 0      # attend to the last W positions (incl. self); 0: every earlier position
     rope_table: int = 0          # which of the Model's RoPE tables rotates q and k (Gemma 3: 1 = local)
     kind: str = "attention"      # LAYER_KINDS: "conv" is a short-convolution layer (LFM2), KernelConfig.conv_len;
-                                 # "mamba" a Mamba2 layer (KernelConfig.mamba_*)
+                                 # "mamba" a Mamba2 layer (KernelConfig.mamba_*); "deltanet" a
+                                 # Gated DeltaNet layer (KernelConfig.gdn_*)
 
 
-LAYER_KINDS = ("attention", "conv", "mamba")
+LAYER_KINDS = ("attention", "conv", "mamba", "deltanet")
 KERNEL_NORMS = ("rms", "layer")
 KERNEL_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu", "swiglu_oai")   # swiglu_oai: gpt-oss's clamped SwiGLU
 MOE_ROUTINGS = ("softmax_topk", "topk_softmax", "grouped_softmax", "grouped_sigmoid")
@@ -256,6 +288,11 @@ class KernelConfig:
     mamba_head_dim: int = 0
     mamba_groups: int = 1
     mamba_state: int = 0
+    gdn_k_heads: int = 0         # Gated DeltaNet layers (ModelConfig.linear_*): key heads, value heads,
+    gdn_v_heads: int = 0         # their channels
+    gdn_k_dim: int = 0
+    gdn_v_dim: int = 0
+    attn_gate: bool = False      # attention output x sigmoid(gate) from q's rows (ModelConfig.attn_output_gate)
 
     MAX_HEAD_DIM = 512
     MAX_CONV_LEN = 8             # LL_CONV_MAX_LEN, src/kernels/conv.h           # LL_MAX_HEAD_DIM, src/kernels/attention.h
@@ -312,6 +349,14 @@ class KernelConfig:
                 or self.mamba_heads % self.mamba_groups or any(layer.kind == "conv" for layer in self.layers)):
             raise ValueError(f"Mamba2 layers: {self.mamba_heads} heads of {self.mamba_head_dim} in "
                              f"{self.mamba_groups} groups (dividing them), a state of {self.mamba_state}")
+        if any(layer.kind == "deltanet" for layer in self.layers) and (
+                min(self.gdn_k_heads, self.gdn_v_heads, self.gdn_k_dim, self.gdn_v_dim) < 1
+                or self.gdn_v_heads % self.gdn_k_heads
+                or any(layer.kind in ("conv", "mamba") for layer in self.layers)):
+            raise ValueError(f"Gated DeltaNet layers: {self.gdn_v_heads} value heads of {self.gdn_v_dim} sharing "
+                             f"{self.gdn_k_heads} key heads of {self.gdn_k_dim} (dividing them)")
+        if self.attn_gate and self.kv_lora_rank:
+            raise ValueError("an attention output gate with latent attention is not supported")
         if any(layer.kind != "attention" for layer in self.layers):
             if not 1 <= self.conv_len <= self.MAX_CONV_LEN:
                 raise ValueError(f"short convolutions of {self.conv_len} taps: the kernels run 1..{self.MAX_CONV_LEN}")

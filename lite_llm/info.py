@@ -147,6 +147,11 @@ def model_weight_bytes(model: str | None) -> dict[str, Any]:
             out["state_note"] = (f"{config.conv_L_cache - 1} gated inputs of {config.dim} channels x "
                                  f"{config.num_conv_layers} conv layers, float32, constant in context length"
                                  if config.num_conv_layers else
+                                 f"conv {config.linear_conv_kernel_dim - 1} x {config.deltanet_conv_dim} and delta-rule "
+                                 f"{config.linear_num_value_heads} x {config.linear_key_head_dim} x "
+                                 f"{config.linear_value_head_dim} values x {config.num_deltanet_layers} Gated DeltaNet "
+                                 "layers, float32, constant in context length"
+                                 if config.num_deltanet_layers else
                                  f"conv {config.mamba_d_conv - 1} x {config.mamba_conv_dim} and scan "
                                  f"{config.mamba_n_heads} x {config.mamba_d_head} x {config.mamba_d_state} values x "
                                  f"{config.num_mamba_layers} Mamba2 layers, float32, constant in context length")

@@ -165,6 +165,16 @@ ARCH_DEFAULTS: dict[str, dict] = {
     "bamba": dict(_BASE, num_hidden_layers=3, attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head="auto",
                   mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16,
                   rms_norm_eps=1e-5, tie_word_embeddings=False),
+    # Qwen3-Next: Gated DeltaNet layers (2 key heads of 16 serving 4 value heads of 8, 4 conv
+    # taps) around one gated attention layer (RoPE over a quarter of each head), every layer's
+    # MLP top-2 of 4 experts (renormalised) with a gated shared expert; prompts past two 64-token chunks
+    "qwen3_next": dict(_BASE, head_dim=16, num_hidden_layers=4, max_position_embeddings=256,
+                       layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                       linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=True,
+                       decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6, tie_word_embeddings=False,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
     "lfm2": dict(_BASE, num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "conv"], conv_L_cache=3,
                  conv_bias=False, norm_eps=1e-5, block_auto_adjust_ff_dim=False, tie_word_embeddings=True,
                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
@@ -280,6 +290,7 @@ def _model_class(arch: str):
             "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
             "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
             "bamba": (transformers.BambaConfig, transformers.BambaForCausalLM),
+            "qwen3_next": (transformers.Qwen3NextConfig, transformers.Qwen3NextForCausalLM),
             "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
             "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
             "opt": (transformers.OPTConfig, transformers.OPTForCausalLM),
@@ -343,12 +354,19 @@ def build_tiny_checkpoint(arch: str, out_dir: Path, std: float = 0.05, seed: int
     torch.manual_seed(seed)
     model = model_cls(config).eval()
     # Gemma's norms scale by (1 + w): w around 0 gives the other families' effective scales
-    randomize_weights(model, std, norm_low=-0.5 if arch.startswith("gemma") else 0.5)
+    # (Qwen3-Next's too, but for its DeltaNet layers' gated norm, a plain scale)
+    randomize_weights(model, std, norm_low=-0.5 if arch.startswith("gemma") else
+                      (lambda name: 0.5 if "linear_attn.norm" in name else -0.5) if arch == "qwen3_next" else 0.5)
     if arch == "gpt_oss":   # sinks that outweigh some scores, gate / up values past the SwiGLU's clamp at 7
         with torch.no_grad():
             for layer in model.model.layers:
                 layer.self_attn.sinks.normal_(0.0, 1.0)
                 layer.mlp.experts.gate_up_proj_bias.normal_(0.0, 6.0)
+    if arch == "qwen3_next":   # decays of 0.7-0.99 a token: the DeltaNet state carries across a 64-token chunk
+        with torch.no_grad():
+            for layer in model.model.layers:
+                if hasattr(layer, "linear_attn"):
+                    layer.linear_attn.A_log.uniform_(-4.0, -1.0)
     if arch == "deepseek_v3":   # a correction bias that changes which experts are chosen
         with torch.no_grad():
             for layer in model.model.layers[config.first_k_dense_replace:]:

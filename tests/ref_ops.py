@@ -334,3 +334,30 @@ def causal_conv_silu(x: np.ndarray, state: np.ndarray, w: np.ndarray, bias: np.n
     if bias is not None:
         y = y + bias
     return (y / (1.0 + np.exp(-y))).astype(np.float32), ext[n:].astype(np.float32)
+
+
+def gated_delta(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
+                state: np.ndarray, reset: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The gated delta rule token by token (the plain definition, as transformers'
+    torch_recurrent_gated_delta_rule): q, k [n, Hk Dk] (q L2-normalised and scaled, k
+    L2-normalised), v [n, Hv Dv], g (log decay) and beta [n, Hv], state [Hv, Dk, Dv]; value head h
+    reads query / key head h // (Hv / Hk). Per token: S = exp(g) S, S += k (beta (v - S^T k))^T,
+    o = S^T q. -> (o [n, Hv Dv], state)."""
+    Hv, Dk, Dv = state.shape
+    per = Hv // (q.shape[1] // Dk)
+    S = np.zeros((Hv, Dk, Dv)) if reset else state.astype(np.float64)
+    o = np.zeros((q.shape[0], Hv * Dv))
+    for t in range(q.shape[0]):
+        for h in range(Hv):
+            kh = h // per
+            qt, kt = q[t, kh * Dk:(kh + 1) * Dk].astype(np.float64), k[t, kh * Dk:(kh + 1) * Dk].astype(np.float64)
+            S[h] *= np.exp(np.float64(g[t, h]))
+            S[h] += np.outer(kt, beta[t, h] * (v[t, h * Dv:(h + 1) * Dv] - S[h].T @ kt))
+            o[t, h * Dv:(h + 1) * Dv] = S[h].T @ qt
+    return o.astype(np.float32), S.astype(np.float32)
+
+
+def l2norm(x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """x / sqrt(sum x^2 + eps) along the last axis (FLA's and transformers' l2norm)."""
+    x = x.astype(np.float64)
+    return (x / np.sqrt((x * x).sum(-1, keepdims=True) + eps)).astype(np.float32)

@@ -206,6 +206,14 @@ cdef extern from "kernels/ssm.h" nogil:
                          const float *B, Py_ssize_t ldb, const float *C, Py_ssize_t ldc, float *y, Py_ssize_t ldy,
                          float *state, Py_ssize_t n, Py_ssize_t P, Py_ssize_t N, int reset, float *scratch)
 
+cdef extern from "kernels/delta.h" nogil:
+    int LL_GDN_CHUNK
+    Py_ssize_t ll_gdn_scratch(Py_ssize_t Dv)
+    void ll_gated_delta_f32(const float *q, Py_ssize_t ldq, const float *k, Py_ssize_t ldk, const float *v,
+                            Py_ssize_t ldv, const float *g, Py_ssize_t ldg, const float *beta, Py_ssize_t ldbeta,
+                            float *o, Py_ssize_t ldo, float *state, Py_ssize_t n, Py_ssize_t Dk, Py_ssize_t Dv,
+                            int reset, float *scratch)
+
 cdef extern from "kernels/mla.h" nogil:
     Py_ssize_t ll_mla_scratch(Py_ssize_t heads, Py_ssize_t dk)
     void ll_mla_attention(const float *q, Py_ssize_t dk, Py_ssize_t r, int h0, int h1, const void *cache, int bf16,

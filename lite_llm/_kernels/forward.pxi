@@ -2,7 +2,7 @@
 # no Python between ops. Model holds pointers into the packed weights and the KV cache;
 # Workspace holds activations sized once for the largest step.
 
-from libc.math cimport log1pf
+from libc.math cimport log1pf, sqrtf
 
 cdef enum:
     MROPE_MAX_PAIRS = 256   # multimodal RoPE's per-token angle rows live on the stack: rope_dim <= 512
@@ -41,7 +41,8 @@ cdef struct LayerW:
     void *v_cache                 # (NULL on a conv layer: it keeps no KV)
     # a short-convolution layer (LFM2's conv, conv.h; ModelC.conv_len L): qkv is its in_proj
     # [3E, E] (B | C | x rows), o its out_proj [E, E]
-    int conv                      # 1: a short-convolution layer, 2: a Mamba2 layer (LayerConfig.kind, at build time)
+    int conv                      # 1: a short-convolution layer, 2: a Mamba2 layer, 3: a Gated DeltaNet layer
+                                  # (LayerConfig.kind, at build time)
     const float *conv_w           # [L, E] the taps, tap L - 1 the token's own
     const float *conv_b           # [E] or NULL
     float *conv_state             # [slots, L - 1, E] each batch slot's last L - 1 gated inputs
@@ -53,6 +54,10 @@ cdef struct LayerW:
     const float *dt_bias          # [H]
     const float *gnorm_w          # [Di] the gated RMSNorm's weight
     float *ssm_state              # [slots, H, P, N] each batch slot's scan state
+    # a Gated DeltaNet layer (conv 3; conv.h, delta.h; ModelC.gdn_*: Cd = 2 Hk Dk + Hv Dv): qkv is
+    # its in_proj [Cd + Hv Dv + 2 Hv, E] (q | k | v | z | b | a rows), o its out_proj [E, Hv Dv];
+    # conv_w [L, Cd] and conv_state [slots, L - 1, Cd] its convolution's, ssm_a [Hv] -exp(A_log),
+    # dt_bias [Hv], gnorm_w [Dv] the gated norm's weight (every head's), ssm_state [slots, Hv, Dk, Dv]
 
 
 cdef struct ModelC:
@@ -79,6 +84,8 @@ cdef struct ModelC:
     int kv_lora, q_lora            # latent attention (mla.h): r and ql (0: no q latent); kv_lora 0: none
     int conv_len                   # L of the short-convolution / Mamba2 layers' convolution (0: none)
     int mamba_h, mamba_p, mamba_g, mamba_n   # Mamba2 layers: heads H, their channels P, groups G, state N
+    int gdn_hk, gdn_hv, gdn_dk, gdn_dv       # Gated DeltaNet layers: key heads, value heads, their channels
+    int attn_gate                  # attention rows x sigmoid(gate) before o; qkv rows q | k | v | gate
     int num_state_slots            # rows of each conv layer's state: the batch slots a step's tok_seq indexes
     int vocab0                     # lm_head's rows are vocabulary entries vocab0.. (a tensor-parallel rank's share)
     int mrope_t, mrope_h          # multimodal RoPE: frequency pairs [0, mrope_t) turn by the temporal
@@ -98,8 +105,8 @@ cdef struct WorkC:
     Py_ssize_t scratch_len
     int32_t *tiles  # [T + 1] query tiles of the attention phase
     int32_t *runs   # [T + 1] first token of each sequence's run in the step, then T (conv layers)
-    float *ssm_x    # [T, Cd] a Mamba2 layer's convolved x | B | C (NULL without one)
-    float *ssm_y    # [T, Di] its scan's output, then gated and normed
+    float *ssm_x    # [T, Cd] a Mamba2 layer's convolved x | B | C, a DeltaNet layer's q | k | v (NULL without one)
+    float *ssm_y    # [T, Di] its scan's output, then gated and normed (DeltaNet: Di = Hv Dv)
     uint32_t *xb    # [max(T, R), max_k / 2 + 1] bf16 pairs of the next GEMM input
     uint32_t *xb2   # [T, F / 2 + 1] bf16 pairs of the gated activation (xb holds its input)
     int8_t *xq      # [max(T, R), max_k] int8 blocks of the next GEMM input (quantized weights)
@@ -245,13 +252,16 @@ cdef class Model:
         self.c.conv_len = cfg.conv_len if any(is_conv) else 0
         self.c.mamba_h, self.c.mamba_p = cfg.mamba_heads, cfg.mamba_head_dim
         self.c.mamba_g, self.c.mamba_n = cfg.mamba_groups, cfg.mamba_state
+        self.c.gdn_hk, self.c.gdn_hv = cfg.gdn_k_heads, cfg.gdn_v_heads
+        self.c.gdn_dk, self.c.gdn_dv = cfg.gdn_k_dim, cfg.gdn_v_dim
+        self.c.attn_gate = cfg.attn_gate
         if False not in is_conv:
             raise ValueError("a model needs at least one attention layer")
         a0 = is_conv.index(False)
         states, ssm = list(conv_states or []), list(ssm_states or [])
-        num_mamba = sum(lc.kind == "mamba" for lc in cfg.layers)
+        num_mamba = sum(lc.kind in ("mamba", "deltanet") for lc in cfg.layers)
         if len(states) != sum(is_conv) or len(ssm) != num_mamba:
-            raise ValueError(f"{sum(is_conv)} conv / Mamba2 layers need as many conv states and {num_mamba} scan "
+            raise ValueError(f"{sum(is_conv)} recurrent layers need as many conv states and {num_mamba} scan "
                              f"states, got {len(states)} and {len(ssm)}")
         self.c.num_state_slots = states[0].shape[0] if states else 0
         kc, vc = k_caches[a0], v_caches[a0]
@@ -287,6 +297,8 @@ cdef class Model:
             self.c.layers[i].post_mlp_norm_w = _vec(tensors, p + "post_mlp_norm.weight", self.keep)
             if cfg.layers[i].kind == "mamba":
                 self._load_mamba(i, packed, states.pop(0), ssm.pop(0), fma, stream)
+            elif cfg.layers[i].kind == "deltanet":
+                self._load_deltanet(i, packed, states.pop(0), ssm.pop(0), fma, stream)
             elif is_conv[i]:
                 self._load_conv(i, packed, states.pop(0), fma, stream)
             if self.c.qk_norm and not is_conv[i] and (self.c.layers[i].q_norm_w is NULL or self.c.layers[i].k_norm_w is NULL):
@@ -303,6 +315,10 @@ cdef class Model:
             if not is_conv[i]:
                 self.c.layers[i].qkv = _mat(packed, p + "qkv", self.keep, fma, stream)
                 self.c.layers[i].o = _mat(packed, p + "o", self.keep, fma, stream)
+                if (not self.c.kv_lora and self.c.layers[i].qkv.n
+                        != ((2 if self.c.attn_gate else 1) * self.c.num_heads + 2 * self.c.num_kv_heads) * self.c.head_dim):
+                    raise ValueError(f"{p}qkv: {self.c.layers[i].qkv.n} rows do not fit the heads"
+                                     f"{' (q | k | v | gate)' if self.c.attn_gate else ''}")
             if self.c.kv_lora:
                 self._load_mla(i, packed, fma, stream)
             self.c.layers[i].ffn = cfg.dense_ffn_dim if i < cfg.first_dense_layers else self.c.ffn_dim
@@ -365,6 +381,31 @@ cdef class Model:
         if L.conv_b != NULL and tensors[p + "conv.bias"].shape != (E,):
             raise ValueError(f"{p}conv.bias: expected [{E}] float32")
         L.conv_state = self._state(state, (self.c.conv_len - 1, E))
+
+    cdef _load_deltanet(self, int i, object packed, object conv_state, object ssm_state, bint fma, bint stream):
+        """Layer i's Gated DeltaNet (LayerW): in_proj into qkv, out_proj into o, its convolution's
+        taps, A, dt_bias, the gated norm's weight and its two state arrays."""
+        cdef str p = f"layers.{i}."
+        cdef LayerW *L = &self.c.layers[i]
+        cdef dict tensors = packed.vectors
+        cdef Py_ssize_t E = self.c.dim, Hk = self.c.gdn_hk, Hv = self.c.gdn_hv, Dk = self.c.gdn_dk, Dv = self.c.gdn_dv
+        cdef Py_ssize_t Cd = 2 * Hk * Dk + Hv * Dv
+        L.conv = 3
+        L.qkv = _mat(packed, p + "in_proj", self.keep, fma, stream)
+        L.o = _mat(packed, p + "out_proj", self.keep, fma, stream)
+        if L.qkv.n != Cd + Hv * Dv + 2 * Hv or L.qkv.k != E or L.o.n != E or L.o.k != Hv * Dv:
+            raise ValueError(f"{p}: a Gated DeltaNet layer's in_proj is [{Cd + Hv * Dv + 2 * Hv}, {E}] and out_proj "
+                             f"[{E}, {Hv * Dv}]")
+        for name, shape in (("conv.weight", (self.c.conv_len, Cd)), ("ssm_a", (Hv,)), ("dt_bias", (Hv,)),
+                            ("gnorm.weight", (Dv,))):
+            if p + name not in tensors or tensors[p + name].shape != shape:
+                raise ValueError(f"{p}{name}: expected {list(shape)} float32")
+        L.conv_w = _vec(tensors, p + "conv.weight", self.keep)
+        L.conv_b = NULL
+        L.ssm_a = _vec(tensors, p + "ssm_a", self.keep)
+        L.dt_bias, L.gnorm_w = _vec(tensors, p + "dt_bias", self.keep), _vec(tensors, p + "gnorm.weight", self.keep)
+        L.conv_state = self._state(conv_state, (self.c.conv_len - 1, Cd))
+        L.ssm_state = self._state(ssm_state, (Hv, Dk, Dv))
 
     cdef float *_state(self, object state, tuple shape) except NULL:
         """A float32 [slots, *shape] state array's data (kept alive), checked."""
@@ -558,8 +599,10 @@ cdef class Workspace:
         ll_set_barrier_spins(barrier_spins())
         cdef ModelC *mc = &m.c
         cdef int di = mc.mamba_h * mc.mamba_p, cd = di + 2 * mc.mamba_g * mc.mamba_n
-        cdef int qkv_n = max((mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim, 3 * mc.dim if mc.conv_len else 0,
-                             di + cd + mc.mamba_h)
+        cdef int gdi = mc.gdn_hv * mc.gdn_dv, gcd = 2 * mc.gdn_hk * mc.gdn_dk + gdi
+        cdef int qkv_n = max((mc.num_heads * (2 if mc.attn_gate else 1) + 2 * mc.num_kv_heads) * mc.head_dim,
+                             3 * mc.dim if mc.conv_len else 0, di + cd + mc.mamba_h, gcd + gdi + 2 * mc.gdn_hv)
+        di, cd = max(di, gdi), max(cd, gcd)   # ssm_x / ssm_y serve either kind of layer
         cdef int up_n = 0 if mc.gated else mc.ffn_dim
         cdef int ffn = max(mc.ffn_dim, mc.shared_dim)   # MoE: act / xb2 / xq2 hold the shared expert's
         cdef int i
@@ -569,8 +612,10 @@ cdef class Workspace:
         cdef Py_ssize_t scratch = ll_attention_scratch(mc.head_dim, mc.num_heads // mc.num_kv_heads)
         if mc.kv_lora:
             scratch = max(scratch, ll_mla_scratch(mc.num_heads, mc.head_dim))
-        if di:
+        if mc.mamba_h:
             scratch = max(scratch, ll_ssd_scratch())
+        if mc.gdn_hv:
+            scratch = max(scratch, ll_gdn_scratch(mc.gdn_dv))
         self.max_tokens, self.max_rows, self.num_threads = max_tokens, max_rows, num_threads
         bufs = [aligned_zeros((max_tokens, mc.dim), np.float32),
                 aligned_zeros((max(max_tokens, max_rows), mc.dim), np.float32),
@@ -1300,13 +1345,89 @@ cdef void _mamba_block(const ModelC *m, const WorkC *ws, const StepC *s, const L
     _gemm_phase(ws.ssm_y, Di, ws.xb, &xq_y, T, &L.o, ws.x, E, 1, _gemm_mode(T), tm)
 
 
+cdef void _deltanet_block(const ModelC *m, const WorkC *ws, const StepC *s, const LayerW *L, ll_team *tm,
+                          Py_ssize_t t0, Py_ssize_t t1) noexcept nogil:
+    """x += a Gated DeltaNet layer of the normed rows h (in L.qkv's input form), inside _step's
+    parallel region; Cd = 2 Hk Dk + Hv Dv channels of q | k | v, Di = Hv Dv:
+
+      in_proj   [q | k | v | z | b | a] [T, Cd + Di + 2 Hv] = h . in_proj (in ws.qkv), then per row
+                b = sigmoid(b) (beta) and a = -exp(A_log) softplus(a + dt_bias) (g, the log decay)
+      conv      (sequence run, CONV_CHANNELS channels) units: silu(causal conv of q | k | v) into
+                ssm_x from the batch slot's conv state (zeros when the run starts at position 0)
+      l2norm    per row and key head: q = l2norm(q) / sqrt(Dk), k = l2norm(k)
+      rule      (sequence run, value head) units: the chunked gated delta rule (delta.h) into
+                ssm_y from the batch slot's state (zeros when the run starts at position 0)
+      norm      ssm_y = rmsnorm(ssm_y) x gnorm_w x silu(z) per value head
+      out_proj  x += ssm_y . out_proj, ssm_y first in its input form"""
+    cdef Py_ssize_t E = m.dim, T = s.T, Hk = m.gdn_hk, Hv = m.gdn_hv, Dk = m.gdn_dk, Dv = m.gdn_dv
+    cdef Py_ssize_t Di = Hv * Dv, Cd = 2 * Hk * Dk + Di, dproj = Cd + Di + 2 * Hv, per = Hv // Hk
+    cdef Py_ssize_t nc = (Cd + CONV_CHANNELS - 1) // CONV_CHANNELS, S = m.conv_len - 1
+    cdef Py_ssize_t item, i1, r, a, b, c0, t, h, kh, i
+    cdef float v, ss
+    cdef float qscale = 1.0 / sqrtf(<float>Dk)
+    cdef float *row
+    cdef const float *z
+    cdef ll_work wk
+    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E)
+    cdef ll_qact xq_y = _qact(ws.xq, ws.xqd, ws.xqs, Di)
+    _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.qkv, ws.qkv, dproj, 0, _gemm_mode(T), tm)
+    ll_omp_barrier()
+    for t in range(t0, t1):   # softplus as torch computes it (linear above 20)
+        row = ws.qkv + t * dproj + Cd + Di
+        for h in range(Hv):
+            row[h] = 1.0 / (1.0 + expf(-row[h]))
+            v = row[Hv + h] + L.dt_bias[h]
+            row[Hv + h] = L.ssm_a[h] * (v if v > 20.0 else log1pf(expf(v)))
+    # runs differ in length: units handed out dynamically
+    wk = ll_work_begin(tm, LL_WORK_DYNAMIC, s.num_runs * nc, 1)
+    while ll_work_take(&wk, &item, &i1):
+        r, c0 = item // nc, (item % nc) * CONV_CHANNELS
+        a, b = ws.runs[r], ws.runs[r + 1]
+        ll_causal_conv_silu_f32(ws.qkv + a * dproj, dproj, ws.ssm_x + a * Cd, Cd, L.conv_state + s.tok_seq[a] * S * Cd,
+                                L.conv_w, NULL, b - a, Cd, m.conv_len, s.positions[a] == 0, c0,
+                                min(Cd, c0 + CONV_CHANNELS))
+    ll_omp_barrier()
+    for t in range(t0, t1):   # as transformers' l2norm: x / sqrt(sum x^2 + 1e-6)
+        row = ws.ssm_x + t * Cd
+        for kh in range(2 * Hk):   # the query heads, then the key heads
+            ss = 0.0
+            for i in range(Dk):
+                ss = ss + row[kh * Dk + i] * row[kh * Dk + i]
+            ss = (qscale if kh < Hk else 1.0) / sqrtf(ss + 1e-6)
+            for i in range(Dk):
+                row[kh * Dk + i] *= ss
+    ll_omp_barrier()
+    wk = ll_work_begin(tm, LL_WORK_DYNAMIC, s.num_runs * Hv, 1)
+    while ll_work_take(&wk, &item, &i1):
+        r, h = item // Hv, item % Hv
+        a, b = ws.runs[r], ws.runs[r + 1]
+        kh = h // per
+        ll_gated_delta_f32(ws.ssm_x + a * Cd + kh * Dk, Cd, ws.ssm_x + a * Cd + (Hk + kh) * Dk, Cd,
+                           ws.ssm_x + a * Cd + 2 * Hk * Dk + h * Dv, Cd, ws.qkv + a * dproj + Cd + Di + Hv + h, dproj,
+                           ws.qkv + a * dproj + Cd + Di + h, dproj, ws.ssm_y + a * Di + h * Dv, Di,
+                           L.ssm_state + (s.tok_seq[a] * Hv + h) * Dk * Dv, b - a, Dk, Dv, s.positions[a] == 0,
+                           ws.scores + tm.tid * ws.scratch_len)
+    ll_omp_barrier()
+    for t in range(t0, t1):
+        row = ws.ssm_y + t * Di
+        z = ws.qkv + t * dproj + Cd
+        for h in range(Hv):
+            ll_rmsnorm_f32(row + h * Dv, L.gnorm_w, row + h * Dv, Dv, m.eps)
+        for i in range(Di):
+            row[i] = row[i] * z[i] / (1.0 + expf(-z[i]))
+    _to_input(ll_mat_form(&L.o, T), ws.ssm_y, Di, t0, t1, Di, ws.xb, &xq_y)
+    ll_omp_barrier()
+    _gemm_phase(ws.ssm_y, Di, ws.xb, &xq_y, T, &L.o, ws.x, E, 1, _gemm_mode(T), tm)
+
+
 cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int nth) noexcept nogil:
     # every phase hands out its units through this thread's view of the team (work.h)
     cdef ll_team team = ll_team_make(ws.work, tid, nth)
     cdef ll_team *tm = &team
     cdef Py_ssize_t t, r, head, i, l, c0, c1, t0, t1, p0, p1
     cdef Py_ssize_t T = s.T, E = m.dim, F = m.ffn_dim, H = m.num_heads, Hkv = m.num_kv_heads, D = m.head_dim
-    cdef Py_ssize_t q_n = H * D, qkv_n = (H + 2 * Hkv) * D
+    cdef Py_ssize_t q_n = H * D, qkv_n = ((2 if m.attn_gate else 1) * H + 2 * Hkv) * D   # gate rows after v
+    cdef const float *gate
     cdef AttnC at   # the attention phase's arguments; per layer: its caches, window, o input form
     cdef float *row
     cdef const float *trow
@@ -1361,6 +1482,8 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
             _conv_block(m, ws, s, L, tm, t0, t1)
         elif L.conv == 2:   # a Mamba2 layer: likewise
             _mamba_block(m, ws, s, L, tm, t0, t1)
+        elif L.conv == 3:   # a Gated DeltaNet layer: likewise
+            _deltanet_block(m, ws, s, L, tm, t0, t1)
         elif m.kv_lora:   # latent attention (DeepSeek): its own block, o included
             _mla_block(m, ws, s, L, tm, t0, t1)
         else:
@@ -1392,9 +1515,19 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                 ll_write_kv_row(row + q_n + Hkv * D, L.v_cache, m.kv_type, s.slot_mapping[t], m.block_size, Hkv, D, 0)
             ll_omp_barrier()      # every token's K/V is in the cache before anyone attends
             at.k_cache, at.v_cache, at.window, at.form = L.k_cache, L.v_cache, L.window, ll_mat_form(&L.o, T)
+            if m.attn_gate:   # the gate first, then o's input form (below)
+                at.form = LL_IN_F32
             at.sinks = L.sinks
             at.prefetch = &L.o if T <= DYN_MAX_TOKENS else NULL   # decode: the o panels come in while attention waits
             _attention_phase(&at, tm)
+            if m.attn_gate:   # attention x sigmoid(gate), each row by the thread that owns it
+                for t in range(t0, t1):
+                    row = ws.attn + t * q_n
+                    gate = ws.qkv + t * qkv_n + q_n + 2 * Hkv * D
+                    for i in range(q_n):
+                        row[i] = row[i] / (1.0 + expf(-gate[i]))
+                _to_input(ll_mat_form(&L.o, T), ws.attn, q_n, t0, t1, q_n, ws.xb, &xq_o)
+                ll_omp_barrier()
             if s.lora.nl:   # reads the final attention rows; expanded once the o GEMM is done
                 _lora_shrink(&s.lora, G + LORA_O, ws.attn, q_n, tm)
             if s.tp != NULL:   # this rank's heads' share of o into its slot; the sum over ranks into h

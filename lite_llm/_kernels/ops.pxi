@@ -685,6 +685,40 @@ def ssd_scan(const float[:, ::1] x,        # IN  [n, H P] the heads' inputs
                             &sc[tm.tid, 0])
 
 
+def gated_delta(const float[:, ::1] q,        # IN  [n, Hk Dk] L2-normalised queries, scaled by Dk^-1/2
+                const float[:, ::1] k,        # IN  [n, Hk Dk] L2-normalised keys
+                const float[:, ::1] v,        # IN  [n, Hv Dv] values
+                const float[:, ::1] g,        # IN  [n, Hv] log decay (<= 0)
+                const float[:, ::1] beta,     # IN  [n, Hv]
+                float[:, ::1] o,              # OUT [n, Hv Dv]
+                float[:, :, ::1] state,       # IN/OUT [Hv, Dk, Dv]
+                bint reset, int num_threads=1):
+    """The gated delta rule in its chunked form (src/kernels/delta.h) over one sequence's n
+    tokens, value heads split over the threads; value head h reads query / key head h // (Hv / Hk);
+    reset: the incoming state is zeros."""
+    cdef Py_ssize_t n = q.shape[0], Hv = state.shape[0], Dk = state.shape[1], Dv = state.shape[2]
+    cdef Py_ssize_t Hk = q.shape[1] // Dk if Dk else 0, h, h0, h1, per
+    cdef ll_team tm
+    if (Dk < 1 or Dv < 1 or Hk < 1 or Hv % Hk or q.shape[1] != Hk * Dk or k.shape[0] != n or k.shape[1] != Hk * Dk
+            or v.shape[0] != n or v.shape[1] != Hv * Dv or g.shape[0] != n or g.shape[1] != Hv
+            or beta.shape[0] != n or beta.shape[1] != Hv or o.shape[0] != n or o.shape[1] != Hv * Dv):
+        raise ValueError(f"gated_delta: q {q.shape} k {k.shape} v {v.shape} g {g.shape} beta {beta.shape} "
+                         f"state {state.shape} -> o {o.shape}")
+    if n == 0:
+        return
+    per = Hv // Hk
+    scratch = np.empty((max(num_threads, 1), ll_gdn_scratch(Dv)), np.float32)
+    cdef float[:, ::1] sc = scratch
+    with nogil, parallel(num_threads=num_threads):
+        tm = ll_team_make(NULL, openmp.omp_get_thread_num(), openmp.omp_get_num_threads())
+        h0 = h1 = 0   # assigned here: private to each thread
+        ll_work_static(&tm, Hv, 1, &h0, &h1)
+        for h in range(h0, h1):
+            ll_gated_delta_f32(&q[0, (h // per) * Dk], Hk * Dk, &k[0, (h // per) * Dk], Hk * Dk, &v[0, h * Dv], Hv * Dv,
+                               &g[0, h], Hv, &beta[0, h], Hv, &o[0, h * Dv], Hv * Dv, &state[h, 0, 0], n, Dk, Dv,
+                               reset, &sc[tm.tid, 0])
+
+
 def causal_conv_silu(const float[:, ::1] x,    # IN  [n, E] one sequence's inputs
                      float[:, ::1] state,      # IN/OUT [L - 1, E] the last L - 1 inputs, oldest first
                      const float[:, ::1] w,    # IN  [L, E] the taps, tap L - 1 the token's own

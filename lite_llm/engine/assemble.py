@@ -280,7 +280,7 @@ def build_engine(args: EngineArgs) -> Assembled:
     enable_prefix_caching = args.enable_prefix_caching
     if cfg.is_hybrid:
         if spec is not None or tensor_parallel_size > 1 or enable_lora:
-            raise ValueError(f"{cfg.architecture} (recurrent layers: short convolutions or Mamba2, a state per "
+            raise ValueError(f"{cfg.architecture} (recurrent layers: short convolutions, Mamba2 or Gated DeltaNet, a state per "
                              "sequence) runs without "
                              "speculative decoding, tensor parallel and LoRA adapters")
         if enable_prefix_caching:

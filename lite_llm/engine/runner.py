@@ -145,15 +145,16 @@ class ModelRunner:
         local = shard.config if shard is not None else cfg
         if cfg.is_mla and (tp_size > 1 or max_loras > 0):
             raise ValueError(f"{cfg.architecture} (latent attention) runs without tensor parallel and LoRA adapters")
-        if batch_invariant and cfg.is_hybrid and "mamba" in cfg.layer_types:
+        if batch_invariant and cfg.is_hybrid and ("mamba" in cfg.layer_types or "deltanet" in cfg.layer_types):
             # the scan sums by chunks of 64 tokens counted from each step's first: a prompt chunked
             # elsewhere gives other sums (LFM2's short convolutions are exact per token)
-            raise ValueError(f"{cfg.architecture}: deterministic mode does not cover Mamba2 layers (their chunked "
+            raise ValueError(f"{cfg.architecture}: deterministic mode does not cover Mamba2 or Gated DeltaNet layers "
+                             "(their chunked "
                              "scan sums in an order that follows the step's chunks)")
         if cfg.is_hybrid and (tp_size > 1 or max_loras > 0 or proposer is not None):
             # a conv layer's state would need sharding (tensor parallel), its in/out projections
             # adapters (LoRA), and rejected draft tokens would already be in the state (speculation)
-            raise ValueError(f"{cfg.architecture} (recurrent layers: short convolutions or Mamba2, a state per "
+            raise ValueError(f"{cfg.architecture} (recurrent layers: short convolutions, Mamba2 or Gated DeltaNet, a state per "
                              "sequence) runs without "
                              "tensor parallel, LoRA adapters and speculative decoding")
         self.config = cfg
@@ -193,7 +194,7 @@ class ModelRunner:
         if cfg.is_mla:   # the latent rows alone: no separate V (src/kernels/mla.h)
             v_shape = (0,) + v_shape[1:]
         kinds = [cfg.layer_types[i] if cfg.is_hybrid else "" for i in range(cfg.num_layers)]
-        conv = [k in ("conv", "mamba") for k in kinds]
+        conv = [k in ("conv", "mamba", "deltanet") for k in kinds]
         # a conv layer keeps no KV: an empty array in its place
         self.k_caches = [layout.aligned_zeros((0,) + k_shape[1:] if c else k_shape, kv_np) for c in conv]
         self.v_caches = [layout.aligned_zeros((0,) + v_shape[1:] if c else v_shape, kv_np) for c in conv]
@@ -201,12 +202,15 @@ class ModelRunner:
         # request holds its slot from admission until it finishes or is preempted), the last
         # conv_L_cache - 1 gated inputs of every channel; forward() starts a slot afresh when its
         # sequence's step begins at position 0, so a new or recomputed request needs no clearing
-        # (a Mamba2 layer's: its convolution's last d_conv - 1 inputs, and its scan's [H, P, N])
-        self.conv_states = [layout.aligned_zeros((max_num_seqs, cfg.recurrent_len - 1,
-                                                  cfg.mamba_conv_dim if k == "mamba" else cfg.dim), np.float32)
-                            for k, c in zip(kinds, conv) if c]
-        self.ssm_states = [layout.aligned_zeros((max_num_seqs, cfg.mamba_n_heads, cfg.mamba_d_head, cfg.mamba_d_state),
-                                                np.float32) for k in kinds if k == "mamba"]
+        # (a Mamba2 layer's: its convolution's last d_conv - 1 inputs, and its scan's [H, P, N]; a
+        # Gated DeltaNet layer's: its convolution's last taps - 1 inputs, and its [Hv, Dk, Dv])
+        conv_dim = {"mamba": cfg.mamba_conv_dim, "deltanet": cfg.deltanet_conv_dim}
+        self.conv_states = [layout.aligned_zeros((max_num_seqs, cfg.recurrent_len - 1, conv_dim.get(k, cfg.dim)),
+                                                 np.float32) for k, c in zip(kinds, conv) if c]
+        scan_shape = {"mamba": (cfg.mamba_n_heads, cfg.mamba_d_head, cfg.mamba_d_state),
+                      "deltanet": (cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)}
+        self.ssm_states = [layout.aligned_zeros((max_num_seqs,) + scan_shape[k], np.float32)
+                           for k in kinds if k in scan_shape]
         self.state_bytes = sum(s.nbytes for s in self.conv_states + self.ssm_states)
         tables = [tuple(np.ascontiguousarray(a, np.float32) for a in rope_tables(c, max_pos))
                   for c in arch.rope_configs(cfg)] if cfg.rope else []

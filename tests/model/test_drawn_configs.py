@@ -264,6 +264,33 @@ def test_opt(overrides):
     check_drawn("opt", overrides)
 
 
+@st.composite
+def qwen3_next(draw) -> dict:
+    """Qwen3-Next: layer patterns of Gated DeltaNet and gated attention layers (one attention
+    layer at least), key heads shared by 1-3 value heads, key / value head dims, conv taps,
+    RoPE over a quarter, half or all of each head, experts with the shared expert."""
+    out = draw(merged(attention(head_dims=(16, 32, 64)), common(act=("silu",)), experts("num_experts")))
+    n = out["num_hidden_layers"]
+    types = draw(st.lists(st.sampled_from(["linear_attention", "full_attention"]), min_size=n, max_size=n))
+    types[draw(st.integers(0, n - 1))] = "full_attention"
+    hk = draw(st.sampled_from([1, 2, 4]))
+    out.update(layer_types=types, linear_num_key_heads=hk, linear_num_value_heads=hk * draw(st.sampled_from([1, 2, 3])),
+               linear_key_head_dim=draw(st.sampled_from([16, 8, 32])),
+               linear_value_head_dim=draw(st.sampled_from([8, 16, 24])),
+               linear_conv_kernel_dim=draw(st.sampled_from([4, 2, 3])), norm_topk_prob=draw(st.booleans()),
+               moe_intermediate_size=draw(st.sampled_from([32, 24])),
+               shared_expert_intermediate_size=draw(st.sampled_from([48, 16])),
+               rope_parameters={"rope_type": "default", "rope_theta": draw(THETAS),
+                                "partial_rotary_factor": draw(st.sampled_from([0.25, 0.5, 1.0]))})
+    return out
+
+
+@DRAWN_SETTINGS
+@given(qwen3_next())
+def test_qwen3_next(overrides):
+    check_drawn("qwen3_next", overrides)
+
+
 # ---- what the drawn configs found, each as its smallest case ------------------------------
 
 @pytest.mark.parametrize("arch,max_window_layers", [("qwen2", 1), ("qwen2", 2), ("qwen3", 1), ("qwen2_moe", 1),

@@ -15,6 +15,8 @@ properties of the kernel model.
     deepseek.py   DeepseekV2ForCausalLM, DeepseekV3ForCausalLM (latent attention, grouped routing)
     lfm2.py    Lfm2ForCausalLM (hybrid: short-convolution layers with a per-sequence state, and attention)
     bamba.py   BambaForCausalLM (hybrid: Mamba2 layers with a per-sequence state, and attention)
+    qwen3_next.py  Qwen3NextForCausalLM (hybrid: Gated DeltaNet layers with a per-sequence state, gated
+               attention, experts with a gated shared expert)
     bert.py    BertModel, XLMRobertaModel and their *ForSequenceClassification (encoders, post-norm)
     qwen2_vl.py   Qwen2_5_VLForConditionalGeneration's language model (multimodal RoPE)
     llava.py   LlavaForConditionalGeneration's language model (a Llama; the GGUF is a "llama" file)
@@ -34,14 +36,14 @@ from types import ModuleType
 
 from lite_llm.config import KernelConfig, LayerConfig, ModelConfig
 from lite_llm.model.arch import (bamba, bert, deepseek, gemma, gpt_oss, granite, lfm2, llama, llava, mixtral, opt,
-                                 phi3, qwen, qwen2_moe, qwen2_vl, qwen3_moe)
+                                 phi3, qwen, qwen2_moe, qwen2_vl, qwen3_moe, qwen3_next)
 from lite_llm.model import hf
 from lite_llm.model.files import ModelLoadError
 from lite_llm.model.rope import rope_dim
 from lite_llm.model.weights import bf16_to_f32, to_bf16
 
 RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma, phi3, granite, mixtral, qwen2_moe, qwen3_moe, bert,
-                                   qwen2_vl, llava, gpt_oss, deepseek, lfm2, bamba)
+                                   qwen2_vl, llava, gpt_oss, deepseek, lfm2, bamba, qwen3_next)
 _BY_HF = {name: r for r in RECIPES for name in r.HF_ARCHITECTURES}
 _BY_GGUF = {name: r for r in RECIPES for name in getattr(r, "GGUF_ARCHITECTURES", {})}
 SUPPORTED_ARCHITECTURES = tuple(_BY_HF)
@@ -93,6 +95,8 @@ def tensor_names(config: ModelConfig) -> list[str]:
         return bert.tensor_names(config)
     if config.num_mamba_layers:
         return bamba.tensor_names(config)
+    if config.num_deltanet_layers:
+        return qwen3_next.tensor_names(config)
     if config.is_hybrid:
         return lfm2.tensor_names(config)
     names = ["embed"] + (["pos_embed"] if not config.rope else [])
@@ -202,13 +206,17 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
         first_dense_layers=config.first_dense_layers, dense_ffn_dim=config.dense_ffn_dim,
         kv_lora_rank=config.kv_lora_rank, q_lora_rank=config.q_lora_rank,
         conv_len=config.recurrent_len if config.is_hybrid else 0, mamba_heads=config.mamba_n_heads,
-        mamba_head_dim=config.mamba_d_head, mamba_groups=config.mamba_n_groups, mamba_state=config.mamba_d_state)
+        mamba_head_dim=config.mamba_d_head, mamba_groups=config.mamba_n_groups, mamba_state=config.mamba_d_state,
+        gdn_k_heads=config.linear_num_key_heads, gdn_v_heads=config.linear_num_value_heads,
+        gdn_k_dim=config.linear_key_head_dim, gdn_v_dim=config.linear_value_head_dim,
+        attn_gate=config.attn_output_gate)
 
 
 def _layer_kind(config: ModelConfig, layer: int) -> str:
-    """LayerConfig.kind of `layer`: "conv" (LFM2's short convolution), "mamba", else "attention"."""
+    """LayerConfig.kind of `layer`: "conv" (LFM2's short convolution), "mamba", "deltanet", else
+    "attention"."""
     kind = config.layer_types[layer] if config.layer_types else ""
-    return kind if kind in ("conv", "mamba") else "attention"
+    return kind if kind in ("conv", "mamba", "deltanet") else "attention"
 
 
 def _embed_scale(config: ModelConfig, dtype: str) -> float:
