@@ -706,6 +706,34 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
     }
 }
 
+/* acc[t] = ll_qpanel_dot's sums for nt tokens at once (any nt, acc in memory), for the codebook
+ * types: each sub-block is decoded once for all the tokens, not once per token tile (prefill);
+ * the same float operations in the same order per token. */
+static inline void ll_iq_panel_dot_many(const ll_qact *x, ptrdiff_t nt, const uint8_t *wp, int wtype, ptrdiff_t k,
+                                        ll_vf32 *acc) {
+    const ptrdiff_t ldd = x->ld / 32, gb = ll_ggml_block_bytes(wtype);
+    int32_t offs[16];
+    for (int r = 0; r < 16; r++) offs[r] = (int32_t)(r * gb);
+    const ll_vi32 off = ll_i32_load(offs);
+    for (ptrdiff_t t = 0; t < nt; t++) acc[t] = ll_zero();
+    for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 16 * gb) {
+        const ll_vf32 dv = ll_iq_row_d(wp, wtype, gb);
+        for (int j = 0; j < 8; j++) {
+            ll_vi8 w[8], neg[8];
+            ll_vf32 a0, a1;
+            const int with_neg = ll_iq_decode16(wp, off, wtype, j, dv, w, neg, &a0, &a1);
+            const ptrdiff_t b = 8 * sb + j;
+            for (ptrdiff_t t = 0; t < nt; t++) {
+                ll_vi32 lo, hi;
+                if (with_neg) ll_dot_block_neg(w, neg, x->q + t * x->ld + 32 * b, &lo, &hi);
+                else ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
+                const ll_vf32 dx = ll_set1(x->d[t * ldd + b]);
+                acc[t] = ll_fma(a1, ll_mul(ll_i32_to_f32(hi), dx), ll_fma(a0, ll_mul(ll_i32_to_f32(lo), dx), acc[t]));
+            }
+        }
+    }
+}
+
 /* ---- packing and unpacking ------------------------------------------------------------- */
 
 
