@@ -317,11 +317,14 @@ LL_INLINE int ll_iq_decode16(const uint8_t *wp, ll_vi32 off, int wtype, int j, l
         ll_i8_gather8(wp + 2 + 8 * j, off, &a, &b);
         const ll_vi32 q = ll_i32_le(a), aux = ll_i32_le(b);
 #ifdef LL_HAVE_U16_LUT256   /* the rows' 2-bit codes, two groups a lane, from tables in registers */
+        _Pragma("GCC unroll 2")
         for (int p = 0; p < 2; p++) {
             const ll_vi32 c = ll_i32_lut256_u16(ll_iq_index_pair(q, 2 * p), ll_iq2xxs_code);
+            _Pragma("GCC unroll 4")
             for (int b = 0; b < 4; b++) w[4 * p + b] = ll_i8_expand2(c, b, ll_iq2_levels);
         }
 #else
+        _Pragma("GCC unroll 4")
         for (int l = 0; l < 4; l++)
             ll_i8_gather8(ll_iq2xxs_grid, ll_i32_shl(ll_i32_field(q, 8 * l, 255), 3), &w[2 * l], &w[2 * l + 1]);
 #endif
@@ -350,6 +353,7 @@ LL_INLINE int ll_iq_decode16(const uint8_t *wp, ll_vi32 off, int wtype, int j, l
     case LL_W_IQ2_S: {     /* qs[32], signs[32] at 34, qh[8] at 66 (2 high index bits each), scales[8] at 74 */
         const ll_vi32 q = ll_i32_le(ll_i8_gather4(wp + 2 + 4 * j, off));
         const ll_vi32 qh = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 66 + 4 * (j / 4), off)), 8 * (j % 4), 255);
+        _Pragma("GCC unroll 4")
         for (int l = 0; l < 4; l++) {
             const ll_vi32 idx = ll_i32_or(ll_i32_field(q, 8 * l, 255), ll_i32_shl(ll_i32_field(qh, 2 * l, 3), 8));
             ll_i8_gather8(ll_iq2s_grid, ll_i32_shl(idx, 3), &w[2 * l], &w[2 * l + 1]);
@@ -365,12 +369,14 @@ LL_INLINE int ll_iq_decode16(const uint8_t *wp, ll_vi32 off, int wtype, int j, l
         ll_i8_gather8(wp + 2 + 8 * j, off, &a, &b);
         const ll_vi32 qa = ll_i32_le(a), qb = ll_i32_le(b);
 #ifdef LL_HAVE_U16_LUT256   /* the rows' nibble codes, two grid rows a lane */
+        _Pragma("GCC unroll 4")
         for (int p = 0; p < 4; p++) {
             const ll_vi32 c = ll_i32_lut256_u16(ll_iq_index_pair(p < 2 ? qa : qb, 2 * (p % 2)), ll_iq3xxs_code);
             w[2 * p] = ll_i8_expand4(c, 0, ll_iq3_levels);
             w[2 * p + 1] = ll_i8_expand4(c, 1, ll_iq3_levels);
         }
 #else
+        _Pragma("GCC unroll 8")
         for (int h = 0; h < 8; h++)
             w[h] = ll_i8_gather4(ll_iq3xxs_grid, ll_i32_shl(ll_i32_field(h < 4 ? qa : qb, 8 * (h % 4), 255), 2));
 #endif
@@ -386,6 +392,7 @@ LL_INLINE int ll_iq_decode16(const uint8_t *wp, ll_vi32 off, int wtype, int j, l
         ll_i8_gather8(wp + 2 + 8 * j, off, &a, &b);
         const ll_vi32 qa = ll_i32_le(a), qb = ll_i32_le(b);
         const ll_vi32 qh = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 66 + 4 * (j / 4), off)), 8 * (j % 4), 255);
+        _Pragma("GCC unroll 8")
         for (int h = 0; h < 8; h++) {
             const ll_vi32 idx = ll_i32_or(ll_i32_field(h < 4 ? qa : qb, 8 * (h % 4), 255), ll_i32_shl(ll_i32_field(qh, h, 1), 8));
             w[h] = ll_i8_gather4(ll_iq3s_grid, ll_i32_shl(idx, 2));
@@ -399,9 +406,11 @@ LL_INLINE int ll_iq_decode16(const uint8_t *wp, ll_vi32 off, int wtype, int j, l
         const ll_vi32 q = ll_i32_le(ll_i8_gather4(wp + 2 + 4 * j, off));
         const ll_vi32 qh = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 34 + 4 * (j / 2), off)), 16 * (j % 2), 0xffff);
         const ll_vi8 minus2 = ll_i8_of_i32(ll_i32_and(ll_i32_sub(ll_i32_set1(0), ll_i32_shr(qh, 15)), ll_i32_set1(0x02020202)));
+        _Pragma("GCC unroll 4")
         for (int l = 0; l < 4; l++) {
             const ll_vi32 idx = ll_i32_or(ll_i32_field(q, 8 * l, 255), ll_i32_shl(ll_i32_field(qh, 3 * l, 7), 8));
             ll_i8_gather8(ll_iq1s_grid, ll_i32_shl(idx, 3), &w[2 * l], &w[2 * l + 1]);
+            _Pragma("GCC unroll 2")
             for (int h = 0; h < 2; h++) w[2 * l + h] = ll_i8_sub(ll_i8_lut16(ll_i8_lo4(w[2 * l + h]), ll_iq1_plus1), minus2);
         }
         *s0 = *s1 = ll_mul(ll_mul(dv, ll_i32_to_f32(ll_i32_or(ll_i32_shl(ll_i32_field(qh, 12, 7), 1), ll_i32_set1(1)))),
@@ -411,11 +420,13 @@ LL_INLINE int ll_iq_decode16(const uint8_t *wp, ll_vi32 off, int wtype, int j, l
     default: {             /* IQ1_M: qs[32], qh[16] at 32 (a nibble per group: 3 index bits, delta sign), u16 scales[4] at 48 */
         const ll_vi32 q = ll_i32_le(ll_i8_gather4(wp + 4 * j, off));
         const ll_vi32 qh = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 32 + 4 * (j / 2), off)), 16 * (j % 2), 0xffff);
+        _Pragma("GCC unroll 4")
         for (int l = 0; l < 4; l++) {
             const ll_vi32 idx = ll_i32_or(ll_i32_field(q, 8 * l, 255), ll_i32_shl(ll_i32_field(qh, 4 * l, 7), 8));
             const ll_vi8 minus2 = ll_i8_of_i32(ll_i32_and(ll_i32_sub(ll_i32_set1(0), ll_i32_field(qh, 4 * l + 3, 1)),
                                                           ll_i32_set1(0x02020202)));
             ll_i8_gather8(ll_iq1s_grid, ll_i32_shl(idx, 3), &w[2 * l], &w[2 * l + 1]);
+            _Pragma("GCC unroll 2")
             for (int h = 0; h < 2; h++) w[2 * l + h] = ll_i8_sub(ll_i8_lut16(ll_i8_lo4(w[2 * l + h]), ll_iq1_plus1), minus2);
         }
         const ll_vi32 sc = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 48 + 4 * (j / 4), off)), 16 * ((j / 2) % 2), 0xffff);
@@ -425,6 +436,7 @@ LL_INLINE int ll_iq_decode16(const uint8_t *wp, ll_vi32 off, int wtype, int j, l
         return 0;
     }
     }
+    _Pragma("GCC unroll 8")
     for (int g = 0; g < 8; g++) neg[g] = ll_i8_signs(full, g);
     return 1;
 }
@@ -447,6 +459,7 @@ LL_INLINE ll_vf32 ll_iq_row_d(const uint8_t *blk, int wtype, ptrdiff_t gb) {
 /* ---- the dot products of one panel ----------------------------------------------------- */
 
 LL_INLINE void ll_unpack_nibbles(const uint8_t *p, ll_vi8 w[8]) {
+    _Pragma("GCC unroll 4")
     for (int v = 0; v < 4; v++) {
         const ll_vi8 a = ll_i8_load(p + 64 * v);
         w[v] = ll_i8_lo4(a);
@@ -458,6 +471,7 @@ LL_INLINE void ll_unpack_nibbles(const uint8_t *p, ll_vi8 w[8]) {
 LL_INLINE void ll_unpack_5bit(const uint8_t *p, ll_vi8 w[8]) {
     ll_unpack_nibbles(p, w);
     const ll_vi8 h = ll_i8_load(p + 256);
+    _Pragma("GCC unroll 8")
     for (int g = 0; g < 8; g++) w[g] = ll_i8_or(w[g], ll_i8_hi1(h, g));
 }
 
@@ -465,6 +479,7 @@ LL_INLINE void ll_unpack_5bit(const uint8_t *p, ll_vi8 w[8]) {
  * is_signed: the weights are signed bytes (Q8_0, the IQ4 codebook values), else unsigned. */
 LL_INLINE void ll_dot_block(const ll_vi8 w[8], const int8_t *x, const int is_signed, ll_vi32 *lo, ll_vi32 *hi) {
     ll_vi32 a = ll_i32_zero(), b = ll_i32_zero();
+    _Pragma("GCC unroll 4")
     for (int g = 0; g < 4; g++) {
         const ll_vi8 x0 = ll_i8_bcast4(x + 4 * g), x1 = ll_i8_bcast4(x + 16 + 4 * g);
         a = is_signed ? ll_dpbssd(a, w[g], x0) : ll_dpbusd(a, w[g], x0);
@@ -477,6 +492,7 @@ LL_INLINE void ll_dot_block(const ll_vi8 w[8], const int8_t *x, const int is_sig
  * each broadcast activation negated where its weight is (|w| x (x with w's sign)). */
 LL_INLINE void ll_dot_block_neg(const ll_vi8 w[8], const ll_vi8 neg[8], const int8_t *x, ll_vi32 *lo, ll_vi32 *hi) {
     ll_vi32 a = ll_i32_zero(), b = ll_i32_zero();
+    _Pragma("GCC unroll 4")
     for (int g = 0; g < 4; g++) {
         const ll_vi8 x0 = ll_i8_bcast4(x + 4 * g), x1 = ll_i8_bcast4(x + 16 + 4 * g);
         a = ll_dpbusd(a, w[g], ll_i8_neg_where(x0, neg[g]));
