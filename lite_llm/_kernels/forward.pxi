@@ -343,7 +343,7 @@ cdef class Model:
             raise ValueError("a post-LayerNorm model needs embed_norm.weight and embed_norm.bias")
         self.c.final_norm_w = _vec(tensors, "final_norm.weight", self.keep)
         self.c.final_norm_b = _vec(tensors, "final_norm.bias", self.keep)
-        if not self.c.use_rope and (self.c.pos_embed is NULL or tensors["pos_embed"].shape[0] < self.c.max_positions):
+        if not self.c.use_rope and not cfg.nope and (self.c.pos_embed is NULL or tensors["pos_embed"].shape[0] < self.c.max_positions):
             raise ValueError("a model without rope needs pos_embed with max_positions rows")
 
     cdef _load_conv(self, int i, object packed, object state, bint fma, bint stream):
@@ -1039,7 +1039,8 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
                 handed out dynamically: one GEMM per expert over its rows (decode: K GEMVs)
       down      (expert, MOE_DOWN_PANELS output panels) units likewise, into gout [A, E]
                 (the shared expert's into h, which nobody reads any more)
-      combine   out[t] (+)= sum_k w[t, k] gout[slot[t, k]] (+ sigmoid gate x shared), split by columns
+      combine   out[t] (+)= sum_k w[t, k] gout[slot[t, k]] (+ sigmoid gate x shared), split by columns;
+                added into x (accumulate), all of it x residual_scale (Granite)
     Only the chosen experts' weights are read."""
     cdef Py_ssize_t E = m.dim, F = m.ffn_dim, Fs = m.shared_dim, X = m.num_experts, K = m.top_k
     cdef Py_ssize_t Xp = X + 1, A = T * K, t, k, e, a, r, item, n_items, c0, c1
@@ -1051,6 +1052,7 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
     cdef ll_qact xq_s = _qact(ws.xq2, ws.xqd2, ws.xqs2, Fs)
     cdef int form
     cdef float *logit
+    cdef float rs = m.residual_scale if accumulate else 1.0   # a rank's slot is scaled after its reduce
 
     n_items = T * Xp
     ll_work_static(tm, n_items, 1, &i0, &i1)
@@ -1136,9 +1138,10 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
             if not accumulate:
                 memset(out + t * E + c0, 0, (c1 - c0) * sizeof(float))
             for k in range(K):
-                ll_axpy_f32(ws.moe_wt[t * K + k], ws.gout + ws.moe_slot[t * K + k] * E + c0, out + t * E + c0, c1 - c0)
+                ll_axpy_f32(rs * ws.moe_wt[t * K + k], ws.gout + ws.moe_slot[t * K + k] * E + c0, out + t * E + c0,
+                            c1 - c0)
             if Fs:
-                ll_axpy_f32(ws.router[t * Xp + X], ws.h + t * E + c0, out + t * E + c0, c1 - c0)
+                ll_axpy_f32(rs * ws.router[t * Xp + X], ws.h + t * E + c0, out + t * E + c0, c1 - c0)
 
 
 cdef void _mla_block(const ModelC *m, const WorkC *ws, const StepC *s, const LayerW *L, ll_team *tm,
@@ -1244,7 +1247,8 @@ cdef void _conv_block(const ModelC *m, const WorkC *ws, const StepC *s, const La
 cdef void _mamba_block(const ModelC *m, const WorkC *ws, const StepC *s, const LayerW *L, ll_team *tm,
                        Py_ssize_t t0, Py_ssize_t t1) noexcept nogil:
     """x += a Mamba2 mixer of the normed rows h (in L.qkv's input form), inside _step's parallel
-    region; Di = H P channels, Cd = Di + 2 G N:
+    region (with a residual scale: the mixer's output into h, then x += residual_scale h);
+    Di = H P channels, Cd = Di + 2 G N:
 
       in_proj   [z | x, B, C | dt] [T, Di + Cd + H] = h . in_proj (in ws.qkv); dt = softplus(dt + dt_bias)
       conv      (sequence run, CONV_CHANNELS channels) units: silu(causal conv of x | B | C) into
@@ -1297,7 +1301,12 @@ cdef void _mamba_block(const ModelC *m, const WorkC *ws, const StepC *s, const L
             ll_rmsnorm_f32(row + g * gs, L.gnorm_w + g * gs, row + g * gs, gs, m.eps)
     _to_input(ll_mat_form(&L.o, T), ws.ssm_y, Di, t0, t1, Di, ws.xb, &xq_y)
     ll_omp_barrier()
-    _gemm_phase(ws.ssm_y, Di, ws.xb, &xq_y, T, &L.o, ws.x, E, 1, _gemm_mode(T), tm)
+    if m.residual_scale != 1.0:   # out_proj into h (in_proj has read it), then x += scale h (Granite 4.0-H)
+        _gemm_phase(ws.ssm_y, Di, ws.xb, &xq_y, T, &L.o, ws.h, E, 0, _gemm_mode(T), tm)
+        ll_omp_barrier()
+        _residual_add(m, NULL, ws.h, ws.x, t0, t1)
+    else:
+        _gemm_phase(ws.ssm_y, Di, ws.xb, &xq_y, T, &L.o, ws.x, E, 1, _gemm_mode(T), tm)
 
 
 cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int nth) noexcept nogil:

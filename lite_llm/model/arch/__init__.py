@@ -15,6 +15,8 @@ properties of the kernel model.
     deepseek.py   DeepseekV2ForCausalLM, DeepseekV3ForCausalLM (latent attention, grouped routing)
     lfm2.py    Lfm2ForCausalLM (hybrid: short-convolution layers with a per-sequence state, and attention)
     bamba.py   BambaForCausalLM (hybrid: Mamba2 layers with a per-sequence state, and attention)
+    granite_hybrid.py  GraniteMoeHybridForCausalLM (Granite 4.0-H: Bamba's layers, Granite's multipliers,
+               experts with a shared MLP or the shared MLP alone, attention with or without RoPE)
     bert.py    BertModel, XLMRobertaModel and their *ForSequenceClassification (encoders, post-norm)
     qwen2_vl.py   Qwen2_5_VLForConditionalGeneration's language model (multimodal RoPE)
     llava.py   LlavaForConditionalGeneration's language model (a Llama; the GGUF is a "llama" file)
@@ -33,15 +35,15 @@ import os
 from types import ModuleType
 
 from lite_llm.config import KernelConfig, LayerConfig, ModelConfig
-from lite_llm.model.arch import (bamba, bert, deepseek, gemma, gpt_oss, granite, lfm2, llama, llava, mixtral, opt,
-                                 phi3, qwen, qwen2_moe, qwen2_vl, qwen3_moe)
+from lite_llm.model.arch import (bamba, bert, deepseek, gemma, gpt_oss, granite, granite_hybrid, lfm2, llama, llava,
+                                 mixtral, opt, phi3, qwen, qwen2_moe, qwen2_vl, qwen3_moe)
 from lite_llm.model import hf
 from lite_llm.model.files import ModelLoadError
 from lite_llm.model.rope import rope_dim
 from lite_llm.model.weights import bf16_to_f32, to_bf16
 
 RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma, phi3, granite, mixtral, qwen2_moe, qwen3_moe, bert,
-                                   qwen2_vl, llava, gpt_oss, deepseek, lfm2, bamba)
+                                   qwen2_vl, llava, gpt_oss, deepseek, lfm2, bamba, granite_hybrid)
 _BY_HF = {name: r for r in RECIPES for name in r.HF_ARCHITECTURES}
 _BY_GGUF = {name: r for r in RECIPES for name in getattr(r, "GGUF_ARCHITECTURES", {})}
 SUPPORTED_ARCHITECTURES = tuple(_BY_HF)
@@ -92,7 +94,7 @@ def tensor_names(config: ModelConfig) -> list[str]:
     if config.post_ln:
         return bert.tensor_names(config)
     if config.num_mamba_layers:
-        return bamba.tensor_names(config)
+        return bamba.tensor_names(config, moe_tensor_names)
     if config.is_hybrid:
         return lfm2.tensor_names(config)
     names = ["embed"] + (["pos_embed"] if not config.rope else [])
@@ -192,7 +194,7 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
         embed_scale=_embed_scale(config, dtype) * config.embedding_multiplier,
         residual_scale=float(config.residual_multiplier), logit_scale=1.0 / config.logits_scaling, attn_softcap=float(config.attn_softcap or 0.0),
         final_softcap=float(config.final_softcap or 0.0),
-        kv_cache_dtype=kv_cache_dtype, bf16_path=bf16_path, layers=tuple(layers), attn_path=attn_path,
+        kv_cache_dtype=kv_cache_dtype, bf16_path=bf16_path, layers=tuple(layers), attn_path=attn_path, nope=config.nope,
         batch_invariant=batch_invariant,
         num_experts=config.num_experts, num_experts_per_tok=config.num_experts_per_tok,
         norm_topk_prob=config.norm_topk_prob, shared_ffn_dim=config.shared_ffn_dim, post_ln=config.post_ln,
