@@ -118,6 +118,10 @@ class ModelConfig:
     mamba_d_conv: int = 0
     mamba_conv_bias: bool = True
     mamba_proj_bias: bool = False
+    mamba_dt_min: float = 0.0    # dt's floor after the softplus (Nemotron-H's time_step_min); 0: none
+    # Nemotron-H: layers that are a mixer alone, without the MLP after it (its blocks are one
+    # sub-layer each: a mixer block followed by an MLP block is one layer here)
+    no_mlp_layers: tuple[int, ...] = ()
 
     @property
     def is_moe(self) -> bool:
@@ -186,13 +190,15 @@ class LayerConfig:
     """What differs between the layers of one model (the kernel's LayerW)."""
     sliding_window: int = 0      # attend to the last W positions (incl. self); 0: every earlier position
     rope_table: int = 0          # which of the Model's RoPE tables rotates q and k (Gemma 3: 1 = local)
+    mlp: bool = True             # an MLP after the mixer (False: Nemotron-H's mixer blocks alone)
     kind: str = "attention"      # LAYER_KINDS: "conv" is a short-convolution layer (LFM2), KernelConfig.conv_len;
                                  # "mamba" a Mamba2 layer (KernelConfig.mamba_*)
 
 
 LAYER_KINDS = ("attention", "conv", "mamba")
 KERNEL_NORMS = ("rms", "layer")
-KERNEL_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu", "swiglu_oai")   # swiglu_oai: gpt-oss's clamped SwiGLU
+# swiglu_oai: gpt-oss's clamped SwiGLU; relu2: relu(x)^2 (Nemotron-H)
+KERNEL_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu", "swiglu_oai", "relu2")
 MOE_ROUTINGS = ("softmax_topk", "topk_softmax", "grouped_softmax", "grouped_sigmoid")
 
 
@@ -259,6 +265,7 @@ class KernelConfig:
     mamba_head_dim: int = 0
     mamba_groups: int = 1
     mamba_state: int = 0
+    mamba_dt_min: float = 0.0    # dt's floor after the softplus (ModelConfig.mamba_dt_min)
 
     MAX_HEAD_DIM = 512
     MAX_CONV_LEN = 8             # LL_CONV_MAX_LEN, src/kernels/conv.h           # LL_MAX_HEAD_DIM, src/kernels/attention.h

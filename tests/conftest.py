@@ -175,6 +175,11 @@ ARCH_DEFAULTS: dict[str, dict] = {
                            position_embedding_type="rope", rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                            embedding_multiplier=6.0, residual_multiplier=0.4, attention_multiplier=0.09,
                            logits_scaling=3.0),
+    # Nemotron-H: blocks of one mixer each (Mamba2 "M", attention "*" without positions, relu^2
+    # MLP "-"), here M - * M - M: the attention block and the last Mamba2 block without an MLP after
+    "nemotron_h": dict(_BASE, head_dim=16, hybrid_override_pattern="M-*M-M", mamba_num_heads=8, mamba_head_dim=16,
+                       n_groups=2, ssm_state_size=16, conv_kernel=4, chunk_size=16, layer_norm_epsilon=1e-5,
+                       tie_word_embeddings=False),
     "lfm2": dict(_BASE, num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "conv"], conv_L_cache=3,
                  conv_bias=False, norm_eps=1e-5, block_auto_adjust_ff_dim=False, tie_word_embeddings=True,
                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
@@ -291,6 +296,7 @@ def _model_class(arch: str):
             "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
             "bamba": (transformers.BambaConfig, transformers.BambaForCausalLM),
             "granite_hybrid": (transformers.GraniteMoeHybridConfig, transformers.GraniteMoeHybridForCausalLM),
+            "nemotron_h": (transformers.NemotronHConfig, transformers.NemotronHForCausalLM),
             "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
             "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
             "opt": (transformers.OPTConfig, transformers.OPTForCausalLM),

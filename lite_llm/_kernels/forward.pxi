@@ -53,6 +53,7 @@ cdef struct LayerW:
     const float *dt_bias          # [H]
     const float *gnorm_w          # [Di] the gated RMSNorm's weight
     float *ssm_state              # [slots, H, P, N] each batch slot's scan state
+    int no_mlp                    # 1: the mixer alone, no MLP after it (LayerConfig.mlp False: Nemotron-H)
 
 
 cdef struct ModelC:
@@ -85,6 +86,7 @@ cdef struct ModelC:
                                   # position, [mrope_t, mrope_h) by the height one, the rest by the width
                                   # one (Qwen2-VL's mrope_section, summed); 0: one position per token
     float eps, scale, embed_scale, residual_scale, logit_scale, attn_softcap, final_softcap   # softcaps 0: none
+    float mamba_dt_min            # Mamba2's dt floor after the softplus (KernelConfig.mamba_dt_min; 0: none)
 
 
 cdef struct WorkC:
@@ -216,6 +218,7 @@ cdef class Model:
         self.c.use_rope, self.c.qk_norm, self.c.post_norms = cfg.rope, cfg.qk_norm, cfg.post_norms
         self.c.scale, self.c.embed_scale = cfg.attn_scale, cfg.embed_scale
         self.c.residual_scale, self.c.logit_scale = cfg.residual_scale, cfg.logit_scale
+        self.c.mamba_dt_min = cfg.mamba_dt_min
         self.c.attn_softcap, self.c.final_softcap = cfg.attn_softcap, cfg.final_softcap
         self.c.max_positions = cfg.max_positions
         self.c.num_experts, self.c.top_k = cfg.num_experts, cfg.num_experts_per_tok
@@ -306,7 +309,10 @@ cdef class Model:
             if self.c.kv_lora:
                 self._load_mla(i, packed, fma, stream)
             self.c.layers[i].ffn = cfg.dense_ffn_dim if i < cfg.first_dense_layers else self.c.ffn_dim
-            if self.c.num_experts and i >= cfg.first_dense_layers:
+            self.c.layers[i].no_mlp = not lc.mlp
+            if not lc.mlp:   # no MLP weights
+                pass
+            elif self.c.num_experts and i >= cfg.first_dense_layers:
                 self._load_experts(i, packed, fma, stream)
             else:
                 self.c.layers[i].up = _mat(packed, p + ("gate_up" if self.c.gated else "up"), self.keep, fma, stream)
@@ -475,6 +481,8 @@ cdef class Model:
             out[f"layers.{i}.{'out_proj' if self.c.layers[i].conv else 'o'}"] = _describe(&self.c.layers[i].o)
             if self.c.q_lora:
                 out[f"layers.{i}.q_b"] = _describe(&self.c.layers[i].q_b)
+            if self.c.layers[i].no_mlp:
+                continue
             if self.c.layers[i].experts != NULL:   # one entry for all of a layer's experts: they share a format
                 out[f"layers.{i}.experts.gate_up"] = _describe(&self.c.layers[i].experts[0])
                 out[f"layers.{i}.experts.down"] = _describe(&self.c.layers[i].experts[self.c.num_experts])
@@ -1272,7 +1280,8 @@ cdef void _mamba_block(const ModelC *m, const WorkC *ws, const StepC *s, const L
         row = ws.qkv + t * dproj + Di + Cd
         for h in range(H):
             v = row[h] + L.dt_bias[h]
-            row[h] = v if v > 20.0 else log1pf(expf(v))
+            v = v if v > 20.0 else log1pf(expf(v))
+            row[h] = v if v > m.mamba_dt_min else m.mamba_dt_min   # Nemotron-H's floor (time_step_min)
     # runs differ in length: units handed out dynamically
     wk = ll_work_begin(tm, LL_WORK_DYNAMIC, s.num_runs * nc, 1)
     while ll_work_take(&wk, &item, &i1):
@@ -1424,6 +1433,8 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                     ll_omp_barrier()
                     _lora_expand(&s.lora, G + LORA_O, ws.x, E, tm)
         ll_omp_barrier()
+        if L.no_mlp:   # a mixer alone (Nemotron-H's blocks)
+            continue
         # --- MLP block: norm, gate/up with the activation fused (or up, act), down + residual
         if m.post_ln:   # BERT: x = LN(x + attention), the MLP's input
             _post_ln_rows(m, L.attn_norm_w, L.attn_norm_b, ws.x, ws.h, ws.xb, &xq_e, ll_mat_form(&L.up, T), t0, t1)

@@ -17,6 +17,7 @@ properties of the kernel model.
     bamba.py   BambaForCausalLM (hybrid: Mamba2 layers with a per-sequence state, and attention)
     granite_hybrid.py  GraniteMoeHybridForCausalLM (Granite 4.0-H: Bamba's layers, Granite's multipliers,
                experts with a shared MLP or the shared MLP alone, attention with or without RoPE)
+    nemotron_h.py  NemotronHForCausalLM (Nemotron-H: blocks of one mixer each, Mamba2, attention or relu^2 MLP)
     bert.py    BertModel, XLMRobertaModel and their *ForSequenceClassification (encoders, post-norm)
     qwen2_vl.py   Qwen2_5_VLForConditionalGeneration's language model (multimodal RoPE)
     llava.py   LlavaForConditionalGeneration's language model (a Llama; the GGUF is a "llama" file)
@@ -36,14 +37,14 @@ from types import ModuleType
 
 from lite_llm.config import KernelConfig, LayerConfig, ModelConfig
 from lite_llm.model.arch import (bamba, bert, deepseek, gemma, gpt_oss, granite, granite_hybrid, lfm2, llama, llava,
-                                 mixtral, opt, phi3, qwen, qwen2_moe, qwen2_vl, qwen3_moe)
+                                 mixtral, nemotron_h, opt, phi3, qwen, qwen2_moe, qwen2_vl, qwen3_moe)
 from lite_llm.model import hf
 from lite_llm.model.files import ModelLoadError
 from lite_llm.model.rope import rope_dim
 from lite_llm.model.weights import bf16_to_f32, to_bf16
 
 RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma, phi3, granite, mixtral, qwen2_moe, qwen3_moe, bert,
-                                   qwen2_vl, llava, gpt_oss, deepseek, lfm2, bamba, granite_hybrid)
+                                   qwen2_vl, llava, gpt_oss, deepseek, lfm2, bamba, granite_hybrid, nemotron_h)
 _BY_HF = {name: r for r in RECIPES for name in r.HF_ARCHITECTURES}
 _BY_GGUF = {name: r for r in RECIPES for name in getattr(r, "GGUF_ARCHITECTURES", {})}
 SUPPORTED_ARCHITECTURES = tuple(_BY_HF)
@@ -178,7 +179,7 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
         sliding = layer_is_sliding(config, i) and not disable_sliding_window
         layers.append(LayerConfig(sliding_window=int(config.sliding_window) if sliding else 0,
                                   rope_table=local_rope if layer_is_sliding(config, i) else 0,
-                                  kind=_layer_kind(config, i)))
+                                  kind=_layer_kind(config, i), mlp=i not in config.no_mlp_layers))
     scale = (config.query_pre_attn_scalar if config.query_pre_attn_scalar else config.head_dim) ** -0.5
     if config.attention_multiplier is not None:
         scale = config.attention_multiplier
@@ -204,7 +205,8 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
         first_dense_layers=config.first_dense_layers, dense_ffn_dim=config.dense_ffn_dim,
         kv_lora_rank=config.kv_lora_rank, q_lora_rank=config.q_lora_rank,
         conv_len=config.recurrent_len if config.is_hybrid else 0, mamba_heads=config.mamba_n_heads,
-        mamba_head_dim=config.mamba_d_head, mamba_groups=config.mamba_n_groups, mamba_state=config.mamba_d_state)
+        mamba_head_dim=config.mamba_d_head, mamba_groups=config.mamba_n_groups, mamba_state=config.mamba_d_state,
+        mamba_dt_min=config.mamba_dt_min)
 
 
 def _layer_kind(config: ModelConfig, layer: int) -> str:

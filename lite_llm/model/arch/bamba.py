@@ -63,7 +63,8 @@ def tensor_names(config: ModelConfig, moe_names: Callable[[ModelConfig, str], li
     """The canonical tensors hf_tensors yields, in order: a Mamba2 layer has in_proj, conv.weight
     [L, Cd] (taps channel-minor), ssm_a (= -exp(A_log)), ssm_d, dt_bias, gnorm.weight and
     out_proj where an attention layer has qkv and o; a mixture of experts' MLP (Granite 4.0-H)
-    has moe_names(config, prefix) in place of gate_up and down."""
+    has moe_names(config, prefix) in place of gate_up and down, an ungated one (Nemotron-H) up,
+    and a layer of config.no_mlp_layers none."""
     names = ["embed"]
     for i in range(config.num_layers):
         p = f"layers.{i}."
@@ -77,8 +78,15 @@ def tensor_names(config: ModelConfig, moe_names: Callable[[ModelConfig, str], li
         else:
             names += [p + "qkv.weight"] + ([p + "qkv.bias"] if config.qkv_bias else [])
             names += [p + "o.weight"] + ([p + "o.bias"] if config.o_bias else [])
+        if i in config.no_mlp_layers:   # Nemotron-H: a mixer alone
+            continue
         names.append(p + "mlp_norm.weight")
-        names += moe_names(config, p) if config.is_moe else [p + "gate_up.weight", p + "down.weight"]
+        if config.is_moe:
+            names += moe_names(config, p)
+            continue
+        up = "gate_up" if config.gated_mlp else "up"
+        names += [p + up + ".weight"] + ([p + up + ".bias"] if config.mlp_bias else [])
+        names += [p + "down.weight"] + ([p + "down.bias"] if config.mlp_bias else [])
     names.append("final_norm.weight")
     if not config.tie_word_embeddings:
         names.append("lm_head.weight")
