@@ -669,6 +669,45 @@ def _granitehybrid_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
                      f"{a}.expert_shared_feed_forward_length": Fs})
 
 
+def _nemotron_h_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
+    """Nemotron-H as llama.cpp's converter writes it ("nemotron_h"): a GGUF block per block, each
+    with its attn_norm; head_count_kv and feed_forward_length per block (both 0: Mamba2); the
+    Mamba2 tensors as for "granitehybrid" (ssm_inner_size H P), the MLP's ffn_up / ffn_down, q/k
+    permuted."""
+    a, types = "nemotron_h", cfg["layers_block_type"]
+    H, G, Di = cfg["mamba_num_heads"], cfg["n_groups"], cfg["mamba_num_heads"] * cfg["mamba_head_dim"]
+    for i, kind in enumerate(types):
+        h, b = f"backbone.layers.{i}.", f"blk.{i}."
+        tensors[b + "attn_norm.weight"] = sd[h + "norm.weight"]
+        m = h + "mixer."
+        if kind == "linear_attention":
+            for ours, theirs in (("ssm_in", "in_proj"), ("ssm_conv1d", "conv1d"), ("ssm_out", "out_proj")):
+                for part in ("weight", "bias"):
+                    if f"{m}{theirs}.{part}" in sd:
+                        t = sd[f"{m}{theirs}.{part}"]
+                        tensors[f"{b}{ours}.{part}"] = t[:, 0] if ours == "ssm_conv1d" and part == "weight" else t
+            tensors[b + "ssm_dt.bias"] = sd[m + "dt_bias"]
+            tensors[b + "ssm_a"] = -np.exp(sd[m + "A_log"].astype(np.float32)).reshape(H, 1)
+            tensors[b + "ssm_d"] = sd[m + "D"].reshape(H, 1)
+            tensors[b + "ssm_norm.weight"] = sd[m + "norm.weight"].reshape(G, Di // G)
+        elif kind == "full_attention":
+            for ours, theirs in (("attn_q", "q_proj"), ("attn_k", "k_proj"), ("attn_v", "v_proj"), ("attn_output", "o_proj")):
+                t = sd[f"{m}{theirs}.weight"]
+                heads = cfg["num_attention_heads"] if ours == "attn_q" else cfg["num_key_value_heads"]
+                tensors[f"{b}{ours}.weight"] = _permute_qk(t, heads) if ours in ("attn_q", "attn_k") else t
+        else:
+            for ours, theirs in (("ffn_up", "up_proj"), ("ffn_down", "down_proj")):
+                for part in ("weight", "bias"):
+                    if f"{m}{theirs}.{part}" in sd:
+                        tensors[f"{b}{ours}.{part}"] = sd[f"{m}{theirs}.{part}"]
+    meta.update({f"{a}.attention.head_count_kv": [cfg["num_key_value_heads"] if t == "full_attention" else 0 for t in types],
+                 f"{a}.feed_forward_length": [cfg["intermediate_size"] if t == "mlp" else 0 for t in types],
+                 f"{a}.vocab_size": cfg["vocab_size"], f"{a}.ssm.conv_kernel": cfg["conv_kernel"],
+                 f"{a}.ssm.state_size": cfg["ssm_state_size"], f"{a}.ssm.group_count": G,
+                 f"{a}.ssm.inner_size": Di, f"{a}.ssm.time_step_rank": H,
+                 f"{a}.attention.layer_norm_epsilon": float(cfg["layer_norm_epsilon"])})   # llama.cpp reads both
+
+
 def _deepseek2_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict, split_kv_b: bool = True) -> None:
     """DeepSeek-V2 / V3 as llama.cpp's converter writes them ("deepseek2"): the latent
     projections under their names, kv_b_proj split into attn_k_b [H, r, dn] (W_UK transposed)
@@ -734,6 +773,11 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None
     cfg = json.loads((ckpt / "config.json").read_text())
     sd = load_file(str(ckpt / "model.safetensors"))
     tok = json.loads((ckpt / "tokenizer.json").read_text())
+    if arch == "nemotron_h":   # its names and fields as the shared code below reads them
+        sd = {k.replace("backbone.embeddings.", "model.embed_tokens.").replace("backbone.norm_f.", "model.norm."): v
+              for k, v in sd.items()}
+        cfg = dict(cfg, num_hidden_layers=len(cfg["layers_block_type"]), rms_norm_eps=cfg["layer_norm_epsilon"],
+                   rope_parameters={"rope_theta": 10000.0})
     H, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // H
     tensors = {"token_embd.weight": sd["model.embed_tokens.weight"]}
@@ -804,6 +848,8 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None
         _lfm2_gguf(cfg, sd, tensors, meta)
     elif arch == "granitehybrid":
         _granitehybrid_gguf(cfg, sd, tensors, meta)
+    elif arch == "nemotron_h":
+        _nemotron_h_gguf(cfg, sd, tensors, meta)
     elif cfg.get("num_experts") or cfg.get("num_local_experts"):
         _moe_gguf(cfg, sd, arch, tensors, meta)
     if gemma:
