@@ -77,6 +77,7 @@ def config(raw: dict, arch: str, where: str) -> ModelConfig:
         mlp_bias=bool(raw.get("mlp_bias", False)), qkv_bias=False, o_bias=False,   # its q/k/v/o have none
         head_dim=int(raw.get("head_dim") or dim // heads), norm_eps=float(raw.get("layer_norm_epsilon", 1e-5)),
         rope=False, nope=True, layer_types=types,
+        tie_word_embeddings=False,   # transformers' NemotronH never ties lm_head, whatever the config says
         no_mlp_layers=tuple(j for j, (_, _, mlp) in enumerate(layers) if mlp is None),
         mamba_n_heads=int(raw.get("mamba_num_heads", 128)), mamba_d_head=int(raw.get("mamba_head_dim", 64)),
         mamba_n_groups=int(raw.get("n_groups", 8)), mamba_d_state=int(raw.get("ssm_state_size", 128)),
