@@ -28,7 +28,9 @@ class ModelConfig:
     o_bias: bool = False         # OPT
     mlp_bias: bool = False       # OPT
     qk_norm: bool = False        # Qwen3: RMSNorm over each head of q and k before RoPE
-    rope: bool = True            # False: learned absolute positions (OPT)
+    rope: bool = True            # False: learned absolute positions (OPT), or none with nope
+    nope: bool = False           # attention without any position encoding (Granite 4.0-H: its Mamba2 layers
+                                 # carry the order); rope is then False and there is no pos_embed
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None   # HF's dict: {"rope_type": "linear"|"llama3"|"yarn", ...}
     pos_offset: int = 0          # learned positions: row of position 0 (OPT stores 2 extra rows)
@@ -131,6 +133,10 @@ class ModelConfig:
     # attention whose q_proj also gives a gate per query channel: out = attention * sigmoid(gate)
     # before o (Qwen3-Next's gated attention)
     attn_output_gate: bool = False
+    mamba_dt_min: float = 0.0    # dt's floor after the softplus (Nemotron-H's time_step_min); 0: none
+    # Nemotron-H: layers that are a mixer alone, without the MLP after it (its blocks are one
+    # sub-layer each: a mixer block followed by an MLP block is one layer here)
+    no_mlp_layers: tuple[int, ...] = ()
 
     @property
     def is_moe(self) -> bool:
@@ -215,6 +221,7 @@ class LayerConfig:
     """What differs between the layers of one model (the kernel's LayerW)."""
     sliding_window: int = 0      # attend to the last W positions (incl. self); 0: every earlier position
     rope_table: int = 0          # which of the Model's RoPE tables rotates q and k (Gemma 3: 1 = local)
+    mlp: bool = True             # an MLP after the mixer (False: Nemotron-H's mixer blocks alone)
     kind: str = "attention"      # LAYER_KINDS: "conv" is a short-convolution layer (LFM2), KernelConfig.conv_len;
                                  # "mamba" a Mamba2 layer (KernelConfig.mamba_*); "deltanet" a
                                  # Gated DeltaNet layer (KernelConfig.gdn_*)
@@ -222,7 +229,8 @@ class LayerConfig:
 
 LAYER_KINDS = ("attention", "conv", "mamba", "deltanet")
 KERNEL_NORMS = ("rms", "layer")
-KERNEL_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu", "swiglu_oai")   # swiglu_oai: gpt-oss's clamped SwiGLU
+# swiglu_oai: gpt-oss's clamped SwiGLU; relu2: relu(x)^2 (Nemotron-H)
+KERNEL_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu", "swiglu_oai", "relu2")
 MOE_ROUTINGS = ("softmax_topk", "topk_softmax", "grouped_softmax", "grouped_sigmoid")
 
 
@@ -283,6 +291,7 @@ class KernelConfig:
     # q from x; attention's latent output (kv_lora_rank per head) feeds o, whose weight absorbs W_UV
     kv_lora_rank: int = 0
     q_lora_rank: int = 0
+    nope: bool = False           # no position encoding at all (ModelConfig.nope): rope False, no pos_embed
     conv_len: int = 0            # L of the short-convolution or Mamba2 layers' convolution; 0: none
     mamba_heads: int = 0         # Mamba2 layers (ModelConfig.mamba_*): heads, their channels, groups, state
     mamba_head_dim: int = 0
@@ -293,6 +302,7 @@ class KernelConfig:
     gdn_k_dim: int = 0
     gdn_v_dim: int = 0
     attn_gate: bool = False      # attention output x sigmoid(gate) from q's rows (ModelConfig.attn_output_gate)
+    mamba_dt_min: float = 0.0    # dt's floor after the softplus (ModelConfig.mamba_dt_min)
 
     MAX_HEAD_DIM = 512
     MAX_CONV_LEN = 8             # LL_CONV_MAX_LEN, src/kernels/conv.h           # LL_MAX_HEAD_DIM, src/kernels/attention.h
@@ -327,8 +337,8 @@ class KernelConfig:
             raise ValueError(f"attention path {self.attn_path!r}: expected one of {', '.join(ATTENTION_PATHS)}")
         if self.num_experts and not (0 < self.num_experts_per_tok <= self.num_experts):
             raise ValueError(f"top-{self.num_experts_per_tok} of {self.num_experts} experts: expected 1..{self.num_experts}")
-        if self.num_experts and (not self.gated_mlp or self.post_norms or self.residual_scale != 1.0):
-            raise ValueError("experts are gated MLPs without post-MLP norms or residual scales")
+        if self.num_experts and (not self.gated_mlp or self.post_norms):
+            raise ValueError("experts are gated MLPs without post-MLP norms")
         if self.num_experts and (self.n_group < 1 or self.num_experts % self.n_group
                                  or not 0 < self.topk_group <= self.n_group):
             raise ValueError(f"{self.num_experts} experts in {self.n_group} groups, the best {self.topk_group} kept")
@@ -360,9 +370,12 @@ class KernelConfig:
         if any(layer.kind != "attention" for layer in self.layers):
             if not 1 <= self.conv_len <= self.MAX_CONV_LEN:
                 raise ValueError(f"short convolutions of {self.conv_len} taps: the kernels run 1..{self.MAX_CONV_LEN}")
-            if self.post_norms or self.residual_scale != 1.0 or self.kv_lora_rank or self.post_ln:
-                raise ValueError("short-convolution layers sit in pre-norm decoders without post-sub-layer norms, "
-                                 "residual scales or latent attention")
+            if self.post_norms or self.kv_lora_rank or self.post_ln:
+                raise ValueError("short-convolution layers sit in pre-norm decoders without post-sub-layer norms "
+                                 "or latent attention")
+            if self.residual_scale != 1.0 and any(layer.kind == "conv" for layer in self.layers):
+                raise ValueError("short-convolution layers add their output unscaled (residual scales: Mamba2 "
+                                 "and attention layers)")
             if all(layer.kind != "attention" for layer in self.layers):
                 raise ValueError("a model with short-convolution layers needs at least one attention layer")
         if self.attn_softcap < 0 or self.final_softcap < 0:

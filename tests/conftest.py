@@ -175,6 +175,21 @@ ARCH_DEFAULTS: dict[str, dict] = {
                        moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=True,
                        decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6, tie_word_embeddings=False,
                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
+    # Granite 4.0-H: Bamba's Mamba2 layers around one attention layer (RoPE over whole heads;
+    # position_embedding_type "nope": none), Granite's four multipliers (none of them 1), top-2 of
+    # 4 experts of 32 (softmax after the top-k) beside the shared MLP of 48 (num_local_experts 0: it alone)
+    "granite_hybrid": dict(_BASE, intermediate_size=32, num_hidden_layers=3, layer_types=["mamba", "attention", "mamba"],
+                           mamba_n_heads=8, mamba_d_head="auto", mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
+                           mamba_expand=2, mamba_chunk_size=16, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                           num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48,
+                           position_embedding_type="rope", rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                           embedding_multiplier=6.0, residual_multiplier=0.4, attention_multiplier=0.09,
+                           logits_scaling=3.0),
+    # Nemotron-H: blocks of one mixer each (Mamba2 "M", attention "*" without positions, relu^2
+    # MLP "-"), here M - * M - M: the attention block and the last Mamba2 block without an MLP after
+    "nemotron_h": dict(_BASE, head_dim=16, hybrid_override_pattern="M-*M-M", mamba_num_heads=8, mamba_head_dim=16,
+                       n_groups=2, ssm_state_size=16, conv_kernel=4, chunk_size=16, layer_norm_epsilon=1e-5,
+                       tie_word_embeddings=False),
     "lfm2": dict(_BASE, num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "conv"], conv_L_cache=3,
                  conv_bias=False, norm_eps=1e-5, block_auto_adjust_ff_dim=False, tie_word_embeddings=True,
                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
@@ -291,6 +306,8 @@ def _model_class(arch: str):
             "lfm2": (transformers.Lfm2Config, transformers.Lfm2ForCausalLM),
             "bamba": (transformers.BambaConfig, transformers.BambaForCausalLM),
             "qwen3_next": (transformers.Qwen3NextConfig, transformers.Qwen3NextForCausalLM),
+            "granite_hybrid": (transformers.GraniteMoeHybridConfig, transformers.GraniteMoeHybridForCausalLM),
+            "nemotron_h": (transformers.NemotronHConfig, transformers.NemotronHForCausalLM),
             "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
             "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
             "opt": (transformers.OPTConfig, transformers.OPTForCausalLM),
@@ -623,6 +640,92 @@ def _lfm2_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
                     tensors[f"blk.{i}.{ours}.{part}"] = t[:, 0] if ours == "shortconv.conv" and part == "weight" else t
 
 
+def _granitehybrid_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
+    """Granite 4.0-H as llama.cpp's converter writes it ("granitehybrid"): head_count_kv per layer
+    (0: a Mamba2 layer), the mixer as ssm_in, ssm_conv1d [Cd, L], ssm_dt.bias, ssm_a = -exp(A_log)
+    and ssm_d as [H, 1], ssm_norm as [G, Di / G], ssm_out; the fused SwiGLUs split into gate and
+    up (the experts as ffn_*_exps beside the shared ffn_*_shexp; the dense models' shared MLP as
+    ffn_gate / ffn_up / ffn_down); RoPE switched by rope.scaling.finetuned."""
+    a, n, E = "granitehybrid", cfg["num_hidden_layers"], cfg["hidden_size"]
+    X, F, Fs = cfg["num_local_experts"], cfg["intermediate_size"], cfg["shared_intermediate_size"]
+    H, G, Di = cfg["mamba_n_heads"], cfg["mamba_n_groups"], cfg["mamba_expand"] * E
+    mamba = [t in ("mamba", "linear_attention") for t in cfg["layer_types"]]
+    for i in range(n):
+        h, b = f"model.layers.{i}.", f"blk.{i}."
+        if mamba[i]:
+            m = h + "mamba."
+            for ours, theirs in (("ssm_in", "in_proj"), ("ssm_conv1d", "conv1d"), ("ssm_out", "out_proj")):
+                for part in ("weight", "bias"):
+                    if f"{m}{theirs}.{part}" in sd:
+                        t = sd[f"{m}{theirs}.{part}"]
+                        tensors[f"{b}{ours}.{part}"] = t[:, 0] if ours == "ssm_conv1d" and part == "weight" else t
+            tensors[b + "ssm_dt.bias"] = sd[m + "dt_bias"]
+            tensors[b + "ssm_a"] = -np.exp(sd[m + "A_log"].astype(np.float32)).reshape(H, 1)
+            tensors[b + "ssm_d"] = sd[m + "D"].reshape(H, 1)
+            tensors[b + "ssm_norm.weight"] = sd[m + "norm.weight"].reshape(G, Di // G)
+        shared = sd[h + "shared_mlp.input_linear.weight"]
+        sh = "_shexp" if X else ""
+        tensors[f"{b}ffn_gate{sh}.weight"], tensors[f"{b}ffn_up{sh}.weight"] = shared[:Fs], shared[Fs:]
+        tensors[f"{b}ffn_down{sh}.weight"] = sd[h + "shared_mlp.output_linear.weight"]
+        if X:
+            moe = h + "block_sparse_moe."
+            tensors[b + "ffn_gate_inp.weight"] = sd[moe + "router.layer.weight"]
+            gate_up = sd[moe + "input_linear.weight"]
+            tensors[b + "ffn_gate_exps.weight"], tensors[b + "ffn_up_exps.weight"] = gate_up[:, :F], gate_up[:, F:]
+            tensors[b + "ffn_down_exps.weight"] = sd[moe + "output_linear.weight"]
+    meta.update({f"{a}.attention.head_count_kv": [0 if m else cfg["num_key_value_heads"] for m in mamba],
+                 f"{a}.feed_forward_length": F if X else Fs, f"{a}.vocab_size": cfg["vocab_size"],
+                 f"{a}.ssm.conv_kernel": cfg["mamba_d_conv"], f"{a}.ssm.state_size": cfg["mamba_d_state"],
+                 f"{a}.ssm.group_count": G, f"{a}.ssm.inner_size": Di, f"{a}.ssm.time_step_rank": H,
+                 f"{a}.rope.scaling.finetuned": cfg.get("position_embedding_type") == "rope",
+                 f"{a}.embedding_scale": float(cfg["embedding_multiplier"]),
+                 f"{a}.residual_scale": float(cfg["residual_multiplier"]),
+                 f"{a}.attention.scale": float(cfg["attention_multiplier"]),
+                 f"{a}.logit_scale": float(cfg["logits_scaling"])})
+    if X:
+        meta.update({f"{a}.expert_count": X, f"{a}.expert_used_count": cfg["num_experts_per_tok"],
+                     f"{a}.expert_shared_feed_forward_length": Fs})
+
+
+def _nemotron_h_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
+    """Nemotron-H as llama.cpp's converter writes it ("nemotron_h"): a GGUF block per block, each
+    with its attn_norm; head_count_kv and feed_forward_length per block (both 0: Mamba2); the
+    Mamba2 tensors as for "granitehybrid" (ssm_inner_size H P), the MLP's ffn_up / ffn_down, q/k
+    permuted."""
+    a, types = "nemotron_h", cfg["layers_block_type"]
+    H, G, Di = cfg["mamba_num_heads"], cfg["n_groups"], cfg["mamba_num_heads"] * cfg["mamba_head_dim"]
+    for i, kind in enumerate(types):
+        h, b = f"backbone.layers.{i}.", f"blk.{i}."
+        tensors[b + "attn_norm.weight"] = sd[h + "norm.weight"]
+        m = h + "mixer."
+        if kind == "linear_attention":
+            for ours, theirs in (("ssm_in", "in_proj"), ("ssm_conv1d", "conv1d"), ("ssm_out", "out_proj")):
+                for part in ("weight", "bias"):
+                    if f"{m}{theirs}.{part}" in sd:
+                        t = sd[f"{m}{theirs}.{part}"]
+                        tensors[f"{b}{ours}.{part}"] = t[:, 0] if ours == "ssm_conv1d" and part == "weight" else t
+            tensors[b + "ssm_dt.bias"] = sd[m + "dt_bias"]
+            tensors[b + "ssm_a"] = -np.exp(sd[m + "A_log"].astype(np.float32)).reshape(H, 1)
+            tensors[b + "ssm_d"] = sd[m + "D"].reshape(H, 1)
+            tensors[b + "ssm_norm.weight"] = sd[m + "norm.weight"].reshape(G, Di // G)
+        elif kind == "full_attention":
+            for ours, theirs in (("attn_q", "q_proj"), ("attn_k", "k_proj"), ("attn_v", "v_proj"), ("attn_output", "o_proj")):
+                t = sd[f"{m}{theirs}.weight"]
+                heads = cfg["num_attention_heads"] if ours == "attn_q" else cfg["num_key_value_heads"]
+                tensors[f"{b}{ours}.weight"] = _permute_qk(t, heads) if ours in ("attn_q", "attn_k") else t
+        else:
+            for ours, theirs in (("ffn_up", "up_proj"), ("ffn_down", "down_proj")):
+                for part in ("weight", "bias"):
+                    if f"{m}{theirs}.{part}" in sd:
+                        tensors[f"{b}{ours}.{part}"] = sd[f"{m}{theirs}.{part}"]
+    meta.update({f"{a}.attention.head_count_kv": [cfg["num_key_value_heads"] if t == "full_attention" else 0 for t in types],
+                 f"{a}.feed_forward_length": [cfg["intermediate_size"] if t == "mlp" else 0 for t in types],
+                 f"{a}.vocab_size": cfg["vocab_size"], f"{a}.ssm.conv_kernel": cfg["conv_kernel"],
+                 f"{a}.ssm.state_size": cfg["ssm_state_size"], f"{a}.ssm.group_count": G,
+                 f"{a}.ssm.inner_size": Di, f"{a}.ssm.time_step_rank": H,
+                 f"{a}.attention.layer_norm_epsilon": float(cfg["layer_norm_epsilon"])})   # llama.cpp reads both
+
+
 def _deepseek2_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict, split_kv_b: bool = True) -> None:
     """DeepSeek-V2 / V3 as llama.cpp's converter writes them ("deepseek2"): the latent
     projections under their names, kv_b_proj split into attn_k_b [H, r, dn] (W_UK transposed)
@@ -688,6 +791,11 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None
     cfg = json.loads((ckpt / "config.json").read_text())
     sd = load_file(str(ckpt / "model.safetensors"))
     tok = json.loads((ckpt / "tokenizer.json").read_text())
+    if arch == "nemotron_h":   # its names and fields as the shared code below reads them
+        sd = {k.replace("backbone.embeddings.", "model.embed_tokens.").replace("backbone.norm_f.", "model.norm."): v
+              for k, v in sd.items()}
+        cfg = dict(cfg, num_hidden_layers=len(cfg["layers_block_type"]), rms_norm_eps=cfg["layer_norm_epsilon"],
+                   rope_parameters={"rope_theta": 10000.0})
     H, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // H
     tensors = {"token_embd.weight": sd["model.embed_tokens.weight"]}
@@ -712,7 +820,7 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None
                 key = f"model.layers.{i}.{theirs}.{part}"
                 if key in sd:
                     t = sd[key]
-                    if arch in ("llama", "granite") and ours in ("attn_q", "attn_k"):
+                    if arch in ("llama", "granite", "granitehybrid") and ours in ("attn_q", "attn_k"):
                         t = _permute_qk(t, H if ours == "attn_q" else Hkv)
                     if gemma and ours.endswith("norm"):
                         t = t + 1
@@ -756,6 +864,10 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None
         _deepseek2_gguf(cfg, sd, tensors, meta)
     elif arch == "lfm2":
         _lfm2_gguf(cfg, sd, tensors, meta)
+    elif arch == "granitehybrid":
+        _granitehybrid_gguf(cfg, sd, tensors, meta)
+    elif arch == "nemotron_h":
+        _nemotron_h_gguf(cfg, sd, tensors, meta)
     elif cfg.get("num_experts") or cfg.get("num_local_experts"):
         _moe_gguf(cfg, sd, arch, tensors, meta)
     if gemma:

@@ -137,6 +137,7 @@ ACTIVATIONS = {
     "gelu_tanh": lambda g: 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3))),
     "relu": lambda g: np.maximum(g, 0.0),
     "quick_gelu": lambda g: g / (1.0 + np.exp(-1.702 * g)),      # OpenAI CLIP's
+    "relu2": lambda g: np.maximum(g, 0.0) ** 2,                  # Nemotron-H's
 }
 
 

@@ -81,7 +81,7 @@ cdef extern from "kernels/rope.h" nogil:
     void ll_rope_neox_f32(float *x, const float *cos, const float *sin, Py_ssize_t head_dim)
 
 cdef extern from "kernels/act.h" nogil:
-    int LL_ACT_SILU, LL_ACT_GELU, LL_ACT_GELU_TANH, LL_ACT_RELU, LL_ACT_QUICK_GELU, LL_ACT_SWIGLU_OAI
+    int LL_ACT_SILU, LL_ACT_GELU, LL_ACT_GELU_TANH, LL_ACT_RELU, LL_ACT_QUICK_GELU, LL_ACT_SWIGLU_OAI, LL_ACT_RELU2
     void ll_act_mul_f32(const float *gate, const float *up, float *out, Py_ssize_t n, int act)
     void ll_softcap_f32(float *x, Py_ssize_t n, float cap)
 
@@ -102,7 +102,7 @@ cdef extern from "kernels/attention.h" nogil:
 
 ISA = LL_ISA_NAME.decode()
 ACTIVATIONS = {"silu": LL_ACT_SILU, "gelu": LL_ACT_GELU, "gelu_tanh": LL_ACT_GELU_TANH, "relu": LL_ACT_RELU,
-               "quick_gelu": LL_ACT_QUICK_GELU, "swiglu_oai": LL_ACT_SWIGLU_OAI}
+               "quick_gelu": LL_ACT_QUICK_GELU, "swiglu_oai": LL_ACT_SWIGLU_OAI, "relu2": LL_ACT_RELU2}
 WTYPES = {"float32": LL_W_F32, "bfloat16": LL_W_BF16, "float16": LL_W_F16, "Q8_0": LL_W_Q8_0,
           "Q4_0": LL_W_Q4_0, "Q4_1": LL_W_Q4_1, "Q5_0": LL_W_Q5_0, "Q5_1": LL_W_Q5_1, "Q4_K": LL_W_Q4_K,
           "Q5_K": LL_W_Q5_K, "Q6_K": LL_W_Q6_K, "IQ4_NL": LL_W_IQ4_NL, "IQ4_XS": LL_W_IQ4_XS,

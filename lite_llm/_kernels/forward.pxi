@@ -58,6 +58,7 @@ cdef struct LayerW:
     # its in_proj [Cd + Hv Dv + 2 Hv, E] (q | k | v | z | b | a rows), o its out_proj [E, Hv Dv];
     # conv_w [L, Cd] and conv_state [slots, L - 1, Cd] its convolution's, ssm_a [Hv] -exp(A_log),
     # dt_bias [Hv], gnorm_w [Dv] the gated norm's weight (every head's), ssm_state [slots, Hv, Dk, Dv]
+    int no_mlp                    # 1: the mixer alone, no MLP after it (LayerConfig.mlp False: Nemotron-H)
 
 
 cdef struct ModelC:
@@ -92,6 +93,7 @@ cdef struct ModelC:
                                   # position, [mrope_t, mrope_h) by the height one, the rest by the width
                                   # one (Qwen2-VL's mrope_section, summed); 0: one position per token
     float eps, scale, embed_scale, residual_scale, logit_scale, attn_softcap, final_softcap   # softcaps 0: none
+    float mamba_dt_min            # Mamba2's dt floor after the softplus (KernelConfig.mamba_dt_min; 0: none)
 
 
 cdef struct WorkC:
@@ -223,6 +225,7 @@ cdef class Model:
         self.c.use_rope, self.c.qk_norm, self.c.post_norms = cfg.rope, cfg.qk_norm, cfg.post_norms
         self.c.scale, self.c.embed_scale = cfg.attn_scale, cfg.embed_scale
         self.c.residual_scale, self.c.logit_scale = cfg.residual_scale, cfg.logit_scale
+        self.c.mamba_dt_min = cfg.mamba_dt_min
         self.c.attn_softcap, self.c.final_softcap = cfg.attn_softcap, cfg.final_softcap
         self.c.max_positions = cfg.max_positions
         self.c.num_experts, self.c.top_k = cfg.num_experts, cfg.num_experts_per_tok
@@ -322,7 +325,10 @@ cdef class Model:
             if self.c.kv_lora:
                 self._load_mla(i, packed, fma, stream)
             self.c.layers[i].ffn = cfg.dense_ffn_dim if i < cfg.first_dense_layers else self.c.ffn_dim
-            if self.c.num_experts and i >= cfg.first_dense_layers:
+            self.c.layers[i].no_mlp = not lc.mlp
+            if not lc.mlp:   # no MLP weights
+                pass
+            elif self.c.num_experts and i >= cfg.first_dense_layers:
                 self._load_experts(i, packed, fma, stream)
             else:
                 self.c.layers[i].up = _mat(packed, p + ("gate_up" if self.c.gated else "up"), self.keep, fma, stream)
@@ -359,7 +365,7 @@ cdef class Model:
             raise ValueError("a post-LayerNorm model needs embed_norm.weight and embed_norm.bias")
         self.c.final_norm_w = _vec(tensors, "final_norm.weight", self.keep)
         self.c.final_norm_b = _vec(tensors, "final_norm.bias", self.keep)
-        if not self.c.use_rope and (self.c.pos_embed is NULL or tensors["pos_embed"].shape[0] < self.c.max_positions):
+        if not self.c.use_rope and not cfg.nope and (self.c.pos_embed is NULL or tensors["pos_embed"].shape[0] < self.c.max_positions):
             raise ValueError("a model without rope needs pos_embed with max_positions rows")
 
     cdef _load_conv(self, int i, object packed, object state, bint fma, bint stream):
@@ -516,6 +522,8 @@ cdef class Model:
             out[f"layers.{i}.{'out_proj' if self.c.layers[i].conv else 'o'}"] = _describe(&self.c.layers[i].o)
             if self.c.q_lora:
                 out[f"layers.{i}.q_b"] = _describe(&self.c.layers[i].q_b)
+            if self.c.layers[i].no_mlp:
+                continue
             if self.c.layers[i].experts != NULL:   # one entry for all of a layer's experts: they share a format
                 out[f"layers.{i}.experts.gate_up"] = _describe(&self.c.layers[i].experts[0])
                 out[f"layers.{i}.experts.down"] = _describe(&self.c.layers[i].experts[self.c.num_experts])
@@ -1084,7 +1092,8 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
                 handed out dynamically: one GEMM per expert over its rows (decode: K GEMVs)
       down      (expert, MOE_DOWN_PANELS output panels) units likewise, into gout [A, E]
                 (the shared expert's into h, which nobody reads any more)
-      combine   out[t] (+)= sum_k w[t, k] gout[slot[t, k]] (+ sigmoid gate x shared), split by columns
+      combine   out[t] (+)= sum_k w[t, k] gout[slot[t, k]] (+ sigmoid gate x shared), split by columns;
+                added into x (accumulate), all of it x residual_scale (Granite)
     Only the chosen experts' weights are read."""
     cdef Py_ssize_t E = m.dim, F = m.ffn_dim, Fs = m.shared_dim, X = m.num_experts, K = m.top_k
     cdef Py_ssize_t Xp = X + 1, A = T * K, t, k, e, a, r, item, n_items, c0, c1
@@ -1096,6 +1105,7 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
     cdef ll_qact xq_s = _qact(ws.xq2, ws.xqd2, ws.xqs2, Fs)
     cdef int form
     cdef float *logit
+    cdef float rs = m.residual_scale if accumulate else 1.0   # a rank's slot is scaled after its reduce
 
     n_items = T * Xp
     ll_work_static(tm, n_items, 1, &i0, &i1)
@@ -1181,9 +1191,10 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
             if not accumulate:
                 memset(out + t * E + c0, 0, (c1 - c0) * sizeof(float))
             for k in range(K):
-                ll_axpy_f32(ws.moe_wt[t * K + k], ws.gout + ws.moe_slot[t * K + k] * E + c0, out + t * E + c0, c1 - c0)
+                ll_axpy_f32(rs * ws.moe_wt[t * K + k], ws.gout + ws.moe_slot[t * K + k] * E + c0, out + t * E + c0,
+                            c1 - c0)
             if Fs:
-                ll_axpy_f32(ws.router[t * Xp + X], ws.h + t * E + c0, out + t * E + c0, c1 - c0)
+                ll_axpy_f32(rs * ws.router[t * Xp + X], ws.h + t * E + c0, out + t * E + c0, c1 - c0)
 
 
 cdef void _mla_block(const ModelC *m, const WorkC *ws, const StepC *s, const LayerW *L, ll_team *tm,
@@ -1289,7 +1300,8 @@ cdef void _conv_block(const ModelC *m, const WorkC *ws, const StepC *s, const La
 cdef void _mamba_block(const ModelC *m, const WorkC *ws, const StepC *s, const LayerW *L, ll_team *tm,
                        Py_ssize_t t0, Py_ssize_t t1) noexcept nogil:
     """x += a Mamba2 mixer of the normed rows h (in L.qkv's input form), inside _step's parallel
-    region; Di = H P channels, Cd = Di + 2 G N:
+    region (with a residual scale: the mixer's output into h, then x += residual_scale h);
+    Di = H P channels, Cd = Di + 2 G N:
 
       in_proj   [z | x, B, C | dt] [T, Di + Cd + H] = h . in_proj (in ws.qkv); dt = softplus(dt + dt_bias)
       conv      (sequence run, CONV_CHANNELS channels) units: silu(causal conv of x | B | C) into
@@ -1313,7 +1325,8 @@ cdef void _mamba_block(const ModelC *m, const WorkC *ws, const StepC *s, const L
         row = ws.qkv + t * dproj + Di + Cd
         for h in range(H):
             v = row[h] + L.dt_bias[h]
-            row[h] = v if v > 20.0 else log1pf(expf(v))
+            v = v if v > 20.0 else log1pf(expf(v))
+            row[h] = v if v > m.mamba_dt_min else m.mamba_dt_min   # Nemotron-H's floor (time_step_min)
     # runs differ in length: units handed out dynamically
     wk = ll_work_begin(tm, LL_WORK_DYNAMIC, s.num_runs * nc, 1)
     while ll_work_take(&wk, &item, &i1):
@@ -1342,7 +1355,12 @@ cdef void _mamba_block(const ModelC *m, const WorkC *ws, const StepC *s, const L
             ll_rmsnorm_f32(row + g * gs, L.gnorm_w + g * gs, row + g * gs, gs, m.eps)
     _to_input(ll_mat_form(&L.o, T), ws.ssm_y, Di, t0, t1, Di, ws.xb, &xq_y)
     ll_omp_barrier()
-    _gemm_phase(ws.ssm_y, Di, ws.xb, &xq_y, T, &L.o, ws.x, E, 1, _gemm_mode(T), tm)
+    if m.residual_scale != 1.0:   # out_proj into h (in_proj has read it), then x += scale h (Granite 4.0-H)
+        _gemm_phase(ws.ssm_y, Di, ws.xb, &xq_y, T, &L.o, ws.h, E, 0, _gemm_mode(T), tm)
+        ll_omp_barrier()
+        _residual_add(m, NULL, ws.h, ws.x, t0, t1)
+    else:
+        _gemm_phase(ws.ssm_y, Di, ws.xb, &xq_y, T, &L.o, ws.x, E, 1, _gemm_mode(T), tm)
 
 
 cdef void _deltanet_block(const ModelC *m, const WorkC *ws, const StepC *s, const LayerW *L, ll_team *tm,
@@ -1548,6 +1566,8 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                     ll_omp_barrier()
                     _lora_expand(&s.lora, G + LORA_O, ws.x, E, tm)
         ll_omp_barrier()
+        if L.no_mlp:   # a mixer alone (Nemotron-H's blocks)
+            continue
         # --- MLP block: norm, gate/up with the activation fused (or up, act), down + residual
         if m.post_ln:   # BERT: x = LN(x + attention), the MLP's input
             _post_ln_rows(m, L.attn_norm_w, L.attn_norm_b, ws.x, ws.h, ws.xb, &xq_e, ll_mat_form(&L.up, T), t0, t1)

@@ -6,7 +6,8 @@ LL_HOT_BEGIN
 
 enum { LL_ACT_SILU = 0, LL_ACT_GELU = 1, LL_ACT_GELU_TANH = 2, LL_ACT_RELU = 3,
        LL_ACT_QUICK_GELU = 4 /* x sigmoid(1.702 x): OpenAI CLIP's */,
-       LL_ACT_SWIGLU_OAI = 5 /* gpt-oss's clamped SwiGLU, gated only (below) */ };
+       LL_ACT_SWIGLU_OAI = 5 /* gpt-oss's clamped SwiGLU, gated only (below) */,
+       LL_ACT_RELU2 = 6 /* relu(x)^2: Nemotron-H's MLP */ };
 
 /* gpt-oss's experts: g = min(gate, limit), u = clamp(up, -limit, limit),
  * out = (u + 1) g sigmoid(alpha g), alpha 1.702, limit 7 (the released models' values, which
@@ -20,6 +21,7 @@ static inline float ll_act_scalar(float x, int act) {
     case LL_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
     case LL_ACT_GELU_TANH: return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
     case LL_ACT_QUICK_GELU: return x / (1.0f + expf(-1.702f * x));
+    case LL_ACT_RELU2: return x > 0.f ? x * x : 0.f;
     default: return x > 0.f ? x : 0.f;
     }
 }
@@ -75,10 +77,11 @@ static inline void ll_act_mul_f32(const float *gate, const float *up, float *out
             ll_vf32 r = ll_sub(ll_mul(half, ll_add(g, ax)), ll_mul(ax, q));
             ll_store(out + i, up ? ll_mul(r, ll_load(up + i)) : r);
         }
-    } else if (act == LL_ACT_RELU) {
+    } else if (act == LL_ACT_RELU || act == LL_ACT_RELU2) {
         const ll_vf32 zero = ll_zero();
         for (; i + 16 <= n; i += 16) {
             ll_vf32 r = ll_max(ll_load(gate + i), zero);
+            if (act == LL_ACT_RELU2) r = ll_mul(r, r);
             ll_store(out + i, up ? ll_mul(r, ll_load(up + i)) : r);
         }
     }

@@ -106,7 +106,7 @@ def test_rope_rejects_positions_outside_the_table(variant, rng):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh", "relu", "quick_gelu"])
+@pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh", "relu", "quick_gelu", "relu2"])
 @pytest.mark.parametrize("gated", [True, False])
 @pytest.mark.parametrize("num_tokens,ffn_dim", [(1, 96), (5, 37), (4, 200)])
 def test_act_mul(variant, act, gated, num_tokens, ffn_dim, rng):

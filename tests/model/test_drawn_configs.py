@@ -253,6 +253,62 @@ def test_granite(overrides):
     check_drawn("granite", overrides)
 
 
+@st.composite
+def granite_hybrid(draw) -> dict:
+    """Granite 4.0-H: a pattern of Mamba2 and attention layers (both kinds present), Mamba2 heads,
+    groups, state and conv taps, experts (0: the shared MLP alone) and their top-k, RoPE or no
+    positions, the four multipliers."""
+    n = draw(st.integers(2, 4))
+    kinds = draw(st.lists(st.sampled_from(["mamba", "attention"]), min_size=n, max_size=n)
+                 .filter(lambda t: "mamba" in t and "attention" in t))
+    heads = draw(st.sampled_from([8, 4, 2]))
+    experts = draw(st.sampled_from([4, 0, 8]))
+    out = dict(num_hidden_layers=n, layer_types=kinds, mamba_n_heads=heads,
+               mamba_n_groups=draw(st.sampled_from([g for g in (2, 1, 4) if heads % g == 0])),
+               mamba_d_state=draw(st.sampled_from([16, 8, 32])), mamba_d_conv=draw(st.sampled_from([4, 2, 3])),
+               mamba_chunk_size=draw(st.sampled_from([16, 8])), mamba_conv_bias=draw(st.booleans()),
+               mamba_proj_bias=draw(st.booleans()), num_local_experts=experts,
+               intermediate_size=draw(st.sampled_from([32, 24])), shared_intermediate_size=draw(st.sampled_from([48, 32])),
+               position_embedding_type=draw(st.sampled_from(["nope", "rope"])),
+               embedding_multiplier=draw(st.sampled_from([6.0, 1.0, 12.0])),
+               residual_multiplier=draw(st.sampled_from([0.4, 0.22, 1.0])),
+               attention_multiplier=draw(st.sampled_from([0.09, 0.0078125, 0.25])),
+               logits_scaling=draw(st.sampled_from([3.0, 1.0, 8.0])), tie_word_embeddings=draw(st.booleans()),
+               rms_norm_eps=draw(st.sampled_from([1e-5, 1e-6])))
+    if experts:
+        out["num_experts_per_tok"] = draw(st.integers(1, experts))
+    return out
+
+
+@DRAWN_SETTINGS
+@given(merged(attention(head_dims=(16, 32, 48), explicit_head_dim=False), granite_hybrid()))
+def test_granite_hybrid(overrides):
+    check_drawn("granite_hybrid", overrides)
+
+
+@st.composite
+def nemotron_h(draw) -> dict:
+    """Nemotron-H: a block pattern of Mamba2 ("M"), attention ("*") and MLP ("-") blocks, each MLP
+    block after a mixer block (both mixers present), Mamba2 heads / head width / groups / state /
+    taps, biases, the dt floor."""
+    mixers = draw(st.lists(st.sampled_from("M*"), min_size=2, max_size=4).filter(lambda m: "M" in m and "*" in m))
+    pattern = "".join(m + ("-" if draw(st.booleans()) else "") for m in mixers)
+    heads = draw(st.sampled_from([8, 4, 2]))
+    return dict(hybrid_override_pattern=pattern, mamba_num_heads=heads, mamba_head_dim=draw(st.sampled_from([16, 8, 24])),
+                n_groups=draw(st.sampled_from([g for g in (2, 1, 4) if heads % g == 0])),
+                ssm_state_size=draw(st.sampled_from([16, 8, 32])), conv_kernel=draw(st.sampled_from([4, 2, 3])),
+                chunk_size=draw(st.sampled_from([16, 8])), use_conv_bias=draw(st.booleans()),
+                use_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()),
+                time_step_min=draw(st.sampled_from([0.001, 0.7])), intermediate_size=draw(st.sampled_from([96, 40])),
+                tie_word_embeddings=draw(st.booleans()), layer_norm_epsilon=draw(st.sampled_from([1e-5, 1e-6])))
+
+
+@DRAWN_SETTINGS
+@given(merged(attention(head_dims=(16, 32, 48)), nemotron_h()))
+def test_nemotron_h(overrides):
+    check_drawn("nemotron_h", overrides)
+
+
 @DRAWN_SETTINGS
 @given(st.fixed_dictionaries({
     "num_attention_heads": st.sampled_from([4, 1, 2, 6]), "head_dim": st.sampled_from([16, 32, 48]),

@@ -14,7 +14,7 @@ the scan runs chunked (src/kernels/ssm.h). What the layers compute: forward.pxi'
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -33,8 +33,18 @@ def _number(value: Any) -> float:
 
 
 def config(raw: dict, arch: str, where: str) -> ModelConfig:
-    n, dim = int(raw["num_hidden_layers"]), int(raw["hidden_size"])
+    n = int(raw["num_hidden_layers"])
     attn = set(raw.get("attn_layer_indices") or ())
+    params = raw.get("rope_parameters") or {}
+    return llama.decoder_config(
+        raw, arch, where, layer_types=tuple("full_attention" if i in attn else "mamba" for i in range(n)),
+        partial_rotary_factor=float(params.get("partial_rotary_factor", 0.5)),   # transformers fixes 0.5
+        **mamba_fields(raw, where))
+
+
+def mamba_fields(raw: dict, where: str) -> dict[str, Any]:
+    """ModelConfig's mamba_* fields of an HF config (Bamba's and Granite 4.0-H's mamba_* keys)."""
+    dim = int(raw["hidden_size"])
     heads, expand = int(raw.get("mamba_n_heads", 128)), int(raw.get("mamba_expand", 2))
     d_head = raw.get("mamba_d_head", "auto")
     d_head = expand * dim // heads if d_head in (None, "auto") else int(d_head)
@@ -43,19 +53,18 @@ def config(raw: dict, arch: str, where: str) -> ModelConfig:
     limit = raw.get("time_step_limit")
     if limit is not None and (_number(limit[0]) > 0.0 or not math.isinf(_number(limit[1]))):
         raise ModelLoadError(f"{where}: time_step_limit {list(limit)} is not supported (only (0, inf))")
-    params = raw.get("rope_parameters") or {}
-    return llama.decoder_config(
-        raw, arch, where, layer_types=tuple("full_attention" if i in attn else "mamba" for i in range(n)),
-        partial_rotary_factor=float(params.get("partial_rotary_factor", 0.5)),   # transformers fixes 0.5
-        mamba_n_heads=heads, mamba_d_head=d_head, mamba_n_groups=int(raw.get("mamba_n_groups", 1)),
-        mamba_d_state=int(raw.get("mamba_d_state", 256)), mamba_d_conv=int(raw.get("mamba_d_conv", 4)),
-        mamba_conv_bias=bool(raw.get("mamba_conv_bias", True)), mamba_proj_bias=bool(raw.get("mamba_proj_bias", False)))
+    return dict(mamba_n_heads=heads, mamba_d_head=d_head, mamba_n_groups=int(raw.get("mamba_n_groups", 1)),
+                mamba_d_state=int(raw.get("mamba_d_state", 256)), mamba_d_conv=int(raw.get("mamba_d_conv", 4)),
+                mamba_conv_bias=bool(raw.get("mamba_conv_bias", True)),
+                mamba_proj_bias=bool(raw.get("mamba_proj_bias", False)))
 
 
-def tensor_names(config: ModelConfig) -> list[str]:
+def tensor_names(config: ModelConfig, moe_names: Callable[[ModelConfig, str], list[str]] | None = None) -> list[str]:
     """The canonical tensors hf_tensors yields, in order: a Mamba2 layer has in_proj, conv.weight
     [L, Cd] (taps channel-minor), ssm_a (= -exp(A_log)), ssm_d, dt_bias, gnorm.weight and
-    out_proj where an attention layer has qkv and o."""
+    out_proj where an attention layer has qkv and o; a mixture of experts' MLP (Granite 4.0-H)
+    has moe_names(config, prefix) in place of gate_up and down, an ungated one (Nemotron-H) up,
+    and a layer of config.no_mlp_layers none."""
     names = ["embed"]
     for i in range(config.num_layers):
         p = f"layers.{i}."
@@ -69,7 +78,15 @@ def tensor_names(config: ModelConfig) -> list[str]:
         else:
             names += [p + "qkv.weight"] + ([p + "qkv.bias"] if config.qkv_bias else [])
             names += [p + "o.weight"] + ([p + "o.bias"] if config.o_bias else [])
-        names += [p + "mlp_norm.weight", p + "gate_up.weight", p + "down.weight"]
+        if i in config.no_mlp_layers:   # Nemotron-H: a mixer alone
+            continue
+        names.append(p + "mlp_norm.weight")
+        if config.is_moe:
+            names += moe_names(config, p)
+            continue
+        up = "gate_up" if config.gated_mlp else "up"
+        names += [p + up + ".weight"] + ([p + up + ".bias"] if config.mlp_bias else [])
+        names += [p + "down.weight"] + ([p + "down.bias"] if config.mlp_bias else [])
     names.append("final_norm.weight")
     if not config.tie_word_embeddings:
         names.append("lm_head.weight")
@@ -82,47 +99,54 @@ def _f32(a: np.ndarray) -> np.ndarray:
 
 def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, Any]]:
     E, F, V = config.dim, config.ffn_dim, config.vocab_size
-    q_rows, kv_rows, L = config.q_size, config.kv_size, config.mamba_d_conv
-    H, Di, Cd = config.mamba_n_heads, config.mamba_n_heads * config.mamba_d_head, config.mamba_conv_dim
     get = ckpt.read
-
-    def rows(*parts):
-        return stacked(ckpt, parts)
-
-    yield "embed", rows(("model.embed_tokens.weight", (V, E)))
+    yield "embed", stacked(ckpt, (("model.embed_tokens.weight", (V, E)),))
     for i in range(config.num_layers):
         h, p = f"model.layers.{i}.", f"layers.{i}."
         yield p + "attn_norm.weight", get(h + "input_layernorm.weight", (E,))
         if config.layer_types[i] == "mamba":
-            m = h + "mamba."
-            yield p + "in_proj.weight", rows((m + "in_proj.weight", (Di + Cd + H, E)))
-            if config.mamba_proj_bias:
-                yield p + "in_proj.bias", get(m + "in_proj.bias", (Di + Cd + H,))
-            # [Cd, 1, L] in the file; the kernel reads tap k of every channel as one row
-            yield p + "conv.weight", np.ascontiguousarray(_f32(get(m + "conv1d.weight", (Cd, 1, L))).reshape(Cd, L).T)
-            if config.mamba_conv_bias:
-                yield p + "conv.bias", get(m + "conv1d.bias", (Cd,))
-            yield p + "ssm_a", -np.exp(_f32(get(m + "A_log", (H,))))   # in fp32, as transformers
-            yield p + "ssm_d", get(m + "D", (H,))
-            yield p + "dt_bias", get(m + "dt_bias", (H,))
-            yield p + "gnorm.weight", get(m + "norm.weight", (Di,))
-            yield p + "out_proj.weight", rows((m + "out_proj.weight", (E, Di)))
-            if config.mamba_proj_bias:
-                yield p + "out_proj.bias", get(m + "out_proj.bias", (E,))
+            yield from mamba_hf_tensors(ckpt, config, h + "mamba.", p)
         else:
-            a = h + "self_attn."
-            yield p + "qkv.weight", rows((a + "q_proj.weight", (q_rows, E)), (a + "k_proj.weight", (kv_rows, E)),
-                                         (a + "v_proj.weight", (kv_rows, E)))
-            if config.qkv_bias:
-                yield p + "qkv.bias", concat(get(a + "q_proj.bias", (q_rows,)), get(a + "k_proj.bias", (kv_rows,)),
-                                             get(a + "v_proj.bias", (kv_rows,)))
-            yield p + "o.weight", rows((a + "o_proj.weight", (E, q_rows)))
-            if config.o_bias:
-                yield p + "o.bias", get(a + "o_proj.bias", (E,))
+            yield from attention_hf_tensors(ckpt, config, h + "self_attn.", p)
         yield p + "mlp_norm.weight", get(h + "pre_ff_layernorm.weight", (E,))
         f = h + "feed_forward."
-        yield p + "gate_up.weight", rows((f + "gate_proj.weight", (F, E)), (f + "up_proj.weight", (F, E)))
-        yield p + "down.weight", rows((f + "down_proj.weight", (E, F)))
+        yield p + "gate_up.weight", stacked(ckpt, ((f + "gate_proj.weight", (F, E)), (f + "up_proj.weight", (F, E))))
+        yield p + "down.weight", stacked(ckpt, ((f + "down_proj.weight", (E, F)),))
     yield "final_norm.weight", get("model.final_layernorm.weight", (E,))
     if not config.tie_word_embeddings:
-        yield "lm_head.weight", rows(("lm_head.weight", (V, E)))
+        yield "lm_head.weight", stacked(ckpt, (("lm_head.weight", (V, E)),))
+
+
+def mamba_hf_tensors(ckpt, config: ModelConfig, m: str, p: str) -> Iterator[tuple[str, Any]]:
+    """The Mamba2 mixer of HF module prefix m ("model.layers.{i}.mamba.") as canonical tensors under p."""
+    E, L = config.dim, config.mamba_d_conv
+    H, Di, Cd = config.mamba_n_heads, config.mamba_n_heads * config.mamba_d_head, config.mamba_conv_dim
+    get = ckpt.read
+    yield p + "in_proj.weight", stacked(ckpt, ((m + "in_proj.weight", (Di + Cd + H, E)),))
+    if config.mamba_proj_bias:
+        yield p + "in_proj.bias", get(m + "in_proj.bias", (Di + Cd + H,))
+    # [Cd, 1, L] in the file; the kernel reads tap k of every channel as one row
+    yield p + "conv.weight", np.ascontiguousarray(_f32(get(m + "conv1d.weight", (Cd, 1, L))).reshape(Cd, L).T)
+    if config.mamba_conv_bias:
+        yield p + "conv.bias", get(m + "conv1d.bias", (Cd,))
+    yield p + "ssm_a", -np.exp(_f32(get(m + "A_log", (H,))))   # in fp32, as transformers
+    yield p + "ssm_d", get(m + "D", (H,))
+    yield p + "dt_bias", get(m + "dt_bias", (H,))
+    yield p + "gnorm.weight", get(m + "norm.weight", (Di,))
+    yield p + "out_proj.weight", stacked(ckpt, ((m + "out_proj.weight", (E, Di)),))
+    if config.mamba_proj_bias:
+        yield p + "out_proj.bias", get(m + "out_proj.bias", (E,))
+
+
+def attention_hf_tensors(ckpt, config: ModelConfig, a: str, p: str) -> Iterator[tuple[str, Any]]:
+    """The attention of HF module prefix a ("model.layers.{i}.self_attn.") as canonical qkv and o under p."""
+    E, q_rows, kv_rows = config.dim, config.q_size, config.kv_size
+    get = ckpt.read
+    yield p + "qkv.weight", stacked(ckpt, ((a + "q_proj.weight", (q_rows, E)), (a + "k_proj.weight", (kv_rows, E)),
+                                           (a + "v_proj.weight", (kv_rows, E))))
+    if config.qkv_bias:
+        yield p + "qkv.bias", concat(get(a + "q_proj.bias", (q_rows,)), get(a + "k_proj.bias", (kv_rows,)),
+                                     get(a + "v_proj.bias", (kv_rows,)))
+    yield p + "o.weight", stacked(ckpt, ((a + "o_proj.weight", (E, q_rows)),))
+    if config.o_bias:
+        yield p + "o.bias", get(a + "o_proj.bias", (E,))

@@ -18,7 +18,7 @@ from lite_llm.model.weights import StackedRows
 HF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
-               "gelu_new": "gelu_tanh", "relu": "relu"}
+               "gelu_new": "gelu_tanh", "relu": "relu", "relu2": "relu2"}
 ROPE_TYPES = ("linear", "llama3", "yarn")
 
 

@@ -135,7 +135,7 @@ def gguf_mlp(f, config: ModelConfig, b: str, p: str) -> Iterator[tuple[str, Any]
     """The MoE MLP of GGUF block prefix b ("blk.{i}.") as canonical tensors under p:
     ffn_gate_inp [X, E], ffn_gate_exps / ffn_up_exps [X, F, E], ffn_down_exps [X, E, F], and the
     shared expert's ffn_gate_shexp / ffn_up_shexp [Fs, E], ffn_down_shexp [E, Fs] with
-    ffn_gate_inp_shexp [E]."""
+    ffn_gate_inp_shexp [E] where the model gates it."""
     E, F, X = config.dim, config.ffn_dim, config.num_experts
     f.info(b + "ffn_gate_inp.weight", (X, E))
     yield p + "router.weight", _gguf_matrix(f, [(b + "ffn_gate_inp.weight", 0, X)], E)
@@ -154,8 +154,9 @@ def gguf_mlp(f, config: ModelConfig, b: str, p: str) -> Iterator[tuple[str, Any]
         yield p + "shared.gate_up.weight", _gguf_matrix(f, [(b + "ffn_gate_shexp.weight", 0, Fs),
                                                             (b + "ffn_up_shexp.weight", 0, Fs)], E)
         yield p + "shared.down.weight", _gguf_matrix(f, [(b + "ffn_down_shexp.weight", 0, E)], Fs)
-        f.info(b + "ffn_gate_inp_shexp.weight", (E,))
-        yield p + "shared_gate.weight", np.asarray(f.read(b + "ffn_gate_inp_shexp.weight"), np.float32)
+        if config.shared_gate:   # (Granite's shared MLP is ungated)
+            f.info(b + "ffn_gate_inp_shexp.weight", (E,))
+            yield p + "shared_gate.weight", np.asarray(f.read(b + "ffn_gate_inp_shexp.weight"), np.float32)
 
 
 def active_fraction(name: str, config: ModelConfig) -> float:

@@ -1,0 +1,164 @@
+"""Nemotron-H (NemotronHForCausalLM) against transformers on tiny random checkpoints built with
+its own NemotronHConfig: blocks of one mixer each (Mamba2, attention without positions, relu^2
+MLP), a mixer and the MLP block after it run as one layer, mixer blocks without one alone. fp32
+logits in a mixed batch, prefilled in chunks and token by token; greedy tokens through the engine
+with concurrent requests and forced preemption; bf16 and Q8_0 within the families' bounds."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import checkpoint_copy, tiny_checkpoint_path
+from test_families import _greedy, hf_logits
+from test_lfm2 import _hf_greedy
+from test_parity import engine_outputs, lite_logits, make_runner, prompts_for
+
+CASES = [("nemotron_h", {}),                                      # M - * M - M
+         # attention first and GQA 4:1, biases on the Mamba2 projections and the MLP, no conv
+         # bias, 3 taps, one group, a dt floor (time_step_min) that binds on about half the heads
+         ("nemotron_h", {"hybrid_override_pattern": "*-M-MM-", "num_key_value_heads": 1, "use_bias": True,
+                         "mlp_bias": True, "use_conv_bias": False, "conv_kernel": 3, "n_groups": 1,
+                         "time_step_min": 0.7})]
+PROMPT_LENS = [1, 5, 23, 70]     # 70: past one 64-token chunk of the scan
+
+
+def _ids(case) -> str:
+    return "-".join(f"{k}={v}" for k, v in case[1].items()) or "default"
+
+
+def _check(got: list[np.ndarray], ref: list[np.ndarray]) -> None:
+    print(f"max |logit diff| vs transformers: {max(float(np.abs(g - r).max()) for g, r in zip(got, ref)):.2e}")
+    for r, g in zip(ref, got):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_fp32_logits_match_transformers_in_a_mixed_batch(case):
+    path = tiny_checkpoint_path(*case[:1], **case[1])
+    runner, loaded = make_runner(path)
+    cfg = loaded.config
+    pattern = case[1].get("hybrid_override_pattern", "M-*M-M")
+    assert cfg.num_layers == len(pattern.replace("-", "")) and cfg.num_mamba_layers == pattern.count("M")
+    assert len(cfg.no_mlp_layers) == cfg.num_layers - pattern.count("-") and cfg.nope and cfg.act == "relu2"
+    prompts = prompts_for(cfg.vocab_size, PROMPT_LENS)
+    _check(lite_logits(runner, prompts), hf_logits(path, prompts))
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.parametrize("chunk", [1, 7])
+def test_chunked_prefill_and_token_by_token_decode_match_transformers(case, chunk):
+    path = tiny_checkpoint_path(*case[:1], **case[1])
+    runner, loaded = make_runner(path)
+    prompts = prompts_for(loaded.config.vocab_size, [3, 20, 37])
+    _check(lite_logits(runner, prompts, chunk=chunk), hf_logits(path, prompts))
+
+
+def test_fp32_greedy_tokens_match_transformers():
+    _greedy(CASES[0], prompt_len=12)
+
+
+def test_engine_greedy_tokens_match_with_concurrent_requests_and_preemption():
+    """Five requests through the engine at once under a 16-token budget and 6 KV blocks of 16:
+    they preempt one another and every greedy token equals transformers'."""
+    from lite_llm import SamplingParams
+    from lite_llm.llm import EngineArgs
+    path = str(tiny_checkpoint_path("nemotron_h"))
+    prompts = prompts_for(320, [1, 9, 23, 30, 37], seed=2)
+    want = _hf_greedy(path, prompts, 16)
+    outs, stats = engine_outputs(EngineArgs(path, dtype="float32", block_size=16, max_num_batched_tokens=16,
+                                            num_kv_blocks=6, max_model_len=64, max_num_seqs=4, progress=False),
+                                 prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    assert [list(o.outputs[0].token_ids) for o in outs] == want
+    assert stats.num_preempted_total > 0
+
+
+def test_the_state_cache_and_kv_cover_their_layers():
+    """Three Mamba2 layers of a conv state [3, 192] and a scan state [8, 16, 16] per slot, float32;
+    KV for the one attention layer alone (2 heads of 16)."""
+    runner, loaded = make_runner(tiny_checkpoint_path("nemotron_h"), max_tokens=32)
+    per_seq = 3 * (3 * 192 + 8 * 16 * 16) * 4
+    assert loaded.config.state_bytes_per_seq == per_seq and runner.state_bytes == 32 * per_seq
+    assert runner.kv_bytes_per_token == 1 * 2 * 2 * 16 * 4
+
+
+def test_bf16_weights_stay_close_to_transformers_fp32():
+    path = tiny_checkpoint_path("nemotron_h")
+    runner, loaded = make_runner(path, dtype="bfloat16")
+    prompts = prompts_for(loaded.config.vocab_size, PROMPT_LENS)
+    for g, r in zip(lite_logits(runner, prompts, chunk=7), hf_logits(path, prompts)):
+        assert np.abs(g - r).max() <= 0.03 * np.abs(r).max()
+
+
+def test_q8_0_at_load_matches_the_dequantized_reference(tmp_path):
+    """Every matrix quantized at load to Q8_0 against transformers on the same weights quantized
+    and dequantized by the gguf package, whole and a token at a time (test_moe.py's bound)."""
+    import gguf
+    from safetensors.numpy import save_file
+    from transformers import AutoModelForCausalLM
+    from test_moe import _check_quantized_moe
+    ckpt = tiny_checkpoint_path("nemotron_h")
+    out = tmp_path / "roundtrip"
+    sd = checkpoint_copy(ckpt, out)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    for name, w in sd.items():
+        if w.ndim == 2 and w.shape[1] % 32 == 0:
+            sd[name] = gguf.quants.dequantize(gguf.quants.quantize(w.astype(np.float32), q8), q8).astype(w.dtype)
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    runner, _ = make_runner(ckpt, quantization="q8_0")
+    assert runner.formats["layers.0.in_proj"] == (("Q8_0",), "int8 blocks")
+    assert runner.formats["layers.0.up"] == (("Q8_0",), "int8 blocks")
+    _check_quantized_moe(runner, model, "q8_0")
+
+
+def test_unsupported_blocks_are_refused_by_name():
+    import json
+    from lite_llm.model.arch import config_from_dict
+    from lite_llm.model.files import ModelLoadError
+    raw = json.loads((tiny_checkpoint_path("nemotron_h") / "config.json").read_text())
+    for types, words in ((["linear_attention", "moe", "full_attention"], "mixture-of-experts"),
+                         (["mlp", "linear_attention", "full_attention"], "does not follow a mixer"),
+                         (["linear_attention", "mlp", "mlp", "full_attention"], "does not follow a mixer"),
+                         (["linear_attention", "mlp"], "Mamba2 and attention")):
+        with pytest.raises(ModelLoadError, match=words):
+            config_from_dict({**raw, "layers_block_type": types})
+
+
+GGUF_CASES = [CASES[0], ("nemotron_h", {"hybrid_override_pattern": "*-M-MM-", "num_key_value_heads": 1,
+                                        "conv_kernel": 3, "n_groups": 1}),
+              ("nemotron_h", {"use_conv_bias": False})]
+
+
+@pytest.mark.parametrize("case", GGUF_CASES, ids=_ids)
+def test_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
+    """llama.cpp's "nemotron_h" graph written from the same tensors (a GGUF block per block, the
+    kinds in head_count_kv and feed_forward_length per block, the ssm_* tensors, q/k permuted): the
+    config read from it and the logits equal the HF checkpoint's."""
+    from conftest import gguf_from_hf
+    ckpt = tiny_checkpoint_path(*case[:1], **case[1])
+    g_runner, g = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", "nemotron_h"))
+    h_runner, h = make_runner(ckpt)
+    for field in ("architecture", "layer_types", "no_mlp_layers", "ffn_dim", "num_kv_heads", "head_dim", "act",
+                  "gated_mlp", "nope", "tie_word_embeddings", "mamba_n_heads", "mamba_d_head", "mamba_n_groups",
+                  "mamba_d_state", "mamba_d_conv", "mamba_conv_bias"):
+        assert getattr(g.config, field) == getattr(h.config, field), field
+    prompts = prompts_for(h.config.vocab_size, [7, 30])
+    got, want = lite_logits(g_runner, prompts, chunk=5), lite_logits(h_runner, prompts)
+    print(f"max |logit diff| GGUF vs HF: {max(float(np.abs(a - b).max()) for a, b in zip(got, want)):.2e}")
+    for a, b in zip(want, got):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("case", GGUF_CASES[:2], ids=_ids)
+def test_llama_cpp_on_the_same_gguf_gives_the_same_greedy_tokens(case, tmp_path):
+    """llama.cpp (llama-cpp-python) runs the same "nemotron_h" file: 16 greedy tokens agree. Not
+    the case without conv biases: llama.cpp's Mamba2 graph adds the bias its loader lets be
+    missing, and crashes (the released checkpoints have it)."""
+    from conftest import gguf_from_hf
+    from test_parity import llama_cpp_greedy, runner_greedy
+    path = gguf_from_hf(tiny_checkpoint_path(*case[:1], **case[1]), tmp_path / "m.gguf", "nemotron_h")
+    runner, loaded = make_runner(path)
+    prompt = prompts_for(loaded.config.vocab_size, [12])[0]
+    assert runner_greedy(runner, prompt, 16) == llama_cpp_greedy(path, prompt, 16)
