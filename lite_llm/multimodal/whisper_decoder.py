@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lite_llm.model.hf import SafetensorsCheckpoint
-from lite_llm.model.weights import to_bf16
+from lite_llm.model.weights import bf16_to_f32, to_bf16
 from lite_llm.multimodal.llava import _act, _layernorm
 from lite_llm.multimodal.towers import float_tensors
 from lite_llm.multimodal.whisper import WhisperError, activation, open_checkpoint
@@ -164,7 +164,8 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, H: int, causal_from: in
 class WhisperDecoder:
     """Whisper's decoder over requests' states (see the module's docstring). tensors: read_hf's
     (or whisper_ggml.read_decoder's: matrices in a whisper.cpp file's stored formats, run as
-    stored). kernels: the kernel module (None: NumPy only). max_requests: the requests the
+    stored); with kernels, its float32 matrices are taken out of the dict as they are packed.
+    kernels: the kernel module (None: NumPy only). max_requests: the requests the
     compiled caches hold at once (start() refuses more: the caller bounds its concurrency);
     max_sequences: their states with forks."""
 
@@ -199,22 +200,24 @@ class WhisperDecoder:
         # name -> (packed panels, rows, bias, the weights' format: dtype, or a whisper.cpp file's stored one)
         self.mats: dict[str, tuple[np.ndarray, int, np.ndarray | None, str]] = {}
 
-        def mat(name, ws, b):
+        def mat(name, keys, b):
+            # a float32 matrix leaves self.t as it is packed (the step reads the panels only)
+            ws = [t[k] if not isinstance(t[k], np.ndarray) else t.pop(k) for k in keys]
             if any(not isinstance(w, np.ndarray) for w in ws):
                 m = pack_stored(ws, b)
                 self.mats[name] = (m.data, m.shape[0], m.bias, m.parts[0].format)
                 return
             w = np.ascontiguousarray(np.concatenate(ws) if len(ws) > 1 else ws[0], np.float32)
+            del ws
             self.mats[name] = (layout.pack(to_bf16(w) if dtype == "bfloat16" else w, dtype), w.shape[0],
                                None if b is None else np.ascontiguousarray(b, np.float32), dtype)
         for i in range(cfg.num_layers):
             p = f"blk.{i}."
-            mat(p + "qkv", [t[p + "q.w"], t[p + "k.w"], t[p + "v.w"]],
-                np.concatenate([t[p + "q.b"], t[p + "k.b"], t[p + "v.b"]]))
-            mat(p + "ckv", [t[p + "ck.w"], t[p + "cv.w"]], np.concatenate([t[p + "ck.b"], t[p + "cv.b"]]))
+            mat(p + "qkv", [p + "q.w", p + "k.w", p + "v.w"], np.concatenate([t[p + "q.b"], t[p + "k.b"], t[p + "v.b"]]))
+            mat(p + "ckv", [p + "ck.w", p + "cv.w"], np.concatenate([t[p + "ck.b"], t[p + "cv.b"]]))
             for m in ("o", "cq", "co", "up", "down"):
-                mat(p + m, [t[p + m + ".w"]], t[p + m + ".b"])
-        mat("embed", [t["embed"]], None)
+                mat(p + m, [p + m + ".w"], t[p + m + ".b"])
+        mat("embed", ["embed"], None)
         H, D, L = cfg.num_heads, cfg.head_dim, cfg.num_layers
         self.self_blocks = -(-cfg.max_target_positions // BLOCK)          # blocks of one request's tokens
         self.cross_blocks = -(-cfg.max_source_positions // BLOCK)         # ... of its encoder rows
@@ -226,14 +229,18 @@ class WhisperDecoder:
         self.v_cross = [np.zeros((nb_cross, H, BLOCK, D), np.float32) for _ in range(L)]
 
     def _embed(self, ids: np.ndarray) -> np.ndarray:
-        """float32 [N, C] token embeddings of ids (a whisper.cpp file's rows dequantized as looked up:
-        F16 ones from the output projection's panels [ceil(V/16), C, 16], blocks from the stored rows)."""
-        e = self.t["embed"]
+        """float32 [N, C] token embeddings of ids: the NumPy reference's table, else rows of the
+        output projection's panels (layout.pack: float32 / float16 [ceil(V/16), C, 16], bf16
+        [ceil(V/16), C/2, 16, 2]), or a whisper.cpp file's stored block rows dequantized."""
+        e = self.t.get("embed")
         if isinstance(e, np.ndarray):
             return e[ids]
         packed, _, _, fmt = self.mats["embed"]
-        if fmt == "float16":
+        if fmt in ("float32", "float16"):
             return packed[ids // 16, :, ids % 16].astype(np.float32)
+        if fmt == "bfloat16":
+            bits = packed[ids // 16, :, ids % 16, :].reshape(len(ids), -1)[:, :self.cfg.hidden_size]
+            return bf16_to_f32(bits)
         return e.rows(ids)
 
     def _threads(self, work: int) -> int:
