@@ -165,9 +165,10 @@ class WhisperModel:
         whisper.cpp file runs); a whisper.cpp file runs in its stored types."""
         if os.path.isfile(path):         # a whisper.cpp model file (ggml-base.bin): weights in its stored formats
             from lite_llm.multimodal import whisper_ggml
-            if check_quantization(quantization):
-                raise WhisperError(f"{path}: a whisper.cpp model file runs in its stored types: quantization "
-                                   "applies to an HF checkpoint (or use a quantized file, ggml-*-q8_0.bin)")
+            if check_quantization(quantization):        # a user's mistake: one line (cli.user_error)
+                raise whisper_ggml.GGMLFileError(f"{path}: a whisper.cpp model file runs in its stored types: "
+                                                 "quantization applies to an HF checkpoint (or use a quantized "
+                                                 "file, ggml-*-q8_0.bin)")
             return cls(*whisper_ggml.load(path, kernels, num_threads, max_requests, max_sequences))
         enc = WhisperEncoder.from_pretrained(path, kernels=kernels, dtype=dtype, num_threads=num_threads,
                                              quantization=quantization)
