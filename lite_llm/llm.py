@@ -77,7 +77,7 @@ class LLM:
         if kwargs:
             log.warning("LLM: ignoring unsupported arguments %s", sorted(kwargs))
         self._pooling = self._whisper = None
-        if runner in ("auto", "transcription") and self._init_whisper(model, dtype):
+        if runner in ("auto", "transcription") and self._init_whisper(model, dtype, quantization):
             return
         # runner="pooling": embeddings, classification, scores
         self.runner_type = runner_for_model(model, runner, hf_overrides)
@@ -245,8 +245,9 @@ class LLM:
             sys.stderr.write("\n")
         return result
 
-    def _init_whisper(self, model, dtype: str) -> bool:
-        """Load model as a Whisper checkpoint (the "transcription" runner) if it is one."""
+    def _init_whisper(self, model, dtype: str, quantization: str | None = None) -> bool:
+        """Load model as a Whisper checkpoint (the "transcription" runner) if it is one
+        (quantization: an HF checkpoint's matrices quantized at load, WhisperModel.from_pretrained)."""
         from lite_llm.model.loader import resolve_model
         from lite_llm.multimodal import transcribe as tr
         if model is None:
@@ -255,7 +256,8 @@ class LLM:
         if not tr.is_whisper_model(path):       # an HF Whisper directory or a whisper.cpp model file
             return False
         self.runner_type, self._engine = "transcription", None
-        self._whisper = tr.WhisperModel.from_pretrained(path, dtype="bfloat16" if dtype == "bfloat16" else "float32")
+        self._whisper = tr.WhisperModel.from_pretrained(path, dtype="bfloat16" if dtype == "bfloat16" else "float32",
+                                                        quantization=quantization)
         self.tokenizer, self.config, self.info = self._whisper.tokenizer, None, {"model": path}
         return True
 

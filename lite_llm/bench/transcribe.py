@@ -2,10 +2,12 @@
 and float32) and whisper.cpp (pywhispercpp's build) from one HF Whisper directory.
 
     python -m lite_llm bench transcribe --model WHISPER_DIR [--lengths 5,30,60] [--streams 1,4]
-        [--engines lite-llm,lite-llm-ggml,faster-whisper-int8,faster-whisper-fp32,whisper.cpp] [--json]
+        [--engines lite-llm,lite-llm-q8_0,lite-llm-ggml,faster-whisper-int8,faster-whisper-fp32,whisper.cpp]
+        [--json]
     python -m lite_llm bench transcribe --make-model tiny OUT_DIR     # a random Whisper of that shape
 
-The weights: lite-llm reads the directory (fp32); faster-whisper a CTranslate2 conversion of it
+The weights: lite-llm reads the directory (fp32; lite-llm-q8_0 its matrices quantized at load to
+Q8_0, the int8 GEMMs, beside faster-whisper-int8); faster-whisper a CTranslate2 conversion of it
 (ctranslate2's TransformersConverter, int8 or float32); whisper.cpp and lite-llm-ggml one F16
 whisper.cpp file written from it as whisper.cpp's convert-h5-to-ggml.py writes it (the format its
 users download). Conversions are cached under ~/.cache/lite_llm/peers/. The audio: espeak-ng's
@@ -51,7 +53,7 @@ import numpy as np
 
 from lite_llm.bench.common import CACHE_DIR, ORIGINAL_ENVIRON, peak_rss_bytes, print_table, progress
 
-ENGINES = ("lite-llm", "lite-llm-ggml", "faster-whisper-int8", "faster-whisper-fp32", "whisper.cpp")
+ENGINES = ("lite-llm", "lite-llm-q8_0", "lite-llm-ggml", "faster-whisper-int8", "faster-whisper-fp32", "whisper.cpp")
 RATE = 16000
 # released shapes: (d_model, heads, layers) of openai/whisper-*
 SHAPES = {"tiny": (384, 6, 4), "base": (512, 8, 6), "small": (768, 12, 12)}
@@ -242,7 +244,8 @@ class _LiteLLM:
         path = ggml_model(spec["model"]) if spec["engine"] == "lite-llm-ggml" else spec["model"]
         n = spec["streams"]
         self.model = WhisperModel.from_pretrained(path, num_threads=spec["threads"], max_requests=max(2, n),
-                                                  max_sequences=max(12, 2 * n))
+                                                  max_sequences=max(12, 2 * n),
+                                                  quantization="q8_0" if spec["engine"] == "lite-llm-q8_0" else None)
         self.opts = TranscribeOptions(language=spec["language"], temperature=0.0, compression_ratio_threshold=None,
                                       logprob_threshold=None, timestamps=True, max_new_tokens=spec["max_new_tokens"])
 
@@ -347,7 +350,8 @@ def _threads(fn, items: list) -> list:
 
 def child(spec: dict) -> dict[str, Any]:
     """One engine, one length, one stream count (see the module's docstring)."""
-    kind = {"lite-llm": _LiteLLM, "lite-llm-ggml": _LiteLLM, "faster-whisper-int8": _FasterWhisper,
+    kind = {"lite-llm": _LiteLLM, "lite-llm-q8_0": _LiteLLM, "lite-llm-ggml": _LiteLLM,
+            "faster-whisper-int8": _FasterWhisper,
             "faster-whisper-fp32": _FasterWhisper, "whisper.cpp": _WhisperCpp}[spec["engine"]]
     samples, source = speech(spec["seconds"], seed=1)
     t0 = time.perf_counter()

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lite_llm.config import check_quantization
 from lite_llm.multimodal import audio
 from lite_llm.model.tokenizer import Tokenizer
 from lite_llm.multimodal.whisper import ARCHITECTURES, WhisperEncoder, WhisperError
@@ -157,13 +158,23 @@ class WhisperModel:
 
     @classmethod
     def from_pretrained(cls, path: str, kernels="auto", dtype: str = "float32", num_threads: int | None = None,
-                        max_requests: int = 2, max_sequences: int = 12) -> "WhisperModel":
+                        max_requests: int = 2, max_sequences: int = 12,
+                        quantization: str | None = None) -> "WhisperModel":
+        """quantization: None (the checkpoint's weights in dtype), "q8_0" or "q4_0": an HF
+        checkpoint's matrices quantized at load to those ggml blocks (int8 GEMMs, as a quantized
+        whisper.cpp file runs); a whisper.cpp file runs in its stored types."""
         if os.path.isfile(path):         # a whisper.cpp model file (ggml-base.bin): weights in its stored formats
             from lite_llm.multimodal import whisper_ggml
+            if check_quantization(quantization):        # a user's mistake: one line (cli.user_error)
+                raise whisper_ggml.GGMLFileError(f"{path}: a whisper.cpp model file runs in its stored types: "
+                                                 "quantization applies to an HF checkpoint (or use a quantized "
+                                                 "file, ggml-*-q8_0.bin)")
             return cls(*whisper_ggml.load(path, kernels, num_threads, max_requests, max_sequences))
-        enc = WhisperEncoder.from_pretrained(path, kernels=kernels, dtype=dtype, num_threads=num_threads)
+        enc = WhisperEncoder.from_pretrained(path, kernels=kernels, dtype=dtype, num_threads=num_threads,
+                                             quantization=quantization)
         dec = WhisperDecoder.from_pretrained(path, kernels=kernels, dtype=dtype, num_threads=num_threads,
-                                             max_requests=max_requests, max_sequences=max_sequences)
+                                             max_requests=max_requests, max_sequences=max_sequences,
+                                             quantization=quantization)
         gen_path = os.path.join(path, "generation_config.json")
         if not os.path.exists(gen_path):
             raise WhisperError(f"{path}: no generation_config.json (Whisper's special token ids)")
@@ -226,12 +237,12 @@ class WhisperModel:
             s[:tb] = -np.inf                     # the first token is a timestamp
             if self.max_initial_timestamp_index is not None:
                 s[tb + int(self.max_initial_timestamp_index) + 1:] = -np.inf
-        with np.errstate(invalid="ignore", divide="ignore"):
-            m = s.max()
-            lp = s.astype(np.float64) - (m + np.log(np.sum(np.exp(s.astype(np.float64) - m))))
-            ts_lp = np.logaddexp.reduce(lp[tb:]) if np.isfinite(lp[tb:]).any() else -np.inf
-            if ts_lp > lp[:tb].max():
-                s[:tb] = -np.inf                 # timestamps together likelier than any text token
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            # timestamps together likelier than any text token: log sum_ts p > max_text log p, i.e.
+            # sum_ts exp(z - m) > exp(max_text z - m) (one exp pass, no log-softmax array)
+            m = float(s.max())
+            if np.sum(np.exp(s[tb:].astype(np.float64) - m)) > np.exp(float(s[:tb].max()) - m):
+                s[:tb] = -np.inf
         return s
 
     def prompt_tokens(self, language: str | None, task: str, timestamps: bool, prompt: str | None) -> list[int]:
@@ -361,9 +372,9 @@ class WhisperModel:
                     tok = int(rng.choice(p.shape[0], p=p))
                 else:
                     tok = int(np.argmax(s))
-                z = s.astype(np.float64)
-                m = z.max()
-                sum_lp += float(z[tok] - m - np.log(np.sum(np.exp(z - m))))
+                m = s.max()         # log p(tok): float32 exps (a vector pass), their sum in float64
+                with np.errstate(under="ignore"):
+                    sum_lp += float(s[tok] - m) - math.log(float(np.sum(np.exp(s - m), dtype=np.float64)))
                 out.append(tok)
                 if tok == self.eot or len(out) >= limit:
                     break

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lite_llm.config import QUANTIZATIONS, check_quantization
 from lite_llm.model.hf import SafetensorsCheckpoint
 from lite_llm.multimodal import audio
-from lite_llm.multimodal.llava import _act, _layernorm, pack_vit_blocks, vit_blocks_reference, vit_packer
+from lite_llm.multimodal.llava import _act, _layernorm, vit_blocks_reference, vit_packer
 from lite_llm.multimodal.towers import float_tensors
-from lite_llm.multimodal.whisper_stored import pack_encoder
+from lite_llm.multimodal.whisper_stored import pack_encoder, pack_quantized, quantizable
 
 try:
     from _blake2 import blake2b
@@ -135,14 +136,16 @@ def features_hash(features: np.ndarray) -> bytes:
 class WhisperEncoder:
     """Whisper's encoder over 30-s windows (encode_many: several in one compiled call) and its
     output cache by content hash. tensors: read_hf's float32 arrays (or whisper_ggml.read_encoder's,
-    whose matrices stay in a whisper.cpp file's stored formats). kernels: the kernel module
-    to run it on (None: NumPy only)."""
+    whose matrices stay in a whisper.cpp file's stored formats); with kernels, its float32
+    matrices are taken out of the dict as they are packed. kernels: the kernel module to run it
+    on (None: NumPy only)."""
 
     def __init__(self, cfg: WhisperEncoderConfig, tensors: dict[str, np.ndarray], kernels=None,
                  dtype: str = "float32", num_threads: int = 1, bf16_path: str | None = None,
-                 max_cached_rows: int = 1 << 16):
+                 max_cached_rows: int = 1 << 16, quantization: str | None = None):
         self.cfg, self.t = cfg, tensors
         self.kernels, self.num_threads = kernels, num_threads
+        self.quantization = check_quantization(quantization)
         self.model = None if kernels is None else self._pack(kernels, dtype, bf16_path)
         self.mel = None if kernels is None else audio.log_mel_model(kernels, cfg.num_mel_bins)
         self.cache: OrderedDict[bytes, np.ndarray] = OrderedDict()    # features hash -> [P, C], LRU order
@@ -154,24 +157,44 @@ class WhisperEncoder:
     def from_pretrained(cls, path: str, kernels="auto", dtype: str = "float32", num_threads: int | None = None,
                         **kw) -> "WhisperEncoder":
         """The encoder of the HF Whisper directory at path, on this CPU's kernels ("auto") or
-        in NumPy (None)."""
+        in NumPy (None); quantization="q8_0" / "q4_0": its matrices quantized at load to those
+        ggml blocks (the int8 GEMMs a quantized whisper.cpp file runs on)."""
         raw, kernels, num_threads = open_checkpoint(path, kernels, num_threads)
         cfg = WhisperEncoderConfig.from_hf(raw)
         return cls(cfg, read_hf(path, cfg), kernels, dtype, num_threads, **kw)
 
     def _pack(self, kernels, dtype: str, bf16_path: str | None):
+        """The compiled model. Each float32 matrix is taken out of self.t as it is packed (the
+        forward reads the panels only): an HF checkpoint's weights are held once, not twice;
+        encode_reference then needs an encoder built with kernels=None."""
         t, cfg = self.t, self.cfg
         if any(not isinstance(v, np.ndarray) for v in t.values()):     # a whisper.cpp file's stored matrices
-            return kernels.WhisperEncoderModel(pack_encoder(t, cfg), "float32", cfg.num_layers, cfg.num_heads, cfg.eps,
-                                               cfg.act, bf16_path)
-        packed, mat = vit_packer(dtype)
-        mat("conv1", t["conv1.w"], t["conv1.b"])
-        mat("conv2", t["conv2.w"], t["conv2.b"])
-        pack_vit_blocks(t, cfg.num_layers, packed, mat)
+            # dtype: the attention's (bfloat16 for a quantized file: whisper_ggml.load)
+            return kernels.WhisperEncoderModel(pack_encoder(t, cfg), "bfloat16" if dtype == "bfloat16" else "float32",
+                                               cfg.num_layers, cfg.num_heads, cfg.eps, cfg.act, bf16_path)
+        packed, float_mat = vit_packer(dtype)
+
+        def mat(name: str, w: np.ndarray, b: np.ndarray) -> None:
+            if self.quantization and quantizable(w.shape[1]):
+                packed.matrices[name] = pack_quantized(w, b, QUANTIZATIONS[self.quantization])
+            else:
+                float_mat(name, w, b)
+        mat("conv1", t.pop("conv1.w"), t["conv1.b"])
+        mat("conv2", t.pop("conv2.w"), t["conv2.b"])
+        for i in range(cfg.num_layers):
+            p = f"blk.{i}."
+            mat(p + "qkv", np.concatenate([t.pop(p + "q.w"), t.pop(p + "k.w"), t.pop(p + "v.w")]),
+                np.concatenate([t[p + "q.b"], t[p + "k.b"], t[p + "v.b"]]))
+            for part in ("o", "up", "down"):
+                mat(p + part, t.pop(p + part + ".w"), t[p + part + ".b"])
+            for part in ("ln1", "ln2"):
+                packed.vectors[p + part + ".w"] = t[p + part + ".w"]
+                packed.vectors[p + part + ".b"] = t[p + part + ".b"]
         for name in ("pos", "ln.w", "ln.b"):
             packed.vectors[name] = np.ascontiguousarray(t[name], np.float32)
-        return kernels.WhisperEncoderModel(packed, dtype, cfg.num_layers, cfg.num_heads, cfg.eps, cfg.act,
-                                           bf16_path)
+        # quantized matrices: attention in bf16 too (its K/V rows; fp32 only for fp32 weights)
+        return kernels.WhisperEncoderModel(packed, "bfloat16" if self.quantization else dtype, cfg.num_layers,
+                                           cfg.num_heads, cfg.eps, cfg.act, bf16_path)
 
     # ---- features ---------------------------------------------------------------------------
 
@@ -227,8 +250,11 @@ class WhisperEncoder:
         return rows
 
     def encode_reference(self, features: np.ndarray) -> np.ndarray:
-        """encode() in NumPy float32: the plain reference."""
+        """encode() in NumPy float32: the plain reference (of an encoder built with kernels=None,
+        which keeps the float32 matrices)."""
         cfg, t = self.cfg, self.t
+        if "conv1.w" not in t:
+            raise WhisperError("the NumPy reference needs the float32 weights: build the encoder with kernels=None")
         f = np.asarray(features, np.float32)                       # [M, 2T]
         T = self._rows(f)
 

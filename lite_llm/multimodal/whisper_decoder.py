@@ -31,12 +31,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lite_llm.config import QUANTIZATIONS, check_quantization
 from lite_llm.model.hf import SafetensorsCheckpoint
-from lite_llm.model.weights import to_bf16
+from lite_llm.model.weights import bf16_to_f32, to_bf16
 from lite_llm.multimodal.llava import _act, _layernorm
 from lite_llm.multimodal.towers import float_tensors
 from lite_llm.multimodal.whisper import WhisperError, activation, open_checkpoint
-from lite_llm.multimodal.whisper_stored import pack_stored
+from lite_llm.multimodal.whisper_stored import pack_quantized, pack_stored, quantizable
 
 BLOCK = 16          # rows of a KV block (the attention kernel's tile)
 # below this many multiply-adds an op runs on one thread: a decode step of one token is ~50 small
@@ -164,15 +165,17 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, H: int, causal_from: in
 class WhisperDecoder:
     """Whisper's decoder over requests' states (see the module's docstring). tensors: read_hf's
     (or whisper_ggml.read_decoder's: matrices in a whisper.cpp file's stored formats, run as
-    stored). kernels: the kernel module (None: NumPy only). max_requests: the requests the
+    stored); with kernels, its float32 matrices are taken out of the dict as they are packed.
+    kernels: the kernel module (None: NumPy only). max_requests: the requests the
     compiled caches hold at once (start() refuses more: the caller bounds its concurrency);
     max_sequences: their states with forks."""
 
     def __init__(self, cfg: WhisperDecoderConfig, tensors: dict[str, np.ndarray], kernels=None,
                  dtype: str = "float32", num_threads: int = 1, max_requests: int = 8,
-                 max_sequences: int | None = None):
+                 max_sequences: int | None = None, quantization: str | None = None):
         self.cfg, self.t = cfg, tensors
         self.kernels, self.num_threads, self.dtype = kernels, num_threads, dtype
+        self.quantization = check_quantization(quantization)
         self.max_requests = max_requests                       # cross K/V slots: requests at once
         self.max_sequences = max_sequences or max_requests      # self-attention slots: requests and their forks
         self.free_slots = list(range(self.max_sequences - 1, -1, -1))
@@ -199,42 +202,61 @@ class WhisperDecoder:
         # name -> (packed panels, rows, bias, the weights' format: dtype, or a whisper.cpp file's stored one)
         self.mats: dict[str, tuple[np.ndarray, int, np.ndarray | None, str]] = {}
 
-        def mat(name, ws, b):
+        def mat(name, keys, b):
+            # a float32 matrix leaves self.t as it is packed (the step reads the panels only)
+            ws = [t[k] if not isinstance(t[k], np.ndarray) else t.pop(k) for k in keys]
             if any(not isinstance(w, np.ndarray) for w in ws):
                 m = pack_stored(ws, b)
                 self.mats[name] = (m.data, m.shape[0], m.bias, m.parts[0].format)
                 return
             w = np.ascontiguousarray(np.concatenate(ws) if len(ws) > 1 else ws[0], np.float32)
+            del ws
+            if self.quantization and quantizable(w.shape[1]):
+                m = pack_quantized(w, b, QUANTIZATIONS[self.quantization])
+                self.mats[name] = (m.data, m.shape[0], m.bias, m.parts[0].format)
+                return
             self.mats[name] = (layout.pack(to_bf16(w) if dtype == "bfloat16" else w, dtype), w.shape[0],
                                None if b is None else np.ascontiguousarray(b, np.float32), dtype)
         for i in range(cfg.num_layers):
             p = f"blk.{i}."
-            mat(p + "qkv", [t[p + "q.w"], t[p + "k.w"], t[p + "v.w"]],
+            mat(p + "qkv", [p + "q.w", p + "k.w", p + "v.w"],
                 np.concatenate([t[p + "q.b"], t[p + "k.b"], t[p + "v.b"]]))
-            mat(p + "ckv", [t[p + "ck.w"], t[p + "cv.w"]], np.concatenate([t[p + "ck.b"], t[p + "cv.b"]]))
+            mat(p + "ckv", [p + "ck.w", p + "cv.w"], np.concatenate([t[p + "ck.b"], t[p + "cv.b"]]))
             for m in ("o", "cq", "co", "up", "down"):
-                mat(p + m, [t[p + m + ".w"]], t[p + m + ".b"])
-        mat("embed", [t["embed"]], None)
+                mat(p + m, [p + m + ".w"], t[p + m + ".b"])
+        mat("embed", ["embed"], None)
         H, D, L = cfg.num_heads, cfg.head_dim, cfg.num_layers
         self.self_blocks = -(-cfg.max_target_positions // BLOCK)          # blocks of one request's tokens
         self.cross_blocks = -(-cfg.max_source_positions // BLOCK)         # ... of its encoder rows
         nb_self, nb_cross = self.max_sequences * self.self_blocks, self.max_requests * self.cross_blocks
-        # float32 K [blocks, H, D, B] / V [blocks, H, B, D] (kv_layout.kv_cache_shapes), one pair a layer
-        self.k_self = [np.zeros((nb_self, H, D, BLOCK), np.float32) for _ in range(L)]
-        self.v_self = [np.zeros((nb_self, H, BLOCK, D), np.float32) for _ in range(L)]
-        self.k_cross = [np.zeros((nb_cross, H, D, BLOCK), np.float32) for _ in range(L)]
-        self.v_cross = [np.zeros((nb_cross, H, BLOCK, D), np.float32) for _ in range(L)]
+        # K / V blocks (kv_layout.kv_cache_shapes), one pair a layer: float32 for float32 weights,
+        # else bf16 (half the bytes each step reads: the cross K/V of 1500 rows are most of them)
+        self.kv_dtype = "float32" if dtype == "float32" and not self.quantization else "bfloat16"
+        kv = layout.KV_NUMPY[self.kv_dtype]
+        (ks, vs), (kc, vc) = (layout.kv_cache_shapes(nb, H, BLOCK, D, self.kv_dtype) for nb in (nb_self, nb_cross))
+        self.k_self = [np.zeros(ks, kv) for _ in range(L)]
+        self.v_self = [np.zeros(vs, kv) for _ in range(L)]
+        self.k_cross = [np.zeros(kc, kv) for _ in range(L)]
+        self.v_cross = [np.zeros(vc, kv) for _ in range(L)]
 
     def _embed(self, ids: np.ndarray) -> np.ndarray:
-        """float32 [N, C] token embeddings of ids (a whisper.cpp file's rows dequantized as looked up:
-        F16 ones from the output projection's panels [ceil(V/16), C, 16], blocks from the stored rows)."""
-        e = self.t["embed"]
+        """float32 [N, C] token embeddings of ids: the NumPy reference's table, else rows of the
+        output projection's panels (layout.pack: float32 / float16 [ceil(V/16), C, 16], bf16
+        [ceil(V/16), C/2, 16, 2]), or ggml block panels (a quantized file's, or quantized at load)
+        dequantized."""
+        e = self.t.get("embed")
         if isinstance(e, np.ndarray):
             return e[ids]
         packed, _, _, fmt = self.mats["embed"]
-        if fmt == "float16":
+        if fmt in ("float32", "float16"):
             return packed[ids // 16, :, ids % 16].astype(np.float32)
-        return e.rows(ids)
+        if fmt == "bfloat16":
+            bits = packed[ids // 16, :, ids % 16, :].reshape(len(ids), -1)[:, :self.cfg.hidden_size]
+            return bf16_to_f32(bits)
+        # ggml blocks: the panels holding the rows, dequantized (16 rows a panel), the rows picked
+        panels = np.ascontiguousarray(packed[ids // 16])
+        values = self.kernels.qdequantize_packed(panels, fmt, 16 * len(ids), self.cfg.hidden_size)
+        return values[np.arange(len(ids)) * 16 + ids % 16]
 
     def _threads(self, work: int) -> int:
         return 1 if work < SERIAL_WORK else self.num_threads

@@ -377,8 +377,11 @@ def load(path: str, kernels="auto", num_threads: int | None = None, max_requests
     enc_t, dec_t = read_encoder(f, ecfg), read_decoder(f, dcfg)
     if kernels is None:
         enc_t, dec_t = dense(enc_t), dense(dec_t)
-    enc = WhisperEncoder(ecfg, enc_t, kernels, "float32", num_threads)
-    dec = WhisperDecoder(dcfg, dec_t, kernels, "float32", num_threads, max_requests=max_requests,
+    # a quantized file's attention (the encoder's, the decoder's K/V blocks) in bf16: its matrices'
+    # error is larger than bf16's; F32 / F16 files keep float32 attention
+    dtype = "float32" if f.ftype in ("F32", "F16") else "bfloat16"
+    enc = WhisperEncoder(ecfg, enc_t, kernels, dtype, num_threads)
+    dec = WhisperDecoder(dcfg, dec_t, kernels, dtype, num_threads, max_requests=max_requests,
                          max_sequences=max_sequences)
     special = SpecialIds(dcfg.vocab_size)
     if special.eot + len(special.names()) != dcfg.vocab_size or special.num_languages < 1:

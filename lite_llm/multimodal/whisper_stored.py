@@ -62,8 +62,8 @@ def pack_stored(parts: list, bias: np.ndarray | None, threads: int | None = None
     """One matrix from parts stacked by rows (q, k, v: one matrix), as a PackedMatrix in the parts'
     stored format: ggml blocks repacked into the GEMM's block panels, F16 / F32 into float panels.
     Parts of mixed formats (no whisper.cpp file has them) are widened to float32."""
-    from lite_llm._kernels import kernels, layout     # deferred: the reader works without a kernel build
-    from lite_llm._kernels.packed import Part, PackedMatrix
+    from lite_llm._kernels import layout     # deferred: the reader works without a kernel build
+    from lite_llm._kernels.packed import PackedMatrix
     threads = threads or layout.load_threads()
     ks = {p.shape[1] for p in parts}
     if len(ks) != 1:
@@ -74,16 +74,41 @@ def pack_stored(parts: list, bias: np.ndarray | None, threads: int | None = None
     fmt = types.pop() if len(types) == 1 else "F32"
     if fmt in NATIVE_TYPES:
         raw = np.concatenate([p.raw() for p in parts]) if len(parts) > 1 else parts[0].raw()
-        panels = -(-n // layout.PANEL)
-        out = layout.aligned_empty((panels, kernels.qpanel_bytes(fmt, k)), np.uint8, weights=True)
-        kernels.qpack_into(np.ascontiguousarray(raw), out, fmt, k, threads)
-        return PackedMatrix(out, (n, k), (Part(fmt, 0, panels, 0, n, 0),), b)
+        return _pack_blocks(raw, fmt, n, k, b, threads)
     if fmt == "F16":
         w = np.concatenate([np.frombuffer(p.raw(), "<f2").reshape(p.shape) for p in parts]).astype(np.float16)
         return replace(PackedMatrix.of_float(layout.pack(w, "float16"), (n, k), "float16"), bias=b)
     w = np.concatenate([p.values() if isinstance(p, StoredMatrix) else np.asarray(p, np.float32) for p in parts])
     return replace(PackedMatrix.of_float(layout.pack(np.ascontiguousarray(w, np.float32), "float32"), (n, k),
                                          "float32"), bias=b)
+
+
+def _pack_blocks(raw: np.ndarray, fmt: str, n: int, k: int, bias: np.ndarray | None, threads: int):
+    """ggml block rows raw uint8 [n, bytes per row] of fmt -> a PackedMatrix of the block GEMM's panels."""
+    from lite_llm._kernels import kernels, layout     # deferred: the reader works without a kernel build
+    from lite_llm._kernels.packed import Part, PackedMatrix
+    panels = -(-n // layout.PANEL)
+    out = layout.aligned_empty((panels, kernels.qpanel_bytes(fmt, k)), np.uint8, weights=True)
+    kernels.qpack_into(np.ascontiguousarray(raw), out, fmt, k, threads)
+    return PackedMatrix(out, (n, k), (Part(fmt, 0, panels, 0, n, 0),), bias)
+
+
+def quantizable(k: int) -> bool:
+    """Whether rows of k values quantize to ggml blocks (whole 32-value blocks): not conv1's
+    3 x 80 columns, which stay in the float dtype."""
+    return k % 32 == 0
+
+
+def pack_quantized(w: np.ndarray, bias: np.ndarray | None, type_name: str, threads: int | None = None):
+    """A float32 weight [N, K] (K a multiple of 32) quantized at load to ggml blocks of type_name
+    (Q8_0 or Q4_0, as ggml's quantizers make them) and packed as a whisper.cpp file's blocks are:
+    the int8 GEMMs of a quantized file, from an HF checkpoint."""
+    from lite_llm._kernels import kernels, layout     # deferred: the reader works without a kernel build
+    threads = threads or layout.load_threads()
+    n, k = w.shape
+    raw = kernels.quantize_ggml(np.ascontiguousarray(w, np.float32), type_name, threads)
+    return _pack_blocks(raw, type_name, n, k, None if bias is None else np.ascontiguousarray(bias, np.float32),
+                        threads)
 
 
 def pack_encoder(t: dict, cfg):

@@ -267,7 +267,8 @@ def start_transcription_engine(model: str, args: argparse.Namespace) -> tuple[An
         raise SystemExit("a Whisper model is served by one process: drop --data-parallel-size / "
                          "--tensor-parallel-size")
     t0 = time.perf_counter()
-    whisper = WhisperModel.from_pretrained(model, dtype="bfloat16" if args.dtype == "bfloat16" else "float32")
+    whisper = WhisperModel.from_pretrained(model, dtype="bfloat16" if args.dtype == "bfloat16" else "float32",
+                                           quantization=getattr(args, "quantization", None))
     name = os.path.basename(os.path.normpath(model))
     engine = TranscriptionEngine(whisper, name)
     engine.start()

@@ -53,6 +53,10 @@ def test_bench_runs_lite_llm_from_the_directory_and_the_file(tmp_path):
         assert a["tokens"] == b["tokens"]
 
 
+def test_bench_runs_lite_llm_quantized_at_load(tmp_path):
+    check_rows(run_bench(tmp_path, "lite-llm-q8_0", lengths="5"), ["lite-llm-q8_0"], lengths=(5.0,))
+
+
 def test_the_bench_writes_the_converters_file(tmp_path):
     from lite_llm.bench import transcribe as bench
     hf = whisper_ggml_checkpoint()

@@ -57,6 +57,22 @@ def test_llm_transcribes_a_file_as_transformers(llm, tmp_path):
         llm.generate("hello")
 
 
+def test_quantization_at_load(tmp_path):
+    """LLM(quantization="q8_0") runs a Whisper directory on int8 blocks: a transcript within the
+    fp32 one's reach (the same language and segments' count on this clip, text decoded); a
+    whisper.cpp file is refused it in one line (it runs in its stored types)."""
+    from lite_llm.model.loader import ModelLoadError
+    from whisper_ggml_files import whisper_ggml_checkpoint, write_ggml
+    x = speechy(8.0, seed=5)
+    q = LLM(model=str(whisper_asr_checkpoint()), quantization="q8_0")
+    r = q.transcribe(x, language="en", temperature=0.0, max_new_tokens=30)
+    assert q.runner_type == "transcription" and r.language == "en" and r.segments and r.text.strip()
+    f = write_ggml(whisper_ggml_checkpoint(), tmp_path / "ggml-tiny.bin", "F16")
+    with pytest.raises(ModelLoadError, match="stored types") as e:
+        LLM(model=str(f), quantization="q8_0")
+    assert "\n" not in str(e.value)
+
+
 def test_formats():
     r = Transcription(text=" a b", language="en", duration=3661.5, segments=[
         Segment(0, 0, 0.0, 1.5, " a", [1], 0.0, -0.1, 1.0), Segment(1, 0, 3600.25, 3661.5, " b", [2], 0.0, -0.2, 1.1)])
