@@ -11,8 +11,8 @@ import pytest
 
 from conftest import tiny_checkpoint_path
 from test_families import _greedy, hf_logits
-from test_lfm2 import _hf_greedy
-from test_parity import engine_outputs, lite_logits, make_runner, prompts_for
+from test_parity import (check_engine_greedy_under_preemption, check_logits, lite_logits, make_runner, override_ids,
+                        prompts_for)
 
 CASES = [("bamba", {}),
          # one group, biases on in_proj / out_proj, no conv bias, two attention layers
@@ -21,33 +21,23 @@ CASES = [("bamba", {}),
 PROMPT_LENS = [1, 5, 23, 70]     # 70: past one 64-token chunk of the scan
 
 
-def _ids(case) -> str:
-    return "-".join(f"{k}={v}" for k, v in case[1].items()) or "default"
-
-
-def _check(got: list[np.ndarray], ref: list[np.ndarray]) -> None:
-    print(f"max |logit diff| vs transformers: {max(float(np.abs(g - r).max()) for g, r in zip(got, ref)):.2e}")
-    for r, g in zip(ref, got):
-        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
-
-
-@pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.parametrize("case", CASES, ids=override_ids)
 def test_fp32_logits_match_transformers_in_a_mixed_batch(case):
     path = tiny_checkpoint_path(case[0], **case[1])
     runner, loaded = make_runner(path)
     cfg = loaded.config
     assert cfg.num_mamba_layers == cfg.num_layers - len(case[1].get("attn_layer_indices", [1]))
     prompts = prompts_for(cfg.vocab_size, PROMPT_LENS)
-    _check(lite_logits(runner, prompts), hf_logits(path, prompts))
+    check_logits(lite_logits(runner, prompts), hf_logits(path, prompts))
 
 
-@pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.parametrize("case", CASES, ids=override_ids)
 @pytest.mark.parametrize("chunk", [1, 7])
 def test_chunked_prefill_and_token_by_token_decode_match_transformers(case, chunk):
     path = tiny_checkpoint_path(case[0], **case[1])
     runner, loaded = make_runner(path)
     prompts = prompts_for(loaded.config.vocab_size, [3, 20, 37])
-    _check(lite_logits(runner, prompts, chunk=chunk), hf_logits(path, prompts))
+    check_logits(lite_logits(runner, prompts, chunk=chunk), hf_logits(path, prompts))
 
 
 def test_fp32_greedy_tokens_match_transformers():
@@ -55,19 +45,7 @@ def test_fp32_greedy_tokens_match_transformers():
 
 
 def test_engine_greedy_tokens_match_with_concurrent_requests_and_preemption():
-    """Five requests through the engine at once under a 16-token budget and 6 KV blocks of 16:
-    they preempt one another (a readmitted request restarts both states empty) and every greedy
-    token equals transformers'."""
-    from lite_llm import SamplingParams
-    from lite_llm.llm import EngineArgs
-    path = str(tiny_checkpoint_path("bamba"))
-    prompts = prompts_for(320, [1, 9, 23, 30, 37], seed=2)
-    want = _hf_greedy(path, prompts, 16)
-    outs, stats = engine_outputs(EngineArgs(path, dtype="float32", block_size=16, max_num_batched_tokens=16,
-                                            num_kv_blocks=6, max_model_len=64, max_num_seqs=4, progress=False),
-                                 prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
-    assert [list(o.outputs[0].token_ids) for o in outs] == want
-    assert stats.num_preempted_total > 0
+    check_engine_greedy_under_preemption(str(tiny_checkpoint_path("bamba")))
 
 
 def test_the_state_cache_is_fixed_per_slot():

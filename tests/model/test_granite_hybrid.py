@@ -13,11 +13,14 @@ import torch
 
 from conftest import checkpoint_copy, tiny_checkpoint_path
 from test_families import _greedy, hf_logits
-from test_lfm2 import _hf_greedy
-from test_parity import engine_outputs, lite_logits, make_runner, prompts_for
+from test_parity import check_logits, engine_outputs, hf_greedy, lite_logits, make_runner, override_ids, prompts_for
 
 DENSE_NOPE = {"num_local_experts": 0, "position_embedding_type": "nope", "tie_word_embeddings": True,
               "num_hidden_layers": 4, "layer_types": ["attention", "mamba", "mamba", "attention"]}
+def _ids(case) -> str:
+    return override_ids(case, ("layer_types",))
+
+
 CASES = [("granite_hybrid", {}),                                   # experts + shared MLP, RoPE
          ("granite_hybrid", DENSE_NOPE),                           # the shared MLP alone, no positions
          # experts without positions, top-1 of 4, GQA 4:1, biases on in_proj / out_proj, no conv
@@ -29,16 +32,6 @@ CASES = [("granite_hybrid", {}),                                   # experts + s
 PROMPT_LENS = [1, 5, 23, 70]     # 70: past one 64-token chunk of the scan
 
 
-def _ids(case) -> str:
-    return "-".join(f"{k}={v}" for k, v in case[1].items() if k != "layer_types") or "default"
-
-
-def _check(got: list[np.ndarray], ref: list[np.ndarray]) -> None:
-    print(f"max |logit diff| vs transformers: {max(float(np.abs(g - r).max()) for g, r in zip(got, ref)):.2e}")
-    for r, g in zip(ref, got):
-        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
-
-
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_fp32_logits_match_transformers_in_a_mixed_batch(case):
     path = tiny_checkpoint_path(*case[:1], **case[1])
@@ -48,7 +41,7 @@ def test_fp32_logits_match_transformers_in_a_mixed_batch(case):
     assert cfg.is_moe == bool(case[1].get("num_local_experts", 4)) and cfg.rope != cfg.nope
     assert cfg.nope == (case[1].get("position_embedding_type") == "nope")
     prompts = prompts_for(cfg.vocab_size, PROMPT_LENS)
-    _check(lite_logits(runner, prompts), hf_logits(path, prompts))
+    check_logits(lite_logits(runner, prompts), hf_logits(path, prompts))
 
 
 @pytest.mark.parametrize("case", CASES[:2], ids=_ids)
@@ -57,7 +50,7 @@ def test_chunked_prefill_and_token_by_token_decode_match_transformers(case, chun
     path = tiny_checkpoint_path(*case[:1], **case[1])
     runner, loaded = make_runner(path)
     prompts = prompts_for(loaded.config.vocab_size, [3, 20, 37])
-    _check(lite_logits(runner, prompts, chunk=chunk), hf_logits(path, prompts))
+    check_logits(lite_logits(runner, prompts, chunk=chunk), hf_logits(path, prompts))
 
 
 @pytest.mark.parametrize("case", CASES[:2], ids=_ids)
@@ -74,7 +67,7 @@ def test_engine_greedy_tokens_match_with_concurrent_requests_and_preemption(case
     from lite_llm.llm import EngineArgs
     path = str(tiny_checkpoint_path(*case[:1], **case[1]))
     prompts = prompts_for(320, [1, 9, 23, 30, 37], seed=2)
-    want = _hf_greedy(path, prompts, 16)
+    want = hf_greedy(path, prompts, 16)
     outs, stats = engine_outputs(EngineArgs(path, dtype="float32", block_size=16, max_num_batched_tokens=16,
                                             num_kv_blocks=6, max_model_len=64, max_num_seqs=4, progress=False),
                                  prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))

@@ -11,11 +11,15 @@ import logging
 
 import numpy as np
 import pytest
-import torch
 
 from conftest import tiny_checkpoint_path
 from test_families import _greedy, hf_logits
-from test_parity import engine_outputs, lite_logits, llama_cpp_greedy, make_runner, prompts_for, runner_greedy
+from test_parity import (check_logits, engine_outputs, hf_greedy, lite_logits, llama_cpp_greedy, make_runner,
+                        override_ids, prompts_for, runner_greedy)
+
+def _ids(case) -> str:
+    return override_ids(case, ("layer_types",))
+
 
 CASES = [("lfm2", {}),
          # biases on in_proj, the conv and out_proj; the MLP width adjusted as transformers does
@@ -28,16 +32,6 @@ CASES = [("lfm2", {}),
 PROMPT_LENS = [1, 5, 23, 40]
 
 
-def _ids(case) -> str:
-    return "-".join(f"{k}={v}" for k, v in case[1].items() if k != "layer_types") or "default"
-
-
-def _check(got: list[np.ndarray], ref: list[np.ndarray]) -> None:
-    print(f"max |logit diff| vs transformers: {max(float(np.abs(g - r).max()) for g, r in zip(got, ref)):.2e}")
-    for r, g in zip(ref, got):
-        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
-
-
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_fp32_logits_match_transformers_in_a_mixed_batch(case):
     path = tiny_checkpoint_path(*case[:1], **case[1])
@@ -47,7 +41,7 @@ def test_fp32_logits_match_transformers_in_a_mixed_batch(case):
     if case[1].get("block_auto_adjust_ff_dim"):
         assert cfg.ffn_dim == 128   # int(2 * 120 / 3) = 80, x 1.5 = 120, up to a multiple of 32
     prompts = prompts_for(cfg.vocab_size, PROMPT_LENS)
-    _check(lite_logits(runner, prompts), hf_logits(path, prompts))
+    check_logits(lite_logits(runner, prompts), hf_logits(path, prompts))
 
 
 @pytest.mark.parametrize("case", CASES[:2], ids=_ids)
@@ -58,7 +52,7 @@ def test_chunked_prefill_and_token_by_token_decode_match_transformers(case, chun
     path = tiny_checkpoint_path(*case[:1], **case[1])
     runner, loaded = make_runner(path)
     prompts = prompts_for(loaded.config.vocab_size, [3, 20, 37])
-    _check(lite_logits(runner, prompts, chunk=chunk), hf_logits(path, prompts))
+    check_logits(lite_logits(runner, prompts, chunk=chunk), hf_logits(path, prompts))
 
 
 def test_a_sequence_restarted_at_position_zero_ignores_its_slots_old_state():
@@ -68,7 +62,7 @@ def test_a_sequence_restarted_at_position_zero_ignores_its_slots_old_state():
     runner, loaded = make_runner(path)
     a, b = prompts_for(loaded.config.vocab_size, [9, 6], seed=5)
     lite_logits(runner, [a])                 # slot 0 now holds a's state
-    _check(lite_logits(runner, [b]), hf_logits(path, [b]))
+    check_logits(lite_logits(runner, [b]), hf_logits(path, [b]))
 
 
 @pytest.mark.parametrize("case", CASES[:2], ids=_ids)
@@ -102,19 +96,6 @@ def test_q8_0_at_load_matches_the_dequantized_reference(tmp_path):
     _check_quantized_moe(runner, model, "q8_0")
 
 
-def _hf_greedy(path, prompts, n):
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    out = []
-    with torch.no_grad():
-        for p in prompts:
-            ids = list(p)
-            for _ in range(n):      # full recomputation: no cache involved
-                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-            out.append(ids[len(p):])
-    return out
-
-
 def test_engine_greedy_tokens_match_with_concurrent_requests_and_preemption(caplog):
     """Six requests of 1 to 37 prompt tokens through the engine at once, prefilled in chunks
     under a 16-token budget, with 6 KV blocks of 16 where they need up to 4 each: they preempt
@@ -124,7 +105,7 @@ def test_engine_greedy_tokens_match_with_concurrent_requests_and_preemption(capl
     from lite_llm.llm import EngineArgs
     path = str(tiny_checkpoint_path("lfm2"))
     prompts = prompts_for(320, [1, 5, 14, 23, 30, 37], seed=2)
-    want = _hf_greedy(path, prompts, 20)
+    want = hf_greedy(path, prompts, 20)
     with caplog.at_level(logging.INFO, logger="lite_llm"):
         outs, stats = engine_outputs(EngineArgs(path, dtype="float32", block_size=16, max_num_batched_tokens=16,
                                                 num_kv_blocks=6, max_model_len=64, max_num_seqs=4, progress=False,
@@ -139,7 +120,7 @@ def test_llm_generate_matches_transformers_for_a_batch():
     from lite_llm import LLM, SamplingParams
     path = tiny_checkpoint_path(*CASES[1][:1], **CASES[1][1])
     prompts = prompts_for(320, [2, 9, 31], seed=4)
-    want = _hf_greedy(path, prompts, 12)
+    want = hf_greedy(path, prompts, 12)
     with LLM(str(path), dtype="float32", block_size=16, max_num_batched_tokens=32, kv_cache_space=0.01) as llm:
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                             SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))

@@ -11,8 +11,8 @@ import torch
 
 from conftest import checkpoint_copy, tiny_checkpoint_path
 from test_families import _greedy, hf_logits
-from test_lfm2 import _hf_greedy
-from test_parity import engine_outputs, lite_logits, make_runner, prompts_for
+from test_parity import (check_engine_greedy_under_preemption, check_logits, lite_logits, make_runner, override_ids,
+                        prompts_for)
 
 CASES = [("nemotron_h", {}),                                      # M - * M - M
          # attention first and GQA 4:1, biases on the Mamba2 projections and the MLP, no conv
@@ -23,17 +23,7 @@ CASES = [("nemotron_h", {}),                                      # M - * M - M
 PROMPT_LENS = [1, 5, 23, 70]     # 70: past one 64-token chunk of the scan
 
 
-def _ids(case) -> str:
-    return "-".join(f"{k}={v}" for k, v in case[1].items()) or "default"
-
-
-def _check(got: list[np.ndarray], ref: list[np.ndarray]) -> None:
-    print(f"max |logit diff| vs transformers: {max(float(np.abs(g - r).max()) for g, r in zip(got, ref)):.2e}")
-    for r, g in zip(ref, got):
-        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
-
-
-@pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.parametrize("case", CASES, ids=override_ids)
 def test_fp32_logits_match_transformers_in_a_mixed_batch(case):
     path = tiny_checkpoint_path(*case[:1], **case[1])
     runner, loaded = make_runner(path)
@@ -42,16 +32,16 @@ def test_fp32_logits_match_transformers_in_a_mixed_batch(case):
     assert cfg.num_layers == len(pattern.replace("-", "")) and cfg.num_mamba_layers == pattern.count("M")
     assert len(cfg.no_mlp_layers) == cfg.num_layers - pattern.count("-") and cfg.nope and cfg.act == "relu2"
     prompts = prompts_for(cfg.vocab_size, PROMPT_LENS)
-    _check(lite_logits(runner, prompts), hf_logits(path, prompts))
+    check_logits(lite_logits(runner, prompts), hf_logits(path, prompts))
 
 
-@pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.parametrize("case", CASES, ids=override_ids)
 @pytest.mark.parametrize("chunk", [1, 7])
 def test_chunked_prefill_and_token_by_token_decode_match_transformers(case, chunk):
     path = tiny_checkpoint_path(*case[:1], **case[1])
     runner, loaded = make_runner(path)
     prompts = prompts_for(loaded.config.vocab_size, [3, 20, 37])
-    _check(lite_logits(runner, prompts, chunk=chunk), hf_logits(path, prompts))
+    check_logits(lite_logits(runner, prompts, chunk=chunk), hf_logits(path, prompts))
 
 
 def test_fp32_greedy_tokens_match_transformers():
@@ -59,18 +49,7 @@ def test_fp32_greedy_tokens_match_transformers():
 
 
 def test_engine_greedy_tokens_match_with_concurrent_requests_and_preemption():
-    """Five requests through the engine at once under a 16-token budget and 6 KV blocks of 16:
-    they preempt one another and every greedy token equals transformers'."""
-    from lite_llm import SamplingParams
-    from lite_llm.llm import EngineArgs
-    path = str(tiny_checkpoint_path("nemotron_h"))
-    prompts = prompts_for(320, [1, 9, 23, 30, 37], seed=2)
-    want = _hf_greedy(path, prompts, 16)
-    outs, stats = engine_outputs(EngineArgs(path, dtype="float32", block_size=16, max_num_batched_tokens=16,
-                                            num_kv_blocks=6, max_model_len=64, max_num_seqs=4, progress=False),
-                                 prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
-    assert [list(o.outputs[0].token_ids) for o in outs] == want
-    assert stats.num_preempted_total > 0
+    check_engine_greedy_under_preemption(str(tiny_checkpoint_path("nemotron_h")))
 
 
 def test_the_state_cache_and_kv_cover_their_layers():
@@ -130,7 +109,7 @@ GGUF_CASES = [CASES[0], ("nemotron_h", {"hybrid_override_pattern": "*-M-MM-", "n
               ("nemotron_h", {"use_conv_bias": False})]
 
 
-@pytest.mark.parametrize("case", GGUF_CASES, ids=_ids)
+@pytest.mark.parametrize("case", GGUF_CASES, ids=override_ids)
 def test_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
     """llama.cpp's "nemotron_h" graph written from the same tensors (a GGUF block per block, the
     kinds in head_count_kv and feed_forward_length per block, the ssm_* tensors, q/k permuted): the
@@ -151,7 +130,7 @@ def test_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
 
 
 @pytest.mark.peers
-@pytest.mark.parametrize("case", GGUF_CASES[:2], ids=_ids)
+@pytest.mark.parametrize("case", GGUF_CASES[:2], ids=override_ids)
 def test_llama_cpp_on_the_same_gguf_gives_the_same_greedy_tokens(case, tmp_path):
     """llama.cpp (llama-cpp-python) runs the same "nemotron_h" file: 16 greedy tokens agree. Not
     the case without conv biases: llama.cpp's Mamba2 graph adds the bias its loader lets be

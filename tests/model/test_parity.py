@@ -142,6 +142,47 @@ def engine_outputs(args, prompts, params):
         engine.shutdown(0.0)
 
 
+def check_logits(got: list[np.ndarray], ref: list[np.ndarray]) -> None:
+    """fp32 logits within 1e-4 (relative, and of each row's largest magnitude) of the reference's."""
+    print(f"max |logit diff| vs transformers: {max(float(np.abs(g - r).max()) for g, r in zip(got, ref)):.2e}")
+    for r, g in zip(ref, got):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
+
+
+def override_ids(case, leave_out=()) -> str:
+    """A (family, overrides) case's test id: its overrides, or "default"."""
+    return "-".join(f"{k}={v}" for k, v in case[1].items() if k not in leave_out) or "default"
+
+
+def hf_greedy(path, prompts, n):
+    """transformers' greedy tokens, each step recomputed from the whole sequence (no cache involved)."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = list(p)
+            for _ in range(n):
+                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+            out.append(ids[len(p):])
+    return out
+
+
+def check_engine_greedy_under_preemption(path) -> None:
+    """Five requests through the engine at once under a 16-token budget and 6 KV blocks of 16:
+    they preempt one another (a readmitted request restarts its states empty) and every greedy
+    token equals transformers'."""
+    from lite_llm import SamplingParams
+    from lite_llm.llm import EngineArgs
+    prompts = prompts_for(320, [1, 9, 23, 30, 37], seed=2)
+    want = hf_greedy(path, prompts, 16)
+    outs, stats = engine_outputs(EngineArgs(path, dtype="float32", block_size=16, max_num_batched_tokens=16,
+                                            num_kv_blocks=6, max_model_len=64, max_num_seqs=4, progress=False),
+                                 prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    assert [list(o.outputs[0].token_ids) for o in outs] == want
+    assert stats.num_preempted_total > 0
+
+
 @pytest.mark.parametrize("case", CASES, ids=_ids)
 def test_fp32_logits_match_transformers_in_a_mixed_batch(case):
     arch, overrides = case
