@@ -653,16 +653,7 @@ def _granitehybrid_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
     for i in range(n):
         h, b = f"model.layers.{i}.", f"blk.{i}."
         if mamba[i]:
-            m = h + "mamba."
-            for ours, theirs in (("ssm_in", "in_proj"), ("ssm_conv1d", "conv1d"), ("ssm_out", "out_proj")):
-                for part in ("weight", "bias"):
-                    if f"{m}{theirs}.{part}" in sd:
-                        t = sd[f"{m}{theirs}.{part}"]
-                        tensors[f"{b}{ours}.{part}"] = t[:, 0] if ours == "ssm_conv1d" and part == "weight" else t
-            tensors[b + "ssm_dt.bias"] = sd[m + "dt_bias"]
-            tensors[b + "ssm_a"] = -np.exp(sd[m + "A_log"].astype(np.float32)).reshape(H, 1)
-            tensors[b + "ssm_d"] = sd[m + "D"].reshape(H, 1)
-            tensors[b + "ssm_norm.weight"] = sd[m + "norm.weight"].reshape(G, Di // G)
+            _mamba2_gguf(sd, h + "mamba.", b, H, G, Di, tensors)
         shared = sd[h + "shared_mlp.input_linear.weight"]
         sh = "_shexp" if X else ""
         tensors[f"{b}ffn_gate{sh}.weight"], tensors[f"{b}ffn_up{sh}.weight"] = shared[:Fs], shared[Fs:]
@@ -687,6 +678,21 @@ def _granitehybrid_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
                      f"{a}.expert_shared_feed_forward_length": Fs})
 
 
+def _mamba2_gguf(sd: dict, m: str, b: str, H: int, G: int, Di: int, tensors: dict) -> None:
+    """A Mamba2 mixer's tensors (HF prefix m) as llama.cpp's converter writes them into block b:
+    ssm_in / ssm_conv1d (taps only) / ssm_out, ssm_dt's bias, ssm_a = -exp(A_log), ssm_d, and the
+    gated norm's weight per group."""
+    for ours, theirs in (("ssm_in", "in_proj"), ("ssm_conv1d", "conv1d"), ("ssm_out", "out_proj")):
+        for part in ("weight", "bias"):
+            if f"{m}{theirs}.{part}" in sd:
+                t = sd[f"{m}{theirs}.{part}"]
+                tensors[f"{b}{ours}.{part}"] = t[:, 0] if ours == "ssm_conv1d" and part == "weight" else t
+    tensors[b + "ssm_dt.bias"] = sd[m + "dt_bias"]
+    tensors[b + "ssm_a"] = -np.exp(sd[m + "A_log"].astype(np.float32)).reshape(H, 1)
+    tensors[b + "ssm_d"] = sd[m + "D"].reshape(H, 1)
+    tensors[b + "ssm_norm.weight"] = sd[m + "norm.weight"].reshape(G, Di // G)
+
+
 def _nemotron_h_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
     """Nemotron-H as llama.cpp's converter writes it ("nemotron_h"): a GGUF block per block, each
     with its attn_norm; head_count_kv and feed_forward_length per block (both 0: Mamba2); the
@@ -699,15 +705,7 @@ def _nemotron_h_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
         tensors[b + "attn_norm.weight"] = sd[h + "norm.weight"]
         m = h + "mixer."
         if kind == "linear_attention":
-            for ours, theirs in (("ssm_in", "in_proj"), ("ssm_conv1d", "conv1d"), ("ssm_out", "out_proj")):
-                for part in ("weight", "bias"):
-                    if f"{m}{theirs}.{part}" in sd:
-                        t = sd[f"{m}{theirs}.{part}"]
-                        tensors[f"{b}{ours}.{part}"] = t[:, 0] if ours == "ssm_conv1d" and part == "weight" else t
-            tensors[b + "ssm_dt.bias"] = sd[m + "dt_bias"]
-            tensors[b + "ssm_a"] = -np.exp(sd[m + "A_log"].astype(np.float32)).reshape(H, 1)
-            tensors[b + "ssm_d"] = sd[m + "D"].reshape(H, 1)
-            tensors[b + "ssm_norm.weight"] = sd[m + "norm.weight"].reshape(G, Di // G)
+            _mamba2_gguf(sd, m, b, H, G, Di, tensors)
         elif kind == "full_attention":
             for ours, theirs in (("attn_q", "q_proj"), ("attn_k", "k_proj"), ("attn_v", "v_proj"), ("attn_output", "o_proj")):
                 t = sd[f"{m}{theirs}.weight"]
