@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# CI: the x86_64 and aarch64 wheels as users get them, manylinux without Docker. x86_64: compiled
+# CI: the x86_64, aarch64 and s390x wheels as users get them, manylinux without Docker. x86_64: compiled
 # by this machine's gcc against Debian 11's glibc 2.31 and libgomp (wheels/sysroot.py: a private
 # sysroot), built with `python -m build` (the kernels come from the build cache when the variants
 # tier just compiled them with the same flags: .ci/run), repaired by auditwheel with
 # --plat manylinux_2_28_x86_64 (libgomp bundled; it refuses a wheel that needs a newer glibc),
 # checked by `auditwheel show`, then installed into a fresh venv and smoke-tested from a
 # directory away from the source tree: import, `info`, a GEMM per runnable variant, a short
-# generation on the default model. aarch64: at the end (wheels/cross_wheel.py).
+# generation on the default model. aarch64 and s390x: at the end (wheels/cross_wheel.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${LITE_LLM_WHEEL_DIR:-build/wheelhouse}"
@@ -30,3 +30,6 @@ python wheels/smoke_test.py "$repaired"
 # sysroot, tiny model and x86 tokens it uses) ---
 python -m pip install -q wheel Cython setuptools
 python wheels/cross_wheel.py aarch64 --from "$wheel" --out "$OUT"
+# --- the s390x wheel the same way, against glibc 2.17's stubs and a libgomp built on them
+# (wheels/sysroot_s390x.py), smoke-tested under qemu-s390x ---
+python wheels/cross_wheel.py s390x --from "$wheel" --out "$OUT"

@@ -1,6 +1,6 @@
-"""An aarch64 manylinux (2_28 or older) wheel cross-compiled on x86_64 without Docker, smoke-tested under qemu-user.
+"""aarch64 and s390x manylinux (2_28 or older) wheels cross-compiled on x86_64 without Docker, smoke-tested under qemu-user.
 
-    python wheels/cross_wheel.py aarch64 --from build/wheelhouse-raw/lite_llm-*-linux_x86_64.whl \
+    python wheels/cross_wheel.py aarch64|s390x --from build/wheelhouse-raw/lite_llm-*-linux_x86_64.whl \
         [--emu build/emu] [--out build/wheelhouse]
 
 - the kernel modules: cythonized here (the C is the same for every target), compiled by Debian's
@@ -17,8 +17,10 @@
   (neon_bf16_i8mm) and on a Cortex-A72 (neon), one GEMM per variant against NumPy, and the tiny
   model's greedy tokens equal to x86's (tests/emulated/dispatch.py, copied out of the tree).
 
-s390x has no such wheel: Debian 11 no longer ships s390x packages, and Debian 12's libgomp for
-s390x needs GLIBC_2.34 (wheels/README.md).
+s390x the same way against the sysroot wheels/sysroot_s390x.py makes (Debian 11 ships no s390x
+packages any more, and Debian 12's libgomp needs GLIBC_2.34): glibc 2.17's stub libraries and a
+libgomp compiled against them, so the wheel is manylinux_2_17 (manylinux2014); qemu's default
+s390x CPU picks vxe.
 """
 from __future__ import annotations
 
@@ -41,7 +43,10 @@ import sysroot as sysroots  # noqa: E402
 from variants import CFLAGS, CYTHON_DIRECTIVES, OPENMP, variants_for  # noqa: E402
 
 TARGETS = {"aarch64": dict(triplet="aarch64-linux-gnu", qemu="qemu-aarch64", plat="manylinux_2_28_aarch64",
-                           checks=[(None, "neon_bf16_i8mm"), ("cortex-a72", "neon")])}
+                           checks=[(None, "neon_bf16_i8mm"), ("cortex-a72", "neon")]),
+           # qemu's default s390x CPU has the z14 vector facility
+           "s390x": dict(triplet="s390x-linux-gnu", qemu="qemu-s390x", plat="manylinux_2_17_s390x",
+                         checks=[(None, "vxe")])}
 BASE = [("lite_llm._kernels._cpu", "lite_llm/_kernels/_cpu.pyx"), ("lite_llm.engine._sampler", "lite_llm/engine/_sampler.pyx"),
         ("lite_llm.engine._batch", "lite_llm/engine/_batch.pyx"), ("lite_llm.engine._step", "lite_llm/engine/_step.pyx")]
 
@@ -73,7 +78,8 @@ def build_modules(arch: str, sr: Path, pyinc: Path, out: Path, jobs: int) -> lis
         lto = ["-flto"] if cdir != "base" else []
         compile_flags = ["-DNDEBUG", "-fwrapv", "-Wall", "-fPIC", *CFLAGS, *OPENMP, *vflags, *lto]
         cmd = [cc, f"--sysroot={sr}", *inc, *compile_flags, ext.sources[0], "-shared",
-               f"-L{libdir}", f"-L{sr}/lib/{t['triplet']}", *(["-flto=auto"] if lto else []), "-o", str(dest)]
+               f"-L{libdir}", f"-L{sr}/lib/{t['triplet']}", f"-Wl,-rpath-link,{libdir}",
+               *(["-flto=auto"] if lto else []), "-o", str(dest)]
         jobs_list.append((cmd, name, dest))
     log(f"{arch}: compiling {len(jobs_list)} modules, {jobs} at a time")
 

@@ -13,7 +13,8 @@ wheel takes the manylinux_2_28 tag wheels/README.md promises (.ci/wheel.sh check
 The packages come from Debian's archive through apt-get, with a private apt configuration and
 state under DIR (the machine's own apt sources and dpkg database are not touched), and are
 unpacked with dpkg -x. Debian 11 is the oldest Debian the archive still serves, for amd64 and
-arm64 only: its s390x packages are gone (Debian 11's long-term support dropped s390x).
+arm64 only: its s390x packages are gone (Debian 11's long-term support dropped s390x), so the
+s390x sysroot is made from other sources (sysroot_s390x.py).
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ARCHES = {"x86_64": ("amd64", "x86_64-linux-gnu"), "aarch64": ("arm64", "aarch64-linux-gnu")}
+ARCHES = {"x86_64": ("amd64", "x86_64-linux-gnu"), "aarch64": ("arm64", "aarch64-linux-gnu"),
+          "s390x": ("s390x", "s390x-linux-gnu")}      # s390x: made by sysroot_s390x.py, not from Debian 11
 DEBS = ["libc6", "libc6-dev", "linux-libc-dev", "libgcc-s1", "libgomp1", "libcrypt1", "libcrypt-dev"]
 SUITE = "bullseye"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
@@ -44,7 +46,11 @@ def _apt(work: Path, deb_arch: str) -> list[str]:
 
 
 def ensure(arch: str, work: Path) -> Path:
-    """work/<arch>/sysroot, made once: Debian 11's libc, libgcc_s and libgomp for `arch`."""
+    """work/<arch>/sysroot, made once: Debian 11's libc, libgcc_s and libgomp for `arch`
+    (s390x: glibc 2.17's stubs and a libgomp built against them, sysroot_s390x.py)."""
+    if arch == "s390x":
+        import sysroot_s390x
+        return sysroot_s390x.ensure(work)
     deb_arch, triplet = ARCHES[arch]
     sysroot = work / arch / "sysroot"
     stamp = sysroot / ".complete"
