@@ -13,7 +13,7 @@ import torch
 
 from conftest import checkpoint_copy, tiny_checkpoint_path
 from test_families import _greedy, hf_logits
-from test_parity import check_logits, engine_outputs, hf_greedy, lite_logits, make_runner, override_ids, prompts_for
+from test_parity import check_engine_greedy_under_preemption, check_logits, lite_logits, make_runner, override_ids, prompts_for
 
 DENSE_NOPE = {"num_local_experts": 0, "position_embedding_type": "nope", "tie_word_embeddings": True,
               "num_hidden_layers": 4, "layer_types": ["attention", "mamba", "mamba", "attention"]}
@@ -60,19 +60,7 @@ def test_fp32_greedy_tokens_match_transformers(case):
 
 @pytest.mark.parametrize("case", CASES[:2], ids=_ids)
 def test_engine_greedy_tokens_match_with_concurrent_requests_and_preemption(case):
-    """Five requests through the engine at once under a 16-token budget and 6 KV blocks of 16:
-    they preempt one another (a readmitted request restarts both states empty) and every greedy
-    token equals transformers'."""
-    from lite_llm import SamplingParams
-    from lite_llm.llm import EngineArgs
-    path = str(tiny_checkpoint_path(*case[:1], **case[1]))
-    prompts = prompts_for(320, [1, 9, 23, 30, 37], seed=2)
-    want = hf_greedy(path, prompts, 16)
-    outs, stats = engine_outputs(EngineArgs(path, dtype="float32", block_size=16, max_num_batched_tokens=16,
-                                            num_kv_blocks=6, max_model_len=64, max_num_seqs=4, progress=False),
-                                 prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
-    assert [list(o.outputs[0].token_ids) for o in outs] == want
-    assert stats.num_preempted_total > 0
+    check_engine_greedy_under_preemption(str(tiny_checkpoint_path(*case[:1], **case[1])))
 
 
 @pytest.mark.parametrize("case", CASES[:2], ids=_ids)
