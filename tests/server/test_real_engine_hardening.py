@@ -167,18 +167,42 @@ def test_http10_stream_is_not_chunked(real):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_half_closed_client_is_aborted(real, engine_parts, stream):
-    """A FIN after the request: the client left, its request is aborted and its sequence freed."""
+def test_half_closed_client_is_aborted(real, engine_parts, stream, monkeypatch):
+    """A FIN after the request: the client left, its request is aborted and its sequence freed.
+    The engine steps only once the server has asked for the abort, so the tiny model cannot
+    finish its 200 tokens before the FIN is noticed (a race a loaded machine once lost)."""
     engine = engine_parts[0]
+    asked = threading.Event()
+    abort = engine.abort
+
+    def spy(request_id):
+        asked.set()
+        abort(request_id)
+
+    monkeypatch.setattr(engine, "abort", spy)
+    gate = threading.Lock()
+    gate.acquire()
+    monkeypatch.setattr(engine, "step_lock", gate)
     aborts = engine.stats().request_success_total.get("abort", 0)
+
+    def open_gate():
+        asked.wait(20)
+        gate.release()
+
+    opener = threading.Thread(target=open_gate)
+    opener.start()
     body = {"prompt": "Hello", "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": stream}
-    data = raw(real.port, post_bytes("/v1/completions", body, extra=f"Authorization: Bearer {KEY}\r\n".encode()),
-               half_close=True)
+    try:
+        data = raw(real.port, post_bytes("/v1/completions", body, extra=f"Authorization: Bearer {KEY}\r\n".encode()),
+                   half_close=True)
+    finally:
+        opener.join()
+    assert asked.is_set()
     if stream:
         assert split_response(data)[0] == 200 and b'"finish_reason":"length"' not in data
     else:
         assert data == b""
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 20
     while time.monotonic() < deadline and (engine.stats().request_success_total.get("abort", 0) == aborts
                                            or engine.stats().num_running):
         time.sleep(0.01)
