@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import gguf
 import numpy as np
@@ -678,6 +678,69 @@ def _granitehybrid_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
                      f"{a}.expert_shared_feed_forward_length": Fs})
 
 
+def _bamba_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
+    """Bamba as llama.cpp's converter writes it (its GraniteHybridModel, "granitehybrid"): the
+    Mamba2 layers as Granite 4.0-H's, the attention layers' q/k permuted over whole heads as for
+    Llama, the dense SwiGLU as ffn_gate / ffn_up / ffn_down, RoPE on (rope.scaling.finetuned,
+    written true for Bamba alone among the hybrids), rope.dimension_count attn_rotary_emb where
+    the config has it (the released checkpoints: half a head) else the whole head, none of
+    Granite's multipliers, no key_length (Granite's conversion drops head_dim)."""
+    a, n, E = "granitehybrid", cfg["num_hidden_layers"], cfg["hidden_size"]
+    H, G, Di = cfg["mamba_n_heads"], cfg["mamba_n_groups"], cfg["mamba_expand"] * E
+    attn = set(cfg["attn_layer_indices"])
+    for i in range(n):
+        if i not in attn:
+            _mamba2_gguf(sd, f"model.layers.{i}.mamba.", f"blk.{i}.", H, G, Di, tensors)
+    del meta[f"{a}.attention.key_length"], meta[f"{a}.attention.value_length"]
+    meta.update({f"{a}.attention.head_count_kv": [cfg["num_key_value_heads"] if i in attn else 0 for i in range(n)],
+                 f"{a}.vocab_size": cfg["vocab_size"], f"{a}.ssm.conv_kernel": cfg["mamba_d_conv"],
+                 f"{a}.ssm.state_size": cfg["mamba_d_state"], f"{a}.ssm.group_count": G, f"{a}.ssm.inner_size": Di,
+                 f"{a}.ssm.time_step_rank": H, f"{a}.rope.scaling.finetuned": True,
+                 f"{a}.rope.dimension_count": cfg.get("attn_rotary_emb") or E // cfg["num_attention_heads"]})
+
+
+def _qwen3next_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict, split_qkvz: bool = True) -> None:
+    """Qwen3-Next as llama.cpp's converter writes it ("qwen3next"): every (1 + w) norm stored with
+    its + 1 (the DeltaNet's gated norm as it is), the MLP's norm as post_attention_norm, the
+    attention's q_proj (each head's query, then its gate) as attn_q; a DeltaNet layer's
+    in_proj_qkvz cut into attn_qkv (q, k, v of all heads) and attn_gate (z) (split_qkvz; earlier
+    converters: whole, interleaved per key head, as ssm_in), in_proj_ba as ssm_ba, the conv taps
+    [Cd, L], ssm_a = -exp(A_log), ssm_dt.bias, ssm_norm, ssm_out; the layer kinds as
+    full_attention_interval, RoPE over rope.dimension_count of each head; the experts as moe."""
+    a, E = "qwen3next", cfg["hidden_size"]
+    Hk, Hv, Dk, Dv = (cfg["linear_num_key_heads"], cfg["linear_num_value_heads"], cfg["linear_key_head_dim"],
+                      cfg["linear_value_head_dim"])
+    r = Hv // Hk
+    for name in [k for k in tensors if k.endswith("ffn_norm.weight")]:
+        tensors[name.replace("ffn_norm", "post_attention_norm")] = tensors.pop(name)
+    for name in tensors:
+        if name == "output_norm.weight" or name.endswith(("attn_norm.weight", "post_attention_norm.weight",
+                                                          "attn_q_norm.weight", "attn_k_norm.weight")):
+            tensors[name] = tensors[name] + 1
+    for i, kind in enumerate(cfg["layer_types"]):
+        m, b = f"model.layers.{i}.linear_attn.", f"blk.{i}."
+        if kind != "linear_attention":
+            continue
+        qkvz = sd[m + "in_proj_qkvz.weight"]
+        if split_qkvz:
+            q, k, v, z = np.split(qkvz.reshape(Hk, 2 * Dk + 2 * r * Dv, E), [Dk, 2 * Dk, 2 * Dk + r * Dv], axis=1)
+            tensors[b + "attn_qkv.weight"] = np.concatenate([t.reshape(-1, E) for t in (q, k, v)])
+            tensors[b + "attn_gate.weight"] = z.reshape(-1, E)
+        else:
+            tensors[b + "ssm_in.weight"] = qkvz
+        tensors[b + "ssm_ba.weight"] = sd[m + "in_proj_ba.weight"]
+        tensors[b + "ssm_conv1d.weight"] = sd[m + "conv1d.weight"][:, 0]
+        tensors[b + "ssm_a"] = -np.exp(sd[m + "A_log"].astype(np.float32))
+        tensors[b + "ssm_dt.bias"] = sd[m + "dt_bias"]
+        tensors[b + "ssm_norm.weight"] = sd[m + "norm.weight"]
+        tensors[b + "ssm_out.weight"] = sd[m + "out_proj.weight"]
+    rope = cfg["rope_parameters"]
+    meta.update({f"{a}.ssm.conv_kernel": cfg["linear_conv_kernel_dim"], f"{a}.ssm.state_size": Dk,
+                 f"{a}.ssm.group_count": Hk, f"{a}.ssm.time_step_rank": Hv, f"{a}.ssm.inner_size": Hv * Dv,
+                 f"{a}.full_attention_interval": cfg["full_attention_interval"],
+                 f"{a}.rope.dimension_count": int(cfg["head_dim"] * rope.get("partial_rotary_factor", 0.25))})
+
+
 def _mamba2_gguf(sd: dict, m: str, b: str, H: int, G: int, Di: int, tensors: dict) -> None:
     """A Mamba2 mixer's tensors (HF prefix m) as llama.cpp's converter writes them into block b:
     ssm_in / ssm_conv1d (taps only) / ssm_out, ssm_dt's bias, ssm_a = -exp(A_log), ssm_d, and the
@@ -777,12 +840,14 @@ def _deepseek2_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict, split_kv_b: 
                      f"{arch}.rope.scaling.yarn_log_multiplier": 0.1 * float(rope["mscale_all_dim"])})
 
 
-def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None) -> Path:
+def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None, **writer: Any) -> Path:
     """Write the tiny HF checkpoint as a llama.cpp-style F32 GGUF (q/k permuted for "llama";
     Gemma's norm weights stored with their + 1, as llama.cpp's converter writes them; a
     mixture of experts with 3-D expert tensors: arch "qwen3moe", "qwen2moe", or "llama" for
-    Mixtral; "gpt_oss" or "gpt-oss": llama.cpp's "gpt-oss" graph). block_type: every 2-D matrix
-    (embedding and output included) quantized to that ggml type by the gguf package instead, or
+    Mixtral; "gpt_oss" or "gpt-oss": llama.cpp's "gpt-oss" graph; "granitehybrid" of a Bamba
+    checkpoint: Bamba's file; writer: the family writer's options). block_type: every matrix
+    (embedding, output and 3-D experts included; not the routers, nor rows that are not whole
+    32-value blocks) quantized to that ggml type by the gguf package instead, or
     for the codebook types (which it cannot quantize) replaced by random blocks of that type
     (random_ggml_matrix) (types llama.cpp's quantizer does not write for dense models: MXFP4)."""
     arch = "gpt-oss" if arch == "gpt_oss" else arch     # llama.cpp's graph name
@@ -794,6 +859,10 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None
               for k, v in sd.items()}
         cfg = dict(cfg, num_hidden_layers=len(cfg["layers_block_type"]), rms_norm_eps=cfg["layer_norm_epsilon"],
                    rope_parameters={"rope_theta": 10000.0})
+    bamba = cfg["architectures"][0] == "BambaForCausalLM"
+    if bamba:   # its names as the shared code below reads them
+        sd = {k.replace("model.final_layernorm.", "model.norm.").replace(".pre_ff_layernorm.", ".post_attention_layernorm.")
+              .replace(".feed_forward.", ".mlp."): v for k, v in sd.items()}
     H, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // H
     tensors = {"token_embd.weight": sd["model.embed_tokens.weight"]}
@@ -862,8 +931,13 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None
         _deepseek2_gguf(cfg, sd, tensors, meta)
     elif arch == "lfm2":
         _lfm2_gguf(cfg, sd, tensors, meta)
+    elif arch == "granitehybrid" and bamba:
+        _bamba_gguf(cfg, sd, tensors, meta)
     elif arch == "granitehybrid":
         _granitehybrid_gguf(cfg, sd, tensors, meta)
+    elif arch == "qwen3next":
+        _moe_gguf(cfg, sd, arch, tensors, meta)
+        _qwen3next_gguf(cfg, sd, tensors, meta, **writer)
     elif arch == "nemotron_h":
         _nemotron_h_gguf(cfg, sd, tensors, meta)
     elif cfg.get("num_experts") or cfg.get("num_local_experts"):
@@ -879,10 +953,12 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None
     rng = np.random.default_rng(0)
 
     def stored(name, v):
+        qtype = gguf.GGMLQuantizationType[block_type] if block_type else None
         if block_type and v.ndim == 2:
-            qtype = gguf.GGMLQuantizationType[block_type]
             if not hasattr(gguf.quants._type_traits[qtype], "quantize_blocks") or block_type in CODEBOOK_TYPES:
                 return random_ggml_matrix(rng, *v.shape, block_type), qtype
+        if block_type and v.ndim >= 2 and v.shape[-1] % 32 == 0 and not name.endswith("ffn_gate_inp.weight") \
+                and "norm" not in name:   # as llama.cpp's quantizer: the experts too, not the routers nor norms
             return gguf.quants.quantize(np.ascontiguousarray(v, np.float32), qtype), qtype
         return np.ascontiguousarray(v), None
     return write_gguf(out, {k: stored(k, v) for k, v in tensors.items()}, arch, meta)

@@ -3,7 +3,8 @@ BambaConfig: Mamba2 layers (in_proj, a causal conv with SiLU, the selective stat
 its chunked form, the gated group RMSNorm, out_proj) around attention layers. fp32 logits in a
 mixed batch, prefilled in chunks (both states carried from chunk to chunk) and token by token
 (decode as a state update); greedy tokens through the engine with concurrent requests and
-forced preemption; the state cache's size."""
+forced preemption; the state cache's size; the GGUF file llama.cpp's converter writes for it
+("granitehybrid"), in F32 and Q8_0."""
 from __future__ import annotations
 
 import numpy as np
@@ -90,3 +91,52 @@ def test_info_counts_the_state_and_the_attention_layers_kv():
     m = info.model_weight_bytes(str(tiny_checkpoint_path("bamba")))
     assert m["kv_bytes_per_token_bf16"] == 1 * 2 * 2 * 16 * 2
     assert m["state_bytes_per_seq"] == 2 * (3 * 192 + 8 * 16 * 16) * 4 and "Mamba2" in m["state_note"]
+
+
+GGUF_CASES = [CASES[0],
+              # the released checkpoints' config: attn_rotary_emb (half a head) as rope.dimension_count
+              ("bamba", {"attn_rotary_emb": 8}),
+              CASES[1]]
+
+
+@pytest.mark.parametrize("case", GGUF_CASES, ids=override_ids)
+def test_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
+    """Bamba as llama.cpp's converter writes it ("granitehybrid": q/k rows permuted over whole heads,
+    RoPE on by rope.scaling.finetuned, rope.dimension_count the whole head or attn_rotary_emb, the
+    Mamba2 tensors as Granite 4.0-H's, the dense SwiGLU, no multipliers): read as Bamba, the
+    permutation undone a whole head at a time, RoPE over the first half of each head as
+    transformers does, so the config and the logits equal the HF checkpoint's."""
+    from conftest import gguf_from_hf
+    ckpt = tiny_checkpoint_path(*case[:1], **case[1])
+    g_runner, g = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", "granitehybrid"))
+    h_runner, h = make_runner(ckpt)
+    for field in ("architecture", "layer_types", "ffn_dim", "num_kv_heads", "head_dim", "partial_rotary_factor", "rope",
+                  "nope", "num_experts", "embedding_multiplier", "residual_multiplier", "attention_multiplier",
+                  "logits_scaling", "tie_word_embeddings", "mamba_n_heads", "mamba_d_head", "mamba_n_groups",
+                  "mamba_d_state", "mamba_d_conv", "mamba_conv_bias", "mamba_proj_bias"):
+        assert getattr(g.config, field) == getattr(h.config, field), field
+    assert g.config.norm_eps == pytest.approx(h.config.norm_eps, rel=1e-6)   # a float32 in the file
+    prompts = prompts_for(h.config.vocab_size, [7, 30])
+    got, want = lite_logits(g_runner, prompts, chunk=5), lite_logits(h_runner, prompts)
+    print(f"max |logit diff| GGUF vs HF: {max(float(np.abs(a - b).max()) for a, b in zip(got, want)):.2e}")
+    for a, b in zip(want, got):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+
+
+def test_a_q8_0_gguf_runs_as_stored(tmp_path):
+    """A Bamba file whose matrices are Q8_0 (ssm_in, ssm_out, q/k/v/o, the SwiGLU, embeddings and
+    head; the conv taps, the scan's vectors and the norms float) runs its blocks as stored, the q/k
+    blocks un-permuted a whole head at a time, against transformers on the same weights quantized
+    and dequantized by the gguf package, whole and a token at a time, within the quantized
+    families' bound (test_moe.py)."""
+    import gguf
+    from conftest import gguf_from_hf
+    from test_moe import _check_quantized_moe, _roundtrip_reference
+    ckpt = tiny_checkpoint_path("bamba")
+    model = _roundtrip_reference(ckpt, tmp_path / "roundtrip", lambda name: gguf.GGMLQuantizationType.Q8_0)
+    runner, loaded = make_runner(gguf_from_hf(ckpt, tmp_path / "q8.gguf", "granitehybrid", block_type="Q8_0"))
+    assert loaded.config.architecture == "BambaForCausalLM"
+    for name in ("layers.0.in_proj", "layers.0.out_proj", "layers.1.qkv", "layers.1.o", "layers.2.gate_up"):
+        parts, kernel = runner.formats[name]
+        assert set(parts) == {"Q8_0"} and kernel == "int8 blocks", (name, runner.formats[name])
+    _check_quantized_moe(runner, model, "q8_0 gguf")

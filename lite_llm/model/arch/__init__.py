@@ -14,7 +14,8 @@ properties of the kernel model.
     gpt_oss.py GptOssForCausalLM (attention sinks, clamped SwiGLU experts, top-k-then-softmax routing)
     deepseek.py   DeepseekV2ForCausalLM, DeepseekV3ForCausalLM (latent attention, grouped routing)
     lfm2.py    Lfm2ForCausalLM (hybrid: short-convolution layers with a per-sequence state, and attention)
-    bamba.py   BambaForCausalLM (hybrid: Mamba2 layers with a per-sequence state, and attention)
+    bamba.py   BambaForCausalLM (hybrid: Mamba2 layers with a per-sequence state, and attention; its
+               GGUF, a "granitehybrid" file, is read by granite_hybrid.py)
     qwen3_next.py  Qwen3NextForCausalLM (hybrid: Gated DeltaNet layers with a per-sequence state, gated
                attention, experts with a gated shared expert)
     granite_hybrid.py  GraniteMoeHybridForCausalLM (Granite 4.0-H: Bamba's layers, Granite's multipliers,

@@ -23,6 +23,14 @@ and ssm_out; the experts ffn_{gate,up,down}_exps with ffn_gate_inp as the router
 ffn_*_shexp (the dense models' ffn_gate / ffn_up / ffn_down); q/k rows permuted as for Llama.
 Its attention rotates by RoPE only when rope.scaling.finetuned is true (the converter writes false
 for every model with Mamba2 layers: Granite 4.0-H's "nope").
+
+llama.cpp files Bamba (BambaForCausalLM) under "granitehybrid" too: the converter writes
+rope.scaling.finetuned true for it alone among the hybrids, a dense SwiGLU and none of Granite's
+multipliers, which is how its file is told apart here. Its q/k rows are permuted over whole heads,
+as for Llama, while Bamba's RoPE (rotate-half) covers only the first half of each head: un-permuted
+whole heads at load, the rows are transformers' again and the first half of each head rotates
+as transformers rotates it. (llama.cpp instead rotates rope.dimension_count components in pairs of
+the permuted rows, which pairs component j with j + head_dim / 2: another function than Bamba's.)
 """
 from __future__ import annotations
 
@@ -154,11 +162,19 @@ def gguf_config(f, arch: str) -> ModelConfig:
                 shared_gate=False) if experts else {})
     rope = bool(meta.get(f"{arch}.rope.scaling.finetuned", True))   # llama.cpp's default: RoPE on
     scale = meta.get(f"{arch}.attention.scale")
+    multipliers = [meta.get(f"{arch}.{k}") for k in ("embedding_scale", "residual_scale", "attention.scale", "logit_scale")]
+    bamba = rope and not experts and not any(multipliers)
+    head_dim = int(meta.get(f"{arch}.attention.key_length", 0)) or dim // num_heads
+    rotated = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    if rope and rotated not in ((head_dim, head_dim // 2) if bamba else (head_dim,)):
+        raise ModelLoadError(f"{f.path}: {arch}.rope.dimension_count {rotated} of heads of {head_dim} is not supported "
+                             f"({'Bamba: the whole head or half of it' if bamba else 'the whole head'})")
     eos_id = meta.get("tokenizer.ggml.eos_token_id")
     return ModelConfig(
-        architecture=GGUF_ARCHITECTURES[arch], vocab_size=int(vocab), dim=dim, ffn_dim=int(key("feed_forward_length")),
-        num_layers=n, num_heads=num_heads, num_kv_heads=heads[0],
-        head_dim=int(meta.get(f"{arch}.attention.key_length", 0)) or dim // num_heads,
+        architecture="BambaForCausalLM" if bamba else GGUF_ARCHITECTURES[arch], vocab_size=int(vocab), dim=dim,
+        ffn_dim=int(key("feed_forward_length")), num_layers=n, num_heads=num_heads, num_kv_heads=heads[0],
+        head_dim=head_dim,
+        partial_rotary_factor=0.5 if bamba else 1.0,   # transformers' Bamba rotates half of each head, always
         max_position_embeddings=int(key("context_length")), norm_eps=float(key("attention.layer_norm_rms_epsilon")),
         qkv_bias=f"blk.{types.index('full_attention')}.attn_q.bias" in f.tensors,
         rope=rope, nope=not rope, rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
@@ -208,6 +224,8 @@ def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
             yield p + "dt_bias", vec(b + "ssm_dt.bias", (H,))
             yield p + "gnorm.weight", vec(b + "ssm_norm.weight", (config.mamba_n_groups, Di // config.mamba_n_groups)).reshape(Di)
             yield p + "out_proj.weight", _gguf_rows(f, [(b + "ssm_out.weight", (E, Di))])
+            if config.mamba_proj_bias:
+                yield p + "out_proj.bias", vec(b + "ssm_out.bias", (E,))
         else:
             q = _qk_rows(f, b + "attn_q.weight", (config.q_size, E), D)
             k = _qk_rows(f, b + "attn_k.weight", (config.kv_size, E), D)
