@@ -140,3 +140,63 @@ def test_a_q8_0_gguf_runs_as_stored(tmp_path):
         parts, kernel = runner.formats[name]
         assert set(parts) == {"Q8_0"} and kernel == "int8 blocks", (name, runner.formats[name])
     _check_quantized_moe(runner, model, "q8_0 gguf")
+
+
+def _transformers_with_llama_cpp_rotation(ckpt, rotated: int):
+    """transformers' Bamba rotating what llama.cpp rotates on its file: llama.cpp pairs component j
+    of the (whole-head) permuted rows with j + 1, that is component j of transformers' rows with
+    j + head_dim / 2, for j < rotated / 2. Here: RoPE over `rotated` components of each head, q / k
+    rows reordered so that its rotate-half pairs are those (the other rows follow in any order, the
+    same for q and k)."""
+    import copy
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.models.bamba.modeling_bamba import BambaRotaryEmbedding
+    model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32).eval()
+    cfg = model.config
+    D = cfg.hidden_size // cfg.num_attention_heads
+    half = rotated // 2
+    first = list(range(half)) + list(range(D // 2, D // 2 + half))
+    order = torch.tensor(first + [j for j in range(D) if j not in first])
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer, "self_attn"):
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+                    w = proj.weight.view(-1, D, cfg.hidden_size)
+                    proj.weight.copy_(w[:, order].reshape(-1, cfg.hidden_size))
+    rope = copy.deepcopy(cfg)
+    rope.rope_parameters = dict(cfg.rope_parameters, partial_rotary_factor=rotated / D)
+    model.model.rotary_emb = BambaRotaryEmbedding(rope)
+    return model
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("case", GGUF_CASES[:2], ids=override_ids)
+def test_llama_cpp_on_the_same_gguf_rotates_otherwise(case, tmp_path):
+    """llama.cpp (llama-cpp-python) on Bamba's file is not transformers' Bamba: its converter
+    permutes q/k over whole heads while Bamba's RoPE (rotate-half) covers half of each head, so
+    its graph rotates other pairs of components (_transformers_with_llama_cpp_rotation). Its
+    logits equal that model's and differ from transformers' own (and ours) beyond the first
+    position, where RoPE is the identity and the two agree: so greedy tokens are not compared."""
+    import llama_cpp
+    import torch
+    from conftest import gguf_from_hf
+    ckpt = tiny_checkpoint_path(*case[:1], **case[1])
+    path = gguf_from_hf(ckpt, tmp_path / "m.gguf", "granitehybrid")
+    prompt = prompts_for(320, [12])[0]
+    theirs = llama_cpp.Llama(str(path), n_ctx=64, n_threads=2, logits_all=True, verbose=False)
+    try:
+        theirs.eval(prompt)
+        got = np.array(theirs.scores[:len(prompt)], np.float64)
+    finally:
+        theirs.close()
+    ours = lite_logits(make_runner(path)[0], [prompt])[0]
+    with torch.no_grad():
+        rotated = _transformers_with_llama_cpp_rotation(ckpt, case[1].get("attn_rotary_emb", 16))
+        want = rotated(torch.tensor([prompt])).logits[0].numpy()
+    scale = np.abs(ours).max()
+    print(f"llama.cpp vs its rotation in transformers: {np.abs(got - want).max():.1e}; vs ours (transformers' Bamba): "
+          f"{np.abs(got - ours).max():.3f} of max |logit| {scale:.2f}")
+    assert np.abs(got - want).max() <= 2e-3 * scale             # llama.cpp's own precision on these models
+    assert np.abs(got[0] - ours[0]).max() <= 2e-3 * scale
+    assert np.abs(got[1:] - ours[1:]).max() > 2e-2 * scale      # another function than Bamba's

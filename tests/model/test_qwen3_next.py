@@ -142,3 +142,92 @@ def test_multi_token_prediction_weights_are_not_read(tmp_path):
     want = lite_logits(make_runner(ckpt)[0], prompts)
     for g, w in zip(lite_logits(make_runner(tmp_path / "mtp")[0], prompts), want):
         np.testing.assert_array_equal(g, w)
+
+
+# llama.cpp keeps the layer kinds as full_attention_interval: configs whose attention layers fall
+# every interval-th layer. Every other layer; and the released models' shape (every fourth, key
+# and value heads of one width, which llama.cpp's graph assumes), RoPE over half of each head,
+# the top-k weights not renormalised
+INTERVAL_2 = {"layer_types": ["linear_attention", "full_attention"] * 2, "full_attention_interval": 2}
+RELEASED = {"layer_types": ["linear_attention"] * 3 + ["full_attention"], "full_attention_interval": 4,
+            "linear_value_head_dim": 16}
+GGUF_CASES = [("qwen3_next", INTERVAL_2),
+              ("qwen3_next", {**RELEASED, "norm_topk_prob": False,
+                              "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                  "partial_rotary_factor": 0.5}})]
+
+
+def _gguf_ids(case) -> str:
+    return override_ids(case, ("layer_types", "rope_parameters"))
+
+
+@pytest.mark.parametrize("case", GGUF_CASES, ids=_gguf_ids)
+@pytest.mark.parametrize("split_qkvz", [True, False], ids=["attn_qkv", "ssm_in"])
+def test_gguf_of_the_same_weights_gives_the_same_logits(case, split_qkvz, tmp_path):
+    """Qwen3-Next as llama.cpp's converter writes it ("qwen3next": the layer kinds as
+    full_attention_interval, norms with their + 1, in_proj_qkvz cut into attn_qkv and attn_gate, or
+    whole as ssm_in as earlier converters wrote it, ssm_ba, ssm_a = -exp(A_log), the experts
+    stacked): the config read from it equals the HF checkpoint's, and its fp32 logits
+    transformers' within 1e-4, prefilled 5 tokens a step across a 64-token chunk."""
+    from conftest import gguf_from_hf
+    ckpt = tiny_checkpoint_path(*case[:1], **case[1])
+    g_runner, g = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", "qwen3next", split_qkvz=split_qkvz))
+    h = make_runner(ckpt)[1]
+    for field in ("architecture", "layer_types", "num_kv_heads", "head_dim", "partial_rotary_factor", "qk_norm",
+                  "attn_output_gate", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                  "linear_value_head_dim", "linear_conv_kernel_dim", "ffn_dim", "num_experts", "num_experts_per_tok",
+                  "norm_topk_prob", "shared_ffn_dim", "shared_gate", "moe_routing", "tie_word_embeddings"):
+        assert getattr(g.config, field) == getattr(h.config, field), field
+    assert g.config.rope_theta == h.config.rope_theta and g.config.norm_eps == pytest.approx(h.config.norm_eps, rel=1e-6)
+    prompts = prompts_for(h.config.vocab_size, [7, 70])
+    check_logits(lite_logits(g_runner, prompts, chunk=5), hf_logits(ckpt, prompts))
+
+
+def test_a_q8_0_gguf_runs_as_stored(tmp_path):
+    """A Qwen3-Next file whose matrices are Q8_0 (attn_qkv, attn_gate, ssm_ba, ssm_out, the
+    attention's, the stacked experts, the shared expert, embeddings and head; the routers, shared
+    gates, conv taps, norms and the shared expert's down projection, of rows of 48, float) runs its
+    blocks as stored, against transformers on the same
+    weights quantized and dequantized by the gguf package, whole and a token at a time, within
+    the quantized families' bound (test_moe.py)."""
+    import gguf
+    from conftest import gguf_from_hf
+    from test_moe import _check_quantized_moe, _roundtrip_reference
+    ckpt = tiny_checkpoint_path("qwen3_next", **INTERVAL_2)
+
+    def qtype_of(name: str):
+        return None if name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")) else gguf.GGMLQuantizationType.Q8_0
+    model = _roundtrip_reference(ckpt, tmp_path / "roundtrip", qtype_of)
+    runner, _ = make_runner(gguf_from_hf(ckpt, tmp_path / "q8.gguf", "qwen3next", block_type="Q8_0"))
+    for name in ("layers.0.in_proj", "layers.0.out_proj", "layers.1.qkv", "layers.1.o", "layers.0.experts.gate_up",
+                 "layers.1.experts.down", "layers.0.shared.gate_up"):
+        parts, kernel = runner.formats[name]
+        assert set(parts) == {"Q8_0"} and kernel == "int8 blocks", (name, runner.formats[name])
+    _check_quantized_moe(runner, model, "q8_0 gguf")
+
+
+def test_a_gguf_the_state_cache_cannot_hold_is_refused(tmp_path):
+    """What the file cannot describe is refused by name: value heads that do not share the key
+    heads evenly."""
+    from conftest import gguf_from_hf
+    from lite_llm.model.files import ModelLoadError
+    from lite_llm.model.gguf import GGUFFile
+    from lite_llm.model.arch import qwen3_next
+    f = GGUFFile(str(gguf_from_hf(tiny_checkpoint_path("qwen3_next", **INTERVAL_2), tmp_path / "m.gguf", "qwen3next")))
+    f.metadata["qwen3next.ssm.time_step_rank"] = 3
+    with pytest.raises(ModelLoadError, match="3 value heads"):
+        qwen3_next.gguf_config(f, "qwen3next")
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("split_qkvz", [True, False], ids=["attn_qkv", "ssm_in"])
+def test_llama_cpp_on_the_same_gguf_gives_the_same_greedy_tokens(split_qkvz, tmp_path):
+    """llama.cpp (llama-cpp-python) runs the same "qwen3next" file (the released models' shape:
+    its graph takes the value heads' width for the key heads'): 16 greedy tokens agree."""
+    from conftest import gguf_from_hf
+    from test_parity import llama_cpp_greedy, runner_greedy
+    path = gguf_from_hf(tiny_checkpoint_path("qwen3_next", **RELEASED), tmp_path / "m.gguf", "qwen3next",
+                        split_qkvz=split_qkvz)
+    runner, loaded = make_runner(path)
+    prompt = prompts_for(loaded.config.vocab_size, [12])[0]
+    assert runner_greedy(runner, prompt, 16) == llama_cpp_greedy(path, prompt, 16)

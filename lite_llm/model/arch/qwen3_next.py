@@ -21,20 +21,34 @@ each head; o_proj(attention x sigmoid(gate)).
 The DeltaNet state per sequence is the conv's last taps - 1 inputs and S of every value head
 (runner.py); the rule runs chunked (src/kernels/delta.h). What the layers compute: forward.pxi's
 _deltanet_block and _step. The multi-token-prediction weights (mtp.*) are not read.
+
+llama.cpp's "qwen3next" graph (its converter's Qwen3NextModel) keeps the kinds of layers as
+full_attention_interval (every interval-th layer attention), the DeltaNet's shape as ssm.group_count
+(Hk), ssm.time_step_rank (Hv), ssm.state_size (Dk), ssm.inner_size (Hv Dv) and ssm.conv_kernel,
+and RoPE's share of a head as rope.dimension_count. It stores every (1 + w) norm with its + 1
+(the DeltaNet's gated ssm_norm as it is), the MLP's norm as post_attention_norm, q_proj whole as
+attn_q; a DeltaNet layer's in_proj_qkvz cut into attn_qkv (q, k, v of all heads) and attn_gate
+(z), or, from earlier converters, whole as ssm_in (interleaved per key head as in the checkpoint);
+in_proj_ba as ssm_ba, the conv taps as ssm_conv1d [Cd, L], ssm_a (-exp(A_log)), ssm_dt.bias and
+ssm_out; the experts as moe.py reads them. (llama.cpp itself assumes Dv = Dk.)
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterator
 
 import numpy as np
 
 from lite_llm.config import ModelConfig
 from lite_llm.model.arch import llama, moe
+from lite_llm.model.arch.moe import _gguf_matrix
 from lite_llm.model.files import ModelLoadError
+from lite_llm.model.gguf import NATIVE_TYPES
 from lite_llm.model.hf import stacked
 from lite_llm.model.weights import StackedRows, bf16_to_f32
 
 HF_ARCHITECTURES = ("Qwen3NextForCausalLM",)
+GGUF_ARCHITECTURES = {"qwen3next": "Qwen3NextForCausalLM"}
 _KINDS = {"linear_attention": "deltanet", "full_attention": "full_attention"}
 
 
@@ -152,3 +166,100 @@ def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, Any]]:
     yield "final_norm.weight", norm("model.norm.weight", E)
     if not config.tie_word_embeddings:
         yield "lm_head.weight", stacked(ckpt, (("lm_head.weight", (V, E)),))
+
+
+# ---- GGUF --------------------------------------------------------------------------------
+
+
+def gguf_config(f, arch: str) -> ModelConfig:
+    meta, key = f.metadata, llama.gguf_key(f, arch)
+    n, every = int(key("block_count")), int(key("full_attention_interval"))
+    if every < 1:
+        raise ModelLoadError(f"{f.path}: {arch}.full_attention_interval {every} must be at least 1")
+    types = tuple("deltanet" if (i + 1) % every else "full_attention" for i in range(n))
+    hk, hv, inner = int(key("ssm.group_count")), int(key("ssm.time_step_rank")), int(key("ssm.inner_size"))
+    if not hk or not hv or hv % hk or inner % hv:
+        raise ModelLoadError(f"{f.path}: {arch}: {hv} value heads (ssm.time_step_rank) over {hk} key heads "
+                             f"(ssm.group_count) and ssm.inner_size {inner}")
+    config = llama.gguf_decoder_config(
+        f, arch, GGUF_ARCHITECTURES[arch], layer_types=types, qk_norm=True, attn_output_gate=True,
+        linear_num_key_heads=hk, linear_num_value_heads=hv, linear_key_head_dim=int(key("ssm.state_size")),
+        linear_value_head_dim=inner // hv, linear_conv_kernel_dim=int(key("ssm.conv_kernel")),
+        **moe.gguf_fields(f, arch, norm_default=True, shared=True))
+    if not config.shared_ffn_dim:
+        raise ModelLoadError(f"{f.path}: Qwen3-Next without a shared expert is not supported")
+    rotated = int(meta.get(f"{arch}.rope.dimension_count", config.head_dim))
+    if not 0 < rotated <= config.head_dim or rotated % 2:
+        raise ModelLoadError(f"{f.path}: {arch}.rope.dimension_count {rotated} of heads of {config.head_dim}")
+    return dataclasses.replace(config, partial_rotary_factor=rotated / config.head_dim)
+
+
+def _gguf_gathered(f, runs: list[tuple[str, int, int]], cols: int) -> StackedRows:
+    """StackedRows of row ranges (tensor, first row, rows) of 2-D GGUF tensors, in that order, as
+    one part (the kernels take a matrix in a few parts): its blocks as stored when every range is
+    of one type the kernels run, else read dequantized."""
+    starts = np.cumsum([0] + [n for _, _, n in runs])
+
+    def gathered(read):
+        def rows(a: int, b: int) -> np.ndarray:
+            out = []
+            for (name, r0, n), s in zip(runs, starts):
+                lo, hi = max(a, s), min(b, s + n)
+                if lo < hi:
+                    out.append(read(name, r0 + lo - s, r0 + hi - s))
+            return np.concatenate(out)
+        return rows
+    types = {f.tensors[name].type_name for name, _, _ in runs}
+    native = len(types) == 1 and next(iter(types)) in NATIVE_TYPES
+    return StackedRows(((int(starts[-1]), gathered(f.read_rows)),), cols,
+                       blocks=((next(iter(types)), gathered(f.read_raw_rows)),) if native else None)
+
+
+def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
+    E, V, D, H, Hkv = config.dim, config.vocab_size, config.head_dim, config.num_heads, config.num_kv_heads
+    Hk, Hv = config.linear_num_key_heads, config.linear_num_value_heads
+    Dk, Dv, L = config.linear_key_head_dim, config.linear_value_head_dim, config.linear_conv_kernel_dim
+    r, Cd = Hv // Hk, config.deltanet_conv_dim
+
+    def vec(name: str, shape: tuple[int, ...]) -> np.ndarray:   # norms: stored with their + 1 already
+        f.info(name, shape)
+        return np.asarray(f.read(name), np.float32)
+
+    def rows(name: str, shape: tuple[int, int], runs: list[tuple[int, int]]) -> list[tuple[str, int, int]]:
+        f.info(name, shape)
+        return [(name, r0, count) for r0, count in runs]
+
+    yield "embed", _gguf_matrix(f, rows("token_embd.weight", (V, E), [(0, V)]), E)
+    for i in range(config.num_layers):
+        b, p = f"blk.{i}.", f"layers.{i}."
+        yield p + "attn_norm.weight", vec(b + "attn_norm.weight", (E,))
+        if config.layer_types[i] == "deltanet":
+            if b + "attn_qkv.weight" in f.tensors:
+                runs = rows(b + "attn_qkv.weight", (Cd, E), [(0, Cd)]) + rows(b + "attn_gate.weight", (Hv * Dv, E),
+                                                                             [(0, Hv * Dv)])
+            else:   # one key head's group after another: its q, k, v heads, their z
+                w = 2 * Dk + 2 * r * Dv
+                runs = rows(b + "ssm_in.weight", (Hk * w, E), [(g * w + off, count) for off, count in (
+                    (0, Dk), (Dk, Dk), (2 * Dk, r * Dv), (2 * Dk + r * Dv, r * Dv)) for g in range(Hk)])
+            runs += rows(b + "ssm_ba.weight", (2 * Hv, E), [(g * 2 * r + off, r) for off in (0, r) for g in range(Hk)])
+            yield p + "in_proj.weight", _gguf_gathered(f, runs, E)
+            yield p + "conv.weight", np.ascontiguousarray(vec(b + "ssm_conv1d.weight", (Cd, L)).T)   # taps channel-minor
+            yield p + "ssm_a", vec(b + "ssm_a", (Hv,))
+            yield p + "dt_bias", vec(b + "ssm_dt.bias", (Hv,))
+            yield p + "gnorm.weight", vec(b + "ssm_norm.weight", (Dv,))
+            yield p + "out_proj.weight", _gguf_matrix(f, rows(b + "ssm_out.weight", (E, Hv * Dv), [(0, E)]), Hv * Dv)
+        else:   # attn_q: each head's query, then its gate -> q | k | v | gate rows
+            q = b + "attn_q.weight"
+            runs = (rows(q, (2 * H * D, E), [(2 * j * D, D) for j in range(H)])
+                    + rows(b + "attn_k.weight", (Hkv * D, E), [(0, Hkv * D)])
+                    + rows(b + "attn_v.weight", (Hkv * D, E), [(0, Hkv * D)])
+                    + rows(q, (2 * H * D, E), [(2 * j * D + D, D) for j in range(H)]))
+            yield p + "qkv.weight", _gguf_gathered(f, runs, E)
+            yield p + "q_norm.weight", vec(b + "attn_q_norm.weight", (D,))
+            yield p + "k_norm.weight", vec(b + "attn_k_norm.weight", (D,))
+            yield p + "o.weight", _gguf_matrix(f, rows(b + "attn_output.weight", (E, H * D), [(0, E)]), H * D)
+        yield p + "mlp_norm.weight", vec(b + "post_attention_norm.weight", (E,))
+        yield from moe.gguf_mlp(f, config, b, p)
+    yield "final_norm.weight", vec("output_norm.weight", (E,))
+    if not config.tie_word_embeddings:
+        yield "lm_head.weight", _gguf_matrix(f, rows("output.weight", (V, E), [(0, V)]), E)
