@@ -142,6 +142,19 @@ def test_a_q8_0_gguf_runs_as_stored(tmp_path):
     _check_quantized_moe(runner, model, "q8_0 gguf")
 
 
+def test_a_rotation_of_neither_half_nor_whole_heads_is_refused(tmp_path):
+    """A Bamba file whose rope.dimension_count is neither half of a head (the released models')
+    nor the whole head (as the converter writes it without attn_rotary_emb) is refused by name."""
+    from conftest import gguf_from_hf
+    from lite_llm.model.arch import granite_hybrid
+    from lite_llm.model.files import ModelLoadError
+    from lite_llm.model.gguf import GGUFFile
+    f = GGUFFile(str(gguf_from_hf(tiny_checkpoint_path("bamba"), tmp_path / "m.gguf", "granitehybrid")))
+    f.metadata["granitehybrid.rope.dimension_count"] = 4
+    with pytest.raises(ModelLoadError, match="rope.dimension_count 4 of heads of 16 is not supported"):
+        granite_hybrid.gguf_config(f, "granitehybrid")
+
+
 def _transformers_with_llama_cpp_rotation(ckpt, rotated: int):
     """transformers' Bamba rotating what llama.cpp rotates on its file: llama.cpp pairs component j
     of the (whole-head) permuted rows with j + 1, that is component j of transformers' rows with

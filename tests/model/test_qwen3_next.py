@@ -231,3 +231,21 @@ def test_llama_cpp_on_the_same_gguf_gives_the_same_greedy_tokens(split_qkvz, tmp
     runner, loaded = make_runner(path)
     prompt = prompts_for(loaded.config.vocab_size, [12])[0]
     assert runner_greedy(runner, prompt, 16) == llama_cpp_greedy(path, prompt, 16)
+
+
+@pytest.mark.peers
+def test_a_file_quantized_by_llama_cpp_runs_as_stored_and_gives_its_greedy_tokens(tmp_path):
+    """The same file quantized by llama.cpp's own quantizer to Q8_0 (attn_qkv, attn_gate, ssm_ba,
+    ssm_out, the experts; the shared expert's down projection F16, routers and vectors F32): its
+    Q8_0 matrices run as stored, and llama.cpp gives the same 16 greedy tokens on it."""
+    from conftest import gguf_from_hf
+    from test_parity import llama_cpp_greedy, runner_greedy
+    from test_quantized import quantize_with_llama_cpp
+    f32 = gguf_from_hf(tiny_checkpoint_path("qwen3_next", **RELEASED), tmp_path / "f32.gguf", "qwen3next")
+    path = quantize_with_llama_cpp(f32, tmp_path / "q8.gguf", "Q8_0")
+    runner, loaded = make_runner(path)
+    for name in ("layers.0.in_proj", "layers.0.out_proj", "layers.3.qkv", "layers.0.experts.gate_up"):
+        parts, kernel = runner.formats[name]
+        assert set(parts) == {"Q8_0"} and kernel == "int8 blocks", (name, runner.formats[name])
+    prompt = prompts_for(loaded.config.vocab_size, [12])[0]
+    assert runner_greedy(runner, prompt, 16) == llama_cpp_greedy(path, prompt, 16)
