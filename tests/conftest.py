@@ -773,6 +773,7 @@ def _falcon_h1_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
         _mamba2_gguf({m + "norm.weight": np.ones(Di, np.float32), **sd}, m, b, H, G, Di, tensors)
         if m + "norm.weight" not in sd:   # mamba_rms_norm false: y * silu(z), no ssm_norm
             del tensors[b + "ssm_norm.weight"]
+        tensors[b + "ffn_norm"] = tensors.pop(b + "ffn_norm.weight")   # llama.cpp's name, no ".weight"
     meta.update({f"{a}.vocab_size": cfg["vocab_size"], f"{a}.ssm.conv_kernel": cfg["mamba_d_conv"],
                  f"{a}.ssm.state_size": cfg["mamba_d_state"], f"{a}.ssm.group_count": G, f"{a}.ssm.inner_size": Di,
                  f"{a}.ssm.time_step_rank": H})

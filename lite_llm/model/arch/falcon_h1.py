@@ -32,7 +32,8 @@ llama.cpp's "falcon-h1" graph (its converter's FalconH1Model) keeps one block pe
 Granite 4.0-H's ssm_* tensors (granite_hybrid.py) beside attn_q / attn_k / attn_v / attn_output
 (q/k rows as in the checkpoint: it rotates NeoX-style), ffn_norm and the MLP; every multiplier
 folded into the tensors by the converter (the embeddings' into token_embd, the logits' into
-output), no ssm_norm when the model has no gated norm, which it applies after the gate.
+output), no ssm_norm when the model has no gated norm, which it applies after the gate. llama.cpp
+reads the MLP's norm as "blk.N.ffn_norm", without ".weight" (either is read here).
 """
 from __future__ import annotations
 
@@ -256,7 +257,8 @@ def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
         yield pa + "o.weight", _gguf_rows(f, [(b + "attn_output.weight", (E, q_rows))])
         if config.o_bias:
             yield pa + "o.bias", vec(b + "attn_output.bias", (E,))
-        yield pa + "mlp_norm.weight", vec(b + "ffn_norm.weight", (E,))
+        ffn_norm = b + "ffn_norm" if b + "ffn_norm" in f.tensors else b + "ffn_norm.weight"
+        yield pa + "mlp_norm.weight", vec(ffn_norm, (E,))
         yield pa + "gate_up.weight", _gguf_rows(f, [(b + "ffn_gate.weight", (F, E)), (b + "ffn_up.weight", (F, E))])
         if config.mlp_bias:
             yield pa + "gate_up.bias", np.concatenate([vec(b + "ffn_gate.bias", (F,)), vec(b + "ffn_up.bias", (F,))])
