@@ -146,3 +146,18 @@ def test_llama_cpp_on_the_same_gguf_gives_the_same_greedy_tokens(case, tmp_path)
     runner, loaded = make_runner(path)
     prompt = prompts_for(loaded.config.vocab_size, [12])[0]
     assert runner_greedy(runner, prompt, 16) == llama_cpp_greedy(path, prompt, 16)
+
+
+@pytest.mark.parametrize("change", [{"residual_multiplier": 0.5}, {"no_mlp_layers": ()},
+                                    {"layer_types": ("full_attention", "full_attention") * 2}])
+def test_a_layer_reads_shared_rows_only_after_a_mamba2_layer_that_leaves_them(change):
+    """The kernel's attention reuses the rows the Mamba2 layer before it normed: refused unless that
+    layer is a Mamba2 mixer alone adding its output into x unscaled (a residual scale would route
+    it through those rows)."""
+    import dataclasses
+    from lite_llm.model.arch import config_from_dict, kernel_config
+    import json
+    raw = json.loads((tiny_checkpoint_path("falcon_h1") / "config.json").read_text())
+    cfg = dataclasses.replace(config_from_dict(raw), **change)
+    with pytest.raises(ValueError, match="reads its input from layer 0"):
+        kernel_config(cfg, dtype="float32", block_size=16, max_positions=64, kv_cache_dtype="float32")
