@@ -73,6 +73,42 @@ def test_bf16_weights_stay_close_to_transformers_fp32():
     assert err <= 0.03
 
 
+@pytest.mark.parametrize("case", [CASES[0], CASES[2]], ids=override_ids)
+def test_q8_0_at_load_matches_the_dequantized_reference(case, tmp_path):
+    """Every matrix quantized at load to Q8_0 after its multipliers are folded in (in_proj by
+    its five segments' rows) against transformers on weights W' = dequant(quant(W s)) / s, which
+    it scales by s again: the same products, whole and a token at a time, within the quantized
+    families' bound (test_moe.py)."""
+    import json
+    import gguf
+    import torch
+    from safetensors.numpy import save_file
+    from transformers import AutoModelForCausalLM
+    from conftest import checkpoint_copy
+    from test_moe import _check_quantized_moe
+    ckpt = tiny_checkpoint_path(*case[:1], **case[1])
+    cfg = json.loads((ckpt / "config.json").read_text())
+    Di, GN, H = cfg["mamba_d_ssm"], cfg["mamba_n_groups"] * cfg["mamba_d_state"], cfg["mamba_n_heads"]
+    mup = np.repeat(np.float32(cfg["ssm_multipliers"]), (Di, Di, GN, GN, H))[:, None] * cfg["ssm_in_multiplier"]
+    a_in = cfg["attention_in_multiplier"]
+    scales = {"mamba.in_proj": mup, "mamba.out_proj": cfg["ssm_out_multiplier"], "q_proj": a_in,
+              "k_proj": a_in * cfg["key_multiplier"], "v_proj": a_in, "o_proj": cfg["attention_out_multiplier"],
+              "gate_proj": cfg["mlp_multipliers"][0], "down_proj": cfg["mlp_multipliers"][1]}
+    out = tmp_path / "roundtrip"
+    sd = checkpoint_copy(ckpt, out)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    for name, w in sd.items():   # rows not whole 32-value blocks stay float, as the engine keeps them
+        if w.ndim == 2 and w.shape[-1] % 32 == 0:
+            s = next((v for k, v in scales.items() if name.endswith(k + ".weight")), 1.0)
+            scaled = (w.astype(np.float32) * s).astype(np.float32)
+            sd[name] = (gguf.quants.dequantize(gguf.quants.quantize(scaled, q8), q8) / s).astype(w.dtype)
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    runner, _ = make_runner(ckpt, quantization="q8_0")
+    assert runner.formats["layers.0.in_proj"] == (("Q8_0",), "int8 blocks")
+    _check_quantized_moe(runner, model, "q8_0")
+
+
 def test_the_state_cache_and_kv_cover_their_layers():
     """Per layer and batch slot: the conv's 3 rows of 96 + 2 x 2 x 16 = 160 channels and the scan's
     6 heads x 16 x 16, float32; KV for every layer's attention (2 heads of 16)."""

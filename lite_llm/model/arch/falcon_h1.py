@@ -46,7 +46,7 @@ from lite_llm.config import ModelConfig
 from lite_llm.model.arch import bamba, llama
 from lite_llm.model.arch.lfm2 import _gguf_rows
 from lite_llm.model.files import ModelLoadError
-from lite_llm.model.hf import read_config_json, split, stacked
+from lite_llm.model.hf import read_config_json, stacked
 from lite_llm.model.weights import StackedRows, convert
 
 HF_ARCHITECTURES = ("FalconH1ForCausalLM",)
@@ -96,17 +96,20 @@ def config(raw: dict, arch: str, where: str) -> ModelConfig:
         **_mamba_fields(raw, where))
 
 
-def _scaled(w: StackedRows, scales: tuple[float, ...]) -> StackedRows:
-    """w with part i's rows times scales[i] (read in float32, scaled, then converted to the
-    engine dtype as any rows); a part scaled by 1 is left as stored."""
+def _scaled(w: StackedRows, scales: tuple[float | np.ndarray, ...]) -> StackedRows:
+    """w with part i's rows times scales[i], one number or one per row (read in float32, scaled,
+    then converted to the engine dtype as any rows); a part scaled by 1 is left as stored."""
     assert len(scales) == len(w.parts)
 
     def reader(read, s):
+        if isinstance(s, np.ndarray):
+            return lambda a, b: convert(read(a, b), "float32") * s[a:b, None]
         return lambda a, b: convert(read(a, b), "float32") * np.float32(s)
-    return StackedRows(tuple((n, read if s == 1.0 else reader(read, s)) for (n, read), s in zip(w.parts, scales)),
+    same = [not isinstance(s, np.ndarray) and s == 1.0 for s in scales]
+    return StackedRows(tuple((n, read if keep else reader(read, s)) for (n, read), s, keep in zip(w.parts, scales, same)),
                        w.cols, w.align, w.dtype,
-                       blocks=tuple(b if s == 1.0 else None for b, s in zip(w.blocks or (None,) * len(scales), scales)),
-                       stored=tuple(p if s == 1.0 else None for p, s in zip(w.stored or (None,) * len(scales), scales)))
+                       blocks=tuple(b if keep else None for b, keep in zip(w.blocks or (None,) * len(scales), same)),
+                       stored=tuple(p if keep else None for p, keep in zip(w.stored or (None,) * len(scales), same)))
 
 
 def _vec(a: np.ndarray, s: float) -> np.ndarray:
@@ -130,19 +133,20 @@ def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, Any]]:
     s_in, s_out = _mult(raw, "ssm_in_multiplier"), _mult(raw, "ssm_out_multiplier")
     if len(ssm) != 5:
         raise ModelLoadError(f"{ckpt.path}: ssm_multipliers must give 5 values (z, x, B, C, dt)")
+    mup = np.repeat(np.float32(ssm), (Di, Di, GN, GN, H))   # transformers' mup_vector: in_proj's row scales
     get = ckpt.read
     yield "embed", stacked(ckpt, (("model.embed_tokens.weight", (V, E)),))
     for i in range(config.num_layers // 2):
         h, pm, pa = f"model.layers.{i}.", f"layers.{2 * i}.", f"layers.{2 * i + 1}."
         norm = get(h + "input_layernorm.weight", (E,))
-        # the Mamba2 mixer: in_proj's rows z | x | B | C | dt, each segment by its multiplier
+        # the Mamba2 mixer: in_proj's rows z | x | B | C | dt, each segment by its multiplier (one
+        # part: the kernels take at most 3 parts a matrix)
         m = h + "mamba."
         yield pm + "attn_norm.weight", norm
-        yield pm + "in_proj.weight", _scaled(split(ckpt, m + "in_proj.weight", (Di, Di, GN, GN, H), E),
-                                             tuple(s * s_in for s in ssm))
+        yield pm + "in_proj.weight", _scaled(stacked(ckpt, ((m + "in_proj.weight", (Di + Cd + H, E)),)),
+                                             (mup * np.float32(s_in),))
         if config.mamba_proj_bias:
-            b = convert(get(m + "in_proj.bias", (Di + Cd + H,)), "float32")
-            yield pm + "in_proj.bias", b * np.repeat(np.float32(ssm), (Di, Di, GN, GN, H))
+            yield pm + "in_proj.bias", convert(get(m + "in_proj.bias", (Di + Cd + H,)), "float32") * mup
         yield pm + "conv.weight", np.ascontiguousarray(bamba._f32(get(m + "conv1d.weight", (Cd, 1, L))).reshape(Cd, L).T)
         if config.mamba_conv_bias:
             yield pm + "conv.bias", get(m + "conv1d.bias", (Cd,))
