@@ -109,6 +109,23 @@ def test_q8_0_at_load_matches_the_dequantized_reference(case, tmp_path):
     _check_quantized_moe(runner, model, "q8_0")
 
 
+def test_a_bf16_checkpoint_reads_its_biases_and_scales_as_bf16(tmp_path):
+    """Released checkpoints store bf16: every tensor (the biases the multipliers scale too) read
+    from its bf16 bits, run in fp32 against transformers on the same bf16 file widened to fp32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    # multipliers of 1 on the k and gate biases: those are left unscaled, still read from bf16 bits
+    src = tiny_checkpoint_path("falcon_h1", **{**CASES[1][1], "key_multiplier": 1.0, "mlp_multipliers": [1.0, 1.3]})
+    out = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).save_pretrained(out)
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (src / f).exists():
+            (out / f).write_bytes((src / f).read_bytes())
+    runner, loaded = make_runner(out)
+    prompts = prompts_for(loaded.config.vocab_size, [5, 23])
+    check_logits(lite_logits(runner, prompts), hf_logits(out, prompts))
+
+
 def test_the_state_cache_and_kv_cover_their_layers():
     """Per layer and batch slot: the conv's 3 rows of 96 + 2 x 2 x 16 = 160 channels and the scan's
     6 heads x 16 x 16, float32; KV for every layer's attention (2 heads of 16)."""

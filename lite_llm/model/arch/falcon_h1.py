@@ -113,7 +113,8 @@ def _scaled(w: StackedRows, scales: tuple[float | np.ndarray, ...]) -> StackedRo
 
 
 def _vec(a: np.ndarray, s: float) -> np.ndarray:
-    return a if s == 1.0 else convert(a, "float32") * np.float32(s)
+    """A stored vector (bf16 as its bits) in float32, times s."""
+    return convert(a, "float32") * np.float32(s)
 
 
 def _mult(raw: dict, name: str) -> float:
@@ -165,7 +166,7 @@ def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, Any]]:
                                                         (a + "v_proj.weight", (kv_rows, E)))), (a_in, a_in * key, a_in))
         if config.qkv_bias:
             yield pa + "qkv.bias", np.concatenate([convert(get(a + "q_proj.bias", (q_rows,)), "float32"),
-                                                   _vec(get(a + "k_proj.bias", (kv_rows,)), key).astype(np.float32),
+                                                   _vec(get(a + "k_proj.bias", (kv_rows,)), key),
                                                    convert(get(a + "v_proj.bias", (kv_rows,)), "float32")])
         yield pa + "o.weight", _scaled(stacked(ckpt, ((a + "o_proj.weight", (E, q_rows)),)), (a_out,))
         if config.o_bias:
@@ -175,7 +176,7 @@ def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, Any]]:
         yield pa + "gate_up.weight", _scaled(stacked(ckpt, ((f + "gate_proj.weight", (F, E)), (f + "up_proj.weight", (F, E)))),
                                              (gate_m, 1.0))
         if config.mlp_bias:
-            yield pa + "gate_up.bias", np.concatenate([_vec(get(f + "gate_proj.bias", (F,)), gate_m).astype(np.float32),
+            yield pa + "gate_up.bias", np.concatenate([_vec(get(f + "gate_proj.bias", (F,)), gate_m),
                                                        convert(get(f + "up_proj.bias", (F,)), "float32")])
         yield pa + "down.weight", _scaled(stacked(ckpt, ((f + "down_proj.weight", (E, F)),)), (down_m,))
         if config.mlp_bias:
