@@ -137,6 +137,16 @@ class ModelConfig:
     # Nemotron-H: layers that are a mixer alone, without the MLP after it (its blocks are one
     # sub-layer each: a mixer block followed by an MLP block is one layer here)
     no_mlp_layers: tuple[int, ...] = ()
+    # Falcon-H1: layers whose mixer reads the previous layer's normed rows instead of norming x
+    # again, so the two mixers run side by side on one input, each adding into x (its Mamba2
+    # mixer is a layer without an MLP, its attention the layer after it, reading the same rows)
+    shared_input_layers: tuple[int, ...] = ()
+    # the Mamba2 layers' gated norm: "after_gate" rmsnorm(y * silu(z)) (Bamba, Granite 4.0-H,
+    # Nemotron-H), "before_gate" rmsnorm(y) * silu(z), "none" y * silu(z) (Falcon-H1's
+    # mamba_rms_norm false); and out_proj's bias where it differs from in_proj's (None: the same,
+    # mamba_proj_bias; Falcon-H1's projectors_bias)
+    mamba_norm: str = "after_gate"
+    mamba_out_bias: bool | None = None
 
     @property
     def is_moe(self) -> bool:
@@ -225,9 +235,11 @@ class LayerConfig:
     kind: str = "attention"      # LAYER_KINDS: "conv" is a short-convolution layer (LFM2), KernelConfig.conv_len;
                                  # "mamba" a Mamba2 layer (KernelConfig.mamba_*); "deltanet" a
                                  # Gated DeltaNet layer (KernelConfig.gdn_*)
+    shared_input: bool = False   # the mixer reads the previous layer's normed rows (ModelConfig.shared_input_layers)
 
 
 LAYER_KINDS = ("attention", "conv", "mamba", "deltanet")
+MAMBA_NORMS = ("after_gate", "before_gate", "none")   # ModelConfig.mamba_norm
 KERNEL_NORMS = ("rms", "layer")
 # swiglu_oai: gpt-oss's clamped SwiGLU; relu2: relu(x)^2 (Nemotron-H)
 KERNEL_ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu", "swiglu_oai", "relu2")
@@ -303,6 +315,7 @@ class KernelConfig:
     gdn_v_dim: int = 0
     attn_gate: bool = False      # attention output x sigmoid(gate) from q's rows (ModelConfig.attn_output_gate)
     mamba_dt_min: float = 0.0    # dt's floor after the softplus (ModelConfig.mamba_dt_min)
+    mamba_norm: str = "after_gate"   # MAMBA_NORMS: the Mamba2 layers' gated norm (ModelConfig.mamba_norm)
 
     MAX_HEAD_DIM = 512
     MAX_CONV_LEN = 8             # LL_CONV_MAX_LEN, src/kernels/conv.h           # LL_MAX_HEAD_DIM, src/kernels/attention.h
@@ -378,6 +391,16 @@ class KernelConfig:
                                  "and attention layers)")
             if all(layer.kind != "attention" for layer in self.layers):
                 raise ValueError("a model with short-convolution layers needs at least one attention layer")
+        if self.mamba_norm not in MAMBA_NORMS:
+            raise ValueError(f"Mamba2 norm {self.mamba_norm!r}: expected one of {', '.join(MAMBA_NORMS)}")
+        for i, layer in enumerate(self.layers):
+            # the rows it reads are the previous layer's h: that layer a Mamba2 mixer alone whose
+            # out_proj adds into x directly (no residual scale), in a pre-norm decoder
+            if layer.shared_input and (i == 0 or self.layers[i - 1].kind != "mamba" or self.layers[i - 1].mlp
+                                       or layer.kind != "attention" or self.residual_scale != 1.0
+                                       or self.post_norms or self.post_ln or self.kv_lora_rank):
+                raise ValueError(f"layer {i} reads its input from layer {i - 1}: an attention layer after a "
+                                 "Mamba2 layer without an MLP, no residual scale or post-sub-layer norms")
         if self.attn_softcap < 0 or self.final_softcap < 0:
             raise ValueError(f"soft-caps {self.attn_softcap} / {self.final_softcap} cannot be negative")
 

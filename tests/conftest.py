@@ -190,6 +190,15 @@ ARCH_DEFAULTS: dict[str, dict] = {
     "nemotron_h": dict(_BASE, head_dim=16, hybrid_override_pattern="M-*M-M", mamba_num_heads=8, mamba_head_dim=16,
                        n_groups=2, ssm_state_size=16, conv_kernel=4, chunk_size=16, layer_norm_epsilon=1e-5,
                        tie_word_embeddings=False),
+    # Falcon-H1: Mamba2 (6 heads of 16 in 2 groups: mamba_d_ssm 96, not 2 x hidden) beside attention
+    # in each layer, every µP multiplier away from 1, the gated norm before the gate
+    "falcon_h1": dict(_BASE, mamba_d_ssm=96, mamba_n_heads=6, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16,
+                      mamba_d_conv=4, mamba_chunk_size=16, mamba_rms_norm=True, mamba_norm_before_gate=True,
+                      rms_norm_eps=1e-5, tie_word_embeddings=False,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                      embedding_multiplier=3.0, lm_head_multiplier=0.5, mlp_multipliers=[0.7, 1.3],
+                      key_multiplier=0.6, attention_in_multiplier=1.5, attention_out_multiplier=0.8,
+                      ssm_multipliers=[0.5, 1.2, 0.9, 1.1, 0.75], ssm_in_multiplier=1.4, ssm_out_multiplier=0.6),
     "lfm2": dict(_BASE, num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "conv"], conv_L_cache=3,
                  conv_bias=False, norm_eps=1e-5, block_auto_adjust_ff_dim=False, tie_word_embeddings=True,
                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
@@ -308,6 +317,7 @@ def _model_class(arch: str):
             "qwen3_next": (transformers.Qwen3NextConfig, transformers.Qwen3NextForCausalLM),
             "granite_hybrid": (transformers.GraniteMoeHybridConfig, transformers.GraniteMoeHybridForCausalLM),
             "nemotron_h": (transformers.NemotronHConfig, transformers.NemotronHForCausalLM),
+            "falcon_h1": (transformers.FalconH1Config, transformers.FalconH1ForCausalLM),
             "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
             "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
             "opt": (transformers.OPTConfig, transformers.OPTForCausalLM),
@@ -787,6 +797,51 @@ def _nemotron_h_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
                  f"{a}.attention.layer_norm_epsilon": float(cfg["layer_norm_epsilon"])})   # llama.cpp reads both
 
 
+def _falcon_h1_sd(cfg: dict, sd: dict) -> dict:
+    """Falcon-H1's tensors as llama.cpp's converter prepares them ("falcon-h1"): every µP
+    multiplier folded into the weights (biases too, where transformers scales a projection's
+    output; the embeddings' into token_embd, the logits' into an output matrix written even for
+    a tied head), renamed for the Llama names gguf_from_hf maps."""
+    E, H, G, N = cfg["hidden_size"], cfg["mamba_n_heads"], cfg["mamba_n_groups"], cfg["mamba_d_state"]
+    Di = cfg.get("mamba_d_ssm") or cfg["mamba_expand"] * E
+    mup = np.repeat(np.float32(cfg["ssm_multipliers"]), (Di, Di, G * N, G * N, H))
+    gate, down = cfg["mlp_multipliers"]
+    a_in, key = cfg["attention_in_multiplier"], cfg["key_multiplier"]
+    out = {"lm_head.weight": sd.get("lm_head.weight", sd["model.embed_tokens.weight"]) * np.float32(cfg["lm_head_multiplier"])}
+    for name, t in sd.items():
+        t = t.astype(np.float32)
+        scale = {"mamba.in_proj.weight": mup[:, None] * cfg["ssm_in_multiplier"], "mamba.in_proj.bias": mup,
+                 "mamba.out_proj.weight": cfg["ssm_out_multiplier"], "mamba.out_proj.bias": cfg["ssm_out_multiplier"],
+                 "self_attn.q_proj.weight": a_in, "self_attn.k_proj.weight": a_in * key, "self_attn.k_proj.bias": key,
+                 "self_attn.v_proj.weight": a_in, "self_attn.o_proj.weight": cfg["attention_out_multiplier"],
+                 "self_attn.o_proj.bias": cfg["attention_out_multiplier"], "feed_forward.gate_proj.weight": gate,
+                 "feed_forward.gate_proj.bias": gate, "feed_forward.down_proj.weight": down,
+                 "feed_forward.down_proj.bias": down, "model.embed_tokens.weight": cfg["embedding_multiplier"]}
+        for suffix, s in scale.items():
+            if name.endswith(suffix):
+                t = t * np.float32(s)
+        if name != "lm_head.weight":
+            out[name.replace("model.final_layernorm.", "model.norm.").replace("pre_ff_layernorm", "post_attention_layernorm")
+                .replace("feed_forward.", "mlp.")] = t
+    return out
+
+
+def _falcon_h1_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
+    """Falcon-H1's Mamba2 tensors beside each block's attention (as for "granitehybrid", without
+    ssm_norm when the model has no gated norm) and its SSM metadata."""
+    a, E, H, G = "falcon-h1", cfg["hidden_size"], cfg["mamba_n_heads"], cfg["mamba_n_groups"]
+    Di = cfg.get("mamba_d_ssm") or cfg["mamba_expand"] * E
+    for i in range(cfg["num_hidden_layers"]):
+        m, b = f"model.layers.{i}.mamba.", f"blk.{i}."
+        _mamba2_gguf({m + "norm.weight": np.ones(Di, np.float32), **sd}, m, b, H, G, Di, tensors)
+        if m + "norm.weight" not in sd:   # mamba_rms_norm false: y * silu(z), no ssm_norm
+            del tensors[b + "ssm_norm.weight"]
+        tensors[b + "ffn_norm"] = tensors.pop(b + "ffn_norm.weight")   # llama.cpp's name, no ".weight"
+    meta.update({f"{a}.vocab_size": cfg["vocab_size"], f"{a}.ssm.conv_kernel": cfg["mamba_d_conv"],
+                 f"{a}.ssm.state_size": cfg["mamba_d_state"], f"{a}.ssm.group_count": G, f"{a}.ssm.inner_size": Di,
+                 f"{a}.ssm.time_step_rank": H})
+
+
 def _deepseek2_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict, split_kv_b: bool = True) -> None:
     """DeepSeek-V2 / V3 as llama.cpp's converter writes them ("deepseek2"): the latent
     projections under their names, kv_b_proj split into attn_k_b [H, r, dn] (W_UK transposed)
@@ -863,6 +918,8 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None
     if bamba:   # its names as the shared code below reads them
         sd = {k.replace("model.final_layernorm.", "model.norm.").replace(".pre_ff_layernorm.", ".post_attention_layernorm.")
               .replace(".feed_forward.", ".mlp."): v for k, v in sd.items()}
+    if arch == "falcon-h1":
+        sd = _falcon_h1_sd(cfg, sd)
     H, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // H
     tensors = {"token_embd.weight": sd["model.embed_tokens.weight"]}
@@ -940,6 +997,8 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None
         _qwen3next_gguf(cfg, sd, tensors, meta, **writer)
     elif arch == "nemotron_h":
         _nemotron_h_gguf(cfg, sd, tensors, meta)
+    elif arch == "falcon-h1":
+        _falcon_h1_gguf(cfg, sd, tensors, meta)
     elif cfg.get("num_experts") or cfg.get("num_local_experts"):
         _moe_gguf(cfg, sd, arch, tensors, meta)
     if gemma:

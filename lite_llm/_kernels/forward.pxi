@@ -7,6 +7,10 @@ from libc.math cimport log1pf, sqrtf
 cdef enum:
     MROPE_MAX_PAIRS = 256   # multimodal RoPE's per-token angle rows live on the stack: rope_dim <= 512
     CONV_CHANNELS = 64      # channels per work unit of a short-convolution layer (conv.h)
+    # KernelConfig.mamba_norm (config.MAMBA_NORMS, in order): rmsnorm(y * silu(z)), rmsnorm(y) * silu(z), y * silu(z)
+    MAMBA_NORM_AFTER_GATE = 0
+    MAMBA_NORM_BEFORE_GATE = 1
+    MAMBA_NORM_NONE = 2
 
 
 cdef struct LayerW:
@@ -52,13 +56,15 @@ cdef struct LayerW:
     const float *ssm_a            # [H] A = -exp(A_log)
     const float *ssm_d            # [H] D
     const float *dt_bias          # [H]
-    const float *gnorm_w          # [Di] the gated RMSNorm's weight
+    const float *gnorm_w          # [Di] the gated RMSNorm's weight (NULL with ModelC.mamba_norm MAMBA_NORM_NONE)
     float *ssm_state              # [slots, H, P, N] each batch slot's scan state
     # a Gated DeltaNet layer (conv 3; conv.h, delta.h; ModelC.gdn_*: Cd = 2 Hk Dk + Hv Dv): qkv is
     # its in_proj [Cd + Hv Dv + 2 Hv, E] (q | k | v | z | b | a rows), o its out_proj [E, Hv Dv];
     # conv_w [L, Cd] and conv_state [slots, L - 1, Cd] its convolution's, ssm_a [Hv] -exp(A_log),
     # dt_bias [Hv], gnorm_w [Dv] the gated norm's weight (every head's), ssm_state [slots, Hv, Dk, Dv]
     int no_mlp                    # 1: the mixer alone, no MLP after it (LayerConfig.mlp False: Nemotron-H)
+    int shared_input              # 1: the mixer reads the previous layer's normed rows h, not a norm of x
+                                  # (LayerConfig.shared_input: Falcon-H1's attention beside its Mamba2)
 
 
 cdef struct ModelC:
@@ -94,6 +100,7 @@ cdef struct ModelC:
                                   # one (Qwen2-VL's mrope_section, summed); 0: one position per token
     float eps, scale, embed_scale, residual_scale, logit_scale, attn_softcap, final_softcap   # softcaps 0: none
     float mamba_dt_min            # Mamba2's dt floor after the softplus (KernelConfig.mamba_dt_min; 0: none)
+    int mamba_norm                # MAMBA_NORM_*: the Mamba2 layers' gated norm (KernelConfig.mamba_norm)
 
 
 cdef struct WorkC:
@@ -226,6 +233,7 @@ cdef class Model:
         self.c.scale, self.c.embed_scale = cfg.attn_scale, cfg.embed_scale
         self.c.residual_scale, self.c.logit_scale = cfg.residual_scale, cfg.logit_scale
         self.c.mamba_dt_min = cfg.mamba_dt_min
+        self.c.mamba_norm = ("after_gate", "before_gate", "none").index(cfg.mamba_norm)
         self.c.attn_softcap, self.c.final_softcap = cfg.attn_softcap, cfg.final_softcap
         self.c.max_positions = cfg.max_positions
         self.c.num_experts, self.c.top_k = cfg.num_experts, cfg.num_experts_per_tok
@@ -326,6 +334,7 @@ cdef class Model:
                 self._load_mla(i, packed, fma, stream)
             self.c.layers[i].ffn = cfg.dense_ffn_dim if i < cfg.first_dense_layers else self.c.ffn_dim
             self.c.layers[i].no_mlp = not lc.mlp
+            self.c.layers[i].shared_input = lc.shared_input
             if not lc.mlp:   # no MLP weights
                 pass
             elif self.c.num_experts and i >= cfg.first_dense_layers:
@@ -436,7 +445,7 @@ cdef class Model:
         if L.qkv.n != Di + Cd + H or L.qkv.k != E or L.o.n != E or L.o.k != Di:
             raise ValueError(f"{p}: a Mamba2 layer's in_proj is [{Di + Cd + H}, {E}] and out_proj [{E}, {Di}]")
         for name, shape in (("conv.weight", (self.c.conv_len, Cd)), ("ssm_a", (H,)), ("ssm_d", (H,)),
-                            ("dt_bias", (H,)), ("gnorm.weight", (Di,))):
+                            ("dt_bias", (H,))) + ((("gnorm.weight", (Di,)),) if self.c.mamba_norm != MAMBA_NORM_NONE else ()):
             if p + name not in tensors or tensors[p + name].shape != shape:
                 raise ValueError(f"{p}{name}: expected {list(shape)} float32")
         L.conv_w = _vec(tensors, p + "conv.weight", self.keep)
@@ -1308,7 +1317,8 @@ cdef void _mamba_block(const ModelC *m, const WorkC *ws, const StepC *s, const L
                 ssm_x from the batch slot's conv state (zeros when the run starts at position 0)
       scan      (sequence run, head) units: the chunked state-space scan (ssm.h) into ssm_y from
                 the slot's scan state; a decode token is a state update
-      norm      ssm_y = rmsnorm(ssm_y * silu(z)) per group of Di / G channels, x gnorm_w
+      norm      ssm_y = rmsnorm(ssm_y * silu(z)) per group of Di / G channels, x gnorm_w (m.mamba_norm:
+                or rmsnorm(ssm_y) * silu(z), or ssm_y * silu(z) unnormed)
       out_proj  x += ssm_y . out_proj, ssm_y first in its input form"""
     cdef Py_ssize_t E = m.dim, T = s.T, H = m.mamba_h, P = m.mamba_p, G = m.mamba_g, N = m.mamba_n
     cdef Py_ssize_t Di = H * P, Cd = Di + 2 * G * N, dproj = Di + Cd + H, per = H // G, gs = Di // G
@@ -1348,11 +1358,15 @@ cdef void _mamba_block(const ModelC *m, const WorkC *ws, const StepC *s, const L
     ll_omp_barrier()
     for t in range(t0, t1):
         row = ws.ssm_y + t * Di
+        if m.mamba_norm == MAMBA_NORM_BEFORE_GATE:
+            for g in range(G):
+                ll_rmsnorm_f32(row + g * gs, L.gnorm_w + g * gs, row + g * gs, gs, m.eps)
         for i in range(Di):
             v = ws.qkv[t * dproj + i]
             row[i] = row[i] * v / (1.0 + expf(-v))
-        for g in range(G):
-            ll_rmsnorm_f32(row + g * gs, L.gnorm_w + g * gs, row + g * gs, gs, m.eps)
+        if m.mamba_norm == MAMBA_NORM_AFTER_GATE:
+            for g in range(G):
+                ll_rmsnorm_f32(row + g * gs, L.gnorm_w + g * gs, row + g * gs, gs, m.eps)
     _to_input(ll_mat_form(&L.o, T), ws.ssm_y, Di, t0, t1, Di, ws.xb, &xq_y)
     ll_omp_barrier()
     if m.residual_scale != 1.0:   # out_proj into h (in_proj has read it), then x += scale h (Granite 4.0-H)
@@ -1493,6 +1507,8 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
             _post_ln_rows(m, m.embed_norm_w if l == 0 else m.layers[l - 1].mlp_norm_w,
                           m.embed_norm_b if l == 0 else m.layers[l - 1].mlp_norm_b, ws.x, ws.h, ws.xb, &xq_e,
                           ll_mat_form(&L.qkv, T), t0, t1)
+        elif L.shared_input:   # h still holds the previous layer's normed rows (its Mamba2 added into x): only
+            _to_input(ll_mat_form(&L.qkv, T), ws.h, E, t0, t1, E, ws.xb, &xq_e)   # their input form is redone
         else:
             _norm_rows(m, L.attn_norm_w, L.attn_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, ll_mat_form(&L.qkv, T), t0, t1)
         ll_omp_barrier()

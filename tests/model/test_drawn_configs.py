@@ -309,6 +309,33 @@ def test_nemotron_h(overrides):
     check_drawn("nemotron_h", overrides)
 
 
+@st.composite
+def falcon_h1(draw) -> dict:
+    """Falcon-H1: Mamba2 heads / head width (the mixer's width mamba_d_ssm apart from hidden_size)
+    / groups / state / taps, the gated norm (none, before or after the gate), the projections'
+    biases, every µP multiplier (in_proj's five segments each its own)."""
+    heads = draw(st.sampled_from([8, 4, 2]))
+    d_head = draw(st.sampled_from([16, 8, 24]))
+    mult = st.sampled_from([1.0, 0.5, 1.75, 3.0])
+    return dict(mamba_n_heads=heads, mamba_d_head=d_head, mamba_d_ssm=heads * d_head,
+                mamba_n_groups=draw(st.sampled_from([g for g in (2, 1, 4) if heads % g == 0])),
+                mamba_d_state=draw(st.sampled_from([16, 8, 32])), mamba_d_conv=draw(st.sampled_from([4, 2, 3])),
+                mamba_chunk_size=draw(st.sampled_from([16, 8])), mamba_conv_bias=draw(st.booleans()),
+                mamba_proj_bias=draw(st.booleans()), projectors_bias=draw(st.booleans()),
+                mamba_rms_norm=draw(st.booleans()), mamba_norm_before_gate=draw(st.booleans()),
+                rope_parameters={"rope_type": "default", "rope_theta": draw(THETAS)},
+                embedding_multiplier=draw(mult), lm_head_multiplier=draw(mult), key_multiplier=draw(mult),
+                mlp_multipliers=[draw(mult), draw(mult)], attention_in_multiplier=draw(mult),
+                attention_out_multiplier=draw(mult), ssm_multipliers=[draw(mult) for _ in range(5)],
+                ssm_in_multiplier=draw(mult), ssm_out_multiplier=draw(mult))
+
+
+@DRAWN_SETTINGS
+@given(merged(attention(head_dims=(16, 32, 48)), common(act=("silu",)), BIASES, falcon_h1()))
+def test_falcon_h1(overrides):
+    check_drawn("falcon_h1", overrides)
+
+
 @DRAWN_SETTINGS
 @given(st.fixed_dictionaries({
     "num_attention_heads": st.sampled_from([4, 1, 2, 6]), "head_dim": st.sampled_from([16, 32, 48]),

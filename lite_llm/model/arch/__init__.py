@@ -21,6 +21,7 @@ properties of the kernel model.
     granite_hybrid.py  GraniteMoeHybridForCausalLM (Granite 4.0-H: Bamba's layers, Granite's multipliers,
                experts with a shared MLP or the shared MLP alone, attention with or without RoPE)
     nemotron_h.py  NemotronHForCausalLM (Nemotron-H: blocks of one mixer each, Mamba2, attention or relu^2 MLP)
+    falcon_h1.py   FalconH1ForCausalLM (Falcon-H1: Mamba2 and attention side by side in every layer, µP multipliers)
     bert.py    BertModel, XLMRobertaModel and their *ForSequenceClassification (encoders, post-norm)
     qwen2_vl.py   Qwen2_5_VLForConditionalGeneration's language model (multimodal RoPE)
     llava.py   LlavaForConditionalGeneration's language model (a Llama; the GGUF is a "llama" file)
@@ -39,15 +40,16 @@ import os
 from types import ModuleType
 
 from lite_llm.config import KernelConfig, LayerConfig, ModelConfig
-from lite_llm.model.arch import (bamba, bert, deepseek, gemma, gpt_oss, granite, granite_hybrid, lfm2, llama, llava,
-                                 mixtral, nemotron_h, opt, phi3, qwen, qwen2_moe, qwen2_vl, qwen3_moe, qwen3_next)
+from lite_llm.model.arch import (bamba, bert, deepseek, falcon_h1, gemma, gpt_oss, granite, granite_hybrid, lfm2, llama,
+                                 llava, mixtral, nemotron_h, opt, phi3, qwen, qwen2_moe, qwen2_vl, qwen3_moe, qwen3_next)
 from lite_llm.model import hf
 from lite_llm.model.files import ModelLoadError
 from lite_llm.model.rope import rope_dim
 from lite_llm.model.weights import bf16_to_f32, to_bf16
 
 RECIPES: tuple[ModuleType, ...] = (llama, qwen, opt, gemma, phi3, granite, mixtral, qwen2_moe, qwen3_moe, bert,
-                                   qwen2_vl, llava, gpt_oss, deepseek, lfm2, bamba, qwen3_next, granite_hybrid, nemotron_h)
+                                   qwen2_vl, llava, gpt_oss, deepseek, lfm2, bamba, qwen3_next, granite_hybrid, nemotron_h,
+                                   falcon_h1)
 _BY_HF = {name: r for r in RECIPES for name in r.HF_ARCHITECTURES}
 _BY_GGUF = {name: r for r in RECIPES for name in getattr(r, "GGUF_ARCHITECTURES", {})}
 SUPPORTED_ARCHITECTURES = tuple(_BY_HF)
@@ -184,7 +186,8 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
         sliding = layer_is_sliding(config, i) and not disable_sliding_window
         layers.append(LayerConfig(sliding_window=int(config.sliding_window) if sliding else 0,
                                   rope_table=local_rope if layer_is_sliding(config, i) else 0,
-                                  kind=_layer_kind(config, i), mlp=i not in config.no_mlp_layers))
+                                  kind=_layer_kind(config, i), mlp=i not in config.no_mlp_layers,
+                                  shared_input=i in config.shared_input_layers))
     scale = (config.query_pre_attn_scalar if config.query_pre_attn_scalar else config.head_dim) ** -0.5
     if config.attention_multiplier is not None:
         scale = config.attention_multiplier
@@ -213,7 +216,7 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
         mamba_head_dim=config.mamba_d_head, mamba_groups=config.mamba_n_groups, mamba_state=config.mamba_d_state,
         gdn_k_heads=config.linear_num_key_heads, gdn_v_heads=config.linear_num_value_heads,
         gdn_k_dim=config.linear_key_head_dim, gdn_v_dim=config.linear_value_head_dim,
-        attn_gate=config.attn_output_gate, mamba_dt_min=config.mamba_dt_min)
+        attn_gate=config.attn_output_gate, mamba_dt_min=config.mamba_dt_min, mamba_norm=config.mamba_norm)
 
 
 def _layer_kind(config: ModelConfig, layer: int) -> str:

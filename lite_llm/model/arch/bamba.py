@@ -70,11 +70,12 @@ def tensor_names(config: ModelConfig, moe_names: Callable[[ModelConfig, str], li
         p = f"layers.{i}."
         names.append(p + "attn_norm.weight")
         if config.layer_types[i] == "mamba":
-            bias = config.mamba_proj_bias
+            bias, out_bias = config.mamba_proj_bias, mamba_out_bias(config)
             names += [p + "in_proj.weight"] + ([p + "in_proj.bias"] if bias else [])
             names += [p + "conv.weight"] + ([p + "conv.bias"] if config.mamba_conv_bias else [])
-            names += [p + "ssm_a", p + "ssm_d", p + "dt_bias", p + "gnorm.weight"]
-            names += [p + "out_proj.weight"] + ([p + "out_proj.bias"] if bias else [])
+            names += [p + "ssm_a", p + "ssm_d", p + "dt_bias"]
+            names += [p + "gnorm.weight"] if config.mamba_norm != "none" else []
+            names += [p + "out_proj.weight"] + ([p + "out_proj.bias"] if out_bias else [])
         else:
             names += [p + "qkv.weight"] + ([p + "qkv.bias"] if config.qkv_bias else [])
             names += [p + "o.weight"] + ([p + "o.bias"] if config.o_bias else [])
@@ -91,6 +92,11 @@ def tensor_names(config: ModelConfig, moe_names: Callable[[ModelConfig, str], li
     if not config.tie_word_embeddings:
         names.append("lm_head.weight")
     return names
+
+
+def mamba_out_bias(config: ModelConfig) -> bool:
+    """Whether the Mamba2 layers' out_proj has a bias (ModelConfig.mamba_out_bias, else in_proj's)."""
+    return config.mamba_proj_bias if config.mamba_out_bias is None else config.mamba_out_bias
 
 
 def _f32(a: np.ndarray) -> np.ndarray:
