@@ -32,6 +32,7 @@ BENCH_COMMANDS = {
     "embed": ("lite_llm.bench.embed", "embedding throughput vs sentence-transformers and llama.cpp (all-MiniLM-L6-v2)"),
     "prefix": ("lite_llm.bench.prefix", "TTFT of a request whose long prefix is already cached"),
     "allreduce": ("lite_llm.bench.allreduce", "microseconds per tensor-parallel all-reduce (shared memory)"),
+    "qgemm": ("lite_llm.bench.qgemm", "one GGUF block type's GEMM kernel alone: ms and GB/s of weight bytes per call"),
     "lora": ("lite_llm.bench.lora", "LoRA adapters against the bare base model: prefill, decode, mixed batches"),
     "make-gguf": ("lite_llm.bench.models", "write a random-weight GGUF of a real model shape, quantized by llama.cpp"),
     "vision": ("lite_llm.bench.vision", "Qwen2.5-VL image encode, TTFT, decode vs transformers, llama.cpp (GGUF + mmproj)"),

@@ -70,6 +70,31 @@ LL_INLINE void ll_qpanel_dot_tt(const ll_qact *x, int tt, const uint8_t *wp, int
     }
 }
 
+/* acc[t] for the nt tokens of x (nt <= LL_QT_MANY): a codebook panel decoded once for all of
+ * them, any other type a token tile at a time. The plain-C backend keeps one tile a call
+ * (vec.h's LL_VEC_PLAIN): the same loops as before the codebook form, and the same build time. */
+#ifdef LL_VEC_PLAIN
+#define LL_QT_MANY LL_QT
+LL_INLINE void ll_qpanel_dot_many(const ll_qact *x, ptrdiff_t nt, const uint8_t *wp, int wtype, ptrdiff_t k,
+                                  ll_vf32 acc[LL_QT_MANY]) {
+    ll_qpanel_dot_tt(x, (int)nt, wp, wtype, k, acc);
+}
+#else
+#define LL_QT_MANY 64
+LL_INLINE void ll_qpanel_dot_many(const ll_qact *x, ptrdiff_t nt, const uint8_t *wp, int wtype, ptrdiff_t k,
+                                  ll_vf32 acc[LL_QT_MANY]) {
+    if (ll_wtype_is_codebook(wtype) && nt > LL_QT) {
+        ll_iq_panel_dot_many(x, nt, wp, wtype, k, acc);
+        return;
+    }
+    for (ptrdiff_t t = 0; t < nt; t += LL_QT) {
+        ll_qact xt = *x;
+        xt.q += t * x->ld; xt.d += t * (x->ld / 32); xt.s += t * (x->ld / 16);
+        ll_qpanel_dot_tt(&xt, (int)(nt - t < LL_QT ? nt - t : LL_QT), wp, wtype, k, acc + t);
+    }
+}
+#endif
+
 /* out[t, columns of panels p0..p1 of quantized part pt] (+)= x[t] . W + bias, for all T tokens. */
 static inline void ll_qgemm_panels(const ll_qact *x, ptrdiff_t num_tokens, const ll_part *pt, ptrdiff_t k,
                                    const float *bias, float *out, ptrdiff_t ldo, int accumulate,
@@ -78,13 +103,13 @@ static inline void ll_qgemm_panels(const ll_qact *x, ptrdiff_t num_tokens, const
     for (ptrdiff_t p = p0; p < p1; p++) {
         const uint8_t *wp = (const uint8_t *)pt->w + (p - pt->p0) * pb;
         const ptrdiff_t col = pt->n0 + (p - pt->p0) * 16;
-        for (ptrdiff_t t = 0; t < num_tokens; t += LL_QT) {
-            const int tt = (int)(num_tokens - t < LL_QT ? num_tokens - t : LL_QT);
+        for (ptrdiff_t t = 0; t < num_tokens; t += LL_QT_MANY) {
+            const ptrdiff_t tt = num_tokens - t < LL_QT_MANY ? num_tokens - t : LL_QT_MANY;
             ll_qact xt = *x;
             xt.q += t * x->ld; xt.d += t * (x->ld / 32); xt.s += t * (x->ld / 16);
-            ll_vf32 acc[LL_QT];
-            ll_qpanel_dot_tt(&xt, tt, wp, pt->wtype, k, acc);
-            for (int i = 0; i < tt; i++) ll_store_out(out + (t + i) * ldo, acc[i], bias, col, pt->n1, accumulate);
+            ll_vf32 acc[LL_QT_MANY];
+            ll_qpanel_dot_many(&xt, tt, wp, pt->wtype, k, acc);
+            for (ptrdiff_t i = 0; i < tt; i++) ll_store_out(out + (t + i) * ldo, acc[i], bias, col, pt->n1, accumulate);
         }
     }
 }
@@ -152,14 +177,14 @@ static inline void ll_mat_gated(const float *x, const uint32_t *xb, const ll_qac
         } else {
             for (ptrdiff_t q = q0; q < q1; q++) {
                 const uint8_t *wg = (const uint8_t *)gp->w + q * pbg, *wu = (const uint8_t *)up->w + q * pbu;
-                for (ptrdiff_t t = 0; t < num_tokens; t += LL_QT) {
-                    const int tt = (int)(num_tokens - t < LL_QT ? num_tokens - t : LL_QT);
+                for (ptrdiff_t t = 0; t < num_tokens; t += LL_QT_MANY) {
+                    const ptrdiff_t tt = num_tokens - t < LL_QT_MANY ? num_tokens - t : LL_QT_MANY;
                     ll_qact xt = *xq;
                     xt.q += t * xq->ld; xt.d += t * (xq->ld / 32); xt.s += t * (xq->ld / 16);
-                    ll_vf32 g[LL_QT], u[LL_QT];
-                    ll_qpanel_dot_tt(&xt, tt, wg, gp->wtype, m->k, g);
-                    ll_qpanel_dot_tt(&xt, tt, wu, up->wtype, m->k, u);
-                    for (int i = 0; i < tt; i++)
+                    ll_vf32 g[LL_QT_MANY], u[LL_QT_MANY];
+                    ll_qpanel_dot_many(&xt, tt, wg, gp->wtype, m->k, g);
+                    ll_qpanel_dot_many(&xt, tt, wu, up->wtype, m->k, u);
+                    for (ptrdiff_t i = 0; i < tt; i++)
                         ll_gated_store(g[i], u[i], m->bias, q * 16, F, act, ao + (t + i) * lda,
                                        aq ? 0 : (ao_b ? ao_b + (t + i) * ((F + 1) / 2) : 0));
                 }

@@ -70,6 +70,19 @@ LL_INLINE float ll_e8m0_half(uint8_t e) {
     float f; memcpy(&f, &bits, 4); return f;
 }
 
+#ifndef LL_VEC_PLAIN
+/* ll_e8m0_half of the 16 bytes at e, in lanes: 2^(e - 1) as float bits (e - 1) << 23, and the two
+ * subnormals (e + 1) << 21 below e = 2. off: r - 3 in lane r (each lane reads the 4 bytes ending
+ * at its own, so no read passes e + 16). */
+LL_INLINE ll_vf32 ll_e8m0_half16(const uint8_t *e, ll_vi32 off) {
+    const ll_vi32 v = ll_i32_shr(ll_i32_le(ll_i8_gather4(e, off)), 24);
+    const ll_vi32 big = ll_i32_shl(ll_i32_sub(v, ll_i32_set1(1)), 23);
+    const ll_vi32 small = ll_i32_shl(ll_i32_add(v, ll_i32_set1(1)), 21);
+    const ll_vi32 below2 = ll_i32_sub(ll_i32_set1(0), ll_i32_shr(ll_i32_sub(v, ll_i32_set1(2)), 31));   /* all ones where e < 2 */
+    return ll_f32_of_i32(ll_i32_xor(big, ll_i32_and(ll_i32_xor(big, small), below2)));
+}
+#endif
+
 /* Elements per (super-)block and bytes of one packed (super-)block of a panel. */
 LL_INLINE ptrdiff_t ll_qblock(int wtype) {
     return wtype == LL_W_Q8_0 || wtype == LL_W_Q4_0 || wtype == LL_W_Q4_1 || wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1
@@ -270,9 +283,187 @@ LL_INLINE void ll_iq_decode32(const uint8_t *blk, int wtype, int j, uint8_t *dst
     }
 }
 
+#ifndef LL_VEC_PLAIN
+/* ---- the codebook types, 16 rows at once: table rows gathered into the bytes layout ---------
+ * The same values as ll_iq_decode32 (its spec), for the 16 stored blocks of a panel's super-block
+ * (row r's at wp + off[r]): w[g] lane r = values 4 g .. 4 g + 3 of row r's sub-block j. The IQ2 and
+ * IQ3 grids hold magnitudes (< 64) and their minus signs come as byte masks neg[g] (returns 1);
+ * IQ1's values are signed in w (returns 0). s0, s1: the scales of the two halves, from the rows'
+ * d (dv) in ll_iq_decode32's order of float operations. */
+
+/* 7 sign bits per byte -> 8: bit 7 of each byte the parity of the other 7 (ll_iq_ksigns) */
+LL_INLINE ll_vi32 ll_iq_ksigns4(ll_vi32 b) {
+    ll_vi32 p = ll_i32_xor(b, ll_i32_shr(b, 4));
+    p = ll_i32_xor(p, ll_i32_shr(p, 2));
+    p = ll_i32_xor(p, ll_i32_shr(p, 1));
+    return ll_i32_or(b, ll_i32_shl(ll_i32_and(p, ll_i32_set1(0x01010101)), 7));
+}
+/* byte (field) of each lane of the little-endian words a */
+LL_INLINE ll_vi32 ll_i32_field(ll_vi32 a, int shift, int32_t mask) { return ll_i32_and(ll_i32_shr(a, shift), ll_i32_set1(mask)); }
+/* bytes k, k + 1 of each lane of the little-endian words q as its two 16-bit halves */
+LL_INLINE ll_vi32 ll_iq_index_pair(ll_vi32 q, int k) {
+    return ll_i32_or(ll_i32_field(q, 8 * k, 255), ll_i32_and(ll_i32_shl(ll_i32_shr(q, 8 * (k + 1)), 16), ll_i32_set1(0xff0000)));
+}
+/* the rows' scales: dv (0.5 + u) x by, as (d (0.5 + u)) by */
+LL_INLINE ll_vf32 ll_iq_half_scale(ll_vf32 dv, ll_vi32 u, float by) {
+    return ll_mul(ll_mul(dv, ll_add(ll_set1(0.5f), ll_i32_to_f32(u))), ll_set1(by));
+}
+/* 8 g + 1 for g = -1, 0, 1 in a nibble (IQ1's grid values, before the delta) */
+static const int8_t ll_iq1_plus1[16] = {1, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -7};
+
+LL_INLINE int ll_iq_decode16(const uint8_t *wp, ll_vi32 off, int wtype, int j, ll_vf32 dv, ll_vi8 w[8],
+                             ll_vi8 neg[8], ll_vf32 *s0, ll_vf32 *s1) {
+    ll_vi32 full;   /* the 32 sign bits of each row's sub-block: bit 4 g + i for value 4 g + i */
+    switch (wtype) {
+    case LL_W_IQ2_XXS: {   /* 4 grid indices, then 4 x 7 sign bits + 4-bit scale */
+        ll_vi8 a, b;
+        ll_i8_gather8(wp + 2 + 8 * j, off, &a, &b);
+        const ll_vi32 q = ll_i32_le(a), aux = ll_i32_le(b);
+#ifdef LL_HAVE_U16_LUT256   /* the rows' 2-bit codes, two groups a lane, from tables in registers */
+        LL_UNROLL(2)
+        for (int p = 0; p < 2; p++) {
+            const ll_vi32 c = ll_i32_lut256_u16(ll_iq_index_pair(q, 2 * p), ll_iq2xxs_code);
+            LL_UNROLL(4)
+            for (int b = 0; b < 4; b++) w[4 * p + b] = ll_i8_expand2(c, b, ll_iq2_levels);
+        }
+#else
+        LL_UNROLL(4)
+        for (int l = 0; l < 4; l++)
+            ll_i8_gather8(ll_iq2xxs_grid, ll_i32_shl(ll_i32_field(q, 8 * l, 255), 3), &w[2 * l], &w[2 * l + 1]);
+#endif
+        full = ll_iq_ksigns4(ll_i32_or(ll_i32_or(ll_i32_and(aux, ll_i32_set1(0x7f)), ll_i32_and(ll_i32_shl(aux, 1), ll_i32_set1(0x7f00))),
+                                       ll_i32_or(ll_i32_and(ll_i32_shl(aux, 2), ll_i32_set1(0x7f0000)),
+                                                 ll_i32_and(ll_i32_shl(aux, 3), ll_i32_set1(0x7f000000)))));
+        *s0 = *s1 = ll_iq_half_scale(dv, ll_i32_shr(aux, 28), 0.25f);
+        break;
+    }
+    case LL_W_IQ2_XS: {    /* u16 qs (9-bit index | 7 sign bits), scales[8] at 66 (two 4-bit) */
+        ll_vi8 a, b;
+        ll_i8_gather8(wp + 2 + 8 * j, off, &a, &b);
+        const ll_vi32 lo = ll_i32_le(a), hi = ll_i32_le(b);
+        ll_i8_gather8(ll_iq2xs_grid, ll_i32_shl(ll_i32_field(lo, 0, 511), 3), &w[0], &w[1]);
+        ll_i8_gather8(ll_iq2xs_grid, ll_i32_shl(ll_i32_field(lo, 16, 511), 3), &w[2], &w[3]);
+        ll_i8_gather8(ll_iq2xs_grid, ll_i32_shl(ll_i32_field(hi, 0, 511), 3), &w[4], &w[5]);
+        ll_i8_gather8(ll_iq2xs_grid, ll_i32_shl(ll_i32_field(hi, 16, 511), 3), &w[6], &w[7]);
+        full = ll_iq_ksigns4(ll_i32_or(ll_i32_or(ll_i32_field(lo, 9, 0x7f), ll_i32_field(lo, 17, 0x7f00)),
+                                       ll_i32_or(ll_i32_and(ll_i32_shl(hi, 7), ll_i32_set1(0x7f0000)),
+                                                 ll_i32_field(hi, 1, 0x7f000000))));
+        const ll_vi32 sc = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 66 + 4 * (j / 4), off)), 8 * (j % 4), 255);
+        *s0 = ll_iq_half_scale(dv, ll_i32_and(sc, ll_i32_set1(15)), 0.25f);
+        *s1 = ll_iq_half_scale(dv, ll_i32_shr(sc, 4), 0.25f);
+        break;
+    }
+    case LL_W_IQ2_S: {     /* qs[32], signs[32] at 34, qh[8] at 66 (2 high index bits each), scales[8] at 74 */
+        const ll_vi32 q = ll_i32_le(ll_i8_gather4(wp + 2 + 4 * j, off));
+        const ll_vi32 qh = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 66 + 4 * (j / 4), off)), 8 * (j % 4), 255);
+        LL_UNROLL(4)
+        for (int l = 0; l < 4; l++) {
+            const ll_vi32 idx = ll_i32_or(ll_i32_field(q, 8 * l, 255), ll_i32_shl(ll_i32_field(qh, 2 * l, 3), 8));
+            ll_i8_gather8(ll_iq2s_grid, ll_i32_shl(idx, 3), &w[2 * l], &w[2 * l + 1]);
+        }
+        full = ll_i32_le(ll_i8_gather4(wp + 34 + 4 * j, off));
+        const ll_vi32 sc = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 74 + 4 * (j / 4), off)), 8 * (j % 4), 255);
+        *s0 = ll_iq_half_scale(dv, ll_i32_and(sc, ll_i32_set1(15)), 0.25f);
+        *s1 = ll_iq_half_scale(dv, ll_i32_shr(sc, 4), 0.25f);
+        break;
+    }
+    case LL_W_IQ3_XXS: {   /* qs[64] (two grid rows of 4 per 8 values), u32 at 66 + 4 j: 4 x 7 sign bits + scale */
+        ll_vi8 a, b;
+        ll_i8_gather8(wp + 2 + 8 * j, off, &a, &b);
+        const ll_vi32 qa = ll_i32_le(a), qb = ll_i32_le(b);
+#ifdef LL_HAVE_U16_LUT256   /* the rows' nibble codes, two grid rows a lane */
+        LL_UNROLL(4)
+        for (int p = 0; p < 4; p++) {
+            const ll_vi32 c = ll_i32_lut256_u16(ll_iq_index_pair(p < 2 ? qa : qb, 2 * (p % 2)), ll_iq3xxs_code);
+            w[2 * p] = ll_i8_expand4(c, 0, ll_iq3_levels);
+            w[2 * p + 1] = ll_i8_expand4(c, 1, ll_iq3_levels);
+        }
+#else
+        LL_UNROLL(8)
+        for (int h = 0; h < 8; h++)
+            w[h] = ll_i8_gather4(ll_iq3xxs_grid, ll_i32_shl(ll_i32_field(h < 4 ? qa : qb, 8 * (h % 4), 255), 2));
+#endif
+        const ll_vi32 aux = ll_i32_le(ll_i8_gather4(wp + 66 + 4 * j, off));
+        full = ll_iq_ksigns4(ll_i32_or(ll_i32_or(ll_i32_and(aux, ll_i32_set1(0x7f)), ll_i32_and(ll_i32_shl(aux, 1), ll_i32_set1(0x7f00))),
+                                       ll_i32_or(ll_i32_and(ll_i32_shl(aux, 2), ll_i32_set1(0x7f0000)),
+                                                 ll_i32_and(ll_i32_shl(aux, 3), ll_i32_set1(0x7f000000)))));
+        *s0 = *s1 = ll_iq_half_scale(dv, ll_i32_shr(aux, 28), 0.5f);
+        break;
+    }
+    case LL_W_IQ3_S: {     /* qs[64], qh[8] at 66 (high index bit each), signs[32] at 74, scales[4] at 106 */
+        ll_vi8 a, b;
+        ll_i8_gather8(wp + 2 + 8 * j, off, &a, &b);
+        const ll_vi32 qa = ll_i32_le(a), qb = ll_i32_le(b);
+        const ll_vi32 qh = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 66 + 4 * (j / 4), off)), 8 * (j % 4), 255);
+        LL_UNROLL(8)
+        for (int h = 0; h < 8; h++) {
+            const ll_vi32 idx = ll_i32_or(ll_i32_field(h < 4 ? qa : qb, 8 * (h % 4), 255), ll_i32_shl(ll_i32_field(qh, h, 1), 8));
+            w[h] = ll_i8_gather4(ll_iq3s_grid, ll_i32_shl(idx, 2));
+        }
+        full = ll_i32_le(ll_i8_gather4(wp + 74 + 4 * j, off));
+        const ll_vi32 nib = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 106, off)), 8 * (j / 2) + 4 * (j % 2), 15);
+        *s0 = *s1 = ll_mul(dv, ll_i32_to_f32(ll_i32_or(ll_i32_shl(nib, 1), ll_i32_set1(1))));
+        break;
+    }
+    case LL_W_IQ1_S: {     /* qs[32], u16 qh[8] at 34: 4 x 3 high index bits, 3-bit scale, delta sign */
+        const ll_vi32 q = ll_i32_le(ll_i8_gather4(wp + 2 + 4 * j, off));
+        const ll_vi32 qh = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 34 + 4 * (j / 2), off)), 16 * (j % 2), 0xffff);
+        const ll_vi8 minus2 = ll_i8_of_i32(ll_i32_and(ll_i32_sub(ll_i32_set1(0), ll_i32_shr(qh, 15)), ll_i32_set1(0x02020202)));
+        LL_UNROLL(4)
+        for (int l = 0; l < 4; l++) {
+            const ll_vi32 idx = ll_i32_or(ll_i32_field(q, 8 * l, 255), ll_i32_shl(ll_i32_field(qh, 3 * l, 7), 8));
+            ll_i8_gather8(ll_iq1s_grid, ll_i32_shl(idx, 3), &w[2 * l], &w[2 * l + 1]);
+            LL_UNROLL(2)
+            for (int h = 0; h < 2; h++) w[2 * l + h] = ll_i8_sub(ll_i8_lut16(ll_i8_lo4(w[2 * l + h]), ll_iq1_plus1), minus2);
+        }
+        *s0 = *s1 = ll_mul(ll_mul(dv, ll_i32_to_f32(ll_i32_or(ll_i32_shl(ll_i32_field(qh, 12, 7), 1), ll_i32_set1(1)))),
+                           ll_set1(0.125f));
+        return 0;
+    }
+    default: {             /* IQ1_M: qs[32], qh[16] at 32 (a nibble per group: 3 index bits, delta sign), u16 scales[4] at 48 */
+        const ll_vi32 q = ll_i32_le(ll_i8_gather4(wp + 4 * j, off));
+        const ll_vi32 qh = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 32 + 4 * (j / 2), off)), 16 * (j % 2), 0xffff);
+        LL_UNROLL(4)
+        for (int l = 0; l < 4; l++) {
+            const ll_vi32 idx = ll_i32_or(ll_i32_field(q, 8 * l, 255), ll_i32_shl(ll_i32_field(qh, 4 * l, 7), 8));
+            const ll_vi8 minus2 = ll_i8_of_i32(ll_i32_and(ll_i32_sub(ll_i32_set1(0), ll_i32_field(qh, 4 * l + 3, 1)),
+                                                          ll_i32_set1(0x02020202)));
+            ll_i8_gather8(ll_iq1s_grid, ll_i32_shl(idx, 3), &w[2 * l], &w[2 * l + 1]);
+            LL_UNROLL(2)
+            for (int h = 0; h < 2; h++) w[2 * l + h] = ll_i8_sub(ll_i8_lut16(ll_i8_lo4(w[2 * l + h]), ll_iq1_plus1), minus2);
+        }
+        const ll_vi32 sc = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 48 + 4 * (j / 4), off)), 16 * ((j / 2) % 2), 0xffff);
+        const ll_vi32 u0 = ll_i32_field(sc, 6 * (j % 2), 7), u1 = ll_i32_field(sc, 6 * (j % 2) + 3, 7);
+        *s0 = ll_mul(ll_mul(dv, ll_i32_to_f32(ll_i32_or(ll_i32_shl(u0, 1), ll_i32_set1(1)))), ll_set1(0.125f));
+        *s1 = ll_mul(ll_mul(dv, ll_i32_to_f32(ll_i32_or(ll_i32_shl(u1, 1), ll_i32_set1(1)))), ll_set1(0.125f));
+        return 0;
+    }
+    }
+    LL_UNROLL(8)
+    for (int g = 0; g < 8; g++) neg[g] = ll_i8_signs(full, g);
+    return 1;
+}
+
+/* the f16 d of each of the 16 stored blocks of a super-block (row r's at blk + r gb) */
+LL_INLINE ll_vf32 ll_iq_row_d(const uint8_t *blk, int wtype, ptrdiff_t gb) {
+    float d[16];
+    for (int r = 0; r < 16; r++, blk += gb) {
+        if (wtype == LL_W_IQ1_M) {
+            const uint8_t *sp = blk + 48;
+            d[r] = ll_f16_to_f32((uint16_t)((LL_LE16_AT(sp) >> 12) | ((LL_LE16_AT(sp + 2) >> 8) & 0xf0)
+                                            | ((LL_LE16_AT(sp + 4) >> 4) & 0xf00) | (LL_LE16_AT(sp + 6) & 0xf000)));
+        } else {
+            d[r] = ll_f16_to_f32(LL_LE16_AT(blk));
+        }
+    }
+    return ll_load(d);
+}
+#endif
+
 /* ---- the dot products of one panel ----------------------------------------------------- */
 
 LL_INLINE void ll_unpack_nibbles(const uint8_t *p, ll_vi8 w[8]) {
+    LL_UNROLL(4)
     for (int v = 0; v < 4; v++) {
         const ll_vi8 a = ll_i8_load(p + 64 * v);
         w[v] = ll_i8_lo4(a);
@@ -284,6 +475,7 @@ LL_INLINE void ll_unpack_nibbles(const uint8_t *p, ll_vi8 w[8]) {
 LL_INLINE void ll_unpack_5bit(const uint8_t *p, ll_vi8 w[8]) {
     ll_unpack_nibbles(p, w);
     const ll_vi8 h = ll_i8_load(p + 256);
+    LL_UNROLL(8)
     for (int g = 0; g < 8; g++) w[g] = ll_i8_or(w[g], ll_i8_hi1(h, g));
 }
 
@@ -291,6 +483,7 @@ LL_INLINE void ll_unpack_5bit(const uint8_t *p, ll_vi8 w[8]) {
  * is_signed: the weights are signed bytes (Q8_0, the IQ4 codebook values), else unsigned. */
 LL_INLINE void ll_dot_block(const ll_vi8 w[8], const int8_t *x, const int is_signed, ll_vi32 *lo, ll_vi32 *hi) {
     ll_vi32 a = ll_i32_zero(), b = ll_i32_zero();
+    LL_UNROLL(4)
     for (int g = 0; g < 4; g++) {
         const ll_vi8 x0 = ll_i8_bcast4(x + 4 * g), x1 = ll_i8_bcast4(x + 16 + 4 * g);
         a = is_signed ? ll_dpbssd(a, w[g], x0) : ll_dpbusd(a, w[g], x0);
@@ -298,6 +491,21 @@ LL_INLINE void ll_dot_block(const ll_vi8 w[8], const int8_t *x, const int is_sig
     }
     *lo = a; *hi = b;
 }
+
+#ifndef LL_VEC_PLAIN
+/* ll_dot_block's sums for weights given as magnitudes w (< 128) and minus signs neg (0xff bytes):
+ * each broadcast activation negated where its weight is (|w| x (x with w's sign)). */
+LL_INLINE void ll_dot_block_neg(const ll_vi8 w[8], const ll_vi8 neg[8], const int8_t *x, ll_vi32 *lo, ll_vi32 *hi) {
+    ll_vi32 a = ll_i32_zero(), b = ll_i32_zero();
+    LL_UNROLL(4)
+    for (int g = 0; g < 4; g++) {
+        const ll_vi8 x0 = ll_i8_bcast4(x + 4 * g), x1 = ll_i8_bcast4(x + 16 + 4 * g);
+        a = ll_dpbusd(a, w[g], ll_i8_neg_where(x0, neg[g]));
+        b = ll_dpbusd(b, w[g + 4], ll_i8_neg_where(x1, neg[g + 4]));
+    }
+    *lo = a; *hi = b;
+}
+#endif
 
 /* Decode streams each panel once: ask for the bytes LL_QPF ahead of those being read. */
 #define LL_QPF 4096
@@ -379,14 +587,23 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
             }
         }
     } else if (wtype == LL_W_MXFP4) {
+#ifndef LL_VEC_PLAIN
+        int32_t offs[16];
+        for (int r = 0; r < 16; r++) offs[r] = r - 3;
+        const ll_vi32 mx_off = ll_i32_load(offs);
+#endif
         for (ptrdiff_t b = 0; b < k / 32; b++, wp += 272) {
             if (tt == 1) LL_QPREFETCH(wp, 272);
             ll_vi8 w[8];
             ll_unpack_nibbles(wp, w);
             for (int g = 0; g < 8; g++) w[g] = ll_i8_lut16(w[g], ll_mxfp4_values);
+#ifdef LL_VEC_PLAIN
             float ds[16];
             for (int r = 0; r < 16; r++) ds[r] = ll_e8m0_half(wp[256 + r]);
             const ll_vf32 d = ll_load(ds);
+#else
+            const ll_vf32 d = ll_e8m0_half16(wp + 256, mx_off);
+#endif
             for (int t = 0; t < tt; t++) {
                 ll_vi32 lo, hi;
                 ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
@@ -395,6 +612,7 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
         }
     } else if (ll_wtype_is_codebook(wtype)) {
         const ptrdiff_t gb = ll_ggml_block_bytes(wtype);
+#ifdef LL_VEC_PLAIN   /* one row at a time (ll_iq_decode32), then the bytes layout */
         for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 16 * gb) {
             if (tt == 1) LL_QPREFETCH(wp, 16 * gb);
             for (int j = 0; j < 8; j++) {
@@ -417,6 +635,28 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                 }
             }
         }
+#else
+        int32_t offs[16];
+        for (int r = 0; r < 16; r++) offs[r] = (int32_t)(r * gb);
+        const ll_vi32 off = ll_i32_load(offs);
+        for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 16 * gb) {
+            if (tt == 1) LL_QPREFETCH(wp, 16 * gb);
+            const ll_vf32 dv = ll_iq_row_d(wp, wtype, gb);
+            for (int j = 0; j < 8; j++) {
+                ll_vi8 w[8], neg[8];
+                ll_vf32 a0, a1;
+                const int with_neg = ll_iq_decode16(wp, off, wtype, j, dv, w, neg, &a0, &a1);
+                const ptrdiff_t b = 8 * sb + j;
+                for (int t = 0; t < tt; t++) {
+                    ll_vi32 lo, hi;
+                    if (with_neg) ll_dot_block_neg(w, neg, x->q + t * x->ld + 32 * b, &lo, &hi);
+                    else ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
+                    const ll_vf32 dx = ll_set1(x->d[t * ldd + b]);
+                    acc[t] = ll_fma(a1, ll_mul(ll_i32_to_f32(hi), dx), ll_fma(a0, ll_mul(ll_i32_to_f32(lo), dx), acc[t]));
+                }
+            }
+        }
+#endif
     } else if (wtype == LL_W_Q2_K) {
         for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 1344) {
             const ll_vf32 dv = ll_load_f16((const uint16_t *)wp), mv = ll_load_f16((const uint16_t *)(wp + 32));
@@ -520,6 +760,36 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
         }
     }
 }
+
+#ifndef LL_VEC_PLAIN
+/* acc[t] = ll_qpanel_dot's sums for nt tokens at once (any nt, acc in memory), for the codebook
+ * types: each sub-block is decoded once for all the tokens, not once per token tile (prefill);
+ * the same float operations in the same order per token. */
+static inline void ll_iq_panel_dot_many(const ll_qact *x, ptrdiff_t nt, const uint8_t *wp, int wtype, ptrdiff_t k,
+                                        ll_vf32 *acc) {
+    const ptrdiff_t ldd = x->ld / 32, gb = ll_ggml_block_bytes(wtype);
+    int32_t offs[16];
+    for (int r = 0; r < 16; r++) offs[r] = (int32_t)(r * gb);
+    const ll_vi32 off = ll_i32_load(offs);
+    for (ptrdiff_t t = 0; t < nt; t++) acc[t] = ll_zero();
+    for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 16 * gb) {
+        const ll_vf32 dv = ll_iq_row_d(wp, wtype, gb);
+        for (int j = 0; j < 8; j++) {
+            ll_vi8 w[8], neg[8];
+            ll_vf32 a0, a1;
+            const int with_neg = ll_iq_decode16(wp, off, wtype, j, dv, w, neg, &a0, &a1);
+            const ptrdiff_t b = 8 * sb + j;
+            for (ptrdiff_t t = 0; t < nt; t++) {
+                ll_vi32 lo, hi;
+                if (with_neg) ll_dot_block_neg(w, neg, x->q + t * x->ld + 32 * b, &lo, &hi);
+                else ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
+                const ll_vf32 dx = ll_set1(x->d[t * ldd + b]);
+                acc[t] = ll_fma(a1, ll_mul(ll_i32_to_f32(hi), dx), ll_fma(a0, ll_mul(ll_i32_to_f32(lo), dx), acc[t]));
+            }
+        }
+    }
+}
+#endif
 
 /* ---- packing and unpacking ------------------------------------------------------------- */
 

@@ -19,6 +19,13 @@
  *      ll_bcast_bf16x2 ll_load_bf16x2 ll_dot2_bf16 ll_dot2_bf16_at ll_store_bf16
  *      ll_store_bf16_pairs ll_fma_row (defaults below, on top of the backend, where it has no better one)
  *      ll_load_s8 ll_load_u8 ll_load_e4m3 (x 2^-8) ll_load_e5m2: 16 bytes widened to floats
+ *      codebook lookups (qgemm.h's IQ types), on ll_vi32 lanes as integers and ll_vi8 bytes:
+ *      ll_i32_set1 ll_i32_load ll_i32_store ll_i32_and ll_i32_or ll_i32_xor ll_i32_sub
+ *      ll_i32_shl ll_i32_shr (logical) ll_f32_of_i32 (the lanes' bits as floats) ll_i8_and ll_i8_xor ll_i8_add ll_i8_sub (wrapping);
+ *      ll_i32_le (each lane's 4 bytes read as a little-endian uint32) and its inverse ll_i8_of_i32,
+ *      ll_i8_gather4 ll_i8_gather8 (table rows at byte offsets), ll_i8_signs, ll_i8_neg_where,
+ *      ll_i32_lut256_u16 ll_i8_expand2 ll_i8_expand4 (codebook rows as 16-bit codes)
+ *      (defaults below where a backend has no better one)
  * Scalars: ll_bf16_to_f32 ll_f32_to_bf16 (round to nearest even) ll_f16_to_f32 ll_f32_to_f16
  *          ll_f32_to_e4m3 ll_f32_to_e5m2 (nearest even, saturating)
  */
@@ -103,6 +110,19 @@ LL_HOT_END
 #endif
 LL_HOT_BEGIN
 
+/* LL_VEC_PLAIN: the plain-C backend (the generic variants), where every op is a 16-element loop.
+ * Kernels keep their one-row form there where a 16-row vector form (and LL_UNROLL's unrolling)
+ * would multiply the compiler's work for code no vector unit runs: the codebook decode of
+ * qgemm.h, whose 16-row form made the x86 generic module's link-time build run past 40 minutes
+ * of CPU. Both forms give the same bits (tests/kernels/test_qgemm.py). */
+#ifdef LL_VEC_SCALAR_H
+#define LL_VEC_PLAIN 1
+#define LL_UNROLL(n)
+#else
+#define LL_PRAGMA_(x) _Pragma(#x)
+#define LL_UNROLL(n) LL_PRAGMA_(GCC unroll n)
+#endif
+
 /* ---- defaults for ops a backend may implement natively --------------------------------- */
 
 /* bf16 pairs. A pair is two bf16 in element order (the first at the lower address) whatever
@@ -146,6 +166,94 @@ LL_INLINE void ll_store_bf16_pairs(uint16_t *p, ll_vf32 a, ll_vf32 b) {
 LL_INLINE ll_vf32 ll_dot2_bf16_at(ll_vf32 acc, const void *pair, const uint16_t *p) {
     return ll_dot2_bf16(acc, ll_bcast_bf16x2(pair), ll_load_bf16x2(p));
 }
+
+#ifndef LL_VEC_PLAIN   /* the codebook lookups of qgemm.h's 16-row decode */
+/* Codebook lookups. ll_i32_le(a): lane r = bytes 4r..4r+3 of a as a little-endian uint32
+ * (ll_i8_of_i32 the inverse); the default goes through memory, a little-endian backend casts. */
+#ifndef LL_HAVE_I32_LE
+LL_INLINE ll_vi32 ll_i32_le(ll_vi8 a) {
+    uint8_t b[64]; int32_t v[16];
+    ll_i8_store(b, a);
+    for (int r = 0; r < 16; r++)
+        v[r] = (int32_t)((uint32_t)b[4 * r] | ((uint32_t)b[4 * r + 1] << 8) | ((uint32_t)b[4 * r + 2] << 16)
+                         | ((uint32_t)b[4 * r + 3] << 24));
+    return ll_i32_load(v);
+}
+LL_INLINE ll_vi8 ll_i8_of_i32(ll_vi32 a) {
+    uint8_t b[64]; int32_t v[16];
+    ll_i32_store(v, a);
+    for (int r = 0; r < 16; r++)
+        for (int i = 0; i < 4; i++) b[4 * r + i] = (uint8_t)((uint32_t)v[r] >> (8 * i));
+    return ll_i8_load(b);
+}
+#endif
+/* ll_i8_gather4(base, off): lane r = the 4 bytes at base + off[r] (bytes, memory order);
+ * ll_i8_gather8(base, off, lo, hi): the 8 bytes at base + off[r], the first 4 in lane r of lo and
+ * the last 4 in lane r of hi (the bytes layout of qgemm.h: one 8-value table row per lane). */
+#ifndef LL_HAVE_I8_GATHER
+LL_INLINE ll_vi8 ll_i8_gather4(const void *base, ll_vi32 off) {
+    int32_t o[16]; uint8_t b[64];
+    ll_i32_store(o, off);
+    for (int r = 0; r < 16; r++) memcpy(b + 4 * r, (const uint8_t *)base + o[r], 4);
+    return ll_i8_load(b);
+}
+LL_INLINE void ll_i8_gather8(const void *base, ll_vi32 off, ll_vi8 *lo, ll_vi8 *hi) {
+    int32_t o[16]; uint8_t b0[64], b1[64];
+    ll_i32_store(o, off);
+    for (int r = 0; r < 16; r++) {
+        const uint8_t *p = (const uint8_t *)base + o[r];
+        memcpy(b0 + 4 * r, p, 4);
+        memcpy(b1 + 4 * r, p + 4, 4);
+    }
+    *lo = ll_i8_load(b0);
+    *hi = ll_i8_load(b1);
+}
+#endif
+/* ll_i8_signs(s, g): byte i of lane r = 0xff where bit 4 g + i of lane r of s is set, else 0
+ * (g = 0..7: eight sign bits of each lane's 32 to bytes, four at a time). The default: the
+ * nibble copied into each byte, one bit kept per byte, nonzero bytes to 0xff, all within bytes. */
+#ifndef LL_HAVE_I8_SIGNS
+LL_INLINE ll_vi8 ll_i8_signs(ll_vi32 s, int g) {
+    ll_vi32 t = ll_i32_and(ll_i32_shr(s, 4 * g), ll_i32_set1(15));
+    t = ll_i32_or(ll_i32_or(t, ll_i32_shl(t, 8)), ll_i32_or(ll_i32_shl(t, 16), ll_i32_shl(t, 24)));
+    t = ll_i32_and(t, ll_i32_set1(0x08040201));                                      /* byte i: bit i */
+    const ll_vi32 y = ll_i32_and(ll_i32_add(t, ll_i32_set1(0x7f7f7f7f)), ll_i32_set1((int32_t)0x80808080u)); /* bit 7 */
+    t = ll_i32_or(ll_i32_sub(y, ll_i32_shr(y, 7)), y);                                /* 0x80 -> 0xff */
+    return ll_i8_of_i32(t);
+}
+#endif
+/* ll_i32_lut256_u16(idx, t): each 16-bit half of each lane (0..255) replaced by t[half] (a codebook
+ * row's code, 256 entries); LL_HAVE_U16_LUT256 where it runs in registers. */
+#ifndef LL_HAVE_U16_LUT256
+LL_INLINE ll_vi32 ll_i32_lut256_u16(ll_vi32 idx, const uint16_t *t) {
+    int32_t v[16];
+    ll_i32_store(v, idx);
+    for (int r = 0; r < 16; r++) {
+        const uint32_t u = (uint32_t)v[r];
+        v[r] = (int32_t)((uint32_t)t[u & 255] | ((uint32_t)t[(u >> 16) & 255] << 16));
+    }
+    return ll_i32_load(v);
+}
+/* codes to bytes: ll_i8_expand2(c, b, lut): byte i of lane r = lut[k << 2 (i & 1)], k = bits
+ * 8 b + 2 i, 8 b + 2 i + 1 of lane r (a lut holding level k at k and 4 k); ll_i8_expand4(c, h,
+ * lut): byte i of lane r = lut[nibble (0, 2, 1, 3)[i] of the 16-bit half h of lane r] */
+LL_INLINE ll_vi8 ll_i8_expand2(ll_vi32 c, int b, const int8_t *lut) {
+    const ll_vi32 t = ll_i32_and(ll_i32_shr(c, 8 * b), ll_i32_set1(255));
+    const ll_vi32 v = ll_i32_or(ll_i32_or(ll_i32_and(t, ll_i32_set1(3)), ll_i32_and(ll_i32_shl(t, 8), ll_i32_set1(0xc00))),
+                                ll_i32_or(ll_i32_and(ll_i32_shl(t, 12), ll_i32_set1(0x30000)),
+                                          ll_i32_and(ll_i32_shl(t, 20), ll_i32_set1(0x0c000000))));
+    return ll_i8_lut16(ll_i8_of_i32(v), lut);
+}
+LL_INLINE ll_vi8 ll_i8_expand4(ll_vi32 c, int h, const int8_t *lut) {
+    const ll_vi32 t = ll_i32_and(ll_i32_shr(c, 16 * h), ll_i32_set1(0xffff));
+    const ll_vi32 v = ll_i32_or(ll_i32_or(ll_i32_and(t, ll_i32_set1(15)), ll_i32_and(t, ll_i32_set1(0xf00))),
+                                ll_i32_or(ll_i32_and(ll_i32_shl(t, 12), ll_i32_set1(0xf0000)), ll_i32_shl(ll_i32_shr(t, 12), 24)));
+    return ll_i8_lut16(ll_i8_of_i32(v), lut);
+}
+#endif
+/* a with its bytes negated where m is 0xff (m bytes 0 or 0xff) */
+LL_INLINE ll_vi8 ll_i8_neg_where(ll_vi8 a, ll_vi8 m) { return ll_i8_sub(ll_i8_xor(a, m), m); }
+#endif
 
 /* acc + x[row t][off] * w for row t (0..7) of a GEMM token tile: rows 0-3 at b, b + s, b + 2 s,
  * b + s3 (bytes; s3 = 3 s), rows 4-7 the same from b4 (a backend may fold the broadcast into

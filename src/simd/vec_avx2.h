@@ -125,6 +125,51 @@ LL_INLINE ll_vi8 ll_i8_lut16(ll_vi8 a, const int8_t *table) {
 LL_INLINE ll_vi32 ll_i32_zero(void) { LL_IPAIR(_mm256_setzero_si256(), _mm256_setzero_si256()); }
 LL_INLINE ll_vi32 ll_i32_add(ll_vi32 a, ll_vi32 b) { LL_IPAIR(_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)); }
 LL_INLINE ll_vf32 ll_i32_to_f32(ll_vi32 a) { LL_PAIR(_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)); }
+/* codebook lookups (vec.h): integer lanes, bytes, gathers of 4- and 8-byte table rows */
+#define LL_IOP(f, a, b) LL_IPAIR(f((a).lo, (b).lo), f((a).hi, (b).hi))
+LL_INLINE ll_vi32 ll_i32_set1(int32_t v) { LL_IPAIR(_mm256_set1_epi32(v), _mm256_set1_epi32(v)); }
+LL_INLINE ll_vi32 ll_i32_load(const int32_t *p) { return ll_i8_load(p); }
+LL_INLINE void ll_i32_store(int32_t *p, ll_vi32 a) { ll_i8_store(p, a); }
+LL_INLINE ll_vi32 ll_i32_and(ll_vi32 a, ll_vi32 b) { LL_IOP(_mm256_and_si256, a, b); }
+LL_INLINE ll_vi32 ll_i32_or(ll_vi32 a, ll_vi32 b) { LL_IOP(_mm256_or_si256, a, b); }
+LL_INLINE ll_vi32 ll_i32_xor(ll_vi32 a, ll_vi32 b) { LL_IOP(_mm256_xor_si256, a, b); }
+LL_INLINE ll_vi32 ll_i32_sub(ll_vi32 a, ll_vi32 b) { LL_IOP(_mm256_sub_epi32, a, b); }
+LL_INLINE ll_vi32 ll_i32_shl(ll_vi32 a, int n) { LL_IPAIR(_mm256_slli_epi32(a.lo, n), _mm256_slli_epi32(a.hi, n)); }
+LL_INLINE ll_vi32 ll_i32_shr(ll_vi32 a, int n) { LL_IPAIR(_mm256_srli_epi32(a.lo, n), _mm256_srli_epi32(a.hi, n)); }
+LL_INLINE ll_vi8 ll_i8_and(ll_vi8 a, ll_vi8 b) { LL_IOP(_mm256_and_si256, a, b); }
+LL_INLINE ll_vi8 ll_i8_xor(ll_vi8 a, ll_vi8 b) { LL_IOP(_mm256_xor_si256, a, b); }
+LL_INLINE ll_vi8 ll_i8_add(ll_vi8 a, ll_vi8 b) { LL_IOP(_mm256_add_epi8, a, b); }
+LL_INLINE ll_vi8 ll_i8_sub(ll_vi8 a, ll_vi8 b) { LL_IOP(_mm256_sub_epi8, a, b); }
+#undef LL_IOP
+LL_INLINE ll_vf32 ll_f32_of_i32(ll_vi32 a) { LL_PAIR(_mm256_castsi256_ps(a.lo), _mm256_castsi256_ps(a.hi)); }
+#define LL_HAVE_I32_LE 1
+LL_INLINE ll_vi32 ll_i32_le(ll_vi8 a) { return a; }
+LL_INLINE ll_vi8 ll_i8_of_i32(ll_vi32 a) { return a; }
+#define LL_HAVE_I8_GATHER 1
+LL_INLINE ll_vi8 ll_i8_gather4(const void *base, ll_vi32 off) {
+    LL_IPAIR(_mm256_i32gather_epi32((const int *)base, off.lo, 1), _mm256_i32gather_epi32((const int *)base, off.hi, 1));
+}
+/* 8 rows of 8 bytes: their first (second) 4 bytes in row order */
+LL_INLINE void ll_gather8_256(const void *base, __m256i off, __m256i *lo, __m256i *hi) {
+    const __m256 a = _mm256_castsi256_ps(_mm256_i32gather_epi64((const long long *)base, _mm256_castsi256_si128(off), 1));
+    const __m256 b = _mm256_castsi256_ps(_mm256_i32gather_epi64((const long long *)base, _mm256_extracti128_si256(off, 1), 1));
+    *lo = _mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0))), _MM_SHUFFLE(3, 1, 2, 0));
+    *hi = _mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))), _MM_SHUFFLE(3, 1, 2, 0));
+}
+LL_INLINE void ll_i8_gather8(const void *base, ll_vi32 off, ll_vi8 *lo, ll_vi8 *hi) {
+    ll_gather8_256(base, off.lo, &lo->lo, &hi->lo);
+    ll_gather8_256(base, off.hi, &lo->hi, &hi->hi);
+}
+/* byte g / 2 of each lane to all four, then one bit of it per byte */
+#define LL_HAVE_I8_SIGNS 1
+LL_INLINE __m256i ll_signs_256(__m256i s, int g) {
+    const int c = 0x01010101 * (g / 2);
+    const __m256i idx = _mm256_setr_epi32(c, 0x04040404 + c, 0x08080808 + c, 0x0c0c0c0c + c,
+                                          c, 0x04040404 + c, 0x08080808 + c, 0x0c0c0c0c + c);
+    const __m256i bits = _mm256_set1_epi32(g & 1 ? (int)0x80402010 : 0x08040201);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(s, idx), bits), bits);
+}
+LL_INLINE ll_vi8 ll_i8_signs(ll_vi32 s, int g) { LL_IPAIR(ll_signs_256(s.lo, g), ll_signs_256(s.hi, g)); }
 /* u < 128 (pairwise int16 sums of vpmaddubsw saturate otherwise) */
 LL_INLINE __m256i ll_dpbusd_256(__m256i acc, __m256i u, __m256i s) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));

@@ -122,6 +122,65 @@ LL_INLINE ll_vi32 ll_dpbusd(ll_vi32 acc, ll_vi8 u, ll_vi8 s) { return ll_dpbusd_
 /* a register the compiler must treat as changed (peak timing: no hoisting of products) */
 LL_INLINE void ll_i8_opaque(ll_vi8 *a) { __asm__("" : "+v"(*a)); }
 
+/* codebook lookups (vec.h): integer lanes, bytes, gathers of 4- and 8-byte table rows */
+LL_INLINE ll_vi32 ll_i32_set1(int32_t v) { return _mm512_set1_epi32(v); }
+LL_INLINE ll_vi32 ll_i32_load(const int32_t *p) { return _mm512_loadu_si512(p); }
+LL_INLINE void ll_i32_store(int32_t *p, ll_vi32 a) { _mm512_storeu_si512(p, a); }
+LL_INLINE ll_vi32 ll_i32_and(ll_vi32 a, ll_vi32 b) { return _mm512_and_si512(a, b); }
+LL_INLINE ll_vi32 ll_i32_or(ll_vi32 a, ll_vi32 b) { return _mm512_or_si512(a, b); }
+LL_INLINE ll_vi32 ll_i32_xor(ll_vi32 a, ll_vi32 b) { return _mm512_xor_si512(a, b); }
+LL_INLINE ll_vi32 ll_i32_sub(ll_vi32 a, ll_vi32 b) { return _mm512_sub_epi32(a, b); }
+LL_INLINE ll_vi32 ll_i32_shl(ll_vi32 a, int n) { return _mm512_slli_epi32(a, (unsigned)n); }
+LL_INLINE ll_vi32 ll_i32_shr(ll_vi32 a, int n) { return _mm512_srli_epi32(a, (unsigned)n); }
+LL_INLINE ll_vi8 ll_i8_and(ll_vi8 a, ll_vi8 b) { return _mm512_and_si512(a, b); }
+LL_INLINE ll_vi8 ll_i8_xor(ll_vi8 a, ll_vi8 b) { return _mm512_xor_si512(a, b); }
+LL_INLINE ll_vi8 ll_i8_add(ll_vi8 a, ll_vi8 b) { return _mm512_add_epi8(a, b); }
+LL_INLINE ll_vi8 ll_i8_sub(ll_vi8 a, ll_vi8 b) { return _mm512_sub_epi8(a, b); }
+LL_INLINE ll_vf32 ll_f32_of_i32(ll_vi32 a) { return _mm512_castsi512_ps(a); }
+#define LL_HAVE_I32_LE 1
+LL_INLINE ll_vi32 ll_i32_le(ll_vi8 a) { return a; }
+LL_INLINE ll_vi8 ll_i8_of_i32(ll_vi32 a) { return a; }
+#define LL_HAVE_I8_GATHER 1
+LL_INLINE ll_vi8 ll_i8_gather4(const void *base, ll_vi32 off) { return _mm512_i32gather_epi32(off, base, 1); }
+LL_INLINE void ll_i8_gather8(const void *base, ll_vi32 off, ll_vi8 *lo, ll_vi8 *hi) {
+    const __m512i a = _mm512_i32gather_epi64(_mm512_castsi512_si256(off), base, 1);
+    const __m512i b = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(off, 1), base, 1);
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    *lo = _mm512_permutex2var_epi32(a, even, b);
+    *hi = _mm512_permutex2var_epi32(a, _mm512_add_epi32(even, _mm512_set1_epi32(1)), b);
+}
+/* byte g / 2 of each lane to all four, then one bit of it per byte */
+#define LL_HAVE_I8_SIGNS 1
+LL_INLINE ll_vi8 ll_i8_signs(ll_vi32 s, int g) {
+    const int c = 0x01010101 * (g / 2);
+    const __m512i b = _mm512_shuffle_epi8(s, _mm512_set4_epi32(0x0c0c0c0c + c, 0x08080808 + c, 0x04040404 + c, c));
+    return _mm512_movm_epi8(_mm512_test_epi8_mask(b, _mm512_set1_epi32(g & 1 ? (int)0x80402010 : 0x08040201)));
+}
+/* 16-bit table lookups in registers: 4 two-table word permutes, bits 6 and 7 of the index choose */
+#define LL_HAVE_U16_LUT256 1
+LL_INLINE ll_vi32 ll_i32_lut256_u16(ll_vi32 idx, const uint16_t *t) {
+    const __m512i r0 = _mm512_permutex2var_epi16(_mm512_loadu_si512(t), idx, _mm512_loadu_si512(t + 32));
+    const __m512i r1 = _mm512_permutex2var_epi16(_mm512_loadu_si512(t + 64), idx, _mm512_loadu_si512(t + 96));
+    const __m512i r2 = _mm512_permutex2var_epi16(_mm512_loadu_si512(t + 128), idx, _mm512_loadu_si512(t + 160));
+    const __m512i r3 = _mm512_permutex2var_epi16(_mm512_loadu_si512(t + 192), idx, _mm512_loadu_si512(t + 224));
+    const __mmask32 b6 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(64));
+    const __mmask32 b7 = _mm512_test_epi16_mask(idx, _mm512_set1_epi16(128));
+    return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, r0, r1), _mm512_mask_blend_epi16(b6, r2, r3));
+}
+/* ll_i8_expand2 / ll_i8_expand4 (vec.h): the code byte (word) copied through the lane, the
+ * second word shifted by 4, the fields masked, looked up */
+LL_INLINE ll_vi8 ll_i8_expand2(ll_vi32 c, int b, const int8_t *lut) {
+    const __m512i x = _mm512_shuffle_epi8(c, _mm512_set4_epi32(0x0c0c0c0c + 0x01010101 * b, 0x08080808 + 0x01010101 * b,
+                                                               0x04040404 + 0x01010101 * b, 0x01010101 * b));
+    const __m512i y = _mm512_and_si512(_mm512_srlv_epi16(x, _mm512_set1_epi32(4 << 16)), _mm512_set1_epi32(0x0c030c03));
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut)), y);
+}
+LL_INLINE ll_vi8 ll_i8_expand4(ll_vi32 c, int h, const int8_t *lut) {
+    const int w = 0x0100 * (2 * h + 1) + 2 * h, p = w | w << 16;
+    const __m512i x = _mm512_shuffle_epi8(c, _mm512_set4_epi32(0x0c0c0c0c + p, 0x08080808 + p, 0x04040404 + p, p));
+    const __m512i y = _mm512_and_si512(_mm512_srlv_epi16(x, _mm512_set1_epi32(4 << 16)), _mm512_set1_epi8(0x0f));
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut)), y);
+}
 /* acc + sum of 4 products s8 x s8 per lane (a >= -128, b > -128): |a| x (b with a's sign) */
 LL_INLINE ll_vi32 ll_dpbssd(ll_vi32 acc, ll_vi8 a, ll_vi8 b) {
     const __m512i zero = _mm512_setzero_si512();

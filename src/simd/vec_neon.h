@@ -127,6 +127,30 @@ LL_INLINE ll_vi8 ll_i8_lut16(ll_vi8 a, const int8_t *table) {
     ll_vi8 r; LL_NEON_MAP1(r, vqtbl1q_u8(t, a.v[i_])); return r;
 }
 LL_INLINE void ll_i8_opaque(ll_vi8 *a) { __asm__("" : "+w"(a->v[0]), "+w"(a->v[1]), "+w"(a->v[2]), "+w"(a->v[3])); }
+/* codebook lookups (vec.h): integer lanes and bytes (the gathers are vec.h's) */
+LL_INLINE ll_vi32 ll_i32_set1(int32_t v) { ll_vi32 r; LL_NEON_MAP1(r, vdupq_n_s32(v)); return r; }
+LL_INLINE ll_vi32 ll_i32_load(const int32_t *p) { ll_vi32 r; LL_NEON_MAP1(r, vld1q_s32(p + 4 * i_)); return r; }
+LL_INLINE void ll_i32_store(int32_t *p, ll_vi32 a) { for (int i = 0; i < 4; i++) vst1q_s32(p + 4 * i, a.v[i]); }
+LL_INLINE ll_vi32 ll_i32_and(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_NEON_MAP1(r, vandq_s32(a.v[i_], b.v[i_])); return r; }
+LL_INLINE ll_vi32 ll_i32_or(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_NEON_MAP1(r, vorrq_s32(a.v[i_], b.v[i_])); return r; }
+LL_INLINE ll_vi32 ll_i32_xor(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_NEON_MAP1(r, veorq_s32(a.v[i_], b.v[i_])); return r; }
+LL_INLINE ll_vi32 ll_i32_sub(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_NEON_MAP1(r, vsubq_s32(a.v[i_], b.v[i_])); return r; }
+LL_INLINE ll_vi32 ll_i32_shl(ll_vi32 a, int n) {
+    const int32x4_t sh = vdupq_n_s32(n);
+    ll_vi32 r; LL_NEON_MAP1(r, vreinterpretq_s32_u32(vshlq_u32(vreinterpretq_u32_s32(a.v[i_]), sh))); return r;
+}
+LL_INLINE ll_vi32 ll_i32_shr(ll_vi32 a, int n) {
+    const int32x4_t sh = vdupq_n_s32(-n);
+    ll_vi32 r; LL_NEON_MAP1(r, vreinterpretq_s32_u32(vshlq_u32(vreinterpretq_u32_s32(a.v[i_]), sh))); return r;
+}
+LL_INLINE ll_vi8 ll_i8_and(ll_vi8 a, ll_vi8 b) { ll_vi8 r; LL_NEON_MAP1(r, vandq_u8(a.v[i_], b.v[i_])); return r; }
+LL_INLINE ll_vi8 ll_i8_xor(ll_vi8 a, ll_vi8 b) { ll_vi8 r; LL_NEON_MAP1(r, veorq_u8(a.v[i_], b.v[i_])); return r; }
+LL_INLINE ll_vi8 ll_i8_add(ll_vi8 a, ll_vi8 b) { ll_vi8 r; LL_NEON_MAP1(r, vaddq_u8(a.v[i_], b.v[i_])); return r; }
+LL_INLINE ll_vi8 ll_i8_sub(ll_vi8 a, ll_vi8 b) { ll_vi8 r; LL_NEON_MAP1(r, vsubq_u8(a.v[i_], b.v[i_])); return r; }
+LL_INLINE ll_vf32 ll_f32_of_i32(ll_vi32 a) { ll_vf32 r; LL_NEON_MAP1(r, vreinterpretq_f32_s32(a.v[i_])); return r; }
+#define LL_HAVE_I32_LE 1   /* little-endian: a lane's bytes are its int32 */
+LL_INLINE ll_vi32 ll_i32_le(ll_vi8 a) { ll_vi32 r; LL_NEON_MAP1(r, vreinterpretq_s32_u8(a.v[i_])); return r; }
+LL_INLINE ll_vi8 ll_i8_of_i32(ll_vi32 a) { ll_vi8 r; LL_NEON_MAP1(r, vreinterpretq_u8_s32(a.v[i_])); return r; }
 LL_INLINE ll_vi32 ll_i32_zero(void) { ll_vi32 r; LL_NEON_MAP1(r, vdupq_n_s32(0)); return r; }
 LL_INLINE ll_vi32 ll_i32_add(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_NEON_MAP1(r, vaddq_s32(a.v[i_], b.v[i_])); return r; }
 LL_INLINE ll_vf32 ll_i32_to_f32(ll_vi32 a) { ll_vf32 r; LL_NEON_MAP1(r, vcvtq_f32_s32(a.v[i_])); return r; }

@@ -97,6 +97,26 @@ LL_INLINE ll_vi8 ll_i8_lut16(ll_vi8 a, const int8_t *table) {
 LL_INLINE ll_vi32 ll_i32_zero(void) { ll_vi32 r; for (int i = 0; i < 16; i++) r.v[i] = 0; return r; }
 LL_INLINE ll_vi32 ll_i32_add(ll_vi32 a, ll_vi32 b) { for (int i = 0; i < 16; i++) a.v[i] += b.v[i]; return a; }
 LL_INLINE ll_vf32 ll_i32_to_f32(ll_vi32 a) { ll_vf32 r; for (int i = 0; i < 16; i++) r.v[i] = (float)a.v[i]; return r; }
+/* codebook lookups (vec.h): integer lanes and bytes (the gathers, and the little-endian
+ * reading of a lane's bytes, are vec.h's) */
+LL_INLINE ll_vi32 ll_i32_set1(int32_t v) { ll_vi32 r; for (int i = 0; i < 16; i++) r.v[i] = v; return r; }
+LL_INLINE ll_vi32 ll_i32_load(const int32_t *p) { ll_vi32 r; memcpy(r.v, p, 64); return r; }
+LL_INLINE void ll_i32_store(int32_t *p, ll_vi32 a) { memcpy(p, a.v, 64); }
+LL_INLINE ll_vi32 ll_i32_and(ll_vi32 a, ll_vi32 b) { for (int i = 0; i < 16; i++) a.v[i] &= b.v[i]; return a; }
+LL_INLINE ll_vi32 ll_i32_or(ll_vi32 a, ll_vi32 b) { for (int i = 0; i < 16; i++) a.v[i] |= b.v[i]; return a; }
+LL_INLINE ll_vi32 ll_i32_xor(ll_vi32 a, ll_vi32 b) { for (int i = 0; i < 16; i++) a.v[i] ^= b.v[i]; return a; }
+LL_INLINE ll_vi32 ll_i32_sub(ll_vi32 a, ll_vi32 b) {
+    for (int i = 0; i < 16; i++) a.v[i] = (int32_t)((uint32_t)a.v[i] - (uint32_t)b.v[i]);
+    return a;
+}
+/* logical shifts of each lane (0 <= n < 32) */
+LL_INLINE ll_vi32 ll_i32_shl(ll_vi32 a, int n) { for (int i = 0; i < 16; i++) a.v[i] = (int32_t)((uint32_t)a.v[i] << n); return a; }
+LL_INLINE ll_vi32 ll_i32_shr(ll_vi32 a, int n) { for (int i = 0; i < 16; i++) a.v[i] = (int32_t)((uint32_t)a.v[i] >> n); return a; }
+LL_INLINE ll_vf32 ll_f32_of_i32(ll_vi32 a) { ll_vf32 r; memcpy(r.v, a.v, 64); return r; }
+LL_INLINE ll_vi8 ll_i8_and(ll_vi8 a, ll_vi8 b) { for (int i = 0; i < 64; i++) a.b[i] &= b.b[i]; return a; }
+LL_INLINE ll_vi8 ll_i8_xor(ll_vi8 a, ll_vi8 b) { for (int i = 0; i < 64; i++) a.b[i] ^= b.b[i]; return a; }
+LL_INLINE ll_vi8 ll_i8_add(ll_vi8 a, ll_vi8 b) { for (int i = 0; i < 64; i++) a.b[i] = (uint8_t)(a.b[i] + b.b[i]); return a; }
+LL_INLINE ll_vi8 ll_i8_sub(ll_vi8 a, ll_vi8 b) { for (int i = 0; i < 64; i++) a.b[i] = (uint8_t)(a.b[i] - b.b[i]); return a; }
 /* acc + sum over 4 bytes of u (unsigned) x s (signed), per lane */
 LL_INLINE ll_vi32 ll_dpbusd(ll_vi32 acc, ll_vi8 u, ll_vi8 s) {
     for (int i = 0; i < 16; i++)

@@ -149,6 +149,28 @@ LL_INLINE ll_vi8 ll_i8_lut16(ll_vi8 a, const int8_t *table) {
     ll_vi8 r; LL_VXE_MAP1(r, vec_perm(t, t, a.v[i_])); return r;
 }
 LL_INLINE void ll_i8_opaque(ll_vi8 *a) { __asm__("" : "+v"(a->v[0]), "+v"(a->v[1]), "+v"(a->v[2]), "+v"(a->v[3])); }
+/* codebook lookups (vec.h): integer lanes and bytes (the gathers, and the little-endian
+ * reading of a lane's bytes, are vec.h's) */
+LL_INLINE ll_vi32 ll_i32_set1(int32_t v) { ll_vi32 r; LL_VXE_MAP1(r, vec_splats((int)v)); return r; }
+LL_INLINE ll_vi32 ll_i32_load(const int32_t *p) { ll_vi32 r; LL_VXE_MAP1(r, vec_xl(0, (const int *)p + 4 * i_)); return r; }
+LL_INLINE void ll_i32_store(int32_t *p, ll_vi32 a) { for (int i = 0; i < 4; i++) vec_xst(a.v[i], 0, (int *)p + 4 * i); }
+LL_INLINE ll_vi32 ll_i32_and(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_VXE_MAP1(r, a.v[i_] & b.v[i_]); return r; }
+LL_INLINE ll_vi32 ll_i32_or(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_VXE_MAP1(r, a.v[i_] | b.v[i_]); return r; }
+LL_INLINE ll_vi32 ll_i32_xor(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_VXE_MAP1(r, a.v[i_] ^ b.v[i_]); return r; }
+LL_INLINE ll_vi32 ll_i32_sub(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_VXE_MAP1(r, a.v[i_] - b.v[i_]); return r; }
+LL_INLINE ll_vi32 ll_i32_shl(ll_vi32 a, int n) {
+    const ll_v4u sh = vec_splats((unsigned int)n);
+    ll_vi32 r; LL_VXE_MAP1(r, (ll_v4i)((ll_v4u)a.v[i_] << sh)); return r;
+}
+LL_INLINE ll_vi32 ll_i32_shr(ll_vi32 a, int n) {
+    const ll_v4u sh = vec_splats((unsigned int)n);
+    ll_vi32 r; LL_VXE_MAP1(r, (ll_v4i)((ll_v4u)a.v[i_] >> sh)); return r;
+}
+LL_INLINE ll_vf32 ll_f32_of_i32(ll_vi32 a) { ll_vf32 r; LL_VXE_MAP1(r, (ll_v4f)a.v[i_]); return r; }
+LL_INLINE ll_vi8 ll_i8_and(ll_vi8 a, ll_vi8 b) { ll_vi8 r; LL_VXE_MAP1(r, a.v[i_] & b.v[i_]); return r; }
+LL_INLINE ll_vi8 ll_i8_xor(ll_vi8 a, ll_vi8 b) { ll_vi8 r; LL_VXE_MAP1(r, a.v[i_] ^ b.v[i_]); return r; }
+LL_INLINE ll_vi8 ll_i8_add(ll_vi8 a, ll_vi8 b) { ll_vi8 r; LL_VXE_MAP1(r, a.v[i_] + b.v[i_]); return r; }
+LL_INLINE ll_vi8 ll_i8_sub(ll_vi8 a, ll_vi8 b) { ll_vi8 r; LL_VXE_MAP1(r, a.v[i_] - b.v[i_]); return r; }
 LL_INLINE ll_vi32 ll_i32_zero(void) { ll_vi32 r; LL_VXE_MAP1(r, vec_splats(0)); return r; }
 LL_INLINE ll_vi32 ll_i32_add(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_VXE_MAP1(r, a.v[i_] + b.v[i_]); return r; }
 LL_INLINE ll_vf32 ll_i32_to_f32(ll_vi32 a) { ll_vf32 r; LL_VXE_MAP1(r, ll_vxe_i2f(a.v[i_])); return r; }

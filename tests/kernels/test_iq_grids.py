@@ -20,6 +20,34 @@ def _rows(values: np.ndarray, per_line: int) -> list[str]:
     return ["    " + ", ".join(items[i:i + per_line]) + "," for i in range(0, len(items), per_line)]
 
 
+def _code_lines(name: str, codes: list[int], doc: str) -> list[str]:
+    return ([f"/* {doc} */", f"static const uint16_t {name}[{len(codes)}] __attribute__((aligned(64))) = {{"]
+            + ["    " + ", ".join(f"0x{v:04x}" for v in codes[i:i + 12]) + "," for i in range(0, len(codes), 12)] + ["};"])
+
+
+def _code_tables() -> list[str]:
+    """IQ2_XXS's and IQ3_XXS's grid rows as 16-bit codes of their levels (the vector kernels look
+    them up in registers, vec.h's ll_i32_lut256_u16): 2 bits a value for IQ2_XXS; a nibble a value,
+    in the order 0, 2, 1, 3, for IQ3_XXS (ll_i8_expand2 / ll_i8_expand4 undo them)."""
+    grids = {}
+    for cls in (q.IQ2_XXS, q.IQ3_XXS):
+        cls.init_grid()
+        grids[cls] = np.asarray(cls.grid).reshape(cls.grid_shape).astype(np.int64)
+    l2 = sorted(set(grids[q.IQ2_XXS].ravel().tolist()))
+    l3 = sorted(set(grids[q.IQ3_XXS].ravel().tolist()))
+    c2 = [sum(l2.index(v) << (2 * i) for i, v in enumerate(row)) for row in grids[q.IQ2_XXS].tolist()]
+    c3 = [sum(l3.index(v) << (4 * n) for v, n in zip(row, (0, 2, 1, 3))) for row in grids[q.IQ3_XXS].tolist()]
+    lut2 = [0] * 16
+    for k, v in enumerate(l2):
+        lut2[k] = lut2[4 * k] = v
+    return (_code_lines("ll_iq2xxs_code", c2, "IQ2_XXS grid rows as 2-bit codes: bits 2i..2i+1 of entry e = the level "
+                        "(ll_iq2_levels) of value i")
+            + [f"static const int8_t ll_iq2_levels[16] = {{{', '.join(map(str, lut2))}}};   /* level k at k and 4 k */"]
+            + _code_lines("ll_iq3xxs_code", c3, "IQ3_XXS grid rows as nibble codes, values 0, 2, 1, 3 in nibbles 0..3: "
+                          "the level (ll_iq3_levels) of each")
+            + [f"static const int8_t ll_iq3_levels[16] = {{{', '.join(map(str, l3 + [0] * (16 - len(l3))))}}};", ""])
+
+
 def header_text() -> str:
     lines = ["/* The codebooks of ggml's IQ1_S/IQ1_M, IQ2_XXS/XS/S and IQ3_XXS/S block types (qgemm.h), and",
              " * the sign patterns of IQ2_XXS/XS and IQ3_XXS: public constants, generated from the gguf",
@@ -31,6 +59,7 @@ def header_text() -> str:
         lines.append(f"static const {ctype} {name}[{grid.shape[0]}][{grid.shape[1]}] = {{")
         lines += _rows(grid.astype(np.int64), 8 if grid.shape[1] == 4 else 4)
         lines += ["};", ""]
+    lines += _code_tables()
     signs = np.frombuffer(q.IQ2_XXS.ksigns, np.uint8)
     lines.append("/* 7 stored sign bits -> 8 (the eighth makes the count of minus signs even) */")
     lines.append("static const uint8_t ll_iq_ksigns[128] = {")

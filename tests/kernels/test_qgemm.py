@@ -3,7 +3,8 @@ blocks, the interleaved panels every ggml type is repacked into, and the int8 GE
 gated MLP on them, every variant this machine runs vs tests/ref_ops.py.
 
 Shapes hit the tails: N not a multiple of 16 (a partial panel), token counts below, at and
-past the 8-token tile, one token (decode), and 1..3 threads over few panels.
+past the 8-token tile and past the 64 tokens a codebook panel is decoded once for, one token
+(decode), and 1..3 threads over few panels.
 """
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def test_packing_refuses_what_does_not_fit(rng):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("qname", TYPES)
-@pytest.mark.parametrize("num_tokens,n", [(1, 37), (3, 16), (8, 5), (11, 53), (17, 40)])
+@pytest.mark.parametrize("num_tokens,n", [(1, 37), (3, 16), (8, 5), (11, 53), (17, 40), (70, 21)])
 @pytest.mark.parametrize("num_threads", [1, 3])
 def test_qgemm_matches_reference(variant, qname, num_tokens, n, num_threads, rng):
     mod = _kernels.load(variant)
@@ -96,7 +97,7 @@ def test_qgemm_matches_reference(variant, qname, num_tokens, n, num_threads, rng
                                                ("Q3_K", "Q2_K"), ("Q2_K", "Q6_K"), ("TQ2_0", "TQ1_0"),
                                                ("MXFP4", "Q3_K"), ("IQ2_XXS", "IQ3_XXS"), ("IQ2_XS", "IQ1_S"),
                                                ("IQ2_S", "IQ3_S"), ("IQ1_M", "IQ2_XXS")])
-@pytest.mark.parametrize("num_tokens", [1, 5, 10])
+@pytest.mark.parametrize("num_tokens", [1, 5, 10, 70])
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("f", [40, 1100])
 def test_quantized_gated_mlp_matches_reference(variant, gate_type, up_type, num_tokens, act, f, rng):
