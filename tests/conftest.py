@@ -398,6 +398,11 @@ def build_tiny_checkpoint(arch: str, out_dir: Path, std: float = 0.05, seed: int
         with torch.no_grad():
             for layer in model.model.layers[config.first_k_dense_replace:]:
                 layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.1)
+    if arch == "nemotron_h":   # its experts' correction bias too (a buffer the randomizer leaves at 0)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                if hasattr(layer.mixer, "gate"):
+                    layer.mixer.gate.e_score_correction_bias.normal_(0.0, 0.1)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     backend = HFTokenizer.from_str(tiny_tokenizer_json())
