@@ -225,18 +225,53 @@ def _per_block(f, arch: str, name: str, n: int) -> list[int]:
     return value
 
 
-def _gguf_layers(f, arch: str) -> list[tuple[str, int, int | None]]:
+def _gguf_kinds(f, arch: str) -> list[str]:
+    """Each block's kind; a feed-forward block with a router (ffn_gate_inp) is an expert block."""
     n = int(llama.gguf_key(f, arch)("block_count"))
     kv, ff = _per_block(f, arch, "attention.head_count_kv", n), _per_block(f, arch, "feed_forward_length", n)
-    kinds = ["mlp" if ff[b] else "full_attention" if kv[b] else "mamba" for b in range(n)]
-    return _layers(kinds, f.path)
+    return [("moe" if f"blk.{b}.ffn_gate_inp.weight" in f.tensors else "mlp") if ff[b]
+            else "full_attention" if kv[b] else "mamba" for b in range(n)]
+
+
+def _gguf_layers(f, arch: str) -> list[tuple[str, int, int | None]]:
+    return _layers(_gguf_kinds(f, arch), f.path)
+
+
+def _gguf_experts_fields(f, arch: str, kinds: list[str], first: int, ff: list[int]) -> dict[str, Any]:
+    """ModelConfig fields of the expert blocks from llama.cpp's metadata (the module docstring)."""
+    key = llama.gguf_key(f, arch)
+    latent = [name for name in f.tensors if ".ffn_latent_" in name]
+    if f.metadata.get(f"{arch}.moe_latent_size") or latent:
+        raise ModelLoadError(f"{f.path}: {arch}.moe_latent_size / ffn_latent_down / ffn_latent_up: Nemotron-H's "
+                             "latent projections around the experts are not supported")
+    if any(".ffn_up.bias" in name or ".ffn_down.bias" in name for name in f.tensors):
+        raise ModelLoadError(f"{f.path}: MLP biases in a Nemotron-H model with experts are not supported")
+    fields = moe.gguf_fields(f, arch, norm_default=False, shared=True)
+    n_group = int(key("expert_group_count", 1) or 1)
+    topk_group = int(key("expert_group_used_count", n_group) or n_group)
+    X = fields["num_experts"]
+    if X % n_group or not 0 < topk_group <= n_group or X // n_group < 2 or not fields["shared_ffn_dim"]:
+        raise ModelLoadError(f"{f.path}: {X} experts in {n_group} groups (best {topk_group}), a shared MLP of "
+                             f"{fields['shared_ffn_dim']} features: not supported")
+    moe_ff = sorted(set(ff[b] for b, k in enumerate(kinds) if k == "moe"))
+    dense_ff = sorted(set(ff[b] for b, k in enumerate(kinds) if k == "mlp"))
+    if len(moe_ff) != 1 or len(dense_ff) > 1 or fields.get("ffn_dim", moe_ff[0]) != moe_ff[0]:
+        raise ModelLoadError(f"{f.path}: expert widths {moe_ff}, MLP widths {dense_ff}: not supported")
+    return dict(fields, act="relu", gated_mlp=True, ffn_dim=moe_ff[0], moe_routing="grouped_sigmoid",
+                n_group=n_group, topk_group=topk_group, routed_scale=float(key("expert_weights_scale", 1.0) or 1.0),
+                shared_gate=False, first_dense_layers=first, dense_ffn_dim=dense_ff[0] if dense_ff else 0)
 
 
 def gguf_config(f, arch: str) -> ModelConfig:
     meta, key = f.metadata, llama.gguf_key(f, arch)
-    layers = _gguf_layers(f, arch)
+    kinds = _gguf_kinds(f, arch)
+    layers = _layers(kinds, f.path)
     n = int(key("block_count"))
     kv, ff = _per_block(f, arch, "attention.head_count_kv", n), _per_block(f, arch, "feed_forward_length", n)
+    first = _first_expert_layer(kinds, layers, f.path)
+    experts = _gguf_experts_fields(f, arch, kinds, first, ff) if first is not None else {}
+    if experts:   # the width checks below are the dense model's
+        ff = [0] * n
     types = tuple(kind for kind, _, _ in layers)
     if "mamba" not in types or "full_attention" not in types or len(set(v for v in kv if v)) != 1:
         raise ModelLoadError(f"{f.path}: a Nemotron-H file needs Mamba2 blocks and attention blocks of one KV head count")
@@ -249,12 +284,13 @@ def gguf_config(f, arch: str) -> ModelConfig:
     mamba = next(b for kind, b, _ in layers if kind == "mamba")
     mlp = next((m for _, _, m in layers if m is not None), None)
     eos_id = meta.get("tokenizer.ggml.eos_token_id")
+    dense = dict(act="relu2", gated_mlp=False, ffn_dim=widths[0] if widths else 0)
     return ModelConfig(
-        architecture=GGUF_ARCHITECTURES[arch], vocab_size=int(vocab), dim=dim, ffn_dim=widths[0] if widths else 0,
+        architecture=GGUF_ARCHITECTURES[arch], vocab_size=int(vocab), dim=dim, **(experts or dense),
         num_layers=len(layers), num_heads=num_heads, num_kv_heads=max(kv),
         head_dim=int(meta.get(f"{arch}.attention.key_length", 0)) or dim // num_heads,
         max_position_embeddings=int(key("context_length")), norm_eps=float(key("attention.layer_norm_rms_epsilon")),
-        act="relu2", gated_mlp=False, mlp_bias=mlp is not None and f"blk.{mlp}.ffn_up.bias" in f.tensors,
+        mlp_bias=mlp is not None and f"blk.{mlp}.ffn_up.bias" in f.tensors,
         rope=False, nope=True, tie_word_embeddings="output.weight" not in f.tensors,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_ids=(int(eos_id),) if eos_id is not None else (),
         layer_types=types, no_mlp_layers=tuple(j for j, (_, _, m) in enumerate(layers) if m is None),
@@ -274,7 +310,8 @@ def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
         return np.asarray(f.read(name), np.float32)
 
     yield "embed", _gguf_rows(f, [("token_embd.weight", (V, E))])
-    for j, (kind, b, m) in enumerate(_gguf_layers(f, "nemotron_h")):
+    arch = f.metadata["general.architecture"]
+    for j, (kind, b, m) in enumerate(_gguf_layers(f, arch)):
         g, p = f"blk.{b}.", f"layers.{j}."
         yield p + "attn_norm.weight", vec(g + "attn_norm.weight", (E,))
         if kind == "mamba":
@@ -302,6 +339,9 @@ def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
             continue
         g = f"blk.{m}."
         yield p + "mlp_norm.weight", vec(g + "attn_norm.weight", (E,))
+        if config.is_moe:
+            yield from _gguf_experts(f, config, g, p, j, vec)
+            continue
         yield p + "up.weight", _gguf_rows(f, [(g + "ffn_up.weight", (F, E))])
         if config.mlp_bias:
             yield p + "up.bias", vec(g + "ffn_up.bias", (F,))
@@ -311,3 +351,30 @@ def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
     yield "final_norm.weight", vec("output_norm.weight", (E,))
     if not config.tie_word_embeddings:
         yield "lm_head.weight", _gguf_rows(f, [("output.weight", (V, E))])
+
+
+def _gguf_experts(f, config: ModelConfig, g: str, p: str, j: int, vec) -> Iterator[tuple[str, Any]]:
+    """Layer j's MLP of a "nemotron_h_moe" file, block prefix g, as _hf_experts gives it."""
+    E, X = config.dim, config.num_experts
+    matrix = moe._gguf_matrix
+    if j < config.first_dense_layers:
+        F = config.dense_ffn_dim
+        f.info(g + "ffn_up.weight", (F, E))
+        f.info(g + "ffn_down.weight", (E, F))
+        yield p + "gate_up.weight", matrix(f, [(g + "ffn_up.weight", 0, F)] * 2, E)
+        yield p + "down.weight", matrix(f, [(g + "ffn_down.weight", 0, E)], F)
+        return
+    F, Fs = config.ffn_dim, config.shared_ffn_dim
+    f.info(g + "ffn_gate_inp.weight", (X, E))
+    yield p + "router.weight", matrix(f, [(g + "ffn_gate_inp.weight", 0, X)], E)
+    f.info(g + "ffn_up_exps.weight", (X, F, E))
+    f.info(g + "ffn_down_exps.weight", (X, E, F))
+    for e in range(X):
+        yield p + f"experts.{e}.gate_up.weight", matrix(f, [(g + "ffn_up_exps.weight", e * F, F)] * 2, E)
+        yield p + f"experts.{e}.down.weight", matrix(f, [(g + "ffn_down_exps.weight", e * E, E)], F)
+    name = g + "exp_probs_b.bias"
+    yield p + "router.correction_bias", vec(name, (X,)) if name in f.tensors else np.zeros(X, np.float32)
+    f.info(g + "ffn_up_shexp.weight", (Fs, E))
+    f.info(g + "ffn_down_shexp.weight", (E, Fs))
+    yield p + "shared.gate_up.weight", matrix(f, [(g + "ffn_up_shexp.weight", 0, Fs)] * 2, E)
+    yield p + "shared.down.weight", matrix(f, [(g + "ffn_down_shexp.weight", 0, E)], Fs)
