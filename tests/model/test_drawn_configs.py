@@ -288,17 +288,32 @@ def test_granite_hybrid(overrides):
 
 @st.composite
 def nemotron_h(draw) -> dict:
-    """Nemotron-H: a block pattern of Mamba2 ("M"), attention ("*") and MLP ("-") blocks, each MLP
-    block after a mixer block (both mixers present), Mamba2 heads / head width / groups / state /
-    taps, biases, the dt floor."""
+    """Nemotron-H: a block pattern of Mamba2 ("M"), attention ("*"), MLP ("-") and expert ("E")
+    blocks, each MLP or expert block after a mixer block (both mixers present; the dense MLP
+    blocks before the first expert block), Mamba2 heads / head width / groups / state / taps,
+    biases, the dt floor; the experts' count, groups and the best groups kept, top-k, widths,
+    the shared MLP's width, the routed scale and renormalisation."""
     mixers = draw(st.lists(st.sampled_from("M*"), min_size=2, max_size=4).filter(lambda m: "M" in m and "*" in m))
-    pattern = "".join(m + ("-" if draw(st.booleans()) else "") for m in mixers)
+    pattern = "".join(m + draw(st.sampled_from(["-", "", "E"])) for m in mixers)
+    if "E" in pattern:   # dense MLP blocks after the first expert block become expert blocks
+        first = pattern.index("E")
+        pattern = pattern[:first] + pattern[first:].replace("-", "E")
     heads = draw(st.sampled_from([8, 4, 2]))
-    return dict(hybrid_override_pattern=pattern, mamba_num_heads=heads, mamba_head_dim=draw(st.sampled_from([16, 8, 24])),
+    out = {}
+    if "E" in pattern:
+        n = draw(st.sampled_from([4, 8, 6]))
+        n_group = draw(st.sampled_from([g for g in (1, 2) if n // g >= 2]))
+        topk_group = draw(st.integers(1, n_group))
+        out = dict(n_routed_experts=n, n_group=n_group, topk_group=topk_group,
+                   num_experts_per_tok=draw(st.integers(1, topk_group * n // n_group)),
+                   moe_intermediate_size=draw(st.sampled_from([32, 48, 16])),
+                   moe_shared_expert_intermediate_size=draw(st.sampled_from([48, 32, 16])),
+                   routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])), norm_topk_prob=draw(st.booleans()))
+    return dict(out, hybrid_override_pattern=pattern, mamba_num_heads=heads, mamba_head_dim=draw(st.sampled_from([16, 8, 24])),
                 n_groups=draw(st.sampled_from([g for g in (2, 1, 4) if heads % g == 0])),
                 ssm_state_size=draw(st.sampled_from([16, 8, 32])), conv_kernel=draw(st.sampled_from([4, 2, 3])),
                 chunk_size=draw(st.sampled_from([16, 8])), use_conv_bias=draw(st.booleans()),
-                use_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()),
+                use_bias=draw(st.booleans()), mlp_bias="E" not in pattern and draw(st.booleans()),
                 time_step_min=draw(st.sampled_from([0.001, 0.7])), intermediate_size=draw(st.sampled_from([96, 40])),
                 tie_word_embeddings=draw(st.booleans()), layer_norm_epsilon=draw(st.sampled_from([1e-5, 1e-6])))
 
