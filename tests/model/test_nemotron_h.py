@@ -99,25 +99,32 @@ def test_bf16_weights_stay_close_to_transformers_fp32():
         assert np.abs(g - r).max() <= 0.03 * np.abs(r).max()
 
 
-def test_q8_0_at_load_matches_the_dequantized_reference(tmp_path):
-    """Every matrix quantized at load to Q8_0 against transformers on the same weights quantized
-    and dequantized by the gguf package, whole and a token at a time (test_moe.py's bound)."""
+@pytest.mark.parametrize("case", [CASES[0], MOE_CASES[0]], ids=override_ids)
+def test_q8_0_at_load_matches_the_dequantized_reference(case, tmp_path):
+    """Every matrix quantized at load to Q8_0 (the routers excepted: they run in fp32) against
+    transformers on the same weights quantized and dequantized by the gguf package, whole and a
+    token at a time (test_moe.py's bound)."""
     import gguf
     from safetensors.numpy import save_file
     from transformers import AutoModelForCausalLM
     from test_moe import _check_quantized_moe
-    ckpt = tiny_checkpoint_path("nemotron_h")
+    ckpt = tiny_checkpoint_path(*case[:1], **case[1])
     out = tmp_path / "roundtrip"
     sd = checkpoint_copy(ckpt, out)
     q8 = gguf.GGMLQuantizationType.Q8_0
     for name, w in sd.items():
-        if w.ndim == 2 and w.shape[1] % 32 == 0:
+        if w.ndim == 2 and w.shape[1] % 32 == 0 and not name.endswith("mixer.gate.weight"):
             sd[name] = gguf.quants.dequantize(gguf.quants.quantize(w.astype(np.float32), q8), q8).astype(w.dtype)
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
-    runner, _ = make_runner(ckpt, quantization="q8_0")
+    runner, loaded = make_runner(ckpt, quantization="q8_0")
     assert runner.formats["layers.0.in_proj"] == (("Q8_0",), "int8 blocks")
-    assert runner.formats["layers.0.up"] == (("Q8_0",), "int8 blocks")
+    if loaded.config.is_moe:   # each up projection as a gate part and an up part (relu(u) * u)
+        for name in ("layers.0.gate_up", "layers.1.experts.gate_up", "layers.1.shared.gate_up"):
+            assert runner.formats[name] == (("Q8_0", "Q8_0"), "int8 blocks"), name
+        assert runner.formats["layers.1.experts.down"] == (("Q8_0",), "int8 blocks")
+    else:
+        assert runner.formats["layers.0.up"] == (("Q8_0",), "int8 blocks")
     _check_quantized_moe(runner, model, "q8_0")
 
 
