@@ -128,6 +128,32 @@ def test_q8_0_at_load_matches_the_dequantized_reference(case, tmp_path):
     _check_quantized_moe(runner, model, "q8_0")
 
 
+def test_experts_stored_as_3d_tensors_give_the_same_logits(tmp_path):
+    """The experts as transformers 5 keeps them in memory (model.* names, experts.up_proj
+    [X, F, E] and experts.down_proj [X, E, F]) instead of one tensor per expert: each expert read
+    where it lies, the same logits as the per-expert checkpoint."""
+    from safetensors.numpy import save_file
+    ckpt = tiny_checkpoint_path(*MOE_CASES[0][:1], **MOE_CASES[0][1])
+    out = tmp_path / "fused"
+    sd = checkpoint_copy(ckpt, out)
+    fused = {}
+    for name, w in sd.items():
+        head, sep, rest = name.partition("mixer.experts.")
+        if sep:   # "{j}.up_proj.weight"
+            j, proj = rest.split(".")[:2]
+            fused.setdefault(f"{head}mixer.experts.{proj}", {})[int(j)] = w
+        else:
+            fused[name] = w
+    fused = {k.replace("backbone.", "model."): (np.stack([v[j] for j in sorted(v)]) if isinstance(v, dict) else v)
+             for k, v in fused.items()}
+    assert fused["model.layers.3.mixer.experts.up_proj"].shape == (8, 32, 64)
+    save_file(fused, str(out / "model.safetensors"), metadata={"format": "pt"})
+    prompts = prompts_for(320, [7, 30])
+    got = lite_logits(make_runner(out)[0], prompts)
+    for a, b in zip(lite_logits(make_runner(ckpt)[0], prompts), got):
+        np.testing.assert_array_equal(b, a)
+
+
 def test_unsupported_blocks_are_refused_by_name():
     import json
     from lite_llm.model.arch import config_from_dict
