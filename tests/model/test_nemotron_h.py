@@ -169,7 +169,8 @@ def test_unsupported_blocks_are_refused_by_name():
     moe = ["linear_attention", "moe", "full_attention"]
     for extra, words in (({"moe_latent_size": 32}, "moe_latent_size 32: Nemotron-H's latent projections"),
                          ({"mlp_bias": True}, "mlp_bias true"), ({"mlp_hidden_act": "silu"}, "mlp_hidden_act 'silu'"),
-                         ({"n_group": 3}, "in 3 groups")):
+                         ({"n_group": 3}, "in 3 groups"),
+                         ({"n_group": 4, "topk_group": 1, "num_experts_per_tok": 3}, "top-3 of 8 experts in 4")):
         with pytest.raises(ModelLoadError, match=words):
             config_from_dict({**raw, "layers_block_type": moe, **extra})
 

@@ -101,9 +101,11 @@ def _experts_fields(raw: dict, where: str, first: int) -> dict[str, Any]:
     if raw.get("mlp_hidden_act", "relu2") != "relu2":
         raise ModelLoadError(f"{where}: mlp_hidden_act {raw['mlp_hidden_act']!r} with experts is not supported (relu2)")
     X, K = int(raw.get("n_routed_experts") or 0), int(raw.get("num_experts_per_tok") or 0)
-    n_group = int(raw.get("n_group") or 1)
-    topk_group = int(raw.get("topk_group") or n_group)
-    if not 0 < K <= X or X % n_group or not 0 < topk_group <= n_group or X // n_group < 2:
+    n_group, topk_group = int(raw.get("n_group") or 1), int(raw.get("topk_group") or 1)   # NemotronHConfig's defaults
+    # (groups of one expert or a top-k past the kept groups' experts: transformers' router fails or
+    # picks masked experts)
+    if (not 0 < K <= X or X % n_group or not 0 < topk_group <= n_group or X // n_group < 2
+            or K > topk_group * (X // n_group)):
         raise ModelLoadError(f"{where}: top-{K} of {X} experts in {n_group} groups (best {topk_group}) "
                              "is not supported")
     return dict(act="relu", gated_mlp=True, ffn_dim=int(raw["moe_intermediate_size"]), num_experts=X,
