@@ -398,6 +398,11 @@ def build_tiny_checkpoint(arch: str, out_dir: Path, std: float = 0.05, seed: int
         with torch.no_grad():
             for layer in model.model.layers[config.first_k_dense_replace:]:
                 layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.1)
+    if arch == "nemotron_h":   # its experts' correction bias too (a buffer the randomizer leaves at 0)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                if hasattr(layer.mixer, "gate"):
+                    layer.mixer.gate.e_score_correction_bias.normal_(0.0, 0.1)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     backend = HFTokenizer.from_str(tiny_tokenizer_json())
@@ -766,12 +771,17 @@ def _mamba2_gguf(sd: dict, m: str, b: str, H: int, G: int, Di: int, tensors: dic
     tensors[b + "ssm_norm.weight"] = sd[m + "norm.weight"].reshape(G, Di // G)
 
 
-def _nemotron_h_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
+def _nemotron_h_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict, a: str = "nemotron_h",
+                     moe_latent_size: int | None = None) -> None:
     """Nemotron-H as llama.cpp's converter writes it ("nemotron_h"): a GGUF block per block, each
     with its attn_norm; head_count_kv and feed_forward_length per block (both 0: Mamba2); the
     Mamba2 tensors as for "granitehybrid" (ssm_inner_size H P), the MLP's ffn_up / ffn_down, q/k
-    permuted."""
-    a, types = "nemotron_h", cfg["layers_block_type"]
+    permuted. With experts ("nemotron_h_moe", its NemotronHModel with is_moe): an expert block's
+    feed_forward_length moe_intermediate_size, its router ffn_gate_inp, exp_probs_b.bias, the
+    experts stacked as ffn_up_exps / ffn_down_exps, the shared MLP ffn_up_shexp / ffn_down_shexp,
+    and the routing fields the converter writes (no expert_group_used_count); moe_latent_size: that
+    key written as well (the field alone, without the latent tensors)."""
+    types = cfg["layers_block_type"]
     H, G, Di = cfg["mamba_num_heads"], cfg["n_groups"], cfg["mamba_num_heads"] * cfg["mamba_head_dim"]
     for i, kind in enumerate(types):
         h, b = f"backbone.layers.{i}.", f"blk.{i}."
@@ -784,13 +794,31 @@ def _nemotron_h_gguf(cfg: dict, sd: dict, tensors: dict, meta: dict) -> None:
                 t = sd[f"{m}{theirs}.weight"]
                 heads = cfg["num_attention_heads"] if ours == "attn_q" else cfg["num_key_value_heads"]
                 tensors[f"{b}{ours}.weight"] = _permute_qk(t, heads) if ours in ("attn_q", "attn_k") else t
+        elif kind == "moe":
+            X = cfg["n_routed_experts"]
+            tensors[b + "ffn_gate_inp.weight"] = sd[m + "gate.weight"]
+            tensors[b + "exp_probs_b.bias"] = sd[m + "gate.e_score_correction_bias"]
+            for ours, theirs in (("ffn_up", "up_proj"), ("ffn_down", "down_proj")):
+                tensors[f"{b}{ours}_exps.weight"] = np.stack([sd[f"{m}experts.{j}.{theirs}.weight"] for j in range(X)])
+                tensors[f"{b}{ours}_shexp.weight"] = sd[f"{m}shared_experts.{theirs}.weight"]
         else:
             for ours, theirs in (("ffn_up", "up_proj"), ("ffn_down", "down_proj")):
                 for part in ("weight", "bias"):
                     if f"{m}{theirs}.{part}" in sd:
                         tensors[f"{b}{ours}.{part}"] = sd[f"{m}{theirs}.{part}"]
+    if "moe" in types:
+        meta.update({f"{a}.expert_count": cfg["n_routed_experts"], f"{a}.expert_used_count": cfg["num_experts_per_tok"],
+                     f"{a}.expert_feed_forward_length": cfg["moe_intermediate_size"],
+                     f"{a}.expert_shared_feed_forward_length": cfg["moe_shared_expert_intermediate_size"],
+                     f"{a}.expert_shared_count": cfg["n_shared_experts"],
+                     f"{a}.expert_weights_norm": bool(cfg["norm_topk_prob"]),
+                     f"{a}.expert_weights_scale": float(cfg["routed_scaling_factor"]),
+                     f"{a}.expert_group_count": cfg["n_group"]})
+    if moe_latent_size:
+        meta[f"{a}.moe_latent_size"] = moe_latent_size
+    widths = {"mlp": cfg["intermediate_size"], "moe": cfg.get("moe_intermediate_size")}
     meta.update({f"{a}.attention.head_count_kv": [cfg["num_key_value_heads"] if t == "full_attention" else 0 for t in types],
-                 f"{a}.feed_forward_length": [cfg["intermediate_size"] if t == "mlp" else 0 for t in types],
+                 f"{a}.feed_forward_length": [widths.get(t, 0) for t in types],
                  f"{a}.vocab_size": cfg["vocab_size"], f"{a}.ssm.conv_kernel": cfg["conv_kernel"],
                  f"{a}.ssm.state_size": cfg["ssm_state_size"], f"{a}.ssm.group_count": G,
                  f"{a}.ssm.inner_size": Di, f"{a}.ssm.time_step_rank": H,
@@ -909,7 +937,7 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None
     cfg = json.loads((ckpt / "config.json").read_text())
     sd = load_file(str(ckpt / "model.safetensors"))
     tok = json.loads((ckpt / "tokenizer.json").read_text())
-    if arch == "nemotron_h":   # its names and fields as the shared code below reads them
+    if arch in ("nemotron_h", "nemotron_h_moe"):   # its names and fields as the shared code below reads them
         sd = {k.replace("backbone.embeddings.", "model.embed_tokens.").replace("backbone.norm_f.", "model.norm."): v
               for k, v in sd.items()}
         cfg = dict(cfg, num_hidden_layers=len(cfg["layers_block_type"]), rms_norm_eps=cfg["layer_norm_epsilon"],
@@ -995,8 +1023,8 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None
     elif arch == "qwen3next":
         _moe_gguf(cfg, sd, arch, tensors, meta)
         _qwen3next_gguf(cfg, sd, tensors, meta, **writer)
-    elif arch == "nemotron_h":
-        _nemotron_h_gguf(cfg, sd, tensors, meta)
+    elif arch in ("nemotron_h", "nemotron_h_moe"):
+        _nemotron_h_gguf(cfg, sd, tensors, meta, arch, **writer)
     elif arch == "falcon-h1":
         _falcon_h1_gguf(cfg, sd, tensors, meta)
     elif cfg.get("num_experts") or cfg.get("num_local_experts"):

@@ -1,8 +1,10 @@
 """Nemotron-H (NemotronHForCausalLM) against transformers on tiny random checkpoints built with
 its own NemotronHConfig: blocks of one mixer each (Mamba2, attention without positions, relu^2
-MLP), a mixer and the MLP block after it run as one layer, mixer blocks without one alone. fp32
-logits in a mixed batch, prefilled in chunks and token by token; greedy tokens through the engine
-with concurrent requests and forced preemption; bf16 and Q8_0 within the families' bounds."""
+MLP, or Nemotron 3's mixture of relu^2 experts with a shared MLP and DeepSeek-V3's routing), a
+mixer and the MLP or expert block after it run as one layer, mixer blocks without one alone.
+fp32 logits in a mixed batch, prefilled in chunks and token by token; greedy tokens through the
+engine with concurrent requests and forced preemption; bf16 and Q8_0 within the families' bounds;
+the same weights as llama.cpp's "nemotron_h" / "nemotron_h_moe" GGUF."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,6 +22,16 @@ CASES = [("nemotron_h", {}),                                      # M - * M - M
          ("nemotron_h", {"hybrid_override_pattern": "*-M-MM-", "num_key_value_heads": 1, "use_bias": True,
                          "mlp_bias": True, "use_conv_bias": False, "conv_kernel": 3, "n_groups": 1,
                          "time_step_min": 0.7})]
+# Nemotron 3's expert blocks ("E"): 8 relu^2 experts of 32 features, top 2, a shared MLP of 48,
+# sigmoid scores with a random correction bias (conftest), x routed_scaling_factor
+_EXPERTS = dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                moe_shared_expert_intermediate_size=48, routed_scaling_factor=2.5)
+MOE_CASES = [  # a dense MLP block before the experts; the best 1 of 2 groups of 4 experts
+             ("nemotron_h", {"hybrid_override_pattern": "M-*EME", **_EXPERTS, "n_group": 2, "topk_group": 1}),
+             # experts alone, top 3 of 6 not renormalised, GQA 4:1, attention first
+             ("nemotron_h", {"hybrid_override_pattern": "*EMEME", **_EXPERTS, "n_routed_experts": 6,
+                             "num_experts_per_tok": 3, "norm_topk_prob": False, "num_key_value_heads": 1})]
+CASES += MOE_CASES
 PROMPT_LENS = [1, 5, 23, 70]     # 70: past one 64-token chunk of the scan
 
 
@@ -29,8 +41,10 @@ def test_fp32_logits_match_transformers_in_a_mixed_batch(case):
     runner, loaded = make_runner(path)
     cfg = loaded.config
     pattern = case[1].get("hybrid_override_pattern", "M-*M-M")
-    assert cfg.num_layers == len(pattern.replace("-", "")) and cfg.num_mamba_layers == pattern.count("M")
-    assert len(cfg.no_mlp_layers) == cfg.num_layers - pattern.count("-") and cfg.nope and cfg.act == "relu2"
+    mlps = pattern.count("-") + pattern.count("E")
+    assert cfg.num_layers == len(pattern) - mlps and cfg.num_mamba_layers == pattern.count("M")
+    assert len(cfg.no_mlp_layers) == cfg.num_layers - mlps and cfg.nope
+    assert (cfg.act, cfg.num_experts) == (("relu", case[1]["n_routed_experts"]) if "E" in pattern else ("relu2", 0))
     prompts = prompts_for(cfg.vocab_size, PROMPT_LENS)
     check_logits(lite_logits(runner, prompts), hf_logits(path, prompts))
 
@@ -44,12 +58,28 @@ def test_chunked_prefill_and_token_by_token_decode_match_transformers(case, chun
     check_logits(lite_logits(runner, prompts, chunk=chunk), hf_logits(path, prompts))
 
 
-def test_fp32_greedy_tokens_match_transformers():
-    _greedy(CASES[0], prompt_len=12)
+@pytest.mark.parametrize("case", [CASES[0], MOE_CASES[0]], ids=override_ids)
+def test_fp32_greedy_tokens_match_transformers(case):
+    _greedy(case, prompt_len=12)
 
 
-def test_engine_greedy_tokens_match_with_concurrent_requests_and_preemption():
-    check_engine_greedy_under_preemption(str(tiny_checkpoint_path("nemotron_h")))
+@pytest.mark.parametrize("case", [CASES[0], MOE_CASES[0]], ids=override_ids)
+def test_engine_greedy_tokens_match_with_concurrent_requests_and_preemption(case):
+    check_engine_greedy_under_preemption(str(tiny_checkpoint_path(*case[:1], **case[1])))
+
+
+def test_experts_choose_by_the_corrected_scores_in_groups():
+    """The expert case's routing as transformers': DeepSeek-V3's sigmoid routing over the
+    groups, the correction bias read (not zero), the shared MLP ungated, the dense MLP block
+    before the experts a layer of its own width."""
+    runner, loaded = make_runner(tiny_checkpoint_path(*MOE_CASES[0][:1], **MOE_CASES[0][1]))
+    cfg = loaded.config
+    assert (cfg.moe_routing, cfg.n_group, cfg.topk_group, cfg.routed_scale, cfg.norm_topk_prob) == (
+        "grouped_sigmoid", 2, 1, 2.5, True)
+    assert (cfg.ffn_dim, cfg.shared_ffn_dim, cfg.shared_gate, cfg.first_dense_layers, cfg.dense_ffn_dim) == (
+        32, 48, False, 1, 96)
+    tensors = dict(loaded.iter_tensors())
+    assert np.abs(tensors["layers.1.router.correction_bias"]).max() > 0.01
 
 
 def test_the_state_cache_and_kv_cover_their_layers():
@@ -69,26 +99,59 @@ def test_bf16_weights_stay_close_to_transformers_fp32():
         assert np.abs(g - r).max() <= 0.03 * np.abs(r).max()
 
 
-def test_q8_0_at_load_matches_the_dequantized_reference(tmp_path):
-    """Every matrix quantized at load to Q8_0 against transformers on the same weights quantized
-    and dequantized by the gguf package, whole and a token at a time (test_moe.py's bound)."""
+@pytest.mark.parametrize("case", [CASES[0], MOE_CASES[0]], ids=override_ids)
+def test_q8_0_at_load_matches_the_dequantized_reference(case, tmp_path):
+    """Every matrix quantized at load to Q8_0 (the routers excepted: they run in fp32) against
+    transformers on the same weights quantized and dequantized by the gguf package, whole and a
+    token at a time (test_moe.py's bound)."""
     import gguf
     from safetensors.numpy import save_file
     from transformers import AutoModelForCausalLM
     from test_moe import _check_quantized_moe
-    ckpt = tiny_checkpoint_path("nemotron_h")
+    ckpt = tiny_checkpoint_path(*case[:1], **case[1])
     out = tmp_path / "roundtrip"
     sd = checkpoint_copy(ckpt, out)
     q8 = gguf.GGMLQuantizationType.Q8_0
     for name, w in sd.items():
-        if w.ndim == 2 and w.shape[1] % 32 == 0:
+        if w.ndim == 2 and w.shape[1] % 32 == 0 and not name.endswith("mixer.gate.weight"):
             sd[name] = gguf.quants.dequantize(gguf.quants.quantize(w.astype(np.float32), q8), q8).astype(w.dtype)
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
-    runner, _ = make_runner(ckpt, quantization="q8_0")
+    runner, loaded = make_runner(ckpt, quantization="q8_0")
     assert runner.formats["layers.0.in_proj"] == (("Q8_0",), "int8 blocks")
-    assert runner.formats["layers.0.up"] == (("Q8_0",), "int8 blocks")
+    if loaded.config.is_moe:   # each up projection as a gate part and an up part (relu(u) * u)
+        for name in ("layers.0.gate_up", "layers.1.experts.gate_up", "layers.1.shared.gate_up"):
+            assert runner.formats[name] == (("Q8_0", "Q8_0"), "int8 blocks"), name
+        assert runner.formats["layers.1.experts.down"] == (("Q8_0",), "int8 blocks")
+    else:
+        assert runner.formats["layers.0.up"] == (("Q8_0",), "int8 blocks")
     _check_quantized_moe(runner, model, "q8_0")
+
+
+def test_experts_stored_as_3d_tensors_give_the_same_logits(tmp_path):
+    """The experts as transformers 5 keeps them in memory (model.* names, experts.up_proj
+    [X, F, E] and experts.down_proj [X, E, F]) instead of one tensor per expert: each expert read
+    where it lies, the same logits as the per-expert checkpoint."""
+    from safetensors.numpy import save_file
+    ckpt = tiny_checkpoint_path(*MOE_CASES[0][:1], **MOE_CASES[0][1])
+    out = tmp_path / "fused"
+    sd = checkpoint_copy(ckpt, out)
+    fused = {}
+    for name, w in sd.items():
+        head, sep, rest = name.partition("mixer.experts.")
+        if sep:   # "{j}.up_proj.weight"
+            j, proj = rest.split(".")[:2]
+            fused.setdefault(f"{head}mixer.experts.{proj}", {})[int(j)] = w
+        else:
+            fused[name] = w
+    fused = {k.replace("backbone.", "model."): (np.stack([v[j] for j in sorted(v)]) if isinstance(v, dict) else v)
+             for k, v in fused.items()}
+    assert fused["model.layers.3.mixer.experts.up_proj"].shape == (8, 32, 64)
+    save_file(fused, str(out / "model.safetensors"), metadata={"format": "pt"})
+    prompts = prompts_for(320, [7, 30])
+    got = lite_logits(make_runner(out)[0], prompts)
+    for a, b in zip(lite_logits(make_runner(ckpt)[0], prompts), got):
+        np.testing.assert_array_equal(b, a)
 
 
 def test_unsupported_blocks_are_refused_by_name():
@@ -96,17 +159,32 @@ def test_unsupported_blocks_are_refused_by_name():
     from lite_llm.model.arch import config_from_dict
     from lite_llm.model.files import ModelLoadError
     raw = json.loads((tiny_checkpoint_path("nemotron_h") / "config.json").read_text())
-    for types, words in ((["linear_attention", "moe", "full_attention"], "mixture-of-experts"),
+    for types, words in ((["linear_attention", "moe", "full_attention", "mlp"], "dense MLP block after"),
+                         (["moe", "linear_attention", "full_attention"], "does not follow a mixer"),
                          (["mlp", "linear_attention", "full_attention"], "does not follow a mixer"),
                          (["linear_attention", "mlp", "mlp", "full_attention"], "does not follow a mixer"),
                          (["linear_attention", "mlp"], "Mamba2 and attention")):
         with pytest.raises(ModelLoadError, match=words):
             config_from_dict({**raw, "layers_block_type": types})
+    moe = ["linear_attention", "moe", "full_attention"]
+    for extra, words in (({"moe_latent_size": 32}, "moe_latent_size 32: Nemotron-H's latent projections"),
+                         ({"mlp_bias": True}, "mlp_bias true"), ({"mlp_hidden_act": "silu"}, "mlp_hidden_act 'silu'"),
+                         ({"n_group": 3}, "in 3 groups"),
+                         ({"n_group": 4, "topk_group": 1, "num_experts_per_tok": 3}, "top-3 of 8 experts in 4")):
+        with pytest.raises(ModelLoadError, match=words):
+            config_from_dict({**raw, "layers_block_type": moe, **extra})
 
 
 GGUF_CASES = [CASES[0], ("nemotron_h", {"hybrid_override_pattern": "*-M-MM-", "num_key_value_heads": 1,
                                         "conv_kernel": 3, "n_groups": 1}),
               ("nemotron_h", {"use_conv_bias": False})]
+
+
+FIELDS = ("architecture", "layer_types", "no_mlp_layers", "ffn_dim", "num_kv_heads", "head_dim", "act", "gated_mlp",
+          "nope", "tie_word_embeddings", "mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state",
+          "mamba_d_conv", "mamba_conv_bias")
+# llama.cpp's converter writes no expert_group_used_count: its files have one expert group
+GGUF_MOE_CASES = [("nemotron_h", {"hybrid_override_pattern": "MEM*EM", **_EXPERTS}), MOE_CASES[1]]
 
 
 @pytest.mark.parametrize("case", GGUF_CASES, ids=override_ids)
@@ -118,9 +196,7 @@ def test_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
     ckpt = tiny_checkpoint_path(*case[:1], **case[1])
     g_runner, g = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", "nemotron_h"))
     h_runner, h = make_runner(ckpt)
-    for field in ("architecture", "layer_types", "no_mlp_layers", "ffn_dim", "num_kv_heads", "head_dim", "act",
-                  "gated_mlp", "nope", "tie_word_embeddings", "mamba_n_heads", "mamba_d_head", "mamba_n_groups",
-                  "mamba_d_state", "mamba_d_conv", "mamba_conv_bias"):
+    for field in FIELDS:
         assert getattr(g.config, field) == getattr(h.config, field), field
     prompts = prompts_for(h.config.vocab_size, [7, 30])
     got, want = lite_logits(g_runner, prompts, chunk=5), lite_logits(h_runner, prompts)
@@ -138,6 +214,52 @@ def test_llama_cpp_on_the_same_gguf_gives_the_same_greedy_tokens(case, tmp_path)
     from conftest import gguf_from_hf
     from test_parity import llama_cpp_greedy, runner_greedy
     path = gguf_from_hf(tiny_checkpoint_path(*case[:1], **case[1]), tmp_path / "m.gguf", "nemotron_h")
+    runner, loaded = make_runner(path)
+    prompt = prompts_for(loaded.config.vocab_size, [12])[0]
+    assert runner_greedy(runner, prompt, 16) == llama_cpp_greedy(path, prompt, 16)
+
+
+@pytest.mark.parametrize("case", GGUF_MOE_CASES, ids=override_ids)
+def test_gguf_with_experts_gives_the_same_logits(case, tmp_path):
+    """llama.cpp's "nemotron_h_moe" file of the same weights (expert blocks by their
+    feed_forward_length and router, ffn_up_exps / ffn_down_exps, exp_probs_b, the shared MLP's
+    *_shexp, the routing fields its converter writes): the same config and logits as the HF
+    checkpoint, and transformers' within 1e-4."""
+    from conftest import gguf_from_hf
+    from test_families import hf_logits
+    ckpt = tiny_checkpoint_path(*case[:1], **case[1])
+    g_runner, g = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", "nemotron_h_moe"))
+    h_runner, h = make_runner(ckpt)
+    for field in FIELDS + ("num_experts", "num_experts_per_tok", "norm_topk_prob", "moe_routing", "n_group",
+                           "topk_group", "routed_scale", "shared_ffn_dim", "shared_gate", "first_dense_layers"):
+        assert getattr(g.config, field) == getattr(h.config, field), field
+    prompts = prompts_for(h.config.vocab_size, [7, 30])
+    got, want = lite_logits(g_runner, prompts, chunk=5), lite_logits(h_runner, prompts)
+    print(f"max |logit diff| GGUF vs HF: {max(float(np.abs(a - b).max()) for a, b in zip(got, want)):.2e}")
+    for a, b in zip(want, got):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    check_logits(got, hf_logits(ckpt, prompts))
+
+
+def test_gguf_latent_experts_are_refused_by_name(tmp_path):
+    """A "nemotron_h_moe" file with moe_latent_size (Nemotron 3 Super's latent projections) is
+    refused by that name."""
+    from conftest import gguf_from_hf
+    from lite_llm.model.files import ModelLoadError
+    from lite_llm.model.loader import load_model
+    ckpt = tiny_checkpoint_path(*GGUF_MOE_CASES[0][:1], **GGUF_MOE_CASES[0][1])
+    path = gguf_from_hf(ckpt, tmp_path / "m.gguf", "nemotron_h_moe", moe_latent_size=32)
+    with pytest.raises(ModelLoadError, match="moe_latent_size"):
+        load_model(str(path), progress=False)
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("case", GGUF_MOE_CASES, ids=override_ids)
+def test_llama_cpp_on_the_same_moe_gguf_gives_the_same_greedy_tokens(case, tmp_path):
+    """llama.cpp (llama-cpp-python) runs the same "nemotron_h_moe" file: 16 greedy tokens agree."""
+    from conftest import gguf_from_hf
+    from test_parity import llama_cpp_greedy, runner_greedy
+    path = gguf_from_hf(tiny_checkpoint_path(*case[:1], **case[1]), tmp_path / "m.gguf", "nemotron_h_moe")
     runner, loaded = make_runner(path)
     prompt = prompts_for(loaded.config.vocab_size, [12])[0]
     assert runner_greedy(runner, prompt, 16) == llama_cpp_greedy(path, prompt, 16)

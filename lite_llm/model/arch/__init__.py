@@ -20,7 +20,8 @@ properties of the kernel model.
                attention, experts with a gated shared expert)
     granite_hybrid.py  GraniteMoeHybridForCausalLM (Granite 4.0-H: Bamba's layers, Granite's multipliers,
                experts with a shared MLP or the shared MLP alone, attention with or without RoPE)
-    nemotron_h.py  NemotronHForCausalLM (Nemotron-H: blocks of one mixer each, Mamba2, attention or relu^2 MLP)
+    nemotron_h.py  NemotronHForCausalLM (Nemotron-H: blocks of one mixer each, Mamba2, attention, relu^2 MLP
+               or relu^2 experts with a shared MLP and DeepSeek-V3's routing; "nemotron_h" / "nemotron_h_moe")
     falcon_h1.py   FalconH1ForCausalLM (Falcon-H1: Mamba2 and attention side by side in every layer, µP multipliers)
     bert.py    BertModel, XLMRobertaModel and their *ForSequenceClassification (encoders, post-norm)
     qwen2_vl.py   Qwen2_5_VLForConditionalGeneration's language model (multimodal RoPE)

@@ -82,7 +82,7 @@ def tensor_names(config: ModelConfig, moe_names: Callable[[ModelConfig, str], li
         if i in config.no_mlp_layers:   # Nemotron-H: a mixer alone
             continue
         names.append(p + "mlp_norm.weight")
-        if config.is_moe:
+        if config.is_moe and i >= config.first_dense_layers:
             names += moe_names(config, p)
             continue
         up = "gate_up" if config.gated_mlp else "up"
