@@ -287,6 +287,51 @@ def test_missing_and_misshapen_tensors(tiny_checkpoint, tmp_path):
         list(m.iter_tensors())
 
 
+def test_hf_tensor_no_recipe_reads_is_refused(tiny_checkpoint, tmp_path):
+    """A weight the recipe never reads would leave the forward pass without it: the load is
+    refused, naming it; a tensor the recipe lists as left unread (an old save's inv_freq
+    buffer) loads, and a tied model's copy of its embedding too."""
+    d = _copy(tiny_checkpoint("llama"), tmp_path / "m")
+    sd = load_file(str(d / "model.safetensors"))
+    save_file({**sd, "model.layers.0.mlp.down_proj.bias": np.ones(64, np.float32)}, str(d / "model.safetensors"))
+    m = load_model(str(d), dtype="float32", progress=False)
+    with pytest.raises(ModelLoadError, match=r"m: this file has tensors the LlamaForCausalLM "
+                       r"recipe does not read: model\.layers\.0\.mlp\.down_proj\.bias \(an unsupported variant"):
+        list(m.iter_tensors())
+    inv_freq = np.ones(8, np.float32)
+    save_file({**sd, "model.layers.0.self_attn.rotary_emb.inv_freq": inv_freq}, str(d / "model.safetensors"))
+    check_tensors(load_model(str(d), dtype="float32", progress=False), expected_tensors(d, m.config))
+    tied = _copy(tiny_checkpoint("llama", tie_word_embeddings=True), tmp_path / "tied")
+    sd = load_file(str(tied / "model.safetensors"))
+    assert "lm_head.weight" not in sd
+    save_file({**sd, "lm_head.weight": sd["model.embed_tokens.weight"]}, str(tied / "model.safetensors"))
+    loaded = load_model(str(tied), dtype="float32", progress=False)
+    check_tensors(loaded, expected_tensors(tied, loaded.config))
+
+
+def test_gguf_tensor_no_recipe_reads_is_refused(tiny_checkpoint, tmp_path):
+    """The same for a GGUF file (llama.cpp refuses it too: "wrong number of tensors"); more than
+    five unread tensors are named five and counted."""
+    ckpt = tiny_checkpoint("llama")
+    path = gguf_from_hf(ckpt, tmp_path / "m.gguf", "llama")
+    reader = lgguf.GGUFFile(str(path))
+    tensors = {n: (reader.read(n), None) for n in reader.tensors}
+    meta = {k: v for k, v in reader.metadata.items() if not k.startswith(("general.", "GGUF."))}
+    extra = write_gguf(tmp_path / "extra.gguf", {**tensors, "blk.0.ssm_out.bias": (np.ones(64, np.float32), None)},
+                       meta=meta)
+    m = load_model(str(extra), dtype="float32", progress=False)
+    with pytest.raises(ModelLoadError, match=r"extra\.gguf: this file has tensors the llama recipe does not read: "
+                                             r"blk\.0\.ssm_out\.bias \(an unsupported"):
+        list(m.iter_tensors())
+    many = {f"blk.{i}.extra.bias": (np.ones(64, np.float32), None) for i in range(7)}
+    extra = write_gguf(tmp_path / "many.gguf", {**tensors, **many}, meta=meta)
+    with pytest.raises(ModelLoadError, match=r"read: blk\.0\.extra\.bias, blk\.1\.extra\.bias, blk\.2\.extra\.bias, "
+                                             r"blk\.3\.extra\.bias, blk\.4\.extra\.bias and 2 more \("):
+        list(load_model(str(extra), dtype="float32", progress=False).iter_tensors())
+    same = write_gguf(tmp_path / "same.gguf", tensors, meta=meta)
+    check_tensors(load_model(str(same), dtype="float32", progress=False), expected_tensors(ckpt, m.config))
+
+
 def test_truncated_safetensors(tiny_checkpoint, tmp_path):
     d = _copy(tiny_checkpoint("llama"), tmp_path / "m")
     f = d / "model.safetensors"

@@ -17,6 +17,10 @@ from lite_llm.model.weights import StackedRows
 
 HF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
+# file tensors left unread (arch/__init__.py unread_tensors): (pattern, reason)
+HF_UNREAD = ((r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",
+              "a buffer older transformers saved beside the weights: RoPE's frequencies, computed here from "
+              "rope_theta and rope_scaling"),)
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                "gelu_new": "gelu_tanh", "relu": "relu", "relu2": "relu2"}
 ROPE_TYPES = ("linear", "llama3", "yarn")
