@@ -488,6 +488,39 @@ def test_gguf_model_matches_hf_checkpoint(tiny_checkpoint, tmp_path, arch, overr
     assert g.tokenizer.chat_template == h.tokenizer.chat_template
 
 
+def test_llama3_gguf_rope_freqs_give_the_scaled_rope(tiny_checkpoint, tmp_path):
+    """llama.cpp's converter writes Llama 3's rope scaling as a rope_freqs tensor (a divisor of
+    each frequency) and no scaling metadata: the file runs like the HF checkpoint it came from."""
+    from test_parity import lite_logits, make_runner
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16}
+    ckpt = tiny_checkpoint("llama", rope_scaling=scaling)
+    path = gguf_from_hf(ckpt, tmp_path / "plain.gguf", "llama")
+    reader = lgguf.GGUFFile(str(path))
+    tensors = {n: (reader.read(n), None) for n in reader.tensors}
+    meta = {k: v for k, v in reader.metadata.items() if not k.startswith(("general.", "GGUF."))}
+    assert not any("rope.scaling" in k for k in meta)
+    cfg = load_model(str(ckpt), dtype="float32", progress=False).config
+    factors = []    # convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors
+    for freq in 1.0 / cfg.rope_theta ** (np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim):
+        wavelen = 2 * np.pi / freq
+        if wavelen < 16 / 4.0:
+            factors.append(1.0)
+        elif wavelen > 16 / 1.0:
+            factors.append(8.0)
+        else:
+            smooth = (16 / wavelen - 1.0) / (4.0 - 1.0)
+            factors.append(1 / ((1 - smooth) / 8.0 + smooth))
+    scaled = write_gguf(tmp_path / "m.gguf", {**tensors, "rope_freqs.weight": (np.array(factors, np.float32), None)},
+                        meta=meta)
+    prompt = [[5, 17, 200, 33, 90, 250, 7, 64, 128, 3, 41, 30, 8, 9, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109]]
+    want = lite_logits(make_runner(ckpt)[0], prompt)[0]
+    got = lite_logits(make_runner(scaled)[0], prompt)[0]
+    plain = lite_logits(make_runner(path)[0], prompt)[0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
+    assert np.abs(plain - want).max() > 1e-2 * np.abs(want).max()      # the scaling shows in the logits
+
+
 def test_gguf_errors(tiny_checkpoint, tmp_path):
     path = write_gguf(tmp_path / "x.gguf", {"w": (np.zeros(4, np.float32), None)}, arch="falcon")
     with pytest.raises(ModelLoadError, match="architecture 'falcon' is not supported.*llama, qwen2, qwen3"):
