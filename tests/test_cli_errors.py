@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 
+import gguf as gguf_lib
+import numpy as np
 import pytest
 
 
@@ -93,3 +96,39 @@ def test_debug_shows_the_traceback(how, mistakes):
     assert code != 0
     assert any("Traceback" in ln for ln in lines), lines
     assert "ModelLoadError" in lines[-1]
+
+
+@pytest.mark.parametrize("source", ["gguf", "hf"])
+def test_file_with_a_tensor_no_recipe_reads(source, tmp_path, tiny_checkpoint):
+    """A checkpoint with a weight the family's recipe never reads (a variant it does not know)
+    is refused in one or two lines naming the tensor, instead of running without it."""
+    from conftest import gguf_from_hf
+    from safetensors.numpy import load_file, save_file
+    d = tmp_path / "m"
+    shutil.copytree(tiny_checkpoint("llama"), d)
+    sd = load_file(str(d / "model.safetensors"))
+    sd["model.layers.1.self_attn.o_proj.bias"] = np.zeros(64, np.float32)
+    save_file(sd, str(d / "model.safetensors"))
+    model = str(d)
+    if source == "gguf":
+        model = str(gguf_from_hf(tiny_checkpoint("llama"), tmp_path / "m.gguf", "llama"))
+        g = gguf_lib.GGUFReader(model)
+        w = gguf_lib.GGUFWriter(str(tmp_path / "extra.gguf"), "llama")
+        for field in g.fields.values():
+            if not field.name.startswith(("GGUF.", "general.architecture")):
+                w.add_key_value(field.name, field.contents(), field.types[0],
+                                field.types[-1] if field.types[0] == gguf_lib.GGUFValueType.ARRAY else None)
+        for t in g.tensors:
+            w.add_tensor(t.name, np.asarray(t.data), raw_shape=None)
+        w.add_tensor("blk.1.attn_output.bias", np.zeros(64, np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        model = str(tmp_path / "extra.gguf")
+    code, lines = run_cli("generate", "--model", model, "--prompt", "Hi", "--max-tokens", "1", "--dtype", "float32")
+    assert code != 0
+    assert not any("Traceback" in ln for ln in lines), lines
+    assert 1 <= len(lines) <= 2, lines
+    name = "blk.1.attn_output.bias" if source == "gguf" else "model.layers.1.self_attn.o_proj.bias"
+    assert f"recipe does not read: {name} (an unsupported variant" in lines[0], lines

@@ -79,6 +79,7 @@ class GGUFFile:
         self._pos = 0
         self.metadata: dict[str, Any] = {}
         self.tensors: dict[str, TensorInfo] = {}
+        self.read_names: set[str] = set()   # tensors info() served: those a recipe used (loader.unread_tensors)
         self._fd: int | None = None
         self.mapped = MappedFile(self.path)
         try:
@@ -256,6 +257,7 @@ class GGUFFile:
                                  f"not supported (supported: {', '.join(t[0] for t in TENSOR_TYPES.values())})")
         if shape is not None and info.shape != tuple(shape):
             raise ModelLoadError(f"{self.path}: tensor {name!r} has shape {info.shape}, expected {tuple(shape)}")
+        self.read_names.add(name)
         return info
 
     def read(self, name: str) -> np.ndarray:

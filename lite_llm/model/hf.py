@@ -81,6 +81,7 @@ class SafetensorsCheckpoint:
         if not files:
             raise ModelLoadError(f"{path}: no *.safetensors weights found")
         self.entries: dict[str, _Entry] = {}
+        self.read_names: set[str] = set()   # tensors entry() served: those a recipe used (loader.unread_tensors)
         self._fds: dict[str, int] = {}
         self._maps: dict[str, MappedFile] = {}
         self.quant = None       # hfquant.QuantSpec of an AWQ / GPTQ checkpoint (the loader sets it)
@@ -155,6 +156,7 @@ class SafetensorsCheckpoint:
             raise ModelLoadError(f"{self.path}: tensor {name!r} is missing from the safetensors files")
         if shape is not None and e.shape != tuple(shape):
             raise ModelLoadError(f"{e.file}: tensor {name!r} has shape {list(e.shape)}, expected {list(shape)}")
+        self.read_names.add(name)
         return e
 
     def read(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:

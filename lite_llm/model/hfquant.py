@@ -164,6 +164,15 @@ def _e4m3_values() -> np.ndarray:
 E4M3_VALUES = _e4m3_values()
 
 
+def unread(spec: QuantSpec | None) -> tuple[tuple[str, str], ...]:
+    """Tensors of a checkpoint quantized as `spec` that no recipe reads, as (pattern, reason)
+    pairs for arch.unread_tensors."""
+    if spec is not None and spec.method in ("fp8", "w8a8"):
+        return ((r".+\.input_scale", "a static activation scale: activations stay in floating point here (FP8) or "
+                                     "are quantized per 32-value block as they come (W8A8)"),)
+    return ()
+
+
 def is_quantized_linear(ckpt, prefix: str) -> bool:
     """Whether `prefix` is stored quantized in checkpoint ckpt (of quantization ckpt.quant)."""
     if ckpt.quant is None:
@@ -229,6 +238,11 @@ class QuantLinear:
             raise ModelLoadError(f"{ckpt.path}: {prefix}: 8-bit GPTQ with zero points other than 128 "
                                  "(asymmetric) is not supported")
         self.type_name = "Q8_0" if bits == 8 else "Q4_0" if (zeros == center).all() else "Q4_1"
+        if f"{prefix}.g_idx" in ckpt:   # GPTQ's group of each input feature: in order unless desc_act
+            g_idx = ckpt.read(f"{prefix}.g_idx", (k,))
+            if not np.array_equal(g_idx, np.arange(k) // group):
+                raise ModelLoadError(f"{ckpt.path}: {prefix}.g_idx puts input features in groups out of order "
+                                     "(activation-order groups, desc_act) which is not supported")
 
     def _fp8_init(self) -> None:
         ckpt, prefix, (n, k) = self.ckpt, self.prefix, self.shape

@@ -79,10 +79,13 @@ class LoadedModel:
         total = len(self.tensor_names())
         if self.is_gguf:
             meta = self._reader.metadata
-            raw = _arch.for_gguf(meta.get("general.architecture"), self.source, meta).gguf_tensors(
-                self._reader, self.config)
+            arch = meta.get("general.architecture")
+            recipe = _arch.for_gguf(arch, self.source, meta)
+            raw = recipe.gguf_tensors(self._reader, self.config)
         else:
-            raw = _arch.for_hf(self.config.architecture, self.source).hf_tensors(self._reader, self.config)
+            arch = self.config.architecture
+            recipe = _arch.for_hf(arch, self.source)
+            raw = recipe.hf_tensors(self._reader, self.config)
         show = self.progress and sys.stderr.isatty()
         start = time.perf_counter()
         done_bytes = 0
@@ -106,9 +109,22 @@ class LoadedModel:
                 sys.stderr.flush()
         if show:
             sys.stderr.write("\n")
+        self._check_all_read(recipe, arch)
         elapsed = time.perf_counter() - start
         log.info("loaded %d tensors (%.1f MB) from %s in %.2f s: %.2f GB/s", count, done_bytes / 2**20,
                  self.source, elapsed, done_bytes / max(elapsed, 1e-9) / 1e9)
+
+    def _check_all_read(self, recipe, arch: str | None) -> None:
+        """Refuse a checkpoint with tensors its recipe did not read (and does not list as left
+        unread, arch/__init__.py): a weight the forward pass never saw gives wrong outputs silently
+        (llama.cpp refuses such a file too: "wrong number of tensors")."""
+        names = self._reader.tensors if self.is_gguf else self._reader.entries
+        also = () if self.is_gguf else _hfquant.unread(self._reader.quant)
+        unread = _arch.unread_tensors(recipe, names, self._reader.read_names, self.config, self.is_gguf, also)
+        if unread:
+            more = f" and {len(unread) - 5} more" if len(unread) > 5 else ""
+            raise ModelLoadError(f"{self.source}: this file has tensors the {arch} recipe does not read: "
+                                 f"{', '.join(unread[:5])}{more} (an unsupported variant of the architecture)")
 
 
 # ---- model argument -> file ------------------------------------------------------------

@@ -76,6 +76,11 @@ def inv_freq(config: ModelConfig, max_positions: int | None = None) -> tuple[np.
         # transformers: 1 / (ext * base ** (arange / dim)) in float32
         powers = np.float32(base) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
         return (np.float32(1.0) / (ext * powers)).astype(np.float32), float(attention_factor)
+    if kind == "freq_factors":   # a GGUF file's rope_freqs tensor: each frequency divided by its factor
+        factors = np.asarray(scaling["factors"], np.float32)
+        if factors.shape != (dim // 2,):
+            raise ValueError(f"rope_freqs: {factors.shape[0]} factors for {dim // 2} frequencies")
+        return (freq.astype(np.float32) / factors).astype(np.float32), 1.0
     if kind == "linear":
         return (freq.astype(np.float32) / np.float32(scaling["factor"])).astype(np.float32), 1.0
     original = int(scaling.get("original_max_position_embeddings") or config.max_position_embeddings)

@@ -158,3 +158,29 @@ def test_llama_cpp_on_the_same_gguf_gives_the_same_greedy_tokens(case, tmp_path)
     runner, loaded = make_runner(path)
     prompt = prompts_for(loaded.config.vocab_size, [12])[0]
     assert runner_greedy(runner, prompt, 16) == llama_cpp_greedy(path, prompt, 16)
+
+
+def test_multi_token_prediction_layers_are_not_read(tmp_path):
+    """V3's released files carry a multi-token-prediction layer numbered past num_hidden_layers
+    (transformers does not load it either): the same logits with and without it. A tensor of an
+    ordinary layer that the recipe does not know is still refused."""
+    from safetensors.numpy import save_file
+    from conftest import checkpoint_copy
+    from lite_llm.model.loader import ModelLoadError
+    ckpt = tiny_checkpoint_path("deepseek_v3")
+    sd = checkpoint_copy(ckpt, tmp_path / "mtp")
+    n = max(int(k.split(".")[2]) for k in sd if k.startswith("model.layers.")) + 1
+    E = sd["model.norm.weight"].shape[0]
+    rng = np.random.default_rng(0)
+    mtp = {f"model.layers.{n}.eh_proj.weight": rng.standard_normal((E, 2 * E)).astype(np.float32),
+           f"model.layers.{n}.enorm.weight": np.ones(E, np.float32),
+           f"model.layers.{n}.shared_head.norm.weight": np.ones(E, np.float32)}
+    save_file({**sd, **mtp}, str(tmp_path / "mtp" / "model.safetensors"), metadata={"format": "pt"})
+    prompts = prompts_for(320, [5, 23])
+    want = lite_logits(make_runner(ckpt)[0], prompts)
+    for g, w in zip(lite_logits(make_runner(tmp_path / "mtp")[0], prompts), want):
+        np.testing.assert_array_equal(g, w)
+    save_file({**sd, f"model.layers.{n - 1}.eh_proj.weight": mtp[f"model.layers.{n}.eh_proj.weight"]},
+              str(tmp_path / "mtp" / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=rf"recipe does not read: model\.layers\.{n - 1}\.eh_proj\.weight"):
+        make_runner(tmp_path / "mtp")

@@ -114,6 +114,13 @@ def test_unsupported_and_broken_checkpoints_are_refused_clearly(tiny_checkpoint,
     write_quantized(ckpt, tmp_path / "act", "gptq", config_extra={"desc_act": True})
     with pytest.raises(ModelLoadError, match="desc_act=true .* is not supported"):
         make_runner(tmp_path / "act")
+    # desc_act false, but g_idx out of order: the groups are not the ones the scales are read by
+    write_quantized(ckpt, tmp_path / "gidx", "gptq", group=64)
+    sd = load_file(str(tmp_path / "gidx" / "model.safetensors"))
+    sd["model.layers.0.mlp.up_proj.g_idx"] = sd["model.layers.0.mlp.up_proj.g_idx"][::-1].copy()
+    save_file(sd, str(tmp_path / "gidx" / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"up_proj.g_idx puts input features in groups out of order"):
+        make_runner(tmp_path / "gidx")
     write_quantized(ckpt, tmp_path / "group", "gptq", group=64, config_extra={"group_size": 128})
     with pytest.raises(ModelLoadError, match=r"q_proj.qzeros' has shape \[4, 32\], expected \[2, 32\].*is group_size right"):
         make_runner(tmp_path / "group")

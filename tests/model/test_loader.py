@@ -287,6 +287,51 @@ def test_missing_and_misshapen_tensors(tiny_checkpoint, tmp_path):
         list(m.iter_tensors())
 
 
+def test_hf_tensor_no_recipe_reads_is_refused(tiny_checkpoint, tmp_path):
+    """A weight the recipe never reads would leave the forward pass without it: the load is
+    refused, naming it; a tensor the recipe lists as left unread (an old save's inv_freq
+    buffer) loads, and a tied model's copy of its embedding too."""
+    d = _copy(tiny_checkpoint("llama"), tmp_path / "m")
+    sd = load_file(str(d / "model.safetensors"))
+    save_file({**sd, "model.layers.0.mlp.down_proj.bias": np.ones(64, np.float32)}, str(d / "model.safetensors"))
+    m = load_model(str(d), dtype="float32", progress=False)
+    with pytest.raises(ModelLoadError, match=r"m: this file has tensors the LlamaForCausalLM "
+                       r"recipe does not read: model\.layers\.0\.mlp\.down_proj\.bias \(an unsupported variant"):
+        list(m.iter_tensors())
+    inv_freq = np.ones(8, np.float32)
+    save_file({**sd, "model.layers.0.self_attn.rotary_emb.inv_freq": inv_freq}, str(d / "model.safetensors"))
+    check_tensors(load_model(str(d), dtype="float32", progress=False), expected_tensors(d, m.config))
+    tied = _copy(tiny_checkpoint("llama", tie_word_embeddings=True), tmp_path / "tied")
+    sd = load_file(str(tied / "model.safetensors"))
+    assert "lm_head.weight" not in sd
+    save_file({**sd, "lm_head.weight": sd["model.embed_tokens.weight"]}, str(tied / "model.safetensors"))
+    loaded = load_model(str(tied), dtype="float32", progress=False)
+    check_tensors(loaded, expected_tensors(tied, loaded.config))
+
+
+def test_gguf_tensor_no_recipe_reads_is_refused(tiny_checkpoint, tmp_path):
+    """The same for a GGUF file (llama.cpp refuses it too: "wrong number of tensors"); more than
+    five unread tensors are named five and counted."""
+    ckpt = tiny_checkpoint("llama")
+    path = gguf_from_hf(ckpt, tmp_path / "m.gguf", "llama")
+    reader = lgguf.GGUFFile(str(path))
+    tensors = {n: (reader.read(n), None) for n in reader.tensors}
+    meta = {k: v for k, v in reader.metadata.items() if not k.startswith(("general.", "GGUF."))}
+    extra = write_gguf(tmp_path / "extra.gguf", {**tensors, "blk.0.ssm_out.bias": (np.ones(64, np.float32), None)},
+                       meta=meta)
+    m = load_model(str(extra), dtype="float32", progress=False)
+    with pytest.raises(ModelLoadError, match=r"extra\.gguf: this file has tensors the llama recipe does not read: "
+                                             r"blk\.0\.ssm_out\.bias \(an unsupported"):
+        list(m.iter_tensors())
+    many = {f"blk.{i}.extra.bias": (np.ones(64, np.float32), None) for i in range(7)}
+    extra = write_gguf(tmp_path / "many.gguf", {**tensors, **many}, meta=meta)
+    with pytest.raises(ModelLoadError, match=r"read: blk\.0\.extra\.bias, blk\.1\.extra\.bias, blk\.2\.extra\.bias, "
+                                             r"blk\.3\.extra\.bias, blk\.4\.extra\.bias and 2 more \("):
+        list(load_model(str(extra), dtype="float32", progress=False).iter_tensors())
+    same = write_gguf(tmp_path / "same.gguf", tensors, meta=meta)
+    check_tensors(load_model(str(same), dtype="float32", progress=False), expected_tensors(ckpt, m.config))
+
+
 def test_truncated_safetensors(tiny_checkpoint, tmp_path):
     d = _copy(tiny_checkpoint("llama"), tmp_path / "m")
     f = d / "model.safetensors"
@@ -441,6 +486,39 @@ def test_gguf_model_matches_hf_checkpoint(tiny_checkpoint, tmp_path, arch, overr
     text = "Hello world! the cat sat, héllo"
     assert g.tokenizer.encode(text) == h.tokenizer.encode(text, add_special_tokens=False)
     assert g.tokenizer.chat_template == h.tokenizer.chat_template
+
+
+def test_llama3_gguf_rope_freqs_give_the_scaled_rope(tiny_checkpoint, tmp_path):
+    """llama.cpp's converter writes Llama 3's rope scaling as a rope_freqs tensor (a divisor of
+    each frequency) and no scaling metadata: the file runs like the HF checkpoint it came from."""
+    from test_parity import lite_logits, make_runner
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16}
+    ckpt = tiny_checkpoint("llama", rope_scaling=scaling)
+    path = gguf_from_hf(ckpt, tmp_path / "plain.gguf", "llama")
+    reader = lgguf.GGUFFile(str(path))
+    tensors = {n: (reader.read(n), None) for n in reader.tensors}
+    meta = {k: v for k, v in reader.metadata.items() if not k.startswith(("general.", "GGUF."))}
+    assert not any("rope.scaling" in k for k in meta)
+    cfg = load_model(str(ckpt), dtype="float32", progress=False).config
+    factors = []    # convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors
+    for freq in 1.0 / cfg.rope_theta ** (np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim):
+        wavelen = 2 * np.pi / freq
+        if wavelen < 16 / 4.0:
+            factors.append(1.0)
+        elif wavelen > 16 / 1.0:
+            factors.append(8.0)
+        else:
+            smooth = (16 / wavelen - 1.0) / (4.0 - 1.0)
+            factors.append(1 / ((1 - smooth) / 8.0 + smooth))
+    scaled = write_gguf(tmp_path / "m.gguf", {**tensors, "rope_freqs.weight": (np.array(factors, np.float32), None)},
+                        meta=meta)
+    prompt = [[5, 17, 200, 33, 90, 250, 7, 64, 128, 3, 41, 30, 8, 9, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109]]
+    want = lite_logits(make_runner(ckpt)[0], prompt)[0]
+    got = lite_logits(make_runner(scaled)[0], prompt)[0]
+    plain = lite_logits(make_runner(path)[0], prompt)[0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
+    assert np.abs(plain - want).max() > 1e-2 * np.abs(want).max()      # the scaling shows in the logits
 
 
 def test_gguf_errors(tiny_checkpoint, tmp_path):

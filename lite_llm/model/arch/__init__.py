@@ -31,13 +31,16 @@ properties of the kernel model.
 A recipe module defines HF_ARCHITECTURES (the config.json names it reads), GGUF_ARCHITECTURES
 (llama.cpp's general.architecture -> HF name), config(raw, arch, where) -> ModelConfig,
 hf_tensors(ckpt, config), and, where GGUF is supported, gguf_config(f, arch) and
-gguf_tensors(f, config). File formats stay in hf.py / gguf.py; what the layers compute is
+gguf_tensors(f, config). A file tensor neither read by the recipe nor named by its HF_UNREAD /
+GGUF_UNREAD ((full-match pattern, reason) pairs: what it may leave unread, and why) refuses the
+file once the tensors are read (unread_tensors). File formats stay in hf.py / gguf.py; what the layers compute is
 lite_llm/_kernels/forward.pxi, driven by the KernelConfig built here.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from types import ModuleType
 
 from lite_llm.config import KernelConfig, LayerConfig, ModelConfig
@@ -77,6 +80,24 @@ def for_gguf(arch: str | None, where: str, metadata: dict | None = None) -> Modu
     if recipe is llama and metadata is not None and metadata.get(f"{arch}.expert_count"):
         return mixtral
     return recipe
+
+
+# left unread by every recipe: a tied model's output matrix is its embedding (transformers ties
+# them too), so a copy the file still carries is not read
+_TIED_HEAD = (r"(?:.+\.)?lm_head\.weight", "a tied model's copy of its embedding")
+
+
+def unread_tensors(recipe: ModuleType, names, read: set[str], config: ModelConfig, gguf: bool,
+                   also: tuple[tuple[str, str], ...] = ()) -> list[str]:
+    """Tensors of `names` (the file's, in file order) that the recipe neither read (`read`) nor
+    lists as left unread with a reason: GGUF_UNREAD / HF_UNREAD of its module, (full-match
+    pattern, reason) pairs, or a function of the config giving them; `also`: more such pairs
+    (a quantization's, hfquant.unread)."""
+    allowed = getattr(recipe, "GGUF_UNREAD" if gguf else "HF_UNREAD", ())
+    allowed = tuple(allowed(config) if callable(allowed) else allowed) + tuple(also)
+    if config.tie_word_embeddings and not gguf:
+        allowed += (_TIED_HEAD,)
+    return [n for n in names if n not in read and not any(re.fullmatch(p, n) for p, _ in allowed)]
 
 
 def read_config(path: str) -> tuple[ModelConfig, dict]:

@@ -38,6 +38,17 @@ CLASSIFIERS = ("BertForSequenceClassification", "XLMRobertaForSequenceClassifica
                "RobertaForSequenceClassification")
 
 
+def HF_UNREAD(config: ModelConfig) -> tuple[tuple[str, str], ...]:
+    """File tensors the kernel model leaves unread (arch/__init__.py unread_tensors)."""
+    unread = ((r"(?:\w+\.)?embeddings\.position_ids", "a buffer older transformers saved: positions 0, 1, ..."),)
+    if config.architecture in CLASSIFIERS:
+        return unread + ((r"(?:\w+\.)?pooler\.dense\.(?:weight|bias)|classifier\..+",
+                          "the classifier head: read by the pooler (head_tensors), not the kernel model"),)
+    return unread + ((r"(?:\w+\.)?pooler\.dense\.(?:weight|bias)",
+                      "BERT's pooler (dense + tanh over the first token): an embedding is pooled from the last "
+                      "hidden states (CLS or mean, as sentence-transformers and vLLM pool), never through it"),)
+
+
 def is_roberta(arch: str) -> bool:
     return "Roberta" in arch
 

@@ -64,6 +64,14 @@ from lite_llm.model.weights import StackedRows, convert
 
 HF_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 GGUF_ARCHITECTURES = {"deepseek2": "DeepseekV2ForCausalLM"}
+
+
+def HF_UNREAD(config: ModelConfig) -> tuple[tuple[str, str], ...]:
+    """File tensors left unread (arch/__init__.py unread_tensors): V3's multi-token-prediction
+    layers, numbered past num_hidden_layers (llama.cpp's converter drops them from its files)."""
+    past = "|".join(str(i) for i in range(config.num_layers, 2 * config.num_layers))
+    return ((rf"model\.layers\.(?:{past})\..+", "a multi-token-prediction layer: it drafts tokens for speculative "
+                                                 "decoding, the model's own logits do not use it"),)
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2      # llama.cpp's expert_gating_func values
 
 

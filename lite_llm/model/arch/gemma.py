@@ -25,6 +25,15 @@ from lite_llm.model.files import ModelLoadError
 
 HF_ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 GGUF_ARCHITECTURES = {"gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+
+
+def HF_UNREAD(config: ModelConfig) -> tuple[tuple[str, str], ...]:
+    """File tensors left unread (arch/__init__.py unread_tensors): Gemma 3 vision's image encoder."""
+    if config.architecture != "Gemma3ForConditionalGeneration":
+        return ()
+    return ((r"(?:model\.)?(?:vision_tower|multi_modal_projector)\..+",
+             "the image encoder and its projector: lite_llm/multimodal/gemma3.py reads them (when images are "
+             "served), not the decoder"),)
 _HF_NORMS = (("post_attn_norm", "post_attention_layernorm"), ("mlp_norm", "pre_feedforward_layernorm"),
              ("post_mlp_norm", "post_feedforward_layernorm"))
 _GGUF_NORMS = (("post_attn_norm", "post_attention_norm"), ("post_mlp_norm", "post_ffw_norm"))

@@ -17,6 +17,10 @@ from lite_llm.model.weights import StackedRows
 
 HF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM"}
+# file tensors left unread (arch/__init__.py unread_tensors): (pattern, reason)
+HF_UNREAD = ((r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",
+              "a buffer older transformers saved beside the weights: RoPE's frequencies, computed here from "
+              "rope_theta and rope_scaling"),)
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                "gelu_new": "gelu_tanh", "relu": "relu", "relu2": "relu2"}
 ROPE_TYPES = ("linear", "llama3", "yarn")
@@ -214,6 +218,10 @@ def gguf_decoder_config(f, arch: str, architecture: str, **fields: Any) -> Model
                         "original_max_position_embeddings": int(key("rope.scaling.original_context_length"))}
     elif scaling_type not in (None, "none"):
         raise ModelLoadError(f"{f.path}: GGUF rope scaling {scaling_type!r} is not supported")
+    if "rope_freqs.weight" in f.tensors:    # llama.cpp's converter writes Llama 3's rope scaling as a
+        if rope_scaling is not None:        # divisor of each frequency (llama.cpp's freq_factors)
+            raise ModelLoadError(f"{f.path}: rope_freqs beside {scaling_type} rope scaling is not supported")
+        rope_scaling = {"rope_type": "freq_factors", "factors": f.read("rope_freqs.weight").reshape(-1).tolist()}
     eos_id = meta.get("tokenizer.ggml.eos_token_id")
     values = dict(
         architecture=architecture,

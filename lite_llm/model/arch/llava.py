@@ -13,6 +13,9 @@ from lite_llm.model.arch.qwen2_vl import text_config
 from lite_llm.model.files import ModelLoadError
 
 HF_ARCHITECTURES = ("LlavaForConditionalGeneration",)
+# file tensors left unread (arch/__init__.py unread_tensors): (pattern, reason)
+HF_UNREAD = ((r"(?:model\.)?(?:vision_tower|multi_modal_projector)\..+",
+              "the image encoder and its projector: lite_llm/multimodal/llava.py reads them (when images are served), not the decoder"),)
 
 
 def config(raw: dict, arch: str, where: str) -> ModelConfig:

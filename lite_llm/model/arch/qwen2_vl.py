@@ -11,6 +11,9 @@ from lite_llm.model.arch import llama
 from lite_llm.model.files import ModelLoadError
 
 HF_ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration",)
+# file tensors left unread (arch/__init__.py unread_tensors): (pattern, reason)
+HF_UNREAD = ((r"(?:model\.)?visual\..+",
+              "the vision tower: lite_llm/multimodal/qwen2_5_vl.py reads it (when images are served), not the decoder"),)
 
 
 def text_config(raw: dict) -> dict:

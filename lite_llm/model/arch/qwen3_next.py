@@ -49,6 +49,9 @@ from lite_llm.model.weights import StackedRows, bf16_to_f32
 
 HF_ARCHITECTURES = ("Qwen3NextForCausalLM",)
 GGUF_ARCHITECTURES = {"qwen3next": "Qwen3NextForCausalLM"}
+# file tensors left unread (arch/__init__.py unread_tensors): (pattern, reason)
+HF_UNREAD = ((r"mtp\..+", "the multi-token-prediction head: it drafts tokens for speculative decoding, the model's "
+                           "own logits do not use it"),)
 _KINDS = {"linear_attention": "deltanet", "full_attention": "full_attention"}
 
 
