@@ -505,6 +505,24 @@ LL_INLINE void ll_dot_block_neg(const ll_vi8 w[8], const ll_vi8 neg[8], const in
     }
     *lo = a; *hi = b;
 }
+
+/* acc[t] += the 16 rows' sub-block j (of the super-block at wp; b its block index in x) . token
+ * t's 32 values, for t < nt: the sub-block decoded once for all of them (ll_iq_decode16). With
+ * nt a literal (ll_qpanel_dot's tile) the token loop unrolls and acc stays in registers. */
+LL_INLINE void ll_iq_subblock_dot(const ll_qact *x, ptrdiff_t nt, const uint8_t *wp, ll_vi32 off, int wtype, int j,
+                                  ll_vf32 dv, ptrdiff_t b, ll_vf32 *acc) {
+    const ptrdiff_t ldd = x->ld / 32;
+    ll_vi8 w[8], neg[8];
+    ll_vf32 a0, a1;
+    const int with_neg = ll_iq_decode16(wp, off, wtype, j, dv, w, neg, &a0, &a1);
+    for (ptrdiff_t t = 0; t < nt; t++) {
+        ll_vi32 lo, hi;
+        if (with_neg) ll_dot_block_neg(w, neg, x->q + t * x->ld + 32 * b, &lo, &hi);
+        else ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
+        const ll_vf32 dx = ll_set1(x->d[t * ldd + b]);
+        acc[t] = ll_fma(a1, ll_mul(ll_i32_to_f32(hi), dx), ll_fma(a0, ll_mul(ll_i32_to_f32(lo), dx), acc[t]));
+    }
+}
 #endif
 
 /* Decode streams each panel once: ask for the bytes LL_QPF ahead of those being read. */
@@ -642,19 +660,7 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
         for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 16 * gb) {
             if (tt == 1) LL_QPREFETCH(wp, 16 * gb);
             const ll_vf32 dv = ll_iq_row_d(wp, wtype, gb);
-            for (int j = 0; j < 8; j++) {
-                ll_vi8 w[8], neg[8];
-                ll_vf32 a0, a1;
-                const int with_neg = ll_iq_decode16(wp, off, wtype, j, dv, w, neg, &a0, &a1);
-                const ptrdiff_t b = 8 * sb + j;
-                for (int t = 0; t < tt; t++) {
-                    ll_vi32 lo, hi;
-                    if (with_neg) ll_dot_block_neg(w, neg, x->q + t * x->ld + 32 * b, &lo, &hi);
-                    else ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
-                    const ll_vf32 dx = ll_set1(x->d[t * ldd + b]);
-                    acc[t] = ll_fma(a1, ll_mul(ll_i32_to_f32(hi), dx), ll_fma(a0, ll_mul(ll_i32_to_f32(lo), dx), acc[t]));
-                }
-            }
+            for (int j = 0; j < 8; j++) ll_iq_subblock_dot(x, tt, wp, off, wtype, j, dv, 8 * sb + j, acc);
         }
 #endif
     } else if (wtype == LL_W_Q2_K) {
@@ -767,26 +773,14 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
  * the same float operations in the same order per token. */
 static inline void ll_iq_panel_dot_many(const ll_qact *x, ptrdiff_t nt, const uint8_t *wp, int wtype, ptrdiff_t k,
                                         ll_vf32 *acc) {
-    const ptrdiff_t ldd = x->ld / 32, gb = ll_ggml_block_bytes(wtype);
+    const ptrdiff_t gb = ll_ggml_block_bytes(wtype);
     int32_t offs[16];
     for (int r = 0; r < 16; r++) offs[r] = (int32_t)(r * gb);
     const ll_vi32 off = ll_i32_load(offs);
     for (ptrdiff_t t = 0; t < nt; t++) acc[t] = ll_zero();
     for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 16 * gb) {
         const ll_vf32 dv = ll_iq_row_d(wp, wtype, gb);
-        for (int j = 0; j < 8; j++) {
-            ll_vi8 w[8], neg[8];
-            ll_vf32 a0, a1;
-            const int with_neg = ll_iq_decode16(wp, off, wtype, j, dv, w, neg, &a0, &a1);
-            const ptrdiff_t b = 8 * sb + j;
-            for (ptrdiff_t t = 0; t < nt; t++) {
-                ll_vi32 lo, hi;
-                if (with_neg) ll_dot_block_neg(w, neg, x->q + t * x->ld + 32 * b, &lo, &hi);
-                else ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
-                const ll_vf32 dx = ll_set1(x->d[t * ldd + b]);
-                acc[t] = ll_fma(a1, ll_mul(ll_i32_to_f32(hi), dx), ll_fma(a0, ll_mul(ll_i32_to_f32(lo), dx), acc[t]));
-            }
-        }
+        for (int j = 0; j < 8; j++) ll_iq_subblock_dot(x, nt, wp, off, wtype, j, dv, 8 * sb + j, acc);
     }
 }
 #endif
