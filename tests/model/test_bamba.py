@@ -12,8 +12,8 @@ import pytest
 
 from conftest import tiny_checkpoint_path
 from test_families import _greedy, hf_logits
-from test_parity import (check_engine_greedy_under_preemption, check_logits, lite_logits, make_runner, override_ids,
-                        prompts_for)
+from test_parity import (check_engine_greedy_under_preemption, check_gguf_matches_hf, check_logits, lite_logits,
+                        make_runner, override_ids, prompts_for)
 
 CASES = [("bamba", {}),
          # one group, biases on in_proj / out_proj, no conv bias, two attention layers
@@ -108,19 +108,12 @@ def test_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
     transformers does, so the config and the logits equal the HF checkpoint's."""
     from conftest import gguf_from_hf
     ckpt = tiny_checkpoint_path(*case[:1], **case[1])
-    g_runner, g = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", "granitehybrid"))
-    h_runner, h = make_runner(ckpt)
-    for field in ("architecture", "layer_types", "ffn_dim", "num_kv_heads", "head_dim", "partial_rotary_factor", "rope",
-                  "nope", "num_experts", "embedding_multiplier", "residual_multiplier", "attention_multiplier",
-                  "logits_scaling", "tie_word_embeddings", "mamba_n_heads", "mamba_d_head", "mamba_n_groups",
-                  "mamba_d_state", "mamba_d_conv", "mamba_conv_bias", "mamba_proj_bias"):
-        assert getattr(g.config, field) == getattr(h.config, field), field
-    assert g.config.norm_eps == pytest.approx(h.config.norm_eps, rel=1e-6)   # a float32 in the file
-    prompts = prompts_for(h.config.vocab_size, [7, 30])
-    got, want = lite_logits(g_runner, prompts, chunk=5), lite_logits(h_runner, prompts)
-    print(f"max |logit diff| GGUF vs HF: {max(float(np.abs(a - b).max()) for a, b in zip(got, want)):.2e}")
-    for a, b in zip(want, got):
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    check_gguf_matches_hf(
+        gguf_from_hf(ckpt, tmp_path / "m.gguf", "granitehybrid"), ckpt,
+        ("architecture", "layer_types", "ffn_dim", "num_kv_heads", "head_dim", "partial_rotary_factor", "rope", "nope",
+         "num_experts", "embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling",
+         "tie_word_embeddings", "mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv",
+         "mamba_conv_bias", "mamba_proj_bias"), approx=("norm_eps",))
 
 
 def test_a_q8_0_gguf_runs_as_stored(tmp_path):

@@ -13,8 +13,7 @@ import pytest
 from conftest import gguf_from_hf, tiny_checkpoint_path
 from test_families import _greedy, hf_logits
 from test_moe import _check_routed, _position_errors
-from test_parity import (check_variant_matches_default, lite_logits, llama_cpp_greedy, make_runner, prompts_for,
-                         runner_greedy)
+from test_parity import check_llama_cpp_agrees, check_variant_matches_default, lite_logits, make_runner, prompts_for
 from lite_llm import _kernels
 
 CASES = [("deepseek_v2", {}), ("deepseek_v3", {}),
@@ -155,9 +154,7 @@ def test_llama_cpp_on_the_same_gguf_gives_the_same_greedy_tokens(case, tmp_path)
     by 0.08 on this checkpoint; with greedy routing by 4e-4)."""
     arch, overrides = case
     path = gguf_from_hf(tiny_checkpoint_path(arch, **overrides), tmp_path / "m.gguf", "deepseek2")
-    runner, loaded = make_runner(path)
-    prompt = prompts_for(loaded.config.vocab_size, [12])[0]
-    assert runner_greedy(runner, prompt, 16) == llama_cpp_greedy(path, prompt, 16)
+    check_llama_cpp_agrees(path)
 
 
 def test_multi_token_prediction_layers_are_not_read(tmp_path):

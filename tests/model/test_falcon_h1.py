@@ -14,7 +14,8 @@ import pytest
 
 from conftest import tiny_checkpoint_path
 from test_families import _greedy, hf_logits
-from test_parity import check_engine_greedy_under_preemption, check_logits, lite_logits, make_runner, override_ids, prompts_for
+from test_parity import (check_engine_greedy_under_preemption, check_gguf_matches_hf, check_llama_cpp_agrees, check_logits,
+                         lite_logits, make_runner, override_ids, prompts_for)
 
 CASES = [("falcon_h1", {}),                                        # gated norm before the gate, 3 layers of 6 heads
          # no gated norm (y * silu(z)), tied embeddings, MQA, biases on every projection (attention,
@@ -175,18 +176,12 @@ def test_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
     for a tied head): the config read from it and the logits equal the HF checkpoint's."""
     from conftest import gguf_from_hf
     ckpt = tiny_checkpoint_path(*case[:1], **case[1])
-    g_runner, g = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", "falcon-h1"))
-    h_runner, h = make_runner(ckpt)
-    for field in ("architecture", "num_layers", "layer_types", "no_mlp_layers", "shared_input_layers", "ffn_dim",
-                  "num_kv_heads", "head_dim", "qkv_bias", "o_bias", "mlp_bias", "mamba_n_heads", "mamba_d_head",
-                  "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_conv_bias", "mamba_norm"):
-        assert getattr(g.config, field) == getattr(h.config, field), field
-    assert g.config.embedding_multiplier == g.config.logits_scaling == 1.0   # in the weights
-    prompts = prompts_for(h.config.vocab_size, [7, 30])
-    got, want = lite_logits(g_runner, prompts, chunk=5), lite_logits(h_runner, prompts)
-    print(f"max |logit diff| GGUF vs HF: {max(float(np.abs(a - b).max()) for a, b in zip(got, want)):.2e}")
-    for a, b in zip(want, got):
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    _, _, config = check_gguf_matches_hf(
+        gguf_from_hf(ckpt, tmp_path / "m.gguf", "falcon-h1"), ckpt,
+        ("architecture", "num_layers", "layer_types", "no_mlp_layers", "shared_input_layers", "ffn_dim", "num_kv_heads",
+         "head_dim", "qkv_bias", "o_bias", "mlp_bias", "mamba_n_heads", "mamba_d_head", "mamba_n_groups",
+         "mamba_d_state", "mamba_d_conv", "mamba_conv_bias", "mamba_norm"))
+    assert config.embedding_multiplier == config.logits_scaling == 1.0   # in the weights
 
 
 @pytest.mark.peers
@@ -194,11 +189,8 @@ def test_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
 def test_llama_cpp_on_the_same_gguf_gives_the_same_greedy_tokens(case, tmp_path):
     """llama.cpp (llama-cpp-python) runs the same "falcon-h1" file: 16 greedy tokens agree."""
     from conftest import gguf_from_hf
-    from test_parity import llama_cpp_greedy, runner_greedy
     path = gguf_from_hf(tiny_checkpoint_path(*case[:1], **case[1]), tmp_path / "m.gguf", "falcon-h1")
-    runner, loaded = make_runner(path)
-    prompt = prompts_for(loaded.config.vocab_size, [12])[0]
-    assert runner_greedy(runner, prompt, 16) == llama_cpp_greedy(path, prompt, 16)
+    check_llama_cpp_agrees(path)
 
 
 @pytest.mark.parametrize("change", [{"residual_multiplier": 0.5}, {"no_mlp_layers": ()},

@@ -13,7 +13,8 @@ import torch
 
 from conftest import checkpoint_copy, tiny_checkpoint_path
 from test_families import _greedy, hf_logits
-from test_parity import check_engine_greedy_under_preemption, check_logits, lite_logits, make_runner, override_ids, prompts_for
+from test_parity import (check_engine_greedy_under_preemption, check_gguf_matches_hf, check_llama_cpp_agrees, check_logits,
+                         lite_logits, make_runner, override_ids, prompts_for)
 
 DENSE_NOPE = {"num_local_experts": 0, "position_embedding_type": "nope", "tie_word_embeddings": True,
               "num_hidden_layers": 4, "layer_types": ["attention", "mamba", "mamba", "attention"]}
@@ -139,19 +140,12 @@ def test_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
     HF checkpoint's."""
     from conftest import gguf_from_hf
     ckpt = tiny_checkpoint_path(*case[:1], **case[1])
-    g_runner, g = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", "granitehybrid"))
-    h_runner, h = make_runner(ckpt)
-    for field in ("architecture", "layer_types", "ffn_dim", "num_kv_heads", "head_dim", "tie_word_embeddings", "rope",
-                  "nope", "num_experts", "num_experts_per_tok", "shared_ffn_dim", "moe_routing", "shared_gate",
-                  "mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_conv_bias"):
-        assert getattr(g.config, field) == getattr(h.config, field), field
-    for field in ("norm_eps", "embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"):
-        assert getattr(g.config, field) == pytest.approx(getattr(h.config, field), rel=1e-6), field   # float32s
-    prompts = prompts_for(h.config.vocab_size, [7, 30])
-    got, want = lite_logits(g_runner, prompts, chunk=5), lite_logits(h_runner, prompts)
-    print(f"max |logit diff| GGUF vs HF: {max(float(np.abs(a - b).max()) for a, b in zip(got, want)):.2e}")
-    for a, b in zip(want, got):
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    check_gguf_matches_hf(
+        gguf_from_hf(ckpt, tmp_path / "m.gguf", "granitehybrid"), ckpt,
+        ("architecture", "layer_types", "ffn_dim", "num_kv_heads", "head_dim", "tie_word_embeddings", "rope", "nope",
+         "num_experts", "num_experts_per_tok", "shared_ffn_dim", "moe_routing", "shared_gate", "mamba_n_heads",
+         "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_conv_bias"),
+        approx=("norm_eps", "embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"))
 
 
 @pytest.mark.peers
@@ -159,8 +153,5 @@ def test_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
 def test_llama_cpp_on_the_same_gguf_gives_the_same_greedy_tokens(case, tmp_path):
     """llama.cpp (llama-cpp-python) runs the same "granitehybrid" file: 16 greedy tokens agree."""
     from conftest import gguf_from_hf
-    from test_parity import llama_cpp_greedy, runner_greedy
     path = gguf_from_hf(tiny_checkpoint_path(*case[:1], **case[1]), tmp_path / "m.gguf", "granitehybrid")
-    runner, loaded = make_runner(path)
-    prompt = prompts_for(loaded.config.vocab_size, [12])[0]
-    assert runner_greedy(runner, prompt, 16) == llama_cpp_greedy(path, prompt, 16)
+    check_llama_cpp_agrees(path)

@@ -14,8 +14,8 @@ import pytest
 
 from conftest import tiny_checkpoint_path
 from test_families import _greedy, hf_logits
-from test_parity import (check_logits, engine_outputs, hf_greedy, lite_logits, llama_cpp_greedy, make_runner,
-                        override_ids, prompts_for, runner_greedy)
+from test_parity import (check_llama_cpp_agrees, check_logits, engine_outputs, hf_greedy, lite_logits, make_runner,
+                        override_ids, prompts_for)
 
 def _ids(case) -> str:
     return override_ids(case, ("layer_types",))
@@ -202,9 +202,7 @@ def test_llama_cpp_on_the_same_gguf_gives_the_same_greedy_tokens(case, tmp_path)
     released LFM2 checkpoints have none)."""
     from conftest import gguf_from_hf
     path = gguf_from_hf(tiny_checkpoint_path(*case[:1], **case[1]), tmp_path / "m.gguf", "lfm2")
-    runner, loaded = make_runner(path)
-    prompt = prompts_for(loaded.config.vocab_size, [12])[0]
-    assert runner_greedy(runner, prompt, 16) == llama_cpp_greedy(path, prompt, 16)
+    check_llama_cpp_agrees(path)
 
 
 def test_pooling_runner_refuses_recurrent_layers():

@@ -13,8 +13,8 @@ import torch
 
 from conftest import checkpoint_copy, tiny_checkpoint_path
 from test_families import _greedy, hf_logits
-from test_parity import (check_engine_greedy_under_preemption, check_logits, lite_logits, make_runner, override_ids,
-                        prompts_for)
+from test_parity import (check_engine_greedy_under_preemption, check_gguf_matches_hf, check_llama_cpp_agrees, check_logits,
+                        lite_logits, make_runner, override_ids, prompts_for)
 
 CASES = [("nemotron_h", {}),                                      # M - * M - M
          # attention first and GQA 4:1, biases on the Mamba2 projections and the MLP, no conv
@@ -194,15 +194,7 @@ def test_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
     config read from it and the logits equal the HF checkpoint's."""
     from conftest import gguf_from_hf
     ckpt = tiny_checkpoint_path(*case[:1], **case[1])
-    g_runner, g = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", "nemotron_h"))
-    h_runner, h = make_runner(ckpt)
-    for field in FIELDS:
-        assert getattr(g.config, field) == getattr(h.config, field), field
-    prompts = prompts_for(h.config.vocab_size, [7, 30])
-    got, want = lite_logits(g_runner, prompts, chunk=5), lite_logits(h_runner, prompts)
-    print(f"max |logit diff| GGUF vs HF: {max(float(np.abs(a - b).max()) for a, b in zip(got, want)):.2e}")
-    for a, b in zip(want, got):
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    check_gguf_matches_hf(gguf_from_hf(ckpt, tmp_path / "m.gguf", "nemotron_h"), ckpt, FIELDS)
 
 
 @pytest.mark.peers
@@ -212,11 +204,8 @@ def test_llama_cpp_on_the_same_gguf_gives_the_same_greedy_tokens(case, tmp_path)
     the case without conv biases: llama.cpp's Mamba2 graph adds the bias its loader lets be
     missing, and crashes (the released checkpoints have it)."""
     from conftest import gguf_from_hf
-    from test_parity import llama_cpp_greedy, runner_greedy
     path = gguf_from_hf(tiny_checkpoint_path(*case[:1], **case[1]), tmp_path / "m.gguf", "nemotron_h")
-    runner, loaded = make_runner(path)
-    prompt = prompts_for(loaded.config.vocab_size, [12])[0]
-    assert runner_greedy(runner, prompt, 16) == llama_cpp_greedy(path, prompt, 16)
+    check_llama_cpp_agrees(path)
 
 
 @pytest.mark.parametrize("case", GGUF_MOE_CASES, ids=override_ids)
@@ -228,16 +217,10 @@ def test_gguf_with_experts_gives_the_same_logits(case, tmp_path):
     from conftest import gguf_from_hf
     from test_families import hf_logits
     ckpt = tiny_checkpoint_path(*case[:1], **case[1])
-    g_runner, g = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", "nemotron_h_moe"))
-    h_runner, h = make_runner(ckpt)
-    for field in FIELDS + ("num_experts", "num_experts_per_tok", "norm_topk_prob", "moe_routing", "n_group",
-                           "topk_group", "routed_scale", "shared_ffn_dim", "shared_gate", "first_dense_layers"):
-        assert getattr(g.config, field) == getattr(h.config, field), field
-    prompts = prompts_for(h.config.vocab_size, [7, 30])
-    got, want = lite_logits(g_runner, prompts, chunk=5), lite_logits(h_runner, prompts)
-    print(f"max |logit diff| GGUF vs HF: {max(float(np.abs(a - b).max()) for a, b in zip(got, want)):.2e}")
-    for a, b in zip(want, got):
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    got, prompts, _ = check_gguf_matches_hf(
+        gguf_from_hf(ckpt, tmp_path / "m.gguf", "nemotron_h_moe"), ckpt,
+        FIELDS + ("num_experts", "num_experts_per_tok", "norm_topk_prob", "moe_routing", "n_group", "topk_group",
+                  "routed_scale", "shared_ffn_dim", "shared_gate", "first_dense_layers"))
     check_logits(got, hf_logits(ckpt, prompts))
 
 
@@ -258,8 +241,5 @@ def test_gguf_latent_experts_are_refused_by_name(tmp_path):
 def test_llama_cpp_on_the_same_moe_gguf_gives_the_same_greedy_tokens(case, tmp_path):
     """llama.cpp (llama-cpp-python) runs the same "nemotron_h_moe" file: 16 greedy tokens agree."""
     from conftest import gguf_from_hf
-    from test_parity import llama_cpp_greedy, runner_greedy
     path = gguf_from_hf(tiny_checkpoint_path(*case[:1], **case[1]), tmp_path / "m.gguf", "nemotron_h_moe")
-    runner, loaded = make_runner(path)
-    prompt = prompts_for(loaded.config.vocab_size, [12])[0]
-    assert runner_greedy(runner, prompt, 16) == llama_cpp_greedy(path, prompt, 16)
+    check_llama_cpp_agrees(path)

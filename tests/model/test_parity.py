@@ -126,6 +126,33 @@ def llama_cpp_greedy(path, prompt: list[int], n: int) -> list[int]:
         theirs.close()
 
 
+def check_llama_cpp_agrees(path, n: int = 16) -> None:
+    """llama.cpp (llama-cpp-python) on the GGUF file at path: its n greedy tokens after a random
+    12-token prompt equal ours on the same file."""
+    runner, loaded = make_runner(path)
+    prompt = prompts_for(loaded.config.vocab_size, [12])[0]
+    assert runner_greedy(runner, prompt, n) == llama_cpp_greedy(path, prompt, n)
+
+
+def check_gguf_matches_hf(gguf_path, ckpt, fields=(), approx=(), lens=(7, 30)):
+    """A GGUF file written from the HF checkpoint ckpt: the same config fields (approx: float
+    fields the file holds as float32, within 1e-6) and the same logits (within 1e-5 of each row's
+    largest; the file read in chunks of 5) as ckpt loaded directly. Returns the file's logits, the
+    prompts and the file's config, for checks of their own."""
+    g_runner, g = make_runner(gguf_path)
+    h_runner, h = make_runner(ckpt)
+    for field in fields:
+        assert getattr(g.config, field) == getattr(h.config, field), field
+    for field in approx:
+        assert getattr(g.config, field) == pytest.approx(getattr(h.config, field), rel=1e-6), field
+    prompts = prompts_for(h.config.vocab_size, list(lens))
+    got, want = lite_logits(g_runner, prompts, chunk=5), lite_logits(h_runner, prompts)
+    print(f"max |logit diff| GGUF vs HF: {max(float(np.abs(a - b).max()) for a, b in zip(got, want)):.2e}")
+    for a, b in zip(want, got):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    return got, prompts, g.config
+
+
 def engine_outputs(args, prompts, params):
     """Every prompt (token ids) through one engine built from EngineArgs args, all added at once:
     (outputs folded, the engine's stats after them)."""

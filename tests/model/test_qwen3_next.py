@@ -13,8 +13,8 @@ import pytest
 
 from conftest import tiny_checkpoint_path
 from test_families import _greedy, hf_logits
-from test_parity import (check_engine_greedy_under_preemption, check_logits, lite_logits, make_runner, override_ids,
-                        prompts_for)
+from test_parity import (check_engine_greedy_under_preemption, check_llama_cpp_agrees, check_logits, lite_logits,
+                        make_runner, override_ids, prompts_for)
 
 def _ids(case) -> str:
     return override_ids(case, ("rope_parameters",))
@@ -225,12 +225,9 @@ def test_llama_cpp_on_the_same_gguf_gives_the_same_greedy_tokens(split_qkvz, tmp
     """llama.cpp (llama-cpp-python) runs the same "qwen3next" file (the released models' shape:
     its graph takes the value heads' width for the key heads'): 16 greedy tokens agree."""
     from conftest import gguf_from_hf
-    from test_parity import llama_cpp_greedy, runner_greedy
     path = gguf_from_hf(tiny_checkpoint_path("qwen3_next", **RELEASED), tmp_path / "m.gguf", "qwen3next",
                         split_qkvz=split_qkvz)
-    runner, loaded = make_runner(path)
-    prompt = prompts_for(loaded.config.vocab_size, [12])[0]
-    assert runner_greedy(runner, prompt, 16) == llama_cpp_greedy(path, prompt, 16)
+    check_llama_cpp_agrees(path)
 
 
 @pytest.mark.peers
