@@ -263,6 +263,27 @@ def test_bf16_gguf_path_is_cached_by_source(tmp_path, monkeypatch):
     src.write_bytes(b"v2 longer")                                              # size and mtime change
     second = peers.bf16_gguf_path(str(src), str(tmp_path / "cache"))
     assert second != first and len(calls) == 2 and Path(second).exists()
+    elsewhere = tmp_path / "other-venv" / "m.gguf"          # the same bytes at another path: no new copy
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(b"v2 longer")
+    assert peers.bf16_gguf_path(str(elsewhere), str(tmp_path / "cache")) == second and len(calls) == 2
+
+
+def test_content_key_follows_the_bytes_not_the_path(tmp_path):
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 256, (9 << 20) + 12345, dtype=np.uint8).tobytes()
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    a.write_bytes(data)
+    b.write_bytes(data)
+    assert peers.content_key(str(a)) == peers.content_key(str(b))
+    changed = bytearray(data)
+    changed[(4 << 20) + 3] ^= 1          # a byte inside the first sampled slice past the header
+    b.write_bytes(bytes(changed))
+    assert peers.content_key(str(a)) != peers.content_key(str(b))
+    changed = bytearray(data)
+    changed[100] ^= 1                    # a byte of the header
+    b.write_bytes(bytes(changed))
+    assert peers.content_key(str(a)) != peers.content_key(str(b))
 
 
 def test_peer_names_are_checked():

@@ -52,11 +52,29 @@ LLAMA_CPP_N_BATCH = 512
 # ---- the BF16 GGUF for llama.cpp --------------------------------------------------------------
 
 
+_KEY_HEAD = 4 << 20        # the GGUF header (metadata, tensor table) and the first weights
+_KEY_SAMPLES, _KEY_SAMPLE = 16, 64 << 10
+
+
+def content_key(path: str) -> str:
+    """A key of a large file's content, not of where it lies: its size, its first 4 MiB and 16
+    slices of 64 KiB spread over the rest (a copy of the same file elsewhere, e.g. the default
+    model in another venv, has the same key; a re-quantized or edited file another)."""
+    size = os.path.getsize(path)
+    h = hashlib.sha1(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(_KEY_HEAD))
+        if size > _KEY_HEAD:
+            for i in range(_KEY_SAMPLES):
+                f.seek(_KEY_HEAD + (size - _KEY_HEAD) * i // _KEY_SAMPLES)
+                h.update(f.read(_KEY_SAMPLE))
+    return h.hexdigest()[:12]
+
+
 def bf16_gguf_path(source: str, cache_dir: str = CACHE_DIR) -> str:
-    """The BF16 copy of GGUF `source`, written on first use; keyed by the source's absolute
-    path, size and mtime so a changed source gets a fresh copy."""
-    st = os.stat(source)
-    key = hashlib.sha1(f"{os.path.abspath(source)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    """The BF16 copy of GGUF `source`, written on first use; keyed by the source's content
+    (content_key), so the same file at another path reuses the copy and a changed one gets its own."""
+    key = content_key(source)
     stem = os.path.splitext(os.path.basename(source))[0]
     dest = os.path.join(cache_dir, "peers", f"{stem}.{key}.BF16.gguf")
     if not os.path.exists(dest):
