@@ -71,9 +71,10 @@ LL_INLINE void ll_qpanel_dot_tt(const ll_qact *x, int tt, const uint8_t *wp, int
 }
 
 /* acc[t] for the nt tokens of x (nt <= LL_QT_MANY): a codebook panel decoded once for all of
- * them, any other type a token tile at a time. The plain-C backend keeps one tile a call
- * (vec.h's LL_VEC_PLAIN): the same loops as before the codebook form, and the same build time. */
-#ifdef LL_VEC_PLAIN
+ * them, any other type a token tile at a time. One tile a call where codebook panels are
+ * decoded a row at a time (vec.h's LL_IQ_ONE_ROW): the same loops as before the 16-row form,
+ * and the same build time. */
+#ifdef LL_IQ_ONE_ROW
 #define LL_QT_MANY LL_QT
 LL_INLINE void ll_qpanel_dot_many(const ll_qact *x, ptrdiff_t nt, const uint8_t *wp, int wtype, ptrdiff_t k,
                                   ll_vf32 acc[LL_QT_MANY]) {

@@ -283,7 +283,7 @@ LL_INLINE void ll_iq_decode32(const uint8_t *blk, int wtype, int j, uint8_t *dst
     }
 }
 
-#ifndef LL_VEC_PLAIN
+#ifndef LL_IQ_ONE_ROW
 /* ---- the codebook types, 16 rows at once: table rows gathered into the bytes layout ---------
  * The same values as ll_iq_decode32 (its spec), for the 16 stored blocks of a panel's super-block
  * (row r's at wp + off[r]): w[g] lane r = values 4 g .. 4 g + 3 of row r's sub-block j. The IQ2 and
@@ -492,7 +492,7 @@ LL_INLINE void ll_dot_block(const ll_vi8 w[8], const int8_t *x, const int is_sig
     *lo = a; *hi = b;
 }
 
-#ifndef LL_VEC_PLAIN
+#ifndef LL_IQ_ONE_ROW
 /* ll_dot_block's sums for weights given as magnitudes w (< 128) and minus signs neg (0xff bytes):
  * each broadcast activation negated where its weight is (|w| x (x with w's sign)). */
 LL_INLINE void ll_dot_block_neg(const ll_vi8 w[8], const ll_vi8 neg[8], const int8_t *x, ll_vi32 *lo, ll_vi32 *hi) {
@@ -630,7 +630,7 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
         }
     } else if (ll_wtype_is_codebook(wtype)) {
         const ptrdiff_t gb = ll_ggml_block_bytes(wtype);
-#ifdef LL_VEC_PLAIN   /* one row at a time (ll_iq_decode32), then the bytes layout */
+#ifdef LL_IQ_ONE_ROW   /* one row at a time (ll_iq_decode32), then the bytes layout */
         for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 16 * gb) {
             if (tt == 1) LL_QPREFETCH(wp, 16 * gb);
             for (int j = 0; j < 8; j++) {
@@ -767,7 +767,7 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
     }
 }
 
-#ifndef LL_VEC_PLAIN
+#ifndef LL_IQ_ONE_ROW
 /* acc[t] = ll_qpanel_dot's sums for nt tokens at once (any nt, acc in memory), for the codebook
  * types: each sub-block is decoded once for all the tokens, not once per token tile (prefill);
  * the same float operations in the same order per token. */

@@ -112,15 +112,22 @@ LL_HOT_BEGIN
 
 /* LL_VEC_PLAIN: the plain-C backend (the generic variants), where every op is a 16-element loop.
  * Kernels keep their one-row form there where a 16-row vector form (and LL_UNROLL's unrolling)
- * would multiply the compiler's work for code no vector unit runs: the codebook decode of
- * qgemm.h, whose 16-row form made the x86 generic module's link-time build run past 40 minutes
- * of CPU. Both forms give the same bits (tests/kernels/test_qgemm.py). */
+ * would multiply the compiler's work for code no vector unit runs: qgemm.h's codebook decode
+ * (LL_IQ_ONE_ROW below), whose 16-row form made the x86 generic module's link-time build run
+ * past 40 minutes of CPU, and MXFP4's scales. Both forms give the same bits
+ * (tests/kernels/test_qgemm.py). */
 #ifdef LL_VEC_SCALAR_H
 #define LL_VEC_PLAIN 1
 #define LL_UNROLL(n)
 #else
 #define LL_PRAGMA_(x) _Pragma(#x)
 #define LL_UNROLL(n) LL_PRAGMA_(GCC unroll n)
+#endif
+/* LL_IQ_ONE_ROW: qgemm.h's codebook types decoded a row at a time (ll_iq_decode32) rather than 16
+ * rows at once. The 16-row form gathers table rows per lane; NEON and VXE have no such gathers
+ * (vec.h's defaults go through memory), and there it tripled the aarch64 modules' build time. */
+#if defined(LL_VEC_PLAIN) || defined(LL_VEC_NEON_H) || defined(LL_VEC_VXE_H)
+#define LL_IQ_ONE_ROW 1
 #endif
 
 /* ---- defaults for ops a backend may implement natively --------------------------------- */
