@@ -20,6 +20,7 @@ import numpy as np
 
 from lite_llm.config import ModelConfig
 from lite_llm.model.arch import llama
+from lite_llm.model.arch.lfm2 import _gguf_rows
 from lite_llm.model.files import ModelLoadError
 from lite_llm.model.hf import concat, stacked
 from lite_llm.model.weights import bf16_to_f32
@@ -92,6 +93,32 @@ def tensor_names(config: ModelConfig, moe_names: Callable[[ModelConfig, str], li
     if not config.tie_word_embeddings:
         names.append("lm_head.weight")
     return names
+
+
+def gguf_mixer(f, config: ModelConfig, b: str, p: str) -> Iterator[tuple[str, Any]]:
+    """One Mamba2 mixer's tensors, llama.cpp's names under b ("blk.N.") as ours under p
+    ("layers.M."), its input norm apart: the hybrid families' GGUF recipes share it."""
+    H, Cd, L, G = config.mamba_n_heads, config.mamba_conv_dim, config.mamba_d_conv, config.mamba_n_groups
+    Di, E = H * config.mamba_d_head, config.dim
+
+    def vec(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        f.info(name, shape)
+        return np.asarray(f.read(name), np.float32)
+
+    yield p + "in_proj.weight", _gguf_rows(f, [(b + "ssm_in.weight", (Di + Cd + H, E))])
+    if config.mamba_proj_bias:
+        yield p + "in_proj.bias", vec(b + "ssm_in.bias", (Di + Cd + H,))
+    yield p + "conv.weight", np.ascontiguousarray(vec(b + "ssm_conv1d.weight", (Cd, L)).T)   # taps channel-minor
+    if config.mamba_conv_bias:
+        yield p + "conv.bias", vec(b + "ssm_conv1d.bias", (Cd,))
+    yield p + "ssm_a", vec(b + "ssm_a", (H, 1)).reshape(H)
+    yield p + "ssm_d", vec(b + "ssm_d", (H, 1)).reshape(H)
+    yield p + "dt_bias", vec(b + "ssm_dt.bias", (H,))
+    if config.mamba_norm != "none":
+        yield p + "gnorm.weight", vec(b + "ssm_norm.weight", (G, Di // G)).reshape(Di)
+    yield p + "out_proj.weight", _gguf_rows(f, [(b + "ssm_out.weight", (E, Di))])
+    if mamba_out_bias(config):
+        yield p + "out_proj.bias", vec(b + "ssm_out.bias", (E,))
 
 
 def mamba_out_bias(config: ModelConfig) -> bool:

@@ -227,7 +227,6 @@ def gguf_config(f, arch: str) -> ModelConfig:
 
 def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
     E, F, V = config.dim, config.ffn_dim, config.vocab_size
-    H, Di, Cd, L = config.mamba_n_heads, config.mamba_n_heads * config.mamba_d_head, config.mamba_conv_dim, config.mamba_d_conv
     q_rows, kv_rows = config.q_size, config.kv_size
 
     def vec(name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -239,20 +238,7 @@ def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
         b, pm, pa = f"blk.{i}.", f"layers.{2 * i}.", f"layers.{2 * i + 1}."
         norm = vec(b + "attn_norm.weight", (E,))
         yield pm + "attn_norm.weight", norm
-        yield pm + "in_proj.weight", _gguf_rows(f, [(b + "ssm_in.weight", (Di + Cd + H, E))])
-        if config.mamba_proj_bias:
-            yield pm + "in_proj.bias", vec(b + "ssm_in.bias", (Di + Cd + H,))
-        yield pm + "conv.weight", np.ascontiguousarray(vec(b + "ssm_conv1d.weight", (Cd, L)).T)   # taps channel-minor
-        if config.mamba_conv_bias:
-            yield pm + "conv.bias", vec(b + "ssm_conv1d.bias", (Cd,))
-        yield pm + "ssm_a", vec(b + "ssm_a", (H, 1)).reshape(H)
-        yield pm + "ssm_d", vec(b + "ssm_d", (H, 1)).reshape(H)
-        yield pm + "dt_bias", vec(b + "ssm_dt.bias", (H,))
-        if config.mamba_norm != "none":
-            yield pm + "gnorm.weight", vec(b + "ssm_norm.weight", (config.mamba_n_groups, Di // config.mamba_n_groups)).reshape(Di)
-        yield pm + "out_proj.weight", _gguf_rows(f, [(b + "ssm_out.weight", (E, Di))])
-        if config.mamba_out_bias:
-            yield pm + "out_proj.bias", vec(b + "ssm_out.bias", (E,))
+        yield from bamba.gguf_mixer(f, config, b, pm)
         yield pa + "attn_norm.weight", norm
         yield pa + "qkv.weight", _gguf_rows(f, [(b + "attn_q.weight", (q_rows, E)), (b + "attn_k.weight", (kv_rows, E)),
                                                (b + "attn_v.weight", (kv_rows, E))])

@@ -202,7 +202,6 @@ def _qk_rows(f, name: str, shape: tuple[int, int], head_dim: int) -> StackedRows
 
 def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
     E, F, V, D = config.dim, config.ffn_dim, config.vocab_size, config.head_dim
-    H, Di, Cd, L = config.mamba_n_heads, config.mamba_n_heads * config.mamba_d_head, config.mamba_conv_dim, config.mamba_d_conv
 
     def vec(name: str, shape: tuple[int, ...]) -> np.ndarray:
         f.info(name, shape)
@@ -213,19 +212,7 @@ def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
         b, p = f"blk.{i}.", f"layers.{i}."
         yield p + "attn_norm.weight", vec(b + "attn_norm.weight", (E,))
         if config.layer_types[i] == "mamba":
-            yield p + "in_proj.weight", _gguf_rows(f, [(b + "ssm_in.weight", (Di + Cd + H, E))])
-            if config.mamba_proj_bias:
-                yield p + "in_proj.bias", vec(b + "ssm_in.bias", (Di + Cd + H,))
-            yield p + "conv.weight", np.ascontiguousarray(vec(b + "ssm_conv1d.weight", (Cd, L)).T)   # taps channel-minor
-            if config.mamba_conv_bias:
-                yield p + "conv.bias", vec(b + "ssm_conv1d.bias", (Cd,))
-            yield p + "ssm_a", vec(b + "ssm_a", (H, 1)).reshape(H)
-            yield p + "ssm_d", vec(b + "ssm_d", (H, 1)).reshape(H)
-            yield p + "dt_bias", vec(b + "ssm_dt.bias", (H,))
-            yield p + "gnorm.weight", vec(b + "ssm_norm.weight", (config.mamba_n_groups, Di // config.mamba_n_groups)).reshape(Di)
-            yield p + "out_proj.weight", _gguf_rows(f, [(b + "ssm_out.weight", (E, Di))])
-            if config.mamba_proj_bias:
-                yield p + "out_proj.bias", vec(b + "ssm_out.bias", (E,))
+            yield from bamba.gguf_mixer(f, config, b, p)
         else:
             q = _qk_rows(f, b + "attn_q.weight", (config.q_size, E), D)
             k = _qk_rows(f, b + "attn_k.weight", (config.kv_size, E), D)

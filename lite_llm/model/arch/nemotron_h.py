@@ -304,8 +304,6 @@ def gguf_config(f, arch: str) -> ModelConfig:
 
 def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
     E, F, V, D = config.dim, config.ffn_dim, config.vocab_size, config.head_dim
-    H, G, Cd, L = config.mamba_n_heads, config.mamba_n_groups, config.mamba_conv_dim, config.mamba_d_conv
-    Di = H * config.mamba_d_head
 
     def vec(name: str, shape: tuple[int, ...]) -> np.ndarray:
         f.info(name, shape)
@@ -317,19 +315,7 @@ def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
         g, p = f"blk.{b}.", f"layers.{j}."
         yield p + "attn_norm.weight", vec(g + "attn_norm.weight", (E,))
         if kind == "mamba":
-            yield p + "in_proj.weight", _gguf_rows(f, [(g + "ssm_in.weight", (Di + Cd + H, E))])
-            if config.mamba_proj_bias:
-                yield p + "in_proj.bias", vec(g + "ssm_in.bias", (Di + Cd + H,))
-            yield p + "conv.weight", np.ascontiguousarray(vec(g + "ssm_conv1d.weight", (Cd, L)).T)   # taps channel-minor
-            if config.mamba_conv_bias:
-                yield p + "conv.bias", vec(g + "ssm_conv1d.bias", (Cd,))
-            yield p + "ssm_a", vec(g + "ssm_a", (H, 1)).reshape(H)
-            yield p + "ssm_d", vec(g + "ssm_d", (H, 1)).reshape(H)
-            yield p + "dt_bias", vec(g + "ssm_dt.bias", (H,))
-            yield p + "gnorm.weight", vec(g + "ssm_norm.weight", (G, Di // G)).reshape(Di)
-            yield p + "out_proj.weight", _gguf_rows(f, [(g + "ssm_out.weight", (E, Di))])
-            if config.mamba_proj_bias:
-                yield p + "out_proj.bias", vec(g + "ssm_out.bias", (E,))
+            yield from bamba.gguf_mixer(f, config, g, p)
         else:   # q/k rows permuted by the converter (no RoPE here: undone all the same)
             q = _qk_rows(f, g + "attn_q.weight", (config.q_size, E), D)
             k = _qk_rows(f, g + "attn_k.weight", (config.kv_size, E), D)
