@@ -12,6 +12,7 @@ forward pass has flushed the caches), and it walks the step's chunks itself. gat
 append_sampled below are the same arithmetic over buffers passed per call (the speculative
 proposer's own steps, tests).
 """
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdint cimport int32_t, int64_t
 
 from time import perf_counter as _perf_counter
@@ -19,6 +20,28 @@ from time import perf_counter as _perf_counter
 include "_chunk.pxi"
 
 _new_tuple = tuple.__new__    # a NamedTuple built without its Python-level __new__ (a frame per row)
+
+
+# plain samples, result_type(token, None, None, None), built once per token id and shared by
+# every step that samples the token (NamedTuples: never changed); a step then allocates nothing
+# per row. _PLAIN[0] is the result type they were built for.
+cdef list _PLAIN = [None]
+
+
+cdef object _plain_result(object result_type, Py_ssize_t token):
+    global _PLAIN
+    if _PLAIN[0] is not result_type:
+        _PLAIN = [result_type]
+    if 0 <= token < PyList_GET_SIZE(_PLAIN) - 1:
+        result = <object>PyList_GET_ITEM(_PLAIN, token + 1)
+        if result is not None:
+            return result
+    result = _new_tuple(result_type, (token, None, None, None))
+    if 0 <= token < (1 << 20):          # a vocabulary's ids; anything else is built every time
+        if token + 1 >= PyList_GET_SIZE(_PLAIN):
+            _PLAIN.extend([None] * (token + 2 - PyList_GET_SIZE(_PLAIN)))
+        _PLAIN[token + 1] = result
+    return result
 
 
 cdef class StepBuffers:
@@ -39,10 +62,6 @@ cdef class StepBuffers:
     cdef Py_ssize_t num_slots, row_len, max_blocks, num_i, max_tokens, max_rows
     cdef Py_ssize_t num_rows          # sampling rows of the latest gather
     cdef int block_size, step_col, end_col
-    cdef object _decode_views         # set_decode's arrays, kept alive
-    cdef const int32_t *decode_slots  # [decode_size] slot of each sequence of a steady decode batch
-    cdef const int32_t *decode_tokens # [decode_size] its sampled tokens (the bound sampling writes them)
-    cdef Py_ssize_t decode_size
 
     def __init__(self, int32_t[:, ::1] token_rows, int32_t[:, ::1] block_table, int32_t[::1] num_tokens,
                  int64_t[:, ::1] iparams, const int64_t[::1] ctx_outputs, int32_t[::1] token_ids,
@@ -67,7 +86,6 @@ cdef class StepBuffers:
         self.tok_seq, self.logits_rows, self.sample_slots = &tok_seq[0], &logits_rows[0], &sample_slots[0]
         self.block_size, self.step_col, self.end_col = block_size, step_col, end_col
         self.num_rows = 0
-        self.decode_size = 0
 
     def gather(self, list chunks, dict slot_of, batch):
         """Apply the chunks' deltas (batch.add for a new request, batch.append_blocks for new
@@ -139,7 +157,7 @@ cdef class StepBuffers:
         self._append(tokens)
         cdef list results = [None] * self.num_rows
         for r in range(self.num_rows):
-            results[r] = _new_tuple(result_type, (tokens[r], None, None, None))
+            results[r] = _plain_result(result_type, tokens[r])
         return results, seconds
 
     cdef int _append(self, const int32_t[::1] tokens) except -1:
@@ -160,32 +178,20 @@ cdef class StepBuffers:
             self.iparams[slot * self.num_i + self.end_col] += self.ctx_outputs[slot]
         return 0
 
-    # ---- a steady decode batch (_step.DecodeLane) ---------------------------------------------
+    # ---- a steady decode batch (SteadyDecode) -------------------------------------------------
 
-    def set_decode(self, const int32_t[::1] slots, const int32_t[::1] tokens):
-        """Bind a steady decode batch: sequence i sits in slot slots[i] and the step's bound
-        sampling writes its token to tokens[i] (both arrays kept, read by every gather_decode and
-        finish_decode until the next set_decode)."""
-        cdef Py_ssize_t i, n = slots.shape[0]
-        if n < 1 or tokens.shape[0] != n or n > self.max_tokens or n > self.max_rows:
-            raise ValueError(f"StepBuffers.set_decode: {n} slots, {tokens.shape[0]} tokens")
-        for i in range(n):
-            if slots[i] < 0 or slots[i] >= self.num_slots:
-                raise ValueError(f"StepBuffers.set_decode: slot {slots[i]} outside the batch")
-        self._decode_views = (slots, tokens)
-        self.decode_slots, self.decode_tokens, self.decode_size = &slots[0], &tokens[0], n
-
-    def gather_decode(self):
-        """gather() for the bound decode batch, from the slot rows alone: every sequence computes
-        its row's last token (at position num_tokens - 1) and samples. Returns the keys
-        attention reads (the rows' lengths summed)."""
+    cdef Py_ssize_t gather_slots(self, const int32_t *slots, Py_ssize_t n) except -1:
+        """gather() for a steady decode batch, from the slot rows alone: sequence i, in slot
+        slots[i], computes its row's last token (at position num_tokens - 1) and samples.
+        Returns the keys attention reads (the rows' lengths summed)."""
         cdef Py_ssize_t i, slot, pos, context = 0, bs = self.block_size
-        cdef const int32_t *slots = self.decode_slots
-        for i in range(self.decode_size):
+        if n > self.max_tokens or n > self.max_rows:
+            raise ValueError("StepBuffers.gather_slots: step arrays too small")
+        for i in range(n):
             slot = slots[i]
-            pos = self.num_tokens[slot] - 1
+            pos = self.num_tokens[slot] - 1 if 0 <= slot < self.num_slots else -1
             if pos < 0 or pos // bs >= self.max_blocks:
-                raise ValueError(f"StepBuffers.gather_decode: slot {slot} holds no token to compute")
+                raise ValueError(f"StepBuffers.gather_slots: slot {slot} holds no token to compute")
             self.token_ids[i] = self.token_rows[slot * self.row_len + pos]
             self.positions[i] = <int32_t>pos
             self.slot_mapping[i] = <int64_t>self.block_table[slot * self.max_blocks + pos // bs] * bs + pos % bs
@@ -193,19 +199,81 @@ cdef class StepBuffers:
             self.logits_rows[i] = <int32_t>i
             self.sample_slots[i] = <int32_t>slot
             context += pos + 1
-        self.num_rows = self.decode_size
+        self.num_rows = n
         return context
 
-    def finish_decode(self, run):
-        """run() (the bound sampling, writing the tokens set_decode bound), then each sampled
-        token appended to its slot's row. Returns the seconds run() took."""
-        cdef double start = _perf_counter()
-        run()
-        cdef double seconds = _perf_counter() - start
-        if self.num_rows != self.decode_size:
-            raise ValueError("StepBuffers.finish_decode: no gather_decode before it")
-        self._append_rows(self.decode_tokens)
-        return seconds
+
+cdef class SteadyDecode:
+    """The model runner's step of a steady decode batch (SchedulerOutput.steady: the previous
+    step's S sequences again, in the same order, one token each, each sampling, none gone):
+    the previous plain step's step arrays, forward() call and bound sampling repeated in one
+    compiled call, without prepare(), StepArrays or a Python frame per sequence.
+
+        run(chunks): new KV blocks of the chunks into their slots' tables -> the step arrays
+        from the slot rows (gather_slots) -> the slots' parameter rows (when not 0..S-1) ->
+        sampling checked -> forward -> sampling -> tokens appended to the rows -> the step's
+        RunnerOutput (a result_type per sequence)
+
+    It gives what ModelRunner.execute gives for the same step (tests/engine/test_step_paths.py
+    compares them step by step). Anything that would change the step's path (logprobs, biases,
+    bans, grammars, drafts, LoRA, images, tensor parallel) comes only with a new request, whose
+    step is not steady."""
+    cdef StepBuffers buffers
+    cdef object batch, call, forward, forward_args, gather_params, result_type, output_type, _keep
+    cdef const int32_t *slots
+    cdef const int32_t *tokens
+    cdef readonly Py_ssize_t size
+    cdef long long bytes_per_token, kv_bytes_per_token
+
+    def __init__(self, StepBuffers buffers, batch, const int32_t[::1] slots, const int32_t[::1] tokens, call,
+                 gather_params, forward, tuple forward_args, long long bytes_per_token, long long kv_bytes_per_token,
+                 result_type, output_type):
+        """buffers: the batch's StepBuffers; batch: its InputBatch (append_blocks); slots [S] each
+        sequence's slot, tokens [S] where call (a bound _sampler.PreparedSample) writes its
+        tokens; gather_params: () -> None filling the step's parameter rows, None when slots
+        are 0..S-1; forward(*forward_args): the kernels' forward over the bound arrays;
+        result_type, output_type: SampleResult and RunnerOutput (NamedTuples, built here)."""
+        cdef Py_ssize_t i, n = slots.shape[0]
+        if n < 1 or tokens.shape[0] != n:
+            raise ValueError(f"SteadyDecode: {n} slots, {tokens.shape[0]} tokens")
+        for i in range(n):
+            if slots[i] < 0 or slots[i] >= buffers.num_slots:
+                raise ValueError(f"SteadyDecode: slot {slots[i]} outside the batch")
+        self._keep = (slots, tokens)
+        self.buffers, self.batch, self.slots, self.tokens, self.size = buffers, batch, &slots[0], &tokens[0], n
+        self.call, self.gather_params, self.forward, self.forward_args = call, gather_params, forward, forward_args
+        self.bytes_per_token, self.kv_bytes_per_token = bytes_per_token, kv_bytes_per_token
+        self.result_type, self.output_type = result_type, output_type
+
+    def run(self, list chunks):
+        """The step of chunks (the scheduler's, steady): its RunnerOutput."""
+        cdef Py_ssize_t i, n = self.size, context, slot
+        cdef StepBuffers b = self.buffers
+        cdef tuple c
+        cdef double start, kernel
+        if len(chunks) != n:
+            raise ValueError(f"SteadyDecode.run: {len(chunks)} chunks for {n} sequences")
+        for i in range(n):
+            c = <tuple>chunks[i]
+            slot = self.slots[i]
+            if c[CHUNK_NEW_BLOCKS]:
+                self.batch.append_blocks(slot, c[CHUNK_NEW_BLOCKS])
+            if c[CHUNK_START] != b.num_tokens[slot] - 1 or c[CHUNK_NUM_NEW] != 1:
+                raise ValueError(f"SteadyDecode.run: chunk {i} is not its row's next token")
+        context = b.gather_slots(self.slots, n)
+        if self.gather_params is not None:
+            self.gather_params()
+        self.call.check()
+        start = _perf_counter()
+        self.forward(*self.forward_args)
+        self.call.run()
+        kernel = _perf_counter() - start
+        b._append_rows(self.tokens)
+        cdef list results = [None] * n
+        for i in range(n):
+            results[i] = _plain_result(self.result_type, self.tokens[i])
+        return _new_tuple(self.output_type, (results, None, (), kernel,
+                                             self.bytes_per_token + context * self.kv_bytes_per_token, None))
 
 
 def gather_step(const int32_t[:, ::1] token_rows,    # IN  [max_num_seqs, L] token ids per slot

@@ -13,10 +13,12 @@ call (no Python frame per sequence).
                LLMEngine.process_sample, unchanged. Requests with a delta join `touched`.
 
 The two phases run one after the other, as the Python code does, so every finish, free and
-stats record happens in the same order. The Python functions stay the reference
-(LLMEngine.batched_decode = False runs them; tests/engine/test_step_batched.py compares, and
-tests/engine/test_decode_lane.py compares every compiled path at once, the runner's plain path
-and DecodeLane included, with the Python reference alone, step by step).
+stats record happens in the same order; in a steady decode batch (every sequence its group's
+only plain child, each sampling) a sequence's two phases run back to back, since none's
+depends on another's. The Python functions stay the reference (LLMEngine.batched_decode =
+False runs them; tests/engine/test_step_batched.py compares, and tests/engine/test_step_paths.py
+compares every compiled path at once, the scheduler's and the runner's included, with the
+Python reference alone, step by step).
 
 What does not live here: the stop strings and every non-plain sample (engine.py), the runner's
 per-slot arrays (_batch.pyx: the sampled ids reach them in the runner's own compiled call).
@@ -28,7 +30,6 @@ from cpython.tuple cimport PyTuple_GET_SIZE
 from cpython.unicode cimport PyUnicode_GET_LENGTH, PyUnicode_READ_CHAR
 
 from lite_llm.engine.detokenizer import ByteDetokenizer
-from time import monotonic as _monotonic, perf_counter as _perf_counter
 
 from lite_llm.engine.request import RequestStatus, SampleResult
 from lite_llm.engine.stats import StepRecord
@@ -284,37 +285,100 @@ cdef inline int _emit(_Seq seq, object token_obj, object sample, object now, eng
     return 0
 
 
-cdef void _prefetch_texts(list seqs, const int32_t *tokens, Py_ssize_t n):
-    """Start loading the cached texts of the step's tokens (two levels: the table's slots,
-    then the strings they point to), which the detokenizing phase reads one by one."""
-    cdef Py_ssize_t i, token
+cdef void _prefetch_texts(list seqs, list results):
+    """Start loading the cached texts of a steady batch's sampled tokens (two levels: the table's
+    slots, then the strings they point to), which the detokenizing reads one by one; seqs: the
+    records of the sequences sampling results, in order."""
+    cdef Py_ssize_t i, token, n = PyList_GET_SIZE(seqs)
     cdef _Seq seq
     for i in range(n):
         seq = <_Seq>seqs[i]
-        token = tokens[i]
+        token = (<tuple>results[i])[SAMPLE_TOKEN_ID]
         if seq.byte_det and 0 <= token < seq.table_size:
             LL_PREFETCH(LL_LIST_AT(seq.texts, token))
     for i in range(n):
         seq = <_Seq>seqs[i]
-        token = tokens[i]
+        token = (<tuple>results[i])[SAMPLE_TOKEN_ID]
         if seq.byte_det and 0 <= token < seq.table_size:
             LL_PREFETCH(LL_LIST_ITEM(seq.texts, token))
 
 
-def plain_step(list chunks, list results, object now, scheduler, engine, dict touched) -> dict:
+cdef list _NO_CHUNKS = []
+
+
+cdef bint _all_simple(list chunks):
+    """Whether every chunk is one of a running sequence seen before, that samples, without
+    drafts, its group's only plain child (_Seq.simple): a steady decode batch's step."""
+    cdef Py_ssize_t i
+    cdef tuple c
+    for i in range(PyList_GET_SIZE(chunks)):
+        c = <tuple>chunks[i]
+        request = c[CHUNK_REQUEST]
+        state = request.step_state
+        if state is None or not (<_Seq>state).simple or request.status is not RUNNING \
+                or not c[CHUNK_SAMPLE] or c[CHUNK_SPEC]:
+            return False
+    return True
+
+
+def plain_step(list chunks, list results, object now, scheduler, engine, dict touched, bint steady=False) -> dict:
     """Scheduler.update_from_output(chunks, results) then LLMEngine._process_plain for a step
     without drafts or grammars. touched: parent id -> group, grown in sample order. Returns the
     ITL counts {previous token time: samples} the engine adds to its stats. engine.step_seqs
-    holds the step's sequence records for the next step's prefetch."""
+    holds the step's sequence records for the next step's prefetch, engine.step_simple whether
+    they all took the steady batch's path below. steady: SchedulerOutput.steady (the previous
+    step's sequences again, in order, one sampling token each)."""
     cdef Py_ssize_t i, n = len(chunks)
     cdef tuple c
-    cdef list seqs = [], samples = []
-    _prefetch(chunks, engine.step_seqs)
+    cdef list seqs, samples = []
+    cdef list previous = engine.step_seqs
     cdef _ItlCounts itl = _ItlCounts()
-    cdef dict groups = engine.groups
+    cdef dict groups
     cdef _Seq seq
     if len(results) != n:
         raise AssertionError("runner results must align with chunks")
+    if steady and engine.step_simple and PyList_GET_SIZE(previous) == n:
+        # the previous step's records, each still its group's only plain child: the chunks
+        # are theirs in the same order (the scheduler's promise; the runner checked each
+        # chunk's position against its row), so they are not read again
+        _prefetch(_NO_CHUNKS, previous)
+        _prefetch_texts(previous, results)
+        for i in range(n):
+            seq = <_Seq>previous[i]
+            request = seq.request
+            request.num_computed_tokens = PyList_GET_SIZE(seq.all_ids)
+            result = results[i]
+            if result is None:
+                raise AssertionError(f"no sample for {request}")
+            token_obj = (<tuple>result)[SAMPLE_TOKEN_ID]
+            _take(seq, request, token_obj, scheduler)
+            _emit(seq, token_obj, result, now, engine, touched, itl)
+        return itl.done()
+    _prefetch(chunks, previous)
+    seqs = []
+    engine.step_simple = False
+    if _all_simple(chunks):
+        # every sequence its group's only plain child, sampling (a steady decode batch): what
+        # _emit does for one depends on no other's finish, so each sequence's two phases run
+        # back to back, its objects still cached
+        for i in range(n):
+            seqs.append((<tuple>chunks[i])[CHUNK_REQUEST].step_state)
+        _prefetch_texts(seqs, results)
+        for i in range(n):
+            c = <tuple>chunks[i]
+            request = c[CHUNK_REQUEST]
+            seq = <_Seq>seqs[i]
+            request.num_computed_tokens = c[CHUNK_START] + c[CHUNK_NUM_NEW]
+            result = results[i]
+            if result is None:
+                raise AssertionError(f"no sample for {request}")
+            token_obj = (<tuple>result)[SAMPLE_TOKEN_ID]
+            _take(seq, request, token_obj, scheduler)
+            _emit(seq, token_obj, result, now, engine, touched, itl)
+        engine.step_seqs = seqs
+        engine.step_simple = True
+        return itl.done()
+    groups = engine.groups
     # ---- phase 1: Scheduler.update_from_output ---------------------------------------------
     for i in range(n):
         c = <tuple>chunks[i]             # a ScheduledChunk, its fields by name (_chunk.pxi)
@@ -446,13 +510,21 @@ def make_outputs(dict touched, engine, bint lazy=False) -> list:
     return outputs
 
 
-def schedule_decodes(list running, dict room, list chunks, Py_ssize_t budget, Py_ssize_t idx, chunk_type):
+def schedule_decodes(list running, dict room, list chunks, Py_ssize_t budget, Py_ssize_t idx, chunk_type,
+                     allocate, list previous=None):
     """Scheduler._schedule_running's common case from running[idx] on, for as long as it holds:
-    a request plain_step has seen (step_state), without images, prompt logprobs or drafts, whose
-    blocks already hold its new tokens (room: KVCacheManager.room) gets its chunk (a chunk_type,
-    ScheduledChunk) without a call. Returns (idx, budget) at the first request it leaves to the
-    Python loop (or the end of running, or of the budget)."""
+    a request plain_step has seen (step_state), without images, prompt logprobs or drafts, gets
+    its chunk (a chunk_type, ScheduledChunk) without a Python frame: when its blocks already hold
+    its new tokens (room: KVCacheManager.room) with no new blocks, else with the blocks
+    allocate (KVCacheManager.allocate_slots) gives it. Returns (idx, budget, repeats) at the
+    first request it leaves to the Python loop (or the end of running, or of the budget): one
+    it does not take, or one the pool is short for (allocate returned None, which changes
+    nothing: the loop asks again and preempts). repeats: previous (the chunks of the step
+    before) given, whether every chunk made here repeats the one at its index there, one token
+    that samples (repeats_decodes, counted as the chunks are made)."""
     cdef Py_ssize_t n = PyList_GET_SIZE(running), start, num_new, total
+    cdef Py_ssize_t num_previous = PyList_GET_SIZE(previous) if previous is not None else -1
+    cdef bint repeats = previous is not None
     cdef _Seq seq
     cdef object no_drafts = ()
     while idx < n and budget > 0:
@@ -468,13 +540,41 @@ def schedule_decodes(list running, dict room, list chunks, Py_ssize_t budget, Py
         num_new = total - start
         if num_new > budget:
             num_new = budget
-        if num_new <= 0 or start + num_new > room.get(seq.request_id, -1):
+        if num_new <= 0:
             break
-        chunks.append(tuple.__new__(chunk_type, (request, start, num_new, [], start + num_new == total, False,
-                                                 no_drafts)))
+        if start + num_new <= room.get(seq.request_id, -1):
+            block_ids = _NO_BLOCKS
+        else:
+            block_ids = allocate(request, num_new, (), 0)
+            if block_ids is None:
+                break
+        if repeats:
+            repeats = num_new == 1 and start + 1 == total and idx < num_previous \
+                and (<tuple>previous[idx])[CHUNK_REQUEST] is request
+        chunks.append(tuple.__new__(chunk_type, (request, start, num_new, block_ids, start + num_new == total,
+                                                 False, no_drafts)))
         budget -= num_new
         idx += 1
-    return idx, budget
+    return idx, budget, repeats
+
+
+cdef tuple _NO_BLOCKS = ()      # a chunk's new block ids when it needs none (shared: never changed)
+
+
+def repeats_decodes(list previous, list chunks) -> bool:
+    """Whether chunks are a steady decode step after previous (the chunks of the step before):
+    the same requests in the same order, each computing one token that samples, none new, no
+    drafts (SchedulerOutput.steady)."""
+    cdef Py_ssize_t i, n = PyList_GET_SIZE(chunks)
+    cdef tuple c
+    if n == 0 or PyList_GET_SIZE(previous) != n:
+        return False
+    for i in range(n):
+        c = <tuple>chunks[i]
+        if c[CHUNK_REQUEST] is not (<tuple>previous[i])[CHUNK_REQUEST] or c[CHUNK_NUM_NEW] != 1 \
+                or not c[CHUNK_SAMPLE] or c[CHUNK_IS_NEW] or c[CHUNK_SPEC]:
+            return False
+    return True
 
 
 cdef int _observe(object hist, double value, Py_ssize_t count) except -1:
@@ -513,155 +613,3 @@ def record_step(stats, record):
     _observe(stats.step_kernel, (<tuple>record)[STEP_KERNEL_SECONDS], 1)
     stats.step_bytes_read_total += (<tuple>record)[STEP_BYTES_READ]
     stats.recent_steps.append(record)
-
-
-cdef class DecodeLane:
-    """A steady batch of plain decodes stepped by one compiled call: LLMEngine.step's schedule,
-    runner.execute and per-sequence work for a step in which the same sequences as the latest
-    step each compute their one new token, without building a SchedulerOutput, chunks,
-    StepArrays or SampleResults.
-
-        the latest step (the Python path):  S sequences, 1 token each, plain runner step
-            -> decode_lane(): their _Seq records, the runner's bound arrays (decode_binding)
-        every later step, while it holds:   step() = room check (a block allocated where one
-            fills) -> gather_decode -> forward -> sample + append -> _take / _emit per
-            sequence (as plain_step) -> make_outputs -> the step's StepRecord
-
-    step() returns None, having changed nothing but blocks allocated ahead (which the Python
-    path then finds in place), when the batch is no longer steady: a request waits to be
-    admitted (a slot is free, or fair admission would preempt for it), one finished, was aborted or preempted, the running list changed, a sequence has
-    more than one token to compute, or the pool is short of a block. The engine then drops the
-    lane and runs the Python path, which builds the next lane when its step qualifies.
-    Everything else the path depends on (logprobs, biases, bans, grammars, drafts, LoRA,
-    images, tensor parallel) arrives only with a new request, which ends the lane first."""
-    cdef list seqs                   # _Seq of each sequence, in the batch's (running) order
-    cdef list running                # the scheduler's running list, which must stay the same
-    cdef object engine, scheduler, room, allocate, append_blocks
-    cdef object gather, gather_params, call, forward, fwd_args, finish, stats
-    cdef int32_t[::1] tokens         # [S] the bound sampling's output
-    cdef int32_t[::1] slots          # [S] each sequence's batch slot
-    cdef Py_ssize_t size, max_num_seqs
-    cdef bint all_simple             # every sequence its group's only, plain child (_Seq.simple)
-    cdef long long bytes_per_token, kv_bytes_per_token
-    cdef readonly Py_ssize_t num_steps   # steps this lane ran
-
-    def step(self, bint lazy=False):
-        """One step of the batch (LLMEngine.step's outputs), or None when it is not steady."""
-        cdef Py_ssize_t i, n = self.size, start
-        cdef list running = self.running, seqs = self.seqs
-        cdef _Seq seq
-        cdef dict room = self.room, touched
-        cdef _ItlCounts itl = _ItlCounts()
-        cdef double t0, k0, kernel
-        sched = self.scheduler
-        # a waiting request starts in the next step: in a free slot, or in one fair admission
-        # preempts for it (Scheduler.has_fair_claim)
-        if PyList_GET_SIZE(running) != n or sched.has_pending_removals \
-                or (sched.waiting and (n < self.max_num_seqs or sched.has_fair_claim())):
-            return None
-        t0 = _perf_counter()
-        _prefetch(_NO_CHUNKS, seqs)
-        for i in range(n):               # the schedule: Scheduler._schedule_running's decode case
-            seq = <_Seq>seqs[i]
-            request = running[i]
-            if request is not seq.request:
-                return None
-            start = request.num_computed_tokens
-            if PyList_GET_SIZE(seq.all_ids) - start != 1:
-                return None
-            if start + 1 > room.get(seq.request_id, -1):     # its blocks are full: one more
-                block_ids = self.allocate(request, 1, (), 0)
-                if block_ids is None:
-                    return None
-                if block_ids:
-                    self.append_blocks(self.slots[i], block_ids)
-        context = self.gather()
-        if self.gather_params is not None:
-            self.gather_params()
-        self.call.check()
-        k0 = _perf_counter()
-        self.forward(*self.fwd_args)
-        kernel = _perf_counter() - k0
-        kernel += self.finish(self.call.run)
-        now = _monotonic()
-        _prefetch_texts(seqs, &self.tokens[0], n)
-        touched = {}
-        engine = self.engine
-        cdef list token_objs
-        if self.all_simple:
-            # every group one plain child: what _emit does for one sequence depends on no other's
-            # finish, so each sequence's two phases run back to back (its objects still cached)
-            for i in range(n):
-                seq = <_Seq>seqs[i]
-                request = seq.request
-                request.num_computed_tokens = PyList_GET_SIZE(seq.all_ids)
-                token_obj = self.tokens[i]
-                _take(seq, request, token_obj, sched)
-                _emit(seq, token_obj, None, now, engine, touched, itl)
-        else:
-            token_objs = [None] * n
-            for i in range(n):           # Scheduler.update_from_output
-                seq = <_Seq>seqs[i]
-                request = seq.request
-                request.num_computed_tokens = PyList_GET_SIZE(seq.all_ids)
-                token_obj = self.tokens[i]
-                token_objs[i] = token_obj
-                _take(seq, request, token_obj, sched)
-            for i in range(n):           # LLMEngine._process_plain
-                _emit(<_Seq>seqs[i], token_objs[i], None, now, engine, touched, itl)
-        stats = self.stats
-        add_itl(stats, itl.done(), now)
-        engine.step_seqs = seqs
-        outputs = make_outputs(touched, engine, lazy)
-        record_step(stats, _new_tuple(_STEP_RECORD, (n, n, _perf_counter() - t0 - kernel, kernel,
-                                                     self.bytes_per_token + context * self.kv_bytes_per_token)))
-        self.num_steps += 1
-        return outputs
-
-
-cdef list _NO_CHUNKS = []
-
-
-def decode_lane(engine, sched_out, decode_binding, stats):
-    """The DecodeLane of the batch the step just run (sched_out) leaves, or None unless it
-    qualifies: every running request computed one token and sampled (none new, no drafts), in
-    running's order, each a sequence plain_step has seen whose decodes schedule_decodes may
-    schedule, and the runner's step was a plain one it can bind (decode_binding(S): the
-    runner's DecodeBinding, or None). stats: the engine's StatsCollector, which the lane's
-    steps record into."""
-    cdef list chunks = sched_out.chunks
-    cdef Py_ssize_t i, n = PyList_GET_SIZE(chunks)
-    cdef tuple c
-    scheduler = engine.scheduler
-    cdef list running = scheduler.running
-    if n == 0 or PyList_GET_SIZE(running) != n or scheduler.num_lookahead_tokens:
-        return None
-    cdef list seqs = []
-    cdef bint all_simple = True
-    for i in range(n):
-        c = <tuple>chunks[i]             # a ScheduledChunk, its fields by name (_chunk.pxi)
-        request = c[CHUNK_REQUEST]
-        if request is not running[i] or c[CHUNK_NUM_NEW] != 1 or not c[CHUNK_SAMPLE] or c[CHUNK_IS_NEW] \
-                or c[CHUNK_SPEC] or request.status is not RUNNING:
-            return None
-        state = request.step_state
-        if state is None or not (<_Seq>state).decodes:
-            return None
-        seqs.append(state)
-        all_simple = all_simple and (<_Seq>state).simple
-    binding = decode_binding(n)
-    if binding is None:
-        return None
-    cdef DecodeLane lane = DecodeLane.__new__(DecodeLane)
-    lane.seqs, lane.running, lane.size = seqs, running, n
-    lane.engine, lane.scheduler, lane.max_num_seqs = engine, scheduler, scheduler.max_num_seqs
-    kv = scheduler.kv_cache_manager
-    lane.room, lane.allocate, lane.append_blocks = kv.room, kv.allocate_slots, binding.append_blocks
-    lane.gather, lane.gather_params, lane.call = binding.gather, binding.gather_params, binding.sample
-    lane.forward, lane.fwd_args, lane.finish = binding.forward, binding.forward_args, binding.finish
-    lane.tokens, lane.slots = binding.tokens, binding.slots
-    lane.stats = stats
-    lane.bytes_per_token, lane.kv_bytes_per_token = binding.bytes_per_token, binding.kv_bytes_per_token
-    lane.all_simple = all_simple
-    lane.num_steps = 0
-    return lane

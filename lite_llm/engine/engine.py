@@ -18,9 +18,10 @@ Runner protocol (Runner below; runner_output.py):
         (prefix-cache hit on a block published this step), so all new KV of a layer is
         written before that layer's attention reads any. The step's Python time is its wall
         time minus the output's kernel_seconds.
-    runner.decode_binding(num_seqs) -> DecodeBinding | None
-        asked only after a step whose RunnerOutput.plain is True: that step bound as calls a
-        steady decode batch repeats (_step.DecodeLane), or None.
+
+Every step takes the same path (schedule -> execute -> update -> outputs). Its per-sequence
+parts are compiled (_step.pyx: the scheduler's decode chunks, the update and detokenizing, the
+outputs), with the Python code beside them as their reference (batched_decode = False).
 
 Pooling requests (a pooling model's engine, EngineConfig.pooling; add_request with
 PoolingParams): a Request of the same Scheduler that takes its whole prompt in one step (never
@@ -40,7 +41,7 @@ from lite_llm.engine import _step
 from lite_llm.engine.detokenizer import find_stop, make_detokenizer, stop_holdback
 from lite_llm.engine.kv_cache import KVCacheManager
 from lite_llm.engine.request import Request, RequestStatus, SampleResult
-from lite_llm.engine.runner_output import DecodeBinding, PromptLogprobs, RunnerOutput
+from lite_llm.engine.runner_output import PromptLogprobs, RunnerOutput
 from lite_llm.engine.scheduler import Scheduler, SchedulerOutput
 from lite_llm.engine.stats import EngineStats, FinishedRequestRecord, StatsCollector, StepRecord
 from lite_llm.engine.structured import Grammars, StructuredOutputs
@@ -49,6 +50,7 @@ from lite_llm.outputs import CompletionOutput, Logprob, PoolingOutput, PoolingRe
 from lite_llm.sampling_params import PoolingParams, RequestOutputKind, SamplingParams
 
 _MAX_SEED = 2**63 - 1
+_new_tuple = tuple.__new__
 _NO_OUTPUT = RunnerOutput([])    # a step without chunks runs nothing (never changed)
 # what a pooling request's Request carries as its sampling parameters: it samples nothing
 _POOLING_SAMPLING = SamplingParams(max_tokens=1, detokenize=False)
@@ -56,8 +58,6 @@ _POOLING_SAMPLING = SamplingParams(max_tokens=1, detokenize=False)
 
 class Runner(Protocol):
     def execute(self, sched_out: SchedulerOutput) -> RunnerOutput: ...
-
-    def decode_binding(self, num_seqs: int) -> DecodeBinding | None: ...
 
 
 @dataclass(frozen=True)
@@ -223,9 +223,6 @@ class LLMEngine:
     # call (_step.plain_step), and every step's outputs come from _step.make_outputs; False runs
     # the Python references (the tests compare the two)
     batched_decode = True
-    # a steady batch of plain decodes (the same sequences, one token each, step after step) runs
-    # each step as one compiled call (_step.DecodeLane); False: every step takes the path above
-    decode_lanes = True
 
     def __init__(self, runner: Runner | None, tokenizer: Any, config: EngineConfig, vision=None):
         """runner: None when it is attached later (attach_runner); vision: see attach_runner."""
@@ -250,9 +247,8 @@ class LLMEngine:
         self._stats = StatsCollector()
         self._stopped_in_step: set[str] = set()   # finished by a stop string before its last token
         self.lora = None     # lora.LoRAManager when adapters are enabled (llm.build_engine)
-        self._lane = None            # the steady decode batch's _step.DecodeLane, while there is one
-        self.decode_lane_steps = 0   # steps a DecodeLane ran
         self.step_seqs: list = []    # the latest plain step's sequence records (_step.plain_step)
+        self.step_simple = False     # each of them its group's only plain child, sampling
 
     def attach_runner(self, runner: Runner | None, vision=None) -> None:
         """The runner steps run on (an engine assembled on its engine thread gets it here, after
@@ -356,42 +352,41 @@ class LLMEngine:
         a request's deltas up). lazy: the output of a request of one plain sequence may be a
         _step.PendingOutput, whose materialize() gives its RequestOutput (AsyncEngine passes
         True: its readers build them, off the engine thread)."""
-        lane = self._lane
-        if lane is not None:      # a steady decode batch: the whole step in one compiled call
-            outputs = lane.step(lazy)
-            if outputs is not None:
-                self.decode_lane_steps += 1
-                return outputs
-            self._lane = None
         start = time.perf_counter()
         touched: dict[str, _Group] = {}
         sched_out = self.scheduler.schedule()
-        for request in self.scheduler.take_finished_in_schedule():
-            self._record_finished(request)
-            touched[request.parent_id] = self._groups[request.parent_id]
+        if sched_out.aborted:
+            for request in sched_out.aborted:
+                self._record_finished(request)
+                touched[request.parent_id] = self._groups[request.parent_id]
         ran = _NO_OUTPUT
+        matchers = self.structured.matchers
         if sched_out.chunks:
-            masks = self.structured.start_step(sched_out)
+            masks = self.structured.start_step(sched_out) if matchers else None
             ran = self.runner.execute(sched_out, masks) if masks is not None else self.runner.execute(sched_out)
             if ran.pooled is not None:
                 return self._finish_pooled(sched_out, ran, start, touched)
-            for entry in ran.prompt_logprobs:
-                self._add_prompt_logprobs(entry)
+            if ran.prompt_logprobs:
+                for entry in ran.prompt_logprobs:
+                    self._add_prompt_logprobs(entry)
         results = ran.sampled
         now = time.monotonic()
-        matchers = self.structured.matchers
         spec_ids = ran.spec_token_ids
         if spec_ids is not None:
             self._record_drafts(sched_out, results)
         if spec_ids is None and not matchers and self.batched_decode:
-            # no drafts, no grammar: the per-sequence work in one compiled call (_step.pyx)
-            _step.add_itl(self._stats, _step.plain_step(sched_out.chunks, results, now, self.scheduler, self, touched),
-                          now)
-            sampled = ()
-            if self.decode_lanes and ran.plain:
-                self._lane = _step.decode_lane(self, sched_out, self.runner.decode_binding, self._stats)
-        else:
-            sampled = self.scheduler.update_from_output(sched_out, results, spec_ids)
+            # no drafts, no grammar: the per-sequence work, the outputs and the step's record in
+            # compiled calls (_step.pyx), the Python below their reference
+            _step.add_itl(self._stats, _step.plain_step(sched_out.chunks, results, now, self.scheduler, self, touched,
+                                                        sched_out.steady), now)
+            outputs = _step.make_outputs(touched, self, lazy)
+            if sched_out.chunks:
+                kernel = ran.kernel_seconds   # (tuple.__new__: the NamedTuple without its Python-level __new__)
+                _step.record_step(self._stats, _new_tuple(StepRecord, (
+                    len(sched_out.chunks), sched_out.num_tokens, time.perf_counter() - start - kernel, kernel,
+                    ran.bytes_read)))
+            return outputs
+        sampled = self.scheduler.update_from_output(sched_out, results, spec_ids)
         # a request may get several tokens (accepted drafts): tokens after a stop string go
         left = None
         if spec_ids is not None and any(c.spec_token_ids for c in sched_out.chunks):
@@ -432,9 +427,9 @@ class LLMEngine:
                 elif out.outputs:
                     outputs.append(out)
         if sched_out.chunks:
-            self._stats.record_step(StepRecord(
-                sched_out.num_seqs, sched_out.num_tokens,
-                time.perf_counter() - start - ran.kernel_seconds, ran.kernel_seconds, ran.bytes_read))
+            self._stats.record_step(StepRecord(len(sched_out.chunks), sched_out.num_tokens,
+                                               time.perf_counter() - start - ran.kernel_seconds, ran.kernel_seconds,
+                                               ran.bytes_read))
         return outputs
 
     def _finish_pooled(self, sched_out: SchedulerOutput, ran: RunnerOutput, start: float,
@@ -632,11 +627,6 @@ class LLMEngine:
 
     def get_num_unfinished_requests(self) -> int:
         return len(self._groups)
-
-    @property
-    def decode_lane(self) -> _step.DecodeLane | None:
-        """The steady decode batch's lane while there is one (the next step() runs it)."""
-        return self._lane
 
     @property
     def groups(self) -> dict[str, _Group]:

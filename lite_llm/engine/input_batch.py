@@ -64,16 +64,15 @@ class StepArrays(NamedTuple):
 
 
 class DecodeArrays(NamedTuple):
-    """A bound steady decode batch (InputBatch.bind_decode): the forward() arrays every step
-    refills in place, and the calls that refill them and append the sampled tokens."""
+    """The latest step's arrays as a steady decode batch repeats them (InputBatch.bind_decode):
+    forward()'s step arrays, which the batch's compiled gather refills in place each step."""
     token_ids: np.ndarray      # [S] int32
     positions: np.ndarray      # [S] int32
     slot_mapping: np.ndarray   # [S] int64
     tok_seq: np.ndarray        # [S] int32
     logits_rows: np.ndarray    # [S] int32
     slots: np.ndarray          # [S] int32 each sequence's batch slot (a copy)
-    gather: Any                # StepBuffers.gather_decode: () -> context tokens
-    finish: Any                # StepBuffers.finish_decode: (run) -> sampling seconds
+    buffers: Any               # _batch.StepBuffers: the gather (gather_slots) and the append
 
 
 def sampling_row(params, seed: int) -> tuple[tuple[float, ...], tuple[int, int, int]]:
@@ -273,17 +272,14 @@ class InputBatch:
         return StepArrays(views[0], views[1], views[2], views[3], self.block_table, views[4], views[5],
                           is_prefix, num_context)
 
-    def bind_decode(self, num_seqs: int, tokens: np.ndarray) -> DecodeArrays | None:
-        """Bind a steady decode batch of the latest step's num_seqs sequences, one token each
-        (_step.DecodeLane), tokens [S] being where the bound sampling writes. None unless the
-        latest step was S tokens in S sampling rows."""
+    def bind_decode(self, num_seqs: int) -> DecodeArrays | None:
+        """The latest step's arrays for a steady decode batch of its num_seqs sequences, one
+        token each (_batch.SteadyDecode). None unless the latest step was S tokens in S
+        sampling rows."""
         key, views = self._step_views
         if key != (num_seqs, num_seqs):
             return None
-        slots = views[5].copy()       # one per sequence, in the batch's order
-        self._buffers.set_decode(slots, tokens)
-        return DecodeArrays(views[0], views[1], views[2], views[3], views[4], slots, self._buffers.gather_decode,
-                            self._buffers.finish_decode)
+        return DecodeArrays(views[0], views[1], views[2], views[3], views[4], views[5].copy(), self._buffers)
 
     def sampling_arrays(self, slots: np.ndarray, is_prefix: bool = False
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -101,9 +101,6 @@ class PoolingModelRunner:
         return RunnerOutput([None] * len(chunks), kernel_seconds=self.last_step_seconds,
                             bytes_read=self.weight_bytes, pooled=list(rows))
 
-    def decode_binding(self, num_seqs: int) -> None:
-        return None         # a pooling step is never repeated
-
     def run_step(self, items: list[PoolItem], block_tables: list[list[int]]) -> np.ndarray:
         """ONE forward() over whole sequences, item i's KV in blocks block_tables[i] (the
         scheduler's) -> pooled rows [S, E] (before the classifier head, normalization and

@@ -22,11 +22,11 @@ import numpy as np
 from lite_llm import _kernels
 from lite_llm._kernels import gemm_path, layout
 from lite_llm.config import KV_CACHE_DTYPES, QUANTIZATIONS, attention_path_override, check_quantization  # noqa: F401
-from lite_llm.engine import _sampler
+from lite_llm.engine import _batch, _sampler
 from lite_llm.engine.args import check_kv_cache_dtype  # noqa: F401  (callers import it here)
 from lite_llm.engine.input_batch import InputBatch, StepArrays
 from lite_llm.engine.request import SampleResult
-from lite_llm.engine.runner_output import DecodeBinding, PromptLogprobs, RunnerOutput
+from lite_llm.engine.runner_output import PromptLogprobs, RunnerOutput
 from lite_llm.engine.sampler import Sampler, add_logit_bias
 from lite_llm.model import arch, pack
 from lite_llm.model.rope import longrope_rows, longrope_switch, rope_tables
@@ -237,8 +237,11 @@ class ModelRunner:
         eos = tuple(cfg.eos_token_ids)
         self.sampler = Sampler(cfg.vocab_size, eos, num_threads=num_threads)
         self.input_batch = InputBatch(max_num_seqs, max_pos, block_size, eos, max_num_batched_tokens)
-        self._last_plain = False     # the latest execute() ran _execute_plain (decode_binding)
         self._plain_bound: _PlainBinding | None = None   # of the latest plain step
+        self.plain_steps = 0         # steps _execute_plain ran
+        self._steady_size = 0        # S when the latest step was a plain one a steady step may repeat
+        self._steady = None          # its _batch.SteadyDecode, bound at the first steady step
+        self.steady_steps = 0        # steps a SteadyDecode ran
         self.weight_bytes = packed.nbytes
         # a decode step streams every matrix once (of the experts, the top-k of X a token runs);
         # an untied embedding only gives a few rows
@@ -379,9 +382,18 @@ class ModelRunner:
 
     def execute(self, sched_out, masks=None) -> RunnerOutput:
         """One step. masks: the step's structured-output MaskJob (structured.py), being computed
-        while forward() runs; waited for before sampling."""
+        while forward() runs; waited for before sampling. A steady step (SchedulerOutput.steady)
+        after a plain step of the same sequences repeats that step's arrays, forward() call and
+        bound sampling in one compiled call (_batch.SteadyDecode), with the same result."""
+        steady = self._steady
+        if sched_out.steady and masks is None:
+            if steady is None and self._steady_size == len(sched_out.chunks):
+                steady = self._steady = self._bind_steady()
+            if steady is not None:
+                self.steady_steps += 1
+                return steady.run(sched_out.chunks)
+        self._steady, self._steady_size = None, 0
         batch = self.input_batch
-        self._last_plain = False
         a = batch.prepare(sched_out)
         if self.proposer is not None:
             return self._execute_speculative(sched_out, a, masks)
@@ -438,31 +450,28 @@ class ModelRunner:
             self._plain_bound = _PlainBinding(num_rows, logits, prefix, call, tokens)
         _, _, kernel_seconds, _, _ = self._forward_step(sched_out, a, a.logits_rows, None)
         sampled, sample_seconds = batch.finish_plain(call.run, tokens, SampleResult)
-        self._last_plain = True
+        self.plain_steps += 1
+        if len(a.token_ids) == num_rows == len(sched_out.chunks) and self.lora_weights is None \
+                and self.vision is None and self.tp_group is None and not self.rope_switch:
+            self._steady_size = num_rows     # a steady step of these sequences may repeat this one
         # a prefill chunk that does not sample yet: None
         return RunnerOutput(_align(sampled, sched_out.chunks), None, [], kernel_seconds + sample_seconds,
-                            self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token, True)
+                            self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token)
 
-    def decode_binding(self, num_seqs: int) -> DecodeBinding | None:
-        """What a steady decode batch (_step.DecodeLane) runs each step in place of execute(),
-        bound to the latest step's arrays. None unless that step was a plain one
-        (_execute_plain) of num_seqs sequences, one token each: then every later step of the
-        same sequences, one token each, runs the same calls on the same arrays (nothing that
-        would change the path can join the batch without a new request, which ends the lane)."""
-        batch = self.input_batch
+    def _bind_steady(self):
+        """The latest plain step (S sequences, one token each) bound for the steady steps that
+        repeat it (_batch.SteadyDecode), or None."""
         cached = self._plain_bound
-        if not self._last_plain or cached is None or cached.num_rows != num_seqs \
-                or self.lora_weights is not None or self.vision is not None or self.tp_group is not None:
+        bound = self.input_batch.bind_decode(self._steady_size)
+        if cached is None or bound is None or cached.num_rows != self._steady_size:
             return None
-        bound = batch.bind_decode(num_seqs, cached.tokens)
-        if bound is None:
-            return None
+        batch = self.input_batch
         gather_params = None if cached.prefix else partial(batch.gather_params, bound.slots)
         args = (self.model, self.workspace, bound.token_ids, bound.positions, bound.slot_mapping, bound.tok_seq,
                 batch.block_table, bound.logits_rows, cached.logits, self.num_threads)
-        return DecodeBinding(bound.gather, gather_params, cached.call, self.kernels.forward, args, bound.finish,
-                             cached.tokens, bound.slots, self.bytes_per_token, self.kv_bytes_per_token,
-                             batch.append_blocks)
+        return _batch.SteadyDecode(bound.buffers, batch, bound.slots, cached.tokens, cached.call, gather_params,
+                                   self.kernels.forward, args, self.bytes_per_token, self.kv_bytes_per_token,
+                                   SampleResult, RunnerOutput)
 
     # ---- speculative decoding -------------------------------------------------------------
 

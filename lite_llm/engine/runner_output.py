@@ -1,5 +1,4 @@
-"""What one runner step gives back (RunnerOutput), and what a steady decode batch binds of the
-runner to repeat its step without the engine's Python (DecodeBinding).
+"""What one runner step gives back (RunnerOutput).
 
     engine.step():  sched_out = scheduler.schedule()
                     out = runner.execute(sched_out[, masks])   -> RunnerOutput
@@ -9,14 +8,13 @@ runner to repeat its step without the engine's Python (DecodeBinding).
 
 Every runner (the model runner, a tensor-parallel rank 0, the tests' fake runners) returns a
 RunnerOutput; nothing of a step is left on the runner for the engine to look up afterwards.
-The compiled decode lane (_step.DecodeLane) is the runner's plain step repeated: it takes a
-DecodeBinding from ModelRunner.decode_binding() and feeds the same per-sequence work
-(_step.pyx) as a RunnerOutput would.
+How a runner gets there is its own affair: the model runner's plain step reuses its bound
+sampling from the previous step while the batch stays the same (ModelRunner._execute_plain).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -32,9 +30,9 @@ class PromptLogprobs:
     top_logprobs: np.ndarray     # [n, k] float32
 
 
-@dataclass(slots=True)
-class RunnerOutput:
-    """One step of a runner.
+class RunnerOutput(NamedTuple):
+    """One step of a runner (a NamedTuple: built every step, in compiled code too, and nothing
+    changes it once built).
 
     sampled is aligned with the SchedulerOutput's chunks: None where the chunk does not sample,
     a SampleResult, or (a chunk with drafts) the list of SampleResults of its accepted drafts
@@ -43,28 +41,9 @@ class RunnerOutput:
     # drafts for the next step, by request id; None when the runner has no proposer (the engine
     # then skips its per-sequence draft bookkeeping)
     spec_token_ids: dict[str, list[int]] | None = None
-    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[PromptLogprobs] | tuple = ()
     kernel_seconds: float = 0.0  # forward + sampling time: the step's Python time is the rest
     bytes_read: int = 0          # weights once, plus the KV attention read (bandwidth figures)
-    plain: bool = False          # a plain step (ModelRunner._execute_plain): decode_binding may repeat it
     # a pooling model's step (engine/pooling.py): aligned with the chunks, each pooling request's
     # pooled row [E] float32 (before any head or normalization); None when the step pools nothing
     pooled: list | None = None
-
-
-@dataclass(slots=True, frozen=True)
-class DecodeBinding:
-    """A plain decode step of S sequences as bound calls on the runner's arrays, which a steady
-    batch (_step.DecodeLane) repeats step after step: gather() -> gather_params() ->
-    sample.check() -> forward(*forward_args) -> finish(sample.run)."""
-    gather: Callable[[], int]              # the step's arrays from the rows; returns the context tokens
-    gather_params: Callable[[], None] | None   # the slots' parameter rows (None: slots are 0..S-1)
-    sample: Any                            # the bound sampling (_sampler.PreparedSample: check, run)
-    forward: Callable[..., None]           # the kernels' forward
-    forward_args: tuple                    # its arguments
-    finish: Callable[[Any], float]         # sample, append to the rows; returns kernel seconds
-    tokens: np.ndarray                     # [S] int32, the sampled tokens
-    slots: np.ndarray                      # [S] int32, each sequence's batch slot
-    bytes_per_token: int                   # weight bytes a decoded token streams
-    kv_bytes_per_token: int                # KV bytes of one context token (all layers, K and V)
-    append_blocks: Callable[[int, list[int]], None]   # a sequence's new KV blocks into its slot's table

@@ -37,8 +37,7 @@ least two fewer than that client's richest owner (the victim is that owner's new
 client that opens hundreds of requests gets the share of one client, and one request of a
 client cannot hold its other requests back either.
 Under the priority policy fairness never preempts a sequence of better priority (a lower
-value) than the claimant's head. The steady decode lane (_step.DecodeLane) never admits: it
-ends when a request waits and a slot is free, or has_fair_claim() says a claim stands.
+value) than the claimant's head.
 
 Token stops (EOS, stop token ids, max_tokens, max_model_len) are checked here when sampled
 tokens come back; stop strings need text and are the engine's.
@@ -73,7 +72,6 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from lite_llm.engine import _step
@@ -102,13 +100,21 @@ if ScheduledChunk._fields != _step.CHUNK_FIELDS:   # the compiled readers take t
     raise ImportError("ScheduledChunk's fields differ from _chunk.pxi's; update both together")
 
 
-@dataclass(frozen=True)
-class SchedulerOutput:
+class SchedulerOutput(NamedTuple):
+    """One step's plan (a NamedTuple: built every step, in compiled code too, and nothing
+    changes it once built)."""
     chunks: list[ScheduledChunk]
     num_tokens: int                                   # sum of chunks' num_new_tokens (T)
-    preempted_req_ids: list[str] = field(default_factory=list)  # left the batch since the last step
-    finished_req_ids: list[str] = field(default_factory=list)   # freed since the last step
+    preempted_req_ids: list[str] | tuple = ()         # left the batch since the last step
+    finished_req_ids: list[str] | tuple = ()          # freed since the last step
     encoder_tokens: int = 0                           # the images this step encodes, counted in its budget
+    # the previous step's requests again, in the same order, each computing one token that
+    # samples, none new, no drafts, none gone since (a steady decode batch): the runner may
+    # repeat its previous step's arrays (_step.repeats_decodes)
+    steady: bool = False
+    # requests schedule() finished with "abort" because they can never fit the KV cache (whether
+    # or not the step runs): the engine records them
+    aborted: list[Request] | tuple = ()
 
     @property
     def num_seqs(self) -> int:
@@ -146,6 +152,10 @@ def client_of(owner_id: str) -> str:
 
 
 class Scheduler:
+    # the running requests' common decode case (one token, blocks in hand or allocated) taken in
+    # one compiled call (_step.schedule_decodes); False: the Python loop below, its reference
+    compiled_decodes = True
+
     def __init__(self, kv_cache_manager: KVCacheManager, *, max_num_seqs: int,
                  max_num_batched_tokens: int, max_model_len: int, policy: str = "fcfs",
                  num_lookahead_tokens: int = 0):
@@ -171,7 +181,8 @@ class Scheduler:
         self.num_preemptions_total = 0
         self._finished_req_ids: list[str] = []         # freed since the last step that ran
         self._preempted_req_ids: list[str] = []        # preempted since the last step that ran
-        self._finished_in_schedule: list[Request] = []  # requests that can never fit, for the engine
+        self._finished_in_schedule: list[Request] = []  # requests that can never fit (SchedulerOutput.aborted)
+        self._last_chunks: list[ScheduledChunk] = []    # of the latest step that ran (SchedulerOutput.steady)
         self._rows_budget = PROMPT_LOGITS_ROWS            # this step's prompt-logits rows left
         self.encoder_cache = None     # image hash -> encoder rows (the runner's), images that cost no encoding
         self._step_images: set = set()                    # hashes of the images this step encodes
@@ -223,55 +234,67 @@ class Scheduler:
         return len(self.waiting)
 
     @property
-    def has_pending_removals(self) -> bool:
-        """Whether requests left the runner's batch (finished or preempted) since the last step
-        that ran: the next SchedulerOutput will carry their ids."""
-        return bool(self._finished_req_ids or self._preempted_req_ids)
-
-    @property
     def pending_removal_ids(self) -> list[str]:
-        """The ids has_pending_removals speaks of: finished, then preempted."""
+        """The requests that left the runner's batch (finished, then preempted) since the last
+        step that ran: the next SchedulerOutput will carry them."""
         return self._finished_req_ids + self._preempted_req_ids
-
-    def take_finished_in_schedule(self) -> list[Request]:
-        """Requests schedule() had to abort because they can never fit the KV cache."""
-        out, self._finished_in_schedule = self._finished_in_schedule, []
-        return out
 
     # ---- one step -----------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
         chunks: list[ScheduledChunk] = []
         preempted = self._preempted_req_ids
-        num_preempted = len(preempted)
-        self._step_images, self._step_encoder_tokens = set(), 0
-        reserve = 0
-        if self._waiting_owners and len(self.owners) > 1:
-            reserve = self._preempt_for_claims(preempted)
+        if self._step_images:
+            self._step_images = set()
+        self._step_encoder_tokens = 0
+        if not self.waiting and not preempted and not self._finished_req_ids and self.compiled_decodes \
+                and not self.num_lookahead_tokens:
+            # nobody to admit, nothing gone: the running requests' common case first (most steps of
+            # a steady batch end here), the loop below from wherever it stops
+            idx, budget, repeats = _step.schedule_decodes(self.running, self.kv_cache_manager.room, chunks,
+                                                          self.max_num_batched_tokens, 0, ScheduledChunk,
+                                                          self.kv_cache_manager.allocate_slots, self._last_chunks)
+            if repeats and idx == len(self.running) == len(self._last_chunks) and chunks:
+                self._last_chunks = chunks
+                return _new_chunk(SchedulerOutput, (chunks, self.max_num_batched_tokens - budget, (), (), 0, True, ()))
+            budget = self._schedule_running(chunks, preempted, 0, idx, budget)
+        else:
+            reserve = 0
+            if self._waiting_owners and len(self.owners) > 1:
+                reserve = self._preempt_for_claims(preempted)
             num_preempted = len(preempted)
-        budget = self._schedule_running(chunks, preempted, reserve) + reserve
-        if len(preempted) == num_preempted:
-            # after a preemption the cache is full: admitting would only preempt again
-            budget = self._schedule_waiting(chunks, budget)
+            budget = self._schedule_running(chunks, preempted, reserve) + reserve
+            if len(preempted) == num_preempted:
+                # after a preemption the cache is full: admitting would only preempt again
+                budget = self._schedule_waiting(chunks, budget)
         num_tokens = self.max_num_batched_tokens - budget - self._step_encoder_tokens
         finished = self._finished_req_ids
+        steady = False
         if chunks:           # an empty step is not run: its removals wait for the next one
             self._finished_req_ids, self._preempted_req_ids = [], []
+            steady = not finished and not preempted and _step.repeats_decodes(self._last_chunks, chunks)
+            self._last_chunks = chunks
         else:
             finished, preempted = list(finished), list(preempted)
-        return SchedulerOutput(chunks, num_tokens, preempted, finished, self._step_encoder_tokens)
+        aborted = self._finished_in_schedule
+        if aborted:
+            self._finished_in_schedule = []
+        return SchedulerOutput(chunks, num_tokens, preempted, finished, self._step_encoder_tokens, steady, aborted)
 
-    def _schedule_running(self, chunks: list[ScheduledChunk], preempted: list[str], reserve: int = 0) -> int:
-        """Serve the running requests first, leaving reserve tokens of the budget for admission."""
-        budget = self.max_num_batched_tokens - reserve
+    def _schedule_running(self, chunks: list[ScheduledChunk], preempted: list[str], reserve: int = 0,
+                          idx: int = 0, budget: int | None = None) -> int:
+        """Serve the running requests first, leaving reserve tokens of the budget for admission;
+        from running[idx] on with budget left when the first ones are in chunks already."""
+        if budget is None:
+            budget = self.max_num_batched_tokens - reserve
         self._rows_budget = PROMPT_LOGITS_ROWS
         kv = self.kv_cache_manager
         room = kv.room
-        idx = 0
-        fast = not self.num_lookahead_tokens
+        fast = self.compiled_decodes and not self.num_lookahead_tokens
         while idx < len(self.running) and budget > 0:
             if fast:        # the loop's common case below, compiled, up to the next other one
-                idx, budget = _step.schedule_decodes(self.running, room, chunks, budget, idx, ScheduledChunk)
+                idx, budget, _ = _step.schedule_decodes(self.running, room, chunks, budget, idx, ScheduledChunk,
+                                                         kv.allocate_slots)
                 if idx >= len(self.running) or budget <= 0:
                     break
             request = self.running[idx]
@@ -364,6 +387,8 @@ class Scheduler:
         return max(0, min(self.num_lookahead_tokens, self.max_model_len - end))
 
     def _schedule_waiting(self, chunks: list[ScheduledChunk], budget: int) -> int:
+        if not self.waiting:
+            return budget
         kv = self.kv_cache_manager
         now = time.monotonic()
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -589,14 +614,6 @@ class Scheduler:
         if self.policy == "priority" and victim.priority < claimant.waiting[0].priority:
             return None
         return victim
-
-    def has_fair_claim(self) -> bool:
-        """Whether the next step would preempt a running sequence for a waiting owner (fair
-        admission): a step that only decodes the running ones (the decode lane) must not run."""
-        if self._kv_short is not None:
-            return True
-        view = self._fair_view()
-        return any(self._victim_for(o, view) is not None for o in self._claimants(view))
 
     def _preempt_for_claims(self, preempted: list[str]) -> int:
         """Before anyone is served: one slot for each claimant, a free one if there is one, else

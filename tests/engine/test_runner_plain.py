@@ -13,7 +13,6 @@ import pytest
 from conftest import tiny_checkpoint_path
 
 from lite_llm import LLM, SamplingParams
-from lite_llm.engine.engine import LLMEngine
 from lite_llm.engine.runner import ModelRunner
 
 
@@ -35,35 +34,22 @@ def requests(mixed: bool):
     return prompts, params
 
 
-def generate(monkeypatch, fast: bool, mixed: bool, lanes: bool = True, **engine_args):
-    """Each request's (token ids, logprobs) and the steps the plain path ran: the plain steps
-    execute() reported (RunnerOutput.plain) plus the steps a steady batch's DecodeLane ran
-    (the same bound sampling, from one compiled call; lanes=False leaves every step to
-    _execute_plain)."""
-    calls = []
-    execute = ModelRunner.execute
-
-    def counting(self, *args):
-        out = execute(self, *args)
-        calls.append(out.plain)
-        return out
+def generate(monkeypatch, fast: bool, mixed: bool, **engine_args):
+    """Each request's (token ids, logprobs) and the steps the plain path ran
+    (ModelRunner.plain_steps)."""
     monkeypatch.setattr(ModelRunner, "plain_fast_path", fast)
-    monkeypatch.setattr(ModelRunner, "execute", counting)
-    monkeypatch.setattr(LLMEngine, "decode_lanes", lanes)
     prompts, params = requests(mixed)
     with LLM(str(tiny_checkpoint_path("llama")), dtype="float32", max_model_len=128, max_num_seqs=8,
              kv_cache_space=0.01, **engine_args) as llm:
         outs = llm.generate(prompts, params, use_tqdm=False)
-        lane_steps = llm.llm_engine.decode_lane_steps
-    assert lanes or lane_steps == 0
+        plain_steps = llm.llm_engine.runner.plain_steps + llm.llm_engine.runner.steady_steps
     got = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
-    return got, sum(calls) + lane_steps
+    return got, plain_steps
 
 
-@pytest.mark.parametrize("lanes", [True, False], ids=["lanes", "no-lanes"])
 @pytest.mark.parametrize("mixed", [False, True], ids=["plain", "mixed"])
-def test_plain_step_path_gives_the_general_paths_tokens(monkeypatch, mixed, lanes):
-    fast, fast_calls = generate(monkeypatch, True, mixed, lanes)
+def test_plain_step_path_gives_the_general_paths_tokens(monkeypatch, mixed):
+    fast, fast_calls = generate(monkeypatch, True, mixed)
     slow, slow_calls = generate(monkeypatch, False, mixed)
     assert slow_calls == 0
     # the plain path really ran: every step of the plain requests (the longest asks 30 tokens,

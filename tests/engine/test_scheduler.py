@@ -219,7 +219,8 @@ def test_request_that_can_never_fit_is_aborted_not_hung():
     sched.add_request(big)
     out = sched.schedule()
     assert not out.chunks and big.finish_reason == "abort"
-    assert sched.take_finished_in_schedule() == [big] and not sched.has_unfinished_requests()
+    assert out.aborted == [big] and not sched.has_unfinished_requests()
+    assert not sched.schedule().aborted
     grows = Request("grows", [1, 2, 3], SamplingParams(max_tokens=50), seed=0, max_tokens=50)
     sched.add_request(grows)
     for _ in range(10):

@@ -1,19 +1,19 @@
 """The compiled step paths against the Python reference they follow, on a tiny random llama
-through a real ModelRunner and its own tokenizer:
-- the steady decode lane (_step.DecodeLane: a batch of plain decodes stepped by one compiled
-  call, without a SchedulerOutput, chunks or SampleResults) against the step path it bypasses
-  (LLMEngine.decode_lanes = False);
-- every compiled path at once (the lane, _step.plain_step / make_outputs and the runner's
-  _execute_plain) against the Python reference alone (LLMEngine.batched_decode = False,
-  decode_lanes = False, ModelRunner.plain_fast_path = False): the one step the spec describes.
+through a real ModelRunner and its own tokenizer. Every step takes one path, schedule ->
+execute -> update -> outputs; its per-sequence parts run compiled (the scheduler's decode
+chunks, _step.schedule_decodes; the runner's plain step, ModelRunner._execute_plain; the
+update, detokenizing and outputs, _step.plain_step / make_outputs) or as the Python code
+they follow (Scheduler.compiled_decodes = False, ModelRunner.plain_fast_path = False,
+LLMEngine.batched_decode = False): the one step the spec describes.
 
 Both engines get the same requests arriving over the first steps and abort the same ones at
-the same steps. The workloads make the lane start and end again and again: requests finish
-at different steps (max_tokens, EOS, stop token ids), 16-token blocks fill at different steps
-(the lane allocates the next one), a short pool preempts, more requests than max_num_seqs
-wait while the batch is full, and requests the lane cannot take (logprobs, stop strings,
-n > 1, min_tokens) join now and then. Every step's outputs, the stats both must agree on and
-the freed KV must be identical, and the lane must have run most decode steps.
+the same steps. The workloads make steady decode batches form and break again and again:
+requests finish at different steps (max_tokens, EOS, stop token ids), 16-token blocks fill
+at different steps (the compiled scheduler allocates the next one), a short pool preempts,
+more requests than max_num_seqs wait while the batch is full, and requests the compiled
+paths hand back to the Python code (logprobs, stop strings, n > 1, min_tokens) join now and
+then. Every step's outputs, its size and bytes read, the stats and the freed KV must be the
+same step for step.
 """
 from __future__ import annotations
 
@@ -31,19 +31,19 @@ from lite_llm.sampling_params import RequestOutputKind, SamplingParams
 _LOADED = {}
 
 
-PATHS = {   # (decode_lanes, batched_decode, plain_fast_path)
+PATHS = {   # (Scheduler.compiled_decodes, LLMEngine.batched_decode, ModelRunner.plain_fast_path)
     "compiled": (True, True, True),
-    "step path": (False, True, True),
+    "compiled step, general runner": (True, True, False),
     "reference": (False, False, False),
 }
 
 
-def make_engine(lanes: bool | str, **overrides) -> LLMEngine:
-    """lanes: True / False (the lane or not, over the compiled step path), or a key of PATHS."""
-    path = str(tiny_checkpoint_path("llama"))
-    if path not in _LOADED:
-        _LOADED[path] = load_model(path, dtype="float32", progress=False)
-    loaded = _LOADED[path]
+def make_engine(path: str = "compiled", **overrides) -> LLMEngine:
+    """An engine on the tiny llama whose step takes the given PATHS entry."""
+    ckpt = str(tiny_checkpoint_path("llama"))
+    if ckpt not in _LOADED:
+        _LOADED[ckpt] = load_model(ckpt, dtype="float32", progress=False)
+    loaded = _LOADED[ckpt]
     cfg = dict(max_num_seqs=16, max_num_batched_tokens=128, block_size=16, num_blocks=256, max_model_len=96,
                seed=3, eos_token_ids=tuple(loaded.config.eos_token_ids))
     cfg.update(overrides)
@@ -52,13 +52,12 @@ def make_engine(lanes: bool | str, **overrides) -> LLMEngine:
                          max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
                          num_threads=2)
     engine = LLMEngine(runner, loaded.tokenizer, config)
-    lanes, batched, plain = PATHS[lanes] if isinstance(lanes, str) else (lanes, True, True)
-    engine.decode_lanes, engine.batched_decode, runner.plain_fast_path = lanes, batched, plain
+    engine.scheduler.compiled_decodes, engine.batched_decode, runner.plain_fast_path = PATHS[path]
     return engine
 
 
 def plain_requests(tokenizer, num: int, seed: int):
-    """What the lane takes: greedy and seeded draws, penalties, stop token ids, EOS, DELTA and
+    """What the compiled paths take: greedy and seeded draws, penalties, stop token ids, EOS, DELTA and
     FINAL_ONLY, different lengths (so finishes and full blocks fall on different steps)."""
     rng = np.random.default_rng(seed)
     out = []
@@ -76,10 +75,10 @@ def plain_requests(tokenizer, num: int, seed: int):
     return out
 
 
-def run(lanes: bool | str, requests, abort_at: dict[int, list[str]], lazy: bool = False, **overrides):
-    """Every step's outputs as plain values, the stats both paths must agree on, and the steps
-    the lane ran."""
-    engine = make_engine(lanes, **overrides)
+def run(path: str, requests, abort_at: dict[int, list[str]], lazy: bool = False, **overrides):
+    """Every step's outputs as plain values, the stats the paths must agree on, and the steps
+    the runner's plain path ran."""
+    engine = make_engine(path, **overrides)
     waiting = list(requests)
     steps, counts = [], []
     for step in range(10_000):
@@ -99,75 +98,83 @@ def run(lanes: bool | str, requests, abort_at: dict[int, list[str]], lazy: bool 
     stats = (s.generation_tokens_total, s.prompt_tokens_total, s.itl.count,   # (latencies are timings)
              dict(s.request_success_total), s.num_preempted_total, s.step_python.count, s.step_kernel.count,
              s.step_bytes_read_total, [(r.num_seqs, r.num_tokens, r.bytes_read) for r in s.recent_steps])
-    return steps, stats, engine.decode_lane_steps
+    return steps, stats, engine.runner.plain_steps + engine.runner.steady_steps
 
 
+def check_same(path: str, requests, abort_at, lazy=False, **config):
+    """path's steps, stats and freed KV equal the reference's, step for step; returns the
+    reference's steps and stats, and the plain steps path's runner ran."""
+    ref_steps, ref_stats, ref_plain = run("reference", requests, abort_at, lazy, **config)
+    steps, stats, plain = run(path, requests, abort_at, lazy, **config)
+    assert ref_plain == 0
+    for i, (got, want) in enumerate(zip(steps, ref_steps)):
+        assert got == want, f"step {i} differs"
+    assert len(steps) == len(ref_steps)
+    assert stats == ref_stats
+    return ref_steps, ref_stats, plain
+
+
+@pytest.mark.parametrize("path", ["compiled", "compiled step, general runner"])
 @pytest.mark.parametrize("config", [{}, dict(num_blocks=20), dict(max_num_seqs=6)],
                          ids=["roomy", "preempting", "queue-while-full"])
-def test_lane_gives_the_step_paths_outputs(config):
-    tok = make_engine(False).tokenizer
+def test_plain_workload_follows_the_reference(config, path):
+    """Plain requests only: steady decode batches most of the time, broken by finishes,
+    aborts, full blocks, preemption and arrivals."""
+    tok = make_engine().tokenizer
     requests = plain_requests(tok, 30, 0)
     abort_at = {5: ["p3", "p7"], 14: ["p12", "p20"], 30: ["p25"]}
-    ref_steps, ref_stats, ref_lane = run(False, requests, abort_at, **config)
-    steps, stats, lane_steps = run(True, requests, abort_at, **config)
-    assert ref_lane == 0
+    ref_steps, ref_stats, plain = check_same(path, requests, abort_at, **config)
     finishes = {c[3] for step in ref_steps for o in step for c in o[2] if c[3]}
     assert {"length", "abort"} <= finishes
-    assert stats == ref_stats
-    assert steps == ref_steps
-    assert lane_steps >= len(steps) // 3, f"the lane ran {lane_steps} of {len(steps)} steps"
+    if path == "compiled":
+        assert plain >= len(ref_steps) // 2, f"the plain runner path ran {plain} of {len(ref_steps)} steps"
     if "num_blocks" in config:
         assert ref_stats[4] > 0, "the pool must preempt"
 
 
-def test_lane_with_requests_it_cannot_take():
-    """Logprobs, stop strings, n > 1 and min_tokens requests join the plain ones: the lane
-    ends when they arrive and forms again once they leave; the outputs stay the step path's."""
-    tok = make_engine(False).tokenizer
+def test_requests_the_compiled_paths_hand_back():
+    """Logprobs, stop strings, n > 1 and min_tokens requests join the plain ones."""
+    tok = make_engine().tokenizer
     requests = plain_requests(tok, 16, 1) + mixed_requests(tok, 16, 2) + plain_requests(tok, 16, 3)
     requests = [(f"{rid}-{i}", prompt, params) for i, (rid, prompt, params) in enumerate(requests)]
-    ref_steps, ref_stats, _ = run(False, requests, {})
-    steps, stats, lane_steps = run(True, requests, {})
-    assert stats == ref_stats
-    assert steps == ref_steps
-    assert lane_steps > 0
+    _, _, plain = check_same("compiled", requests, {})
+    assert plain > 0
 
 
-def test_lane_lazy_outputs():
-    """step(lazy=True) in the lane leaves PendingOutputs that materialize to the step path's."""
-    tok = make_engine(False).tokenizer
+def test_lazy_outputs():
+    """step(lazy=True) leaves PendingOutputs that materialize to the reference's outputs."""
+    tok = make_engine().tokenizer
     requests = plain_requests(tok, 12, 4)
-    ref_steps, ref_stats, _ = run(False, requests, {}, lazy=True)
-    steps, stats, lane_steps = run(True, requests, {}, lazy=True)
-    assert (steps, stats) == (ref_steps, ref_stats) and lane_steps > 10
+    _, _, plain = check_same("compiled", requests, {}, lazy=True)
+    assert plain > 10
 
 
-def test_lane_forms_and_steps():
-    """The lane forms after the first decode step (the prefill's chunks are not one token
-    each) and its step gives every sequence one more token."""
-    tok = make_engine(False).tokenizer
-    requests = plain_requests(tok, 8, 5)
-    engine = make_engine(True)
-    for rid, prompt, params in requests:
-        engine.add_request(rid, prompt, params)
-    engine.step()                     # the prefill step
-    assert engine.decode_lane is None
-    for _ in range(8):                # decode steps on the step path until one qualifies (none finishes)
-        engine.step()
-        if engine.decode_lane is not None:
-            break
-    assert isinstance(engine.decode_lane, _step.DecodeLane) and engine.decode_lane_steps == 0
-    lane = engine.decode_lane
-    running = list(engine.scheduler.running)
-    before = [list(r.output_token_ids) for r in running]
-    engine.step()
-    assert engine.decode_lane_steps == 1 and lane.num_steps == 1
-    for request, b in zip(running, before):
-        assert request.output_token_ids[:-1] == b and request.num_computed_tokens == request.num_tokens - 1
+def test_compiled_scheduler_allocates_the_next_block():
+    """A steady batch whose 16-token blocks fill: _step.schedule_decodes hands each sequence its
+    new block in its chunk (the Python loop's allocate_slots), and the chunks are exactly
+    the reference scheduler's, step by step."""
+    tok = make_engine().tokenizer
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    engines = {path: make_engine(path) for path in ("compiled", "reference")}
+    for engine in engines.values():
+        for i in range(4):
+            engine.add_request(f"r{i}", tok.encode("a b c", add_special_tokens=False) + [i + 3] * (i + 1), params)
+    seen_new_blocks = 0
+    for _ in range(44):
+        outs = {}
+        for path, engine in engines.items():
+            sched_out = engine.scheduler.schedule()
+            outs[path] = [(c.request.request_id, c.start, c.num_new_tokens, list(c.new_block_ids), c.sample, c.is_new)
+                          for c in sched_out.chunks]
+            if sched_out.chunks:
+                engine.scheduler.update_from_output(sched_out, engine.runner.execute(sched_out).sampled)
+        assert outs["compiled"] == outs["reference"]
+        seen_new_blocks += sum(1 for c in outs["compiled"] if c[3] and not c[5])
+    assert seen_new_blocks >= 4, "blocks must fill during decoding"
 
 
 def test_stats_twins_match_the_python_ones():
-    """_step.add_itl and _step.record_step (the lane's) against StatsCollector.add_itl and
+    """_step.add_itl and _step.record_step (the compiled step's) against StatsCollector.add_itl and
     StatsCollector.record_step, values on bucket bounds included."""
     from lite_llm.engine.stats import STEP_BUCKETS, TPOT_BUCKETS, StatsCollector, StepRecord
     rng = np.random.default_rng(0)
@@ -188,24 +195,22 @@ def test_stats_twins_match_the_python_ones():
         (b.generation_tokens_total, b.num_steps_total, b.step_bytes_read_total, list(b.recent_steps))
 
 
-@pytest.mark.parametrize("lanes", [True, False])
-def test_a_request_fair_admission_starts_ends_the_lane(lanes):
-    """Six plain sequences of one owner hold every slot, stepped by the lane; a request of another
-    owner arrives: the lane ends for it (its slot comes from a preemption, not a free one), its
-    first token comes within 2 steps, and every step's outputs are those of the step path."""
-    tok = make_engine(False).tokenizer
+def test_fair_admission_breaks_a_steady_batch():
+    """Six plain sequences of one owner hold every slot, decoding steadily; a request of another
+    owner arrives: its slot comes from a preemption, its first token within 2 steps, and every
+    step's outputs are the reference's."""
+    tok = make_engine().tokenizer
     prompt = tok.encode("The quick brown fox", add_special_tokens=False)
     small_prompt = tok.encode("Hello", add_special_tokens=False)
     params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
 
-    def run_fair(lanes: bool):
-        engine = make_engine(lanes, max_num_seqs=6)
+    def run_fair(path: str):
+        engine = make_engine(path, max_num_seqs=6)
         for i in range(6):
             engine.add_request(f"big-{i}", prompt + [i + 3], params, owner="big")
         steps, counts = [], []
         for _ in range(8):
             steps.append(plain_outputs(engine.step(), counts))
-        lane_steps = engine.decode_lane_steps
         engine.add_request("small", small_prompt, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
         first = None
         for step in range(1, 200):
@@ -216,15 +221,12 @@ def test_a_request_fair_admission_starts_ends_the_lane(lanes):
             if not engine.has_unfinished_requests():
                 break
         assert not engine.has_unfinished_requests()
-        return steps, first, lane_steps, engine.decode_lane_steps, engine.scheduler.num_preemptions_total
+        return steps, first, engine.scheduler.num_preemptions_total
 
-    steps, first, lane_before, lane_total, preempted = run_fair(lanes)
+    steps, first, preempted = run_fair("compiled")
     assert first is not None and first <= 2, f"the small request's first token after {first} steps"
     assert preempted >= 1
-    if lanes:
-        assert lane_before > 0 and lane_total > lane_before + 20    # the lane formed again afterwards
-        ref_steps, ref_first, _, _, _ = run_fair(False)
-        assert (steps, first) == (ref_steps, ref_first)
+    assert (steps, first) == run_fair("reference")[:2]
 
 
 @pytest.mark.parametrize("config", [{}, dict(num_blocks=14), dict(max_num_seqs=5)],
@@ -235,18 +237,13 @@ def test_compiled_paths_follow_the_python_reference_step_by_step(config):
     short that sequences are preempted and wait for room, and requests the compiled paths hand
     back to the reference (logprobs, stop strings, n > 1, min_tokens). Each step's outputs, its
     size and bytes read, and the stats must be the same step for step."""
-    tok = make_engine(False).tokenizer
+    tok = make_engine().tokenizer
     requests = plain_requests(tok, 14, 6) + mixed_requests(tok, 8, 7) + plain_requests(tok, 14, 8)
     requests = [(f"{rid}-{i}", prompt, params) for i, (rid, prompt, params) in enumerate(requests)]
     abort_at = {4: [requests[2][0], requests[20][0]], 11: [requests[9][0]], 25: [requests[30][0]]}
-    ref_steps, ref_stats, ref_lane = run("reference", requests, abort_at, **config)
-    steps, stats, lane_steps = run("compiled", requests, abort_at, **config)
-    assert ref_lane == 0 and lane_steps > 0
+    ref_steps, ref_stats, plain = check_same("compiled", requests, abort_at, **config)
+    assert plain > 0
     finishes = {c[3] for step in ref_steps for o in step for c in o[2] if c[3]}
     assert {"length", "abort", "stop"} <= finishes
-    for i, (got, want) in enumerate(zip(steps, ref_steps)):
-        assert got == want, f"step {i} differs"
-    assert len(steps) == len(ref_steps)
-    assert stats == ref_stats
     if "num_blocks" in config:
         assert ref_stats[4] > 0, "the pool must preempt"
