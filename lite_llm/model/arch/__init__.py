@@ -33,7 +33,8 @@ A recipe module defines HF_ARCHITECTURES (the config.json names it reads), GGUF_
 hf_tensors(ckpt, config), and, where GGUF is supported, gguf_config(f, arch) and
 gguf_tensors(f, config). A file tensor neither read by the recipe nor named by its HF_UNREAD /
 GGUF_UNREAD ((full-match pattern, reason) pairs: what it may leave unread, and why) refuses the
-file once the tensors are read (unread_tensors). File formats stay in hf.py / gguf.py; what the layers compute is
+file (unread_tensors) before any tensor data is read: the loader walks the recipe on the names
+first (loader.LoadedModel.iter_tensors). File formats stay in hf.py / gguf.py; what the layers compute is
 lite_llm/_kernels/forward.pxi, driven by the KernelConfig built here.
 """
 from __future__ import annotations
