@@ -180,6 +180,13 @@ class ModelConfig:
         return self.num_layers - self.num_conv_layers - self.num_mamba_layers - self.num_deltanet_layers
 
     @property
+    def model_layers(self) -> int:
+        """The model's own layer count, as its config states it: num_layers less the layers that
+        run beside the one before them on its rows (shared_input_layers: each Falcon-H1 layer is
+        a Mamba2 layer and an attention layer here)."""
+        return self.num_layers - len(self.shared_input_layers)
+
+    @property
     def deltanet_conv_dim(self) -> int:
         """Channels of a Gated DeltaNet layer's convolution: q and k of every key head, then v."""
         return (2 * self.linear_num_key_heads * self.linear_key_head_dim
