@@ -165,19 +165,20 @@ def tensor_names(config: ModelConfig) -> list[str]:
 
 def moe_tensor_names(config: ModelConfig, p: str) -> list[str]:
     """A mixture-of-experts MLP's canonical tensors under layer prefix p: the router [X, E]
-    (run in fp32), each expert's gate_up [2F, E] and down [E, F], and the shared expert with
-    its gate vector [E] where the model has one."""
+    (run in fp32), each expert's gate_up [2F, E] (ungated experts, gated_mlp False: up [F, E])
+    and down [E, F], and the shared expert with its gate vector [E] where the model has one."""
     names = [p + "router.weight"] + ([p + "router.bias"] if config.expert_bias else [])
+    up = "gate_up" if config.gated_mlp else "up"
     for j in range(config.num_experts):
         if config.expert_bias:   # gpt-oss
-            names += [p + f"experts.{j}.gate_up.{w}" for w in ("weight", "bias")]
+            names += [p + f"experts.{j}.{up}.{w}" for w in ("weight", "bias")]
             names += [p + f"experts.{j}.down.{w}" for w in ("weight", "bias")]
         else:
-            names += [p + f"experts.{j}.gate_up.weight", p + f"experts.{j}.down.weight"]
+            names += [p + f"experts.{j}.{up}.weight", p + f"experts.{j}.down.weight"]
     if config.moe_routing == "grouped_sigmoid":
         names.append(p + "router.correction_bias")
     if config.shared_ffn_dim:
-        names += [p + "shared.gate_up.weight", p + "shared.down.weight"]
+        names += [p + f"shared.{up}.weight", p + "shared.down.weight"]
         names += [p + "shared_gate.weight"] if config.shared_gate else []
     return names
 
