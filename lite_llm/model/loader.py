@@ -120,9 +120,10 @@ class LoadedModel:
         """_check_all_read before any tensor data is read: the recipe's tensors (`tensors`, its
         hf_tensors / gguf_tensors) are walked with the reader in names_only mode, where every
         read gives zeros of the stored shape and type without touching the file, and the weights
-        it yields are dropped unread; the names it asked for are those the load reads. A recipe
-        whose walk needs the tensors' values (an AWQ / GPTQ checkpoint's zero points are checked
-        as it goes) and fails on zeros is checked after its load instead, as before."""
+        it yields are dropped unread; the names it asked for are those the load reads. Checks of
+        values made on the way skip the walk (hfquant's GPTQ zero points and group order, on
+        reader.names_only); a walk that still fails on zeros leaves the check to the end of
+        the load, and the load to raise any real error."""
         reader = self._reader
         reader.names_only = True
         try:
