@@ -59,7 +59,8 @@ class ModelConfig:
     # gated MLPs of ffn_dim features each, of which a router (softmax over experts, top
     # num_experts_per_tok) runs num_experts_per_tok per token, weighted by their probabilities
     # (renormalised over the chosen ones when norm_topk_prob); plus, with shared_ffn_dim, a
-    # shared gated MLP every token runs, scaled by sigmoid(shared_gate . x) (Qwen2-MoE)
+    # shared gated MLP every token runs, scaled by sigmoid(shared_gate . x) (Qwen2-MoE); with
+    # gated_mlp False the experts and the shared MLP are ungated, down(act(up x)) (Nemotron-H's relu^2)
     num_experts: int = 0         # X; 0: a dense MLP
     num_experts_per_tok: int = 0     # K
     norm_topk_prob: bool = False
@@ -178,6 +179,13 @@ class ModelConfig:
     def num_attention_layers(self) -> int:
         """Layers with a KV cache."""
         return self.num_layers - self.num_conv_layers - self.num_mamba_layers - self.num_deltanet_layers
+
+    @property
+    def model_layers(self) -> int:
+        """The model's own layer count, as its config states it: num_layers less the layers that
+        run beside the one before them on its rows (shared_input_layers: each Falcon-H1 layer is
+        a Mamba2 layer and an attention layer here)."""
+        return self.num_layers - len(self.shared_input_layers)
 
     @property
     def deltanet_conv_dim(self) -> int:
@@ -350,8 +358,8 @@ class KernelConfig:
             raise ValueError(f"attention path {self.attn_path!r}: expected one of {', '.join(ATTENTION_PATHS)}")
         if self.num_experts and not (0 < self.num_experts_per_tok <= self.num_experts):
             raise ValueError(f"top-{self.num_experts_per_tok} of {self.num_experts} experts: expected 1..{self.num_experts}")
-        if self.num_experts and (not self.gated_mlp or self.post_norms):
-            raise ValueError("experts are gated MLPs without post-MLP norms")
+        if self.num_experts and self.post_norms:   # (gated or not: gated_mlp)
+            raise ValueError("experts are MLPs without post-MLP norms")
         if self.num_experts and (self.n_group < 1 or self.num_experts % self.n_group
                                  or not 0 < self.topk_group <= self.n_group):
             raise ValueError(f"{self.num_experts} experts in {self.n_group} groups, the best {self.topk_group} kept")

@@ -28,12 +28,12 @@ cdef struct LayerW:
     const float *sinks            # [H] attention sinks (gpt-oss): a logit per head in the softmax's denominator, or NULL
     Mat qkv                       # [(H + 2 Hkv) D, E]
     Mat o                         # [E, H D]
-    Mat up                        # [2F, E] gate then up rows (gated), or [F, E]; MoE: the shared expert's [2Fs, E]
+    Mat up                        # [2F, E] gate then up rows (gated), or [F, E]; MoE: the shared expert's [2Fs, E] ([Fs, E])
     Mat down                      # [E, F]; MoE: the shared expert's [E, Fs] (both zero without one)
     const float *router           # [X, E] MoE only: router logits = router . h (+ router_b)
     const float *router_b         # [X] the router's bias (gpt-oss), or NULL
     const float *shared_gate_w    # [E] MoE with a shared expert: its scale sigmoid(shared_gate_w . h)
-    Mat *experts                  # [2 X] MoE only: expert j's gate_up [2F, E] at j, its down [E, F] at X + j
+    Mat *experts                  # [2 X] MoE only: expert j's gate_up [2F, E] (ungated: up [F, E]) at j, its down [E, F] at X + j
                                   # (NULL on a dense layer of a MoE model: DeepSeek's first layers)
     const float *router_corr      # [X] the choice's correction bias (DeepSeek-V3), or NULL
     int ffn                       # the dense MLP's width on this layer (ffn_dim; DeepSeek's dense layers their own)
@@ -251,8 +251,6 @@ cdef class Model:
                 raise ValueError(f"mrope_section {sections}: three sections of the {cfg.rope_dim // 2} "
                                  f"frequency pairs (at most {MROPE_MAX_PAIRS})")
             self.c.mrope_t, self.c.mrope_h = sections[0], sections[0] + sections[1]
-        if self.c.num_experts and not self.c.gated:
-            raise ValueError("experts are gated MLPs")
         if self.c.head_dim > LL_MAX_HEAD_DIM and not self.c.kv_lora:   # KernelConfig checks the same bound: keep them one
             raise ValueError(f"head_dim {self.c.head_dim} is above this build's LL_MAX_HEAD_DIM {LL_MAX_HEAD_DIM}")
         if len(k_caches) != self.c.num_layers or len(v_caches) != self.c.num_layers:
@@ -495,17 +493,18 @@ cdef class Model:
         L.router_corr = _vec(tensors, p + "router.correction_bias", self.keep)
         if L.router_corr != NULL and tensors[p + "router.correction_bias"].shape != (X,):
             raise ValueError(f"{p}router.correction_bias: expected [{X}] float32")
+        cdef str up = "gate_up" if self.c.gated else "up"   # ungated experts: up, act, down (Nemotron-H's relu^2)
         L.experts = <Mat *>calloc(2 * X, sizeof(Mat))
         for j in range(X):
-            L.experts[j] = _mat(packed, p + f"experts.{j}.gate_up", self.keep, fma, stream)
-            _check_gated(&L.experts[j], True, self.c.ffn_dim, p + f"experts.{j}.gate_up")
+            L.experts[j] = _mat(packed, p + f"experts.{j}.{up}", self.keep, fma, stream)
+            _check_up(&L.experts[j], self.c.gated, self.c.ffn_dim, p + f"experts.{j}.{up}")
             L.experts[X + j] = _mat(packed, p + f"experts.{j}.down", self.keep, fma, stream)
             if (_describe(&L.experts[j]) != _describe(&L.experts[0])
                     or _describe(&L.experts[X + j]) != _describe(&L.experts[X])):
                 raise ValueError(f"{p}experts.{j}: its format differs from expert 0's")
         if self.c.shared_dim:
-            L.up = _mat(packed, p + "shared.gate_up", self.keep, fma, stream)
-            _check_gated(&L.up, True, self.c.shared_dim, p + "shared.gate_up")
+            L.up = _mat(packed, p + f"shared.{up}", self.keep, fma, stream)
+            _check_up(&L.up, self.c.gated, self.c.shared_dim, p + f"shared.{up}")
             L.down = _mat(packed, p + "shared.down", self.keep, fma, stream)
             L.shared_gate_w = _vec(tensors, p + "shared_gate.weight", self.keep) if self.c.shared_gate else NULL
             if self.c.shared_gate and (L.shared_gate_w is NULL
@@ -534,10 +533,11 @@ cdef class Model:
             if self.c.layers[i].no_mlp:
                 continue
             if self.c.layers[i].experts != NULL:   # one entry for all of a layer's experts: they share a format
-                out[f"layers.{i}.experts.gate_up"] = _describe(&self.c.layers[i].experts[0])
+                up = "gate_up" if self.c.gated else "up"
+                out[f"layers.{i}.experts.{up}"] = _describe(&self.c.layers[i].experts[0])
                 out[f"layers.{i}.experts.down"] = _describe(&self.c.layers[i].experts[self.c.num_experts])
                 if self.c.shared_dim:
-                    out[f"layers.{i}.shared.gate_up"] = _describe(&self.c.layers[i].up)
+                    out[f"layers.{i}.shared.{up}"] = _describe(&self.c.layers[i].up)
                     out[f"layers.{i}.shared.down"] = _describe(&self.c.layers[i].down)
                 continue
             out[f"layers.{i}.{'gate_up' if self.c.gated else 'up'}"] = _describe(&self.c.layers[i].up)
@@ -565,6 +565,14 @@ cdef _check_gated(const Mat *w, bint gated, int ffn_dim, str name):
         raise ValueError(f"{name}: expected layout.pack_gated panels")
     if gated and w.input == LL_IN_Q8 and w.num_parts != 2:
         raise ValueError(f"{name}: a block-quantized gated MLP is a gate part and an up part")
+
+
+cdef _check_up(const Mat *w, bint gated, int ffn_dim, str name):
+    """An expert's (or a shared expert's) first matrix: gated, as _check_gated; else [F, E]."""
+    if gated:
+        _check_gated(w, True, ffn_dim, name)
+    elif w.n != ffn_dim:
+        raise ValueError(f"{name}: expected {ffn_dim} rows")
 
 
 cdef bint _experts_quantized(const ModelC *mc):
@@ -620,11 +628,11 @@ cdef class Workspace:
         cdef int qkv_n = max((mc.num_heads * (2 if mc.attn_gate else 1) + 2 * mc.num_kv_heads) * mc.head_dim,
                              3 * mc.dim if mc.conv_len else 0, di + cd + mc.mamba_h, gcd + gdi + 2 * mc.gdn_hv)
         di, cd = max(di, gdi), max(cd, gcd)   # ssm_x / ssm_y serve either kind of layer
-        cdef int up_n = 0 if mc.gated else mc.ffn_dim
         cdef int ffn = max(mc.ffn_dim, mc.shared_dim)   # MoE: act / xb2 / xq2 hold the shared expert's
         cdef int i
         for i in range(mc.num_layers):   # and dense layers of their own width (DeepSeek's first)
             ffn = max(ffn, mc.layers[i].ffn)
+        cdef int up_n = 0 if mc.gated else ffn
         cdef int max_k = max(mc.dim, ffn, mc.num_heads * mc.head_dim, mc.q_lora, di)
         cdef Py_ssize_t scratch = ll_attention_scratch(mc.head_dim, mc.num_heads // mc.num_kv_heads)
         if mc.kv_lora:
@@ -1067,15 +1075,50 @@ cdef inline ll_qact _qrows(int8_t *q, float *d, float *s, Py_ssize_t k, Py_ssize
 
 cdef inline void _expert_gated(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize_t e,
                                Py_ssize_t q0, Py_ssize_t q1) noexcept nogil:
-    """Expert e's fused gate/up + activation over feature panels q0..q1 of its grouped rows."""
+    """Expert e's fused gate/up + activation (ungated: up, then the activation) over feature
+    panels q0..q1 of its grouped rows."""
     cdef Py_ssize_t E = m.dim, F = m.ffn_dim, r = ws.moe_off[e], n = ws.moe_off[e + 1] - ws.moe_off[e]
     cdef ll_qact xq = _qrows(ws.gxq, ws.gxqd, ws.gxqs, E, r)
     cdef int form = ll_mat_form(&L.experts[m.num_experts + e], n)
-    ll_mat_gated(ws.gx + r * E, ws.gxb + r * ((E + 1) // 2), &xq, E, n, &L.experts[e], F, m.act, ws.gact + r * F, F,
-                 ws.gactb + r * ((F + 1) // 2) if form == LL_IN_BF16 else NULL,
-                 ws.gactq + r * F if form == LL_IN_Q8 else NULL,
-                 ws.gactqd + r * (F // 32) if form == LL_IN_Q8 else NULL,
-                 ws.gactqs + r * (F // 16) if form == LL_IN_Q8 else NULL, q0, q1)
+    _mat_first(ws.gx + r * E, ws.gxb + r * ((E + 1) // 2), &xq, E, n, &L.experts[e], F, m.act, m.gated,
+               ws.gact + r * F, F,
+               ws.gactb + r * ((F + 1) // 2) if form == LL_IN_BF16 else NULL,
+               ws.gactq + r * F if form == LL_IN_Q8 else NULL,
+               ws.gactqd + r * (F // 32) if form == LL_IN_Q8 else NULL,
+               ws.gactqs + r * (F // 16) if form == LL_IN_Q8 else NULL, q0, q1)
+
+
+cdef inline void _mat_up_act(const float *x, const uint32_t *xb, const ll_qact *xq, Py_ssize_t ldx,
+                             Py_ssize_t T, const Mat *w, Py_ssize_t F, int act, float *ao, Py_ssize_t lda,
+                             uint32_t *ao_b, int8_t *aq, float *aqd, float *aqs, Py_ssize_t q0,
+                             Py_ssize_t q1) noexcept nogil:
+    """An ungated MLP's first phase over feature panels q0..q1, as ll_mat_gated's for a gated
+    one: ao = act(x Wu) [T, F] (stride lda), and its bf16 pairs ao_b or int8 blocks aq (the down
+    projection's input) where not NULL; each up row read once. q0 even and q1 even or the last
+    panel, so a 32-feature block is made whole by one call."""
+    cdef Py_ssize_t t, b, c0 = 16 * q0, c1 = min(16 * q1, F)
+    if c1 <= c0:
+        return
+    ll_mat_gemm(x, xb, xq, ldx, T, w, ao, lda, 0, q0, q1)
+    for t in range(T):
+        ll_act_mul_f32(ao + t * lda + c0, NULL, ao + t * lda + c0, c1 - c0, act)
+        if aq != NULL:
+            for b in range(q0 // 2, (q1 + 1) // 2):
+                ll_quantize_block_q8(ao + t * lda + 32 * b, aq + t * F + 32 * b, aqd + t * (F // 32) + b,
+                                     aqs + t * (F // 16) + 2 * b)
+        elif ao_b != NULL:
+            ll_f32_to_bf16_pairs(ao + t * lda + c0, 0, ao_b + t * ((F + 1) // 2) + c0 // 2, 0, 1, c1 - c0)
+
+
+cdef inline void _mat_first(const float *x, const uint32_t *xb, const ll_qact *xq, Py_ssize_t ldx,
+                            Py_ssize_t T, const Mat *w, Py_ssize_t F, int act, bint gated, float *ao, Py_ssize_t lda,
+                            uint32_t *ao_b, int8_t *aq, float *aqd, float *aqs, Py_ssize_t q0,
+                            Py_ssize_t q1) noexcept nogil:
+    """An expert's first phase over feature panels q0..q1: gated (ll_mat_gated) or not (_mat_up_act)."""
+    if gated:
+        ll_mat_gated(x, xb, xq, ldx, T, w, F, act, ao, lda, ao_b, aq, aqd, aqs, q0, q1)
+    else:
+        _mat_up_act(x, xb, xq, ldx, T, w, F, act, ao, lda, ao_b, aq, aqd, aqs, q0, q1)
 
 
 cdef inline void _expert_down(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize_t e,
@@ -1098,7 +1141,8 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
       group     one thread: rows by expert, A = T K of them (moe_off, moe_tok, moe_slot)
       gather    each routed row copied to gx in its expert's input form
       gated     (expert with rows, pair of feature panels) units, then the shared expert's,
-                handed out dynamically: one GEMM per expert over its rows (decode: K GEMVs)
+                handed out dynamically: one GEMM per expert over its rows (decode: K GEMVs);
+                ungated experts (not m.gated): their up rows, then the activation
       down      (expert, MOE_DOWN_PANELS output panels) units likewise, into gout [A, E]
                 (the shared expert's into h, which nobody reads any more)
       combine   out[t] (+)= sum_k w[t, k] gout[slot[t, k]] (+ sigmoid gate x shared), split by columns;
@@ -1178,9 +1222,9 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
         else:
             r = item - routed
             form = ll_mat_form(&L.down, T)
-            ll_mat_gated(ws.h, ws.xb, &xq_e, E, T, &L.up, Fs, m.act, ws.act, Fs,
-                         ws.xb2 if form == LL_IN_BF16 else NULL, ws.xq2 if form == LL_IN_Q8 else NULL, ws.xqd2,
-                         ws.xqs2, 2 * r, min(2 * r + 2, ngs))
+            _mat_first(ws.h, ws.xb, &xq_e, E, T, &L.up, Fs, m.act, m.gated, ws.act, Fs,
+                       ws.xb2 if form == LL_IN_BF16 else NULL, ws.xq2 if form == LL_IN_Q8 else NULL, ws.xqd2,
+                       ws.xqs2, 2 * r, min(2 * r + 2, ngs))
     ll_omp_barrier()
     routed = n_active * chunks
     n_items = routed + (chunks if Fs else 0)

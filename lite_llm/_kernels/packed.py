@@ -7,6 +7,7 @@ writes and maps (lite_llm/model/packed_cache.py) and what the kernels' Model rea
                        "embed", "lm_head" (absent when tied), "layers.{i}.qkv", "layers.{i}.o",
                        "layers.{i}.gate_up" | "layers.{i}.up", "layers.{i}.down",
                        "layers.{i}.experts.{j}.gate_up" / ".down", "layers.{i}.shared.gate_up" / ".down"
+                       (ungated experts: ".up" in place of ".gate_up")
       vectors          {canonical name: float32 array} read as stored: norm weights and biases,
                        biases of non-matrix tensors, pos_embed [P, E], type_embed [types, E],
                        MoE routers [X, E] and shared gates [E] (lite_llm/model/__init__.py)

@@ -378,7 +378,7 @@ def build_engine(args: EngineArgs) -> Assembled:
         vocab_size=cfg.vocab_size, weight_bytes=runner.weight_bytes,
         bytes_per_token=runner.bytes_per_token, weight_formats=runner.formats,
         gemm_paths=runner.gemm_paths.as_dict(), layer_macs_per_token=runner.layer_macs_per_token,
-        head_macs_per_row=runner.head_macs_per_row, num_layers=cfg.num_layers, q_size=cfg.q_size,
+        head_macs_per_row=runner.head_macs_per_row, num_layers=cfg.model_layers, q_size=cfg.q_size,
         startup_seconds=time.perf_counter() - t0,
         speculative_config=None if spec is None else dataclasses.asdict(spec),
         tensor_parallel_size=tensor_parallel_size,
@@ -437,7 +437,7 @@ def _build_pooling_engine(args: EngineArgs, loaded, plan: cpu.ThreadPlan, t0: fl
         weight_bytes=runner.weight_bytes, weight_formats=runner.formats,
         kv_cache_tokens=kv.num_tokens, kv_cache_blocks=num_blocks, kv_cache_bytes=runner.kv_cache_bytes,
         vocab_size=cfg.vocab_size, hidden_size=cfg.dim, num_labels=spec.num_labels,
-        num_layers=cfg.num_layers, startup_seconds=time.perf_counter() - t0)
+        num_layers=cfg.model_layers, startup_seconds=time.perf_counter() - t0)
     return Assembled(async_engine, loaded, args, kv, plan, info, spec)
 
 

@@ -20,6 +20,7 @@ Canonical tensor names (i = layer), rows are output features as in HF ([out, in]
     layers.{i}.experts.{j}.gate_up.weight [2F, E] / .down.weight [E, F]   expert j, F = config.ffn_dim
     layers.{i}.shared.gate_up.weight [2Fs, E] / shared.down.weight [E, Fs] / shared_gate.weight [E]
                                             the shared expert, when config.shared_ffn_dim Fs (Qwen2-MoE)
+    (ungated experts, not config.gated_mlp: experts.{j}.up.weight [F, E], shared.up.weight [Fs, E])
     final_norm.weight / .bias [E]
     lm_head.weight            [V, E]        absent when config.tie_word_embeddings
 dtypes: 2-D tensors in the engine dtype (np.float32, np.float16, or bf16 bits as np.uint16);

@@ -80,6 +80,7 @@ class GGUFFile:
         self.metadata: dict[str, Any] = {}
         self.tensors: dict[str, TensorInfo] = {}
         self.read_names: set[str] = set()   # tensors info() served: those a recipe used (loader.unread_tensors)
+        self.names_only = False     # True: reads give zeros, no tensor data (the loader's check of names first)
         self._fd: int | None = None
         self.mapped = MappedFile(self.path)
         try:
@@ -87,6 +88,7 @@ class GGUFFile:
         finally:
             self._map = None        # every value is copied out: unmap the header's pages now
         self._parts: list[GGUFFile] = []    # shards 2..N of a split model
+        self._first: GGUFFile | None = None  # a shard's first shard
         count = int(self.metadata.get("split.count", 1) or 1)
         if count > 1 and not _shard:
             self._join_shards(count)
@@ -106,6 +108,7 @@ class GGUFFile:
             if not os.path.isfile(shard):
                 raise ModelLoadError(f"{shard}: shard {i} of {count} of {self.path} is missing")
             part = GGUFFile(shard, _shard=True)
+            part._first = self
             self._parts.append(part)
             for name, info in part.tensors.items():
                 self.tensors[name] = dataclasses.replace(info, part=len(self._parts))
@@ -288,7 +291,10 @@ class GGUFFile:
         return self._source(info)._pread(info.offset + r0 * row_bytes, (r1 - r0) * row_bytes).reshape(r1 - r0, row_bytes)
 
     def _pread(self, offset: int, nbytes: int) -> np.ndarray:
-        """nbytes of the file from offset, as a new uint8 array."""
+        """nbytes of the file from offset, as a new uint8 array (zeros while the first shard's
+        names_only is set: nothing is read)."""
+        if self.names_only or (self._first is not None and self._first.names_only):
+            return np.zeros(nbytes, np.uint8)
         if self._fd is None:
             try:
                 self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))

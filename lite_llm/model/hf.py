@@ -82,6 +82,7 @@ class SafetensorsCheckpoint:
             raise ModelLoadError(f"{path}: no *.safetensors weights found")
         self.entries: dict[str, _Entry] = {}
         self.read_names: set[str] = set()   # tensors entry() served: those a recipe used (loader.unread_tensors)
+        self.names_only = False     # True: reads give zeros, no tensor data (the loader's check of names first)
         self._fds: dict[str, int] = {}
         self._maps: dict[str, MappedFile] = {}
         self.quant = None       # hfquant.QuantSpec of an AWQ / GPTQ checkpoint (the loader sets it)
@@ -179,6 +180,9 @@ class SafetensorsCheckpoint:
         return out.astype(np.float32) if e.dtype == np.float64 else out.astype(e.dtype.newbyteorder("="), copy=False)
 
     def _pread(self, file: str, offset: int, out: np.ndarray) -> None:
+        if self.names_only:
+            out[...] = 0
+            return
         fd = self._fds.get(file)
         if fd is None:
             try:

@@ -81,11 +81,13 @@ class LoadedModel:
             meta = self._reader.metadata
             arch = meta.get("general.architecture")
             recipe = _arch.for_gguf(arch, self.source, meta)
-            raw = recipe.gguf_tensors(self._reader, self.config)
+            tensors = recipe.gguf_tensors
         else:
             arch = self.config.architecture
             recipe = _arch.for_hf(arch, self.source)
-            raw = recipe.hf_tensors(self._reader, self.config)
+            tensors = recipe.hf_tensors
+        self._check_names_first(recipe, arch, tensors)
+        raw = tensors(self._reader, self.config)
         show = self.progress and sys.stderr.isatty()
         start = time.perf_counter()
         done_bytes = 0
@@ -113,6 +115,28 @@ class LoadedModel:
         elapsed = time.perf_counter() - start
         log.info("loaded %d tensors (%.1f MB) from %s in %.2f s: %.2f GB/s", count, done_bytes / 2**20,
                  self.source, elapsed, done_bytes / max(elapsed, 1e-9) / 1e9)
+
+    def _check_names_first(self, recipe, arch: str | None, tensors) -> None:
+        """_check_all_read before any tensor data is read: the recipe's tensors (`tensors`, its
+        hf_tensors / gguf_tensors) are walked with the reader in names_only mode, where every
+        read gives zeros of the stored shape and type without touching the file, and the weights
+        it yields are dropped unread; the names it asked for are those the load reads. Checks of
+        values made on the way skip the walk (hfquant's GPTQ zero points and group order, on
+        reader.names_only); a walk that still fails on zeros leaves the check to the end of
+        the load, and the load to raise any real error."""
+        reader = self._reader
+        reader.names_only = True
+        try:
+            with np.errstate(all="ignore"):
+                for _ in tensors(reader, self.config):
+                    pass
+            walked = True
+        except Exception:       # noqa: BLE001 - a value check on zeros; the load itself raises any real error
+            walked = False
+        finally:
+            reader.names_only = False
+        if walked:
+            self._check_all_read(recipe, arch)
 
     def _check_all_read(self, recipe, arch: str | None) -> None:
         """Refuse a checkpoint with tensors its recipe did not read (and does not list as left

@@ -136,6 +136,18 @@ def test_the_state_cache_and_kv_cover_their_layers():
     assert loaded.config.num_attention_layers == 2 and runner.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
 
 
+@pytest.mark.parametrize("case", [CASES[0], CASES[2]], ids=override_ids)
+def test_the_engine_description_counts_the_models_layers(case):
+    """LLM.info (EngineInfo: /version, the dashboard, the benchmarks) gives the model's
+    num_hidden_layers, as the KV and state lines do, not the two layers (Mamba2, attention)
+    each is run as."""
+    from lite_llm import LLM
+    n = case[1].get("num_hidden_layers", 2)
+    with LLM(str(tiny_checkpoint_path(*case[:1], **case[1])), dtype="float32", block_size=16,
+             kv_cache_space=0.01, max_num_seqs=2) as llm:
+        assert llm.info["num_layers"] == n
+
+
 def test_unsupported_configs_are_refused_by_name():
     import json
     from lite_llm.model.arch import config_from_dict

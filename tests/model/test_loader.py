@@ -20,6 +20,7 @@ from conftest import ggml_rows, gguf_from_hf, write_gguf
 from safetensors.numpy import load_file, save_file
 
 from lite_llm._kernels import layout
+from lite_llm.model import files
 from lite_llm.model import gguf as lgguf
 from lite_llm.model import hf
 from lite_llm.model.loader import LoadedModel, ModelLoadError, load_model, resolve_dtype
@@ -330,6 +331,51 @@ def test_gguf_tensor_no_recipe_reads_is_refused(tiny_checkpoint, tmp_path):
         list(load_model(str(extra), dtype="float32", progress=False).iter_tensors())
     same = write_gguf(tmp_path / "same.gguf", tensors, meta=meta)
     check_tensors(load_model(str(same), dtype="float32", progress=False), expected_tensors(ckpt, m.config))
+
+
+def _spy_tensor_reads(monkeypatch) -> list[str]:
+    """Every read of tensor data (pread of a safetensors / GGUF file, a view of its mapped bytes)
+    from now on, by the reader that asked."""
+    reads: list[str] = []
+
+    def spy(real, who):
+        def wrapped(*args, **kwargs):
+            reads.append(who)
+            return real(*args, **kwargs)
+        return wrapped
+    monkeypatch.setattr(hf, "pread_into", spy(hf.pread_into, "safetensors"))
+    monkeypatch.setattr(lgguf, "pread_into", spy(lgguf.pread_into, "gguf"))
+    monkeypatch.setattr(files.MappedFile, "view", spy(files.MappedFile.view, "mapped"))
+    return reads
+
+
+def test_unread_tensor_is_refused_before_any_weight_is_read(tiny_checkpoint, tmp_path, monkeypatch):
+    """The refusal of a tensor no recipe reads comes from the tensor names alone (the
+    safetensors header, the GGUF tensor infos), before a byte of tensor data is read, so a
+    large bad file fails at once; the same files without the extra tensor read their data."""
+    ckpt = tiny_checkpoint("llama")
+    d = _copy(ckpt, tmp_path / "m")
+    sd = load_file(str(d / "model.safetensors"))
+    save_file({**sd, "model.layers.0.mlp.down_proj.bias": np.ones(64, np.float32)}, str(d / "model.safetensors"))
+    path = gguf_from_hf(ckpt, tmp_path / "m.gguf", "llama")
+    reader = lgguf.GGUFFile(str(path))
+    tensors = {n: (reader.read(n), None) for n in reader.tensors}
+    meta = {k: v for k, v in reader.metadata.items() if not k.startswith(("general.", "GGUF."))}
+    extra = write_gguf(tmp_path / "extra.gguf", {**tensors, "blk.0.ssm_out.bias": (np.ones(64, np.float32), None)},
+                       meta=meta)
+    for bad, name in ((d, r"model\.layers\.0\.mlp\.down_proj\.bias"), (extra, r"blk\.0\.ssm_out\.bias")):
+        m = load_model(str(bad), dtype="float32", progress=False)
+        reads = _spy_tensor_reads(monkeypatch)
+        with pytest.raises(ModelLoadError, match=rf"this file has tensors the \S+ recipe does not read: {name} "):
+            next(m.iter_tensors(streamed=True))
+        assert reads == [], f"{bad.name}: tensor data read before the refusal: {reads}"
+        monkeypatch.undo()
+    for good in (ckpt, path):
+        m = load_model(str(good), dtype="float32", progress=False)
+        reads = _spy_tensor_reads(monkeypatch)
+        assert len(list(m.iter_tensors())) == len(m.tensor_names())
+        assert reads, f"{good.name}: the spy saw no read of the weights"
+        monkeypatch.undo()
 
 
 def test_truncated_safetensors(tiny_checkpoint, tmp_path):

@@ -44,7 +44,7 @@ def test_fp32_logits_match_transformers_in_a_mixed_batch(case):
     mlps = pattern.count("-") + pattern.count("E")
     assert cfg.num_layers == len(pattern) - mlps and cfg.num_mamba_layers == pattern.count("M")
     assert len(cfg.no_mlp_layers) == cfg.num_layers - mlps and cfg.nope
-    assert (cfg.act, cfg.num_experts) == (("relu", case[1]["n_routed_experts"]) if "E" in pattern else ("relu2", 0))
+    assert (cfg.act, cfg.gated_mlp, cfg.num_experts) == ("relu2", False, case[1]["n_routed_experts"] if "E" in pattern else 0)
     prompts = prompts_for(cfg.vocab_size, PROMPT_LENS)
     check_logits(lite_logits(runner, prompts), hf_logits(path, prompts))
 
@@ -91,11 +91,18 @@ def test_the_state_cache_and_kv_cover_their_layers():
     assert runner.kv_bytes_per_token == 1 * 2 * 2 * 16 * 4
 
 
-def test_bf16_weights_stay_close_to_transformers_fp32():
-    path = tiny_checkpoint_path("nemotron_h")
+@pytest.mark.parametrize("case", [CASES[0], MOE_CASES[0]], ids=override_ids)
+@pytest.mark.parametrize("chunk", [7, 1])
+def test_bf16_weights_stay_close_to_transformers_fp32(case, chunk):
+    """Steps of many tokens (fp32 rows into the bf16 weights) and of one (bf16 pairs: the
+    experts' and the MLPs' activations written as such). With experts the prompts stop short of
+    70 tokens: there a score in bf16 can fall on the other side of a near tie and route a token to
+    another expert than fp32's (a different model from then on, not an error to bound)."""
+    path = tiny_checkpoint_path(*case[:1], **case[1])
     runner, loaded = make_runner(path, dtype="bfloat16")
-    prompts = prompts_for(loaded.config.vocab_size, PROMPT_LENS)
-    for g, r in zip(lite_logits(runner, prompts, chunk=7), hf_logits(path, prompts)):
+    lens = [1, 5, 23] if loaded.config.is_moe else PROMPT_LENS
+    prompts = prompts_for(loaded.config.vocab_size, lens if chunk > 1 else [23])
+    for g, r in zip(lite_logits(runner, prompts, chunk=chunk), hf_logits(path, prompts)):
         assert np.abs(g - r).max() <= 0.03 * np.abs(r).max()
 
 
@@ -119,13 +126,38 @@ def test_q8_0_at_load_matches_the_dequantized_reference(case, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
     runner, loaded = make_runner(ckpt, quantization="q8_0")
     assert runner.formats["layers.0.in_proj"] == (("Q8_0",), "int8 blocks")
-    if loaded.config.is_moe:   # each up projection as a gate part and an up part (relu(u) * u)
-        for name in ("layers.0.gate_up", "layers.1.experts.gate_up", "layers.1.shared.gate_up"):
-            assert runner.formats[name] == (("Q8_0", "Q8_0"), "int8 blocks"), name
-        assert runner.formats["layers.1.experts.down"] == (("Q8_0",), "int8 blocks")
+    if loaded.config.is_moe:   # ungated: each up projection once
+        for name in ("layers.0.up", "layers.1.experts.up", "layers.1.shared.up", "layers.1.experts.down"):
+            assert runner.formats[name] == (("Q8_0",), "int8 blocks"), name
     else:
         assert runner.formats["layers.0.up"] == (("Q8_0",), "int8 blocks")
     _check_quantized_moe(runner, model, "q8_0")
+
+
+@pytest.mark.parametrize("block_type", [None, "Q8_0"])
+def test_the_experts_hold_their_stored_bytes_once(block_type, tmp_path):
+    """The relu^2 experts, the shared MLP and the dense MLP before them run ungated (up, relu^2,
+    down): their packed weights take the bytes the checkpoint stores them in, each up row once
+    (not as gate and up rows: 1.5x), from an fp32 checkpoint and from a Q8_0 GGUF kept as stored."""
+    from conftest import gguf_from_hf
+    from safetensors import safe_open
+    from lite_llm.model.gguf import GGUFFile
+    ckpt = tiny_checkpoint_path(*MOE_CASES[0][:1], **MOE_CASES[0][1])
+    if block_type is None:
+        path = ckpt
+        with safe_open(str(ckpt / "model.safetensors"), "np") as f:
+            stored = sum(f.get_tensor(n).nbytes for n in f.keys() if n.endswith(("up_proj.weight", "down_proj.weight")))
+    else:
+        path = gguf_from_hf(ckpt, tmp_path / "m.gguf", "nemotron_h_moe", block_type=block_type)
+        f = GGUFFile(str(path))
+        stored = sum(i.nbytes for n, i in f.tensors.items() if ".ffn_up" in n or ".ffn_down" in n)
+        assert {f.tensors[n].type_name for n in f.tensors if "ffn_up_exps" in n} == {block_type}
+        f.close()
+    runner, loaded = make_runner(path)
+    mlp = (".up", ".down", ".gate_up")
+    packed = runner.packed.model.matrices
+    assert sum(m.nbytes for n, m in packed.items() if n.endswith(mlp)) == stored
+    assert not [n for n in packed if n.endswith(".gate_up")]
 
 
 def test_experts_stored_as_3d_tensors_give_the_same_logits(tmp_path):

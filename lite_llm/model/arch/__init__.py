@@ -33,7 +33,8 @@ A recipe module defines HF_ARCHITECTURES (the config.json names it reads), GGUF_
 hf_tensors(ckpt, config), and, where GGUF is supported, gguf_config(f, arch) and
 gguf_tensors(f, config). A file tensor neither read by the recipe nor named by its HF_UNREAD /
 GGUF_UNREAD ((full-match pattern, reason) pairs: what it may leave unread, and why) refuses the
-file once the tensors are read (unread_tensors). File formats stay in hf.py / gguf.py; what the layers compute is
+file (unread_tensors) before any tensor data is read: the loader walks the recipe on the names
+first (loader.LoadedModel.iter_tensors). File formats stay in hf.py / gguf.py; what the layers compute is
 lite_llm/_kernels/forward.pxi, driven by the KernelConfig built here.
 """
 from __future__ import annotations
@@ -164,19 +165,20 @@ def tensor_names(config: ModelConfig) -> list[str]:
 
 def moe_tensor_names(config: ModelConfig, p: str) -> list[str]:
     """A mixture-of-experts MLP's canonical tensors under layer prefix p: the router [X, E]
-    (run in fp32), each expert's gate_up [2F, E] and down [E, F], and the shared expert with
-    its gate vector [E] where the model has one."""
+    (run in fp32), each expert's gate_up [2F, E] (ungated experts, gated_mlp False: up [F, E])
+    and down [E, F], and the shared expert with its gate vector [E] where the model has one."""
     names = [p + "router.weight"] + ([p + "router.bias"] if config.expert_bias else [])
+    up = "gate_up" if config.gated_mlp else "up"
     for j in range(config.num_experts):
         if config.expert_bias:   # gpt-oss
-            names += [p + f"experts.{j}.gate_up.{w}" for w in ("weight", "bias")]
+            names += [p + f"experts.{j}.{up}.{w}" for w in ("weight", "bias")]
             names += [p + f"experts.{j}.down.{w}" for w in ("weight", "bias")]
         else:
-            names += [p + f"experts.{j}.gate_up.weight", p + f"experts.{j}.down.weight"]
+            names += [p + f"experts.{j}.{up}.weight", p + f"experts.{j}.down.weight"]
     if config.moe_routing == "grouped_sigmoid":
         names.append(p + "router.correction_bias")
     if config.shared_ffn_dim:
-        names += [p + "shared.gate_up.weight", p + "shared.down.weight"]
+        names += [p + f"shared.{up}.weight", p + "shared.down.weight"]
         names += [p + "shared_gate.weight"] if config.shared_gate else []
     return names
 

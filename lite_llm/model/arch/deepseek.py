@@ -139,6 +139,16 @@ def _f64(ckpt, name: str, shape: tuple[int, ...]) -> np.ndarray:
     return convert(ckpt.read(name, shape), "float32").astype(np.float64)
 
 
+def _absorbed(reader, q: np.ndarray, kv_b: np.ndarray, o: np.ndarray, kv_a: np.ndarray,
+               config: ModelConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """absorbed_attention, or (q, kv_a, o) as they are while the loader walks the names alone
+    (reader.names_only, loader.LoadedModel._check_names_first: the reads are zeros, nothing is
+    kept, and the products would cost the walk what they cost the load)."""
+    if reader.names_only:
+        return q, kv_a, o
+    return absorbed_attention(q, kv_b, o, kv_a, config, config.rope_interleave)
+
+
 def absorbed_attention(q: np.ndarray, kv_b: np.ndarray, o: np.ndarray, kv_a: np.ndarray, config: ModelConfig,
                        rope_interleave: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(absorbed q [H (r + dr), K], kv_a with its RoPE rows in halves order [r + dr, E],
@@ -181,7 +191,7 @@ def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, Any]]:
         o = _f64(ckpt, a + "o_proj.weight", (E, H * dv))
         kv_a = _f64(ckpt, a + "kv_a_proj_with_mqa.weight", (r + dr, E))
         q = (_f64(ckpt, a + "q_b_proj.weight", (H * dq, ql)) if ql else _f64(ckpt, a + "q_proj.weight", (H * dq, E)))
-        q_abs, kv_a, o_abs = absorbed_attention(q, kv_b, o, kv_a, config, config.rope_interleave)
+        q_abs, kv_a, o_abs = _absorbed(ckpt, q, kv_b, o, kv_a, config)
         if ql:
             q_a = _f64(ckpt, a + "q_a_proj.weight", (ql, E))
             yield p + "qkv.weight", _matrix(np.concatenate([q_a, kv_a]))
@@ -274,9 +284,8 @@ def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
             k_b, v_b = whole(b + "attn_k_b.weight", (H, r, dn)), whole(b + "attn_v_b.weight", (H, dv, r))
             kv_b = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(H * (dn + dv), r)
         q = whole(b + "attn_q_b.weight", (H * (dn + dr), ql)) if ql else whole(b + "attn_q.weight", (H * (dn + dr), E))
-        q_abs, kv_a, o_abs = absorbed_attention(q, kv_b, whole(b + "attn_output.weight", (E, H * dv)),
-                                                whole(b + "attn_kv_a_mqa.weight", (r + dr, E)), config,
-                                                config.rope_interleave)
+        q_abs, kv_a, o_abs = _absorbed(f, q, kv_b, whole(b + "attn_output.weight", (E, H * dv)),
+                                       whole(b + "attn_kv_a_mqa.weight", (r + dr, E)), config)
         if ql:
             yield p + "qkv.weight", _matrix(np.concatenate([whole(b + "attn_q_a.weight", (ql, E)), kv_a]))
             yield p + "q_a_norm.weight", vec(b + "attn_q_a_norm.weight", (ql,))

@@ -15,11 +15,10 @@ to the scores it chooses by, the best topk_group of n_group groups by their two 
 num_experts_per_tok, renormalised when norm_topk_prob, x routed_scaling_factor); each of the
 n_routed_experts is an ungated relu^2 MLP of moe_intermediate_size features, and one shared
 relu^2 MLP of moe_shared_expert_intermediate_size features runs on every token, ungated
-(transformers builds exactly one, whatever n_shared_experts says). The engine's experts are
-gated MLPs act(gate) * up: relu^2(u) is relu(u) * u, so each ungated up projection is loaded as
-gate and up rows alike (act "relu"), which reads its up rows twice. In a model with experts the
-dense MLP blocks take the same form and must all come before the first expert block (the engine
-runs dense MLPs on the leading layers only). Not supported: moe_latent_size (the latent
+(transformers builds exactly one, whatever n_shared_experts says). They run on the engine's
+ungated expert path (gated_mlp False: up, relu^2, down), each stored row read once. In a model
+with experts the dense MLP blocks must all come before the first expert block (the engine runs
+dense MLPs on the leading layers only). Not supported: moe_latent_size (the latent
 projections around the experts, Nemotron 3 Super), biases on the MLPs of a model with experts.
 Multi-token prediction layers (num_nextn_predict_layers) are not loaded.
 
@@ -108,19 +107,12 @@ def _experts_fields(raw: dict, where: str, first: int) -> dict[str, Any]:
             or K > topk_group * (X // n_group)):
         raise ModelLoadError(f"{where}: top-{K} of {X} experts in {n_group} groups (best {topk_group}) "
                              "is not supported")
-    return dict(act="relu", gated_mlp=True, ffn_dim=int(raw["moe_intermediate_size"]), num_experts=X,
+    return dict(act="relu2", gated_mlp=False, ffn_dim=int(raw["moe_intermediate_size"]), num_experts=X,
                 num_experts_per_tok=K, norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
                 moe_routing="grouped_sigmoid", n_group=n_group, topk_group=topk_group,
                 routed_scale=float(raw.get("routed_scaling_factor") or 1.0),
                 shared_ffn_dim=int(raw["moe_shared_expert_intermediate_size"]), shared_gate=False,
                 first_dense_layers=first, dense_ffn_dim=int(raw.get("intermediate_size") or 0))
-
-
-def _twice(rows: StackedRows) -> StackedRows:
-    """An ungated relu^2 MLP's up rows as a gated one's gate and up rows (relu(u) * u)."""
-    return StackedRows(rows.parts * 2, rows.cols, rows.align, rows.dtype,
-                       blocks=None if rows.blocks is None else rows.blocks * 2,
-                       stored=None if rows.stored is None else rows.stored * 2)
 
 
 def config(raw: dict, arch: str, where: str) -> ModelConfig:
@@ -187,11 +179,11 @@ def _hf_experts(ckpt, config: ModelConfig, m: str, p: str, j: int) -> Iterator[t
     """Layer j's MLP of a model with experts, mixer prefix m: a dense MLP block before the first
     expert layer, else the router, its correction bias, the experts (per expert, or 3-D
     experts.up_proj [X, F, E] / experts.down_proj [X, E, F] as transformers 5 keeps them) and the
-    shared MLP; every up projection as gate and up rows (_twice)."""
+    shared MLP, each ungated (up, down)."""
     E, X = config.dim, config.num_experts
     if j < config.first_dense_layers:
         F = config.dense_ffn_dim
-        yield p + "gate_up.weight", _twice(stacked(ckpt, ((m + "up_proj.weight", (F, E)),)))
+        yield p + "up.weight", stacked(ckpt, ((m + "up_proj.weight", (F, E)),))
         yield p + "down.weight", stacked(ckpt, ((m + "down_proj.weight", (E, F)),))
         return
     F, Fs = config.ffn_dim, config.shared_ffn_dim
@@ -202,17 +194,17 @@ def _hf_experts(ckpt, config: ModelConfig, m: str, p: str, j: int) -> Iterator[t
         ckpt.entry(m + "experts.down_proj", (X, E, F))
     for e in range(X):
         if fused:
-            yield p + f"experts.{e}.gate_up.weight", _twice(split(ckpt, m + "experts.up_proj", (F,), E, first=e * F))
+            yield p + f"experts.{e}.up.weight", split(ckpt, m + "experts.up_proj", (F,), E, first=e * F)
             yield p + f"experts.{e}.down.weight", split(ckpt, m + "experts.down_proj", (E,), F, first=e * E)
         else:
             x = f"{m}experts.{e}."
-            yield p + f"experts.{e}.gate_up.weight", _twice(stacked(ckpt, ((x + "up_proj.weight", (F, E)),)))
+            yield p + f"experts.{e}.up.weight", stacked(ckpt, ((x + "up_proj.weight", (F, E)),))
             yield p + f"experts.{e}.down.weight", stacked(ckpt, ((x + "down_proj.weight", (E, F)),))
     bias = m + "gate.e_score_correction_bias"
     yield p + "router.correction_bias", (convert(ckpt.read(bias, (X,)), "float32") if bias in ckpt
                                          else np.zeros(X, np.float32))
     s = m + "shared_experts."
-    yield p + "shared.gate_up.weight", _twice(stacked(ckpt, ((s + "up_proj.weight", (Fs, E)),)))
+    yield p + "shared.up.weight", stacked(ckpt, ((s + "up_proj.weight", (Fs, E)),))
     yield p + "shared.down.weight", stacked(ckpt, ((s + "down_proj.weight", (E, Fs)),))
 
 
@@ -259,7 +251,7 @@ def _gguf_experts_fields(f, arch: str, kinds: list[str], first: int, ff: list[in
     dense_ff = sorted(set(ff[b] for b, k in enumerate(kinds) if k == "mlp"))
     if len(moe_ff) != 1 or len(dense_ff) > 1 or fields.get("ffn_dim", moe_ff[0]) != moe_ff[0]:
         raise ModelLoadError(f"{f.path}: expert widths {moe_ff}, MLP widths {dense_ff}: not supported")
-    return dict(fields, act="relu", gated_mlp=True, ffn_dim=moe_ff[0], moe_routing="grouped_sigmoid",
+    return dict(fields, act="relu2", gated_mlp=False, ffn_dim=moe_ff[0], moe_routing="grouped_sigmoid",
                 n_group=n_group, topk_group=topk_group, routed_scale=float(key("expert_weights_scale", 1.0) or 1.0),
                 shared_gate=False, first_dense_layers=first, dense_ffn_dim=dense_ff[0] if dense_ff else 0)
 
@@ -349,7 +341,7 @@ def _gguf_experts(f, config: ModelConfig, g: str, p: str, j: int, vec) -> Iterat
         F = config.dense_ffn_dim
         f.info(g + "ffn_up.weight", (F, E))
         f.info(g + "ffn_down.weight", (E, F))
-        yield p + "gate_up.weight", matrix(f, [(g + "ffn_up.weight", 0, F)] * 2, E)
+        yield p + "up.weight", matrix(f, [(g + "ffn_up.weight", 0, F)], E)
         yield p + "down.weight", matrix(f, [(g + "ffn_down.weight", 0, E)], F)
         return
     F, Fs = config.ffn_dim, config.shared_ffn_dim
@@ -358,11 +350,11 @@ def _gguf_experts(f, config: ModelConfig, g: str, p: str, j: int, vec) -> Iterat
     f.info(g + "ffn_up_exps.weight", (X, F, E))
     f.info(g + "ffn_down_exps.weight", (X, E, F))
     for e in range(X):
-        yield p + f"experts.{e}.gate_up.weight", matrix(f, [(g + "ffn_up_exps.weight", e * F, F)] * 2, E)
+        yield p + f"experts.{e}.up.weight", matrix(f, [(g + "ffn_up_exps.weight", e * F, F)], E)
         yield p + f"experts.{e}.down.weight", matrix(f, [(g + "ffn_down_exps.weight", e * E, E)], F)
     name = g + "exp_probs_b.bias"
     yield p + "router.correction_bias", vec(name, (X,)) if name in f.tensors else np.zeros(X, np.float32)
     f.info(g + "ffn_up_shexp.weight", (Fs, E))
     f.info(g + "ffn_down_shexp.weight", (E, Fs))
-    yield p + "shared.gate_up.weight", matrix(f, [(g + "ffn_up_shexp.weight", 0, Fs)] * 2, E)
+    yield p + "shared.up.weight", matrix(f, [(g + "ffn_up_shexp.weight", 0, Fs)], E)
     yield p + "shared.down.weight", matrix(f, [(g + "ffn_down_shexp.weight", 0, E)], Fs)
