@@ -121,6 +121,30 @@ def test_bounds():
     dec.release(dec.start(rows))            # the slot is free again
 
 
+def test_the_compiled_layers_check_their_arrays():
+    """whisper_decoder_step (every layer of a step in one call) refuses a slot, position or block
+    outside its caches with a ValueError instead of writing past them."""
+    dec = WhisperDecoder.from_pretrained(str(whisper_asr_checkpoint()), num_threads=1, max_requests=1)
+    k, C = dec.kernels, dec.cfg.hidden_size
+    good = dict(x=np.zeros((1, C), np.float32), slots=np.zeros(1, np.int64),
+                self_tables=np.zeros((1, dec.self_blocks), np.int32), cross_tables=np.zeros((1, dec.cross_blocks), np.int32),
+                tok_seq=np.zeros(1, np.int32), positions=np.zeros(1, np.int32), cross_last=np.zeros(1, np.int32))
+
+    def run(**change):
+        a = {**good, **change}
+        k.whisper_decoder_step(dec.layers, a["x"], a["slots"], a["self_tables"], a["cross_tables"], a["tok_seq"],
+                               a["positions"], a["cross_last"], 1, 1, 1, 1, 1 << 21)
+    run()
+    for change in (dict(slots=np.full(1, dec.self_blocks * 16, np.int64)), dict(slots=np.full(1, -1, np.int64)),
+                   dict(positions=np.full(1, dec.self_blocks * 16, np.int32)), dict(tok_seq=np.ones(1, np.int32)),
+                   dict(cross_last=np.full(1, dec.cross_blocks * 16, np.int32)),
+                   dict(self_tables=np.full((1, dec.self_blocks), dec.self_blocks, np.int32)),
+                   dict(cross_tables=np.full((1, dec.cross_blocks), -1, np.int32)),
+                   dict(x=np.zeros((1, C + 1), np.float32)), dict(slots=np.zeros(2, np.int64))):
+        with pytest.raises(ValueError, match="whisper_decoder_step"):
+            run(**change)
+
+
 def test_bf16_weights_are_close(setup):
     path, model, rows = setup
     dec = WhisperDecoder.from_pretrained(str(path), dtype="bfloat16", num_threads=2, max_requests=1)
