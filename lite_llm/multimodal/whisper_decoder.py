@@ -30,6 +30,7 @@ engine's shared block pool.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -361,20 +362,26 @@ class WhisperDecoder:
     def _compiled_step(self, states, tokens) -> np.ndarray:
         cfg, k, t = self.cfg, self.kernels, self.t
         C = cfg.hidden_size
-        ids = np.concatenate([np.asarray(n, np.int64) for n in tokens])
-        positions = np.concatenate([np.arange(len(st.tokens), len(st.tokens) + len(n)) for st, n in zip(states, tokens)])
-        seq = np.concatenate([np.full(len(n), s) for s, n in enumerate(tokens)]).astype(np.int32)
-        ends = np.cumsum([len(n) for n in tokens]) - 1
+        S = len(states)
+        lens = np.fromiter(map(len, tokens), np.int64, S)                       # [S] new tokens of each
+        ids = np.fromiter(chain.from_iterable(tokens), np.int64)                # [N]
         N = ids.shape[0]
-        self_tables = np.stack([st.slot * self.self_blocks + np.arange(self.self_blocks)
-                                for st in states]).astype(np.int32)
-        cross_tables = np.stack([st.cross_slot * self.cross_blocks + np.arange(self.cross_blocks)
-                                 for st in states]).astype(np.int32)
-        slots = (self_tables[seq, positions // BLOCK].astype(np.int64) * BLOCK + positions % BLOCK)
+        seq = np.repeat(np.arange(S, dtype=np.int32), lens)                     # [N] sequence of each token
+        ends = np.cumsum(lens) - 1                                              # [S] each one's last token
+        # token j of sequence s sits at position len(s.tokens) + j
+        firsts = np.fromiter((len(st.tokens) for st in states), np.int64, S) - (ends + 1 - lens)
+        positions = np.arange(N) + np.repeat(firsts, lens)
+        # a state's blocks are its slot's self_blocks (cross_blocks) in order
+        self_slots = np.fromiter((st.slot for st in states), np.int32, S)
+        self_tables = self_slots[:, None] * np.int32(self.self_blocks) + np.arange(self.self_blocks, dtype=np.int32)
+        cross_tables = (np.fromiter((st.cross_slot for st in states), np.int32, S)[:, None] * np.int32(self.cross_blocks)
+                        + np.arange(self.cross_blocks, dtype=np.int32))
+        slots = np.repeat(self_slots.astype(np.int64) * (self.self_blocks * BLOCK), lens) + positions
         pos32 = positions.astype(np.int32)
-        cross_last = np.asarray([states[s].cross_len - 1 for s in seq], np.int32)
+        cross_lens = np.fromiter((st.cross_len for st in states), np.int64, S)
+        cross_last = np.repeat(cross_lens - 1, lens).astype(np.int32)
         nt_self = self._threads(2 * C * int(positions.sum() + N))               # q.k and p.v over the keys
-        nt_cross = self._threads(2 * C * int(sum(states[s].cross_len for s in seq)))
+        nt_cross = self._threads(2 * C * int(np.dot(cross_lens, lens)))
         nt_act = self._threads(64 * N * cfg.intermediate_size)
         x = np.ascontiguousarray(self._embed(ids) + t["pos"][positions], np.float32)       # [N, C]
         k.whisper_decoder_step(self.layers, x, slots, self_tables, cross_tables, seq, pos32, cross_last,
