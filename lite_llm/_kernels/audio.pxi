@@ -308,14 +308,17 @@ cdef void _whisper_encoder(WhisperEncoderModel wm, const float *feat, Py_ssize_t
         ll_layernorm_f32(x + t * C, wm.ln_w, wm.ln_b, out + t * C, C, wm.eps)
 
 
-# ---- Whisper's decoder: every layer of one step ---------------------------------------------------
-# The layers of WhisperDecoder.step (lite_llm/multimodal/whisper_decoder.py: the caches, block
-# tables and embeddings are Python's; _reference_step is the NumPy spec) in ONE nogil call: per
-# layer LayerNorm, q/k/v, the new K/V rows into the self-attention blocks, paged causal attention,
+# ---- Whisper's decoder: one step ------------------------------------------------------------------
+# WhisperDecoder.step's forward (lite_llm/multimodal/whisper_decoder.py: the caches, block tables
+# and embeddings are Python's; _reference_step is the NumPy spec) in ONE nogil call: per layer
+# LayerNorm, q/k/v, the new K/V rows into the self-attention blocks, paged causal attention,
 # out_proj; LayerNorm, cross q, paged attention over the request's encoder K/V blocks (written
-# once by WhisperDecoder.start), out_proj; LayerNorm, fc1, GELU, fc2. Each phase is the op the
-# single-op entry points run (gemm, write_kv, paged_attention, layernorm, act_mul) with the same
-# team sizes, so the rows are theirs bit for bit.
+# once by WhisperDecoder.start), out_proj; LayerNorm, fc1, GELU, fc2; then the final LayerNorm
+# and the output projection of each sequence's last token. Each phase is the op the single-op
+# entry points run (gemm, write_kv, paged_attention, layernorm, act_mul), batch-invariant as the
+# language model's deterministic mode runs it: bf16 weights in one input form through the tiles
+# for every step shape, no attention key splits. A sequence's logits are thus the same bits
+# whatever else the step holds (the transcription engine batches requests and promises that).
 
 cdef struct WhisperDecBlockW:
     const float *ln1_w            # [C] before self-attention
@@ -337,12 +340,16 @@ cdef struct WhisperDecBlockW:
 
 
 cdef class WhisperDecoderModel:
-    """The decoder layers' packed matrices and caches for whisper_decoder_step. mats: name ->
+    """The decoder's packed matrices and caches for whisper_decoder_step. mats: name ->
     (packed, n, bias, format) as WhisperDecoder packs them ("blk.{i}.qkv", ".o", ".cq", ".co",
-    ".up", ".down"); vectors: "blk.{i}.ln1.w" / ".b", ".ln2.*", ".ln3.*"; caches: per layer
-    (k_self, v_self, k_cross, v_cross), one KV dtype. act: an ACTIVATIONS name."""
+    ".up", ".down", and "embed" [V, C]); vectors: "blk.{i}.ln1.w" / ".b", ".ln2.*", ".ln3.*",
+    "ln.w" / "ln.b"; caches: per layer (k_self, v_self, k_cross, v_cross), one KV dtype. act: an
+    ACTIVATIONS name."""
     cdef WhisperDecBlockW *blocks
-    cdef readonly int depth, dim, inter, num_heads, head_dim, act, kv_type, path
+    cdef Mat head                 # [V, C] the output projection (the token embeddings), no bias
+    cdef const float *ln_w        # [C] the final LayerNorm
+    cdef const float *ln_b
+    cdef readonly int depth, dim, inter, num_heads, head_dim, act, kv_type, path, vocab_size
     cdef readonly Py_ssize_t block_size, self_slots, cross_slots
     cdef readonly float eps
     cdef list keep
@@ -395,6 +402,9 @@ cdef class WhisperDecoderModel:
             self.keep += [k_self, v_self, k_cross, v_cross]
             B.k_self, B.v_self = <void *>_ptr(k_self), <void *>_ptr(v_self)
             B.k_cross, B.v_cross = <void *>_ptr(k_cross), <void *>_ptr(v_cross)
+        self.vocab_size = mats["embed"][1]
+        self.head = self._mat(mats, "embed", self.vocab_size, dim)
+        self.ln_w, self.ln_b = self._vec(vectors, "ln.w"), self._vec(vectors, "ln.b")
         if self.head_dim % 16 or self.head_dim > LL_MAX_HEAD_DIM or self.block_size % 16:
             raise ValueError("decoder: head size and block size must be multiples of 16")
 
@@ -404,7 +414,8 @@ cdef class WhisperDecoderModel:
             raise ValueError(f"{name}: {rows} rows, expected {n}")
         if bias is not None and (bias.dtype.name != "float32" or bias.shape != (n,)):
             raise ValueError(f"{name}: bias must be float32 [{n}]")
-        return _make_mat(packed, _parts_of(packed, fmt, n, k), n, k, bias, self.keep, _bf16_fma(None))
+        # batch-invariant: bf16 pairs in for every step shape (fma off), one token through the tiles
+        return _make_mat(packed, _parts_of(packed, fmt, n, k), n, k, bias, self.keep, False, False)
 
     cdef const float *_vec(self, dict vectors, str name) except NULL:
         a = np.ascontiguousarray(vectors[name], np.float32)
@@ -426,17 +437,24 @@ def whisper_decoder_step(WhisperDecoderModel dm,
                          const int32_t[::1] tok_seq,          # IN [N] sequence of each token
                          const int32_t[::1] positions,        # IN [N] position of each token
                          const int32_t[::1] cross_last,       # IN [N] its sequence's last encoder row
+                         const int64_t[::1] last_rows,        # IN [S] row of x of each sequence's last token
+                         float[:, ::1] logits,                # OUT [S, V] the next-token logits after them
                          int nt_self, int nt_cross, int nt_act, int num_threads, Py_ssize_t serial_work):
-    """The decoder layers over N new tokens of S sequences: each token's K / V written to its slot,
-    x advanced through every layer. Team sizes: nt_self / nt_cross for the two attentions, nt_act
-    for GELU, LayerNorm and each GEMM one thread below serial_work multiply-adds, else num_threads
-    (WhisperDecoder._threads)."""
+    """The decoder over N new tokens of S sequences: each token's K / V written to its slot, x
+    advanced through every layer, the logits of each sequence's last token. Team sizes: nt_self /
+    nt_cross for the two attentions, nt_act for GELU, LayerNorm and each GEMM one thread below
+    serial_work multiply-adds, else num_threads (WhisperDecoder._threads)."""
     cdef Py_ssize_t N = x.shape[0], C = dm.dim, F = dm.inter, H = dm.num_heads, D = dm.head_dim
     cdef Py_ssize_t bs = dm.block_size, t, nth = max(nt_self, nt_cross, 1)
     if N == 0 or x.shape[1] != C or slots.shape[0] != N or tok_seq.shape[0] != N or positions.shape[0] != N \
-            or cross_last.shape[0] != N or self_tables.shape[0] != cross_tables.shape[0]:
+            or cross_last.shape[0] != N or self_tables.shape[0] != cross_tables.shape[0] \
+            or last_rows.shape[0] != self_tables.shape[0] or last_rows.shape[0] > N \
+            or logits.shape[0] != last_rows.shape[0] or logits.shape[1] != dm.vocab_size:
         raise ValueError(f"whisper_decoder_step: x [N, {C}] and N slots, sequences, positions, cross rows; "
-                         "one block table of each kind per sequence")
+                         f"one block table of each kind, last row and logits row [{dm.vocab_size}] per sequence")
+    for t in range(last_rows.shape[0]):
+        if not 0 <= last_rows[t] < N:
+            raise ValueError("whisper_decoder_step: a last row beyond x")
     for t in range(N):
         if slots[t] < 0 or slots[t] >= dm.self_slots or tok_seq[t] < 0 or tok_seq[t] >= self_tables.shape[0] \
                 or positions[t] < 0 or positions[t] // bs >= self_tables.shape[1] or cross_last[t] < 0 \
@@ -477,10 +495,11 @@ def whisper_decoder_step(WhisperDecoderModel dm,
     ca.block_tables, ca.positions, ca.last = &cross_tables[0, 0], &cross_last[0], &cross_last[0]
     with nogil:
         sa.num_tiles = ca.num_tiles = _build_tiles(&tok_seq[0], N, &tv[0])
-        sa.max_keys = _max_keys(&positions[0], N)
-        ca.max_keys = _max_keys(&cross_last[0], N)
+        sa.max_keys = ca.max_keys = 0               # no key splits (_num_splits): batch-invariant
         _whisper_decoder(dm, &x[0, 0], N, &hv[0, 0], &qkvv[0, 0], &qv[0, 0], &av[0, 0], &gv[0, 0], &xbv[0, 0], &qb.a,
                          &slots[0], &sa, &ca, nt_self, nt_cross, nt_act, num_threads, serial_work)
+        _whisper_decoder_head(dm, &x[0, 0], &last_rows[0], last_rows.shape[0], &hv[0, 0], &xbv[0, 0], &qb.a,
+                              &logits[0, 0], num_threads, serial_work)
 
 
 cdef inline int _dec_threads(Py_ssize_t work, Py_ssize_t serial_work, int num_threads) noexcept nogil:
@@ -522,3 +541,13 @@ cdef void _whisper_decoder(WhisperDecoderModel dm, float *x, Py_ssize_t N, float
         for t in prange(N, schedule="static", num_threads=nt_act):
             ll_act_mul_f32(g + t * F, NULL, g + t * F, F, dm.act)
         _egemm(g, F, xb, xq, N, &B.down, x, C, 1, _dec_threads(N * F * C, serial_work, nt))   # x += fc2(act(fc1))
+
+
+cdef void _whisper_decoder_head(WhisperDecoderModel dm, const float *x, const int64_t *last_rows, Py_ssize_t S,
+                                float *h, uint32_t *xb, const ll_qact *xq, float *logits, int nt,
+                                Py_ssize_t serial_work) noexcept nogil:
+    """logits [S, V] = LayerNorm(x[last_rows]) @ embed.T (h: [S, C] scratch)."""
+    cdef Py_ssize_t C = dm.dim, s
+    for s in prange(S, schedule="static", num_threads=_dec_threads(64 * S * C, serial_work, nt)):
+        ll_layernorm_f32(x + last_rows[s] * C, dm.ln_w, dm.ln_b, h + s * C, C, dm.eps)
+    _egemm(h, C, xb, xq, S, &dm.head, logits, dm.vocab_size, 0, _dec_threads(S * C * dm.vocab_size, serial_work, nt))

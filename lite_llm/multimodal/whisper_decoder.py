@@ -16,11 +16,11 @@ self-attention, LayerNorm, cross-attention over the encoder rows, LayerNorm, fc1
 final LayerNorm and the output projection tied to the token embeddings. k projections have no
 bias (as in the encoder).
 
-The compiled path runs every layer of a step in one nogil call (kernels.whisper_decoder_step,
-lite_llm/_kernels/audio.pxi): the linear layers on the GEMM kernels (panels of layout.pack) and
-both attentions on the paged attention kernel, as kernels.gemm and kernels.paged_attention run
-them; the embeddings, block tables and the output projection are Python's. The
-self-attention K/V of every request live in blocks of one pool per layer (block_size rows a
+The compiled path runs a step in one nogil call (kernels.whisper_decoder_step,
+lite_llm/_kernels/audio.pxi): every layer and the output projection, the linear layers on the
+GEMM kernels (panels of layout.pack) and both attentions on the paged attention kernel, in their
+batch-invariant forms (a request's logits are the same bits whatever else the step holds); the
+embeddings and block tables are Python's. The self-attention K/V of every request live in blocks of one pool per layer (block_size rows a
 block, each request a block table), the cross K/V in blocks of their own, written once by
 start(). The interface (a prefill of the prompt, a step over a batch of requests each with its
 own caches) is the engine's; the blocks here are fixed pools of the decoder's own (max_sequences
@@ -241,7 +241,7 @@ class WhisperDecoder:
         self.v_self = [np.zeros(vs, kv) for _ in range(L)]
         self.k_cross = [np.zeros(kc, kv) for _ in range(L)]
         self.v_cross = [np.zeros(vc, kv) for _ in range(L)]
-        # the layers' matrices and caches for the one compiled call of each step
+        # the matrices and caches for the one compiled call of each step
         self.layers = kernels.WhisperDecoderModel(
             self.mats, t, [(self.k_self[i], self.v_self[i], self.k_cross[i], self.v_cross[i]) for i in range(L)],
             L, cfg.hidden_size, cfg.intermediate_size, H, cfg.eps, cfg.act)
@@ -384,12 +384,12 @@ class WhisperDecoder:
         nt_cross = self._threads(2 * C * int(np.dot(cross_lens, lens)))
         nt_act = self._threads(64 * N * cfg.intermediate_size)
         x = np.ascontiguousarray(self._embed(ids) + t["pos"][positions], np.float32)       # [N, C]
-        k.whisper_decoder_step(self.layers, x, slots, self_tables, cross_tables, seq, pos32, cross_last,
+        logits = np.empty((S, cfg.vocab_size), np.float32)
+        k.whisper_decoder_step(self.layers, x, slots, self_tables, cross_tables, seq, pos32, cross_last, ends, logits,
                                nt_self, nt_cross, nt_act, self.num_threads, SERIAL_WORK)
         for st, n in zip(states, tokens):
             st.tokens.extend(int(v) for v in n)
-        last = np.ascontiguousarray(x[ends])
-        return self._gemm(self._layernorm(last, "ln"), "embed")
+        return logits
 
     def _reference_step(self, st: DecoderState, new: list[int]) -> np.ndarray:
         cfg, t = self.cfg, self.t
