@@ -306,3 +306,248 @@ cdef void _whisper_encoder(WhisperEncoderModel wm, const float *feat, Py_ssize_t
         _egemm(g, ldg, xb, xq, rows, &B.down, x, C, 1, nt)                   # x += fc2(act(fc1(ln2(x))))
     for t in prange(rows, schedule="static", num_threads=nt):
         ll_layernorm_f32(x + t * C, wm.ln_w, wm.ln_b, out + t * C, C, wm.eps)
+
+
+# ---- Whisper's decoder: one step ------------------------------------------------------------------
+# WhisperDecoder.step's forward (lite_llm/multimodal/whisper_decoder.py: the caches, block tables
+# and embeddings are Python's; _reference_step is the NumPy spec) in ONE nogil call: per layer
+# LayerNorm, q/k/v, the new K/V rows into the self-attention blocks, paged causal attention,
+# out_proj; LayerNorm, cross q, paged attention over the request's encoder K/V blocks (written
+# once by WhisperDecoder.start), out_proj; LayerNorm, fc1, GELU, fc2; then the final LayerNorm
+# and the output projection of each sequence's last token. Each phase is the op the single-op
+# entry points run (gemm, write_kv, paged_attention, layernorm, act_mul), batch-invariant as the
+# language model's deterministic mode runs it: bf16 weights in one input form through the tiles
+# for every step shape, no attention key splits. A sequence's logits are thus the same bits
+# whatever else the step holds (the transcription engine batches requests and promises that).
+
+cdef struct WhisperDecBlockW:
+    const float *ln1_w            # [C] before self-attention
+    const float *ln1_b
+    const float *ln2_w            # [C] before cross-attention
+    const float *ln2_b
+    const float *ln3_w            # [C] before the MLP
+    const float *ln3_b
+    Mat qkv                       # [3C, C] q | k | v with bias (k's zero)
+    Mat o                         # [C, C] self-attention out_proj
+    Mat cq                        # [C, C] cross-attention q
+    Mat co                        # [C, C] cross-attention out_proj
+    Mat up                        # [F, C] fc1
+    Mat down                      # [C, F] fc2
+    void *k_self                  # this layer's self-attention K / V blocks (kv_layout's layouts)
+    void *v_self
+    void *k_cross                 # ... and its cross-attention K / V blocks
+    void *v_cross
+
+
+cdef class WhisperDecoderModel:
+    """The decoder's packed matrices and caches for whisper_decoder_step. mats: name ->
+    (packed, n, bias, format) as WhisperDecoder packs them ("blk.{i}.qkv", ".o", ".cq", ".co",
+    ".up", ".down", and "embed" [V, C]); vectors: "blk.{i}.ln1.w" / ".b", ".ln2.*", ".ln3.*",
+    "ln.w" / "ln.b"; caches: per layer (k_self, v_self, k_cross, v_cross), one KV dtype. act: an
+    ACTIVATIONS name."""
+    cdef WhisperDecBlockW *blocks
+    cdef Mat head                 # [V, C] the output projection (the token embeddings), no bias
+    cdef const float *ln_w        # [C] the final LayerNorm
+    cdef const float *ln_b
+    cdef readonly int depth, dim, inter, num_heads, head_dim, act, kv_type, path, vocab_size
+    cdef readonly Py_ssize_t block_size, self_slots, cross_slots
+    cdef readonly float eps
+    cdef list keep
+
+    def __cinit__(self):
+        self.blocks = NULL
+
+    def __init__(self, dict mats, dict vectors, list caches, int depth, int dim, int inter, int num_heads,
+                 float eps, str act="gelu"):
+        cdef int i
+        cdef WhisperDecBlockW *B
+        if act not in ACTIVATIONS:
+            raise ValueError(f"decoder activation {act!r}: expected one of {', '.join(ACTIVATIONS)}")
+        if depth < 1 or len(caches) != depth or dim % num_heads:
+            raise ValueError(f"decoder: {depth} layers with {len(caches)} caches, width {dim} of {num_heads} heads")
+        self.keep = []
+        self.depth, self.dim, self.inter, self.num_heads, self.eps = depth, dim, inter, num_heads, eps
+        self.head_dim, self.act = dim // num_heads, ACTIVATIONS[act]
+        self.path = attention_path(None, _bf16_fma(None))
+        self.blocks = <WhisperDecBlockW *>calloc(depth, sizeof(WhisperDecBlockW))
+        if self.blocks == NULL:
+            raise MemoryError()
+        self.kv_type = kv_type(caches[0][0], None)
+        geometry = kv_geometry(caches[0][0], "k")
+        self.block_size = geometry[2]
+        self.self_slots = geometry[0] * self.block_size
+        self.cross_slots = kv_geometry(caches[0][2], "k")[0] * self.block_size
+        for i in range(depth):
+            p = f"blk.{i}."
+            B = &self.blocks[i]
+            B.ln1_w, B.ln1_b = self._vec(vectors, p + "ln1.w"), self._vec(vectors, p + "ln1.b")
+            B.ln2_w, B.ln2_b = self._vec(vectors, p + "ln2.w"), self._vec(vectors, p + "ln2.b")
+            B.ln3_w, B.ln3_b = self._vec(vectors, p + "ln3.w"), self._vec(vectors, p + "ln3.b")
+            B.qkv = self._mat(mats, p + "qkv", 3 * dim, dim)
+            B.o = self._mat(mats, p + "o", dim, dim)
+            B.cq = self._mat(mats, p + "cq", dim, dim)
+            B.co = self._mat(mats, p + "co", dim, dim)
+            B.up = self._mat(mats, p + "up", inter, dim)
+            B.down = self._mat(mats, p + "down", dim, inter)
+            k_self, v_self, k_cross, v_cross = caches[i]
+            for c, which in ((k_self, "k"), (v_self, "v"), (k_cross, "k"), (v_cross, "v")):
+                g = kv_geometry(c, which)
+                if kv_type(c, None) != self.kv_type or g[1] != num_heads or g[2] != self.block_size \
+                        or g[3] != self.head_dim:
+                    raise ValueError(f"decoder layer {i}: caches of one KV dtype, {num_heads} heads of "
+                                     f"{self.head_dim}, blocks of {self.block_size} expected")
+            if kv_geometry(k_self, "k")[0] * self.block_size != self.self_slots \
+                    or kv_geometry(k_cross, "k")[0] * self.block_size != self.cross_slots:
+                raise ValueError(f"decoder layer {i}: its caches differ in size from layer 0's")
+            self.keep += [k_self, v_self, k_cross, v_cross]
+            B.k_self, B.v_self = <void *>_ptr(k_self), <void *>_ptr(v_self)
+            B.k_cross, B.v_cross = <void *>_ptr(k_cross), <void *>_ptr(v_cross)
+        self.vocab_size = mats["embed"][1]
+        self.head = self._mat(mats, "embed", self.vocab_size, dim)
+        self.ln_w, self.ln_b = self._vec(vectors, "ln.w"), self._vec(vectors, "ln.b")
+        if self.head_dim % 16 or self.head_dim > LL_MAX_HEAD_DIM or self.block_size % 16:
+            raise ValueError("decoder: head size and block size must be multiples of 16")
+
+    cdef Mat _mat(self, dict mats, str name, Py_ssize_t n, Py_ssize_t k) except *:
+        packed, rows, bias, fmt = mats[name]
+        if rows != n:
+            raise ValueError(f"{name}: {rows} rows, expected {n}")
+        if bias is not None and (bias.dtype.name != "float32" or bias.shape != (n,)):
+            raise ValueError(f"{name}: bias must be float32 [{n}]")
+        # batch-invariant: bf16 pairs in for every step shape (fma off), one token through the tiles
+        return _make_mat(packed, _parts_of(packed, fmt, n, k), n, k, bias, self.keep, False, False)
+
+    cdef const float *_vec(self, dict vectors, str name) except NULL:
+        a = np.ascontiguousarray(vectors[name], np.float32)
+        if a.shape != (self.dim,):
+            raise ValueError(f"{name}: expected [{self.dim}]")
+        self.keep.append(a)
+        return <const float *>_ptr(a)
+
+    def __dealloc__(self):
+        free(self.blocks)
+
+
+def whisper_decoder_step(WhisperDecoderModel dm,
+                         float[:, ::1] x,                     # IN/OUT [N, C] token + position embeddings
+                                                              #   -> the last layer's residual rows
+                         const int64_t[::1] slots,            # IN [N] each token's self-attention slot
+                         const int32_t[:, ::1] self_tables,   # IN [S, max self blocks] block tables
+                         const int32_t[:, ::1] cross_tables,  # IN [S, max cross blocks]
+                         const int32_t[::1] tok_seq,          # IN [N] sequence of each token
+                         const int32_t[::1] positions,        # IN [N] position of each token
+                         const int32_t[::1] cross_last,       # IN [N] its sequence's last encoder row
+                         const int64_t[::1] last_rows,        # IN [S] row of x of each sequence's last token
+                         float[:, ::1] logits,                # OUT [S, V] the next-token logits after them
+                         int nt_self, int nt_cross, int nt_act, int num_threads, Py_ssize_t serial_work):
+    """The decoder over N new tokens of S sequences: each token's K / V written to its slot, x
+    advanced through every layer, the logits of each sequence's last token. Team sizes: nt_self /
+    nt_cross for the two attentions, nt_act for GELU, LayerNorm and each GEMM one thread below
+    serial_work multiply-adds, else num_threads (WhisperDecoder._threads)."""
+    cdef Py_ssize_t N = x.shape[0], C = dm.dim, F = dm.inter, H = dm.num_heads, D = dm.head_dim
+    cdef Py_ssize_t bs = dm.block_size, t, nth = max(nt_self, nt_cross, 1)
+    if N == 0 or x.shape[1] != C or slots.shape[0] != N or tok_seq.shape[0] != N or positions.shape[0] != N \
+            or cross_last.shape[0] != N or self_tables.shape[0] != cross_tables.shape[0] \
+            or last_rows.shape[0] != self_tables.shape[0] or last_rows.shape[0] > N \
+            or logits.shape[0] != last_rows.shape[0] or logits.shape[1] != dm.vocab_size:
+        raise ValueError(f"whisper_decoder_step: x [N, {C}] and N slots, sequences, positions, cross rows; "
+                         f"one block table of each kind, last row and logits row [{dm.vocab_size}] per sequence")
+    for t in range(last_rows.shape[0]):
+        if not 0 <= last_rows[t] < N:
+            raise ValueError("whisper_decoder_step: a last row beyond x")
+    for t in range(N):
+        if slots[t] < 0 or slots[t] >= dm.self_slots or tok_seq[t] < 0 or tok_seq[t] >= self_tables.shape[0] \
+                or positions[t] < 0 or positions[t] // bs >= self_tables.shape[1] or cross_last[t] < 0 \
+                or cross_last[t] // bs >= cross_tables.shape[1]:
+            raise ValueError("whisper_decoder_step: a slot, sequence or position beyond the caches or tables")
+    for t in range(self_tables.shape[0] * self_tables.shape[1]):
+        if not 0 <= (&self_tables[0, 0])[t] < dm.self_slots // bs:
+            raise ValueError("whisper_decoder_step: a self-attention block beyond the cache")
+    for t in range(cross_tables.shape[0] * cross_tables.shape[1]):
+        if not 0 <= (&cross_tables[0, 0])[t] < dm.cross_slots // bs:
+            raise ValueError("whisper_decoder_step: a cross-attention block beyond the cache")
+    cdef Py_ssize_t max_k = max(C, F)
+    h = np.empty((N, C), np.float32)
+    qkv = np.empty((N, 3 * C), np.float32)
+    q = np.empty((N, C), np.float32)
+    attn = np.empty((N, C), np.float32)
+    g = np.empty((N, F), np.float32)
+    xb = np.empty((N, max_k // 2 + 2), np.uint32)
+    cdef _QBufs qb = _QBufs(N, max_k)
+    scratch = np.empty((nth, ll_attention_scratch(D, 1)), np.float32)
+    tiles = np.empty(N + 1, np.int32)
+    partials = np.empty((_max_split_items(nth), _partial_stride(1, D)), np.float32)
+    cdef float[:, ::1] hv = h, qkvv = qkv, qv = q, av = attn, gv = g, sc = scratch, pv = partials
+    cdef uint32_t[:, ::1] xbv = xb
+    cdef int32_t[::1] tv = tiles
+    cdef AttnC sa, ca
+    # self-attention: q inside the qkv rows, causal over the sequence's own positions
+    sa.q, sa.ldq, sa.out, sa.ldo, sa.tiles = &qkvv[0, 0], 3 * C, &av[0, 0], C, &tv[0]
+    sa.h, sa.hkv, sa.d, sa.bs, sa.max_blocks = H, H, D, bs, self_tables.shape[1]
+    sa.kv_type, sa.path, sa.window, sa.scale, sa.softcap, sa.sinks = dm.kv_type, dm.path, 0, 1.0 / sqrt(<double>D), \
+        0.0, NULL
+    sa.block_tables, sa.tok_seq, sa.positions, sa.last = &self_tables[0, 0], &tok_seq[0], &positions[0], &positions[0]
+    sa.scratch, sa.scratch_len, sa.partials = &sc[0, 0], sc.shape[1], &pv[0, 0]
+    sa.form, sa.xb, sa.xq, sa.xqd, sa.xqs, sa.prefetch = LL_IN_F32, NULL, NULL, NULL, NULL, NULL
+    # cross-attention: every query reads all of its request's encoder rows (position = last key)
+    ca = sa
+    ca.q, ca.ldq, ca.max_blocks = &qv[0, 0], C, cross_tables.shape[1]
+    ca.block_tables, ca.positions, ca.last = &cross_tables[0, 0], &cross_last[0], &cross_last[0]
+    with nogil:
+        sa.num_tiles = ca.num_tiles = _build_tiles(&tok_seq[0], N, &tv[0])
+        sa.max_keys = ca.max_keys = 0               # no key splits (_num_splits): batch-invariant
+        _whisper_decoder(dm, &x[0, 0], N, &hv[0, 0], &qkvv[0, 0], &qv[0, 0], &av[0, 0], &gv[0, 0], &xbv[0, 0], &qb.a,
+                         &slots[0], &sa, &ca, nt_self, nt_cross, nt_act, num_threads, serial_work)
+        _whisper_decoder_head(dm, &x[0, 0], &last_rows[0], last_rows.shape[0], &hv[0, 0], &xbv[0, 0], &qb.a,
+                              &logits[0, 0], num_threads, serial_work)
+
+
+cdef inline int _dec_threads(Py_ssize_t work, Py_ssize_t serial_work, int num_threads) noexcept nogil:
+    return 1 if work < serial_work else num_threads
+
+
+cdef inline void _dec_layernorm(const float *x, const float *w, const float *b, float *out, Py_ssize_t N,
+                                Py_ssize_t C, float eps, int nt) noexcept nogil:
+    cdef Py_ssize_t t
+    for t in prange(N, schedule="static", num_threads=nt):
+        ll_layernorm_f32(x + t * C, w, b, out + t * C, C, eps)
+
+
+cdef void _whisper_decoder(WhisperDecoderModel dm, float *x, Py_ssize_t N, float *h, float *qkv, float *q,
+                           float *attn, float *g, uint32_t *xb, const ll_qact *xq, const int64_t *slots,
+                           AttnC *sa, AttnC *ca, int nt_self, int nt_cross, int nt_act, int nt,
+                           Py_ssize_t serial_work) noexcept nogil:
+    cdef Py_ssize_t C = dm.dim, F = dm.inter, H = dm.num_heads, D = dm.head_dim, t, l
+    cdef int nt_norm = _dec_threads(64 * N * C, serial_work, nt)
+    cdef int nt_cc = _dec_threads(N * C * C, serial_work, nt)       # a [C, C] matrix's GEMM
+    cdef const WhisperDecBlockW *B
+    for l in range(dm.depth):
+        B = &dm.blocks[l]
+        _dec_layernorm(x, B.ln1_w, B.ln1_b, h, N, C, dm.eps, nt_norm)
+        _egemm(h, C, xb, xq, N, &B.qkv, qkv, 3 * C, 0, _dec_threads(N * C * 3 * C, serial_work, nt))
+        for t in range(N):
+            ll_write_kv_row(qkv + t * 3 * C + C, B.k_self, dm.kv_type, slots[t], dm.block_size, H, D, 1)
+            ll_write_kv_row(qkv + t * 3 * C + 2 * C, B.v_self, dm.kv_type, slots[t], dm.block_size, H, D, 0)
+        sa.k_cache, sa.v_cache = B.k_self, B.v_self
+        _attention(sa, nt_self)
+        _egemm(attn, C, xb, xq, N, &B.o, x, C, 1, nt_cc)                    # x += out_proj(attn)
+        _dec_layernorm(x, B.ln2_w, B.ln2_b, h, N, C, dm.eps, nt_norm)
+        _egemm(h, C, xb, xq, N, &B.cq, q, C, 0, nt_cc)
+        ca.k_cache, ca.v_cache = B.k_cross, B.v_cross
+        _attention(ca, nt_cross)
+        _egemm(attn, C, xb, xq, N, &B.co, x, C, 1, nt_cc)                   # x += cross out_proj(attn)
+        _dec_layernorm(x, B.ln3_w, B.ln3_b, h, N, C, dm.eps, nt_norm)
+        _egemm(h, C, xb, xq, N, &B.up, g, F, 0, _dec_threads(N * C * F, serial_work, nt))
+        for t in prange(N, schedule="static", num_threads=nt_act):
+            ll_act_mul_f32(g + t * F, NULL, g + t * F, F, dm.act)
+        _egemm(g, F, xb, xq, N, &B.down, x, C, 1, _dec_threads(N * F * C, serial_work, nt))   # x += fc2(act(fc1))
+
+
+cdef void _whisper_decoder_head(WhisperDecoderModel dm, const float *x, const int64_t *last_rows, Py_ssize_t S,
+                                float *h, uint32_t *xb, const ll_qact *xq, float *logits, int nt,
+                                Py_ssize_t serial_work) noexcept nogil:
+    """logits [S, V] = LayerNorm(x[last_rows]) @ embed.T (h: [S, C] scratch)."""
+    cdef Py_ssize_t C = dm.dim, s
+    for s in prange(S, schedule="static", num_threads=_dec_threads(64 * S * C, serial_work, nt)):
+        ll_layernorm_f32(x + last_rows[s] * C, dm.ln_w, dm.ln_b, h + s * C, C, dm.eps)
+    _egemm(h, C, xb, xq, S, &dm.head, logits, dm.vocab_size, 0, _dec_threads(S * C * dm.vocab_size, serial_work, nt))

@@ -29,8 +29,8 @@ alone), after one warm-up window:
     tok_s         tokens / wall_s
     decode_tok_s  1 stream: tokens / (wall_s - windows x encoder_s), the decoder's own rate
     peak_rss_mib  the child's peak resident set
-N streams: lite-llm's TranscriptionEngine advancing N requests a window each in turn on all the
-threads; faster-whisper one model with num_workers=N, cpu_threads = threads / N; whisper.cpp one
+N streams: lite-llm's TranscriptionEngine decoding N requests together (one decoder step a token
+for all of them) on all the threads; faster-whisper one model with num_workers=N, cpu_threads = threads / N; whisper.cpp one
 context per stream, threads / N each. Timings here are for a quiet machine: two runs on a shared
 one differ by more than the engines do.
 """
@@ -261,7 +261,7 @@ class _LiteLLM:
         if len(clips) == 1:
             results = [self.model.transcribe(clips[0], self.opts)]
         else:
-            engine = TranscriptionEngine(self.model, max_active=len(clips))
+            engine = TranscriptionEngine(self.model, max_num_seqs=len(clips))
             engine.start()
             try:
                 jobs = [engine.submit(c, self.opts) for c in clips]

@@ -1,19 +1,23 @@
 """The engine a Whisper model is served by: one worker thread owns the model (its encoder cache
-and decoder slots); requests come in through a bounded queue and are advanced window by window
-in turn, so a 30-minute file and a 5-second clip submitted after it both progress (neither waits
-for the other to finish).
+and decoder slots); requests come in through a bounded queue, and up to max_num_seqs of them are
+decoded together: each worker turn runs ONE decoder step for the current window of every active
+request (a prompt prefill or one token each; greedy, sampled and beam-search windows alike), so a
+30-minute file and a 5-second clip submitted after it both progress, each token for all of them at
+the cost of about one. A request whose window ends runs its next window's encoder pass (or its
+fallback at the next temperature) on its own turn and rejoins the step.
 
-    TranscriptionEngine(model: WhisperModel, name)
+    TranscriptionEngine(model: WhisperModel, name, max_num_seqs)
       .start() / .shutdown()
       .submit(samples, options) -> Job        QueueFullError beyond max_queue waiting + active
       Job.events()                            ("window", Transcription so far) ..., then ("done", it);
                                               or ("error", exception)
       Job.cancel()                            the client left: the worker drops it at its next turn
 
-The worker's unit of work is one window of one request (encoder pass, decoding with the fallback);
-within a window the decoder steps one request. Batching the windows of several requests into one
-decoder step (the engine's scheduler, paged self-attention KV and cross-attention blocks) is the
-next step: WhisperDecoder.step already takes several requests' states.
+A request's decoding is WhisperModel.transcription_steps, a program that yields a Step (its states
+and new tokens) whenever it needs the decoder; the worker concatenates the Steps of all active
+requests into one WhisperDecoder.step and sends each its rows of the logits. Rows of a batched
+step equal those of a step alone (the kernels' results do not depend on the other rows), so a
+request's tokens do not depend on what it was batched with.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from collections import deque
 import numpy as np
 
 from lite_llm.multimodal.audio import SAMPLE_RATE
-from lite_llm.multimodal.transcribe import TranscribeOptions, WhisperModel
+from lite_llm.multimodal.transcribe import Step, TranscribeOptions, WhisperModel
 
 log = logging.getLogger("lite_llm.transcription")
 
@@ -41,6 +45,10 @@ class Job:
         self.queue: queue.Queue = queue.Queue()
         self.cancelled = False
         self.submitted = time.monotonic()
+        self.program = None             # its WhisperModel.transcription_steps, once active
+        self.step: Step | None = None   # the Step it waits on
+        self.reply = None               # what its program is sent next (its rows of a step's logits)
+        self.last = None                # the Transcription of its last window
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -62,19 +70,25 @@ class Job:
 
 
 class TranscriptionEngine:
-    """See the module's docstring. max_active: requests advanced in turn (each holds a decoder
-    slot while a window decodes); max_queue: requests waiting beyond them."""
+    """See the module's docstring. max_num_seqs: requests decoded together (each holds decoder
+    slots while it is active; at most the decoder's max_requests); max_queue: requests waiting
+    beyond them."""
 
-    def __init__(self, model: WhisperModel, name: str = "whisper", max_active: int = 4, max_queue: int = 16):
+    def __init__(self, model: WhisperModel, name: str = "whisper", max_num_seqs: int | None = None,
+                 max_queue: int = 16):
         self.model, self.name = model, name
         self.tokenizer = model.tokenizer
-        self.max_active, self.max_queue = max_active, max_queue
+        dec = model.decoder
+        self.max_num_seqs = min(max_num_seqs or dec.max_requests, dec.max_requests)
+        self.max_queue = max_queue
         self._waiting: deque[Job] = deque()
         self._lock = threading.Condition()
         self._stopping = False
         self.failure: str | None = None
         self.num_requests = 0
         self.num_windows = 0
+        self.num_steps = 0          # decoder steps run
+        self.num_step_seqs = 0      # sequences in them (num_step_seqs / num_steps: the mean batch)
         self.audio_seconds = 0.0
         self.thread = threading.Thread(target=self._loop, name="lite_llm-transcription", daemon=True)
         self._active = 0
@@ -93,7 +107,7 @@ class TranscriptionEngine:
         with self._lock:
             if self._stopping:
                 raise RuntimeError("the transcription engine is shutting down")
-            if len(self._waiting) + self._active >= self.max_queue + self.max_active:
+            if len(self._waiting) + self._active >= self.max_queue + self.max_num_seqs:
                 raise QueueFullError()
             self._waiting.append(job)
             self.num_requests += 1
@@ -107,8 +121,72 @@ class TranscriptionEngine:
         if self.thread.is_alive():
             self.thread.join(timeout)
 
+    def _sequences(self, job: Job) -> int:
+        """Decoder self-attention slots a request holds at most: 2 x its beams while their caches
+        are reordered (decode_beams forks before it releases), else 1."""
+        return 2 * job.options.beam_size if job.options.beam_size else 1
+
+    def _admit(self, active: list[Job]) -> None:
+        """Waiting requests join in order while their slots fit beside the active ones' (the first
+        always does: one alone larger than the decoder fails with its own error)."""
+        held = sum(self._sequences(j) for j in active)
+        while self._waiting and len(active) < self.max_num_seqs:
+            need = self._sequences(self._waiting[0])
+            if active and held + need > self.model.decoder.max_sequences:
+                break
+            job = self._waiting.popleft()
+            job.program = self.model.transcription_steps(job.samples, job.options)
+            active.append(job)
+            held += need
+
+    def _finish(self, job: Job, kind: str, value) -> None:
+        job.program.close()             # releases its decoder states (the programs' finally)
+        job.queue.put((kind, value))
+        if kind == "done":
+            self.audio_seconds += job.samples.shape[0] / SAMPLE_RATE
+
+    def _advance(self, job: Job) -> bool:
+        """Runs job's program up to its next Step (posting each window on the way); False when it
+        has ended (done or failed)."""
+        try:
+            item = job.program.send(job.reply)
+            while not isinstance(item, Step):
+                self.num_windows += 1
+                job.last = item
+                job.queue.put(("window", item))
+                item = job.program.send(None)
+        except StopIteration:
+            self._finish(job, "done", job.last)
+            return False
+        except Exception as e:          # a request's own failure (TranscriptionError, ...)
+            if not isinstance(e, ValueError):
+                log.exception("transcription failed")
+            self._finish(job, "error", e)
+            return False
+        job.step, job.reply = item, None
+        return True
+
+    def _step(self, batch: list[Job]) -> None:
+        """ONE decoder step over the Steps of every job in batch; each job's rows become its reply."""
+        states = [st for j in batch for st in j.step.states]
+        tokens = [t for j in batch for t in j.step.tokens]
+        try:
+            logits = self.model.decoder.step(states, tokens)
+        except Exception as e:          # a bad Step fails the requests in it, not the worker
+            log.exception("a decoder step failed")
+            for j in batch:
+                self._finish(j, "error", e)
+            raise _StepFailed() from e
+        self.num_steps += 1
+        self.num_step_seqs += len(states)
+        row = 0
+        for j in batch:
+            n = len(j.step.states)
+            j.reply, j.step = logits[row:row + n], None
+            row += n
+
     def _loop(self) -> None:
-        active: deque[tuple[Job, object]] = deque()
+        active: list[Job] = []
         try:
             while True:
                 with self._lock:
@@ -116,30 +194,19 @@ class TranscriptionEngine:
                         self._lock.wait()
                     if self._stopping:
                         break
-                    while self._waiting and len(active) < self.max_active:
-                        job = self._waiting.popleft()
-                        active.append((job, self.model.transcribe_iter(job.samples, job.options)))
+                    self._admit(active)
                     self._active = len(active)
-                job, it = active.popleft()           # round robin: one window of the oldest turn
-                if job.cancelled:
-                    it.close()
-                    job.queue.put(("error", RuntimeError("the transcription was cancelled")))
-                    continue
-                try:
-                    result = next(it)
-                except StopIteration:
-                    job.queue.put(("done", getattr(job, "last", None)))
-                    self.audio_seconds += job.samples.shape[0] / SAMPLE_RATE
-                    continue
-                except Exception as e:          # a request's own failure (TranscriptionError, ...)
-                    if not isinstance(e, ValueError):
-                        log.exception("transcription failed")
-                    job.queue.put(("error", e))
-                    continue
-                self.num_windows += 1
-                job.last = result
-                job.queue.put(("window", result))
-                active.append((job, it))
+                for job in list(active):
+                    if job.cancelled:
+                        active.remove(job)
+                        self._finish(job, "error", RuntimeError("the transcription was cancelled"))
+                    elif job.step is None and not self._advance(job):
+                        active.remove(job)
+                if active:
+                    try:
+                        self._step(active)
+                    except _StepFailed:
+                        active.clear()
         except BaseException as e:      # the worker itself: every request gets an error
             self.failure = f"{type(e).__name__}: {e}"
             log.exception("the transcription worker stopped")
@@ -147,7 +214,12 @@ class TranscriptionEngine:
             with self._lock:
                 rest = list(self._waiting)
                 self._waiting.clear()
-            for job, it in list(active):
+            for job in active:
+                job.program.close()
                 rest.append(job)
             for job in rest:
                 job.queue.put(("error", RuntimeError("the transcription engine stopped")))
+
+
+class _StepFailed(Exception):
+    """A decoder step raised: its requests have their error."""

@@ -3,8 +3,10 @@ WhisperForConditionalGeneration.generate (and openai-whisper's transcribe) decod
 
     WhisperModel.from_pretrained(path)            encoder, decoder, tokenizer, generation_config.json
       .transcribe(audio, TranscribeOptions(...))  -> Transcription (text, language, segments)
-      .transcribe_iter(...)                       the same, one window at a time (progress, streaming,
-                                                  several transcriptions interleaved by a worker)
+      .transcribe_iter(...)                       the same, one window at a time (progress, streaming)
+      .transcription_steps(...)                   the same as a program that asks for its decoder
+                                                  steps (Step) instead of running them: a worker
+                                                  runs the steps of several programs as one
 
 Decoding of one 30-s window: the prompt <|startoftranscript|> <|lang|> <|task|> (<|notimestamps|>
 without timestamps), after <|startofprev|> and the prompt text when there is one; the language,
@@ -46,6 +48,25 @@ INPUT_STRIDE = 2               # feature frames per encoder row (conv2's stride)
 ALIASES = {"burmese": "my", "valencian": "ca", "flemish": "nl", "haitian": "ht", "letzeburgesch": "lb",
            "pushto": "ps", "panjabi": "pa", "moldavian": "ro", "moldovan": "ro", "sinhalese": "si",
            "castilian": "es", "mandarin": "zh"}
+
+
+@dataclass
+class Step:
+    """A decoding program's request for one decoder step: WhisperDecoder.step(states, tokens)'s
+    logits [len(states), V] are sent back into the program (by run_alone, or by a worker that
+    runs the Steps of several programs as one decoder step)."""
+    states: list
+    tokens: list[list[int]]
+
+
+def run_alone(program, decoder: WhisperDecoder):
+    """The return value of a decoding program run on its own: each Step one decoder.step."""
+    try:
+        step = next(program)
+        while True:
+            step = program.send(decoder.step(step.states, step.tokens))
+    except StopIteration as e:
+        return e.value
 
 
 class TranscriptionError(ValueError):
@@ -197,11 +218,15 @@ class WhisperModel:
 
     def detect_language(self, rows: np.ndarray) -> tuple[str, dict[str, float]]:
         """(code, probabilities of each language) of a window's encoder rows."""
+        return run_alone(self.detect_language_steps(rows), self.decoder)
+
+    def detect_language_steps(self, rows: np.ndarray):
+        """detect_language as a program of Steps."""
         if not self.lang_to_id:
             return "en", {"en": 1.0}
         st = self.decoder.start(rows)
         try:
-            logits = self.decoder.step([st], [[self.sot]])[0]
+            logits = (yield Step([st], [[self.sot]]))[0]
         finally:
             self.decoder.release(st)
         codes = list(self.lang_to_id)
@@ -266,6 +291,11 @@ class WhisperModel:
 
     def decode_beams(self, rows: np.ndarray, prompt: list[int], timestamps: bool, max_new_tokens: int | None,
                      num_beams: int, length_penalty: float = 1.0) -> tuple[list[int], float, float]:
+        return run_alone(self.decode_beams_steps(rows, prompt, timestamps, max_new_tokens, num_beams,
+                                                 length_penalty), self.decoder)
+
+    def decode_beams_steps(self, rows: np.ndarray, prompt: list[int], timestamps: bool, max_new_tokens: int | None,
+                           num_beams: int, length_penalty: float = 1.0):
         """decode_window's answer by beam search, as transformers' generate(num_beams=...) runs it:
         2 x num_beams candidates a step, the best num_beams unfinished ones go on, a candidate among
         the first num_beams that ends (EOT or the length limit) joins the finished ones with its
@@ -282,10 +312,10 @@ class WhisperModel:
         states = [root]
         try:
             cut = prompt.index(self.sot) + 1
-            z = dec.step([root], [prompt[:cut]])[0].astype(np.float64)
+            z = (yield Step([root], [prompt[:cut]]))[0].astype(np.float64)
             p = np.exp(z - z.max())
             no_speech = float(p[self.no_timestamps - 1] / p.sum())
-            logits = dec.step([root], [prompt[cut:]])[0] if cut < len(prompt) else z.astype(np.float32)
+            logits = (yield Step([root], [prompt[cut:]]))[0] if cut < len(prompt) else z.astype(np.float32)
             states += [dec.fork(root) for _ in range(B - 1)]
             logits = np.repeat(logits[None].astype(np.float32), B, axis=0)
             seqs: list[list[int]] = [[] for _ in range(B)]
@@ -336,7 +366,7 @@ class WhisperModel:
                     if k not in taken:
                         dec.release(st)
                 states = new_states
-                logits = dec.step(states, [[s[-1]] for s in seqs])
+                logits = yield Step(states, [[s[-1]] for s in seqs])
         finally:
             for st in states:
                 dec.release(st)
@@ -344,6 +374,11 @@ class WhisperModel:
 
     def decode_window(self, rows: np.ndarray, prompt: list[int], timestamps: bool, temperature: float,
                       max_new_tokens: int | None, rng: np.random.Generator) -> tuple[list[int], float, float]:
+        return run_alone(self.decode_window_steps(rows, prompt, timestamps, temperature, max_new_tokens, rng),
+                         self.decoder)
+
+    def decode_window_steps(self, rows: np.ndarray, prompt: list[int], timestamps: bool, temperature: float,
+                            max_new_tokens: int | None, rng: np.random.Generator):
         """(generated tokens with the final EOT if any, mean log-probability of them, the
         probability of <|nospeech|> after <|startoftranscript|>) of one window."""
         dec = self.decoder
@@ -355,12 +390,12 @@ class WhisperModel:
         st = dec.start(rows)
         try:
             cut = prompt.index(self.sot) + 1
-            logits = dec.step([st], [prompt[:cut]])[0]
+            logits = (yield Step([st], [prompt[:cut]]))[0]
             z = logits.astype(np.float64)
             p = np.exp(z - z.max())
             no_speech = float(p[self.no_timestamps - 1] / p.sum())     # <|nospeech|> precedes <|notimestamps|>
             if cut < len(prompt):
-                logits = dec.step([st], [prompt[cut:]])[0]
+                logits = (yield Step([st], [prompt[cut:]]))[0]
             out: list[int] = []
             sum_lp = 0.0
             while True:
@@ -378,7 +413,7 @@ class WhisperModel:
                 out.append(tok)
                 if tok == self.eot or len(out) >= limit:
                     break
-                logits = dec.step([st], [[tok]])[0]
+                logits = (yield Step([st], [[tok]]))[0]
         finally:
             dec.release(st)
         return out, sum_lp / max(len(out), 1), no_speech
@@ -394,6 +429,24 @@ class WhisperModel:
     def transcribe_iter(self, samples: np.ndarray, options: TranscribeOptions = TranscribeOptions()):
         """Yields the Transcription so far after each window (its .segments growing), the last one
         complete. Samples: float32 mono at 16 kHz."""
+        program = self.transcription_steps(samples, options)
+        logits = None
+        try:
+            while True:
+                item = program.send(logits)
+                if isinstance(item, Step):
+                    logits = self.decoder.step(item.states, item.tokens)
+                else:
+                    logits = None
+                    yield item
+        except StopIteration:
+            return
+        finally:
+            program.close()
+
+    def transcription_steps(self, samples: np.ndarray, options: TranscribeOptions = TranscribeOptions()):
+        """transcribe_iter as a program: yields a Step whenever it needs the decoder (the logits are
+        sent back) and the Transcription so far after each window (None is sent back)."""
         samples = np.asarray(samples, np.float32).reshape(-1)
         if samples.shape[0] == 0:
             raise TranscriptionError("audio holds no samples")
@@ -422,15 +475,15 @@ class WhisperModel:
                 window = np.pad(window, ((0, 0), (0, audio.N_FRAMES - n)))
             rows = self.encoder.encode_cached(np.ascontiguousarray(window))
             if not result.language:
-                result.language = self.detect_language(rows)[0]
+                result.language = (yield from self.detect_language_steps(rows))[0]
             prompt = self.prompt_tokens(result.language, options.task, timestamps, options.prompt)
             for i, temp in enumerate(temps):
                 if options.beam_size and temp == 0.0:
-                    tokens, avg_lp, no_speech = self.decode_beams(rows, prompt, timestamps, options.max_new_tokens,
-                                                                  options.beam_size, options.length_penalty)
+                    tokens, avg_lp, no_speech = yield from self.decode_beams_steps(
+                        rows, prompt, timestamps, options.max_new_tokens, options.beam_size, options.length_penalty)
                 else:
-                    tokens, avg_lp, no_speech = self.decode_window(rows, prompt, timestamps, temp,
-                                                                   options.max_new_tokens, rng)
+                    tokens, avg_lp, no_speech = yield from self.decode_window_steps(
+                        rows, prompt, timestamps, temp, options.max_new_tokens, rng)
                 ratio = compression_ratio(tokens, self.vocab_size)
                 retry = (options.compression_ratio_threshold is not None
                          and ratio > options.compression_ratio_threshold) or \

@@ -16,9 +16,11 @@ self-attention, LayerNorm, cross-attention over the encoder rows, LayerNorm, fc1
 final LayerNorm and the output projection tied to the token embeddings. k projections have no
 bias (as in the encoder).
 
-The compiled path runs each layer's linear layers on the GEMM kernels (kernels.gemm on panels of
-layout.pack) and both attentions on the paged attention kernel (kernels.paged_attention): the
-self-attention K/V of every request live in blocks of one pool per layer (block_size rows a
+The compiled path runs a step in one nogil call (kernels.whisper_decoder_step,
+lite_llm/_kernels/audio.pxi): every layer and the output projection, the linear layers on the
+GEMM kernels (panels of layout.pack) and both attentions on the paged attention kernel, in their
+batch-invariant forms (a request's logits are the same bits whatever else the step holds); the
+embeddings and block tables are Python's. The self-attention K/V of every request live in blocks of one pool per layer (block_size rows a
 block, each request a block table), the cross K/V in blocks of their own, written once by
 start(). The interface (a prefill of the prompt, a step over a batch of requests each with its
 own caches) is the engine's; the blocks here are fixed pools of the decoder's own (max_sequences
@@ -28,6 +30,7 @@ engine's shared block pool.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -238,6 +241,10 @@ class WhisperDecoder:
         self.v_self = [np.zeros(vs, kv) for _ in range(L)]
         self.k_cross = [np.zeros(kc, kv) for _ in range(L)]
         self.v_cross = [np.zeros(vc, kv) for _ in range(L)]
+        # the matrices and caches for the one compiled call of each step
+        self.layers = kernels.WhisperDecoderModel(
+            self.mats, t, [(self.k_self[i], self.v_self[i], self.k_cross[i], self.v_cross[i]) for i in range(L)],
+            L, cfg.hidden_size, cfg.intermediate_size, H, cfg.eps, cfg.act)
 
     def _embed(self, ids: np.ndarray) -> np.ndarray:
         """float32 [N, C] token embeddings of ids: the NumPy reference's table, else rows of the
@@ -354,45 +361,35 @@ class WhisperDecoder:
 
     def _compiled_step(self, states, tokens) -> np.ndarray:
         cfg, k, t = self.cfg, self.kernels, self.t
-        H, D, C = cfg.num_heads, cfg.head_dim, cfg.hidden_size
-        ids = np.concatenate([np.asarray(n, np.int64) for n in tokens])
-        positions = np.concatenate([np.arange(len(st.tokens), len(st.tokens) + len(n)) for st, n in zip(states, tokens)])
-        seq = np.concatenate([np.full(len(n), s) for s, n in enumerate(tokens)]).astype(np.int32)
-        ends = np.cumsum([len(n) for n in tokens]) - 1
+        C = cfg.hidden_size
+        S = len(states)
+        lens = np.fromiter(map(len, tokens), np.int64, S)                       # [S] new tokens of each
+        ids = np.fromiter(chain.from_iterable(tokens), np.int64)                # [N]
         N = ids.shape[0]
-        self_tables = np.stack([st.slot * self.self_blocks + np.arange(self.self_blocks)
-                                for st in states]).astype(np.int32)
-        cross_tables = np.stack([st.cross_slot * self.cross_blocks + np.arange(self.cross_blocks)
-                                 for st in states]).astype(np.int32)
-        slots = (self_tables[seq, positions // BLOCK].astype(np.int64) * BLOCK + positions % BLOCK)
+        seq = np.repeat(np.arange(S, dtype=np.int32), lens)                     # [N] sequence of each token
+        ends = np.cumsum(lens) - 1                                              # [S] each one's last token
+        # token j of sequence s sits at position len(s.tokens) + j
+        firsts = np.fromiter((len(st.tokens) for st in states), np.int64, S) - (ends + 1 - lens)
+        positions = np.arange(N) + np.repeat(firsts, lens)
+        # a state's blocks are its slot's self_blocks (cross_blocks) in order
+        self_slots = np.fromiter((st.slot for st in states), np.int32, S)
+        self_tables = self_slots[:, None] * np.int32(self.self_blocks) + np.arange(self.self_blocks, dtype=np.int32)
+        cross_tables = (np.fromiter((st.cross_slot for st in states), np.int32, S)[:, None] * np.int32(self.cross_blocks)
+                        + np.arange(self.cross_blocks, dtype=np.int32))
+        slots = np.repeat(self_slots.astype(np.int64) * (self.self_blocks * BLOCK), lens) + positions
         pos32 = positions.astype(np.int32)
-        cross_last = np.asarray([states[s].cross_len - 1 for s in seq], np.int32)
-        scale = float(D) ** -0.5
+        cross_lens = np.fromiter((st.cross_len for st in states), np.int64, S)
+        cross_last = np.repeat(cross_lens - 1, lens).astype(np.int32)
         nt_self = self._threads(2 * C * int(positions.sum() + N))               # q.k and p.v over the keys
-        nt_cross = self._threads(2 * C * int(sum(states[s].cross_len for s in seq)))
+        nt_cross = self._threads(2 * C * int(np.dot(cross_lens, lens)))
         nt_act = self._threads(64 * N * cfg.intermediate_size)
         x = np.ascontiguousarray(self._embed(ids) + t["pos"][positions], np.float32)       # [N, C]
-        a = np.empty((N, H, D), np.float32)
-        for i in range(cfg.num_layers):
-            p = f"blk.{i}."
-            qkv = self._gemm(self._layernorm(x, p + "ln1"), p + "qkv").reshape(N, 3, H, D)
-            k.write_kv(np.ascontiguousarray(qkv[:, 1]), self.k_self[i], slots, "k")
-            k.write_kv(np.ascontiguousarray(qkv[:, 2]), self.v_self[i], slots, "v")
-            k.paged_attention(np.ascontiguousarray(qkv[:, 0]), self.k_self[i], self.v_self[i], self_tables, seq,
-                              pos32, a, scale, num_threads=nt_self)
-            self._gemm(a.reshape(N, C), p + "o", x, accumulate=True)
-            q = self._gemm(self._layernorm(x, p + "ln2"), p + "cq").reshape(N, H, D)
-            # every query reads all of its request's encoder rows: position = last key = cross_len - 1
-            k.paged_attention(q, self.k_cross[i], self.v_cross[i], cross_tables, seq, cross_last, a, scale,
-                              num_threads=nt_cross, last_positions=cross_last)
-            self._gemm(a.reshape(N, C), p + "co", x, accumulate=True)
-            g = self._gemm(self._layernorm(x, p + "ln3"), p + "up")
-            k.act_mul(g, None, g, cfg.act, nt_act)
-            self._gemm(g, p + "down", x, accumulate=True)
+        logits = np.empty((S, cfg.vocab_size), np.float32)
+        k.whisper_decoder_step(self.layers, x, slots, self_tables, cross_tables, seq, pos32, cross_last, ends, logits,
+                               nt_self, nt_cross, nt_act, self.num_threads, SERIAL_WORK)
         for st, n in zip(states, tokens):
             st.tokens.extend(int(v) for v in n)
-        last = np.ascontiguousarray(x[ends])
-        return self._gemm(self._layernorm(last, "ln"), "embed")
+        return logits
 
     def _reference_step(self, st: DecoderState, new: list[int]) -> np.ndarray:
         cfg, t = self.cfg, self.t

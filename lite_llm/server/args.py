@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     a("--block-size", type=int, default=None, help="tokens per KV-cache block (a multiple of 16; default 128)")
     a("--max-num-seqs", type=int, default=None,
-      help="most sequences in one step (default: vLLM's 128, at most 32 per computing thread)")
+      help="most sequences in one step (default: vLLM's 128, at most 32 per computing thread; "
+           "a Whisper model: requests decoded together, default 8)")
     a("--max-num-batched-tokens", type=int, default=2048, help="token budget of one step")
     a("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
       help="reuse KV blocks of shared prompt prefixes")

@@ -258,6 +258,9 @@ def start_models(args: argparse.Namespace) -> tuple[models.ModelPool, models.Loa
     return pool, first
 
 
+TRANSCRIPTION_MAX_NUM_SEQS = 8      # a Whisper server's requests decoded together without --max-num-seqs
+
+
 def start_transcription_engine(model: str, args: argparse.Namespace) -> tuple[Any, Any, dict]:
     """A Whisper checkpoint's engine (lite_llm/engine/transcription.py): (engine, tokenizer, info)."""
     from lite_llm import _kernels
@@ -267,10 +270,13 @@ def start_transcription_engine(model: str, args: argparse.Namespace) -> tuple[An
         raise SystemExit("a Whisper model is served by one process: drop --data-parallel-size / "
                          "--tensor-parallel-size")
     t0 = time.perf_counter()
+    # requests decoded together: each holds its cross-attention K/V (and a beam search 2 x its beams)
+    max_num_seqs = args.max_num_seqs or TRANSCRIPTION_MAX_NUM_SEQS
     whisper = WhisperModel.from_pretrained(model, dtype="bfloat16" if args.dtype == "bfloat16" else "float32",
-                                           quantization=getattr(args, "quantization", None))
+                                           quantization=getattr(args, "quantization", None),
+                                           max_requests=max_num_seqs, max_sequences=max(12, 2 * max_num_seqs))
     name = os.path.basename(os.path.normpath(model))
-    engine = TranscriptionEngine(whisper, name)
+    engine = TranscriptionEngine(whisper, name, max_num_seqs=max_num_seqs)
     engine.start()
     info = {"model_path": model, "model_name": name, "max_model_len": whisper.decoder.cfg.max_target_positions,
             "dtype": whisper.decoder.dtype, "architecture": "WhisperForConditionalGeneration",

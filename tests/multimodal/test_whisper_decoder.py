@@ -121,6 +121,56 @@ def test_bounds():
     dec.release(dec.start(rows))            # the slot is free again
 
 
+@pytest.mark.parametrize("dtype,quantization", [("float32", None), ("bfloat16", None), ("float32", "q8_0")])
+def test_a_request_gets_the_same_logits_batched_or_alone(setup, dtype, quantization):
+    """The transcription engine steps several requests together: each one's logits (a prompt's
+    prefill, then token by token) are the same bits as when it runs alone, for fp32 and bf16
+    weights and Q8_0 blocks, with a team of 4 threads."""
+    path, _, rows = setup
+    dec = WhisperDecoder.from_pretrained(str(path), dtype=dtype, quantization=quantization, num_threads=4,
+                                         max_requests=3)
+    rng = np.random.default_rng(1)
+    windows = [rows[0], rows[1], rows[0][:700]]
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0][:2]]
+    nexts = rng.integers(0, 250, (6, 3))
+    alone = []
+    for w, prompt, col in zip(windows, prompts, nexts.T):
+        st = dec.start(w)
+        alone.append([dec.step([st], [prompt])[0]] + [dec.step([st], [[int(t)]])[0] for t in col])
+        dec.release(st)
+    states = [dec.start(w) for w in windows]
+    together = [dec.step(states, prompts)] + [dec.step(states, [[int(t)] for t in row]) for row in nexts]
+    for i in range(3):
+        for n in range(len(together)):
+            np.testing.assert_array_equal(together[n][i], alone[i][n], err_msg=f"request {i}, step {n}")
+
+
+def test_the_compiled_layers_check_their_arrays():
+    """whisper_decoder_step (a whole step in one call) refuses a slot, position or block
+    outside its caches with a ValueError instead of writing past them."""
+    dec = WhisperDecoder.from_pretrained(str(whisper_asr_checkpoint()), num_threads=1, max_requests=1)
+    k, C = dec.kernels, dec.cfg.hidden_size
+    good = dict(x=np.zeros((1, C), np.float32), slots=np.zeros(1, np.int64),
+                self_tables=np.zeros((1, dec.self_blocks), np.int32), cross_tables=np.zeros((1, dec.cross_blocks), np.int32),
+                tok_seq=np.zeros(1, np.int32), positions=np.zeros(1, np.int32), cross_last=np.zeros(1, np.int32),
+                last_rows=np.zeros(1, np.int64), logits=np.zeros((1, dec.cfg.vocab_size), np.float32))
+
+    def run(**change):
+        a = {**good, **change}
+        k.whisper_decoder_step(dec.layers, a["x"], a["slots"], a["self_tables"], a["cross_tables"], a["tok_seq"],
+                               a["positions"], a["cross_last"], a["last_rows"], a["logits"], 1, 1, 1, 1, 1 << 21)
+    run()
+    for change in (dict(slots=np.full(1, dec.self_blocks * 16, np.int64)), dict(slots=np.full(1, -1, np.int64)),
+                   dict(positions=np.full(1, dec.self_blocks * 16, np.int32)), dict(tok_seq=np.ones(1, np.int32)),
+                   dict(cross_last=np.full(1, dec.cross_blocks * 16, np.int32)),
+                   dict(self_tables=np.full((1, dec.self_blocks), dec.self_blocks, np.int32)),
+                   dict(cross_tables=np.full((1, dec.cross_blocks), -1, np.int32)),
+                   dict(x=np.zeros((1, C + 1), np.float32)), dict(slots=np.zeros(2, np.int64)),
+                   dict(last_rows=np.ones(1, np.int64)), dict(logits=np.zeros((1, 3), np.float32))):
+        with pytest.raises(ValueError, match="whisper_decoder_step"):
+            run(**change)
+
+
 def test_bf16_weights_are_close(setup):
     path, model, rows = setup
     dec = WhisperDecoder.from_pretrained(str(path), dtype="bfloat16", num_threads=2, max_requests=1)

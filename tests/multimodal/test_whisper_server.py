@@ -35,16 +35,21 @@ def _serve_args(*argv: str):
 
 
 @pytest.fixture(scope="module")
-def server():
+def served():
     from lite_llm.server.startup import build_server, start_engine
     args = _serve_args(str(whisper_asr_checkpoint()), "--served-model-name", NAME, "--port", "0",
                        "--host", "127.0.0.1")
     engine, tokenizer, info = start_engine(args)
     srv = build_server(args, engine, tokenizer, info)
     srv.start()
-    yield srv
+    yield srv, engine
     srv.drain(5.0)
     engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    return served[0]
 
 
 @pytest.fixture(scope="module")
@@ -224,6 +229,30 @@ def test_a_long_file_does_not_hold_back_a_short_one(server, client):
         t.join(600)
     assert done["long"][0] == 200
     assert short_done < done["long"][1]
+    dog.check()
+    print(dog.summary())
+
+
+def test_concurrent_transcriptions_share_decoder_steps(served, client, offline):
+    """Four clips sent at once: each answer is the offline API's for that clip alone, and the
+    engine ran their tokens in shared decoder steps (more sequences than steps)."""
+    server, engine = served
+    clips = [wav_bytes(speechy(3.0 + 2 * i, seed=20 + i)) for i in range(4)]
+    want = [offline.transcribe(c, language="en", temperature=T).text.strip() for c in clips]
+    steps, seqs = engine.num_steps, engine.num_step_seqs
+    got: dict[int, str] = {}
+
+    def one(i):
+        got[i] = client.audio.transcriptions.create(model=NAME, file=("a.wav", clips[i]), language="en",
+                                                    temperature=T).text
+    with Watchdog(server.server_address[1], NAME, completion=False) as dog:
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert [got.get(i) for i in range(4)] == want and all(want)
+    assert engine.num_step_seqs - seqs > engine.num_steps - steps
     dog.check()
     print(dog.summary())
 
