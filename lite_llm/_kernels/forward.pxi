@@ -11,6 +11,12 @@ cdef enum:
     MAMBA_NORM_AFTER_GATE = 0
     MAMBA_NORM_BEFORE_GATE = 1
     MAMBA_NORM_NONE = 2
+    # a layer's MLP block (LayerW.mlp), resolved when the Model is built: the forward runs that
+    # block's phases (_step), one branch per kind, not a test of the model's flags in each phase
+    MLP_NONE = 0            # the mixer alone (LayerConfig.mlp False: Nemotron-H's blocks, Falcon-H1's Mamba2)
+    MLP_GATED = 1           # gate_up with the activation fused, then down
+    MLP_UP_ACT = 2          # up, the activation, then down (BERT, OPT, Nemotron-H's relu^2)
+    MLP_EXPERTS = 3         # a mixture of experts (shared expert included)
 
 
 cdef struct LayerW:
@@ -62,7 +68,7 @@ cdef struct LayerW:
     # its in_proj [Cd + Hv Dv + 2 Hv, E] (q | k | v | z | b | a rows), o its out_proj [E, Hv Dv];
     # conv_w [L, Cd] and conv_state [slots, L - 1, Cd] its convolution's, ssm_a [Hv] -exp(A_log),
     # dt_bias [Hv], gnorm_w [Dv] the gated norm's weight (every head's), ssm_state [slots, Hv, Dk, Dv]
-    int no_mlp                    # 1: the mixer alone, no MLP after it (LayerConfig.mlp False: Nemotron-H)
+    int mlp                       # its MLP block: MLP_NONE / MLP_GATED / MLP_UP_ACT / MLP_EXPERTS
     int shared_input              # 1: the mixer reads the previous layer's normed rows h, not a norm of x
                                   # (LayerConfig.shared_input: Falcon-H1's attention beside its Mamba2)
 
@@ -331,13 +337,14 @@ cdef class Model:
             if self.c.kv_lora:
                 self._load_mla(i, packed, fma, stream)
             self.c.layers[i].ffn = cfg.dense_ffn_dim if i < cfg.first_dense_layers else self.c.ffn_dim
-            self.c.layers[i].no_mlp = not lc.mlp
             self.c.layers[i].shared_input = lc.shared_input
             if not lc.mlp:   # no MLP weights
-                pass
+                self.c.layers[i].mlp = MLP_NONE
             elif self.c.num_experts and i >= cfg.first_dense_layers:
+                self.c.layers[i].mlp = MLP_EXPERTS
                 self._load_experts(i, packed, fma, stream)
             else:
+                self.c.layers[i].mlp = MLP_GATED if self.c.gated else MLP_UP_ACT
                 self.c.layers[i].up = _mat(packed, p + ("gate_up" if self.c.gated else "up"), self.keep, fma, stream)
                 _check_gated(&self.c.layers[i].up, self.c.gated, self.c.layers[i].ffn, p + "gate_up")
                 self.c.layers[i].down = _mat(packed, p + "down", self.keep, fma, stream)
@@ -530,9 +537,9 @@ cdef class Model:
             out[f"layers.{i}.{'out_proj' if self.c.layers[i].conv else 'o'}"] = _describe(&self.c.layers[i].o)
             if self.c.q_lora:
                 out[f"layers.{i}.q_b"] = _describe(&self.c.layers[i].q_b)
-            if self.c.layers[i].no_mlp:
+            if self.c.layers[i].mlp == MLP_NONE:
                 continue
-            if self.c.layers[i].experts != NULL:   # one entry for all of a layer's experts: they share a format
+            if self.c.layers[i].mlp == MLP_EXPERTS:   # one entry for all of a layer's experts: they share a format
                 up = "gate_up" if self.c.gated else "up"
                 out[f"layers.{i}.experts.{up}"] = _describe(&self.c.layers[i].experts[0])
                 out[f"layers.{i}.experts.down"] = _describe(&self.c.layers[i].experts[self.c.num_experts])
@@ -1019,6 +1026,55 @@ cdef inline void _mlp_gated(const ModelC *m, const WorkC *ws, const Mat *w, cons
                  ws.xb2 if form == LL_IN_BF16 else NULL, ws.xq2 if form == LL_IN_Q8 else NULL, ws.xqd2, ws.xqs2, tm)
 
 
+cdef void _residual_out(const ModelC *m, const WorkC *ws, const StepC *s, const float *a, Py_ssize_t K,
+                        const uint32_t *xb, const ll_qact *xq, const Mat *W, const float *norm_w, Py_ssize_t gen,
+                        int mode, const LoraG *lora, ll_team *tm, Py_ssize_t t0, Py_ssize_t t1) noexcept nogil:
+    """A block's output projection W (its input a [T, K], or a's input form xb / xq) joined to the
+    residual stream x the one way the model and the step call for: under tensor parallel this
+    rank's share into its slot (generation gen), the sum over ranks into h, then x += h; with
+    post norms or a residual scale (Gemma 2/3, Granite) W's rows into h, then x += scale *
+    norm(h); otherwise W's rows added into x by the GEMM itself. lora: the step's adapters'
+    expand of this projection (NULL: none; adapters never run with tensor parallel). t0..t1:
+    this thread's rows."""
+    cdef Py_ssize_t T = s.T, E = m.dim
+    if s.tp != NULL:
+        _gemm_phase(a, K, xb, xq, T, W, ll_tp_slot(s.tp, gen, s.tp.rank), E, 0, mode, tm)
+        _tp_reduce(s.tp, gen, ws.h, T * E, tm)
+        _residual_add(m, norm_w, ws.h, ws.x, t0, t1)
+    elif m.post_norms or m.residual_scale != 1.0:   # into h (free: the block's first GEMM has read it)
+        _gemm_phase(a, K, xb, xq, T, W, ws.h, E, 0, mode, tm)
+        ll_omp_barrier()
+        if lora != NULL:
+            _lora_expand(&s.lora, lora, ws.h, E, tm)
+            ll_omp_barrier()
+        _residual_add(m, norm_w, ws.h, ws.x, t0, t1)
+    else:
+        _gemm_phase(a, K, xb, xq, T, W, ws.x, E, 1, mode, tm)
+        if lora != NULL:
+            ll_omp_barrier()
+            _lora_expand(&s.lora, lora, ws.x, E, tm)
+
+
+cdef void _mlp_up_act(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize_t T, Py_ssize_t F,
+                      const ll_qact *xq_e, ll_team *tm) noexcept nogil:
+    """An ungated MLP's first half: up [F, E] over the normed rows h, then the activation into act
+    and down's input form (bf16 pairs in xb, or int8 blocks in xq2), each thread a slice of
+    every row (all threads busy even for one decode token)."""
+    cdef Py_ssize_t t, c0, c1, E = m.dim
+    cdef int form = ll_mat_form(&L.down, T)
+    _gemm_phase(ws.h, E, ws.xb, xq_e, T, &L.up, ws.mlp, F, 0, _gemm_mode(T), tm)
+    ll_omp_barrier()
+    ll_work_static(tm, F, 32, &c0, &c1)
+    if c1 > c0:
+        for t in range(T):
+            ll_act_mul_f32(ws.mlp + t * F + c0, NULL, ws.act + t * F + c0, c1 - c0, m.act)
+            if form == LL_IN_BF16:
+                ll_f32_to_bf16_pairs(ws.act + t * F + c0, 0, ws.xb + t * ((F + 1) // 2) + c0 // 2, 0, 1, c1 - c0)
+            elif form == LL_IN_Q8:   # F is whole blocks: the down weight's rows are
+                ll_quantize_rows_q8(ws.act + t * F + c0, 0, 0, 1, c1 - c0, ws.xq2 + t * F + c0,
+                                    ws.xqd2 + t * (F // 32) + c0 // 32, ws.xqs2 + t * (F // 16) + c0 // 16)
+
+
 cdef void _lora_mlp(const ModelC *m, const WorkC *ws, const StepC *s, const LayerW *L, const LoraG *G,
                     ll_team *tm) noexcept nogil:
     """x += the gated MLP of the normed rows h with the step's adapters (lora.pxi), inside
@@ -1500,7 +1556,7 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
     # every phase hands out its units through this thread's view of the team (work.h)
     cdef ll_team team = ll_team_make(ws.work, tid, nth)
     cdef ll_team *tm = &team
-    cdef Py_ssize_t t, r, head, i, l, c0, c1, t0, t1, p0, p1
+    cdef Py_ssize_t t, r, head, i, l, t0, t1, p0, p1
     cdef Py_ssize_t T = s.T, E = m.dim, F = m.ffn_dim, H = m.num_heads, Hkv = m.num_kv_heads, D = m.head_dim
     cdef Py_ssize_t q_n = H * D, qkv_n = ((2 if m.attn_gate else 1) * H + 2 * Hkv) * D   # gate rows after v
     cdef const float *gate
@@ -1608,25 +1664,11 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
                 ll_omp_barrier()
             if s.lora.nl:   # reads the final attention rows; expanded once the o GEMM is done
                 _lora_shrink(&s.lora, G + LORA_O, ws.attn, q_n, tm)
-            if s.tp != NULL:   # this rank's heads' share of o into its slot; the sum over ranks into h
-                _gemm_phase(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ll_tp_slot(s.tp, s.gen0 + 2 * l + 1, s.tp.rank),
-                            E, 0, LL_WORK_STATIC, tm)
-                _tp_reduce(s.tp, s.gen0 + 2 * l + 1, ws.h, T * E, tm)
-                _residual_add(m, L.post_attn_norm_w, ws.h, ws.x, t0, t1)
-            elif m.post_norms or m.residual_scale != 1.0:   # o into h (free: qkv has read it), then x += norm(h)
-                _gemm_phase(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.h, E, 0, LL_WORK_STATIC, tm)
-                ll_omp_barrier()
-                if s.lora.nl:
-                    _lora_expand(&s.lora, G + LORA_O, ws.h, E, tm)
-                    ll_omp_barrier()
-                _residual_add(m, L.post_attn_norm_w, ws.h, ws.x, t0, t1)
-            else:
-                _gemm_phase(ws.attn, q_n, ws.xb, &xq_o, T, &L.o, ws.x, E, 1, LL_WORK_STATIC, tm)   # the prefetched run
-                if s.lora.nl:
-                    ll_omp_barrier()
-                    _lora_expand(&s.lora, G + LORA_O, ws.x, E, tm)
+            # (LL_WORK_STATIC: the panels prefetched during attention, in order)
+            _residual_out(m, ws, s, ws.attn, q_n, ws.xb, &xq_o, &L.o, L.post_attn_norm_w, s.gen0 + 2 * l + 1,
+                          LL_WORK_STATIC, G + LORA_O if s.lora.nl else NULL, tm, t0, t1)
         ll_omp_barrier()
-        if L.no_mlp:   # a mixer alone (Nemotron-H's blocks)
+        if L.mlp == MLP_NONE:   # a mixer alone (Nemotron-H's blocks)
             continue
         # --- MLP block: norm, gate/up with the activation fused (or up, act), down + residual
         if m.post_ln:   # BERT: x = LN(x + attention), the MLP's input
@@ -1636,49 +1678,27 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
         ll_omp_barrier()
         F = L.ffn   # a dense MLP's width on this layer
         xq_f = _qact(ws.xq2, ws.xqd2, ws.xqs2, F)
-        if L.experts != NULL and s.tp != NULL:   # this rank's features of every expert into its slot; the sum into h
-            _moe_block(m, ws, L, T, ll_tp_slot(s.tp, s.gen0 + 2 * l + 2, s.tp.rank), 0, tm)
-            _tp_reduce(s.tp, s.gen0 + 2 * l + 2, ws.h, T * E, tm)
-            _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, t0, t1)
-        elif L.experts != NULL:
-            _moe_block(m, ws, L, T, ws.x, 1, tm)
-        elif s.lora.nl:
+        # one branch per block kind; each joins the residual through _residual_out (or, experts,
+        # through _moe_block's own accumulation)
+        if L.mlp == MLP_EXPERTS:
+            if s.tp != NULL:   # this rank's features of every expert into its slot; the sum into h
+                _moe_block(m, ws, L, T, ll_tp_slot(s.tp, s.gen0 + 2 * l + 2, s.tp.rank), 0, tm)
+                _tp_reduce(s.tp, s.gen0 + 2 * l + 2, ws.h, T * E, tm)
+                _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, t0, t1)
+            else:
+                _moe_block(m, ws, L, T, ws.x, 1, tm)
+        elif s.lora.nl:   # adapters on gate_up / down: the dense block with their shrink and expand beside it
             _lora_mlp(m, ws, s, L, G, tm)
-        elif m.gated:
+        elif L.mlp == MLP_GATED:
             _mlp_gated(m, ws, &L.up, &L.down, T, F, tm)
             ll_omp_barrier()
-            if s.tp != NULL:   # this rank's features' share of down into its slot; the sum into h
-                _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ll_tp_slot(s.tp, s.gen0 + 2 * l + 2, s.tp.rank),
-                            E, 0, _gemm_mode(T), tm)
-                _tp_reduce(s.tp, s.gen0 + 2 * l + 2, ws.h, T * E, tm)
-                _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, t0, t1)
-            elif m.post_norms or m.residual_scale != 1.0:   # down into h (the gated phase has read it)
-                _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ws.h, E, 0, _gemm_mode(T), tm)
-                ll_omp_barrier()
-                _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, t0, t1)
-            else:
-                _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ws.x, E, 1, _gemm_mode(T), tm)
-        else:
-            _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.up, ws.mlp, F, 0, _gemm_mode(T), tm)
+            _residual_out(m, ws, s, ws.act, F, ws.xb2, &xq_f, &L.down, L.post_mlp_norm_w, s.gen0 + 2 * l + 2,
+                          _gemm_mode(T), NULL, tm, t0, t1)
+        else:   # MLP_UP_ACT
+            _mlp_up_act(m, ws, L, T, F, &xq_e, tm)
             ll_omp_barrier()
-            # act over a slice of every row: all threads busy even for one decode token
-            ll_work_static(tm, F, 32, &c0, &c1)
-            if c1 > c0:
-                for t in range(T):
-                    ll_act_mul_f32(ws.mlp + t * F + c0, NULL, ws.act + t * F + c0, c1 - c0, m.act)
-                    if ll_mat_form(&L.down, T) == LL_IN_BF16:
-                        ll_f32_to_bf16_pairs(ws.act + t * F + c0, 0, ws.xb + t * ((F + 1) // 2) + c0 // 2, 0, 1, c1 - c0)
-                    elif ll_mat_form(&L.down, T) == LL_IN_Q8:   # F is whole blocks: the down weight's rows are
-                        ll_quantize_rows_q8(ws.act + t * F + c0, 0, 0, 1, c1 - c0, ws.xq2 + t * F + c0,
-                                            ws.xqd2 + t * (F // 32) + c0 // 32, ws.xqs2 + t * (F // 16) + c0 // 16)
-            ll_omp_barrier()
-            if s.tp != NULL:
-                _gemm_phase(ws.act, F, ws.xb, &xq_f, T, &L.down, ll_tp_slot(s.tp, s.gen0 + 2 * l + 2, s.tp.rank),
-                            E, 0, _gemm_mode(T), tm)
-                _tp_reduce(s.tp, s.gen0 + 2 * l + 2, ws.h, T * E, tm)
-                _residual_add(m, L.post_mlp_norm_w, ws.h, ws.x, t0, t1)
-            else:
-                _gemm_phase(ws.act, F, ws.xb, &xq_f, T, &L.down, ws.x, E, 1, _gemm_mode(T), tm)
+            _residual_out(m, ws, s, ws.act, F, ws.xb, &xq_f, &L.down, L.post_mlp_norm_w, s.gen0 + 2 * l + 2,
+                          _gemm_mode(T), NULL, tm, t0, t1)
         ll_omp_barrier()
 
     if m.post_ln:   # the last layer's LayerNorm after its MLP: x is the encoder's output
