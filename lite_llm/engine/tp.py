@@ -96,6 +96,10 @@ def check_tensor_parallel(cfg, size: int) -> None:
         problems.append(f"shared expert width {cfg.shared_ffn_dim} does not split over {size} ranks")
     if getattr(cfg, "is_hybrid", False):
         problems.append("its recurrent layers' state (short convolutions, Mamba2) is not split over ranks")
+    if getattr(cfg, "first_dense_layers", 0) and getattr(cfg, "num_experts", 0):
+        # the cuts below follow the experts' width; a dense layer before them has its own
+        problems.append(f"its first {cfg.first_dense_layers} dense MLP layer(s) before the experts are not split "
+                        "over ranks")
     if problems:
         raise ValueError(f"{cfg.architecture}: tensor_parallel_size={size} is not possible: "
                          + "; ".join(problems) + " (choose a size that divides them)")

@@ -256,6 +256,18 @@ def test_model_that_does_not_split_is_refused():
     tp.check_tensor_parallel(cfg, 4)         # 2 KV heads replicated over 4 ranks
 
 
+def test_experts_after_dense_layers_are_refused():
+    """A dense MLP layer before the experts (DeepSeek's, Nemotron-H's first layers) has a width
+    of its own that the ranks' cuts (the experts' width) do not follow: refused by name, not run
+    with the wrong rows."""
+    from dataclasses import replace
+    cfg = load_model(str(tiny_checkpoint_path("llama")), dtype="float32", progress=False).config
+    moe = replace(cfg, num_experts=4, num_experts_per_tok=2)
+    tp.check_tensor_parallel(moe, 2)
+    with pytest.raises(ValueError, match="first 1 dense MLP layer"):
+        tp.check_tensor_parallel(replace(moe, first_dense_layers=1, dense_ffn_dim=2 * cfg.ffn_dim), 2)
+
+
 @pytest.mark.parametrize("size,kv_heads", [(2, 2), (2, 1), (4, 2), (4, 4)])
 def test_shards_put_back_together_are_the_weights(size, kv_heads):
     """Column-split rows and row-split columns of every rank reassemble the full matrices; the
