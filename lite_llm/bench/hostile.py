@@ -454,14 +454,17 @@ class Sweep:
                 return blocks, usage
             time.sleep(0.2)
 
-    def _log_size(self) -> int | None:
+    def log_size(self) -> int | None:
+        """The server log's size now (None without one): where an attack's log lines start."""
         try:
             return os.path.getsize(self.server_log) if self.server_log else None
         except OSError:
             return None
 
-    def _log_delta(self, res: AttackResult, start: int | None) -> None:
-        end = self._log_size()
+    def log_delta(self, res: AttackResult, start: int | None) -> None:
+        """What the server logged since start (log_size before the attack): its bytes, tracebacks
+        and raw NUL bytes into res."""
+        end = self.log_size()
         if start is None or end is None:
             return
         res.log_bytes = max(0, end - start)
@@ -490,7 +493,7 @@ class Sweep:
             res.skipped = "the sweep's total time bound was reached"
             return res
         res.rss_before = self.rss()
-        log_start = self._log_size()
+        log_start = self.log_size()
         seconds = min(self.seconds, left)
         start = time.monotonic()
         dog = Watchdog(self.probe, self.model, self.interval, completion=(name != "fin"),
@@ -508,7 +511,7 @@ class Sweep:
         res.rss_after = self.rss()
         if res.rss_peak is not None:
             res.rss_peak = max(res.rss_peak, *(v for v in (res.rss_before, res.rss_after) if v is not None))
-        self._log_delta(res, log_start)
+        self.log_delta(res, log_start)
         return res
 
     def run(self, attacks: Iterable[str] = ATTACKS, max_total: float | None = None) -> dict:

@@ -1,5 +1,5 @@
 """Compiled per-sequence work of a plain decode step: what Scheduler.update_from_output and
-LLMEngine._process_plain do for a step without drafts or grammars, for the whole batch in one
+LLMEngine.process_plain do for a step without drafts or grammars, for the whole batch in one
 call (no Python frame per sequence).
 
     chunks   [ A: 1 token, samples | B: prefill chunk, no sample | C: 1 token, samples ]
@@ -7,7 +7,7 @@ call (no Python frame per sequence).
       phase 1 (update_from_output): computed tokens advanced; a, c appended to the requests'
                token lists; a token in the request's stop ids or at its length limit calls
                the scheduler's full stop check (which may finish the request)
-      phase 2 (_process_plain): a plain sample (still running, not its first token, no
+      phase 2 (process_plain): a plain sample (still running, not its first token, no
                logprobs, no stop strings) has its ITL counted and its token detokenized here
                (ByteDetokenizer: a table lookup, the token's text cached); any other goes to
                LLMEngine.process_sample, unchanged. Requests with a delta join `touched`.
@@ -95,7 +95,7 @@ cdef class _Seq:
     cdef object request, group, comp, det, metrics, parent_id, stop_ids
     cdef list outs, all_ids, det_token_ids, det_pieces, table, texts
     cdef Py_ssize_t limit, table_size
-    cdef bint plain          # no logprobs, no stop strings: _process_plain's own path
+    cdef bint plain          # no logprobs, no stop strings: process_plain's own path
     cdef bint final_only     # FINAL_ONLY: no output while running
     cdef bint byte_det       # its detokenizer is a ByteDetokenizer
     cdef bint simple         # the group's only child, plain, no prompt logprobs: make_outputs' own path
@@ -254,7 +254,7 @@ cdef inline int _take(_Seq seq, object request, object token_obj, scheduler) exc
 
 cdef inline int _emit(_Seq seq, object token_obj, object sample, object now, engine, dict touched,
                       _ItlCounts itl) except -1:
-    """LLMEngine._process_plain for one sample (token_obj; sample its SampleResult, or None for
+    """LLMEngine.process_plain for one sample (token_obj; sample its SampleResult, or None for
     a plain (token, None, None, None) one): a plain sample (still running, not its first token)
     has its ITL counted and its token detokenized here; any other goes to process_sample."""
     cdef long token
@@ -322,7 +322,7 @@ cdef bint _all_simple(list chunks):
 
 
 def plain_step(list chunks, list results, object now, scheduler, engine, dict touched, bint steady=False) -> dict:
-    """Scheduler.update_from_output(chunks, results) then LLMEngine._process_plain for a step
+    """Scheduler.update_from_output(chunks, results) then LLMEngine.process_plain for a step
     without drafts or grammars. touched: parent id -> group, grown in sample order. Returns the
     ITL counts {previous token time: samples} the engine adds to its stats. engine.step_seqs
     holds the step's sequence records for the next step's prefetch, engine.step_simple whether
@@ -398,7 +398,7 @@ def plain_step(list chunks, list results, object now, scheduler, engine, dict to
         _take(seq, request, (<tuple>result)[SAMPLE_TOKEN_ID], scheduler)
         seqs.append(seq)
         samples.append(result)
-    # ---- phase 2: LLMEngine._process_plain --------------------------------------------------
+    # ---- phase 2: LLMEngine.process_plain --------------------------------------------------
     for i in range(len(seqs)):
         sample = samples[i]
         _emit(<_Seq>seqs[i], (<tuple>sample)[SAMPLE_TOKEN_ID], sample, now, engine, touched, itl)

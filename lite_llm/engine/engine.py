@@ -219,7 +219,7 @@ def check_pooling_request(prompt_token_ids: list[int], params: PoolingParams, ma
 
 
 class LLMEngine:
-    # a step without drafts or grammars runs update_from_output + _process_plain as one compiled
+    # a step without drafts or grammars runs update_from_output + process_plain as one compiled
     # call (_step.plain_step), and every step's outputs come from _step.make_outputs; False runs
     # the Python references (the tests compare the two)
     batched_decode = True
@@ -392,7 +392,7 @@ class LLMEngine:
         if spec_ids is not None and any(c.spec_token_ids for c in sched_out.chunks):
             left = Counter(r.request_id for r, _ in sampled)
         if left is None and not matchers and sampled:
-            self._process_plain(sampled, now, touched)
+            self.process_plain(sampled, now, touched)
             sampled = ()
         for request, result in sampled:
             remaining = 0
@@ -452,7 +452,7 @@ class LLMEngine:
             ran.kernel_seconds, ran.bytes_read))
         return outputs
 
-    def _process_plain(self, sampled: list, now: float, touched: dict) -> None:
+    def process_plain(self, sampled: list, now: float, touched: dict) -> None:
         """step()'s loop over the samples when none has drafts or a grammar (the reference of
         _step.plain_step's second phase, which step() runs instead). A plain sample (one
         token, no logprobs, no stop strings, not the first token, the request still running)

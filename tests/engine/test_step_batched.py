@@ -1,5 +1,5 @@
 """The compiled plain decode step (_step.pyx) against the Python reference path it replaces
-(Scheduler.update_from_output + LLMEngine._process_plain, run with batched_decode = False).
+(Scheduler.update_from_output + LLMEngine.process_plain, run with batched_decode = False).
 
 Both engines get the same requests over the KV-checking FakeRunner and a byte-level BPE
 tokenizer whose small vocabulary splits multi-byte characters across tokens, and abort the
@@ -148,7 +148,7 @@ def test_batched_step_replaces_the_python_loops(byte_bpe, monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the Python reference ran on a plain step")
     monkeypatch.setattr(Scheduler, "update_from_output", forbidden)
-    monkeypatch.setattr(LLMEngine, "_process_plain", forbidden)
+    monkeypatch.setattr(LLMEngine, "process_plain", forbidden)
     monkeypatch.setattr(LLMEngine, "make_output", forbidden)
     calls, scheduled = [], []
     real, real_schedule = _step.plain_step, _step.schedule_decodes

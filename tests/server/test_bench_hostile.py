@@ -93,8 +93,7 @@ def test_sweep_from_the_command_line_against_a_live_server(slow_served, tmp_path
     argv = ["bench", "hostile", "--url", slow_served.url, "--attacks", "schema,monopoly,connections",
             "--seconds", "1.5", "--settle", "3", "--pid", str(os.getpid()), "--monopoly", "4x2x400",
             "--connections", "6", "--connection-max-tokens", "400", "--json", str(out)]
-    args = cli.build_parser(argv).parse_args(argv)
-    assert args._run(args) == 0
+    assert cli.main(argv) == 0
     report = json.loads(out.read_text())
     table = capsys.readouterr().out
     by_name = {a["name"]: a for a in report["attacks"]}
@@ -121,11 +120,11 @@ def test_server_log_growth_counts_tracebacks_and_raw_nul_bytes(tmp_path):
     log = tmp_path / "server.log"
     log.write_bytes(b"Traceback (most recent call last): before the attack\n")
     sweep = hostile.Sweep(hostile.Target("http://127.0.0.1:1"), "tiny", server_log=str(log))
-    start = sweep._log_size()
+    start = sweep.log_size()
     with open(log, "ab") as f:
         f.write(b'INFO "GET /he\x00lth" 404\n' + b"Traceback (most recent call last):\n  File ...\n" * 2)
     res = AttackResult("small", hostile.TITLES["small"])
-    sweep._log_delta(res, start)
+    sweep.log_delta(res, start)
     assert (res.log_bytes, res.log_tracebacks, res.log_nul_bytes) == (log.stat().st_size - start, 2, 1)
 
 
