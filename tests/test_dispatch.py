@@ -274,33 +274,33 @@ def test_chooser_refuses_in_process(monkeypatch):
     feature = _best_gated_feature() or "avx2"
     real_has = _cpu.has
     monkeypatch.setattr(_kernels._cpu, "has", lambda f: f != feature and real_has(f))
-    monkeypatch.setattr(_kernels, "_REASONS", [])
     monkeypatch.delenv("LITE_LLM_ISA", raising=False)
     hidden = frozenset({feature})
     gated = [v.name for v in TABLE if feature in v.needs]
-    chosen = _kernels._choose()
+    reasons = []
+    chosen = _kernels.choose(reasons)
     assert chosen.name == _expected_choice(hidden) and chosen.name not in gated
-    assert _kernels.explain() == _expected_explain(chosen.name, hidden)
+    assert reasons == _expected_explain(chosen.name, hidden)
     assert not set(gated) & set(_kernels.available())
     for name in gated:
         with pytest.raises(ImportError, match=name):
             _kernels.load(name)
         monkeypatch.setenv("LITE_LLM_ISA", name)
         with pytest.raises(ImportError, match=f"CPU lacks {feature}"):
-            _kernels._choose()
+            _kernels.choose([])
 
 
 @pytest.mark.variants
 def test_unbuilt_variant_is_skipped_and_explained(monkeypatch):
     best = _kernels.available()[0]
-    real_built = _kernels._built
-    monkeypatch.setattr(_kernels, "_built", lambda v: v.name != best and real_built(v))
-    monkeypatch.setattr(_kernels, "_REASONS", [])
+    real_built = _kernels.built
+    monkeypatch.setattr(_kernels, "built", lambda v: v.name != best and real_built(v))
     monkeypatch.delenv("LITE_LLM_ISA", raising=False)
-    chosen = _kernels._choose()
+    reasons = []
+    chosen = _kernels.choose(reasons)
     assert chosen.name != best
-    assert f"{best}: not built" in _kernels.explain()
-    assert _kernels.explain()[-1] == f"{chosen.name}: chosen"
+    assert f"{best}: not built" in reasons
+    assert reasons[-1] == f"{chosen.name}: chosen"
 
 
 def test_dispatched_module_is_the_chosen_variant():

@@ -18,13 +18,14 @@ from lite_llm._kernels.variants import Variant, variants_for
 _REASONS: list[str] = []
 
 
-def _built(v: Variant) -> bool:
+def built(v: Variant) -> bool:
+    """Whether variant v's kernels module is built here (importing it may still need CPU features)."""
     return importlib.util.find_spec(f"{__name__}.{v.name}.kernels") is not None
 
 
 def runnable(v: Variant) -> bool:
     """Built here and every CPU feature it needs is present and enabled by the OS."""
-    return _built(v) and all(_cpu.has(f) for f in v.needs)
+    return built(v) and all(_cpu.has(f) for f in v.needs)
 
 
 def available() -> list[str]:
@@ -32,7 +33,10 @@ def available() -> list[str]:
     return [v.name for v in variants_for(platform.machine()) if runnable(v)]
 
 
-def _choose() -> Variant:
+def choose(reasons: list[str] | None = None) -> Variant:
+    """The best variant this CPU runs (or LITE_LLM_ISA's, if it can), one line per variant
+    considered appended to reasons (the import's choice: explain())."""
+    reasons = _REASONS if reasons is None else reasons
     forced = os.environ.get("LITE_LLM_ISA") or None
     variants = variants_for(platform.machine())
     if forced and forced not in {v.name for v in variants}:
@@ -42,14 +46,14 @@ def _choose() -> Variant:
         if forced and v.name != forced:
             continue
         missing = [f for f in v.needs if not _cpu.has(f)]
-        if not _built(v):
-            _REASONS.append(f"{v.name}: not built")
+        if not built(v):
+            reasons.append(f"{v.name}: not built")
         elif missing:
-            _REASONS.append(f"{v.name}: CPU lacks {', '.join(missing)}")
+            reasons.append(f"{v.name}: CPU lacks {', '.join(missing)}")
         else:
-            _REASONS.append(f"{v.name}: chosen" + (" (forced by LITE_LLM_ISA)" if forced else ""))
+            reasons.append(f"{v.name}: chosen" + (" (forced by LITE_LLM_ISA)" if forced else ""))
             return v
-    raise ImportError(f"no kernel variant can run on this CPU (LITE_LLM_ISA={forced!r}): {'; '.join(_REASONS)}")
+    raise ImportError(f"no kernel variant can run on this CPU (LITE_LLM_ISA={forced!r}): {'; '.join(reasons)}")
 
 
 def load(name: str) -> ModuleType:
@@ -65,5 +69,5 @@ def explain() -> list[str]:
     return list(_REASONS)
 
 
-VARIANT: Variant = _choose()
+VARIANT: Variant = choose()
 kernels: ModuleType = importlib.import_module(f"{__name__}.{VARIANT.name}.kernels")
