@@ -131,7 +131,9 @@ def _pick(kernels: ModuleType, figures: dict) -> dict[str, str]:
     return {"bf16": max(kernels.BF16_PATHS, key=lambda p: rates.get(p, 0.0)), "int8": kernels.INT8_PATH}
 
 
-def _valid_entry(kernels: ModuleType, entry: object) -> bool:
+def valid_entry(kernels: ModuleType, entry: object) -> bool:
+    """Whether a cache entry holds a tile rate for each of kernels' bf16 paths and each of its
+    peaks, all positive numbers (anything else is measured again)."""
     if not isinstance(entry, dict):
         return False
     rates, peaks = entry.get("tile_rates"), entry.get("peaks")
@@ -171,6 +173,7 @@ def _write_cache(path: str, key: dict, variants: dict) -> None:
         log.warning("could not write the GEMM path cache %s: %s", path, e)
 
 
+# (module, cache) -> the paths chosen in this process (tests swap in their own dict)
 _MEMO: dict[tuple[str, str], GemmPaths] = {}
 
 
@@ -195,7 +198,7 @@ def choose(kernels: ModuleType, cache_dir: str | None = None, override: dict[str
         key = machine_key()
         variants = _read_cache(path, key)
         entry = variants.get(variant)
-        if not remeasure and _valid_entry(kernels, entry):
+        if not remeasure and valid_entry(kernels, entry):
             figures, source = entry, "cache"
         else:
             if entry is not None and not remeasure:

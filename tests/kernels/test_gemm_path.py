@@ -194,7 +194,7 @@ def test_a_malformed_entry_of_this_machine_is_measured_again(tmp_path, monkeypat
                                  "variants": {mod.ISA: {"tile_rates": {"fma": -1}, "peaks": "fast"}}}))
     calls = _count_measures(monkeypatch)
     assert gemm_path.choose(mod, cache_dir=str(tmp_path)).source == "measured" and calls == [1]
-    assert gemm_path._valid_entry(mod, json.loads(cache.read_text())["variants"][mod.ISA])
+    assert gemm_path.valid_entry(mod, json.loads(cache.read_text())["variants"][mod.ISA])
 
 
 def test_an_unreadable_cache_is_ignored(tmp_path, monkeypatch, fresh):
