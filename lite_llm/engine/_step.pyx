@@ -285,6 +285,18 @@ cdef inline int _emit(_Seq seq, object token_obj, object sample, object now, eng
     return 0
 
 
+cdef inline int _take_emit(_Seq seq, object result, object now, scheduler, engine, dict touched,
+                           _ItlCounts itl) except -1:
+    """Both phases for one sequence of a batch whose sequences' phases do not depend on each
+    other (each its group's only plain child): _take then _emit of its sampled result."""
+    if result is None:
+        raise AssertionError(f"no sample for {seq.request}")
+    token_obj = (<tuple>result)[SAMPLE_TOKEN_ID]
+    _take(seq, seq.request, token_obj, scheduler)
+    _emit(seq, token_obj, result, now, engine, touched, itl)
+    return 0
+
+
 cdef void _prefetch_texts(list seqs, list results):
     """Start loading the cached texts of a steady batch's sampled tokens (two levels: the table's
     slots, then the strings they point to), which the detokenizing reads one by one; seqs: the
@@ -345,14 +357,8 @@ def plain_step(list chunks, list results, object now, scheduler, engine, dict to
         _prefetch_texts(previous, results)
         for i in range(n):
             seq = <_Seq>previous[i]
-            request = seq.request
-            request.num_computed_tokens = PyList_GET_SIZE(seq.all_ids)
-            result = results[i]
-            if result is None:
-                raise AssertionError(f"no sample for {request}")
-            token_obj = (<tuple>result)[SAMPLE_TOKEN_ID]
-            _take(seq, request, token_obj, scheduler)
-            _emit(seq, token_obj, result, now, engine, touched, itl)
+            seq.request.num_computed_tokens = PyList_GET_SIZE(seq.all_ids)
+            _take_emit(seq, results[i], now, scheduler, engine, touched, itl)
         return itl.done()
     _prefetch(chunks, previous)
     seqs = []
@@ -366,15 +372,8 @@ def plain_step(list chunks, list results, object now, scheduler, engine, dict to
         _prefetch_texts(seqs, results)
         for i in range(n):
             c = <tuple>chunks[i]
-            request = c[CHUNK_REQUEST]
-            seq = <_Seq>seqs[i]
-            request.num_computed_tokens = c[CHUNK_START] + c[CHUNK_NUM_NEW]
-            result = results[i]
-            if result is None:
-                raise AssertionError(f"no sample for {request}")
-            token_obj = (<tuple>result)[SAMPLE_TOKEN_ID]
-            _take(seq, request, token_obj, scheduler)
-            _emit(seq, token_obj, result, now, engine, touched, itl)
+            (<_Seq>seqs[i]).request.num_computed_tokens = c[CHUNK_START] + c[CHUNK_NUM_NEW]
+            _take_emit(<_Seq>seqs[i], results[i], now, scheduler, engine, touched, itl)
         engine.step_seqs = seqs
         engine.step_simple = True
         return itl.done()

@@ -310,16 +310,23 @@ def test_hf_tensor_no_recipe_reads_is_refused(tiny_checkpoint, tmp_path):
     check_tensors(loaded, expected_tensors(tied, loaded.config))
 
 
-def test_gguf_tensor_no_recipe_reads_is_refused(tiny_checkpoint, tmp_path):
-    """The same for a GGUF file (llama.cpp refuses it too: "wrong number of tensors"); more than
-    five unread tensors are named five and counted."""
-    ckpt = tiny_checkpoint("llama")
+def _gguf_with_extra_tensor(ckpt, tmp_path):
+    """(tensors, metadata) of the tiny llama's GGUF, and a copy of it (extra.gguf) with one tensor
+    no recipe reads (blk.0.ssm_out.bias)."""
     path = gguf_from_hf(ckpt, tmp_path / "m.gguf", "llama")
     reader = lgguf.GGUFFile(str(path))
     tensors = {n: (reader.read(n), None) for n in reader.tensors}
     meta = {k: v for k, v in reader.metadata.items() if not k.startswith(("general.", "GGUF."))}
     extra = write_gguf(tmp_path / "extra.gguf", {**tensors, "blk.0.ssm_out.bias": (np.ones(64, np.float32), None)},
                        meta=meta)
+    return tensors, meta, extra
+
+
+def test_gguf_tensor_no_recipe_reads_is_refused(tiny_checkpoint, tmp_path):
+    """The same for a GGUF file (llama.cpp refuses it too: "wrong number of tensors"); more than
+    five unread tensors are named five and counted."""
+    ckpt = tiny_checkpoint("llama")
+    tensors, meta, extra = _gguf_with_extra_tensor(ckpt, tmp_path)
     m = load_model(str(extra), dtype="float32", progress=False)
     with pytest.raises(ModelLoadError, match=r"extra\.gguf: this file has tensors the llama recipe does not read: "
                                              r"blk\.0\.ssm_out\.bias \(an unsupported"):
@@ -357,12 +364,7 @@ def test_unread_tensor_is_refused_before_any_weight_is_read(tiny_checkpoint, tmp
     d = _copy(ckpt, tmp_path / "m")
     sd = load_file(str(d / "model.safetensors"))
     save_file({**sd, "model.layers.0.mlp.down_proj.bias": np.ones(64, np.float32)}, str(d / "model.safetensors"))
-    path = gguf_from_hf(ckpt, tmp_path / "m.gguf", "llama")
-    reader = lgguf.GGUFFile(str(path))
-    tensors = {n: (reader.read(n), None) for n in reader.tensors}
-    meta = {k: v for k, v in reader.metadata.items() if not k.startswith(("general.", "GGUF."))}
-    extra = write_gguf(tmp_path / "extra.gguf", {**tensors, "blk.0.ssm_out.bias": (np.ones(64, np.float32), None)},
-                       meta=meta)
+    _, _, extra = _gguf_with_extra_tensor(ckpt, tmp_path)
     for bad, name in ((d, r"model\.layers\.0\.mlp\.down_proj\.bias"), (extra, r"blk\.0\.ssm_out\.bias")):
         m = load_model(str(bad), dtype="float32", progress=False)
         reads = _spy_tensor_reads(monkeypatch)
@@ -370,7 +372,7 @@ def test_unread_tensor_is_refused_before_any_weight_is_read(tiny_checkpoint, tmp
             next(m.iter_tensors(streamed=True))
         assert reads == [], f"{bad.name}: tensor data read before the refusal: {reads}"
         monkeypatch.undo()
-    for good in (ckpt, path):
+    for good in (ckpt, tmp_path / "m.gguf"):   # the same GGUF without the extra tensor
         m = load_model(str(good), dtype="float32", progress=False)
         reads = _spy_tensor_reads(monkeypatch)
         assert len(list(m.iter_tensors())) == len(m.tensor_names())
