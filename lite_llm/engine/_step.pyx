@@ -510,20 +510,16 @@ def make_outputs(dict touched, engine, bint lazy=False) -> list:
 
 
 def schedule_decodes(list running, dict room, list chunks, Py_ssize_t budget, Py_ssize_t idx, chunk_type,
-                     allocate, list previous=None):
+                     allocate):
     """Scheduler._schedule_running's common case from running[idx] on, for as long as it holds:
     a request plain_step has seen (step_state), without images, prompt logprobs or drafts, gets
     its chunk (a chunk_type, ScheduledChunk) without a Python frame: when its blocks already hold
     its new tokens (room: KVCacheManager.room) with no new blocks, else with the blocks
-    allocate (KVCacheManager.allocate_slots) gives it. Returns (idx, budget, repeats) at the
-    first request it leaves to the Python loop (or the end of running, or of the budget): one
-    it does not take, or one the pool is short for (allocate returned None, which changes
-    nothing: the loop asks again and preempts). repeats: previous (the chunks of the step
-    before) given, whether every chunk made here repeats the one at its index there, one token
-    that samples (repeats_decodes, counted as the chunks are made)."""
+    allocate (KVCacheManager.allocate_slots) gives it. Returns (idx, budget) at the first
+    request it leaves to the Python loop (or the end of running, or of the budget): one it
+    does not take, or one the pool is short for (allocate returned None, which changes
+    nothing: the loop asks again and preempts)."""
     cdef Py_ssize_t n = PyList_GET_SIZE(running), start, num_new, total
-    cdef Py_ssize_t num_previous = PyList_GET_SIZE(previous) if previous is not None else -1
-    cdef bint repeats = previous is not None
     cdef _Seq seq
     cdef object no_drafts = ()
     while idx < n and budget > 0:
@@ -547,14 +543,11 @@ def schedule_decodes(list running, dict room, list chunks, Py_ssize_t budget, Py
             block_ids = allocate(request, num_new, (), 0)
             if block_ids is None:
                 break
-        if repeats:
-            repeats = num_new == 1 and start + 1 == total and idx < num_previous \
-                and (<tuple>previous[idx])[CHUNK_REQUEST] is request
         chunks.append(tuple.__new__(chunk_type, (request, start, num_new, block_ids, start + num_new == total,
                                                  False, no_drafts)))
         budget -= num_new
         idx += 1
-    return idx, budget, repeats
+    return idx, budget
 
 
 cdef tuple _NO_BLOCKS = ()      # a chunk's new block ids when it needs none (shared: never changed)

@@ -251,10 +251,10 @@ class Scheduler:
                 and not self.num_lookahead_tokens:
             # nobody to admit, nothing gone: the running requests' common case first (most steps of
             # a steady batch end here), the loop below from wherever it stops
-            idx, budget, repeats = _step.schedule_decodes(self.running, self.kv_cache_manager.room, chunks,
-                                                          self.max_num_batched_tokens, 0, ScheduledChunk,
-                                                          self.kv_cache_manager.allocate_slots, self._last_chunks)
-            if repeats and idx == len(self.running) == len(self._last_chunks) and chunks:
+            idx, budget = _step.schedule_decodes(self.running, self.kv_cache_manager.room, chunks,
+                                                 self.max_num_batched_tokens, 0, ScheduledChunk,
+                                                 self.kv_cache_manager.allocate_slots)
+            if idx == len(self.running) and _step.repeats_decodes(self._last_chunks, chunks):
                 self._last_chunks = chunks
                 return _new_chunk(SchedulerOutput, (chunks, self.max_num_batched_tokens - budget, (), (), 0, True, ()))
             budget = self._schedule_running(chunks, preempted, 0, idx, budget)
@@ -293,8 +293,8 @@ class Scheduler:
         fast = self.compiled_decodes and not self.num_lookahead_tokens
         while idx < len(self.running) and budget > 0:
             if fast:        # the loop's common case below, compiled, up to the next other one
-                idx, budget, _ = _step.schedule_decodes(self.running, room, chunks, budget, idx, ScheduledChunk,
-                                                         kv.allocate_slots)
+                idx, budget = _step.schedule_decodes(self.running, room, chunks, budget, idx, ScheduledChunk,
+                                                      kv.allocate_slots)
                 if idx >= len(self.running) or budget <= 0:
                     break
             request = self.running[idx]

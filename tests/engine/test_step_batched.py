@@ -154,8 +154,8 @@ def test_batched_step_replaces_the_python_loops(byte_bpe, monkeypatch):
     real, real_schedule = _step.plain_step, _step.schedule_decodes
     monkeypatch.setattr(_step, "plain_step", lambda *a: (calls.append(len(a[0])), real(*a))[1])
 
-    def schedule_decodes(running, room, chunks, budget, idx, chunk_type, allocate, previous=None):
-        got = real_schedule(running, room, chunks, budget, idx, chunk_type, allocate, previous)
+    def schedule_decodes(running, room, chunks, budget, idx, chunk_type, allocate):
+        got = real_schedule(running, room, chunks, budget, idx, chunk_type, allocate)
         scheduled.append(got[0] - idx)
         return got
     monkeypatch.setattr(_step, "schedule_decodes", schedule_decodes)

@@ -247,3 +247,27 @@ def test_compiled_paths_follow_the_python_reference_step_by_step(config):
     assert {"length", "abort", "stop"} <= finishes
     if "num_blocks" in config:
         assert ref_stats[4] > 0, "the pool must preempt"
+
+
+def test_a_steady_batch_takes_the_runners_steady_step():
+    """Once the same sequences decode one token each, step after step, the scheduler marks the
+    steps steady and the runner repeats its bound step (_batch.SteadyDecode) for nearly all of
+    them; the reference scheduler's steps (Scheduler.compiled_decodes = False) are marked the same."""
+    tok = make_engine().tokenizer
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    engines = {path: make_engine(path) for path in ("compiled", "reference")}
+    marks = {path: [] for path in engines}
+    for path, engine in engines.items():
+        for i in range(4):
+            engine.add_request(f"r{i}", tok.encode("a b c", add_special_tokens=False) + [i + 3], params)
+        schedule = engine.scheduler.schedule
+
+        def spy(schedule=schedule, out=marks[path]):
+            sched_out = schedule()
+            out.append(sched_out.steady)
+            return sched_out
+        engine.scheduler.schedule = spy
+        while engine.has_unfinished_requests():
+            engine.step()
+    assert marks["compiled"] == marks["reference"]
+    assert engines["compiled"].runner.steady_steps >= 35 and engines["reference"].runner.steady_steps == 0
