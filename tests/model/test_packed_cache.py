@@ -216,3 +216,45 @@ def test_an_entry_of_the_previous_format_is_packed_again_and_removed(tiny_checkp
     found.kept.join()
     assert sorted(os.listdir(cache)) == [key + ".bin", key + ".json"]
     loaded.release()
+
+
+def _thp_enabled() -> bool:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as fh:
+            return "[never]" not in fh.read()
+    except OSError:
+        return False
+
+
+def test_an_entry_is_mapped_in_2mb_pages_where_the_system_allows(tmp_path, caplog):
+    """A decode step streams every weight: on 4 KB pages that evicts every other translation from
+    the TLB. The writer leaves no 4 KB pages of the entry in the page cache and the reader asks
+    for 2 MB ones, so a mapped entry is (nearly) all 2 MB pages where transparent huge pages
+    and the file system allow, which the load's log line says; a copy written the plain way and
+    left in the page cache is mapped in 4 KB pages on the same file system (the comparison the
+    test stands on: the drop is what makes the difference)."""
+    loaded = load_model(default_model_path(), progress=False)
+    packed = pack_checkpoint(loaded, loaded.dtype, 2)
+    key, inputs = packed_cache.key_of(loaded, loaded.dtype, None, None, kernels)
+    packed_cache.save(key, inputs, packed, str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="lite_llm"):
+        model = packed_cache.load(key, str(tmp_path))
+    same_model(packed, model)
+    first = next(iter(model.matrices.values())).data
+    share = packed_cache.huge_page_share(first.ctypes.data)
+    assert share is not None and f"{share:.0%} in 2 MB pages" in caplog.text
+    plain = tmp_path / "plain.bin"
+    with open(tmp_path / (key + ".bin"), "rb") as src, open(plain, "wb") as dst:
+        shutil.copyfileobj(src, dst)            # its pages stay in the page cache as written
+    size = os.path.getsize(plain)
+    import mmap
+    with open(plain, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    mm.madvise(mmap.MADV_HUGEPAGE)
+    view = np.frombuffer(mm, np.uint8)
+    view[::4096].sum()                          # fault every page in
+    plain_share = packed_cache.huge_page_share(view.ctypes.data)
+    assert share >= plain_share
+    if _thp_enabled() and plain_share < 0.5:
+        # this system maps file pages in 2 MB where they were read as such: the entry must be
+        assert share >= 0.9, (share, plain_share)
