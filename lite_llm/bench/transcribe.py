@@ -15,8 +15,9 @@ speech when the program is installed (a paragraph, repeated to each length), els
 synthetic signal (voiced chirps with formant-like harmonics, pauses, noise); the same samples for
 every engine. Decoding is alike for all: greedy, temperature 0 with no fallback, timestamps on, no
 previous-text conditioning, no VAD, the language given (--language), --max-new-tokens a window
-(random models talk until their limit; whisper.cpp's max_tokens is per segment, and it drops
-timestamps for a model of 2 decoder layers, which it takes for a distilled one).
+(--make-model's models talk until that limit in every engine, so each decodes the same number of
+tokens; whisper.cpp's max_tokens is per segment, and it drops timestamps for a model of 2 decoder
+layers, which it takes for a distilled one).
 
 Each (engine, length, streams) runs in a child process of its own (so peak RSS is that engine's
 alone), after one warm-up window:
@@ -66,7 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--streams", default="1,4", help="concurrent streams, comma-separated")
     p.add_argument("--threads", type=int, default=None, help="threads for every engine (default: this process's cores)")
     p.add_argument("--language", default="en")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens a window at most (default: the model's)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="tokens a window at most (default: half the decoder's positions, where the peers stop)")
     p.add_argument("--json", action="store_true", help="print every figure as one JSON object instead of the table")
     p.add_argument("--make-model", nargs=2, metavar=("SHAPE", "OUT_DIR"),
                    help=f"write a random HF Whisper of a released shape ({', '.join(SHAPES)}) to OUT_DIR and exit")
@@ -200,7 +202,8 @@ def ggml_model(model: str) -> str:
 def make_model(shape: str, out: str) -> None:
     """A random HF Whisper of a released shape, numbered as the released multilingual ones
     (n_vocab 51865): text tokens are the 256 bytes and two-byte pairs, a tokenizer.json and the
-    generation_config.json openai-whisper's rules give (whisper_ggml.generation_settings)."""
+    generation_config.json openai-whisper's rules give (whisper_ggml.generation_settings). It
+    never ends a window early (see below): every engine decodes each window to the token limit."""
     import torch
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import WhisperConfig, WhisperForConditionalGeneration
@@ -229,7 +232,19 @@ def make_model(shape: str, out: str) -> None:
                            decoder_ffn_dim=4 * d, num_mel_bins=80, max_source_positions=1500, max_target_positions=448,
                            pad_token_id=special.eot, bos_token_id=special.eot, eos_token_id=special.eot,
                            decoder_start_token_id=sot)
-    WhisperForConditionalGeneration(config).eval().save_pretrained(out, safe_serialization=True)
+    model = WhisperForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        # a talker: the decoder's last norm holds its output's first coordinate at 1, and every
+        # special token's and timestamp's embedding row (the output projection's, tied) has -20
+        # there, so the end of text and the timestamps are never likely (below e^-12 against the
+        # likeliest text token, summed over the 1501 timestamps as the timestamp rule sums them).
+        # Every engine then decodes each window to its token limit after the forced first
+        # timestamp: the same number of tokens everywhere, so their rates compare (a plain random
+        # model ends a window after a number of tokens that differs from engine to engine)
+        norm = model.model.decoder.layer_norm
+        norm.weight[0], norm.bias[0] = 0.0, 1.0
+        model.model.decoder.embed_tokens.weight[special.eot:, 0] = -20.0
+    model.save_pretrained(out, safe_serialization=True)
     gen = generation_settings(Ours.from_dir(out), special)
     gen.update(pad_token_id=special.eot, bos_token_id=special.eot, max_length=448)
     with open(os.path.join(out, "generation_config.json"), "w") as fh:
@@ -247,7 +262,11 @@ class _LiteLLM:
                                                   max_sequences=max(12, 2 * n),
                                                   quantization="q8_0" if spec["engine"] == "lite-llm-q8_0" else None)
         self.opts = TranscribeOptions(language=spec["language"], temperature=0.0, compression_ratio_threshold=None,
-                                      logprob_threshold=None, timestamps=True, max_new_tokens=spec["max_new_tokens"])
+                                      logprob_threshold=None, timestamps=True,
+                                      # unset: half the decoder's positions a window, as the peers
+                                      # (openai-whisper's sample_len) stop
+                                      max_new_tokens=spec["max_new_tokens"]
+                                      or self.model.decoder.cfg.max_target_positions // 2)
 
     def encode(self, samples: np.ndarray) -> float:
         feats = self.model.features(samples)

@@ -45,3 +45,28 @@ def test_bench_transcribe_runs_every_engine(tmp_path):
     from lite_llm.bench.transcribe import ENGINES
     from test_whisper_bench import check_rows, run_bench
     check_rows(run_bench(tmp_path, ",".join(ENGINES), lengths="35"), list(ENGINES), lengths=(35.0,))
+
+
+def test_a_made_model_decodes_the_same_number_of_tokens_in_every_engine(tmp_path):
+    """`bench transcribe --make-model` writes a talker (it never ends a window early) and the bench
+    stops every engine at the same number of tokens a window by default, so their rates compare:
+    lite-llm, faster-whisper and whisper.cpp decode the same count of text tokens (within 2 %:
+    whisper.cpp stops a few tokens short of the others) over two windows of audio."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from test_whisper_bench import ROOT
+    model = tmp_path / "tiny"
+    env = dict(os.environ, PYTHONPATH=ROOT, HOME=str(tmp_path))
+    made = subprocess.run([sys.executable, "-m", "lite_llm", "bench", "transcribe", "--make-model", "tiny", str(model)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert made.returncode == 0, made.stderr
+    out = subprocess.run([sys.executable, "-m", "lite_llm", "bench", "transcribe", "--model", str(model), "--engines",
+                          "lite-llm-q8_0,faster-whisper-int8,whisper.cpp", "--lengths", "35", "--streams", "1",
+                          "--threads", "2", "--json"], capture_output=True, text=True, env=env, timeout=900)
+    assert out.returncode == 0, out.stderr
+    tokens = {r["engine"]: r["tokens"] for r in json.loads(out.stdout)["results"]}
+    assert min(tokens.values()) >= 400, tokens          # two windows of ~220 text tokens each
+    assert max(tokens.values()) <= 1.02 * min(tokens.values()), tokens
