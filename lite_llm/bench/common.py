@@ -119,10 +119,12 @@ def build(args: argparse.Namespace, max_model_len: int | None = None, num_kv_blo
 
 def request_macs(info: dict, prompt_len: int, output_len: int) -> float:
     """Multiply-adds of one request: every token through the layers' matrices, causal attention
-    (q.k and p.v over the positions up to each token's own), and one logits row per generated
-    token. output_len 1: its prefill."""
+    (q.k and p.v over the positions up to each token's own) in the attention layers (a hybrid's
+    recurrent layers are in the matrices' count), and one logits row per generated token.
+    output_len 1: its prefill."""
     tokens = prompt_len + output_len - 1            # the last generated token is not fed back
-    attention = info["num_layers"] * info["q_size"] * tokens * (tokens + 1)
+    layers = info.get("num_attention_layers")
+    attention = (info["num_layers"] if layers is None else layers) * info["q_size"] * tokens * (tokens + 1)
     return tokens * info["layer_macs_per_token"] + attention + output_len * info["head_macs_per_row"]
 
 

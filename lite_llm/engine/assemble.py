@@ -205,6 +205,7 @@ class EngineInfo:
     layer_macs_per_token: int | None = None
     head_macs_per_row: int | None = None
     q_size: int | None = None
+    num_attention_layers: int | None = None   # of num_layers (hybrids: the others keep a state)
     speculative_config: dict[str, Any] | None = None
     tensor_parallel_size: int | None = None
     tensor_parallel_ranks: list[Any] | None = None
@@ -379,6 +380,7 @@ def build_engine(args: EngineArgs) -> Assembled:
         bytes_per_token=runner.bytes_per_token, weight_formats=runner.formats,
         gemm_paths=runner.gemm_paths.as_dict(), layer_macs_per_token=runner.layer_macs_per_token,
         head_macs_per_row=runner.head_macs_per_row, num_layers=cfg.model_layers, q_size=cfg.q_size,
+        num_attention_layers=cfg.num_attention_layers,
         startup_seconds=time.perf_counter() - t0,
         speculative_config=None if spec is None else dataclasses.asdict(spec),
         tensor_parallel_size=tensor_parallel_size,

@@ -140,12 +140,30 @@ def test_the_state_cache_and_kv_cover_their_layers():
 def test_the_engine_description_counts_the_models_layers(case):
     """LLM.info (EngineInfo: /version, the dashboard, the benchmarks) gives the model's
     num_hidden_layers, as the KV and state lines do, not the two layers (Mamba2, attention)
-    each is run as."""
+    each is run as, and its attention layers (every one of them here), which the benchmarks'
+    multiply-add counts take for the attention work."""
     from lite_llm import LLM
+    from lite_llm.bench.common import request_macs
     n = case[1].get("num_hidden_layers", 2)
     with LLM(str(tiny_checkpoint_path(*case[:1], **case[1])), dtype="float32", block_size=16,
              kv_cache_space=0.01, max_num_seqs=2) as llm:
-        assert llm.info["num_layers"] == n
+        info = llm.info
+    assert info["num_layers"] == n and info["num_attention_layers"] == n
+    attention = n * info["q_size"] * 9 * 10
+    assert request_macs(info, 9, 1) == 9 * info["layer_macs_per_token"] + attention + info["head_macs_per_row"]
+
+
+def test_the_benchmarks_count_attention_work_in_the_attention_layers_only():
+    """A hybrid's recurrent layers do no attention: Granite 4.0-H's shape (a Mamba2, an attention
+    and a Mamba2 layer) counts one layer's causal attention in a request's multiply-adds."""
+    from lite_llm import LLM
+    from lite_llm.bench.common import request_macs
+    with LLM(str(tiny_checkpoint_path("granite_hybrid")), dtype="float32", block_size=16, kv_cache_space=0.01,
+             max_num_seqs=2) as llm:
+        info = llm.info
+    assert info["num_layers"] == 3 and info["num_attention_layers"] == 1
+    assert request_macs(info, 9, 1) == 9 * info["layer_macs_per_token"] + info["q_size"] * 9 * 10 \
+        + info["head_macs_per_row"]
 
 
 def test_unsupported_configs_are_refused_by_name():
