@@ -23,6 +23,7 @@ Python reference alone, step by step).
 What does not live here: the stop strings and every non-plain sample (engine.py), the runner's
 per-slot arrays (_batch.pyx: the sampled ids reach them in the runner's own compiled call).
 """
+from cpython cimport array
 from cpython.list cimport PyList_GET_SIZE, PyList_GetSlice
 from libc.stdint cimport int32_t
 from cpython.object cimport PyObject
@@ -570,18 +571,22 @@ def repeats_decodes(list previous, list chunks) -> bool:
 
 
 cdef int _observe(object hist, double value, Py_ssize_t count) except -1:
-    """stats.HistogramAccumulator.observe(value, count), compiled."""
-    cdef tuple bounds = hist.bounds
-    cdef Py_ssize_t lo = 0, hi = PyTuple_GET_SIZE(bounds), mid
+    """stats.HistogramAccumulator.observe(value, count), compiled: on its flat arrays."""
+    cdef array.array lows = hist.lows
+    cdef array.array counts = hist.counts
+    cdef array.array total = hist.total
+    cdef const double *b = lows.data.as_doubles
+    cdef Py_ssize_t lo = 0, hi = len(lows), mid
+    if len(counts) != hi + 1 or len(total) != 1:
+        raise AssertionError("a histogram's arrays disagree")
     while lo < hi:                       # bisect.bisect_left
         mid = (lo + hi) >> 1
-        if <double>bounds[mid] < value:
+        if b[mid] < value:
             lo = mid + 1
         else:
             hi = mid
-    cdef list counts = hist.bucket_counts
-    counts[lo] = counts[lo] + count
-    hist.value_sum = hist.value_sum + value * count
+    counts.data.as_longlongs[lo] += count
+    total.data.as_doubles[0] += value * count
     return 0
 
 

@@ -11,6 +11,7 @@ vLLM's metrics of the same names.
 from __future__ import annotations
 
 import bisect
+from array import array
 import itertools
 import time
 from collections import deque
@@ -43,23 +44,39 @@ class Histogram:
 
 
 class HistogramAccumulator:
+    """Counts per bucket of bounds (the last: above every bound) and the sum of the values. The
+    bounds, counts and sum are kept in flat arrays as well (lows, counts, total), which the
+    engine's compiled step (_step.pyx) updates without a Python object per bucket: a steady
+    step observes after forward() has evicted every cache line, and each object read then is a
+    miss."""
+    __slots__ = ("bounds", "lows", "counts", "total")
+
     def __init__(self, bounds: tuple[float, ...]):
         self.bounds = bounds
-        self.bucket_counts = [0] * (len(bounds) + 1)   # per bucket, last = above every bound
-        self.value_sum = 0.0
+        self.lows = array("d", bounds)
+        self.counts = array("q", bytes(8 * (len(bounds) + 1)))
+        self.total = array("d", [0.0])
+
+    @property
+    def bucket_counts(self) -> list[int]:
+        return self.counts.tolist()
+
+    @property
+    def value_sum(self) -> float:
+        return self.total[0]
 
     def observe(self, value: float, count: int = 1) -> None:
         """count observations of value (a decode step's inter-token latency is the same for
         every sequence that also had a token in the step before)."""
-        self.bucket_counts[bisect.bisect_left(self.bounds, value)] += count
-        self.value_sum += value * count
+        self.counts[bisect.bisect_left(self.bounds, value)] += count
+        self.total[0] += value * count
 
     def snapshot(self) -> Histogram:
         cumulative, total = [], 0
-        for c in self.bucket_counts[:-1]:
+        for c in self.counts[:-1]:
             total += c
             cumulative.append(total)
-        return Histogram(self.bounds, tuple(cumulative), self.value_sum, sum(self.bucket_counts))
+        return Histogram(self.bounds, tuple(cumulative), self.total[0], sum(self.counts))
 
 
 @dataclass(frozen=True)
