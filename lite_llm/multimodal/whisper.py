@@ -251,7 +251,12 @@ class WhisperEncoder:
         return key, hit
 
     def keep(self, key: bytes, rows: np.ndarray) -> np.ndarray:
-        """rows into the cache under key (cached's), the oldest evicted beyond max_cached_rows."""
+        """rows into the cache under key (cached's), the oldest evicted beyond max_cached_rows; the
+        rows it holds already if the same window was encoded meanwhile (the same bits)."""
+        hit = self.cache.get(key)
+        if hit is not None:
+            self.cache.move_to_end(key)
+            return hit
         self.cache[key] = rows
         self.cached_rows += rows.shape[0]
         while self.cached_rows > self.max_cached_rows and len(self.cache) > 1:

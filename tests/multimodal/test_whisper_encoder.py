@@ -95,6 +95,19 @@ def test_cache_encodes_a_window_once():
     assert enc.num_encoded == 4
 
 
+def test_two_passes_of_one_window_are_kept_once():
+    """Two requests encoding the same window at once (start_pass, then keep): the cache holds it
+    once and both get its first rows."""
+    enc = WhisperEncoder.from_pretrained(str(whisper_checkpoint("tiny80")), num_threads=1)
+    a = _features(80, 0)
+    key, hit = enc.cached(a)
+    assert hit is None
+    passes = [enc.start_pass(a, 2) for _ in range(2)]
+    first, second = (enc.keep(key, p.run()) for p in passes)
+    assert second is first and enc.cached_rows == 1500 and len(enc.cache) == 1
+    assert enc.cached(a.copy())[1] is first
+
+
 def test_wrong_features_are_refused():
     enc = WhisperEncoder.from_pretrained(str(whisper_checkpoint("tiny80")), num_threads=1)
     for bad in (np.zeros((128, 3000), np.float32), np.zeros((80, 3001), np.float32),
