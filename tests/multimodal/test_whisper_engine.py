@@ -184,3 +184,39 @@ def test_a_window_being_encoded_does_not_hold_the_others_tokens(model):
         run = 0 if e == ("step", True) else run + (e[1] if e[0] == "encoder" else 0)
         assert run <= 1, f"{run} encoder layers between two of A's decoder steps"
     assert engine.num_encoder_slices >= len(layers)
+
+
+def test_a_failing_encoder_slice_fails_its_request_only(model):
+    """An encoder slice that raises: its request gets the error, its decoder slots are freed, and the
+    request decoding beside it ends as alone."""
+    opts = TranscribeOptions(language="en", temperature=0.0, max_new_tokens=40, **NO_FALLBACK)
+    good, bad = speechy(6.0, 33), speechy(8.0, 34)
+    want = _summary(model.transcribe(good, opts))
+    free = _free(model.decoder)
+    bad_rows = model.features(bad)[:, :3000]
+
+    class Failing:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def whisper_encoder_layers(self, wm, features, x, out, first, last, nt):
+            if first == 1 and np.array_equal(features[0], bad_rows):
+                raise RuntimeError("a slice failed")
+            return self.inner.whisper_encoder_layers(wm, features, x, out, first, last, nt)
+    inner = model.encoder.kernels
+    model.encoder.kernels = Failing(inner)
+    engine = TranscriptionEngine(model, max_num_seqs=4)
+    try:
+        jobs = [engine.submit(good, opts), engine.submit(bad, opts)]
+        engine.start()
+        assert _summary(jobs[0].result(timeout=120)) == want
+        with pytest.raises(RuntimeError, match="a slice failed"):
+            jobs[1].result(timeout=120)
+        assert engine.is_alive()
+    finally:
+        engine.shutdown()
+        model.encoder.kernels = inner
+    assert _free(model.decoder) == free
