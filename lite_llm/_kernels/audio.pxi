@@ -200,17 +200,32 @@ def whisper_encoder_forward(WhisperEncoderModel wm,
                             float[:, ::1] out,                 # OUT [B T, C] each window's encoder rows
                             int num_threads):
     """Whisper's encoder over B windows of 2 T feature frames (T <= the positions it has)."""
+    x = np.empty((out.shape[0], out.shape[1]), np.float32)
+    whisper_encoder_layers(wm, features, x, out, 0, wm.depth, num_threads)
+
+
+def whisper_encoder_layers(WhisperEncoderModel wm,
+                           const float[:, :, ::1] features,   # IN [B, n_mels, 2 T] (read when first == 0)
+                           float[:, ::1] x,                   # IN/OUT [B T, C] the residual rows between slices
+                           float[:, ::1] out,                 # OUT [B T, C] the encoder rows (when last == depth)
+                           int first, int last, int num_threads):
+    """Layers first .. last - 1 of Whisper's encoder over B windows: the stem (features -> x)
+    before them when first == 0, the final LayerNorm (x -> out) after them when last == depth. A
+    pass run as slices (0, a), (a, b), .., (z, depth) over one x gives the bits of one call (0,
+    depth), whisper_encoder_forward: the same ops on the same rows, in the same order."""
     cdef Py_ssize_t B = features.shape[0], M = wm.n_mels, T2 = features.shape[2], T = T2 // 2, C = wm.dim
     if B == 0 or features.shape[1] != M or T2 % 2 or T == 0 or T > wm.num_pos:
         raise ValueError(f"whisper_encoder_forward: features {tuple(features.shape)}: expected [B, {M}, 2 T], "
                          f"T <= {wm.num_pos}")
-    if out.shape[0] != B * T or out.shape[1] != C:
-        raise ValueError(f"whisper_encoder_forward: out must be [{B * T}, {C}]")
-    # activations, sized for these windows (an encoder pass is large work: allocation is not its cost)
-    cdef Py_ssize_t max_k = max(3 * M, 3 * C, wm.inter)
-    col = np.empty((B * T2, max(3 * M, 3 * C)), np.float32)
-    h1 = np.empty((B * T2, C), np.float32)
-    x = np.empty((B * T, C), np.float32)
+    if out.shape[0] != B * T or out.shape[1] != C or x.shape[0] != B * T or x.shape[1] != C:
+        raise ValueError(f"whisper_encoder_forward: x and out must be [{B * T}, {C}]")
+    if not 0 <= first < last <= wm.depth and not (first == 0 and last == wm.depth):
+        raise ValueError(f"whisper_encoder_layers: layers {first} .. {last - 1} of {wm.depth}")
+    # activations, sized for these windows (an encoder pass is large work: allocation is not its cost);
+    # the stem's own (col, h1: 2 T rows a window) only for the slice that runs it
+    cdef Py_ssize_t max_k = max(3 * M, 3 * C, wm.inter), stem = B * T2 if first == 0 else 1
+    col = np.empty((stem, max(3 * M, 3 * C)), np.float32)
+    h1 = np.empty((stem, C), np.float32)
     h = np.empty((B * T, C), np.float32)
     qkv = np.empty((B * T, 3 * C), np.float32)
     attn = np.empty((B * T, C), np.float32)
@@ -218,14 +233,14 @@ def whisper_encoder_forward(WhisperEncoderModel wm,
     xb = np.empty((B * T2, max_k // 2 + 2), np.uint32)
     scores = np.empty((num_threads, T), np.float32)
     cdef _QBufs qb = _QBufs(B * T2, max_k)
-    cdef float[:, ::1] cv = col, h1v = h1, xv = x, hv = h, qv = qkv, av = attn, gv = g, sv = scores
+    cdef float[:, ::1] cv = col, h1v = h1, hv = h, qv = qkv, av = attn, gv = g, sv = scores
     cdef uint32_t[:, ::1] xbv = xb
     cdef _TowerAttnBufs ta = _TowerAttnBufs(B * T, wm.num_heads, wm.head_dim, wm.bf16, wm.fma, None, num_threads,
                                             np.arange(B + 1) * T)
     with nogil:
-        _whisper_encoder(wm, &features[0, 0, 0], B, T, &cv[0, 0], cv.shape[1], &h1v[0, 0], &xv[0, 0], &hv[0, 0],
-                         &qv[0, 0], &av[0, 0], &gv[0, 0], gv.shape[1], &xbv[0, 0], &qb.a, &sv[0, 0], &out[0, 0],
-                         &ta.a if ta.ok else NULL, num_threads)
+        _whisper_encoder(wm, &features[0, 0, 0], B, T, first, last, &cv[0, 0], cv.shape[1], &h1v[0, 0], &x[0, 0],
+                         &hv[0, 0], &qv[0, 0], &av[0, 0], &gv[0, 0], gv.shape[1], &xbv[0, 0], &qb.a, &sv[0, 0],
+                         &out[0, 0], &ta.a if ta.ok else NULL, num_threads)
 
 
 cdef inline void _egemm(const float *x, Py_ssize_t ldx, uint32_t *xb, const ll_qact *xq, Py_ssize_t num_tokens,
@@ -237,10 +252,10 @@ cdef inline void _egemm(const float *x, Py_ssize_t ldx, uint32_t *xb, const ll_q
     _gemm(x, ldx, xb, &a, num_tokens, m, out, ldo, accumulate, nt)
 
 
-cdef void _whisper_encoder(WhisperEncoderModel wm, const float *feat, Py_ssize_t nwin, Py_ssize_t T, float *col,
-                           Py_ssize_t ldc, float *h1, float *x, float *h, float *qkv, float *attn, float *g,
-                           Py_ssize_t ldg, uint32_t *xb, const ll_qact *xq, float *scores, float *out,
-                           const TowerAttn *ta, int nt) noexcept nogil:
+cdef void _whisper_encoder(WhisperEncoderModel wm, const float *feat, Py_ssize_t nwin, Py_ssize_t T, int first,
+                           int last, float *col, Py_ssize_t ldc, float *h1, float *x, float *h, float *qkv,
+                           float *attn, float *g, Py_ssize_t ldg, uint32_t *xb, const ll_qact *xq, float *scores,
+                           float *out, const TowerAttn *ta, int nt) noexcept nogil:
     cdef Py_ssize_t C = wm.dim, D = wm.head_dim, H = wm.num_heads, M = wm.n_mels, F = wm.inter, T2 = 2 * T
     cdef Py_ssize_t rows = nwin * T, t, s, c, tap, item, head, j, l, r0
     cdef float scale = 1.0 / sqrt(<double>D), m, total
@@ -249,27 +264,28 @@ cdef void _whisper_encoder(WhisperEncoderModel wm, const float *feat, Py_ssize_t
     cdef float *sc
     cdef float *o
     cdef const float *q
-    for item in prange(nwin * T2, schedule="static", num_threads=nt):     # conv1's rows: 3 frames of M bins
-        src = feat + (item // T2) * M * T2
-        t = item % T2
-        for c in range(M):
+    if first == 0:
+        for item in prange(nwin * T2, schedule="static", num_threads=nt):     # conv1's rows: 3 frames of M bins
+            src = feat + (item // T2) * M * T2
+            t = item % T2
+            for c in range(M):
+                for tap in range(3):
+                    s = t + tap - 1
+                    col[item * ldc + c * 3 + tap] = src[c * T2 + s] if 0 <= s < T2 else 0.0
+        _egemm(col, ldc, xb, xq, nwin * T2, &wm.conv1, h1, C, 0, nt)
+        for item in prange(nwin * T2, schedule="static", num_threads=nt):
+            ll_act_mul_f32(h1 + item * C, NULL, h1 + item * C, C, wm.act)
+        for item in prange(rows, schedule="static", num_threads=nt):          # conv2's rows: frames 2t - 1 .. 2t + 1
+            t = item % T
             for tap in range(3):
-                s = t + tap - 1
-                col[item * ldc + c * 3 + tap] = src[c * T2 + s] if 0 <= s < T2 else 0.0
-    _egemm(col, ldc, xb, xq, nwin * T2, &wm.conv1, h1, C, 0, nt)
-    for item in prange(nwin * T2, schedule="static", num_threads=nt):
-        ll_act_mul_f32(h1 + item * C, NULL, h1 + item * C, C, wm.act)
-    for item in prange(rows, schedule="static", num_threads=nt):          # conv2's rows: frames 2t - 1 .. 2t + 1
-        t = item % T
-        for tap in range(3):
-            s = 2 * t + tap - 1
-            for c in range(C):
-                col[item * ldc + c * 3 + tap] = h1[((item // T) * T2 + s) * C + c] if 0 <= s < T2 else 0.0
-    _egemm(col, ldc, xb, xq, rows, &wm.conv2, x, C, 0, nt)
-    for item in prange(rows, schedule="static", num_threads=nt):
-        ll_act_mul_f32(x + item * C, NULL, x + item * C, C, wm.act)
-        ll_axpy_f32(1.0, wm.pos + (item % T) * C, x + item * C, C)
-    for l in range(wm.depth):
+                s = 2 * t + tap - 1
+                for c in range(C):
+                    col[item * ldc + c * 3 + tap] = h1[((item // T) * T2 + s) * C + c] if 0 <= s < T2 else 0.0
+        _egemm(col, ldc, xb, xq, rows, &wm.conv2, x, C, 0, nt)
+        for item in prange(rows, schedule="static", num_threads=nt):
+            ll_act_mul_f32(x + item * C, NULL, x + item * C, C, wm.act)
+            ll_axpy_f32(1.0, wm.pos + (item % T) * C, x + item * C, C)
+    for l in range(first, last):
         B = &wm.blocks[l]
         for t in prange(rows, schedule="static", num_threads=nt):
             ll_layernorm_f32(x + t * C, B.ln1_w, B.ln1_b, h + t * C, C, wm.eps)
@@ -304,8 +320,9 @@ cdef void _whisper_encoder(WhisperEncoderModel wm, const float *feat, Py_ssize_t
         for t in prange(rows, schedule="static", num_threads=nt):
             ll_act_mul_f32(g + t * ldg, NULL, g + t * ldg, F, wm.act)
         _egemm(g, ldg, xb, xq, rows, &B.down, x, C, 1, nt)                   # x += fc2(act(fc1(ln2(x))))
-    for t in prange(rows, schedule="static", num_threads=nt):
-        ll_layernorm_f32(x + t * C, wm.ln_w, wm.ln_b, out + t * C, C, wm.eps)
+    if last == wm.depth:
+        for t in prange(rows, schedule="static", num_threads=nt):
+            ll_layernorm_f32(x + t * C, wm.ln_w, wm.ln_b, out + t * C, C, wm.eps)
 
 
 # ---- Whisper's decoder: one step ------------------------------------------------------------------

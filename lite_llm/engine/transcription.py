@@ -3,8 +3,8 @@ and decoder slots); requests come in through a bounded queue, and up to max_num_
 decoded together: each worker turn runs ONE decoder step for the current window of every active
 request (a prompt prefill or one token each; greedy, sampled and beam-search windows alike), so a
 30-minute file and a 5-second clip submitted after it both progress, each token for all of them at
-the cost of about one. A request whose window ends runs its next window's encoder pass (or its
-fallback at the next temperature) on its own turn and rejoins the step.
+the cost of about one. A request whose window ends has its next window's encoder pass run in
+slices between the steps of the others (a new request's first window too), then rejoins the step.
 
     TranscriptionEngine(model: WhisperModel, name, max_num_seqs)
       .start() / .shutdown()
@@ -17,7 +17,12 @@ A request's decoding is WhisperModel.transcription_steps, a program that yields 
 and new tokens) whenever it needs the decoder; the worker concatenates the Steps of all active
 requests into one WhisperDecoder.step and sends each its rows of the logits. Rows of a batched
 step equal those of a step alone (the kernels' results do not depend on the other rows), so a
-request's tokens do not depend on what it was batched with.
+request's tokens do not depend on what it was batched with. The rest of a window's compute (its
+features, its encoder pass, its cross-attention K/V) the program yields as Work in slices of
+about one encoder layer each; a turn runs the decoder step, then ONE slice (of the request whose
+last slice is oldest), so the others' tokens keep coming while a window is encoded: each waits
+at most a slice beyond its step. A slice's result is what running the whole at once gives (the
+encoder's slices are one pass's bits), so slicing changes no request's tokens either.
 """
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ from collections import deque
 import numpy as np
 
 from lite_llm.multimodal.audio import SAMPLE_RATE
-from lite_llm.multimodal.transcribe import Step, TranscribeOptions, WhisperModel
+from lite_llm.multimodal.transcribe import Step, TranscribeOptions, WhisperModel, Work
 
 log = logging.getLogger("lite_llm.transcription")
 
@@ -47,6 +52,8 @@ class Job:
         self.submitted = time.monotonic()
         self.program = None             # its WhisperModel.transcription_steps, once active
         self.step: Step | None = None   # the Step it waits on
+        self.work: Work | None = None   # ... or the slice of work (features, encoder, cross K/V)
+        self.served = -1                # the engine's slice count when its last slice ran (turns)
         self.reply = None               # what its program is sent next (its rows of a step's logits)
         self.last = None                # the Transcription of its last window
 
@@ -89,6 +96,7 @@ class TranscriptionEngine:
         self.num_windows = 0
         self.num_steps = 0          # decoder steps run
         self.num_step_seqs = 0      # sequences in them (num_step_seqs / num_steps: the mean batch)
+        self.num_encoder_slices = 0     # slices of Work run between them (features, encoder layers, cross K/V)
         self.audio_seconds = 0.0
         self.thread = threading.Thread(target=self._loop, name="lite_llm-transcription", daemon=True)
         self._active = 0
@@ -146,11 +154,11 @@ class TranscriptionEngine:
             self.audio_seconds += job.samples.shape[0] / SAMPLE_RATE
 
     def _advance(self, job: Job) -> bool:
-        """Runs job's program up to its next Step (posting each window on the way); False when it
-        has ended (done or failed)."""
+        """Runs job's program up to its next Step or Work (posting each window on the way); False
+        when it has ended (done or failed)."""
         try:
             item = job.program.send(job.reply)
-            while not isinstance(item, Step):
+            while not isinstance(item, (Step, Work)):
                 self.num_windows += 1
                 job.last = item
                 job.queue.put(("window", item))
@@ -163,8 +171,29 @@ class TranscriptionEngine:
                 log.exception("transcription failed")
             self._finish(job, "error", e)
             return False
-        job.step, job.reply = item, None
+        job.reply = None
+        if isinstance(item, Work):
+            job.work = item
+        else:
+            job.step = item
         return True
+
+    def _slice(self, waiting: list[Job]) -> Job | None:
+        """ONE slice of Work: of the waiting job served longest ago (round robin); the job if its
+        Work failed (it has its error)."""
+        job = min(waiting, key=lambda j: j.served)
+        work, job.work = job.work, None
+        try:
+            job.reply = work.run()
+        except Exception as e:          # a request's own failure
+            if not isinstance(e, ValueError):
+                log.exception("a transcription's %s work failed", work.kind)
+            self._finish(job, "error", e)
+            return job
+        finally:
+            self.num_encoder_slices += 1
+            job.served = self.num_encoder_slices
+        return None
 
     def _step(self, batch: list[Job]) -> None:
         """ONE decoder step over the Steps of every job in batch; each job's rows become its reply."""
@@ -200,13 +229,21 @@ class TranscriptionEngine:
                     if job.cancelled:
                         active.remove(job)
                         self._finish(job, "error", RuntimeError("the transcription was cancelled"))
-                    elif job.step is None and not self._advance(job):
+                    elif job.step is None and job.work is None and not self._advance(job):
                         active.remove(job)
-                if active:
+                # the decoder step of every job that has one, then one slice of the others' work:
+                # a window's encoder pass never holds the other requests' tokens for more than a slice
+                stepping = [j for j in active if j.step is not None]
+                if stepping:
                     try:
-                        self._step(active)
+                        self._step(stepping)
                     except _StepFailed:
-                        active.clear()
+                        active = [j for j in active if j.step is None]
+                waiting = [j for j in active if j.work is not None]
+                if waiting:
+                    failed = self._slice(waiting)
+                    if failed is not None:
+                        active.remove(failed)
         except BaseException as e:      # the worker itself: every request gets an error
             self.failure = f"{type(e).__name__}: {e}"
             log.exception("the transcription worker stopped")

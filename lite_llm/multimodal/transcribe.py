@@ -5,8 +5,11 @@ WhisperForConditionalGeneration.generate (and openai-whisper's transcribe) decod
       .transcribe(audio, TranscribeOptions(...))  -> Transcription (text, language, segments)
       .transcribe_iter(...)                       the same, one window at a time (progress, streaming)
       .transcription_steps(...)                   the same as a program that asks for its decoder
-                                                  steps (Step) instead of running them: a worker
-                                                  runs the steps of several programs as one
+                                                  steps (Step) and its other compiled work (Work:
+                                                  features, an encoder layer, cross K/V) instead
+                                                  of running them: a worker runs the steps of
+                                                  several programs as one and the Work in slices
+                                                  between them
 
 Decoding of one 30-s window: the prompt <|startoftranscript|> <|lang|> <|task|> (<|notimestamps|>
 without timestamps), after <|startofprev|> and the prompt text when there is one; the language,
@@ -31,6 +34,8 @@ import math
 import os
 import zlib
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable
 
 import numpy as np
 
@@ -44,6 +49,14 @@ from lite_llm.multimodal.whisper_ggml import is_ggml_file
 TIME_PRECISION = 0.02          # seconds a timestamp token stands for
 FRAME_SECONDS = 0.01           # one feature frame (hop 160 at 16 kHz)
 INPUT_STRIDE = 2               # feature frames per encoder row (conv2's stride)
+# the work of a window between decoder steps comes in slices of about one encoder layer
+# (T 12 C^2 multiply-adds with its attention): one encoder layer a slice, and the cross K/V of
+# up to 6 decoder layers (T 2 C^2 each); a long file's log-mel 4096 frames (41 s, ~15 ms) a slice,
+# its normalization 32 times as many (a pass over the values, ~1/30 of the FFT's time a frame)
+ENCODER_LAYERS_PER_SLICE = 1
+CROSS_LAYERS_PER_SLICE = 6
+FEATURE_FRAMES_PER_SLICE = 4096
+NORMALIZE_FRAMES_PER_SLICE = 32 * FEATURE_FRAMES_PER_SLICE
 
 ALIASES = {"burmese": "my", "valencian": "ca", "flemish": "nl", "haitian": "ht", "letzeburgesch": "lb",
            "pushto": "ps", "panjabi": "pa", "moldavian": "ro", "moldovan": "ro", "sinhalese": "si",
@@ -59,12 +72,23 @@ class Step:
     tokens: list[list[int]]
 
 
-def run_alone(program, decoder: WhisperDecoder):
-    """The return value of a decoding program run on its own: each Step one decoder.step."""
+@dataclass
+class Work:
+    """A decoding program's request for one slice of compiled work outside the decoder step (kind:
+    "features", "encoder" a layer's worth of a window's encoder pass, "cross" some layers of its
+    cross-attention K/V): run() when the program's turn comes, its return value sent back in
+    (so a worker can run the decoder steps of other programs between the slices)."""
+    kind: str
+    run: Callable[[], object]
+
+
+def run_alone(program, decoder: WhisperDecoder | None):
+    """The return value of a decoding program run on its own: each Step one decoder.step, each
+    Work run at once."""
     try:
-        step = next(program)
+        item = next(program)
         while True:
-            step = program.send(decoder.step(step.states, step.tokens))
+            item = program.send(item.run() if isinstance(item, Work) else decoder.step(item.states, item.tokens))
     except StopIteration as e:
         return e.value
 
@@ -140,18 +164,47 @@ def log_mel_long(samples: np.ndarray, n_mels: int) -> np.ndarray:
     """float32 [n_mels, n // 160] log-mel of samples longer than one window, one normalization
     over the whole (WhisperFeatureExtractor with truncation=False), computed in slices of
     frames (float64 FFT, memory bounded by the slice)."""
-    x = np.pad(np.asarray(samples, np.float64), audio.N_FFT // 2, mode="reflect")
+    return run_alone(log_mel_long_steps(samples, n_mels), None)
+
+
+def log_mel_long_steps(samples: np.ndarray, n_mels: int):
+    """log_mel_long as a program of Work: the log-mel of FEATURE_FRAMES_PER_SLICE frames a slice,
+    then the normalization (against the whole file's maximum) a slice of frames at a time."""
+    samples = np.asarray(samples)
     n_frames = samples.shape[0] // audio.HOP
     filters = audio.mel_filters(n_mels).T.astype(np.float64)
     window = audio.hann_window()
-    out = np.empty((n_frames, n_mels), np.float64)
+    logs = np.empty((n_frames, n_mels), np.float64)
+    tops = []
+    for a in range(0, n_frames, FEATURE_FRAMES_PER_SLICE):
+        b = min(a + FEATURE_FRAMES_PER_SLICE, n_frames)
+        tops.append((yield Work("features", partial(_log_mel_frames, samples, a, b, window, filters, logs))))
+    out = np.empty((n_mels, n_frames), np.float32)
+    floor = max(tops) - 8.0
+    for a in range(0, n_frames, NORMALIZE_FRAMES_PER_SLICE):
+        b = min(a + NORMALIZE_FRAMES_PER_SLICE, n_frames)
+        yield Work("features", partial(_log_mel_normalize, logs, a, b, floor, out))
+    return out
+
+
+def _log_mel_frames(samples: np.ndarray, a: int, b: int, window: np.ndarray, filters: np.ndarray,
+                    logs: np.ndarray) -> float:
+    """logs[a:b] = log10 mel power of frames a..b-1 (the samples reflected at the file's ends,
+    as np.pad(mode="reflect") of the whole); their maximum."""
+    n, half = samples.shape[0], audio.N_FFT // 2
+    idx = np.arange(a * audio.HOP - half, (b - 1) * audio.HOP + half)
+    idx = np.abs(idx)
+    idx = np.where(idx >= n, 2 * (n - 1) - idx, idx)
+    x = samples[idx].astype(np.float64)
     frames = np.lib.stride_tricks.sliding_window_view(x, audio.N_FFT)[::audio.HOP]
-    for a in range(0, n_frames, 4096):
-        b = min(a + 4096, n_frames)
-        power = np.abs(np.fft.rfft(frames[a:b] * window, axis=-1)) ** 2
-        out[a:b] = np.log10(np.maximum(power @ filters, 1e-10))
-    out = np.maximum(out, out.max() - 8.0)
-    return np.ascontiguousarray(((out + 4.0) / 4.0).T, np.float32)
+    power = np.abs(np.fft.rfft(frames * window, axis=-1)) ** 2
+    logs[a:b] = np.log10(np.maximum(power @ filters, 1e-10))
+    return float(logs[a:b].max())
+
+
+def _log_mel_normalize(logs: np.ndarray, a: int, b: int, floor: float, out: np.ndarray) -> None:
+    """out[:, a:b] = float32 (max(logs[a:b], floor) + 4) / 4, transposed."""
+    out[:, a:b] = ((np.maximum(logs[a:b], floor) + 4.0) / 4.0).T
 
 
 class WhisperModel:
@@ -208,16 +261,45 @@ class WhisperModel:
     def features(self, samples: np.ndarray) -> np.ndarray:
         """[n_mels, frames]: one window's 3000 frames for up to 30 s (compiled), the whole file's
         otherwise."""
+        return run_alone(self.features_steps(samples), None)
+
+    def features_steps(self, samples: np.ndarray):
+        """features() as a program of Work (one slice for a window, slices of frames for a file)."""
         samples = np.asarray(samples, np.float32).reshape(-1)
         if samples.shape[0] <= audio.N_SAMPLES:
-            return self.encoder.features(samples)
-        return log_mel_long(samples, self.encoder.cfg.num_mel_bins)
+            return (yield Work("features", partial(self.encoder.features, samples)))
+        return (yield from log_mel_long_steps(samples, self.encoder.cfg.num_mel_bins))
+
+    def encode_steps(self, window: np.ndarray):
+        """A window's encoder rows [T, C] (features [n_mels, 3000]), as a program of Work: the
+        encoder cache's, else its encoder pass one slice of ENCODER_LAYERS_PER_SLICE layers at a
+        time (WhisperEncoder.start_pass; the rows of encode())."""
+        key, rows = self.encoder.cached(window)
+        if rows is None:
+            run = self.encoder.start_pass(window, ENCODER_LAYERS_PER_SLICE).run
+            while rows is None:
+                rows = yield Work("encoder", run)
+            rows = self.encoder.keep(key, rows)
+        return rows
+
+    def cross_steps(self, rows: np.ndarray):
+        """The decoder's cross K/V of a window's encoder rows (a CrossKV its decoding states start
+        on; the caller releases it), as a program of Work: CROSS_LAYERS_PER_SLICE layers a slice."""
+        cross = self.decoder.cross(rows)
+        try:
+            while not (yield Work("cross", partial(self.decoder.fill_cross, cross, CROSS_LAYERS_PER_SLICE))):
+                pass
+        except BaseException:
+            self.decoder.release_cross(cross)
+            raise
+        return cross
 
     def decode_text(self, tokens: list[int]) -> str:
         return self.tokenizer.decode([t for t in tokens if t < self.eot], skip_special_tokens=True)
 
     def detect_language(self, rows: np.ndarray) -> tuple[str, dict[str, float]]:
-        """(code, probabilities of each language) of a window's encoder rows."""
+        """(code, probabilities of each language) of a window's encoder rows (or of its filled
+        CrossKV: WhisperDecoder.start takes either, as the decode_* methods do)."""
         return run_alone(self.detect_language_steps(rows), self.decoder)
 
     def detect_language_steps(self, rows: np.ndarray):
@@ -430,14 +512,16 @@ class WhisperModel:
         """Yields the Transcription so far after each window (its .segments growing), the last one
         complete. Samples: float32 mono at 16 kHz."""
         program = self.transcription_steps(samples, options)
-        logits = None
+        reply = None
         try:
             while True:
-                item = program.send(logits)
+                item = program.send(reply)
                 if isinstance(item, Step):
-                    logits = self.decoder.step(item.states, item.tokens)
+                    reply = self.decoder.step(item.states, item.tokens)
+                elif isinstance(item, Work):
+                    reply = item.run()
                 else:
-                    logits = None
+                    reply = None
                     yield item
         except StopIteration:
             return
@@ -446,7 +530,9 @@ class WhisperModel:
 
     def transcription_steps(self, samples: np.ndarray, options: TranscribeOptions = TranscribeOptions()):
         """transcribe_iter as a program: yields a Step whenever it needs the decoder (the logits are
-        sent back) and the Transcription so far after each window (None is sent back)."""
+        sent back), a Work for each slice of its features, encoder passes and cross K/V (its
+        run()'s value is sent back) and the Transcription so far after each window (None is sent
+        back)."""
         samples = np.asarray(samples, np.float32).reshape(-1)
         if samples.shape[0] == 0:
             raise TranscriptionError("audio holds no samples")
@@ -461,7 +547,7 @@ class WhisperModel:
             raise TranscriptionError("temperature: expected values from 0 to 2")
         if options.beam_size is not None and not 1 <= options.beam_size <= self.decoder.max_sequences // 2:
             raise TranscriptionError(f"beam_size: expected 1 to {self.decoder.max_sequences // 2}")
-        feats = self.features(samples)
+        feats = yield from self.features_steps(samples)
         max_frames = feats.shape[1] if samples.shape[0] > audio.N_SAMPLES else audio.N_FRAMES
         timestamps = options.timestamps if options.timestamps is not None else samples.shape[0] > audio.N_SAMPLES
         rng = np.random.default_rng(options.seed)
@@ -473,23 +559,29 @@ class WhisperModel:
             window = feats[:, seek:seek + n]
             if n < audio.N_FRAMES:
                 window = np.pad(window, ((0, 0), (0, audio.N_FRAMES - n)))
-            rows = self.encoder.encode_cached(np.ascontiguousarray(window))
-            if not result.language:
-                result.language = (yield from self.detect_language_steps(rows))[0]
-            prompt = self.prompt_tokens(result.language, options.task, timestamps, options.prompt)
-            for i, temp in enumerate(temps):
-                if options.beam_size and temp == 0.0:
-                    tokens, avg_lp, no_speech = yield from self.decode_beams_steps(
-                        rows, prompt, timestamps, options.max_new_tokens, options.beam_size, options.length_penalty)
-                else:
-                    tokens, avg_lp, no_speech = yield from self.decode_window_steps(
-                        rows, prompt, timestamps, temp, options.max_new_tokens, rng)
-                ratio = compression_ratio(tokens, self.vocab_size)
-                retry = (options.compression_ratio_threshold is not None
-                         and ratio > options.compression_ratio_threshold) or \
-                        (options.logprob_threshold is not None and avg_lp < options.logprob_threshold)
-                if not retry:
-                    break
+            rows = yield from self.encode_steps(np.ascontiguousarray(window))
+            # the window's cross K/V once, shared by language detection and every temperature tried
+            cross = yield from self.cross_steps(rows)
+            try:
+                if not result.language:
+                    result.language = (yield from self.detect_language_steps(cross))[0]
+                prompt = self.prompt_tokens(result.language, options.task, timestamps, options.prompt)
+                for i, temp in enumerate(temps):
+                    if options.beam_size and temp == 0.0:
+                        tokens, avg_lp, no_speech = yield from self.decode_beams_steps(
+                            cross, prompt, timestamps, options.max_new_tokens, options.beam_size,
+                            options.length_penalty)
+                    else:
+                        tokens, avg_lp, no_speech = yield from self.decode_window_steps(
+                            cross, prompt, timestamps, temp, options.max_new_tokens, rng)
+                    ratio = compression_ratio(tokens, self.vocab_size)
+                    retry = (options.compression_ratio_threshold is not None
+                             and ratio > options.compression_ratio_threshold) or \
+                            (options.logprob_threshold is not None and avg_lp < options.logprob_threshold)
+                    if not retry:
+                        break
+            finally:
+                self.decoder.release_cross(cross)
             if options.no_speech_threshold is not None and no_speech > options.no_speech_threshold and \
                     options.logprob_threshold is not None and avg_lp < options.logprob_threshold:
                 seek += n                                   # silence: no segment

@@ -5,6 +5,8 @@ model's width, which the decoder's cross-attention reads.
       .features(samples)                          16 kHz samples -> [n_mels, 3000] (audio.log_mel)
       .encode(features) / .encode_many([...])     ONE compiled call (_kernels/audio.pxi) per pass
       .encode_cached(features)                    the same, kept by content hash (as image rows are)
+      .start_pass(features) -> EncoderPass        one window's pass in slices of layers, one compiled
+                                                  call each (.run() per slice), the bits of encode()
 
 The stem is two convolutions (kernel 3; the second of stride 2, halving 3000 frames to 1500) with
 GELU, then learned positions (initialised sinusoidal in the checkpoints), pre-norm blocks (the
@@ -237,17 +239,34 @@ class WhisperEncoder:
     def encode_cached(self, features: np.ndarray) -> np.ndarray:
         """encode(features), kept by content hash: the same window is encoded once while it
         stays among the last max_cached_rows rows (oldest evicted first)."""
+        key, rows = self.cached(features)
+        return rows if rows is not None else self.keep(key, self.encode(features))
+
+    def cached(self, features: np.ndarray) -> tuple[bytes, np.ndarray | None]:
+        """(the cache's key of features, their rows if the cache holds them, else None)."""
         key = features_hash(features)
         hit = self.cache.get(key)
         if hit is not None:
             self.cache.move_to_end(key)
+        return key, hit
+
+    def keep(self, key: bytes, rows: np.ndarray) -> np.ndarray:
+        """rows into the cache under key (cached's), the oldest evicted beyond max_cached_rows; the
+        rows it holds already if the same window was encoded meanwhile (the same bits)."""
+        hit = self.cache.get(key)
+        if hit is not None:
+            self.cache.move_to_end(key)
             return hit
-        rows = self.encode(features)
         self.cache[key] = rows
         self.cached_rows += rows.shape[0]
         while self.cached_rows > self.max_cached_rows and len(self.cache) > 1:
             self.cached_rows -= self.cache.popitem(last=False)[1].shape[0]
         return rows
+
+    def start_pass(self, features: np.ndarray, layers_per_slice: int = 1) -> "EncoderPass":
+        """encode(features) to be run in slices (EncoderPass.run), so a caller can do other work
+        between them."""
+        return EncoderPass(self, features, layers_per_slice)
 
     def encode_reference(self, features: np.ndarray) -> np.ndarray:
         """encode() in NumPy float32: the plain reference (of an encoder built with kernels=None,
@@ -267,3 +286,42 @@ class WhisperEncoder:
         x = _act(conv(h, t["conv2.w"], t["conv2.b"], 2), "gelu") + t["pos"][:T]
         x = vit_blocks_reference(x, t, cfg, _act)
         return np.ascontiguousarray(_layernorm(x, t["ln.w"], t["ln.b"], cfg.eps), np.float32)
+
+
+class EncoderPass:
+    """One window's encoder pass in slices: each run() is ONE compiled call
+    (kernels.whisper_encoder_layers) over the next layers_per_slice layers, the stem with the
+    first slice and the final LayerNorm with the last, the residual rows [T, C] kept between
+    them; .rows, the window's encoder rows, once the last has run. The rows are the bits of
+    encode(features). Without kernels: one slice, the NumPy reference."""
+
+    def __init__(self, encoder: WhisperEncoder, features: np.ndarray, layers_per_slice: int = 1):
+        self.encoder = encoder
+        T = encoder._rows(features)
+        self.features = np.ascontiguousarray(np.asarray(features, np.float32)[None])     # [1, M, 2T]
+        depth = encoder.cfg.num_layers
+        step = max(1, layers_per_slice)
+        # (first, last) layers of each slice; a model of no layers still runs its stem and LayerNorm
+        self.slices = [(a, min(a + step, depth)) for a in range(0, depth, step)] or [(0, 0)]
+        if encoder.model is None:
+            self.slices = [(0, depth)]
+        self.done = 0                   # slices run
+        self.x = None if encoder.model is None else np.empty((T, encoder.cfg.hidden_size), np.float32)
+        self.rows: np.ndarray | None = None
+        encoder.num_encoded += 1
+
+    def run(self) -> np.ndarray | None:
+        """The next slice; the rows after the last one (None before)."""
+        enc = self.encoder
+        if self.rows is not None:
+            raise WhisperError("this encoder pass has run all its slices")
+        first, last = self.slices[self.done]
+        if enc.model is None:
+            out = enc.encode_reference(self.features[0])
+        else:
+            out = np.empty_like(self.x) if last == enc.cfg.num_layers else self.x
+            enc.kernels.whisper_encoder_layers(enc.model, self.features, self.x, out, first, last, enc.num_threads)
+        self.done += 1
+        if self.done == len(self.slices):
+            self.rows, self.x, self.features = out, None, None
+        return self.rows

@@ -4,6 +4,9 @@ through cross-attention.
     WhisperDecoder.from_pretrained(path)        an HF WhisperForConditionalGeneration directory
       .start(encoder_rows) -> DecoderState      a request: its cross K/V (computed once, here) and
                                                 an empty self-attention cache
+      .cross(encoder_rows) -> CrossKV           the cross K/V alone, computed in slices of layers
+      .fill_cross(cross, n)                     (fill_cross), then shared by the states started on
+      .start(cross) / .release_cross(cross)     it (start(cross): no K/V computed again)
       .step(states, tokens) -> logits [S, V]    ONE forward over several requests, each with its own
                                                 new tokens (a prompt prefill or one token), each
                                                 state's caches advanced; the last token's logits
@@ -148,6 +151,20 @@ class DecoderState:
     released: bool = False
 
 
+@dataclass
+class CrossKV:
+    """One window's cross-attention K/V (WhisperDecoder.cross): its slot, filled layer by layer
+    (fill_cross), then shared by every state started on it; the slot is freed when it and they
+    are released. Reference ones (no kernels) keep the K/V as arrays per layer [T, C]."""
+    slot: int
+    length: int                         # encoder rows
+    rows: np.ndarray | None             # [T, C] until every layer is filled
+    layers: int = 0                     # layers filled
+    cross_k: list = field(default_factory=list)     # reference
+    cross_v: list = field(default_factory=list)
+    released: bool = False
+
+
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, H: int, causal_from: int | None) -> np.ndarray:
     """Attention of q [n, C] over k, v [m, C] in H heads; causal_from: the position of q's first
     row among the keys (None: every key)."""
@@ -284,42 +301,91 @@ class WhisperDecoder:
 
     # ---- requests -----------------------------------------------------------------------------
 
-    def start(self, rows: np.ndarray) -> DecoderState:
-        """A request over encoder rows [T, C]: its cross K/V computed (once) and stored."""
+    def start(self, rows) -> DecoderState:
+        """A request over encoder rows [T, C] (its cross K/V computed here, once) or over a filled
+        CrossKV (cross, fill_cross: shared, nothing computed)."""
+        if isinstance(rows, CrossKV):
+            return self._start_on(rows)
+        if self.kernels is not None and not self.free_slots:
+            raise WhisperError(f"the decoder holds {self.max_requests} requests at once")
+        cross = self.cross(rows)
+        try:
+            self.fill_cross(cross, self.cfg.num_layers)
+            return self._start_on(cross)
+        finally:
+            self.release_cross(cross)           # the state holds the K/V now
+
+    def cross(self, rows: np.ndarray) -> CrossKV:
+        """A slot for the cross K/V of encoder rows [T, C], to be filled by fill_cross."""
         cfg = self.cfg
         rows = np.ascontiguousarray(rows, np.float32)
         T, C = rows.shape
         if C != cfg.hidden_size or not 0 < T <= cfg.max_source_positions:
             raise WhisperError(f"encoder rows {rows.shape}: expected [1..{cfg.max_source_positions}, {cfg.hidden_size}]")
         if self.kernels is None:
-            st = DecoderState(slot=-1, cross_len=T, self_k=[np.zeros((0, C), np.float32)] * cfg.num_layers,
-                              self_v=[np.zeros((0, C), np.float32)] * cfg.num_layers, cross_k=[], cross_v=[])
-            for i in range(cfg.num_layers):
-                p = f"blk.{i}."
-                st.cross_k.append(rows @ self.t[p + "ck.w"].T + self.t[p + "ck.b"])
-                st.cross_v.append(rows @ self.t[p + "cv.w"].T + self.t[p + "cv.b"])
-            return st
-        if not self.free_slots or not self.free_cross:
+            return CrossKV(slot=-1, length=T, rows=rows)
+        if not self.free_cross:
             raise WhisperError(f"the decoder holds {self.max_requests} requests at once")
-        st = DecoderState(slot=self.free_slots.pop(), cross_len=T, cross_slot=self.free_cross.pop())
-        self.cross_refs[st.cross_slot] = 1
+        cross = CrossKV(slot=self.free_cross.pop(), length=T, rows=rows)
+        self.cross_refs[cross.slot] = 1
+        return cross
+
+    def fill_cross(self, cross: CrossKV, num_layers: int) -> bool:
+        """The cross K/V of the next num_layers layers computed and stored; whether all are."""
+        cfg = self.cfg
+        if cross.released:
+            raise WhisperError("a released cross K/V")
+        rows, T = cross.rows, cross.length
         H, D = cfg.num_heads, cfg.head_dim
-        slots = (st.cross_slot * self.cross_blocks * BLOCK + np.arange(T)).astype(np.int64)
-        for i in range(cfg.num_layers):
-            kv = self._gemm(rows, f"blk.{i}.ckv").reshape(T, 2, H, D)
-            self.kernels.write_kv(np.ascontiguousarray(kv[:, 0]), self.k_cross[i], slots, "k")
-            self.kernels.write_kv(np.ascontiguousarray(kv[:, 1]), self.v_cross[i], slots, "v")
-        return st
+        if self.kernels is not None:
+            slots = (cross.slot * self.cross_blocks * BLOCK + np.arange(T)).astype(np.int64)
+        for i in range(cross.layers, min(cross.layers + num_layers, cfg.num_layers)):
+            p = f"blk.{i}."
+            if self.kernels is None:
+                cross.cross_k.append(rows @ self.t[p + "ck.w"].T + self.t[p + "ck.b"])
+                cross.cross_v.append(rows @ self.t[p + "cv.w"].T + self.t[p + "cv.b"])
+            else:
+                kv = self._gemm(rows, p + "ckv").reshape(T, 2, H, D)
+                self.kernels.write_kv(np.ascontiguousarray(kv[:, 0]), self.k_cross[i], slots, "k")
+                self.kernels.write_kv(np.ascontiguousarray(kv[:, 1]), self.v_cross[i], slots, "v")
+            cross.layers = i + 1
+        if cross.layers == cfg.num_layers:
+            cross.rows = None
+            return True
+        return False
+
+    def _start_on(self, cross: CrossKV) -> DecoderState:
+        cfg, C = self.cfg, self.cfg.hidden_size
+        if cross.released or cross.layers != cfg.num_layers:
+            raise WhisperError("a decoder state starts on a filled cross K/V (fill_cross)")
+        if self.kernels is None:
+            return DecoderState(slot=-1, cross_len=cross.length, self_k=[np.zeros((0, C), np.float32)] * cfg.num_layers,
+                                self_v=[np.zeros((0, C), np.float32)] * cfg.num_layers, cross_k=cross.cross_k,
+                                cross_v=cross.cross_v)
+        if not self.free_slots:
+            raise WhisperError(f"the decoder holds {self.max_sequences} sequences at once")
+        self.cross_refs[cross.slot] += 1
+        return DecoderState(slot=self.free_slots.pop(), cross_len=cross.length, cross_slot=cross.slot)
+
+    def _unref_cross(self, slot: int) -> None:
+        self.cross_refs[slot] -= 1
+        if self.cross_refs[slot] == 0:
+            del self.cross_refs[slot]
+            self.free_cross.append(slot)
+
+    def release_cross(self, cross: CrossKV) -> None:
+        """cross's own hold on its slot dropped (the states started on it keep theirs)."""
+        if not cross.released:
+            cross.released, cross.rows = True, None
+            if cross.slot >= 0:
+                self._unref_cross(cross.slot)
 
     def release(self, st: DecoderState) -> None:
         if not st.released:
             st.released = True
             if st.slot >= 0:
                 self.free_slots.append(st.slot)
-                self.cross_refs[st.cross_slot] -= 1
-                if self.cross_refs[st.cross_slot] == 0:
-                    del self.cross_refs[st.cross_slot]
-                    self.free_cross.append(st.cross_slot)
+                self._unref_cross(st.cross_slot)
 
     def fork(self, st: DecoderState) -> DecoderState:
         """A copy of st with caches of its own (a beam that leaves its parent)."""

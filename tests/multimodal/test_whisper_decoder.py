@@ -1,6 +1,7 @@
 """Whisper's decoder against transformers' WhisperForConditionalGeneration on tiny random
 checkpoints: the NumPy reference and the compiled step (fp32 logits within 1e-4), several requests
-of different lengths in one step, prefill then token by token, and greedy tokens identical."""
+of different lengths in one step, prefill then token by token, greedy tokens identical, and states
+sharing one window's cross K/V filled in slices."""
 from __future__ import annotations
 
 import numpy as np
@@ -207,3 +208,42 @@ def test_q8_0_at_load_is_close(setup):
         seq.append(int(np.argmax(want)))
         got = dec.step([st], [[seq[-1]]])[0]
     dec.release(st)
+
+
+def test_states_started_on_a_cross_kv_filled_in_slices(setup):
+    """cross + fill_cross a layer at a time: the states started on it (two at once, then one after
+    the first is released: a language detection, then a fallback's retry) step the logits of a
+    state started on the rows, bit for bit; the cross slot is held until it and they are released,
+    and nothing starts on K/V not yet filled."""
+    path, _, rows = setup
+    for name, dec in _decoders(path):
+        free = (len(dec.free_slots), len(dec.free_cross))
+        st = dec.start(rows[0])
+        want = [dec.step([st], [PROMPTS[0]])[0], dec.step([st], [[70]])[0]]
+        dec.release(st)
+        cross = dec.cross(rows[0])
+        assert cross.layers == 0 and dec.cfg.num_layers == 2
+        with pytest.raises(WhisperError, match="filled"):
+            dec.start(cross)
+        assert dec.fill_cross(cross, 1) is False and cross.layers == 1
+        assert dec.fill_cross(cross, 1) is True and cross.layers == 2
+        a, b = dec.start(cross), dec.start(cross)
+        for st in (a, b):
+            assert st.cross_slot == cross.slot
+        got = dec.step([a, b], [PROMPTS[0], PROMPTS[0]])
+        got2 = dec.step([a, b], [[70], [70]])
+        for i in range(2):
+            np.testing.assert_array_equal(got[i], want[0], err_msg=name)
+            np.testing.assert_array_equal(got2[i], want[1], err_msg=name)
+        dec.release(a)
+        dec.release(b)
+        c = dec.start(cross)
+        np.testing.assert_array_equal(dec.step([c], [PROMPTS[0]])[0], want[0], err_msg=name)
+        dec.release_cross(cross)                    # c still reads the K/V
+        np.testing.assert_array_equal(dec.step([c], [[70]])[0], want[1], err_msg=name)
+        if dec.kernels is not None:
+            assert len(dec.free_cross) == free[1] - 1
+        dec.release(c)
+        assert (len(dec.free_slots), len(dec.free_cross)) == free, name
+        with pytest.raises(WhisperError, match="released"):
+            dec.fill_cross(cross, 1)

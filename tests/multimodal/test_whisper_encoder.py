@@ -1,6 +1,7 @@
 """Whisper's encoder against transformers' WhisperEncoder on tiny random checkpoints: the NumPy
 reference and the compiled forward (fp32 within 1e-4, bf16 weights within bf16's error), several
-windows in one call, and the output cache by content hash."""
+windows in one call, a pass run in slices of layers (the bits of one call), and the output cache
+by content hash."""
 from __future__ import annotations
 
 import numpy as np
@@ -94,9 +95,63 @@ def test_cache_encodes_a_window_once():
     assert enc.num_encoded == 4
 
 
+def test_two_passes_of_one_window_are_kept_once():
+    """Two requests encoding the same window at once (start_pass, then keep): the cache holds it
+    once and both get its first rows."""
+    enc = WhisperEncoder.from_pretrained(str(whisper_checkpoint("tiny80")), num_threads=1)
+    a = _features(80, 0)
+    key, hit = enc.cached(a)
+    assert hit is None
+    passes = [enc.start_pass(a, 2) for _ in range(2)]
+    first, second = (enc.keep(key, p.run()) for p in passes)
+    assert second is first and enc.cached_rows == 1500 and len(enc.cache) == 1
+    assert enc.cached(a.copy())[1] is first
+
+
 def test_wrong_features_are_refused():
     enc = WhisperEncoder.from_pretrained(str(whisper_checkpoint("tiny80")), num_threads=1)
     for bad in (np.zeros((128, 3000), np.float32), np.zeros((80, 3001), np.float32),
                 np.zeros((80, 3002), np.float32)):
         with pytest.raises(WhisperError, match="expected"):
             enc.encode(bad)
+
+
+@pytest.mark.parametrize("dtype,quantization", [("float32", None), ("bfloat16", None), ("float32", "q8_0")])
+def test_a_pass_in_slices_gives_the_bits_of_one_call(dtype, quantization):
+    """start_pass runs the encoder a layer (or two) a call, the residual rows kept between calls:
+    the rows are encode()'s, bit for bit, and a pass of n layers a slice takes ceil(depth / n)
+    calls of whisper_encoder_layers."""
+    path = whisper_checkpoint("tiny80")
+    enc = WhisperEncoder.from_pretrained(str(path), dtype=dtype, quantization=quantization, num_threads=2)
+    assert enc.cfg.num_layers == 2
+    for seed in (0, 1):
+        feats = _features(80, seed)
+        whole = enc.encode(feats)
+        for per, calls in ((1, 2), (2, 1), (5, 1)):
+            p = enc.start_pass(feats, per)
+            outs = [p.run() for _ in range(calls)]
+            assert all(o is None for o in outs[:-1]) and outs[-1] is p.rows
+            assert p.rows.dtype == np.float32 and np.array_equal(p.rows, whole), (seed, per)
+            with pytest.raises(WhisperError, match="all its slices"):
+                p.run()
+    # the NumPy reference: one slice
+    ref = WhisperEncoder.from_pretrained(str(path), kernels=None)
+    p = ref.start_pass(_features(80, 0))
+    assert np.array_equal(p.run(), ref.encode(_features(80, 0)))
+    # a shorter window (fewer frames) too
+    short = _features(80, 2)[:, :1000]
+    p = enc.start_pass(short)
+    while p.run() is None:
+        pass
+    assert np.array_equal(p.rows, enc.encode(short))
+
+
+def test_the_slice_kernel_refuses_a_bad_layer_range():
+    enc = WhisperEncoder.from_pretrained(str(whisper_checkpoint("tiny80")), num_threads=1)
+    feats = _features(80, 0)[None]
+    x, out = np.empty((1500, 64), np.float32), np.empty((1500, 64), np.float32)
+    for first, last in ((1, 1), (-1, 1), (0, 3), (2, 1)):
+        with pytest.raises(ValueError, match="layers"):
+            enc.kernels.whisper_encoder_layers(enc.model, feats, x, out, first, last, 1)
+    with pytest.raises(ValueError, match="must be"):
+        enc.kernels.whisper_encoder_layers(enc.model, feats, np.empty((1000, 64), np.float32), out, 0, 1, 1)

@@ -257,6 +257,31 @@ def test_concurrent_transcriptions_share_decoder_steps(served, client, offline):
     print(dog.summary())
 
 
+def test_a_file_being_encoded_and_a_clip_sent_beside_it_both_complete(served, client, offline):
+    """A 95-s file (4 windows) and a 7-s clip at once: the engine runs the windows' encoder passes
+    in slices between the decoder steps (a layer a slice: 2 for each window of the tiny model, 5
+    windows), and each answer is the offline API's."""
+    server, engine = served
+    files = [wav_bytes(speechy(95.0, seed=40)), wav_bytes(speechy(7.0, seed=41))]
+    want = [offline.transcribe(f, language="en", temperature=T).text.strip() for f in files]
+    slices = engine.num_encoder_slices
+    got: dict[int, str] = {}
+
+    def one(i):
+        got[i] = client.audio.transcriptions.create(model=NAME, file=("a.wav", files[i]), language="en",
+                                                    temperature=T).text
+    with Watchdog(server.server_address[1], NAME, completion=False) as dog:
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert [got.get(i) for i in range(2)] == want and all(want)
+    assert engine.num_encoder_slices - slices >= 5 * 2
+    dog.check()
+    print(dog.summary())
+
+
 def test_the_server_routes_answer_for_a_whisper_model(server):
     port = server.server_address[1]
     for path in ("/health", "/v1/models", "/metrics", "/v1/engine/stats", "/version"):
