@@ -380,6 +380,83 @@ def test_make_gguf_writes_a_gemma3_llama_cpp_runs_and_we_agree(tmp_path, monkeyp
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9
 
 
+
+def _types(path) -> dict[str, str]:
+    return {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+
+
+@pytest.mark.peers
+def test_make_gguf_writes_a_gpt_oss_llama_cpp_runs_and_we_agree(tmp_path, monkeypatch):
+    """The gpt-oss shapes: llama.cpp's "gpt-oss" graph (biases, sinks, the MLP norm as
+    post_attention_norm, routers with biases, experts with biases, YaRN, a window of 8 on even
+    layers). In F16 llama.cpp and we agree on 16 greedy tokens; quantized by llama.cpp to
+    MXFP4_MOE the experts are MXFP4 (the rest Q8_0), we load them as stored and both engines
+    pick the same first token (on random weights the routers' top-4 are close calls that
+    llama.cpp's 8-bit activations flip later on, as they do between its own Q8_0 and BF16 runs)."""
+    from lite_llm import info
+    from lite_llm.bench import models
+    from model.test_parity import check_llama_cpp_agrees, llama_cpp_greedy, make_runner, prompts_for, runner_greedy
+    monkeypatch.setattr(models, "CACHE_DIR", str(tmp_path))
+    shape = models.SHAPES["tiny-gpt-oss"]
+    f16 = models.make_gguf("tiny-gpt-oss", "F16")
+    names = set(_types(f16))
+    assert {"blk.0.attn_sinks.weight", "blk.0.attn_q.bias", "blk.0.post_attention_norm.weight", "blk.0.ffn_gate_inp.bias",
+            "blk.0.ffn_down_exps.bias", "output.weight"} <= names
+    cfg = load_model(f16, progress=False).config
+    assert (cfg.architecture, cfg.dim, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.ffn_dim) == \
+        ("GptOssForCausalLM", shape.dim, shape.num_layers, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.ffn_dim)
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.sliding_window, cfg.attn_sinks, cfg.qkv_bias, cfg.o_bias) == \
+        (shape.num_experts, shape.experts_used, shape.sliding_window, True, True, True)
+    assert cfg.layer_types == ("sliding_attention", "full_attention") * 2
+    assert cfg.rope_scaling["rope_type"] == "yarn" and cfg.rope_scaling["factor"] == shape.yarn[0]
+    check_llama_cpp_agrees(f16)
+    mx = models.make_gguf("tiny-gpt-oss", "MXFP4_MOE")
+    types = _types(mx)
+    assert {types[f"blk.1.ffn_{m}_exps.weight"] for m in ("gate", "up", "down")} == {"MXFP4"}
+    assert types["blk.1.attn_q.weight"] == types["output.weight"] == "Q8_0"
+    m = info.model_weight_bytes(mx)
+    F, E = shape.ffn_dim, shape.dim     # each expert's matrices and biases; a token reads top-k of them
+    expert_params = shape.num_layers * shape.num_experts * (3 * F * E + 2 * F + E)
+    assert m["params"] - m["active_params"] == expert_params * (shape.num_experts - shape.experts_used) // shape.num_experts
+    runner, loaded = make_runner(mx)
+    prompt = prompts_for(loaded.config.vocab_size, [12])[0]
+    assert runner_greedy(runner, prompt, 1) == llama_cpp_greedy(mx, prompt, 1)
+
+
+@pytest.mark.peers
+def test_make_gguf_writes_a_deepseek2_llama_cpp_runs_and_we_agree(tmp_path, monkeypatch):
+    """The DeepSeek-V2-Lite shapes: llama.cpp's "deepseek2" graph (q from x, the latent and
+    RoPE key, attn_k_b / attn_v_b, a dense first layer, softmax routing, two shared experts,
+    YaRN with mscale_all_dim). In F16 llama.cpp and we agree on 16 greedy tokens; quantized by
+    llama.cpp to Q4_K_M (experts Q4_K / Q6_K) we load it with the latent cache and both
+    engines pick the same first token."""
+    from lite_llm.bench import models
+    from model.test_parity import check_llama_cpp_agrees, llama_cpp_greedy, make_runner, prompts_for, runner_greedy
+    monkeypatch.setattr(models, "CACHE_DIR", str(tmp_path))
+    shape = models.SHAPES["tiny-deepseek2"]
+    f16 = models.make_gguf("tiny-deepseek2", "F16")
+    names = set(_types(f16))
+    assert {"blk.0.ffn_gate.weight", "blk.1.attn_k_b.weight", "blk.1.attn_v_b.weight", "blk.1.attn_kv_a_mqa.weight",
+            "blk.1.ffn_up_shexp.weight", "blk.2.ffn_down_exps.weight"} <= names
+    assert "blk.0.ffn_gate_exps.weight" not in names
+    cfg = load_model(f16, progress=False).config
+    assert (cfg.architecture, cfg.dim, cfg.num_layers, cfg.num_heads, cfg.kv_lora_rank, cfg.q_lora_rank, cfg.head_dim,
+            cfg.qk_nope_head_dim, cfg.v_head_dim) == ("DeepseekV2ForCausalLM", shape.dim, shape.num_layers,
+                                                      shape.num_heads, shape.kv_lora_rank, 0, shape.rope_dim,
+                                                      shape.head_dim, shape.head_dim)
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.ffn_dim, cfg.shared_ffn_dim, cfg.first_dense_layers,
+            cfg.dense_ffn_dim, cfg.moe_routing, cfg.norm_topk_prob) == \
+        (shape.num_experts, shape.experts_used, shape.ffn_dim, shape.shared_experts * shape.ffn_dim, shape.dense_layers,
+         shape.dense_ffn_dim, "grouped_softmax", False)
+    assert cfg.rope_scaling["mscale_all_dim"] == pytest.approx(shape.yarn_mscale_all_dim, rel=1e-6)
+    check_llama_cpp_agrees(f16)
+    q4 = models.make_gguf("tiny-deepseek2", "Q4_K_M")
+    types = _types(q4)
+    assert types["blk.1.ffn_gate_exps.weight"] == "Q4_K" and types["blk.1.ffn_down_exps.weight"] in ("Q4_K", "Q6_K")
+    runner, loaded = make_runner(q4)
+    prompt = prompts_for(loaded.config.vocab_size, [12])[0]
+    assert runner_greedy(runner, prompt, 1) == llama_cpp_greedy(q4, prompt, 1)
+
 FAKE_LLAMA_BENCH = '''#!{python}
 """Stands in for ik_llama.cpp's llama-bench: records its arguments, prints records in its JSON shape."""
 import json, sys

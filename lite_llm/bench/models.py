@@ -22,7 +22,7 @@ from lite_llm.bench.common import CACHE_DIR, progress
 
 @dataclass(frozen=True)
 class Shape:
-    arch: str                 # GGUF architecture: "llama" | "qwen3" | "qwen3moe" | "gemma3"
+    arch: str                 # GGUF architecture: "llama" | "qwen3" | "qwen3moe" | "gemma3" | "gpt-oss" | "deepseek2"
     dim: int
     num_layers: int
     ffn_dim: int
@@ -37,6 +37,15 @@ class Shape:
     vocab: int = 0            # 0: the embedded tokenizer's 49152; more: padded with unused tokens
     sliding_window: int = 0   # gemma3: the window of the sliding layers (every 6th layer is global)
     rope_local_theta: float = 0.0   # gemma3: the sliding layers' RoPE base
+    yarn: tuple[float, int] = ()    # YaRN RoPE: (factor, original context length)
+    yarn_mscale_all_dim: float = 0.0   # deepseek2: YaRN's mscale_all_dim (llama.cpp: 0.1 x it, yarn_log_multiplier)
+    # deepseek2 (multi-head latent attention, no q latent as V2-Lite): head_dim is the heads' no-RoPE
+    # key width and value width (qk_nope_head_dim = v_head_dim), rope_dim qk_rope_head_dim
+    kv_lora_rank: int = 0
+    rope_dim: int = 0
+    shared_experts: int = 0   # deepseek2: shared experts, each of ffn_dim (one MLP of their sum)
+    dense_layers: int = 0     # deepseek2: leading dense layers, of dense_ffn_dim
+    dense_ffn_dim: int = 0
 
 
 SHAPES = {
@@ -55,14 +64,42 @@ SHAPES = {
     # 1M global / 10k local, no rope scaling (the 4B-27B use linear x8); q/k norms, four norms a layer
     "gemma3-1b": Shape("gemma3", 1152, 26, 6912, 4, 1, 256, 32768, 1000000.0, tied=True, vocab=262144,
                        sliding_window=512, rope_local_theta=10000.0),
+    # gpt-oss-20b (openai/gpt-oss-20b's config.json): width 2880, 64 q / 8 kv heads of 64 with biases
+    # and attention sinks, sliding window 128 on alternating layers (even ones, as llama.cpp), YaRN
+    # x32 over 4096 positions on RoPE base 150k, top-4 softmax-after-top-k routing over experts of
+    # 2880 with biases and the clamped SwiGLU, a 201088-token vocabulary, untied, rms eps 1e-5;
+    # with 8 experts instead of 32 and 12 layers instead of 24 (F16 file 7.7 GB): 3.9 B parameters,
+    # 2.1 B of them read per token (12 x (26.5 M attention + 4 x 24.9 M experts) + 0.58 B output)
+    # against the real model's 3.6 B; in MXFP4_MOE the experts are MXFP4 as released, the rest Q8_0
+    "gpt-oss-20b-scaled": Shape("gpt-oss", 2880, 12, 2880, 64, 8, 64, 131072, 150000.0, num_experts=8,
+                                experts_used=4, vocab=201088, sliding_window=128, yarn=(32.0, 4096)),
+    # DeepSeek-V2-Lite (deepseek-ai/DeepSeek-V2-Lite's config.json): 27 layers of width 2048, 16 heads
+    # of multi-head latent attention (kv_lora_rank 512, qk_nope 128, qk_rope 64, v 128, no q latent),
+    # the first layer dense (10944), then top-6 softmax routing (greedy, not renormalised, x1.0) over
+    # experts of 1408 plus 2 shared ones, a 102400-token vocabulary, untied, YaRN x40 over 4096 on
+    # base 10k with mscale_all_dim 0.707, rms eps 1e-6; with 16 routed experts instead of 64 (F16 file
+    # 9.8 GB): 4.9 B parameters, 2.4 B of them read per token (26 x (13.8 M attention + 8 x 8.65 M
+    # experts, 6 routed and 2 shared) + the dense layer's 81 M + 0.21 B output), the real model's 2.4 B
+    "deepseek-v2-lite-scaled": Shape("deepseek2", 2048, 27, 1408, 16, 16, 128, 163840, 10000.0, num_experts=16,
+                                     experts_used=6, vocab=102400, yarn=(40.0, 4096), yarn_mscale_all_dim=0.707,
+                                     kv_lora_rank=512, rope_dim=64, shared_experts=2, dense_layers=1,
+                                     dense_ffn_dim=10944),
     "tiny": Shape("llama", 256, 2, 512, 4, 2, 64, 512, 10000.0),      # for tests
     "tiny-moe": Shape("qwen3moe", 256, 2, 256, 4, 2, 64, 512, 10000.0, num_experts=8, experts_used=2),
     # six layers (the sixth global) with a window of 8, a padded vocabulary
     "tiny-gemma3": Shape("gemma3", 256, 6, 512, 4, 1, 64, 512, 1000000.0, tied=True, vocab=49408,
                          sliding_window=8, rope_local_theta=10000.0),
+    # four layers, the sliding ones with a window of 8
+    "tiny-gpt-oss": Shape("gpt-oss", 256, 4, 256, 4, 2, 64, 4096, 150000.0, num_experts=8, experts_used=4,
+                          sliding_window=8, yarn=(32.0, 4096)),
+    # one dense layer then two MoE layers; latent rows of 64 + 32
+    "tiny-deepseek2": Shape("deepseek2", 256, 3, 256, 4, 4, 32, 4096, 10000.0, num_experts=8, experts_used=2,
+                            yarn=(40.0, 4096), yarn_mscale_all_dim=0.707, kv_lora_rank=64, rope_dim=32,
+                            shared_experts=2, dense_layers=1, dense_ffn_dim=512),
 }
 TYPES = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K",
-         "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ3_S", "TQ1_0", "TQ2_0")
+         "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ3_S", "TQ1_0", "TQ2_0",
+         "MXFP4_MOE")     # MXFP4_MOE: 3-D expert tensors in MXFP4, the other matrices Q8_0 (gpt-oss's files)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -125,59 +162,110 @@ def _write_f16(shape: Shape, path: str, seed: int) -> None:
                 w.add_key_value(key, field.contents(), vtype)
     vocab += pad
     a = shape.arch
+    mla = a == "deepseek2"
     w.add_uint32(f"{a}.block_count", shape.num_layers)
     w.add_uint32(f"{a}.context_length", shape.context)
     w.add_uint32(f"{a}.embedding_length", shape.dim)
-    w.add_uint32(f"{a}.feed_forward_length", shape.ffn_dim)
+    w.add_uint32(f"{a}.feed_forward_length", shape.dense_ffn_dim or shape.ffn_dim)
     w.add_uint32(f"{a}.attention.head_count", shape.num_heads)
-    w.add_uint32(f"{a}.attention.head_count_kv", shape.num_kv_heads)
-    w.add_uint32(f"{a}.attention.key_length", shape.head_dim)
-    w.add_uint32(f"{a}.attention.value_length", shape.head_dim)
-    w.add_uint32(f"{a}.rope.dimension_count", shape.head_dim)
+    if mla:   # llama.cpp's MLA layout: one kv "head" of the latent + the RoPE key, values of the latent
+        R, Dr = shape.kv_lora_rank, shape.rope_dim
+        w.add_uint32(f"{a}.attention.head_count_kv", 1)
+        w.add_uint32(f"{a}.attention.key_length", R + Dr)
+        w.add_uint32(f"{a}.attention.value_length", R)
+        w.add_uint32(f"{a}.attention.key_length_mla", shape.head_dim + Dr)
+        w.add_uint32(f"{a}.attention.value_length_mla", shape.head_dim)
+        w.add_uint32(f"{a}.attention.kv_lora_rank", R)
+        w.add_uint32(f"{a}.attention.q_lora_rank", 0)    # 0: q from x (V2-Lite)
+        w.add_uint32(f"{a}.rope.dimension_count", Dr)
+        w.add_uint32(f"{a}.leading_dense_block_count", shape.dense_layers)
+        w.add_uint32(f"{a}.expert_shared_count", shape.shared_experts)
+        w.add_float32(f"{a}.expert_weights_scale", 1.0)
+        w.add_bool(f"{a}.expert_weights_norm", False)
+        w.add_uint32(f"{a}.expert_gating_func", 1)        # softmax (V2)
+        w.add_uint32(f"{a}.expert_group_count", 1)
+        w.add_uint32(f"{a}.expert_group_used_count", 1)
+    else:
+        w.add_uint32(f"{a}.attention.head_count_kv", shape.num_kv_heads)
+        w.add_uint32(f"{a}.attention.key_length", shape.head_dim)
+        w.add_uint32(f"{a}.attention.value_length", shape.head_dim)
+        w.add_uint32(f"{a}.rope.dimension_count", shape.head_dim)
     if shape.num_experts:
         w.add_uint32(f"{a}.expert_count", shape.num_experts)
         w.add_uint32(f"{a}.expert_used_count", shape.experts_used)
         w.add_uint32(f"{a}.expert_feed_forward_length", shape.ffn_dim)
-    if shape.sliding_window:      # llama.cpp's gemma3 fixes the period (6) and the local base (10k)
+    if shape.sliding_window:      # llama.cpp fixes the pattern: gemma3 every 6th layer global, gpt-oss odd ones
         w.add_uint32(f"{a}.attention.sliding_window", shape.sliding_window)
+    if shape.rope_local_theta:    # gemma3's local base (llama.cpp's default is 10k too)
         w.add_float32(f"{a}.rope.freq_base_swa", shape.rope_local_theta)
-    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-5 if a == "llama" else 1e-6)
+    if shape.yarn:
+        w.add_string(f"{a}.rope.scaling.type", "yarn")
+        w.add_float32(f"{a}.rope.scaling.factor", shape.yarn[0])
+        w.add_uint32(f"{a}.rope.scaling.original_context_length", shape.yarn[1])
+    if shape.yarn_mscale_all_dim:
+        w.add_float32(f"{a}.rope.scaling.yarn_log_multiplier", 0.1 * shape.yarn_mscale_all_dim)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-5 if a in ("llama", "gpt-oss") else 1e-6)
     w.add_float32(f"{a}.rope.freq_base", shape.rope_theta)
     rng = np.random.default_rng(seed)
     E, H, Hkv, D, F = shape.dim, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.ffn_dim
-    # (name, shape, float16 random or float32 ones), in file order; tensors are announced first and
-    # written one at a time, so an 8B shape (16 GB of F16) never sits in memory whole
-    specs = [("token_embd.weight", (vocab, E), True)]
+    X = shape.num_experts
+    # (name, shape, kind), in file order: "f16" random float16, "f32" random float32 (biases, sinks:
+    # llama.cpp's quantizer leaves them), "ones" float32 ones (norms). Tensors are announced first
+    # and written one at a time, so an 8B shape (16 GB of F16) never sits in memory whole
+    specs = [("token_embd.weight", (vocab, E), "f16")]
     for i in range(shape.num_layers):
         p = f"blk.{i}."
-        specs += [(p + "attn_norm.weight", (E,), False), (p + "ffn_norm.weight", (E,), False),
-                  (p + "attn_q.weight", (H * D, E), True), (p + "attn_k.weight", (Hkv * D, E), True),
-                  (p + "attn_v.weight", (Hkv * D, E), True), (p + "attn_output.weight", (E, H * D), True)]
-        if a in ("qwen3", "qwen3moe", "gemma3"):
-            specs += [(p + "attn_q_norm.weight", (D,), False), (p + "attn_k_norm.weight", (D,), False)]
-        if a == "gemma3":    # the norms after attention and after the MLP (stored with Gemma's + 1)
-            specs += [(p + "post_attention_norm.weight", (E,), False), (p + "post_ffw_norm.weight", (E,), False)]
-        if shape.num_experts:   # the router, and every expert's matrices as one 3-D tensor
-            X = shape.num_experts
-            specs += [(p + "ffn_gate_inp.weight", (X, E), True), (p + "ffn_gate_exps.weight", (X, F, E), True),
-                      (p + "ffn_up_exps.weight", (X, F, E), True), (p + "ffn_down_exps.weight", (X, E, F), True)]
+        # the MLP's norm (gpt-oss names it post_attention_norm)
+        specs += [(p + "attn_norm.weight", (E,), "ones"),
+                  (p + ("post_attention_norm.weight" if a == "gpt-oss" else "ffn_norm.weight"), (E,), "ones")]
+        if mla:   # q from x, the latent + RoPE key, W_UK transposed and W_UV per head (llama.cpp's split)
+            R, Dr = shape.kv_lora_rank, shape.rope_dim
+            specs += [(p + "attn_q.weight", (H * (D + Dr), E), "f16"), (p + "attn_kv_a_mqa.weight", (R + Dr, E), "f16"),
+                      (p + "attn_kv_a_norm.weight", (R,), "ones"), (p + "attn_k_b.weight", (H, R, D), "f16"),
+                      (p + "attn_v_b.weight", (H, D, R), "f16"), (p + "attn_output.weight", (E, H * D), "f16")]
         else:
-            specs += [(p + "ffn_gate.weight", (F, E), True), (p + "ffn_up.weight", (F, E), True),
-                      (p + "ffn_down.weight", (E, F), True)]
-    specs.append(("output_norm.weight", (E,), False))
+            specs += [(p + "attn_q.weight", (H * D, E), "f16"), (p + "attn_k.weight", (Hkv * D, E), "f16"),
+                      (p + "attn_v.weight", (Hkv * D, E), "f16"), (p + "attn_output.weight", (E, H * D), "f16")]
+        if a == "gpt-oss":   # biases on q, k, v, o and a sink logit per head
+            specs += [(p + "attn_q.bias", (H * D,), "f32"), (p + "attn_k.bias", (Hkv * D,), "f32"),
+                      (p + "attn_v.bias", (Hkv * D,), "f32"), (p + "attn_output.bias", (E,), "f32"),
+                      (p + "attn_sinks.weight", (H,), "f32")]
+        if a in ("qwen3", "qwen3moe", "gemma3"):
+            specs += [(p + "attn_q_norm.weight", (D,), "ones"), (p + "attn_k_norm.weight", (D,), "ones")]
+        if a == "gemma3":    # the norms after attention and after the MLP (stored with Gemma's + 1)
+            specs += [(p + "post_attention_norm.weight", (E,), "ones"), (p + "post_ffw_norm.weight", (E,), "ones")]
+        if X and i >= shape.dense_layers:   # the router, and every expert's matrices as one 3-D tensor
+            specs += [(p + "ffn_gate_inp.weight", (X, E), "f16")]
+            if a == "gpt-oss":
+                specs.append((p + "ffn_gate_inp.bias", (X,), "f32"))
+            specs += [(p + "ffn_gate_exps.weight", (X, F, E), "f16"), (p + "ffn_up_exps.weight", (X, F, E), "f16"),
+                      (p + "ffn_down_exps.weight", (X, E, F), "f16")]
+            if a == "gpt-oss":
+                specs += [(p + "ffn_gate_exps.bias", (X, F), "f32"), (p + "ffn_up_exps.bias", (X, F), "f32"),
+                          (p + "ffn_down_exps.bias", (X, E), "f32")]
+            if shape.shared_experts:
+                Fs = shape.shared_experts * F
+                specs += [(p + "ffn_gate_shexp.weight", (Fs, E), "f16"), (p + "ffn_up_shexp.weight", (Fs, E), "f16"),
+                          (p + "ffn_down_shexp.weight", (E, Fs), "f16")]
+        else:
+            Fd = shape.dense_ffn_dim or F
+            specs += [(p + "ffn_gate.weight", (Fd, E), "f16"), (p + "ffn_up.weight", (Fd, E), "f16"),
+                      (p + "ffn_down.weight", (E, Fd), "f16")]
+    specs.append(("output_norm.weight", (E,), "ones"))
     if not shape.tied:
-        specs.append(("output.weight", (vocab, E), True))
-    for name, dims, random in specs:
-        dtype = np.dtype(np.float16 if random else np.float32)
+        specs.append(("output.weight", (vocab, E), "f16"))
+    for name, dims, kind in specs:
+        dtype = np.dtype(np.float16 if kind == "f16" else np.float32)
         w.add_tensor_info(name, dims, dtype, int(np.prod(dims)) * dtype.itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for n, (name, dims, random) in enumerate(specs, 1):
-        if random:
-            w.write_tensor_data((rng.standard_normal(dims, dtype=np.float32) * 0.02).astype(np.float16))
-        else:
+    for n, (name, dims, kind) in enumerate(specs, 1):
+        if kind == "ones":
             w.write_tensor_data(np.ones(dims, np.float32))
+        else:
+            x = rng.standard_normal(dims, dtype=np.float32) * 0.02
+            w.write_tensor_data(x.astype(np.float16) if kind == "f16" else x)
         if name.endswith(("ffn_down.weight", "ffn_down_exps.weight")) or n == len(specs):
             progress(f"make-gguf: {n}/{len(specs)} tensors")
     w.close()
