@@ -511,3 +511,36 @@ def test_ik_llama_cpp_peer_refusals(tmp_path, capsys):
     r = _run_json(capsys, ["bench", "latency", "--input-len", "8", "--output-len", "2", "--num-iters", "1",
                            "--warmup", "0", "--json", "--peers", f"ik_llama.cpp={program}"])
     assert "exited with status 3" in r["peers"]["ik_llama.cpp"]["error"]
+
+
+@pytest.mark.parametrize("type_name, base, replaced", [("IQ2_XXS", "Q2_K", "Q2_K"), ("IQ3_XXS", "Q3_K_M", "Q3_K")])
+def test_make_gguf_writes_the_codebook_types_llama_cpp_cannot_quantize_as_random_blocks(
+        tmp_path, monkeypatch, type_name, base, replaced):
+    """IQ2_XXS / IQ3_XXS (llama.cpp's quantizer wants an importance matrix for them): llama.cpp's
+    nearest file type with each of its layer matrices of the replaced type as random blocks of
+    the codebook type (fp16 scales in 1e-3..3e-3); every other tensor and key as in that file;
+    the file runs here, its logits finite."""
+    import gguf
+    import numpy as np
+
+    from lite_llm import LLM, SamplingParams
+    from lite_llm.bench import models
+    monkeypatch.setattr(models, "CACHE_DIR", str(tmp_path))
+    path = models.make_gguf("tiny", type_name)
+    src = {t.name: t for t in gguf.GGUFReader(models.make_gguf("tiny", base)).tensors}
+    got = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    assert got.keys() == src.keys()
+    qtype, old = gguf.GGMLQuantizationType[type_name], gguf.GGMLQuantizationType[replaced]
+    swapped = [n for n, t in src.items() if t.tensor_type == old and n.startswith("blk.")]
+    assert swapped
+    for name, t in got.items():
+        if name in swapped:
+            assert t.tensor_type == qtype and list(t.shape) == list(src[name].shape), name
+            d = np.asarray(t.data).reshape(-1, gguf.GGML_QUANT_SIZES[qtype][1])[:, :2].copy().view("<f2")
+            assert (d >= 1e-3 * 0.999).all() and (d <= 3e-3 * 1.001).all(), name
+        else:
+            assert t.tensor_type == src[name].tensor_type and np.array_equal(np.asarray(t.data), np.asarray(src[name].data))
+    with LLM(path, max_model_len=64, max_num_seqs=1) as llm:
+        out = llm.generate(["Hello"], SamplingParams(max_tokens=4, temperature=0, logprobs=1), use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == 4
+    assert all(np.isfinite(lp[t].logprob) for t, lp in zip(out.outputs[0].token_ids, out.outputs[0].logprobs))

@@ -99,7 +99,50 @@ SHAPES = {
 }
 TYPES = ("F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K",
          "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ3_S", "TQ1_0", "TQ2_0",
-         "MXFP4_MOE")     # MXFP4_MOE: 3-D expert tensors in MXFP4, the other matrices Q8_0 (gpt-oss's files)
+         "MXFP4_MOE",     # MXFP4_MOE: 3-D expert tensors in MXFP4, the other matrices Q8_0 (gpt-oss's files)
+         "IQ2_XXS", "IQ3_XXS")    # random blocks (RANDOM_BLOCKS below)
+
+# The codebook types llama.cpp's quantizer makes only with an importance matrix (which needs a
+# real model and text): written as random blocks in place of the layer matrices of the type
+# llama.cpp's nearest file type gives them, so a file streams the bytes a real one streams.
+RANDOM_BLOCKS = {"IQ2_XXS": ("Q2_K", "Q2_K"), "IQ3_XXS": ("Q3_K_M", "Q3_K")}
+
+
+def _random_blocks(src: str, dest: str, replace: str, type_name: str, seed: int) -> None:
+    """A copy of the GGUF src whose layer matrices of ggml type `replace` are random blocks of
+    `type_name`: each block's fp16 scale in 1e-3..3e-3, every other byte random (any byte is a
+    valid codebook index or sign); the other tensors and every key as in src."""
+    import gguf
+    import numpy as np
+    progress(f"make-gguf: {type_name} as random blocks in place of the {replace} matrices of {src} -> {dest}")
+    reader = gguf.GGUFReader(src)
+    tmp = f"{dest}.{os.getpid()}.tmp"
+    w = gguf.GGUFWriter(tmp, reader.fields["general.architecture"].contents())
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, field.contents(), vtype, sub_type=field.types[-1])
+        else:
+            w.add_key_value(key, field.contents(), vtype)
+    rng = np.random.default_rng(seed)
+    qtype, old = gguf.GGMLQuantizationType[type_name], gguf.GGMLQuantizationType[replace]
+    values, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    for t in reader.tensors:
+        if t.tensor_type == old and t.name.startswith("blk."):
+            rows = int(np.prod([int(x) for x in t.shape[1:]]))
+            blocks = rng.integers(0, 256, (rows, int(t.shape[0]) // values, nbytes), dtype=np.uint8)
+            scales = rng.uniform(1e-3, 3e-3, blocks.shape[:2]).astype("<f2")
+            blocks[:, :, :2] = scales.view(np.uint8).reshape(*blocks.shape[:2], 2)
+            w.add_tensor(t.name, blocks.reshape(rows, -1), raw_dtype=qtype)
+        else:
+            w.add_tensor(t.name, np.asarray(t.data), raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, dest)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -130,6 +173,10 @@ def make_gguf(shape_name: str, type_name: str, output: str | None = None, seed: 
             import shutil
             shutil.copyfile(f16, dest)
         return dest if output is not None else f16
+    if type_name in RANDOM_BLOCKS:
+        base, replace = RANDOM_BLOCKS[type_name]
+        _random_blocks(make_gguf(shape_name, base, None, seed), dest, replace, type_name, seed)
+        return dest
     _quantize(f16, dest, type_name)
     return dest
 
