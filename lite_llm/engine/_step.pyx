@@ -30,6 +30,8 @@ from cpython.object cimport PyObject
 from cpython.tuple cimport PyTuple_GET_SIZE
 from cpython.unicode cimport PyUnicode_GET_LENGTH, PyUnicode_READ_CHAR
 
+from time import perf_counter as _perf_counter
+
 from lite_llm.engine.detokenizer import ByteDetokenizer
 
 from lite_llm.engine.request import RequestStatus, SampleResult
@@ -341,6 +343,10 @@ def plain_step(list chunks, list results, object now, scheduler, engine, dict to
     holds the step's sequence records for the next step's prefetch, engine.step_simple whether
     they all took the steady batch's path below. steady: SchedulerOutput.steady (the previous
     step's sequences again, in order, one sampling token each)."""
+    return _plain_step(chunks, results, now, scheduler, engine, touched, steady)
+
+
+cdef dict _plain_step(list chunks, list results, object now, scheduler, engine, dict touched, bint steady):
     cdef Py_ssize_t i, n = len(chunks)
     cdef tuple c
     cdef list seqs, samples = []
@@ -483,6 +489,10 @@ def make_outputs(dict touched, engine, bint lazy=False) -> list:
     (compiled for a group of one plain child, engine.make_output otherwise); a finished group
     leaves engine.groups, a running FINAL_ONLY one and an empty delta give no output. lazy: a
     group of one plain child gives its PendingOutput (its materialize() is that RequestOutput)."""
+    return _make_outputs(touched, engine, lazy)
+
+
+cdef list _make_outputs(dict touched, engine, bint lazy):
     cdef list outputs = []
     cdef dict groups = engine.groups
     cdef PendingOutput pending
@@ -593,6 +603,10 @@ cdef int _observe(object hist, double value, Py_ssize_t count) except -1:
 def add_itl(stats, dict itl, double now):
     """StatsCollector.add_itl, compiled: the plain samples' inter-token latencies, counted per
     previous token time, into stats (a StatsCollector)."""
+    _add_itl(stats, itl, now)
+
+
+cdef int _add_itl(stats, dict itl, double now) except -1:
     cdef Py_ssize_t count, total = 0
     hist = stats.itl
     for last, c in itl.items():
@@ -601,12 +615,31 @@ def add_itl(stats, dict itl, double now):
         total += count
     if total:
         stats.generation_tokens_total += total
+    return 0
 
 
 def record_step(stats, record):
     """StatsCollector.record_step(record), compiled."""
+    _record_step(stats, record)
+
+
+cdef int _record_step(stats, record) except -1:
     stats.num_steps_total += 1
     _observe(stats.step_python, (<tuple>record)[STEP_PYTHON_SECONDS], 1)
     _observe(stats.step_kernel, (<tuple>record)[STEP_KERNEL_SECONDS], 1)
     stats.step_bytes_read_total += (<tuple>record)[STEP_BYTES_READ]
     stats.recent_steps.append(record)
+    return 0
+
+
+def finish_plain(engine, stats, list chunks, list results, double now, dict touched, bint steady, bint lazy,
+                 double start, double kernel, long long bytes_read, Py_ssize_t num_tokens) -> list:
+    """The end of LLMEngine.step for a step without drafts or grammars, in one call: plain_step,
+    the ITL counts into stats, make_outputs, and the step's StepRecord (its Python time counted
+    from start, the step's perf_counter() at its beginning, up to here)."""
+    _add_itl(stats, _plain_step(chunks, results, now, engine.scheduler, engine, touched, steady), now)
+    outputs = _make_outputs(touched, engine, lazy)
+    if PyList_GET_SIZE(chunks):
+        _record_step(stats, _new_tuple(_STEP_RECORD, (PyList_GET_SIZE(chunks), num_tokens,
+                                                      _perf_counter() - start - kernel, kernel, bytes_read)))
+    return outputs

@@ -50,7 +50,6 @@ from lite_llm.outputs import CompletionOutput, Logprob, PoolingOutput, PoolingRe
 from lite_llm.sampling_params import PoolingParams, RequestOutputKind, SamplingParams
 
 _MAX_SEED = 2**63 - 1
-_new_tuple = tuple.__new__
 _NO_OUTPUT = RunnerOutput([])    # a step without chunks runs nothing (never changed)
 # what a pooling request's Request carries as its sampling parameters: it samples nothing
 _POOLING_SAMPLING = SamplingParams(max_tokens=1, detokenize=False)
@@ -219,9 +218,10 @@ def check_pooling_request(prompt_token_ids: list[int], params: PoolingParams, ma
 
 
 class LLMEngine:
-    # a step without drafts or grammars runs update_from_output + process_plain as one compiled
-    # call (_step.plain_step), and every step's outputs come from _step.make_outputs; False runs
-    # the Python references (the tests compare the two)
+    # a step without drafts or grammars runs update_from_output + process_plain, its outputs and
+    # its record as one compiled call (_step.finish_plain: plain_step, make_outputs, the stats),
+    # and every other step's outputs come from _step.make_outputs; False runs the Python
+    # references (the tests compare the two)
     batched_decode = True
 
     def __init__(self, runner: Runner | None, tokenizer: Any, config: EngineConfig, vision=None):
@@ -376,16 +376,9 @@ class LLMEngine:
             self._record_drafts(sched_out, results)
         if spec_ids is None and not matchers and self.batched_decode:
             # no drafts, no grammar: the per-sequence work, the outputs and the step's record in
-            # compiled calls (_step.pyx), the Python below their reference
-            _step.add_itl(self._stats, _step.plain_step(sched_out.chunks, results, now, self.scheduler, self, touched,
-                                                        sched_out.steady), now)
-            outputs = _step.make_outputs(touched, self, lazy)
-            if sched_out.chunks:
-                kernel = ran.kernel_seconds   # (tuple.__new__: the NamedTuple without its Python-level __new__)
-                _step.record_step(self._stats, _new_tuple(StepRecord, (
-                    len(sched_out.chunks), sched_out.num_tokens, time.perf_counter() - start - kernel, kernel,
-                    ran.bytes_read)))
-            return outputs
+            # one compiled call (_step.finish_plain), the Python below its reference
+            return _step.finish_plain(self, self._stats, sched_out.chunks, results, now, touched, sched_out.steady,
+                                      lazy, start, ran.kernel_seconds, ran.bytes_read, sched_out.num_tokens)
         sampled = self.scheduler.update_from_output(sched_out, results, spec_ids)
         # a request may get several tokens (accepted drafts): tokens after a stop string go
         left = None

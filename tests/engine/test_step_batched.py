@@ -151,8 +151,8 @@ def test_batched_step_replaces_the_python_loops(byte_bpe, monkeypatch):
     monkeypatch.setattr(LLMEngine, "process_plain", forbidden)
     monkeypatch.setattr(LLMEngine, "make_output", forbidden)
     calls, scheduled = [], []
-    real, real_schedule = _step.plain_step, _step.schedule_decodes
-    monkeypatch.setattr(_step, "plain_step", lambda *a: (calls.append(len(a[0])), real(*a))[1])
+    real, real_schedule = _step.finish_plain, _step.schedule_decodes
+    monkeypatch.setattr(_step, "finish_plain", lambda *a: (calls.append(len(a[2])), real(*a))[1])
 
     def schedule_decodes(running, room, chunks, budget, idx, chunk_type, allocate):
         got = real_schedule(running, room, chunks, budget, idx, chunk_type, allocate)
@@ -162,7 +162,7 @@ def test_batched_step_replaces_the_python_loops(byte_bpe, monkeypatch):
     steps, _ = run(tok, True, requests, {}, block_size=16)
     assert steps == ref_steps and len(calls) == len(steps)
     assert sum(scheduled) >= len(requests) * 5, "decodes were scheduled by the Python loop"
-    monkeypatch.setattr(_step, "plain_step", lambda *a: {})
+    monkeypatch.setattr(_step, "finish_plain", lambda *a: [])
     stubbed, _ = run(tok, True, requests, {}, max_steps=len(ref_steps), block_size=16)
     assert stubbed != ref_steps
 
