@@ -233,6 +233,23 @@ def test_a_long_file_does_not_hold_back_a_short_one(server, client):
     print(dog.summary())
 
 
+def transcribe_at_once(server, client, files: list[bytes]) -> tuple[list, Watchdog]:
+    """Each file sent by a client thread of its own, all at once, under a watchdog: the texts
+    (None for an answer missing after 120 s) and the watchdog."""
+    got: dict[int, str] = {}
+
+    def one(i):
+        got[i] = client.audio.transcriptions.create(model=NAME, file=("a.wav", files[i]), language="en",
+                                                    temperature=T).text
+    with Watchdog(server.server_address[1], NAME, completion=False) as dog:
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(files))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    return [got.get(i) for i in range(len(files))], dog
+
+
 def test_concurrent_transcriptions_share_decoder_steps(served, client, offline):
     """Four clips sent at once: each answer is the offline API's for that clip alone, and the
     engine ran their tokens in shared decoder steps (more sequences than steps)."""
@@ -240,18 +257,8 @@ def test_concurrent_transcriptions_share_decoder_steps(served, client, offline):
     clips = [wav_bytes(speechy(3.0 + 2 * i, seed=20 + i)) for i in range(4)]
     want = [offline.transcribe(c, language="en", temperature=T).text.strip() for c in clips]
     steps, seqs = engine.num_steps, engine.num_step_seqs
-    got: dict[int, str] = {}
-
-    def one(i):
-        got[i] = client.audio.transcriptions.create(model=NAME, file=("a.wav", clips[i]), language="en",
-                                                    temperature=T).text
-    with Watchdog(server.server_address[1], NAME, completion=False) as dog:
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-    assert [got.get(i) for i in range(4)] == want and all(want)
+    got, dog = transcribe_at_once(server, client, clips)
+    assert got == want and all(want)
     assert engine.num_step_seqs - seqs > engine.num_steps - steps
     dog.check()
     print(dog.summary())
@@ -265,18 +272,8 @@ def test_a_file_being_encoded_and_a_clip_sent_beside_it_both_complete(served, cl
     files = [wav_bytes(speechy(95.0, seed=40)), wav_bytes(speechy(7.0, seed=41))]
     want = [offline.transcribe(f, language="en", temperature=T).text.strip() for f in files]
     slices = engine.num_encoder_slices
-    got: dict[int, str] = {}
-
-    def one(i):
-        got[i] = client.audio.transcriptions.create(model=NAME, file=("a.wav", files[i]), language="en",
-                                                    temperature=T).text
-    with Watchdog(server.server_address[1], NAME, completion=False) as dog:
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-    assert [got.get(i) for i in range(2)] == want and all(want)
+    got, dog = transcribe_at_once(server, client, files)
+    assert got == want and all(want)
     assert engine.num_encoder_slices - slices >= 5 * 2
     dog.check()
     print(dog.summary())
