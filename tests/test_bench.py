@@ -513,6 +513,7 @@ def test_ik_llama_cpp_peer_refusals(tmp_path, capsys):
     assert "exited with status 3" in r["peers"]["ik_llama.cpp"]["error"]
 
 
+@pytest.mark.peers      # llama.cpp's quantizer writes the base file
 @pytest.mark.parametrize("type_name, base, replaced", [("IQ2_XXS", "Q2_K", "Q2_K"), ("IQ3_XXS", "Q3_K_M", "Q3_K")])
 def test_make_gguf_writes_the_codebook_types_llama_cpp_cannot_quantize_as_random_blocks(
         tmp_path, monkeypatch, type_name, base, replaced):
