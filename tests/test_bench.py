@@ -531,6 +531,7 @@ def test_make_gguf_writes_the_codebook_types_llama_cpp_cannot_quantize_as_random
     src = {t.name: t for t in gguf.GGUFReader(models.make_gguf("tiny", base)).tensors}
     got = {t.name: t for t in gguf.GGUFReader(path).tensors}
     assert got.keys() == src.keys()
+    assert gguf.GGUFReader(path).fields["general.file_type"].contents() == gguf.LlamaFileType[f"MOSTLY_{type_name}"]
     qtype, old = gguf.GGMLQuantizationType[type_name], gguf.GGMLQuantizationType[replaced]
     swapped = [n for n, t in src.items() if t.tensor_type == old and n.startswith("blk.")]
     assert swapped

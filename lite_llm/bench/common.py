@@ -117,6 +117,30 @@ def build(args: argparse.Namespace, max_model_len: int | None = None, num_kv_blo
 # ---- share of the measured peak -------------------------------------------------------------
 
 
+def copy_gguf_keys(reader, writer, file_type: int | None = None) -> None:
+    """Every key of a gguf.GGUFReader into a gguf.GGUFWriter of the same architecture: the ones the
+    writer writes itself left out, the alignment as the writer's own, general.file_type replaced
+    by file_type when given, empty arrays left out (gguf-py cannot write them; readers default
+    them)."""
+    import gguf
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue                      # the writer writes these itself
+        if key == "general.alignment":
+            writer.add_custom_alignment(int(field.contents()))
+            continue
+        if key == "general.file_type" and file_type is not None:
+            writer.add_file_type(int(file_type))
+            continue
+        vtype = field.types[0]
+        value = field.contents()
+        if vtype == gguf.GGUFValueType.ARRAY:
+            if value:
+                writer.add_key_value(key, value, vtype, sub_type=field.types[-1])
+        else:
+            writer.add_key_value(key, value, vtype)
+
+
 def request_macs(info: dict, prompt_len: int, output_len: int) -> float:
     """Multiply-adds of one request: every token through the layers' matrices, causal attention
     (q.k and p.v over the positions up to each token's own) in the attention layers (a hybrid's

@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from lite_llm.bench.common import CACHE_DIR, progress
+from lite_llm.bench.common import CACHE_DIR, copy_gguf_keys, progress
 
 
 @dataclass(frozen=True)
@@ -111,21 +111,14 @@ RANDOM_BLOCKS = {"IQ2_XXS": ("Q2_K", "Q2_K"), "IQ3_XXS": ("Q3_K_M", "Q3_K")}
 def _random_blocks(src: str, dest: str, replace: str, type_name: str, seed: int) -> None:
     """A copy of the GGUF src whose layer matrices of ggml type `replace` are random blocks of
     `type_name`: each block's fp16 scale in 1e-3..3e-3, every other byte random (any byte is a
-    valid codebook index or sign); the other tensors and every key as in src."""
+    valid codebook index or sign); the other tensors and every key as in src but the file type."""
     import gguf
     import numpy as np
     progress(f"make-gguf: {type_name} as random blocks in place of the {replace} matrices of {src} -> {dest}")
     reader = gguf.GGUFReader(src)
     tmp = f"{dest}.{os.getpid()}.tmp"
     w = gguf.GGUFWriter(tmp, reader.fields["general.architecture"].contents())
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(key, field.contents(), vtype, sub_type=field.types[-1])
-        else:
-            w.add_key_value(key, field.contents(), vtype)
+    copy_gguf_keys(reader, w, gguf.LlamaFileType[f"MOSTLY_{type_name}"])
     rng = np.random.default_rng(seed)
     qtype, old = gguf.GGMLQuantizationType[type_name], gguf.GGMLQuantizationType[replace]
     values, nbytes = gguf.GGML_QUANT_SIZES[qtype]

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from lite_llm.bench.common import (CACHE_DIR, BatchFigures, RequestTiming, batch_figures, describe,
+from lite_llm.bench.common import (CACHE_DIR, BatchFigures, RequestTiming, batch_figures, copy_gguf_keys, describe,
                                    median_figures, peak_rss_bytes, progress)
 
 LLAMA_CPP_N_BATCH = 512
@@ -98,23 +98,7 @@ def write_bf16_gguf(source: str, dest: str) -> None:
     reader = gguf.GGUFReader(source)
     arch = reader.fields["general.architecture"].contents()
     writer = gguf.GGUFWriter(dest, arch)
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue                      # the writer writes these itself
-        if key == "general.alignment":
-            writer.add_custom_alignment(int(field.contents()))
-            continue
-        if key == "general.file_type":
-            writer.add_file_type(int(gguf.LlamaFileType.MOSTLY_BF16))
-            continue
-        vtype = field.types[0]
-        value = field.contents()
-        if vtype == gguf.GGUFValueType.ARRAY:
-            if not value:
-                continue                  # gguf-py cannot write an empty array; readers default it
-            writer.add_key_value(key, value, vtype, sub_type=field.types[-1])
-        else:
-            writer.add_key_value(key, value, vtype)
+    copy_gguf_keys(reader, writer, gguf.LlamaFileType.MOSTLY_BF16)
     for t in reader.tensors:
         if t.tensor_type == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(t.name, np.asarray(t.data))
