@@ -57,14 +57,6 @@ class HistogramAccumulator:
         self.counts = array("q", bytes(8 * (len(bounds) + 1)))
         self.total = array("d", [0.0])
 
-    @property
-    def bucket_counts(self) -> list[int]:
-        return self.counts.tolist()
-
-    @property
-    def value_sum(self) -> float:
-        return self.total[0]
-
     def observe(self, value: float, count: int = 1) -> None:
         """count observations of value (a decode step's inter-token latency is the same for
         every sequence that also had a token in the step before)."""
