@@ -307,10 +307,14 @@ class KernelConfig:
     first_dense_layers: int = 0
     dense_ffn_dim: int = 0
     # multi-head latent attention (kv_lora_rank > 0): head_dim is then the cached row's width
-    # kv_lora_rank + rope_dim (q's absorbed rows are as wide), num_kv_heads 1; q_lora_rank 0:
-    # q from x; attention's latent output (kv_lora_rank per head) feeds o, whose weight absorbs W_UV
+    # kv_lora_rank + rope_dim (the absorbed query rows are as wide), num_kv_heads 1; q_lora_rank
+    # 0: q from x. q (qk_nope_head_dim + rope_dim per head) and o (v_head_dim per head) run as
+    # stored; each head's W_UK / W_UV (kv_b_proj's halves) is applied to the activations
     kv_lora_rank: int = 0
     q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False    # MLA: q's and k's RoPE components stored in interleaved pairs
     nope: bool = False           # no position encoding at all (ModelConfig.nope): rope False, no pos_embed
     conv_len: int = 0            # L of the short-convolution or Mamba2 layers' convolution; 0: none
     mamba_heads: int = 0         # Mamba2 layers (ModelConfig.mamba_*): heads, their channels, groups, state
@@ -331,10 +335,12 @@ class KernelConfig:
     def __post_init__(self):
         if self.kv_lora_rank:
             if (self.num_kv_heads != 1 or self.head_dim != self.kv_lora_rank + self.rope_dim or self.head_dim % 16
+                    or self.qk_nope_head_dim <= 0 or self.v_head_dim <= 0
                     or self.kv_cache_dtype not in ("float32", "bfloat16")):
                 raise ValueError(f"latent attention: one cached row of kv_lora_rank {self.kv_lora_rank} + "
-                                 f"RoPE {self.rope_dim} values (a multiple of 16), a float32 or bfloat16 cache "
-                                 f"(not {self.kv_cache_dtype})")
+                                 f"RoPE {self.rope_dim} values (a multiple of 16), heads of qk_nope_head_dim "
+                                 f"{self.qk_nope_head_dim} and v_head_dim {self.v_head_dim} (above 0), a float32 "
+                                 f"or bfloat16 cache (not {self.kv_cache_dtype})")
         elif self.head_dim % 16 or not 0 < self.head_dim <= self.MAX_HEAD_DIM:
             raise ValueError(f"head_dim {self.head_dim} is not supported: it must be a multiple of 16, "
                              f"at most {self.MAX_HEAD_DIM}")

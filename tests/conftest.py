@@ -1013,7 +1013,7 @@ def gguf_from_hf(ckpt: Path, out: Path, arch: str, block_type: str | None = None
     if arch == "gpt-oss":
         _gpt_oss_gguf(cfg, sd, tensors, meta)
     elif arch == "deepseek2":
-        _deepseek2_gguf(cfg, sd, tensors, meta)
+        _deepseek2_gguf(cfg, sd, tensors, meta, **writer)
     elif arch == "lfm2":
         _lfm2_gguf(cfg, sd, tensors, meta)
     elif arch == "granitehybrid" and bamba:

@@ -6,6 +6,8 @@ from libc.math cimport log1pf, sqrtf
 
 cdef enum:
     MROPE_MAX_PAIRS = 256   # multimodal RoPE's per-token angle rows live on the stack: rope_dim <= 512
+    MLA_MAX_ROPE = 256      # latent attention's RoPE key is taken to the halves order on the stack
+    MLA_TOKENS = 32         # tokens per work unit of latent attention's per-head projections
     CONV_CHANNELS = 64      # channels per work unit of a short-convolution layer (conv.h)
     # KernelConfig.mamba_norm (config.MAMBA_NORMS, in order): rmsnorm(y * silu(z)), rmsnorm(y) * silu(z), y * silu(z)
     MAMBA_NORM_AFTER_GATE = 0
@@ -43,10 +45,12 @@ cdef struct LayerW:
                                   # (NULL on a dense layer of a MoE model: DeepSeek's first layers)
     const float *router_corr      # [X] the choice's correction bias (DeepSeek-V3), or NULL
     int ffn                       # the dense MLP's width on this layer (ffn_dim; DeepSeek's dense layers their own)
-    # latent attention (ModelC.kv_lora > 0, mla.h): qkv is [q | c, k_pe] or [q_a | c, k_pe]
+    # latent attention (ModelC.kv_lora > 0, mla.h): qkv is [q | c, k_pe] or [q_a | c, k_pe], o
+    # [E, H dv]; every matrix as stored (arch/deepseek.py)
     const float *q_a_norm_w       # [ql] q_a_layernorm (q latent only)
     const float *kv_a_norm_w      # [r] kv_a_layernorm
-    Mat q_b                       # [H Dk, ql] the absorbed q_b_proj (q latent only)
+    Mat q_b                       # [H (dn + dr), ql] q_b_proj (q latent only)
+    Mat *mla_heads                # [2 H] head h's W_UK transposed [r, dn] at h, its W_UV [dv, r] at H + h
     void *k_cache                 # [num_blocks, Hkv, ...] layouts: attention.h, layout.py (MLA: mla.h's rows)
     void *v_cache                 # (NULL on a conv layer: it keeps no KV)
     # a short-convolution layer (LFM2's conv, conv.h; ModelC.conv_len L): qkv is its in_proj
@@ -95,6 +99,8 @@ cdef struct ModelC:
     int n_group, topk_group, shared_gate   # DeepSeek's grouped routing; shared_gate 0: the shared expert ungated
     float routed_scale             # multiplies the routed experts' weights (DeepSeek's routed_scaling_factor)
     int kv_lora, q_lora            # latent attention (mla.h): r and ql (0: no q latent); kv_lora 0: none
+    int mla_dn, mla_dv             # its heads' q_nope and value widths (dn, dv; rope_dim is dr)
+    int mla_interleave             # 1: q's and k's RoPE components stored in interleaved pairs
     int conv_len                   # L of the short-convolution / Mamba2 layers' convolution (0: none)
     int mamba_h, mamba_p, mamba_g, mamba_n   # Mamba2 layers: heads H, their channels P, groups G, state N
     int gdn_hk, gdn_hv, gdn_dk, gdn_dv       # Gated DeltaNet layers: key heads, value heads, their channels
@@ -155,6 +161,8 @@ cdef struct WorkC:
     float *gout     # [A, E] experts' outputs, before their weighted sum
     float *partials # [_max_split_items, _partial_stride] attention split results (decode of few sequences)
     float *qlat     # [T, ql] latent attention's normed q latent (q_b's input), or NULL
+    float *mla_q    # [T, H (r + dr)] latent attention's absorbed queries, or NULL
+    float *mla_v    # [T, H dv] its per-head values W_UV out_h (o's input), or NULL
     # LoRA (lora.pxi): NULL without adapters
     float *ltmp     # [T, 3 r] shrink results
     float *lgu      # [T, 2F] raw gate then up rows of a step with adapters (the unfused gated MLP)
@@ -248,6 +256,9 @@ cdef class Model:
         self.c.n_group, self.c.topk_group = cfg.n_group, cfg.topk_group
         self.c.routed_scale, self.c.shared_gate = cfg.routed_scale, cfg.shared_gate
         self.c.kv_lora, self.c.q_lora = cfg.kv_lora_rank, cfg.q_lora_rank
+        self.c.mla_dn, self.c.mla_dv, self.c.mla_interleave = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.rope_interleave
+        if self.c.kv_lora and self.c.rope_dim > MLA_MAX_ROPE:
+            raise ValueError(f"latent attention's RoPE key of {self.c.rope_dim} values: at most {MLA_MAX_ROPE}")
         if self.c.moe_routing in (LL_MOE_GROUPED_SOFTMAX, LL_MOE_GROUPED_SIGMOID) and cfg.num_experts > LL_MOE_MAX_EXPERTS:
             raise ValueError(f"grouped routing over {cfg.num_experts} experts: at most {LL_MOE_MAX_EXPERTS}")
         sections = tuple(getattr(cfg, "mrope_section", ()) or ())
@@ -463,25 +474,36 @@ cdef class Model:
         L.ssm_state = self._state(ssm_state, (H, P, N))
 
     cdef _load_mla(self, int i, object packed, bint fma, bint stream):
-        """Layer i's latent-attention pieces (LayerW): the norms of the latents, the absorbed q_b;
-        qkv's and o's widths checked against the cache row (Dk = r + dr) and the heads."""
+        """Layer i's latent-attention pieces (LayerW): the norms of the latents, q_b, each head's
+        W_UK^T and W_UV; qkv's and o's widths checked against the heads and the cache row (Dk =
+        r + dr)."""
         cdef str p = f"layers.{i}."
         cdef LayerW *L = &self.c.layers[i]
         cdef dict tensors = packed.vectors
         cdef Py_ssize_t H = self.c.num_heads, Dk = self.c.head_dim, r = self.c.kv_lora, ql = self.c.q_lora
+        cdef Py_ssize_t dn = self.c.mla_dn, dv = self.c.mla_dv, dq = dn + self.c.rope_dim, h
         L.kv_a_norm_w = _vec(tensors, p + "kv_a_norm.weight", self.keep)
         if L.kv_a_norm_w is NULL or tensors[p + "kv_a_norm.weight"].shape != (r,):
             raise ValueError(f"{p}kv_a_norm.weight: expected [{r}] float32")
-        if L.qkv.n != (ql if ql else H * Dk) + Dk or L.o.k != H * r:
+        if L.qkv.n != (ql if ql else H * dq) + Dk or L.o.k != H * dv:
             raise ValueError(f"{p}: latent attention's qkv [{L.qkv.n}, .] / o [., {L.o.k}] do not fit "
-                             f"{H} heads of {Dk} (kv_lora_rank {r}, q_lora_rank {ql})")
+                             f"{H} heads of {dn} + {self.c.rope_dim} (values {dv}; kv_lora_rank {r}, "
+                             f"q_lora_rank {ql})")
         if ql:
             L.q_a_norm_w = _vec(tensors, p + "q_a_norm.weight", self.keep)
             if L.q_a_norm_w is NULL or tensors[p + "q_a_norm.weight"].shape != (ql,):
                 raise ValueError(f"{p}q_a_norm.weight: expected [{ql}] float32")
             L.q_b = _mat(packed, p + "q_b", self.keep, fma, stream)
-            if L.q_b.n != H * Dk or L.q_b.k != ql:
-                raise ValueError(f"{p}q_b: expected [{H * Dk}, {ql}]")
+            if L.q_b.n != H * dq or L.q_b.k != ql:
+                raise ValueError(f"{p}q_b: expected [{H * dq}, {ql}]")
+        L.mla_heads = <Mat *>calloc(2 * H, sizeof(Mat))
+        for h in range(2 * H):
+            name = p + (f"k_b.{h}" if h < H else f"v_b.{h - H}")
+            L.mla_heads[h] = _mat(packed, name, self.keep, fma, stream)
+            if (L.mla_heads[h].n, L.mla_heads[h].k) != ((r, dn) if h < H else (dv, r)):
+                raise ValueError(f"{name}: expected [{r if h < H else dv}, {dn if h < H else r}]")
+            if _describe(&L.mla_heads[h]) != _describe(&L.mla_heads[0 if h < H else H]):
+                raise ValueError(f"{name}: its format differs from head 0's")
 
     cdef _load_experts(self, int i, object packed, bint fma, bint stream):
         """Layer i's router, experts and shared expert (see LayerW); every expert of a layer in
@@ -523,6 +545,7 @@ cdef class Model:
         if self.c.layers != NULL:
             for i in range(self.c.num_layers):
                 free(self.c.layers[i].experts)
+                free(self.c.layers[i].mla_heads)
         free(self.c.layers)
 
     def formats(self):
@@ -537,6 +560,9 @@ cdef class Model:
             out[f"layers.{i}.{'out_proj' if self.c.layers[i].conv else 'o'}"] = _describe(&self.c.layers[i].o)
             if self.c.q_lora:
                 out[f"layers.{i}.q_b"] = _describe(&self.c.layers[i].q_b)
+            if self.c.kv_lora:   # every head in one format (_load_mla)
+                out[f"layers.{i}.k_b"] = _describe(&self.c.layers[i].mla_heads[0])
+                out[f"layers.{i}.v_b"] = _describe(&self.c.layers[i].mla_heads[self.c.num_heads])
             if self.c.layers[i].mlp == MLP_NONE:
                 continue
             if self.c.layers[i].mlp == MLP_EXPERTS:   # one entry for all of a layer's experts: they share a format
@@ -633,17 +659,20 @@ cdef class Workspace:
         cdef int di = mc.mamba_h * mc.mamba_p, cd = di + 2 * mc.mamba_g * mc.mamba_n
         cdef int gdi = mc.gdn_hv * mc.gdn_dv, gcd = 2 * mc.gdn_hk * mc.gdn_dk + gdi
         cdef int qkv_n = max((mc.num_heads * (2 if mc.attn_gate else 1) + 2 * mc.num_kv_heads) * mc.head_dim,
-                             3 * mc.dim if mc.conv_len else 0, di + cd + mc.mamba_h, gcd + gdi + 2 * mc.gdn_hv)
+                             3 * mc.dim if mc.conv_len else 0, di + cd + mc.mamba_h, gcd + gdi + 2 * mc.gdn_hv,
+                             _mla_qoff(mc) + mc.head_dim if mc.kv_lora else 0)
         di, cd = max(di, gdi), max(cd, gcd)   # ssm_x / ssm_y serve either kind of layer
         cdef int ffn = max(mc.ffn_dim, mc.shared_dim)   # MoE: act / xb2 / xq2 hold the shared expert's
         cdef int i
         for i in range(mc.num_layers):   # and dense layers of their own width (DeepSeek's first)
             ffn = max(ffn, mc.layers[i].ffn)
         cdef int up_n = 0 if mc.gated else ffn
-        cdef int max_k = max(mc.dim, ffn, mc.num_heads * mc.head_dim, mc.q_lora, di)
+        cdef int max_k = max(mc.dim, ffn, mc.num_heads * mc.head_dim, mc.q_lora, di, mc.num_heads * mc.mla_dv)
         cdef Py_ssize_t scratch = ll_attention_scratch(mc.head_dim, mc.num_heads // mc.num_kv_heads)
-        if mc.kv_lora:
-            scratch = max(scratch, ll_mla_scratch(mc.num_heads, mc.head_dim))
+        if mc.kv_lora:   # the attention's, and a head projection's input rows in their form (_mla_heads)
+            scratch = max(scratch, ll_mla_scratch(mc.num_heads, mc.head_dim),
+                          MLA_TOKENS * (max(mc.mla_dn, mc.kv_lora) + 64))
+        scratch = (scratch + 15) // 16 * 16   # each thread's row on a 64-byte line
         if mc.mamba_h:
             scratch = max(scratch, ll_ssd_scratch())
         if mc.gdn_hv:
@@ -695,11 +724,16 @@ cdef class Workspace:
             self.keep.append(ssm)
             self.c.ssm_x, self.c.ssm_y = <float *>_ptr(ssm[0]), <float *>_ptr(ssm[1])
         self._moe_buffers(mc, max_tokens)
-        self.c.qlat = NULL
+        self.c.qlat = self.c.mla_q = self.c.mla_v = NULL
         if mc.q_lora:
             qlat = aligned_zeros((max_tokens, mc.q_lora), np.float32)
             self.keep.append(qlat)
             self.c.qlat = <float *>_ptr(qlat)
+        if mc.kv_lora:
+            mla = [aligned_zeros((max_tokens, mc.num_heads * mc.head_dim), np.float32),
+                   aligned_zeros((max_tokens, mc.num_heads * mc.mla_dv), np.float32)]
+            self.keep.append(mla)
+            self.c.mla_q, self.c.mla_v = <float *>_ptr(mla[0]), <float *>_ptr(mla[1])
         self.c.ltmp = self.c.lgu = NULL
         self.c.lgrp = NULL
         if lora_rank > 0:
@@ -1306,34 +1340,90 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
                 ll_axpy_f32(rs * ws.router[t * Xp + X], ws.h + t * E + c0, out + t * E + c0, c1 - c0)
 
 
+cdef inline Py_ssize_t _mla_qoff(const ModelC *m) noexcept nogil:
+    """Where a latent-attention qkv row's [c, k_pe] starts: after q [H (dn + dr)] or q_a [ql]
+    (q_b's output q is written over q_a's place, from the normed copy in qlat)."""
+    cdef Py_ssize_t q_n = m.num_heads * (m.mla_dn + m.rope_dim)
+    return q_n if q_n > m.q_lora else m.q_lora
+
+
+cdef void _mla_heads(const Mat *heads, Py_ssize_t H, const float *x, Py_ssize_t ldx, Py_ssize_t hx, Py_ssize_t k,
+                     Py_ssize_t T, float *out, Py_ssize_t ldo, Py_ssize_t ho, float *scratch,
+                     ll_team *tm) noexcept nogil:
+    """This thread's share of out[t, h ho ...] = x[t, h hx .. h hx + k] . heads[h]^T for every token
+    t and head h (latent attention's per-head W_UK^T and W_UV, each head its own small matrix):
+    (head, run of MLA_TOKENS tokens) units handed out dynamically, each unit's rows put in its
+    head's input form in this thread's scratch (MLA_TOKENS (k + 64) floats)."""
+    cdef Py_ssize_t nc = (T + MLA_TOKENS - 1) // MLA_TOKENS, lo, hi, u, h, ta, n
+    cdef int form
+    cdef const float *src
+    cdef uint32_t *xb = <uint32_t *>scratch
+    cdef int8_t *q = <int8_t *>scratch
+    cdef float *d = scratch + MLA_TOKENS * k // 4
+    cdef float *sc = d + MLA_TOKENS * (k // 32) + 1
+    cdef ll_qact xq = _qact(q, d, sc, k)
+    cdef ll_work wk = ll_work_begin(tm, LL_WORK_DYNAMIC, H * nc, 1)
+    while ll_work_take(&wk, &lo, &hi):
+        for u in range(lo, hi):
+            h, ta = u // nc, (u % nc) * MLA_TOKENS
+            n = min(<Py_ssize_t>MLA_TOKENS, T - ta)
+            src = x + ta * ldx + h * hx
+            form = ll_mat_form(&heads[h], n)
+            if form == LL_IN_BF16:
+                ll_f32_to_bf16_pairs(src, ldx, xb, 0, n, k)
+            elif form == LL_IN_Q8:
+                ll_quantize_rows_q8(src, ldx, 0, n, k, q, d, sc)
+            ll_mat_gemm(src, xb, &xq, ldx, n, &heads[h], out + ta * ldo + h * ho, ldo, 0, 0, heads[h].num_panels)
+
+
+cdef inline void _mla_rope_halves(float *x, const float *src, Py_ssize_t dr, int interleaved) noexcept nogil:
+    """x[0..dr) = src's RoPE components in the halves order the kernels rotate: (s0, s2, ... |
+    s1, s3, ...) from interleaved pairs, else as they are; x and src may be the same row."""
+    cdef float tmp[MLA_MAX_ROPE]
+    cdef Py_ssize_t i
+    if not interleaved:
+        if x != src:
+            memcpy(x, src, dr * sizeof(float))
+        return
+    for i in range(dr // 2):
+        tmp[i], tmp[dr // 2 + i] = src[2 * i], src[2 * i + 1]
+    memcpy(x, tmp, dr * sizeof(float))
+
+
 cdef void _mla_block(const ModelC *m, const WorkC *ws, const StepC *s, const LayerW *L, ll_team *tm,
                      Py_ssize_t t0, Py_ssize_t t1) noexcept nogil:
     """x += the latent attention (DeepSeek's MLA, src/kernels/mla.h) of the normed rows h (in
-    L.qkv's input form), inside _step's parallel region; Dk = r + dr, ql the q latent's width:
+    L.qkv's input form), inside _step's parallel region; dq = dn + dr per stored query head,
+    Dk = r + dr per cached row and absorbed query head, every weight as stored:
 
-      qkv      [q | c, k_pe] = h . qkv, q already absorbed (no q latent); with one, the
-               [q_a | c, k_pe] rows land just before the cache row's place and
-      q_b      qlat = rmsnorm(q_a) in q_b's input form, q [T, H Dk] = qlat . q_b (absorbed)
-      rows     c = rmsnorm(c) (kv_a_layernorm), RoPE on k_pe and on each head's last dr
-               components; the token's [c, k_pe] row into the cache
+      qkv      [q | c, k_pe] = h . qkv (no q latent); with one, the [q_a | c, k_pe] rows land
+               just before the cache row's place (_mla_qoff) and
+      q_b      qlat = rmsnorm(q_a) in q_b's input form, q [T, H dq] = qlat . q_b
+      rows     c = rmsnorm(c) (kv_a_layernorm), RoPE on k_pe, the token's [c, k_pe] row into
+               the cache; each head's q_pe, rotated, to the end of its absorbed query (mla_q)
+      W_UK     (head, token run) units: mla_q[t, h, :r] = W_UK,h^T q_nope[t, h]
       attend   (token, head range) units: each head's latent output [r] into attn [T, H r]
-      o        x += attn . o (W_UV absorbed), attn first in o's input form"""
+      W_UV     (head, token run) units: mla_v[t, h] = W_UV,h attn[t, h] [dv]
+      o        x += mla_v . o, mla_v first in o's input form"""
     cdef Py_ssize_t T = s.T, E = m.dim, H = m.num_heads, Dk = m.head_dim, r = m.kv_lora, ql = m.q_lora
-    cdef Py_ssize_t q_n = H * Dk, qkv_n = q_n + 2 * Dk, Hr = H * r, half = m.rope_dim // 2
+    cdef Py_ssize_t dn = m.mla_dn, dr = m.rope_dim, dv = m.mla_dv, dq = dn + dr
+    cdef Py_ssize_t qoff = _mla_qoff(m), qkv_n = qoff + Dk, Hr = H * r, Hv = H * dv, half = dr // 2
     cdef Py_ssize_t t, head, item, i1, h0, hc, nc
     cdef float *row
+    cdef float *qa
     cdef const float *cos_row
     cdef const float *sin_row
+    cdef float *scratch = ws.scores + tm.tid * ws.scratch_len
     cdef ll_work wk
     cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E)
     cdef ll_qact xq_l = _qact(ws.xq, ws.xqd, ws.xqs, ql)
-    cdef ll_qact xq_o = _qact(ws.xq, ws.xqd, ws.xqs, Hr)
+    cdef ll_qact xq_o = _qact(ws.xq, ws.xqd, ws.xqs, Hv)
     cdef int bf16 = m.kv_type == LL_KV_BF16
     if ql:
-        _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.qkv, ws.qkv + q_n - ql, qkv_n, 0, _gemm_mode(T), tm)
+        _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.qkv, ws.qkv + qoff - ql, qkv_n, 0, _gemm_mode(T), tm)
         ll_omp_barrier()
         for t in range(t0, t1):
-            ll_rmsnorm_f32(ws.qkv + t * qkv_n + q_n - ql, L.q_a_norm_w, ws.qlat + t * ql, ql, m.eps)
+            ll_rmsnorm_f32(ws.qkv + t * qkv_n + qoff - ql, L.q_a_norm_w, ws.qlat + t * ql, ql, m.eps)
         _to_input(ll_mat_form(&L.q_b, T), ws.qlat, ql, t0, t1, ql, ws.xb, &xq_l)
         ll_omp_barrier()
         _gemm_phase(ws.qlat, ql, ws.xb, &xq_l, T, &L.q_b, ws.qkv, qkv_n, 0, _gemm_mode(T), tm)
@@ -1344,25 +1434,32 @@ cdef void _mla_block(const ModelC *m, const WorkC *ws, const StepC *s, const Lay
         row = ws.qkv + t * qkv_n
         cos_row = L.rope_cos + s.positions[t] * half
         sin_row = L.rope_sin + s.positions[t] * half
-        ll_rmsnorm_f32(row + q_n, L.kv_a_norm_w, row + q_n, r, m.eps)
-        ll_rope_neox_f32(row + q_n + r, cos_row, sin_row, m.rope_dim)
+        ll_rmsnorm_f32(row + qoff, L.kv_a_norm_w, row + qoff, r, m.eps)
+        _mla_rope_halves(row + qoff + r, row + qoff + r, dr, m.mla_interleave)
+        ll_rope_neox_f32(row + qoff + r, cos_row, sin_row, dr)
+        ll_mla_write_row(row + qoff, L.k_cache, bf16, s.slot_mapping[t], Dk)
         for head in range(H):
-            ll_rope_neox_f32(row + head * Dk + r, cos_row, sin_row, m.rope_dim)
-        ll_mla_write_row(row + q_n, L.k_cache, bf16, s.slot_mapping[t], Dk)
-    ll_omp_barrier()      # every token's row is in the cache before anyone attends
+            qa = ws.mla_q + (t * H + head) * Dk + r
+            _mla_rope_halves(qa, row + head * dq + dn, dr, m.mla_interleave)
+            ll_rope_neox_f32(qa, cos_row, sin_row, dr)
+    # each head's q_nope through its W_UK^T, beside the rows (they read other columns of qkv)
+    _mla_heads(L.mla_heads, H, ws.qkv, qkv_n, dq, dn, T, ws.mla_q, H * Dk, Dk, scratch, tm)
+    ll_omp_barrier()      # every token's row is in the cache and every query whole before anyone attends
     # a decode step of few tokens splits each token's heads across the team
     hc = H if T >= 2 * tm.nth else max(1, (H + tm.nth - 1) // tm.nth)
     nc = (H + hc - 1) // hc
     wk = ll_work_begin(tm, LL_WORK_DYNAMIC, T * nc, 1)
     while ll_work_take(&wk, &item, &i1):
         t, h0 = item // nc, (item % nc) * hc
-        ll_mla_attention(ws.qkv + t * qkv_n, Dk, r, <int>h0, <int>min(H, h0 + hc), L.k_cache, bf16,
+        ll_mla_attention(ws.mla_q + t * H * Dk, Dk, r, <int>h0, <int>min(H, h0 + hc), L.k_cache, bf16,
                          s.block_tables + s.tok_seq[t] * s.max_blocks, m.block_size, 0, s.attn_pos[t], m.scale,
-                         ws.attn + t * Hr, ws.scores + tm.tid * ws.scratch_len)
+                         ws.attn + t * Hr, scratch)
     ll_omp_barrier()
-    _to_input(ll_mat_form(&L.o, T), ws.attn, Hr, t0, t1, Hr, ws.xb, &xq_o)
+    _mla_heads(L.mla_heads + H, H, ws.attn, Hr, r, r, T, ws.mla_v, Hv, dv, scratch, tm)
     ll_omp_barrier()
-    _gemm_phase(ws.attn, Hr, ws.xb, &xq_o, T, &L.o, ws.x, E, 1, _gemm_mode(T), tm)
+    _to_input(ll_mat_form(&L.o, T), ws.mla_v, Hv, t0, t1, Hv, ws.xb, &xq_o)
+    ll_omp_barrier()
+    _gemm_phase(ws.mla_v, Hv, ws.xb, &xq_o, T, &L.o, ws.x, E, 1, _gemm_mode(T), tm)
 
 
 cdef Py_ssize_t _build_runs(const int32_t *tok_seq, Py_ssize_t T, int32_t *runs) noexcept nogil:

@@ -145,6 +145,63 @@ def test_gguf_of_the_same_weights_gives_the_same_logits(case, tmp_path):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
 
 
+def test_a_whole_attn_kv_b_gives_the_same_logits(tmp_path):
+    """Older converters keep kv_b_proj whole as attn_kv_b [H (dn + dv), r]: its W_UV rows run as
+    stored and W_UK is transposed at load; the logits equal the split file's and the HF ones."""
+    ckpt = tiny_checkpoint_path("deepseek_v3")
+    prompts = prompts_for(320, [7, 30])
+    want = lite_logits(make_runner(ckpt)[0], prompts)
+    runner, _ = make_runner(gguf_from_hf(ckpt, tmp_path / "m.gguf", "deepseek2", split_kv_b=False))
+    for g, w in zip(lite_logits(runner, prompts), want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v3"])
+def test_every_latent_attention_weight_runs_as_stored(arch, tmp_path):
+    """A Q8_0 "deepseek2" file (heads of 32 + 16, values of 32): q (or q_a and q_b), kv_a, each
+    head's W_UK^T (attn_k_b) and W_UV (attn_v_b) and o run in the file's own Q8_0 blocks, none
+    multiplied into another at load, so the attention bytes a token reads are the file's; the
+    logits stay within Q8_0's error of the F32 file's."""
+    ckpt = tiny_checkpoint_path(arch, qk_nope_head_dim=32, v_head_dim=32)
+    q8 = gguf_from_hf(ckpt, tmp_path / "q8.gguf", "deepseek2", block_type="Q8_0")
+    runner, loaded = make_runner(q8)
+    cfg = loaded.config
+    H, r, dn, dv, dr = cfg.num_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.head_dim
+    for i in range(cfg.num_layers):
+        for name in ("qkv", "k_b", "v_b", "o") + (("q_b",) if cfg.q_lora_rank else ()):
+            assert set(runner.formats[f"layers.{i}.{name}"][0]) == {"Q8_0"}, (i, name, runner.formats)
+    # Q8_0: 34 bytes a block of 32 values, in the file and as packed
+    file_values = (H * (dn + dr) * (cfg.q_lora_rank or cfg.dim) + (cfg.q_lora_rank * cfg.dim if cfg.q_lora_rank else 0)
+                   + (r + dr) * cfg.dim + H * r * dn + H * dv * r + cfg.dim * H * dv)
+    packed = sum(v.nbytes for k, v in runner.packed.model.arrays() if k.startswith("layers.1.")
+                 and k.split(".")[2] in ("qkv", "q_b", "k_b", "v_b", "o"))
+    assert packed == file_values // 32 * 34, (packed, file_values // 32 * 34)
+    prompts = prompts_for(cfg.vocab_size, [7, 30])
+    want = lite_logits(make_runner(_dequantized_copy(q8, tmp_path / "f32.gguf"))[0], prompts)
+    err = _position_errors(lite_logits(runner, prompts), want, lambda w: w.max() - w.min())
+    print(f"Q8_0 file vs its dequantized F32 copy: |logit error| / logit range: median {np.median(err):.4f}, "
+          f"max {err.max():.4f}")
+    # the int8 activation blocks' error alone: test_quantized.py's bound on the largest error; the
+    # median twice its (measured 0.6 %: these layers are 64 wide, two blocks a row)
+    _check_routed(err, 0.04, 0.01)
+
+
+def _dequantized_copy(source, dest):
+    """GGUF `source` with every tensor dequantized to F32 (the weights a run of it must compute with)."""
+    import gguf
+    from lite_llm.bench.common import copy_gguf_keys
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(dest), reader.fields["general.architecture"].contents())
+    copy_gguf_keys(reader, writer, gguf.LlamaFileType.ALL_F32)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dest
+
+
 @pytest.mark.peers
 @pytest.mark.parametrize("case", [("deepseek_v2", {"topk_method": "greedy"}), CASES[1]], ids=_ids)
 def test_llama_cpp_on_the_same_gguf_gives_the_same_greedy_tokens(case, tmp_path):

@@ -236,6 +236,8 @@ def kernel_config(config: ModelConfig, *, dtype: str, block_size: int, max_posit
         routed_scale=config.routed_scale, shared_gate=config.shared_gate,
         first_dense_layers=config.first_dense_layers, dense_ffn_dim=config.dense_ffn_dim,
         kv_lora_rank=config.kv_lora_rank, q_lora_rank=config.q_lora_rank,
+        qk_nope_head_dim=config.qk_nope_head_dim if config.is_mla else 0,
+        v_head_dim=config.v_head_dim if config.is_mla else 0, rope_interleave=config.rope_interleave,
         conv_len=config.recurrent_len if config.is_hybrid else 0, mamba_heads=config.mamba_n_heads,
         mamba_head_dim=config.mamba_d_head, mamba_groups=config.mamba_n_groups, mamba_state=config.mamba_d_state,
         gdn_k_heads=config.linear_num_key_heads, gdn_v_heads=config.linear_num_value_heads,

@@ -9,23 +9,27 @@ rows, W_UV,h). The query comes from x (q_proj, V2-Lite) or from a latent of q_lo
 Scores scale by (dn + dr)^-0.5, times mscale^2 under YaRN with mscale_all_dim, as transformers.
 
 Here the cache holds only [c, k_pe] per token (kv_lora_rank + qk_rope_head_dim values, one
-row for all heads: src/kernels/mla.h), and the up-projections are absorbed into the weights
-at load (the "absorbed" form of DeepSeek's and ik_llama.cpp's MLA modes), computed in float64:
+row for all heads: src/kernels/mla.h), and attention runs in the "absorbed" form of DeepSeek's
+and ik_llama.cpp's MLA modes, the up-projections applied per head to the activations rather
+than folded into the weights (which would make q and o r / dn and r / dv times as wide):
 
-    q rows of head h   [W_UK,h^T W_q_nope,h ; W_q_pe,h]        (r + dr rows) -> q . [c, k_pe]
-    o columns of head h  W_o[:, h dv:(h + 1) dv] W_UV,h       ([E, r]: o reads the latent output)
+    q_h      [W_UK,h^T q_nope,h ; q_pe,h]     (r + dr values) -> q_h . [c, k_pe] per cached row
+    out_h    sum_j p_hj c_j                    (r values, the latent output)
+    o input  W_UV,h out_h                      (dv values per head) -> o as stored
 
-so attention reads r + dr values per cached token and head-free, and q / o are H (r + dr) / H r
-wide instead of H (dn + dr) / H dv. The RoPE parts are stored interleaved (DeepSeek's complex
-pairs; V3 with rope_interleave false: halves): their rows are permuted to the halves order the
-kernels rotate (the same permutation on q_pe and k_pe leaves q_pe . k_pe unchanged).
+so a cached row is read once for all heads, and every weight a token reads is the file's own,
+in its stored format (forward.pxi's _mla_block). The RoPE components stay in the stored order
+(interleaved pairs, DeepSeek's complex form; V3 with rope_interleave false: halves); the kernel
+takes q_pe and k_pe to the halves order it rotates (one permutation on both leaves q_pe . k_pe
+unchanged).
 
-Canonical tensors of layer i (besides the norms and the MLP):
-    qkv.weight      [H (r + dr) + r + dr, E] absorbed q then kv_a (no q latent), or
+Canonical tensors of layer i (besides the norms and the MLP), all as stored:
+    qkv.weight      [H (dn + dr) + r + dr, E] q then kv_a (no q latent), or
                     [ql + r + dr, E] q_a then kv_a
-    q_a_norm.weight [ql], q_b.weight [H (r + dr), ql] absorbed (q latent only)
+    q_a_norm.weight [ql], q_b.weight [H (dn + dr), ql] (q latent only)
     kv_a_norm.weight [r]
-    o.weight        [E, H r] absorbed
+    k_b.{h}.weight  [r, dn] head h's W_UK transposed; v_b.{h}.weight [dv, r] its W_UV
+    o.weight        [E, H dv]
 
 MoE: the first first_k_dense_replace layers are dense (intermediate_size); the others route
 n_routed_experts of moe_intermediate_size (V2: softmax, greedy or group_limited_greedy over
@@ -46,7 +50,8 @@ attention.kv_lora_rank / q_lora_rank / key_length_mla / value_length_mla /
 rope.dimension_count, the routing in expert_gating_func (1 softmax: V2, 2 sigmoid: V3),
 expert_weights_scale / _norm, expert_group_count / _used_count, expert_shared_count,
 leading_dense_block_count, and YaRN's mscale_all_dim as rope.scaling.yarn_log_multiplier
-(0.1 mscale_all_dim). The absorbed weights are made from them as from the HF tensors.
+(0.1 mscale_all_dim). attn_k_b / attn_v_b run as stored, a head's rows at a time; a whole
+attn_kv_b keeps its W_UV rows as stored and gives W_UK transposed in float32.
 """
 from __future__ import annotations
 
@@ -124,48 +129,19 @@ def softmax_scale(config: ModelConfig) -> float:
     return scale
 
 
-def _halves(dr: int) -> np.ndarray:
-    """Row order taking interleaved RoPE pairs (x0, x1), (x2, x3), ... to halves (x0, x2, ... |
-    x1, x3, ...)."""
-    return np.concatenate([np.arange(0, dr, 2), np.arange(1, dr, 2)])
-
-
 def _matrix(a: np.ndarray) -> StackedRows:
     a = np.ascontiguousarray(a, np.float32)
     return StackedRows(((a.shape[0], lambda r0, r1: a[r0:r1]),), a.shape[1])
 
 
-def _f64(ckpt, name: str, shape: tuple[int, ...]) -> np.ndarray:
-    return convert(ckpt.read(name, shape), "float32").astype(np.float64)
-
-
-def _absorbed(reader, q: np.ndarray, kv_b: np.ndarray, o: np.ndarray, kv_a: np.ndarray,
-               config: ModelConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """absorbed_attention, or (q, kv_a, o) as they are while the loader walks the names alone
-    (reader.names_only, loader.LoadedModel._check_names_first: the reads are zeros, nothing is
-    kept, and the products would cost the walk what they cost the load)."""
-    if reader.names_only:
-        return q, kv_a, o
-    return absorbed_attention(q, kv_b, o, kv_a, config, config.rope_interleave)
-
-
-def absorbed_attention(q: np.ndarray, kv_b: np.ndarray, o: np.ndarray, kv_a: np.ndarray, config: ModelConfig,
-                       rope_interleave: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(absorbed q [H (r + dr), K], kv_a with its RoPE rows in halves order [r + dr, E],
-    absorbed o [E, H r]) from q [H (dn + dr), K] (q_proj or q_b_proj), kv_b_proj [H (dn + dv), r],
-    o_proj [E, H dv] and kv_a_proj_with_mqa [r + dr, E]."""
-    H, dn, dr, dv, r = (config.num_heads, config.qk_nope_head_dim, config.head_dim, config.v_head_dim,
-                        config.kv_lora_rank)
-    perm = _halves(dr) if rope_interleave else np.arange(dr)
-    qh = q.reshape(H, dn + dr, -1)
-    kvb = kv_b.reshape(H, dn + dv, r)
-    w_uk, w_uv = kvb[:, :dn], kvb[:, dn:]                        # [H, dn, r], [H, dv, r]
-    q_abs = np.einsum("hnr,hnk->hrk", w_uk, qh[:, :dn])          # W_UK,h^T W_q_nope,h
-    q_out = np.concatenate([q_abs, qh[:, dn:][:, perm]], axis=1).reshape(H * (r + dr), -1)
-    E = o.shape[0]
-    o_abs = np.einsum("ehv,hvr->ehr", o.reshape(E, H, dv), w_uv).reshape(E, H * r)
-    kv_out = np.concatenate([kv_a[:r], kv_a[r:][perm]])
-    return q_out, kv_out, o_abs
+def _heads_of_kv_b(kv_b: np.ndarray, config: ModelConfig, p: str) -> Iterator[tuple[str, StackedRows]]:
+    """k_b.{h} / v_b.{h} of a whole kv_b_proj [H (dn + dv), r]: W_UK,h transposed and W_UV,h."""
+    H, dn, dv, r = config.num_heads, config.qk_nope_head_dim, config.v_head_dim, config.kv_lora_rank
+    kvb = np.asarray(kv_b, np.float32).reshape(H, dn + dv, r)
+    for h in range(H):
+        yield p + f"k_b.{h}.weight", _matrix(kvb[h, :dn].T)
+    for h in range(H):
+        yield p + f"v_b.{h}.weight", _matrix(kvb[h, dn:])
 
 
 def mla_tensor_names(config: ModelConfig, p: str) -> list[str]:
@@ -173,7 +149,9 @@ def mla_tensor_names(config: ModelConfig, p: str) -> list[str]:
     names = [p + "qkv.weight"]
     if config.q_lora_rank:
         names += [p + "q_a_norm.weight", p + "q_b.weight"]
-    return names + [p + "kv_a_norm.weight", p + "o.weight"]
+    heads = range(config.num_heads)
+    return (names + [p + "kv_a_norm.weight"] + [p + f"k_b.{h}.weight" for h in heads]
+            + [p + f"v_b.{h}.weight" for h in heads] + [p + "o.weight"])
 
 
 def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, Any]]:
@@ -187,20 +165,16 @@ def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, Any]]:
         h, p = f"model.layers.{i}.", f"layers.{i}."
         a = h + "self_attn."
         yield p + "attn_norm.weight", ckpt.read(h + "input_layernorm.weight", (E,))
-        kv_b = _f64(ckpt, a + "kv_b_proj.weight", (H * (dn + dv), r))
-        o = _f64(ckpt, a + "o_proj.weight", (E, H * dv))
-        kv_a = _f64(ckpt, a + "kv_a_proj_with_mqa.weight", (r + dr, E))
-        q = (_f64(ckpt, a + "q_b_proj.weight", (H * dq, ql)) if ql else _f64(ckpt, a + "q_proj.weight", (H * dq, E)))
-        q_abs, kv_a, o_abs = _absorbed(ckpt, q, kv_b, o, kv_a, config)
+        kv_a = (a + "kv_a_proj_with_mqa.weight", (r + dr, E))
         if ql:
-            q_a = _f64(ckpt, a + "q_a_proj.weight", (ql, E))
-            yield p + "qkv.weight", _matrix(np.concatenate([q_a, kv_a]))
+            yield p + "qkv.weight", stacked(ckpt, ((a + "q_a_proj.weight", (ql, E)), kv_a))
             yield p + "q_a_norm.weight", ckpt.read(a + "q_a_layernorm.weight", (ql,))
-            yield p + "q_b.weight", _matrix(q_abs)
+            yield p + "q_b.weight", stacked(ckpt, ((a + "q_b_proj.weight", (H * dq, ql)),))
         else:
-            yield p + "qkv.weight", _matrix(np.concatenate([q_abs, kv_a]))
+            yield p + "qkv.weight", stacked(ckpt, ((a + "q_proj.weight", (H * dq, E)), kv_a))
         yield p + "kv_a_norm.weight", ckpt.read(a + "kv_a_layernorm.weight", (r,))
-        yield p + "o.weight", _matrix(o_abs)
+        yield from _heads_of_kv_b(convert(ckpt.read(a + "kv_b_proj.weight", (H * (dn + dv), r)), "float32"), config, p)
+        yield p + "o.weight", stacked(ckpt, ((a + "o_proj.weight", (E, H * dv)),))
         yield p + "mlp_norm.weight", ckpt.read(h + "post_attention_layernorm.weight", (E,))
         m = h + "mlp."
         if i < config.first_dense_layers:
@@ -270,30 +244,38 @@ def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
         f.info(name, shape)
         return np.asarray(f.read(name), np.float32)
 
-    def whole(name: str, shape: tuple[int, ...]) -> np.ndarray:
-        f.info(name, shape)
-        return np.asarray(f.read(name), np.float64)
-
     yield "embed", matrix(f, [("token_embd.weight", 0, V)], E)
     for i in range(config.num_layers):
         b, p = f"blk.{i}.", f"layers.{i}."
         yield p + "attn_norm.weight", vec(b + "attn_norm.weight", (E,))
-        if b + "attn_kv_b.weight" in f.tensors:
-            kv_b = whole(b + "attn_kv_b.weight", (H * (dn + dv), r))
-        else:   # W_UK,h stored transposed beside W_UV,h
-            k_b, v_b = whole(b + "attn_k_b.weight", (H, r, dn)), whole(b + "attn_v_b.weight", (H, dv, r))
-            kv_b = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(H * (dn + dv), r)
-        q = whole(b + "attn_q_b.weight", (H * (dn + dr), ql)) if ql else whole(b + "attn_q.weight", (H * (dn + dr), E))
-        q_abs, kv_a, o_abs = _absorbed(f, q, kv_b, whole(b + "attn_output.weight", (E, H * dv)),
-                                       whole(b + "attn_kv_a_mqa.weight", (r + dr, E)), config)
+        f.info(b + "attn_kv_a_mqa.weight", (r + dr, E))
         if ql:
-            yield p + "qkv.weight", _matrix(np.concatenate([whole(b + "attn_q_a.weight", (ql, E)), kv_a]))
+            f.info(b + "attn_q_a.weight", (ql, E))
+            f.info(b + "attn_q_b.weight", (H * (dn + dr), ql))
+            yield p + "qkv.weight", matrix(f, [(b + "attn_q_a.weight", 0, ql), (b + "attn_kv_a_mqa.weight", 0, r + dr)], E)
             yield p + "q_a_norm.weight", vec(b + "attn_q_a_norm.weight", (ql,))
-            yield p + "q_b.weight", _matrix(q_abs)
+            yield p + "q_b.weight", matrix(f, [(b + "attn_q_b.weight", 0, H * (dn + dr))], ql)
         else:
-            yield p + "qkv.weight", _matrix(np.concatenate([q_abs, kv_a]))
+            f.info(b + "attn_q.weight", (H * (dn + dr), E))
+            yield p + "qkv.weight", matrix(f, [(b + "attn_q.weight", 0, H * (dn + dr)),
+                                               (b + "attn_kv_a_mqa.weight", 0, r + dr)], E)
         yield p + "kv_a_norm.weight", vec(b + "attn_kv_a_norm.weight", (r,))
-        yield p + "o.weight", _matrix(o_abs)
+        if b + "attn_kv_b.weight" in f.tensors:   # W_UV rows as stored, W_UK transposed in float32
+            kv_b = b + "attn_kv_b.weight"
+            kvb = vec(kv_b, (H * (dn + dv), r)).reshape(H, dn + dv, r)
+            for hd in range(H):
+                yield p + f"k_b.{hd}.weight", _matrix(kvb[hd, :dn].T)
+            for hd in range(H):
+                yield p + f"v_b.{hd}.weight", matrix(f, [(kv_b, hd * (dn + dv) + dn, dv)], r)
+        else:   # W_UK,h stored transposed beside W_UV,h: both as stored, a head's rows at a time
+            f.info(b + "attn_k_b.weight", (H, r, dn))
+            f.info(b + "attn_v_b.weight", (H, dv, r))
+            for hd in range(H):
+                yield p + f"k_b.{hd}.weight", matrix(f, [(b + "attn_k_b.weight", hd * r, r)], dn)
+            for hd in range(H):
+                yield p + f"v_b.{hd}.weight", matrix(f, [(b + "attn_v_b.weight", hd * dv, dv)], r)
+        f.info(b + "attn_output.weight", (E, H * dv))
+        yield p + "o.weight", matrix(f, [(b + "attn_output.weight", 0, E)], H * dv)
         yield p + "mlp_norm.weight", vec(b + "ffn_norm.weight", (E,))
         if i < config.first_dense_layers:
             F = config.dense_ffn_dim
