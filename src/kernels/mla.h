@@ -7,8 +7,9 @@
  * element d of key row j of block b at (b B + j) Dk + d, fp32 or bf16 bits. A key never
  * becomes per-head K/V: the query arrives absorbed, q_h = [W_UK,h^T q_nope,h, q_pe,h] (Dk
  * values), so q_h . row_j = q_nope,h . k_nope,h,j + q_pe,h . k_pe,j; the output stays latent,
- * out_h = sum_j p_hj c_j (r values), and W_UV,h is applied by the output projection (whose
- * weight absorbs it). Online softmax per head, the running sum rescaled when the max grows.
+ * out_h = sum_j p_hj c_j (r values), and W_UV,h is applied to it afterwards (forward.pxi's
+ * _mla_block: both per head, on the activations). Online softmax per head, the running sum
+ * rescaled when the max grows.
  */
 #ifndef LL_MLA_H
 #define LL_MLA_H
