@@ -481,6 +481,15 @@ LL_INLINE void ll_unpack_5bit(const uint8_t *p, ll_vi8 w[8]) {
 
 /* Sums over the 8 groups of 4 values of one 32-block: lo = groups 0..3, hi = groups 4..7.
  * is_signed: the weights are signed bytes (Q8_0, the IQ4 codebook values), else unsigned. */
+#ifdef LL_I8DOT_FULL_U8
+/* Signed weights w[8] as the bytes w + 128, for ll_dot_block's unsigned products (the caller
+ * takes 128 sum(x) off: ll_qact.s). */
+LL_INLINE void ll_i8_bias(ll_vi8 w[8]) {
+    const ll_vi8 k80 = ll_i8_of_i32(ll_i32_set1((int32_t)0x80808080u));
+    for (int g = 0; g < 8; g++) w[g] = ll_i8_xor(w[g], k80);
+}
+#endif
+
 LL_INLINE void ll_dot_block(const ll_vi8 w[8], const int8_t *x, const int is_signed, ll_vi32 *lo, ll_vi32 *hi) {
     ll_vi32 a = ll_i32_zero(), b = ll_i32_zero();
     LL_UNROLL(4)
@@ -526,7 +535,9 @@ LL_INLINE void ll_iq_subblock_dot(const ll_qact *x, ptrdiff_t nt, const uint8_t 
 #endif
 
 /* Decode streams each panel once: ask for the bytes LL_QPF ahead of those being read. */
+#ifndef LL_QPF
 #define LL_QPF 4096
+#endif
 #define LL_QPREFETCH(p, n) do { for (int pf_ = 0; pf_ < (n); pf_ += 64) __builtin_prefetch((p) + LL_QPF + pf_, 0, 0); } while (0)
 
 /* acc[t] = the 16 rows of panel wp . activation row t, for t < tt (a literal after inlining). */
@@ -537,7 +548,13 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
     if (wtype == LL_W_Q8_0 || wtype == LL_W_Q4_0 || wtype == LL_W_Q4_1 || wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1
             || wtype == LL_W_IQ4_NL) {
         const int five = wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1;
-        const int signed_w = wtype == LL_W_Q8_0 || wtype == LL_W_IQ4_NL;   /* signed weights: dpbssd */
+        int signed_w = wtype == LL_W_Q8_0 || wtype == LL_W_IQ4_NL;   /* signed weights: dpbssd */
+#ifdef LL_I8DOT_FULL_U8
+        const int biased = signed_w;   /* signed weights as w + 128 (ll_i8_bias), 128 sum(x) taken off */
+        signed_w = 0;
+#else
+        const int biased = 0;
+#endif
         const ptrdiff_t bb = ll_qblock_bytes(wtype), qb = wtype == LL_W_Q8_0 ? 512 : five ? 320 : 256;
         const float offset = wtype == LL_W_Q4_0 ? 8.f : 16.f;   /* Q4_0, Q5_0: w = d (u - offset) */
         for (ptrdiff_t b = 0; b < k / 32; b++, wp += bb) {
@@ -547,6 +564,7 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
             else if (five) ll_unpack_5bit(wp, w);
             else ll_unpack_nibbles(wp, w);
             if (wtype == LL_W_IQ4_NL) for (int g = 0; g < 8; g++) w[g] = ll_i8_lut16(w[g], ll_iq4_values);
+            if (biased) ll_i8_bias(w);
             const ll_vf32 d = ll_load_f16((const uint16_t *)(wp + qb));
             for (int t = 0; t < tt; t++) {
                 const int8_t *xq = x->q + t * x->ld + 32 * b;
@@ -556,6 +574,9 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                 const ll_vf32 f = ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(dx));
                 if (signed_w) {
                     acc[t] = ll_fma(d, f, acc[t]);
+                } else if (biased) {
+                    const float sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
+                    acc[t] = ll_fma(d, ll_sub(f, ll_set1(128.f * sx)), acc[t]);
                 } else if (wtype == LL_W_Q4_0 || wtype == LL_W_Q5_0) {
                     const float sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
                     acc[t] = ll_fma(d, ll_sub(f, ll_set1(offset * sx)), acc[t]);
@@ -597,11 +618,22 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                 ll_unpack_nibbles(wp + 160 + 256 * j, w);
                 for (int g = 0; g < 8; g++) w[g] = ll_i8_lut16(w[g], ll_iq4_values);
                 const ptrdiff_t b = 8 * sb + j;
+#ifdef LL_I8DOT_FULL_U8
+                ll_i8_bias(w);
+                for (int t = 0; t < tt; t++) {
+                    ll_vi32 lo, hi;
+                    ll_dot_block(w, x->q + t * x->ld + 32 * b, 0, &lo, &hi);
+                    const float sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
+                    acc[t] = ll_fma(a, ll_sub(ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])),
+                                              ll_set1(128.f * sx)), acc[t]);
+                }
+#else
                 for (int t = 0; t < tt; t++) {
                     ll_vi32 lo, hi;
                     ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
                     acc[t] = ll_fma(a, ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])), acc[t]);
                 }
+#endif
             }
         }
     } else if (wtype == LL_W_MXFP4) {
@@ -622,11 +654,22 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
 #else
             const ll_vf32 d = ll_e8m0_half16(wp + 256, mx_off);
 #endif
+#ifdef LL_I8DOT_FULL_U8
+            ll_i8_bias(w);
+            for (int t = 0; t < tt; t++) {
+                ll_vi32 lo, hi;
+                ll_dot_block(w, x->q + t * x->ld + 32 * b, 0, &lo, &hi);
+                const float sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
+                acc[t] = ll_fma(d, ll_sub(ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])),
+                                          ll_set1(128.f * sx)), acc[t]);
+            }
+#else
             for (int t = 0; t < tt; t++) {
                 ll_vi32 lo, hi;
                 ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
                 acc[t] = ll_fma(d, ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])), acc[t]);
             }
+#endif
         }
     } else if (ll_wtype_is_codebook(wtype)) {
         const ptrdiff_t gb = ll_ggml_block_bytes(wtype);
