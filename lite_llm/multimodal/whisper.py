@@ -28,7 +28,8 @@ from lite_llm.model.hf import SafetensorsCheckpoint
 from lite_llm.multimodal import audio
 from lite_llm.multimodal.llava import _act, _layernorm, vit_blocks_reference, vit_packer
 from lite_llm.multimodal.towers import float_tensors
-from lite_llm.multimodal.whisper_stored import pack_encoder, pack_quantized, quantizable
+from lite_llm.multimodal.whisper_stored import (checkpoint_matrices, dense, is_stored, pack_encoder, pack_quantized,
+                                               quantizable, stack_rows)
 
 try:
     from _blake2 import blake2b
@@ -88,25 +89,28 @@ class WhisperEncoderConfig:
         return 2 * self.max_source_positions
 
 
-def read_hf(source: str, cfg: WhisperEncoderConfig) -> dict[str, np.ndarray]:
+def read_hf(source: str, cfg: WhisperEncoderConfig, lazy: bool = False) -> dict:
     """The encoder of an HF Whisper directory as canonical float32 tensors: "conv1.w" [C, 3 M]
     and "conv2.w" [C, 3 C] (a conv1d weight [C, C_in, 3] flattened: column c * 3 + tap), their
-    biases, "pos" [P, C], the blocks (blk.{i}.*) and "ln.w" / "ln.b"."""
+    biases, "pos" [P, C], the blocks (blk.{i}.*) and "ln.w" / "ln.b". lazy: the matrices as
+    CheckpointMatrix, each read when it is packed (the vectors read now)."""
     ckpt = SafetensorsCheckpoint(source)
     try:
-        _, get = float_tensors(ckpt, lambda name: WhisperError(f"{source}: the checkpoint has no tensor {name}"))
+        names, get = float_tensors(ckpt, lambda name: WhisperError(f"{source}: the checkpoint has no tensor {name}"))
+        mat = checkpoint_matrices(ckpt, names, get, lazy)
         e, C = "encoder.", cfg.hidden_size
-        t = {"conv1.w": get(e + "conv1.weight").reshape(C, -1), "conv1.b": get(e + "conv1.bias"),
-             "conv2.w": get(e + "conv2.weight").reshape(C, -1), "conv2.b": get(e + "conv2.bias"),
+        t = {"conv1.w": mat(e + "conv1.weight"), "conv1.b": get(e + "conv1.bias"),
+             "conv2.w": mat(e + "conv2.weight"), "conv2.b": get(e + "conv2.bias"),
              "pos": get(e + "embed_positions.weight"),
              "ln.w": get(e + "layer_norm.weight"), "ln.b": get(e + "layer_norm.bias")}
         for i in range(cfg.num_layers):
             p, q = f"{e}layers.{i}.", f"blk.{i}."
-            for ours, theirs in (("ln1", "self_attn_layer_norm"), ("ln2", "final_layer_norm"),
-                                 ("q", "self_attn.q_proj"), ("v", "self_attn.v_proj"), ("o", "self_attn.out_proj"),
-                                 ("up", "fc1"), ("down", "fc2")):
+            for ours, theirs in (("ln1", "self_attn_layer_norm"), ("ln2", "final_layer_norm")):
                 t[q + ours + ".w"], t[q + ours + ".b"] = get(p + theirs + ".weight"), get(p + theirs + ".bias")
-            t[q + "k.w"] = get(p + "self_attn.k_proj.weight")
+            for ours, theirs in (("q", "self_attn.q_proj"), ("v", "self_attn.v_proj"), ("o", "self_attn.out_proj"),
+                                 ("up", "fc1"), ("down", "fc2")):
+                t[q + ours + ".w"], t[q + ours + ".b"] = mat(p + theirs + ".weight"), get(p + theirs + ".bias")
+            t[q + "k.w"] = mat(p + "self_attn.k_proj.weight")
             t[q + "k.b"] = np.zeros(C, np.float32)          # Whisper's k projection has no bias
     finally:
         ckpt.close()
@@ -137,15 +141,16 @@ def features_hash(features: np.ndarray) -> bytes:
 
 class WhisperEncoder:
     """Whisper's encoder over 30-s windows (encode_many: several in one compiled call) and its
-    output cache by content hash. tensors: read_hf's float32 arrays (or whisper_ggml.read_encoder's,
-    whose matrices stay in a whisper.cpp file's stored formats); with kernels, its float32
-    matrices are taken out of the dict as they are packed. kernels: the kernel module to run it
-    on (None: NumPy only)."""
+    output cache by content hash. tensors: read_hf's float32 arrays (or with lazy=True its
+    CheckpointMatrix, read when packed; or whisper_ggml.read_encoder's, whose matrices stay in
+    a whisper.cpp file's stored formats); with kernels, its float matrices are taken out of the
+    dict as they are packed. kernels: the kernel module to run it on (None: NumPy only, every
+    matrix read as float32 arrays)."""
 
-    def __init__(self, cfg: WhisperEncoderConfig, tensors: dict[str, np.ndarray], kernels=None,
+    def __init__(self, cfg: WhisperEncoderConfig, tensors: dict, kernels=None,
                  dtype: str = "float32", num_threads: int = 1, bf16_path: str | None = None,
                  max_cached_rows: int = 1 << 16, quantization: str | None = None):
-        self.cfg, self.t = cfg, tensors
+        self.cfg, self.t = cfg, tensors if kernels is not None else dense(tensors)
         self.kernels, self.num_threads = kernels, num_threads
         self.quantization = check_quantization(quantization)
         self.model = None if kernels is None else self._pack(kernels, dtype, bf16_path)
@@ -160,35 +165,38 @@ class WhisperEncoder:
                         **kw) -> "WhisperEncoder":
         """The encoder of the HF Whisper directory at path, on this CPU's kernels ("auto") or
         in NumPy (None); quantization="q8_0" / "q4_0": its matrices quantized at load to those
-        ggml blocks (the int8 GEMMs a quantized whisper.cpp file runs on)."""
+        ggml blocks (the int8 GEMMs a quantized whisper.cpp file runs on). Each matrix is read
+        from the file as it is packed (quantized a slice of rows at a time)."""
         raw, kernels, num_threads = open_checkpoint(path, kernels, num_threads)
         cfg = WhisperEncoderConfig.from_hf(raw)
-        return cls(cfg, read_hf(path, cfg), kernels, dtype, num_threads, **kw)
+        return cls(cfg, read_hf(path, cfg, lazy=True), kernels, dtype, num_threads, **kw)
 
     def _pack(self, kernels, dtype: str, bf16_path: str | None):
-        """The compiled model. Each float32 matrix is taken out of self.t as it is packed (the
-        forward reads the panels only): an HF checkpoint's weights are held once, not twice;
-        encode_reference then needs an encoder built with kernels=None."""
+        """The compiled model. Each float matrix is taken out of self.t as it is packed (the
+        forward reads the panels only), read then from the file where it is a CheckpointMatrix:
+        an HF checkpoint's weights are held once, not twice, and its float32 matrices one at a
+        time at most; encode_reference then needs an encoder built with kernels=None."""
         t, cfg = self.t, self.cfg
-        if any(not isinstance(v, np.ndarray) for v in t.values()):     # a whisper.cpp file's stored matrices
+        if is_stored(t):     # a whisper.cpp file's stored matrices
             # dtype: the attention's (bfloat16 for a quantized file: whisper_ggml.load)
             return kernels.WhisperEncoderModel(pack_encoder(t, cfg), "bfloat16" if dtype == "bfloat16" else "float32",
                                                cfg.num_layers, cfg.num_heads, cfg.eps, cfg.act, bf16_path)
         packed, float_mat = vit_packer(dtype)
 
-        def mat(name: str, w: np.ndarray, b: np.ndarray) -> None:
-            if self.quantization and quantizable(w.shape[1]):
-                packed.matrices[name] = pack_quantized(w, b, QUANTIZATIONS[self.quantization])
+        def mat(name: str, ws: list, b: np.ndarray) -> None:
+            # ws: the parts stacked by rows (q, k, v), float32 arrays or CheckpointMatrix
+            if self.quantization and quantizable(ws[0].shape[1]):
+                packed.matrices[name] = pack_quantized(ws, b, QUANTIZATIONS[self.quantization])
             else:
-                float_mat(name, w, b)
-        mat("conv1", t.pop("conv1.w"), t["conv1.b"])
-        mat("conv2", t.pop("conv2.w"), t["conv2.b"])
+                float_mat(name, stack_rows(ws), b)
+        mat("conv1", [t.pop("conv1.w")], t["conv1.b"])
+        mat("conv2", [t.pop("conv2.w")], t["conv2.b"])
         for i in range(cfg.num_layers):
             p = f"blk.{i}."
-            mat(p + "qkv", np.concatenate([t.pop(p + "q.w"), t.pop(p + "k.w"), t.pop(p + "v.w")]),
+            mat(p + "qkv", [t.pop(p + "q.w"), t.pop(p + "k.w"), t.pop(p + "v.w")],
                 np.concatenate([t[p + "q.b"], t[p + "k.b"], t[p + "v.b"]]))
             for part in ("o", "up", "down"):
-                mat(p + part, t.pop(p + part + ".w"), t[p + part + ".b"])
+                mat(p + part, [t.pop(p + part + ".w")], t[p + part + ".b"])
             for part in ("ln1", "ln2"):
                 packed.vectors[p + part + ".w"] = t[p + part + ".w"]
                 packed.vectors[p + part + ".b"] = t[p + part + ".b"]

@@ -43,7 +43,8 @@ from lite_llm.model.weights import bf16_to_f32, to_bf16
 from lite_llm.multimodal.llava import _act, _layernorm
 from lite_llm.multimodal.towers import float_tensors
 from lite_llm.multimodal.whisper import WhisperError, activation, open_checkpoint
-from lite_llm.multimodal.whisper_stored import pack_quantized, pack_stored, quantizable
+from lite_llm.multimodal.whisper_stored import (StoredMatrix, checkpoint_matrices, dense, pack_quantized, pack_stored,
+                                               quantizable, stack_rows)
 
 BLOCK = 16          # rows of a KV block (the attention kernel's tile)
 # below this many multiply-adds an op runs on one thread: a decode step of one token is ~50 small
@@ -98,27 +99,31 @@ class WhisperDecoderConfig:
         return self.hidden_size // self.num_heads
 
 
-def read_hf(source: str, cfg: WhisperDecoderConfig) -> dict[str, np.ndarray]:
+def read_hf(source: str, cfg: WhisperDecoderConfig, lazy: bool = False) -> dict:
     """The decoder of an HF Whisper directory as float32 tensors: "embed" [V, C] (also the output
     projection), "pos" [P, C], per block blk.{i}.{ln1,ln2,ln3}.{w,b} (before self-attention,
     cross-attention, the MLP), q/k/v/o (self), cq/ck/cv/co (cross), up/down (fc1/fc2), each .w/.b
-    (k and ck biases zero), and "ln.w"/"ln.b"."""
+    (k and ck biases zero), and "ln.w"/"ln.b". lazy: the matrices (embed and the .w of q .. down)
+    as CheckpointMatrix, each read when it is packed (the vectors and "pos" read now)."""
     ckpt = SafetensorsCheckpoint(source)
     try:
-        _, get = float_tensors(ckpt, lambda name: WhisperError(f"{source}: the checkpoint has no tensor {name}"))
+        names, get = float_tensors(ckpt, lambda name: WhisperError(f"{source}: the checkpoint has no tensor {name}"))
+        mat = checkpoint_matrices(ckpt, names, get, lazy)
         d, C = "decoder.", cfg.hidden_size
-        t = {"embed": get(d + "embed_tokens.weight"), "pos": get(d + "embed_positions.weight"),
+        t = {"embed": mat(d + "embed_tokens.weight"), "pos": get(d + "embed_positions.weight"),
              "ln.w": get(d + "layer_norm.weight"), "ln.b": get(d + "layer_norm.bias")}
         for i in range(cfg.num_layers):
             p, q = f"{d}layers.{i}.", f"blk.{i}."
             for ours, theirs in (("ln1", "self_attn_layer_norm"), ("ln2", "encoder_attn_layer_norm"),
-                                 ("ln3", "final_layer_norm"), ("q", "self_attn.q_proj"), ("v", "self_attn.v_proj"),
+                                 ("ln3", "final_layer_norm")):
+                t[q + ours + ".w"], t[q + ours + ".b"] = get(p + theirs + ".weight"), get(p + theirs + ".bias")
+            for ours, theirs in (("q", "self_attn.q_proj"), ("v", "self_attn.v_proj"),
                                  ("o", "self_attn.out_proj"), ("cq", "encoder_attn.q_proj"),
                                  ("cv", "encoder_attn.v_proj"), ("co", "encoder_attn.out_proj"),
                                  ("up", "fc1"), ("down", "fc2")):
-                t[q + ours + ".w"], t[q + ours + ".b"] = get(p + theirs + ".weight"), get(p + theirs + ".bias")
+                t[q + ours + ".w"], t[q + ours + ".b"] = mat(p + theirs + ".weight"), get(p + theirs + ".bias")
             for ours, theirs in (("k", "self_attn.k_proj"), ("ck", "encoder_attn.k_proj")):
-                t[q + ours + ".w"] = get(p + theirs + ".weight")
+                t[q + ours + ".w"] = mat(p + theirs + ".weight")
                 t[q + ours + ".b"] = np.zeros(C, np.float32)
     finally:
         ckpt.close()
@@ -190,10 +195,10 @@ class WhisperDecoder:
     compiled caches hold at once (start() refuses more: the caller bounds its concurrency);
     max_sequences: their states with forks."""
 
-    def __init__(self, cfg: WhisperDecoderConfig, tensors: dict[str, np.ndarray], kernels=None,
+    def __init__(self, cfg: WhisperDecoderConfig, tensors: dict, kernels=None,
                  dtype: str = "float32", num_threads: int = 1, max_requests: int = 8,
                  max_sequences: int | None = None, quantization: str | None = None):
-        self.cfg, self.t = cfg, tensors
+        self.cfg, self.t = cfg, tensors if kernels is not None else dense(tensors)
         self.kernels, self.num_threads, self.dtype = kernels, num_threads, dtype
         self.quantization = check_quantization(quantization)
         self.max_requests = max_requests                       # cross K/V slots: requests at once
@@ -211,7 +216,7 @@ class WhisperDecoder:
                         **kw) -> "WhisperDecoder":
         raw, kernels, num_threads = open_checkpoint(path, kernels, num_threads)
         cfg = WhisperDecoderConfig.from_hf(raw)
-        return cls(cfg, read_hf(path, cfg), kernels, dtype, num_threads, **kw)
+        return cls(cfg, read_hf(path, cfg, lazy=True), kernels, dtype, num_threads, **kw)
 
     # ---- packing ----------------------------------------------------------------------------
 
@@ -223,18 +228,19 @@ class WhisperDecoder:
         self.mats: dict[str, tuple[np.ndarray, int, np.ndarray | None, str]] = {}
 
         def mat(name, keys, b):
-            # a float32 matrix leaves self.t as it is packed (the step reads the panels only)
-            ws = [t[k] if not isinstance(t[k], np.ndarray) else t.pop(k) for k in keys]
-            if any(not isinstance(w, np.ndarray) for w in ws):
+            # a float matrix leaves self.t as it is packed (the step reads the panels only), read
+            # from the file then where it is a CheckpointMatrix (quantized a slice of rows at a time)
+            ws = [t[k] if isinstance(t[k], StoredMatrix) else t.pop(k) for k in keys]
+            if any(isinstance(w, StoredMatrix) for w in ws):
                 m = pack_stored(ws, b)
                 self.mats[name] = (m.data, m.shape[0], m.bias, m.parts[0].format)
                 return
-            w = np.ascontiguousarray(np.concatenate(ws) if len(ws) > 1 else ws[0], np.float32)
-            del ws
-            if self.quantization and quantizable(w.shape[1]):
-                m = pack_quantized(w, b, QUANTIZATIONS[self.quantization])
+            if self.quantization and quantizable(ws[0].shape[1]):
+                m = pack_quantized(ws, b, QUANTIZATIONS[self.quantization])
                 self.mats[name] = (m.data, m.shape[0], m.bias, m.parts[0].format)
                 return
+            w = stack_rows(ws)
+            del ws
             self.mats[name] = (layout.pack(to_bf16(w) if dtype == "bfloat16" else w, dtype), w.shape[0],
                                None if b is None else np.ascontiguousarray(b, np.float32), dtype)
         for i in range(cfg.num_layers):

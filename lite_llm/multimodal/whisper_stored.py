@@ -1,6 +1,7 @@
-"""Weights kept as a whisper.cpp file stores them (F32, F16 or ggml blocks), read when packed,
-and their packing for the Whisper encoder's and decoder's kernels: below whisper.py,
-whisper_decoder.py and whisper_ggml.py (the file reader), which all use it."""
+"""Weights kept where a file stores them, read when packed: a whisper.cpp file's (F32, F16 or
+ggml blocks: StoredMatrix) and an HF checkpoint's float matrices (CheckpointMatrix), and their
+packing for the Whisper encoder's and decoder's kernels: below whisper.py, whisper_decoder.py
+and whisper_ggml.py (the file reader), which all use it."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,8 @@ import numpy as np
 
 from lite_llm.model.files import pread_into
 from lite_llm.model.gguf import NATIVE_TYPES, TENSOR_TYPES, dequantize
+from lite_llm.model.hf import SafetensorsCheckpoint
+from lite_llm.model.weights import bf16_to_f32
 
 
 @dataclass(frozen=True)
@@ -49,13 +52,80 @@ class StoredMatrix:
 _TYPE_IDS = {name: tid for tid, (name, _, _) in TENSOR_TYPES.items()}
 
 
+@dataclass(frozen=True, eq=False)
+class CheckpointMatrix:
+    """A float weight of an HF safetensors checkpoint (F32, F16, BF16) seen as [N, K] (a conv1d
+    weight [C, C_in, 3] as its rows flattened), read as float32 when packed, a slice of rows at a
+    time where it is quantized: loading never holds the checkpoint's float32 matrices at once."""
+    ckpt: SafetensorsCheckpoint
+    name: str                           # as stored
+    shape: tuple[int, int]
+
+    @classmethod
+    def of(cls, ckpt: SafetensorsCheckpoint, name: str) -> "CheckpointMatrix":
+        shape = ckpt.entry(name).shape or (1,)
+        return cls(ckpt, name, (shape[0], int(np.prod(shape[1:], dtype=np.int64))))
+
+    def read(self, r0: int, r1: int) -> np.ndarray:
+        """float32 [r1 - r0, K] of rows r0..r1 (F16 / BF16 widened, exactly); new memory. The
+        file is closed again after each read (the next one opens it)."""
+        try:
+            a = self.ckpt.read_rows(self.name, r0, r1)
+        finally:
+            self.ckpt.close()
+        a = a.reshape(r1 - r0, self.shape[1])
+        return bf16_to_f32(a) if a.dtype == np.uint16 else a.astype(np.float32, copy=False)
+
+    def values(self) -> np.ndarray:
+        """float32 [N, K]."""
+        return self.read(0, self.shape[0])
+
+
+def checkpoint_matrices(ckpt: SafetensorsCheckpoint, names: dict[str, str], get, lazy: bool):
+    """mat(name): a weight of the checkpoint as [N, K] (more axes flattened into K): a float32
+    array read now (get: towers.float_tensors', which raises for a missing name), or with lazy a
+    CheckpointMatrix read when packed."""
+    def mat(name: str):
+        if not lazy or name not in names:
+            a = get(name)
+            return a.reshape(a.shape[0] if a.ndim else 1, -1)
+        return CheckpointMatrix.of(ckpt, names[name])
+    return mat
+
+
 def is_stored(t: dict) -> bool:
     return any(isinstance(v, StoredMatrix) for v in t.values())
 
 
 def dense(t: dict) -> dict[str, np.ndarray]:
-    """The same tensors all float32 (the NumPy references of tests)."""
-    return {k: v.values() if isinstance(v, StoredMatrix) else v for k, v in t.items()}
+    """The same tensors all float32 arrays (the NumPy references)."""
+    return {k: v.values() if isinstance(v, (StoredMatrix, CheckpointMatrix)) else v for k, v in t.items()}
+
+
+def stack_rows(parts: list) -> np.ndarray:
+    """float32 [N, K] of parts (arrays, CheckpointMatrix) stacked by rows: q, k, v as one matrix,
+    each part read into its rows (one part's float32 beside the whole at most)."""
+    if len(parts) == 1:
+        p = parts[0]
+        return np.ascontiguousarray(p.values() if isinstance(p, CheckpointMatrix) else p, np.float32)
+    out = np.empty((sum(p.shape[0] for p in parts), parts[0].shape[1]), np.float32)
+    r = 0
+    for p in parts:
+        out[r:r + p.shape[0]] = p.values() if isinstance(p, CheckpointMatrix) else p
+        r += p.shape[0]
+    return out
+
+
+def _float_rows(parts: list, r0: int, r1: int) -> np.ndarray:
+    """float32 [r1 - r0, K]: rows r0..r1 of parts stacked by rows (read from the file for a
+    CheckpointMatrix), C-contiguous."""
+    pieces, start = [], 0
+    for p in parts:
+        a, b = max(r0, start), min(r1, start + p.shape[0])
+        if a < b:
+            pieces.append(p.read(a - start, b - start) if isinstance(p, CheckpointMatrix) else p[a - start:b - start])
+        start += p.shape[0]
+    return np.ascontiguousarray(pieces[0] if len(pieces) == 1 else np.concatenate(pieces), np.float32)
 
 
 def pack_stored(parts: list, bias: np.ndarray | None, threads: int | None = None):
@@ -99,16 +169,33 @@ def quantizable(k: int) -> bool:
     return k % 32 == 0
 
 
-def pack_quantized(w: np.ndarray, bias: np.ndarray | None, type_name: str, threads: int | None = None):
-    """A float32 weight [N, K] (K a multiple of 32) quantized at load to ggml blocks of type_name
-    (Q8_0 or Q4_0, as ggml's quantizers make them) and packed as a whisper.cpp file's blocks are:
-    the int8 GEMMs of a quantized file, from an HF checkpoint."""
+def pack_quantized(w, bias: np.ndarray | None, type_name: str, threads: int | None = None):
+    """A float weight [N, K] (K a multiple of 32: an array, a CheckpointMatrix, or a list of them
+    stacked by rows, as q, k, v) quantized at load to ggml blocks of type_name (Q8_0 or Q4_0, as
+    ggml's quantizers make them) and packed as a whisper.cpp file's blocks are: the int8 GEMMs of
+    a quantized file, from an HF checkpoint. A slice of rows (whole 16-row panels) is read,
+    quantized and packed at a time, into the panels of the whole matrix: no float32 copy of the
+    whole matrix, nor of its blocks unpacked (the same panels as quantizing it whole: ggml
+    blocks are per row)."""
     from lite_llm._kernels import kernels, layout     # deferred: the reader works without a kernel build
+    from lite_llm._kernels.packed import Part, PackedMatrix
     threads = threads or layout.load_threads()
-    n, k = w.shape
-    raw = kernels.quantize_ggml(np.ascontiguousarray(w, np.float32), type_name, threads)
-    return _pack_blocks(raw, type_name, n, k, None if bias is None else np.ascontiguousarray(bias, np.float32),
-                        threads)
+    parts = [w] if isinstance(w, (np.ndarray, CheckpointMatrix)) else list(w)
+    ks = {p.shape[1] for p in parts}
+    if len(ks) != 1:
+        raise ValueError("parts of one matrix with different widths")
+    k, n = ks.pop(), sum(p.shape[0] for p in parts)
+    panels = -(-n // layout.PANEL)
+    out = layout.aligned_empty((panels, kernels.qpanel_bytes(type_name, k)), np.uint8, weights=True)
+    per_slice = max(layout.PANEL, max(layout.STREAM_ELEMENTS, threads * (1 << 14)) // max(k, 1)
+                    // layout.PANEL * layout.PANEL)
+    for r0 in range(0, n, per_slice):
+        r1 = min(n, r0 + per_slice)
+        raw = kernels.quantize_ggml(_float_rows(parts, r0, r1), type_name, threads)
+        kernels.qpack_into(raw, out[r0 // layout.PANEL: -(-r1 // layout.PANEL)], type_name, k, threads)
+        del raw
+    return PackedMatrix(out, (n, k), (Part(type_name, 0, panels, 0, n, 0),),
+                        None if bias is None else np.ascontiguousarray(bias, np.float32))
 
 
 def pack_encoder(t: dict, cfg):
