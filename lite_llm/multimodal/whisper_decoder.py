@@ -187,6 +187,9 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, H: int, causal_from: in
     return (s @ vh).transpose(1, 0, 2).reshape(n, C)
 
 
+KV_CACHE_DTYPES = ("float32", "bfloat16", "int8")
+
+
 class WhisperDecoder:
     """Whisper's decoder over requests' states (see the module's docstring). tensors: read_hf's
     (or whisper_ggml.read_decoder's: matrices in a whisper.cpp file's stored formats, run as
@@ -197,10 +200,20 @@ class WhisperDecoder:
 
     def __init__(self, cfg: WhisperDecoderConfig, tensors: dict, kernels=None,
                  dtype: str = "float32", num_threads: int = 1, max_requests: int = 8,
-                 max_sequences: int | None = None, quantization: str | None = None):
+                 max_sequences: int | None = None, quantization: str | None = None,
+                 kv_cache_dtype: str | None = None):
         self.cfg, self.t = cfg, tensors if kernels is not None else dense(tensors)
         self.kernels, self.num_threads, self.dtype = kernels, num_threads, dtype
         self.quantization = check_quantization(quantization)
+        # the K / V blocks' format (kv_layout.kv_cache_shapes), one for the self- and the cross-
+        # attention: float32 for float32 weights, int8 rows (a float32 scale each) for weights
+        # quantized at load, else bf16 (the cross K/V of 1500 rows are most of what a step reads:
+        # 8-bit rows halve them)
+        if kv_cache_dtype is None:
+            kv_cache_dtype = "int8" if self.quantization else "float32" if dtype == "float32" else "bfloat16"
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise WhisperError(f"kv_cache_dtype {kv_cache_dtype!r}: one of {', '.join(KV_CACHE_DTYPES)}")
+        self.kv_dtype = kv_cache_dtype
         self.max_requests = max_requests                       # cross K/V slots: requests at once
         self.max_sequences = max_sequences or max_requests      # self-attention slots: requests and their forks
         self.free_slots = list(range(self.max_sequences - 1, -1, -1))
@@ -255,9 +268,7 @@ class WhisperDecoder:
         self.self_blocks = -(-cfg.max_target_positions // BLOCK)          # blocks of one request's tokens
         self.cross_blocks = -(-cfg.max_source_positions // BLOCK)         # ... of its encoder rows
         nb_self, nb_cross = self.max_sequences * self.self_blocks, self.max_requests * self.cross_blocks
-        # K / V blocks (kv_layout.kv_cache_shapes), one pair a layer: float32 for float32 weights,
-        # else bf16 (half the bytes each step reads: the cross K/V of 1500 rows are most of them)
-        self.kv_dtype = "float32" if dtype == "float32" and not self.quantization else "bfloat16"
+        # K / V blocks (kv_layout.kv_cache_shapes), one pair a layer, in self.kv_dtype
         kv = layout.KV_NUMPY[self.kv_dtype]
         (ks, vs), (kc, vc) = (layout.kv_cache_shapes(nb, H, BLOCK, D, self.kv_dtype) for nb in (nb_self, nb_cross))
         self.k_self = [np.zeros(ks, kv) for _ in range(L)]

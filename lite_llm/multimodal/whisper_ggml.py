@@ -377,12 +377,12 @@ def load(path: str, kernels="auto", num_threads: int | None = None, max_requests
     enc_t, dec_t = read_encoder(f, ecfg), read_decoder(f, dcfg)
     if kernels is None:
         enc_t, dec_t = dense(enc_t), dense(dec_t)
-    # a quantized file's attention (the encoder's, the decoder's K/V blocks) in bf16: its matrices'
-    # error is larger than bf16's; F32 / F16 files keep float32 attention
+    # a quantized file's attention in bf16 (the encoder's) and the decoder's K/V blocks in int8 rows,
+    # as weights quantized at load run (WhisperDecoder); F32 / F16 files keep float32 attention
     dtype = "float32" if f.ftype in ("F32", "F16") else "bfloat16"
     enc = WhisperEncoder(ecfg, enc_t, kernels, dtype, num_threads)
     dec = WhisperDecoder(dcfg, dec_t, kernels, dtype, num_threads, max_requests=max_requests,
-                         max_sequences=max_sequences)
+                         max_sequences=max_sequences, kv_cache_dtype=None if dtype == "float32" else "int8")
     special = SpecialIds(dcfg.vocab_size)
     if special.eot + len(special.names()) != dcfg.vocab_size or special.num_languages < 1:
         raise WhisperError(f"{path}: n_vocab {dcfg.vocab_size} is not a Whisper vocabulary (51864 English, "

@@ -185,9 +185,10 @@ def test_bf16_weights_are_close(setup):
 
 def test_q8_0_at_load_is_close(setup):
     """quantization="q8_0": every matrix of the HF checkpoint but conv1 (3 x 80 columns) quantized
-    at load to Q8_0 blocks (the int8 GEMMs), attention and K/V in bf16: encoder rows and logits,
-    token after token, within the tolerances of a Q8_0 whisper.cpp file (test_whisper_ggml.py:
-    ENC_TOL, DEC_TOL of the largest magnitude), the greedy token the same."""
+    at load to Q8_0 blocks (the int8 GEMMs), the encoder's attention in bf16, the decoder's K/V
+    blocks in int8 rows (or bf16 when asked): encoder rows and logits, token after token, within
+    the tolerances of a Q8_0 whisper.cpp file (test_whisper_ggml.py: ENC_TOL, DEC_TOL of the
+    largest magnitude), the greedy token the same."""
     from test_whisper_ggml import DEC_TOL, ENC_TOL
     path, model, rows = setup
     feats = np.random.default_rng(1).uniform(-1, 1, (80, 3000)).astype(np.float32)
@@ -196,18 +197,24 @@ def test_q8_0_at_load_is_close(setup):
     enc = WhisperEncoder.from_pretrained(str(path), num_threads=2, quantization="q8_0")
     got_rows = enc.encode(feats)
     assert np.abs(got_rows - want_rows).max() / np.abs(want_rows).max() < ENC_TOL
-    dec = WhisperDecoder.from_pretrained(str(path), num_threads=2, max_requests=1, quantization="q8_0")
-    assert {m[3] for m in dec.mats.values()} == {"Q8_0"} and dec.k_cross[0].dtype == np.uint16
-    st = dec.start(rows[0])
-    seq = list(PROMPTS[0])
-    got = dec.step([st], [seq])[0]
-    for _ in range(6):
-        want = _theirs(model, rows[0], seq)[-1]
-        assert np.abs(got - want).max() / np.abs(want).max() < DEC_TOL
-        assert int(np.argmax(got)) == int(np.argmax(want))
-        seq.append(int(np.argmax(want)))
-        got = dec.step([st], [[seq[-1]]])[0]
-    dec.release(st)
+    for kv, dtype in ((None, np.int8), ("bfloat16", np.uint16)):
+        dec = WhisperDecoder.from_pretrained(str(path), num_threads=2, max_requests=1, quantization="q8_0",
+                                             kv_cache_dtype=kv)
+        assert {m[3] for m in dec.mats.values()} == {"Q8_0"}
+        assert dec.k_cross[0].dtype == dec.k_self[0].dtype == dtype
+        st = dec.start(rows[0])
+        seq = list(PROMPTS[0])
+        got = dec.step([st], [seq])[0]
+        for _ in range(6):
+            want = _theirs(model, rows[0], seq)[-1]
+            print(f"K/V {dec.kv_dtype}: |logit error| / max |logit| {np.abs(got - want).max() / np.abs(want).max():.4f}")
+            assert np.abs(got - want).max() / np.abs(want).max() < DEC_TOL
+            assert int(np.argmax(got)) == int(np.argmax(want))
+            seq.append(int(np.argmax(want)))
+            got = dec.step([st], [[seq[-1]]])[0]
+        dec.release(st)
+    with pytest.raises(WhisperError, match="kv_cache_dtype 'fp8_e4m3'"):
+        WhisperDecoder.from_pretrained(str(path), num_threads=2, quantization="q8_0", kv_cache_dtype="fp8_e4m3")
 
 
 def test_states_started_on_a_cross_kv_filled_in_slices(setup):
