@@ -479,8 +479,6 @@ LL_INLINE void ll_unpack_5bit(const uint8_t *p, ll_vi8 w[8]) {
     for (int g = 0; g < 8; g++) w[g] = ll_i8_or(w[g], ll_i8_hi1(h, g));
 }
 
-/* Sums over the 8 groups of 4 values of one 32-block: lo = groups 0..3, hi = groups 4..7.
- * is_signed: the weights are signed bytes (Q8_0, the IQ4 codebook values), else unsigned. */
 #ifdef LL_I8DOT_FULL_U8
 /* Signed weights w[8] as the bytes w + 128, for ll_dot_block's unsigned products (the caller
  * takes 128 sum(x) off: ll_qact.s). */
@@ -490,6 +488,8 @@ LL_INLINE void ll_i8_bias(ll_vi8 w[8]) {
 }
 #endif
 
+/* Sums over the 8 groups of 4 values of one 32-block: lo = groups 0..3, hi = groups 4..7.
+ * is_signed: the weights are signed bytes (Q8_0, the IQ4 codebook values), else unsigned. */
 LL_INLINE void ll_dot_block(const ll_vi8 w[8], const int8_t *x, const int is_signed, ll_vi32 *lo, ll_vi32 *hi) {
     ll_vi32 a = ll_i32_zero(), b = ll_i32_zero();
     LL_UNROLL(4)
@@ -499,6 +499,30 @@ LL_INLINE void ll_dot_block(const ll_vi8 w[8], const int8_t *x, const int is_sig
         b = is_signed ? ll_dpbssd(b, w[g + 4], x1) : ll_dpbusd(b, w[g + 4], x1);
     }
     *lo = a; *hi = b;
+}
+
+/* acc[t] += scale (16 rows) x the signed weight bytes w[8] of block b . token t's 32 int8 values,
+ * for t < tt: as w + 128 less 128 sum(x) where the build's dot product takes any u8 (VNNI), else
+ * signed products (ll_dpbssd). */
+LL_INLINE void ll_signed_block_dot(const ll_qact *x, int tt, ll_vi8 w[8], ll_vf32 scale, ptrdiff_t b, ll_vf32 *acc) {
+    const ptrdiff_t ldd = x->ld / 32, lds = x->ld / 16;
+#ifdef LL_I8DOT_FULL_U8
+    ll_i8_bias(w);
+    for (int t = 0; t < tt; t++) {
+        ll_vi32 lo, hi;
+        ll_dot_block(w, x->q + t * x->ld + 32 * b, 0, &lo, &hi);
+        const float sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
+        acc[t] = ll_fma(scale, ll_sub(ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])),
+                                      ll_set1(128.f * sx)), acc[t]);
+    }
+#else
+    (void)lds;
+    for (int t = 0; t < tt; t++) {
+        ll_vi32 lo, hi;
+        ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
+        acc[t] = ll_fma(scale, ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])), acc[t]);
+    }
+#endif
 }
 
 #ifndef LL_IQ_ONE_ROW
@@ -618,22 +642,7 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                 ll_unpack_nibbles(wp + 160 + 256 * j, w);
                 for (int g = 0; g < 8; g++) w[g] = ll_i8_lut16(w[g], ll_iq4_values);
                 const ptrdiff_t b = 8 * sb + j;
-#ifdef LL_I8DOT_FULL_U8
-                ll_i8_bias(w);
-                for (int t = 0; t < tt; t++) {
-                    ll_vi32 lo, hi;
-                    ll_dot_block(w, x->q + t * x->ld + 32 * b, 0, &lo, &hi);
-                    const float sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
-                    acc[t] = ll_fma(a, ll_sub(ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])),
-                                              ll_set1(128.f * sx)), acc[t]);
-                }
-#else
-                for (int t = 0; t < tt; t++) {
-                    ll_vi32 lo, hi;
-                    ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
-                    acc[t] = ll_fma(a, ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])), acc[t]);
-                }
-#endif
+                ll_signed_block_dot(x, tt, w, a, b, acc);
             }
         }
     } else if (wtype == LL_W_MXFP4) {
@@ -654,22 +663,7 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
 #else
             const ll_vf32 d = ll_e8m0_half16(wp + 256, mx_off);
 #endif
-#ifdef LL_I8DOT_FULL_U8
-            ll_i8_bias(w);
-            for (int t = 0; t < tt; t++) {
-                ll_vi32 lo, hi;
-                ll_dot_block(w, x->q + t * x->ld + 32 * b, 0, &lo, &hi);
-                const float sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
-                acc[t] = ll_fma(d, ll_sub(ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])),
-                                          ll_set1(128.f * sx)), acc[t]);
-            }
-#else
-            for (int t = 0; t < tt; t++) {
-                ll_vi32 lo, hi;
-                ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
-                acc[t] = ll_fma(d, ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])), acc[t]);
-            }
-#endif
+            ll_signed_block_dot(x, tt, w, d, b, acc);
         }
     } else if (ll_wtype_is_codebook(wtype)) {
         const ptrdiff_t gb = ll_ggml_block_bytes(wtype);
