@@ -588,7 +588,9 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
             else if (five) ll_unpack_5bit(wp, w);
             else ll_unpack_nibbles(wp, w);
             if (wtype == LL_W_IQ4_NL) for (int g = 0; g < 8; g++) w[g] = ll_i8_lut16(w[g], ll_iq4_values);
+#ifdef LL_I8DOT_FULL_U8
             if (biased) ll_i8_bias(w);
+#endif
             const ll_vf32 d = ll_load_f16((const uint16_t *)(wp + qb));
             for (int t = 0; t < tt; t++) {
                 const int8_t *xq = x->q + t * x->ld + 32 * b;
