@@ -108,24 +108,20 @@ def stack_rows(parts: list) -> np.ndarray:
     if len(parts) == 1:
         p = parts[0]
         return np.ascontiguousarray(p.values() if isinstance(p, CheckpointMatrix) else p, np.float32)
-    out = np.empty((sum(p.shape[0] for p in parts), parts[0].shape[1]), np.float32)
-    r = 0
-    for p in parts:
-        out[r:r + p.shape[0]] = p.values() if isinstance(p, CheckpointMatrix) else p
-        r += p.shape[0]
-    return out
+    return _float_rows(parts, 0, sum(p.shape[0] for p in parts))
 
 
 def _float_rows(parts: list, r0: int, r1: int) -> np.ndarray:
-    """float32 [r1 - r0, K]: rows r0..r1 of parts stacked by rows (read from the file for a
-    CheckpointMatrix), C-contiguous."""
-    pieces, start = [], 0
+    """float32 [r1 - r0, K]: rows r0..r1 of parts stacked by rows, each part's share read (from
+    the file for a CheckpointMatrix) into its rows."""
+    out = np.empty((r1 - r0, parts[0].shape[1]), np.float32)
+    start = 0
     for p in parts:
         a, b = max(r0, start), min(r1, start + p.shape[0])
         if a < b:
-            pieces.append(p.read(a - start, b - start) if isinstance(p, CheckpointMatrix) else p[a - start:b - start])
+            out[a - r0:b - r0] = p.read(a - start, b - start) if isinstance(p, CheckpointMatrix) else p[a - start:b - start]
         start += p.shape[0]
-    return np.ascontiguousarray(pieces[0] if len(pieces) == 1 else np.concatenate(pieces), np.float32)
+    return out
 
 
 def pack_stored(parts: list, bias: np.ndarray | None, threads: int | None = None):

@@ -134,12 +134,19 @@ def _matrix(a: np.ndarray) -> StackedRows:
     return StackedRows(((a.shape[0], lambda r0, r1: a[r0:r1]),), a.shape[1])
 
 
-def _heads_of_kv_b(kv_b: np.ndarray, config: ModelConfig, p: str) -> Iterator[tuple[str, StackedRows]]:
-    """k_b.{h} / v_b.{h} of a whole kv_b_proj [H (dn + dv), r]: W_UK,h transposed and W_UV,h."""
+def _w_uk_heads(kv_b: np.ndarray, config: ModelConfig, p: str) -> Iterator[tuple[str, StackedRows]]:
+    """k_b.{h} of a whole kv_b_proj [H (dn + dv), r]: each head's W_UK transposed, in float32."""
     H, dn, dv, r = config.num_heads, config.qk_nope_head_dim, config.v_head_dim, config.kv_lora_rank
     kvb = np.asarray(kv_b, np.float32).reshape(H, dn + dv, r)
     for h in range(H):
         yield p + f"k_b.{h}.weight", _matrix(kvb[h, :dn].T)
+
+
+def _heads_of_kv_b(kv_b: np.ndarray, config: ModelConfig, p: str) -> Iterator[tuple[str, StackedRows]]:
+    """k_b.{h} / v_b.{h} of a whole kv_b_proj [H (dn + dv), r]: W_UK,h transposed and W_UV,h."""
+    H, dn, dv, r = config.num_heads, config.qk_nope_head_dim, config.v_head_dim, config.kv_lora_rank
+    yield from _w_uk_heads(kv_b, config, p)
+    kvb = np.asarray(kv_b, np.float32).reshape(H, dn + dv, r)
     for h in range(H):
         yield p + f"v_b.{h}.weight", _matrix(kvb[h, dn:])
 
@@ -262,9 +269,7 @@ def gguf_tensors(f, config: ModelConfig) -> Iterator[tuple[str, Any]]:
         yield p + "kv_a_norm.weight", vec(b + "attn_kv_a_norm.weight", (r,))
         if b + "attn_kv_b.weight" in f.tensors:   # W_UV rows as stored, W_UK transposed in float32
             kv_b = b + "attn_kv_b.weight"
-            kvb = vec(kv_b, (H * (dn + dv), r)).reshape(H, dn + dv, r)
-            for hd in range(H):
-                yield p + f"k_b.{hd}.weight", _matrix(kvb[hd, :dn].T)
+            yield from _w_uk_heads(vec(kv_b, (H * (dn + dv), r)), config, p)
             for hd in range(H):
                 yield p + f"v_b.{hd}.weight", matrix(f, [(kv_b, hd * (dn + dv) + dn, dv)], r)
         else:   # W_UK,h stored transposed beside W_UV,h: both as stored, a head's rows at a time
