@@ -223,6 +223,7 @@ cdef class SteadyDecode:
     cdef const int32_t *slots
     cdef const int32_t *tokens
     cdef readonly Py_ssize_t size
+    cdef readonly Py_ssize_t num_runs    # steps run
     cdef long long bytes_per_token, kv_bytes_per_token
 
     def __init__(self, StepBuffers buffers, batch, const int32_t[::1] slots, const int32_t[::1] tokens, call,
@@ -269,6 +270,7 @@ cdef class SteadyDecode:
         self.call.run()
         kernel = _perf_counter() - start
         b._append_rows(self.tokens)
+        self.num_runs += 1
         cdef list results = [None] * n
         for i in range(n):
             results[i] = _plain_result(self.result_type, self.tokens[i])

@@ -30,11 +30,12 @@ from cpython.object cimport PyObject
 from cpython.tuple cimport PyTuple_GET_SIZE
 from cpython.unicode cimport PyUnicode_GET_LENGTH, PyUnicode_READ_CHAR
 
-from time import perf_counter as _perf_counter
+from time import monotonic as _monotonic, perf_counter as _perf_counter
 
 from lite_llm.engine.detokenizer import ByteDetokenizer
 
 from lite_llm.engine.request import RequestStatus, SampleResult
+from lite_llm.engine.runner_output import RunnerOutput
 from lite_llm.engine.stats import StepRecord
 from lite_llm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
@@ -59,9 +60,15 @@ cdef enum:
     STEP_PYTHON_SECONDS = 2      # StepRecord.python_seconds
     STEP_KERNEL_SECONDS = 3      # StepRecord.kernel_seconds
     STEP_BYTES_READ = 4          # StepRecord.bytes_read
+    RAN_SAMPLED = 0              # RunnerOutput.sampled
+    RAN_KERNEL_SECONDS = 3       # RunnerOutput.kernel_seconds
+    RAN_BYTES_READ = 4           # RunnerOutput.bytes_read
+    PLAN_CHUNKS = 0              # SchedulerOutput.chunks (checked by SteadySchedule)
+    PLAN_NUM_TOKENS = 1          # SchedulerOutput.num_tokens
 if SampleResult._fields[SAMPLE_TOKEN_ID] != "token_id" or StepRecord._fields[STEP_PYTHON_SECONDS:] != \
-        ("python_seconds", "kernel_seconds", "bytes_read"):
-    raise ImportError("_step.pyx: SampleResult / StepRecord fields moved; update its field indices")
+        ("python_seconds", "kernel_seconds", "bytes_read") or RunnerOutput._fields[RAN_SAMPLED] != "sampled" \
+        or RunnerOutput._fields[RAN_KERNEL_SECONDS:RAN_BYTES_READ + 1] != ("kernel_seconds", "bytes_read"):
+    raise ImportError("_step.pyx: SampleResult / StepRecord / RunnerOutput fields moved; update its field indices")
 
 cdef object RUNNING = RequestStatus.RUNNING
 cdef object WAITING = RequestStatus.WAITING
@@ -564,10 +571,97 @@ def schedule_decodes(list running, dict room, list chunks, Py_ssize_t budget, Py
 cdef tuple _NO_BLOCKS = ()      # a chunk's new block ids when it needs none (shared: never changed)
 
 
+cdef class SteadySchedule:
+    """The scheduler's steady step (Scheduler.schedule's first case), compiled: when nobody
+    waits and nothing left since the last step, the running requests' decode chunks
+    (schedule_decodes) and, when they repeat the latest step's (repeats_decodes), the step's
+    SchedulerOutput marked steady. It holds the scheduler's own queues (never rebound), so it
+    reads them as they are; Scheduler.schedule takes it first and continues from where it
+    stopped (take_pending), and the engine's compiled steady step (SteadyStep) calls it
+    without a Python frame.
+
+        schedule() -> SchedulerOutput  a steady step: its chunks, blocks allocated
+                   -> None             not one: nothing changed, or (pending) the chunks it
+                                       made so far, their blocks allocated, which the
+                                       scheduler's loop must continue from"""
+    cdef object waiting                  # the scheduler's deque of waiting requests
+    cdef list running, finished, preempted
+    cdef dict room
+    cdef object allocate, chunk_type, output_type
+    cdef Py_ssize_t max_tokens
+    cdef public list last_chunks         # the chunks of the latest step that ran
+    cdef tuple pending                   # (chunks, idx, budget) left for the scheduler's loop
+
+    def __init__(self, waiting, list running, list finished, list preempted, dict room, allocate, chunk_type,
+                 output_type, Py_ssize_t max_tokens):
+        """The scheduler's waiting deque, running list, finished and preempted id lists (the
+        objects it keeps for its lifetime), the KV manager's room and allocate_slots,
+        ScheduledChunk, SchedulerOutput and the step's token budget."""
+        self.waiting, self.running, self.finished, self.preempted = waiting, running, finished, preempted
+        self.room, self.allocate, self.chunk_type, self.output_type = room, allocate, chunk_type, output_type
+        self.max_tokens, self.last_chunks, self.pending = max_tokens, [], None
+        if output_type._fields[:PLAN_NUM_TOKENS + 1] != ("chunks", "num_tokens") \
+                or output_type._fields[5:] != ("steady", "aborted") or len(output_type._fields) != 7:
+            raise TypeError("SteadySchedule: SchedulerOutput's fields moved; update _step.pyx")
+
+    cpdef object schedule(self):
+        cdef Py_ssize_t idx, budget
+        cdef list chunks
+        if self.pending is not None or self.waiting or PyList_GET_SIZE(self.finished) \
+                or PyList_GET_SIZE(self.preempted) or not PyList_GET_SIZE(self.running):
+            return None
+        chunks = []
+        idx, budget = schedule_decodes(self.running, self.room, chunks, self.max_tokens, 0, self.chunk_type,
+                                       self.allocate)
+        if idx == PyList_GET_SIZE(self.running) and _repeats_decodes(self.last_chunks, chunks):
+            self.last_chunks = chunks
+            return _new_tuple(self.output_type, (chunks, self.max_tokens - budget, (), (), 0, True, ()))
+        self.pending = (chunks, idx, budget)
+        return None
+
+    def take_pending(self):
+        """What the latest schedule() that returned None left: (chunks, idx, budget), the
+        running requests from idx on still to schedule with budget tokens left; or None when it
+        changed nothing."""
+        pending, self.pending = self.pending, None
+        return pending
+
+
+cdef class SteadyStep:
+    """LLMEngine.step for a steady decode batch in one compiled call: the scheduler's steady
+    schedule (SteadySchedule), the runner's repeated step (_batch.SteadyDecode) and the end of a
+    plain step (finish_plain), the same objects passing between them as in step()'s Python
+    frames. run() returns None when the scheduler's step is not steady (step() then runs its
+    Python path, which continues the scheduler's pending chunks); the engine makes one after a
+    steady step the runner ran as a SteadyDecode and drops it when run() returns None."""
+    cdef SteadySchedule schedule
+    cdef object decode, engine, stats
+    cdef readonly Py_ssize_t num_steps
+
+    def __init__(self, engine, SteadySchedule schedule, decode, stats):
+        self.engine, self.schedule, self.decode, self.stats = engine, schedule, decode, stats
+
+    def run(self, bint lazy=False):
+        cdef double start = _perf_counter()
+        sched_out = self.schedule.schedule()
+        if sched_out is None:
+            return None
+        chunks = (<tuple>sched_out)[PLAN_CHUNKS]
+        ran = self.decode.run(chunks)
+        self.num_steps += 1
+        return finish_plain(self.engine, self.stats, chunks, (<tuple>ran)[RAN_SAMPLED], _monotonic(), {}, True, lazy,
+                            start, (<tuple>ran)[RAN_KERNEL_SECONDS], (<tuple>ran)[RAN_BYTES_READ],
+                            (<tuple>sched_out)[PLAN_NUM_TOKENS])
+
+
 def repeats_decodes(list previous, list chunks) -> bool:
     """Whether chunks are a steady decode step after previous (the chunks of the step before):
     the same requests in the same order, each computing one token that samples, none new, no
     drafts (SchedulerOutput.steady)."""
+    return _repeats_decodes(previous, chunks)
+
+
+cdef bint _repeats_decodes(list previous, list chunks):
     cdef Py_ssize_t i, n = PyList_GET_SIZE(chunks)
     cdef tuple c
     if n == 0 or PyList_GET_SIZE(previous) != n:

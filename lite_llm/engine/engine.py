@@ -12,8 +12,10 @@ Runner protocol (Runner below; runner_output.py):
         its sampled list aligned with sched_out.chunks; None where chunk.sample is False.
         masks, passed only when some sampling row of the step follows a grammar, is
         structured.MaskJob: its wait() gives the bitmask the sampler applies. Every
-        SchedulerOutput that has chunks reaches execute() in order: its chunks and removed
-        ids are deltas to the runner's persistent batch (see scheduler.py, input_batch.py).
+        SchedulerOutput that has chunks reaches the runner in order, through execute() or,
+        for the steady steps after one the runner repeated, runner.steady_decode.run(chunks)
+        (_step.SteadyStep): its chunks and removed ids are deltas to the runner's persistent
+        batch (see scheduler.py, input_batch.py).
         Within one step a chunk may read KV slots another chunk of the same step writes
         (prefix-cache hit on a block published this step), so all new KV of a layer is
         written before that layer's attention reads any. The step's Python time is its wall
@@ -21,7 +23,9 @@ Runner protocol (Runner below; runner_output.py):
 
 Every step takes the same path (schedule -> execute -> update -> outputs). Its per-sequence
 parts are compiled (_step.pyx: the scheduler's decode chunks, the update and detokenizing, the
-outputs), with the Python code beside them as their reference (batched_decode = False).
+outputs), with the Python code beside them as their reference (batched_decode = False); a
+steady decode batch's steps run the scheduler's, the runner's and the engine's compiled parts
+from one compiled call (_step.SteadyStep; compiled_steady = False: through the frames).
 
 Pooling requests (a pooling model's engine, EngineConfig.pooling; add_request with
 PoolingParams): a Request of the same Scheduler that takes its whole prompt in one step (never
@@ -57,6 +61,11 @@ _POOLING_SAMPLING = SamplingParams(max_tokens=1, detokenize=False)
 
 class Runner(Protocol):
     def execute(self, sched_out: SchedulerOutput) -> RunnerOutput: ...
+
+    # after a steady step (SchedulerOutput.steady) the runner repeated as one compiled call: that
+    # call's object, whose run(chunks) gives what execute() would for the next steady steps (the
+    # engine's SteadyStep calls it); None after any other step, or always for a runner without one
+    steady_decode: Any
 
 
 @dataclass(frozen=True)
@@ -223,6 +232,10 @@ class LLMEngine:
     # and every other step's outputs come from _step.make_outputs; False runs the Python
     # references (the tests compare the two)
     batched_decode = True
+    # a steady decode batch's step (the scheduler's steady schedule, the runner's repeated step,
+    # finish_plain) as one compiled call, _step.SteadyStep; False runs it through schedule(),
+    # execute() and finish_plain as any other step (the tests compare the two)
+    compiled_steady = True
 
     def __init__(self, runner: Runner | None, tokenizer: Any, config: EngineConfig, vision=None):
         """runner: None when it is attached later (attach_runner); vision: see attach_runner."""
@@ -255,6 +268,8 @@ class LLMEngine:
         it is built). vision: the runner's image encoder (multimodal), whose cache of encoded
         images the scheduler reads: an image it holds costs a request no encoder budget."""
         self.runner = runner
+        self._steady_step = None     # _step.SteadyStep while the batch is steady
+        self._steady_runs = 0        # steps the SteadySteps before it ran
         self.scheduler.encoder_cache = vision.cache if vision is not None else None
         self.kv_cache_manager.rope_switch = getattr(runner, "rope_switch", 0) or 0
 
@@ -352,6 +367,15 @@ class LLMEngine:
         a request's deltas up). lazy: the output of a request of one plain sequence may be a
         _step.PendingOutput, whose materialize() gives its RequestOutput (AsyncEngine passes
         True: its readers build them, off the engine thread)."""
+        steady = self._steady_step
+        if steady is not None:
+            # a steady decode batch: schedule, execute and the plain step's end in one compiled
+            # call; None when the scheduler's step is not steady (the path below continues it)
+            outputs = steady.run(lazy)
+            if outputs is not None:
+                return outputs
+            self._steady_runs += steady.num_steps
+            self._steady_step = None
         start = time.perf_counter()
         touched: dict[str, _Group] = {}
         sched_out = self.scheduler.schedule()
@@ -377,8 +401,13 @@ class LLMEngine:
         if spec_ids is None and not matchers and self.batched_decode:
             # no drafts, no grammar: the per-sequence work, the outputs and the step's record in
             # one compiled call (_step.finish_plain), the Python below its reference
-            return _step.finish_plain(self, self._stats, sched_out.chunks, results, now, touched, sched_out.steady,
-                                      lazy, start, ran.kernel_seconds, ran.bytes_read, sched_out.num_tokens)
+            outputs = _step.finish_plain(self, self._stats, sched_out.chunks, results, now, touched, sched_out.steady,
+                                         lazy, start, ran.kernel_seconds, ran.bytes_read, sched_out.num_tokens)
+            if sched_out.steady and self.compiled_steady and self.scheduler.compiled_decodes:
+                decode = self.runner.steady_decode
+                if decode is not None:       # the runner repeated its step: the next steps may too
+                    self._steady_step = _step.SteadyStep(self, self.scheduler.steady, decode, self._stats)
+            return outputs
         sampled = self.scheduler.update_from_output(sched_out, results, spec_ids)
         # a request may get several tokens (accepted drafts): tokens after a stop string go
         left = None
@@ -649,6 +678,11 @@ class LLMEngine:
             queue_time=None if m.first_scheduled_time is None else m.first_scheduled_time - m.arrival_time,
             ttft=None if m.first_token_time is None else m.first_token_time - m.arrival_time,
             tpot=tpot, e2e=finished - m.arrival_time))
+
+    @property
+    def steady_steps(self) -> int:
+        """Steps the compiled steady step (_step.SteadyStep) ran since the runner was attached."""
+        return self._steady_runs + (self._steady_step.num_steps if self._steady_step is not None else 0)
 
     def stats(self, fresh: bool = True) -> EngineStats:
         """A snapshot; fresh=False lets per-step figures lag by up to a fraction of a second

@@ -33,6 +33,7 @@ log = logging.getLogger("lite_llm")
 
 class PoolingModelRunner:
     """The packed model, a one-step KV cache and the workspace; execute(step) -> pooled rows."""
+    steady_decode = None     # a pooling step is never repeated (engine.Runner)
 
     def __init__(self, loaded, pooler: PoolerConfig, *, max_num_batched_tokens: int, max_num_seqs: int,
                  num_threads: int, quantization: str | None = None, block_size: int = POOLING_BLOCK_SIZE,

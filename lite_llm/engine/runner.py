@@ -241,7 +241,7 @@ class ModelRunner:
         self.plain_steps = 0         # steps _execute_plain ran
         self._steady_size = 0        # S when the latest step was a plain one a steady step may repeat
         self._steady = None          # its _batch.SteadyDecode, bound at the first steady step
-        self.steady_steps = 0        # steps a SteadyDecode ran
+        self._steady_runs = 0        # steps the SteadyDecodes before it ran
         self.weight_bytes = packed.nbytes
         # a decode step streams every matrix once (of the experts, the top-k of X a token runs);
         # an untied embedding only gives a few rows
@@ -390,8 +390,9 @@ class ModelRunner:
             if steady is None and self._steady_size == len(sched_out.chunks):
                 steady = self._steady = self._bind_steady()
             if steady is not None:
-                self.steady_steps += 1
                 return steady.run(sched_out.chunks)
+        if steady is not None:
+            self._steady_runs += steady.num_runs
         self._steady, self._steady_size = None, 0
         batch = self.input_batch
         a = batch.prepare(sched_out)
@@ -457,6 +458,18 @@ class ModelRunner:
         # a prefill chunk that does not sample yet: None
         return RunnerOutput(_align(sampled, sched_out.chunks), None, [], kernel_seconds + sample_seconds,
                             self.bytes_per_token + a.num_context_tokens * self.kv_bytes_per_token)
+
+    @property
+    def steady_decode(self):
+        """The _batch.SteadyDecode the latest step ran when it was a steady one, else None:
+        while the scheduler's steps stay steady its run(chunks) is this runner's execute() of
+        them (the engine's compiled steady step calls it directly)."""
+        return self._steady
+
+    @property
+    def steady_steps(self) -> int:
+        """Steps a SteadyDecode ran."""
+        return self._steady_runs + (self._steady.num_runs if self._steady is not None else 0)
 
     def _bind_steady(self):
         """The latest plain step (S sequences, one token each) bound for the steady steps that

@@ -182,11 +182,16 @@ class Scheduler:
         self._finished_req_ids: list[str] = []         # freed since the last step that ran
         self._preempted_req_ids: list[str] = []        # preempted since the last step that ran
         self._finished_in_schedule: list[Request] = []  # requests that can never fit (SchedulerOutput.aborted)
-        self._last_chunks: list[ScheduledChunk] = []    # of the latest step that ran (SchedulerOutput.steady)
         self._rows_budget = PROMPT_LOGITS_ROWS            # this step's prompt-logits rows left
         self.encoder_cache = None     # image hash -> encoder rows (the runner's), images that cost no encoding
         self._step_images: set = set()                    # hashes of the images this step encodes
         self._step_encoder_tokens = 0                     # their tokens, counted in the step's budget
+        # the steady step compiled (schedule()'s first case; the engine's SteadyStep calls it too):
+        # it keeps these queues, which are therefore never rebound, and the latest step's chunks
+        self.steady = _step.SteadySchedule(self.waiting, self.running, self._finished_req_ids,
+                                           self._preempted_req_ids, kv_cache_manager.room,
+                                           kv_cache_manager.allocate_slots, ScheduledChunk, SchedulerOutput,
+                                           max_num_batched_tokens)
 
     # ---- queue management ---------------------------------------------------------------
 
@@ -242,23 +247,23 @@ class Scheduler:
     # ---- one step -----------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        chunks: list[ScheduledChunk] = []
         preempted = self._preempted_req_ids
         if self._step_images:
             self._step_images = set()
         self._step_encoder_tokens = 0
-        if not self.waiting and not preempted and not self._finished_req_ids and self.compiled_decodes \
-                and not self.num_lookahead_tokens:
+        pending = None
+        if self.compiled_decodes and not self.num_lookahead_tokens:
             # nobody to admit, nothing gone: the running requests' common case first (most steps of
-            # a steady batch end here), the loop below from wherever it stops
-            idx, budget = _step.schedule_decodes(self.running, self.kv_cache_manager.room, chunks,
-                                                 self.max_num_batched_tokens, 0, ScheduledChunk,
-                                                 self.kv_cache_manager.allocate_slots)
-            if idx == len(self.running) and _step.repeats_decodes(self._last_chunks, chunks):
-                self._last_chunks = chunks
-                return _new_chunk(SchedulerOutput, (chunks, self.max_num_batched_tokens - budget, (), (), 0, True, ()))
+            # a steady batch end there), the loop below from wherever it stopped
+            sched_out = self.steady.schedule()
+            if sched_out is not None:
+                return sched_out
+            pending = self.steady.take_pending()
+        if pending is not None:
+            chunks, idx, budget = pending
             budget = self._schedule_running(chunks, preempted, 0, idx, budget)
         else:
+            chunks: list[ScheduledChunk] = []
             reserve = 0
             if self._waiting_owners and len(self.owners) > 1:
                 reserve = self._preempt_for_claims(preempted)
@@ -268,14 +273,13 @@ class Scheduler:
                 # after a preemption the cache is full: admitting would only preempt again
                 budget = self._schedule_waiting(chunks, budget)
         num_tokens = self.max_num_batched_tokens - budget - self._step_encoder_tokens
-        finished = self._finished_req_ids
+        finished, preempted = list(self._finished_req_ids), list(preempted)
         steady = False
         if chunks:           # an empty step is not run: its removals wait for the next one
-            self._finished_req_ids, self._preempted_req_ids = [], []
-            steady = not finished and not preempted and _step.repeats_decodes(self._last_chunks, chunks)
-            self._last_chunks = chunks
-        else:
-            finished, preempted = list(finished), list(preempted)
+            self._finished_req_ids.clear()
+            self._preempted_req_ids.clear()
+            steady = not finished and not preempted and _step.repeats_decodes(self.steady.last_chunks, chunks)
+            self.steady.last_chunks = chunks
         aborted = self._finished_in_schedule
         if aborted:
             self._finished_in_schedule = []

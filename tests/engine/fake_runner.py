@@ -36,6 +36,8 @@ def next_token(token_ids: list[int], seed: int | None, vocab_size: int) -> int:
 
 
 class FakeRunner:
+    steady_decode = None     # no compiled steady step (engine.Runner)
+
     def __init__(self, num_blocks: int, block_size: int, vocab_size: int = 50,
                  max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
                  max_model_len: int | None = None):

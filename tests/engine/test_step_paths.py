@@ -98,15 +98,15 @@ def run(path: str, requests, abort_at: dict[int, list[str]], lazy: bool = False,
     stats = (s.generation_tokens_total, s.prompt_tokens_total, s.itl.count,   # (latencies are timings)
              dict(s.request_success_total), s.num_preempted_total, s.step_python.count, s.step_kernel.count,
              s.step_bytes_read_total, [(r.num_seqs, r.num_tokens, r.bytes_read) for r in s.recent_steps])
-    return steps, stats, engine.runner.plain_steps + engine.runner.steady_steps
+    return steps, stats, engine.runner.plain_steps + engine.runner.steady_steps, engine.steady_steps
 
 
 def check_same(path: str, requests, abort_at, lazy=False, **config):
     """path's steps, stats and freed KV equal the reference's, step for step; returns the
     reference's steps and stats, and the plain steps path's runner ran."""
-    ref_steps, ref_stats, ref_plain = run("reference", requests, abort_at, lazy, **config)
-    steps, stats, plain = run(path, requests, abort_at, lazy, **config)
-    assert ref_plain == 0
+    ref_steps, ref_stats, ref_plain, ref_steady = run("reference", requests, abort_at, lazy, **config)
+    steps, stats, plain, _ = run(path, requests, abort_at, lazy, **config)
+    assert ref_plain == 0 and ref_steady == 0
     for i, (got, want) in enumerate(zip(steps, ref_steps)):
         assert got == want, f"step {i} differs"
     assert len(steps) == len(ref_steps)
@@ -249,14 +249,17 @@ def test_compiled_paths_follow_the_python_reference_step_by_step(config):
         assert ref_stats[4] > 0, "the pool must preempt"
 
 
-def test_a_steady_batch_takes_the_runners_steady_step():
+def test_a_steady_batch_takes_the_compiled_steady_step():
     """Once the same sequences decode one token each, step after step, the scheduler marks the
-    steps steady and the runner repeats its bound step (_batch.SteadyDecode) for nearly all of
-    them; the reference scheduler's steps (Scheduler.compiled_decodes = False) are marked the same."""
+    steps steady, the runner repeats its bound step (_batch.SteadyDecode) and the engine runs the
+    next ones as one compiled call (_step.SteadyStep: without schedule() or execute() frames)
+    for nearly all of them; the reference scheduler's steps (Scheduler.compiled_decodes =
+    False) are marked the same, and the reference engine never takes the compiled step."""
     tok = make_engine().tokenizer
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     engines = {path: make_engine(path) for path in ("compiled", "reference")}
     marks = {path: [] for path in engines}
+    compiled_steps = {path: 0 for path in engines}
     for path, engine in engines.items():
         for i in range(4):
             engine.add_request(f"r{i}", tok.encode("a b c", add_special_tokens=False) + [i + 3], params)
@@ -268,6 +271,33 @@ def test_a_steady_batch_takes_the_runners_steady_step():
             return sched_out
         engine.scheduler.schedule = spy
         while engine.has_unfinished_requests():
+            seen = len(marks[path])
             engine.step()
+            if len(marks[path]) == seen:       # no schedule() frame: the compiled steady step ran
+                marks[path].append(True)
+                compiled_steps[path] += 1
     assert marks["compiled"] == marks["reference"]
-    assert engines["compiled"].runner.steady_steps >= 35 and engines["reference"].runner.steady_steps == 0
+    assert compiled_steps["compiled"] >= 35 and compiled_steps["reference"] == 0
+    assert engines["compiled"].runner.steady_steps >= 36 and engines["reference"].runner.steady_steps == 0
+
+
+def test_the_compiled_steady_step_follows_the_python_step():
+    """The engine's compiled steady step (LLMEngine.compiled_steady) against the same engine
+    running those steps through schedule() -> execute() -> finish_plain: the same outputs,
+    stats and freed KV step for step, on workloads whose steady batches form and break (arrivals,
+    aborts, finishes, full blocks, preemption)."""
+    tok = make_engine().tokenizer
+    requests = plain_requests(tok, 10, 21) + plain_requests(tok, 10, 22)
+    requests = [(f"{rid}-{i}", prompt, params) for i, (rid, prompt, params) in enumerate(requests)]
+    abort_at = {6: [requests[3][0]], 30: [requests[12][0]]}
+    for config in ({}, dict(num_blocks=14)):
+        results = {}
+        for compiled in (True, False):
+            LLMEngine.compiled_steady = compiled
+            try:
+                results[compiled] = run("compiled", requests, abort_at, **config)
+            finally:
+                LLMEngine.compiled_steady = True
+        assert results[True][3] >= 10 and results[False][3] == 0
+        assert results[True][0] == results[False][0]
+        assert results[True][1] == results[False][1]
