@@ -582,13 +582,7 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
     if (wtype == LL_W_Q8_0 || wtype == LL_W_Q4_0 || wtype == LL_W_Q4_1 || wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1
             || wtype == LL_W_IQ4_NL) {
         const int five = wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1;
-        int signed_w = wtype == LL_W_Q8_0 || wtype == LL_W_IQ4_NL;   /* signed weights: dpbssd */
-#ifdef LL_I8DOT_FULL_U8
-        const int biased = signed_w;   /* signed weights as w + 128 (ll_i8_bias), 128 sum(q) taken off in int32 */
-        signed_w = 0;
-#else
-        const int biased = 0;
-#endif
+        const int signed_w = wtype == LL_W_Q8_0 || wtype == LL_W_IQ4_NL;   /* ll_signed_block_dot */
         const ptrdiff_t bb = ll_qblock_bytes(wtype), qb = wtype == LL_W_Q8_0 ? 512 : five ? 320 : 256;
         const float offset = wtype == LL_W_Q4_0 ? 8.f : 16.f;   /* Q4_0, Q5_0: w = d (u - offset) */
         for (ptrdiff_t b = 0; b < k / 32; b++, wp += bb) {
@@ -598,21 +592,18 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
             else if (five) ll_unpack_5bit(wp, w);
             else ll_unpack_nibbles(wp, w);
             if (wtype == LL_W_IQ4_NL) for (int g = 0; g < 8; g++) w[g] = ll_i8_lut16(w[g], ll_iq4_values);
-#ifdef LL_I8DOT_FULL_U8
-            if (biased) ll_i8_bias(w);
-#endif
             const ll_vf32 d = ll_load_f16((const uint16_t *)(wp + qb));
+            if (signed_w) {
+                ll_signed_block_dot(x, tt, w, d, b, acc);
+                continue;
+            }
             for (int t = 0; t < tt; t++) {
                 const int8_t *xq = x->q + t * x->ld + 32 * b;
                 const float dx = x->d[t * ldd + b];
                 ll_vi32 lo, hi;
-                ll_dot_block(w, xq, signed_w, &lo, &hi);
-                ll_vi32 sum = ll_i32_add(lo, hi);
-                if (biased) sum = ll_i32_sub(sum, ll_i32_set1(128 * x->n[t * ldd + b]));
-                const ll_vf32 f = ll_mul(ll_i32_to_f32(sum), ll_set1(dx));
-                if (signed_w || biased) {
-                    acc[t] = ll_fma(d, f, acc[t]);
-                } else if (wtype == LL_W_Q4_0 || wtype == LL_W_Q5_0) {
+                ll_dot_block(w, xq, 0, &lo, &hi);
+                const ll_vf32 f = ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(dx));
+                if (wtype == LL_W_Q4_0 || wtype == LL_W_Q5_0) {
                     const float sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
                     acc[t] = ll_fma(d, ll_sub(f, ll_set1(offset * sx)), acc[t]);
                 } else {   /* Q4_1, Q5_1: the mins follow the scales */
