@@ -248,7 +248,7 @@ cdef inline void _egemm(const float *x, Py_ssize_t ldx, uint32_t *xb, const ll_q
     """_gemm with int8 activation rows of this matrix's width: the block GEMMs (qgemm.h) read them
     at a stride of ld = k, and the encoder's matrices differ in k (one buffer sized for the widest)."""
     cdef ll_qact a
-    a.q, a.d, a.s, a.ld = xq.q, xq.d, xq.s, m.k
+    a.q, a.d, a.s, a.n, a.ld = xq.q, xq.d, xq.s, xq.n, m.k
     _gemm(x, ldx, xb, &a, num_tokens, m, out, ldo, accumulate, nt)
 
 
@@ -505,7 +505,7 @@ def whisper_decoder_step(WhisperDecoderModel dm,
         0.0, NULL
     sa.block_tables, sa.tok_seq, sa.positions, sa.last = &self_tables[0, 0], &tok_seq[0], &positions[0], &positions[0]
     sa.scratch, sa.scratch_len, sa.partials = &sc[0, 0], sc.shape[1], &pv[0, 0]
-    sa.form, sa.xb, sa.xq, sa.xqd, sa.xqs, sa.prefetch = LL_IN_F32, NULL, NULL, NULL, NULL, NULL
+    sa.form, sa.xb, sa.xq, sa.xqd, sa.xqs, sa.xqn, sa.prefetch = LL_IN_F32, NULL, NULL, NULL, NULL, NULL, NULL
     # cross-attention: every query reads all of its request's encoder rows (position = last key)
     ca = sa
     ca.q, ca.ldq, ca.max_blocks = &qv[0, 0], C, cross_tables.shape[1]

@@ -34,14 +34,15 @@ cdef extern from "kernels/qgemm.h" nogil:
         const int8_t *q     # [T][ld]
         const float *d      # [T][ld / 32]
         const float *s      # [T][ld / 16]
+        const int32_t *n    # [T][ld / 32]
         Py_ssize_t ld
     int ll_wtype_is_quant(int wtype)
     Py_ssize_t ll_qblock(int wtype)
     Py_ssize_t ll_qpanel_bytes(int wtype, Py_ssize_t k)
     Py_ssize_t ll_ggml_block_bytes(int wtype)
     void ll_quantize_rows_q8(const float *x, Py_ssize_t ldx, Py_ssize_t t0, Py_ssize_t t1, Py_ssize_t k,
-                             int8_t *q, float *d, float *s)
-    void ll_quantize_block_q8(const float *x, int8_t *q, float *d, float *s)
+                             int8_t *q, float *d, float *s, int32_t *n)
+    void ll_quantize_block_q8(const float *x, int8_t *q, float *d, float *s, int32_t *n)
     void ll_qpack_panel(const uint8_t *const *rows, int nrows, Py_ssize_t k, int wtype, uint8_t *pd)
     void ll_qpack_panels(const uint8_t *src, Py_ssize_t rows, Py_ssize_t k, int wtype, uint8_t *dst,
                          Py_ssize_t p0, Py_ssize_t p1)
@@ -71,7 +72,7 @@ cdef extern from "kernels/matmul.h" nogil:
     void ll_mat_prefetch(const ll_mat *m, Py_ssize_t p0, Py_ssize_t p1)
     void ll_mat_gated(const float *x, const uint32_t *xb, const ll_qact *xq, Py_ssize_t ldx, Py_ssize_t num_tokens,
                       const ll_mat *m, Py_ssize_t F, int act, float *ao, Py_ssize_t lda, uint32_t *ao_b,
-                      int8_t *aq, float *aqd, float *aqs, Py_ssize_t q0, Py_ssize_t q1)
+                      int8_t *aq, float *aqd, float *aqs, int32_t *aqn, Py_ssize_t q0, Py_ssize_t q1)
 
 cdef extern from "kernels/norm.h" nogil:
     void ll_rmsnorm_f32(const float *x, const float *w, float *out, Py_ssize_t n, float eps)
@@ -171,12 +172,12 @@ cdef inline void _to_input(int form, const float *x, Py_ssize_t ldx, Py_ssize_t 
     if form == LL_IN_BF16:
         ll_f32_to_bf16_pairs(x, ldx, xb, t0, t1, k)
     elif form == LL_IN_Q8:
-        ll_quantize_rows_q8(x, ldx, t0, t1, k, <int8_t *>xq.q, <float *>xq.d, <float *>xq.s)
+        ll_quantize_rows_q8(x, ldx, t0, t1, k, <int8_t *>xq.q, <float *>xq.d, <float *>xq.s, <int32_t *>xq.n)
 
 
-cdef inline ll_qact _qact(int8_t *q, float *d, float *s, Py_ssize_t k) noexcept nogil:
+cdef inline ll_qact _qact(int8_t *q, float *d, float *s, int32_t *n, Py_ssize_t k) noexcept nogil:
     cdef ll_qact a
-    a.q, a.d, a.s, a.ld = q, d, s, k
+    a.q, a.d, a.s, a.n, a.ld = q, d, s, n, k
     return a
 
 

@@ -133,9 +133,11 @@ cdef struct WorkC:
     int8_t *xq      # [max(T, R), max_k] int8 blocks of the next GEMM input (quantized weights)
     float *xqd      # [max(T, R), max_k / 32] their scales
     float *xqs      # [max(T, R), max_k / 16] scale x sum of each half-block
+    int32_t *xqn    # [max(T, R), max_k / 32] sum of each block's int8 values
     int8_t *xq2     # [T, F] int8 blocks of the MLP activation (the down projection's input)
     float *xqd2     # [T, F / 32]
     float *xqs2     # [T, F / 16]
+    int32_t *xqn2   # [T, F / 32]
     long long *work # [8] the team's work counter (work.h), its own cache line: every dynamic phase
     int *barrier    # [2 x 16] the step barrier's count and sense, one cache line each (omp_util.h)
     # mixture of experts (A = T K routed rows, grouped by expert): NULL for dense models
@@ -150,14 +152,16 @@ cdef struct WorkC:
     int32_t *moe_active # [X + 1] experts with rows, their count at X
     float *gx       # [A, E] gathered normed rows
     uint32_t *gxb   # [A, E / 2 + 1] as bf16 pairs
-    int8_t *gxq     # [A, E] as int8 blocks, scales gxqd [A, E / 32 + 1], gxqs [A, E / 16 + 1]
-    float *gxqd
+    int8_t *gxq     # [A, E] as int8 blocks, scales gxqd [A, E / 32 + 1], gxqs [A, E / 16 + 1],
+    float *gxqd     #   block sums gxqn [A, E / 32 + 1]
     float *gxqs
+    int32_t *gxqn
     float *gact     # [A, F] experts' gated activations, and their forms:
     uint32_t *gactb # [A, F / 2 + 1]
-    int8_t *gactq   # [A, F], gactqd [A, F / 32 + 1], gactqs [A, F / 16 + 1]
+    int8_t *gactq   # [A, F], gactqd [A, F / 32 + 1], gactqs [A, F / 16 + 1], gactqn [A, F / 32 + 1]
     float *gactqd
     float *gactqs
+    int32_t *gactqn
     float *gout     # [A, E] experts' outputs, before their weighted sum
     float *partials # [_max_split_items, _partial_stride] attention split results (decode of few sequences)
     float *qlat     # [T, ql] latent attention's normed q latent (q_b's input), or NULL
@@ -697,9 +701,11 @@ cdef class Workspace:
                      aligned_zeros((rows, max_k // 16 + 1), np.float32),
                      aligned_zeros((max_tokens, ffn), np.int8),
                      aligned_zeros((max_tokens, ffn // 32 + 1), np.float32),
-                     aligned_zeros((max_tokens, ffn // 16 + 1), np.float32)]
+                     aligned_zeros((max_tokens, ffn // 16 + 1), np.float32),
+                     aligned_zeros((rows, max_k // 32 + 1), np.int32),
+                     aligned_zeros((max_tokens, ffn // 32 + 1), np.int32)]
         else:
-            bufs += [None] * 6
+            bufs += [None] * 8
         self.keep = bufs
         self.c.x, self.c.h, self.c.qkv = <float *>_ptr(bufs[0]), <float *>_ptr(bufs[1]), <float *>_ptr(bufs[2])
         self.c.attn, self.c.mlp, self.c.act = <float *>_ptr(bufs[3]), <float *>_ptr(bufs[4]), <float *>_ptr(bufs[5])
@@ -711,9 +717,11 @@ cdef class Workspace:
         self.c.partials = <float *>_ptr(bufs[11])
         self.c.xq = self.c.xq2 = NULL
         self.c.xqd = self.c.xqs = self.c.xqd2 = self.c.xqs2 = NULL
+        self.c.xqn = self.c.xqn2 = NULL
         if bufs[12] is not None:
             self.c.xq, self.c.xqd, self.c.xqs = <int8_t *>_ptr(bufs[12]), <float *>_ptr(bufs[13]), <float *>_ptr(bufs[14])
             self.c.xq2, self.c.xqd2, self.c.xqs2 = <int8_t *>_ptr(bufs[15]), <float *>_ptr(bufs[16]), <float *>_ptr(bufs[17])
+            self.c.xqn, self.c.xqn2 = <int32_t *>_ptr(bufs[18]), <int32_t *>_ptr(bufs[19])
         self.c.scratch_len = bufs[6].shape[1]
         runs = aligned_zeros((max_tokens + 1,), np.int32)
         self.keep.append(runs)
@@ -748,6 +756,7 @@ cdef class Workspace:
         cdef Py_ssize_t X = mc.num_experts, K = mc.top_k, A = max_tokens * mc.top_k, E = mc.dim, F = mc.ffn_dim
         self.c.router = self.c.moe_wt = self.c.gx = self.c.gxqd = self.c.gxqs = self.c.gact = NULL
         self.c.gactqd = self.c.gactqs = self.c.gout = NULL
+        self.c.gxqn = self.c.gactqn = NULL
         self.c.moe_sel = self.c.moe_slot = self.c.moe_tok = self.c.moe_exp = NULL
         self.c.moe_off = self.c.moe_cur = self.c.moe_active = NULL
         self.c.gxb = self.c.gactb = NULL
@@ -771,10 +780,12 @@ cdef class Workspace:
         if _experts_quantized(mc):
             q = [aligned_zeros((A, E), np.int8), aligned_zeros((A, E // 32 + 1), np.float32),
                  aligned_zeros((A, E // 16 + 1), np.float32), aligned_zeros((A, F), np.int8),
-                 aligned_zeros((A, F // 32 + 1), np.float32), aligned_zeros((A, F // 16 + 1), np.float32)]
+                 aligned_zeros((A, F // 32 + 1), np.float32), aligned_zeros((A, F // 16 + 1), np.float32),
+                 aligned_zeros((A, E // 32 + 1), np.int32), aligned_zeros((A, F // 32 + 1), np.int32)]
             self.keep.append(q)
             self.c.gxq, self.c.gxqd, self.c.gxqs = <int8_t *>_ptr(q[0]), <float *>_ptr(q[1]), <float *>_ptr(q[2])
             self.c.gactq, self.c.gactqd, self.c.gactqs = <int8_t *>_ptr(q[3]), <float *>_ptr(q[4]), <float *>_ptr(q[5])
+            self.c.gxqn, self.c.gactqn = <int32_t *>_ptr(q[6]), <int32_t *>_ptr(q[7])
 
     @property
     def hidden(self):
@@ -1039,7 +1050,8 @@ cdef inline void _residual_add(const ModelC *m, const float *w, float *h, float 
 
 cdef inline void _gated_phase(const float *x, const uint32_t *xb, const ll_qact *xq, Py_ssize_t ldx,
                               Py_ssize_t T, const Mat *w, Py_ssize_t F, int act, float *ao, Py_ssize_t lda,
-                              uint32_t *ao_b, int8_t *aq, float *aqd, float *aqs, ll_team *tm) noexcept nogil:
+                              uint32_t *ao_b, int8_t *aq, float *aqd, float *aqs, int32_t *aqn,
+                              ll_team *tm) noexcept nogil:
     """This thread's share of the gated MLP's fused phase, ao = act(x Wg) * (x Wu) (and its bf16
     pairs ao_b or int8 blocks aq, the down projection's input, where not NULL): feature panels
     handed out like a GEMM phase's (_gemm_mode), in pairs (32 features: an int8 block of the down
@@ -1048,16 +1060,17 @@ cdef inline void _gated_phase(const float *x, const uint32_t *xb, const ll_qact 
     cdef int mode = _gemm_mode(T)
     cdef ll_work wk = ll_work_begin(tm, mode, ng, 2 * _panel_chunk(mode, (ng + 1) // 2, tm.nth))
     while ll_work_take(&wk, &q0, &q1):
-        ll_mat_gated(x, xb, xq, ldx, T, w, F, act, ao, lda, ao_b, aq, aqd, aqs, q0, q1)
+        ll_mat_gated(x, xb, xq, ldx, T, w, F, act, ao, lda, ao_b, aq, aqd, aqs, aqn, q0, q1)
 
 
 cdef inline void _mlp_gated(const ModelC *m, const WorkC *ws, const Mat *w, const Mat *down, Py_ssize_t T,
                             Py_ssize_t F, ll_team *tm) noexcept nogil:
     """forward()'s gated phase of F features: h in, act out, in the down projection's input form."""
-    cdef ll_qact xq = _qact(ws.xq, ws.xqd, ws.xqs, m.dim)
+    cdef ll_qact xq = _qact(ws.xq, ws.xqd, ws.xqs, ws.xqn, m.dim)
     cdef int form = ll_mat_form(down, T)
     _gated_phase(ws.h, ws.xb, &xq, m.dim, T, w, F, m.act, ws.act, F,
-                 ws.xb2 if form == LL_IN_BF16 else NULL, ws.xq2 if form == LL_IN_Q8 else NULL, ws.xqd2, ws.xqs2, tm)
+                 ws.xb2 if form == LL_IN_BF16 else NULL, ws.xq2 if form == LL_IN_Q8 else NULL, ws.xqd2, ws.xqs2,
+                 ws.xqn2, tm)
 
 
 cdef void _residual_out(const ModelC *m, const WorkC *ws, const StepC *s, const float *a, Py_ssize_t K,
@@ -1106,7 +1119,8 @@ cdef void _mlp_up_act(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssiz
                 ll_f32_to_bf16_pairs(ws.act + t * F + c0, 0, ws.xb + t * ((F + 1) // 2) + c0 // 2, 0, 1, c1 - c0)
             elif form == LL_IN_Q8:   # F is whole blocks: the down weight's rows are
                 ll_quantize_rows_q8(ws.act + t * F + c0, 0, 0, 1, c1 - c0, ws.xq2 + t * F + c0,
-                                    ws.xqd2 + t * (F // 32) + c0 // 32, ws.xqs2 + t * (F // 16) + c0 // 16)
+                                    ws.xqd2 + t * (F // 32) + c0 // 32, ws.xqs2 + t * (F // 16) + c0 // 16,
+                                    ws.xqn2 + t * (F // 32) + c0 // 32)
 
 
 cdef void _lora_mlp(const ModelC *m, const WorkC *ws, const StepC *s, const LayerW *L, const LoraG *G,
@@ -1120,8 +1134,8 @@ cdef void _lora_mlp(const ModelC *m, const WorkC *ws, const StepC *s, const Laye
       act       act = act(gate) * up, in the down projection's input form, split by columns
       down      x (or h, then the post norm) += act . W_down, adapters' shrink before, expand after"""
     cdef Py_ssize_t t, T = s.T, E = m.dim, F = m.ffn_dim, c0, c1
-    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E)
-    cdef ll_qact xq_f = _qact(ws.xq2, ws.xqd2, ws.xqs2, F)
+    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, ws.xqn, E)
+    cdef ll_qact xq_f = _qact(ws.xq2, ws.xqd2, ws.xqs2, ws.xqn2, F)
     cdef int form = ll_mat_form(&L.down, T)
     cdef bint via_h = m.post_norms or m.residual_scale != 1.0
     _lora_shrink(&s.lora, G + LORA_GATE_UP, ws.h, E, tm)
@@ -1137,7 +1151,8 @@ cdef void _lora_mlp(const ModelC *m, const WorkC *ws, const StepC *s, const Laye
                 ll_f32_to_bf16_pairs(ws.act + t * F + c0, 0, ws.xb2 + t * ((F + 1) // 2) + c0 // 2, 0, 1, c1 - c0)
             elif form == LL_IN_Q8:
                 ll_quantize_rows_q8(ws.act + t * F + c0, 0, 0, 1, c1 - c0, ws.xq2 + t * F + c0,
-                                    ws.xqd2 + t * (F // 32) + c0 // 32, ws.xqs2 + t * (F // 16) + c0 // 16)
+                                    ws.xqd2 + t * (F // 32) + c0 // 32, ws.xqs2 + t * (F // 16) + c0 // 16,
+                                    ws.xqn2 + t * (F // 32) + c0 // 32)
     ll_omp_barrier()
     _lora_shrink(&s.lora, G + LORA_DOWN, ws.act, F, tm)
     _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ws.h if via_h else ws.x, E, 0 if via_h else 1,
@@ -1156,11 +1171,11 @@ cdef enum:
     MOE_DOWN_PANELS = 4   # output panels per work unit of the experts' down projections
 
 
-cdef inline ll_qact _qrows(int8_t *q, float *d, float *s, Py_ssize_t k, Py_ssize_t row) noexcept nogil:
+cdef inline ll_qact _qrows(int8_t *q, float *d, float *s, int32_t *n, Py_ssize_t k, Py_ssize_t row) noexcept nogil:
     """The int8 blocks of rows from `row` of a [rows, k] buffer (NULL where it has none)."""
     if q == NULL:
-        return _qact(NULL, NULL, NULL, k)
-    return _qact(q + row * k, d + row * (k // 32), s + row * (k // 16), k)
+        return _qact(NULL, NULL, NULL, NULL, k)
+    return _qact(q + row * k, d + row * (k // 32), s + row * (k // 16), n + row * (k // 32), k)
 
 
 cdef inline void _expert_gated(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize_t e,
@@ -1168,20 +1183,21 @@ cdef inline void _expert_gated(const ModelC *m, const WorkC *ws, const LayerW *L
     """Expert e's fused gate/up + activation (ungated: up, then the activation) over feature
     panels q0..q1 of its grouped rows."""
     cdef Py_ssize_t E = m.dim, F = m.ffn_dim, r = ws.moe_off[e], n = ws.moe_off[e + 1] - ws.moe_off[e]
-    cdef ll_qact xq = _qrows(ws.gxq, ws.gxqd, ws.gxqs, E, r)
+    cdef ll_qact xq = _qrows(ws.gxq, ws.gxqd, ws.gxqs, ws.gxqn, E, r)
     cdef int form = ll_mat_form(&L.experts[m.num_experts + e], n)
     _mat_first(ws.gx + r * E, ws.gxb + r * ((E + 1) // 2), &xq, E, n, &L.experts[e], F, m.act, m.gated,
                ws.gact + r * F, F,
                ws.gactb + r * ((F + 1) // 2) if form == LL_IN_BF16 else NULL,
                ws.gactq + r * F if form == LL_IN_Q8 else NULL,
                ws.gactqd + r * (F // 32) if form == LL_IN_Q8 else NULL,
-               ws.gactqs + r * (F // 16) if form == LL_IN_Q8 else NULL, q0, q1)
+               ws.gactqs + r * (F // 16) if form == LL_IN_Q8 else NULL,
+               ws.gactqn + r * (F // 32) if form == LL_IN_Q8 else NULL, q0, q1)
 
 
 cdef inline void _mat_up_act(const float *x, const uint32_t *xb, const ll_qact *xq, Py_ssize_t ldx,
                              Py_ssize_t T, const Mat *w, Py_ssize_t F, int act, float *ao, Py_ssize_t lda,
-                             uint32_t *ao_b, int8_t *aq, float *aqd, float *aqs, Py_ssize_t q0,
-                             Py_ssize_t q1) noexcept nogil:
+                             uint32_t *ao_b, int8_t *aq, float *aqd, float *aqs, int32_t *aqn,
+                             Py_ssize_t q0, Py_ssize_t q1) noexcept nogil:
     """An ungated MLP's first phase over feature panels q0..q1, as ll_mat_gated's for a gated
     one: ao = act(x Wu) [T, F] (stride lda), and its bf16 pairs ao_b or int8 blocks aq (the down
     projection's input) where not NULL; each up row read once. q0 even and q1 even or the last
@@ -1195,27 +1211,27 @@ cdef inline void _mat_up_act(const float *x, const uint32_t *xb, const ll_qact *
         if aq != NULL:
             for b in range(q0 // 2, (q1 + 1) // 2):
                 ll_quantize_block_q8(ao + t * lda + 32 * b, aq + t * F + 32 * b, aqd + t * (F // 32) + b,
-                                     aqs + t * (F // 16) + 2 * b)
+                                     aqs + t * (F // 16) + 2 * b, aqn + t * (F // 32) + b)
         elif ao_b != NULL:
             ll_f32_to_bf16_pairs(ao + t * lda + c0, 0, ao_b + t * ((F + 1) // 2) + c0 // 2, 0, 1, c1 - c0)
 
 
 cdef inline void _mat_first(const float *x, const uint32_t *xb, const ll_qact *xq, Py_ssize_t ldx,
                             Py_ssize_t T, const Mat *w, Py_ssize_t F, int act, bint gated, float *ao, Py_ssize_t lda,
-                            uint32_t *ao_b, int8_t *aq, float *aqd, float *aqs, Py_ssize_t q0,
-                            Py_ssize_t q1) noexcept nogil:
+                            uint32_t *ao_b, int8_t *aq, float *aqd, float *aqs, int32_t *aqn,
+                            Py_ssize_t q0, Py_ssize_t q1) noexcept nogil:
     """An expert's first phase over feature panels q0..q1: gated (ll_mat_gated) or not (_mat_up_act)."""
     if gated:
-        ll_mat_gated(x, xb, xq, ldx, T, w, F, act, ao, lda, ao_b, aq, aqd, aqs, q0, q1)
+        ll_mat_gated(x, xb, xq, ldx, T, w, F, act, ao, lda, ao_b, aq, aqd, aqs, aqn, q0, q1)
     else:
-        _mat_up_act(x, xb, xq, ldx, T, w, F, act, ao, lda, ao_b, aq, aqd, aqs, q0, q1)
+        _mat_up_act(x, xb, xq, ldx, T, w, F, act, ao, lda, ao_b, aq, aqd, aqs, aqn, q0, q1)
 
 
 cdef inline void _expert_down(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize_t e,
                               Py_ssize_t p0, Py_ssize_t p1) noexcept nogil:
     """Expert e's down projection, output panels p0..p1, of its grouped rows into gout."""
     cdef Py_ssize_t E = m.dim, F = m.ffn_dim, r = ws.moe_off[e], n = ws.moe_off[e + 1] - ws.moe_off[e]
-    cdef ll_qact aq = _qrows(ws.gactq, ws.gactqd, ws.gactqs, F, r)
+    cdef ll_qact aq = _qrows(ws.gactq, ws.gactqd, ws.gactqs, ws.gactqn, F, r)
     ll_mat_gemm(ws.gact + r * F, ws.gactb + r * ((F + 1) // 2), &aq, F, n, &L.experts[m.num_experts + e],
                 ws.gout + r * E, E, 0, p0, p1)
 
@@ -1244,8 +1260,8 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
     cdef Py_ssize_t npd = (E + 15) // 16, chunks = (npd + MOE_DOWN_PANELS - 1) // MOE_DOWN_PANELS
     cdef Py_ssize_t n_active, routed, i0, i1
     cdef ll_work wk
-    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E), gq = _qact(ws.gxq, ws.gxqd, ws.gxqs, E)
-    cdef ll_qact xq_s = _qact(ws.xq2, ws.xqd2, ws.xqs2, Fs)
+    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, ws.xqn, E), gq = _qact(ws.gxq, ws.gxqd, ws.gxqs, ws.gxqn, E)
+    cdef ll_qact xq_s = _qact(ws.xq2, ws.xqd2, ws.xqs2, ws.xqn2, Fs)
     cdef int form
     cdef float *logit
     cdef float rs = m.residual_scale if accumulate else 1.0   # a rank's slot is scaled after its reduce
@@ -1314,7 +1330,7 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
             form = ll_mat_form(&L.down, T)
             _mat_first(ws.h, ws.xb, &xq_e, E, T, &L.up, Fs, m.act, m.gated, ws.act, Fs,
                        ws.xb2 if form == LL_IN_BF16 else NULL, ws.xq2 if form == LL_IN_Q8 else NULL, ws.xqd2,
-                       ws.xqs2, 2 * r, min(2 * r + 2, ngs))
+                       ws.xqs2, ws.xqn2, 2 * r, min(2 * r + 2, ngs))
     ll_omp_barrier()
     routed = n_active * chunks
     n_items = routed + (chunks if Fs else 0)
@@ -1361,7 +1377,8 @@ cdef void _mla_heads(const Mat *heads, Py_ssize_t H, const float *x, Py_ssize_t 
     cdef int8_t *q = <int8_t *>scratch
     cdef float *d = scratch + MLA_TOKENS * k // 4
     cdef float *sc = d + MLA_TOKENS * (k // 32) + 1
-    cdef ll_qact xq = _qact(q, d, sc, k)
+    cdef int32_t *qn = <int32_t *>(sc + MLA_TOKENS * (k // 16) + 1)
+    cdef ll_qact xq = _qact(q, d, sc, qn, k)
     cdef ll_work wk = ll_work_begin(tm, LL_WORK_DYNAMIC, H * nc, 1)
     while ll_work_take(&wk, &lo, &hi):
         for u in range(lo, hi):
@@ -1372,7 +1389,7 @@ cdef void _mla_heads(const Mat *heads, Py_ssize_t H, const float *x, Py_ssize_t 
             if form == LL_IN_BF16:
                 ll_f32_to_bf16_pairs(src, ldx, xb, 0, n, k)
             elif form == LL_IN_Q8:
-                ll_quantize_rows_q8(src, ldx, 0, n, k, q, d, sc)
+                ll_quantize_rows_q8(src, ldx, 0, n, k, q, d, sc, qn)
             ll_mat_gemm(src, xb, &xq, ldx, n, &heads[h], out + ta * ldo + h * ho, ldo, 0, 0, heads[h].num_panels)
 
 
@@ -1415,9 +1432,9 @@ cdef void _mla_block(const ModelC *m, const WorkC *ws, const StepC *s, const Lay
     cdef const float *sin_row
     cdef float *scratch = ws.scores + tm.tid * ws.scratch_len
     cdef ll_work wk
-    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E)
-    cdef ll_qact xq_l = _qact(ws.xq, ws.xqd, ws.xqs, ql)
-    cdef ll_qact xq_o = _qact(ws.xq, ws.xqd, ws.xqs, Hv)
+    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, ws.xqn, E)
+    cdef ll_qact xq_l = _qact(ws.xq, ws.xqd, ws.xqs, ws.xqn, ql)
+    cdef ll_qact xq_o = _qact(ws.xq, ws.xqd, ws.xqs, ws.xqn, Hv)
     cdef int bf16 = m.kv_type == LL_KV_BF16
     if ql:
         _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.qkv, ws.qkv + qoff - ql, qkv_n, 0, _gemm_mode(T), tm)
@@ -1487,7 +1504,7 @@ cdef void _conv_block(const ModelC *m, const WorkC *ws, const StepC *s, const La
     cdef Py_ssize_t E = m.dim, T = s.T, n3 = 3 * E, nc = (E + CONV_CHANNELS - 1) // CONV_CHANNELS
     cdef Py_ssize_t item, i1, r, a, b, c0, S = m.conv_len - 1
     cdef ll_work wk
-    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E)
+    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, ws.xqn, E)
     _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.qkv, ws.qkv, n3, 0, _gemm_mode(T), tm)
     ll_omp_barrier()
     # runs differ in length (a prefill chunk beside decode tokens): units handed out dynamically
@@ -1524,8 +1541,8 @@ cdef void _mamba_block(const ModelC *m, const WorkC *ws, const StepC *s, const L
     cdef float v
     cdef float *row
     cdef ll_work wk
-    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E)
-    cdef ll_qact xq_y = _qact(ws.xq, ws.xqd, ws.xqs, Di)
+    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, ws.xqn, E)
+    cdef ll_qact xq_y = _qact(ws.xq, ws.xqd, ws.xqs, ws.xqn, Di)
     _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.qkv, ws.qkv, dproj, 0, _gemm_mode(T), tm)
     ll_omp_barrier()
     for t in range(t0, t1):   # softplus as torch computes it (linear above 20)
@@ -1597,8 +1614,8 @@ cdef void _deltanet_block(const ModelC *m, const WorkC *ws, const StepC *s, cons
     cdef float *row
     cdef const float *z
     cdef ll_work wk
-    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E)
-    cdef ll_qact xq_y = _qact(ws.xq, ws.xqd, ws.xqs, Di)
+    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, ws.xqn, E)
+    cdef ll_qact xq_y = _qact(ws.xq, ws.xqd, ws.xqs, ws.xqn, Di)
     _gemm_phase(ws.h, E, ws.xb, &xq_e, T, &L.qkv, ws.qkv, dproj, 0, _gemm_mode(T), tm)
     ll_omp_barrier()
     for t in range(t0, t1):   # softplus as torch computes it (linear above 20)
@@ -1668,16 +1685,16 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
     cdef const float *sin_row
     cdef Py_ssize_t half = m.rope_dim // 2, sec, rope_row
     # int8 blocks of the GEMM inputs: rows of E (qkv, gate/up, lm_head), H D (o) or F (down) values
-    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, E)
-    cdef ll_qact xq_o = _qact(ws.xq, ws.xqd, ws.xqs, q_n)
-    cdef ll_qact xq_f = _qact(ws.xq2, ws.xqd2, ws.xqs2, F)
+    cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, ws.xqn, E)
+    cdef ll_qact xq_o = _qact(ws.xq, ws.xqd, ws.xqs, ws.xqn, q_n)
+    cdef ll_qact xq_f = _qact(ws.xq2, ws.xqd2, ws.xqs2, ws.xqn2, F)
     ll_work_static(tm, T, 1, &t0, &t1)   # this thread's rows in every row phase
     at.q, at.ldq, at.out, at.ldo, at.tiles = ws.qkv, qkv_n, ws.attn, q_n, ws.tiles
     at.num_tiles, at.max_keys, at.h, at.hkv, at.d, at.bs = s.num_tiles, s.max_keys, H, Hkv, D, m.block_size
     at.max_blocks, at.kv_type, at.path, at.block_tables = s.max_blocks, m.kv_type, m.attn_path, s.block_tables
     at.tok_seq, at.positions, at.last, at.scale, at.softcap = s.tok_seq, s.positions, s.attn_pos, m.scale, m.attn_softcap
     at.scratch, at.scratch_len, at.partials = ws.scores, ws.scratch_len, ws.partials
-    at.xb, at.xq, at.xqd, at.xqs = ws.xb, ws.xq, ws.xqd, ws.xqs
+    at.xb, at.xq, at.xqd, at.xqs, at.xqn = ws.xb, ws.xq, ws.xqd, ws.xqs, ws.xqn
 
     for t in range(t0, t1):
         if s.embed_src != NULL and s.embed_src[t] >= 0:   # an image's token: its encoder row, unscaled
@@ -1774,7 +1791,7 @@ cdef void _step(const ModelC *m, const WorkC *ws, const StepC *s, int tid, int n
             _norm_rows(m, L.mlp_norm_w, L.mlp_norm_b, ws.x, NULL, ws.h, ws.xb, &xq_e, ll_mat_form(&L.up, T), t0, t1)
         ll_omp_barrier()
         F = L.ffn   # a dense MLP's width on this layer
-        xq_f = _qact(ws.xq2, ws.xqd2, ws.xqs2, F)
+        xq_f = _qact(ws.xq2, ws.xqd2, ws.xqs2, ws.xqn2, F)
         # one branch per block kind; each joins the residual through _residual_out (or, experts,
         # through _moe_block's own accumulation)
         if L.mlp == MLP_EXPERTS:

@@ -4,14 +4,15 @@
 
 cdef class _QBufs:
     """int8 blocks of T rows of K values, for a GEMM whose weights are block-quantized."""
-    cdef object q, d, s
+    cdef object q, d, s, n
     cdef ll_qact a
 
     def __init__(self, Py_ssize_t t, Py_ssize_t k):
-        self.q = np.zeros(t * k + 1, np.int8)      # flat: row strides are K, K / 32 and K / 16
+        self.q = np.zeros(t * k + 1, np.int8)      # flat: row strides are K, K / 32, K / 16 and K / 32
         self.d = np.zeros(t * (k // 32) + 1, np.float32)
         self.s = np.zeros(t * (k // 16) + 1, np.float32)
-        self.a = _qact(<int8_t *>_ptr(self.q), <float *>_ptr(self.d), <float *>_ptr(self.s), k)
+        self.n = np.zeros(t * (k // 32) + 1, np.int32)
+        self.a = _qact(<int8_t *>_ptr(self.q), <float *>_ptr(self.d), <float *>_ptr(self.s), <int32_t *>_ptr(self.n), k)
 
 
 def _parts_of(packed, str dtype, Py_ssize_t n, Py_ssize_t k):
@@ -50,17 +51,18 @@ def gemm(const float[:, ::1] x,          # IN  [T, K]
 
 
 def quantize_q8(const float[:, ::1] x):
-    """x [T, K] (K a multiple of 32) -> (q int8 [T, K], d [T, K/32], s [T, K/16]): the int8
-    blocks block-quantized GEMMs take (src/kernels/qgemm.h)."""
+    """x [T, K] (K a multiple of 32) -> (q int8 [T, K], d [T, K/32], s [T, K/16], n int32 [T, K/32]):
+    the int8 blocks block-quantized GEMMs take (src/kernels/qgemm.h)."""
     cdef Py_ssize_t t = x.shape[0], k = x.shape[1]
     if k % 32:
         raise ValueError(f"quantize_q8: {k} values per row are not whole 32-value blocks")
     cdef _QBufs qb = _QBufs(t, k)
     if t:
         with nogil:
-            ll_quantize_rows_q8(&x[0, 0], k, 0, t, k, <int8_t *>qb.a.q, <float *>qb.a.d, <float *>qb.a.s)
+            ll_quantize_rows_q8(&x[0, 0], k, 0, t, k, <int8_t *>qb.a.q, <float *>qb.a.d, <float *>qb.a.s,
+                                <int32_t *>qb.a.n)
     return (qb.q[:t * k].reshape(t, k), qb.d[:t * (k // 32)].reshape(t, k // 32),
-            qb.s[:t * (k // 16)].reshape(t, k // 16))
+            qb.s[:t * (k // 16)].reshape(t, k // 16), qb.n[:t * (k // 32)].reshape(t, k // 32))
 
 
 def gated_mlp(const float[:, ::1] x,     # IN  [T, K]
@@ -118,7 +120,7 @@ cdef void _gated_thread(const float *x, uint32_t *xb, const ll_qact *xq, Py_ssiz
     if form != LL_IN_F32:
         _to_input_rows(form, x, k, t, k, xb, xq, &tm)
         ll_omp_barrier()
-    _gated_phase(x, xb, xq, k, t, m, f, act, out, f, out_b, NULL, NULL, NULL, &tm)
+    _gated_phase(x, xb, xq, k, t, m, f, act, out, f, out_b, NULL, NULL, NULL, NULL, &tm)
 
 
 def rmsnorm(const float[:, ::1] x, const float[::1] w, float[:, ::1] out, float eps, int num_threads=1):
@@ -234,7 +236,7 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
     its own to its own (causal) or to last_positions[t]. Runs forward()'s attention phase
     (_attention_phase: its tiles, key splits and work hand-out) in a team of num_threads.
     o_input "bf16": also return out's rows as bf16 pairs [T, H D / 2] uint32; "q8": as int8
-    blocks (q [T, H D], d [T, H D / 32], s [T, H D / 16]), made as forward() makes them."""
+    blocks (q [T, H D], d [T, H D / 32], s [T, H D / 16], n [T, H D / 32]), made as forward() makes them."""
     geometry = kv_geometry(v_cache, "v")
     if k_cache.dtype != v_cache.dtype or kv_geometry(k_cache, "k") != geometry:
         raise ValueError(f"paged_attention: K {k_cache.shape} and V {v_cache.shape} are not one cache's layouts")
@@ -270,7 +272,7 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
             raise ValueError(f"paged_attention: {sinks.shape[0]} sinks for {h} heads")
         a.sinks = &sinks[0]
     a.scratch, a.scratch_len, a.partials = &sc[0, 0], sc.shape[1], &pv[0, 0]
-    a.form, a.xb, a.xq, a.xqd, a.xqs, a.prefetch = LL_IN_F32, NULL, NULL, NULL, NULL, NULL
+    a.form, a.xb, a.xq, a.xqd, a.xqs, a.xqn, a.prefetch = LL_IN_F32, NULL, NULL, NULL, NULL, NULL, NULL
     cdef _QBufs qb = None
     xb = None
     if o_input == "bf16":   # forward()'s o projection input: bf16 pairs of each row, made as rows become final
@@ -280,7 +282,7 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
         if (h // hkv) * d % 32:
             raise ValueError(f"paged_attention: a KV group's {(h // hkv) * d} values are not whole int8 blocks")
         qb = _QBufs(q.shape[0], h * d)
-        a.form, a.xq, a.xqd, a.xqs = LL_IN_Q8, <int8_t *>qb.a.q, <float *>qb.a.d, <float *>qb.a.s
+        a.form, a.xq, a.xqd, a.xqs, a.xqn = LL_IN_Q8, <int8_t *>qb.a.q, <float *>qb.a.d, <float *>qb.a.s, <int32_t *>qb.a.n
     elif o_input is not None:
         raise ValueError(f"paged_attention: o_input {o_input!r}, expected None, 'bf16' or 'q8'")
     with nogil:
@@ -292,7 +294,7 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
     if o_input == "q8":
         t, k = q.shape[0], h * d
         return (qb.q[:t * k].reshape(t, k), qb.d[:t * (k // 32)].reshape(t, k // 32),
-                qb.s[:t * (k // 16)].reshape(t, k // 16))
+                qb.s[:t * (k // 16)].reshape(t, k // 16), qb.n[:t * (k // 32)].reshape(t, k // 32))
 
 
 def attention_plan(const int32_t[::1] tok_seq, const int32_t[::1] last_positions, Py_ssize_t num_kv_heads,
@@ -423,8 +425,9 @@ cdef struct AttnC:
     int form                      # out's rows also in the next GEMM's input form (LL_IN_F32: none):
     uint32_t *xb                  #   LL_IN_BF16: [T, ldo / 2] bf16 pairs
     int8_t *xq                    #   LL_IN_Q8: [T, ldo] int8 blocks, scales xqd [T, ldo / 32],
-    float *xqd                    #   scale x sum xqs [T, ldo / 16]
+    float *xqd                    #   scale x sum xqs [T, ldo / 16], sums xqn [T, ldo / 32]
     float *xqs
+    int32_t *xqn
     const Mat *prefetch           # weights whose static run each thread brings in while it waits, or NULL
 
 
@@ -437,7 +440,8 @@ cdef inline void _attn_to_input(const AttnC *a, Py_ssize_t pair) noexcept nogil:
             ll_f32_to_bf16_pairs(a.out + t * a.ldo + c0, 0, a.xb + t * (a.ldo // 2) + c0 // 2, 0, 1, gd)
         elif a.form == LL_IN_Q8:
             ll_quantize_rows_q8(a.out + t * a.ldo + c0, 0, 0, 1, gd, a.xq + t * a.ldo + c0,
-                                a.xqd + t * (a.ldo // 32) + c0 // 32, a.xqs + t * (a.ldo // 16) + c0 // 16)
+                                a.xqd + t * (a.ldo // 32) + c0 // 32, a.xqs + t * (a.ldo // 16) + c0 // 16,
+                                a.xqn + t * (a.ldo // 32) + c0 // 32)
 
 
 cdef void _attention_phase(const AttnC *a, ll_team *tm) noexcept nogil:

@@ -89,8 +89,7 @@ LL_INLINE void ll_qpanel_dot_many(const ll_qact *x, ptrdiff_t nt, const uint8_t 
         return;
     }
     for (ptrdiff_t t = 0; t < nt; t += LL_QT) {
-        ll_qact xt = *x;
-        xt.q += t * x->ld; xt.d += t * (x->ld / 32); xt.s += t * (x->ld / 16);
+        const ll_qact xt = ll_qact_rows(x, t);
         ll_qpanel_dot_tt(&xt, (int)(nt - t < LL_QT ? nt - t : LL_QT), wp, wtype, k, acc + t);
     }
 }
@@ -106,8 +105,7 @@ static inline void ll_qgemm_panels(const ll_qact *x, ptrdiff_t num_tokens, const
         const ptrdiff_t col = pt->n0 + (p - pt->p0) * 16;
         for (ptrdiff_t t = 0; t < num_tokens; t += LL_QT_MANY) {
             const ptrdiff_t tt = num_tokens - t < LL_QT_MANY ? num_tokens - t : LL_QT_MANY;
-            ll_qact xt = *x;
-            xt.q += t * x->ld; xt.d += t * (x->ld / 32); xt.s += t * (x->ld / 16);
+            const ll_qact xt = ll_qact_rows(x, t);
             ll_vf32 acc[LL_QT_MANY];
             ll_qpanel_dot_many(&xt, tt, wp, pt->wtype, k, acc);
             for (ptrdiff_t i = 0; i < tt; i++) ll_store_out(out + (t + i) * ldo, acc[i], bias, col, pt->n1, accumulate);
@@ -151,7 +149,7 @@ static inline void ll_mat_prefetch(const ll_mat *m, ptrdiff_t p0, ptrdiff_t p1) 
 static inline void ll_mat_gated(const float *x, const uint32_t *xb, const ll_qact *xq, ptrdiff_t ldx,
                                 ptrdiff_t num_tokens, const ll_mat *m, ptrdiff_t F, int act,
                                 float *ao, ptrdiff_t lda, uint32_t *ao_b, int8_t *aq, float *aqd, float *aqs,
-                                ptrdiff_t q0, ptrdiff_t q1) {
+                                int32_t *aqn, ptrdiff_t q0, ptrdiff_t q1) {
     const ll_part *gp = &m->part[0];
     if (!ll_wtype_is_quant(gp->wtype)) {
         ll_gemm_gated(x, ll_mat_form(m, num_tokens) == LL_IN_BF16 ? xb : 0, ldx, num_tokens, gp->w, gp->wtype, m->k, F, m->bias, act,
@@ -180,8 +178,7 @@ static inline void ll_mat_gated(const float *x, const uint32_t *xb, const ll_qac
                 const uint8_t *wg = (const uint8_t *)gp->w + q * pbg, *wu = (const uint8_t *)up->w + q * pbu;
                 for (ptrdiff_t t = 0; t < num_tokens; t += LL_QT_MANY) {
                     const ptrdiff_t tt = num_tokens - t < LL_QT_MANY ? num_tokens - t : LL_QT_MANY;
-                    ll_qact xt = *xq;
-                    xt.q += t * xq->ld; xt.d += t * (xq->ld / 32); xt.s += t * (xq->ld / 16);
+                    const ll_qact xt = ll_qact_rows(xq, t);
                     ll_vf32 g[LL_QT_MANY], u[LL_QT_MANY];
                     ll_qpanel_dot_many(&xt, tt, wg, gp->wtype, m->k, g);
                     ll_qpanel_dot_many(&xt, tt, wu, up->wtype, m->k, u);
@@ -196,7 +193,7 @@ static inline void ll_mat_gated(const float *x, const uint32_t *xb, const ll_qac
         for (ptrdiff_t t = 0; t < num_tokens; t++)
             for (ptrdiff_t b = q0 / 2; b < (q1 + 1) / 2; b++)
                 ll_quantize_block_q8(ao + t * lda + 32 * b, aq + t * F + 32 * b, aqd + t * (F / 32) + b,
-                                     aqs + t * (F / 16) + 2 * b);
+                                     aqs + t * (F / 16) + 2 * b, aqn + t * (F / 32) + b);
 }
 LL_HOT_END
 #endif

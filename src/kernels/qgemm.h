@@ -45,7 +45,10 @@
  *
  * Activations (ll_qact): each row of K values in blocks of 32 quantized symmetrically,
  * q = rint(x / d), d = max|x| / 127, with s = d * (sum of q) over each half-block of 16 (the
- * offset and min terms: d_w (u - 8) . x = d_w (d_x sum u q - 8 s)).
+ * offset and min terms: d_w (u - 8) . x = d_w (d_x sum u q - 8 s)) and n = sum of q over each
+ * block, an integer: signed weights run as w + 128 where the dot product takes unsigned bytes
+ * (ll_signed_block_dot), and 128 n comes off the int32 sum before it becomes float, so the
+ * result is the signed product's, bit for bit.
  */
 #ifndef LL_QGEMM_H
 #define LL_QGEMM_H
@@ -147,12 +150,20 @@ typedef struct {
     const int8_t *q;   /* [T][ld] quantized values */
     const float *d;    /* [T][ld / 32] scale of each block */
     const float *s;    /* [T][ld / 16] d x sum of q over each half-block */
+    const int32_t *n;  /* [T][ld / 32] sum of q over each block */
     ptrdiff_t ld;      /* K */
 } ll_qact;
 
+/* x advanced by t tokens (every array by t of its rows) */
+LL_INLINE ll_qact ll_qact_rows(const ll_qact *x, ptrdiff_t t) {
+    ll_qact a = *x;
+    a.q += t * x->ld; a.d += t * (x->ld / 32); a.s += t * (x->ld / 16); a.n += t * (x->ld / 32);
+    return a;
+}
+
 /* ---- activations --------------------------------------------------------------------- */
 
-static inline void ll_quantize_block_q8(const float *x, int8_t *q, float *d, float *s) {
+static inline void ll_quantize_block_q8(const float *x, int8_t *q, float *d, float *s, int32_t *n) {
     float amax = 0.f;
     for (int i = 0; i < 32; i++) { const float a = fabsf(x[i]); amax = a > amax ? a : amax; }
     const float dd = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
@@ -162,15 +173,16 @@ static inline void ll_quantize_block_q8(const float *x, int8_t *q, float *d, flo
     *d = dd;
     s[0] = dd * (float)s0;
     s[1] = dd * (float)s1;
+    *n = s0 + s1;
 }
 
 /* Rows t0..t1 of fp32 x [T][ldx] (k values each, k % 32 == 0) into the int8 rows of `a`. */
 static inline void ll_quantize_rows_q8(const float *x, ptrdiff_t ldx, ptrdiff_t t0, ptrdiff_t t1, ptrdiff_t k,
-                                       int8_t *q, float *d, float *s) {
+                                       int8_t *q, float *d, float *s, int32_t *n) {
     for (ptrdiff_t t = t0; t < t1; t++)
         for (ptrdiff_t b = 0; b < k / 32; b++)
             ll_quantize_block_q8(x + t * ldx + 32 * b, q + t * k + 32 * b, d + t * (k / 32) + b,
-                                 s + t * (k / 16) + 2 * b);
+                                 s + t * (k / 16) + 2 * b, n + t * (k / 32) + b);
 }
 
 /* ---- the codebook types: one 32-value sub-block of one stored block ---------------------- */
@@ -481,7 +493,7 @@ LL_INLINE void ll_unpack_5bit(const uint8_t *p, ll_vi8 w[8]) {
 
 #ifdef LL_I8DOT_FULL_U8
 /* Signed weights w[8] as the bytes w + 128, for ll_dot_block's unsigned products (the caller
- * takes 128 sum(x) off: ll_qact.s). */
+ * takes 128 sum(q) off in int32: ll_qact.n). */
 LL_INLINE void ll_i8_bias(ll_vi8 w[8]) {
     const ll_vi8 k80 = ll_i8_of_i32(ll_i32_set1((int32_t)0x80808080u));
     for (int g = 0; g < 8; g++) w[g] = ll_i8_xor(w[g], k80);
@@ -502,27 +514,25 @@ LL_INLINE void ll_dot_block(const ll_vi8 w[8], const int8_t *x, const int is_sig
 }
 
 /* acc[t] += scale (16 rows) x the signed weight bytes w[8] of block b . token t's 32 int8 values,
- * for t < tt: as w + 128 less 128 sum(x) where the build's dot product takes any u8 (VNNI), else
- * signed products (ll_dpbssd). */
+ * for t < tt (Q8_0, IQ4_NL, IQ4_XS, MXFP4): where the build's dot product takes any u8 (VNNI) as
+ * w + 128 less 128 sum(q) (ll_qact.n), in int32, else signed products (ll_dpbssd). Both give the
+ * same int32 sum, so the same float result. */
 LL_INLINE void ll_signed_block_dot(const ll_qact *x, int tt, ll_vi8 w[8], ll_vf32 scale, ptrdiff_t b, ll_vf32 *acc) {
-    const ptrdiff_t ldd = x->ld / 32, lds = x->ld / 16;
+    const ptrdiff_t ldd = x->ld / 32;
 #ifdef LL_I8DOT_FULL_U8
     ll_i8_bias(w);
-    for (int t = 0; t < tt; t++) {
-        ll_vi32 lo, hi;
-        ll_dot_block(w, x->q + t * x->ld + 32 * b, 0, &lo, &hi);
-        const float sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
-        acc[t] = ll_fma(scale, ll_sub(ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])),
-                                      ll_set1(128.f * sx)), acc[t]);
-    }
-#else
-    (void)lds;
-    for (int t = 0; t < tt; t++) {
-        ll_vi32 lo, hi;
-        ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
-        acc[t] = ll_fma(scale, ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])), acc[t]);
-    }
 #endif
+    for (int t = 0; t < tt; t++) {
+        ll_vi32 lo, hi;
+#ifdef LL_I8DOT_FULL_U8
+        ll_dot_block(w, x->q + t * x->ld + 32 * b, 0, &lo, &hi);
+        const ll_vi32 sum = ll_i32_sub(ll_i32_add(lo, hi), ll_i32_set1(128 * x->n[t * ldd + b]));
+#else
+        ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
+        const ll_vi32 sum = ll_i32_add(lo, hi);
+#endif
+        acc[t] = ll_fma(scale, ll_mul(ll_i32_to_f32(sum), ll_set1(x->d[t * ldd + b])), acc[t]);
+    }
 }
 
 #ifndef LL_IQ_ONE_ROW
@@ -572,13 +582,7 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
     if (wtype == LL_W_Q8_0 || wtype == LL_W_Q4_0 || wtype == LL_W_Q4_1 || wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1
             || wtype == LL_W_IQ4_NL) {
         const int five = wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1;
-        int signed_w = wtype == LL_W_Q8_0 || wtype == LL_W_IQ4_NL;   /* signed weights: dpbssd */
-#ifdef LL_I8DOT_FULL_U8
-        const int biased = signed_w;   /* signed weights as w + 128 (ll_i8_bias), 128 sum(x) taken off */
-        signed_w = 0;
-#else
-        const int biased = 0;
-#endif
+        const int signed_w = wtype == LL_W_Q8_0 || wtype == LL_W_IQ4_NL;   /* ll_signed_block_dot */
         const ptrdiff_t bb = ll_qblock_bytes(wtype), qb = wtype == LL_W_Q8_0 ? 512 : five ? 320 : 256;
         const float offset = wtype == LL_W_Q4_0 ? 8.f : 16.f;   /* Q4_0, Q5_0: w = d (u - offset) */
         for (ptrdiff_t b = 0; b < k / 32; b++, wp += bb) {
@@ -588,22 +592,18 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
             else if (five) ll_unpack_5bit(wp, w);
             else ll_unpack_nibbles(wp, w);
             if (wtype == LL_W_IQ4_NL) for (int g = 0; g < 8; g++) w[g] = ll_i8_lut16(w[g], ll_iq4_values);
-#ifdef LL_I8DOT_FULL_U8
-            if (biased) ll_i8_bias(w);
-#endif
             const ll_vf32 d = ll_load_f16((const uint16_t *)(wp + qb));
+            if (signed_w) {
+                ll_signed_block_dot(x, tt, w, d, b, acc);
+                continue;
+            }
             for (int t = 0; t < tt; t++) {
                 const int8_t *xq = x->q + t * x->ld + 32 * b;
                 const float dx = x->d[t * ldd + b];
                 ll_vi32 lo, hi;
-                ll_dot_block(w, xq, signed_w, &lo, &hi);
+                ll_dot_block(w, xq, 0, &lo, &hi);
                 const ll_vf32 f = ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(dx));
-                if (signed_w) {
-                    acc[t] = ll_fma(d, f, acc[t]);
-                } else if (biased) {
-                    const float sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
-                    acc[t] = ll_fma(d, ll_sub(f, ll_set1(128.f * sx)), acc[t]);
-                } else if (wtype == LL_W_Q4_0 || wtype == LL_W_Q5_0) {
+                if (wtype == LL_W_Q4_0 || wtype == LL_W_Q5_0) {
                     const float sx = x->s[t * lds + 2 * b] + x->s[t * lds + 2 * b + 1];
                     acc[t] = ll_fma(d, ll_sub(f, ll_set1(offset * sx)), acc[t]);
                 } else {   /* Q4_1, Q5_1: the mins follow the scales */

@@ -116,8 +116,8 @@ LL_INLINE ll_vi32 ll_dpbusd_pairwise(ll_vi32 acc, ll_vi8 u, ll_vi8 s) {
 #define LL_I8_PAIRWISE_NAME "vpmaddubsw"
 LL_INLINE ll_vi32 ll_dpbusd(ll_vi32 acc, ll_vi8 u, ll_vi8 s) { return _mm512_dpbusd_epi32(acc, u, s); }
 /* ll_dpbusd is exact for every u8 (no int16 pair sums to saturate): signed weights can run as
- * w + 128 with the activations' sum taken off after (qgemm.h), one instruction a vector instead
- * of ll_dpbssd's four */
+ * w + 128 with 128 x the activations' int sum taken off the int32 result (qgemm.h), one
+ * instruction a vector instead of ll_dpbssd's four */
 #define LL_I8DOT_FULL_U8 1
 #else
 #define LL_I8DOT_NAME "vpmaddubsw"

@@ -46,11 +46,13 @@ def test_quantize_q8_matches_reference(variant, num_tokens, k, rng):
     if num_tokens > 2:
         x[1, :32] = 0.0                         # an all-zero block: scale 0, quants 0
         x[2, 5] = 1e4                           # one outlier sets its block's scale
-    q, d, s = _kernels.load(variant).quantize_q8(x)
-    qr, dr, sr = ref_ops.quantize_q8(x)
+    q, d, s, n = _kernels.load(variant).quantize_q8(x)
+    qr, dr, sr, nr = ref_ops.quantize_q8(x)
     np.testing.assert_array_equal(q, qr)
     np.testing.assert_array_equal(d, dr)
     np.testing.assert_array_equal(s, sr)
+    assert n.dtype == np.int32
+    np.testing.assert_array_equal(n, nr)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -89,6 +91,73 @@ def test_qgemm_matches_reference(variant, qname, num_tokens, n, num_threads, rng
     before = out.copy()
     mod.gemm(x, _packed(mod, raw, qname, n, k), qname, n, out, bias=bias, accumulate=True, num_threads=num_threads)
     _close(out, before + ref_ops.qgemm(x, w, bias), x, w)
+
+
+_IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int32)
+_MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int32)   # doubled e2m1
+
+
+def _nibble_values(qs: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """[..., 16] bytes of packed nibbles -> [..., 32] table values: low nibbles first, then high."""
+    return np.concatenate([table[qs & 15], table[qs >> 4]], axis=-1)
+
+
+def _signed_blocks(raw: np.ndarray, qname: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(int weights [n, k / 32, 32], float32 scale [n, k / 32]) of the signed block types, from the
+    ggml bytes as a GGUF file stores them: w = scale x int, the scale as the kernel makes it
+    (IQ4_XS: d x its sub-block's scale, MXFP4: 2^(e - 128) for doubled values)."""
+    nb = k // 32
+    if qname == "Q8_0":
+        b = raw.reshape(n, nb, 34)
+        return b[..., 2:].view(np.int8).astype(np.int32), b[..., 0:2].copy().view("<f2")[..., 0].astype(np.float32)
+    if qname == "IQ4_NL":
+        b = raw.reshape(n, nb, 18)
+        return _nibble_values(b[..., 2:], _IQ4_VALUES), b[..., 0:2].copy().view("<f2")[..., 0].astype(np.float32)
+    if qname == "MXFP4":
+        b = raw.reshape(n, nb, 17)
+        e = b[..., 0].astype(np.int32)
+        return _nibble_values(b[..., 1:], _MXFP4_VALUES), np.ldexp(np.float32(1), e - 128).astype(np.float32)
+    b = raw.reshape(n, k // 256, 136)   # IQ4_XS: d, scales_h (u16), scales_l[4], qs[8][16]
+    d = b[..., 0:2].copy().view("<f2")[..., 0].astype(np.float32)
+    sh = b[..., 2:4].copy().view("<u2")[..., 0].astype(np.int32)
+    j = np.arange(8)
+    ls = ((b[..., 4 + j // 2] >> (4 * (j % 2))) & 15) | (((sh[..., None] >> (2 * j)) & 3) << 4)
+    scale = (d[..., None] * (ls - 32).astype(np.float32)).astype(np.float32)
+    vals = _nibble_values(b[..., 8:].reshape(n, k // 256, 8, 16), _IQ4_VALUES)
+    return vals.reshape(n, nb, 32), scale.reshape(n, nb)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("qname", ["Q8_0", "IQ4_NL", "IQ4_XS", "MXFP4"])
+@pytest.mark.parametrize("num_tokens", [1, 9, 70])
+def test_signed_block_types_are_exact_integer_dots(variant, qname, num_tokens, rng):
+    """Signed weight blocks: each block's dot is an exact int32 sum of int8 products, whatever
+    instructions make it (w + 128 on unsigned VNNI products, 128 x the activation block's sum
+    taken off in int32, or signed products): so every output is, bit for bit, the float32
+    sequence acc = fma(w scale, float(int dot) x d_x, acc) over the blocks in order, for every
+    token alone or in any tile. A correction made in float instead (128 sum(x) off after the
+    conversion) moves the last bits, and which ones with how the compiler fused it. The plain-C
+    backend's ll_fma is a * b + c, one rounding or two as its build contracts it (the generic
+    variants of aarch64 and s390x: -ffp-contract=off; x86-64's baseline has no FMA)."""
+    mod = _kernels.load(variant)
+    n, k = 37, 512
+    raw, w = ggml_rows(rng, n, k, qname)
+    wi, ws = _signed_blocks(ggml_file_order(raw, qname), qname, n, k)
+    np.testing.assert_array_equal(ws[..., None] * wi.astype(np.float32), w.reshape(n, k // 32, 32))
+    x = (rng.standard_normal((num_tokens, k)) * rng.uniform(0.1, 10.0, (num_tokens, 1))).astype(np.float32)
+    out = np.full((num_tokens, n), np.nan, np.float32)
+    mod.gemm(x, _packed(mod, raw, qname, n, k), qname, n, out, num_threads=2)
+    q, dx, _, _ = ref_ops.quantize_q8(x)
+    dots = np.einsum("tbi,rbi->trb", q.reshape(num_tokens, k // 32, 32).astype(np.int64), wi.astype(np.int64))
+    fused = unfused = np.zeros((num_tokens, n), np.float32)
+    for b in range(k // 32):   # fma: the float64 product of two float32 is exact, one rounding after the add
+        f = (dots[:, :, b].astype(np.float32) * dx[:, b, None]).astype(np.float32)
+        fused = (ws[None, :, b].astype(np.float64) * f.astype(np.float64) + fused).astype(np.float32)
+        unfused = (ws[None, :, b] * f).astype(np.float32) + unfused
+    if mod.ISA == "scalar" and not np.array_equal(out, fused):
+        np.testing.assert_array_equal(out, unfused)
+    else:
+        np.testing.assert_array_equal(out, fused)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
