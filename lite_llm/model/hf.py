@@ -219,6 +219,13 @@ def stacked(ckpt: SafetensorsCheckpoint, parts: tuple[tuple[str, tuple[int, int]
     return StackedRows(tuple(rows), parts[0][1][1], blocks=tuple(blocks), stored=tuple(stored))
 
 
+def quantized_rows(q: hfquant.QuantLinear, first: int, n: int) -> StackedRows:
+    """StackedRows of rows first..first + n of a quantized linear (a head's rows of a fused
+    projection), kept in its stored form as stacked() keeps a whole one."""
+    return StackedRows(((n, lambda a, b: q.read_rows(first + a, first + b)),), q.shape[1],
+                       blocks=((q.type_name, lambda a, b: q.read_blocks(first + a, first + b)),), stored=(None,))
+
+
 def _not_fp8(ckpt: SafetensorsCheckpoint, e: _Entry, name: str) -> None:
     """FP8 bytes are values only with their scales: refuse one read as a plain float tensor."""
     if e.stype == "F8_E4M3":

@@ -188,3 +188,27 @@ def test_fp8_checkpoints_refused_clearly(tiny_checkpoint, tmp_path):
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ModelLoadError, match="up_proj.weight' has dtype F8_E5M2, not a type this loader reads"):
         make_runner(out)
+
+
+MLA_LINEARS = re.compile(r"self_attn\.(q_a_proj|q_b_proj|q_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)"
+                         r"|mlp\.(shared_experts\.)?(gate|up|down)_proj")
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3", "deepseek_v2"])
+def test_deepseek_fp8_latent_attention_runs_as_stored(tiny_checkpoint, tmp_path, arch):
+    """DeepSeek-V3 / R1's released layout: the attention linears in FP8 blocks, kv_b_proj among
+    them (each head's W_UV rows run in FP8 as stored, its W_UK transposed from the dequantized
+    rows in float32), the dense MLP and the shared experts too; logits against transformers on
+    the dequantized weights."""
+    ckpt = tiny_checkpoint(arch, std=0.08)
+    ref = write_fp8(ckpt, tmp_path / arch, "block", linears=MLA_LINEARS)
+    want = _hf(ref)
+    runner, loaded = make_runner(tmp_path / arch)
+    cfg = loaded.config
+    for i in range(cfg.num_layers):
+        for name in ("qkv", "v_b", "o") + (("q_b",) if cfg.q_lora_rank else ()):
+            assert set(runner.formats[f"layers.{i}.{name}"][0]) == {"F8_E4M3"}, (i, name, runner.formats)
+        assert set(runner.formats[f"layers.{i}.k_b"][0]) == {"float32"}
+    assert set(runner.formats["layers.0.gate_up"][0]) == {"F8_E4M3"}
+    got = lite_logits(runner, [IDS])[0]
+    assert _rel_err(got, want) < 1e-4, _rel_err(got, want)

@@ -51,7 +51,8 @@ rope.dimension_count, the routing in expert_gating_func (1 softmax: V2, 2 sigmoi
 expert_weights_scale / _norm, expert_group_count / _used_count, expert_shared_count,
 leading_dense_block_count, and YaRN's mscale_all_dim as rope.scaling.yarn_log_multiplier
 (0.1 mscale_all_dim). attn_k_b / attn_v_b run as stored, a head's rows at a time; a whole
-attn_kv_b keeps its W_UV rows as stored and gives W_UK transposed in float32.
+attn_kv_b keeps its W_UV rows as stored and gives W_UK transposed in float32, as does a
+quantized kv_b_proj of an HF checkpoint (DeepSeek-V3 / R1's FP8 blocks).
 """
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ import numpy as np
 from lite_llm.config import ModelConfig
 from lite_llm.model.arch import llama, moe
 from lite_llm.model.files import ModelLoadError
-from lite_llm.model.hf import stacked
+from lite_llm.model import hfquant
+from lite_llm.model.hf import quantized_rows, stacked
 from lite_llm.model.weights import StackedRows, convert
 
 HF_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
@@ -180,7 +182,16 @@ def hf_tensors(ckpt, config: ModelConfig) -> Iterator[tuple[str, Any]]:
         else:
             yield p + "qkv.weight", stacked(ckpt, ((a + "q_proj.weight", (H * dq, E)), kv_a))
         yield p + "kv_a_norm.weight", ckpt.read(a + "kv_a_layernorm.weight", (r,))
-        yield from _heads_of_kv_b(convert(ckpt.read(a + "kv_b_proj.weight", (H * (dn + dv), r)), "float32"), config, p)
+        kv_b, kv_b_shape = a + "kv_b_proj", (H * (dn + dv), r)
+        if hfquant.is_quantized_linear(ckpt, kv_b):
+            # FP8 (DeepSeek-V3 / R1's released files), AWQ, GPTQ: each head's W_UV rows as stored,
+            # its W_UK transposed from the dequantized rows in float32
+            q = hfquant.QuantLinear(ckpt, kv_b, ckpt.quant, kv_b_shape)
+            yield from _w_uk_heads(q.read_rows(0, kv_b_shape[0]), config, p)
+            for hd in range(H):
+                yield p + f"v_b.{hd}.weight", quantized_rows(q, hd * (dn + dv) + dn, dv)
+        else:
+            yield from _heads_of_kv_b(convert(ckpt.read(kv_b + ".weight", kv_b_shape), "float32"), config, p)
         yield p + "o.weight", stacked(ckpt, ((a + "o_proj.weight", (E, H * dv)),))
         yield p + "mlp_norm.weight", ckpt.read(h + "post_attention_layernorm.weight", (E,))
         m = h + "mlp."
