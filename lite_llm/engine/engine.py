@@ -403,7 +403,8 @@ class LLMEngine:
             # one compiled call (_step.finish_plain), the Python below its reference
             outputs = _step.finish_plain(self, self._stats, sched_out.chunks, results, now, touched, sched_out.steady,
                                          lazy, start, ran.kernel_seconds, ran.bytes_read, sched_out.num_tokens)
-            if sched_out.steady and self.compiled_steady and self.scheduler.compiled_decodes:
+            if sched_out.steady and self.compiled_steady and self.scheduler.compiled_decodes \
+                    and not self.scheduler.num_lookahead_tokens:
                 decode = self.runner.steady_decode
                 if decode is not None:       # the runner repeated its step: the next steps may too
                     self._steady_step = _step.SteadyStep(self, self.scheduler.steady, decode, self._stats)
