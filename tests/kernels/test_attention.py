@@ -414,7 +414,7 @@ def _tile_paths(mod, step: Step, path: str) -> list[str]:
     if path != "auto":
         return [path] * len(step.positions)
     group = step.q.shape[1] // step.k_cache.shape[1]
-    staged = "fma" if mod._bf16_fma(None) else "bf16"
+    staged = "fma" if mod.BF16_PATHS[0] == "fma" else "bf16"     # the build's default bf16 path first
     out, t = [], 0
     while t < len(step.positions):   # tiles: consecutive tokens of one sequence, at most QTILE
         n = 1
