@@ -25,6 +25,7 @@ environment variables (config.py).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ import tempfile
 import zlib
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import Iterator
 
 from lite_llm import config
 from lite_llm._kernels import _cpu
@@ -173,8 +175,27 @@ def _write_cache(path: str, key: dict, variants: dict) -> None:
         log.warning("could not write the GEMM path cache %s: %s", path, e)
 
 
-# (module, cache) -> the paths chosen in this process (tests swap in their own dict)
+# (module, cache) -> the paths chosen in this process
 _MEMO: dict[tuple[str, str], GemmPaths] = {}
+
+
+def forget() -> None:
+    """Forget the paths chosen so far in this process: the next choose() reads its cache file
+    (or measures) again."""
+    _MEMO.clear()
+
+
+@contextlib.contextmanager
+def chosen_aside() -> Iterator[None]:
+    """The paths this process chose set aside while the block runs (it starts with none) and
+    restored after it, so what is chosen from another cache file inside is forgotten."""
+    saved = dict(_MEMO)
+    _MEMO.clear()
+    try:
+        yield
+    finally:
+        _MEMO.clear()
+        _MEMO.update(saved)
 
 
 def choose(kernels: ModuleType, cache_dir: str | None = None, override: dict[str, str] | None = None,

@@ -118,9 +118,10 @@ def test_measured_rates_and_peaks_are_positive(variant):
 
 @pytest.fixture
 def fresh(monkeypatch):
-    """No memoized choice, and LITE_LLM_GEMM_PATH unset."""
-    monkeypatch.setattr(gemm_path, "_MEMO", {})
+    """No memoized choice (the process's set aside), and LITE_LLM_GEMM_PATH unset."""
     monkeypatch.delenv("LITE_LLM_GEMM_PATH", raising=False)
+    with gemm_path.chosen_aside():
+        yield
 
 
 def _count_measures(monkeypatch) -> list[int]:
@@ -150,7 +151,7 @@ def test_first_start_measures_and_caches_then_the_cache_decides(variant, tmp_pat
     assert first.peak("bf16") > 0 and set(first.peaks) == set(mod.PEAK_KINDS)
     data = json.loads((tmp_path / gemm_path.CACHE_FILE).read_text())
     assert data["machine"] == gemm_path.machine_key() and mod.ISA in data["variants"]
-    monkeypatch.setattr(gemm_path, "_MEMO", {})
+    gemm_path.forget()
     _forbid_measuring(monkeypatch)
     again = gemm_path.choose(mod, cache_dir=str(tmp_path))
     assert again.source == "cache" and again.chosen == first.chosen and again.peaks == first.peaks
@@ -168,7 +169,7 @@ def test_the_choice_is_deterministic_given_the_cache(variant, faster, tmp_path, 
         {"machine": gemm_path.machine_key(), "variants": {mod.ISA: entry}}))
     _forbid_measuring(monkeypatch)
     for _ in range(3):
-        monkeypatch.setattr(gemm_path, "_MEMO", {})
+        gemm_path.forget()
         paths = gemm_path.choose(mod, cache_dir=str(tmp_path))
         assert paths.chosen["bf16"] == faster and paths.source == "cache"
 

@@ -21,11 +21,11 @@ CASES = [(v, p) for v in _kernels.available() for p in _kernels.load(v).BF16_PAT
 def forced(monkeypatch, tmp_path):
     """Force a path through the environment, as a user would; a private cache directory."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(gemm_path, "_MEMO", {})
 
     def force(path: str) -> None:
         monkeypatch.setenv("LITE_LLM_GEMM_PATH", path)
-    return force
+    with gemm_path.chosen_aside():
+        yield force
 
 
 def _fp64_logits(path, prompts):
