@@ -403,11 +403,11 @@ class LLMEngine:
             # one compiled call (_step.finish_plain), the Python below its reference
             outputs = _step.finish_plain(self, self._stats, sched_out.chunks, results, now, touched, sched_out.steady,
                                          lazy, start, ran.kernel_seconds, ran.bytes_read, sched_out.num_tokens)
-            if sched_out.steady and self.compiled_steady and self.scheduler.compiled_decodes \
-                    and not self.scheduler.num_lookahead_tokens:
+            schedule = self.scheduler.steady
+            if sched_out.steady and self.compiled_steady and schedule is not None:
                 decode = self.runner.steady_decode
                 if decode is not None:       # the runner repeated its step: the next steps may too
-                    self._steady_step = _step.SteadyStep(self, self.scheduler.steady, decode, self._stats)
+                    self._steady_step = _step.SteadyStep(self, schedule, decode, self._stats)
             return outputs
         sampled = self.scheduler.update_from_output(sched_out, results, spec_ids)
         # a request may get several tokens (accepted drafts): tokens after a stop string go

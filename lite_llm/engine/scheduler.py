@@ -188,10 +188,10 @@ class Scheduler:
         self._step_encoder_tokens = 0                     # their tokens, counted in the step's budget
         # the steady step compiled (schedule()'s first case; the engine's SteadyStep calls it too):
         # it keeps these queues, which are therefore never rebound, and the latest step's chunks
-        self.steady = _step.SteadySchedule(self.waiting, self.running, self._finished_req_ids,
-                                           self._preempted_req_ids, kv_cache_manager.room,
-                                           kv_cache_manager.allocate_slots, ScheduledChunk, SchedulerOutput,
-                                           max_num_batched_tokens)
+        self._steady = _step.SteadySchedule(self.waiting, self.running, self._finished_req_ids,
+                                            self._preempted_req_ids, kv_cache_manager.room,
+                                            kv_cache_manager.allocate_slots, ScheduledChunk, SchedulerOutput,
+                                            max_num_batched_tokens)
 
     # ---- queue management ---------------------------------------------------------------
 
@@ -239,6 +239,13 @@ class Scheduler:
         return len(self.waiting)
 
     @property
+    def steady(self) -> _step.SteadySchedule | None:
+        """The compiled steady schedule where it applies (compiled decodes, no lookahead slots for
+        a draft model), else None: schedule() takes it first, and the engine's compiled steady
+        step calls it in schedule()'s place."""
+        return self._steady if self.compiled_decodes and not self.num_lookahead_tokens else None
+
+    @property
     def pending_removal_ids(self) -> list[str]:
         """The requests that left the runner's batch (finished, then preempted) since the last
         step that ran: the next SchedulerOutput will carry them."""
@@ -252,13 +259,14 @@ class Scheduler:
             self._step_images = set()
         self._step_encoder_tokens = 0
         pending = None
-        if self.compiled_decodes and not self.num_lookahead_tokens:
+        compiled = self.steady
+        if compiled is not None:
             # nobody to admit, nothing gone: the running requests' common case first (most steps of
             # a steady batch end there), the loop below from wherever it stopped
-            sched_out = self.steady.schedule()
+            sched_out = compiled.schedule()
             if sched_out is not None:
                 return sched_out
-            pending = self.steady.take_pending()
+            pending = compiled.take_pending()
         if pending is not None:
             chunks, idx, budget = pending
             budget = self._schedule_running(chunks, preempted, 0, idx, budget)
@@ -278,8 +286,8 @@ class Scheduler:
         if chunks:           # an empty step is not run: its removals wait for the next one
             self._finished_req_ids.clear()
             self._preempted_req_ids.clear()
-            steady = not finished and not preempted and _step.repeats_decodes(self.steady.last_chunks, chunks)
-            self.steady.last_chunks = chunks
+            steady = not finished and not preempted and _step.repeats_decodes(self._steady.last_chunks, chunks)
+            self._steady.last_chunks = chunks
         aborted = self._finished_in_schedule
         if aborted:
             self._finished_in_schedule = []
