@@ -93,8 +93,8 @@ def test_qgemm_matches_reference(variant, qname, num_tokens, n, num_threads, rng
     _close(out, before + ref_ops.qgemm(x, w, bias), x, w)
 
 
-_IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int32)
-_MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int32)   # doubled e2m1
+_IQ4_VALUES = np.array(gguf.quants.IQ4_NL.kvalues, np.int32)
+_MXFP4_VALUES = np.array(gguf.quants.MXFP4.kvalues, np.int32)   # doubled e2m1
 
 
 def _nibble_values(qs: np.ndarray, table: np.ndarray) -> np.ndarray:
