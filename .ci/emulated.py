@@ -177,13 +177,16 @@ def main() -> int:
         cross_wheel.build_into_tree(arch, sysroots.ensure(arch, ROOT / "build" / "sysroot"), sysroot, args.jobs)
         return sysroot
 
-    # one architecture's cross build runs while the one before it is tested, and each architecture's
-    # tests start as soon as its build is done, beside the other's: the tests under qemu keep about
-    # one core busy (the emulated Python), a build or the other architecture's tests take what is left
+    # one architecture's cross build runs while the one before it is tested: the tests under qemu
+    # keep about one core busy, the build takes what is left
     builder = ThreadPoolExecutor(1)
     prepared = {arch: builder.submit(prepare, arch) for arch in arches if arch != "haswell"}
-
-    def check_arch(arch: str) -> None:
+    for arch in arches:
+        if arch == "haswell":
+            check_run("x86_64 -cpu Haswell", ["qemu-x86_64", "-cpu", "Haswell", sys.executable, str(DISPATCH),
+                                              "--expect", "avx2", "--model", str(model), "--tokens", str(expected)],
+                      {**env, "PYTHONPATH": str(ROOT)}, failures)
+            continue
         sysroot = prepared[arch].result()
         py = emu_python(arch, sysroot)
         if arch == "aarch64":
@@ -196,15 +199,6 @@ def main() -> int:
             check_run("s390x: dispatcher", [*py, str(DISPATCH), "--expect", "vxe", "--model", str(model),
                                             "--tokens", str(expected)], env, failures)
         check_run(f"{arch}: kernel tests", [*py, *pytest_args], env, failures, timeout=3600)
-
-    testers = ThreadPoolExecutor(max(1, len(prepared)))
-    for done in [testers.submit(check_arch, arch) for arch in prepared]:
-        done.result()
-    testers.shutdown()
-    if "haswell" in arches:
-        check_run("x86_64 -cpu Haswell", ["qemu-x86_64", "-cpu", "Haswell", sys.executable, str(DISPATCH),
-                                          "--expect", "avx2", "--model", str(model), "--tokens", str(expected)],
-                  {**env, "PYTHONPATH": str(ROOT)}, failures)
     builder.shutdown()
     if failures:
         log(f"FAILED: {', '.join(failures)}")
