@@ -66,7 +66,7 @@ LL_INLINE void ll_qpanel_dot_tt(const ll_qact *x, int tt, const uint8_t *wp, int
     case 4: ll_qpanel_dot(x, 4, wp, wtype, k, acc); break;
     case 3: ll_qpanel_dot(x, 3, wp, wtype, k, acc); break;
     case 2: ll_qpanel_dot(x, 2, wp, wtype, k, acc); break;
-    default: ll_qpanel_dot(x, 1, wp, wtype, k, acc);
+    default: ll_qpanel_dot1(x, wp, wtype, k, acc);
     }
 }
 

@@ -62,6 +62,22 @@ enum { LL_W_Q8_0 = 3, LL_W_Q4_0 = 4, LL_W_Q4_1 = 5, LL_W_Q4_K = 6, LL_W_Q6_K = 7
        LL_W_IQ3_XXS = 21, LL_W_IQ3_S = 22, LL_W_IQ1_S = 23, LL_W_IQ1_M = 24 };
 static const int8_t ll_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 static const int8_t ll_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+/* The same two tables as the dot products take them: where those take unsigned bytes (VNNI),
+ * each value + 128 (ll_signed_block_dot's bias, looked up instead of applied), else as above. */
+#ifdef LL_I8DOT_FULL_U8
+#define LL_B(v) ((int8_t)(uint8_t)((v) + 128))
+static const int8_t ll_iq4_dot_values[16] = {LL_B(-127), LL_B(-104), LL_B(-83), LL_B(-65), LL_B(-49), LL_B(-35), LL_B(-22),
+                                             LL_B(-10), LL_B(1), LL_B(13), LL_B(25), LL_B(38), LL_B(53), LL_B(69), LL_B(89),
+                                             LL_B(113)};
+static const int8_t ll_mxfp4_dot_values[16] = {LL_B(0), LL_B(1), LL_B(2), LL_B(3), LL_B(4), LL_B(6), LL_B(8), LL_B(12), LL_B(0),
+                                               LL_B(-1), LL_B(-2), LL_B(-3), LL_B(-4), LL_B(-6), LL_B(-8), LL_B(-12)};
+#undef LL_B
+#define LL_DOT_VALUES_BIASED 1
+#else
+#define ll_iq4_dot_values ll_iq4_values
+#define ll_mxfp4_dot_values ll_mxfp4_values
+#define LL_DOT_VALUES_BIASED 0
+#endif
 #define LL_QT 8   /* tokens per register tile */
 
 LL_INLINE int ll_wtype_is_quant(int wtype) { return wtype >= LL_W_Q8_0 && wtype <= LL_W_IQ1_M; }
@@ -78,7 +94,12 @@ LL_INLINE float ll_e8m0_half(uint8_t e) {
  * subnormals (e + 1) << 21 below e = 2. off: r - 3 in lane r (each lane reads the 4 bytes ending
  * at its own, so no read passes e + 16). */
 LL_INLINE ll_vf32 ll_e8m0_half16(const uint8_t *e, ll_vi32 off) {
+#ifdef LL_HAVE_I32_LOAD_U8   /* the bytes widened in one load where the backend has it */
+    (void)off;
+    const ll_vi32 v = ll_i32_load_u8(e);
+#else
     const ll_vi32 v = ll_i32_shr(ll_i32_le(ll_i8_gather4(e, off)), 24);
+#endif
     const ll_vi32 big = ll_i32_shl(ll_i32_sub(v, ll_i32_set1(1)), 23);
     const ll_vi32 small = ll_i32_shl(ll_i32_add(v, ll_i32_set1(1)), 21);
     const ll_vi32 below2 = ll_i32_sub(ll_i32_set1(0), ll_i32_shr(ll_i32_sub(v, ll_i32_set1(2)), 31));   /* all ones where e < 2 */
@@ -517,10 +538,13 @@ LL_INLINE void ll_dot_block(const ll_vi8 w[8], const int8_t *x, const int is_sig
  * for t < tt (Q8_0, IQ4_NL, IQ4_XS, MXFP4): where the build's dot product takes any u8 (VNNI) as
  * w + 128 less 128 sum(q) (ll_qact.n), in int32, else signed products (ll_dpbssd). Both give the
  * same int32 sum, so the same float result. */
-LL_INLINE void ll_signed_block_dot(const ll_qact *x, int tt, ll_vi8 w[8], ll_vf32 scale, ptrdiff_t b, ll_vf32 *acc) {
+LL_INLINE void ll_signed_block_dot(const ll_qact *x, int tt, ll_vi8 w[8], ll_vf32 scale, ptrdiff_t b, ll_vf32 *acc,
+                                    const int biased) {
     const ptrdiff_t ldd = x->ld / 32;
 #ifdef LL_I8DOT_FULL_U8
-    ll_i8_bias(w);
+    if (!biased) ll_i8_bias(w);
+#else
+    (void)biased;
 #endif
     for (int t = 0; t < tt; t++) {
         ll_vi32 lo, hi;
@@ -574,10 +598,13 @@ LL_INLINE void ll_iq_subblock_dot(const ll_qact *x, ptrdiff_t nt, const uint8_t 
 #endif
 #define LL_QPREFETCH(p, n) do { for (int pf_ = 0; pf_ < (n); pf_ += 64) __builtin_prefetch((p) + LL_QPF + pf_, 0, 0); } while (0)
 
-/* acc[t] = the 16 rows of panel wp . activation row t, for t < tt (a literal after inlining). */
+/* out[t] = the 16 rows of panel wp . activation row t, for t < tt (a literal after inlining).
+ * The sums build in a local array, written out at the end: accumulators behind the caller's
+ * pointer may alias the activation scales (both float), which would make each step store them. */
 LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, int wtype, ptrdiff_t k,
-                             ll_vf32 acc[LL_QT]) {
+                             ll_vf32 out[LL_QT]) {
     const ptrdiff_t ldd = x->ld / 32, lds = x->ld / 16;
+    ll_vf32 acc[LL_QT];
     for (int t = 0; t < tt; t++) acc[t] = ll_zero();
     if (wtype == LL_W_Q8_0 || wtype == LL_W_Q4_0 || wtype == LL_W_Q4_1 || wtype == LL_W_Q5_0 || wtype == LL_W_Q5_1
             || wtype == LL_W_IQ4_NL) {
@@ -591,10 +618,10 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
             if (wtype == LL_W_Q8_0) for (int g = 0; g < 8; g++) w[g] = ll_i8_load(wp + 64 * g);
             else if (five) ll_unpack_5bit(wp, w);
             else ll_unpack_nibbles(wp, w);
-            if (wtype == LL_W_IQ4_NL) for (int g = 0; g < 8; g++) w[g] = ll_i8_lut16(w[g], ll_iq4_values);
+            if (wtype == LL_W_IQ4_NL) for (int g = 0; g < 8; g++) w[g] = ll_i8_lut16(w[g], ll_iq4_dot_values);
             const ll_vf32 d = ll_load_f16((const uint16_t *)(wp + qb));
             if (signed_w) {
-                ll_signed_block_dot(x, tt, w, d, b, acc);
+                ll_signed_block_dot(x, tt, w, d, b, acc, wtype == LL_W_IQ4_NL && LL_DOT_VALUES_BIASED);
                 continue;
             }
             for (int t = 0; t < tt; t++) {
@@ -642,9 +669,9 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                 const ll_vf32 a = ll_mul(dv, ll_load_s8((const int8_t *)(wp + 32 + 16 * j)));
                 ll_vi8 w[8];
                 ll_unpack_nibbles(wp + 160 + 256 * j, w);
-                for (int g = 0; g < 8; g++) w[g] = ll_i8_lut16(w[g], ll_iq4_values);
+                for (int g = 0; g < 8; g++) w[g] = ll_i8_lut16(w[g], ll_iq4_dot_values);
                 const ptrdiff_t b = 8 * sb + j;
-                ll_signed_block_dot(x, tt, w, a, b, acc);
+                ll_signed_block_dot(x, tt, w, a, b, acc, LL_DOT_VALUES_BIASED);
             }
         }
     } else if (wtype == LL_W_MXFP4) {
@@ -657,7 +684,7 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
             if (tt == 1) LL_QPREFETCH(wp, 272);
             ll_vi8 w[8];
             ll_unpack_nibbles(wp, w);
-            for (int g = 0; g < 8; g++) w[g] = ll_i8_lut16(w[g], ll_mxfp4_values);
+            for (int g = 0; g < 8; g++) w[g] = ll_i8_lut16(w[g], ll_mxfp4_dot_values);
 #ifdef LL_VEC_PLAIN
             float ds[16];
             for (int r = 0; r < 16; r++) ds[r] = ll_e8m0_half(wp[256 + r]);
@@ -665,7 +692,7 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
 #else
             const ll_vf32 d = ll_e8m0_half16(wp + 256, mx_off);
 #endif
-            ll_signed_block_dot(x, tt, w, d, b, acc);
+            ll_signed_block_dot(x, tt, w, d, b, acc, LL_DOT_VALUES_BIASED);
         }
     } else if (ll_wtype_is_codebook(wtype)) {
         const ptrdiff_t gb = ll_ggml_block_bytes(wtype);
@@ -803,6 +830,22 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                 }
             }
         }
+    }
+    for (int t = 0; t < tt; t++) out[t] = acc[t];
+}
+
+/* ll_qpanel_dot of one token (decode) with the block type a literal: each type's own loop,
+ * its branches and prefetch counts fixed at compile time, whatever the caller's context. */
+LL_INLINE void ll_qpanel_dot1(const ll_qact *x, const uint8_t *wp, int wtype, ptrdiff_t k, ll_vf32 out[LL_QT]) {
+    switch (wtype) {
+#define LL_QDOT1(W) case W: ll_qpanel_dot(x, 1, wp, W, k, out); break;
+    LL_QDOT1(LL_W_Q8_0) LL_QDOT1(LL_W_Q4_0) LL_QDOT1(LL_W_Q4_1) LL_QDOT1(LL_W_Q4_K) LL_QDOT1(LL_W_Q6_K)
+    LL_QDOT1(LL_W_Q5_0) LL_QDOT1(LL_W_Q5_1) LL_QDOT1(LL_W_Q5_K) LL_QDOT1(LL_W_IQ4_NL) LL_QDOT1(LL_W_IQ4_XS)
+    LL_QDOT1(LL_W_Q2_K) LL_QDOT1(LL_W_Q3_K) LL_QDOT1(LL_W_TQ2_0) LL_QDOT1(LL_W_TQ1_0) LL_QDOT1(LL_W_MXFP4)
+    LL_QDOT1(LL_W_IQ2_XXS) LL_QDOT1(LL_W_IQ2_XS) LL_QDOT1(LL_W_IQ2_S) LL_QDOT1(LL_W_IQ3_XXS)
+    LL_QDOT1(LL_W_IQ3_S) LL_QDOT1(LL_W_IQ1_S) LL_QDOT1(LL_W_IQ1_M)
+#undef LL_QDOT1
+    default: ll_qpanel_dot(x, 1, wp, wtype, k, out);
     }
 }
 

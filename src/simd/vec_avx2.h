@@ -184,6 +184,12 @@ LL_INLINE ll_vi32 ll_dpbssd(ll_vi32 acc, ll_vi8 a, ll_vi8 b) {
     LL_IPAIR(ll_dpbusd_256(acc.lo, _mm256_abs_epi8(a.lo), _mm256_sign_epi8(b.lo, a.lo)),
              ll_dpbusd_256(acc.hi, _mm256_abs_epi8(a.hi), _mm256_sign_epi8(b.hi, a.hi)));
 }
+/* 16 uint8 values widened to int32 lanes */
+#define LL_HAVE_I32_LOAD_U8 1
+LL_INLINE ll_vi32 ll_i32_load_u8(const uint8_t *p) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)p);
+    LL_IPAIR(_mm256_cvtepu8_epi32(v), _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
+}
 LL_INLINE ll_vf32 ll_load_u8(const uint8_t *p) {
     const __m128i v = _mm_loadu_si128((const __m128i *)p);
     LL_PAIR(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))));

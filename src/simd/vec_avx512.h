@@ -190,6 +190,9 @@ LL_INLINE ll_vi32 ll_dpbssd(ll_vi32 acc, ll_vi8 a, ll_vi8 b) {
     const __m512i zero = _mm512_setzero_si512();
     return ll_dpbusd(acc, _mm512_abs_epi8(a), _mm512_mask_sub_epi8(b, _mm512_movepi8_mask(a), zero, b));
 }
+/* 16 uint8 values widened to int32 lanes */
+#define LL_HAVE_I32_LOAD_U8 1
+LL_INLINE ll_vi32 ll_i32_load_u8(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
 /* 16 uint8 / int8 values widened to float lanes */
 LL_INLINE ll_vf32 ll_load_u8(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
