@@ -30,6 +30,7 @@ cdef extern from "kernels/qgemm.h" nogil:
     int LL_W_Q8_0, LL_W_Q4_0, LL_W_Q4_1, LL_W_Q4_K, LL_W_Q6_K, LL_W_Q5_0, LL_W_Q5_1, LL_W_Q5_K, LL_W_IQ4_NL
     int LL_W_IQ4_XS, LL_W_Q2_K, LL_W_Q3_K, LL_W_TQ2_0, LL_W_TQ1_0, LL_W_MXFP4, LL_W_IQ2_XXS, LL_W_IQ2_XS
     int LL_W_IQ2_S, LL_W_IQ3_XXS, LL_W_IQ3_S, LL_W_IQ1_S, LL_W_IQ1_M
+    int LL_QT            # tokens per register tile (a step of at most LL_QT tokens runs as one tile)
     ctypedef struct ll_qact:
         const int8_t *q     # [T][ld]
         const float *d      # [T][ld / 32]

@@ -1169,6 +1169,8 @@ cdef void _lora_mlp(const ModelC *m, const WorkC *ws, const StepC *s, const Laye
 
 cdef enum:
     MOE_DOWN_PANELS = 4   # output panels per work unit of the experts' down projections
+    MOE_RUN_PANELS = 16   # panels per work unit of a few-token step (decode): long runs of
+                          # one matrix, which stream faster than short ones handed out in turn
 
 
 cdef inline ll_qact _qrows(int8_t *q, float *d, float *s, int32_t *n, Py_ssize_t k, Py_ssize_t row) noexcept nogil:
@@ -1246,18 +1248,21 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
       top-k     each token's K experts and weights (ll_moe_route)
       group     one thread: rows by expert, A = T K of them (moe_off, moe_tok, moe_slot)
       gather    each routed row copied to gx in its expert's input form
-      gated     (expert with rows, pair of feature panels) units, then the shared expert's,
+      gated     (expert with rows, run of gu feature panels) units, then the shared expert's,
                 handed out dynamically: one GEMM per expert over its rows (decode: K GEMVs);
                 ungated experts (not m.gated): their up rows, then the activation
-      down      (expert, MOE_DOWN_PANELS output panels) units likewise, into gout [A, E]
+      down      (expert, du output panels) units likewise, into gout [A, E]
                 (the shared expert's into h, which nobody reads any more)
       combine   out[t] (+)= sum_k w[t, k] gout[slot[t, k]] (+ sigmoid gate x shared), split by columns;
                 added into x (accumulate), all of it x residual_scale (Granite)
     Only the chosen experts' weights are read."""
     cdef Py_ssize_t E = m.dim, F = m.ffn_dim, Fs = m.shared_dim, X = m.num_experts, K = m.top_k
     cdef Py_ssize_t Xp = X + 1, A = T * K, t, k, e, a, r, item, n_items, c0, c1
-    cdef Py_ssize_t ng = (F + 15) // 16, pairs = (ng + 1) // 2, ngs = (Fs + 15) // 16, spairs = (ngs + 1) // 2
-    cdef Py_ssize_t npd = (E + 15) // 16, chunks = (npd + MOE_DOWN_PANELS - 1) // MOE_DOWN_PANELS
+    # work units: (expert, gu feature panels) and (expert, du output panels); a step of a few
+    # tokens reads each panel for little work, so its units are long runs of one matrix
+    cdef Py_ssize_t gu = MOE_RUN_PANELS if T <= LL_QT else 2, du = MOE_RUN_PANELS if T <= LL_QT else MOE_DOWN_PANELS
+    cdef Py_ssize_t ng = (F + 15) // 16, pairs = (ng + gu - 1) // gu, ngs = (Fs + 15) // 16, spairs = (ngs + gu - 1) // gu
+    cdef Py_ssize_t npd = (E + 15) // 16, chunks = (npd + du - 1) // du
     cdef Py_ssize_t n_active, routed, i0, i1
     cdef ll_work wk
     cdef ll_qact xq_e = _qact(ws.xq, ws.xqd, ws.xqs, ws.xqn, E), gq = _qact(ws.gxq, ws.gxqd, ws.gxqs, ws.gxqn, E)
@@ -1324,13 +1329,13 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
     wk = ll_work_begin(tm, LL_WORK_DYNAMIC, n_items, 1)
     while ll_work_take(&wk, &item, &i1):
         if item < routed:
-            _expert_gated(m, ws, L, ws.moe_active[item // pairs], 2 * (item % pairs), min(2 * (item % pairs) + 2, ng))
+            _expert_gated(m, ws, L, ws.moe_active[item // pairs], gu * (item % pairs), min(gu * (item % pairs) + gu, ng))
         else:
             r = item - routed
             form = ll_mat_form(&L.down, T)
             _mat_first(ws.h, ws.xb, &xq_e, E, T, &L.up, Fs, m.act, m.gated, ws.act, Fs,
                        ws.xb2 if form == LL_IN_BF16 else NULL, ws.xq2 if form == LL_IN_Q8 else NULL, ws.xqd2,
-                       ws.xqs2, ws.xqn2, 2 * r, min(2 * r + 2, ngs))
+                       ws.xqs2, ws.xqn2, gu * r, min(gu * r + gu, ngs))
     ll_omp_barrier()
     routed = n_active * chunks
     n_items = routed + (chunks if Fs else 0)
@@ -1338,11 +1343,9 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
     while ll_work_take(&wk, &item, &i1):
         r = item % chunks
         if item < routed:
-            _expert_down(m, ws, L, ws.moe_active[item // chunks], r * MOE_DOWN_PANELS,
-                         min((r + 1) * MOE_DOWN_PANELS, npd))
+            _expert_down(m, ws, L, ws.moe_active[item // chunks], r * du, min((r + 1) * du, npd))
         else:
-            ll_mat_gemm(ws.act, ws.xb2, &xq_s, Fs, T, &L.down, ws.h, E, 0, r * MOE_DOWN_PANELS,
-                        min((r + 1) * MOE_DOWN_PANELS, npd))
+            ll_mat_gemm(ws.act, ws.xb2, &xq_s, Fs, T, &L.down, ws.h, E, 0, r * du, min((r + 1) * du, npd))
     ll_omp_barrier()
     ll_work_static(tm, E, 16, &c0, &c1)   # whole output panels, as the down projections wrote them
     if c1 > c0:
