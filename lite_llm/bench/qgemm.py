@@ -72,6 +72,7 @@ def _time(fn, repeats: int, min_time: float) -> float:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
     from lite_llm import _kernels
+    from lite_llm._kernels.layout import aligned_empty
     mod = _kernels.load(args.variant) if args.variant else _kernels.kernels
     rng = np.random.default_rng(0)
     n, k = args.n, args.k
@@ -79,7 +80,10 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for qname in args.types.split(","):
         raw = _raw(rng, qname, n, k)
-        packed = np.zeros(((n + 15) // 16, mod.qpanel_bytes(qname, k)), np.uint8)
+        # cache-line aligned, as the engine's packed weights are (a numpy array's data starts
+        # 16 bytes into a page, and every panel load would then straddle two lines)
+        packed = aligned_empty(((n + 15) // 16, mod.qpanel_bytes(qname, k)), np.uint8)
+        packed[...] = 0
         mod.qpack_into(np.ascontiguousarray(raw), packed, qname, k, 1)
         for t in tokens:
             x = rng.standard_normal((t, k)).astype(np.float32)
