@@ -105,13 +105,15 @@ def _cache_of(rows: np.ndarray, block_size: int, bf16: bool) -> tuple[np.ndarray
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("bf16", [False, True])
-def test_absorbed_latent_attention_equals_the_naive_form(variant, bf16):
+# heads: whole groups of four and a rest; latent widths below, at and past four vectors and a tail
+@pytest.mark.parametrize("H,r", [(4, 32), (5, 72), (3, 144)])
+def test_absorbed_latent_attention_equals_the_naive_form(variant, bf16, H, r):
     """Keys k_h = [W_UK,h c, k_pe], values v_h = W_UV,h c expanded per head (what transformers
     computes) against the kernel's attention over the cached [c, k_pe] rows with the absorbed
     query [W_UK,h^T q_nope,h, q_pe,h], W_UV,h applied to its latent output afterwards."""
     mod = _kernels.load(variant)
     rng = np.random.default_rng(11)
-    H, r, dr, dn, dv, n, B = 4, 32, 16, 24, 20, 70, 16
+    dr, dn, dv, n, B = 16, 24, 20, 70, 16
     scale = (dn + dr) ** -0.5
     c = rng.standard_normal((n, r)).astype(np.float32)
     k_pe = rng.standard_normal((n, dr)).astype(np.float32)
