@@ -19,6 +19,7 @@
  *      ll_bcast_bf16x2 ll_load_bf16x2 ll_dot2_bf16 ll_dot2_bf16_at ll_store_bf16
  *      ll_store_bf16_pairs ll_fma_row (defaults below, on top of the backend, where it has no better one)
  *      ll_load_s8 ll_load_u8 ll_load_e4m3 (x 2^-8) ll_load_e5m2: 16 bytes widened to floats
+ *      ll_i32_load_u8 (where LL_HAVE_I32_LOAD_U8: the x86 backends): 16 bytes widened to int32 lanes
  *      codebook lookups (qgemm.h's IQ types), on ll_vi32 lanes as integers and ll_vi8 bytes:
  *      ll_i32_set1 ll_i32_load ll_i32_store ll_i32_and ll_i32_or ll_i32_xor ll_i32_sub
  *      ll_i32_shl ll_i32_shr (logical) ll_f32_of_i32 (the lanes' bits as floats) ll_i8_and ll_i8_xor ll_i8_add ll_i8_sub (wrapping);
