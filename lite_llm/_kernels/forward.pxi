@@ -1261,7 +1261,8 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
     # work units: (expert, gu feature panels) and (expert, du output panels); a step of a few
     # tokens reads each panel for little work, so its units are long runs of one matrix
     cdef Py_ssize_t gu = MOE_RUN_PANELS if T <= LL_QT else 2, du = MOE_RUN_PANELS if T <= LL_QT else MOE_DOWN_PANELS
-    cdef Py_ssize_t ng = (F + 15) // 16, pairs = (ng + gu - 1) // gu, ngs = (Fs + 15) // 16, spairs = (ngs + gu - 1) // gu
+    cdef Py_ssize_t ng = (F + 15) // 16, units = (ng + gu - 1) // gu, ngs = (Fs + 15) // 16
+    cdef Py_ssize_t sunits = (ngs + gu - 1) // gu   # gated units per routed expert and of the shared one
     cdef Py_ssize_t npd = (E + 15) // 16, chunks = (npd + du - 1) // du
     cdef Py_ssize_t n_active, routed, i0, i1
     cdef ll_work wk
@@ -1324,12 +1325,12 @@ cdef void _moe_block(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize
         _to_input(form, ws.gx, E, r, r + 1, E, ws.gxb, &gq)
     ll_omp_barrier()
     # experts hold unequal numbers of rows: units handed out dynamically
-    routed = n_active * pairs
-    n_items = routed + (spairs if Fs else 0)
+    routed = n_active * units
+    n_items = routed + (sunits if Fs else 0)
     wk = ll_work_begin(tm, LL_WORK_DYNAMIC, n_items, 1)
     while ll_work_take(&wk, &item, &i1):
         if item < routed:
-            _expert_gated(m, ws, L, ws.moe_active[item // pairs], gu * (item % pairs), min(gu * (item % pairs) + gu, ng))
+            _expert_gated(m, ws, L, ws.moe_active[item // units], gu * (item % units), min(gu * (item % units) + gu, ng))
         else:
             r = item - routed
             form = ll_mat_form(&L.down, T)

@@ -14,7 +14,6 @@
 #ifndef LL_MLA_H
 #define LL_MLA_H
 #include "../simd/vec.h"
-#include "moe.h"   /* ll_dot_f32, ll_axpy_f32 */
 LL_HOT_BEGIN
 
 /* Keys per tile: their scores for every head first, then one softmax update per head and

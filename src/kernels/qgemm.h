@@ -60,18 +60,21 @@ enum { LL_W_Q8_0 = 3, LL_W_Q4_0 = 4, LL_W_Q4_1 = 5, LL_W_Q4_K = 6, LL_W_Q6_K = 7
        LL_W_Q5_1 = 9, LL_W_Q5_K = 10, LL_W_IQ4_NL = 11, LL_W_IQ4_XS = 12, LL_W_Q2_K = 13, LL_W_Q3_K = 14,
        LL_W_TQ2_0 = 15, LL_W_TQ1_0 = 16, LL_W_MXFP4 = 17, LL_W_IQ2_XXS = 18, LL_W_IQ2_XS = 19, LL_W_IQ2_S = 20,
        LL_W_IQ3_XXS = 21, LL_W_IQ3_S = 22, LL_W_IQ1_S = 23, LL_W_IQ1_M = 24 };
-static const int8_t ll_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-static const int8_t ll_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-/* The same two tables as the dot products take them: where those take unsigned bytes (VNNI),
- * each value + 128 (ll_signed_block_dot's bias, looked up instead of applied), else as above. */
+/* IQ4_NL / IQ4_XS's 16 values and MXFP4's (e2m1, doubled), each list once: the tables below as
+ * stored, and as the dot products take them: where those take unsigned bytes (VNNI), each value
+ * + 128 (ll_signed_block_dot's bias, looked up instead of applied). */
+#define LL_IQ4_VALUES(F) F(-127) F(-104) F(-83) F(-65) F(-49) F(-35) F(-22) F(-10) F(1) F(13) F(25) F(38) F(53) \
+                         F(69) F(89) F(113)
+#define LL_MXFP4_VALUES(F) F(0) F(1) F(2) F(3) F(4) F(6) F(8) F(12) F(0) F(-1) F(-2) F(-3) F(-4) F(-6) F(-8) F(-12)
+#define LL_AS_IS(v) (v),
+static const int8_t ll_iq4_values[16] = {LL_IQ4_VALUES(LL_AS_IS)};
+static const int8_t ll_mxfp4_values[16] = {LL_MXFP4_VALUES(LL_AS_IS)};
+#undef LL_AS_IS
 #ifdef LL_I8DOT_FULL_U8
-#define LL_B(v) ((int8_t)(uint8_t)((v) + 128))
-static const int8_t ll_iq4_dot_values[16] = {LL_B(-127), LL_B(-104), LL_B(-83), LL_B(-65), LL_B(-49), LL_B(-35), LL_B(-22),
-                                             LL_B(-10), LL_B(1), LL_B(13), LL_B(25), LL_B(38), LL_B(53), LL_B(69), LL_B(89),
-                                             LL_B(113)};
-static const int8_t ll_mxfp4_dot_values[16] = {LL_B(0), LL_B(1), LL_B(2), LL_B(3), LL_B(4), LL_B(6), LL_B(8), LL_B(12), LL_B(0),
-                                               LL_B(-1), LL_B(-2), LL_B(-3), LL_B(-4), LL_B(-6), LL_B(-8), LL_B(-12)};
-#undef LL_B
+#define LL_BIASED(v) (int8_t)(uint8_t)((v) + 128),
+static const int8_t ll_iq4_dot_values[16] = {LL_IQ4_VALUES(LL_BIASED)};
+static const int8_t ll_mxfp4_dot_values[16] = {LL_MXFP4_VALUES(LL_BIASED)};
+#undef LL_BIASED
 #define LL_DOT_VALUES_BIASED 1
 #else
 #define ll_iq4_dot_values ll_iq4_values
