@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -226,12 +227,32 @@ def test_a_killed_rank_is_an_error_naming_it(monkeypatch):
         llm.shutdown()
 
 
+def _wait_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Until every thread of `pid` is in the stopped state: a stop signal takes effect on each
+    thread when the scheduler next runs it, and a worker still spinning on its CPU could take
+    the step published meanwhile and finish it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                    states.append(fh.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                pass     # a thread that ended meanwhile
+        if states and all(st in "tT" for st in states):
+            return
+        assert time.monotonic() < deadline, f"worker {pid} did not stop: thread states {states}"
+        time.sleep(0.001)
+
+
 def test_a_rank_killed_mid_step_ends_the_others_wait():
     """Rank 0 inside forward(), spinning in an all-reduce, gives up when the worker dies."""
     path = tiny_checkpoint_path("llama")
     runner, group = tp_runner(path)
     try:
         os.kill(group.procs[0].pid, signal.SIGSTOP)      # the worker stops before its all-reduce
+        _wait_stopped(group.procs[0].pid)    # kill() returns before every thread has stopped
         killer = threading.Timer(0.5, lambda: os.kill(group.procs[0].pid, signal.SIGKILL))
         killer.start()
         with pytest.raises(tp.TensorParallelError, match=r"rank 1 \(pid \d+\) exited \(killed by SIGKILL\)"):
