@@ -456,13 +456,16 @@ def whisper_decoder_step(WhisperDecoderModel dm,
                          const int32_t[::1] cross_last,       # IN [N] its sequence's last encoder row
                          const int64_t[::1] last_rows,        # IN [S] row of x of each sequence's last token
                          float[:, ::1] logits,                # OUT [S, V] the next-token logits after them
-                         int nt_self, int nt_cross, int nt_act, int num_threads, Py_ssize_t serial_work):
+                         int num_threads):
     """The decoder over N new tokens of S sequences: each token's K / V written to its slot, x
-    advanced through every layer, the logits of each sequence's last token. Team sizes: nt_self /
-    nt_cross for the two attentions, nt_act for GELU, LayerNorm and each GEMM one thread below
-    serial_work multiply-adds, else num_threads (WhisperDecoder._threads)."""
+    advanced through every layer, the logits of each sequence's last token. ONE parallel region
+    of num_threads for the whole step, a barrier between dependent phases (the caller picks 1
+    for a step too small to share: WhisperDecoder._threads). Every value is computed by one
+    thread whatever the team's size (a GEMM's panels, an attention's heads without key splits,
+    a LayerNorm's rows), so the logits are the same bits on any number of threads."""
     cdef Py_ssize_t N = x.shape[0], C = dm.dim, F = dm.inter, H = dm.num_heads, D = dm.head_dim
-    cdef Py_ssize_t bs = dm.block_size, t, nth = max(nt_self, nt_cross, 1)
+    cdef Py_ssize_t bs = dm.block_size, t
+    cdef int nth = max(num_threads, 1)
     if N == 0 or x.shape[1] != C or slots.shape[0] != N or tok_seq.shape[0] != N or positions.shape[0] != N \
             or cross_last.shape[0] != N or self_tables.shape[0] != cross_tables.shape[0] \
             or last_rows.shape[0] != self_tables.shape[0] or last_rows.shape[0] > N \
@@ -494,10 +497,15 @@ def whisper_decoder_step(WhisperDecoderModel dm,
     scratch = np.empty((nth, ll_attention_scratch(D, 1)), np.float32)
     tiles = np.empty(N + 1, np.int32)
     partials = np.empty((_max_split_items(nth), _partial_stride(1, D)), np.float32)
+    sync = np.zeros(40, np.int64)     # the team's work counter, then its barrier's two words: a cache line each
     cdef float[:, ::1] hv = h, qkvv = qkv, qv = q, av = attn, gv = g, sc = scratch, pv = partials
     cdef uint32_t[:, ::1] xbv = xb
     cdef int32_t[::1] tv = tiles
+    cdef int64_t[::1] syncv = sync
+    cdef long long *counter = <long long *>&syncv[0]
+    cdef int *bar = <int *>&syncv[8]
     cdef AttnC sa, ca
+    cdef DecStepC st
     # self-attention: q inside the qkv rows, causal over the sequence's own positions
     sa.q, sa.ldq, sa.out, sa.ldo, sa.tiles = &qkvv[0, 0], 3 * C, &av[0, 0], C, &tv[0]
     sa.h, sa.hkv, sa.d, sa.bs, sa.max_blocks = H, H, D, bs, self_tables.shape[1]
@@ -510,61 +518,124 @@ def whisper_decoder_step(WhisperDecoderModel dm,
     ca = sa
     ca.q, ca.ldq, ca.max_blocks = &qv[0, 0], C, cross_tables.shape[1]
     ca.block_tables, ca.positions, ca.last = &cross_tables[0, 0], &cross_last[0], &cross_last[0]
+    st.x, st.N, st.S, st.h, st.qkv, st.q, st.attn, st.g = &x[0, 0], N, last_rows.shape[0], &hv[0, 0], &qkvv[0, 0], \
+        &qv[0, 0], &av[0, 0], &gv[0, 0]
+    st.xb, st.xq, st.slots, st.sa, st.ca, st.last_rows, st.logits = &xbv[0, 0], &qb.a, &slots[0], &sa, &ca, \
+        &last_rows[0], &logits[0, 0]
     with nogil:
         sa.num_tiles = ca.num_tiles = _build_tiles(&tok_seq[0], N, &tv[0])
         sa.max_keys = ca.max_keys = 0               # no key splits (_num_splits): batch-invariant
-        _whisper_decoder(dm, &x[0, 0], N, &hv[0, 0], &qkvv[0, 0], &qv[0, 0], &av[0, 0], &gv[0, 0], &xbv[0, 0], &qb.a,
-                         &slots[0], &sa, &ca, nt_self, nt_cross, nt_act, num_threads, serial_work)
-        _whisper_decoder_head(dm, &x[0, 0], &last_rows[0], last_rows.shape[0], &hv[0, 0], &xbv[0, 0], &qb.a,
-                              &logits[0, 0], num_threads, serial_work)
+        ll_barrier_reset(bar, bar + 32)
+        with parallel(num_threads=nth):
+            _whisper_decoder_thread(dm, &st, counter, bar, openmp.omp_get_thread_num(), openmp.omp_get_num_threads())
 
 
-cdef inline int _dec_threads(Py_ssize_t work, Py_ssize_t serial_work, int num_threads) noexcept nogil:
-    return 1 if work < serial_work else num_threads
+cdef struct DecStepC:
+    # One decoder step's rows and scratch (whisper_decoder_step's arrays).
+    float *x                     # [N, C] residual rows
+    Py_ssize_t N, S              # tokens, sequences
+    float *h                     # [max(N, S), C] a LayerNorm's output
+    float *qkv                   # [N, 3C] self-attention q | k | v
+    float *q                     # [N, C] cross-attention q
+    float *attn                  # [N, C] an attention's output
+    float *g                     # [N, F] MLP features
+    uint32_t *xb                 # the next GEMM's input rows as bf16 pairs, or
+    const ll_qact *xq            #   as int8 blocks (its ld: that matrix's k)
+    const int64_t *slots         # [N] the self-attention slot of each token
+    AttnC *sa                    # the two attention phases (each layer's caches set by thread 0)
+    AttnC *ca
+    const int64_t *last_rows     # [S] the row of each sequence's last token
+    float *logits                # [S, V]
 
 
-cdef inline void _dec_layernorm(const float *x, const float *w, const float *b, float *out, Py_ssize_t N,
-                                Py_ssize_t C, float eps, int nt) noexcept nogil:
-    cdef Py_ssize_t t
-    for t in prange(N, schedule="static", num_threads=nt):
-        ll_layernorm_f32(x + t * C, w, b, out + t * C, C, eps)
+cdef inline void _dec_rows(ll_team *tm, Py_ssize_t n, Py_ssize_t *t0, Py_ssize_t *t1) noexcept nogil:
+    """This thread's rows of a row phase: a static share when there are enough rows to share,
+    else all of them on thread 0 (one token's rows are a few microseconds)."""
+    if n >= 2 * tm.nth:
+        ll_work_static(tm, n, 1, t0, t1)
+    elif tm.tid == 0:
+        t0[0], t1[0] = 0, n
+    else:
+        t0[0], t1[0] = 0, 0
 
 
-cdef void _whisper_decoder(WhisperDecoderModel dm, float *x, Py_ssize_t N, float *h, float *qkv, float *q,
-                           float *attn, float *g, uint32_t *xb, const ll_qact *xq, const int64_t *slots,
-                           AttnC *sa, AttnC *ca, int nt_self, int nt_cross, int nt_act, int nt,
-                           Py_ssize_t serial_work) noexcept nogil:
-    cdef Py_ssize_t C = dm.dim, F = dm.inter, H = dm.num_heads, D = dm.head_dim, t, l
-    cdef int nt_norm = _dec_threads(64 * N * C, serial_work, nt)
-    cdef int nt_cc = _dec_threads(N * C * C, serial_work, nt)       # a [C, C] matrix's GEMM
+cdef inline void _dec_input(const DecStepC *st, const float *x, Py_ssize_t ldx, Py_ssize_t t0, Py_ssize_t t1,
+                            const Mat *m, Py_ssize_t rows) noexcept nogil:
+    """Rows t0..t1 of x in the input form a GEMM of `rows` rows through m takes."""
+    cdef ll_qact a
+    a.q, a.d, a.s, a.n, a.ld = st.xq.q, st.xq.d, st.xq.s, st.xq.n, m.k
+    _to_input(ll_mat_form(m, rows), x, ldx, t0, t1, m.k, st.xb, &a)
+
+
+cdef inline void _dec_gemm(const DecStepC *st, const float *x, Py_ssize_t ldx, Py_ssize_t rows, const Mat *m,
+                           float *out, Py_ssize_t ldo, int accumulate, ll_team *tm) noexcept nogil:
+    """out (+)= x @ W.T + bias with x's rows already in m's input form (_dec_input): this
+    thread's panels, then the barrier that ends the phase."""
+    cdef ll_qact a
+    a.q, a.d, a.s, a.n, a.ld = st.xq.q, st.xq.d, st.xq.s, st.xq.n, m.k
+    _gemm_phase(x, ldx, st.xb, &a, rows, m, out, ldo, accumulate, _gemm_mode(rows), tm)
+    ll_omp_barrier()
+
+
+cdef inline void _dec_norm(const DecStepC *st, const float *w, const float *b, float eps, Py_ssize_t C,
+                           const Mat *m, ll_team *tm) noexcept nogil:
+    """h = LayerNorm(x), this thread's rows, in m's input form; then the barrier."""
+    cdef Py_ssize_t t, t0, t1
+    _dec_rows(tm, st.N, &t0, &t1)
+    for t in range(t0, t1):
+        ll_layernorm_f32(st.x + t * C, w, b, st.h + t * C, C, eps)
+    _dec_input(st, st.h, C, t0, t1, m, st.N)
+    ll_omp_barrier()
+
+
+cdef inline void _dec_attention(const DecStepC *st, AttnC *a, const Mat *o, ll_team *tm) noexcept nogil:
+    """An attention phase (it ends at a barrier), then its rows in o's input form."""
+    cdef Py_ssize_t t0, t1
+    _attention_phase(a, tm)
+    _dec_rows(tm, st.N, &t0, &t1)
+    _dec_input(st, st.attn, o.k, t0, t1, o, st.N)
+    ll_omp_barrier()
+
+
+cdef void _whisper_decoder_thread(WhisperDecoderModel dm, DecStepC *st, long long *counter, int *bar, int tid,
+                                  int nth) noexcept nogil:
+    """One thread's part of every phase of a decoder step (whisper_decoder_step)."""
+    cdef Py_ssize_t C = dm.dim, F = dm.inter, H = dm.num_heads, D = dm.head_dim, N = st.N, t, t0, t1, l
     cdef const WhisperDecBlockW *B
+    cdef ll_team team = ll_team_make(counter, tid, nth)
+    cdef ll_team *tm = &team
+    ll_barrier_enter(bar, bar + 32, nth)
     for l in range(dm.depth):
         B = &dm.blocks[l]
-        _dec_layernorm(x, B.ln1_w, B.ln1_b, h, N, C, dm.eps, nt_norm)
-        _egemm(h, C, xb, xq, N, &B.qkv, qkv, 3 * C, 0, _dec_threads(N * C * 3 * C, serial_work, nt))
-        for t in range(N):
-            ll_write_kv_row(qkv + t * 3 * C + C, B.k_self, dm.kv_type, slots[t], dm.block_size, H, D, 1)
-            ll_write_kv_row(qkv + t * 3 * C + 2 * C, B.v_self, dm.kv_type, slots[t], dm.block_size, H, D, 0)
-        sa.k_cache, sa.v_cache = B.k_self, B.v_self
-        _attention(sa, nt_self)
-        _egemm(attn, C, xb, xq, N, &B.o, x, C, 1, nt_cc)                    # x += out_proj(attn)
-        _dec_layernorm(x, B.ln2_w, B.ln2_b, h, N, C, dm.eps, nt_norm)
-        _egemm(h, C, xb, xq, N, &B.cq, q, C, 0, nt_cc)
-        ca.k_cache, ca.v_cache = B.k_cross, B.v_cross
-        _attention(ca, nt_cross)
-        _egemm(attn, C, xb, xq, N, &B.co, x, C, 1, nt_cc)                   # x += cross out_proj(attn)
-        _dec_layernorm(x, B.ln3_w, B.ln3_b, h, N, C, dm.eps, nt_norm)
-        _egemm(h, C, xb, xq, N, &B.up, g, F, 0, _dec_threads(N * C * F, serial_work, nt))
-        for t in prange(N, schedule="static", num_threads=nt_act):
-            ll_act_mul_f32(g + t * F, NULL, g + t * F, F, dm.act)
-        _egemm(g, F, xb, xq, N, &B.down, x, C, 1, _dec_threads(N * F * C, serial_work, nt))   # x += fc2(act(fc1))
-
-
-cdef void _whisper_decoder_head(WhisperDecoderModel dm, const float *x, const int64_t *last_rows, Py_ssize_t S,
-                                float *h, uint32_t *xb, const ll_qact *xq, float *logits, int nt,
-                                Py_ssize_t serial_work) noexcept nogil:
-    """logits [S, V] = LayerNorm(x[last_rows]) @ embed.T (h: [S, C] scratch)."""
-    cdef Py_ssize_t C = dm.dim, s
-    for s in prange(S, schedule="static", num_threads=_dec_threads(64 * S * C, serial_work, nt)):
-        ll_layernorm_f32(x + last_rows[s] * C, dm.ln_w, dm.ln_b, h + s * C, C, dm.eps)
-    _egemm(h, C, xb, xq, S, &dm.head, logits, dm.vocab_size, 0, _dec_threads(S * C * dm.vocab_size, serial_work, nt))
+        _dec_norm(st, B.ln1_w, B.ln1_b, dm.eps, C, &B.qkv, tm)
+        _dec_gemm(st, st.h, C, N, &B.qkv, st.qkv, 3 * C, 0, tm)
+        _dec_rows(tm, N, &t0, &t1)
+        for t in range(t0, t1):
+            ll_write_kv_row(st.qkv + t * 3 * C + C, B.k_self, dm.kv_type, st.slots[t], dm.block_size, H, D, 1)
+            ll_write_kv_row(st.qkv + t * 3 * C + 2 * C, B.v_self, dm.kv_type, st.slots[t], dm.block_size, H, D, 0)
+        if tid == 0:    # this layer's caches, read by every thread after the barrier
+            st.sa.k_cache, st.sa.v_cache = B.k_self, B.v_self
+            st.ca.k_cache, st.ca.v_cache = B.k_cross, B.v_cross
+        ll_omp_barrier()
+        _dec_attention(st, st.sa, &B.o, tm)
+        _dec_gemm(st, st.attn, C, N, &B.o, st.x, C, 1, tm)                  # x += out_proj(attn)
+        _dec_norm(st, B.ln2_w, B.ln2_b, dm.eps, C, &B.cq, tm)
+        _dec_gemm(st, st.h, C, N, &B.cq, st.q, C, 0, tm)
+        _dec_attention(st, st.ca, &B.co, tm)
+        _dec_gemm(st, st.attn, C, N, &B.co, st.x, C, 1, tm)                 # x += cross out_proj(attn)
+        _dec_norm(st, B.ln3_w, B.ln3_b, dm.eps, C, &B.up, tm)
+        _dec_gemm(st, st.h, C, N, &B.up, st.g, F, 0, tm)
+        _dec_rows(tm, N, &t0, &t1)
+        for t in range(t0, t1):
+            ll_act_mul_f32(st.g + t * F, NULL, st.g + t * F, F, dm.act)
+        _dec_input(st, st.g, F, t0, t1, &B.down, N)
+        ll_omp_barrier()
+        _dec_gemm(st, st.g, F, N, &B.down, st.x, C, 1, tm)                  # x += fc2(act(fc1))
+    # the head: logits [S, V] = LayerNorm(x[last_rows]) @ embed.T
+    _dec_rows(tm, st.S, &t0, &t1)
+    for t in range(t0, t1):
+        ll_layernorm_f32(st.x + st.last_rows[t] * C, dm.ln_w, dm.ln_b, st.h + t * C, C, dm.eps)
+    _dec_input(st, st.h, C, t0, t1, &dm.head, st.S)
+    ll_omp_barrier()
+    _dec_gemm(st, st.h, C, st.S, &dm.head, st.logits, dm.vocab_size, 0, tm)
+    ll_barrier_leave()

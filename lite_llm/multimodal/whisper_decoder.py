@@ -47,8 +47,9 @@ from lite_llm.multimodal.whisper_stored import (StoredMatrix, checkpoint_matrice
                                                quantizable, stack_rows)
 
 BLOCK = 16          # rows of a KV block (the attention kernel's tile)
-# below this many multiply-adds an op runs on one thread: a decode step of one token is ~50 small
-# ops, and a parallel region each costs more than the op when the cores are shared
+# below this many multiply-adds a step (or an op outside one) runs on one thread: a parallel
+# region and its barriers cost more than the work when the cores are shared. A decoder step is
+# one region (whisper_decoder_step): one token of the tiny shape is ~20 M multiply-adds.
 SERIAL_WORK = 1 << 21
 
 # Whisper's languages: code -> name (the tokenizer's table); names and a few aliases are accepted too
@@ -463,13 +464,15 @@ class WhisperDecoder:
         pos32 = positions.astype(np.int32)
         cross_lens = np.fromiter((st.cross_len for st in states), np.int64, S)
         cross_last = np.repeat(cross_lens - 1, lens).astype(np.int32)
-        nt_self = self._threads(2 * C * int(positions.sum() + N))               # q.k and p.v over the keys
-        nt_cross = self._threads(2 * C * int(np.dot(cross_lens, lens)))
-        nt_act = self._threads(64 * N * cfg.intermediate_size)
+        # the step's multiply-adds: its rows through every layer's matrices and the head, q.k and
+        # p.v over the keys of both attentions; one thread below SERIAL_WORK
+        F = cfg.intermediate_size
+        work = (N * cfg.num_layers * (6 * C * C + 2 * C * F) + S * C * cfg.vocab_size
+                + 2 * C * cfg.num_layers * int(positions.sum() + N + np.dot(cross_lens, lens)))
         x = np.ascontiguousarray(self._embed(ids) + t["pos"][positions], np.float32)       # [N, C]
         logits = np.empty((S, cfg.vocab_size), np.float32)
         k.whisper_decoder_step(self.layers, x, slots, self_tables, cross_tables, seq, pos32, cross_last, ends, logits,
-                               nt_self, nt_cross, nt_act, self.num_threads, SERIAL_WORK)
+                               self._threads(work))
         for st, n in zip(states, tokens):
             st.tokens.extend(int(v) for v in n)
         return logits

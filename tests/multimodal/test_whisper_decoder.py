@@ -146,6 +146,31 @@ def test_a_request_gets_the_same_logits_batched_or_alone(setup, dtype, quantizat
             np.testing.assert_array_equal(together[n][i], alone[i][n], err_msg=f"request {i}, step {n}")
 
 
+@pytest.mark.parametrize("dtype,quantization", [("float32", None), ("bfloat16", None), ("float32", "q8_0")])
+def test_a_step_gives_the_same_bits_on_any_number_of_threads(setup, monkeypatch, dtype, quantization):
+    """A decoder step is one parallel region whose every value one thread computes: teams of 1,
+    2 and 3 threads (every step shared: no serial floor) give the same logits, one request or
+    three of different lengths in a step, prefill then token by token."""
+    import lite_llm.multimodal.whisper_decoder as wd
+    monkeypatch.setattr(wd, "SERIAL_WORK", 0)
+    path, _, rows = setup
+    windows = [rows[0], rows[1], rows[0][:700]]
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0][:2]]
+    nexts = np.random.default_rng(2).integers(0, 250, (5, 3))
+    runs = []
+    for nt in (1, 2, 3):
+        dec = WhisperDecoder.from_pretrained(str(path), dtype=dtype, quantization=quantization, num_threads=nt,
+                                             max_requests=4)
+        one = dec.start(rows[1])
+        out = [dec.step([one], [PROMPTS[1]])] + [dec.step([one], [[int(t)]]) for t in nexts[:, 0]]
+        states = [dec.start(w) for w in windows]
+        out += [dec.step(states, prompts)] + [dec.step(states, [[int(t)] for t in row]) for row in nexts]
+        runs.append(out)
+    for nt, run in zip((2, 3), runs[1:]):
+        for n, (got, want) in enumerate(zip(run, runs[0])):
+            np.testing.assert_array_equal(got, want, err_msg=f"{nt} threads, step {n}")
+
+
 def test_the_compiled_layers_check_their_arrays():
     """whisper_decoder_step (a whole step in one call) refuses a slot, position or block
     outside its caches with a ValueError instead of writing past them."""
@@ -159,7 +184,7 @@ def test_the_compiled_layers_check_their_arrays():
     def run(**change):
         a = {**good, **change}
         k.whisper_decoder_step(dec.layers, a["x"], a["slots"], a["self_tables"], a["cross_tables"], a["tok_seq"],
-                               a["positions"], a["cross_last"], a["last_rows"], a["logits"], 1, 1, 1, 1, 1 << 21)
+                               a["positions"], a["cross_last"], a["last_rows"], a["logits"], 1)
     run()
     for change in (dict(slots=np.full(1, dec.self_blocks * 16, np.int64)), dict(slots=np.full(1, -1, np.int64)),
                    dict(positions=np.full(1, dec.self_blocks * 16, np.int32)), dict(tok_seq=np.ones(1, np.int32)),
