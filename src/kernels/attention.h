@@ -144,12 +144,40 @@ typedef struct {
     const void *vchunk[LL_ATTN_SPAN / 16];   /* V of each chunk of the span (cache or edge copy) */
     ptrdiff_t koff[LL_ATTN_SPAN / 16], voff[LL_ATTN_SPAN / 16];
     const float *kscale[LL_ATTN_SPAN / 16], *vscale[LL_ATTN_SPAN / 16];   /* 8-bit caches: 16 keys' scales */
+    const char *pfk[LL_ATTN_SPAN / 16], *pfv[LL_ATTN_SPAN / 16];   /* the next span's chunk ch (K, V region
+                                        bases; NULL: none), asked for while pass 1 / 3 computes chunk ch */
+    ptrdiff_t pfrow[LL_ATTN_SPAN / 16], block_size;
+    int kt;                          /* the cache's type (the prefetches read the cache, staged or not) */
     ptrdiff_t kb, D, c0;             /* K's key stride (block size, or 16 when staged), head dim,
                                         position of the span's first key */
     int nchunks;
     float softcap;                   /* > 0: scores -> softcap * tanh(scores / softcap) (Gemma 2) */
     float *S, *P;                    /* [rows][LL_ATTN_SPAN] */
 } ll_attn_span;
+
+/* Bring the K (V) of the 16-key chunk at row `row` of a (block, kv head) region towards this
+ * core. A decode walk reads a 2 KB region per block and KV head, each a block apart: the
+ * hardware prefetchers learn each region too late, so the walk waits on memory unless a span's
+ * chunks are asked for before it is computed (a 32k-token decode over 30 layers: -15 % of the
+ * time). The next span's chunks are asked for one at a time between the current span's chunks
+ * (pass 1 the K, pass 3 the V): asked for all at once, they fill the core's miss buffers and
+ * stall it before it computes anything (a decode over 1500 int8 keys from memory: 2.x slower). */
+LL_INLINE void ll_attn_prefetch_k(const int KT, const char *k, ptrdiff_t row, ptrdiff_t block_size, ptrdiff_t D) {
+    const ptrdiff_t esz = LL_KV_IS_8BIT(KT) ? 1 : KT == LL_KV_BF16 ? 2 : 4;
+    /* per component (a pair for bf16) the chunk's 16 keys are one 64-byte run (8-bit: 16 bytes,
+     * four components to a line when blocks are 16 keys) */
+    const ptrdiff_t kstep = KT == LL_KV_BF16 ? 2 : LL_KV_IS_8BIT(KT) && block_size == 16 ? 4 : 1;
+    for (ptrdiff_t d = 0; d < D; d += kstep)
+        __builtin_prefetch(k + (d * block_size + (KT == LL_KV_BF16 ? 2 * row : row)) * esz, 0, 3);
+    if (LL_KV_IS_8BIT(KT)) __builtin_prefetch(k + (D * block_size + 4 * row), 0, 3);   /* the 16 scales */
+}
+
+LL_INLINE void ll_attn_prefetch_v(const int KT, const char *v, ptrdiff_t row, ptrdiff_t block_size, ptrdiff_t D) {
+    const ptrdiff_t esz = LL_KV_IS_8BIT(KT) ? 1 : KT == LL_KV_BF16 ? 2 : 4;
+    const char *vr = v + row * D * esz;   /* the chunk's 16 keys: one contiguous run of 16 x D values */
+    for (ptrdiff_t off = 0; off < 16 * D * esz; off += 64) __builtin_prefetch(vr + off, 0, 3);
+    if (LL_KV_IS_8BIT(KT)) __builtin_prefetch(v + (D * block_size + 4 * row), 0, 3);
+}
 
 /* Pass 1 for rows r0 .. r0 + NR - 1 and chunk ch: raw scores (q already scaled). K is read as
  * KT (fp32, bf16 pairs or 8-bit codes); KS: 8-bit storage, the keys' scales multiply the scores. */
@@ -199,6 +227,7 @@ LL_INLINE void ll_attn_pv(const int KT, const int NR, const int U, const ll_attn
     for (int k = 0; k < NR; k++)
         for (int u = 0; u < U; u++) a[k][u] = ll_load(acc + (r0 + k) * D + 16 * (i + u));
     for (int ch = 0; ch < sp->nchunks; ch++) {
+        if (r0 == 0 && i == 0 && sp->pfv[ch]) ll_attn_prefetch_v(sp->kt, sp->pfv[ch], sp->pfrow[ch], sp->block_size, D);
         if (LL_KV_IS_8BIT(KT)) {   /* P already holds p x the keys' V scales */
             const uint8_t *vp = (const uint8_t *)sp->vchunk[ch] + sp->voff[ch] + 16 * i;
             const float *pp = sp->P + r0 * LL_ATTN_SPAN + ch * 16;
@@ -234,6 +263,7 @@ LL_INLINE void ll_attn_pass1(const int KT, const int KS, const int NR, const ll_
                              int nj_last) {
     for (int ch = 0; ch < sp->nchunks; ch++) {
         ll_vf32 s[4];
+        if (r0 == 0 && sp->pfk[ch]) ll_attn_prefetch_k(sp->kt, sp->pfk[ch], sp->pfrow[ch], sp->block_size, sp->D);
         const ptrdiff_t c = sp->c0 + 16 * ch;
         const int lo = ch == 0 ? j0 : 0, hi = ch == sp->nchunks - 1 ? nj_last : 16;   /* keys in the cache */
         ll_attn_scores(KT, KS, NR, sp, ch, qrows, r0, s);
@@ -332,28 +362,13 @@ LL_INLINE ptrdiff_t ll_kv_region_of(const int32_t *block_table, ptrdiff_t c, ptr
     return (block_table[c / block_size] * num_kv_heads + kv_head) * region;
 }
 
-/* Bring the K and V of the 16-key chunk at key position c towards this core. A decode walk
- * reads a 2 KB region per block and KV head, each a block apart: the hardware prefetchers
- * learn each region too late, so the walk waits on memory unless a span's chunks are asked
- * for before it is computed (a 32k-token decode over 30 layers: -15 % of the time). */
 LL_INLINE void ll_attn_prefetch_chunk(const int KT, const void *k_cache, const void *v_cache,
                                       const int32_t *block_table, ptrdiff_t c, ptrdiff_t block_size,
                                       ptrdiff_t num_kv_heads, ptrdiff_t kv_head, ptrdiff_t region, ptrdiff_t D) {
     const ptrdiff_t esz = LL_KV_IS_8BIT(KT) ? 1 : KT == LL_KV_BF16 ? 2 : 4, row = c % block_size;
     const ptrdiff_t base = ll_kv_region_of(block_table, c, block_size, num_kv_heads, kv_head, region);
-    const char *k = (const char *)k_cache + base * esz, *v = (const char *)v_cache + base * esz;
-    /* K: per component (a pair for bf16) the chunk's 16 keys are one 64-byte run (8-bit: 16
-     * bytes, four components to a line when blocks are 16 keys) */
-    const ptrdiff_t kstep = KT == LL_KV_BF16 ? 2 : LL_KV_IS_8BIT(KT) && block_size == 16 ? 4 : 1;
-    for (ptrdiff_t d = 0; d < D; d += kstep)
-        __builtin_prefetch(k + (d * block_size + (KT == LL_KV_BF16 ? 2 * row : row)) * esz, 0, 3);
-    /* V: the chunk's 16 keys are one contiguous run of 16 x D values */
-    const char *vr = v + row * D * esz;
-    for (ptrdiff_t off = 0; off < 16 * D * esz; off += 64) __builtin_prefetch(vr + off, 0, 3);
-    if (LL_KV_IS_8BIT(KT)) {   /* the chunk's 16 scales, after the block's codes */
-        __builtin_prefetch(k + (D * block_size + 4 * row), 0, 3);
-        __builtin_prefetch(v + (D * block_size + 4 * row), 0, 3);
-    }
+    ll_attn_prefetch_k(KT, (const char *)k_cache + base * esz, row, block_size, D);
+    ll_attn_prefetch_v(KT, (const char *)v_cache + base * esz, row, block_size, D);
 }
 
 /* Attention sinks (gpt-oss): a learned logit per query head that joins the softmax's
@@ -381,6 +396,7 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const int CT, const float *q
     float *m = acc + rows * D, *l = m + rows;
     ll_attn_span sp;
     sp.k = k_cache; sp.v = v_cache; sp.kb = ST ? 16 : block_size; sp.D = D; sp.softcap = softcap;
+    sp.kt = KT; sp.block_size = block_size;
     sp.S = l + rows; sp.P = sp.S + rows * LL_ATTN_SPAN;
     float *kst = sp.P + rows * LL_ATTN_SPAN, *vst = kst + LL_ATTN_SPAN * D, *vsc = vst + LL_ATTN_SPAN * D;
     const size_t cesz = CT == LL_KV_BF16 ? sizeof(uint16_t) : sizeof(float);   /* staged element */
@@ -424,9 +440,14 @@ LL_INLINE void ll_attention_tile_impl(const int KT, const int CT, const float *q
             const ptrdiff_t c = c0 + 16 * ch, row = c % block_size;
             const ptrdiff_t base = ll_kv_region_of(block_table, c, block_size, num_kv_heads, kv_head, region);
             const int lo = ch == 0 ? j0 : 0, hi = ch == sp.nchunks - 1 ? nj_last : 16;
-            if (c + LL_ATTN_SPAN <= kmax)   /* the next span's chunk, while this span computes */
-                ll_attn_prefetch_chunk(KT, k_cache, v_cache, block_table, c + LL_ATTN_SPAN, block_size, num_kv_heads,
-                                       kv_head, region, D);
+            sp.pfk[ch] = sp.pfv[ch] = NULL;   /* the next span's chunk, asked for while this one computes */
+            if (c + LL_ATTN_SPAN <= kmax) {
+                const ptrdiff_t nb = ll_kv_region_of(block_table, c + LL_ATTN_SPAN, block_size, num_kv_heads, kv_head,
+                                                     region);
+                sp.pfk[ch] = (const char *)k_cache + nb * esz;
+                sp.pfv[ch] = (const char *)v_cache + nb * esz;
+                sp.pfrow[ch] = (c + LL_ATTN_SPAN) % block_size;
+            }
             sp.koff[ch] = base + (KT == LL_KV_BF16 ? 2 * row : row);
             sp.vchunk[ch] = v_cache;
             sp.voff[ch] = base + row * D;
