@@ -161,7 +161,8 @@ typedef struct {
  * chunks are asked for before it is computed (a 32k-token decode over 30 layers: -15 % of the
  * time). The next span's chunks are asked for one at a time between the current span's chunks
  * (pass 1 the K, pass 3 the V): asked for all at once, they fill the core's miss buffers and
- * stall it before it computes anything (a decode over 1500 int8 keys from memory: 2.x slower). */
+ * stall it before it computes anything (one query over 1500 int8 keys of 12 heads from memory,
+ * one thread: 367 us asked for in bursts, 297 us spread; 114 us with the keys in L2). */
 LL_INLINE void ll_attn_prefetch_k(const int KT, const char *k, ptrdiff_t row, ptrdiff_t block_size, ptrdiff_t D) {
     const ptrdiff_t esz = LL_KV_IS_8BIT(KT) ? 1 : KT == LL_KV_BF16 ? 2 : 4;
     /* per component (a pair for bf16) the chunk's 16 keys are one 64-byte run (8-bit: 16 bytes,
