@@ -245,10 +245,9 @@ def whisper_encoder_layers(WhisperEncoderModel wm,
 
 cdef inline void _egemm(const float *x, Py_ssize_t ldx, uint32_t *xb, const ll_qact *xq, Py_ssize_t num_tokens,
                         const Mat *m, float *out, Py_ssize_t ldo, int accumulate, int nt) noexcept nogil:
-    """_gemm with int8 activation rows of this matrix's width: the block GEMMs (qgemm.h) read them
-    at a stride of ld = k, and the encoder's matrices differ in k (one buffer sized for the widest)."""
-    cdef ll_qact a
-    a.q, a.d, a.s, a.n, a.ld = xq.q, xq.d, xq.s, xq.n, m.k
+    """_gemm with int8 activation rows of this matrix's width (_qact_ld: the encoder's matrices
+    differ in k, one buffer sized for the widest)."""
+    cdef ll_qact a = _qact_ld(xq, m.k)
     _gemm(x, ldx, xb, &a, num_tokens, m, out, ldo, accumulate, nt)
 
 
@@ -513,6 +512,8 @@ def whisper_decoder_step(WhisperDecoderModel dm,
         0.0, NULL
     sa.block_tables, sa.tok_seq, sa.positions, sa.last = &self_tables[0, 0], &tok_seq[0], &positions[0], &positions[0]
     sa.scratch, sa.scratch_len, sa.partials = &sc[0, 0], sc.shape[1], &pv[0, 0]
+    # out's rows in fp32 only (_dec_attention converts them): a head of D values is not whole int8
+    # blocks at every Whisper shape, as the attention's own conversion needs (_attn_to_input)
     sa.form, sa.xb, sa.xq, sa.xqd, sa.xqs, sa.xqn, sa.prefetch = LL_IN_F32, NULL, NULL, NULL, NULL, NULL, NULL
     # cross-attention: every query reads all of its request's encoder rows (position = last key)
     ca = sa
@@ -548,22 +549,10 @@ cdef struct DecStepC:
     float *logits                # [S, V]
 
 
-cdef inline void _dec_rows(ll_team *tm, Py_ssize_t n, Py_ssize_t *t0, Py_ssize_t *t1) noexcept nogil:
-    """This thread's rows of a row phase: a static share when there are enough rows to share,
-    else all of them on thread 0 (one token's rows are a few microseconds)."""
-    if n >= 2 * tm.nth:
-        ll_work_static(tm, n, 1, t0, t1)
-    elif tm.tid == 0:
-        t0[0], t1[0] = 0, n
-    else:
-        t0[0], t1[0] = 0, 0
-
-
 cdef inline void _dec_input(const DecStepC *st, const float *x, Py_ssize_t ldx, Py_ssize_t t0, Py_ssize_t t1,
                             const Mat *m, Py_ssize_t rows) noexcept nogil:
     """Rows t0..t1 of x in the input form a GEMM of `rows` rows through m takes."""
-    cdef ll_qact a
-    a.q, a.d, a.s, a.n, a.ld = st.xq.q, st.xq.d, st.xq.s, st.xq.n, m.k
+    cdef ll_qact a = _qact_ld(st.xq, m.k)
     _to_input(ll_mat_form(m, rows), x, ldx, t0, t1, m.k, st.xb, &a)
 
 
@@ -571,8 +560,7 @@ cdef inline void _dec_gemm(const DecStepC *st, const float *x, Py_ssize_t ldx, P
                            float *out, Py_ssize_t ldo, int accumulate, ll_team *tm) noexcept nogil:
     """out (+)= x @ W.T + bias with x's rows already in m's input form (_dec_input): this
     thread's panels, then the barrier that ends the phase."""
-    cdef ll_qact a
-    a.q, a.d, a.s, a.n, a.ld = st.xq.q, st.xq.d, st.xq.s, st.xq.n, m.k
+    cdef ll_qact a = _qact_ld(st.xq, m.k)
     _gemm_phase(x, ldx, st.xb, &a, rows, m, out, ldo, accumulate, _gemm_mode(rows), tm)
     ll_omp_barrier()
 
@@ -581,7 +569,7 @@ cdef inline void _dec_norm(const DecStepC *st, const float *w, const float *b, f
                            const Mat *m, ll_team *tm) noexcept nogil:
     """h = LayerNorm(x), this thread's rows, in m's input form; then the barrier."""
     cdef Py_ssize_t t, t0, t1
-    _dec_rows(tm, st.N, &t0, &t1)
+    _row_share(tm, st.N, &t0, &t1)
     for t in range(t0, t1):
         ll_layernorm_f32(st.x + t * C, w, b, st.h + t * C, C, eps)
     _dec_input(st, st.h, C, t0, t1, m, st.N)
@@ -592,7 +580,7 @@ cdef inline void _dec_attention(const DecStepC *st, AttnC *a, const Mat *o, ll_t
     """An attention phase (it ends at a barrier), then its rows in o's input form."""
     cdef Py_ssize_t t0, t1
     _attention_phase(a, tm)
-    _dec_rows(tm, st.N, &t0, &t1)
+    _row_share(tm, st.N, &t0, &t1)
     _dec_input(st, st.attn, o.k, t0, t1, o, st.N)
     ll_omp_barrier()
 
@@ -609,7 +597,7 @@ cdef void _whisper_decoder_thread(WhisperDecoderModel dm, DecStepC *st, long lon
         B = &dm.blocks[l]
         _dec_norm(st, B.ln1_w, B.ln1_b, dm.eps, C, &B.qkv, tm)
         _dec_gemm(st, st.h, C, N, &B.qkv, st.qkv, 3 * C, 0, tm)
-        _dec_rows(tm, N, &t0, &t1)
+        _row_share(tm, N, &t0, &t1)
         for t in range(t0, t1):
             ll_write_kv_row(st.qkv + t * 3 * C + C, B.k_self, dm.kv_type, st.slots[t], dm.block_size, H, D, 1)
             ll_write_kv_row(st.qkv + t * 3 * C + 2 * C, B.v_self, dm.kv_type, st.slots[t], dm.block_size, H, D, 0)
@@ -625,14 +613,14 @@ cdef void _whisper_decoder_thread(WhisperDecoderModel dm, DecStepC *st, long lon
         _dec_gemm(st, st.attn, C, N, &B.co, st.x, C, 1, tm)                 # x += cross out_proj(attn)
         _dec_norm(st, B.ln3_w, B.ln3_b, dm.eps, C, &B.up, tm)
         _dec_gemm(st, st.h, C, N, &B.up, st.g, F, 0, tm)
-        _dec_rows(tm, N, &t0, &t1)
+        _row_share(tm, N, &t0, &t1)
         for t in range(t0, t1):
             ll_act_mul_f32(st.g + t * F, NULL, st.g + t * F, F, dm.act)
         _dec_input(st, st.g, F, t0, t1, &B.down, N)
         ll_omp_barrier()
         _dec_gemm(st, st.g, F, N, &B.down, st.x, C, 1, tm)                  # x += fc2(act(fc1))
     # the head: logits [S, V] = LayerNorm(x[last_rows]) @ embed.T
-    _dec_rows(tm, st.S, &t0, &t1)
+    _row_share(tm, st.S, &t0, &t1)
     for t in range(t0, t1):
         ll_layernorm_f32(st.x + st.last_rows[t] * C, dm.ln_w, dm.ln_b, st.h + t * C, C, dm.eps)
     _dec_input(st, st.h, C, t0, t1, &dm.head, st.S)

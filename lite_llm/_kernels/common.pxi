@@ -182,6 +182,14 @@ cdef inline ll_qact _qact(int8_t *q, float *d, float *s, int32_t *n, Py_ssize_t 
     return a
 
 
+cdef inline ll_qact _qact_ld(const ll_qact *xq, Py_ssize_t ld) noexcept nogil:
+    """xq's buffers read as rows of ld values (one buffer sized for the widest matrix serves
+    matrices of every width: the block GEMMs read the rows at a stride of their k)."""
+    cdef ll_qact a = xq[0]
+    a.ld = ld
+    return a
+
+
 cdef extern from "kernels/moe.h" nogil:
     float ll_dot_f32(const float *a, const float *b, Py_ssize_t n)
     int LL_MOE_SOFTMAX_TOPK, LL_MOE_TOPK_SOFTMAX
@@ -280,16 +288,24 @@ cdef inline void _gemm_phase(const float *x, Py_ssize_t ldx, const uint32_t *xb,
         ll_mat_gemm(x, xb, xq, ldx, num_tokens, w, out, ldo, accumulate, p0, p1)
 
 
+cdef inline void _row_share(ll_team *tm, Py_ssize_t n, Py_ssize_t *t0, Py_ssize_t *t1) noexcept nogil:
+    """This thread's rows [t0, t1) of a phase over n rows: a static share when there are enough
+    rows to share, else all of them on thread 0 (a few rows take microseconds)."""
+    if n >= 2 * tm.nth:
+        ll_work_static(tm, n, 1, t0, t1)
+    elif tm.tid == 0:
+        t0[0], t1[0] = 0, n
+    else:
+        t0[0], t1[0] = 0, 0
+
+
 cdef inline void _to_input_rows(int form, const float *x, Py_ssize_t ldx, Py_ssize_t num_tokens, Py_ssize_t k,
                                 uint32_t *xb, const ll_qact *xq, ll_team *tm) noexcept nogil:
-    """All rows of x in a matrix's input form, split by rows across the team (one thread when
-    there are too few rows to share); the caller's barrier ends it."""
+    """All rows of x in a matrix's input form, this thread's share (_row_share); the caller's
+    barrier ends it."""
     cdef Py_ssize_t t0, t1
-    if num_tokens >= 2 * tm.nth:
-        ll_work_static(tm, num_tokens, 1, &t0, &t1)
-        _to_input(form, x, ldx, t0, t1, k, xb, xq)
-    elif tm.tid == 0:
-        _to_input(form, x, ldx, 0, num_tokens, k, xb, xq)
+    _row_share(tm, num_tokens, &t0, &t1)
+    _to_input(form, x, ldx, t0, t1, k, xb, xq)
 
 
 cdef void _gemm(const float *x, Py_ssize_t ldx, uint32_t *xb, const ll_qact *xq, Py_ssize_t num_tokens,
