@@ -220,12 +220,13 @@ class LLM:
     def transcribe(self, audio, language: str | None = None, task: str = "transcribe", *,
                    prompt: str | None = None, temperature: float | tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
                    timestamps: bool | None = None, max_new_tokens: int | None = None, seed: int | None = 0,
-                   beam_size: int | None = None, use_tqdm: bool = True):
+                   beam_size: int | None = None, word_timestamps: bool = False, use_tqdm: bool = True):
         """Speech to text with a Whisper model: audio is a file path, encoded bytes (WAV, FLAC,
         MP3, OGG, WebM, M4A) or float32 samples at 16 kHz; language a code or name (None:
         detected); task "transcribe" or "translate" (to English); beam_size: beam search at
-        temperature 0 (openai-whisper uses 5), None: greedy. Returns a Transcription
-        (.text, .language, .segments with start / end in seconds). A progress bar on a terminal
+        temperature 0 (openai-whisper uses 5), None: greedy; word_timestamps: each segment's
+        .words (word, start, end) too. Returns a Transcription (.text, .language, .segments with
+        start / end in seconds). A progress bar on a terminal
         for audio longer than one 30-s window."""
         from lite_llm.multimodal import transcribe as tr
         if self._whisper is None:
@@ -233,7 +234,8 @@ class LLM:
                              "(LLM(model=<a Whisper checkpoint>))")
         samples = tr.load_audio(audio)
         opts = tr.TranscribeOptions(language=language, task=task, timestamps=timestamps, temperature=temperature,
-                                    prompt=prompt, max_new_tokens=max_new_tokens, seed=seed, beam_size=beam_size)
+                                    prompt=prompt, max_new_tokens=max_new_tokens, seed=seed, beam_size=beam_size,
+                                    word_timestamps=word_timestamps)
         total = samples.shape[0] / tr.audio.SAMPLE_RATE
         show = use_tqdm and sys.stderr.isatty() and total > tr.audio.CHUNK_SECONDS
         result = None

@@ -22,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one sampling temperature (default: 0, then 0.2 .. 1.0 where a window fails Whisper's checks)")
     p.add_argument("--beam-size", type=int, default=None,
                    help="beam search over this many beams at temperature 0 (openai-whisper's 5; default: greedy)")
+    p.add_argument("--word-timestamps", action="store_true",
+                   help="each word's start and end too (in --format verbose_json: its `words`)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="weights' format")
     p.add_argument("--output", "-o", default=None, help="write here instead of stdout")
 
@@ -34,6 +36,9 @@ def run(args) -> int:
     if llm.runner_type != "transcription":
         print(f"lite-llm transcribe: error: {args.model} is not a Whisper checkpoint", file=sys.stderr)
         return 2
+    if args.word_timestamps and args.format != "verbose_json":
+        print("lite-llm transcribe: error: --word-timestamps lists the words in --format verbose_json", file=sys.stderr)
+        return 2
     kw = {} if args.temperature is None else {"temperature": args.temperature}
     if args.beam_size is not None:
         if args.beam_size < 1:
@@ -42,11 +47,12 @@ def run(args) -> int:
         kw["beam_size"] = args.beam_size
     try:
         result = llm.transcribe(args.file, language=args.language, task=args.task, prompt=args.prompt,
-                                timestamps=True if args.format in ("srt", "vtt", "verbose_json") else None, **kw)
+                                timestamps=True if args.format in ("srt", "vtt", "verbose_json") else None,
+                                word_timestamps=args.word_timestamps, **kw)
     except (AudioError, TranscriptionError, OSError) as e:
         print(f"lite-llm transcribe: error: {e}", file=sys.stderr)
         return 1
-    body, _ = render(result, args.format)
+    body, _ = render(result, args.format, ("segment", "word") if args.word_timestamps else ("segment",))
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(body)

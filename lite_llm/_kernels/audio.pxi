@@ -455,13 +455,18 @@ def whisper_decoder_step(WhisperDecoderModel dm,
                          const int32_t[::1] cross_last,       # IN [N] its sequence's last encoder row
                          const int64_t[::1] last_rows,        # IN [S] row of x of each sequence's last token
                          float[:, ::1] logits,                # OUT [S, V] the next-token logits after them
-                         int num_threads):
+                         int num_threads,
+                         const int32_t[::1] capture_layers=None,  # IN [L]: where layer l's cross q rows go
+                                                                  #   in capture (-1: nowhere)
+                         float[:, :, ::1] capture=None):      # OUT [captured layers, N, C] cross q rows
     """The decoder over N new tokens of S sequences: each token's K / V written to its slot, x
     advanced through every layer, the logits of each sequence's last token. ONE parallel region
     of num_threads for the whole step, a barrier between dependent phases (the caller picks 1
     for a step too small to share: WhisperDecoder._threads). Every value is computed by one
     thread whatever the team's size (a GEMM's panels, an attention's heads without key splits,
-    a LayerNorm's rows), so the logits are the same bits on any number of threads."""
+    a LayerNorm's rows), so the logits are the same bits on any number of threads. capture: the
+    cross-attention's query rows (bias added, before the scaling) of the layers capture_layers
+    names, for word alignment (lite_llm/multimodal/word_timing.py)."""
     cdef Py_ssize_t N = x.shape[0], C = dm.dim, F = dm.inter, H = dm.num_heads, D = dm.head_dim
     cdef Py_ssize_t bs = dm.block_size, t
     cdef int nth = max(num_threads, 1)
@@ -485,6 +490,13 @@ def whisper_decoder_step(WhisperDecoderModel dm,
     for t in range(cross_tables.shape[0] * cross_tables.shape[1]):
         if not 0 <= (&cross_tables[0, 0])[t] < dm.cross_slots // bs:
             raise ValueError("whisper_decoder_step: a cross-attention block beyond the cache")
+    if (capture_layers is None) != (capture is None) or capture_layers is not None and (
+            capture_layers.shape[0] != dm.depth or capture.shape[1] != N or capture.shape[2] != C):
+        raise ValueError(f"whisper_decoder_step: capture_layers [{dm.depth}] with capture [layers, N, {C}]")
+    if capture_layers is not None:
+        for t in range(dm.depth):
+            if not -1 <= capture_layers[t] < capture.shape[0]:
+                raise ValueError("whisper_decoder_step: a captured layer beyond capture")
     cdef Py_ssize_t max_k = max(C, F)
     h = np.empty((N, C), np.float32)
     qkv = np.empty((N, 3 * C), np.float32)
@@ -523,6 +535,9 @@ def whisper_decoder_step(WhisperDecoderModel dm,
         &qv[0, 0], &av[0, 0], &gv[0, 0]
     st.xb, st.xq, st.slots, st.sa, st.ca, st.last_rows, st.logits = &xbv[0, 0], &qb.a, &slots[0], &sa, &ca, \
         &last_rows[0], &logits[0, 0]
+    st.capture_layers, st.capture = NULL, NULL
+    if capture_layers is not None:
+        st.capture_layers, st.capture = &capture_layers[0], &capture[0, 0, 0]
     with nogil:
         sa.num_tiles = ca.num_tiles = _build_tiles(&tok_seq[0], N, &tv[0])
         sa.max_keys = ca.max_keys = 0               # no key splits (_num_splits): batch-invariant
@@ -547,6 +562,8 @@ cdef struct DecStepC:
     AttnC *ca
     const int64_t *last_rows     # [S] the row of each sequence's last token
     float *logits                # [S, V]
+    const int32_t *capture_layers   # [layers] where a layer's cross q rows go in capture (-1: nowhere), or NULL
+    float *capture               # [captured, N, C]
 
 
 cdef inline void _dec_input(const DecStepC *st, const float *x, Py_ssize_t ldx, Py_ssize_t t0, Py_ssize_t t1,
@@ -609,6 +626,9 @@ cdef void _whisper_decoder_thread(WhisperDecoderModel dm, DecStepC *st, long lon
         _dec_gemm(st, st.attn, C, N, &B.o, st.x, C, 1, tm)                  # x += out_proj(attn)
         _dec_norm(st, B.ln2_w, B.ln2_b, dm.eps, C, &B.cq, tm)
         _dec_gemm(st, st.h, C, N, &B.cq, st.q, C, 0, tm)
+        if st.capture_layers != NULL and st.capture_layers[l] >= 0:     # q is read-only until the next layer's
+            _row_share(tm, N, &t0, &t1)
+            memcpy(st.capture + st.capture_layers[l] * N * C + t0 * C, st.q + t0 * C, (t1 - t0) * C * sizeof(float))
         _dec_attention(st, st.ca, &B.co, tm)
         _dec_gemm(st, st.attn, C, N, &B.co, st.x, C, 1, tm)                 # x += cross out_proj(attn)
         _dec_norm(st, B.ln3_w, B.ln3_b, dm.eps, C, &B.up, tm)
@@ -627,3 +647,52 @@ cdef void _whisper_decoder_thread(WhisperDecoderModel dm, DecStepC *st, long lon
     ll_omp_barrier()
     _dec_gemm(st, st.h, C, st.S, &dm.head, st.logits, dm.vocab_size, 0, tm)
     ll_barrier_leave()
+
+
+# ---- Word alignment: dynamic time warping --------------------------------------------------------
+
+def whisper_dtw(const double[:, ::1] x):
+    """The monotonic path of least total cost through x [N tokens, M frames] from (0, 0) to
+    (N - 1, M - 1), each move one token, one frame or both, as (token indices, frame indices)
+    [path length] int64 (openai-whisper's timing.dtw, which transformers' _dynamic_time_warping
+    restates: float32 running costs, ties going to a frame move, then a token move)."""
+    cdef Py_ssize_t N = x.shape[0], M = x.shape[1], i, j, k = 0
+    if N == 0 or M == 0:
+        raise ValueError("whisper_dtw: an empty cost matrix")
+    cost = np.full((N + 1, M + 1), np.inf, np.float32)
+    trace = np.full((N + 1, M + 1), -1, np.int8)
+    path = np.empty((2, N + M), np.int64)
+    cdef float[:, ::1] cv = cost
+    cdef int8_t[:, ::1] tv = trace
+    cdef int64_t[:, ::1] pv = path
+    cdef float c0, c1, c2, c
+    cdef int8_t step
+    with nogil:
+        cv[0, 0] = 0
+        for j in range(1, M + 1):
+            for i in range(1, N + 1):
+                c0, c1, c2 = cv[i - 1, j - 1], cv[i - 1, j], cv[i, j - 1]
+                if c0 < c1 and c0 < c2:
+                    c, step = c0, 0
+                elif c1 < c0 and c1 < c2:
+                    c, step = c1, 1
+                else:
+                    c, step = c2, 2
+                cv[i, j] = <float>(x[i - 1, j - 1] + <double>c)
+                tv[i, j] = step
+        for j in range(M + 1):
+            tv[0, j] = 2
+        for i in range(N + 1):
+            tv[i, 0] = 1
+        i, j = N, M
+        while i > 0 or j > 0:
+            pv[0, k], pv[1, k] = i - 1, j - 1
+            k += 1
+            if tv[i, j] == 0:
+                i -= 1
+                j -= 1
+            elif tv[i, j] == 1:
+                i -= 1
+            else:
+                j -= 1
+    return np.ascontiguousarray(path[0, k - 1::-1]), np.ascontiguousarray(path[1, k - 1::-1])

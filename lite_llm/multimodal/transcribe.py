@@ -40,7 +40,7 @@ from typing import Callable
 import numpy as np
 
 from lite_llm.config import check_quantization
-from lite_llm.multimodal import audio
+from lite_llm.multimodal import audio, word_timing
 from lite_llm.model.tokenizer import Tokenizer
 from lite_llm.multimodal.whisper import ARCHITECTURES, WhisperEncoder, WhisperError
 from lite_llm.multimodal.whisper_decoder import LANGUAGES, WhisperDecoder
@@ -114,6 +114,10 @@ class TranscribeOptions:
     seed: int | None = 0                # of the sampling at temperatures above 0 (None: fresh each time)
     beam_size: int | None = None        # beam search at temperature 0 (openai-whisper's 5); None: greedy
     length_penalty: float = 1.0         # a finished beam's score: sum of log-probs / length ** this
+    # each segment's words with their times (word_timing.py: the cross-attention of the alignment
+    # heads, a pass of the window's text through the decoder); the next window then starts where
+    # the last word ends, as openai-whisper seeks with word timestamps
+    word_timestamps: bool = False
 
 
 @dataclass
@@ -128,6 +132,7 @@ class Segment:
     avg_logprob: float
     compression_ratio: float
     no_speech_prob: float = 0.0
+    words: list[word_timing.Word] | None = None     # with word_timestamps
 
 
 @dataclass
@@ -229,6 +234,13 @@ class WhisperModel:
         self.max_initial_timestamp_index = gen.get("max_initial_timestamp_index")
         self.multilingual = bool(gen.get("is_multilingual", bool(self.lang_to_id)))
         self.vocab_size = decoder.cfg.vocab_size
+        # the word alignment's heads: the checkpoint's, else those OpenAI published for a model of
+        # its shape (a whisper.cpp file names none), else the upper half of the layers
+        dc = decoder.cfg
+        published = word_timing.openai_heads(dc.num_layers, dc.hidden_size, dc.vocab_size, encoder.cfg.num_mel_bins)
+        self.alignment_heads = word_timing.alignment_heads(
+            gen if gen.get("alignment_heads") or not published else {"alignment_heads": published},
+            dc.num_layers, dc.num_heads)
 
     @classmethod
     def from_pretrained(cls, path: str, kernels="auto", dtype: str = "float32", num_threads: int | None = None,
@@ -551,6 +563,8 @@ class WhisperModel:
         max_frames = feats.shape[1] if samples.shape[0] > audio.N_SAMPLES else audio.N_FRAMES
         timestamps = options.timestamps if options.timestamps is not None else samples.shape[0] > audio.N_SAMPLES
         rng = np.random.default_rng(options.seed)
+        content = samples.shape[0] // audio.HOP          # feature frames of audio (not padding)
+        last_speech = 0.0                                # when the last word ended (word timestamps)
         result = Transcription(text="", language=language or "", duration=samples.shape[0] / audio.SAMPLE_RATE,
                                task=options.task)
         seek = 0
@@ -560,7 +574,8 @@ class WhisperModel:
             if n < audio.N_FRAMES:
                 window = np.pad(window, ((0, 0), (0, audio.N_FRAMES - n)))
             rows = yield from self.encode_steps(np.ascontiguousarray(window))
-            # the window's cross K/V once, shared by language detection and every temperature tried
+            # the window's cross K/V once, shared by language detection, every temperature tried and
+            # the word alignment
             cross = yield from self.cross_steps(rows)
             try:
                 if not result.language:
@@ -580,25 +595,64 @@ class WhisperModel:
                             (options.logprob_threshold is not None and avg_lp < options.logprob_threshold)
                     if not retry:
                         break
+                if options.no_speech_threshold is not None and no_speech > options.no_speech_threshold and \
+                        options.logprob_threshold is not None and avg_lp < options.logprob_threshold:
+                    seek += n                                   # silence: no segment
+                    yield result
+                    continue
+                if tokens and tokens[-1] == self.eot:
+                    tokens = tokens[:-1]
+                segs, advance = self._segments(tokens, seek, n)
+                advance = advance if advance > 0 else n         # never the same window twice
+                new = [Segment(id=len(result.segments) + i, seek=seek, start=round(start, 3), end=round(end, 3),
+                               text=self.decode_text(toks), tokens=toks, temperature=temp, avg_logprob=avg_lp,
+                               compression_ratio=ratio, no_speech_prob=no_speech)
+                       for i, (start, end, toks) in enumerate(segs)]
+                if options.word_timestamps:
+                    # the window's audio frames (the padding of a short file's window is not audio)
+                    frames = min(n, samples.shape[0] // audio.HOP - seek)
+                    texts = [[t for t in sg.tokens if t < self.eot] for sg in new]
+                    alignment = yield Work("align", partial(self.align_words, cross, sum(texts, []),
+                                                            result.language, options.task, frames))
+                    last_speech = word_timing.add_word_timestamps(new, texts, alignment, seek * FRAME_SECONDS,
+                                                                  last_speech)
+                    ends = [w.end for sg in new for w in sg.words]
+                    single_ending = [t >= self.timestamp_begin for t in tokens[-2:]] == [False, True]
+                    if ends and not single_ending and round(ends[-1] / FRAME_SECONDS) > seek:
+                        advance = round(ends[-1] / FRAME_SECONDS) - seek
+                        if content <= seek + advance < max_frames:
+                            advance = max_frames - seek      # only the padding of a short file's window is left
+                    if ends:
+                        last_speech = ends[-1]
             finally:
                 self.decoder.release_cross(cross)
-            if options.no_speech_threshold is not None and no_speech > options.no_speech_threshold and \
-                    options.logprob_threshold is not None and avg_lp < options.logprob_threshold:
-                seek += n                                   # silence: no segment
-                yield result
-                continue
-            if tokens and tokens[-1] == self.eot:
-                tokens = tokens[:-1]
-            segs, advance = self._segments(tokens, seek, n)
-            advance = advance if advance > 0 else n         # never the same window twice
-            for start, end, toks in segs:
-                result.segments.append(Segment(id=len(result.segments), seek=seek, start=round(start, 3),
-                                               end=round(end, 3), text=self.decode_text(toks), tokens=toks,
-                                               temperature=temp, avg_logprob=avg_lp, compression_ratio=ratio,
-                                               no_speech_prob=no_speech))
+            result.segments.extend(new)
             seek += advance
             result.text = "".join(s.text for s in result.segments)
             yield result
+
+    def align_words(self, cross, text_tokens: list[int], language: str, task: str, frames: int
+                    ) -> list[word_timing.WordTiming]:
+        """The words of a window's text tokens and when each starts and ends in it (seconds):
+        the tokens run behind a prompt without timestamps on the window's cross K/V, the
+        alignment heads' cross-attention over its `frames` feature frames aligned to them
+        (word_timing.py)."""
+        if not text_tokens:
+            return []
+        prompt = self.prompt_tokens(language, task, False, None)
+        tokens = prompt + list(text_tokens) + [self.eot]
+        scores = self.decoder.cross_scores(cross, tokens, self.alignment_heads)
+        cost = word_timing.alignment_cost(scores, max(frames, 2))[len(prompt) - 1:-1]
+        return word_timing.find_alignment(cost, text_tokens, self._decode_special, self.eot, language, self._dtw)
+
+    def _decode_special(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def _dtw(self, cost: np.ndarray):
+        kernels = self.decoder.kernels
+        if kernels is None:     # deferred: the NumPy-only model has none of its own
+            from lite_llm._kernels import kernels
+        return kernels.whisper_dtw(cost)
 
     def _segments(self, tokens: list[int], seek: int, n: int) -> tuple[list[tuple[float, float, list[int]]], int]:
         """(segments (start s, end s, tokens), frames to advance) of one window's tokens, as
@@ -695,8 +749,15 @@ def segment_dict(s: Segment) -> dict:
             "no_speech_prob": s.no_speech_prob}
 
 
-def render(result: Transcription, fmt: str) -> tuple[str, str]:
-    """(body, content type) of a transcription in one of FORMATS, as OpenAI's audio routes answer."""
+def word_dict(w: word_timing.Word) -> dict:
+    """One word as OpenAI's verbose_json lists it (the word without its leading space)."""
+    return {"word": w.word.strip(), "start": w.start, "end": w.end}
+
+
+def render(result: Transcription, fmt: str, granularities: tuple[str, ...] = ("segment",)) -> tuple[str, str]:
+    """(body, content type) of a transcription in one of FORMATS, as OpenAI's audio routes answer;
+    verbose_json lists the segments and / or the words (transcribed with word_timestamps) as
+    granularities ask."""
     if fmt == "text":
         return result.text.strip() + "\n", "text/plain; charset=utf-8"
     if fmt == "json":
@@ -704,11 +765,14 @@ def render(result: Transcription, fmt: str) -> tuple[str, str]:
                                                                   "seconds": int(math.ceil(result.duration))}}), \
             "application/json"
     if fmt == "verbose_json":
-        return json.dumps({"task": result.task, "language": LANGUAGES.get(result.language, result.language),
-                           "duration": round(result.duration, 3), "text": result.text.strip(),
-                           "segments": [segment_dict(s) for s in result.segments],
-                           "usage": {"type": "duration", "seconds": int(math.ceil(result.duration))}}), \
-            "application/json"
+        body = {"task": result.task, "language": LANGUAGES.get(result.language, result.language),
+                "duration": round(result.duration, 3), "text": result.text.strip()}
+        if "word" in granularities:
+            body["words"] = [word_dict(w) for s in result.segments for w in (s.words or [])]
+        if "segment" in granularities or "word" not in granularities:
+            body["segments"] = [segment_dict(s) for s in result.segments]
+        body["usage"] = {"type": "duration", "seconds": int(math.ceil(result.duration))}
+        return json.dumps(body), "application/json"
     if fmt == "srt":
         blocks = [f"{i + 1}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{s.text.strip()}\n"
                   for i, s in enumerate(result.segments)]

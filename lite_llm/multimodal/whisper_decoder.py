@@ -12,6 +12,8 @@ through cross-attention.
                                                 state's caches advanced; the last token's logits
       .fork(state) / .release(state)            a copy of a state (a beam: its own self-attention
                                                 cache, the cross K/V shared), its slots freed
+      .cross_scores(cross, tokens, heads)       the cross-attention scores of some heads over a
+                                                pass of tokens (word alignment: word_timing.py)
       .reference_logits(rows, tokens)           the plain NumPy forward of one sequence
 
 The model: token embeddings plus learned positions, pre-norm blocks (LayerNorm, causal
@@ -430,6 +432,12 @@ class WhisperDecoder:
     def step(self, states: list[DecoderState], tokens: list[list[int]]) -> np.ndarray:
         """float32 [S, V]: the logits after each state's new tokens (ONE forward over them all),
         each state's caches advanced by them."""
+        self._check(states, tokens)
+        if self.kernels is None:
+            return np.stack([self._reference_step(st, new) for st, new in zip(states, tokens)])
+        return self._compiled_step(states, tokens)
+
+    def _check(self, states: list[DecoderState], tokens: list[list[int]]) -> None:
         cfg = self.cfg
         for st, new in zip(states, tokens, strict=True):
             if st.released:
@@ -439,11 +447,61 @@ class WhisperDecoder:
                                    f"{cfg.max_target_positions}")
             if min(new) < 0 or max(new) >= cfg.vocab_size:
                 raise WhisperError(f"a token outside the vocabulary of {cfg.vocab_size}")
-        if self.kernels is None:
-            return np.stack([self._reference_step(st, new) for st, new in zip(states, tokens)])
-        return self._compiled_step(states, tokens)
 
-    def _compiled_step(self, states, tokens) -> np.ndarray:
+    def cross_scores(self, cross: CrossKV, tokens: list[int], heads: list[tuple[int, int]]) -> np.ndarray:
+        """float32 [len(heads), len(tokens), cross rows]: the cross-attention scores (q.k / sqrt(D),
+        before the softmax) of each (layer, head) in heads for each of tokens, run as one sequence
+        from position 0 on the filled cross K/V (a state of its own for the pass, released)."""
+        cfg = self.cfg
+        H, D, L = cfg.num_heads, cfg.head_dim, cfg.num_layers
+        if not heads or any(not (0 <= l < L and 0 <= h < H) for l, h in heads):
+            raise WhisperError(f"alignment heads: (layer, head) pairs within {L} layers of {H} heads")
+        layers = sorted({l for l, _ in heads})
+        st = self._start_on(cross)
+        try:
+            self._check([st], [list(tokens)])
+            q = self._capture_q(st, list(tokens), layers)                   # [layers, N, C]
+        finally:
+            self.release(st)
+        out = np.empty((len(heads), len(tokens), cross.length), np.float32)
+        for i, (l, h) in enumerate(heads):
+            k = self._cross_keys(cross, l, h)                               # [T, D]
+            out[i] = (q[layers.index(l), :, h * D:(h + 1) * D] @ k.T) * np.float32(D ** -0.5)
+        return out
+
+    def _capture_q(self, st: DecoderState, tokens: list[int], layers: list[int]) -> np.ndarray:
+        """float32 [len(layers), N, C]: the cross-attention query rows of those layers in a step of
+        tokens on st (its caches advanced as step() does)."""
+        if self.kernels is None:
+            cap: dict[int, np.ndarray] = {}
+            self._reference_step(st, tokens, cap)
+            return np.stack([cap[l] for l in layers])
+        index = np.full(self.cfg.num_layers, -1, np.int32)
+        index[layers] = np.arange(len(layers), dtype=np.int32)
+        capture = np.empty((len(layers), len(tokens), self.cfg.hidden_size), np.float32)
+        self._compiled_step([st], [tokens], index, capture)
+        return capture
+
+    def _cross_keys(self, cross: CrossKV, layer: int, head: int) -> np.ndarray:
+        """float32 [T, D]: head's cross-attention keys of a layer, as the attention reads them
+        (the cache's blocks decoded: bf16 widened, int8 codes times their row's scale)."""
+        T, D = cross.length, self.cfg.head_dim
+        if self.kernels is None:
+            return np.ascontiguousarray(cross.cross_k[layer][:, head * D:(head + 1) * D], np.float32)
+        from lite_llm._kernels.kv_layout import kv_from_layout
+        first = cross.slot * self.cross_blocks
+        blocks = self.k_cross[layer][first:first + -(-T // BLOCK)]
+        got = kv_from_layout(blocks, "k")
+        if isinstance(got, tuple):
+            codes, scales = got
+            k = codes[:, head].astype(np.float32) * scales[:, head, :, None]
+        elif got.dtype == np.uint16:
+            k = bf16_to_f32(got[:, head])
+        else:
+            k = got[:, head]
+        return np.ascontiguousarray(k.reshape(-1, D)[:T], np.float32)
+
+    def _compiled_step(self, states, tokens, capture_layers=None, capture=None) -> np.ndarray:
         cfg, k, t = self.cfg, self.kernels, self.t
         C = cfg.hidden_size
         S = len(states)
@@ -472,12 +530,12 @@ class WhisperDecoder:
         x = np.ascontiguousarray(self._embed(ids) + t["pos"][positions], np.float32)       # [N, C]
         logits = np.empty((S, cfg.vocab_size), np.float32)
         k.whisper_decoder_step(self.layers, x, slots, self_tables, cross_tables, seq, pos32, cross_last, ends, logits,
-                               self._threads(work))
+                               self._threads(work), capture_layers, capture)
         for st, n in zip(states, tokens):
             st.tokens.extend(int(v) for v in n)
         return logits
 
-    def _reference_step(self, st: DecoderState, new: list[int]) -> np.ndarray:
+    def _reference_step(self, st: DecoderState, new: list[int], capture: dict | None = None) -> np.ndarray:
         cfg, t = self.cfg, self.t
         n0 = len(st.tokens)
         x = t["embed"][np.asarray(new)] + t["pos"][n0:n0 + len(new)]
@@ -490,6 +548,8 @@ class WhisperDecoder:
             x = x + _attend(q, st.self_k[i], st.self_v[i], cfg.num_heads, n0) @ t[p + "o.w"].T + t[p + "o.b"]
             h = _layernorm(x, t[p + "ln2.w"], t[p + "ln2.b"], cfg.eps)
             q = h @ t[p + "cq.w"].T + t[p + "cq.b"]
+            if capture is not None:
+                capture[i] = q.astype(np.float32)
             x = x + _attend(q, st.cross_k[i], st.cross_v[i], cfg.num_heads, None) @ t[p + "co.w"].T + t[p + "co.b"]
             h = _layernorm(x, t[p + "ln3.w"], t[p + "ln3.b"], cfg.eps)
             x = x + _act(h @ t[p + "up.w"].T + t[p + "up.b"], "gelu") @ t[p + "down.w"].T + t[p + "down.b"]

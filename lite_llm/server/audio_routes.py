@@ -5,7 +5,7 @@ The body is multipart/form-data (read within the server's body limit, which a Wh
 raises to the audio limit), parsed by the standard library's email parser: `file` (the audio),
 `model`, `language`, `prompt`, `response_format` (json, text, srt, vtt, verbose_json),
 `temperature` (0, the default: Whisper's fallback 0, 0.2 .. 1.0; above 0: that one), 
-`timestamp_granularities[]` (segment), `stream` (vLLM's `transcription.chunk` deltas, one per
+`timestamp_granularities[]` (segment, word: verbose_json's `words`), `stream` (vLLM's `transcription.chunk` deltas, one per
 window decoded, then `data: [DONE]`) and vLLM's `stream_include_usage`. Every field is checked
 and the audio decoded (bounded: audio.AudioConfig) on the HTTP thread before the request is
 queued; decoding the speech runs on the engine's worker. A client's mistake is a 400 in OpenAI's
@@ -118,16 +118,18 @@ def _options(fields: dict[str, list[str]], task: str) -> tuple[TranscribeOptions
             raise bad("'temperature' must be a number from 0 to 1", "temperature")
         temps = FALLBACK if value == 0.0 else (value,)
     granularities = fields.get("timestamp_granularities[]", []) + fields.get("timestamp_granularities", [])
+    if len(granularities) > 2:
+        raise bad("'timestamp_granularities[]' takes segment, word or both", "timestamp_granularities[]")
     for g in granularities:
         if g not in ("segment", "word"):
             raise bad("'timestamp_granularities[]' takes segment or word", "timestamp_granularities[]")
-        if g == "word":
-            raise bad("word timestamps are not supported: 'timestamp_granularities[]' takes segment",
-                      "timestamp_granularities[]")
+    words = "word" in granularities
+    if words and fmt != "verbose_json":
+        raise bad("word timestamps come in 'response_format' verbose_json", "timestamp_granularities[]")
     prompt = _one(fields, "prompt") or None
     timestamps = True if fmt in ("verbose_json", "srt", "vtt") else None
     return TranscribeOptions(language=language, task=task, timestamps=timestamps, temperature=temps,
-                             prompt=prompt), fmt
+                             prompt=prompt, word_timestamps=words), fmt
 
 
 def _answer(req: Request, state: ServerState, task: str) -> Response:
@@ -172,8 +174,13 @@ def _answer(req: Request, state: ServerState, task: str) -> Response:
                 result = _wait(job)
         finally:
             job.cancel()
-    body, ctype = render(result, fmt)
+    body, ctype = render(result, fmt, ("word",) if options.word_timestamps and not _segments_asked(fields)
+                         else ("segment", "word") if options.word_timestamps else ("segment",))
     return Response(200, body.encode("utf-8"), ctype)
+
+
+def _segments_asked(fields: dict[str, list[str]]) -> bool:
+    return "segment" in fields.get("timestamp_granularities[]", []) + fields.get("timestamp_granularities", [])
 
 
 def _wait(job):

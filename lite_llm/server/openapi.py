@@ -539,7 +539,7 @@ _AUDIO_FORM = {"type": "object", "required": ["file"], "properties": {
     "model": _STR, "language": _STR, "prompt": _STR,
     "response_format": {"type": "string", "enum": ["json", "text", "srt", "verbose_json", "vtt"]},
     "temperature": {"type": "number", "minimum": 0, "maximum": 1},
-    "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": ["segment"]}},
+    "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": ["segment", "word"]}},
     "stream": _BOOL, "stream_include_usage": _BOOL}}
 
 
@@ -550,7 +550,9 @@ def audio_op(summary: str) -> dict:
             "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": _AUDIO_FORM}}},
             "responses": {"200": {"description": "OK", "content": {
                 "application/json": {"schema": {"type": "object", "required": ["text"], "properties": {
-                    "text": _STR, "language": _STR, "duration": _NUM, "segments": {"type": "array"}}}},
+                    "text": _STR, "language": _STR, "duration": _NUM, "segments": {"type": "array"},
+                    "words": {"type": "array", "items": {"type": "object", "required": ["word", "start", "end"],
+                                                         "properties": {"word": _STR, "start": _NUM, "end": _NUM}}}}}},
                 "text/plain": text, "text/vtt": text,
                 "text/event-stream": {"schema": {**_STR, "description": "`transcription.chunk` deltas, then [DONE]"}}}},
                 **_errors(400, 404, 413, 429, 503)}}

@@ -96,6 +96,17 @@ def test_cli(tmp_path, llm):
     want = llm.transcribe(str(f), language="en", temperature=0.0, timestamps=True)
     assert out.stdout.rstrip("\n") == render(want, "srt")[0].rstrip("\n")
     assert len(want.segments) >= 2 and out.stdout.startswith("1\n00:00:")
+    out = subprocess.run(args + ["--format", "verbose_json", "--word-timestamps"], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    timed = llm.transcribe(str(f), language="en", temperature=0.0, timestamps=True, word_timestamps=True)
+    body = json.loads(out.stdout)
+    assert body["words"] == [{"word": w.word.strip(), "start": w.start, "end": w.end}
+                             for s in timed.segments for w in s.words] and body["words"]
+    assert [(s["start"], s["end"]) for s in body["segments"]] == [(s.start, s.end) for s in timed.segments]
+    out = subprocess.run(args + ["--format", "srt", "--word-timestamps"], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 2 and "verbose_json" in out.stderr
     bad = tmp_path / "bad.wav"
     bad.write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk")
     out = subprocess.run(args[:4] + [str(bad)] + args[5:], capture_output=True, text=True, env=env, timeout=300)

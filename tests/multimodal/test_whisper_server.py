@@ -94,6 +94,26 @@ def test_formats_match_the_offline_api(client, offline):
         assert body == render(timed, fmt)[0]
 
 
+def test_word_timestamps_through_the_openai_client(client, offline):
+    """timestamp_granularities ["word"]: verbose_json's `words` (OpenAI's TranscriptionWord: the word
+    without its leading space, start, end) are the offline API's, no segments; with "segment" too,
+    both, the segments' times moved to their words' as word timestamps move them."""
+    want = offline.transcribe(CLIP, language="en", timestamps=True, temperature=T, word_timestamps=True)
+    words = [w for s in want.segments for w in s.words]
+    assert words and all(s.words is not None for s in want.segments)
+    got = client.audio.transcriptions.create(model=NAME, file=("a.wav", CLIP), language="en",
+                                             response_format="verbose_json", temperature=T,
+                                             timestamp_granularities=["word"])
+    assert [(w.word, w.start, w.end) for w in got.words] == [(w.word.strip(), w.start, w.end) for w in words]
+    assert got.segments is None and got.text == want.text.strip()
+    both = client.audio.transcriptions.create(model=NAME, file=("a.wav", CLIP), language="en",
+                                              response_format="verbose_json", temperature=T,
+                                              timestamp_granularities=["word", "segment"])
+    assert [(w.start, w.end) for w in both.words] == [(w.start, w.end) for w in words]
+    assert [(s.start, s.end, s.text) for s in both.segments] == [(s.start, s.end, s.text) for s in want.segments]
+    assert all(a.start <= b.start for a, b in zip(got.words, got.words[1:]))
+
+
 @pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")     # the openai client marks translations so
 def test_language_is_detected_and_translation_asks_for_english_text(client, offline):
     want = offline.transcribe(CLIP, timestamps=True, temperature=T)
@@ -146,7 +166,8 @@ def _post(port, body, ctype="multipart/form-data; boundary=B", path="/v1/audio/t
     ("language", "language", "not one of Whisper's languages"),
     ("format", "response_format", "'response_format' must be one of"),
     ("temperature", "temperature", "'temperature' must be a number"),
-    ("words", "timestamp_granularities[]", "word timestamps are not supported"),
+    ("words", "timestamp_granularities[]", "word timestamps come in 'response_format' verbose_json"),
+    ("granularity", "timestamp_granularities[]", "takes segment or word"),
     ("json_body", None, "must be multipart/form-data"),
     ("too_long", "file", "more than the 1800 s allowed"),
 ])
@@ -159,6 +180,7 @@ def test_bad_uploads_are_400s_and_serving_goes_on(server, client, case, param, m
         "language": _form("B", CLIP, language="klingon"), "format": _form("B", CLIP, response_format="mp3"),
         "temperature": _form("B", CLIP, temperature="hot"),
         "words": _form("B", CLIP, **{"timestamp_granularities[]": "word"}),
+        "granularity": _form("B", CLIP, response_format="verbose_json", **{"timestamp_granularities[]": "letter"}),
         # 31 minutes of 8 kHz 8-bit silence: 15 MB, under the upload limit, over the duration limit
         "too_long": _form("B", _wav_8bit_silence(31 * 60)),
     }
