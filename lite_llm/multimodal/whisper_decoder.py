@@ -10,8 +10,10 @@ through cross-attention.
       .step(states, tokens) -> logits [S, V]    ONE forward over several requests, each with its own
                                                 new tokens (a prompt prefill or one token), each
                                                 state's caches advanced; the last token's logits
-      .fork(state) / .release(state)            a copy of a state (a beam: its own self-attention
-                                                cache, the cross K/V shared), its slots freed
+      .fork(state) / .release(state)            a copy of a state (a beam: the parent's full
+                                                self-attention blocks shared copy-on-write, its
+                                                partly filled last one copied, the cross K/V
+                                                shared), its blocks and slots freed
       .cross_scores(cross, tokens, heads)       the cross-attention scores of some heads over a
                                                 pass of tokens (word alignment: word_timing.py)
       .reference_logits(rows, tokens)           the plain NumPy forward of one sequence
@@ -28,9 +30,10 @@ batch-invariant forms (a request's logits are the same bits whatever else the st
 embeddings and block tables are Python's. The self-attention K/V of every request live in blocks of one pool per layer (block_size rows a
 block, each request a block table), the cross K/V in blocks of their own, written once by
 start(). The interface (a prefill of the prompt, a step over a batch of requests each with its
-own caches) is the engine's; the blocks here are fixed pools of the decoder's own (max_sequences
-self-attention slots, max_requests cross K/V slots shared by a request's forks) rather than the
-engine's shared block pool.
+own caches) is the engine's; the blocks here are pools of the decoder's own rather than the engine's shared
+block pool: self-attention blocks for max_sequences sequences, taken as tokens come and shared
+between a beam and its forks by reference counts (a shared block is full, so never written
+again), and max_requests cross K/V slots shared by a request's states.
 """
 from __future__ import annotations
 
@@ -145,13 +148,14 @@ def read_hf(source: str, cfg: WhisperDecoderConfig, lazy: bool = False) -> dict:
 
 @dataclass
 class DecoderState:
-    """One request's decoder caches: its slot in the pools, the tokens it has run (their
-    positions are 0..len-1) and its cross rows. Reference states (no kernels) keep their K/V
-    as arrays [layers, n, C] instead."""
-    slot: int                           # its self-attention blocks' slot
+    """One request's decoder caches: its sequence slot, its self-attention blocks, the tokens it
+    has run (their positions are 0..len-1) and its cross rows. Reference states (no kernels)
+    keep their K/V as arrays [layers, n, C] instead."""
+    slot: int                           # its sequence slot (of max_sequences)
     cross_len: int
     cross_slot: int = -1                # its cross K/V's slot (shared by the forks of one request)
     tokens: list[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)     # its self-attention blocks in order (some shared)
     self_k: list | None = None          # reference: per layer [n, C]
     self_v: list | None = None
     cross_k: list | None = None         # reference: per layer [T, C]
@@ -271,6 +275,13 @@ class WhisperDecoder:
         self.self_blocks = -(-cfg.max_target_positions // BLOCK)          # blocks of one request's tokens
         self.cross_blocks = -(-cfg.max_source_positions // BLOCK)         # ... of its encoder rows
         nb_self, nb_cross = self.max_sequences * self.self_blocks, self.max_requests * self.cross_blocks
+        # the self-attention blocks: a pool every sequence takes its blocks from as its tokens
+        # grow; a fork shares its parent's full blocks (ref counted, never written again) and
+        # copies only the partly filled last one, so beams cost a block each, not a sequence each.
+        # The pool holds max_sequences whole sequences: a state can always grow to the decoder's
+        # positions.
+        self.free_blocks = list(range(nb_self - 1, -1, -1))
+        self.block_refs = np.zeros(nb_self, np.int32)
         # K / V blocks (kv_layout.kv_cache_shapes), one pair a layer, in self.kv_dtype
         kv = layout.KV_NUMPY[self.kv_dtype]
         (ks, vs), (kc, vc) = (layout.kv_cache_shapes(nb, H, BLOCK, D, self.kv_dtype) for nb in (nb_self, nb_cross))
@@ -405,27 +416,47 @@ class WhisperDecoder:
             st.released = True
             if st.slot >= 0:
                 self.free_slots.append(st.slot)
+                self._unref_blocks(st.blocks)
+                st.blocks = []
                 self._unref_cross(st.cross_slot)
 
     def fork(self, st: DecoderState) -> DecoderState:
-        """A copy of st with caches of its own (a beam that leaves its parent)."""
+        """A copy of st (a beam that leaves its parent): its self-attention blocks are the parent's
+        full ones, shared, and a copy of the partly filled last one; the cross K/V shared."""
         if self.kernels is None:
             return DecoderState(slot=-1, cross_len=st.cross_len, tokens=list(st.tokens), self_k=list(st.self_k),
                                 self_v=list(st.self_v), cross_k=st.cross_k, cross_v=st.cross_v)
+        if st.released:
+            raise WhisperError("a released decoder state")
         if not self.free_slots:
             raise WhisperError(f"the decoder holds {self.max_sequences} sequences at once")
+        blocks = list(st.blocks)
+        full = len(st.tokens) // BLOCK
+        self.block_refs[blocks[:full]] += 1
+        if full < len(blocks):                  # the last block is partly filled: the child's own copy
+            blocks[full] = self._take_block()
+            self._copy_block(st.blocks[full], blocks[full])
         new = DecoderState(slot=self.free_slots.pop(), cross_len=st.cross_len, tokens=list(st.tokens),
-                           cross_slot=st.cross_slot)
+                           cross_slot=st.cross_slot, blocks=blocks)
         self.cross_refs[st.cross_slot] += 1
-        self._copy_self(st, new)
         return new
 
-    def _copy_self(self, src: DecoderState, dst: DecoderState) -> None:
-        a, b = src.slot * self.self_blocks, dst.slot * self.self_blocks
-        n = -(-len(src.tokens) // BLOCK)
+    def _take_block(self) -> int:
+        # never empty: the pool holds max_sequences whole sequences, and a state is one of them
+        b = self.free_blocks.pop()
+        self.block_refs[b] = 1
+        return b
+
+    def _unref_blocks(self, blocks: list[int]) -> None:
+        for b in blocks:
+            self.block_refs[b] -= 1
+            if self.block_refs[b] == 0:
+                self.free_blocks.append(b)
+
+    def _copy_block(self, src: int, dst: int) -> None:
         for i in range(self.cfg.num_layers):
-            self.k_self[i][b:b + n] = self.k_self[i][a:a + n]
-            self.v_self[i][b:b + n] = self.v_self[i][a:a + n]
+            self.k_self[i][dst] = self.k_self[i][src]
+            self.v_self[i][dst] = self.v_self[i][src]
 
     # ---- forward ------------------------------------------------------------------------------
 
@@ -513,12 +544,18 @@ class WhisperDecoder:
         # token j of sequence s sits at position len(s.tokens) + j
         firsts = np.fromiter((len(st.tokens) for st in states), np.int64, S) - (ends + 1 - lens)
         positions = np.arange(N) + np.repeat(firsts, lens)
-        # a state's blocks are its slot's self_blocks (cross_blocks) in order
-        self_slots = np.fromiter((st.slot for st in states), np.int32, S)
-        self_tables = self_slots[:, None] * np.int32(self.self_blocks) + np.arange(self.self_blocks, dtype=np.int32)
+        # each state's self-attention blocks, grown to hold its new tokens (only a state's own last
+        # block is ever written: a fork's shared blocks are full), then its block table; its cross
+        # K/V are its cross slot's cross_blocks in order
+        self_tables = np.zeros((S, self.self_blocks), np.int32)
+        for i, (st, n) in enumerate(zip(states, tokens)):
+            while len(st.blocks) * BLOCK < len(st.tokens) + len(n):
+                st.blocks.append(self._take_block())
+            self_tables[i, :len(st.blocks)] = st.blocks
         cross_tables = (np.fromiter((st.cross_slot for st in states), np.int32, S)[:, None] * np.int32(self.cross_blocks)
                         + np.arange(self.cross_blocks, dtype=np.int32))
-        slots = np.repeat(self_slots.astype(np.int64) * (self.self_blocks * BLOCK), lens) + positions
+        tok_blocks = self_tables[np.repeat(np.arange(S), lens), positions // BLOCK].astype(np.int64)
+        slots = tok_blocks * BLOCK + positions % BLOCK
         pos32 = positions.astype(np.int32)
         cross_lens = np.fromiter((st.cross_len for st in states), np.int64, S)
         cross_last = np.repeat(cross_lens - 1, lens).astype(np.int32)

@@ -81,6 +81,47 @@ def test_shorter_encoder_rows_and_fork(setup):
                                    err_msg=name)
 
 
+def test_forks_share_full_blocks_and_copy_the_last(setup):
+    """A fork shares its parent's full self-attention blocks (ref counted) and copies only the partly
+    filled last one; parent and forks then write only blocks of their own, across block
+    boundaries, and each one's logits stay transformers' for its own tokens; released, every block
+    is back in the pool. Forks of forks, a fork at a whole number of blocks, a parent released
+    while its forks run on."""
+    path, model, rows = setup
+    r = rows[1]
+    for name, dec in _decoders(path):
+        if dec.kernels is None:
+            continue
+        pool = len(dec.free_blocks)
+        a = dec.start(r)
+        prefix = PROMPTS[1] + list(range(70, 93))            # 32 tokens: two whole blocks
+        dec.step([a], [prefix[:20]])
+        b = dec.fork(a)                                      # 20 tokens: block 0 shared, block 1 copied
+        assert b.blocks[0] == a.blocks[0] and b.blocks[1] != a.blocks[1]
+        assert dec.block_refs[a.blocks[0]] == 2 and dec.block_refs[a.blocks[1]] == 1
+        seqs = {id(a): prefix[:20], id(b): prefix[:20]}
+        states = [a, b]
+        for step in range(14):                               # through the end of block 1 and into block 2
+            toks = [[100 + 3 * step + i] for i in range(len(states))]
+            got = dec.step(states, toks)
+            for st, t, g in zip(states, toks, got):
+                seqs[id(st)] = seqs[id(st)] + t
+                np.testing.assert_allclose(g, _theirs(model, r, seqs[id(st)])[-1], atol=1e-4, rtol=1e-4,
+                                           err_msg=f"{name} step {step}")
+            if step == 11:                                   # b holds 32 tokens: two whole blocks, both shared
+                c = dec.fork(b)
+                assert c.blocks == b.blocks and len(b.tokens) == 32
+                seqs[id(c)] = list(seqs[id(b)])
+                states.append(c)
+            if step == 12:
+                dec.release(a)                               # b and c run on over the blocks a shared
+                states.remove(a)
+        assert len({blk for st in states for blk in st.blocks[2:]}) == 2 * len(states[0].blocks[2:])
+        for st in states:
+            dec.release(st)
+        assert len(dec.free_blocks) == pool and not dec.block_refs.any(), name
+
+
 def test_greedy_tokens_identical(setup):
     """Greedy decoding from the prompt: the same tokens as transformers' generate without logits
     processors (its Whisper processors are the decoding module's, tested there)."""
