@@ -157,6 +157,18 @@ def language_code(name: str) -> str:
     raise TranscriptionError("language: not one of Whisper's languages")
 
 
+def top_k(values: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest values, largest first, equal values in index order: what
+    np.argsort(-values, kind="stable")[:k] gives, without sorting them all (a beam step's
+    candidates: beams x vocabulary values, of which 2 x beams are kept)."""
+    if k >= values.shape[0]:
+        return np.argsort(-values, kind="stable")
+    kth = values[np.argpartition(-values, k - 1)[k - 1]]      # the k-th largest value
+    above = np.flatnonzero(values > kth)
+    idx = np.concatenate([above, np.flatnonzero(values == kth)[:k - len(above)]])
+    return idx[np.lexsort((idx, -values[idx]))]
+
+
 def compression_ratio(tokens: list[int], vocab_size: int) -> float:
     """Raw bytes / zlib bytes of the tokens (each in ceil(log2(V)/8)-ish little-endian bytes, as
     transformers measures it): above the threshold, the window repeats itself."""
@@ -425,7 +437,7 @@ class WhisperModel:
                 lp = logits - m - np.log(np.exp(logits - m).sum(axis=1, keepdims=True))
                 lp = np.stack([self._process(lp[b], seqs[b], timestamps) for b in range(B)])
                 acc = (lp + scores[:, None]).reshape(-1)
-                top = np.argsort(-acc, kind="stable")[:K]
+                top = top_k(acc, K)
                 cand_scores = acc[top].astype(np.float32)
                 parents, toks = top // lp.shape[1], top % lp.shape[1]
                 cand = [seqs[pa] + [int(t)] for pa, t in zip(parents, toks)]
@@ -642,7 +654,7 @@ class WhisperModel:
         prompt = self.prompt_tokens(language, task, False, None)
         tokens = prompt + list(text_tokens) + [self.eot]
         scores = self.decoder.cross_scores(cross, tokens, self.alignment_heads)
-        cost = word_timing.alignment_cost(scores, max(frames, 2))[len(prompt) - 1:-1]
+        cost = word_timing.alignment_cost(scores, max(frames, 2), kernels=self.decoder.kernels)[len(prompt) - 1:-1]
         return word_timing.find_alignment(cost, text_tokens, self._decode_special, self.eot, language, self._dtw)
 
     def _decode_special(self, ids: list[int]) -> str:

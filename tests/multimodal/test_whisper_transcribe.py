@@ -7,10 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lite_llm.multimodal import audio
 from lite_llm.multimodal.transcribe import (TranscribeOptions, TranscriptionError, WhisperModel, compression_ratio,
-                                            language_code, log_mel_long)
+                                            language_code, log_mel_long, top_k)
 from whisper_checkpoint import whisper_asr_checkpoint
 
 RATE = audio.SAMPLE_RATE
@@ -59,6 +61,17 @@ def _ours(model, x, **kw):
 def _same(ours, theirs):
     assert [s[2] for s in ours] == [s[2] for s in theirs]
     np.testing.assert_allclose([s[:2] for s in ours], [s[:2] for s in theirs], atol=1e-6)
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(n=st.integers(1, 300), k=st.integers(1, 12), levels=st.integers(1, 6), seed=st.integers(0, 2 ** 16))
+def test_top_k_is_a_stable_sorts_head(n, k, levels, seed):
+    """A beam step's candidates without sorting the whole vocabulary: the indices a stable sort puts
+    first, ties (few distinct values) and suppressed -inf entries included."""
+    rng = np.random.default_rng(seed)
+    v = rng.integers(0, levels, n).astype(np.float32) - np.float32(levels)
+    v[rng.random(n) < 0.2] = -np.inf
+    np.testing.assert_array_equal(top_k(v, k), np.argsort(-v, kind="stable")[:k])
 
 
 def test_long_features_match_the_extractor():
