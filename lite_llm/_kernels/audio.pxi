@@ -696,3 +696,75 @@ def whisper_dtw(const double[:, ::1] x):
             else:
                 j -= 1
     return np.ascontiguousarray(path[0, k - 1::-1]), np.ascontiguousarray(path[1, k - 1::-1])
+
+
+cdef enum:
+    _MEDIAN_MAX = 63             # the widest median filter (its values sorted in a stack array)
+MEDIAN_MAX_WIDTH = _MEDIAN_MAX
+
+
+cdef inline void _median_row(const float *x, float *out, Py_ssize_t n, int width, Py_ssize_t j0,
+                             Py_ssize_t j1) noexcept nogil:
+    """out[j] = the median of x[j - width // 2 .. j + width // 2] for j0 <= j < j1, indices past
+    an end of the row of n reflected."""
+    cdef float buf[_MEDIAN_MAX]
+    cdef Py_ssize_t j, i, k, pad = width // 2
+    cdef float v
+    for j in range(j0, j1):
+        for i in range(width):
+            k = j + i - pad
+            if k < 0:
+                k = -k
+            elif k >= n:
+                k = 2 * (n - 1) - k
+            v = x[k]
+            k = i - 1               # insertion into the sorted prefix
+            while k >= 0 and buf[k] > v:
+                buf[k + 1] = buf[k]
+                k -= 1
+            buf[k + 1] = v
+        out[j] = buf[pad]
+
+
+cdef inline void _median7_row(const float *x, float *out, Py_ssize_t n) noexcept nogil:
+    """_median_row of width 7: the values of the row's middle through a sorting network of 16
+    compare-exchanges (min / max, vectorizable across j), its 3 values at each end as _median_row."""
+    cdef Py_ssize_t j
+    cdef float a0, a1, a2, a3, a4, a5, a6, t
+    _median_row(x, out, n, 7, 0, min(3, n))
+    _median_row(x, out, n, 7, max(n - 3, 3), n)
+    for j in range(3, n - 3):
+        a0, a1, a2, a3, a4, a5, a6 = x[j - 3], x[j - 2], x[j - 1], x[j], x[j + 1], x[j + 2], x[j + 3]
+        t = a0 if a0 < a6 else a6; a6 = a6 if a0 < a6 else a0; a0 = t
+        t = a2 if a2 < a3 else a3; a3 = a3 if a2 < a3 else a2; a2 = t
+        t = a4 if a4 < a5 else a5; a5 = a5 if a4 < a5 else a4; a4 = t
+        t = a0 if a0 < a2 else a2; a2 = a2 if a0 < a2 else a0; a0 = t
+        t = a1 if a1 < a4 else a4; a4 = a4 if a1 < a4 else a1; a1 = t
+        t = a3 if a3 < a6 else a6; a6 = a6 if a3 < a6 else a3; a3 = t
+        t = a0 if a0 < a1 else a1; a1 = a1 if a0 < a1 else a0; a0 = t
+        t = a2 if a2 < a5 else a5; a5 = a5 if a2 < a5 else a2; a2 = t
+        t = a3 if a3 < a4 else a4; a4 = a4 if a3 < a4 else a3; a3 = t
+        t = a1 if a1 < a2 else a2; a2 = a2 if a1 < a2 else a1; a1 = t
+        t = a4 if a4 < a6 else a6; a6 = a6 if a4 < a6 else a4; a4 = t
+        t = a2 if a2 < a3 else a3; a3 = a3 if a2 < a3 else a2; a2 = t
+        t = a4 if a4 < a5 else a5; a5 = a5 if a4 < a5 else a4; a4 = t
+        t = a1 if a1 < a2 else a2; a2 = a2 if a1 < a2 else a1; a1 = t
+        t = a3 if a3 < a4 else a4; a4 = a4 if a3 < a4 else a3; a3 = t
+        out[j] = a3
+
+
+def median_filter_rows(const float[:, ::1] x, int width, float[:, ::1] out, int num_threads=1):
+    """Each row of x [R, n] median-filtered (word_timing.median_filter: width values centred on
+    each, the row's ends reflected; an odd width up to MEDIAN_MAX_WIDTH, a row longer than
+    width // 2) into out [R, n]; rows split over num_threads."""
+    cdef Py_ssize_t R = x.shape[0], n = x.shape[1], r
+    if width < 1 or width % 2 == 0 or width > _MEDIAN_MAX or n <= width // 2 or out.shape[0] != R \
+            or out.shape[1] != n:
+        raise ValueError(f"median_filter_rows: an odd width up to {MEDIAN_MAX_WIDTH} over rows longer than "
+                         "half of it, out shaped as x")
+    with nogil:
+        for r in prange(R, schedule="static", num_threads=max(num_threads, 1)):
+            if width == 7:
+                _median7_row(&x[r, 0], &out[r, 0], n)
+            else:
+                _median_row(&x[r, 0], &out[r, 0], n, width, 0, n)
