@@ -13,8 +13,10 @@ whisper.cpp file written from it as whisper.cpp's convert-h5-to-ggml.py writes i
 users download). Conversions are cached under ~/.cache/lite_llm/peers/. The audio: espeak-ng's
 speech when the program is installed (a paragraph, repeated to each length), else a speech-like
 synthetic signal (voiced chirps with formant-like harmonics, pauses, noise); the same samples for
-every engine. Decoding is alike for all: greedy, temperature 0 with no fallback, timestamps on, no
-previous-text conditioning, no VAD, the language given (--language), --max-new-tokens a window
+every engine. Decoding is alike for all: greedy (--beam-size N: beam search of N beams), temperature
+0 with no fallback, timestamps on (--word-timestamps: word timestamps too, by each engine's
+cross-attention alignment: whisper.cpp's DTW token timestamps with its preset heads for the shape),
+no previous-text conditioning, no VAD, the language given (--language), --max-new-tokens a window
 (--make-model's models talk until that limit in every engine, so each decodes the same number of
 tokens; whisper.cpp's max_tokens is per segment, and it drops timestamps for a model of 2 decoder
 layers, which it takes for a distilled one).
@@ -69,6 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--language", default="en")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="tokens a window at most (default: half the decoder's positions, where the peers stop)")
+    p.add_argument("--beam-size", type=int, default=1, help="beams for every engine (default: 1, greedy)")
+    p.add_argument("--word-timestamps", action="store_true", help="word timestamps in every engine")
     p.add_argument("--json", action="store_true", help="print every figure as one JSON object instead of the table")
     p.add_argument("--make-model", nargs=2, metavar=("SHAPE", "OUT_DIR"),
                    help=f"write a random HF Whisper of a released shape ({', '.join(SHAPES)}) to OUT_DIR and exit")
@@ -211,6 +215,7 @@ def make_model(shape: str, out: str) -> None:
     from lite_llm.model.tokenizer import Tokenizer as Ours
     from lite_llm.model.tokenizer import _byte_alphabet
     from lite_llm.multimodal.whisper_ggml import SpecialIds, generation_settings
+    from lite_llm.multimodal.word_timing import openai_heads
     d, heads, layers = SHAPES[shape]
     special = SpecialIds(51865)
     pairs = [bytes([a, b]) for a in range(256) for b in range(256)]
@@ -246,7 +251,11 @@ def make_model(shape: str, out: str) -> None:
         model.model.decoder.embed_tokens.weight[special.eot:, 0] = -20.0
     model.save_pretrained(out, safe_serialization=True)
     gen = generation_settings(Ours.from_dir(out), special)
-    gen.update(pad_token_id=special.eot, bos_token_id=special.eot, max_length=448)
+    gen.update(pad_token_id=special.eot, bos_token_id=special.eot, max_length=448,
+               # the heads OpenAI published for the shape, as its checkpoints carry them: every
+               # engine aligns words with the same heads (CTranslate2's converter reads them here,
+               # whisper.cpp takes its preset for the shape)
+               alignment_heads=[list(p) for p in openai_heads(layers, d, 51865, 80)])
     with open(os.path.join(out, "generation_config.json"), "w") as fh:
         json.dump(gen, fh, indent=1)
 
@@ -259,14 +268,17 @@ class _LiteLLM:
         path = ggml_model(spec["model"]) if spec["engine"] == "lite-llm-ggml" else spec["model"]
         n = spec["streams"]
         self.model = WhisperModel.from_pretrained(path, num_threads=spec["threads"], max_requests=max(2, n),
-                                                  max_sequences=max(12, 2 * n),
+                                                  # a beam search holds 2 x its beams while it forks
+                                                  max_sequences=max(12, 2 * n * spec["beam_size"]),
                                                   quantization="q8_0" if spec["engine"] == "lite-llm-q8_0" else None)
         self.opts = TranscribeOptions(language=spec["language"], temperature=0.0, compression_ratio_threshold=None,
                                       logprob_threshold=None, timestamps=True,
                                       # unset: half the decoder's positions a window, as the peers
                                       # (openai-whisper's sample_len) stop
                                       max_new_tokens=spec["max_new_tokens"]
-                                      or self.model.decoder.cfg.max_target_positions // 2)
+                                      or self.model.decoder.cfg.max_target_positions // 2,
+                                      beam_size=spec["beam_size"] if spec["beam_size"] > 1 else None,
+                                      word_timestamps=spec["word_timestamps"])
 
     def encode(self, samples: np.ndarray) -> float:
         feats = self.model.features(samples)
@@ -297,9 +309,10 @@ class _FasterWhisper:
         n = spec["streams"]
         self.model = WhisperModel(ct2_model(spec["model"], quant), device="cpu", compute_type=quant,
                                   cpu_threads=max(1, spec["threads"] // n), num_workers=n)
-        self.kw = dict(language=spec["language"], beam_size=1, temperature=[0.0], compression_ratio_threshold=None,
-                       log_prob_threshold=None, no_speech_threshold=None, condition_on_previous_text=False,
-                       vad_filter=False, without_timestamps=False)
+        self.kw = dict(language=spec["language"], beam_size=spec["beam_size"], temperature=[0.0],
+                       compression_ratio_threshold=None, log_prob_threshold=None, no_speech_threshold=None,
+                       condition_on_previous_text=False, vad_filter=False, without_timestamps=False,
+                       word_timestamps=spec["word_timestamps"])
         if spec["max_new_tokens"]:
             self.kw["max_new_tokens"] = spec["max_new_tokens"]
         self.eot = spec["eot"]
@@ -327,7 +340,17 @@ class _WhisperCpp:
         kw = dict(n_threads=self.threads, language=spec["language"], temperature=0.0, temperature_inc=0.0,
                   no_context=True, print_progress=False, print_realtime=False, suppress_nst=True,
                   max_tokens=spec["max_new_tokens"] or 0)
-        self.models = [Model(path, redirect_whispercpp_logs_to=None, **kw) for _ in range(n)]
+        if spec["beam_size"] > 1:
+            kw["beam_search"] = {"beam_size": spec["beam_size"], "patience": -1.0}
+        context = None
+        if spec["word_timestamps"]:     # DTW token timestamps over the shape's preset heads
+            import _pywhispercpp as pw
+            kw["token_timestamps"] = True
+            preset = {"tiny": pw.WHISPER_AHEADS_TINY, "base": pw.WHISPER_AHEADS_BASE,
+                      "small": pw.WHISPER_AHEADS_SMALL}.get(spec.get("shape"), pw.WHISPER_AHEADS_N_TOP_MOST)
+            context = {"dtw_token_timestamps": True, "dtw_aheads_preset": preset}
+        self.models = [Model(path, redirect_whispercpp_logs_to=None, params_sampling_strategy=int(spec["beam_size"] > 1),
+                             context_params=context, **kw) for _ in range(n)]
 
     def encode(self, samples: np.ndarray) -> float:
         import _pywhispercpp as pw
@@ -450,8 +473,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"lite-llm bench transcribe: error: unknown engines {unknown} (of {', '.join(ENGINES)})", file=sys.stderr)
         return 2
     threads = args.threads or max(1, len(os.sched_getaffinity(0)))
+    if args.beam_size < 1:
+        print("lite-llm bench transcribe: error: --beam-size must be >= 1", file=sys.stderr)
+        return 2
     with open(os.path.join(args.model, "config.json"), encoding="utf-8") as fh:
-        eot = int(json.load(fh)["eos_token_id"])
+        raw = json.load(fh)
+    eot = int(raw["eos_token_id"])
+    shape = next((k for k, (c, h, l) in SHAPES.items()
+                  if (raw.get("d_model"), raw.get("decoder_attention_heads"), raw.get("decoder_layers")) == (c, h, l)),
+                 None)
     for engine in engines:         # conversions first: not in any engine's load time
         if engine.startswith("faster-whisper"):
             ct2_model(args.model, "int8" if engine.endswith("int8") else "float32")
@@ -464,7 +494,9 @@ def run(args: argparse.Namespace) -> int:
                 progress(f"{engine}: {seconds:g} s of audio, {streams} stream(s), {threads} threads")
                 rows.append(_run_child({"engine": engine, "model": os.path.abspath(args.model), "seconds": seconds,
                                         "streams": streams, "threads": threads, "language": args.language,
-                                        "max_new_tokens": args.max_new_tokens, "eot": eot}))
+                                        "max_new_tokens": args.max_new_tokens, "eot": eot,
+                                        "beam_size": args.beam_size, "word_timestamps": args.word_timestamps,
+                                        "shape": shape}))
     if args.json:
         print(json.dumps({"model": os.path.abspath(args.model), "threads": threads, "results": rows}, indent=1))
         return 0

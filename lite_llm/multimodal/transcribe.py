@@ -163,10 +163,24 @@ def top_k(values: np.ndarray, k: int) -> np.ndarray:
     candidates: beams x vocabulary values, of which 2 x beams are kept)."""
     if k >= values.shape[0]:
         return np.argsort(-values, kind="stable")
-    kth = values[np.argpartition(-values, k - 1)[k - 1]]      # the k-th largest value
-    above = np.flatnonzero(values > kth)
-    idx = np.concatenate([above, np.flatnonzero(values == kth)[:k - len(above)]])
-    return idx[np.lexsort((idx, -values[idx]))]
+    idx, v = None, values
+    top = float(values.max())
+    gap = 1.0 / 16
+    while np.isfinite(top) and gap <= 4096.0:   # the values near the largest, if k of them are
+        near = np.flatnonzero(values >= top - gap)
+        if near.shape[0] >= k:
+            if near.shape[0] <= values.shape[0] // 8:     # (few: a flat distribution has them all near)
+                idx, v = near, values[near]
+            break
+        gap *= 2.0
+    if v.shape[0] > 64 * k:                     # the k-th largest by partition, then those above it
+        kth = v[np.argpartition(-v, k - 1)[k - 1]]
+        above = np.flatnonzero(v > kth)
+        keep = np.concatenate([above, np.flatnonzero(v == kth)[:k - len(above)]])
+        idx, v = keep if idx is None else idx[keep], v[keep]
+    elif idx is None:
+        idx = np.arange(v.shape[0])
+    return idx[np.lexsort((idx, -v))[:k]]
 
 
 def compression_ratio(tokens: list[int], vocab_size: int) -> float:
@@ -636,6 +650,11 @@ class WhisperModel:
                             advance = max_frames - seek      # only the padding of a short file's window is left
                     if ends:
                         last_speech = ends[-1]
+                    # an instantaneous or empty segment is dropped, as openai-whisper clears and
+                    # faster-whisper skips them when aligning words
+                    new = [sg for sg in new if sg.start != sg.end and sg.text.strip()]
+                    for i, sg in enumerate(new):
+                        sg.id = len(result.segments) + i
             finally:
                 self.decoder.release_cross(cross)
             result.segments.extend(new)

@@ -69,8 +69,11 @@ def test_top_k_is_a_stable_sorts_head(n, k, levels, seed):
     """A beam step's candidates without sorting the whole vocabulary: the indices a stable sort puts
     first, ties (few distinct values) and suppressed -inf entries included."""
     rng = np.random.default_rng(seed)
-    v = rng.integers(0, levels, n).astype(np.float32) - np.float32(levels)
-    v[rng.random(n) < 0.2] = -np.inf
+    for spread in (1.0, 40.0, 1e6):      # values near the largest, or spread wide (the fallback)
+        v = (rng.integers(0, levels, n) * spread).astype(np.float32) - np.float32(levels)
+        v[rng.random(n) < 0.2] = -np.inf
+        np.testing.assert_array_equal(top_k(v, k), np.argsort(-v, kind="stable")[:k])
+    v[:] = -np.inf
     np.testing.assert_array_equal(top_k(v, k), np.argsort(-v, kind="stable")[:k])
 
 

@@ -199,8 +199,12 @@ def test_words_cover_each_segment_and_the_numpy_decoder_agrees(models):
         assert words and [(w.word, w.start, w.end) for w in words] == \
             [(w.word, w.start, w.end) for s in ref.segments for w in s.words]
         eot = ours["compiled"].eot
-        # the words hold the text tokens in order (a word across a segment boundary is the first one's)
-        assert sum((w.tokens for w in words), []) == [t for s in got.segments for t in s.tokens if t < eot]
+        # the words hold the text tokens in order (a word across a segment boundary is the first one's;
+        # an instantaneous segment is dropped with its words, so its neighbour's may miss a few)
+        held, text = sum((w.tokens for w in words), []), [t for s in got.segments for t in s.tokens if t < eot]
+        it = iter(text)
+        assert all(t in it for t in held) and len(held) >= 0.9 * len(text)
+        assert all(s.start != s.end and s.text.strip() for s in got.segments)
         for w in words:
             assert 0.0 <= w.start <= w.end <= seconds + 0.02
         assert all(a.start <= b.start for a, b in zip(words, words[1:]))
