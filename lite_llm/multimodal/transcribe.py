@@ -673,7 +673,8 @@ class WhisperModel:
         prompt = self.prompt_tokens(language, task, False, None)
         tokens = prompt + list(text_tokens) + [self.eot]
         scores = self.decoder.cross_scores(cross, tokens, self.alignment_heads)
-        cost = word_timing.alignment_cost(scores, max(frames, 2), kernels=self.decoder.kernels)[len(prompt) - 1:-1]
+        cost = word_timing.alignment_cost(scores, max(frames, 2), kernels=self.decoder.kernels,
+                                          num_threads=self.decoder.num_threads)[len(prompt) - 1:-1]
         return word_timing.find_alignment(cost, text_tokens, self._decode_special, self.eot, language, self._dtw)
 
     def _decode_special(self, ids: list[int]) -> str:

@@ -13,13 +13,13 @@ grouped into words (at spaces, or at whole characters for languages written with
 punctuation joins its neighbour, and openai-whisper's clamps keep a word after a pause or at a
 sentence end from stretching over the silence.
 
-    alignment_heads(gen, cfg) -> [(layer, head)]
-    find_alignment(weights, text_tokens, ...) -> [WordTiming]        one window's words, unclamped
-    add_word_timestamps(segments, alignment, ...) -> last speech end  the clamps; segment.words set
+    alignment_heads(gen, layers, heads) -> [(layer, head)]
+    alignment_cost(scores, num_frames) -> [tokens, rows]             the cost matrix
+    find_alignment(cost, text_tokens, ...) -> [WordTiming]           one window's words, unclamped
+    add_word_timestamps(segments, texts, alignment, ...) -> float    the clamps; each segment's .words
 """
 from __future__ import annotations
 
-import os
 import string
 from dataclasses import dataclass, field
 from itertools import product
@@ -79,10 +79,10 @@ def alignment_heads(gen: dict, num_layers: int, num_heads: int) -> list[tuple[in
     return list(product(range(num_layers // 2, num_layers), range(num_heads)))
 
 
-def median_filter(x: np.ndarray, width: int, kernels=None) -> np.ndarray:
+def median_filter(x: np.ndarray, width: int, kernels=None, num_threads: int = 1) -> np.ndarray:
     """The median of each run of `width` values along the last axis, edges reflected (a row no
-    longer than width // 2 is left as it is). kernels: the compiled loop (median_filter_rows)
-    runs it where given; this NumPy form is its reference."""
+    longer than width // 2 is left as it is). kernels: the compiled loop (median_filter_rows, on
+    up to num_threads) runs it where given; this NumPy form is its reference."""
     if width <= 0 or width % 2 != 1:
         raise ValueError("median filter width: an odd number")
     pad = width // 2
@@ -91,19 +91,19 @@ def median_filter(x: np.ndarray, width: int, kernels=None) -> np.ndarray:
     if kernels is not None and width <= kernels.MEDIAN_MAX_WIDTH:
         rows = np.ascontiguousarray(x, np.float32).reshape(-1, x.shape[-1])
         out = np.empty_like(rows)
-        kernels.median_filter_rows(rows, width, out, 1 if rows.size < 1 << 20 else os.cpu_count() or 1)
+        kernels.median_filter_rows(rows, width, out, 1 if rows.size < 1 << 20 else num_threads)
         return out.reshape(x.shape)
     padded = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(pad, pad)], mode="reflect")
     windows = np.lib.stride_tricks.sliding_window_view(padded, width, axis=-1)
     return np.sort(windows, axis=-1)[..., pad]
 
 
-def alignment_cost(scores: np.ndarray, num_frames: int, width: int = MEDIAN_FILTER_WIDTH, kernels=None
-                   ) -> np.ndarray:
+def alignment_cost(scores: np.ndarray, num_frames: int, width: int = MEDIAN_FILTER_WIDTH, kernels=None,
+                   num_threads: int = 1) -> np.ndarray:
     """float32 [tokens, encoder rows]: scores [heads, tokens, all rows] (each head's q.k / sqrt(D)
     for each token over the window's encoder rows) over the rows of its num_frames feature frames,
     softmaxed, standardized over the tokens, median-filtered over the rows, averaged over the
-    heads (openai-whisper's find_alignment); kernels: median_filter's."""
+    heads (openai-whisper's find_alignment); kernels, num_threads: median_filter's."""
     w = np.ascontiguousarray(scores[:, :, :max(num_frames // 2, 1)], np.float32)
     w = np.exp(w - w.max(axis=-1, keepdims=True))
     w /= w.sum(axis=-1, keepdims=True)
@@ -111,7 +111,7 @@ def alignment_cost(scores: np.ndarray, num_frames: int, width: int = MEDIAN_FILT
     std = w.std(axis=-2, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
         w = (w - mean) / std
-    return median_filter(w, width, kernels).mean(axis=0)
+    return median_filter(w, width, kernels, num_threads).mean(axis=0)
 
 
 @dataclass
