@@ -519,6 +519,7 @@ class WhisperDecoder:
         T, D = cross.length, self.cfg.head_dim
         if self.kernels is None:
             return np.ascontiguousarray(cross.cross_k[layer][:, head * D:(head + 1) * D], np.float32)
+        # deferred as in _pack: a _kernels module loads the compiled kernels
         from lite_llm._kernels.kv_layout import kv_from_layout
         first = cross.slot * self.cross_blocks
         blocks = self.k_cross[layer][first:first + -(-T // BLOCK)]
