@@ -636,19 +636,18 @@ class WhisperModel:
                        for i, (start, end, toks) in enumerate(segs)]
                 if options.word_timestamps:
                     # the window's audio frames (the padding of a short file's window is not audio)
-                    frames = min(n, samples.shape[0] // audio.HOP - seek)
+                    frames = min(n, content - seek)
                     texts = [[t for t in sg.tokens if t < self.eot] for sg in new]
                     alignment = yield Work("align", partial(self.align_words, cross, sum(texts, []),
                                                             result.language, options.task, frames))
-                    last_speech = word_timing.add_word_timestamps(new, texts, alignment, seek * FRAME_SECONDS,
-                                                                  last_speech)
+                    word_timing.add_word_timestamps(new, texts, alignment, seek * FRAME_SECONDS, last_speech)
                     ends = [w.end for sg in new for w in sg.words]
                     single_ending = [t >= self.timestamp_begin for t in tokens[-2:]] == [False, True]
                     if ends and not single_ending and round(ends[-1] / FRAME_SECONDS) > seek:
                         advance = round(ends[-1] / FRAME_SECONDS) - seek
                         if content <= seek + advance < max_frames:
                             advance = max_frames - seek      # only the padding of a short file's window is left
-                    if ends:
+                    if ends:            # the next window's pause reference: where the last word ends
                         last_speech = ends[-1]
                     # an instantaneous or empty segment is dropped, as openai-whisper clears and
                     # faster-whisper skips them when aligning words

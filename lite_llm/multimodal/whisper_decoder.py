@@ -488,16 +488,17 @@ class WhisperDecoder:
         if not heads or any(not (0 <= l < L and 0 <= h < H) for l, h in heads):
             raise WhisperError(f"alignment heads: (layer, head) pairs within {L} layers of {H} heads")
         layers = sorted({l for l, _ in heads})
+        tokens = list(tokens)
         st = self._start_on(cross)
         try:
-            self._check([st], [list(tokens)])
-            q = self._capture_q(st, list(tokens), layers)                   # [layers, N, C]
+            self._check([st], [tokens])
+            q = self._capture_q(st, tokens, layers)                         # [layers, N, C]
         finally:
             self.release(st)
+        keys = {l: self._cross_keys(cross, l) for l in layers}             # [H, T, D] each, read once
         out = np.empty((len(heads), len(tokens), cross.length), np.float32)
         for i, (l, h) in enumerate(heads):
-            k = self._cross_keys(cross, l, h)                               # [T, D]
-            out[i] = (q[layers.index(l), :, h * D:(h + 1) * D] @ k.T) * np.float32(D ** -0.5)
+            out[i] = (q[layers.index(l), :, h * D:(h + 1) * D] @ keys[l][h].T) * np.float32(D ** -0.5)
         return out
 
     def _capture_q(self, st: DecoderState, tokens: list[int], layers: list[int]) -> np.ndarray:
@@ -513,25 +514,25 @@ class WhisperDecoder:
         self._compiled_step([st], [tokens], index, capture)
         return capture
 
-    def _cross_keys(self, cross: CrossKV, layer: int, head: int) -> np.ndarray:
-        """float32 [T, D]: head's cross-attention keys of a layer, as the attention reads them
+    def _cross_keys(self, cross: CrossKV, layer: int) -> np.ndarray:
+        """float32 [H, T, D]: a layer's cross-attention keys per head, as the attention reads them
         (the cache's blocks decoded: bf16 widened, int8 codes times their row's scale)."""
-        T, D = cross.length, self.cfg.head_dim
+        T, H, D = cross.length, self.cfg.num_heads, self.cfg.head_dim
         if self.kernels is None:
-            return np.ascontiguousarray(cross.cross_k[layer][:, head * D:(head + 1) * D], np.float32)
+            return np.ascontiguousarray(cross.cross_k[layer].reshape(T, H, D).transpose(1, 0, 2), np.float32)
         # deferred as in _pack: a _kernels module loads the compiled kernels
         from lite_llm._kernels.kv_layout import kv_from_layout
         first = cross.slot * self.cross_blocks
         blocks = self.k_cross[layer][first:first + -(-T // BLOCK)]
         got = kv_from_layout(blocks, "k")
-        if isinstance(got, tuple):
+        if isinstance(got, tuple):                                          # [blocks, H, B, D]
             codes, scales = got
-            k = codes[:, head].astype(np.float32) * scales[:, head, :, None]
+            k = codes.astype(np.float32) * scales[..., None]
         elif got.dtype == np.uint16:
-            k = bf16_to_f32(got[:, head])
+            k = bf16_to_f32(got)
         else:
-            k = got[:, head]
-        return np.ascontiguousarray(k.reshape(-1, D)[:T], np.float32)
+            k = got
+        return np.ascontiguousarray(k.transpose(1, 0, 2, 3).reshape(H, -1, D)[:, :T], np.float32)
 
     def _compiled_step(self, states, tokens, capture_layers=None, capture=None) -> np.ndarray:
         cfg, k, t = self.cfg, self.kernels, self.t

@@ -95,7 +95,9 @@ def _bool(fields, name: str) -> bool:
     raise bad(f"'{name}' must be true or false", name)
 
 
-def _options(fields: dict[str, list[str]], task: str) -> tuple[TranscribeOptions, str]:
+def _options(fields: dict[str, list[str]], task: str) -> tuple[TranscribeOptions, str, tuple[str, ...]]:
+    """The request's options, its response_format and the timestamp granularities verbose_json
+    lists (render's: segments unless only words are asked for)."""
     fmt = (_one(fields, "response_format") or "json").strip()
     if fmt not in FORMATS:
         raise bad(f"'response_format' must be one of {', '.join(FORMATS)}", "response_format")
@@ -129,7 +131,7 @@ def _options(fields: dict[str, list[str]], task: str) -> tuple[TranscribeOptions
     prompt = _one(fields, "prompt") or None
     timestamps = True if fmt in ("verbose_json", "srt", "vtt") else None
     return TranscribeOptions(language=language, task=task, timestamps=timestamps, temperature=temps,
-                             prompt=prompt, word_timestamps=words), fmt
+                             prompt=prompt, word_timestamps=words), fmt, tuple(granularities) or ("segment",)
 
 
 def _answer(req: Request, state: ServerState, task: str) -> Response:
@@ -141,7 +143,7 @@ def _answer(req: Request, state: ServerState, task: str) -> Response:
     model = _one(fields, "model")
     if model is not None and model not in state.ctx.model_names:
         raise ApiError(404, f"The model '{model[:200]}' does not exist.", "model", code="model_not_found")
-    options, fmt = _options(fields, task)
+    options, fmt, granularities = _options(fields, task)
     stream = _bool(fields, "stream")
     include_usage = _bool(fields, "stream_include_usage")
     if data is None:
@@ -174,13 +176,8 @@ def _answer(req: Request, state: ServerState, task: str) -> Response:
                 result = _wait(job)
         finally:
             job.cancel()
-    body, ctype = render(result, fmt, ("word",) if options.word_timestamps and not _segments_asked(fields)
-                         else ("segment", "word") if options.word_timestamps else ("segment",))
+    body, ctype = render(result, fmt, granularities)
     return Response(200, body.encode("utf-8"), ctype)
-
-
-def _segments_asked(fields: dict[str, list[str]]) -> bool:
-    return "segment" in fields.get("timestamp_granularities[]", []) + fields.get("timestamp_granularities", [])
 
 
 def _wait(job):
