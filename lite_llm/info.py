@@ -26,7 +26,8 @@ from lite_llm.engine.memory import machine_memory, plan_memory
 # Features each architecture's kernels may use (names as lite_llm._kernels._cpu.has knows them).
 ISA_FLAGS = {
     "x86_64": ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
-               "avx512dq", "avx512vnni", "avx512bf16", "amx_tile", "amx_bf16", "amx_int8"),
+               "avx512dq", "avx512vnni", "avx512vbmi", "avx512bitalg", "avx512bf16", "amx_tile", "amx_bf16",
+               "amx_int8"),
     "aarch64": ("neon", "asimdhp", "dotprod", "sve", "bf16", "i8mm"),
     "s390x": ("vx", "vxe", "vxe2"),
 }

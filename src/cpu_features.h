@@ -36,6 +36,8 @@ static inline int ll_cpu_has(const char *name) {
     if (!strcmp(name, "avx512bw")) return os_avx512 && ((b7 >> 30) & 1);
     if (!strcmp(name, "avx512vl")) return os_avx512 && ((b7 >> 31) & 1);
     if (!strcmp(name, "avx512vnni")) return os_avx512 && ((c7 >> 11) & 1);
+    if (!strcmp(name, "avx512vbmi")) return os_avx512 && ((c7 >> 1) & 1);
+    if (!strcmp(name, "avx512bitalg")) return os_avx512 && ((c7 >> 12) & 1);
     if (!strcmp(name, "avx512bf16")) return os_avx512 && ((a71 >> 5) & 1);
     /* AMX: the CPU's bit and the OS's tile state (XCR0 bits 17, 18); a process must still ask
      * Linux for the tile data permission before using it. Reported only: no AMX kernels yet. */

@@ -30,7 +30,8 @@ from lite_llm._kernels import _cpu, variants  # noqa: E402
 TABLE = variants.variants_for(platform.machine())
 ISA_OF = {"generic": "scalar"}          # the generic build uses the plain-C vec_scalar.h
 # _cpu.has names -> /proc/cpuinfo flag names where they differ
-CPUINFO_NAME = {"avx512bf16": "avx512_bf16", "avx512vnni": "avx512_vnni", "neon": "asimd"}
+CPUINFO_NAME = {"avx512bf16": "avx512_bf16", "avx512vnni": "avx512_vnni", "avx512bitalg": "avx512_bitalg",
+                "neon": "asimd"}
 
 
 def _cpuinfo_flags() -> set[str]:
@@ -162,7 +163,8 @@ def test_variant_module_reports_its_own_isa(name):
 
 # Instructions a variant must not contain (a wider ISA leaked into its flags), and one it
 # must contain (proves the disassembly check sees real code).
-_FORBIDDEN = {"generic": ("%ymm", "%zmm"), "avx2": ("%zmm", "vdpbf16ps"), "avx512": ("vdpbf16ps",),
+_FORBIDDEN = {"generic": ("%ymm", "%zmm"), "avx2": ("%zmm", "vdpbf16ps"),
+              "avx512": ("vdpbf16ps", "vpermb", "vpmultishiftqb", "vpshufbitqmb"),
               "avx512bf16": ()}
 _REQUIRED = {"generic": "%xmm", "avx2": "%ymm", "avx512": "%zmm", "avx512bf16": "vdpbf16ps"}
 

@@ -26,8 +26,11 @@ CYTHON_DIRECTIVES = {"language_level": 3, "boundscheck": False, "wraparound": Fa
 _AVX512 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c", "-mavx2")
 
 X86 = (
-    Variant("avx512bf16", flags=(*_AVX512, "-mavx512bf16", "-mavx512vnni"),
-            needs=("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512bf16", "avx512vnni")),  # Zen 4+, SPR
+    # Zen 4+, Sapphire Rapids+: bf16 and int8 dot products, VBMI's byte permutes and BITALG's bit
+    # shuffle (the codebook types' decode); Cooper Lake (bf16 without VBMI) runs `avx512`
+    Variant("avx512bf16", flags=(*_AVX512, "-mavx512bf16", "-mavx512vnni", "-mavx512vbmi", "-mavx512bitalg"),
+            needs=("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512bf16", "avx512vnni", "avx512vbmi",
+                   "avx512bitalg")),
     Variant("avx512", flags=_AVX512, needs=("avx512f", "avx512bw", "avx512vl", "avx512dq")),  # Skylake-X
     Variant("avx2", flags=("-mavx2", "-mfma", "-mf16c"), needs=("avx2", "fma", "f16c")),
     Variant("generic", flags=(), needs=()),

@@ -32,7 +32,8 @@
  *   TQ1_0 super 1056 B: as TQ2_0 (its base-3 trits, 5 to a byte, become 2 bits at load)
  *   MXFP4 block 272 B:  nibbles, u8 e[16] (e8m0)                    w = 2^(e - 128) kv4[u]
  *   IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (the codebook types): the 16 rows'
- *       stored blocks side by side, [16][ggml block bytes] per super-block of 256; each
+ *       stored blocks interleaved, their f16 d side by side, then each 4-byte word of the
+ *       blocks side by side (ll_iq_row_block), 16 ggml blocks per super-block of 256; each
  *       32-value sub-block is looked up per row into the int8 bytes layout (grid rows of 8 or
  *       4 values, signs applied 8 at a time) with the two scales of its halves, then multiplied
  *       like Q8_0 (ll_iq_decode32; IQ1's +-1/8 offsets become 8 g +- 1 at an eighth the scale).
@@ -217,6 +218,29 @@ LL_INLINE uint32_t ll_le32_at(const uint8_t *p) {
 }
 #define LL_LE16_AT(p) ((uint16_t)((p)[0] | ((p)[1] << 8)))
 
+/* A packed super-block of a codebook type holds its 16 rows' stored blocks interleaved: the
+ * f16 d at the front of each block (all types but IQ1_M) as 16 u16 (row r's at 2 r), then each
+ * 4-byte word of the blocks as 16 words (row r's at 4 r); the bytes at offset o of a block
+ * (o >= the head's 2 bytes) start at 16 o, so one vector load reads a field of all 16 rows. */
+LL_INLINE int ll_iq_head_bytes(int wtype) { return wtype == LL_W_IQ1_M ? 0 : 2; }
+/* row r's stored block back into blk, from its place in the packed super-block wp */
+LL_INLINE void ll_iq_row_block(const uint8_t *wp, int wtype, int r, uint8_t *blk) {
+    const int hb = ll_iq_head_bytes(wtype), gb = (int)ll_ggml_block_bytes(wtype);
+    memcpy(blk, wp + hb * r, (size_t)hb);
+    for (int o = hb; o < gb; o += 4) memcpy(blk + o, wp + 16 * o + 4 * r, 4);
+}
+/* the 16 rows' stored blocks (a function of its own: inlined into the panel loops, its copies
+ * made gcc keep the plain-C tile's values in memory, 30 % slower) */
+static __attribute__((noinline)) void ll_iq_row_blocks(const uint8_t *wp, int wtype, uint8_t blks[16][112]) {
+    for (int r = 0; r < 16; r++) ll_iq_row_block(wp, wtype, r, blks[r]);
+}
+/* the inverse: row r's stored block blk into the packed super-block wp */
+LL_INLINE void ll_iq_put_row_block(const uint8_t *blk, int wtype, int r, uint8_t *wp) {
+    const int hb = ll_iq_head_bytes(wtype), gb = (int)ll_ggml_block_bytes(wtype);
+    memcpy(wp + hb * r, blk, (size_t)hb);
+    for (int o = hb; o < gb; o += 4) memcpy(wp + 16 * o + 4 * r, blk + o, 4);
+}
+
 /* 8 grid values (bytes, memory order) with the minus signs of sign byte sgn, into values
  * 8 q .. 8 q + 7 of lane r of a bytes layout: (v ^ m) + (m & 1) negates the bytes of mask m
  * (no carry leaves a byte: grid values are never 0). */
@@ -322,10 +346,13 @@ LL_INLINE void ll_iq_decode32(const uint8_t *blk, int wtype, int j, uint8_t *dst
 #ifndef LL_IQ_ONE_ROW
 /* ---- the codebook types, 16 rows at once: table rows gathered into the bytes layout ---------
  * The same values as ll_iq_decode32 (its spec), for the 16 stored blocks of a panel's super-block
- * (row r's at wp + off[r]): w[g] lane r = values 4 g .. 4 g + 3 of row r's sub-block j. The IQ2 and
+ * (ll_iq_row_block's layout): w[g] lane r = values 4 g .. 4 g + 3 of row r's sub-block j. The IQ2 and
  * IQ3 grids hold magnitudes (< 64) and their minus signs come as byte masks neg[g] (returns 1);
  * IQ1's values are signed in w (returns 0). s0, s1: the scales of the two halves, from the rows'
  * d (dv) in ll_iq_decode32's order of float operations. */
+
+/* the 4 bytes at offset o of each of the 16 rows' stored blocks, row r's in lane r */
+LL_INLINE ll_vi8 ll_iq_lanes(const uint8_t *wp, int o) { return ll_i8_load(wp + 16 * o); }
 
 /* 7 sign bits per byte -> 8: bit 7 of each byte the parity of the other 7 (ll_iq_ksigns) */
 LL_INLINE ll_vi32 ll_iq_ksigns4(ll_vi32 b) {
@@ -347,15 +374,57 @@ LL_INLINE ll_vf32 ll_iq_half_scale(ll_vf32 dv, ll_vi32 u, float by) {
 /* 8 g + 1 for g = -1, 0, 1 in a nibble (IQ1's grid values, before the delta) */
 static const int8_t ll_iq1_plus1[16] = {1, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -7};
 
-LL_INLINE int ll_iq_decode16(const uint8_t *wp, ll_vi32 off, int wtype, int j, ll_vf32 dv, ll_vi8 w[8],
-                             ll_vi8 neg[8], ll_vf32 *s0, ll_vf32 *s1) {
+#ifdef LL_HAVE_I8_BITS
+/* The minus signs of group g as one bit a byte (vec.h's ll_m64), straight from the 32 sign bits
+ * of each lane (ll_i8_bitmask); the codes of IQ2_XXS and IQ3_XXS rows from byte tables, their
+ * values as bytes picked from them (ll_i8_fields) and looked up (ll_i8_lut64). */
+typedef ll_m64 ll_iq_negs;
+/* an ll_i8_fields / ll_i8_bitmask control: bytes 0..3 (the even lane of each word) o0..o3,
+ * bytes 4..7 (the odd lane) 32 + o0..o3; ll_iq_ctl: o_i = e + s i */
+LL_INLINE uint64_t ll_iq_ctl4(int o0, int o1, int o2, int o3) {
+    const int o[4] = {o0, o1, o2, o3};
+    uint64_t c = 0;
+    for (int i = 0; i < 4; i++) c |= (uint64_t)(o[i] & 63) << (8 * i) | (uint64_t)((32 + o[i]) & 63) << (8 * (4 + i));
+    return c;
+}
+LL_INLINE uint64_t ll_iq_ctl(int e, int s) { return ll_iq_ctl4(e, e + s, e + 2 * s, e + 3 * s); }
+/* each lane's code bytes of IQ3_XXS grid rows 2 m and 2 m + 1 (m = 0, 1): low, high, low, high
+ * (byte 2 m + h of the lane in ll_i8_pick2's first table, then in its second) */
+#define LL_IQ3_PICK_LANE(r, m) 4 * (r) + 2 * (m), 64 + 4 * (r) + 2 * (m), 4 * (r) + 2 * (m) + 1, 64 + 4 * (r) + 2 * (m) + 1
+#define LL_IQ3_PICK(m) {LL_IQ3_PICK_LANE(0, m), LL_IQ3_PICK_LANE(1, m), LL_IQ3_PICK_LANE(2, m), LL_IQ3_PICK_LANE(3, m), \
+    LL_IQ3_PICK_LANE(4, m), LL_IQ3_PICK_LANE(5, m), LL_IQ3_PICK_LANE(6, m), LL_IQ3_PICK_LANE(7, m), \
+    LL_IQ3_PICK_LANE(8, m), LL_IQ3_PICK_LANE(9, m), LL_IQ3_PICK_LANE(10, m), LL_IQ3_PICK_LANE(11, m), \
+    LL_IQ3_PICK_LANE(12, m), LL_IQ3_PICK_LANE(13, m), LL_IQ3_PICK_LANE(14, m), LL_IQ3_PICK_LANE(15, m)}
+static const uint8_t ll_iq3_pick[2][64] __attribute__((aligned(64))) = {LL_IQ3_PICK(0), LL_IQ3_PICK(1)};
+/* each lane's byte l = the 8 sign bits of its 7-bit field l (ll_iq_ksigns) */
+LL_INLINE ll_vi32 ll_iq_ksigns_bytes(ll_vi32 aux) {
+    return ll_i8_lut128(ll_i8_fields(aux, ll_iq_ctl(0, 7)), ll_iq_ksigns);
+}
+#else
+typedef ll_vi8 ll_iq_negs;   /* minus signs as 0xff bytes */
+#endif
+LL_INLINE ll_vi8 ll_iq_neg(ll_vi8 x, ll_iq_negs m) {
+#ifdef LL_HAVE_I8_BITS
+    return ll_i8_neg_mask(x, m);
+#else
+    return ll_i8_neg_where(x, m);
+#endif
+}
+
+LL_INLINE int ll_iq_decode16(const uint8_t *wp, int wtype, int j, ll_vf32 dv, ll_vi8 w[8],
+                             ll_iq_negs neg[8], ll_vf32 *s0, ll_vf32 *s1) {
     ll_vi32 full;   /* the 32 sign bits of each row's sub-block: bit 4 g + i for value 4 g + i */
     switch (wtype) {
     case LL_W_IQ2_XXS: {   /* 4 grid indices, then 4 x 7 sign bits + 4-bit scale */
         ll_vi8 a, b;
-        ll_i8_gather8(wp + 2 + 8 * j, off, &a, &b);
+        a = ll_iq_lanes(wp, 2 + 8 * j); b = ll_iq_lanes(wp, 6 + 8 * j);
         const ll_vi32 q = ll_i32_le(a), aux = ll_i32_le(b);
-#ifdef LL_HAVE_U16_LUT256   /* the rows' 2-bit codes, two groups a lane, from tables in registers */
+#ifdef LL_HAVE_I8_BITS   /* group g: 2-bit fields of row g / 2's code byte g % 2 */
+        const ll_vi8 clo = ll_i8_lut256(a, ll_iq2xxs_code8), chi = ll_i8_lut256(a, ll_iq2xxs_code8 + 256);
+        LL_UNROLL(8)
+        for (int g = 0; g < 8; g++) w[g] = ll_i8_lut64(ll_i8_fields(g & 1 ? chi : clo, ll_iq_ctl(8 * (g / 2), 2)), ll_iq2_levels64);
+        (void)q;
+#elif defined(LL_HAVE_U16_LUT256)   /* the rows' 2-bit codes, two groups a lane, from tables in registers */
         LL_UNROLL(2)
         for (int p = 0; p < 2; p++) {
             const ll_vi32 c = ll_i32_lut256_u16(ll_iq_index_pair(q, 2 * p), ll_iq2xxs_code);
@@ -367,15 +436,19 @@ LL_INLINE int ll_iq_decode16(const uint8_t *wp, ll_vi32 off, int wtype, int j, l
         for (int l = 0; l < 4; l++)
             ll_i8_gather8(ll_iq2xxs_grid, ll_i32_shl(ll_i32_field(q, 8 * l, 255), 3), &w[2 * l], &w[2 * l + 1]);
 #endif
+#ifdef LL_HAVE_I8_BITS
+        full = ll_iq_ksigns_bytes(aux);
+#else
         full = ll_iq_ksigns4(ll_i32_or(ll_i32_or(ll_i32_and(aux, ll_i32_set1(0x7f)), ll_i32_and(ll_i32_shl(aux, 1), ll_i32_set1(0x7f00))),
                                        ll_i32_or(ll_i32_and(ll_i32_shl(aux, 2), ll_i32_set1(0x7f0000)),
                                                  ll_i32_and(ll_i32_shl(aux, 3), ll_i32_set1(0x7f000000)))));
+#endif
         *s0 = *s1 = ll_iq_half_scale(dv, ll_i32_shr(aux, 28), 0.25f);
         break;
     }
     case LL_W_IQ2_XS: {    /* u16 qs (9-bit index | 7 sign bits), scales[8] at 66 (two 4-bit) */
         ll_vi8 a, b;
-        ll_i8_gather8(wp + 2 + 8 * j, off, &a, &b);
+        a = ll_iq_lanes(wp, 2 + 8 * j); b = ll_iq_lanes(wp, 6 + 8 * j);
         const ll_vi32 lo = ll_i32_le(a), hi = ll_i32_le(b);
         ll_i8_gather8(ll_iq2xs_grid, ll_i32_shl(ll_i32_field(lo, 0, 511), 3), &w[0], &w[1]);
         ll_i8_gather8(ll_iq2xs_grid, ll_i32_shl(ll_i32_field(lo, 16, 511), 3), &w[2], &w[3]);
@@ -384,30 +457,43 @@ LL_INLINE int ll_iq_decode16(const uint8_t *wp, ll_vi32 off, int wtype, int j, l
         full = ll_iq_ksigns4(ll_i32_or(ll_i32_or(ll_i32_field(lo, 9, 0x7f), ll_i32_field(lo, 17, 0x7f00)),
                                        ll_i32_or(ll_i32_and(ll_i32_shl(hi, 7), ll_i32_set1(0x7f0000)),
                                                  ll_i32_field(hi, 1, 0x7f000000))));
-        const ll_vi32 sc = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 66 + 4 * (j / 4), off)), 8 * (j % 4), 255);
+        const ll_vi32 sc = ll_i32_field(ll_i32_le(ll_iq_lanes(wp, 66 + 4 * (j / 4))), 8 * (j % 4), 255);
         *s0 = ll_iq_half_scale(dv, ll_i32_and(sc, ll_i32_set1(15)), 0.25f);
         *s1 = ll_iq_half_scale(dv, ll_i32_shr(sc, 4), 0.25f);
         break;
     }
     case LL_W_IQ2_S: {     /* qs[32], signs[32] at 34, qh[8] at 66 (2 high index bits each), scales[8] at 74 */
-        const ll_vi32 q = ll_i32_le(ll_i8_gather4(wp + 2 + 4 * j, off));
-        const ll_vi32 qh = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 66 + 4 * (j / 4), off)), 8 * (j % 4), 255);
+        const ll_vi32 q = ll_i32_le(ll_iq_lanes(wp, 2 + 4 * j));
+        const ll_vi32 qh = ll_i32_field(ll_i32_le(ll_iq_lanes(wp, 66 + 4 * (j / 4))), 8 * (j % 4), 255);
         LL_UNROLL(4)
         for (int l = 0; l < 4; l++) {
             const ll_vi32 idx = ll_i32_or(ll_i32_field(q, 8 * l, 255), ll_i32_shl(ll_i32_field(qh, 2 * l, 3), 8));
             ll_i8_gather8(ll_iq2s_grid, ll_i32_shl(idx, 3), &w[2 * l], &w[2 * l + 1]);
         }
-        full = ll_i32_le(ll_i8_gather4(wp + 34 + 4 * j, off));
-        const ll_vi32 sc = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 74 + 4 * (j / 4), off)), 8 * (j % 4), 255);
+        full = ll_i32_le(ll_iq_lanes(wp, 34 + 4 * j));
+        const ll_vi32 sc = ll_i32_field(ll_i32_le(ll_iq_lanes(wp, 74 + 4 * (j / 4))), 8 * (j % 4), 255);
         *s0 = ll_iq_half_scale(dv, ll_i32_and(sc, ll_i32_set1(15)), 0.25f);
         *s1 = ll_iq_half_scale(dv, ll_i32_shr(sc, 4), 0.25f);
         break;
     }
     case LL_W_IQ3_XXS: {   /* qs[64] (two grid rows of 4 per 8 values), u32 at 66 + 4 j: 4 x 7 sign bits + scale */
         ll_vi8 a, b;
-        ll_i8_gather8(wp + 2 + 8 * j, off, &a, &b);
+        a = ll_iq_lanes(wp, 2 + 8 * j); b = ll_iq_lanes(wp, 6 + 8 * j);
         const ll_vi32 qa = ll_i32_le(a), qb = ll_i32_le(b);
-#ifdef LL_HAVE_U16_LUT256   /* the rows' nibble codes, two grid rows a lane */
+#ifdef LL_HAVE_I8_BITS   /* group h: row h's two code bytes side by side in each lane, a nibble of each */
+        LL_UNROLL(2)
+        for (int p = 0; p < 2; p++) {
+            const ll_vi8 idx = p ? b : a;
+            const ll_vi8 clo = ll_i8_lut256(idx, ll_iq3xxs_code8), chi = ll_i8_lut256(idx, ll_iq3xxs_code8 + 256);
+            const ll_vi8 c01 = ll_i8_pick2(clo, chi, ll_i8_load(ll_iq3_pick[0])), c23 = ll_i8_pick2(clo, chi, ll_i8_load(ll_iq3_pick[1]));
+            LL_UNROLL(4)
+            for (int m = 0; m < 4; m++) {
+                const int o = 16 * (m % 2);
+                w[4 * p + m] = ll_i8_lut64(ll_i8_fields(m < 2 ? c01 : c23, ll_iq_ctl4(o, o + 8, o + 4, o + 12)), ll_iq3_levels64);
+            }
+        }
+        (void)qa; (void)qb;
+#elif defined(LL_HAVE_U16_LUT256)   /* the rows' nibble codes, two grid rows a lane */
         LL_UNROLL(4)
         for (int p = 0; p < 4; p++) {
             const ll_vi32 c = ll_i32_lut256_u16(ll_iq_index_pair(p < 2 ? qa : qb, 2 * (p % 2)), ll_iq3xxs_code);
@@ -419,31 +505,35 @@ LL_INLINE int ll_iq_decode16(const uint8_t *wp, ll_vi32 off, int wtype, int j, l
         for (int h = 0; h < 8; h++)
             w[h] = ll_i8_gather4(ll_iq3xxs_grid, ll_i32_shl(ll_i32_field(h < 4 ? qa : qb, 8 * (h % 4), 255), 2));
 #endif
-        const ll_vi32 aux = ll_i32_le(ll_i8_gather4(wp + 66 + 4 * j, off));
+        const ll_vi32 aux = ll_i32_le(ll_iq_lanes(wp, 66 + 4 * j));
+#ifdef LL_HAVE_I8_BITS
+        full = ll_iq_ksigns_bytes(aux);
+#else
         full = ll_iq_ksigns4(ll_i32_or(ll_i32_or(ll_i32_and(aux, ll_i32_set1(0x7f)), ll_i32_and(ll_i32_shl(aux, 1), ll_i32_set1(0x7f00))),
                                        ll_i32_or(ll_i32_and(ll_i32_shl(aux, 2), ll_i32_set1(0x7f0000)),
                                                  ll_i32_and(ll_i32_shl(aux, 3), ll_i32_set1(0x7f000000)))));
+#endif
         *s0 = *s1 = ll_iq_half_scale(dv, ll_i32_shr(aux, 28), 0.5f);
         break;
     }
     case LL_W_IQ3_S: {     /* qs[64], qh[8] at 66 (high index bit each), signs[32] at 74, scales[4] at 106 */
         ll_vi8 a, b;
-        ll_i8_gather8(wp + 2 + 8 * j, off, &a, &b);
+        a = ll_iq_lanes(wp, 2 + 8 * j); b = ll_iq_lanes(wp, 6 + 8 * j);
         const ll_vi32 qa = ll_i32_le(a), qb = ll_i32_le(b);
-        const ll_vi32 qh = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 66 + 4 * (j / 4), off)), 8 * (j % 4), 255);
+        const ll_vi32 qh = ll_i32_field(ll_i32_le(ll_iq_lanes(wp, 66 + 4 * (j / 4))), 8 * (j % 4), 255);
         LL_UNROLL(8)
         for (int h = 0; h < 8; h++) {
             const ll_vi32 idx = ll_i32_or(ll_i32_field(h < 4 ? qa : qb, 8 * (h % 4), 255), ll_i32_shl(ll_i32_field(qh, h, 1), 8));
             w[h] = ll_i8_gather4(ll_iq3s_grid, ll_i32_shl(idx, 2));
         }
-        full = ll_i32_le(ll_i8_gather4(wp + 74 + 4 * j, off));
-        const ll_vi32 nib = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 106, off)), 8 * (j / 2) + 4 * (j % 2), 15);
+        full = ll_i32_le(ll_iq_lanes(wp, 74 + 4 * j));
+        const ll_vi32 nib = ll_i32_field(ll_i32_le(ll_iq_lanes(wp, 106)), 8 * (j / 2) + 4 * (j % 2), 15);
         *s0 = *s1 = ll_mul(dv, ll_i32_to_f32(ll_i32_or(ll_i32_shl(nib, 1), ll_i32_set1(1))));
         break;
     }
     case LL_W_IQ1_S: {     /* qs[32], u16 qh[8] at 34: 4 x 3 high index bits, 3-bit scale, delta sign */
-        const ll_vi32 q = ll_i32_le(ll_i8_gather4(wp + 2 + 4 * j, off));
-        const ll_vi32 qh = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 34 + 4 * (j / 2), off)), 16 * (j % 2), 0xffff);
+        const ll_vi32 q = ll_i32_le(ll_iq_lanes(wp, 2 + 4 * j));
+        const ll_vi32 qh = ll_i32_field(ll_i32_le(ll_iq_lanes(wp, 34 + 4 * (j / 2))), 16 * (j % 2), 0xffff);
         const ll_vi8 minus2 = ll_i8_of_i32(ll_i32_and(ll_i32_sub(ll_i32_set1(0), ll_i32_shr(qh, 15)), ll_i32_set1(0x02020202)));
         LL_UNROLL(4)
         for (int l = 0; l < 4; l++) {
@@ -457,8 +547,8 @@ LL_INLINE int ll_iq_decode16(const uint8_t *wp, ll_vi32 off, int wtype, int j, l
         return 0;
     }
     default: {             /* IQ1_M: qs[32], qh[16] at 32 (a nibble per group: 3 index bits, delta sign), u16 scales[4] at 48 */
-        const ll_vi32 q = ll_i32_le(ll_i8_gather4(wp + 4 * j, off));
-        const ll_vi32 qh = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 32 + 4 * (j / 2), off)), 16 * (j % 2), 0xffff);
+        const ll_vi32 q = ll_i32_le(ll_iq_lanes(wp, 4 * j));
+        const ll_vi32 qh = ll_i32_field(ll_i32_le(ll_iq_lanes(wp, 32 + 4 * (j / 2))), 16 * (j % 2), 0xffff);
         LL_UNROLL(4)
         for (int l = 0; l < 4; l++) {
             const ll_vi32 idx = ll_i32_or(ll_i32_field(q, 8 * l, 255), ll_i32_shl(ll_i32_field(qh, 4 * l, 7), 8));
@@ -468,7 +558,7 @@ LL_INLINE int ll_iq_decode16(const uint8_t *wp, ll_vi32 off, int wtype, int j, l
             LL_UNROLL(2)
             for (int h = 0; h < 2; h++) w[2 * l + h] = ll_i8_sub(ll_i8_lut16(ll_i8_lo4(w[2 * l + h]), ll_iq1_plus1), minus2);
         }
-        const ll_vi32 sc = ll_i32_field(ll_i32_le(ll_i8_gather4(wp + 48 + 4 * (j / 4), off)), 16 * ((j / 2) % 2), 0xffff);
+        const ll_vi32 sc = ll_i32_field(ll_i32_le(ll_iq_lanes(wp, 48 + 4 * (j / 4))), 16 * ((j / 2) % 2), 0xffff);
         const ll_vi32 u0 = ll_i32_field(sc, 6 * (j % 2), 7), u1 = ll_i32_field(sc, 6 * (j % 2) + 3, 7);
         *s0 = ll_mul(ll_mul(dv, ll_i32_to_f32(ll_i32_or(ll_i32_shl(u0, 1), ll_i32_set1(1)))), ll_set1(0.125f));
         *s1 = ll_mul(ll_mul(dv, ll_i32_to_f32(ll_i32_or(ll_i32_shl(u1, 1), ll_i32_set1(1)))), ll_set1(0.125f));
@@ -476,23 +566,30 @@ LL_INLINE int ll_iq_decode16(const uint8_t *wp, ll_vi32 off, int wtype, int j, l
     }
     }
     LL_UNROLL(8)
+#ifdef LL_HAVE_I8_BITS
+    for (int g = 0; g < 8; g++) neg[g] = ll_i8_bitmask(full, ll_iq_ctl(4 * g, 1));
+#else
     for (int g = 0; g < 8; g++) neg[g] = ll_i8_signs(full, g);
+#endif
     return 1;
 }
 
-/* the f16 d of each of the 16 stored blocks of a super-block (row r's at blk + r gb) */
-LL_INLINE ll_vf32 ll_iq_row_d(const uint8_t *blk, int wtype, ptrdiff_t gb) {
-    float d[16];
-    for (int r = 0; r < 16; r++, blk += gb) {
-        if (wtype == LL_W_IQ1_M) {
-            const uint8_t *sp = blk + 48;
-            d[r] = ll_f16_to_f32((uint16_t)((LL_LE16_AT(sp) >> 12) | ((LL_LE16_AT(sp + 2) >> 8) & 0xf0)
-                                            | ((LL_LE16_AT(sp + 4) >> 4) & 0xf00) | (LL_LE16_AT(sp + 6) & 0xf000)));
-        } else {
-            d[r] = ll_f16_to_f32(LL_LE16_AT(blk));
+/* the f16 d of each of the 16 stored blocks of a packed super-block */
+LL_INLINE ll_vf32 ll_iq_row_d(const uint8_t *wp, int wtype) {
+    if (wtype == LL_W_IQ1_M) {   /* d in the top nibbles of the four u16 scales, words 12 and 13 */
+        int32_t s01[16], s23[16];
+        uint16_t h[16];
+        ll_i32_store(s01, ll_i32_le(ll_iq_lanes(wp, 48)));
+        ll_i32_store(s23, ll_i32_le(ll_iq_lanes(wp, 52)));
+        for (int r = 0; r < 16; r++) {
+            const uint32_t a = (uint32_t)s01[r], b = (uint32_t)s23[r];
+            h[r] = (uint16_t)(((a >> 12) & 0xf) | ((a >> 24) & 0xf0) | ((b >> 4) & 0xf00) | ((b >> 16) & 0xf000));
         }
+        return ll_load_f16(h);
     }
-    return ll_load(d);
+    uint16_t h[16];
+    for (int r = 0; r < 16; r++) h[r] = LL_LE16_AT(wp + 2 * r);
+    return ll_load_f16(h);
 }
 #endif
 
@@ -565,13 +662,13 @@ LL_INLINE void ll_signed_block_dot(const ll_qact *x, int tt, ll_vi8 w[8], ll_vf3
 #ifndef LL_IQ_ONE_ROW
 /* ll_dot_block's sums for weights given as magnitudes w (< 128) and minus signs neg (0xff bytes):
  * each broadcast activation negated where its weight is (|w| x (x with w's sign)). */
-LL_INLINE void ll_dot_block_neg(const ll_vi8 w[8], const ll_vi8 neg[8], const int8_t *x, ll_vi32 *lo, ll_vi32 *hi) {
+LL_INLINE void ll_dot_block_neg(const ll_vi8 w[8], const ll_iq_negs neg[8], const int8_t *x, ll_vi32 *lo, ll_vi32 *hi) {
     ll_vi32 a = ll_i32_zero(), b = ll_i32_zero();
     LL_UNROLL(4)
     for (int g = 0; g < 4; g++) {
         const ll_vi8 x0 = ll_i8_bcast4(x + 4 * g), x1 = ll_i8_bcast4(x + 16 + 4 * g);
-        a = ll_dpbusd(a, w[g], ll_i8_neg_where(x0, neg[g]));
-        b = ll_dpbusd(b, w[g + 4], ll_i8_neg_where(x1, neg[g + 4]));
+        a = ll_dpbusd(a, w[g], ll_iq_neg(x0, neg[g]));
+        b = ll_dpbusd(b, w[g + 4], ll_iq_neg(x1, neg[g + 4]));
     }
     *lo = a; *hi = b;
 }
@@ -579,12 +676,13 @@ LL_INLINE void ll_dot_block_neg(const ll_vi8 w[8], const ll_vi8 neg[8], const in
 /* acc[t] += the 16 rows' sub-block j (of the super-block at wp; b its block index in x) . token
  * t's 32 values, for t < nt: the sub-block decoded once for all of them (ll_iq_decode16). With
  * nt a literal (ll_qpanel_dot's tile) the token loop unrolls and acc stays in registers. */
-LL_INLINE void ll_iq_subblock_dot(const ll_qact *x, ptrdiff_t nt, const uint8_t *wp, ll_vi32 off, int wtype, int j,
+LL_INLINE void ll_iq_subblock_dot(const ll_qact *x, ptrdiff_t nt, const uint8_t *wp, int wtype, int j,
                                   ll_vf32 dv, ptrdiff_t b, ll_vf32 *acc) {
     const ptrdiff_t ldd = x->ld / 32;
-    ll_vi8 w[8], neg[8];
+    ll_vi8 w[8];
+    ll_iq_negs neg[8];
     ll_vf32 a0, a1;
-    const int with_neg = ll_iq_decode16(wp, off, wtype, j, dv, w, neg, &a0, &a1);
+    const int with_neg = ll_iq_decode16(wp, wtype, j, dv, w, neg, &a0, &a1);
     for (ptrdiff_t t = 0; t < nt; t++) {
         ll_vi32 lo, hi;
         if (with_neg) ll_dot_block_neg(w, neg, x->q + t * x->ld + 32 * b, &lo, &hi);
@@ -700,14 +798,16 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
     } else if (ll_wtype_is_codebook(wtype)) {
         const ptrdiff_t gb = ll_ggml_block_bytes(wtype);
 #ifdef LL_IQ_ONE_ROW   /* one row at a time (ll_iq_decode32), then the bytes layout */
+        uint8_t blks[16][112];
         for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 16 * gb) {
             if (tt == 1) LL_QPREFETCH(wp, 16 * gb);
+            ll_iq_row_blocks(wp, wtype, blks);
             for (int j = 0; j < 8; j++) {
                 uint8_t vals[512] __attribute__((aligned(64)));
                 float s[2][16];
                 for (int r = 0; r < 16; r++) {
                     float sr[2];
-                    ll_iq_decode32(wp + r * gb, wtype, j, vals, r, sr);
+                    ll_iq_decode32(blks[r], wtype, j, vals, r, sr);
                     s[0][r] = sr[0]; s[1][r] = sr[1];
                 }
                 ll_vi8 w[8];
@@ -723,13 +823,10 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
             }
         }
 #else
-        int32_t offs[16];
-        for (int r = 0; r < 16; r++) offs[r] = (int32_t)(r * gb);
-        const ll_vi32 off = ll_i32_load(offs);
         for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 16 * gb) {
             if (tt == 1) LL_QPREFETCH(wp, 16 * gb);
-            const ll_vf32 dv = ll_iq_row_d(wp, wtype, gb);
-            for (int j = 0; j < 8; j++) ll_iq_subblock_dot(x, tt, wp, off, wtype, j, dv, 8 * sb + j, acc);
+            const ll_vf32 dv = ll_iq_row_d(wp, wtype);
+            for (int j = 0; j < 8; j++) ll_iq_subblock_dot(x, tt, wp, wtype, j, dv, 8 * sb + j, acc);
         }
 #endif
     } else if (wtype == LL_W_Q2_K) {
@@ -859,13 +956,10 @@ LL_INLINE void ll_qpanel_dot1(const ll_qact *x, const uint8_t *wp, int wtype, pt
 static inline void ll_iq_panel_dot_many(const ll_qact *x, ptrdiff_t nt, const uint8_t *wp, int wtype, ptrdiff_t k,
                                         ll_vf32 *acc) {
     const ptrdiff_t gb = ll_ggml_block_bytes(wtype);
-    int32_t offs[16];
-    for (int r = 0; r < 16; r++) offs[r] = (int32_t)(r * gb);
-    const ll_vi32 off = ll_i32_load(offs);
     for (ptrdiff_t t = 0; t < nt; t++) acc[t] = ll_zero();
     for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 16 * gb) {
-        const ll_vf32 dv = ll_iq_row_d(wp, wtype, gb);
-        for (int j = 0; j < 8; j++) ll_iq_subblock_dot(x, nt, wp, off, wtype, j, dv, 8 * sb + j, acc);
+        const ll_vf32 dv = ll_iq_row_d(wp, wtype);
+        for (int j = 0; j < 8; j++) ll_iq_subblock_dot(x, nt, wp, wtype, j, dv, 8 * sb + j, acc);
     }
 }
 #endif
@@ -1169,8 +1263,8 @@ LL_INLINE void ll_qpack_lane(const uint8_t *blk, int wtype, uint8_t *o, int r) {
         for (int v = 0; v < 4; v++) memcpy(o + 64 * v + 4 * r, blk + 1 + 4 * v, 4);
         o[256 + r] = blk[0];
         return;
-    default:   /* the codebook types: the stored block, lane r's place in the panel's row of blocks */
-        if (ll_wtype_is_codebook(wtype)) memcpy(o + r * ll_ggml_block_bytes(wtype), blk, (size_t)ll_ggml_block_bytes(wtype));
+    default:   /* the codebook types: the stored block, interleaved with the other rows' (ll_iq_row_block) */
+        if (ll_wtype_is_codebook(wtype)) ll_iq_put_row_block(blk, wtype, r, o);
         return;
     case LL_W_Q6_K:   /* sub-block j = 4 half + q: nibbles of ql, 2 bits of qh at shift 2q */
         ((uint16_t *)o)[r] = LL_LE16(blk + 208);
@@ -1295,10 +1389,12 @@ static inline void ll_qdequant_lane(const uint8_t *wp, int wtype, ptrdiff_t k, i
                 }
             }
         } else if (ll_wtype_is_codebook(wtype)) {
+            uint8_t blk[112];
+            ll_iq_row_block(wp, wtype, lane, blk);
             for (int j = 0; j < 8; j++) {
                 uint8_t vals[512];
                 float s[2];
-                ll_iq_decode32(wp + lane * ll_ggml_block_bytes(wtype), wtype, j, vals, lane, s);
+                ll_iq_decode32(blk, wtype, j, vals, lane, s);
                 for (int e = 0; e < 32; e++) o[32 * j + e] = s[e / 16] * (float)(int8_t)vals[64 * (e / 4) + 4 * lane + e % 4];
             }
         } else if (wtype == LL_W_MXFP4) {

@@ -27,6 +27,12 @@
  *      ll_i8_gather4 ll_i8_gather8 (table rows at byte offsets), ll_i8_signs, ll_i8_neg_where,
  *      ll_i32_lut256_u16 ll_i8_expand2 ll_i8_expand4 (codebook rows as 16-bit codes)
  *      (defaults below where a backend has no better one)
+ *      where LL_HAVE_I8_BITS (AVX-512 with VBMI and BITALG; no default): ll_m64, one bit a byte;
+ *      ll_i8_fields(a, ctl): byte j of each 8-byte word w of a = bits c .. c + 7 of w (c = byte j
+ *      of ctl, counted round the word); ll_i8_bitmask(a, ctl): bit 8 q + j = bit (byte j of ctl,
+ *      mod 64) of word q; ll_i8_lut64 (t[idx & 63]) ll_i8_lut128 (t[idx & 127]) ll_i8_lut256
+ *      (t[idx]) byte tables; ll_i8_pick2(a, b, idx): byte idx & 63 of a, or of b where idx & 64;
+ *      ll_i8_neg_mask(a, m): a with its bytes negated where m has their bit
  * Scalars: ll_bf16_to_f32 ll_f32_to_bf16 (round to nearest even) ll_f16_to_f32 ll_f32_to_f16
  *          ll_f32_to_e4m3 ll_f32_to_e5m2 (nearest even, saturating)
  */

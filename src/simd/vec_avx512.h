@@ -185,6 +185,27 @@ LL_INLINE ll_vi8 ll_i8_expand4(ll_vi32 c, int h, const int8_t *lut) {
     const __m512i y = _mm512_and_si512(_mm512_srlv_epi16(x, _mm512_set1_epi32(4 << 16)), _mm512_set1_epi8(0x0f));
     return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut)), y);
 }
+/* Byte fields, bit masks and in-register byte tables (vec.h, LL_HAVE_I8_BITS): VBMI's
+ * multishift and byte permutes, BITALG's bit shuffle. */
+#if defined(__AVX512VBMI__) && defined(__AVX512BITALG__)
+#define LL_HAVE_I8_BITS 1
+typedef __mmask64 ll_m64;
+LL_INLINE ll_vi8 ll_i8_fields(ll_vi8 a, uint64_t ctl) {
+    return _mm512_multishift_epi64_epi8(_mm512_set1_epi64((long long)ctl), a);
+}
+LL_INLINE ll_m64 ll_i8_bitmask(ll_vi8 a, uint64_t ctl) {
+    return _mm512_bitshuffle_epi64_mask(a, _mm512_set1_epi64((long long)ctl));
+}
+LL_INLINE ll_vi8 ll_i8_lut64(ll_vi8 idx, const int8_t *t) { return _mm512_permutexvar_epi8(idx, _mm512_loadu_si512(t)); }
+LL_INLINE ll_vi8 ll_i8_lut128(ll_vi8 idx, const uint8_t *t) {
+    return _mm512_permutex2var_epi8(_mm512_loadu_si512(t), idx, _mm512_loadu_si512(t + 64));
+}
+LL_INLINE ll_vi8 ll_i8_lut256(ll_vi8 idx, const uint8_t *t) {
+    return _mm512_mask_blend_epi8(_mm512_movepi8_mask(idx), ll_i8_lut128(idx, t), ll_i8_lut128(idx, t + 128));
+}
+LL_INLINE ll_vi8 ll_i8_pick2(ll_vi8 a, ll_vi8 b, ll_vi8 idx) { return _mm512_permutex2var_epi8(a, idx, b); }
+LL_INLINE ll_vi8 ll_i8_neg_mask(ll_vi8 a, ll_m64 m) { return _mm512_mask_sub_epi8(a, m, _mm512_setzero_si512(), a); }
+#endif
 /* acc + sum of 4 products s8 x s8 per lane (a >= -128, b > -128): |a| x (b with a's sign) */
 LL_INLINE ll_vi32 ll_dpbssd(ll_vi32 acc, ll_vi8 a, ll_vi8 b) {
     const __m512i zero = _mm512_setzero_si512();

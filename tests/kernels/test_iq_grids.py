@@ -25,10 +25,17 @@ def _code_lines(name: str, codes: list[int], doc: str) -> list[str]:
             + ["    " + ", ".join(f"0x{v:04x}" for v in codes[i:i + 12]) + "," for i in range(0, len(codes), 12)] + ["};"])
 
 
+def _byte_lines(name: str, values: list[int], doc: str, ctype: str = "uint8_t") -> list[str]:
+    return ([f"/* {doc} */", f"static const {ctype} {name}[{len(values)}] __attribute__((aligned(64))) = {{"]
+            + ["    " + ", ".join(str(v) for v in values[i:i + 16]) + "," for i in range(0, len(values), 16)] + ["};"])
+
+
 def _code_tables() -> list[str]:
     """IQ2_XXS's and IQ3_XXS's grid rows as 16-bit codes of their levels (the vector kernels look
     them up in registers, vec.h's ll_i32_lut256_u16): 2 bits a value for IQ2_XXS; a nibble a value,
-    in the order 0, 2, 1, 3, for IQ3_XXS (ll_i8_expand2 / ll_i8_expand4 undo them)."""
+    in the order 0, 2, 1, 3, for IQ3_XXS (ll_i8_expand2 / ll_i8_expand4 undo them). The same codes
+    as two byte tables (low bytes, then high bytes) and the levels repeated through 64 entries,
+    for byte-table lookups (vec.h's ll_i8_lut256, ll_i8_lut64)."""
     grids = {}
     for cls in (q.IQ2_XXS, q.IQ3_XXS):
         cls.init_grid()
@@ -45,7 +52,15 @@ def _code_tables() -> list[str]:
             + [f"static const int8_t ll_iq2_levels[16] = {{{', '.join(map(str, lut2))}}};   /* level k at k and 4 k */"]
             + _code_lines("ll_iq3xxs_code", c3, "IQ3_XXS grid rows as nibble codes, values 0, 2, 1, 3 in nibbles 0..3: "
                           "the level (ll_iq3_levels) of each")
-            + [f"static const int8_t ll_iq3_levels[16] = {{{', '.join(map(str, l3 + [0] * (16 - len(l3))))}}};", ""])
+            + [f"static const int8_t ll_iq3_levels[16] = {{{', '.join(map(str, l3 + [0] * (16 - len(l3))))}}};"]
+            + _byte_lines("ll_iq2xxs_code8", [c & 255 for c in c2] + [c >> 8 for c in c2],
+                          "ll_iq2xxs_code's low bytes (values 0..3 of a row), then its high bytes (values 4..7)")
+            + _byte_lines("ll_iq3xxs_code8", [c & 255 for c in c3] + [c >> 8 for c in c3],
+                          "ll_iq3xxs_code's low bytes (values 0, 2), then its high bytes (values 1, 3)")
+            + _byte_lines("ll_iq2_levels64", [(l2 + [0])[e & 3] for e in range(64)],
+                          "entry e: the IQ2_XXS level of code e & 3", "int8_t")
+            + _byte_lines("ll_iq3_levels64", [l3[e & 7] for e in range(64)],
+                          "entry e: the IQ3_XXS level of code e & 7", "int8_t") + [""])
 
 
 def header_text() -> str:

@@ -160,6 +160,37 @@ def test_signed_block_types_are_exact_integer_dots(variant, qname, num_tokens, r
         np.testing.assert_array_equal(out, fused)
 
 
+CODEBOOK = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
+
+
+@pytest.mark.parametrize("qname", CODEBOOK)
+def test_codebook_sums_are_the_same_bits_alone_in_a_tile_and_on_every_variant(qname, rng):
+    """A codebook panel's sums are one kernel's per output: a token computed alone (decode) gets
+    the bits it gets inside a tile of 9 and inside the 70 tokens a panel is decoded once for,
+    and every x86 vector variant gets the same bits (the decode with VBMI's byte tables and
+    BITALG's sign masks on avx512bf16, the gathers and sign bytes on avx512 and avx2)."""
+    k, n = 512, 37
+    raw, w = ggml_rows(rng, n, k, qname)
+    x = rng.standard_normal((70, k)).astype(np.float32)
+    results = {}
+    for variant in VARIANTS:
+        mod = _kernels.load(variant)
+        packed = _packed(mod, raw, qname, n, k)
+        outs = []
+        for rows in (slice(0, 70), slice(0, 9), slice(0, 1), slice(5, 6), slice(69, 70)):
+            out = np.zeros((rows.stop - rows.start, n), np.float32)
+            mod.gemm(np.ascontiguousarray(x[rows]), packed, qname, n, out, num_threads=2)
+            outs.append((rows, out))
+        many = outs[0][1]
+        for rows, out in outs[1:]:
+            np.testing.assert_array_equal(out, many[rows], err_msg=f"{variant}: rows {rows} differ from the 70-token step")
+        _close(many, ref_ops.qgemm(x, w, None), x, w)
+        results[variant] = many
+    vector = [v for v in VARIANTS if v in ("avx512bf16", "avx512", "avx2")]
+    for v in vector[1:]:
+        np.testing.assert_array_equal(results[v], results[vector[0]], err_msg=f"{v} vs {vector[0]}")
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("gate_type,up_type", [("Q4_K", "Q4_K"), ("Q4_0", "Q8_0"), ("Q6_K", "Q4_1"),
                                                ("Q5_K", "Q5_0"), ("Q5_1", "Q4_K"), ("IQ4_XS", "IQ4_NL"),
