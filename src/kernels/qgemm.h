@@ -86,6 +86,10 @@ static const int8_t ll_mxfp4_dot_values[16] = {LL_MXFP4_VALUES(LL_BIASED)};
 
 LL_INLINE int ll_wtype_is_quant(int wtype) { return wtype >= LL_W_Q8_0 && wtype <= LL_W_IQ1_M; }
 LL_INLINE int ll_wtype_is_codebook(int wtype) { return wtype >= LL_W_IQ2_XXS && wtype <= LL_W_IQ1_M; }
+/* the codebook types whose sub-blocks have one scale (both 16-value halves the same) */
+LL_INLINE int ll_iq_one_scale(int wtype) {
+    return wtype == LL_W_IQ2_XXS || wtype == LL_W_IQ3_XXS || wtype == LL_W_IQ3_S || wtype == LL_W_IQ1_S;
+}
 
 /* MXFP4's block scale: e8m0 (2^(e - 127)) halved, as ggml_e8m0_to_fp32_half (the values are doubled) */
 LL_INLINE float ll_e8m0_half(uint8_t e) {
@@ -675,7 +679,12 @@ LL_INLINE void ll_dot_block_neg(const ll_vi8 w[8], const ll_iq_negs neg[8], cons
 
 /* acc[t] += the 16 rows' sub-block j (of the super-block at wp; b its block index in x) . token
  * t's 32 values, for t < nt: the sub-block decoded once for all of them (ll_iq_decode16). With
- * nt a literal (ll_qpanel_dot's tile) the token loop unrolls and acc stays in registers. */
+ * nt a literal (ll_qpanel_dot's tile) the token loop unrolls and acc stays in registers.
+ * Types with one scale a sub-block (ll_iq_one_scale) add the halves' int sums before the float
+ * step; where the dot product takes any u8 (VNNI), a step of more than 2 tokens gives the
+ * weights their signs once, as w + 128, and takes 128 x the block's int sum off each token's
+ * (ll_qact.n): the same int32 sum as the signs put on each token's activations, so the same
+ * bits for a token alone or in any tile. */
 LL_INLINE void ll_iq_subblock_dot(const ll_qact *x, ptrdiff_t nt, const uint8_t *wp, int wtype, int j,
                                   ll_vf32 dv, ptrdiff_t b, ll_vf32 *acc) {
     const ptrdiff_t ldd = x->ld / 32;
@@ -683,6 +692,30 @@ LL_INLINE void ll_iq_subblock_dot(const ll_qact *x, ptrdiff_t nt, const uint8_t 
     ll_iq_negs neg[8];
     ll_vf32 a0, a1;
     const int with_neg = ll_iq_decode16(wp, wtype, j, dv, w, neg, &a0, &a1);
+    if (ll_iq_one_scale(wtype)) {
+#ifdef LL_I8DOT_FULL_U8
+        if (nt > 2) {
+            const ll_vi8 k80 = ll_i8_of_i32(ll_i32_set1((int32_t)0x80808080u));
+            ll_vi8 wb[8];
+            LL_UNROLL(8)
+            for (int g = 0; g < 8; g++) wb[g] = ll_i8_xor(with_neg ? ll_iq_neg(w[g], neg[g]) : w[g], k80);
+            for (ptrdiff_t t = 0; t < nt; t++) {
+                ll_vi32 lo, hi;
+                ll_dot_block(wb, x->q + t * x->ld + 32 * b, 0, &lo, &hi);
+                const ll_vi32 sum = ll_i32_sub(ll_i32_add(lo, hi), ll_i32_set1(128 * x->n[t * ldd + b]));
+                acc[t] = ll_fma(a0, ll_mul(ll_i32_to_f32(sum), ll_set1(x->d[t * ldd + b])), acc[t]);
+            }
+            return;
+        }
+#endif
+        for (ptrdiff_t t = 0; t < nt; t++) {
+            ll_vi32 lo, hi;
+            if (with_neg) ll_dot_block_neg(w, neg, x->q + t * x->ld + 32 * b, &lo, &hi);
+            else ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
+            acc[t] = ll_fma(a0, ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])), acc[t]);
+        }
+        return;
+    }
     for (ptrdiff_t t = 0; t < nt; t++) {
         ll_vi32 lo, hi;
         if (with_neg) ll_dot_block_neg(w, neg, x->q + t * x->ld + 32 * b, &lo, &hi);
@@ -818,7 +851,10 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                     ll_vi32 lo, hi;
                     ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
                     const ll_vf32 dx = ll_set1(x->d[t * ldd + b]);
-                    acc[t] = ll_fma(a1, ll_mul(ll_i32_to_f32(hi), dx), ll_fma(a0, ll_mul(ll_i32_to_f32(lo), dx), acc[t]));
+                    if (ll_iq_one_scale(wtype))   /* the halves' sums added first, as ll_iq_subblock_dot */
+                        acc[t] = ll_fma(a0, ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), dx), acc[t]);
+                    else
+                        acc[t] = ll_fma(a1, ll_mul(ll_i32_to_f32(hi), dx), ll_fma(a0, ll_mul(ll_i32_to_f32(lo), dx), acc[t]));
                 }
             }
         }
