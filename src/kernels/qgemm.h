@@ -233,11 +233,6 @@ LL_INLINE void ll_iq_row_block(const uint8_t *wp, int wtype, int r, uint8_t *blk
     memcpy(blk, wp + hb * r, (size_t)hb);
     for (int o = hb; o < gb; o += 4) memcpy(blk + o, wp + 16 * o + 4 * r, 4);
 }
-/* the 16 rows' stored blocks (a function of its own: inlined into the panel loops, its copies
- * made gcc keep the plain-C tile's values in memory, 30 % slower) */
-static __attribute__((noinline)) void ll_iq_row_blocks(const uint8_t *wp, int wtype, uint8_t blks[16][112]) {
-    for (int r = 0; r < 16; r++) ll_iq_row_block(wp, wtype, r, blks[r]);
-}
 /* the inverse: row r's stored block blk into the packed super-block wp */
 LL_INLINE void ll_iq_put_row_block(const uint8_t *blk, int wtype, int r, uint8_t *wp) {
     const int hb = ll_iq_head_bytes(wtype), gb = (int)ll_ggml_block_bytes(wtype);
@@ -834,7 +829,7 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
         uint8_t blks[16][112];
         for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 16 * gb) {
             if (tt == 1) LL_QPREFETCH(wp, 16 * gb);
-            ll_iq_row_blocks(wp, wtype, blks);
+            for (int r = 0; r < 16; r++) ll_iq_row_block(wp, wtype, r, blks[r]);
             for (int j = 0; j < 8; j++) {
                 uint8_t vals[512] __attribute__((aligned(64)));
                 float s[2][16];
@@ -847,14 +842,19 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                 for (int g = 0; g < 8; g++) w[g] = ll_i8_load(vals + 64 * g);
                 const ll_vf32 a0 = ll_load(s[0]), a1 = ll_load(s[1]);
                 const ptrdiff_t b = 8 * sb + j;
+                if (ll_iq_one_scale(wtype)) {   /* the halves' sums added first, as ll_iq_subblock_dot */
+                    for (int t = 0; t < tt; t++) {
+                        ll_vi32 lo, hi;
+                        ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
+                        acc[t] = ll_fma(a0, ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])), acc[t]);
+                    }
+                    continue;
+                }
                 for (int t = 0; t < tt; t++) {
                     ll_vi32 lo, hi;
                     ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
                     const ll_vf32 dx = ll_set1(x->d[t * ldd + b]);
-                    if (ll_iq_one_scale(wtype))   /* the halves' sums added first, as ll_iq_subblock_dot */
-                        acc[t] = ll_fma(a0, ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), dx), acc[t]);
-                    else
-                        acc[t] = ll_fma(a1, ll_mul(ll_i32_to_f32(hi), dx), ll_fma(a0, ll_mul(ll_i32_to_f32(lo), dx), acc[t]));
+                    acc[t] = ll_fma(a1, ll_mul(ll_i32_to_f32(hi), dx), ll_fma(a0, ll_mul(ll_i32_to_f32(lo), dx), acc[t]));
                 }
             }
         }
