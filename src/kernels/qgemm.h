@@ -346,7 +346,8 @@ LL_INLINE void ll_iq_decode32(const uint8_t *blk, int wtype, int j, uint8_t *dst
 /* ---- the codebook types, 16 rows at once: table rows gathered into the bytes layout ---------
  * The same values as ll_iq_decode32 (its spec), for the 16 stored blocks of a panel's super-block
  * (ll_iq_row_block's layout): w[g] lane r = values 4 g .. 4 g + 3 of row r's sub-block j. The IQ2 and
- * IQ3 grids hold magnitudes (< 64) and their minus signs come as byte masks neg[g] (returns 1);
+ * IQ3 grids hold magnitudes (< 64) and their minus signs come as masks neg[g] (returns 1: bytes
+ * 0xff, or one bit a byte where LL_HAVE_I8_BITS);
  * IQ1's values are signed in w (returns 0). s0, s1: the scales of the two halves, from the rows'
  * d (dv) in ll_iq_decode32's order of float operations. */
 
@@ -659,7 +660,7 @@ LL_INLINE void ll_signed_block_dot(const ll_qact *x, int tt, ll_vi8 w[8], ll_vf3
 }
 
 #ifndef LL_IQ_ONE_ROW
-/* ll_dot_block's sums for weights given as magnitudes w (< 128) and minus signs neg (0xff bytes):
+/* ll_dot_block's sums for weights given as magnitudes w (< 128) and minus signs neg (ll_iq_negs):
  * each broadcast activation negated where its weight is (|w| x (x with w's sign)). */
 LL_INLINE void ll_dot_block_neg(const ll_vi8 w[8], const ll_iq_negs neg[8], const int8_t *x, ll_vi32 *lo, ll_vi32 *hi) {
     ll_vi32 a = ll_i32_zero(), b = ll_i32_zero();
