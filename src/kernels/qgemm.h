@@ -396,13 +396,20 @@ LL_INLINE uint64_t ll_iq_ctl(int e, int s) { return ll_iq_ctl4(e, e + s, e + 2 *
     LL_IQ3_PICK_LANE(8, m), LL_IQ3_PICK_LANE(9, m), LL_IQ3_PICK_LANE(10, m), LL_IQ3_PICK_LANE(11, m), \
     LL_IQ3_PICK_LANE(12, m), LL_IQ3_PICK_LANE(13, m), LL_IQ3_PICK_LANE(14, m), LL_IQ3_PICK_LANE(15, m)}
 static const uint8_t ll_iq3_pick[2][64] __attribute__((aligned(64))) = {LL_IQ3_PICK(0), LL_IQ3_PICK(1)};
-/* each lane's byte l = the 8 sign bits of its 7-bit field l (ll_iq_ksigns) */
-LL_INLINE ll_vi32 ll_iq_ksigns_bytes(ll_vi32 aux) {
-    return ll_i8_lut128(ll_i8_fields(aux, ll_iq_ctl(0, 7)), ll_iq_ksigns);
-}
 #else
 typedef ll_vi8 ll_iq_negs;   /* minus signs as 0xff bytes */
 #endif
+/* each lane's 32 sign bits from its word of four 7-bit sign fields (IQ2_XXS, IQ3_XXS): byte l
+ * the 8 sign bits of field l (ll_iq_ksigns) */
+LL_INLINE ll_vi32 ll_iq_signs7x4(ll_vi32 aux) {
+#ifdef LL_HAVE_I8_BITS
+    return ll_i8_lut128(ll_i8_fields(aux, ll_iq_ctl(0, 7)), ll_iq_ksigns);
+#else
+    return ll_iq_ksigns4(ll_i32_or(ll_i32_or(ll_i32_and(aux, ll_i32_set1(0x7f)), ll_i32_and(ll_i32_shl(aux, 1), ll_i32_set1(0x7f00))),
+                                   ll_i32_or(ll_i32_and(ll_i32_shl(aux, 2), ll_i32_set1(0x7f0000)),
+                                             ll_i32_and(ll_i32_shl(aux, 3), ll_i32_set1(0x7f000000)))));
+#endif
+}
 LL_INLINE ll_vi8 ll_iq_neg(ll_vi8 x, ll_iq_negs m) {
 #ifdef LL_HAVE_I8_BITS
     return ll_i8_neg_mask(x, m);
@@ -436,13 +443,7 @@ LL_INLINE int ll_iq_decode16(const uint8_t *wp, int wtype, int j, ll_vf32 dv, ll
         for (int l = 0; l < 4; l++)
             ll_i8_gather8(ll_iq2xxs_grid, ll_i32_shl(ll_i32_field(q, 8 * l, 255), 3), &w[2 * l], &w[2 * l + 1]);
 #endif
-#ifdef LL_HAVE_I8_BITS
-        full = ll_iq_ksigns_bytes(aux);
-#else
-        full = ll_iq_ksigns4(ll_i32_or(ll_i32_or(ll_i32_and(aux, ll_i32_set1(0x7f)), ll_i32_and(ll_i32_shl(aux, 1), ll_i32_set1(0x7f00))),
-                                       ll_i32_or(ll_i32_and(ll_i32_shl(aux, 2), ll_i32_set1(0x7f0000)),
-                                                 ll_i32_and(ll_i32_shl(aux, 3), ll_i32_set1(0x7f000000)))));
-#endif
+        full = ll_iq_signs7x4(aux);
         *s0 = *s1 = ll_iq_half_scale(dv, ll_i32_shr(aux, 28), 0.25f);
         break;
     }
@@ -506,13 +507,7 @@ LL_INLINE int ll_iq_decode16(const uint8_t *wp, int wtype, int j, ll_vf32 dv, ll
             w[h] = ll_i8_gather4(ll_iq3xxs_grid, ll_i32_shl(ll_i32_field(h < 4 ? qa : qb, 8 * (h % 4), 255), 2));
 #endif
         const ll_vi32 aux = ll_i32_le(ll_iq_lanes(wp, 66 + 4 * j));
-#ifdef LL_HAVE_I8_BITS
-        full = ll_iq_ksigns_bytes(aux);
-#else
-        full = ll_iq_ksigns4(ll_i32_or(ll_i32_or(ll_i32_and(aux, ll_i32_set1(0x7f)), ll_i32_and(ll_i32_shl(aux, 1), ll_i32_set1(0x7f00))),
-                                       ll_i32_or(ll_i32_and(ll_i32_shl(aux, 2), ll_i32_set1(0x7f0000)),
-                                                 ll_i32_and(ll_i32_shl(aux, 3), ll_i32_set1(0x7f000000)))));
-#endif
+        full = ll_iq_signs7x4(aux);
         *s0 = *s1 = ll_iq_half_scale(dv, ll_i32_shr(aux, 28), 0.5f);
         break;
     }
@@ -587,9 +582,7 @@ LL_INLINE ll_vf32 ll_iq_row_d(const uint8_t *wp, int wtype) {
         }
         return ll_load_f16(h);
     }
-    uint16_t h[16];
-    for (int r = 0; r < 16; r++) h[r] = LL_LE16_AT(wp + 2 * r);
-    return ll_load_f16(h);
+    return ll_load_f16((const uint16_t *)wp);   /* the stored little-endian f16 (x86 only: LL_IQ_ONE_ROW elsewhere) */
 }
 #endif
 
@@ -681,6 +674,12 @@ LL_INLINE void ll_dot_block_neg(const ll_vi8 w[8], const ll_iq_negs neg[8], cons
  * weights their signs once, as w + 128, and takes 128 x the block's int sum off each token's
  * (ll_qact.n): the same int32 sum as the signs put on each token's activations, so the same
  * bits for a token alone or in any tile. */
+/* a decoded sub-block's int sums with one token's 32 values xq */
+LL_INLINE void ll_iq_block_dot(const ll_vi8 w[8], const ll_iq_negs neg[8], int with_neg, const int8_t *xq, ll_vi32 *lo,
+                               ll_vi32 *hi) {
+    if (with_neg) ll_dot_block_neg(w, neg, xq, lo, hi);
+    else ll_dot_block(w, xq, 1, lo, hi);
+}
 LL_INLINE void ll_iq_subblock_dot(const ll_qact *x, ptrdiff_t nt, const uint8_t *wp, int wtype, int j,
                                   ll_vf32 dv, ptrdiff_t b, ll_vf32 *acc) {
     const ptrdiff_t ldd = x->ld / 32;
@@ -690,32 +689,24 @@ LL_INLINE void ll_iq_subblock_dot(const ll_qact *x, ptrdiff_t nt, const uint8_t 
     const int with_neg = ll_iq_decode16(wp, wtype, j, dv, w, neg, &a0, &a1);
     if (ll_iq_one_scale(wtype)) {
 #ifdef LL_I8DOT_FULL_U8
-        if (nt > 2) {
-            const ll_vi8 k80 = ll_i8_of_i32(ll_i32_set1((int32_t)0x80808080u));
-            ll_vi8 wb[8];
+        if (nt > 2) {   /* the weights with their signs, then as the signed blocks (w + 128 there) */
+            ll_vi8 ws[8];
             LL_UNROLL(8)
-            for (int g = 0; g < 8; g++) wb[g] = ll_i8_xor(with_neg ? ll_iq_neg(w[g], neg[g]) : w[g], k80);
-            for (ptrdiff_t t = 0; t < nt; t++) {
-                ll_vi32 lo, hi;
-                ll_dot_block(wb, x->q + t * x->ld + 32 * b, 0, &lo, &hi);
-                const ll_vi32 sum = ll_i32_sub(ll_i32_add(lo, hi), ll_i32_set1(128 * x->n[t * ldd + b]));
-                acc[t] = ll_fma(a0, ll_mul(ll_i32_to_f32(sum), ll_set1(x->d[t * ldd + b])), acc[t]);
-            }
+            for (int g = 0; g < 8; g++) ws[g] = with_neg ? ll_iq_neg(w[g], neg[g]) : w[g];
+            ll_signed_block_dot(x, (int)nt, ws, a0, b, acc, 0);
             return;
         }
 #endif
         for (ptrdiff_t t = 0; t < nt; t++) {
             ll_vi32 lo, hi;
-            if (with_neg) ll_dot_block_neg(w, neg, x->q + t * x->ld + 32 * b, &lo, &hi);
-            else ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
+            ll_iq_block_dot(w, neg, with_neg, x->q + t * x->ld + 32 * b, &lo, &hi);
             acc[t] = ll_fma(a0, ll_mul(ll_i32_to_f32(ll_i32_add(lo, hi)), ll_set1(x->d[t * ldd + b])), acc[t]);
         }
         return;
     }
     for (ptrdiff_t t = 0; t < nt; t++) {
         ll_vi32 lo, hi;
-        if (with_neg) ll_dot_block_neg(w, neg, x->q + t * x->ld + 32 * b, &lo, &hi);
-        else ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
+        ll_iq_block_dot(w, neg, with_neg, x->q + t * x->ld + 32 * b, &lo, &hi);
         const ll_vf32 dx = ll_set1(x->d[t * ldd + b]);
         acc[t] = ll_fma(a1, ll_mul(ll_i32_to_f32(hi), dx), ll_fma(a0, ll_mul(ll_i32_to_f32(lo), dx), acc[t]));
     }

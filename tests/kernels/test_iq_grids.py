@@ -20,14 +20,18 @@ def _rows(values: np.ndarray, per_line: int) -> list[str]:
     return ["    " + ", ".join(items[i:i + per_line]) + "," for i in range(0, len(items), per_line)]
 
 
+def _table_lines(name: str, values: list[int], doc: str, ctype: str, per_line: int, fmt: str = "{}") -> list[str]:
+    return ([f"/* {doc} */", f"static const {ctype} {name}[{len(values)}] __attribute__((aligned(64))) = {{"]
+            + ["    " + ", ".join(fmt.format(v) for v in values[i:i + per_line]) + ","
+               for i in range(0, len(values), per_line)] + ["};"])
+
+
 def _code_lines(name: str, codes: list[int], doc: str) -> list[str]:
-    return ([f"/* {doc} */", f"static const uint16_t {name}[{len(codes)}] __attribute__((aligned(64))) = {{"]
-            + ["    " + ", ".join(f"0x{v:04x}" for v in codes[i:i + 12]) + "," for i in range(0, len(codes), 12)] + ["};"])
+    return _table_lines(name, codes, doc, "uint16_t", 12, "0x{:04x}")
 
 
 def _byte_lines(name: str, values: list[int], doc: str, ctype: str = "uint8_t") -> list[str]:
-    return ([f"/* {doc} */", f"static const {ctype} {name}[{len(values)}] __attribute__((aligned(64))) = {{"]
-            + ["    " + ", ".join(str(v) for v in values[i:i + 16]) + "," for i in range(0, len(values), 16)] + ["};"])
+    return _table_lines(name, values, doc, ctype, 16)
 
 
 def _code_tables() -> list[str]:
