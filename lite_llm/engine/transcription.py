@@ -23,17 +23,29 @@ about one encoder layer each; a turn runs the decoder step, then ONE slice (of t
 last slice is oldest), so the others' tokens keep coming while a window is encoded: each waits
 at most a slice beyond its step. A slice's result is what running the whole at once gives (the
 encoder's slices are one pass's bits), so slicing changes no request's tokens either.
+
+On a server of several models the worker's turns (its decoder step and its slice) take the
+server's step lock (server/models.py FairLock, set as `step_lock`) as the other engines' steps
+do: a chat model and a Whisper model behind one server take turns on all the cores, a turn each,
+so a transcription and a chat request both progress.  plan_memory is what the pool plans a
+Whisper model's load with.
 """
 from __future__ import annotations
 
 import logging
 import queue
 import threading
+import json
+import math
+import os
 import time
 from collections import deque
+from contextlib import nullcontext
+from typing import ContextManager
 
 import numpy as np
 
+from lite_llm.engine.memory import MemoryPlan
 from lite_llm.multimodal.audio import SAMPLE_RATE
 from lite_llm.multimodal.transcribe import Step, TranscribeOptions, WhisperModel, Work
 
@@ -100,6 +112,7 @@ class TranscriptionEngine:
         self.audio_seconds = 0.0
         self.thread = threading.Thread(target=self._loop, name="lite_llm-transcription", daemon=True)
         self._active = 0
+        self.step_lock: ContextManager = nullcontext()    # held for each turn's compute (several models)
 
     def start(self) -> None:
         self.thread.start()
@@ -234,16 +247,20 @@ class TranscriptionEngine:
                 # the decoder step of every job that has one, then one slice of the others' work:
                 # a window's encoder pass never holds the other requests' tokens for more than a slice
                 stepping = [j for j in active if j.step is not None]
-                if stepping:
-                    try:
-                        self._step(stepping)
-                    except _StepFailed:
-                        active = [j for j in active if j.step is None]
                 waiting = [j for j in active if j.work is not None]
-                if waiting:
-                    failed = self._slice(waiting)
-                    if failed is not None:
-                        active.remove(failed)
+                if not stepping and not waiting:
+                    continue
+                with self.step_lock:        # the cores, in turn with the server's other engines
+                    if stepping:
+                        try:
+                            self._step(stepping)
+                        except _StepFailed:
+                            active = [j for j in active if j.step is None]
+                    waiting = [j for j in active if j.work is not None]
+                    if waiting:
+                        failed = self._slice(waiting)
+                        if failed is not None:
+                            active.remove(failed)
         except BaseException as e:      # the worker itself: every request gets an error
             self.failure = f"{type(e).__name__}: {e}"
             log.exception("the transcription worker stopped")
@@ -256,6 +273,46 @@ class TranscriptionEngine:
                 rest.append(job)
             for job in rest:
                 job.queue.put(("error", RuntimeError("the transcription engine stopped")))
+
+
+def plan_memory(path: str, *, dtype: str = "auto", quantization: str | None = None,
+                max_num_seqs: int = 8) -> MemoryPlan:
+    """What serving the Whisper model at path takes, as a server of several models plans a load
+    (engine/memory.py plan_memory for the others): its weights (the files' bytes; a checkpoint
+    quantized at load to q8_0 / q4_0, about a quarter / an eighth of its float32 bytes), the
+    decoder's K/V blocks as WhisperDecoder allocates them (self-attention for max(12, 2 x
+    max_num_seqs) sequences, beams among them, cross-attention for max_num_seqs requests, as
+    start_transcription_engine sizes them) and one window's encoder activations and a step's
+    logits, in float32."""
+    from lite_llm._kernels.kv_layout import KV_NUMPY, kv_cache_shapes
+    from lite_llm.multimodal.whisper_decoder import BLOCK, WhisperDecoderConfig
+    from lite_llm.multimodal.whisper_ggml import GGMLWhisperFile
+    if os.path.isfile(path):        # a whisper.cpp file: its stored blocks; int8 K/V when quantized
+        f = GGMLWhisperFile(path)
+        dcfg, weights, mels = f.decoder_config(), f.size, f.encoder_config().num_mel_bins
+        kv_dtype = "float32" if f.ftype in ("F32", "F16") else "int8"
+    else:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as fh:
+            raw = json.load(fh)
+        dcfg, mels = WhisperDecoderConfig.from_hf(raw), int(raw.get("num_mel_bins", 80))
+        weights = sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path)
+                      if n.endswith((".safetensors", ".bin")))
+        if quantization:
+            weights //= 4 if quantization == "q8_0" else 8
+        elif dtype == "bfloat16":
+            weights //= 2
+        kv_dtype = "int8" if quantization else "bfloat16" if dtype == "bfloat16" else "float32"
+    H, D, C, L = dcfg.num_heads, dcfg.head_dim, dcfg.hidden_size, dcfg.num_layers
+    sequences = max(12, 2 * max_num_seqs)
+    kv = 0
+    for nb in (sequences * -(-dcfg.max_target_positions // BLOCK), max_num_seqs * -(-dcfg.max_source_positions // BLOCK)):
+        ks, vs = kv_cache_shapes(nb, H, BLOCK, D, kv_dtype)
+        kv += L * (math.prod(ks) + math.prod(vs)) * np.dtype(KV_NUMPY[kv_dtype]).itemsize
+    frames = 2 * dcfg.max_source_positions
+    activations = 4 * (mels * frames + dcfg.max_source_positions * (6 * C + dcfg.intermediate_size)
+                       + sequences * dcfg.vocab_size)
+    return MemoryPlan(weights, kv, activations, f"decoder K/V ({kv_dtype}) for {sequences} sequences and "
+                                                f"{max_num_seqs} requests")
 
 
 class _StepFailed(Exception):

@@ -1,9 +1,10 @@
 """OpenAI's audio routes for a served Whisper model (lite_llm/engine/transcription.py):
 POST /v1/audio/transcriptions and /v1/audio/translations.
 
-The body is multipart/form-data (read within the server's body limit, which a Whisper server
-raises to the audio limit), parsed by the standard library's email parser: `file` (the audio),
-`model`, `language`, `prompt`, `response_format` (json, text, srt, vtt, verbose_json),
+The body is multipart/form-data (read within these routes' own body limit, room for one audio
+file: upload_limit), parsed by the standard library's email parser: `file` (the audio),
+`model` (on a server of several models, the Whisper model to use; by default its first),
+`language`, `prompt`, `response_format` (json, text, srt, vtt, verbose_json),
 `temperature` (0, the default: Whisper's fallback 0, 0.2 .. 1.0; above 0: that one), 
 `timestamp_granularities[]` (segment, word: verbose_json's `words`), `stream` (vLLM's `transcription.chunk` deltas, one per
 window decoded, then `data: [DONE]`) and vLLM's `stream_include_usage`. Every field is checked
@@ -15,13 +16,17 @@ from __future__ import annotations
 
 import email.parser
 import email.policy
+import functools
+import os
 import time
 import uuid
 from typing import Any
 
 from lite_llm.multimodal import audio
-from lite_llm.multimodal.transcribe import FORMATS, TranscribeOptions, TranscriptionError, language_code, render
+from lite_llm.multimodal.transcribe import (FORMATS, TranscribeOptions, TranscriptionError, is_whisper_model,
+                                            language_code, render)
 from lite_llm.server.answers import sse
+from lite_llm.server.models import model_state
 from lite_llm.server.routing import Request, Response, ServerState
 from lite_llm.server.validation import ApiError, bad
 from lite_llm.engine.transcription import QueueFullError, TranscriptionEngine
@@ -37,8 +42,28 @@ def is_transcription(engine: Any) -> bool:
 
 
 def body_limit() -> int:
-    """The request body a Whisper server reads: the audio limit and room for the form's fields."""
+    """The request body the audio routes read by default: the audio limit and room for the form's fields."""
     return AUDIO_LIMITS.max_audio_bytes + MAX_PARTS * MAX_FIELD_BYTES
+
+
+def upload_limit(state: ServerState) -> int:
+    """The audio routes' body limit (their Route.body_limit): body_limit(), or --max-request-bytes."""
+    return state.max_upload_bytes
+
+
+@functools.lru_cache(maxsize=256)
+def _is_speech_file(path: str) -> bool:
+    path = os.path.expanduser(path)
+    return os.path.exists(path) and is_whisper_model(path)
+
+
+def speech_models(state: ServerState) -> list[str]:
+    """The names of the server's speech-to-text (Whisper) models: its one model if it is one; of a
+    server of several (server/models.py), those whose files are a Whisper model's, loaded or not."""
+    pool = state.pool
+    if pool is None:
+        return list(state.ctx.model_names[:1]) if is_transcription(state.engine) else []
+    return [name for name, entry in pool.entries.items() if _is_speech_file(entry.spec.model)]
 
 
 def transcriptions(req: Request, state: ServerState) -> Response:
@@ -135,14 +160,28 @@ def _options(fields: dict[str, list[str]], task: str) -> tuple[TranscribeOptions
 
 
 def _answer(req: Request, state: ServerState, task: str) -> Response:
+    """The form's `model` picks the model (on a server of several, loaded first if it is not;
+    without one, the server's first speech-to-text model), which must be a Whisper model."""
     state.check_serving()
-    engine = state.engine
-    if not is_transcription(engine):
-        raise bad(f"this model is not a speech-to-text model: it cannot answer {req.path} (serve a Whisper checkpoint)")
+    speech = speech_models(state)
+    if not speech:      # refused before the upload is read
+        what = "this model is not" if state.pool is None else "no model of this server is"
+        raise bad(f"{what} a speech-to-text model: it cannot answer {req.path} (serve a Whisper checkpoint)")
     fields, data = parse_form(req)
-    model = _one(fields, "model")
-    if model is not None and model not in state.ctx.model_names:
-        raise ApiError(404, f"The model '{model[:200]}' does not exist.", "model", code="model_not_found")
+    name = _one(fields, "model")
+    if name is None and state.pool is not None:
+        name = speech[0]
+    with model_state(state, name) as model:
+        if not is_transcription(model.engine):
+            raise bad(f"the model '{model.ctx.model_names[0]}' is not a speech-to-text model: it cannot answer "
+                      f"{req.path} (this server's: {', '.join(speech)})", "model")
+        return _transcribe(req, model, fields, data, task)
+
+
+def _transcribe(req: Request, state: ServerState, fields: dict[str, list[str]], data: bytes | None,
+                task: str) -> Response:
+    """The request on a Whisper model's state."""
+    engine = state.engine
     options, fmt, granularities = _options(fields, task)
     stream = _bool(fields, "stream")
     include_usage = _bool(fields, "stream_include_usage")

@@ -62,9 +62,9 @@ def route_table(web_ui: bool = True, metrics_no_auth: bool = False) -> RouteTabl
               doc=post_op("Anthropic: tokens a Messages request's input takes", "CountTokensRequest",
                           "TokenCount", stream=False, shape="AnthropicError")),
         Route("POST", "/v1/audio/transcriptions", audio_routes.transcriptions,
-              doc=audio_op("OpenAI audio transcription (Whisper models)")),
+              doc=audio_op("OpenAI audio transcription (Whisper models)"), body_limit=audio_routes.upload_limit),
         Route("POST", "/v1/audio/translations", audio_routes.translations,
-              doc=audio_op("OpenAI audio translation to English (Whisper models)")),
+              doc=audio_op("OpenAI audio translation to English (Whisper models)"), body_limit=audio_routes.upload_limit),
         Route("POST", "/v1/embeddings", pooling.embeddings,
               doc=post_op("OpenAI embeddings (pooling models)", "EmbeddingRequest", "EmbeddingResponse",
                           stream=False)),
@@ -203,7 +203,7 @@ def openapi(req: Request, state: ServerState) -> Response:
     ctx = state.ctx
     return Response.json(openapi_document(__version__, state.routes, api_key=state.api_key is not None,
                                           pooling=pooling.is_pooling(state.engine), vocab_size=ctx.vocab_size,
-                                          audio=audio_routes.is_transcription(state.engine),
+                                          audio=bool(audio_routes.speech_models(state)),
                                           max_model_len=ctx.max_model_len, images=ctx.mm_processor is not None,
                                           request_templates=ctx.trust_request_chat_template,
                                           tools=ctx.tool_parser_of() is not None))

@@ -97,7 +97,9 @@ class Route:
     probe: served on the connections reserved beyond the limits for monitors; error: the shape
     of this route's errors; doc: its OpenAPI operation (server/openapi.py), None for none;
     log_path: the access log names the request's own path (a file), not the pattern's
-    (`/v1/responses/{id}`: an id is the client's, not worth a log line's room)."""
+    (`/v1/responses/{id}`: an id is the client's, not worth a log line's room);
+    body_limit: this route's request body limit in bytes from the server's state (an upload's
+    route), None: the server's max_body_bytes."""
     method: str
     path: str
     handler: Handler
@@ -106,6 +108,7 @@ class Route:
     error: Callable[[ApiError], dict] = openai_error
     doc: dict | None = None
     log_path: bool = False
+    body_limit: Callable[[Any], int] | None = None
 
 
 @dataclass
@@ -180,11 +183,13 @@ class ServerState:
 
     def __init__(self, engine: Any, ctx: Any, metrics: Any, api_key: str | None, kernel_info: dict,
                  max_body_bytes: int, model_root: str | None, retry_after: int, *, routes: RouteTable,
-                 responses: Any = None, lora_root: str | None = None, pool: Any = None):
+                 responses: Any = None, lora_root: str | None = None, pool: Any = None,
+                 max_upload_bytes: int | None = None):
         self.engine, self.ctx, self.metrics = engine, ctx, metrics   # ctx: openai's ServingContext
         self.api_key = api_key
         self.kernel_info = kernel_info
         self.max_body_bytes = max_body_bytes
+        self.max_upload_bytes = max_upload_bytes or max_body_bytes   # the audio routes' (Route.body_limit)
         # /v1/models shows a model's name, never where it sits on this machine
         self.model_root = os.path.basename(model_root.rstrip("/\\")) if model_root else None
         self.retry_after = retry_after

@@ -24,10 +24,12 @@ from lite_llm.engine.data_parallel import build_data_parallel_engine
 from lite_llm.engine.assemble import build_async_engine
 from lite_llm.engine.memory import MemoryPlan, plan_memory
 from lite_llm.engine.pooling import PoolingClient
+from lite_llm.engine.transcription import plan_memory as plan_transcription_memory
 from lite_llm.model import hub
 from lite_llm.model.loader import check_model
 from lite_llm.model.pooler import runner_for_model
 from lite_llm.multimodal import DEFAULT_PIXELS_PER_REQUEST, MediaConfig, Processor, media_config
+from lite_llm.multimodal.transcribe import is_whisper_model
 from lite_llm.server import audio_routes, lora_routes, models
 from lite_llm.server.args import DEFAULT_MAX_TOKENS
 from lite_llm.server.context import ServingContext, TokenizeSlots, max_token_bytes, system_fingerprint
@@ -69,12 +71,14 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                   reasoning_parser: str | None = None, tool_call_parser: str | None = None,
                   responses_store_max: int = DEFAULT_STORE_MAX,
                   responses_store_ttl: float = DEFAULT_STORE_TTL, media: Any = None,
-                  default_max_tokens: int | None = DEFAULT_MAX_TOKENS, pool: Any = None) -> LiteServer:
+                  default_max_tokens: int | None = DEFAULT_MAX_TOKENS, pool: Any = None,
+                  max_upload_bytes: int | None = None) -> LiteServer:
     """A bound (not yet serving) server for `engine`; `.start()` or `.serve_forever()` it.
 
     generation_config is the model's generation_config.json dict (empty for
     --generation-config vllm); kernel_info carries kernel_variant, num_threads, weight_bytes.
-    max_body_bytes None derives the limit from max_model_len (default_body_limit).
+    max_body_bytes None derives the limit from max_model_len (default_body_limit);
+    max_upload_bytes: the audio routes' body limit (None: room for one audio file, audio_routes.body_limit).
     default_max_tokens caps the output of a chat-shaped request that sets no max_tokens (None
     or 0: the room its prompt leaves in the context, as vLLM).
     pool: a models.ModelPool of several models (engine is then the pool, and the other model
@@ -94,7 +98,7 @@ def create_server(engine: Any, tokenizer: Any, model_name: str | list[str] | tup
                         model_root, retry_after, routes=routes if pool is None else models.wrap_routes(routes),
                         responses=ResponseStore(responses_store_max, responses_store_ttl),
                         lora_root=os.path.realpath(lora_root) if lora_root else None,   # None: runtime loading off
-                        pool=pool)
+                        pool=pool, max_upload_bytes=max_upload_bytes or audio_routes.body_limit())
     if pool is not None:
         pool.attach(state)
     return LiteServer((host, port), state, request_timeout, header_timeout=header_timeout,
@@ -190,7 +194,6 @@ def start_engine(args: argparse.Namespace) -> tuple[Any, Any, dict]:
     if args.data_parallel_size < 1:
         raise SystemExit(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
     hf_overrides = getattr(args, "hf_overrides", None)
-    from lite_llm.multimodal.transcribe import is_whisper_model
     if getattr(args, "runner", "auto") in ("auto", "transcription") and model and is_whisper_model(model):
         return start_transcription_engine(model, args)
     if runner_for_model(model, getattr(args, "runner", "auto"), hf_overrides) == "pooling":
@@ -228,6 +231,9 @@ def start_models(args: argparse.Namespace) -> tuple[models.ModelPool, models.Loa
 
     def plan(spec: models.ModelSpec) -> MemoryPlan:
         ns = resolved(spec)
+        if is_whisper_model(ns.model):
+            return plan_transcription_memory(ns.model, dtype=ns.dtype, quantization=ns.quantization,
+                                             max_num_seqs=ns.max_num_seqs or TRANSCRIPTION_MAX_NUM_SEQS)
         is_pooling = runner_for_model(ns.model, ns.runner, ns.hf_overrides) == "pooling"
         try:
             return plan_memory(ns.model, dtype=ns.dtype, quantization=ns.quantization, max_model_len=ns.max_model_len,
@@ -300,9 +306,8 @@ def build_server(args: argparse.Namespace, engine: Any, tokenizer: Any, info: di
         generation_config=gen_config, kernel_info=info, host=args.host if host is None else host,
         port=args.port if port is None else port, chat_template=load_chat_template(args.chat_template),
         trust_request_chat_template=args.trust_request_chat_template, lora_root=lora_routes.lora_root(args),
-        vocab_size=info.get("vocab_size"),
-        max_body_bytes=args.max_request_bytes if args.max_request_bytes is not None or info.get("runner") !=
-        "transcription" else audio_routes.body_limit(),
+        vocab_size=info.get("vocab_size"), max_body_bytes=args.max_request_bytes,
+        max_upload_bytes=args.max_request_bytes,
         request_timeout=args.timeout_keep_alive, model_root=info.get("model_path"),
         header_timeout=args.header_timeout, body_timeout=args.body_timeout,
         max_connections=args.max_connections, max_connections_per_client=args.max_connections_per_client,

@@ -262,6 +262,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Route one request: framing, the probe-only check, the API key, 404/405, then the
         route's handler; its Response written, its close run, one access log line."""
         self._body_read = False
+        self._body_limit = self.state.max_body_bytes     # the route's own when it has one
         self._headers_sent = False
         self._error_body: Callable[[ApiError], dict] | None = None
         self._conn.enter("busy")
@@ -284,6 +285,8 @@ class _Handler(BaseHTTPRequestHandler):
             if route is None:
                 raise ApiError(405, f"Method {method} not allowed for {path}; use {', '.join(group.methods)}",
                                headers={"Allow": ", ".join(group.methods)})
+            if route.body_limit is not None:
+                self._body_limit = route.body_limit(self.state)
             request = Request(method, path, parts.query, self.headers,
                               str(self.client_address[0]) if self.client_address else "", arg,
                               self._read_body, self._watch)
@@ -360,7 +363,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._reader.set_deadline(self.server.body_timeout)
 
     def _read_body(self) -> bytes:
-        limit = self.state.max_body_bytes
+        limit = self._body_limit
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             self._start_body()
             try:
