@@ -112,6 +112,27 @@ def test_the_audio_routes_answer_on_the_whisper_model_as_the_offline_api(served,
     assert all(e.loaded.engine.step_lock is pool.step_lock for e in pool.entries.values())
 
 
+@pytest.mark.filterwarnings("ignore:Items? .* using the .ReadOnly. qualifier:UserWarning")   # litellm's TypedDicts
+def test_litellm_transcription_on_the_whisper_model(served, offline, tmp_path, monkeypatch):
+    """litellm's transcription() as its documentation calls an OpenAI-compatible server (model
+    "openai/<name>", api_base): the text, and verbose_json's segments, are the offline API's."""
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")     # its bundled price list, no download
+    monkeypatch.setenv("LITELLM_TELEMETRY", "False")
+    import litellm
+    server, pool, chat, speech = served
+    path = tmp_path / "clip.wav"
+    path.write_bytes(CLIP)
+    want = offline.transcribe(CLIP, language="en", timestamps=True, temperature=T)
+    kw = dict(model="openai/" + speech, api_base=server.url + "/v1", api_key="unused", language="en", temperature=T)
+    with open(path, "rb") as fh:
+        got = litellm.transcription(file=fh, **kw)
+    assert got.text == want.text.strip() and got.text
+    with open(path, "rb") as fh:
+        verbose = litellm.transcription(file=fh, response_format="verbose_json", **kw)
+    assert [(s["start"], s["end"], s["text"]) for s in verbose.segments] == \
+        [(s.start, s.end, s.text) for s in want.segments]
+
+
 def test_each_model_refuses_the_other_kind_of_request(served, client):
     server, pool, chat, speech = served
     port = server.server_address[1]
