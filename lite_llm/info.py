@@ -320,7 +320,12 @@ def _memory_plan(path: str) -> dict[str, Any]:
     """What `serve` of path at its defaults would hold (engine/memory.py), or why it cannot say."""
     try:
         from lite_llm.model.pooler import runner_for_model
-        plan = plan_memory(path, pooling=runner_for_model(path) == "pooling")
+        from lite_llm.multimodal.transcribe import is_whisper_model
+        if is_whisper_model(path):       # the transcription engine's plan (engine/transcription.py)
+            from lite_llm.engine.transcription import plan_memory as plan_transcription_memory
+            plan = plan_transcription_memory(path)
+        else:
+            plan = plan_memory(path, pooling=runner_for_model(path) == "pooling")
     except (ValueError, OSError, ImportError) as e:
         return {"error": str(e)}
     return {**plan.as_dict(), "note": plan.note}

@@ -52,6 +52,9 @@ from lite_llm.multimodal.transcribe import Step, TranscribeOptions, WhisperModel
 log = logging.getLogger("lite_llm.transcription")
 
 
+DEFAULT_MAX_NUM_SEQS = 8   # requests a served Whisper model decodes together without --max-num-seqs
+
+
 class QueueFullError(RuntimeError):
     """More transcriptions than the engine holds (waiting and running)."""
 
@@ -276,7 +279,7 @@ class TranscriptionEngine:
 
 
 def plan_memory(path: str, *, dtype: str = "auto", quantization: str | None = None,
-                max_num_seqs: int = 8) -> MemoryPlan:
+                max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> MemoryPlan:
     """What serving the Whisper model at path takes, as a server of several models plans a load
     (engine/memory.py plan_memory for the others): its weights (the files' bytes; a checkpoint
     quantized at load to q8_0 / q4_0, about a quarter / an eighth of its float32 bytes), the

@@ -38,6 +38,7 @@ from typing import Any
 
 from lite_llm.engine.memory import GiB, MemoryPlan, machine_memory
 from lite_llm.engine.stats import EngineStats
+from lite_llm.multimodal.whisper_ggml import is_ggml_file
 from lite_llm.server.routing import Request, Response, RouteTable, ServerState
 from lite_llm.server.validation import ApiError, bad, parse_json, show
 
@@ -112,7 +113,8 @@ def _is_mmproj(name: str) -> bool:
 
 def models_in_dir(directory: str) -> list[ModelSpec]:
     """--models-dir: each subdirectory holding a config.json or one GGUF (an mmproj file beside it
-    is its image encoder), and each .gguf file, named by the directory or the file's stem."""
+    is its image encoder), each .gguf file and each whisper.cpp model file (a .bin with the ggml
+    magic), named by the directory or the file's stem."""
     if not os.path.isdir(directory):
         raise SystemExit(f"--models-dir {directory}: no such directory")
     specs = []
@@ -120,6 +122,8 @@ def models_in_dir(directory: str) -> list[ModelSpec]:
         path = os.path.join(directory, entry)
         if os.path.isfile(path) and entry.endswith(".gguf") and not _is_mmproj(entry):
             specs.append(ModelSpec(entry[:-5], path))
+        elif os.path.isfile(path) and entry.endswith(".bin") and is_ggml_file(path):
+            specs.append(ModelSpec(entry[:-4], path))
         elif os.path.isdir(path):
             if os.path.isfile(os.path.join(path, "config.json")):
                 specs.append(ModelSpec(entry, path))
@@ -132,7 +136,7 @@ def models_in_dir(directory: str) -> list[ModelSpec]:
                 specs.append(ModelSpec(entry, os.path.join(path, weights[0]), flags))
     if not specs:
         raise SystemExit(f"--models-dir {directory}: no model in it (a subdirectory with a config.json or a "
-                         f"GGUF, or a .gguf file)")
+                         f"GGUF, a .gguf file or a whisper.cpp .bin file)")
     return specs
 
 

@@ -24,6 +24,7 @@ from lite_llm.engine.data_parallel import build_data_parallel_engine
 from lite_llm.engine.assemble import build_async_engine
 from lite_llm.engine.memory import MemoryPlan, plan_memory
 from lite_llm.engine.pooling import PoolingClient
+from lite_llm.engine.transcription import DEFAULT_MAX_NUM_SEQS as TRANSCRIPTION_MAX_NUM_SEQS
 from lite_llm.engine.transcription import plan_memory as plan_transcription_memory
 from lite_llm.model import hub
 from lite_llm.model.loader import check_model
@@ -262,9 +263,6 @@ def start_models(args: argparse.Namespace) -> tuple[models.ModelPool, models.Loa
         pool.shutdown()
         raise SystemExit(e.message) from None
     return pool, first
-
-
-TRANSCRIPTION_MAX_NUM_SEQS = 8      # a Whisper server's requests decoded together without --max-num-seqs
 
 
 def start_transcription_engine(model: str, args: argparse.Namespace) -> tuple[Any, Any, dict]:

@@ -235,6 +235,37 @@ def test_a_clip_is_answered_while_chat_requests_keep_coming(served, client, offl
     assert sum(recorder.turns.values()) > recorder.turns["lite_llm-transcription"]     # the chat engine's steps
 
 
+def test_models_dir_serves_a_whisper_cpp_file_beside_a_chat_model(tmp_path, offline):
+    """--models-dir: a whisper.cpp model file (.bin with the ggml magic) is a model named by its stem,
+    another .bin is not; the audio routes answer on it as the offline API does on the file."""
+    import os
+    from lite_llm.server import models
+    from whisper_ggml_files import whisper_ggml_checkpoint, write_ggml
+    os.symlink(tiny_checkpoint_path("llama"), tmp_path / "chat")
+    write_ggml(whisper_ggml_checkpoint(), tmp_path / "ggml-tiny.bin")
+    (tmp_path / "notes.bin").write_bytes(b"not a model at all")
+    args = _parse(["--models-dir", str(tmp_path), "--port", "0", "--host", "127.0.0.1", "--max-model-len", "128",
+                   "--kv-cache-space", "0.02", "--dtype", "float32", "--disable-log-requests", "--disable-web-ui"])
+    assert [s.name for s in models.model_specs(args)] == ["chat", "ggml-tiny"]
+    pool, first = start_models(args)
+    server = build_server(args, pool, first.ctx.tokenizer, first.info, pool=pool)
+    server.start()
+    try:
+        want = LLM(model=str(tmp_path / "ggml-tiny.bin")).transcribe(CLIP, language="en", temperature=T).text.strip()
+        status, body = _post_form(server.server_address[1], _form(CLIP, language="en", temperature=str(T)))
+        assert status == 200 and body["text"] == want
+    finally:
+        server.drain(5.0)
+
+
+def test_info_prints_a_whisper_models_memory_plan():
+    """`lite-llm info --model WHISPER`: the transcription engine's plan at serve's defaults."""
+    from lite_llm import info
+    path = str(whisper_asr_checkpoint())
+    got = info.collect(model=path, bandwidth=False)["model"]["memory_plan"]
+    assert {k: got[k] for k in ("weights", "kv_cache", "activations", "total")} == plan_memory(path).as_dict()
+
+
 def test_the_memory_plan_is_what_the_decoder_holds():
     """plan_memory's K/V bytes are the decoder's blocks as allocated, float32 and q8_0 at load."""
     path = str(whisper_asr_checkpoint())
