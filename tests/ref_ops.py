@@ -228,10 +228,10 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, blo
 
 
 def quantize_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """x [T, K] float32 in blocks of 32 -> (q int8 [T, K], d [T, K/32], s [T, K/16], n int32 [T, K/32]),
+    """x [T, K] float32 in blocks of 32 -> (q int8 [T, K], d [T, K/32], s [T, K/16], n int32 [T, K/16]),
     in float32 arithmetic as the kernel does it: d = max|x| / 127, q = rint(x * (127 / max|x|)) (0
     for an all-zero block), s = d * (sum of q over each half-block of 16), n = sum of q over each
-    block."""
+    half-block."""
     t, k = x.shape
     xb = np.ascontiguousarray(x, np.float32).reshape(t, k // 32, 32)
     amax = np.abs(xb).max(-1)
@@ -239,8 +239,9 @@ def quantize_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
     q = np.rint(xb * inv[..., None]).astype(np.int8)
-    s = (d[..., None] * q.reshape(t, k // 32, 2, 16).astype(np.int32).sum(-1).astype(np.float32)).astype(np.float32)
-    return q.reshape(t, k), d, s.reshape(t, k // 16), q.astype(np.int32).sum(-1, dtype=np.int32)
+    n = q.reshape(t, k // 32, 2, 16).astype(np.int32).sum(-1, dtype=np.int32)
+    s = (d[..., None] * n.astype(np.float32)).astype(np.float32)
+    return q.reshape(t, k), d, s.reshape(t, k // 16), n.reshape(t, k // 16)
 
 
 def dequantize_q8(q: np.ndarray, d: np.ndarray) -> np.ndarray:

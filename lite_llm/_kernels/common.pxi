@@ -35,7 +35,7 @@ cdef extern from "kernels/qgemm.h" nogil:
         const int8_t *q     # [T][ld]
         const float *d      # [T][ld / 32]
         const float *s      # [T][ld / 16]
-        const int32_t *n    # [T][ld / 32]
+        const int32_t *n    # [T][ld / 16]
         Py_ssize_t ld
     int ll_wtype_is_quant(int wtype)
     Py_ssize_t ll_qblock(int wtype)

@@ -133,11 +133,11 @@ cdef struct WorkC:
     int8_t *xq      # [max(T, R), max_k] int8 blocks of the next GEMM input (quantized weights)
     float *xqd      # [max(T, R), max_k / 32] their scales
     float *xqs      # [max(T, R), max_k / 16] scale x sum of each half-block
-    int32_t *xqn    # [max(T, R), max_k / 32] sum of each block's int8 values
+    int32_t *xqn    # [max(T, R), max_k / 16] sum of each half-block's int8 values
     int8_t *xq2     # [T, F] int8 blocks of the MLP activation (the down projection's input)
     float *xqd2     # [T, F / 32]
     float *xqs2     # [T, F / 16]
-    int32_t *xqn2   # [T, F / 32]
+    int32_t *xqn2   # [T, F / 16]
     long long *work # [8] the team's work counter (work.h), its own cache line: every dynamic phase
     int *barrier    # [2 x 16] the step barrier's count and sense, one cache line each (omp_util.h)
     # mixture of experts (A = T K routed rows, grouped by expert): NULL for dense models
@@ -153,12 +153,12 @@ cdef struct WorkC:
     float *gx       # [A, E] gathered normed rows
     uint32_t *gxb   # [A, E / 2 + 1] as bf16 pairs
     int8_t *gxq     # [A, E] as int8 blocks, scales gxqd [A, E / 32 + 1], gxqs [A, E / 16 + 1],
-    float *gxqd     #   block sums gxqn [A, E / 32 + 1]
+    float *gxqd     #   half-block sums gxqn [A, E / 16 + 1]
     float *gxqs
     int32_t *gxqn
     float *gact     # [A, F] experts' gated activations, and their forms:
     uint32_t *gactb # [A, F / 2 + 1]
-    int8_t *gactq   # [A, F], gactqd [A, F / 32 + 1], gactqs [A, F / 16 + 1], gactqn [A, F / 32 + 1]
+    int8_t *gactq   # [A, F], gactqd [A, F / 32 + 1], gactqs [A, F / 16 + 1], gactqn [A, F / 16 + 1]
     float *gactqd
     float *gactqs
     int32_t *gactqn
@@ -702,8 +702,8 @@ cdef class Workspace:
                      aligned_zeros((max_tokens, ffn), np.int8),
                      aligned_zeros((max_tokens, ffn // 32 + 1), np.float32),
                      aligned_zeros((max_tokens, ffn // 16 + 1), np.float32),
-                     aligned_zeros((rows, max_k // 32 + 1), np.int32),
-                     aligned_zeros((max_tokens, ffn // 32 + 1), np.int32)]
+                     aligned_zeros((rows, max_k // 16 + 1), np.int32),
+                     aligned_zeros((max_tokens, ffn // 16 + 1), np.int32)]
         else:
             bufs += [None] * 8
         self.keep = bufs
@@ -781,7 +781,7 @@ cdef class Workspace:
             q = [aligned_zeros((A, E), np.int8), aligned_zeros((A, E // 32 + 1), np.float32),
                  aligned_zeros((A, E // 16 + 1), np.float32), aligned_zeros((A, F), np.int8),
                  aligned_zeros((A, F // 32 + 1), np.float32), aligned_zeros((A, F // 16 + 1), np.float32),
-                 aligned_zeros((A, E // 32 + 1), np.int32), aligned_zeros((A, F // 32 + 1), np.int32)]
+                 aligned_zeros((A, E // 16 + 1), np.int32), aligned_zeros((A, F // 16 + 1), np.int32)]
             self.keep.append(q)
             self.c.gxq, self.c.gxqd, self.c.gxqs = <int8_t *>_ptr(q[0]), <float *>_ptr(q[1]), <float *>_ptr(q[2])
             self.c.gactq, self.c.gactqd, self.c.gactqs = <int8_t *>_ptr(q[3]), <float *>_ptr(q[4]), <float *>_ptr(q[5])
@@ -1120,7 +1120,7 @@ cdef void _mlp_up_act(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssiz
             elif form == LL_IN_Q8:   # F is whole blocks: the down weight's rows are
                 ll_quantize_rows_q8(ws.act + t * F + c0, 0, 0, 1, c1 - c0, ws.xq2 + t * F + c0,
                                     ws.xqd2 + t * (F // 32) + c0 // 32, ws.xqs2 + t * (F // 16) + c0 // 16,
-                                    ws.xqn2 + t * (F // 32) + c0 // 32)
+                                    ws.xqn2 + t * (F // 16) + c0 // 16)
 
 
 cdef void _lora_mlp(const ModelC *m, const WorkC *ws, const StepC *s, const LayerW *L, const LoraG *G,
@@ -1152,7 +1152,7 @@ cdef void _lora_mlp(const ModelC *m, const WorkC *ws, const StepC *s, const Laye
             elif form == LL_IN_Q8:
                 ll_quantize_rows_q8(ws.act + t * F + c0, 0, 0, 1, c1 - c0, ws.xq2 + t * F + c0,
                                     ws.xqd2 + t * (F // 32) + c0 // 32, ws.xqs2 + t * (F // 16) + c0 // 16,
-                                    ws.xqn2 + t * (F // 32) + c0 // 32)
+                                    ws.xqn2 + t * (F // 16) + c0 // 16)
     ll_omp_barrier()
     _lora_shrink(&s.lora, G + LORA_DOWN, ws.act, F, tm)
     _gemm_phase(ws.act, F, ws.xb2, &xq_f, T, &L.down, ws.h if via_h else ws.x, E, 0 if via_h else 1,
@@ -1177,7 +1177,7 @@ cdef inline ll_qact _qrows(int8_t *q, float *d, float *s, int32_t *n, Py_ssize_t
     """The int8 blocks of rows from `row` of a [rows, k] buffer (NULL where it has none)."""
     if q == NULL:
         return _qact(NULL, NULL, NULL, NULL, k)
-    return _qact(q + row * k, d + row * (k // 32), s + row * (k // 16), n + row * (k // 32), k)
+    return _qact(q + row * k, d + row * (k // 32), s + row * (k // 16), n + row * (k // 16), k)
 
 
 cdef inline void _expert_gated(const ModelC *m, const WorkC *ws, const LayerW *L, Py_ssize_t e,
@@ -1193,7 +1193,7 @@ cdef inline void _expert_gated(const ModelC *m, const WorkC *ws, const LayerW *L
                ws.gactq + r * F if form == LL_IN_Q8 else NULL,
                ws.gactqd + r * (F // 32) if form == LL_IN_Q8 else NULL,
                ws.gactqs + r * (F // 16) if form == LL_IN_Q8 else NULL,
-               ws.gactqn + r * (F // 32) if form == LL_IN_Q8 else NULL, q0, q1)
+               ws.gactqn + r * (F // 16) if form == LL_IN_Q8 else NULL, q0, q1)
 
 
 cdef inline void _mat_up_act(const float *x, const uint32_t *xb, const ll_qact *xq, Py_ssize_t ldx,
@@ -1213,7 +1213,7 @@ cdef inline void _mat_up_act(const float *x, const uint32_t *xb, const ll_qact *
         if aq != NULL:
             for b in range(q0 // 2, (q1 + 1) // 2):
                 ll_quantize_block_q8(ao + t * lda + 32 * b, aq + t * F + 32 * b, aqd + t * (F // 32) + b,
-                                     aqs + t * (F // 16) + 2 * b, aqn + t * (F // 32) + b)
+                                     aqs + t * (F // 16) + 2 * b, aqn + t * (F // 16) + 2 * b)
         elif ao_b != NULL:
             ll_f32_to_bf16_pairs(ao + t * lda + c0, 0, ao_b + t * ((F + 1) // 2) + c0 // 2, 0, 1, c1 - c0)
 

@@ -8,10 +8,10 @@ cdef class _QBufs:
     cdef ll_qact a
 
     def __init__(self, Py_ssize_t t, Py_ssize_t k):
-        self.q = np.zeros(t * k + 1, np.int8)      # flat: row strides are K, K / 32, K / 16 and K / 32
+        self.q = np.zeros(t * k + 1, np.int8)      # flat: row strides are K, K / 32, K / 16 and K / 16
         self.d = np.zeros(t * (k // 32) + 1, np.float32)
         self.s = np.zeros(t * (k // 16) + 1, np.float32)
-        self.n = np.zeros(t * (k // 32) + 1, np.int32)
+        self.n = np.zeros(t * (k // 16) + 1, np.int32)
         self.a = _qact(<int8_t *>_ptr(self.q), <float *>_ptr(self.d), <float *>_ptr(self.s), <int32_t *>_ptr(self.n), k)
 
 
@@ -51,7 +51,7 @@ def gemm(const float[:, ::1] x,          # IN  [T, K]
 
 
 def quantize_q8(const float[:, ::1] x):
-    """x [T, K] (K a multiple of 32) -> (q int8 [T, K], d [T, K/32], s [T, K/16], n int32 [T, K/32]):
+    """x [T, K] (K a multiple of 32) -> (q int8 [T, K], d [T, K/32], s [T, K/16], n int32 [T, K/16]):
     the int8 blocks block-quantized GEMMs take (src/kernels/qgemm.h)."""
     cdef Py_ssize_t t = x.shape[0], k = x.shape[1]
     if k % 32:
@@ -62,7 +62,7 @@ def quantize_q8(const float[:, ::1] x):
             ll_quantize_rows_q8(&x[0, 0], k, 0, t, k, <int8_t *>qb.a.q, <float *>qb.a.d, <float *>qb.a.s,
                                 <int32_t *>qb.a.n)
     return (qb.q[:t * k].reshape(t, k), qb.d[:t * (k // 32)].reshape(t, k // 32),
-            qb.s[:t * (k // 16)].reshape(t, k // 16), qb.n[:t * (k // 32)].reshape(t, k // 32))
+            qb.s[:t * (k // 16)].reshape(t, k // 16), qb.n[:t * (k // 16)].reshape(t, k // 16))
 
 
 def gated_mlp(const float[:, ::1] x,     # IN  [T, K]
@@ -294,7 +294,7 @@ def paged_attention(const float[:, :, ::1] q,          # IN  [T, H, D]
     if o_input == "q8":
         t, k = q.shape[0], h * d
         return (qb.q[:t * k].reshape(t, k), qb.d[:t * (k // 32)].reshape(t, k // 32),
-                qb.s[:t * (k // 16)].reshape(t, k // 16), qb.n[:t * (k // 32)].reshape(t, k // 32))
+                qb.s[:t * (k // 16)].reshape(t, k // 16), qb.n[:t * (k // 16)].reshape(t, k // 16))
 
 
 def attention_plan(const int32_t[::1] tok_seq, const int32_t[::1] last_positions, Py_ssize_t num_kv_heads,
@@ -425,7 +425,7 @@ cdef struct AttnC:
     int form                      # out's rows also in the next GEMM's input form (LL_IN_F32: none):
     uint32_t *xb                  #   LL_IN_BF16: [T, ldo / 2] bf16 pairs
     int8_t *xq                    #   LL_IN_Q8: [T, ldo] int8 blocks, scales xqd [T, ldo / 32],
-    float *xqd                    #   scale x sum xqs [T, ldo / 16], sums xqn [T, ldo / 32]
+    float *xqd                    #   scale x sum xqs [T, ldo / 16], sums xqn [T, ldo / 16]
     float *xqs
     int32_t *xqn
     const Mat *prefetch           # weights whose static run each thread brings in while it waits, or NULL
@@ -441,7 +441,7 @@ cdef inline void _attn_to_input(const AttnC *a, Py_ssize_t pair) noexcept nogil:
         elif a.form == LL_IN_Q8:
             ll_quantize_rows_q8(a.out + t * a.ldo + c0, 0, 0, 1, gd, a.xq + t * a.ldo + c0,
                                 a.xqd + t * (a.ldo // 32) + c0 // 32, a.xqs + t * (a.ldo // 16) + c0 // 16,
-                                a.xqn + t * (a.ldo // 32) + c0 // 32)
+                                a.xqn + t * (a.ldo // 16) + c0 // 16)
 
 
 cdef void _attention_phase(const AttnC *a, ll_team *tm) noexcept nogil:

@@ -88,6 +88,16 @@ LL_INLINE void ll_qpanel_dot_many(const ll_qact *x, ptrdiff_t nt, const uint8_t 
         ll_iq_panel_dot_many(x, nt, wp, wtype, k, acc);
         return;
     }
+#ifdef LL_HAVE_Q3K_MANY   /* Q3_K and Q2_K: their sub-blocks turned once into scaled bytes (VBMI) */
+    if (wtype == LL_W_Q3_K && nt > LL_QT) {
+        ll_q3k_panel_dot_many(x, nt, wp, k, acc);
+        return;
+    }
+    if (wtype == LL_W_Q2_K && nt > LL_QT) {
+        ll_q2k_panel_dot_many(x, nt, wp, k, acc);
+        return;
+    }
+#endif
     for (ptrdiff_t t = 0; t < nt; t += LL_QT) {
         const ll_qact xt = ll_qact_rows(x, t);
         ll_qpanel_dot_tt(&xt, (int)(nt - t < LL_QT ? nt - t : LL_QT), wp, wtype, k, acc + t);
@@ -193,7 +203,7 @@ static inline void ll_mat_gated(const float *x, const uint32_t *xb, const ll_qac
         for (ptrdiff_t t = 0; t < num_tokens; t++)
             for (ptrdiff_t b = q0 / 2; b < (q1 + 1) / 2; b++)
                 ll_quantize_block_q8(ao + t * lda + 32 * b, aq + t * F + 32 * b, aqd + t * (F / 32) + b,
-                                     aqs + t * (F / 16) + 2 * b, aqn + t * (F / 32) + b);
+                                     aqs + t * (F / 16) + 2 * b, aqn + t * (F / 16) + 2 * b);
 }
 LL_HOT_END
 #endif

@@ -179,14 +179,14 @@ typedef struct {
     const int8_t *q;   /* [T][ld] quantized values */
     const float *d;    /* [T][ld / 32] scale of each block */
     const float *s;    /* [T][ld / 16] d x sum of q over each half-block */
-    const int32_t *n;  /* [T][ld / 32] sum of q over each block */
+    const int32_t *n;  /* [T][ld / 16] sum of q over each half-block */
     ptrdiff_t ld;      /* K */
 } ll_qact;
 
 /* x advanced by t tokens (every array by t of its rows) */
 LL_INLINE ll_qact ll_qact_rows(const ll_qact *x, ptrdiff_t t) {
     ll_qact a = *x;
-    a.q += t * x->ld; a.d += t * (x->ld / 32); a.s += t * (x->ld / 16); a.n += t * (x->ld / 32);
+    a.q += t * x->ld; a.d += t * (x->ld / 32); a.s += t * (x->ld / 16); a.n += t * (x->ld / 16);
     return a;
 }
 
@@ -202,7 +202,8 @@ static inline void ll_quantize_block_q8(const float *x, int8_t *q, float *d, flo
     *d = dd;
     s[0] = dd * (float)s0;
     s[1] = dd * (float)s1;
-    *n = s0 + s1;
+    n[0] = s0;
+    n[1] = s1;
 }
 
 /* Rows t0..t1 of fp32 x [T][ldx] (k values each, k % 32 == 0) into the int8 rows of `a`. */
@@ -211,7 +212,7 @@ static inline void ll_quantize_rows_q8(const float *x, ptrdiff_t ldx, ptrdiff_t 
     for (ptrdiff_t t = t0; t < t1; t++)
         for (ptrdiff_t b = 0; b < k / 32; b++)
             ll_quantize_block_q8(x + t * ldx + 32 * b, q + t * k + 32 * b, d + t * (k / 32) + b,
-                                 s + t * (k / 16) + 2 * b, n + t * (k / 32) + b);
+                                 s + t * (k / 16) + 2 * b, n + t * (k / 16) + 2 * b);
 }
 
 /* ---- the codebook types: one 32-value sub-block of one stored block ---------------------- */
@@ -628,13 +629,15 @@ LL_INLINE void ll_dot_block(const ll_vi8 w[8], const int8_t *x, const int is_sig
 }
 
 /* acc[t] += scale (16 rows) x the signed weight bytes w[8] of block b . token t's 32 int8 values,
- * for t < tt (Q8_0, IQ4_NL, IQ4_XS, MXFP4): where the build's dot product takes any u8 (VNNI) as
- * w + 128 less 128 sum(q) (ll_qact.n), in int32, else signed products (ll_dpbssd). Both give the
- * same int32 sum, so the same float result. */
+ * for t < tt (Q8_0, IQ4_NL, IQ4_XS, MXFP4; codebook and Q3_K weights made signed bytes): where the
+ * build's dot product takes any u8 (VNNI) as w + 128 less 128 sum(q) (ll_qact.n, its two
+ * half-blocks), in int32, else signed products (ll_dpbssd). Both give the same int32 sum, so the
+ * same float result. */
 LL_INLINE void ll_signed_block_dot(const ll_qact *x, int tt, ll_vi8 w[8], ll_vf32 scale, ptrdiff_t b, ll_vf32 *acc,
                                     const int biased) {
     const ptrdiff_t ldd = x->ld / 32;
 #ifdef LL_I8DOT_FULL_U8
+    const ptrdiff_t lds = x->ld / 16;
     if (!biased) ll_i8_bias(w);
 #else
     (void)biased;
@@ -643,7 +646,7 @@ LL_INLINE void ll_signed_block_dot(const ll_qact *x, int tt, ll_vi8 w[8], ll_vf3
         ll_vi32 lo, hi;
 #ifdef LL_I8DOT_FULL_U8
         ll_dot_block(w, x->q + t * x->ld + 32 * b, 0, &lo, &hi);
-        const ll_vi32 sum = ll_i32_sub(ll_i32_add(lo, hi), ll_i32_set1(128 * x->n[t * ldd + b]));
+        const ll_vi32 sum = ll_i32_sub(ll_i32_add(lo, hi), ll_i32_set1(128 * (x->n[t * lds + 2 * b] + x->n[t * lds + 2 * b + 1])));
 #else
         ll_dot_block(w, x->q + t * x->ld + 32 * b, 1, &lo, &hi);
         const ll_vi32 sum = ll_i32_add(lo, hi);
@@ -712,6 +715,23 @@ LL_INLINE void ll_iq_subblock_dot(const ll_qact *x, ptrdiff_t nt, const uint8_t 
     }
 }
 #endif
+
+/* Q2_K: a super-block's 4-bit scales and mins, [16 groups of 16 values][16 rows] each */
+LL_INLINE void ll_q2k_scales(const uint8_t *wp, uint8_t *sc, uint8_t *mn) {
+    for (int q = 0; q < 4; q++) {
+        const ll_vi8 a = ll_i8_load(wp + 64 + 64 * q);
+        ll_i8_store(sc + 64 * q, ll_i8_lo4(a));
+        ll_i8_store(mn + 64 * q, ll_i8_hi4(a));
+    }
+}
+/* acc[t] += d (the 16 rows' f16 d) x sum x d_x, then the mins: m (= dmin x min) x the half-blocks' s */
+LL_INLINE void ll_q2k_step(const ll_qact *x, int t, ptrdiff_t b, ll_vi32 sum, ll_vf32 dv, ll_vf32 m0, ll_vf32 m1,
+                           ll_vf32 *acc) {
+    const ptrdiff_t ldd = x->ld / 32, lds = x->ld / 16;
+    const float s0 = x->s[t * lds + 2 * b], s1 = x->s[t * lds + 2 * b + 1];
+    acc[t] = ll_fma(dv, ll_mul(ll_i32_to_f32(sum), ll_set1(x->d[t * ldd + b])), acc[t]);
+    acc[t] = ll_fma(m1, ll_set1(-s1), ll_fma(m0, ll_set1(-s0), acc[t]));
+}
 
 /* Decode streams each panel once: ask for the bytes LL_QPF ahead of those being read. */
 #ifndef LL_QPF
@@ -860,29 +880,21 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
     } else if (wtype == LL_W_Q2_K) {
         for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 1344) {
             const ll_vf32 dv = ll_load_f16((const uint16_t *)wp), mv = ll_load_f16((const uint16_t *)(wp + 32));
-            uint8_t sc[256], mn[256];   /* [16 groups of 16 values][16 rows] */
-            for (int q = 0; q < 4; q++) {
-                const ll_vi8 a = ll_i8_load(wp + 64 + 64 * q);
-                ll_i8_store(sc + 64 * q, ll_i8_lo4(a));
-                ll_i8_store(mn + 64 * q, ll_i8_hi4(a));
-            }
+            uint8_t sc[256], mn[256];
+            ll_q2k_scales(wp, sc, mn);
             for (int j = 0; j < 8; j++) {
                 const uint8_t *qp = wp + 320 + 128 * j;
                 if (tt == 1) LL_QPREFETCH(qp, 128);
-                const ll_vf32 a0 = ll_mul(dv, ll_load_u8(sc + 32 * j)), a1 = ll_mul(dv, ll_load_u8(sc + 32 * j + 16));
+                const ll_vi32 c0 = ll_i32_load_s8((const int8_t *)(sc + 32 * j)), c1 = ll_i32_load_s8((const int8_t *)(sc + 32 * j + 16));
                 const ll_vf32 m0 = ll_mul(mv, ll_load_u8(mn + 32 * j)), m1 = ll_mul(mv, ll_load_u8(mn + 32 * j + 16));
                 const ll_vi8 h0 = ll_i8_load(qp), h1 = ll_i8_load(qp + 64);
                 ll_vi8 w[8];
                 for (int g = 0; g < 4; g++) { w[g] = ll_i8_bits(h0, 2 * g, 2, 0); w[g + 4] = ll_i8_bits(h1, 2 * g, 2, 0); }
                 const ptrdiff_t b = 8 * sb + j;
-                for (int t = 0; t < tt; t++) {
+                for (int t = 0; t < tt; t++) {   /* the block's exact int sum sc0 lo + sc1 hi, then the mins */
                     ll_vi32 lo, hi;
                     ll_dot_block(w, x->q + t * x->ld + 32 * b, 0, &lo, &hi);
-                    const ll_vf32 dx = ll_set1(x->d[t * ldd + b]);
-                    const float s0 = x->s[t * lds + 2 * b], s1 = x->s[t * lds + 2 * b + 1];
-                    acc[t] = ll_fma(a0, ll_mul(ll_i32_to_f32(lo), dx), acc[t]);
-                    acc[t] = ll_fma(a1, ll_mul(ll_i32_to_f32(hi), dx), acc[t]);
-                    acc[t] = ll_fma(m1, ll_set1(-s1), ll_fma(m0, ll_set1(-s0), acc[t]));
+                    ll_q2k_step(x, t, b, ll_i32_add(ll_i32_mul(c0, lo), ll_i32_mul(c1, hi)), dv, m0, m1, acc);
                 }
             }
         }
@@ -892,8 +904,8 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
             for (int j = 0; j < 8; j++) {
                 const uint8_t *qp = wp + 288 + 192 * j;
                 if (tt == 1) LL_QPREFETCH(qp, 192);
-                const ll_vf32 a0 = ll_mul(dv, ll_load_s8((const int8_t *)(wp + 32 + 32 * j)));
-                const ll_vf32 a1 = ll_mul(dv, ll_load_s8((const int8_t *)(wp + 48 + 32 * j)));
+                const ll_vi32 c0 = ll_i32_load_s8((const int8_t *)(wp + 32 + 32 * j));
+                const ll_vi32 c1 = ll_i32_load_s8((const int8_t *)(wp + 48 + 32 * j));
                 const ll_vi8 h0 = ll_i8_load(qp), h1 = ll_i8_load(qp + 64), hb = ll_i8_load(qp + 128);
                 ll_vi8 w[8];
                 for (int g = 0; g < 4; g++) {
@@ -901,14 +913,13 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                     w[g + 4] = ll_i8_or(ll_i8_bits(h1, 2 * g, 2, 0), ll_i8_bits(hb, g + 4, 1, 2));
                 }
                 const ptrdiff_t b = 8 * sb + j;
-                for (int t = 0; t < tt; t++) {
+                for (int t = 0; t < tt; t++) {   /* the block's exact int sum: sc0 (lo - 4 n0) + sc1 (hi - 4 n1) */
                     ll_vi32 lo, hi;
                     ll_dot_block(w, x->q + t * x->ld + 32 * b, 0, &lo, &hi);
-                    const ll_vf32 dx = ll_set1(x->d[t * ldd + b]);
-                    const float s0 = 4.f * x->s[t * lds + 2 * b], s1 = 4.f * x->s[t * lds + 2 * b + 1];
-                    const ll_vf32 f0 = ll_sub(ll_mul(ll_i32_to_f32(lo), dx), ll_set1(s0));
-                    const ll_vf32 f1 = ll_sub(ll_mul(ll_i32_to_f32(hi), dx), ll_set1(s1));
-                    acc[t] = ll_fma(a1, f1, ll_fma(a0, f0, acc[t]));
+                    const int32_t *n = x->n + t * lds + 2 * b;
+                    const ll_vi32 sum = ll_i32_add(ll_i32_mul(c0, ll_i32_sub(lo, ll_i32_set1(4 * n[0]))),
+                                                   ll_i32_mul(c1, ll_i32_sub(hi, ll_i32_set1(4 * n[1]))));
+                    acc[t] = ll_fma(dv, ll_mul(ll_i32_to_f32(sum), ll_set1(x->d[t * ldd + b])), acc[t]);
                 }
             }
         }
@@ -988,6 +999,102 @@ static inline void ll_iq_panel_dot_many(const ll_qact *x, ptrdiff_t nt, const ui
     for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 16 * gb) {
         const ll_vf32 dv = ll_iq_row_d(wp, wtype);
         for (int j = 0; j < 8; j++) ll_iq_subblock_dot(x, nt, wp, wtype, j, dv, 8 * sb + j, acc);
+    }
+}
+#endif
+
+#if defined(LL_HAVE_I8_BITS) && defined(LL_I8DOT_FULL_U8)
+/* Q3_K for many tokens (VBMI and VNNI): each sub-block's 16 rows turned once into the signed bytes
+ * w = sc (4 - u) of their 3-bit values u and 16-value scales sc (|w| <= 128: sc is -32..31, 4 - u
+ * is -3..4), as w + 128 for ll_signed_block_dot, whose int sums are then minus the tile path's
+ * sc0 (lo - 4 n0) + sc1 (hi - 4 n1), exactly; with -d as the scale, the same float steps give the
+ * same bits. Each half's w comes from a 128-entry table of its 16 rows x 8 values (two registers:
+ * row r's sc times 4 - u at 8 r + u), picked by 8 r + u. */
+#define LL_HAVE_Q3K_MANY 1
+LL_INLINE void ll_q3k_tables(const int8_t *sc, ll_vi8 *ta, ll_vi8 *tb) {
+    static const int8_t rows[2][64] __attribute__((aligned(64))) = {
+#define LL_ROW8(r) r, r, r, r, r, r, r, r
+        {LL_ROW8(0), LL_ROW8(1), LL_ROW8(2), LL_ROW8(3), LL_ROW8(4), LL_ROW8(5), LL_ROW8(6), LL_ROW8(7)},
+        {LL_ROW8(8), LL_ROW8(9), LL_ROW8(10), LL_ROW8(11), LL_ROW8(12), LL_ROW8(13), LL_ROW8(14), LL_ROW8(15)}};
+#undef LL_ROW8
+    const ll_vi8 k80 = ll_i8_of_i32(ll_i32_set1((int32_t)0x80808080u));
+    for (int h = 0; h < 2; h++) {   /* the byte at 8 r + u: sc[r] x (4 - u) + 128 */
+        const ll_vi8 s1 = ll_i8_lut64(ll_i8_load(rows[h]), sc);
+        const ll_vi8 s2 = ll_i8_add(s1, s1), s3 = ll_i8_add(s2, s1), s4 = ll_i8_add(s2, s2);
+        ll_vi8 v = ll_i8_blend(ll_i8_blend(ll_i8_blend(ll_i8_blend(ll_i8_xor(s1, s1), 0x0101010101010101ull, s4),
+                                                       0x8282828282828282ull, s3), 0x4444444444444444ull, s2),
+                               0x2828282828282828ull, s1);
+        v = ll_i8_xor(ll_i8_neg_mask(v, 0xe0e0e0e0e0e0e0e0ull), k80);   /* u = 5, 6, 7: minus */
+        if (h) *tb = v; else *ta = v;
+    }
+}
+static inline void ll_q3k_panel_dot_many(const ll_qact *x, ptrdiff_t nt, const uint8_t *wp, ptrdiff_t k, ll_vf32 *acc) {
+    static const int8_t rowoff[64] __attribute__((aligned(64))) = {
+#define LL_ROW4(r) 8 * (r), 8 * (r), 8 * (r), 8 * (r)
+        LL_ROW4(0), LL_ROW4(1), LL_ROW4(2), LL_ROW4(3), LL_ROW4(4), LL_ROW4(5), LL_ROW4(6), LL_ROW4(7),
+        LL_ROW4(8), LL_ROW4(9), LL_ROW4(10), LL_ROW4(11), LL_ROW4(12), LL_ROW4(13), LL_ROW4(14), LL_ROW4(15)};
+#undef LL_ROW4
+    const ll_vi8 ro = ll_i8_load(rowoff);
+    for (ptrdiff_t t = 0; t < nt; t++) acc[t] = ll_zero();
+    for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 1824) {
+        const ll_vf32 nd = ll_sub(ll_zero(), ll_load_f16((const uint16_t *)wp));
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qp = wp + 288 + 192 * j;
+            const ll_vi8 h0 = ll_i8_load(qp), h1 = ll_i8_load(qp + 64), hb = ll_i8_load(qp + 128);
+            ll_vi8 t0a, t0b, t1a, t1b, w[8];
+            ll_q3k_tables((const int8_t *)(wp + 32 + 32 * j), &t0a, &t0b);
+            ll_q3k_tables((const int8_t *)(wp + 48 + 32 * j), &t1a, &t1b);
+            for (int g = 0; g < 4; g++) {
+                const ll_vi8 u0 = ll_i8_or(ll_i8_bits(h0, 2 * g, 2, 0), ll_i8_bits(hb, g, 1, 2));
+                const ll_vi8 u1 = ll_i8_or(ll_i8_bits(h1, 2 * g, 2, 0), ll_i8_bits(hb, g + 4, 1, 2));
+                w[g] = ll_i8_pick2(t0a, t0b, ll_i8_add(u0, ro));
+                w[g + 4] = ll_i8_pick2(t1a, t1b, ll_i8_add(u1, ro));
+            }
+            ll_signed_block_dot(x, (int)nt, w, nd, 8 * sb + j, acc, 1);
+        }
+    }
+}
+
+/* Q2_K for many tokens (VBMI): each sub-block's 16 rows turned once into the bytes sc q (0..45) of
+ * their 2-bit values q and 4-bit scales sc, whose dot products are the tile path's sc0 lo + sc1
+ * hi exactly: the same float steps after them, the same bits. Each half's bytes come from a
+ * 64-entry table (row r's sc times q at 4 r + q) picked by 4 r + q. */
+#define LL_HAVE_Q2K_MANY 1
+static inline void ll_q2k_panel_dot_many(const ll_qact *x, ptrdiff_t nt, const uint8_t *wp, ptrdiff_t k, ll_vf32 *acc) {
+    static const int8_t rows[64] __attribute__((aligned(64))) = {
+#define LL_ROW4(r) r, r, r, r
+        LL_ROW4(0), LL_ROW4(1), LL_ROW4(2), LL_ROW4(3), LL_ROW4(4), LL_ROW4(5), LL_ROW4(6), LL_ROW4(7),
+        LL_ROW4(8), LL_ROW4(9), LL_ROW4(10), LL_ROW4(11), LL_ROW4(12), LL_ROW4(13), LL_ROW4(14), LL_ROW4(15)};
+#undef LL_ROW4
+    const ll_vi8 ri = ll_i8_load(rows), base = ll_i8_add(ll_i8_add(ri, ri), ll_i8_add(ri, ri));   /* 4 r */
+    uint8_t sc[256 + 48], mn[256];   /* room for a 64-byte read from the last group's 16 scales */
+    memset(sc + 256, 0, 48);
+    for (ptrdiff_t t = 0; t < nt; t++) acc[t] = ll_zero();
+    for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 1344) {
+        const ll_vf32 dv = ll_load_f16((const uint16_t *)wp), mv = ll_load_f16((const uint16_t *)(wp + 32));
+        ll_q2k_scales(wp, sc, mn);
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qp = wp + 320 + 128 * j;
+            const ll_vf32 m0 = ll_mul(mv, ll_load_u8(mn + 32 * j)), m1 = ll_mul(mv, ll_load_u8(mn + 32 * j + 16));
+            ll_vi8 tab[2], w[8];
+            for (int h = 0; h < 2; h++) {   /* the byte at 4 r + q: sc[r] x q */
+                const ll_vi8 s1 = ll_i8_lut64(ri, (const int8_t *)(sc + 32 * j + 16 * h));
+                const ll_vi8 s2 = ll_i8_add(s1, s1), s3 = ll_i8_add(s2, s1);
+                tab[h] = ll_i8_blend(ll_i8_blend(ll_i8_blend(ll_i8_xor(s1, s1), 0x2222222222222222ull, s1),
+                                                 0x4444444444444444ull, s2), 0x8888888888888888ull, s3);
+            }
+            const ll_vi8 h0 = ll_i8_load(qp), h1 = ll_i8_load(qp + 64);
+            for (int g = 0; g < 4; g++) {
+                w[g] = ll_i8_pick2(tab[0], tab[0], ll_i8_or(ll_i8_bits(h0, 2 * g, 2, 0), base));
+                w[g + 4] = ll_i8_pick2(tab[1], tab[1], ll_i8_or(ll_i8_bits(h1, 2 * g, 2, 0), base));
+            }
+            const ptrdiff_t b = 8 * sb + j;
+            for (ptrdiff_t t = 0; t < nt; t++) {
+                ll_vi32 lo, hi;
+                ll_dot_block(w, x->q + t * x->ld + 32 * b, 0, &lo, &hi);
+                ll_q2k_step(x, (int)t, b, ll_i32_add(lo, hi), dv, m0, m1, acc);
+            }
+        }
     }
 }
 #endif

@@ -20,6 +20,7 @@
  *      ll_store_bf16_pairs ll_fma_row (defaults below, on top of the backend, where it has no better one)
  *      ll_load_s8 ll_load_u8 ll_load_e4m3 (x 2^-8) ll_load_e5m2: 16 bytes widened to floats
  *      ll_i32_load_u8 (where LL_HAVE_I32_LOAD_U8: the x86 backends): 16 bytes widened to int32 lanes
+ *      ll_i32_load_s8: 16 int8 values widened to int32 lanes; ll_i32_add ll_i32_mul (the low 32 bits)
  *      codebook lookups (qgemm.h's IQ types), on ll_vi32 lanes as integers and ll_vi8 bytes:
  *      ll_i32_set1 ll_i32_load ll_i32_store ll_i32_and ll_i32_or ll_i32_xor ll_i32_sub
  *      ll_i32_shl ll_i32_shr (logical) ll_f32_of_i32 (the lanes' bits as floats) ll_i8_and ll_i8_xor ll_i8_add ll_i8_sub (wrapping);
@@ -32,7 +33,8 @@
  *      of ctl, counted round the word); ll_i8_bitmask(a, ctl): bit 8 q + j = bit (byte j of ctl,
  *      mod 64) of word q; ll_i8_lut64 (t[idx & 63]) ll_i8_lut128 (t[idx & 127]) ll_i8_lut256
  *      (t[idx]) byte tables; ll_i8_pick2(a, b, idx): byte idx & 63 of a, or of b where idx & 64;
- *      ll_i8_neg_mask(a, m): a with its bytes negated where m has their bit
+ *      ll_i8_neg_mask(a, m): a with its bytes negated where m has their bit; ll_i8_blend(a, m, b):
+ *      the bytes of b where m has their bit, else a's
  * Scalars: ll_bf16_to_f32 ll_f32_to_bf16 (round to nearest even) ll_f16_to_f32 ll_f32_to_f16
  *          ll_f32_to_e4m3 ll_f32_to_e5m2 (nearest even, saturating)
  */

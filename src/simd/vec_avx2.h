@@ -134,6 +134,11 @@ LL_INLINE ll_vi32 ll_i32_and(ll_vi32 a, ll_vi32 b) { LL_IOP(_mm256_and_si256, a,
 LL_INLINE ll_vi32 ll_i32_or(ll_vi32 a, ll_vi32 b) { LL_IOP(_mm256_or_si256, a, b); }
 LL_INLINE ll_vi32 ll_i32_xor(ll_vi32 a, ll_vi32 b) { LL_IOP(_mm256_xor_si256, a, b); }
 LL_INLINE ll_vi32 ll_i32_sub(ll_vi32 a, ll_vi32 b) { LL_IOP(_mm256_sub_epi32, a, b); }
+LL_INLINE ll_vi32 ll_i32_mul(ll_vi32 a, ll_vi32 b) { LL_IOP(_mm256_mullo_epi32, a, b); }
+LL_INLINE ll_vi32 ll_i32_load_s8(const int8_t *p) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)p);
+    LL_IPAIR(_mm256_cvtepi8_epi32(v), _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
+}
 LL_INLINE ll_vi32 ll_i32_shl(ll_vi32 a, int n) { LL_IPAIR(_mm256_slli_epi32(a.lo, n), _mm256_slli_epi32(a.hi, n)); }
 LL_INLINE ll_vi32 ll_i32_shr(ll_vi32 a, int n) { LL_IPAIR(_mm256_srli_epi32(a.lo, n), _mm256_srli_epi32(a.hi, n)); }
 LL_INLINE ll_vi8 ll_i8_and(ll_vi8 a, ll_vi8 b) { LL_IOP(_mm256_and_si256, a, b); }

@@ -134,6 +134,8 @@ LL_INLINE ll_vi32 ll_i32_and(ll_vi32 a, ll_vi32 b) { return _mm512_and_si512(a, 
 LL_INLINE ll_vi32 ll_i32_or(ll_vi32 a, ll_vi32 b) { return _mm512_or_si512(a, b); }
 LL_INLINE ll_vi32 ll_i32_xor(ll_vi32 a, ll_vi32 b) { return _mm512_xor_si512(a, b); }
 LL_INLINE ll_vi32 ll_i32_sub(ll_vi32 a, ll_vi32 b) { return _mm512_sub_epi32(a, b); }
+LL_INLINE ll_vi32 ll_i32_mul(ll_vi32 a, ll_vi32 b) { return _mm512_mullo_epi32(a, b); }
+LL_INLINE ll_vi32 ll_i32_load_s8(const int8_t *p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)); }
 LL_INLINE ll_vi32 ll_i32_shl(ll_vi32 a, int n) { return _mm512_slli_epi32(a, (unsigned)n); }
 LL_INLINE ll_vi32 ll_i32_shr(ll_vi32 a, int n) { return _mm512_srli_epi32(a, (unsigned)n); }
 LL_INLINE ll_vi8 ll_i8_and(ll_vi8 a, ll_vi8 b) { return _mm512_and_si512(a, b); }
@@ -205,6 +207,7 @@ LL_INLINE ll_vi8 ll_i8_lut256(ll_vi8 idx, const uint8_t *t) {
 }
 LL_INLINE ll_vi8 ll_i8_pick2(ll_vi8 a, ll_vi8 b, ll_vi8 idx) { return _mm512_permutex2var_epi8(a, idx, b); }
 LL_INLINE ll_vi8 ll_i8_neg_mask(ll_vi8 a, ll_m64 m) { return _mm512_mask_sub_epi8(a, m, _mm512_setzero_si512(), a); }
+LL_INLINE ll_vi8 ll_i8_blend(ll_vi8 a, ll_m64 m, ll_vi8 b) { return _mm512_mask_blend_epi8(m, a, b); }
 #endif
 /* acc + sum of 4 products s8 x s8 per lane (a >= -128, b > -128): |a| x (b with a's sign) */
 LL_INLINE ll_vi32 ll_dpbssd(ll_vi32 acc, ll_vi8 a, ll_vi8 b) {

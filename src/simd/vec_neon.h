@@ -135,6 +135,15 @@ LL_INLINE ll_vi32 ll_i32_and(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_NEON_MAP1(r, 
 LL_INLINE ll_vi32 ll_i32_or(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_NEON_MAP1(r, vorrq_s32(a.v[i_], b.v[i_])); return r; }
 LL_INLINE ll_vi32 ll_i32_xor(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_NEON_MAP1(r, veorq_s32(a.v[i_], b.v[i_])); return r; }
 LL_INLINE ll_vi32 ll_i32_sub(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_NEON_MAP1(r, vsubq_s32(a.v[i_], b.v[i_])); return r; }
+LL_INLINE ll_vi32 ll_i32_mul(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_NEON_MAP1(r, vmulq_s32(a.v[i_], b.v[i_])); return r; }
+LL_INLINE ll_vi32 ll_i32_load_s8(const int8_t *p) {
+    const int8x16_t b = vld1q_s8(p);
+    const int16x8_t lo = vmovl_s8(vget_low_s8(b)), hi = vmovl_high_s8(b);
+    ll_vi32 r;
+    r.v[0] = vmovl_s16(vget_low_s16(lo)); r.v[1] = vmovl_high_s16(lo);
+    r.v[2] = vmovl_s16(vget_low_s16(hi)); r.v[3] = vmovl_high_s16(hi);
+    return r;
+}
 LL_INLINE ll_vi32 ll_i32_shl(ll_vi32 a, int n) {
     const int32x4_t sh = vdupq_n_s32(n);
     ll_vi32 r; LL_NEON_MAP1(r, vreinterpretq_s32_u32(vshlq_u32(vreinterpretq_u32_s32(a.v[i_]), sh))); return r;

@@ -109,6 +109,13 @@ LL_INLINE ll_vi32 ll_i32_sub(ll_vi32 a, ll_vi32 b) {
     for (int i = 0; i < 16; i++) a.v[i] = (int32_t)((uint32_t)a.v[i] - (uint32_t)b.v[i]);
     return a;
 }
+/* the low 32 bits of each lane's product (wrapping) */
+LL_INLINE ll_vi32 ll_i32_mul(ll_vi32 a, ll_vi32 b) {
+    for (int i = 0; i < 16; i++) a.v[i] = (int32_t)((uint32_t)a.v[i] * (uint32_t)b.v[i]);
+    return a;
+}
+/* 16 int8 values widened to int32 lanes */
+LL_INLINE ll_vi32 ll_i32_load_s8(const int8_t *p) { ll_vi32 r; for (int i = 0; i < 16; i++) r.v[i] = p[i]; return r; }
 /* logical shifts of each lane (0 <= n < 32) */
 LL_INLINE ll_vi32 ll_i32_shl(ll_vi32 a, int n) { for (int i = 0; i < 16; i++) a.v[i] = (int32_t)((uint32_t)a.v[i] << n); return a; }
 LL_INLINE ll_vi32 ll_i32_shr(ll_vi32 a, int n) { for (int i = 0; i < 16; i++) a.v[i] = (int32_t)((uint32_t)a.v[i] >> n); return a; }

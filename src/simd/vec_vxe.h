@@ -158,6 +158,14 @@ LL_INLINE ll_vi32 ll_i32_and(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_VXE_MAP1(r, a
 LL_INLINE ll_vi32 ll_i32_or(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_VXE_MAP1(r, a.v[i_] | b.v[i_]); return r; }
 LL_INLINE ll_vi32 ll_i32_xor(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_VXE_MAP1(r, a.v[i_] ^ b.v[i_]); return r; }
 LL_INLINE ll_vi32 ll_i32_sub(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_VXE_MAP1(r, a.v[i_] - b.v[i_]); return r; }
+LL_INLINE ll_vi32 ll_i32_mul(ll_vi32 a, ll_vi32 b) { ll_vi32 r; LL_VXE_MAP1(r, a.v[i_] * b.v[i_]); return r; }
+LL_INLINE ll_vi32 ll_i32_load_s8(const int8_t *p) {
+    const ll_v16i8 b = vec_xl(0, p);
+    const ll_v8i16 lo = vec_unpackh(b), hi = vec_unpackl(b);
+    ll_vi32 r;
+    r.v[0] = vec_unpackh(lo); r.v[1] = vec_unpackl(lo); r.v[2] = vec_unpackh(hi); r.v[3] = vec_unpackl(hi);
+    return r;
+}
 LL_INLINE ll_vi32 ll_i32_shl(ll_vi32 a, int n) {
     const ll_v4u sh = vec_splats((unsigned int)n);
     ll_vi32 r; LL_VXE_MAP1(r, (ll_v4i)((ll_v4u)a.v[i_] << sh)); return r;

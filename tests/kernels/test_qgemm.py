@@ -160,15 +160,73 @@ def test_signed_block_types_are_exact_integer_dots(variant, qname, num_tokens, r
         np.testing.assert_array_equal(out, fused)
 
 
+def _emulated_fma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 fma as test_signed_block_types_are_exact_integer_dots emulates it: the float64
+    product of two float32 is exact, one rounding after the add (then to float32)."""
+    return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("qname", ["Q2_K", "Q3_K"])
+@pytest.mark.parametrize("num_tokens", [1, 9, 70])
+def test_k_quant_sums_are_exact_integer_dots(variant, qname, num_tokens, rng):
+    """Q3_K's and Q2_K's blocks: each 32-value block's dot is the exact int32 sum of its integer
+    weights sc x (u - 4) (Q3_K) or sc x q (Q2_K) times the int8 activations, whether made from
+    unsigned dot products and the half-blocks' int sums (one token, a tile) or from the weights
+    turned into scaled bytes once for many tokens (VBMI): so every output is, bit for bit, the
+    float32 sequence acc = fma(d, float(int dot) x d_x, acc) (Q2_K: then the mins, fma(dmin x min,
+    -s, acc) for each half) over the blocks in order, for a token alone or in any tile."""
+    mod = _kernels.load(variant)
+    n, k = 37, 512
+    raw, w = ggml_rows(rng, n, k, qname)
+    nsb = k // 256
+    b = raw.reshape(n, nsb, -1)
+    if qname == "Q3_K":                 # hmask[32], qs[64], scales[12], d
+        d = b[..., 108:110].copy().view("<f2")[..., 0].astype(np.float32)
+        mins = None
+        wi = np.rint(w.reshape(n, nsb, 256) / d[..., None]).astype(np.int64)
+    else:                               # scales[16] (scale | min << 4), qs[64], d, dmin
+        d = b[..., 80:82].copy().view("<f2")[..., 0].astype(np.float32)
+        dmin = b[..., 82:84].copy().view("<f2")[..., 0].astype(np.float32)
+        mins = (dmin[..., None] * (b[..., :16] >> 4).astype(np.float32)).astype(np.float32)     # [n, nsb, 16]
+        wi = np.rint((w.reshape(n, nsb, 256).astype(np.float64) + np.repeat(mins, 16, -1)) / d[..., None]).astype(np.int64)
+    x = (rng.standard_normal((num_tokens, k)) * rng.uniform(0.1, 10.0, (num_tokens, 1))).astype(np.float32)
+    out = np.full((num_tokens, n), np.nan, np.float32)
+    mod.gemm(x, _packed(mod, raw, qname, n, k), qname, n, out, num_threads=2)
+    q, dx, sx, _ = ref_ops.quantize_q8(x)
+    dots = np.einsum("tbi,rbi->trb", q.reshape(num_tokens, k // 32, 32).astype(np.int64), wi.reshape(n, k // 32, 32))
+    scalar = mod.ISA == "scalar"
+    acc = np.zeros((num_tokens, n), np.float32)
+    for blk in range(k // 32):
+        sb = blk // 8
+        f = (dots[:, :, blk].astype(np.float32) * dx[:, blk, None]).astype(np.float32)
+        acc = (d[None, :, sb] * f + acc).astype(np.float32) if scalar else _emulated_fma(d[None, :, sb], f, acc)
+        if mins is not None:
+            for h in range(2):
+                m, s = mins[None, :, sb, 2 * (blk % 8) + h], -sx[:, 2 * blk + h, None]
+                acc = (m * s + acc).astype(np.float32) if scalar else _emulated_fma(m, s, acc)
+    if scalar and not np.array_equal(out, acc):    # the plain-C backend's fma: one rounding or two
+        acc = np.zeros((num_tokens, n), np.float32)
+        for blk in range(k // 32):
+            sb = blk // 8
+            f = (dots[:, :, blk].astype(np.float32) * dx[:, blk, None]).astype(np.float32)
+            acc = _emulated_fma(d[None, :, sb], f, acc)
+            if mins is not None:
+                for h in range(2):
+                    acc = _emulated_fma(mins[None, :, sb, 2 * (blk % 8) + h], -sx[:, 2 * blk + h, None], acc)
+    np.testing.assert_array_equal(out, acc)
+
+
 CODEBOOK = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
 
 
-@pytest.mark.parametrize("qname", CODEBOOK)
+@pytest.mark.parametrize("qname", CODEBOOK + ("Q2_K", "Q3_K"))
 def test_codebook_sums_are_the_same_bits_alone_in_a_tile_and_on_every_variant(qname, rng):
-    """A codebook panel's sums are one kernel's per output: a token computed alone (decode) gets
-    the bits it gets inside a tile of 9 and inside the 70 tokens a panel is decoded once for,
-    and every x86 vector variant gets the same bits (the decode with VBMI's byte tables and
-    BITALG's sign masks on avx512bf16, the gathers and sign bytes on avx512 and avx2)."""
+    """A codebook (or Q2_K, Q3_K) panel's sums are one kernel's per output: a token computed alone
+    (decode) gets the bits it gets inside a tile of 9 and inside the 70 tokens a panel is decoded
+    once for, and every x86 vector variant gets the same bits (the decode with VBMI's byte tables
+    and BITALG's sign masks on avx512bf16, the gathers and sign bytes on avx512 and avx2; Q2_K's
+    and Q3_K's scaled bytes from VBMI's tables, the tile path's int sums elsewhere)."""
     k, n = 512, 37
     raw, w = ggml_rows(rng, n, k, qname)
     x = rng.standard_normal((70, k)).astype(np.float32)
