@@ -32,12 +32,12 @@ Whisper model's load with.
 """
 from __future__ import annotations
 
-import logging
-import queue
-import threading
 import json
+import logging
 import math
 import os
+import queue
+import threading
 import time
 from collections import deque
 from contextlib import nullcontext
@@ -53,6 +53,12 @@ log = logging.getLogger("lite_llm.transcription")
 
 
 DEFAULT_MAX_NUM_SEQS = 8   # requests a served Whisper model decodes together without --max-num-seqs
+
+
+def decoder_sequences(max_num_seqs: int) -> int:
+    """Self-attention slots of a served Whisper decoder for max_num_seqs requests at once: room for
+    beams (a beam search holds 2 x its beams while their caches are reordered), at least 12."""
+    return max(12, 2 * max_num_seqs)
 
 
 class QueueFullError(RuntimeError):
@@ -249,11 +255,10 @@ class TranscriptionEngine:
                         active.remove(job)
                 # the decoder step of every job that has one, then one slice of the others' work:
                 # a window's encoder pass never holds the other requests' tokens for more than a slice
-                stepping = [j for j in active if j.step is not None]
-                waiting = [j for j in active if j.work is not None]
-                if not stepping and not waiting:
+                if not active:          # each active job now waits on a Step or on Work
                     continue
                 with self.step_lock:        # the cores, in turn with the server's other engines
+                    stepping = [j for j in active if j.step is not None]
                     if stepping:
                         try:
                             self._step(stepping)
@@ -306,7 +311,7 @@ def plan_memory(path: str, *, dtype: str = "auto", quantization: str | None = No
             weights //= 2
         kv_dtype = "int8" if quantization else "bfloat16" if dtype == "bfloat16" else "float32"
     H, D, C, L = dcfg.num_heads, dcfg.head_dim, dcfg.hidden_size, dcfg.num_layers
-    sequences = max(12, 2 * max_num_seqs)
+    sequences = decoder_sequences(max_num_seqs)
     kv = 0
     for nb in (sequences * -(-dcfg.max_target_positions // BLOCK), max_num_seqs * -(-dcfg.max_source_positions // BLOCK)):
         ks, vs = kv_cache_shapes(nb, H, BLOCK, D, kv_dtype)

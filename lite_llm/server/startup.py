@@ -25,7 +25,7 @@ from lite_llm.engine.assemble import build_async_engine
 from lite_llm.engine.memory import MemoryPlan, plan_memory
 from lite_llm.engine.pooling import PoolingClient
 from lite_llm.engine.transcription import DEFAULT_MAX_NUM_SEQS as TRANSCRIPTION_MAX_NUM_SEQS
-from lite_llm.engine.transcription import plan_memory as plan_transcription_memory
+from lite_llm.engine.transcription import decoder_sequences, plan_memory as plan_transcription_memory
 from lite_llm.model import hub
 from lite_llm.model.loader import check_model
 from lite_llm.model.pooler import runner_for_model
@@ -278,7 +278,7 @@ def start_transcription_engine(model: str, args: argparse.Namespace) -> tuple[An
     max_num_seqs = args.max_num_seqs or TRANSCRIPTION_MAX_NUM_SEQS
     whisper = WhisperModel.from_pretrained(model, dtype="bfloat16" if args.dtype == "bfloat16" else "float32",
                                            quantization=getattr(args, "quantization", None),
-                                           max_requests=max_num_seqs, max_sequences=max(12, 2 * max_num_seqs))
+                                           max_requests=max_num_seqs, max_sequences=decoder_sequences(max_num_seqs))
     name = os.path.basename(os.path.normpath(model))
     engine = TranscriptionEngine(whisper, name, max_num_seqs=max_num_seqs)
     engine.start()

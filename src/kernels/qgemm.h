@@ -716,6 +716,16 @@ LL_INLINE void ll_iq_subblock_dot(const ll_qact *x, ptrdiff_t nt, const uint8_t 
 }
 #endif
 
+/* Q3_K: the 3-bit values u (0..7, w = d sc (u - 4)) of the 16 rows' sub-block at qp: 2 bits and
+ * the high bit, 4 values a row in each of w[8] */
+LL_INLINE void ll_q3k_values(const uint8_t *qp, ll_vi8 w[8]) {
+    const ll_vi8 h0 = ll_i8_load(qp), h1 = ll_i8_load(qp + 64), hb = ll_i8_load(qp + 128);
+    for (int g = 0; g < 4; g++) {
+        w[g] = ll_i8_or(ll_i8_bits(h0, 2 * g, 2, 0), ll_i8_bits(hb, g, 1, 2));
+        w[g + 4] = ll_i8_or(ll_i8_bits(h1, 2 * g, 2, 0), ll_i8_bits(hb, g + 4, 1, 2));
+    }
+}
+
 /* Q2_K: a super-block's 4-bit scales and mins, [16 groups of 16 values][16 rows] each */
 LL_INLINE void ll_q2k_scales(const uint8_t *wp, uint8_t *sc, uint8_t *mn) {
     for (int q = 0; q < 4; q++) {
@@ -906,12 +916,8 @@ LL_INLINE void ll_qpanel_dot(const ll_qact *x, const int tt, const uint8_t *wp, 
                 if (tt == 1) LL_QPREFETCH(qp, 192);
                 const ll_vi32 c0 = ll_i32_load_s8((const int8_t *)(wp + 32 + 32 * j));
                 const ll_vi32 c1 = ll_i32_load_s8((const int8_t *)(wp + 48 + 32 * j));
-                const ll_vi8 h0 = ll_i8_load(qp), h1 = ll_i8_load(qp + 64), hb = ll_i8_load(qp + 128);
                 ll_vi8 w[8];
-                for (int g = 0; g < 4; g++) {
-                    w[g] = ll_i8_or(ll_i8_bits(h0, 2 * g, 2, 0), ll_i8_bits(hb, g, 1, 2));
-                    w[g + 4] = ll_i8_or(ll_i8_bits(h1, 2 * g, 2, 0), ll_i8_bits(hb, g + 4, 1, 2));
-                }
+                ll_q3k_values(qp, w);
                 const ptrdiff_t b = 8 * sb + j;
                 for (int t = 0; t < tt; t++) {   /* the block's exact int sum: sc0 (lo - 4 n0) + sc1 (hi - 4 n1) */
                     ll_vi32 lo, hi;
@@ -1039,16 +1045,13 @@ static inline void ll_q3k_panel_dot_many(const ll_qact *x, ptrdiff_t nt, const u
     for (ptrdiff_t sb = 0; sb < k / 256; sb++, wp += 1824) {
         const ll_vf32 nd = ll_sub(ll_zero(), ll_load_f16((const uint16_t *)wp));
         for (int j = 0; j < 8; j++) {
-            const uint8_t *qp = wp + 288 + 192 * j;
-            const ll_vi8 h0 = ll_i8_load(qp), h1 = ll_i8_load(qp + 64), hb = ll_i8_load(qp + 128);
             ll_vi8 t0a, t0b, t1a, t1b, w[8];
             ll_q3k_tables((const int8_t *)(wp + 32 + 32 * j), &t0a, &t0b);
             ll_q3k_tables((const int8_t *)(wp + 48 + 32 * j), &t1a, &t1b);
+            ll_q3k_values(wp + 288 + 192 * j, w);
             for (int g = 0; g < 4; g++) {
-                const ll_vi8 u0 = ll_i8_or(ll_i8_bits(h0, 2 * g, 2, 0), ll_i8_bits(hb, g, 1, 2));
-                const ll_vi8 u1 = ll_i8_or(ll_i8_bits(h1, 2 * g, 2, 0), ll_i8_bits(hb, g + 4, 1, 2));
-                w[g] = ll_i8_pick2(t0a, t0b, ll_i8_add(u0, ro));
-                w[g + 4] = ll_i8_pick2(t1a, t1b, ll_i8_add(u1, ro));
+                w[g] = ll_i8_pick2(t0a, t0b, ll_i8_add(w[g], ro));
+                w[g + 4] = ll_i8_pick2(t1a, t1b, ll_i8_add(w[g + 4], ro));
             }
             ll_signed_block_dot(x, (int)nt, w, nd, 8 * sb + j, acc, 1);
         }
